@@ -1,0 +1,90 @@
+//! Thin, named wrappers over the PTX instructions the kernels use (nvptx64 only).
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+#[inline(always)]
+pub fn tid_x() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn ctaid_x() -> u32 {
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn ctaid_y() -> u32 {
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn ctaid_z() -> u32 {
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+#[inline(always)]
+pub fn ntid_x() -> u32 {
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+
+/// `bar.sync 0`: every non-exited thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `ex2.approx.ftz.f32`: 2^x (max rel error 2^-22; -inf -> +0).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
+/// `lg2.approx.ftz.f32`: log2(x) (0 -> -inf).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
+/// `shfl.sync.bfly.b32` over the full warp: the value of lane `lane ^ mask`.
+#[inline(always)]
+pub fn shfl_xor(x: f32, mask: u32) -> f32 {
+    let y: f32;
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {y}, {x}, {m}, 31, -1;",
+             y = out(reg32) y, x = in(reg32) x, m = in(reg32) mask, options(nomem, nostack))
+    };
+    y
+}
+
+/// Maximum that treats -inf as the identity and never produces NaN from two non-NaN inputs.
+#[inline(always)]
+pub fn fmax(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Read-only global load through a raw device address.
+///
+/// # Safety
+/// `addr` must be a valid, aligned device address of an `f32`.
+#[inline(always)]
+pub unsafe fn ld_f32(addr: u64) -> f32 {
+    unsafe { *(addr as *const f32) }
+}
+
+/// # Safety
+/// `addr` must be a valid, aligned device address of an `f32`.
+#[inline(always)]
+pub unsafe fn st_f32(addr: u64, x: f32) {
+    unsafe { *(addr as *mut f32) = x }
+}
+
+/// Dynamic shared memory as `f32`s.
+#[inline(always)]
+pub fn dynamic_smem_f32() -> *mut f32 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+}

@@ -1,0 +1,205 @@
+//! `flash_fwd_f32_d64`, `flash_fwd_f32_d128`: fused memory-efficient attention forward, f32 SIMT.
+//!
+//! Algorithm (FlashAttention-2 forward, online softmax): a block owns `BR` query rows and walks the
+//! keys in tiles of `BC`. Per tile it (1) stages K and V in shared memory, (2) computes the scores
+//! of its rows in the log2 domain (`log2 e` is folded into the softmax scale once, so every
+//! exponential is one `ex2`), (3) raises the running row max, (4) rescales the running sum and
+//! output accumulator by `2^(m_old - m_new)`, (5) accumulates `P V`. At the end the accumulator is
+//! divided by the running sum and `LSE = ln 2 * (m + log2 l)` is written. No `N x N` buffer exists:
+//! the extra memory is LSE only, `4 * batch * heads * seq_q` bytes.
+//!
+//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, all f32 and strided
+//! (see [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32.
+//!
+//! Tiles ([`crate::tiles::FLASH_F32_D64`], [`crate::tiles::FLASH_F32_D128`]):
+//! D=64: BR=32, BC=64, 4 lanes/row; D=128: BR=16, BC=32, 8 lanes/row; 128 threads either way.
+//! Shared memory: K tile then V tile, row-major `[BC][D]` f32, `2 * BC * D * 4 = 32 KiB`.
+//!
+//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`. Thread `t` serves query row
+//! `t / TPR` of the tile and owns dims `t % TPR + TPR * k` (`k < D / TPR`) of q and of the
+//! accumulator. The `TPR` lanes of a row are consecutive lanes of one warp, so a score's partial
+//! dot products are summed with `shfl.sync.bfly`. Interleaved dims put the lanes of a row on
+//! consecutive banks and rows of the same key read the same word (broadcast): conflict-free.
+//! Rows past `seq_q` compute on zeros and store nothing, so every lane reaches every barrier and
+//! shuffle.
+//!
+//! Masking: keys past `seq_kv` and (causal, bottom-right aligned) keys `j > i + seq_kv - seq_q`
+//! score `-inf`; causal blocks stop at the last key their last row can see. A fully masked row
+//! gives `O = 0` and `LSE = -inf`, never NaN: while a row's max is `-inf` the exponent base is 0.
+//!
+//! # Safety
+//! All pointers in `p` must be valid for the shapes and strides in `p`; the launch must use
+//! `tiles::flash_f32_tile(D).launch(..)` (block size and dynamic shared memory).
+
+use crate::abi::AttnParams;
+use crate::device::*;
+use crate::tiles::{FlashF32Tile, FLASH_F32_D128, FLASH_F32_D64};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+/// Keys scored per online-softmax step (the score row held in registers).
+const KC: usize = 8;
+
+/// Repeats a block for `c = 0..KC` at compile time, so `s[c]` is a register, never a local array.
+macro_rules! unroll_kc {
+    ($c:ident => $body:block) => {
+        unroll_kc!(@ $c $body 0 1 2 3 4 5 6 7)
+    };
+    (@ $c:ident $body:block $($i:literal)*) => {
+        $({
+            let $c: usize = $i;
+            $body
+        })*
+    };
+}
+const _: () = assert!(KC == 8, "unroll_kc! spells out KC indices");
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn flash_fwd_f32_d64(p: AttnParams) {
+    const T: FlashF32Tile = FLASH_F32_D64;
+    unsafe {
+        flash_fwd::<
+            { T.head_dim as usize },
+            { T.br as usize },
+            { T.bc as usize },
+            { T.threads_per_row as usize },
+            { T.dims_per_thread() as usize },
+        >(&p)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn flash_fwd_f32_d128(p: AttnParams) {
+    const T: FlashF32Tile = FLASH_F32_D128;
+    unsafe {
+        flash_fwd::<
+            { T.head_dim as usize },
+            { T.br as usize },
+            { T.bc as usize },
+            { T.threads_per_row as usize },
+            { T.dims_per_thread() as usize },
+        >(&p)
+    }
+}
+
+#[inline(always)]
+unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
+    p: &AttnParams,
+) {
+    let threads = BR * TPR;
+    let t = tid_x() as usize;
+    let lane = t % TPR;
+    let q_tile_start = ctaid_x() as usize * BR;
+    let qi = q_tile_start + t / TPR;
+    let h = ctaid_y() as u64;
+    let b = ctaid_z() as u64;
+    let row_valid = qi < p.seq_q as usize;
+    let seq_kv = p.seq_kv as usize;
+
+    let smem = dynamic_smem_f32();
+    let k_s = smem;
+    let v_s = unsafe { smem.add(BC * D) };
+
+    // q pre-scaled into the log2 domain.
+    let scale2 = p.softmax_scale * LOG2E;
+    let mut q = [0.0f32; DPT];
+    if row_valid {
+        let qa = p.q + 4 * p.q_strides.offset(b, qi as u64, h);
+        for (k, qk) in q.iter_mut().enumerate() {
+            *qk = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * scale2;
+        }
+    }
+
+    // Keys this row may see: [0, row_end); keys this block must visit: [0, block_end).
+    let row_end = p.key_end(qi as u32);
+    let last_row = core::cmp::min(q_tile_start + BR, p.seq_q as usize) - 1;
+    let block_end = p.key_end(last_row as u32);
+    let block_end = if block_end > 0 { block_end as usize } else { 0 };
+
+    let mut m = f32::NEG_INFINITY; // running max, log2 domain
+    let mut l = 0.0f32; // running sum of 2^(s - m)
+    let mut acc = [0.0f32; DPT];
+
+    let mut kv0 = 0usize;
+    while kv0 < block_end {
+        // (1) Stage K and V rows kv0..kv0+BC; rows past seq_kv are zero (their scores are masked).
+        sync_threads();
+        let mut e = t;
+        while e < BC * D {
+            let (r, c) = (e / D, e % D);
+            let j = kv0 + r;
+            let (kx, vx) = if j < seq_kv {
+                let ka = p.k + 4 * (p.k_strides.offset(b, j as u64, h) + c as u64);
+                let va = p.v + 4 * (p.v_strides.offset(b, j as u64, h) + c as u64);
+                unsafe { (ld_f32(ka), ld_f32(va)) }
+            } else {
+                (0.0, 0.0)
+            };
+            unsafe {
+                *k_s.add(e) = kx;
+                *v_s.add(e) = vx;
+            }
+            e += threads;
+        }
+        sync_threads();
+
+        // Steps (2)-(5) run on chunks of KC keys, so the score row is KC registers (fully
+        // unrolled) instead of a BC-long array that would live in local memory.
+        let mut r0 = 0usize;
+        while r0 < BC {
+            // (2) Scores of this row against KC keys, log2 domain, masked as -inf.
+            let mut s = [0.0f32; KC];
+            let mut chunk_max = f32::NEG_INFINITY;
+            unroll_kc!(c => {
+                let r = r0 + c;
+                let mut part = 0.0f32;
+                for (k, qk) in q.iter().enumerate() {
+                    part += qk * unsafe { *k_s.add(r * D + lane + TPR * k) };
+                }
+                let mut w = 1;
+                while w < TPR {
+                    part += shfl_xor(part, w as u32);
+                    w <<= 1;
+                }
+                s[c] = if ((kv0 + r) as i64) < row_end { part } else { f32::NEG_INFINITY };
+                chunk_max = fmax(chunk_max, s[c]);
+            });
+
+            // (3) New running max; while it is -inf the row has seen nothing and 0 is the base.
+            let m_new = fmax(m, chunk_max);
+            let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+
+            // (4) Rescale what was accumulated under the old max.
+            let alpha = exp2(m - base);
+            l *= alpha;
+            for a in acc.iter_mut() {
+                *a *= alpha;
+            }
+
+            // (5) Accumulate P V.
+            unroll_kc!(c => {
+                let pr = exp2(s[c] - base);
+                l += pr;
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a += pr * unsafe { *v_s.add((r0 + c) * D + lane + TPR * k) };
+                }
+            });
+            m = m_new;
+            r0 += KC;
+        }
+        kv0 += BC;
+    }
+
+    // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
+    if row_valid {
+        let (inv_l, lse) = if l > 0.0 { (1.0 / l, (m + log2(l)) * LN2) } else { (0.0, f32::NEG_INFINITY) };
+        let oa = p.o + 4 * p.o_strides.offset(b, qi as u64, h);
+        for (k, a) in acc.iter().enumerate() {
+            unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
+        }
+        if lane == 0 {
+            let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + qi as u64);
+            unsafe { st_f32(la, lse) };
+        }
+    }
+}

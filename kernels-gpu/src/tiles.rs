@@ -1,0 +1,121 @@
+//! Tile configurations and launch geometry, one item per kernel variant.
+//!
+//! The kernels are instantiated from these constants and the host derives grid, block and
+//! dynamic shared memory from the same items, so a tile change cannot desynchronise the two.
+
+use crate::abi::KernelId;
+
+/// Launch geometry of one kernel launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes (the `.extern .shared` window).
+    pub dynamic_smem_bytes: u32,
+}
+
+/// Tile of the f32 SIMT flash-forward kernel for one head dim.
+///
+/// A block owns `br` query rows; each row is served by `threads_per_row` consecutive lanes of one
+/// warp, each lane owning `dims_per_thread = head_dim / threads_per_row` interleaved dimensions
+/// (lane `l` owns dims `l, l + tpr, l + 2 tpr, ...`) of the query row and of the output
+/// accumulator. K and V tiles of `bc` rows each are staged in dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashF32Tile {
+    pub head_dim: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub threads_per_row: u32,
+}
+
+impl FlashF32Tile {
+    pub const fn dims_per_thread(&self) -> u32 {
+        self.head_dim / self.threads_per_row
+    }
+    pub const fn threads(&self) -> u32 {
+        self.br * self.threads_per_row
+    }
+    /// K tile + V tile, f32: `2 * bc * head_dim * 4` bytes.
+    pub const fn smem_bytes(&self) -> u32 {
+        2 * self.bc * self.head_dim * 4
+    }
+    /// Grid `(ceil(seq_q / br), heads, batch)`, block `(threads, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads: u32, seq_q: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_q.div_ceil(self.br), heads, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        assert!(self.head_dim % self.threads_per_row == 0);
+        assert!(32 % self.threads_per_row == 0, "a row's lanes must sit in one warp");
+        assert!(self.threads() % 32 == 0, "whole warps only");
+        assert!((self.bc * self.head_dim) % self.threads() == 0, "even cooperative tile load");
+    }
+}
+
+/// d=64: 4 lanes per row x 16 dims each; 32 rows x 4 = 128 threads. Bc = 64 keys keeps the K and V
+/// tiles at 2 x 64 x 64 x 4 B = 32 KiB, under the 48 KiB available without opt-in; the per-thread
+/// score row is 64 registers, acc + q 32 more, ~110 registers in all.
+pub const FLASH_F32_D64: FlashF32Tile =
+    FlashF32Tile { head_dim: 64, br: 32, bc: 64, threads_per_row: 4 };
+/// d=128: 8 lanes per row x 16 dims; 16 rows x 8 = 128 threads. Bc = 32 keeps smem at 32 KiB and
+/// the score row at 32 registers.
+pub const FLASH_F32_D128: FlashF32Tile =
+    FlashF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_row: 8 };
+const _: () = FLASH_F32_D64.check();
+const _: () = FLASH_F32_D128.check();
+
+/// The flash tile for a head dim, if there is a kernel for it.
+pub const fn flash_f32_tile(head_dim: u32) -> Option<FlashF32Tile> {
+    match head_dim {
+        64 => Some(FLASH_F32_D64),
+        128 => Some(FLASH_F32_D128),
+        _ => None,
+    }
+}
+
+/// Head dims the flash kernels are compiled for.
+pub const FLASH_HEAD_DIMS: [u32; 2] = [64, 128];
+
+/// Largest head dim the naive kernels accept (they loop over it at run time).
+pub const NAIVE_MAX_HEAD_DIM: u32 = 256;
+
+/// Threads per block of the naive score kernel; one thread per score, a block covers
+/// `NAIVE_SCORES_THREADS` keys of one query row.
+pub const NAIVE_SCORES_THREADS: u32 = 128;
+/// Rows per block of the naive softmax (one warp per row).
+pub const NAIVE_SOFTMAX_ROWS: u32 = 4;
+/// Threads per block of the naive P·V kernel; a block owns one output row and strides over d.
+pub const NAIVE_PV_THREADS: u32 = 64;
+/// Threads per block of the smoke kernel.
+pub const SAXPY_THREADS: u32 = 256;
+
+/// Largest grid y/z extent.
+pub const MAX_GRID_YZ: u32 = 65_535;
+
+/// Launch geometry of the naive kernels. Grid x walks query rows (2^31-1 allowed), z walks
+/// `batch * heads` (<= 65535).
+pub const fn naive_launch(kernel: KernelId, batch: u32, heads: u32, seq_q: u32, seq_kv: u32) -> LaunchDims {
+    let bh = batch * heads;
+    match kernel {
+        KernelId::NaiveScoresF32 => LaunchDims {
+            grid: [seq_q, seq_kv.div_ceil(NAIVE_SCORES_THREADS), bh],
+            block: [NAIVE_SCORES_THREADS, 1, 1],
+            dynamic_smem_bytes: 0,
+        },
+        KernelId::NaiveSoftmaxF32 => LaunchDims {
+            grid: [seq_q.div_ceil(NAIVE_SOFTMAX_ROWS), 1, bh],
+            block: [32 * NAIVE_SOFTMAX_ROWS, 1, 1],
+            dynamic_smem_bytes: 0,
+        },
+        _ => LaunchDims { grid: [seq_q, 1, bh], block: [NAIVE_PV_THREADS, 1, 1], dynamic_smem_bytes: 0 },
+    }
+}
+
+/// Launch geometry of the smoke kernel for `n` elements.
+pub const fn saxpy_launch(n: u32) -> LaunchDims {
+    LaunchDims { grid: [n.div_ceil(SAXPY_THREADS), 1, 1], block: [SAXPY_THREADS, 1, 1], dynamic_smem_bytes: 0 }
+}
