@@ -9,7 +9,14 @@
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)
+    feature(
+        abi_ptx,
+        stdarch_nvptx,
+        asm_experimental_arch,
+        gpu_launch_sized_workgroup_mem,
+        gpu_intrinsics,
+        core_intrinsics
+    )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 

@@ -59,12 +59,10 @@ impl FlashF32Tile {
 /// d=64: 4 lanes per row x 16 dims each; 32 rows x 4 = 128 threads. Bc = 64 keys keeps the K and V
 /// tiles at 2 x 64 x 64 x 4 B = 32 KiB, under the 48 KiB available without opt-in; the per-thread
 /// score row is 64 registers, acc + q 32 more, ~110 registers in all.
-pub const FLASH_F32_D64: FlashF32Tile =
-    FlashF32Tile { head_dim: 64, br: 32, bc: 64, threads_per_row: 4 };
+pub const FLASH_F32_D64: FlashF32Tile = FlashF32Tile { head_dim: 64, br: 32, bc: 64, threads_per_row: 4 };
 /// d=128: 8 lanes per row x 16 dims; 16 rows x 8 = 128 threads. Bc = 32 keeps smem at 32 KiB and
 /// the score row at 32 registers.
-pub const FLASH_F32_D128: FlashF32Tile =
-    FlashF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_row: 8 };
+pub const FLASH_F32_D128: FlashF32Tile = FlashF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_row: 8 };
 const _: () = FLASH_F32_D64.check();
 const _: () = FLASH_F32_D128.check();
 
@@ -118,4 +116,15 @@ pub const fn naive_launch(kernel: KernelId, batch: u32, heads: u32, seq_q: u32, 
 /// Launch geometry of the smoke kernel for `n` elements.
 pub const fn saxpy_launch(n: u32) -> LaunchDims {
     LaunchDims { grid: [n.div_ceil(SAXPY_THREADS), 1, 1], block: [SAXPY_THREADS, 1, 1], dynamic_smem_bytes: 0 }
+}
+
+impl KernelId {
+    /// Dynamic shared memory the host requests for this kernel (the tile's K/V staging area).
+    pub const fn dynamic_smem_bytes(self) -> u32 {
+        match self {
+            KernelId::FlashFwdF32D64 => FLASH_F32_D64.smem_bytes(),
+            KernelId::FlashFwdF32D128 => FLASH_F32_D128.smem_bytes(),
+            KernelId::Saxpy | KernelId::NaiveScoresF32 | KernelId::NaiveSoftmaxF32 | KernelId::NaivePvF32 => 0,
+        }
+    }
 }

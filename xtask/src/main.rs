@@ -1,1 +1,54 @@
-fn main() {}
+//! `cargo xtask <task>`: the kernel build pipeline.
+//!
+//! - `build-ptx [--check]`: compile `kernels-gpu` for nvptx64 with the pinned nightly and write the
+//!   committed PTX (`--check`: rebuild and fail if the committed file is stale).
+//! - `ptxas [--check]`: assemble the committed PTX with ptxas for sm_80 and sm_90 and write the
+//!   committed resource report (`--check`: fail if stale, on any spill, or on any ptxas error).
+
+mod build_ptx;
+mod paths;
+mod ptxas;
+mod toolchain;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [--check]
+
+tasks:
+  build-ptx   compile kernels-gpu to PTX with the pinned nightly toolchain and write
+              kernels-gpu/ptx/memattn_kernels.ptx and build-info.json
+  ptxas       assemble the committed PTX for sm_80 and sm_90 with ptxas -v and write
+              kernels-gpu/ptx/ptxas-report.json (ptxas from $CUDA_HOME, $PATH, or the
+              pinned PyPI wheel nvidia-cuda-nvcc, cached under target/)
+
+options:
+  --check     regenerate into a temporary location and fail if the committed files differ
+              (ptxas --check also fails on any spill or ptxas error)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let check = args.iter().any(|a| a == "--check");
+    let unknown: Vec<&String> = args.iter().skip(1).filter(|a| *a != "--check").collect();
+    if !unknown.is_empty() {
+        eprintln!("error: unknown option(s) {unknown:?}\n\n{USAGE}");
+        return ExitCode::from(2);
+    }
+    let result = match args.first().map(String::as_str) {
+        Some("build-ptx") => build_ptx::run(check),
+        Some("ptxas") => ptxas::run(check),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(format!("unknown task `{other}`\n\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! `cargo xtask ptxas [--check]`: assemble the committed PTX and keep the resource report.
+
+use crate::paths;
+use kernels_gpu::abi::KernelId;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The pinned wheel that carries ptxas (no CUDA installation needed).
+const NVCC_WHEEL: &str = "nvidia-cuda-nvcc==13.5.37";
+const WHEEL_PTXAS: &str = "nvidia/cu13/bin/ptxas";
+pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+/// Resources of one kernel at one arch, as ptxas -v reports them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Resources {
+    pub name: String,
+    pub arch: String,
+    pub registers: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    pub stack_bytes: u32,
+    pub static_smem_bytes: u32,
+    pub dynamic_smem_bytes: u32,
+    pub barriers: u32,
+}
+
+/// ptxas from `$CUDA_HOME/bin`, then `$PATH`, then the pinned wheel (downloaded once into
+/// `target/ptxas-cache`).
+pub fn find_ptxas() -> Result<PathBuf, String> {
+    if let Some(home) = std::env::var_os("CUDA_HOME") {
+        let p = PathBuf::from(home).join("bin/ptxas");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("ptxas");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    let cached = paths::ptxas_cache().join(WHEEL_PTXAS);
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    println!(
+        "xtask: ptxas not found in $CUDA_HOME or $PATH; fetching the PyPI wheel {NVCC_WHEEL} into {}",
+        paths::rel(&paths::ptxas_cache())
+    );
+    let wheel_dir = paths::ptxas_cache().join("wheel");
+    let st = Command::new("python3")
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", NVCC_WHEEL, "-d"])
+        .arg(&wheel_dir)
+        .status()
+        .map_err(|e| {
+            format!("cannot run python3 -m pip to fetch ptxas: {e}. fix: install python3 with pip, or set CUDA_HOME")
+        })?;
+    if !st.success() {
+        return Err(format!("`python3 -m pip download {NVCC_WHEEL}` failed; set CUDA_HOME to a CUDA toolkit instead"));
+    }
+    let script = format!(
+        "import glob, os, sys, zipfile\n\
+         w = glob.glob(os.path.join(sys.argv[1], 'nvidia_cuda_nvcc-*.whl'))[0]\n\
+         zipfile.ZipFile(w).extract('{WHEEL_PTXAS}', sys.argv[2])\n\
+         os.chmod(os.path.join(sys.argv[2], '{WHEEL_PTXAS}'), 0o755)\n"
+    );
+    let st = Command::new("python3")
+        .args(["-c", &script])
+        .arg(&wheel_dir)
+        .arg(paths::ptxas_cache())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() || !cached.is_file() {
+        return Err(format!("could not unpack ptxas from the wheel in {}", wheel_dir.display()));
+    }
+    Ok(cached)
+}
+
+pub fn ptxas_version(ptxas: &Path) -> Result<String, String> {
+    let out =
+        Command::new(ptxas).arg("--version").output().map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("unknown").trim().to_string())
+}
+
+fn number_before(text: &str, unit: &str) -> Option<u32> {
+    let idx = text.find(unit)?;
+    text[..idx].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output for one arch.
+pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
+    let mut all = Vec::new();
+    let mut cur: Option<Resources> = None;
+    for line in output.lines() {
+        if line.contains("error") && !line.contains("0 error") {
+            return Err(format!("ptxas ({arch}): {}", line.trim()));
+        }
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            if let Some(r) = cur.take() {
+                all.push(r);
+            }
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            let dynamic_smem_bytes = KernelId::from_name(&name).map(|k| k.dynamic_smem_bytes()).unwrap_or(0);
+            cur = Some(Resources { name, arch: arch.to_string(), dynamic_smem_bytes, ..Default::default() });
+        } else if let Some(r) = cur.as_mut() {
+            if line.contains("bytes stack frame") {
+                r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
+                r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                r.registers = number_before(line, "registers").unwrap_or(0);
+                r.barriers = number_before(line, "barriers").unwrap_or(0);
+                r.static_smem_bytes = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    all.extend(cur);
+    Ok(all)
+}
+
+pub fn report_json(version: &str, ptx_sha: &str, res: &[Resources]) -> String {
+    let mut s =
+        format!("{{\n  \"ptxas_version\": \"{version}\",\n  \"ptx_sha256\": \"{ptx_sha}\",\n  \"kernels\": [\n");
+    for (i, r) in res.iter().enumerate() {
+        s += &format!(
+            "    {{\"name\": \"{}\", \"arch\": \"{}\", \"registers\": {}, \"spill_store_bytes\": {}, \"spill_load_bytes\": {}, \
+             \"stack_bytes\": {}, \"static_smem_bytes\": {}, \"dynamic_smem_bytes\": {}, \"barriers\": {}}}{}\n",
+            r.name,
+            r.arch,
+            r.registers,
+            r.spill_store_bytes,
+            r.spill_load_bytes,
+            r.stack_bytes,
+            r.static_smem_bytes,
+            r.dynamic_smem_bytes,
+            r.barriers,
+            if i + 1 < res.len() { "," } else { "" }
+        );
+    }
+    s + "  ]\n}\n"
+}
+
+pub fn run(check: bool) -> Result<(), String> {
+    let ptxas = find_ptxas()?;
+    let version = ptxas_version(&ptxas)?;
+    let ptx_path = paths::ptx();
+    let ptx = std::fs::read(&ptx_path)
+        .map_err(|e| format!("cannot read {}: {e}. fix: cargo xtask build-ptx", paths::rel(&ptx_path)))?;
+    println!("xtask: assembling {} with {} ({version})", paths::rel(&ptx_path), ptxas.display());
+    let mut all = Vec::new();
+    for arch in ARCHS {
+        let cubin = paths::ptxas_cache().join(format!("memattn_kernels.{arch}.cubin"));
+        std::fs::create_dir_all(paths::ptxas_cache()).map_err(|e| e.to_string())?;
+        let out = Command::new(&ptxas)
+            .args(["-arch", arch, "-v"])
+            .arg(&ptx_path)
+            .arg("-o")
+            .arg(&cubin)
+            .output()
+            .map_err(|e| format!("cannot run ptxas: {e}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            return Err(format!("ptxas failed for {arch}:\n{text}"));
+        }
+        all.extend(parse(&text, arch)?);
+    }
+    all.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
+
+    println!(
+        "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8}",
+        "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem", "dyn-smem"
+    );
+    for r in &all {
+        println!(
+            "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8}",
+            r.name,
+            r.arch,
+            r.registers,
+            r.spill_store_bytes,
+            r.spill_load_bytes,
+            r.stack_bytes,
+            r.static_smem_bytes,
+            r.dynamic_smem_bytes
+        );
+    }
+    let ptx_text = String::from_utf8_lossy(&ptx);
+    let entries = ptx_text.lines().filter(|l| l.contains(".entry")).count();
+    if all.len() != entries * ARCHS.len() {
+        return Err(format!(
+            "ptxas reported {} entries but the PTX declares {entries} per arch",
+            all.len() / ARCHS.len()
+        ));
+    }
+    let spills: Vec<String> = all
+        .iter()
+        .filter(|r| r.spill_store_bytes + r.spill_load_bytes > 0)
+        .map(|r| format!("{} ({}): {} B stored, {} B loaded", r.name, r.arch, r.spill_store_bytes, r.spill_load_bytes))
+        .collect();
+
+    let report = report_json(&version, &paths::sha256_hex(&ptx), &all);
+    if check {
+        if !spills.is_empty() {
+            return Err(format!("register spills: {}", spills.join("; ")));
+        }
+        let committed = std::fs::read_to_string(paths::ptxas_report()).unwrap_or_default();
+        if committed != report {
+            let hint = if !committed.contains(&version) {
+                format!(" (the report was not made with {version})")
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "{} is stale{hint}. fix: cargo xtask ptxas, then commit",
+                paths::rel(&paths::ptxas_report())
+            ));
+        }
+        println!("xtask: {} is up to date; 0 spills", paths::rel(&paths::ptxas_report()));
+        return Ok(());
+    }
+    if !spills.is_empty() {
+        println!("xtask: WARNING register spills: {}", spills.join("; "));
+    }
+    std::fs::write(paths::ptxas_report(), report).map_err(|e| e.to_string())?;
+    println!("xtask: wrote {}", paths::rel(&paths::ptxas_report()));
+    Ok(())
+}
