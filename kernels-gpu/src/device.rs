@@ -92,3 +92,10 @@ pub unsafe fn st_f32(addr: u64, x: f32) {
 pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
 }
+
+/// `fma.rn.f32`: `a * b + c` with one rounding. rustc emits `mul.rn` + `add.rn` for `a * b + c`,
+/// and the explicit `.rn` forbids ptxas from fusing them, so dot products call this.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}

@@ -154,7 +154,7 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
                 let r = r0 + c;
                 let mut part = 0.0f32;
                 for (k, qk) in q.iter().enumerate() {
-                    part += qk * unsafe { *k_s.add(r * D + lane + TPR * k) };
+                    part = fma(*qk, unsafe { *k_s.add(r * D + lane + TPR * k) }, part);
                 }
                 let mut w = 1;
                 while w < TPR {
@@ -181,7 +181,7 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
                 let pr = exp2(s[c] - base);
                 l += pr;
                 for (k, a) in acc.iter_mut().enumerate() {
-                    *a += pr * unsafe { *v_s.add((r0 + c) * D + lane + TPR * k) };
+                    *a = fma(pr, unsafe { *v_s.add((r0 + c) * D + lane + TPR * k) }, *a);
                 }
             });
             m = m_new;

@@ -33,7 +33,7 @@ pub unsafe extern "ptx-kernel" fn naive_pv_f32(p: AttnParams) {
         let mut j = 0u32;
         while j < p.seq_kv {
             let v = p.v + 4 * (p.v_strides.offset(b, j as u64, h) + d as u64);
-            acc += unsafe { ld_f32(prow + 4 * j as u64) * ld_f32(v) };
+            acc = fma(unsafe { ld_f32(prow + 4 * j as u64) }, unsafe { ld_f32(v) }, acc);
             j += 1;
         }
         unsafe { st_f32(o + 4 * d as u64, acc) };

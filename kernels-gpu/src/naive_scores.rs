@@ -34,7 +34,7 @@ pub unsafe extern "ptx-kernel" fn naive_scores_f32(p: AttnParams) {
         let mut acc = 0.0f32;
         let mut d = 0u64;
         while d < p.head_dim as u64 {
-            acc += unsafe { ld_f32(q + 4 * d) * ld_f32(k + 4 * d) };
+            acc = fma(unsafe { ld_f32(q + 4 * d) }, unsafe { ld_f32(k + 4 * d) }, acc);
             d += 1;
         }
         acc * p.softmax_scale
