@@ -22,60 +22,102 @@ pub struct Resources {
     pub static_smem_bytes: u32,
     pub dynamic_smem_bytes: u32,
     pub barriers: u32,
+    /// Tensor-core matrix instructions (HMMA) in the SASS.
+    pub hmma: u32,
 }
 
-/// ptxas from `$CUDA_HOME/bin`, then `$PATH`, then the pinned wheel (downloaded once into
+/// A CUDA tool shipped in a pinned PyPI wheel.
+pub struct Tool {
+    pub name: &'static str,
+    pub wheel: &'static str,
+    pub path_in_wheel: &'static str,
+}
+
+pub const PTXAS: Tool = Tool { name: "ptxas", wheel: NVCC_WHEEL, path_in_wheel: WHEEL_PTXAS };
+/// nvdisasm turns a cubin into SASS, where the tensor-core instructions (HMMA) can be counted.
+pub const NVDISASM: Tool =
+    Tool { name: "nvdisasm", wheel: "nvidia-cuda-nvdisasm==13.5.37", path_in_wheel: "nvidia/cu13/bin/nvdisasm" };
+
+/// A tool from `$CUDA_HOME/bin`, then `$PATH`, then its pinned wheel (downloaded once into
 /// `target/ptxas-cache`).
-pub fn find_ptxas() -> Result<PathBuf, String> {
+pub fn find_tool(tool: &Tool) -> Result<PathBuf, String> {
     if let Some(home) = std::env::var_os("CUDA_HOME") {
-        let p = PathBuf::from(home).join("bin/ptxas");
+        let p = PathBuf::from(home).join("bin").join(tool.name);
         if p.is_file() {
             return Ok(p);
         }
     }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
-            let p = dir.join("ptxas");
+            let p = dir.join(tool.name);
             if p.is_file() {
                 return Ok(p);
             }
         }
     }
-    let cached = paths::ptxas_cache().join(WHEEL_PTXAS);
+    let cached = paths::ptxas_cache().join(tool.path_in_wheel);
     if cached.is_file() {
         return Ok(cached);
     }
     println!(
-        "xtask: ptxas not found in $CUDA_HOME or $PATH; fetching the PyPI wheel {NVCC_WHEEL} into {}",
+        "xtask: {} not found in $CUDA_HOME or $PATH; fetching the PyPI wheel {} into {}",
+        tool.name,
+        tool.wheel,
         paths::rel(&paths::ptxas_cache())
     );
     let wheel_dir = paths::ptxas_cache().join("wheel");
     let st = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", NVCC_WHEEL, "-d"])
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", tool.wheel, "-d"])
         .arg(&wheel_dir)
         .status()
         .map_err(|e| {
-            format!("cannot run python3 -m pip to fetch ptxas: {e}. fix: install python3 with pip, or set CUDA_HOME")
+            format!(
+                "cannot run python3 -m pip to fetch {}: {e}. fix: install python3 with pip, or set CUDA_HOME",
+                tool.name
+            )
         })?;
     if !st.success() {
-        return Err(format!("`python3 -m pip download {NVCC_WHEEL}` failed; set CUDA_HOME to a CUDA toolkit instead"));
+        return Err(format!(
+            "`python3 -m pip download {}` failed; set CUDA_HOME to a CUDA toolkit instead",
+            tool.wheel
+        ));
     }
-    let script = format!(
-        "import glob, os, sys, zipfile\n\
-         w = glob.glob(os.path.join(sys.argv[1], 'nvidia_cuda_nvcc-*.whl'))[0]\n\
-         zipfile.ZipFile(w).extract('{WHEEL_PTXAS}', sys.argv[2])\n\
-         os.chmod(os.path.join(sys.argv[2], '{WHEEL_PTXAS}'), 0o755)\n"
-    );
+    let stem = tool.wheel.split("==").next().unwrap_or(tool.wheel).replace('-', "_");
+    let script = "import glob, os, sys, zipfile\n\
+         w = sorted(glob.glob(os.path.join(sys.argv[1], sys.argv[3] + '-*.whl')))[-1]\n\
+         zipfile.ZipFile(w).extract(sys.argv[4], sys.argv[2])\n\
+         os.chmod(os.path.join(sys.argv[2], sys.argv[4]), 0o755)\n";
     let st = Command::new("python3")
-        .args(["-c", &script])
+        .args(["-c", script])
         .arg(&wheel_dir)
         .arg(paths::ptxas_cache())
+        .arg(&stem)
+        .arg(tool.path_in_wheel)
         .status()
         .map_err(|e| e.to_string())?;
     if !st.success() || !cached.is_file() {
-        return Err(format!("could not unpack ptxas from the wheel in {}", wheel_dir.display()));
+        return Err(format!("could not unpack {} from the wheel in {}", tool.name, wheel_dir.display()));
     }
     Ok(cached)
+}
+
+/// Number of HMMA (tensor-core matrix) instructions per kernel in a cubin's SASS.
+pub fn hmma_counts(nvdisasm: &Path, cubin: &Path) -> Result<Vec<(String, u32)>, String> {
+    let out = Command::new(nvdisasm).arg("-c").arg(cubin).output().map_err(|e| format!("cannot run nvdisasm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("nvdisasm failed on {}: {}", cubin.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    let mut counts: Vec<(String, u32)> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(name) = line.trim().strip_prefix(".text.").and_then(|n| n.strip_suffix(':')) {
+            counts.push((name.to_string(), 0));
+        } else if line.contains(" HMMA.") {
+            if let Some(last) = counts.last_mut() {
+                last.1 += 1;
+            }
+        }
+    }
+    Ok(counts)
 }
 
 pub fn ptxas_version(ptxas: &Path) -> Result<String, String> {
@@ -127,7 +169,7 @@ pub fn report_json(version: &str, ptx_sha: &str, res: &[Resources]) -> String {
     for (i, r) in res.iter().enumerate() {
         s += &format!(
             "    {{\"name\": \"{}\", \"arch\": \"{}\", \"registers\": {}, \"spill_store_bytes\": {}, \"spill_load_bytes\": {}, \
-             \"stack_bytes\": {}, \"static_smem_bytes\": {}, \"dynamic_smem_bytes\": {}, \"barriers\": {}}}{}\n",
+             \"stack_bytes\": {}, \"static_smem_bytes\": {}, \"dynamic_smem_bytes\": {}, \"barriers\": {}, \"hmma\": {}}}{}\n",
             r.name,
             r.arch,
             r.registers,
@@ -137,6 +179,7 @@ pub fn report_json(version: &str, ptx_sha: &str, res: &[Resources]) -> String {
             r.static_smem_bytes,
             r.dynamic_smem_bytes,
             r.barriers,
+            r.hmma,
             if i + 1 < res.len() { "," } else { "" }
         );
     }
@@ -144,7 +187,8 @@ pub fn report_json(version: &str, ptx_sha: &str, res: &[Resources]) -> String {
 }
 
 pub fn run(check: bool) -> Result<(), String> {
-    let ptxas = find_ptxas()?;
+    let ptxas = find_tool(&PTXAS)?;
+    let nvdisasm = find_tool(&NVDISASM)?;
     let version = ptxas_version(&ptxas)?;
     let ptx_path = paths::ptx();
     let ptx = std::fs::read(&ptx_path)
@@ -165,17 +209,23 @@ pub fn run(check: bool) -> Result<(), String> {
         if !out.status.success() {
             return Err(format!("ptxas failed for {arch}:\n{text}"));
         }
-        all.extend(parse(&text, arch)?);
+        let mut res = parse(&text, arch)?;
+        for (name, n) in hmma_counts(&nvdisasm, &cubin)? {
+            if let Some(r) = res.iter_mut().find(|r| r.name == name) {
+                r.hmma = n;
+            }
+        }
+        all.extend(res);
     }
     all.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
 
     println!(
-        "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8}",
-        "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem", "dyn-smem"
+        "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
+        "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem", "dyn-smem", "hmma"
     );
     for r in &all {
         println!(
-            "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8}",
+            "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
             r.name,
             r.arch,
             r.registers,
@@ -183,7 +233,8 @@ pub fn run(check: bool) -> Result<(), String> {
             r.spill_load_bytes,
             r.stack_bytes,
             r.static_smem_bytes,
-            r.dynamic_smem_bytes
+            r.dynamic_smem_bytes,
+            r.hmma
         );
     }
     let ptx_text = String::from_utf8_lossy(&ptx);
@@ -199,6 +250,16 @@ pub fn run(check: bool) -> Result<(), String> {
         .filter(|r| r.spill_store_bytes + r.spill_load_bytes > 0)
         .map(|r| format!("{} ({}): {} B stored, {} B loaded", r.name, r.arch, r.spill_store_bytes, r.spill_load_bytes))
         .collect();
+
+    // Kernels written for tensor cores (f16/bf16 in their name) must really use them.
+    let no_hmma: Vec<String> = all
+        .iter()
+        .filter(|r| (r.name.contains("_bf16_") || r.name.contains("_f16_")) && r.hmma == 0)
+        .map(|r| format!("{} ({})", r.name, r.arch))
+        .collect();
+    if !no_hmma.is_empty() {
+        return Err(format!("tensor-core kernels without HMMA in their SASS: {}", no_hmma.join(", ")));
+    }
 
     let report = report_json(&version, &paths::sha256_hex(&ptx), &all);
     if check {
