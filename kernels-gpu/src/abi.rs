@@ -147,16 +147,28 @@ pub enum KernelId {
     FlashFwdF32D64,
     /// Fused memory-efficient forward, f32 SIMT, head_dim 128.
     FlashFwdF32D128,
+    /// Fused forward on tensor cores (`mma.sync`), bf16 in/out, f32 accumulation, head_dim 64.
+    FlashFwdBf16D64,
+    /// Tensor-core forward, bf16, head_dim 128.
+    FlashFwdBf16D128,
+    /// Tensor-core forward, f16 in/out, f32 accumulation, head_dim 64.
+    FlashFwdF16D64,
+    /// Tensor-core forward, f16, head_dim 128.
+    FlashFwdF16D128,
 }
 
 impl KernelId {
-    pub const ALL: [KernelId; 6] = [
+    pub const ALL: [KernelId; 10] = [
         KernelId::Saxpy,
         KernelId::NaiveScoresF32,
         KernelId::NaiveSoftmaxF32,
         KernelId::NaivePvF32,
         KernelId::FlashFwdF32D64,
         KernelId::FlashFwdF32D128,
+        KernelId::FlashFwdBf16D64,
+        KernelId::FlashFwdBf16D128,
+        KernelId::FlashFwdF16D64,
+        KernelId::FlashFwdF16D128,
     ];
 
     /// The PTX entry-point name.
@@ -168,6 +180,10 @@ impl KernelId {
             KernelId::NaivePvF32 => "naive_pv_f32",
             KernelId::FlashFwdF32D64 => "flash_fwd_f32_d64",
             KernelId::FlashFwdF32D128 => "flash_fwd_f32_d128",
+            KernelId::FlashFwdBf16D64 => "flash_fwd_bf16_d64",
+            KernelId::FlashFwdBf16D128 => "flash_fwd_bf16_d128",
+            KernelId::FlashFwdF16D64 => "flash_fwd_f16_d64",
+            KernelId::FlashFwdF16D128 => "flash_fwd_f16_d128",
         }
     }
 

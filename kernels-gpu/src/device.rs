@@ -99,3 +99,24 @@ pub fn dynamic_smem_f32() -> *mut f32 {
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     core::intrinsics::fmaf32(a, b, c)
 }
+
+/// Stores 32 bits (e.g. two packed 16-bit values) through a raw device address.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned device address.
+#[cfg(feature = "tensor-core")]
+#[inline(always)]
+pub unsafe fn st_u32(addr: u64, x: u32) {
+    unsafe { *(addr as *mut u32) = x }
+}
+
+/// `x`, hidden from the optimiser: a value computed from it inside a loop stays in the loop.
+/// Used on shared-memory base addresses so LLVM does not hoist one register per fragment address
+/// out of the key loop (the addresses are `base + constant` and fold into the instructions).
+#[cfg(feature = "tensor-core")]
+#[inline(always)]
+pub fn opaque_u32(x: u32) -> u32 {
+    let y: u32;
+    unsafe { asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
+    y
+}

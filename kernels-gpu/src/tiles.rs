@@ -49,10 +49,10 @@ impl FlashF32Tile {
     }
     /// Compile-time consistency of the tile.
     pub const fn check(&self) {
-        assert!(self.head_dim % self.threads_per_row == 0);
-        assert!(32 % self.threads_per_row == 0, "a row's lanes must sit in one warp");
-        assert!(self.threads() % 32 == 0, "whole warps only");
-        assert!((self.bc * self.head_dim) % self.threads() == 0, "even cooperative tile load");
+        assert!(self.head_dim.is_multiple_of(self.threads_per_row));
+        assert!(32u32.is_multiple_of(self.threads_per_row), "a row's lanes must sit in one warp");
+        assert!(self.threads().is_multiple_of(32), "whole warps only");
+        assert!((self.bc * self.head_dim).is_multiple_of(self.threads()), "even cooperative tile load");
     }
 }
 
@@ -71,6 +71,71 @@ pub const fn flash_f32_tile(head_dim: u32) -> Option<FlashF32Tile> {
     match head_dim {
         64 => Some(FLASH_F32_D64),
         128 => Some(FLASH_F32_D128),
+        _ => None,
+    }
+}
+
+/// Tile of the tensor-core (`mma.sync` m16n8k16) flash-forward kernels for one head dim; bf16 and
+/// f16 share it (both 2-byte elements).
+///
+/// A block of `warps` warps owns `br = 16 * warps` query rows, 16 per warp (one `mma` M tile), and
+/// walks the keys in tiles of `bc`. Shared memory holds the block's Q tile (`br x head_dim`), one K
+/// tile and one V tile (`bc x head_dim` each), 2-byte elements, rows of `head_dim * 2` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashMmaTile {
+    pub head_dim: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub warps: u32,
+}
+
+impl FlashMmaTile {
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    /// Q tile + K tile + V tile, 2-byte elements: `(br + 2 * bc) * head_dim * 2` bytes.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.br + 2 * self.bc) * self.head_dim * 2
+    }
+    /// 16-byte chunks per row of a staged tile (the unit of `cp.async`, `ldmatrix` and swizzle).
+    pub const fn chunks_per_row(&self) -> u32 {
+        self.head_dim / 8
+    }
+    /// Grid `(ceil(seq_q / br), heads, batch)`, block `(threads, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads: u32, seq_q: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_q.div_ceil(self.br), heads, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        assert!(self.br == 16 * self.warps, "one 16-row mma tile per warp");
+        assert!(self.head_dim % 16 == 0 && self.bc % 16 == 0, "whole k16 steps of both mmas");
+        assert!(self.head_dim / 8 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
+        assert!(self.chunks_per_row() % 8 == 0, "the XOR swizzle permutes groups of 8 chunks");
+        assert!(self.threads() % self.chunks_per_row() == 0, "a thread keeps its chunk column");
+        assert!((self.br * self.chunks_per_row()) % self.threads() == 0, "even Q tile load");
+        assert!((self.bc * self.chunks_per_row()) % self.threads() == 0, "even K/V tile load");
+        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+    }
+}
+
+/// d=64: Bc = 128 keys per step: smem (64 + 2 x 128) x 64 x 2 B = 40 KiB. Per thread Q fragments
+/// 16 registers, O accumulator 32, scores 64.
+pub const FLASH_MMA_D64: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc: 128, warps: 4 };
+/// d=128: Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB, the most a block gets without opt-in.
+/// Per thread Q fragments 32 registers, O accumulator 64, scores 32.
+pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4 };
+const _: () = FLASH_MMA_D64.check();
+const _: () = FLASH_MMA_D128.check();
+
+/// The tensor-core flash tile for a head dim (either dtype), if there is a kernel for it.
+pub const fn flash_mma_tile(head_dim: u32) -> Option<FlashMmaTile> {
+    match head_dim {
+        64 => Some(FLASH_MMA_D64),
+        128 => Some(FLASH_MMA_D128),
         _ => None,
     }
 }
@@ -124,6 +189,8 @@ impl KernelId {
         match self {
             KernelId::FlashFwdF32D64 => FLASH_F32_D64.smem_bytes(),
             KernelId::FlashFwdF32D128 => FLASH_F32_D128.smem_bytes(),
+            KernelId::FlashFwdBf16D64 | KernelId::FlashFwdF16D64 => FLASH_MMA_D64.smem_bytes(),
+            KernelId::FlashFwdBf16D128 | KernelId::FlashFwdF16D128 => FLASH_MMA_D128.smem_bytes(),
             KernelId::Saxpy | KernelId::NaiveScoresF32 | KernelId::NaiveSoftmaxF32 | KernelId::NaivePvF32 => 0,
         }
     }

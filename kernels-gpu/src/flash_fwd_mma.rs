@@ -1,0 +1,362 @@
+//! `flash_fwd_{bf16,f16}_d{64,128}`: fused attention forward on tensor cores (`mma.sync`
+//! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
+//!
+//! Algorithm (FlashAttention-2 forward): a block owns `BR = 64` query rows, one 16-row `mma` tile
+//! per warp, and walks the keys in tiles of `BC`. Q is staged once and its A fragments stay in
+//! registers. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores into
+//! f32 accumulator fragments; (3) scale into the log2 domain (`log2 e` folded into the softmax
+//! scale once) and mask; (4) raise the running row max, rescale the running sum and the output
+//! accumulator by `2^(m_old - m_new)`; (5) `P = 2^(S - m)`, packed to 16 bits in registers — the
+//! accumulator layout of one `mma` is the A-operand layout of the next, so P never touches shared
+//! memory; (6) wait for V, start loading the next K, `O += P V`. Finally `O /= l` and
+//! `LSE = ln 2 * (m + log2 l)`.
+//!
+//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, bf16 or f16 (the
+//! pointers in [`AttnParams`] point at 2-byte elements), strided in elements (see
+//! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
+//!
+//! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`]), 4 warps:
+//! D=64: BR=64, BC=128, smem Q 8 KiB + K 16 KiB + V 16 KiB = 40 KiB;
+//! D=128: BR=64, BC=64, smem Q 16 KiB + K 16 KiB + V 16 KiB = 48 KiB.
+//! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
+//! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
+//! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
+//! zero-filled (source size 0), so they contribute exact zeros, never stale data.
+//!
+//! Shared-memory layout: each tile is row-major, one row = `D * 2` bytes = `D / 8` chunks of
+//! 16 bytes. Chunk `c` of row `r` is stored at chunk position `c ^ (r % 8)`. An `ldmatrix` phase
+//! reads the same logical chunk of 8 consecutive rows; the XOR puts those 8 chunks on 8 distinct
+//! 16-byte bank groups (all 32 banks), so `ldmatrix` is free of bank conflicts, and the XOR
+//! permutes chunks within a row, so the `cp.async` stores of one row stay conflict-free too.
+//!
+//! Thread mapping: grid `(ceil(seq_q / 64), heads, batch)`, 128 threads. Warp `w` owns rows
+//! `16w..16w+16` of the block; in every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds
+//! rows `g` and `g + 8` and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]).
+//! A row's statistics are reduced over the 4 lanes of its group with `shfl.sync.bfly` 1 and 2;
+//! the running sum `l` is kept per lane and reduced once at the end. Tile loads: thread `i`
+//! copies chunk `i % (D / 8)` of rows `i / (D / 8) + k * (128 / (D / 8))`.
+//!
+//! Masking: keys past `seq_kv` and, when causal (bottom-right aligned), keys
+//! `j > i + seq_kv - seq_q` score `-inf`; only key tiles that reach past the first row's last
+//! visible key are masked, and the block stops after the last row's last visible key. A row that
+//! sees no key gives `O = 0` and `LSE = -inf`: while a row's max is `-inf` the exponent base is 0,
+//! so every `2^(-inf)` is 0 and never NaN. Rows past `seq_q` compute on zeros and store nothing;
+//! every lane reaches every barrier, `ldmatrix` and `mma`.
+//!
+//! # Safety
+//! All pointers in `p` must be valid for the shapes and strides in `p`; Q, K and V rows must be
+//! 16-byte aligned (base pointers 16-byte aligned, `seq`, `head` and `batch` strides multiples of
+//! 8 elements), O rows 4-byte aligned; `softmax_scale` must be finite. The launch must use
+//! `tiles::flash_mma_tile(D).launch(..)` (block size and dynamic shared memory) on sm_80 or newer.
+
+use crate::abi::AttnParams;
+use crate::device::*;
+use crate::mma::*;
+use crate::tiles::{FlashMmaTile, FLASH_MMA_D128, FLASH_MMA_D64};
+
+const LOG2E: f32 = core::f32::consts::LOG2_E;
+const LN2: f32 = core::f32::consts::LN_2;
+/// Bytes of one `cp.async` / `ldmatrix` row chunk: 8 16-bit values.
+const CHUNK: usize = 16;
+
+/// Repeats a block for `$i = 0..$n` (`$n <= 16`, a constant after monomorphisation) with `$i` a
+/// literal, so fragment arrays indexed by it stay in registers instead of local memory.
+macro_rules! unroll {
+    ($i:ident in 0..$n:expr => $body:block) => {
+        const { assert!($n <= 16, "unroll! spells out 16 indices") };
+        unroll!(@ $i ($n) $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $i:ident ($n:expr) $body:block $($k:literal)*) => {
+        $(if $k < $n {
+            let $i: usize = $k;
+            $body
+        })*
+    };
+}
+
+/// 16-byte unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment.
+#[repr(C, align(16))]
+struct SmemChunk([u8; CHUNK]);
+
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $elem:ty, $tile:expr) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: AttnParams) {
+            const T: FlashMmaTile = $tile;
+            unsafe {
+                flash_fwd::<
+                    $elem,
+                    { T.head_dim as usize },
+                    { T.br as usize },
+                    { T.bc as usize },
+                    { (T.head_dim / 16) as usize },
+                    { (T.head_dim / 8) as usize },
+                    { (T.bc / 8) as usize },
+                >(&p)
+            }
+        }
+    };
+}
+
+entry!(/// bf16, head dim 64.
+    flash_fwd_bf16_d64, Bf16, FLASH_MMA_D64);
+entry!(/// bf16, head dim 128.
+    flash_fwd_bf16_d128, Bf16, FLASH_MMA_D128);
+entry!(/// f16, head dim 64.
+    flash_fwd_f16_d64, F16, FLASH_MMA_D64);
+entry!(/// f16, head dim 128.
+    flash_fwd_f16_d128, F16, FLASH_MMA_D128);
+
+/// Global addresses of one `[seq, D]` slice (fixed batch and head) of a strided 2-byte tensor.
+#[derive(Clone, Copy)]
+struct Rows {
+    /// `.global` address of row 0.
+    base: u64,
+    /// Bytes between consecutive rows.
+    stride: u64,
+    /// Rows that exist; rows at or past it are zero-filled.
+    len: usize,
+}
+
+/// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
+/// tile at shared address `tile`; this thread copies chunk `tid % CPR` of every
+/// `THREADS / CPR`-th row starting at `tid / CPR`.
+#[inline(always)]
+unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
+    tile: u32,
+    src: Rows,
+    row0: usize,
+    tid: usize,
+) {
+    let cpr = D * 2 / CHUNK;
+    let rows_per_pass = THREADS / cpr;
+    const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
+    let (c, r) = (tid % cpr, tid / cpr);
+    let dst = opaque_u32(tile) + (r * D * 2 + ((c ^ (r % 8)) * CHUNK)) as u32;
+    let mut k = 0;
+    while k < ROWS / rows_per_pass {
+        let row = row0 + r + k * rows_per_pass;
+        let (addr, bytes) = if row < src.len {
+            (src.base + row as u64 * src.stride + (c * CHUNK) as u64, CHUNK as u32)
+        } else {
+            (src.base, 0) // zero-fill: nothing is read
+        };
+        unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        k += 1;
+    }
+}
+
+/// Shared address of logical chunk `chunk` of row `row` of a swizzled tile.
+#[inline(always)]
+fn swizzled<const D: usize>(tile: u32, row: usize, chunk: usize) -> u32 {
+    tile + (row * D * 2 + ((chunk ^ (row % 8)) * CHUNK)) as u32
+}
+
+/// This lane's `ldmatrix` row addresses in a swizzled tile, for a lane that addresses row
+/// `row + 8i` (`i` a constant) and logical chunk `2k + hi + (constant multiple of 8)`.
+///
+/// The swizzle XORs only the low 3 bits of the chunk with `row % 8`, so the address of chunk
+/// `8a + b` is `lane[b / 2] + 128 a`: four per-lane bases, everything else an immediate offset.
+#[derive(Clone, Copy)]
+struct LaneAddrs<const D: usize> {
+    base: [u32; 4],
+}
+
+impl<const D: usize> LaneAddrs<D> {
+    #[inline(always)]
+    fn new(tile: u32, row: usize, hi: usize) -> Self {
+        let tile = opaque_u32(tile);
+        let at = |k: usize| tile + (row * D * 2 + (((2 * k + hi) ^ (row % 8)) * CHUNK)) as u32;
+        LaneAddrs { base: [at(0), at(1), at(2), at(3)] }
+    }
+    /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
+    #[inline(always)]
+    fn at(&self, rows: usize, k: usize) -> u32 {
+        self.base[k % 4] + ((k / 4) * 8 * CHUNK + rows * D * 2) as u32
+    }
+}
+
+/// The generic body. `KD = D / 16` k-steps of `Q Kᵀ` (Q fragments), `ND = D / 8` column tiles of
+/// O, `NS = BC / 8` column tiles of S.
+#[inline(always)]
+unsafe fn flash_fwd<
+    E: Half16,
+    const D: usize,
+    const BR: usize,
+    const BC: usize,
+    const KD: usize,
+    const ND: usize,
+    const NS: usize,
+>(
+    p: &AttnParams,
+) {
+    const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 64) };
+    const THREADS: usize = 128;
+    let tid = tid_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let q0 = ctaid_x() as usize * BR;
+    let h = ctaid_y() as u64;
+    let b = ctaid_z() as u64;
+    let seq_q = p.seq_q as usize;
+
+    let q_s = smem_addr(core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>());
+    let k_s = q_s + (BR * D * 2) as u32;
+    let v_s = k_s + (BC * D * 2) as u32;
+
+    let slice = |ptr: u64, s: &crate::abi::Strides, len: u32| Rows {
+        base: global_addr(ptr) + 2 * (b * s.batch + h * s.head),
+        stride: 2 * s.seq,
+        len: len as usize,
+    };
+    let q_rows = slice(p.q, &p.q_strides, p.seq_q);
+    let k_rows = slice(p.k, &p.k_strides, p.seq_kv);
+    let v_rows = slice(p.v, &p.v_strides, p.seq_kv);
+
+    // Keys the block visits: [0, block_end), up to the last row's last visible key. Key tiles
+    // ending past `first_row_end` hold masked keys for some row.
+    let last_row = core::cmp::min(q0 + BR, seq_q) - 1;
+    let block_end = core::cmp::max(p.key_end(last_row as u32), 0) as usize;
+    let n_tiles = block_end.div_ceil(BC);
+    let first_row_end = p.key_end(q0 as u32);
+    let my_rows = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
+    let row_end = [p.key_end(my_rows[0] as u32), p.key_end(my_rows[1] as u32)];
+
+    // Q and the first K tile; Q's A fragments then stay in registers for the whole loop.
+    unsafe {
+        stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
+        stage_tile::<D, BC, THREADS>(k_s, k_rows, 0, tid);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    sync_threads();
+    let mut qf = [[0u32; 4]; KD];
+    unroll!(kk in 0..KD => {
+        // Matrices: rows 0-7 / 8-15 of the warp's 16 at d 16kk, then the same at d 16kk + 8.
+        let row = warp * 16 + lane % 16;
+        qf[kk] = unsafe { ldmatrix_x4(swizzled::<D>(q_s, row, 2 * kk + lane / 16)) };
+    });
+
+    let scale2 = p.softmax_scale * LOG2E;
+    let mut m = [f32::NEG_INFINITY; 2]; // running max of rows g, g + 8, log2 domain
+    let mut l = [0.0f32; 2]; // this lane's part of the running sum of 2^(s - m)
+    let mut o = [[0.0f32; 4]; ND];
+
+    let mut j = 0;
+    while j < n_tiles {
+        let kv0 = j * BC;
+        // (1) K_j has landed and every warp is done reading V_{j-1}: start loading V_j.
+        cp_async_wait_all();
+        sync_threads();
+        unsafe { stage_tile::<D, BC, THREADS>(v_s, v_rows, kv0, tid) };
+        cp_async_commit();
+
+        // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
+        // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...
+        let mut s = [[0.0f32; 4]; NS];
+        let k_lane = LaneAddrs::<D>::new(k_s, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        unroll!(kk in 0..KD => {
+            unroll!(np in 0..NS / 2 => {
+                let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
+                E::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
+                E::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+            });
+        });
+
+        // (3) Log2-domain scores; keys a row may not see become -inf. Element e of tile n is
+        // row g + 8 (e / 2), key kv0 + 8n + 2t + e % 2.
+        unroll!(n in 0..NS => {
+            unroll!(e in 0..4 => { s[n][e] *= scale2; });
+        });
+        if (kv0 + BC) as i64 > first_row_end {
+            let lim = [row_end[0] - kv0 as i64, row_end[1] - kv0 as i64];
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => {
+                    if (8 * n + 2 * t + e % 2) as i64 >= lim[e / 2] {
+                        s[n][e] = f32::NEG_INFINITY;
+                    }
+                });
+            });
+        }
+
+        // (4) New running max per row (reduced over the row's 4 lanes); rescale what was
+        // accumulated under the old one. While the max is -inf the row has seen nothing and 0 is
+        // the base, so no -inf - -inf.
+        let mut base = [0.0f32; 2];
+        unroll!(r in 0..2 => {
+            let mut mx = f32::NEG_INFINITY;
+            unroll!(n in 0..NS => { mx = fmax(mx, fmax(s[n][2 * r], s[n][2 * r + 1])); });
+            mx = fmax(mx, shfl_xor(mx, 1));
+            mx = fmax(mx, shfl_xor(mx, 2));
+            let m_new = fmax(m[r], mx);
+            base[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = exp2(m[r] - base[r]);
+            l[r] *= alpha;
+            unroll!(n in 0..ND => {
+                o[n][2 * r] *= alpha;
+                o[n][2 * r + 1] *= alpha;
+            });
+            m[r] = m_new;
+        });
+
+        // (5) P = 2^(S - m), summed into l and packed to 16 bits as the A fragments of P V_j:
+        // key step kc takes S tiles 2kc (keys 2t, 2t+1) and 2kc + 1 (keys 8 + 2t, 9 + 2t).
+        let mut pf = [[0u32; 4]; NS];
+        unroll!(n in 0..NS => {
+            unroll!(e in 0..4 => {
+                s[n][e] = exp2(s[n][e] - base[e / 2]);
+                l[e / 2] += s[n][e];
+            });
+        });
+        unroll!(kc in 0..NS / 2 => {
+            pf[kc] = [
+                E::pack(s[2 * kc][0], s[2 * kc][1]),
+                E::pack(s[2 * kc][2], s[2 * kc][3]),
+                E::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                E::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]),
+            ];
+        });
+
+        // (6) V_j has landed and every warp is done reading K_j: start loading K_{j+1}, then
+        // O += P V_j. One ldmatrix.x4.trans gives the B fragments of two 8-wide d tiles for one
+        // 16-key step: matrices (keys 16kc.., d 16np), (keys 16kc+8.., d 16np), (keys 16kc..,
+        // d 16np+8), (keys 16kc+8.., d 16np+8).
+        cp_async_wait_all();
+        sync_threads();
+        if j + 1 < n_tiles {
+            unsafe { stage_tile::<D, BC, THREADS>(k_s, k_rows, kv0 + BC, tid) };
+        }
+        cp_async_commit();
+        let v_lane = LaneAddrs::<D>::new(v_s, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        unroll!(kc in 0..NS / 2 => {
+            unroll!(np in 0..ND / 2 => {
+                let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
+                E::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
+                E::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+            });
+        });
+        j += 1;
+    }
+
+    // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
+    let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head);
+    unroll!(r in 0..2 => {
+        l[r] += shfl_xor(l[r], 1);
+        l[r] += shfl_xor(l[r], 2);
+        let row = my_rows[r];
+        if row < seq_q {
+            let (inv_l, lse) =
+                if l[r] > 0.0 { (1.0 / l[r], (m[r] + log2(l[r])) * LN2) } else { (0.0, f32::NEG_INFINITY) };
+            let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
+            unroll!(n in 0..ND => {
+                let pair = E::pack(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l);
+                unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
+            });
+            if t == 0 {
+                let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + row as u64);
+                unsafe { st_f32(la, lse) };
+            }
+        }
+    });
+}
