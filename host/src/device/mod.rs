@@ -1,0 +1,199 @@
+//! The device abstraction: one trait, two backends.
+//!
+//! - [`vm::VmDevice`]: the PTX VM (`ptx-vm`), always available, exact memory accounting and
+//!   memcheck on every launch.
+//! - [`cuda::CudaDevice`]: a real GPU through the CUDA driver, loaded at run time (`cudarc` with
+//!   dynamic loading), memory from NVML and `cuMemGetInfo`, time from CUDA events.
+//!
+//! Code that runs kernels (the [`crate::runner`], the tests) is generic over [`Device`], so it is
+//! written once and runs on both.
+
+pub mod cuda;
+pub mod vm;
+
+use crate::memory::MeasuredMemory;
+use crate::ptx::PtxSource;
+use kernels_gpu::tiles::LaunchDims;
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// A device address.
+pub type DevPtr = u64;
+
+/// Which backend a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Vm,
+    Cuda,
+}
+
+impl Backend {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Backend::Vm => "vm",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `--backend` option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a driver and a device are present, otherwise the VM.
+    #[default]
+    Auto,
+    Vm,
+    Cuda,
+}
+
+impl FromStr for BackendChoice {
+    type Err = crate::problem::ParseEnumError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "vm" => Ok(BackendChoice::Vm),
+            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
+            _ => Err(crate::problem::ParseEnumError { what: "backend", got: s.into(), expected: "auto, vm, cuda" }),
+        }
+    }
+}
+
+/// Limits a problem is validated against before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceCaps {
+    /// Largest dynamic shared memory one block may use (with opt-in where the device has it).
+    pub max_dynamic_smem_bytes: u32,
+    pub max_threads_per_block: u32,
+    pub max_grid: [u32; 3],
+    pub total_memory_bytes: u64,
+    /// Free device memory now.
+    pub free_memory_bytes: u64,
+}
+
+/// What one launch reports back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LaunchInfo {
+    /// VM only: instructions executed, counted once per active thread.
+    pub thread_instructions: Option<u64>,
+    /// VM only: the instruction trace, when one was requested.
+    pub trace: Vec<ptx_vm::TraceEntry>,
+}
+
+/// A device error. Every variant maps to exit code 3.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("CUDA backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("PTX does not load ({origin}): {message}")]
+    PtxLoad { origin: String, message: String },
+    #[error("kernel `{0}` is not in the loaded PTX")]
+    UnknownKernel(String),
+    #[error("CUDA error in {op}: {message}")]
+    Cuda { op: String, message: String },
+    #[error("VM memcheck in `{kernel}`: {message}")]
+    Memcheck { kernel: String, message: String },
+    #[error("VM error in {op}: {message}")]
+    Vm { op: String, message: String },
+    #[error("out of device memory: requested {requested} bytes, {free} free")]
+    OutOfMemory { requested: u64, free: u64 },
+}
+
+/// A device that can run memattn's kernels and measure them.
+///
+/// Launches may be asynchronous; [`Device::synchronize`], [`Device::download`] and
+/// [`Device::timer_stop`] wait for them.
+pub trait Device {
+    fn backend(&self) -> Backend;
+    /// e.g. "NVIDIA H100 80GB HBM3 (sm_90)" or "ptx-vm (2 workers, 16 GiB simulated)".
+    fn name(&self) -> String;
+    /// Where the loaded PTX came from and its hash.
+    fn ptx(&self) -> &PtxSource;
+    fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
+    fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError>;
+    fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError>;
+    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError>;
+    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError>;
+    /// Sets `count` 32-bit words at `ptr` to `value` (used to poison outputs with NaN).
+    fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError>;
+    /// Launches `kernel` with its parameters, each given as its raw bytes in declaration order.
+    fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError>;
+    fn synchronize(&mut self) -> Result<(), DeviceError>;
+    /// Starts the clock for the launches that follow.
+    fn timer_start(&mut self) -> Result<(), DeviceError>;
+    /// Stops the clock after the launches since `timer_start` completed; milliseconds.
+    fn timer_stop(&mut self) -> Result<f64, DeviceError>;
+    /// "cuda events" or "host wall clock".
+    fn clock_name(&self) -> &'static str;
+    /// Starts measuring device memory (baseline; NVML sampling on CUDA).
+    fn memory_begin(&mut self) -> Result<(), DeviceError>;
+    /// Marks the point where all buffers are allocated (CUDA: reads `cuMemGetInfo`).
+    fn memory_mark_allocated(&mut self) -> Result<(), DeviceError>;
+    /// Stops measuring, after the run's buffers were freed.
+    fn memory_end(&mut self) -> Result<MeasuredMemory, DeviceError>;
+    /// Default warm-up launches and repetitions for timing on this device.
+    fn default_warmup_repeats(&self) -> (u32, u32);
+}
+
+/// Options for opening a device.
+#[derive(Clone, Debug)]
+pub struct DeviceOptions {
+    pub backend: BackendChoice,
+    pub ptx: PtxSource,
+    /// NVML sampling interval (CUDA).
+    pub nvml_interval: std::time::Duration,
+    /// Simulated device memory of the VM (None: the VM's default).
+    pub vm_memory_bytes: Option<u64>,
+    /// VM worker threads (None: available parallelism).
+    pub vm_workers: Option<usize>,
+}
+
+impl DeviceOptions {
+    pub fn new(backend: BackendChoice, ptx: PtxSource) -> Self {
+        DeviceOptions {
+            backend,
+            ptx,
+            nvml_interval: std::time::Duration::from_millis(1),
+            vm_memory_bytes: None,
+            vm_workers: None,
+        }
+    }
+}
+
+/// An opened device and why this backend was picked.
+pub struct Opened {
+    pub device: Box<dyn Device>,
+    pub reason: String,
+}
+
+/// Opens the backend `opts.backend` asks for. `auto` tries CUDA and falls back to the VM, saying
+/// why; a missing driver never panics.
+pub fn open(opts: &DeviceOptions) -> Result<Opened, DeviceError> {
+    match opts.backend {
+        BackendChoice::Vm => Ok(Opened {
+            device: Box::new(vm::VmDevice::new(opts)?),
+            reason: "--backend vm".into(),
+        }),
+        BackendChoice::Cuda => {
+            let d = cuda::CudaDevice::new(opts)?;
+            Ok(Opened { device: Box::new(d), reason: "--backend cuda".into() })
+        }
+        BackendChoice::Auto => match cuda::probe() {
+            Ok(_) => {
+                let d = cuda::CudaDevice::new(opts)?;
+                Ok(Opened { device: Box::new(d), reason: "auto: CUDA driver and a GPU found".into() })
+            }
+            Err(why) => Ok(Opened {
+                device: Box::new(vm::VmDevice::new(opts)?),
+                reason: format!("auto: using the PTX VM because {why}"),
+            }),
+        },
+    }
+}

@@ -1,0 +1,224 @@
+//! The PTX VM backend: runs the same PTX on the CPU with memcheck on every launch. Memory figures
+//! are exact (the VM's allocator); time is host wall clock and says nothing about a GPU.
+
+use super::{Backend, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
+use crate::memory::MeasuredMemory;
+use crate::ptx::PtxSource;
+use kernels_gpu::tiles::LaunchDims;
+use ptx_vm::{Finding, LaunchConfig, Module, TraceRequest, Vm, VmError};
+use std::time::Instant;
+
+pub struct VmDevice {
+    vm: Vm,
+    module: Module,
+    ptx: PtxSource,
+    workers: usize,
+    timer: Option<Instant>,
+    mem_before: u64,
+    /// Trace this thread of the next launch of this kernel.
+    trace: Option<(String, TraceRequest)>,
+}
+
+/// Formats a memcheck finding with its full location.
+pub fn describe_finding(f: &Finding) -> String {
+    let mut s = format!(
+        "{} in block ({},{},{}) thread ({},{},{}) at PTX line {}: `{}`",
+        f.kind,
+        f.block[0],
+        f.block[1],
+        f.block[2],
+        f.thread[0],
+        f.thread[1],
+        f.thread[2],
+        f.line,
+        f.instruction
+    );
+    if let Some(a) = f.address {
+        s.push_str(&format!(", address {a:#x}"));
+    }
+    if let Some(n) = f.access_bytes {
+        s.push_str(&format!(" ({n} bytes)"));
+    }
+    if let Some(near) = &f.nearest_allocation {
+        s.push_str(&format!("; {near}"));
+    }
+    s
+}
+
+fn vm_err(op: &str, e: VmError) -> DeviceError {
+    match e {
+        VmError::UnknownKernel(k) => DeviceError::UnknownKernel(k),
+        VmError::OutOfMemory { requested, free } => DeviceError::OutOfMemory { requested, free },
+        VmError::Memcheck(f) | VmError::Trap(f) => {
+            DeviceError::Memcheck { kernel: f.kernel.clone(), message: describe_finding(&f) }
+        }
+        other => DeviceError::Vm { op: op.into(), message: other.to_string() },
+    }
+}
+
+impl VmDevice {
+    pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
+        let module = Module::load(&opts.ptx.text)
+            .map_err(|e| DeviceError::PtxLoad { origin: opts.ptx.origin.clone(), message: e.to_string() })?;
+        let workers = opts
+            .vm_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let mut vm = Vm::with_workers(workers);
+        if let Some(bytes) = opts.vm_memory_bytes {
+            let mut limits = vm.limits();
+            limits.memory_bytes = bytes;
+            vm.set_limits(limits);
+        }
+        Ok(VmDevice { vm, module, ptx: opts.ptx.clone(), workers, timer: None, mem_before: 0, trace: None })
+    }
+
+    /// The loaded module (kernel list, instruction counts).
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// Records the instruction trace of one thread in the next launch of `kernel`.
+    pub fn request_trace(&mut self, kernel: &str, request: TraceRequest) {
+        self.trace = Some((kernel.to_string(), request));
+    }
+}
+
+impl Device for VmDevice {
+    fn backend(&self) -> Backend {
+        Backend::Vm
+    }
+
+    fn name(&self) -> String {
+        let l = self.vm.limits();
+        format!(
+            "ptx-vm ({} workers, {} simulated, {} shared/block)",
+            self.workers,
+            crate::report::human_bytes(l.memory_bytes),
+            crate::report::human_bytes(l.max_shared_per_block as u64)
+        )
+    }
+
+    fn ptx(&self) -> &PtxSource {
+        &self.ptx
+    }
+
+    fn caps(&mut self) -> Result<DeviceCaps, DeviceError> {
+        let l = self.vm.limits();
+        let m = self.vm.memory();
+        Ok(DeviceCaps {
+            max_dynamic_smem_bytes: l.max_shared_per_block,
+            max_threads_per_block: l.max_threads_per_block,
+            max_grid: l.max_grid,
+            total_memory_bytes: l.memory_bytes,
+            free_memory_bytes: l.memory_bytes.saturating_sub(m.current_bytes),
+        })
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        self.vm.alloc(bytes).map_err(|e| vm_err("alloc", e))
+    }
+
+    fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError> {
+        self.vm.free(ptr).map_err(|e| vm_err("free", e))
+    }
+
+    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.vm.write(ptr, &bytes).map_err(|e| vm_err("write", e))
+    }
+
+    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.vm.read(ptr, &mut bytes).map_err(|e| vm_err("read", e))?;
+        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(())
+    }
+
+    fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
+        let word = value.to_le_bytes();
+        let bytes: Vec<u8> = (0..count).flat_map(|_| word).collect();
+        self.vm.write(ptr, &bytes).map_err(|e| vm_err("write", e))
+    }
+
+    fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
+        let info = self.module.kernel(kernel).ok_or_else(|| DeviceError::UnknownKernel(kernel.into()))?;
+        if info.params.len() != params.len() {
+            return Err(DeviceError::Vm {
+                op: format!("launch of `{kernel}`"),
+                message: format!("the kernel declares {} parameters, {} given", info.params.len(), params.len()),
+            });
+        }
+        let mut packed = vec![0u8; info.param_bytes];
+        for (decl, value) in info.params.iter().zip(params) {
+            if decl.size != value.len() {
+                return Err(DeviceError::Vm {
+                    op: format!("launch of `{kernel}`"),
+                    message: format!("parameter `{}` is {} bytes, {} given", decl.name, decl.size, value.len()),
+                });
+            }
+            packed[decl.offset..decl.offset + decl.size].copy_from_slice(value);
+        }
+        let mut config = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
+        if let Some((k, req)) = &self.trace {
+            if k == kernel {
+                config.trace = Some(*req);
+                self.trace = None;
+            }
+        }
+        let stats = self
+            .vm
+            .launch(&self.module, kernel, &config, &packed)
+            .map_err(|e| vm_err(&format!("launch of `{kernel}`"), e))?;
+        Ok(LaunchInfo { thread_instructions: Some(stats.thread_instructions), trace: stats.trace })
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn timer_start(&mut self) -> Result<(), DeviceError> {
+        self.timer = Some(Instant::now());
+        Ok(())
+    }
+
+    fn timer_stop(&mut self) -> Result<f64, DeviceError> {
+        let t = self.timer.take().ok_or_else(|| DeviceError::Vm {
+            op: "timer".into(),
+            message: "timer_stop without timer_start".into(),
+        })?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+
+    fn clock_name(&self) -> &'static str {
+        "host wall clock (VM interpreter time, not GPU time)"
+    }
+
+    fn memory_begin(&mut self) -> Result<(), DeviceError> {
+        self.vm.reset_peak();
+        self.mem_before = self.vm.memory().current_bytes;
+        Ok(())
+    }
+
+    fn memory_mark_allocated(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn memory_end(&mut self) -> Result<MeasuredMemory, DeviceError> {
+        let m = self.vm.memory();
+        Ok(MeasuredMemory {
+            source: "vm allocator (exact)".into(),
+            before_bytes: self.mem_before,
+            peak_bytes: m.peak_bytes,
+            after_bytes: m.current_bytes,
+            peak_delta_bytes: m.peak_bytes.saturating_sub(self.mem_before),
+            ..MeasuredMemory::default()
+        })
+    }
+
+    fn default_warmup_repeats(&self) -> (u32, u32) {
+        // The VM is deterministic and slow: one measured launch, no warm-up.
+        (0, 1)
+    }
+}

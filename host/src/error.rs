@@ -1,0 +1,37 @@
+//! The library's error type and the exit codes the CLI maps it to.
+
+use crate::device::DeviceError;
+use crate::problem::ProblemError;
+use crate::safetensors_io::InputError;
+
+/// Exit codes of the `memattn` binary.
+pub mod exit {
+    pub const SUCCESS: i32 = 0;
+    /// A result did not match the reference.
+    pub const VERIFICATION_FAILED: i32 = 1;
+    /// Bad usage or bad input: options, files, shapes, dtypes.
+    pub const BAD_INPUT: i32 = 2;
+    /// Device or kernel error: CUDA error, VM memcheck finding, PTX that does not load.
+    pub const DEVICE: i32 = 3;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid problem: {0}")]
+    Problem(#[from] ProblemError),
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Problem(_) | Error::Input(_) | Error::Usage(_) => exit::BAD_INPUT,
+            Error::Device(_) => exit::DEVICE,
+        }
+    }
+}

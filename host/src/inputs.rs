@@ -1,0 +1,84 @@
+//! Host-side tensors: Q, K, V in the logical `[batch, seq, heads, head_dim]` (BSHD) order, random
+//! or loaded from a file, and conversion to and from the device layout.
+
+use crate::problem::{Layout, Problem};
+use crate::rng::SplitMix64;
+
+/// Q, K and V of one problem, BSHD, f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qkv {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl Qkv {
+    /// Standard-normal inputs from `seed` (Q, K, V drawn in that order).
+    pub fn random(p: &Problem, seed: u64) -> Qkv {
+        let mut rng = SplitMix64::new(seed);
+        let mut draw = |n: u64| (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+        let q = draw(p.q_elems());
+        let k = draw(p.kv_elems());
+        let v = draw(p.kv_elems());
+        Qkv { q, k, v }
+    }
+}
+
+/// Reorders a BSHD tensor into `layout` (a copy for BHSD, unchanged for BSHD).
+pub fn to_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, d: u32) -> Vec<f32> {
+    match layout {
+        Layout::Bshd => x.to_vec(),
+        Layout::Bhsd => {
+            let (b_, s_, h_, d_) = (batch as usize, seq as usize, heads as usize, d as usize);
+            let mut out = vec![0.0f32; x.len()];
+            for b in 0..b_ {
+                for s in 0..s_ {
+                    for h in 0..h_ {
+                        let src = ((b * s_ + s) * h_ + h) * d_;
+                        let dst = ((b * h_ + h) * s_ + s) * d_;
+                        out[dst..dst + d_].copy_from_slice(&x[src..src + d_]);
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Inverse of [`to_layout`]: brings a tensor in `layout` back to BSHD.
+pub fn from_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, d: u32) -> Vec<f32> {
+    match layout {
+        Layout::Bshd => x.to_vec(),
+        Layout::Bhsd => {
+            let (b_, s_, h_, d_) = (batch as usize, seq as usize, heads as usize, d as usize);
+            let mut out = vec![0.0f32; x.len()];
+            for b in 0..b_ {
+                for s in 0..s_ {
+                    for h in 0..h_ {
+                        let dst = ((b * s_ + s) * h_ + h) * d_;
+                        let src = ((b * h_ + h) * s_ + s) * d_;
+                        out[dst..dst + d_].copy_from_slice(&x[src..src + d_]);
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn bhsd_round_trip_and_strides_agree() {
+        let (b, s, h, d) = (2u32, 3u32, 4u32, 5u32);
+        let x: Vec<f32> = (0..(b * s * h * d)).map(|i| i as f32).collect();
+        let y = to_layout(&x, Layout::Bhsd, b, s, h, d);
+        assert_ne!(x, y);
+        assert_eq!(from_layout(&y, Layout::Bhsd, b, s, h, d), x);
+        // Element (1, 2, 3, 4) sits where the kernel's strides say it does.
+        let st = Layout::Bhsd.strides(s as u64, h as u64, d as u64);
+        let logical = ((1 * s + 2) * h + 3) * d + 4;
+        assert_eq!(y[(st.offset(1, 2, 3) + 4) as usize], logical as f32);
+    }
+}

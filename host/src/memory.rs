@@ -1,0 +1,110 @@
+//! Analytic device memory per kernel, stated before a run and compared with the measurement after.
+//!
+//! | buffer | bytes | naive | flash |
+//! |---|---|---|---|
+//! | Q | `batch·seq_q·heads·d·size` | input | input |
+//! | K, V | `batch·seq_kv·heads·d·size` each | input | input |
+//! | O | `batch·seq_q·heads·d·size` | output | output |
+//! | LSE | `4·batch·heads·seq_q` | workspace | workspace |
+//! | S | `4·batch·heads·seq_q·seq_kv` | workspace | — |
+//!
+//! LSE counts as workspace: it is what the fused kernel keeps instead of S (and what a backward
+//! pass would need). The naive path also writes LSE (its softmax produces it).
+
+use crate::problem::{KernelKind, Problem};
+use crate::report::human_bytes;
+use serde::Serialize;
+
+/// Bytes a run allocates on the device, by role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AnalyticBytes {
+    /// Q + K + V.
+    pub inputs: u64,
+    /// O.
+    pub outputs: u64,
+    /// LSE (both kernels) + S (naive only).
+    pub workspace: u64,
+    /// LSE alone.
+    pub lse: u64,
+    /// The naive score matrix S (0 for flash).
+    pub scores: u64,
+    pub total: u64,
+}
+
+impl AnalyticBytes {
+    pub fn new(p: &Problem, kernel: KernelKind) -> Self {
+        let es = p.dtype.size_bytes();
+        let q = p.q_elems() * es;
+        let kv = p.kv_elems() * es;
+        let lse = p.rows() * 4;
+        let scores = match kernel {
+            KernelKind::Naive => p.score_elems() * 4,
+            KernelKind::Flash => 0,
+        };
+        let inputs = q + 2 * kv;
+        let outputs = q;
+        let workspace = lse + scores;
+        AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }
+    }
+
+    /// `inputs X + outputs Y + workspace Z (S ..., LSE ...)`.
+    pub fn breakdown(&self) -> String {
+        let ws = if self.scores > 0 {
+            format!("S {} + LSE {}", human_bytes(self.scores), human_bytes(self.lse))
+        } else {
+            format!("LSE {}", human_bytes(self.lse))
+        };
+        format!(
+            "inputs {} + outputs {} + workspace {} ({ws})",
+            human_bytes(self.inputs),
+            human_bytes(self.outputs),
+            human_bytes(self.workspace)
+        )
+    }
+}
+
+/// Device memory as measured around one run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MeasuredMemory {
+    /// Where the figures come from: "vm allocator (exact)" or "nvml (sampled every N us)".
+    pub source: String,
+    /// Device bytes in use before the run's first allocation.
+    pub before_bytes: u64,
+    /// Highest device bytes in use during the run.
+    pub peak_bytes: u64,
+    /// Device bytes in use after the run's buffers were freed.
+    pub after_bytes: u64,
+    /// `peak - before`: what the run added (compare with the analytic total).
+    pub peak_delta_bytes: u64,
+    /// NVML only: samples taken, GPU utilisation (max/mean percent) while sampling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_util_max_percent: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_util_mean_percent: Option<f64>,
+    /// CUDA only: `cuMemGetInfo` free bytes before allocation and with all buffers allocated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_free_before_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_free_allocated_bytes: Option<u64>,
+    /// Notes on how to read the figures (e.g. allocation granularity on CUDA).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash_workspace_is_lse_only() {
+        let p = Problem { batch: 2, heads: 3, seq_q: 100, seq_kv: 70, head_dim: 64, ..Problem::default() };
+        let f = AnalyticBytes::new(&p, KernelKind::Flash);
+        let n = AnalyticBytes::new(&p, KernelKind::Naive);
+        assert_eq!(f.workspace, 4 * 2 * 3 * 100);
+        assert_eq!(f.inputs, 4 * (2 * 100 * 3 * 64 + 2 * 2 * 70 * 3 * 64));
+        assert_eq!(n.workspace - f.workspace, 4 * 2 * 3 * 100 * 70);
+        assert_eq!(n.total - f.total, n.scores);
+    }
+}

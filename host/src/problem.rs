@@ -1,0 +1,449 @@
+//! The attention problem and its validation.
+//!
+//! Validation runs before anything is allocated; every error names the limit it hit.
+
+use crate::device::DeviceCaps;
+use crate::dtype::Dtype;
+use crate::memory::AnalyticBytes;
+use kernels_gpu::abi::{causal_key_end, Strides};
+use kernels_gpu::tiles::{
+    flash_f32_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM,
+};
+use kernels_gpu::abi::KernelId;
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// Which attention implementation to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelKind {
+    /// Three kernels (scores, softmax, P·V) with the `seq_q x seq_kv` score matrix in memory.
+    Naive,
+    /// One fused kernel (online softmax); extra memory is LSE only.
+    Flash,
+}
+
+impl KernelKind {
+    pub const ALL: [KernelKind; 2] = [KernelKind::Naive, KernelKind::Flash];
+    pub const fn name(self) -> &'static str {
+        match self {
+            KernelKind::Naive => "naive",
+            KernelKind::Flash => "flash",
+        }
+    }
+}
+
+impl fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KernelKind {
+    type Err = ParseEnumError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "naive" => Ok(KernelKind::Naive),
+            "flash" => Ok(KernelKind::Flash),
+            _ => Err(ParseEnumError { what: "kernel", got: s.into(), expected: "naive, flash" }),
+        }
+    }
+}
+
+/// Memory layout of Q, K, V and O on the device. Files and the host always use BSHD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `[batch, seq, heads, head_dim]`
+    Bshd,
+    /// `[batch, heads, seq, head_dim]`
+    Bhsd,
+}
+
+impl Layout {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Layout::Bshd => "bshd",
+            Layout::Bhsd => "bhsd",
+        }
+    }
+    pub const fn strides(self, seq: u64, heads: u64, head_dim: u64) -> Strides {
+        match self {
+            Layout::Bshd => Strides::bshd(seq, heads, head_dim),
+            Layout::Bhsd => Strides::bhsd(seq, heads, head_dim),
+        }
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Layout {
+    type Err = ParseEnumError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "bshd" => Ok(Layout::Bshd),
+            "bhsd" => Ok(Layout::Bhsd),
+            _ => Err(ParseEnumError { what: "layout", got: s.into(), expected: "bshd, bhsd" }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{got}` (expected one of: {expected})")]
+pub struct ParseEnumError {
+    pub what: &'static str,
+    pub got: String,
+    pub expected: &'static str,
+}
+
+/// One attention problem: `O = softmax(scale · Q Kᵀ [+ causal mask]) V`, plus `LSE` per query row.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Problem {
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub head_dim: u32,
+    pub dtype: Dtype,
+    pub causal: bool,
+    /// Softmax scale; `None` means `1 / sqrt(head_dim)`.
+    #[serde(skip)]
+    pub scale: Option<f32>,
+    pub layout: Layout,
+}
+
+/// The shape part of a problem as it appears in JSON output.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ShapeJson {
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub head_dim: u32,
+    pub causal: bool,
+    pub softmax_scale: f32,
+    pub layout: Layout,
+}
+
+impl Default for Problem {
+    /// The default shape of `memattn run` / `compare`: small enough to verify in the VM in seconds.
+    fn default() -> Self {
+        Problem {
+            batch: 1,
+            heads: 4,
+            seq_q: 256,
+            seq_kv: 256,
+            head_dim: 64,
+            dtype: Dtype::F32,
+            causal: false,
+            scale: None,
+            layout: Layout::Bshd,
+        }
+    }
+}
+
+/// Why a problem cannot run. Each message names the limit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProblemError {
+    #[error("{name} must be at least 1 (got 0)")]
+    ZeroSize { name: &'static str },
+    #[error("head_dim {got} is not supported by the {kernel} kernel: {supported}")]
+    UnsupportedHeadDim { kernel: KernelKind, got: u32, supported: String },
+    #[error("dtype {dtype} has no {kernel} kernel (kernels exist for: f32)")]
+    UnsupportedDtype { kernel: KernelKind, dtype: Dtype },
+    #[error("softmax scale must be finite (got {0})")]
+    BadScale(f32),
+    #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
+    GridLimit { kernel: KernelKind, entry: &'static str, axis: char, got: u64, limit: u64, why: &'static str },
+    #[error(
+        "`{entry}` needs {needed} bytes of dynamic shared memory per block, over the device limit of {limit} bytes"
+    )]
+    SharedMemory { entry: &'static str, needed: u32, limit: u32 },
+    #[error(
+        "{kernel} needs an estimated {needed} bytes ({needed_h}) of device memory, more than the {free} bytes ({free_h}) free \
+         [{breakdown}]"
+    )]
+    OutOfDeviceMemory { kernel: KernelKind, needed: u64, needed_h: String, free: u64, free_h: String, breakdown: String },
+    #[error("{what} has {got} elements, beyond what a 64-bit byte count can address")]
+    TooLarge { what: &'static str, got: String },
+}
+
+/// One kernel launch of a run: the PTX entry and its geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedLaunch {
+    pub kernel: KernelId,
+    pub dims: LaunchDims,
+}
+
+impl Problem {
+    /// The softmax scale the kernels get.
+    pub fn softmax_scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    pub fn shape_json(&self) -> ShapeJson {
+        ShapeJson {
+            batch: self.batch,
+            heads: self.heads,
+            seq_q: self.seq_q,
+            seq_kv: self.seq_kv,
+            head_dim: self.head_dim,
+            causal: self.causal,
+            softmax_scale: self.softmax_scale(),
+            layout: self.layout,
+        }
+    }
+
+    /// Elements of Q and O (`batch * seq_q * heads * head_dim`).
+    pub fn q_elems(&self) -> u64 {
+        self.batch as u64 * self.seq_q as u64 * self.heads as u64 * self.head_dim as u64
+    }
+    /// Elements of K and of V.
+    pub fn kv_elems(&self) -> u64 {
+        self.batch as u64 * self.seq_kv as u64 * self.heads as u64 * self.head_dim as u64
+    }
+    /// Query rows (`batch * heads * seq_q`), also the number of LSE values.
+    pub fn rows(&self) -> u64 {
+        self.batch as u64 * self.heads as u64 * self.seq_q as u64
+    }
+    /// Elements of the naive score matrix S.
+    pub fn score_elems(&self) -> u64 {
+        self.rows() * self.seq_kv as u64
+    }
+
+    /// Keys query row `i` attends to (bottom-right aligned causal mask).
+    pub fn keys_seen(&self, i: u32) -> u64 {
+        causal_key_end(self.causal, i, self.seq_q, self.seq_kv).max(0) as u64
+    }
+
+    /// Exact number of unmasked (query, key) pairs of one head.
+    pub fn unmasked_pairs_per_head(&self) -> u64 {
+        if !self.causal {
+            return self.seq_q as u64 * self.seq_kv as u64;
+        }
+        // Row i sees min(seq_kv, max(0, i + 1 + seq_kv - seq_q)) keys: closed form over the rows
+        // that see a partial prefix, all keys never exceeded since i < seq_q.
+        let (nq, nk) = (self.seq_q as i64, self.seq_kv as i64);
+        let offset = nk - nq; // row i sees i + 1 + offset keys, clamped to [0, nk]
+        // First row that sees at least one key: i + 1 + offset >= 1  =>  i >= -offset.
+        let first = (-offset).max(0);
+        if first >= nq {
+            return 0;
+        }
+        let (a, b) = (first + 1 + offset, nq + offset); // counts at rows first and nq-1
+        ((a + b) * (nq - first) / 2) as u64
+    }
+
+    /// Useful floating-point operations: `4 · batch · heads · head_dim · unmasked pairs` (2 for
+    /// QKᵀ and 2 for PV per pair and dim).
+    pub fn flops(&self) -> f64 {
+        4.0 * self.batch as f64
+            * self.heads as f64
+            * self.head_dim as f64
+            * self.unmasked_pairs_per_head() as f64
+    }
+
+    /// Strides of Q/O and K/V in the device layout.
+    pub fn q_strides(&self) -> Strides {
+        self.layout.strides(self.seq_q as u64, self.heads as u64, self.head_dim as u64)
+    }
+    pub fn kv_strides(&self) -> Strides {
+        self.layout.strides(self.seq_kv as u64, self.heads as u64, self.head_dim as u64)
+    }
+
+    /// The launches one run of `kernel` makes, in order.
+    pub fn launches(&self, kernel: KernelKind) -> Result<Vec<PlannedLaunch>, ProblemError> {
+        match kernel {
+            KernelKind::Flash => {
+                let Some(tile) = flash_f32_tile(self.head_dim) else {
+                    return Err(self.head_dim_error(kernel));
+                };
+                let id = match self.head_dim {
+                    64 => KernelId::FlashFwdF32D64,
+                    _ => KernelId::FlashFwdF32D128,
+                };
+                Ok(vec![PlannedLaunch { kernel: id, dims: tile.launch(self.batch, self.heads, self.seq_q) }])
+            }
+            KernelKind::Naive => Ok([KernelId::NaiveScoresF32, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF32]
+                .into_iter()
+                .map(|id| PlannedLaunch {
+                    kernel: id,
+                    dims: naive_launch(id, self.batch, self.heads, self.seq_q, self.seq_kv),
+                })
+                .collect()),
+        }
+    }
+
+    fn head_dim_error(&self, kernel: KernelKind) -> ProblemError {
+        let supported = match kernel {
+            KernelKind::Flash => format!(
+                "flash kernels are compiled for head_dim {}",
+                FLASH_HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and ")
+            ),
+            KernelKind::Naive => format!("naive kernels accept 1..={NAIVE_MAX_HEAD_DIM}"),
+        };
+        ProblemError::UnsupportedHeadDim { kernel, got: self.head_dim, supported }
+    }
+
+    /// Checks that need no device: sizes, head dim, dtype, scale, overflow.
+    pub fn validate_shape(&self, kernel: KernelKind) -> Result<(), ProblemError> {
+        for (name, v) in [
+            ("batch", self.batch),
+            ("heads", self.heads),
+            ("seq_q", self.seq_q),
+            ("seq_kv", self.seq_kv),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(ProblemError::ZeroSize { name });
+            }
+        }
+        let ok_dim = match kernel {
+            KernelKind::Flash => FLASH_HEAD_DIMS.contains(&self.head_dim),
+            KernelKind::Naive => self.head_dim <= NAIVE_MAX_HEAD_DIM,
+        };
+        if !ok_dim {
+            return Err(self.head_dim_error(kernel));
+        }
+        if self.dtype != Dtype::F32 {
+            return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
+        }
+        let scale = self.softmax_scale();
+        if !scale.is_finite() {
+            return Err(ProblemError::BadScale(scale));
+        }
+        // Every byte count must fit in u64 (it does for u32 dims up to ~2^60 elements of S).
+        let s = (self.batch as u128) * (self.heads as u128) * (self.seq_q as u128) * (self.seq_kv as u128) * 4;
+        if s > u64::MAX as u128 {
+            return Err(ProblemError::TooLarge { what: "the score matrix", got: s.to_string() });
+        }
+        Ok(())
+    }
+
+    /// Full validation against a device: shape, grid and shared memory limits, and the analytic
+    /// memory estimate against the device's free memory.
+    pub fn validate(&self, kernel: KernelKind, caps: &DeviceCaps) -> Result<(), ProblemError> {
+        self.validate_shape(kernel)?;
+        let bh = self.batch as u64 * self.heads as u64;
+        match kernel {
+            KernelKind::Naive => {
+                if bh > MAX_GRID_YZ as u64 || bh > caps.max_grid[2] as u64 {
+                    return Err(ProblemError::GridLimit {
+                        kernel,
+                        entry: KernelId::NaiveScoresF32.name(),
+                        axis: 'z',
+                        got: bh,
+                        limit: (MAX_GRID_YZ as u64).min(caps.max_grid[2] as u64),
+                        why: "grid z walks batch * heads",
+                    });
+                }
+            }
+            KernelKind::Flash => {
+                if self.heads as u64 > caps.max_grid[1] as u64 {
+                    return Err(ProblemError::GridLimit {
+                        kernel,
+                        entry: "flash_fwd_f32",
+                        axis: 'y',
+                        got: self.heads as u64,
+                        limit: caps.max_grid[1] as u64,
+                        why: "grid y walks heads",
+                    });
+                }
+                if self.batch as u64 > caps.max_grid[2] as u64 {
+                    return Err(ProblemError::GridLimit {
+                        kernel,
+                        entry: "flash_fwd_f32",
+                        axis: 'z',
+                        got: self.batch as u64,
+                        limit: caps.max_grid[2] as u64,
+                        why: "grid z walks batch",
+                    });
+                }
+            }
+        }
+        for l in self.launches(kernel)? {
+            for (axis, (&g, &lim)) in ['x', 'y', 'z'].iter().zip(l.dims.grid.iter().zip(caps.max_grid.iter())) {
+                if g > lim {
+                    return Err(ProblemError::GridLimit {
+                        kernel,
+                        entry: l.kernel.name(),
+                        axis: *axis,
+                        got: g as u64,
+                        limit: lim as u64,
+                        why: "from the tile configuration",
+                    });
+                }
+            }
+            if l.dims.dynamic_smem_bytes > caps.max_dynamic_smem_bytes {
+                return Err(ProblemError::SharedMemory {
+                    entry: l.kernel.name(),
+                    needed: l.dims.dynamic_smem_bytes,
+                    limit: caps.max_dynamic_smem_bytes,
+                });
+            }
+        }
+        let est = AnalyticBytes::new(self, kernel);
+        if est.total > caps.free_memory_bytes {
+            return Err(ProblemError::OutOfDeviceMemory {
+                kernel,
+                needed: est.total,
+                needed_h: crate::report::human_bytes(est.total),
+                free: caps.free_memory_bytes,
+                free_h: crate::report::human_bytes(caps.free_memory_bytes),
+                breakdown: est.breakdown(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brute_pairs(p: &Problem) -> u64 {
+        (0..p.seq_q).map(|i| p.keys_seen(i)).sum()
+    }
+
+    #[test]
+    fn unmasked_pairs_match_brute_force() {
+        for causal in [false, true] {
+            for nq in [1u32, 2, 5, 17, 64, 100] {
+                for nk in [1u32, 3, 5, 17, 64, 99, 130] {
+                    let p = Problem { seq_q: nq, seq_kv: nk, causal, ..Problem::default() };
+                    assert_eq!(p.unmasked_pairs_per_head(), brute_pairs(&p), "nq={nq} nk={nk} causal={causal}");
+                }
+            }
+        }
+        let p = Problem { seq_q: 4, seq_kv: 4, causal: true, ..Problem::default() };
+        assert_eq!(p.unmasked_pairs_per_head(), 10); // 1 + 2 + 3 + 4
+        // seq_q > seq_kv: the first seq_q - seq_kv rows see nothing.
+        let p = Problem { seq_q: 6, seq_kv: 3, causal: true, ..Problem::default() };
+        assert_eq!(p.unmasked_pairs_per_head(), 6); // rows 3,4,5 see 1,2,3
+    }
+
+    #[test]
+    fn zero_sizes_and_head_dims_are_named() {
+        let p = Problem { heads: 0, ..Problem::default() };
+        assert_eq!(p.validate_shape(KernelKind::Flash), Err(ProblemError::ZeroSize { name: "heads" }));
+        let p = Problem { head_dim: 96, ..Problem::default() };
+        let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("96") && e.contains("64 and 128"), "{e}");
+        assert!(p.validate_shape(KernelKind::Naive).is_ok());
+        let p = Problem { head_dim: 300, ..Problem::default() };
+        assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
+    }
+
+    #[test]
+    fn flops_halve_for_square_causal() {
+        let p = Problem { seq_q: 1024, seq_kv: 1024, ..Problem::default() };
+        let c = Problem { causal: true, ..p };
+        let ratio = c.flops() / p.flops();
+        assert!((ratio - 0.5).abs() < 1e-3, "{ratio}");
+    }
+}

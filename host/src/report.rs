@@ -1,0 +1,146 @@
+//! Human-readable output: byte sizes, the run summary, and the compare/sweep tables.
+
+use crate::memory::AnalyticBytes;
+use crate::problem::{KernelKind, Problem};
+use crate::runner::RunReport;
+use std::fmt::Write;
+
+/// `1536` -> `1.50 KiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u < UNITS.len() - 1 {
+        x /= 1024.0;
+        u += 1;
+    }
+    format!("{x:.2} {}", UNITS[u])
+}
+
+/// One line describing a problem.
+pub fn describe_problem(p: &Problem) -> String {
+    format!(
+        "batch {} heads {} seq_q {} seq_kv {} head_dim {} {} {}{} scale {:.6}",
+        p.batch,
+        p.heads,
+        p.seq_q,
+        p.seq_kv,
+        p.head_dim,
+        p.dtype,
+        p.layout,
+        if p.causal { " causal" } else { "" },
+        p.softmax_scale()
+    )
+}
+
+/// The memory plan stated before a run.
+pub fn expected_memory(kernel: KernelKind, a: &AnalyticBytes) -> String {
+    format!("expected device memory for {kernel}: {} = {}", human_bytes(a.total), a.breakdown())
+}
+
+/// The summary of one run.
+pub fn run_summary(r: &RunReport) -> String {
+    let mut s = String::new();
+    let v = &r.verification;
+    let _ = writeln!(s, "backend      {} ({})", r.backend, r.device);
+    let _ = writeln!(s, "kernel       {} [{}]", r.kernel, r.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>().join(" -> "));
+    let _ = writeln!(s, "inputs       {}", r.inputs);
+    let _ = writeln!(
+        s,
+        "verified     {}  (checked {} of {} query rows{})",
+        if r.verified { "PASS" } else { "FAIL" },
+        v.checked_rows,
+        v.total_rows,
+        if v.checked_rows < v.total_rows { ", seeded random sample" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "  O          max abs {:.3e}  max rel {:.3e}  rel RMS {:.3e}  (bounds: rel RMS <= {:.0e}, max abs <= {:.0e})",
+        r.max_abs_err, r.max_rel_err, r.rel_rms_err, r.tolerance.rel_rms, r.tolerance.max_abs
+    );
+    let _ = writeln!(
+        s,
+        "  LSE        max abs {:.3e}  max rel {:.3e}  rel RMS {:.3e}  (-inf rows must match exactly: {} mismatches)",
+        r.lse_err.max_abs_err, r.lse_err.max_rel_err, r.lse_err.rel_rms_err, v.lse_inf_mismatches
+    );
+    for f in &v.failures {
+        let _ = writeln!(s, "  failure:   {f}");
+    }
+    let _ = writeln!(
+        s,
+        "time         {:.3} ms median of {} (warm-up {}), {}",
+        r.time_ms, r.timing.repeats, r.timing.warmup, r.timing.clock
+    );
+    let _ = writeln!(s, "throughput   {:.4} TFLOP/s ({:.3e} useful FLOP)", r.tflops, r.flops);
+    if let Some(n) = r.vm_thread_instructions {
+        let _ = writeln!(s, "VM           {n} thread instructions per run");
+    }
+    let a = &r.analytic_bytes;
+    let _ = writeln!(s, "memory       expected {:>12}  = {}", human_bytes(a.total), a.breakdown());
+    let _ = writeln!(
+        s,
+        "             measured {:>12}  peak added by the run ({}; before {}, after {})",
+        human_bytes(r.peak_device_bytes),
+        r.memory.source,
+        human_bytes(r.memory.before_bytes),
+        human_bytes(r.memory.after_bytes)
+    );
+    let diff = r.peak_device_bytes as i128 - a.total as i128;
+    let _ = writeln!(
+        s,
+        "             measured - expected = {} bytes{}",
+        diff,
+        if diff == 0 { " (exact match)" } else { "" }
+    );
+    if let (Some(mx), Some(mean)) = (r.memory.gpu_util_max_percent, r.memory.gpu_util_mean_percent) {
+        let _ = writeln!(s, "GPU util     max {mx}%  mean {mean:.0}%  ({} NVML samples)", r.memory.samples.unwrap_or(0));
+    }
+    for n in &r.memory.notes {
+        let _ = writeln!(s, "note         {n}");
+    }
+    s
+}
+
+/// A plain text table with right-aligned columns (first column left-aligned).
+pub fn table(header: &[String], rows: &[Vec<String>]) -> String {
+    let cols = header.len();
+    let mut w = vec![0usize; cols];
+    for r in std::iter::once(header).chain(rows.iter().map(|r| r.as_slice())) {
+        for (i, c) in r.iter().enumerate().take(cols) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let mut s = String::new();
+    let line = |s: &mut String, r: &[String]| {
+        for (i, c) in r.iter().enumerate().take(cols) {
+            if i == 0 {
+                let _ = write!(s, "{c:<width$}", width = w[0]);
+            } else {
+                let _ = write!(s, "  {c:>width$}", width = w[i]);
+            }
+        }
+        s.push('\n');
+    };
+    line(&mut s, header);
+    let total: usize = w.iter().sum::<usize>() + 2 * (cols.saturating_sub(1));
+    s.push_str(&"-".repeat(total));
+    s.push('\n');
+    for r in rows {
+        line(&mut s, r);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
+    }
+}

@@ -1,0 +1,269 @@
+//! One measured run of one kernel on one device, verified against the CPU reference.
+//!
+//! Order of events: validate the problem against the device (nothing allocated yet) → state the
+//! analytic bytes → allocate and upload → for each warm-up and measured repetition: poison O, LSE
+//! (and S) with NaN, launch, time → download → free → measure memory → verify.
+
+use crate::device::{DevPtr, Device, DeviceError};
+use crate::dtype::Tolerance;
+use crate::error::Error;
+use crate::inputs::{from_layout, to_layout, Qkv};
+use crate::memory::{AnalyticBytes, MeasuredMemory};
+use crate::problem::{KernelKind, Problem, ShapeJson};
+use crate::reference::{reference, RowSelection};
+use crate::timing::{tflops, Timing};
+use crate::verify::{verify, ErrorStats, Verification};
+use kernels_gpu::abi::AttnParams;
+use serde::Serialize;
+
+/// NaN bit pattern the outputs are filled with before every launch.
+pub const POISON: u32 = 0x7FC0_0000;
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    pub problem: Problem,
+    pub kernel: KernelKind,
+    /// Seed of the random inputs (ignored when inputs are given).
+    pub seed: u64,
+    /// None: the device's default.
+    pub warmup: Option<u32>,
+    pub repeats: Option<u32>,
+    pub check: RowSelection,
+}
+
+impl RunSpec {
+    pub fn new(problem: Problem, kernel: KernelKind) -> Self {
+        RunSpec { problem, kernel, seed: 0, warmup: None, repeats: None, check: RowSelection::auto(0) }
+    }
+}
+
+/// One kernel launch of the run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LaunchRecord {
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_smem_bytes: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_instructions: Option<u64>,
+}
+
+/// Device outputs of the last repetition, BSHD O and `[batch, heads, seq_q]` LSE.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOutputs {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+}
+
+/// Everything a run measured. Field names are the `--json` contract.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunReport {
+    pub backend: String,
+    pub device: String,
+    pub kernel: KernelKind,
+    pub dtype: crate::dtype::Dtype,
+    pub shape: ShapeJson,
+    pub inputs: String,
+    pub verified: bool,
+    pub max_abs_err: f64,
+    pub max_rel_err: f64,
+    pub rel_rms_err: f64,
+    pub lse_err: ErrorStats,
+    pub verification: Verification,
+    pub tolerance: Tolerance,
+    /// Median over the measured repetitions of one run (all launches of the kernel).
+    pub time_ms: f64,
+    pub timing: Timing,
+    pub flops: f64,
+    pub tflops: f64,
+    pub analytic_bytes: AnalyticBytes,
+    /// Measured: device bytes the run added at its peak.
+    pub peak_device_bytes: u64,
+    pub memory: MeasuredMemory,
+    /// VM only: instructions executed (per thread) by one run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_thread_instructions: Option<u64>,
+    pub launches: Vec<LaunchRecord>,
+    pub ptx_sha256: String,
+    #[serde(skip)]
+    pub outputs: RunOutputs,
+    #[serde(skip)]
+    pub trace: Vec<ptx_vm::TraceEntry>,
+}
+
+struct Buffers {
+    q: DevPtr,
+    k: DevPtr,
+    v: DevPtr,
+    o: DevPtr,
+    lse: DevPtr,
+    scores: DevPtr,
+}
+
+/// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`.
+pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>) -> Result<RunReport, Error> {
+    let p = spec.problem;
+    let caps = dev.caps()?;
+    p.validate(spec.kernel, &caps)?;
+    let planned = p.launches(spec.kernel)?;
+    let analytic = AnalyticBytes::new(&p, spec.kernel);
+
+    let generated;
+    let (x, inputs_desc) = match inputs {
+        Some(x) => {
+            if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
+                return Err(Error::Usage(format!(
+                    "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
+                    x.q.len(),
+                    x.k.len(),
+                    x.v.len(),
+                    p.q_elems(),
+                    p.kv_elems(),
+                    p.kv_elems()
+                )));
+            }
+            (x, "file".to_string())
+        }
+        None => {
+            generated = Qkv::random(&p, spec.seed);
+            (&generated, format!("random normal (seed {})", spec.seed))
+        }
+    };
+    let (b, h, d) = (p.batch, p.heads, p.head_dim);
+    let qd = to_layout(&x.q, p.layout, b, p.seq_q, h, d);
+    let kd = to_layout(&x.k, p.layout, b, p.seq_kv, h, d);
+    let vd = to_layout(&x.v, p.layout, b, p.seq_kv, h, d);
+
+    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
+    let warmup = spec.warmup.unwrap_or(def_warmup);
+    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
+
+    dev.memory_begin()?;
+    let mut allocated: Vec<DevPtr> = Vec::new();
+    let body = (|| -> Result<_, DeviceError> {
+        let mut alloc = |dev: &mut D, bytes: u64| -> Result<DevPtr, DeviceError> {
+            let ptr = dev.alloc(bytes)?;
+            allocated.push(ptr);
+            Ok(ptr)
+        };
+        let es = p.dtype.size_bytes();
+        let buf = Buffers {
+            q: alloc(dev, p.q_elems() * es)?,
+            k: alloc(dev, p.kv_elems() * es)?,
+            v: alloc(dev, p.kv_elems() * es)?,
+            o: alloc(dev, p.q_elems() * es)?,
+            lse: alloc(dev, analytic.lse)?,
+            scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
+        };
+        dev.upload(buf.q, &qd)?;
+        dev.upload(buf.k, &kd)?;
+        dev.upload(buf.v, &vd)?;
+        dev.memory_mark_allocated()?;
+        let params = AttnParams {
+            q: buf.q,
+            k: buf.k,
+            v: buf.v,
+            o: buf.o,
+            lse: buf.lse,
+            scores: buf.scores,
+            q_strides: p.q_strides(),
+            k_strides: p.kv_strides(),
+            v_strides: p.kv_strides(),
+            o_strides: p.q_strides(),
+            batch: p.batch,
+            heads: p.heads,
+            seq_q: p.seq_q,
+            seq_kv: p.seq_kv,
+            head_dim: p.head_dim,
+            causal: p.causal as u32,
+            softmax_scale: p.softmax_scale(),
+            _pad: 0,
+        };
+        let bytes = params.to_bytes();
+        let mut samples = Vec::new();
+        let mut records = Vec::new();
+        let mut trace = Vec::new();
+        for rep in 0..warmup + repeats {
+            dev.fill_u32(buf.o, p.q_elems(), POISON)?;
+            dev.fill_u32(buf.lse, p.rows(), POISON)?;
+            if buf.scores != 0 {
+                dev.fill_u32(buf.scores, p.score_elems(), POISON)?;
+            }
+            dev.synchronize()?;
+            dev.timer_start()?;
+            let mut these = Vec::new();
+            for l in &planned {
+                let info = dev.launch(l.kernel.name(), &l.dims, &[&bytes])?;
+                if !info.trace.is_empty() {
+                    trace = info.trace;
+                }
+                these.push(LaunchRecord {
+                    kernel: l.kernel.name().to_string(),
+                    grid: l.dims.grid,
+                    block: l.dims.block,
+                    dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+                    thread_instructions: info.thread_instructions,
+                });
+            }
+            let ms = dev.timer_stop()?;
+            if rep >= warmup {
+                samples.push(ms);
+            }
+            records = these;
+        }
+        let mut o = vec![0f32; p.q_elems() as usize];
+        let mut lse = vec![0f32; p.rows() as usize];
+        dev.download(buf.o, &mut o)?;
+        dev.download(buf.lse, &mut lse)?;
+        Ok((samples, records, o, lse, trace))
+    })();
+    // Free everything, also after an error, then read the memory figures.
+    let mut free_err = None;
+    for ptr in allocated.into_iter().rev() {
+        if let Err(e) = dev.free(ptr) {
+            free_err.get_or_insert(e);
+        }
+    }
+    let memory = dev.memory_end();
+    let (samples, records, o_dev, lse, trace) = body?;
+    if let Some(e) = free_err {
+        return Err(e.into());
+    }
+    let memory = memory?;
+    let o = from_layout(&o_dev, p.layout, b, p.seq_q, h, d);
+
+    let timing = Timing::new(warmup, dev.clock_name(), samples);
+    let reference = reference(&p, x, &spec.check);
+    let tol = p.dtype.tolerance();
+    let v = verify(&p, &o, &lse, &reference, &tol);
+    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
+    let flops = p.flops();
+    Ok(RunReport {
+        backend: dev.backend().name().to_string(),
+        device: dev.name(),
+        kernel: spec.kernel,
+        dtype: p.dtype,
+        shape: p.shape_json(),
+        inputs: inputs_desc,
+        verified: v.passed,
+        max_abs_err: v.o.max_abs_err,
+        max_rel_err: v.o.max_rel_err,
+        rel_rms_err: v.o.rel_rms_err,
+        lse_err: v.lse,
+        tolerance: tol,
+        verification: v,
+        time_ms: timing.median_ms,
+        tflops: tflops(flops, timing.median_ms),
+        timing,
+        flops,
+        analytic_bytes: analytic,
+        peak_device_bytes: memory.peak_delta_bytes,
+        memory,
+        vm_thread_instructions: instr,
+        launches: records,
+        ptx_sha256: dev.ptx().sha256.clone(),
+        outputs: RunOutputs { o, lse },
+        trace,
+    })
+}

@@ -1,0 +1,134 @@
+//! Reading Q, K, V from and writing O, LSE to `.safetensors` files.
+//!
+//! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads,
+//! head_dim]`, dtype matching `--dtype` (F32). Output: `o` `[batch, seq_q, heads, head_dim]` and
+//! `lse` `[batch, heads, seq_q]` (F32).
+
+use crate::dtype::Dtype;
+use crate::inputs::Qkv;
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {message}")]
+    Write { path: PathBuf, message: String },
+    #[error("{path} is not a valid safetensors file: {message}")]
+    Malformed { path: PathBuf, message: String },
+    #[error("{path} has no tensor `{name}` (found: {found})")]
+    MissingTensor { path: PathBuf, name: &'static str, found: String },
+    #[error("{path}: tensor `{name}` is {got:?}, expected {expected} (for --dtype {dtype})")]
+    WrongDtype { path: PathBuf, name: &'static str, got: safetensors::Dtype, expected: safetensors::Dtype, dtype: Dtype },
+    #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected}")]
+    WrongShape { path: PathBuf, name: &'static str, got: Vec<usize>, expected: String },
+    #[error("{path}: tensor `{name}` dimension {dim} is {got}, larger than the kernels' u32 limit")]
+    TooLarge { path: PathBuf, name: &'static str, dim: usize, got: usize },
+}
+
+/// Shape found in an input file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileShape {
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub head_dim: u32,
+}
+
+/// Reads `q`, `k`, `v` from `path`.
+pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputError> {
+    let bytes = std::fs::read(path).map_err(|source| InputError::Read { path: path.into(), source })?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| InputError::Malformed { path: path.into(), message: e.to_string() })?;
+    let found = || {
+        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        names.sort();
+        if names.is_empty() {
+            "no tensors".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    let get = |name: &'static str| -> Result<(Vec<usize>, Vec<f32>), InputError> {
+        let t = st
+            .tensor(name)
+            .map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })?;
+        if t.dtype() != dtype.safetensors() {
+            return Err(InputError::WrongDtype {
+                path: path.into(),
+                name,
+                got: t.dtype(),
+                expected: dtype.safetensors(),
+                dtype,
+            });
+        }
+        let shape = t.shape().to_vec();
+        if shape.len() != 4 {
+            return Err(InputError::WrongShape {
+                path: path.into(),
+                name,
+                got: shape,
+                expected: "4 dimensions [batch, seq, heads, head_dim]".into(),
+            });
+        }
+        for (dim, &n) in shape.iter().enumerate() {
+            if n > u32::MAX as usize {
+                return Err(InputError::TooLarge { path: path.into(), name, dim, got: n });
+            }
+        }
+        let data = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok((shape, data))
+    };
+    let (qs, q) = get("q")?;
+    let (ks, k) = get("k")?;
+    let (vs, v) = get("v")?;
+    let shape = FileShape {
+        batch: qs[0] as u32,
+        seq_q: qs[1] as u32,
+        heads: qs[2] as u32,
+        head_dim: qs[3] as u32,
+        seq_kv: ks[1] as u32,
+    };
+    let want_kv = [qs[0], ks[1], qs[2], qs[3]];
+    for (name, s) in [("k", &ks), ("v", &vs)] {
+        if s.as_slice() != want_kv {
+            return Err(InputError::WrongShape {
+                path: path.into(),
+                name,
+                got: s.clone(),
+                expected: format!("{want_kv:?} (batch, heads and head_dim of q; seq of k)"),
+            });
+        }
+    }
+    Ok((shape, Qkv { q, k, v }))
+}
+
+fn le_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Writes `o` (`[batch, seq_q, heads, head_dim]`) and `lse` (`[batch, heads, seq_q]`).
+pub fn write_outputs(path: &Path, shape: FileShape, o: &[f32], lse: &[f32]) -> Result<(), InputError> {
+    let ob = le_bytes(o);
+    let lb = le_bytes(lse);
+    let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
+    let o_shape = vec![shape.batch as usize, shape.seq_q as usize, shape.heads as usize, shape.head_dim as usize];
+    let l_shape = vec![shape.batch as usize, shape.heads as usize, shape.seq_q as usize];
+    let ot = TensorView::new(safetensors::Dtype::F32, o_shape, &ob).map_err(err)?;
+    let lt = TensorView::new(safetensors::Dtype::F32, l_shape, &lb).map_err(err)?;
+    safetensors::serialize_to_file([("o", ot), ("lse", lt)], None, path).map_err(err)
+}
+
+/// Writes `q`, `k`, `v` (for tests and for preparing inputs).
+pub fn write_qkv(path: &Path, shape: FileShape, x: &Qkv) -> Result<(), InputError> {
+    let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
+    let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
+    let (qb, kb, vb) = (le_bytes(&x.q), le_bytes(&x.k), le_bytes(&x.v));
+    let q = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_q as usize, h, d], &qb).map_err(err)?;
+    let k = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_kv as usize, h, d], &kb).map_err(err)?;
+    let v = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_kv as usize, h, d], &vb).map_err(err)?;
+    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, path).map_err(err)
+}
