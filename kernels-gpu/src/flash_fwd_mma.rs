@@ -134,11 +134,13 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
     let (c, r) = (tid % cpr, tid / cpr);
     let dst = opaque_u32(tile) + (r * D * 2 + ((c ^ (r % 8)) * CHUNK)) as u32;
+    // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
+    let rows_left = src.len.saturating_sub(row0 + r) as u32;
+    let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
     let mut k = 0;
     while k < ROWS / rows_per_pass {
-        let row = row0 + r + k * rows_per_pass;
-        let (addr, bytes) = if row < src.len {
-            (src.base + row as u64 * src.stride + (c * CHUNK) as u64, CHUNK as u32)
+        let (addr, bytes) = if ((k * rows_per_pass) as u32) < rows_left {
+            (first + (k * rows_per_pass) as u64 * src.stride, CHUNK as u32)
         } else {
             (src.base, 0) // zero-fill: nothing is read
         };
@@ -221,7 +223,11 @@ unsafe fn flash_fwd<
     let n_tiles = block_end.div_ceil(BC);
     let first_row_end = p.key_end(q0 as u32);
     let my_rows = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
-    let row_end = [p.key_end(my_rows[0] as u32), p.key_end(my_rows[1] as u32)];
+    // Per-row key ends in 32 bits (0..=seq_kv): two registers through the loop instead of four.
+    let row_end = [
+        core::cmp::max(p.key_end(my_rows[0] as u32), 0) as i32,
+        core::cmp::max(p.key_end(my_rows[1] as u32), 0) as i32,
+    ];
 
     // Q and the first K tile; Q's A fragments then stay in registers for the whole loop.
     unsafe {
@@ -270,10 +276,10 @@ unsafe fn flash_fwd<
             unroll!(e in 0..4 => { s[n][e] *= scale2; });
         });
         if (kv0 + BC) as i64 > first_row_end {
-            let lim = [row_end[0] - kv0 as i64, row_end[1] - kv0 as i64];
+            let lim = [row_end[0] - (kv0 + 2 * t) as i32, row_end[1] - (kv0 + 2 * t) as i32];
             unroll!(n in 0..NS => {
                 unroll!(e in 0..4 => {
-                    if (8 * n + 2 * t + e % 2) as i64 >= lim[e / 2] {
+                    if (8 * n + e % 2) as i32 >= lim[e / 2] {
                         s[n][e] = f32::NEG_INFINITY;
                     }
                 });
