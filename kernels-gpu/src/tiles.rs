@@ -195,3 +195,28 @@ impl KernelId {
         }
     }
 }
+
+#[cfg(test)]
+mod flash_mma_tile_tests {
+    use super::*;
+
+    #[test]
+    fn smem_grid_and_block_derive_from_the_tile() {
+        assert_eq!(FLASH_MMA_D64.smem_bytes(), 40 * 1024);
+        assert_eq!(FLASH_MMA_D128.smem_bytes(), 48 * 1024);
+        let l = FLASH_MMA_D128.launch(2, 3, 130);
+        assert_eq!(l.grid, [3, 3, 2]);
+        assert_eq!(l.block, [128, 1, 1]);
+        assert_eq!(l.dynamic_smem_bytes, 48 * 1024);
+        for (k, d) in [
+            (KernelId::FlashFwdBf16D64, 64),
+            (KernelId::FlashFwdF16D64, 64),
+            (KernelId::FlashFwdBf16D128, 128),
+            (KernelId::FlashFwdF16D128, 128),
+        ] {
+            assert_eq!(k.dynamic_smem_bytes(), flash_mma_tile(d).unwrap().smem_bytes());
+            assert_eq!(KernelId::from_name(k.name()), Some(k));
+        }
+        assert_eq!(flash_mma_tile(96), None);
+    }
+}
