@@ -46,7 +46,7 @@
 //! # Safety
 //! All pointers in `p` must be valid for the shapes and strides in `p`; Q, K and V rows must be
 //! 16-byte aligned (base pointers 16-byte aligned, `seq`, `head` and `batch` strides multiples of
-//! 8 elements), O rows 4-byte aligned; `softmax_scale` must be finite. The launch must use
+//! 8 elements), O rows 4-byte aligned; `seq_kv < 2^31`; `softmax_scale` must be finite. The launch must use
 //! `tiles::flash_mma_tile(D).launch(..)` (block size and dynamic shared memory) on sm_80 or newer.
 
 use crate::abi::AttnParams;
