@@ -1,0 +1,191 @@
+//! `memattn compare`: one option varied, everything else fixed, results side by side.
+
+use super::args::{Cli, CompareArgs};
+use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem, run_spec};
+use memattn::device::Device;
+use memattn::error::{exit, Error};
+use memattn::memory::AnalyticBytes;
+use memattn::problem::{KernelKind, Problem, ProblemError};
+use memattn::report::{describe_problem, human_bytes, table};
+use memattn::runner::RunReport;
+use serde::Serialize;
+
+/// One measured point, or why it could not run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    pub value: String,
+    pub kernel: KernelKind,
+    pub ran: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<RunReport>,
+    /// Set when the run did not fit: the analytic bytes it would need.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_need_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Runs one point; a problem that does not fit in device memory (or hits another device limit)
+/// becomes a point that did not run, with the bytes it would need.
+pub fn measure(
+    dev: &mut dyn Device,
+    a: &super::args::ProblemArgs,
+    value: &str,
+    problem: Problem,
+    kernel: KernelKind,
+) -> Result<Point, Error> {
+    let spec = run_spec(a, problem, kernel)?;
+    match memattn::runner::run(dev, &spec, None) {
+        Ok(r) => Ok(Point { value: value.into(), kernel, ran: true, report: Some(r), would_need_bytes: None, reason: None }),
+        Err(Error::Problem(
+            e @ (ProblemError::OutOfDeviceMemory { .. } | ProblemError::GridLimit { .. } | ProblemError::SharedMemory { .. }),
+        )) => Ok(Point {
+            value: value.into(),
+            kernel,
+            ran: false,
+            report: None,
+            would_need_bytes: Some(AnalyticBytes::new(&problem, kernel).total),
+            reason: Some(e.to_string()),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
+    let vary = parse_vary(&a.vary)?;
+    let base = resolve_problem(&a.problem, None, Problem::default())?;
+    let base_kernel = a.kernel.unwrap_or(KernelKind::Flash);
+    let mut variants = Vec::new();
+    for value in &vary.values {
+        let (mut p, mut k) = (base, base_kernel);
+        apply_vary(&vary.key, value, &mut p, &mut k)?;
+        p.validate_shape(k)?;
+        variants.push((value.clone(), p, k));
+    }
+    let (mut dev, reason) = open_device(cli)?;
+    if !cli.json {
+        println!("compare: --vary {}={} on {}", vary.key, vary.values.join(","), describe_problem(&base));
+    }
+    let mut points = Vec::new();
+    for (value, p, k) in &variants {
+        if !cli.json {
+            eprintln!("running {}={value} ({})", vary.key, describe_problem(p));
+        }
+        points.push(measure(dev.as_mut(), &a.problem, value, *p, *k)?);
+    }
+    let all_ok = points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
+    // Comparisons of every point with the first.
+    let mut comparisons = Vec::new();
+    if let Some(Some(first)) = points.first().map(|p| p.report.as_ref()) {
+        for pt in points.iter().skip(1) {
+            if let Some(r) = &pt.report {
+                comparisons.push(serde_json::json!({
+                    "baseline": points[0].value,
+                    "value": pt.value,
+                    "memory_saved_bytes": first.peak_device_bytes as i64 - r.peak_device_bytes as i64,
+                    "memory_ratio": first.peak_device_bytes as f64 / r.peak_device_bytes.max(1) as f64,
+                    "analytic_saved_bytes": first.analytic_bytes.total as i64 - r.analytic_bytes.total as i64,
+                    "speedup": first.time_ms / r.time_ms,
+                }));
+            }
+        }
+    }
+    if cli.json {
+        print_json(&serde_json::json!({
+            "command": "compare",
+            "backend": dev.backend().name(),
+            "backend_reason": reason,
+            "vary": vary.key,
+            "values": vary.values,
+            "runs": points,
+            "comparisons": comparisons,
+            "verified": all_ok,
+        }));
+    } else {
+        print!("{}", compare_table(&vary.key, &points));
+    }
+    Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+fn compare_table(key: &str, points: &[Point]) -> String {
+    let mut header = vec![key.to_string()];
+    header.extend(points.iter().map(|p| p.value.clone()));
+    let first = points.first().and_then(|p| p.report.as_ref());
+    if points.len() >= 2 {
+        for p in points.iter().skip(1) {
+            header.push(format!("{}/{}", points[0].value, p.value));
+        }
+    }
+    let get = |f: &dyn Fn(&RunReport) -> String| -> Vec<String> {
+        points.iter().map(|p| p.report.as_ref().map(f).unwrap_or_else(|| "did not run".into())).collect()
+    };
+    let ratios = |f: &dyn Fn(&RunReport) -> f64| -> Vec<String> {
+        points
+            .iter()
+            .skip(1)
+            .map(|p| match (first, &p.report) {
+                (Some(a), Some(b)) => ratio(f(a), f(b)),
+                _ => "-".into(),
+            })
+            .collect()
+    };
+    let row = |name: &str, vals: Vec<String>, rats: Vec<String>| {
+        let mut r = vec![name.to_string()];
+        r.extend(vals);
+        if points.len() >= 2 {
+            r.extend(if rats.is_empty() { vec![String::new(); points.len() - 1] } else { rats });
+        }
+        r
+    };
+    let rows = vec![
+        row("kernel", get(&|r| r.kernel.to_string()), vec![]),
+        row("verified", get(&|r| if r.verified { "PASS".into() } else { "FAIL".into() }), vec![]),
+        row("checked rows", get(&|r| format!("{}/{}", r.verification.checked_rows, r.verification.total_rows)), vec![]),
+        row("O rel RMS err", get(&|r| format!("{:.2e}", r.rel_rms_err)), vec![]),
+        row("O max abs err", get(&|r| format!("{:.2e}", r.max_abs_err)), vec![]),
+        row("LSE rel RMS err", get(&|r| format!("{:.2e}", r.lse_err.rel_rms_err)), vec![]),
+        row("time (ms, median)", get(&|r| format!("{:.3}", r.time_ms)), ratios(&|r| r.time_ms)),
+        row("TFLOP/s", get(&|r| format!("{:.4}", r.tflops)), vec![]),
+        row("expected bytes", get(&|r| human_bytes(r.analytic_bytes.total)), ratios(&|r| r.analytic_bytes.total as f64)),
+        row("  inputs", get(&|r| human_bytes(r.analytic_bytes.inputs)), vec![]),
+        row("  outputs", get(&|r| human_bytes(r.analytic_bytes.outputs)), vec![]),
+        row("  workspace", get(&|r| human_bytes(r.analytic_bytes.workspace)), ratios(&|r| r.analytic_bytes.workspace as f64)),
+        row("measured peak", get(&|r| human_bytes(r.peak_device_bytes)), ratios(&|r| r.peak_device_bytes as f64)),
+        row("measured - expected", get(&|r| format!("{} B", r.peak_device_bytes as i128 - r.analytic_bytes.total as i128)), vec![]),
+        row("VM thread instr.", get(&|r| r.vm_thread_instructions.map(|n| n.to_string()).unwrap_or_else(|| "-".into())), vec![]),
+    ];
+    let mut s = table(&header, &rows);
+    for p in points {
+        if let (false, Some(need), Some(why)) = (p.ran, p.would_need_bytes, &p.reason) {
+            s.push_str(&format!("{key}={}: did not run, would need {} ({why})\n", p.value, human_bytes(need)));
+        }
+    }
+    if let Some(a) = first {
+        for p in points.iter().skip(1) {
+            if let Some(b) = &p.report {
+                let saved = a.peak_device_bytes as i128 - b.peak_device_bytes as i128;
+                let (word, amount) = if saved >= 0 { ("less", saved) } else { ("more", -saved) };
+                s.push_str(&format!(
+                    "{key}={} uses {} {word} device memory than {key}={} ({} vs {} measured peak; {}); time ratio {} ({})\n",
+                    p.value,
+                    human_bytes(amount as u64),
+                    points[0].value,
+                    human_bytes(b.peak_device_bytes),
+                    human_bytes(a.peak_device_bytes),
+                    ratio(a.peak_device_bytes as f64, b.peak_device_bytes as f64),
+                    ratio(a.time_ms, b.time_ms),
+                    a.timing.clock
+                ));
+            }
+        }
+    }
+    s
+}

@@ -1,0 +1,214 @@
+//! `memattn doctor` and `memattn kernels`.
+
+use super::args::Cli;
+use super::{load_ptx, print_json};
+use memattn::device::cuda::{probe, quietly};
+use memattn::error::{exit, Error};
+use memattn::ptx::{build_info, ptxas_report, PtxSource};
+use memattn::report::{human_bytes, table};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `ptxas` on PATH or in the usual CUDA locations, with its version line.
+fn find_ptxas() -> Option<(PathBuf, String)> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("ptxas")).collect())
+        .unwrap_or_default();
+    if let Some(home) = std::env::var_os("CUDA_HOME") {
+        candidates.push(PathBuf::from(home).join("bin/ptxas"));
+    }
+    candidates.push(PathBuf::from("/usr/local/cuda/bin/ptxas"));
+    for c in candidates {
+        if c.is_file() {
+            let version = Command::new(&c)
+                .arg("--version")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_string())
+                .unwrap_or_default();
+            return Some((c, version));
+        }
+    }
+    None
+}
+
+fn ptx_json(src: &PtxSource) -> serde_json::Value {
+    let (version, target) = src.version_and_target();
+    let bi = build_info();
+    let matches = match (&bi, src.is_embedded()) {
+        (Ok(Some(b)), _) => Some(b.ptx_sha256 == src.sha256),
+        _ => None,
+    };
+    serde_json::json!({
+        "origin": src.origin,
+        "sha256": src.sha256,
+        "ptx_version": version,
+        "target": target,
+        "kernels": src.entries().into_iter().map(|e| e.name).collect::<Vec<_>>(),
+        "build_info": match &bi { Ok(b) => serde_json::to_value(b).unwrap_or_default(), Err(e) => e.clone().into() },
+        "build_info_matches_loaded_ptx": matches,
+    })
+}
+
+pub fn doctor(cli: &Cli) -> Result<i32, Error> {
+    let src = load_ptx(cli)?;
+    let cuda = probe();
+    let gpus = memattn::nvml::gpus();
+    let ptxas = find_ptxas();
+    let vm = quietly(|| ptx_vm::Module::load(&src.text).map(|m| m.kernels().len()));
+    let vm_status = match &vm {
+        Ok(Ok(n)) => format!("loads the PTX ({n} kernels decoded)"),
+        Ok(Err(e)) => format!("cannot load the PTX: {e}"),
+        Err(p) => format!("not usable in this build: {p}"),
+    };
+    let next = match (&cuda, &gpus) {
+        (Ok(_), Ok(g)) if !g.is_empty() => {
+            "run `memattn --backend cuda run` then `memattn compare --seq 4096` to see the memory saving on the GPU".to_string()
+        }
+        (Ok(_), _) => "CUDA works but NVML does not: memory will come from cuMemGetInfo only; check that libnvidia-ml.so.1 is installed with the driver".to_string(),
+        (Err(why), Ok(g)) if !g.is_empty() => format!(
+            "NVML sees a GPU but CUDA cannot be used ({why}); check that libcuda.so.1 matches the kernel driver (`nvidia-smi`) and that the process may open /dev/nvidia*"
+        ),
+        (Err(_), _) => "no GPU here: everything runs in the PTX VM (`memattn compare`); on a GPU machine run `scripts/gpu-check.sh` with the release binary".to_string(),
+    };
+    if cli.json {
+        print_json(&serde_json::json!({
+            "command": "doctor",
+            "cuda": match &cuda { Ok(s) => serde_json::json!({"available": true, "detail": s}), Err(e) => serde_json::json!({"available": false, "reason": e}) },
+            "gpus": match &gpus { Ok(g) => serde_json::to_value(g).unwrap_or_default(), Err(e) => serde_json::json!({"error": e}) },
+            "ptx": ptx_json(&src),
+            "ptxas": ptxas.as_ref().map(|(p, v)| serde_json::json!({"path": p.display().to_string(), "version": v})),
+            "vm": vm_status,
+            "next_step": next,
+        }));
+        return Ok(exit::SUCCESS);
+    }
+    println!("== GPU");
+    match &cuda {
+        Ok(s) => println!("CUDA driver: {s}"),
+        Err(e) => println!("CUDA: not available: {e}"),
+    }
+    match &gpus {
+        Ok(g) if g.is_empty() => println!("NVML: no GPU listed"),
+        Ok(g) => {
+            for d in g {
+                println!(
+                    "GPU {}: {}  compute capability {}  driver {}{}",
+                    d.index,
+                    d.name,
+                    d.compute_capability,
+                    d.driver_version,
+                    d.cuda_driver_version.as_ref().map(|v| format!(" (CUDA {v})")).unwrap_or_default()
+                );
+                println!(
+                    "  memory: {} used / {} total, {} free; utilisation {}% GPU, {}% memory",
+                    human_bytes(d.memory_used_bytes),
+                    human_bytes(d.memory_total_bytes),
+                    human_bytes(d.memory_free_bytes),
+                    d.utilization_gpu_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into()),
+                    d.utilization_memory_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into())
+                );
+                println!("  uuid: {}", d.uuid);
+            }
+        }
+        Err(e) => println!("NVML: {e}"),
+    }
+    println!("\n== PTX");
+    let (version, target) = src.version_and_target();
+    println!("source: {}  sha256 {}", src.origin, src.sha256);
+    println!("PTX ISA {}  target {}", version.unwrap_or_else(|| "?".into()), target.unwrap_or_else(|| "?".into()));
+    println!("kernels: {}", src.entries().into_iter().map(|e| e.name).collect::<Vec<_>>().join(", "));
+    match build_info() {
+        Ok(Some(b)) => {
+            println!("built by {} ({}) for {} {}", b.rustc, b.toolchain, b.target, b.cpu);
+            if b.ptx_sha256 != src.sha256 {
+                println!("note: build-info.json describes PTX {}, not the loaded one", b.ptx_sha256);
+            }
+        }
+        Ok(None) => println!("build info: not recorded at build time (kernels-gpu/ptx/build-info.json missing)"),
+        Err(e) => println!("build info: unreadable: {e}"),
+    }
+    println!("VM: {vm_status}");
+    println!("\n== ptxas");
+    match &ptxas {
+        Some((p, v)) => println!("{} ({v})", p.display()),
+        None => println!("not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin); the embedded ptxas report is shown by `memattn kernels`"),
+    }
+    println!("\n== next step\n{next}");
+    Ok(exit::SUCCESS)
+}
+
+pub fn kernels(cli: &Cli) -> Result<i32, Error> {
+    let src = load_ptx(cli)?;
+    let report = ptxas_report().map_err(Error::Usage)?;
+    let report_matches = report.as_ref().map(|r| r.ptx_sha256 == src.sha256);
+    let vm_info: Option<Vec<ptx_vm::KernelInfo>> =
+        quietly(|| ptx_vm::Module::load(&src.text).ok().map(|m| m.kernels())).ok().flatten();
+    let entries = src.entries();
+    if cli.json {
+        let ks: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| {
+                let res: Vec<_> = report
+                    .iter()
+                    .flat_map(|r| r.kernels.iter().filter(|k| k.name == e.name))
+                    .collect();
+                let vm = vm_info.as_ref().and_then(|v| v.iter().find(|k| k.name == e.name));
+                serde_json::json!({
+                    "name": e.name,
+                    "line": e.line,
+                    "params": e.params,
+                    "ptxas": res,
+                    "vm_instructions": vm.map(|k| k.instructions),
+                    "vm_param_bytes": vm.map(|k| k.param_bytes),
+                })
+            })
+            .collect();
+        print_json(&serde_json::json!({
+            "command": "kernels",
+            "ptx": ptx_json(&src),
+            "ptxas_version": report.as_ref().map(|r| r.ptxas_version.clone()),
+            "ptxas_report_matches_loaded_ptx": report_matches,
+            "kernels": ks,
+        }));
+        return Ok(exit::SUCCESS);
+    }
+    println!("PTX: {} (sha256 {})", src.origin, src.sha256);
+    for e in &entries {
+        let params: Vec<String> = e.params.iter().map(|p| format!("{} {}", p.decl, p.name)).collect();
+        let vm = vm_info.as_ref().and_then(|v| v.iter().find(|k| k.name == e.name));
+        println!(
+            "\n{} (PTX line {}){}\n  params: {}",
+            e.name,
+            e.line,
+            vm.map(|k| format!(", {} instructions decoded by the VM", k.instructions)).unwrap_or_default(),
+            params.join(", ")
+        );
+    }
+    match &report {
+        None => println!("\nptxas resources: not recorded (kernels-gpu/ptx/ptxas-report.json missing at build time)"),
+        Some(r) => {
+            println!("\nptxas resources ({}){}:", r.ptxas_version, if report_matches == Some(false) { " - NOTE: recorded for a different PTX than the loaded one" } else { "" });
+            let header: Vec<String> =
+                ["kernel", "arch", "regs", "spill st/ld", "stack", "static smem", "dyn smem", "barriers"].iter().map(|s| s.to_string()).collect();
+            let rows: Vec<Vec<String>> = r
+                .kernels
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.name.clone(),
+                        k.arch.clone(),
+                        k.registers.to_string(),
+                        format!("{}/{}", k.spill_store_bytes, k.spill_load_bytes),
+                        k.stack_bytes.to_string(),
+                        k.static_smem_bytes.to_string(),
+                        k.dynamic_smem_bytes.to_string(),
+                        k.barriers.to_string(),
+                    ]
+                })
+                .collect();
+            print!("{}", table(&header, &rows));
+        }
+    }
+    Ok(exit::SUCCESS)
+}

@@ -1,0 +1,63 @@
+//! `memattn run`.
+
+use super::args::{Cli, RunArgs};
+use super::{open_device, print_json, resolve_problem, run_spec};
+use memattn::error::{exit, Error};
+use memattn::memory::AnalyticBytes;
+use memattn::problem::{KernelKind, Problem};
+use memattn::report::{describe_problem, expected_memory, run_summary};
+use memattn::safetensors_io::{read_qkv, write_outputs, FileShape};
+
+pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
+    let kernel = a.kernel.unwrap_or(KernelKind::Flash);
+    let dtype = a.problem.dtype.unwrap_or_default_dtype();
+    let (file_shape, inputs) = match &a.inputs {
+        Some(path) => {
+            let (shape, x) = read_qkv(path, dtype)?;
+            (Some(shape), Some(x))
+        }
+        None => (None, None),
+    };
+    let problem = resolve_problem(&a.problem, file_shape, Problem::default())?;
+    problem.validate_shape(kernel)?;
+    let spec = run_spec(&a.problem, problem, kernel)?;
+    let (mut dev, reason) = open_device(cli)?;
+    if !cli.json {
+        println!("problem: {}", describe_problem(&problem));
+        println!("{}", expected_memory(kernel, &AnalyticBytes::new(&problem, kernel)));
+    }
+    let report = memattn::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
+    if let Some(path) = &a.output {
+        let shape = FileShape {
+            batch: problem.batch,
+            heads: problem.heads,
+            seq_q: problem.seq_q,
+            seq_kv: problem.seq_kv,
+            head_dim: problem.head_dim,
+        };
+        write_outputs(path, shape, &report.outputs.o, &report.outputs.lse)?;
+        if !cli.json {
+            println!("wrote o {:?} and lse {:?} to {}", [shape.batch, shape.seq_q, shape.heads, shape.head_dim], [shape.batch, shape.heads, shape.seq_q], path.display());
+        }
+    }
+    if cli.json {
+        let mut v = serde_json::to_value(&report).unwrap_or_default();
+        v["backend_reason"] = reason.into();
+        if let Some(p) = &a.output {
+            v["output_file"] = p.display().to_string().into();
+        }
+        print_json(&v);
+    } else {
+        print!("{}", run_summary(&report));
+    }
+    Ok(if report.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+trait DefaultDtype {
+    fn unwrap_or_default_dtype(self) -> memattn::Dtype;
+}
+impl DefaultDtype for Option<memattn::Dtype> {
+    fn unwrap_or_default_dtype(self) -> memattn::Dtype {
+        self.unwrap_or(Problem::default().dtype)
+    }
+}

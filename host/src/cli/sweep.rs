@@ -1,0 +1,154 @@
+//! `memattn sweep`: naive and flash over a range of one option, table + SVG plot.
+
+use super::args::{Cli, SweepArgs};
+use super::compare::{measure, Point};
+use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem};
+use memattn::device::Backend;
+use memattn::error::{exit, Error};
+use memattn::plot::{self, Panel, Series};
+use memattn::problem::{KernelKind, Problem};
+use memattn::report::{human_bytes, table};
+
+pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
+    let base = resolve_problem(&a.problem, None, Problem::default())?;
+    let mut kernels = Vec::new();
+    for k in a.kernels.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        kernels.push(k.parse::<KernelKind>().map_err(|e| Error::Usage(format!("--kernels: {e}")))?);
+    }
+    if kernels.is_empty() {
+        return Err(Error::Usage("--kernels is empty".into()));
+    }
+    // Check an explicit --vary before opening a device.
+    if let Some(v) = &a.vary {
+        parse_vary(v)?;
+    }
+    let (mut dev, reason) = open_device(cli)?;
+    let vary = match &a.vary {
+        Some(v) => parse_vary(v)?,
+        None => parse_vary(match dev.backend() {
+            Backend::Vm => "seq=64,128,256",
+            Backend::Cuda => "seq=1024,2048,4096,8192,16384",
+        })?,
+    };
+    if vary.key == "kernel" {
+        return Err(Error::Usage("sweep runs every kernel of --kernels at each point; vary another key (or use compare)".into()));
+    }
+    let mut plan = Vec::new();
+    for value in &vary.values {
+        for &k in &kernels {
+            let (mut p, mut kk) = (base, k);
+            apply_vary(&vary.key, value, &mut p, &mut kk)?;
+            p.validate_shape(kk)?;
+            plan.push((value.clone(), p, kk));
+        }
+    }
+    let bar = indicatif::ProgressBar::new(plan.len() as u64);
+    if cli.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    } else if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]") {
+        bar.set_style(style);
+    }
+    let mut points: Vec<Point> = Vec::new();
+    for (value, p, k) in &plan {
+        bar.set_message(format!("{}={value} {k}", vary.key));
+        let r = measure(dev.as_mut(), &a.problem, value, *p, *k);
+        bar.inc(1);
+        points.push(r.inspect_err(|_| bar.abandon())?);
+    }
+    bar.finish_and_clear();
+    let all_ok = points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
+
+    let mut plot_path = None;
+    if !a.no_plot {
+        let svg = render_plot(&vary.key, &points, &kernels, dev.backend());
+        std::fs::write(&a.plot, svg)
+            .map_err(|e| Error::Usage(format!("cannot write plot {}: {e}", a.plot.display())))?;
+        plot_path = Some(a.plot.display().to_string());
+    }
+    if cli.json {
+        print_json(&serde_json::json!({
+            "command": "sweep",
+            "backend": dev.backend().name(),
+            "backend_reason": reason,
+            "vary": vary.key,
+            "values": vary.values,
+            "points": points,
+            "plot": plot_path,
+            "verified": all_ok,
+        }));
+    } else {
+        let mut header = vec![vary.key.clone()];
+        for k in &kernels {
+            header.push(format!("{k} peak"));
+            header.push(format!("{k} ms"));
+            header.push(format!("{k} ok"));
+        }
+        let mut rows = Vec::new();
+        for value in &vary.values {
+            let mut row = vec![value.clone()];
+            for k in &kernels {
+                let pt = points.iter().find(|p| &p.value == value && p.kernel == *k);
+                match pt {
+                    Some(Point { report: Some(r), .. }) => {
+                        row.push(human_bytes(r.peak_device_bytes));
+                        row.push(format!("{:.3}", r.time_ms));
+                        row.push(if r.verified { "PASS".into() } else { "FAIL".into() });
+                    }
+                    Some(Point { would_need_bytes: Some(n), .. }) => {
+                        row.push(format!("needs {}", human_bytes(*n)));
+                        row.push("did not run".into());
+                        row.push("-".into());
+                    }
+                    _ => row.extend(["-".to_string(), "-".to_string(), "-".to_string()]),
+                }
+            }
+            rows.push(row);
+        }
+        print!("{}", table(&header, &rows));
+        for p in points.iter().filter(|p| !p.ran) {
+            println!("{}={} {}: {}", vary.key, p.value, p.kernel, p.reason.as_deref().unwrap_or(""));
+        }
+        if let Some(path) = &plot_path {
+            println!("plot: {path}");
+        }
+    }
+    Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+fn render_plot(key: &str, points: &[Point], kernels: &[KernelKind], backend: Backend) -> String {
+    let color = |k: KernelKind| match k {
+        KernelKind::Naive => "#d62728",
+        KernelKind::Flash => "#1f77b4",
+    };
+    let series = |f: &dyn Fn(&Point) -> Option<f64>| -> Vec<Series> {
+        kernels
+            .iter()
+            .map(|&k| Series {
+                name: k.to_string(),
+                color: color(k),
+                points: points
+                    .iter()
+                    .filter(|p| p.kernel == k)
+                    .filter_map(|p| {
+                        let x = p.value.parse::<f64>().ok()?;
+                        Some(plot::Point { x, y: f(p), did_not_run: !p.ran })
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    let mem = Panel {
+        title: "peak device memory".into(),
+        y_label: "bytes".into(),
+        series: series(&|p| match &p.report {
+            Some(r) => Some(r.peak_device_bytes as f64),
+            None => p.would_need_bytes.map(|b| b as f64),
+        }),
+    };
+    let time = Panel {
+        title: format!("time per run ({})", if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" }),
+        y_label: "ms".into(),
+        series: series(&|p| p.report.as_ref().map(|r| r.time_ms)),
+    };
+    plot::svg(&format!("memattn sweep over {key}: naive vs flash ({backend})"), key, &[mem, time])
+}

@@ -1,0 +1,218 @@
+//! Attention on every device (VM always, CUDA when present): known answers, shape sweeps against
+//! the f64 reference, poisoning, and the memory claim.
+
+use kernels_gpu::tiles::{saxpy_launch, LaunchDims};
+use memattn::device::{DevPtr, Device, DeviceCaps, DeviceError, LaunchInfo};
+use memattn::inputs::Qkv;
+use memattn::memory::{AnalyticBytes, MeasuredMemory};
+use memattn::problem::{KernelKind, Layout, Problem};
+use memattn::ptx::PtxSource;
+use memattn::reference::RowSelection;
+use memattn::runner::{run, RunSpec};
+use memattn_tests::device_tests;
+
+fn spec(p: Problem, k: KernelKind, seed: u64) -> RunSpec {
+    RunSpec { seed, check: RowSelection::All, ..RunSpec::new(p, k) }
+}
+
+/// Q = 0 makes every score 0: each row averages the V rows it sees. With V[j] = j + d/64 the
+/// answer is `(seen - 1) / 2 + d/64` and LSE is `ln(seen)`, computed here by hand, not by the
+/// reference.
+fn known_answer(dev: &mut dyn Device, kernel: KernelKind, causal: bool, seq_q: u32, seq_kv: u32) {
+    let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim: 64, causal, ..Problem::default() };
+    let (h, d) = (p.heads as usize, 64usize);
+    let mut v = vec![0f32; p.kv_elems() as usize];
+    for j in 0..seq_kv as usize {
+        for hh in 0..h {
+            for dd in 0..d {
+                v[(j * h + hh) * d + dd] = j as f32 + dd as f32 / 64.0;
+            }
+        }
+    }
+    let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).expect("run");
+    assert!(r.verified, "{kernel}: {:?}", r.verification.failures);
+    for i in 0..seq_q {
+        let seen = p.keys_seen(i) as f32;
+        for hh in 0..h {
+            let lse = r.outputs.lse[hh * seq_q as usize + i as usize];
+            if seen == 0.0 {
+                assert_eq!(lse, f32::NEG_INFINITY, "{kernel} row {i}: fully masked row");
+            } else {
+                assert!((lse - seen.ln()).abs() < 1e-5, "{kernel} row {i}: lse {lse} vs ln {seen}");
+            }
+            for dd in [0usize, 1, 33, 63] {
+                let got = r.outputs.o[(i as usize * h + hh) * d + dd];
+                let want = if seen == 0.0 { 0.0 } else { (seen - 1.0) / 2.0 + dd as f32 / 64.0 };
+                assert!((got - want).abs() < 1e-4 * want.abs().max(1.0), "{kernel} row {i} d {dd}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+fn sweep_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
+    for &k in kernels {
+        let r = run(dev, &spec(p, k, 11), None).unwrap_or_else(|e| panic!("{k} {p:?}: {e}"));
+        assert!(r.verified, "{k} {p:?}: {:?}", r.verification.failures);
+        assert_eq!(r.verification.checked_rows, p.rows());
+        assert_eq!(r.verification.unwritten, 0);
+        // Real values, not zeros.
+        assert!(r.outputs.o.iter().any(|x| x.abs() > 0.1), "{k}: O looks empty");
+        assert!(r.verification.o.compared > 0);
+    }
+}
+
+const BOTH: [KernelKind; 2] = [KernelKind::Naive, KernelKind::Flash];
+
+/// A device that drops every launch: the outputs stay poisoned and verification must fail.
+struct DropLaunches<'a>(&'a mut dyn Device);
+
+impl Device for DropLaunches<'_> {
+    fn backend(&self) -> memattn::Backend {
+        self.0.backend()
+    }
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn ptx(&self) -> &PtxSource {
+        self.0.ptx()
+    }
+    fn caps(&mut self) -> Result<DeviceCaps, DeviceError> {
+        self.0.caps()
+    }
+    fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        self.0.alloc(bytes)
+    }
+    fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError> {
+        self.0.free(ptr)
+    }
+    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
+        self.0.upload(ptr, data)
+    }
+    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
+        self.0.download(ptr, out)
+    }
+    fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
+        self.0.fill_u32(ptr, count, value)
+    }
+    fn launch(&mut self, _: &str, _: &LaunchDims, _: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
+        Ok(LaunchInfo::default())
+    }
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.0.synchronize()
+    }
+    fn timer_start(&mut self) -> Result<(), DeviceError> {
+        self.0.timer_start()
+    }
+    fn timer_stop(&mut self) -> Result<f64, DeviceError> {
+        self.0.timer_stop()
+    }
+    fn clock_name(&self) -> &'static str {
+        self.0.clock_name()
+    }
+    fn memory_begin(&mut self) -> Result<(), DeviceError> {
+        self.0.memory_begin()
+    }
+    fn memory_mark_allocated(&mut self) -> Result<(), DeviceError> {
+        self.0.memory_mark_allocated()
+    }
+    fn memory_end(&mut self) -> Result<MeasuredMemory, DeviceError> {
+        self.0.memory_end()
+    }
+    fn default_warmup_repeats(&self) -> (u32, u32) {
+        self.0.default_warmup_repeats()
+    }
+}
+
+device_tests! {
+    fn saxpy_smoke(dev: &mut dyn Device) {
+        let n = 1000u32;
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let y: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
+        let (px, py) = (dev.alloc(4 * n as u64).unwrap(), dev.alloc(4 * n as u64).unwrap());
+        dev.upload(px, &x).unwrap();
+        dev.upload(py, &y).unwrap();
+        let a = 2.5f32;
+        let (nb, ab, xb, yb) = (n.to_le_bytes(), a.to_le_bytes(), px.to_le_bytes(), py.to_le_bytes());
+        dev.launch("saxpy_f32", &saxpy_launch(n), &[&nb, &ab, &xb, &yb]).unwrap();
+        let mut out = vec![0f32; n as usize];
+        dev.download(py, &mut out).unwrap();
+        for i in 0..n as usize {
+            assert_eq!(out[i], a.mul_add(x[i], y[i]), "element {i}");
+        }
+        dev.free(px).unwrap();
+        dev.free(py).unwrap();
+    }
+
+    fn known_answer_uniform_attention(dev: &mut dyn Device) {
+        for k in BOTH {
+            known_answer(dev, k, false, 40, 40);
+            known_answer(dev, k, true, 40, 40);
+            known_answer(dev, k, true, 50, 20); // 30 fully masked rows
+            known_answer(dev, k, true, 20, 70);
+        }
+    }
+
+    fn shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for (sq, sk) in [(67, 67), (33, 100), (100, 33), (1, 5)] {
+                    let p = Problem { batch: 1, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, ..Problem::default() };
+                    sweep_case(dev, p, &BOTH);
+                }
+            }
+        }
+    }
+
+    fn shapes_several_blocks_heads_batches_bhsd(dev: &mut dyn Device) {
+        for layout in [Layout::Bshd, Layout::Bhsd] {
+            let p = Problem { batch: 2, heads: 3, seq_q: 70, seq_kv: 130, head_dim: 64, causal: true, layout, ..Problem::default() };
+            sweep_case(dev, p, &BOTH);
+        }
+        let p = Problem { batch: 1, heads: 2, seq_q: 48, seq_kv: 48, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), ..Problem::default() };
+        sweep_case(dev, p, &BOTH);
+        // Naive accepts head dims the flash kernels are not compiled for.
+        let p = Problem { batch: 1, heads: 1, seq_q: 20, seq_kv: 30, head_dim: 40, causal: true, ..Problem::default() };
+        sweep_case(dev, p, &[KernelKind::Naive]);
+    }
+
+    fn unwritten_outputs_fail_verification(dev: &mut dyn Device) {
+        let p = Problem { batch: 1, heads: 1, seq_q: 16, seq_kv: 16, ..Problem::default() };
+        let mut dropping = DropLaunches(dev);
+        let r = run(&mut dropping, &spec(p, KernelKind::Flash, 1), None).unwrap();
+        assert!(!r.verified);
+        assert_eq!(r.verification.unwritten, p.q_elems() + p.rows());
+    }
+
+    fn out_of_bounds_launch_is_a_device_error(dev: &mut dyn Device) {
+        if dev.backend() != memattn::Backend::Vm {
+            return; // memcheck is the VM's; a GPU would corrupt memory instead
+        }
+        let (px, py) = (dev.alloc(64).unwrap(), dev.alloc(64).unwrap());
+        let n = 100u32; // 16 floats allocated
+        let (nb, ab, xb, yb) = (n.to_le_bytes(), 1f32.to_le_bytes(), px.to_le_bytes(), py.to_le_bytes());
+        let e = dev.launch("saxpy_f32", &saxpy_launch(n), &[&nb, &ab, &xb, &yb]).unwrap_err();
+        assert!(matches!(e, DeviceError::Memcheck { .. }), "{e}");
+        assert!(e.to_string().contains("saxpy_f32"), "{e}");
+    }
+
+    fn flash_needs_less_memory_than_naive(dev: &mut dyn Device) {
+        let p = Problem { batch: 1, heads: 2, seq_q: 128, seq_kv: 128, head_dim: 64, ..Problem::default() };
+        let naive = run(dev, &spec(p, KernelKind::Naive, 5), None).unwrap();
+        let flash = run(dev, &spec(p, KernelKind::Flash, 5), None).unwrap();
+        assert!(naive.verified && flash.verified);
+        let (an, af) = (AnalyticBytes::new(&p, KernelKind::Naive), AnalyticBytes::new(&p, KernelKind::Flash));
+        assert_eq!(af.workspace, af.lse);
+        assert_eq!(af.lse, 4 * p.rows());
+        assert!(flash.peak_device_bytes < naive.peak_device_bytes);
+        if dev.backend() == memattn::Backend::Vm {
+            // The VM's allocator is exact: measured == analytic, and the difference is S.
+            assert_eq!(flash.peak_device_bytes, af.total, "{:?}", flash.memory);
+            assert_eq!(naive.peak_device_bytes, an.total, "{:?}", naive.memory);
+            assert_eq!(naive.peak_device_bytes - flash.peak_device_bytes, 4 * p.score_elems());
+            assert_eq!(flash.memory.after_bytes, flash.memory.before_bytes, "all buffers freed");
+            assert!(flash.vm_thread_instructions.unwrap() > 0);
+        }
+    }
+}

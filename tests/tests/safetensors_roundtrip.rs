@@ -1,0 +1,63 @@
+//! Safetensors round trip: write q, k, v, read them back, run, write o and lse, read those back.
+
+use memattn::inputs::Qkv;
+use memattn::problem::{KernelKind, Problem};
+use memattn::reference::{reference, RowSelection};
+use memattn::runner::{run, RunSpec};
+use memattn::safetensors_io::{read_qkv, write_outputs, write_qkv, FileShape, InputError};
+use memattn::Dtype;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memattn-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn qkv_round_trip_is_bit_exact() {
+    let p = Problem { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, ..Problem::default() };
+    let x = Qkv::random(&p, 9);
+    let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64 };
+    let path = tmp("qkv.safetensors");
+    write_qkv(&path, shape, &x).unwrap();
+    let (s2, y) = read_qkv(&path, Dtype::F32).unwrap();
+    assert_eq!(s2, shape);
+    assert_eq!(x, y);
+}
+
+#[test]
+fn malformed_and_missing_inputs_are_input_errors() {
+    let path = tmp("garbage.safetensors");
+    std::fs::write(&path, b"definitely not safetensors").unwrap();
+    assert!(matches!(read_qkv(&path, Dtype::F32), Err(InputError::Malformed { .. })));
+    assert!(matches!(read_qkv(&tmp("absent.safetensors"), Dtype::F32), Err(InputError::Read { .. })));
+}
+
+#[test]
+fn run_from_file_and_write_outputs() {
+    let p = Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 24, head_dim: 64, causal: true, ..Problem::default() };
+    let x = Qkv::random(&p, 4);
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 24, head_dim: 64 };
+    let inp = tmp("in.safetensors");
+    write_qkv(&inp, shape, &x).unwrap();
+    let (_, y) = read_qkv(&inp, Dtype::F32).unwrap();
+    let mut dev = memattn_tests::vm_device();
+    let spec = RunSpec { check: RowSelection::All, ..RunSpec::new(p, KernelKind::Flash) };
+    let r = run(&mut dev, &spec, Some(&y)).unwrap();
+    assert!(r.verified, "{:?}", r.verification.failures);
+    let out = tmp("out.safetensors");
+    write_outputs(&out, shape, &r.outputs.o, &r.outputs.lse).unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let o = st.tensor("o").unwrap();
+    assert_eq!(o.shape(), &[1, 24, 2, 64]);
+    assert_eq!(st.tensor("lse").unwrap().shape(), &[1, 2, 24]);
+    let o: Vec<f32> = o.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let want = reference(&p, &x, &RowSelection::All);
+    // Row (b 0, h 1, i 23) of the file against the f64 reference.
+    let r_idx = want.rows.iter().position(|r| r.h == 1 && r.i == 23).unwrap();
+    for d in 0..64 {
+        let got = o[(23 * 2 + 1) * 64 + d] as f64;
+        assert!((got - want.o[r_idx * 64 + d]).abs() < 1e-4);
+    }
+}
