@@ -16,6 +16,8 @@ fn main() {
         }
     };
     let json = cli.json;
+    // A panic is reported once, below, as an internal error with exit code 3.
+    std::panic::set_hook(Box::new(|_| {}));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cli::dispatch(&cli)));
     let code = match outcome {
         Ok(Ok(code)) => code,

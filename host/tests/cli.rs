@@ -1,0 +1,336 @@
+//! End-to-end tests of the `memattn` binary: exit codes, JSON shape, files, and (in the VM) the
+//! main commands. Every exit code of the contract is exercised here.
+
+use memattn::inputs::Qkv;
+use memattn::problem::Problem;
+use memattn::reference::{reference, RowSelection};
+use memattn::safetensors_io::{write_qkv, FileShape};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn memattn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memattn"))
+        .args(args)
+        .env("MEMATTN_TEST", "1")
+        .output()
+        .expect("spawn memattn")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited normally (no signal)")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", stdout(o), stderr(o)))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memattn-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Exit 2 with a message on stderr naming `needle`, and no panic.
+fn assert_bad_input(args: &[&str], needle: &str) {
+    let o = memattn(args);
+    assert_eq!(code(&o), 2, "{args:?}: stdout {} stderr {}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains(needle), "{args:?}: stderr does not mention `{needle}`:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn no_gpu() -> bool {
+    memattn::device::cuda::probe().is_err()
+}
+
+// ---- exit 0: help, doctor, kernels ----
+
+#[test]
+fn help_teaches_and_exits_0() {
+    let o = memattn(&["--help"]);
+    assert_eq!(code(&o), 0);
+    let s = stdout(&o);
+    for needle in ["--backend", "--json", "--ptx", "compare", "sweep", "doctor", "Examples:", "Exit codes"] {
+        assert!(s.contains(needle), "--help lacks {needle}:\n{s}");
+    }
+    let o = memattn(&["run", "--help"]);
+    assert_eq!(code(&o), 0);
+    for needle in ["--seq-q", "--seq-kv", "--head-dim", "--causal", "--inputs", "--output", "bottom-right"] {
+        assert!(stdout(&o).contains(needle), "run --help lacks {needle}");
+    }
+}
+
+#[test]
+fn doctor_reports_gpu_or_why_not_and_the_ptx() {
+    let o = memattn(&["doctor"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("== PTX") && s.contains("sha256") && s.contains("next step"), "{s}");
+    let o = memattn(&["--json", "doctor"]);
+    assert_eq!(code(&o), 0);
+    let v = json(&o);
+    assert!(v["cuda"]["available"].is_boolean());
+    if no_gpu() {
+        assert_eq!(v["cuda"]["available"], false);
+        assert!(v["cuda"]["reason"].as_str().unwrap().contains("libcuda") || v["cuda"]["reason"].as_str().unwrap().contains("no device"));
+    }
+    assert_eq!(v["ptx"]["target"], "sm_80");
+    assert_eq!(v["ptx"]["kernels"].as_array().unwrap().len(), 6);
+    assert!(v["next_step"].as_str().unwrap().len() > 10);
+    // The global flag also works after the subcommand.
+    let o = memattn(&["doctor", "--json"]);
+    assert_eq!(code(&o), 0);
+    json(&o);
+}
+
+#[test]
+fn kernels_lists_entries_params_and_ptxas_resources() {
+    let o = memattn(&["kernels", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let ks = v["kernels"].as_array().unwrap();
+    let flash = ks.iter().find(|k| k["name"] == "flash_fwd_f32_d64").expect("flash d64 listed");
+    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+    if memattn::ptx::ptxas_report().unwrap().is_some() {
+        let res = flash["ptxas"].as_array().unwrap();
+        assert!(res.iter().any(|r| r["arch"] == "sm_80" && r["dynamic_smem_bytes"] == 32768));
+    }
+    let o = memattn(&["kernels"]);
+    assert!(stdout(&o).contains("naive_softmax_f32"));
+}
+
+// ---- exit 2: bad usage and bad input ----
+
+#[test]
+fn bad_options_exit_2_naming_the_limit() {
+    assert_bad_input(&["run", "--bogus"], "--bogus");
+    assert_bad_input(&["run", "--kernel", "fused"], "naive, flash");
+    assert_bad_input(&["--backend", "tpu", "doctor"], "auto, vm, cuda");
+    assert_bad_input(&["run", "--head-dim", "96"], "64 and 128");
+    assert_bad_input(&["run", "--kernel", "naive", "--head-dim", "300"], "1..=256");
+    assert_bad_input(&["run", "--batch", "0"], "batch must be at least 1");
+    assert_bad_input(&["run", "--seq-kv", "0"], "seq_kv");
+    assert_bad_input(&["run", "--dtype", "f16"], "f16");
+    assert_bad_input(&["run", "--check-rows", "0"], "--check-rows");
+    assert_bad_input(&["run", "--repeats", "0"], "--repeats");
+    assert_bad_input(&["run", "--scale", "inf"], "scale");
+    assert_bad_input(&["run", "--seq", "4", "--seq-q", "5"], "--seq");
+    assert_bad_input(&["compare", "--vary", "colour=red"], "unknown key");
+    assert_bad_input(&["compare", "--vary", "seq-q=12,x"], "not a non-negative integer");
+    assert_bad_input(&["compare", "--vary", "kernel"], "KEY=A,B");
+    assert_bad_input(&["sweep", "--kernels", "naive,fast"], "fast");
+    assert_bad_input(&["--ptx", "/nonexistent/k.ptx", "kernels"], "cannot read PTX file");
+    assert_bad_input(&["trace", "--backend", "cuda"], "VM only");
+}
+
+#[test]
+fn bad_input_files_exit_2() {
+    assert_bad_input(&["run", "--inputs", "/nonexistent/qkv.safetensors"], "cannot read");
+    let garbage = tmp("garbage.safetensors");
+    std::fs::write(&garbage, b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap();
+    assert_bad_input(&["run", "--inputs", garbage.to_str().unwrap()], "not a valid safetensors file");
+
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64 };
+    let p = Problem { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64, ..Problem::default() };
+    let x = Qkv::random(&p, 1);
+
+    // Missing tensor: only q and k.
+    let f = tmp("missing_v.safetensors");
+    let qb: Vec<u8> = x.q.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
+    let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
+    safetensors::serialize_to_file([("q", q), ("k", k)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "no tensor `v`");
+
+    // Wrong dtype: f64 q.
+    let f = tmp("f64.safetensors");
+    let qb64: Vec<u8> = x.q.iter().flat_map(|v| (*v as f64).to_le_bytes()).collect();
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F64, vec![1, 8, 2, 64], &qb64).unwrap();
+    safetensors::serialize_to_file([("q", q)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "F64");
+
+    // Wrong shape: k with a different head count.
+    let f = tmp("shape.safetensors");
+    let kb: Vec<u8> = x.k.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
+    let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
+    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "has shape");
+
+    // Three-dimensional q.
+    let f = tmp("rank.safetensors");
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![8, 2, 64], &qb).unwrap();
+    safetensors::serialize_to_file([("q", q)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "4 dimensions");
+
+    // A shape flag that contradicts the file.
+    let f = tmp("good.safetensors");
+    write_qkv(&f, shape, &x).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap(), "--heads", "3"], "contradicts the input file");
+}
+
+// ---- exit 3: device and kernel errors ----
+
+#[test]
+fn cuda_without_a_driver_exits_3_without_crashing() {
+    if !no_gpu() {
+        return;
+    }
+    for cmd in [&["--backend", "cuda", "run"][..], &["--backend", "cuda", "compare", "--json"][..]] {
+        let o = memattn(cmd);
+        assert_eq!(code(&o), 3, "{cmd:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("CUDA backend unavailable"), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"));
+    }
+    let o = memattn(&["--backend", "cuda", "--json", "run"]);
+    let v = json(&o);
+    assert_eq!(v["exit_code"], 3);
+}
+
+#[test]
+fn ptx_that_does_not_load_exits_3() {
+    let f = tmp("broken.ptx");
+    std::fs::write(&f, ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k(\n)\n{\n\tfrobnicate.f32 %r1;\n}\n").unwrap();
+    let o = memattn(&["--backend", "vm", "--ptx", f.to_str().unwrap(), "run", "--seq", "8", "--heads", "1"]);
+    assert_eq!(code(&o), 3, "stdout {} stderr {}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("PTX does not load"), "{}", stderr(&o));
+}
+
+// ---- VM runs: exit 0 and 1, JSON, files, compare, sweep, trace ----
+
+#[test]
+fn run_json_has_the_contract_fields_and_real_values() {
+    let o = memattn(&["--backend", "vm", "--json", "run", "--kernel", "naive", "--seq-q", "40", "--seq-kv", "70", "--heads", "2", "--causal"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    for key in [
+        "backend", "kernel", "dtype", "shape", "verified", "max_abs_err", "rel_rms_err", "time_ms", "tflops",
+        "analytic_bytes", "peak_device_bytes", "vm_thread_instructions",
+    ] {
+        assert!(!v[key].is_null(), "missing {key}");
+    }
+    assert_eq!(v["backend"], "vm");
+    assert_eq!(v["kernel"], "naive");
+    assert_eq!(v["dtype"], "f32");
+    assert_eq!(v["shape"]["seq_q"], 40);
+    assert_eq!(v["shape"]["seq_kv"], 70);
+    assert_eq!(v["shape"]["causal"], true);
+    assert_eq!(v["verified"], true);
+    let err = v["rel_rms_err"].as_f64().unwrap();
+    assert!(err < 1e-5, "{err}");
+    // S is 2 heads x 40 x 70 floats; the VM's measurement equals the analytic total.
+    assert_eq!(v["analytic_bytes"]["scores"], 4 * 2 * 40 * 70);
+    assert_eq!(v["peak_device_bytes"], v["analytic_bytes"]["total"]);
+    assert!(v["vm_thread_instructions"].as_u64().unwrap() > 0);
+    assert!(v["time_ms"].as_f64().unwrap() > 0.0);
+    // Exact useful FLOPs for bottom-right causal, 40 x 70: rows see 31..=70 keys.
+    let pairs: u64 = (31..=70).sum();
+    assert_eq!(v["flops"].as_f64().unwrap(), (4 * 2 * 64 * pairs) as f64);
+}
+
+#[test]
+fn run_inputs_output_round_trip_matches_the_reference() {
+    let p = Problem { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128, ..Problem::default() };
+    let x = Qkv::random(&p, 77);
+    let inp = tmp("rt_in.safetensors");
+    let out = tmp("rt_out.safetensors");
+    write_qkv(&inp, FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128 }, &x).unwrap();
+    let o = memattn(&["--backend", "vm", "run", "--inputs", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--layout", "bhsd"]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("PASS"));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    let (o_file, lse_file) = (f32s("o"), f32s("lse"));
+    let r = reference(&p, &x, &RowSelection::All);
+    let heads = p.heads;
+    for (k, row) in r.rows.iter().enumerate() {
+        let base = ((row.b * 24 + row.i) * heads + row.h) as usize * 128;
+        for d in 0..128 {
+            assert!((o_file[base + d] as f64 - r.o[k * 128 + d]).abs() < 1e-4);
+        }
+        let l = lse_file[((row.b * heads + row.h) * 24 + row.i) as usize] as f64;
+        assert!((l - r.lse[k]).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn wrong_kernel_results_exit_1() {
+    // ln 2 (0f3F317218) turns LSE from log2 to natural log in every kernel; make it 1.0.
+    let broken = memattn::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
+    assert_ne!(broken, memattn::ptx::EMBEDDED_PTX);
+    let f = tmp("wrong_lse.ptx");
+    std::fs::write(&f, broken).unwrap();
+    let o = memattn(&["--backend", "vm", "--ptx", f.to_str().unwrap(), "--json", "run", "--seq", "32", "--heads", "1"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], false);
+    assert!(v["lse_err"]["max_abs_err"].as_f64().unwrap() > 1e-2);
+}
+
+#[test]
+fn compare_default_verifies_both_and_prints_the_memory_table() {
+    let o = memattn(&["--backend", "vm", "compare", "--seq", "64", "--heads", "2"]);
+    assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
+    let s = stdout(&o);
+    for needle in ["naive", "flash", "measured peak", "expected bytes", "workspace", "less device memory"] {
+        assert!(s.contains(needle), "compare output lacks {needle}:\n{s}");
+    }
+    let o = memattn(&["--backend", "vm", "--json", "compare", "--vary", "causal=false,true", "--seq", "48", "--heads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["vary"], "causal");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["report"]["shape"]["causal"], true);
+    assert!(runs.iter().all(|r| r["report"]["verified"] == true));
+    // Causal does about half the work.
+    let f0 = runs[0]["report"]["flops"].as_f64().unwrap();
+    let f1 = runs[1]["report"]["flops"].as_f64().unwrap();
+    assert_eq!(f1 / f0, (48.0 * 49.0 / 2.0) / (48.0 * 48.0));
+}
+
+#[test]
+fn sweep_shows_naive_runs_that_do_not_fit() {
+    let plot = tmp("sweep.svg");
+    // 1 MiB of VM memory: naive at seq 256 needs S = 256 KiB per head x 4 heads + inputs.
+    let o = memattn(&[
+        "--backend", "vm", "--vm-memory-mib", "1", "--json", "sweep", "--vary", "seq=32,256", "--heads", "4", "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let pts = v["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    let naive_256 = pts.iter().find(|p| p["value"] == "256" && p["kernel"] == "naive").unwrap();
+    assert_eq!(naive_256["ran"], false);
+    assert!(naive_256["would_need_bytes"].as_u64().unwrap() > 1 << 20);
+    assert!(naive_256["reason"].as_str().unwrap().contains("free"));
+    let flash_256 = pts.iter().find(|p| p["value"] == "256" && p["kernel"] == "flash").unwrap();
+    assert_eq!(flash_256["ran"], true);
+    assert_eq!(flash_256["report"]["verified"], true);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("polyline") && svg.contains("did not run"));
+}
+
+#[test]
+fn trace_prints_one_threads_instructions() {
+    let o = memattn(&["--backend", "vm", "--json", "trace", "--kernel", "naive", "--step", "scores", "--seq", "8", "--thread", "3", "--max-entries", "50"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let entries = v["entries"].as_array().unwrap();
+    assert!(!entries.is_empty() && entries.len() <= 50);
+    assert!(entries.iter().any(|e| e["text"].as_str().unwrap().contains("ld.param")));
+    assert_bad_input(&["trace", "--thread", "999"], "outside the block");
+}
