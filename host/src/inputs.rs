@@ -78,7 +78,8 @@ mod tests {
         assert_eq!(from_layout(&y, Layout::Bhsd, b, s, h, d), x);
         // Element (1, 2, 3, 4) sits where the kernel's strides say it does.
         let st = Layout::Bhsd.strides(s as u64, h as u64, d as u64);
-        let logical = ((1 * s + 2) * h + 3) * d + 4;
+        let (b1, s2, h3, d4) = (1, 2, 3, 4);
+        let logical = ((b1 * s + s2) * h + h3) * d + d4;
         assert_eq!(y[(st.offset(1, 2, 3) + 4) as usize], logical as f32);
     }
 }

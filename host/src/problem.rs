@@ -5,11 +5,9 @@
 use crate::device::DeviceCaps;
 use crate::dtype::Dtype;
 use crate::memory::AnalyticBytes;
-use kernels_gpu::abi::{causal_key_end, Strides};
-use kernels_gpu::tiles::{
-    flash_f32_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM,
-};
 use kernels_gpu::abi::KernelId;
+use kernels_gpu::abi::{causal_key_end, Strides};
+use kernels_gpu::tiles::{flash_f32_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -168,7 +166,14 @@ pub enum ProblemError {
         "{kernel} needs an estimated {needed} bytes ({needed_h}) of device memory, more than the {free} bytes ({free_h}) free \
          [{breakdown}]"
     )]
-    OutOfDeviceMemory { kernel: KernelKind, needed: u64, needed_h: String, free: u64, free_h: String, breakdown: String },
+    OutOfDeviceMemory {
+        kernel: KernelKind,
+        needed: u64,
+        needed_h: String,
+        free: u64,
+        free_h: String,
+        breakdown: String,
+    },
     #[error("{what} has {got} elements, beyond what a 64-bit byte count can address")]
     TooLarge { what: &'static str, got: String },
 }
@@ -230,7 +235,7 @@ impl Problem {
         // that see a partial prefix, all keys never exceeded since i < seq_q.
         let (nq, nk) = (self.seq_q as i64, self.seq_kv as i64);
         let offset = nk - nq; // row i sees i + 1 + offset keys, clamped to [0, nk]
-        // First row that sees at least one key: i + 1 + offset >= 1  =>  i >= -offset.
+                              // First row that sees at least one key: i + 1 + offset >= 1  =>  i >= -offset.
         let first = (-offset).max(0);
         if first >= nq {
             return 0;
@@ -242,10 +247,7 @@ impl Problem {
     /// Useful floating-point operations: `4 · batch · heads · head_dim · unmasked pairs` (2 for
     /// QKᵀ and 2 for PV per pair and dim).
     pub fn flops(&self) -> f64 {
-        4.0 * self.batch as f64
-            * self.heads as f64
-            * self.head_dim as f64
-            * self.unmasked_pairs_per_head() as f64
+        4.0 * self.batch as f64 * self.heads as f64 * self.head_dim as f64 * self.unmasked_pairs_per_head() as f64
     }
 
     /// Strides of Q/O and K/V in the device layout.
@@ -422,7 +424,7 @@ mod tests {
         }
         let p = Problem { seq_q: 4, seq_kv: 4, causal: true, ..Problem::default() };
         assert_eq!(p.unmasked_pairs_per_head(), 10); // 1 + 2 + 3 + 4
-        // seq_q > seq_kv: the first seq_q - seq_kv rows see nothing.
+                                                     // seq_q > seq_kv: the first seq_q - seq_kv rows see nothing.
         let p = Problem { seq_q: 6, seq_kv: 3, causal: true, ..Problem::default() };
         assert_eq!(p.unmasked_pairs_per_head(), 6); // rows 3,4,5 see 1,2,3
     }

@@ -57,7 +57,7 @@ impl RowSelection {
             None => (0..total).map(to_row).collect(),
             Some((count, seed)) => {
                 // Floyd's algorithm: `count` distinct indices without materialising 0..total.
-                let mut rng = SplitMix64::new(seed ^ 0x5EED_0F_F00D);
+                let mut rng = SplitMix64::new(seed ^ 0x005E_ED0F_F00D);
                 let mut chosen = std::collections::BTreeSet::new();
                 for j in (total - count)..total {
                     let t = rng.below(j + 1);
@@ -136,7 +136,8 @@ mod tests {
     fn hand_computed_two_keys() {
         // d = 1, one query q = 1, keys 0 and ln 3 (scale 1): p = (1/4, 3/4), v = (4, 8) -> o = 7,
         // lse = ln(1 + 3) = ln 4.
-        let p = Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
+        let p =
+            Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
         let x = Qkv { q: vec![1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0] };
         let r = reference(&p, &x, &RowSelection::All);
         assert!((r.o[0] - 7.0).abs() < 1e-6, "{}", r.o[0]);
@@ -147,7 +148,13 @@ mod tests {
     fn causal_bottom_right_masks_and_empty_rows() {
         // seq_q 3 > seq_kv 2: row 0 sees nothing, row 1 sees key 0, row 2 sees keys 0 and 1.
         let p = Problem {
-            batch: 1, heads: 1, seq_q: 3, seq_kv: 2, head_dim: 1, causal: true, scale: Some(1.0),
+            batch: 1,
+            heads: 1,
+            seq_q: 3,
+            seq_kv: 2,
+            head_dim: 1,
+            causal: true,
+            scale: Some(1.0),
             ..Problem::default()
         };
         let x = Qkv { q: vec![1.0, 1.0, 1.0], k: vec![0.0, 0.0], v: vec![2.0, 6.0] };

@@ -46,7 +46,12 @@ pub fn run_summary(r: &RunReport) -> String {
     let mut s = String::new();
     let v = &r.verification;
     let _ = writeln!(s, "backend      {} ({})", r.backend, r.device);
-    let _ = writeln!(s, "kernel       {} [{}]", r.kernel, r.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>().join(" -> "));
+    let _ = writeln!(
+        s,
+        "kernel       {} [{}]",
+        r.kernel,
+        r.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>().join(" -> ")
+    );
     let _ = writeln!(s, "inputs       {}", r.inputs);
     let _ = writeln!(
         s,
@@ -96,7 +101,8 @@ pub fn run_summary(r: &RunReport) -> String {
         if diff == 0 { " (exact match)" } else { "" }
     );
     if let (Some(mx), Some(mean)) = (r.memory.gpu_util_max_percent, r.memory.gpu_util_mean_percent) {
-        let _ = writeln!(s, "GPU util     max {mx}%  mean {mean:.0}%  ({} NVML samples)", r.memory.samples.unwrap_or(0));
+        let _ =
+            writeln!(s, "GPU util     max {mx}%  mean {mean:.0}%  ({} NVML samples)", r.memory.samples.unwrap_or(0));
     }
     for n in &r.memory.notes {
         let _ = writeln!(s, "note         {n}");

@@ -21,7 +21,13 @@ pub enum InputError {
     #[error("{path} has no tensor `{name}` (found: {found})")]
     MissingTensor { path: PathBuf, name: &'static str, found: String },
     #[error("{path}: tensor `{name}` is {got:?}, expected {expected} (for --dtype {dtype})")]
-    WrongDtype { path: PathBuf, name: &'static str, got: safetensors::Dtype, expected: safetensors::Dtype, dtype: Dtype },
+    WrongDtype {
+        path: PathBuf,
+        name: &'static str,
+        got: safetensors::Dtype,
+        expected: safetensors::Dtype,
+        dtype: Dtype,
+    },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected}")]
     WrongShape { path: PathBuf, name: &'static str, got: Vec<usize>, expected: String },
     #[error("{path}: tensor `{name}` dimension {dim} is {got}, larger than the kernels' u32 limit")]
@@ -53,9 +59,7 @@ pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputErro
         }
     };
     let get = |name: &'static str| -> Result<(Vec<usize>, Vec<f32>), InputError> {
-        let t = st
-            .tensor(name)
-            .map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })?;
+        let t = st.tensor(name).map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })?;
         if t.dtype() != dtype.safetensors() {
             return Err(InputError::WrongDtype {
                 path: path.into(),

@@ -9,11 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn"))
-        .args(args)
-        .env("MEMATTN_TEST", "1")
-        .output()
-        .expect("spawn memattn")
+    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).env("MEMATTN_TEST", "1").output().expect("spawn memattn")
 }
 
 fn code(o: &Output) -> i32 {
@@ -29,7 +25,8 @@ fn stderr(o: &Output) -> String {
 }
 
 fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", stdout(o), stderr(o)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", stdout(o), stderr(o)))
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -80,7 +77,10 @@ fn doctor_reports_gpu_or_why_not_and_the_ptx() {
     assert!(v["cuda"]["available"].is_boolean());
     if no_gpu() {
         assert_eq!(v["cuda"]["available"], false);
-        assert!(v["cuda"]["reason"].as_str().unwrap().contains("libcuda") || v["cuda"]["reason"].as_str().unwrap().contains("no device"));
+        assert!(
+            v["cuda"]["reason"].as_str().unwrap().contains("libcuda")
+                || v["cuda"]["reason"].as_str().unwrap().contains("no device")
+        );
     }
     assert_eq!(v["ptx"]["target"], "sm_80");
     assert_eq!(v["ptx"]["kernels"].as_array().unwrap().len(), 6);
@@ -199,7 +199,11 @@ fn cuda_without_a_driver_exits_3_without_crashing() {
 #[test]
 fn ptx_that_does_not_load_exits_3() {
     let f = tmp("broken.ptx");
-    std::fs::write(&f, ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k(\n)\n{\n\tfrobnicate.f32 %r1;\n}\n").unwrap();
+    std::fs::write(
+        &f,
+        ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k(\n)\n{\n\tfrobnicate.f32 %r1;\n}\n",
+    )
+    .unwrap();
     let o = memattn(&["--backend", "vm", "--ptx", f.to_str().unwrap(), "run", "--seq", "8", "--heads", "1"]);
     assert_eq!(code(&o), 3, "stdout {} stderr {}", stdout(&o), stderr(&o));
     assert!(stderr(&o).contains("PTX does not load"), "{}", stderr(&o));
@@ -209,12 +213,36 @@ fn ptx_that_does_not_load_exits_3() {
 
 #[test]
 fn run_json_has_the_contract_fields_and_real_values() {
-    let o = memattn(&["--backend", "vm", "--json", "run", "--kernel", "naive", "--seq-q", "40", "--seq-kv", "70", "--heads", "2", "--causal"]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "run",
+        "--kernel",
+        "naive",
+        "--seq-q",
+        "40",
+        "--seq-kv",
+        "70",
+        "--heads",
+        "2",
+        "--causal",
+    ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json(&o);
     for key in [
-        "backend", "kernel", "dtype", "shape", "verified", "max_abs_err", "rel_rms_err", "time_ms", "tflops",
-        "analytic_bytes", "peak_device_bytes", "vm_thread_instructions",
+        "backend",
+        "kernel",
+        "dtype",
+        "shape",
+        "verified",
+        "max_abs_err",
+        "rel_rms_err",
+        "time_ms",
+        "tflops",
+        "analytic_bytes",
+        "peak_device_bytes",
+        "vm_thread_instructions",
     ] {
         assert!(!v[key].is_null(), "missing {key}");
     }
@@ -244,7 +272,17 @@ fn run_inputs_output_round_trip_matches_the_reference() {
     let inp = tmp("rt_in.safetensors");
     let out = tmp("rt_out.safetensors");
     write_qkv(&inp, FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128 }, &x).unwrap();
-    let o = memattn(&["--backend", "vm", "run", "--inputs", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--layout", "bhsd"]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "run",
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--layout",
+        "bhsd",
+    ]);
     assert_eq!(code(&o), 0, "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("PASS"));
     let bytes = std::fs::read(&out).unwrap();
@@ -287,7 +325,18 @@ fn compare_default_verifies_both_and_prints_the_memory_table() {
     for needle in ["naive", "flash", "measured peak", "expected bytes", "workspace", "less device memory"] {
         assert!(s.contains(needle), "compare output lacks {needle}:\n{s}");
     }
-    let o = memattn(&["--backend", "vm", "--json", "compare", "--vary", "causal=false,true", "--seq", "48", "--heads", "1"]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "compare",
+        "--vary",
+        "causal=false,true",
+        "--seq",
+        "48",
+        "--heads",
+        "1",
+    ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["vary"], "causal");
@@ -306,7 +355,17 @@ fn sweep_shows_naive_runs_that_do_not_fit() {
     let plot = tmp("sweep.svg");
     // 1 MiB of VM memory: naive at seq 256 needs S = 256 KiB per head x 4 heads + inputs.
     let o = memattn(&[
-        "--backend", "vm", "--vm-memory-mib", "1", "--json", "sweep", "--vary", "seq=32,256", "--heads", "4", "--plot",
+        "--backend",
+        "vm",
+        "--vm-memory-mib",
+        "1",
+        "--json",
+        "sweep",
+        "--vary",
+        "seq=32,256",
+        "--heads",
+        "4",
+        "--plot",
         plot.to_str().unwrap(),
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -326,7 +385,22 @@ fn sweep_shows_naive_runs_that_do_not_fit() {
 
 #[test]
 fn trace_prints_one_threads_instructions() {
-    let o = memattn(&["--backend", "vm", "--json", "trace", "--kernel", "naive", "--step", "scores", "--seq", "8", "--thread", "3", "--max-entries", "50"]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "trace",
+        "--kernel",
+        "naive",
+        "--step",
+        "scores",
+        "--seq",
+        "8",
+        "--thread",
+        "3",
+        "--max-entries",
+        "50",
+    ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json(&o);
     let entries = v["entries"].as_array().unwrap();

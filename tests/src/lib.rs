@@ -16,7 +16,10 @@ pub fn vm_device() -> VmDevice {
 /// The GPU, when this machine has a CUDA driver and a device; otherwise None (and says why).
 pub fn cuda_device() -> Option<CudaDevice> {
     match probe() {
-        Ok(_) => Some(CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded())).expect("CUDA device opens")),
+        Ok(_) => Some(
+            CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded()))
+                .expect("CUDA device opens"),
+        ),
         Err(why) => {
             eprintln!("CUDA variant skipped: {why}");
             None

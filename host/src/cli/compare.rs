@@ -36,9 +36,13 @@ pub fn measure(
 ) -> Result<Point, Error> {
     let spec = run_spec(a, problem, kernel)?;
     match memattn::runner::run(dev, &spec, None) {
-        Ok(r) => Ok(Point { value: value.into(), kernel, ran: true, report: Some(r), would_need_bytes: None, reason: None }),
+        Ok(r) => {
+            Ok(Point { value: value.into(), kernel, ran: true, report: Some(r), would_need_bytes: None, reason: None })
+        }
         Err(Error::Problem(
-            e @ (ProblemError::OutOfDeviceMemory { .. } | ProblemError::GridLimit { .. } | ProblemError::SharedMemory { .. }),
+            e @ (ProblemError::OutOfDeviceMemory { .. }
+            | ProblemError::GridLimit { .. }
+            | ProblemError::SharedMemory { .. }),
         )) => Ok(Point {
             value: value.into(),
             kernel,
@@ -154,13 +158,29 @@ fn compare_table(key: &str, points: &[Point]) -> String {
         row("LSE rel RMS err", get(&|r| format!("{:.2e}", r.lse_err.rel_rms_err)), vec![]),
         row("time (ms, median)", get(&|r| format!("{:.3}", r.time_ms)), ratios(&|r| r.time_ms)),
         row("TFLOP/s", get(&|r| format!("{:.4}", r.tflops)), vec![]),
-        row("expected bytes", get(&|r| human_bytes(r.analytic_bytes.total)), ratios(&|r| r.analytic_bytes.total as f64)),
+        row(
+            "expected bytes",
+            get(&|r| human_bytes(r.analytic_bytes.total)),
+            ratios(&|r| r.analytic_bytes.total as f64),
+        ),
         row("  inputs", get(&|r| human_bytes(r.analytic_bytes.inputs)), vec![]),
         row("  outputs", get(&|r| human_bytes(r.analytic_bytes.outputs)), vec![]),
-        row("  workspace", get(&|r| human_bytes(r.analytic_bytes.workspace)), ratios(&|r| r.analytic_bytes.workspace as f64)),
+        row(
+            "  workspace",
+            get(&|r| human_bytes(r.analytic_bytes.workspace)),
+            ratios(&|r| r.analytic_bytes.workspace as f64),
+        ),
         row("measured peak", get(&|r| human_bytes(r.peak_device_bytes)), ratios(&|r| r.peak_device_bytes as f64)),
-        row("measured - expected", get(&|r| format!("{} B", r.peak_device_bytes as i128 - r.analytic_bytes.total as i128)), vec![]),
-        row("VM thread instr.", get(&|r| r.vm_thread_instructions.map(|n| n.to_string()).unwrap_or_else(|| "-".into())), vec![]),
+        row(
+            "measured - expected",
+            get(&|r| format!("{} B", r.peak_device_bytes as i128 - r.analytic_bytes.total as i128)),
+            vec![],
+        ),
+        row(
+            "VM thread instr.",
+            get(&|r| r.vm_thread_instructions.map(|n| n.to_string()).unwrap_or_else(|| "-".into())),
+            vec![],
+        ),
     ];
     let mut s = table(&header, &rows);
     for p in points {

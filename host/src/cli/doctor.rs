@@ -149,10 +149,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
         let ks: Vec<serde_json::Value> = entries
             .iter()
             .map(|e| {
-                let res: Vec<_> = report
-                    .iter()
-                    .flat_map(|r| r.kernels.iter().filter(|k| k.name == e.name))
-                    .collect();
+                let res: Vec<_> = report.iter().flat_map(|r| r.kernels.iter().filter(|k| k.name == e.name)).collect();
                 let vm = vm_info.as_ref().and_then(|v| v.iter().find(|k| k.name == e.name));
                 serde_json::json!({
                     "name": e.name,
@@ -188,9 +185,20 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
     match &report {
         None => println!("\nptxas resources: not recorded (kernels-gpu/ptx/ptxas-report.json missing at build time)"),
         Some(r) => {
-            println!("\nptxas resources ({}){}:", r.ptxas_version, if report_matches == Some(false) { " - NOTE: recorded for a different PTX than the loaded one" } else { "" });
+            println!(
+                "\nptxas resources ({}){}:",
+                r.ptxas_version,
+                if report_matches == Some(false) {
+                    " - NOTE: recorded for a different PTX than the loaded one"
+                } else {
+                    ""
+                }
+            );
             let header: Vec<String> =
-                ["kernel", "arch", "regs", "spill st/ld", "stack", "static smem", "dyn smem", "barriers"].iter().map(|s| s.to_string()).collect();
+                ["kernel", "arch", "regs", "spill st/ld", "stack", "static smem", "dyn smem", "barriers"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
             let rows: Vec<Vec<String>> = r
                 .kernels
                 .iter()

@@ -124,14 +124,7 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
     if a.repeats == Some(0) {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
-    Ok(RunSpec {
-        problem,
-        kernel,
-        seed: a.seed,
-        warmup: a.warmup,
-        repeats: a.repeats,
-        check: row_selection(a)?,
-    })
+    Ok(RunSpec { problem, kernel, seed: a.seed, warmup: a.warmup, repeats: a.repeats, check: row_selection(a)? })
 }
 
 /// `KEY=A,B,C` of `--vary`.
@@ -167,7 +160,9 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
         v.parse::<u32>().map_err(|_| Error::Usage(format!("--vary {key}: `{v}` is not a non-negative integer")))
     };
     match key {
-        "kernel" => *kernel = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?,
+        "kernel" => {
+            *kernel = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
+        }
         "dtype" => p.dtype = value.parse().map_err(|e: memattn::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
         "batch" => p.batch = num(value)?,
         "heads" => p.heads = num(value)?,
@@ -185,7 +180,9 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
                 _ => return Err(Error::Usage(format!("--vary causal: `{value}` is not true/false"))),
             }
         }
-        "layout" => p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?,
+        "layout" => {
+            p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
+        }
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
     }
     Ok(())

@@ -37,7 +37,12 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         };
         write_outputs(path, shape, &report.outputs.o, &report.outputs.lse)?;
         if !cli.json {
-            println!("wrote o {:?} and lse {:?} to {}", [shape.batch, shape.seq_q, shape.heads, shape.head_dim], [shape.batch, shape.heads, shape.seq_q], path.display());
+            println!(
+                "wrote o {:?} and lse {:?} to {}",
+                [shape.batch, shape.seq_q, shape.heads, shape.head_dim],
+                [shape.batch, shape.heads, shape.seq_q],
+                path.display()
+            );
         }
     }
     if cli.json {

@@ -31,7 +31,9 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         })?,
     };
     if vary.key == "kernel" {
-        return Err(Error::Usage("sweep runs every kernel of --kernels at each point; vary another key (or use compare)".into()));
+        return Err(Error::Usage(
+            "sweep runs every kernel of --kernels at each point; vary another key (or use compare)".into(),
+        ));
     }
     let mut plan = Vec::new();
     for value in &vary.values {

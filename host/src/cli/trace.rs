@@ -2,12 +2,12 @@
 
 use super::args::{Cli, TraceArgs};
 use super::{device_options, print_json, resolve_problem, run_spec};
+use kernels_gpu::abi::KernelId;
 use memattn::device::vm::VmDevice;
 use memattn::device::BackendChoice;
 use memattn::error::{exit, Error};
 use memattn::problem::{KernelKind, Problem};
 use memattn::report::describe_problem;
-use kernels_gpu::abi::KernelId;
 
 fn parse_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
     let parts: Vec<&str> = s.split(',').map(str::trim).collect();
@@ -45,10 +45,20 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     let thread = parse_dim3("thread", &a.thread)?;
     for i in 0..3 {
         if block[i] >= dims.grid[i] {
-            return Err(Error::Usage(format!("--block {:?} is outside the grid {:?} of `{}`", block, dims.grid, entry.name())));
+            return Err(Error::Usage(format!(
+                "--block {:?} is outside the grid {:?} of `{}`",
+                block,
+                dims.grid,
+                entry.name()
+            )));
         }
         if thread[i] >= dims.block[i] {
-            return Err(Error::Usage(format!("--thread {:?} is outside the block {:?} of `{}`", thread, dims.block, entry.name())));
+            return Err(Error::Usage(format!(
+                "--thread {:?} is outside the block {:?} of `{}`",
+                thread,
+                dims.block,
+                entry.name()
+            )));
         }
     }
     let mut opts = device_options(cli)?;
@@ -82,7 +92,15 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
             "verified": report.verified,
         }));
     } else {
-        println!("trace of `{}` block {:?} thread {:?} (grid {:?}, block {:?}) on {}", entry.name(), block, thread, dims.grid, dims.block, describe_problem(&problem));
+        println!(
+            "trace of `{}` block {:?} thread {:?} (grid {:?}, block {:?}) on {}",
+            entry.name(),
+            block,
+            thread,
+            dims.grid,
+            dims.block,
+            describe_problem(&problem)
+        );
         for t in &report.trace {
             let writes: Vec<String> = t
                 .writes
@@ -95,15 +113,13 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
                     }
                 })
                 .collect();
-            println!(
-                "{:>6} {} {:<60} {}",
-                t.line,
-                if t.executed { " " } else { "-" },
-                t.text,
-                writes.join(" ")
-            );
+            println!("{:>6} {} {:<60} {}", t.line, if t.executed { " " } else { "-" }, t.text, writes.join(" "));
         }
-        println!("{} instructions shown (\"-\": guard predicate false); run verified: {}", report.trace.len(), if report.verified { "PASS" } else { "FAIL" });
+        println!(
+            "{} instructions shown (\"-\": guard predicate false); run verified: {}",
+            report.trace.len(),
+            if report.verified { "PASS" } else { "FAIL" }
+        );
     }
     Ok(if report.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }

@@ -152,13 +152,13 @@ impl CudaDevice {
 
 /// Loads PTX text through the driver's JIT, returning the JIT error log on failure.
 fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
-    let image = CString::new(ptx.text.as_bytes())
-        .map_err(|_| DeviceError::PtxLoad { origin: ptx.origin.clone(), message: "PTX text contains a NUL byte".into() })?;
+    let image = CString::new(ptx.text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
+        origin: ptx.origin.clone(),
+        message: "PTX text contains a NUL byte".into(),
+    })?;
     let mut log = vec![0u8; 16 * 1024];
-    let mut options = [
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-    ];
+    let mut options =
+        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
     let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
     let mut module = std::ptr::null_mut();
     // SAFETY: `image` is NUL-terminated PTX; options/values are two valid pairs; `log` outlives the call.
@@ -274,7 +274,9 @@ impl Device for CudaDevice {
                     dims.dynamic_smem_bytes as i32,
                 )
             }
-            .map_err(|e| drv(&format!("opting `{kernel}` in to {} bytes of shared memory", dims.dynamic_smem_bytes), e))?;
+            .map_err(|e| {
+                drv(&format!("opting `{kernel}` in to {} bytes of shared memory", dims.dynamic_smem_bytes), e)
+            })?;
             if let Some(entry) = self.functions.get_mut(kernel) {
                 entry.1 = dims.dynamic_smem_bytes;
             }

@@ -177,10 +177,7 @@ pub struct Opened {
 /// why; a missing driver never panics.
 pub fn open(opts: &DeviceOptions) -> Result<Opened, DeviceError> {
     match opts.backend {
-        BackendChoice::Vm => Ok(Opened {
-            device: Box::new(vm::VmDevice::new(opts)?),
-            reason: "--backend vm".into(),
-        }),
+        BackendChoice::Vm => Ok(Opened { device: Box::new(vm::VmDevice::new(opts)?), reason: "--backend vm".into() }),
         BackendChoice::Cuda => {
             let d = cuda::CudaDevice::new(opts)?;
             Ok(Opened { device: Box::new(d), reason: "--backend cuda".into() })

@@ -23,15 +23,7 @@ pub struct VmDevice {
 pub fn describe_finding(f: &Finding) -> String {
     let mut s = format!(
         "{} in block ({},{},{}) thread ({},{},{}) at PTX line {}: `{}`",
-        f.kind,
-        f.block[0],
-        f.block[1],
-        f.block[2],
-        f.thread[0],
-        f.thread[1],
-        f.thread[2],
-        f.line,
-        f.instruction
+        f.kind, f.block[0], f.block[1], f.block[2], f.thread[0], f.thread[1], f.thread[2], f.line, f.instruction
     );
     if let Some(a) = f.address {
         s.push_str(&format!(", address {a:#x}"));
@@ -60,9 +52,8 @@ impl VmDevice {
     pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
         let module = Module::load(&opts.ptx.text)
             .map_err(|e| DeviceError::PtxLoad { origin: opts.ptx.origin.clone(), message: e.to_string() })?;
-        let workers = opts
-            .vm_workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let workers =
+            opts.vm_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let mut vm = Vm::with_workers(workers);
         if let Some(bytes) = opts.vm_memory_bytes {
             let mut limits = vm.limits();
@@ -184,10 +175,10 @@ impl Device for VmDevice {
     }
 
     fn timer_stop(&mut self) -> Result<f64, DeviceError> {
-        let t = self.timer.take().ok_or_else(|| DeviceError::Vm {
-            op: "timer".into(),
-            message: "timer_stop without timer_start".into(),
-        })?;
+        let t = self
+            .timer
+            .take()
+            .ok_or_else(|| DeviceError::Vm { op: "timer".into(), message: "timer_stop without timer_start".into() })?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
     }
 
