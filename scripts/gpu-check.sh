@@ -3,8 +3,9 @@
 # Rust toolchain. Finishes in well under 5 minutes on a current data-centre GPU.
 #
 #   Build (on a machine with the toolchain):  cargo build --release -p memattn
-#   Carry:  mkdir -p .gpu && cp target/release/memattn .gpu/   (an ignored folder that travels)
-#   Run:    bash scripts/gpu-check.sh .gpu/memattn             (default binary: ./memattn)
+#   Carry:  target/release/memattn (git-ignored, so name it explicitly, e.g. in the runner's carry
+#           list, or copy it next to this script); the GPU machine needs only the NVIDIA driver.
+#   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn)
 #
 # Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/*.{txt,json}.
 # The last thing printed is a summary table: step, exit code, seconds, what it showed.
