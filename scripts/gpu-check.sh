@@ -7,7 +7,7 @@
 #           list, or copy it next to this script); the GPU machine needs only the NVIDIA driver.
 #   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn)
 #
-# Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/*.{txt,json}.
+# Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/<step>.{out,err}.
 # The last thing printed is a summary table: step, exit code, seconds, what it showed.
 set -u
 
