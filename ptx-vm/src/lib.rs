@@ -15,8 +15,21 @@
 //! vm.free(x)?;
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+mod decode;
+mod exec;
+mod ir;
+mod memory;
+mod num;
+mod ops;
+mod parse;
+
+pub use exec::SHARED_POISON;
 
 /// A device address in the VM's global memory (never 0 for a live allocation).
 pub type DevPtr = u64;
@@ -67,24 +80,40 @@ pub struct KernelInfo {
 /// A parsed and fully decoded PTX module. Loading decodes every instruction up front: an
 /// unsupported opcode or modifier is a `LoadError`, never a failure half-way through a launch.
 pub struct Module {
-    _private: (),
+    id: u64,
+    version: String,
+    target: String,
+    programs: Vec<ir::Program>,
+    globals: decode::Globals,
 }
+
+static NEXT_MODULE: AtomicU64 = AtomicU64::new(0);
 
 impl Module {
     pub fn load(ptx: &str) -> Result<Module, LoadError> {
-        let _ = ptx;
-        todo!()
+        let ast = parse::parse(ptx)?;
+        let id = NEXT_MODULE.fetch_add(1, Ordering::Relaxed);
+        let base = memory::MODULE_BASE + (id % 128) * (1 << 32);
+        let globals = decode::layout_globals(&ast, base)?;
+        let programs = decode::decode_module(&ast, &globals)?;
+        Ok(Module { id, version: ast.version, target: ast.target, programs, globals })
     }
     /// PTX `.version` and `.target` of the module, e.g. ("7.0", "sm_80").
     pub fn version_and_target(&self) -> (String, String) {
-        todo!()
+        (self.version.clone(), self.target.clone())
     }
     pub fn kernels(&self) -> Vec<KernelInfo> {
-        todo!()
+        self.programs.iter().map(|p| p.info.clone()).collect()
     }
     pub fn kernel(&self, name: &str) -> Option<KernelInfo> {
-        let _ = name;
-        todo!()
+        self.program(name).map(|p| p.info.clone())
+    }
+    /// Total decoded instructions over all kernels (each kernel counts the functions it calls).
+    pub fn instruction_count(&self) -> usize {
+        self.programs.iter().map(|p| p.insts.len()).sum()
+    }
+    fn program(&self, name: &str) -> Option<&ir::Program> {
+        self.programs.iter().find(|p| p.info.name == name)
     }
 }
 
@@ -186,17 +215,64 @@ pub enum VmError {
     Trap(Box<Finding>),
 }
 
+impl Default for DeviceLimits {
+    fn default() -> Self {
+        DeviceLimits {
+            max_threads_per_block: 1024,
+            max_shared_per_block: 48 * 1024,
+            max_grid: [i32::MAX as u32, 65_535, 65_535],
+            max_block: [1024, 1024, 64],
+            memory_bytes: 16 << 30,
+            max_instructions_per_thread: 1 << 32,
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [bx, by, bz] = self.block;
+        let [tx, ty, tz] = self.thread;
+        write!(
+            f,
+            "{} in kernel `{}`, block ({bx}, {by}, {bz}), thread ({tx}, {ty}, {tz}), at PTX line {} `{}`",
+            self.kind, self.kernel, self.line, self.instruction
+        )?;
+        match (self.address, self.access_bytes) {
+            (Some(a), Some(n)) => write!(f, ", {n}-byte access at address {a:#x}")?,
+            (Some(a), None) => write!(f, ", address {a:#x}")?,
+            _ => {}
+        }
+        if let Some(n) = &self.nearest_allocation {
+            write!(f, " ({n})")?;
+        }
+        write!(f, ".")
+    }
+}
+
 impl fmt::Display for VmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let _ = f;
-        todo!()
+        match self {
+            VmError::UnknownKernel(k) => write!(f, "The module has no kernel named `{k}`."),
+            VmError::InvalidLaunch(m) => write!(f, "Invalid launch: {m}."),
+            VmError::OutOfMemory { requested, free } => write!(
+                f,
+                "Out of device memory: {requested} bytes were requested but only {free} bytes are free."
+            ),
+            VmError::InvalidPointer(m) => write!(f, "Invalid device pointer: {m}."),
+            VmError::Memcheck(x) => write!(f, "Memcheck found a {x}"),
+            VmError::Trap(x) => write!(f, "The kernel stopped: {x}"),
+        }
     }
 }
 impl std::error::Error for VmError {}
 
 /// The virtual device: global memory heap plus the executor.
 pub struct Vm {
-    _private: (),
+    heap: memory::Heap,
+    limits: DeviceLimits,
+    workers: usize,
+    /// Module id -> instantiated globals base.
+    module_globals: HashMap<u64, u64>,
 }
 
 impl Default for Vm {
@@ -208,43 +284,95 @@ impl Default for Vm {
 impl Vm {
     /// Worker threads = available parallelism.
     pub fn new() -> Vm {
-        todo!()
+        Vm::with_workers(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
     }
     pub fn with_workers(workers: usize) -> Vm {
-        let _ = workers;
-        todo!()
+        Vm {
+            heap: memory::Heap::new(),
+            limits: DeviceLimits::default(),
+            workers: workers.max(1),
+            module_globals: HashMap::new(),
+        }
+    }
+    /// Number of worker threads blocks run on.
+    pub fn workers(&self) -> usize {
+        self.workers
     }
     pub fn limits(&self) -> DeviceLimits {
-        todo!()
+        self.limits
     }
     pub fn set_limits(&mut self, limits: DeviceLimits) {
-        let _ = limits;
-        todo!()
+        self.limits = limits;
     }
     pub fn alloc(&mut self, bytes: u64) -> Result<DevPtr, VmError> {
-        let _ = bytes;
-        todo!()
+        self.heap.alloc(bytes, self.limits.memory_bytes)
     }
     pub fn free(&mut self, ptr: DevPtr) -> Result<(), VmError> {
-        let _ = ptr;
-        todo!()
+        self.heap.free(ptr)
     }
     pub fn write(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), VmError> {
-        let _ = (ptr, data);
-        todo!()
+        let p = self.heap.host_access(ptr, data.len() as u64)?;
+        // SAFETY: the range lies inside one live allocation and no launch is running (`&mut self`).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
     }
     pub fn read(&self, ptr: DevPtr, out: &mut [u8]) -> Result<(), VmError> {
-        let _ = (ptr, out);
-        todo!()
+        let p = self.heap.host_access(ptr, out.len() as u64)?;
+        // SAFETY: as in `write`; launches hold `&mut self`, so nothing writes concurrently.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
     }
     pub fn memory(&self) -> MemStats {
-        todo!()
+        MemStats {
+            current_bytes: self.heap.current,
+            peak_bytes: self.heap.peak,
+            live_allocations: self.heap.live,
+            total_allocations: self.heap.total,
+        }
     }
     pub fn reset_peak(&mut self) {
-        todo!()
+        self.heap.peak = self.heap.current;
     }
+
+    /// Device address of a module-scope `.global`/`.const` variable (instantiated on first use).
+    pub fn global_address(&mut self, module: &Module, name: &str) -> Option<DevPtr> {
+        let a = *module.globals.addrs.get(name)?;
+        self.instantiate_globals(module);
+        Some(a)
+    }
+
+    fn instantiate_globals(&mut self, module: &Module) {
+        let g = &module.globals;
+        if g.image.is_empty() || self.module_globals.get(&module.id) == Some(&g.base) {
+            return;
+        }
+        // Another module may have used this window before.
+        if let Some(old) = self.heap.allocs.get(&g.base).and_then(|a| a.module) {
+            self.module_globals.remove(&old);
+        }
+        let data = {
+            let words = g.image.len().div_ceil(8);
+            let v: Vec<AtomicU64> = (0..words)
+                .map(|i| {
+                    let mut b = [0u8; 8];
+                    let s = i * 8;
+                    let e = (s + 8).min(g.image.len());
+                    b[..e - s].copy_from_slice(&g.image[s..e]);
+                    AtomicU64::new(u64::from_le_bytes(b))
+                })
+                .collect();
+            v.into_boxed_slice()
+        };
+        self.heap.allocs.insert(g.base, memory::Alloc { size: g.image.len() as u64, data, module: Some(module.id) });
+        self.module_globals.insert(module.id, g.base);
+    }
+
     /// Runs `kernel` to completion. `params` is the packed parameter buffer
     /// (`KernelInfo::param_bytes` long, each parameter at its `offset`).
+    ///
+    /// Blocks run in parallel on the worker threads; each block's result is independent of the
+    /// schedule. On a memcheck finding or trap the error of the lowest-numbered failing block is
+    /// returned; writes made before it stay in memory (as on a GPU).
     pub fn launch(
         &mut self,
         module: &Module,
@@ -252,7 +380,111 @@ impl Vm {
         config: &LaunchConfig,
         params: &[u8],
     ) -> Result<LaunchStats, VmError> {
-        let _ = (module, kernel, config, params);
-        todo!()
+        let t0 = Instant::now();
+        let prog = module.program(kernel).ok_or_else(|| VmError::UnknownKernel(kernel.to_string()))?;
+        let info = &prog.info;
+        let lim = self.limits;
+        if params.len() != info.param_bytes {
+            return Err(VmError::InvalidLaunch(format!(
+                "kernel `{kernel}` takes {} parameter bytes but {} were given",
+                info.param_bytes,
+                params.len()
+            )));
+        }
+        let names = ["x", "y", "z"];
+        for d in 0..3 {
+            if config.grid[d] == 0 || config.grid[d] > lim.max_grid[d] {
+                return Err(VmError::InvalidLaunch(format!(
+                    "grid.{} = {} is outside 1..={} (max_grid)",
+                    names[d], config.grid[d], lim.max_grid[d]
+                )));
+            }
+            if config.block[d] == 0 || config.block[d] > lim.max_block[d] {
+                return Err(VmError::InvalidLaunch(format!(
+                    "block.{} = {} is outside 1..={} (max_block)",
+                    names[d], config.block[d], lim.max_block[d]
+                )));
+            }
+        }
+        let threads = config.block.iter().map(|&b| b as u64).product::<u64>();
+        if threads > lim.max_threads_per_block as u64 {
+            return Err(VmError::InvalidLaunch(format!(
+                "{threads} threads per block exceed max_threads_per_block = {}",
+                lim.max_threads_per_block
+            )));
+        }
+        let shared = if config.dynamic_shared_bytes > 0 {
+            prog.dyn_shared_offset as u64 + config.dynamic_shared_bytes as u64
+        } else {
+            info.static_shared_bytes as u64
+        };
+        if info.static_shared_bytes as u64 + config.dynamic_shared_bytes as u64 > lim.max_shared_per_block as u64 {
+            return Err(VmError::InvalidLaunch(format!(
+                "{} static + {} dynamic shared bytes exceed max_shared_per_block = {}",
+                info.static_shared_bytes, config.dynamic_shared_bytes, lim.max_shared_per_block
+            )));
+        }
+        self.instantiate_globals(module);
+        let view = memory::GlobalView::new(&self.heap);
+        let launch = exec::Launch {
+            prog,
+            kernel,
+            global: &view,
+            params,
+            grid: config.grid,
+            block: config.block,
+            shared_bytes: shared as usize,
+            dyn_shared: config.dynamic_shared_bytes,
+            budget: lim.max_instructions_per_thread,
+            trace: config.trace,
+        };
+        let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
+        let next = AtomicU64::new(0);
+        let fail_at = AtomicU64::new(u64::MAX);
+        let errors: Mutex<Vec<(u64, Box<Finding>)>> = Mutex::new(Vec::new());
+        let results: Mutex<Vec<exec::Worker>> = Mutex::new(Vec::new());
+        let work = || {
+            let mut w = exec::Worker::default();
+            loop {
+                let b = next.fetch_add(1, Ordering::Relaxed);
+                if b >= nblocks || b > fail_at.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Err(f) = launch.run_block(&mut w, b) {
+                    fail_at.fetch_min(b, Ordering::Relaxed);
+                    errors.lock().unwrap_or_else(|e| e.into_inner()).push((b, f));
+                }
+            }
+            results.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        };
+        let workers = (self.workers as u64).min(nblocks).max(1) as usize;
+        if workers == 1 {
+            work();
+        } else {
+            std::thread::scope(|s| {
+                for _ in 0..workers {
+                    s.spawn(work);
+                }
+            });
+        }
+        let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+        if !errors.is_empty() {
+            errors.sort_by_key(|e| e.0);
+            let f = errors.swap_remove(0).1;
+            return Err(if f.kind == "trap" || f.kind.starts_with("instruction budget") {
+                VmError::Trap(f)
+            } else {
+                VmError::Memcheck(f)
+            });
+        }
+        let mut stats = LaunchStats::default();
+        for w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            stats.thread_instructions += w.thread_instructions;
+            stats.warp_instructions += w.warp_instructions;
+            stats.blocks += w.blocks;
+            stats.trace.extend(w.trace);
+        }
+        stats.wall = t0.elapsed();
+        Ok(stats)
     }
 }

@@ -1,0 +1,1094 @@
+//! The executor: one block at a time per worker, warp-at-a-time inside a block.
+//!
+//! Registers are structure-of-arrays (`regs[slot][lane]`). Each lane has its own PC; a warp runs
+//! the group of lanes at the minimum PC and stops the group as soon as it reaches the PC of another
+//! lane (they then merge) or diverges at a branch. Converged code therefore runs as one group with
+//! no per-instruction bookkeeping. Barriers park lanes; a block releases a barrier when every
+//! non-exited thread waits at the same barrier instruction.
+
+use crate::ir::*;
+use crate::memory::{self, GlobalView, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
+use crate::num::{self, Ty};
+use crate::{Finding, TraceEntry, TraceRequest};
+
+const FULL: u32 = u32::MAX;
+const RUN: u8 = 0;
+const BAR: u8 = 1;
+const EXIT: u8 = 2;
+const ABSENT: u8 = 3;
+/// Fresh shared memory reads as this repeating little-endian word (a quiet NaN as f32).
+pub const SHARED_POISON: u32 = 0x7FC0_DEAD;
+
+pub(crate) struct Launch<'a> {
+    pub prog: &'a Program,
+    pub kernel: &'a str,
+    pub global: &'a GlobalView,
+    pub params: &'a [u8],
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: usize,
+    pub dyn_shared: u32,
+    pub budget: u64,
+    pub trace: Option<TraceRequest>,
+}
+
+struct Warp {
+    regs: Vec<[u64; 32]>,
+    pcs: [u32; 32],
+    state: [u8; 32],
+    stacks: Vec<Vec<u32>>,
+    local: Vec<u8>,
+    issued: u64,
+    hint: usize,
+    /// Lane being traced in this warp.
+    trace_lane: Option<u32>,
+}
+
+#[derive(Default)]
+pub(crate) struct Worker {
+    warps: Vec<Warp>,
+    shared: Vec<u8>,
+    pub thread_instructions: u64,
+    pub warp_instructions: u64,
+    pub blocks: u64,
+    pub trace: Vec<TraceEntry>,
+}
+
+struct Fault {
+    lane: u32,
+    kind: &'static str,
+    addr: u64,
+    size: u32,
+    detail: Option<String>,
+}
+
+struct Mem<'a> {
+    global: &'a GlobalView,
+    shared: &'a mut [u8],
+    local: &'a mut [u8],
+    local_bytes: usize,
+    params: &'a [u8],
+    hint: &'a mut usize,
+}
+
+#[derive(Clone, Copy)]
+enum Loc {
+    Ptr(*mut u8),
+    Shared(usize),
+    Local(usize),
+    Param(usize),
+}
+
+impl Mem<'_> {
+    #[inline(always)]
+    fn locate(&mut self, sp: Space, addr: u64, size: u64, lane: u32, store: bool) -> Result<Loc, Fault> {
+        let fault = |kind: &'static str| Fault { lane, kind, addr, size: size as u32, detail: None };
+        if addr & (size - 1) != 0 {
+            return Err(fault("misaligned access"));
+        }
+        let (sp, a) = match sp {
+            Space::Generic => {
+                if addr >= SHARED_WINDOW && addr < SHARED_WINDOW + WINDOW_SIZE {
+                    (Space::Shared, addr - SHARED_WINDOW)
+                } else if addr >= LOCAL_WINDOW && addr < LOCAL_WINDOW + WINDOW_SIZE {
+                    (Space::Local, addr - LOCAL_WINDOW)
+                } else if addr >= PARAM_WINDOW && addr < PARAM_WINDOW + WINDOW_SIZE {
+                    (Space::Param, addr - PARAM_WINDOW)
+                } else {
+                    (Space::Global, addr)
+                }
+            }
+            s => (s, addr),
+        };
+        match sp {
+            Space::Shared => {
+                if a.checked_add(size).is_some_and(|e| e <= self.shared.len() as u64) {
+                    Ok(Loc::Shared(a as usize))
+                } else {
+                    Err(fault("shared memory out of window"))
+                }
+            }
+            Space::Local => {
+                if a.checked_add(size).is_some_and(|e| e <= self.local_bytes as u64) {
+                    Ok(Loc::Local(lane as usize * self.local_bytes + a as usize))
+                } else {
+                    Err(fault("local memory overflow"))
+                }
+            }
+            Space::Param => {
+                if store {
+                    Err(fault("store to kernel parameter space"))
+                } else if a.checked_add(size).is_some_and(|e| e <= self.params.len() as u64) {
+                    Ok(Loc::Param(a as usize))
+                } else {
+                    Err(fault("out-of-bounds parameter load"))
+                }
+            }
+            _ => match self.global.resolve(a, size, self.hint) {
+                Some(p) => Ok(Loc::Ptr(p)),
+                None => {
+                    let kind = if self.global.is_freed(a) {
+                        "use after free"
+                    } else if store {
+                        "out-of-bounds global store"
+                    } else {
+                        "out-of-bounds global load"
+                    };
+                    Err(Fault { lane, kind, addr, size: size as u32, detail: Some(self.global.describe(a, size)) })
+                }
+            },
+        }
+    }
+    #[inline(always)]
+    fn read(&self, loc: Loc, size: u8) -> u64 {
+        let rd = |s: &[u8], at: usize| {
+            let mut b = [0u8; 8];
+            b[..size as usize].copy_from_slice(&s[at..at + size as usize]);
+            u64::from_le_bytes(b)
+        };
+        match loc {
+            // SAFETY: `resolve` checked bounds; `locate` checked natural alignment.
+            Loc::Ptr(p) => unsafe { memory::atomic_load(p, size) },
+            Loc::Shared(a) => rd(self.shared, a),
+            Loc::Local(a) => rd(self.local, a),
+            Loc::Param(a) => rd(self.params, a),
+        }
+    }
+    #[inline(always)]
+    fn write(&mut self, loc: Loc, size: u8, v: u64) {
+        let b = v.to_le_bytes();
+        match loc {
+            // SAFETY: as in `read`.
+            Loc::Ptr(p) => unsafe { memory::atomic_store(p, size, v) },
+            Loc::Shared(a) => self.shared[a..a + size as usize].copy_from_slice(&b[..size as usize]),
+            Loc::Local(a) => self.local[a..a + size as usize].copy_from_slice(&b[..size as usize]),
+            Loc::Param(_) => {}
+        }
+    }
+    fn rmw(&mut self, loc: Loc, size: u8, f: impl Fn(u64) -> u64) -> u64 {
+        match loc {
+            // SAFETY: as in `read`; atomics are 4 or 8 bytes.
+            Loc::Ptr(p) => unsafe { memory::atomic_rmw(p, size, f) },
+            _ => {
+                let old = self.read(loc, size);
+                self.write(loc, size, f(old) & num::mask(size as u32 * 8));
+                old
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes(mask: u32, mut f: impl FnMut(usize)) {
+    if mask == FULL {
+        for l in 0..32 {
+            f(l);
+        }
+    } else {
+        let mut m = mask;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            f(l);
+        }
+    }
+}
+
+#[inline(always)]
+fn map1(r: &mut [[u64; 32]], d: Slot, a: Slot, exec: u32, f: impl Fn(u64) -> u64) {
+    let av = r[a as usize];
+    let dv = &mut r[d as usize];
+    if exec == FULL {
+        for l in 0..32 {
+            dv[l] = f(av[l]);
+        }
+    } else {
+        lanes(exec, |l| dv[l] = f(av[l]));
+    }
+}
+#[inline(always)]
+fn map2(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, exec: u32, f: impl Fn(u64, u64) -> u64) {
+    let av = r[a as usize];
+    let bv = r[b as usize];
+    let dv = &mut r[d as usize];
+    if exec == FULL {
+        for l in 0..32 {
+            dv[l] = f(av[l], bv[l]);
+        }
+    } else {
+        lanes(exec, |l| dv[l] = f(av[l], bv[l]));
+    }
+}
+#[inline(always)]
+fn map3(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot, exec: u32, f: impl Fn(u64, u64, u64) -> u64) {
+    let av = r[a as usize];
+    let bv = r[b as usize];
+    let cv = r[c as usize];
+    let dv = &mut r[d as usize];
+    if exec == FULL {
+        for l in 0..32 {
+            dv[l] = f(av[l], bv[l], cv[l]);
+        }
+    } else {
+        lanes(exec, |l| dv[l] = f(av[l], bv[l], cv[l]));
+    }
+}
+
+fn compare(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> bool {
+    use std::cmp::Ordering::*;
+    let ord = match ty {
+        Ty::F32 => {
+            let (mut x, mut y) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
+            if ftz {
+                x = num::ftz32(x);
+                y = num::ftz32(y);
+            }
+            x.partial_cmp(&y)
+        }
+        Ty::F64 => f64::from_bits(a).partial_cmp(&f64::from_bits(b)),
+        Ty::S(bits) => Some(num::sext(a, bits as u32).cmp(&num::sext(b, bits as u32))),
+        t => {
+            let m = num::mask(t.bits());
+            Some((a & m).cmp(&(b & m)))
+        }
+    };
+    match (cmp, ord) {
+        (Cmp::Num, o) => o.is_some(),
+        (Cmp::Nan, o) => o.is_none(),
+        (Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu, None) => true,
+        (_, None) => false,
+        (Cmp::Eq | Cmp::Equ, Some(o)) => o == Equal,
+        (Cmp::Ne | Cmp::Neu, Some(o)) => o != Equal,
+        (Cmp::Lt | Cmp::Ltu, Some(o)) => o == Less,
+        (Cmp::Le | Cmp::Leu, Some(o)) => o != Greater,
+        (Cmp::Gt | Cmp::Gtu, Some(o)) => o == Greater,
+        (Cmp::Ge | Cmp::Geu, Some(o)) => o != Less,
+    }
+}
+
+fn combine(comb: u8, x: bool, c: bool) -> bool {
+    match comb {
+        1 => x && c,
+        2 => x || c,
+        3 => x ^ c,
+        _ => x,
+    }
+}
+
+fn atom_new(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
+    let bits = ty.bits();
+    let m = num::mask(bits);
+    let (o, b) = (old & m, b & m);
+    let r = match (op, ty) {
+        (AtomOp::Add, Ty::F32) => (f32::from_bits(o as u32) + f32::from_bits(b as u32)).to_bits() as u64,
+        (AtomOp::Add, Ty::F64) => (f64::from_bits(o) + f64::from_bits(b)).to_bits(),
+        (AtomOp::Add, _) => o.wrapping_add(b),
+        (AtomOp::Min, Ty::S(_)) => num::sext(o, bits).min(num::sext(b, bits)) as u64,
+        (AtomOp::Max, Ty::S(_)) => num::sext(o, bits).max(num::sext(b, bits)) as u64,
+        (AtomOp::Min, _) => o.min(b),
+        (AtomOp::Max, _) => o.max(b),
+        (AtomOp::Inc, _) => {
+            if o >= b {
+                0
+            } else {
+                o + 1
+            }
+        }
+        (AtomOp::Dec, _) => {
+            if o == 0 || o > b {
+                b
+            } else {
+                o - 1
+            }
+        }
+        (AtomOp::And, _) => o & b,
+        (AtomOp::Or, _) => o | b,
+        (AtomOp::Xor, _) => o ^ b,
+        (AtomOp::Exch, _) => b,
+        (AtomOp::Cas, _) => {
+            if o == b {
+                c & m
+            } else {
+                o
+            }
+        }
+    };
+    r & m
+}
+
+fn dim3(linear: u64, dims: [u32; 3]) -> [u32; 3] {
+    let x = linear % dims[0] as u64;
+    let y = (linear / dims[0] as u64) % dims[1] as u64;
+    let z = linear / (dims[0] as u64 * dims[1] as u64);
+    [x as u32, y as u32, z as u32]
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Recompute the group; the group's lanes are at `pc`.
+    Regroup,
+    /// Recompute the group; every lane's PC is already written.
+    PcsSet,
+}
+
+impl Launch<'_> {
+    fn threads(&self) -> u32 {
+        self.block[0] * self.block[1] * self.block[2]
+    }
+
+    fn finding(&self, block: [u32; 3], warp: usize, lane: u32, pc: usize, kind: &str) -> Finding {
+        let inst = &self.prog.insts[pc];
+        Finding {
+            kind: kind.to_string(),
+            kernel: self.kernel.to_string(),
+            block,
+            thread: dim3(warp as u64 * 32 + lane as u64, self.block),
+            line: inst.line as usize,
+            instruction: self.prog.texts[pc].clone(),
+            address: None,
+            access_bytes: None,
+            nearest_allocation: None,
+        }
+    }
+
+    fn fault_finding(&self, block: [u32; 3], warp: usize, pc: usize, f: Fault) -> Finding {
+        let mut fd = self.finding(block, warp, f.lane, pc, f.kind);
+        fd.address = Some(f.addr);
+        fd.access_bytes = Some(f.size);
+        fd.nearest_allocation = Some(match f.detail {
+            Some(d) => d,
+            None => match f.kind {
+                "shared memory out of window" => format!(
+                    "the block's shared window is {} bytes ({} static + {} dynamic)",
+                    self.shared_bytes, self.prog.info.static_shared_bytes, self.dyn_shared
+                ),
+                "local memory overflow" => format!("the thread's local memory is {} bytes", self.prog.info.local_bytes),
+                "out-of-bounds parameter load" | "store to kernel parameter space" => {
+                    format!("the kernel parameter buffer is {} bytes", self.params.len())
+                }
+                _ if f.addr >= SHARED_WINDOW && f.addr < SHARED_WINDOW + WINDOW_SIZE => {
+                    format!("shared memory offset {}", f.addr - SHARED_WINDOW)
+                }
+                _ => self.global.describe(f.addr, f.size as u64),
+            },
+        });
+        fd
+    }
+
+    pub fn run_block(&self, w: &mut Worker, linear: u64) -> Result<(), Box<Finding>> {
+        let prog = self.prog;
+        let block = dim3(linear, self.grid);
+        let threads = self.threads();
+        let nwarps = threads.div_ceil(32) as usize;
+        // Shared memory: fresh, poisoned.
+        w.shared.clear();
+        w.shared.resize(self.shared_bytes, 0);
+        let pb = SHARED_POISON.to_le_bytes();
+        for (i, b) in w.shared.iter_mut().enumerate() {
+            *b = pb[i & 3];
+        }
+        let trace_at = self.trace.filter(|t| t.block == block).and_then(|t| {
+            let [x, y, z] = t.thread;
+            if x < self.block[0] && y < self.block[1] && z < self.block[2] {
+                Some((x + self.block[0] * (y + self.block[1] * z)) as usize)
+            } else {
+                None
+            }
+        });
+        let local_bytes = prog.info.local_bytes;
+        while w.warps.len() < nwarps {
+            w.warps.push(Warp {
+                regs: Vec::new(),
+                pcs: [0; 32],
+                state: [ABSENT; 32],
+                stacks: Vec::new(),
+                local: Vec::new(),
+                issued: 0,
+                hint: 0,
+                trace_lane: None,
+            });
+        }
+        for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
+            wp.regs.clear();
+            wp.regs.resize(prog.nslots, [0u64; 32]);
+            for &(s, v) in &prog.consts {
+                wp.regs[s as usize] = [v; 32];
+            }
+            wp.pcs = [0; 32];
+            wp.issued = 0;
+            wp.local.clear();
+            wp.local.resize(local_bytes * 32, 0);
+            if prog.has_calls {
+                wp.stacks.resize(32, Vec::new());
+                for s in wp.stacks.iter_mut() {
+                    s.clear();
+                }
+            }
+            wp.trace_lane = trace_at.filter(|t| t / 32 == wi).map(|t| (t % 32) as u32);
+            for l in 0..32u32 {
+                let lin = wi as u64 * 32 + l as u64;
+                wp.state[l as usize] = if lin < threads as u64 { RUN } else { ABSENT };
+                let tid = dim3(lin, self.block);
+                for &(s, sp) in &prog.specials {
+                    let v: u64 = match sp {
+                        Special::Tid(d) => tid[d as usize] as u64,
+                        Special::Ntid(d) => self.block[d as usize] as u64,
+                        Special::Ctaid(d) => block[d as usize] as u64,
+                        Special::Nctaid(d) => self.grid[d as usize] as u64,
+                        Special::Laneid => l as u64,
+                        Special::Warpid => wi as u64,
+                        Special::Nwarpid => nwarps as u64,
+                        Special::LanemaskEq => 1u64 << l,
+                        Special::LanemaskLt => (1u64 << l) - 1,
+                        Special::LanemaskLe => (2u64 << l) - 1,
+                        Special::LanemaskGt => (!((2u64 << l) - 1)) & 0xffff_ffff,
+                        Special::LanemaskGe => (!((1u64 << l) - 1)) & 0xffff_ffff,
+                        Special::Smid | Special::Gridid => 0,
+                        Special::Nsmid => 1,
+                        Special::DynSmem => self.dyn_shared as u64,
+                        Special::TotalSmem => self.shared_bytes as u64,
+                    };
+                    wp.regs[s as usize][l as usize] = v;
+                }
+            }
+        }
+        let mut trace = std::mem::take(&mut w.trace);
+        let r = self.block_loop(w, nwarps, block, &mut trace);
+        w.trace = trace;
+        w.blocks += 1;
+        r
+    }
+
+    fn block_loop(&self, w: &mut Worker, nwarps: usize, block: [u32; 3], trace: &mut Vec<TraceEntry>) -> Result<(), Box<Finding>> {
+        loop {
+            for wi in 0..nwarps {
+                let (warps, shared) = (&mut w.warps, &mut w.shared);
+                let wp = &mut warps[wi];
+                if wp.state.contains(&RUN) {
+                    let mut ti = 0u64;
+                    let mut wi_count = 0u64;
+                    let r = self.run_warp(wp, wi, block, shared, &mut ti, &mut wi_count, trace);
+                    w.thread_instructions += ti;
+                    w.warp_instructions += wi_count;
+                    r?;
+                }
+            }
+            // Every warp is done or parked at a barrier.
+            let mut first: Option<(usize, u32, u32)> = None; // (warp, lane, pc)
+            for (wi, wp) in w.warps.iter().enumerate().take(nwarps) {
+                let mut wpc: Option<(u32, u32)> = None;
+                for l in 0..32u32 {
+                    if wp.state[l as usize] != BAR {
+                        continue;
+                    }
+                    let pc = wp.pcs[l as usize];
+                    match wpc {
+                        None => wpc = Some((l, pc)),
+                        Some((l0, pc0)) if pc0 != pc => {
+                            return Err(Box::new(self.finding(block, wi, l0.min(l), wp.pcs[l0.min(l) as usize] as usize, "barrier divergence")));
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some((l, pc)) = wpc {
+                    match first {
+                        None => first = Some((wi, l, pc)),
+                        Some((_, _, pc0)) if pc0 != pc => {
+                            return Err(Box::new(self.finding(block, wi, l, pc as usize, "deadlock")));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if first.is_none() {
+                return Ok(());
+            }
+            for wp in w.warps.iter_mut().take(nwarps) {
+                for l in 0..32 {
+                    if wp.state[l] == BAR {
+                        wp.state[l] = RUN;
+                        wp.pcs[l] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_warp(
+        &self,
+        wp: &mut Warp,
+        wi: usize,
+        block: [u32; 3],
+        shared: &mut [u8],
+        ti: &mut u64,
+        wc: &mut u64,
+        trace: &mut Vec<TraceEntry>,
+    ) -> Result<(), Box<Finding>> {
+        loop {
+            let mut runnable = 0u32;
+            let mut pc = u32::MAX;
+            for l in 0..32 {
+                if wp.state[l] == RUN {
+                    runnable |= 1 << l;
+                    pc = pc.min(wp.pcs[l]);
+                }
+            }
+            if runnable == 0 {
+                return Ok(());
+            }
+            let mut group = 0u32;
+            let mut limit = u32::MAX;
+            lanes(runnable, |l| {
+                if wp.pcs[l] == pc {
+                    group |= 1 << l;
+                } else {
+                    limit = limit.min(wp.pcs[l]);
+                }
+            });
+            self.run_group(wp, wi, block, shared, pc, group, limit, ti, wc, trace)?;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_group(
+        &self,
+        wp: &mut Warp,
+        wi: usize,
+        block: [u32; 3],
+        shared: &mut [u8],
+        mut pc: u32,
+        mut group: u32,
+        limit: u32,
+        ti: &mut u64,
+        wc: &mut u64,
+        trace: &mut Vec<TraceEntry>,
+    ) -> Result<(), Box<Finding>> {
+        let prog = self.prog;
+        let insts = &prog.insts[..];
+        let local_bytes = prog.info.local_bytes;
+        let mut tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);
+        let max_trace = self.trace.map_or(0, |t| t.max_entries);
+        macro_rules! leave {
+            () => {{
+                lanes(group, |l| wp.pcs[l] = pc);
+                return Ok(());
+            }};
+        }
+        loop {
+            if pc >= limit {
+                leave!();
+            }
+            let inst = &insts[pc as usize];
+            let mut exec = group;
+            if inst.guard != NONE {
+                let g = &wp.regs[inst.guard as usize];
+                let mut gm = 0u32;
+                for (l, v) in g.iter().enumerate() {
+                    gm |= ((*v & 1) as u32) << l;
+                }
+                if inst.gneg {
+                    gm = !gm;
+                }
+                exec &= gm;
+            }
+            *ti += group.count_ones() as u64;
+            *wc += 1;
+            wp.issued += 1;
+            if wp.issued > self.budget {
+                let l = group.trailing_zeros();
+                return Err(Box::new(self.finding(block, wi, l, pc as usize, "instruction budget exceeded (the kernel appears to hang)")));
+            }
+            let r = &mut wp.regs;
+            let mut stop: Option<Stop> = None;
+            match inst.op {
+                Op::Bra { t } => {
+                    if exec == group {
+                        pc = t;
+                    } else if exec == 0 {
+                        pc += 1;
+                    } else {
+                        lanes(group, |l| wp.pcs[l] = if exec >> l & 1 == 1 { t } else { pc + 1 });
+                        stop = Some(Stop::PcsSet);
+                    }
+                }
+                Op::Exit | Op::Ret if !prog.has_calls || matches!(inst.op, Op::Exit) => {
+                    lanes(exec, |l| wp.state[l] = EXIT);
+                    group &= !exec;
+                    pc += 1;
+                    if group == 0 {
+                        stop = Some(Stop::Regroup);
+                    }
+                }
+                Op::Ret => {
+                    let stacks = &mut wp.stacks;
+                    let state = &mut wp.state;
+                    let pcs = &mut wp.pcs;
+                    lanes(group, |l| {
+                        if exec >> l & 1 == 1 {
+                            match stacks[l].pop() {
+                                Some(ret) => pcs[l] = ret,
+                                None => state[l] = EXIT,
+                            }
+                        } else {
+                            pcs[l] = pc + 1;
+                        }
+                    });
+                    stop = Some(Stop::PcsSet);
+                }
+                Op::Call { t, copies } => {
+                    let cps = &prog.copies[copies as usize];
+                    for &(s, d) in cps {
+                        let sv = r[s as usize];
+                        let dv = &mut r[d as usize];
+                        lanes(exec, |l| dv[l] = sv[l]);
+                    }
+                    if wp.stacks[0].len() > 4096 {
+                        return Err(Box::new(self.finding(block, wi, exec.trailing_zeros(), pc as usize, "call stack overflow")));
+                    }
+                    let stacks = &mut wp.stacks;
+                    let pcs = &mut wp.pcs;
+                    lanes(group, |l| {
+                        if exec >> l & 1 == 1 {
+                            stacks[l].push(pc + 1);
+                            pcs[l] = t;
+                        } else {
+                            pcs[l] = pc + 2;
+                        }
+                    });
+                    if exec == group {
+                        pc = t;
+                    } else {
+                        stop = Some(Stop::PcsSet);
+                    }
+                }
+                Op::CallRet { copies } => {
+                    for &(s, d) in &prog.copies[copies as usize] {
+                        let sv = r[s as usize];
+                        let dv = &mut r[d as usize];
+                        lanes(exec, |l| dv[l] = sv[l]);
+                    }
+                    pc += 1;
+                }
+                Op::Trap => {
+                    if exec != 0 {
+                        return Err(Box::new(self.finding(block, wi, exec.trailing_zeros(), pc as usize, "trap")));
+                    }
+                    pc += 1;
+                }
+                Op::Bar { .. } => {
+                    if exec != 0 {
+                        lanes(exec, |l| {
+                            wp.state[l] = BAR;
+                            wp.pcs[l] = pc;
+                        });
+                        group &= !exec;
+                        pc += 1;
+                        stop = Some(Stop::Regroup);
+                    } else {
+                        pc += 1;
+                    }
+                }
+                Op::Shfl { .. } | Op::Vote { .. } | Op::Redux { .. } | Op::Match { .. } | Op::BarWarp => {
+                    if exec != 0 {
+                        let mslot = match inst.op {
+                            Op::Shfl { mask, .. } | Op::Vote { mask, .. } | Op::Redux { mask, .. } | Op::Match { mask, .. } => mask,
+                            _ => NONE,
+                        };
+                        let member = if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
+                        let mut missing = 0u32;
+                        for l in 0..32 {
+                            if member >> l & 1 == 1 && (wp.state[l] == RUN || wp.state[l] == BAR) && exec >> l & 1 == 0 {
+                                missing |= 1 << l;
+                            }
+                        }
+                        if missing != 0 {
+                            let l = exec.trailing_zeros();
+                            let mut f = self.finding(block, wi, l, pc as usize, "warp collective divergence");
+                            f.nearest_allocation = Some(format!(
+                                "member mask {member:#010x} names lanes {missing:#010x} that are not executing this instruction"
+                            ));
+                            return Err(Box::new(f));
+                        }
+                        collective(&inst.op, r, exec);
+                    }
+                    pc += 1;
+                }
+                Op::Activemask { d } => {
+                    let dv = &mut r[d as usize];
+                    lanes(exec, |l| dv[l] = group as u64);
+                    pc += 1;
+                }
+                Op::Clock { d } => {
+                    let v = wp.issued;
+                    let dv = &mut r[d as usize];
+                    lanes(exec, |l| dv[l] = v);
+                    pc += 1;
+                }
+                _ => {
+                    if exec != 0 {
+                        let mut mem = Mem {
+                            global: self.global,
+                            shared: &mut *shared,
+                            local: &mut wp.local,
+                            local_bytes,
+                            params: self.params,
+                            hint: &mut wp.hint,
+                        };
+                        if let Err(f) = exec_simple(&inst.op, r, exec, &mut mem) {
+                            let pcu = pc as usize;
+                            return Err(Box::new(self.fault_finding(block, wi, pcu, f)));
+                        }
+                    }
+                    pc += 1;
+                }
+            }
+            if tr {
+                let l = wp.trace_lane.unwrap_or(0) as usize;
+                if trace.len() < max_trace {
+                    let executed = exec >> l & 1 == 1;
+                    let writes = if executed {
+                        inst.op.dsts().into_iter().map(|s| (prog.slot_names[s as usize].clone(), wp.regs[s as usize][l])).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let idx = inst as *const Inst as usize - insts.as_ptr() as usize;
+                    let idx = idx / std::mem::size_of::<Inst>();
+                    trace.push(TraceEntry { line: inst.line as usize, text: prog.texts[idx].clone(), executed, writes });
+                }
+                tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);
+            }
+            match stop {
+                None => {}
+                Some(Stop::Regroup) => {
+                    lanes(group, |l| wp.pcs[l] = pc);
+                    return Ok(());
+                }
+                Some(Stop::PcsSet) => return Ok(()),
+            }
+        }
+    }
+}
+
+fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
+    match *op {
+        Op::Shfl { mode, d, p, a, b, c, .. } => {
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let cv = r[c as usize];
+            let mut out = r[d as usize];
+            let mut pout = if p != NONE { r[p as usize] } else { [0; 32] };
+            lanes(exec, |l| {
+                let lane = l as i64;
+                let bval = (bv[l] & 0x1f) as i64;
+                let cval = (cv[l] & 0x1f) as i64;
+                let segmask = ((cv[l] >> 8) & 0x1f) as i64;
+                let max_lane = (lane & segmask) | (cval & !segmask);
+                let min_lane = lane & segmask;
+                let (j, ok) = match mode {
+                    0 => {
+                        let j = lane - bval;
+                        (j, j >= max_lane)
+                    }
+                    1 => {
+                        let j = lane + bval;
+                        (j, j <= max_lane)
+                    }
+                    2 => {
+                        let j = lane ^ bval;
+                        (j, j <= max_lane)
+                    }
+                    _ => {
+                        let j = min_lane | (bval & !segmask);
+                        (j, j <= max_lane)
+                    }
+                };
+                let j = if ok && (0..32).contains(&j) { j as usize } else { l };
+                out[l] = av[j] & 0xffff_ffff;
+                pout[l] = ok as u64;
+            });
+            r[d as usize] = out;
+            if p != NONE {
+                r[p as usize] = pout;
+            }
+        }
+        Op::Vote { mode, neg, d, a, .. } => {
+            let av = r[a as usize];
+            let mut ballot = 0u32;
+            lanes(exec, |l| {
+                if ((av[l] & 1) == 1) != neg {
+                    ballot |= 1 << l;
+                }
+            });
+            let v = match mode {
+                0 => (ballot == exec) as u64,
+                1 => (ballot != 0) as u64,
+                2 => (ballot == exec || ballot == 0) as u64,
+                _ => ballot as u64,
+            };
+            let dv = &mut r[d as usize];
+            lanes(exec, |l| dv[l] = v);
+        }
+        Op::Redux { op, signed, d, a, .. } => {
+            let av = r[a as usize];
+            let mut acc: Option<u64> = None;
+            lanes(exec, |l| {
+                let x = av[l] & 0xffff_ffff;
+                acc = Some(match acc {
+                    None => x,
+                    Some(y) => match op {
+                        0 => (x + y) & 0xffff_ffff,
+                        1 if signed => (x as u32 as i32).min(y as u32 as i32) as u32 as u64,
+                        2 if signed => (x as u32 as i32).max(y as u32 as i32) as u32 as u64,
+                        1 => x.min(y),
+                        2 => x.max(y),
+                        3 => x & y,
+                        4 => x | y,
+                        _ => x ^ y,
+                    },
+                });
+            });
+            let v = acc.unwrap_or(0);
+            let dv = &mut r[d as usize];
+            lanes(exec, |l| dv[l] = v);
+        }
+        Op::Match { all, bits64, d, p, a, .. } => {
+            let av = r[a as usize];
+            let m = if bits64 { u64::MAX } else { 0xffff_ffff };
+            let mut out = r[d as usize];
+            let mut pout = if p != NONE { r[p as usize] } else { [0; 32] };
+            lanes(exec, |l| {
+                let mut same = 0u32;
+                lanes(exec, |k| {
+                    if av[k] & m == av[l] & m {
+                        same |= 1 << k;
+                    }
+                });
+                if all {
+                    let eq = same == exec;
+                    out[l] = if eq { exec as u64 } else { 0 };
+                    pout[l] = eq as u64;
+                } else {
+                    out[l] = same as u64;
+                }
+            });
+            r[d as usize] = out;
+            if p != NONE {
+                r[p as usize] = pout;
+            }
+        }
+        _ => {}
+    }
+}
+
+fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
+    match *op {
+        Op::Nop => {}
+        Op::Mov { d, a } => {
+            let av = r[a as usize];
+            let dv = &mut r[d as usize];
+            if exec == FULL {
+                *dv = av;
+            } else {
+                lanes(exec, |l| dv[l] = av[l]);
+            }
+        }
+        Op::Bin { f, d, a, b } => map2(r, d, a, b, exec, f),
+        Op::Un { f, d, a } => map1(r, d, a, exec, f),
+        Op::Ter { f, d, a, b, c } => map3(r, d, a, b, c, exec, f),
+        Op::Quad { f, d, a, b, c, e } => {
+            let ev = r[e as usize];
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let cv = r[c as usize];
+            let dv = &mut r[d as usize];
+            lanes(exec, |l| dv[l] = f(av[l], bv[l], cv[l], ev[l]));
+        }
+        Op::AddF32 { d, a, b } => map2(r, d, a, b, exec, |x, y| {
+            (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64
+        }),
+        Op::MulF32 { d, a, b } => map2(r, d, a, b, exec, |x, y| {
+            (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64
+        }),
+        Op::FmaF32 { d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| {
+            f32::from_bits(x as u32).mul_add(f32::from_bits(y as u32), f32::from_bits(z as u32)).to_bits() as u64
+        }),
+        Op::FBin32 { k, m, d, a, b } => map2(r, d, a, b, exec, |x, y| num::fbin32(k, m, x, y)),
+        Op::FBin64 { k, m, d, a, b } => map2(r, d, a, b, exec, |x, y| num::fbin64(k, m, x, y)),
+        Op::FUn32 { k, m, approx, d, a } => map1(r, d, a, exec, |x| num::fun32(k, m, approx, x)),
+        Op::FUn64 { k, m, approx, d, a } => map1(r, d, a, exec, |x| num::fun64(k, m, approx, x)),
+        Op::Fma32 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma32(m, x, y, z)),
+        Op::Fma64 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma64(m, x, y, z)),
+        Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
+        Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } => {
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let cv = if c != NONE { r[c as usize] } else { [0; 32] };
+            let mut o1 = r[d as usize];
+            let mut o2 = if d2 != NONE { r[d2 as usize] } else { [0; 32] };
+            lanes(exec, |l| {
+                let x = compare(cmp, ty, ftz, av[l], bv[l]);
+                let cb = ((cv[l] & 1) == 1) != negc;
+                o1[l] = combine(comb, x, cb) as u64;
+                o2[l] = combine(comb, !x, cb) as u64;
+            });
+            r[d as usize] = o1;
+            if d2 != NONE {
+                r[d2 as usize] = o2;
+            }
+        }
+        Op::Set { cmp, ty, ftz, comb, negc, float_dst, d, a, b, c } => {
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let cv = if c != NONE { r[c as usize] } else { [0; 32] };
+            let dv = &mut r[d as usize];
+            lanes(exec, |l| {
+                let x = compare(cmp, ty, ftz, av[l], bv[l]);
+                let cb = ((cv[l] & 1) == 1) != negc;
+                let t = combine(comb, x, cb);
+                dv[l] = match (t, float_dst) {
+                    (true, true) => 1.0f32.to_bits() as u64,
+                    (true, false) => 0xffff_ffff,
+                    _ => 0,
+                };
+            });
+        }
+        Op::Selp { d, a, b, p } => {
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let pv = r[p as usize];
+            let dv = &mut r[d as usize];
+            lanes(exec, |l| dv[l] = if pv[l] & 1 == 1 { av[l] } else { bv[l] });
+        }
+        Op::Pack { d, parts, n, bits } => {
+            let m = num::mask(bits as u32);
+            let mut out = r[d as usize];
+            lanes(exec, |l| {
+                let mut v = 0u64;
+                for k in 0..n as usize {
+                    v |= (r[parts[k] as usize][l] & m) << (k as u32 * bits as u32);
+                }
+                out[l] = v;
+            });
+            r[d as usize] = out;
+        }
+        Op::Unpack { ds, n, bits, a } => {
+            let av = r[a as usize];
+            let m = num::mask(bits as u32);
+            for k in 0..n as usize {
+                let dv = &mut r[ds[k] as usize];
+                lanes(exec, |l| dv[l] = (av[l] >> (k as u32 * bits as u32)) & m);
+            }
+        }
+        Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
+            let av = r[a as usize];
+            let mut err = None;
+            let total = size as u64 * n as u64;
+            lanes(exec, |l| {
+                if err.is_some() {
+                    return;
+                }
+                let addr = av[l].wrapping_add(off as u64);
+                let vaddr_align = if n > 1 { total } else { size as u64 };
+                if addr & (vaddr_align - 1) != 0 {
+                    err = Some(Fault { lane: l as u32, kind: "misaligned access", addr, size: total as u32, detail: None });
+                    return;
+                }
+                for k in 0..n as usize {
+                    let ea = addr + (k as u64) * size as u64;
+                    match mem.locate(sp, ea, size as u64, l as u32, false) {
+                        Ok(loc) => {
+                            let mut v = mem.read(loc, size);
+                            if sext && size < 8 {
+                                v = (num::sext(v, size as u32 * 8) as u64) & num::mask(dbits as u32);
+                            }
+                            r[ds[k] as usize][l] = v;
+                        }
+                        Err(f) => {
+                            err = Some(f);
+                            return;
+                        }
+                    }
+                }
+            });
+            if let Some(f) = err {
+                return Err(f);
+            }
+        }
+        Op::St { sp, size, n, srcs, a, off } => {
+            let av = r[a as usize];
+            let total = size as u64 * n as u64;
+            let mut err = None;
+            lanes(exec, |l| {
+                if err.is_some() {
+                    return;
+                }
+                let addr = av[l].wrapping_add(off as u64);
+                if n > 1 && addr & (total - 1) != 0 {
+                    err = Some(Fault { lane: l as u32, kind: "misaligned access", addr, size: total as u32, detail: None });
+                    return;
+                }
+                for k in 0..n as usize {
+                    let ea = addr + (k as u64) * size as u64;
+                    match mem.locate(sp, ea, size as u64, l as u32, true) {
+                        Ok(loc) => mem.write(loc, size, r[srcs[k] as usize][l]),
+                        Err(f) => {
+                            err = Some(f);
+                            return;
+                        }
+                    }
+                }
+            });
+            if let Some(f) = err {
+                return Err(f);
+            }
+        }
+        Op::LdSlot { size, n, ds, base, off, .. } => {
+            for k in 0..n as usize {
+                let o = off as usize + k * size as usize;
+                let (slot, sh) = (base as usize + o / 8, (o % 8) * 8);
+                let m = num::mask(size as u32 * 8);
+                let sv = r[slot];
+                let dv = &mut r[ds[k] as usize];
+                lanes(exec, |l| dv[l] = (sv[l] >> sh) & m);
+            }
+        }
+        Op::StSlot { size, n, srcs, base, off, .. } => {
+            for k in 0..n as usize {
+                let o = off as usize + k * size as usize;
+                let (slot, sh) = (base as usize + o / 8, (o % 8) * 8);
+                let m = num::mask(size as u32 * 8) << sh;
+                let sv = r[srcs[k] as usize];
+                let dv = &mut r[slot];
+                lanes(exec, |l| dv[l] = (dv[l] & !m) | ((sv[l] << sh) & m));
+            }
+        }
+        Op::Atom { sp, op, ty, d, a, off, b, c } => {
+            let av = r[a as usize];
+            let bv = r[b as usize];
+            let cv = if c != NONE { r[c as usize] } else { [0; 32] };
+            let size = (ty.bits() / 8) as u8;
+            let mut out = r[d as usize];
+            let mut err = None;
+            lanes(exec, |l| {
+                if err.is_some() {
+                    return;
+                }
+                let addr = av[l].wrapping_add(off as u64);
+                match mem.locate(sp, addr, size as u64, l as u32, true) {
+                    Ok(loc) => {
+                        let (bb, cc) = (bv[l], cv[l]);
+                        out[l] = mem.rmw(loc, size, |old| atom_new(op, ty, old, bb, cc));
+                    }
+                    Err(f) => err = Some(f),
+                }
+            });
+            if let Some(f) = err {
+                return Err(f);
+            }
+            r[d as usize] = out;
+        }
+        _ => {}
+    }
+    Ok(())
+}

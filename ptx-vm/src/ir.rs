@@ -1,0 +1,197 @@
+//! The decoded, compact instruction form the executor runs.
+//!
+//! Every operand is a register slot: immediates, symbol addresses and per-thread special
+//! registers are materialised as read-only slots when a warp starts, so an instruction reads
+//! `regs[slot][lane]` and never inspects an operand kind at run time. Adding an instruction is one
+//! decode arm (in `decode.rs`) producing an `Op` and, if it needs new behaviour, one `Op` variant
+//! and its exec arm (in `exec.rs`).
+
+use crate::num::{FBin, FMode, FUn, Ty};
+
+pub(crate) type Slot = u32;
+/// "No register" (absent second destination, unused source).
+pub(crate) const NONE: Slot = u32::MAX;
+
+pub(crate) type F2 = fn(u64, u64) -> u64;
+pub(crate) type F1 = fn(u64) -> u64;
+pub(crate) type F3 = fn(u64, u64, u64) -> u64;
+pub(crate) type F4 = fn(u64, u64, u64, u64) -> u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Space {
+    Global,
+    Shared,
+    Local,
+    /// Kernel parameter space (read-only, shared by all threads).
+    Param,
+    Generic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Special {
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    Laneid,
+    Warpid,
+    Nwarpid,
+    LanemaskEq,
+    LanemaskLt,
+    LanemaskLe,
+    LanemaskGt,
+    LanemaskGe,
+    Smid,
+    Nsmid,
+    Gridid,
+    DynSmem,
+    TotalSmem,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    Nop,
+    Mov { d: Slot, a: Slot },
+    Bin { f: F2, d: Slot, a: Slot, b: Slot },
+    Un { f: F1, d: Slot, a: Slot },
+    Ter { f: F3, d: Slot, a: Slot, b: Slot, c: Slot },
+    Quad { f: F4, d: Slot, a: Slot, b: Slot, c: Slot, e: Slot },
+    /// Fast paths of the f32 hot loop.
+    AddF32 { d: Slot, a: Slot, b: Slot },
+    MulF32 { d: Slot, a: Slot, b: Slot },
+    FmaF32 { d: Slot, a: Slot, b: Slot, c: Slot },
+    FBin32 { k: FBin, m: FMode, d: Slot, a: Slot, b: Slot },
+    FBin64 { k: FBin, m: FMode, d: Slot, a: Slot, b: Slot },
+    FUn32 { k: FUn, m: FMode, approx: bool, d: Slot, a: Slot },
+    FUn64 { k: FUn, m: FMode, approx: bool, d: Slot, a: Slot },
+    Fma32 { m: FMode, d: Slot, a: Slot, b: Slot, c: Slot },
+    Fma64 { m: FMode, d: Slot, a: Slot, b: Slot, c: Slot },
+    Cvt { to: Ty, from: Ty, m: FMode, d: Slot, a: Slot },
+    /// `setp`: `d = cmp(a, b) comb c`, `d2 = !cmp(a, b) comb c`. comb: 0 none, 1 and, 2 or, 3 xor.
+    Setp { cmp: Cmp, ty: Ty, ftz: bool, comb: u8, negc: bool, d: Slot, d2: Slot, a: Slot, b: Slot, c: Slot },
+    /// `set`: like `setp` but writes all-ones / 1.0f (when `float_dst`) or 0.
+    Set { cmp: Cmp, ty: Ty, ftz: bool, comb: u8, negc: bool, float_dst: bool, d: Slot, a: Slot, b: Slot, c: Slot },
+    Selp { d: Slot, a: Slot, b: Slot, p: Slot },
+    Pack { d: Slot, parts: [Slot; 4], n: u8, bits: u8 },
+    Unpack { ds: [Slot; 4], n: u8, bits: u8, a: Slot },
+    /// `ld`: `n` elements of `size` bytes to `ds`; `sext` sign-extends narrow loads to `dbits`.
+    Ld { sp: Space, size: u8, n: u8, sext: bool, dbits: u8, ds: [Slot; 4], a: Slot, off: i64 },
+    St { sp: Space, size: u8, n: u8, srcs: [Slot; 4], a: Slot, off: i64 },
+    /// Access to a function-scope `.param` variable held in registers (`base` .. `base + slots`).
+    LdSlot { size: u8, n: u8, ds: [Slot; 4], base: Slot, slots: u32, off: u32 },
+    StSlot { size: u8, n: u8, srcs: [Slot; 4], base: Slot, slots: u32, off: u32 },
+    Atom { sp: Space, op: AtomOp, ty: Ty, d: Slot, a: Slot, off: i64, b: Slot, c: Slot },
+    Bra { t: u32 },
+    Call { t: u32, copies: u32 },
+    CallRet { copies: u32 },
+    Ret,
+    Exit,
+    Trap,
+    Bar { id: Slot },
+    BarWarp,
+    /// mode: 0 up, 1 down, 2 bfly, 3 idx.
+    Shfl { mode: u8, d: Slot, p: Slot, a: Slot, b: Slot, c: Slot, mask: Slot },
+    /// mode: 0 all, 1 any, 2 uni, 3 ballot.
+    Vote { mode: u8, neg: bool, d: Slot, a: Slot, mask: Slot },
+    Activemask { d: Slot },
+    Clock { d: Slot },
+    /// op: 0 add, 1 min, 2 max, 3 and, 4 or, 5 xor; signed for s32 min/max.
+    Redux { op: u8, signed: bool, d: Slot, a: Slot, mask: Slot },
+    /// all: match.all (with optional predicate `p`), else match.any.
+    Match { all: bool, bits64: bool, d: Slot, p: Slot, a: Slot, mask: Slot },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Inst {
+    pub op: Op,
+    /// Guard predicate slot or NONE.
+    pub guard: Slot,
+    pub gneg: bool,
+    pub line: u32,
+}
+
+impl Op {
+    /// Destination slots (for the trace).
+    pub fn dsts(&self) -> Vec<Slot> {
+        use Op::*;
+        let v: Vec<Slot> = match *self {
+            Mov { d, .. }
+            | Bin { d, .. }
+            | Un { d, .. }
+            | Ter { d, .. }
+            | Quad { d, .. }
+            | AddF32 { d, .. }
+            | MulF32 { d, .. }
+            | FmaF32 { d, .. }
+            | FBin32 { d, .. }
+            | FBin64 { d, .. }
+            | FUn32 { d, .. }
+            | FUn64 { d, .. }
+            | Fma32 { d, .. }
+            | Fma64 { d, .. }
+            | Cvt { d, .. }
+            | Set { d, .. }
+            | Selp { d, .. }
+            | Pack { d, .. }
+            | Atom { d, .. }
+            | Activemask { d }
+            | Clock { d }
+            | Redux { d, .. }
+            | Vote { d, .. } => vec![d],
+            Setp { d, d2, .. } => vec![d, d2],
+            Shfl { d, p, .. } | Match { d, p, .. } => vec![d, p],
+            Unpack { ds, n, .. } | Ld { ds, n, .. } | LdSlot { ds, n, .. } => ds[..n as usize].to_vec(),
+            _ => vec![],
+        };
+        v.into_iter().filter(|&s| s != NONE).collect()
+    }
+}
+
+/// One kernel, ready to run: its entry and every function it calls, decoded.
+pub(crate) struct Program {
+    pub insts: Vec<Inst>,
+    pub texts: Vec<String>,
+    pub nslots: usize,
+    /// Constant slots and their values.
+    pub consts: Vec<(Slot, u64)>,
+    pub specials: Vec<(Slot, Special)>,
+    /// Register names (for the trace), indexed by slot.
+    pub slot_names: Vec<String>,
+    pub copies: Vec<Vec<(Slot, Slot)>>,
+    pub info: crate::KernelInfo,
+    /// Offset of the dynamic (`.extern`) shared window.
+    pub dyn_shared_offset: usize,
+    pub has_calls: bool,
+}
