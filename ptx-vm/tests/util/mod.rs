@@ -1,0 +1,41 @@
+//! Helpers: wrap a PTX body in a kernel taking one output pointer, run it, read the output back.
+#![allow(dead_code)]
+
+use ptx_vm::{LaunchConfig, Module, Vm, VmError};
+
+pub const HEADER: &str = ".version 7.0\n.target sm_80\n.address_size 64\n";
+
+pub fn kernel(decls: &str, body: &str) -> String {
+    format!(
+        "{HEADER}{decls}\n.visible .entry t(\n\t.param .u64 t_param_0\n)\n{{\n\t.reg .pred %p<16>;\n\t.reg .b16 %h<16>;\n\t\
+         .reg .b32 %r<64>;\n\t.reg .b64 %rd<64>;\n\t.reg .f32 %f<32>;\n\t.reg .f64 %fd<32>;\n\tld.param.u64 %rd0, [t_param_0];\n\
+         {body}\n\tret;\n}}\n"
+    )
+}
+
+/// Runs `body` with `threads` threads x `blocks` blocks; returns the `out_bytes` output buffer.
+pub fn run(decls: &str, body: &str, blocks: u32, threads: u32, out_bytes: usize) -> Result<Vec<u8>, VmError> {
+    let src = kernel(decls, body);
+    let m = Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let mut vm = Vm::with_workers(2);
+    let out = vm.alloc(out_bytes as u64)?;
+    vm.launch(&m, "t", &LaunchConfig::new([blocks, 1, 1], [threads, 1, 1], 0), &out.to_le_bytes())?;
+    let mut b = vec![0u8; out_bytes];
+    vm.read(out, &mut b)?;
+    Ok(b)
+}
+
+/// Single-thread run; returns the output as u32 words.
+pub fn run1(body: &str, words: usize) -> Vec<u32> {
+    let b = run("", body, 1, 1, words * 4).unwrap_or_else(|e| panic!("{e}"));
+    b.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+pub fn words(b: &[u8]) -> Vec<u32> {
+    b.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// 1-based line of the first line of `src` containing `marker`.
+pub fn line_of(src: &str, marker: &str) -> usize {
+    src.lines().position(|l| l.contains(marker)).expect("marker") + 1
+}
