@@ -1,0 +1,178 @@
+//! Memcheck: deliberately broken kernels must produce the exact finding.
+
+mod util;
+use ptx_vm::{Finding, LaunchConfig, Module, Vm, VmError};
+use util::*;
+
+fn finding(decls: &str, body: &str, blocks: u32, threads: u32, out_bytes: usize) -> (Box<Finding>, String, String) {
+    let src = kernel(decls, body);
+    match run(decls, body, blocks, threads, out_bytes) {
+        Err(e @ (VmError::Memcheck(_) | VmError::Trap(_))) => {
+            let text = e.to_string();
+            match e {
+                VmError::Memcheck(f) | VmError::Trap(f) => (f, src, text),
+                _ => unreachable!(),
+            }
+        }
+        other => panic!("expected a finding, got {other:?}"),
+    }
+}
+
+#[test]
+fn out_of_bounds_store() {
+    let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+        st.global.u32 [%rd2], %r1; // OOB";
+    let (f, src, text) = finding("", body, 1, 8, 20);
+    assert_eq!(f.kind, "out-of-bounds global store");
+    assert_eq!(f.kernel, "t");
+    assert_eq!(f.thread, [5, 0, 0]);
+    assert_eq!(f.block, [0, 0, 0]);
+    assert_eq!(f.line, line_of(&src, "// OOB"));
+    assert_eq!(f.instruction, "st.global.u32 [%rd2], %r1;");
+    assert_eq!(f.access_bytes, Some(4));
+    assert!(f.nearest_allocation.as_deref().unwrap().contains("0 bytes past the end of the 20-byte allocation"), "{f:?}");
+    for part in ["out-of-bounds global store", "kernel `t`", "thread (5, 0, 0)", "line", "st.global.u32", "20-byte allocation"] {
+        assert!(text.contains(part), "{text}");
+    }
+}
+
+#[test]
+fn shared_out_of_window() {
+    let decls = ".shared .align 4 .b8 sm[64];";
+    let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n mov.u64 %rd2, sm;\n add.s64 %rd3, %rd2, %rd1;\n\
+        st.shared.u32 [%rd3], %r1; // SHARED";
+    let (f, src, _) = finding(decls, body, 2, 32, 4);
+    assert_eq!(f.kind, "shared memory out of window");
+    assert_eq!(f.thread, [16, 0, 0]);
+    assert_eq!(f.block, [0, 0, 0], "the lowest failing block is reported");
+    assert_eq!(f.line, line_of(&src, "// SHARED"));
+    assert_eq!(f.address, Some(64));
+}
+
+#[test]
+fn barrier_under_divergent_branch() {
+    let body = "mov.u32 %r1, %tid.x;\n setp.lt.u32 %p1, %r1, 16;\n @%p1 bra SKIP;\n bar.sync 0; // FIRST\n\
+        SKIP:\n bar.sync 0; // SECOND\n";
+    let (f, src, _) = finding("", body, 1, 32, 4);
+    assert_eq!(f.kind, "barrier divergence");
+    assert_eq!(f.thread, [0, 0, 0]);
+    assert_eq!(f.line, line_of(&src, "// SECOND"));
+}
+
+#[test]
+fn deadlock_between_warps() {
+    let body = "mov.u32 %r1, %tid.x;\n setp.lt.u32 %p1, %r1, 32;\n @%p1 bra SKIP;\n bar.sync 0; // WARP1\n\
+        bra.uni END;\nSKIP:\n bar.sync 0; // WARP0\nEND:\n";
+    let (f, src, text) = finding("", body, 1, 64, 4);
+    assert_eq!(f.kind, "deadlock");
+    assert_eq!(f.thread, [32, 0, 0]);
+    assert_eq!(f.line, line_of(&src, "// WARP1"));
+    assert!(text.contains("deadlock"), "{text}");
+}
+
+#[test]
+fn barrier_waits_only_for_live_threads() {
+    // Warp 1 exits early; warp 0's barrier completes.
+    let body = "mov.u32 %r1, %tid.x;\n setp.ge.u32 %p1, %r1, 32;\n @%p1 bra END;\n bar.sync 0;\n st.global.u32 [%rd0], 1;\nEND:\n";
+    let o = words(&run("", body, 1, 64, 4).unwrap());
+    assert_eq!(o[0], 1);
+}
+
+#[test]
+fn use_after_free() {
+    let src = kernel("", "st.global.u32 [%rd0+8], 1; // UAF");
+    let m = Module::load(&src).unwrap();
+    let mut vm = Vm::new();
+    let p = vm.alloc(64).unwrap();
+    vm.free(p).unwrap();
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [1, 1, 1], 0), &p.to_le_bytes()).unwrap_err();
+    let VmError::Memcheck(f) = e else { panic!("{e:?}") };
+    assert_eq!(f.kind, "use after free");
+    assert_eq!(f.line, line_of(&src, "// UAF"));
+    assert_eq!(f.address, Some(p + 8));
+    assert!(f.nearest_allocation.as_deref().unwrap().contains("freed 64-byte allocation"), "{f:?}");
+    assert!(matches!(vm.free(p), Err(VmError::InvalidPointer(_))));
+}
+
+#[test]
+fn misaligned_access() {
+    let (f, src, _) = finding("", "ld.global.u32 %r1, [%rd0+2]; // MIS", 1, 1, 16);
+    assert_eq!(f.kind, "misaligned access");
+    assert_eq!(f.line, line_of(&src, "// MIS"));
+    let (f, _, _) = finding("", "st.global.v2.u32 [%rd0+4], {%r1, %r2};", 1, 1, 16);
+    assert_eq!(f.kind, "misaligned access");
+    assert_eq!(f.access_bytes, Some(8));
+}
+
+#[test]
+fn local_overflow() {
+    let decls = "";
+    let body = "{ .local .align 4 .b8 dep[8];\n mov.u64 %rd1, dep;\n st.local.u32 [%rd1+8], 1; // LOCAL\n }";
+    let (f, src, _) = finding(decls, body, 1, 1, 4);
+    assert_eq!(f.kind, "local memory overflow");
+    assert_eq!(f.line, line_of(&src, "// LOCAL"));
+}
+
+#[test]
+fn trap_and_hang() {
+    let (f, src, text) = finding("", "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 3;\n @%p1 trap; // TRAP", 1, 8, 4);
+    assert_eq!(f.kind, "trap");
+    assert_eq!(f.thread, [3, 0, 0]);
+    assert_eq!(f.line, line_of(&src, "// TRAP"));
+    assert!(text.starts_with("The kernel stopped"), "{text}");
+    let src = kernel("", "L:\n bra.uni L;");
+    let m = Module::load(&src).unwrap();
+    let mut vm = Vm::new();
+    let mut lim = vm.limits();
+    lim.max_instructions_per_thread = 10_000;
+    vm.set_limits(lim);
+    let p = vm.alloc(4).unwrap();
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 0), &p.to_le_bytes()).unwrap_err();
+    assert!(matches!(&e, VmError::Trap(f) if f.kind.starts_with("instruction budget")), "{e:?}");
+}
+
+#[test]
+fn shared_memory_is_fresh_and_poisoned_per_block() {
+    let decls = ".shared .align 4 .b8 sm[4];";
+    let body = "mov.u32 %r1, %ctaid.x;\n ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+        st.global.u32 [%rd2], %r2;\n st.shared.u32 [sm], %r1;";
+    let o = words(&run(decls, body, 16, 1, 64).unwrap());
+    assert!(o.iter().all(|&w| w == ptx_vm::SHARED_POISON), "{o:x?}");
+}
+
+#[test]
+fn launch_validation() {
+    let m = Module::load(&kernel("", "")).unwrap();
+    let mut vm = Vm::new();
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [1, 1, 1], 0), &[0u8; 4]).unwrap_err();
+    let s = e.to_string();
+    assert!(matches!(e, VmError::InvalidLaunch(_)) && s.contains('8') && s.contains('4'), "{s}");
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [2048, 1, 1], 0), &[0u8; 8]).unwrap_err();
+    assert!(e.to_string().contains("max_block"), "{e}");
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 64 * 1024), &[0u8; 8]).unwrap_err();
+    assert!(e.to_string().contains("max_shared_per_block"), "{e}");
+    assert!(matches!(vm.launch(&m, "nope", &LaunchConfig::new([1; 3], [1; 3], 0), &[]), Err(VmError::UnknownKernel(_))));
+}
+
+#[test]
+fn heap_statistics() {
+    let mut vm = Vm::new();
+    let mut lim = vm.limits();
+    lim.memory_bytes = 1000;
+    vm.set_limits(lim);
+    let a = vm.alloc(600).unwrap();
+    assert!(a != 0 && a % 256 == 0);
+    assert_eq!(vm.alloc(500), Err(VmError::OutOfMemory { requested: 500, free: 400 }));
+    let b = vm.alloc(300).unwrap();
+    assert_eq!(vm.memory().current_bytes, 900);
+    vm.free(a).unwrap();
+    assert_eq!(vm.memory().current_bytes, 300);
+    assert_eq!(vm.memory().peak_bytes, 900);
+    vm.reset_peak();
+    assert_eq!(vm.memory().peak_bytes, 300);
+    assert_eq!(vm.memory().live_allocations, 1);
+    assert_eq!(vm.memory().total_allocations, 2);
+    assert!(vm.write(b + 290, &[0u8; 20]).is_err());
+    let mut x = [0u8; 4];
+    assert!(vm.read(a, &mut x).is_err());
+}
