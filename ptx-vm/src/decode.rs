@@ -334,6 +334,9 @@ fn decode_entry(
     })
 }
 
+/// Register slots per kernel (registers, constants and parameter words together).
+const MAX_SLOTS: usize = 1 << 16;
+
 /// Marker constant patched to the dynamic shared offset once the static layout is known.
 const DYN_SHARED_MARK: u64 = 0xD15A_0000_0000_0000;
 
@@ -373,7 +376,7 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
     let mut scopes: Vec<HashMap<String, Sym>> = vec![base_scope];
     let mut labels: HashMap<String, u32> = HashMap::new();
     for s in body {
-        if let Stmt::Label(l, _) = s {
+        if let Stmt::Label(l) = s {
             labels.insert(l.clone(), u32::MAX);
         }
     }
@@ -384,10 +387,13 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
             Stmt::Close => {
                 scopes.pop();
             }
-            Stmt::Label(l, _) => {
+            Stmt::Label(l) => {
                 labels.insert(l.clone(), cx.insts.len() as u32);
             }
-            Stmt::Reg { names, .. } => {
+            Stmt::Reg { names, line, .. } => {
+                if cx.slot_names.len() + names.len() > MAX_SLOTS {
+                    return err(*line, format!("more than {MAX_SLOTS} registers in one kernel"));
+                }
                 let sc = scopes.last_mut().expect("scope");
                 for n in names {
                     cx.slot_names.push(n.clone());
@@ -441,7 +447,8 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
         }
     }
     // A function body that falls off its end returns.
-    let line = body.iter().rev().find_map(|s| if let Stmt::Inst(i) = s { Some(i.line) } else { None }).unwrap_or(f.line);
+    let line =
+        body.iter().rev().find_map(|s| if let Stmt::Inst(i) = s { Some(i.line) } else { None }).unwrap_or(f.line);
     cx.insts.push(Inst { op: Op::Ret, guard: NONE, gneg: false, line: line as u32 });
     cx.texts.push("ret; (end of function)".into());
     for (at, l, line) in fixups {
@@ -584,6 +591,7 @@ fn rnd_of(m: &mut Mods) -> (u8, bool) {
 }
 
 type Decoded = (Op, Option<String>);
+type SrcFn<'a> = dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError> + 'a;
 
 fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Decoded, LoadError> {
     let line = i.line;
@@ -706,7 +714,11 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             };
             let ftz = m.has("ftz");
             let mut ty = m.ty().ok_or(LoadError { line, message: format!("`{opcode}` needs a type") })?;
-            let dty = if base == "set" { Some(m.ty().ok_or(LoadError { line, message: "set needs two types".into() })?) } else { None };
+            let dty = if base == "set" {
+                Some(m.ty().ok_or(LoadError { line, message: "set needs two types".into() })?)
+            } else {
+                None
+            };
             if unsigned_cmp {
                 if let Ty::S(b) = ty {
                     ty = Ty::U(b);
@@ -821,7 +833,10 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             // Function-scope param variables live in registers.
             if let Some(Sym::PVar(b, nslots)) = abase.as_ref().and_then(|b| ctx.lookup(b)) {
                 let (b, nslots) = (*b, *nslots);
-                if *off < 0 || (*off as u64 + (n as u64 * size as u64)) > nslots as u64 * 8 || (*off as usize) % size as usize != 0 {
+                if *off < 0
+                    || (*off as u64 + (n as u64 * size as u64)) > nslots as u64 * 8
+                    || !(*off as usize).is_multiple_of(size as usize)
+                {
                     return err(line, format!("`{opcode}`: access outside or misaligned in the param variable"));
                 }
                 if sp != Space::Param {
@@ -829,9 +844,9 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
                 }
                 let off = *off as u32;
                 if is_ld {
-                    Op::LdSlot { size: size as u8, n: n as u8, ds: arr, base: b, slots: nslots, off }
+                    Op::LdSlot { size: size as u8, n: n as u8, ds: arr, base: b, off }
                 } else {
-                    Op::StSlot { size: size as u8, n: n as u8, srcs: arr, base: b, slots: nslots, off }
+                    Op::StSlot { size: size as u8, n: n as u8, srcs: arr, base: b, off }
                 }
             } else {
                 let (a, off) = address(cx, ctx, abase.as_deref(), *off, sp)?;
@@ -938,7 +953,10 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
                 if ops.is_empty() || ops.len() > 2 {
                     return err(line, "bar.sync needs a barrier id");
                 }
-                Op::Bar { id: src(cx, &ops[0], 32, false)? }
+                {
+                    src(cx, &ops[0], 32, false)?;
+                    Op::Bar
+                }
             }
         }
         "membar" | "fence" | "prefetch" | "prefetchu" | "discard" | "nanosleep" | "pmevent" => Op::Nop,
@@ -1097,7 +1115,7 @@ fn src_operand(cx: &mut Dcx, ctx: &Ictx, o: &Operand, bits: u32, float: bool) ->
     match o {
         Operand::Name(n) => match ctx.lookup(n).cloned() {
             Some(Sym::Reg(s)) => Ok(s),
-            Some(Sym::Addr(sp, a)) => Ok(cx.konst(if sp == Space::Param { a } else { a })),
+            Some(Sym::Addr(_, a)) => Ok(cx.konst(a)),
             Some(Sym::PVar(..)) => err(line, format!("taking the address of param variable `{n}` is not supported")),
             None => {
                 if let Some(sp) = special_of(n) {
@@ -1257,7 +1275,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
         let fm = FMode { rnd, ftz, sat, int_round: false };
         let plain = rnd == num::RN && !ftz && !sat && !f64_;
         let _ = (full, has_rnd);
-        let bin = |k: FBin, cx: &mut Dcx, s: &mut dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError>| -> Result<Op, LoadError> {
+        let bin = |k: FBin, cx: &mut Dcx, s: &mut SrcFn| -> Result<Op, LoadError> {
             need(3)?;
             let a = s(cx, 1, bits, true)?;
             let b = s(cx, 2, bits, true)?;
@@ -1269,7 +1287,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                 _ => Op::FBin32 { k, m: fm, d, a, b },
             })
         };
-        let un = |k: FUn, cx: &mut Dcx, s: &mut dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError>| -> Result<Op, LoadError> {
+        let un = |k: FUn, cx: &mut Dcx, s: &mut SrcFn| -> Result<Op, LoadError> {
             need(2)?;
             let a = s(cx, 1, bits, true)?;
             Ok(if f64_ { Op::FUn64 { k, m: fm, approx, d, a } } else { Op::FUn32 { k, m: fm, approx, d, a } })
@@ -1365,7 +1383,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
             }
         };
     }
-    let two = |cx: &mut Dcx, f: F2, s: &mut dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError>, bb: u32| -> Result<Op, LoadError> {
+    let two = |cx: &mut Dcx, f: F2, s: &mut SrcFn, bb: u32| -> Result<Op, LoadError> {
         need(3)?;
         let a = s(cx, 1, bits, false)?;
         let b = s(cx, 2, bb, false)?;

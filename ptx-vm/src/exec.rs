@@ -88,11 +88,11 @@ impl Mem<'_> {
         }
         let (sp, a) = match sp {
             Space::Generic => {
-                if addr >= SHARED_WINDOW && addr < SHARED_WINDOW + WINDOW_SIZE {
+                if (SHARED_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
                     (Space::Shared, addr - SHARED_WINDOW)
-                } else if addr >= LOCAL_WINDOW && addr < LOCAL_WINDOW + WINDOW_SIZE {
+                } else if (LOCAL_WINDOW..LOCAL_WINDOW + WINDOW_SIZE).contains(&addr) {
                     (Space::Local, addr - LOCAL_WINDOW)
-                } else if addr >= PARAM_WINDOW && addr < PARAM_WINDOW + WINDOW_SIZE {
+                } else if (PARAM_WINDOW..PARAM_WINDOW + WINDOW_SIZE).contains(&addr) {
                     (Space::Param, addr - PARAM_WINDOW)
                 } else {
                     (Space::Global, addr)
@@ -459,7 +459,13 @@ impl Launch<'_> {
         r
     }
 
-    fn block_loop(&self, w: &mut Worker, nwarps: usize, block: [u32; 3], trace: &mut Vec<TraceEntry>) -> Result<(), Box<Finding>> {
+    fn block_loop(
+        &self,
+        w: &mut Worker,
+        nwarps: usize,
+        block: [u32; 3],
+        trace: &mut Vec<TraceEntry>,
+    ) -> Result<(), Box<Finding>> {
         loop {
             for wi in 0..nwarps {
                 let (warps, shared) = (&mut w.warps, &mut w.shared);
@@ -485,7 +491,13 @@ impl Launch<'_> {
                     match wpc {
                         None => wpc = Some((l, pc)),
                         Some((l0, pc0)) if pc0 != pc => {
-                            return Err(Box::new(self.finding(block, wi, l0.min(l), wp.pcs[l0.min(l) as usize] as usize, "barrier divergence")));
+                            return Err(Box::new(self.finding(
+                                block,
+                                wi,
+                                l0.min(l),
+                                wp.pcs[l0.min(l) as usize] as usize,
+                                "barrier divergence",
+                            )));
                         }
                         _ => {}
                     }
@@ -597,7 +609,13 @@ impl Launch<'_> {
             wp.issued += 1;
             if wp.issued > self.budget {
                 let l = group.trailing_zeros();
-                return Err(Box::new(self.finding(block, wi, l, pc as usize, "instruction budget exceeded (the kernel appears to hang)")));
+                return Err(Box::new(self.finding(
+                    block,
+                    wi,
+                    l,
+                    pc as usize,
+                    "instruction budget exceeded (the kernel appears to hang)",
+                )));
             }
             let r = &mut wp.regs;
             let mut stop: Option<Stop> = None;
@@ -644,7 +662,13 @@ impl Launch<'_> {
                         lanes(exec, |l| dv[l] = sv[l]);
                     }
                     if wp.stacks[0].len() > 4096 {
-                        return Err(Box::new(self.finding(block, wi, exec.trailing_zeros(), pc as usize, "call stack overflow")));
+                        return Err(Box::new(self.finding(
+                            block,
+                            wi,
+                            exec.trailing_zeros(),
+                            pc as usize,
+                            "call stack overflow",
+                        )));
                     }
                     let stacks = &mut wp.stacks;
                     let pcs = &mut wp.pcs;
@@ -676,7 +700,7 @@ impl Launch<'_> {
                     }
                     pc += 1;
                 }
-                Op::Bar { .. } => {
+                Op::Bar => {
                     if exec != 0 {
                         lanes(exec, |l| {
                             wp.state[l] = BAR;
@@ -692,13 +716,18 @@ impl Launch<'_> {
                 Op::Shfl { .. } | Op::Vote { .. } | Op::Redux { .. } | Op::Match { .. } | Op::BarWarp => {
                     if exec != 0 {
                         let mslot = match inst.op {
-                            Op::Shfl { mask, .. } | Op::Vote { mask, .. } | Op::Redux { mask, .. } | Op::Match { mask, .. } => mask,
+                            Op::Shfl { mask, .. }
+                            | Op::Vote { mask, .. }
+                            | Op::Redux { mask, .. }
+                            | Op::Match { mask, .. } => mask,
                             _ => NONE,
                         };
-                        let member = if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
+                        let member =
+                            if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
                         let mut missing = 0u32;
                         for l in 0..32 {
-                            if member >> l & 1 == 1 && (wp.state[l] == RUN || wp.state[l] == BAR) && exec >> l & 1 == 0 {
+                            if member >> l & 1 == 1 && (wp.state[l] == RUN || wp.state[l] == BAR) && exec >> l & 1 == 0
+                            {
                                 missing |= 1 << l;
                             }
                         }
@@ -748,13 +777,22 @@ impl Launch<'_> {
                 if trace.len() < max_trace {
                     let executed = exec >> l & 1 == 1;
                     let writes = if executed {
-                        inst.op.dsts().into_iter().map(|s| (prog.slot_names[s as usize].clone(), wp.regs[s as usize][l])).collect()
+                        inst.op
+                            .dsts()
+                            .into_iter()
+                            .map(|s| (prog.slot_names[s as usize].clone(), wp.regs[s as usize][l]))
+                            .collect()
                     } else {
                         Vec::new()
                     };
                     let idx = inst as *const Inst as usize - insts.as_ptr() as usize;
                     let idx = idx / std::mem::size_of::<Inst>();
-                    trace.push(TraceEntry { line: inst.line as usize, text: prog.texts[idx].clone(), executed, writes });
+                    trace.push(TraceEntry {
+                        line: inst.line as usize,
+                        text: prog.texts[idx].clone(),
+                        executed,
+                        writes,
+                    });
                 }
                 tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);
             }
@@ -904,12 +942,12 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
             let dv = &mut r[d as usize];
             lanes(exec, |l| dv[l] = f(av[l], bv[l], cv[l], ev[l]));
         }
-        Op::AddF32 { d, a, b } => map2(r, d, a, b, exec, |x, y| {
-            (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64
-        }),
-        Op::MulF32 { d, a, b } => map2(r, d, a, b, exec, |x, y| {
-            (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64
-        }),
+        Op::AddF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64)
+        }
+        Op::MulF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64)
+        }
         Op::FmaF32 { d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| {
             f32::from_bits(x as u32).mul_add(f32::from_bits(y as u32), f32::from_bits(z as u32)).to_bits() as u64
         }),
@@ -991,7 +1029,13 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 let addr = av[l].wrapping_add(off as u64);
                 let vaddr_align = if n > 1 { total } else { size as u64 };
                 if addr & (vaddr_align - 1) != 0 {
-                    err = Some(Fault { lane: l as u32, kind: "misaligned access", addr, size: total as u32, detail: None });
+                    err = Some(Fault {
+                        lane: l as u32,
+                        kind: "misaligned access",
+                        addr,
+                        size: total as u32,
+                        detail: None,
+                    });
                     return;
                 }
                 for k in 0..n as usize {
@@ -1025,7 +1069,13 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 }
                 let addr = av[l].wrapping_add(off as u64);
                 if n > 1 && addr & (total - 1) != 0 {
-                    err = Some(Fault { lane: l as u32, kind: "misaligned access", addr, size: total as u32, detail: None });
+                    err = Some(Fault {
+                        lane: l as u32,
+                        kind: "misaligned access",
+                        addr,
+                        size: total as u32,
+                        detail: None,
+                    });
                     return;
                 }
                 for k in 0..n as usize {

@@ -207,7 +207,10 @@ pub enum VmError {
     UnknownKernel(String),
     /// Bad launch configuration or parameter bytes; the message names the limit.
     InvalidLaunch(String),
-    OutOfMemory { requested: u64, free: u64 },
+    OutOfMemory {
+        requested: u64,
+        free: u64,
+    },
     /// Host-side misuse of the heap API (bad pointer to free/read/write).
     InvalidPointer(String),
     Memcheck(Box<Finding>),
@@ -254,10 +257,9 @@ impl fmt::Display for VmError {
         match self {
             VmError::UnknownKernel(k) => write!(f, "The module has no kernel named `{k}`."),
             VmError::InvalidLaunch(m) => write!(f, "Invalid launch: {m}."),
-            VmError::OutOfMemory { requested, free } => write!(
-                f,
-                "Out of device memory: {requested} bytes were requested but only {free} bytes are free."
-            ),
+            VmError::OutOfMemory { requested, free } => {
+                write!(f, "Out of device memory: {requested} bytes were requested but only {free} bytes are free.")
+            }
             VmError::InvalidPointer(m) => write!(f, "Invalid device pointer: {m}."),
             VmError::Memcheck(x) => write!(f, "Memcheck found a {x}"),
             VmError::Trap(x) => write!(f, "The kernel stopped: {x}"),
@@ -392,6 +394,7 @@ impl Vm {
             )));
         }
         let names = ["x", "y", "z"];
+        #[allow(clippy::needless_range_loop)]
         for d in 0..3 {
             if config.grid[d] == 0 || config.grid[d] > lim.max_grid[d] {
                 return Err(VmError::InvalidLaunch(format!(

@@ -81,8 +81,13 @@ impl Heap {
                 self.live -= 1;
                 Ok(())
             }
-            Some(_) => Err(crate::VmError::InvalidPointer(format!("{ptr:#x} is a module variable and cannot be freed"))),
-            None => Err(crate::VmError::InvalidPointer(format!("{ptr:#x} is not the start of a live allocation ({})", self.describe(ptr, 1)))),
+            Some(_) => {
+                Err(crate::VmError::InvalidPointer(format!("{ptr:#x} is a module variable and cannot be freed")))
+            }
+            None => Err(crate::VmError::InvalidPointer(format!(
+                "{ptr:#x} is not the start of a live allocation ({})",
+                self.describe(ptr, 1)
+            ))),
         }
     }
     /// The allocation containing `[ptr, ptr+len)`, as (start, alloc).

@@ -126,8 +126,6 @@ pub(crate) enum FUn {
     Sin,
     Cos,
     Tanh,
-    /// `cvt.rni` style rounding to integral (f->f same type).
-    Copy,
 }
 
 fn minmax32(a: f32, b: f32, max: bool) -> f32 {
@@ -186,7 +184,11 @@ pub(crate) fn fbin32(k: FBin, m: FMode, a: u64, b: u64) -> u64 {
                 let e = (a - (r - bb)) + (b - bb);
                 let o = sign_ord(e as f64);
                 // A zero sum of opposite operands is -0 in round-down mode.
-                if r == 0.0 && e == 0.0 && m.rnd == RM && (a != 0.0 || b != 0.0 || a.is_sign_negative() != b.is_sign_negative()) {
+                if r == 0.0
+                    && e == 0.0
+                    && m.rnd == RM
+                    && (a != 0.0 || b != 0.0 || a.is_sign_negative() != b.is_sign_negative())
+                {
                     -0.0
                 } else {
                     direct32(r, o, m.rnd)
@@ -195,7 +197,7 @@ pub(crate) fn fbin32(k: FBin, m: FMode, a: u64, b: u64) -> u64 {
         }
         FBin::Mul => {
             let r = a * b;
-            if m.rnd == RN || !r.is_finite() && !(a.is_finite() && b.is_finite()) {
+            if m.rnd == RN || !(r.is_finite() || a.is_finite() && b.is_finite()) {
                 r
             } else if r.is_infinite() {
                 direct32(r, overflow_ord(r as f64), m.rnd)
@@ -325,12 +327,16 @@ pub(crate) fn fun32(k: FUn, m: FMode, approx: bool, a: u64) -> u64 {
     let mut r = match k {
         FUn::Neg => -a,
         FUn::Abs => a.abs(),
-        FUn::Copy => a,
         FUn::Rcp => {
             if approx {
                 1.0 / a
             } else {
-                f32::from_bits(fbin32(FBin::Div, FMode { ftz: false, sat: false, ..m }, 1.0f32.to_bits() as u64, a.to_bits() as u64) as u32)
+                f32::from_bits(fbin32(
+                    FBin::Div,
+                    FMode { ftz: false, sat: false, ..m },
+                    1.0f32.to_bits() as u64,
+                    a.to_bits() as u64,
+                ) as u32)
             }
         }
         FUn::Sqrt => {
@@ -366,7 +372,6 @@ pub(crate) fn fun64(k: FUn, m: FMode, approx: bool, a: u64) -> u64 {
     let mut r = match k {
         FUn::Neg => -a,
         FUn::Abs => a.abs(),
-        FUn::Copy => a,
         FUn::Rcp => {
             if approx {
                 1.0 / a
@@ -490,7 +495,7 @@ fn int_range(t: Ty) -> (i128, i128) {
 
 /// Float value of a float-typed register, widened to f64 (exact).
 fn float_value(t: Ty, x: u64, ftz: bool) -> f64 {
-    let v = match t {
+    match t {
         Ty::F16 => half::f16::from_bits(x as u16).to_f64(),
         Ty::BF16 => half::bf16::from_bits(x as u16).to_f64(),
         Ty::F32 => {
@@ -505,8 +510,7 @@ fn float_value(t: Ty, x: u64, ftz: bool) -> f64 {
                 f
             }
         }
-    };
-    v
+    }
 }
 
 fn round_int(v: f64, rnd: u8) -> f64 {

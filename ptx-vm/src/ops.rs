@@ -70,11 +70,7 @@ pub(crate) fn sub_sat_s32(a: u64, b: u64) -> u64 {
 /// Unsigned division; division by zero gives all ones (as the hardware does).
 pub(crate) fn div_u<const B: u32>(a: u64, b: u64) -> u64 {
     let (a, b) = (m::<B>(a), m::<B>(b));
-    if b == 0 {
-        mask(B)
-    } else {
-        a / b
-    }
+    a.checked_div(b).unwrap_or(mask(B))
 }
 /// Signed division; `MIN / -1` wraps to `MIN`, division by zero gives -1.
 pub(crate) fn div_s<const B: u32>(a: u64, b: u64) -> u64 {
@@ -185,7 +181,7 @@ pub(crate) fn bfe_s<const B: u32>(a: u64, pos: u64, len: u64) -> u64 {
     let sign = if len == 0 { false } else { (a >> sbit) & 1 == 1 };
     let mut r = 0u64;
     for i in 0..B {
-        let bit = if i < len && pos + i <= B - 1 { (a >> (pos + i)) & 1 == 1 } else { sign };
+        let bit = if i < len && pos + i < B { (a >> (pos + i)) & 1 == 1 } else { sign };
         if bit {
             r |= 1 << i;
         }

@@ -211,9 +211,9 @@ impl VarDecl {
 
 #[derive(Clone, Debug)]
 pub(crate) enum Stmt {
-    Reg { ty: String, names: Vec<String>, line: usize },
+    Reg { names: Vec<String>, line: usize },
     Var(VarDecl),
-    Label(String, usize),
+    Label(String),
     Inst(InstAst),
     Open,
     Close,
@@ -521,10 +521,11 @@ fn parse_var(p: &mut P, with_semi: bool) -> Result<VarDecl, LoadError> {
         } else {
             let n = p.uint()?;
             p.expect_punct(']')?;
-            v.count = v.count.checked_mul(n).filter(|&c| c <= 1 << 30).ok_or(LoadError {
-                line,
-                message: "array too large".into(),
-            })?;
+            v.count = v
+                .count
+                .checked_mul(n)
+                .filter(|&c| c <= 1 << 30)
+                .ok_or(LoadError { line, message: "array too large".into() })?;
         }
     }
     if p.eat_punct('=') {
@@ -669,7 +670,7 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
             Some(Tok::Ident(s)) => {
                 if p.peek_at(1) == Some(&Tok::Punct(':')) && !s.starts_with('.') {
                     p.i += 2;
-                    body.push(Stmt::Label(s, line));
+                    body.push(Stmt::Label(s));
                     continue;
                 }
                 match s.as_str() {
@@ -716,7 +717,8 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
                             }
                         }
                         p.expect_punct(';')?;
-                        body.push(Stmt::Reg { ty, names, line });
+                        let _ = ty;
+                        body.push(Stmt::Reg { names, line });
                     }
                     ".local" | ".shared" | ".param" | ".global" | ".const" => {
                         let v = parse_var(p, true)?;
@@ -772,9 +774,7 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
         let mut off = 0i64;
         if let Some(Tok::Ident(_)) = p.peek() {
             base = Some(p.ident()?);
-            if p.eat_punct('+') {
-                off = p.signed()?;
-            } else if p.is_punct('-') {
+            if p.eat_punct('+') || p.is_punct('-') {
                 off = p.signed()?;
             }
         } else {

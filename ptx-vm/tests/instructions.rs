@@ -165,13 +165,13 @@ fn warp_shuffles_and_votes() {
         mov.u32 %r12, %laneid;\n mov.u32 %r13, %lanemask_lt;\n popc.b32 %r14, %r13;\n sub.s32 %r15, %r14, %r12;\n st.global.u32 [%rd2+1024], %r15;";
     let o = words(&run("", body, 1, 32, 32 * 4 * 9).unwrap_or_else(|e| panic!("{e}")));
     for l in 0..32u32 {
-        assert_eq!(o[l as usize], if l >= 1 { l - 1 } else { 0 }, "up lane {l}");
+        assert_eq!(o[l as usize], l.saturating_sub(1), "up lane {l}");
         assert_eq!(o[32 + l as usize], if l + 3 <= 31 { l + 3 } else { l }, "down lane {l}");
         assert_eq!(o[64 + l as usize], l ^ 1, "bfly lane {l}");
         assert_eq!(o[96 + l as usize], 5, "idx lane {l}");
         // segments of 8 lanes (segmask 0x18): down stays inside its segment.
         let seg_end = (l & !7) | 7;
-        assert_eq!(o[128 + l as usize], if l + 1 <= seg_end { l + 1 } else { l }, "segmented down lane {l}");
+        assert_eq!(o[128 + l as usize], if l < seg_end { l + 1 } else { l }, "segmented down lane {l}");
         assert_eq!(o[160 + l as usize], 0x3ff);
         assert_eq!(o[192 + l as usize], 1);
         assert_eq!(o[224 + l as usize], 496);
@@ -182,7 +182,8 @@ fn warp_shuffles_and_votes() {
 #[test]
 fn atomics_global_and_shared() {
     let decls = ".shared .align 4 .b8 cnt[4];";
-    let body = "mov.u32 %r1, %tid.x;\n setp.ne.u32 %p1, %r1, 0;\n @%p1 bra L1;\n st.shared.u32 [cnt], 0;\nL1:\n bar.sync 0;\n\
+    let body =
+        "mov.u32 %r1, %tid.x;\n setp.ne.u32 %p1, %r1, 0;\n @%p1 bra L1;\n st.shared.u32 [cnt], 0;\nL1:\n bar.sync 0;\n\
         atom.shared.add.u32 %r2, [cnt], 1;\n bar.sync 0;\n\
         atom.global.add.u32 %r3, [%rd0], 1;\n red.global.add.f32 [%rd0+4], 0f3F000000;\n\
         atom.global.max.s32 %r4, [%rd0+8], %r1;\n atom.global.cas.b32 %r5, [%rd0+12], 0, 7;\n\

@@ -40,7 +40,14 @@ fn download(vm: &Vm, p: u64, n: usize) -> Vec<f32> {
 fn all_kernels_load() {
     let m = module();
     let names: Vec<String> = m.kernels().into_iter().map(|k| k.name).collect();
-    for k in ["saxpy_f32", "naive_scores_f32", "naive_softmax_f32", "naive_pv_f32", "flash_fwd_f32_d64", "flash_fwd_f32_d128"] {
+    for k in [
+        "saxpy_f32",
+        "naive_scores_f32",
+        "naive_softmax_f32",
+        "naive_pv_f32",
+        "flash_fwd_f32_d64",
+        "flash_fwd_f32_d128",
+    ] {
         assert!(names.iter().any(|n| n == k), "{k} missing");
     }
     assert_eq!(m.version_and_target(), ("7.0".to_string(), "sm_80".to_string()));

@@ -30,8 +30,13 @@ fn out_of_bounds_store() {
     assert_eq!(f.line, line_of(&src, "// OOB"));
     assert_eq!(f.instruction, "st.global.u32 [%rd2], %r1;");
     assert_eq!(f.access_bytes, Some(4));
-    assert!(f.nearest_allocation.as_deref().unwrap().contains("0 bytes past the end of the 20-byte allocation"), "{f:?}");
-    for part in ["out-of-bounds global store", "kernel `t`", "thread (5, 0, 0)", "line", "st.global.u32", "20-byte allocation"] {
+    assert!(
+        f.nearest_allocation.as_deref().unwrap().contains("0 bytes past the end of the 20-byte allocation"),
+        "{f:?}"
+    );
+    for part in
+        ["out-of-bounds global store", "kernel `t`", "thread (5, 0, 0)", "line", "st.global.u32", "20-byte allocation"]
+    {
         assert!(text.contains(part), "{text}");
     }
 }
@@ -134,7 +139,8 @@ fn trap_and_hang() {
 #[test]
 fn shared_memory_is_fresh_and_poisoned_per_block() {
     let decls = ".shared .align 4 .b8 sm[4];";
-    let body = "mov.u32 %r1, %ctaid.x;\n ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+    let body =
+        "mov.u32 %r1, %ctaid.x;\n ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
         st.global.u32 [%rd2], %r2;\n st.shared.u32 [sm], %r1;";
     let o = words(&run(decls, body, 16, 1, 64).unwrap());
     assert!(o.iter().all(|&w| w == ptx_vm::SHARED_POISON), "{o:x?}");
@@ -151,7 +157,10 @@ fn launch_validation() {
     assert!(e.to_string().contains("max_block"), "{e}");
     let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 64 * 1024), &[0u8; 8]).unwrap_err();
     assert!(e.to_string().contains("max_shared_per_block"), "{e}");
-    assert!(matches!(vm.launch(&m, "nope", &LaunchConfig::new([1; 3], [1; 3], 0), &[]), Err(VmError::UnknownKernel(_))));
+    assert!(matches!(
+        vm.launch(&m, "nope", &LaunchConfig::new([1; 3], [1; 3], 0), &[]),
+        Err(VmError::UnknownKernel(_))
+    ));
 }
 
 #[test]
@@ -161,7 +170,7 @@ fn heap_statistics() {
     lim.memory_bytes = 1000;
     vm.set_limits(lim);
     let a = vm.alloc(600).unwrap();
-    assert!(a != 0 && a % 256 == 0);
+    assert!(a != 0 && a.is_multiple_of(256));
     assert_eq!(vm.alloc(500), Err(VmError::OutOfMemory { requested: 500, free: 400 }));
     let b = vm.alloc(300).unwrap();
     assert_eq!(vm.memory().current_bytes, 900);

@@ -1,0 +1,201 @@
+//! Determinism across worker counts, the instruction trace, and a deterministic mutation fuzz of
+//! the loader (always run; the coverage-guided fuzzer lives in `ptx-vm/fuzz`).
+
+use kernels_gpu::abi::{AttnParams, Strides};
+use kernels_gpu::tiles::FLASH_F32_D64;
+use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm};
+
+const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+
+fn flash_output(workers: usize) -> Vec<u8> {
+    let m = Module::load(PTX).unwrap();
+    let mut vm = Vm::with_workers(workers);
+    let (b, h, s, d) = (1u32, 2u32, 70u32, 64u32);
+    let n = (b * h * s * d) as usize;
+    let mut x = 12345u64;
+    let mut bufs = Vec::new();
+    for _ in 0..4 {
+        let data: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (((x >> 40) as f32) / (1u64 << 24) as f32 - 0.5).to_le_bytes()
+            })
+            .collect();
+        let p = vm.alloc(data.len() as u64).unwrap();
+        vm.write(p, &data).unwrap();
+        bufs.push(p);
+    }
+    let lse = vm.alloc((b * h * s * 4) as u64).unwrap();
+    let st = Strides::bshd(s as u64, h as u64, d as u64);
+    let p = AttnParams {
+        q: bufs[0],
+        k: bufs[1],
+        v: bufs[2],
+        o: bufs[3],
+        lse,
+        scores: 0,
+        q_strides: st,
+        k_strides: st,
+        v_strides: st,
+        o_strides: st,
+        batch: b,
+        heads: h,
+        seq_q: s,
+        seq_kv: s,
+        head_dim: d,
+        causal: 1,
+        softmax_scale: 0.125,
+        _pad: 0,
+    };
+    let dims = FLASH_F32_D64.launch(b, h, s);
+    vm.launch(
+        &m,
+        "flash_fwd_f32_d64",
+        &LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes),
+        &p.to_bytes(),
+    )
+    .unwrap();
+    let mut out = vec![0u8; n * 4 + (b * h * s * 4) as usize];
+    vm.read(bufs[3], &mut out[..n * 4]).unwrap();
+    vm.read(lse, &mut out[n * 4..]).unwrap();
+    out
+}
+
+#[test]
+fn bit_identical_with_one_and_two_workers() {
+    let a = flash_output(1);
+    let b = flash_output(2);
+    let c = flash_output(3);
+    assert!(a == b && b == c);
+}
+
+#[test]
+fn trace_of_one_thread() {
+    let src = ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry t(.param .u64 o)\n{\n.reg .pred %p<2>;\n\
+        .reg .b32 %r<4>;\n.reg .b64 %rd<4>;\nld.param.u64 %rd1, [o];\nmov.u32 %r1, %tid.x;\nsetp.eq.u32 %p1, %r1, 0;\n\
+        @%p1 mov.b32 %r2, 0f3F800000;\nret;\n}\n";
+    let m = Module::load(src).unwrap();
+    let mut vm = Vm::new();
+    let mut cfg = LaunchConfig::new([2, 1, 1], [4, 1, 1], 0);
+    cfg.trace = Some(TraceRequest { block: [1, 0, 0], thread: [2, 0, 0], max_entries: 100 });
+    let st = vm.launch(&m, "t", &cfg, &0u64.to_le_bytes()).unwrap();
+    assert_eq!(st.trace.len(), 5);
+    assert_eq!(st.trace[1].text, "mov.u32 %r1, %tid.x;");
+    assert_eq!(st.trace[1].line, 10);
+    assert_eq!(st.trace[1].writes, vec![("%r1".to_string(), 2)]);
+    assert!(!st.trace[3].executed, "guard false for thread 2");
+    assert_eq!(st.thread_instructions, 2 * 4 * 5, "predicated-off instructions count as issued");
+    assert_eq!(st.warp_instructions, 2 * 5);
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+#[test]
+fn mutated_modules_never_panic() {
+    // The saxpy + naive part of the module keeps each load cheap; truncations cover the rest.
+    let lines: Vec<&str> = PTX.lines().collect();
+    let start = lines.iter().position(|l| l.contains(".entry naive_pv_f32")).unwrap_or(0).saturating_sub(1);
+    let header = lines[..8].join("\n");
+    let small = format!("{header}\n{}", lines[start..].join("\n"));
+    let mut rng = Rng(0x5EED);
+    let tokens = [
+        "{",
+        "}",
+        ";",
+        "[",
+        "]",
+        "%r1",
+        "%p1",
+        "@",
+        "!",
+        ".reg",
+        ".b32",
+        "0f3F800000",
+        "-",
+        "+",
+        ",",
+        "ld.shared.v4.f32",
+        "$L__BB2_3",
+        "call.uni",
+        "(",
+        ")",
+        ".param",
+        "bra",
+        "99999999999999999999",
+        "0d",
+        ".align 3",
+        "<",
+        ">",
+        "\"",
+        "/*",
+        "shfl.sync.idx.b32",
+        "mov.b64 {",
+        "ret;",
+        ".extern .shared .b8 x[];",
+        "\u{0}",
+        "é",
+    ];
+    let mut loaded = 0;
+    for i in 0..3000 {
+        let mut s = small.clone().into_bytes();
+        match i % 6 {
+            0 => {
+                let at = rng.below(PTX.len());
+                s = PTX.as_bytes()[..at].to_vec();
+            }
+            1 => {
+                for _ in 0..1 + rng.below(4) {
+                    let at = rng.below(s.len());
+                    s[at] ^= 1 << rng.below(8);
+                }
+            }
+            2 => {
+                let mut ls: Vec<&str> = small.lines().collect();
+                let (a, b) = (rng.below(ls.len()), rng.below(ls.len()));
+                ls.swap(a, b);
+                if rng.below(2) == 0 {
+                    let k = rng.below(ls.len());
+                    ls.remove(k);
+                }
+                s = ls.join("\n").into_bytes();
+            }
+            3 => {
+                let at = rng.below(s.len());
+                let t = tokens[rng.below(tokens.len())];
+                s.splice(at..at, t.bytes());
+            }
+            4 => {
+                let at = rng.below(s.len());
+                let len = rng.below(40).min(s.len() - at);
+                s.drain(at..at + len);
+            }
+            _ => {
+                let a = rng.below(s.len());
+                let b = rng.below(s.len());
+                let (a, b) = (a.min(b), a.max(b));
+                let chunk = s[a..b.min(a + 200)].to_vec();
+                let at = rng.below(s.len());
+                s.splice(at..at, chunk);
+            }
+        }
+        let text = String::from_utf8_lossy(&s).into_owned();
+        let r = std::panic::catch_unwind(|| Module::load(&text).map(|m| m.kernels().len()));
+        match r {
+            Ok(Ok(_)) => loaded += 1,
+            Ok(Err(e)) => assert!(e.line >= 1, "load errors name a line"),
+            Err(_) => panic!("Module::load panicked on mutation {i}:\n{text}"),
+        }
+    }
+    assert!(loaded > 0);
+}
