@@ -406,8 +406,8 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
                         cx.local_size = align_up(cx.local_size, v.alignment());
                         let a = cx.local_size as u64;
                         cx.local_size += v.size();
-                        if cx.local_size > 1 << 24 {
-                            return err(v.line, "local memory per thread exceeds 16 MiB");
+                        if cx.local_size > 1 << 20 {
+                            return err(v.line, "local memory per thread exceeds 1 MiB");
                         }
                         Sym::Addr(Space::Local, a)
                     }
