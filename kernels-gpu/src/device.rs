@@ -34,9 +34,7 @@ pub fn sync_threads() {
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {
     let y: f32;
-    unsafe {
-        asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
     y
 }
 
@@ -44,9 +42,7 @@ pub fn exp2(x: f32) -> f32 {
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
     let y: f32;
-    unsafe {
-        asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack))
-    };
+    unsafe { asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
     y
 }
 

@@ -112,12 +112,12 @@ impl FlashMmaTile {
     /// Compile-time consistency of the tile.
     pub const fn check(&self) {
         assert!(self.br == 16 * self.warps, "one 16-row mma tile per warp");
-        assert!(self.head_dim % 16 == 0 && self.bc % 16 == 0, "whole k16 steps of both mmas");
+        assert!(self.head_dim.is_multiple_of(16) && self.bc.is_multiple_of(16), "whole k16 steps of both mmas");
         assert!(self.head_dim / 8 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
-        assert!(self.chunks_per_row() % 8 == 0, "the XOR swizzle permutes groups of 8 chunks");
-        assert!(self.threads() % self.chunks_per_row() == 0, "a thread keeps its chunk column");
-        assert!((self.br * self.chunks_per_row()) % self.threads() == 0, "even Q tile load");
-        assert!((self.bc * self.chunks_per_row()) % self.threads() == 0, "even K/V tile load");
+        assert!(self.chunks_per_row().is_multiple_of(8), "the XOR swizzle permutes groups of 8 chunks");
+        assert!(self.threads().is_multiple_of(self.chunks_per_row()), "a thread keeps its chunk column");
+        assert!((self.br * self.chunks_per_row()).is_multiple_of(self.threads()), "even Q tile load");
+        assert!((self.bc * self.chunks_per_row()).is_multiple_of(self.threads()), "even K/V tile load");
         assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
     }
 }
