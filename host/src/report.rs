@@ -79,7 +79,7 @@ pub fn run_summary(r: &RunReport) -> String {
         "time         {:.3} ms median of {} (warm-up {}), {}",
         r.time_ms, r.timing.repeats, r.timing.warmup, r.timing.clock
     );
-    let _ = writeln!(s, "throughput   {:.4} TFLOP/s ({:.3e} useful FLOP)", r.tflops, r.flops);
+    let _ = writeln!(s, "throughput   {:.3e} TFLOP/s ({:.3e} useful FLOP, unmasked pairs only)", r.tflops, r.flops);
     if let Some(n) = r.vm_thread_instructions {
         let _ = writeln!(s, "VM           {n} thread instructions per run");
     }

@@ -149,7 +149,7 @@ fn compare_table(key: &str, points: &[Point]) -> String {
         }
         r
     };
-    let rows = vec![
+    let mut rows = vec![
         row("kernel", get(&|r| r.kernel.to_string()), vec![]),
         row("verified", get(&|r| if r.verified { "PASS".into() } else { "FAIL".into() }), vec![]),
         row("checked rows", get(&|r| format!("{}/{}", r.verification.checked_rows, r.verification.total_rows)), vec![]),
@@ -157,7 +157,7 @@ fn compare_table(key: &str, points: &[Point]) -> String {
         row("O max abs err", get(&|r| format!("{:.2e}", r.max_abs_err)), vec![]),
         row("LSE rel RMS err", get(&|r| format!("{:.2e}", r.lse_err.rel_rms_err)), vec![]),
         row("time (ms, median)", get(&|r| format!("{:.3}", r.time_ms)), ratios(&|r| r.time_ms)),
-        row("TFLOP/s", get(&|r| format!("{:.4}", r.tflops)), vec![]),
+        row("TFLOP/s", get(&|r| format_tflops(r.tflops)), vec![]),
         row(
             "expected bytes",
             get(&|r| human_bytes(r.analytic_bytes.total)),
@@ -182,6 +182,9 @@ fn compare_table(key: &str, points: &[Point]) -> String {
             vec![],
         ),
     ];
+    if key == "kernel" {
+        rows.remove(0); // already the header
+    }
     let mut s = table(&header, &rows);
     for p in points {
         if let (false, Some(need), Some(why)) = (p.ran, p.would_need_bytes, &p.reason) {
@@ -208,4 +211,13 @@ fn compare_table(key: &str, points: &[Point]) -> String {
         }
     }
     s
+}
+
+/// TFLOP/s with enough digits for the VM's tiny rates.
+pub fn format_tflops(t: f64) -> String {
+    if t >= 0.01 {
+        format!("{t:.3}")
+    } else {
+        format!("{t:.2e}")
+    }
 }

@@ -102,17 +102,7 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
             describe_problem(&problem)
         );
         for t in &report.trace {
-            let writes: Vec<String> = t
-                .writes
-                .iter()
-                .map(|(r, v)| {
-                    if *v <= u32::MAX as u64 {
-                        format!("{r}={v:#x} ({})", f32::from_bits(*v as u32))
-                    } else {
-                        format!("{r}={v:#x}")
-                    }
-                })
-                .collect();
+            let writes: Vec<String> = t.writes.iter().map(|(r, v)| format_write(&t.text, r, *v)).collect();
             println!("{:>6} {} {:<60} {}", t.line, if t.executed { " " } else { "-" }, t.text, writes.join(" "));
         }
         println!(
@@ -122,4 +112,18 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
         );
     }
     Ok(if report.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+/// A written register as the value the instruction's type suggests, plus its bits.
+fn format_write(text: &str, reg: &str, v: u64) -> String {
+    let op = text.split_whitespace().next().unwrap_or("");
+    if reg.starts_with("%p") {
+        format!("{reg}={}", v != 0)
+    } else if op.ends_with(".f32") && v <= u32::MAX as u64 {
+        format!("{reg}={} ({v:#x})", f32::from_bits(v as u32))
+    } else if op.ends_with(".f64") {
+        format!("{reg}={} ({v:#x})", f64::from_bits(v))
+    } else {
+        format!("{reg}={v} ({v:#x})")
+    }
 }
