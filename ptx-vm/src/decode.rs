@@ -137,6 +137,7 @@ struct Dcx<'m> {
     call_fixups: Vec<(usize, String)>,
     copies: Vec<Vec<(Slot, Slot)>>,
     call_edges: Vec<(String, String)>,
+    mma_srcs: Vec<MmaSrcs>,
 }
 
 impl<'m> Dcx<'m> {
@@ -260,6 +261,7 @@ fn decode_entry(
         call_fixups: Vec::new(),
         copies: Vec::new(),
         call_edges: Vec::new(),
+        mma_srcs: Vec::new(),
     };
     cx.sink = cx.new_slot("_");
     // Kernel parameters.
@@ -331,6 +333,7 @@ fn decode_entry(
         copies: cx.copies,
         info,
         dyn_shared_offset: dyn_off,
+        mma_srcs: cx.mma_srcs,
     })
 }
 
@@ -754,6 +757,31 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
                 Op::Set { cmp, ty, ftz, comb, negc, float_dst: dty == Ty::F32, d: dst(cx, &ops[0])?, a, b, c }
             }
         }
+        "cvt" if opcode.contains("16x2.") => {
+            // cvt.{rn,rz}.{bf16x2,f16x2}.f32 d, a, b: d = {round(a) in bits 16..32, round(b) in 0..16}.
+            let rz = match m.any(&["rn", "rz"]) {
+                Some("rn") => false,
+                Some("rz") => true,
+                _ => return err(line, format!("`{opcode}`: packed conversions need .rn or .rz")),
+            };
+            let bf = match m.any(&["bf16x2", "f16x2"]) {
+                Some("bf16x2") => true,
+                Some("f16x2") => false,
+                _ => return err(line, format!("unsupported packed conversion `{opcode}`")),
+            };
+            if !m.has("f32") {
+                return err(line, format!("`{opcode}`: packed conversions read .f32"));
+            }
+            m.finish(line, opcode)?;
+            nops(3)?;
+            let f: F2 = match (bf, rz) {
+                (true, false) => ops::cvt_x2::<true, false>,
+                (true, true) => ops::cvt_x2::<true, true>,
+                (false, false) => ops::cvt_x2::<false, false>,
+                (false, true) => ops::cvt_x2::<false, true>,
+            };
+            Op::Bin { f, d: dst(cx, &ops[0])?, a: src(cx, &ops[1], 32, true)?, b: src(cx, &ops[2], 32, true)? }
+        }
         "cvt" => {
             let (rnd, int_round) = rnd_of(&mut m);
             let ftz = m.has("ftz");
@@ -1058,9 +1086,173 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
                 mask: src(cx, &ops[2], 32, false)?,
             }
         }
+        "cp" => decode_cp_async(cx, ctx, &mut m, i)?,
+        "ldmatrix" => {
+            m.has("sync");
+            m.has("aligned");
+            if !m.has("m8n8") {
+                return err(line, format!("`{opcode}`: only the .m8n8 shape is supported"));
+            }
+            let num = match m.any(&["x1", "x2", "x4"]) {
+                Some("x1") => 1,
+                Some("x2") => 2,
+                Some("x4") => 4,
+                _ => return err(line, format!("`{opcode}` needs .x1, .x2 or .x4")),
+            };
+            let trans = m.has("trans");
+            let sp = if m.has("shared") || m.has("shared::cta") { Space::Shared } else { Space::Generic };
+            if !m.has("b16") {
+                return err(line, format!("`{opcode}`: only .b16 is supported"));
+            }
+            m.finish(line, opcode)?;
+            if !opcode.contains(".sync") || !opcode.contains(".aligned") {
+                return err(line, format!("`{opcode}` needs .sync.aligned"));
+            }
+            nops(2)?;
+            let regs: Vec<&Operand> = match &ops[0] {
+                Operand::Vec(v) => v.iter().collect(),
+                o => vec![o],
+            };
+            if regs.len() != num {
+                return err(line, format!("`{opcode}` writes {num} registers, found {}", regs.len()));
+            }
+            let mut ds = [NONE; 4];
+            for (k, r) in regs.iter().enumerate() {
+                ds[k] = dst(cx, r)?;
+            }
+            let Operand::Addr { base: abase, off } = &ops[1] else {
+                return err(line, format!("`{opcode}`: expected an address operand `[...]`"));
+            };
+            let (a, off) = address(cx, ctx, abase.as_deref(), *off, sp)?;
+            let off = i32::try_from(off).map_err(|_| LoadError { line, message: "address offset too large".into() })?;
+            Op::Ldmatrix { num: num as u8, trans, sp, ds, a, off }
+        }
+        "mma" => {
+            m.has("sync");
+            m.has("aligned");
+            let k16 = match m.any(&["m16n8k16", "m16n8k8"]) {
+                Some("m16n8k16") => true,
+                Some("m16n8k8") => false,
+                _ => return err(line, format!("`{opcode}`: only the m16n8k16 and m16n8k8 shapes are supported")),
+            };
+            if !m.has("row") || !m.has("col") {
+                return err(line, format!("`{opcode}`: only the .row.col layout is supported"));
+            }
+            let tys: Vec<Option<Ty>> = (0..4).map(|_| m.ty()).collect();
+            // m.ty() takes the last type first: C, B, A, D.
+            let kind = match (tys[0], tys[1], tys[2], tys[3]) {
+                (Some(Ty::F32), Some(Ty::BF16), Some(Ty::BF16), Some(Ty::F32)) => crate::tensor_core::HalfKind::Bf16,
+                (Some(Ty::F32), Some(Ty::F16), Some(Ty::F16), Some(Ty::F32)) => crate::tensor_core::HalfKind::F16,
+                _ => {
+                    return err(line, format!("`{opcode}`: only .f32.bf16.bf16.f32 and .f32.f16.f16.f32 are supported"))
+                }
+            };
+            m.finish(line, opcode)?;
+            if !opcode.contains(".sync") || !opcode.contains(".aligned") {
+                return err(line, format!("`{opcode}` needs .sync.aligned"));
+            }
+            nops(4)?;
+            let (na, nb) = if k16 { (4, 2) } else { (2, 1) };
+            let list = |k: usize, want: usize| -> Result<&Vec<Operand>, LoadError> {
+                match &ops[k] {
+                    Operand::Vec(v) if v.len() == want => Ok(v),
+                    _ => err(line, format!("`{opcode}`: operand {k} must be a vector of {want} registers")),
+                }
+            };
+            let mut d = [NONE; 4];
+            for (k, o) in list(0, 4)?.iter().enumerate() {
+                d[k] = dst(cx, o)?;
+            }
+            let mut srcs = MmaSrcs { a: [NONE; 4], b: [NONE; 2], c: [NONE; 4] };
+            for (k, o) in list(1, na)?.iter().enumerate() {
+                srcs.a[k] = src(cx, o, 32, false)?;
+            }
+            for (k, o) in list(2, nb)?.iter().enumerate() {
+                srcs.b[k] = src(cx, o, 32, false)?;
+            }
+            for (k, o) in list(3, 4)?.iter().enumerate() {
+                srcs.c[k] = src(cx, o, 32, true)?;
+            }
+            cx.mma_srcs.push(srcs);
+            Op::Mma { kind, k16, d, srcs: (cx.mma_srcs.len() - 1) as u32 }
+        }
         _ => return err(line, format!("unsupported instruction `{opcode}`")),
     };
     Ok((op, None))
+}
+
+/// `cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size}`,
+/// `cp.async.commit_group`, `cp.async.wait_group N`, `cp.async.wait_all`.
+fn decode_cp_async(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst) -> Result<Op, LoadError> {
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let ops = &i.ops;
+    if !m.has("async") {
+        return err(line, format!("unsupported instruction `{opcode}`"));
+    }
+    if m.has("commit_group") {
+        m.finish(line, opcode)?;
+        if !ops.is_empty() {
+            return err(line, "cp.async.commit_group takes no operands");
+        }
+        return Ok(Op::CpCommit);
+    }
+    if m.has("wait_all") {
+        m.finish(line, opcode)?;
+        if !ops.is_empty() {
+            return err(line, "cp.async.wait_all takes no operands");
+        }
+        return Ok(Op::CpWait { n: 0, all: true });
+    }
+    if m.has("wait_group") {
+        m.finish(line, opcode)?;
+        return match ops.as_slice() {
+            [Operand::Num(Number::Int(n))] if *n <= u32::MAX as u64 => Ok(Op::CpWait { n: *n as u32, all: false }),
+            _ => err(line, "cp.async.wait_group needs an integer constant"),
+        };
+    }
+    let cg = match m.any(&["ca", "cg"]) {
+        Some("cg") => true,
+        Some(_) => false,
+        None => return err(line, format!("`{opcode}` needs .ca or .cg")),
+    };
+    if !(m.has("shared") || m.has("shared::cta")) || !m.has("global") {
+        return err(line, format!("`{opcode}`: only .shared.global copies are supported"));
+    }
+    for (k, p) in m.parts.iter().enumerate() {
+        if p.starts_with("L2::") && *p != "L2::cache_hint" {
+            m.used[k] = true;
+        }
+    }
+    m.finish(line, opcode)?;
+    if ops.len() != 3 && ops.len() != 4 {
+        return err(line, format!("`{opcode}` expects 3 or 4 operands, found {}", ops.len()));
+    }
+    let size = match &ops[2] {
+        Operand::Num(Number::Int(n @ (4 | 8 | 16))) => *n as u8,
+        _ => return err(line, format!("`{opcode}`: cp-size must be 4, 8 or 16")),
+    };
+    if cg && size != 16 {
+        return err(line, "cp.async.cg copies 16 bytes");
+    }
+    let addr = |cx: &mut Dcx, o: &Operand, sp: Space| -> Result<(Slot, i32), LoadError> {
+        let Operand::Addr { base, off } = o else {
+            return err(line, format!("`{opcode}`: expected an address operand `[...]`"));
+        };
+        let (a, off) = address(cx, ctx, base.as_deref(), *off, sp)?;
+        let off = i32::try_from(off).map_err(|_| LoadError { line, message: "address offset too large".into() })?;
+        Ok((a, off))
+    };
+    let (d, doff) = addr(cx, &ops[0], Space::Shared)?;
+    let (a, aoff) = addr(cx, &ops[1], Space::Global)?;
+    let n = match ops.get(3) {
+        Some(Operand::Num(Number::Int(v))) if *v > size as u64 => {
+            return err(line, format!("`{opcode}`: src-size {v} exceeds cp-size {size}"))
+        }
+        Some(o) => src_operand(cx, ctx, o, 32, false)?,
+        None => NONE,
+    };
+    Ok(Op::CpAsync { size, d, doff, a, aoff, n })
 }
 
 /// Resolves `[base+off]` in state space `sp` to (slot, offset).

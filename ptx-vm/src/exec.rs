@@ -42,6 +42,24 @@ struct Warp {
     hint: usize,
     /// Lane being traced in this warp.
     trace_lane: Option<u32>,
+    /// Pending `cp.async` copies of the warp's threads, in issue order.
+    cp: Vec<CpCopy>,
+    /// Per lane: the id of the open (uncommitted) `cp.async` group; committed groups have smaller ids.
+    cp_next: [u32; 32],
+    /// Per lane: groups with ids below this have completed.
+    cp_done: [u32; 32],
+}
+
+/// One pending `cp.async`: `n` bytes from global `src` into shared offset `dst`, zero-filled to
+/// `size` bytes. Both ranges were checked when it was issued.
+#[derive(Clone, Copy)]
+struct CpCopy {
+    lane: u8,
+    n: u8,
+    size: u8,
+    group: u32,
+    dst: usize,
+    src: u64,
 }
 
 #[derive(Default)]
@@ -137,6 +155,22 @@ impl Mem<'_> {
                     Err(Fault { lane, kind, addr, size: size as u32, detail: Some(self.global.describe(a, size)) })
                 }
             },
+        }
+    }
+    /// Checks that `len` global bytes at `addr` lie inside one live allocation.
+    fn check_global(&mut self, addr: u64, len: u64, lane: u32, store: bool) -> Result<*mut u8, Fault> {
+        match self.global.resolve(addr, len, self.hint) {
+            Some(p) => Ok(p),
+            None => {
+                let kind = if self.global.is_freed(addr) {
+                    "use after free"
+                } else if store {
+                    "out-of-bounds global store"
+                } else {
+                    "out-of-bounds global load"
+                };
+                Err(Fault { lane, kind, addr, size: len as u32, detail: Some(self.global.describe(addr, len)) })
+            }
         }
     }
     #[inline(always)]
@@ -406,6 +440,9 @@ impl Launch<'_> {
                 issued: 0,
                 hint: 0,
                 trace_lane: None,
+                cp: Vec::new(),
+                cp_next: [0; 32],
+                cp_done: [0; 32],
             });
         }
         for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
@@ -416,6 +453,9 @@ impl Launch<'_> {
             }
             wp.pcs = [0; 32];
             wp.issued = 0;
+            wp.cp.clear();
+            wp.cp_next = [0; 32];
+            wp.cp_done = [0; 32];
             wp.local.clear();
             wp.local.resize(local_bytes * 32, 0);
             if prog.has_calls {
@@ -631,6 +671,12 @@ impl Launch<'_> {
                     }
                 }
                 Op::Exit | Op::Ret if !prog.has_calls || matches!(inst.op, Op::Exit) => {
+                    if !wp.cp.is_empty() {
+                        // A thread that exits with copies in flight completes them.
+                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
+                        cp_complete(self.global, shared, hint, cp, |c| exec >> c.lane & 1 == 1)
+                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                    }
                     lanes(exec, |l| wp.state[l] = EXIT);
                     group &= !exec;
                     pc += 1;
@@ -642,16 +688,25 @@ impl Launch<'_> {
                     let stacks = &mut wp.stacks;
                     let state = &mut wp.state;
                     let pcs = &mut wp.pcs;
+                    let mut exited = 0u32;
                     lanes(group, |l| {
                         if exec >> l & 1 == 1 {
                             match stacks[l].pop() {
                                 Some(ret) => pcs[l] = ret,
-                                None => state[l] = EXIT,
+                                None => {
+                                    state[l] = EXIT;
+                                    exited |= 1 << l;
+                                }
                             }
                         } else {
                             pcs[l] = pc + 1;
                         }
                     });
+                    if exited != 0 && !wp.cp.is_empty() {
+                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
+                        cp_complete(self.global, shared, hint, cp, |c| exited >> c.lane & 1 == 1)
+                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                    }
                     stop = Some(Stop::PcsSet);
                 }
                 Op::Call { t, copies } => {
@@ -740,6 +795,94 @@ impl Launch<'_> {
                             return Err(Box::new(f));
                         }
                         collective(&inst.op, r, exec);
+                    }
+                    pc += 1;
+                }
+                Op::Ldmatrix { .. } | Op::Mma { .. } => {
+                    if exec != 0 {
+                        if exec != FULL {
+                            let l = exec.trailing_zeros();
+                            let mut f = self.finding(block, wi, l, pc as usize, "warp collective divergence");
+                            f.nearest_allocation = Some(format!(
+                                "`.sync.aligned` needs all 32 lanes of the warp converged and active; lanes {:#010x} are not executing this instruction",
+                                !exec
+                            ));
+                            return Err(Box::new(f));
+                        }
+                        if let Op::Mma { kind, k16, d, srcs } = inst.op {
+                            mma(r, kind, k16, d, &prog.mma_srcs[srcs as usize]);
+                        } else if let Op::Ldmatrix { num, trans, sp, ds, a, off } = inst.op {
+                            let mut mem = Mem {
+                                global: self.global,
+                                shared: &mut *shared,
+                                local: &mut wp.local,
+                                local_bytes,
+                                params: self.params,
+                                hint: &mut wp.hint,
+                            };
+                            ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
+                                .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        }
+                    }
+                    pc += 1;
+                }
+                Op::CpAsync { size, d, doff, a, aoff, n } => {
+                    if exec != 0 {
+                        let mut mem = Mem {
+                            global: self.global,
+                            shared: &mut *shared,
+                            local: &mut wp.local,
+                            local_bytes,
+                            params: self.params,
+                            hint: &mut wp.hint,
+                        };
+                        let (cp, next) = (&mut wp.cp, &wp.cp_next);
+                        let mut err = None;
+                        lanes(exec, |l| {
+                            if err.is_some() {
+                                return;
+                            }
+                            let dst = r[d as usize][l].wrapping_add(doff as i64 as u64);
+                            let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
+                            let nb = if n == NONE { size as u64 } else { r[n as usize][l] & 0xffff_ffff };
+                            match cp_issue(&mut mem, l as u32, size, dst, src, nb) {
+                                Ok(dst) => {
+                                    cp.push(CpCopy { lane: l as u8, n: nb as u8, size, group: next[l], dst, src })
+                                }
+                                Err(f) => err = Some(f),
+                            }
+                        });
+                        if let Some(f) = err {
+                            return Err(Box::new(self.fault_finding(block, wi, pc as usize, f)));
+                        }
+                    }
+                    pc += 1;
+                }
+                Op::CpCommit => {
+                    lanes(exec, |l| wp.cp_next[l] += 1);
+                    pc += 1;
+                }
+                Op::CpWait { n, all } => {
+                    if exec != 0 {
+                        // Copies of group < upto[lane] complete.
+                        let mut upto = [0u32; 32];
+                        lanes(exec, |l| {
+                            if all {
+                                wp.cp_next[l] += 1;
+                            }
+                            let pending = wp.cp_next[l] - wp.cp_done[l];
+                            if pending > n {
+                                wp.cp_done[l] = wp.cp_next[l] - n;
+                            }
+                            upto[l] = wp.cp_done[l];
+                        });
+                        if !wp.cp.is_empty() {
+                            let (cp, hint) = (&mut wp.cp, &mut wp.hint);
+                            cp_complete(self.global, shared, hint, cp, |c| {
+                                exec >> c.lane & 1 == 1 && c.group < upto[c.lane as usize]
+                            })
+                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        }
                     }
                     pc += 1;
                 }
@@ -917,6 +1060,145 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
         }
         _ => {}
     }
+}
+
+/// Checks one `cp.async` at issue: the shared destination (`size` bytes, aligned to `size`, in the
+/// window) and the `n` global source bytes (aligned to `size`; not checked when `n = 0`, which
+/// reads nothing). Returns the destination's offset in shared memory.
+fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> Result<usize, Fault> {
+    let dst = match mem.locate(Space::Shared, dst, size as u64, lane, true)? {
+        Loc::Shared(o) => o,
+        _ => unreachable!("shared space resolves to shared memory"),
+    };
+    if n > size as u64 {
+        return Err(Fault {
+            lane,
+            kind: "cp.async source size exceeds the copy size",
+            addr: src,
+            size: n.min(u32::MAX as u64) as u32,
+            detail: Some(format!("src-size {n} > cp-size {size}")),
+        });
+    }
+    if n > 0 {
+        if src & (size as u64 - 1) != 0 {
+            return Err(Fault { lane, kind: "misaligned access", addr: src, size: size as u32, detail: None });
+        }
+        mem.check_global(src, n, lane, false)?;
+    }
+    Ok(dst)
+}
+
+/// Completes (and removes) the pending copies `done` selects, in issue order: reads the global
+/// source now and writes the shared destination, zero-filling past the `n` source bytes.
+fn cp_complete(
+    global: &GlobalView,
+    shared: &mut [u8],
+    hint: &mut usize,
+    cp: &mut Vec<CpCopy>,
+    done: impl Fn(&CpCopy) -> bool,
+) -> Result<(), Fault> {
+    let mut err = None;
+    cp.retain(|c| {
+        if err.is_some() || !done(c) {
+            return true;
+        }
+        let dst = &mut shared[c.dst..c.dst + c.size as usize];
+        dst.fill(0);
+        if c.n > 0 {
+            match global.resolve(c.src, c.n as u64, hint) {
+                Some(p) => {
+                    for (k, b) in dst[..c.n as usize].iter_mut().enumerate() {
+                        // SAFETY: `resolve` checked the n bytes; byte accesses need no alignment.
+                        *b = unsafe { memory::atomic_load(p.add(k), 1) } as u8;
+                    }
+                }
+                None => {
+                    err = Some(Fault {
+                        lane: c.lane as u32,
+                        kind: "out-of-bounds global load",
+                        addr: c.src,
+                        size: c.n as u32,
+                        detail: Some(global.describe(c.src, c.n as u64)),
+                    });
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32` over the whole warp.
+fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [Slot; 4], s: &MmaSrcs) {
+    let mut a = [[0u32; 4]; 32];
+    let mut b = [[0u32; 2]; 32];
+    let mut c = [[0f32; 4]; 32];
+    for l in 0..32 {
+        for k in 0..4 {
+            if s.a[k] != NONE {
+                a[l][k] = r[s.a[k] as usize][l] as u32;
+            }
+            c[l][k] = f32::from_bits(r[s.c[k] as usize][l] as u32);
+        }
+        for k in 0..2 {
+            if s.b[k] != NONE {
+                b[l][k] = r[s.b[k] as usize][l] as u32;
+            }
+        }
+    }
+    let out = crate::tensor_core::mma_f32_acc(kind, if k16 { 16 } else { 8 }, &a, &b, &c);
+    for (k, &dk) in d.iter().enumerate() {
+        let dv = &mut r[dk as usize];
+        for l in 0..32 {
+            dv[l] = out[l][k].to_bits() as u64;
+        }
+    }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16` over the whole warp: lane `8 m + i`
+/// addresses row `i` of matrix `m` (16 bytes, 16-byte aligned, in shared memory).
+#[allow(clippy::too_many_arguments)]
+fn ldmatrix(
+    r: &mut [[u64; 32]],
+    mem: &mut Mem,
+    num: u8,
+    trans: bool,
+    sp: Space,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i32,
+) -> Result<(), Fault> {
+    let mut rows = [[[0u16; 8]; 8]; 4];
+    for (m, mat) in rows.iter_mut().enumerate().take(num as usize) {
+        for (i, row) in mat.iter_mut().enumerate() {
+            let l = 8 * m + i;
+            let addr = r[a as usize][l].wrapping_add(off as i64 as u64);
+            let o = match mem.locate(sp, addr, 16, l as u32, false)? {
+                Loc::Shared(o) => o,
+                _ => {
+                    return Err(Fault {
+                        lane: l as u32,
+                        kind: "ldmatrix address outside shared memory",
+                        addr,
+                        size: 16,
+                        detail: None,
+                    })
+                }
+            };
+            for (k, e) in row.iter_mut().enumerate() {
+                *e = u16::from_le_bytes([mem.shared[o + 2 * k], mem.shared[o + 2 * k + 1]]);
+            }
+        }
+    }
+    let out = crate::tensor_core::ldmatrix(num as usize, trans, &rows[..num as usize]);
+    for (k, &dk) in ds.iter().enumerate().take(num as usize) {
+        let dv = &mut r[dk as usize];
+        for l in 0..32 {
+            dv[l] = out[l][k] as u64;
+        }
+    }
+    Ok(())
 }
 
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {

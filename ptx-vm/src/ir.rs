@@ -324,6 +324,49 @@ pub(crate) enum Op {
         a: Slot,
         mask: Slot,
     },
+    /// `cp.async.{ca,cg}.shared.global [d + doff], [a + aoff], size, n`: an asynchronous copy of
+    /// `n` bytes (`n` slot, or `size` when `n` is NONE) zero-filled to `size` bytes, queued per
+    /// thread until a `cp.async.wait_*` (or the thread's exit) completes it.
+    CpAsync {
+        size: u8,
+        d: Slot,
+        doff: i32,
+        a: Slot,
+        aoff: i32,
+        n: Slot,
+    },
+    /// `cp.async.commit_group`.
+    CpCommit,
+    /// `cp.async.wait_group n` (`all`: `cp.async.wait_all`, i.e. commit then wait for 0).
+    CpWait {
+        n: u32,
+        all: bool,
+    },
+    /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16 {ds}, [a + off]` (warp-collective).
+    Ldmatrix {
+        num: u8,
+        trans: bool,
+        sp: Space,
+        ds: [Slot; 4],
+        a: Slot,
+        off: i32,
+    },
+    /// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32 {d}, {a}, {b}, {c}` (warp-collective);
+    /// the source slots are `Program::mma_srcs[srcs]`.
+    Mma {
+        kind: crate::tensor_core::HalfKind,
+        k16: bool,
+        d: [Slot; 4],
+        srcs: u32,
+    },
+}
+
+/// Source slots of one `mma`: A (4, or 2 for k8), B (2, or 1 for k8; unused entries NONE), C (4).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MmaSrcs {
+    pub a: [Slot; 4],
+    pub b: [Slot; 2],
+    pub c: [Slot; 4],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -366,6 +409,8 @@ impl Op {
             Setp { d, d2, .. } => vec![d, d2],
             Shfl { d, p, .. } | Match { d, p, .. } => vec![d, p],
             Unpack { ds, n, .. } | Ld { ds, n, .. } | LdSlot { ds, n, .. } => ds[..n as usize].to_vec(),
+            Ldmatrix { ds, num, .. } => ds[..num as usize].to_vec(),
+            Mma { d, .. } => d.to_vec(),
             _ => vec![],
         };
         v.into_iter().filter(|&s| s != NONE).collect()
@@ -387,4 +432,6 @@ pub(crate) struct Program {
     /// Offset of the dynamic (`.extern`) shared window.
     pub dyn_shared_offset: usize,
     pub has_calls: bool,
+    /// Source operands of the `mma` instructions (`Op::Mma::srcs` indexes it).
+    pub mma_srcs: Vec<MmaSrcs>,
 }

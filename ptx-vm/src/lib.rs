@@ -28,6 +28,7 @@ mod memory;
 mod num;
 mod ops;
 mod parse;
+mod tensor_core;
 
 pub use exec::SHARED_POISON;
 

@@ -537,6 +537,21 @@ fn next16(bits: u16, up: bool, bf: bool) -> u16 {
     }
 }
 
+/// `v` rounded to f32 with round-to-odd: `v` itself when representable, else its truncation toward
+/// zero with the last bit set. Rounding that to nearest in a format with at most 22 significant
+/// bits (f16, bf16) gives the same result as rounding `v` directly.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let r = v as f32;
+    if v.is_nan() || r as f64 == v {
+        return r;
+    }
+    let mut b = r.to_bits();
+    if (r as f64).abs() > v.abs() {
+        b -= 1; // one step toward zero (from infinity: to the largest finite f32)
+    }
+    f32::from_bits(b | 1)
+}
+
 /// Rounds exact `v` (an f64) to f16/bf16/f32 with mode `rnd`.
 fn narrow(v: f64, to: Ty, rnd: u8) -> u64 {
     match to {
@@ -549,11 +564,14 @@ fn narrow(v: f64, to: Ty, rnd: u8) -> u64 {
         }
         Ty::F16 | Ty::BF16 => {
             let bf = to == Ty::BF16;
+            // Through f32 with round-to-odd: `half`'s direct f64 conversions drop the low 32 bits
+            // of the f64 when rounding (1 + 2^-8 + 2^-23 would round to bf16 1.0, not 1 + 2^-7).
+            let v32 = f32_round_to_odd(v);
             let (bits, back) = if bf {
-                let h = half::bf16::from_f64(v);
+                let h = half::bf16::from_f32(v32);
                 (h.to_bits(), h.to_f64())
             } else {
-                let h = half::f16::from_f64(v);
+                let h = half::f16::from_f32(v32);
                 (h.to_bits(), h.to_f64())
             };
             if rnd == RN || v.is_nan() || v.is_infinite() {

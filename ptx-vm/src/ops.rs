@@ -1,7 +1,7 @@
 //! Per-lane scalar functions the decoder selects as function pointers (integer, bit, f32 fast
 //! paths). `B` is the operand width in bits; results are zero-extended to 64 bits.
 
-use crate::num::{mask, sext, Ty};
+use crate::num::{self, mask, sext, FMode, Ty};
 
 #[inline(always)]
 fn m<const B: u32>(x: u64) -> u64 {
@@ -280,4 +280,13 @@ pub(crate) fn int_cvt(to: Ty, from: Ty) -> fn(u64) -> u64 {
     } else {
         pick!(cvt_zext, from.bits())
     }
+}
+
+/// `cvt.{rn,rz}.{bf16x2,f16x2}.f32 d, a, b`: `a` rounded to bits 16..32, `b` to bits 0..16.
+pub(crate) fn cvt_x2<const BF: bool, const RZ: bool>(a: u64, b: u64) -> u64 {
+    let to = if BF { Ty::BF16 } else { Ty::F16 };
+    let m = FMode { rnd: if RZ { num::RZ } else { num::RN }, ftz: false, sat: false, int_round: false };
+    let hi = num::cvt(to, Ty::F32, m, a & 0xffff_ffff);
+    let lo = num::cvt(to, Ty::F32, m, b & 0xffff_ffff);
+    (hi & 0xffff) << 16 | (lo & 0xffff)
 }

@@ -1,0 +1,233 @@
+//! Tensor-core instruction semantics: `mma.sync.aligned.m16n8k{8,16}.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
+//! and `ldmatrix.sync.aligned.m8n8.x{1,2,4}{.trans}.b16`, as pure functions over the 32 lanes of a
+//! warp. The executor gathers each lane's source registers, calls these, and scatters the results.
+//!
+//! Lane naming follows the PTX ISA: `group = lane / 4`, `tig = lane % 4` (thread in group).
+//!
+//! ```text
+//! A (m16 x k16, row-major), 4 x .b32 per lane, each .b32 = {lo, hi} halves:
+//!   reg0 = A[group    ][2 tig .. 2 tig + 1]     reg2 = A[group    ][2 tig + 8 .. 2 tig + 9]
+//!   reg1 = A[group + 8][2 tig .. 2 tig + 1]     reg3 = A[group + 8][2 tig + 8 .. 2 tig + 9]
+//! B (k16 x n8, column-major), 2 x .b32 per lane:
+//!   reg0 = B[2 tig .. 2 tig + 1][group]         reg1 = B[2 tig + 8 .. 2 tig + 9][group]
+//! C, D (m16 x n8, f32), 4 x .f32 per lane:
+//!   c0, c1 = C[group][2 tig], C[group][2 tig + 1]     c2, c3 = C[group + 8][2 tig], C[group + 8][2 tig + 1]
+//! m16n8k8: A is reg0, reg1 only (k 0..8), B is reg0 only.
+//! ```
+//!
+//! Numerics: every product of two f16/bf16 values is exact in f64, the 8 or 16 products and the
+//! f32 accumulator are summed in f64 and rounded once to f32 (round to nearest even). Hardware
+//! keeps at least f32 precision with an unspecified order, so results agree to within a few f32
+//! ulps of the larger terms.
+//!
+//! The executor (`exec.rs`) checks that all 32 lanes execute the instruction, gathers each
+//! lane's source registers (or, for `ldmatrix`, the 16-byte shared-memory rows the lanes
+//! address), calls these functions and scatters the results.
+
+/// Element type of the A and B operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HalfKind {
+    F16,
+    Bf16,
+}
+
+impl HalfKind {
+    /// Value of a 16-bit element.
+    #[inline]
+    pub(crate) fn to_f64(self, bits: u16) -> f64 {
+        match self {
+            HalfKind::F16 => half::f16::from_bits(bits).to_f64(),
+            HalfKind::Bf16 => half::bf16::from_bits(bits).to_f64(),
+        }
+    }
+}
+
+#[inline]
+fn lo(x: u32) -> u16 {
+    x as u16
+}
+#[inline]
+fn hi(x: u32) -> u16 {
+    (x >> 16) as u16
+}
+
+/// Row-major A (16 x k) from the per-lane A registers (`k` = 8 or 16).
+fn gather_a(kind: HalfKind, k: usize, a: &[[u32; 4]; 32]) -> [[f64; 16]; 16] {
+    let mut m = [[0.0; 16]; 16];
+    for (lane, regs) in a.iter().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        let nregs = k / 4; // 2 for k8, 4 for k16
+        for (r, &reg) in regs.iter().enumerate().take(nregs) {
+            let row = g + 8 * (r % 2);
+            let col = 2 * t + 8 * (r / 2);
+            m[row][col] = kind.to_f64(lo(reg));
+            m[row][col + 1] = kind.to_f64(hi(reg));
+        }
+    }
+    m
+}
+
+/// B (k x 8) from the per-lane B registers.
+fn gather_b(kind: HalfKind, k: usize, b: &[[u32; 2]; 32]) -> [[f64; 8]; 16] {
+    let mut m = [[0.0; 8]; 16];
+    for (lane, regs) in b.iter().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        for (r, &reg) in regs.iter().enumerate().take(k / 8) {
+            let row = 2 * t + 8 * r;
+            m[row][g] = kind.to_f64(lo(reg));
+            m[row + 1][g] = kind.to_f64(hi(reg));
+        }
+    }
+    m
+}
+
+/// `mma.sync.aligned.m16n8k{k}.row.col.f32.T.T.f32`: D = A B + C for all 32 lanes.
+/// `a[lane]` uses regs `0..k/4`, `b[lane]` regs `0..k/8`; unused registers are ignored.
+pub(crate) fn mma_f32_acc(
+    kind: HalfKind,
+    k: usize,
+    a: &[[u32; 4]; 32],
+    b: &[[u32; 2]; 32],
+    c: &[[f32; 4]; 32],
+) -> [[f32; 4]; 32] {
+    debug_assert!(k == 8 || k == 16);
+    let am = gather_a(kind, k, a);
+    let bm = gather_b(kind, k, b);
+    let mut d = [[0.0f32; 4]; 32];
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for i in 0..4 {
+            let row = g + 8 * (i / 2);
+            let col = 2 * t + (i % 2);
+            let mut s = c[lane][i] as f64;
+            for kk in 0..k {
+                s += am[row][kk] * bm[kk][col];
+            }
+            d[lane][i] = s as f32;
+        }
+    }
+    d
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.b16`. `rows[m][r]` is row `r` of matrix `m` (8
+/// 16-bit elements, read from the address lane `8 m + r` supplied). Returns each lane's `num`
+/// destination registers: without `.trans`, reg `m` of lane `l` holds `M_m[l / 4][2 (l % 4) ..+2]`;
+/// with `.trans`, it holds `M_m[2 (l % 4)][l / 4]` (lo) and `M_m[2 (l % 4) + 1][l / 4]` (hi).
+pub(crate) fn ldmatrix(num: usize, trans: bool, rows: &[[[u16; 8]; 8]]) -> [[u32; 4]; 32] {
+    debug_assert!(matches!(num, 1 | 2 | 4) && rows.len() >= num);
+    let mut out = [[0u32; 4]; 32];
+    for (lane, regs) in out.iter_mut().enumerate() {
+        let (r, c) = (lane / 4, 2 * (lane % 4));
+        for (m, reg) in regs.iter_mut().enumerate().take(num) {
+            let (e0, e1) = if trans { (rows[m][c][r], rows[m][c + 1][r]) } else { (rows[m][r][c], rows[m][r][c + 1]) };
+            *reg = e0 as u32 | (e1 as u32) << 16;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn pack(lo: u16, hi: u16) -> u32 {
+        lo as u32 | (hi as u32) << 16
+    }
+
+    /// Distributes a row-major A and column-major B per the PTX fragment layout, independently of
+    /// the gather code (written from the ISA tables), and checks D against an f64 matmul.
+    fn check(kind: HalfKind, k: usize) {
+        let enc = |x: f32| match kind {
+            HalfKind::F16 => f16::from_f32(x).to_bits(),
+            HalfKind::Bf16 => bf16::from_f32(x).to_bits(),
+        };
+        // Small integers and halves: exact in both formats, so the expected D is exact.
+        let av = |i: usize, j: usize| ((i * 7 + j * 3) % 11) as f32 * 0.5 - 2.0;
+        let bv = |i: usize, j: usize| ((i * 5 + j * 13) % 9) as f32 - 4.0;
+        let cv = |i: usize, j: usize| (i * 8 + j) as f32 * 0.25;
+        let mut a = [[0u32; 4]; 32];
+        let mut b = [[0u32; 2]; 32];
+        let mut c = [[0f32; 4]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            // A: a0,a1 (row g, cols 2t,2t+1), a2,a3 (row g+8), a4,a5 (row g, cols +8), a6,a7 (row g+8, +8)
+            a[lane][0] = pack(enc(av(g, 2 * t)), enc(av(g, 2 * t + 1)));
+            a[lane][1] = pack(enc(av(g + 8, 2 * t)), enc(av(g + 8, 2 * t + 1)));
+            if k == 16 {
+                a[lane][2] = pack(enc(av(g, 2 * t + 8)), enc(av(g, 2 * t + 9)));
+                a[lane][3] = pack(enc(av(g + 8, 2 * t + 8)), enc(av(g + 8, 2 * t + 9)));
+            }
+            b[lane][0] = pack(enc(bv(2 * t, g)), enc(bv(2 * t + 1, g)));
+            if k == 16 {
+                b[lane][1] = pack(enc(bv(2 * t + 8, g)), enc(bv(2 * t + 9, g)));
+            }
+            c[lane] = [cv(g, 2 * t), cv(g, 2 * t + 1), cv(g + 8, 2 * t), cv(g + 8, 2 * t + 1)];
+        }
+        let d = mma_f32_acc(kind, k, &a, &b, &c);
+        for (lane, dl) in d.iter().enumerate() {
+            let (g, t) = (lane / 4, lane % 4);
+            for (i, (row, col)) in
+                [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate()
+            {
+                let mut want = cv(row, col) as f64;
+                for kk in 0..k {
+                    want += av(row, kk) as f64 * bv(kk, col) as f64;
+                }
+                assert_eq!(dl[i] as f64, want, "{kind:?} k{k} lane {lane} elem {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn mma_m16n8k16_f16_and_bf16() {
+        check(HalfKind::F16, 16);
+        check(HalfKind::Bf16, 16);
+    }
+
+    #[test]
+    fn mma_m16n8k8_f16_and_bf16() {
+        check(HalfKind::F16, 8);
+        check(HalfKind::Bf16, 8);
+    }
+
+    #[test]
+    fn mma_rounds_once_to_f32() {
+        // 1 + 2^-24 + 2^-24 : summed exactly then rounded -> 1 + 2^-23 (two separate f32 adds give 1).
+        let one = f16::from_f32(1.0).to_bits();
+        let tiny = f16::from_f32(2f32.powi(-12)).to_bits();
+        let mut a = [[0u32; 4]; 32];
+        let mut b = [[0u32; 2]; 32];
+        let c = [[1.0f32; 4]; 32];
+        // Row 0 of A = [2^-12, 2^-12, 0...], column 0 of B = [2^-12, 2^-12, 0...] -> D[0][0] = 1 + 2^-23.
+        a[0][0] = pack(tiny, tiny);
+        b[0][0] = pack(tiny, tiny);
+        let _ = one;
+        let d = mma_f32_acc(HalfKind::F16, 16, &a, &b, &c);
+        assert_eq!(d[0][0], 1.0 + 2f32.powi(-23));
+        assert_eq!(d[0][1], 1.0);
+    }
+
+    #[test]
+    fn ldmatrix_plain_and_trans() {
+        let mut rows = [[[0u16; 8]; 8]; 4];
+        for (m, mat) in rows.iter_mut().enumerate() {
+            for (r, row) in mat.iter_mut().enumerate() {
+                for (c, e) in row.iter_mut().enumerate() {
+                    *e = (m * 100 + r * 10 + c) as u16;
+                }
+            }
+        }
+        let plain = ldmatrix(4, false, &rows);
+        // lane 6: row 1, cols 4,5
+        assert_eq!(plain[6][0], 14 | 15 << 16);
+        assert_eq!(plain[6][3], 314 | 315 << 16);
+        let t = ldmatrix(2, true, &rows);
+        // lane 6 with .trans: (row 4, col 1) lo and (row 5, col 1) hi
+        assert_eq!(t[6][0], 41 | 51 << 16);
+        assert_eq!(t[6][1], 141 | 151 << 16);
+        assert_eq!(t[6][2], 0, "x2 leaves the third register alone");
+        let one = ldmatrix(1, false, &rows);
+        assert_eq!(one[31][0], 76 | 77 << 16);
+    }
+}
