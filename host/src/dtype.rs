@@ -1,4 +1,9 @@
-//! Element types. Only `f32` has kernels today; the enum leaves room for `f16`/`bf16`.
+//! Element types of Q, K, V and O: `f32` (SIMT kernels), `bf16` and `f16` (tensor-core kernels).
+//!
+//! On the host every tensor is held as `f32`. A 16-bit tensor is held as the `f32` values of its
+//! 16-bit elements (rounding to the dtype is done once, when inputs are made or read, with the
+//! `half` crate's round-to-nearest-even), so the host-side value is exactly what the device sees;
+//! [`Dtype::encode`] and [`Dtype::decode`] convert to and from the device bytes without loss.
 
 use serde::Serialize;
 use std::fmt;
@@ -9,20 +14,40 @@ use std::str::FromStr;
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F32,
+    Bf16,
+    F16,
 }
 
 impl Dtype {
-    pub const ALL: [Dtype; 1] = [Dtype::F32];
+    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
 
     pub const fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
         }
     }
 
     pub const fn size_bytes(self) -> u64 {
         match self {
             Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+
+    /// True for the 16-bit types that run on tensor cores.
+    pub const fn is_16bit(self) -> bool {
+        matches!(self, Dtype::Bf16 | Dtype::F16)
+    }
+
+    /// Unit roundoff `u` of round-to-nearest: half the distance from 1 to the next value
+    /// (`2^-24` f32, `2^-9` bf16 with 8 significant bits, `2^-11` f16 with 11).
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            Dtype::F32 => (-24f64).exp2(),
+            Dtype::Bf16 => (-9f64).exp2(),
+            Dtype::F16 => (-11f64).exp2(),
         }
     }
 
@@ -30,21 +55,78 @@ impl Dtype {
     pub fn safetensors(self) -> safetensors::Dtype {
         match self {
             Dtype::F32 => safetensors::Dtype::F32,
+            Dtype::Bf16 => safetensors::Dtype::BF16,
+            Dtype::F16 => safetensors::Dtype::F16,
         }
     }
 
-    /// Pass/fail bounds of the verification (see [`crate::verify`]).
-    pub const fn tolerance(self) -> Tolerance {
+    /// The dtype of a safetensors tensor, if it is one the kernels take.
+    pub fn from_safetensors(d: safetensors::Dtype) -> Option<Dtype> {
+        match d {
+            safetensors::Dtype::F32 => Some(Dtype::F32),
+            safetensors::Dtype::BF16 => Some(Dtype::Bf16),
+            safetensors::Dtype::F16 => Some(Dtype::F16),
+            _ => None,
+        }
+    }
+
+    /// `x` rounded to this dtype (nearest, ties to even), as an f32. Identity for f32.
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
         match self {
-            // f32 kernels accumulate in f32 and use `ex2.approx` (2 ulp); against an f64 reference
-            // the relative RMS error is ~1e-7..1e-6 for the shapes tested, so 1e-5 leaves a margin
-            // of 10x while still catching any indexing or masking bug (those give errors ~1).
-            Dtype::F32 => Tolerance { rel_rms: 1e-5, max_abs: 1e-4, lse_rel_rms: 1e-5, lse_max_abs: 1e-4 },
+            Dtype::F32 => x,
+            Dtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Dtype::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// Every element rounded to this dtype.
+    pub fn round_all(self, x: &mut [f32]) {
+        if self != Dtype::F32 {
+            for v in x {
+                *v = self.round(*v);
+            }
+        }
+    }
+
+    /// Little-endian device bytes of `x` in this dtype (16-bit types round each value).
+    pub fn encode(self, x: &[f32]) -> Vec<u8> {
+        match self {
+            Dtype::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Dtype::Bf16 => x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+            Dtype::F16 => x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        }
+    }
+
+    /// Values of little-endian device bytes in this dtype (exact: every 16-bit value is an f32).
+    pub fn decode(self, bytes: &[u8]) -> Vec<f32> {
+        match self {
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::Bf16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        }
+    }
+
+    /// The fixed pass/fail bounds of f32 runs (see [`crate::verify`]). The 16-bit types are
+    /// judged against a baseline measured on the same inputs, [`crate::verify::tolerance_16bit`];
+    /// their fixed part is only the LSE bound, which is computed in f32 by every kernel.
+    pub const fn tolerance(self) -> Tolerance {
+        // f32 kernels accumulate in f32 and use `ex2.approx` (2 ulp); against an f64 reference
+        // the relative RMS error is ~1e-7..1e-6 for the shapes tested, so 1e-5 leaves a margin
+        // of 10x while still catching any indexing or masking bug (those give errors ~1).
+        Tolerance {
+            rel_rms: 1e-5,
+            max_abs: 1e-4,
+            lse_rel_rms: 1e-5,
+            lse_max_abs: 1e-4,
+            rule: "fixed f32 bounds",
+            baseline_rel_rms_err: None,
+            baseline_max_abs_err: None,
         }
     }
 }
 
-/// Verification bounds for one dtype. An output passes when every bound holds.
+/// Verification bounds of one run. An output passes when every bound holds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Tolerance {
     /// Bound on ‖o − ref‖ / ‖ref‖ over all checked elements of O.
@@ -55,6 +137,12 @@ pub struct Tolerance {
     pub lse_rel_rms: f64,
     /// Bound on max |lse − ref| over the finite LSE values.
     pub lse_max_abs: f64,
+    /// How the bounds were set, in words.
+    pub rule: &'static str,
+    /// 16-bit runs: the errors of naive attention computed in the same dtype on the same inputs
+    /// and rows (the baseline the O bounds are twice of).
+    pub baseline_rel_rms_err: Option<f64>,
+    pub baseline_max_abs_err: Option<f64>,
 }
 
 impl fmt::Display for Dtype {
@@ -64,15 +152,43 @@ impl fmt::Display for Dtype {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported dtype `{0}` (supported: f32; f16/bf16 need the tensor-core kernels, which do not exist yet)")]
+#[error("unsupported dtype `{0}` (supported: f32, bf16, f16)")]
 pub struct UnknownDtype(pub String);
 
 impl FromStr for Dtype {
     type Err = UnknownDtype;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(Dtype::F32),
+            "f32" | "float32" | "fp32" => Ok(Dtype::F32),
+            "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+            "f16" | "float16" | "fp16" | "half" => Ok(Dtype::F16),
             _ => Err(UnknownDtype(s.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_and_bytes_round_trip() {
+        // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties to even -> 1.
+        assert_eq!(Dtype::Bf16.round(1.0 + 2f32.powi(-8)), 1.0);
+        assert_eq!(Dtype::Bf16.round(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));
+        assert_eq!(Dtype::F16.round(1.0 + 2f32.powi(-12)), 1.0);
+        assert_eq!(Dtype::F16.round(65520.0), f32::INFINITY);
+        for d in Dtype::ALL {
+            let x: Vec<f32> = (0..100).map(|i| d.round((i as f32 - 50.0) * 0.37)).collect();
+            let b = d.encode(&x);
+            assert_eq!(b.len() as u64, 100 * d.size_bytes());
+            assert_eq!(d.decode(&b), x, "{d}");
+            assert_eq!(d.name().parse::<Dtype>(), Ok(d));
+            assert_eq!(Dtype::from_safetensors(d.safetensors()), Some(d));
+        }
+        // Bit patterns: bf16 1.0 = 0x3F80, f16 1.0 = 0x3C00.
+        assert_eq!(Dtype::Bf16.encode(&[1.0]), vec![0x80, 0x3F]);
+        assert_eq!(Dtype::F16.encode(&[1.0]), vec![0x00, 0x3C]);
+        assert!("f8".parse::<Dtype>().unwrap_err().to_string().contains("bf16"));
     }
 }

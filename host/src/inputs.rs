@@ -4,7 +4,7 @@
 use crate::problem::{Layout, Problem};
 use crate::rng::SplitMix64;
 
-/// Q, K and V of one problem, BSHD, f32.
+/// Q, K and V of one problem, BSHD, as f32 values (for a 16-bit problem: values of the dtype).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Qkv {
     pub q: Vec<f32>,
@@ -13,14 +13,23 @@ pub struct Qkv {
 }
 
 impl Qkv {
-    /// Standard-normal inputs from `seed` (Q, K, V drawn in that order).
+    /// Standard-normal inputs from `seed` (Q, K, V drawn in that order), drawn in f32 and rounded
+    /// to `p.dtype` (nearest, ties to even), so the host holds exactly what the device gets.
     pub fn random(p: &Problem, seed: u64) -> Qkv {
         let mut rng = SplitMix64::new(seed);
-        let mut draw = |n: u64| (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+        let dt = p.dtype;
+        let mut draw = |n: u64| (0..n).map(|_| dt.round(rng.normal() as f32)).collect::<Vec<f32>>();
         let q = draw(p.q_elems());
         let k = draw(p.kv_elems());
         let v = draw(p.kv_elems());
         Qkv { q, k, v }
+    }
+
+    /// True when every value is exactly representable in `dtype`.
+    pub fn representable_in(&self, dtype: crate::dtype::Dtype) -> bool {
+        [&self.q, &self.k, &self.v]
+            .into_iter()
+            .all(|t| t.iter().all(|&x| x.is_nan() || dtype.round(x).to_bits() == x.to_bits()))
     }
 }
 

@@ -7,7 +7,9 @@ use crate::dtype::Dtype;
 use crate::memory::AnalyticBytes;
 use kernels_gpu::abi::KernelId;
 use kernels_gpu::abi::{causal_key_end, Strides};
-use kernels_gpu::tiles::{flash_f32_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
+use kernels_gpu::tiles::{
+    flash_f32_tile, flash_mma_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM,
+};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +30,31 @@ impl KernelKind {
         match self {
             KernelKind::Naive => "naive",
             KernelKind::Flash => "flash",
+        }
+    }
+}
+
+impl KernelKind {
+    /// The dtypes this kernel family is compiled for.
+    pub const fn dtypes(self) -> &'static [Dtype] {
+        match self {
+            KernelKind::Naive => &[Dtype::F32],
+            KernelKind::Flash => &Dtype::ALL,
+        }
+    }
+
+    /// Whether `dtype` has a kernel of this family.
+    pub fn supports(self, dtype: Dtype) -> bool {
+        self.dtypes().contains(&dtype)
+    }
+
+    fn dtypes_note(self) -> &'static str {
+        match self {
+            KernelKind::Naive => {
+                "the naive kernels exist only in f32; bf16 and f16 run on the tensor-core flash kernels \
+                 flash_fwd_{bf16,f16}_d{64,128}: use --kernel flash"
+            }
+            KernelKind::Flash => "flash kernels exist for f32, bf16 and f16",
         }
     }
 }
@@ -152,8 +179,13 @@ pub enum ProblemError {
     ZeroSize { name: &'static str },
     #[error("head_dim {got} is not supported by the {kernel} kernel: {supported}")]
     UnsupportedHeadDim { kernel: KernelKind, got: u32, supported: String },
-    #[error("dtype {dtype} has no {kernel} kernel (kernels exist for: f32)")]
+    #[error("dtype {dtype} has no {kernel} kernel ({})", kernel.dtypes_note())]
     UnsupportedDtype { kernel: KernelKind, dtype: Dtype },
+    #[error(
+        "`{entry}` needs {what} aligned to {need} (got {got}); the tensor-core kernels load 16-byte \
+         chunks with cp.async, so Q, K and V rows must start on 16-byte boundaries"
+    )]
+    Alignment { entry: &'static str, what: String, got: String, need: &'static str },
     #[error("softmax scale must be finite (got {0})")]
     BadScale(f32),
     #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
@@ -262,14 +294,32 @@ impl Problem {
     pub fn launches(&self, kernel: KernelKind) -> Result<Vec<PlannedLaunch>, ProblemError> {
         match kernel {
             KernelKind::Flash => {
-                let Some(tile) = flash_f32_tile(self.head_dim) else {
-                    return Err(self.head_dim_error(kernel));
+                let (id, dims) = match (self.dtype, self.head_dim) {
+                    (Dtype::F32, d) => match flash_f32_tile(d) {
+                        Some(t) => (
+                            if d == 64 { KernelId::FlashFwdF32D64 } else { KernelId::FlashFwdF32D128 },
+                            t.launch(self.batch, self.heads, self.seq_q),
+                        ),
+                        None => return Err(self.head_dim_error(kernel)),
+                    },
+                    (dt, d) => match flash_mma_tile(d) {
+                        Some(t) => {
+                            let id = match (dt, d) {
+                                (Dtype::Bf16, 64) => KernelId::FlashFwdBf16D64,
+                                (Dtype::Bf16, _) => KernelId::FlashFwdBf16D128,
+                                (_, 64) => KernelId::FlashFwdF16D64,
+                                _ => KernelId::FlashFwdF16D128,
+                            };
+                            (id, t.launch(self.batch, self.heads, self.seq_q))
+                        }
+                        None => return Err(self.head_dim_error(kernel)),
+                    },
                 };
-                let id = match self.head_dim {
-                    64 => KernelId::FlashFwdF32D64,
-                    _ => KernelId::FlashFwdF32D128,
-                };
-                Ok(vec![PlannedLaunch { kernel: id, dims: tile.launch(self.batch, self.heads, self.seq_q) }])
+                debug_assert_eq!(dims.dynamic_smem_bytes, id.dynamic_smem_bytes());
+                Ok(vec![PlannedLaunch { kernel: id, dims }])
+            }
+            KernelKind::Naive if !kernel.supports(self.dtype) => {
+                Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype })
             }
             KernelKind::Naive => Ok([KernelId::NaiveScoresF32, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF32]
                 .into_iter()
@@ -312,9 +362,10 @@ impl Problem {
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
         }
-        if self.dtype != Dtype::F32 {
+        if !kernel.supports(self.dtype) {
             return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
         }
+        self.check_alignment(kernel)?;
         let scale = self.softmax_scale();
         if !scale.is_finite() {
             return Err(ProblemError::BadScale(scale));
@@ -323,6 +374,33 @@ impl Problem {
         let s = (self.batch as u128) * (self.heads as u128) * (self.seq_q as u128) * (self.seq_kv as u128) * 4;
         if s > u64::MAX as u128 {
             return Err(ProblemError::TooLarge { what: "the score matrix", got: s.to_string() });
+        }
+        Ok(())
+    }
+
+    /// The tensor-core kernels copy Q, K and V in 16-byte chunks (`cp.async`): every row must start
+    /// on a 16-byte boundary, so the batch, seq and head strides must be multiples of 8 elements
+    /// (and O rows 4-byte aligned, implied). The base pointers are checked by the runner after
+    /// allocation ([`check_pointer_alignment`]).
+    pub fn check_alignment(&self, kernel: KernelKind) -> Result<(), ProblemError> {
+        if !(kernel == KernelKind::Flash && self.dtype.is_16bit()) {
+            return Ok(());
+        }
+        let entry = match self.launches(kernel) {
+            Ok(l) => l[0].kernel.name(),
+            Err(_) => return Ok(()), // the head-dim error is reported instead
+        };
+        for (tensor, st) in [("Q/O", self.q_strides()), ("K/V", self.kv_strides())] {
+            for (name, v) in [("batch", st.batch), ("seq", st.seq), ("head", st.head)] {
+                if !v.is_multiple_of(8) {
+                    return Err(ProblemError::Alignment {
+                        entry,
+                        what: format!("the {tensor} {name} stride"),
+                        got: format!("{v} elements = {} bytes", v * self.dtype.size_bytes()),
+                        need: "a multiple of 8 elements (16 bytes)",
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -349,7 +427,7 @@ impl Problem {
                 if self.heads as u64 > caps.max_grid[1] as u64 {
                     return Err(ProblemError::GridLimit {
                         kernel,
-                        entry: "flash_fwd_f32",
+                        entry: self.launches(kernel)?[0].kernel.name(),
                         axis: 'y',
                         got: self.heads as u64,
                         limit: caps.max_grid[1] as u64,
@@ -359,7 +437,7 @@ impl Problem {
                 if self.batch as u64 > caps.max_grid[2] as u64 {
                     return Err(ProblemError::GridLimit {
                         kernel,
-                        entry: "flash_fwd_f32",
+                        entry: self.launches(kernel)?[0].kernel.name(),
                         axis: 'z',
                         got: self.batch as u64,
                         limit: caps.max_grid[2] as u64,
@@ -404,6 +482,35 @@ impl Problem {
     }
 }
 
+/// The tensor-core kernels need 16-byte aligned Q, K, V base pointers and 4-byte aligned O
+/// (see [`Problem::check_alignment`] for the strides).
+pub fn check_pointer_alignment(
+    p: &Problem,
+    kernel: KernelKind,
+    q: u64,
+    k: u64,
+    v: u64,
+    o: u64,
+) -> Result<(), ProblemError> {
+    if !(kernel == KernelKind::Flash && p.dtype.is_16bit()) {
+        return Ok(());
+    }
+    let entry = p.launches(kernel)?[0].kernel.name();
+    for (name, ptr, need, label) in
+        [("Q", q, 16, "16 bytes"), ("K", k, 16, "16 bytes"), ("V", v, 16, "16 bytes"), ("O", o, 4, "4 bytes")]
+    {
+        if !ptr.is_multiple_of(need) {
+            return Err(ProblemError::Alignment {
+                entry,
+                what: format!("the {name} base pointer"),
+                got: format!("{ptr:#x}"),
+                need: label,
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +546,41 @@ mod tests {
         assert!(p.validate_shape(KernelKind::Naive).is_ok());
         let p = Problem { head_dim: 300, ..Problem::default() };
         assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
+    }
+
+    #[test]
+    fn dtype_picks_the_kernel_and_naive_is_f32_only() {
+        let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
+        let p = Problem { dtype: Dtype::Bf16, seq_q: 130, ..Problem::default() };
+        assert_eq!(names(&p), [KernelId::FlashFwdBf16D64]);
+        let l = p.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 4, 1], [128, 1, 1], 40 * 1024));
+        assert_eq!(names(&Problem { head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
+        assert_eq!(names(&Problem { dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D64]);
+        assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 128, ..p }), [KernelId::FlashFwdF16D128]);
+        assert_eq!(names(&Problem { dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D64]);
+        assert!(p.validate_shape(KernelKind::Flash).is_ok());
+        let e = p.validate_shape(KernelKind::Naive).unwrap_err();
+        assert_eq!(e, ProblemError::UnsupportedDtype { kernel: KernelKind::Naive, dtype: Dtype::Bf16 });
+        let msg = e.to_string();
+        assert!(msg.contains("only in f32") && msg.contains("--kernel flash") && msg.contains("flash_fwd_"), "{msg}");
+        assert!(p.launches(KernelKind::Naive).is_err());
+        let e = Problem { head_dim: 96, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("64 and 128"), "{e}");
+    }
+
+    #[test]
+    fn alignment_is_checked_for_the_tensor_core_kernels() {
+        let p = Problem { dtype: Dtype::Bf16, ..Problem::default() };
+        assert!(p.check_alignment(KernelKind::Flash).is_ok());
+        assert!(check_pointer_alignment(&p, KernelKind::Flash, 256, 512, 1024, 2048).is_ok());
+        let e = check_pointer_alignment(&p, KernelKind::Flash, 256, 520, 1024, 2048).unwrap_err().to_string();
+        assert!(e.contains("K base pointer") && e.contains("16 bytes") && e.contains("flash_fwd_bf16_d64"), "{e}");
+        let e = check_pointer_alignment(&p, KernelKind::Flash, 256, 512, 1024, 2050).unwrap_err().to_string();
+        assert!(e.contains("O base pointer") && e.contains("4 bytes"), "{e}");
+        // f32 kernels have no such requirement.
+        let f = Problem { dtype: Dtype::F32, ..p };
+        assert!(check_pointer_alignment(&f, KernelKind::Flash, 4, 8, 12, 2).is_ok());
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct PtxasKernel {
     pub static_smem_bytes: u32,
     pub dynamic_smem_bytes: u32,
     pub barriers: u32,
+    /// HMMA (tensor-core) instructions in the SASS (`nvdisasm`); absent in older reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmma: Option<u32>,
 }
 
 /// One `.param` of an entry, as declared.

@@ -63,9 +63,20 @@ pub fn run_summary(r: &RunReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  O          max abs {:.3e}  max rel {:.3e}  rel RMS {:.3e}  (bounds: rel RMS <= {:.0e}, max abs <= {:.0e})",
+        "  O          max abs {:.3e}  max rel {:.3e}  rel RMS {:.3e}  (bounds: rel RMS <= {:.3e}, max abs <= {:.3e})",
         r.max_abs_err, r.max_rel_err, r.rel_rms_err, r.tolerance.rel_rms, r.tolerance.max_abs
     );
+    if let (Some(b), Some(bm)) = (r.tolerance.baseline_rel_rms_err, r.tolerance.baseline_max_abs_err) {
+        let _ = writeln!(
+            s,
+            "  naive {:<4} rel RMS {:.3e}  max abs {:.3e}  (CPU, same inputs); kernel/naive rel RMS {}",
+            r.dtype.name(),
+            b,
+            bm,
+            r.error_ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into())
+        );
+    }
+    let _ = writeln!(s, "  bounds     {}", r.tolerance.rule);
     let _ = writeln!(
         s,
         "  LSE        max abs {:.3e}  max rel {:.3e}  rel RMS {:.3e}  (-inf rows must match exactly: {} mismatches)",

@@ -9,15 +9,29 @@ use crate::dtype::Tolerance;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
-use crate::problem::{KernelKind, Problem, ShapeJson};
+use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson};
 use crate::reference::{reference, RowSelection};
 use crate::timing::{tflops, Timing};
-use crate::verify::{verify, ErrorStats, Verification};
+use crate::verify::{tolerance_for, verify, ErrorStats, Verification};
 use kernels_gpu::abi::AttnParams;
 use serde::Serialize;
 
-/// NaN bit pattern the outputs are filled with before every launch.
+/// NaN bit pattern the f32 outputs are filled with before every launch.
 pub const POISON: u32 = 0x7FC0_0000;
+/// Two 16-bit NaNs (0x7FC0 is a quiet NaN both as bf16 and as f16): the poison of a bf16/f16 O.
+pub const POISON_16: u32 = 0x7FC0_7FC0;
+
+/// Fills `bytes` bytes at `ptr` with the poison of `dtype` (whole words with `fill_u32`, a
+/// trailing half word with one upload).
+fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: crate::Dtype) -> Result<(), DeviceError> {
+    let word = if dtype.is_16bit() { POISON_16 } else { POISON };
+    dev.fill_u32(ptr, bytes / 4, word)?;
+    if !bytes.is_multiple_of(4) {
+        let tail = &word.to_le_bytes()[..(bytes % 4) as usize];
+        dev.upload_bytes(ptr + bytes / 4 * 4, tail)?;
+    }
+    Ok(())
+}
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,7 +63,8 @@ pub struct LaunchRecord {
     pub thread_instructions: Option<u64>,
 }
 
-/// Device outputs of the last repetition, BSHD O and `[batch, heads, seq_q]` LSE.
+/// Device outputs of the last repetition, BSHD O (values of the problem's dtype) and
+/// `[batch, heads, seq_q]` LSE.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunOutputs {
     pub o: Vec<f32>,
@@ -71,7 +86,13 @@ pub struct RunReport {
     pub rel_rms_err: f64,
     pub lse_err: ErrorStats,
     pub verification: Verification,
+    /// The bounds O and LSE were checked against, and how they were set.
     pub tolerance: Tolerance,
+    /// bf16/f16: relative RMS error of O of naive attention computed in the dtype on the same
+    /// inputs and rows (see [`crate::verify`]); `null` for f32.
+    pub baseline_rel_rms_err: Option<f64>,
+    /// bf16/f16: `rel_rms_err / baseline_rel_rms_err` (passes at <= 2, unless under the floor).
+    pub error_ratio: Option<f64>,
     /// Median over the measured repetitions of one run (all launches of the kernel).
     pub time_ms: f64,
     pub timing: Timing,
@@ -110,7 +131,17 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     let analytic = AnalyticBytes::new(&p, spec.kernel);
 
     let generated;
+    let rounded;
     let (x, inputs_desc) = match inputs {
+        Some(x) if !x.representable_in(p.dtype) => {
+            // The device gets the values rounded to the dtype; the reference must see the same.
+            let mut r = x.clone();
+            for t in [&mut r.q, &mut r.k, &mut r.v] {
+                p.dtype.round_all(t);
+            }
+            rounded = r;
+            (&rounded, format!("given (rounded to {})", p.dtype))
+        }
         Some(x) => {
             if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
                 return Err(Error::Usage(format!(
@@ -123,11 +154,16 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
                     p.kv_elems()
                 )));
             }
-            (x, "file".to_string())
+            (x, "given".to_string())
         }
         None => {
             generated = Qkv::random(&p, spec.seed);
-            (&generated, format!("random normal (seed {})", spec.seed))
+            let desc = if p.dtype.is_16bit() {
+                format!("random normal (seed {}), drawn in f32 and rounded to {}", spec.seed, p.dtype)
+            } else {
+                format!("random normal (seed {})", spec.seed)
+            };
+            (&generated, desc)
         }
     };
     let (b, h, d) = (p.batch, p.heads, p.head_dim);
@@ -156,9 +192,11 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             lse: alloc(dev, analytic.lse)?,
             scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
         };
-        dev.upload(buf.q, &qd)?;
-        dev.upload(buf.k, &kd)?;
-        dev.upload(buf.v, &vd)?;
+        check_pointer_alignment(&p, spec.kernel, buf.q, buf.k, buf.v, buf.o)
+            .map_err(|e| DeviceError::Misaligned(e.to_string()))?;
+        dev.upload_bytes(buf.q, &p.dtype.encode(&qd))?;
+        dev.upload_bytes(buf.k, &p.dtype.encode(&kd))?;
+        dev.upload_bytes(buf.v, &p.dtype.encode(&vd))?;
         dev.memory_mark_allocated()?;
         let params = AttnParams {
             q: buf.q,
@@ -185,7 +223,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         let mut records = Vec::new();
         let mut trace = Vec::new();
         for rep in 0..warmup + repeats {
-            dev.fill_u32(buf.o, p.q_elems(), POISON)?;
+            poison(dev, buf.o, p.q_elems() * es, p.dtype)?;
             dev.fill_u32(buf.lse, p.rows(), POISON)?;
             if buf.scores != 0 {
                 dev.fill_u32(buf.scores, p.score_elems(), POISON)?;
@@ -212,9 +250,10 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             }
             records = these;
         }
-        let mut o = vec![0f32; p.q_elems() as usize];
+        let mut o_bytes = vec![0u8; (p.q_elems() * es) as usize];
         let mut lse = vec![0f32; p.rows() as usize];
-        dev.download(buf.o, &mut o)?;
+        dev.download_bytes(buf.o, &mut o_bytes)?;
+        let o = p.dtype.decode(&o_bytes);
         dev.download(buf.lse, &mut lse)?;
         Ok((samples, records, o, lse, trace))
     })();
@@ -235,8 +274,9 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
 
     let timing = Timing::new(warmup, dev.clock_name(), samples);
     let reference = reference(&p, x, &spec.check);
-    let tol = p.dtype.tolerance();
+    let tol = tolerance_for(&p, x, &reference);
     let v = verify(&p, &o, &lse, &reference, &tol);
+    let error_ratio = tol.baseline_rel_rms_err.filter(|&b| b > 0.0).map(|b| v.o.rel_rms_err / b);
     let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
     let flops = p.flops();
     Ok(RunReport {
@@ -252,6 +292,8 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         rel_rms_err: v.o.rel_rms_err,
         lse_err: v.lse,
         tolerance: tol,
+        baseline_rel_rms_err: tol.baseline_rel_rms_err,
+        error_ratio,
         verification: v,
         time_ms: timing.median_ms,
         tflops: tflops(flops, timing.median_ms),

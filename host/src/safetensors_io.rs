@@ -1,8 +1,10 @@
 //! Reading Q, K, V from and writing O, LSE to `.safetensors` files.
 //!
 //! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads,
-//! head_dim]`, dtype matching `--dtype` (F32). Output: `o` `[batch, seq_q, heads, head_dim]` and
-//! `lse` `[batch, heads, seq_q]` (F32).
+//! head_dim]`, all three F32, BF16 or F16. With `--dtype` the tensors must have that dtype (a
+//! mismatch is an error, nothing is converted); without it the problem takes the file's dtype,
+//! which must then be the same for q, k and v. Output: `o` `[batch, seq_q, heads, head_dim]` in
+//! the problem's dtype and `lse` `[batch, heads, seq_q]` F32.
 
 use crate::dtype::Dtype;
 use crate::inputs::Qkv;
@@ -28,6 +30,10 @@ pub enum InputError {
         expected: safetensors::Dtype,
         dtype: Dtype,
     },
+    #[error("{path}: tensor `{name}` is {got:?}; inputs must be F32, BF16 or F16")]
+    UnsupportedDtype { path: PathBuf, name: &'static str, got: safetensors::Dtype },
+    #[error("{path}: q, k and v have different dtypes ({q:?}, {k:?}, {v:?}); they must share one (F32, BF16 or F16)")]
+    MixedDtypes { path: PathBuf, q: safetensors::Dtype, k: safetensors::Dtype, v: safetensors::Dtype },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected}")]
     WrongShape { path: PathBuf, name: &'static str, got: Vec<usize>, expected: String },
     #[error("{path}: tensor `{name}` dimension {dim} is {got}, larger than the kernels' u32 limit")]
@@ -44,8 +50,14 @@ pub struct FileShape {
     pub head_dim: u32,
 }
 
-/// Reads `q`, `k`, `v` from `path`.
+/// Reads `q`, `k`, `v` of dtype `dtype` from `path`.
 pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputError> {
+    read_qkv_as(path, Some(dtype)).map(|(s, _, x)| (s, x))
+}
+
+/// Reads `q`, `k`, `v` from `path`: of dtype `dtype` when given, else of the file's dtype (the
+/// same for all three). Returns the dtype read; 16-bit values are converted to f32 exactly.
+pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtype, Qkv), InputError> {
     let bytes = std::fs::read(path).map_err(|source| InputError::Read { path: path.into(), source })?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| InputError::Malformed { path: path.into(), message: e.to_string() })?;
@@ -58,8 +70,27 @@ pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputErro
             names.join(", ")
         }
     };
+    let tensor = |name: &'static str| -> Result<TensorView<'_>, InputError> {
+        st.tensor(name).map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })
+    };
+    let dtype = match dtype {
+        Some(d) => d,
+        None => {
+            let q = tensor("q")?.dtype();
+            let d = Dtype::from_safetensors(q).ok_or(InputError::UnsupportedDtype {
+                path: path.into(),
+                name: "q",
+                got: q,
+            })?;
+            let (k, v) = (tensor("k")?.dtype(), tensor("v")?.dtype());
+            if k != q || v != q {
+                return Err(InputError::MixedDtypes { path: path.into(), q, k, v });
+            }
+            d
+        }
+    };
     let get = |name: &'static str| -> Result<(Vec<usize>, Vec<f32>), InputError> {
-        let t = st.tensor(name).map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })?;
+        let t = tensor(name)?;
         if t.dtype() != dtype.safetensors() {
             return Err(InputError::WrongDtype {
                 path: path.into(),
@@ -83,8 +114,7 @@ pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputErro
                 return Err(InputError::TooLarge { path: path.into(), name, dim, got: n });
             }
         }
-        let data = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok((shape, data))
+        Ok((shape, dtype.decode(t.data())))
     };
     let (qs, q) = get("q")?;
     let (ks, k) = get("k")?;
@@ -107,32 +137,35 @@ pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputErro
             });
         }
     }
-    Ok((shape, Qkv { q, k, v }))
+    Ok((shape, dtype, Qkv { q, k, v }))
 }
 
-fn le_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-/// Writes `o` (`[batch, seq_q, heads, head_dim]`) and `lse` (`[batch, heads, seq_q]`).
-pub fn write_outputs(path: &Path, shape: FileShape, o: &[f32], lse: &[f32]) -> Result<(), InputError> {
-    let ob = le_bytes(o);
-    let lb = le_bytes(lse);
+/// Writes `o` (`[batch, seq_q, heads, head_dim]`, in `dtype`) and `lse` (`[batch, heads, seq_q]`,
+/// F32).
+pub fn write_outputs(path: &Path, shape: FileShape, dtype: Dtype, o: &[f32], lse: &[f32]) -> Result<(), InputError> {
+    let ob = dtype.encode(o);
+    let lb = Dtype::F32.encode(lse);
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
     let o_shape = vec![shape.batch as usize, shape.seq_q as usize, shape.heads as usize, shape.head_dim as usize];
     let l_shape = vec![shape.batch as usize, shape.heads as usize, shape.seq_q as usize];
-    let ot = TensorView::new(safetensors::Dtype::F32, o_shape, &ob).map_err(err)?;
+    let ot = TensorView::new(dtype.safetensors(), o_shape, &ob).map_err(err)?;
     let lt = TensorView::new(safetensors::Dtype::F32, l_shape, &lb).map_err(err)?;
     safetensors::serialize_to_file([("o", ot), ("lse", lt)], None, path).map_err(err)
 }
 
-/// Writes `q`, `k`, `v` (for tests and for preparing inputs).
+/// Writes `q`, `k`, `v` as F32 (for tests and for preparing inputs).
 pub fn write_qkv(path: &Path, shape: FileShape, x: &Qkv) -> Result<(), InputError> {
+    write_qkv_as(path, shape, Dtype::F32, x)
+}
+
+/// Writes `q`, `k`, `v` in `dtype` (16-bit types round each value to nearest).
+pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Result<(), InputError> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
-    let (qb, kb, vb) = (le_bytes(&x.q), le_bytes(&x.k), le_bytes(&x.v));
-    let q = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_q as usize, h, d], &qb).map_err(err)?;
-    let k = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_kv as usize, h, d], &kb).map_err(err)?;
-    let v = TensorView::new(safetensors::Dtype::F32, vec![b, shape.seq_kv as usize, h, d], &vb).map_err(err)?;
+    let (qb, kb, vb) = (dtype.encode(&x.q), dtype.encode(&x.k), dtype.encode(&x.v));
+    let st = dtype.safetensors();
+    let q = TensorView::new(st, vec![b, shape.seq_q as usize, h, d], &qb).map_err(err)?;
+    let k = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &kb).map_err(err)?;
+    let v = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &vb).map_err(err)?;
     safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, path).map_err(err)
 }

@@ -118,7 +118,12 @@ fn bad_options_exit_2_naming_the_limit() {
     assert_bad_input(&["run", "--kernel", "naive", "--head-dim", "300"], "1..=256");
     assert_bad_input(&["run", "--batch", "0"], "batch must be at least 1");
     assert_bad_input(&["run", "--seq-kv", "0"], "seq_kv");
-    assert_bad_input(&["run", "--dtype", "f16"], "f16");
+    assert_bad_input(&["run", "--dtype", "f8"], "bf16");
+    assert_bad_input(&["run", "--kernel", "naive", "--dtype", "bf16"], "naive kernels exist only in f32");
+    assert_bad_input(&["compare", "--dtype", "bf16"], "--vary dtype=f32,bf16");
+    assert_bad_input(&["compare", "--vary", "kernel=naive,flash", "--dtype", "f16"], "only in f32");
+    assert_bad_input(&["compare", "--vary", "dtype=f32,bf16", "--kernel", "naive"], "naive kernel in bf16");
+    assert_bad_input(&["sweep", "--kernels", "naive", "--dtype", "bf16"], "only in f32");
     assert_bad_input(&["run", "--check-rows", "0"], "--check-rows");
     assert_bad_input(&["run", "--repeats", "0"], "--repeats");
     assert_bad_input(&["run", "--scale", "inf"], "scale");

@@ -87,11 +87,11 @@ impl Device for DropLaunches<'_> {
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError> {
         self.0.free(ptr)
     }
-    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
-        self.0.upload(ptr, data)
+    fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError> {
+        self.0.upload_bytes(ptr, data)
     }
-    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
-        self.0.download(ptr, out)
+    fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.0.download_bytes(ptr, out)
     }
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
         self.0.fill_u32(ptr, count, value)

@@ -46,7 +46,7 @@ fn run_from_file_and_write_outputs() {
     let r = run(&mut dev, &spec, Some(&y)).unwrap();
     assert!(r.verified, "{:?}", r.verification.failures);
     let out = tmp("out.safetensors");
-    write_outputs(&out, shape, &r.outputs.o, &r.outputs.lse).unwrap();
+    write_outputs(&out, shape, Dtype::F32, &r.outputs.o, &r.outputs.lse).unwrap();
     let bytes = std::fs::read(&out).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let o = st.tensor("o").unwrap();

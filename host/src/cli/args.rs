@@ -12,6 +12,8 @@ Examples:
   memattn run --kernel flash --seq-q 200 --causal  one verified run (JSON with --json)
   memattn run --inputs qkv.safetensors --output o.safetensors
   memattn compare --vary seq-q=128,256 --kernel flash
+  memattn run --dtype bf16 --causal                tensor-core flash kernel, checked against f64
+  memattn compare --vary dtype=f32,bf16            the same problem in f32 and bf16 (flash)
   memattn sweep --vary seq=64,128,256 --plot sweep.svg
   memattn --backend vm --vm-memory-mib 64 sweep   naive runs over 64 MiB show what they would need
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
@@ -100,8 +102,11 @@ pub struct ProblemArgs {
     /// Head dimension [default: 64]. Flash kernels exist for 64 and 128; naive accepts 1..=256.
     #[arg(long, value_name = "D")]
     pub head_dim: Option<u32>,
-    /// Element type of Q, K, V, O [default: f32] (f32 is the only dtype with kernels today).
-    #[arg(long, value_name = "f32")]
+    /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. bf16 and f16 run the
+    /// tensor-core flash kernels (sm_80+; f32 accumulation, LSE f32); the naive kernels are f32
+    /// only. Random inputs are drawn in f32 and rounded to the dtype; the f64 reference uses the
+    /// rounded values.
+    #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
     /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q.
     #[arg(long)]
@@ -135,11 +140,13 @@ pub struct RunArgs {
     pub kernel: Option<KernelKind>,
     #[command(flatten)]
     pub problem: ProblemArgs,
-    /// Read q, k, v ([batch, seq, heads, head_dim], dtype of --dtype) from a .safetensors file
-    /// instead of random inputs; the shape comes from the file.
+    /// Read q, k, v ([batch, seq, heads, head_dim], F32, BF16 or F16) from a .safetensors file
+    /// instead of random inputs; the shape comes from the file, and so does the dtype unless
+    /// --dtype is given (then the file must match it).
     #[arg(long, value_name = "FILE.safetensors")]
     pub inputs: Option<PathBuf>,
-    /// Write o ([batch, seq_q, heads, head_dim]) and lse ([batch, heads, seq_q]) to this file.
+    /// Write o ([batch, seq_q, heads, head_dim], in the run's dtype) and lse ([batch, heads, seq_q],
+    /// f32) to this file.
     #[arg(long, value_name = "FILE.safetensors")]
     pub output: Option<PathBuf>,
 }
@@ -163,9 +170,10 @@ pub struct SweepArgs {
     /// seq=1024,2048,4096,8192,16384 on CUDA].
     #[arg(long, value_name = "KEY=A,B[,C...]")]
     pub vary: Option<String>,
-    /// Kernels run at every point.
-    #[arg(long, default_value = "naive,flash", value_name = "LIST")]
-    pub kernels: String,
+    /// Kernels run at every point [default: naive,flash; at a bf16/f16 point only flash, since the
+    /// naive kernels are f32 only].
+    #[arg(long, value_name = "LIST")]
+    pub kernels: Option<String>,
     /// Where to write the plot (SVG).
     #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg")]
     pub plot: PathBuf,

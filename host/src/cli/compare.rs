@@ -71,6 +71,23 @@ pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
     for value in &vary.values {
         let (mut p, mut k) = (base, base_kernel);
         apply_vary(&vary.key, value, &mut p, &mut k)?;
+        if let Err(e @ ProblemError::UnsupportedDtype { .. }) = p.validate_shape(k) {
+            let hint = if vary.key == "kernel" {
+                format!(
+                    "to compare {} with f32, vary the dtype on the flash kernel: --vary dtype=f32,{}",
+                    p.dtype, p.dtype
+                )
+            } else {
+                format!("drop --kernel {k}: the runs then use flash, which exists in every dtype")
+            };
+            return Err(Error::Usage(format!(
+                "compare --vary {}={}: the run {}={value} would need a {k} kernel in {}, which does not exist: {e}; {hint}",
+                vary.key,
+                vary.values.join(","),
+                vary.key,
+                p.dtype
+            )));
+        }
         p.validate_shape(k)?;
         variants.push((value.clone(), p, k));
     }
@@ -151,9 +168,18 @@ fn compare_table(key: &str, points: &[Point]) -> String {
     };
     let mut rows = vec![
         row("kernel", get(&|r| r.kernel.to_string()), vec![]),
+        row("dtype", get(&|r| r.dtype.to_string()), vec![]),
+        row("entry", get(&|r| r.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>().join("+")), vec![]),
         row("verified", get(&|r| if r.verified { "PASS".into() } else { "FAIL".into() }), vec![]),
         row("checked rows", get(&|r| format!("{}/{}", r.verification.checked_rows, r.verification.total_rows)), vec![]),
         row("O rel RMS err", get(&|r| format!("{:.2e}", r.rel_rms_err)), vec![]),
+        row("  bound", get(&|r| format!("{:.2e}", r.tolerance.rel_rms)), vec![]),
+        row(
+            "  naive-in-dtype",
+            get(&|r| r.baseline_rel_rms_err.map(|b| format!("{b:.2e}")).unwrap_or_else(|| "-".into())),
+            vec![],
+        ),
+        row("  err/naive", get(&|r| r.error_ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into())), vec![]),
         row("O max abs err", get(&|r| format!("{:.2e}", r.max_abs_err)), vec![]),
         row("LSE rel RMS err", get(&|r| format!("{:.2e}", r.lse_err.rel_rms_err)), vec![]),
         row("time (ms, median)", get(&|r| format!("{:.3}", r.time_ms)), ratios(&|r| r.time_ms)),
@@ -184,6 +210,8 @@ fn compare_table(key: &str, points: &[Point]) -> String {
     ];
     if key == "kernel" {
         rows.remove(0); // already the header
+    } else if key == "dtype" {
+        rows.remove(1);
     }
     let mut s = table(&header, &rows);
     for p in points {

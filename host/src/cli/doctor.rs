@@ -138,6 +138,24 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     Ok(exit::SUCCESS)
 }
 
+/// Kernels of the ABI the loaded PTX does not contain, with what runs them.
+fn missing_kernels(src: &PtxSource) -> Vec<(String, String)> {
+    let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
+    kernels_gpu::abi::KernelId::ALL
+        .into_iter()
+        .filter(|k| !names.iter().any(|n| n == k.name()))
+        .map(|k| {
+            let what = if k.name().contains("bf16") || k.name().contains("f16") {
+                "--dtype bf16/f16 needs it: the module was built without the tensor-core kernels; \
+                 load one that has them with --ptx"
+            } else {
+                "the host launches it; this module cannot run every command"
+            };
+            (k.name().to_string(), what.to_string())
+        })
+        .collect()
+}
+
 pub fn kernels(cli: &Cli) -> Result<i32, Error> {
     let src = load_ptx(cli)?;
     let report = ptxas_report().map_err(Error::Usage)?;
@@ -164,6 +182,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
         print_json(&serde_json::json!({
             "command": "kernels",
             "ptx": ptx_json(&src),
+            "missing": missing_kernels(&src),
             "ptxas_version": report.as_ref().map(|r| r.ptxas_version.clone()),
             "ptxas_report_matches_loaded_ptx": report_matches,
             "kernels": ks,
@@ -182,6 +201,9 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
             params.join(", ")
         );
     }
+    for (name, what) in missing_kernels(&src) {
+        println!("\n{name}: not in the loaded PTX ({what})");
+    }
     match &report {
         None => println!("\nptxas resources: not recorded (kernels-gpu/ptx/ptxas-report.json missing at build time)"),
         Some(r) => {
@@ -195,7 +217,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
                 }
             );
             let header: Vec<String> =
-                ["kernel", "arch", "regs", "spill st/ld", "stack", "static smem", "dyn smem", "barriers"]
+                ["kernel", "arch", "regs", "spill st/ld", "stack", "static smem", "dyn smem", "barriers", "hmma"]
                     .iter()
                     .map(|s| s.to_string())
                     .collect();
@@ -212,6 +234,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
                         k.static_smem_bytes.to_string(),
                         k.dynamic_smem_bytes.to_string(),
                         k.barriers.to_string(),
+                        k.hmma.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();

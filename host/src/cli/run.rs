@@ -6,19 +6,22 @@ use memattn::error::{exit, Error};
 use memattn::memory::AnalyticBytes;
 use memattn::problem::{KernelKind, Problem};
 use memattn::report::{describe_problem, expected_memory, run_summary};
-use memattn::safetensors_io::{read_qkv, write_outputs, FileShape};
+use memattn::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
-    let dtype = a.problem.dtype.unwrap_or_default_dtype();
-    let (file_shape, inputs) = match &a.inputs {
+    // With --inputs and no --dtype, the file's dtype is used; with --dtype the file must match it.
+    let (file_shape, file_dtype, inputs) = match &a.inputs {
         Some(path) => {
-            let (shape, x) = read_qkv(path, dtype)?;
-            (Some(shape), Some(x))
+            let (shape, dtype, x) = read_qkv_as(path, a.problem.dtype)?;
+            (Some(shape), Some(dtype), Some(x))
         }
-        None => (None, None),
+        None => (None, None, None),
     };
-    let problem = resolve_problem(&a.problem, file_shape, Problem::default())?;
+    let mut problem = resolve_problem(&a.problem, file_shape, Problem::default())?;
+    if let Some(d) = file_dtype {
+        problem.dtype = d;
+    }
     problem.validate_shape(kernel)?;
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
@@ -35,11 +38,12 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             seq_kv: problem.seq_kv,
             head_dim: problem.head_dim,
         };
-        write_outputs(path, shape, &report.outputs.o, &report.outputs.lse)?;
+        write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse)?;
         if !cli.json {
             println!(
-                "wrote o {:?} and lse {:?} to {}",
+                "wrote o {:?} {} and lse {:?} f32 to {}",
                 [shape.batch, shape.seq_q, shape.heads, shape.head_dim],
+                problem.dtype,
                 [shape.batch, shape.heads, shape.seq_q],
                 path.display()
             );
@@ -56,13 +60,4 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         print!("{}", run_summary(&report));
     }
     Ok(if report.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
-}
-
-trait DefaultDtype {
-    fn unwrap_or_default_dtype(self) -> memattn::Dtype;
-}
-impl DefaultDtype for Option<memattn::Dtype> {
-    fn unwrap_or_default_dtype(self) -> memattn::Dtype {
-        self.unwrap_or(Problem::default().dtype)
-    }
 }

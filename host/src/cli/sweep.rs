@@ -12,7 +12,8 @@ use memattn::report::{human_bytes, table};
 pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     let base = resolve_problem(&a.problem, None, Problem::default())?;
     let mut kernels = Vec::new();
-    for k in a.kernels.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    let explicit = a.kernels.is_some();
+    for k in a.kernels.as_deref().unwrap_or("naive,flash").split(',').map(str::trim).filter(|s| !s.is_empty()) {
         kernels.push(k.parse::<KernelKind>().map_err(|e| Error::Usage(format!("--kernels: {e}")))?);
     }
     if kernels.is_empty() {
@@ -36,13 +37,22 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         ));
     }
     let mut plan = Vec::new();
+    let mut skipped = Vec::new();
     for value in &vary.values {
         for &k in &kernels {
             let (mut p, mut kk) = (base, k);
             apply_vary(&vary.key, value, &mut p, &mut kk)?;
+            if !explicit && !kk.supports(p.dtype) {
+                // Default kernel list: run only the kernels that exist in this dtype.
+                skipped.push(format!("{}={value} {kk}: no {kk} kernel in {}", vary.key, p.dtype));
+                continue;
+            }
             p.validate_shape(kk)?;
             plan.push((value.clone(), p, kk));
         }
+    }
+    if !skipped.is_empty() && !cli.json {
+        eprintln!("sweep: skipped (the naive kernels are f32 only): {}", skipped.join("; "));
     }
     let bar = indicatif::ProgressBar::new(plan.len() as u64);
     if cli.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -75,6 +85,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
             "vary": vary.key,
             "values": vary.values,
             "points": points,
+            "skipped": skipped,
             "plot": plot_path,
             "verified": all_ok,
         }));

@@ -247,14 +247,14 @@ impl Device for CudaDevice {
         unsafe { result::free_sync(ptr) }.map_err(|e| drv("cuMemFree", e))
     }
 
-    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
-        // SAFETY: `ptr` holds at least `data.len()` f32s (the runner allocates by the same count).
+    fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError> {
+        // SAFETY: `ptr` holds at least `data.len()` bytes (the runner allocates by the same count).
         unsafe { result::memcpy_htod_sync(ptr, data) }.map_err(|e| drv("cuMemcpyHtoD", e))
     }
 
-    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
+    fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError> {
         self.synchronize()?;
-        // SAFETY: as in `upload`.
+        // SAFETY: as in `upload_bytes`.
         unsafe { result::memcpy_dtoh_sync(out, ptr) }.map_err(|e| drv("cuMemcpyDtoH", e))
     }
 

@@ -94,7 +94,9 @@ pub enum DeviceError {
     Unavailable(String),
     #[error("PTX does not load ({origin}): {message}")]
     PtxLoad { origin: String, message: String },
-    #[error("kernel `{0}` is not in the loaded PTX")]
+    #[error(
+        "kernel `{0}` is not in the loaded PTX (`memattn kernels` lists what it has; --ptx FILE loads another module)"
+    )]
     UnknownKernel(String),
     #[error("CUDA error in {op}: {message}")]
     Cuda { op: String, message: String },
@@ -102,6 +104,8 @@ pub enum DeviceError {
     Memcheck { kernel: String, message: String },
     #[error("VM error in {op}: {message}")]
     Vm { op: String, message: String },
+    #[error("device allocation does not meet the kernel's alignment: {0}")]
+    Misaligned(String),
     #[error("out of device memory: requested {requested} bytes, {free} free")]
     OutOfMemory { requested: u64, free: u64 },
 }
@@ -119,8 +123,21 @@ pub trait Device {
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError>;
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError>;
-    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError>;
-    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError>;
+    /// Copies raw bytes to the device (`ptr` holds at least `data.len()` bytes).
+    fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError>;
+    /// Copies raw bytes from the device, after the launches before it completed.
+    fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Uploads f32 values (little-endian).
+    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
+        self.upload_bytes(ptr, &crate::dtype::Dtype::F32.encode(data))
+    }
+    /// Downloads f32 values.
+    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.download_bytes(ptr, &mut bytes)?;
+        out.copy_from_slice(&crate::dtype::Dtype::F32.decode(&bytes));
+        Ok(())
+    }
     /// Sets `count` 32-bit words at `ptr` to `value` (used to poison outputs with NaN).
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError>;
     /// Launches `kernel` with its parameters, each given as its raw bytes in declaration order.

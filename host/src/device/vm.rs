@@ -113,18 +113,12 @@ impl Device for VmDevice {
         self.vm.free(ptr).map_err(|e| vm_err("free", e))
     }
 
-    fn upload(&mut self, ptr: DevPtr, data: &[f32]) -> Result<(), DeviceError> {
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.vm.write(ptr, &bytes).map_err(|e| vm_err("write", e))
+    fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError> {
+        self.vm.write(ptr, data).map_err(|e| vm_err("write", e))
     }
 
-    fn download(&mut self, ptr: DevPtr, out: &mut [f32]) -> Result<(), DeviceError> {
-        let mut bytes = vec![0u8; out.len() * 4];
-        self.vm.read(ptr, &mut bytes).map_err(|e| vm_err("read", e))?;
-        for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        Ok(())
+    fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.vm.read(ptr, out).map_err(|e| vm_err("read", e))
     }
 
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
