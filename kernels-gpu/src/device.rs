@@ -100,7 +100,6 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 ///
 /// # Safety
 /// `addr` must be a valid, 4-byte aligned device address.
-#[cfg(feature = "tensor-core")]
 #[inline(always)]
 pub unsafe fn st_u32(addr: u64, x: u32) {
     unsafe { *(addr as *mut u32) = x }
@@ -109,7 +108,6 @@ pub unsafe fn st_u32(addr: u64, x: u32) {
 /// `x`, hidden from the optimiser: a value computed from it inside a loop stays in the loop.
 /// Used on shared-memory base addresses so LLVM does not hoist one register per fragment address
 /// out of the key loop (the addresses are `base + constant` and fold into the instructions).
-#[cfg(feature = "tensor-core")]
 #[inline(always)]
 pub fn opaque_u32(x: u32) -> u32 {
     let y: u32;

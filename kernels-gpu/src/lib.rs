@@ -27,10 +27,9 @@ pub mod tiles;
 mod device;
 #[cfg(target_arch = "nvptx64")]
 pub mod flash_fwd_f32;
-/// Tensor-core kernels, behind the `tensor-core` feature until the PTX VM runs their instructions.
-#[cfg(all(target_arch = "nvptx64", feature = "tensor-core"))]
+#[cfg(target_arch = "nvptx64")]
 pub mod flash_fwd_mma;
-#[cfg(all(target_arch = "nvptx64", feature = "tensor-core"))]
+#[cfg(target_arch = "nvptx64")]
 mod mma;
 #[cfg(target_arch = "nvptx64")]
 pub mod naive_pv;

@@ -47,6 +47,10 @@ fn all_kernels_load() {
         "naive_pv_f32",
         "flash_fwd_f32_d64",
         "flash_fwd_f32_d128",
+        "flash_fwd_bf16_d64",
+        "flash_fwd_bf16_d128",
+        "flash_fwd_f16_d64",
+        "flash_fwd_f16_d128",
     ] {
         assert!(names.iter().any(|n| n == k), "{k} missing");
     }
