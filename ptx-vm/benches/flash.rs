@@ -1,10 +1,11 @@
-//! Throughput of the VM on the f32 flash kernel (`flash_fwd_f32_d64`, batch 1, heads 2, seq 256).
+//! Throughput of the VM on the flash kernels `flash_fwd_f32_d64` (SIMT, f32) and
+//! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256.
 //!
 //! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs).
 //! Prints thread-instructions per second and the median wall time for 1 worker and for all cores.
 
 use kernels_gpu::abi::{AttnParams, Strides};
-use kernels_gpu::tiles::FLASH_F32_D64;
+use kernels_gpu::tiles::{LaunchDims, FLASH_F32_D64, FLASH_MMA_D64};
 use ptx_vm::{LaunchConfig, Module, Vm};
 
 const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
@@ -12,6 +13,23 @@ const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
 fn main() {
     let runs: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(7);
     let module = Module::load(PTX).expect("module loads");
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let mut worker_counts = vec![1];
+    if cores > 1 {
+        worker_counts.push(cores);
+    }
+    for (kernel, elem_bytes, tile) in [
+        ("flash_fwd_f32_d64", 4usize, FLASH_F32_D64.launch(1, 2, 256)),
+        ("flash_fwd_bf16_d64", 2, FLASH_MMA_D64.launch(1, 2, 256)),
+    ] {
+        for &workers in &worker_counts {
+            bench(&module, kernel, elem_bytes, tile, workers, runs);
+        }
+    }
+}
+
+/// Runs `kernel` (batch 1, heads 2, seq 256, d 64) `runs` times and prints the median.
+fn bench(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDims, workers: usize, runs: usize) {
     let (batch, heads, seq, d) = (1u32, 2u32, 256u32, 64u32);
     let n = (batch * heads * seq * d) as usize;
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -21,56 +39,55 @@ fn main() {
         state ^= state << 17;
         ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     };
-    let data: Vec<Vec<u8>> = (0..3).map(|_| (0..n).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
-    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let mut worker_counts = vec![1];
-    if cores > 1 {
-        worker_counts.push(cores);
-    }
-    for workers in worker_counts {
-        let mut vm = Vm::with_workers(workers);
-        let bufs: Vec<u64> = (0..4).map(|_| vm.alloc(n as u64 * 4).unwrap()).collect();
-        for (b, d) in bufs.iter().zip(&data) {
-            vm.write(*b, d).unwrap();
+    let enc = |x: f32| -> Vec<u8> {
+        if elem_bytes == 4 {
+            x.to_le_bytes().to_vec()
+        } else {
+            half::bf16::from_f32(x).to_le_bytes().to_vec()
         }
-        let lse = vm.alloc((batch * heads * seq) as u64 * 4).unwrap();
-        let st = Strides::bshd(seq as u64, heads as u64, d as u64);
-        let p = AttnParams {
-            q: bufs[0],
-            k: bufs[1],
-            v: bufs[2],
-            o: bufs[3],
-            lse,
-            scores: 0,
-            q_strides: st,
-            k_strides: st,
-            v_strides: st,
-            o_strides: st,
-            batch,
-            heads,
-            seq_q: seq,
-            seq_kv: seq,
-            head_dim: d,
-            causal: 0,
-            softmax_scale: 1.0 / (d as f32).sqrt(),
-            _pad: 0,
-        };
-        let dims = FLASH_F32_D64.launch(batch, heads, seq);
-        let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
-        let mut walls = Vec::new();
-        let mut instr = 0;
-        for _ in 0..runs {
-            let s = vm.launch(&module, "flash_fwd_f32_d64", &cfg, &p.to_bytes()).expect("launch");
-            instr = s.thread_instructions;
-            walls.push(s.wall);
-        }
-        walls.sort();
-        let med = walls[walls.len() / 2];
-        println!(
-            "flash_fwd_f32_d64 b{batch} h{heads} s{seq} d{d}: workers {workers}: median wall {:.2} ms over {runs} runs, \
-             {instr} thread-instructions, {:.1} M thread-instructions/s",
-            med.as_secs_f64() * 1e3,
-            instr as f64 / med.as_secs_f64() / 1e6
-        );
+    };
+    let data: Vec<Vec<u8>> = (0..3).map(|_| (0..n).flat_map(|_| enc(rnd())).collect()).collect();
+    let mut vm = Vm::with_workers(workers);
+    let bufs: Vec<u64> = (0..4).map(|_| vm.alloc((n * elem_bytes) as u64).unwrap()).collect();
+    for (b, d) in bufs.iter().zip(&data) {
+        vm.write(*b, d).unwrap();
     }
+    let lse = vm.alloc((batch * heads * seq) as u64 * 4).unwrap();
+    let st = Strides::bshd(seq as u64, heads as u64, d as u64);
+    let p = AttnParams {
+        q: bufs[0],
+        k: bufs[1],
+        v: bufs[2],
+        o: bufs[3],
+        lse,
+        scores: 0,
+        q_strides: st,
+        k_strides: st,
+        v_strides: st,
+        o_strides: st,
+        batch,
+        heads,
+        seq_q: seq,
+        seq_kv: seq,
+        head_dim: d,
+        causal: 0,
+        softmax_scale: 1.0 / (d as f32).sqrt(),
+        _pad: 0,
+    };
+    let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
+    let mut walls = Vec::new();
+    let mut instr = 0;
+    for _ in 0..runs {
+        let s = vm.launch(module, kernel, &cfg, &p.to_bytes()).expect("launch");
+        instr = s.thread_instructions;
+        walls.push(s.wall);
+    }
+    walls.sort();
+    let med = walls[walls.len() / 2];
+    println!(
+        "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}: median wall {:.2} ms over {runs} runs, \
+         {instr} thread-instructions, {:.1} M thread-instructions/s",
+        med.as_secs_f64() * 1e3,
+        instr as f64 / med.as_secs_f64() / 1e6
+    );
 }
