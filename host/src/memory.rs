@@ -107,4 +107,16 @@ mod tests {
         assert_eq!(n.workspace - f.workspace, 4 * 2 * 3 * 100 * 70);
         assert_eq!(n.total - f.total, n.scores);
     }
+
+    #[test]
+    fn sixteen_bit_tensors_take_two_bytes_lse_four() {
+        let p = Problem { batch: 2, heads: 3, seq_q: 100, seq_kv: 70, head_dim: 64, ..Problem::default() };
+        for d in [crate::Dtype::Bf16, crate::Dtype::F16] {
+            let b = AnalyticBytes::new(&Problem { dtype: d, ..p }, KernelKind::Flash);
+            assert_eq!(b.inputs, 2 * (2 * 100 * 3 * 64 + 2 * 2 * 70 * 3 * 64));
+            assert_eq!(b.outputs, 2 * 2 * 100 * 3 * 64);
+            assert_eq!(b.lse, 4 * 2 * 3 * 100);
+            assert_eq!(b.total, b.inputs + b.outputs + b.lse);
+        }
+    }
 }

@@ -32,8 +32,8 @@ pub enum InputError {
     },
     #[error("{path}: tensor `{name}` is {got:?}; inputs must be F32, BF16 or F16")]
     UnsupportedDtype { path: PathBuf, name: &'static str, got: safetensors::Dtype },
-    #[error("{path}: q, k and v have different dtypes ({q:?}, {k:?}, {v:?}); they must share one (F32, BF16 or F16)")]
-    MixedDtypes { path: PathBuf, q: safetensors::Dtype, k: safetensors::Dtype, v: safetensors::Dtype },
+    #[error("{path}: tensor `{name}` is {got:?} but q is {q:?}; q, k and v must share one dtype (F32, BF16 or F16)")]
+    MixedDtypes { path: PathBuf, name: &'static str, got: safetensors::Dtype, q: safetensors::Dtype },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected}")]
     WrongShape { path: PathBuf, name: &'static str, got: Vec<usize>, expected: String },
     #[error("{path}: tensor `{name}` dimension {dim} is {got}, larger than the kernels' u32 limit")]
@@ -73,8 +73,8 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
     let tensor = |name: &'static str| -> Result<TensorView<'_>, InputError> {
         st.tensor(name).map_err(|_| InputError::MissingTensor { path: path.into(), name, found: found() })
     };
-    let dtype = match dtype {
-        Some(d) => d,
+    let (dtype, inferred) = match dtype {
+        Some(d) => (d, false),
         None => {
             let q = tensor("q")?.dtype();
             let d = Dtype::from_safetensors(q).ok_or(InputError::UnsupportedDtype {
@@ -82,15 +82,14 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
                 name: "q",
                 got: q,
             })?;
-            let (k, v) = (tensor("k")?.dtype(), tensor("v")?.dtype());
-            if k != q || v != q {
-                return Err(InputError::MixedDtypes { path: path.into(), q, k, v });
-            }
-            d
+            (d, true)
         }
     };
     let get = |name: &'static str| -> Result<(Vec<usize>, Vec<f32>), InputError> {
         let t = tensor(name)?;
+        if inferred && t.dtype() != dtype.safetensors() {
+            return Err(InputError::MixedDtypes { path: path.into(), name, got: t.dtype(), q: dtype.safetensors() });
+        }
         if t.dtype() != dtype.safetensors() {
             return Err(InputError::WrongDtype {
                 path: path.into(),

@@ -295,4 +295,69 @@ mod tests {
         let v = verify(&p, &bad, &lse, &r, &tol);
         assert!(!v.passed && v.o.max_abs_err > 9e-4);
     }
+
+    #[test]
+    fn bf16_bound_is_twice_the_naive_in_dtype_baseline_with_floors() {
+        let p = Problem {
+            batch: 1,
+            heads: 2,
+            seq_q: 20,
+            seq_kv: 37,
+            head_dim: 64,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let x = Qkv::random(&p, 4);
+        assert!(x.representable_in(Dtype::Bf16));
+        let r = reference(&p, &x, &RowSelection::All);
+        let tol = tolerance_for(&p, &x, &r);
+        let base = tol.baseline_rel_rms_err.unwrap();
+        // Rounding P and O to bf16 (u = 2^-9) costs ~1e-3 relative RMS.
+        assert!(base > 2e-4 && base < 1e-2, "{base}");
+        assert_eq!(tol.rel_rms, (2.0 * base).max(2f64.powi(-9)));
+        assert!(tol.max_abs >= 2.0 * tol.baseline_max_abs_err.unwrap());
+        assert_eq!(tol.lse_rel_rms, Dtype::F32.tolerance().lse_rel_rms.max(tol.lse_rel_rms));
+        // The baseline itself, placed as device output, passes (ratio 1).
+        let (bo, bl) = naive_in_dtype(&p, &x, &r);
+        let mut o = vec![0f32; p.q_elems() as usize];
+        let mut lse = vec![0f32; p.rows() as usize];
+        for (k, row) in r.rows.iter().enumerate() {
+            let base = ((row.b * p.seq_q + row.i) * p.heads + row.h) as usize * 64;
+            o[base..base + 64].copy_from_slice(&bo[k * 64..(k + 1) * 64]);
+            lse[((row.b * p.heads + row.h) * p.seq_q + row.i) as usize] = bl[k];
+        }
+        let v = verify(&p, &o, &lse, &r, &tol);
+        assert!(v.passed, "{:?}", v.failures);
+        // Three times the baseline's error fails.
+        let mut bad = o.clone();
+        for (k, row) in r.rows.iter().enumerate() {
+            let base = ((row.b * p.seq_q + row.i) * p.heads + row.h) as usize * 64;
+            for d in 0..64 {
+                let want = r.o[k * 64 + d] as f32;
+                bad[base + d] = want + 3.0 * (bo[k * 64 + d] - want);
+            }
+        }
+        let v = verify(&p, &bad, &lse, &r, &tol);
+        assert!(!v.passed && v.failures.iter().any(|f| f.contains("2x naive attention in bf16")), "{:?}", v.failures);
+    }
+
+    #[test]
+    fn floor_keeps_an_exact_baseline_from_failing_a_rounded_result() {
+        // One key: O = V exactly, so naive in bf16 is exact (baseline error 0); a kernel whose
+        // output is off by one bf16 rounding step must still pass.
+        let p =
+            Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 1, head_dim: 64, dtype: Dtype::Bf16, ..Problem::default() };
+        let x = Qkv::random(&p, 2);
+        let r = reference(&p, &x, &RowSelection::All);
+        let tol = tolerance_for(&p, &x, &r);
+        assert_eq!(tol.baseline_rel_rms_err, Some(0.0));
+        assert_eq!(tol.rel_rms, 2f64.powi(-9));
+        let o: Vec<f32> = x.v.iter().map(|&v| v * (1.0 + 2f32.powi(-9))).collect();
+        let lse = vec![r.lse[0] as f32];
+        let v = verify(&p, &o, &lse, &r, &tol);
+        assert!(v.passed, "{:?}", v.failures);
+        // f32 runs keep the fixed bounds.
+        let f = Problem { dtype: Dtype::F32, ..p };
+        assert_eq!(tolerance_for(&f, &x, &r), Dtype::F32.tolerance());
+    }
 }

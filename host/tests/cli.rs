@@ -4,7 +4,8 @@
 use memattn::inputs::Qkv;
 use memattn::problem::Problem;
 use memattn::reference::{reference, RowSelection};
-use memattn::safetensors_io::{write_qkv, FileShape};
+use memattn::safetensors_io::{write_qkv, write_qkv_as, FileShape};
+use memattn::Dtype;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -42,6 +43,19 @@ fn assert_bad_input(args: &[&str], needle: &str) {
     let err = stderr(&o);
     assert!(err.contains(needle), "{args:?}: stderr does not mention `{needle}`:\n{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Whether the embedded PTX has the tensor-core kernels; says so on stderr when it does not, so a
+/// skipped check is never silent.
+fn has_tensor_core_kernels() -> bool {
+    let names: Vec<String> = memattn::ptx::PtxSource::embedded().entries().into_iter().map(|e| e.name).collect();
+    let all = ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"]
+        .iter()
+        .all(|k| names.iter().any(|n| n == k));
+    if !all {
+        eprintln!("SKIPPED: the embedded PTX lacks the tensor-core kernels (has: {names:?})");
+    }
+    all
 }
 
 fn no_gpu() -> bool {
@@ -83,7 +97,9 @@ fn doctor_reports_gpu_or_why_not_and_the_ptx() {
         );
     }
     assert_eq!(v["ptx"]["target"], "sm_80");
-    assert_eq!(v["ptx"]["kernels"].as_array().unwrap().len(), 6);
+    // 6 f32 entries, plus the 4 tensor-core ones when the module was built with them.
+    let n = v["ptx"]["kernels"].as_array().unwrap().len();
+    assert_eq!(n, if has_tensor_core_kernels() { 10 } else { 6 });
     assert!(v["next_step"].as_str().unwrap().len() > 10);
     // The global flag also works after the subcommand.
     let o = memattn(&["doctor", "--json"]);
@@ -105,6 +121,24 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     }
     let o = memattn(&["kernels"]);
     assert!(stdout(&o).contains("naive_softmax_f32"));
+    assert!(stdout(&o).contains("hmma"), "{}", stdout(&o));
+    if !has_tensor_core_kernels() {
+        assert!(v["missing"].as_array().unwrap().iter().any(|m| m[0] == "flash_fwd_bf16_d64"));
+        return;
+    }
+    assert_eq!(v["missing"].as_array().unwrap().len(), 0);
+    for name in ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"] {
+        let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
+        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+        assert!(k["vm_instructions"].as_u64().unwrap() > 0, "{name}: the VM decodes it");
+        let report = memattn::ptx::ptxas_report().unwrap();
+        if report.as_ref().is_some_and(|r| r.kernels.iter().any(|r| r.name == name)) {
+            // ptxas resources with the HMMA count: a tensor-core kernel without HMMA is a bug.
+            let res = k["ptxas"].as_array().unwrap();
+            assert!(res.iter().any(|r| r["arch"] == "sm_80"), "{name}: {res:?}");
+            assert!(res.iter().all(|r| r["hmma"].as_u64().unwrap_or(0) > 0), "{name}: {res:?}");
+        }
+    }
 }
 
 // ---- exit 2: bad usage and bad input ----
@@ -268,6 +302,178 @@ fn run_json_has_the_contract_fields_and_real_values() {
     // Exact useful FLOPs for bottom-right causal, 40 x 70: rows see 31..=70 keys.
     let pairs: u64 = (31..=70).sum();
     assert_eq!(v["flops"].as_f64().unwrap(), (4 * 2 * 64 * pairs) as f64);
+}
+
+#[test]
+fn run_bf16_json_reports_the_tolerance_rule_and_baseline() {
+    if !has_tensor_core_kernels() {
+        return;
+    }
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "run",
+        "--dtype",
+        "bf16",
+        "--seq-q",
+        "70",
+        "--seq-kv",
+        "90",
+        "--heads",
+        "2",
+        "--causal",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["dtype"], "bf16");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["launches"][0]["kernel"], "flash_fwd_bf16_d64");
+    let (err, base) = (v["rel_rms_err"].as_f64().unwrap(), v["baseline_rel_rms_err"].as_f64().unwrap());
+    assert!(err > 0.0 && err <= 1e-2, "{err}");
+    assert!(base > 1e-4 && base < 1e-2, "naive bf16 baseline {base}");
+    let t = &v["tolerance"];
+    assert_eq!(t["rel_rms"].as_f64().unwrap(), (2.0 * base).max(2f64.powi(-9)));
+    assert!(t["rule"].as_str().unwrap().contains("2x naive attention in bf16"));
+    assert!((v["error_ratio"].as_f64().unwrap() - err / base).abs() < 1e-12);
+    // Memory in the dtype's bytes: Q, K, V, O 2 bytes per element, LSE 4.
+    let (q, kv) = (70 * 2 * 64, 90 * 2 * 64);
+    assert_eq!(v["analytic_bytes"]["inputs"], 2 * (q + 2 * kv));
+    assert_eq!(v["analytic_bytes"]["outputs"], 2 * q);
+    assert_eq!(v["analytic_bytes"]["lse"], 4 * 2 * 70);
+    assert_eq!(v["peak_device_bytes"], v["analytic_bytes"]["total"]);
+    // f32 runs keep the fixed bounds and report no baseline.
+    let o = memattn(&["--backend", "vm", "--json", "run", "--seq", "20", "--heads", "1"]);
+    let v = json(&o);
+    assert!(v["baseline_rel_rms_err"].is_null());
+    assert_eq!(v["tolerance"]["rel_rms"], 1e-5);
+    // Human output names the bound, the baseline and the ratio.
+    let o = memattn(&["--backend", "vm", "run", "--dtype", "f16", "--seq", "40", "--heads", "1", "--head-dim", "128"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let s = stdout(&o);
+    for needle in ["flash_fwd_f16_d128", "PASS", "naive f16", "kernel/naive", "2x naive attention in f16"] {
+        assert!(s.contains(needle), "run --dtype f16 output lacks {needle}:\n{s}");
+    }
+}
+
+#[test]
+fn compare_vary_dtype_runs_flash_in_f32_and_bf16() {
+    if !has_tensor_core_kernels() {
+        return;
+    }
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "compare",
+        "--vary",
+        "dtype=f32,bf16",
+        "--seq",
+        "72",
+        "--heads",
+        "2",
+        "--causal",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["vary"], "dtype");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert!(runs.iter().all(|r| r["kernel"] == "flash" && r["report"]["verified"] == true));
+    assert_eq!(runs[0]["report"]["launches"][0]["kernel"], "flash_fwd_f32_d64");
+    assert_eq!(runs[1]["report"]["launches"][0]["kernel"], "flash_fwd_bf16_d64");
+    // Same problem, half the bytes for Q, K, V, O; LSE unchanged.
+    let (a, b) = (&runs[0]["report"]["analytic_bytes"], &runs[1]["report"]["analytic_bytes"]);
+    assert_eq!(a["inputs"].as_u64().unwrap(), 2 * b["inputs"].as_u64().unwrap());
+    assert_eq!(a["lse"], b["lse"]);
+    let saved = v["comparisons"][0]["memory_saved_bytes"].as_i64().unwrap();
+    assert_eq!(saved as u64, (a["inputs"].as_u64().unwrap() + a["outputs"].as_u64().unwrap()) / 2);
+    let o = memattn(&["--backend", "vm", "compare", "--vary", "dtype=f32,bf16,f16", "--seq", "40", "--heads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let s = stdout(&o);
+    for needle in ["flash_fwd_bf16_d64", "flash_fwd_f16_d64", "naive-in-dtype", "err/naive", "less device memory"] {
+        assert!(s.contains(needle), "compare output lacks {needle}:\n{s}");
+    }
+}
+
+#[test]
+fn sweep_in_bf16_runs_flash_only_and_says_why() {
+    if !has_tensor_core_kernels() {
+        return;
+    }
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "sweep",
+        "--dtype",
+        "bf16",
+        "--vary",
+        "seq=32,64",
+        "--heads",
+        "1",
+        "--no-plot",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let pts = v["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 2);
+    assert!(pts.iter().all(|p| p["kernel"] == "flash" && p["report"]["dtype"] == "bf16"));
+    assert_eq!(v["skipped"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bf16_safetensors_round_trip_and_dtype_mismatch() {
+    let p =
+        Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, dtype: Dtype::Bf16, ..Problem::default() };
+    let x = Qkv::random(&p, 5);
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64 };
+    let inp = tmp("bf16_in.safetensors");
+    let out = tmp("bf16_out.safetensors");
+    write_qkv_as(&inp, shape, Dtype::Bf16, &x).unwrap();
+    // --dtype must match the file when given.
+    assert_bad_input(&["run", "--inputs", inp.to_str().unwrap(), "--dtype", "f16"], "BF16");
+    assert_bad_input(&["run", "--inputs", inp.to_str().unwrap(), "--dtype", "f16"], "for --dtype f16");
+    if !has_tensor_core_kernels() {
+        return;
+    }
+    // Without --dtype the file's dtype is used.
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "run",
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(json(&o)["dtype"], "bf16");
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (ot, lt) = (st.tensor("o").unwrap(), st.tensor("lse").unwrap());
+    assert_eq!(ot.dtype(), safetensors::Dtype::BF16);
+    assert_eq!(ot.shape(), &[1, 24, 2, 64]);
+    assert_eq!(lt.dtype(), safetensors::Dtype::F32);
+    let o_file = Dtype::Bf16.decode(ot.data());
+    let lse_file = Dtype::F32.decode(lt.data());
+    let r = reference(&p, &x, &RowSelection::All);
+    let (mut d2, mut r2) = (0f64, 0f64);
+    for (k, row) in r.rows.iter().enumerate() {
+        let base = ((row.b * 24 + row.i) * 2 + row.h) as usize * 64;
+        for d in 0..64 {
+            let w = r.o[k * 64 + d];
+            d2 += (o_file[base + d] as f64 - w).powi(2);
+            r2 += w * w;
+        }
+        let l = lse_file[((row.b * 2 + row.h) * 24 + row.i) as usize] as f64;
+        assert!((l - r.lse[k]).abs() < 1e-4);
+    }
+    assert!((d2 / r2).sqrt() < 1e-2, "bf16 file O rel RMS {}", (d2 / r2).sqrt());
+    // And with a matching --dtype.
+    let o = memattn(&["--backend", "vm", "run", "--inputs", inp.to_str().unwrap(), "--dtype", "bf16"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
 #[test]

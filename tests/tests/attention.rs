@@ -9,7 +9,8 @@ use memattn::problem::{KernelKind, Layout, Problem};
 use memattn::ptx::PtxSource;
 use memattn::reference::RowSelection;
 use memattn::runner::{run, RunSpec};
-use memattn_tests::device_tests;
+use memattn::Dtype;
+use memattn_tests::{device_tests, has_kernel};
 
 fn spec(p: Problem, k: KernelKind, seed: u64) -> RunSpec {
     RunSpec { seed, check: RowSelection::All, ..RunSpec::new(p, k) }
@@ -60,6 +61,77 @@ fn sweep_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
         // Real values, not zeros.
         assert!(r.outputs.o.iter().any(|x| x.abs() > 0.1), "{k}: O looks empty");
         assert!(r.verification.o.compared > 0);
+    }
+}
+
+/// A bf16/f16 flash run against the f64 reference: passes the 2x naive-in-dtype rule, with an
+/// absolute ceiling on the relative RMS error as well (1e-2 bf16, 2e-3 f16). Returns false (after
+/// saying so) when the loaded PTX lacks the kernel.
+fn sweep_case_16(dev: &mut dyn Device, p: Problem) -> bool {
+    let entry = p.launches(KernelKind::Flash).unwrap()[0].kernel.name();
+    if !has_kernel(dev, entry) {
+        return false;
+    }
+    let r = run(dev, &spec(p, KernelKind::Flash, 13), None).unwrap_or_else(|e| panic!("{entry} {p:?}: {e}"));
+    let ceiling = if p.dtype == Dtype::Bf16 { 1e-2 } else { 2e-3 };
+    let base = r.baseline_rel_rms_err.expect("16-bit runs report the baseline");
+    assert!(r.verified, "{entry} {p:?}: {:?} (baseline {base:.3e})", r.verification.failures);
+    assert_eq!(r.launches[0].kernel, entry);
+    assert_eq!(r.verification.checked_rows, p.rows());
+    assert_eq!(r.verification.unwritten, 0);
+    assert!(r.rel_rms_err <= ceiling, "{entry} {p:?}: rel RMS {:.3e} > {ceiling:e}", r.rel_rms_err);
+    assert!(
+        r.rel_rms_err <= 2.0 * base || r.rel_rms_err <= p.dtype.unit_roundoff(),
+        "{entry}: ratio {:?}",
+        r.error_ratio
+    );
+    // Every output is a value of the dtype (it came from 16-bit device memory).
+    assert!(r.outputs.o.iter().all(|&x| p.dtype.round(x) == x));
+    assert!(r.outputs.o.iter().any(|x| x.abs() > 0.1), "{entry}: O looks empty");
+    true
+}
+
+/// Q = 0 in a 16-bit dtype: every row averages the V rows it sees. V[j][d] = j % 8 + (d % 16) / 16
+/// is exact in bf16 and f16 (7 significant bits), so the answer `mean(j % 8) + (d % 16) / 16` and
+/// `LSE = ln(seen)` are computed by hand.
+fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32, seq_kv: u32) {
+    let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim: 64, causal, dtype, ..Problem::default() };
+    if !has_kernel(dev, p.launches(KernelKind::Flash).unwrap()[0].kernel.name()) {
+        return;
+    }
+    let (h, d) = (p.heads as usize, 64usize);
+    let val = |j: usize, dd: usize| (j % 8) as f32 + (dd % 16) as f32 / 16.0;
+    let mut v = vec![0f32; p.kv_elems() as usize];
+    for j in 0..seq_kv as usize {
+        for hh in 0..h {
+            for dd in 0..d {
+                v[(j * h + hh) * d + dd] = val(j, dd);
+            }
+        }
+    }
+    let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    assert!(x.representable_in(dtype));
+    let r = run(dev, &spec(p, KernelKind::Flash, 0), Some(&x)).expect("run");
+    assert!(r.verified, "{dtype}: {:?}", r.verification.failures);
+    let u = dtype.unit_roundoff() as f32;
+    for i in 0..seq_q {
+        let seen = p.keys_seen(i) as usize;
+        for hh in 0..h {
+            let lse = r.outputs.lse[hh * seq_q as usize + i as usize];
+            if seen == 0 {
+                assert_eq!(lse, f32::NEG_INFINITY, "{dtype} row {i}: fully masked row");
+            } else {
+                assert!((lse - (seen as f32).ln()).abs() < 1e-5, "{dtype} row {i}: lse {lse} vs ln {seen}");
+            }
+            let mean_j = (0..seen).map(|j| (j % 8) as f32).sum::<f32>() / seen.max(1) as f32;
+            for dd in [0usize, 1, 15, 33, 63] {
+                let got = r.outputs.o[(i as usize * h + hh) * d + dd];
+                let want = if seen == 0 { 0.0 } else { mean_j + (dd % 16) as f32 / 16.0 };
+                // Rounding to the dtype (P is exactly 1 before normalisation) costs at most u|want|.
+                assert!((got - want).abs() <= 2.0 * u * want.abs() + 1e-6, "{dtype} row {i} d {dd}: {got} vs {want}");
+            }
+        }
     }
 }
 
@@ -175,6 +247,72 @@ device_tests! {
         // Naive accepts head dims the flash kernels are not compiled for.
         let p = Problem { batch: 1, heads: 1, seq_q: 20, seq_kv: 30, head_dim: 40, causal: true, ..Problem::default() };
         sweep_case(dev, p, &[KernelKind::Naive]);
+    }
+
+    fn bf16_f16_flash_shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for d in [64, 128] {
+                for causal in [false, true] {
+                    for (sq, sk) in [(67, 67), (33, 100), (100, 33), (1, 5)] {
+                        let p = Problem { batch: 1, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, dtype, ..Problem::default() };
+                        if !sweep_case_16(dev, p) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn bf16_f16_flash_several_blocks_heads_batches_bhsd(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for layout in [Layout::Bshd, Layout::Bhsd] {
+                // seq_q 130: three 64-row blocks, the last with 2 rows; seq_kv 129: a partial key tile.
+                let p = Problem { batch: 2, heads: 3, seq_q: 130, seq_kv: 129, head_dim: 64, causal: true, layout, dtype, ..Problem::default() };
+                if !sweep_case_16(dev, p) {
+                    return;
+                }
+            }
+            let p = Problem { batch: 2, heads: 2, seq_q: 80, seq_kv: 72, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), dtype, ..Problem::default() };
+            sweep_case_16(dev, p);
+        }
+    }
+
+    fn bf16_f16_known_answer_uniform_attention(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            known_answer_16(dev, dtype, false, 40, 40);
+            known_answer_16(dev, dtype, true, 50, 20); // 30 fully masked rows
+            known_answer_16(dev, dtype, true, 20, 70);
+        }
+    }
+
+    fn bf16_unwritten_outputs_fail_verification(dev: &mut dyn Device) {
+        let p = Problem { batch: 1, heads: 1, seq_q: 16, seq_kv: 16, dtype: Dtype::Bf16, ..Problem::default() };
+        if !has_kernel(dev, "flash_fwd_bf16_d64") {
+            return;
+        }
+        let mut dropping = DropLaunches(dev);
+        let r = run(&mut dropping, &spec(p, KernelKind::Flash, 1), None).unwrap();
+        assert!(!r.verified);
+        // The 16-bit NaN poison reads back as NaN in every element of O.
+        assert_eq!(r.verification.unwritten, p.q_elems() + p.rows());
+    }
+
+    fn bf16_memory_is_two_bytes_per_element(dev: &mut dyn Device) {
+        let p = Problem { batch: 1, heads: 2, seq_q: 96, seq_kv: 80, head_dim: 64, ..Problem::default() };
+        let b = Problem { dtype: Dtype::Bf16, ..p };
+        let (a32, a16) = (AnalyticBytes::new(&p, KernelKind::Flash), AnalyticBytes::new(&b, KernelKind::Flash));
+        assert_eq!(a16.inputs * 2, a32.inputs);
+        assert_eq!(a16.outputs, 2 * p.q_elems());
+        assert_eq!(a16.lse, a32.lse); // LSE stays f32
+        if !has_kernel(dev, "flash_fwd_bf16_d64") {
+            return;
+        }
+        let r = run(dev, &spec(b, KernelKind::Flash, 2), None).unwrap();
+        assert!(r.verified, "{:?}", r.verification.failures);
+        if dev.backend() == memattn::Backend::Vm {
+            assert_eq!(r.peak_device_bytes, a16.total, "{:?}", r.memory);
+        }
     }
 
     fn unwritten_outputs_fail_verification(dev: &mut dyn Device) {

@@ -4,7 +4,7 @@ use memattn::inputs::Qkv;
 use memattn::problem::{KernelKind, Problem};
 use memattn::reference::{reference, RowSelection};
 use memattn::runner::{run, RunSpec};
-use memattn::safetensors_io::{read_qkv, write_outputs, write_qkv, FileShape, InputError};
+use memattn::safetensors_io::{read_qkv, read_qkv_as, write_outputs, write_qkv, write_qkv_as, FileShape, InputError};
 use memattn::Dtype;
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -60,4 +60,75 @@ fn run_from_file_and_write_outputs() {
         let got = o[(23 * 2 + 1) * 64 + d] as f64;
         assert!((got - want.o[r_idx * 64 + d]).abs() < 1e-4);
     }
+}
+
+#[test]
+fn bf16_and_f16_round_trip_is_bit_exact_and_dtype_is_inferred() {
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        let p = Problem { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, dtype, ..Problem::default() };
+        let x = Qkv::random(&p, 9);
+        assert!(x.representable_in(dtype));
+        let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64 };
+        let path = tmp(&format!("qkv_{dtype}.safetensors"));
+        write_qkv_as(&path, shape, dtype, &x).unwrap();
+        let (s2, d2, y) = read_qkv_as(&path, None).unwrap();
+        assert_eq!((s2, d2), (shape, dtype));
+        assert_eq!(x, y);
+        let (_, d3, _) = read_qkv_as(&path, Some(dtype)).unwrap();
+        assert_eq!(d3, dtype);
+        let other = if dtype == Dtype::Bf16 { Dtype::F16 } else { Dtype::Bf16 };
+        let e = read_qkv_as(&path, Some(other)).unwrap_err();
+        assert!(matches!(e, InputError::WrongDtype { .. }), "{e}");
+        assert!(matches!(read_qkv(&path, Dtype::F32), Err(InputError::WrongDtype { .. })));
+    }
+}
+
+#[test]
+fn mixed_dtypes_in_one_file_are_an_input_error() {
+    let p = Problem { batch: 1, heads: 1, seq_q: 4, seq_kv: 4, head_dim: 64, ..Problem::default() };
+    let x = Qkv::random(&p, 1);
+    let (qb, kb) = (Dtype::Bf16.encode(&x.q), Dtype::F32.encode(&x.k));
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![1, 4, 1, 64], &qb).unwrap();
+    let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 1, 64], &kb).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 4, 1, 64], &kb).unwrap();
+    let path = tmp("mixed.safetensors");
+    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &path).unwrap();
+    let e = read_qkv_as(&path, None).unwrap_err();
+    assert!(matches!(e, InputError::MixedDtypes { .. }), "{e}");
+}
+
+#[test]
+fn run_bf16_from_file_and_write_bf16_outputs() {
+    let p = Problem {
+        batch: 1,
+        heads: 2,
+        seq_q: 24,
+        seq_kv: 30,
+        head_dim: 128,
+        causal: true,
+        dtype: Dtype::Bf16,
+        ..Problem::default()
+    };
+    let mut dev = memattn_tests::vm_device();
+    if !memattn_tests::has_kernel(&dev, "flash_fwd_bf16_d128") {
+        return;
+    }
+    let x = Qkv::random(&p, 4);
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 30, head_dim: 128 };
+    let inp = tmp("in_bf16.safetensors");
+    write_qkv_as(&inp, shape, Dtype::Bf16, &x).unwrap();
+    let (_, dtype, y) = read_qkv_as(&inp, None).unwrap();
+    assert_eq!(dtype, Dtype::Bf16);
+    let spec = RunSpec { check: RowSelection::All, ..RunSpec::new(p, KernelKind::Flash) };
+    let r = run(&mut dev, &spec, Some(&y)).unwrap();
+    assert!(r.verified, "{:?}", r.verification.failures);
+    let out = tmp("out_bf16.safetensors");
+    write_outputs(&out, shape, Dtype::Bf16, &r.outputs.o, &r.outputs.lse).unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let o = st.tensor("o").unwrap();
+    assert_eq!(o.dtype(), safetensors::Dtype::BF16);
+    // The file holds exactly the device's bf16 output.
+    assert_eq!(Dtype::Bf16.decode(o.data()), r.outputs.o);
+    assert_eq!(Dtype::F32.decode(st.tensor("lse").unwrap().data()), r.outputs.lse);
 }
