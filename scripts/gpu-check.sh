@@ -8,9 +8,21 @@
 #   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn)
 #
 # Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/<step>.{out,err}.
-# The last thing printed is a summary table: step, exit code, seconds, what it showed.
+# The last things printed are the benchmark table (memattn vs PyTorch SDPA, bf16/f16) and a
+# summary table: step, exit code, seconds, what it showed.
+#
+# Benchmark against PyTorch (the bench part is capped at $BENCH_BUDGET_S seconds, default 110;
+# shapes left when the budget runs out are listed as skipped):
+#   for each shape memattn runs `--backend cuda --json run --kernel flash --dtype bf16 ...`
+#   (verified on 128 sampled query rows, median of 10 launches after 3 warm-up), and
+#   scripts/bench_sdpa.py times torch.nn.functional.scaled_dot_product_attention with the flash
+#   backend on the same shapes (skipped, with the reason, when `import torch` fails).
+#   Shapes: batch = 16384 / seq, heads = 2048 / head_dim (the same total work per seq, enough
+#   blocks to fill the GPU), seq 1024/4096/16384, d 64/128, causal and not, bf16; one f16 shape.
+#   MEMATTN_BENCH=0 skips the benchmark.
 set -u
 
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BIN="${1:-./memattn}"
 if [ ! -x "$BIN" ]; then
     echo "gpu-check: no executable memattn at '$BIN' (pass the path as the first argument)" >&2
@@ -71,9 +83,76 @@ step run-flash-bhsd 60 --backend cuda --json run --kernel flash --batch 3 --head
 step compare-memory 180 --backend cuda compare --batch 1 --heads 16 --seq 16384 --head-dim 64 --repeats 3 --warmup 1
 step compare-memory-json 180 --backend cuda --json compare --batch 1 --heads 16 --seq 16384 --head-dim 64 --repeats 3 --warmup 1
 
+# Tensor cores: bf16 and f16 flash against the f64 reference (2x naive-in-dtype rule), d 64/128,
+# causal, tails, seq_q != seq_kv, bhsd; the same problem in f32 and bf16 side by side.
+step run-bf16-d64 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 1000 --head-dim 64
+step run-bf16-d128-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 8 --seq-q 777 --seq-kv 1500 --head-dim 128 --causal
+step run-f16-d64-causal 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq-q 1500 --seq-kv 777 --head-dim 64 --causal
+step run-f16-d128-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 128 --layout bhsd --check-rows all
+step compare-dtype 120 --backend cuda compare --vary dtype=f32,bf16,f16 --batch 4 --heads 16 --seq 4096 --head-dim 128 --causal
+
 # Short timing: causal vs not, flash only, default repeats (10, warm-up 3).
 step timing-causal 120 --backend cuda compare --kernel flash --vary causal=false,true --batch 4 --heads 16 --seq 4096 --head-dim 128
 step sweep 180 --backend cuda sweep --heads 8 --vary seq=1024,4096,16384 --plot "${LOG:-.}/memattn-sweep.svg"
+
+# ---- benchmark: memattn (bf16/f16 tensor-core flash) vs PyTorch SDPA flash, same machine ----
+bench() {
+    local budget="${BENCH_BUDGET_S:-110}" dir t_start shapes=() line dtype seq d causal b h tag flag
+    local elapsed left rc json_shapes="" sep=""
+    dir="${LOG:-$(mktemp -d)}/bench"
+    mkdir -p "$dir"
+    rm -f "$dir"/memattn-*.json "$dir"/torch.jsonl
+    t_start=$(date +%s)
+    for seq in 1024 4096 16384; do
+        for d in 64 128; do
+            for causal in false true; do shapes+=("bf16 $seq $d $causal"); done
+        done
+    done
+    shapes+=("f16 4096 128 true")
+    echo "=== bench: ${#shapes[@]} shapes, budget ${budget}s, results in $dir"
+    local skipped=()
+    for line in "${shapes[@]}"; do
+        read -r dtype seq d causal <<<"$line"
+        b=$((16384 / seq)); h=$((2048 / d))
+        tag="${dtype}-s${seq}-d${d}-$([ "$causal" = true ] && echo causal || echo full)"
+        elapsed=$(( $(date +%s) - t_start ))
+        # Keep ~30% of the budget for torch.
+        if [ "$elapsed" -ge $((budget * 7 / 10)) ]; then skipped+=("$tag"); continue; fi
+        flag=""; [ "$causal" = true ] && flag="--causal"
+        left=$((budget * 7 / 10 - elapsed)); [ "$left" -gt 60 ] && left=60; [ "$left" -lt 5 ] && left=5
+        timeout "$left" "$BIN" --backend cuda --json run --kernel flash --dtype "$dtype" --batch "$b" \
+            --heads "$h" --seq "$seq" --head-dim "$d" $flag --check-rows 128 \
+            >"$dir/memattn-$tag.json" 2>"$dir/memattn-$tag.err"
+        rc=$?
+        printf '  memattn %-22s exit %s\n' "$tag" "$rc"
+        [ "$rc" = 0 ] || FAILED=1
+        json_shapes+="$sep{\"dtype\":\"$dtype\",\"batch\":$b,\"heads\":$h,\"seq\":$seq,\"head_dim\":$d,\"causal\":$causal}"
+        sep=","
+    done
+    if [ "${#skipped[@]}" -gt 0 ]; then echo "  skipped (bench budget): ${skipped[*]}"; fi
+    local torch_note="torch: not run"
+    if ! command -v python3 >/dev/null; then
+        torch_note="torch: skipped (no python3)"
+    elif ! python3 -c "import torch" >"$dir/torch-import.err" 2>&1; then
+        torch_note="torch: skipped (import torch failed: $(tail -n1 "$dir/torch-import.err" | cut -c1-80))"
+    elif [ -n "$json_shapes" ]; then
+        elapsed=$(( $(date +%s) - t_start )); left=$((budget - elapsed)); [ "$left" -lt 20 ] && left=20
+        timeout "$left" python3 "$SCRIPT_DIR/bench_sdpa.py" "[$json_shapes]" >"$dir/torch.jsonl" 2>"$dir/torch.err"
+        rc=$?
+        torch_note="torch: exit $rc ($(grep -c '^{' "$dir/torch.jsonl") shapes timed; $(grep -m1 'bench_sdpa' "$dir/torch.err" | cut -c1-90))"
+        [ "$rc" = 124 ] && torch_note="$torch_note - timed out after ${left}s"
+    fi
+    echo "  $torch_note"
+    echo
+    echo "=== bench: memattn vs PyTorch SDPA (flash backend), TFLOP/s from useful FLOPs (4*b*h*d*unmasked pairs)"
+    if command -v python3 >/dev/null; then
+        python3 "$SCRIPT_DIR/bench_table.py" "$dir" | tee "$dir/table.txt"
+    else
+        grep -H '"tflops"' "$dir"/memattn-*.json
+    fi
+    SUMMARY+=("$(printf '%-22s %4s %7.1f  %s' bench - "$(( $(date +%s) - t_start ))" "$torch_note")")
+}
+if [ "${MEMATTN_BENCH:-1}" != 0 ]; then bench; fi
 
 echo
 echo "=== summary ($BIN)"
