@@ -620,3 +620,33 @@ fn trace_prints_one_threads_instructions() {
     assert!(entries.iter().any(|e| e["text"].as_str().unwrap().contains("ld.param")));
     assert_bad_input(&["trace", "--thread", "999"], "outside the block");
 }
+
+#[test]
+fn save_appends_one_evidence_line_per_measurement() {
+    let path = tmp("evidence.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let p = path.to_str().unwrap();
+    // The method: observe, measure, change one option, repeat the same measurement.
+    let base = ["--backend", "vm", "run", "--kernel", "flash", "--seq", "40", "--heads", "2"];
+    let o1 = memattn(&[&base[..], &["--json", "--save", p]].concat());
+    assert_eq!(code(&o1), 0, "{}", stderr(&o1));
+    let o2 = memattn(&[&base[..], &["--causal", "--save", p]].concat());
+    assert_eq!(code(&o2), 0, "{}", stderr(&o2));
+    assert!(stderr(&o2).contains("evidence appended to"), "{}", stderr(&o2));
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    // The saved result is exactly what --json printed.
+    assert_eq!(lines[0]["result"], json(&o1));
+    assert_eq!(lines[0]["result"]["shape"]["causal"], false);
+    assert_eq!(lines[1]["result"]["shape"]["causal"], true);
+    assert!(lines[1]["argv"].as_array().unwrap().iter().any(|a| a == "--causal"));
+    let sha = memattn::ptx::PtxSource::embedded().sha256;
+    assert_eq!(lines[1]["ptx"]["sha256"], sha.as_str());
+    // Causal does a little over half the work: fewer flops than the full run.
+    assert!(lines[1]["result"]["flops"].as_f64().unwrap() < lines[0]["result"]["flops"].as_f64().unwrap());
+
+    assert_bad_input(&["--backend", "vm", "run", "--seq", "8", "--save", "/nonexistent-dir/e.jsonl"], "evidence file");
+}

@@ -38,6 +38,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Keep the evidence: append this command's result (the same object `--json` prints, plus
+    /// the command line, the time and the PTX hash) as one JSON line to FILE. Use one file for a
+    /// whole investigation: observe (`doctor`), change one option, repeat the same measurement.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub save: Option<std::path::PathBuf>,
+
     /// Load kernels from this PTX file instead of the module embedded at build time (try a kernel
     /// change without rebuilding the host: `cargo xtask build-ptx`, then `--ptx path/to.ptx`).
     #[arg(long, global = true, value_name = "FILE")]
@@ -128,7 +134,7 @@ pub struct ProblemArgs {
     #[arg(long, value_name = "N")]
     pub repeats: Option<u32>,
     /// Query rows checked against the reference: `all`, a number (seeded random sample), or
-    /// `auto` (all when the reference costs under 2^28 multiply-adds, else a sample) [default: auto].
+    /// `auto` (all when the reference costs under 2^28 multiply-adds, else a sample).
     #[arg(long, value_name = "all|N|auto", default_value = "auto")]
     pub check_rows: String,
 }

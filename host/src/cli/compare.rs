@@ -119,17 +119,19 @@ pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
             }
         }
     }
+    let v = serde_json::json!({
+        "command": "compare",
+        "backend": dev.backend().name(),
+        "backend_reason": reason,
+        "vary": vary.key,
+        "values": vary.values,
+        "runs": points,
+        "comparisons": comparisons,
+        "verified": all_ok,
+    });
+    super::save_evidence(cli, &v)?;
     if cli.json {
-        print_json(&serde_json::json!({
-            "command": "compare",
-            "backend": dev.backend().name(),
-            "backend_reason": reason,
-            "vary": vary.key,
-            "values": vary.values,
-            "runs": points,
-            "comparisons": comparisons,
-            "verified": all_ok,
-        }));
+        print_json(&v);
     } else {
         print!("{}", compare_table(&vary.key, &points));
     }

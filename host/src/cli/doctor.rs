@@ -71,16 +71,18 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
         ),
         (Err(_), _) => "no GPU here: everything runs in the PTX VM (`memattn compare`); on a GPU machine run `scripts/gpu-check.sh` with the release binary".to_string(),
     };
+    let v = serde_json::json!({
+        "command": "doctor",
+        "cuda": match &cuda { Ok(s) => serde_json::json!({"available": true, "detail": s}), Err(e) => serde_json::json!({"available": false, "reason": e}) },
+        "gpus": match &gpus { Ok(g) => serde_json::to_value(g).unwrap_or_default(), Err(e) => serde_json::json!({"error": e}) },
+        "ptx": ptx_json(&src),
+        "ptxas": ptxas.as_ref().map(|(p, v)| serde_json::json!({"path": p.display().to_string(), "version": v})),
+        "vm": vm_status,
+        "next_step": next,
+    });
+    super::save_evidence(cli, &v)?;
     if cli.json {
-        print_json(&serde_json::json!({
-            "command": "doctor",
-            "cuda": match &cuda { Ok(s) => serde_json::json!({"available": true, "detail": s}), Err(e) => serde_json::json!({"available": false, "reason": e}) },
-            "gpus": match &gpus { Ok(g) => serde_json::to_value(g).unwrap_or_default(), Err(e) => serde_json::json!({"error": e}) },
-            "ptx": ptx_json(&src),
-            "ptxas": ptxas.as_ref().map(|(p, v)| serde_json::json!({"path": p.display().to_string(), "version": v})),
-            "vm": vm_status,
-            "next_step": next,
-        }));
+        print_json(&v);
         return Ok(exit::SUCCESS);
     }
     println!("== GPU");

@@ -19,6 +19,14 @@ use std::time::Duration;
 
 /// Runs the parsed command; returns the exit code.
 pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
+    // An unwritable evidence file is reported before any measurement, not after it.
+    if let Some(path) = &cli.save {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
+    }
     match &cli.command {
         Command::Run(a) => run::run(cli, a),
         Command::Compare(a) => compare::compare(cli, a),
@@ -184,6 +192,32 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
             p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
         }
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
+    }
+    Ok(())
+}
+
+/// Appends `result` to the `--save` evidence file as one JSON line, with the command line, the
+/// time and the loaded PTX's hash, so a series of measurements can be compared later.
+pub fn save_evidence(cli: &Cli, result: &serde_json::Value) -> Result<(), Error> {
+    let Some(path) = &cli.save else { return Ok(()) };
+    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let ptx = load_ptx(cli)?;
+    let line = serde_json::json!({
+        "recorded_unix_s": recorded,
+        "argv": std::env::args().collect::<Vec<_>>(),
+        "memattn_version": env!("CARGO_PKG_VERSION"),
+        "ptx": {"origin": ptx.origin, "sha256": ptx.sha256},
+        "result": result,
+    });
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
+    writeln!(f, "{line}").map_err(|e| Error::Usage(format!("cannot write evidence file {}: {e}", path.display())))?;
+    if !cli.json {
+        eprintln!("evidence appended to {}", path.display());
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `memattn run`.
 
 use super::args::{Cli, RunArgs};
-use super::{open_device, print_json, resolve_problem, run_spec};
+use super::{open_device, print_json, resolve_problem, run_spec, save_evidence};
 use memattn::error::{exit, Error};
 use memattn::memory::AnalyticBytes;
 use memattn::problem::{KernelKind, Problem};
@@ -49,12 +49,13 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             );
         }
     }
+    let mut v = serde_json::to_value(&report).unwrap_or_default();
+    v["backend_reason"] = reason.into();
+    if let Some(p) = &a.output {
+        v["output_file"] = p.display().to_string().into();
+    }
+    save_evidence(cli, &v)?;
     if cli.json {
-        let mut v = serde_json::to_value(&report).unwrap_or_default();
-        v["backend_reason"] = reason.into();
-        if let Some(p) = &a.output {
-            v["output_file"] = p.display().to_string().into();
-        }
         print_json(&v);
     } else {
         print!("{}", run_summary(&report));

@@ -2,7 +2,7 @@
 
 use super::args::{Cli, SweepArgs};
 use super::compare::{measure, Point};
-use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem};
+use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem, save_evidence};
 use memattn::device::Backend;
 use memattn::error::{exit, Error};
 use memattn::plot::{self, Panel, Series};
@@ -77,18 +77,20 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
             .map_err(|e| Error::Usage(format!("cannot write plot {}: {e}", a.plot.display())))?;
         plot_path = Some(a.plot.display().to_string());
     }
+    let v = serde_json::json!({
+        "command": "sweep",
+        "backend": dev.backend().name(),
+        "backend_reason": reason,
+        "vary": vary.key,
+        "values": vary.values,
+        "points": points,
+        "skipped": skipped,
+        "plot": plot_path,
+        "verified": all_ok,
+    });
+    save_evidence(cli, &v)?;
     if cli.json {
-        print_json(&serde_json::json!({
-            "command": "sweep",
-            "backend": dev.backend().name(),
-            "backend_reason": reason,
-            "vary": vary.key,
-            "values": vary.values,
-            "points": points,
-            "skipped": skipped,
-            "plot": plot_path,
-            "verified": all_ok,
-        }));
+        print_json(&v);
     } else {
         let mut header = vec![vary.key.clone()];
         for k in &kernels {

@@ -177,7 +177,7 @@ impl Device for VmDevice {
     }
 
     fn clock_name(&self) -> &'static str {
-        "host wall clock (VM interpreter time, not GPU time)"
+        "host wall clock: VM interpreter time, not GPU time"
     }
 
     fn memory_begin(&mut self) -> Result<(), DeviceError> {
