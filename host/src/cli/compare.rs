@@ -171,7 +171,7 @@ fn compare_table(key: &str, points: &[Point]) -> String {
     let mut rows = vec![
         row("kernel", get(&|r| r.kernel.to_string()), vec![]),
         row("dtype", get(&|r| r.dtype.to_string()), vec![]),
-        row("entry", get(&|r| r.launches.iter().map(|l| l.kernel.as_str()).collect::<Vec<_>>().join("+")), vec![]),
+        row("entry", get(&|r| entries_label(r.launches.iter().map(|l| l.kernel.as_str()))), vec![]),
         row("verified", get(&|r| if r.verified { "PASS".into() } else { "FAIL".into() }), vec![]),
         row("checked rows", get(&|r| format!("{}/{}", r.verification.checked_rows, r.verification.total_rows)), vec![]),
         row("O rel RMS err", get(&|r| format!("{:.2e}", r.rel_rms_err)), vec![]),
@@ -249,5 +249,33 @@ pub fn format_tflops(t: f64) -> String {
         format!("{t:.3}")
     } else {
         format!("{t:.2e}")
+    }
+}
+
+/// The kernels of one run, compact: `naive_{scores,softmax,pv}_f32` for the three naive steps.
+fn entries_label<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    if names.len() < 2 {
+        return names.concat();
+    }
+    let first = names[0];
+    let prefix = first.find('_').map(|i| &first[..=i]).unwrap_or("");
+    let suffix = first.rfind('_').map(|i| &first[i..]).unwrap_or("");
+    if names.iter().all(|n| n.starts_with(prefix) && n.ends_with(suffix) && n.len() > prefix.len() + suffix.len()) {
+        let middles: Vec<&str> = names.iter().map(|n| &n[prefix.len()..n.len() - suffix.len()]).collect();
+        format!("{prefix}{{{}}}{suffix}", middles.join(","))
+    } else {
+        names.join("+")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entries_label_is_compact() {
+        let naive = ["naive_scores_f32", "naive_softmax_f32", "naive_pv_f32"];
+        assert_eq!(super::entries_label(naive.into_iter()), "naive_{scores,softmax,pv}_f32");
+        assert_eq!(super::entries_label(["flash_fwd_bf16_d64"].into_iter()), "flash_fwd_bf16_d64");
+        assert_eq!(super::entries_label(["a_x", "b_y"].into_iter()), "a_x+b_y");
     }
 }
