@@ -11,25 +11,8 @@ use kernels_gpu::abi::{AttnParams, KernelId, Strides};
 use kernels_gpu::tiles;
 use ptx_vm::{LaunchConfig, Module, Vm};
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
-
-fn module() -> Module {
-    Module::load(PTX).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Small deterministic RNG (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+mod util;
+use util::{module, Rng};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Dt {

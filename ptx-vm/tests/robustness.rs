@@ -5,7 +5,8 @@ use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::FLASH_F32_D64;
 use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm};
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+mod util;
+use util::{Rng, PTX};
 
 fn flash_output(workers: usize) -> Vec<u8> {
     let m = Module::load(PTX).unwrap();
@@ -86,19 +87,6 @@ fn trace_of_one_thread() {
     assert!(!st.trace[3].executed, "guard false for thread 2");
     assert_eq!(st.thread_instructions, 2 * 4 * 5, "predicated-off instructions count as issued");
     assert_eq!(st.warp_instructions, 2 * 5);
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Helpers: wrap a PTX body in a kernel taking one output pointer, run it, read the output back.
+//! Helpers: the committed module, a deterministic RNG, and wrapping a PTX body in a kernel taking
+//! one output pointer, running it and reading the output back.
 #![allow(dead_code)]
 
 use ptx_vm::{LaunchConfig, Module, Vm, VmError};
@@ -38,4 +39,31 @@ pub fn words(b: &[u8]) -> Vec<u32> {
 /// 1-based line of the first line of `src` containing `marker`.
 pub fn line_of(src: &str, marker: &str) -> usize {
     src.lines().position(|l| l.contains(marker)).expect("marker") + 1
+}
+
+/// The project's committed PTX module.
+pub const PTX: &str = include_str!("../../../kernels-gpu/ptx/memattn_kernels.ptx");
+
+pub fn module() -> Module {
+    Module::load(PTX).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Small deterministic RNG (xorshift64*), so test inputs need no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// Uniform in [0, n).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
 }
