@@ -3,9 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-mod embedded {
-    include!(concat!(env!("OUT_DIR"), "/embedded_meta.rs"));
-}
+/// What `cargo xtask build-ptx` recorded about the committed PTX.
+const BUILD_INFO_JSON: &str = include_str!("../../kernels-gpu/ptx/build-info.json");
+/// What `cargo xtask ptxas` recorded about the committed PTX.
+const PTXAS_REPORT_JSON: &str = include_str!("../../kernels-gpu/ptx/ptxas-report.json");
 
 /// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx`.
 pub const EMBEDDED_PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
@@ -139,20 +140,14 @@ impl PtxSource {
     }
 }
 
-/// The embedded build info, if the build recorded it.
+/// The build info of the embedded PTX.
 pub fn build_info() -> Result<Option<BuildInfo>, String> {
-    match embedded::BUILD_INFO_JSON {
-        None => Ok(None),
-        Some(s) => serde_json::from_str(s).map(Some).map_err(|e| format!("build-info.json: {e}")),
-    }
+    serde_json::from_str(BUILD_INFO_JSON).map(Some).map_err(|e| format!("build-info.json: {e}"))
 }
 
-/// The embedded ptxas report, if the build recorded it.
+/// The ptxas report of the embedded PTX.
 pub fn ptxas_report() -> Result<Option<PtxasReport>, String> {
-    match embedded::PTXAS_REPORT_JSON {
-        None => Ok(None),
-        Some(s) => serde_json::from_str(s).map(Some).map_err(|e| format!("ptxas-report.json: {e}")),
-    }
+    serde_json::from_str(PTXAS_REPORT_JSON).map(Some).map_err(|e| format!("ptxas-report.json: {e}"))
 }
 
 #[cfg(test)]
