@@ -297,3 +297,20 @@ fn globals_with_initialisers() {
     assert_eq!(u32::from_le_bytes(b), 7);
     assert_eq!(vm.memory().current_bytes, 4, "module variables are not counted");
 }
+
+#[test]
+fn vector_mov_packs_and_unpacks_low_element_first() {
+    // mov.b32 d, {lo, hi}: the first element lands in the low half; the reverse splits it again.
+    let o = run1(
+        "mov.b16 %h0, 0x3C00;\n mov.b16 %h1, 0xC000;\n mov.b32 %r0, {%h0, %h1};\n st.global.u32 [%rd0], %r0;\n\
+         mov.b32 {%h2, %h3}, %r0;\n cvt.u32.u16 %r1, %h2;\n cvt.u32.u16 %r2, %h3;\n\
+         st.global.u32 [%rd0+4], %r1;\n st.global.u32 [%rd0+8], %r2;\n\
+         mov.b32 %r3, 0x89ABCDEF;\n mov.b64 %rd1, {%r3, %r0};\n st.global.u64 [%rd0+16], %rd1;\n\
+         mov.b64 {%r4, %r5}, %rd1;\n st.global.u32 [%rd0+24], %r4;\n st.global.u32 [%rd0+28], %r5;",
+        8,
+    );
+    assert_eq!(o[0], 0xC000_3C00);
+    assert_eq!((o[1], o[2]), (0x3C00, 0xC000));
+    assert_eq!((o[4], o[5]), (0x89AB_CDEF, 0xC000_3C00), "u64 = {{low, high}}, little-endian");
+    assert_eq!((o[6], o[7]), (0x89AB_CDEF, 0xC000_3C00));
+}
