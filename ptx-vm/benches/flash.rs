@@ -2,7 +2,8 @@
 //! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256.
 //!
 //! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs).
-//! Prints thread-instructions per second and the median wall time for 1 worker and for all cores.
+//! Prints thread-instructions per second and the median wall time for 1 worker and for all cores,
+//! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck off (its cost).
 
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::{LaunchDims, FLASH_F32_D64, FLASH_MMA_D64};
@@ -23,13 +24,24 @@ fn main() {
         ("flash_fwd_bf16_d64", 2, FLASH_MMA_D64.launch(1, 2, 256)),
     ] {
         for &workers in &worker_counts {
-            bench(&module, kernel, elem_bytes, tile, workers, runs);
+            bench(&module, kernel, elem_bytes, tile, workers, runs, true);
+        }
+        if elem_bytes == 4 {
+            bench(&module, kernel, elem_bytes, tile, 1, runs, false);
         }
     }
 }
 
 /// Runs `kernel` (batch 1, heads 2, seq 256, d 64) `runs` times and prints the median.
-fn bench(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDims, workers: usize, runs: usize) {
+fn bench(
+    module: &Module,
+    kernel: &str,
+    elem_bytes: usize,
+    dims: LaunchDims,
+    workers: usize,
+    runs: usize,
+    initcheck: bool,
+) {
     let (batch, heads, seq, d) = (1u32, 2u32, 256u32, 64u32);
     let n = (batch * heads * seq * d) as usize;
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -48,6 +60,7 @@ fn bench(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDims, wor
     };
     let data: Vec<Vec<u8>> = (0..3).map(|_| (0..n).flat_map(|_| enc(rnd())).collect()).collect();
     let mut vm = Vm::with_workers(workers);
+    vm.set_initcheck(initcheck);
     let bufs: Vec<u64> = (0..4).map(|_| vm.alloc((n * elem_bytes) as u64).unwrap()).collect();
     for (b, d) in bufs.iter().zip(&data) {
         vm.write(*b, d).unwrap();
@@ -85,8 +98,9 @@ fn bench(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDims, wor
     walls.sort();
     let med = walls[walls.len() / 2];
     println!(
-        "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}: median wall {:.2} ms over {runs} runs, \
+        "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}{}: median wall {:.2} ms over {runs} runs, \
          {instr} thread-instructions, {:.1} M thread-instructions/s",
+        if initcheck { "" } else { " (initcheck off)" },
         med.as_secs_f64() * 1e3,
         instr as f64 / med.as_secs_f64() / 1e6
     );

@@ -30,6 +30,51 @@ pub(crate) struct Launch<'a> {
     pub dyn_shared: u32,
     pub budget: u64,
     pub trace: Option<TraceRequest>,
+    /// Report loads of shared bytes that no thread of the block has written (initcheck).
+    pub initcheck: bool,
+}
+
+/// A block's shared memory and, for initcheck, which of its bytes have been written.
+#[derive(Default)]
+pub(crate) struct SharedMem {
+    bytes: Vec<u8>,
+    written: Vec<bool>,
+    /// Bytes not written yet (0 when initcheck is off). Once the whole window has been written,
+    /// as the flash kernels do with their first tile, loads skip the check entirely.
+    unwritten: usize,
+}
+
+impl SharedMem {
+    /// Fresh shared memory: `len` poisoned bytes, none written.
+    fn reset(&mut self, len: usize, initcheck: bool) {
+        self.bytes.clear();
+        self.bytes.resize(len, 0);
+        let pb = SHARED_POISON.to_le_bytes();
+        for (i, b) in self.bytes.iter_mut().enumerate() {
+            *b = pb[i & 3];
+        }
+        self.written.clear();
+        self.unwritten = 0;
+        if initcheck {
+            self.written.resize(len, false);
+            self.unwritten = len;
+        }
+    }
+    #[inline(always)]
+    fn mark_written(&mut self, at: usize, len: usize) {
+        if self.unwritten > 0 {
+            for w in &mut self.written[at..at + len] {
+                if !*w {
+                    *w = true;
+                    self.unwritten -= 1;
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    fn is_written(&self, at: usize, len: usize) -> bool {
+        self.unwritten == 0 || self.written[at..at + len].iter().all(|&w| w)
+    }
 }
 
 struct Warp {
@@ -65,7 +110,7 @@ struct CpCopy {
 #[derive(Default)]
 pub(crate) struct Worker {
     warps: Vec<Warp>,
-    shared: Vec<u8>,
+    shared: SharedMem,
     pub thread_instructions: u64,
     pub warp_instructions: u64,
     pub blocks: u64,
@@ -82,7 +127,7 @@ struct Fault {
 
 struct Mem<'a> {
     global: &'a GlobalView,
-    shared: &'a mut [u8],
+    shared: &'a mut SharedMem,
     local: &'a mut [u8],
     local_bytes: usize,
     params: &'a [u8],
@@ -120,10 +165,12 @@ impl Mem<'_> {
         };
         match sp {
             Space::Shared => {
-                if a.checked_add(size).is_some_and(|e| e <= self.shared.len() as u64) {
-                    Ok(Loc::Shared(a as usize))
-                } else {
+                if a.checked_add(size).is_none_or(|e| e > self.shared.bytes.len() as u64) {
                     Err(fault("shared memory out of window"))
+                } else if !store && !self.shared.is_written(a as usize, size as usize) {
+                    Err(fault("uninitialized shared memory read"))
+                } else {
+                    Ok(Loc::Shared(a as usize))
                 }
             }
             Space::Local => {
@@ -183,7 +230,7 @@ impl Mem<'_> {
         match loc {
             // SAFETY: `resolve` checked bounds; `locate` checked natural alignment.
             Loc::Ptr(p) => unsafe { memory::atomic_load(p, size) },
-            Loc::Shared(a) => rd(self.shared, a),
+            Loc::Shared(a) => rd(&self.shared.bytes, a),
             Loc::Local(a) => rd(self.local, a),
             Loc::Param(a) => rd(self.params, a),
         }
@@ -194,7 +241,10 @@ impl Mem<'_> {
         match loc {
             // SAFETY: as in `read`.
             Loc::Ptr(p) => unsafe { memory::atomic_store(p, size, v) },
-            Loc::Shared(a) => self.shared[a..a + size as usize].copy_from_slice(&b[..size as usize]),
+            Loc::Shared(a) => {
+                self.shared.bytes[a..a + size as usize].copy_from_slice(&b[..size as usize]);
+                self.shared.mark_written(a, size as usize);
+            }
             Loc::Local(a) => self.local[a..a + size as usize].copy_from_slice(&b[..size as usize]),
             Loc::Param(_) => {}
         }
@@ -396,6 +446,14 @@ impl Launch<'_> {
                     "the block's shared window is {} bytes ({} static + {} dynamic)",
                     self.shared_bytes, self.prog.info.static_shared_bytes, self.dyn_shared
                 ),
+                "uninitialized shared memory read" => {
+                    let off = if f.addr >= SHARED_WINDOW { f.addr - SHARED_WINDOW } else { f.addr };
+                    format!(
+                        "no thread of this block has written shared bytes {off}..{} yet \
+                         (a missing bar.sync or cp.async wait?)",
+                        off + f.size as u64
+                    )
+                }
                 "local memory overflow" => format!("the thread's local memory is {} bytes", self.prog.info.local_bytes),
                 "out-of-bounds parameter load" | "store to kernel parameter space" => {
                     format!("the kernel parameter buffer is {} bytes", self.params.len())
@@ -414,13 +472,8 @@ impl Launch<'_> {
         let block = dim3(linear, self.grid);
         let threads = self.threads();
         let nwarps = threads.div_ceil(32) as usize;
-        // Shared memory: fresh, poisoned.
-        w.shared.clear();
-        w.shared.resize(self.shared_bytes, 0);
-        let pb = SHARED_POISON.to_le_bytes();
-        for (i, b) in w.shared.iter_mut().enumerate() {
-            *b = pb[i & 3];
-        }
+        // Shared memory: fresh, poisoned, nothing written yet.
+        w.shared.reset(self.shared_bytes, self.initcheck);
         let trace_at = self.trace.filter(|t| t.block == block).and_then(|t| {
             let [x, y, z] = t.thread;
             if x < self.block[0] && y < self.block[1] && z < self.block[2] {
@@ -572,7 +625,7 @@ impl Launch<'_> {
         wp: &mut Warp,
         wi: usize,
         block: [u32; 3],
-        shared: &mut [u8],
+        shared: &mut SharedMem,
         ti: &mut u64,
         wc: &mut u64,
         trace: &mut Vec<TraceEntry>,
@@ -608,7 +661,7 @@ impl Launch<'_> {
         wp: &mut Warp,
         wi: usize,
         block: [u32; 3],
-        shared: &mut [u8],
+        shared: &mut SharedMem,
         mut pc: u32,
         mut group: u32,
         limit: u32,
@@ -1092,7 +1145,7 @@ fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> R
 /// source now and writes the shared destination, zero-filling past the `n` source bytes.
 fn cp_complete(
     global: &GlobalView,
-    shared: &mut [u8],
+    shared: &mut SharedMem,
     hint: &mut usize,
     cp: &mut Vec<CpCopy>,
     done: impl Fn(&CpCopy) -> bool,
@@ -1102,7 +1155,8 @@ fn cp_complete(
         if err.is_some() || !done(c) {
             return true;
         }
-        let dst = &mut shared[c.dst..c.dst + c.size as usize];
+        shared.mark_written(c.dst, c.size as usize);
+        let dst = &mut shared.bytes[c.dst..c.dst + c.size as usize];
         dst.fill(0);
         if c.n > 0 {
             match global.resolve(c.src, c.n as u64, hint) {
@@ -1187,7 +1241,7 @@ fn ldmatrix(
                 }
             };
             for (k, e) in row.iter_mut().enumerate() {
-                *e = u16::from_le_bytes([mem.shared[o + 2 * k], mem.shared[o + 2 * k + 1]]);
+                *e = u16::from_le_bytes([mem.shared.bytes[o + 2 * k], mem.shared.bytes[o + 2 * k + 1]]);
             }
         }
     }

@@ -274,6 +274,7 @@ pub struct Vm {
     heap: memory::Heap,
     limits: DeviceLimits,
     workers: usize,
+    initcheck: bool,
     /// Module id -> instantiated globals base.
     module_globals: HashMap<u64, u64>,
 }
@@ -294,8 +295,18 @@ impl Vm {
             heap: memory::Heap::new(),
             limits: DeviceLimits::default(),
             workers: workers.max(1),
+            initcheck: true,
             module_globals: HashMap::new(),
         }
+    }
+    /// Whether loads of shared memory that no thread of the block has written are findings
+    /// ("uninitialized shared memory read"; on by default). Off, such loads see
+    /// [`SHARED_POISON`] — useful to observe what an unsynchronised read would have returned.
+    pub fn initcheck(&self) -> bool {
+        self.initcheck
+    }
+    pub fn set_initcheck(&mut self, on: bool) {
+        self.initcheck = on;
     }
     /// Number of worker threads blocks run on.
     pub fn workers(&self) -> usize {
@@ -441,6 +452,7 @@ impl Vm {
             dyn_shared: config.dynamic_shared_bytes,
             budget: lim.max_instructions_per_thread,
             trace: config.trace,
+            initcheck: self.initcheck,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
         let next = AtomicU64::new(0);

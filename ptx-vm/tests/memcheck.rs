@@ -138,12 +138,37 @@ fn trap_and_hang() {
 
 #[test]
 fn shared_memory_is_fresh_and_poisoned_per_block() {
+    // Each block reads its shared word before writing it. With initcheck off the read sees the
+    // poison, never the previous block's write.
     let decls = ".shared .align 4 .b8 sm[4];";
     let body =
         "mov.u32 %r1, %ctaid.x;\n ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
         st.global.u32 [%rd2], %r2;\n st.shared.u32 [sm], %r1;";
-    let o = words(&run(decls, body, 16, 1, 64).unwrap());
+    let o = words(&run_with(decls, body, 16, 1, 64, false).unwrap());
     assert!(o.iter().all(|&w| w == ptx_vm::SHARED_POISON), "{o:x?}");
+
+    // With initcheck on (the default) the same read is a finding at the load.
+    let (f, src, text) = finding(decls, body, 1, 1, 64);
+    assert_eq!(f.kind, "uninitialized shared memory read", "{text}");
+    assert_eq!(f.line, line_of(&src, "ld.shared.u32 %r2"), "{text}");
+    assert!(text.contains("no thread of this block has written shared bytes 0..4 yet"), "{text}");
+    assert_eq!((f.block, f.thread), ([0, 0, 0], [0, 0, 0]));
+}
+
+#[test]
+fn shared_read_of_another_threads_unsynchronised_store_is_caught_only_when_unwritten() {
+    // Thread 1 reads the word thread 0 stores; without a barrier the read runs first (warp order
+    // is by PC, and thread 0 stores after its own read): a finding. With bar.sync: no finding.
+    let decls = ".shared .align 4 .b8 sm[8];";
+    let racy = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 1;\n @%p1 ld.shared.u32 %r2, [sm];\n\
+        @!%p1 st.shared.u32 [sm], 7;";
+    let (f, src, text) = finding(decls, racy, 1, 2, 8);
+    assert_eq!(f.kind, "uninitialized shared memory read", "{text}");
+    assert_eq!((f.line, f.thread), (line_of(&src, "@%p1 ld.shared"), [1, 0, 0]), "{text}");
+
+    let synced = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n @%p1 st.shared.u32 [sm], 7;\n bar.sync 0;\n\
+        ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n st.global.u32 [%rd2], %r2;";
+    assert_eq!(words(&run(decls, synced, 1, 2, 8).unwrap()), vec![7, 7]);
 }
 
 #[test]

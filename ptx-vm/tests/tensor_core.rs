@@ -11,9 +11,22 @@ use util::*;
 /// Runs kernel `t` with one buffer of `input.len() + out_bytes` bytes (input first, pointer in
 /// `%rd0`) and `threads` threads in one block; returns the whole buffer.
 fn run_io(decls: &str, body: &str, threads: u32, input: &[u8], out_bytes: usize) -> Result<Vec<u8>, VmError> {
+    run_io_with(decls, body, threads, input, out_bytes, true)
+}
+
+/// As [`run_io`], with shared-memory initcheck on or off (off: unwritten bytes read as poison).
+fn run_io_with(
+    decls: &str,
+    body: &str,
+    threads: u32,
+    input: &[u8],
+    out_bytes: usize,
+    initcheck: bool,
+) -> Result<Vec<u8>, VmError> {
     let src = kernel(decls, body);
     let m = Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     let mut vm = Vm::with_workers(1);
+    vm.set_initcheck(initcheck);
     let n = input.len() + out_bytes;
     let buf = vm.alloc(n as u64)?;
     vm.write(buf, input)?;
@@ -308,7 +321,12 @@ fn cp_async_zero_fill_groups_and_wait() {
         st.global.v4.b32 [%rd4+528], {%r10, %r11, %r12, %r13};\n\
         st.global.v4.b32 [%rd4+544], {%r16, %r17, %r18, %r19};\n\
         st.global.u32 [%rd4+560], %r22;";
-    let out = run_io(decls, body, 32, &input, 32 * 64).unwrap_or_else(|e| panic!("{e}"));
+    // Initcheck off to observe the poison a too-early read returns; with it on (the default) the
+    // first read before the wait is itself the finding.
+    let early = finding_of(run_io(decls, body, 32, &input, 32 * 64));
+    assert_eq!(early.kind, "uninitialized shared memory read", "{early:?}");
+    assert_eq!(early.instruction, "ld.shared.b32 %r6, [%r4];");
+    let out = run_io_with(decls, body, 32, &input, 32 * 64, false).unwrap_or_else(|e| panic!("{e}"));
     let w = words(&out[512..]);
     for lane in 0..32usize {
         let o = &w[lane * 16..lane * 16 + 16];
@@ -377,12 +395,16 @@ fn ldmatrix_memcheck() {
     let body = "mov.u32 %r1, %laneid;\n mov.u32 %r2, sm;\n mul.lo.u32 %r3, %r1, 16;\n add.u32 %r4, %r2, %r3;\n\
         setp.eq.u32 %p1, %r1, 13;\n @%p1 add.u32 %r4, %r4, 8;\n\
         ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r10, %r11, %r12, %r13}, [%r4];";
+    // Nothing was written: with initcheck on, lane 0's row is the first finding.
     let f = finding_of(run_io(decls, body, 32, &[], 0));
+    assert_eq!((f.kind.as_str(), f.thread), ("uninitialized shared memory read", [0, 0, 0]));
+    // Address checks alone (initcheck off).
+    let f = finding_of(run_io_with(decls, body, 32, &[], 0, false));
     assert_eq!(f.kind, "misaligned access");
     assert_eq!(f.thread, [13, 0, 0]);
     let body = "mov.u32 %r1, %laneid;\n mov.u32 %r2, sm;\n mul.lo.u32 %r3, %r1, 32;\n add.u32 %r4, %r2, %r3;\n\
         ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r10, %r11, %r12, %r13}, [%r4];";
-    let f = finding_of(run_io(decls, body, 32, &[], 0));
+    let f = finding_of(run_io_with(decls, body, 32, &[], 0, false));
     assert_eq!(f.kind, "shared memory out of window");
     assert_eq!(f.thread, [16, 0, 0]);
 }

@@ -16,9 +16,22 @@ pub fn kernel(decls: &str, body: &str) -> String {
 
 /// Runs `body` with `threads` threads x `blocks` blocks; returns the `out_bytes` output buffer.
 pub fn run(decls: &str, body: &str, blocks: u32, threads: u32, out_bytes: usize) -> Result<Vec<u8>, VmError> {
+    run_with(decls, body, blocks, threads, out_bytes, true)
+}
+
+/// As [`run`], with shared-memory initcheck on or off (off: fresh shared memory reads as poison).
+pub fn run_with(
+    decls: &str,
+    body: &str,
+    blocks: u32,
+    threads: u32,
+    out_bytes: usize,
+    initcheck: bool,
+) -> Result<Vec<u8>, VmError> {
     let src = kernel(decls, body);
     let m = Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     let mut vm = Vm::with_workers(2);
+    vm.set_initcheck(initcheck);
     let out = vm.alloc(out_bytes as u64)?;
     vm.launch(&m, "t", &LaunchConfig::new([blocks, 1, 1], [threads, 1, 1], 0), &out.to_le_bytes())?;
     let mut b = vec![0u8; out_bytes];
