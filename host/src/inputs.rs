@@ -15,13 +15,15 @@ pub struct Qkv {
 impl Qkv {
     /// Standard-normal inputs from `seed` (Q, K, V drawn in that order), drawn in f32 and rounded
     /// to `p.dtype` (nearest, ties to even), so the host holds exactly what the device gets.
+    ///
+    /// The values are those of one sequential stream (Q's normals, then K's, then V's; two
+    /// uniforms per normal); large tensors are generated in parallel chunks cut from that stream,
+    /// so the result does not depend on the number of threads.
     pub fn random(p: &Problem, seed: u64) -> Qkv {
-        let mut rng = SplitMix64::new(seed);
-        let dt = p.dtype;
-        let mut draw = |n: u64| (0..n).map(|_| dt.round(rng.normal() as f32)).collect::<Vec<f32>>();
-        let q = draw(p.q_elems());
-        let k = draw(p.kv_elems());
-        let v = draw(p.kv_elems());
+        let (nq, nkv) = (p.q_elems(), p.kv_elems());
+        let q = normals(p.dtype, seed, 0, nq);
+        let k = normals(p.dtype, seed, nq, nkv);
+        let v = normals(p.dtype, seed, nq + nkv, nkv);
         Qkv { q, k, v }
     }
 
@@ -31,6 +33,41 @@ impl Qkv {
             .into_iter()
             .all(|t| t.iter().all(|&x| x.is_nan() || dtype.round(x).to_bits() == x.to_bits()))
     }
+}
+
+/// Normals `first .. first + n` of the stream of `seed`, rounded to `dt`.
+fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
+    // Chunks of 2^16 values: big enough to amortise a thread, small enough to balance.
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0.0f32; n as usize];
+    let fill = |start: usize, chunk: &mut [f32]| {
+        let mut rng = SplitMix64::skipped(seed, 2 * (first + start as u64));
+        for x in chunk.iter_mut() {
+            *x = dt.round(rng.normal() as f32);
+        }
+    };
+    let threads = std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1);
+    if out.len() <= CHUNK || threads == 1 {
+        fill(0, &mut out);
+        return out;
+    }
+    let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(CHUNK).enumerate().map(|(i, c)| (i * CHUNK, c)).collect();
+    let per_thread = chunks.len().div_ceil(threads);
+    let mut groups: Vec<Vec<(usize, &mut [f32])>> = Vec::new();
+    let mut it = chunks.into_iter().peekable();
+    while it.peek().is_some() {
+        groups.push(it.by_ref().take(per_thread).collect());
+    }
+    std::thread::scope(|s| {
+        for group in groups {
+            s.spawn(|| {
+                for (start, chunk) in group {
+                    fill(start, chunk);
+                }
+            });
+        }
+    });
+    out
 }
 
 /// Reorders a BSHD tensor into `layout` (a copy for BHSD, unchanged for BSHD).
@@ -78,6 +115,27 @@ pub fn from_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn parallel_generation_is_the_sequential_stream() {
+        use crate::dtype::Dtype;
+        // Big enough for several chunks per tensor.
+        let p = Problem {
+            batch: 1,
+            heads: 5,
+            seq_q: 300,
+            seq_kv: 170,
+            head_dim: 64,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let x = Qkv::random(&p, 9);
+        let mut rng = SplitMix64::new(9);
+        let mut seq = |n: u64| (0..n).map(|_| Dtype::Bf16.round(rng.normal() as f32)).collect::<Vec<f32>>();
+        assert_eq!(x.q, seq(p.q_elems()));
+        assert_eq!(x.k, seq(p.kv_elems()));
+        assert_eq!(x.v, seq(p.kv_elems()));
+    }
+
     #[test]
     fn bhsd_round_trip_and_strides_agree() {
         let (b, s, h, d) = (2u32, 3u32, 4u32, 5u32);

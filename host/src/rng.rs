@@ -4,12 +4,19 @@
 #[derive(Clone, Debug)]
 pub struct SplitMix64(u64);
 
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 impl SplitMix64 {
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }
+    /// The generator of `seed` after `draws` calls of `next_u64`, in O(1): SplitMix64's state is
+    /// a counter, so a stream can be cut into chunks generated in parallel with the same values.
+    pub fn skipped(seed: u64, draws: u64) -> Self {
+        SplitMix64(seed.wrapping_add(draws.wrapping_mul(GAMMA)))
+    }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -43,5 +50,15 @@ mod tests {
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
         assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "{mean} {var}");
+    }
+
+    #[test]
+    fn skipped_continues_the_same_stream() {
+        let mut a = SplitMix64::new(42);
+        for _ in 0..1001 {
+            a.next_u64();
+        }
+        let mut b = SplitMix64::skipped(42, 1001);
+        assert_eq!((a.next_u64(), a.normal()), (b.next_u64(), b.normal()));
     }
 }
