@@ -38,8 +38,7 @@ impl KernelKind {
     /// The dtypes this kernel family is compiled for.
     pub const fn dtypes(self) -> &'static [Dtype] {
         match self {
-            KernelKind::Naive => &[Dtype::F32],
-            KernelKind::Flash => &Dtype::ALL,
+            KernelKind::Naive | KernelKind::Flash => &Dtype::ALL,
         }
     }
 
@@ -50,10 +49,7 @@ impl KernelKind {
 
     fn dtypes_note(self) -> &'static str {
         match self {
-            KernelKind::Naive => {
-                "the naive kernels exist only in f32; bf16 and f16 run on the tensor-core flash kernels \
-                 flash_fwd_{bf16,f16}_d{64,128}: use --kernel flash"
-            }
+            KernelKind::Naive => "naive kernels exist for f32, bf16 and f16 (the score matrix is f32 in all)",
             KernelKind::Flash => "flash kernels exist for f32, bf16 and f16",
         }
     }
@@ -321,13 +317,17 @@ impl Problem {
             KernelKind::Naive if !kernel.supports(self.dtype) => {
                 Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype })
             }
-            KernelKind::Naive => Ok([KernelId::NaiveScoresF32, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF32]
-                .into_iter()
-                .map(|id| PlannedLaunch {
-                    kernel: id,
-                    dims: naive_launch(id, self.batch, self.heads, self.seq_q, self.seq_kv),
-                })
-                .collect()),
+            KernelKind::Naive => Ok(match self.dtype {
+                Dtype::F32 => [KernelId::NaiveScoresF32, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF32],
+                Dtype::Bf16 => [KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16],
+                Dtype::F16 => [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16],
+            }
+            .into_iter()
+            .map(|id| PlannedLaunch {
+                kernel: id,
+                dims: naive_launch(id, self.batch, self.heads, self.seq_q, self.seq_kv),
+            })
+            .collect()),
         }
     }
 
@@ -560,11 +560,13 @@ mod tests {
         assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 128, ..p }), [KernelId::FlashFwdF16D128]);
         assert_eq!(names(&Problem { dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D64]);
         assert!(p.validate_shape(KernelKind::Flash).is_ok());
-        let e = p.validate_shape(KernelKind::Naive).unwrap_err();
-        assert_eq!(e, ProblemError::UnsupportedDtype { kernel: KernelKind::Naive, dtype: Dtype::Bf16 });
-        let msg = e.to_string();
-        assert!(msg.contains("only in f32") && msg.contains("--kernel flash") && msg.contains("flash_fwd_"), "{msg}");
-        assert!(p.launches(KernelKind::Naive).is_err());
+        // Naive in 16 bits: 16-bit scores and P·V around the shared f32 softmax.
+        assert!(p.validate_shape(KernelKind::Naive).is_ok());
+        let naive: Vec<KernelId> = p.launches(KernelKind::Naive).unwrap().into_iter().map(|l| l.kernel).collect();
+        assert_eq!(naive, [KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16]);
+        let f16 = Problem { dtype: Dtype::F16, ..p };
+        let naive: Vec<KernelId> = f16.launches(KernelKind::Naive).unwrap().into_iter().map(|l| l.kernel).collect();
+        assert_eq!(naive, [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16]);
         let e = Problem { head_dim: 96, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
         assert!(e.contains("64 and 128"), "{e}");
     }

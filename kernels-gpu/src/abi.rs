@@ -155,10 +155,18 @@ pub enum KernelId {
     FlashFwdF16D64,
     /// Tensor-core forward, f16, head_dim 128.
     FlashFwdF16D128,
+    /// Naive step 1 with bf16 Q, K (S stays f32).
+    NaiveScoresBf16,
+    /// Naive step 1 with f16 Q, K.
+    NaiveScoresF16,
+    /// Naive step 3 with bf16 V, O (P stays f32).
+    NaivePvBf16,
+    /// Naive step 3 with f16 V, O.
+    NaivePvF16,
 }
 
 impl KernelId {
-    pub const ALL: [KernelId; 10] = [
+    pub const ALL: [KernelId; 14] = [
         KernelId::Saxpy,
         KernelId::NaiveScoresF32,
         KernelId::NaiveSoftmaxF32,
@@ -169,6 +177,10 @@ impl KernelId {
         KernelId::FlashFwdBf16D128,
         KernelId::FlashFwdF16D64,
         KernelId::FlashFwdF16D128,
+        KernelId::NaiveScoresBf16,
+        KernelId::NaiveScoresF16,
+        KernelId::NaivePvBf16,
+        KernelId::NaivePvF16,
     ];
 
     /// The PTX entry-point name.
@@ -184,6 +196,10 @@ impl KernelId {
             KernelId::FlashFwdBf16D128 => "flash_fwd_bf16_d128",
             KernelId::FlashFwdF16D64 => "flash_fwd_f16_d64",
             KernelId::FlashFwdF16D128 => "flash_fwd_f16_d128",
+            KernelId::NaiveScoresBf16 => "naive_scores_bf16",
+            KernelId::NaiveScoresF16 => "naive_scores_f16",
+            KernelId::NaivePvBf16 => "naive_pv_bf16",
+            KernelId::NaivePvF16 => "naive_pv_f16",
         }
     }
 

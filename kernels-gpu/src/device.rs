@@ -114,3 +114,70 @@ pub fn opaque_u32(x: u32) -> u32 {
     unsafe { asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack)) };
     y
 }
+
+/// Element type of Q, K, V and O in the naive kernels: loaded as f32, stored rounded to nearest
+/// even. Arithmetic is f32 either way.
+pub trait Elem {
+    /// Bytes per element (addresses are `base + BYTES * index`).
+    const BYTES: u64;
+    /// # Safety
+    /// `addr` must be a valid device address of one element, aligned to `BYTES`.
+    unsafe fn load(addr: u64) -> f32;
+    /// # Safety
+    /// As for [`Elem::load`].
+    unsafe fn store(addr: u64, x: f32);
+}
+
+/// f32 elements.
+pub struct F32;
+
+impl Elem for F32 {
+    const BYTES: u64 = 4;
+    #[inline(always)]
+    unsafe fn load(addr: u64) -> f32 {
+        unsafe { ld_f32(addr) }
+    }
+    #[inline(always)]
+    unsafe fn store(addr: u64, x: f32) {
+        unsafe { st_f32(addr, x) }
+    }
+}
+
+impl Elem for crate::mma::Bf16 {
+    const BYTES: u64 = 2;
+    /// bf16 is the top half of an f32: widening is a shift.
+    #[inline(always)]
+    unsafe fn load(addr: u64) -> f32 {
+        f32::from_bits((unsafe { *(addr as *const u16) } as u32) << 16)
+    }
+    /// `cvt.rn.bf16.f32`.
+    #[inline(always)]
+    unsafe fn store(addr: u64, x: f32) {
+        let h: u16;
+        unsafe {
+            asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack));
+            *(addr as *mut u16) = h;
+        }
+    }
+}
+
+impl Elem for crate::mma::F16 {
+    const BYTES: u64 = 2;
+    /// `cvt.f32.f16` (exact).
+    #[inline(always)]
+    unsafe fn load(addr: u64) -> f32 {
+        let h = unsafe { *(addr as *const u16) };
+        let x: f32;
+        unsafe { asm!("cvt.f32.f16 {x}, {h};", x = out(reg32) x, h = in(reg16) h, options(pure, nomem, nostack)) };
+        x
+    }
+    /// `cvt.rn.f16.f32` (overflow to ±inf).
+    #[inline(always)]
+    unsafe fn store(addr: u64, x: f32) {
+        let h: u16;
+        unsafe {
+            asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack));
+            *(addr as *mut u16) = h;
+        }
+    }
+}

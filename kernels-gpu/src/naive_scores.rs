@@ -1,40 +1,55 @@
-//! `naive_scores_f32`: step 1 of naive attention, `S = scale * Q Kᵀ` (materialised).
+//! `naive_scores_{f32,bf16,f16}`: step 1 of naive attention, `S = scale * Q Kᵀ` (materialised).
 //!
 //! Algorithm: every score is an independent dot product over `head_dim`, read straight from global
-//! memory; causally masked scores are stored as `-inf` so the softmax needs no mask.
-//! Shapes: Q `[batch, seq_q, heads, d]`, K `[batch, seq_kv, heads, d]` (strided, see
-//! [`crate::abi::Strides`]); S `[batch, heads, seq_q, seq_kv]` f32, contiguous — the
-//! `4 * batch * heads * seq_q * seq_kv` bytes that memory-efficient attention avoids.
+//! memory and accumulated in f32 (fma); causally masked scores are stored as `-inf` so the softmax
+//! needs no mask.
+//! Shapes: Q `[batch, seq_q, heads, d]`, K `[batch, seq_kv, heads, d]` in the entry's element type
+//! (strided, see [`crate::abi::Strides`]); S `[batch, heads, seq_q, seq_kv]` **f32** for every
+//! element type, contiguous — the `4 * batch * heads * seq_q * seq_kv` bytes that memory-efficient
+//! attention avoids.
 //! Thread mapping: grid `(seq_q, ceil(seq_kv / 128), batch * heads)`, block 128; block `(i, jt, bh)`
 //! computes `S[bh, i, jt*128 + tid]`. No shared memory.
 //!
 //! # Safety
-//! All pointers in `p` must be valid for the shapes and strides in `p`.
+//! All pointers in `p` must be valid for the shapes and strides in `p`, aligned to the element.
 
 use crate::abi::AttnParams;
 use crate::device::*;
+use crate::mma::{Bf16, F16};
 use crate::tiles::NAIVE_SCORES_THREADS;
 
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn naive_scores_f32(p: AttnParams) {
+    unsafe { scores::<F32>(&p) }
+}
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn naive_scores_bf16(p: AttnParams) {
+    unsafe { scores::<Bf16>(&p) }
+}
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn naive_scores_f16(p: AttnParams) {
+    unsafe { scores::<F16>(&p) }
+}
+
+#[inline(always)]
+unsafe fn scores<E: Elem>(p: &AttnParams) {
     let i = ctaid_x();
     let j = ctaid_y() * NAIVE_SCORES_THREADS + tid_x();
     let bh = ctaid_z();
-    if i >= p.seq_q || j >= p.seq_kv {
-        return;
-    }
-    if p.heads == 0 {
+    if i >= p.seq_q || j >= p.seq_kv || p.heads == 0 {
         return;
     }
     let (b, h) = ((bh / p.heads) as u64, (bh % p.heads) as u64);
     let out = p.scores + 4 * ((bh as u64 * p.seq_q as u64 + i as u64) * p.seq_kv as u64 + j as u64);
     let s = if (j as i64) < p.key_end(i) {
-        let q = p.q + 4 * p.q_strides.offset(b, i as u64, h);
-        let k = p.k + 4 * p.k_strides.offset(b, j as u64, h);
+        let q = p.q + E::BYTES * p.q_strides.offset(b, i as u64, h);
+        let k = p.k + E::BYTES * p.k_strides.offset(b, j as u64, h);
         let mut acc = 0.0f32;
         let mut d = 0u64;
         while d < p.head_dim as u64 {
-            acc = fma(unsafe { ld_f32(q + 4 * d) }, unsafe { ld_f32(k + 4 * d) }, acc);
+            acc = fma(unsafe { E::load(q + E::BYTES * d) }, unsafe { E::load(k + E::BYTES * d) }, acc);
             d += 1;
         }
         acc * p.softmax_scale

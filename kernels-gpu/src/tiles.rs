@@ -164,7 +164,7 @@ pub const MAX_GRID_YZ: u32 = 65_535;
 pub const fn naive_launch(kernel: KernelId, batch: u32, heads: u32, seq_q: u32, seq_kv: u32) -> LaunchDims {
     let bh = batch * heads;
     match kernel {
-        KernelId::NaiveScoresF32 => LaunchDims {
+        KernelId::NaiveScoresF32 | KernelId::NaiveScoresBf16 | KernelId::NaiveScoresF16 => LaunchDims {
             grid: [seq_q, seq_kv.div_ceil(NAIVE_SCORES_THREADS), bh],
             block: [NAIVE_SCORES_THREADS, 1, 1],
             dynamic_smem_bytes: 0,
@@ -174,6 +174,7 @@ pub const fn naive_launch(kernel: KernelId, batch: u32, heads: u32, seq_q: u32, 
             block: [32 * NAIVE_SOFTMAX_ROWS, 1, 1],
             dynamic_smem_bytes: 0,
         },
+        // P·V (`naive_pv_*`).
         _ => LaunchDims { grid: [seq_q, 1, bh], block: [NAIVE_PV_THREADS, 1, 1], dynamic_smem_bytes: 0 },
     }
 }
@@ -191,7 +192,14 @@ impl KernelId {
             KernelId::FlashFwdF32D128 => FLASH_F32_D128.smem_bytes(),
             KernelId::FlashFwdBf16D64 | KernelId::FlashFwdF16D64 => FLASH_MMA_D64.smem_bytes(),
             KernelId::FlashFwdBf16D128 | KernelId::FlashFwdF16D128 => FLASH_MMA_D128.smem_bytes(),
-            KernelId::Saxpy | KernelId::NaiveScoresF32 | KernelId::NaiveSoftmaxF32 | KernelId::NaivePvF32 => 0,
+            KernelId::Saxpy
+            | KernelId::NaiveScoresF32
+            | KernelId::NaiveSoftmaxF32
+            | KernelId::NaivePvF32
+            | KernelId::NaiveScoresBf16
+            | KernelId::NaiveScoresF16
+            | KernelId::NaivePvBf16
+            | KernelId::NaivePvF16 => 0,
         }
     }
 }

@@ -68,11 +68,16 @@ fn sweep_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
 /// absolute ceiling on the relative RMS error as well (1e-2 bf16, 2e-3 f16). Returns false (after
 /// saying so) when the loaded PTX lacks the kernel.
 fn sweep_case_16(dev: &mut dyn Device, p: Problem) -> bool {
-    let entry = p.launches(KernelKind::Flash).unwrap()[0].kernel.name();
+    case_16(dev, p, KernelKind::Flash)
+}
+
+/// [`sweep_case_16`] for either kernel family.
+fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) -> bool {
+    let entry = p.launches(kernel).unwrap()[0].kernel.name();
     if !has_kernel(dev, entry) {
         return false;
     }
-    let r = run(dev, &spec(p, KernelKind::Flash, 13), None).unwrap_or_else(|e| panic!("{entry} {p:?}: {e}"));
+    let r = run(dev, &spec(p, kernel, 13), None).unwrap_or_else(|e| panic!("{entry} {p:?}: {e}"));
     let ceiling = if p.dtype == Dtype::Bf16 { 1e-2 } else { 2e-3 };
     let base = r.baseline_rel_rms_err.expect("16-bit runs report the baseline");
     assert!(r.verified, "{entry} {p:?}: {:?} (baseline {base:.3e})", r.verification.failures);
@@ -275,6 +280,22 @@ device_tests! {
             }
             let p = Problem { batch: 2, heads: 2, seq_q: 80, seq_kv: 72, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), dtype, ..Problem::default() };
             sweep_case_16(dev, p);
+        }
+    }
+
+    fn bf16_f16_naive_shapes_causal_tails_any_head_dim(dev: &mut dyn Device) {
+        // The 16-bit naive kernels keep S and P in f32 (only Q, K, V, O are 16-bit), so they meet
+        // the same 2x naive-in-dtype rule; head_dim 40 exists only for naive.
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (sq, sk, d, causal, layout) in [
+                (67, 67, 64, false, Layout::Bshd),
+                (100, 33, 40, true, Layout::Bshd),
+                (33, 100, 128, true, Layout::Bhsd),
+                (1, 5, 64, false, Layout::Bhsd),
+            ] {
+                let p = Problem { batch: 2, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
+                assert!(case_16(dev, p, KernelKind::Naive), "naive 16-bit kernels are in the committed PTX");
+            }
         }
     }
 

@@ -108,10 +108,10 @@ pub struct ProblemArgs {
     /// Head dimension [default: 64]. Flash kernels exist for 64 and 128; naive accepts 1..=256.
     #[arg(long, value_name = "D")]
     pub head_dim: Option<u32>,
-    /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. bf16 and f16 run the
-    /// tensor-core flash kernels (sm_80+; f32 accumulation, LSE f32); the naive kernels are f32
-    /// only. Random inputs are drawn in f32 and rounded to the dtype; the f64 reference uses the
-    /// rounded values.
+    /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. With bf16 and f16, flash
+    /// runs the tensor-core kernels (sm_80+; f32 accumulation, LSE f32) and naive keeps its score
+    /// matrix in f32. Random inputs are drawn in f32 and rounded to the dtype; the f64 reference
+    /// uses the rounded values.
     #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
     /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q.
@@ -176,8 +176,7 @@ pub struct SweepArgs {
     /// seq=1024,2048,4096,8192,16384 on CUDA].
     #[arg(long, value_name = "KEY=A,B[,C...]")]
     pub vary: Option<String>,
-    /// Kernels run at every point [default: naive,flash; at a bf16/f16 point only flash, since the
-    /// naive kernels are f32 only].
+    /// Kernels run at every point [default: naive,flash].
     #[arg(long, value_name = "LIST")]
     pub kernels: Option<String>,
     /// Where to write the plot (SVG).

@@ -52,7 +52,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         }
     }
     if !skipped.is_empty() && !cli.json {
-        eprintln!("sweep: skipped (the naive kernels are f32 only): {}", skipped.join("; "));
+        eprintln!("sweep: skipped (no kernel in that dtype): {}", skipped.join("; "));
     }
     let bar = indicatif::ProgressBar::new(plan.len() as u64);
     if cli.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {

@@ -2,7 +2,6 @@
 
 use super::args::{Cli, TraceArgs};
 use super::{device_options, print_json, resolve_problem, run_spec};
-use kernels_gpu::abi::KernelId;
 use memattn::device::vm::VmDevice;
 use memattn::device::BackendChoice;
 use memattn::error::{exit, Error};
@@ -33,10 +32,11 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     let planned = problem.launches(kernel)?;
     let entry = match kernel {
         KernelKind::Flash => planned[0].kernel,
+        // The three naive launches in order: scores, softmax, P·V (in the problem's dtype).
         KernelKind::Naive => match a.step.as_str() {
-            "scores" => KernelId::NaiveScoresF32,
-            "softmax" => KernelId::NaiveSoftmaxF32,
-            "pv" => KernelId::NaivePvF32,
+            "scores" => planned[0].kernel,
+            "softmax" => planned[1].kernel,
+            "pv" => planned[2].kernel,
             s => return Err(Error::Usage(format!("--step must be scores, softmax or pv (got `{s}`)"))),
         },
     };
