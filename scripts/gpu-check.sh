@@ -90,6 +90,7 @@ step run-bf16-d128-causal 60 --backend cuda --json run --kernel flash --dtype bf
 step run-f16-d64-causal 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq-q 1500 --seq-kv 777 --head-dim 64 --causal
 step run-f16-d128-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 128 --layout bhsd --check-rows all
 step compare-dtype 120 --backend cuda compare --vary dtype=f32,bf16,f16 --batch 4 --heads 16 --seq 4096 --head-dim 128 --causal
+step run-naive-bf16-causal 60 --backend cuda --json run --kernel naive --dtype bf16 --heads 4 --seq-q 700 --seq-kv 1000 --head-dim 64 --causal
 
 # Short timing: causal vs not, flash only, default repeats (10, warm-up 3).
 step timing-causal 120 --backend cuda compare --kernel flash --vary causal=false,true --batch 4 --heads 16 --seq 4096 --head-dim 128
