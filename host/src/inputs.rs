@@ -72,27 +72,16 @@ fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
 
 /// Reorders a BSHD tensor into `layout` (a copy for BHSD, unchanged for BSHD).
 pub fn to_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, d: u32) -> Vec<f32> {
-    match layout {
-        Layout::Bshd => x.to_vec(),
-        Layout::Bhsd => {
-            let (b_, s_, h_, d_) = (batch as usize, seq as usize, heads as usize, d as usize);
-            let mut out = vec![0.0f32; x.len()];
-            for b in 0..b_ {
-                for s in 0..s_ {
-                    for h in 0..h_ {
-                        let src = ((b * s_ + s) * h_ + h) * d_;
-                        let dst = ((b * h_ + h) * s_ + s) * d_;
-                        out[dst..dst + d_].copy_from_slice(&x[src..src + d_]);
-                    }
-                }
-            }
-            out
-        }
-    }
+    permute(x, layout, [batch, seq, heads, d], true)
 }
 
 /// Inverse of [`to_layout`]: brings a tensor in `layout` back to BSHD.
 pub fn from_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, d: u32) -> Vec<f32> {
+    permute(x, layout, [batch, seq, heads, d], false)
+}
+
+/// Copies rows of `d` elements between BSHD and `layout` (`to`: BSHD -> layout, else back).
+fn permute(x: &[f32], layout: Layout, [batch, seq, heads, d]: [u32; 4], to: bool) -> Vec<f32> {
     match layout {
         Layout::Bshd => x.to_vec(),
         Layout::Bhsd => {
@@ -101,8 +90,9 @@ pub fn from_layout(x: &[f32], layout: Layout, batch: u32, seq: u32, heads: u32, 
             for b in 0..b_ {
                 for s in 0..s_ {
                     for h in 0..h_ {
-                        let dst = ((b * s_ + s) * h_ + h) * d_;
-                        let src = ((b * h_ + h) * s_ + s) * d_;
+                        let bshd = ((b * s_ + s) * h_ + h) * d_;
+                        let bhsd = ((b * h_ + h) * s_ + s) * d_;
+                        let (src, dst) = if to { (bshd, bhsd) } else { (bhsd, bshd) };
                         out[dst..dst + d_].copy_from_slice(&x[src..src + d_]);
                     }
                 }
