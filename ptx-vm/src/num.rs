@@ -2,8 +2,8 @@
 //!
 //! Directed rounding (`.rz`, `.rm`, `.rp`) is exact: the round-to-nearest result is computed
 //! natively, the sign of the exact error is found with an error-free transformation, and the result
-//! is stepped to its neighbour when the mode demands. Exception: `fma.f64` with a directed mode
-//! rounds to nearest. `.approx` functions (`ex2`, `lg2`, `sin`, `cos`, `rcp.approx`, `rsqrt`,
+//! is stepped to its neighbour when the mode demands (`fma.f64` uses an exact expansion of
+//! `a·b + c − r`; only an underflowing product `a·b` can make it inexact). `.approx` functions (`ex2`, `lg2`, `sin`, `cos`, `rcp.approx`, `rsqrt`,
 //! `sqrt.approx`, `tanh`) are computed with the host's correctly rounded or near-correct libm
 //! functions, i.e. at least as accurate as the hardware.
 
@@ -83,6 +83,32 @@ fn direct64(r: f64, exact_vs_r: Ordering, rnd: u8) -> f64 {
         (Ordering::Less, RZ) if r > 0.0 => r.next_down(),
         _ => r,
     }
+}
+
+/// `s + e == a + b` exactly (Knuth's TwoSum).
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+/// Sign of the exact sum of `terms` (finite, no overflow): Shewchuk's grow-expansion turns them
+/// into non-overlapping components of increasing magnitude that sum exactly to the total, whose
+/// sign is the sign of the largest non-zero component.
+fn expansion_sign(terms: &[f64; 4]) -> Ordering {
+    let mut e = [0f64; 4];
+    let mut n = 0;
+    for &t in terms {
+        let mut q = t;
+        for x in e.iter_mut().take(n) {
+            let (s, err) = two_sum(q, *x);
+            *x = err;
+            q = s;
+        }
+        e[n] = q;
+        n += 1;
+    }
+    e.iter().rev().map(|&x| sign_ord(x)).find(|o| *o != Ordering::Equal).unwrap_or(Ordering::Equal)
 }
 
 fn sign_ord(x: f64) -> Ordering {
@@ -313,6 +339,17 @@ pub(crate) fn fma32(m: FMode, a: u64, b: u64, c: u64) -> u64 {
 pub(crate) fn fma64(m: FMode, a: u64, b: u64, c: u64) -> u64 {
     let (a, b, c) = (f64::from_bits(a), f64::from_bits(b), f64::from_bits(c));
     let mut r = a.mul_add(b, c);
+    if m.rnd != RN && a.is_finite() && b.is_finite() && c.is_finite() {
+        if r.is_infinite() {
+            r = direct64(r, overflow_ord(r), m.rnd);
+        } else {
+            // a·b = p + ep exactly (unless a·b underflows); the sign of p + ep + c − r is the
+            // sign of the largest component of their exact expansion.
+            let p = a * b;
+            let ep = a.mul_add(b, -p);
+            r = direct64(r, expansion_sign(&[p, ep, c, -r]), m.rnd);
+        }
+    }
     if m.sat {
         r = sat64(r);
     }

@@ -314,3 +314,25 @@ fn vector_mov_packs_and_unpacks_low_element_first() {
     assert_eq!((o[4], o[5]), (0x89AB_CDEF, 0xC000_3C00), "u64 = {{low, high}}, little-endian");
     assert_eq!((o[6], o[7]), (0x89AB_CDEF, 0xC000_3C00));
 }
+
+#[test]
+fn fma_f64_directed_rounding_is_exact() {
+    // x = 1 + 2^-52, y = 1 - 2^-53. x·x = 1 + 2^-51 + 2^-104 (just above a representable value);
+    // x·y = 1 + 2^-53 - 2^-105 (just below the halfway point between 1 and 1 + 2^-52).
+    let mut body = String::from(
+        "mov.f64 %fd1, 0d3FF0000000000001;\n mov.f64 %fd2, 0d3FEFFFFFFFFFFFFF;\n mov.f64 %fd3, 0d0000000000000000;\n\
+         neg.f64 %fd4, %fd1;\n",
+    );
+    let mut at = 0;
+    for (a, b) in [("%fd1", "%fd1"), ("%fd1", "%fd2"), ("%fd4", "%fd1")] {
+        for m in ["rn", "rz", "rm", "rp"] {
+            body += &format!("fma.{m}.f64 %fd5, {a}, {b}, %fd3;\n st.global.f64 [%rd0+{at}], %fd5;\n");
+            at += 8;
+        }
+    }
+    let o = run1(&body, 24);
+    let w: Vec<u64> = o.chunks(2).map(|c| c[0] as u64 | (c[1] as u64) << 32).collect();
+    assert_eq!(&w[0..4], &[0x3FF0000000000002, 0x3FF0000000000002, 0x3FF0000000000002, 0x3FF0000000000003], "x*x");
+    assert_eq!(&w[4..8], &[0x3FF0000000000000, 0x3FF0000000000000, 0x3FF0000000000000, 0x3FF0000000000001], "x*y");
+    assert_eq!(&w[8..12], &[0xBFF0000000000002, 0xBFF0000000000002, 0xBFF0000000000003, 0xBFF0000000000002], "-x*x");
+}
