@@ -97,8 +97,7 @@ fn two_sum(a: f64, b: f64) -> (f64, f64) {
 /// sign is the sign of the largest non-zero component.
 fn expansion_sign(terms: &[f64; 4]) -> Ordering {
     let mut e = [0f64; 4];
-    let mut n = 0;
-    for &t in terms {
+    for (n, &t) in terms.iter().enumerate() {
         let mut q = t;
         for x in e.iter_mut().take(n) {
             let (s, err) = two_sum(q, *x);
@@ -106,7 +105,6 @@ fn expansion_sign(terms: &[f64; 4]) -> Ordering {
             q = s;
         }
         e[n] = q;
-        n += 1;
     }
     e.iter().rev().map(|&x| sign_ord(x)).find(|o| *o != Ordering::Equal).unwrap_or(Ordering::Equal)
 }
