@@ -3,7 +3,8 @@
 //!
 //! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs).
 //! Prints thread-instructions per second and the median wall time for 1 worker and for all cores,
-//! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck off (its cost).
+//! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck and racecheck off
+//! (their cost).
 
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::{LaunchDims, FLASH_F32_D64, FLASH_MMA_D64};
@@ -61,6 +62,7 @@ fn bench(
     let data: Vec<Vec<u8>> = (0..3).map(|_| (0..n).flat_map(|_| enc(rnd())).collect()).collect();
     let mut vm = Vm::with_workers(workers);
     vm.set_initcheck(initcheck);
+    vm.set_racecheck(initcheck);
     let bufs: Vec<u64> = (0..4).map(|_| vm.alloc((n * elem_bytes) as u64).unwrap()).collect();
     for (b, d) in bufs.iter().zip(&data) {
         vm.write(*b, d).unwrap();
@@ -100,7 +102,7 @@ fn bench(
     println!(
         "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}{}: median wall {:.2} ms over {runs} runs, \
          {instr} thread-instructions, {:.1} M thread-instructions/s",
-        if initcheck { "" } else { " (initcheck off)" },
+        if initcheck { "" } else { " (initcheck, racecheck off)" },
         med.as_secs_f64() * 1e3,
         instr as f64 / med.as_secs_f64() / 1e6
     );

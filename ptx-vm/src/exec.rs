@@ -32,6 +32,9 @@ pub(crate) struct Launch<'a> {
     pub trace: Option<TraceRequest>,
     /// Report loads of shared bytes that no thread of the block has written (initcheck).
     pub initcheck: bool,
+    /// Report shared-memory accesses by different warps to the same word with no barrier
+    /// between them, at least one a plain store (racecheck).
+    pub racecheck: bool,
 }
 
 /// A block's shared memory and, for initcheck, which of its bytes have been written.
@@ -42,11 +45,89 @@ pub(crate) struct SharedMem {
     /// Bytes not written yet (0 when initcheck is off). Once the whole window has been written,
     /// as the flash kernels do with their first tile, loads skip the check entirely.
     unwritten: usize,
+    racecheck: bool,
+    race: RaceState,
+}
+
+/// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
+/// each stamped with the barrier interval ("epoch") it happened in. Epochs count every block
+/// start and barrier release of the worker, so stamps left by an earlier interval or block are
+/// stale by construction and nothing is cleared between blocks. A conflict is an access by one
+/// warp to a word another warp wrote (or, for a store, read) in the current interval: on a GPU
+/// the warps' order there is undefined. Atomics are exempt; sub-word accesses share their word.
+#[derive(Default)]
+struct RaceState {
+    epoch: u32,
+    /// Warp running now (set before each warp runs).
+    warp: u32,
+    /// Set while an atomic instruction accesses shared memory.
+    atomic: bool,
+    words: Vec<WordState>,
+}
+
+/// Race stamps of one shared word (16 bytes, one cache access per check).
+#[derive(Clone, Copy, Default)]
+struct WordState {
+    write_epoch: u32,
+    /// Last writing warp + 1 (0: none).
+    writer: u32,
+    read_epoch: u32,
+    /// Warps (bit per warp) that read the word in `read_epoch`.
+    readers: u32,
+}
+
+impl RaceState {
+    #[inline(always)]
+    fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), String> {
+        if self.atomic {
+            return Ok(());
+        }
+        let (w, e) = (self.warp, self.epoch);
+        let bit = 1u32 << w;
+        for i in at / 4..(at + len).div_ceil(4) {
+            let ws = &mut self.words[i];
+            if ws.write_epoch == e && ws.writer != w + 1 {
+                return Err(format!(
+                    "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
+                    if store { "writes" } else { "reads" },
+                    4 * i,
+                    ws.writer - 1,
+                    if store { "write-write" } else { "read-after-write" }
+                ));
+            }
+            if store {
+                if ws.read_epoch == e && ws.readers & !bit != 0 {
+                    return Err(format!(
+                        "warp {w} writes shared word {} that warp {} read since the last barrier (write-after-read race)",
+                        4 * i,
+                        (ws.readers & !bit).trailing_zeros()
+                    ));
+                }
+                ws.writer = w + 1;
+                ws.write_epoch = e;
+            } else if ws.read_epoch != e {
+                ws.read_epoch = e;
+                ws.readers = bit;
+            } else if ws.readers & bit == 0 {
+                ws.readers |= bit;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl SharedMem {
-    /// Fresh shared memory: `len` poisoned bytes, none written.
-    fn reset(&mut self, len: usize, initcheck: bool) {
+    /// Fresh shared memory: `len` poisoned bytes, none written, a new race epoch.
+    fn reset(&mut self, len: usize, initcheck: bool, racecheck: bool) {
+        self.racecheck = racecheck;
+        if racecheck {
+            let words = len.div_ceil(4);
+            let r = &mut self.race;
+            if r.words.len() < words {
+                r.words.resize(words, WordState::default());
+            }
+            r.epoch += 1;
+        }
         self.bytes.clear();
         self.bytes.resize(len, 0);
         let pb = SHARED_POISON.to_le_bytes();
@@ -169,6 +250,13 @@ impl Mem<'_> {
                     Err(fault("shared memory out of window"))
                 } else if !store && !self.shared.is_written(a as usize, size as usize) {
                     Err(fault("uninitialized shared memory read"))
+                } else if self.shared.racecheck {
+                    match self.shared.race.access(a as usize, size as usize, store) {
+                        Ok(()) => Ok(Loc::Shared(a as usize)),
+                        Err(d) => {
+                            Err(Fault { lane, kind: "shared memory race", addr, size: size as u32, detail: Some(d) })
+                        }
+                    }
                 } else {
                     Ok(Loc::Shared(a as usize))
                 }
@@ -473,7 +561,7 @@ impl Launch<'_> {
         let threads = self.threads();
         let nwarps = threads.div_ceil(32) as usize;
         // Shared memory: fresh, poisoned, nothing written yet.
-        w.shared.reset(self.shared_bytes, self.initcheck);
+        w.shared.reset(self.shared_bytes, self.initcheck, self.racecheck);
         let trace_at = self.trace.filter(|t| t.block == block).and_then(|t| {
             let [x, y, z] = t.thread;
             if x < self.block[0] && y < self.block[1] && z < self.block[2] {
@@ -564,6 +652,7 @@ impl Launch<'_> {
                 let (warps, shared) = (&mut w.warps, &mut w.shared);
                 let wp = &mut warps[wi];
                 if wp.state.contains(&RUN) {
+                    shared.race.warp = wi as u32;
                     let mut ti = 0u64;
                     let mut wi_count = 0u64;
                     let r = self.run_warp(wp, wi, block, shared, &mut ti, &mut wi_count, trace);
@@ -616,6 +705,8 @@ impl Launch<'_> {
                     }
                 }
             }
+            // The barrier orders everything before it against everything after it.
+            w.shared.race.epoch += 1;
         }
     }
 
@@ -1486,7 +1577,10 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                     return;
                 }
                 let addr = av[l].wrapping_add(off as u64);
-                match mem.locate(sp, addr, size as u64, l as u32, true) {
+                mem.shared.race.atomic = true;
+                let loc = mem.locate(sp, addr, size as u64, l as u32, true);
+                mem.shared.race.atomic = false;
+                match loc {
                     Ok(loc) => {
                         let (bb, cc) = (bv[l], cv[l]);
                         out[l] = mem.rmw(loc, size, |old| atom_new(op, ty, old, bb, cc));

@@ -275,6 +275,7 @@ pub struct Vm {
     limits: DeviceLimits,
     workers: usize,
     initcheck: bool,
+    racecheck: bool,
     /// Module id -> instantiated globals base.
     module_globals: HashMap<u64, u64>,
 }
@@ -296,6 +297,7 @@ impl Vm {
             limits: DeviceLimits::default(),
             workers: workers.max(1),
             initcheck: true,
+            racecheck: true,
             module_globals: HashMap::new(),
         }
     }
@@ -307,6 +309,15 @@ impl Vm {
     }
     pub fn set_initcheck(&mut self, on: bool) {
         self.initcheck = on;
+    }
+    /// Whether accesses to the same shared word by different warps of a block with no barrier
+    /// between them (at least one a plain store) are findings ("shared memory race"; on by
+    /// default). Atomics are exempt; the granularity is the 4-byte word.
+    pub fn racecheck(&self) -> bool {
+        self.racecheck
+    }
+    pub fn set_racecheck(&mut self, on: bool) {
+        self.racecheck = on;
     }
     /// Number of worker threads blocks run on.
     pub fn workers(&self) -> usize {
@@ -453,6 +464,7 @@ impl Vm {
             budget: lim.max_instructions_per_thread,
             trace: config.trace,
             initcheck: self.initcheck,
+            racecheck: self.racecheck,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
         let next = AtomicU64::new(0);
