@@ -671,3 +671,23 @@ fn save_appends_one_evidence_line_per_measurement() {
 
     assert_bad_input(&["--backend", "vm", "run", "--seq", "8", "--save", "/nonexistent-dir/e.jsonl"], "evidence file");
 }
+
+#[test]
+fn a_missing_barrier_is_a_device_error_and_without_the_checks_a_wrong_answer() {
+    // The flash kernel with the barrier before its K/V tile refill deleted: a fast warp
+    // overwrites the tile while a slow one still reads it.
+    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
+    let at = start + ptx[start..].find("bar.sync").unwrap();
+    let path = tmp("no-barrier.ptx");
+    std::fs::write(&path, format!("{}// removed: {}", &ptx[..at], &ptx[at..])).unwrap();
+    let p = path.to_str().unwrap();
+    let run = ["run", "--kernel", "flash", "--heads", "2", "--seq-q", "96", "--seq-kv", "200"];
+    let o = memattn(&[&["--backend", "vm", "--ptx", p][..], &run[..]].concat());
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("shared memory race"), "{}", stderr(&o));
+    // With the checks off the same kernel runs to the end and verification catches the damage.
+    let o = memattn(&[&["--backend", "vm", "--vm-allow", "racecheck,initcheck", "--ptx", p][..], &run[..]].concat());
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("initcheck and racecheck off"), "{}", stderr(&o));
+}

@@ -62,6 +62,13 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "N")]
     pub vm_workers: Option<usize>,
 
+    /// VM: turn off the shared-memory checks that go beyond bounds and alignment — `initcheck`
+    /// (a load of shared bytes no thread has written) and/or `racecheck` (warps touching the same
+    /// shared word with no barrier between them). For kernels under development with a race you
+    /// know to be benign; the project's own kernels pass both.
+    #[arg(long, global = true, value_name = "initcheck,racecheck", value_delimiter = ',')]
+    pub vm_allow: Vec<VmCheck>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -208,4 +215,11 @@ pub struct TraceArgs {
     pub max_entries: usize,
     #[command(flatten)]
     pub problem: ProblemArgs,
+}
+
+/// A VM shared-memory check `--vm-allow` can turn off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VmCheck {
+    Initcheck,
+    Racecheck,
 }

@@ -65,6 +65,8 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
         return Err(Error::Usage("--vm-workers must be at least 1".into()));
     }
     o.vm_workers = cli.vm_workers;
+    o.vm_initcheck = !cli.vm_allow.contains(&args::VmCheck::Initcheck);
+    o.vm_racecheck = !cli.vm_allow.contains(&args::VmCheck::Racecheck);
     Ok(o)
 }
 

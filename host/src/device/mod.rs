@@ -170,6 +170,9 @@ pub struct DeviceOptions {
     pub vm_memory_bytes: Option<u64>,
     /// VM worker threads (None: available parallelism).
     pub vm_workers: Option<usize>,
+    /// VM: shared-memory initcheck and racecheck (both on by default).
+    pub vm_initcheck: bool,
+    pub vm_racecheck: bool,
 }
 
 impl DeviceOptions {
@@ -180,6 +183,8 @@ impl DeviceOptions {
             nvml_interval: std::time::Duration::from_millis(1),
             vm_memory_bytes: None,
             vm_workers: None,
+            vm_initcheck: true,
+            vm_racecheck: true,
         }
     }
 }

@@ -55,6 +55,8 @@ impl VmDevice {
         let workers =
             opts.vm_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         let mut vm = Vm::with_workers(workers);
+        vm.set_initcheck(opts.vm_initcheck);
+        vm.set_racecheck(opts.vm_racecheck);
         if let Some(bytes) = opts.vm_memory_bytes {
             let mut limits = vm.limits();
             limits.memory_bytes = bytes;
@@ -81,11 +83,17 @@ impl Device for VmDevice {
 
     fn name(&self) -> String {
         let l = self.vm.limits();
+        let off: Vec<&str> = [(self.vm.initcheck(), "initcheck"), (self.vm.racecheck(), "racecheck")]
+            .into_iter()
+            .filter(|(on, _)| !on)
+            .map(|(_, name)| name)
+            .collect();
         format!(
-            "ptx-vm ({} workers, {} simulated, {} shared/block)",
+            "ptx-vm ({} workers, {} simulated, {} shared/block{})",
             self.workers,
             crate::report::human_bytes(l.memory_bytes),
-            crate::report::human_bytes(l.max_shared_per_block as u64)
+            crate::report::human_bytes(l.max_shared_per_block as u64),
+            if off.is_empty() { String::new() } else { format!(", {} off", off.join(" and ")) }
         )
     }
 
