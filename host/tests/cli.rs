@@ -45,19 +45,6 @@ fn assert_bad_input(args: &[&str], needle: &str) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// Whether the embedded PTX has the tensor-core kernels; says so on stderr when it does not, so a
-/// skipped check is never silent.
-fn has_tensor_core_kernels() -> bool {
-    let names: Vec<String> = memattn::ptx::PtxSource::embedded().entries().into_iter().map(|e| e.name).collect();
-    let all = ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"]
-        .iter()
-        .all(|k| names.iter().any(|n| n == k));
-    if !all {
-        eprintln!("SKIPPED: the embedded PTX lacks the tensor-core kernels (has: {names:?})");
-    }
-    all
-}
-
 fn no_gpu() -> bool {
     memattn::device::cuda::probe().is_err()
 }
@@ -122,10 +109,6 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     let o = memattn(&["kernels"]);
     assert!(stdout(&o).contains("naive_softmax_f32"));
     assert!(stdout(&o).contains("hmma"), "{}", stdout(&o));
-    if !has_tensor_core_kernels() {
-        assert!(v["missing"].as_array().unwrap().iter().any(|m| m[0] == "flash_fwd_bf16_d64"));
-        return;
-    }
     assert_eq!(v["missing"].as_array().unwrap().len(), 0);
     for name in ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"] {
         let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
@@ -301,9 +284,6 @@ fn run_json_has_the_contract_fields_and_real_values() {
 
 #[test]
 fn run_bf16_json_reports_the_tolerance_rule_and_baseline() {
-    if !has_tensor_core_kernels() {
-        return;
-    }
     let o = memattn(&[
         "--backend",
         "vm",
@@ -353,9 +333,6 @@ fn run_bf16_json_reports_the_tolerance_rule_and_baseline() {
 
 #[test]
 fn compare_vary_dtype_runs_flash_in_f32_and_bf16() {
-    if !has_tensor_core_kernels() {
-        return;
-    }
     let o = memattn(&[
         "--backend",
         "vm",
@@ -393,9 +370,6 @@ fn compare_vary_dtype_runs_flash_in_f32_and_bf16() {
 
 #[test]
 fn sweep_in_bf16_runs_naive_and_flash() {
-    if !has_tensor_core_kernels() {
-        return;
-    }
     let o = memattn(&[
         "--backend",
         "vm",
@@ -455,9 +429,6 @@ fn bf16_safetensors_round_trip_and_dtype_mismatch() {
     // --dtype must match the file when given.
     assert_bad_input(&["run", "--inputs", inp.to_str().unwrap(), "--dtype", "f16"], "BF16");
     assert_bad_input(&["run", "--inputs", inp.to_str().unwrap(), "--dtype", "f16"], "for --dtype f16");
-    if !has_tensor_core_kernels() {
-        return;
-    }
     // Without --dtype the file's dtype is used.
     let o = memattn(&[
         "--backend",
