@@ -36,6 +36,15 @@ impl Dtype {
         }
     }
 
+    /// The kernels' element type (the column of the variant table, [`kernels_gpu::variants`]).
+    pub const fn elem(self) -> kernels_gpu::Elem {
+        match self {
+            Dtype::F32 => kernels_gpu::Elem::F32,
+            Dtype::Bf16 => kernels_gpu::Elem::Bf16,
+            Dtype::F16 => kernels_gpu::Elem::F16,
+        }
+    }
+
     /// True for the 16-bit types that run on tensor cores.
     pub const fn is_16bit(self) -> bool {
         matches!(self, Dtype::Bf16 | Dtype::F16)

@@ -5,11 +5,10 @@
 use crate::device::DeviceCaps;
 use crate::dtype::Dtype;
 use crate::memory::AnalyticBytes;
-use kernels_gpu::abi::KernelId;
 use kernels_gpu::abi::{causal_key_end, Strides};
-use kernels_gpu::tiles::{
-    flash_f32_tile, flash_mma_tile, naive_launch, LaunchDims, FLASH_HEAD_DIMS, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM,
-};
+use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
+use kernels_gpu::variants::LaunchShape;
+use kernels_gpu::KernelId;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -35,23 +34,31 @@ impl KernelKind {
 }
 
 impl KernelKind {
-    /// The dtypes this kernel family is compiled for.
-    pub const fn dtypes(self) -> &'static [Dtype] {
+    /// The kernels one run of this kind launches for `dtype` and `head_dim`, in order, looked up
+    /// in the variant table; `None` when the table has no such row.
+    pub fn kernels(self, dtype: Dtype, head_dim: u32) -> Option<Vec<KernelId>> {
         match self {
-            KernelKind::Naive | KernelKind::Flash => &Dtype::ALL,
+            KernelKind::Flash => KernelId::flash(dtype.elem(), head_dim).map(|k| vec![k]),
+            KernelKind::Naive => KernelId::naive(dtype.elem()).map(|k| k.to_vec()),
         }
     }
 
-    /// Whether `dtype` has a kernel of this family.
+    /// Whether the variant table has kernels of this kind for `dtype` (at some head dim).
     pub fn supports(self, dtype: Dtype) -> bool {
-        self.dtypes().contains(&dtype)
+        match self {
+            KernelKind::Flash => !KernelId::flash_head_dims(dtype.elem()).is_empty(),
+            KernelKind::Naive => KernelId::naive(dtype.elem()).is_some(),
+        }
     }
 
-    fn dtypes_note(self) -> &'static str {
-        match self {
-            KernelKind::Naive => "naive kernels exist for f32, bf16 and f16 (the score matrix is f32 in all)",
-            KernelKind::Flash => "flash kernels exist for f32, bf16 and f16",
-        }
+    /// The dtypes the variant table has kernels of this kind for.
+    pub fn dtypes(self) -> Vec<Dtype> {
+        Dtype::ALL.into_iter().filter(|d| self.supports(*d)).collect()
+    }
+
+    fn dtypes_note(self) -> String {
+        let names: Vec<&str> = self.dtypes().into_iter().map(|d| d.name()).collect();
+        format!("{self} kernels exist for {}", names.join(", "))
     }
 }
 
@@ -286,56 +293,36 @@ impl Problem {
         self.layout.strides(self.seq_kv as u64, self.heads as u64, self.head_dim as u64)
     }
 
-    /// The launches one run of `kernel` makes, in order.
+    /// The launch shape of the kernels (`batch`, `heads`, `seq_q`, `seq_kv`).
+    pub fn launch_shape(&self) -> LaunchShape {
+        LaunchShape { batch: self.batch, heads: self.heads, seq_q: self.seq_q, seq_kv: self.seq_kv }
+    }
+
+    /// The launches one run of `kernel` makes, in order: the variant table's rows for this dtype
+    /// and head dim, with the geometry their tiles give.
     pub fn launches(&self, kernel: KernelKind) -> Result<Vec<PlannedLaunch>, ProblemError> {
-        match kernel {
-            KernelKind::Flash => {
-                let (id, dims) = match (self.dtype, self.head_dim) {
-                    (Dtype::F32, d) => match flash_f32_tile(d) {
-                        Some(t) => (
-                            if d == 64 { KernelId::FlashFwdF32D64 } else { KernelId::FlashFwdF32D128 },
-                            t.launch(self.batch, self.heads, self.seq_q),
-                        ),
-                        None => return Err(self.head_dim_error(kernel)),
-                    },
-                    (dt, d) => match flash_mma_tile(d) {
-                        Some(t) => {
-                            let id = match (dt, d) {
-                                (Dtype::Bf16, 64) => KernelId::FlashFwdBf16D64,
-                                (Dtype::Bf16, _) => KernelId::FlashFwdBf16D128,
-                                (_, 64) => KernelId::FlashFwdF16D64,
-                                _ => KernelId::FlashFwdF16D128,
-                            };
-                            (id, t.launch(self.batch, self.heads, self.seq_q))
-                        }
-                        None => return Err(self.head_dim_error(kernel)),
-                    },
-                };
-                debug_assert_eq!(dims.dynamic_smem_bytes, id.dynamic_smem_bytes());
-                Ok(vec![PlannedLaunch { kernel: id, dims }])
-            }
-            KernelKind::Naive if !kernel.supports(self.dtype) => {
-                Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype })
-            }
-            KernelKind::Naive => Ok(match self.dtype {
-                Dtype::F32 => [KernelId::NaiveScoresF32, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF32],
-                Dtype::Bf16 => [KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16],
-                Dtype::F16 => [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16],
-            }
-            .into_iter()
-            .map(|id| PlannedLaunch {
-                kernel: id,
-                dims: naive_launch(id, self.batch, self.heads, self.seq_q, self.seq_kv),
-            })
-            .collect()),
+        if !kernel.supports(self.dtype) {
+            return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
         }
+        let ids = kernel.kernels(self.dtype, self.head_dim).ok_or_else(|| self.head_dim_error(kernel))?;
+        ids.into_iter()
+            .map(|id| match id.variant().launch(self.launch_shape()) {
+                Some(dims) => Ok(PlannedLaunch { kernel: id, dims }),
+                None => Err(self.head_dim_error(kernel)),
+            })
+            .collect()
     }
 
     fn head_dim_error(&self, kernel: KernelKind) -> ProblemError {
         let supported = match kernel {
             KernelKind::Flash => format!(
-                "flash kernels are compiled for head_dim {}",
-                FLASH_HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" and ")
+                "{} flash kernels are compiled for head_dim {}",
+                self.dtype,
+                KernelId::flash_head_dims(self.dtype.elem())
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             ),
             KernelKind::Naive => format!("naive kernels accept 1..={NAIVE_MAX_HEAD_DIM}"),
         };
@@ -355,15 +342,15 @@ impl Problem {
                 return Err(ProblemError::ZeroSize { name });
             }
         }
+        if !kernel.supports(self.dtype) {
+            return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
+        }
         let ok_dim = match kernel {
-            KernelKind::Flash => FLASH_HEAD_DIMS.contains(&self.head_dim),
+            KernelKind::Flash => KernelId::flash(self.dtype.elem(), self.head_dim).is_some(),
             KernelKind::Naive => self.head_dim <= NAIVE_MAX_HEAD_DIM,
         };
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
-        }
-        if !kernel.supports(self.dtype) {
-            return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
         }
         self.check_alignment(kernel)?;
         let scale = self.softmax_scale();
@@ -415,7 +402,7 @@ impl Problem {
                 if bh > MAX_GRID_YZ as u64 || bh > caps.max_grid[2] as u64 {
                     return Err(ProblemError::GridLimit {
                         kernel,
-                        entry: KernelId::NaiveScoresF32.name(),
+                        entry: self.launches(kernel)?[0].kernel.name(),
                         axis: 'z',
                         got: bh,
                         limit: (MAX_GRID_YZ as u64).min(caps.max_grid[2] as u64),
@@ -549,7 +536,7 @@ mod tests {
     }
 
     #[test]
-    fn dtype_picks_the_kernel_and_naive_is_f32_only() {
+    fn dtype_picks_the_kernel_from_the_variant_table() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
         let p = Problem { dtype: Dtype::Bf16, seq_q: 130, ..Problem::default() };
         assert_eq!(names(&p), [KernelId::FlashFwdBf16D64]);

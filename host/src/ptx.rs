@@ -1,49 +1,14 @@
 //! The PTX module the host launches: embedded at build time (or read from `--ptx FILE`), with
 //! what the build recorded about it (`build-info.json`, `ptxas-report.json`) when those exist.
 
-use serde::{Deserialize, Serialize};
+use kernels_gpu::variants::TileRecord;
+use kernels_gpu::KernelId;
+use serde::Serialize;
 
-/// What `cargo xtask build-ptx` recorded about the committed PTX.
-const BUILD_INFO_JSON: &str = include_str!("../../kernels-gpu/ptx/build-info.json");
-/// What `cargo xtask ptxas` recorded about the committed PTX.
-const PTXAS_REPORT_JSON: &str = include_str!("../../kernels-gpu/ptx/ptxas-report.json");
+pub use kernels_gpu::artifacts::{BuildInfo, PtxasKernel, PtxasReport};
 
-/// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx`.
-pub const EMBEDDED_PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
-
-/// `kernels-gpu/ptx/build-info.json`: how the embedded PTX was built.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BuildInfo {
-    pub rustc: String,
-    pub toolchain: String,
-    pub target: String,
-    pub cpu: String,
-    pub ptx_sha256: String,
-}
-
-/// `kernels-gpu/ptx/ptxas-report.json`: resources ptxas assigned to each kernel per arch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PtxasReport {
-    pub ptxas_version: String,
-    pub ptx_sha256: String,
-    pub kernels: Vec<PtxasKernel>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PtxasKernel {
-    pub name: String,
-    pub arch: String,
-    pub registers: u32,
-    pub spill_store_bytes: u32,
-    pub spill_load_bytes: u32,
-    pub stack_bytes: u32,
-    pub static_smem_bytes: u32,
-    pub dynamic_smem_bytes: u32,
-    pub barriers: u32,
-    /// HMMA (tensor-core) instructions in the SASS (`nvdisasm`); absent in older reports.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hmma: Option<u32>,
-}
+/// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu).
+pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
 
 /// One `.param` of an entry, as declared.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -75,12 +40,12 @@ impl PtxSource {
         PtxSource {
             text: EMBEDDED_PTX.to_string(),
             origin: "embedded".into(),
-            sha256: crate::sha256::sha256_hex(EMBEDDED_PTX.as_bytes()),
+            sha256: kernels_gpu::artifacts::sha256_hex(EMBEDDED_PTX.as_bytes()),
         }
     }
 
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
-        let sha256 = crate::sha256::sha256_hex(text.as_bytes());
+        let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource { text, origin: path.display().to_string(), sha256 }
     }
 
@@ -142,12 +107,62 @@ impl PtxSource {
 
 /// The build info of the embedded PTX.
 pub fn build_info() -> Result<Option<BuildInfo>, String> {
-    serde_json::from_str(BUILD_INFO_JSON).map(Some).map_err(|e| format!("build-info.json: {e}"))
+    BuildInfo::embedded().map(Some)
 }
 
 /// The ptxas report of the embedded PTX.
 pub fn ptxas_report() -> Result<Option<PtxasReport>, String> {
-    serde_json::from_str(PTXAS_REPORT_JSON).map(Some).map_err(|e| format!("ptxas-report.json: {e}"))
+    PtxasReport::embedded().map(Some)
+}
+
+impl PtxSource {
+    /// The tile records the module exports (`memattn_tile_<entry>`), by entry name.
+    pub fn tile_records(&self) -> Vec<(String, TileRecord)> {
+        kernels_gpu::artifacts::tile_records(&self.text)
+    }
+
+    /// Checks, before launch, that the module was built from the same tiles as this host: the
+    /// host derives block size, grid and dynamic shared memory from its variant table, so a module
+    /// built from other tiles would run with the wrong geometry. An error names the entry, both
+    /// configurations and the fix.
+    pub fn check_tiles(&self, kernels: &[KernelId]) -> Result<(), String> {
+        let records = self.tile_records();
+        for k in kernels {
+            let want = k.variant().tile_record();
+            let show = |r: &TileRecord| {
+                format!(
+                    "threads {}, block rows {}, block cols {}, dynamic smem {} B, head_dim {}",
+                    r.threads, r.block_rows, r.block_cols, r.dynamic_smem_bytes, r.head_dim
+                )
+            };
+            match records.iter().find(|(n, _)| n == k.name()) {
+                Some((_, got)) if *got == want => {}
+                Some((_, got)) => {
+                    return Err(format!(
+                        "`{}` in {} was built with a different tile ({}) than this memattn launches ({}); \
+                         rebuild the module from this source tree (cargo xtask build-ptx) or edit a copy of the \
+                         committed PTX",
+                        k.name(),
+                        self.origin,
+                        show(got),
+                        show(&want)
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "{} has no tile record `{}{}` for `{}`, so its launch geometry cannot be confirmed; \
+                         modules built by `cargo xtask build-ptx` (and edited copies of the committed PTX) carry \
+                         one per entry",
+                        self.origin,
+                        TileRecord::SYMBOL_PREFIX,
+                        k.name(),
+                        k.name()
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -155,13 +170,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn embedded_entries_are_the_abi_kernels() {
+    fn a_module_built_from_other_tiles_is_refused_before_launch() {
+        let k = KernelId::FlashFwdF32D64;
+        let good = PtxSource::embedded();
+        assert!(good.check_tiles(&[k]).is_ok());
+        // The same module with the f32 d64 tile's block rows changed from 32 to 16.
+        let needle = "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 32,";
+        assert!(good.text.contains(needle));
+        let text = good.text.replace(needle, "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 16,");
+        let other = PtxSource::from_file(std::path::Path::new("other.ptx"), text);
+        let e = other.check_tiles(&[k]).unwrap_err();
+        assert!(e.contains("flash_fwd_f32_d64") && e.contains("block rows 16") && e.contains("block rows 32"), "{e}");
+        // A module without records.
+        let bare: String = good.text.lines().filter(|l| !l.contains("memattn_tile_")).collect::<Vec<_>>().join("\n");
+        let e = PtxSource::from_file(std::path::Path::new("bare.ptx"), bare).check_tiles(&[k]).unwrap_err();
+        assert!(e.contains("no tile record") && e.contains("bare.ptx"), "{e}");
+    }
+
+    #[test]
+    fn embedded_entries_are_the_variant_table() {
         let src = PtxSource::embedded();
         let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
-        // Every kernel the host can launch.
-        for k in kernels_gpu::abi::KernelId::ALL {
-            assert!(names.iter().any(|n| n == k.name()), "{} missing from {names:?}", k.name());
+        // Every row of the table is an entry, and every entry is a row.
+        for k in KernelId::ALL {
+            assert!(
+                names.iter().any(|n| n == k.name()),
+                "`{}` is a row of kernels-gpu/src/variants.rs but missing from the PTX; fix: cargo xtask build-ptx",
+                k.name()
+            );
         }
+        for n in &names {
+            assert!(
+                KernelId::from_name(n).is_some(),
+                "PTX entry `{n}` is not a row of kernels-gpu/src/variants.rs; add its row there"
+            );
+        }
+        assert!(src.check_tiles(&KernelId::ALL).is_ok());
         let flash = src.entries().into_iter().find(|e| e.name == "flash_fwd_f32_d64").unwrap();
         assert_eq!(flash.params.len(), 1);
         assert!(flash.params[0].decl.contains("[176]"), "{:?}", flash.params[0]);

@@ -128,6 +128,10 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     let caps = dev.caps()?;
     p.validate(spec.kernel, &caps)?;
     let planned = p.launches(spec.kernel)?;
+    let ids: Vec<_> = planned.iter().map(|l| l.kernel).collect();
+    dev.ptx()
+        .check_tiles(&ids)
+        .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
     let analytic = AnalyticBytes::new(&p, spec.kernel);
 
     let generated;

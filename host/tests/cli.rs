@@ -86,7 +86,12 @@ fn doctor_reports_gpu_or_why_not_and_the_ptx() {
     assert_eq!(v["ptx"]["target"], "sm_80");
     // Every entry point of the ABI is in the committed module.
     let n = v["ptx"]["kernels"].as_array().unwrap().len();
-    assert_eq!(n, kernels_gpu::abi::KernelId::ALL.len());
+    assert_eq!(
+        n,
+        kernels_gpu::KernelId::ALL.len(),
+        "the committed PTX and the variant table disagree: every kernel is one row of \
+         kernels-gpu/src/variants.rs (add it there, then cargo xtask build-ptx)"
+    );
     assert!(v["next_step"].as_str().unwrap().len() > 10);
     // The global flag also works after the subcommand.
     let o = memattn(&["doctor", "--json"]);

@@ -1,8 +1,9 @@
-//! The kernel ABI: the one parameter struct every attention kernel takes, and the kernel names.
+//! The kernel ABI: the one parameter struct every attention kernel takes.
 //!
-//! Compiled for both the GPU and the host, so the two cannot disagree about field order, sizes or
-//! names. Every kernel takes exactly one parameter, `AttnParams` by value; in PTX it appears as
-//! `.param .align 8 .b8 <kernel>_param_0[176]`.
+//! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
+//! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[176]`. The smoke kernel `saxpy_f32`
+//! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
 /// dimension is contiguous. BSHD layout: `{ batch: seq*heads*d, seq: heads*d, head: d }`;
@@ -132,78 +133,4 @@ impl ByteWriter<'_> {
     }
 }
 
-/// Every kernel entry point in the PTX module. Names say family, dtype and head dim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelId {
-    /// Smoke test kernel: `y[i] = a * x[i] + y[i]` (see `smoke.rs`).
-    Saxpy,
-    /// Naive step 1: `S = scale * Q Kᵀ` with the causal mask as `-inf`.
-    NaiveScoresF32,
-    /// Naive step 2: row softmax of S in place, writing LSE.
-    NaiveSoftmaxF32,
-    /// Naive step 3: `O = P V`.
-    NaivePvF32,
-    /// Fused memory-efficient forward, f32 SIMT, head_dim 64.
-    FlashFwdF32D64,
-    /// Fused memory-efficient forward, f32 SIMT, head_dim 128.
-    FlashFwdF32D128,
-    /// Fused forward on tensor cores (`mma.sync`), bf16 in/out, f32 accumulation, head_dim 64.
-    FlashFwdBf16D64,
-    /// Tensor-core forward, bf16, head_dim 128.
-    FlashFwdBf16D128,
-    /// Tensor-core forward, f16 in/out, f32 accumulation, head_dim 64.
-    FlashFwdF16D64,
-    /// Tensor-core forward, f16, head_dim 128.
-    FlashFwdF16D128,
-    /// Naive step 1 with bf16 Q, K (S stays f32).
-    NaiveScoresBf16,
-    /// Naive step 1 with f16 Q, K.
-    NaiveScoresF16,
-    /// Naive step 3 with bf16 V, O (P stays f32).
-    NaivePvBf16,
-    /// Naive step 3 with f16 V, O.
-    NaivePvF16,
-}
-
-impl KernelId {
-    pub const ALL: [KernelId; 14] = [
-        KernelId::Saxpy,
-        KernelId::NaiveScoresF32,
-        KernelId::NaiveSoftmaxF32,
-        KernelId::NaivePvF32,
-        KernelId::FlashFwdF32D64,
-        KernelId::FlashFwdF32D128,
-        KernelId::FlashFwdBf16D64,
-        KernelId::FlashFwdBf16D128,
-        KernelId::FlashFwdF16D64,
-        KernelId::FlashFwdF16D128,
-        KernelId::NaiveScoresBf16,
-        KernelId::NaiveScoresF16,
-        KernelId::NaivePvBf16,
-        KernelId::NaivePvF16,
-    ];
-
-    /// The PTX entry-point name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            KernelId::Saxpy => "saxpy_f32",
-            KernelId::NaiveScoresF32 => "naive_scores_f32",
-            KernelId::NaiveSoftmaxF32 => "naive_softmax_f32",
-            KernelId::NaivePvF32 => "naive_pv_f32",
-            KernelId::FlashFwdF32D64 => "flash_fwd_f32_d64",
-            KernelId::FlashFwdF32D128 => "flash_fwd_f32_d128",
-            KernelId::FlashFwdBf16D64 => "flash_fwd_bf16_d64",
-            KernelId::FlashFwdBf16D128 => "flash_fwd_bf16_d128",
-            KernelId::FlashFwdF16D64 => "flash_fwd_f16_d64",
-            KernelId::FlashFwdF16D128 => "flash_fwd_f16_d128",
-            KernelId::NaiveScoresBf16 => "naive_scores_bf16",
-            KernelId::NaiveScoresF16 => "naive_scores_f16",
-            KernelId::NaivePvBf16 => "naive_pv_bf16",
-            KernelId::NaivePvF16 => "naive_pv_f16",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<KernelId> {
-        KernelId::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
+pub use crate::variants::KernelId;

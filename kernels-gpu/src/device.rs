@@ -57,15 +57,8 @@ pub fn shfl_xor(x: f32, mask: u32) -> f32 {
     y
 }
 
-/// Maximum that treats -inf as the identity and never produces NaN from two non-NaN inputs.
-#[inline(always)]
-pub fn fmax(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
+pub use crate::mma::{Bf16, F16};
+pub use crate::softmax::fmax;
 
 /// Read-only global load through a raw device address.
 ///

@@ -5,7 +5,8 @@
 //! of its rows in the log2 domain (`log2 e` is folded into the softmax scale once, so every
 //! exponential is one `ex2`), (3) raises the running row max, (4) rescales the running sum and
 //! output accumulator by `2^(m_old - m_new)`, (5) accumulates `P V`. At the end the accumulator is
-//! divided by the running sum and `LSE = ln 2 * (m + log2 l)` is written. No `N x N` buffer exists:
+//! divided by the running sum and `LSE = ln 2 * (m + log2 l)` is written. Steps 3-5 and the end are
+//! the methods of [`crate::softmax::OnlineSoftmax`]. No `N x N` buffer exists:
 //! the extra memory is LSE only, `4 * batch * heads * seq_q` bytes.
 //!
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, all f32 and strided
@@ -29,61 +30,27 @@
 //!
 //! # Safety
 //! All pointers in `p` must be valid for the shapes and strides in `p`; the launch must use
-//! `tiles::flash_f32_tile(D).launch(..)` (block size and dynamic shared memory).
+//! the variant's `launch` (block size and dynamic shared memory, [`crate::variants::Variant::launch`]).
 
+#[cfg(target_arch = "nvptx64")]
 use crate::abi::AttnParams;
+#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
-use crate::tiles::{FlashF32Tile, FLASH_F32_D128, FLASH_F32_D64};
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{OnlineSoftmax, LOG2E};
 
-const LOG2E: f32 = core::f32::consts::LOG2_E;
-const LN2: f32 = core::f32::consts::LN_2;
 /// Keys scored per online-softmax step (the score row held in registers).
+#[cfg(target_arch = "nvptx64")]
 const KC: usize = 8;
 
-/// Repeats a block for `c = 0..KC` at compile time, so `s[c]` is a register, never a local array.
-macro_rules! unroll_kc {
-    ($c:ident => $body:block) => {
-        unroll_kc!(@ $c $body 0 1 2 3 4 5 6 7)
-    };
-    (@ $c:ident $body:block $($i:literal)*) => {
-        $({
-            let $c: usize = $i;
-            $body
-        })*
-    };
-}
-const _: () = assert!(KC == 8, "unroll_kc! spells out KC indices");
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn flash_fwd_f32_d64(p: AttnParams) {
-    const T: FlashF32Tile = FLASH_F32_D64;
-    unsafe {
-        flash_fwd::<
-            { T.head_dim as usize },
-            { T.br as usize },
-            { T.bc as usize },
-            { T.threads_per_row as usize },
-            { T.dims_per_thread() as usize },
-        >(&p)
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn flash_fwd_f32_d128(p: AttnParams) {
-    const T: FlashF32Tile = FLASH_F32_D128;
-    unsafe {
-        flash_fwd::<
-            { T.head_dim as usize },
-            { T.br as usize },
-            { T.bc as usize },
-            { T.threads_per_row as usize },
-            { T.dims_per_thread() as usize },
-        >(&p)
-    }
-}
-
+/// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants
+/// (`TPR` lanes per row, `DPT = D / TPR` dims per lane).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
+pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
     p: &AttnParams,
 ) {
     let threads = BR * TPR;
@@ -116,8 +83,7 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
     let block_end = p.key_end(last_row as u32);
     let block_end = if block_end > 0 { block_end as usize } else { 0 };
 
-    let mut m = f32::NEG_INFINITY; // running max, log2 domain
-    let mut l = 0.0f32; // running sum of 2^(s - m)
+    let mut row_sm = OnlineSoftmax::new(); // running max (log2 domain) and sum of the row
     let mut acc = [0.0f32; DPT];
 
     let mut kv0 = 0usize;
@@ -150,7 +116,7 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
             // (2) Scores of this row against KC keys, log2 domain, masked as -inf.
             let mut s = [0.0f32; KC];
             let mut chunk_max = f32::NEG_INFINITY;
-            unroll_kc!(c => {
+            unroll!(c in 0..KC => {
                 let r = r0 + c;
                 let mut part = 0.0f32;
                 for (k, qk) in q.iter().enumerate() {
@@ -165,26 +131,20 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
                 chunk_max = fmax(chunk_max, s[c]);
             });
 
-            // (3) New running max; while it is -inf the row has seen nothing and 0 is the base.
-            let m_new = fmax(m, chunk_max);
-            let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-
-            // (4) Rescale what was accumulated under the old max.
-            let alpha = exp2(m - base);
-            l *= alpha;
+            // (3) New running max and (4) rescale what was accumulated under the old one; while
+            // the max is -inf the row has seen nothing and 0 is the base.
+            let rescale = row_sm.raise_max(chunk_max);
             for a in acc.iter_mut() {
-                *a *= alpha;
+                *a *= rescale.alpha;
             }
 
             // (5) Accumulate P V.
-            unroll_kc!(c => {
-                let pr = exp2(s[c] - base);
-                l += pr;
+            unroll!(c in 0..KC => {
+                let pr = row_sm.prob(s[c], rescale);
                 for (k, a) in acc.iter_mut().enumerate() {
                     *a = fma(pr, unsafe { *v_s.add((r0 + c) * D + lane + TPR * k) }, *a);
                 }
             });
-            m = m_new;
             r0 += KC;
         }
         kv0 += BC;
@@ -192,7 +152,7 @@ unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR:
 
     // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
     if row_valid {
-        let (inv_l, lse) = if l > 0.0 { (1.0 / l, (m + log2(l)) * LN2) } else { (0.0, f32::NEG_INFINITY) };
+        let (inv_l, lse) = row_sm.finish(row_sm.l);
         let oa = p.o + 4 * p.o_strides.offset(b, qi as u64, h);
         for (k, a) in acc.iter().enumerate() {
             unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };

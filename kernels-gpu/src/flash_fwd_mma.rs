@@ -23,13 +23,17 @@
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
 //! zero-filled (source size 0), so they contribute exact zeros, never stale data.
 //!
-//! Shared-memory layout: each tile is row-major, one row = `D * 2` bytes = `D / 8` chunks of
-//! 16 bytes. Chunk `c` of row `r` is stored at chunk position `c ^ (r % 8)`. An `ldmatrix` phase
-//! reads the same logical chunk of 8 consecutive rows; the XOR puts those 8 chunks on 8 distinct
-//! 16-byte bank groups (all 32 banks), so `ldmatrix` is free of bank conflicts, and the XOR
-//! permutes chunks within a row, so the `cp.async` stores of one row stay conflict-free too.
+//! Shared-memory layout ([`crate::swizzle`]): each tile is row-major, one row = `D * 2` bytes =
+//! `D / 8` chunks of 16 bytes. Chunk `c` of row `r` is stored at chunk position `c ^ (r % 8)`. An
+//! `ldmatrix` phase reads the same logical chunk of 8 consecutive rows; the XOR puts those 8
+//! chunks on 8 distinct 16-byte bank groups (all 32 banks), so `ldmatrix` is free of bank
+//! conflicts, and the XOR permutes chunks within a row, so the `cp.async` stores of one row stay
+//! conflict-free too.
 //!
-//! Thread mapping: grid `(ceil(seq_q / 64), heads, batch)`, 128 threads. Warp `w` owns rows
+//! The running max and sum are [`crate::softmax::OnlineSoftmax`] states, one per row a lane
+//! holds; entry points are generated from the rows of [`crate::variants`].
+//!
+//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`, `THREADS = 32 * warps` (128). Warp `w` owns rows
 //! `16w..16w+16` of the block; in every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds
 //! rows `g` and `g + 8` and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]).
 //! A row's statistics are reduced over the 4 lanes of its group with `shfl.sync.bfly` 1 and 2;
@@ -47,68 +51,26 @@
 //! All pointers in `p` must be valid for the shapes and strides in `p`; Q, K and V rows must be
 //! 16-byte aligned (base pointers 16-byte aligned, `seq`, `head` and `batch` strides multiples of
 //! 8 elements), O rows 4-byte aligned; `seq_kv < 2^31`; `softmax_scale` must be finite. The launch must use
-//! `tiles::flash_mma_tile(D).launch(..)` (block size and dynamic shared memory) on sm_80 or newer.
+//! the variant's `launch` (block size and dynamic shared memory, [`crate::variants::Variant::launch`]) on sm_80 or newer.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::abi::AttnParams;
+#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
-use crate::tiles::{FlashMmaTile, FLASH_MMA_D128, FLASH_MMA_D64};
-
-const LOG2E: f32 = core::f32::consts::LOG2_E;
-const LN2: f32 = core::f32::consts::LN_2;
-/// Bytes of one `cp.async` / `ldmatrix` row chunk: 8 16-bit values.
-const CHUNK: usize = 16;
-
-/// Repeats a block for `$i = 0..$n` (`$n <= 16`, a constant after monomorphisation) with `$i` a
-/// literal, so fragment arrays indexed by it stay in registers instead of local memory.
-macro_rules! unroll {
-    ($i:ident in 0..$n:expr => $body:block) => {
-        const { assert!($n <= 16, "unroll! spells out 16 indices") };
-        unroll!(@ $i ($n) $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
-    };
-    (@ $i:ident ($n:expr) $body:block $($k:literal)*) => {
-        $(if $k < $n {
-            let $i: usize = $k;
-            $body
-        })*
-    };
-}
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{fmax, OnlineSoftmax, LOG2E};
+#[cfg(target_arch = "nvptx64")]
+use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
 
 /// 16-byte unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment.
+#[cfg(target_arch = "nvptx64")]
 #[repr(C, align(16))]
 struct SmemChunk([u8; CHUNK]);
 
-macro_rules! entry {
-    ($(#[$doc:meta])* $name:ident, $elem:ty, $tile:expr) => {
-        $(#[$doc])*
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(p: AttnParams) {
-            const T: FlashMmaTile = $tile;
-            unsafe {
-                flash_fwd::<
-                    $elem,
-                    { T.head_dim as usize },
-                    { T.br as usize },
-                    { T.bc as usize },
-                    { (T.head_dim / 16) as usize },
-                    { (T.head_dim / 8) as usize },
-                    { (T.bc / 8) as usize },
-                >(&p)
-            }
-        }
-    };
-}
-
-entry!(/// bf16, head dim 64.
-    flash_fwd_bf16_d64, Bf16, FLASH_MMA_D64);
-entry!(/// bf16, head dim 128.
-    flash_fwd_bf16_d128, Bf16, FLASH_MMA_D128);
-entry!(/// f16, head dim 64.
-    flash_fwd_f16_d64, F16, FLASH_MMA_D64);
-entry!(/// f16, head dim 128.
-    flash_fwd_f16_d128, F16, FLASH_MMA_D128);
-
 /// Global addresses of one `[seq, D]` slice (fixed batch and head) of a strided 2-byte tensor.
+#[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 struct Rows {
     /// `.global` address of row 0.
@@ -122,6 +84,7 @@ struct Rows {
 /// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
 /// tile at shared address `tile`; this thread copies chunk `tid % CPR` of every
 /// `THREADS / CPR`-th row starting at `tid / CPR`.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     tile: u32,
@@ -133,7 +96,7 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     let rows_per_pass = THREADS / cpr;
     const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
     let (c, r) = (tid % cpr, tid / cpr);
-    let dst = opaque_u32(tile) + (r * D * 2 + ((c ^ (r % 8)) * CHUNK)) as u32;
+    let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
     // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
     let rows_left = src.len.saturating_sub(row0 + r) as u32;
     let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
@@ -149,52 +112,27 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     }
 }
 
-/// Shared address of logical chunk `chunk` of row `row` of a swizzled tile.
-#[inline(always)]
-fn swizzled<const D: usize>(tile: u32, row: usize, chunk: usize) -> u32 {
-    tile + (row * D * 2 + ((chunk ^ (row % 8)) * CHUNK)) as u32
-}
-
-/// This lane's `ldmatrix` row addresses in a swizzled tile, for a lane that addresses row
-/// `row + 8i` (`i` a constant) and logical chunk `2k + hi + (constant multiple of 8)`.
+/// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants.
+/// `KD = D / 16` k-steps of `Q Kᵀ` (Q fragments), `ND = D / 8` column tiles of O, `NS = BC / 8`
+/// column tiles of S.
 ///
-/// The swizzle XORs only the low 3 bits of the chunk with `row % 8`, so the address of chunk
-/// `8a + b` is `lane[b / 2] + 128 a`: four per-lane bases, everything else an immediate offset.
-#[derive(Clone, Copy)]
-struct LaneAddrs<const D: usize> {
-    base: [u32; 4],
-}
-
-impl<const D: usize> LaneAddrs<D> {
-    #[inline(always)]
-    fn new(tile: u32, row: usize, hi: usize) -> Self {
-        let tile = opaque_u32(tile);
-        let at = |k: usize| tile + (row * D * 2 + (((2 * k + hi) ^ (row % 8)) * CHUNK)) as u32;
-        LaneAddrs { base: [at(0), at(1), at(2), at(3)] }
-    }
-    /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
-    #[inline(always)]
-    fn at(&self, rows: usize, k: usize) -> u32 {
-        self.base[k % 4] + ((k / 4) * 8 * CHUNK + rows * D * 2) as u32
-    }
-}
-
-/// The generic body. `KD = D / 16` k-steps of `Q Kᵀ` (Q fragments), `ND = D / 8` column tiles of
-/// O, `NS = BC / 8` column tiles of S.
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn flash_fwd<
+pub(crate) unsafe fn flash_fwd<
     E: Half16,
     const D: usize,
     const BR: usize,
     const BC: usize,
+    const THREADS: usize,
     const KD: usize,
     const ND: usize,
     const NS: usize,
 >(
     p: &AttnParams,
 ) {
-    const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 64) };
-    const THREADS: usize = 128;
+    const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * (THREADS / 32)) };
     let tid = tid_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
@@ -241,12 +179,12 @@ unsafe fn flash_fwd<
     unroll!(kk in 0..KD => {
         // Matrices: rows 0-7 / 8-15 of the warp's 16 at d 16kk, then the same at d 16kk + 8.
         let row = warp * 16 + lane % 16;
-        qf[kk] = unsafe { ldmatrix_x4(swizzled::<D>(q_s, row, 2 * kk + lane / 16)) };
+        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, row, 2 * kk + lane / 16) as u32) };
     });
 
     let scale2 = p.softmax_scale * LOG2E;
-    let mut m = [f32::NEG_INFINITY; 2]; // running max of rows g, g + 8, log2 domain
-    let mut l = [0.0f32; 2]; // this lane's part of the running sum of 2^(s - m)
+    // Rows g and g + 8: running max (log2 domain) and this lane's part of the running sum.
+    let mut row_sm = [OnlineSoftmax::new(); 2];
     let mut o = [[0.0f32; 4]; ND];
 
     let mut j = 0;
@@ -261,7 +199,7 @@ unsafe fn flash_fwd<
         // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
         // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...
         let mut s = [[0.0f32; 4]; NS];
-        let k_lane = LaneAddrs::<D>::new(k_s, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
         unroll!(kk in 0..KD => {
             unroll!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
@@ -287,23 +225,20 @@ unsafe fn flash_fwd<
         }
 
         // (4) New running max per row (reduced over the row's 4 lanes); rescale what was
-        // accumulated under the old one. While the max is -inf the row has seen nothing and 0 is
-        // the base, so no -inf - -inf.
-        let mut base = [0.0f32; 2];
+        // accumulated under the old one (see `OnlineSoftmax::raise_max`: while the max is -inf
+        // the row has seen nothing and 0 is the base, so no -inf - -inf).
+        let mut rescale = [crate::softmax::Rescale { alpha: 0.0, base: 0.0 }; 2];
         unroll!(r in 0..2 => {
             let mut mx = f32::NEG_INFINITY;
             unroll!(n in 0..NS => { mx = fmax(mx, fmax(s[n][2 * r], s[n][2 * r + 1])); });
             mx = fmax(mx, shfl_xor(mx, 1));
             mx = fmax(mx, shfl_xor(mx, 2));
-            let m_new = fmax(m[r], mx);
-            base[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-            let alpha = exp2(m[r] - base[r]);
-            l[r] *= alpha;
+            rescale[r] = row_sm[r].raise_max(mx);
+            let alpha = rescale[r].alpha;
             unroll!(n in 0..ND => {
                 o[n][2 * r] *= alpha;
                 o[n][2 * r + 1] *= alpha;
             });
-            m[r] = m_new;
         });
 
         // (5) P = 2^(S - m), summed into l and packed to 16 bits as the A fragments of P V_j:
@@ -311,8 +246,7 @@ unsafe fn flash_fwd<
         let mut pf = [[0u32; 4]; NS];
         unroll!(n in 0..NS => {
             unroll!(e in 0..4 => {
-                s[n][e] = exp2(s[n][e] - base[e / 2]);
-                l[e / 2] += s[n][e];
+                s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]);
             });
         });
         unroll!(kc in 0..NS / 2 => {
@@ -334,7 +268,7 @@ unsafe fn flash_fwd<
             unsafe { stage_tile::<D, BC, THREADS>(k_s, k_rows, kv0 + BC, tid) };
         }
         cp_async_commit();
-        let v_lane = LaneAddrs::<D>::new(v_s, lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
         unroll!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
@@ -348,12 +282,12 @@ unsafe fn flash_fwd<
     // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
     let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head);
     unroll!(r in 0..2 => {
-        l[r] += shfl_xor(l[r], 1);
-        l[r] += shfl_xor(l[r], 2);
+        let mut l = row_sm[r].l;
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
         let row = my_rows[r];
         if row < seq_q {
-            let (inv_l, lse) =
-                if l[r] > 0.0 { (1.0 / l[r], (m[r] + log2(l[r])) * LN2) } else { (0.0, f32::NEG_INFINITY) };
+            let (inv_l, lse) = row_sm[r].finish(l);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
             unroll!(n in 0..ND => {
                 let pair = E::pack(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l);

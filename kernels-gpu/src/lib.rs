@@ -1,9 +1,20 @@
 //! memattn's attention kernels, written in Rust and compiled to PTX by rustc's NVPTX backend.
 //!
-//! On `nvptx64-nvidia-cuda` this crate is `no_std` and exports the kernel entry points (one kernel
-//! per file). On the host it compiles on stable and exposes only the pure parts shared with the
-//! device: the parameter struct ([`abi`]) and the tile configurations and launch geometry
-//! ([`tiles`]), so host and device cannot disagree about the ABI.
+//! On `nvptx64-nvidia-cuda` this crate is `no_std` and exports the kernel entry points. On the
+//! host it compiles on stable and exposes the pure parts shared with the device, so host and
+//! device cannot disagree:
+//! - [`variants`]: the variant table, the one place a kernel is listed ([`KernelId`], launch
+//!   geometry, the host's kernel selection);
+//! - [`abi`]: the parameter struct every attention kernel takes;
+//! - [`tiles`]: one tile item per variant;
+//! - [`swizzle`]: the shared-memory address math of the tensor-core kernels;
+//! - [`softmax`]: the online-softmax state both fused kernels use;
+//! - `artifacts` (host only): the committed PTX, its build info and ptxas report.
+//!
+//! The kernel modules ([`flash_fwd_f32`], [`flash_fwd_mma`], [`naive_scores`],
+//! [`naive_softmax`], [`naive_pv`], [`smoke`]) are documented here for every target — the
+//! algorithm, tiles, thread mapping and safety contract — while their device code is compiled for
+//! nvptx64 only. Read them in that order for a tour from the naive pipeline to tensor cores.
 //!
 //! Build the PTX with `cargo xtask build-ptx` (see the workspace README).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -21,23 +32,34 @@
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 pub mod abi;
+pub mod softmax;
+pub mod swizzle;
 pub mod tiles;
+#[macro_use]
+mod unroll;
+pub mod variants;
+
+pub use variants::{Elem, Family, KernelId, Variant, VARIANTS};
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod artifacts;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(target_arch = "nvptx64")]
-pub mod flash_fwd_f32;
-#[cfg(target_arch = "nvptx64")]
-pub mod flash_fwd_mma;
-#[cfg(target_arch = "nvptx64")]
 mod mma;
-#[cfg(target_arch = "nvptx64")]
+
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod flash_fwd_f32;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod flash_fwd_mma;
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod naive_pv;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod naive_scores;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod naive_softmax;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod smoke;
 
 #[cfg(target_arch = "nvptx64")]

@@ -5,6 +5,10 @@
 //! register holding two 16-bit values has the value with the smaller column (or row) index in its
 //! low half (bits 0..16).
 //!
+//! Warp-synchronous instructions (`mma.sync.aligned`, `ldmatrix.sync.aligned`) are never marked
+//! `pure` in their `asm!`: a pure asm block may be moved, duplicated into divergent branches or
+//! removed by LLVM, and every lane of the warp must execute these together.
+//!
 //! Shared-memory addresses are 32-bit addresses in the `.shared` window (see [`smem_addr`]);
 //! global addresses are 64-bit addresses in the `.global` window (see [`global_addr`]).
 
@@ -167,7 +171,7 @@ impl Half16 for Bf16 {
                  d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2],
                  d3 = inout(reg32) d[3], a0 = in(reg32) a[0], a1 = in(reg32) a[1],
                  a2 = in(reg32) a[2], a3 = in(reg32) a[3], b0 = in(reg32) b0, b1 = in(reg32) b1,
-                 options(pure, nomem, nostack))
+                 options(nomem, nostack))
         };
     }
     /// `cvt.rn.bf16x2.f32 d, hi, lo;` (the first source goes to the upper half).
@@ -193,7 +197,7 @@ impl Half16 for F16 {
                  d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2],
                  d3 = inout(reg32) d[3], a0 = in(reg32) a[0], a1 = in(reg32) a[1],
                  a2 = in(reg32) a[2], a3 = in(reg32) a[3], b0 = in(reg32) b0, b1 = in(reg32) b1,
-                 options(pure, nomem, nostack))
+                 options(nomem, nostack))
         };
     }
     /// `cvt.rn.f16x2.f32 d, hi, lo;` (the first source goes to the upper half).

@@ -5,34 +5,24 @@
 //! entry's element type (rounded to nearest even).
 //! Shapes: P `[batch, heads, seq_q, seq_kv]` f32; V `[batch, seq_kv, heads, d]` and
 //! O `[batch, seq_q, heads, d]` strided, in the element type.
-//! Thread mapping: grid `(seq_q, 1, batch * heads)`, block 64; block `(i, bh)` owns output row
+//! Thread mapping ([`crate::tiles::NAIVE_PV`]): grid `(seq_q, 1, batch * heads)`, block 64; block `(i, bh)` owns output row
 //! `i` of head `bh`, thread `t` computes dims `t, t + 64, ...` (coalesced V reads, P broadcast).
 //!
 //! # Safety
 //! All pointers in `p` must be valid for the shapes and strides in `p`, aligned to the element.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::abi::AttnParams;
+#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
-use crate::mma::{Bf16, F16};
-use crate::tiles::NAIVE_PV_THREADS;
 
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_pv_f32(p: AttnParams) {
-    unsafe { pv::<F32>(&p) }
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_pv_bf16(p: AttnParams) {
-    unsafe { pv::<Bf16>(&p) }
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_pv_f16(p: AttnParams) {
-    unsafe { pv::<F16>(&p) }
-}
-
+/// The generic body; `THREADS` threads stride over the head dim (the tile item).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn pv<E: Elem>(p: &AttnParams) {
+pub(crate) unsafe fn pv<E: Elem, const THREADS: u32>(p: &AttnParams) {
     let i = ctaid_x();
     let bh = ctaid_z();
     if i >= p.seq_q || p.heads == 0 {
@@ -51,6 +41,6 @@ unsafe fn pv<E: Elem>(p: &AttnParams) {
             j += 1;
         }
         unsafe { E::store(o + E::BYTES * d as u64, acc) };
-        d += NAIVE_PV_THREADS;
+        d += THREADS;
     }
 }

@@ -7,36 +7,26 @@
 //! (strided, see [`crate::abi::Strides`]); S `[batch, heads, seq_q, seq_kv]` **f32** for every
 //! element type, contiguous — the `4 * batch * heads * seq_q * seq_kv` bytes that memory-efficient
 //! attention avoids.
-//! Thread mapping: grid `(seq_q, ceil(seq_kv / 128), batch * heads)`, block 128; block `(i, jt, bh)`
-//! computes `S[bh, i, jt*128 + tid]`. No shared memory.
+//! Thread mapping ([`crate::tiles::NAIVE_SCORES`]): grid `(seq_q, ceil(seq_kv / 128), batch * heads)`,
+//! block 128; block `(i, jt, bh)` computes `S[bh, i, jt*128 + tid]`. No shared memory.
 //!
 //! # Safety
 //! All pointers in `p` must be valid for the shapes and strides in `p`, aligned to the element.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::abi::AttnParams;
+#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
-use crate::mma::{Bf16, F16};
-use crate::tiles::NAIVE_SCORES_THREADS;
 
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_scores_f32(p: AttnParams) {
-    unsafe { scores::<F32>(&p) }
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_scores_bf16(p: AttnParams) {
-    unsafe { scores::<Bf16>(&p) }
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_scores_f16(p: AttnParams) {
-    unsafe { scores::<F16>(&p) }
-}
-
+/// The generic body; `THREADS` keys of one query row per block (the tile item).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn scores<E: Elem>(p: &AttnParams) {
+pub(crate) unsafe fn scores<E: Elem, const THREADS: u32>(p: &AttnParams) {
     let i = ctaid_x();
-    let j = ctaid_y() * NAIVE_SCORES_THREADS + tid_x();
+    let j = ctaid_y() * THREADS + tid_x();
     let bh = ctaid_z();
     if i >= p.seq_q || j >= p.seq_kv || p.heads == 0 {
         return;

@@ -4,20 +4,22 @@
 //! `LSE = m + ln l`; exp is computed as `ex2((S - m) * log2 e)`. A row whose scores are all `-inf`
 //! (fully masked) becomes all zeros with `LSE = -inf`.
 //! Shapes: S/P `[batch, heads, seq_q, seq_kv]` f32 in place; LSE `[batch, heads, seq_q]` f32.
-//! Thread mapping: one warp per row, lanes stride over the row by 32 and reduce with
+//! Thread mapping ([`crate::tiles::NAIVE_SOFTMAX`]): one warp per row, lanes stride over the row by 32 and reduce with
 //! `shfl.sync.bfly`; grid `(ceil(seq_q / 4), 1, batch * heads)`, block 128 (4 rows). The row
 //! guard is warp-uniform, so the shuffles always see all 32 lanes.
 //!
 //! # Safety
 //! `p.scores` and `p.lse` must be valid for the shapes in `p`.
 
+#[cfg(target_arch = "nvptx64")]
 use crate::abi::AttnParams;
+#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
-use crate::tiles::NAIVE_SOFTMAX_ROWS;
 
-const LOG2E: f32 = core::f32::consts::LOG2_E;
-const LN2: f32 = core::f32::consts::LN_2;
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{LN2, LOG2E};
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 fn warp_max(mut x: f32) -> f32 {
     let mut m = 16;
@@ -28,6 +30,7 @@ fn warp_max(mut x: f32) -> f32 {
     x
 }
 
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 fn warp_sum(mut x: f32) -> f32 {
     let mut m = 16;
@@ -38,10 +41,15 @@ fn warp_sum(mut x: f32) -> f32 {
     x
 }
 
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn naive_softmax_f32(p: AttnParams) {
+/// The generic body; `ROWS` rows (warps) per block (the tile item).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
     let lane = tid_x() % 32;
-    let i = ctaid_x() * NAIVE_SOFTMAX_ROWS + tid_x() / 32;
+    let i = ctaid_x() * ROWS + tid_x() / 32;
     let bh = ctaid_z() as u64;
     if i >= p.seq_q {
         return;

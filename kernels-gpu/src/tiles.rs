@@ -1,9 +1,8 @@
-//! Tile configurations and launch geometry, one item per kernel variant.
+//! Tile configurations, one item per kernel variant (rows of [`crate::variants`] name them).
 //!
 //! The kernels are instantiated from these constants and the host derives grid, block and
-//! dynamic shared memory from the same items, so a tile change cannot desynchronise the two.
-
-use crate::abi::KernelId;
+//! dynamic shared memory from the same items (through [`crate::variants::Variant::launch`]), so a
+//! tile change cannot desynchronise the two.
 
 /// Launch geometry of one kernel launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,23 +56,13 @@ impl FlashF32Tile {
 }
 
 /// d=64: 4 lanes per row x 16 dims each; 32 rows x 4 = 128 threads. Bc = 64 keys keeps the K and V
-/// tiles at 2 x 64 x 64 x 4 B = 32 KiB, under the 48 KiB available without opt-in; the per-thread
-/// score row is 64 registers, acc + q 32 more, ~110 registers in all.
+/// tiles at 2 x 64 x 64 x 4 B = 32 KiB, under the 48 KiB available without opt-in. Scores are
+/// computed 8 keys at a time, so a thread holds q and acc (16 + 16 registers) and 8 scores: ptxas
+/// gives 72 registers at sm_80 (`ptxas-report.json`).
 pub const FLASH_F32_D64: FlashF32Tile = FlashF32Tile { head_dim: 64, br: 32, bc: 64, threads_per_row: 4 };
-/// d=128: 8 lanes per row x 16 dims; 16 rows x 8 = 128 threads. Bc = 32 keeps smem at 32 KiB and
-/// the score row at 32 registers.
+/// d=128: 8 lanes per row x 16 dims; 16 rows x 8 = 128 threads. Bc = 32 keeps smem at 32 KiB;
+/// per thread the same 16 + 16 + 8 live values as d=64.
 pub const FLASH_F32_D128: FlashF32Tile = FlashF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_row: 8 };
-const _: () = FLASH_F32_D64.check();
-const _: () = FLASH_F32_D128.check();
-
-/// The flash tile for a head dim, if there is a kernel for it.
-pub const fn flash_f32_tile(head_dim: u32) -> Option<FlashF32Tile> {
-    match head_dim {
-        64 => Some(FLASH_F32_D64),
-        128 => Some(FLASH_F32_D128),
-        _ => None,
-    }
-}
 
 /// Tile of the tensor-core (`mma.sync` m16n8k16) flash-forward kernels for one head dim; bf16 and
 /// f16 share it (both 2-byte elements).
@@ -128,103 +117,45 @@ pub const FLASH_MMA_D64: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc:
 /// d=128: Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB, the most a block gets without opt-in.
 /// Per thread Q fragments 32 registers, O accumulator 64, scores 32.
 pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4 };
-const _: () = FLASH_MMA_D64.check();
-const _: () = FLASH_MMA_D128.check();
-
-/// The tensor-core flash tile for a head dim (either dtype), if there is a kernel for it.
-pub const fn flash_mma_tile(head_dim: u32) -> Option<FlashMmaTile> {
-    match head_dim {
-        64 => Some(FLASH_MMA_D64),
-        128 => Some(FLASH_MMA_D128),
-        _ => None,
-    }
-}
-
-/// Head dims the flash kernels are compiled for.
-pub const FLASH_HEAD_DIMS: [u32; 2] = [64, 128];
-
 /// Largest head dim the naive kernels accept (they loop over it at run time).
 pub const NAIVE_MAX_HEAD_DIM: u32 = 256;
 
-/// Threads per block of the naive score kernel; one thread per score, a block covers
-/// `NAIVE_SCORES_THREADS` keys of one query row.
-pub const NAIVE_SCORES_THREADS: u32 = 128;
-/// Rows per block of the naive softmax (one warp per row).
-pub const NAIVE_SOFTMAX_ROWS: u32 = 4;
-/// Threads per block of the naive P·V kernel; a block owns one output row and strides over d.
-pub const NAIVE_PV_THREADS: u32 = 64;
-/// Threads per block of the smoke kernel.
-pub const SAXPY_THREADS: u32 = 256;
+/// Tile of the naive score kernel: one thread per score, a block covers `threads` keys of one
+/// query row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NaiveScoresTile {
+    pub threads: u32,
+}
+/// Tile of the naive softmax: one warp per row, `rows` rows per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NaiveSoftmaxTile {
+    pub rows: u32,
+}
+impl NaiveSoftmaxTile {
+    pub const fn threads(&self) -> u32 {
+        32 * self.rows
+    }
+}
+/// Tile of the naive P·V kernel: a block owns one output row, `threads` threads stride over d.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NaivePvTile {
+    pub threads: u32,
+}
+/// Tile of the smoke kernel: one thread per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmokeTile {
+    pub threads: u32,
+}
+
+pub const NAIVE_SCORES: NaiveScoresTile = NaiveScoresTile { threads: 128 };
+pub const NAIVE_SOFTMAX: NaiveSoftmaxTile = NaiveSoftmaxTile { rows: 4 };
+pub const NAIVE_PV: NaivePvTile = NaivePvTile { threads: 64 };
+pub const SAXPY: SmokeTile = SmokeTile { threads: 256 };
 
 /// Largest grid y/z extent.
 pub const MAX_GRID_YZ: u32 = 65_535;
 
-/// Launch geometry of the naive kernels. Grid x walks query rows (2^31-1 allowed), z walks
-/// `batch * heads` (<= 65535).
-pub const fn naive_launch(kernel: KernelId, batch: u32, heads: u32, seq_q: u32, seq_kv: u32) -> LaunchDims {
-    let bh = batch * heads;
-    match kernel {
-        KernelId::NaiveScoresF32 | KernelId::NaiveScoresBf16 | KernelId::NaiveScoresF16 => LaunchDims {
-            grid: [seq_q, seq_kv.div_ceil(NAIVE_SCORES_THREADS), bh],
-            block: [NAIVE_SCORES_THREADS, 1, 1],
-            dynamic_smem_bytes: 0,
-        },
-        KernelId::NaiveSoftmaxF32 => LaunchDims {
-            grid: [seq_q.div_ceil(NAIVE_SOFTMAX_ROWS), 1, bh],
-            block: [32 * NAIVE_SOFTMAX_ROWS, 1, 1],
-            dynamic_smem_bytes: 0,
-        },
-        // P·V (`naive_pv_*`).
-        _ => LaunchDims { grid: [seq_q, 1, bh], block: [NAIVE_PV_THREADS, 1, 1], dynamic_smem_bytes: 0 },
-    }
-}
-
 /// Launch geometry of the smoke kernel for `n` elements.
 pub const fn saxpy_launch(n: u32) -> LaunchDims {
-    LaunchDims { grid: [n.div_ceil(SAXPY_THREADS), 1, 1], block: [SAXPY_THREADS, 1, 1], dynamic_smem_bytes: 0 }
-}
-
-impl KernelId {
-    /// Dynamic shared memory the host requests for this kernel (the tile's K/V staging area).
-    pub const fn dynamic_smem_bytes(self) -> u32 {
-        match self {
-            KernelId::FlashFwdF32D64 => FLASH_F32_D64.smem_bytes(),
-            KernelId::FlashFwdF32D128 => FLASH_F32_D128.smem_bytes(),
-            KernelId::FlashFwdBf16D64 | KernelId::FlashFwdF16D64 => FLASH_MMA_D64.smem_bytes(),
-            KernelId::FlashFwdBf16D128 | KernelId::FlashFwdF16D128 => FLASH_MMA_D128.smem_bytes(),
-            KernelId::Saxpy
-            | KernelId::NaiveScoresF32
-            | KernelId::NaiveSoftmaxF32
-            | KernelId::NaivePvF32
-            | KernelId::NaiveScoresBf16
-            | KernelId::NaiveScoresF16
-            | KernelId::NaivePvBf16
-            | KernelId::NaivePvF16 => 0,
-        }
-    }
-}
-
-#[cfg(test)]
-mod flash_mma_tile_tests {
-    use super::*;
-
-    #[test]
-    fn smem_grid_and_block_derive_from_the_tile() {
-        assert_eq!(FLASH_MMA_D64.smem_bytes(), 40 * 1024);
-        assert_eq!(FLASH_MMA_D128.smem_bytes(), 48 * 1024);
-        let l = FLASH_MMA_D128.launch(2, 3, 130);
-        assert_eq!(l.grid, [3, 3, 2]);
-        assert_eq!(l.block, [128, 1, 1]);
-        assert_eq!(l.dynamic_smem_bytes, 48 * 1024);
-        for (k, d) in [
-            (KernelId::FlashFwdBf16D64, 64),
-            (KernelId::FlashFwdF16D64, 64),
-            (KernelId::FlashFwdBf16D128, 128),
-            (KernelId::FlashFwdF16D128, 128),
-        ] {
-            assert_eq!(k.dynamic_smem_bytes(), flash_mma_tile(d).unwrap().smem_bytes());
-            assert_eq!(KernelId::from_name(k.name()), Some(k));
-        }
-        assert_eq!(flash_mma_tile(96), None);
-    }
+    LaunchDims { grid: [n.div_ceil(SAXPY.threads), 1, 1], block: [SAXPY.threads, 1, 1], dynamic_smem_bytes: 0 }
 }

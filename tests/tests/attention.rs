@@ -10,7 +10,7 @@ use memattn::ptx::PtxSource;
 use memattn::reference::RowSelection;
 use memattn::runner::{run, RunSpec};
 use memattn::Dtype;
-use memattn_tests::{device_tests, has_kernel};
+use memattn_tests::{device_tests, require_kernel};
 
 fn spec(p: Problem, k: KernelKind, seed: u64) -> RunSpec {
     RunSpec { seed, check: RowSelection::All, ..RunSpec::new(p, k) }
@@ -65,18 +65,15 @@ fn sweep_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
 }
 
 /// A bf16/f16 flash run against the f64 reference: passes the 2x naive-in-dtype rule, with an
-/// absolute ceiling on the relative RMS error as well (1e-2 bf16, 2e-3 f16). Returns false (after
-/// saying so) when the loaded PTX lacks the kernel.
-fn sweep_case_16(dev: &mut dyn Device, p: Problem) -> bool {
+/// absolute ceiling on the relative RMS error as well (1e-2 bf16, 2e-3 f16).
+fn sweep_case_16(dev: &mut dyn Device, p: Problem) {
     case_16(dev, p, KernelKind::Flash)
 }
 
 /// [`sweep_case_16`] for either kernel family.
-fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) -> bool {
+fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) {
     let entry = p.launches(kernel).unwrap()[0].kernel.name();
-    if !has_kernel(dev, entry) {
-        return false;
-    }
+    require_kernel(dev, entry);
     let r = run(dev, &spec(p, kernel, 13), None).unwrap_or_else(|e| panic!("{entry} {p:?}: {e}"));
     let ceiling = if p.dtype == Dtype::Bf16 { 1e-2 } else { 2e-3 };
     let base = r.baseline_rel_rms_err.expect("16-bit runs report the baseline");
@@ -93,7 +90,6 @@ fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) -> bool {
     // Every output is a value of the dtype (it came from 16-bit device memory).
     assert!(r.outputs.o.iter().all(|&x| p.dtype.round(x) == x));
     assert!(r.outputs.o.iter().any(|x| x.abs() > 0.1), "{entry}: O looks empty");
-    true
 }
 
 /// Q = 0 in a 16-bit dtype: every row averages the V rows it sees. V[j][d] = j % 8 + (d % 16) / 16
@@ -101,9 +97,7 @@ fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) -> bool {
 /// `LSE = ln(seen)` are computed by hand.
 fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32, seq_kv: u32) {
     let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim: 64, causal, dtype, ..Problem::default() };
-    if !has_kernel(dev, p.launches(KernelKind::Flash).unwrap()[0].kernel.name()) {
-        return;
-    }
+    require_kernel(dev, p.launches(KernelKind::Flash).unwrap()[0].kernel.name());
     let (h, d) = (p.heads as usize, 64usize);
     let val = |j: usize, dd: usize| (j % 8) as f32 + (dd % 16) as f32 / 16.0;
     let mut v = vec![0f32; p.kv_elems() as usize];
@@ -260,9 +254,7 @@ device_tests! {
                 for causal in [false, true] {
                     for (sq, sk) in [(67, 67), (33, 100), (100, 33), (1, 5)] {
                         let p = Problem { batch: 1, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, dtype, ..Problem::default() };
-                        if !sweep_case_16(dev, p) {
-                            return;
-                        }
+                        sweep_case_16(dev, p);
                     }
                 }
             }
@@ -274,9 +266,7 @@ device_tests! {
             for layout in [Layout::Bshd, Layout::Bhsd] {
                 // seq_q 130: three 64-row blocks, the last with 2 rows; seq_kv 129: a partial key tile.
                 let p = Problem { batch: 2, heads: 3, seq_q: 130, seq_kv: 129, head_dim: 64, causal: true, layout, dtype, ..Problem::default() };
-                if !sweep_case_16(dev, p) {
-                    return;
-                }
+                sweep_case_16(dev, p);
             }
             let p = Problem { batch: 2, heads: 2, seq_q: 80, seq_kv: 72, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), dtype, ..Problem::default() };
             sweep_case_16(dev, p);
@@ -294,7 +284,7 @@ device_tests! {
                 (1, 5, 64, false, Layout::Bhsd),
             ] {
                 let p = Problem { batch: 2, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
-                assert!(case_16(dev, p, KernelKind::Naive), "naive 16-bit kernels are in the committed PTX");
+                case_16(dev, p, KernelKind::Naive);
             }
         }
     }
@@ -309,9 +299,7 @@ device_tests! {
 
     fn bf16_unwritten_outputs_fail_verification(dev: &mut dyn Device) {
         let p = Problem { batch: 1, heads: 1, seq_q: 16, seq_kv: 16, dtype: Dtype::Bf16, ..Problem::default() };
-        if !has_kernel(dev, "flash_fwd_bf16_d64") {
-            return;
-        }
+        require_kernel(dev, "flash_fwd_bf16_d64");
         let mut dropping = DropLaunches(dev);
         let r = run(&mut dropping, &spec(p, KernelKind::Flash, 1), None).unwrap();
         assert!(!r.verified);
@@ -326,9 +314,7 @@ device_tests! {
         assert_eq!(a16.inputs * 2, a32.inputs);
         assert_eq!(a16.outputs, 2 * p.q_elems());
         assert_eq!(a16.lse, a32.lse); // LSE stays f32
-        if !has_kernel(dev, "flash_fwd_bf16_d64") {
-            return;
-        }
+        require_kernel(dev, "flash_fwd_bf16_d64");
         let r = run(dev, &spec(b, KernelKind::Flash, 2), None).unwrap();
         assert!(r.verified, "{:?}", r.verification.failures);
         if dev.backend() == memattn::Backend::Vm {
@@ -372,6 +358,44 @@ device_tests! {
             assert_eq!(naive.peak_device_bytes - flash.peak_device_bytes, 4 * p.score_elems());
             assert_eq!(flash.memory.after_bytes, flash.memory.before_bytes, "all buffers freed");
             assert!(flash.vm_thread_instructions.unwrap() > 0);
+        }
+    }
+
+    // Shapes the VM-only kernel tests used to cover, now run on every device with the host's
+    // reference: f32 flash and naive at both head dims, batch/heads > 1, BSHD and BHSD, causal
+    // with seq_q < seq_kv and seq_q > seq_kv (fully masked rows).
+    fn f32_shapes_from_the_vm_kernel_tests(dev: &mut dyn Device) {
+        for (batch, heads, sq, sk, d, causal, layout) in [
+            (1, 1, 32, 64, 64, false, Layout::Bshd),
+            (2, 2, 45, 45, 64, true, Layout::Bshd),
+            (1, 3, 20, 77, 64, true, Layout::Bhsd),
+            (1, 2, 70, 33, 64, true, Layout::Bshd),
+            (2, 1, 17, 40, 128, false, Layout::Bhsd),
+            (1, 2, 33, 50, 128, true, Layout::Bshd),
+        ] {
+            let p = Problem { batch, heads, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, ..Problem::default() };
+            sweep_case(dev, p, &BOTH);
+        }
+    }
+
+    // The tensor-core kernels at the shapes of the former VM-only test: tails, causal both ways,
+    // several query blocks and key tiles, single query / single key.
+    fn bf16_f16_shapes_from_the_vm_kernel_tests(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for d in [64, 128] {
+                for (batch, heads, sq, sk, causal, layout) in [
+                    (2, 2, 100, 100, false, Layout::Bshd),
+                    (1, 2, 65, 130, true, Layout::Bhsd),
+                    (1, 1, 100, 65, true, Layout::Bshd),
+                    (1, 1, 200, 300, true, Layout::Bshd),
+                    (1, 1, 129, 129, true, Layout::Bhsd),
+                    (1, 1, 1, 65, false, Layout::Bshd),
+                    (1, 1, 70, 1, false, Layout::Bshd),
+                ] {
+                    let p = Problem { batch, heads, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
+                    sweep_case_16(dev, p);
+                }
+            }
         }
     }
 }

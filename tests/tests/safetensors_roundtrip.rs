@@ -110,9 +110,7 @@ fn run_bf16_from_file_and_write_bf16_outputs() {
         ..Problem::default()
     };
     let mut dev = memattn_tests::vm_device();
-    if !memattn_tests::has_kernel(&dev, "flash_fwd_bf16_d128") {
-        return;
-    }
+    memattn_tests::require_kernel(&dev, "flash_fwd_bf16_d128");
     let x = Qkv::random(&p, 4);
     let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 30, head_dim: 128 };
     let inp = tmp("in_bf16.safetensors");

@@ -2,6 +2,7 @@
 
 use crate::paths;
 use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
+use kernels_gpu::artifacts::{sha256_hex, BuildInfo};
 use std::time::Instant;
 
 /// Builds the PTX into `out` and returns the rustc version that built it.
@@ -35,11 +36,14 @@ pub fn build_into(out: &std::path::Path) -> Result<String, String> {
 }
 
 fn build_info_json(rustc: &str, ptx: &[u8]) -> String {
-    format!(
-        "{{\n  \"toolchain\": \"{KERNEL_TOOLCHAIN}\",\n  \"rustc\": \"{rustc}\",\n  \"target\": \"{TARGET}\",\n  \
-         \"cpu\": \"{TARGET_CPU}\",\n  \"ptx_sha256\": \"{}\"\n}}\n",
-        paths::sha256_hex(ptx)
-    )
+    BuildInfo {
+        toolchain: KERNEL_TOOLCHAIN.into(),
+        rustc: rustc.into(),
+        target: TARGET.into(),
+        cpu: TARGET_CPU.into(),
+        ptx_sha256: sha256_hex(ptx),
+    }
+    .to_json()
 }
 
 pub fn run(check: bool) -> Result<(), String> {
@@ -58,7 +62,7 @@ pub fn run(check: bool) -> Result<(), String> {
                 paths::rel(&paths::build_info())
             ));
         }
-        println!("xtask: {} is up to date ({})", paths::rel(&paths::ptx()), paths::sha256_hex(&fresh));
+        println!("xtask: {} is up to date ({})", paths::rel(&paths::ptx()), sha256_hex(&fresh));
         return Ok(());
     }
     std::fs::write(paths::ptx(), &fresh).map_err(|e| e.to_string())?;

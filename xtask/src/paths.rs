@@ -34,12 +34,6 @@ pub fn ptxas_cache() -> PathBuf {
     root().join("target/ptxas-cache")
 }
 
-/// Hex SHA-256 of some bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Relative path for messages.
 pub fn rel(p: &std::path::Path) -> String {
     p.strip_prefix(root()).unwrap_or(p).display().to_string()

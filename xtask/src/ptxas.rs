@@ -1,7 +1,8 @@
 //! `cargo xtask ptxas [--check]`: assemble the committed PTX and keep the resource report.
 
 use crate::paths;
-use kernels_gpu::abi::KernelId;
+use kernels_gpu::artifacts::{sha256_hex, PtxasKernel, PtxasReport};
+use kernels_gpu::KernelId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,21 +11,8 @@ const NVCC_WHEEL: &str = "nvidia-cuda-nvcc==13.5.37";
 const WHEEL_PTXAS: &str = "nvidia/cu13/bin/ptxas";
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
-/// Resources of one kernel at one arch, as ptxas -v reports them.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Resources {
-    pub name: String,
-    pub arch: String,
-    pub registers: u32,
-    pub spill_store_bytes: u32,
-    pub spill_load_bytes: u32,
-    pub stack_bytes: u32,
-    pub static_smem_bytes: u32,
-    pub dynamic_smem_bytes: u32,
-    pub barriers: u32,
-    /// Tensor-core matrix instructions (HMMA) in the SASS.
-    pub hmma: u32,
-}
+/// Resources of one kernel at one arch (the report's record type, owned by kernels-gpu).
+pub type Resources = PtxasKernel;
 
 /// A CUDA tool shipped in a pinned PyPI wheel.
 pub struct Tool {
@@ -163,29 +151,6 @@ pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
     Ok(all)
 }
 
-pub fn report_json(version: &str, ptx_sha: &str, res: &[Resources]) -> String {
-    let mut s =
-        format!("{{\n  \"ptxas_version\": \"{version}\",\n  \"ptx_sha256\": \"{ptx_sha}\",\n  \"kernels\": [\n");
-    for (i, r) in res.iter().enumerate() {
-        s += &format!(
-            "    {{\"name\": \"{}\", \"arch\": \"{}\", \"registers\": {}, \"spill_store_bytes\": {}, \"spill_load_bytes\": {}, \
-             \"stack_bytes\": {}, \"static_smem_bytes\": {}, \"dynamic_smem_bytes\": {}, \"barriers\": {}, \"hmma\": {}}}{}\n",
-            r.name,
-            r.arch,
-            r.registers,
-            r.spill_store_bytes,
-            r.spill_load_bytes,
-            r.stack_bytes,
-            r.static_smem_bytes,
-            r.dynamic_smem_bytes,
-            r.barriers,
-            r.hmma,
-            if i + 1 < res.len() { "," } else { "" }
-        );
-    }
-    s + "  ]\n}\n"
-}
-
 pub fn run(check: bool) -> Result<(), String> {
     let ptxas = find_tool(&PTXAS)?;
     let nvdisasm = find_tool(&NVDISASM)?;
@@ -212,7 +177,7 @@ pub fn run(check: bool) -> Result<(), String> {
         let mut res = parse(&text, arch)?;
         for (name, n) in hmma_counts(&nvdisasm, &cubin)? {
             if let Some(r) = res.iter_mut().find(|r| r.name == name) {
-                r.hmma = n;
+                r.hmma = Some(n);
             }
         }
         all.extend(res);
@@ -234,7 +199,7 @@ pub fn run(check: bool) -> Result<(), String> {
             r.stack_bytes,
             r.static_smem_bytes,
             r.dynamic_smem_bytes,
-            r.hmma
+            r.hmma.unwrap_or(0)
         );
     }
     let ptx_text = String::from_utf8_lossy(&ptx);
@@ -251,17 +216,28 @@ pub fn run(check: bool) -> Result<(), String> {
         .map(|r| format!("{} ({}): {} B stored, {} B loaded", r.name, r.arch, r.spill_store_bytes, r.spill_load_bytes))
         .collect();
 
-    // Kernels written for tensor cores (f16/bf16 in their name) must really use them.
+    // Every entry must be a row of the variant table, and the rows written for tensor cores
+    // must really use them.
+    let unknown: Vec<&str> =
+        all.iter().filter(|r| KernelId::from_name(&r.name).is_none()).map(|r| r.name.as_str()).collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "entries that are not rows of the variant table (kernels-gpu/src/variants.rs): {}",
+            unknown.join(", ")
+        ));
+    }
     let no_hmma: Vec<String> = all
         .iter()
-        .filter(|r| (r.name.contains("_bf16_") || r.name.contains("_f16_")) && r.hmma == 0)
+        .filter(|r| {
+            KernelId::from_name(&r.name).is_some_and(|k| k.variant().tensor_cores()) && r.hmma.unwrap_or(0) == 0
+        })
         .map(|r| format!("{} ({})", r.name, r.arch))
         .collect();
     if !no_hmma.is_empty() {
         return Err(format!("tensor-core kernels without HMMA in their SASS: {}", no_hmma.join(", ")));
     }
 
-    let report = report_json(&version, &paths::sha256_hex(&ptx), &all);
+    let report = PtxasReport { ptxas_version: version.clone(), ptx_sha256: sha256_hex(&ptx), kernels: all }.to_json();
     if check {
         if !spills.is_empty() {
             return Err(format!("register spills: {}", spills.join("; ")));

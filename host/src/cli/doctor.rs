@@ -143,11 +143,11 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
 /// Kernels of the ABI the loaded PTX does not contain, with what runs them.
 fn missing_kernels(src: &PtxSource) -> Vec<(String, String)> {
     let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
-    kernels_gpu::abi::KernelId::ALL
+    kernels_gpu::KernelId::ALL
         .into_iter()
         .filter(|k| !names.iter().any(|n| n == k.name()))
         .map(|k| {
-            let what = if k.name().contains("bf16") || k.name().contains("f16") {
+            let what = if k.variant().tensor_cores() {
                 "--dtype bf16/f16 needs it: the module was built without the tensor-core kernels; \
                  load one that has them with --ptx"
             } else {

@@ -1,0 +1,185 @@
+//! The kernel build's artifacts (host only): the committed PTX module, what the build recorded
+//! about it, and their schema. The host, xtask and the tests all read them from here — one
+//! `include_str!` each, one SHA-256 helper, one record type per file.
+//!
+//! - [`PTX`]: `kernels-gpu/ptx/memattn_kernels.ptx`, written by `cargo xtask build-ptx`;
+//! - [`BUILD_INFO_JSON`] ([`BuildInfo`]): toolchain, target and the PTX's SHA-256;
+//! - [`PTXAS_REPORT_JSON`] ([`PtxasReport`]): registers, spills, shared memory and HMMA count per
+//!   kernel and arch, written by `cargo xtask ptxas`.
+
+use crate::variants::TileRecord;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The committed kernel module.
+pub const PTX: &str = include_str!("../ptx/memattn_kernels.ptx");
+/// What `cargo xtask build-ptx` recorded about [`PTX`].
+pub const BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
+/// What `cargo xtask ptxas` recorded about [`PTX`].
+pub const PTXAS_REPORT_JSON: &str = include_str!("../ptx/ptxas-report.json");
+
+/// Lower-case hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `build-info.json`: how the PTX was built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildInfo {
+    pub toolchain: String,
+    pub rustc: String,
+    pub target: String,
+    pub cpu: String,
+    pub ptx_sha256: String,
+}
+
+impl BuildInfo {
+    /// The record of the committed PTX.
+    pub fn embedded() -> Result<BuildInfo, String> {
+        serde_json::from_str(BUILD_INFO_JSON).map_err(|e| format!("build-info.json: {e}"))
+    }
+    /// The file's text, as xtask writes it.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\n  \"toolchain\": \"{}\",\n  \"rustc\": \"{}\",\n  \"target\": \"{}\",\n  \"cpu\": \"{}\",\n  \
+             \"ptx_sha256\": \"{}\"\n}}\n",
+            self.toolchain, self.rustc, self.target, self.cpu, self.ptx_sha256
+        )
+    }
+}
+
+/// `ptxas-report.json`: resources ptxas assigned to each kernel per arch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtxasReport {
+    pub ptxas_version: String,
+    pub ptx_sha256: String,
+    pub kernels: Vec<PtxasKernel>,
+}
+
+/// Resources of one kernel at one arch, as `ptxas -v` reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtxasKernel {
+    pub name: String,
+    pub arch: String,
+    pub registers: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    pub stack_bytes: u32,
+    pub static_smem_bytes: u32,
+    pub dynamic_smem_bytes: u32,
+    pub barriers: u32,
+    /// HMMA (tensor-core) instructions in the SASS (`nvdisasm`); absent in older reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmma: Option<u32>,
+}
+
+impl PtxasReport {
+    /// The report of the committed PTX.
+    pub fn embedded() -> Result<PtxasReport, String> {
+        serde_json::from_str(PTXAS_REPORT_JSON).map_err(|e| format!("ptxas-report.json: {e}"))
+    }
+    /// The file's text, as xtask writes it (one kernel per line, so diffs stay readable).
+    pub fn to_json(&self) -> String {
+        let mut s = format!(
+            "{{\n  \"ptxas_version\": \"{}\",\n  \"ptx_sha256\": \"{}\",\n  \"kernels\": [\n",
+            self.ptxas_version, self.ptx_sha256
+        );
+        for (i, r) in self.kernels.iter().enumerate() {
+            s += "    ";
+            s += &serde_json::to_string(r).expect("plain record").replace("\":", "\": ").replace(",\"", ", \"");
+            s += if i + 1 < self.kernels.len() { ",\n" } else { "\n" };
+        }
+        s + "  ]\n}\n"
+    }
+}
+
+/// The tile records a PTX module exports (`memattn_tile_<entry>` globals, see [`TileRecord`]),
+/// by entry name, read from the text. Malformed records are skipped (a module without records
+/// simply has none).
+pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
+    let mut out = Vec::new();
+    for line in ptx.lines() {
+        let t = line.trim();
+        if !t.contains(".global") {
+            continue;
+        }
+        let Some(pos) = t.find(TileRecord::SYMBOL_PREFIX) else { continue };
+        let rest = &t[pos + TileRecord::SYMBOL_PREFIX.len()..];
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let Some(init) = rest.split_once('{').and_then(|(_, r)| r.split_once('}')).map(|(i, _)| i) else {
+            continue;
+        };
+        let Ok(mut vals) = init.split(',').map(|v| v.trim().parse::<u64>()).collect::<Result<Vec<u64>, _>>() else {
+            continue;
+        };
+        // Trailing zeros may be left out of an initialiser (the rest of the array is zero).
+        let words: Option<Vec<u32>> = if rest.contains("[20]") && t.contains(".b8") && vals.len() <= 20 {
+            // `.b8 name[20] = {b0, b1, ...}`: little-endian bytes.
+            vals.resize(20, 0);
+            vals.chunks(4)
+                .map(|c| c.iter().rev().try_fold(0u32, |a, &b| u8::try_from(b).ok().map(|b| (a << 8) | b as u32)))
+                .collect()
+        } else if rest.contains("[5]") && vals.len() <= 5 {
+            // `.u32 name[5] = {w0, ...}`.
+            vals.resize(5, 0);
+            vals.iter().map(|&v| u32::try_from(v).ok()).collect()
+        } else {
+            None
+        };
+        if let Some(w) = words {
+            out.push((name, TileRecord::from_array([w[0], w[1], w[2], w[3], w[4]])));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variants::{KernelId, VARIANTS};
+
+    #[test]
+    fn build_info_describes_the_committed_ptx() {
+        let bi = BuildInfo::embedded().unwrap();
+        assert_eq!(bi.ptx_sha256, sha256_hex(PTX.as_bytes()), "build-info.json describes a different PTX");
+        assert_eq!(bi.to_json(), BUILD_INFO_JSON, "the writer and the committed file agree");
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[test]
+    fn ptxas_report_round_trips_and_covers_every_kernel() {
+        let r = PtxasReport::embedded().unwrap();
+        assert_eq!(r.to_json(), PTXAS_REPORT_JSON, "the writer and the committed file agree");
+        assert_eq!(r.ptx_sha256, sha256_hex(PTX.as_bytes()));
+        for v in VARIANTS {
+            let rows: Vec<_> = r.kernels.iter().filter(|k| k.name == v.name).collect();
+            assert_eq!(rows.len(), 2, "{} at sm_80 and sm_90", v.name);
+            for k in rows {
+                assert_eq!(k.dynamic_smem_bytes, v.dynamic_smem_bytes(), "{}", v.name);
+                assert_eq!(k.hmma.unwrap_or(0) > 0, v.tensor_cores(), "{} HMMA", v.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_committed_ptx_exports_the_tables_tile_records() {
+        let recs = tile_records(PTX);
+        for k in KernelId::ALL {
+            let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
+            assert_eq!(found.len(), 1, "`{}{}` in the PTX", TileRecord::SYMBOL_PREFIX, k.name());
+            assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+        }
+        assert_eq!(recs.len(), KernelId::ALL.len());
+    }
+
+    #[test]
+    fn tile_records_parse_bytes_and_words() {
+        let b = ".visible .global .align 4 .b8 memattn_tile_k1[20] = {128, 0, 0, 0, 64, 0, 0, 0, 128, 0, 0, 0, \
+                 0, 160, 0, 0, 64, 0, 0, 0};";
+        let w = ".global .align 4 .u32 memattn_tile_k2[5] = {32};";
+        let r = tile_records(&format!("{b}\n{w}\n.global .b8 other[3] = {{1, 2, 3}};\n"));
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], ("k1".into(), TileRecord::from_array([128, 64, 128, 40960, 64])));
+        assert_eq!(r[1], ("k2".into(), TileRecord::from_array([32, 0, 0, 0, 0])));
+    }
+}

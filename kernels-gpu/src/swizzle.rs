@@ -1,0 +1,109 @@
+//! Shared-memory address math of the tensor-core kernels: the XOR swizzle and the per-lane
+//! `ldmatrix` row addresses.
+//!
+//! A staged tile is row-major, one row = `D * 2` bytes = `D / 8` chunks of 16 bytes (8 16-bit
+//! values, the unit of `cp.async` and of an `ldmatrix` row). Chunk `c` of row `r` is stored at
+//! chunk position `c ^ (r % 8)`. One `ldmatrix` phase reads the same logical chunk of 8
+//! consecutive rows; without the XOR those 8 chunks are `D * 2` bytes apart — a multiple of 128
+//! bytes — and all fall on the same 4 of the 32 banks (an 8-way conflict). With it they land on 8
+//! distinct 16-byte bank groups, covering all 32 banks once. The XOR only permutes chunks within
+//! a row, so the `cp.async` stores of one row stay conflict-free too.
+//!
+//! Pure code, compiled for the host as well; the unit tests check the bank groups.
+
+/// Bytes of one chunk: 8 16-bit values.
+pub const CHUNK: usize = 16;
+
+/// Byte offset of logical chunk `chunk` of row `row` in a swizzled tile with rows of `d` 16-bit
+/// values.
+#[inline(always)]
+pub const fn swizzled_offset(d: usize, row: usize, chunk: usize) -> usize {
+    row * d * 2 + ((chunk ^ (row % 8)) * CHUNK)
+}
+
+/// A lane's `ldmatrix` row addresses in a swizzled tile, for a lane that addresses row
+/// `row + 8i` (`i` a constant) and logical chunk `2k + hi + (constant multiple of 8)`.
+///
+/// The swizzle XORs only the low 3 bits of the chunk with `row % 8`, so the address of chunk
+/// `8a + b` is `base[b / 2] + 128 a`: four per-lane bases, everything else an immediate offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneAddrs<const D: usize> {
+    pub base: [u32; 4],
+}
+
+impl<const D: usize> LaneAddrs<D> {
+    /// The four bases for this lane's `row` and `hi` (0 or 1) in the tile at shared address
+    /// `tile`.
+    #[inline(always)]
+    pub fn new(tile: u32, row: usize, hi: usize) -> Self {
+        let at = |k: usize| tile + swizzled_offset(D, row, 2 * k + hi) as u32;
+        LaneAddrs { base: [at(0), at(1), at(2), at(3)] }
+    }
+
+    /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
+    #[inline(always)]
+    pub fn at(&self, rows: usize, k: usize) -> u32 {
+        self.base[k % 4] + ((k / 4) * 8 * CHUNK + rows * D * 2) as u32
+    }
+}
+
+/// The 16-byte bank group (0..8) of a shared-memory byte address: 32 banks of 4 bytes make 8
+/// groups of 16 bytes per 128-byte line.
+pub const fn bank_group(addr: u32) -> u32 {
+    (addr / CHUNK as u32) % 8
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    /// The 8 rows one `ldmatrix` phase reads (rows `r0..r0 + 8`, one logical chunk) hit 8 distinct
+    /// bank groups, for every head dim the kernels use, every row block and every chunk.
+    fn check_phases<const D: usize>() {
+        for r0 in (0..64).step_by(8) {
+            for chunk in 0..D / 8 {
+                let mut seen = [false; 8];
+                for row in r0..r0 + 8 {
+                    let g = bank_group(swizzled_offset(D, row, chunk) as u32) as usize;
+                    assert!(!seen[g], "D={D} rows {r0}.. chunk {chunk}: bank group {g} twice");
+                    seen[g] = true;
+                }
+            }
+        }
+        // Without the swizzle the same phase is an 8-way conflict: the check above can fail.
+        let plain: Vec<u32> = (0..8).map(|row| bank_group((row * D * 2) as u32)).collect();
+        assert!(plain.iter().all(|&g| g == plain[0]), "{plain:?}");
+    }
+
+    #[test]
+    fn ldmatrix_phases_hit_eight_distinct_bank_groups() {
+        check_phases::<64>();
+        check_phases::<128>();
+        check_phases::<256>();
+    }
+
+    #[test]
+    fn lane_addresses_agree_with_the_swizzle() {
+        // The precomputed bases plus immediate offsets give the swizzled address of every chunk.
+        for row in 0..16 {
+            for hi in 0..2 {
+                let la = LaneAddrs::<128>::new(0x400, row, hi);
+                for rows in [0, 8, 16, 48] {
+                    for k in 0..8 {
+                        let want = 0x400 + swizzled_offset(128, row + rows, 2 * k + hi) as u32;
+                        assert_eq!(la.at(rows, k), want, "row {row} hi {hi} +{rows} k {k}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_swizzle_permutes_chunks_within_a_row() {
+        for row in 0..8 {
+            let mut offs: Vec<usize> = (0..16).map(|c| swizzled_offset(128, row, c)).collect();
+            offs.sort_unstable();
+            assert_eq!(offs, (0..16).map(|c| row * 256 + c * 16).collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! The variant table: the one place a kernel variant is listed.
+//!
+//! Each row names a PTX entry point, its family, its element type and its tile item (see
+//! [`crate::tiles`]). Everything else derives from the table: [`KernelId`] and [`KernelId::ALL`],
+//! the entry names, launch geometry and dynamic shared memory ([`Variant::launch`]), whether the
+//! kernel must use tensor cores (checked in the SASS by `cargo xtask ptxas`), the host's kernel
+//! selection ([`KernelId::flash`], [`KernelId::naive`]), the tile record each entry exports into
+//! the PTX ([`TileRecord`]), and — on nvptx64 — the `extern "ptx-kernel"` entry points themselves,
+//! which call the family's generic body with the tile's constants.
+//!
+//! Adding a variant of an existing family (another head dim, say) is one row here plus, if the
+//! family has no tile for it yet, one tile item in `tiles.rs`. See `docs/adding-a-kernel.md`.
+
+use crate::tiles::*;
+
+/// Element type of Q, K, V and O (LSE and the naive score matrix are always f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Elem {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::Bf16 => "bf16",
+            Elem::F16 => "f16",
+        }
+    }
+    const fn eq(self, other: Elem) -> bool {
+        self as u8 == other as u8
+    }
+}
+
+/// A kernel family: one generic body, instantiated once per row of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `saxpy_f32`, the smoke kernel (its own signature; written by hand in `smoke.rs`).
+    Smoke,
+    /// Naive step 1: `S = scale * Q Kᵀ` into the materialised score matrix.
+    NaiveScores,
+    /// Naive step 2: row softmax of S in place, writing LSE.
+    NaiveSoftmax,
+    /// Naive step 3: `O = P V`.
+    NaivePv,
+    /// Fused memory-efficient forward, f32 SIMT (`flash_fwd_f32.rs`).
+    FlashF32,
+    /// Fused forward on tensor cores, `mma.sync` m16n8k16 (`flash_fwd_mma.rs`).
+    FlashMma,
+}
+
+impl Family {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::Smoke => "smoke",
+            Family::NaiveScores => "naive_scores",
+            Family::NaiveSoftmax => "naive_softmax",
+            Family::NaivePv => "naive_pv",
+            Family::FlashF32 => "flash_f32",
+            Family::FlashMma => "flash_mma",
+        }
+    }
+    const fn eq(self, other: Family) -> bool {
+        self as u8 == other as u8
+    }
+}
+
+/// The tile item of a variant; the enum variant is the family's tile type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tile {
+    Smoke(SmokeTile),
+    NaiveScores(NaiveScoresTile),
+    NaiveSoftmax(NaiveSoftmaxTile),
+    NaivePv(NaivePvTile),
+    FlashF32(FlashF32Tile),
+    FlashMma(FlashMmaTile),
+}
+
+/// One row of the variant table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub id: KernelId,
+    /// The PTX entry-point name.
+    pub name: &'static str,
+    pub family: Family,
+    pub elem: Elem,
+    pub tile: Tile,
+}
+
+/// The shape a launch covers (`seq_q` query rows and `seq_kv` keys per head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+}
+
+impl Variant {
+    /// Head dim the variant is compiled for (`None`: any, up to [`NAIVE_MAX_HEAD_DIM`]).
+    pub const fn head_dim(&self) -> Option<u32> {
+        match self.tile {
+            Tile::FlashF32(t) => Some(t.head_dim),
+            Tile::FlashMma(t) => Some(t.head_dim),
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
+    pub const fn tensor_cores(&self) -> bool {
+        matches!(self.tile, Tile::FlashMma(_))
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        match self.tile {
+            Tile::Smoke(t) => t.threads,
+            Tile::NaiveScores(t) => t.threads,
+            Tile::NaiveSoftmax(t) => t.threads(),
+            Tile::NaivePv(t) => t.threads,
+            Tile::FlashF32(t) => t.threads(),
+            Tile::FlashMma(t) => t.threads(),
+        }
+    }
+
+    /// Dynamic shared memory the launch requests (the tile's staging area), in bytes.
+    pub const fn dynamic_smem_bytes(&self) -> u32 {
+        match self.tile {
+            Tile::FlashF32(t) => t.smem_bytes(),
+            Tile::FlashMma(t) => t.smem_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// Query rows one block owns (flash families), 0 otherwise.
+    pub const fn block_rows(&self) -> u32 {
+        match self.tile {
+            Tile::FlashF32(t) => t.br,
+            Tile::FlashMma(t) => t.br,
+            _ => 0,
+        }
+    }
+
+    /// Keys per tile step (flash families), 0 otherwise.
+    pub const fn block_cols(&self) -> u32 {
+        match self.tile {
+            Tile::FlashF32(t) => t.bc,
+            Tile::FlashMma(t) => t.bc,
+            _ => 0,
+        }
+    }
+
+    /// Grid, block and dynamic shared memory of one attention launch; `None` for the smoke kernel
+    /// (see [`saxpy_launch`]). Grid extents are computed in 64 bits and saturate at `u32::MAX`, so
+    /// an oversized shape shows up as a grid over the device limit, never as a wrapped small grid.
+    pub const fn launch(&self, s: LaunchShape) -> Option<LaunchDims> {
+        let bh = sat_u32(s.batch as u64 * s.heads as u64);
+        let block = [self.threads(), 1, 1];
+        let dynamic_smem_bytes = self.dynamic_smem_bytes();
+        let grid = match self.tile {
+            Tile::Smoke(_) => return None,
+            Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
+            Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
+            Tile::NaivePv(_) => [s.seq_q, 1, bh],
+            Tile::FlashF32(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
+            Tile::FlashMma(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
+        };
+        Some(LaunchDims { grid, block, dynamic_smem_bytes })
+    }
+
+    /// The record of this variant's tile that the kernel build exports into the PTX.
+    pub const fn tile_record(&self) -> TileRecord {
+        TileRecord {
+            threads: self.threads(),
+            block_rows: self.block_rows(),
+            block_cols: self.block_cols(),
+            dynamic_smem_bytes: self.dynamic_smem_bytes(),
+            head_dim: match self.head_dim() {
+                Some(d) => d,
+                None => 0,
+            },
+        }
+    }
+}
+
+const fn sat_u32(x: u64) -> u32 {
+    if x > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        x as u32
+    }
+}
+
+/// The tile constants a kernel was compiled with, exported into the PTX as the global
+/// `memattn_tile_<entry>` (5 × u32, little-endian: threads, block rows, block cols, dynamic shared
+/// memory bytes, head dim). The host compares it with its own table before launching a `--ptx`
+/// module, so a module built from other tiles is refused with a clear message instead of failing
+/// inside the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct TileRecord {
+    pub threads: u32,
+    pub block_rows: u32,
+    pub block_cols: u32,
+    pub dynamic_smem_bytes: u32,
+    pub head_dim: u32,
+}
+
+impl TileRecord {
+    /// Prefix of the exported global's name; the entry name follows.
+    pub const SYMBOL_PREFIX: &'static str = "memattn_tile_";
+    pub const fn to_array(self) -> [u32; 5] {
+        [self.threads, self.block_rows, self.block_cols, self.dynamic_smem_bytes, self.head_dim]
+    }
+    pub const fn from_array(a: [u32; 5]) -> Self {
+        TileRecord { threads: a[0], block_rows: a[1], block_cols: a[2], dynamic_smem_bytes: a[3], head_dim: a[4] }
+    }
+}
+
+macro_rules! count {
+    () => { 0usize };
+    ($head:tt $($tail:tt)*) => { 1usize + count!($($tail)*) };
+}
+
+/// Expands the table into [`KernelId`], [`VARIANTS`] and (on nvptx64) the entry points with their
+/// tile records.
+macro_rules! kernel_table {
+    ($( $(#[$doc:meta])* $id:ident = $name:ident : $family:ident($tile:expr), $elem:ident; )*) => {
+        /// Every kernel entry point in the PTX module, one per row of the variant table.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum KernelId {
+            $( $(#[$doc])* $id, )*
+        }
+
+        /// The variant table, in [`KernelId`] order.
+        pub const VARIANTS: [Variant; count!($($id)*)] = [
+            $( Variant {
+                id: KernelId::$id,
+                name: stringify!($name),
+                family: Family::$family,
+                elem: Elem::$elem,
+                tile: Tile::$family($tile),
+            }, )*
+        ];
+
+        impl KernelId {
+            /// Every kernel, in table order.
+            pub const ALL: [KernelId; count!($($id)*)] = [ $( KernelId::$id, )* ];
+        }
+
+        $(
+            #[cfg(target_arch = "nvptx64")]
+            crate::variants::entry!($family, $name, $elem, $tile);
+        )*
+    };
+}
+
+/// The entry point of one row on nvptx64: a `#[no_mangle] extern "ptx-kernel"` function calling
+/// the family's generic body with the tile's constants, and the exported [`TileRecord`].
+#[cfg(target_arch = "nvptx64")]
+macro_rules! entry {
+    (Smoke, $name:ident, $elem:ident, $tile:expr) => {
+        // Written by hand in `smoke.rs` (it takes four scalar parameters, not `AttnParams`).
+        crate::variants::tile_record!($name);
+    };
+    (NaiveScores, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_scores`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
+            const T: NaiveScoresTile = $tile;
+            unsafe { crate::naive_scores::scores::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaiveSoftmax, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_softmax`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
+            const T: NaiveSoftmaxTile = $tile;
+            unsafe { crate::naive_softmax::softmax::<{ T.rows }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaivePv, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_pv`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
+            const T: NaivePvTile = $tile;
+            unsafe { crate::naive_pv::pv::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (FlashF32, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_fwd_f32`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
+            const T: FlashF32Tile = $tile;
+            unsafe {
+                crate::flash_fwd_f32::flash_fwd::<
+                    { T.head_dim as usize },
+                    { T.br as usize },
+                    { T.bc as usize },
+                    { T.threads_per_row as usize },
+                    { T.dims_per_thread() as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (FlashMma, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_fwd_mma`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
+            const T: FlashMmaTile = $tile;
+            unsafe {
+                crate::flash_fwd_mma::flash_fwd::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.br as usize },
+                    { T.bc as usize },
+                    { T.threads() as usize },
+                    { (T.head_dim / 16) as usize },
+                    { (T.head_dim / 8) as usize },
+                    { (T.bc / 8) as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
+}
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use entry;
+
+/// Exports `memattn_tile_<name>`: the [`TileRecord`] of the row whose entry is `name`.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! tile_record {
+    ($name:ident) => {
+        const _: () = {
+            #[export_name = concat!("memattn_tile_", stringify!($name))]
+            #[used]
+            pub static TILE_RECORD: [u32; 5] = match KernelId::from_name_const(stringify!($name)) {
+                Some(k) => k.variant().tile_record().to_array(),
+                None => panic!("entry missing from the table"),
+            };
+        };
+    };
+}
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use tile_record;
+
+// The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`
+kernel_table! {
+    /// Smoke test kernel: `y[i] = a * x[i] + y[i]` (see `smoke.rs`).
+    Saxpy = saxpy_f32: Smoke(SAXPY), F32;
+    /// Naive step 1: `S = scale * Q Kᵀ` with the causal mask as `-inf`.
+    NaiveScoresF32 = naive_scores_f32: NaiveScores(NAIVE_SCORES), F32;
+    /// Naive step 2: row softmax of S in place, writing LSE (shared by every dtype).
+    NaiveSoftmaxF32 = naive_softmax_f32: NaiveSoftmax(NAIVE_SOFTMAX), F32;
+    /// Naive step 3: `O = P V`.
+    NaivePvF32 = naive_pv_f32: NaivePv(NAIVE_PV), F32;
+    /// Fused memory-efficient forward, f32 SIMT, head_dim 64.
+    FlashFwdF32D64 = flash_fwd_f32_d64: FlashF32(FLASH_F32_D64), F32;
+    /// Fused memory-efficient forward, f32 SIMT, head_dim 128.
+    FlashFwdF32D128 = flash_fwd_f32_d128: FlashF32(FLASH_F32_D128), F32;
+    /// Fused forward on tensor cores (`mma.sync`), bf16 in/out, f32 accumulation, head_dim 64.
+    FlashFwdBf16D64 = flash_fwd_bf16_d64: FlashMma(FLASH_MMA_D64), Bf16;
+    /// Tensor-core forward, bf16, head_dim 128.
+    FlashFwdBf16D128 = flash_fwd_bf16_d128: FlashMma(FLASH_MMA_D128), Bf16;
+    /// Tensor-core forward, f16 in/out, f32 accumulation, head_dim 64.
+    FlashFwdF16D64 = flash_fwd_f16_d64: FlashMma(FLASH_MMA_D64), F16;
+    /// Tensor-core forward, f16, head_dim 128.
+    FlashFwdF16D128 = flash_fwd_f16_d128: FlashMma(FLASH_MMA_D128), F16;
+    /// Naive step 1 with bf16 Q, K (S stays f32).
+    NaiveScoresBf16 = naive_scores_bf16: NaiveScores(NAIVE_SCORES), Bf16;
+    /// Naive step 1 with f16 Q, K.
+    NaiveScoresF16 = naive_scores_f16: NaiveScores(NAIVE_SCORES), F16;
+    /// Naive step 3 with bf16 V, O (P stays f32).
+    NaivePvBf16 = naive_pv_bf16: NaivePv(NAIVE_PV), Bf16;
+    /// Naive step 3 with f16 V, O.
+    NaivePvF16 = naive_pv_f16: NaivePv(NAIVE_PV), F16;
+}
+
+impl KernelId {
+    /// This kernel's row of the table.
+    pub const fn variant(self) -> &'static Variant {
+        &VARIANTS[self as usize]
+    }
+
+    /// The PTX entry-point name.
+    pub const fn name(self) -> &'static str {
+        self.variant().name
+    }
+
+    /// Dynamic shared memory the host requests for this kernel (the tile's staging area).
+    pub const fn dynamic_smem_bytes(self) -> u32 {
+        self.variant().dynamic_smem_bytes()
+    }
+
+    pub fn from_name(name: &str) -> Option<KernelId> {
+        Self::from_name_const(name)
+    }
+
+    /// [`KernelId::from_name`] usable in constants.
+    pub const fn from_name_const(name: &str) -> Option<KernelId> {
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            if str_eq(VARIANTS[i].name, name) {
+                return Some(VARIANTS[i].id);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The first row of `family` with element type `elem` and (if given) head dim `head_dim`.
+    pub const fn find(family: Family, elem: Elem, head_dim: Option<u32>) -> Option<KernelId> {
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            let v = &VARIANTS[i];
+            let dim_ok = match (head_dim, v.head_dim()) {
+                (Some(want), Some(have)) => want == have,
+                (None, None) => true,
+                _ => false,
+            };
+            if v.family.eq(family) && v.elem.eq(elem) && dim_ok {
+                return Some(v.id);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The fused forward kernel for `elem` and `head_dim`: the f32 SIMT family for f32, the
+    /// tensor-core family for 16-bit types. `None` when the table has no such row.
+    pub const fn flash(elem: Elem, head_dim: u32) -> Option<KernelId> {
+        let family = if elem.eq(Elem::F32) { Family::FlashF32 } else { Family::FlashMma };
+        Self::find(family, elem, Some(head_dim))
+    }
+
+    /// The three naive kernels for `elem`: scores and P·V in `elem`, the shared f32 softmax.
+    pub const fn naive(elem: Elem) -> Option<[KernelId; 3]> {
+        match (
+            Self::find(Family::NaiveScores, elem, None),
+            Self::find(Family::NaiveSoftmax, Elem::F32, None),
+            Self::find(Family::NaivePv, elem, None),
+        ) {
+            (Some(s), Some(m), Some(p)) => Some([s, m, p]),
+            _ => None,
+        }
+    }
+
+    /// Head dims the flash kernels of `elem` are compiled for, ascending.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn flash_head_dims(elem: Elem) -> Vec<u32> {
+        let mut dims: Vec<u32> = VARIANTS
+            .iter()
+            .filter(|v| matches!(v.family, Family::FlashF32 | Family::FlashMma) && v.elem == elem)
+            .filter_map(|v| v.head_dim())
+            .collect();
+        dims.sort_unstable();
+        dims.dedup();
+        dims
+    }
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The table is consistent: ids in order, names unique, every tile passes its checks.
+const _: () = {
+    let mut i = 0;
+    while i < VARIANTS.len() {
+        assert!(VARIANTS[i].id as usize == i, "table order");
+        let mut j = i + 1;
+        while j < VARIANTS.len() {
+            assert!(!str_eq(VARIANTS[i].name, VARIANTS[j].name), "entry names are unique");
+            j += 1;
+        }
+        match VARIANTS[i].tile {
+            Tile::FlashF32(t) => t.check(),
+            Tile::FlashMma(t) => t.check(),
+            _ => {}
+        }
+        i += 1;
+    }
+};
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_find_exactly_the_table_rows() {
+        assert_eq!(KernelId::flash(Elem::F32, 64), Some(KernelId::FlashFwdF32D64));
+        assert_eq!(KernelId::flash(Elem::F32, 128), Some(KernelId::FlashFwdF32D128));
+        assert_eq!(KernelId::flash(Elem::Bf16, 64), Some(KernelId::FlashFwdBf16D64));
+        assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
+        assert_eq!(KernelId::flash(Elem::Bf16, 96), None);
+        assert_eq!(
+            KernelId::naive(Elem::Bf16),
+            Some([KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16])
+        );
+        assert_eq!(KernelId::flash_head_dims(Elem::F16), vec![64, 128]);
+        for k in KernelId::ALL {
+            assert_eq!(KernelId::from_name(k.name()), Some(k));
+            assert_eq!(k.variant().id, k);
+        }
+        assert_eq!(KernelId::from_name("flash_fwd_f32_d96"), None);
+    }
+
+    #[test]
+    fn launch_geometry_derives_from_the_tile() {
+        let s = LaunchShape { batch: 2, heads: 3, seq_q: 130, seq_kv: 300 };
+        let l = KernelId::FlashFwdBf16D128.variant().launch(s).unwrap();
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 3, 2], [128, 1, 1], 48 * 1024));
+        let l = KernelId::FlashFwdF32D64.variant().launch(s).unwrap();
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([5, 3, 2], [128, 1, 1], 32 * 1024));
+        let l = KernelId::NaiveScoresF16.variant().launch(s).unwrap();
+        assert_eq!((l.grid, l.block), ([130, 3, 6], [128, 1, 1]));
+        let l = KernelId::NaiveSoftmaxF32.variant().launch(s).unwrap();
+        assert_eq!((l.grid, l.block), ([33, 1, 6], [128, 1, 1]));
+        let l = KernelId::NaivePvF32.variant().launch(s).unwrap();
+        assert_eq!((l.grid, l.block), ([130, 1, 6], [64, 1, 1]));
+        assert_eq!(KernelId::Saxpy.variant().launch(s), None);
+        // batch * heads past u32 saturates instead of wrapping to a small grid.
+        let huge = LaunchShape { batch: 1 << 20, heads: 1 << 20, seq_q: 1, seq_kv: 1 };
+        assert_eq!(KernelId::NaivePvF32.variant().launch(huge).unwrap().grid[2], u32::MAX);
+        assert!(KernelId::FlashFwdF16D64.variant().tensor_cores());
+        assert!(!KernelId::FlashFwdF32D64.variant().tensor_cores());
+        assert_eq!(
+            KernelId::FlashFwdF32D128.variant().tile_record(),
+            TileRecord { threads: 128, block_rows: 16, block_cols: 32, dynamic_smem_bytes: 32 * 1024, head_dim: 128 }
+        );
+    }
+}
