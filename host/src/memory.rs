@@ -11,8 +11,9 @@
 //! LSE counts as workspace: it is what the fused kernel keeps instead of S (and what a backward
 //! pass would need). The naive path also writes LSE (its softmax produces it).
 
-use crate::problem::{KernelKind, Problem};
-use crate::report::human_bytes;
+use crate::caps::DeviceCaps;
+use crate::problem::{KernelKind, Problem, ProblemError};
+use crate::units::human_bytes;
 use serde::Serialize;
 
 /// Bytes a run allocates on the device, by role.
@@ -45,6 +46,23 @@ impl AnalyticBytes {
         let outputs = q;
         let workspace = lse + scores;
         AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }
+    }
+
+    /// The memory plan against the device: the run is refused before anything is allocated when
+    /// its buffers exceed the device's free memory (the error carries the estimate and its
+    /// breakdown).
+    pub fn check_fits(&self, kernel: KernelKind, caps: &DeviceCaps) -> Result<(), ProblemError> {
+        if self.total > caps.free_memory_bytes {
+            return Err(ProblemError::OutOfDeviceMemory {
+                kernel,
+                needed: self.total,
+                needed_h: human_bytes(self.total),
+                free: caps.free_memory_bytes,
+                free_h: human_bytes(caps.free_memory_bytes),
+                breakdown: self.breakdown(),
+            });
+        }
+        Ok(())
     }
 
     /// `inputs X + outputs Y + workspace Z (S ..., LSE ...)`.

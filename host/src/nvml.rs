@@ -30,7 +30,7 @@ pub struct GpuInfo {
 }
 
 fn init() -> Result<Nvml, String> {
-    match crate::device::cuda::quietly(Nvml::init) {
+    match crate::panics::quietly(Nvml::init) {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(format!("NVML unavailable: {e}")),
         Err(p) => Err(format!("NVML unavailable: {p}")),

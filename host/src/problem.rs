@@ -2,9 +2,8 @@
 //!
 //! Validation runs before anything is allocated; every error names the limit it hit.
 
-use crate::device::DeviceCaps;
+use crate::caps::DeviceCaps;
 use crate::dtype::Dtype;
-use crate::memory::AnalyticBytes;
 use kernels_gpu::abi::{causal_key_end, Strides};
 use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use kernels_gpu::variants::LaunchShape;
@@ -392,8 +391,9 @@ impl Problem {
         Ok(())
     }
 
-    /// Full validation against a device: shape, grid and shared memory limits, and the analytic
-    /// memory estimate against the device's free memory.
+    /// Validation against a device's launch limits: shape, grid and shared memory. Whether the
+    /// buffers fit in the device's free memory is the memory plan's check,
+    /// [`crate::memory::AnalyticBytes::check_fits`].
     pub fn validate(&self, kernel: KernelKind, caps: &DeviceCaps) -> Result<(), ProblemError> {
         self.validate_shape(kernel)?;
         let bh = self.batch as u64 * self.heads as u64;
@@ -453,17 +453,6 @@ impl Problem {
                     limit: caps.max_dynamic_smem_bytes,
                 });
             }
-        }
-        let est = AnalyticBytes::new(self, kernel);
-        if est.total > caps.free_memory_bytes {
-            return Err(ProblemError::OutOfDeviceMemory {
-                kernel,
-                needed: est.total,
-                needed_h: crate::report::human_bytes(est.total),
-                free: caps.free_memory_bytes,
-                free_h: crate::report::human_bytes(caps.free_memory_bytes),
-                breakdown: est.breakdown(),
-            });
         }
         Ok(())
     }

@@ -133,7 +133,23 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         .check_tiles(&ids)
         .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
     let analytic = AnalyticBytes::new(&p, spec.kernel);
+    analytic.check_fits(spec.kernel, &caps)?;
 
+    if let Some(x) = inputs {
+        // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
+        // are allocated with.
+        if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
+            return Err(Error::Usage(format!(
+                "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
+                x.q.len(),
+                x.k.len(),
+                x.v.len(),
+                p.q_elems(),
+                p.kv_elems(),
+                p.kv_elems()
+            )));
+        }
+    }
     let generated;
     let rounded;
     let (x, inputs_desc) = match inputs {
@@ -146,20 +162,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             rounded = r;
             (&rounded, format!("given (rounded to {})", p.dtype))
         }
-        Some(x) => {
-            if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
-                return Err(Error::Usage(format!(
-                    "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
-                    x.q.len(),
-                    x.k.len(),
-                    x.v.len(),
-                    p.q_elems(),
-                    p.kv_elems(),
-                    p.kv_elems()
-                )));
-            }
-            (x, "given".to_string())
-        }
+        Some(x) => (x, "given".to_string()),
         None => {
             generated = Qkv::random(&p, spec.seed);
             let desc = if p.dtype.is_16bit() {

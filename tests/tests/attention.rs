@@ -399,3 +399,19 @@ device_tests! {
         }
     }
 }
+
+/// Inputs of the wrong length are refused on every path, including the one that first rounds
+/// them to a 16-bit dtype (values not representable in bf16).
+#[test]
+fn wrong_length_inputs_are_refused_before_upload_in_every_path() {
+    let mut dev = memattn_tests::vm_device();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let p = Problem { batch: 1, heads: 1, seq_q: 8, seq_kv: 8, dtype, ..Problem::default() };
+        let mut x = Qkv::random(&Problem { dtype: Dtype::F32, ..p }, 3);
+        x.k.pop(); // one element short
+        assert!(!x.representable_in(Dtype::Bf16), "the bf16 case must take the rounding path");
+        let e = run(&mut dev, &spec(p, KernelKind::Flash, 0), Some(&x)).unwrap_err();
+        assert!(matches!(e, memattn::Error::Usage(_)), "{dtype}: {e}");
+        assert!(e.to_string().contains("512/511/512 elements"), "{e}");
+    }
+}

@@ -22,21 +22,7 @@ use std::time::Duration;
 /// Dynamic shared memory a kernel may use without opting in.
 const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
 
-/// Runs `f`, turning a panic into an error message without printing the panic.
-pub fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    static HOOK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = HOOK_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    r.map_err(|p| {
-        p.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panic without message".into())
-    })
-}
+pub use crate::panics::quietly;
 
 fn drv(op: &str, e: DriverError) -> DeviceError {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
@@ -83,6 +69,9 @@ pub struct CudaDevice {
     cuda_free_before: Option<u64>,
     cuda_free_allocated: Option<u64>,
     notes: Vec<String>,
+    /// Live allocations (base -> bytes): every copy and fill is checked against them, so the
+    /// `Device` methods stay safe whatever range a caller passes.
+    allocations: std::collections::BTreeMap<DevPtr, u64>,
 }
 
 fn format_uuid(u: &sys::CUuuid) -> String {
@@ -116,7 +105,23 @@ impl CudaDevice {
             cuda_free_before: None,
             cuda_free_allocated: None,
             notes: Vec::new(),
+            allocations: Default::default(),
         })
+    }
+
+    /// Fails unless `[ptr, ptr + bytes)` lies inside one live allocation.
+    fn check_range(&self, op: &str, ptr: DevPtr, bytes: u64) -> Result<(), DeviceError> {
+        match self.allocations.range(..=ptr).next_back() {
+            Some((&base, &len)) if ptr.checked_add(bytes).is_some_and(|end| end <= base + len) => Ok(()),
+            _ => Err(DeviceError::Cuda {
+                op: op.into(),
+                message: format!("{bytes} bytes at {ptr:#x} are not inside one allocation of this device"),
+            }),
+        }
+    }
+
+    fn mem_get_info_free(&self) -> u64 {
+        result::mem_get_info().map(|(f, _)| f as u64).unwrap_or(0)
     }
 
     fn attr(&self, a: sys::CUdevice_attribute) -> Result<i32, DeviceError> {
@@ -232,34 +237,47 @@ impl Device for CudaDevice {
 
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError> {
         // SAFETY: plain allocation in the current (bound) context.
-        unsafe { result::malloc_sync(bytes as usize) }.map_err(|e| {
+        let bytes_usize = usize::try_from(bytes)
+            .map_err(|_| DeviceError::OutOfMemory { requested: bytes, free: self.mem_get_info_free() })?;
+        let ptr = unsafe { result::malloc_sync(bytes_usize) }.map_err(|e| {
             let free = result::mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 DeviceError::OutOfMemory { requested: bytes, free }
             } else {
                 drv("cuMemAlloc", e)
             }
-        })
+        })?;
+        self.allocations.insert(ptr, bytes);
+        Ok(ptr)
     }
 
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError> {
-        // SAFETY: `ptr` came from `alloc` and is freed once by the runner.
+        if self.allocations.remove(&ptr).is_none() {
+            return Err(DeviceError::Cuda {
+                op: "cuMemFree".into(),
+                message: format!("{ptr:#x} is not a live allocation"),
+            });
+        }
+        // SAFETY: `ptr` is a live allocation of this device (checked above), freed once.
         unsafe { result::free_sync(ptr) }.map_err(|e| drv("cuMemFree", e))
     }
 
     fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError> {
-        // SAFETY: `ptr` holds at least `data.len()` bytes (the runner allocates by the same count).
+        self.check_range("cuMemcpyHtoD", ptr, data.len() as u64)?;
+        // SAFETY: `[ptr, ptr + data.len())` lies inside a live allocation (checked above).
         unsafe { result::memcpy_htod_sync(ptr, data) }.map_err(|e| drv("cuMemcpyHtoD", e))
     }
 
     fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError> {
         self.synchronize()?;
-        // SAFETY: as in `upload_bytes`.
+        self.check_range("cuMemcpyDtoH", ptr, out.len() as u64)?;
+        // SAFETY: `[ptr, ptr + out.len())` lies inside a live allocation (checked above).
         unsafe { result::memcpy_dtoh_sync(out, ptr) }.map_err(|e| drv("cuMemcpyDtoH", e))
     }
 
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
-        // SAFETY: `ptr` holds at least `count` 32-bit words.
+        self.check_range("cuMemsetD32", ptr, count.saturating_mul(4))?;
+        // SAFETY: `count` 32-bit words at `ptr` lie inside a live allocation (checked above).
         unsafe { sys::cuMemsetD32_v2(ptr, value, count as usize) }.result().map_err(|e| drv("cuMemsetD32", e))
     }
 

@@ -55,28 +55,18 @@ pub enum BackendChoice {
 }
 
 impl FromStr for BackendChoice {
-    type Err = crate::problem::ParseEnumError;
+    type Err = crate::parse::ParseEnumError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(BackendChoice::Auto),
             "vm" => Ok(BackendChoice::Vm),
             "cuda" | "gpu" => Ok(BackendChoice::Cuda),
-            _ => Err(crate::problem::ParseEnumError { what: "backend", got: s.into(), expected: "auto, vm, cuda" }),
+            _ => Err(crate::parse::ParseEnumError { what: "backend", got: s.into(), expected: "auto, vm, cuda" }),
         }
     }
 }
 
-/// Limits a problem is validated against before anything is allocated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct DeviceCaps {
-    /// Largest dynamic shared memory one block may use (with opt-in where the device has it).
-    pub max_dynamic_smem_bytes: u32,
-    pub max_threads_per_block: u32,
-    pub max_grid: [u32; 3],
-    pub total_memory_bytes: u64,
-    /// Free device memory now.
-    pub free_memory_bytes: u64,
-}
+pub use crate::caps::DeviceCaps;
 
 /// What one launch reports back.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,7 +113,8 @@ pub trait Device {
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError>;
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError>;
-    /// Copies raw bytes to the device (`ptr` holds at least `data.len()` bytes).
+    /// Copies raw bytes to the device. A range outside a live allocation is an error, never
+    /// undefined behaviour (both backends check it).
     fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError>;
     /// Copies raw bytes from the device, after the launches before it completed.
     fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError>;

@@ -91,8 +91,8 @@ impl Device for VmDevice {
         format!(
             "ptx-vm ({} workers, {} simulated, {} shared/block{})",
             self.workers,
-            crate::report::human_bytes(l.memory_bytes),
-            crate::report::human_bytes(l.max_shared_per_block as u64),
+            crate::units::human_bytes(l.memory_bytes),
+            crate::units::human_bytes(l.max_shared_per_block as u64),
             if off.is_empty() { String::new() } else { format!(", {} off", off.join(" and ")) }
         )
     }

@@ -1,0 +1,17 @@
+//! What a device can do: the limits a problem is validated against. A leaf module, so the
+//! problem and the memory plan can be checked against a device without depending on the device
+//! backends.
+
+use serde::Serialize;
+
+/// Limits a problem is validated against before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceCaps {
+    /// Largest dynamic shared memory one block may use (with opt-in where the device has it).
+    pub max_dynamic_smem_bytes: u32,
+    pub max_threads_per_block: u32,
+    pub max_grid: [u32; 3],
+    pub total_memory_bytes: u64,
+    /// Free device memory now.
+    pub free_memory_bytes: u64,
+}

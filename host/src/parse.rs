@@ -1,0 +1,10 @@
+//! Errors of parsing option values (kernel, layout, dtype, backend names). A leaf module.
+
+/// An option value that is not one of the names it may take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{got}` (expected one of: {expected})")]
+pub struct ParseEnumError {
+    pub what: &'static str,
+    pub got: String,
+    pub expected: &'static str,
+}
