@@ -9,7 +9,7 @@
 //!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
 //! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check),
 //!    [`safetensors_io`];
-//! 4. [`reference`] (the f64 reference), then [`verify`] (error metrics and bounds);
+//! 4. [`mod@reference`] (the f64 reference), then [`verify`] (error metrics and bounds);
 //! 5. [`ptx`] (the module and what is known about it), [`nvml`], then [`device`] (the
 //!    [`device::Device`] trait and its two backends, `vm` and `cuda`);
 //! 6. [`error`], then [`runner`]: one measured run — validate, plan memory, upload, poison,

@@ -26,7 +26,7 @@
 //!
 //! its errors against the f64 reference (computed from the same rounded inputs) are the
 //! *baseline*. A kernel passes when its O relative RMS and max abs errors are at most **2× the
-//! baseline's** ([`tolerance_16bit`]). Two floors keep a baseline that happens to be (nearly)
+//! baseline's** ([`tolerance_for`]). Two floors keep a baseline that happens to be (nearly)
 //! exact — tiny problems, outputs that are exactly representable — from failing a correct kernel:
 //! the O relative RMS bound is at least the dtype's unit roundoff `u` (2^-9 bf16, 2^-11 f16: what
 //! rounding an exact output to the dtype may cost), and the O max abs bound is at least `2u ·

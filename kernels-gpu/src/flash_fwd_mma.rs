@@ -12,7 +12,7 @@
 //! `LSE = ln 2 * (m + log2 l)`.
 //!
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, bf16 or f16 (the
-//! pointers in [`AttnParams`] point at 2-byte elements), strided in elements (see
+//! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
 //! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`]), 4 warps:

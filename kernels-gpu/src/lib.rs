@@ -11,8 +11,8 @@
 //! - [`softmax`]: the online-softmax state both fused kernels use;
 //! - `artifacts` (host only): the committed PTX, its build info and ptxas report.
 //!
-//! The kernel modules ([`flash_fwd_f32`], [`flash_fwd_mma`], [`naive_scores`],
-//! [`naive_softmax`], [`naive_pv`], [`smoke`]) are documented here for every target — the
+//! The kernel modules ([`flash_fwd_f32`], [`flash_fwd_mma`] with the tensor-core instruction
+//! forms of [`mma`], [`naive_scores`], [`naive_softmax`], [`naive_pv`], [`smoke`]) are documented here for every target — the
 //! algorithm, tiles, thread mapping and safety contract — while their device code is compiled for
 //! nvptx64 only. Read them in that order for a tour from the naive pipeline to tensor cores.
 //!
@@ -46,8 +46,8 @@ pub mod artifacts;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
-#[cfg(target_arch = "nvptx64")]
-mod mma;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod mma;
 
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_f32;

@@ -9,13 +9,15 @@
 //! `pure` in their `asm!`: a pure asm block may be moved, duplicated into divergent branches or
 //! removed by LLVM, and every lane of the warp must execute these together.
 //!
-//! Shared-memory addresses are 32-bit addresses in the `.shared` window (see [`smem_addr`]);
-//! global addresses are 64-bit addresses in the `.global` window (see [`global_addr`]).
+//! Shared-memory addresses are 32-bit addresses in the `.shared` window (see `smem_addr`);
+//! global addresses are 64-bit addresses in the `.global` window (see `global_addr`).
 
+#[cfg(target_arch = "nvptx64")]
 use core::arch::asm;
 
 /// The shared-window address of a generic pointer into shared memory (`cvta.to.shared.u64`,
 /// truncated to 32 bits: the window is smaller than 4 GiB).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn smem_addr<T>(p: *const T) -> u32 {
     let a: u64;
@@ -27,6 +29,7 @@ pub fn smem_addr<T>(p: *const T) -> u32 {
 }
 
 /// The global-window address of a generic pointer into global memory (`cvta.to.global.u64`).
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn global_addr(p: u64) -> u64 {
     let a: u64;
@@ -50,6 +53,7 @@ pub fn global_addr(p: u64) -> u64 {
 ///
 /// # Safety
 /// `dst` must lie in the block's shared memory; `src` must be a readable global address.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: u32, src: u64, src_bytes: u32) {
     unsafe {
@@ -60,12 +64,14 @@ pub unsafe fn cp_async_16(dst: u32, src: u64, src_bytes: u32) {
 
 /// `cp.async.commit_group;`: closes the group of this thread's `cp.async` issued since the last
 /// commit.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn cp_async_commit() {
     unsafe { asm!("cp.async.commit_group;", options(nostack)) };
 }
 
 /// `cp.async.wait_group 0;`: waits until every committed group of this thread has landed.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_group 0;", options(nostack)) };
@@ -91,6 +97,7 @@ pub fn cp_async_wait_all() {
 ///
 /// # Safety
 /// Every lane of the warp must execute it (`.sync.aligned`) with an address in shared memory.
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
     let (r0, r1, r2, r3): (u32, u32, u32, u32);
@@ -117,6 +124,7 @@ pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
 ///
 /// # Safety
 /// As [`ldmatrix_x4`].
+#[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
     let (r0, r1, r2, r3): (u32, u32, u32, u32);
@@ -160,6 +168,7 @@ pub struct Bf16;
 /// IEEE half inputs.
 pub struct F16;
 
+#[cfg(target_arch = "nvptx64")]
 impl Half16 for Bf16 {
     /// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`
     #[inline(always)]
@@ -186,6 +195,7 @@ impl Half16 for Bf16 {
     }
 }
 
+#[cfg(target_arch = "nvptx64")]
 impl Half16 for F16 {
     /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`
     #[inline(always)]
