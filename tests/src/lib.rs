@@ -1,10 +1,12 @@
 //! Workspace-level tests live in `tests/tests/`. This library holds what they share: opening
 //! each backend and the `device_tests!` macro that instantiates one test for every device.
 
-use memattn::device::cuda::{probe, CudaDevice};
+use memattn::device::cuda::{driver_library, probe, system_driver_present, use_driver_library, CudaDevice};
 use memattn::device::vm::VmDevice;
 use memattn::device::{BackendChoice, DeviceOptions};
 use memattn::ptx::PtxSource;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// The VM with the embedded PTX (2 workers: the CI machine has 2 cores).
 pub fn vm_device() -> VmDevice {
@@ -13,18 +15,52 @@ pub fn vm_device() -> VmDevice {
     VmDevice::new(&o).expect("the embedded PTX loads in the VM")
 }
 
-/// The GPU, when this machine has a CUDA driver and a device; otherwise None (and says why).
-pub fn cuda_device() -> Option<CudaDevice> {
-    match probe() {
-        Ok(_) => Some(
-            CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded()))
-                .expect("CUDA device opens"),
-        ),
-        Err(why) => {
-            eprintln!("CUDA variant skipped: {why}");
-            None
+/// `libvm_cuda.so` (the `vm-cuda` crate: a CUDA driver backed by ptx-vm), which cargo builds
+/// next to the test executables because this crate depends on it.
+pub fn vm_cuda_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().unwrap_or(deps)]
+        .iter()
+        .map(|d| d.join("libvm_cuda.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {} (`cargo build -p vm-cuda`)", exe.display()))
+}
+
+/// Which driver the CUDA variants run on: `MEMATTN_CUDA_DRIVER` when set, else the system's
+/// driver when there is one, else the VM-backed driver. Decided once per process.
+pub fn cuda_driver() -> &'static str {
+    static CHOICE: OnceLock<String> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        if let Some(p) = driver_library().expect("MEMATTN_CUDA_DRIVER loads") {
+            return format!("{}", p.display());
         }
+        if system_driver_present() {
+            return "the system's CUDA driver".into();
+        }
+        let lib = vm_cuda_library();
+        use_driver_library(&lib).expect("libvm_cuda.so loads");
+        format!("{}", lib.display())
+    })
+}
+
+/// The CUDA device on the driver [`cuda_driver`] chose. Never skipped: without a GPU the CUDA
+/// backend runs on the VM-backed driver. A system driver that cannot be used fails the test
+/// with the reason (`MEMATTN_CUDA_DRIVER=<path of libvm_cuda.so>` runs the VM-backed one instead).
+pub fn cuda_device() -> CudaDevice {
+    let driver = cuda_driver();
+    if let Err(why) = probe() {
+        panic!("CUDA ({driver}) cannot be used: {why}");
     }
+    CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded()))
+        .unwrap_or_else(|e| panic!("CUDA device on {driver} opens: {e}"))
+}
+
+/// Held by each CUDA variant: they share one device, and the memory figures a test checks must
+/// not include another test's buffers.
+pub fn cuda_serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether the device's loaded PTX has the entry `name`. The committed module has every kernel,
@@ -35,8 +71,8 @@ pub fn has_kernel(dev: &dyn memattn::device::Device, name: &str) -> bool {
     found
 }
 
-/// Instantiates each `fn name(dev: &mut dyn Device)` once for the VM (always) and once for CUDA
-/// (when a GPU is present).
+/// Instantiates each `fn name(dev: &mut dyn Device)` once for the VM and once for CUDA (on the
+/// GPU when there is one, else on the VM-backed driver; see [`cuda_device`]).
 #[macro_export]
 macro_rules! device_tests {
     ($(fn $name:ident($dev:ident: &mut dyn Device) $body:block)*) => {
@@ -45,7 +81,7 @@ macro_rules! device_tests {
             $(#[test] fn $name() { super::$name(&mut $crate::vm_device()) })*
         }
         mod cuda {
-            $(#[test] fn $name() { if let Some(mut d) = $crate::cuda_device() { super::$name(&mut d) } })*
+            $(#[test] fn $name() { let _one_at_a_time = $crate::cuda_serial(); super::$name(&mut $crate::cuda_device()) })*
         }
     };
 }

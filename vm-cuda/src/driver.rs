@@ -81,7 +81,7 @@ impl Model {
         }
         if sm90 {
             Model {
-                name: "ptx-vm virtual GPU (sm_90, VM-backed libcuda)".into(),
+                name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
                 cc: (9, 0),
                 sms: 132,
                 smem_per_block: 48 * 1024,
@@ -94,7 +94,7 @@ impl Model {
             }
         } else {
             Model {
-                name: "ptx-vm virtual GPU (sm_80, VM-backed libcuda)".into(),
+                name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
                 cc: (8, 0),
                 sms: 108,
                 smem_per_block: 48 * 1024,
@@ -344,6 +344,16 @@ const IMPLEMENTED: &[&str] = &[
     "cuMemsetD32Async",
 ];
 
+/// Marks this library as the VM-backed driver (memattn's `doctor` says so): the version as
+/// major * 1000 + minor * 10 + patch of the `vm-cuda` crate.
+#[no_mangle]
+pub extern "C" fn vmCudaDriverVersion() -> c_uint {
+    let v = |s: &str| s.parse::<c_uint>().unwrap_or(0);
+    v(env!("CARGO_PKG_VERSION_MAJOR")) * 1000
+        + v(env!("CARGO_PKG_VERSION_MINOR")) * 10
+        + v(env!("CARGO_PKG_VERSION_PATCH"))
+}
+
 // ---- errors ----
 
 #[no_mangle]
@@ -453,36 +463,36 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 /// The device attributes the model has values for (`CUdevice_attribute` numbers).
 pub fn attribute(m: &Model, attrib: c_int) -> Option<c_int> {
     Some(match attrib {
-        1 => 1024,                  // MAX_THREADS_PER_BLOCK
-        2 | 3 => 1024,              // MAX_BLOCK_DIM_X, _Y
-        4 => 64,                    // MAX_BLOCK_DIM_Z
-        5 => i32::MAX,              // MAX_GRID_DIM_X
-        6 | 7 => 65535,             // MAX_GRID_DIM_Y, _Z
-        8 => m.smem_per_block,      // MAX_SHARED_MEMORY_PER_BLOCK
-        9 => 65536,                 // TOTAL_CONSTANT_MEMORY
-        10 => 32,                   // WARP_SIZE
-        12 => 65536,                // MAX_REGISTERS_PER_BLOCK
-        13 => m.clock_khz,          // CLOCK_RATE
-        16 => m.sms,                // MULTIPROCESSOR_COUNT
-        18 => 0,                    // INTEGRATED
-        19 => 0,                    // CAN_MAP_HOST_MEMORY (no pinned/mapped host memory)
-        20 => 0,                    // COMPUTE_MODE: default
-        31 => 0,                    // CONCURRENT_KERNELS (launches run one at a time)
-        32 => 0,                    // ECC_ENABLED
-        33 | 34 | 50 => 0,          // PCI bus, device, domain
-        38 => m.l2_bytes,           // L2_CACHE_SIZE
-        39 => 2048,                 // MAX_THREADS_PER_MULTIPROCESSOR
-        40 => 0,                    // ASYNC_ENGINE_COUNT
-        41 => 1,                    // UNIFIED_ADDRESSING
-        75 => m.cc.0,               // COMPUTE_CAPABILITY_MAJOR
-        76 => m.cc.1,               // COMPUTE_CAPABILITY_MINOR
-        81 => m.smem_per_sm,        // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-        82 => 65536,                // MAX_REGISTERS_PER_MULTIPROCESSOR
-        83 => 0,                    // MANAGED_MEMORY
-        95 => 0,                    // COOPERATIVE_LAUNCH
-        97 => m.smem_optin,         // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        106 => 32,                  // MAX_BLOCKS_PER_MULTIPROCESSOR
-        115 => 0,                   // MEMORY_POOLS_SUPPORTED (cudarc then uses cuMemAlloc)
+        1 => 1024,             // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,         // MAX_BLOCK_DIM_X, _Y
+        4 => 64,               // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,         // MAX_GRID_DIM_X
+        6 | 7 => 65535,        // MAX_GRID_DIM_Y, _Z
+        8 => m.smem_per_block, // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 65536,            // TOTAL_CONSTANT_MEMORY
+        10 => 32,              // WARP_SIZE
+        12 => 65536,           // MAX_REGISTERS_PER_BLOCK
+        13 => m.clock_khz,     // CLOCK_RATE
+        16 => m.sms,           // MULTIPROCESSOR_COUNT
+        18 => 0,               // INTEGRATED
+        19 => 0,               // CAN_MAP_HOST_MEMORY (no pinned/mapped host memory)
+        20 => 0,               // COMPUTE_MODE: default
+        31 => 0,               // CONCURRENT_KERNELS (launches run one at a time)
+        32 => 0,               // ECC_ENABLED
+        33 | 34 | 50 => 0,     // PCI bus, device, domain
+        38 => m.l2_bytes,      // L2_CACHE_SIZE
+        39 => 2048,            // MAX_THREADS_PER_MULTIPROCESSOR
+        40 => 0,               // ASYNC_ENGINE_COUNT
+        41 => 1,               // UNIFIED_ADDRESSING
+        75 => m.cc.0,          // COMPUTE_CAPABILITY_MAJOR
+        76 => m.cc.1,          // COMPUTE_CAPABILITY_MINOR
+        81 => m.smem_per_sm,   // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+        82 => 65536,           // MAX_REGISTERS_PER_MULTIPROCESSOR
+        83 => 0,               // MANAGED_MEMORY
+        95 => 0,               // COOPERATIVE_LAUNCH
+        97 => m.smem_optin,    // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        106 => 32,             // MAX_BLOCKS_PER_MULTIPROCESSOR
+        115 => 0,              // MEMORY_POOLS_SUPPORTED (cudarc then uses cuMemAlloc)
         _ => return None,
     })
 }
@@ -494,7 +504,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev
         device(&s, dev)?;
         match attribute(&s.model, attrib) {
             Some(v) => out(pi, v),
-            None => Err(fail(NOT_SUPPORTED, format!("device attribute {attrib} is not modelled by the VM-backed driver"))),
+            None => {
+                Err(fail(NOT_SUPPORTED, format!("device attribute {attrib} is not modelled by the VM-backed driver")))
+            }
         }
     })
 }
@@ -645,10 +657,7 @@ fn load_module(s: &mut State, image: *const c_void) -> Result<usize, (CUresult, 
     let device_sm = s.model.cc.0 * 10 + s.model.cc.1;
     if let Some(sm) = sm {
         if sm > device_sm {
-            return Err((
-                INVALID_PTX,
-                format!("ptx-vm: .target {target} is higher than the device's sm_{device_sm}"),
-            ));
+            return Err((INVALID_PTX, format!("ptx-vm: .target {target} is higher than the device's sm_{device_sm}")));
         }
     }
     let h = s.handle();
@@ -679,7 +688,8 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         if module.is_null() || (num_options > 0 && (options.is_null() || option_values.is_null())) {
             return Err(INVALID_VALUE);
         }
-        let (mut err_buf, mut err_size, mut info_buf, mut info_size) = (std::ptr::null_mut(), 0usize, std::ptr::null_mut(), 0usize);
+        let (mut err_buf, mut err_size, mut info_buf, mut info_size) =
+            (std::ptr::null_mut(), 0usize, std::ptr::null_mut(), 0usize);
         let (mut err_size_at, mut info_size_at) = (None, None);
         for i in 0..num_options as usize {
             let v = *option_values.add(i);
@@ -821,7 +831,10 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc
             FUNC_BINARY_VERSION => s.model.cc.0 * 10 + s.model.cc.1,
             FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => f.max_dynamic_smem,
             _ => {
-                return Err(fail(NOT_SUPPORTED, format!("function attribute {attrib} is not modelled (no register allocation in the VM)")))
+                return Err(fail(
+                    NOT_SUPPORTED,
+                    format!("function attribute {attrib} is not modelled (no register allocation in the VM)"),
+                ))
             }
         };
         out(pi, v)
@@ -884,9 +897,15 @@ pub unsafe extern "C" fn cuLaunchKernel(
         let mut s = state();
         s.stream(stream)?;
         let st = &mut *s;
-        let func = st.functions.get(&(f as usize)).ok_or_else(|| fail(INVALID_HANDLE, "cuLaunchKernel: not a function handle"))?;
+        let func = st
+            .functions
+            .get(&(f as usize))
+            .ok_or_else(|| fail(INVALID_HANDLE, "cuLaunchKernel: not a function handle"))?;
         if !extra.is_null() && !(*extra).is_null() {
-            return Err(fail(NOT_SUPPORTED, "cuLaunchKernel: `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) is not modelled; pass kernelParams"));
+            return Err(fail(
+                NOT_SUPPORTED,
+                "cuLaunchKernel: `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) is not modelled; pass kernelParams",
+            ));
         }
         let info = &func.info;
         if shared_mem_bytes as i64 > func.max_dynamic_smem as i64 {

@@ -77,8 +77,10 @@ fn saxpy_through_cudarc_with_memory_figures() {
     let a = 1.25f32;
     let mut b = stream.launch_builder(&f);
     b.arg(&n).arg(&a).arg(&dx).arg(&mut dy);
-    unsafe { b.launch(LaunchConfig { grid_dim: (n.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }
-        .unwrap();
+    unsafe {
+        b.launch(LaunchConfig { grid_dim: (n.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+    }
+    .unwrap();
     let out = stream.clone_dtoh(&dy).unwrap();
     for i in 0..n as usize {
         assert_eq!(out[i], a.mul_add(x[i], y[i]), "element {i}");
@@ -128,7 +130,9 @@ fn flash_kernel_matches_an_f64_reference() {
     let f = module.load_function("flash_fwd_f32_d64").unwrap();
     let (h, sq, skv, d) = (2usize, 40usize, 70usize, 64usize);
     let gen = |n: usize, seed: u32| -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0 - 1.0).collect()
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
     };
     let (q, k, v) = (gen(h * sq * d, 1), gen(h * skv * d, 2), gen(h * skv * d, 3));
     let (dq, dk, dv) = (stream.clone_htod(&q).unwrap(), stream.clone_htod(&k).unwrap(), stream.clone_htod(&v).unwrap());
@@ -202,15 +206,23 @@ fn events_time_a_launch() {
 #[test]
 fn bad_ptx_fails_with_a_jit_error_log() {
     let (_g, _ctx) = driver();
-    let text = CString::new(".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n\tfrobnicate.f32 %r1;\n}\n")
-        .unwrap();
+    let text = CString::new(
+        ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n\tfrobnicate.f32 %r1;\n}\n",
+    )
+    .unwrap();
     let mut log = vec![0u8; 4096];
     let mut options =
         [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
     let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
     let mut module = std::ptr::null_mut();
     let r = unsafe {
-        sys::cuModuleLoadDataEx(&mut module, text.as_ptr() as *const c_void, 2, options.as_mut_ptr(), values.as_mut_ptr())
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            text.as_ptr() as *const c_void,
+            2,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
     };
     assert_eq!(r, CUresult::CUDA_ERROR_INVALID_PTX);
     let end = log.iter().position(|&b| b == 0).unwrap();
@@ -238,7 +250,10 @@ fn out_of_bounds_launch_is_an_illegal_address_naming_the_finding() {
     let e = unsafe { b.launch(LaunchConfig::for_num_elems(n)) }.unwrap_err();
     assert_eq!(e.0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
     let text = err_text(&e);
-    assert!(text.contains("out-of-bounds") && text.contains("saxpy_f32") && text.contains("thread (100, 0, 0)"), "{text}");
+    assert!(
+        text.contains("out-of-bounds") && text.contains("saxpy_f32") && text.contains("thread (100, 0, 0)"),
+        "{text}"
+    );
     // Not sticky: the context keeps working.
     assert_eq!(stream.clone_dtoh(&dy).unwrap()[0], 2.0);
 }
