@@ -87,6 +87,10 @@ fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
                 assert!(m["source"].as_str().unwrap().starts_with("nvml"), "NVML sampled: {m}");
                 assert!(m["samples"].as_u64().unwrap() > 0, "{m}");
                 assert_eq!(m["gpu_util_max_percent"], 100, "busy during the launch: {m}");
+                // NVML's own sampled peak reached the allocator's figure (else a note says the
+                // cuMemGetInfo difference was reported instead).
+                assert_eq!(m["peak_bytes"], v["analytic_bytes"]["total"], "{m}");
+                assert!(!m["notes"].to_string().contains("NVML peak below"), "{m}");
                 let (before, allocated) =
                     (m["cuda_free_before_bytes"].as_u64().unwrap(), m["cuda_free_allocated_bytes"].as_u64().unwrap());
                 assert_eq!(before - allocated, v["analytic_bytes"]["total"].as_u64().unwrap(), "cuMemGetInfo: {m}");

@@ -1171,7 +1171,7 @@ fn memset(dst: CUdeviceptr, pattern: &[u8], count: usize, stream: Handle) -> CUr
         let mut s = state();
         s.stream(stream)?;
         let data: Vec<u8> = pattern.iter().copied().cycle().take(pattern.len() * count).collect();
-        if (dst as usize) % pattern.len() != 0 {
+        if !(dst as usize).is_multiple_of(pattern.len()) {
             return Err(fail(INVALID_VALUE, format!("cuMemsetD{}: misaligned address", pattern.len() * 8)));
         }
         s.vm.write(dst, &data).map_err(|e| vm_err("cuMemset", e))

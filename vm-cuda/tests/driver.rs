@@ -101,7 +101,9 @@ fn saxpy_through_cudarc_with_memory_figures() {
 struct Params(AttnParams);
 unsafe impl DeviceRepr for Params {}
 
-fn reference(q: &[f32], k: &[f32], v: &[f32], h: usize, sq: usize, skv: usize, d: usize, causal: bool) -> Vec<f64> {
+/// O in f64 for `[head, seq, d]` inputs; `shape` = (heads, seq_q, seq_kv, head_dim).
+fn reference(q: &[f32], k: &[f32], v: &[f32], shape: (usize, usize, usize, usize), causal: bool) -> Vec<f64> {
+    let (h, sq, skv, d) = shape;
     let mut o = vec![0f64; h * sq * d];
     let scale = 1.0 / (d as f64).sqrt();
     for hh in 0..h {
@@ -170,7 +172,7 @@ fn flash_kernel_matches_an_f64_reference() {
         b.arg(&p);
         unsafe { b.launch(cfg) }.unwrap();
         let got = stream.clone_dtoh(&o).unwrap();
-        let want = reference(&q, &k, &v, h, sq, skv, d, causal);
+        let want = reference(&q, &k, &v, (h, sq, skv, d), causal);
         let worst = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0f64, f64::max);
         assert!(worst < 1e-5, "causal {causal}: worst abs error {worst}");
         assert!(want.iter().any(|w| w.abs() > 0.05), "the reference is not all zeros");
