@@ -208,3 +208,31 @@ fn a_driver_lacking_a_function_memattn_calls_exits_3_naming_it() {
     assert_eq!(v["cuda"]["available"], false);
     assert!(v["cuda"]["reason"].as_str().unwrap().contains("cuMemsetD32_v2"), "{v}");
 }
+
+#[test]
+fn any_cudarc_program_gets_it_through_ld_library_path() {
+    // What a user does for a program that has no MEMATTN_CUDA_DRIVER: a directory with the
+    // names cudarc and nvml-wrapper ask for, on LD_LIBRARY_PATH.
+    let dir = tmp("ld-library-path");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libcuda.so", "libnvidia-ml.so.1"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(vm_cuda(), &link).unwrap();
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_memattn"))
+        .args(["--json", "--backend", "cuda", "run", "--heads", "1", "--seq", "24"])
+        .env("MEMATTN_TEST", "1")
+        .env_remove("MEMATTN_CUDA_DRIVER")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("VM_CUDA_ARCH", "sm_90")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    assert!(v["device"].as_str().unwrap().contains("VM-backed") && v["device"].as_str().unwrap().contains("sm_90"), "{v}");
+    // NVML came from the same library through its own name: it saw the run's buffers.
+    assert!(v["memory"]["source"].as_str().unwrap().starts_with("nvml"), "{}", v["memory"]);
+    assert_eq!(v["memory"]["peak_bytes"], v["analytic_bytes"]["total"]);
+}
