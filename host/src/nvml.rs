@@ -30,7 +30,13 @@ pub struct GpuInfo {
 }
 
 fn init() -> Result<Nvml, String> {
-    match crate::panics::quietly(Nvml::init) {
+    // A driver library chosen with MEMATTN_CUDA_DRIVER provides NVML too (vm-cuda's does).
+    let chosen = crate::driver::driver_library().ok().flatten();
+    let open = || match chosen {
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => Nvml::init(),
+    };
+    match crate::panics::quietly(open) {
         Ok(Ok(n)) => Ok(n),
         Ok(Err(e)) => Err(format!("NVML unavailable: {e}")),
         Err(p) => Err(format!("NVML unavailable: {p}")),

@@ -1,15 +1,16 @@
 //! Workspace-level tests live in `tests/tests/`. This library holds what they share: opening
 //! each backend and the `device_tests!` macro that instantiates one test for every device.
 //!
-//! Kernel-versus-reference tests live here once, generic over the device. The VM instance runs
-//! always. The CUDA instance is `#[ignore]`d with its reason, so `cargo test` lists it as ignored
-//! rather than passing it silently; on a machine with a GPU, run them with
-//! `cargo test -p memattn-tests -- --ignored` (they fail, naming the reason, when no GPU opens).
+//! Kernel-versus-reference tests live here once, generic over the device. Both instances always
+//! run: the CUDA one on the GPU when there is one, else on `vm-cuda`, the CUDA driver backed by
+//! ptx-vm, so the `cuda` backend's code is exercised without a GPU and nothing is skipped.
 
-use memattn::device::cuda::{probe, CudaDevice};
+use memattn::device::cuda::{driver_library, probe, system_driver_present, use_driver_library, CudaDevice};
 use memattn::device::vm::VmDevice;
 use memattn::device::{BackendChoice, DeviceOptions};
 use memattn::ptx::PtxSource;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// The VM with the embedded PTX (2 workers: the CI machine has 2 cores).
 pub fn vm_device() -> VmDevice {
@@ -18,15 +19,52 @@ pub fn vm_device() -> VmDevice {
     VmDevice::new(&o).expect("the embedded PTX loads in the VM")
 }
 
-/// The GPU. Panics with the reason when this machine has no CUDA driver or device (the CUDA
-/// instances are `#[ignore]`d, so they run only when asked for).
-pub fn cuda_device() -> CudaDevice {
-    match probe() {
-        Ok(_) => {
-            CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded())).expect("CUDA device opens")
+/// `libvm_cuda.so` (the `vm-cuda` crate: a CUDA driver backed by ptx-vm), which cargo builds
+/// next to the test executables because this crate depends on it.
+pub fn vm_cuda_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    [deps, deps.parent().unwrap_or(deps)]
+        .iter()
+        .map(|d| d.join("libvm_cuda.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {} (`cargo build -p vm-cuda`)", exe.display()))
+}
+
+/// Which driver the CUDA variants run on: `MEMATTN_CUDA_DRIVER` when set, else the system's
+/// driver when there is one, else the VM-backed driver. Decided once per process.
+pub fn cuda_driver() -> &'static str {
+    static CHOICE: OnceLock<String> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        if let Some(p) = driver_library().expect("MEMATTN_CUDA_DRIVER loads") {
+            return format!("{}", p.display());
         }
-        Err(why) => panic!("the CUDA instance of this test needs a GPU: {why}"),
+        if system_driver_present() {
+            return "the system's CUDA driver".into();
+        }
+        let lib = vm_cuda_library();
+        use_driver_library(&lib).expect("libvm_cuda.so loads");
+        format!("{}", lib.display())
+    })
+}
+
+/// The CUDA device on the driver [`cuda_driver`] chose. Never skipped: without a GPU the CUDA
+/// backend runs on the VM-backed driver. A system driver that cannot be used fails the test
+/// with the reason (`MEMATTN_CUDA_DRIVER=<path of libvm_cuda.so>` runs the VM-backed one instead).
+pub fn cuda_device() -> CudaDevice {
+    let driver = cuda_driver();
+    if let Err(why) = probe() {
+        panic!("CUDA ({driver}) cannot be used: {why}");
     }
+    CudaDevice::new(&DeviceOptions::new(BackendChoice::Cuda, PtxSource::embedded()))
+        .unwrap_or_else(|e| panic!("CUDA device on {driver} opens: {e}"))
+}
+
+/// Held by each CUDA variant: they share one device, and the memory figures a test checks must
+/// not include another test's buffers.
+pub fn cuda_serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Fails the test unless the device's loaded PTX has the entry `name`. The committed module has
@@ -41,8 +79,8 @@ pub fn require_kernel(dev: &dyn memattn::device::Device, name: &str) {
     );
 }
 
-/// Instantiates each `fn name(dev: &mut dyn Device)` once for the VM (always run) and once for
-/// CUDA (`#[ignore]`d with the reason; `-- --ignored` runs it on a machine with a GPU).
+/// Instantiates each `fn name(dev: &mut dyn Device)` once for the VM and once for CUDA (on the
+/// GPU when there is one, else on the VM-backed driver; see [`cuda_device`]).
 #[macro_export]
 macro_rules! device_tests {
     ($(fn $name:ident($dev:ident: &mut dyn Device) $body:block)*) => {
@@ -51,11 +89,7 @@ macro_rules! device_tests {
             $(#[test] fn $name() { super::$name(&mut $crate::vm_device()) })*
         }
         mod cuda {
-            $(
-                #[test]
-                #[ignore = "needs a CUDA GPU: cargo test -p memattn-tests -- --ignored"]
-                fn $name() { super::$name(&mut $crate::cuda_device()) }
-            )*
+            $(#[test] fn $name() { let _one_at_a_time = $crate::cuda_serial(); super::$name(&mut $crate::cuda_device()) })*
         }
     };
 }

@@ -3,9 +3,15 @@
 //! cached. Memory comes from NVML (before, sampled peak, after; utilisation) and `cuMemGetInfo`;
 //! time from CUDA events.
 //!
-//! The driver library is loaded at run time. `cudarc` panics when it cannot load it, so every
-//! first contact goes through [`probe`] and [`quietly`]: a machine without a driver gets an error
-//! that says so, never a crash.
+//! The driver library is loaded at run time. `cudarc` panics when it cannot load it or a symbol
+//! it resolves is missing, so every first contact goes through [`probe`] and [`quietly`]: a
+//! machine without a driver, or with one that lacks a function memattn calls, gets an error that
+//! says so, never a crash.
+//!
+//! [`DRIVER_ENV`] (`MEMATTN_CUDA_DRIVER=/path/to/libcuda`) loads a given driver library instead of
+//! the system's, e.g. `libvm_cuda.so` from the workspace's `vm-cuda` crate, a driver backed by
+//! ptx-vm that runs this backend without a GPU. Only that variable (or [`use_driver_library`])
+//! selects it; NVML is then read from the same library.
 
 use super::{Backend, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
 use crate::memory::MeasuredMemory;
@@ -16,6 +22,7 @@ use cudarc::driver::{result, CudaContext, DriverError};
 use kernels_gpu::tiles::LaunchDims;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,14 +37,98 @@ fn drv(op: &str, e: DriverError) -> DeviceError {
     DeviceError::Cuda { op: op.into(), message: format!("{name}: {text}") }
 }
 
+/// Every driver function memattn's CUDA backend reaches through cudarc (cudarc resolves each on
+/// first use and panics, outside any unwinding guard, when one is missing).
+pub const REQUIRED_DRIVER_FUNCTIONS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuModuleLoadDataEx",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuFuncSetAttribute",
+    "cuLaunchKernel",
+    "cuStreamSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventElapsedTime",
+    "cuEventDestroy_v2",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemsetD32_v2",
+    "cuGetErrorName",
+    "cuGetErrorString",
+];
+
+pub use crate::driver::{driver_library, use_driver_library, DRIVER_ENV};
+
+/// Set by [`probe`]: the driver is `vm-cuda`'s (ptx-vm behind the driver API), not a GPU's.
+static VM_BACKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the driver [`probe`] found is the VM-backed one (`vm-cuda`).
+pub fn vm_backed() -> bool {
+    VM_BACKED.load(Ordering::Relaxed)
+}
+
+/// Whether the system has a CUDA driver library (checked without binding cudarc to it).
+pub fn system_driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library and closes it again.
+    quietly(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Opens the library cudarc will use (same names, same order), checks that it is the chosen one
+/// when there is one, and that it has every function in [`REQUIRED_DRIVER_FUNCTIONS`].
+fn check_driver_functions() -> Result<(), String> {
+    let names = ["cuda", "nvcuda"].iter().flat_map(|l| cudarc::get_lib_name_candidates(l));
+    for name in names {
+        // SAFETY: the same dlopen cudarc does next.
+        let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else { continue };
+        // SAFETY (both): only look symbols up; nothing is called.
+        let init = |l: &libloading::Library| unsafe { l.get::<*const c_void>(b"cuInit").ok().map(|s| *s) };
+        if let Some(Ok((path, chosen))) = crate::driver::CHOSEN.get() {
+            if init(&lib) != init(chosen) {
+                return Err(format!(
+                    "{DRIVER_ENV}={} is loaded, but `{name}` names another library, which cudarc would use (the chosen library's soname must be libcuda.so)",
+                    path.display()
+                ));
+            }
+        }
+        // SAFETY: only looks the symbol up.
+        VM_BACKED.store(unsafe { lib.get::<*const c_void>(b"vmCudaDriverVersion") }.is_ok(), Ordering::Relaxed);
+        for f in REQUIRED_DRIVER_FUNCTIONS {
+            if unsafe { lib.get::<*const c_void>(f.as_bytes()) }.is_err() {
+                return Err(format!(
+                    "the CUDA driver library ({name}) lacks `{f}`, which memattn calls (a driver older than CUDA 12.8, or not a complete libcuda)"
+                ));
+            }
+        }
+        return Ok(());
+    }
+    Err("no CUDA driver library (libcuda.so.1) could be loaded".into())
+}
+
 /// Checks for a usable driver and at least one device. `Ok` describes what was found; `Err` says
 /// why CUDA cannot be used.
 pub fn probe() -> Result<String, String> {
+    let chosen = driver_library()?;
     let r = quietly(|| -> Result<String, String> {
         // SAFETY: only tries to dlopen the driver library.
         if !unsafe { sys::is_culib_present() } {
             return Err("no CUDA driver library (libcuda.so.1) could be loaded".into());
         }
+        check_driver_functions()?;
         result::init().map_err(|e| format!("cuInit failed: {}", drv("cuInit", e)))?;
         let n = result::device::get_count().map_err(|e| format!("{}", drv("cuDeviceGetCount", e)))?;
         if n == 0 {
@@ -46,7 +137,14 @@ pub fn probe() -> Result<String, String> {
         let mut version = 0;
         // SAFETY: out-pointer to a local.
         unsafe { sys::cuDriverGetVersion(&mut version) };
-        Ok(format!("{n} CUDA device(s), driver API {}.{}", version / 1000, (version % 1000) / 10))
+        let mut via = match chosen {
+            Some(p) => format!(" from {} ({DRIVER_ENV})", p.display()),
+            None => String::new(),
+        };
+        if vm_backed() {
+            via.push_str(", VM-backed: kernels run in ptx-vm, not on a GPU");
+        }
+        Ok(format!("{n} CUDA device(s), driver API {}.{}{via}", version / 1000, (version % 1000) / 10))
     });
     match r {
         Ok(inner) => inner,
@@ -377,7 +475,9 @@ impl Device for CudaDevice {
             notes: std::mem::take(&mut self.notes),
             ..MeasuredMemory::default()
         };
-        m.notes.push("CUDA rounds allocations up (2 MiB pages for large buffers), so measured bytes exceed the analytic figure slightly".into());
+        if !vm_backed() {
+            m.notes.push("CUDA rounds allocations up (2 MiB pages for large buffers), so measured bytes exceed the analytic figure slightly".into());
+        }
         let cuda_delta = match (self.cuda_free_before, self.cuda_free_allocated) {
             (Some(a), Some(b)) => Some(a.saturating_sub(b)),
             _ => None,
@@ -416,6 +516,11 @@ impl Device for CudaDevice {
     }
 
     fn default_warmup_repeats(&self) -> (u32, u32) {
-        (3, 10)
+        // The VM-backed driver's events time the interpreter: repeating buys nothing.
+        if vm_backed() {
+            (0, 1)
+        } else {
+            (3, 10)
+        }
     }
 }

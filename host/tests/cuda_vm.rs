@@ -1,0 +1,241 @@
+//! The `memattn` binary with `--backend cuda` on the VM-backed CUDA driver (`vm-cuda`'s
+//! `libvm_cuda.so`, chosen with `MEMATTN_CUDA_DRIVER`): the whole CUDA path — cudarc, the JIT
+//! log, events, NVML sampling, `cuMemGetInfo` — runs without a GPU, and its results must equal
+//! the `vm` backend's bit for bit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
+fn vm_cuda() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|d| d.join("libvm_cuda.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {}", exe.display()))
+}
+
+fn memattn_with(driver: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memattn"))
+        .args(args)
+        .env("MEMATTN_TEST", "1")
+        .env("MEMATTN_CUDA_DRIVER", driver)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("spawn memattn")
+}
+
+fn memattn(args: &[&str]) -> Output {
+    memattn_with(&vm_cuda(), &[], args)
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited normally (no signal, no abort)")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), stderr(o))
+    })
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memattn-cuda-vm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
+    for (dtype, extra) in [("f32", &[][..]), ("bf16", &["--causal", "--layout", "bhsd"][..])] {
+        let mut outs = Vec::new();
+        for backend in ["cuda", "vm"] {
+            let out = tmp(&format!("o-{dtype}-{backend}.safetensors"));
+            let mut args = vec![
+                "--json",
+                "--backend",
+                backend,
+                "run",
+                "--dtype",
+                dtype,
+                "--heads",
+                "2",
+                "--seq-q",
+                "40",
+                "--seq-kv",
+                "70",
+            ];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--output", out.to_str().unwrap()]);
+            let o = memattn(&args);
+            assert_eq!(code(&o), 0, "{backend} {dtype}: {}", stderr(&o));
+            let v = json(&o);
+            assert_eq!(v["backend"], backend);
+            assert_eq!(v["verified"], true, "{v}");
+            // The measured peak equals the analytic bytes: exact in the VM; on the VM-backed
+            // driver NVML's sampled peak and cuMemGetInfo read the same allocator.
+            assert_eq!(v["memory"]["peak_delta_bytes"], v["analytic_bytes"]["total"], "{backend} {dtype}: {v}");
+            if backend == "cuda" {
+                assert!(v["device"].as_str().unwrap().contains("VM-backed"), "{}", v["device"]);
+                let m = &v["memory"];
+                assert!(m["source"].as_str().unwrap().starts_with("nvml"), "NVML sampled: {m}");
+                assert!(m["samples"].as_u64().unwrap() > 0, "{m}");
+                assert_eq!(m["gpu_util_max_percent"], 100, "busy during the launch: {m}");
+                // NVML's own sampled peak reached the allocator's figure (else a note says the
+                // cuMemGetInfo difference was reported instead).
+                assert_eq!(m["peak_bytes"], v["analytic_bytes"]["total"], "{m}");
+                assert!(!m["notes"].to_string().contains("NVML peak below"), "{m}");
+                let (before, allocated) =
+                    (m["cuda_free_before_bytes"].as_u64().unwrap(), m["cuda_free_allocated_bytes"].as_u64().unwrap());
+                assert_eq!(before - allocated, v["analytic_bytes"]["total"].as_u64().unwrap(), "cuMemGetInfo: {m}");
+                assert_eq!(v["timing"]["clock"], "cuda events");
+                assert_eq!((v["timing"]["warmup"].as_u64(), v["timing"]["repeats"].as_u64()), (Some(0), Some(1)));
+            }
+            outs.push(std::fs::read(&out).unwrap());
+        }
+        assert!(outs[0] == outs[1], "{dtype}: O and LSE differ between --backend cuda and --backend vm");
+    }
+}
+
+#[test]
+fn compare_and_sweep_on_the_vm_backed_driver() {
+    let o = memattn(&["--json", "--backend", "cuda", "compare", "--heads", "2", "--seq-q", "40", "--seq-kv", "70"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        let rep = &r["report"];
+        assert_eq!(rep["memory"]["peak_delta_bytes"], rep["analytic_bytes"]["total"], "{}: {rep}", r["kernel"]);
+    }
+    // naive's score matrix: 2 heads x 40 x 70 f32.
+    assert_eq!(v["comparisons"][0]["memory_saved_bytes"], 2 * 40 * 70 * 4);
+
+    // 2 MiB of device memory: at seq 256 naive (2 MiB + 4 KiB) does not fit, which the CUDA
+    // backend learns from cuMemGetInfo before allocating.
+    let o = memattn_with(
+        &vm_cuda(),
+        &[("VM_CUDA_MEMORY_MIB", "2")],
+        &["--json", "--backend", "cuda", "sweep", "--vary", "seq=32,256", "--heads", "4", "--no-plot"],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let pts = v["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    let naive_256 = pts.iter().find(|p| p["value"] == "256" && p["kernel"] == "naive").unwrap();
+    assert_eq!(naive_256["ran"], false, "{naive_256}");
+    assert!(naive_256["reason"].as_str().unwrap().contains("free"), "{naive_256}");
+    let flash_256 = pts.iter().find(|p| p["value"] == "256" && p["kernel"] == "flash").unwrap();
+    assert_eq!(flash_256["report"]["verified"], true, "{flash_256}");
+}
+
+#[test]
+fn doctor_and_kernels_say_the_driver_is_vm_backed() {
+    let o = memattn(&["--json", "doctor"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["cuda"]["available"], true, "{v}");
+    let detail = v["cuda"]["detail"].as_str().unwrap();
+    assert!(detail.contains("MEMATTN_CUDA_DRIVER") && detail.contains("VM-backed"), "{detail}");
+    let gpu = &v["gpus"][0];
+    assert!(gpu["name"].as_str().unwrap().contains("ptx-vm"), "NVML from the same library: {gpu}");
+    assert_eq!(gpu["memory_total_bytes"], 16u64 << 30);
+    assert_eq!(gpu["compute_capability"], "8.0");
+    let o = memattn(&["--backend", "cuda", "kernels"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+#[test]
+fn ptx_the_driver_cannot_load_exits_3_with_the_jit_log() {
+    let f = tmp("broken.ptx");
+    std::fs::write(
+        &f,
+        ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k(\n)\n{\n\tfrobnicate.f32 %r1;\n}\n",
+    )
+    .unwrap();
+    let o = memattn(&["--backend", "cuda", "--ptx", f.to_str().unwrap(), "run", "--seq", "8", "--heads", "1"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("PTX does not load") && err.contains("CUDA_ERROR_INVALID_PTX"), "{err}");
+    assert!(err.contains("JIT log: ptx-vm: PTX line 7"), "{err}");
+}
+
+/// A copy of the library in which `symbol` is renamed (same length), so it lacks that function.
+fn library_without(symbol: &str) -> PathBuf {
+    let mut bytes = std::fs::read(vm_cuda()).unwrap();
+    let find = format!("\0{symbol}\0").into_bytes();
+    let mut renamed = find.clone();
+    *renamed.iter_mut().rev().nth(1).unwrap() = b'X';
+    let mut hits = 0;
+    let mut i = 0;
+    while i + find.len() <= bytes.len() {
+        if bytes[i..i + find.len()] == find[..] {
+            bytes[i..i + find.len()].copy_from_slice(&renamed);
+            hits += 1;
+        }
+        i += 1;
+    }
+    assert!(hits > 0, "`{symbol}` not found in the library's string tables");
+    let p = tmp(&format!("without-{symbol}/libvm_cuda.so"));
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn a_driver_lacking_a_function_memattn_calls_exits_3_naming_it() {
+    // cuMemsetD32_v2 is first called to poison the outputs, after the context and module exist.
+    let lib = library_without("cuMemsetD32_v2");
+    for args in
+        [&["--backend", "cuda", "run", "--seq", "16", "--heads", "1"][..], &["--backend", "cuda", "--json", "run"][..]]
+    {
+        let o = memattn_with(&lib, &[], args);
+        assert_eq!(code(&o), 3, "{args:?}: {}", stderr(&o));
+        let err = if args.contains(&"--json") { json(&o)["error"].as_str().unwrap().to_string() } else { stderr(&o) };
+        assert!(err.contains("lacks `cuMemsetD32_v2`"), "{err}");
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+    let o = memattn_with(&lib, &[], &["--json", "doctor"]);
+    assert_eq!(code(&o), 0);
+    let v = json(&o);
+    assert_eq!(v["cuda"]["available"], false);
+    assert!(v["cuda"]["reason"].as_str().unwrap().contains("cuMemsetD32_v2"), "{v}");
+}
+
+#[test]
+fn any_cudarc_program_gets_it_through_ld_library_path() {
+    // What a user does for a program that has no MEMATTN_CUDA_DRIVER: a directory with the
+    // names cudarc and nvml-wrapper ask for, on LD_LIBRARY_PATH.
+    let dir = tmp("ld-library-path");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libcuda.so", "libnvidia-ml.so.1"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(vm_cuda(), &link).unwrap();
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_memattn"))
+        .args(["--json", "--backend", "cuda", "run", "--heads", "1", "--seq", "24"])
+        .env("MEMATTN_TEST", "1")
+        .env_remove("MEMATTN_CUDA_DRIVER")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("VM_CUDA_ARCH", "sm_90")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    assert!(
+        v["device"].as_str().unwrap().contains("VM-backed") && v["device"].as_str().unwrap().contains("sm_90"),
+        "{v}"
+    );
+    // NVML came from the same library through its own name: it saw the run's buffers.
+    assert!(v["memory"]["source"].as_str().unwrap().starts_with("nvml"), "{}", v["memory"]);
+    assert_eq!(v["memory"]["peak_bytes"], v["analytic_bytes"]["total"]);
+}

@@ -1,0 +1,1204 @@
+//! The driver API functions this library implements, on one VM shared by the whole process.
+
+use ptx_vm::{DeviceLimits, LaunchConfig, Module, Vm, VmError};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+pub type CUresult = u32;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type Handle = *mut c_void;
+
+pub const SUCCESS: CUresult = 0;
+pub const INVALID_VALUE: CUresult = 1;
+pub const OUT_OF_MEMORY: CUresult = 2;
+pub const NOT_INITIALIZED: CUresult = 3;
+pub const INVALID_DEVICE: CUresult = 101;
+pub const INVALID_IMAGE: CUresult = 200;
+pub const INVALID_CONTEXT: CUresult = 201;
+pub const INVALID_PTX: CUresult = 218;
+pub const INVALID_HANDLE: CUresult = 400;
+pub const NOT_FOUND: CUresult = 500;
+pub const ILLEGAL_ADDRESS: CUresult = 700;
+pub const LAUNCH_TIMEOUT: CUresult = 702;
+pub const MISALIGNED_ADDRESS: CUresult = 716;
+pub const LAUNCH_FAILED: CUresult = 719;
+pub const NOT_SUPPORTED: CUresult = 801;
+pub const UNKNOWN: CUresult = 999;
+
+/// (code, name, the real driver's description).
+const ERRORS: &[(CUresult, &str, &str)] = &[
+    (0, "CUDA_SUCCESS", "no error"),
+    (1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"),
+    (2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    (3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
+    (100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    (101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
+    (200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"),
+    (201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
+    (218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"),
+    (400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
+    (500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    (600, "CUDA_ERROR_NOT_READY", "device not ready"),
+    (700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"),
+    (702, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"),
+    (716, "CUDA_ERROR_MISALIGNED_ADDRESS", "misaligned address"),
+    (719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    (801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    (999, "CUDA_ERROR_UNKNOWN", "unknown error"),
+];
+
+/// The device this library models.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub name: String,
+    pub cc: (i32, i32),
+    pub sms: i32,
+    pub smem_per_block: i32,
+    pub smem_optin: i32,
+    pub smem_per_sm: i32,
+    pub l2_bytes: i32,
+    pub clock_khz: i32,
+    pub memory_bytes: u64,
+    pub uuid: [u8; 16],
+}
+
+impl Model {
+    fn from_env() -> Model {
+        let sm90 = std::env::var("VM_CUDA_ARCH").map(|a| a.trim() == "sm_90").unwrap_or(false);
+        let memory_bytes = std::env::var("VM_CUDA_MEMORY_MIB")
+            .ok()
+            .and_then(|m| m.trim().parse::<u64>().ok())
+            .map(|m| m << 20)
+            .unwrap_or(16 << 30);
+        let mut uuid = *b"ptx-vm-cuda-sm80";
+        if sm90 {
+            uuid = *b"ptx-vm-cuda-sm90";
+        }
+        if sm90 {
+            Model {
+                name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
+                cc: (9, 0),
+                sms: 132,
+                smem_per_block: 48 * 1024,
+                smem_optin: 227 * 1024,
+                smem_per_sm: 228 * 1024,
+                l2_bytes: 50 << 20,
+                clock_khz: 1_980_000,
+                memory_bytes,
+                uuid,
+            }
+        } else {
+            Model {
+                name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
+                cc: (8, 0),
+                sms: 108,
+                smem_per_block: 48 * 1024,
+                smem_optin: 163 * 1024,
+                smem_per_sm: 164 * 1024,
+                l2_bytes: 40 << 20,
+                clock_khz: 1_410_000,
+                memory_bytes,
+                uuid,
+            }
+        }
+    }
+}
+
+struct Function {
+    module: usize,
+    name: String,
+    info: ptx_vm::KernelInfo,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+    max_dynamic_smem: i32,
+}
+
+#[derive(Default)]
+struct Event {
+    recorded: Option<Instant>,
+    timing: bool,
+}
+
+pub struct State {
+    initialised: bool,
+    pub model: Model,
+    vm: Vm,
+    primary_refs: u32,
+    next_handle: usize,
+    modules: HashMap<usize, Module>,
+    functions: HashMap<usize, Function>,
+    streams: HashMap<usize, ()>,
+    events: HashMap<usize, Event>,
+}
+
+/// Figures NVML reads without waiting for a launch to finish.
+pub static MEM_CURRENT: AtomicU64 = AtomicU64::new(0);
+pub static BUSY: AtomicBool = AtomicBool::new(false);
+pub static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// The one primary context (any non-null value serves as the handle).
+const PRIMARY: usize = 0xC0_0000;
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The modelled device (read once from the environment).
+pub fn model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(Model::from_env)
+}
+
+/// The device's UUID as NVML and `nvidia-smi` write it.
+pub fn uuid_string(m: &Model) -> String {
+    let hex: String = m.uuid.iter().map(|x| format!("{x:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+pub fn state() -> MutexGuard<'static, State> {
+    static S: OnceLock<Mutex<State>> = OnceLock::new();
+    S.get_or_init(|| {
+        let model = model().clone();
+        let mut vm = Vm::new();
+        let mut lim: DeviceLimits = vm.limits();
+        lim.max_shared_per_block = model.smem_optin as u32;
+        lim.memory_bytes = model.memory_bytes;
+        vm.set_limits(lim);
+        Mutex::new(State {
+            initialised: false,
+            model,
+            vm,
+            primary_refs: 0,
+            next_handle: 0x1000,
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+        })
+    })
+    .lock()
+    .unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    fn handle(&mut self) -> usize {
+        self.next_handle += 0x10;
+        self.next_handle
+    }
+    fn ready(&self) -> Result<(), CUresult> {
+        if !self.initialised {
+            return Err(NOT_INITIALIZED);
+        }
+        Ok(())
+    }
+    /// Initialised and a current context on this thread.
+    fn ctx(&self) -> Result<(), CUresult> {
+        self.ready()?;
+        if CURRENT.with(|c| c.get()) != PRIMARY || self.primary_refs == 0 {
+            return Err(INVALID_CONTEXT);
+        }
+        Ok(())
+    }
+    fn stream(&self, s: Handle) -> Result<(), CUresult> {
+        self.ctx()?;
+        let s = s as usize;
+        // 0 is the legacy default stream, 1 and 2 the legacy and per-thread handles.
+        if s <= 2 || self.streams.contains_key(&s) {
+            Ok(())
+        } else {
+            Err(INVALID_HANDLE)
+        }
+    }
+    fn sync_memory(&self) {
+        MEM_CURRENT.store(self.vm.memory().current_bytes, Ordering::Relaxed);
+    }
+}
+
+/// The extra text `cuGetErrorString` appends for the last error of each code.
+fn details() -> MutexGuard<'static, HashMap<CUresult, &'static CStr>> {
+    static D: OnceLock<Mutex<HashMap<CUresult, &'static CStr>>> = OnceLock::new();
+    D.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Fails with `code`, remembering `detail` for `cuGetErrorString`.
+pub fn fail(code: CUresult, detail: impl Into<String>) -> CUresult {
+    let base = ERRORS.iter().find(|e| e.0 == code).map(|e| e.2).unwrap_or("error");
+    let text = format!("{base} ({})", detail.into().replace('\0', " "));
+    // The string must outlive every caller that holds the pointer; error texts are few and small.
+    let s: &'static CStr = Box::leak(CString::new(text).unwrap_or_default().into_boxed_c_str());
+    details().insert(code, s);
+    code
+}
+
+/// Runs an entry point: a panic becomes `CUDA_ERROR_UNKNOWN` instead of crossing the C ABI.
+fn entry(f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => fail(UNKNOWN, "internal error in the VM-backed driver"),
+    }
+}
+
+unsafe fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    p.write(v);
+    Ok(())
+}
+
+fn vm_err(op: &str, e: VmError) -> CUresult {
+    let code = match &e {
+        VmError::OutOfMemory { .. } => OUT_OF_MEMORY,
+        VmError::InvalidPointer(_) => INVALID_VALUE,
+        VmError::InvalidLaunch(_) => INVALID_VALUE,
+        VmError::UnknownKernel(_) => INVALID_HANDLE,
+        VmError::Memcheck(f) if f.kind.contains("misaligned") => MISALIGNED_ADDRESS,
+        VmError::Memcheck(f)
+            if f.kind.contains("out-of-bounds") || f.kind.contains("use after free") || f.kind.contains("window") =>
+        {
+            ILLEGAL_ADDRESS
+        }
+        VmError::Memcheck(_) => LAUNCH_FAILED,
+        VmError::Trap(f) if f.kind.starts_with("instruction budget") => LAUNCH_TIMEOUT,
+        VmError::Trap(_) => LAUNCH_FAILED,
+    };
+    fail(code, format!("{op}: {e}"))
+}
+
+/// Names of the driver functions this library implements.
+pub fn implemented_functions() -> &'static [&'static str] {
+    IMPLEMENTED
+}
+
+/// Names of the driver functions that exist only to return `CUDA_ERROR_NOT_SUPPORTED`.
+pub fn stubbed_functions() -> &'static [&'static str] {
+    crate::stubs::STUBBED
+}
+
+const IMPLEMENTED: &[&str] = &[
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuDeviceComputeCapability",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxGetState",
+    "cuDevicePrimaryCtxSetFlags_v2",
+    "cuDevicePrimaryCtxReset_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuCtxGetDevice",
+    "cuCtxSynchronize",
+    "cuCtxGetApiVersion",
+    "cuModuleLoadData",
+    "cuModuleLoadDataEx",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuFuncSetCacheConfig",
+    "cuLaunchKernel",
+    "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventQuery",
+    "cuEventElapsedTime",
+    "cuEventElapsedTime_v2",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD16_v2",
+    "cuMemsetD32_v2",
+    "cuMemsetD8Async",
+    "cuMemsetD16Async",
+    "cuMemsetD32Async",
+];
+
+/// Marks this library as the VM-backed driver (memattn's `doctor` says so): the version as
+/// major * 1000 + minor * 10 + patch of the `vm-cuda` crate.
+#[no_mangle]
+pub extern "C" fn vmCudaDriverVersion() -> c_uint {
+    let v = |s: &str| s.parse::<c_uint>().unwrap_or(0);
+    v(env!("CARGO_PKG_VERSION_MAJOR")) * 1000
+        + v(env!("CARGO_PKG_VERSION_MINOR")) * 10
+        + v(env!("CARGO_PKG_VERSION_PATCH"))
+}
+
+// ---- errors ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, p_str: *mut *const c_char) -> CUresult {
+    static NAMES: OnceLock<Vec<(CUresult, CString)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| ERRORS.iter().map(|e| (e.0, CString::new(e.1).unwrap_or_default())).collect());
+    match names.iter().find(|n| n.0 == error) {
+        Some((_, s)) => entry(|| out(p_str, s.as_ptr())),
+        None => INVALID_VALUE,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, p_str: *mut *const c_char) -> CUresult {
+    static TEXTS: OnceLock<Vec<(CUresult, CString)>> = OnceLock::new();
+    let texts = TEXTS.get_or_init(|| ERRORS.iter().map(|e| (e.0, CString::new(e.2).unwrap_or_default())).collect());
+    if let Some(d) = details().get(&error) {
+        return entry(|| out(p_str, d.as_ptr()));
+    }
+    match texts.iter().find(|n| n.0 == error) {
+        Some((_, s)) => entry(|| out(p_str, s.as_ptr())),
+        None => INVALID_VALUE,
+    }
+}
+
+// ---- init, version, device ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    entry(|| {
+        if flags != 0 {
+            return Err(fail(INVALID_VALUE, "cuInit flags must be 0"));
+        }
+        state().initialised = true;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    entry(|| out(version, 12080))
+}
+
+fn device(s: &State, dev: CUdevice) -> Result<(), CUresult> {
+    s.ready()?;
+    if dev != 0 {
+        return Err(fail(INVALID_DEVICE, format!("device {dev}: the VM-backed driver has one device, 0")));
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device_out: *mut CUdevice, ordinal: c_int) -> CUresult {
+    entry(|| {
+        device(&state(), ordinal)?;
+        out(device_out, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    entry(|| {
+        state().ready()?;
+        out(count, 1)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        if name.is_null() || len <= 0 {
+            return Err(INVALID_VALUE);
+        }
+        let bytes = s.model.name.as_bytes();
+        let n = bytes.len().min(len as usize - 1);
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), name as *mut u8, n);
+        *name.add(n) = 0;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        out(uuid, s.model.uuid)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    cuDeviceGetUuid(uuid, dev)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        out(bytes, s.model.memory_bytes as usize)
+    })
+}
+
+/// The device attributes the model has values for (`CUdevice_attribute` numbers).
+pub fn attribute(m: &Model, attrib: c_int) -> Option<c_int> {
+    Some(match attrib {
+        1 => 1024,             // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,         // MAX_BLOCK_DIM_X, _Y
+        4 => 64,               // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,         // MAX_GRID_DIM_X
+        6 | 7 => 65535,        // MAX_GRID_DIM_Y, _Z
+        8 => m.smem_per_block, // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 65536,            // TOTAL_CONSTANT_MEMORY
+        10 => 32,              // WARP_SIZE
+        12 => 65536,           // MAX_REGISTERS_PER_BLOCK
+        13 => m.clock_khz,     // CLOCK_RATE
+        16 => m.sms,           // MULTIPROCESSOR_COUNT
+        18 => 0,               // INTEGRATED
+        19 => 0,               // CAN_MAP_HOST_MEMORY (no pinned/mapped host memory)
+        20 => 0,               // COMPUTE_MODE: default
+        31 => 0,               // CONCURRENT_KERNELS (launches run one at a time)
+        32 => 0,               // ECC_ENABLED
+        33 | 34 | 50 => 0,     // PCI bus, device, domain
+        38 => m.l2_bytes,      // L2_CACHE_SIZE
+        39 => 2048,            // MAX_THREADS_PER_MULTIPROCESSOR
+        40 => 0,               // ASYNC_ENGINE_COUNT
+        41 => 1,               // UNIFIED_ADDRESSING
+        75 => m.cc.0,          // COMPUTE_CAPABILITY_MAJOR
+        76 => m.cc.1,          // COMPUTE_CAPABILITY_MINOR
+        81 => m.smem_per_sm,   // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+        82 => 65536,           // MAX_REGISTERS_PER_MULTIPROCESSOR
+        83 => 0,               // MANAGED_MEMORY
+        95 => 0,               // COOPERATIVE_LAUNCH
+        97 => m.smem_optin,    // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        106 => 32,             // MAX_BLOCKS_PER_MULTIPROCESSOR
+        115 => 0,              // MEMORY_POOLS_SUPPORTED (cudarc then uses cuMemAlloc)
+        _ => return None,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        match attribute(&s.model, attrib) {
+            Some(v) => out(pi, v),
+            None => {
+                Err(fail(NOT_SUPPORTED, format!("device attribute {attrib} is not modelled by the VM-backed driver")))
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        out(major, s.model.cc.0)?;
+        out(minor, s.model.cc.1)
+    })
+}
+
+// ---- contexts ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        device(&s, dev)?;
+        out(pctx, PRIMARY as Handle)?;
+        s.primary_refs += 1;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        device(&s, dev)?;
+        if s.primary_refs == 0 {
+            return Err(fail(INVALID_CONTEXT, "the primary context was not retained"));
+        }
+        s.primary_refs -= 1;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+    entry(|| {
+        let s = state();
+        device(&s, dev)?;
+        out(flags, 0)?;
+        out(active, (s.primary_refs > 0) as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, _flags: c_uint) -> CUresult {
+    entry(|| device(&state(), dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    entry(|| device(&state(), dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
+    entry(|| {
+        state().ready()?;
+        out(pctx, CURRENT.with(|c| c.get()) as Handle)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    entry(|| {
+        state().ready()?;
+        let c = ctx as usize;
+        if c != 0 && c != PRIMARY {
+            return Err(fail(INVALID_CONTEXT, "not a context of the VM-backed driver"));
+        }
+        CURRENT.with(|cur| cur.set(c));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
+    cuCtxSetCurrent(ctx)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
+    entry(|| {
+        state().ready()?;
+        let c = CURRENT.with(|cur| cur.replace(0));
+        if !pctx.is_null() {
+            *pctx = c as Handle;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    entry(|| {
+        state().ctx()?;
+        out(dev, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
+    entry(|| {
+        state().ready()?;
+        if ctx as usize != PRIMARY && !ctx.is_null() {
+            return Err(INVALID_CONTEXT);
+        }
+        out(version, 3020)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry(|| state().ctx())
+}
+
+// ---- modules and functions ----
+
+const JIT_INFO_LOG_BUFFER: c_int = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+
+fn load_module(s: &mut State, image: *const c_void) -> Result<usize, (CUresult, String)> {
+    if image.is_null() {
+        return Err((INVALID_VALUE, "no image".into()));
+    }
+    // SAFETY: the caller passes a readable image; the first four bytes say what kind it is.
+    let head = unsafe { std::slice::from_raw_parts(image as *const u8, 4) };
+    if head == b"\x7fELF" {
+        return Err((INVALID_IMAGE, "ptx-vm: cubin (ELF) images are not supported; load PTX text".into()));
+    }
+    if head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x62, 0xc1, 0x46] {
+        return Err((INVALID_IMAGE, "ptx-vm: fatbin images are not supported; load PTX text".into()));
+    }
+    // SAFETY: PTX images are NUL-terminated text.
+    let text = unsafe { CStr::from_ptr(image as *const c_char) };
+    let text = text.to_str().map_err(|_| (INVALID_PTX, "ptx-vm: the PTX text is not UTF-8".to_string()))?;
+    let module = Module::load(text).map_err(|e| (INVALID_PTX, format!("ptx-vm: {e}")))?;
+    let (_, target) = module.version_and_target();
+    let sm: Option<i32> = target.trim_start_matches("sm_").trim_end_matches(['a', 'f']).parse().ok();
+    let device_sm = s.model.cc.0 * 10 + s.model.cc.1;
+    if let Some(sm) = sm {
+        if sm > device_sm {
+            return Err((INVALID_PTX, format!("ptx-vm: .target {target} is higher than the device's sm_{device_sm}")));
+        }
+    }
+    let h = s.handle();
+    s.modules.insert(h, module);
+    Ok(h)
+}
+
+unsafe fn write_log(buf: *mut c_void, size: usize, text: &str) {
+    if buf.is_null() || size == 0 {
+        return;
+    }
+    let n = text.len().min(size - 1);
+    std::ptr::copy_nonoverlapping(text.as_ptr(), buf as *mut u8, n);
+    *(buf as *mut u8).add(n) = 0;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    option_values: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if module.is_null() || (num_options > 0 && (options.is_null() || option_values.is_null())) {
+            return Err(INVALID_VALUE);
+        }
+        let (mut err_buf, mut err_size, mut info_buf, mut info_size) =
+            (std::ptr::null_mut(), 0usize, std::ptr::null_mut(), 0usize);
+        let (mut err_size_at, mut info_size_at) = (None, None);
+        for i in 0..num_options as usize {
+            let v = *option_values.add(i);
+            match *options.add(i) {
+                JIT_ERROR_LOG_BUFFER => err_buf = v,
+                JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
+                    err_size = v as usize;
+                    err_size_at = Some(i);
+                }
+                JIT_INFO_LOG_BUFFER => info_buf = v,
+                JIT_INFO_LOG_BUFFER_SIZE_BYTES => {
+                    info_size = v as usize;
+                    info_size_at = Some(i);
+                }
+                _ => {} // optimisation level, register caps and the like do not apply
+            }
+        }
+        let set_size = |at: Option<usize>, n: usize| {
+            if let Some(i) = at {
+                *option_values.add(i) = n as *mut c_void;
+            }
+        };
+        match load_module(&mut s, image) {
+            Ok(h) => {
+                let msg = "ptx-vm: module decoded for the VM";
+                write_log(info_buf, info_size, msg);
+                set_size(info_size_at, if info_size > 0 { msg.len().min(info_size - 1) + 1 } else { 0 });
+                set_size(err_size_at, 0);
+                *module = h as Handle;
+                Ok(())
+            }
+            Err((code, log)) => {
+                write_log(err_buf, err_size, &log);
+                set_size(err_size_at, if err_size > 0 { log.len().min(err_size - 1) + 1 } else { 0 });
+                Err(fail(code, log))
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
+    cuModuleLoadDataEx(module, image, 0, std::ptr::null_mut(), std::ptr::null_mut())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ready()?;
+        let h = module as usize;
+        if s.modules.remove(&h).is_none() {
+            return Err(fail(INVALID_HANDLE, "cuModuleUnload: not a loaded module"));
+        }
+        s.functions.retain(|_, f| f.module != h);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(hfunc: *mut Handle, module: Handle, name: *const c_char) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if hfunc.is_null() || name.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+        let m = module as usize;
+        let info = match s.modules.get(&m) {
+            None => return Err(fail(INVALID_HANDLE, "cuModuleGetFunction: not a loaded module")),
+            Some(module) => module.kernel(&name),
+        };
+        let Some(info) = info else {
+            return Err(fail(NOT_FOUND, format!("the module has no kernel named `{name}`")));
+        };
+        if let Some((&h, _)) = s.functions.iter().find(|(_, f)| f.module == m && f.name == name) {
+            return out(hfunc, h as Handle);
+        }
+        let h = s.handle();
+        let max_dynamic_smem = s.model.smem_per_block - info.static_shared_bytes as i32;
+        s.functions.insert(h, Function { module: m, name, info, max_dynamic_smem });
+        out(hfunc, h as Handle)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if name.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+        let st = &mut *s;
+        let module = st.modules.get(&(module as usize)).ok_or(INVALID_HANDLE)?;
+        let a = st.vm.global_address(module, &name).ok_or_else(|| fail(NOT_FOUND, format!("no global `{name}`")))?;
+        if !dptr.is_null() {
+            *dptr = a;
+        }
+        if !bytes.is_null() {
+            // The VM does not report the variable's size.
+            return Err(fail(NOT_SUPPORTED, "the size of a module global is not modelled (pass NULL for bytes)"));
+        }
+        Ok(())
+    })
+}
+
+const FUNC_MAX_THREADS_PER_BLOCK: c_int = 0;
+const FUNC_SHARED_SIZE_BYTES: c_int = 1;
+const FUNC_CONST_SIZE_BYTES: c_int = 2;
+const FUNC_LOCAL_SIZE_BYTES: c_int = 3;
+const FUNC_PTX_VERSION: c_int = 5;
+const FUNC_BINARY_VERSION: c_int = 6;
+const FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, hfunc: Handle) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.ctx()?;
+        let f = s.functions.get(&(hfunc as usize)).ok_or(INVALID_HANDLE)?;
+        let v = match attrib {
+            FUNC_MAX_THREADS_PER_BLOCK => 1024,
+            FUNC_SHARED_SIZE_BYTES => f.info.static_shared_bytes as c_int,
+            FUNC_CONST_SIZE_BYTES => 0,
+            FUNC_LOCAL_SIZE_BYTES => f.info.local_bytes as c_int,
+            FUNC_PTX_VERSION => {
+                let (v, _) = s.modules[&f.module].version_and_target();
+                let mut it = v.split('.').map(|x| x.parse::<c_int>().unwrap_or(0));
+                it.next().unwrap_or(0) * 10 + it.next().unwrap_or(0)
+            }
+            FUNC_BINARY_VERSION => s.model.cc.0 * 10 + s.model.cc.1,
+            FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => f.max_dynamic_smem,
+            _ => {
+                return Err(fail(
+                    NOT_SUPPORTED,
+                    format!("function attribute {attrib} is not modelled (no register allocation in the VM)"),
+                ))
+            }
+        };
+        out(pi, v)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetAttribute(hfunc: Handle, attrib: c_int, value: c_int) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        let optin = s.model.smem_optin;
+        let f = s.functions.get_mut(&(hfunc as usize)).ok_or(INVALID_HANDLE)?;
+        match attrib {
+            FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+                let limit = optin - f.info.static_shared_bytes as c_int;
+                if value < 0 || value > limit {
+                    return Err(fail(
+                        INVALID_VALUE,
+                        format!(
+                            "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = {value} for `{}`: at most {limit} (opt-in limit {optin} minus {} static bytes)",
+                            f.name, f.info.static_shared_bytes
+                        ),
+                    ));
+                }
+                f.max_dynamic_smem = value;
+                Ok(())
+            }
+            9 => Ok(()), // PREFERRED_SHARED_MEMORY_CARVEOUT: a hint
+            _ => Err(fail(NOT_SUPPORTED, format!("setting function attribute {attrib} is not modelled"))),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetCacheConfig(hfunc: Handle, _config: c_int) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.ctx()?;
+        s.functions.get(&(hfunc as usize)).map(|_| ()).ok_or(INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: Handle,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.stream(stream)?;
+        let st = &mut *s;
+        let func = st
+            .functions
+            .get(&(f as usize))
+            .ok_or_else(|| fail(INVALID_HANDLE, "cuLaunchKernel: not a function handle"))?;
+        if !extra.is_null() && !(*extra).is_null() {
+            return Err(fail(
+                NOT_SUPPORTED,
+                "cuLaunchKernel: `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER) is not modelled; pass kernelParams",
+            ));
+        }
+        let info = &func.info;
+        if shared_mem_bytes as i64 > func.max_dynamic_smem as i64 {
+            return Err(fail(
+                INVALID_VALUE,
+                format!(
+                    "launch of `{}` with {shared_mem_bytes} bytes of dynamic shared memory: the function allows {} (raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES with cuFuncSetAttribute, up to {} on this device)",
+                    func.name,
+                    func.max_dynamic_smem,
+                    st.model.smem_optin - info.static_shared_bytes as i32
+                ),
+            ));
+        }
+        let mut params = vec![0u8; info.param_bytes];
+        if !info.params.is_empty() && kernel_params.is_null() {
+            return Err(fail(INVALID_VALUE, format!("launch of `{}`: kernelParams is NULL", func.name)));
+        }
+        for (i, p) in info.params.iter().enumerate() {
+            let src = *kernel_params.add(i) as *const u8;
+            if src.is_null() {
+                return Err(fail(INVALID_VALUE, format!("launch of `{}`: kernelParams[{i}] is NULL", func.name)));
+            }
+            std::ptr::copy_nonoverlapping(src, params.as_mut_ptr().add(p.offset), p.size);
+        }
+        let module = &st.modules[&func.module];
+        let config = LaunchConfig::new([gx, gy, gz], [bx, by, bz], shared_mem_bytes);
+        let name = func.name.clone();
+        BUSY.store(true, Ordering::Relaxed);
+        let r = st.vm.launch(module, &name, &config, &params);
+        BUSY.store(false, Ordering::Relaxed);
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        r.map(|_| ()).map_err(|e| vm_err(&format!("launch of `{name}`"), e))
+    })
+}
+
+// ---- streams and events ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, _flags: c_uint) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if ph.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let h = s.handle();
+        s.streams.insert(h, ());
+        out(ph, h as Handle)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(ph: *mut Handle, flags: c_uint, _priority: c_int) -> CUresult {
+    cuStreamCreate(ph, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(h: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        s.streams.remove(&(h as usize)).ok_or(INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize(h: Handle) -> CUresult {
+    entry(|| state().stream(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery(h: Handle) -> CUresult {
+    entry(|| state().stream(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(h: Handle, event: Handle, _flags: c_uint) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.stream(h)?;
+        s.events.get(&(event as usize)).map(|_| ()).ok_or(INVALID_HANDLE)
+    })
+}
+
+const EVENT_DISABLE_TIMING: c_uint = 2;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut Handle, flags: c_uint) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if ph.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let h = s.handle();
+        s.events.insert(h, Event { recorded: None, timing: flags & EVENT_DISABLE_TIMING == 0 });
+        out(ph, h as Handle)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(h: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ready()?;
+        s.events.remove(&(h as usize)).map(|_| ()).ok_or(INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(h: Handle, stream: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.stream(stream)?;
+        // Everything before this call has completed: the event completes now.
+        s.events.get_mut(&(h as usize)).ok_or(INVALID_HANDLE)?.recorded = Some(Instant::now());
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(h: Handle) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.ctx()?;
+        s.events.get(&(h as usize)).map(|_| ()).ok_or(INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(h: Handle) -> CUresult {
+    cuEventSynchronize(h)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.ctx()?;
+        let (a, b) = (s.events.get(&(start as usize)), s.events.get(&(end as usize)));
+        let (Some(a), Some(b)) = (a, b) else { return Err(INVALID_HANDLE) };
+        if !a.timing || !b.timing {
+            return Err(fail(INVALID_HANDLE, "an event was created with CU_EVENT_DISABLE_TIMING"));
+        }
+        let (Some(ta), Some(tb)) = (a.recorded, b.recorded) else {
+            return Err(fail(INVALID_HANDLE, "an event has not been recorded"));
+        };
+        let d = if tb >= ta { (tb - ta).as_secs_f64() } else { -(ta - tb).as_secs_f64() };
+        out(ms, (d * 1e3) as f32)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    cuEventElapsedTime(ms, start, end)
+}
+
+// ---- memory ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.ctx()?;
+        let used = s.vm.memory().current_bytes;
+        out(free, s.model.memory_bytes.saturating_sub(used) as usize)?;
+        out(total, s.model.memory_bytes as usize)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        if dptr.is_null() || bytes == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let p = s.vm.alloc(bytes as u64).map_err(|e| vm_err("cuMemAlloc", e))?;
+        s.sync_memory();
+        out(dptr, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.ctx()?;
+        s.vm.free(dptr).map_err(|e| vm_err("cuMemFree", e))?;
+        s.sync_memory();
+        Ok(())
+    })
+}
+
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.stream(stream)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let data = std::slice::from_raw_parts(src as *const u8, n);
+        s.vm.write(dst, data).map_err(|e| vm_err("cuMemcpyHtoD", e))
+    })
+}
+
+unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+    entry(|| {
+        let s = state();
+        s.stream(stream)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        let data = std::slice::from_raw_parts_mut(dst as *mut u8, n);
+        s.vm.read(src, data).map_err(|e| vm_err("cuMemcpyDtoH", e))
+    })
+}
+
+unsafe fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.stream(stream)?;
+        let mut tmp = vec![0u8; n];
+        s.vm.read(src, &mut tmp).map_err(|e| vm_err("cuMemcpyDtoD (source)", e))?;
+        s.vm.write(dst, &tmp).map_err(|e| vm_err("cuMemcpyDtoD (destination)", e))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    htod(dst, src, n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    dtoh(dst, src, n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    dtod(dst, src, n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: Handle) -> CUresult {
+    htod(dst, src, n, s)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: Handle) -> CUresult {
+    dtoh(dst, src, n, s)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: Handle) -> CUresult {
+    dtod(dst, src, n, s)
+}
+
+fn memset(dst: CUdeviceptr, pattern: &[u8], count: usize, stream: Handle) -> CUresult {
+    entry(|| {
+        let mut s = state();
+        s.stream(stream)?;
+        let data: Vec<u8> = pattern.iter().copied().cycle().take(pattern.len() * count).collect();
+        if !(dst as usize).is_multiple_of(pattern.len()) {
+            return Err(fail(INVALID_VALUE, format!("cuMemsetD{}: misaligned address", pattern.len() * 8)));
+        }
+        s.vm.write(dst, &data).map_err(|e| vm_err("cuMemset", e))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    memset(dst, &[v], n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n, std::ptr::null_mut())
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: Handle) -> CUresult {
+    memset(dst, &[v], n, s)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: Handle) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n, s)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: Handle) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n, s)
+}
