@@ -15,6 +15,7 @@
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod files;
 pub mod inputs;
 pub mod memory;
 pub mod nvml;

@@ -33,6 +33,9 @@ fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: crate
     Ok(())
 }
 
+/// Most warm-up launches, and most timed repetitions, of one run (each keeps a timing sample).
+pub const MAX_LAUNCHES: u32 = 1_000_000;
+
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
@@ -174,6 +177,11 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     let (def_warmup, def_repeats) = dev.default_warmup_repeats();
     let warmup = spec.warmup.unwrap_or(def_warmup);
     let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
+    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
+        return Err(Error::Usage(format!(
+            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
+        )));
+    }
 
     dev.memory_begin()?;
     let mut allocated: Vec<DevPtr> = Vec::new();
@@ -222,7 +230,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         let mut samples = Vec::new();
         let mut records = Vec::new();
         let mut trace = Vec::new();
-        for rep in 0..warmup + repeats {
+        for rep in 0..warmup as u64 + repeats as u64 {
             poison(dev, buf.o, p.q_elems() * es, p.dtype)?;
             dev.fill_u32(buf.lse, p.rows(), POISON)?;
             if buf.scores != 0 {
@@ -245,7 +253,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
                 });
             }
             let ms = dev.timer_stop()?;
-            if rep >= warmup {
+            if rep >= warmup as u64 {
                 samples.push(ms);
             }
             records = these;
