@@ -74,15 +74,25 @@ pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
 
 pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     let mut o = DeviceOptions::new(cli.backend, load_ptx(cli)?);
+    const MAX_NVML_INTERVAL_MS: f64 = 60_000.0;
     if !(cli.nvml_interval_ms.is_finite() && cli.nvml_interval_ms > 0.0) {
-        return Err(Error::Usage(format!("--nvml-interval-ms must be > 0 (got {})", cli.nvml_interval_ms)));
+        return Err(Error::Usage(format!("--nvml-interval-ms must be > 0 (got {:?})", cli.nvml_interval_ms)));
     }
-    o.nvml_interval = Duration::from_secs_f64(cli.nvml_interval_ms * 1e-3);
+    if cli.nvml_interval_ms > MAX_NVML_INTERVAL_MS {
+        return Err(Error::Usage(format!(
+            "--nvml-interval-ms must be at most {MAX_NVML_INTERVAL_MS} (got {:?})",
+            cli.nvml_interval_ms
+        )));
+    }
+    o.nvml_interval = Duration::try_from_secs_f64(cli.nvml_interval_ms * 1e-3)
+        .map_err(|e| Error::Usage(format!("--nvml-interval-ms {}: {e}", cli.nvml_interval_ms)))?;
     if let Some(mib) = cli.vm_memory_mib {
         if mib == 0 {
             return Err(Error::Usage("--vm-memory-mib must be at least 1".into()));
         }
-        o.vm_memory_bytes = Some(mib.saturating_mul(1 << 20));
+        o.vm_memory_bytes = Some(mib.checked_mul(1 << 20).ok_or_else(|| {
+            Error::Usage(format!("--vm-memory-mib must be at most {} (got {mib})", u64::MAX >> 20))
+        })?);
     }
     if cli.vm_workers == Some(0) {
         return Err(Error::Usage("--vm-workers must be at least 1".into()));
@@ -294,7 +304,7 @@ pub fn save_evidence(cli: &Cli, result: &serde_json::Value) -> Result<(), Error>
     let ptx = load_ptx(cli)?;
     let line = serde_json::json!({
         "recorded_unix_s": recorded,
-        "argv": std::env::args().collect::<Vec<_>>(),
+        "argv": std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
         "memattn_version": env!("CARGO_PKG_VERSION"),
         "ptx": {"origin": ptx.origin, "sha256": ptx.sha256},
         "result": result,
