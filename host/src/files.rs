@@ -146,7 +146,11 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Refuses an output that is the same file as one of `others` (`(role, path)`).
-pub fn check_distinct(what: &'static str, path: &Path, others: &[(&'static str, Option<&Path>)]) -> Result<(), FileError> {
+pub fn check_distinct(
+    what: &'static str,
+    path: &Path,
+    others: &[(&'static str, Option<&Path>)],
+) -> Result<(), FileError> {
     for (other, o) in others {
         if let Some(o) = o {
             if same_file(path, o) {

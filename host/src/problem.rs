@@ -403,7 +403,10 @@ impl Problem {
         }
         let total = 2 * q + 2 * kv + lse + scores;
         if total > limit {
-            return Err(ProblemError::TooLarge { what: "the run (Q, K, V, O, LSE and workspace)", got: total.to_string() });
+            return Err(ProblemError::TooLarge {
+                what: "the run (Q, K, V, O, LSE and workspace)",
+                got: total.to_string(),
+            });
         }
         Ok(())
     }

@@ -209,7 +209,15 @@ pub fn row_errors(o: &[f32], lse: f32, reference: &Reference, r: usize, d: usize
         max_diff = max_diff.max(diff);
         max_scale = max_scale.max(a);
     }
-    let rel = |num: f64, den: f64| if num == 0.0 { 0.0 } else if den > 0.0 { num / den } else { f64::INFINITY };
+    let rel = |num: f64, den: f64| {
+        if num == 0.0 {
+            0.0
+        } else if den > 0.0 {
+            num / den
+        } else {
+            f64::INFINITY
+        }
+    };
     let w = reference.lse[r];
     let lse_err = if w.is_finite() {
         if lse.is_finite() {
@@ -539,7 +547,7 @@ mod row_local_tests {
         let mut x = Qkv::random(&p, 11);
         let d = p.head_dim as usize;
         for (e, v) in x.v.iter_mut().enumerate() {
-            if (e / d) % p.heads as usize == 0 {
+            if (e / d).is_multiple_of(p.heads as usize) {
                 *v *= 1e4;
             }
         }

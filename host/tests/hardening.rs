@@ -165,7 +165,11 @@ fn a_write_that_fails_half_way_leaves_the_old_file_whole() {
     );
     let o = Command::new("sh").arg("-c").arg(&script).output().unwrap();
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("cannot write --output") || stderr(&o).contains("cannot write output file"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot write --output") || stderr(&o).contains("cannot write output file"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(std::fs::read(&out).unwrap(), good, "the old output was truncated");
     let dir = out.parent().unwrap();
     let leftovers: Vec<_> = std::fs::read_dir(dir)
@@ -235,7 +239,12 @@ fn non_finite_inputs_and_overflowing_scores_are_refused_up_front() {
     for (tensor, at, value, needle) in [
         ("k", 64 * 5 + 3, f32::NAN, "`k` has a non-finite value NaN at element 323 = [batch 0, seq 2, head 1, dim 3]"),
         ("q", 0, f32::INFINITY, "`q` has a non-finite value inf at element 0"),
-        ("v", 64 * 23 + 63, f32::NEG_INFINITY, "`v` has a non-finite value -inf at element 1535 = [batch 0, seq 11, head 1, dim 63]"),
+        (
+            "v",
+            64 * 23 + 63,
+            f32::NEG_INFINITY,
+            "`v` has a non-finite value -inf at element 1535 = [batch 0, seq 11, head 1, dim 63]",
+        ),
     ] {
         let mut x = Qkv::random(&p, 2);
         match tensor {
@@ -264,7 +273,21 @@ fn sizes_and_counts_that_would_wrap_are_refused() {
     let o = expect(&["--backend", "vm", "run", "--batch", big, "--heads", big, "--seq", big], 2, "64-bit byte count");
     assert!(!stderr(&o).contains("score matrix"), "flash has no score matrix: {}", stderr(&o));
     expect(
-        &["--backend", "vm", "run", "--kernel", "naive", "--batch", "65536", "--heads", "65536", "--seq", "65536", "--head-dim", "1"],
+        &[
+            "--backend",
+            "vm",
+            "run",
+            "--kernel",
+            "naive",
+            "--batch",
+            "65536",
+            "--heads",
+            "65536",
+            "--seq",
+            "65536",
+            "--head-dim",
+            "1",
+        ],
         2,
         "the score matrix needs",
     );
@@ -275,7 +298,11 @@ fn sizes_and_counts_that_would_wrap_are_refused() {
         2,
         "grid z",
     );
-    expect(&["--backend", "vm", "--vm-memory-mib", "18446744073709551615", "run", "--seq", "8"], 2, "--vm-memory-mib must be at most");
+    expect(
+        &["--backend", "vm", "--vm-memory-mib", "18446744073709551615", "run", "--seq", "8"],
+        2,
+        "--vm-memory-mib must be at most",
+    );
     expect(&["--backend", "vm", "--nvml-interval-ms", "1e300", "run", "--seq", "8"], 2, "at most 60000");
     expect(&["--backend", "vm", "--nvml-interval-ms", "nan", "run", "--seq", "8"], 2, "must be > 0");
 }
@@ -438,7 +465,8 @@ fn vary_never_silently_overrides_and_seq_kv_follows_seq_q() {
         assert_eq!(run["report"]["shape"]["seq_q"], n);
         assert_eq!(run["report"]["shape"]["seq_kv"], n, "seq_kv did not follow seq_q");
     }
-    let o = memattn(&["--backend", "vm", "--json", "compare", "--vary", "seq-q=16,40", "--seq-kv", "24", "--heads", "1"]);
+    let o =
+        memattn(&["--backend", "vm", "--json", "compare", "--vary", "seq-q=16,40", "--seq-kv", "24", "--heads", "1"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(json(&o)["runs"].as_array().unwrap().iter().all(|r| r["report"]["shape"]["seq_kv"] == 24));
 }
@@ -480,9 +508,8 @@ fn cli_argument_space_never_panics() {
     let plot = tmp("fuzz.svg");
     let paths = [garbage.to_str().unwrap(), inp.to_str().unwrap(), out.to_str().unwrap(), ev.to_str().unwrap()];
     // Small valid sizes, invalid ones, and one absurdly large size (refused for memory).
-    let sizes = [
-        "1", "2", "3", "8", "17", "1", "2", "5", "9", "12", "0", "-1", "x", "", "4294967296", "1e3", "4294967295",
-    ];
+    let sizes =
+        ["1", "2", "3", "8", "17", "1", "2", "5", "9", "12", "0", "-1", "x", "", "4294967296", "1e3", "4294967295"];
     let start = Instant::now();
     let mut seen = std::collections::BTreeMap::new();
     for case in 0..cases {
@@ -515,7 +542,8 @@ fn cli_argument_space_never_panics() {
             push("--nvml-interval-ms");
             push(rng.pick(&["0.5", "0", "-1", "1e300", "nan", "inf"]));
         }
-        let cmd = rng.pick(&["run", "run", "run", "compare", "compare", "sweep", "trace", "kernels", "doctor", "bogus"]);
+        let cmd =
+            rng.pick(&["run", "run", "run", "compare", "compare", "sweep", "trace", "kernels", "doctor", "bogus"]);
         push(cmd);
         // At most one absurd size per command line, and only with one head, so that nothing
         // moderately large is ever run in the VM.

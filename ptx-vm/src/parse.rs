@@ -359,9 +359,7 @@ impl<'a> P<'a> {
 fn check_version(v: &str, line: usize) -> Result<(), LoadError> {
     let ok = match v.split_once('.') {
         Some((major, minor)) => {
-            matches!(major.parse::<u32>(), Ok(1..=9))
-                && minor.len() == 1
-                && minor.chars().all(|c| c.is_ascii_digit())
+            matches!(major.parse::<u32>(), Ok(1..=9)) && minor.len() == 1 && minor.chars().all(|c| c.is_ascii_digit())
         }
         None => false,
     };
@@ -493,7 +491,10 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                                 if let Some(first) = m.funcs.iter().find(|g| g.name == f.name && g.body.is_some()) {
                                     return err(
                                         f.line,
-                                        format!("duplicate definition of `{}` (first defined at PTX line {})", f.name, first.line),
+                                        format!(
+                                            "duplicate definition of `{}` (first defined at PTX line {})",
+                                            f.name, first.line
+                                        ),
                                     );
                                 }
                             }

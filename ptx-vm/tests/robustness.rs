@@ -198,8 +198,16 @@ fn loader_rejects_what_a_driver_rejects() {
         (ok.replace(".version 7.0", ".version 7.10"), 1, "unsupported .version 7.10"),
         (ok.replace(".target sm_80", ".target sm_200"), 2, "unsupported .target sm_200"),
         (ok.replace(".target sm_80", ".target sm_80, texmode_bogus"), 2, "texmode_bogus"),
-        (format!("{ok}{}", ok.trim_start_matches(util::HEADER)), 20, "duplicate definition of `t` (first defined at PTX line 5)"),
-        (ok.replace("\t.reg .b16 %h<16>;", "\t.reg .b16 %h<16>;\n\t.reg .b32 %h3;"), 11, "duplicate declaration of register `%h3`"),
+        (
+            format!("{ok}{}", ok.trim_start_matches(util::HEADER)),
+            20,
+            "duplicate definition of `t` (first defined at PTX line 5)",
+        ),
+        (
+            ok.replace("\t.reg .b16 %h<16>;", "\t.reg .b16 %h<16>;\n\t.reg .b32 %h3;"),
+            11,
+            "duplicate declaration of register `%h3`",
+        ),
     ];
     for (src, line, needle) in cases {
         let e = Module::load(&src).map(|_| ()).unwrap_err();
@@ -212,7 +220,11 @@ fn loader_rejects_what_a_driver_rejects() {
         ok.replace(".version 7.0", ".version 8.8"),
         ok.replace(".target sm_80", ".target sm_90a"),
         ok.replace(".target sm_80", ".target sm_100f, debug"),
-        format!("{}.visible .entry t(\n\t.param .u64 t_param_0\n);\n{}", util::HEADER, ok.trim_start_matches(util::HEADER)),
+        format!(
+            "{}.visible .entry t(\n\t.param .u64 t_param_0\n);\n{}",
+            util::HEADER,
+            ok.trim_start_matches(util::HEADER)
+        ),
     ] {
         Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     }

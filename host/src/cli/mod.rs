@@ -90,9 +90,10 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
         if mib == 0 {
             return Err(Error::Usage("--vm-memory-mib must be at least 1".into()));
         }
-        o.vm_memory_bytes = Some(mib.checked_mul(1 << 20).ok_or_else(|| {
-            Error::Usage(format!("--vm-memory-mib must be at most {} (got {mib})", u64::MAX >> 20))
-        })?);
+        o.vm_memory_bytes =
+            Some(mib.checked_mul(1 << 20).ok_or_else(|| {
+                Error::Usage(format!("--vm-memory-mib must be at most {} (got {mib})", u64::MAX >> 20))
+            })?);
     }
     if cli.vm_workers == Some(0) {
         return Err(Error::Usage("--vm-workers must be at least 1".into()));
