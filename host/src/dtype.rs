@@ -130,7 +130,10 @@ impl Dtype {
             max_abs: 1e-4,
             lse_rel_rms: 1e-5,
             lse_max_abs: 1e-4,
-            rule: "f32: rel RMS 1e-5; max abs 1e-4 x max(1, max|ref|)",
+            row_rel_rms: 1e-5,
+            row_max_abs: 1e-4,
+            lse_row_max_abs: 1e-4,
+            rule: "f32: rel RMS 1e-5; max abs 1e-4 x max(1, max|ref|); every row: rel RMS 1e-5 and max abs 1e-4 of its own scale",
             baseline_rel_rms_err: None,
             baseline_max_abs_err: None,
         }
@@ -148,6 +151,14 @@ pub struct Tolerance {
     pub lse_rel_rms: f64,
     /// Bound on max |lse − ref| over the finite LSE values.
     pub lse_max_abs: f64,
+    /// Bound on every checked row's `‖o_r − ref_r‖ / ‖a_r‖`, where `a_r = Σ_j P_j |v_j|` is the
+    /// row's own scale ([`crate::reference::Reference::o_abs`]): no row's error can hide behind
+    /// another row's magnitude.
+    pub row_rel_rms: f64,
+    /// Bound on every checked row's `max |o_r − ref_r| / max a_r`.
+    pub row_max_abs: f64,
+    /// Bound on every finite row's `|lse_r − ref_r| / max(1, |ref_r|)`.
+    pub lse_row_max_abs: f64,
     /// How the bounds were set, in words.
     pub rule: &'static str,
     /// 16-bit runs: the errors of naive attention computed in the same dtype on the same inputs

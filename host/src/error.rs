@@ -1,6 +1,7 @@
 //! The library's error type and the exit codes the CLI maps it to.
 
 use crate::device::DeviceError;
+use crate::files::FileError;
 use crate::problem::ProblemError;
 use crate::safetensors_io::InputError;
 
@@ -25,12 +26,18 @@ pub enum Error {
     Usage(String),
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// Files: unreadable or unwritable paths are bad input (2); host memory that cannot be
+    /// allocated for a problem-sized buffer is a resource error (3).
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Problem(_) | Error::Input(_) | Error::Usage(_) => exit::BAD_INPUT,
+            Error::Input(InputError::File(FileError::HostMemory { .. })) => exit::DEVICE,
+            Error::File(FileError::HostMemory { .. }) => exit::DEVICE,
+            Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) => exit::BAD_INPUT,
             Error::Device(_) => exit::DEVICE,
         }
     }

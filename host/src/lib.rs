@@ -4,7 +4,8 @@
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
-//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`rng`], [`sha256`], [`timing`], [`plot`];
+//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`files`] (bounded
+//!    reads and atomic writes), [`rng`], [`sha256`], [`timing`], [`plot`];
 //! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
 //!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
 //! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check),
@@ -21,6 +22,7 @@ pub mod device;
 pub mod driver;
 pub mod dtype;
 pub mod error;
+pub mod files;
 pub mod inputs;
 pub mod memory;
 pub mod nvml;
@@ -52,7 +54,7 @@ mod layering_tests {
 
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
-        &["units", "parse", "caps", "panics", "driver", "rng", "sha256", "timing", "plot"],
+        &["units", "parse", "caps", "panics", "driver", "files", "rng", "sha256", "timing", "plot"],
         &["dtype", "problem"],
         &["inputs", "memory", "safetensors_io"],
         &["reference", "verify"],

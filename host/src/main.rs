@@ -6,13 +6,29 @@ use clap::Parser;
 use memattn::error::exit;
 
 fn main() {
+    // A closed stdout (`memattn ... | head -1`) ends the process the conventional Unix way, by
+    // SIGPIPE, quietly, as `cat` or `grep` do: the shell sees status 141, never 0. Rust ignores
+    // SIGPIPE by default, which would turn every later print into an error.
+    // SAFETY: restoring the default disposition of one signal before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let parsed = cli::args::Cli::try_parse();
     let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             // --help and --version exit 0; usage errors exit 2 (clap's convention and ours).
             let _ = e.print();
-            std::process::exit(if e.use_stderr() { exit::BAD_INPUT } else { exit::SUCCESS });
+            let code = if e.use_stderr() { exit::BAD_INPUT } else { exit::SUCCESS };
+            // With --json a usage error is also one JSON object on stdout, like every other error.
+            if code != exit::SUCCESS && json_requested() {
+                let message = e.kind().as_str().map(str::to_string).unwrap_or_else(|| {
+                    e.to_string().lines().next().unwrap_or("usage error").trim_start_matches("error: ").to_string()
+                });
+                let detail = e.to_string().lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+                println!("{}", serde_json::json!({ "error": detail, "kind": message, "exit_code": code }));
+            }
+            std::process::exit(code);
         }
     };
     let json = cli.json;
@@ -45,4 +61,9 @@ fn report_error(json: bool, message: &str, code: i32) {
     if json {
         println!("{}", serde_json::json!({ "error": message, "exit_code": code }));
     }
+}
+
+/// Whether `--json` is among the arguments (before a `--`), for errors found before parsing ends.
+fn json_requested() -> bool {
+    std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json")
 }

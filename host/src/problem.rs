@@ -208,7 +208,7 @@ pub enum ProblemError {
         free_h: String,
         breakdown: String,
     },
-    #[error("{what} has {got} elements, beyond what a 64-bit byte count can address")]
+    #[error("{what} needs {got} bytes, beyond what a 64-bit byte count can address")]
     TooLarge { what: &'static str, got: String },
 }
 
@@ -356,10 +356,32 @@ impl Problem {
         if !scale.is_finite() {
             return Err(ProblemError::BadScale(scale));
         }
-        // Every byte count must fit in u64 (it does for u32 dims up to ~2^60 elements of S).
-        let s = (self.batch as u128) * (self.heads as u128) * (self.seq_q as u128) * (self.seq_kv as u128) * 4;
-        if s > u64::MAX as u128 {
-            return Err(ProblemError::TooLarge { what: "the score matrix", got: s.to_string() });
+        self.check_byte_counts(kernel)
+    }
+
+    /// Every byte count of a run (and their sum, the analytic total) must fit in a u64, so that
+    /// [`AnalyticBytes`] and the allocations never wrap. Computed in u128; the error names the
+    /// tensor that is too large (the score matrix only for naive: flash has none).
+    pub fn check_byte_counts(&self, kernel: KernelKind) -> Result<(), ProblemError> {
+        let (b, h, nq, nk, d) =
+            (self.batch as u128, self.heads as u128, self.seq_q as u128, self.seq_kv as u128, self.head_dim as u128);
+        let es = self.dtype.size_bytes() as u128;
+        let q = b * nq * h * d * es;
+        let kv = b * nk * h * d * es;
+        let lse = b * h * nq * 4;
+        let scores = if kernel == KernelKind::Naive { b * h * nq * nk * 4 } else { 0 };
+        let limit = u64::MAX as u128;
+        for (what, bytes) in [("Q (and O)", q), ("K (and V)", kv), ("the score matrix", scores)] {
+            if bytes > limit {
+                return Err(ProblemError::TooLarge { what, got: bytes.to_string() });
+            }
+        }
+        let total = 2 * q + 2 * kv + lse + scores;
+        if total > limit {
+            return Err(ProblemError::TooLarge {
+                what: "the run (Q, K, V, O, LSE and workspace)",
+                got: total.to_string(),
+            });
         }
         Ok(())
     }

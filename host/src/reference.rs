@@ -9,7 +9,7 @@ use crate::rng::SplitMix64;
 use serde::Serialize;
 
 /// One query row: batch, head, query index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct RowId {
     pub b: u32,
     pub h: u32,
@@ -79,6 +79,10 @@ pub struct Reference {
     pub o: Vec<f64>,
     /// One LSE per row (`-inf` for a fully masked row).
     pub lse: Vec<f64>,
+    /// `Σ_j P_j |v_j|` per element, like `o`: the row-local magnitude O's rounding error scales
+    /// with (`|o| <= o_abs` elementwise; a row whose V values cancel has a small `o` but not a
+    /// small `o_abs`). The verification bounds of each row are relative to it.
+    pub o_abs: Vec<f64>,
     /// Rows in the problem.
     pub total_rows: u64,
 }
@@ -90,6 +94,7 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
     let scale = p.softmax_scale() as f64;
     let mut o = vec![0.0f64; rows.len() * d];
+    let mut o_abs = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
     let mut scores = vec![0.0f64; nk];
     for (r, row) in rows.iter().enumerate() {
@@ -113,18 +118,21 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
             l += *s;
         }
         let orow = &mut o[r * d..(r + 1) * d];
+        let arow = &mut o_abs[r * d..(r + 1) * d];
         for (j, &pj) in scores.iter().enumerate().take(seen) {
             let v = &x.v[((b * nk + j) * hh + h) * d..][..d];
-            for (acc, &vv) in orow.iter_mut().zip(v) {
+            for ((acc, abs), &vv) in orow.iter_mut().zip(arow.iter_mut()).zip(v) {
                 *acc += pj * vv as f64;
+                *abs += pj * (vv as f64).abs();
             }
         }
-        for acc in orow.iter_mut() {
+        for (acc, abs) in orow.iter_mut().zip(arow.iter_mut()) {
             *acc /= l;
+            *abs /= l;
         }
         lse[r] = m + l.ln();
     }
-    Reference { rows, o, lse, total_rows: p.rows() }
+    Reference { rows, o, lse, o_abs, total_rows: p.rows() }
 }
 
 #[cfg(test)]

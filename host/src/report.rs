@@ -105,6 +105,9 @@ pub fn run_summary(r: &RunReport) -> String {
     for n in &r.memory.notes {
         let _ = writeln!(s, "note         {n}");
     }
+    for w in &r.warnings {
+        let _ = writeln!(s, "warning      {w}");
+    }
     s
 }
 

@@ -33,6 +33,9 @@ fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: crate
     Ok(())
 }
 
+/// Most warm-up launches, and most timed repetitions, of one run (each keeps a timing sample).
+pub const MAX_LAUNCHES: u32 = 1_000_000;
+
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunSpec {
@@ -107,10 +110,92 @@ pub struct RunReport {
     pub vm_thread_instructions: Option<u64>,
     pub launches: Vec<LaunchRecord>,
     pub ptx_sha256: String,
+    /// Warnings about the inputs (e.g. scores that may overflow f32 on unchecked rows).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     #[serde(skip)]
     pub outputs: RunOutputs,
     #[serde(skip)]
     pub trace: Vec<ptx_vm::TraceEntry>,
+}
+
+/// Refuses NaN and ±inf inputs before anything runs: the kernels' result would be undefined and
+/// the verification could only report it as a confusing mismatch. Names the tensor and its first
+/// non-finite element (BSHD index).
+pub fn check_finite_inputs(p: &Problem, x: &Qkv) -> Result<(), Error> {
+    for (name, t, seq) in [("q", &x.q, p.seq_q), ("k", &x.k, p.seq_kv), ("v", &x.v, p.seq_kv)] {
+        if let Some(e) = t.iter().position(|v| !v.is_finite()) {
+            let count = t.iter().filter(|v| !v.is_finite()).count();
+            let (d, h) = (p.head_dim as usize, p.heads as usize);
+            let (dd, rest) = (e % d, e / d);
+            let (hh, rest) = (rest % h, rest / h);
+            let (ss, bb) = (rest % seq as usize, rest / seq as usize);
+            return Err(Error::Usage(format!(
+                "input tensor `{name}` has a non-finite value {} at element {e} = [batch {bb}, seq {ss}, head {hh}, dim {dd}] \
+                     ({count} non-finite in all); NaN and +-inf inputs are refused",
+                t[e]
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Scores the kernels compute in f32 (`scale · q·k`, also `q·k` alone, and the exp2 argument,
+/// `log2(e)` times larger) must stay under this, or they overflow to inf.
+pub const MAX_SCORE: f64 = f32::MAX as f64 / 2.0;
+
+/// Checks that no score overflows f32. Cheap bound first (Cauchy-Schwarz: `|scale|·max‖q‖·max‖k‖`
+/// per head); only when it is over the limit are the scores of the checked rows computed
+/// exactly. Returns an error when a checked row's score overflows, and a warning when only the
+/// bound does (unchecked rows might).
+pub fn check_score_range(p: &Problem, x: &Qkv, selection: &RowSelection) -> Result<Option<String>, Error> {
+    let (hh, d) = (p.heads as usize, p.head_dim as usize);
+    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    let scale = (p.softmax_scale() as f64).abs();
+    let norms = |t: &[f32], seq: usize| -> Vec<f64> {
+        // max ‖row‖ per (batch, head)
+        let mut m = vec![0f64; p.batch as usize * hh];
+        for (r, row) in t.chunks_exact(d).enumerate() {
+            let (h, b) = (r % hh, r / hh / seq);
+            let n = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+            m[b * hh + h] = m[b * hh + h].max(n);
+        }
+        m
+    };
+    let (qn, kn) = (norms(&x.q, nq), norms(&x.k, nk));
+    let bound = qn.iter().zip(&kn).map(|(a, b)| a * b * scale.max(1.0)).fold(0f64, f64::max);
+    if bound < MAX_SCORE {
+        return Ok(None);
+    }
+    for row in selection.rows(p) {
+        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
+        for j in 0..p.keys_seen(row.i) as usize {
+            let k = &x.k[((b * nk + j) * hh + h) * d..][..d];
+            let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+            let s = dot.abs() * scale.max(1.0);
+            if s >= MAX_SCORE {
+                return Err(Error::Usage(format!(
+                    "scores overflow f32: |{}q.k| = {s:.3e} for batch {b} head {h} query {i} key {j} (softmax scale {}), \
+                     over the limit {MAX_SCORE:.3e} (f32::MAX / 2, which leaves room for the kernels' log2(e) factor); \
+                     use a smaller --scale or smaller inputs",
+                    if scale > 1.0 { "scale*" } else { "" },
+                    p.softmax_scale()
+                )));
+            }
+        }
+    }
+    Ok(Some(format!(
+        "scores may overflow f32 on rows that are not checked: |scale|*max|q|*max|k| = {bound:.3e} >= {MAX_SCORE:.3e} \
+                     (the checked rows are fine; --check-rows all checks every row)"
+    )))
+}
+
+/// Tries to reserve `bytes` of host memory (released at once), so a problem whose host-side
+/// copies cannot fit is reported with its size instead of aborting the process later.
+pub fn probe_host_memory(bytes: u64, what: &str) -> Result<(), Error> {
+    crate::files::try_bytes(bytes, what)?;
+    Ok(())
 }
 
 struct Buffers {
@@ -150,6 +235,13 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             )));
         }
     }
+    // Host copies held at the peak: the inputs as f32, their device-layout and encoded copies,
+    // and O downloaded, decoded and reordered (each of the problem's size).
+    let es = p.dtype.size_bytes();
+    let host_bytes = (p.q_elems().saturating_add(2 * p.kv_elems()))
+        .saturating_mul(4 + 4 + es)
+        .saturating_add(p.q_elems().saturating_mul(es + 4 + 4));
+    probe_host_memory(host_bytes, &format!("the host copies of the {} problem", spec.kernel))?;
     let generated;
     let rounded;
     let (x, inputs_desc) = match inputs {
@@ -173,6 +265,9 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             (&generated, desc)
         }
     };
+    check_finite_inputs(&p, x)?;
+    let mut warnings = Vec::new();
+    warnings.extend(check_score_range(&p, x, &spec.check)?);
     let (b, h, d) = (p.batch, p.heads, p.head_dim);
     let qd = to_layout(&x.q, p.layout, b, p.seq_q, h, d);
     let kd = to_layout(&x.k, p.layout, b, p.seq_kv, h, d);
@@ -181,6 +276,11 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     let (def_warmup, def_repeats) = dev.default_warmup_repeats();
     let warmup = spec.warmup.unwrap_or(def_warmup);
     let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
+    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
+        return Err(Error::Usage(format!(
+            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
+        )));
+    }
 
     dev.memory_begin()?;
     let mut allocated: Vec<DevPtr> = Vec::new();
@@ -190,7 +290,6 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             allocated.push(ptr);
             Ok(ptr)
         };
-        let es = p.dtype.size_bytes();
         let buf = Buffers {
             q: alloc(dev, p.q_elems() * es)?,
             k: alloc(dev, p.kv_elems() * es)?,
@@ -229,7 +328,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         let mut samples = Vec::new();
         let mut records = Vec::new();
         let mut trace = Vec::new();
-        for rep in 0..warmup + repeats {
+        for rep in 0..warmup as u64 + repeats as u64 {
             poison(dev, buf.o, p.q_elems() * es, p.dtype)?;
             dev.fill_u32(buf.lse, p.rows(), POISON)?;
             if buf.scores != 0 {
@@ -252,7 +351,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
                 });
             }
             let ms = dev.timer_stop()?;
-            if rep >= warmup {
+            if rep >= warmup as u64 {
                 samples.push(ms);
             }
             records = these;
@@ -312,6 +411,7 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         vm_thread_instructions: instr,
         launches: records,
         ptx_sha256: dev.ptx().sha256.clone(),
+        warnings,
         outputs: RunOutputs { o, lse },
         trace,
     })

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("cannot write {path}: {message}")]
     Write { path: PathBuf, message: String },
     #[error("{path} is not a valid safetensors file: {message}")]
@@ -58,7 +58,7 @@ pub fn read_qkv(path: &Path, dtype: Dtype) -> Result<(FileShape, Qkv), InputErro
 /// Reads `q`, `k`, `v` from `path`: of dtype `dtype` when given, else of the file's dtype (the
 /// same for all three). Returns the dtype read; 16-bit values are converted to f32 exactly.
 pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtype, Qkv), InputError> {
-    let bytes = std::fs::read(path).map_err(|source| InputError::Read { path: path.into(), source })?;
+    let bytes = crate::files::read_regular(path, crate::files::MAX_INPUT_BYTES, "input file")?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| InputError::Malformed { path: path.into(), message: e.to_string() })?;
     let found = || {
@@ -140,7 +140,8 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
 }
 
 /// Writes `o` (`[batch, seq_q, heads, head_dim]`, in `dtype`) and `lse` (`[batch, heads, seq_q]`,
-/// F32).
+/// F32), atomically ([`crate::files::write_atomic`]): an existing file is replaced whole or not
+/// at all.
 pub fn write_outputs(path: &Path, shape: FileShape, dtype: Dtype, o: &[f32], lse: &[f32]) -> Result<(), InputError> {
     let ob = dtype.encode(o);
     let lb = Dtype::F32.encode(lse);
@@ -149,7 +150,8 @@ pub fn write_outputs(path: &Path, shape: FileShape, dtype: Dtype, o: &[f32], lse
     let l_shape = vec![shape.batch as usize, shape.heads as usize, shape.seq_q as usize];
     let ot = TensorView::new(dtype.safetensors(), o_shape, &ob).map_err(err)?;
     let lt = TensorView::new(safetensors::Dtype::F32, l_shape, &lb).map_err(err)?;
-    safetensors::serialize_to_file([("o", ot), ("lse", lt)], None, path).map_err(err)
+    let bytes = safetensors::serialize([("o", ot), ("lse", lt)], None).map_err(err)?;
+    Ok(crate::files::write_atomic(path, &bytes, "output file")?)
 }
 
 /// Writes `q`, `k`, `v` as F32 (for tests and for preparing inputs).

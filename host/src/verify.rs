@@ -38,7 +38,7 @@
 use crate::dtype::{Dtype, Tolerance};
 use crate::inputs::Qkv;
 use crate::problem::Problem;
-use crate::reference::Reference;
+use crate::reference::{Reference, RowId};
 use serde::Serialize;
 
 /// Error statistics of one tensor.
@@ -67,6 +67,59 @@ pub struct Verification {
     pub tolerance: Tolerance,
     /// Human reasons for a failure (empty when passed).
     pub failures: Vec<String>,
+    /// The checked row closest to (or furthest over) its bounds, with its errors relative to its
+    /// own scale (`null` when no row was checked).
+    pub worst_row: Option<WorstRow>,
+}
+
+/// The worst row of a verification.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WorstRow {
+    pub row: RowId,
+    /// `‖o_r − ref_r‖ / ‖a_r‖` (see [`row_errors`]).
+    pub rel_rms_err: f64,
+    /// `max |o_r − ref_r| / max a_r`.
+    pub max_abs_err: f64,
+    /// `|lse_r − ref_r| / max(1, |ref_r|)`.
+    pub lse_err: f64,
+    /// Largest error / bound of the row (passes at <= 1).
+    pub bound_ratio: f64,
+}
+
+/// Tracks the row with the largest error / bound ratio.
+#[derive(Default)]
+struct RowWorst {
+    ratio: f64,
+    row: RowId,
+    errors: [f64; 3],
+    failing: u64,
+    last_failing: Option<RowId>,
+    any: bool,
+}
+
+impl RowWorst {
+    fn add(&mut self, row: RowId, ratio: f64, errors: [f64; 3]) {
+        let ratio = if ratio.is_nan() { f64::INFINITY } else { ratio };
+        if ratio > 1.0 && self.last_failing != Some(row) {
+            self.failing += 1;
+            self.last_failing = Some(row);
+        }
+        if !self.any || ratio > self.ratio {
+            self.ratio = ratio;
+            self.row = row;
+            self.errors = errors;
+            self.any = true;
+        }
+    }
+    fn row_json(&self) -> Option<WorstRow> {
+        self.any.then_some(WorstRow {
+            row: self.row,
+            rel_rms_err: self.errors[0],
+            max_abs_err: self.errors[1],
+            lse_err: self.errors[2],
+            bound_ratio: self.ratio,
+        })
+    }
 }
 
 /// Accumulates error statistics.
@@ -141,9 +194,59 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
     (o, lse)
 }
 
+/// One row's errors relative to its own scale: `‖o_r − ref_r‖ / ‖a_r‖`, `max |o_r − ref_r| /
+/// max a_r` (`a_r` = [`Reference::o_abs`]; a row of scale 0 must match exactly) and the LSE error
+/// `|lse_r − ref_r| / max(1, |ref_r|)` (0 for a `-inf` reference). Non-finite values count as
+/// infinite error.
+pub fn row_errors(o: &[f32], lse: f32, reference: &Reference, r: usize, d: usize) -> (f64, f64, f64) {
+    let want = &reference.o[r * d..(r + 1) * d];
+    let scale = &reference.o_abs[r * d..(r + 1) * d];
+    let (mut diff2, mut scale2, mut max_diff, mut max_scale) = (0f64, 0f64, 0f64, 0f64);
+    for ((&g, &w), &a) in o.iter().zip(want).zip(scale) {
+        let diff = if g.is_finite() { (g as f64 - w).abs() } else { f64::INFINITY };
+        diff2 += diff * diff;
+        scale2 += a * a;
+        max_diff = max_diff.max(diff);
+        max_scale = max_scale.max(a);
+    }
+    let rel = |num: f64, den: f64| {
+        if num == 0.0 {
+            0.0
+        } else if den > 0.0 {
+            num / den
+        } else {
+            f64::INFINITY
+        }
+    };
+    let w = reference.lse[r];
+    let lse_err = if w.is_finite() {
+        if lse.is_finite() {
+            (lse as f64 - w).abs() / w.abs().max(1.0)
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        0.0 // -inf rows are checked for an exact match separately
+    };
+    (rel(diff2.sqrt(), scale2.sqrt()), rel(max_diff, max_scale), lse_err)
+}
+
 /// Errors of [`naive_in_dtype`] against the reference: (O, LSE).
 pub fn baseline_errors(p: &Problem, x: &Qkv, reference: &Reference) -> (ErrorStats, ErrorStats) {
+    baseline_errors_rows(p, x, reference).0
+}
+
+/// [`baseline_errors`] plus the worst row errors of the baseline ([`row_errors`]).
+fn baseline_errors_rows(p: &Problem, x: &Qkv, reference: &Reference) -> ((ErrorStats, ErrorStats), [f64; 3]) {
     let (o, lse) = naive_in_dtype(p, x, reference);
+    let d = p.head_dim as usize;
+    let mut worst = [0f64; 3];
+    for r in 0..reference.rows.len() {
+        let e = row_errors(&o[r * d..(r + 1) * d], lse[r], reference, r, d);
+        for (w, v) in worst.iter_mut().zip([e.0, e.1, e.2]) {
+            *w = w.max(v);
+        }
+    }
     let (mut oa, mut la) = (Acc::default(), Acc::default());
     for (&g, &w) in o.iter().zip(&reference.o) {
         oa.add(g as f64, w);
@@ -153,7 +256,7 @@ pub fn baseline_errors(p: &Problem, x: &Qkv, reference: &Reference) -> (ErrorSta
             la.add(g as f64, w);
         }
     }
-    (oa.stats(), la.stats())
+    ((oa.stats(), la.stats()), worst)
 }
 
 /// Bounds of a bf16/f16 run: 2× the naive-in-dtype baseline with the floors of the module
@@ -168,7 +271,7 @@ pub fn tolerance_for(p: &Problem, x: &Qkv, reference: &Reference) -> Tolerance {
         f32_tol.max_abs *= max_o.max(1.0);
         return f32_tol;
     }
-    let (bo, bl) = baseline_errors(p, x, reference);
+    let ((bo, bl), worst) = baseline_errors_rows(p, x, reference);
     let u = p.dtype.unit_roundoff();
     let max_ref = reference.o.iter().fold(0f64, |a, &v| a.max(v.abs()));
     Tolerance {
@@ -176,9 +279,13 @@ pub fn tolerance_for(p: &Problem, x: &Qkv, reference: &Reference) -> Tolerance {
         max_abs: (2.0 * bo.max_abs_err).max(2.0 * u * max_ref),
         lse_rel_rms: (2.0 * bl.rel_rms_err).max(f32_tol.lse_rel_rms),
         lse_max_abs: (2.0 * bl.max_abs_err).max(f32_tol.lse_max_abs),
+        // Per row, relative to the row's own scale: twice the baseline's worst row.
+        row_rel_rms: (2.0 * worst[0]).max(u),
+        row_max_abs: (2.0 * worst[1]).max(2.0 * u),
+        lse_row_max_abs: (2.0 * worst[2]).max(f32_tol.lse_row_max_abs),
         rule: match p.dtype {
-            Dtype::Bf16 => "2x naive attention in bf16 (floors: rel RMS 2^-9, max abs 2^-8 * max|ref|)",
-            _ => "2x naive attention in f16 (floors: rel RMS 2^-11, max abs 2^-10 * max|ref|)",
+            Dtype::Bf16 => "2x naive attention in bf16 (floors: rel RMS 2^-9, max abs 2^-8 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale",
+            _ => "2x naive attention in f16 (floors: rel RMS 2^-11, max abs 2^-10 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale",
         },
         baseline_rel_rms_err: Some(bo.rel_rms_err),
         baseline_max_abs_err: Some(bo.max_abs_err),
@@ -191,10 +298,15 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
     let (mut oa, mut la) = (Acc::default(), Acc::default());
     let mut unwritten = 0u64;
     let mut inf_mismatch = 0u64;
+    let mut rows = RowWorst::default();
     for (r, row) in reference.rows.iter().enumerate() {
         let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
         let got = &o[((b * nq + i) * hh + h) * d..][..d];
         let want = &reference.o[r * d..(r + 1) * d];
+        let (rel, abs, lse_rel) = row_errors(got, lse[(b * hh + h) * nq + i], reference, r, d);
+        rows.add(*row, rel / tol.row_rel_rms, [rel, abs, lse_rel]);
+        rows.add(*row, abs / tol.row_max_abs, [rel, abs, lse_rel]);
+        rows.add(*row, lse_rel / tol.lse_row_max_abs, [rel, abs, lse_rel]);
         for (&g, &w) in got.iter().zip(want) {
             if !g.is_finite() {
                 unwritten += 1;
@@ -238,11 +350,21 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
     if !within(ls.max_abs_err, tol.lse_max_abs) {
         failures.push(format!("LSE max abs error {:.3e} > {:.3e}", ls.max_abs_err, tol.lse_max_abs));
     }
+    // Unwritten elements are reported above; the row check names the worst row of the rest.
+    if unwritten == 0 && rows.ratio > 1.0 && !within(rows.ratio, 1.0) {
+        let (row, [rel, abs, lse_rel]) = (rows.row, rows.errors);
+        failures.push(format!(
+            "row (batch {}, head {}, query {}): rel RMS {rel:.3e} (bound {:.3e}), max abs {abs:.3e} (bound {:.3e}) of the \
+             row's own scale, LSE {lse_rel:.3e} (bound {:.3e}); {} rows over their bounds",
+            row.b, row.h, row.i, tol.row_rel_rms, tol.row_max_abs, tol.lse_row_max_abs, rows.failing
+        ));
+    }
     if os.compared == 0 && unwritten == 0 {
         failures.push("no output element was compared".into());
     }
     Verification {
         passed: failures.is_empty(),
+        worst_row: rows.row_json(),
         o: os,
         lse: ls,
         unwritten,
@@ -392,5 +514,80 @@ mod tests {
         assert!(!verify(&p, &o, &far, &r, &tol).passed);
         // The fixed bound alone would have failed the near result.
         assert!(!verify(&p, &o, &near, &r, &Dtype::F32.tolerance()).passed);
+    }
+}
+
+#[cfg(test)]
+mod row_local_tests {
+    use super::*;
+    use crate::inputs::Qkv;
+    use crate::reference::{reference, RowSelection};
+
+    /// Device-shaped O and LSE from per-row values.
+    fn place(p: &Problem, r: &Reference, o_rows: &[f64]) -> (Vec<f32>, Vec<f32>) {
+        let d = p.head_dim as usize;
+        let mut o = vec![0f32; p.q_elems() as usize];
+        let mut lse = vec![0f32; p.rows() as usize];
+        for (k, row) in r.rows.iter().enumerate() {
+            let base = ((row.b * p.seq_q + row.i) * p.heads + row.h) as usize * d;
+            for dd in 0..d {
+                o[base + dd] = o_rows[k * d + dd] as f32;
+            }
+            lse[((row.b * p.heads + row.h) * p.seq_q + row.i) as usize] = r.lse[k] as f32;
+        }
+        (o, lse)
+    }
+
+    #[test]
+    fn one_large_head_does_not_hide_the_errors_of_the_others() {
+        // Head 0 has V 10^4 times larger than heads 1..3. A result exact on head 0 and 1 % wrong
+        // on the other heads has a whole-tensor relative RMS error of ~2e-6 (under the f32 bound
+        // of 1e-5) and a max abs error far under 1e-4 * max|ref|: only row-local bounds fail it.
+        let p = Problem { batch: 1, heads: 4, seq_q: 9, seq_kv: 13, head_dim: 8, ..Problem::default() };
+        let mut x = Qkv::random(&p, 11);
+        let d = p.head_dim as usize;
+        for (e, v) in x.v.iter_mut().enumerate() {
+            if (e / d).is_multiple_of(p.heads as usize) {
+                *v *= 1e4;
+            }
+        }
+        let r = reference(&p, &x, &RowSelection::All);
+        let tol = tolerance_for(&p, &x, &r);
+        let wrong: Vec<f64> =
+            r.o.iter().enumerate().map(|(e, &w)| if r.rows[e / d].h == 0 { w } else { w * 1.01 }).collect();
+        let (o, lse) = place(&p, &r, &wrong);
+        let v = verify(&p, &o, &lse, &r, &tol);
+        assert!(v.o.rel_rms_err < tol.rel_rms, "the whole-tensor bound alone would pass: {}", v.o.rel_rms_err);
+        assert!(v.o.max_abs_err < tol.max_abs, "{} {}", v.o.max_abs_err, tol.max_abs);
+        assert!(!v.passed, "a 1 % error on three heads passed");
+        let worst = v.worst_row.unwrap();
+        assert_ne!(worst.row.h, 0);
+        assert!(worst.rel_rms_err > 1e-3 && v.failures.iter().any(|f| f.contains("row (batch 0, head")), "{v:?}");
+        // The exact result passes, and so does one off by a few f32 ulps on every row.
+        let near: Vec<f64> = r.o.iter().map(|&w| w * (1.0 + 3e-7)).collect();
+        let (o, lse) = place(&p, &r, &near);
+        let v = verify(&p, &o, &lse, &r, &tol);
+        assert!(v.passed, "{:?}", v.failures);
+        assert!(v.worst_row.unwrap().bound_ratio < 0.1);
+    }
+
+    #[test]
+    fn row_scale_is_the_magnitude_of_the_values_averaged() {
+        // One query, two keys with equal scores: O = (v0 + v1) / 2 = 0 when v1 = -v0, but the
+        // rounding error scales with |v|, so the row's scale is (|v0| + |v1|) / 2 = 3.
+        let p =
+            Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
+        let x = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![3.0, -3.0] };
+        let r = reference(&p, &x, &RowSelection::All);
+        assert_eq!(r.o[0], 0.0);
+        assert_eq!(r.o_abs[0], 3.0);
+        let (rel, abs, lse) = row_errors(&[3e-6], r.lse[0] as f32, &r, 0, 1);
+        assert!((rel - 1e-6).abs() < 1e-12 && (abs - 1e-6).abs() < 1e-12, "{rel} {abs}");
+        assert!(lse < 1e-7);
+        // A row of scale 0 must match exactly.
+        let x0 = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![0.0, 0.0] };
+        let r0 = reference(&p, &x0, &RowSelection::All);
+        assert_eq!(row_errors(&[0.0], r0.lse[0] as f32, &r0, 0, 1).0, 0.0);
+        assert_eq!(row_errors(&[1e-30], r0.lse[0] as f32, &r0, 0, 1).0, f64::INFINITY);
     }
 }

@@ -399,6 +399,9 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
                 }
                 let sc = scopes.last_mut().expect("scope");
                 for n in names {
+                    if matches!(sc.get(n), Some(Sym::Reg(_))) {
+                        return err(*line, format!("duplicate declaration of register `{n}` in one scope"));
+                    }
                     cx.slot_names.push(n.clone());
                     sc.insert(n.clone(), Sym::Reg((cx.slot_names.len() - 1) as Slot));
                 }

@@ -212,6 +212,11 @@ pub enum VmError {
         requested: u64,
         free: u64,
     },
+    /// The host could not back a simulated allocation with memory (the simulated device may be
+    /// larger than the host's RAM).
+    HostMemory {
+        requested: u64,
+    },
     /// Host-side misuse of the heap API (bad pointer to free/read/write).
     InvalidPointer(String),
     Memcheck(Box<Finding>),
@@ -261,6 +266,11 @@ impl fmt::Display for VmError {
             VmError::OutOfMemory { requested, free } => {
                 write!(f, "Out of device memory: {requested} bytes were requested but only {free} bytes are free.")
             }
+            VmError::HostMemory { requested } => write!(
+                f,
+                "The host cannot allocate the {requested} bytes that back this device allocation \
+                 (the simulated device memory is larger than what the host can provide)."
+            ),
             VmError::InvalidPointer(m) => write!(f, "Invalid device pointer: {m}."),
             VmError::Memcheck(x) => write!(f, "Memcheck found a {x}"),
             VmError::Trap(x) => write!(f, "The kernel stopped: {x}"),

@@ -26,14 +26,20 @@ pub(crate) struct Alloc {
     pub module: Option<u64>,
 }
 
-fn zeroed(bytes: u64) -> Box<[AtomicU64]> {
-    let words = bytes.div_ceil(8) as usize;
-    let v: Vec<u64> = vec![0u64; words.max(1)];
-    let b = v.into_boxed_slice();
-    let len = b.len();
-    let p = Box::into_raw(b) as *mut AtomicU64;
-    // SAFETY: AtomicU64 has the same size, alignment and bit validity as u64.
-    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len)) }
+/// Zeroed backing store for `bytes` bytes, or `HostMemory` when the host cannot provide it (a
+/// failed allocation is reported, not an abort of the process).
+fn zeroed(bytes: u64) -> Result<Box<[AtomicU64]>, crate::VmError> {
+    let fail = crate::VmError::HostMemory { requested: bytes };
+    let words = usize::try_from(bytes.div_ceil(8)).map_err(|_| fail.clone())?.max(1);
+    let layout = std::alloc::Layout::array::<AtomicU64>(words).map_err(|_| fail.clone())?;
+    // SAFETY: the layout has a non-zero size (words >= 1).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU64;
+    if p.is_null() {
+        return Err(fail);
+    }
+    // SAFETY: `p` is a zeroed allocation of `words` AtomicU64 with the layout `Box<[AtomicU64]>`
+    // frees it with (all-zero bits are a valid AtomicU64).
+    Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, words)) })
 }
 
 pub(crate) fn bytes_ptr(data: &[AtomicU64]) -> *mut u8 {
@@ -61,9 +67,10 @@ impl Heap {
         if bytes > free || bytes > (1 << 46) {
             return Err(crate::VmError::OutOfMemory { requested: bytes, free });
         }
+        let data = zeroed(bytes)?;
         let addr = self.next;
         self.next += bytes.div_ceil(256).max(1) * 256 + 256;
-        self.allocs.insert(addr, Alloc { size: bytes, data: zeroed(bytes), module: None });
+        self.allocs.insert(addr, Alloc { size: bytes, data, module: None });
         self.current += bytes;
         self.peak = self.peak.max(self.current);
         self.live += 1;

@@ -354,6 +354,45 @@ impl<'a> P<'a> {
     }
 }
 
+/// PTX ISA versions a driver accepts: 1.0 to 9.x (CUDA 13). A newer one is rejected by the
+/// driver's JIT, so the VM rejects it too instead of running what no GPU would load.
+fn check_version(v: &str, line: usize) -> Result<(), LoadError> {
+    let ok = match v.split_once('.') {
+        Some((major, minor)) => {
+            matches!(major.parse::<u32>(), Ok(1..=9)) && minor.len() == 1 && minor.chars().all(|c| c.is_ascii_digit())
+        }
+        None => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        err(line, format!("unsupported .version {v}: PTX ISA versions run from 1.0 to 9.x"))
+    }
+}
+
+/// GPU architectures a `.target` may name (with an optional `a`/`f` feature suffix), and the
+/// target modifiers.
+const SM_VERSIONS: [u32; 33] = [
+    10, 11, 12, 13, 20, 21, 30, 32, 35, 37, 50, 52, 53, 60, 61, 62, 70, 72, 73, 75, 80, 86, 87, 88, 89, 90, 100, 101,
+    103, 110, 120, 121, 122,
+];
+
+fn check_target(t: &str, line: usize) -> Result<(), LoadError> {
+    if matches!(t, "texmode_unified" | "texmode_independent" | "debug" | "map_f64_to_f32") {
+        return Ok(());
+    }
+    let known = t
+        .strip_prefix("sm_")
+        .map(|n| n.trim_end_matches(['a', 'f']))
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| SM_VERSIONS.contains(&n));
+    if known {
+        Ok(())
+    } else {
+        err(line, format!("unsupported .target {t}: not a GPU architecture PTX can target (sm_10 ... sm_122)"))
+    }
+}
+
 const LINKAGE: [&str; 4] = [".visible", ".extern", ".weak", ".common"];
 const SPACES: [&str; 5] = [".global", ".shared", ".const", ".local", ".param"];
 
@@ -374,6 +413,7 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                     Tok::Num(s) => s,
                     _ => return err(line, "bad .version"),
                 };
+                check_version(&m.version, line)?;
                 p.skip_line(line);
             }
             ".target" => {
@@ -388,6 +428,9 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                     if !p.eat_punct(',') {
                         break;
                     }
+                }
+                for x in &t {
+                    check_target(x, line)?;
                 }
                 m.target = t.join(", ");
                 p.skip_line(line);
@@ -442,6 +485,19 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                     Some(Tok::Ident(s)) if s == ".entry" || s == ".func" => {
                         p.i += j;
                         if let Some(f) = parse_func(&mut p)? {
+                            // A declaration may precede the definition; two definitions of one
+                            // name are an error in ptxas too.
+                            if f.body.is_some() {
+                                if let Some(first) = m.funcs.iter().find(|g| g.name == f.name && g.body.is_some()) {
+                                    return err(
+                                        f.line,
+                                        format!(
+                                            "duplicate definition of `{}` (first defined at PTX line {})",
+                                            f.name, first.line
+                                        ),
+                                    );
+                                }
+                            }
                             m.funcs.push(f);
                         }
                     }

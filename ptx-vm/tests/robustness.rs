@@ -187,3 +187,71 @@ fn mutated_modules_never_panic() {
     }
     assert!(loaded > 0);
 }
+
+/// PTX a GPU driver would reject is rejected by the loader too, naming the line.
+#[test]
+fn loader_rejects_what_a_driver_rejects() {
+    let ok = util::kernel("", "");
+    Module::load(&ok).unwrap();
+    let cases: [(String, usize, &str); 6] = [
+        (ok.replace(".version 7.0", ".version 99.9"), 1, "unsupported .version 99.9"),
+        (ok.replace(".version 7.0", ".version 7.10"), 1, "unsupported .version 7.10"),
+        (ok.replace(".target sm_80", ".target sm_200"), 2, "unsupported .target sm_200"),
+        (ok.replace(".target sm_80", ".target sm_80, texmode_bogus"), 2, "texmode_bogus"),
+        (
+            format!("{ok}{}", ok.trim_start_matches(util::HEADER)),
+            20,
+            "duplicate definition of `t` (first defined at PTX line 5)",
+        ),
+        (
+            ok.replace("\t.reg .b16 %h<16>;", "\t.reg .b16 %h<16>;\n\t.reg .b32 %h3;"),
+            11,
+            "duplicate declaration of register `%h3`",
+        ),
+    ];
+    for (src, line, needle) in cases {
+        let e = Module::load(&src).map(|_| ()).unwrap_err();
+        assert!(e.message.contains(needle), "{needle}: {e}");
+        assert_eq!(e.line, line, "{needle}: {e}\n{src}");
+    }
+    // What drivers accept still loads: newer ISA versions, feature-suffixed targets, and a
+    // declaration followed by its definition.
+    for src in [
+        ok.replace(".version 7.0", ".version 8.8"),
+        ok.replace(".target sm_80", ".target sm_90a"),
+        ok.replace(".target sm_80", ".target sm_100f, debug"),
+        format!(
+            "{}.visible .entry t(\n\t.param .u64 t_param_0\n);\n{}",
+            util::HEADER,
+            ok.trim_start_matches(util::HEADER)
+        ),
+    ] {
+        Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    }
+}
+
+/// A simulated device larger than the host: an allocation the host cannot back is an error
+/// naming the bytes, not an abort of the process in the allocator.
+#[test]
+fn an_allocation_the_host_cannot_back_is_an_error() {
+    let mut vm = Vm::new();
+    let mut limits = vm.limits();
+    limits.memory_bytes = 1 << 46;
+    vm.set_limits(limits);
+    let bytes = 1u64 << 45; // 32 TiB
+    match vm.alloc(bytes) {
+        Err(ptx_vm::VmError::HostMemory { requested }) => assert_eq!(requested, bytes),
+        Ok(p) => {
+            // Only with `vm.overcommit_memory = 1` does the kernel hand out 32 TiB of address space.
+            let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+            assert_eq!(mode.trim(), "1", "a 32 TiB allocation succeeded without unlimited overcommit");
+            eprintln!("skipped: this host overcommits without limit (vm.overcommit_memory = 1)");
+            vm.free(p).unwrap();
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // The heap is unchanged and still works.
+    assert_eq!(vm.memory().current_bytes, 0);
+    let p = vm.alloc(64).unwrap();
+    vm.free(p).unwrap();
+}

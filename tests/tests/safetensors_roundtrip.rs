@@ -30,7 +30,10 @@ fn malformed_and_missing_inputs_are_input_errors() {
     let path = tmp("garbage.safetensors");
     std::fs::write(&path, b"definitely not safetensors").unwrap();
     assert!(matches!(read_qkv(&path, Dtype::F32), Err(InputError::Malformed { .. })));
-    assert!(matches!(read_qkv(&tmp("absent.safetensors"), Dtype::F32), Err(InputError::Read { .. })));
+    assert!(matches!(
+        read_qkv(&tmp("absent.safetensors"), Dtype::F32),
+        Err(InputError::File(memattn::files::FileError::Read { .. }))
+    ));
 }
 
 #[test]

@@ -253,7 +253,7 @@ unsafe fn out<T>(p: *mut T, v: T) -> Result<(), CUresult> {
 
 fn vm_err(op: &str, e: VmError) -> CUresult {
     let code = match &e {
-        VmError::OutOfMemory { .. } => OUT_OF_MEMORY,
+        VmError::OutOfMemory { .. } | VmError::HostMemory { .. } => OUT_OF_MEMORY,
         VmError::InvalidPointer(_) => INVALID_VALUE,
         VmError::InvalidLaunch(_) => INVALID_VALUE,
         VmError::UnknownKernel(_) => INVALID_HANDLE,

@@ -6,6 +6,36 @@ use memattn::dtype::Dtype;
 use memattn::problem::{KernelKind, Layout};
 use std::path::PathBuf;
 
+/// A non-negative integer option: `-1` is read as a value (not as a flag) and refused with
+/// "must be >= 0", so the message says what is wrong with it.
+fn non_negative<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    let t = s.trim();
+    if let Some(rest) = t.strip_prefix('-') {
+        if !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E') {
+            return Err(format!("must be >= 0 (got {t})"));
+        }
+    }
+    t.parse::<T>().map_err(|_| format!("`{t}` is not a non-negative integer{}", range_note::<T>()))
+}
+
+fn range_note<T>() -> String {
+    match std::mem::size_of::<T>() {
+        4 => format!(" (at most {})", u32::MAX),
+        8 => format!(" (at most {})", u64::MAX),
+        _ => String::new(),
+    }
+}
+
+fn non_negative_u32(s: &str) -> Result<u32, String> {
+    non_negative(s)
+}
+fn non_negative_u64(s: &str) -> Result<u64, String> {
+    non_negative(s)
+}
+fn non_negative_usize(s: &str) -> Result<usize, String> {
+    non_negative(s)
+}
+
 const EXAMPLES: &str = "\
 Examples:
   memattn compare                                  naive vs flash, verified, memory side by side
@@ -49,17 +79,18 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub ptx: Option<PathBuf>,
 
-    /// CUDA: NVML sampling interval for the peak-memory and utilisation measurement.
-    #[arg(long, global = true, default_value_t = 1.0, value_name = "MS")]
+    /// CUDA: NVML sampling interval for the peak-memory and utilisation measurement (> 0, at most
+    /// 60000).
+    #[arg(long, global = true, default_value_t = 1.0, value_name = "MS", allow_negative_numbers = true, value_parser = clap::value_parser!(f64))]
     pub nvml_interval_ms: f64,
 
     /// VM: simulated device memory in MiB (default: the VM's 16 GiB). A small value shows how
     /// naive attention runs out of memory long before flash does.
-    #[arg(long, global = true, value_name = "MIB")]
+    #[arg(long, global = true, value_name = "MIB", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub vm_memory_mib: Option<u64>,
 
     /// VM: worker threads (default: all cores).
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub vm_workers: Option<usize>,
 
     /// VM: turn off the shared-memory checks that go beyond bounds and alignment — `initcheck`
@@ -98,22 +129,22 @@ pub enum Command {
 #[derive(Debug, Clone, Args, Default)]
 pub struct ProblemArgs {
     /// Batch size [default: 1].
-    #[arg(long, value_name = "B")]
+    #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub batch: Option<u32>,
     /// Attention heads [default: 4].
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub heads: Option<u32>,
     /// Query sequence length [default: 256].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq_q: Option<u32>,
     /// Key/value sequence length [default: --seq-q].
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq_kv: Option<u32>,
     /// Sets both --seq-q and --seq-kv.
-    #[arg(long, value_name = "N", conflicts_with_all = ["seq_q", "seq_kv"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["seq_q", "seq_kv"], allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq: Option<u32>,
     /// Head dimension [default: 64]. Flash kernels exist for 64 and 128; naive accepts 1..=256.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: Option<u32>,
     /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. With bf16 and f16, flash
     /// runs the tensor-core kernels (sm_80+; f32 accumulation, LSE f32) and naive keeps its score
@@ -132,17 +163,18 @@ pub struct ProblemArgs {
     #[arg(long, value_name = "bshd|bhsd")]
     pub layout: Option<Layout>,
     /// Seed of the random (standard normal) inputs and of the sampled reference rows.
-    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
-    /// Untimed launches before timing [default: 3 on CUDA, 0 in the VM].
-    #[arg(long, value_name = "N")]
+    /// Untimed launches before timing [default: 3 on CUDA, 0 in the VM; at most 1000000].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub warmup: Option<u32>,
-    /// Timed repetitions; the median is reported [default: 10 on CUDA, 1 in the VM].
-    #[arg(long, value_name = "N")]
+    /// Timed repetitions; the median is reported [default: 10 on CUDA, 1 in the VM; at most
+    /// 1000000].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub repeats: Option<u32>,
     /// Query rows checked against the reference: `all`, a number (seeded random sample), or
     /// `auto` (all when the reference costs under 2^28 multiply-adds, else a sample).
-    #[arg(long, value_name = "all|N|auto", default_value = "auto")]
+    #[arg(long, value_name = "all|N|auto", default_value = "auto", allow_negative_numbers = true)]
     pub check_rows: String,
 }
 
@@ -201,17 +233,18 @@ pub struct TraceArgs {
     /// naive or flash [default: flash].
     #[arg(long, value_name = "naive|flash")]
     pub kernel: Option<KernelKind>,
-    /// For naive: which of its three launches to trace.
-    #[arg(long, default_value = "scores", value_name = "scores|softmax|pv")]
-    pub step: String,
+    /// Naive only: which of its three launches to trace [default: scores]. Flash is one launch,
+    /// so `--step` with flash is refused.
+    #[arg(long, value_name = "scores|softmax|pv")]
+    pub step: Option<String>,
     /// Block index x[,y[,z]].
-    #[arg(long, default_value = "0", value_name = "X[,Y[,Z]]")]
+    #[arg(long, default_value = "0", value_name = "X[,Y[,Z]]", allow_negative_numbers = true)]
     pub block: String,
     /// Thread index x[,y[,z]] within the block.
-    #[arg(long, default_value = "0", value_name = "X[,Y[,Z]]")]
+    #[arg(long, default_value = "0", value_name = "X[,Y[,Z]]", allow_negative_numbers = true)]
     pub thread: String,
     /// Stop recording after this many instructions.
-    #[arg(long, default_value_t = 400, value_name = "N")]
+    #[arg(long, default_value_t = 400, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub max_entries: usize,
     #[command(flatten)]
     pub problem: ProblemArgs,

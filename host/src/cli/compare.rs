@@ -1,7 +1,7 @@
 //! `memattn compare`: one option varied, everything else fixed, results side by side.
 
 use super::args::{Cli, CompareArgs};
-use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem, run_spec};
+use super::{open_device, parse_vary, print_json, resolve_problem, run_spec};
 use memattn::device::Device;
 use memattn::error::{exit, Error};
 use memattn::memory::AnalyticBytes;
@@ -65,12 +65,13 @@ fn ratio(a: f64, b: f64) -> String {
 
 pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
     let vary = parse_vary(&a.vary)?;
+    super::check_vary_conflict(&vary.key, &a.problem, a.kernel.is_some())?;
     let base = resolve_problem(&a.problem, None, Problem::default())?;
     let base_kernel = a.kernel.unwrap_or(KernelKind::Flash);
     let mut variants = Vec::new();
     for value in &vary.values {
         let (mut p, mut k) = (base, base_kernel);
-        apply_vary(&vary.key, value, &mut p, &mut k)?;
+        super::apply_vary_run(&vary.key, value, &a.problem, &mut p, &mut k)?;
         if let Err(e @ ProblemError::UnsupportedDtype { .. }) = p.validate_shape(k) {
             let hint = if vary.key == "kernel" {
                 format!(
@@ -102,7 +103,9 @@ pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
         }
         points.push(measure(dev.as_mut(), &a.problem, value, *p, *k)?);
     }
-    let all_ok = points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
+    // Verified means: at least one point ran, and every point that ran verified.
+    let any_ran = points.iter().any(|p| p.ran);
+    let all_ok = any_ran && points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
     // Comparisons of every point with the first.
     let mut comparisons = Vec::new();
     if let Some(Some(first)) = points.first().map(|p| p.report.as_ref()) {
@@ -134,6 +137,10 @@ pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
         print_json(&v);
     } else {
         print!("{}", compare_table(&vary.key, &points));
+    }
+    if !any_ran {
+        eprintln!("error: no run of the comparison fit the device (see the reasons above); nothing was verified");
+        return Ok(exit::BAD_INPUT);
     }
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }

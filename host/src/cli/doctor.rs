@@ -162,8 +162,19 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
     let src = load_ptx(cli)?;
     let report = ptxas_report().map_err(Error::Usage)?;
     let report_matches = report.as_ref().map(|r| r.ptx_sha256 == src.sha256);
+    // PTX that does not load is a kernel error (exit 3), as it is for `run`: a listing of what a
+    // text scan finds in it would look like a valid module.
     let vm_info: Option<Vec<ptx_vm::KernelInfo>> =
-        quietly(|| ptx_vm::Module::load(&src.text).ok().map(|m| m.kernels())).ok().flatten();
+        match quietly(|| ptx_vm::Module::load(&src.text).map(|m| m.kernels())) {
+            Ok(Ok(k)) => Some(k),
+            Ok(Err(e)) => {
+                return Err(Error::Device(memattn::device::DeviceError::PtxLoad {
+                    origin: src.origin.clone(),
+                    message: e.to_string(),
+                }))
+            }
+            Err(_) => None,
+        };
     let entries = src.entries();
     if cli.json {
         let ks: Vec<serde_json::Value> = entries

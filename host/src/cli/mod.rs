@@ -37,13 +37,36 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
     }
 }
 
+/// Checks an output path before anything runs: writable, and not the same file as an input, the
+/// `--ptx` module or the `--save` evidence file (`inputs` adds the command's own inputs).
+pub fn check_output(
+    cli: &Cli,
+    what: &'static str,
+    path: &std::path::Path,
+    inputs: &[(&'static str, Option<&std::path::Path>)],
+) -> Result<(), Error> {
+    let mut others: Vec<(&'static str, Option<&std::path::Path>)> =
+        vec![("the --save evidence file", cli.save.as_deref()), ("the --ptx file", cli.ptx.as_deref())];
+    others.extend_from_slice(inputs);
+    memattn::files::check_distinct(what, path, &others)?;
+    memattn::files::check_writable(path, what)?;
+    Ok(())
+}
+
 /// The PTX to load: `--ptx FILE` or the embedded module.
 pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
     match &cli.ptx {
         None => Ok(PtxSource::embedded()),
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::Usage(format!("cannot read PTX file {}: {e}", path.display())))?;
+            // An unreadable path is bad input (2); bytes that are not PTX text do not load (3),
+            // like text the VM or the driver cannot parse.
+            let bytes = memattn::files::read_regular(path, memattn::files::MAX_PTX_BYTES, "PTX file")?;
+            let text = String::from_utf8(bytes).map_err(|e| {
+                Error::Device(memattn::device::DeviceError::PtxLoad {
+                    origin: path.display().to_string(),
+                    message: format!("not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()),
+                })
+            })?;
             Ok(PtxSource::from_file(path, text))
         }
     }
@@ -51,15 +74,26 @@ pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
 
 pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     let mut o = DeviceOptions::new(cli.backend, load_ptx(cli)?);
+    const MAX_NVML_INTERVAL_MS: f64 = 60_000.0;
     if !(cli.nvml_interval_ms.is_finite() && cli.nvml_interval_ms > 0.0) {
-        return Err(Error::Usage(format!("--nvml-interval-ms must be > 0 (got {})", cli.nvml_interval_ms)));
+        return Err(Error::Usage(format!("--nvml-interval-ms must be > 0 (got {:?})", cli.nvml_interval_ms)));
     }
-    o.nvml_interval = Duration::from_secs_f64(cli.nvml_interval_ms * 1e-3);
+    if cli.nvml_interval_ms > MAX_NVML_INTERVAL_MS {
+        return Err(Error::Usage(format!(
+            "--nvml-interval-ms must be at most {MAX_NVML_INTERVAL_MS} (got {:?})",
+            cli.nvml_interval_ms
+        )));
+    }
+    o.nvml_interval = Duration::try_from_secs_f64(cli.nvml_interval_ms * 1e-3)
+        .map_err(|e| Error::Usage(format!("--nvml-interval-ms {}: {e}", cli.nvml_interval_ms)))?;
     if let Some(mib) = cli.vm_memory_mib {
         if mib == 0 {
             return Err(Error::Usage("--vm-memory-mib must be at least 1".into()));
         }
-        o.vm_memory_bytes = Some(mib.saturating_mul(1 << 20));
+        o.vm_memory_bytes =
+            Some(mib.checked_mul(1 << 20).ok_or_else(|| {
+                Error::Usage(format!("--vm-memory-mib must be at most {} (got {mib})", u64::MAX >> 20))
+            })?);
     }
     if cli.vm_workers == Some(0) {
         return Err(Error::Usage("--vm-workers must be at least 1".into()));
@@ -134,6 +168,11 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
     if a.repeats == Some(0) {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
+    for (name, v) in [("--warmup", a.warmup), ("--repeats", a.repeats)] {
+        if let Some(n) = v.filter(|&n| n > memattn::runner::MAX_LAUNCHES) {
+            return Err(Error::Usage(format!("{name} must be at most {} (got {n})", memattn::runner::MAX_LAUNCHES)));
+        }
+    }
     Ok(RunSpec { problem, kernel, seed: a.seed, warmup: a.warmup, repeats: a.repeats, check: row_selection(a)? })
 }
 
@@ -162,6 +201,66 @@ pub fn parse_vary(s: &str) -> Result<Vary, Error> {
         apply_vary(&key, value, &mut p, &mut kernel)?;
     }
     Ok(Vary { key, values })
+}
+
+/// Refuses a `--vary KEY` that would silently override an option given on the command line
+/// (`--vary seq=...` with `--seq 128`): each run sets the varied option, so the other value would
+/// be ignored. `kernel_given`: whether `--kernel` was given.
+pub fn check_vary_conflict(key: &str, a: &ProblemArgs, kernel_given: bool) -> Result<(), Error> {
+    let given: &[(&str, bool)] = &[
+        ("--seq", a.seq.is_some()),
+        ("--seq-q", a.seq_q.is_some()),
+        ("--seq-kv", a.seq_kv.is_some()),
+        ("--batch", a.batch.is_some()),
+        ("--heads", a.heads.is_some()),
+        ("--head-dim", a.head_dim.is_some()),
+        ("--dtype", a.dtype.is_some()),
+        ("--layout", a.layout.is_some()),
+        ("--causal", a.causal),
+        ("--kernel", kernel_given),
+    ];
+    let overridden: &[&str] = match key {
+        "seq" => &["--seq", "--seq-q", "--seq-kv"],
+        "seq-q" => &["--seq", "--seq-q"],
+        "seq-kv" => &["--seq", "--seq-kv"],
+        "batch" => &["--batch"],
+        "heads" => &["--heads"],
+        "head-dim" => &["--head-dim"],
+        "dtype" => &["--dtype"],
+        "layout" => &["--layout"],
+        "causal" => &["--causal"],
+        "kernel" => &["--kernel"],
+        _ => &[],
+    };
+    for (flag, is_given) in given {
+        if *is_given && overridden.contains(flag) {
+            return Err(Error::Usage(format!(
+                "--vary {key} sets what {flag} sets, so {flag} would be ignored: give one of them{}",
+                if key == "seq-q" || key == "seq-kv" {
+                    " (to hold the other length fixed, give --seq-q or --seq-kv)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// [`apply_vary`] for a run of `compare` or `sweep`: as on the command line, `seq_kv` follows a
+/// varied `seq_q` unless `--seq-kv` was given.
+pub fn apply_vary_run(
+    key: &str,
+    value: &str,
+    a: &ProblemArgs,
+    p: &mut Problem,
+    kernel: &mut KernelKind,
+) -> Result<(), Error> {
+    apply_vary(key, value, p, kernel)?;
+    if key == "seq-q" && a.seq_kv.is_none() && a.seq.is_none() {
+        p.seq_kv = p.seq_q;
+    }
+    Ok(())
 }
 
 /// Sets one varied option on a problem (or the kernel).
@@ -206,7 +305,7 @@ pub fn save_evidence(cli: &Cli, result: &serde_json::Value) -> Result<(), Error>
     let ptx = load_ptx(cli)?;
     let line = serde_json::json!({
         "recorded_unix_s": recorded,
-        "argv": std::env::args().collect::<Vec<_>>(),
+        "argv": std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
         "memattn_version": env!("CARGO_PKG_VERSION"),
         "ptx": {"origin": ptx.origin, "sha256": ptx.sha256},
         "result": result,

@@ -1,7 +1,7 @@
 //! `memattn run`.
 
 use super::args::{Cli, RunArgs};
-use super::{open_device, print_json, resolve_problem, run_spec, save_evidence};
+use super::{check_output, open_device, print_json, resolve_problem, run_spec, save_evidence};
 use memattn::error::{exit, Error};
 use memattn::memory::AnalyticBytes;
 use memattn::problem::{KernelKind, Problem};
@@ -10,6 +10,14 @@ use memattn::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
+    // The output is checked before anything runs, so a run is never lost to an unwritable path
+    // and never overwrites its own inputs or the evidence.
+    if let Some(out) = &a.output {
+        check_output(cli, "--output", out, &[("--inputs", a.inputs.as_deref())])?;
+    }
+    if let (Some(save), Some(inputs)) = (&cli.save, &a.inputs) {
+        memattn::files::check_distinct("--save", save, &[("--inputs", Some(inputs.as_path()))])?;
+    }
     // With --inputs and no --dtype, the file's dtype is used; with --dtype the file must match it.
     let (file_shape, file_dtype, inputs) = match &a.inputs {
         Some(path) => {
@@ -30,7 +38,13 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         println!("{}", expected_memory(kernel, &AnalyticBytes::new(&problem, kernel)));
     }
     let report = memattn::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
-    if let Some(path) = &a.output {
+    // Only a verified result replaces the output file.
+    let mut written = None;
+    if let (Some(path), false) = (&a.output, report.verified) {
+        eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
+    }
+    if let (Some(path), true) = (&a.output, report.verified) {
+        written = Some(path);
         let shape = FileShape {
             batch: problem.batch,
             heads: problem.heads,
@@ -51,8 +65,8 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     }
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["backend_reason"] = reason.into();
-    if let Some(p) = &a.output {
-        v["output_file"] = p.display().to_string().into();
+    if a.output.is_some() {
+        v["output_file"] = written.map(|p| p.display().to_string()).into();
     }
     save_evidence(cli, &v)?;
     if cli.json {

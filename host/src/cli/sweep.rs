@@ -2,7 +2,7 @@
 
 use super::args::{Cli, SweepArgs};
 use super::compare::{measure, Point};
-use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem, save_evidence};
+use super::{open_device, parse_vary, print_json, resolve_problem, save_evidence};
 use memattn::device::Backend;
 use memattn::error::{exit, Error};
 use memattn::plot::{self, Panel, Series};
@@ -19,9 +19,15 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     if kernels.is_empty() {
         return Err(Error::Usage("--kernels is empty".into()));
     }
-    // Check an explicit --vary before opening a device.
+    // Check an explicit --vary and the plot path before opening a device.
     if let Some(v) = &a.vary {
-        parse_vary(v)?;
+        super::check_vary_conflict(&parse_vary(v)?.key, &a.problem, false)?;
+    } else {
+        // The default sweep varies seq.
+        super::check_vary_conflict("seq", &a.problem, false)?;
+    }
+    if !a.no_plot {
+        super::check_output(cli, "--plot", &a.plot, &[])?;
     }
     let (mut dev, reason) = open_device(cli)?;
     let vary = match &a.vary {
@@ -41,7 +47,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     for value in &vary.values {
         for &k in &kernels {
             let (mut p, mut kk) = (base, k);
-            apply_vary(&vary.key, value, &mut p, &mut kk)?;
+            super::apply_vary_run(&vary.key, value, &a.problem, &mut p, &mut kk)?;
             if !explicit && !kk.supports(p.dtype) {
                 // Default kernel list: run only the kernels that exist in this dtype.
                 skipped.push(format!("{}={value} {kk}: no {kk} kernel in {}", vary.key, p.dtype));
@@ -68,14 +74,17 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         points.push(r.inspect_err(|_| bar.abandon())?);
     }
     bar.finish_and_clear();
-    let all_ok = points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
+    // Verified means: at least one point ran, and every point that ran verified.
+    let any_ran = points.iter().any(|p| p.ran);
+    let all_ok = any_ran && points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
 
     let mut plot_path = None;
-    if !a.no_plot {
+    if !a.no_plot && all_ok {
         let svg = render_plot(&vary.key, &points, &kernels, dev.backend());
-        std::fs::write(&a.plot, svg)
-            .map_err(|e| Error::Usage(format!("cannot write plot {}: {e}", a.plot.display())))?;
+        memattn::files::write_atomic(&a.plot, svg.as_bytes(), "--plot")?;
         plot_path = Some(a.plot.display().to_string());
+    } else if !a.no_plot {
+        eprintln!("not writing the plot {}: the sweep did not verify", a.plot.display());
     }
     let v = serde_json::json!({
         "command": "sweep",
@@ -126,6 +135,10 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         if let Some(path) = &plot_path {
             println!("plot: {path}");
         }
+    }
+    if !any_ran {
+        eprintln!("error: no point of the sweep ran (see the reasons above); nothing was verified");
+        return Ok(exit::BAD_INPUT);
     }
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }

@@ -31,9 +31,14 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     problem.validate_shape(kernel)?;
     let planned = problem.launches(kernel)?;
     let entry = match kernel {
+        KernelKind::Flash if a.step.is_some() => {
+            return Err(Error::Usage(
+                "--step chooses one of the three naive launches; flash is a single fused launch (drop --step, or add --kernel naive)".into(),
+            ))
+        }
         KernelKind::Flash => planned[0].kernel,
         // The three naive launches in order: scores, softmax, P·V (in the problem's dtype).
-        KernelKind::Naive => match a.step.as_str() {
+        KernelKind::Naive => match a.step.as_deref().unwrap_or("scores") {
             "scores" => planned[0].kernel,
             "softmax" => planned[1].kernel,
             "pv" => planned[2].kernel,

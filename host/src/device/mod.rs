@@ -98,6 +98,8 @@ pub enum DeviceError {
     Misaligned(String),
     #[error("out of device memory: requested {requested} bytes, {free} free")]
     OutOfMemory { requested: u64, free: u64 },
+    #[error("host memory: cannot allocate {bytes} bytes ({human}) for {what}")]
+    HostMemory { what: String, bytes: u64, human: String },
 }
 
 /// A device that can run memattn's kernels and measure them.

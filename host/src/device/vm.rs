@@ -41,6 +41,11 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
     match e {
         VmError::UnknownKernel(k) => DeviceError::UnknownKernel(k),
         VmError::OutOfMemory { requested, free } => DeviceError::OutOfMemory { requested, free },
+        VmError::HostMemory { requested } => DeviceError::HostMemory {
+            what: format!("a simulated device allocation ({op}; --vm-memory-mib is larger than the host can back)"),
+            bytes: requested,
+            human: crate::units::human_bytes(requested),
+        },
         VmError::Memcheck(f) | VmError::Trap(f) => {
             DeviceError::Memcheck { kernel: f.kernel.clone(), message: describe_finding(&f) }
         }
@@ -130,9 +135,20 @@ impl Device for VmDevice {
     }
 
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
-        let word = value.to_le_bytes();
-        let bytes: Vec<u8> = (0..count).flat_map(|_| word).collect();
-        self.vm.write(ptr, &bytes).map_err(|e| vm_err("write", e))
+        // In chunks of at most 1 MiB: no temporary the size of the buffer.
+        const CHUNK_WORDS: u64 = 1 << 18;
+        let chunk: Vec<u8> = (0..count.min(CHUNK_WORDS)).flat_map(|_| value.to_le_bytes()).collect();
+        let mut done = 0u64;
+        while done < count {
+            let n = (count - done).min(CHUNK_WORDS);
+            let at = ptr.checked_add(done * 4).ok_or_else(|| DeviceError::Vm {
+                op: "fill".into(),
+                message: format!("{count} words at {ptr:#x} wrap the address space"),
+            })?;
+            self.vm.write(at, &chunk[..(n * 4) as usize]).map_err(|e| vm_err("write", e))?;
+            done += n;
+        }
+        Ok(())
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
