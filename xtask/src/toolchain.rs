@@ -106,11 +106,29 @@ pub fn keep_line_info_only(ptx: &str, root: &std::path::Path, sysroot: &str) -> 
             out.push_str(".target ");
             out.push_str(rest.trim_end_matches(", debug"));
         } else if t.starts_with(".file") {
-            out.push_str(&line.replace(&root, "").replace(&rust_src, "<rust>/"));
+            out.push_str(&normalise_dots(&line.replace(&root, "").replace(&rust_src, "<rust>/")));
         } else {
             out.push_str(line);
         }
         out.push('\n');
     }
     out
+}
+
+/// `a/b/../c` -> `a/c` inside a `.file` line (rustc writes `lessons/src/../01-scale/kernel.rs`
+/// for a `#[path]` module and `core/src/../../stdarch/...` for libcore's intrinsics).
+fn normalise_dots(line: &str) -> String {
+    let (Some(a), Some(b)) = (line.find('"'), line.rfind('"')) else { return line.to_string() };
+    if b <= a {
+        return line.to_string();
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for p in line[a + 1..b].split('/') {
+        if p == ".." && parts.last().is_some_and(|l| *l != ".." && !l.is_empty()) {
+            parts.pop();
+        } else {
+            parts.push(p);
+        }
+    }
+    format!("{}\"{}\"{}", &line[..a], parts.join("/"), &line[b + 1..])
 }
