@@ -112,7 +112,12 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
             "entries": entries,
             "verified": verified,
             "error": error.as_ref().map(|e| e.to_string()),
+            "exit_code": error.as_ref().map(|e| e.exit_code()),
         }));
+        // One JSON object on stdout, errors included: the finding is in it.
+        if let Some(e) = &error {
+            return Ok(e.exit_code());
+        }
     } else {
         println!(
             "trace of `{}` block {:?} thread {:?} (grid {:?}, block {:?}) on {}",
