@@ -522,6 +522,8 @@ impl Launch<'_> {
             address: None,
             access_bytes: None,
             nearest_allocation: None,
+            buffer: None,
+            source: None,
         }
     }
 
@@ -1081,6 +1083,8 @@ impl Launch<'_> {
                         text: prog.texts[idx].clone(),
                         executed,
                         writes,
+                        source: None,
+                        finding: None,
                     });
                 }
                 tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);

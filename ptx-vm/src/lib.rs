@@ -28,9 +28,12 @@ mod memory;
 mod num;
 mod ops;
 mod parse;
+pub mod run;
+mod source;
 mod tensor_core;
 
 pub use exec::SHARED_POISON;
+pub use source::SourceLoc;
 
 /// A device address in the VM's global memory (never 0 for a live allocation).
 pub type DevPtr = u64;
@@ -86,6 +89,7 @@ pub struct Module {
     target: String,
     programs: Vec<ir::Program>,
     globals: decode::Globals,
+    sources: source::SourceMap,
 }
 
 static NEXT_MODULE: AtomicU64 = AtomicU64::new(0);
@@ -97,7 +101,17 @@ impl Module {
         let base = memory::MODULE_BASE + (id % 128) * (1 << 32);
         let globals = decode::layout_globals(&ast, base)?;
         let programs = decode::decode_module(&ast, &globals)?;
-        Ok(Module { id, version: ast.version, target: ast.target, programs, globals })
+        let sources = source::SourceMap::build(ptx);
+        Ok(Module { id, version: ast.version, target: ast.target, programs, globals, sources })
+    }
+    /// The Rust source line a PTX line (1-based) was compiled from, when the PTX carries line
+    /// tables (`.file`/`.loc`; the kernel build writes them). See [`SourceLoc`].
+    pub fn source_of(&self, ptx_line: usize) -> Option<SourceLoc> {
+        self.sources.get(ptx_line)
+    }
+    /// Whether the PTX has line tables (`.file` directives).
+    pub fn has_line_info(&self) -> bool {
+        !self.sources.is_empty()
     }
     /// PTX `.version` and `.target` of the module, e.g. ("7.0", "sm_80").
     pub fn version_and_target(&self) -> (String, String) {
@@ -164,6 +178,11 @@ pub struct TraceEntry {
     pub executed: bool,
     /// Registers written, with their new value as raw bits (e.g. `("%r12", 0x3f800000)`).
     pub writes: Vec<(String, u64)>,
+    /// The Rust line it was compiled from (PTX with line tables only).
+    pub source: Option<SourceLoc>,
+    /// Set on the last entry when the launch stopped at this instruction of the traced thread:
+    /// the finding's kind (the instruction did not complete, so it writes nothing).
+    pub finding: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -201,6 +220,11 @@ pub struct Finding {
     pub access_bytes: Option<u32>,
     /// Human description of the nearest allocation, e.g. "4 bytes past the end of 1024-byte allocation at 0x...".
     pub nearest_allocation: Option<String>,
+    /// The name of the global buffer the access belongs to (the allocation containing the
+    /// address, or the nearest one), when it was named with [`Vm::set_label`].
+    pub buffer: Option<String>,
+    /// The Rust line of the instruction (PTX with line tables only).
+    pub source: Option<SourceLoc>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -246,6 +270,12 @@ impl fmt::Display for Finding {
             "{} in kernel `{}`, block ({bx}, {by}, {bz}), thread ({tx}, {ty}, {tz}), at PTX line {} `{}`",
             self.kind, self.kernel, self.line, self.instruction
         )?;
+        if let Some(s) = &self.source {
+            write!(f, " ({s})")?;
+        }
+        if let Some(b) = &self.buffer {
+            write!(f, ", buffer `{b}`")?;
+        }
         match (self.address, self.access_bytes) {
             (Some(a), Some(n)) => write!(f, ", {n}-byte access at address {a:#x}")?,
             (Some(a), None) => write!(f, ", address {a:#x}")?,
@@ -288,6 +318,8 @@ pub struct Vm {
     racecheck: bool,
     /// Module id -> instantiated globals base.
     module_globals: HashMap<u64, u64>,
+    /// The trace of the last launch, kept when it stopped at a finding.
+    last_trace: Vec<TraceEntry>,
 }
 
 impl Default for Vm {
@@ -309,7 +341,20 @@ impl Vm {
             initcheck: true,
             racecheck: true,
             module_globals: HashMap::new(),
+            last_trace: Vec::new(),
         }
+    }
+    /// Names an allocation (e.g. `Q`, `O`, `LSE`): findings then say which buffer an access
+    /// belongs to ([`Finding::buffer`] and the allocation description).
+    pub fn set_label(&mut self, ptr: DevPtr, name: &str) {
+        self.heap.labels.insert(ptr, name.to_string());
+    }
+    /// The trace of the last launch that requested one, including a launch that stopped at a
+    /// finding (then, if the finding was on the traced thread, its last entry is the instruction
+    /// that made it, with [`TraceEntry::finding`] set). Successful launches also return it in
+    /// [`LaunchStats::trace`].
+    pub fn take_trace(&mut self) -> Vec<TraceEntry> {
+        std::mem::take(&mut self.last_trace)
     }
     /// Whether loads of shared memory that no thread of the block has written are findings
     /// ("uninitialized shared memory read"; on by default). Off, such loads see
@@ -506,15 +551,6 @@ impl Vm {
             });
         }
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-        if !errors.is_empty() {
-            errors.sort_by_key(|e| e.0);
-            let f = errors.swap_remove(0).1;
-            return Err(if f.kind == "trap" || f.kind.starts_with("instruction budget") {
-                VmError::Trap(f)
-            } else {
-                VmError::Memcheck(f)
-            });
-        }
         let mut stats = LaunchStats::default();
         for w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
             stats.thread_instructions += w.thread_instructions;
@@ -522,6 +558,36 @@ impl Vm {
             stats.blocks += w.blocks;
             stats.trace.extend(w.trace);
         }
+        for t in &mut stats.trace {
+            t.source = module.source_of(t.line);
+        }
+        if !errors.is_empty() {
+            errors.sort_by_key(|e| e.0);
+            let mut f = errors.swap_remove(0).1;
+            f.source = module.source_of(f.line);
+            if let Some(a) = f.address.filter(|a| (memory::MODULE_BASE..memory::PARAM_WINDOW).contains(a)) {
+                f.buffer = self.heap.label_near(a, f.access_bytes.unwrap_or(1) as u64);
+            }
+            if let Some(t) = config.trace {
+                if t.block == f.block && t.thread == f.thread {
+                    stats.trace.push(TraceEntry {
+                        line: f.line,
+                        text: f.instruction.clone(),
+                        executed: true,
+                        writes: Vec::new(),
+                        source: f.source.clone(),
+                        finding: Some(f.kind.clone()),
+                    });
+                }
+            }
+            self.last_trace = stats.trace;
+            return Err(if f.kind == "trap" || f.kind.starts_with("instruction budget") {
+                VmError::Trap(f)
+            } else {
+                VmError::Memcheck(f)
+            });
+        }
+        self.last_trace = stats.trace.clone();
         stats.wall = t0.elapsed();
         Ok(stats)
     }

@@ -9,7 +9,7 @@
 //!   thread's local memory and the block's shared memory. State-space addresses (`ld.shared`,
 //!   `ld.local`) are offsets from 0; `cvta` adds or removes the window base.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub(crate) const MODULE_BASE: u64 = 0x0080_0000_0000;
@@ -56,6 +56,8 @@ pub(crate) struct Heap {
     pub peak: u64,
     pub live: u64,
     pub total: u64,
+    /// Names given to allocations (`Vm::set_label`), by start address; kept after a free.
+    pub labels: HashMap<u64, String>,
 }
 
 impl Heap {
@@ -109,7 +111,14 @@ impl Heap {
     /// Describes where `addr` lies relative to the allocations (for error messages).
     pub fn describe(&self, addr: u64, len: u64) -> String {
         let regions: Vec<(u64, u64)> = self.allocs.iter().map(|(&s, a)| (s, a.size)).collect();
-        describe(&regions, &self.freed, addr, len)
+        describe(&regions, &self.freed, &self.labels, addr, len).0
+    }
+    /// The label of the allocation an access at `addr` belongs to (containing it, or the nearest
+    /// one, as in the finding's description).
+    pub fn label_near(&self, addr: u64, len: u64) -> Option<String> {
+        let regions: Vec<(u64, u64)> = self.allocs.iter().map(|(&s, a)| (s, a.size)).collect();
+        let start = describe(&regions, &self.freed, &self.labels, addr, len).1?;
+        self.labels.get(&start).cloned()
     }
     pub fn host_access(&self, ptr: u64, len: u64) -> Result<*mut u8, crate::VmError> {
         match self.find(ptr, len) {
@@ -136,31 +145,49 @@ fn in_freed(freed: &[(u64, u64)], addr: u64) -> Option<(u64, u64)> {
     }
 }
 
-pub(crate) fn describe(regions: &[(u64, u64)], freed: &[(u64, u64)], addr: u64, len: u64) -> String {
+/// Where `addr` lies relative to the allocations (text for findings) and the start of the
+/// allocation the text names.
+pub(crate) fn describe(
+    regions: &[(u64, u64)],
+    freed: &[(u64, u64)],
+    labels: &HashMap<u64, String>,
+    addr: u64,
+    len: u64,
+) -> (String, Option<u64>) {
+    let name = |s: u64| labels.get(&s).map(|l| format!(" `{l}`")).unwrap_or_default();
     if let Some((s, n)) = in_freed(freed, addr) {
-        return format!("{} bytes into the freed {n}-byte allocation at {s:#x}", addr - s);
+        return (format!("{} bytes into the freed {n}-byte allocation{} at {s:#x}", addr - s, name(s)), Some(s));
     }
-    let mut best: Option<(u64, String)> = None;
+    let mut best: Option<(u64, String, u64)> = None;
     for &(s, n) in regions {
         let e = s + n;
+        let l = name(s);
         let (dist, text) = if addr < s {
-            (s - addr, format!("{} bytes before the {n}-byte allocation at {s:#x}", s - addr))
+            (s - addr, format!("{} bytes before the {n}-byte allocation{l} at {s:#x}", s - addr))
         } else if addr + len > e {
             let past = (addr + len).saturating_sub(e).min(addr.saturating_sub(e).max(addr + len - e));
             let off = addr - s;
             if addr >= e {
-                (addr - e, format!("{} bytes past the end of the {n}-byte allocation at {s:#x}", addr - e))
+                (addr - e, format!("{} bytes past the end of the {n}-byte allocation{l} at {s:#x}", addr - e))
             } else {
-                (0, format!("at offset {off} of the {n}-byte allocation at {s:#x}, {past} bytes overrunning its end"))
+                (
+                    0,
+                    format!(
+                        "at offset {off} of the {n}-byte allocation{l} at {s:#x}, {past} bytes overrunning its end"
+                    ),
+                )
             }
         } else {
-            (0, format!("at offset {} of the {n}-byte allocation at {s:#x}", addr - s))
+            (0, format!("at offset {} of the {n}-byte allocation{l} at {s:#x}", addr - s))
         };
-        if best.as_ref().is_none_or(|(d, _)| dist < *d) {
-            best = Some((dist, text));
+        if best.as_ref().is_none_or(|(d, _, _)| dist < *d) {
+            best = Some((dist, text, s));
         }
     }
-    best.map(|b| b.1).unwrap_or_else(|| "no allocation is live".to_string())
+    match best {
+        Some((_, text, s)) => (text, Some(s)),
+        None => ("no allocation is live".to_string(), None),
+    }
 }
 
 /// Launch-time, read-only view of global memory shared by all workers.
@@ -169,6 +196,7 @@ pub(crate) struct GlobalView {
     regions: Vec<(u64, u64, *mut u8)>,
     pub sizes: Vec<(u64, u64)>,
     pub freed: Vec<(u64, u64)>,
+    pub labels: HashMap<u64, String>,
 }
 
 // SAFETY: the pointers refer to `AtomicU64` buffers owned by the heap, which outlives the view
@@ -180,7 +208,7 @@ impl GlobalView {
     pub fn new(heap: &Heap) -> GlobalView {
         let regions = heap.allocs.iter().map(|(&s, a)| (s, s + a.size, bytes_ptr(&a.data))).collect();
         let sizes = heap.allocs.iter().map(|(&s, a)| (s, a.size)).collect();
-        GlobalView { regions, sizes, freed: heap.freed.clone() }
+        GlobalView { regions, sizes, freed: heap.freed.clone(), labels: heap.labels.clone() }
     }
     /// Pointer to `size` bytes at `addr` if they lie inside one allocation.
     #[inline(always)]
@@ -203,7 +231,7 @@ impl GlobalView {
         }
     }
     pub fn describe(&self, addr: u64, len: u64) -> String {
-        describe(&self.sizes, &self.freed, addr, len)
+        describe(&self.sizes, &self.freed, &self.labels, addr, len).0
     }
     pub fn is_freed(&self, addr: u64) -> bool {
         in_freed(&self.freed, addr).is_some()

@@ -17,13 +17,16 @@ pub fn build_into(out: &std::path::Path) -> Result<String, String> {
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
         .arg(paths::ptx_target_dir())
         .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
+        .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", out.display()))
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
         return Err("the kernel build failed (see the compiler output above)".into());
     }
-    let ptx = std::fs::read_to_string(out).map_err(|e| format!("no PTX at {}: {e}", out.display()))?;
+    let raw = std::fs::read_to_string(out).map_err(|e| format!("no PTX at {}: {e}", out.display()))?;
+    let ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
+    std::fs::write(out, &ptx).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!(
             "the PTX still calls into an external function ({}); ptxas cannot resolve it. \

@@ -4,8 +4,10 @@
 //!   committed PTX (`--check`: rebuild and fail if the committed file is stale).
 //! - `ptxas [--check]`: assemble the committed PTX with ptxas for sm_80 and sm_90 and write the
 //!   committed resource report (`--check`: fail if stale, on any spill, or on any ptxas error).
+//! - `lesson N [--solution]`, `lesson check`: build a lesson's kernel, run and check it in the VM.
 
 mod build_ptx;
+mod lesson;
 mod paths;
 mod ptxas;
 mod toolchain;
@@ -14,6 +16,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: cargo xtask <task> [--check]
+       cargo xtask lesson N [--solution] | list | check
 
 tasks:
   build-ptx   compile kernels-gpu to PTX with the pinned nightly toolchain and write
@@ -21,6 +24,8 @@ tasks:
   ptxas       assemble the committed PTX for sm_80 and sm_90 with ptxas -v and write
               kernels-gpu/ptx/ptxas-report.json (ptxas from $CUDA_HOME, $PATH, or the
               pinned PyPI wheel nvidia-cuda-nvcc, cached under target/)
+  lesson      build lessons/NN-*/kernel.rs to PTX, run it in the VM and say what is wrong
+              (`cargo xtask lesson list`; see docs/guide/en/05-your-own-kernel.md)
 
 options:
   --check     regenerate into a temporary location and fail if the committed files differ
@@ -28,6 +33,9 @@ options:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("lesson") {
+        return ExitCode::from(lesson::main(&args[1..]) as u8);
+    }
     let check = args.iter().any(|a| a == "--check");
     let unknown: Vec<&String> = args.iter().skip(1).filter(|a| *a != "--check").collect();
     if !unknown.is_empty() {

@@ -67,3 +67,68 @@ pub fn ensure() -> Result<String, String> {
     }
     Ok(version)
 }
+
+/// Line tables for the kernel build: rustc writes `.file`/`.loc` into the PTX, so the VM can name
+/// the Rust line of every finding and trace entry. Measured on all fourteen kernels (ptxas 13.5,
+/// sm_80 and sm_90): the same PTX instructions, the same registers, no spills, no stack, with and
+/// without it; the PTX grows from 435 kB to 587 kB and the build takes about 1 s longer.
+pub const LINE_INFO_FLAGS: &[&str] = &["-C", "debuginfo=line-tables-only"];
+
+/// The kernel toolchain's sysroot (where `rust-src` lives, for the `.file` paths of libcore).
+pub fn sysroot() -> Result<String, String> {
+    let out = command("rustc")
+        .arg(format!("+{KERNEL_TOOLCHAIN}"))
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("cannot run rustc +{KERNEL_TOOLCHAIN} --print sysroot: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("rustc +{KERNEL_TOOLCHAIN} --print sysroot failed"));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Turns rustc's debug PTX into PTX with line information only, the way `nvcc -lineinfo` writes
+/// it: keeps `.file`/`.loc`, drops the DWARF `.section .debug_*` blocks at the end of the module
+/// (ptxas 13.5 rejects the ones LLVM 22 writes: "Parsing error near '$L__sec_end0'") and the
+/// `, debug` of `.target` (which would ask ptxas for full device debug information), and makes
+/// the `.file` paths machine-independent: `kernels-gpu/src/...` relative to the workspace and
+/// `<rust>/library/...` for libcore, so the committed PTX is the same on every machine.
+pub fn keep_line_info_only(ptx: &str, root: &std::path::Path, sysroot: &str) -> String {
+    let root = format!("{}/", root.display());
+    let rust_src = format!("{sysroot}/lib/rustlib/src/rust/");
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.lines() {
+        let t = line.trim_start();
+        if t.starts_with(".section") && t.contains(".debug_") {
+            break;
+        }
+        if let Some(rest) = t.strip_prefix(".target ") {
+            out.push_str(".target ");
+            out.push_str(rest.trim_end_matches(", debug"));
+        } else if t.starts_with(".file") {
+            out.push_str(&normalise_dots(&line.replace(&root, "").replace(&rust_src, "<rust>/")));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `a/b/../c` -> `a/c` inside a `.file` line (rustc writes `lessons/src/../01-scale/kernel.rs`
+/// for a `#[path]` module and `core/src/../../stdarch/...` for libcore's intrinsics).
+fn normalise_dots(line: &str) -> String {
+    let (Some(a), Some(b)) = (line.find('"'), line.rfind('"')) else { return line.to_string() };
+    if b <= a {
+        return line.to_string();
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for p in line[a + 1..b].split('/') {
+        if p == ".." && parts.last().is_some_and(|l| *l != ".." && !l.is_empty()) {
+            parts.pop();
+        } else {
+            parts.push(p);
+        }
+    }
+    format!("{}\"{}\"{}", &line[..a], parts.join("/"), &line[b + 1..])
+}

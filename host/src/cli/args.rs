@@ -243,9 +243,18 @@ pub struct TraceArgs {
     /// Thread index x[,y[,z]] within the block.
     #[arg(long, default_value = "0", value_name = "X[,Y[,Z]]", allow_negative_numbers = true)]
     pub thread: String,
-    /// Stop recording after this many instructions.
+    /// Stop recording after this many instructions (an instruction that makes a VM finding is
+    /// always shown, after a gap if the trace stopped before it).
     #[arg(long, default_value_t = 400, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub max_entries: usize,
+    /// Show only instructions on these PTX lines (the first column), e.g. `--lines 9200-9260`.
+    #[arg(long, value_name = "A-B")]
+    pub lines: Option<String>,
+    /// Show only instructions whose opcode starts with this, e.g. `--op mma`, `--op ld.shared`.
+    #[arg(long, value_name = "OPCODE")]
+    pub op: Option<String>,
+    /// Trace problem [default: heads 1, seq 64 — smaller than `run`'s heads 4, seq 256, which
+    /// the trace prints when it differs].
     #[command(flatten)]
     pub problem: ProblemArgs,
 }

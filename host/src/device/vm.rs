@@ -25,6 +25,12 @@ pub fn describe_finding(f: &Finding) -> String {
         "{} in block ({},{},{}) thread ({},{},{}) at PTX line {}: `{}`",
         f.kind, f.block[0], f.block[1], f.block[2], f.thread[0], f.thread[1], f.thread[2], f.line, f.instruction
     );
+    if let Some(src) = &f.source {
+        s.push_str(&format!(" ({src})"));
+    }
+    if let Some(b) = &f.buffer {
+        s.push_str(&format!(", buffer {b}"));
+    }
     if let Some(a) = f.address {
         s.push_str(&format!(", address {a:#x}"));
     }
@@ -73,6 +79,12 @@ impl VmDevice {
     /// The loaded module (kernel list, instruction counts).
     pub fn module(&self) -> &Module {
         &self.module
+    }
+
+    /// The trace of the last traced launch, also when it stopped at a finding (then its last entry
+    /// is the instruction that made it).
+    pub fn take_trace(&mut self) -> Vec<ptx_vm::TraceEntry> {
+        self.vm.take_trace()
     }
 
     /// Records the instruction trace of one thread in the next launch of `kernel`.
@@ -168,6 +180,17 @@ impl Device for VmDevice {
                 });
             }
             packed[decl.offset..decl.offset + decl.size].copy_from_slice(value);
+        }
+        // Name the buffers of an attention launch, so a finding says which tensor it hit.
+        if params.len() == 1 && params[0].len() == kernels_gpu::abi::ATTN_PARAMS_BYTES {
+            for (i, name) in ["Q", "K", "V", "O", "LSE", "S (scores workspace)"].iter().enumerate() {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&params[0][8 * i..8 * i + 8]);
+                let ptr = u64::from_le_bytes(w);
+                if ptr != 0 {
+                    self.vm.set_label(ptr, name);
+                }
+            }
         }
         let mut config = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
         if let Some((k, req)) = &self.trace {

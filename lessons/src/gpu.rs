@@ -1,0 +1,91 @@
+//! The GPU building blocks the lessons use: thread and block indices, the barrier, warp
+//! shuffles, fast exponentials, shared memory. Each is one PTX instruction (or a few).
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+/// `%tid.x`: this thread's index in its block (x dimension).
+#[inline(always)]
+pub fn thread_x() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+/// `%tid.y`.
+#[inline(always)]
+pub fn thread_y() -> u32 {
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+/// `%ctaid.x`: this block's index in the grid (x dimension).
+#[inline(always)]
+pub fn block_x() -> u32 {
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+/// `%ctaid.y`.
+#[inline(always)]
+pub fn block_y() -> u32 {
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+/// `%ntid.x`: threads per block (x dimension).
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+
+/// `bar.sync 0`: waits until every thread of the block has arrived. Every thread that has not
+/// exited must reach the same barrier.
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `shfl.sync.bfly.b32` over the full warp: the value `x` of lane `lane ^ mask`. All 32 lanes
+/// of the warp must execute it together.
+#[inline(always)]
+pub fn shfl_xor(x: f32, mask: u32) -> f32 {
+    let y: f32;
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {y}, {x}, {m}, 31, -1;",
+             y = out(reg32) y, x = in(reg32) x, m = in(reg32) mask, options(nomem, nostack))
+    };
+    y
+}
+
+/// `ex2.approx.ftz.f32`: 2^x (2^-inf = 0).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
+/// `lg2.approx.ftz.f32`: log2(x) (log2(0) = -inf).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
+/// `fma.rn.f32`: `a * b + c` with one rounding.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+
+/// The larger of two floats, with `-inf` as the identity.
+#[inline(always)]
+pub fn max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The block's dynamic shared memory as `f32`s (its size is set by the launch).
+#[inline(always)]
+pub fn shared_f32() -> *mut f32 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+}
+
+pub const LOG2E: f32 = core::f32::consts::LOG2_E;
+pub const LN2: f32 = core::f32::consts::LN_2;

@@ -1,0 +1,771 @@
+//! `cargo xtask lesson N [--solution]` and `cargo xtask lesson check`: build one lesson's kernel
+//! to PTX, run it in the VM with every check on, on shapes that catch the usual mistakes, and
+//! compare it with an f64 CPU reference; say in plain words what is wrong.
+
+use crate::paths;
+use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
+use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
+use ptx_vm::{Module, Vm, VmError};
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub const USAGE: &str = "\
+usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solution.rs), run and check it
+       cargo xtask lesson list             the lessons
+       cargo xtask lesson check            CI: every solution passes, every unmodified skeleton fails helpfully
+
+exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
+
+struct Lesson {
+    dir: &'static str,
+    title: &'static str,
+    check: fn(&Module, &mut Out) -> Verdict,
+}
+
+const LESSONS: [Lesson; 5] = [
+    Lesson { dir: "01-scale", title: "a scaled copy: one thread per element, the bounds guard", check: lesson1 },
+    Lesson { dir: "02-warp-softmax", title: "row softmax with warp shuffles", check: lesson2 },
+    Lesson { dir: "03-tiled-qk", title: "scores Q Kᵀ with tiles in shared memory and barriers", check: lesson3 },
+    Lesson { dir: "04-online-softmax", title: "the online-softmax update, masked rows included", check: lesson4 },
+    Lesson { dir: "05-flash-forward", title: "a complete f32 flash-attention forward", check: lesson5 },
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Wrong,
+    Finding,
+}
+
+/// Collects the report (printed as it goes, kept for `check`).
+#[derive(Default)]
+struct Out {
+    text: String,
+    quiet: bool,
+}
+
+impl Out {
+    fn say(&mut self, s: impl AsRef<str>) {
+        if !self.quiet {
+            println!("{}", s.as_ref());
+        }
+        self.text.push_str(s.as_ref());
+        self.text.push('\n');
+    }
+}
+
+pub fn main(args: &[String]) -> i32 {
+    let solution = args.iter().any(|a| a == "--solution");
+    let rest: Vec<&String> = args.iter().filter(|a| *a != "--solution").collect();
+    match rest.as_slice() {
+        [cmd] if cmd.as_str() == "list" => {
+            for (i, l) in LESSONS.iter().enumerate() {
+                println!("{}  lessons/{}/kernel.rs  {}", i + 1, l.dir, l.title);
+            }
+            0
+        }
+        [cmd] if cmd.as_str() == "check" && !solution => check_all(),
+        [n] => match n.parse::<usize>() {
+            Ok(n) if (1..=LESSONS.len()).contains(&n) => {
+                let mut out = Out::default();
+                run_lesson(n, solution, &mut out).1
+            }
+            _ => {
+                eprintln!("error: `{n}` is not a lesson number (1..={})\n\n{USAGE}", LESSONS.len());
+                2
+            }
+        },
+        _ => {
+            eprintln!("{USAGE}");
+            2
+        }
+    }
+}
+
+/// Builds and checks lesson `n`; returns the verdict (None: it did not build) and the exit code.
+fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32) {
+    let l = &LESSONS[n - 1];
+    let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
+    out.say(format!("lesson {n}: {} ({file})", l.title));
+    let module = match build(n, solution, out) {
+        Ok(m) => m,
+        Err(e) => {
+            out.say(format!("error: {e}"));
+            out.say("result: NOT PASSED - the kernel did not build (exit 3)");
+            return (None, 3);
+        }
+    };
+    let v = (l.check)(&module, out);
+    let code = match v {
+        Verdict::Pass => {
+            out.say(format!(
+                "result: PASSED - every case matches the f64 reference{}",
+                if n < LESSONS.len() { format!("; next: cargo xtask lesson {}", n + 1) } else { String::new() }
+            ));
+            0
+        }
+        Verdict::Wrong => {
+            out.say(format!("result: NOT PASSED - wrong result (exit 1); edit {file} and run the lesson again"));
+            1
+        }
+        Verdict::Finding => {
+            out.say(format!(
+                "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {file} and run the lesson again"
+            ));
+            3
+        }
+    };
+    (Some(v), code)
+}
+
+/// Compiles the lesson to PTX with the kernel toolchain and loads it.
+fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
+    toolchain::ensure()?;
+    let dir = paths::root().join("target/lessons");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let ptx_path: PathBuf = dir.join(format!("lesson{n}{}.ptx", if solution { "-solution" } else { "" }));
+    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
+    let t0 = Instant::now();
+    let status = toolchain::command("cargo")
+        .current_dir(paths::root())
+        .arg(format!("+{KERNEL_TOOLCHAIN}"))
+        .args(["rustc", "--quiet", "-p", "memattn-lessons", "--profile", "ptx", "--crate-type", "staticlib"])
+        .args(["--target", TARGET, "-Zbuild-std=core", "--features", &features, "--target-dir"])
+        .arg(paths::ptx_target_dir())
+        .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
+        .args(toolchain::LINE_INFO_FLAGS)
+        .arg(format!("--emit=asm={}", ptx_path.display()))
+        .status()
+        .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
+    if !status.success() {
+        return Err("the lesson's kernel does not compile (the compiler's message is above)".into());
+    }
+    let raw = std::fs::read_to_string(&ptx_path).map_err(|e| format!("no PTX at {}: {e}", ptx_path.display()))?;
+    let ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
+    std::fs::write(&ptx_path, &ptx).map_err(|e| e.to_string())?;
+    if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
+        return Err(format!(
+            "the PTX calls an external function ({}): something in the kernel can panic (an index out of \
+             bounds, an overflow check, `unwrap`) and the panic machinery is not available on the GPU; use \
+             raw pointers (`*p.add(i)`) and plain arithmetic",
+            line.trim()
+        ));
+    }
+    out.say(format!("built {} in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
+    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+}
+
+/// `cargo xtask lesson check`: every solution passes; every skeleton, as committed, fails with a
+/// message that says what to do.
+fn check_all() -> i32 {
+    let t0 = Instant::now();
+    let mut bad = Vec::new();
+    for n in 1..=LESSONS.len() {
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, _) = run_lesson(n, true, &mut out);
+        if v != Some(Verdict::Pass) {
+            bad.push(format!("lesson {n}: the reference solution does not pass:\n{}", out.text));
+        } else {
+            println!("lesson {n}: solution passes");
+        }
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, _) = run_lesson(n, false, &mut out);
+        let helpful = out.text.contains("never written") && out.text.contains("what to look at");
+        if v != Some(Verdict::Wrong) || !helpful {
+            bad.push(format!("lesson {n}: the unmodified skeleton should fail with a hint, but said:\n{}", out.text));
+        } else {
+            println!(
+                "lesson {n}: skeleton fails with a hint ({})",
+                out.text.lines().find(|l| l.contains("what to look at")).unwrap_or("").trim()
+            );
+        }
+    }
+    println!("lesson check: {} lessons in {:.1} s", LESSONS.len(), t0.elapsed().as_secs_f64());
+    if bad.is_empty() {
+        0
+    } else {
+        for b in bad {
+            eprintln!("error: {b}");
+        }
+        1
+    }
+}
+
+// ---- inputs, references, comparison ----
+
+/// Deterministic inputs: a 64-bit LCG, approximately standard normal (sum of four uniforms).
+struct Rng(u64);
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f32 {
+        let s: f64 = (0..4).map(|_| self.uniform()).sum();
+        ((s - 2.0) * (3.0f64).sqrt()) as f32
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// Row numbers as ranges, e.g. `0-3, 7, 9-10`.
+fn ranges(v: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
+        i = j + 1;
+    }
+    if parts.len() > 8 {
+        let n = parts.len();
+        parts.truncate(8);
+        parts.push(format!("... ({n} ranges)"));
+    }
+    parts.join(", ")
+}
+
+/// What is wrong with one output tensor, by row.
+#[derive(Default, Debug)]
+struct Diff {
+    rows: usize,
+    cols: usize,
+    unwritten_rows: Vec<usize>,
+    unwritten: usize,
+    nan_rows: Vec<usize>,
+    wrong_rows: Vec<usize>,
+    /// First wrong element: (row, col, got, want).
+    first: Option<(usize, usize, f32, f64)>,
+    max_err: f64,
+}
+
+impl Diff {
+    fn ok(&self) -> bool {
+        self.unwritten == 0 && self.nan_rows.is_empty() && self.wrong_rows.is_empty()
+    }
+}
+
+/// Compares `got` (`rows x cols`) with `want`: equal within `tol * max(1, |want|)`; an infinite
+/// `want` must be matched exactly.
+fn compare(got: &[f32], want: &[f64], cols: usize, tol: f64) -> Diff {
+    let rows = want.len() / cols;
+    let mut d = Diff { rows, cols, ..Diff::default() };
+    for r in 0..rows {
+        let (mut unw, mut nan, mut wrong) = (false, false, false);
+        for c in 0..cols {
+            let (g, w) = (got[r * cols + c], want[r * cols + c]);
+            if g.to_bits() == OUTPUT_POISON {
+                d.unwritten += 1;
+                unw = true;
+                continue;
+            }
+            let bad = if w.is_infinite() {
+                g as f64 != w
+            } else if !g.is_finite() {
+                nan = true;
+                true
+            } else {
+                let e = (g as f64 - w).abs();
+                d.max_err = d.max_err.max(e / w.abs().max(1.0));
+                e > tol * w.abs().max(1.0)
+            };
+            if bad {
+                wrong = true;
+                if d.first.is_none() {
+                    d.first = Some((r, c, g, w));
+                }
+            }
+        }
+        if unw {
+            d.unwritten_rows.push(r);
+        }
+        if nan {
+            d.nan_rows.push(r);
+        } else if wrong {
+            d.wrong_rows.push(r);
+        }
+    }
+    d
+}
+
+/// Prints what is wrong with tensor `name`; `unit` names its rows ("row", "element").
+fn explain(out: &mut Out, name: &str, unit: &str, d: &Diff) {
+    if d.unwritten == d.rows * d.cols {
+        out.say(format!("  {name}: never written - every {unit} still holds the poison (NaN 0x{OUTPUT_POISON:08X}) the harness filled it with"));
+        return;
+    }
+    if !d.unwritten_rows.is_empty() {
+        out.say(format!(
+            "  {name}: {unit}s {} never written ({} of {}; they still hold the poison 0x{OUTPUT_POISON:08X})",
+            ranges(&d.unwritten_rows),
+            d.unwritten_rows.len(),
+            d.rows
+        ));
+    }
+    if !d.nan_rows.is_empty() {
+        out.say(format!(
+            "  {name}: {unit}s {} contain NaN or infinity where the reference is finite",
+            ranges(&d.nan_rows)
+        ));
+    }
+    if !d.wrong_rows.is_empty() {
+        out.say(format!(
+            "  {name}: {unit}s {} have wrong values ({} of {})",
+            ranges(&d.wrong_rows),
+            d.wrong_rows.len(),
+            d.rows
+        ));
+    }
+    if let Some((r, c, g, w)) = d.first {
+        out.say(format!("  {name}: first wrong value at {unit} {r}, column {c}: got {g}, expected {w:.7}"));
+    }
+}
+
+/// Runs one launch; on a VM finding, explains it and returns Err.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    l: &mut Launcher,
+    out: &mut Out,
+    kernel: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    args: &[Arg],
+) -> Result<(), Verdict> {
+    match l.launch(kernel, grid, block, smem, args) {
+        Ok(_) => Ok(()),
+        Err(VmError::Memcheck(f)) | Err(VmError::Trap(f)) => {
+            out.say(format!("  VM finding: {}", f.kind));
+            if let Some(s) = &f.source {
+                out.say(format!("    at       {s}"));
+            }
+            out.say(format!("    PTX      line {}: `{}`", f.line, f.instruction));
+            out.say(format!("    thread   {:?} of block {:?}", f.thread, f.block));
+            if let Some(b) = &f.buffer {
+                out.say(format!("    buffer   {b}"));
+            }
+            if let Some(n) = &f.nearest_allocation {
+                out.say(format!("    where    {n}"));
+            }
+            let hint = match f.kind.as_str() {
+                k if k.starts_with("out-of-bounds") => format!(
+                    "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
+                    f.buffer.as_deref().unwrap_or("the buffer")
+                ),
+                "shared memory race" => "two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one".into(),
+                "uninitialized shared memory read" => "a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing".into(),
+                "barrier divergence" | "deadlock" => "not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier".into(),
+                "warp collective divergence" => "a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)".into(),
+                k if k.contains("budget") => "the kernel did not finish: a loop whose counter never reaches its end?".into(),
+                _ => "see the PTX line and the Rust line above".into(),
+            };
+            out.say(format!("  what to look at: {hint}"));
+            Err(Verdict::Finding)
+        }
+        Err(e) => {
+            out.say(format!("  the launch failed: {e}"));
+            out.say("  what to look at: the kernel's signature must match the one in the skeleton");
+            Err(Verdict::Finding)
+        }
+    }
+}
+
+fn vm_launcher(m: &Module) -> Launcher<'_> {
+    Launcher::with_vm(Vm::with_workers(2), m)
+}
+
+fn setup<T>(r: Result<T, VmError>) -> T {
+    r.unwrap_or_else(|e| panic!("lesson harness: VM set-up failed: {e}"))
+}
+
+fn result(
+    out: &mut Out,
+    d: &[(&str, &str, &Diff)],
+    hint: impl Fn(&str, &Diff) -> Option<String>,
+) -> Result<(), Verdict> {
+    if d.iter().all(|(_, _, x)| x.ok()) {
+        out.say("  ok");
+        return Ok(());
+    }
+    for (name, unit, x) in d {
+        if !x.ok() {
+            explain(out, name, unit, x);
+        }
+    }
+    let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
+    out.say(format!(
+        "  what to look at: {}",
+        h.unwrap_or_else(|| "compare your steps with the description at the top of the kernel file".into())
+    ));
+    Err(Verdict::Wrong)
+}
+
+fn all_unwritten(d: &Diff) -> bool {
+    d.unwritten == d.rows * d.cols
+}
+
+fn verdict(cases: impl FnOnce(&mut Out) -> Result<(), Verdict>, out: &mut Out) -> Verdict {
+    match cases(out) {
+        Ok(()) => Verdict::Pass,
+        Err(v) => v,
+    }
+}
+
+// ---- lesson 1 ----
+
+fn lesson1(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            for (case, (n, grid)) in [(1000u32, 4u32), (256, 1)].into_iter().enumerate() {
+                out.say(format!(
+                    "case {}: n = {n}, {grid} block(s) of 256 threads ({} threads past the end)",
+                    case + 1,
+                    grid * 256 - n
+                ));
+                let mut l = vm_launcher(m);
+                let x: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.25 - 12.0).collect();
+                let a = -1.5f32;
+                setup(l.input_f32("x", &x));
+                setup(l.output_f32("y", n as usize));
+                launch(
+                    &mut l,
+                    out,
+                    "scale_f32",
+                    [grid, 1, 1],
+                    [256, 1, 1],
+                    0,
+                    &[Arg::U32(n), Arg::F32(a), Arg::buf("x"), Arg::buf("y")],
+                )?;
+                let want: Vec<f64> = x.iter().map(|&v| a as f64 * v as f64).collect();
+                let d = compare(&setup(l.read_f32("y")), &want, 1, 1e-6);
+                result(out, &[("y", "element", &d)], |_, d| {
+                    Some(if all_unwritten(d) {
+                        "step 3 - the kernel does not store into y yet".into()
+                    } else if !d.unwritten_rows.is_empty() && d.unwritten_rows[0] >= 256 {
+                        "only the first block's elements were written: the index must include the block, `i = block_x() * block_dim_x() + thread_x()` (step 1)".into()
+                    } else if !d.unwritten_rows.is_empty() {
+                        "some elements were never written: does every thread store its own element y[i]?".into()
+                    } else {
+                        "the stored values are wrong: y[i] must be `a * x[i]` for the same i".into()
+                    })
+                })?;
+            }
+            Ok(())
+        },
+        out,
+    )
+}
+
+// ---- lesson 2 ----
+
+fn softmax_rows(x: &[f32], cols: usize) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    for (xr, yr) in x.chunks(cols).zip(y.chunks_mut(cols)) {
+        let m = xr.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        let s: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
+        for (o, &v) in yr.iter_mut().zip(xr) {
+            *o = (v as f64 - m).exp() / s;
+        }
+    }
+    y
+}
+
+fn lesson2(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            let cases = [
+                (6u32, 100u32, 1.0f32, "several blocks, 100 columns (more than one per lane)"),
+                (9, 37, 40.0, "large scores (exp overflows without the max), the last block partly empty"),
+                (4, 32, 1.0, "exactly one column per lane"),
+            ];
+            for (case, (rows, cols, scale, what)) in cases.into_iter().enumerate() {
+                let grid = rows.div_ceil(4);
+                out.say(format!(
+                    "case {}: rows = {rows}, cols = {cols}, inputs x {scale}, {grid} block(s) of 128 threads: {what}",
+                    case + 1
+                ));
+                let mut l = vm_launcher(m);
+                let x = Rng(7 + case as u64).vec((rows * cols) as usize, scale);
+                setup(l.input_f32("x", &x));
+                setup(l.output_f32("y", (rows * cols) as usize));
+                launch(
+                    &mut l,
+                    out,
+                    "row_softmax_f32",
+                    [grid, 1, 1],
+                    [128, 1, 1],
+                    0,
+                    &[Arg::U32(rows), Arg::U32(cols), Arg::buf("x"), Arg::buf("y")],
+                )?;
+                let got = setup(l.read_f32("y"));
+                let d = compare(&got, &softmax_rows(&x, cols as usize), cols as usize, 1e-5);
+                result(out, &[("y", "row", &d)], |_, d| {
+                    Some(if all_unwritten(d) {
+                        "step 4 - the kernel does not store into y yet".into()
+                    } else if !d.nan_rows.is_empty() {
+                        "NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)".into()
+                    } else if !d.unwritten_rows.is_empty()
+                        && d.unwritten_rows.len() < d.rows
+                        && d.unwritten_rows.iter().all(|&r| r >= 4)
+                    {
+                        "only the first block's rows were written: the row is `block_x() * 4 + thread_x() / 32`".into()
+                    } else if !d.unwritten_rows.is_empty() {
+                        "columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`".into()
+                    } else {
+                        let sums: Vec<f32> = got.chunks(cols as usize).map(|r| r.iter().sum()).collect();
+                        let off = sums.iter().position(|s| (s - 1.0).abs() > 1e-3);
+                        match off {
+                            Some(r) => format!("row {r} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", sums[r]),
+                            None => "the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?".into(),
+                        }
+                    })
+                })?;
+            }
+            Ok(())
+        },
+        out,
+    )
+}
+
+// ---- lesson 3 ----
+
+fn lesson3(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            let cases = [
+                (40u32, 50u32, 40u32, "no size a multiple of 16"),
+                (16, 16, 16, "one tile"),
+                (33, 17, 70, "five chunks of d, thin edge tiles"),
+            ];
+            for (case, (n, mk, d, what)) in cases.into_iter().enumerate() {
+                let grid = [mk.div_ceil(16), n.div_ceil(16), 1];
+                out.say(format!(
+                    "case {}: n = {n}, m = {mk}, d = {d}, grid {:?} of 16 x 16 threads: {what}",
+                    case + 1,
+                    &grid[..2]
+                ));
+                let mut l = vm_launcher(m);
+                let mut rng = Rng(11 + case as u64);
+                let q = rng.vec((n * d) as usize, 1.0);
+                let k = rng.vec((mk * d) as usize, 1.0);
+                let scale = 0.125f32;
+                setup(l.input_f32("Q", &q));
+                setup(l.input_f32("K", &k));
+                setup(l.output_f32("S", (n * mk) as usize));
+                launch(
+                    &mut l,
+                    out,
+                    "qk_tiled_f32",
+                    grid,
+                    [16, 16, 1],
+                    2048,
+                    &[
+                        Arg::U32(n),
+                        Arg::U32(mk),
+                        Arg::U32(d),
+                        Arg::F32(scale),
+                        Arg::buf("Q"),
+                        Arg::buf("K"),
+                        Arg::buf("S"),
+                    ],
+                )?;
+                let (n, mk, d) = (n as usize, mk as usize, d as usize);
+                let mut want = vec![0.0f64; n * mk];
+                for i in 0..n {
+                    for j in 0..mk {
+                        want[i * mk + j] =
+                            scale as f64 * (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64).sum::<f64>();
+                    }
+                }
+                let diff = compare(&setup(l.read_f32("S")), &want, mk, 1e-5);
+                result(out, &[("S", "row", &diff)], |_, x| {
+                    Some(if all_unwritten(x) {
+                        "the kernel does not store into S yet (the last step)".into()
+                    } else if !x.unwritten_rows.is_empty() {
+                        "some rows or columns of S were never written: i = block_y() * 16 + thread_y(), j = block_x() * 16 + thread_x(), and the store needs only `i < n && j < m`".into()
+                    } else if x
+                        .first
+                        .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
+                    {
+                        "every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)".into()
+                    } else {
+                        "the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions".into()
+                    })
+                })?;
+            }
+            Ok(())
+        },
+        out,
+    )
+}
+
+// ---- lesson 4 ----
+
+fn lesson4(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            let (rows, n) = (70usize, 50usize);
+            out.say(format!("case 1: rows = {rows}, n = {n}, 2 blocks of 64 threads; rows 3 and 40 fully masked (-inf), row 10 masked for its first 20 keys, row 11 with scores x 30"));
+            let mut rng = Rng(5);
+            let mut s = rng.vec(rows * n, 3.0);
+            for j in 0..n {
+                s[3 * n + j] = f32::NEG_INFINITY;
+                s[40 * n + j] = f32::NEG_INFINITY;
+                s[11 * n + j] *= 10.0;
+            }
+            for j in 0..20 {
+                s[10 * n + j] = f32::NEG_INFINITY;
+            }
+            let v = rng.vec(n * 4, 1.0);
+            let mut l = vm_launcher(m);
+            setup(l.input_f32("S", &s));
+            setup(l.input_f32("V", &v));
+            setup(l.output_f32("O", rows * 4));
+            setup(l.output_f32("LSE", rows));
+            launch(
+                &mut l,
+                out,
+                "online_softmax_pv_f32",
+                [2, 1, 1],
+                [64, 1, 1],
+                0,
+                &[
+                    Arg::U32(rows as u32),
+                    Arg::U32(n as u32),
+                    Arg::buf("S"),
+                    Arg::buf("V"),
+                    Arg::buf("O"),
+                    Arg::buf("LSE"),
+                ],
+            )?;
+            let (mut want_o, mut want_lse) = (vec![0.0f64; rows * 4], vec![0.0f64; rows]);
+            for r in 0..rows {
+                let row = &s[r * n..r * n + n];
+                let mx = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+                if mx == f64::NEG_INFINITY {
+                    want_lse[r] = f64::NEG_INFINITY;
+                    continue;
+                }
+                let sum: f64 = row.iter().map(|&x| (x as f64 - mx).exp()).sum();
+                want_lse[r] = mx + sum.ln();
+                for c in 0..4 {
+                    want_o[r * 4 + c] =
+                        row.iter().enumerate().map(|(j, &x)| (x as f64 - mx).exp() * v[j * 4 + c] as f64).sum::<f64>()
+                            / sum;
+                }
+            }
+            let d_o = compare(&setup(l.read_f32("O")), &want_o, 4, 1e-5);
+            let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-5);
+            result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
+                let masked = |rows: &[usize]| rows.iter().any(|r| *r == 3 || *r == 40);
+                Some(if all_unwritten(d) {
+                    format!("the kernel does not store into {name} yet (the final step)")
+                } else if masked(&d.nan_rows) || masked(&d.wrong_rows) {
+                    "the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf".into()
+                } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
+                    "row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN".into()
+                } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
+                    "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2".into()
+                } else {
+                    "wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)".into()
+                })
+            })
+        },
+        out,
+    )
+}
+
+// ---- lesson 5 ----
+
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sq: usize,
+    skv: usize,
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    const D: usize = 32;
+    let (mut o, mut lse) = (vec![0.0f64; sq * D], vec![f64::NEG_INFINITY; sq]);
+    for i in 0..sq {
+        let end = if causal { (i as i64 + skv as i64 - sq as i64 + 1).clamp(0, skv as i64) as usize } else { skv };
+        if end == 0 {
+            continue;
+        }
+        let s: Vec<f64> =
+            (0..end).map(|j| scale * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>()).collect();
+        let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+        lse[i] = mx + sum.ln();
+        for c in 0..D {
+            o[i * D + c] = s.iter().enumerate().map(|(j, x)| (x - mx).exp() * v[j * D + c] as f64).sum::<f64>() / sum;
+        }
+    }
+    (o, lse)
+}
+
+fn lesson5(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            let cases = [
+                (45usize, 70usize, false, "3 key tiles, the last one partial; 2 blocks"),
+                (45, 70, true, "causal, bottom-right aligned"),
+                (70, 45, true, "causal with seq_q > seq_kv: rows 0-24 see no key (O = 0, LSE = -inf)"),
+                (32, 32, false, "one block, one tile"),
+            ];
+            for (case, (sq, skv, causal, what)) in cases.into_iter().enumerate() {
+                let grid = sq.div_ceil(32) as u32;
+                out.say(format!(
+                    "case {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, {grid} block(s) of 32 threads: {what}",
+                    case + 1
+                ));
+                let mut rng = Rng(21 + case as u64);
+                let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
+                let scale = 1.0 / (32.0f32).sqrt();
+                let mut l = vm_launcher(m);
+                setup(l.input_f32("Q", &q));
+                setup(l.input_f32("K", &k));
+                setup(l.input_f32("V", &v));
+                setup(l.output_f32("O", sq * 32));
+                setup(l.output_f32("LSE", sq));
+                let args = [
+                    Arg::U32(sq as u32),
+                    Arg::U32(skv as u32),
+                    Arg::F32(scale),
+                    Arg::U32(causal as u32),
+                    Arg::buf("Q"),
+                    Arg::buf("K"),
+                    Arg::buf("V"),
+                    Arg::buf("O"),
+                    Arg::buf("LSE"),
+                ];
+                launch(&mut l, out, "flash_lesson_f32", [grid, 1, 1], [32, 1, 1], 8192, &args)?;
+                let (want_o, want_lse) = attention_ref(&q, &k, &v, sq, skv, causal, scale as f64);
+                let d_o = compare(&setup(l.read_f32("O")), &want_o, 32, 1e-4);
+                let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-4);
+                result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
+                    Some(if all_unwritten(d) {
+                        format!("the kernel does not store into {name} yet (step 3)")
+                    } else if !d.unwritten_rows.is_empty() {
+                        "rows of the second block were never written: the row is `block_x() * 32 + thread_x()`".into()
+                    } else if causal && sq > skv && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < 25)) {
+                        "rows 0-24 see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf".into()
+                    } else if causal {
+                        "the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)".into()
+                    } else if d.wrong_rows.len() == d.rows {
+                        "every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows".into()
+                    } else {
+                        "some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0".into()
+                    })
+                })?;
+            }
+            Ok(())
+        },
+        out,
+    )
+}
