@@ -171,6 +171,8 @@ fn a_write_that_fails_half_way_leaves_the_old_file_whole() {
         stderr(&o)
     );
     assert_eq!(std::fs::read(&out).unwrap(), good, "the old output was truncated");
+    // The measured, verified result is still reported.
+    assert!(stdout(&o).contains("verified     PASS"), "{}", stdout(&o));
     let dir = out.parent().unwrap();
     let leftovers: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
