@@ -293,6 +293,26 @@ fn sizes_and_counts_that_would_wrap_are_refused() {
         2,
         "the score matrix needs",
     );
+    // Q wraps a u64 while the old score-matrix check (seq_kv 1) passed: flash, 2^70 bytes of Q.
+    expect(
+        &[
+            "--backend",
+            "vm",
+            "run",
+            "--batch",
+            "65536",
+            "--heads",
+            "65536",
+            "--seq-q",
+            "536870912",
+            "--seq-kv",
+            "1",
+            "--head-dim",
+            "128",
+        ],
+        2,
+        "Q (and O) needs 1180591620717411303424 bytes",
+    );
     expect(&["--backend", "vm", "run", "--seq", "8", "--warmup", big], 2, "--warmup must be at most 1000000");
     expect(&["--backend", "vm", "run", "--seq", "8", "--repeats", big], 2, "--repeats must be at most 1000000");
     expect(
