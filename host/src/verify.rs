@@ -8,6 +8,15 @@
 //!
 //! # Bounds
 //!
+//! **Every row on its own.** Besides the whole-tensor statistics below, each checked row `r` is
+//! measured against its own scale `a_r = Σ_j P_j |v_j|` ([`Reference::o_abs`]): relative RMS
+//! `‖o_r − ref_r‖ / ‖a_r‖`, max abs `max |o_r − ref_r| / max a_r` and LSE `|lse_r − ref_r| /
+//! max(1, |ref_r|)` ([`row_errors`]), with the bounds `row_rel_rms`, `row_max_abs` and
+//! `lse_row_max_abs` of [`Tolerance`]: 1e-5, 1e-4, 1e-4 for f32; for bf16/f16 twice the
+//! naive-in-dtype baseline's worst row (floors `u`, `2u`, 1e-4). So no row's error can hide behind
+//! another row's magnitude: a whole-tensor relative RMS is dominated by the largest rows, and a
+//! max abs bound scaled by the tensor's largest value is loose for every other row.
+//!
 //! **f32**: fixed bounds, [`crate::dtype::Dtype::tolerance`]: relative RMS errors of 1e-5, and
 //! max abs errors of 1e-4 *per unit of magnitude*: the absolute bounds are multiplied by
 //! `max(1, max |ref|)` of the tensor (O or finite LSE), because an f32 value of magnitude M

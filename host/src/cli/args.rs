@@ -187,11 +187,13 @@ pub struct RunArgs {
     pub problem: ProblemArgs,
     /// Read q, k, v ([batch, seq, heads, head_dim], F32, BF16 or F16) from a .safetensors file
     /// instead of random inputs; the shape comes from the file, and so does the dtype unless
-    /// --dtype is given (then the file must match it).
+    /// --dtype is given (then the file must match it). A regular file (at most 64 GiB); NaN or
+    /// inf values are refused.
     #[arg(long, value_name = "FILE.safetensors")]
     pub inputs: Option<PathBuf>,
     /// Write o ([batch, seq_q, heads, head_dim], in the run's dtype) and lse ([batch, heads, seq_q],
-    /// f32) to this file.
+    /// f32) to this file, only when the result verified, atomically (a temporary file renamed
+    /// over it). Checked before the run: writable, and not --inputs, --ptx or the --save file.
     #[arg(long, value_name = "FILE.safetensors")]
     pub output: Option<PathBuf>,
 }
@@ -218,7 +220,8 @@ pub struct SweepArgs {
     /// Kernels run at every point [default: naive,flash].
     #[arg(long, value_name = "LIST")]
     pub kernels: Option<String>,
-    /// Where to write the plot (SVG).
+    /// Where to write the plot (SVG): only when the sweep verified, atomically; checked before
+    /// the sweep like --output.
     #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg")]
     pub plot: PathBuf,
     /// Do not write a plot.

@@ -236,10 +236,10 @@ pub fn check_vary_conflict(key: &str, a: &ProblemArgs, kernel_given: bool) -> Re
         if *is_given && overridden.contains(flag) {
             return Err(Error::Usage(format!(
                 "--vary {key} sets what {flag} sets, so {flag} would be ignored: give one of them{}",
-                if key == "seq-q" || key == "seq-kv" {
-                    " (to hold the other length fixed, give --seq-q or --seq-kv)"
-                } else {
-                    ""
+                match key {
+                    "seq-q" => " (to hold seq_kv fixed, give --seq-kv)",
+                    "seq-kv" => " (to hold seq_q fixed, give --seq-q)",
+                    _ => "",
                 }
             )));
         }

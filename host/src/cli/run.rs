@@ -43,8 +43,8 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if let (Some(path), false) = (&a.output, report.verified) {
         eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
     }
+    let mut write_error = None;
     if let (Some(path), true) = (&a.output, report.verified) {
-        written = Some(path);
         let shape = FileShape {
             batch: problem.batch,
             heads: problem.heads,
@@ -52,8 +52,12 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             seq_kv: problem.seq_kv,
             head_dim: problem.head_dim,
         };
-        write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse)?;
-        if !cli.json {
+        // A write that fails after all (disk full, file-size limit) leaves the old file whole;
+        // the measured result is still printed and saved, and the run exits 2.
+        if let Err(e) = write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse) {
+            eprintln!("error: {e}");
+            write_error = Some(e.to_string());
+        } else if !cli.json {
             println!(
                 "wrote o {:?} {} and lse {:?} f32 to {}",
                 [shape.batch, shape.seq_q, shape.heads, shape.head_dim],
@@ -62,11 +66,17 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
                 path.display()
             );
         }
+        if write_error.is_none() {
+            written = Some(path);
+        }
     }
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["backend_reason"] = reason.into();
     if a.output.is_some() {
         v["output_file"] = written.map(|p| p.display().to_string()).into();
+    }
+    if let Some(e) = &write_error {
+        v["output_error"] = e.clone().into();
     }
     save_evidence(cli, &v)?;
     if cli.json {
@@ -74,5 +84,11 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     } else {
         print!("{}", run_summary(&report));
     }
-    Ok(if report.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+    Ok(if write_error.is_some() {
+        exit::BAD_INPUT
+    } else if report.verified {
+        exit::SUCCESS
+    } else {
+        exit::VERIFICATION_FAILED
+    })
 }

@@ -79,10 +79,17 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     let all_ok = any_ran && points.iter().all(|p| p.report.as_ref().is_none_or(|r| r.verified));
 
     let mut plot_path = None;
+    let mut plot_error = None;
     if !a.no_plot && all_ok {
         let svg = render_plot(&vary.key, &points, &kernels, dev.backend());
-        memattn::files::write_atomic(&a.plot, svg.as_bytes(), "--plot")?;
-        plot_path = Some(a.plot.display().to_string());
+        // A write that fails after all leaves any old plot whole; the results are still printed.
+        match memattn::files::write_atomic(&a.plot, svg.as_bytes(), "--plot") {
+            Ok(()) => plot_path = Some(a.plot.display().to_string()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                plot_error = Some(e.to_string());
+            }
+        }
     } else if !a.no_plot {
         eprintln!("not writing the plot {}: the sweep did not verify", a.plot.display());
     }
@@ -95,6 +102,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         "points": points,
         "skipped": skipped,
         "plot": plot_path,
+        "plot_error": plot_error,
         "verified": all_ok,
     });
     save_evidence(cli, &v)?;
@@ -138,6 +146,9 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     }
     if !any_ran {
         eprintln!("error: no point of the sweep ran (see the reasons above); nothing was verified");
+        return Ok(exit::BAD_INPUT);
+    }
+    if plot_error.is_some() {
         return Ok(exit::BAD_INPUT);
     }
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
