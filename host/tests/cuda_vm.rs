@@ -117,6 +117,16 @@ fn compare_and_sweep_on_the_vm_backed_driver() {
     }
     // naive's score matrix: 2 heads x 40 x 70 f32.
     assert_eq!(v["comparisons"][0]["memory_saved_bytes"], 2 * 40 * 70 * 4);
+    // The same outputs as in the VM: the same errors against the reference, to the last bit.
+    let o = memattn(&["--json", "--backend", "vm", "compare", "--heads", "2", "--seq-q", "40", "--seq-kv", "70"]);
+    let vm = json(&o);
+    for (c, m) in runs.iter().zip(vm["runs"].as_array().unwrap()) {
+        assert_eq!(c["kernel"], m["kernel"]);
+        for field in ["rel_rms_err", "max_abs_err", "lse_err"] {
+            assert_eq!(c["report"][field], m["report"][field], "{} {field}", c["kernel"]);
+        }
+        assert_eq!(c["report"]["memory"]["peak_delta_bytes"], m["report"]["memory"]["peak_delta_bytes"]);
+    }
 
     // 2 MiB of device memory: at seq 256 naive (2 MiB + 4 KiB) does not fit, which the CUDA
     // backend learns from cuMemGetInfo before allocating.
@@ -231,7 +241,10 @@ fn any_cudarc_program_gets_it_through_ld_library_path() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["verified"], true);
-    assert!(v["device"].as_str().unwrap().contains("VM-backed") && v["device"].as_str().unwrap().contains("sm_90"), "{v}");
+    assert!(
+        v["device"].as_str().unwrap().contains("VM-backed") && v["device"].as_str().unwrap().contains("sm_90"),
+        "{v}"
+    );
     // NVML came from the same library through its own name: it saw the run's buffers.
     assert!(v["memory"]["source"].as_str().unwrap().starts_with("nvml"), "{}", v["memory"]);
     assert_eq!(v["memory"]["peak_bytes"], v["analytic_bytes"]["total"]);

@@ -228,9 +228,14 @@ fn details() -> MutexGuard<'static, HashMap<CUresult, &'static CStr>> {
 pub fn fail(code: CUresult, detail: impl Into<String>) -> CUresult {
     let base = ERRORS.iter().find(|e| e.0 == code).map(|e| e.2).unwrap_or("error");
     let text = format!("{base} ({})", detail.into().replace('\0', " "));
-    // The string must outlive every caller that holds the pointer; error texts are few and small.
+    let mut d = details();
+    if d.get(&code).is_some_and(|s| s.to_bytes() == text.as_bytes()) {
+        return code;
+    }
+    // The string must outlive every caller that holds the pointer: it is leaked (a repeated
+    // error reuses it, so a loop of failing calls does not grow memory).
     let s: &'static CStr = Box::leak(CString::new(text).unwrap_or_default().into_boxed_c_str());
-    details().insert(code, s);
+    d.insert(code, s);
     code
 }
 

@@ -62,7 +62,7 @@ fn device_attributes_model_an_sm80_part() {
 #[test]
 fn saxpy_through_cudarc_with_memory_figures() {
     let (_g, ctx) = driver();
-    let stream = ctx.default_stream();
+    let stream = ctx.new_stream().unwrap();
     let module = ctx.load_module(Ptx::from_src(PTX)).unwrap();
     let f = module.load_function("saxpy_f32").unwrap();
     let n = 1000u32;
