@@ -249,3 +249,68 @@ fn any_cudarc_program_gets_it_through_ld_library_path() {
     assert!(v["memory"]["source"].as_str().unwrap().starts_with("nvml"), "{}", v["memory"]);
     assert_eq!(v["memory"]["peak_bytes"], v["analytic_bytes"]["total"]);
 }
+
+#[test]
+fn every_driver_function_memattn_resolves_is_in_the_probe_list() {
+    // The dynamic loader logs each symbol lookup (glibc's LD_DEBUG): every `cu*` function that
+    // cudarc resolves during run, compare (naive and flash, f32 and bf16) and doctor must be one
+    // the probe checks, or a driver lacking it would panic instead of exiting 3.
+    let dir = tmp("ld-debug");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let runs: [&[&str]; 3] = [
+        &["--backend", "cuda", "compare", "--heads", "1", "--seq", "24"],
+        &["--backend", "cuda", "run", "--dtype", "bf16", "--heads", "1", "--seq", "24"],
+        &["--backend", "cuda", "doctor"],
+    ];
+    for args in runs {
+        let o = memattn_with(&vm_cuda(), &[("LD_DEBUG", "symbols"), ("LD_DEBUG_OUTPUT", log.to_str().unwrap())], args);
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for line in text.lines().filter(|l| l.contains("libvm_cuda.so")) {
+            if let Some(name) = line.split("symbol=").nth(1).and_then(|r| r.split(';').next()) {
+                if name.starts_with("cu") {
+                    seen.insert(name.to_string());
+                }
+            }
+        }
+    }
+    assert!(seen.contains("cuInit") && seen.contains("cuLaunchKernel"), "the loader logged no lookups: {seen:?}");
+    let listed = memattn::device::cuda::REQUIRED_DRIVER_FUNCTIONS;
+    let missing: Vec<&String> = seen.iter().filter(|s| !listed.contains(&s.as_str())).collect();
+    assert!(missing.is_empty(), "resolved but not checked by the probe: {missing:?}");
+}
+
+#[test]
+fn a_memcheck_finding_is_a_launch_failure_naming_it() {
+    // The flash kernel without the barrier before its K/V tile refill (as in cli.rs): on the
+    // VM-backed driver the race is CUDA_ERROR_LAUNCH_FAILED carrying the finding (exit 3); with
+    // the checks off the kernel finishes and verification catches the damage (exit 1).
+    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
+    let at = start + ptx[start..].find("bar.sync").unwrap();
+    let path = tmp("no-barrier.ptx");
+    std::fs::write(&path, format!("{}// removed: {}", &ptx[..at], &ptx[at..])).unwrap();
+    let args = [
+        "--backend",
+        "cuda",
+        "--ptx",
+        path.to_str().unwrap(),
+        "run",
+        "--heads",
+        "2",
+        "--seq-q",
+        "96",
+        "--seq-kv",
+        "200",
+    ];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("CUDA_ERROR_LAUNCH_FAILED") && err.contains("shared memory race"), "{err}");
+    let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ALLOW", "initcheck,racecheck")], &args);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+}

@@ -168,6 +168,10 @@ pub fn state() -> MutexGuard<'static, State> {
         lim.max_shared_per_block = model.smem_optin as u32;
         lim.memory_bytes = model.memory_bytes;
         vm.set_limits(lim);
+        // VM_CUDA_ALLOW=initcheck,racecheck: the shared-memory checks memattn's --vm-allow turns off.
+        let allow = std::env::var("VM_CUDA_ALLOW").unwrap_or_default();
+        vm.set_initcheck(!allow.split(',').any(|a| a.trim() == "initcheck"));
+        vm.set_racecheck(!allow.split(',').any(|a| a.trim() == "racecheck"));
         Mutex::new(State {
             initialised: false,
             model,
