@@ -32,8 +32,9 @@ pub struct GpuInfo {
 fn init() -> Result<Nvml, String> {
     // A driver library chosen with MEMATTN_CUDA_DRIVER provides NVML too (vm-cuda's does).
     let chosen = crate::driver::driver_library().ok().flatten();
+    // A chosen library without NVML (a real libcuda) leaves NVML to the system's library.
     let open = || match chosen {
-        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init().or_else(|_| Nvml::init()),
         None => Nvml::init(),
     };
     match crate::panics::quietly(open) {

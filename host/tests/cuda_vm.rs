@@ -117,6 +117,16 @@ fn compare_and_sweep_on_the_vm_backed_driver() {
     }
     // naive's score matrix: 2 heads x 40 x 70 f32.
     assert_eq!(v["comparisons"][0]["memory_saved_bytes"], 2 * 40 * 70 * 4);
+    // The same outputs as in the VM: the same errors against the reference, to the last bit.
+    let o = memattn(&["--json", "--backend", "vm", "compare", "--heads", "2", "--seq-q", "40", "--seq-kv", "70"]);
+    let vm = json(&o);
+    for (c, m) in runs.iter().zip(vm["runs"].as_array().unwrap()) {
+        assert_eq!(c["kernel"], m["kernel"]);
+        for field in ["rel_rms_err", "max_abs_err", "lse_err"] {
+            assert_eq!(c["report"][field], m["report"][field], "{} {field}", c["kernel"]);
+        }
+        assert_eq!(c["report"]["memory"]["peak_delta_bytes"], m["report"]["memory"]["peak_delta_bytes"]);
+    }
 
     // 2 MiB of device memory: at seq 256 naive (2 MiB + 4 KiB) does not fit, which the CUDA
     // backend learns from cuMemGetInfo before allocating.
@@ -238,4 +248,69 @@ fn any_cudarc_program_gets_it_through_ld_library_path() {
     // NVML came from the same library through its own name: it saw the run's buffers.
     assert!(v["memory"]["source"].as_str().unwrap().starts_with("nvml"), "{}", v["memory"]);
     assert_eq!(v["memory"]["peak_bytes"], v["analytic_bytes"]["total"]);
+}
+
+#[test]
+fn every_driver_function_memattn_resolves_is_in_the_probe_list() {
+    // The dynamic loader logs each symbol lookup (glibc's LD_DEBUG): every `cu*` function that
+    // cudarc resolves during run, compare (naive and flash, f32 and bf16) and doctor must be one
+    // the probe checks, or a driver lacking it would panic instead of exiting 3.
+    let dir = tmp("ld-debug");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let runs: [&[&str]; 3] = [
+        &["--backend", "cuda", "compare", "--heads", "1", "--seq", "24"],
+        &["--backend", "cuda", "run", "--dtype", "bf16", "--heads", "1", "--seq", "24"],
+        &["--backend", "cuda", "doctor"],
+    ];
+    for args in runs {
+        let o = memattn_with(&vm_cuda(), &[("LD_DEBUG", "symbols"), ("LD_DEBUG_OUTPUT", log.to_str().unwrap())], args);
+        assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for line in text.lines().filter(|l| l.contains("libvm_cuda.so")) {
+            if let Some(name) = line.split("symbol=").nth(1).and_then(|r| r.split(';').next()) {
+                if name.starts_with("cu") {
+                    seen.insert(name.to_string());
+                }
+            }
+        }
+    }
+    assert!(seen.contains("cuInit") && seen.contains("cuLaunchKernel"), "the loader logged no lookups: {seen:?}");
+    let listed = memattn::device::cuda::REQUIRED_DRIVER_FUNCTIONS;
+    let missing: Vec<&String> = seen.iter().filter(|s| !listed.contains(&s.as_str())).collect();
+    assert!(missing.is_empty(), "resolved but not checked by the probe: {missing:?}");
+}
+
+#[test]
+fn a_memcheck_finding_is_a_launch_failure_naming_it() {
+    // The flash kernel without the barrier before its K/V tile refill (as in cli.rs): on the
+    // VM-backed driver the race is CUDA_ERROR_LAUNCH_FAILED carrying the finding (exit 3); with
+    // the checks off the kernel finishes and verification catches the damage (exit 1).
+    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
+    let at = start + ptx[start..].find("bar.sync").unwrap();
+    let path = tmp("no-barrier.ptx");
+    std::fs::write(&path, format!("{}// removed: {}", &ptx[..at], &ptx[at..])).unwrap();
+    let args = [
+        "--backend",
+        "cuda",
+        "--ptx",
+        path.to_str().unwrap(),
+        "run",
+        "--heads",
+        "2",
+        "--seq-q",
+        "96",
+        "--seq-kv",
+        "200",
+    ];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("CUDA_ERROR_LAUNCH_FAILED") && err.contains("shared memory race"), "{err}");
+    let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ALLOW", "initcheck,racecheck")], &args);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
 }

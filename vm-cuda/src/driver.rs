@@ -4,7 +4,7 @@ use ptx_vm::{DeviceLimits, LaunchConfig, Module, Vm, VmError};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -139,6 +139,8 @@ pub struct State {
 pub static MEM_CURRENT: AtomicU64 = AtomicU64::new(0);
 pub static BUSY: AtomicBool = AtomicBool::new(false);
 pub static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+/// References to the primary context (mirrors `State::primary_refs` for NVML's process list).
+pub static PRIMARY_ACTIVE: AtomicU32 = AtomicU32::new(0);
 
 /// The one primary context (any non-null value serves as the handle).
 const PRIMARY: usize = 0xC0_0000;
@@ -168,6 +170,10 @@ pub fn state() -> MutexGuard<'static, State> {
         lim.max_shared_per_block = model.smem_optin as u32;
         lim.memory_bytes = model.memory_bytes;
         vm.set_limits(lim);
+        // VM_CUDA_ALLOW=initcheck,racecheck: the shared-memory checks memattn's --vm-allow turns off.
+        let allow = std::env::var("VM_CUDA_ALLOW").unwrap_or_default();
+        vm.set_initcheck(!allow.split(',').any(|a| a.trim() == "initcheck"));
+        vm.set_racecheck(!allow.split(',').any(|a| a.trim() == "racecheck"));
         Mutex::new(State {
             initialised: false,
             model,
@@ -228,9 +234,14 @@ fn details() -> MutexGuard<'static, HashMap<CUresult, &'static CStr>> {
 pub fn fail(code: CUresult, detail: impl Into<String>) -> CUresult {
     let base = ERRORS.iter().find(|e| e.0 == code).map(|e| e.2).unwrap_or("error");
     let text = format!("{base} ({})", detail.into().replace('\0', " "));
-    // The string must outlive every caller that holds the pointer; error texts are few and small.
+    let mut d = details();
+    if d.get(&code).is_some_and(|s| s.to_bytes() == text.as_bytes()) {
+        return code;
+    }
+    // The string must outlive every caller that holds the pointer: it is leaked (a repeated
+    // error reuses it, so a loop of failing calls does not grow memory).
     let s: &'static CStr = Box::leak(CString::new(text).unwrap_or_default().into_boxed_c_str());
-    details().insert(code, s);
+    d.insert(code, s);
     code
 }
 
@@ -530,6 +541,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
         device(&s, dev)?;
         out(pctx, PRIMARY as Handle)?;
         s.primary_refs += 1;
+        PRIMARY_ACTIVE.store(s.primary_refs, Ordering::Relaxed);
         Ok(())
     })
 }
@@ -543,6 +555,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
             return Err(fail(INVALID_CONTEXT, "the primary context was not retained"));
         }
         s.primary_refs -= 1;
+        PRIMARY_ACTIVE.store(s.primary_refs, Ordering::Relaxed);
         Ok(())
     })
 }
@@ -640,9 +653,16 @@ fn load_module(s: &mut State, image: *const c_void) -> Result<usize, (CUresult, 
     if image.is_null() {
         return Err((INVALID_VALUE, "no image".into()));
     }
-    // SAFETY: the caller passes a readable image; the first four bytes say what kind it is.
-    let head = unsafe { std::slice::from_raw_parts(image as *const u8, 4) };
-    if head == b"\x7fELF" {
+    // The first bytes say what kind of image it is; stop at a NUL (a short PTX text).
+    let mut head = [0u8; 4];
+    for (i, b) in head.iter_mut().enumerate() {
+        // SAFETY: the caller passes a readable image; bytes up to the first NUL are part of it.
+        *b = unsafe { *(image as *const u8).add(i) };
+        if *b == 0 {
+            break;
+        }
+    }
+    if &head == b"\x7fELF" {
         return Err((INVALID_IMAGE, "ptx-vm: cubin (ELF) images are not supported; load PTX text".into()));
     }
     if head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x62, 0xc1, 0x46] {

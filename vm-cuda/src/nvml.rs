@@ -1,8 +1,9 @@
 //! The NVML functions memattn's sampler and `doctor` use, reading the same VM as the driver:
 //! memory used is the VM allocator's current bytes, utilisation is 100 % while a launch runs.
-//! Any other NVML function is absent; nvml-wrapper reports an absent one as an error when called.
+//! The running-process list holds this process while it has the primary context retained. Any
+//! other NVML function is absent; nvml-wrapper reports an absent one as an error when called.
 
-use crate::driver::{model, uuid_string, BUSY, MEM_CURRENT};
+use crate::driver::{model, uuid_string, BUSY, MEM_CURRENT, PRIMARY_ACTIVE};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -257,12 +258,42 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: *mut c_void, u: *
     })
 }
 
-/// Per-process accounting is not modelled.
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// This process, while it holds the primary context, using the VM allocator's current bytes.
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
-    _device: *mut c_void,
-    _count: *mut c_uint,
-    _infos: *mut c_void,
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
 ) -> NvmlReturn {
-    NOT_SUPPORTED
+    run(|| {
+        dev(device)?;
+        if count.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let n = (PRIMARY_ACTIVE.load(Ordering::Relaxed) > 0) as c_uint;
+        let room = *count;
+        *count = n;
+        if n == 0 {
+            return Ok(());
+        }
+        if room < n || infos.is_null() {
+            return Err(INSUFFICIENT_SIZE);
+        }
+        let (_, _, used) = memory();
+        infos.write(ProcessInfo {
+            pid: std::process::id(),
+            used_gpu_memory: used,
+            gpu_instance_id: c_uint::MAX,
+            compute_instance_id: c_uint::MAX,
+        });
+        Ok(())
+    })
 }

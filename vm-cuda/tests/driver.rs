@@ -62,7 +62,7 @@ fn device_attributes_model_an_sm80_part() {
 #[test]
 fn saxpy_through_cudarc_with_memory_figures() {
     let (_g, ctx) = driver();
-    let stream = ctx.default_stream();
+    let stream = ctx.new_stream().unwrap();
     let module = ctx.load_module(Ptx::from_src(PTX)).unwrap();
     let f = module.load_function("saxpy_f32").unwrap();
     let n = 1000u32;
@@ -231,6 +231,11 @@ fn bad_ptx_fails_with_a_jit_error_log() {
     let log = String::from_utf8_lossy(&log[..end]);
     assert!(log.contains("PTX line 6") && log.contains("frobnicate"), "{log}");
     assert_eq!(values[1] as usize, end + 1, "the driver writes back the log size");
+    // A cubin (ELF) image is not PTX.
+    let elf = b"\x7fELF\x02\x01\x01\x00\x00\x00";
+    let e = unsafe { result::module::load_data(elf.as_ptr() as *const c_void) }.unwrap_err();
+    assert_eq!(e.0, CUresult::CUDA_ERROR_INVALID_IMAGE);
+    assert!(err_text(&e).contains("cubin"), "{}", err_text(&e));
     // PTX for a newer architecture than the device's.
     let newer = CString::new(PTX.replacen(".target sm_80", ".target sm_90", 1)).unwrap();
     let e = unsafe { result::module::load_data(newer.as_ptr() as *const c_void) }.unwrap_err();
@@ -321,6 +326,10 @@ fn nvml_reads_the_same_allocator() {
     assert_eq!(during.free + during.used, during.total);
     let (free, _) = result::mem_get_info().unwrap();
     assert_eq!(free as u64, during.free, "NVML and cuMemGetInfo agree");
+    let procs = dev.running_compute_processes().unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0].pid, std::process::id());
+    assert_eq!(procs[0].used_gpu_memory, nvml_wrapper::enums::device::UsedGpuMemory::Used(during.used));
     drop(buf);
     assert_eq!(dev.memory_info().unwrap().used, before.used);
     assert_eq!(dev.utilization_rates().unwrap().gpu, 0, "idle between launches");
