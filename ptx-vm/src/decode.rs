@@ -599,11 +599,26 @@ fn rnd_of(m: &mut Mods) -> (u8, bool) {
 type Decoded = (Op, Option<String>);
 type SrcFn<'a> = dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError> + 'a;
 
+/// Decodes one instruction: the opcode's family decides which decoder reads it.
 fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Decoded, LoadError> {
-    let line = i.line;
     let opcode = i.opcode.as_str();
     let base = opcode.split('.').next().unwrap_or("");
     let mut m = Mods::new(opcode);
+    match base {
+        "ld" | "ldu" | "st" | "atom" | "red" | "cp" | "ldmatrix" => decode_memory(cx, ctx, i, &mut m),
+        "bra" | "call" | "ret" | "exit" | "trap" | "brkpt" | "bar" | "barrier" | "membar" | "fence" | "prefetch"
+        | "prefetchu" | "discard" | "nanosleep" | "pmevent" => decode_control(cx, ctx, i, &mut m, fname),
+        "shfl" | "vote" | "redux" | "match" | "mma" => decode_warp(cx, ctx, i, &mut m),
+        _ => decode_data(cx, ctx, i, &mut m),
+    }
+}
+
+/// Moves, arithmetic, selection, comparison and conversion (`mov`, `activemask`, the arithmetic
+/// family, `selp`, `setp`/`set`, `cvt`, `cvta`).
+fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let base = opcode.split('.').next().unwrap_or("");
     let ops = &i.ops;
     let nops = |n: usize| -> Result<(), LoadError> {
         if ops.len() != n {
@@ -672,7 +687,7 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
         "add" | "sub" | "mul" | "mad" | "fma" | "div" | "rem" | "min" | "max" | "abs" | "neg" | "and" | "or"
         | "xor" | "not" | "cnot" | "popc" | "clz" | "brev" | "bfe" | "bfi" | "shl" | "shr" | "prmt" | "copysign"
         | "rcp" | "sqrt" | "rsqrt" | "ex2" | "lg2" | "sin" | "cos" | "tanh" | "mul24" | "mad24" | "sad" => {
-            arith(cx, ctx, &mut m, i, base)?
+            arith(cx, ctx, m, i, base)?
         }
         "selp" => {
             let t = m.ty().ok_or(LoadError { line, message: "selp needs a type".into() })?;
@@ -786,7 +801,7 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             Op::Bin { f, d: dst(cx, &ops[0])?, a: src(cx, &ops[1], 32, true)?, b: src(cx, &ops[2], 32, true)? }
         }
         "cvt" => {
-            let (rnd, int_round) = rnd_of(&mut m);
+            let (rnd, int_round) = rnd_of(m);
             let ftz = m.has("ftz");
             let sat = m.has("sat");
             let from = m.ty().ok_or(LoadError { line, message: "cvt needs two types".into() })?;
@@ -825,6 +840,37 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             let f: F2 = if bits == 32 { ops::add::<32> } else { ops::add::<64> };
             Op::Bin { f, d: dst(cx, &ops[0])?, a, b: k }
         }
+        _ => return err(line, format!("unsupported instruction `{opcode}`")),
+    };
+    Ok((op, None))
+}
+
+/// Loads, stores, atomics and the asynchronous and matrix loads (`ld`/`ldu`/`st`, `atom`/`red`,
+/// `cp.async`, `ldmatrix`).
+fn decode_memory(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let base = opcode.split('.').next().unwrap_or("");
+    let ops = &i.ops;
+    let nops = |n: usize| -> Result<(), LoadError> {
+        if ops.len() != n {
+            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
+        } else {
+            Ok(())
+        }
+    };
+    // Source operand of a given width (float says how to read float literals).
+    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
+        src_operand(cx, ctx, o, bits, float)
+    };
+    let dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
+        match o {
+            Operand::Name(n) if n == "_" => Ok(cx.sink),
+            Operand::Name(n) => ctx.reg(n),
+            _ => err(line, format!("bad destination operand in `{opcode}`")),
+        }
+    };
+    let op = match base {
         "ld" | "ldu" | "st" => {
             let is_ld = base != "st";
             m.ignore_hints();
@@ -948,6 +994,70 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             let c = if aop == AtomOp::Cas { src(cx, &rest[2], bits, false)? } else { NONE };
             Op::Atom { sp, op: aop, ty, d, a, off, b, c }
         }
+        "cp" => decode_cp_async(cx, ctx, m, i)?,
+        "ldmatrix" => {
+            m.has("sync");
+            m.has("aligned");
+            if !m.has("m8n8") {
+                return err(line, format!("`{opcode}`: only the .m8n8 shape is supported"));
+            }
+            let num = match m.any(&["x1", "x2", "x4"]) {
+                Some("x1") => 1,
+                Some("x2") => 2,
+                Some("x4") => 4,
+                _ => return err(line, format!("`{opcode}` needs .x1, .x2 or .x4")),
+            };
+            let trans = m.has("trans");
+            let sp = if m.has("shared") || m.has("shared::cta") { Space::Shared } else { Space::Generic };
+            if !m.has("b16") {
+                return err(line, format!("`{opcode}`: only .b16 is supported"));
+            }
+            m.finish(line, opcode)?;
+            if !opcode.contains(".sync") || !opcode.contains(".aligned") {
+                return err(line, format!("`{opcode}` needs .sync.aligned"));
+            }
+            nops(2)?;
+            let regs: Vec<&Operand> = match &ops[0] {
+                Operand::Vec(v) => v.iter().collect(),
+                o => vec![o],
+            };
+            if regs.len() != num {
+                return err(line, format!("`{opcode}` writes {num} registers, found {}", regs.len()));
+            }
+            let mut ds = [NONE; 4];
+            for (k, r) in regs.iter().enumerate() {
+                ds[k] = dst(cx, r)?;
+            }
+            let Operand::Addr { base: abase, off } = &ops[1] else {
+                return err(line, format!("`{opcode}`: expected an address operand `[...]`"));
+            };
+            let (a, off) = address(cx, ctx, abase.as_deref(), *off, sp)?;
+            let off = i32::try_from(off).map_err(|_| LoadError { line, message: "address offset too large".into() })?;
+            Op::Ldmatrix { num: num as u8, trans, sp, ds, a, off }
+        }
+        _ => return err(line, format!("unsupported instruction `{opcode}`")),
+    };
+    Ok((op, None))
+}
+
+/// Control flow, barriers and hints (`bra`, `call`, `ret`, `exit`, `trap`, `bar`, no-ops).
+fn decode_control(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods, fname: &str) -> Result<Decoded, LoadError> {
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let base = opcode.split('.').next().unwrap_or("");
+    let ops = &i.ops;
+    let nops = |n: usize| -> Result<(), LoadError> {
+        if ops.len() != n {
+            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
+        } else {
+            Ok(())
+        }
+    };
+    // Source operand of a given width (float says how to read float literals).
+    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
+        src_operand(cx, ctx, o, bits, float)
+    };
+    let op = match base {
         "bra" => {
             m.has("uni");
             m.finish(line, opcode)?;
@@ -991,6 +1101,36 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
             }
         }
         "membar" | "fence" | "prefetch" | "prefetchu" | "discard" | "nanosleep" | "pmevent" => Op::Nop,
+        _ => return err(line, format!("unsupported instruction `{opcode}`")),
+    };
+    Ok((op, None))
+}
+
+/// Warp-collective instructions (`shfl`, `vote`, `redux`, `match`, `mma`).
+fn decode_warp(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let base = opcode.split('.').next().unwrap_or("");
+    let ops = &i.ops;
+    let nops = |n: usize| -> Result<(), LoadError> {
+        if ops.len() != n {
+            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
+        } else {
+            Ok(())
+        }
+    };
+    // Source operand of a given width (float says how to read float literals).
+    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
+        src_operand(cx, ctx, o, bits, float)
+    };
+    let dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
+        match o {
+            Operand::Name(n) if n == "_" => Ok(cx.sink),
+            Operand::Name(n) => ctx.reg(n),
+            _ => err(line, format!("bad destination operand in `{opcode}`")),
+        }
+    };
+    let op = match base {
         "shfl" => {
             m.has("sync");
             let mode = match m.any(&["up", "down", "bfly", "idx"]) {
@@ -1088,47 +1228,6 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
                 a: src(cx, &ops[1], t.bits(), false)?,
                 mask: src(cx, &ops[2], 32, false)?,
             }
-        }
-        "cp" => decode_cp_async(cx, ctx, &mut m, i)?,
-        "ldmatrix" => {
-            m.has("sync");
-            m.has("aligned");
-            if !m.has("m8n8") {
-                return err(line, format!("`{opcode}`: only the .m8n8 shape is supported"));
-            }
-            let num = match m.any(&["x1", "x2", "x4"]) {
-                Some("x1") => 1,
-                Some("x2") => 2,
-                Some("x4") => 4,
-                _ => return err(line, format!("`{opcode}` needs .x1, .x2 or .x4")),
-            };
-            let trans = m.has("trans");
-            let sp = if m.has("shared") || m.has("shared::cta") { Space::Shared } else { Space::Generic };
-            if !m.has("b16") {
-                return err(line, format!("`{opcode}`: only .b16 is supported"));
-            }
-            m.finish(line, opcode)?;
-            if !opcode.contains(".sync") || !opcode.contains(".aligned") {
-                return err(line, format!("`{opcode}` needs .sync.aligned"));
-            }
-            nops(2)?;
-            let regs: Vec<&Operand> = match &ops[0] {
-                Operand::Vec(v) => v.iter().collect(),
-                o => vec![o],
-            };
-            if regs.len() != num {
-                return err(line, format!("`{opcode}` writes {num} registers, found {}", regs.len()));
-            }
-            let mut ds = [NONE; 4];
-            for (k, r) in regs.iter().enumerate() {
-                ds[k] = dst(cx, r)?;
-            }
-            let Operand::Addr { base: abase, off } = &ops[1] else {
-                return err(line, format!("`{opcode}`: expected an address operand `[...]`"));
-            };
-            let (a, off) = address(cx, ctx, abase.as_deref(), *off, sp)?;
-            let off = i32::try_from(off).map_err(|_| LoadError { line, message: "address offset too large".into() })?;
-            Op::Ldmatrix { num: num as u8, trans, sp, ds, a, off }
         }
         "mma" => {
             m.has("sync");

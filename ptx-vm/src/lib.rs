@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 mod decode;
 mod exec;
 mod ir;
+mod memcheck;
 mod memory;
 mod num;
 mod ops;

@@ -1,0 +1,286 @@
+//! Memcheck state, next to the memory model it checks: the block's shared memory with its
+//! initcheck (which bytes were written) and racecheck (which warp touched each word in the current
+//! barrier interval) state, and address resolution with every check — alignment, the shared,
+//! local and parameter windows, and the allocation lookup of global addresses (out of bounds, use
+//! after free). The executor (`exec.rs`) calls [`Mem::locate`] for every access and reports a
+//! [`Fault`] as a finding.
+
+use crate::exec::SHARED_POISON;
+use crate::ir::Space;
+use crate::memory::{self, GlobalView, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
+use crate::num;
+
+/// A block's shared memory and, for initcheck, which of its bytes have been written.
+#[derive(Default)]
+pub(crate) struct SharedMem {
+    pub(crate) bytes: Vec<u8>,
+    written: Vec<bool>,
+    /// Bytes not written yet (0 when initcheck is off). Once the whole window has been written,
+    /// as the flash kernels do with their first tile, loads skip the check entirely.
+    unwritten: usize,
+    racecheck: bool,
+    pub(crate) race: RaceState,
+}
+
+/// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
+/// each stamped with the barrier interval ("epoch") it happened in. Epochs count every block
+/// start and barrier release of the worker, so stamps left by an earlier interval or block are
+/// stale by construction and nothing is cleared between blocks. A conflict is an access by one
+/// warp to a word another warp wrote (or, for a store, read) in the current interval: on a GPU
+/// the warps' order there is undefined. Atomics are exempt; sub-word accesses share their word.
+#[derive(Default)]
+pub(crate) struct RaceState {
+    pub(crate) epoch: u32,
+    /// Warp running now (set before each warp runs).
+    pub(crate) warp: u32,
+    /// Set while an atomic instruction accesses shared memory.
+    pub(crate) atomic: bool,
+    words: Vec<WordState>,
+}
+
+/// Race stamps of one shared word (16 bytes, one cache access per check).
+#[derive(Clone, Copy, Default)]
+struct WordState {
+    write_epoch: u32,
+    /// Last writing warp + 1 (0: none).
+    writer: u32,
+    read_epoch: u32,
+    /// Warps (bit per warp) that read the word in `read_epoch`.
+    readers: u32,
+}
+
+impl RaceState {
+    #[inline(always)]
+    pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), String> {
+        // Reader sets are 32-bit masks: blocks of more than 1024 threads (only with raised
+        // limits) go unchecked beyond warp 31.
+        if self.atomic || self.warp >= 32 {
+            return Ok(());
+        }
+        let (w, e) = (self.warp, self.epoch);
+        let bit = 1u32 << w;
+        for i in at / 4..(at + len).div_ceil(4) {
+            let ws = &mut self.words[i];
+            if ws.write_epoch == e && ws.writer != w + 1 {
+                return Err(format!(
+                    "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
+                    if store { "writes" } else { "reads" },
+                    4 * i,
+                    ws.writer - 1,
+                    if store { "write-write" } else { "read-after-write" }
+                ));
+            }
+            if store {
+                if ws.read_epoch == e && ws.readers & !bit != 0 {
+                    return Err(format!(
+                        "warp {w} writes shared word {} that warp {} read since the last barrier (write-after-read race)",
+                        4 * i,
+                        (ws.readers & !bit).trailing_zeros()
+                    ));
+                }
+                ws.writer = w + 1;
+                ws.write_epoch = e;
+            } else if ws.read_epoch != e {
+                ws.read_epoch = e;
+                ws.readers = bit;
+            } else if ws.readers & bit == 0 {
+                ws.readers |= bit;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SharedMem {
+    /// Fresh shared memory: `len` poisoned bytes, none written, a new race epoch.
+    pub(crate) fn reset(&mut self, len: usize, initcheck: bool, racecheck: bool) {
+        self.racecheck = racecheck;
+        if racecheck {
+            let words = len.div_ceil(4);
+            let r = &mut self.race;
+            if r.words.len() < words {
+                r.words.resize(words, WordState::default());
+            }
+            r.epoch += 1;
+        }
+        self.bytes.clear();
+        self.bytes.resize(len, 0);
+        let pb = SHARED_POISON.to_le_bytes();
+        for (i, b) in self.bytes.iter_mut().enumerate() {
+            *b = pb[i & 3];
+        }
+        self.written.clear();
+        self.unwritten = 0;
+        if initcheck {
+            self.written.resize(len, false);
+            self.unwritten = len;
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn mark_written(&mut self, at: usize, len: usize) {
+        if self.unwritten > 0 {
+            for w in &mut self.written[at..at + len] {
+                if !*w {
+                    *w = true;
+                    self.unwritten -= 1;
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn is_written(&self, at: usize, len: usize) -> bool {
+        self.unwritten == 0 || self.written[at..at + len].iter().all(|&w| w)
+    }
+}
+
+pub(crate) struct Fault {
+    pub(crate) lane: u32,
+    pub(crate) kind: &'static str,
+    pub(crate) addr: u64,
+    pub(crate) size: u32,
+    pub(crate) detail: Option<String>,
+}
+
+pub(crate) struct Mem<'a> {
+    pub(crate) global: &'a GlobalView,
+    pub(crate) shared: &'a mut SharedMem,
+    pub(crate) local: &'a mut [u8],
+    pub(crate) local_bytes: usize,
+    pub(crate) params: &'a [u8],
+    pub(crate) hint: &'a mut usize,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Loc {
+    Ptr(*mut u8),
+    Shared(usize),
+    Local(usize),
+    Param(usize),
+}
+
+impl Mem<'_> {
+    #[inline(always)]
+    pub(crate) fn locate(&mut self, sp: Space, addr: u64, size: u64, lane: u32, store: bool) -> Result<Loc, Fault> {
+        let fault = |kind: &'static str| Fault { lane, kind, addr, size: size as u32, detail: None };
+        if addr & (size - 1) != 0 {
+            return Err(fault("misaligned access"));
+        }
+        let (sp, a) = match sp {
+            Space::Generic => {
+                if (SHARED_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Space::Shared, addr - SHARED_WINDOW)
+                } else if (LOCAL_WINDOW..LOCAL_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Space::Local, addr - LOCAL_WINDOW)
+                } else if (PARAM_WINDOW..PARAM_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Space::Param, addr - PARAM_WINDOW)
+                } else {
+                    (Space::Global, addr)
+                }
+            }
+            s => (s, addr),
+        };
+        match sp {
+            Space::Shared => {
+                if a.checked_add(size).is_none_or(|e| e > self.shared.bytes.len() as u64) {
+                    Err(fault("shared memory out of window"))
+                } else if !store && !self.shared.is_written(a as usize, size as usize) {
+                    Err(fault("uninitialized shared memory read"))
+                } else if self.shared.racecheck {
+                    match self.shared.race.access(a as usize, size as usize, store) {
+                        Ok(()) => Ok(Loc::Shared(a as usize)),
+                        Err(d) => {
+                            Err(Fault { lane, kind: "shared memory race", addr, size: size as u32, detail: Some(d) })
+                        }
+                    }
+                } else {
+                    Ok(Loc::Shared(a as usize))
+                }
+            }
+            Space::Local => {
+                if a.checked_add(size).is_some_and(|e| e <= self.local_bytes as u64) {
+                    Ok(Loc::Local(lane as usize * self.local_bytes + a as usize))
+                } else {
+                    Err(fault("local memory overflow"))
+                }
+            }
+            Space::Param => {
+                if store {
+                    Err(fault("store to kernel parameter space"))
+                } else if a.checked_add(size).is_some_and(|e| e <= self.params.len() as u64) {
+                    Ok(Loc::Param(a as usize))
+                } else {
+                    Err(fault("out-of-bounds parameter load"))
+                }
+            }
+            _ => match self.global.resolve(a, size, self.hint) {
+                Some(p) => Ok(Loc::Ptr(p)),
+                None => {
+                    let kind = if self.global.is_freed(a) {
+                        "use after free"
+                    } else if store {
+                        "out-of-bounds global store"
+                    } else {
+                        "out-of-bounds global load"
+                    };
+                    Err(Fault { lane, kind, addr, size: size as u32, detail: Some(self.global.describe(a, size)) })
+                }
+            },
+        }
+    }
+    /// Checks that `len` global bytes at `addr` lie inside one live allocation.
+    pub(crate) fn check_global(&mut self, addr: u64, len: u64, lane: u32, store: bool) -> Result<*mut u8, Fault> {
+        match self.global.resolve(addr, len, self.hint) {
+            Some(p) => Ok(p),
+            None => {
+                let kind = if self.global.is_freed(addr) {
+                    "use after free"
+                } else if store {
+                    "out-of-bounds global store"
+                } else {
+                    "out-of-bounds global load"
+                };
+                Err(Fault { lane, kind, addr, size: len as u32, detail: Some(self.global.describe(addr, len)) })
+            }
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn read(&self, loc: Loc, size: u8) -> u64 {
+        let rd = |s: &[u8], at: usize| {
+            let mut b = [0u8; 8];
+            b[..size as usize].copy_from_slice(&s[at..at + size as usize]);
+            u64::from_le_bytes(b)
+        };
+        match loc {
+            // SAFETY: `resolve` checked bounds; `locate` checked natural alignment.
+            Loc::Ptr(p) => unsafe { memory::atomic_load(p, size) },
+            Loc::Shared(a) => rd(&self.shared.bytes, a),
+            Loc::Local(a) => rd(self.local, a),
+            Loc::Param(a) => rd(self.params, a),
+        }
+    }
+    #[inline(always)]
+    pub(crate) fn write(&mut self, loc: Loc, size: u8, v: u64) {
+        let b = v.to_le_bytes();
+        match loc {
+            // SAFETY: as in `read`.
+            Loc::Ptr(p) => unsafe { memory::atomic_store(p, size, v) },
+            Loc::Shared(a) => {
+                self.shared.bytes[a..a + size as usize].copy_from_slice(&b[..size as usize]);
+                self.shared.mark_written(a, size as usize);
+            }
+            Loc::Local(a) => self.local[a..a + size as usize].copy_from_slice(&b[..size as usize]),
+            Loc::Param(_) => {}
+        }
+    }
+    pub(crate) fn rmw(&mut self, loc: Loc, size: u8, f: impl Fn(u64) -> u64) -> u64 {
+        match loc {
+            // SAFETY: as in `read`; atomics are 4 or 8 bytes.
+            Loc::Ptr(p) => unsafe { memory::atomic_rmw(p, size, f) },
+            _ => {
+                let old = self.read(loc, size);
+                self.write(loc, size, f(old) & num::mask(size as u32 * 8));
+                old
+            }
+        }
+    }
+}
