@@ -10,14 +10,18 @@
 //! - [`reference`] and [`verify`]: the f64 reference and the error metrics.
 //! - [`timing`]: medians and FLOP counts.
 //! - [`ptx`]: the embedded PTX module and what is known about it.
-//! - [`safetensors_io`], [`report`], [`plot`]: files, tables and the sweep plot.
+//! - [`safetensors_io`], [`report`], [`plot`], [`charts`]: files, tables and pictures.
+//! - [`plan`]: the memory budget of an inference workload; [`evidence`]: the `--save` file.
 
+pub mod charts;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod evidence;
 pub mod inputs;
 pub mod memory;
 pub mod nvml;
+pub mod plan;
 pub mod plot;
 pub mod problem;
 pub mod ptx;

@@ -3,6 +3,8 @@
 pub mod args;
 mod compare;
 mod doctor;
+pub mod evidence;
+mod plan;
 mod run;
 mod sweep;
 mod trace;
@@ -27,24 +29,41 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
             .open(path)
             .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
     }
-    match &cli.command {
+    let outcome = match &cli.command {
         Command::Run(a) => run::run(cli, a),
         Command::Compare(a) => compare::compare(cli, a),
         Command::Sweep(a) => sweep::sweep(cli, a),
         Command::Doctor => doctor::doctor(cli),
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
+        Command::Plan(a) => plan::plan(cli, a),
+        Command::Evidence(e) => return evidence::command(cli, e),
+    };
+    // The evidence line is written whatever the outcome; if it cannot be, a success becomes
+    // that error, and any other outcome keeps its own code (the write error is printed).
+    if let Err(e) = evidence::record(cli, &outcome) {
+        if matches!(outcome, Ok(0)) {
+            return Err(e);
+        }
+        eprintln!("error: {e}");
     }
+    outcome
 }
 
 /// The PTX to load: `--ptx FILE` or the embedded module.
 pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
     match &cli.ptx {
-        None => Ok(PtxSource::embedded()),
+        None => {
+            let src = PtxSource::embedded();
+            evidence::ptx_loaded(&src);
+            Ok(src)
+        }
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Error::Usage(format!("cannot read PTX file {}: {e}", path.display())))?;
-            Ok(PtxSource::from_file(path, text))
+            let src = PtxSource::from_file(path, text);
+            evidence::ptx_loaded(&src);
+            Ok(src)
         }
     }
 }
@@ -72,7 +91,8 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
 
 /// Opens the device and says which one and why (stderr, human mode only).
 pub fn open_device(cli: &Cli) -> Result<(Box<dyn device::Device>, String), Error> {
-    let opened = device::open(&device_options(cli)?)?;
+    let mut opened = device::open(&device_options(cli)?)?;
+    evidence::device_opened(opened.device.as_mut(), &opened.reason);
     if !cli.json {
         eprintln!("backend: {} - {} ({})", opened.device.backend(), opened.device.name(), opened.reason);
     }
@@ -198,29 +218,10 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
     Ok(())
 }
 
-/// Appends `result` to the `--save` evidence file as one JSON line, with the command line, the
-/// time and the loaded PTX's hash, so a series of measurements can be compared later.
-pub fn save_evidence(cli: &Cli, result: &serde_json::Value) -> Result<(), Error> {
-    let Some(path) = &cli.save else { return Ok(()) };
-    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let ptx = load_ptx(cli)?;
-    let line = serde_json::json!({
-        "recorded_unix_s": recorded,
-        "argv": std::env::args().collect::<Vec<_>>(),
-        "memattn_version": env!("CARGO_PKG_VERSION"),
-        "ptx": {"origin": ptx.origin, "sha256": ptx.sha256},
-        "result": result,
-    });
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
-    writeln!(f, "{line}").map_err(|e| Error::Usage(format!("cannot write evidence file {}: {e}", path.display())))?;
-    if !cli.json {
-        eprintln!("evidence appended to {}", path.display());
-    }
+/// Keeps `result` (the object `--json` prints) for the `--save` evidence line, which is written
+/// once the command has finished, whatever its outcome (see [`evidence::record`]).
+pub fn save_evidence(_cli: &Cli, result: &serde_json::Value) -> Result<(), Error> {
+    evidence::result(result);
     Ok(())
 }
 
