@@ -288,7 +288,20 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
         })
         .collect();
     let planned = terms(m, w).total as f64;
-    let ymax = (limit as f64 * 1.6).max(planned * 1.2);
+    // The axis counts whole units (GiB for a GPU-sized plan) so its ticks are round numbers.
+    let (unit, unit_name) = [(1u64 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
+        .into_iter()
+        .find(|(u, _)| (limit as f64).max(planned) >= *u as f64)
+        .unwrap_or((1, "B"));
+    let unit = unit as f64;
+    let panels: Vec<(KernelKind, Vec<[f64; 5]>)> = panels
+        .into_iter()
+        .map(|(k, rows)| {
+            (k, rows.into_iter().map(|r| [r[0], r[1] / unit, r[2] / unit, r[3] / unit, r[4] / unit]).collect())
+        })
+        .collect();
+    let limit_u = limit as f64 / unit;
+    let ymax = (limit_u * 1.6).max(planned / unit * 1.2);
     let layers: [(&str, RGBColor, usize); 4] = [
         ("weights", RGBColor(120, 120, 120), 1),
         ("KV cache", RGBColor(31, 119, 180), 2),
@@ -318,9 +331,12 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
                     .map_err(err)?;
                 c.configure_mesh()
                     .x_desc("context (tokens per sequence)")
-                    .y_desc("device memory")
+                    .y_desc(format!("device memory ({unit_name})"))
                     .x_label_formatter(&|v| axis_count(*v))
-                    .y_label_formatter(&|v| axis_bytes(*v))
+                    .y_label_formatter(&|v| {
+                        let s = format!("{v:.1}");
+                        format!("{} {unit_name}", s.strip_suffix(".0").unwrap_or(&s))
+                    })
                     .draw()
                     .map_err(err)?;
                 // Top layer first, so each lower layer is painted over it.
@@ -336,7 +352,7 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
                 let x0 = cs[0] as f64;
                 let x1 = *cs.last().unwrap_or(&hi) as f64;
                 c.draw_series(std::iter::once(PathElement::new(
-                    vec![(x0, limit as f64), (x1, limit as f64)],
+                    vec![(x0, limit_u), (x1, limit_u)],
                     red.stroke_width(3),
                 )))
                 .map_err(err)?

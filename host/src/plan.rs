@@ -199,6 +199,9 @@ impl Model {
         };
         let layers = required("num_hidden_layers", "the number of decoder layers")?;
         let heads = required("num_attention_heads", "query heads per layer")?;
+        if heads == 0 {
+            return Err(format!("config {origin}: num_attention_heads must be at least 1 (got 0)"));
+        }
         let hidden = required("hidden_size", "the model width")?;
         let intermediate = required("intermediate_size", "the MLP width")?;
         let vocab = required("vocab_size", "the vocabulary size")?;

@@ -300,8 +300,8 @@ pub struct SweepArgs {
     /// Kernels run at every point [default: naive,flash].
     #[arg(long, value_name = "LIST")]
     pub kernels: Option<String>,
-    /// Where to write the plot (SVG).
-    #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg")]
+    /// Where to write the plot: FILE.svg or FILE.png (memory with the device limit, and time).
+    #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg|FILE.png")]
     pub plot: PathBuf,
     /// Do not write a plot.
     #[arg(long)]

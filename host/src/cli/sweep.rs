@@ -3,9 +3,9 @@
 use super::args::{Cli, SweepArgs};
 use super::compare::{measure, Point};
 use super::{apply_vary, open_device, parse_vary, print_json, resolve_problem, save_evidence};
+use memattn::charts;
 use memattn::device::Backend;
 use memattn::error::{exit, Error};
-use memattn::plot::{self, Panel, Series};
 use memattn::problem::{KernelKind, Problem};
 use memattn::report::{human_bytes, table};
 
@@ -72,9 +72,8 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
 
     let mut plot_path = None;
     if !a.no_plot {
-        let svg = render_plot(&vary.key, &points, &kernels, dev.backend());
-        std::fs::write(&a.plot, svg)
-            .map_err(|e| Error::Usage(format!("cannot write plot {}: {e}", a.plot.display())))?;
+        let limit = dev.caps()?.total_memory_bytes;
+        render_plot(&a.plot, &vary.key, &base, &points, &kernels, dev.backend(), limit)?;
         plot_path = Some(a.plot.display().to_string());
     }
     let v = serde_json::json!({
@@ -130,40 +129,53 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }
 
-fn render_plot(key: &str, points: &[Point], kernels: &[KernelKind], backend: Backend) -> String {
-    let color = |k: KernelKind| match k {
-        KernelKind::Naive => "#d62728",
-        KernelKind::Flash => "#1f77b4",
+/// The sweep picture (SVG or PNG by the file name): memory with the device limit, and time.
+fn render_plot(
+    path: &std::path::Path,
+    key: &str,
+    base: &Problem,
+    points: &[Point],
+    kernels: &[KernelKind],
+    backend: Backend,
+    limit: u64,
+) -> Result<(), Error> {
+    let rgb = |k: KernelKind| match k {
+        KernelKind::Naive => (214, 39, 40),
+        KernelKind::Flash => (31, 119, 180),
     };
-    let series = |f: &dyn Fn(&Point) -> Option<f64>| -> Vec<Series> {
-        kernels
-            .iter()
-            .map(|&k| Series {
-                name: k.to_string(),
-                color: color(k),
-                points: points
-                    .iter()
-                    .filter(|p| p.kernel == k)
-                    .filter_map(|p| {
-                        let x = p.value.parse::<f64>().ok()?;
-                        Some(plot::Point { x, y: f(p), did_not_run: !p.ran })
-                    })
-                    .collect(),
-            })
-            .collect()
-    };
-    let mem = Panel {
-        title: "peak device memory".into(),
-        y_label: "bytes".into(),
-        series: series(&|p| match &p.report {
-            Some(r) => Some(r.peak_device_bytes as f64),
-            None => p.would_need_bytes.map(|b| b as f64),
-        }),
-    };
-    let time = Panel {
-        title: format!("time per run ({})", if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" }),
-        y_label: "ms".into(),
-        series: series(&|p| p.report.as_ref().map(|r| r.time_ms)),
-    };
-    plot::svg(&format!("memattn sweep over {key}: naive vs flash ({backend})"), key, &[mem, time])
+    let series: Vec<charts::SweepSeries> = kernels
+        .iter()
+        .map(|&k| charts::SweepSeries {
+            name: k.to_string(),
+            rgb: rgb(k),
+            points: points
+                .iter()
+                .filter(|p| p.kernel == k)
+                .filter_map(|p| {
+                    let x = p.value.parse::<f64>().ok()?;
+                    let bytes = match &p.report {
+                        Some(r) => r.peak_device_bytes as f64,
+                        None => p.would_need_bytes? as f64,
+                    };
+                    Some((x, bytes, p.ran, p.report.as_ref().map(|r| r.time_ms)))
+                })
+                .collect(),
+        })
+        .collect();
+    let shape = format!(
+        "batch {} heads {} seq_q {} seq_kv {} d {} {}{}",
+        base.batch,
+        base.heads,
+        if key.starts_with("seq") { "*".to_string() } else { base.seq_q.to_string() },
+        if key.starts_with("seq") { "*".to_string() } else { base.seq_kv.to_string() },
+        base.head_dim,
+        base.dtype,
+        if base.causal { " causal" } else { "" }
+    );
+    let title = format!(
+        "memattn sweep over {key}: naive vs flash, {shape}, {backend} ({}), device limit {}",
+        if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" },
+        human_bytes(limit)
+    );
+    charts::sweep_chart(path, &title, key, &series, Some(limit)).map_err(Error::Usage)
 }
