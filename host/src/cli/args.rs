@@ -15,10 +15,15 @@ Examples:
   memattn run --dtype bf16 --causal                tensor-core flash kernel, checked against f64
   memattn compare --vary dtype=f32,bf16            the same problem in f32 and bf16 (flash)
   memattn sweep --vary seq=64,128,256 --plot sweep.svg
-  memattn --backend vm --vm-memory-mib 64 sweep   naive runs over 64 MiB show what they would need
+  memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2
+                                                   naive at seq 256 needs over 1 MiB: shown, not run
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
   memattn kernels                                  entry points, parameters, ptxas resources
   memattn trace --kernel flash --thread 5          the instructions one VM thread executes
+  memattn plan --layers 32 --heads 32 --heads-kv 8 --head-dim 128 --batch 8 --context 32768 --vram 80GiB
+                                                   memory budget of an inference, before anything runs
+  memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
+  memattn evidence show evidence.jsonl             the runs kept so far
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -104,11 +109,16 @@ pub enum Command {
 
 const PLAN_EXAMPLES: &str = "\
 Examples:
-  memattn plan --config tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB
+                           the KV cache dominates; the one option that changes the outcome most
   memattn plan --layers 32 --heads 32 --heads-kv 8 --head-dim 128 --batch 8 --context 32768 --vram 80GiB
-  memattn plan --config llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --kv-dtype fp8
-  memattn plan --config llama-3-8b.json --batch 1 --context 8192 --verify      expected = measured in the VM
-  memattn plan --config llama-3-8b.json --batch 8 --context 32768 --plot plan.png
+                           the same attention from flags (weights not counted without --hidden ...)
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --kv-dtype fp8
+                           one option changed: the KV cache halves
+  memattn plan --config host/tests/fixtures/configs/mistral-7b-v0.1.json --batch 1 --context 8192 --verify
+                           one layer's attention, scaled down, in the VM: expected = measured
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --plot plan.png
+                           memory against context, stacked, with the limit line
 
 Exit codes: 0 it fits (or was planned), 1 --verify measured other bytes than planned, 2 bad input or it
 does not fit even at batch 1 (the message names the term and the bytes).";

@@ -123,16 +123,26 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
         Err(e) => println!("NVML: {e}"),
     }
     if cuda.is_err() {
-        println!("\n== the device every command will use: the PTX VM (no GPU: {})", cuda.as_ref().err().map(String::as_str).unwrap_or(""));
+        println!(
+            "\n== the device every command will use: the PTX VM (no GPU: {})",
+            cuda.as_ref().err().map(String::as_str).unwrap_or("")
+        );
         let d = &vm_device;
         if d["error"].is_null() {
             println!("name: {}", d["name"].as_str().unwrap_or(""));
             println!(
                 "simulated device memory: {} ({})",
                 human_bytes(d["memory_bytes"].as_u64().unwrap_or(0)),
-                if d["memory_from_flag"] == true { "set by --vm-memory-mib" } else { "the VM's default; --vm-memory-mib sets it" }
+                if d["memory_from_flag"] == true {
+                    "set by --vm-memory-mib"
+                } else {
+                    "the VM's default; --vm-memory-mib sets it"
+                }
             );
-            println!("shared memory per block: {} (an sm_80 part without opt-in)", human_bytes(d["shared_per_block_bytes"].as_u64().unwrap_or(0)));
+            println!(
+                "shared memory per block: {} (an sm_80 part without opt-in)",
+                human_bytes(d["shared_per_block_bytes"].as_u64().unwrap_or(0))
+            );
             println!("threads per block: at most {}; grid at most {}", d["max_threads_per_block"], d["max_grid"]);
             println!(
                 "SMs: none simulated - the blocks of a launch are shared out to {} worker threads (--vm-workers), each running whole blocks",

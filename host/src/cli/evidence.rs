@@ -189,6 +189,7 @@ fn change(a: &Metric, b: &Metric) -> String {
             };
             format!("{delta} ({:.2}x)", y / x)
         }
+        (Some(x), Some(y), "") => format!("{:+}", y - x),
         _ => "changed".into(),
     }
 }
