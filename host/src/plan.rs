@@ -164,7 +164,7 @@ impl Model {
         if self.windows.len() != self.layers as usize {
             return Err(format!("{} layer windows for {} layers", self.windows.len(), self.layers));
         }
-        if self.windows.iter().any(|w| *w == Some(0)) {
+        if self.windows.contains(&Some(0)) {
             return Err("sliding_window must be at least 1 (got 0)".into());
         }
         Ok(())
@@ -610,7 +610,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     let bytes = value * mult;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19) {
+    if !(bytes.is_finite() && (1.0..1.8e19).contains(&bytes)) {
         return Err(format!("`{s}` is not a usable size (at least 1 byte)"));
     }
     Ok(bytes.round() as u64)
