@@ -54,14 +54,33 @@ pub fn axis_count(v: f64) -> String {
 
 /// `0.25` -> `0.25`, `1500` -> `1500` (time axis, ms).
 pub fn axis_ms(v: f64) -> String {
-    if v >= 100.0 {
+    if v >= 1.0 && v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {
         let s = format!("{v:.1}");
         s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
     } else {
-        format!("{v:.2e}")
+        let s = format!("{v:.6}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
+}
+
+/// 1, 2, 5 times the powers of ten between `lo` and `hi` (log-axis ticks that read as numbers).
+pub fn ticks_125(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut e = lo.log10().floor() as i32;
+    while 10f64.powi(e) <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let v = m * 10f64.powi(e);
+            if v >= lo && v <= hi {
+                out.push(v);
+            }
+        }
+        e += 1;
+    }
+    out
 }
 
 fn err<E: std::fmt::Debug>(e: E) -> String {
@@ -149,6 +168,10 @@ pub fn sweep_chart(
                 return Err("plot: no points".into());
             }
             let (x0, x1) = (x0 / 1.3, x1 * 1.3);
+            // Ticks at the swept values only: a log axis over a short range has no round numbers.
+            let mut keys: Vec<f64> = xs.clone();
+            keys.sort_by(f64::total_cmp);
+            keys.dedup();
             // Memory panel.
             let mut ys: Vec<f64> =
                 series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).filter(|y| *y > 0.0).collect();
@@ -162,7 +185,10 @@ pub fn sweep_chart(
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(80)
-                .build_cartesian_2d((x0..x1).log_scale().base(2.0), (y0..y1).log_scale().base(4.0))
+                .build_cartesian_2d(
+                    (x0..x1).log_scale().base(2.0).with_key_points(keys.clone()),
+                    (y0..y1).log_scale().base(2.0),
+                )
                 .map_err(err)?;
             c.configure_mesh()
                 .x_desc(x_label)
@@ -212,7 +238,10 @@ pub fn sweep_chart(
                     .margin(12)
                     .x_label_area_size(40)
                     .y_label_area_size(70)
-                    .build_cartesian_2d((x0..x1).log_scale().base(2.0), (t0 / 2.0..t1 * 2.0).log_scale())
+                    .build_cartesian_2d(
+                        (x0..x1).log_scale().base(2.0).with_key_points(keys.clone()),
+                        (t0 / 2.0..t1 * 2.0).log_scale().with_key_points(ticks_125(t0 / 2.0, t1 * 2.0)),
+                    )
                     .map_err(err)?;
                 c.configure_mesh()
                     .x_desc(x_label)
@@ -377,4 +406,23 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
         }};
     }
     render(path, 1300, 560, |a| body!(a), |a| body!(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_labels_read_as_units() {
+        assert_eq!(axis_bytes(1024.0 * 1024.0), "1 MiB");
+        assert_eq!(axis_bytes(1536.0), "1.5 KiB");
+        assert_eq!(axis_bytes(80.0 * 1073741824.0), "80 GiB");
+        assert_eq!(axis_count(32768.0), "32k");
+        assert_eq!(axis_ms(0.02), "0.02");
+        assert_eq!(axis_ms(200.0), "200");
+        assert_eq!(
+            ticks_125(0.15, 1200.0),
+            vec![0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+        );
+    }
 }

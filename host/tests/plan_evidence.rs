@@ -381,3 +381,32 @@ fn evidence_show_names_the_line_that_is_not_json() {
     assert!(stderr(&o).contains("line 2"), "{}", stderr(&o));
     assert!(stdout(&o).contains("2 records"), "{}", stdout(&o));
 }
+
+#[test]
+fn sweep_plot_shows_bytes_the_limit_and_what_did_not_fit() {
+    let p = tmp("sweep.svg");
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--vm-memory-mib",
+        "1",
+        "sweep",
+        "--vary",
+        "seq=128,256",
+        "--heads",
+        "2",
+        "--plot",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("needs 1.00 MiB"), "{}", stdout(&o));
+    let svg = std::fs::read_to_string(&p).unwrap();
+    // Title with shape, dtype, backend and limit; memory ticks in KiB/MiB; the limit line's label.
+    assert!(svg.contains("batch 1 heads 2 head_dim 64 f32, vm (VM wall clock), device limit 1.00 MiB"), "{svg:.600}");
+    for tick in [">\n256 KiB\n<", ">\n512 KiB\n<", ">\n1 MiB\n<"] {
+        assert!(svg.contains(tick), "{tick}");
+    }
+    assert!(svg.contains(">\ndevice limit 1.00 MiB\n<"), "the limit line's legend");
+    // The naive run at 256 that did not fit: one hollow marker (no fill), drawn in naive's colour.
+    assert_eq!(svg.matches(r##"fill="none" stroke="#D62728""##).count(), 1);
+}

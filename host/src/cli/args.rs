@@ -43,9 +43,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Keep the evidence: append this command's result (the same object `--json` prints, plus
-    /// the command line, the time and the PTX hash) as one JSON line to FILE. Use one file for a
-    /// whole investigation: observe (`doctor`), change one option, repeat the same measurement.
+    /// Keep the evidence: append one JSON line to FILE for this command, whatever its outcome
+    /// (refusals, device errors and failed verifications too): the command line, exit code and
+    /// message, the expected state (the analytic bytes or the plan), the observed state (device
+    /// memory before, peak, after), the result `--json` prints and the SHA-256 of the PTX that
+    /// ran. Appends are locked and whole lines. Read it with `memattn evidence show|diff|rerun`.
     #[arg(long, global = true, value_name = "FILE")]
     pub save: Option<std::path::PathBuf>,
 

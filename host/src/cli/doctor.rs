@@ -64,9 +64,19 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     let vm_device = vm_device(cli);
     let next = match (&cuda, &gpus) {
         (Ok(_), Ok(g)) if !g.is_empty() => {
-            "next safe step: the plan of your workload against this GPU's free memory, then one small measured run: \
-             `memattn --save evidence.jsonl plan --config config.json --batch 1 --context 4096` then \
-             `memattn --save evidence.jsonl --backend cuda compare --seq 4096`".to_string()
+{
+            use memattn::memory::AnalyticBytes;
+            use memattn::problem::{KernelKind, Problem};
+            let p = Problem { seq_q: 4096, seq_kv: 4096, ..Problem::default() };
+            format!(
+                "next safe step: the plan of your workload against this GPU's free memory, then one small measured run: \
+                 `memattn --save evidence.jsonl plan --config config.json --batch 1 --context 4096` then \
+                 `memattn --save evidence.jsonl --backend cuda compare --seq 4096` (expected state: naive {}, flash {} \
+                 on top of the memory used now)",
+                human_bytes(AnalyticBytes::new(&p, KernelKind::Naive).total),
+                human_bytes(AnalyticBytes::new(&p, KernelKind::Flash).total)
+            )
+        }
         }
         (Ok(_), _) => "CUDA works but NVML does not: memory will come from cuMemGetInfo only; check that libnvidia-ml.so.1 is installed with the driver".to_string(),
         (Err(why), Ok(g)) if !g.is_empty() => format!(
@@ -117,6 +127,23 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
                     d.utilization_gpu_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into()),
                     d.utilization_memory_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into())
                 );
+                let mhz = |v: Option<u32>| v.map(|m| format!("{m} MHz")).unwrap_or_else(|| "?".into());
+                println!(
+                    "  clocks: SM {} (max {}), memory {}",
+                    mhz(d.clock_sm_mhz),
+                    mhz(d.clock_sm_max_mhz),
+                    mhz(d.clock_memory_mhz)
+                );
+                if d.processes.is_empty() {
+                    println!("  processes: none using the GPU (or NVML may not list them here)");
+                }
+                for p in &d.processes {
+                    println!(
+                        "  process {}: {}",
+                        p.pid,
+                        p.used_bytes.map(human_bytes).unwrap_or_else(|| "memory not reported".into())
+                    );
+                }
                 println!("  uuid: {}", d.uuid);
             }
         }

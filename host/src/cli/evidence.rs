@@ -126,23 +126,27 @@ fn expected_from_result(r: &Value) -> Value {
 
 /// Writes the evidence line of the command that just finished (nothing without `--save`).
 pub fn record(cli: &Cli, outcome: &Result<i32, Error>) -> Result<(), Error> {
+    match outcome {
+        Ok(c) => record_outcome(cli, *c, None),
+        Err(e) => record_outcome(cli, e.exit_code(), Some(e.to_string())),
+    }
+}
+
+/// Writes the evidence line of an outcome: its exit code and, for an error, its message.
+pub fn record_outcome(cli: &Cli, code: i32, error: Option<String>) -> Result<(), Error> {
     let Some(path) = &cli.save else { return Ok(()) };
     let (ptx, device, expected, result, message) =
         with(|c| (c.ptx.take(), c.device.take(), c.expected.take(), c.result.take(), c.message.take()));
-    let code = match outcome {
-        Ok(c) => *c,
-        Err(e) => e.exit_code(),
-    };
-    let message = match outcome {
-        Err(e) => Some(e.to_string()),
-        Ok(c) if *c == exit::VERIFICATION_FAILED && message.is_none() => {
+    let message = match error {
+        Some(e) => Some(e),
+        None if code == exit::VERIFICATION_FAILED && message.is_none() => {
             let first = result
                 .as_ref()
                 .and_then(|r| r["verification"]["failures"].as_array().and_then(|f| f.first().cloned()))
                 .and_then(|f| f.as_str().map(str::to_string));
             Some(format!("verification failed{}", first.map(|f| format!(": {f}")).unwrap_or_default()))
         }
-        Ok(_) => message,
+        None => message,
     };
     let expected = expected.or_else(|| result.as_ref().map(expected_from_result));
     let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

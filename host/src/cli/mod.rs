@@ -29,7 +29,11 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
             .open(path)
             .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
     }
-    let outcome = match &cli.command {
+    if let Command::Evidence(e) = &cli.command {
+        return evidence::command(cli, e);
+    }
+    // A panic is kept in the evidence too (exit 3, as main reports it), then goes on to main.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &cli.command {
         Command::Run(a) => run::run(cli, a),
         Command::Compare(a) => compare::compare(cli, a),
         Command::Sweep(a) => sweep::sweep(cli, a),
@@ -37,7 +41,19 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
         Command::Plan(a) => plan::plan(cli, a),
-        Command::Evidence(e) => return evidence::command(cli, e),
+        Command::Evidence(e) => evidence::command(cli, e),
+    }));
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            let _ = evidence::record_outcome(cli, memattn::error::exit::DEVICE, Some(format!("internal error: {msg}")));
+            std::panic::resume_unwind(payload)
+        }
     };
     // The evidence line is written whatever the outcome; if it cannot be, a success becomes
     // that error, and any other outcome keeps its own code (the write error is printed).

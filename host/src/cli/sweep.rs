@@ -54,6 +54,11 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     if !skipped.is_empty() && !cli.json {
         eprintln!("sweep: skipped (no kernel in that dtype): {}", skipped.join("; "));
     }
+    super::evidence::expect(serde_json::json!({
+        "runs": plan.iter().map(|(value, p, k)| serde_json::json!({
+            "value": value, "kernel": k, "analytic_bytes": memattn::memory::AnalyticBytes::new(p, *k).total,
+        })).collect::<Vec<_>>(),
+    }));
     let bar = indicatif::ProgressBar::new(plan.len() as u64);
     if cli.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -162,12 +167,16 @@ fn render_plot(
                 .collect(),
         })
         .collect();
+    let seqs = match key {
+        "seq" => String::new(),
+        "seq-q" => format!(" seq_kv {}", base.seq_kv),
+        "seq-kv" => format!(" seq_q {}", base.seq_q),
+        _ => format!(" seq_q {} seq_kv {}", base.seq_q, base.seq_kv),
+    };
     let shape = format!(
-        "batch {} heads {} seq_q {} seq_kv {} d {} {}{}",
+        "batch {} heads {}{seqs} head_dim {} {}{}",
         base.batch,
         base.heads,
-        if key.starts_with("seq") { "*".to_string() } else { base.seq_q.to_string() },
-        if key.starts_with("seq") { "*".to_string() } else { base.seq_kv.to_string() },
         base.head_dim,
         base.dtype,
         if base.causal { " causal" } else { "" }
