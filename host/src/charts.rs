@@ -54,9 +54,7 @@ pub fn axis_count(v: f64) -> String {
 
 /// `0.25` -> `0.25`, `1500` -> `1500` (time axis, ms).
 pub fn axis_ms(v: f64) -> String {
-    if v >= 1.0 && v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else if v >= 100.0 {
+    if v >= 100.0 || (v >= 1.0 && v.fract() == 0.0) {
         format!("{v:.0}")
     } else if v >= 1.0 {
         let s = format!("{v:.1}");
