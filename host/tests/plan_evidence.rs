@@ -213,6 +213,14 @@ fn plan_bad_input_exits_2_naming_the_field() {
         assert_eq!(code(&o), 2, "case {i}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "case {i}: want `{needle}` in {}", stderr(&o));
     }
+    // An unknown model type is fine: counted as a Llama-style block, and the plan says so.
+    let p = tmp("mystery.json");
+    std::fs::write(&p, good.replace("\"model_type\": \"llama\"", "\"model_type\": \"mystery\"")).unwrap();
+    let o = memattn(&["--json", "plan", "--config", p.to_str().unwrap(), "--context", "1024", "--vram", "80GiB"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["flash"]["params"], 8_030_261_248u64, "explicit tie_word_embeddings false is kept");
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("Llama-style block")), "{v}");
     let llama = fixture("llama-3-8b");
     for (args, needle) in [
         (vec!["plan", "--config", "/nonexistent/config.json", "--context", "8"], "cannot read config"),
