@@ -12,6 +12,10 @@ fn main() {
         Err(e) => {
             // --help and --version exit 0; usage errors exit 2 (clap's convention and ours).
             let _ = e.print();
+            if e.use_stderr() {
+                // A command line clap refuses is evidence too, when it asked for --save.
+                cli::evidence::record_refused_command_line(&e.render().to_string());
+            }
             std::process::exit(if e.use_stderr() { exit::BAD_INPUT } else { exit::SUCCESS });
         }
     };

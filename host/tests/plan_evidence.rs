@@ -380,6 +380,14 @@ fn evidence_keeps_every_outcome_and_show_diff_rerun_read_it() {
     assert!(last["message"].as_str().unwrap().contains("does not fit at batch 1: the weights alone needs 14.96 GiB"));
     assert_eq!(last["expected"]["limit_bytes"], 12u64 << 30);
 
+    // A command line that does not parse (no --context) is kept as a refusal too.
+    let o = memattn(&["--save", p, "plan", "--config", &fixture("llama-3-8b")]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let last: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&path).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(last["exit_code"], 2);
+    assert!(last["message"].as_str().unwrap().contains("--context"), "{last}");
+
     let o = memattn(&["evidence", "diff", p, "1", "9"]);
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("no record on line 9"), "{}", stderr(&o));

@@ -169,6 +169,43 @@ pub fn record_outcome(cli: &Cli, code: i32, error: Option<String>) -> Result<(),
     Ok(())
 }
 
+/// Records a command line that did not parse (exit 2), if it names `--save FILE`; a failure to
+/// write is printed, the exit code stays 2.
+pub fn record_refused_command_line(message: &str) {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--save=") {
+        Some(p) => Some(p.to_string()),
+        None if a == "--save" => args.get(i + 1).cloned(),
+        None => None,
+    });
+    let Some(path) = path else { return };
+    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // The error and its details, without the usage and help lines that follow.
+    let first: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first = first.join(" ");
+    let line = json!({
+        "recorded_unix_s": recorded,
+        "argv": args,
+        "memattn_version": env!("CARGO_PKG_VERSION"),
+        "command": null,
+        "exit_code": exit::BAD_INPUT,
+        "message": first,
+        "ptx": null,
+        "expected": null,
+        "observed": null,
+        "result": null,
+    });
+    match ev::append(std::path::Path::new(&path), &line) {
+        Ok(()) => eprintln!("evidence appended to {path} (exit code 2)"),
+        Err(e) => eprintln!("error: cannot write evidence file {path}: {e}"),
+    }
+}
+
 fn fmt_value(m: &Metric) -> String {
     match (m.unit, &m.value) {
         ("bytes", Value::Number(n)) => n.as_u64().map(human_bytes).unwrap_or_else(|| n.to_string()),
