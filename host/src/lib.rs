@@ -15,19 +15,24 @@
 //!    [`device::Device`] trait and its two backends, `vm` and `cuda`);
 //! 6. [`error`], then [`runner`]: one measured run — validate, plan memory, upload, poison,
 //!    launch, time, download, verify;
-//! 7. [`report`]: tables and summaries; the CLI (in the binary) sits on top.
+//! 7. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
+//!    [`evidence`] (the `--save` file);
+//! 8. [`charts`] (the sweep and plan pictures); the CLI (in the binary) sits on top.
 
 pub mod caps;
+pub mod charts;
 pub mod device;
 pub mod driver;
 pub mod dtype;
 pub mod error;
+pub mod evidence;
 pub mod files;
 pub mod inputs;
 pub mod memory;
 pub mod nvml;
 pub mod panics;
 pub mod parse;
+pub mod plan;
 pub mod plot;
 pub mod problem;
 pub mod ptx;
@@ -60,7 +65,8 @@ mod layering_tests {
         &["reference", "verify"],
         &["ptx", "nvml", "device"],
         &["error", "runner"],
-        &["report"],
+        &["report", "evidence", "plan"],
+        &["charts"],
     ];
 
     fn layer_of(m: &str) -> Option<usize> {

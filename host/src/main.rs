@@ -20,6 +20,10 @@ fn main() {
             // --help and --version exit 0; usage errors exit 2 (clap's convention and ours).
             let _ = e.print();
             let code = if e.use_stderr() { exit::BAD_INPUT } else { exit::SUCCESS };
+            if e.use_stderr() {
+                // A command line clap refuses is evidence too, when it asked for --save.
+                cli::evidence::record_refused_command_line(&e.render().to_string());
+            }
             // With --json a usage error is also one JSON object on stdout, like every other error.
             if code != exit::SUCCESS && json_requested() {
                 let message = e.kind().as_str().map(str::to_string).unwrap_or_else(|| {

@@ -27,6 +27,20 @@ pub struct GpuInfo {
     pub utilization_memory_percent: Option<u32>,
     /// GPU memory used by this process, when the driver reports it.
     pub this_process_used_bytes: Option<u64>,
+    /// Current SM and memory clocks and the SM clock's maximum (MHz), where NVML reports them.
+    pub clock_sm_mhz: Option<u32>,
+    pub clock_memory_mhz: Option<u32>,
+    pub clock_sm_max_mhz: Option<u32>,
+    /// Compute processes on the GPU and their memory (what nvidia-smi's process table shows).
+    pub processes: Vec<GpuProcess>,
+}
+
+/// One process using a GPU.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// `None` where the driver does not report it (e.g. inside some containers).
+    pub used_bytes: Option<u64>,
 }
 
 fn init() -> Result<Nvml, String> {
@@ -57,12 +71,22 @@ pub fn gpus() -> Result<Vec<GpuInfo>, String> {
         let mem = d.memory_info().map_err(|e| format!("NVML memory info of device {index}: {e}"))?;
         let util = d.utilization_rates().ok();
         let cc = d.cuda_compute_capability().map(|c| format!("{}.{}", c.major, c.minor)).unwrap_or_default();
-        let this_process_used_bytes = d.running_compute_processes().ok().and_then(|ps| {
-            ps.into_iter().find(|p| p.pid == pid).and_then(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
-                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+        let processes: Vec<GpuProcess> = d
+            .running_compute_processes()
+            .map(|ps| {
+                ps.into_iter()
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        used_bytes: match p.used_gpu_memory {
+                            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                            nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                        },
+                    })
+                    .collect()
             })
-        });
+            .unwrap_or_default();
+        let this_process_used_bytes = processes.iter().find(|p| p.pid == pid).and_then(|p| p.used_bytes);
+        use nvml_wrapper::enum_wrappers::device::Clock;
         out.push(GpuInfo {
             index,
             name: d.name().unwrap_or_default(),
@@ -76,6 +100,10 @@ pub fn gpus() -> Result<Vec<GpuInfo>, String> {
             utilization_gpu_percent: util.as_ref().map(|u| u.gpu),
             utilization_memory_percent: util.as_ref().map(|u| u.memory),
             this_process_used_bytes,
+            clock_sm_mhz: d.clock_info(Clock::SM).ok(),
+            clock_memory_mhz: d.clock_info(Clock::Memory).ok(),
+            clock_sm_max_mhz: d.max_clock_info(Clock::SM).ok(),
+            processes,
         });
     }
     Ok(out)

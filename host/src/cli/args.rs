@@ -45,10 +45,15 @@ Examples:
   memattn run --dtype bf16 --causal                tensor-core flash kernel, checked against f64
   memattn compare --vary dtype=f32,bf16            the same problem in f32 and bf16 (flash)
   memattn sweep --vary seq=64,128,256 --plot sweep.svg
-  memattn --backend vm --vm-memory-mib 64 sweep   naive runs over 64 MiB show what they would need
+  memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2
+                                                   naive at seq 256 needs over 1 MiB: shown, not run
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
   memattn kernels                                  entry points, parameters, ptxas resources
   memattn trace --kernel flash --thread 5          the instructions one VM thread executes
+  memattn plan --layers 32 --heads 32 --heads-kv 8 --head-dim 128 --batch 8 --context 32768 --vram 80GiB
+                                                   memory budget of an inference, before anything runs
+  memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
+  memattn evidence show evidence.jsonl             the runs kept so far
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -68,9 +73,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Keep the evidence: append this command's result (the same object `--json` prints, plus
-    /// the command line, the time and the PTX hash) as one JSON line to FILE. Use one file for a
-    /// whole investigation: observe (`doctor`), change one option, repeat the same measurement.
+    /// Keep the evidence: append one JSON line to FILE for this command, whatever its outcome
+    /// (refusals, device errors and failed verifications too): the command line, exit code and
+    /// message, the expected state (the analytic bytes or the plan), the observed state (device
+    /// memory before, peak, after), the result `--json` prints and the SHA-256 of the PTX that
+    /// ran. Appends are locked and whole lines. Read it with `memattn evidence show|diff|rerun`.
     #[arg(long, global = true, value_name = "FILE")]
     pub save: Option<std::path::PathBuf>,
 
@@ -123,6 +130,125 @@ pub enum Command {
     /// VM only: print the instructions one thread of one kernel executes, with the registers it
     /// writes (for learning how the kernel works).
     Trace(TraceArgs),
+    /// The memory budget of an inference workload before anything runs: weights, KV cache,
+    /// attention workspace (naive vs flash), largest activation, against the device memory; the
+    /// largest batch and longest context that fit and the one option that changes the outcome most.
+    #[command(after_help = PLAN_EXAMPLES)]
+    Plan(PlanArgs),
+    /// Read the evidence file of `--save`: a table of the runs, what one change did, or repeat a run.
+    #[command(subcommand)]
+    Evidence(EvidenceCommand),
+}
+
+const PLAN_EXAMPLES: &str = "\
+Examples:
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB
+                           the KV cache dominates; the one option that changes the outcome most
+  memattn plan --layers 32 --heads 32 --heads-kv 8 --head-dim 128 --batch 8 --context 32768 --vram 80GiB
+                           the same attention from flags (weights not counted without --hidden ...)
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --kv-dtype fp8
+                           one option changed: the KV cache halves
+  memattn plan --config host/tests/fixtures/configs/mistral-7b-v0.1.json --batch 1 --context 8192 --verify
+                           one layer's attention, scaled down, in the VM: expected = measured
+  memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --plot plan.png
+                           memory against context, stacked, with the limit line
+
+Exit codes: 0 it fits (or was planned), 1 --verify measured other bytes than planned, 2 bad input or it
+does not fit even at batch 1 (the message names the term and the bytes).";
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// A Hugging Face config.json (num_hidden_layers, num_attention_heads, num_key_value_heads,
+    /// head_dim, hidden_size, intermediate_size, vocab_size, sliding_window, torch_dtype,
+    /// tie_word_embeddings). Flags given as well override its values.
+    #[arg(long, value_name = "config.json")]
+    pub config: Option<PathBuf>,
+    /// Decoder layers.
+    #[arg(long, value_name = "N")]
+    pub layers: Option<u32>,
+    /// Query heads per layer.
+    #[arg(long, value_name = "H")]
+    pub heads: Option<u32>,
+    /// Key/value heads per layer (grouped-query attention; must divide --heads) [default: --heads].
+    #[arg(long, value_name = "H")]
+    pub heads_kv: Option<u32>,
+    /// Head dimension.
+    #[arg(long, value_name = "D")]
+    pub head_dim: Option<u32>,
+    /// Model width (with --intermediate and --vocab: weights and activations are counted).
+    #[arg(long, value_name = "N")]
+    pub hidden: Option<u32>,
+    /// MLP width.
+    #[arg(long, value_name = "N")]
+    pub intermediate: Option<u32>,
+    /// Vocabulary size.
+    #[arg(long, value_name = "N")]
+    pub vocab: Option<u32>,
+    /// Input and output embeddings share one matrix.
+    #[arg(long)]
+    pub tied_embeddings: bool,
+    /// A sliding window of N tokens on every layer (the KV cache of a layer holds at most N).
+    #[arg(long, value_name = "N")]
+    pub sliding_window: Option<u32>,
+    /// Weights and activations: f32, bf16, f16, fp8 [default: the config's torch_dtype, else bf16].
+    #[arg(long, value_name = "TYPE")]
+    pub dtype: Option<String>,
+    /// KV cache element type [default: --dtype].
+    #[arg(long, value_name = "TYPE")]
+    pub kv_dtype: Option<String>,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 1, value_name = "B")]
+    pub batch: u32,
+    /// Tokens each sequence holds in the KV cache (prompt + generated so far).
+    #[arg(long, value_name = "TOKENS")]
+    pub context: u32,
+    /// Query tokens of the forward step planned: 1 for a decode step, the prompt length for a prefill.
+    #[arg(long, default_value_t = 1, value_name = "T")]
+    pub new_tokens: u32,
+    /// Attention kernel whose workspace counts in the total [default: flash]; both are shown.
+    #[arg(long, value_name = "naive|flash")]
+    pub kernel: Option<KernelKind>,
+    /// A paged KV cache with pages of N tokens (each sequence's cache rounds up to whole pages).
+    #[arg(long, value_name = "N")]
+    pub page: Option<u32>,
+    /// Device memory to plan against, e.g. 80GiB, 24GB [default: free memory of the device].
+    #[arg(long, value_name = "SIZE")]
+    pub vram: Option<String>,
+    /// Run the attention part of one layer, scaled down, in the VM (naive and flash) and show
+    /// that the measured bytes equal the planned ones.
+    #[arg(long)]
+    pub verify: bool,
+    /// Draw memory against context length (weights, KV cache, workspace stacked; naive and
+    /// flash; the limit) to FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EvidenceCommand {
+    /// A table of the runs in an evidence file (one JSON line each), numbered by line.
+    Show {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// What changed between runs A and B (options) and what that did to memory, time, error and
+    /// exit code: the "one change, same measurement" comparison.
+    Diff {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[arg(value_name = "A")]
+        a: usize,
+        #[arg(value_name = "B")]
+        b: usize,
+    },
+    /// Repeat run N's exact command line (appending to the evidence file when it had --save) and
+    /// compare the new result with run N: the proof that a fix works, or the way back.
+    Rerun {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[arg(value_name = "N")]
+        n: usize,
+    },
 }
 
 /// The attention problem. Unset options take the defaults shown (or the shape of `--inputs`).
@@ -220,9 +346,9 @@ pub struct SweepArgs {
     /// Kernels run at every point [default: naive,flash].
     #[arg(long, value_name = "LIST")]
     pub kernels: Option<String>,
-    /// Where to write the plot (SVG): only when the sweep verified, atomically; checked before
-    /// the sweep like --output.
-    #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg")]
+    /// Where to write the plot: FILE.svg or FILE.png (memory with the device limit, and time);
+    /// written only when the sweep verified, atomically; checked before the sweep like --output.
+    #[arg(long, default_value = "memattn-sweep.svg", value_name = "FILE.svg|FILE.png")]
     pub plot: PathBuf,
     /// Do not write a plot.
     #[arg(long)]

@@ -92,6 +92,11 @@ pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
         p.validate_shape(k)?;
         variants.push((value.clone(), p, k));
     }
+    super::evidence::expect(serde_json::json!({
+        "runs": variants.iter().map(|(value, p, k)| serde_json::json!({
+            "value": value, "kernel": k, "analytic_bytes": AnalyticBytes::new(p, *k).total,
+        })).collect::<Vec<_>>(),
+    }));
     let (mut dev, reason) = open_device(cli)?;
     if !cli.json {
         println!("compare: --vary {}={} on {}", vary.key, vary.values.join(","), describe_problem(&base));

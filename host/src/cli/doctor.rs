@@ -61,15 +61,31 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
         Ok(Err(e)) => format!("cannot load the PTX: {e}"),
         Err(p) => format!("not usable in this build: {p}"),
     };
+    let vm_device = vm_device(cli);
     let next = match (&cuda, &gpus) {
         (Ok(_), Ok(g)) if !g.is_empty() => {
-            "run `memattn --backend cuda run` then `memattn compare --seq 4096` to see the memory saving on the GPU".to_string()
+{
+            use memattn::memory::AnalyticBytes;
+            use memattn::problem::{KernelKind, Problem};
+            let p = Problem { seq_q: 4096, seq_kv: 4096, ..Problem::default() };
+            format!(
+                "next safe step: the plan of your workload against this GPU's free memory, then one small measured run: \
+                 `memattn --save evidence.jsonl plan --config config.json --batch 1 --context 4096` then \
+                 `memattn --save evidence.jsonl --backend cuda compare --seq 4096` (expected state: naive {}, flash {} \
+                 on top of the memory used now)",
+                human_bytes(AnalyticBytes::new(&p, KernelKind::Naive).total),
+                human_bytes(AnalyticBytes::new(&p, KernelKind::Flash).total)
+            )
+        }
         }
         (Ok(_), _) => "CUDA works but NVML does not: memory will come from cuMemGetInfo only; check that libnvidia-ml.so.1 is installed with the driver".to_string(),
         (Err(why), Ok(g)) if !g.is_empty() => format!(
             "NVML sees a GPU but CUDA cannot be used ({why}); check that libcuda.so.1 matches the kernel driver (`nvidia-smi`) and that the process may open /dev/nvidia*"
         ),
-        (Err(_), _) => "no GPU here: everything runs in the PTX VM (`memattn compare`); on a GPU machine run `scripts/gpu-check.sh` with the release binary".to_string(),
+        (Err(_), _) => "no GPU here: every command runs in the PTX VM. Next safe step, the memory plan of your \
+             workload before anything runs: `memattn --save evidence.jsonl plan --layers 32 --heads 32 --heads-kv 8 --head-dim 128 --batch 1 --context 4096 --verify` \
+             (--config config.json reads a model's sizes instead; or `memattn --save evidence.jsonl compare` for a measured naive-vs-flash run in the VM); on a GPU machine \
+             run `scripts/gpu-check.sh` with the release binary".to_string(),
     };
     let v = serde_json::json!({
         "command": "doctor",
@@ -78,6 +94,7 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
         "ptx": ptx_json(&src),
         "ptxas": ptxas.as_ref().map(|(p, v)| serde_json::json!({"path": p.display().to_string(), "version": v})),
         "vm": vm_status,
+        "vm_device": vm_device,
         "next_step": next,
     });
     super::save_evidence(cli, &v)?;
@@ -110,10 +127,63 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
                     d.utilization_gpu_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into()),
                     d.utilization_memory_percent.map(|u| u.to_string()).unwrap_or_else(|| "?".into())
                 );
+                let mhz = |v: Option<u32>| v.map(|m| format!("{m} MHz")).unwrap_or_else(|| "?".into());
+                println!(
+                    "  clocks: SM {} (max {}), memory {}",
+                    mhz(d.clock_sm_mhz),
+                    mhz(d.clock_sm_max_mhz),
+                    mhz(d.clock_memory_mhz)
+                );
+                if d.processes.is_empty() {
+                    println!("  processes: none using the GPU (or NVML may not list them here)");
+                }
+                for p in &d.processes {
+                    println!(
+                        "  process {}: {}",
+                        p.pid,
+                        p.used_bytes.map(human_bytes).unwrap_or_else(|| "memory not reported".into())
+                    );
+                }
                 println!("  uuid: {}", d.uuid);
             }
         }
         Err(e) => println!("NVML: {e}"),
+    }
+    if cuda.is_err() {
+        println!(
+            "\n== the device every command will use: the PTX VM (no GPU: {})",
+            cuda.as_ref().err().map(String::as_str).unwrap_or("")
+        );
+        let d = &vm_device;
+        if d["error"].is_null() {
+            println!("name: {}", d["name"].as_str().unwrap_or(""));
+            println!(
+                "simulated device memory: {} ({})",
+                human_bytes(d["memory_bytes"].as_u64().unwrap_or(0)),
+                if d["memory_from_flag"] == true {
+                    "set by --vm-memory-mib"
+                } else {
+                    "the VM's default; --vm-memory-mib sets it"
+                }
+            );
+            println!(
+                "shared memory per block: {} (an sm_80 part without opt-in)",
+                human_bytes(d["shared_per_block_bytes"].as_u64().unwrap_or(0))
+            );
+            println!("threads per block: at most {}; grid at most {}", d["max_threads_per_block"], d["max_grid"]);
+            println!(
+                "SMs: none simulated - the blocks of a launch are shared out to {} worker threads (--vm-workers), each running whole blocks",
+                d["workers"]
+            );
+            println!(
+                "checks: memcheck always; initcheck {}, racecheck {} (--vm-allow turns them off)",
+                d["initcheck"].as_str().unwrap_or("?"),
+                d["racecheck"].as_str().unwrap_or("?")
+            );
+            println!("memory figures: exact (the VM's allocator); time: host wall clock, says nothing about a GPU");
+        } else {
+            println!("the VM cannot start: {}", d["error"]);
+        }
     }
     println!("\n== PTX");
     let (version, target) = src.version_and_target();
@@ -138,6 +208,33 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     }
     println!("\n== next step\n{next}");
     Ok(exit::SUCCESS)
+}
+
+/// The VM device as the options describe it (what every command uses without a GPU).
+fn vm_device(cli: &Cli) -> serde_json::Value {
+    let opts = match super::device_options(cli) {
+        Ok(o) => o,
+        Err(e) => return serde_json::json!({"error": e.to_string()}),
+    };
+    match memattn::device::vm::VmDevice::new(&opts) {
+        Ok(mut d) => {
+            use memattn::device::Device;
+            let caps = d.caps().ok();
+            serde_json::json!({
+                "name": d.name(),
+                "memory_bytes": caps.map(|c| c.total_memory_bytes),
+                "memory_from_flag": cli.vm_memory_mib.is_some(),
+                "shared_per_block_bytes": caps.map(|c| c.max_dynamic_smem_bytes),
+                "max_threads_per_block": caps.map(|c| c.max_threads_per_block),
+                "max_grid": caps.map(|c| c.max_grid),
+                "sm_count": null,
+                "workers": opts.vm_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
+                "initcheck": if opts.vm_initcheck { "on" } else { "off" },
+                "racecheck": if opts.vm_racecheck { "on" } else { "off" },
+            })
+        }
+        Err(e) => serde_json::json!({"error": e.to_string()}),
+    }
 }
 
 /// Kernels of the ABI the loaded PTX does not contain, with what runs them.

@@ -3,6 +3,8 @@
 pub mod args;
 mod compare;
 mod doctor;
+pub mod evidence;
+mod plan;
 mod run;
 mod sweep;
 mod trace;
@@ -27,14 +29,41 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
             .open(path)
             .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
     }
-    match &cli.command {
+    if let Command::Evidence(e) = &cli.command {
+        return evidence::command(cli, e);
+    }
+    // A panic is kept in the evidence too (exit 3, as main reports it), then goes on to main.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &cli.command {
         Command::Run(a) => run::run(cli, a),
         Command::Compare(a) => compare::compare(cli, a),
         Command::Sweep(a) => sweep::sweep(cli, a),
         Command::Doctor => doctor::doctor(cli),
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
+        Command::Plan(a) => plan::plan(cli, a),
+        Command::Evidence(e) => evidence::command(cli, e),
+    }));
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            let _ = evidence::record_outcome(cli, memattn::error::exit::DEVICE, Some(format!("internal error: {msg}")));
+            std::panic::resume_unwind(payload)
+        }
+    };
+    // The evidence line is written whatever the outcome; if it cannot be, a success becomes
+    // that error, and any other outcome keeps its own code (the write error is printed).
+    if let Err(e) = evidence::record(cli, &outcome) {
+        if matches!(outcome, Ok(0)) {
+            return Err(e);
+        }
+        eprintln!("error: {e}");
     }
+    outcome
 }
 
 /// Checks an output path before anything runs: writable, and not the same file as an input, the
@@ -56,7 +85,11 @@ pub fn check_output(
 /// The PTX to load: `--ptx FILE` or the embedded module.
 pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
     match &cli.ptx {
-        None => Ok(PtxSource::embedded()),
+        None => {
+            let src = PtxSource::embedded();
+            evidence::ptx_loaded(&src);
+            Ok(src)
+        }
         Some(path) => {
             // An unreadable path is bad input (2); bytes that are not PTX text do not load (3),
             // like text the VM or the driver cannot parse.
@@ -67,7 +100,9 @@ pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
                     message: format!("not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()),
                 })
             })?;
-            Ok(PtxSource::from_file(path, text))
+            let src = PtxSource::from_file(path, text);
+            evidence::ptx_loaded(&src);
+            Ok(src)
         }
     }
 }
@@ -106,7 +141,8 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
 
 /// Opens the device and says which one and why (stderr, human mode only).
 pub fn open_device(cli: &Cli) -> Result<(Box<dyn device::Device>, String), Error> {
-    let opened = device::open(&device_options(cli)?)?;
+    let mut opened = device::open(&device_options(cli)?)?;
+    evidence::device_opened(opened.device.as_mut(), &opened.reason);
     if !cli.json {
         eprintln!("backend: {} - {} ({})", opened.device.backend(), opened.device.name(), opened.reason);
     }
@@ -297,29 +333,10 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
     Ok(())
 }
 
-/// Appends `result` to the `--save` evidence file as one JSON line, with the command line, the
-/// time and the loaded PTX's hash, so a series of measurements can be compared later.
-pub fn save_evidence(cli: &Cli, result: &serde_json::Value) -> Result<(), Error> {
-    let Some(path) = &cli.save else { return Ok(()) };
-    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let ptx = load_ptx(cli)?;
-    let line = serde_json::json!({
-        "recorded_unix_s": recorded,
-        "argv": std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
-        "memattn_version": env!("CARGO_PKG_VERSION"),
-        "ptx": {"origin": ptx.origin, "sha256": ptx.sha256},
-        "result": result,
-    });
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
-    writeln!(f, "{line}").map_err(|e| Error::Usage(format!("cannot write evidence file {}: {e}", path.display())))?;
-    if !cli.json {
-        eprintln!("evidence appended to {}", path.display());
-    }
+/// Keeps `result` (the object `--json` prints) for the `--save` evidence line, which is written
+/// once the command has finished, whatever its outcome (see [`evidence::record`]).
+pub fn save_evidence(_cli: &Cli, result: &serde_json::Value) -> Result<(), Error> {
+    evidence::result(result);
     Ok(())
 }
 

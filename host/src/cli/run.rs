@@ -31,6 +31,10 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         problem.dtype = d;
     }
     problem.validate_shape(kernel)?;
+    super::evidence::expect(serde_json::json!({
+        "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel,
+        "analytic_bytes": AnalyticBytes::new(&problem, kernel),
+    }));
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
     if !cli.json {

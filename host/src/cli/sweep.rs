@@ -3,9 +3,9 @@
 use super::args::{Cli, SweepArgs};
 use super::compare::{measure, Point};
 use super::{open_device, parse_vary, print_json, resolve_problem, save_evidence};
+use memattn::charts;
 use memattn::device::Backend;
 use memattn::error::{exit, Error};
-use memattn::plot::{self, Panel, Series};
 use memattn::problem::{KernelKind, Problem};
 use memattn::report::{human_bytes, table};
 
@@ -60,6 +60,11 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     if !skipped.is_empty() && !cli.json {
         eprintln!("sweep: skipped (no kernel in that dtype): {}", skipped.join("; "));
     }
+    super::evidence::expect(serde_json::json!({
+        "runs": plan.iter().map(|(value, p, k)| serde_json::json!({
+            "value": value, "kernel": k, "analytic_bytes": memattn::memory::AnalyticBytes::new(p, *k).total,
+        })).collect::<Vec<_>>(),
+    }));
     let bar = indicatif::ProgressBar::new(plan.len() as u64);
     if cli.json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -81,9 +86,10 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     let mut plot_path = None;
     let mut plot_error = None;
     if !a.no_plot && all_ok {
-        let svg = render_plot(&vary.key, &points, &kernels, dev.backend());
-        // A write that fails after all leaves any old plot whole; the results are still printed.
-        match memattn::files::write_atomic(&a.plot, svg.as_bytes(), "--plot") {
+        // The picture is written atomically: a write that fails leaves any old plot whole, and the
+        // results are still printed.
+        let limit = dev.caps()?.total_memory_bytes;
+        match render_plot(&a.plot, &vary.key, &base, &points, &kernels, dev.backend(), limit) {
             Ok(()) => plot_path = Some(a.plot.display().to_string()),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -154,40 +160,57 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }
 
-fn render_plot(key: &str, points: &[Point], kernels: &[KernelKind], backend: Backend) -> String {
-    let color = |k: KernelKind| match k {
-        KernelKind::Naive => "#d62728",
-        KernelKind::Flash => "#1f77b4",
+/// The sweep picture (SVG or PNG by the file name): memory with the device limit, and time.
+fn render_plot(
+    path: &std::path::Path,
+    key: &str,
+    base: &Problem,
+    points: &[Point],
+    kernels: &[KernelKind],
+    backend: Backend,
+    limit: u64,
+) -> Result<(), Error> {
+    let rgb = |k: KernelKind| match k {
+        KernelKind::Naive => (214, 39, 40),
+        KernelKind::Flash => (31, 119, 180),
     };
-    let series = |f: &dyn Fn(&Point) -> Option<f64>| -> Vec<Series> {
-        kernels
-            .iter()
-            .map(|&k| Series {
-                name: k.to_string(),
-                color: color(k),
-                points: points
-                    .iter()
-                    .filter(|p| p.kernel == k)
-                    .filter_map(|p| {
-                        let x = p.value.parse::<f64>().ok()?;
-                        Some(plot::Point { x, y: f(p), did_not_run: !p.ran })
-                    })
-                    .collect(),
-            })
-            .collect()
+    let series: Vec<charts::SweepSeries> = kernels
+        .iter()
+        .map(|&k| charts::SweepSeries {
+            name: k.to_string(),
+            rgb: rgb(k),
+            points: points
+                .iter()
+                .filter(|p| p.kernel == k)
+                .filter_map(|p| {
+                    let x = p.value.parse::<f64>().ok()?;
+                    let bytes = match &p.report {
+                        Some(r) => r.peak_device_bytes as f64,
+                        None => p.would_need_bytes? as f64,
+                    };
+                    Some((x, bytes, p.ran, p.report.as_ref().map(|r| r.time_ms)))
+                })
+                .collect(),
+        })
+        .collect();
+    let seqs = match key {
+        "seq" => String::new(),
+        "seq-q" => format!(" seq_kv {}", base.seq_kv),
+        "seq-kv" => format!(" seq_q {}", base.seq_q),
+        _ => format!(" seq_q {} seq_kv {}", base.seq_q, base.seq_kv),
     };
-    let mem = Panel {
-        title: "peak device memory".into(),
-        y_label: "bytes".into(),
-        series: series(&|p| match &p.report {
-            Some(r) => Some(r.peak_device_bytes as f64),
-            None => p.would_need_bytes.map(|b| b as f64),
-        }),
-    };
-    let time = Panel {
-        title: format!("time per run ({})", if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" }),
-        y_label: "ms".into(),
-        series: series(&|p| p.report.as_ref().map(|r| r.time_ms)),
-    };
-    plot::svg(&format!("memattn sweep over {key}: naive vs flash ({backend})"), key, &[mem, time])
+    let shape = format!(
+        "batch {} heads {}{seqs} head_dim {} {}{}",
+        base.batch,
+        base.heads,
+        base.head_dim,
+        base.dtype,
+        if base.causal { " causal" } else { "" }
+    );
+    let title = format!(
+        "memattn sweep over {key}: naive vs flash, {shape}, {backend} ({}), device limit {}",
+        if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" },
+        human_bytes(limit)
+    );
+    charts::sweep_chart(path, &title, key, &series, Some(limit)).map_err(Error::Usage)
 }

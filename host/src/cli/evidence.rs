@@ -1,0 +1,460 @@
+//! `--save`: one evidence line per command, whatever its outcome; `memattn evidence show|diff|rerun`.
+//!
+//! Commands report what they expect, what they observed and their result here while they run
+//! ([`expect`], [`device_opened`], [`result`]); [`record`] writes the line once the command has
+//! finished, with its exit code and message, so refusals (exit 2), device errors (exit 3) and failed
+//! verifications (exit 1) are kept like successes. The PTX hash is the one of the text that was
+//! loaded for the run, kept when it was loaded.
+
+use super::args::{Cli, EvidenceCommand};
+use memattn::device::Device;
+use memattn::error::{exit, Error};
+use memattn::evidence::{self as ev, Metric};
+use memattn::ptx::PtxSource;
+use memattn::report::{human_bytes, table};
+use serde_json::{json, Value};
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct Context {
+    ptx: Option<Value>,
+    device: Option<Value>,
+    expected: Option<Value>,
+    result: Option<Value>,
+    message: Option<String>,
+}
+
+static CONTEXT: Mutex<Context> =
+    Mutex::new(Context { ptx: None, device: None, expected: None, result: None, message: None });
+
+fn with<T>(f: impl FnOnce(&mut Context) -> T) -> T {
+    let mut g = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut g)
+}
+
+/// The PTX this command loaded (origin and SHA-256 of the text that was parsed).
+pub fn ptx_loaded(src: &PtxSource) {
+    with(|c| c.ptx = Some(json!({"origin": src.origin, "sha256": src.sha256})));
+}
+
+/// The device the command opened and its memory before anything was allocated.
+pub fn device_opened(dev: &mut dyn Device, reason: &str) {
+    let caps = dev.caps().ok();
+    let v = json!({
+        "backend": dev.backend().name(),
+        "name": dev.name(),
+        "reason": reason,
+        "total_bytes": caps.map(|c| c.total_memory_bytes),
+        "free_bytes": caps.map(|c| c.free_memory_bytes),
+    });
+    with(|c| c.device = Some(v));
+}
+
+/// The state the command expects before it measures (e.g. the analytic bytes of a run).
+pub fn expect(v: Value) {
+    with(|c| c.expected = Some(v));
+}
+
+/// The command's result (the object `--json` prints).
+pub fn result(v: &Value) {
+    with(|c| c.result = Some(v.clone()));
+}
+
+/// The message of an outcome that is not an error but not a success either.
+pub fn message(m: &str) {
+    with(|c| c.message = Some(m.to_string()));
+}
+
+fn command_name(cli: &Cli) -> &'static str {
+    use super::args::Command::*;
+    match &cli.command {
+        Run(_) => "run",
+        Compare(_) => "compare",
+        Sweep(_) => "sweep",
+        Doctor => "doctor",
+        Kernels => "kernels",
+        Trace(_) => "trace",
+        Plan(_) => "plan",
+        Evidence(_) => "evidence",
+    }
+}
+
+/// The observed state: the device and its memory, and each run's measured memory.
+fn observed(device: Option<Value>, result: &Option<Value>) -> Value {
+    let mut o = json!({"device": device});
+    if let Some(r) = result {
+        if r["memory"].is_object() {
+            o["memory"] = r["memory"].clone();
+            o["peak_device_bytes"] = r["peak_device_bytes"].clone();
+        }
+        let runs: Vec<Value> = ["runs", "points"]
+            .iter()
+            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
+            .map(|p| {
+                json!({
+                    "value": p["value"], "kernel": p["kernel"], "ran": p["ran"],
+                    "peak_device_bytes": p["report"]["peak_device_bytes"], "memory": p["report"]["memory"],
+                    "would_need_bytes": p["would_need_bytes"], "reason": p["reason"],
+                })
+            })
+            .collect();
+        if !runs.is_empty() {
+            o["runs"] = runs.into();
+        }
+    }
+    o
+}
+
+fn expected_from_result(r: &Value) -> Value {
+    if r["analytic_bytes"].is_object() {
+        return json!({"problem": r["shape"], "dtype": r["dtype"], "kernel": r["kernel"], "analytic_bytes": r["analytic_bytes"]});
+    }
+    let runs: Vec<Value> = ["runs", "points"]
+        .iter()
+        .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            json!({"value": p["value"], "kernel": p["kernel"],
+                   "analytic_bytes": if p["report"].is_object() { p["report"]["analytic_bytes"]["total"].clone() } else { p["would_need_bytes"].clone() }})
+        })
+        .collect();
+    if runs.is_empty() {
+        Value::Null
+    } else {
+        json!({ "runs": runs })
+    }
+}
+
+/// Writes the evidence line of the command that just finished (nothing without `--save`).
+pub fn record(cli: &Cli, outcome: &Result<i32, Error>) -> Result<(), Error> {
+    match outcome {
+        Ok(c) => record_outcome(cli, *c, None),
+        Err(e) => record_outcome(cli, e.exit_code(), Some(e.to_string())),
+    }
+}
+
+/// Writes the evidence line of an outcome: its exit code and, for an error, its message.
+pub fn record_outcome(cli: &Cli, code: i32, error: Option<String>) -> Result<(), Error> {
+    let Some(path) = &cli.save else { return Ok(()) };
+    if let Some(clash) = save_clash(path) {
+        // The refusal itself is the outcome: appending to an input, a module or an output would
+        // destroy it.
+        eprintln!("not appending evidence: --save {} is the same file as {clash}", path.display());
+        return Ok(());
+    }
+    let (ptx, device, expected, result, message) =
+        with(|c| (c.ptx.take(), c.device.take(), c.expected.take(), c.result.take(), c.message.take()));
+    let message = match error {
+        Some(e) => Some(e),
+        None if code == exit::VERIFICATION_FAILED && message.is_none() => {
+            let first = result
+                .as_ref()
+                .and_then(|r| r["verification"]["failures"].as_array().and_then(|f| f.first().cloned()))
+                .and_then(|f| f.as_str().map(str::to_string));
+            Some(format!("verification failed{}", first.map(|f| format!(": {f}")).unwrap_or_default()))
+        }
+        None => message,
+    };
+    let expected = expected.or_else(|| result.as_ref().map(expected_from_result));
+    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let line = json!({
+        "recorded_unix_s": recorded,
+        "argv": std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+        "memattn_version": env!("CARGO_PKG_VERSION"),
+        "command": command_name(cli),
+        "exit_code": code,
+        "message": message,
+        "ptx": ptx,
+        "expected": expected,
+        "observed": observed(device, &result),
+        "result": result,
+    });
+    ev::append(path, &line).map_err(|e| Error::Usage(format!("cannot write evidence file {}: {e}", path.display())))?;
+    if !cli.json {
+        eprintln!("evidence appended to {} (exit code {code})", path.display());
+    }
+    Ok(())
+}
+
+/// The path option of this command line that names the same file as `--save`, if any (files that
+/// evidence must never be appended to).
+fn save_clash(save: &std::path::Path) -> Option<String> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    for (i, a) in args.iter().enumerate() {
+        let a = a.to_string_lossy();
+        for opt in ["--inputs", "--output", "--plot", "--ptx", "--config"] {
+            let value = match a.strip_prefix(&format!("{opt}=")) {
+                Some(v) => Some(std::path::PathBuf::from(v)),
+                None if a == opt => args.get(i + 1).map(std::path::PathBuf::from),
+                None => None,
+            };
+            if let Some(v) = value {
+                if memattn::files::same_file(save, &v) {
+                    return Some(format!("{opt} {}", v.display()));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Records a command line that did not parse (exit 2), if it names `--save FILE`; a failure to
+/// write is printed, the exit code stays 2.
+pub fn record_refused_command_line(message: &str) {
+    let args: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
+    let path = args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--save=") {
+        Some(p) => Some(p.to_string()),
+        None if a == "--save" => args.get(i + 1).cloned(),
+        None => None,
+    });
+    let Some(path) = path else { return };
+    if let Some(clash) = save_clash(std::path::Path::new(&path)) {
+        eprintln!("not appending evidence: --save {path} is the same file as {clash}");
+        return;
+    }
+    let recorded = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // The error and its details, without the usage and help lines that follow.
+    let first: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first = first.join(" ");
+    let line = json!({
+        "recorded_unix_s": recorded,
+        "argv": args,
+        "memattn_version": env!("CARGO_PKG_VERSION"),
+        "command": null,
+        "exit_code": exit::BAD_INPUT,
+        "message": first,
+        "ptx": null,
+        "expected": null,
+        "observed": null,
+        "result": null,
+    });
+    match ev::append(std::path::Path::new(&path), &line) {
+        Ok(()) => eprintln!("evidence appended to {path} (exit code 2)"),
+        Err(e) => eprintln!("error: cannot write evidence file {path}: {e}"),
+    }
+}
+
+fn fmt_value(m: &Metric) -> String {
+    match (m.unit, &m.value) {
+        ("bytes", Value::Number(n)) => n.as_u64().map(human_bytes).unwrap_or_else(|| n.to_string()),
+        ("ms", Value::Number(n)) => format!("{:.3}", n.as_f64().unwrap_or(f64::NAN)),
+        ("err", Value::Number(n)) => format!("{:.2e}", n.as_f64().unwrap_or(f64::NAN)),
+        (_, Value::String(s)) => s.clone(),
+        (_, v) => v.to_string(),
+    }
+}
+
+fn change(a: &Metric, b: &Metric) -> String {
+    if a.value == b.value {
+        return "same".into();
+    }
+    match (a.value.as_f64(), b.value.as_f64(), a.unit) {
+        (Some(x), Some(y), "bytes" | "ms" | "err") if x > 0.0 => {
+            let d = y - x;
+            let delta = if a.unit == "bytes" {
+                format!("{}{}", if d < 0.0 { "-" } else { "+" }, human_bytes(d.abs() as u64))
+            } else {
+                format!("{d:+.3e}")
+            };
+            format!("{delta} ({:.2}x)", y / x)
+        }
+        (Some(x), Some(y), "") => format!("{:+}", y - x),
+        _ => "changed".into(),
+    }
+}
+
+fn argv(v: &Value) -> Vec<String> {
+    v["argv"].as_array().into_iter().flatten().filter_map(|a| a.as_str().map(str::to_string)).collect()
+}
+
+fn short_cmd(v: &Value) -> String {
+    argv(v).iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
+}
+
+fn load(file: &std::path::Path) -> Result<(Vec<ev::Record>, Vec<ev::BadLine>), Error> {
+    ev::read(file).map_err(Error::Usage)
+}
+
+fn find(records: &[ev::Record], bad: &[ev::BadLine], n: usize, file: &std::path::Path) -> Result<Value, Error> {
+    if let Some(r) = records.iter().find(|r| r.line == n) {
+        return Ok(r.value.clone());
+    }
+    if let Some(b) = bad.iter().find(|b| b.line == n) {
+        return Err(Error::Usage(format!("{} line {n} is not a JSON record: {}", file.display(), b.error)));
+    }
+    let lines: Vec<String> = records.iter().map(|r| r.line.to_string()).collect();
+    Err(Error::Usage(format!("{} has no record on line {n} (records: {})", file.display(), lines.join(", "))))
+}
+
+fn bad_lines_error(file: &std::path::Path, bad: &[ev::BadLine]) -> Error {
+    let list: Vec<String> =
+        bad.iter().map(|b| format!("line {}: {} (starts `{}`)", b.line, b.error, b.start)).collect();
+    Error::Usage(format!("{} is not JSON lines: {}", file.display(), list.join("; ")))
+}
+
+/// The diff of two records as table rows.
+fn diff_rows(a: &Value, b: &Value) -> Vec<Vec<String>> {
+    let (ma, mb) = (ev::metrics(a), ev::metrics(b));
+    let mut names: Vec<String> = ma.iter().map(|m| m.name.clone()).collect();
+    for m in &mb {
+        if !names.contains(&m.name) {
+            names.push(m.name.clone());
+        }
+    }
+    names
+        .iter()
+        .map(|n| {
+            let x = ma.iter().find(|m| &m.name == n);
+            let y = mb.iter().find(|m| &m.name == n);
+            vec![
+                n.clone(),
+                x.map(fmt_value).unwrap_or_else(|| "-".into()),
+                y.map(fmt_value).unwrap_or_else(|| "-".into()),
+                match (x, y) {
+                    (Some(x), Some(y)) => change(x, y),
+                    _ => "-".into(),
+                },
+            ]
+        })
+        .collect()
+}
+
+fn print_diff(a: &Value, la: usize, b: &Value, lb: usize) {
+    println!("run {la}: {}", short_cmd(a));
+    println!("run {lb}: {}", short_cmd(b));
+    let changes = ev::argv_changes(&argv(a)[1.min(argv(a).len())..], &argv(b)[1.min(argv(b).len())..]);
+    if changes.is_empty() {
+        println!("options: the same command line (a repeat of the same measurement)");
+    } else {
+        println!("options changed: {}", changes.join("; "));
+    }
+    if a["ptx"]["sha256"] != b["ptx"]["sha256"] {
+        println!("PTX changed: {} -> {}", a["ptx"]["sha256"], b["ptx"]["sha256"]);
+    }
+    for (l, r) in [(la, a), (lb, b)] {
+        if let Some(m) = r["message"].as_str() {
+            println!("run {l} message: {m}");
+        }
+    }
+    let header: Vec<String> =
+        ["", &format!("run {la}"), &format!("run {lb}"), "change"].iter().map(|s| s.to_string()).collect();
+    print!("{}", table(&header, &diff_rows(a, b)));
+}
+
+pub fn command(cli: &Cli, c: &EvidenceCommand) -> Result<i32, Error> {
+    match c {
+        EvidenceCommand::Show { file } => {
+            let (records, bad) = load(file)?;
+            if cli.json {
+                super::print_json(&json!({
+                    "command": "evidence show",
+                    "records": records.iter().map(|r| json!({"line": r.line, "record": r.value})).collect::<Vec<_>>(),
+                    "bad_lines": bad.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
+                }));
+            } else {
+                let header: Vec<String> = [
+                    "#",
+                    "command",
+                    "exit",
+                    "expected",
+                    "measured",
+                    "time ms",
+                    "verified",
+                    "ptx",
+                    "message / command line",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let rows: Vec<Vec<String>> = records
+                    .iter()
+                    .map(|r| {
+                        let v = &r.value;
+                        let ms = ev::metrics(v);
+                        let get = |name: &str| {
+                            let all: Vec<String> =
+                                ms.iter().filter(|m| m.name.ends_with(name)).map(fmt_value).collect();
+                            if all.is_empty() {
+                                "-".to_string()
+                            } else {
+                                all.join(" / ")
+                            }
+                        };
+                        let expected = if v["command"] == "plan" { get("plan total") } else { get("expected bytes") };
+                        vec![
+                            r.line.to_string(),
+                            v["command"].as_str().unwrap_or("?").to_string(),
+                            v["exit_code"].to_string(),
+                            expected,
+                            get("measured peak"),
+                            get("time ms"),
+                            get("verified"),
+                            v["ptx"]["sha256"]
+                                .as_str()
+                                .map(|s| s[..12.min(s.len())].to_string())
+                                .unwrap_or_else(|| "-".into()),
+                            v["message"].as_str().map(|m| m.chars().take(90).collect()).unwrap_or_else(|| short_cmd(v)),
+                        ]
+                    })
+                    .collect();
+                print!("{}", table(&header, &rows));
+                println!("{} records in {}", records.len(), file.display());
+            }
+            if bad.is_empty() {
+                Ok(exit::SUCCESS)
+            } else {
+                Err(bad_lines_error(file, &bad))
+            }
+        }
+        EvidenceCommand::Diff { file, a, b } => {
+            let (records, bad) = load(file)?;
+            let (ra, rb) = (find(&records, &bad, *a, file)?, find(&records, &bad, *b, file)?);
+            if cli.json {
+                let rows = diff_rows(&ra, &rb);
+                super::print_json(&json!({
+                    "command": "evidence diff",
+                    "a": a, "b": b,
+                    "options_changed": ev::argv_changes(&argv(&ra), &argv(&rb)),
+                    "rows": rows.iter().map(|r| json!({"name": r[0], "a": r[1], "b": r[2], "change": r[3]})).collect::<Vec<_>>(),
+                }));
+            } else {
+                print_diff(&ra, *a, &rb, *b);
+            }
+            Ok(exit::SUCCESS)
+        }
+        EvidenceCommand::Rerun { file, n } => {
+            let (records, bad) = load(file)?;
+            let rec = find(&records, &bad, *n, file)?;
+            let args = argv(&rec);
+            if args.len() < 2 {
+                return Err(Error::Usage(format!("{} line {n} has no command line (argv)", file.display())));
+            }
+            let exe = std::env::current_exe()
+                .map_err(|e| Error::Usage(format!("cannot find the memattn executable: {e}")))?;
+            eprintln!("rerun of {} line {n}: memattn {}", file.display(), args[1..].join(" "));
+            let status = std::process::Command::new(exe)
+                .args(&args[1..])
+                .status()
+                .map_err(|e| Error::Usage(format!("cannot start memattn: {e}")))?;
+            let code = status.code().unwrap_or(exit::DEVICE);
+            // The rerun appended its own line when it had --save: compare it with run N.
+            let saved_here = args.windows(2).any(|w| w[0] == "--save" && std::path::Path::new(&w[1]) == file.as_path());
+            if saved_here {
+                let (after, _) = load(file)?;
+                if let Some(last) = after.last().filter(|l| l.line > records.last().map(|r| r.line).unwrap_or(0)) {
+                    println!("\nrun {n} and its rerun (line {}):", last.line);
+                    print_diff(&rec, *n, &last.value, last.line);
+                }
+            }
+            let was = rec["exit_code"].as_i64().unwrap_or(-1);
+            if !cli.json {
+                println!("exit code: run {n} {was}, rerun {code}{}", if was == code as i64 { " (same)" } else { "" });
+            }
+            Ok(code)
+        }
+    }
+}
