@@ -89,8 +89,10 @@ pub enum Command {
     Doctor,
     /// List the kernels in the loaded PTX with their parameters and ptxas resources.
     Kernels,
-    /// VM only: print the instructions one thread of one kernel executes, with the registers it
-    /// writes (for learning how the kernel works).
+    /// VM only: print the instructions one thread of one kernel executes, with the Rust line each
+    /// comes from and the registers it writes in the instruction's type (for learning how the
+    /// kernel works). Its default problem is smaller than `run`'s: heads 1 and seq 64 unless
+    /// given (the defaults listed below are `run`'s). A VM finding keeps the trace up to it.
     Trace(TraceArgs),
 }
 
@@ -220,8 +222,6 @@ pub struct TraceArgs {
     /// Show only instructions whose opcode starts with this, e.g. `--op mma`, `--op ld.shared`.
     #[arg(long, value_name = "OPCODE")]
     pub op: Option<String>,
-    /// Trace problem [default: heads 1, seq 64 — smaller than `run`'s heads 4, seq 256, which
-    /// the trace prints when it differs].
     #[command(flatten)]
     pub problem: ProblemArgs,
 }
