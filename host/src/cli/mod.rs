@@ -3,6 +3,7 @@
 pub mod args;
 mod compare;
 mod doctor;
+mod launch;
 mod run;
 mod sweep;
 mod trace;
@@ -34,6 +35,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Doctor => doctor::doctor(cli),
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
+        Command::Launch(a) => launch::launch(cli, a),
     }
 }
 
@@ -77,6 +79,19 @@ pub fn open_device(cli: &Cli) -> Result<(Box<dyn device::Device>, String), Error
         eprintln!("backend: {} - {} ({})", opened.device.backend(), opened.device.name(), opened.reason);
     }
     Ok((opened.device, opened.reason))
+}
+
+/// `X[,Y[,Z]]` of `--grid`, `--block`, `--thread` (missing dimensions are 0).
+pub fn parse_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return Err(Error::Usage(format!("--{what} expects X[,Y[,Z]] (got `{s}`)")));
+    }
+    let mut out = [0u32; 3];
+    for (i, p) in parts.iter().enumerate() {
+        out[i] = p.parse().map_err(|_| Error::Usage(format!("--{what}: `{p}` is not a non-negative integer")))?;
+    }
+    Ok(out)
 }
 
 /// Builds the problem from the options, the defaults and (if given) the shape of an input file.
