@@ -266,7 +266,7 @@ impl fmt::Display for Finding {
             self.kind, self.kernel, self.line, self.instruction
         )?;
         if let Some(s) = &self.source {
-            write!(f, " ({s})")?;
+            write!(f, " in {s}")?;
         }
         if let Some(b) = &self.buffer {
             write!(f, ", buffer `{b}`")?;
