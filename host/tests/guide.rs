@@ -114,7 +114,7 @@ fn every_command_in_the_guide_runs_as_documented() {
     let t_all = Instant::now();
     for (name, text) in chapters("en") {
         for c in commands(&text, &name) {
-            if c.command.starts_with("cargo xtask lesson") && !nightly {
+            if (c.command.starts_with("cargo xtask lesson") || c.command.contains("target/lessons/")) && !nightly {
                 skipped += 1;
                 continue;
             }
@@ -152,7 +152,7 @@ fn every_command_in_the_guide_runs_as_documented() {
     }
     eprintln!("guide: {ran} commands ran in {:.1} s", t_all.elapsed().as_secs_f64());
     if skipped > 0 {
-        eprintln!("SKIPPED: {skipped} `cargo xtask lesson` commands (the `nightly` toolchain is not installed)");
+        eprintln!("SKIPPED: {skipped} lesson commands (the `nightly` toolchain is not installed)");
     }
     assert!(ran >= 15, "only {ran} commands found");
     assert!(

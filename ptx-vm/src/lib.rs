@@ -14,6 +14,10 @@
 //! vm.memory();                                              // MemStats { current, peak, .. }
 //! vm.free(x)?;
 //! ```
+//!
+//! Also: [`run::Launcher`] (any entry point with named buffers and typed arguments),
+//! [`Vm::set_label`] (findings name the buffer), [`Module::source_of`] (PTX line -> Rust line),
+//! [`Vm::take_trace`] (the trace of a launch that stopped at a finding).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -272,7 +276,7 @@ impl fmt::Display for Finding {
             self.kind, self.kernel, self.line, self.instruction
         )?;
         if let Some(s) = &self.source {
-            write!(f, " ({s})")?;
+            write!(f, " in {s}")?;
         }
         if let Some(b) = &self.buffer {
             write!(f, ", buffer `{b}`")?;

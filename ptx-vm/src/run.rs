@@ -32,7 +32,7 @@
 //! [`VmError::InvalidLaunch`] naming the parameter. Buffers are labelled with their names, so a
 //! memcheck finding says which buffer an access belongs to ([`crate::Finding::buffer`]).
 
-use crate::{DevPtr, LaunchConfig, LaunchStats, Module, TraceRequest, Vm, VmError};
+use crate::{DevPtr, LaunchConfig, LaunchStats, Module, Vm, VmError};
 
 /// The f32 bit pattern [`Launcher::output_f32`] fills outputs with: a quiet NaN with a
 /// recognisable payload, so an element the kernel never wrote is told apart from a computed NaN.
@@ -183,14 +183,10 @@ impl<'m> Launcher<'m> {
     ) -> Result<LaunchStats, VmError> {
         self.launch_with(kernel, &LaunchConfig::new(grid, block, dynamic_shared_bytes), args)
     }
-    /// As [`Launcher::launch`], with a full configuration (e.g. a [`TraceRequest`]).
+    /// As [`Launcher::launch`], with a full configuration (e.g. a [`crate::TraceRequest`]; the
+    /// trace is kept also when the launch stops at a finding: [`Vm::take_trace`]).
     pub fn launch_with(&mut self, kernel: &str, config: &LaunchConfig, args: &[Arg]) -> Result<LaunchStats, VmError> {
         let packed = self.pack(kernel, args)?;
         self.vm.launch(self.module, kernel, config, &packed)
-    }
-    /// A launch that records the trace of one thread; the trace is also kept when the launch
-    /// stops at a finding ([`Vm::take_trace`]).
-    pub fn trace_request(block: [u32; 3], thread: [u32; 3], max_entries: usize) -> TraceRequest {
-        TraceRequest { block, thread, max_entries }
     }
 }

@@ -39,6 +39,6 @@ fn an_out_of_bounds_read_names_the_tensor_and_the_rust_line() {
     assert!(message.contains("out-of-bounds global load"), "{message}");
     assert!(message.contains("buffer K"), "the finding names the tensor: {message}");
     assert!(message.contains("allocation `K`"), "{message}");
-    assert!(message.contains("(kernels-gpu/src/"), "the finding names a Rust file: {message}");
+    assert!(message.contains("` in kernels-gpu/src/"), "the finding names a Rust file: {message}");
     assert!(message.contains(".rs:"), "{message}");
 }

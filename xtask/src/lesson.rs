@@ -375,7 +375,13 @@ fn launch(
 }
 
 fn vm_launcher(m: &Module) -> Launcher<'_> {
-    Launcher::with_vm(Vm::with_workers(2), m)
+    let mut vm = Vm::with_workers(2);
+    // The solutions need at most a few thousand instructions per thread: a kernel that runs
+    // 16 M is stuck in a loop, and the VM says so in seconds instead of hours.
+    let mut limits = vm.limits();
+    limits.max_instructions_per_thread = 1 << 24;
+    vm.set_limits(limits);
+    Launcher::with_vm(vm, m)
 }
 
 fn setup<T>(r: Result<T, VmError>) -> T {

@@ -132,3 +132,35 @@ fn normalise_dots(line: &str) -> String {
     }
     format!("{}\"{}\"{}", &line[..a], parts.join("/"), &line[b + 1..])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_info_only_keeps_loc_and_file_drops_dwarf_and_debug_target_and_relativises_paths() {
+        let ptx = "\
+.version 7.0
+.target sm_80, debug
+.address_size 64
+.visible .entry k()
+{
+\t.loc\t1 3 0
+\tret;
+}
+\t.file\t1 \"/home/u/memattn/lessons/src/../01-scale/kernel.rs\"
+\t.file\t2 \"/sys/root/lib/rustlib/src/rust/library/core/src/../../stdarch/crates/x.rs\"
+\t.section\t.debug_abbrev
+\t{
+.b8 1
+\t}
+$L__sec_end0:
+";
+        let out = keep_line_info_only(ptx, std::path::Path::new("/home/u/memattn"), "/sys/root");
+        assert!(out.contains(".target sm_80\n") && !out.contains("debug"), "{out}");
+        assert!(out.contains("\t.loc\t1 3 0\n"), "{out}");
+        assert!(out.contains("\t.file\t1 \"lessons/01-scale/kernel.rs\"\n"), "{out}");
+        assert!(out.contains("\t.file\t2 \"<rust>/library/stdarch/crates/x.rs\"\n"), "{out}");
+        assert!(!out.contains(".section") && !out.contains("$L__sec_end0"), "{out}");
+    }
+}

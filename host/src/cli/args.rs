@@ -127,8 +127,10 @@ pub enum Command {
     Doctor,
     /// List the kernels in the loaded PTX with their parameters and ptxas resources.
     Kernels,
-    /// VM only: print the instructions one thread of one kernel executes, with the registers it
-    /// writes (for learning how the kernel works).
+    /// VM only: print the instructions one thread of one kernel executes, with the Rust line each
+    /// comes from and the registers it writes in the instruction's type (for learning how the
+    /// kernel works). Its default problem is smaller than `run`'s: heads 1 and seq 64 unless
+    /// given (the defaults listed below are `run`'s). A VM finding keeps the trace up to it.
     Trace(TraceArgs),
     /// The memory budget of an inference workload before anything runs: weights, KV cache,
     /// attention workspace (naive vs flash), largest activation, against the device memory; the
@@ -138,6 +140,12 @@ pub enum Command {
     /// Read the evidence file of `--save`: a table of the runs, what one change did, or repeat a run.
     #[command(subcommand)]
     Evidence(EvidenceCommand),
+    /// VM only: launch any entry point of the loaded PTX (`--ptx FILE`, or the embedded module)
+    /// with named buffers and typed arguments, and print the buffers afterwards. Findings name
+    /// the Rust line and the buffer. Example: `memattn launch saxpy_f32 --grid 4 --block 256
+    /// --buf x=f32:1000:iota --buf y=f32:1000:zeros --arg u32=1000 --arg f32=2 --arg buf=x
+    /// --arg buf=y --show y`.
+    Launch(LaunchArgs),
 }
 
 const PLAN_EXAMPLES: &str = "\
@@ -382,10 +390,42 @@ pub struct TraceArgs {
     /// Show only instructions whose opcode starts with this, e.g. `--op mma`, `--op ld.shared`.
     #[arg(long, value_name = "OPCODE")]
     pub op: Option<String>,
-    /// Trace problem [default: heads 1, seq 64 — smaller than `run`'s heads 4, seq 256, which
-    /// the trace prints when it differs].
     #[command(flatten)]
     pub problem: ProblemArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// The entry point (`memattn kernels` lists them).
+    #[arg(value_name = "KERNEL")]
+    pub kernel: String,
+    /// Grid size x[,y[,z]].
+    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]")]
+    pub grid: String,
+    /// Block size x[,y[,z]].
+    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]")]
+    pub block: String,
+    /// Dynamic shared memory in bytes.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub smem: u32,
+    /// A device buffer: NAME=TYPE:LEN[:INIT], TYPE f32 or u32, INIT poison (default: the NaN
+    /// 0x7FF00BAD, so unwritten elements show), zeros, iota (0, 1, 2, ...), randn (seeded) or
+    /// const=V. Repeatable.
+    #[arg(long, value_name = "NAME=TYPE:LEN[:INIT]")]
+    pub buf: Vec<String>,
+    /// A kernel argument, in the order of the kernel's parameters: u32=V, i32=V, f32=V, u64=V
+    /// or buf=NAME (the buffer's address). Repeatable.
+    #[arg(long, value_name = "TYPE=VALUE", allow_hyphen_values = true)]
+    pub arg: Vec<String>,
+    /// Buffers to print after the launch [default: all]. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub show: Vec<String>,
+    /// Elements printed per buffer.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub count: usize,
+    /// Seed of `randn` buffers.
+    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    pub seed: u64,
 }
 
 /// A VM shared-memory check `--vm-allow` can turn off.

@@ -76,6 +76,7 @@ fn command_name(cli: &Cli) -> &'static str {
         Trace(_) => "trace",
         Plan(_) => "plan",
         Evidence(_) => "evidence",
+        Launch(_) => "launch",
     }
 }
 

@@ -4,6 +4,7 @@ pub mod args;
 mod compare;
 mod doctor;
 pub mod evidence;
+mod launch;
 mod plan;
 mod run;
 mod sweep;
@@ -42,6 +43,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Trace(a) => trace::trace(cli, a),
         Command::Plan(a) => plan::plan(cli, a),
         Command::Evidence(e) => evidence::command(cli, e),
+        Command::Launch(a) => launch::launch(cli, a),
     }));
     let outcome = match outcome {
         Ok(o) => o,
@@ -147,6 +149,19 @@ pub fn open_device(cli: &Cli) -> Result<(Box<dyn device::Device>, String), Error
         eprintln!("backend: {} - {} ({})", opened.device.backend(), opened.device.name(), opened.reason);
     }
     Ok((opened.device, opened.reason))
+}
+
+/// `X[,Y[,Z]]` of `--grid`, `--block`, `--thread` (missing dimensions are 0).
+pub fn parse_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return Err(Error::Usage(format!("--{what} expects X[,Y[,Z]] (got `{s}`)")));
+    }
+    let mut out = [0u32; 3];
+    for (i, p) in parts.iter().enumerate() {
+        out[i] = p.parse().map_err(|_| Error::Usage(format!("--{what}: `{p}` is not a non-negative integer")))?;
+    }
+    Ok(out)
 }
 
 /// Builds the problem from the options, the defaults and (if given) the shape of an input file.

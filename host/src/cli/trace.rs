@@ -1,24 +1,12 @@
 //! `memattn trace`: the instruction trace of one VM thread.
 
 use super::args::{Cli, TraceArgs};
-use super::{device_options, print_json, resolve_problem, run_spec};
+use super::{device_options, parse_dim3, print_json, resolve_problem, run_spec};
 use memattn::device::vm::VmDevice;
 use memattn::device::BackendChoice;
 use memattn::error::{exit, Error};
 use memattn::problem::{KernelKind, Problem};
 use memattn::report::describe_problem;
-
-fn parse_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
-    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    if parts.is_empty() || parts.len() > 3 {
-        return Err(Error::Usage(format!("--{what} expects X[,Y[,Z]] (got `{s}`)")));
-    }
-    let mut out = [0u32; 3];
-    for (i, p) in parts.iter().enumerate() {
-        out[i] = p.parse().map_err(|_| Error::Usage(format!("--{what}: `{p}` is not a non-negative integer")))?;
-    }
-    Ok(out)
-}
 
 pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     if cli.backend == BackendChoice::Cuda {

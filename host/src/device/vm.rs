@@ -26,7 +26,7 @@ pub fn describe_finding(f: &Finding) -> String {
         f.kind, f.block[0], f.block[1], f.block[2], f.thread[0], f.thread[1], f.thread[2], f.line, f.instruction
     );
     if let Some(src) = &f.source {
-        s.push_str(&format!(" ({src})"));
+        s.push_str(&format!(" in {src}"));
     }
     if let Some(b) = &f.buffer {
         s.push_str(&format!(", buffer {b}"));

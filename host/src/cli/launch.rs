@@ -1,0 +1,182 @@
+//! `memattn launch`: run any entry point of a PTX module in the VM with named buffers and typed
+//! arguments (the command-line face of `ptx_vm::run::Launcher`).
+
+use super::args::{Cli, LaunchArgs};
+use super::{load_ptx, parse_dim3, print_json};
+use memattn::device::{BackendChoice, DeviceError};
+use memattn::error::{exit, Error};
+use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
+use ptx_vm::{Module, Vm, VmError};
+
+/// `NAME=TYPE:LEN[:INIT]`.
+struct BufSpec {
+    name: String,
+    ty: &'static str,
+    len: usize,
+    init: String,
+}
+
+fn parse_buf(s: &str) -> Result<BufSpec, Error> {
+    let bad = |why: &str| {
+        Error::Usage(format!(
+            "--buf {s}: {why}; expected NAME=TYPE:LEN[:INIT] with TYPE f32 or u32 and INIT poison (default), zeros, iota, randn or const=V"
+        ))
+    };
+    let (name, rest) = s.split_once('=').ok_or_else(|| bad("no `=`"))?;
+    let mut parts = rest.splitn(3, ':');
+    let ty = match parts.next().unwrap_or("") {
+        "f32" => "f32",
+        "u32" => "u32",
+        t => return Err(bad(&format!("unknown type `{t}`"))),
+    };
+    let len: usize = parts.next().unwrap_or("").parse().map_err(|_| bad("the length is not a number"))?;
+    if len == 0 || len > 1 << 28 {
+        return Err(bad("the length must be 1..=2^28 elements"));
+    }
+    let init = parts.next().unwrap_or("poison").to_string();
+    if name.is_empty() {
+        return Err(bad("empty name"));
+    }
+    Ok(BufSpec { name: name.to_string(), ty, len, init })
+}
+
+fn parse_arg(s: &str) -> Result<Arg, Error> {
+    let bad =
+        || Error::Usage(format!("--arg {s}: expected TYPE=VALUE with TYPE u32, i32, f32, u64 or buf (a --buf name)"));
+    let (ty, v) = s.split_once('=').ok_or_else(bad)?;
+    Ok(match ty {
+        "u32" => Arg::U32(v.parse().map_err(|_| bad())?),
+        "i32" => Arg::I32(v.parse().map_err(|_| bad())?),
+        "f32" => Arg::F32(v.parse().map_err(|_| bad())?),
+        "u64" => Arg::U64(v.parse().map_err(|_| bad())?),
+        "buf" => Arg::buf(v),
+        _ => return Err(bad()),
+    })
+}
+
+/// Deterministic standard-normal-ish values (sum of four uniforms), so runs can be repeated.
+fn randn(len: usize, seed: u64) -> Vec<f32> {
+    let mut st = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut u = || {
+        st = st.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (st >> 11) as f64 / (1u64 << 53) as f64
+    };
+    (0..len).map(|_| (((0..4).map(|_| u()).sum::<f64>() - 2.0) * 3f64.sqrt()) as f32).collect()
+}
+
+fn init_bytes(b: &BufSpec, seed: u64) -> Result<Vec<u8>, Error> {
+    let words: Vec<u32> = match (b.init.as_str(), b.ty) {
+        ("poison", _) => vec![OUTPUT_POISON; b.len],
+        ("zeros", _) => vec![0; b.len],
+        ("iota", "f32") => (0..b.len).map(|i| (i as f32).to_bits()).collect(),
+        ("iota", _) => (0..b.len as u32).collect(),
+        ("randn", "f32") => randn(b.len, seed).into_iter().map(f32::to_bits).collect(),
+        (c, ty) if c.starts_with("const=") => {
+            let v = &c[6..];
+            let bits = if ty == "f32" { v.parse::<f32>().map(f32::to_bits).ok() } else { v.parse::<u32>().ok() };
+            vec![bits.ok_or_else(|| Error::Usage(format!("--buf {}: `{v}` is not a {ty}", b.name)))?; b.len]
+        }
+        (i, ty) => return Err(Error::Usage(format!("--buf {}: unknown initialiser `{i}` for {ty}", b.name))),
+    };
+    Ok(words.into_iter().flat_map(u32::to_le_bytes).collect())
+}
+
+fn vm_error(kernel: &str, e: VmError) -> Error {
+    match e {
+        VmError::Memcheck(f) | VmError::Trap(f) => Error::Device(DeviceError::Memcheck {
+            kernel: kernel.to_string(),
+            message: memattn::device::vm::describe_finding(&f),
+        }),
+        VmError::UnknownKernel(k) => Error::Device(DeviceError::UnknownKernel(k)),
+        VmError::InvalidLaunch(m) | VmError::InvalidPointer(m) => Error::Usage(m),
+        other => Error::Device(DeviceError::Vm { op: format!("launch of `{kernel}`"), message: other.to_string() }),
+    }
+}
+
+pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
+    if cli.backend == BackendChoice::Cuda {
+        return Err(Error::Usage("launch runs in the VM only (use --backend vm or auto)".into()));
+    }
+    let dims = |what: &str, s: &str| -> Result<[u32; 3], Error> {
+        let d = parse_dim3(what, s)?;
+        let given = s.split(',').count();
+        if d[..given].contains(&0) {
+            return Err(Error::Usage(format!("--{what} {s}: every dimension must be at least 1")));
+        }
+        Ok(d.map(|x| x.max(1)))
+    };
+    let grid = dims("grid", &a.grid)?;
+    let block = dims("block", &a.block)?;
+    let bufs: Vec<BufSpec> = a.buf.iter().map(|s| parse_buf(s)).collect::<Result<_, _>>()?;
+    let args: Vec<Arg> = a.arg.iter().map(|s| parse_arg(s)).collect::<Result<_, _>>()?;
+    let ptx = load_ptx(cli)?;
+    let module = Module::load(&ptx.text)
+        .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
+    let mut vm = match cli.vm_workers {
+        Some(0) => return Err(Error::Usage("--vm-workers must be at least 1".into())),
+        Some(n) => Vm::with_workers(n),
+        None => Vm::new(),
+    };
+    vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
+    vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
+    let mut l = Launcher::with_vm(vm, &module);
+    for (i, b) in bufs.iter().enumerate() {
+        l.input_bytes(&b.name, &init_bytes(b, a.seed + i as u64)?).map_err(|e| vm_error(&a.kernel, e))?;
+    }
+    let stats = l.launch(&a.kernel, grid, block, a.smem, &args).map_err(|e| vm_error(&a.kernel, e))?;
+    let show: Vec<&BufSpec> = if a.show.is_empty() {
+        bufs.iter().collect()
+    } else {
+        a.show
+            .iter()
+            .map(|n| {
+                bufs.iter()
+                    .find(|b| &b.name == n)
+                    .ok_or_else(|| Error::Usage(format!("--show {n}: no --buf named `{n}`")))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let mut shown = serde_json::Map::new();
+    if !cli.json {
+        println!(
+            "launched `{}` grid {grid:?} block {block:?} smem {} B in the VM: {} thread instructions",
+            a.kernel, a.smem, stats.thread_instructions
+        );
+    }
+    for b in show {
+        let raw = l.read_bytes(&b.name).map_err(|e| vm_error(&a.kernel, e))?;
+        let words: Vec<u32> = raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let unwritten = words.iter().filter(|&&w| w == OUTPUT_POISON).count();
+        let head: Vec<String> = words
+            .iter()
+            .take(a.count)
+            .map(|&w| match (w == OUTPUT_POISON, b.ty) {
+                (true, _) => "poison".to_string(),
+                (_, "f32") => format!("{}", f32::from_bits(w)),
+                _ => w.to_string(),
+            })
+            .collect();
+        if cli.json {
+            shown.insert(
+                b.name.clone(),
+                serde_json::json!({"type": b.ty, "len": b.len, "poison_elements": unwritten, "first": head}),
+            );
+        } else {
+            println!("{}[0..{}] = [{}]", b.name, head.len(), head.join(", "));
+            println!("  {} of {} elements still hold the poison 0x{OUTPUT_POISON:08X}", unwritten, b.len);
+        }
+    }
+    if cli.json {
+        print_json(&serde_json::json!({
+            "command": "launch",
+            "kernel": a.kernel,
+            "ptx": ptx.origin,
+            "grid": grid,
+            "block": block,
+            "smem_bytes": a.smem,
+            "thread_instructions": stats.thread_instructions,
+            "buffers": shown,
+        }));
+    }
+    Ok(exit::SUCCESS)
+}
