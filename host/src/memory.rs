@@ -3,7 +3,8 @@
 //! | buffer | bytes | naive | flash |
 //! |---|---|---|---|
 //! | Q | `batch·seq_q·heads·d·size` | input | input |
-//! | K, V | `batch·seq_kv·heads·d·size` each | input | input |
+//! | K, V | `batch·seq_kv·heads_kv·d·size` each | input | input |
+//! | sinks (with `--sinks`) | `4·heads` | input | input |
 //! | O | `batch·seq_q·heads·d·size` | output | output |
 //! | LSE | `4·batch·heads·seq_q` | workspace | workspace |
 //! | S | `4·batch·heads·seq_q·seq_kv` | workspace | — |
@@ -42,7 +43,8 @@ impl AnalyticBytes {
             KernelKind::Naive => p.score_elems() * 4,
             KernelKind::Flash => 0,
         };
-        let inputs = q + 2 * kv;
+        let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
+        let inputs = q + 2 * kv + sinks;
         let outputs = q;
         let workspace = lse + scores;
         AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }

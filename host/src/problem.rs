@@ -4,7 +4,7 @@
 
 use crate::caps::DeviceCaps;
 use crate::dtype::Dtype;
-use kernels_gpu::abi::{causal_key_end, Strides};
+use kernels_gpu::abi::Strides;
 use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use kernels_gpu::variants::LaunchShape;
 use kernels_gpu::KernelId;
@@ -128,7 +128,8 @@ pub struct ParseEnumError {
     pub expected: &'static str,
 }
 
-/// One attention problem: `O = softmax(scale · Q Kᵀ [+ causal mask]) V`, plus `LSE` per query row.
+/// One attention problem: `O = softmax(scale · Q Kᵀ [+ mask]) V`, plus `LSE` per query row, with
+/// the options of `docs/semantics.md` (GQA/MQA, window, soft cap, sinks).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Problem {
     pub batch: u32,
@@ -142,6 +143,15 @@ pub struct Problem {
     #[serde(skip)]
     pub scale: Option<f32>,
     pub layout: Layout,
+    /// Heads of K and V (GQA/MQA); `None` means `heads`. Must divide `heads`.
+    pub heads_kv: Option<u32>,
+    /// Window `(left, right)`, `-1` = unbounded: query `i` sees key `j` iff
+    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`; `causal` sets `right = 0`.
+    pub window: (i32, i32),
+    /// Logit soft cap `c` (`0` = off): scores are `c · tanh(scale · q·k / c)`.
+    pub softcap: f32,
+    /// Per-head sink logits join the softmax denominator (values in [`crate::inputs::Qkv::sinks`]).
+    pub sinks: bool,
 }
 
 /// The shape part of a problem as it appears in JSON output.
@@ -155,6 +165,12 @@ pub struct ShapeJson {
     pub causal: bool,
     pub softmax_scale: f32,
     pub layout: Layout,
+    pub heads_kv: u32,
+    /// `-1`: unbounded (after `causal`, which sets the right side to 0).
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub sinks: bool,
 }
 
 impl Default for Problem {
@@ -170,6 +186,10 @@ impl Default for Problem {
             causal: false,
             scale: None,
             layout: Layout::Bshd,
+            heads_kv: None,
+            window: (-1, -1),
+            softcap: 0.0,
+            sinks: false,
         }
     }
 }
@@ -190,6 +210,12 @@ pub enum ProblemError {
     Alignment { entry: &'static str, what: String, got: String, need: &'static str },
     #[error("softmax scale must be finite (got {0})")]
     BadScale(f32),
+    #[error("heads_kv {heads_kv} must divide heads {heads} (query head h reads K/V head h / (heads / heads_kv))")]
+    HeadsKv { heads: u32, heads_kv: u32 },
+    #[error("window {side} {got} is invalid: each side is -1 (unbounded) or a number of keys >= 0")]
+    BadWindow { side: &'static str, got: i32 },
+    #[error("softcap {0} is invalid: it must be 0 (off) or a finite number > 0")]
+    BadSoftcap(f32),
     #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
     GridLimit { kernel: KernelKind, entry: &'static str, axis: char, got: u64, limit: u64, why: &'static str },
     #[error(
@@ -235,16 +261,49 @@ impl Problem {
             causal: self.causal,
             softmax_scale: self.softmax_scale(),
             layout: self.layout,
+            heads_kv: self.kv_heads(),
+            window_left: self.window.0,
+            window_right: self.window_right(),
+            softcap: self.softcap,
+            sinks: self.sinks,
         }
+    }
+
+    /// Heads of K and V.
+    pub fn kv_heads(&self) -> u32 {
+        self.heads_kv.unwrap_or(self.heads)
+    }
+
+    /// The right side of the window the kernels apply: 0 when causal, else `window.1`.
+    pub fn window_right(&self) -> i32 {
+        if self.causal {
+            0
+        } else {
+            self.window.1
+        }
+    }
+
+    /// Whether any key is masked by the window (causal included).
+    pub fn windowed(&self) -> bool {
+        self.window.0 >= 0 || self.window_right() >= 0
+    }
+
+    /// Keys `[start, end)` query row `i` sees (empty when `start >= end`), from the window rule.
+    pub fn key_range(&self, i: u32) -> (u64, u64) {
+        let diag = i as i64 + self.seq_kv as i64 - self.seq_q as i64;
+        let (left, right) = (self.window.0, self.window_right());
+        let start = if left >= 0 { (diag - left as i64).max(0) } else { 0 };
+        let end = if right >= 0 { (diag + right as i64 + 1).min(self.seq_kv as i64) } else { self.seq_kv as i64 };
+        (start as u64, (end.max(start)) as u64)
     }
 
     /// Elements of Q and O (`batch * seq_q * heads * head_dim`).
     pub fn q_elems(&self) -> u64 {
         self.batch as u64 * self.seq_q as u64 * self.heads as u64 * self.head_dim as u64
     }
-    /// Elements of K and of V.
+    /// Elements of K and of V (`batch * seq_kv * heads_kv * head_dim`).
     pub fn kv_elems(&self) -> u64 {
-        self.batch as u64 * self.seq_kv as u64 * self.heads as u64 * self.head_dim as u64
+        self.batch as u64 * self.seq_kv as u64 * self.kv_heads() as u64 * self.head_dim as u64
     }
     /// Query rows (`batch * heads * seq_q`), also the number of LSE values.
     pub fn rows(&self) -> u64 {
@@ -255,13 +314,17 @@ impl Problem {
         self.rows() * self.seq_kv as u64
     }
 
-    /// Keys query row `i` attends to (bottom-right aligned causal mask).
+    /// Keys query row `i` attends to (bottom-right aligned window, causal = right 0).
     pub fn keys_seen(&self, i: u32) -> u64 {
-        causal_key_end(self.causal, i, self.seq_q, self.seq_kv).max(0) as u64
+        let (s, e) = self.key_range(i);
+        e - s
     }
 
     /// Exact number of unmasked (query, key) pairs of one head.
     pub fn unmasked_pairs_per_head(&self) -> u64 {
+        if self.window.0 >= 0 || (!self.causal && self.window.1 >= 0) {
+            return (0..self.seq_q).map(|i| self.keys_seen(i)).sum();
+        }
         if !self.causal {
             return self.seq_q as u64 * self.seq_kv as u64;
         }
@@ -289,7 +352,7 @@ impl Problem {
         self.layout.strides(self.seq_q as u64, self.heads as u64, self.head_dim as u64)
     }
     pub fn kv_strides(&self) -> Strides {
-        self.layout.strides(self.seq_kv as u64, self.heads as u64, self.head_dim as u64)
+        self.layout.strides(self.seq_kv as u64, self.kv_heads() as u64, self.head_dim as u64)
     }
 
     /// The launch shape of the kernels (`batch`, `heads`, `seq_q`, `seq_kv`).
@@ -350,6 +413,21 @@ impl Problem {
         };
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
+        }
+        let hk = self.kv_heads();
+        if hk == 0 {
+            return Err(ProblemError::ZeroSize { name: "heads_kv" });
+        }
+        if !self.heads.is_multiple_of(hk) {
+            return Err(ProblemError::HeadsKv { heads: self.heads, heads_kv: hk });
+        }
+        for (side, w) in [("left", self.window.0), ("right", self.window.1)] {
+            if w < -1 {
+                return Err(ProblemError::BadWindow { side, got: w });
+            }
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return Err(ProblemError::BadSoftcap(self.softcap));
         }
         self.check_alignment(kernel)?;
         let scale = self.softmax_scale();

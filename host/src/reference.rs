@@ -83,38 +83,66 @@ pub struct Reference {
     pub total_rows: u64,
 }
 
-/// Computes O and LSE in f64 for the selected rows. Inputs are BSHD.
+/// Whether query `i` sees key `j`, straight from the rule of `docs/semantics.md` (written here
+/// independently of the kernels' and the problem's range arithmetic): with `off = seq_kv - seq_q`,
+/// `i + off - left <= j <= i + off + right`, a side of `-1` unbounded, causal meaning `right = 0`.
+pub fn visible(p: &Problem, i: u32, j: u32) -> bool {
+    let off = p.seq_kv as i64 - p.seq_q as i64;
+    let (i, j) = (i as i64, j as i64);
+    let left = p.window.0 as i64;
+    let right = if p.causal { 0 } else { p.window.1 as i64 };
+    (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right)
+}
+
+/// Computes O and LSE in f64 for the selected rows. Inputs are BSHD (K and V with `heads_kv`
+/// heads; query head `h` reads K/V head `h / (heads / heads_kv)`). Soft cap:
+/// `s = c · tanh(scale · q·k / c)`. A sink logit joins the denominator only; LSE includes it.
 pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     let rows = selection.rows(p);
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
+    let hk = p.heads_kv.unwrap_or(p.heads) as usize;
+    let group = hh / hk.max(1);
     let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
     let scale = p.softmax_scale() as f64;
+    let cap = p.softcap as f64;
     let mut o = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
-    let mut scores = vec![0.0f64; nk];
+    let mut scores = vec![f64::NEG_INFINITY; nk];
     for (r, row) in rows.iter().enumerate() {
         let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        let kh = h / group;
         let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
-        let seen = p.keys_seen(row.i) as usize;
-        if seen == 0 {
-            lse[r] = f64::NEG_INFINITY; // O stays 0
-            continue;
-        }
-        let mut m = f64::NEG_INFINITY;
-        for (j, s) in scores.iter_mut().enumerate().take(seen) {
-            let k = &x.k[((b * nk + j) * hh + h) * d..][..d];
-            let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
-            *s = dot * scale;
+        let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
+        let mut m = sink;
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s = if visible(p, row.i, j as u32) {
+                let k = &x.k[((b * nk + j) * hk + kh) * d..][..d];
+                let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+                if cap > 0.0 {
+                    cap * (dot * scale / cap).tanh()
+                } else {
+                    dot * scale
+                }
+            } else {
+                f64::NEG_INFINITY
+            };
             m = m.max(*s);
         }
-        let mut l = 0.0f64;
-        for s in scores.iter_mut().take(seen) {
+        if m == f64::NEG_INFINITY {
+            lse[r] = f64::NEG_INFINITY; // no key, no sink: O stays 0
+            continue;
+        }
+        let mut l = (sink - m).exp();
+        for s in scores.iter_mut() {
             *s = (*s - m).exp();
             l += *s;
         }
         let orow = &mut o[r * d..(r + 1) * d];
-        for (j, &pj) in scores.iter().enumerate().take(seen) {
-            let v = &x.v[((b * nk + j) * hh + h) * d..][..d];
+        for (j, &pj) in scores.iter().enumerate() {
+            if pj == 0.0 {
+                continue;
+            }
+            let v = &x.v[((b * nk + j) * hk + kh) * d..][..d];
             for (acc, &vv) in orow.iter_mut().zip(v) {
                 *acc += pj * vv as f64;
             }
@@ -138,7 +166,7 @@ mod tests {
         // lse = ln(1 + 3) = ln 4.
         let p =
             Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
-        let x = Qkv { q: vec![1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0] };
+        let x = Qkv { q: vec![1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0], sinks: vec![] };
         let r = reference(&p, &x, &RowSelection::All);
         assert!((r.o[0] - 7.0).abs() < 1e-6, "{}", r.o[0]);
         assert!((r.lse[0] - 4f64.ln()).abs() < 1e-7);
@@ -157,7 +185,7 @@ mod tests {
             scale: Some(1.0),
             ..Problem::default()
         };
-        let x = Qkv { q: vec![1.0, 1.0, 1.0], k: vec![0.0, 0.0], v: vec![2.0, 6.0] };
+        let x = Qkv { q: vec![1.0, 1.0, 1.0], k: vec![0.0, 0.0], v: vec![2.0, 6.0], sinks: vec![] };
         let r = reference(&p, &x, &RowSelection::All);
         assert_eq!(r.lse[0], f64::NEG_INFINITY);
         assert_eq!(r.o[0], 0.0);

@@ -120,6 +120,7 @@ struct Buffers {
     o: DevPtr,
     lse: DevPtr,
     scores: DevPtr,
+    sinks: DevPtr,
 }
 
 /// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`.
@@ -138,6 +139,16 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     if let Some(x) = inputs {
         // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
         // are allocated with.
+        let sinks_want = if p.sinks { p.heads as usize } else { 0 };
+        if x.sinks.len() != sinks_want {
+            return Err(Error::Usage(format!(
+                "{} sink logits given, the problem needs {sinks_want} (one per query head with sinks, none without)",
+                x.sinks.len()
+            )));
+        }
+        if let Some(bad) = x.sinks.iter().find(|s| !s.is_finite()) {
+            return Err(Error::Usage(format!("sink logit {bad} is not finite; sinks must be finite f32 logits")));
+        }
         if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
             return Err(Error::Usage(format!(
                 "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
@@ -175,8 +186,8 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     };
     let (b, h, d) = (p.batch, p.heads, p.head_dim);
     let qd = to_layout(&x.q, p.layout, b, p.seq_q, h, d);
-    let kd = to_layout(&x.k, p.layout, b, p.seq_kv, h, d);
-    let vd = to_layout(&x.v, p.layout, b, p.seq_kv, h, d);
+    let kd = to_layout(&x.k, p.layout, b, p.seq_kv, p.kv_heads(), d);
+    let vd = to_layout(&x.v, p.layout, b, p.seq_kv, p.kv_heads(), d);
 
     let (def_warmup, def_repeats) = dev.default_warmup_repeats();
     let warmup = spec.warmup.unwrap_or(def_warmup);
@@ -198,12 +209,16 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             o: alloc(dev, p.q_elems() * es)?,
             lse: alloc(dev, analytic.lse)?,
             scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
+            sinks: if p.sinks { alloc(dev, 4 * p.heads as u64)? } else { 0 },
         };
         check_pointer_alignment(&p, spec.kernel, buf.q, buf.k, buf.v, buf.o)
             .map_err(|e| DeviceError::Misaligned(e.to_string()))?;
         dev.upload_bytes(buf.q, &p.dtype.encode(&qd))?;
         dev.upload_bytes(buf.k, &p.dtype.encode(&kd))?;
         dev.upload_bytes(buf.v, &p.dtype.encode(&vd))?;
+        if buf.sinks != 0 {
+            dev.upload_bytes(buf.sinks, &crate::Dtype::F32.encode(&x.sinks))?;
+        }
         dev.memory_mark_allocated()?;
         let params = AttnParams {
             q: buf.q,
@@ -223,7 +238,12 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             head_dim: p.head_dim,
             causal: p.causal as u32,
             softmax_scale: p.softmax_scale(),
+            heads_kv: p.kv_heads(),
+            window_left: p.window.0,
+            window_right: p.window_right(),
+            softcap: p.softcap,
             _pad: 0,
+            sinks: buf.sinks,
         };
         let bytes = params.to_bytes();
         let mut samples = Vec::new();

@@ -1,7 +1,8 @@
 //! Reading Q, K, V from and writing O, LSE to `.safetensors` files.
 //!
-//! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads,
-//! head_dim]`, all three F32, BF16 or F16. With `--dtype` the tensors must have that dtype (a
+//! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads_kv,
+//! head_dim]` (`heads_kv` divides `heads`: GQA/MQA), all three F32, BF16 or F16, and optionally
+//! `sinks` `[heads]` F32 (per-head sink logits, used with `--sinks`). With `--dtype` the tensors must have that dtype (a
 //! mismatch is an error, nothing is converted); without it the problem takes the file's dtype,
 //! which must then be the same for q, k and v. Output: `o` `[batch, seq_q, heads, head_dim]` in
 //! the problem's dtype and `lse` `[batch, heads, seq_q]` F32.
@@ -48,6 +49,8 @@ pub struct FileShape {
     pub seq_q: u32,
     pub seq_kv: u32,
     pub head_dim: u32,
+    /// Heads of `k` and `v`.
+    pub heads_kv: u32,
 }
 
 /// Reads `q`, `k`, `v` of dtype `dtype` from `path`.
@@ -124,19 +127,50 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
         heads: qs[2] as u32,
         head_dim: qs[3] as u32,
         seq_kv: ks[1] as u32,
+        heads_kv: ks[2] as u32,
     };
-    let want_kv = [qs[0], ks[1], qs[2], qs[3]];
+    let want_kv = [qs[0], ks[1], ks[2], qs[3]];
     for (name, s) in [("k", &ks), ("v", &vs)] {
         if s.as_slice() != want_kv {
             return Err(InputError::WrongShape {
                 path: path.into(),
                 name,
                 got: s.clone(),
-                expected: format!("{want_kv:?} (batch, heads and head_dim of q; seq of k)"),
+                expected: format!("{want_kv:?} (batch and head_dim of q; seq and heads of k)"),
             });
         }
     }
-    Ok((shape, dtype, Qkv { q, k, v }))
+    if ks[2] == 0 || qs[2] % ks[2] != 0 {
+        return Err(InputError::WrongShape {
+            path: path.into(),
+            name: "k",
+            got: ks.clone(),
+            expected: format!("heads_kv (dimension 2) dividing q's heads {} (GQA/MQA)", qs[2]),
+        });
+    }
+    let sinks = match st.tensor("sinks") {
+        Err(_) => Vec::new(),
+        Ok(t) => {
+            if t.dtype() != safetensors::Dtype::F32 {
+                return Err(InputError::WrongShape {
+                    path: path.into(),
+                    name: "sinks",
+                    got: t.shape().to_vec(),
+                    expected: format!("F32 [{}] (got dtype {:?})", qs[2], t.dtype()),
+                });
+            }
+            if t.shape() != [qs[2]] {
+                return Err(InputError::WrongShape {
+                    path: path.into(),
+                    name: "sinks",
+                    got: t.shape().to_vec(),
+                    expected: format!("[{}] (one f32 logit per query head)", qs[2]),
+                });
+            }
+            Dtype::F32.decode(t.data())
+        }
+    };
+    Ok((shape, dtype, Qkv { q, k, v, sinks }))
 }
 
 /// Writes `o` (`[batch, seq_q, heads, head_dim]`, in `dtype`) and `lse` (`[batch, heads, seq_q]`,
@@ -161,10 +195,16 @@ pub fn write_qkv(path: &Path, shape: FileShape, x: &Qkv) -> Result<(), InputErro
 pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Result<(), InputError> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
+    let hk = shape.heads_kv as usize;
     let (qb, kb, vb) = (dtype.encode(&x.q), dtype.encode(&x.k), dtype.encode(&x.v));
+    let sb = Dtype::F32.encode(&x.sinks);
     let st = dtype.safetensors();
     let q = TensorView::new(st, vec![b, shape.seq_q as usize, h, d], &qb).map_err(err)?;
-    let k = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &kb).map_err(err)?;
-    let v = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &vb).map_err(err)?;
-    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, path).map_err(err)
+    let k = TensorView::new(st, vec![b, shape.seq_kv as usize, hk, d], &kb).map_err(err)?;
+    let v = TensorView::new(st, vec![b, shape.seq_kv as usize, hk, d], &vb).map_err(err)?;
+    let mut tensors = vec![("q", q), ("k", k), ("v", v)];
+    if !x.sinks.is_empty() {
+        tensors.push(("sinks", TensorView::new(safetensors::Dtype::F32, vec![x.sinks.len()], &sb).map_err(err)?));
+    }
+    safetensors::serialize_to_file(tensors, None, path).map_err(err)
 }

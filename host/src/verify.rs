@@ -107,28 +107,41 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
     let mut lse = vec![f32::NEG_INFINITY; reference.rows.len()];
     let mut e = vec![0f32; nk];
     let mut acc = vec![0f32; d];
+    // GQA/MQA, window, soft cap and sinks as in the reference (`docs/semantics.md`).
+    let hk = p.kv_heads() as usize;
+    let cap = p.softcap;
     for (r, row) in reference.rows.iter().enumerate() {
         let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        let kh = h / (hh / hk);
         let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
-        let seen = p.keys_seen(row.i) as usize;
-        if seen == 0 {
-            continue; // O = 0, LSE = -inf
-        }
-        let mut m = f32::NEG_INFINITY;
-        for (j, s) in e.iter_mut().enumerate().take(seen) {
-            let k = &x.k[((b * nk + j) * hh + h) * d..][..d];
-            *s = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>() * scale;
+        let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
+        let mut m = sink;
+        for (j, s) in e.iter_mut().enumerate() {
+            *s = if crate::reference::visible(p, row.i, j as u32) {
+                let k = &x.k[((b * nk + j) * hk + kh) * d..][..d];
+                let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
+                if cap > 0.0 {
+                    cap * (dot * scale / cap).tanh()
+                } else {
+                    dot * scale
+                }
+            } else {
+                f32::NEG_INFINITY
+            };
             m = m.max(*s);
         }
-        let mut l = 0f32;
-        for s in e.iter_mut().take(seen) {
+        if m == f32::NEG_INFINITY {
+            continue; // O = 0, LSE = -inf
+        }
+        let mut l = (sink - m).exp();
+        for s in e.iter_mut() {
             *s = (*s - m).exp();
             l += *s;
         }
         acc.fill(0.0);
-        for (j, &ej) in e.iter().enumerate().take(seen) {
+        for (j, &ej) in e.iter().enumerate() {
             let pj = dt.round(ej / l);
-            let v = &x.v[((b * nk + j) * hh + h) * d..][..d];
+            let v = &x.v[((b * nk + j) * hk + kh) * d..][..d];
             for (a, &vv) in acc.iter_mut().zip(v) {
                 *a += pj * vv;
             }

@@ -106,7 +106,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     let v = json(&o);
     let ks = v["kernels"].as_array().unwrap();
     let flash = ks.iter().find(|k| k["name"] == "flash_fwd_f32_d64").expect("flash d64 listed");
-    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[200]"));
     if memattn::ptx::ptxas_report().unwrap().is_some() {
         let res = flash["ptxas"].as_array().unwrap();
         assert!(res.iter().any(|r| r["arch"] == "sm_80" && r["dynamic_smem_bytes"] == 32768));
@@ -117,7 +117,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     assert_eq!(v["missing"].as_array().unwrap().len(), 0);
     for name in ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"] {
         let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
-        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[200]"));
         assert!(k["vm_instructions"].as_u64().unwrap() > 0, "{name}: the VM decodes it");
         let report = memattn::ptx::ptxas_report().unwrap();
         if report.as_ref().is_some_and(|r| r.kernels.iter().any(|r| r.name == name)) {
@@ -160,7 +160,7 @@ fn bad_input_files_exit_2() {
     std::fs::write(&garbage, b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap();
     assert_bad_input(&["run", "--inputs", garbage.to_str().unwrap()], "not a valid safetensors file");
 
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64, heads_kv: 2 };
     let p = Problem { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64, ..Problem::default() };
     let x = Qkv::random(&p, 1);
 
@@ -179,12 +179,19 @@ fn bad_input_files_exit_2() {
     safetensors::serialize_to_file([("q", q)], None, &f).unwrap();
     assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "F64");
 
-    // Wrong shape: k with a different head count.
+    // Wrong shape: k with a head count that does not divide q's (2 heads; k has 3), and v whose
+    // heads differ from k's (K/V with 1 head for 2 query heads is GQA and valid).
     let f = tmp("shape.safetensors");
     let kb: Vec<u8> = x.k.iter().flat_map(|v| v.to_le_bytes()).collect();
     let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
+    let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 5, 3, 64], &kb[..960 * 4]).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 5, 3, 64], &kb[..960 * 4]).unwrap();
+    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "dividing q's heads 2");
+    let f = tmp("shape_v.safetensors");
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
     let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
-    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &kb).unwrap();
     safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &f).unwrap();
     assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "has shape");
 
@@ -427,7 +434,7 @@ fn bf16_safetensors_round_trip_and_dtype_mismatch() {
     let p =
         Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, dtype: Dtype::Bf16, ..Problem::default() };
     let x = Qkv::random(&p, 5);
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, heads_kv: 2 };
     let inp = tmp("bf16_in.safetensors");
     let out = tmp("bf16_out.safetensors");
     write_qkv_as(&inp, shape, Dtype::Bf16, &x).unwrap();
@@ -479,7 +486,7 @@ fn run_inputs_output_round_trip_matches_the_reference() {
     let x = Qkv::random(&p, 77);
     let inp = tmp("rt_in.safetensors");
     let out = tmp("rt_out.safetensors");
-    write_qkv(&inp, FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128 }, &x).unwrap();
+    write_qkv(&inp, FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128, heads_kv: 1 }, &x).unwrap();
     let o = memattn(&[
         "--backend",
         "vm",

@@ -2,7 +2,7 @@
 //!
 //! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
 //! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
-//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[176]`. The smoke kernel `saxpy_f32`
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[200]`. The smoke kernel `saxpy_f32`
 //! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
@@ -40,10 +40,21 @@ impl Strides {
 /// `[batch, heads, seq_q]` f32, contiguous; `scores` is the naive workspace
 /// `[batch, heads, seq_q, seq_kv]` f32, contiguous. Masked scores are `-inf`.
 ///
-/// Causal masking is bottom-right aligned: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`.
-/// A query row that sees no key produces `O = 0` and `LSE = -inf`.
+/// The semantics (FlashAttention-2's) are tabulated once, in `docs/semantics.md`:
+/// - K and V have `heads_kv` heads; query head `h` reads K/V head `h / (heads / heads_kv)`.
+/// - Window `(window_left, window_right)`, `-1` = unbounded, bottom-right aligned: query `i`
+///   sees key `j` iff `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`;
+///   `causal != 0` forces `right = 0` ([`AttnParams::key_range`]).
+/// - `softcap > 0`: scores are `softcap * tanh(softmax_scale * q·k / softcap)`; 0 = off.
+/// - `sinks` (0 = none): `heads` f32 logits; `sink[h]` joins the softmax denominator only.
+///
+/// A query row that sees no key (and has no sink) produces `O = 0` and `LSE = -inf`; with a
+/// sink it produces `O = 0` and `LSE = sink[h]`.
+///
+/// `AttnParams::default()` is plain attention: null pointers, zero sizes, `heads_kv` 0 (meaning
+/// `heads`), window `(-1, -1)`, no soft cap, no sinks.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
     pub q: u64,
     pub k: u64,
@@ -64,13 +75,55 @@ pub struct AttnParams {
     pub causal: u32,
     /// Multiplies QKᵀ before the softmax (usually 1/sqrt(head_dim)).
     pub softmax_scale: f32,
+    /// Heads of K and V (divides `heads`; `heads` for multi-head, 1 for multi-query attention;
+    /// 0 also means `heads`).
+    pub heads_kv: u32,
+    /// Keys before the diagonal a query sees (`-1`: unbounded).
+    pub window_left: i32,
+    /// Keys after the diagonal a query sees (`-1`: unbounded; `causal` forces 0).
+    pub window_right: i32,
+    /// Logit soft cap (`0`: off).
+    pub softcap: f32,
     pub _pad: u32,
+    /// `[heads]` f32 sink logits, or 0 for none.
+    pub sinks: u64,
 }
 
-/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[176]`).
-pub const ATTN_PARAMS_BYTES: usize = 176;
+/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[200]`).
+pub const ATTN_PARAMS_BYTES: usize = 200;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
+
+impl Default for AttnParams {
+    fn default() -> Self {
+        let z = Strides { batch: 0, seq: 0, head: 0 };
+        AttnParams {
+            q: 0,
+            k: 0,
+            v: 0,
+            o: 0,
+            lse: 0,
+            scores: 0,
+            q_strides: z,
+            k_strides: z,
+            v_strides: z,
+            o_strides: z,
+            batch: 0,
+            heads: 0,
+            seq_q: 0,
+            seq_kv: 0,
+            head_dim: 0,
+            causal: 0,
+            softmax_scale: 0.0,
+            heads_kv: 0,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            _pad: 0,
+            sinks: 0,
+        }
+    }
+}
 
 impl AttnParams {
     /// The struct as the bytes a launch passes for parameter 0 (little-endian, as on the GPU).
@@ -89,16 +142,36 @@ impl AttnParams {
             w.u32(x);
         }
         w.u32(self.softmax_scale.to_bits());
+        w.u32(self.heads_kv);
+        w.u32(self.window_left as u32);
+        w.u32(self.window_right as u32);
+        w.u32(self.softcap.to_bits());
         w.u32(self._pad);
+        w.u64(self.sinks);
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
 
-    /// Last key index (exclusive) that query row `i` may attend to: `min(seq_kv, i + 1 + seq_kv -
-    /// seq_q)` when causal (may be `<= 0`: the row sees nothing), `seq_kv` otherwise.
+    /// Keys `[start, end)` query row `i` may see (empty when `start >= end`): the window
+    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right` clipped to `[0, seq_kv)`,
+    /// with `right = 0` when causal and `-1` meaning unbounded.
     #[inline(always)]
-    pub fn key_end(&self, i: u32) -> i64 {
-        causal_key_end(self.causal != 0, i, self.seq_q, self.seq_kv)
+    pub fn key_range(&self, i: u32) -> (i64, i64) {
+        let diag = i as i64 + self.seq_kv as i64 - self.seq_q as i64;
+        let right = if self.causal != 0 { 0 } else { self.window_right };
+        let start = if self.window_left >= 0 { diag - self.window_left as i64 } else { 0 };
+        let end = if right >= 0 { diag + right as i64 + 1 } else { self.seq_kv as i64 };
+        let start = if start > 0 { start } else { 0 };
+        let end = if end < self.seq_kv as i64 { end } else { self.seq_kv as i64 };
+        (start, end)
+    }
+
+    /// The K/V head query head `h` reads: `h / (heads / heads_kv)` (`h` when `heads_kv` is 0 or
+    /// exceeds `heads`, so no division by zero).
+    #[inline(always)]
+    pub fn kv_head(&self, h: u32) -> u32 {
+        let group = if self.heads_kv != 0 && self.heads_kv <= self.heads { self.heads / self.heads_kv } else { 1 };
+        h / group
     }
 }
 

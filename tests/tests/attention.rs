@@ -31,7 +31,7 @@ fn known_answer(dev: &mut dyn Device, kernel: KernelKind, causal: bool, seq_q: u
         }
     }
     let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
-    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: vec![] };
     let r = run(dev, &spec(p, kernel, 0), Some(&x)).expect("run");
     assert!(r.verified, "{kernel}: {:?}", r.verification.failures);
     for i in 0..seq_q {
@@ -109,7 +109,7 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32,
         }
     }
     let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
-    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: vec![] };
     assert!(x.representable_in(dtype));
     let r = run(dev, &spec(p, KernelKind::Flash, 0), Some(&x)).expect("run");
     assert!(r.verified, "{dtype}: {:?}", r.verification.failures);
@@ -131,6 +131,93 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32,
                 assert!((got - want).abs() <= 2.0 * u * want.abs() + 1e-6, "{dtype} row {i} d {dd}: {got} vs {want}");
             }
         }
+    }
+}
+
+/// `--window 0,0` (or `0,R` with causal): query `i` sees exactly key `j = i + seq_kv - seq_q`,
+/// so O equals that V row (of K/V head `h / (heads / heads_kv)`) and LSE equals the one score,
+/// computed here by hand; rows with `j < 0` see nothing (O = 0, LSE = -inf). Exact in every dtype:
+/// P is exactly 1 and V is a value of the dtype.
+fn known_answer_diagonal_window(dev: &mut dyn Device, kernel: KernelKind, p: Problem) {
+    let x = Qkv::random(&p, 5);
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {p:?}: {e}"));
+    assert!(r.verified, "{kernel} {p:?}: {:?}", r.verification.failures);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    for i in 0..nq {
+        let j = i as i64 + nk as i64 - nq as i64;
+        for hh in 0..h {
+            let kh = hh / (h / hk);
+            let lse = r.outputs.lse[hh * nq + i];
+            let o = &r.outputs.o[(i * h + hh) * d..][..d];
+            if j < 0 {
+                assert_eq!(lse, f32::NEG_INFINITY, "{kernel} {p:?} row {i}");
+                assert!(o.iter().all(|&v| v == 0.0), "{kernel} {p:?} row {i}: O must be 0");
+                continue;
+            }
+            let vrow = &x.v[((j as usize) * hk + kh) * d..][..d];
+            let tol = if p.dtype.is_16bit() { p.dtype.unit_roundoff() as f32 * 2.0 } else { 1e-6 };
+            for (dd, (&got, &want)) in o.iter().zip(vrow).enumerate() {
+                assert!(
+                    (got - want).abs() <= tol * want.abs() + 1e-6,
+                    "{kernel} {p:?} row {i} head {hh} d {dd}: {got} vs V {want}"
+                );
+            }
+            let q = &x.q[(i * h + hh) * d..][..d];
+            let k = &x.k[((j as usize) * hk + kh) * d..][..d];
+            let s = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * p.softmax_scale() as f64;
+            assert!((lse as f64 - s).abs() < 1e-4 * s.abs().max(1.0), "{kernel} {p:?} row {i}: lse {lse} vs score {s}");
+        }
+    }
+}
+
+/// Sinks with known answers: a sink of 1e30 takes all the weight (O = 0, LSE = 1e30); with
+/// `seq_q > seq_kv` causal, the first rows see only their sink (O = 0, LSE = sink, finite).
+fn known_answer_sinks(dev: &mut dyn Device, kernel: KernelKind, dtype: Dtype, head_dim: u32) {
+    let p = Problem {
+        batch: 1,
+        heads: 4,
+        heads_kv: Some(2),
+        seq_q: 70,
+        seq_kv: 40,
+        head_dim,
+        causal: true,
+        sinks: true,
+        dtype,
+        ..Problem::default()
+    };
+    let (h, d, nq) = (4usize, head_dim as usize, 70usize);
+    let mut x = Qkv::random(&p, 8);
+    x.sinks = vec![0.5, -1.25, 1e30, 3.0];
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {dtype}: {e}"));
+    assert!(r.verified, "{kernel} {dtype} d{head_dim}: {:?}", r.verification.failures);
+    for i in 0..nq {
+        for hh in 0..h {
+            let lse = r.outputs.lse[hh * nq + i];
+            let o = &r.outputs.o[(i * h + hh) * d..][..d];
+            let sink_only = i < nq - 40;
+            if hh == 2 || sink_only {
+                assert!(o.iter().all(|&v| v == 0.0), "{kernel} {dtype} row {i} head {hh}: O must be 0");
+                let want = x.sinks[hh];
+                assert!(
+                    lse.is_finite() && (lse - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{kernel} {dtype} row {i} head {hh}: lse {lse} vs sink {want}"
+                );
+            } else {
+                assert!(o.iter().any(|&v| v.abs() > 1e-3), "{kernel} {dtype} row {i} head {hh}: O looks empty");
+            }
+        }
+    }
+}
+
+/// One inference-options case against the f64 reference, for the kernels of its dtype.
+fn inference_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
+    if p.dtype.is_16bit() {
+        for &k in kernels {
+            case_16(dev, p, k);
+        }
+    } else {
+        sweep_case(dev, p, kernels);
     }
 }
 
@@ -395,6 +482,53 @@ device_tests! {
                     let p = Problem { batch, heads, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
                     sweep_case_16(dev, p);
                 }
+            }
+        }
+    }
+    // GQA/MQA, windows, soft cap and sinks (docs/semantics.md): known answers in every dtype and
+    // both head dims, GQA ratios 1, 4 and 8.
+    fn inference_known_answers_diagonal_window_and_sinks(dev: &mut dyn Device) {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for d in [64, 128] {
+                for (sq, sk, hk, window, causal) in [(70, 100, 1, (0, 0), false), (100, 70, 2, (0, 5), true)] {
+                    let p = Problem { batch: 1, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, dtype, ..Problem::default() };
+                    for k in BOTH {
+                        known_answer_diagonal_window(dev, k, p);
+                    }
+                }
+                for k in BOTH {
+                    known_answer_sinks(dev, k, dtype, d);
+                }
+            }
+        }
+    }
+
+    fn inference_f32_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
+        // Windows crossing the f32 tiles' edges (Bc 64 at d64, 32 at d128), seq_q != seq_kv both
+        // ways, GQA ratios 1/4/8, BHSD, soft cap with large scores, sinks.
+        for (d, hk, sq, sk, window, causal, softcap, sinks, layout) in [
+            (64, 8, 77, 150, (40, 3), false, 0.0, false, Layout::Bshd),
+            (64, 2, 150, 77, (-1, 10), false, 0.0, true, Layout::Bhsd),
+            (64, 1, 96, 200, (63, -1), true, 5.0, false, Layout::Bshd),
+            (128, 2, 70, 90, (33, 33), false, 2.0, true, Layout::Bshd),
+            (128, 8, 45, 45, (-1, -1), false, 0.0, true, Layout::Bhsd),
+        ] {
+            let p = Problem { batch: 2, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, softcap, sinks, layout, scale: Some(0.3), ..Problem::default() };
+            inference_case(dev, p, &BOTH);
+        }
+    }
+
+    fn inference_16bit_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
+        // Windows crossing the tensor-core tiles' edges (Br 64; Bc 128 at d64, 64 at d128).
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (d, hk, sq, sk, window, causal, softcap, sinks, layout) in [
+                (64, 2, 130, 300, (100, 20), false, 0.0, true, Layout::Bshd),
+                (64, 1, 200, 129, (127, -1), true, 4.0, false, Layout::Bhsd),
+                (128, 8, 100, 150, (70, 0), false, 3.0, true, Layout::Bshd),
+                (128, 2, 65, 65, (-1, 1), false, 0.0, false, Layout::Bhsd),
+            ] {
+                let p = Problem { batch: 1, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, softcap, sinks, layout, dtype, ..Problem::default() };
+                inference_case(dev, p, &BOTH);
             }
         }
     }

@@ -121,9 +121,32 @@ pub struct ProblemArgs {
     /// uses the rounded values.
     #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
-    /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q.
+    /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q (the
+    /// window's right side set to 0). Semantics of every option: docs/semantics.md.
     #[arg(long)]
     pub causal: bool,
+    /// K/V heads for grouped-query (GQA) or multi-query (MQA, 1) attention [default: --heads].
+    /// Must divide --heads; query head h reads K/V head h / (heads / heads_kv). Example: --heads 32
+    /// --heads-kv 8 (Llama-3 8B).
+    #[arg(long, value_name = "N")]
+    pub heads_kv: Option<u32>,
+    /// Local attention window L,R (FlashAttention-2 convention, -1 = unbounded, bottom-right
+    /// aligned): query i sees key j iff i + seq_kv - seq_q - L <= j <= i + seq_kv - seq_q + R.
+    /// --causal sets R = 0. Example: --window 4095,0 (each query sees itself and 4095 keys before).
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true, conflicts_with = "sliding_window")]
+    pub window: Option<String>,
+    /// A model config's `sliding_window = W` (Mistral, HF): shorthand for --window W-1,0 --causal.
+    /// Note the off-by-one: W counts the query itself, so the left side is W - 1.
+    #[arg(long, value_name = "W")]
+    pub sliding_window: Option<u32>,
+    /// Logit soft cap C (Gemma-2: 50): scores become C * tanh(scale * q.k / C) [default: 0 = off].
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss): one f32 logit per query head joins the softmax denominator only,
+    /// O = sum_j e^(s_j - m) v_j / (e^(sink - m) + sum_j e^(s_j - m)). Random logits (normal + 1,
+    /// from --seed), or the `sinks` tensor [heads] F32 of --inputs.
+    #[arg(long)]
+    pub sinks: bool,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
@@ -167,7 +190,8 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// The option to vary and its values: kernel, dtype, batch, heads, seq (both lengths), seq-q,
-    /// seq-kv, head-dim, causal, layout.
+    /// seq-kv, head-dim, causal, layout, heads-kv, window (L:R pairs, e.g. window=255:0,-1:0),
+    /// sliding-window, softcap, sinks (true/false).
     #[arg(long, default_value = "kernel=naive,flash", value_name = "KEY=A,B[,C...]")]
     pub vary: String,
     /// Kernel for the runs when --vary is not `kernel` [default: flash].

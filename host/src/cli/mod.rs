@@ -96,6 +96,8 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         check("seq-q", a.seq_q.or(a.seq), f.seq_q)?;
         check("seq-kv", a.seq_kv.or(a.seq), f.seq_kv)?;
         check("head-dim", a.head_dim, f.head_dim)?;
+        check("heads-kv", a.heads_kv, f.heads_kv)?;
+        p.heads_kv = Some(f.heads_kv);
         p.batch = f.batch;
         p.heads = f.heads;
         p.seq_q = f.seq_q;
@@ -108,7 +110,19 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         p.seq_kv = a.seq.or(a.seq_kv).unwrap_or(sq);
         p.seq_q = sq;
         p.head_dim = a.head_dim.unwrap_or(p.head_dim);
+        p.heads_kv = a.heads_kv.or(p.heads_kv);
     }
+    if let Some(w) = &a.window {
+        p.window = parse_window(w, "--window", ',')?;
+    }
+    if let Some(w) = a.sliding_window {
+        p.window = sliding_window(w)?;
+        p.causal = true;
+    }
+    if let Some(c) = a.softcap {
+        p.softcap = c;
+    }
+    p.sinks = a.sinks || p.sinks;
     p.dtype = a.dtype.unwrap_or(p.dtype);
     p.causal = a.causal || p.causal;
     p.scale = a.scale.or(p.scale);
@@ -144,7 +158,48 @@ pub struct Vary {
     pub values: Vec<String>,
 }
 
-pub const VARY_KEYS: &str = "kernel, dtype, batch, heads, seq, seq-q, seq-kv, head-dim, causal, layout";
+pub const VARY_KEYS: &str = "kernel, dtype, batch, heads, seq, seq-q, seq-kv, head-dim, causal, layout, \
+                             heads-kv, window, sliding-window, softcap, sinks";
+
+/// `L<sep>R` of a window (`-1` = unbounded); each side must be `-1` or a key count `>= 0`.
+pub fn parse_window(s: &str, what: &str, sep: char) -> Result<(i32, i32), Error> {
+    let usage = || {
+        Error::Usage(format!(
+            "{what} `{s}`: expected L{sep}R, two integers, each -1 (unbounded) or a number of keys >= 0 \
+             (e.g. 4095{sep}0); query i sees key j iff i + seq_kv - seq_q - L <= j <= i + seq_kv - seq_q + R"
+        ))
+    };
+    let (l, r) = s.split_once(sep).ok_or_else(usage)?;
+    let l: i32 = l.trim().parse().map_err(|_| usage())?;
+    let r: i32 = r.trim().parse().map_err(|_| usage())?;
+    for (side, v) in [("left", l), ("right", r)] {
+        if v < -1 {
+            return Err(Error::Usage(format!(
+                "{what} `{s}`: the {side} side is {v}; each side must be -1 (unbounded) or a number of keys >= 0"
+            )));
+        }
+    }
+    Ok((l, r))
+}
+
+/// `sliding_window = W` (a model config's convention) as a window: `(W - 1, 0)`.
+pub fn sliding_window(w: u32) -> Result<(i32, i32), Error> {
+    if w == 0 || w > i32::MAX as u32 {
+        return Err(Error::Usage(format!(
+            "--sliding-window {w}: W must be at least 1 (it counts the query itself: W = 1 sees only the diagonal, \
+             the same as --window 0,0 --causal)"
+        )));
+    }
+    Ok((w as i32 - 1, 0))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, Error> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "on" | "yes" => Ok(true),
+        "false" | "0" | "off" | "no" => Ok(false),
+        _ => Err(Error::Usage(format!("--vary {key}: `{value}` is not true/false"))),
+    }
+}
 
 pub fn parse_vary(s: &str) -> Result<Vary, Error> {
     let Some((k, v)) = s.split_once('=') else {
@@ -193,6 +248,22 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
         "layout" => {
             p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
         }
+        "heads-kv" => p.heads_kv = Some(num(value)?),
+        "window" => p.window = parse_window(value, "--vary window", ':')?,
+        "sliding-window" => {
+            p.window = sliding_window(num(value)?)?;
+            p.causal = true;
+        }
+        "softcap" => {
+            p.softcap =
+                value.parse::<f32>().map_err(|_| Error::Usage(format!("--vary softcap: `{value}` is not a number")))?;
+            if !(p.softcap.is_finite() && p.softcap >= 0.0) {
+                return Err(Error::Usage(format!(
+                    "--vary softcap: {value} is invalid; it must be 0 (off) or a finite number > 0"
+                )));
+            }
+        }
+        "sinks" => p.sinks = parse_bool(key, value)?,
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
     }
     Ok(())

@@ -22,6 +22,15 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if let Some(d) = file_dtype {
         problem.dtype = d;
     }
+    // A file's `sinks` tensor turns sinks on; --sinks with a file needs that tensor.
+    if let Some(x) = &inputs {
+        if problem.sinks && x.sinks.is_empty() {
+            return Err(Error::Usage(
+                "--sinks with --inputs needs a `sinks` tensor ([heads] F32) in the input file".into(),
+            ));
+        }
+        problem.sinks = !x.sinks.is_empty();
+    }
     problem.validate_shape(kernel)?;
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
@@ -37,6 +46,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             seq_q: problem.seq_q,
             seq_kv: problem.seq_kv,
             head_dim: problem.head_dim,
+            heads_kv: problem.kv_heads(),
         };
         write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse)?;
         if !cli.json {
