@@ -591,6 +591,56 @@ mod tests {
     }
 
     #[test]
+    fn window_ranges_match_the_rule_on_every_key() {
+        // The problem's ranges (used for FLOPs and by tests), the kernels' `AttnParams::key_range`
+        // and the reference's per-key rule must agree, for every window shape and seq_q vs seq_kv.
+        use crate::reference::visible;
+        for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (64, 64), (70, 130)] {
+            for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
+                for causal in [false, true] {
+                    let p = Problem { seq_q: nq, seq_kv: nk, window, causal, ..Problem::default() };
+                    let ap = kernels_gpu::abi::AttnParams {
+                        seq_q: nq,
+                        seq_kv: nk,
+                        causal: causal as u32,
+                        window_left: window.0,
+                        window_right: window.1,
+                        ..Default::default()
+                    };
+                    let mut pairs = 0;
+                    for i in 0..nq {
+                        let seen: Vec<u32> = (0..nk).filter(|&j| visible(&p, i, j)).collect();
+                        pairs += seen.len() as u64;
+                        let (s, e) = p.key_range(i);
+                        assert_eq!(seen, (s as u32..e as u32).collect::<Vec<_>>(), "{p:?} row {i}");
+                        let (ks, ke) = ap.key_range(i);
+                        assert_eq!((ks.max(0) as u64, ke.max(ks).max(0) as u64), (s, e), "{p:?} row {i}");
+                    }
+                    assert_eq!(p.unmasked_pairs_per_head(), pairs, "{p:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gqa_window_and_softcap_are_validated() {
+        let p = Problem { heads: 8, heads_kv: Some(3), ..Problem::default() };
+        let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("heads_kv 3 must divide heads 8"), "{e}");
+        for hk in [1, 2, 4, 8] {
+            let p = Problem { heads: 8, heads_kv: Some(hk), ..Problem::default() };
+            assert!(p.validate_shape(KernelKind::Flash).is_ok());
+            assert_eq!(p.kv_elems(), 256 * hk as u64 * 64);
+        }
+        let e = Problem { window: (-2, 0), ..Problem::default() }.validate_shape(KernelKind::Naive).unwrap_err();
+        assert!(e.to_string().contains("window left -2"), "{e}");
+        for c in [-1.0, f32::NAN, f32::INFINITY] {
+            let e = Problem { softcap: c, ..Problem::default() }.validate_shape(KernelKind::Flash).unwrap_err();
+            assert!(e.to_string().contains("softcap"), "{e}");
+        }
+    }
+
+    #[test]
     fn zero_sizes_and_head_dims_are_named() {
         let p = Problem { heads: 0, ..Problem::default() };
         assert_eq!(p.validate_shape(KernelKind::Flash), Err(ProblemError::ZeroSize { name: "heads" }));

@@ -173,6 +173,35 @@ mod tests {
     }
 
     #[test]
+    fn hand_computed_gqa_sinks_and_softcap() {
+        // Two query heads share one K/V head (keys 0 and ln 3, values 4 and 8). Head 0's sink
+        // ln 4: weights 1, 3, (4) -> O = 28 / 8, LSE = ln 8; head 1's sink ln 12: O = 28 / 16,
+        // LSE = ln 16.
+        let p = Problem {
+            batch: 1,
+            heads: 2,
+            heads_kv: Some(1),
+            seq_q: 1,
+            seq_kv: 2,
+            head_dim: 1,
+            scale: Some(1.0),
+            sinks: true,
+            ..Problem::default()
+        };
+        let x =
+            Qkv { q: vec![1.0, 1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0], sinks: vec![4f32.ln(), 12f32.ln()] };
+        let r = reference(&p, &x, &RowSelection::All);
+        assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{:?}", r);
+        assert!((r.o[1] - 1.75).abs() < 1e-6 && (r.lse[1] - 16f64.ln()).abs() < 1e-6, "{:?}", r);
+        // Soft cap 1 on scores 0 and 3: tanh caps 3 at tanh(3) = 0.99505; no sinks.
+        let p = Problem { softcap: 1.0, sinks: false, ..p };
+        let x = Qkv { k: vec![0.0, 3.0], sinks: vec![], ..x };
+        let r = reference(&p, &x, &RowSelection::All);
+        let w = 3f64.tanh().exp();
+        assert!((r.o[0] - (4.0 + 8.0 * w) / (1.0 + w)).abs() < 1e-6 && (r.lse[0] - (1.0 + w).ln()).abs() < 1e-6);
+    }
+
+    #[test]
     fn causal_bottom_right_masks_and_empty_rows() {
         // seq_q 3 > seq_kv 2: row 0 sees nothing, row 1 sees key 0, row 2 sees keys 0 and 1.
         let p = Problem {

@@ -674,3 +674,48 @@ fn a_missing_barrier_is_a_device_error_and_without_the_checks_a_wrong_answer() {
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("initcheck and racecheck off"), "{}", stderr(&o));
 }
+
+#[test]
+fn inference_options_bad_values_exit_2_naming_value_and_rule() {
+    for (args, needle) in [
+        (&["run", "--heads", "6", "--heads-kv", "4"][..], "heads_kv 4 must divide heads 6"),
+        (&["run", "--heads-kv", "0"][..], "heads_kv must be at least 1"),
+        (&["run", "--window", "-2,0"][..], "the left side is -2"),
+        (&["run", "--window", "3"][..], "expected L,R"),
+        (&["run", "--window", "1,x"][..], "expected L,R"),
+        (&["run", "--sliding-window", "0"][..], "W must be at least 1"),
+        (&["run", "--softcap", "-1"][..], "softcap -1 is invalid"),
+        (&["run", "--softcap", "NaN"][..], "softcap NaN is invalid"),
+        (&["compare", "--vary", "window=3:0,-5:0"][..], "the left side is -5"),
+        (&["compare", "--vary", "softcap=1,-2"][..], "softcap: -2 is invalid"),
+        (&["compare", "--vary", "heads-kv=3"][..], "heads_kv 3 must divide heads 4"),
+    ] {
+        assert_bad_input(args, needle);
+    }
+}
+
+/// GQA with sinks through files: k/v with heads_kv heads and a `sinks` tensor are read, verified
+/// against the reference and written back; `--sinks` with a file that lacks the tensor exits 2.
+#[test]
+fn gqa_and_sinks_from_safetensors() {
+    let p = Problem { heads: 4, heads_kv: Some(1), seq_q: 20, seq_kv: 33, sinks: true, ..Problem::default() };
+    let x = Qkv::random(&p, 4);
+    assert_eq!(x.k.len(), 33 * 64);
+    let inp = tmp("gqa_sinks.safetensors");
+    let shape = FileShape { batch: 1, heads: 4, seq_q: 20, seq_kv: 33, head_dim: 64, heads_kv: 1 };
+    write_qkv(&inp, shape, &x).unwrap();
+    let o = memattn(&["--backend", "vm", "--json", "run", "--inputs", inp.to_str().unwrap(), "--window", "7,2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["shape"]["heads_kv"], 1);
+    assert_eq!(v["shape"]["sinks"], true);
+    assert_eq!(v["shape"]["window_left"], 7);
+    assert_eq!(v["analytic_bytes"]["inputs"], 4 * (20 * 4 * 64 + 2 * 33 * 64 + 4));
+    assert_eq!(v["verified"], true);
+    let no_sinks = tmp("gqa_no_sinks.safetensors");
+    write_qkv(&no_sinks, shape, &Qkv { sinks: vec![], ..x }).unwrap();
+    assert_bad_input(
+        &["--backend", "vm", "run", "--inputs", no_sinks.to_str().unwrap(), "--sinks"],
+        "needs a `sinks` tensor",
+    );
+}

@@ -14,6 +14,8 @@ Examples:
   memattn compare --vary seq-q=128,256 --kernel flash
   memattn run --dtype bf16 --causal                tensor-core flash kernel, checked against f64
   memattn compare --vary dtype=f32,bf16            the same problem in f32 and bf16 (flash)
+  memattn run --heads 8 --heads-kv 2 --window 255,0   GQA with a local window (docs/semantics.md)
+  memattn run --sliding-window 256 --softcap 50 --sinks   a model config's sliding_window W = --window W-1,0 --causal
   memattn sweep --vary seq=64,128,256 --plot sweep.svg
   memattn --backend vm --vm-memory-mib 64 sweep   naive runs over 64 MiB show what they would need
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
