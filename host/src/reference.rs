@@ -48,10 +48,21 @@ impl RowSelection {
                 (affordable < total).then_some((affordable, seed))
             }
         };
-        let to_row = |r: u64| {
-            let i = (r % p.seq_q as u64) as u32;
-            let bh = r / p.seq_q as u64;
-            RowId { b: (bh / p.heads as u64) as u32, h: (bh % p.heads as u64) as u32, i }
+        // Varlen: row r is packed query t = r % total_q of head r / total_q, in the sequence
+        // whose prefix sums bracket t.
+        let cu = p.varlen.map(|v| crate::problem::Varlen::cu(v.seqlens_q));
+        let total_q = p.total_q();
+        let to_row = |r: u64| match &cu {
+            Some(cu) => {
+                let (h, t) = ((r / total_q) as u32, (r % total_q) as u32);
+                let b = cu.partition_point(|&c| c <= t) - 1;
+                RowId { b: b as u32, h, i: t - cu[b] }
+            }
+            None => {
+                let i = (r % p.seq_q as u64) as u32;
+                let bh = r / p.seq_q as u64;
+                RowId { b: (bh / p.heads as u64) as u32, h: (bh % p.heads as u64) as u32, i }
+            }
         };
         match pick {
             None => (0..total).map(to_row).collect(),
@@ -87,7 +98,12 @@ pub struct Reference {
 /// independently of the kernels' and the problem's range arithmetic): with `off = seq_kv - seq_q`,
 /// `i + off - left <= j <= i + off + right`, a side of `-1` unbounded, causal meaning `right = 0`.
 pub fn visible(p: &Problem, i: u32, j: u32) -> bool {
-    let off = p.seq_kv as i64 - p.seq_q as i64;
+    visible_in(p, p.seq_q, p.seq_kv, i, j)
+}
+
+/// [`visible`] in a sequence of `seq_q` queries and `seq_kv` keys (varlen: each sequence's own).
+pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool {
+    let off = seq_kv as i64 - seq_q as i64;
     let (i, j) = (i as i64, j as i64);
     let left = p.window.0 as i64;
     let right = if p.causal { 0 } else { p.window.1 as i64 };
@@ -102,21 +118,24 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let hk = p.heads_kv.unwrap_or(p.heads) as usize;
     let group = hh / hk.max(1);
-    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
     let scale = p.softmax_scale() as f64;
     let cap = p.softcap as f64;
     let mut o = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
-    let mut scores = vec![f64::NEG_INFINITY; nk];
+    let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
     for (r, row) in rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        let h = row.h as usize;
         let kh = h / group;
-        let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
+        // Varlen: the row's own sequence (its lengths, its packed rows); else batch b.
+        let (sq, sk) = p.seq_lens(row.b);
+        let scores = &mut scores[..sk as usize];
+        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+        let k0 = p.kv_row(row.b, 0) as usize;
         let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
         let mut m = sink;
         for (j, s) in scores.iter_mut().enumerate() {
-            *s = if visible(p, row.i, j as u32) {
-                let k = &x.k[((b * nk + j) * hk + kh) * d..][..d];
+            *s = if visible_in(p, sq, sk, row.i, j as u32) {
+                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
                 let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
                 if cap > 0.0 {
                     cap * (dot * scale / cap).tanh()
@@ -142,7 +161,7 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
             if pj == 0.0 {
                 continue;
             }
-            let v = &x.v[((b * nk + j) * hk + kh) * d..][..d];
+            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
             for (acc, &vv) in orow.iter_mut().zip(v) {
                 *acc += pj * vv as f64;
             }
@@ -170,6 +189,37 @@ mod tests {
         let r = reference(&p, &x, &RowSelection::All);
         assert!((r.o[0] - 7.0).abs() < 1e-6, "{}", r.o[0]);
         assert!((r.lse[0] - 4f64.ln()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn window_ranges_match_the_rule_on_every_key() {
+        // The problem's ranges (used for FLOPs and by tests), the kernels' `AttnParams::key_range`
+        // and the reference's per-key rule must agree, for every window shape and seq_q vs seq_kv.
+        for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (64, 64), (70, 130)] {
+            for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
+                for causal in [false, true] {
+                    let p = Problem { seq_q: nq, seq_kv: nk, window, causal, ..Problem::default() };
+                    let ap = kernels_gpu::abi::AttnParams {
+                        seq_q: nq,
+                        seq_kv: nk,
+                        causal: causal as u32,
+                        window_left: window.0,
+                        window_right: window.1,
+                        ..Default::default()
+                    };
+                    let mut pairs = 0;
+                    for i in 0..nq {
+                        let seen: Vec<u32> = (0..nk).filter(|&j| visible(&p, i, j)).collect();
+                        pairs += seen.len() as u64;
+                        let (s, e) = p.key_range(i);
+                        assert_eq!(seen, (s as u32..e as u32).collect::<Vec<_>>(), "{p:?} row {i}");
+                        let (ks, ke) = ap.key_range(i);
+                        assert_eq!((ks.max(0) as u64, ke.max(ks).max(0) as u64), (s, e), "{p:?} row {i}");
+                    }
+                    assert_eq!(p.unmasked_pairs_per_head(), pairs, "{p:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub fn describe_options(p: &Problem) -> String {
     if p.sinks {
         s.push_str(" sinks");
     }
+    if let Some(v) = p.varlen {
+        let list = |l: &[u32]| l.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+        let _ = write!(s, " varlen seqlens_q {} seqlens_kv {}", list(v.seqlens_q), list(v.seqlens_kv));
+    }
     s
 }
 

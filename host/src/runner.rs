@@ -9,7 +9,7 @@ use crate::dtype::Tolerance;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
-use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson};
+use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson, Varlen};
 use crate::reference::{reference, RowSelection};
 use crate::timing::{tflops, Timing};
 use crate::verify::{tolerance_for, verify, ErrorStats, Verification};
@@ -121,6 +121,8 @@ struct Buffers {
     lse: DevPtr,
     scores: DevPtr,
     sinks: DevPtr,
+    cu_q: DevPtr,
+    cu_kv: DevPtr,
 }
 
 /// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`.
@@ -210,12 +212,19 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             lse: alloc(dev, analytic.lse)?,
             scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
             sinks: if p.sinks { alloc(dev, 4 * p.heads as u64)? } else { 0 },
+            cu_q: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
+            cu_kv: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
         };
         check_pointer_alignment(&p, spec.kernel, buf.q, buf.k, buf.v, buf.o)
             .map_err(|e| DeviceError::Misaligned(e.to_string()))?;
         dev.upload_bytes(buf.q, &p.dtype.encode(&qd))?;
         dev.upload_bytes(buf.k, &p.dtype.encode(&kd))?;
         dev.upload_bytes(buf.v, &p.dtype.encode(&vd))?;
+        if let Some(vl) = p.varlen {
+            let enc = |lens: &[u32]| -> Vec<u8> { Varlen::cu(lens).iter().flat_map(|x| x.to_le_bytes()).collect() };
+            dev.upload_bytes(buf.cu_q, &enc(vl.seqlens_q))?;
+            dev.upload_bytes(buf.cu_kv, &enc(vl.seqlens_kv))?;
+        }
         if buf.sinks != 0 {
             dev.upload_bytes(buf.sinks, &crate::Dtype::F32.encode(&x.sinks))?;
         }
@@ -244,6 +253,10 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             softcap: p.softcap,
             _pad: 0,
             sinks: buf.sinks,
+            cu_seqlens_q: buf.cu_q,
+            cu_seqlens_kv: buf.cu_kv,
+            total_q: if p.varlen.is_some() { p.total_q() as u32 } else { 0 },
+            _pad2: 0,
         };
         let bytes = params.to_bytes();
         let mut samples = Vec::new();

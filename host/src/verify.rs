@@ -101,7 +101,7 @@ impl Acc {
 pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>, Vec<f32>) {
     let dt = p.dtype;
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
-    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    let nk = p.seq_kv as usize;
     let scale = p.softmax_scale();
     let mut o = vec![0f32; reference.rows.len() * d];
     let mut lse = vec![f32::NEG_INFINITY; reference.rows.len()];
@@ -111,14 +111,17 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
     let hk = p.kv_heads() as usize;
     let cap = p.softcap;
     for (r, row) in reference.rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        let h = row.h as usize;
         let kh = h / (hh / hk);
-        let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
+        let (sq, sk) = p.seq_lens(row.b);
+        let e = &mut e[..sk as usize];
+        let k0 = p.kv_row(row.b, 0) as usize;
+        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
         let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
         let mut m = sink;
         for (j, s) in e.iter_mut().enumerate() {
-            *s = if crate::reference::visible(p, row.i, j as u32) {
-                let k = &x.k[((b * nk + j) * hk + kh) * d..][..d];
+            *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
+                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
                 let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
                 if cap > 0.0 {
                     cap * (dot * scale / cap).tanh()
@@ -141,7 +144,7 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
         acc.fill(0.0);
         for (j, &ej) in e.iter().enumerate() {
             let pj = dt.round(ej / l);
-            let v = &x.v[((b * nk + j) * hk + kh) * d..][..d];
+            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
             for (a, &vv) in acc.iter_mut().zip(v) {
                 *a += pj * vv;
             }
@@ -200,13 +203,13 @@ pub fn tolerance_for(p: &Problem, x: &Qkv, reference: &Reference) -> Tolerance {
 
 /// Compares device O (BSHD, f32) and LSE (`[batch, heads, seq_q]`, f32) with `reference`.
 pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &Tolerance) -> Verification {
-    let (hh, d, nq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+    let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let (mut oa, mut la) = (Acc::default(), Acc::default());
     let mut unwritten = 0u64;
     let mut inf_mismatch = 0u64;
     for (r, row) in reference.rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
-        let got = &o[((b * nq + i) * hh + h) * d..][..d];
+        // Packed row and LSE index (varlen: `[total_q, heads, d]`, LSE `[heads, total_q]`).
+        let got = &o[(p.q_row(row.b, row.i) as usize * hh + row.h as usize) * d..][..d];
         let want = &reference.o[r * d..(r + 1) * d];
         for (&g, &w) in got.iter().zip(want) {
             if !g.is_finite() {
@@ -215,7 +218,7 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
             }
             oa.add(g as f64, w);
         }
-        let g = lse[(b * hh + h) * nq + i];
+        let g = lse[p.lse_index(row.b, row.h, row.i) as usize];
         let w = reference.lse[r];
         if g.is_nan() {
             unwritten += 1;

@@ -2,7 +2,7 @@
 //!
 //! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
 //! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
-//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[200]`. The smoke kernel `saxpy_f32`
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[224]`. The smoke kernel `saxpy_f32`
 //! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
@@ -47,6 +47,13 @@ impl Strides {
 ///   `causal != 0` forces `right = 0` ([`AttnParams::key_range`]).
 /// - `softcap > 0`: scores are `softcap * tanh(softmax_scale * q·k / softcap)`; 0 = off.
 /// - `sinks` (0 = none): `heads` f32 logits; `sink[h]` joins the softmax denominator only.
+/// - Varlen (`cu_seqlens_q != 0`): `batch` packed sequences. Q/O are `[total_q, heads, d]` and
+///   K/V `[total_kv, heads_kv, d]` (the batch strides are unused), `cu_seqlens_q` and
+///   `cu_seqlens_kv` are `batch + 1` u32 prefix sums (first 0, non-decreasing), sequence `b` has
+///   rows `cu_q[b]..cu_q[b + 1]` and keys `cu_kv[b]..cu_kv[b + 1]`; `seq_q` / `seq_kv` are the
+///   longest sequence's lengths (they size the grid and the naive workspace
+///   `[batch, heads, seq_q, seq_kv]`); LSE is `[heads, total_q]`. Masks apply per sequence
+///   ([`AttnParams::sequence`]); an empty sequence produces nothing.
 ///
 /// A query row that sees no key (and has no sink) produces `O = 0` and `LSE = -inf`; with a
 /// sink it produces `O = 0` and `LSE = sink[h]`.
@@ -87,10 +94,17 @@ pub struct AttnParams {
     pub _pad: u32,
     /// `[heads]` f32 sink logits, or 0 for none.
     pub sinks: u64,
+    /// Varlen: `[batch + 1]` u32 prefix sums of the query lengths, or 0 (not varlen).
+    pub cu_seqlens_q: u64,
+    /// Varlen: `[batch + 1]` u32 prefix sums of the key lengths.
+    pub cu_seqlens_kv: u64,
+    /// Varlen: total query rows (`cu_seqlens_q[batch]`), the head stride of LSE `[heads, total_q]`.
+    pub total_q: u32,
+    pub _pad2: u32,
 }
 
-/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[200]`).
-pub const ATTN_PARAMS_BYTES: usize = 200;
+/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[224]`).
+pub const ATTN_PARAMS_BYTES: usize = 224;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
 
@@ -121,6 +135,10 @@ impl Default for AttnParams {
             softcap: 0.0,
             _pad: 0,
             sinks: 0,
+            cu_seqlens_q: 0,
+            cu_seqlens_kv: 0,
+            total_q: 0,
+            _pad2: 0,
         }
     }
 }
@@ -148,6 +166,10 @@ impl AttnParams {
         w.u32(self.softcap.to_bits());
         w.u32(self._pad);
         w.u64(self.sinks);
+        w.u64(self.cu_seqlens_q);
+        w.u64(self.cu_seqlens_kv);
+        w.u32(self.total_q);
+        w.u32(self._pad2);
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
@@ -164,6 +186,30 @@ impl AttnParams {
         let start = if start > 0 { start } else { 0 };
         let end = if end < self.seq_kv as i64 { end } else { self.seq_kv as i64 };
         (start, end)
+    }
+
+    /// Varlen: the lengths of sequence `b` (rows `q0..q1`, keys `k0..k1`, read from the
+    /// cu_seqlens by the kernel): the same parameters with `seq_q = q1 - q0`, `seq_kv = k1 - k0`,
+    /// so windows and causal apply within the sequence, bottom-right aligned. The kernel adds the
+    /// sequence's first row (`q0`, `k0`) to its row indices and uses batch index 0
+    /// ([`Sequence`]).
+    #[inline(always)]
+    pub fn sequence(&self, q0: u32, q1: u32, k0: u32, k1: u32) -> Sequence {
+        let mut p = *self;
+        p.seq_q = q1 - q0;
+        p.seq_kv = k1 - k0;
+        Sequence { p, b: 0, q0: q0 as u64, k0: k0 as u64 }
+    }
+
+    /// Element offset of LSE `(b, h, i)`: `[batch, heads, seq_q]`, or (varlen, `b` = 0, `i` the
+    /// packed row `q0 + i`) `[heads, total_q]`.
+    #[inline(always)]
+    pub fn lse_offset(&self, b: u64, h: u64, i: u64) -> u64 {
+        if self.cu_seqlens_q != 0 {
+            h * self.total_q as u64 + i
+        } else {
+            (b * self.heads as u64 + h) * self.seq_q as u64 + i
+        }
     }
 
     /// The K/V head query head `h` reads: `h / (heads / heads_kv)` (`h` when `heads_kv` is 0 or
@@ -188,6 +234,16 @@ pub fn causal_key_end(causal: bool, i: u32, seq_q: u32, seq_kv: u32) -> i64 {
     } else {
         seq_kv as i64
     }
+}
+
+/// One block's sequence: parameters with its lengths, the batch index to address Q/K/V/O with,
+/// and the packed row of its first query (`q0`) and key (`k0`); `q0 = k0 = 0` without varlen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sequence {
+    pub p: AttnParams,
+    pub b: u64,
+    pub q0: u64,
+    pub k0: u64,
 }
 
 struct ByteWriter<'a> {

@@ -60,14 +60,19 @@ const KC: usize = 8;
 pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
     p: &AttnParams,
 ) {
+    // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
+    let seq = unsafe { sequence_of(p, ctaid_z()) };
+    let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let threads = BR * TPR;
     let t = tid_x() as usize;
     let lane = t % TPR;
     let q_tile_start = ctaid_x() as usize * BR;
+    if q_tile_start >= p.seq_q as usize {
+        return; // uniform over the block: before any barrier
+    }
     let qi = q_tile_start + t / TPR;
     let h = ctaid_y() as u64;
     let hk = p.kv_head(h as u32) as u64;
-    let b = ctaid_z() as u64;
     let row_valid = qi < p.seq_q as usize;
     let seq_kv = p.seq_kv as usize;
 
@@ -81,7 +86,7 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
         if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
     let mut q = [0.0f32; DPT];
     if row_valid {
-        let qa = p.q + 4 * p.q_strides.offset(b, qi as u64, h);
+        let qa = p.q + 4 * p.q_strides.offset(b, q_row0 + qi as u64, h);
         for (k, qk) in q.iter_mut().enumerate() {
             *qk = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * qscale;
         }
@@ -109,8 +114,8 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
             let (r, c) = (e / D, e % D);
             let j = kv0 + r;
             let (kx, vx) = if j < seq_kv {
-                let ka = p.k + 4 * (p.k_strides.offset(b, j as u64, hk) + c as u64);
-                let va = p.v + 4 * (p.v_strides.offset(b, j as u64, hk) + c as u64);
+                let ka = p.k + 4 * (p.k_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
+                let va = p.v + 4 * (p.v_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
                 unsafe { (ld_f32(ka), ld_f32(va)) }
             } else {
                 (0.0, 0.0)
@@ -174,12 +179,12 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
     if row_valid {
         let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
         let (inv_l, lse) = row_sm.finish_with_sink(row_sm.l, sink2);
-        let oa = p.o + 4 * p.o_strides.offset(b, qi as u64, h);
+        let oa = p.o + 4 * p.o_strides.offset(b, q_row0 + qi as u64, h);
         for (k, a) in acc.iter().enumerate() {
             unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
         }
         if lane == 0 {
-            let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + qi as u64);
+            let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + qi as u64);
             unsafe { st_f32(la, lse) };
         }
     }

@@ -140,27 +140,32 @@ pub(crate) unsafe fn flash_fwd<
     p: &AttnParams,
 ) {
     const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * (THREADS / 32)) };
+    // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
+    let seq = unsafe { sequence_of(p, ctaid_z()) };
+    let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let tid = tid_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let q0 = ctaid_x() as usize * BR;
+    if q0 >= p.seq_q as usize {
+        return; // uniform over the block: before any barrier
+    }
     let h = ctaid_y() as u64;
     let hk = p.kv_head(h as u32) as u64;
-    let b = ctaid_z() as u64;
     let seq_q = p.seq_q as usize;
 
     let q_s = smem_addr(core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>());
     let k_s = q_s + (BR * D * 2) as u32;
     let v_s = k_s + (BC * D * 2) as u32;
 
-    let slice = |ptr: u64, s: &crate::abi::Strides, head: u64, len: u32| Rows {
-        base: global_addr(ptr) + 2 * (b * s.batch + head * s.head),
+    let slice = |ptr: u64, s: &crate::abi::Strides, head: u64, row0: u64, len: u32| Rows {
+        base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
         stride: 2 * s.seq,
         len: len as usize,
     };
-    let q_rows = slice(p.q, &p.q_strides, h, p.seq_q);
-    let k_rows = slice(p.k, &p.k_strides, hk, p.seq_kv);
-    let v_rows = slice(p.v, &p.v_strides, hk, p.seq_kv);
+    let q_rows = slice(p.q, &p.q_strides, h, q_row0, p.seq_q);
+    let k_rows = slice(p.k, &p.k_strides, hk, k_row0, p.seq_kv);
+    let v_rows = slice(p.v, &p.v_strides, hk, k_row0, p.seq_kv);
 
     // Keys the block visits: the key tiles that meet [first row's window start, last row's
     // window end); tiles wholly outside the window are skipped, so the cost scales with the
@@ -303,7 +308,7 @@ pub(crate) unsafe fn flash_fwd<
     }
 
     // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
-    let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head);
+    let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head + q_row0 * p.o_strides.seq);
     let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
     unroll!(r in 0..2 => {
         let mut l = row_sm[r].l;
@@ -318,7 +323,7 @@ pub(crate) unsafe fn flash_fwd<
                 unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
             });
             if t == 0 {
-                let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + row as u64);
+                let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + row as u64);
                 unsafe { st_f32(la, lse) };
             }
         }

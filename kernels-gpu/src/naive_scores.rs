@@ -34,12 +34,19 @@ pub(crate) unsafe fn scores<E: Elem, const THREADS: u32>(p: &AttnParams) {
     if i >= p.seq_q || j >= p.seq_kv || p.heads == 0 {
         return;
     }
-    let (b, h) = ((bh / p.heads) as u64, (bh % p.heads) as u64);
+    // S is [batch, heads, seq_q, seq_kv] with the longest lengths (varlen too); the sequence's own
+    // view addresses Q and K and masks.
     let out = p.scores + 4 * ((bh as u64 * p.seq_q as u64 + i as u64) * p.seq_kv as u64 + j as u64);
+    let seq = unsafe { sequence_of(p, bh / p.heads) };
+    let (p, b) = (&seq.p, seq.b);
+    let h = (bh % p.heads) as u64;
+    if i >= p.seq_q || j >= p.seq_kv {
+        return; // past this sequence: never read
+    }
     let (start, end) = p.key_range(i);
     let s = if (j as i64) >= start && (j as i64) < end {
-        let q = p.q + E::BYTES * p.q_strides.offset(b, i as u64, h);
-        let k = p.k + E::BYTES * p.k_strides.offset(b, j as u64, p.kv_head(h as u32) as u64);
+        let q = p.q + E::BYTES * p.q_strides.offset(b, seq.q0 + i as u64, h);
+        let k = p.k + E::BYTES * p.k_strides.offset(b, seq.k0 + j as u64, p.kv_head(h as u32) as u64);
         let mut acc = 0.0f32;
         let mut d = 0u64;
         while d < p.head_dim as u64 {

@@ -59,6 +59,12 @@ pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
     }
     let row_idx = bh * p.seq_q as u64 + i as u64;
     let row = p.scores + 4 * row_idx * p.seq_kv as u64;
+    // Varlen: the sequence's lengths and LSE layout `[heads, total_q]`; warp-uniform guard.
+    let seq = unsafe { sequence_of(p, (bh / p.heads.max(1) as u64) as u32) };
+    let (p, b) = (&seq.p, seq.b);
+    if i >= p.seq_q {
+        return;
+    }
     let n = p.seq_kv;
 
     let mut m = f32::NEG_INFINITY;
@@ -75,7 +81,7 @@ pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
     };
     let m = fmax(m, sink);
 
-    let lse_addr = p.lse + 4 * row_idx;
+    let lse_addr = p.lse + 4 * p.lse_offset(b, bh % p.heads.max(1) as u64, seq.q0 + i as u64);
     if m == f32::NEG_INFINITY {
         let mut j = lane;
         while j < n {

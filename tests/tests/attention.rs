@@ -221,6 +221,70 @@ fn inference_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
     }
 }
 
+/// Varlen with Q = 0: every row averages the V rows of its own sequence that it sees. V of packed
+/// key row `t` is `t + d/64`, so a wrong sequence offset, a mask applied to the wrong lengths or
+/// a wrong LSE layout shows as a wrong mean; the expected values are computed here by hand.
+/// Sequence 1 has queries and no keys: without sinks its rows are O = 0, LSE = -inf; with sinks
+/// O = 0, LSE = sink.
+fn known_answer_varlen(dev: &mut dyn Device, kernel: KernelKind, dtype: Dtype, sinks: bool) {
+    let (lq, lk) = ([37u32, 5, 0, 1, 70], [64u32, 0, 3, 1, 130]);
+    let base = Problem { heads: 4, heads_kv: Some(2), head_dim: 64, causal: true, dtype, sinks, ..Problem::default() };
+    let p = Problem::varlen(base, &lq, &lk).unwrap();
+    let (h, hk, d) = (4usize, 2usize, 64usize);
+    let total_kv = p.total_kv() as usize;
+    let mut v = vec![0f32; p.kv_elems() as usize];
+    for t in 0..total_kv {
+        for kh in 0..hk {
+            for dd in 0..d {
+                // Exact in bf16/f16: t < 256 needs 8 bits; keep values small.
+                v[(t * hk + kh) * d + dd] = (t % 16) as f32 + (dd % 4) as f32 / 4.0;
+            }
+        }
+    }
+    let k = vec![0.5f32; p.kv_elems() as usize];
+    let sinks_v = if sinks { vec![0.25, -2.0, 1.5, 0.0] } else { vec![] };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: sinks_v.clone() };
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {dtype}: {e}"));
+    assert!(r.verified, "{kernel} {dtype} sinks {sinks}: {:?}", r.verification.failures);
+    assert_eq!(r.outputs.lse.len(), h * p.total_q() as usize);
+    let u = if dtype.is_16bit() { dtype.unit_roundoff() as f32 } else { 1e-6 };
+    let (mut q0, mut k0) = (0usize, 0usize);
+    for (b, (&nq, &nk)) in lq.iter().zip(&lk).enumerate() {
+        for i in 0..nq as usize {
+            let end = (i as i64 + 1 + nk as i64 - nq as i64).clamp(0, nk as i64) as usize;
+            for hh in 0..h {
+                let lse = r.outputs.lse[hh * p.total_q() as usize + q0 + i];
+                let sink = sinks_v.get(hh).copied().unwrap_or(f32::NEG_INFINITY) as f64;
+                // Every visible score is 0: l = end + e^sink, LSE = ln l, O = mean over weights.
+                let l = end as f64 + sink.exp();
+                let want_lse = if l == 0.0 { f64::NEG_INFINITY } else { l.ln() };
+                if want_lse.is_finite() {
+                    assert!(
+                        (lse as f64 - want_lse).abs() < 1e-5,
+                        "{kernel} {dtype} seq {b} row {i} head {hh}: lse {lse} vs {want_lse}"
+                    );
+                } else {
+                    assert_eq!(lse, f32::NEG_INFINITY, "{kernel} {dtype} seq {b} row {i} head {hh}");
+                }
+                for dd in [0usize, 1, 3, 62] {
+                    let got = r.outputs.o[((q0 + i) * h + hh) * d + dd];
+                    let want = if l == 0.0 {
+                        0.0
+                    } else {
+                        (0..end).map(|j| ((k0 + j) % 16) as f64 + (dd % 4) as f64 / 4.0).sum::<f64>() / l
+                    };
+                    assert!(
+                        (got as f64 - want).abs() <= 4.0 * u as f64 * want.abs() + 1e-5,
+                        "{kernel} {dtype} seq {b} row {i} head {hh} d {dd}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        q0 += nq as usize;
+        k0 += nk as usize;
+    }
+}
+
 const BOTH: [KernelKind; 2] = [KernelKind::Naive, KernelKind::Flash];
 
 /// A device that drops every launch: the outputs stay poisoned and verification must fail.
@@ -530,6 +594,30 @@ device_tests! {
                 let p = Problem { batch: 1, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, softcap, sinks, layout, dtype, ..Problem::default() };
                 inference_case(dev, p, &BOTH);
             }
+        }
+    }
+    // Varlen batches (empty and length-1 sequences, seq_q > seq_kv and < within one batch) in
+    // every kernel: known answers, then the f64 reference with GQA, windows, soft cap and sinks.
+    fn varlen_known_answers_every_kernel(dev: &mut dyn Device) {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for k in BOTH {
+                known_answer_varlen(dev, k, dtype, false);
+            }
+            known_answer_varlen(dev, KernelKind::Flash, dtype, true);
+        }
+        known_answer_varlen(dev, KernelKind::Naive, Dtype::F32, true);
+    }
+
+    fn varlen_against_the_reference(dev: &mut dyn Device) {
+        for (dtype, d, hk, lq, lk, window, softcap, sinks) in [
+            (Dtype::F32, 64, 1, &[100u32, 0, 33, 1][..], &[70u32, 9, 130, 1][..], (40, 0), 0.0, true),
+            (Dtype::F32, 128, 4, &[17, 50][..], &[50, 17][..], (-1, -1), 3.0, false),
+            (Dtype::Bf16, 64, 2, &[130, 1, 0, 65][..], &[200, 1, 7, 65][..], (-1, 0), 0.0, true),
+            (Dtype::F16, 128, 1, &[70, 64][..], &[129, 30][..], (20, 5), 2.0, false),
+        ] {
+            let base = Problem { heads: 4, heads_kv: Some(hk), head_dim: d, window, softcap, sinks, dtype, ..Problem::default() };
+            let p = Problem::varlen(base, lq, lk).unwrap();
+            inference_case(dev, p, &BOTH);
         }
     }
 }

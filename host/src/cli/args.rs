@@ -149,6 +149,14 @@ pub struct ProblemArgs {
     /// from --seed), or the `sinks` tensor [heads] F32 of --inputs.
     #[arg(long)]
     pub sinks: bool,
+    /// Varlen batch: the query length of each packed sequence (the batch is their count), e.g.
+    /// 100,37,0,512; Q and O are [total_q, heads, d], LSE [heads, total_q]; masks and windows apply
+    /// per sequence, bottom-right aligned within each. Empty sequences produce nothing.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["batch", "seq", "seq_q", "seq_kv"])]
+    pub seqlens_q: Option<Vec<u32>>,
+    /// Varlen: the key/value length of each sequence [default: --seqlens-q].
+    #[arg(long, value_name = "M,M,...", value_delimiter = ',', requires = "seqlens_q")]
+    pub seqlens_kv: Option<Vec<u32>>,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
@@ -193,7 +201,8 @@ pub struct RunArgs {
 pub struct CompareArgs {
     /// The option to vary and its values: kernel, dtype, batch, heads, seq (both lengths), seq-q,
     /// seq-kv, head-dim, causal, layout, heads-kv, window (L:R pairs, e.g. window=255:0,-1:0),
-    /// sliding-window, softcap, sinks (true/false).
+    /// sliding-window, softcap, sinks (true/false), seqlens-q and seqlens-kv (lengths joined by
+    /// `:`, e.g. seqlens-q=100:37:512,64:64).
     #[arg(long, default_value = "kernel=naive,flash", value_name = "KEY=A,B[,C...]")]
     pub vary: String,
     /// Kernel for the runs when --vary is not `kernel` [default: flash].

@@ -97,6 +97,12 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         check("seq-kv", a.seq_kv.or(a.seq), f.seq_kv)?;
         check("head-dim", a.head_dim, f.head_dim)?;
         check("heads-kv", a.heads_kv, f.heads_kv)?;
+        if f.varlen.is_some() && (a.seqlens_q.is_some() || a.batch.is_some()) {
+            return Err(Error::Usage(
+                "the input file is varlen (it has cu_seqlens_q): leave out --seqlens-q/--batch, the lengths come from the file"
+                    .into(),
+            ));
+        }
         p.heads_kv = Some(f.heads_kv);
         p.batch = f.batch;
         p.heads = f.heads;
@@ -123,6 +129,13 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         p.softcap = c;
     }
     p.sinks = a.sinks || p.sinks;
+    if let Some(q) = &a.seqlens_q {
+        let kv = a.seqlens_kv.clone().unwrap_or_else(|| q.clone());
+        p = Problem::varlen(p, q, &kv)?;
+    }
+    if let Some(v) = file.and_then(|f| f.varlen) {
+        p = Problem::varlen(p, v.seqlens_q, v.seqlens_kv)?;
+    }
     p.dtype = a.dtype.unwrap_or(p.dtype);
     p.causal = a.causal || p.causal;
     p.scale = a.scale.or(p.scale);
@@ -159,7 +172,7 @@ pub struct Vary {
 }
 
 pub const VARY_KEYS: &str = "kernel, dtype, batch, heads, seq, seq-q, seq-kv, head-dim, causal, layout, \
-                             heads-kv, window, sliding-window, softcap, sinks";
+                             heads-kv, window, sliding-window, softcap, sinks, seqlens-q, seqlens-kv";
 
 /// `L<sep>R` of a window (`-1` = unbounded); each side must be `-1` or a key count `>= 0`.
 pub fn parse_window(s: &str, what: &str, sep: char) -> Result<(i32, i32), Error> {
@@ -214,6 +227,14 @@ pub fn parse_vary(s: &str) -> Result<Vary, Error> {
     let mut p = Problem::default();
     let mut kernel = KernelKind::Flash;
     for value in &values {
+        if key == "seqlens-kv" {
+            // Needs the run's --seqlens-q; checked per run. Here: the numbers.
+            for n in value.split(':') {
+                n.parse::<u32>()
+                    .map_err(|_| Error::Usage(format!("--vary {key}: `{n}` is not a non-negative integer")))?;
+            }
+            continue;
+        }
         apply_vary(&key, value, &mut p, &mut kernel)?;
     }
     Ok(Vary { key, values })
@@ -264,6 +285,22 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
             }
         }
         "sinks" => p.sinks = parse_bool(key, value)?,
+        "seqlens-q" | "seqlens-kv" => {
+            let lens: Vec<u32> = value.split(':').map(num).collect::<Result<_, _>>()?;
+            let (q, kv) = match (key, p.varlen) {
+                ("seqlens-q", Some(v)) if v.seqlens_kv.len() == lens.len() && v.seqlens_kv != v.seqlens_q => {
+                    (lens.clone(), v.seqlens_kv.to_vec())
+                }
+                ("seqlens-q", _) => (lens.clone(), lens.clone()),
+                (_, Some(v)) => (v.seqlens_q.to_vec(), lens.clone()),
+                (_, None) => {
+                    return Err(Error::Usage(
+                        "--vary seqlens-kv needs --seqlens-q (the query lengths of the same sequences)".into(),
+                    ))
+                }
+            };
+            *p = Problem::varlen(*p, &q, &kv)?;
+        }
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
     }
     Ok(())

@@ -47,16 +47,21 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             seq_kv: problem.seq_kv,
             head_dim: problem.head_dim,
             heads_kv: problem.kv_heads(),
+            varlen: problem.varlen,
         };
         write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse)?;
         if !cli.json {
-            println!(
-                "wrote o {:?} {} and lse {:?} f32 to {}",
-                [shape.batch, shape.seq_q, shape.heads, shape.head_dim],
-                problem.dtype,
-                [shape.batch, shape.heads, shape.seq_q],
-                path.display()
-            );
+            let (o_shape, lse_shape) = match problem.varlen {
+                Some(_) => {
+                    let t = problem.total_q() as u32;
+                    (vec![t, shape.heads, shape.head_dim], vec![shape.heads, t])
+                }
+                None => (
+                    vec![shape.batch, shape.seq_q, shape.heads, shape.head_dim],
+                    vec![shape.batch, shape.heads, shape.seq_q],
+                ),
+            };
+            println!("wrote o {o_shape:?} {} and lse {lse_shape:?} f32 to {}", problem.dtype, path.display());
         }
     }
     let mut v = serde_json::to_value(&report).unwrap_or_default();
