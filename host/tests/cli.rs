@@ -791,3 +791,21 @@ fn varlen_files_and_bad_cu_seqlens() {
     assert_bad_input(&["run", "--seqlens-q", "3,4", "--seqlens-kv", "5"], "2 query lengths and 1 key lengths");
     assert_bad_input(&["run", "--seqlens-q", "3,4", "--layout", "bhsd"], "use --layout bshd");
 }
+
+/// `memattn check`: the fixed sweep passes for the committed f32 flash kernel at d64, listing
+/// every case (the table's JSON form); an unknown family/dtype pair is bad usage.
+#[test]
+fn check_sweep_passes_and_lists_its_cases() {
+    let o = memattn(&["--backend", "vm", "--json", "check", "--kernel", "flash", "--dtype", "f32", "--head-dim", "64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 17);
+    assert!(cases.iter().all(|c| c["passed"] == true), "{cases:?}");
+    let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
+    for want in ["tails", "seq_q > seq_kv", "gqa 8 (mqa)", "window in tile", "varlen causal"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    assert_eq!(v["failed"], 0);
+    assert_bad_input(&["check", "--head-dim", "96"], "96");
+}

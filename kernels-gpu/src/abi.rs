@@ -221,21 +221,6 @@ impl AttnParams {
     }
 }
 
-/// See [`AttnParams::key_end`].
-#[inline(always)]
-pub fn causal_key_end(causal: bool, i: u32, seq_q: u32, seq_kv: u32) -> i64 {
-    if causal {
-        let e = i as i64 + 1 + seq_kv as i64 - seq_q as i64;
-        if e < seq_kv as i64 {
-            e
-        } else {
-            seq_kv as i64
-        }
-    } else {
-        seq_kv as i64
-    }
-}
-
 /// One block's sequence: parameters with its lengths, the batch index to address Q/K/V/O with,
 /// and the packed row of its first query (`q0`) and key (`k0`); `q0 = k0 = 0` without varlen.
 #[derive(Clone, Copy, Debug, PartialEq)]

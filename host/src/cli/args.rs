@@ -21,6 +21,7 @@ Examples:
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
   memattn kernels                                  entry points, parameters, ptxas resources
   memattn trace --kernel flash --thread 5          the instructions one VM thread executes
+  memattn check --kernel flash --dtype f32         the bug-catching sweep: pass/fail per case
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -94,6 +95,13 @@ pub enum Command {
     /// VM only: print the instructions one thread of one kernel executes, with the registers it
     /// writes (for learning how the kernel works).
     Trace(TraceArgs),
+    /// For kernel authors: a fixed sweep of the shapes that catch the usual bugs (tails that are
+    /// not tile multiples, fully masked causal rows, seq 1, several blocks/heads/batches,
+    /// BSHD/BHSD, GQA ratios 1/4/8, windows crossing tile edges, soft cap and sinks, varlen with an
+    /// empty and a length-1 sequence) for one kernel family and dtype, every row checked against
+    /// the f64 reference; prints a pass/fail table, exits 1 on a failed case (3 if a case hit a
+    /// device or kernel error).
+    Check(CheckArgs),
 }
 
 /// The attention problem. Unset options take the defaults shown (or the shape of `--inputs`).
@@ -250,6 +258,22 @@ pub struct TraceArgs {
     pub max_entries: usize,
     #[command(flatten)]
     pub problem: ProblemArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// naive or flash [default: flash].
+    #[arg(long, value_name = "naive|flash")]
+    pub kernel: Option<KernelKind>,
+    /// f32, bf16 or f16 [default: f32].
+    #[arg(long, value_name = "f32|bf16|f16")]
+    pub dtype: Option<Dtype>,
+    /// Only this head dim [default: every flash head dim of the dtype; 64 and 128 for naive].
+    #[arg(long, value_name = "D")]
+    pub head_dim: Option<u32>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    pub seed: u64,
 }
 
 /// A VM shared-memory check `--vm-allow` can turn off.

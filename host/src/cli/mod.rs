@@ -1,6 +1,7 @@
 //! The `memattn` command line: argument definitions and one function per subcommand.
 
 pub mod args;
+mod check;
 mod compare;
 mod doctor;
 mod run;
@@ -34,6 +35,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Doctor => doctor::doctor(cli),
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
+        Command::Check(a) => check::check(cli, a),
     }
 }
 
