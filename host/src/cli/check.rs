@@ -107,7 +107,7 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             "check: {kernel} {dtype}, head dims {dims:?}, {} cases, every query row against the f64 reference",
             all.len()
         );
-        println!("{:<6} {:<22} {:<6} {:>10} {:>10}  {}", "d", "case", "result", "O rel RMS", "bound", "catches");
+        println!("{:<6} {:<22} {:<6} {:>10} {:>10}  catches", "d", "case", "result", "O rel RMS", "bound");
     }
     let (mut failed, mut device_errors) = (0, 0);
     let mut rows = Vec::new();
