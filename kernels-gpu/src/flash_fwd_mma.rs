@@ -238,14 +238,25 @@ pub(crate) unsafe fn flash_fwd<
                 unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
             });
         }
-        if (kv0 + BC) as i64 > first_row_end || (kv0 as i64) < last_row_start {
-            let c0 = (kv0 + 2 * t) as i32;
+        // The end of the window (and seq_kv) only in tiles past the first row's end, its start
+        // only in tiles before the last row's start: a tile inside every row's window is not
+        // masked at all.
+        let c0 = (kv0 + 2 * t) as i32;
+        if (kv0 + BC) as i64 > first_row_end {
             let hi = [row_end[0] - c0, row_end[1] - c0];
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => {
+                    if (8 * n + e % 2) as i32 >= hi[e / 2] {
+                        s[n][e] = f32::NEG_INFINITY;
+                    }
+                });
+            });
+        }
+        if (kv0 as i64) < last_row_start {
             let lo = [row_start[0] - c0, row_start[1] - c0];
             unroll!(n in 0..NS => {
                 unroll!(e in 0..4 => {
-                    let c = (8 * n + e % 2) as i32;
-                    if c >= hi[e / 2] || c < lo[e / 2] {
+                    if ((8 * n + e % 2) as i32) < lo[e / 2] {
                         s[n][e] = f32::NEG_INFINITY;
                     }
                 });
