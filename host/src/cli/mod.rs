@@ -247,6 +247,11 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
     let num = |v: &str| -> Result<u32, Error> {
         v.parse::<u32>().map_err(|_| Error::Usage(format!("--vary {key}: `{v}` is not a non-negative integer")))
     };
+    if p.varlen.is_some() && matches!(key, "batch" | "seq" | "seq-q" | "seq-kv") {
+        return Err(Error::Usage(format!(
+            "--vary {key} with --seqlens-q: a varlen batch takes its batch and lengths from the lists; vary seqlens-q instead"
+        )));
+    }
     match key {
         "kernel" => {
             *kernel = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
