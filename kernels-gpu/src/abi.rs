@@ -248,3 +248,71 @@ impl ByteWriter<'_> {
 }
 
 pub use crate::variants::KernelId;
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    /// `to_bytes` writes exactly the `repr(C)` layout the kernels read (every field distinct, so
+    /// a swapped or missing field shows).
+    #[test]
+    fn to_bytes_is_the_repr_c_layout() {
+        let s = |x: u64| Strides { batch: x, seq: x + 1, head: x + 2 };
+        let p = AttnParams {
+            q: 1,
+            k: 2,
+            v: 3,
+            o: 4,
+            lse: 5,
+            scores: 6,
+            q_strides: s(10),
+            k_strides: s(20),
+            v_strides: s(30),
+            o_strides: s(40),
+            batch: 50,
+            heads: 51,
+            seq_q: 52,
+            seq_kv: 53,
+            head_dim: 54,
+            causal: 1,
+            softmax_scale: 0.5,
+            heads_kv: 55,
+            window_left: -1,
+            window_right: 7,
+            softcap: 2.5,
+            _pad: 0,
+            sinks: 60,
+            cu_seqlens_q: 61,
+            cu_seqlens_kv: 62,
+            total_q: 63,
+            _pad2: 0,
+        };
+        // SAFETY: AttnParams is repr(C), Copy, and has no padding bytes (size asserted above).
+        let raw: [u8; ATTN_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };
+        assert_eq!(p.to_bytes(), raw);
+        assert_eq!(AttnParams::default().window_left, -1);
+        assert_eq!(AttnParams::default().kv_head(3), 3);
+    }
+
+    #[test]
+    fn key_range_and_kv_head() {
+        let p = AttnParams {
+            seq_q: 5,
+            seq_kv: 8,
+            window_left: 2,
+            window_right: 1,
+            heads: 8,
+            heads_kv: 2,
+            ..Default::default()
+        };
+        // Row 0: diagonal at key 3, sees 1..=4.
+        assert_eq!(p.key_range(0), (1, 5));
+        assert_eq!(p.key_range(4), (5, 8));
+        assert_eq!(AttnParams { causal: 1, ..p }.key_range(0), (1, 4));
+        assert_eq!((p.kv_head(0), p.kv_head(3), p.kv_head(4), p.kv_head(7)), (0, 0, 1, 1));
+        let s = p.sequence(10, 13, 20, 20);
+        assert_eq!((s.p.seq_q, s.p.seq_kv, s.q0, s.k0, s.b), (3, 0, 10, 20, 0));
+        assert_eq!(AttnParams { cu_seqlens_q: 8, total_q: 40, ..p }.lse_offset(0, 2, 11), 91);
+        assert_eq!(p.lse_offset(1, 2, 3), (8 + 2) * 5 + 3);
+    }
+}
