@@ -809,3 +809,25 @@ fn check_sweep_passes_and_lists_its_cases() {
     assert_eq!(v["failed"], 0);
     assert_bad_input(&["check", "--head-dim", "96"], "96");
 }
+
+/// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
+/// window in the JSON and the same thread-instruction count, verified.
+#[test]
+fn sliding_window_is_window_w_minus_1_causal() {
+    let run = |args: &[&str]| -> serde_json::Value {
+        let mut a = vec!["--backend", "vm", "--json", "run", "--heads", "1", "--seq", "100"];
+        a.extend_from_slice(args);
+        let o = memattn(&a);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let a = run(&["--sliding-window", "16"]);
+    let b = run(&["--window", "15,0", "--causal"]);
+    for v in [&a, &b] {
+        assert_eq!((v["shape"]["window_left"].as_i64(), v["shape"]["window_right"].as_i64()), (Some(15), Some(0)));
+        assert_eq!(v["shape"]["causal"], true);
+        assert_eq!(v["verified"], true);
+    }
+    assert_eq!(a["vm_thread_instructions"], b["vm_thread_instructions"]);
+    assert_eq!(a["flops"], 4.0 * 64.0 * (16.0 * 100.0 - 15.0 * 16.0 / 2.0));
+}
