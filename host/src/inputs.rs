@@ -4,12 +4,14 @@
 use crate::problem::{Layout, Problem};
 use crate::rng::SplitMix64;
 
-/// Q, K and V of one problem, BSHD, as f32 values (for a 16-bit problem: values of the dtype).
-#[derive(Clone, Debug, PartialEq)]
+/// Q, K and V of one problem, BSHD, as f32 values (for a 16-bit problem: values of the dtype); K
+/// and V have `heads_kv` heads. `sinks`: one f32 logit per query head, or empty for none.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Qkv {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    pub sinks: Vec<f32>,
 }
 
 impl Qkv {
@@ -24,7 +26,14 @@ impl Qkv {
         let q = normals(p.dtype, seed, 0, nq);
         let k = normals(p.dtype, seed, nq, nkv);
         let v = normals(p.dtype, seed, nq + nkv, nkv);
-        Qkv { q, k, v }
+        // Sinks (f32 whatever the dtype): the next `heads` normals of the stream, plus 1, so a
+        // sink weighs about as much as a typical key.
+        let sinks = if p.sinks {
+            normals(crate::dtype::Dtype::F32, seed, nq + 2 * nkv, p.heads as u64).into_iter().map(|x| x + 1.0).collect()
+        } else {
+            Vec::new()
+        };
+        Qkv { q, k, v, sinks }
     }
 
     /// True when every value is exactly representable in `dtype`.

@@ -3,7 +3,12 @@
 //! | buffer | bytes | naive | flash |
 //! |---|---|---|---|
 //! | Q | `batch·seq_q·heads·d·size` | input | input |
-//! | K, V | `batch·seq_kv·heads·d·size` each | input | input |
+//! | K, V | `batch·seq_kv·heads_kv·d·size` each | input | input |
+//! | sinks (with `--sinks`) | `4·heads` | input | input |
+//! | cu_seqlens q, kv (varlen) | `4·(batch+1)` each | input | input |
+//!
+//! Varlen: Q/K/V/O and LSE count the packed totals (`total_q`, `total_kv` rows), and naive's S
+//! is `[batch, heads, longest seq_q, longest seq_kv]` (padded).
 //! | O | `batch·seq_q·heads·d·size` | output | output |
 //! | LSE | `4·batch·heads·seq_q` | workspace | workspace |
 //! | S | `4·batch·heads·seq_q·seq_kv` | workspace | — |
@@ -42,7 +47,9 @@ impl AnalyticBytes {
             KernelKind::Naive => p.score_elems() * 4,
             KernelKind::Flash => 0,
         };
-        let inputs = q + 2 * kv;
+        let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
+        let cu_seqlens = if p.varlen.is_some() { 2 * 4 * (p.batch as u64 + 1) } else { 0 };
+        let inputs = q + 2 * kv + sinks + cu_seqlens;
         let outputs = q;
         let workspace = lse + scores;
         AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }

@@ -4,7 +4,7 @@
 
 use crate::caps::DeviceCaps;
 use crate::dtype::Dtype;
-use kernels_gpu::abi::{causal_key_end, Strides};
+use kernels_gpu::abi::Strides;
 use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use kernels_gpu::variants::LaunchShape;
 use kernels_gpu::KernelId;
@@ -128,7 +128,8 @@ pub struct ParseEnumError {
     pub expected: &'static str,
 }
 
-/// One attention problem: `O = softmax(scale · Q Kᵀ [+ causal mask]) V`, plus `LSE` per query row.
+/// One attention problem: `O = softmax(scale · Q Kᵀ [+ mask]) V`, plus `LSE` per query row, with
+/// the options of `docs/semantics.md` (GQA/MQA, window, soft cap, sinks).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Problem {
     pub batch: u32,
@@ -142,6 +143,57 @@ pub struct Problem {
     #[serde(skip)]
     pub scale: Option<f32>,
     pub layout: Layout,
+    /// Heads of K and V (GQA/MQA); `None` means `heads`. Must divide `heads`.
+    pub heads_kv: Option<u32>,
+    /// Window `(left, right)`, `-1` = unbounded: query `i` sees key `j` iff
+    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`; `causal` sets `right = 0`.
+    pub window: (i32, i32),
+    /// Logit soft cap `c` (`0` = off): scores are `c · tanh(scale · q·k / c)`.
+    pub softcap: f32,
+    /// Per-head sink logits join the softmax denominator (values in [`crate::inputs::Qkv::sinks`]).
+    pub sinks: bool,
+    /// Varlen batch: `batch` packed sequences of these lengths (then `seq_q` / `seq_kv` are the
+    /// longest; built by [`Problem::varlen`]).
+    pub varlen: Option<Varlen>,
+}
+
+/// The sequence lengths of a varlen batch (`batch` entries each). Leaked once per problem so
+/// that [`Problem`] stays `Copy`; a run builds one or a handful.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Varlen {
+    pub seqlens_q: &'static [u32],
+    pub seqlens_kv: &'static [u32],
+}
+
+impl Varlen {
+    /// `batch + 1` prefix sums (first 0), as `cu_seqlens` are.
+    pub fn cu(lens: &[u32]) -> Vec<u32> {
+        let mut cu = Vec::with_capacity(lens.len() + 1);
+        let mut t = 0u32;
+        cu.push(0);
+        for &l in lens {
+            t += l;
+            cu.push(t);
+        }
+        cu
+    }
+    /// Lengths from `cu_seqlens` (validated: first 0, non-decreasing).
+    pub fn lens_from_cu(cu: &[u32], what: &str) -> Result<Vec<u32>, String> {
+        if cu.len() < 2 {
+            return Err(format!("{what} has {} entries; it needs batch + 1 >= 2 prefix sums", cu.len()));
+        }
+        if cu[0] != 0 {
+            return Err(format!("{what}[0] is {}; the prefix sums must start at 0", cu[0]));
+        }
+        if let Some(b) = (1..cu.len()).find(|&b| cu[b] < cu[b - 1]) {
+            return Err(format!(
+                "{what} decreases at entry {b} ({} after {}); the prefix sums must be non-decreasing",
+                cu[b],
+                cu[b - 1]
+            ));
+        }
+        Ok(cu.windows(2).map(|w| w[1] - w[0]).collect())
+    }
 }
 
 /// The shape part of a problem as it appears in JSON output.
@@ -155,6 +207,16 @@ pub struct ShapeJson {
     pub causal: bool,
     pub softmax_scale: f32,
     pub layout: Layout,
+    pub heads_kv: u32,
+    /// `-1`: unbounded (after `causal`, which sets the right side to 0).
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub sinks: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seqlens_q: Option<&'static [u32]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seqlens_kv: Option<&'static [u32]>,
 }
 
 impl Default for Problem {
@@ -170,6 +232,11 @@ impl Default for Problem {
             causal: false,
             scale: None,
             layout: Layout::Bshd,
+            heads_kv: None,
+            window: (-1, -1),
+            softcap: 0.0,
+            sinks: false,
+            varlen: None,
         }
     }
 }
@@ -190,6 +257,14 @@ pub enum ProblemError {
     Alignment { entry: &'static str, what: String, got: String, need: &'static str },
     #[error("softmax scale must be finite (got {0})")]
     BadScale(f32),
+    #[error("heads_kv {heads_kv} must divide heads {heads} (query head h reads K/V head h / (heads / heads_kv))")]
+    HeadsKv { heads: u32, heads_kv: u32 },
+    #[error("window {side} {got} is invalid: each side is -1 (unbounded) or a number of keys >= 0")]
+    BadWindow { side: &'static str, got: i32 },
+    #[error("softcap {0} is invalid: it must be 0 (off) or a finite number > 0")]
+    BadSoftcap(f32),
+    #[error("varlen: {0}")]
+    Varlen(String),
     #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
     GridLimit { kernel: KernelKind, entry: &'static str, axis: char, got: u64, limit: u64, why: &'static str },
     #[error(
@@ -235,33 +310,148 @@ impl Problem {
             causal: self.causal,
             softmax_scale: self.softmax_scale(),
             layout: self.layout,
+            heads_kv: self.kv_heads(),
+            window_left: self.window.0,
+            window_right: self.window_right(),
+            softcap: self.softcap,
+            sinks: self.sinks,
+            seqlens_q: self.varlen.map(|v| v.seqlens_q),
+            seqlens_kv: self.varlen.map(|v| v.seqlens_kv),
         }
     }
 
-    /// Elements of Q and O (`batch * seq_q * heads * head_dim`).
-    pub fn q_elems(&self) -> u64 {
-        self.batch as u64 * self.seq_q as u64 * self.heads as u64 * self.head_dim as u64
-    }
-    /// Elements of K and of V.
-    pub fn kv_elems(&self) -> u64 {
-        self.batch as u64 * self.seq_kv as u64 * self.heads as u64 * self.head_dim as u64
-    }
-    /// Query rows (`batch * heads * seq_q`), also the number of LSE values.
-    pub fn rows(&self) -> u64 {
-        self.batch as u64 * self.heads as u64 * self.seq_q as u64
-    }
-    /// Elements of the naive score matrix S.
-    pub fn score_elems(&self) -> u64 {
-        self.rows() * self.seq_kv as u64
+    /// A varlen batch of `base`'s other options: `seqlens_q.len()` sequences (the batch),
+    /// `seq_q` / `seq_kv` the longest lengths. `seqlens_kv` must have as many entries.
+    pub fn varlen(base: Problem, seqlens_q: &[u32], seqlens_kv: &[u32]) -> Result<Problem, ProblemError> {
+        if seqlens_q.is_empty() || seqlens_q.len() != seqlens_kv.len() {
+            return Err(ProblemError::Varlen(format!(
+                "{} query lengths and {} key lengths; both lists need one length per sequence (at least one)",
+                seqlens_q.len(),
+                seqlens_kv.len()
+            )));
+        }
+        for (what, l) in [("query", seqlens_q), ("key", seqlens_kv)] {
+            let total: u64 = l.iter().map(|&x| x as u64).sum();
+            if total > u32::MAX as u64 / 2 {
+                return Err(ProblemError::Varlen(format!("the {what} lengths add up to {total}, over 2^31 - 1")));
+            }
+        }
+        let leak = |v: &[u32]| -> &'static [u32] { Box::leak(v.to_vec().into_boxed_slice()) };
+        Ok(Problem {
+            batch: seqlens_q.len() as u32,
+            seq_q: seqlens_q.iter().copied().max().unwrap_or(0),
+            seq_kv: seqlens_kv.iter().copied().max().unwrap_or(0),
+            varlen: Some(Varlen { seqlens_q: leak(seqlens_q), seqlens_kv: leak(seqlens_kv) }),
+            ..base
+        })
     }
 
-    /// Keys query row `i` attends to (bottom-right aligned causal mask).
+    /// Total query rows (`batch * seq_q`, or the sum of the varlen lengths).
+    pub fn total_q(&self) -> u64 {
+        match self.varlen {
+            Some(v) => v.seqlens_q.iter().map(|&x| x as u64).sum(),
+            None => self.batch as u64 * self.seq_q as u64,
+        }
+    }
+    /// Total key rows.
+    pub fn total_kv(&self) -> u64 {
+        match self.varlen {
+            Some(v) => v.seqlens_kv.iter().map(|&x| x as u64).sum(),
+            None => self.batch as u64 * self.seq_kv as u64,
+        }
+    }
+    /// `(seq_q, seq_kv)` of sequence `b`.
+    pub fn seq_lens(&self, b: u32) -> (u32, u32) {
+        match self.varlen {
+            Some(v) => (v.seqlens_q[b as usize], v.seqlens_kv[b as usize]),
+            None => (self.seq_q, self.seq_kv),
+        }
+    }
+    /// Packed row (in `[total, heads, d]` / BSHD order) of query `i` of sequence `b`.
+    pub fn q_row(&self, b: u32, i: u32) -> u64 {
+        match self.varlen {
+            Some(v) => v.seqlens_q[..b as usize].iter().map(|&x| x as u64).sum::<u64>() + i as u64,
+            None => b as u64 * self.seq_q as u64 + i as u64,
+        }
+    }
+    /// Packed row of key `j` of sequence `b`.
+    pub fn kv_row(&self, b: u32, j: u32) -> u64 {
+        match self.varlen {
+            Some(v) => v.seqlens_kv[..b as usize].iter().map(|&x| x as u64).sum::<u64>() + j as u64,
+            None => b as u64 * self.seq_kv as u64 + j as u64,
+        }
+    }
+    /// Index of LSE `(b, h, i)`: `[batch, heads, seq_q]`, varlen `[heads, total_q]`.
+    pub fn lse_index(&self, b: u32, h: u32, i: u32) -> u64 {
+        match self.varlen {
+            Some(_) => h as u64 * self.total_q() + self.q_row(b, i),
+            None => (b as u64 * self.heads as u64 + h as u64) * self.seq_q as u64 + i as u64,
+        }
+    }
+
+    /// Heads of K and V.
+    pub fn kv_heads(&self) -> u32 {
+        self.heads_kv.unwrap_or(self.heads)
+    }
+
+    /// The right side of the window the kernels apply: 0 when causal, else `window.1`.
+    pub fn window_right(&self) -> i32 {
+        if self.causal {
+            0
+        } else {
+            self.window.1
+        }
+    }
+
+    /// Whether any key is masked by the window (causal included).
+    pub fn windowed(&self) -> bool {
+        self.window.0 >= 0 || self.window_right() >= 0
+    }
+
+    /// Keys `[start, end)` query row `i` sees (empty when `start >= end`), from the window rule
+    /// (for varlen: in a sequence of the longest lengths; see [`Problem::key_range_in`]).
+    pub fn key_range(&self, i: u32) -> (u64, u64) {
+        self.key_range_in(self.seq_q, self.seq_kv, i)
+    }
+
+    /// [`Problem::key_range`] in a sequence of `seq_q` queries and `seq_kv` keys.
+    pub fn key_range_in(&self, seq_q: u32, seq_kv: u32, i: u32) -> (u64, u64) {
+        let diag = i as i64 + seq_kv as i64 - seq_q as i64;
+        let (left, right) = (self.window.0, self.window_right());
+        let start = if left >= 0 { (diag - left as i64).max(0) } else { 0 };
+        let end = if right >= 0 { (diag + right as i64 + 1).min(seq_kv as i64) } else { seq_kv as i64 };
+        (start as u64, (end.max(start)) as u64)
+    }
+
+    /// Elements of Q and O (`batch * seq_q * heads * head_dim`; varlen: `total_q * heads * d`).
+    pub fn q_elems(&self) -> u64 {
+        self.total_q() * self.heads as u64 * self.head_dim as u64
+    }
+    /// Elements of K and of V (`batch * seq_kv * heads_kv * head_dim`; varlen: `total_kv * ...`).
+    pub fn kv_elems(&self) -> u64 {
+        self.total_kv() * self.kv_heads() as u64 * self.head_dim as u64
+    }
+    /// Query rows (`batch * heads * seq_q`, varlen `heads * total_q`), also the number of LSE values.
+    pub fn rows(&self) -> u64 {
+        self.heads as u64 * self.total_q()
+    }
+    /// Elements of the naive score matrix S.
+    /// (Varlen: `[batch, heads, longest seq_q, longest seq_kv]`, padded.)
+    pub fn score_elems(&self) -> u64 {
+        self.batch as u64 * self.heads as u64 * self.seq_q as u64 * self.seq_kv as u64
+    }
+
+    /// Keys query row `i` attends to (bottom-right aligned window, causal = right 0).
     pub fn keys_seen(&self, i: u32) -> u64 {
-        causal_key_end(self.causal, i, self.seq_q, self.seq_kv).max(0) as u64
+        let (s, e) = self.key_range(i);
+        e - s
     }
 
     /// Exact number of unmasked (query, key) pairs of one head.
     pub fn unmasked_pairs_per_head(&self) -> u64 {
+        if self.window.0 >= 0 || (!self.causal && self.window.1 >= 0) {
+            return (0..self.seq_q).map(|i| self.keys_seen(i)).sum();
+        }
         if !self.causal {
             return self.seq_q as u64 * self.seq_kv as u64;
         }
@@ -281,15 +471,37 @@ impl Problem {
     /// Useful floating-point operations: `4 · batch · heads · head_dim · unmasked pairs` (2 for
     /// QKᵀ and 2 for PV per pair and dim).
     pub fn flops(&self) -> f64 {
-        4.0 * self.batch as f64 * self.heads as f64 * self.head_dim as f64 * self.unmasked_pairs_per_head() as f64
+        let pairs = match self.varlen {
+            // Varlen: the pairs of every sequence (per head), not batch x one sequence's.
+            Some(_) => (0..self.batch)
+                .map(|b| {
+                    let (sq, sk) = self.seq_lens(b);
+                    (0..sq)
+                        .map(|i| {
+                            let (s, e) = self.key_range_in(sq, sk, i);
+                            e - s
+                        })
+                        .sum::<u64>()
+                })
+                .sum::<u64>() as f64,
+            None => self.batch as f64 * self.unmasked_pairs_per_head() as f64,
+        };
+        4.0 * self.heads as f64 * self.head_dim as f64 * pairs
     }
 
     /// Strides of Q/O and K/V in the device layout.
+    /// (Varlen: packed `[total, heads, d]`, addressed as batch 0.)
     pub fn q_strides(&self) -> Strides {
-        self.layout.strides(self.seq_q as u64, self.heads as u64, self.head_dim as u64)
+        match self.varlen {
+            Some(_) => Strides::bshd(self.total_q(), self.heads as u64, self.head_dim as u64),
+            None => self.layout.strides(self.seq_q as u64, self.heads as u64, self.head_dim as u64),
+        }
     }
     pub fn kv_strides(&self) -> Strides {
-        self.layout.strides(self.seq_kv as u64, self.heads as u64, self.head_dim as u64)
+        match self.varlen {
+            Some(_) => Strides::bshd(self.total_kv(), self.kv_heads() as u64, self.head_dim as u64),
+            None => self.layout.strides(self.seq_kv as u64, self.kv_heads() as u64, self.head_dim as u64),
+        }
     }
 
     /// The launch shape of the kernels (`batch`, `heads`, `seq_q`, `seq_kv`).
@@ -350,6 +562,26 @@ impl Problem {
         };
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
+        }
+        let hk = self.kv_heads();
+        if hk == 0 {
+            return Err(ProblemError::ZeroSize { name: "heads_kv" });
+        }
+        if !self.heads.is_multiple_of(hk) {
+            return Err(ProblemError::HeadsKv { heads: self.heads, heads_kv: hk });
+        }
+        for (side, w) in [("left", self.window.0), ("right", self.window.1)] {
+            if w < -1 {
+                return Err(ProblemError::BadWindow { side, got: w });
+            }
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return Err(ProblemError::BadSoftcap(self.softcap));
+        }
+        if self.varlen.is_some() && self.layout != Layout::Bshd {
+            return Err(ProblemError::Varlen(
+                "packed sequences are [total, heads, head_dim]: use --layout bshd (the default) with varlen".into(),
+            ));
         }
         self.check_alignment(kernel)?;
         let scale = self.softmax_scale();
@@ -532,6 +764,24 @@ mod tests {
                                                      // seq_q > seq_kv: the first seq_q - seq_kv rows see nothing.
         let p = Problem { seq_q: 6, seq_kv: 3, causal: true, ..Problem::default() };
         assert_eq!(p.unmasked_pairs_per_head(), 6); // rows 3,4,5 see 1,2,3
+    }
+
+    #[test]
+    fn gqa_window_and_softcap_are_validated() {
+        let p = Problem { heads: 8, heads_kv: Some(3), ..Problem::default() };
+        let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("heads_kv 3 must divide heads 8"), "{e}");
+        for hk in [1, 2, 4, 8] {
+            let p = Problem { heads: 8, heads_kv: Some(hk), ..Problem::default() };
+            assert!(p.validate_shape(KernelKind::Flash).is_ok());
+            assert_eq!(p.kv_elems(), 256 * hk as u64 * 64);
+        }
+        let e = Problem { window: (-2, 0), ..Problem::default() }.validate_shape(KernelKind::Naive).unwrap_err();
+        assert!(e.to_string().contains("window left -2"), "{e}");
+        for c in [-1.0, f32::NAN, f32::INFINITY] {
+            let e = Problem { softcap: c, ..Problem::default() }.validate_shape(KernelKind::Flash).unwrap_err();
+            assert!(e.to_string().contains("softcap"), "{e}");
+        }
     }
 
     #[test]

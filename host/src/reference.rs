@@ -48,10 +48,21 @@ impl RowSelection {
                 (affordable < total).then_some((affordable, seed))
             }
         };
-        let to_row = |r: u64| {
-            let i = (r % p.seq_q as u64) as u32;
-            let bh = r / p.seq_q as u64;
-            RowId { b: (bh / p.heads as u64) as u32, h: (bh % p.heads as u64) as u32, i }
+        // Varlen: row r is packed query t = r % total_q of head r / total_q, in the sequence
+        // whose prefix sums bracket t.
+        let cu = p.varlen.map(|v| crate::problem::Varlen::cu(v.seqlens_q));
+        let total_q = p.total_q();
+        let to_row = |r: u64| match &cu {
+            Some(cu) => {
+                let (h, t) = ((r / total_q) as u32, (r % total_q) as u32);
+                let b = cu.partition_point(|&c| c <= t) - 1;
+                RowId { b: b as u32, h, i: t - cu[b] }
+            }
+            None => {
+                let i = (r % p.seq_q as u64) as u32;
+                let bh = r / p.seq_q as u64;
+                RowId { b: (bh / p.heads as u64) as u32, h: (bh % p.heads as u64) as u32, i }
+            }
         };
         match pick {
             None => (0..total).map(to_row).collect(),
@@ -87,40 +98,76 @@ pub struct Reference {
     pub total_rows: u64,
 }
 
-/// Computes O and LSE in f64 for the selected rows. Inputs are BSHD.
+/// Whether query `i` sees key `j`, straight from the rule of `docs/semantics.md` (written here
+/// independently of the kernels' and the problem's range arithmetic): with `off = seq_kv - seq_q`,
+/// `i + off - left <= j <= i + off + right`, a side of `-1` unbounded, causal meaning `right = 0`.
+pub fn visible(p: &Problem, i: u32, j: u32) -> bool {
+    visible_in(p, p.seq_q, p.seq_kv, i, j)
+}
+
+/// [`visible`] in a sequence of `seq_q` queries and `seq_kv` keys (varlen: each sequence's own).
+pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool {
+    let off = seq_kv as i64 - seq_q as i64;
+    let (i, j) = (i as i64, j as i64);
+    let left = p.window.0 as i64;
+    let right = if p.causal { 0 } else { p.window.1 as i64 };
+    (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right)
+}
+
+/// Computes O and LSE in f64 for the selected rows. Inputs are BSHD (K and V with `heads_kv`
+/// heads; query head `h` reads K/V head `h / (heads / heads_kv)`). Soft cap:
+/// `s = c · tanh(scale · q·k / c)`. A sink logit joins the denominator only; LSE includes it.
 pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     let rows = selection.rows(p);
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
-    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    let hk = p.heads_kv.unwrap_or(p.heads) as usize;
+    let group = hh / hk.max(1);
     let scale = p.softmax_scale() as f64;
+    let cap = p.softcap as f64;
     let mut o = vec![0.0f64; rows.len() * d];
     let mut o_abs = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
-    let mut scores = vec![0.0f64; nk];
+    let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
     for (r, row) in rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
-        let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
-        let seen = p.keys_seen(row.i) as usize;
-        if seen == 0 {
-            lse[r] = f64::NEG_INFINITY; // O stays 0
-            continue;
-        }
-        let mut m = f64::NEG_INFINITY;
-        for (j, s) in scores.iter_mut().enumerate().take(seen) {
-            let k = &x.k[((b * nk + j) * hh + h) * d..][..d];
-            let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
-            *s = dot * scale;
+        let h = row.h as usize;
+        let kh = h / group;
+        // Varlen: the row's own sequence (its lengths, its packed rows); else batch b.
+        let (sq, sk) = p.seq_lens(row.b);
+        let scores = &mut scores[..sk as usize];
+        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+        let k0 = p.kv_row(row.b, 0) as usize;
+        let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
+        let mut m = sink;
+        for (j, s) in scores.iter_mut().enumerate() {
+            *s = if visible_in(p, sq, sk, row.i, j as u32) {
+                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
+                let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+                if cap > 0.0 {
+                    cap * (dot * scale / cap).tanh()
+                } else {
+                    dot * scale
+                }
+            } else {
+                f64::NEG_INFINITY
+            };
             m = m.max(*s);
         }
-        let mut l = 0.0f64;
-        for s in scores.iter_mut().take(seen) {
+        if m == f64::NEG_INFINITY {
+            lse[r] = f64::NEG_INFINITY; // no key, no sink: O stays 0
+            continue;
+        }
+        let mut l = (sink - m).exp();
+        for s in scores.iter_mut() {
             *s = (*s - m).exp();
             l += *s;
         }
         let orow = &mut o[r * d..(r + 1) * d];
         let arow = &mut o_abs[r * d..(r + 1) * d];
-        for (j, &pj) in scores.iter().enumerate().take(seen) {
-            let v = &x.v[((b * nk + j) * hh + h) * d..][..d];
+        for (j, &pj) in scores.iter().enumerate() {
+            if pj == 0.0 {
+                continue;
+            }
+            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
             for ((acc, abs), &vv) in orow.iter_mut().zip(arow.iter_mut()).zip(v) {
                 *acc += pj * vv as f64;
                 *abs += pj * (vv as f64).abs();
@@ -146,10 +193,70 @@ mod tests {
         // lse = ln(1 + 3) = ln 4.
         let p =
             Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
-        let x = Qkv { q: vec![1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0] };
+        let x = Qkv { q: vec![1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0], sinks: vec![] };
         let r = reference(&p, &x, &RowSelection::All);
         assert!((r.o[0] - 7.0).abs() < 1e-6, "{}", r.o[0]);
         assert!((r.lse[0] - 4f64.ln()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn window_ranges_match_the_rule_on_every_key() {
+        // The problem's ranges (used for FLOPs and by tests), the kernels' `AttnParams::key_range`
+        // and the reference's per-key rule must agree, for every window shape and seq_q vs seq_kv.
+        for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (64, 64), (70, 130)] {
+            for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
+                for causal in [false, true] {
+                    let p = Problem { seq_q: nq, seq_kv: nk, window, causal, ..Problem::default() };
+                    let ap = kernels_gpu::abi::AttnParams {
+                        seq_q: nq,
+                        seq_kv: nk,
+                        causal: causal as u32,
+                        window_left: window.0,
+                        window_right: window.1,
+                        ..Default::default()
+                    };
+                    let mut pairs = 0;
+                    for i in 0..nq {
+                        let seen: Vec<u32> = (0..nk).filter(|&j| visible(&p, i, j)).collect();
+                        pairs += seen.len() as u64;
+                        let (s, e) = p.key_range(i);
+                        assert_eq!(seen, (s as u32..e as u32).collect::<Vec<_>>(), "{p:?} row {i}");
+                        let (ks, ke) = ap.key_range(i);
+                        assert_eq!((ks.max(0) as u64, ke.max(ks).max(0) as u64), (s, e), "{p:?} row {i}");
+                    }
+                    assert_eq!(p.unmasked_pairs_per_head(), pairs, "{p:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hand_computed_gqa_sinks_and_softcap() {
+        // Two query heads share one K/V head (keys 0 and ln 3, values 4 and 8). Head 0's sink
+        // ln 4: weights 1, 3, (4) -> O = 28 / 8, LSE = ln 8; head 1's sink ln 12: O = 28 / 16,
+        // LSE = ln 16.
+        let p = Problem {
+            batch: 1,
+            heads: 2,
+            heads_kv: Some(1),
+            seq_q: 1,
+            seq_kv: 2,
+            head_dim: 1,
+            scale: Some(1.0),
+            sinks: true,
+            ..Problem::default()
+        };
+        let x =
+            Qkv { q: vec![1.0, 1.0], k: vec![0.0, 3f32.ln()], v: vec![4.0, 8.0], sinks: vec![4f32.ln(), 12f32.ln()] };
+        let r = reference(&p, &x, &RowSelection::All);
+        assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{:?}", r);
+        assert!((r.o[1] - 1.75).abs() < 1e-6 && (r.lse[1] - 16f64.ln()).abs() < 1e-6, "{:?}", r);
+        // Soft cap 1 on scores 0 and 3: tanh caps 3 at tanh(3) = 0.99505; no sinks.
+        let p = Problem { softcap: 1.0, sinks: false, ..p };
+        let x = Qkv { k: vec![0.0, 3.0], sinks: vec![], ..x };
+        let r = reference(&p, &x, &RowSelection::All);
+        let w = 3f64.tanh().exp();
+        assert!((r.o[0] - (4.0 + 8.0 * w) / (1.0 + w)).abs() < 1e-6 && (r.lse[0] - (1.0 + w).ln()).abs() < 1e-6);
     }
 
     #[test]
@@ -165,7 +272,7 @@ mod tests {
             scale: Some(1.0),
             ..Problem::default()
         };
-        let x = Qkv { q: vec![1.0, 1.0, 1.0], k: vec![0.0, 0.0], v: vec![2.0, 6.0] };
+        let x = Qkv { q: vec![1.0, 1.0, 1.0], k: vec![0.0, 0.0], v: vec![2.0, 6.0], sinks: vec![] };
         let r = reference(&p, &x, &RowSelection::All);
         assert_eq!(r.lse[0], f64::NEG_INFINITY);
         assert_eq!(r.o[0], 0.0);

@@ -20,7 +20,30 @@ pub fn describe_problem(p: &Problem) -> String {
         p.layout,
         if p.causal { " causal" } else { "" },
         p.softmax_scale()
-    )
+    ) + &describe_options(p)
+}
+
+/// The inference options of `docs/semantics.md` that differ from plain attention, as
+/// ` heads_kv 2 window 255,0 softcap 50 sinks` (empty when none is set).
+pub fn describe_options(p: &Problem) -> String {
+    let mut s = String::new();
+    if p.kv_heads() != p.heads {
+        let _ = write!(s, " heads_kv {}", p.kv_heads());
+    }
+    if p.window.0 >= 0 || (!p.causal && p.window.1 >= 0) {
+        let _ = write!(s, " window {},{}", p.window.0, p.window_right());
+    }
+    if p.softcap > 0.0 {
+        let _ = write!(s, " softcap {}", p.softcap);
+    }
+    if p.sinks {
+        s.push_str(" sinks");
+    }
+    if let Some(v) = p.varlen {
+        let list = |l: &[u32]| l.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+        let _ = write!(s, " varlen seqlens_q {} seqlens_kv {}", list(v.seqlens_q), list(v.seqlens_kv));
+    }
+    s
 }
 
 /// The memory plan stated before a run.

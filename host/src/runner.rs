@@ -9,7 +9,7 @@ use crate::dtype::Tolerance;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
-use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson};
+use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson, Varlen};
 use crate::reference::{reference, RowSelection};
 use crate::timing::{tflops, Timing};
 use crate::verify::{tolerance_for, verify, ErrorStats, Verification};
@@ -205,6 +205,9 @@ struct Buffers {
     o: DevPtr,
     lse: DevPtr,
     scores: DevPtr,
+    sinks: DevPtr,
+    cu_q: DevPtr,
+    cu_kv: DevPtr,
 }
 
 /// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`.
@@ -223,6 +226,16 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     if let Some(x) = inputs {
         // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
         // are allocated with.
+        let sinks_want = if p.sinks { p.heads as usize } else { 0 };
+        if x.sinks.len() != sinks_want {
+            return Err(Error::Usage(format!(
+                "{} sink logits given, the problem needs {sinks_want} (one per query head with sinks, none without)",
+                x.sinks.len()
+            )));
+        }
+        if let Some(bad) = x.sinks.iter().find(|s| !s.is_finite()) {
+            return Err(Error::Usage(format!("sink logit {bad} is not finite; sinks must be finite f32 logits")));
+        }
         if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
             return Err(Error::Usage(format!(
                 "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
@@ -270,8 +283,8 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     warnings.extend(check_score_range(&p, x, &spec.check)?);
     let (b, h, d) = (p.batch, p.heads, p.head_dim);
     let qd = to_layout(&x.q, p.layout, b, p.seq_q, h, d);
-    let kd = to_layout(&x.k, p.layout, b, p.seq_kv, h, d);
-    let vd = to_layout(&x.v, p.layout, b, p.seq_kv, h, d);
+    let kd = to_layout(&x.k, p.layout, b, p.seq_kv, p.kv_heads(), d);
+    let vd = to_layout(&x.v, p.layout, b, p.seq_kv, p.kv_heads(), d);
 
     let (def_warmup, def_repeats) = dev.default_warmup_repeats();
     let warmup = spec.warmup.unwrap_or(def_warmup);
@@ -297,12 +310,23 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             o: alloc(dev, p.q_elems() * es)?,
             lse: alloc(dev, analytic.lse)?,
             scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
+            sinks: if p.sinks { alloc(dev, 4 * p.heads as u64)? } else { 0 },
+            cu_q: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
+            cu_kv: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
         };
         check_pointer_alignment(&p, spec.kernel, buf.q, buf.k, buf.v, buf.o)
             .map_err(|e| DeviceError::Misaligned(e.to_string()))?;
         dev.upload_bytes(buf.q, &p.dtype.encode(&qd))?;
         dev.upload_bytes(buf.k, &p.dtype.encode(&kd))?;
         dev.upload_bytes(buf.v, &p.dtype.encode(&vd))?;
+        if let Some(vl) = p.varlen {
+            let enc = |lens: &[u32]| -> Vec<u8> { Varlen::cu(lens).iter().flat_map(|x| x.to_le_bytes()).collect() };
+            dev.upload_bytes(buf.cu_q, &enc(vl.seqlens_q))?;
+            dev.upload_bytes(buf.cu_kv, &enc(vl.seqlens_kv))?;
+        }
+        if buf.sinks != 0 {
+            dev.upload_bytes(buf.sinks, &crate::Dtype::F32.encode(&x.sinks))?;
+        }
         dev.memory_mark_allocated()?;
         let params = AttnParams {
             q: buf.q,
@@ -322,7 +346,16 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             head_dim: p.head_dim,
             causal: p.causal as u32,
             softmax_scale: p.softmax_scale(),
+            heads_kv: p.kv_heads(),
+            window_left: p.window.0,
+            window_right: p.window_right(),
+            softcap: p.softcap,
             _pad: 0,
+            sinks: buf.sinks,
+            cu_seqlens_q: buf.cu_q,
+            cu_seqlens_kv: buf.cu_kv,
+            total_q: if p.varlen.is_some() { p.total_q() as u32 } else { 0 },
+            _pad2: 0,
         };
         let bytes = params.to_bytes();
         let mut samples = Vec::new();

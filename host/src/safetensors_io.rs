@@ -1,7 +1,11 @@
 //! Reading Q, K, V from and writing O, LSE to `.safetensors` files.
 //!
-//! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads,
-//! head_dim]`, all three F32, BF16 or F16. With `--dtype` the tensors must have that dtype (a
+//! Input tensors: `q` `[batch, seq_q, heads, head_dim]`, `k` and `v` `[batch, seq_kv, heads_kv,
+//! head_dim]` (`heads_kv` divides `heads`: GQA/MQA), all three F32, BF16 or F16, and optionally
+//! `sinks` `[heads]` F32 (per-head sink logits, used with `--sinks`). Varlen files hold packed
+//! `q [total_q, heads, head_dim]`, `k`, `v [total_kv, heads_kv, head_dim]` and `cu_seqlens_q`,
+//! `cu_seqlens_kv` (I32 or U32, `batch + 1` prefix sums, first 0, non-decreasing, last = the
+//! packed length); their outputs are `o [total_q, heads, head_dim]` and `lse [heads, total_q]`. With `--dtype` the tensors must have that dtype (a
 //! mismatch is an error, nothing is converted); without it the problem takes the file's dtype,
 //! which must then be the same for q, k and v. Output: `o` `[batch, seq_q, heads, head_dim]` in
 //! the problem's dtype and `lse` `[batch, heads, seq_q]` F32.
@@ -48,6 +52,11 @@ pub struct FileShape {
     pub seq_q: u32,
     pub seq_kv: u32,
     pub head_dim: u32,
+    /// Heads of `k` and `v`.
+    pub heads_kv: u32,
+    /// Varlen file: the sequence lengths (then `batch`, `seq_q`, `seq_kv` are the count and the
+    /// longest lengths).
+    pub varlen: Option<crate::problem::Varlen>,
 }
 
 /// Reads `q`, `k`, `v` of dtype `dtype` from `path`.
@@ -85,6 +94,7 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
             (d, true)
         }
     };
+    let varlen = st.tensor("cu_seqlens_q").is_ok();
     let get = |name: &'static str| -> Result<(Vec<usize>, Vec<f32>), InputError> {
         let t = tensor(name)?;
         if inferred && t.dtype() != dtype.safetensors() {
@@ -99,13 +109,20 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
                 dtype,
             });
         }
-        let shape = t.shape().to_vec();
+        let mut shape = t.shape().to_vec();
+        if varlen && shape.len() == 3 {
+            shape.insert(0, 1); // packed [total, heads, d] as [1, total, heads, d]
+        }
         if shape.len() != 4 {
             return Err(InputError::WrongShape {
                 path: path.into(),
                 name,
-                got: shape,
-                expected: "4 dimensions [batch, seq, heads, head_dim]".into(),
+                got: t.shape().to_vec(),
+                expected: if varlen {
+                    "3 dimensions [total, heads, head_dim] (a varlen file: it has cu_seqlens_q)".into()
+                } else {
+                    "4 dimensions [batch, seq, heads, head_dim]".into()
+                },
             });
         }
         for (dim, &n) in shape.iter().enumerate() {
@@ -118,25 +135,105 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
     let (qs, q) = get("q")?;
     let (ks, k) = get("k")?;
     let (vs, v) = get("v")?;
-    let shape = FileShape {
+    let mut shape = FileShape {
         batch: qs[0] as u32,
         seq_q: qs[1] as u32,
         heads: qs[2] as u32,
         head_dim: qs[3] as u32,
         seq_kv: ks[1] as u32,
+        heads_kv: ks[2] as u32,
+        varlen: None,
     };
-    let want_kv = [qs[0], ks[1], qs[2], qs[3]];
+    if varlen {
+        let cu = |name: &'static str| -> Result<Vec<u32>, InputError> {
+            let t = tensor(name)?;
+            let bad = |expected: String| InputError::WrongShape {
+                path: path.into(),
+                name,
+                got: t.shape().to_vec(),
+                expected,
+            };
+            if t.shape().len() != 1 {
+                return Err(bad("1 dimension [batch + 1] of I32 or U32 prefix sums".into()));
+            }
+            let words = t.data().chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]);
+            match t.dtype() {
+                safetensors::Dtype::U32 => Ok(words.map(u32::from_le_bytes).collect()),
+                safetensors::Dtype::I32 => words
+                    .map(i32::from_le_bytes)
+                    .map(|x| u32::try_from(x).map_err(|_| bad(format!("non-negative prefix sums (found {x})"))))
+                    .collect(),
+                other => Err(bad(format!("dtype I32 or U32 (got {other:?})"))),
+            }
+        };
+        let malformed = |message: String| InputError::Malformed { path: path.into(), message };
+        let (cq, ck) = (cu("cu_seqlens_q")?, cu("cu_seqlens_kv")?);
+        let lq = crate::problem::Varlen::lens_from_cu(&cq, "cu_seqlens_q").map_err(malformed)?;
+        let lk = crate::problem::Varlen::lens_from_cu(&ck, "cu_seqlens_kv").map_err(malformed)?;
+        if lq.len() != lk.len() {
+            return Err(malformed(format!(
+                "cu_seqlens_q has {} entries and cu_seqlens_kv {}; both need batch + 1",
+                cq.len(),
+                ck.len()
+            )));
+        }
+        for (name, last, total) in
+            [("cu_seqlens_q", cq[cq.len() - 1], qs[1]), ("cu_seqlens_kv", ck[ck.len() - 1], ks[1])]
+        {
+            if last as usize != total {
+                return Err(malformed(format!(
+                    "{name} ends at {last} but the packed tensor has {total} rows; the last prefix sum must equal the packed length"
+                )));
+            }
+        }
+        let leak = |v: Vec<u32>| -> &'static [u32] { Box::leak(v.into_boxed_slice()) };
+        shape.batch = lq.len() as u32;
+        shape.seq_q = lq.iter().copied().max().unwrap_or(0);
+        shape.seq_kv = lk.iter().copied().max().unwrap_or(0);
+        shape.varlen = Some(crate::problem::Varlen { seqlens_q: leak(lq), seqlens_kv: leak(lk) });
+    }
+    let want_kv = [qs[0], ks[1], ks[2], qs[3]];
     for (name, s) in [("k", &ks), ("v", &vs)] {
         if s.as_slice() != want_kv {
             return Err(InputError::WrongShape {
                 path: path.into(),
                 name,
                 got: s.clone(),
-                expected: format!("{want_kv:?} (batch, heads and head_dim of q; seq of k)"),
+                expected: format!("{want_kv:?} (batch and head_dim of q; seq and heads of k)"),
             });
         }
     }
-    Ok((shape, dtype, Qkv { q, k, v }))
+    if ks[2] == 0 || qs[2] % ks[2] != 0 {
+        return Err(InputError::WrongShape {
+            path: path.into(),
+            name: "k",
+            got: ks.clone(),
+            expected: format!("heads_kv (dimension 2) dividing q's heads {} (GQA/MQA)", qs[2]),
+        });
+    }
+    let sinks = match st.tensor("sinks") {
+        Err(_) => Vec::new(),
+        Ok(t) => {
+            if t.dtype() != safetensors::Dtype::F32 {
+                return Err(InputError::WrongShape {
+                    path: path.into(),
+                    name: "sinks",
+                    got: t.shape().to_vec(),
+                    expected: format!("F32 [{}] (got dtype {:?})", qs[2], t.dtype()),
+                });
+            }
+            if t.shape() != [qs[2]] {
+                return Err(InputError::WrongShape {
+                    path: path.into(),
+                    name: "sinks",
+                    got: t.shape().to_vec(),
+                    expected: format!("[{}] (one f32 logit per query head)", qs[2]),
+                });
+            }
+            Dtype::F32.decode(t.data())
+        }
+    };
+    Ok((shape, dtype, Qkv { q, k, v, sinks }))
 }
 
 /// Writes `o` (`[batch, seq_q, heads, head_dim]`, in `dtype`) and `lse` (`[batch, heads, seq_q]`,
@@ -146,8 +243,16 @@ pub fn write_outputs(path: &Path, shape: FileShape, dtype: Dtype, o: &[f32], lse
     let ob = dtype.encode(o);
     let lb = Dtype::F32.encode(lse);
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
-    let o_shape = vec![shape.batch as usize, shape.seq_q as usize, shape.heads as usize, shape.head_dim as usize];
-    let l_shape = vec![shape.batch as usize, shape.heads as usize, shape.seq_q as usize];
+    let (o_shape, l_shape) = match shape.varlen {
+        Some(v) => {
+            let total: usize = v.seqlens_q.iter().map(|&x| x as usize).sum();
+            (vec![total, shape.heads as usize, shape.head_dim as usize], vec![shape.heads as usize, total])
+        }
+        None => (
+            vec![shape.batch as usize, shape.seq_q as usize, shape.heads as usize, shape.head_dim as usize],
+            vec![shape.batch as usize, shape.heads as usize, shape.seq_q as usize],
+        ),
+    };
     let ot = TensorView::new(dtype.safetensors(), o_shape, &ob).map_err(err)?;
     let lt = TensorView::new(safetensors::Dtype::F32, l_shape, &lb).map_err(err)?;
     let bytes = safetensors::serialize([("o", ot), ("lse", lt)], None).map_err(err)?;
@@ -163,10 +268,34 @@ pub fn write_qkv(path: &Path, shape: FileShape, x: &Qkv) -> Result<(), InputErro
 pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Result<(), InputError> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
     let (b, h, d) = (shape.batch as usize, shape.heads as usize, shape.head_dim as usize);
+    let hk = shape.heads_kv as usize;
     let (qb, kb, vb) = (dtype.encode(&x.q), dtype.encode(&x.k), dtype.encode(&x.v));
+    let sb = Dtype::F32.encode(&x.sinks);
     let st = dtype.safetensors();
-    let q = TensorView::new(st, vec![b, shape.seq_q as usize, h, d], &qb).map_err(err)?;
-    let k = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &kb).map_err(err)?;
-    let v = TensorView::new(st, vec![b, shape.seq_kv as usize, h, d], &vb).map_err(err)?;
-    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, path).map_err(err)
+    let enc_cu =
+        |lens: &[u32]| -> Vec<u8> { crate::problem::Varlen::cu(lens).iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (cqb, ckb) = match shape.varlen {
+        Some(vl) => (enc_cu(vl.seqlens_q), enc_cu(vl.seqlens_kv)),
+        None => (Vec::new(), Vec::new()),
+    };
+    let (qshape, kshape) = match shape.varlen {
+        Some(vl) => {
+            let sum = |l: &[u32]| l.iter().map(|&x| x as usize).sum::<usize>();
+            (vec![sum(vl.seqlens_q), h, d], vec![sum(vl.seqlens_kv), hk, d])
+        }
+        None => (vec![b, shape.seq_q as usize, h, d], vec![b, shape.seq_kv as usize, hk, d]),
+    };
+    let q = TensorView::new(st, qshape, &qb).map_err(err)?;
+    let k = TensorView::new(st, kshape.clone(), &kb).map_err(err)?;
+    let v = TensorView::new(st, kshape, &vb).map_err(err)?;
+    let mut tensors = vec![("q", q), ("k", k), ("v", v)];
+    if shape.varlen.is_some() {
+        let n = cqb.len() / 4;
+        tensors.push(("cu_seqlens_q", TensorView::new(safetensors::Dtype::U32, vec![n], &cqb).map_err(err)?));
+        tensors.push(("cu_seqlens_kv", TensorView::new(safetensors::Dtype::U32, vec![n], &ckb).map_err(err)?));
+    }
+    if !x.sinks.is_empty() {
+        tensors.push(("sinks", TensorView::new(safetensors::Dtype::F32, vec![x.sinks.len()], &sb).map_err(err)?));
+    }
+    safetensors::serialize_to_file(tensors, None, path).map_err(err)
 }

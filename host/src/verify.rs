@@ -163,34 +163,50 @@ impl Acc {
 pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>, Vec<f32>) {
     let dt = p.dtype;
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
-    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    let nk = p.seq_kv as usize;
     let scale = p.softmax_scale();
     let mut o = vec![0f32; reference.rows.len() * d];
     let mut lse = vec![f32::NEG_INFINITY; reference.rows.len()];
     let mut e = vec![0f32; nk];
     let mut acc = vec![0f32; d];
+    // GQA/MQA, window, soft cap and sinks as in the reference (`docs/semantics.md`).
+    let hk = p.kv_heads() as usize;
+    let cap = p.softcap;
     for (r, row) in reference.rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
-        let q = &x.q[((b * nq + i) * hh + h) * d..][..d];
-        let seen = p.keys_seen(row.i) as usize;
-        if seen == 0 {
-            continue; // O = 0, LSE = -inf
-        }
-        let mut m = f32::NEG_INFINITY;
-        for (j, s) in e.iter_mut().enumerate().take(seen) {
-            let k = &x.k[((b * nk + j) * hh + h) * d..][..d];
-            *s = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>() * scale;
+        let h = row.h as usize;
+        let kh = h / (hh / hk);
+        let (sq, sk) = p.seq_lens(row.b);
+        let e = &mut e[..sk as usize];
+        let k0 = p.kv_row(row.b, 0) as usize;
+        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+        let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
+        let mut m = sink;
+        for (j, s) in e.iter_mut().enumerate() {
+            *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
+                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
+                let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
+                if cap > 0.0 {
+                    cap * (dot * scale / cap).tanh()
+                } else {
+                    dot * scale
+                }
+            } else {
+                f32::NEG_INFINITY
+            };
             m = m.max(*s);
         }
-        let mut l = 0f32;
-        for s in e.iter_mut().take(seen) {
+        if m == f32::NEG_INFINITY {
+            continue; // O = 0, LSE = -inf
+        }
+        let mut l = (sink - m).exp();
+        for s in e.iter_mut() {
             *s = (*s - m).exp();
             l += *s;
         }
         acc.fill(0.0);
-        for (j, &ej) in e.iter().enumerate().take(seen) {
+        for (j, &ej) in e.iter().enumerate() {
             let pj = dt.round(ej / l);
-            let v = &x.v[((b * nk + j) * hh + h) * d..][..d];
+            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
             for (a, &vv) in acc.iter_mut().zip(v) {
                 *a += pj * vv;
             }
@@ -303,16 +319,16 @@ pub fn tolerance_for(p: &Problem, x: &Qkv, reference: &Reference) -> Tolerance {
 
 /// Compares device O (BSHD, f32) and LSE (`[batch, heads, seq_q]`, f32) with `reference`.
 pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &Tolerance) -> Verification {
-    let (hh, d, nq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+    let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let (mut oa, mut la) = (Acc::default(), Acc::default());
     let mut unwritten = 0u64;
     let mut inf_mismatch = 0u64;
     let mut rows = RowWorst::default();
     for (r, row) in reference.rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
-        let got = &o[((b * nq + i) * hh + h) * d..][..d];
+        // Packed row and LSE index (varlen: `[total_q, heads, d]`, LSE `[heads, total_q]`).
+        let got = &o[(p.q_row(row.b, row.i) as usize * hh + row.h as usize) * d..][..d];
         let want = &reference.o[r * d..(r + 1) * d];
-        let (rel, abs, lse_rel) = row_errors(got, lse[(b * hh + h) * nq + i], reference, r, d);
+        let (rel, abs, lse_rel) = row_errors(got, lse[p.lse_index(row.b, row.h, row.i) as usize], reference, r, d);
         rows.add(*row, rel / tol.row_rel_rms, [rel, abs, lse_rel]);
         rows.add(*row, abs / tol.row_max_abs, [rel, abs, lse_rel]);
         rows.add(*row, lse_rel / tol.lse_row_max_abs, [rel, abs, lse_rel]);
@@ -323,7 +339,7 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
             }
             oa.add(g as f64, w);
         }
-        let g = lse[(b * hh + h) * nq + i];
+        let g = lse[p.lse_index(row.b, row.h, row.i) as usize];
         let w = reference.lse[r];
         if g.is_nan() {
             unwritten += 1;
@@ -586,7 +602,7 @@ mod row_local_tests {
         // rounding error scales with |v|, so the row's scale is (|v0| + |v1|) / 2 = 3.
         let p =
             Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
-        let x = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![3.0, -3.0] };
+        let x = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![3.0, -3.0], ..Qkv::default() };
         let r = reference(&p, &x, &RowSelection::All);
         assert_eq!(r.o[0], 0.0);
         assert_eq!(r.o_abs[0], 3.0);
@@ -594,7 +610,7 @@ mod row_local_tests {
         assert!((rel - 1e-6).abs() < 1e-12 && (abs - 1e-6).abs() < 1e-12, "{rel} {abs}");
         assert!(lse < 1e-7);
         // A row of scale 0 must match exactly.
-        let x0 = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![0.0, 0.0] };
+        let x0 = Qkv { q: vec![0.0], k: vec![1.0, 2.0], v: vec![0.0, 0.0], ..Qkv::default() };
         let r0 = reference(&p, &x0, &RowSelection::All);
         assert_eq!(row_errors(&[0.0], r0.lse[0] as f32, &r0, 0, 1).0, 0.0);
         assert_eq!(row_errors(&[1e-30], r0.lse[0] as f32, &r0, 0, 1).0, f64::INFINITY);

@@ -106,7 +106,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     let v = json(&o);
     let ks = v["kernels"].as_array().unwrap();
     let flash = ks.iter().find(|k| k["name"] == "flash_fwd_f32_d64").expect("flash d64 listed");
-    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[224]"));
     if memattn::ptx::ptxas_report().unwrap().is_some() {
         let res = flash["ptxas"].as_array().unwrap();
         assert!(res.iter().any(|r| r["arch"] == "sm_80" && r["dynamic_smem_bytes"] == 32768));
@@ -117,7 +117,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     assert_eq!(v["missing"].as_array().unwrap().len(), 0);
     for name in ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"] {
         let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
-        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[176]"));
+        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[224]"));
         assert!(k["vm_instructions"].as_u64().unwrap() > 0, "{name}: the VM decodes it");
         let report = memattn::ptx::ptxas_report().unwrap();
         if report.as_ref().is_some_and(|r| r.kernels.iter().any(|r| r.name == name)) {
@@ -160,7 +160,7 @@ fn bad_input_files_exit_2() {
     std::fs::write(&garbage, b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}").unwrap();
     assert_bad_input(&["run", "--inputs", garbage.to_str().unwrap()], "not a valid safetensors file");
 
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64, heads_kv: 2, varlen: None };
     let p = Problem { batch: 1, heads: 2, seq_q: 8, seq_kv: 8, head_dim: 64, ..Problem::default() };
     let x = Qkv::random(&p, 1);
 
@@ -179,12 +179,19 @@ fn bad_input_files_exit_2() {
     safetensors::serialize_to_file([("q", q)], None, &f).unwrap();
     assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "F64");
 
-    // Wrong shape: k with a different head count.
+    // Wrong shape: k with a head count that does not divide q's (2 heads; k has 3), and v whose
+    // heads differ from k's (K/V with 1 head for 2 query heads is GQA and valid).
     let f = tmp("shape.safetensors");
     let kb: Vec<u8> = x.k.iter().flat_map(|v| v.to_le_bytes()).collect();
     let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
+    let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 5, 3, 64], &kb[..960 * 4]).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 5, 3, 64], &kb[..960 * 4]).unwrap();
+    safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &f).unwrap();
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "dividing q's heads 2");
+    let f = tmp("shape_v.safetensors");
+    let q = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &qb).unwrap();
     let k = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
-    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 16, 1, 64], &kb).unwrap();
+    let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 8, 2, 64], &kb).unwrap();
     safetensors::serialize_to_file([("q", q), ("k", k), ("v", v)], None, &f).unwrap();
     assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "has shape");
 
@@ -427,7 +434,7 @@ fn bf16_safetensors_round_trip_and_dtype_mismatch() {
     let p =
         Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, dtype: Dtype::Bf16, ..Problem::default() };
     let x = Qkv::random(&p, 5);
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, heads_kv: 2, varlen: None };
     let inp = tmp("bf16_in.safetensors");
     let out = tmp("bf16_out.safetensors");
     write_qkv_as(&inp, shape, Dtype::Bf16, &x).unwrap();
@@ -479,7 +486,12 @@ fn run_inputs_output_round_trip_matches_the_reference() {
     let x = Qkv::random(&p, 77);
     let inp = tmp("rt_in.safetensors");
     let out = tmp("rt_out.safetensors");
-    write_qkv(&inp, FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128 }, &x).unwrap();
+    write_qkv(
+        &inp,
+        FileShape { batch: 2, heads: 1, seq_q: 24, seq_kv: 40, head_dim: 128, heads_kv: 1, varlen: None },
+        &x,
+    )
+    .unwrap();
     let o = memattn(&[
         "--backend",
         "vm",
@@ -666,4 +678,156 @@ fn a_missing_barrier_is_a_device_error_and_without_the_checks_a_wrong_answer() {
     let o = memattn(&[&["--backend", "vm", "--vm-allow", "racecheck,initcheck", "--ptx", p][..], &run[..]].concat());
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("initcheck and racecheck off"), "{}", stderr(&o));
+}
+
+#[test]
+fn inference_options_bad_values_exit_2_naming_value_and_rule() {
+    for (args, needle) in [
+        (&["run", "--heads", "6", "--heads-kv", "4"][..], "heads_kv 4 must divide heads 6"),
+        (&["run", "--heads-kv", "0"][..], "heads_kv must be at least 1"),
+        (&["run", "--window", "-2,0"][..], "the left side is -2"),
+        (&["run", "--window", "3"][..], "expected L,R"),
+        (&["run", "--window", "1,x"][..], "expected L,R"),
+        (&["run", "--sliding-window", "0"][..], "W must be at least 1"),
+        (&["run", "--softcap", "-1"][..], "softcap -1 is invalid"),
+        (&["run", "--softcap", "NaN"][..], "softcap NaN is invalid"),
+        (&["compare", "--vary", "window=3:0,-5:0"][..], "the left side is -5"),
+        (&["compare", "--vary", "softcap=1,-2"][..], "softcap: -2 is invalid"),
+        (&["compare", "--vary", "heads-kv=3"][..], "heads_kv 3 must divide heads 4"),
+    ] {
+        assert_bad_input(args, needle);
+    }
+}
+
+/// GQA with sinks through files: k/v with heads_kv heads and a `sinks` tensor are read, verified
+/// against the reference and written back; `--sinks` with a file that lacks the tensor exits 2.
+#[test]
+fn gqa_and_sinks_from_safetensors() {
+    let p = Problem { heads: 4, heads_kv: Some(1), seq_q: 20, seq_kv: 33, sinks: true, ..Problem::default() };
+    let x = Qkv::random(&p, 4);
+    assert_eq!(x.k.len(), 33 * 64);
+    let inp = tmp("gqa_sinks.safetensors");
+    let shape = FileShape { batch: 1, heads: 4, seq_q: 20, seq_kv: 33, head_dim: 64, heads_kv: 1, varlen: None };
+    write_qkv(&inp, shape, &x).unwrap();
+    let o = memattn(&["--backend", "vm", "--json", "run", "--inputs", inp.to_str().unwrap(), "--window", "7,2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["shape"]["heads_kv"], 1);
+    assert_eq!(v["shape"]["sinks"], true);
+    assert_eq!(v["shape"]["window_left"], 7);
+    assert_eq!(v["analytic_bytes"]["inputs"], 4 * (20 * 4 * 64 + 2 * 33 * 64 + 4));
+    assert_eq!(v["verified"], true);
+    let no_sinks = tmp("gqa_no_sinks.safetensors");
+    write_qkv(&no_sinks, shape, &Qkv { sinks: vec![], ..x }).unwrap();
+    assert_bad_input(
+        &["--backend", "vm", "run", "--inputs", no_sinks.to_str().unwrap(), "--sinks"],
+        "needs a `sinks` tensor",
+    );
+}
+
+/// Varlen through files and options: packed q/k/v with cu_seqlens (U32 written, I32 accepted)
+/// run verified and write o [total_q, heads, d] and lse [heads, total_q]; bad cu_seqlens exit 2.
+#[test]
+fn varlen_files_and_bad_cu_seqlens() {
+    use memattn::inputs::Qkv;
+    use memattn::problem::Problem;
+    let base = Problem { heads: 2, heads_kv: Some(1), causal: true, ..Problem::default() };
+    let p = Problem::varlen(base, &[9, 0, 1, 20], &[4, 3, 1, 25]).unwrap();
+    let x = Qkv::random(&p, 2);
+    let shape = FileShape { batch: 4, heads: 2, seq_q: 20, seq_kv: 25, head_dim: 64, heads_kv: 1, varlen: p.varlen };
+    let inp = tmp("varlen.safetensors");
+    let out = tmp("varlen_out.safetensors");
+    write_qkv(&inp, shape, &x).unwrap();
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "run",
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["shape"]["seqlens_kv"], serde_json::json!([4, 3, 1, 25]));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("o").unwrap().shape(), [30, 2, 64]);
+    assert_eq!(st.tensor("lse").unwrap().shape(), [2, 30]);
+
+    // Hand-made files: I32 prefix sums accepted; decreasing, wrong total, wrong count refused.
+    let qb: Vec<u8> = x.q.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let kb: Vec<u8> = x.k.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let write = |name: &str, cq: &[i32], ck: &[i32]| -> PathBuf {
+        let f = tmp(name);
+        let (cqb, ckb): (Vec<u8>, Vec<u8>) =
+            (cq.iter().flat_map(|v| v.to_le_bytes()).collect(), ck.iter().flat_map(|v| v.to_le_bytes()).collect());
+        use safetensors::tensor::TensorView as T;
+        let t = [
+            ("q", T::new(safetensors::Dtype::F32, vec![30, 2, 64], &qb).unwrap()),
+            ("k", T::new(safetensors::Dtype::F32, vec![33, 1, 64], &kb).unwrap()),
+            ("v", T::new(safetensors::Dtype::F32, vec![33, 1, 64], &kb).unwrap()),
+            ("cu_seqlens_q", T::new(safetensors::Dtype::I32, vec![cq.len()], &cqb).unwrap()),
+            ("cu_seqlens_kv", T::new(safetensors::Dtype::I32, vec![ck.len()], &ckb).unwrap()),
+        ];
+        safetensors::serialize_to_file(t, None, &f).unwrap();
+        f
+    };
+    let ok = write("varlen_i32.safetensors", &[0, 9, 9, 10, 30], &[0, 4, 7, 8, 33]);
+    let o = memattn(&["--backend", "vm", "run", "--inputs", ok.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let f = write("varlen_dec.safetensors", &[0, 9, 8, 10, 30], &[0, 4, 7, 8, 33]);
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "cu_seqlens_q decreases at entry 2");
+    let f = write("varlen_total.safetensors", &[0, 9, 9, 10, 30], &[0, 4, 7, 8, 32]);
+    assert_bad_input(
+        &["run", "--inputs", f.to_str().unwrap()],
+        "cu_seqlens_kv ends at 32 but the packed tensor has 33 rows",
+    );
+    let f = write("varlen_count.safetensors", &[0, 9, 9, 10, 30], &[0, 4, 33]);
+    assert_bad_input(&["run", "--inputs", f.to_str().unwrap()], "both need batch + 1");
+    // Options: mismatched counts, BHSD.
+    assert_bad_input(&["run", "--seqlens-q", "3,4", "--seqlens-kv", "5"], "2 query lengths and 1 key lengths");
+    assert_bad_input(&["run", "--seqlens-q", "3,4", "--layout", "bhsd"], "use --layout bshd");
+}
+
+/// `memattn check`: the fixed sweep passes for the committed f32 flash kernel at d64, listing
+/// every case (the table's JSON form); an unknown family/dtype pair is bad usage.
+#[test]
+fn check_sweep_passes_and_lists_its_cases() {
+    let o = memattn(&["--backend", "vm", "--json", "check", "--kernel", "flash", "--dtype", "f32", "--head-dim", "64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 17);
+    assert!(cases.iter().all(|c| c["passed"] == true), "{cases:?}");
+    let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
+    for want in ["tails", "seq_q > seq_kv", "gqa 8 (mqa)", "window in tile", "varlen causal"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    assert_eq!(v["failed"], 0);
+    assert_bad_input(&["check", "--head-dim", "96"], "96");
+}
+
+/// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
+/// window in the JSON and the same thread-instruction count, verified.
+#[test]
+fn sliding_window_is_window_w_minus_1_causal() {
+    let run = |args: &[&str]| -> serde_json::Value {
+        let mut a = vec!["--backend", "vm", "--json", "run", "--heads", "1", "--seq", "100"];
+        a.extend_from_slice(args);
+        let o = memattn(&a);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let a = run(&["--sliding-window", "16"]);
+    let b = run(&["--window", "15,0", "--causal"]);
+    for v in [&a, &b] {
+        assert_eq!((v["shape"]["window_left"].as_i64(), v["shape"]["window_right"].as_i64()), (Some(15), Some(0)));
+        assert_eq!(v["shape"]["causal"], true);
+        assert_eq!(v["verified"], true);
+    }
+    assert_eq!(a["vm_thread_instructions"], b["vm_thread_instructions"]);
+    assert_eq!(a["flops"], 4.0 * 64.0 * (16.0 * 100.0 - 15.0 * 16.0 / 2.0));
 }

@@ -92,7 +92,12 @@ fn expect(args: &[&str], want: i32, needle: &str) -> Output {
 fn inputs(name: &str) -> (PathBuf, Vec<u8>) {
     let p = Problem { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64, ..Problem::default() };
     let f = tmp(name);
-    write_qkv(&f, FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64 }, &Qkv::random(&p, 5)).unwrap();
+    write_qkv(
+        &f,
+        FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64, heads_kv: 2, varlen: None },
+        &Qkv::random(&p, 5),
+    )
+    .unwrap();
     let bytes = std::fs::read(&f).unwrap();
     (f, bytes)
 }
@@ -237,7 +242,7 @@ fn compare_and_sweep_where_nothing_ran_do_not_claim_verified() {
 fn non_finite_inputs_and_overflowing_scores_are_refused_up_front() {
     // Covers: NaN in k, +inf in q, -inf in v, --scale overflowing the f32 scores.
     let p = Problem { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64, ..Problem::default() };
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 8, seq_kv: 12, head_dim: 64, heads_kv: 2, varlen: None };
     for (tensor, at, value, needle) in [
         ("k", 64 * 5 + 3, f32::NAN, "`k` has a non-finite value NaN at element 323 = [batch 0, seq 2, head 1, dim 3]"),
         ("q", 0, f32::INFINITY, "`q` has a non-finite value inf at element 0"),

@@ -23,6 +23,9 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn compare --vary dtype=f32,bf16", Run(0, "dtype=bf16 uses 512.00 KiB less device memory")),
     ("memattn sweep --vary seq=64,128,256 --plot sweep.svg", Run(0, "plot: sweep.svg")),
     ("memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2", Run(0, "needs 1.00 MiB")),
+    ("memattn run --heads 8 --heads-kv 2 --window 255,0", Run(0, "verified     PASS")),
+    ("memattn run --sliding-window 256 --softcap 50 --sinks", Run(0, "verified     PASS")),
+    ("memattn check --kernel flash --dtype f32", Run(0, "check: 34 of 34 cases passed")),
     ("memattn doctor", Run(0, "== next step")),
     ("memattn kernels", Run(0, "flash_fwd_f32_d64 (PTX line")),
     ("memattn trace --kernel flash --thread 5", Run(0, "ld.param")),
@@ -125,7 +128,15 @@ fn scratch(repo: &Path, name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo.join("host"), d.join("host")).unwrap();
-    let shape = memattn::safetensors_io::FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64 };
+    let shape = memattn::safetensors_io::FileShape {
+        batch: 1,
+        heads: 2,
+        seq_q: 24,
+        seq_kv: 40,
+        head_dim: 64,
+        heads_kv: 2,
+        varlen: None,
+    };
     let p = memattn::Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, ..Default::default() };
     memattn::safetensors_io::write_qkv(&d.join("qkv.safetensors"), shape, &memattn::inputs::Qkv::random(&p, 7))
         .unwrap();

@@ -2,7 +2,7 @@
 //!
 //! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
 //! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
-//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[176]`. The smoke kernel `saxpy_f32`
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[224]`. The smoke kernel `saxpy_f32`
 //! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
@@ -40,10 +40,28 @@ impl Strides {
 /// `[batch, heads, seq_q]` f32, contiguous; `scores` is the naive workspace
 /// `[batch, heads, seq_q, seq_kv]` f32, contiguous. Masked scores are `-inf`.
 ///
-/// Causal masking is bottom-right aligned: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`.
-/// A query row that sees no key produces `O = 0` and `LSE = -inf`.
+/// The semantics (FlashAttention-2's) are tabulated once, in `docs/semantics.md`:
+/// - K and V have `heads_kv` heads; query head `h` reads K/V head `h / (heads / heads_kv)`.
+/// - Window `(window_left, window_right)`, `-1` = unbounded, bottom-right aligned: query `i`
+///   sees key `j` iff `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`;
+///   `causal != 0` forces `right = 0` ([`AttnParams::key_range`]).
+/// - `softcap > 0`: scores are `softcap * tanh(softmax_scale * q·k / softcap)`; 0 = off.
+/// - `sinks` (0 = none): `heads` f32 logits; `sink[h]` joins the softmax denominator only.
+/// - Varlen (`cu_seqlens_q != 0`): `batch` packed sequences. Q/O are `[total_q, heads, d]` and
+///   K/V `[total_kv, heads_kv, d]` (the batch strides are unused), `cu_seqlens_q` and
+///   `cu_seqlens_kv` are `batch + 1` u32 prefix sums (first 0, non-decreasing), sequence `b` has
+///   rows `cu_q[b]..cu_q[b + 1]` and keys `cu_kv[b]..cu_kv[b + 1]`; `seq_q` / `seq_kv` are the
+///   longest sequence's lengths (they size the grid and the naive workspace
+///   `[batch, heads, seq_q, seq_kv]`); LSE is `[heads, total_q]`. Masks apply per sequence
+///   ([`AttnParams::sequence`]); an empty sequence produces nothing.
+///
+/// A query row that sees no key (and has no sink) produces `O = 0` and `LSE = -inf`; with a
+/// sink it produces `O = 0` and `LSE = sink[h]`.
+///
+/// `AttnParams::default()` is plain attention: null pointers, zero sizes, `heads_kv` 0 (meaning
+/// `heads`), window `(-1, -1)`, no soft cap, no sinks.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
     pub q: u64,
     pub k: u64,
@@ -64,13 +82,66 @@ pub struct AttnParams {
     pub causal: u32,
     /// Multiplies QKᵀ before the softmax (usually 1/sqrt(head_dim)).
     pub softmax_scale: f32,
+    /// Heads of K and V (divides `heads`; `heads` for multi-head, 1 for multi-query attention;
+    /// 0 also means `heads`).
+    pub heads_kv: u32,
+    /// Keys before the diagonal a query sees (`-1`: unbounded).
+    pub window_left: i32,
+    /// Keys after the diagonal a query sees (`-1`: unbounded; `causal` forces 0).
+    pub window_right: i32,
+    /// Logit soft cap (`0`: off).
+    pub softcap: f32,
     pub _pad: u32,
+    /// `[heads]` f32 sink logits, or 0 for none.
+    pub sinks: u64,
+    /// Varlen: `[batch + 1]` u32 prefix sums of the query lengths, or 0 (not varlen).
+    pub cu_seqlens_q: u64,
+    /// Varlen: `[batch + 1]` u32 prefix sums of the key lengths.
+    pub cu_seqlens_kv: u64,
+    /// Varlen: total query rows (`cu_seqlens_q[batch]`), the head stride of LSE `[heads, total_q]`.
+    pub total_q: u32,
+    pub _pad2: u32,
 }
 
-/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[176]`).
-pub const ATTN_PARAMS_BYTES: usize = 176;
+/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[224]`).
+pub const ATTN_PARAMS_BYTES: usize = 224;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
+
+impl Default for AttnParams {
+    fn default() -> Self {
+        let z = Strides { batch: 0, seq: 0, head: 0 };
+        AttnParams {
+            q: 0,
+            k: 0,
+            v: 0,
+            o: 0,
+            lse: 0,
+            scores: 0,
+            q_strides: z,
+            k_strides: z,
+            v_strides: z,
+            o_strides: z,
+            batch: 0,
+            heads: 0,
+            seq_q: 0,
+            seq_kv: 0,
+            head_dim: 0,
+            causal: 0,
+            softmax_scale: 0.0,
+            heads_kv: 0,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            _pad: 0,
+            sinks: 0,
+            cu_seqlens_q: 0,
+            cu_seqlens_kv: 0,
+            total_q: 0,
+            _pad2: 0,
+        }
+    }
+}
 
 impl AttnParams {
     /// The struct as the bytes a launch passes for parameter 0 (little-endian, as on the GPU).
@@ -89,32 +160,75 @@ impl AttnParams {
             w.u32(x);
         }
         w.u32(self.softmax_scale.to_bits());
+        w.u32(self.heads_kv);
+        w.u32(self.window_left as u32);
+        w.u32(self.window_right as u32);
+        w.u32(self.softcap.to_bits());
         w.u32(self._pad);
+        w.u64(self.sinks);
+        w.u64(self.cu_seqlens_q);
+        w.u64(self.cu_seqlens_kv);
+        w.u32(self.total_q);
+        w.u32(self._pad2);
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
 
-    /// Last key index (exclusive) that query row `i` may attend to: `min(seq_kv, i + 1 + seq_kv -
-    /// seq_q)` when causal (may be `<= 0`: the row sees nothing), `seq_kv` otherwise.
+    /// Keys `[start, end)` query row `i` may see (empty when `start >= end`): the window
+    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right` clipped to `[0, seq_kv)`,
+    /// with `right = 0` when causal and `-1` meaning unbounded.
     #[inline(always)]
-    pub fn key_end(&self, i: u32) -> i64 {
-        causal_key_end(self.causal != 0, i, self.seq_q, self.seq_kv)
+    pub fn key_range(&self, i: u32) -> (i64, i64) {
+        let diag = i as i64 + self.seq_kv as i64 - self.seq_q as i64;
+        let right = if self.causal != 0 { 0 } else { self.window_right };
+        let start = if self.window_left >= 0 { diag - self.window_left as i64 } else { 0 };
+        let end = if right >= 0 { diag + right as i64 + 1 } else { self.seq_kv as i64 };
+        let start = if start > 0 { start } else { 0 };
+        let end = if end < self.seq_kv as i64 { end } else { self.seq_kv as i64 };
+        (start, end)
+    }
+
+    /// Varlen: the lengths of sequence `b` (rows `q0..q1`, keys `k0..k1`, read from the
+    /// cu_seqlens by the kernel): the same parameters with `seq_q = q1 - q0`, `seq_kv = k1 - k0`,
+    /// so windows and causal apply within the sequence, bottom-right aligned. The kernel adds the
+    /// sequence's first row (`q0`, `k0`) to its row indices and uses batch index 0
+    /// ([`Sequence`]).
+    #[inline(always)]
+    pub fn sequence(&self, q0: u32, q1: u32, k0: u32, k1: u32) -> Sequence {
+        let mut p = *self;
+        p.seq_q = q1 - q0;
+        p.seq_kv = k1 - k0;
+        Sequence { p, b: 0, q0: q0 as u64, k0: k0 as u64 }
+    }
+
+    /// Element offset of LSE `(b, h, i)`: `[batch, heads, seq_q]`, or (varlen, `b` = 0, `i` the
+    /// packed row `q0 + i`) `[heads, total_q]`.
+    #[inline(always)]
+    pub fn lse_offset(&self, b: u64, h: u64, i: u64) -> u64 {
+        if self.cu_seqlens_q != 0 {
+            h * self.total_q as u64 + i
+        } else {
+            (b * self.heads as u64 + h) * self.seq_q as u64 + i
+        }
+    }
+
+    /// The K/V head query head `h` reads: `h / (heads / heads_kv)` (`h` when `heads_kv` is 0 or
+    /// exceeds `heads`, so no division by zero).
+    #[inline(always)]
+    pub fn kv_head(&self, h: u32) -> u32 {
+        let group = if self.heads_kv != 0 && self.heads_kv <= self.heads { self.heads / self.heads_kv } else { 1 };
+        h / group
     }
 }
 
-/// See [`AttnParams::key_end`].
-#[inline(always)]
-pub fn causal_key_end(causal: bool, i: u32, seq_q: u32, seq_kv: u32) -> i64 {
-    if causal {
-        let e = i as i64 + 1 + seq_kv as i64 - seq_q as i64;
-        if e < seq_kv as i64 {
-            e
-        } else {
-            seq_kv as i64
-        }
-    } else {
-        seq_kv as i64
-    }
+/// One block's sequence: parameters with its lengths, the batch index to address Q/K/V/O with,
+/// and the packed row of its first query (`q0`) and key (`k0`); `q0 = k0 = 0` without varlen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sequence {
+    pub p: AttnParams,
+    pub b: u64,
+    pub q0: u64,
+    pub k0: u64,
 }
 
 struct ByteWriter<'a> {
@@ -134,3 +248,71 @@ impl ByteWriter<'_> {
 }
 
 pub use crate::variants::KernelId;
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    /// `to_bytes` writes exactly the `repr(C)` layout the kernels read (every field distinct, so
+    /// a swapped or missing field shows).
+    #[test]
+    fn to_bytes_is_the_repr_c_layout() {
+        let s = |x: u64| Strides { batch: x, seq: x + 1, head: x + 2 };
+        let p = AttnParams {
+            q: 1,
+            k: 2,
+            v: 3,
+            o: 4,
+            lse: 5,
+            scores: 6,
+            q_strides: s(10),
+            k_strides: s(20),
+            v_strides: s(30),
+            o_strides: s(40),
+            batch: 50,
+            heads: 51,
+            seq_q: 52,
+            seq_kv: 53,
+            head_dim: 54,
+            causal: 1,
+            softmax_scale: 0.5,
+            heads_kv: 55,
+            window_left: -1,
+            window_right: 7,
+            softcap: 2.5,
+            _pad: 0,
+            sinks: 60,
+            cu_seqlens_q: 61,
+            cu_seqlens_kv: 62,
+            total_q: 63,
+            _pad2: 0,
+        };
+        // SAFETY: AttnParams is repr(C), Copy, and has no padding bytes (size asserted above).
+        let raw: [u8; ATTN_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };
+        assert_eq!(p.to_bytes(), raw);
+        assert_eq!(AttnParams::default().window_left, -1);
+        assert_eq!(AttnParams::default().kv_head(3), 3);
+    }
+
+    #[test]
+    fn key_range_and_kv_head() {
+        let p = AttnParams {
+            seq_q: 5,
+            seq_kv: 8,
+            window_left: 2,
+            window_right: 1,
+            heads: 8,
+            heads_kv: 2,
+            ..Default::default()
+        };
+        // Row 0: diagonal at key 3, sees 1..=4.
+        assert_eq!(p.key_range(0), (1, 5));
+        assert_eq!(p.key_range(4), (5, 8));
+        assert_eq!(AttnParams { causal: 1, ..p }.key_range(0), (1, 4));
+        assert_eq!((p.kv_head(0), p.kv_head(3), p.kv_head(4), p.kv_head(7)), (0, 0, 1, 1));
+        let s = p.sequence(10, 13, 20, 20);
+        assert_eq!((s.p.seq_q, s.p.seq_kv, s.q0, s.k0, s.b), (3, 0, 10, 20, 0));
+        assert_eq!(AttnParams { cu_seqlens_q: 8, total_q: 40, ..p }.lse_offset(0, 2, 11), 91);
+        assert_eq!(p.lse_offset(1, 2, 3), (8 + 2) * 5 + 3);
+    }
+}

@@ -69,6 +69,15 @@ pub unsafe fn ld_f32(addr: u64) -> f32 {
     unsafe { *(addr as *const f32) }
 }
 
+/// Global load of a `u32`.
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned device address of a `u32`.
+#[inline(always)]
+pub unsafe fn ld_u32(addr: u64) -> u32 {
+    unsafe { *(addr as *const u32) }
+}
+
 /// # Safety
 /// `addr` must be a valid, aligned device address of an `f32`.
 #[inline(always)]
@@ -173,4 +182,19 @@ impl Elem for crate::mma::F16 {
             *(addr as *mut u16) = h;
         }
     }
+}
+
+/// Varlen: sequence `b` (read from `p.cu_seqlens_q` / `p.cu_seqlens_kv`, see
+/// [`crate::abi::AttnParams::sequence`]); without cu_seqlens, `p` itself at batch `b`.
+///
+/// # Safety
+/// With varlen, `p.cu_seqlens_q` and `p.cu_seqlens_kv` must hold `p.batch + 1` valid prefix sums
+/// and `b < p.batch`.
+#[inline(always)]
+pub unsafe fn sequence_of(p: &crate::abi::AttnParams, b: u32) -> crate::abi::Sequence {
+    if p.cu_seqlens_q == 0 {
+        return crate::abi::Sequence { p: *p, b: b as u64, q0: 0, k0: 0 };
+    }
+    let (cq, ck) = (p.cu_seqlens_q + 4 * b as u64, p.cu_seqlens_kv + 4 * b as u64);
+    unsafe { p.sequence(ld_u32(cq), ld_u32(cq + 4), ld_u32(ck), ld_u32(ck + 4)) }
 }

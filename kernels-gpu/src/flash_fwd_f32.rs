@@ -9,7 +9,7 @@
 //! the methods of [`crate::softmax::OnlineSoftmax`]. No `N x N` buffer exists:
 //! the extra memory is LSE only, `4 * batch * heads * seq_q` bytes.
 //!
-//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, all f32 and strided
+//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, all f32 and strided
 //! (see [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32.
 //!
 //! Tiles ([`crate::tiles::FLASH_F32_D64`], [`crate::tiles::FLASH_F32_D128`]):
@@ -24,9 +24,16 @@
 //! Rows past `seq_q` compute on zeros and store nothing, so every lane reaches every barrier and
 //! shuffle.
 //!
-//! Masking: keys past `seq_kv` and (causal, bottom-right aligned) keys `j > i + seq_kv - seq_q`
-//! score `-inf`; causal blocks stop at the last key their last row can see. A fully masked row
-//! gives `O = 0` and `LSE = -inf`, never NaN: while a row's max is `-inf` the exponent base is 0.
+//! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
+//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::abi::AttnParams::key_range`]);
+//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
+//! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
+//!
+//! Masking: keys outside a row's window `[start, end)` (and past `seq_kv`) score `-inf`. A block
+//! visits only the key tiles that meet `[start of its first row, end of its last row)`: tiles
+//! wholly outside the window are never loaded, so the cost scales with the window, not
+//! `seq_kv`. A fully masked row gives `O = 0` and `LSE = -inf` (with a sink: `O = 0`,
+//! `LSE = sink`), never NaN: while a row's max is `-inf` the exponent base is 0.
 //!
 //! # Safety
 //! All pointers in `p` must be valid for the shapes and strides in `p`; the launch must use
@@ -37,7 +44,7 @@ use crate::abi::AttnParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{OnlineSoftmax, LOG2E};
+use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
 
 /// Keys scored per online-softmax step (the score row held in registers).
 #[cfg(target_arch = "nvptx64")]
@@ -53,13 +60,19 @@ const KC: usize = 8;
 pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
     p: &AttnParams,
 ) {
+    // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
+    let seq = unsafe { sequence_of(p, ctaid_z()) };
+    let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let threads = BR * TPR;
     let t = tid_x() as usize;
     let lane = t % TPR;
     let q_tile_start = ctaid_x() as usize * BR;
+    if q_tile_start >= p.seq_q as usize {
+        return; // uniform over the block: before any barrier
+    }
     let qi = q_tile_start + t / TPR;
     let h = ctaid_y() as u64;
-    let b = ctaid_z() as u64;
+    let hk = p.kv_head(h as u32) as u64;
     let row_valid = qi < p.seq_q as usize;
     let seq_kv = p.seq_kv as usize;
 
@@ -67,26 +80,32 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
     let k_s = smem;
     let v_s = unsafe { smem.add(BC * D) };
 
-    // q pre-scaled into the log2 domain.
-    let scale2 = p.softmax_scale * LOG2E;
+    // q pre-scaled into the log2 domain, or (soft cap) by scale / cap, the argument of tanh.
+    let softcap = p.softcap > 0.0;
+    let (qscale, cap2) =
+        if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
     let mut q = [0.0f32; DPT];
     if row_valid {
-        let qa = p.q + 4 * p.q_strides.offset(b, qi as u64, h);
+        let qa = p.q + 4 * p.q_strides.offset(b, q_row0 + qi as u64, h);
         for (k, qk) in q.iter_mut().enumerate() {
-            *qk = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * scale2;
+            *qk = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * qscale;
         }
     }
 
-    // Keys this row may see: [0, row_end); keys this block must visit: [0, block_end).
-    let row_end = p.key_end(qi as u32);
+    // Keys this row may see: [row_start, row_end) (32-bit: fewer registers through the loop);
+    // key tiles this block must visit: those that meet [first row's start, last row's end).
+    // Tiles wholly outside the window are skipped, so the cost scales with the window.
+    let (rs, re) = p.key_range(qi as u32);
+    let (row_start, row_end) = (rs as i32, re as i32);
     let last_row = core::cmp::min(q_tile_start + BR, p.seq_q as usize) - 1;
-    let block_end = p.key_end(last_row as u32);
+    let block_start = p.key_range(q_tile_start as u32).0 as usize;
+    let block_end = p.key_range(last_row as u32).1;
     let block_end = if block_end > 0 { block_end as usize } else { 0 };
 
     let mut row_sm = OnlineSoftmax::new(); // running max (log2 domain) and sum of the row
     let mut acc = [0.0f32; DPT];
 
-    let mut kv0 = 0usize;
+    let mut kv0 = block_start / BC * BC;
     while kv0 < block_end {
         // (1) Stage K and V rows kv0..kv0+BC; rows past seq_kv are zero (their scores are masked).
         sync_threads();
@@ -95,8 +114,8 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
             let (r, c) = (e / D, e % D);
             let j = kv0 + r;
             let (kx, vx) = if j < seq_kv {
-                let ka = p.k + 4 * (p.k_strides.offset(b, j as u64, h) + c as u64);
-                let va = p.v + 4 * (p.v_strides.offset(b, j as u64, h) + c as u64);
+                let ka = p.k + 4 * (p.k_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
+                let va = p.v + 4 * (p.v_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
                 unsafe { (ld_f32(ka), ld_f32(va)) }
             } else {
                 (0.0, 0.0)
@@ -113,7 +132,8 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
         // unrolled) instead of a BC-long array that would live in local memory.
         let mut r0 = 0usize;
         while r0 < BC {
-            // (2) Scores of this row against KC keys, log2 domain, masked as -inf.
+            // (2) Scores of this row against KC keys, log2 domain (soft-capped when asked),
+            // keys outside [row_start, row_end) masked as -inf.
             let mut s = [0.0f32; KC];
             let mut chunk_max = f32::NEG_INFINITY;
             unroll!(c in 0..KC => {
@@ -127,7 +147,11 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
                     part += shfl_xor(part, w as u32);
                     w <<= 1;
                 }
-                s[c] = if ((kv0 + r) as i64) < row_end { part } else { f32::NEG_INFINITY };
+                if softcap {
+                    part = softcap2(part, cap2);
+                }
+                let j = (kv0 + r) as i32;
+                s[c] = if j >= row_start && j < row_end { part } else { f32::NEG_INFINITY };
                 chunk_max = fmax(chunk_max, s[c]);
             });
 
@@ -151,14 +175,16 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
     }
 
     // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
+    // With a sink, its logit joins the denominator (`OnlineSoftmax::finish_with_sink`).
     if row_valid {
-        let (inv_l, lse) = row_sm.finish(row_sm.l);
-        let oa = p.o + 4 * p.o_strides.offset(b, qi as u64, h);
+        let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
+        let (inv_l, lse) = row_sm.finish_with_sink(row_sm.l, sink2);
+        let oa = p.o + 4 * p.o_strides.offset(b, q_row0 + qi as u64, h);
         for (k, a) in acc.iter().enumerate() {
             unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
         }
         if lane == 0 {
-            let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + qi as u64);
+            let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + qi as u64);
             unsafe { st_f32(la, lse) };
         }
     }

@@ -11,7 +11,7 @@
 //! memory; (6) wait for V, start loading the next K, `O += P V`. Finally `O /= l` and
 //! `LSE = ln 2 * (m + log2 l)`.
 //!
-//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads, D]`, bf16 or f16 (the
+//! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, bf16 or f16 (the
 //! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
@@ -40,10 +40,17 @@
 //! the running sum `l` is kept per lane and reduced once at the end. Tile loads: thread `i`
 //! copies chunk `i % (D / 8)` of rows `i / (D / 8) + k * (128 / (D / 8))`.
 //!
-//! Masking: keys past `seq_kv` and, when causal (bottom-right aligned), keys
-//! `j > i + seq_kv - seq_q` score `-inf`; only key tiles that reach past the first row's last
-//! visible key are masked, and the block stops after the last row's last visible key. A row that
-//! sees no key gives `O = 0` and `LSE = -inf`: while a row's max is `-inf` the exponent base is 0,
+//! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
+//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::abi::AttnParams::key_range`]);
+//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
+//! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
+//!
+//! Masking: keys outside a row's window `[start, end)` (and past `seq_kv`) score `-inf`. The
+//! block visits only the key tiles that meet `[start of its first row, end of its last row)`
+//! (cost scales with the window, not `seq_kv`); only tiles that reach past the first row's end
+//! or begin before the last row's start are masked. A row that
+//! sees no key gives `O = 0` and `LSE = -inf` (with a sink: `O = 0`, `LSE = sink`): while a
+//! row's max is `-inf` the exponent base is 0,
 //! so every `2^(-inf)` is 0 and never NaN. Rows past `seq_q` compute on zeros and store nothing;
 //! every lane reaches every barrier, `ldmatrix` and `mma`.
 //!
@@ -60,7 +67,7 @@ use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{fmax, OnlineSoftmax, LOG2E};
+use crate::softmax::{fmax, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
 
@@ -133,44 +140,54 @@ pub(crate) unsafe fn flash_fwd<
     p: &AttnParams,
 ) {
     const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * (THREADS / 32)) };
+    // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
+    let seq = unsafe { sequence_of(p, ctaid_z()) };
+    let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let tid = tid_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let q0 = ctaid_x() as usize * BR;
+    if q0 >= p.seq_q as usize {
+        return; // uniform over the block: before any barrier
+    }
     let h = ctaid_y() as u64;
-    let b = ctaid_z() as u64;
+    let hk = p.kv_head(h as u32) as u64;
     let seq_q = p.seq_q as usize;
 
     let q_s = smem_addr(core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>());
     let k_s = q_s + (BR * D * 2) as u32;
     let v_s = k_s + (BC * D * 2) as u32;
 
-    let slice = |ptr: u64, s: &crate::abi::Strides, len: u32| Rows {
-        base: global_addr(ptr) + 2 * (b * s.batch + h * s.head),
+    let slice = |ptr: u64, s: &crate::abi::Strides, head: u64, row0: u64, len: u32| Rows {
+        base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
         stride: 2 * s.seq,
         len: len as usize,
     };
-    let q_rows = slice(p.q, &p.q_strides, p.seq_q);
-    let k_rows = slice(p.k, &p.k_strides, p.seq_kv);
-    let v_rows = slice(p.v, &p.v_strides, p.seq_kv);
+    let q_rows = slice(p.q, &p.q_strides, h, q_row0, p.seq_q);
+    let k_rows = slice(p.k, &p.k_strides, hk, k_row0, p.seq_kv);
+    let v_rows = slice(p.v, &p.v_strides, hk, k_row0, p.seq_kv);
 
-    // Keys the block visits: [0, block_end), up to the last row's last visible key. Key tiles
-    // ending past `first_row_end` hold masked keys for some row.
+    // Keys the block visits: the key tiles that meet [first row's window start, last row's
+    // window end); tiles wholly outside the window are skipped, so the cost scales with the
+    // window. A tile that reaches past the first row's end or starts before the last row's start
+    // holds masked keys for some row; only those tiles are masked.
     let last_row = core::cmp::min(q0 + BR, seq_q) - 1;
-    let block_end = core::cmp::max(p.key_end(last_row as u32), 0) as usize;
+    let (first_row_start, first_row_end) = p.key_range(q0 as u32);
+    let (last_row_start, last_row_end) = p.key_range(last_row as u32);
+    let block_end = core::cmp::max(last_row_end, 0) as usize;
+    let j_first = first_row_start as usize / BC;
     let n_tiles = block_end.div_ceil(BC);
-    let first_row_end = p.key_end(q0 as u32);
     let my_rows = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
-    // Per-row key ends in 32 bits (0..=seq_kv): two registers through the loop instead of four.
-    let row_end = [
-        core::cmp::max(p.key_end(my_rows[0] as u32), 0) as i32,
-        core::cmp::max(p.key_end(my_rows[1] as u32), 0) as i32,
-    ];
+    // Per-row windows in 32 bits (0..=seq_kv): registers through the loop, not 64-bit pairs.
+    let (r0s, r0e) = p.key_range(my_rows[0] as u32);
+    let (r1s, r1e) = p.key_range(my_rows[1] as u32);
+    let row_start = [r0s as i32, r1s as i32];
+    let row_end = [core::cmp::max(r0e, 0) as i32, core::cmp::max(r1e, 0) as i32];
 
     // Q and the first K tile; Q's A fragments then stay in registers for the whole loop.
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
-        stage_tile::<D, BC, THREADS>(k_s, k_rows, 0, tid);
+        stage_tile::<D, BC, THREADS>(k_s, k_rows, j_first * BC, tid);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -182,12 +199,15 @@ pub(crate) unsafe fn flash_fwd<
         qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, row, 2 * kk + lane / 16) as u32) };
     });
 
-    let scale2 = p.softmax_scale * LOG2E;
+    // Scores into the log2 domain, or (soft cap) scale / cap, the argument of tanh.
+    let softcap = p.softcap > 0.0;
+    let (scale2, cap2) =
+        if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
     // Rows g and g + 8: running max (log2 domain) and this lane's part of the running sum.
     let mut row_sm = [OnlineSoftmax::new(); 2];
     let mut o = [[0.0f32; 4]; ND];
 
-    let mut j = 0;
+    let mut j = j_first;
     while j < n_tiles {
         let kv0 = j * BC;
         // (1) K_j has landed and every warp is done reading V_{j-1}: start loading V_j.
@@ -213,11 +233,30 @@ pub(crate) unsafe fn flash_fwd<
         unroll!(n in 0..NS => {
             unroll!(e in 0..4 => { s[n][e] *= scale2; });
         });
+        if softcap {
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
+            });
+        }
+        // The end of the window (and seq_kv) only in tiles past the first row's end, its start
+        // only in tiles before the last row's start: a tile inside every row's window is not
+        // masked at all.
+        let c0 = (kv0 + 2 * t) as i32;
         if (kv0 + BC) as i64 > first_row_end {
-            let lim = [row_end[0] - (kv0 + 2 * t) as i32, row_end[1] - (kv0 + 2 * t) as i32];
+            let hi = [row_end[0] - c0, row_end[1] - c0];
             unroll!(n in 0..NS => {
                 unroll!(e in 0..4 => {
-                    if (8 * n + e % 2) as i32 >= lim[e / 2] {
+                    if (8 * n + e % 2) as i32 >= hi[e / 2] {
+                        s[n][e] = f32::NEG_INFINITY;
+                    }
+                });
+            });
+        }
+        if (kv0 as i64) < last_row_start {
+            let lo = [row_start[0] - c0, row_start[1] - c0];
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => {
+                    if ((8 * n + e % 2) as i32) < lo[e / 2] {
                         s[n][e] = f32::NEG_INFINITY;
                     }
                 });
@@ -280,21 +319,22 @@ pub(crate) unsafe fn flash_fwd<
     }
 
     // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
-    let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head);
+    let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head + q_row0 * p.o_strides.seq);
+    let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
     unroll!(r in 0..2 => {
         let mut l = row_sm[r].l;
         l += shfl_xor(l, 1);
         l += shfl_xor(l, 2);
         let row = my_rows[r];
         if row < seq_q {
-            let (inv_l, lse) = row_sm[r].finish(l);
+            let (inv_l, lse) = row_sm[r].finish_with_sink(l, sink2);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
             unroll!(n in 0..ND => {
                 let pair = E::pack(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l);
                 unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
             });
             if t == 0 {
-                let la = p.lse + 4 * ((b * p.heads as u64 + h) * p.seq_q as u64 + row as u64);
+                let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + row as u64);
                 unsafe { st_f32(la, lse) };
             }
         }

@@ -1,9 +1,10 @@
 //! `naive_scores_{f32,bf16,f16}`: step 1 of naive attention, `S = scale * Q Kᵀ` (materialised).
 //!
 //! Algorithm: every score is an independent dot product over `head_dim`, read straight from global
-//! memory and accumulated in f32 (fma); causally masked scores are stored as `-inf` so the softmax
-//! needs no mask.
-//! Shapes: Q `[batch, seq_q, heads, d]`, K `[batch, seq_kv, heads, d]` in the entry's element type
+//! memory and accumulated in f32 (fma); scores outside the query's window (causal = right 0,
+//! `docs/semantics.md`) are stored as `-inf` so the softmax needs no mask; with a soft cap `c > 0`
+//! the score is `c · tanh(scale · q·k / c)`. Query head `h` reads K head `h / (heads / heads_kv)`.
+//! Shapes: Q `[batch, seq_q, heads, d]`, K `[batch, seq_kv, heads_kv, d]` in the entry's element type
 //! (strided, see [`crate::abi::Strides`]); S `[batch, heads, seq_q, seq_kv]` **f32** for every
 //! element type, contiguous — the `4 * batch * heads * seq_q * seq_kv` bytes that memory-efficient
 //! attention avoids.
@@ -17,6 +18,8 @@
 use crate::abi::AttnParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{softcap2, LN2, LOG2E};
 
 /// The generic body; `THREADS` keys of one query row per block (the tile item).
 ///
@@ -31,18 +34,30 @@ pub(crate) unsafe fn scores<E: Elem, const THREADS: u32>(p: &AttnParams) {
     if i >= p.seq_q || j >= p.seq_kv || p.heads == 0 {
         return;
     }
-    let (b, h) = ((bh / p.heads) as u64, (bh % p.heads) as u64);
+    // S is [batch, heads, seq_q, seq_kv] with the longest lengths (varlen too); the sequence's own
+    // view addresses Q and K and masks.
     let out = p.scores + 4 * ((bh as u64 * p.seq_q as u64 + i as u64) * p.seq_kv as u64 + j as u64);
-    let s = if (j as i64) < p.key_end(i) {
-        let q = p.q + E::BYTES * p.q_strides.offset(b, i as u64, h);
-        let k = p.k + E::BYTES * p.k_strides.offset(b, j as u64, h);
+    let seq = unsafe { sequence_of(p, bh / p.heads) };
+    let (p, b) = (&seq.p, seq.b);
+    let h = (bh % p.heads) as u64;
+    if i >= p.seq_q || j >= p.seq_kv {
+        return; // past this sequence: never read
+    }
+    let (start, end) = p.key_range(i);
+    let s = if (j as i64) >= start && (j as i64) < end {
+        let q = p.q + E::BYTES * p.q_strides.offset(b, seq.q0 + i as u64, h);
+        let k = p.k + E::BYTES * p.k_strides.offset(b, seq.k0 + j as u64, p.kv_head(h as u32) as u64);
         let mut acc = 0.0f32;
         let mut d = 0u64;
         while d < p.head_dim as u64 {
             acc = fma(unsafe { E::load(q + E::BYTES * d) }, unsafe { E::load(k + E::BYTES * d) }, acc);
             d += 1;
         }
-        acc * p.softmax_scale
+        if p.softcap > 0.0 {
+            softcap2(acc * (p.softmax_scale / p.softcap), p.softcap * LOG2E) * LN2
+        } else {
+            acc * p.softmax_scale
+        }
     } else {
         f32::NEG_INFINITY
     };

@@ -2,7 +2,10 @@
 //!
 //! Algorithm: per row, `m = max_j S`, `l = sum_j exp(S - m)`, `P = exp(S - m) / l`, and
 //! `LSE = m + ln l`; exp is computed as `ex2((S - m) * log2 e)`. A row whose scores are all `-inf`
-//! (fully masked) becomes all zeros with `LSE = -inf`.
+//! (fully masked) becomes all zeros with `LSE = -inf`. With sinks (`p.sinks != 0`) the head's
+//! sink logit joins the max and the denominator only: `m = max(max_j S, sink)`,
+//! `l = Σ_j exp(S - m) + exp(sink - m)`, `LSE = m + ln l`; a row whose scores are all `-inf` then
+//! becomes zeros with `LSE = sink`.
 //! Shapes: S/P `[batch, heads, seq_q, seq_kv]` f32 in place; LSE `[batch, heads, seq_q]` f32.
 //! Thread mapping ([`crate::tiles::NAIVE_SOFTMAX`]): one warp per row, lanes stride over the row by 32 and reduce with
 //! `shfl.sync.bfly`; grid `(ceil(seq_q / 4), 1, batch * heads)`, block 128 (4 rows). The row
@@ -56,6 +59,12 @@ pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
     }
     let row_idx = bh * p.seq_q as u64 + i as u64;
     let row = p.scores + 4 * row_idx * p.seq_kv as u64;
+    // Varlen: the sequence's lengths and LSE layout `[heads, total_q]`; warp-uniform guard.
+    let seq = unsafe { sequence_of(p, (bh / p.heads.max(1) as u64) as u32) };
+    let (p, b) = (&seq.p, seq.b);
+    if i >= p.seq_q {
+        return;
+    }
     let n = p.seq_kv;
 
     let mut m = f32::NEG_INFINITY;
@@ -65,8 +74,14 @@ pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
         j += 32;
     }
     let m = warp_max(m);
+    let sink = if p.sinks != 0 && p.heads != 0 {
+        unsafe { ld_f32(p.sinks + 4 * (bh % p.heads as u64)) }
+    } else {
+        f32::NEG_INFINITY
+    };
+    let m = fmax(m, sink);
 
-    let lse_addr = p.lse + 4 * row_idx;
+    let lse_addr = p.lse + 4 * p.lse_offset(b, bh % p.heads.max(1) as u64, seq.q0 + i as u64);
     if m == f32::NEG_INFINITY {
         let mut j = lane;
         while j < n {
@@ -86,7 +101,7 @@ pub(crate) unsafe fn softmax<const ROWS: u32>(p: &AttnParams) {
         l += exp2(unsafe { ld_f32(row + 4 * j as u64) } * LOG2E - m2);
         j += 32;
     }
-    let l = warp_sum(l);
+    let l = warp_sum(l) + exp2(sink * LOG2E - m2);
     let inv_l = 1.0 / l;
     let mut j = lane;
     while j < n {

@@ -99,6 +99,22 @@ impl OnlineSoftmax {
         p
     }
 
+    /// Step 4 with an attention sink: `sink2` is the head's sink logit in the log2 domain
+    /// (`sink * LOG2E`; `-inf` for none). The sink joins the denominator only:
+    /// `O = acc · 2^(m - m') / (l · 2^(m - m') + 2^(sink2 - m'))` with `m' = max(m, sink2)`.
+    /// Returns `(factor for acc, LSE)`; a row that saw no key and has no sink gives `(0, -inf)`,
+    /// a row that saw only the sink `(0, sink)`.
+    #[inline(always)]
+    pub fn finish_with_sink(&self, l_total: f32, sink2: f32) -> (f32, f32) {
+        let m_new = fmax(self.m, sink2);
+        if m_new == f32::NEG_INFINITY {
+            return (0.0, f32::NEG_INFINITY);
+        }
+        let alpha = exp2(self.m - m_new); // 0 when the row saw no key
+        let l = l_total * alpha + exp2(sink2 - m_new);
+        (alpha / l, (m_new + log2(l)) * LN2)
+    }
+
     /// Step 4: `(1 / l, LSE)` for the row's total sum `l_total` (this state's `l`, or the sum of
     /// the lanes' shares); `(0, -inf)` for a row that saw no key, so `O = 0`, never NaN.
     #[inline(always)]
@@ -109,6 +125,16 @@ impl OnlineSoftmax {
             (0.0, f32::NEG_INFINITY)
         }
     }
+}
+
+/// Soft-capped log2-domain score from `x = scale · q·k / cap`: `cap2 · tanh(x)` with
+/// `cap2 = cap · LOG2E`. `tanh(x) = 1 - 2 / (2^(2x·log2 e) + 1)` costs one `ex2` and one
+/// division; it saturates to ±1 for large `|x|` (never NaN) and its absolute error stays near
+/// f32 rounding (about 1e-7).
+#[inline(always)]
+pub fn softcap2(x: f32, cap2: f32) -> f32 {
+    let e = exp2(x * (2.0 * LOG2E));
+    cap2 * (1.0 - 2.0 / (e + 1.0))
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
@@ -155,6 +181,39 @@ mod tests {
             assert!((o - o_ref).abs() < 1e-5 * o_ref.abs().max(1.0), "tile {tile}: {o} vs {o_ref}");
             assert!((lse - lse_ref).abs() < 1e-5 * lse_ref.abs().max(1.0), "tile {tile}: {lse} vs {lse_ref}");
         }
+    }
+
+    #[test]
+    fn softcap_is_tanh_and_saturates() {
+        for x in [-50.0f32, -3.0, -0.7, -1e-4, 0.0, 1e-4, 0.3, 2.5, 40.0, 1e30] {
+            let want = 2.0 * (x as f64).tanh() * LOG2E as f64;
+            let got = softcap2(x, 2.0 * LOG2E) as f64;
+            assert!((got - want).abs() < 1e-6, "x {x}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_sink_joins_the_denominator_only() {
+        // Scores (natural log) 0 and ln 3 with values 4 and 8, sink ln 4: the probabilities are
+        // 1/8 and 3/8 (the sink takes 4/8), O = (4 + 24) / 8 = 3.5, LSE = ln 8.
+        let mut st = OnlineSoftmax::new();
+        let s2 = [0.0f32, 3f32.ln() * LOG2E];
+        let r = st.raise_max(s2[1]);
+        let acc = st.prob(s2[0], r) * 4.0 + st.prob(s2[1], r) * 8.0;
+        let (f, lse) = st.finish_with_sink(st.l, 4f32.ln() * LOG2E);
+        assert!((acc * f - 3.5).abs() < 1e-5 && (lse - 8f32.ln()).abs() < 1e-6, "{} {lse}", acc * f);
+        // No sink: the plain finish.
+        let (f2, lse2) = st.finish_with_sink(st.l, f32::NEG_INFINITY);
+        let (f1, lse1) = st.finish(st.l);
+        assert!((f2 - f1).abs() < 1e-7 && (lse2 - lse1).abs() < 1e-6);
+        // A row that saw only the sink: O = 0 and LSE = sink; a huge sink drives O to 0.
+        let empty = OnlineSoftmax::new();
+        assert_eq!(empty.finish_with_sink(0.0, 2.5 * LOG2E).0, 0.0);
+        assert!((empty.finish_with_sink(0.0, 2.5 * LOG2E).1 - 2.5).abs() < 1e-6);
+        assert_eq!(empty.finish_with_sink(0.0, f32::NEG_INFINITY), (0.0, f32::NEG_INFINITY));
+        let (fh, lseh) = st.finish_with_sink(st.l, 1e30 * LOG2E);
+        assert_eq!(fh, 0.0);
+        assert!((lseh - 1e30).abs() < 1e24);
     }
 
     #[test]

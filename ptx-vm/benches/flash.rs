@@ -87,7 +87,7 @@ fn bench(
         head_dim: d,
         causal: 0,
         softmax_scale: 1.0 / (d as f32).sqrt(),
-        _pad: 0,
+        ..AttnParams::default()
     };
     let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
     let mut walls = Vec::new();

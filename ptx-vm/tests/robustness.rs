@@ -46,7 +46,7 @@ fn flash_output(workers: usize) -> Vec<u8> {
         head_dim: d,
         causal: 1,
         softmax_scale: 0.125,
-        _pad: 0,
+        ..AttnParams::default()
     };
     let dims = FLASH_F32_D64.launch(b, h, s);
     vm.launch(

@@ -31,7 +31,7 @@ fn known_answer(dev: &mut dyn Device, kernel: KernelKind, causal: bool, seq_q: u
         }
     }
     let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
-    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: vec![] };
     let r = run(dev, &spec(p, kernel, 0), Some(&x)).expect("run");
     assert!(r.verified, "{kernel}: {:?}", r.verification.failures);
     for i in 0..seq_q {
@@ -109,7 +109,7 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32,
         }
     }
     let k: Vec<f32> = (0..p.kv_elems()).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
-    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: vec![] };
     assert!(x.representable_in(dtype));
     let r = run(dev, &spec(p, KernelKind::Flash, 0), Some(&x)).expect("run");
     assert!(r.verified, "{dtype}: {:?}", r.verification.failures);
@@ -131,6 +131,157 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32,
                 assert!((got - want).abs() <= 2.0 * u * want.abs() + 1e-6, "{dtype} row {i} d {dd}: {got} vs {want}");
             }
         }
+    }
+}
+
+/// `--window 0,0` (or `0,R` with causal): query `i` sees exactly key `j = i + seq_kv - seq_q`,
+/// so O equals that V row (of K/V head `h / (heads / heads_kv)`) and LSE equals the one score,
+/// computed here by hand; rows with `j < 0` see nothing (O = 0, LSE = -inf). Exact in every dtype:
+/// P is exactly 1 and V is a value of the dtype.
+fn known_answer_diagonal_window(dev: &mut dyn Device, kernel: KernelKind, p: Problem) {
+    let x = Qkv::random(&p, 5);
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {p:?}: {e}"));
+    assert!(r.verified, "{kernel} {p:?}: {:?}", r.verification.failures);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let (nq, nk) = (p.seq_q as usize, p.seq_kv as usize);
+    for i in 0..nq {
+        let j = i as i64 + nk as i64 - nq as i64;
+        for hh in 0..h {
+            let kh = hh / (h / hk);
+            let lse = r.outputs.lse[hh * nq + i];
+            let o = &r.outputs.o[(i * h + hh) * d..][..d];
+            if j < 0 {
+                assert_eq!(lse, f32::NEG_INFINITY, "{kernel} {p:?} row {i}");
+                assert!(o.iter().all(|&v| v == 0.0), "{kernel} {p:?} row {i}: O must be 0");
+                continue;
+            }
+            let vrow = &x.v[((j as usize) * hk + kh) * d..][..d];
+            let tol = if p.dtype.is_16bit() { p.dtype.unit_roundoff() as f32 * 2.0 } else { 1e-6 };
+            for (dd, (&got, &want)) in o.iter().zip(vrow).enumerate() {
+                assert!(
+                    (got - want).abs() <= tol * want.abs() + 1e-6,
+                    "{kernel} {p:?} row {i} head {hh} d {dd}: {got} vs V {want}"
+                );
+            }
+            let q = &x.q[(i * h + hh) * d..][..d];
+            let k = &x.k[((j as usize) * hk + kh) * d..][..d];
+            let s = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * p.softmax_scale() as f64;
+            assert!((lse as f64 - s).abs() < 1e-4 * s.abs().max(1.0), "{kernel} {p:?} row {i}: lse {lse} vs score {s}");
+        }
+    }
+}
+
+/// Sinks with known answers: a sink of 1e30 takes all the weight (O = 0, LSE = 1e30); with
+/// `seq_q > seq_kv` causal, the first rows see only their sink (O = 0, LSE = sink, finite).
+fn known_answer_sinks(dev: &mut dyn Device, kernel: KernelKind, dtype: Dtype, head_dim: u32) {
+    let p = Problem {
+        batch: 1,
+        heads: 4,
+        heads_kv: Some(2),
+        seq_q: 70,
+        seq_kv: 40,
+        head_dim,
+        causal: true,
+        sinks: true,
+        dtype,
+        ..Problem::default()
+    };
+    let (h, d, nq) = (4usize, head_dim as usize, 70usize);
+    let mut x = Qkv::random(&p, 8);
+    x.sinks = vec![0.5, -1.25, 1e30, 3.0];
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {dtype}: {e}"));
+    assert!(r.verified, "{kernel} {dtype} d{head_dim}: {:?}", r.verification.failures);
+    for i in 0..nq {
+        for hh in 0..h {
+            let lse = r.outputs.lse[hh * nq + i];
+            let o = &r.outputs.o[(i * h + hh) * d..][..d];
+            let sink_only = i < nq - 40;
+            if hh == 2 || sink_only {
+                assert!(o.iter().all(|&v| v == 0.0), "{kernel} {dtype} row {i} head {hh}: O must be 0");
+                let want = x.sinks[hh];
+                assert!(
+                    lse.is_finite() && (lse - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{kernel} {dtype} row {i} head {hh}: lse {lse} vs sink {want}"
+                );
+            } else {
+                assert!(o.iter().any(|&v| v.abs() > 1e-3), "{kernel} {dtype} row {i} head {hh}: O looks empty");
+            }
+        }
+    }
+}
+
+/// One inference-options case against the f64 reference, for the kernels of its dtype.
+fn inference_case(dev: &mut dyn Device, p: Problem, kernels: &[KernelKind]) {
+    if p.dtype.is_16bit() {
+        for &k in kernels {
+            case_16(dev, p, k);
+        }
+    } else {
+        sweep_case(dev, p, kernels);
+    }
+}
+
+/// Varlen with Q = 0: every row averages the V rows of its own sequence that it sees. V of packed
+/// key row `t` is `t + d/64`, so a wrong sequence offset, a mask applied to the wrong lengths or
+/// a wrong LSE layout shows as a wrong mean; the expected values are computed here by hand.
+/// Sequence 1 has queries and no keys: without sinks its rows are O = 0, LSE = -inf; with sinks
+/// O = 0, LSE = sink.
+fn known_answer_varlen(dev: &mut dyn Device, kernel: KernelKind, dtype: Dtype, sinks: bool) {
+    let (lq, lk) = ([37u32, 5, 0, 1, 70], [64u32, 0, 3, 1, 130]);
+    let base = Problem { heads: 4, heads_kv: Some(2), head_dim: 64, causal: true, dtype, sinks, ..Problem::default() };
+    let p = Problem::varlen(base, &lq, &lk).unwrap();
+    let (h, hk, d) = (4usize, 2usize, 64usize);
+    let total_kv = p.total_kv() as usize;
+    let mut v = vec![0f32; p.kv_elems() as usize];
+    for t in 0..total_kv {
+        for kh in 0..hk {
+            for dd in 0..d {
+                // Exact in bf16/f16: t < 256 needs 8 bits; keep values small.
+                v[(t * hk + kh) * d + dd] = (t % 16) as f32 + (dd % 4) as f32 / 4.0;
+            }
+        }
+    }
+    let k = vec![0.5f32; p.kv_elems() as usize];
+    let sinks_v = if sinks { vec![0.25, -2.0, 1.5, 0.0] } else { vec![] };
+    let x = Qkv { q: vec![0.0; p.q_elems() as usize], k, v, sinks: sinks_v.clone() };
+    let r = run(dev, &spec(p, kernel, 0), Some(&x)).unwrap_or_else(|e| panic!("{kernel} {dtype}: {e}"));
+    assert!(r.verified, "{kernel} {dtype} sinks {sinks}: {:?}", r.verification.failures);
+    assert_eq!(r.outputs.lse.len(), h * p.total_q() as usize);
+    let u = if dtype.is_16bit() { dtype.unit_roundoff() as f32 } else { 1e-6 };
+    let (mut q0, mut k0) = (0usize, 0usize);
+    for (b, (&nq, &nk)) in lq.iter().zip(&lk).enumerate() {
+        for i in 0..nq as usize {
+            let end = (i as i64 + 1 + nk as i64 - nq as i64).clamp(0, nk as i64) as usize;
+            for hh in 0..h {
+                let lse = r.outputs.lse[hh * p.total_q() as usize + q0 + i];
+                let sink = sinks_v.get(hh).copied().unwrap_or(f32::NEG_INFINITY) as f64;
+                // Every visible score is 0: l = end + e^sink, LSE = ln l, O = mean over weights.
+                let l = end as f64 + sink.exp();
+                let want_lse = if l == 0.0 { f64::NEG_INFINITY } else { l.ln() };
+                if want_lse.is_finite() {
+                    assert!(
+                        (lse as f64 - want_lse).abs() < 1e-5,
+                        "{kernel} {dtype} seq {b} row {i} head {hh}: lse {lse} vs {want_lse}"
+                    );
+                } else {
+                    assert_eq!(lse, f32::NEG_INFINITY, "{kernel} {dtype} seq {b} row {i} head {hh}");
+                }
+                for dd in [0usize, 1, 3, 62] {
+                    let got = r.outputs.o[((q0 + i) * h + hh) * d + dd];
+                    let want = if l == 0.0 {
+                        0.0
+                    } else {
+                        (0..end).map(|j| ((k0 + j) % 16) as f64 + (dd % 4) as f64 / 4.0).sum::<f64>() / l
+                    };
+                    assert!(
+                        (got as f64 - want).abs() <= 4.0 * u as f64 * want.abs() + 1e-5,
+                        "{kernel} {dtype} seq {b} row {i} head {hh} d {dd}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        q0 += nq as usize;
+        k0 += nk as usize;
     }
 }
 
@@ -396,6 +547,75 @@ device_tests! {
                     sweep_case_16(dev, p);
                 }
             }
+        }
+    }
+    // GQA/MQA, windows, soft cap and sinks (docs/semantics.md): known answers in every dtype and
+    // both head dims (f32 at both; bf16 at 64, f16 at 128), GQA ratios 8 and 4.
+    fn inference_known_answers_diagonal_window_and_sinks(dev: &mut dyn Device) {
+        for (dtype, d) in [(Dtype::F32, 64), (Dtype::F32, 128), (Dtype::Bf16, 64), (Dtype::F16, 128)] {
+            for (sq, sk, hk, window, causal) in [(70, 100, 1, (0, 0), false), (100, 70, 2, (0, 5), true)] {
+                let p = Problem { batch: 1, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, dtype, ..Problem::default() };
+                for k in BOTH {
+                    known_answer_diagonal_window(dev, k, p);
+                }
+            }
+            for k in BOTH {
+                known_answer_sinks(dev, k, dtype, d);
+            }
+        }
+    }
+
+    fn inference_f32_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
+        // Windows crossing the f32 tiles' edges (Bc 64 at d64, 32 at d128), seq_q != seq_kv both
+        // ways, GQA ratios 1/4/8, BHSD, soft cap with large scores, sinks.
+        for (d, hk, sq, sk, window, causal, softcap, sinks, layout) in [
+            (64, 8, 77, 150, (40, 3), false, 0.0, false, Layout::Bshd),
+            (64, 2, 150, 77, (-1, 10), false, 0.0, true, Layout::Bhsd),
+            (64, 1, 96, 200, (63, -1), true, 5.0, false, Layout::Bshd),
+            (128, 2, 70, 90, (33, 33), false, 2.0, true, Layout::Bshd),
+            (128, 8, 45, 45, (-1, -1), false, 0.0, true, Layout::Bhsd),
+        ] {
+            let p = Problem { batch: 2, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, softcap, sinks, layout, scale: Some(0.3), ..Problem::default() };
+            inference_case(dev, p, &BOTH);
+        }
+    }
+
+    fn inference_16bit_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
+        // Windows crossing the tensor-core tiles' edges (Br 64; Bc 128 at d64, 64 at d128).
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (d, hk, sq, sk, window, causal, softcap, sinks, layout) in [
+                (64, 2, 130, 300, (100, 20), false, 0.0, true, Layout::Bshd),
+                (64, 1, 200, 129, (127, -1), true, 4.0, false, Layout::Bhsd),
+                (128, 8, 100, 150, (70, 0), false, 3.0, true, Layout::Bshd),
+                (128, 2, 65, 65, (-1, 1), false, 0.0, false, Layout::Bhsd),
+            ] {
+                let p = Problem { batch: 1, heads: 8, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, softcap, sinks, layout, dtype, ..Problem::default() };
+                inference_case(dev, p, &BOTH);
+            }
+        }
+    }
+    // Varlen batches (empty and length-1 sequences, seq_q > seq_kv and < within one batch) in
+    // every kernel: known answers, then the f64 reference with GQA, windows, soft cap and sinks.
+    fn varlen_known_answers_every_kernel(dev: &mut dyn Device) {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for k in BOTH {
+                known_answer_varlen(dev, k, dtype, false);
+            }
+            known_answer_varlen(dev, KernelKind::Flash, dtype, true);
+        }
+        known_answer_varlen(dev, KernelKind::Naive, Dtype::F32, true);
+    }
+
+    fn varlen_against_the_reference(dev: &mut dyn Device) {
+        for (dtype, d, hk, lq, lk, window, softcap, sinks) in [
+            (Dtype::F32, 64, 1, &[100u32, 0, 33, 1][..], &[70u32, 9, 130, 1][..], (40, 0), 0.0, true),
+            (Dtype::F32, 128, 4, &[17, 50][..], &[50, 17][..], (-1, -1), 3.0, false),
+            (Dtype::Bf16, 64, 2, &[130, 1, 0, 65][..], &[200, 1, 7, 65][..], (-1, 0), 0.0, true),
+            (Dtype::F16, 128, 1, &[70, 64][..], &[129, 30][..], (20, 5), 2.0, false),
+        ] {
+            let base = Problem { heads: 4, heads_kv: Some(hk), head_dim: d, window, softcap, sinks, dtype, ..Problem::default() };
+            let p = Problem::varlen(base, lq, lk).unwrap();
+            inference_case(dev, p, &BOTH);
         }
     }
 }

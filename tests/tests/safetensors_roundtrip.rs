@@ -17,7 +17,7 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn qkv_round_trip_is_bit_exact() {
     let p = Problem { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, ..Problem::default() };
     let x = Qkv::random(&p, 9);
-    let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64 };
+    let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, heads_kv: 3, varlen: None };
     let path = tmp("qkv.safetensors");
     write_qkv(&path, shape, &x).unwrap();
     let (s2, y) = read_qkv(&path, Dtype::F32).unwrap();
@@ -40,7 +40,7 @@ fn malformed_and_missing_inputs_are_input_errors() {
 fn run_from_file_and_write_outputs() {
     let p = Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 24, head_dim: 64, causal: true, ..Problem::default() };
     let x = Qkv::random(&p, 4);
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 24, head_dim: 64 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 24, head_dim: 64, heads_kv: 2, varlen: None };
     let inp = tmp("in.safetensors");
     write_qkv(&inp, shape, &x).unwrap();
     let (_, y) = read_qkv(&inp, Dtype::F32).unwrap();
@@ -71,7 +71,7 @@ fn bf16_and_f16_round_trip_is_bit_exact_and_dtype_is_inferred() {
         let p = Problem { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, dtype, ..Problem::default() };
         let x = Qkv::random(&p, 9);
         assert!(x.representable_in(dtype));
-        let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64 };
+        let shape = FileShape { batch: 2, heads: 3, seq_q: 5, seq_kv: 7, head_dim: 64, heads_kv: 3, varlen: None };
         let path = tmp(&format!("qkv_{dtype}.safetensors"));
         write_qkv_as(&path, shape, dtype, &x).unwrap();
         let (s2, d2, y) = read_qkv_as(&path, None).unwrap();
@@ -115,7 +115,7 @@ fn run_bf16_from_file_and_write_bf16_outputs() {
     let mut dev = memattn_tests::vm_device();
     memattn_tests::require_kernel(&dev, "flash_fwd_bf16_d128");
     let x = Qkv::random(&p, 4);
-    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 30, head_dim: 128 };
+    let shape = FileShape { batch: 1, heads: 2, seq_q: 24, seq_kv: 30, head_dim: 128, heads_kv: 2, varlen: None };
     let inp = tmp("in_bf16.safetensors");
     write_qkv_as(&inp, shape, Dtype::Bf16, &x).unwrap();
     let (_, dtype, y) = read_qkv_as(&inp, None).unwrap();

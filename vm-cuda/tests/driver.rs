@@ -108,7 +108,8 @@ fn reference(q: &[f32], k: &[f32], v: &[f32], shape: (usize, usize, usize, usize
     let scale = 1.0 / (d as f64).sqrt();
     for hh in 0..h {
         for i in 0..sq {
-            let end = kernels_gpu::abi::causal_key_end(causal, i as u32, sq as u32, skv as u32).max(0) as usize;
+            // Bottom-right causal: query i sees keys j <= i + skv - sq.
+            let end = if causal { (i as i64 + 1 + skv as i64 - sq as i64).clamp(0, skv as i64) as usize } else { skv };
             let qi = &q[(hh * sq + i) * d..][..d];
             let s: Vec<f64> = (0..end)
                 .map(|j| (0..d).map(|t| qi[t] as f64 * k[(hh * skv + j) * d + t] as f64).sum::<f64>() * scale)
@@ -160,7 +161,7 @@ fn flash_kernel_matches_an_f64_reference() {
             head_dim: d as u32,
             causal: causal as u32,
             softmax_scale: 1.0 / (d as f32).sqrt(),
-            _pad: 0,
+            ..AttnParams::default()
         });
         let dims = FLASH_F32_D64.launch(1, h as u32, sq as u32);
         let cfg = LaunchConfig {

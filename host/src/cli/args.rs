@@ -44,6 +44,8 @@ Examples:
   memattn compare --vary seq-q=128,256 --kernel flash
   memattn run --dtype bf16 --causal                tensor-core flash kernel, checked against f64
   memattn compare --vary dtype=f32,bf16            the same problem in f32 and bf16 (flash)
+  memattn run --heads 8 --heads-kv 2 --window 255,0   GQA with a local window (docs/semantics.md)
+  memattn run --sliding-window 256 --softcap 50 --sinks   a model config's sliding_window W = --window W-1,0 --causal
   memattn sweep --vary seq=64,128,256 --plot sweep.svg
   memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2
                                                    naive at seq 256 needs over 1 MiB: shown, not run
@@ -54,6 +56,7 @@ Examples:
                                                    memory budget of an inference, before anything runs
   memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
   memattn evidence show evidence.jsonl             the runs kept so far
+  memattn check --kernel flash --dtype f32         the bug-catching sweep: pass/fail per case
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -146,6 +149,13 @@ pub enum Command {
     /// --buf x=f32:1000:iota --buf y=f32:1000:zeros --arg u32=1000 --arg f32=2 --arg buf=x
     /// --arg buf=y --show y`.
     Launch(LaunchArgs),
+    /// For kernel authors: a fixed sweep of the shapes that catch the usual bugs (tails that are
+    /// not tile multiples, fully masked causal rows, seq 1, several blocks/heads/batches,
+    /// BSHD/BHSD, GQA ratios 1/4/8, windows crossing tile edges, soft cap and sinks, varlen with an
+    /// empty and a length-1 sequence) for one kernel family and dtype, every row checked against
+    /// the f64 reference; prints a pass/fail table, exits 1 on a failed case (3 if a case hit a
+    /// device or kernel error).
+    Check(CheckArgs),
 }
 
 const PLAN_EXAMPLES: &str = "\
@@ -286,9 +296,40 @@ pub struct ProblemArgs {
     /// uses the rounded values.
     #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
-    /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q.
+    /// Causal mask, bottom-right aligned: query i sees key j iff j <= i + seq_kv - seq_q (the
+    /// window's right side set to 0). Semantics of every option: docs/semantics.md.
     #[arg(long)]
     pub causal: bool,
+    /// K/V heads for grouped-query (GQA) or multi-query (MQA, 1) attention [default: --heads].
+    /// Must divide --heads; query head h reads K/V head h / (heads / heads_kv). Example: --heads 32
+    /// --heads-kv 8 (Llama-3 8B).
+    #[arg(long, value_name = "N")]
+    pub heads_kv: Option<u32>,
+    /// Local attention window L,R (FlashAttention-2 convention, -1 = unbounded, bottom-right
+    /// aligned): query i sees key j iff i + seq_kv - seq_q - L <= j <= i + seq_kv - seq_q + R.
+    /// --causal sets R = 0. Example: --window 4095,0 (each query sees itself and 4095 keys before).
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true, conflicts_with = "sliding_window")]
+    pub window: Option<String>,
+    /// A model config's `sliding_window = W` (Mistral, HF): shorthand for --window W-1,0 --causal.
+    /// Note the off-by-one: W counts the query itself, so the left side is W - 1.
+    #[arg(long, value_name = "W")]
+    pub sliding_window: Option<u32>,
+    /// Logit soft cap C (Gemma-2: 50): scores become C * tanh(scale * q.k / C) [default: 0 = off].
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss): one f32 logit per query head joins the softmax denominator only,
+    /// O = sum_j e^(s_j - m) v_j / (e^(sink - m) + sum_j e^(s_j - m)). Random logits (normal + 1,
+    /// from --seed), or the `sinks` tensor [heads] F32 of --inputs.
+    #[arg(long)]
+    pub sinks: bool,
+    /// Varlen batch: the query length of each packed sequence (the batch is their count), e.g.
+    /// 100,37,0,512; Q and O are [total_q, heads, d], LSE [heads, total_q]; masks and windows apply
+    /// per sequence, bottom-right aligned within each. Empty sequences produce nothing.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["batch", "seq", "seq_q", "seq_kv"])]
+    pub seqlens_q: Option<Vec<u32>>,
+    /// Varlen: the key/value length of each sequence [default: --seqlens-q].
+    #[arg(long, value_name = "M,M,...", value_delimiter = ',', requires = "seqlens_q")]
+    pub seqlens_kv: Option<Vec<u32>>,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
@@ -335,7 +376,9 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// The option to vary and its values: kernel, dtype, batch, heads, seq (both lengths), seq-q,
-    /// seq-kv, head-dim, causal, layout.
+    /// seq-kv, head-dim, causal, layout, heads-kv, window (L:R pairs, e.g. window=255:0,-1:0),
+    /// sliding-window, softcap, sinks (true/false), seqlens-q and seqlens-kv (lengths joined by
+    /// `:`, e.g. seqlens-q=100:37:512,64:64).
     #[arg(long, default_value = "kernel=naive,flash", value_name = "KEY=A,B[,C...]")]
     pub vary: String,
     /// Kernel for the runs when --vary is not `kernel` [default: flash].
@@ -424,6 +467,22 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub count: usize,
     /// Seed of `randn` buffers.
+    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// naive or flash [default: flash].
+    #[arg(long, value_name = "naive|flash")]
+    pub kernel: Option<KernelKind>,
+    /// f32, bf16 or f16 [default: f32].
+    #[arg(long, value_name = "f32|bf16|f16")]
+    pub dtype: Option<Dtype>,
+    /// Only this head dim [default: every flash head dim of the dtype; 64 and 128 for naive].
+    #[arg(long, value_name = "D")]
+    pub head_dim: Option<u32>,
+    /// Seed of the random inputs.
     #[arg(long, default_value_t = 0, value_name = "SEED")]
     pub seed: u64,
 }

@@ -77,6 +77,7 @@ fn command_name(cli: &Cli) -> &'static str {
         Plan(_) => "plan",
         Evidence(_) => "evidence",
         Launch(_) => "launch",
+        Check(_) => "check",
     }
 }
 

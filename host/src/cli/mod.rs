@@ -1,6 +1,7 @@
 //! The `memattn` command line: argument definitions and one function per subcommand.
 
 pub mod args;
+mod check;
 mod compare;
 mod doctor;
 pub mod evidence;
@@ -44,6 +45,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Plan(a) => plan::plan(cli, a),
         Command::Evidence(e) => evidence::command(cli, e),
         Command::Launch(a) => launch::launch(cli, a),
+        Command::Check(a) => check::check(cli, a),
     }));
     let outcome = match outcome {
         Ok(o) => o,
@@ -181,6 +183,14 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         check("seq-q", a.seq_q.or(a.seq), f.seq_q)?;
         check("seq-kv", a.seq_kv.or(a.seq), f.seq_kv)?;
         check("head-dim", a.head_dim, f.head_dim)?;
+        check("heads-kv", a.heads_kv, f.heads_kv)?;
+        if f.varlen.is_some() && (a.seqlens_q.is_some() || a.batch.is_some()) {
+            return Err(Error::Usage(
+                "the input file is varlen (it has cu_seqlens_q): leave out --seqlens-q/--batch, the lengths come from the file"
+                    .into(),
+            ));
+        }
+        p.heads_kv = Some(f.heads_kv);
         p.batch = f.batch;
         p.heads = f.heads;
         p.seq_q = f.seq_q;
@@ -193,6 +203,25 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         p.seq_kv = a.seq.or(a.seq_kv).unwrap_or(sq);
         p.seq_q = sq;
         p.head_dim = a.head_dim.unwrap_or(p.head_dim);
+        p.heads_kv = a.heads_kv.or(p.heads_kv);
+    }
+    if let Some(w) = &a.window {
+        p.window = parse_window(w, "--window", ',')?;
+    }
+    if let Some(w) = a.sliding_window {
+        p.window = sliding_window(w)?;
+        p.causal = true;
+    }
+    if let Some(c) = a.softcap {
+        p.softcap = c;
+    }
+    p.sinks = a.sinks || p.sinks;
+    if let Some(q) = &a.seqlens_q {
+        let kv = a.seqlens_kv.clone().unwrap_or_else(|| q.clone());
+        p = Problem::varlen(p, q, &kv)?;
+    }
+    if let Some(v) = file.and_then(|f| f.varlen) {
+        p = Problem::varlen(p, v.seqlens_q, v.seqlens_kv)?;
     }
     p.dtype = a.dtype.unwrap_or(p.dtype);
     p.causal = a.causal || p.causal;
@@ -234,7 +263,48 @@ pub struct Vary {
     pub values: Vec<String>,
 }
 
-pub const VARY_KEYS: &str = "kernel, dtype, batch, heads, seq, seq-q, seq-kv, head-dim, causal, layout";
+pub const VARY_KEYS: &str = "kernel, dtype, batch, heads, seq, seq-q, seq-kv, head-dim, causal, layout, \
+                             heads-kv, window, sliding-window, softcap, sinks, seqlens-q, seqlens-kv";
+
+/// `L<sep>R` of a window (`-1` = unbounded); each side must be `-1` or a key count `>= 0`.
+pub fn parse_window(s: &str, what: &str, sep: char) -> Result<(i32, i32), Error> {
+    let usage = || {
+        Error::Usage(format!(
+            "{what} `{s}`: expected L{sep}R, two integers, each -1 (unbounded) or a number of keys >= 0 \
+             (e.g. 4095{sep}0); query i sees key j iff i + seq_kv - seq_q - L <= j <= i + seq_kv - seq_q + R"
+        ))
+    };
+    let (l, r) = s.split_once(sep).ok_or_else(usage)?;
+    let l: i32 = l.trim().parse().map_err(|_| usage())?;
+    let r: i32 = r.trim().parse().map_err(|_| usage())?;
+    for (side, v) in [("left", l), ("right", r)] {
+        if v < -1 {
+            return Err(Error::Usage(format!(
+                "{what} `{s}`: the {side} side is {v}; each side must be -1 (unbounded) or a number of keys >= 0"
+            )));
+        }
+    }
+    Ok((l, r))
+}
+
+/// `sliding_window = W` (a model config's convention) as a window: `(W - 1, 0)`.
+pub fn sliding_window(w: u32) -> Result<(i32, i32), Error> {
+    if w == 0 || w > i32::MAX as u32 {
+        return Err(Error::Usage(format!(
+            "--sliding-window {w}: W must be at least 1 (it counts the query itself: W = 1 sees only the diagonal, \
+             the same as --window 0,0 --causal)"
+        )));
+    }
+    Ok((w as i32 - 1, 0))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, Error> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "on" | "yes" => Ok(true),
+        "false" | "0" | "off" | "no" => Ok(false),
+        _ => Err(Error::Usage(format!("--vary {key}: `{value}` is not true/false"))),
+    }
+}
 
 pub fn parse_vary(s: &str) -> Result<Vary, Error> {
     let Some((k, v)) = s.split_once('=') else {
@@ -249,6 +319,14 @@ pub fn parse_vary(s: &str) -> Result<Vary, Error> {
     let mut p = Problem::default();
     let mut kernel = KernelKind::Flash;
     for value in &values {
+        if key == "seqlens-kv" {
+            // Needs the run's --seqlens-q; checked per run. Here: the numbers.
+            for n in value.split(':') {
+                n.parse::<u32>()
+                    .map_err(|_| Error::Usage(format!("--vary {key}: `{n}` is not a non-negative integer")))?;
+            }
+            continue;
+        }
         apply_vary(&key, value, &mut p, &mut kernel)?;
     }
     Ok(Vary { key, values })
@@ -319,6 +397,11 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
     let num = |v: &str| -> Result<u32, Error> {
         v.parse::<u32>().map_err(|_| Error::Usage(format!("--vary {key}: `{v}` is not a non-negative integer")))
     };
+    if p.varlen.is_some() && matches!(key, "batch" | "seq" | "seq-q" | "seq-kv") {
+        return Err(Error::Usage(format!(
+            "--vary {key} with --seqlens-q: a varlen batch takes its batch and lengths from the lists; vary seqlens-q instead"
+        )));
+    }
     match key {
         "kernel" => {
             *kernel = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
@@ -342,6 +425,38 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
         }
         "layout" => {
             p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
+        }
+        "heads-kv" => p.heads_kv = Some(num(value)?),
+        "window" => p.window = parse_window(value, "--vary window", ':')?,
+        "sliding-window" => {
+            p.window = sliding_window(num(value)?)?;
+            p.causal = true;
+        }
+        "softcap" => {
+            p.softcap =
+                value.parse::<f32>().map_err(|_| Error::Usage(format!("--vary softcap: `{value}` is not a number")))?;
+            if !(p.softcap.is_finite() && p.softcap >= 0.0) {
+                return Err(Error::Usage(format!(
+                    "--vary softcap: {value} is invalid; it must be 0 (off) or a finite number > 0"
+                )));
+            }
+        }
+        "sinks" => p.sinks = parse_bool(key, value)?,
+        "seqlens-q" | "seqlens-kv" => {
+            let lens: Vec<u32> = value.split(':').map(num).collect::<Result<_, _>>()?;
+            let (q, kv) = match (key, p.varlen) {
+                ("seqlens-q", Some(v)) if v.seqlens_kv.len() == lens.len() && v.seqlens_kv != v.seqlens_q => {
+                    (lens.clone(), v.seqlens_kv.to_vec())
+                }
+                ("seqlens-q", _) => (lens.clone(), lens.clone()),
+                (_, Some(v)) => (v.seqlens_q.to_vec(), lens.clone()),
+                (_, None) => {
+                    return Err(Error::Usage(
+                        "--vary seqlens-kv needs --seqlens-q (the query lengths of the same sequences)".into(),
+                    ))
+                }
+            };
+            *p = Problem::varlen(*p, &q, &kv)?;
         }
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
     }

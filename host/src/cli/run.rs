@@ -30,6 +30,15 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if let Some(d) = file_dtype {
         problem.dtype = d;
     }
+    // A file's `sinks` tensor turns sinks on; --sinks with a file needs that tensor.
+    if let Some(x) = &inputs {
+        if problem.sinks && x.sinks.is_empty() {
+            return Err(Error::Usage(
+                "--sinks with --inputs needs a `sinks` tensor ([heads] F32) in the input file".into(),
+            ));
+        }
+        problem.sinks = !x.sinks.is_empty();
+    }
     problem.validate_shape(kernel)?;
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel,
@@ -55,6 +64,8 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             seq_q: problem.seq_q,
             seq_kv: problem.seq_kv,
             head_dim: problem.head_dim,
+            heads_kv: problem.kv_heads(),
+            varlen: problem.varlen,
         };
         // A write that fails after all (disk full, file-size limit) leaves the old file whole;
         // the measured result is still printed and saved, and the run exits 2.
@@ -62,13 +73,17 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             eprintln!("error: {e}");
             write_error = Some(e.to_string());
         } else if !cli.json {
-            println!(
-                "wrote o {:?} {} and lse {:?} f32 to {}",
-                [shape.batch, shape.seq_q, shape.heads, shape.head_dim],
-                problem.dtype,
-                [shape.batch, shape.heads, shape.seq_q],
-                path.display()
-            );
+            let (o_shape, lse_shape) = match problem.varlen {
+                Some(_) => {
+                    let t = problem.total_q() as u32;
+                    (vec![t, shape.heads, shape.head_dim], vec![shape.heads, t])
+                }
+                None => (
+                    vec![shape.batch, shape.seq_q, shape.heads, shape.head_dim],
+                    vec![shape.batch, shape.heads, shape.seq_q],
+                ),
+            };
+            println!("wrote o {o_shape:?} {} and lse {lse_shape:?} f32 to {}", problem.dtype, path.display());
         }
         if write_error.is_none() {
             written = Some(path);

@@ -1,0 +1,158 @@
+//! `memattn check`: a fixed sweep of the shapes that catch the usual attention-kernel bugs, for
+//! one kernel family and dtype, with a pass/fail table.
+//!
+//! Each case runs verified against the f64 reference on every query row (outputs poisoned with
+//! NaN first, VM memcheck on). The cases target one bug class each: lengths that are not a
+//! multiple of any tile (off-by-one in a mask or a tail), `seq_q > seq_kv` with causal (fully
+//! masked rows), single rows and keys, several blocks, heads and batches, BSHD and BHSD, GQA
+//! ratios 1/4/8, windows whose edges fall inside a key tile, soft cap and sinks, and varlen
+//! batches with an empty and a length-1 sequence.
+
+use super::args::{CheckArgs, Cli};
+use super::{open_device, print_json, save_evidence};
+use kernels_gpu::KernelId;
+use memattn::error::{exit, Error};
+use memattn::problem::{KernelKind, Layout, Problem};
+use memattn::reference::RowSelection;
+use memattn::runner::{run, RunSpec};
+use memattn::Dtype;
+
+/// One case: what it is for and its problem.
+struct Case {
+    name: &'static str,
+    catches: &'static str,
+    problem: Problem,
+}
+
+/// The fixed sweep for `dtype` at head dim `d`.
+fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
+    let p = |batch, heads, sq, sk| Problem {
+        batch,
+        heads,
+        seq_q: sq,
+        seq_kv: sk,
+        head_dim: d,
+        dtype,
+        ..Problem::default()
+    };
+    let varlen = |causal, window| -> Result<Problem, Error> {
+        let base = Problem { heads: 4, heads_kv: Some(2), causal, window, ..p(1, 4, 1, 1) };
+        Ok(Problem::varlen(base, &[100, 0, 1, 37, 65], &[64, 5, 1, 130, 65])?)
+    };
+    let c = |name, catches, problem| Case { name, catches, problem };
+    Ok(vec![
+        c("tails", "seq not a multiple of any tile (67 x 67)", p(1, 2, 67, 67)),
+        c("tails causal", "causal mask at a tile tail (67 x 67)", Problem { causal: true, ..p(1, 2, 67, 67) }),
+        c("seq_q < seq_kv", "bottom-right causal alignment (33 x 100)", Problem { causal: true, ..p(1, 2, 33, 100) }),
+        c(
+            "seq_q > seq_kv",
+            "fully masked rows: O = 0, LSE = -inf (100 x 33)",
+            Problem { causal: true, ..p(1, 2, 100, 33) },
+        ),
+        c("seq 1", "a single query and key", Problem { causal: true, ..p(1, 1, 1, 1) }),
+        c("one query", "one query, a few keys", p(1, 1, 1, 5)),
+        c(
+            "blocks, heads, batch",
+            "grid indexing (2 x 3 heads, 130 x 129)",
+            Problem { causal: true, ..p(2, 3, 130, 129) },
+        ),
+        c(
+            "bhsd",
+            "strided layout [batch, heads, seq, d]",
+            Problem { causal: true, layout: Layout::Bhsd, ..p(2, 2, 70, 130) },
+        ),
+        c("gqa 1", "heads_kv = heads", Problem { heads_kv: Some(8), causal: true, ..p(1, 8, 77, 150) }),
+        c("gqa 4", "heads_kv = heads / 4", Problem { heads_kv: Some(2), causal: true, ..p(1, 8, 77, 150) }),
+        c("gqa 8 (mqa)", "heads_kv = 1", Problem { heads_kv: Some(1), layout: Layout::Bhsd, ..p(1, 8, 77, 150) }),
+        c("window in tile", "window edges inside key tiles (40, 3)", Problem { window: (40, 3), ..p(1, 2, 130, 200) }),
+        c(
+            "window causal",
+            "sliding window crossing tile edges (127, 0)",
+            Problem { window: (127, 0), ..p(1, 2, 200, 300) },
+        ),
+        c("window 0", "each row sees one key (0, 0)", Problem { window: (0, 0), ..p(1, 2, 100, 70) }),
+        c(
+            "softcap + sinks",
+            "soft cap 5 and per-head sinks",
+            Problem { softcap: 5.0, sinks: true, causal: true, ..p(1, 4, 70, 90) },
+        ),
+        c("varlen causal", "varlen with empty and length-1 sequences", varlen(true, (-1, -1))?),
+        c("varlen window", "varlen with a window per sequence", varlen(false, (20, 5))?),
+    ])
+}
+
+pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
+    let kernel = a.kernel.unwrap_or(KernelKind::Flash);
+    let dtype = a.dtype.unwrap_or(Dtype::F32);
+    if !kernel.supports(dtype) {
+        return Err(Error::Usage(format!("check: there is no {kernel} kernel in {dtype}")));
+    }
+    let dims: Vec<u32> = match a.head_dim {
+        Some(d) => vec![d],
+        None => match kernel {
+            KernelKind::Flash => KernelId::flash_head_dims(dtype.elem()).to_vec(),
+            KernelKind::Naive => vec![64, 128],
+        },
+    };
+    let mut all = Vec::new();
+    for &d in &dims {
+        for c in cases(dtype, d)? {
+            c.problem.validate_shape(kernel)?;
+            all.push((d, c));
+        }
+    }
+    let (mut dev, reason) = open_device(cli)?;
+    if !cli.json {
+        println!(
+            "check: {kernel} {dtype}, head dims {dims:?}, {} cases, every query row against the f64 reference",
+            all.len()
+        );
+        println!("{:<6} {:<22} {:<6} {:>10} {:>10}  catches", "d", "case", "result", "O rel RMS", "bound");
+    }
+    let (mut failed, mut device_errors) = (0, 0);
+    let mut rows = Vec::new();
+    for (d, c) in &all {
+        let spec = RunSpec { seed: a.seed, check: RowSelection::All, ..RunSpec::new(c.problem, kernel) };
+        let (result, err, bound, detail) = match run(dev.as_mut(), &spec, None) {
+            Ok(r) => {
+                let res = if r.verified { "PASS" } else { "FAIL" };
+                (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), r.verification.failures.join("; "))
+            }
+            Err(e) => {
+                if e.exit_code() == exit::DEVICE {
+                    device_errors += 1;
+                }
+                ("FAIL", None, None, e.to_string())
+            }
+        };
+        if result == "FAIL" {
+            failed += 1;
+        }
+        let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
+        if !cli.json {
+            println!("{:<6} {:<22} {:<6} {:>10} {:>10}  {}", d, c.name, result, fmt(err), fmt(bound), c.catches);
+            if result == "FAIL" {
+                println!("       {detail}");
+            }
+        }
+        rows.push(serde_json::json!({
+            "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
+            "rel_rms_err": err, "bound": bound, "detail": detail, "shape": c.problem.shape_json(),
+        }));
+    }
+    let v = serde_json::json!({
+        "command": "check", "backend": dev.backend().name(), "backend_reason": reason,
+        "kernel": kernel, "dtype": dtype, "cases": rows, "failed": failed, "passed": failed == 0,
+    });
+    save_evidence(cli, &v)?;
+    if cli.json {
+        print_json(&v);
+    } else {
+        println!("check: {} of {} cases passed", all.len() - failed, all.len());
+    }
+    Ok(match (failed, device_errors) {
+        (0, _) => exit::SUCCESS,
+        (_, 0) => exit::VERIFICATION_FAILED,
+        _ => exit::DEVICE,
+    })
+}
