@@ -26,10 +26,10 @@ fn range_note<T>() -> String {
     }
 }
 
-fn non_negative_u32(s: &str) -> Result<u32, String> {
+pub fn non_negative_u32(s: &str) -> Result<u32, String> {
     non_negative(s)
 }
-fn non_negative_u64(s: &str) -> Result<u64, String> {
+pub fn non_negative_u64(s: &str) -> Result<u64, String> {
     non_negative(s)
 }
 fn non_negative_usize(s: &str) -> Result<usize, String> {
@@ -49,6 +49,7 @@ Examples:
   memattn doctor                                   GPU, driver, embedded PTX, ptxas, next step
   memattn kernels                                  entry points, parameters, ptxas resources
   memattn trace --kernel flash --thread 5          the instructions one VM thread executes
+  memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto   KV-cache decode
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -123,6 +124,9 @@ pub enum Command {
     /// VM only: print the instructions one thread of one kernel executes, with the registers it
     /// writes (for learning how the kernel works).
     Trace(TraceArgs),
+    /// KV-cache decode: split-KV attention over a contiguous or paged cache with GQA and cache
+    /// append, verified against the f64 reference, with the split plan and the memory figures.
+    Decode(super::decode::DecodeArgs),
 }
 
 /// The attention problem. Unset options take the defaults shown (or the shape of `--inputs`).

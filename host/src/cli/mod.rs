@@ -2,6 +2,7 @@
 
 pub mod args;
 mod compare;
+pub mod decode;
 mod doctor;
 mod run;
 mod sweep;
@@ -34,6 +35,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Doctor => doctor::doctor(cli),
         Command::Kernels => doctor::kernels(cli),
         Command::Trace(a) => trace::trace(cli, a),
+        Command::Decode(a) => decode::decode(cli, a),
     }
 }
 
