@@ -137,3 +137,77 @@ fn decode_bad_input_exits_2_naming_the_rule() {
         assert!(h.contains(needle), "decode --help lacks {needle}");
     }
 }
+
+/// Writes a decode input file: batch 2, heads 4, heads_kv 2, d 64, paged cache of 3 pages of 8
+/// (sequence 0: 9 keys in pages 2 and 0, sequence 1: 4 keys in page 1), one new token each.
+fn write_inputs(path: &std::path::Path, table: &[u32], seqlens: &[i32]) {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let f32s = |n: usize, k: usize| -> Vec<u8> {
+        (0..n).flat_map(|i| (((i * 37 + k * 11) % 29) as f32 / 14.0 - 1.0).to_le_bytes()).collect()
+    };
+    let (q, kc, vc, kn, vn) = (
+        f32s(2 * 4 * 64, 1),
+        f32s(3 * 8 * 2 * 64, 2),
+        f32s(3 * 8 * 2 * 64, 3),
+        f32s(2 * 2 * 64, 4),
+        f32s(2 * 2 * 64, 5),
+    );
+    let t: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let l: Vec<u8> = seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = [
+        ("q", TensorView::new(Dtype::F32, vec![2, 1, 4, 64], &q).unwrap()),
+        ("k_cache", TensorView::new(Dtype::F32, vec![3, 8, 2, 64], &kc).unwrap()),
+        ("v_cache", TensorView::new(Dtype::F32, vec![3, 8, 2, 64], &vc).unwrap()),
+        ("k_new", TensorView::new(Dtype::F32, vec![2, 1, 2, 64], &kn).unwrap()),
+        ("v_new", TensorView::new(Dtype::F32, vec![2, 1, 2, 64], &vn).unwrap()),
+        ("block_table", TensorView::new(Dtype::U32, vec![2, 2], &t).unwrap()),
+        ("cache_seqlens", TensorView::new(Dtype::I32, vec![2], &l).unwrap()),
+    ];
+    std::fs::write(path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+}
+
+#[test]
+fn decode_reads_inputs_and_refuses_bad_block_tables() {
+    let dir = std::env::temp_dir().join(format!("memattn-decode-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    // Sequence 0 has 9 keys + 1 new = 10 (pages 2, 0); sequence 1 has 4 + 1 (page 1).
+    write_inputs(&inp, &[2, 0, 1, 7], &[9, 4]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--splits",
+        "2",
+        "--output",
+        out.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["inputs"], "given");
+    assert_eq!((v["heads_kv"].as_u64(), v["new_tokens"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(v["cache"]["page_size"], 8);
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("k_cache").unwrap().shape(), [3, 8, 2, 64]);
+    // Page 7 of 3: refused, naming the rule.
+    write_inputs(&inp, &[2, 7, 1, 0], &[9, 4]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "past num_pages");
+    write_inputs(&inp, &[2, 0, 1, 0], &[9, -1]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "negative entry");
+    // 9 + 1 keys in 2 pages of 8 fits; 17 + 1 does not.
+    write_inputs(&inp, &[2, 0, 1, 0], &[17, 4]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "needs 3 pages of 8");
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap(), "--heads", "4"],
+        "cannot be used with",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -121,6 +121,18 @@ impl Variant {
         }
     }
 
+    /// Bytes of the kernel's by-value parameter struct (its one `.param`): [`crate::abi::AttnParams`]
+    /// for naive and flash, [`crate::decode_abi::DecodeParams`] for decode and append,
+    /// [`crate::decode_abi::MergeParams`] for the combine; the smoke kernel's four scalars take 24.
+    pub const fn param_bytes(&self) -> usize {
+        match self.family {
+            Family::Smoke => 24,
+            Family::DecodeFwd | Family::DecodeAppend => crate::decode_abi::DECODE_PARAMS_BYTES,
+            Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
+            _ => crate::abi::ATTN_PARAMS_BYTES,
+        }
+    }
+
     /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
     pub const fn tensor_cores(&self) -> bool {
         matches!(self.tile, Tile::FlashMma(_))

@@ -4,7 +4,9 @@
 use super::args::{non_negative_u32, non_negative_u64, Cli};
 use super::{check_output, open_device, print_json, save_evidence};
 use clap::Args;
-use memattn::decode::{run_decode, DecodeProblem, DecodeReport, DecodeSpec, Splits, DEFAULT_SM_COUNT};
+use memattn::decode::{
+    run_decode, CacheLayout, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Splits, DEFAULT_SM_COUNT,
+};
 use memattn::dtype::Dtype;
 use memattn::error::{exit, Error};
 use memattn::units::human_bytes;
@@ -86,6 +88,13 @@ pub struct DecodeArgs {
     /// `page-size=16,256` (`0` = contiguous), `dtype=f32,bf16`.
     #[arg(long, value_name = "KEY=A,B[,...]")]
     pub vary: Option<String>,
+    /// Read the tensors from a safetensors file instead of drawing them: `q` `[batch, seq_q,
+    /// heads, d]`, `k_cache`, `v_cache` (`[batch, seq_cache, heads_kv, d]`, or `[num_pages,
+    /// page_size, heads_kv, d]` with `block_table`), `cache_seqlens` `[batch]` (U32/I32), optional
+    /// `block_table` `[batch, max_pages]` (U32/I32), `k_new`, `v_new` `[batch, new, heads_kv, d]`;
+    /// F32, BF16 or F16, one dtype. Shapes, lengths, page size and dtype then come from the file.
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary"])]
+    pub inputs: Option<std::path::PathBuf>,
     /// Write `o`, `lse` and the cache after the append (`k_cache`, `v_cache`, in the cache's
     /// layout) to a safetensors file (atomically, only when the run verified).
     #[arg(long, value_name = "FILE.safetensors")]
@@ -139,6 +148,101 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
     }
     q.validate()?;
     Ok(q)
+}
+
+/// Reads the tensors of `--inputs`; returns the problem (with `base`'s split, scale and causal
+/// options) and the inputs. Every shape rule broken is exit 2 naming the tensor.
+fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodeProblem, DecodeInputs), Error> {
+    let bytes = memattn::files::read_regular(path, memattn::files::MAX_INPUT_BYTES, "input file")?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Usage(format!("{} is not a valid safetensors file: {e}", path.display())))?;
+    let bad = |m: String| Error::Usage(format!("{}: {m}", path.display()));
+    let q = st.tensor("q").map_err(|_| bad("no tensor `q`".into()))?;
+    let dtype =
+        Dtype::from_safetensors(q.dtype()).ok_or_else(|| bad(format!("q is {:?}; F32, BF16 or F16", q.dtype())))?;
+    let float = |name: &str| -> Result<Option<(Vec<usize>, Vec<f32>)>, Error> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        if t.dtype() != dtype.safetensors() {
+            return Err(bad(format!("`{name}` is {:?} but q is {:?}: one dtype for all", t.dtype(), q.dtype())));
+        }
+        if t.shape().len() != 4 {
+            return Err(bad(format!("`{name}` has shape {:?}; 4 dimensions expected", t.shape())));
+        }
+        Ok(Some((t.shape().to_vec(), dtype.decode(t.data()))))
+    };
+    let index = |name: &str| -> Result<Option<(Vec<usize>, Vec<u32>)>, Error> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        let v: Vec<u32> = match t.dtype() {
+            safetensors::Dtype::U32 => {
+                t.data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            safetensors::Dtype::I32 => {
+                let v: Vec<i32> =
+                    t.data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                if let Some(n) = v.iter().find(|&&n| n < 0) {
+                    return Err(bad(format!("`{name}` has a negative entry {n}")));
+                }
+                v.into_iter().map(|n| n as u32).collect()
+            }
+            d => return Err(bad(format!("`{name}` is {d:?}; U32 or I32 expected"))),
+        };
+        Ok(Some((t.shape().to_vec(), v)))
+    };
+    let need = |name: &str, x: Option<(Vec<usize>, Vec<f32>)>| x.ok_or_else(|| bad(format!("no tensor `{name}`")));
+    let (qs, qv) = need("q", float("q")?)?;
+    let (ks, kv) = need("k_cache", float("k_cache")?)?;
+    let (vs, vv) = need("v_cache", float("v_cache")?)?;
+    let (ls, lens) = index("cache_seqlens")?.ok_or_else(|| bad("no tensor `cache_seqlens`".into()))?;
+    let [b, sq, h, d] = [qs[0], qs[1], qs[2], qs[3]];
+    if ks != vs || ks[3] != d {
+        return Err(bad(format!("k_cache {ks:?} and v_cache {vs:?} must have one shape with head_dim {d} of q")));
+    }
+    if ls != [b] {
+        return Err(bad(format!("cache_seqlens has shape {ls:?}, expected [{b}] (batch of q)")));
+    }
+    let hk = ks[2];
+    let (new_k, new_v, seq_new) = match (float("k_new")?, float("v_new")?) {
+        (None, None) => (Vec::new(), Vec::new(), 0),
+        (Some((a, x)), Some((c, y))) if a == c && a[0] == b && a[2] == hk && a[3] == d => (x, y, a[1]),
+        _ => return Err(bad(format!("k_new and v_new must both be [{b}, new, {hk}, {d}]"))),
+    };
+    let u32_of = |n: usize, what: &str| u32::try_from(n).map_err(|_| bad(format!("{what} {n} is over the u32 limit")));
+    let (layout, table, page_size) = match index("block_table")? {
+        Some((ts, t)) => {
+            if ts.len() != 2 || ts[0] != b {
+                return Err(bad(format!("block_table has shape {ts:?}, expected [{b}, max_pages]")));
+            }
+            let layout = CacheLayout::Paged {
+                page_size: u32_of(ks[1], "page_size")?,
+                num_pages: u32_of(ks[0], "num_pages")?,
+                max_pages: u32_of(ts[1], "max_pages")?,
+            };
+            (layout, t, Some(u32_of(ks[1], "page_size")?))
+        }
+        None => {
+            if ks[0] != b {
+                return Err(bad(format!(
+                    "contiguous k_cache {ks:?} must have batch {b} first (or give a block_table)"
+                )));
+            }
+            (CacheLayout::Contiguous { seq_cache: u32_of(ks[1], "seq_cache")? }, Vec::new(), None)
+        }
+    };
+    let p = DecodeProblem {
+        batch: u32_of(b, "batch")?,
+        heads: u32_of(h, "heads")?,
+        heads_kv: u32_of(hk, "heads_kv")?,
+        head_dim: u32_of(d, "head_dim")?,
+        seq_q: u32_of(sq, "seq_q")?,
+        cache_seqlens: lens,
+        seq_new: u32_of(seq_new, "new tokens")?,
+        page_size,
+        dtype,
+        ..base.clone()
+    };
+    p.validate()?;
+    let x = DecodeInputs { q: qv, k_cache: kv, v_cache: vv, block_table: table, k_new: new_k, v_new: new_v, layout };
+    Ok((p, x))
 }
 
 fn summary(r: &DecodeReport) -> String {
@@ -231,13 +335,21 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
 }
 
 pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
-    let base = problem(a)?;
+    let mut base = problem(a)?;
     if let Some(out) = &a.output {
         if a.vary.is_some() {
             return Err(Error::Usage("--output writes one run: leave out --vary".into()));
         }
-        check_output(cli, "--output", out, &[])?;
+        check_output(cli, "--output", out, &[("--inputs", a.inputs.as_deref())])?;
     }
+    let given = match &a.inputs {
+        Some(path) => {
+            let (p, x) = read_inputs(path, &base)?;
+            base = p;
+            Some(x)
+        }
+        None => None,
+    };
     let runs: Vec<(String, DecodeProblem)> = match &a.vary {
         None => vec![(String::new(), base.clone())],
         Some(v) => {
@@ -273,7 +385,7 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
                 if p.causal { ", causal" } else { "" }
             );
         }
-        let r = run_decode(dev.as_mut(), &spec, None)?;
+        let r = run_decode(dev.as_mut(), &spec, given.as_ref())?;
         if !cli.json {
             print!("{}", summary(&r));
         }
