@@ -150,6 +150,9 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
     Ok(q)
 }
 
+/// A tensor read from the input file: its shape and values.
+type Tensor<T> = (Vec<usize>, Vec<T>);
+
 /// Reads the tensors of `--inputs`; returns the problem (with `base`'s split, scale and causal
 /// options) and the inputs. Every shape rule broken is exit 2 naming the tensor.
 fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodeProblem, DecodeInputs), Error> {
@@ -160,7 +163,7 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
     let q = st.tensor("q").map_err(|_| bad("no tensor `q`".into()))?;
     let dtype =
         Dtype::from_safetensors(q.dtype()).ok_or_else(|| bad(format!("q is {:?}; F32, BF16 or F16", q.dtype())))?;
-    let float = |name: &str| -> Result<Option<(Vec<usize>, Vec<f32>)>, Error> {
+    let float = |name: &str| -> Result<Option<Tensor<f32>>, Error> {
         let Ok(t) = st.tensor(name) else { return Ok(None) };
         if t.dtype() != dtype.safetensors() {
             return Err(bad(format!("`{name}` is {:?} but q is {:?}: one dtype for all", t.dtype(), q.dtype())));
@@ -170,7 +173,7 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         }
         Ok(Some((t.shape().to_vec(), dtype.decode(t.data()))))
     };
-    let index = |name: &str| -> Result<Option<(Vec<usize>, Vec<u32>)>, Error> {
+    let index = |name: &str| -> Result<Option<Tensor<u32>>, Error> {
         let Ok(t) = st.tensor(name) else { return Ok(None) };
         let v: Vec<u32> = match t.dtype() {
             safetensors::Dtype::U32 => {
@@ -188,7 +191,7 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         };
         Ok(Some((t.shape().to_vec(), v)))
     };
-    let need = |name: &str, x: Option<(Vec<usize>, Vec<f32>)>| x.ok_or_else(|| bad(format!("no tensor `{name}`")));
+    let need = |name: &str, x: Option<Tensor<f32>>| x.ok_or_else(|| bad(format!("no tensor `{name}`")));
     let (qs, qv) = need("q", float("q")?)?;
     let (ks, kv) = need("k_cache", float("k_cache")?)?;
     let (vs, vv) = need("v_cache", float("v_cache")?)?;
