@@ -168,6 +168,35 @@ device_tests! {
         }
     }
 
+    fn decode_fixed_splits_are_batch_invariant(dev: &mut dyn Device) {
+        // Sequence 2 of a batch of 3 (not the longest), and the same sequence alone: the same
+        // bits with --splits 2.
+        let p3 = DecodeProblem {
+            batch: 3,
+            heads: 4,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![5, 130, 77],
+            splits: Splits::Fixed(2),
+            ..DecodeProblem::default()
+        };
+        let x3 = DecodeInputs::random(&p3, 8);
+        let p1 = DecodeProblem { batch: 1, cache_seqlens: vec![77], ..p3.clone() };
+        let (qn, rows) = (2 * 4 * 64, 130 * 2 * 64);
+        let x1 = DecodeInputs {
+            q: x3.q[2 * qn..3 * qn].to_vec(),
+            k_cache: x3.k_cache[2 * rows..3 * rows].to_vec(),
+            v_cache: x3.v_cache[2 * rows..3 * rows].to_vec(),
+            ..x3.clone()
+        };
+        let (r3, r1) = (run(dev, &p3, Some(&x3)), run(dev, &p1, Some(&x1)));
+        assert_eq!(bits(&r1.o), bits(&r3.o[2 * qn..3 * qn]), "O of sequence 2");
+        assert_eq!(bits(&r1.lse), bits(&r3.lse[16..24]), "LSE of sequence 2");
+        // And run to run.
+        assert_eq!(bits(&run(dev, &p3, Some(&x3)).o), bits(&r3.o));
+    }
+
     fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64u32, 128] {
