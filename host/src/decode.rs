@@ -6,7 +6,8 @@
 //! for the layouts): `cache_seqlens[b]` keys are in the cache before the call; `k_new`, `v_new`
 //! (`seq_new` tokens) are appended at `cache_seqlens[b]` before attention, so sequence `b` attends
 //! over `seqlen_k = cache_seqlens[b] + seq_new` keys; GQA query head `h` reads KV head `h /
-//! (heads / heads_kv)`; causal is bottom-right aligned (query `i` sees key `j <= i + seqlen_k -
+//! (heads / heads_kv)`; `window_left`/`window_right` limit a query to keys around its diagonal
+//! (FlashAttention-2's `window_size`, `-1` unbounded); causal is bottom-right aligned (query `i` sees key `j <= i + seqlen_k -
 //! seq_q`); a row that sees nothing gives `O = 0`, `LSE = -inf`; LSE is natural log.
 //!
 //! A plan, then a run: [`DecodeProblem::plan`] fixes the split count once (printed by the CLI);
@@ -127,6 +128,10 @@ pub struct DecodeProblem {
     pub page_size: Option<u32>,
     pub dtype: Dtype,
     pub causal: bool,
+    /// Sliding window, bottom-right aligned as in FlashAttention-2: keys left and right of the
+    /// diagonal a query sees, `-1` for unbounded (causal forces the right side to 0).
+    pub window_left: i32,
+    pub window_right: i32,
     /// None: `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
     pub splits: Splits,
@@ -147,6 +152,8 @@ impl Default for DecodeProblem {
             page_size: None,
             dtype: Dtype::F32,
             causal: true,
+            window_left: -1,
+            window_right: -1,
             scale: None,
             splits: Splits::Auto,
             sm_count: DEFAULT_SM_COUNT,
@@ -196,10 +203,25 @@ impl DecodeProblem {
     pub fn new_elems(&self) -> u64 {
         self.batch as u64 * self.seq_new as u64 * self.heads_kv as u64 * self.head_dim as u64
     }
+    /// Keys `[start, end)` query token `i` of sequence `b` sees (the kernels' rule,
+    /// [`kernels_gpu::decode_abi::key_range`]); empty when `start >= end`.
+    pub fn key_range(&self, b: usize, i: u32) -> (u32, u32) {
+        let (s, e) = kernels_gpu::decode_abi::key_range(
+            self.causal,
+            self.window_left,
+            self.window_right,
+            i,
+            self.seq_q,
+            self.seqlen_k(b),
+        );
+        let (s, e) = (s.max(0) as u32, e.max(0) as u32);
+        (s.min(e), e)
+    }
+
     /// Keys query token `i` of sequence `b` sees.
     pub fn keys_seen(&self, b: usize, i: u32) -> u32 {
-        let e = kernels_gpu::abi::causal_key_end(self.causal, i, self.seq_q, self.seqlen_k(b));
-        e.max(0) as u32
+        let (s, e) = self.key_range(b, i);
+        e - s
     }
 
     /// `[decode_fwd, merge_states, decode_append]` for the dtype and head dim.
@@ -251,6 +273,12 @@ impl DecodeProblem {
         }
         if self.cache_seqlens.iter().any(|&l| l as u64 + self.seq_new as u64 > u32::MAX as u64 / 2) {
             return bad("cache_seqlens + new tokens must be below 2^31".into());
+        }
+        if self.window_left < -1 || self.window_right < -1 {
+            return bad(format!(
+                "window ({}, {}): each side must be >= 0 keys, or -1 for unbounded",
+                self.window_left, self.window_right
+            ));
         }
         if self.sm_count == 0 {
             return bad("--sms must be >= 1".into());
@@ -564,16 +592,25 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                 (&x.k_new[at..at + d], &x.v_new[at..at + d])
             }
         };
+        let seqlen = p.seqlen_k(b) as i64;
         for i in 0..sq {
-            let seen = p.keys_seen(b, i as u32);
+            // The mask, key by key: bottom-right diagonal, causal, window on either side.
+            let diag = i as i64 + seqlen - sq as i64;
+            let visible = |j: i64| {
+                (!p.causal || j <= diag)
+                    && (p.window_right < 0 || j <= diag + p.window_right as i64)
+                    && (p.window_left < 0 || j >= diag - p.window_left as i64)
+            };
+            let seen: Vec<u32> = (0..seqlen).filter(|&j| visible(j)).map(|j| j as u32).collect();
             for hh in 0..h {
                 let kv = hh / g;
                 let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
-                let s: Vec<f64> = (0..seen)
-                    .map(|j| scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>())
+                let s: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>())
                     .collect();
                 let r = (b * h + hh) * sq + i;
-                if seen == 0 {
+                if seen.is_empty() {
                     continue;
                 }
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -581,9 +618,9 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                 lse[r] = m + l.ln();
                 let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
                 let mut abs = vec![0f64; d];
-                for (j, sj) in s.iter().enumerate() {
+                for (&j, sj) in seen.iter().zip(&s) {
                     let pj = (sj - m).exp() / l;
-                    for (c, &vv) in key(j as u32, kv).1.iter().enumerate() {
+                    for (c, &vv) in key(j, kv).1.iter().enumerate() {
                         out[c] += pj * vv as f64;
                         abs[c] += pj * (vv as f64).abs();
                     }
@@ -714,8 +751,13 @@ impl DecodeBytes {
         let paged_rows: u64 = (0..p.batch as usize).map(|b| p.pages_needed(b, ps_cmp) as u64 * ps_cmp as u64).sum();
         let workspace =
             if plan.num_splits > 1 { plan.num_splits as u64 * p.rows() * (p.head_dim as u64 + 1) * 4 } else { 0 };
+        // Keys read per sequence: from the first row's window start to the last row's end.
         let seen: u64 = (0..p.batch as usize)
-            .map(|b| (0..p.seq_q).map(|i| p.keys_seen(b, i) as u64).max().unwrap_or(0))
+            .map(|b| {
+                let (s, _) = p.key_range(b, 0);
+                let (_, e) = p.key_range(b, p.seq_q - 1);
+                e.saturating_sub(s) as u64
+            })
             .sum::<u64>()
             * row;
         let mut bytes = DecodeBytes {
@@ -771,6 +813,8 @@ pub struct DecodeReport {
     pub cache_seqlens: Vec<u32>,
     pub new_tokens: u32,
     pub causal: bool,
+    /// `[left, right]` of the sliding window (`-1`: unbounded).
+    pub window: [i32; 2],
     pub cache: CacheLayout,
     pub inputs: String,
     pub plan: SplitPlan,
@@ -946,6 +990,8 @@ pub fn run_decode<D: Device + ?Sized>(
             num_splits: plan.num_splits,
             causal: p.causal as u32,
             softmax_scale: p.softmax_scale(),
+            window_left: p.window_left,
+            window_right: p.window_right,
         };
         let merge = MergeParams {
             o_part,
@@ -1046,6 +1092,7 @@ pub fn run_decode<D: Device + ?Sized>(
         cache_seqlens: p.cache_seqlens.clone(),
         new_tokens: p.seq_new,
         causal: p.causal,
+        window: [p.window_left, p.window_right],
         cache: x.layout,
         inputs: inputs_desc,
         plan,

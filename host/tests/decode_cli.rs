@@ -130,6 +130,10 @@ fn decode_bad_input_exits_2_naming_the_rule() {
     assert_bad_input(&["--backend", "vm", "decode", "--head-dim", "96"], "head_dim 96");
     assert_bad_input(&["--backend", "vm", "decode", "--splits", "0"], "--splits takes");
     assert_bad_input(&["--backend", "vm", "decode", "--vary", "seq=1,2"], "decode --vary takes");
+    assert_bad_input(&["--backend", "vm", "decode", "--window", "5"], "--window takes LEFT,RIGHT");
+    assert_bad_input(&["--backend", "vm", "decode", "--window", "-2,0"], "window (-2, 0)");
+    let o = memattn(&["--backend", "vm", "decode", "--window", "-1,0", "--cache-len", "40", "--repeats", "1"]);
+    assert_eq!(code(&o), 0, "--window -1,0 (FlashAttention-2's causal spelling): {}", text(&o.stderr));
     let o = memattn(&["decode", "--help"]);
     assert_eq!(code(&o), 0);
     let h = text(&o.stdout);

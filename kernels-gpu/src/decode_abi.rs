@@ -14,9 +14,11 @@
 //!   the sequence then has `seqlen_k = cache_seqlens[b] + seq_new` keys. `cache_seqlens` itself is
 //!   not changed (the caller advances it, as with FlashAttention-2).
 //! - GQA: query head `h` reads KV head `h / (heads / heads_kv)`.
-//! - Causal masking is bottom-right aligned: query `i` sees key `j` iff `j <= i + seqlen_k -
-//!   seq_q`. A row that sees no key gives `O = 0`, `LSE = -inf`. LSE is natural log, `[batch,
-//!   heads, seq_q]` f32.
+//! - Masking is bottom-right aligned (FlashAttention-2): with `diag = i + seqlen_k - seq_q`,
+//!   query `i` sees key `j` iff `j >= diag - window_left` (when `window_left >= 0`) and
+//!   `j <= diag + window_right` (when `window_right >= 0`); causal is `window_right = 0`; `-1`: all.
+//!   A row that sees no key gives `O = 0`, `LSE = -inf`. LSE is natural log, `[batch, heads,
+//!   seq_q]` f32 ([`key_range`]).
 //! - Split-KV: split `s` of `num_splits` covers key tiles `[s * tps, (s + 1) * tps)` of its
 //!   sequence, `tps = ceil(ceil(seqlen_k / BC) / num_splits)` ([`split_range`]), and writes f32
 //!   partial O (normalised by its own sum) and partial LSE (`-inf` for an empty split) into
@@ -59,10 +61,14 @@ pub struct DecodeParams {
     pub causal: u32,
     /// Multiplies QKᵀ before the softmax (usually 1/sqrt(head_dim)).
     pub softmax_scale: f32,
+    /// Keys left of the diagonal a query sees (`-1`: all).
+    pub window_left: i32,
+    /// Keys right of the diagonal a query sees (`-1`: all; causal forces 0).
+    pub window_right: i32,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 136;
+pub const DECODE_PARAMS_BYTES: usize = 144;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -100,6 +106,8 @@ impl DecodeParams {
             self.num_splits,
             self.causal,
             self.softmax_scale.to_bits(),
+            self.window_left as u32,
+            self.window_right as u32,
         ] {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
@@ -127,6 +135,19 @@ impl DecodeParams {
             ((b * self.seq_cache as u64 + j) * hkv + hk) * d
         }
     }
+}
+
+/// Keys `[start, end)` query token `i` of `seq_q` sees among `seqlen_k` (possibly empty, `start >=
+/// end`): `diag = i + seqlen_k - seq_q`; `end = min(seqlen_k, diag + right + 1)` when `right >= 0`
+/// (causal: `right = 0`), else `seqlen_k`; `start = max(0, diag - left)` when `left >= 0`, else 0.
+#[inline(always)]
+pub const fn key_range(causal: bool, left: i32, right: i32, i: u32, seq_q: u32, seqlen_k: u32) -> (i64, i64) {
+    let diag = i as i64 + seqlen_k as i64 - seq_q as i64;
+    let right = if causal { 0 } else { right };
+    let end =
+        if right >= 0 && diag + right as i64 + 1 < seqlen_k as i64 { diag + right as i64 + 1 } else { seqlen_k as i64 };
+    let start = if left >= 0 && diag - (left as i64) > 0 { diag - left as i64 } else { 0 };
+    (start, end)
 }
 
 /// Keys `[lo, hi)` that split `split` of `num_splits` covers in a sequence of `seqlen_k` keys,
@@ -228,10 +249,26 @@ mod tests {
         assert_eq!(&b[80..88], &11u64.to_le_bytes());
         assert_eq!(&b[88..92], &3u32.to_le_bytes());
         assert_eq!(&b[132..136], &0.5f32.to_bits().to_le_bytes());
+        let b = DecodeParams { window_left: -1, window_right: 7, ..Default::default() }.to_bytes();
+        assert_eq!((&b[136..140], &b[140..144]), (&(-1i32).to_le_bytes()[..], &7i32.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());
         assert_eq!(&b[56..60], &9u32.to_le_bytes());
+    }
+
+    #[test]
+    fn key_ranges_are_bottom_right_aligned_windows() {
+        // 3 queries, 10 keys: diagonals 7, 8, 9.
+        assert_eq!(key_range(true, -1, -1, 0, 3, 10), (0, 8));
+        assert_eq!(key_range(false, -1, -1, 0, 3, 10), (0, 10));
+        assert_eq!(key_range(true, 2, -1, 1, 3, 10), (6, 9));
+        assert_eq!(key_range(false, 0, 0, 2, 3, 10), (9, 10));
+        assert_eq!(key_range(false, -1, 1, 0, 3, 10), (0, 9));
+        // More queries than keys: the first rows see nothing.
+        let (s, e) = key_range(true, -1, -1, 0, 5, 2);
+        assert!(s >= e);
+        assert_eq!(key_range(false, 1, 0, 0, 1, 0), (0, 0));
     }
 
     #[test]

@@ -27,9 +27,10 @@
 //! Rows past `seq_q * group` compute on zeros and store nothing, so every lane reaches every
 //! barrier and shuffle. Each thread stages elements `t, t + 128, ...` of the K and V tiles.
 //!
-//! Masking: keys outside the split, past `seqlen_k`, or (causal, bottom-right aligned) past `i +
-//! seqlen_k - seq_q` score `-inf`; a block stops at the last key its last row can see. An empty
-//! split or a row that sees nothing gives `O_s = 0`, `LSE_s = -inf`.
+//! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
+//! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
+//! starts at the tile of its first row's window start and stops at the last key its last row can
+//! see. An empty split or a row that sees nothing gives `O_s = 0`, `LSE_s = -inf`.
 //!
 //! # Safety
 //! All pointers in `p` must be valid for the shapes in `p` (the host validates `block_table`
@@ -38,7 +39,7 @@
 //! [`crate::tiles::DecodeTile::launch`].
 
 #[cfg(target_arch = "nvptx64")]
-use crate::decode_abi::{split_range, DecodeParams};
+use crate::decode_abi::{key_range, split_range, DecodeParams};
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
@@ -71,13 +72,6 @@ pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64
         0
     };
     p.cache_row(b, j, hk, page)
-}
-
-/// Last key (exclusive) query token `i` may see among `seqlen_k` keys; may be `<= 0`.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-fn key_end(causal: bool, i: u32, seq_q: u32, seqlen_k: u32) -> i64 {
-    crate::abi::causal_key_end(causal, i, seq_q, seqlen_k)
 }
 
 /// The generic body, instantiated by the rows of [`crate::variants`] (`TPR` lanes per row,
@@ -128,16 +122,24 @@ pub(crate) unsafe fn decode_fwd<
         }
     }
 
-    // Keys this row may see: [k_lo, row_end); keys this block visits: [k_lo, block_end).
-    let row_end = core::cmp::min(key_end(causal, qi as u32, p.seq_q, seqlen_k), k_hi as i64);
+    // Keys this row may see: [row_start, row_end) within the split; keys this block visits:
+    // [block_start, block_end), from the first row's window start (rounded down to a whole tile)
+    // to the last row's end.
+    let (wl, wr) = (p.window_left, p.window_right);
+    let (rs, re) = key_range(causal, wl, wr, qi as u32, p.seq_q, seqlen_k);
+    let row_start = core::cmp::max(rs, k_lo as i64);
+    let row_end = core::cmp::min(re, k_hi as i64);
     let last_row = core::cmp::min(tile_start + BR, rows) - 1;
-    let block_end = core::cmp::min(key_end(causal, (last_row / group) as u32, p.seq_q, seqlen_k), k_hi as i64);
+    let first = key_range(causal, wl, wr, (tile_start / group) as u32, p.seq_q, seqlen_k).0;
+    let last = key_range(causal, wl, wr, (last_row / group) as u32, p.seq_q, seqlen_k).1;
+    let block_end = core::cmp::min(last, k_hi as i64);
     let block_end = if block_end > 0 { block_end as usize } else { 0 };
+    let skip = if first > k_lo as i64 { (first as usize - k_lo as usize) / BC * BC } else { 0 };
 
     let mut row_sm = OnlineSoftmax::new();
     let mut acc = [0.0f32; DPT];
 
-    let mut kv0 = k_lo as usize;
+    let mut kv0 = k_lo as usize + skip;
     while kv0 < block_end {
         // Stage K and V rows kv0..kv0+BC; rows past block_end are zero (their scores are masked).
         sync_threads();
@@ -174,7 +176,8 @@ pub(crate) unsafe fn decode_fwd<
                     part += shfl_xor(part, w as u32);
                     w <<= 1;
                 }
-                s[c] = if ((kv0 + rr) as i64) < row_end { part } else { f32::NEG_INFINITY };
+                let key = (kv0 + rr) as i64;
+                s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };
                 chunk_max = fmax(chunk_max, s[c]);
             });
             let rescale = row_sm.raise_max(chunk_max);

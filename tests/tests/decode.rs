@@ -197,6 +197,30 @@ device_tests! {
         assert_eq!(bits(&run(dev, &p3, Some(&x3)).o), bits(&r3.o));
     }
 
+    fn decode_sliding_windows_against_f64(dev: &mut dyn Device) {
+        // Windows that start inside a later tile (skipped tiles), see one key, see nothing for the
+        // first rows (seq_q > seqlen_k), and look right of the diagonal without causal.
+        for (left, right, causal, seq_q) in [(40, -1, true, 1u32), (5, 0, true, 3), (0, 0, false, 3), (-1, 2, false, 4), (70, 3, false, 2)] {
+            let p = DecodeProblem {
+                batch: 3,
+                heads: 8,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q,
+                cache_seqlens: vec![200, 1, 97],
+                seq_new: 1,
+                page_size: Some(16),
+                causal,
+                window_left: left,
+                window_right: right,
+                splits: Splits::Fixed(3),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+        }
+    }
+
     fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64u32, 128] {

@@ -16,7 +16,8 @@ const AFTER: &str = "\
 Semantics follow FlashAttention-2's flash_attn_with_kvcache: the cache holds --cache-len keys per
 sequence; --new-tokens T new keys/values are appended at that position (in place) before attention,
 so each sequence attends over cache-len + T keys. Query head h reads KV head h / (heads / heads-kv).
-Causal masking is bottom-right aligned (query i of seq_q sees key j <= i + seqlen_k - seq_q). A row
+Causal masking is bottom-right aligned (query i of seq_q sees key j <= i + seqlen_k - seq_q);
+--window LEFT,RIGHT also limits each query to LEFT keys before and RIGHT after that diagonal. A row
 that sees no key (cache-len 0, no new tokens) gives O = 0 and LSE = -inf.
 
 Split-KV: --splits N cuts each sequence's keys into N ranges of whole 32-key tiles, computed by N
@@ -72,6 +73,10 @@ pub struct DecodeArgs {
     /// Attend to every key (default: bottom-right causal, which only matters for seq_q > 1).
     #[arg(long)]
     pub no_causal: bool,
+    /// Sliding window `LEFT,RIGHT`: keys left and right of the (bottom-right aligned) diagonal a
+    /// query sees, `-1` for unbounded, as FlashAttention-2's `window_size` (causal makes RIGHT 0).
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    pub window: Option<String>,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
@@ -115,7 +120,21 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     if a.repeats == Some(0) {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
+    let (window_left, window_right) = match &a.window {
+        None => (-1, -1),
+        Some(w) => {
+            let parts: Vec<Result<i32, _>> = w.split(',').map(|x| x.trim().parse::<i32>()).collect();
+            match parts.as_slice() {
+                [Ok(l), Ok(r)] => (*l, *r),
+                _ => {
+                    return Err(Error::Usage(format!("--window takes LEFT,RIGHT (integers, -1 unbounded), got `{w}`")))
+                }
+            }
+        }
+    };
     let p = DecodeProblem {
+        window_left,
+        window_right,
         batch,
         heads: a.heads,
         heads_kv: a.heads_kv.unwrap_or(a.heads),
