@@ -132,6 +132,8 @@ pub struct DecodeProblem {
     /// diagonal a query sees, `-1` for unbounded (causal forces the right side to 0).
     pub window_left: i32,
     pub window_right: i32,
+    /// Score soft-capping: `softcap * tanh(score / softcap)` (0: off).
+    pub softcap: f32,
     /// None: `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
     pub splits: Splits,
@@ -154,6 +156,7 @@ impl Default for DecodeProblem {
             causal: true,
             window_left: -1,
             window_right: -1,
+            softcap: 0.0,
             scale: None,
             splits: Splits::Auto,
             sm_count: DEFAULT_SM_COUNT,
@@ -279,6 +282,9 @@ impl DecodeProblem {
                 "window ({}, {}): each side must be >= 0 keys, or -1 for unbounded",
                 self.window_left, self.window_right
             ));
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return bad(format!("softcap {} must be >= 0 (0 turns it off)", self.softcap));
         }
         if self.sm_count == 0 {
             return bad("--sms must be >= 1".into());
@@ -608,6 +614,7 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                 let s: Vec<f64> = seen
                     .iter()
                     .map(|&j| scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>())
+                    .map(|s| if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s })
                     .collect();
                 let r = (b * h + hh) * sq + i;
                 if seen.is_empty() {
@@ -815,6 +822,7 @@ pub struct DecodeReport {
     pub causal: bool,
     /// `[left, right]` of the sliding window (`-1`: unbounded).
     pub window: [i32; 2],
+    pub softcap: f32,
     pub cache: CacheLayout,
     pub inputs: String,
     pub plan: SplitPlan,
@@ -992,6 +1000,8 @@ pub fn run_decode<D: Device + ?Sized>(
             softmax_scale: p.softmax_scale(),
             window_left: p.window_left,
             window_right: p.window_right,
+            softcap: p.softcap,
+            _pad: 0,
         };
         let merge = MergeParams {
             o_part,
@@ -1093,6 +1103,7 @@ pub fn run_decode<D: Device + ?Sized>(
         new_tokens: p.seq_new,
         causal: p.causal,
         window: [p.window_left, p.window_right],
+        softcap: p.softcap,
         cache: x.layout,
         inputs: inputs_desc,
         plan,

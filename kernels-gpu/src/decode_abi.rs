@@ -65,10 +65,14 @@ pub struct DecodeParams {
     pub window_left: i32,
     /// Keys right of the diagonal a query sees (`-1`: all; causal forces 0).
     pub window_right: i32,
+    /// Score soft-capping (Gemma-2, FlashAttention-2's `softcap`): a score `s = scale * q.k`
+    /// becomes `softcap * tanh(s / softcap)` before the softmax; 0 turns it off.
+    pub softcap: f32,
+    pub _pad: u32,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 144;
+pub const DECODE_PARAMS_BYTES: usize = 152;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -108,6 +112,8 @@ impl DecodeParams {
             self.softmax_scale.to_bits(),
             self.window_left as u32,
             self.window_right as u32,
+            self.softcap.to_bits(),
+            self._pad,
         ] {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;

@@ -27,6 +27,9 @@
 //! Rows past `seq_q * group` compute on zeros and store nothing, so every lane reaches every
 //! barrier and shuffle. Each thread stages elements `t, t + 128, ...` of the K and V tiles.
 //!
+//! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)` before
+//! masking and the softmax.
+//!
 //! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
 //! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
 //! starts at the tile of its first row's window start and stops at the last key its last row can
@@ -74,6 +77,20 @@ pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64
     p.cache_row(b, j, hk, page)
 }
 
+/// `tanh(x)` from one `ex2`: `(1 - t) / (1 + t)` with `t = e^(-2|x|)`, the sign of `x` (no
+/// overflow for large `|x|`: `t` goes to 0 and the result to ±1).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    let t = exp2(-2.0 * LOG2E * x.abs());
+    let y = (1.0 - t) / (1.0 + t);
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
 /// The generic body, instantiated by the rows of [`crate::variants`] (`TPR` lanes per row,
 /// `DPT = D / TPR` dims per lane).
 ///
@@ -113,7 +130,10 @@ pub(crate) unsafe fn decode_fwd<
     let v_s = unsafe { smem.add(BC * D) };
 
     let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
-    let scale2 = p.softmax_scale * LOG2E;
+    // Scores in the log2 domain (`log2 e` folded into q), except with a softcap, which needs the
+    // natural score `scale * q.k` for its tanh; the factor is applied after it.
+    let softcap = p.softcap;
+    let scale2 = if softcap > 0.0 { p.softmax_scale } else { p.softmax_scale * LOG2E };
     let mut q = [0.0f32; DPT];
     if row_valid {
         let qa = p.q + E::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
@@ -175,6 +195,9 @@ pub(crate) unsafe fn decode_fwd<
                 while w < TPR {
                     part += shfl_xor(part, w as u32);
                     w <<= 1;
+                }
+                if softcap > 0.0 {
+                    part = softcap * tanh(part / softcap) * LOG2E;
                 }
                 let key = (kv0 + rr) as i64;
                 s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };

@@ -221,6 +221,28 @@ device_tests! {
         }
     }
 
+    fn decode_softcap_against_f64(dev: &mut dyn Device) {
+        for (softcap, scale) in [(0.7f32, None), (2.0, Some(1.0))] {
+            let p = DecodeProblem {
+                batch: 2,
+                heads: 4,
+                heads_kv: 1,
+                head_dim: 128,
+                seq_q: 2,
+                cache_seqlens: vec![70, 3],
+                softcap,
+                scale,
+                splits: Splits::Fixed(2),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            // The cap changes the answer: the same run without it differs by far more than the bound.
+            let plain = run(dev, &DecodeProblem { softcap: 0.0, ..p.clone() }, None);
+            let diff = r.o.iter().zip(&plain.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff > 1e-2, "softcap {softcap}: {diff}");
+        }
+    }
+
     fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64u32, 128] {

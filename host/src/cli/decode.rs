@@ -77,6 +77,9 @@ pub struct DecodeArgs {
     /// query sees, `-1` for unbounded, as FlashAttention-2's `window_size` (causal makes RIGHT 0).
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     pub window: Option<String>,
+    /// Score soft-capping: `softcap * tanh(score / softcap)` before the softmax (0: off).
+    #[arg(long, default_value_t = 0.0, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: f32,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
@@ -135,6 +138,7 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     let p = DecodeProblem {
         window_left,
         window_right,
+        softcap: a.softcap,
         batch,
         heads: a.heads,
         heads_kv: a.heads_kv.unwrap_or(a.heads),
