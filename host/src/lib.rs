@@ -14,13 +14,15 @@
 //! 5. [`ptx`] (the module and what is known about it), [`nvml`], then [`device`] (the
 //!    [`device::Device`] trait and its two backends, `vm` and `cuda`);
 //! 6. [`error`], then [`runner`]: one measured run — validate, plan memory, upload, poison,
-//!    launch, time, download, verify;
+//!    launch, time, download, verify; [`decode`]: the KV-cache decode (split plan, cache
+//!    append, split-KV attention, `merge_states`), its f64 reference and one verified run;
 //! 7. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
 //!    [`evidence`] (the `--save` file);
 //! 8. [`charts`] (the sweep and plan pictures); the CLI (in the binary) sits on top.
 
 pub mod caps;
 pub mod charts;
+pub mod decode;
 pub mod device;
 pub mod driver;
 pub mod dtype;
@@ -64,7 +66,7 @@ mod layering_tests {
         &["inputs", "memory", "safetensors_io"],
         &["reference", "verify"],
         &["ptx", "nvml", "device"],
-        &["error", "runner"],
+        &["error", "runner", "decode"],
         &["report", "evidence", "plan"],
         &["charts"],
     ];

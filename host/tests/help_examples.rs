@@ -26,6 +26,14 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn run --heads 8 --heads-kv 2 --window 255,0", Run(0, "verified     PASS")),
     ("memattn run --sliding-window 256 --softcap 50 --sinks", Run(0, "verified     PASS")),
     ("memattn check --kernel flash --dtype f32", Run(0, "check: 34 of 34 cases passed")),
+    (
+        "memattn --backend vm decode --batch 3 --heads 8 --heads-kv 2 --cache-len 1000,0,37 --new-tokens 1 --page-size 16",
+        Run(0, "appended cache exact"),
+    ),
+    (
+        "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto",
+        Run(0, "decode_fwd_f32_d64 grid [16, 1, 8]"),
+    ),
     ("memattn doctor", Run(0, "== next step")),
     ("memattn kernels", Run(0, "flash_fwd_f32_d64 (PTX line")),
     ("memattn trace --kernel flash --thread 5", Run(0, "ld.param")),

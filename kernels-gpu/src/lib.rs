@@ -6,6 +6,7 @@
 //! - [`variants`]: the variant table, the one place a kernel is listed ([`KernelId`], launch
 //!   geometry, the host's kernel selection);
 //! - [`abi`]: the parameter struct every attention kernel takes;
+//! - [`decode_abi`]: the parameters of the KV-cache decode kernels and the split plan's math;
 //! - [`tiles`]: one tile item per variant;
 //! - [`swizzle`]: the shared-memory address math of the tensor-core kernels;
 //! - [`softmax`]: the online-softmax state both fused kernels use;
@@ -32,6 +33,7 @@
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 pub mod abi;
+pub mod decode_abi;
 pub mod softmax;
 pub mod swizzle;
 pub mod tiles;
@@ -50,9 +52,15 @@ mod device;
 pub mod mma;
 
 #[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod decode_append;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod decode_fwd;
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_mma;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod merge_states;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod naive_pv;
 #[cfg(any(doc, target_arch = "nvptx64"))]

@@ -159,3 +159,104 @@ pub const MAX_GRID_YZ: u32 = 65_535;
 pub const fn saxpy_launch(n: u32) -> LaunchDims {
     LaunchDims { grid: [n.div_ceil(SAXPY.threads), 1, 1], block: [SAXPY.threads, 1, 1], dynamic_smem_bytes: 0 }
 }
+
+/// Tile of the split-KV decode kernel (`decode_fwd.rs`) for one head dim.
+///
+/// 128 threads; each packed query row (a `(token, query head)` pair of one KV head's group) is
+/// served by `threads_per_row` consecutive lanes owning interleaved dims, as in [`FlashF32Tile`].
+/// Decode has few rows (`seq_q * heads / heads_kv`, often 4-8), so the tile gives a row more lanes
+/// and has fewer rows than the prefill kernel. K and V tiles of `bc` keys are staged in dynamic
+/// shared memory as f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTile {
+    pub head_dim: u32,
+    pub bc: u32,
+    pub threads_per_row: u32,
+}
+
+impl DecodeTile {
+    pub const THREADS: u32 = 128;
+    pub const fn threads(&self) -> u32 {
+        Self::THREADS
+    }
+    /// Packed query rows per block.
+    pub const fn br(&self) -> u32 {
+        Self::THREADS / self.threads_per_row
+    }
+    pub const fn dims_per_thread(&self) -> u32 {
+        self.head_dim / self.threads_per_row
+    }
+    /// K tile + V tile, f32: `2 * bc * head_dim * 4` bytes.
+    pub const fn smem_bytes(&self) -> u32 {
+        2 * self.bc * self.head_dim * 4
+    }
+    /// Grid `(num_splits, ceil(seq_q * group / br), heads_kv * batch)`, block `(128, 1, 1)`.
+    /// Extents are computed in 64 bits and saturate at `u32::MAX`.
+    pub const fn launch(&self, num_splits: u32, seq_q: u32, group: u32, heads_kv: u32, batch: u32) -> LaunchDims {
+        let rows = seq_q as u64 * group as u64;
+        let tiles = rows.div_ceil(self.br() as u64);
+        let z = heads_kv as u64 * batch as u64;
+        LaunchDims {
+            grid: [num_splits, sat(tiles), sat(z)],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        assert!(self.head_dim.is_multiple_of(self.threads_per_row));
+        assert!(32u32.is_multiple_of(self.threads_per_row), "a row's lanes must sit in one warp");
+        assert!(self.bc.is_multiple_of(8), "scores are computed 8 keys at a time");
+        assert!((self.bc * self.head_dim).is_multiple_of(Self::THREADS), "even cooperative tile load");
+        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+    }
+}
+
+const fn sat(x: u64) -> u32 {
+    if x > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        x as u32
+    }
+}
+
+/// d=64: 8 lanes per row x 8 dims, 16 rows (a group of 8 heads for 2 tokens, or 16 heads of one
+/// token); Bc = 32: smem 2 x 32 x 64 x 4 B = 16 KiB. Per thread q and acc are 8 + 8 registers.
+pub const DECODE_D64: DecodeTile = DecodeTile { head_dim: 64, bc: 32, threads_per_row: 8 };
+/// d=128: 16 lanes per row x 8 dims, 8 rows (one token of a GQA group of 8); Bc = 32: smem 2 x 32
+/// x 128 x 4 B = 32 KiB.
+pub const DECODE_D128: DecodeTile = DecodeTile { head_dim: 128, bc: 32, threads_per_row: 16 };
+
+/// Tile of `merge_states`: one warp per output row, `rows` rows per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MergeTile {
+    pub rows: u32,
+}
+impl MergeTile {
+    pub const fn threads(&self) -> u32 {
+        32 * self.rows
+    }
+    /// Grid `(ceil(rows / tile rows), 1, 1)` for `rows = batch * heads * seq_q` output rows.
+    pub const fn launch(&self, rows: u64) -> LaunchDims {
+        LaunchDims {
+            grid: [sat(rows.div_ceil(self.rows as u64)), 1, 1],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: 0,
+        }
+    }
+}
+pub const MERGE: MergeTile = MergeTile { rows: 4 };
+
+/// Tile of the cache append: one block per new token of one sequence, `threads` threads stride
+/// over its `heads_kv * head_dim` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendTile {
+    pub threads: u32,
+}
+impl AppendTile {
+    /// Grid `(seq_new, batch, 1)`.
+    pub const fn launch(&self, seq_new: u32, batch: u32) -> LaunchDims {
+        LaunchDims { grid: [seq_new, batch, 1], block: [self.threads, 1, 1], dynamic_smem_bytes: 0 }
+    }
+}
+pub const APPEND: AppendTile = AppendTile { threads: 128 };

@@ -49,6 +49,12 @@ pub enum Family {
     FlashF32,
     /// Fused forward on tensor cores, `mma.sync` m16n8k16 (`flash_fwd_mma.rs`).
     FlashMma,
+    /// Split-KV decode forward over a KV cache, SIMT (`decode_fwd.rs`; takes `DecodeParams`).
+    DecodeFwd,
+    /// The split-KV combine by log-sum-exp (`merge_states.rs`; takes `MergeParams`).
+    MergeStates,
+    /// KV-cache append of `k_new`, `v_new` (`decode_append.rs`; takes `DecodeParams`).
+    DecodeAppend,
 }
 
 impl Family {
@@ -60,6 +66,9 @@ impl Family {
             Family::NaivePv => "naive_pv",
             Family::FlashF32 => "flash_f32",
             Family::FlashMma => "flash_mma",
+            Family::DecodeFwd => "decode_fwd",
+            Family::MergeStates => "merge_states",
+            Family::DecodeAppend => "decode_append",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -76,6 +85,9 @@ pub enum Tile {
     NaivePv(NaivePvTile),
     FlashF32(FlashF32Tile),
     FlashMma(FlashMmaTile),
+    DecodeFwd(DecodeTile),
+    MergeStates(MergeTile),
+    DecodeAppend(AppendTile),
 }
 
 /// One row of the variant table.
@@ -104,7 +116,20 @@ impl Variant {
         match self.tile {
             Tile::FlashF32(t) => Some(t.head_dim),
             Tile::FlashMma(t) => Some(t.head_dim),
+            Tile::DecodeFwd(t) => Some(t.head_dim),
             _ => None,
+        }
+    }
+
+    /// Bytes of the kernel's by-value parameter struct (its one `.param`): [`crate::abi::AttnParams`]
+    /// for naive and flash, [`crate::decode_abi::DecodeParams`] for decode and append,
+    /// [`crate::decode_abi::MergeParams`] for the combine; the smoke kernel's four scalars take 24.
+    pub const fn param_bytes(&self) -> usize {
+        match self.family {
+            Family::Smoke => 24,
+            Family::DecodeFwd | Family::DecodeAppend => crate::decode_abi::DECODE_PARAMS_BYTES,
+            Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
+            _ => crate::abi::ATTN_PARAMS_BYTES,
         }
     }
 
@@ -122,6 +147,9 @@ impl Variant {
             Tile::NaivePv(t) => t.threads,
             Tile::FlashF32(t) => t.threads(),
             Tile::FlashMma(t) => t.threads(),
+            Tile::DecodeFwd(t) => t.threads(),
+            Tile::MergeStates(t) => t.threads(),
+            Tile::DecodeAppend(t) => t.threads,
         }
     }
 
@@ -130,6 +158,7 @@ impl Variant {
         match self.tile {
             Tile::FlashF32(t) => t.smem_bytes(),
             Tile::FlashMma(t) => t.smem_bytes(),
+            Tile::DecodeFwd(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -139,6 +168,7 @@ impl Variant {
         match self.tile {
             Tile::FlashF32(t) => t.br,
             Tile::FlashMma(t) => t.br,
+            Tile::DecodeFwd(t) => t.br(),
             _ => 0,
         }
     }
@@ -148,19 +178,21 @@ impl Variant {
         match self.tile {
             Tile::FlashF32(t) => t.bc,
             Tile::FlashMma(t) => t.bc,
+            Tile::DecodeFwd(t) => t.bc,
             _ => 0,
         }
     }
 
     /// Grid, block and dynamic shared memory of one attention launch; `None` for the smoke kernel
-    /// (see [`saxpy_launch`]). Grid extents are computed in 64 bits and saturate at `u32::MAX`, so
+    /// (see [`saxpy_launch`]) and the decode families, whose grids depend on the split plan and the
+    /// cache (see [`DecodeTile::launch`], [`MergeTile::launch`], [`AppendTile::launch`]). Grid extents are computed in 64 bits and saturate at `u32::MAX`, so
     /// an oversized shape shows up as a grid over the device limit, never as a wrapped small grid.
     pub const fn launch(&self, s: LaunchShape) -> Option<LaunchDims> {
         let bh = sat_u32(s.batch as u64 * s.heads as u64);
         let block = [self.threads(), 1, 1];
         let dynamic_smem_bytes = self.dynamic_smem_bytes();
         let grid = match self.tile {
-            Tile::Smoke(_) => return None,
+            Tile::Smoke(_) | Tile::DecodeFwd(_) | Tile::MergeStates(_) | Tile::DecodeAppend(_) => return None,
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
@@ -329,6 +361,42 @@ macro_rules! entry {
         }
         crate::variants::tile_record!($name);
     };
+    (DecodeFwd, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::decode_fwd`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
+            const T: DecodeTile = $tile;
+            unsafe {
+                crate::decode_fwd::decode_fwd::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.br() as usize },
+                    { T.bc as usize },
+                    { T.threads_per_row as usize },
+                    { T.dims_per_thread() as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (MergeStates, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::merge_states`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::MergeParams) {
+            const T: MergeTile = $tile;
+            unsafe { crate::merge_states::merge_states::<crate::device::$elem, { T.rows }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (DecodeAppend, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::decode_append`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
+            const T: AppendTile = $tile;
+            unsafe { crate::decode_append::append::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
 }
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use entry;
@@ -380,6 +448,30 @@ kernel_table! {
     NaivePvBf16 = naive_pv_bf16: NaivePv(NAIVE_PV), Bf16;
     /// Naive step 3 with f16 V, O.
     NaivePvF16 = naive_pv_f16: NaivePv(NAIVE_PV), F16;
+    /// Split-KV decode over a KV cache (contiguous or paged, GQA packed), f32, head_dim 64.
+    DecodeFwdF32D64 = decode_fwd_f32_d64: DecodeFwd(DECODE_D64), F32;
+    /// Split-KV decode, f32, head_dim 128.
+    DecodeFwdF32D128 = decode_fwd_f32_d128: DecodeFwd(DECODE_D128), F32;
+    /// Split-KV decode, bf16 cache/Q/O (f32 SIMT arithmetic), head_dim 64.
+    DecodeFwdBf16D64 = decode_fwd_bf16_d64: DecodeFwd(DECODE_D64), Bf16;
+    /// Split-KV decode, bf16, head_dim 128.
+    DecodeFwdBf16D128 = decode_fwd_bf16_d128: DecodeFwd(DECODE_D128), Bf16;
+    /// Split-KV decode, f16 cache/Q/O (f32 SIMT arithmetic), head_dim 64.
+    DecodeFwdF16D64 = decode_fwd_f16_d64: DecodeFwd(DECODE_D64), F16;
+    /// Split-KV decode, f16, head_dim 128.
+    DecodeFwdF16D128 = decode_fwd_f16_d128: DecodeFwd(DECODE_D128), F16;
+    /// Combine of split partials by log-sum-exp, O in f32.
+    MergeStatesF32 = merge_states_f32: MergeStates(MERGE), F32;
+    /// Combine, O in bf16.
+    MergeStatesBf16 = merge_states_bf16: MergeStates(MERGE), Bf16;
+    /// Combine, O in f16.
+    MergeStatesF16 = merge_states_f16: MergeStates(MERGE), F16;
+    /// Append `k_new`, `v_new` into an f32 KV cache.
+    DecodeAppendF32 = decode_append_f32: DecodeAppend(APPEND), F32;
+    /// Append into a bf16 KV cache.
+    DecodeAppendBf16 = decode_append_bf16: DecodeAppend(APPEND), Bf16;
+    /// Append into an f16 KV cache.
+    DecodeAppendF16 = decode_append_f16: DecodeAppend(APPEND), F16;
 }
 
 impl KernelId {
@@ -451,6 +543,30 @@ impl KernelId {
         }
     }
 
+    /// The decode kernels for `elem` and `head_dim`: `[decode_fwd, merge_states, decode_append]`.
+    pub const fn decode(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
+        match (
+            Self::find(Family::DecodeFwd, elem, Some(head_dim)),
+            Self::find(Family::MergeStates, elem, None),
+            Self::find(Family::DecodeAppend, elem, None),
+        ) {
+            (Some(f), Some(m), Some(a)) => Some([f, m, a]),
+            _ => None,
+        }
+    }
+
+    /// Head dims the decode kernels of `elem` are compiled for, ascending.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn decode_head_dims(elem: Elem) -> Vec<u32> {
+        let mut dims: Vec<u32> = VARIANTS
+            .iter()
+            .filter(|v| v.family == Family::DecodeFwd && v.elem == elem)
+            .filter_map(|v| v.head_dim())
+            .collect();
+        dims.sort_unstable();
+        dims
+    }
+
     /// Head dims the flash kernels of `elem` are compiled for, ascending.
     #[cfg(not(target_arch = "nvptx64"))]
     pub fn flash_head_dims(elem: Elem) -> Vec<u32> {
@@ -493,6 +609,7 @@ const _: () = {
         match VARIANTS[i].tile {
             Tile::FlashF32(t) => t.check(),
             Tile::FlashMma(t) => t.check(),
+            Tile::DecodeFwd(t) => t.check(),
             _ => {}
         }
         i += 1;

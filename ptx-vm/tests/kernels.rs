@@ -4,7 +4,6 @@
 //! Kernel-versus-reference tests of the attention kernels live once, generic over the device, in
 //! `tests/tests/attention.rs` (they use the host's f64 reference and verification).
 
-use kernels_gpu::abi::ATTN_PARAMS_BYTES;
 use kernels_gpu::tiles;
 use kernels_gpu::{Family, VARIANTS};
 use ptx_vm::{LaunchConfig, Vm};
@@ -36,7 +35,7 @@ fn all_kernels_load() {
         );
         if v.family != Family::Smoke {
             let k = m.kernel(v.name).unwrap();
-            assert_eq!((k.params.len(), k.param_bytes), (1, ATTN_PARAMS_BYTES), "{}", v.name);
+            assert_eq!((k.params.len(), k.param_bytes), (1, v.param_bytes()), "{}", v.name);
         }
     }
     assert_eq!(

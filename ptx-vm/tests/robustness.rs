@@ -94,7 +94,10 @@ fn mutated_modules_never_panic() {
     // The saxpy + naive part of the module keeps each load cheap; truncations cover the rest.
     let lines: Vec<&str> = PTX.lines().collect();
     let start = lines.iter().position(|l| l.contains(".entry naive_pv_f32")).unwrap_or(0).saturating_sub(1);
-    let header = lines[..8].join("\n");
+    // Everything before the first entry: directives and the module's globals (tile records,
+    // constants the kernels reference).
+    let first_entry = lines.iter().position(|l| l.contains(".entry ")).unwrap_or(8);
+    let header = lines[..first_entry].join("\n");
     let small = format!("{header}\n{}", lines[start..].join("\n"));
     let mut rng = Rng(0x5EED);
     let tokens = [

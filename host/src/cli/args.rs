@@ -26,10 +26,10 @@ fn range_note<T>() -> String {
     }
 }
 
-fn non_negative_u32(s: &str) -> Result<u32, String> {
+pub fn non_negative_u32(s: &str) -> Result<u32, String> {
     non_negative(s)
 }
-fn non_negative_u64(s: &str) -> Result<u64, String> {
+pub fn non_negative_u64(s: &str) -> Result<u64, String> {
     non_negative(s)
 }
 fn non_negative_usize(s: &str) -> Result<usize, String> {
@@ -57,6 +57,7 @@ Examples:
   memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
   memattn evidence show evidence.jsonl             the runs kept so far
   memattn check --kernel flash --dtype f32         the bug-catching sweep: pass/fail per case
+  memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto   KV-cache decode
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -156,6 +157,9 @@ pub enum Command {
     /// the f64 reference; prints a pass/fail table, exits 1 on a failed case (3 if a case hit a
     /// device or kernel error).
     Check(CheckArgs),
+    /// KV-cache decode: split-KV attention over a contiguous or paged cache with GQA and cache
+    /// append, verified against the f64 reference, with the split plan and the memory figures.
+    Decode(super::decode::DecodeArgs),
 }
 
 const PLAN_EXAMPLES: &str = "\

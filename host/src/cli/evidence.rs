@@ -78,6 +78,7 @@ fn command_name(cli: &Cli) -> &'static str {
         Evidence(_) => "evidence",
         Launch(_) => "launch",
         Check(_) => "check",
+        Decode(_) => "decode",
     }
 }
 

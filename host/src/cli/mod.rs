@@ -3,6 +3,7 @@
 pub mod args;
 mod check;
 mod compare;
+pub mod decode;
 mod doctor;
 pub mod evidence;
 mod launch;
@@ -46,6 +47,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Evidence(e) => evidence::command(cli, e),
         Command::Launch(a) => launch::launch(cli, a),
         Command::Check(a) => check::check(cli, a),
+        Command::Decode(a) => decode::decode(cli, a),
     }));
     let outcome = match outcome {
         Ok(o) => o,

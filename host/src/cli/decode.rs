@@ -1,0 +1,450 @@
+//! `memattn decode`: one KV-cache decode call (split-KV attention, optional paged cache and
+//! append), verified against the f64 reference, with the split plan and the memory figures.
+
+use super::args::{non_negative_u32, non_negative_u64, Cli};
+use super::{check_output, open_device, print_json, save_evidence};
+use clap::Args;
+use memattn::decode::{
+    run_decode, CacheLayout, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Splits, DEFAULT_SM_COUNT,
+};
+use memattn::dtype::Dtype;
+use memattn::error::{exit, Error};
+use memattn::units::human_bytes;
+use safetensors::tensor::TensorView;
+
+const AFTER: &str = "\
+Semantics follow FlashAttention-2's flash_attn_with_kvcache: the cache holds --cache-len keys per
+sequence; --new-tokens T new keys/values are appended at that position (in place) before attention,
+so each sequence attends over cache-len + T keys. Query head h reads KV head h / (heads / heads-kv).
+Causal masking is bottom-right aligned (query i of seq_q sees key j <= i + seqlen_k - seq_q);
+--window LEFT,RIGHT also limits each query to LEFT keys before and RIGHT after that diagonal. A row
+that sees no key (cache-len 0, no new tokens) gives O = 0 and LSE = -inf.
+
+Split-KV: --splits N cuts each sequence's keys into N ranges of whole 32-key tiles, computed by N
+blocks in parallel and merged by log-sum-exp (merge_states); --splits auto uses FlashAttention-2's
+wave-efficiency heuristic over --sms multiprocessors. With a fixed N a sequence's output does not
+depend on the rest of the batch (batch-invariant); every run is bit-reproducible.
+
+Examples:
+  memattn decode --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --dtype bf16
+  memattn decode --batch 3 --cache-len 100,0,37 --new-tokens 1 --page-size 16
+  memattn decode --cache-len 4096 --vary splits=1,auto
+  memattn decode --cache-len 1000,30 --vary page-size=16,256
+
+Exit codes: 0 verified, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
+
+/// `memattn decode` options.
+#[derive(Debug, Args)]
+#[command(after_help = AFTER)]
+pub struct DecodeArgs {
+    /// Sequences [default: the number of --cache-len values].
+    #[arg(long, value_name = "B", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub batch: Option<u32>,
+    /// Query heads.
+    #[arg(long, default_value_t = 8, value_name = "H", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub heads: u32,
+    /// KV heads (GQA; `heads` must be a multiple) [default: --heads].
+    #[arg(long, value_name = "HK", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub heads_kv: Option<u32>,
+    /// Head dim (64 or 128).
+    #[arg(long, default_value_t = 64, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub head_dim: u32,
+    /// Keys in the cache before the call: one value for every sequence, or one per sequence.
+    #[arg(long, default_value = "1024", value_name = "L[,L2,...]", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub cache_len: Vec<u32>,
+    /// New tokens per sequence appended to the cache before attention.
+    #[arg(long, default_value_t = 0, value_name = "T", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub new_tokens: u32,
+    /// Query tokens per sequence (> 1: speculative decoding or chunked prefill).
+    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub seq_q: u32,
+    /// Paged cache with P keys per page (any P >= 1; pages shuffled); default: contiguous.
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub page_size: Option<u32>,
+    /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
+    #[arg(long, default_value = "auto", value_name = "auto|N")]
+    pub splits: Splits,
+    /// Multiprocessors the split plan fills (132: H100/H200; the VM models this count).
+    #[arg(long, default_value_t = DEFAULT_SM_COUNT, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub sms: u32,
+    /// Element type of Q, the cache and O (arithmetic is f32 SIMT for every type).
+    #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
+    pub dtype: Dtype,
+    /// Attend to every key (default: bottom-right causal, which only matters for seq_q > 1).
+    #[arg(long)]
+    pub no_causal: bool,
+    /// Sliding window `LEFT,RIGHT`: keys left and right of the (bottom-right aligned) diagonal a
+    /// query sees, `-1` for unbounded, as FlashAttention-2's `window_size` (causal makes RIGHT 0).
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Score soft-capping: `softcap * tanh(score / softcap)` before the softmax (0: off).
+    #[arg(long, default_value_t = 0.0, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: f32,
+    /// Softmax scale [default: 1/sqrt(head_dim)].
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub scale: Option<f32>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
+    pub seed: u64,
+    /// Warm-up launches [default: the device's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub warmup: Option<u32>,
+    /// Timed repetitions [default: the device's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub repeats: Option<u32>,
+    /// Run once per value of one option and print the runs side by side: `splits=1,auto`,
+    /// `page-size=16,256` (`0` = contiguous), `dtype=f32,bf16`.
+    #[arg(long, value_name = "KEY=A,B[,...]")]
+    pub vary: Option<String>,
+    /// Read the tensors from a safetensors file instead of drawing them: `q` `[batch, seq_q,
+    /// heads, d]`, `k_cache`, `v_cache` (`[batch, seq_cache, heads_kv, d]`, or `[num_pages,
+    /// page_size, heads_kv, d]` with `block_table`), `cache_seqlens` `[batch]` (U32/I32), optional
+    /// `block_table` `[batch, max_pages]` (U32/I32), `k_new`, `v_new` `[batch, new, heads_kv, d]`;
+    /// F32, BF16 or F16, one dtype. Shapes, lengths, page size and dtype then come from the file.
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary"])]
+    pub inputs: Option<std::path::PathBuf>,
+    /// Write `o`, `lse` and the cache after the append (`k_cache`, `v_cache`, in the cache's
+    /// layout) to a safetensors file (atomically, only when the run verified).
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub output: Option<std::path::PathBuf>,
+}
+
+fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
+    let batch = a.batch.unwrap_or(a.cache_len.len() as u32);
+    let cache_seqlens = match a.cache_len.len() {
+        1 => vec![a.cache_len[0]; batch as usize],
+        n if n as u32 == batch => a.cache_len.clone(),
+        n => {
+            return Err(Error::Usage(format!(
+                "--cache-len has {n} values and --batch is {batch}: give one length, or one per sequence"
+            )))
+        }
+    };
+    if a.repeats == Some(0) {
+        return Err(Error::Usage("--repeats must be at least 1".into()));
+    }
+    let (window_left, window_right) = match &a.window {
+        None => (-1, -1),
+        Some(w) => {
+            let parts: Vec<Result<i32, _>> = w.split(',').map(|x| x.trim().parse::<i32>()).collect();
+            match parts.as_slice() {
+                [Ok(l), Ok(r)] => (*l, *r),
+                _ => {
+                    return Err(Error::Usage(format!("--window takes LEFT,RIGHT (integers, -1 unbounded), got `{w}`")))
+                }
+            }
+        }
+    };
+    let p = DecodeProblem {
+        window_left,
+        window_right,
+        softcap: a.softcap,
+        batch,
+        heads: a.heads,
+        heads_kv: a.heads_kv.unwrap_or(a.heads),
+        head_dim: a.head_dim,
+        seq_q: a.seq_q,
+        cache_seqlens,
+        seq_new: a.new_tokens,
+        page_size: a.page_size,
+        dtype: a.dtype,
+        causal: !a.no_causal,
+        scale: a.scale,
+        splits: a.splits,
+        sm_count: a.sms,
+    };
+    p.validate()?;
+    Ok(p)
+}
+
+/// The problem with `key=value` applied.
+fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Error> {
+    let mut q = p.clone();
+    match key {
+        "splits" => q.splits = value.parse().map_err(Error::Usage)?,
+        "page-size" => {
+            let n: u32 = value.parse().map_err(|_| Error::Usage(format!("page-size `{value}` is not a number")))?;
+            q.page_size = (n > 0).then_some(n);
+        }
+        "dtype" => q.dtype = value.parse().map_err(|e: memattn::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
+        _ => return Err(Error::Usage(format!("decode --vary takes splits, page-size or dtype (got `{key}`)"))),
+    }
+    q.validate()?;
+    Ok(q)
+}
+
+/// A tensor read from the input file: its shape and values.
+type Tensor<T> = (Vec<usize>, Vec<T>);
+
+/// Reads the tensors of `--inputs`; returns the problem (with `base`'s split, scale and causal
+/// options) and the inputs. Every shape rule broken is exit 2 naming the tensor.
+fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodeProblem, DecodeInputs), Error> {
+    let bytes = memattn::files::read_regular(path, memattn::files::MAX_INPUT_BYTES, "input file")?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Usage(format!("{} is not a valid safetensors file: {e}", path.display())))?;
+    let bad = |m: String| Error::Usage(format!("{}: {m}", path.display()));
+    let q = st.tensor("q").map_err(|_| bad("no tensor `q`".into()))?;
+    let dtype =
+        Dtype::from_safetensors(q.dtype()).ok_or_else(|| bad(format!("q is {:?}; F32, BF16 or F16", q.dtype())))?;
+    let float = |name: &str| -> Result<Option<Tensor<f32>>, Error> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        if t.dtype() != dtype.safetensors() {
+            return Err(bad(format!("`{name}` is {:?} but q is {:?}: one dtype for all", t.dtype(), q.dtype())));
+        }
+        if t.shape().len() != 4 {
+            return Err(bad(format!("`{name}` has shape {:?}; 4 dimensions expected", t.shape())));
+        }
+        Ok(Some((t.shape().to_vec(), dtype.decode(t.data()))))
+    };
+    let index = |name: &str| -> Result<Option<Tensor<u32>>, Error> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        let v: Vec<u32> = match t.dtype() {
+            safetensors::Dtype::U32 => {
+                t.data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            safetensors::Dtype::I32 => {
+                let v: Vec<i32> =
+                    t.data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                if let Some(n) = v.iter().find(|&&n| n < 0) {
+                    return Err(bad(format!("`{name}` has a negative entry {n}")));
+                }
+                v.into_iter().map(|n| n as u32).collect()
+            }
+            d => return Err(bad(format!("`{name}` is {d:?}; U32 or I32 expected"))),
+        };
+        Ok(Some((t.shape().to_vec(), v)))
+    };
+    let need = |name: &str, x: Option<Tensor<f32>>| x.ok_or_else(|| bad(format!("no tensor `{name}`")));
+    let (qs, qv) = need("q", float("q")?)?;
+    let (ks, kv) = need("k_cache", float("k_cache")?)?;
+    let (vs, vv) = need("v_cache", float("v_cache")?)?;
+    let (ls, lens) = index("cache_seqlens")?.ok_or_else(|| bad("no tensor `cache_seqlens`".into()))?;
+    let [b, sq, h, d] = [qs[0], qs[1], qs[2], qs[3]];
+    if ks != vs || ks[3] != d {
+        return Err(bad(format!("k_cache {ks:?} and v_cache {vs:?} must have one shape with head_dim {d} of q")));
+    }
+    if ls != [b] {
+        return Err(bad(format!("cache_seqlens has shape {ls:?}, expected [{b}] (batch of q)")));
+    }
+    let hk = ks[2];
+    let (new_k, new_v, seq_new) = match (float("k_new")?, float("v_new")?) {
+        (None, None) => (Vec::new(), Vec::new(), 0),
+        (Some((a, x)), Some((c, y))) if a == c && a[0] == b && a[2] == hk && a[3] == d => (x, y, a[1]),
+        _ => return Err(bad(format!("k_new and v_new must both be [{b}, new, {hk}, {d}]"))),
+    };
+    let u32_of = |n: usize, what: &str| u32::try_from(n).map_err(|_| bad(format!("{what} {n} is over the u32 limit")));
+    let (layout, table, page_size) = match index("block_table")? {
+        Some((ts, t)) => {
+            if ts.len() != 2 || ts[0] != b {
+                return Err(bad(format!("block_table has shape {ts:?}, expected [{b}, max_pages]")));
+            }
+            let layout = CacheLayout::Paged {
+                page_size: u32_of(ks[1], "page_size")?,
+                num_pages: u32_of(ks[0], "num_pages")?,
+                max_pages: u32_of(ts[1], "max_pages")?,
+            };
+            (layout, t, Some(u32_of(ks[1], "page_size")?))
+        }
+        None => {
+            if ks[0] != b {
+                return Err(bad(format!(
+                    "contiguous k_cache {ks:?} must have batch {b} first (or give a block_table)"
+                )));
+            }
+            (CacheLayout::Contiguous { seq_cache: u32_of(ks[1], "seq_cache")? }, Vec::new(), None)
+        }
+    };
+    let p = DecodeProblem {
+        batch: u32_of(b, "batch")?,
+        heads: u32_of(h, "heads")?,
+        heads_kv: u32_of(hk, "heads_kv")?,
+        head_dim: u32_of(d, "head_dim")?,
+        seq_q: u32_of(sq, "seq_q")?,
+        cache_seqlens: lens,
+        seq_new: u32_of(seq_new, "new tokens")?,
+        page_size,
+        dtype,
+        ..base.clone()
+    };
+    p.validate()?;
+    let x = DecodeInputs { q: qv, k_cache: kv, v_cache: vv, block_table: table, k_new: new_k, v_new: new_v, layout };
+    Ok((p, x))
+}
+
+fn summary(r: &DecodeReport) -> String {
+    let b = &r.bytes;
+    let mut s = String::new();
+    let cache = match r.cache {
+        memattn::decode::CacheLayout::Contiguous { seq_cache } => format!("contiguous, {seq_cache} keys per sequence"),
+        memattn::decode::CacheLayout::Paged { page_size, num_pages, max_pages } => {
+            format!("paged, {num_pages} pages of {page_size} keys, block table {} x {max_pages}", r.batch)
+        }
+    };
+    s += &format!("cache        {cache}\n");
+    s += &format!(
+        "plan         {} splits ({}), {} blocks on {} SMs = {:.2} blocks per SM, wave efficiency {:.0}%\n",
+        r.plan.num_splits,
+        r.plan.chosen_by,
+        r.plan.blocks,
+        r.plan.sm_count,
+        r.plan.blocks_per_sm,
+        100.0 * r.plan.wave_efficiency
+    );
+    let v = &r.verification;
+    s += &format!(
+        "verified     {}  (O max err {:.2e} of row scale, bound {:.1e}; rel RMS {:.2e}; LSE err {:.2e}{})\n",
+        if r.verified { "PASS" } else { "FAIL" },
+        v.o_max_scaled_err,
+        v.o_bound,
+        v.o_rel_rms_err,
+        v.lse_max_abs_err,
+        match v.cache_ok {
+            Some(true) => "; appended cache exact",
+            Some(false) => "; appended cache WRONG",
+            None => "",
+        }
+    );
+    for f in &v.failures {
+        s += &format!("  {f}\n");
+    }
+    s += &format!(
+        "time         {:.4} ms median ({} repeats, {}), {:.3} TFLOP/s, K/V read {:.2} GB/s\n",
+        r.time_ms, r.timing.repeats, r.timing.clock, r.tflops, r.kv_read_gb_per_s
+    );
+    s += &format!(
+        "KV cache     {} allocated, {} used, {} unused; contiguous {} vs paged (page {}) {}\n",
+        human_bytes(b.kv_cache),
+        human_bytes(b.kv_used),
+        human_bytes(b.kv_unused),
+        human_bytes(b.kv_contiguous),
+        b.kv_paged_page_size,
+        human_bytes(b.kv_paged)
+    );
+    s += &format!(
+        "bytes        moved {} per call, {} per query token; split workspace {}; measured peak {}\n",
+        human_bytes(b.moved),
+        human_bytes(b.moved_per_token),
+        human_bytes(b.workspace),
+        human_bytes(r.peak_device_bytes)
+    );
+    if let (Some(n), Some(per)) = (r.vm_thread_instructions, r.vm_thread_instructions_per_cached_token) {
+        s += &format!("VM           {n} thread-instructions, {per:.1} per cached token\n");
+    }
+    for l in &r.launches {
+        s += &format!(
+            "launch       {} grid {:?} block {:?} smem {} B\n",
+            l.kernel, l.grid, l.block, l.dynamic_smem_bytes
+        );
+    }
+    s
+}
+
+fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> Result<(), Error> {
+    let err = |e: safetensors::SafeTensorError| Error::Usage(format!("cannot write {}: {e}", path.display()));
+    let (b, sq, h, d, hk) =
+        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize, p.heads_kv as usize);
+    let cache_shape = match r.cache {
+        memattn::decode::CacheLayout::Contiguous { seq_cache } => vec![b, seq_cache as usize, hk, d],
+        memattn::decode::CacheLayout::Paged { page_size, num_pages, .. } => {
+            vec![num_pages as usize, page_size as usize, hk, d]
+        }
+    };
+    let st = p.dtype.safetensors();
+    let (ob, lb, kb, vb) =
+        (p.dtype.encode(&r.o), Dtype::F32.encode(&r.lse), p.dtype.encode(&r.k_cache), p.dtype.encode(&r.v_cache));
+    let o = TensorView::new(st, vec![b, sq, h, d], &ob).map_err(err)?;
+    let l = TensorView::new(safetensors::Dtype::F32, vec![b, h, sq], &lb).map_err(err)?;
+    let k = TensorView::new(st, cache_shape.clone(), &kb).map_err(err)?;
+    let v = TensorView::new(st, cache_shape, &vb).map_err(err)?;
+    let bytes = safetensors::serialize([("o", o), ("lse", l), ("k_cache", k), ("v_cache", v)], None).map_err(err)?;
+    Ok(memattn::files::write_atomic(path, &bytes, "output file")?)
+}
+
+pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
+    let mut base = problem(a)?;
+    if let Some(out) = &a.output {
+        if a.vary.is_some() {
+            return Err(Error::Usage("--output writes one run: leave out --vary".into()));
+        }
+        check_output(cli, "--output", out, &[("--inputs", a.inputs.as_deref())])?;
+    }
+    let given = match &a.inputs {
+        Some(path) => {
+            let (p, x) = read_inputs(path, &base)?;
+            base = p;
+            Some(x)
+        }
+        None => None,
+    };
+    let runs: Vec<(String, DecodeProblem)> = match &a.vary {
+        None => vec![(String::new(), base.clone())],
+        Some(v) => {
+            let Some((k, vals)) = v.split_once('=') else {
+                return Err(Error::Usage(format!("--vary expects KEY=A,B (got `{v}`)")));
+            };
+            let key = k.trim().to_ascii_lowercase().replace('_', "-");
+            let list: Vec<&str> = vals.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+            if list.is_empty() {
+                return Err(Error::Usage(format!("--vary {key}= has no values")));
+            }
+            list.iter()
+                .map(|val| Ok((format!("{key}={val}"), varied(&base, &key, val)?)))
+                .collect::<Result<_, Error>>()?
+        }
+    };
+    let (mut dev, reason) = open_device(cli)?;
+    let mut reports = Vec::new();
+    for (label, p) in &runs {
+        let spec = DecodeSpec { problem: p.clone(), seed: a.seed, warmup: a.warmup, repeats: a.repeats };
+        if !cli.json {
+            println!(
+                "{}decode: batch {}, heads {} (kv {}), head_dim {}, seq_q {}, cache {:?} + {} new, {}{}",
+                if label.is_empty() { String::new() } else { format!("[{label}] ") },
+                p.batch,
+                p.heads,
+                p.heads_kv,
+                p.head_dim,
+                p.seq_q,
+                p.cache_seqlens.iter().take(8).collect::<Vec<_>>(),
+                p.seq_new,
+                p.dtype,
+                if p.causal { ", causal" } else { "" }
+            );
+        }
+        let r = run_decode(dev.as_mut(), &spec, given.as_ref())?;
+        if !cli.json {
+            print!("{}", summary(&r));
+        }
+        reports.push((label.clone(), r));
+    }
+    let mut written = None;
+    if let (Some(path), Some((_, r))) = (&a.output, reports.first()) {
+        if r.verified {
+            write_output(path, &runs[0].1, r)?;
+            written = Some(path.display().to_string());
+            if !cli.json {
+                println!("wrote o, lse, k_cache, v_cache to {}", path.display());
+            }
+        } else {
+            eprintln!("not writing {}: the result did not verify", path.display());
+        }
+    }
+    let mut v = if reports.len() == 1 {
+        serde_json::to_value(&reports[0].1).unwrap_or_default()
+    } else {
+        serde_json::json!({ "runs": reports.iter().map(|(l, r)| {
+            let mut x = serde_json::to_value(r).unwrap_or_default();
+            x["varied"] = l.clone().into();
+            x
+        }).collect::<Vec<_>>() })
+    };
+    v["backend_reason"] = reason.into();
+    if a.output.is_some() {
+        v["output_file"] = written.into();
+    }
+    save_evidence(cli, &v)?;
+    if cli.json {
+        print_json(&v);
+    }
+    Ok(if reports.iter().all(|(_, r)| r.verified) { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}

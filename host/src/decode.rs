@@ -1,0 +1,1324 @@
+//! KV-cache decode: split-KV attention (flash-decoding) over a contiguous or paged cache, the
+//! cache append, the combine (`merge_states`), the split plan, the f64 reference, and one
+//! measured, verified run.
+//!
+//! Semantics follow FlashAttention-2's `flash_attn_with_kvcache` (see [`kernels_gpu::decode_abi`]
+//! for the layouts): `cache_seqlens[b]` keys are in the cache before the call; `k_new`, `v_new`
+//! (`seq_new` tokens) are appended at `cache_seqlens[b]` before attention, so sequence `b` attends
+//! over `seqlen_k = cache_seqlens[b] + seq_new` keys; GQA query head `h` reads KV head `h /
+//! (heads / heads_kv)`; `window_left`/`window_right` limit a query to keys around its diagonal
+//! (FlashAttention-2's `window_size`, `-1` unbounded); causal is bottom-right aligned (query `i` sees key `j <= i + seqlen_k -
+//! seq_q`); a row that sees nothing gives `O = 0`, `LSE = -inf`; LSE is natural log.
+//!
+//! A plan, then a run: [`DecodeProblem::plan`] fixes the split count once (printed by the CLI);
+//! [`run_decode`] launches `decode_append` (when there are new tokens), `decode_fwd` and, with
+//! more than one split, `merge_states`.
+//!
+//! **Reproducibility.** Runs are bit-reproducible (no atomics; every sum has a fixed order). A
+//! sequence's output depends on its own keys and the split count only (split `s` covers whole
+//! key tiles `[s * tps, (s + 1) * tps)` of its own length), so with `--splits N` it is
+//! batch-invariant: the same sequence gives the same bits in any batch. `--splits auto` picks the
+//! count from the batch and head count, so its output can change (within rounding) with the batch.
+//!
+//! **Block tables.** Entries past a sequence's last used page (`ceil(seqlen_k / page_size)`) are
+//! never read and not checked. Duplicate pages across sequences (a shared prefix) are allowed for
+//! pages that only hold keys read; a page that receives appended tokens must be referenced by one
+//! sequence only (two sequences writing one page would race).
+
+use crate::device::{DevPtr, Device, DeviceError};
+use crate::dtype::Dtype;
+use crate::error::Error;
+use crate::memory::MeasuredMemory;
+use crate::rng::SplitMix64;
+use crate::runner::{LaunchRecord, MAX_LAUNCHES, POISON, POISON_16};
+use crate::timing::Timing;
+use kernels_gpu::abi::Strides;
+use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
+use kernels_gpu::tiles::{DecodeTile, LaunchDims, APPEND, MERGE};
+use kernels_gpu::variants::Tile;
+use kernels_gpu::KernelId;
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// Multiprocessors the VM models for the split plan (an H100/H200 has 132); `--sms` overrides.
+pub const DEFAULT_SM_COUNT: u32 = 132;
+/// Most splits a plan may have (FlashAttention-2's `max_splits`, 128).
+pub const MAX_SPLITS: u32 = 128;
+
+/// The `--splits` option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Splits {
+    /// FlashAttention-2's wave-efficiency heuristic ([`num_splits_heuristic`]).
+    #[default]
+    Auto,
+    /// Exactly this many (1..=128).
+    Fixed(u32),
+}
+
+impl FromStr for Splits {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Splits::Auto);
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Splits::Fixed(n)),
+            _ => Err(format!("--splits takes `auto` or a count 1..={MAX_SPLITS}, got `{s}`")),
+        }
+    }
+}
+
+impl fmt::Display for Splits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Splits::Auto => f.write_str("auto"),
+            Splits::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// FlashAttention-2's split-count heuristic, copied from `csrc/flash_attn/flash_api.cpp`,
+/// `num_splits_heuristic` (Dao-AILab/flash-attention, v2.x): if the blocks without splitting
+/// already fill 80 % of the SMs, use 1 split; otherwise, among split counts `1..=min(max_splits,
+/// num_sms, num_n_blocks)` that change the number of key blocks per split (others are the same
+/// split in disguise), compute the wave efficiency `n_waves / ceil(n_waves)` with `n_waves =
+/// blocks * splits / num_sms`, and take the smallest count within 85 % of the best efficiency.
+pub fn num_splits_heuristic(batch_nheads_mblocks: u32, num_sms: u32, num_n_blocks: u32, max_splits: u32) -> u32 {
+    if batch_nheads_mblocks as f32 >= 0.8 * num_sms as f32 {
+        return 1;
+    }
+    let max_splits = max_splits.min(num_sms).min(num_n_blocks);
+    let eligible = |n: u32| n == 1 || num_n_blocks.div_ceil(n) != num_n_blocks.div_ceil(n - 1);
+    let eff = |n: u32| {
+        let waves = (batch_nheads_mblocks as f32 * n as f32) / num_sms as f32;
+        waves / waves.ceil()
+    };
+    let best = (1..=max_splits).filter(|&n| eligible(n)).map(eff).fold(0f32, f32::max);
+    (1..=max_splits).find(|&n| eligible(n) && eff(n) >= 0.85 * best).unwrap_or(1)
+}
+
+/// FlashAttention-2's key block of its split-KV kernel for a head dim (`set_params_splitkv`:
+/// 256 for d <= 64, 128 for d <= 128, 64 above): the unit of `num_n_blocks` in the heuristic, so a
+/// split gets at least that many keys.
+pub const fn fa2_block_n(head_dim: u32) -> u32 {
+    if head_dim <= 64 {
+        256
+    } else if head_dim <= 128 {
+        128
+    } else {
+        64
+    }
+}
+
+/// One decode problem: shapes, cache, new tokens, dtype, split choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeProblem {
+    pub batch: u32,
+    pub heads: u32,
+    pub heads_kv: u32,
+    pub head_dim: u32,
+    /// Query tokens per sequence (1 for plain decode; more for speculative decoding).
+    pub seq_q: u32,
+    /// Keys already in the cache per sequence (`batch` entries).
+    pub cache_seqlens: Vec<u32>,
+    /// New tokens appended per sequence before attention.
+    pub seq_new: u32,
+    /// `None`: contiguous cache; `Some(P)`: paged with `P` keys per page.
+    pub page_size: Option<u32>,
+    pub dtype: Dtype,
+    pub causal: bool,
+    /// Sliding window, bottom-right aligned as in FlashAttention-2: keys left and right of the
+    /// diagonal a query sees, `-1` for unbounded (causal forces the right side to 0).
+    pub window_left: i32,
+    pub window_right: i32,
+    /// Score soft-capping: `softcap * tanh(score / softcap)` (0: off).
+    pub softcap: f32,
+    /// None: `1/sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    pub splits: Splits,
+    /// Multiprocessors the plan fills.
+    pub sm_count: u32,
+}
+
+impl Default for DecodeProblem {
+    fn default() -> Self {
+        DecodeProblem {
+            batch: 1,
+            heads: 8,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 1,
+            cache_seqlens: vec![100],
+            seq_new: 0,
+            page_size: None,
+            dtype: Dtype::F32,
+            causal: true,
+            window_left: -1,
+            window_right: -1,
+            softcap: 0.0,
+            scale: None,
+            splits: Splits::Auto,
+            sm_count: DEFAULT_SM_COUNT,
+        }
+    }
+}
+
+/// The split plan of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SplitPlan {
+    pub num_splits: u32,
+    /// `"auto"` (the heuristic) or `"fixed"`.
+    pub chosen_by: &'static str,
+    pub sm_count: u32,
+    /// Blocks of one split: `ceil(seq_q * group / rows per block) * heads_kv * batch`.
+    pub blocks_per_split: u64,
+    /// Blocks of the decode launch (`blocks_per_split * num_splits`).
+    pub blocks: u64,
+    /// `blocks / sm_count`.
+    pub blocks_per_sm: f64,
+    /// `waves / ceil(waves)` with `waves = blocks / sm_count` (1 = every SM busy in every wave).
+    pub wave_efficiency: f64,
+    /// The heuristic's `num_n_blocks`: `ceil(max seqlen_k / block_n)`.
+    pub heuristic_key_blocks: u32,
+}
+
+impl DecodeProblem {
+    pub fn group(&self) -> u32 {
+        self.heads / self.heads_kv.max(1)
+    }
+    pub fn softmax_scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+    pub fn seqlen_k(&self, b: usize) -> u32 {
+        self.cache_seqlens[b] + self.seq_new
+    }
+    pub fn max_seqlen_k(&self) -> u32 {
+        (0..self.batch as usize).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
+    }
+    /// Output rows `batch * heads * seq_q`.
+    pub fn rows(&self) -> u64 {
+        self.batch as u64 * self.heads as u64 * self.seq_q as u64
+    }
+    pub fn q_elems(&self) -> u64 {
+        self.rows() * self.head_dim as u64
+    }
+    pub fn new_elems(&self) -> u64 {
+        self.batch as u64 * self.seq_new as u64 * self.heads_kv as u64 * self.head_dim as u64
+    }
+    /// Keys `[start, end)` query token `i` of sequence `b` sees (the kernels' rule,
+    /// [`kernels_gpu::decode_abi::key_range`]); empty when `start >= end`.
+    pub fn key_range(&self, b: usize, i: u32) -> (u32, u32) {
+        let (s, e) = kernels_gpu::decode_abi::key_range(
+            self.causal,
+            self.window_left,
+            self.window_right,
+            i,
+            self.seq_q,
+            self.seqlen_k(b),
+        );
+        let (s, e) = (s.max(0) as u32, e.max(0) as u32);
+        (s.min(e), e)
+    }
+
+    /// Keys query token `i` of sequence `b` sees.
+    pub fn keys_seen(&self, b: usize, i: u32) -> u32 {
+        let (s, e) = self.key_range(b, i);
+        e - s
+    }
+
+    /// `[decode_fwd, merge_states, decode_append]` for the dtype and head dim.
+    pub fn kernels(&self) -> Result<[KernelId; 3], Error> {
+        KernelId::decode(self.dtype.elem(), self.head_dim).ok_or_else(|| {
+            let dims: Vec<String> =
+                KernelId::decode_head_dims(self.dtype.elem()).iter().map(|d| d.to_string()).collect();
+            Error::Usage(format!(
+                "head_dim {}: the {} decode kernels are compiled for head_dim {}",
+                self.head_dim,
+                self.dtype,
+                dims.join(" and ")
+            ))
+        })
+    }
+
+    /// The tile of the decode kernel.
+    pub fn tile(&self) -> Result<DecodeTile, Error> {
+        match self.kernels()?[0].variant().tile {
+            Tile::DecodeFwd(t) => Ok(t),
+            _ => unreachable!("KernelId::decode returns a DecodeFwd row first"),
+        }
+    }
+
+    /// Checks the shape rules (nothing allocated). Each error names the rule.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Usage(m));
+        if self.batch == 0 || self.heads == 0 || self.heads_kv == 0 || self.seq_q == 0 || self.head_dim == 0 {
+            return bad(format!(
+                "batch, heads, heads_kv, seq_q and head_dim must be >= 1 (got {}, {}, {}, {}, {})",
+                self.batch, self.heads, self.heads_kv, self.seq_q, self.head_dim
+            ));
+        }
+        if !self.heads.is_multiple_of(self.heads_kv) {
+            return bad(format!(
+                "mismatched heads: heads ({}) must be a multiple of heads_kv ({}) (GQA: query head h reads KV head h / (heads / heads_kv))",
+                self.heads, self.heads_kv
+            ));
+        }
+        if self.cache_seqlens.len() != self.batch as usize {
+            return bad(format!(
+                "cache_seqlens has {} entries, batch is {}: one length per sequence",
+                self.cache_seqlens.len(),
+                self.batch
+            ));
+        }
+        if self.page_size == Some(0) {
+            return bad("page_size must be >= 1 (0 keys per page)".into());
+        }
+        if self.cache_seqlens.iter().any(|&l| l as u64 + self.seq_new as u64 > u32::MAX as u64 / 2) {
+            return bad("cache_seqlens + new tokens must be below 2^31".into());
+        }
+        if self.window_left < -1 || self.window_right < -1 {
+            return bad(format!(
+                "window ({}, {}): each side must be >= 0 keys, or -1 for unbounded",
+                self.window_left, self.window_right
+            ));
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return bad(format!("softcap {} must be >= 0 (0 turns it off)", self.softcap));
+        }
+        if self.sm_count == 0 {
+            return bad("--sms must be >= 1".into());
+        }
+        if !self.softmax_scale().is_finite() {
+            return bad("softmax scale must be finite".into());
+        }
+        self.kernels()?;
+        Ok(())
+    }
+
+    /// The split plan: `--splits N` as given, `auto` from [`num_splits_heuristic`] over this
+    /// problem's blocks and the SM count.
+    pub fn plan(&self) -> Result<SplitPlan, Error> {
+        let tile = self.tile()?;
+        let blocks_per_split = (self.seq_q as u64 * self.group() as u64).div_ceil(tile.br() as u64)
+            * self.heads_kv as u64
+            * self.batch as u64;
+        let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
+        let (num_splits, chosen_by) = match self.splits {
+            Splits::Fixed(n) => (n, "fixed"),
+            Splits::Auto => (
+                num_splits_heuristic(
+                    blocks_per_split.min(u32::MAX as u64) as u32,
+                    self.sm_count,
+                    key_blocks,
+                    MAX_SPLITS,
+                ),
+                "auto",
+            ),
+        };
+        let blocks = blocks_per_split * num_splits as u64;
+        let waves = blocks as f64 / self.sm_count as f64;
+        Ok(SplitPlan {
+            num_splits,
+            chosen_by,
+            sm_count: self.sm_count,
+            blocks_per_split,
+            blocks,
+            blocks_per_sm: waves,
+            wave_efficiency: if waves > 0.0 { waves / waves.ceil() } else { 0.0 },
+            heuristic_key_blocks: key_blocks,
+        })
+    }
+
+    /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)`.
+    pub fn pages_needed(&self, b: usize, page_size: u32) -> u32 {
+        self.seqlen_k(b).div_ceil(page_size)
+    }
+}
+
+/// Where the cache's rows live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum CacheLayout {
+    /// `[batch, seq_cache, heads_kv, head_dim]`.
+    Contiguous { seq_cache: u32 },
+    /// `[num_pages, page_size, heads_kv, head_dim]` and a `[batch, max_pages]` block table.
+    Paged { page_size: u32, num_pages: u32, max_pages: u32 },
+}
+
+/// The tensors of one decode call, all f32 on the host (16-bit dtypes hold their exact values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeInputs {
+    /// `[batch, seq_q, heads, head_dim]`.
+    pub q: Vec<f32>,
+    pub k_cache: Vec<f32>,
+    pub v_cache: Vec<f32>,
+    /// `[batch, max_pages]` (paged only; empty otherwise).
+    pub block_table: Vec<u32>,
+    /// `[batch, seq_new, heads_kv, head_dim]` (empty when `seq_new == 0`).
+    pub k_new: Vec<f32>,
+    pub v_new: Vec<f32>,
+    pub layout: CacheLayout,
+}
+
+impl DecodeInputs {
+    /// Random normal inputs (rounded to the dtype). Contiguous caches hold `max seqlen_k` keys per
+    /// sequence; a paged cache holds exactly the pages the sequences need, in a shuffled order.
+    /// Cache rows at and past `cache_seqlens[b]` (the append's target and the unused tail) are NaN,
+    /// so a kernel that reads a row it must not, or attends before the append, fails verification.
+    pub fn random(p: &DecodeProblem, seed: u64) -> DecodeInputs {
+        let mut rng = SplitMix64::new(seed ^ 0xDEC0_DE00);
+        let (hk, d) = (p.heads_kv as usize, p.head_dim as usize);
+        let mut normal = |n: u64| -> Vec<f32> { (0..n).map(|_| p.dtype.round(rng.normal() as f32)).collect() };
+        let q = normal(p.q_elems());
+        let k_new = normal(p.new_elems());
+        let v_new = normal(p.new_elems());
+        let row = (hk * d) as u64;
+        let (layout, block_table, slots) = match p.page_size {
+            None => {
+                let seq_cache = p.max_seqlen_k().max(1);
+                (CacheLayout::Contiguous { seq_cache }, Vec::new(), p.batch as u64 * seq_cache as u64)
+            }
+            Some(ps) => {
+                let need: Vec<u32> = (0..p.batch as usize).map(|b| p.pages_needed(b, ps)).collect();
+                let num_pages: u32 = need.iter().sum::<u32>().max(1);
+                let max_pages = need.iter().copied().max().unwrap_or(0).max(1);
+                let mut order: Vec<u32> = (0..num_pages).collect();
+                let mut r2 = SplitMix64::new(seed ^ 0x9A6E);
+                for i in (1..order.len()).rev() {
+                    order.swap(i, r2.below(i as u64 + 1) as usize);
+                }
+                let mut table = vec![u32::MAX; (p.batch * max_pages) as usize];
+                let mut next = 0;
+                for (b, &n) in need.iter().enumerate() {
+                    for s in 0..n as usize {
+                        table[b * max_pages as usize + s] = order[next];
+                        next += 1;
+                    }
+                }
+                (CacheLayout::Paged { page_size: ps, num_pages, max_pages }, table, num_pages as u64 * ps as u64)
+            }
+        };
+        let mut x = DecodeInputs {
+            q,
+            k_cache: vec![f32::NAN; (slots * row) as usize],
+            v_cache: vec![f32::NAN; (slots * row) as usize],
+            block_table,
+            k_new,
+            v_new,
+            layout,
+        };
+        for b in 0..p.batch as usize {
+            for j in 0..p.cache_seqlens[b] {
+                let at = x.row_offset(p, b, j).expect("sized above");
+                for e in 0..hk * d {
+                    x.k_cache[at + e] = p.dtype.round(rng.normal() as f32);
+                    x.v_cache[at + e] = p.dtype.round(rng.normal() as f32);
+                }
+            }
+        }
+        x
+    }
+
+    /// Element offset of cache row `j` (head 0) of sequence `b`; `None` when the block table has no
+    /// valid page for it.
+    pub fn row_offset(&self, p: &DecodeProblem, b: usize, j: u32) -> Option<usize> {
+        let row = (p.heads_kv * p.head_dim) as usize;
+        match self.layout {
+            CacheLayout::Contiguous { seq_cache } => {
+                (j < seq_cache).then(|| (b * seq_cache as usize + j as usize) * row)
+            }
+            CacheLayout::Paged { page_size, num_pages, max_pages } => {
+                let slot = j / page_size;
+                if slot >= max_pages {
+                    return None;
+                }
+                let page = *self.block_table.get(b * max_pages as usize + slot as usize)?;
+                (page < num_pages).then(|| (page as usize * page_size as usize + (j % page_size) as usize) * row)
+            }
+        }
+    }
+
+    /// The same keys and values in another layout (`None`: contiguous with `max seqlen_k` rows;
+    /// `Some(P)`: pages of `P`, shuffled by `seed`), for comparing layouts.
+    pub fn relaid(&self, p: &DecodeProblem, page_size: Option<u32>, seed: u64) -> (DecodeProblem, DecodeInputs) {
+        let mut p2 = p.clone();
+        p2.page_size = page_size;
+        let mut y = DecodeInputs::random(&p2, seed);
+        y.q = self.q.clone();
+        y.k_new = self.k_new.clone();
+        y.v_new = self.v_new.clone();
+        let row = (p.heads_kv * p.head_dim) as usize;
+        for b in 0..p.batch as usize {
+            for j in 0..p.seqlen_k(b) {
+                if let (Some(a), Some(c)) = (self.row_offset(p, b, j), y.row_offset(&p2, b, j)) {
+                    y.k_cache[c..c + row].copy_from_slice(&self.k_cache[a..a + row]);
+                    y.v_cache[c..c + row].copy_from_slice(&self.v_cache[a..a + row]);
+                }
+            }
+        }
+        (p2, y)
+    }
+
+    /// Checks the tensors against the problem: lengths, block-table entries, capacity, the
+    /// append's targets and finite values. Each error names the rule; nothing out of bounds can
+    /// be launched past it.
+    pub fn validate(&self, p: &DecodeProblem) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Usage(m));
+        let row = (p.heads_kv as u64) * p.head_dim as u64;
+        let want = |name: &str, got: usize, want: u64| -> Result<(), Error> {
+            if got as u64 != want {
+                return Err(Error::Usage(format!("tensor `{name}` has {got} elements, the problem needs {want}")));
+            }
+            Ok(())
+        };
+        want("q", self.q.len(), p.q_elems())?;
+        want("k_new", self.k_new.len(), p.new_elems())?;
+        want("v_new", self.v_new.len(), p.new_elems())?;
+        match (self.layout, p.page_size) {
+            (CacheLayout::Contiguous { seq_cache }, None) => {
+                want("k_cache", self.k_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
+                want("v_cache", self.v_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
+                for b in 0..p.batch as usize {
+                    if p.seqlen_k(b) > seq_cache {
+                        return bad(format!(
+                            "cache_seqlens[{b}] + new tokens = {} + {} exceeds the cache's {seq_cache} keys per sequence",
+                            p.cache_seqlens[b], p.seq_new
+                        ));
+                    }
+                }
+            }
+            (CacheLayout::Paged { page_size, num_pages, max_pages }, Some(ps)) if ps == page_size => {
+                if page_size == 0 {
+                    return bad("page_size must be >= 1 (0 keys per page)".into());
+                }
+                want("k_cache", self.k_cache.len(), num_pages as u64 * page_size as u64 * row)?;
+                want("v_cache", self.v_cache.len(), num_pages as u64 * page_size as u64 * row)?;
+                want("block_table", self.block_table.len(), p.batch as u64 * max_pages as u64)?;
+                let mut refs = std::collections::HashMap::<u32, u32>::new();
+                let mut written = std::collections::HashSet::<u32>::new();
+                for b in 0..p.batch as usize {
+                    let need = p.pages_needed(b, page_size);
+                    if need > max_pages {
+                        return bad(format!(
+                            "cache_seqlens[{b}] + new tokens = {} + {} needs {need} pages of {page_size}, \
+                             the block table has {max_pages} per sequence",
+                            p.cache_seqlens[b], p.seq_new
+                        ));
+                    }
+                    for s in 0..need as usize {
+                        let page = self.block_table[b * max_pages as usize + s];
+                        if page >= num_pages {
+                            return bad(format!(
+                                "block_table[{b}][{s}] = {page} is past num_pages ({num_pages}): every page a \
+                                 sequence uses must be < num_pages"
+                            ));
+                        }
+                        *refs.entry(page).or_default() += 1;
+                        let (lo, hi) = (s as u32 * page_size, (s as u32 + 1) * page_size);
+                        if p.seq_new > 0 && hi > p.cache_seqlens[b] && lo < p.seqlen_k(b) {
+                            written.insert(page);
+                        }
+                    }
+                }
+                if let Some(page) = written.iter().find(|pg| refs[pg] > 1) {
+                    return bad(format!(
+                        "page {page} receives appended tokens and is in more than one block-table entry: \
+                         duplicate pages are allowed only for pages that are read, not written"
+                    ));
+                }
+            }
+            (layout, ps) => return bad(format!("cache layout {layout:?} does not match page size {ps:?}")),
+        }
+        for (name, t) in [("q", &self.q), ("k_new", &self.k_new), ("v_new", &self.v_new)] {
+            if let Some(e) = t.iter().position(|v| !v.is_finite()) {
+                return bad(format!(
+                    "input tensor `{name}` has a non-finite value at element {e}; NaN and +-inf are refused"
+                ));
+            }
+        }
+        for b in 0..p.batch as usize {
+            for j in 0..p.cache_seqlens[b] {
+                let at = self.row_offset(p, b, j).expect("checked above");
+                let r = row as usize;
+                if self.k_cache[at..at + r].iter().chain(&self.v_cache[at..at + r]).any(|v| !v.is_finite()) {
+                    return bad(format!(
+                        "the cache has a non-finite value in key {j} of sequence {b}; NaN and +-inf are refused"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache after the append: `k_new`, `v_new` written at `cache_seqlens`.
+    pub fn appended(&self, p: &DecodeProblem) -> (Vec<f32>, Vec<f32>) {
+        let (mut k, mut v) = (self.k_cache.clone(), self.v_cache.clone());
+        let row = (p.heads_kv * p.head_dim) as usize;
+        for b in 0..p.batch as usize {
+            for t in 0..p.seq_new {
+                let at = self.row_offset(p, b, p.cache_seqlens[b] + t).expect("validated");
+                let src = (b * p.seq_new as usize + t as usize) * row;
+                k[at..at + row].copy_from_slice(&self.k_new[src..src + row]);
+                v[at..at + row].copy_from_slice(&self.v_new[src..src + row]);
+            }
+        }
+        (k, v)
+    }
+}
+
+/// The f64 reference of a decode call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeReference {
+    /// `[batch, seq_q, heads, head_dim]`.
+    pub o: Vec<f64>,
+    /// `[batch, heads, seq_q]`, natural log, `-inf` for a row that sees nothing.
+    pub lse: Vec<f64>,
+    /// Per output row `Σ_j P_j |v_j|` maxed over dims: the row's scale for the error bounds.
+    pub o_abs: Vec<f64>,
+}
+
+/// Attention in f64 over the cache's first `cache_seqlens[b]` keys followed by `k_new` (the
+/// concatenation, independent of the append kernel).
+pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
+    let (h, hk, d, g) = (p.heads as usize, p.heads_kv as usize, p.head_dim as usize, p.group() as usize);
+    let sq = p.seq_q as usize;
+    let scale = p.softmax_scale() as f64;
+    let mut o = vec![0f64; p.q_elems() as usize];
+    let mut lse = vec![f64::NEG_INFINITY; p.rows() as usize];
+    let mut o_abs = vec![0f64; p.rows() as usize];
+    for b in 0..p.batch as usize {
+        let cached = p.cache_seqlens[b];
+        let key = |j: u32, kv: usize| -> (&[f32], &[f32]) {
+            if j < cached {
+                let at = x.row_offset(p, b, j).expect("validated") + kv * d;
+                (&x.k_cache[at..at + d], &x.v_cache[at..at + d])
+            } else {
+                let at = ((b * p.seq_new as usize + (j - cached) as usize) * hk + kv) * d;
+                (&x.k_new[at..at + d], &x.v_new[at..at + d])
+            }
+        };
+        let seqlen = p.seqlen_k(b) as i64;
+        for i in 0..sq {
+            // The mask, key by key: bottom-right diagonal, causal, window on either side.
+            let diag = i as i64 + seqlen - sq as i64;
+            let visible = |j: i64| {
+                (!p.causal || j <= diag)
+                    && (p.window_right < 0 || j <= diag + p.window_right as i64)
+                    && (p.window_left < 0 || j >= diag - p.window_left as i64)
+            };
+            let seen: Vec<u32> = (0..seqlen).filter(|&j| visible(j)).map(|j| j as u32).collect();
+            for hh in 0..h {
+                let kv = hh / g;
+                let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
+                let s: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>())
+                    .map(|s| if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s })
+                    .collect();
+                let r = (b * h + hh) * sq + i;
+                if seen.is_empty() {
+                    continue;
+                }
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                lse[r] = m + l.ln();
+                let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
+                let mut abs = vec![0f64; d];
+                for (&j, sj) in seen.iter().zip(&s) {
+                    let pj = (sj - m).exp() / l;
+                    for (c, &vv) in key(j, kv).1.iter().enumerate() {
+                        out[c] += pj * vv as f64;
+                        abs[c] += pj * (vv as f64).abs();
+                    }
+                }
+                o_abs[r] = abs.iter().copied().fold(0f64, f64::max);
+            }
+        }
+    }
+    DecodeReference { o, lse, o_abs }
+}
+
+/// Errors of a decode run against the reference.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DecodeVerification {
+    pub passed: bool,
+    /// Largest `|o - ref| / max(a_r, tiny)` over elements (`a_r` the row's `Σ P |v|`).
+    pub o_max_scaled_err: f64,
+    pub o_rel_rms_err: f64,
+    pub lse_max_abs_err: f64,
+    /// Elements NaN or infinite where the reference is finite (never written, or corrupted).
+    pub unwritten: u64,
+    /// Rows whose LSE is `-inf` on one side only.
+    pub lse_inf_mismatches: u64,
+    /// Bound on `o_max_scaled_err`: 1e-4 for f32; `2u + 1e-4` for bf16/f16 (`u` the unit
+    /// roundoff: the output is rounded to the dtype once; arithmetic is f32).
+    pub o_bound: f64,
+    /// Bound on `|lse - ref| / max(1, |ref|)`: 1e-4.
+    pub lse_bound: f64,
+    /// The updated cache equals the expected append (bit for bit), when there were new tokens.
+    pub cache_ok: Option<bool>,
+    pub failures: Vec<String>,
+}
+
+/// Compares O and LSE with the reference, row by row against each row's own scale.
+pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeReference) -> DecodeVerification {
+    let (h, d, sq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+    let o_bound = if p.dtype.is_16bit() { 2.0 * p.dtype.unit_roundoff() + 1e-4 } else { 1e-4 };
+    let mut v = DecodeVerification { o_bound, lse_bound: 1e-4, ..Default::default() };
+    let (mut num, mut den) = (0f64, 0f64);
+    for b in 0..p.batch as usize {
+        for i in 0..sq {
+            for hh in 0..h {
+                let row = (b * h + hh) * sq + i;
+                let scale = r.o_abs[row].max(f64::MIN_POSITIVE);
+                for c in 0..d {
+                    let e = ((b * sq + i) * h + hh) * d + c;
+                    let got = o[e] as f64;
+                    if !got.is_finite() {
+                        v.unwritten += 1;
+                        continue;
+                    }
+                    let err = (got - r.o[e]).abs();
+                    if r.lse[row] == f64::NEG_INFINITY {
+                        v.o_max_scaled_err = v.o_max_scaled_err.max(if err == 0.0 { 0.0 } else { f64::INFINITY });
+                    } else {
+                        v.o_max_scaled_err = v.o_max_scaled_err.max(err / scale);
+                    }
+                    num += err * err;
+                    den += r.o[e] * r.o[e];
+                }
+                let (gl, rl) = (lse[row] as f64, r.lse[row]);
+                if (gl == f64::NEG_INFINITY) != (rl == f64::NEG_INFINITY) {
+                    v.lse_inf_mismatches += 1;
+                } else if gl.is_nan() || gl == f64::INFINITY {
+                    v.unwritten += 1;
+                } else if rl.is_finite() {
+                    v.lse_max_abs_err = v.lse_max_abs_err.max((gl - rl).abs() / rl.abs().max(1.0));
+                }
+            }
+        }
+    }
+    v.o_rel_rms_err = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    if v.unwritten > 0 {
+        v.failures.push(format!("{} output elements are NaN/inf (not written?)", v.unwritten));
+    }
+    if v.lse_inf_mismatches > 0 {
+        v.failures.push(format!("{} rows have LSE -inf on one side only", v.lse_inf_mismatches));
+    }
+    if v.o_max_scaled_err > o_bound {
+        v.failures.push(format!("O error {:.3e} of its row's scale, over the bound {o_bound:.1e}", v.o_max_scaled_err));
+    }
+    if v.lse_max_abs_err > v.lse_bound {
+        v.failures.push(format!("LSE error {:.3e}, over the bound {:.1e}", v.lse_max_abs_err, v.lse_bound));
+    }
+    v.passed = v.failures.is_empty();
+    v
+}
+
+/// Device bytes of a decode call, stated before it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct DecodeBytes {
+    /// K and V cache as allocated (both tensors).
+    pub kv_cache: u64,
+    /// K and V bytes of the keys the sequences hold (`Σ seqlen_k` rows): what attention reads.
+    pub kv_used: u64,
+    /// `kv_cache - kv_used`: padding of a contiguous cache to the longest sequence, or the
+    /// unused rows of the sequences' last pages (internal fragmentation) of a paged cache.
+    pub kv_unused: u64,
+    /// The same cache, contiguous (`batch * max seqlen_k` rows) and paged with the problem's page
+    /// size (or 16 for a contiguous problem): the comparison the CLI prints.
+    pub kv_contiguous: u64,
+    pub kv_paged: u64,
+    pub kv_paged_page_size: u32,
+    pub q: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub new_kv: u64,
+    pub block_table: u64,
+    pub cache_seqlens: u64,
+    /// Split workspace: f32 partial O and LSE, `num_splits * rows * (head_dim + 1) * 4` (0 with
+    /// one split).
+    pub workspace: u64,
+    /// Bytes one call reads and writes at least: K/V of the keys seen, Q, O, LSE, new tokens
+    /// (read and written to the cache), block table, workspace (written and read back).
+    pub moved: u64,
+    /// `moved / (batch * seq_q)`: per query token.
+    pub moved_per_token: u64,
+    pub total: u64,
+}
+
+impl DecodeBytes {
+    pub fn new(p: &DecodeProblem, x: &DecodeInputs, plan: &SplitPlan) -> DecodeBytes {
+        let es = p.dtype.size_bytes();
+        let row = p.heads_kv as u64 * p.head_dim as u64 * es * 2;
+        let used: u64 = (0..p.batch as usize).map(|b| p.seqlen_k(b) as u64).sum::<u64>() * row;
+        let kv_cache = x.k_cache.len() as u64 * es * 2;
+        let ps_cmp = p.page_size.unwrap_or(16);
+        let paged_rows: u64 = (0..p.batch as usize).map(|b| p.pages_needed(b, ps_cmp) as u64 * ps_cmp as u64).sum();
+        let workspace =
+            if plan.num_splits > 1 { plan.num_splits as u64 * p.rows() * (p.head_dim as u64 + 1) * 4 } else { 0 };
+        // Keys read per sequence: from the first row's window start to the last row's end.
+        let seen: u64 = (0..p.batch as usize)
+            .map(|b| {
+                let (s, _) = p.key_range(b, 0);
+                let (_, e) = p.key_range(b, p.seq_q - 1);
+                e.saturating_sub(s) as u64
+            })
+            .sum::<u64>()
+            * row;
+        let mut bytes = DecodeBytes {
+            kv_cache,
+            kv_used: used,
+            kv_unused: kv_cache.saturating_sub(used),
+            kv_contiguous: p.batch as u64 * p.max_seqlen_k() as u64 * row,
+            kv_paged: paged_rows * row,
+            kv_paged_page_size: ps_cmp,
+            q: p.q_elems() * es,
+            o: p.q_elems() * es,
+            lse: p.rows() * 4,
+            new_kv: p.new_elems() * es * 2,
+            block_table: x.block_table.len() as u64 * 4,
+            cache_seqlens: p.batch as u64 * 4,
+            workspace,
+            ..Default::default()
+        };
+        bytes.moved = seen + bytes.q + bytes.o + bytes.lse + 2 * bytes.new_kv + bytes.block_table + 2 * workspace;
+        bytes.moved_per_token = bytes.moved / (p.batch as u64 * p.seq_q as u64);
+        bytes.total = bytes.kv_cache
+            + bytes.q
+            + bytes.o
+            + bytes.lse
+            + bytes.new_kv
+            + bytes.block_table
+            + bytes.cache_seqlens
+            + bytes.workspace;
+        bytes
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeSpec {
+    pub problem: DecodeProblem,
+    pub seed: u64,
+    pub warmup: Option<u32>,
+    pub repeats: Option<u32>,
+}
+
+/// Everything a decode run measured. Field names are the `--json` contract.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DecodeReport {
+    pub backend: String,
+    pub device: String,
+    pub dtype: Dtype,
+    pub batch: u32,
+    pub heads: u32,
+    pub heads_kv: u32,
+    pub head_dim: u32,
+    pub seq_q: u32,
+    pub cache_seqlens: Vec<u32>,
+    pub new_tokens: u32,
+    pub causal: bool,
+    /// `[left, right]` of the sliding window (`-1`: unbounded).
+    pub window: [i32; 2],
+    pub softcap: f32,
+    pub cache: CacheLayout,
+    pub inputs: String,
+    pub plan: SplitPlan,
+    pub verified: bool,
+    pub verification: DecodeVerification,
+    pub time_ms: f64,
+    pub timing: Timing,
+    pub flops: f64,
+    pub tflops: f64,
+    /// Bytes of K and V read per second (`kv_used` over the median time).
+    pub kv_read_gb_per_s: f64,
+    pub bytes: DecodeBytes,
+    pub peak_device_bytes: u64,
+    pub memory: MeasuredMemory,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_thread_instructions: Option<u64>,
+    /// VM only: thread-instructions per key of the cache attended (`Σ seqlen_k` over the batch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_thread_instructions_per_cached_token: Option<f64>,
+    pub launches: Vec<LaunchRecord>,
+    #[serde(skip)]
+    pub o: Vec<f32>,
+    #[serde(skip)]
+    pub lse: Vec<f32>,
+    /// The cache after the run (with the appended tokens).
+    #[serde(skip)]
+    pub k_cache: Vec<f32>,
+    #[serde(skip)]
+    pub v_cache: Vec<f32>,
+}
+
+fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: Dtype) -> Result<(), DeviceError> {
+    let word = if dtype.is_16bit() { POISON_16 } else { POISON };
+    dev.fill_u32(ptr, bytes / 4, word)?;
+    if !bytes.is_multiple_of(4) {
+        dev.upload_bytes(ptr + bytes / 4 * 4, &word.to_le_bytes()[..(bytes % 4) as usize])?;
+    }
+    Ok(())
+}
+
+/// The launches of one decode call, in order.
+pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, Error> {
+    let [fwd, merge, append] = p.kernels()?;
+    let tile = p.tile()?;
+    let mut out = Vec::new();
+    if p.seq_new > 0 {
+        out.push((append, APPEND.launch(p.seq_new, p.batch)));
+    }
+    out.push((fwd, tile.launch(plan.num_splits, p.seq_q, p.group(), p.heads_kv, p.batch)));
+    if plan.num_splits > 1 {
+        out.push((merge, MERGE.launch(p.rows())));
+    }
+    Ok(out)
+}
+
+/// Runs one decode call on `dev` with `inputs` (or random inputs from `spec.seed`), verified
+/// against the f64 reference; the cache after the append is checked bit for bit.
+pub fn run_decode<D: Device + ?Sized>(
+    dev: &mut D,
+    spec: &DecodeSpec,
+    inputs: Option<&DecodeInputs>,
+) -> Result<DecodeReport, Error> {
+    let p = &spec.problem;
+    p.validate()?;
+    let generated;
+    let (x, inputs_desc) = match inputs {
+        Some(x) => (x, "given".to_string()),
+        None => {
+            generated = DecodeInputs::random(p, spec.seed);
+            (
+                &generated,
+                format!("random normal (seed {}){}", spec.seed, if p.dtype.is_16bit() { ", rounded" } else { "" }),
+            )
+        }
+    };
+    x.validate(p)?;
+    let plan = p.plan()?;
+    let launches = planned_launches(p, &plan)?;
+    let caps = dev.caps()?;
+    for (k, l) in &launches {
+        for a in 0..3 {
+            if l.grid[a] == 0 || l.grid[a] > caps.max_grid[a] {
+                return Err(Error::Usage(format!(
+                    "`{}` needs grid {:?}, over the device's limit {:?} in dimension {a}",
+                    k.name(),
+                    l.grid,
+                    caps.max_grid
+                )));
+            }
+        }
+    }
+    let ids: Vec<KernelId> = launches.iter().map(|l| l.0).collect();
+    dev.ptx()
+        .check_tiles(&ids)
+        .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
+    let bytes = DecodeBytes::new(p, x, &plan);
+    if bytes.total > caps.free_memory_bytes {
+        return Err(Error::Usage(format!(
+            "the decode call needs {} of device memory, {} are free",
+            crate::units::human_bytes(bytes.total),
+            crate::units::human_bytes(caps.free_memory_bytes)
+        )));
+    }
+    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
+    let warmup = spec.warmup.unwrap_or(def_warmup);
+    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
+    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
+        return Err(Error::Usage(format!(
+            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
+        )));
+    }
+    dev.memory_begin()?;
+    let mut allocated: Vec<DevPtr> = Vec::new();
+    let body = (|| -> Result<_, DeviceError> {
+        let mut alloc = |dev: &mut D, n: u64| -> Result<DevPtr, DeviceError> {
+            if n == 0 {
+                return Ok(0);
+            }
+            let ptr = dev.alloc(n)?;
+            allocated.push(ptr);
+            Ok(ptr)
+        };
+        let q = alloc(dev, bytes.q)?;
+        let kc = alloc(dev, bytes.kv_cache / 2)?;
+        let vc = alloc(dev, bytes.kv_cache / 2)?;
+        let kn = alloc(dev, bytes.new_kv / 2)?;
+        let vn = alloc(dev, bytes.new_kv / 2)?;
+        let bt = alloc(dev, bytes.block_table)?;
+        let sl = alloc(dev, bytes.cache_seqlens)?;
+        let o = alloc(dev, bytes.o)?;
+        let lse = alloc(dev, bytes.lse)?;
+        let o_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64)?;
+        let lse_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1))?;
+        dev.upload_bytes(q, &p.dtype.encode(&x.q))?;
+        dev.upload_bytes(kc, &p.dtype.encode(&x.k_cache))?;
+        dev.upload_bytes(vc, &p.dtype.encode(&x.v_cache))?;
+        if kn != 0 {
+            dev.upload_bytes(kn, &p.dtype.encode(&x.k_new))?;
+            dev.upload_bytes(vn, &p.dtype.encode(&x.v_new))?;
+        }
+        if bt != 0 {
+            let b: Vec<u8> = x.block_table.iter().flat_map(|v| v.to_le_bytes()).collect();
+            dev.upload_bytes(bt, &b)?;
+        }
+        let s: Vec<u8> = p.cache_seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
+        dev.upload_bytes(sl, &s)?;
+        dev.memory_mark_allocated()?;
+        let (seq_cache, page_size, max_pages) = match x.layout {
+            CacheLayout::Contiguous { seq_cache } => (seq_cache, 0, 0),
+            CacheLayout::Paged { page_size, max_pages, .. } => (0, page_size, max_pages),
+        };
+        let params = DecodeParams {
+            q,
+            k_cache: kc,
+            v_cache: vc,
+            k_new: kn,
+            v_new: vn,
+            block_table: bt,
+            cache_seqlens: sl,
+            o,
+            lse,
+            o_part,
+            lse_part,
+            batch: p.batch,
+            heads: p.heads,
+            heads_kv: p.heads_kv,
+            seq_q: p.seq_q,
+            head_dim: p.head_dim,
+            seq_cache,
+            page_size,
+            max_pages,
+            seq_new: p.seq_new,
+            num_splits: plan.num_splits,
+            causal: p.causal as u32,
+            softmax_scale: p.softmax_scale(),
+            window_left: p.window_left,
+            window_right: p.window_right,
+            softcap: p.softcap,
+            _pad: 0,
+        };
+        let merge = MergeParams {
+            o_part,
+            lse_part,
+            o,
+            lse,
+            o_strides: Strides::bshd(p.seq_q as u64, p.heads as u64, p.head_dim as u64),
+            splits: plan.num_splits,
+            batch: p.batch,
+            heads: p.heads,
+            seq_q: p.seq_q,
+            head_dim: p.head_dim,
+            _pad: 0,
+        };
+        let (pb, mb) = (params.to_bytes(), merge.to_bytes());
+        let mut samples = Vec::new();
+        let mut records = Vec::new();
+        for rep in 0..warmup as u64 + repeats as u64 {
+            poison(dev, o, bytes.o, p.dtype)?;
+            dev.fill_u32(lse, p.rows(), POISON)?;
+            if o_part != 0 {
+                dev.fill_u32(o_part, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64 / 4, POISON)?;
+                dev.fill_u32(lse_part, bytes.workspace / (p.head_dim as u64 + 1) / 4, POISON)?;
+            }
+            dev.synchronize()?;
+            dev.timer_start()?;
+            let mut these = Vec::new();
+            for (k, dims) in &launches {
+                let arg: &[u8] = if k.variant().family == kernels_gpu::Family::MergeStates { &mb } else { &pb };
+                let info = dev.launch(k.name(), dims, &[arg])?;
+                these.push(LaunchRecord {
+                    kernel: k.name().to_string(),
+                    grid: dims.grid,
+                    block: dims.block,
+                    dynamic_smem_bytes: dims.dynamic_smem_bytes,
+                    thread_instructions: info.thread_instructions,
+                });
+            }
+            let ms = dev.timer_stop()?;
+            if rep >= warmup as u64 {
+                samples.push(ms);
+            }
+            records = these;
+        }
+        let mut ob = vec![0u8; bytes.o as usize];
+        dev.download_bytes(o, &mut ob)?;
+        let mut lv = vec![0f32; p.rows() as usize];
+        dev.download(lse, &mut lv)?;
+        let mut kb = vec![0u8; (bytes.kv_cache / 2) as usize];
+        let mut vb = vec![0u8; (bytes.kv_cache / 2) as usize];
+        dev.download_bytes(kc, &mut kb)?;
+        dev.download_bytes(vc, &mut vb)?;
+        Ok((samples, records, p.dtype.decode(&ob), lv, p.dtype.decode(&kb), p.dtype.decode(&vb)))
+    })();
+    let mut free_err = None;
+    for ptr in allocated.into_iter().rev() {
+        if let Err(e) = dev.free(ptr) {
+            free_err.get_or_insert(e);
+        }
+    }
+    let memory = dev.memory_end();
+    let (samples, records, o, lse, k_after, v_after) = body?;
+    if let Some(e) = free_err {
+        return Err(e.into());
+    }
+    let memory = memory?;
+    let r = reference(p, x);
+    let mut v = verify_decode(p, &o, &lse, &r);
+    if p.seq_new > 0 {
+        let (ke, ve) = x.appended(p);
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+        };
+        let ok = same(&k_after, &ke) && same(&v_after, &ve);
+        v.cache_ok = Some(ok);
+        if !ok {
+            v.failures.push("the cache after the append differs from k_new/v_new written at cache_seqlens".into());
+            v.passed = false;
+        }
+    }
+    let timing = Timing::new(warmup, dev.clock_name(), samples);
+    let flops: f64 =
+        (0..p.batch as usize).map(|b| (0..p.seq_q).map(|i| p.keys_seen(b, i) as f64).sum::<f64>()).sum::<f64>()
+            * 4.0
+            * p.heads as f64
+            * p.head_dim as f64;
+    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
+    let cached: u64 = (0..p.batch as usize).map(|b| p.seqlen_k(b) as u64).sum();
+    Ok(DecodeReport {
+        backend: dev.backend().name().to_string(),
+        device: dev.name(),
+        dtype: p.dtype,
+        batch: p.batch,
+        heads: p.heads,
+        heads_kv: p.heads_kv,
+        head_dim: p.head_dim,
+        seq_q: p.seq_q,
+        cache_seqlens: p.cache_seqlens.clone(),
+        new_tokens: p.seq_new,
+        causal: p.causal,
+        window: [p.window_left, p.window_right],
+        softcap: p.softcap,
+        cache: x.layout,
+        inputs: inputs_desc,
+        plan,
+        verified: v.passed,
+        verification: v,
+        time_ms: timing.median_ms,
+        tflops: crate::timing::tflops(flops, timing.median_ms),
+        kv_read_gb_per_s: bytes.kv_used as f64 / (timing.median_ms * 1e-3) / 1e9,
+        timing,
+        flops,
+        bytes,
+        peak_device_bytes: memory.peak_delta_bytes,
+        memory,
+        vm_thread_instructions: instr,
+        vm_thread_instructions_per_cached_token: instr.filter(|_| cached > 0).map(|n| n as f64 / cached as f64),
+        launches: records,
+        o,
+        lse,
+        k_cache: k_after,
+        v_cache: v_after,
+    })
+}
+
+/// Partial attention states to combine: `splits` states per row of `[batch, heads, seq_q]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partials {
+    pub splits: u32,
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub head_dim: u32,
+    /// `[splits, batch, heads, seq_q, head_dim]` f32.
+    pub o: Vec<f32>,
+    /// `[splits, batch, heads, seq_q]` f32, natural log (`-inf`: the state saw no key).
+    pub lse: Vec<f32>,
+}
+
+impl Partials {
+    pub fn rows(&self) -> u64 {
+        self.batch as u64 * self.heads as u64 * self.seq_q as u64
+    }
+    fn check(&self) -> Result<(), Error> {
+        let rows = self.rows();
+        if self.splits == 0 || rows == 0 || self.head_dim == 0 {
+            return Err(Error::Usage("merge_states: splits, batch, heads, seq_q and head_dim must be >= 1".into()));
+        }
+        if self.o.len() as u64 != self.splits as u64 * rows * self.head_dim as u64
+            || self.lse.len() as u64 != self.splits as u64 * rows
+        {
+            return Err(Error::Usage(format!(
+                "merge_states: partial O has {} and LSE {} elements, the shape needs {} and {}",
+                self.o.len(),
+                self.lse.len(),
+                self.splits as u64 * rows * self.head_dim as u64,
+                self.splits as u64 * rows
+            )));
+        }
+        if self.lse.iter().any(|v| v.is_nan() || *v == f32::INFINITY) || self.o.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Usage("merge_states: partial LSE must be finite or -inf and partial O finite".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The combine in f64: `m = max_s lse_s` (0 if all are `-inf`), `lse = m + ln Σ e^(lse_s - m)`,
+/// `O = Σ e^(lse_s - lse) O_s`; a row whose states are all `-inf` gives `O = 0`, `LSE = -inf`.
+/// Returns O `[batch, seq_q, heads, head_dim]` and LSE `[batch, heads, seq_q]`.
+pub fn merge_states_reference(x: &Partials) -> (Vec<f64>, Vec<f64>) {
+    let (rows, d) = (x.rows() as usize, x.head_dim as usize);
+    let (h, sq) = (x.heads as usize, x.seq_q as usize);
+    let mut o = vec![0f64; rows * d];
+    let mut lse = vec![f64::NEG_INFINITY; rows];
+    for (r, lse_r) in lse.iter_mut().enumerate() {
+        let l = |s: usize| x.lse[s * rows + r] as f64;
+        let m = (0..x.splits as usize).map(l).fold(f64::NEG_INFINITY, f64::max);
+        let m = if m == f64::NEG_INFINITY { 0.0 } else { m };
+        let sum: f64 = (0..x.splits as usize).map(|s| (l(s) - m).exp()).sum();
+        if sum == 0.0 {
+            continue;
+        }
+        *lse_r = m + sum.ln();
+        let (i, bh) = (r % sq, r / sq);
+        let (hh, b) = (bh % h, bh / h);
+        let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
+        for s in 0..x.splits as usize {
+            let w = (l(s) - *lse_r).exp();
+            for (c, oc) in out.iter_mut().enumerate() {
+                *oc += w * x.o[(s * rows + r) * d + c] as f64;
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Runs `merge_states` on `dev`: combines `x` into O (`dtype`, `[batch, seq_q, heads,
+/// head_dim]`, returned as f32 values) and LSE (`[batch, heads, seq_q]`). Outputs are poisoned
+/// before the launch.
+pub fn merge_states<D: Device + ?Sized>(
+    dev: &mut D,
+    x: &Partials,
+    dtype: Dtype,
+) -> Result<(Vec<f32>, Vec<f32>), Error> {
+    x.check()?;
+    let k = KernelId::find(kernels_gpu::Family::MergeStates, dtype.elem(), None)
+        .ok_or_else(|| Error::Usage(format!("no merge_states kernel for {dtype}")))?;
+    let rows = x.rows();
+    let es = dtype.size_bytes();
+    let dims = MERGE.launch(rows);
+    let mut ptrs = Vec::new();
+    let r = (|| -> Result<_, DeviceError> {
+        let mut alloc = |dev: &mut D, n: u64| -> Result<DevPtr, DeviceError> {
+            let p = dev.alloc(n)?;
+            ptrs.push(p);
+            Ok(p)
+        };
+        let op = alloc(dev, x.o.len() as u64 * 4)?;
+        let lp = alloc(dev, x.lse.len() as u64 * 4)?;
+        let o = alloc(dev, rows * x.head_dim as u64 * es)?;
+        let lse = alloc(dev, rows * 4)?;
+        dev.upload(op, &x.o)?;
+        dev.upload(lp, &x.lse)?;
+        poison(dev, o, rows * x.head_dim as u64 * es, dtype)?;
+        dev.fill_u32(lse, rows, POISON)?;
+        let m = MergeParams {
+            o_part: op,
+            lse_part: lp,
+            o,
+            lse,
+            o_strides: Strides::bshd(x.seq_q as u64, x.heads as u64, x.head_dim as u64),
+            splits: x.splits,
+            batch: x.batch,
+            heads: x.heads,
+            seq_q: x.seq_q,
+            head_dim: x.head_dim,
+            _pad: 0,
+        };
+        dev.launch(k.name(), &dims, &[&m.to_bytes()])?;
+        let mut ob = vec![0u8; (rows * x.head_dim as u64 * es) as usize];
+        dev.download_bytes(o, &mut ob)?;
+        let mut lv = vec![0f32; rows as usize];
+        dev.download(lse, &mut lv)?;
+        Ok((dtype.decode(&ob), lv))
+    })();
+    for p in ptrs.into_iter().rev() {
+        dev.free(p)?;
+    }
+    Ok(r?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heuristic_matches_flash_attention_2_on_known_cases() {
+        // batch 1, 8 KV heads (32 query heads packed), d 128, 8192 keys: 8 blocks on 132 SMs,
+        // 64 key blocks of 128. 15 splits is not eligible (ceil(64/15) = ceil(64/14) = 5); 16
+        // gives 128 blocks, 97 % of a wave.
+        assert_eq!(num_splits_heuristic(8, 132, 64, 128), 16);
+        // Already >= 80 % of the SMs: one split.
+        assert_eq!(num_splits_heuristic(106, 132, 64, 128), 1);
+        // 105 blocks: 1-4 splits all give 0.795 of a wave; 5 gives 525 / 528 = 0.994.
+        assert_eq!(num_splits_heuristic(105, 132, 64, 128), 5);
+        // Few key blocks cap the count.
+        assert_eq!(num_splits_heuristic(1, 132, 3, 128), 3);
+        assert_eq!(num_splits_heuristic(1, 132, 0, 128), 1);
+    }
+
+    #[test]
+    fn the_benchmark_plan_fills_the_modelled_gpu() {
+        let p = DecodeProblem {
+            batch: 1,
+            heads: 32,
+            heads_kv: 8,
+            head_dim: 128,
+            cache_seqlens: vec![8192],
+            dtype: Dtype::Bf16,
+            ..DecodeProblem::default()
+        };
+        let auto = p.plan().unwrap();
+        assert_eq!((auto.num_splits, auto.blocks_per_split, auto.blocks), (16, 8, 128));
+        let one = DecodeProblem { splits: Splits::Fixed(1), ..p }.plan().unwrap();
+        assert_eq!(one.blocks, 8);
+        assert!((one.blocks_per_sm - 8.0 / 132.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn shape_rules_are_named() {
+        let e = DecodeProblem { heads: 6, heads_kv: 4, ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("mismatched heads"), "{e}");
+        let e = DecodeProblem { page_size: Some(0), ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("page_size must be >= 1"), "{e}");
+        let e = DecodeProblem { head_dim: 96, ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("head_dim 96"), "{e}");
+        assert!("0".parse::<Splits>().is_err() && "129".parse::<Splits>().is_err());
+        assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
+    }
+
+    #[test]
+    fn merge_reference_known_answers() {
+        // Two states of one row: lse ln 1 and ln 3 -> weights 1/4, 3/4, lse ln 4.
+        let x = Partials {
+            splits: 3,
+            batch: 1,
+            heads: 1,
+            seq_q: 1,
+            head_dim: 2,
+            o: vec![1.0, 2.0, 5.0, 6.0, 9.0, 9.0],
+            lse: vec![0.0, 3f32.ln(), f32::NEG_INFINITY],
+        };
+        let (o, lse) = merge_states_reference(&x);
+        assert!((lse[0] - 4f64.ln()).abs() < 1e-7);
+        assert!((o[0] - 4.0).abs() < 1e-6 && (o[1] - 5.0).abs() < 1e-6);
+        let all_inf = Partials { lse: vec![f32::NEG_INFINITY; 3], ..x };
+        let (o, lse) = merge_states_reference(&all_inf);
+        assert_eq!((o[0], o[1], lse[0]), (0.0, 0.0, f64::NEG_INFINITY));
+    }
+}

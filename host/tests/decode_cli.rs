@@ -1,0 +1,217 @@
+//! End-to-end tests of `memattn decode` in the VM: the verified run and its JSON, `--vary`,
+//! `--output`, and bad input (exit 2 naming the rule, never a panic).
+
+use std::process::{Command, Output};
+
+fn memattn(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).env("MEMATTN_TEST", "1").output().expect("spawn memattn")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited normally (no signal)")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_bad_input(args: &[&str], needle: &str) {
+    let o = memattn(args);
+    let err = text(&o.stderr);
+    assert_eq!(code(&o), 2, "{args:?}: stdout {} stderr {err}", text(&o.stdout));
+    assert!(err.contains(needle), "{args:?}: stderr does not mention `{needle}`:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn decode_runs_verified_with_plan_and_memory_figures() {
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--batch",
+        "3",
+        "--heads",
+        "8",
+        "--heads-kv",
+        "2",
+        "--cache-len",
+        "300,0,37",
+        "--new-tokens",
+        "2",
+        "--seq-q",
+        "2",
+        "--page-size",
+        "16",
+        "--splits",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["verification"]["cache_ok"], true);
+    assert_eq!(v["plan"]["num_splits"], 2);
+    assert_eq!(v["cache"]["kind"], "paged");
+    // 302, 2 and 39 keys in pages of 16: 19 + 1 + 3 pages; 2 + 14 + 9 rows unused.
+    assert_eq!(v["cache"]["num_pages"], 23);
+    let row = 2 * 64 * 4 * 2; // heads_kv * d * f32 * (K and V)
+    assert_eq!(v["bytes"]["kv_cache"], 23 * 16 * row);
+    assert_eq!(v["bytes"]["kv_unused"], (2 + 14 + 9) * row);
+    assert_eq!(v["bytes"]["workspace"], 2 * 3 * 8 * 2 * (64 + 1) * 4);
+    let names: Vec<&str> = v["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+    assert_eq!(names, ["decode_append_f32", "decode_fwd_f32_d64", "merge_states_f32"]);
+    assert!(v["vm_thread_instructions_per_cached_token"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn decode_vary_splits_and_output_file() {
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--cache-len",
+        "700",
+        "--heads",
+        "4",
+        "--vary",
+        "splits=1,auto",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs[0]["plan"]["num_splits"], 1);
+    // 4 blocks on 132 SMs, ceil(700 / 256) = 3 key blocks: 3 splits.
+    assert_eq!(runs[1]["plan"]["num_splits"], 3);
+    assert!(runs.iter().all(|r| r["verified"] == true));
+
+    let dir = std::env::temp_dir().join(format!("memattn-decode-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("out.safetensors");
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "decode",
+        "--cache-len",
+        "5",
+        "--new-tokens",
+        "1",
+        "--heads",
+        "2",
+        "--output",
+        path.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("o").unwrap().shape(), [1, 1, 2, 64]);
+    assert_eq!(st.tensor("lse").unwrap().shape(), [1, 2, 1]);
+    assert_eq!(st.tensor("k_cache").unwrap().shape(), [1, 6, 2, 64]);
+    assert_eq!(st.tensor("v_cache").unwrap().shape(), [1, 6, 2, 64]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn decode_bad_input_exits_2_naming_the_rule() {
+    assert_bad_input(&["--backend", "vm", "decode", "--page-size", "0"], "page_size must be >= 1");
+    assert_bad_input(&["--backend", "vm", "decode", "--heads", "6", "--heads-kv", "4"], "mismatched heads");
+    assert_bad_input(&["--backend", "vm", "decode", "--batch", "2", "--cache-len", "1,2,3"], "one per sequence");
+    assert_bad_input(&["--backend", "vm", "decode", "--head-dim", "96"], "head_dim 96");
+    assert_bad_input(&["--backend", "vm", "decode", "--splits", "0"], "--splits takes");
+    assert_bad_input(&["--backend", "vm", "decode", "--vary", "seq=1,2"], "decode --vary takes");
+    assert_bad_input(&["--backend", "vm", "decode", "--window", "5"], "--window takes LEFT,RIGHT");
+    assert_bad_input(&["--backend", "vm", "decode", "--window", "-2,0"], "window (-2, 0)");
+    let o = memattn(&["--backend", "vm", "decode", "--window", "-1,0", "--cache-len", "40", "--repeats", "1"]);
+    assert_eq!(code(&o), 0, "--window -1,0 (FlashAttention-2's causal spelling): {}", text(&o.stderr));
+    let o = memattn(&["decode", "--help"]);
+    assert_eq!(code(&o), 0);
+    let h = text(&o.stdout);
+    for needle in ["--cache-len", "--page-size", "--splits", "--new-tokens", "flash_attn_with_kvcache", "Examples:"] {
+        assert!(h.contains(needle), "decode --help lacks {needle}");
+    }
+}
+
+/// Writes a decode input file: batch 2, heads 4, heads_kv 2, d 64, paged cache of 3 pages of 8
+/// (sequence 0: 9 keys in pages 2 and 0, sequence 1: 4 keys in page 1), one new token each.
+fn write_inputs(path: &std::path::Path, table: &[u32], seqlens: &[i32]) {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let f32s = |n: usize, k: usize| -> Vec<u8> {
+        (0..n).flat_map(|i| (((i * 37 + k * 11) % 29) as f32 / 14.0 - 1.0).to_le_bytes()).collect()
+    };
+    let (q, kc, vc, kn, vn) = (
+        f32s(2 * 4 * 64, 1),
+        f32s(3 * 8 * 2 * 64, 2),
+        f32s(3 * 8 * 2 * 64, 3),
+        f32s(2 * 2 * 64, 4),
+        f32s(2 * 2 * 64, 5),
+    );
+    let t: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let l: Vec<u8> = seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = [
+        ("q", TensorView::new(Dtype::F32, vec![2, 1, 4, 64], &q).unwrap()),
+        ("k_cache", TensorView::new(Dtype::F32, vec![3, 8, 2, 64], &kc).unwrap()),
+        ("v_cache", TensorView::new(Dtype::F32, vec![3, 8, 2, 64], &vc).unwrap()),
+        ("k_new", TensorView::new(Dtype::F32, vec![2, 1, 2, 64], &kn).unwrap()),
+        ("v_new", TensorView::new(Dtype::F32, vec![2, 1, 2, 64], &vn).unwrap()),
+        ("block_table", TensorView::new(Dtype::U32, vec![2, 2], &t).unwrap()),
+        ("cache_seqlens", TensorView::new(Dtype::I32, vec![2], &l).unwrap()),
+    ];
+    std::fs::write(path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+}
+
+#[test]
+fn decode_reads_inputs_and_refuses_bad_block_tables() {
+    let dir = std::env::temp_dir().join(format!("memattn-decode-inputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    // Sequence 0 has 9 keys + 1 new = 10 (pages 2, 0); sequence 1 has 4 + 1 (page 1).
+    write_inputs(&inp, &[2, 0, 1, 7], &[9, 4]);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--inputs",
+        inp.to_str().unwrap(),
+        "--splits",
+        "2",
+        "--output",
+        out.to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["inputs"], "given");
+    assert_eq!((v["heads_kv"].as_u64(), v["new_tokens"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(v["cache"]["page_size"], 8);
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("k_cache").unwrap().shape(), [3, 8, 2, 64]);
+    // Page 7 of 3: refused, naming the rule.
+    write_inputs(&inp, &[2, 7, 1, 0], &[9, 4]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "past num_pages");
+    write_inputs(&inp, &[2, 0, 1, 0], &[9, -1]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "negative entry");
+    // 9 + 1 keys in 2 pages of 8 fits; 17 + 1 does not.
+    write_inputs(&inp, &[2, 0, 1, 0], &[17, 4]);
+    assert_bad_input(&["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap()], "needs 3 pages of 8");
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--inputs", inp.to_str().unwrap(), "--heads", "4"],
+        "cannot be used with",
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,289 @@
+//! The ABI of the KV-cache decode kernels: [`DecodeParams`] (split-KV decode forward and cache
+//! append) and [`MergeParams`] (the combine kernel `merge_states`), and the split plan's index
+//! math, shared by host and device.
+//!
+//! Semantics follow FlashAttention-2's `flash_attn_with_kvcache`:
+//! - Q, O `[batch, seq_q, heads, head_dim]`, contiguous (BSHD), element type of the kernel.
+//! - KV cache, contiguous: `[batch, seq_cache, heads_kv, head_dim]` (`block_table == 0`); paged:
+//!   `[num_pages, page_size, heads_kv, head_dim]` with `block_table` `[batch, max_pages]` u32 (key
+//!   `j` of sequence `b` lives in page `block_table[b * max_pages + j / page_size]`, row
+//!   `j % page_size`). Any `page_size >= 1`.
+//! - `cache_seqlens[batch]` u32: keys in the cache *before* the append. Optional `k_new`, `v_new`
+//!   `[batch, seq_new, heads_kv, head_dim]` are written into the cache at
+//!   `cache_seqlens[b] .. cache_seqlens[b] + seq_new` (kernel `decode_append_*`) before attention;
+//!   the sequence then has `seqlen_k = cache_seqlens[b] + seq_new` keys. `cache_seqlens` itself is
+//!   not changed (the caller advances it, as with FlashAttention-2).
+//! - GQA: query head `h` reads KV head `h / (heads / heads_kv)`.
+//! - Masking is bottom-right aligned (FlashAttention-2): with `diag = i + seqlen_k - seq_q`,
+//!   query `i` sees key `j` iff `j >= diag - window_left` (when `window_left >= 0`) and
+//!   `j <= diag + window_right` (when `window_right >= 0`); causal is `window_right = 0`; `-1`: all.
+//!   A row that sees no key gives `O = 0`, `LSE = -inf`. LSE is natural log, `[batch, heads,
+//!   seq_q]` f32 ([`key_range`]).
+//! - Split-KV: split `s` of `num_splits` covers key tiles `[s * tps, (s + 1) * tps)` of its
+//!   sequence, `tps = ceil(ceil(seqlen_k / BC) / num_splits)` ([`split_range`]), and writes f32
+//!   partial O (normalised by its own sum) and partial LSE (`-inf` for an empty split) into
+//!   `o_part` `[num_splits, batch, heads, seq_q, head_dim]` and `lse_part` `[num_splits, batch,
+//!   heads, seq_q]`; `merge_states` combines them. With `num_splits == 1` the decode kernel
+//!   writes O and LSE directly and the workspace is unused.
+
+/// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[136]`). Pointers are device
+/// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
+/// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeParams {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub k_new: u64,
+    pub v_new: u64,
+    pub block_table: u64,
+    pub cache_seqlens: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub o_part: u64,
+    pub lse_part: u64,
+    pub batch: u32,
+    pub heads: u32,
+    pub heads_kv: u32,
+    pub seq_q: u32,
+    pub head_dim: u32,
+    /// Contiguous cache: keys per sequence the cache holds (its second dimension).
+    pub seq_cache: u32,
+    /// Paged cache: keys per page (>= 1).
+    pub page_size: u32,
+    /// Paged cache: entries per row of `block_table`.
+    pub max_pages: u32,
+    pub seq_new: u32,
+    pub num_splits: u32,
+    /// 0 or 1.
+    pub causal: u32,
+    /// Multiplies QKᵀ before the softmax (usually 1/sqrt(head_dim)).
+    pub softmax_scale: f32,
+    /// Keys left of the diagonal a query sees (`-1`: all).
+    pub window_left: i32,
+    /// Keys right of the diagonal a query sees (`-1`: all; causal forces 0).
+    pub window_right: i32,
+    /// Score soft-capping (Gemma-2, FlashAttention-2's `softcap`): a score `s = scale * q.k`
+    /// becomes `softcap * tanh(s / softcap)` before the softmax; 0 turns it off.
+    pub softcap: f32,
+    pub _pad: u32,
+}
+
+/// Size in bytes of [`DecodeParams`] as the kernels see it.
+pub const DECODE_PARAMS_BYTES: usize = 152;
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
+const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
+
+impl DecodeParams {
+    /// The struct as the bytes a launch passes for parameter 0 (little-endian, as on the GPU).
+    pub fn to_bytes(&self) -> [u8; DECODE_PARAMS_BYTES] {
+        let mut out = [0u8; DECODE_PARAMS_BYTES];
+        let mut at = 0;
+        for p in [
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.k_new,
+            self.v_new,
+            self.block_table,
+            self.cache_seqlens,
+            self.o,
+            self.lse,
+            self.o_part,
+            self.lse_part,
+        ] {
+            out[at..at + 8].copy_from_slice(&p.to_le_bytes());
+            at += 8;
+        }
+        for x in [
+            self.batch,
+            self.heads,
+            self.heads_kv,
+            self.seq_q,
+            self.head_dim,
+            self.seq_cache,
+            self.page_size,
+            self.max_pages,
+            self.seq_new,
+            self.num_splits,
+            self.causal,
+            self.softmax_scale.to_bits(),
+            self.window_left as u32,
+            self.window_right as u32,
+            self.softcap.to_bits(),
+            self._pad,
+        ] {
+            out[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            at += 4;
+        }
+        debug_assert_eq!(at, DECODE_PARAMS_BYTES);
+        out
+    }
+
+    /// Query heads per KV head (packed as rows of one tile).
+    #[inline(always)]
+    pub const fn group(&self) -> u32 {
+        self.heads / self.heads_kv
+    }
+
+    /// Element offset of key (or value) row `j` of sequence `b`, KV head `hk`, in the cache.
+    /// `page` is the block-table entry of that key for a paged cache (ignored otherwise).
+    #[inline(always)]
+    pub const fn cache_row(&self, b: u64, j: u64, hk: u64, page: u64) -> u64 {
+        let d = self.head_dim as u64;
+        let hkv = self.heads_kv as u64;
+        if self.block_table != 0 {
+            let ps = self.page_size as u64;
+            ((page * ps + j % ps) * hkv + hk) * d
+        } else {
+            ((b * self.seq_cache as u64 + j) * hkv + hk) * d
+        }
+    }
+}
+
+/// Keys `[start, end)` query token `i` of `seq_q` sees among `seqlen_k` (possibly empty, `start >=
+/// end`): `diag = i + seqlen_k - seq_q`; `end = min(seqlen_k, diag + right + 1)` when `right >= 0`
+/// (causal: `right = 0`), else `seqlen_k`; `start = max(0, diag - left)` when `left >= 0`, else 0.
+#[inline(always)]
+pub const fn key_range(causal: bool, left: i32, right: i32, i: u32, seq_q: u32, seqlen_k: u32) -> (i64, i64) {
+    let diag = i as i64 + seqlen_k as i64 - seq_q as i64;
+    let right = if causal { 0 } else { right };
+    let end =
+        if right >= 0 && diag + right as i64 + 1 < seqlen_k as i64 { diag + right as i64 + 1 } else { seqlen_k as i64 };
+    let start = if left >= 0 && diag - (left as i64) > 0 { diag - left as i64 } else { 0 };
+    (start, end)
+}
+
+/// Keys `[lo, hi)` that split `split` of `num_splits` covers in a sequence of `seqlen_k` keys,
+/// for key tiles of `bc`: whole tiles, `ceil(tiles / num_splits)` per split, the last ones
+/// possibly empty (`lo >= hi`). The same rule on host and device, so the host can state the plan.
+#[inline(always)]
+pub const fn split_range(seqlen_k: u32, num_splits: u32, split: u32, bc: u32) -> (u32, u32) {
+    let tiles = seqlen_k.div_ceil(bc);
+    let per = tiles.div_ceil(if num_splits == 0 { 1 } else { num_splits });
+    let lo = split as u64 * per as u64 * bc as u64;
+    let hi = lo + per as u64 * bc as u64;
+    let lo = if lo > seqlen_k as u64 { seqlen_k } else { lo as u32 };
+    let hi = if hi > seqlen_k as u64 { seqlen_k } else { hi as u32 };
+    (lo, hi)
+}
+
+/// Parameters of `merge_states_*` (the split-KV combine), passed by value
+/// (`.param .align 8 .b8 ..._param_0[80]`).
+///
+/// `o_part` `[splits, batch, heads, seq_q, head_dim]` f32 and `lse_part` `[splits, batch, heads,
+/// seq_q]` f32 (natural log, `-inf` for a split that saw no key), contiguous; `o` is written in
+/// the kernel's element type with `o_strides` (BSHD or BHSD, see [`crate::abi::Strides`]); `lse`
+/// `[batch, heads, seq_q]` f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MergeParams {
+    pub o_part: u64,
+    pub lse_part: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub o_strides: crate::abi::Strides,
+    pub splits: u32,
+    pub batch: u32,
+    pub heads: u32,
+    pub seq_q: u32,
+    pub head_dim: u32,
+    pub _pad: u32,
+}
+
+/// Size in bytes of [`MergeParams`] as the kernels see it.
+pub const MERGE_PARAMS_BYTES: usize = 80;
+const _: () = assert!(core::mem::size_of::<MergeParams>() == MERGE_PARAMS_BYTES);
+const _: () = assert!(core::mem::align_of::<MergeParams>() == 8);
+
+impl MergeParams {
+    /// The struct as the bytes a launch passes for parameter 0.
+    pub fn to_bytes(&self) -> [u8; MERGE_PARAMS_BYTES] {
+        let mut out = [0u8; MERGE_PARAMS_BYTES];
+        let mut at = 0;
+        let s = self.o_strides;
+        for p in [self.o_part, self.lse_part, self.o, self.lse, s.batch, s.seq, s.head] {
+            out[at..at + 8].copy_from_slice(&p.to_le_bytes());
+            at += 8;
+        }
+        for x in [self.splits, self.batch, self.heads, self.seq_q, self.head_dim, self._pad] {
+            out[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            at += 4;
+        }
+        debug_assert_eq!(at, MERGE_PARAMS_BYTES);
+        out
+    }
+
+    /// Rows to merge: `batch * heads * seq_q`.
+    pub const fn rows(&self) -> u64 {
+        self.batch as u64 * self.heads as u64 * self.seq_q as u64
+    }
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_cover_every_key_once_in_whole_tiles() {
+        for seqlen in [0u32, 1, 31, 32, 33, 200, 8192] {
+            for n in [1u32, 2, 3, 7, 16, 64] {
+                let mut next = 0;
+                for s in 0..n {
+                    let (lo, hi) = split_range(seqlen, n, s, 32);
+                    if lo < hi {
+                        assert_eq!(lo, next, "seqlen {seqlen} splits {n} split {s}");
+                        assert!(lo.is_multiple_of(32));
+                        next = hi;
+                    }
+                }
+                assert_eq!(next, seqlen, "seqlen {seqlen} splits {n}");
+            }
+        }
+        assert_eq!(split_range(100, 2, 0, 32), (0, 64));
+        assert_eq!(split_range(100, 2, 1, 32), (64, 100));
+        assert_eq!(split_range(40, 4, 3, 32), (40, 40));
+    }
+
+    #[test]
+    fn params_serialise_in_field_order() {
+        let p = DecodeParams { q: 1, lse_part: 11, batch: 3, softmax_scale: 0.5, ..Default::default() };
+        let b = p.to_bytes();
+        assert_eq!(&b[0..8], &1u64.to_le_bytes());
+        assert_eq!(&b[80..88], &11u64.to_le_bytes());
+        assert_eq!(&b[88..92], &3u32.to_le_bytes());
+        assert_eq!(&b[132..136], &0.5f32.to_bits().to_le_bytes());
+        let b = DecodeParams { window_left: -1, window_right: 7, ..Default::default() }.to_bytes();
+        assert_eq!((&b[136..140], &b[140..144]), (&(-1i32).to_le_bytes()[..], &7i32.to_le_bytes()[..]));
+        let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
+        let b = m.to_bytes();
+        assert_eq!(&b[24..32], &4u64.to_le_bytes());
+        assert_eq!(&b[56..60], &9u32.to_le_bytes());
+    }
+
+    #[test]
+    fn key_ranges_are_bottom_right_aligned_windows() {
+        // 3 queries, 10 keys: diagonals 7, 8, 9.
+        assert_eq!(key_range(true, -1, -1, 0, 3, 10), (0, 8));
+        assert_eq!(key_range(false, -1, -1, 0, 3, 10), (0, 10));
+        assert_eq!(key_range(true, 2, -1, 1, 3, 10), (6, 9));
+        assert_eq!(key_range(false, 0, 0, 2, 3, 10), (9, 10));
+        assert_eq!(key_range(false, -1, 1, 0, 3, 10), (0, 9));
+        // More queries than keys: the first rows see nothing.
+        let (s, e) = key_range(true, -1, -1, 0, 5, 2);
+        assert!(s >= e);
+        assert_eq!(key_range(false, 1, 0, 0, 1, 0), (0, 0));
+    }
+
+    #[test]
+    fn cache_rows_of_contiguous_and_paged_layouts() {
+        let mut p = DecodeParams { heads_kv: 2, head_dim: 4, seq_cache: 10, ..Default::default() };
+        assert_eq!(p.cache_row(1, 3, 1, 0), ((10 + 3) * 2 + 1) * 4);
+        p.block_table = 8;
+        p.page_size = 3;
+        // key 7 is row 1 of its page; page 5.
+        assert_eq!(p.cache_row(1, 7, 1, 5), ((5 * 3 + 1) * 2 + 1) * 4);
+    }
+}

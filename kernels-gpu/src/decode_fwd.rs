@@ -1,0 +1,244 @@
+//! `decode_fwd_{f32,bf16,f16}_d{64,128}`: split-KV (flash-decoding) attention over a KV cache,
+//! SIMT, f32 arithmetic.
+//!
+//! Algorithm: FlashAttention-2's split-KV forward (`flash_fwd_splitkv_kernel`). A block owns one
+//! split of the keys of one sequence and one KV head, and a tile of `BR` packed query rows: the
+//! `group = heads / heads_kv` query heads that share the KV head, for each of the `seq_q` query
+//! tokens, stacked as rows (row `r` is token `r / group`, head `hk * group + r % group`; packed
+//! GQA, FlashAttention-2's `seqlenq_ngroups_swapped`), so one K/V tile staged in shared memory
+//! serves every query head that reads it. Per key tile it runs the online softmax of
+//! [`crate::softmax::OnlineSoftmax`] exactly as `flash_fwd_f32` does (scores in the log2 domain,
+//! raise max, rescale, accumulate `P V`). At the end the split's `O_s = acc / l` and `LSE_s`
+//! (natural log) go to the f32 workspace, or, with one split, `O` (element type) and `LSE`
+//! directly. `merge_states` combines the splits.
+//!
+//! Shapes and layout: see [`crate::decode_abi`] (Q/O BSHD; contiguous or paged cache;
+//! `cache_seqlens`; keys `j < cache_seqlens[b] + seq_new`, the appended ones written beforehand by
+//! `decode_append`).
+//!
+//! Tiles ([`crate::tiles::DECODE_D64`], [`crate::tiles::DECODE_D128`]): 128 threads, `TPR` lanes
+//! per row, `BR = 128 / TPR` rows, `BC = 32` keys per step. Shared memory: the K tile then the V
+//! tile, row-major `[BC][D]` f32 (16-bit caches are widened on staging): `2 * 32 * D * 4` bytes,
+//! 16 KiB at d=64, 32 KiB at d=128.
+//!
+//! Thread mapping: grid `(num_splits, ceil(seq_q * group / BR), heads_kv * batch)`; thread `t`
+//! serves packed row `t / TPR` and owns dims `t % TPR + TPR * k` (`k < D / TPR`); a row's lanes are
+//! consecutive lanes of one warp and sum a score's partial dot products with `shfl.sync.bfly`.
+//! Rows past `seq_q * group` compute on zeros and store nothing, so every lane reaches every
+//! barrier and shuffle. Each thread stages elements `t, t + 128, ...` of the K and V tiles.
+//!
+//! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)` before
+//! masking and the softmax.
+//!
+//! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
+//! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
+//! starts at the tile of its first row's window start and stops at the last key its last row can
+//! see. An empty split or a row that sees nothing gives `O_s = 0`, `LSE_s = -inf`.
+//!
+//! # Safety
+//! All pointers in `p` must be valid for the shapes in `p` (the host validates `block_table`
+//! entries against the pages allocated and `cache_seqlens[b] + seq_new` against the cache's
+//! capacity before it launches); `heads` must be a multiple of `heads_kv`; the launch must use
+//! [`crate::tiles::DecodeTile::launch`].
+
+#[cfg(target_arch = "nvptx64")]
+use crate::decode_abi::{key_range, split_range, DecodeParams};
+#[cfg(target_arch = "nvptx64")]
+use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{OnlineSoftmax, LOG2E};
+
+/// Keys scored per online-softmax step (the score row held in registers).
+#[cfg(target_arch = "nvptx64")]
+const KC: usize = 8;
+
+/// # Safety
+/// `addr` must be a valid, aligned device address of a `u32`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
+    unsafe { *(addr as *const u32) }
+}
+
+/// Element offset of cache row `j` of sequence `b`, KV head `hk` (reads the block table when the
+/// cache is paged).
+///
+/// # Safety
+/// `p.block_table` (when non-zero) must be valid for `[batch, max_pages]`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64 {
+    let page = if p.block_table != 0 {
+        let slot = b * p.max_pages as u64 + j / p.page_size as u64;
+        unsafe { ld_u32(p.block_table + 4 * slot) as u64 }
+    } else {
+        0
+    };
+    p.cache_row(b, j, hk, page)
+}
+
+/// `tanh(x)` from one `ex2`: `(1 - t) / (1 + t)` with `t = e^(-2|x|)`, the sign of `x` (no
+/// overflow for large `|x|`: `t` goes to 0 and the result to ±1).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    let t = exp2(-2.0 * LOG2E * x.abs());
+    let y = (1.0 - t) / (1.0 + t);
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
+/// The generic body, instantiated by the rows of [`crate::variants`] (`TPR` lanes per row,
+/// `DPT = D / TPR` dims per lane).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn decode_fwd<
+    E: Elem,
+    const D: usize,
+    const BR: usize,
+    const BC: usize,
+    const TPR: usize,
+    const DPT: usize,
+>(
+    p: &DecodeParams,
+) {
+    let threads = BR * TPR;
+    let t = tid_x() as usize;
+    let lane = t % TPR;
+    let split = ctaid_x();
+    let group = p.group() as usize;
+    let rows = p.seq_q as usize * group;
+    let tile_start = ctaid_y() as usize * BR;
+    let r = tile_start + t / TPR;
+    let hk = (ctaid_z() % p.heads_kv) as u64;
+    let b = (ctaid_z() / p.heads_kv) as u64;
+    let row_valid = r < rows;
+    let (qi, h) = if row_valid { (r / group, hk as usize * group + r % group) } else { (0, 0) };
+    let causal = p.causal != 0;
+
+    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b) } + p.seq_new;
+    let (k_lo, k_hi) = split_range(seqlen_k, p.num_splits, split, BC as u32);
+
+    let smem = dynamic_smem_f32();
+    let k_s = smem;
+    let v_s = unsafe { smem.add(BC * D) };
+
+    let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
+    // Scores in the log2 domain (`log2 e` folded into q), except with a softcap, which needs the
+    // natural score `scale * q.k` for its tanh; the factor is applied after it.
+    let softcap = p.softcap;
+    let scale2 = if softcap > 0.0 { p.softmax_scale } else { p.softmax_scale * LOG2E };
+    let mut q = [0.0f32; DPT];
+    if row_valid {
+        let qa = p.q + E::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+        for (k, qk) in q.iter_mut().enumerate() {
+            *qk = unsafe { E::load(qa + E::BYTES * (lane + TPR * k) as u64) } * scale2;
+        }
+    }
+
+    // Keys this row may see: [row_start, row_end) within the split; keys this block visits:
+    // [block_start, block_end), from the first row's window start (rounded down to a whole tile)
+    // to the last row's end.
+    let (wl, wr) = (p.window_left, p.window_right);
+    let (rs, re) = key_range(causal, wl, wr, qi as u32, p.seq_q, seqlen_k);
+    let row_start = core::cmp::max(rs, k_lo as i64);
+    let row_end = core::cmp::min(re, k_hi as i64);
+    let last_row = core::cmp::min(tile_start + BR, rows) - 1;
+    let first = key_range(causal, wl, wr, (tile_start / group) as u32, p.seq_q, seqlen_k).0;
+    let last = key_range(causal, wl, wr, (last_row / group) as u32, p.seq_q, seqlen_k).1;
+    let block_end = core::cmp::min(last, k_hi as i64);
+    let block_end = if block_end > 0 { block_end as usize } else { 0 };
+    let skip = if first > k_lo as i64 { (first as usize - k_lo as usize) / BC * BC } else { 0 };
+
+    let mut row_sm = OnlineSoftmax::new();
+    let mut acc = [0.0f32; DPT];
+
+    let mut kv0 = k_lo as usize + skip;
+    while kv0 < block_end {
+        // Stage K and V rows kv0..kv0+BC; rows past block_end are zero (their scores are masked).
+        sync_threads();
+        let mut e = t;
+        while e < BC * D {
+            let (rr, c) = (e / D, e % D);
+            let j = kv0 + rr;
+            let (kx, vx) = if j < block_end {
+                let row = unsafe { cache_row(p, b, j as u64, hk) } + c as u64;
+                unsafe { (E::load(p.k_cache + E::BYTES * row), E::load(p.v_cache + E::BYTES * row)) }
+            } else {
+                (0.0, 0.0)
+            };
+            unsafe {
+                *k_s.add(e) = kx;
+                *v_s.add(e) = vx;
+            }
+            e += threads;
+        }
+        sync_threads();
+
+        let mut r0 = 0usize;
+        while r0 < BC {
+            let mut s = [0.0f32; KC];
+            let mut chunk_max = f32::NEG_INFINITY;
+            unroll!(c in 0..KC => {
+                let rr = r0 + c;
+                let mut part = 0.0f32;
+                for (k, qk) in q.iter().enumerate() {
+                    part = fma(*qk, unsafe { *k_s.add(rr * D + lane + TPR * k) }, part);
+                }
+                let mut w = 1;
+                while w < TPR {
+                    part += shfl_xor(part, w as u32);
+                    w <<= 1;
+                }
+                if softcap > 0.0 {
+                    part = softcap * tanh(part / softcap) * LOG2E;
+                }
+                let key = (kv0 + rr) as i64;
+                s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };
+                chunk_max = fmax(chunk_max, s[c]);
+            });
+            let rescale = row_sm.raise_max(chunk_max);
+            for a in acc.iter_mut() {
+                *a *= rescale.alpha;
+            }
+            unroll!(c in 0..KC => {
+                let pr = row_sm.prob(s[c], rescale);
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = fma(pr, unsafe { *v_s.add((r0 + c) * D + lane + TPR * k) }, *a);
+                }
+            });
+            r0 += KC;
+        }
+        kv0 += BC;
+    }
+
+    if row_valid {
+        let (inv_l, lse) = row_sm.finish(row_sm.l);
+        // Row (b, h, qi) of the [batch, heads, seq_q] LSE and of each split's partials.
+        let row_idx = (b * heads + h as u64) * seq_q + qi as u64;
+        if p.num_splits == 1 {
+            let oa = p.o + E::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+            for (k, a) in acc.iter().enumerate() {
+                unsafe { E::store(oa + E::BYTES * (lane + TPR * k) as u64, a * inv_l) };
+            }
+            if lane == 0 {
+                unsafe { st_f32(p.lse + 4 * row_idx, lse) };
+            }
+        } else {
+            let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
+            let oa = p.o_part + 4 * part_row * D as u64;
+            for (k, a) in acc.iter().enumerate() {
+                unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
+            }
+            if lane == 0 {
+                unsafe { st_f32(p.lse_part + 4 * part_row, lse) };
+            }
+        }
+    }
+}

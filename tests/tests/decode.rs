@@ -1,0 +1,346 @@
+//! KV-cache decode on every device (VM always, CUDA when present): the combine on hand-made
+//! partials, split-KV decode against the f64 reference (GQA, ragged caches, causal seq_q > 1),
+//! split vs no split, paged vs contiguous bit for bit, append then attend, and bad input.
+
+use kernels_gpu::decode_abi::DecodeParams;
+use kernels_gpu::tiles::DECODE_D64;
+use memattn::decode::{
+    merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Partials,
+    Splits,
+};
+use memattn::device::Device;
+use memattn::Dtype;
+use memattn_tests::{device_tests, require_kernel, vm_device};
+
+fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> DecodeReport {
+    let spec = DecodeSpec { problem: p.clone(), seed: 5, warmup: Some(0), repeats: Some(1) };
+    let r = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    assert!(r.verified, "{p:?}: {:?}", r.verification);
+    assert_eq!(r.verification.unwritten, 0);
+    r
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Partials with finite and `-inf` states: row 0 all `-inf`, every third state `-inf`, LSEs far
+/// apart (a state that dominates) and close together.
+fn partials(splits: u32, batch: u32, heads: u32, seq_q: u32, d: u32) -> Partials {
+    let rows = (batch * heads * seq_q) as usize;
+    let mut lse = vec![0f32; splits as usize * rows];
+    for s in 0..splits as usize {
+        for r in 0..rows {
+            lse[s * rows + r] = if r == 0 || (s + r) % 3 == 0 {
+                f32::NEG_INFINITY
+            } else {
+                ((s * 7 + r * 3) % 11) as f32 * 1.7 - 6.0 + if r == 5 && s == 1 { 40.0 } else { 0.0 }
+            };
+        }
+    }
+    let o = (0..splits as usize * rows * d as usize).map(|i| ((i * 2654435761) % 1000) as f32 / 250.0 - 2.0).collect();
+    Partials { splits, batch, heads, seq_q, head_dim: d, o, lse }
+}
+
+device_tests! {
+    fn merge_states_hand_made_partials_against_f64(dev: &mut dyn Device) {
+        // d = 40: the lanes' stride over the head dim has a ragged tail; 7 rows of 4 per block.
+        for (splits, d) in [(1u32, 40u32), (4, 40), (5, 128)] {
+            let x = partials(splits, 1, 7, 1, d);
+            let (ro, rl) = merge_states_reference(&x);
+            for dtype in Dtype::ALL {
+                require_kernel(dev, &format!("merge_states_{dtype}"));
+                let (o, lse) = merge_states(dev, &x, dtype).unwrap();
+                let tol = if dtype.is_16bit() { 2.0 * dtype.unit_roundoff() } else { 1e-6 };
+                for (r, (&g, &w)) in lse.iter().zip(&rl).enumerate() {
+                    if w == f64::NEG_INFINITY {
+                        assert_eq!(g, f32::NEG_INFINITY, "{dtype} row {r}");
+                    } else {
+                        assert!((g as f64 - w).abs() <= 1e-6 * w.abs().max(1.0), "{dtype} row {r}: lse {g} vs {w}");
+                    }
+                }
+                let scale = ro.iter().fold(1f64, |m, v| m.max(v.abs()));
+                for (e, (&g, &w)) in o.iter().zip(&ro).enumerate() {
+                    assert!((g as f64 - w).abs() <= tol * scale, "{dtype} splits {splits} elem {e}: {g} vs {w}");
+                }
+                // Row 0 (all splits -inf): O = 0 exactly, LSE = -inf.
+                assert!(o[..d as usize].iter().all(|&v| v == 0.0), "{dtype}: fully masked row");
+                assert_eq!(lse[0], f32::NEG_INFINITY);
+                assert!(o.iter().any(|v| v.abs() > 0.1), "real values");
+            }
+        }
+    }
+
+    fn decode_f32_gqa_ragged_caches_against_f64(dev: &mut dyn Device) {
+        for (d, heads, heads_kv) in [(64u32, 4u32, 4u32), (64, 8, 2), (128, 8, 1)] {
+            for (seq_q, causal) in [(1u32, true), (3, true), (2, false)] {
+                let p = DecodeProblem {
+                    batch: 4,
+                    heads,
+                    heads_kv,
+                    head_dim: d,
+                    seq_q,
+                    cache_seqlens: vec![0, 1, 77, 130],
+                    causal,
+                    splits: Splits::Fixed(3),
+                    ..DecodeProblem::default()
+                };
+                let r = run(dev, &p, None);
+                assert_eq!(r.plan.num_splits, 3);
+                // Sequence 0 has no key: its rows are O = 0, LSE = -inf.
+                assert!(r.lse[..(heads * seq_q) as usize].iter().all(|&l| l == f32::NEG_INFINITY));
+                assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+            }
+        }
+    }
+
+    fn decode_split_and_no_split_agree(dev: &mut dyn Device) {
+        let base = DecodeProblem {
+            batch: 2,
+            heads: 8,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![600, 61], // 3 of FlashAttention-2's 256-key blocks: auto picks 3
+            ..DecodeProblem::default()
+        };
+        let one = run(dev, &DecodeProblem { splits: Splits::Fixed(1), ..base.clone() }, None);
+        for splits in [Splits::Fixed(2), Splits::Fixed(7), Splits::Auto] {
+            let r = run(dev, &DecodeProblem { splits, ..base.clone() }, None);
+            assert!(r.plan.num_splits > 1, "{splits}: {:?}", r.plan);
+            assert!(splits != Splits::Auto || r.plan.num_splits == 3, "{:?}", r.plan);
+            let diff = r.o.iter().zip(&one.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{splits}: split and unsplit differ by {diff}");
+        }
+    }
+
+    fn decode_paged_equals_contiguous_bit_for_bit(dev: &mut dyn Device) {
+        let p = DecodeProblem {
+            batch: 3,
+            heads: 4,
+            heads_kv: 1,
+            head_dim: 64,
+            seq_q: 1,
+            cache_seqlens: vec![300, 1, 45],
+            seq_new: 1,
+            splits: Splits::Fixed(3),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 21);
+        let contiguous = run(dev, &p, Some(&x));
+        for ps in [1u32, 16, 32, 256] {
+            let (pp, y) = x.relaid(&p, Some(ps), 100 + ps as u64);
+            let paged = run(dev, &pp, Some(&y));
+            assert_eq!(paged.plan.num_splits, 3);
+            assert_eq!(bits(&paged.o), bits(&contiguous.o), "page size {ps}");
+            assert_eq!(bits(&paged.lse), bits(&contiguous.lse), "page size {ps}");
+            assert_eq!(paged.verification.cache_ok, Some(true));
+        }
+    }
+
+    fn decode_append_then_attend_equals_attend_over_the_concatenation(dev: &mut dyn Device) {
+        for page_size in [None, Some(16)] {
+            let p = DecodeProblem {
+                batch: 2,
+                heads: 8,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q: 3,
+                cache_seqlens: vec![50, 0],
+                seq_new: 3,
+                page_size,
+                splits: Splits::Fixed(2),
+                ..DecodeProblem::default()
+            };
+            let x = DecodeInputs::random(&p, 3);
+            let appended = run(dev, &p, Some(&x));
+            assert_eq!(appended.verification.cache_ok, Some(true));
+            // The concatenated cache, no new tokens.
+            let mut cat = x.clone();
+            (cat.k_cache, cat.v_cache) = x.appended(&p);
+            cat.k_new.clear();
+            cat.v_new.clear();
+            let pc = DecodeProblem { cache_seqlens: vec![53, 3], seq_new: 0, ..p.clone() };
+            let whole = run(dev, &pc, Some(&cat));
+            assert_eq!(bits(&appended.o), bits(&whole.o), "{page_size:?}");
+            assert_eq!(bits(&appended.lse), bits(&whole.lse), "{page_size:?}");
+            assert_eq!(bits(&appended.k_cache), bits(&cat.k_cache));
+        }
+    }
+
+    fn decode_fixed_splits_are_batch_invariant(dev: &mut dyn Device) {
+        // Sequence 2 of a batch of 3 (not the longest), and the same sequence alone: the same
+        // bits with --splits 2.
+        let p3 = DecodeProblem {
+            batch: 3,
+            heads: 4,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![5, 130, 77],
+            splits: Splits::Fixed(2),
+            ..DecodeProblem::default()
+        };
+        let x3 = DecodeInputs::random(&p3, 8);
+        let p1 = DecodeProblem { batch: 1, cache_seqlens: vec![77], ..p3.clone() };
+        let (qn, rows) = (2 * 4 * 64, 130 * 2 * 64);
+        let x1 = DecodeInputs {
+            q: x3.q[2 * qn..3 * qn].to_vec(),
+            k_cache: x3.k_cache[2 * rows..3 * rows].to_vec(),
+            v_cache: x3.v_cache[2 * rows..3 * rows].to_vec(),
+            ..x3.clone()
+        };
+        let (r3, r1) = (run(dev, &p3, Some(&x3)), run(dev, &p1, Some(&x1)));
+        assert_eq!(bits(&r1.o), bits(&r3.o[2 * qn..3 * qn]), "O of sequence 2");
+        assert_eq!(bits(&r1.lse), bits(&r3.lse[16..24]), "LSE of sequence 2");
+        // And run to run.
+        assert_eq!(bits(&run(dev, &p3, Some(&x3)).o), bits(&r3.o));
+    }
+
+    fn decode_sliding_windows_against_f64(dev: &mut dyn Device) {
+        // Windows that start inside a later tile (skipped tiles), see one key, see nothing for the
+        // first rows (seq_q > seqlen_k), and look right of the diagonal without causal.
+        for (left, right, causal, seq_q) in [(40, -1, true, 1u32), (5, 0, true, 3), (0, 0, false, 3), (-1, 2, false, 4), (70, 3, false, 2)] {
+            let p = DecodeProblem {
+                batch: 3,
+                heads: 8,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q,
+                cache_seqlens: vec![200, 1, 97],
+                seq_new: 1,
+                page_size: Some(16),
+                causal,
+                window_left: left,
+                window_right: right,
+                splits: Splits::Fixed(3),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+        }
+    }
+
+    fn decode_softcap_against_f64(dev: &mut dyn Device) {
+        for (softcap, scale) in [(0.7f32, None), (2.0, Some(1.0))] {
+            let p = DecodeProblem {
+                batch: 2,
+                heads: 4,
+                heads_kv: 1,
+                head_dim: 128,
+                seq_q: 2,
+                cache_seqlens: vec![70, 3],
+                softcap,
+                scale,
+                splits: Splits::Fixed(2),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            // The cap changes the answer: the same run without it differs by far more than the bound.
+            let plain = run(dev, &DecodeProblem { softcap: 0.0, ..p.clone() }, None);
+            let diff = r.o.iter().zip(&plain.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff > 1e-2, "softcap {softcap}: {diff}");
+        }
+    }
+
+    fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for d in [64u32, 128] {
+                let p = DecodeProblem {
+                    batch: 2,
+                    heads: 8,
+                    heads_kv: 2,
+                    head_dim: d,
+                    seq_q: 2,
+                    cache_seqlens: vec![90, 1],
+                    seq_new: 1,
+                    page_size: Some(32),
+                    dtype,
+                    splits: Splits::Fixed(2),
+                    ..DecodeProblem::default()
+                };
+                let r = run(dev, &p, None);
+                assert!(r.verification.o_max_scaled_err > 0.0, "{dtype}: rounding shows");
+            }
+        }
+    }
+
+    fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
+        let p = DecodeProblem {
+            batch: 2,
+            heads: 4,
+            heads_kv: 2,
+            head_dim: 64,
+            cache_seqlens: vec![20, 33],
+            seq_new: 1,
+            page_size: Some(16),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 1);
+        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1) };
+        let err = |dev: &mut dyn Device, s: &DecodeSpec, y: &DecodeInputs| {
+            let e = run_decode(dev, s, Some(y)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            e.to_string()
+        };
+        let mut y = x.clone();
+        y.block_table[1] = 1000;
+        assert!(err(dev, &spec, &y).contains("past num_pages"));
+        // 33 + 1 keys need 3 pages of 16; give the spec a longer cache than the pages hold.
+        let longer = DecodeSpec { problem: DecodeProblem { cache_seqlens: vec![20, 60], ..p.clone() }, ..spec.clone() };
+        assert!(err(dev, &longer, &x).contains("needs 4 pages of 16"));
+        let mut y = x.clone();
+        let max_pages = y.block_table.len() / 2;
+        y.block_table[max_pages + 2] = y.block_table[1]; // sequence 1's last page is sequence 0's page 1
+        assert!(err(dev, &spec, &y).contains("duplicate pages"));
+        let zero = DecodeSpec { problem: DecodeProblem { page_size: Some(0), ..p.clone() }, ..spec.clone() };
+        assert!(err(dev, &zero, &x).contains("page_size must be >= 1"));
+        let heads = DecodeSpec { problem: DecodeProblem { heads: 3, ..p.clone() }, ..spec.clone() };
+        assert!(err(dev, &heads, &x).contains("mismatched heads"));
+    }
+}
+
+/// What the host's block-table check prevents: the same bad entry launched directly (no
+/// validation) is an out-of-bounds read that the VM's memcheck reports. VM only: a GPU need not
+/// fault on it.
+#[test]
+fn vm_memcheck_catches_the_block_table_entry_the_host_refuses() {
+    let mut dev = vm_device();
+    let (hk, d, ps, pages) = (1u64, 64u64, 16u64, 2u64);
+    let cache = dev.alloc(pages * ps * hk * d * 4).unwrap();
+    dev.fill_u32(cache, pages * ps * hk * d, 0).unwrap();
+    let q = dev.alloc(d * 4).unwrap();
+    dev.fill_u32(q, d, 0).unwrap();
+    let o = dev.alloc(d * 4).unwrap();
+    let lse = dev.alloc(4).unwrap();
+    let table = dev.alloc(8).unwrap();
+    let seqlens = dev.alloc(4).unwrap();
+    dev.upload_bytes(seqlens, &20u32.to_le_bytes()).unwrap();
+    let launch = |dev: &mut dyn Device, second_page: u32| {
+        let t: Vec<u8> = [0u32, second_page].iter().flat_map(|v| v.to_le_bytes()).collect();
+        dev.upload_bytes(table, &t).unwrap();
+        let prm = DecodeParams {
+            q,
+            k_cache: cache,
+            v_cache: cache,
+            block_table: table,
+            cache_seqlens: seqlens,
+            o,
+            lse,
+            batch: 1,
+            heads: 1,
+            heads_kv: 1,
+            seq_q: 1,
+            head_dim: 64,
+            page_size: 16,
+            max_pages: 2,
+            num_splits: 1,
+            softmax_scale: 0.125,
+            ..Default::default()
+        };
+        dev.launch("decode_fwd_f32_d64", &DECODE_D64.launch(1, 1, 1, 1, 1), &[&prm.to_bytes()])
+    };
+    launch(&mut dev, 1).expect("valid table");
+    let e = launch(&mut dev, 7).unwrap_err();
+    assert!(e.to_string().contains("memcheck"), "{e}");
+}
