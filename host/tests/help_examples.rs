@@ -25,7 +25,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2", Run(0, "needs 1.00 MiB")),
     ("memattn run --heads 8 --heads-kv 2 --window 255,0", Run(0, "verified     PASS")),
     ("memattn run --sliding-window 256 --softcap 50 --sinks", Run(0, "verified     PASS")),
-    ("memattn check --kernel flash --dtype f32", Run(0, "check: 34 of 34 cases passed")),
+    ("memattn check --kernel flash --dtype f32", Run(0, "check: 36 of 36 cases passed")),
     ("memattn doctor", Run(0, "== next step")),
     ("memattn kernels", Run(0, "flash_fwd_f32_d64 (PTX line")),
     ("memattn trace --kernel flash --thread 5", Run(0, "ld.param")),
