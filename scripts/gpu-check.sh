@@ -88,6 +88,7 @@ step compare-memory-json 180 --backend cuda --json compare --batch 1 --heads 16 
 step run-bf16-d64 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 1000 --head-dim 64
 step run-bf16-d128-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 8 --seq-q 777 --seq-kv 1500 --head-dim 128 --causal
 step run-f16-d64-causal 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq-q 1500 --seq-kv 777 --head-dim 64 --causal
+step run-bf16-d64-window 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 1300 --head-dim 64 --window 255,0 --check-rows all
 step run-f16-d128-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 128 --layout bhsd --check-rows all
 step compare-dtype 120 --backend cuda compare --vary dtype=f32,bf16,f16 --batch 4 --heads 16 --seq 4096 --head-dim 128 --causal
 step run-naive-bf16-causal 60 --backend cuda --json run --kernel naive --dtype bf16 --heads 4 --seq-q 700 --seq-kv 1000 --head-dim 64 --causal

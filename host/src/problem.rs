@@ -33,11 +33,13 @@ impl KernelKind {
 }
 
 impl KernelKind {
-    /// The kernels one run of this kind launches for `dtype` and `head_dim`, in order, looked up
-    /// in the variant table; `None` when the table has no such row.
-    pub fn kernels(self, dtype: Dtype, head_dim: u32) -> Option<Vec<KernelId>> {
+    /// The kernels one run of this kind launches for `dtype`, `head_dim` and window
+    /// `(left, right)` (`-1` unbounded, causal folded in as `right = 0`), in order, looked up in
+    /// the variant table (for flash: [`KernelId::flash_for`], which picks a row made for narrow
+    /// windows where the table has one); `None` when the table has no such row.
+    pub fn kernels(self, dtype: Dtype, head_dim: u32, window: (i32, i32)) -> Option<Vec<KernelId>> {
         match self {
-            KernelKind::Flash => KernelId::flash(dtype.elem(), head_dim).map(|k| vec![k]),
+            KernelKind::Flash => KernelId::flash_for(dtype.elem(), head_dim, window).map(|k| vec![k]),
             KernelKind::Naive => KernelId::naive(dtype.elem()).map(|k| k.to_vec()),
         }
     }
@@ -515,7 +517,8 @@ impl Problem {
         if !kernel.supports(self.dtype) {
             return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
         }
-        let ids = kernel.kernels(self.dtype, self.head_dim).ok_or_else(|| self.head_dim_error(kernel))?;
+        let window = (self.window.0, self.window_right());
+        let ids = kernel.kernels(self.dtype, self.head_dim, window).ok_or_else(|| self.head_dim_error(kernel))?;
         ids.into_iter()
             .map(|id| match id.variant().launch(self.launch_shape()) {
                 Some(dims) => Ok(PlannedLaunch { kernel: id, dims }),
@@ -817,6 +820,44 @@ mod tests {
         assert_eq!(naive, [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16]);
         let e = Problem { head_dim: 96, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
         assert!(e.contains("64 and 128"), "{e}");
+    }
+
+    #[test]
+    fn narrow_windows_pick_the_64_key_tile_at_d64() {
+        let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
+        let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, ..Problem::default() };
+        let narrow = [KernelId::FlashFwdBf16D64Window];
+        // Both sides bounded, left + right + 1 <= 512 keys (causal is right = 0).
+        assert_eq!(names(&Problem { window: (255, 0), ..p }), narrow);
+        assert_eq!(names(&Problem { window: (511, -1), causal: true, ..p }), narrow);
+        assert_eq!(names(&Problem { window: (255, 256), ..p }), narrow);
+        assert_eq!(names(&Problem { window: (0, 0), ..p }), narrow);
+        assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D64Window]);
+        let l = Problem { window: (255, 0), ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [128, 1, 1], 24 * 1024));
+        // Everything else runs the default row: wider windows, a side unbounded, full and causal
+        // attention, other head dims and dtypes.
+        let default = [KernelId::FlashFwdBf16D64];
+        for (window, causal) in [
+            ((512, 0), false),
+            ((255, 257), false),
+            ((255, -1), false),
+            ((-1, 0), false),
+            ((-1, -1), true),
+            ((-1, -1), false),
+        ] {
+            assert_eq!(names(&Problem { window, causal, ..p }), default, "{window:?} causal {causal}");
+        }
+        assert_eq!(names(&Problem { window: (255, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
+        assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D64]);
+        // Naive is one set of kernels whatever the window.
+        let naive: Vec<KernelId> = Problem { window: (255, 0), ..p }
+            .launches(KernelKind::Naive)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.kernel)
+            .collect();
+        assert_eq!(naive, [KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16]);
     }
 
     #[test]

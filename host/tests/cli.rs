@@ -800,7 +800,7 @@ fn check_sweep_passes_and_lists_its_cases() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let cases = v["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 17);
+    assert_eq!(cases.len(), 18);
     assert!(cases.iter().all(|c| c["passed"] == true), "{cases:?}");
     let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
     for want in ["tails", "seq_q > seq_kv", "gqa 8 (mqa)", "window in tile", "varlen causal"] {

@@ -15,9 +15,12 @@
 //! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
-//! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`]), 4 warps:
+//! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`],
+//! [`crate::tiles::FLASH_MMA_D64_WINDOW`]), 4 warps:
 //! D=64: BR=64, BC=128, smem Q 8 KiB + K 16 KiB + V 16 KiB = 40 KiB;
-//! D=128: BR=64, BC=64, smem Q 16 KiB + K 16 KiB + V 16 KiB = 48 KiB.
+//! D=128: BR=64, BC=64, smem Q 16 KiB + K 16 KiB + V 16 KiB = 48 KiB;
+//! D=64 for narrow windows (`flash_fwd_*_d64_window`, chosen by the row's
+//! [`crate::variants::WindowRule`]): BR=64, BC=64, smem Q 8 KiB + K 8 KiB + V 8 KiB = 24 KiB.
 //! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are

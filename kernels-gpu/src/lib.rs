@@ -41,7 +41,7 @@ pub mod tiles;
 mod unroll;
 pub mod variants;
 
-pub use variants::{Elem, Family, KernelId, Variant, VARIANTS};
+pub use variants::{Elem, Family, KernelId, Variant, WindowRule, VARIANTS};
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod artifacts;

@@ -114,6 +114,11 @@ impl FlashMmaTile {
 /// d=64: Bc = 128 keys per step: smem (64 + 2 x 128) x 64 x 2 B = 40 KiB. Per thread Q fragments
 /// 16 registers, O accumulator 32, scores 64.
 pub const FLASH_MMA_D64: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc: 128, warps: 4 };
+/// d=64 for narrow windows: Bc = 64 keys per step: smem (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block
+/// of 64 rows with a window of `L` keys to the left visits `64 + L` keys rounded to 64-key tiles
+/// instead of 128-key ones (320 instead of 384 at `L = 255`). Per thread Q fragments 16
+/// registers, O accumulator 32, scores 32.
+pub const FLASH_MMA_D64_WINDOW: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 4 };
 /// d=128: Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB, the most a block gets without opt-in.
 /// Per thread Q fragments 32 registers, O accumulator 64, scores 32.
 pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4 };

@@ -4,7 +4,8 @@
 //! [`crate::tiles`]). Everything else derives from the table: [`KernelId`] and [`KernelId::ALL`],
 //! the entry names, launch geometry and dynamic shared memory ([`Variant::launch`]), whether the
 //! kernel must use tensor cores (checked in the SASS by `cargo xtask ptxas`), the host's kernel
-//! selection ([`KernelId::flash`], [`KernelId::naive`]), the tile record each entry exports into
+//! selection ([`KernelId::flash_for`], [`KernelId::flash`], [`KernelId::naive`]; a row's
+//! [`WindowRule`] says which windows it is chosen for), the tile record each entry exports into
 //! the PTX ([`TileRecord`]), and — on nvptx64 — the `extern "ptx-kernel"` entry points themselves,
 //! which call the family's generic body with the tile's constants.
 //!
@@ -90,6 +91,35 @@ pub enum Tile {
     DecodeAppend(AppendTile),
 }
 
+/// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
+/// table is [`WindowRule::Any`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowRule {
+    /// Every problem of the row's family, dtype and head dim: the default row, the one full and
+    /// causal attention run on. Each (family, dtype, head dim) has exactly one.
+    Any,
+    /// Only windows bounded on both sides (causal counts as `right = 0`) of at most `keys` keys,
+    /// `left + right + 1 <= keys`. A block of `BR` rows then visits about `BR + left + right`
+    /// keys; a row with a narrower key tile than the default row's rounds that span up to fewer
+    /// wasted keys, which pays for its higher cost per key only while the span is short.
+    Narrow { keys: u32 },
+}
+
+impl WindowRule {
+    /// Whether a problem with window `(left, right)` (`-1` unbounded, causal already folded in as
+    /// `right = 0`) is one this row is chosen for.
+    pub const fn admits(self, left: i32, right: i32) -> bool {
+        match self {
+            WindowRule::Any => true,
+            // The window spans `left + right + 1` keys.
+            WindowRule::Narrow { keys } => left >= 0 && right >= 0 && (left as u64 + right as u64) < keys as u64,
+        }
+    }
+    const fn is_any(self) -> bool {
+        matches!(self, WindowRule::Any)
+    }
+}
+
 /// One row of the variant table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
@@ -99,6 +129,8 @@ pub struct Variant {
     pub family: Family,
     pub elem: Elem,
     pub tile: Tile,
+    /// Which windows the host chooses this row for ([`KernelId::flash_for`]).
+    pub window: WindowRule,
 }
 
 /// The shape a launch covers (`seq_q` query rows and `seq_kv` keys per head).
@@ -259,7 +291,7 @@ macro_rules! count {
 /// Expands the table into [`KernelId`], [`VARIANTS`] and (on nvptx64) the entry points with their
 /// tile records.
 macro_rules! kernel_table {
-    ($( $(#[$doc:meta])* $id:ident = $name:ident : $family:ident($tile:expr), $elem:ident; )*) => {
+    ($( $(#[$doc:meta])* $id:ident = $name:ident : $family:ident($tile:expr), $elem:ident $(, $rule:expr)?; )*) => {
         /// Every kernel entry point in the PTX module, one per row of the variant table.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum KernelId {
@@ -274,6 +306,7 @@ macro_rules! kernel_table {
                 family: Family::$family,
                 elem: Elem::$elem,
                 tile: Tile::$family($tile),
+                window: crate::variants::rule_or_any!($($rule)?),
             }, )*
         ];
 
@@ -288,6 +321,17 @@ macro_rules! kernel_table {
         )*
     };
 }
+
+/// A row's [`WindowRule`]: the one it names, else [`WindowRule::Any`].
+macro_rules! rule_or_any {
+    () => {
+        WindowRule::Any
+    };
+    ($rule:expr) => {
+        $rule
+    };
+}
+pub(crate) use rule_or_any;
 
 /// The entry point of one row on nvptx64: a `#[no_mangle] extern "ptx-kernel"` function calling
 /// the family's generic body with the tile's constants, and the exported [`TileRecord`].
@@ -418,7 +462,15 @@ macro_rules! tile_record {
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use tile_record;
 
-// The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`
+/// The rule of the 64-key-tile d64 tensor-core rows: both window sides bounded, at most 512 keys
+/// wide. Measured in the VM (thread-instructions, bf16, seq 4096, causal windows `(L, 0)`): the
+/// 64-key tile visits 320 keys per 64-row block at `L = 255` where the default 128-key tile visits
+/// 384, but costs about 10 % more per key; it is cheaper up to `L = 511` and dearer from
+/// `L = 767` on (`docs/semantics.md`, "Which kernel runs").
+pub const NARROW_WINDOW_D64: WindowRule = WindowRule::Narrow { keys: 512 };
+
+// The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`, or with a [`WindowRule`] after
+// the element type for a row chosen only for some windows (`KernelId::flash_for`).
 kernel_table! {
     /// Smoke test kernel: `y[i] = a * x[i] + y[i]` (see `smoke.rs`).
     Saxpy = saxpy_f32: Smoke(SAXPY), F32;
@@ -440,6 +492,10 @@ kernel_table! {
     FlashFwdF16D64 = flash_fwd_f16_d64: FlashMma(FLASH_MMA_D64), F16;
     /// Tensor-core forward, f16, head_dim 128.
     FlashFwdF16D128 = flash_fwd_f16_d128: FlashMma(FLASH_MMA_D128), F16;
+    /// Tensor-core forward, bf16, head_dim 64, 64-key tiles: chosen for narrow windows.
+    FlashFwdBf16D64Window = flash_fwd_bf16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), Bf16, NARROW_WINDOW_D64;
+    /// Tensor-core forward, f16, head_dim 64, 64-key tiles: chosen for narrow windows.
+    FlashFwdF16D64Window = flash_fwd_f16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), F16, NARROW_WINDOW_D64;
     /// Naive step 1 with bf16 Q, K (S stays f32).
     NaiveScoresBf16 = naive_scores_bf16: NaiveScores(NAIVE_SCORES), Bf16;
     /// Naive step 1 with f16 Q, K.
@@ -506,8 +562,20 @@ impl KernelId {
         None
     }
 
-    /// The first row of `family` with element type `elem` and (if given) head dim `head_dim`.
+    /// The default row ([`WindowRule::Any`]) of `family` with element type `elem` and (if given)
+    /// head dim `head_dim`.
     pub const fn find(family: Family, elem: Elem, head_dim: Option<u32>) -> Option<KernelId> {
+        Self::find_where(family, elem, head_dim, None)
+    }
+
+    /// The first row of `family`, `elem` and `head_dim` whose rule is not [`WindowRule::Any`] and
+    /// admits `window` (when `window` is `Some`), or the default row (when it is `None`).
+    const fn find_where(
+        family: Family,
+        elem: Elem,
+        head_dim: Option<u32>,
+        window: Option<(i32, i32)>,
+    ) -> Option<KernelId> {
         let mut i = 0;
         while i < VARIANTS.len() {
             let v = &VARIANTS[i];
@@ -516,7 +584,11 @@ impl KernelId {
                 (None, None) => true,
                 _ => false,
             };
-            if v.family.eq(family) && v.elem.eq(elem) && dim_ok {
+            let rule_ok = match window {
+                None => v.window.is_any(),
+                Some((left, right)) => !v.window.is_any() && v.window.admits(left, right),
+            };
+            if v.family.eq(family) && v.elem.eq(elem) && dim_ok && rule_ok {
                 return Some(v.id);
             }
             i += 1;
@@ -524,11 +596,30 @@ impl KernelId {
         None
     }
 
-    /// The fused forward kernel for `elem` and `head_dim`: the f32 SIMT family for f32, the
-    /// tensor-core family for 16-bit types. `None` when the table has no such row.
+    /// The default fused forward kernel for `elem` and `head_dim` (the row full and causal
+    /// attention run on): the f32 SIMT family for f32, the tensor-core family for 16-bit types.
+    /// `None` when the table has no such row.
     pub const fn flash(elem: Elem, head_dim: u32) -> Option<KernelId> {
-        let family = if elem.eq(Elem::F32) { Family::FlashF32 } else { Family::FlashMma };
-        Self::find(family, elem, Some(head_dim))
+        Self::find(Self::flash_family(elem), elem, Some(head_dim))
+    }
+
+    /// The fused forward kernel a problem of `elem`, `head_dim` and window `(left, right)` runs
+    /// (`-1` unbounded; causal folded in as `right = 0`): a row whose [`WindowRule`] admits the
+    /// window when the table has one for this dtype and head dim, otherwise the default row
+    /// ([`KernelId::flash`]). `None` when the table has neither.
+    pub const fn flash_for(elem: Elem, head_dim: u32, window: (i32, i32)) -> Option<KernelId> {
+        match Self::find_where(Self::flash_family(elem), elem, Some(head_dim), Some(window)) {
+            Some(k) => Some(k),
+            None => Self::flash(elem, head_dim),
+        }
+    }
+
+    const fn flash_family(elem: Elem) -> Family {
+        if elem.eq(Elem::F32) {
+            Family::FlashF32
+        } else {
+            Family::FlashMma
+        }
     }
 
     /// The three naive kernels for `elem`: scores and P·V in `elem`, the shared f32 softmax.
@@ -612,6 +703,23 @@ const _: () = {
             Tile::DecodeFwd(t) => t.check(),
             _ => {}
         }
+        // A row chosen only for some windows falls back to a default row of its kind, and no
+        // two default rows compete for one (family, dtype, head dim).
+        let (v, mut defaults) = (&VARIANTS[i], 0);
+        let mut j = 0;
+        while j < VARIANTS.len() {
+            let w = &VARIANTS[j];
+            let same_dim = match (v.head_dim(), w.head_dim()) {
+                (Some(a), Some(b)) => a == b,
+                (None, None) => true,
+                _ => false,
+            };
+            if w.family.eq(v.family) && w.elem.eq(v.elem) && same_dim && w.window.is_any() {
+                defaults += 1;
+            }
+            j += 1;
+        }
+        assert!(defaults == 1, "each (family, dtype, head dim) has exactly one WindowRule::Any row");
         i += 1;
     }
 };
@@ -637,6 +745,31 @@ mod tests {
             assert_eq!(k.variant().id, k);
         }
         assert_eq!(KernelId::from_name("flash_fwd_f32_d96"), None);
+    }
+
+    #[test]
+    fn window_rules_choose_rows_and_fall_back_to_the_default() {
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, 0)), Some(KernelId::FlashFwdBf16D64Window));
+        assert_eq!(KernelId::flash_for(Elem::F16, 64, (100, 411)), Some(KernelId::FlashFwdF16D64Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (100, 412)), Some(KernelId::FlashFwdBf16D64));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, -1)), Some(KernelId::FlashFwdBf16D64));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (-1, 0)), Some(KernelId::FlashFwdBf16D64));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128));
+        assert_eq!(KernelId::flash_for(Elem::F32, 64, (255, 0)), Some(KernelId::FlashFwdF32D64));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), None);
+        // `flash` and `find` give the default rows only.
+        assert_eq!(KernelId::flash(Elem::F16, 64), Some(KernelId::FlashFwdF16D64));
+        assert!(WindowRule::Any.admits(-1, -1));
+        let r = WindowRule::Narrow { keys: 512 };
+        assert!(r.admits(511, 0) && r.admits(0, 511) && r.admits(0, 0));
+        assert!(!r.admits(512, 0) && !r.admits(-1, 0) && !r.admits(0, -1) && !r.admits(i32::MAX, i32::MAX));
+        let w = KernelId::FlashFwdBf16D64Window.variant();
+        assert_eq!(
+            (w.block_rows(), w.block_cols(), w.head_dim(), w.dynamic_smem_bytes()),
+            (64, 64, Some(64), 24 * 1024)
+        );
+        assert!(w.tensor_cores());
+        assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![64, 128]);
     }
 
     #[test]

@@ -549,6 +549,39 @@ device_tests! {
             }
         }
     }
+    // At d64 the tensor-core family has two rows: the default 128-key tile and the 64-key tile
+    // chosen for windows bounded on both sides and at most 512 keys wide
+    // (docs/semantics.md, "Which kernel runs"). Both against the f64 reference at shapes with
+    // tails, seq_q != seq_kv both ways (fully masked rows), several query blocks, single query and
+    // single key, windows whose edges fall inside key tiles, BHSD, GQA, soft cap and sinks; each
+    // case also checks that the rule picked the kernel named here.
+    fn bf16_f16_d64_narrow_window_tile_and_wide_windows_on_the_default_tile(dev: &mut dyn Device) {
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (batch, heads, hk, sq, sk, window, causal, layout, softcap, sinks, narrow) in [
+                (2, 2, 2, 100, 100, (30, 30), false, Layout::Bshd, 0.0, false, true),
+                (1, 2, 1, 65, 130, (63, -1), true, Layout::Bhsd, 0.0, true, true),
+                (1, 1, 1, 100, 65, (10, 0), false, Layout::Bshd, 0.0, false, true),
+                (1, 4, 2, 200, 300, (127, 5), false, Layout::Bshd, 4.0, false, true),
+                (1, 1, 1, 129, 129, (0, 0), false, Layout::Bhsd, 0.0, false, true),
+                (1, 1, 1, 1, 65, (64, 0), false, Layout::Bshd, 0.0, false, true),
+                (1, 1, 1, 70, 1, (3, 3), false, Layout::Bshd, 0.0, false, true),
+                (1, 1, 1, 150, 700, (511, 0), false, Layout::Bshd, 0.0, false, true),
+                // Past the rule: the default tile with windows bounded on the left.
+                (1, 1, 1, 150, 700, (512, 0), false, Layout::Bshd, 0.0, false, false),
+                (1, 4, 1, 130, 700, (300, 300), false, Layout::Bhsd, 3.0, true, false),
+                (1, 2, 2, 200, 129, (127, -1), false, Layout::Bshd, 0.0, false, false),
+            ] {
+                let p = Problem { batch, heads, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: 64, window, causal, layout, softcap, sinks, dtype, ..Problem::default() };
+                let want = format!("flash_fwd_{dtype}_d64{}", if narrow { "_window" } else { "" });
+                assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), want, "{p:?}");
+                case_16(dev, p, KernelKind::Flash);
+            }
+            // Known answer on the 64-key tile: each row sees exactly its diagonal key.
+            let p = Problem { batch: 1, heads: 4, heads_kv: Some(2), seq_q: 130, seq_kv: 150, head_dim: 64, window: (0, 0), dtype, ..Problem::default() };
+            known_answer_diagonal_window(dev, KernelKind::Flash, p);
+        }
+    }
+
     // GQA/MQA, windows, soft cap and sinks (docs/semantics.md): known answers in every dtype and
     // both head dims (f32 at both; bf16 at 64, f16 at 128), GQA ratios 8 and 4.
     fn inference_known_answers_diagonal_window_and_sinks(dev: &mut dyn Device) {

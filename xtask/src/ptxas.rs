@@ -185,12 +185,12 @@ pub fn run(check: bool) -> Result<(), String> {
     all.sort_by(|a, b| (&a.name, &a.arch).cmp(&(&b.name, &b.arch)));
 
     println!(
-        "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
+        "{:<26} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
         "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem", "dyn-smem", "hmma"
     );
     for r in &all {
         println!(
-            "{:<22} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
+            "{:<26} {:>5} {:>5} {:>8} {:>8} {:>6} {:>8} {:>8} {:>5}",
             r.name,
             r.arch,
             r.registers,

@@ -72,6 +72,11 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
         ),
         c("window 0", "each row sees one key (0, 0)", Problem { window: (0, 0), ..p(1, 2, 100, 70) }),
         c(
+            "window wide",
+            "a window past the narrow-window rows' 512 keys (600, 0)",
+            Problem { window: (600, 0), ..p(1, 2, 100, 700) },
+        ),
+        c(
             "softcap + sinks",
             "soft cap 5 and per-head sinks",
             Problem { softcap: 5.0, sinks: true, causal: true, ..p(1, 4, 70, 90) },
@@ -113,6 +118,8 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let mut rows = Vec::new();
     for (d, c) in &all {
         let spec = RunSpec { seed: a.seed, check: RowSelection::All, ..RunSpec::new(c.problem, kernel) };
+        // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
+        let entries: Vec<&str> = c.problem.launches(kernel)?.iter().map(|l| l.kernel.name()).collect();
         let (result, err, bound, detail) = match run(dev.as_mut(), &spec, None) {
             Ok(r) => {
                 let res = if r.verified { "PASS" } else { "FAIL" };
@@ -138,6 +145,7 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         rows.push(serde_json::json!({
             "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
             "rel_rms_err": err, "bound": bound, "detail": detail, "shape": c.problem.shape_json(),
+            "kernels": entries,
         }));
     }
     let v = serde_json::json!({
