@@ -15,8 +15,11 @@
 //!    [`device::Device`] trait and its two backends, `vm` and `cuda`);
 //! 6. [`error`], then [`runner`]: one measured run — validate, plan memory, upload, poison,
 //!    launch, time, download, verify;
-//! 7. [`report`]: tables and summaries; the CLI (in the binary) sits on top.
+//! 7. [`report`]: tables and summaries; [`attn`]: the attention API for programs that own their
+//!    device buffers and streams (views, options, [`attn::Kernels`]); the CLI (in the binary) sits
+//!    on top.
 
+pub mod attn;
 pub mod caps;
 pub mod device;
 pub mod driver;
@@ -60,7 +63,7 @@ mod layering_tests {
         &["reference", "verify"],
         &["ptx", "nvml", "device"],
         &["error", "runner"],
-        &["report"],
+        &["report", "attn"],
     ];
 
     fn layer_of(m: &str) -> Option<usize> {

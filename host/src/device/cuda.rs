@@ -256,7 +256,7 @@ impl CudaDevice {
 }
 
 /// Loads PTX text through the driver's JIT, returning the JIT error log on failure.
-fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
+pub(crate) fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
     let image = CString::new(ptx.text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
         origin: ptx.origin.clone(),
         message: "PTX text contains a NUL byte".into(),
