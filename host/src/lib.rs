@@ -1,6 +1,11 @@
 //! `memattn`: run memattn's attention kernels on a GPU (CUDA driver) or in the PTX VM, check every
 //! result against an f64 CPU reference, and measure time and device memory.
 //!
+//! **As a library for your own program**, see [`attn`]: views of your cudarc slices (or VM
+//! buffers), [`attn::Kernels::flash_attn`] / [`attn::Kernels::flash_attn_into`] on your stream,
+//! typed errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
+//! natural log). [`reference::attention`] is the f64 reference for your tests.
+//!
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),

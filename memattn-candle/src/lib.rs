@@ -70,14 +70,16 @@ fn wrap(e: memattn::attn::AttnError) -> candle_core::Error {
     candle_core::Error::wrap(e)
 }
 
+fn no_kernel(d: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!("memattn flash_attn: dtype {d:?} has no kernel (f32, bf16 and f16 have)"))
+}
+
 fn dtype_of(d: DType) -> Result<Dtype> {
     match d {
         DType::F32 => Ok(Dtype::F32),
         DType::BF16 => Ok(Dtype::Bf16),
         DType::F16 => Ok(Dtype::F16),
-        other => Err(candle_core::Error::Msg(format!(
-            "memattn flash_attn: dtype {other:?} has no kernel (f32, bf16 and f16 have)"
-        ))),
+        other => Err(no_kernel(other)),
     }
 }
 
@@ -110,7 +112,7 @@ fn host_f32(s: &CpuStorage, l: &Layout) -> Result<Vec<f32>> {
         CpuStorage::F32(x) => x[start..].to_vec(),
         CpuStorage::BF16(x) => x[start..].iter().map(|v| v.to_f32()).collect(),
         CpuStorage::F16(x) => x[start..].iter().map(|v| v.to_f32()).collect(),
-        other => dtype_of(other.dtype()).map(|_| Vec::new())?,
+        other => return Err(no_kernel(other.dtype())),
     })
 }
 
@@ -168,7 +170,7 @@ impl CustomOp3 for FlashAttn {
             DType::F32 => cuda::fwd::<f32>(self, s1, l1, s2, l2, s3, l3),
             DType::BF16 => cuda::fwd::<half::bf16>(self, s1, l1, s2, l2, s3, l3),
             DType::F16 => cuda::fwd::<half::f16>(self, s1, l1, s2, l2, s3, l3),
-            other => dtype_of(other).and_then(|_| unreachable!("dtype_of accepts only the three above")),
+            other => Err(no_kernel(other)),
         }
     }
 }
