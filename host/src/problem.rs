@@ -360,7 +360,7 @@ impl Problem {
     }
 
     /// Every byte count of a run (and their sum, the analytic total) must fit in a u64, so that
-    /// [`AnalyticBytes`] and the allocations never wrap. Computed in u128; the error names the
+    /// [`AnalyticBytes`](crate::memory::AnalyticBytes) and the allocations never wrap. Computed in u128; the error names the
     /// tensor that is too large (the score matrix only for naive: flash has none).
     pub fn check_byte_counts(&self, kernel: KernelKind) -> Result<(), ProblemError> {
         let (b, h, nq, nk, d) =
