@@ -86,17 +86,17 @@ pub fn vm_backed() -> bool {
 
 /// Whether the system has a CUDA driver library (checked without binding cudarc to it).
 pub fn system_driver_present() -> bool {
-    culib_present()
+    quietly(culib_present).unwrap_or(false)
 }
 
-/// Whether cudarc can load the driver library. Without memattn's `dynamic-loading` feature
-/// cudarc is linked to libcuda at build time (candle's `cuda` feature does that), so the library
-/// is there whenever the program started.
+/// Whether cudarc can load the driver library (call it inside [`quietly`]). Without memattn's
+/// `dynamic-loading` feature cudarc is linked to libcuda at build time (candle's `cuda` feature
+/// does that), so the library is there whenever the program started.
 fn culib_present() -> bool {
     #[cfg(feature = "dynamic-loading")]
     {
         // SAFETY: only tries to dlopen the driver library and closes it again.
-        quietly(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+        unsafe { sys::is_culib_present() }
     }
     #[cfg(not(feature = "dynamic-loading"))]
     {
