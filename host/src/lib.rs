@@ -1,6 +1,11 @@
 //! `memattn`: run memattn's attention kernels on a GPU (CUDA driver) or in the PTX VM, check every
 //! result against an f64 CPU reference, and measure time and device memory.
 //!
+//! **As a library for your own program**, see [`attn`]: views of your cudarc slices (or VM
+//! buffers), [`attn::Kernels::flash_attn`] / [`attn::Kernels::flash_attn_into`] on your stream,
+//! typed errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
+//! natural log). [`reference::attention`] is the f64 reference for your tests.
+//!
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
@@ -17,9 +22,11 @@
 //!    launch, time, download, verify; [`decode`]: the KV-cache decode (split plan, cache
 //!    append, split-KV attention, `merge_states`), its f64 reference and one verified run;
 //! 7. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
-//!    [`evidence`] (the `--save` file);
+//!    [`evidence`] (the `--save` file), [`attn`] (the attention API for programs that own their
+//!    device buffers and streams: views, options, [`attn::Kernels`]);
 //! 8. [`charts`] (the sweep and plan pictures); the CLI (in the binary) sits on top.
 
+pub mod attn;
 pub mod caps;
 pub mod charts;
 pub mod decode;
@@ -67,7 +74,7 @@ mod layering_tests {
         &["reference", "verify"],
         &["ptx", "nvml", "device"],
         &["error", "runner", "decode"],
-        &["report", "evidence", "plan"],
+        &["report", "evidence", "plan", "attn"],
         &["charts"],
     ];
 

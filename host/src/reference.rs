@@ -182,6 +182,38 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     Reference { rows, o, lse, o_abs, total_rows: p.rows() }
 }
 
+/// Dense attention in f64 on host tensors, for checking results in your own tests: `q` is
+/// `[batch, seq_q, heads, head_dim]`, `k` and `v` are `[batch, seq_kv, heads, head_dim]`, all
+/// contiguous (BSHD) f32; `p` gives the sizes, `causal` and `scale` (its `dtype` and `layout` are
+/// not used). Returns `o` in q's layout and `lse` as `[batch, heads, seq_q]`, natural log (`-inf`
+/// for a row that sees no key). An input of the wrong length is an error naming the length.
+///
+/// ```
+/// use memattn::{reference, Problem};
+/// let p = Problem { batch: 1, heads: 1, seq_q: 1, seq_kv: 2, head_dim: 1, scale: Some(1.0), ..Problem::default() };
+/// let (o, lse) = reference::attention(&p, &[1.0], &[0.0, 1.0], &[10.0, 20.0]).unwrap();
+/// let e = std::f64::consts::E;
+/// assert!((o[0] - (10.0 + 20.0 * e) / (1.0 + e)).abs() < 1e-12);
+/// assert!((lse[0] - (1.0 + e).ln()).abs() < 1e-12);
+/// ```
+pub fn attention(p: &Problem, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f64>, Vec<f64>), String> {
+    for (name, got, want) in [("q", q.len(), p.q_elems()), ("k", k.len(), p.kv_elems()), ("v", v.len(), p.kv_elems())] {
+        if got as u64 != want {
+            return Err(format!("{name} has {got} elements, the problem's shape needs {want}"));
+        }
+    }
+    let x = Qkv { q: q.to_vec(), k: k.to_vec(), v: v.to_vec(), ..Qkv::default() };
+    let r = reference(p, &x, &RowSelection::All);
+    let d = p.head_dim as usize;
+    let (hh, nq) = (p.heads as usize, p.seq_q as usize);
+    let mut o = vec![0.0f64; r.o.len()];
+    for (n, row) in r.rows.iter().enumerate() {
+        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+        o[((b * nq + i) * hh + h) * d..][..d].copy_from_slice(&r.o[n * d..(n + 1) * d]);
+    }
+    Ok((o, r.lse))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,14 +86,32 @@ pub fn vm_backed() -> bool {
 
 /// Whether the system has a CUDA driver library (checked without binding cudarc to it).
 pub fn system_driver_present() -> bool {
-    // SAFETY: only tries to dlopen the driver library and closes it again.
-    quietly(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+    quietly(culib_present).unwrap_or(false)
+}
+
+/// Whether cudarc can load the driver library (call it inside [`quietly`]). Without memattn's
+/// `dynamic-loading` feature cudarc is linked to libcuda at build time (candle's `cuda` feature
+/// does that), so the library is there whenever the program started.
+fn culib_present() -> bool {
+    #[cfg(feature = "dynamic-loading")]
+    {
+        // SAFETY: only tries to dlopen the driver library and closes it again.
+        unsafe { sys::is_culib_present() }
+    }
+    #[cfg(not(feature = "dynamic-loading"))]
+    {
+        true
+    }
 }
 
 /// Opens the library cudarc will use (same names, same order), checks that it is the chosen one
 /// when there is one, and that it has every function in [`REQUIRED_DRIVER_FUNCTIONS`].
 fn check_driver_functions() -> Result<(), String> {
+    #[cfg(feature = "dynamic-loading")]
     let names = ["cuda", "nvcuda"].iter().flat_map(|l| cudarc::get_lib_name_candidates(l));
+    // Linked at build time: the dynamic loader's `libcuda.so.1` is the library cudarc calls.
+    #[cfg(not(feature = "dynamic-loading"))]
+    let names = ["libcuda.so.1".to_string()].into_iter();
     for name in names {
         // SAFETY: the same dlopen cudarc does next.
         let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else { continue };
@@ -126,8 +144,7 @@ fn check_driver_functions() -> Result<(), String> {
 pub fn probe() -> Result<String, String> {
     let chosen = driver_library()?;
     let r = quietly(|| -> Result<String, String> {
-        // SAFETY: only tries to dlopen the driver library.
-        if !unsafe { sys::is_culib_present() } {
+        if !culib_present() {
             return Err("no CUDA driver library (libcuda.so.1) could be loaded".into());
         }
         check_driver_functions()?;
@@ -256,7 +273,7 @@ impl CudaDevice {
 }
 
 /// Loads PTX text through the driver's JIT, returning the JIT error log on failure.
-fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
+pub(crate) fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
     let image = CString::new(ptx.text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
         origin: ptx.origin.clone(),
         message: "PTX text contains a NUL byte".into(),

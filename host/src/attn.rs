@@ -1,0 +1,1013 @@
+//! The attention API for programs that own their device memory: views of the caller's buffers,
+//! options, a [`Kernels`] handle per device context, and [`Kernels::flash_attn`] /
+//! [`Kernels::flash_attn_into`] launching memattn's prebuilt PTX.
+//!
+//! # Semantics
+//!
+//! | what | meaning |
+//! | --- | --- |
+//! | tensors | `q`, `o`: `[batch, seq_q, heads, head_dim]`; `k`, `v`: `[batch, seq_kv, heads, head_dim]`, given as a shape in that logical order plus element strides, so BSHD (`[b, s, h, d]` in memory) and BHSD (`[b, h, s, d]` in memory) and any other strides with a contiguous last dimension are the same call ([`TensorView::with_strides`]) |
+//! | dtypes | `f32` (SIMT kernels), `bf16` and `f16` (tensor cores, f32 accumulation); q, k, v and o share one dtype; `lse` is always `f32` |
+//! | head dims | 64 and 128 (the flash kernels of the variant table) |
+//! | softmax scale | [`AttnOpts::softmax_scale`]; default `1 / sqrt(head_dim)` |
+//! | causal mask | bottom-right aligned, as in FlashAttention 2.1 and later: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`; a row that sees no key gets `o = 0`, `lse = -inf` |
+//! | `lse` | `[batch, heads, seq_q]` f32, contiguous: `ln Σ_j exp(scale · q·k_j)` over the keys the row sees — **natural log**, as FlashAttention returns it. FlashInfer's kernels return base-2 LSE (`log2`): divide by `ln 2` to compare |
+//! | not yet in the kernels | sliding windows, softcap, grouped-query attention (k/v heads != q heads), split-KV: setting them returns [`AttnError::NotSupportedYet`], never a silently different result |
+//!
+//! # Streams and synchronisation
+//!
+//! On a GPU, a view made from a cudarc slice ([`TensorView::cuda`]) carries the caller's
+//! [`CudaStream`]; the kernel is launched on that stream, in that stream's context, and the call
+//! returns without waiting for it. cudarc's own multi-stream tracking is honoured (the view waits
+//! for the slice's last write on the device and records its read/write when dropped). Nothing
+//! synchronises the host except reading results back, which the caller asks for.
+//!
+//! In the VM ([`Kernels::vm`]) buffers are [`VmBuffer`]s and a launch runs to completion, with
+//! the VM's memcheck on every access: the same PTX, usable in a CI without a GPU.
+//!
+//! # Example (runs in the VM)
+//!
+//! ```
+//! use memattn::attn::{AttnOpts, Kernels, TensorView};
+//! use memattn::Dtype;
+//!
+//! let kernels = Kernels::vm()?;
+//! let (b, s, h, d) = (1, 24, 2, 64);
+//! let x: Vec<f32> = (0..b * s * h * d).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+//! let q = kernels.vm_upload(&x)?;
+//! let k = kernels.vm_upload(&x)?;
+//! let v = kernels.vm_upload(&x)?;
+//! let shape = [b, s, h, d];
+//! let (o, lse) = kernels.flash_attn(
+//!     &TensorView::vm(&q, Dtype::F32, shape)?,
+//!     &TensorView::vm(&k, Dtype::F32, shape)?,
+//!     &TensorView::vm(&v, Dtype::F32, shape)?,
+//!     &AttnOpts::new().causal(true),
+//! )?;
+//! let o = o.to_vec_f32()?; // [b, s, h, d]
+//! let lse = lse.to_vec_f32()?; // [b, h, s]
+//! // The first query row sees only key 0 (causal, seq_q == seq_kv): o equals v's first row.
+//! assert!((o[0] - x[0]).abs() < 1e-6);
+//! assert!((lse[0] - (0.125 * x[..d].iter().map(|a| a * a).sum::<f32>())).abs() < 1e-5);
+//! # Ok::<(), memattn::attn::AttnError>(())
+//! ```
+
+use crate::caps::DeviceCaps;
+use crate::device::cuda::load_module;
+use crate::device::vm::VmDevice;
+use crate::device::{BackendChoice, DevPtr, Device, DeviceError, DeviceOptions};
+use crate::dtype::Dtype;
+use crate::problem::{KernelKind, Layout, Problem, ProblemError};
+use crate::ptx::PtxSource;
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use kernels_gpu::abi::{AttnParams, Strides};
+use kernels_gpu::KernelId;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Dynamic shared memory a kernel may use without opting in (CUDA).
+const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
+
+/// Why an attention call was refused or failed. Every message names the limit it hit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttnError {
+    /// A shape that does not fit the others or the kernels.
+    #[error("{tensor} has shape {got:?}: {why}")]
+    Shape { tensor: &'static str, got: [usize; 4], why: String },
+    /// q, k, v and o must share one dtype.
+    #[error("{tensor} is {got}, but q is {expected} (q, k, v and o share one dtype)")]
+    Dtype { tensor: &'static str, got: Dtype, expected: Dtype },
+    /// A view whose element type does not match the dtype asked for.
+    #[error("{what}: the buffer holds {got}-byte elements, dtype {dtype} has {need}")]
+    ElementSize { what: &'static str, got: usize, dtype: Dtype, need: u64 },
+    /// The kernels read `head_dim` contiguously.
+    #[error("{tensor}: the last dimension (head_dim) must be contiguous, stride 1 (got stride {stride})")]
+    InnerStride { tensor: &'static str, stride: usize },
+    /// The tensor-core kernels load 16-byte chunks.
+    #[error("{tensor}: {what} is {got}, but `{entry}` needs {need}")]
+    Misaligned { tensor: &'static str, what: &'static str, got: String, entry: &'static str, need: &'static str },
+    /// A view reaching past the end of its buffer.
+    #[error("{tensor}: the view spans {need} bytes from its start, but its buffer has {have} bytes there")]
+    OutOfBounds { tensor: &'static str, need: u128, have: u64 },
+    /// Tensors from another device or context than the kernels.
+    #[error("{tensor} is on {got}, but these kernels were loaded on {expected}")]
+    WrongDevice { tensor: &'static str, got: String, expected: String },
+    /// A stream from another context than the kernels.
+    #[error(
+        "{tensor}: its stream belongs to CUDA context {got:#x}, but these kernels were loaded in context {expected:#x}"
+    )]
+    StreamContext { tensor: &'static str, got: usize, expected: usize },
+    /// Views for one launch must be made for the same stream.
+    #[error("{tensor} was viewed for stream {got:#x}, but q for stream {expected:#x} (one launch runs on one stream)")]
+    StreamMismatch { tensor: &'static str, got: usize, expected: usize },
+    /// An option the kernels do not implement yet.
+    #[error("{feature} is not supported by memattn's kernels yet")]
+    NotSupportedYet { feature: &'static str },
+    /// Head dim, dtype, scale or launch limits (see [`ProblemError`]).
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    /// The device or the VM failed (allocation, copy, launch, memcheck finding).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Options of an attention call. Built with setters, so options added later are additions:
+/// `AttnOpts::new().causal(true).softmax_scale(0.1)`.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct AttnOpts {
+    /// Multiplies `q·k` before the softmax; `None` is `1 / sqrt(head_dim)`.
+    pub softmax_scale: Option<f32>,
+    /// Bottom-right aligned causal mask (see the module docs).
+    pub causal: bool,
+    /// Sliding window `(left, right)` in keys, FlashAttention's `window_size`; `None` on a side
+    /// is unbounded. Not in the kernels yet.
+    pub window: (Option<u32>, Option<u32>),
+    /// `softcap · tanh(s / softcap)` on the scores. Not in the kernels yet.
+    pub softcap: Option<f32>,
+    /// KV splits (flash-decoding); `None` lets the library choose. Only 1 is in the kernels yet.
+    pub num_splits: Option<u32>,
+}
+
+impl AttnOpts {
+    /// Defaults: scale `1/sqrt(head_dim)`, no mask.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// See [`AttnOpts::softmax_scale`](struct.AttnOpts.html#structfield.softmax_scale).
+    pub fn softmax_scale(mut self, scale: f32) -> Self {
+        self.softmax_scale = Some(scale);
+        self
+    }
+    /// See [`AttnOpts::causal`](struct.AttnOpts.html#structfield.causal).
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    /// See [`AttnOpts::window`](struct.AttnOpts.html#structfield.window).
+    pub fn window(mut self, left: Option<u32>, right: Option<u32>) -> Self {
+        self.window = (left, right);
+        self
+    }
+    /// See [`AttnOpts::softcap`](struct.AttnOpts.html#structfield.softcap).
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = Some(softcap);
+        self
+    }
+    /// See [`AttnOpts::num_splits`](struct.AttnOpts.html#structfield.num_splits).
+    pub fn num_splits(mut self, n: u32) -> Self {
+        self.num_splits = Some(n);
+        self
+    }
+
+    /// Refuses the options the kernels do not implement yet.
+    fn check_supported(&self) -> Result<(), AttnError> {
+        if self.window != (None, None) {
+            return Err(AttnError::NotSupportedYet { feature: "a sliding window (AttnOpts::window)" });
+        }
+        if self.softcap.is_some_and(|c| c != 0.0) {
+            return Err(AttnError::NotSupportedYet { feature: "softcap (AttnOpts::softcap)" });
+        }
+        if self.num_splits.is_some_and(|n| n != 1) {
+            return Err(AttnError::NotSupportedYet { feature: "split-KV (AttnOpts::num_splits other than 1)" });
+        }
+        Ok(())
+    }
+}
+
+/// Element types a cudarc slice may hold for [`TensorView::cuda`].
+pub trait Element: Copy + 'static {
+    const DTYPE: Dtype;
+}
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+}
+
+/// Where a buffer lives: one VM instance, or one CUDA context (and the stream a view is for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Vm(u64),
+    Cuda { ctx: usize, stream: usize },
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Vm(id) => write!(f, "VM instance #{id}"),
+            Place::Cuda { ctx, .. } => write!(f, "CUDA context {ctx:#x}"),
+        }
+    }
+}
+
+static NEXT_VM_ID: AtomicU64 = AtomicU64::new(1);
+
+struct VmShared {
+    id: u64,
+    dev: Mutex<VmDevice>,
+}
+
+impl VmShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VmDevice> {
+        // A panic while holding the lock cannot leave the VM's memory inconsistent for later calls
+        // (each call checks its own ranges), so a poisoned lock is taken over.
+        self.dev.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A buffer in the VM's simulated device memory, freed when dropped. Made by
+/// [`Kernels::vm_alloc`] or [`Kernels::vm_upload`].
+pub struct VmBuffer {
+    ptr: DevPtr,
+    bytes: u64,
+    vm: Arc<VmShared>,
+}
+
+impl fmt::Debug for VmBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VmBuffer({} bytes at {:#x} in VM #{})", self.bytes, self.ptr, self.vm.id)
+    }
+}
+
+impl VmBuffer {
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Copies `data` (as `dtype`: rounded to nearest even for 16-bit types) to the start.
+    pub fn write_f32(&self, dtype: Dtype, data: &[f32]) -> Result<(), AttnError> {
+        let bytes = dtype.encode(data);
+        if bytes.len() as u64 > self.bytes {
+            return Err(AttnError::OutOfBounds { tensor: "write", need: bytes.len() as u128, have: self.bytes });
+        }
+        Ok(self.vm.lock().upload_bytes(self.ptr, &bytes)?)
+    }
+    /// Reads `count` elements of `dtype` from the start, as f32.
+    pub fn read_f32(&self, dtype: Dtype, count: usize) -> Result<Vec<f32>, AttnError> {
+        let need = count as u64 * dtype.size_bytes();
+        if need > self.bytes {
+            return Err(AttnError::OutOfBounds { tensor: "read", need: need as u128, have: self.bytes });
+        }
+        let mut out = vec![0u8; need as usize];
+        self.vm.lock().download_bytes(self.ptr, &mut out)?;
+        Ok(dtype.decode(&out))
+    }
+}
+
+impl Drop for VmBuffer {
+    fn drop(&mut self) {
+        let _ = self.vm.lock().free(self.ptr);
+    }
+}
+
+/// A read-only view of a tensor in memory the caller owns: device address, dtype, logical shape
+/// `[batch, seq, heads, head_dim]` and element strides. It borrows the buffer for `'a`.
+pub struct TensorView<'a> {
+    raw: RawView,
+    _guard: Option<SyncOnDrop<'a>>,
+    stream: Option<Arc<CudaStream>>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+/// A writable view (outputs). Like [`TensorView`], it borrows the buffer mutably for `'a`.
+pub struct TensorViewMut<'a> {
+    raw: RawView,
+    _guard: Option<SyncOnDrop<'a>>,
+    stream: Option<Arc<CudaStream>>,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RawView {
+    ptr: u64,
+    /// Bytes of the buffer from `ptr` on.
+    avail: u64,
+    dtype: Dtype,
+    shape: [usize; 4],
+    strides: [usize; 4],
+    place: Place,
+}
+
+fn contiguous(shape: [usize; 4]) -> [usize; 4] {
+    [shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1]
+}
+
+impl RawView {
+    fn new(ptr: u64, avail: u64, dtype: Dtype, shape: [usize; 4], place: Place) -> RawView {
+        RawView { ptr, avail, dtype, shape, strides: contiguous(shape), place }
+    }
+
+    /// Bytes from the start to one past the last element.
+    fn span_bytes(&self) -> u128 {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        let last: u128 = self.shape.iter().zip(&self.strides).map(|(&n, &s)| (n as u128 - 1) * s as u128).sum();
+        (last + 1) * self.dtype.size_bytes() as u128
+    }
+
+    fn check_bounds(&self, tensor: &'static str) -> Result<(), AttnError> {
+        let need = self.span_bytes();
+        if need > self.avail as u128 {
+            return Err(AttnError::OutOfBounds { tensor, need, have: self.avail });
+        }
+        Ok(())
+    }
+
+    fn kernel_strides(&self) -> Strides {
+        Strides { batch: self.strides[0] as u64, seq: self.strides[1] as u64, head: self.strides[2] as u64 }
+    }
+}
+
+macro_rules! view_common {
+    ($t:ident) => {
+        impl<'a> $t<'a> {
+            /// The same buffer seen with other element strides (`[batch, seq, heads, head_dim]`
+            /// order; head_dim's must be 1). `TensorView::vm(&buf, dtype, [b, s, h, d])?
+            /// .with_strides([h * s * d, d, s * d, 1])` is a BHSD tensor.
+            pub fn with_strides(mut self, strides: [usize; 4]) -> Self {
+                self.raw.strides = strides;
+                self
+            }
+            /// The same buffer starting `elements` elements further on.
+            pub fn offset(mut self, elements: usize) -> Result<Self, AttnError> {
+                let bytes = elements as u64 * self.raw.dtype.size_bytes();
+                if bytes > self.raw.avail {
+                    return Err(AttnError::OutOfBounds { tensor: "offset", need: bytes as u128, have: self.raw.avail });
+                }
+                self.raw.ptr += bytes;
+                self.raw.avail -= bytes;
+                Ok(self)
+            }
+            pub fn dtype(&self) -> Dtype {
+                self.raw.dtype
+            }
+            /// `[batch, seq, heads, head_dim]`.
+            pub fn shape(&self) -> [usize; 4] {
+                self.raw.shape
+            }
+            /// Element strides in shape order.
+            pub fn strides(&self) -> [usize; 4] {
+                self.raw.strides
+            }
+            /// The device address of element `[0, 0, 0, 0]`.
+            pub fn ptr(&self) -> u64 {
+                self.raw.ptr
+            }
+            /// A view of `buf` (a VM buffer), contiguous `[batch, seq, heads, head_dim]` (BSHD).
+            pub fn vm(buf: &'a VmBuffer, dtype: Dtype, shape: [usize; 4]) -> Result<Self, AttnError> {
+                let raw = RawView::new(buf.ptr, buf.bytes, dtype, shape, Place::Vm(buf.vm.id));
+                Ok($t { raw, _guard: None, stream: None, _borrow: PhantomData })
+            }
+        }
+    };
+}
+view_common!(TensorView);
+view_common!(TensorViewMut);
+
+fn cuda_place(stream: &CudaStream) -> Place {
+    Place::Cuda { ctx: stream.context().cu_ctx() as usize, stream: stream.cu_stream() as usize }
+}
+
+fn check_slice_context<T>(
+    what: &'static str,
+    slice: &impl DeviceSlice<T>,
+    stream: &CudaStream,
+) -> Result<(), AttnError> {
+    let (have, want) = (slice.stream().context().cu_ctx() as usize, stream.context().cu_ctx() as usize);
+    if have != want {
+        return Err(AttnError::WrongDevice {
+            tensor: what,
+            got: format!("CUDA context {have:#x}"),
+            expected: format!("the stream's context {want:#x}"),
+        });
+    }
+    Ok(())
+}
+
+impl<'a> TensorView<'a> {
+    /// A view of a cudarc slice (`CudaSlice<T>` or `CudaView<T>`), contiguous
+    /// `[batch, seq, heads, head_dim]`, for a launch on `stream`. The view waits (on the device)
+    /// for the slice's last write and records its read when dropped, as cudarc's launches do.
+    pub fn cuda<T: Element, S: DevicePtr<T>>(
+        slice: &'a S,
+        stream: &'a Arc<CudaStream>,
+        shape: [usize; 4],
+    ) -> Result<Self, AttnError> {
+        check_slice_context("the slice", slice, stream)?;
+        let avail = (slice.len() * std::mem::size_of::<T>()) as u64;
+        let (ptr, guard) = slice.device_ptr(stream);
+        let raw = RawView::new(ptr, avail, T::DTYPE, shape, cuda_place(stream));
+        Ok(TensorView { raw, _guard: Some(guard), stream: Some(stream.clone()), _borrow: PhantomData })
+    }
+
+    /// A view of raw device memory.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` must be memory of `kernels`' device (its VM, or its CUDA context)
+    /// that stays valid, and is not written by anything else, until the launches reading it
+    /// completed.
+    pub unsafe fn from_raw(
+        kernels: &Kernels,
+        stream: Option<&Arc<CudaStream>>,
+        ptr: u64,
+        bytes: u64,
+        dtype: Dtype,
+        shape: [usize; 4],
+    ) -> Self {
+        let place = match (&kernels.inner, stream) {
+            (Inner::Cuda(_), Some(s)) => cuda_place(s),
+            (Inner::Cuda(c), None) => Place::Cuda { ctx: c.ctx.cu_ctx() as usize, stream: 0 },
+            (Inner::Vm(v), _) => Place::Vm(v.id),
+        };
+        TensorView {
+            raw: RawView::new(ptr, bytes, dtype, shape, place),
+            _guard: None,
+            stream: stream.cloned(),
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl<'a> TensorViewMut<'a> {
+    /// A writable view of a cudarc slice (`CudaSlice<T>` or `CudaViewMut<T>`), contiguous
+    /// `[batch, seq, heads, head_dim]`, for a launch on `stream`.
+    pub fn cuda<T: Element, S: DevicePtrMut<T>>(
+        slice: &'a mut S,
+        stream: &'a Arc<CudaStream>,
+        shape: [usize; 4],
+    ) -> Result<Self, AttnError> {
+        check_slice_context("the slice", slice, stream)?;
+        let avail = (slice.len() * std::mem::size_of::<T>()) as u64;
+        let (ptr, guard) = slice.device_ptr_mut(stream);
+        let raw = RawView::new(ptr, avail, T::DTYPE, shape, cuda_place(stream));
+        Ok(TensorViewMut { raw, _guard: Some(guard), stream: Some(stream.clone()), _borrow: PhantomData })
+    }
+
+    /// A writable view of raw device memory.
+    ///
+    /// # Safety
+    /// As [`TensorView::from_raw`], and nothing else may read or write the memory until the
+    /// launch writing it completed.
+    pub unsafe fn from_raw(
+        kernels: &Kernels,
+        stream: Option<&Arc<CudaStream>>,
+        ptr: u64,
+        bytes: u64,
+        dtype: Dtype,
+        shape: [usize; 4],
+    ) -> Self {
+        // SAFETY: the same contract, forwarded.
+        let v = unsafe { TensorView::from_raw(kernels, stream, ptr, bytes, dtype, shape) };
+        TensorViewMut { raw: v.raw, _guard: None, stream: v.stream, _borrow: PhantomData }
+    }
+}
+
+/// The LSE output: `[batch, heads, seq_q]` f32, contiguous.
+pub struct LseViewMut<'a>(TensorViewMut<'a>);
+
+impl<'a> LseViewMut<'a> {
+    /// An LSE view of a VM buffer.
+    pub fn vm(buf: &'a VmBuffer, batch: usize, heads: usize, seq_q: usize) -> Result<Self, AttnError> {
+        Ok(LseViewMut(TensorViewMut::vm(buf, Dtype::F32, [batch, heads, seq_q, 1])?))
+    }
+    /// An LSE view of a cudarc f32 slice, for a launch on `stream`.
+    pub fn cuda<S: DevicePtrMut<f32>>(
+        slice: &'a mut S,
+        stream: &'a Arc<CudaStream>,
+        batch: usize,
+        heads: usize,
+        seq_q: usize,
+    ) -> Result<Self, AttnError> {
+        Ok(LseViewMut(TensorViewMut::cuda(slice, stream, [batch, heads, seq_q, 1])?))
+    }
+}
+
+/// An output the allocating calls return: memory owned by memattn on the kernels' device.
+pub struct DeviceTensor {
+    storage: Storage,
+    dtype: Dtype,
+    shape: [usize; 4],
+}
+
+enum Storage {
+    Vm(VmBuffer),
+    Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
+}
+
+impl DeviceTensor {
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    /// `[batch, seq_q, heads, head_dim]` for `o`; `[batch, heads, seq_q, 1]` for `lse`.
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+    /// The VM buffer, when on the VM.
+    pub fn as_vm(&self) -> Option<&VmBuffer> {
+        match &self.storage {
+            Storage::Vm(b) => Some(b),
+            Storage::Cuda { .. } => None,
+        }
+    }
+    /// The bytes as a cudarc slice, when on a GPU (elements of [`DeviceTensor::dtype`]).
+    pub fn as_cuda(&self) -> Option<&CudaSlice<u8>> {
+        match &self.storage {
+            Storage::Cuda { slice, .. } => Some(slice),
+            Storage::Vm(_) => None,
+        }
+    }
+    /// Copies the values to the host as f32 (waits for the launch on CUDA: the one place a
+    /// result is synchronised, because the caller asks for it here).
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>, AttnError> {
+        let count = self.shape.iter().product();
+        match &self.storage {
+            Storage::Vm(b) => b.read_f32(self.dtype, count),
+            Storage::Cuda { slice, stream } => {
+                let bytes = stream.clone_dtoh(slice).map_err(|e| DeviceError::Cuda {
+                    op: "copying a result to the host".into(),
+                    message: e.to_string(),
+                })?;
+                Ok(self.dtype.decode(&bytes))
+            }
+        }
+    }
+}
+
+struct CudaKernels {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    /// Function handle and the dynamic shared memory it is opted in to.
+    functions: Mutex<HashMap<KernelId, (usize, u32)>>,
+    caps: DeviceCaps,
+}
+
+// SAFETY: driver handles may be used from any thread; the function cache is behind a mutex.
+unsafe impl Send for CudaKernels {}
+unsafe impl Sync for CudaKernels {}
+
+impl Drop for CudaKernels {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the module was loaded by this handle and is not used after this point.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+enum Inner {
+    Vm(Arc<VmShared>),
+    Cuda(CudaKernels),
+}
+
+/// memattn's kernels loaded once on one device: a PTX VM instance, or one CUDA context. Functions
+/// are looked up once and cached. Cheap to share (`Send + Sync`); make one per context.
+pub struct Kernels {
+    inner: Inner,
+}
+
+fn cuda_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
+    DeviceError::Cuda { op: op.into(), message: e.to_string() }
+}
+
+impl Kernels {
+    /// A fresh PTX VM with memattn's embedded kernels (memcheck, initcheck and racecheck on).
+    pub fn vm() -> Result<Kernels, AttnError> {
+        let dev = VmDevice::new(&DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded()))?;
+        let id = NEXT_VM_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Kernels { inner: Inner::Vm(Arc::new(VmShared { id, dev: Mutex::new(dev) })) })
+    }
+
+    /// Loads memattn's embedded kernels into the caller's CUDA context (the driver JIT-compiles
+    /// the PTX for the device once, here).
+    pub fn cuda(ctx: &Arc<CudaContext>) -> Result<Kernels, AttnError> {
+        use sys::CUdevice_attribute::*;
+        ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+        let module = load_module(&PtxSource::embedded())?;
+        let attr = |a| ctx.attribute(a).map(|x| x as u32).map_err(|e| cuda_err("cuDeviceGetAttribute", e));
+        let caps = DeviceCaps {
+            max_dynamic_smem_bytes: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            max_threads_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_grid: [
+                attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            total_memory_bytes: 0,
+            free_memory_bytes: 0,
+        };
+        Ok(Kernels {
+            inner: Inner::Cuda(CudaKernels { ctx: ctx.clone(), module, functions: Mutex::new(HashMap::new()), caps }),
+        })
+    }
+
+    /// Whether these kernels run in the VM.
+    pub fn is_vm(&self) -> bool {
+        matches!(self.inner, Inner::Vm(_))
+    }
+
+    fn place_name(&self) -> String {
+        match &self.inner {
+            Inner::Vm(v) => Place::Vm(v.id).to_string(),
+            Inner::Cuda(c) => format!("CUDA context {:#x}", c.ctx.cu_ctx() as usize),
+        }
+    }
+
+    fn vm_shared(&self) -> Result<&Arc<VmShared>, AttnError> {
+        match &self.inner {
+            Inner::Vm(v) => Ok(v),
+            Inner::Cuda(_) => Err(AttnError::WrongDevice {
+                tensor: "a VM buffer",
+                got: "a CUDA context".into(),
+                expected: "a VM (these kernels are CUDA's: use cudarc to allocate)".into(),
+            }),
+        }
+    }
+
+    /// Allocates `bytes` of VM memory (VM kernels only).
+    pub fn vm_alloc(&self, bytes: u64) -> Result<VmBuffer, AttnError> {
+        let vm = self.vm_shared()?;
+        let ptr = vm.lock().alloc(bytes.max(1))?;
+        Ok(VmBuffer { ptr, bytes, vm: vm.clone() })
+    }
+
+    /// Allocates a VM buffer holding `data` as f32 (VM kernels only).
+    pub fn vm_upload(&self, data: &[f32]) -> Result<VmBuffer, AttnError> {
+        self.vm_upload_as(Dtype::F32, data)
+    }
+
+    /// Allocates a VM buffer holding `data` rounded to `dtype` (VM kernels only).
+    pub fn vm_upload_as(&self, dtype: Dtype, data: &[f32]) -> Result<VmBuffer, AttnError> {
+        let buf = self.vm_alloc(data.len() as u64 * dtype.size_bytes())?;
+        buf.write_f32(dtype, data)?;
+        Ok(buf)
+    }
+
+    /// `o = softmax(scale · q kᵀ [masked]) v` and `lse`, into buffers memattn allocates on the
+    /// kernels' device (on CUDA: on q's stream). See the module docs for the semantics.
+    pub fn flash_attn(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttnOpts,
+    ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
+        let [b, sq, h, d] = q.raw.shape;
+        let o_shape = [b, sq, h, d];
+        let lse_shape = [b, h, sq, 1];
+        // Validate before allocating, so a refused call allocates nothing.
+        let plan = self.plan(q, k, v, None, opts)?;
+        let o_bytes = (b * sq * h * d) as u64 * q.raw.dtype.size_bytes();
+        let lse_bytes = (b * h * sq) as u64 * 4;
+        let (o, lse) = match &self.inner {
+            Inner::Vm(_) => {
+                let o = self.vm_alloc(o_bytes)?;
+                let lse = self.vm_alloc(lse_bytes)?;
+                (Storage::Vm(o), Storage::Vm(lse))
+            }
+            Inner::Cuda(_) => {
+                let stream = q.stream.clone().ok_or_else(|| AttnError::WrongDevice {
+                    tensor: "q",
+                    got: "a raw view without a stream".into(),
+                    expected: "a view made for a stream (the allocating call allocates on q's stream)".into(),
+                })?;
+                let alloc = |n: u64| {
+                    stream.alloc_zeros::<u8>(n.max(1) as usize).map_err(|e| cuda_err("allocating an output", e))
+                };
+                let (o, lse) = (alloc(o_bytes)?, alloc(lse_bytes)?);
+                (Storage::Cuda { slice: o, stream: stream.clone() }, Storage::Cuda { slice: lse, stream })
+            }
+        };
+        let o = DeviceTensor { storage: o, dtype: q.raw.dtype, shape: o_shape };
+        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: lse_shape };
+        let ptr = |t: &DeviceTensor| match &t.storage {
+            Storage::Vm(b) => b.ptr,
+            Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
+        };
+        let mut params = plan.params;
+        params.o = ptr(&o);
+        params.lse = ptr(&lse);
+        params.o_strides = Strides::bshd(sq as u64, h as u64, d as u64);
+        self.launch(&plan, &params, q.stream.as_deref())?;
+        Ok((o, lse))
+    }
+
+    /// As [`Kernels::flash_attn`], writing `o` and `lse` into the caller's buffers (the kernels
+    /// always write LSE, as FlashAttention's forward does). On CUDA the launch is queued on the
+    /// views' stream and the call returns without waiting.
+    pub fn flash_attn_into(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+        opts: &AttnOpts,
+    ) -> Result<(), AttnError> {
+        let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
+        let plan = self.plan(q, k, v, Some(outs), opts)?;
+        self.launch(&plan, &plan.params, q.stream.as_deref())
+    }
+
+    /// Validates everything and builds the kernel parameters (outputs filled when given).
+    fn plan(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        outs: Option<Outputs<'_>>,
+        opts: &AttnOpts,
+    ) -> Result<Plan, AttnError> {
+        opts.check_supported()?;
+        let expected = self.place_name();
+        let mut tensors: Vec<(&'static str, &RawView, Option<&CudaStream>)> = vec![
+            ("q", &q.raw, q.stream.as_deref()),
+            ("k", &k.raw, k.stream.as_deref()),
+            ("v", &v.raw, v.stream.as_deref()),
+        ];
+        if let Some((o, os, _, _)) = &outs {
+            tensors.push(("o", o, *os));
+        }
+        let lse_raw = outs.as_ref().and_then(|(_, _, l, ls)| l.as_ref().map(|l| (l, *ls)));
+        if let Some((l, ls)) = &lse_raw {
+            tensors.push(("lse", l, *ls));
+        }
+        // Same device, same context, one stream.
+        for (name, t, stream) in &tensors {
+            let same = match (&self.inner, t.place) {
+                (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
+                (Inner::Cuda(c), Place::Cuda { ctx, .. }) => {
+                    if let Some(s) = stream {
+                        let sctx = s.context().cu_ctx() as usize;
+                        if sctx != c.ctx.cu_ctx() as usize {
+                            return Err(AttnError::StreamContext {
+                                tensor: name,
+                                got: sctx,
+                                expected: c.ctx.cu_ctx() as usize,
+                            });
+                        }
+                    }
+                    ctx == c.ctx.cu_ctx() as usize
+                }
+                _ => false,
+            };
+            if !same {
+                return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected });
+            }
+            if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.raw.place) {
+                if s != qs {
+                    return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
+                }
+            }
+        }
+        // Dtypes.
+        let dtype = q.raw.dtype;
+        for (name, t, _) in &tensors {
+            let want = if *name == "lse" { Dtype::F32 } else { dtype };
+            if t.dtype != want {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
+            }
+        }
+        // Shapes.
+        let [b, sq, h, d] = q.raw.shape;
+        for (name, t) in [("k", &k.raw), ("v", &v.raw)] {
+            let [kb, _, kh, kd] = t.shape;
+            if kb != b {
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: format!("batch {kb} != q's batch {b}"),
+                });
+            }
+            if kd != d {
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: format!("head_dim {kd} != q's head_dim {d}"),
+                });
+            }
+            if kh != h {
+                return Err(AttnError::NotSupportedYet {
+                    feature: "grouped-query attention (k/v with fewer heads than q)",
+                });
+            }
+        }
+        if k.raw.shape[1] != v.raw.shape[1] {
+            return Err(AttnError::Shape {
+                tensor: "v",
+                got: v.raw.shape,
+                why: format!("seq_kv {} != k's seq_kv {}", v.raw.shape[1], k.raw.shape[1]),
+            });
+        }
+        let skv = k.raw.shape[1];
+        if let Some((o, ..)) = &outs {
+            if o.shape != q.raw.shape {
+                return Err(AttnError::Shape {
+                    tensor: "o",
+                    got: o.shape,
+                    why: format!("o must have q's shape {:?}", q.raw.shape),
+                });
+            }
+        }
+        if let Some((l, _)) = &lse_raw {
+            if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
+                return Err(AttnError::Shape {
+                    tensor: "lse",
+                    got: l.shape,
+                    why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                });
+            }
+        }
+        for (name, t, _) in &tensors {
+            if t.strides[3] != 1 {
+                return Err(AttnError::InnerStride { tensor: name, stride: t.strides[3] });
+            }
+        }
+        let to_u32 = |tensor: &'static str, n: usize, what: &str| {
+            u32::try_from(n).map_err(|_| AttnError::Shape {
+                tensor,
+                got: q.raw.shape,
+                why: format!("{what} {n} is over the kernels' limit {}", u32::MAX),
+            })
+        };
+        let problem = Problem {
+            batch: to_u32("q", b, "batch")?,
+            heads: to_u32("q", h, "heads")?,
+            seq_q: to_u32("q", sq, "seq_q")?,
+            seq_kv: to_u32("k", skv, "seq_kv")?,
+            head_dim: to_u32("q", d, "head_dim")?,
+            dtype,
+            causal: opts.causal,
+            scale: opts.softmax_scale,
+            layout: Layout::Bshd,
+            ..Problem::default()
+        };
+        problem.validate(KernelKind::Flash, &self.caps()?)?;
+        let launch = problem.launches(KernelKind::Flash)?[0];
+        // Bounds, then the tensor-core kernels' alignment.
+        for (name, t, _) in &tensors {
+            t.check_bounds(name)?;
+        }
+        if dtype.is_16bit() {
+            let entry = launch.kernel.name();
+            for (name, t, _) in &tensors {
+                let (need_ptr, need_label) = match *name {
+                    "q" | "k" | "v" => (16, "16-byte aligned base pointers (cp.async copies 16-byte chunks)"),
+                    "o" => (4, "a 4-byte aligned base pointer"),
+                    _ => continue,
+                };
+                if !t.ptr.is_multiple_of(need_ptr) {
+                    return Err(AttnError::Misaligned {
+                        tensor: name,
+                        what: "the base pointer",
+                        got: format!("{:#x}", t.ptr),
+                        entry,
+                        need: need_label,
+                    });
+                }
+                if *name != "o" {
+                    for (i, what) in [(0, "the batch stride"), (1, "the seq stride"), (2, "the head stride")] {
+                        if !t.strides[i].is_multiple_of(8) {
+                            return Err(AttnError::Misaligned {
+                                tensor: name,
+                                what,
+                                got: format!("{} elements", t.strides[i]),
+                                entry,
+                                need: "strides that are multiples of 8 elements (16 bytes)",
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let mut params = AttnParams {
+            q: q.raw.ptr,
+            k: k.raw.ptr,
+            v: v.raw.ptr,
+            q_strides: q.raw.kernel_strides(),
+            k_strides: k.raw.kernel_strides(),
+            v_strides: v.raw.kernel_strides(),
+            batch: problem.batch,
+            heads: problem.heads,
+            seq_q: problem.seq_q,
+            seq_kv: problem.seq_kv,
+            head_dim: problem.head_dim,
+            causal: problem.causal as u32,
+            softmax_scale: problem.softmax_scale(),
+            ..AttnParams::default()
+        };
+        if let Some((o, _, l, _)) = outs {
+            params.o = o.ptr;
+            params.o_strides = o.kernel_strides();
+            if let Some(l) = l {
+                params.lse = l.ptr;
+            }
+        }
+        Ok(Plan { kernel: launch.kernel, dims: launch.dims, params })
+    }
+
+    /// The device's launch limits, for validation.
+    fn caps(&self) -> Result<DeviceCaps, AttnError> {
+        match &self.inner {
+            Inner::Vm(v) => Ok(v.lock().caps()?),
+            Inner::Cuda(c) => Ok(c.caps),
+        }
+    }
+
+    fn launch(&self, plan: &Plan, params: &AttnParams, stream: Option<&CudaStream>) -> Result<(), AttnError> {
+        let bytes = params.to_bytes();
+        match &self.inner {
+            Inner::Vm(v) => {
+                v.lock().launch(plan.kernel.name(), &plan.dims, &[&bytes])?;
+                Ok(())
+            }
+            Inner::Cuda(c) => {
+                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
+                    tensor: "q",
+                    got: "a raw view without a stream".into(),
+                    expected: "a view made for a stream".into(),
+                })?;
+                c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+                let f = c.function(plan.kernel, plan.dims.dynamic_smem_bytes)?;
+                // The one parameter, in an 8-byte aligned buffer (the PTX declares `.align 8`).
+                let mut words = [0u64; kernels_gpu::abi::ATTN_PARAMS_BYTES / 8];
+                for (i, w) in words.iter_mut().enumerate() {
+                    *w = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+                }
+                let mut ptrs = [words.as_mut_ptr() as *mut c_void];
+                let d = &plan.dims;
+                // SAFETY: `f` is a live function of this module taking one `AttnParams`; every
+                // pointer in it was validated above (device, bounds, alignment) and its buffers
+                // are borrowed by the views for the call; `ptrs` outlives the call.
+                unsafe {
+                    result::launch_kernel(
+                        f as sys::CUfunction,
+                        (d.grid[0], d.grid[1], d.grid[2]),
+                        (d.block[0], d.block[1], d.block[2]),
+                        d.dynamic_smem_bytes,
+                        stream.cu_stream(),
+                        &mut ptrs,
+                    )
+                }
+                .map_err(|e| cuda_err(&format!("launch of `{}`", plan.kernel.name()), e))?;
+                Ok(())
+            }
+        }
+    }
+}
+
+impl CudaKernels {
+    /// The function for `kernel`, looked up once, opted in to `smem` bytes of dynamic shared memory.
+    fn function(&self, kernel: KernelId, smem: u32) -> Result<usize, AttnError> {
+        let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = match cache.get(&kernel) {
+            Some(e) => *e,
+            None => {
+                let name = CString::new(kernel.name()).expect("entry names have no NUL");
+                // SAFETY: the module is loaded and lives as long as self.
+                let f = unsafe { result::module::get_function(self.module, name) }
+                    .map_err(|_| DeviceError::UnknownKernel(kernel.name().into()))?;
+                (f as usize, SMEM_WITHOUT_OPT_IN)
+            }
+        };
+        let mut entry = entry;
+        if smem > entry.1 {
+            // SAFETY: a live function of the loaded module.
+            unsafe {
+                result::function::set_function_attribute(
+                    entry.0 as sys::CUfunction,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+            }
+            .map_err(|e| cuda_err(&format!("opting `{}` in to {smem} bytes of shared memory", kernel.name()), e))?;
+            entry.1 = smem;
+        }
+        cache.insert(kernel, entry);
+        Ok(entry.0)
+    }
+}
+
+/// `o` and its stream, `lse` and its stream, as [`Kernels::plan`] checks them.
+type Outputs<'a> = (&'a RawView, Option<&'a CudaStream>, Option<RawView>, Option<&'a CudaStream>);
+
+struct Plan {
+    kernel: KernelId,
+    dims: kernels_gpu::tiles::LaunchDims,
+    params: AttnParams,
+}
