@@ -599,6 +599,38 @@ fn rnd_of(m: &mut Mods) -> (u8, bool) {
 type Decoded = (Op, Option<String>);
 type SrcFn<'a> = dyn FnMut(&mut Dcx, usize, u32, bool) -> Result<Slot, LoadError> + 'a;
 
+/// The locals every family decoder starts with: the line, the opcode and its base, the
+/// operands, an operand-count check (`nops`), a source-operand reader (`src`) and, when named, a
+/// destination-register reader (`dst`).
+macro_rules! inst_prelude {
+    ($ctx:ident, $i:ident => $line:ident, $opcode:ident, $base:ident, $ops:ident, $nops:ident, $src:ident $(, $dst:ident)?) => {
+        let $line = $i.line;
+        let $opcode = $i.opcode.as_str();
+        let $base = $opcode.split('.').next().unwrap_or("");
+        let $ops = &$i.ops;
+        let $nops = |n: usize| -> Result<(), LoadError> {
+            if $ops.len() != n {
+                err($line, format!("`{}` expects {n} operands, found {}", $opcode, $ops.len()))
+            } else {
+                Ok(())
+            }
+        };
+        // Source operand of a given width (float says how to read float literals).
+        let $src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
+            src_operand(cx, $ctx, o, bits, float)
+        };
+        $(
+            let $dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
+                match o {
+                    Operand::Name(n) if n == "_" => Ok(cx.sink),
+                    Operand::Name(n) => $ctx.reg(n),
+                    _ => err($line, format!("bad destination operand in `{}`", $opcode)),
+                }
+            };
+        )?
+    };
+}
+
 /// Decodes one instruction: the opcode's family decides which decoder reads it.
 fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Decoded, LoadError> {
     let opcode = i.opcode.as_str();
@@ -616,28 +648,7 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
 /// Moves, arithmetic, selection, comparison and conversion (`mov`, `activemask`, the arithmetic
 /// family, `selp`, `setp`/`set`, `cvt`, `cvta`).
 fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
-    let line = i.line;
-    let opcode = i.opcode.as_str();
-    let base = opcode.split('.').next().unwrap_or("");
-    let ops = &i.ops;
-    let nops = |n: usize| -> Result<(), LoadError> {
-        if ops.len() != n {
-            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
-        } else {
-            Ok(())
-        }
-    };
-    // Source operand of a given width (float says how to read float literals).
-    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
-        src_operand(cx, ctx, o, bits, float)
-    };
-    let dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
-        match o {
-            Operand::Name(n) if n == "_" => Ok(cx.sink),
-            Operand::Name(n) => ctx.reg(n),
-            _ => err(line, format!("bad destination operand in `{opcode}`")),
-        }
-    };
+    inst_prelude!(ctx, i => line, opcode, base, ops, nops, src, dst);
     let op = match base {
         "mov" => {
             let t = m.ty().ok_or(LoadError { line, message: format!("`{opcode}` needs a type") })?;
@@ -848,28 +859,7 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
 /// Loads, stores, atomics and the asynchronous and matrix loads (`ld`/`ldu`/`st`, `atom`/`red`,
 /// `cp.async`, `ldmatrix`).
 fn decode_memory(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
-    let line = i.line;
-    let opcode = i.opcode.as_str();
-    let base = opcode.split('.').next().unwrap_or("");
-    let ops = &i.ops;
-    let nops = |n: usize| -> Result<(), LoadError> {
-        if ops.len() != n {
-            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
-        } else {
-            Ok(())
-        }
-    };
-    // Source operand of a given width (float says how to read float literals).
-    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
-        src_operand(cx, ctx, o, bits, float)
-    };
-    let dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
-        match o {
-            Operand::Name(n) if n == "_" => Ok(cx.sink),
-            Operand::Name(n) => ctx.reg(n),
-            _ => err(line, format!("bad destination operand in `{opcode}`")),
-        }
-    };
+    inst_prelude!(ctx, i => line, opcode, base, ops, nops, src, dst);
     let op = match base {
         "ld" | "ldu" | "st" => {
             let is_ld = base != "st";
@@ -1042,21 +1032,7 @@ fn decode_memory(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<
 
 /// Control flow, barriers and hints (`bra`, `call`, `ret`, `exit`, `trap`, `bar`, no-ops).
 fn decode_control(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods, fname: &str) -> Result<Decoded, LoadError> {
-    let line = i.line;
-    let opcode = i.opcode.as_str();
-    let base = opcode.split('.').next().unwrap_or("");
-    let ops = &i.ops;
-    let nops = |n: usize| -> Result<(), LoadError> {
-        if ops.len() != n {
-            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
-        } else {
-            Ok(())
-        }
-    };
-    // Source operand of a given width (float says how to read float literals).
-    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
-        src_operand(cx, ctx, o, bits, float)
-    };
+    inst_prelude!(ctx, i => line, opcode, base, ops, nops, src);
     let op = match base {
         "bra" => {
             m.has("uni");
@@ -1108,28 +1084,7 @@ fn decode_control(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods, fname: &s
 
 /// Warp-collective instructions (`shfl`, `vote`, `redux`, `match`, `mma`).
 fn decode_warp(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<Decoded, LoadError> {
-    let line = i.line;
-    let opcode = i.opcode.as_str();
-    let base = opcode.split('.').next().unwrap_or("");
-    let ops = &i.ops;
-    let nops = |n: usize| -> Result<(), LoadError> {
-        if ops.len() != n {
-            err(line, format!("`{opcode}` expects {n} operands, found {}", ops.len()))
-        } else {
-            Ok(())
-        }
-    };
-    // Source operand of a given width (float says how to read float literals).
-    let src = |cx: &mut Dcx, o: &Operand, bits: u32, float: bool| -> Result<Slot, LoadError> {
-        src_operand(cx, ctx, o, bits, float)
-    };
-    let dst = |cx: &mut Dcx, o: &Operand| -> Result<Slot, LoadError> {
-        match o {
-            Operand::Name(n) if n == "_" => Ok(cx.sink),
-            Operand::Name(n) => ctx.reg(n),
-            _ => err(line, format!("bad destination operand in `{opcode}`")),
-        }
-    };
+    inst_prelude!(ctx, i => line, opcode, base, ops, nops, src, dst);
     let op = match base {
         "shfl" => {
             m.has("sync");
