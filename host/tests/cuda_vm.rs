@@ -103,6 +103,21 @@ fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
     }
 }
 
+/// NVML reports utilisation over the past sample period, so a launch that starts and ends
+/// between two samples still shows: with samples half a second apart the short launch runs
+/// wholly between the first sample and the last, and the last one must see it.
+#[test]
+fn a_launch_between_two_nvml_samples_still_shows_as_busy() {
+    let o = memattn(&["--json", "--backend", "cuda", "--nvml-interval-ms", "500", "run", "--heads", "2", "--seq-q", "9"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let m = &json(&o)["memory"];
+    assert!(m["source"].as_str().unwrap().contains("every 500000 us"), "{m}");
+    assert_eq!(m["gpu_util_max_percent"], 100, "the launch ran during the last sample period: {m}");
+    // The NVML reading taken with every buffer allocated holds the peak the samples missed.
+    assert!(!m["notes"].to_string().contains("NVML peak below"), "{m}");
+    assert_eq!(m["peak_delta_bytes"], m["peak_bytes"].as_u64().unwrap() - m["before_bytes"].as_u64().unwrap(), "{m}");
+}
+
 #[test]
 fn compare_and_sweep_on_the_vm_backed_driver() {
     let o = memattn(&["--json", "--backend", "cuda", "compare", "--heads", "2", "--seq-q", "40", "--seq-kv", "70"]);

@@ -138,6 +138,11 @@ pub struct State {
 /// Figures NVML reads without waiting for a launch to finish.
 pub static MEM_CURRENT: AtomicU64 = AtomicU64::new(0);
 pub static BUSY: AtomicBool = AtomicBool::new(false);
+/// Set when a launch starts, cleared by NVML's utilisation query: a kernel ran during the
+/// sample period that query reports on (NVML's figure is "percent of time over the past sample
+/// period during which one or more kernels was executing", so a launch that starts and ends
+/// between two queries still shows in the second).
+pub static BUSY_SINCE_QUERY: AtomicBool = AtomicBool::new(false);
 pub static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 /// References to the primary context (mirrors `State::primary_refs` for NVML's process list).
 pub static PRIMARY_ACTIVE: AtomicU32 = AtomicU32::new(0);
@@ -954,6 +959,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         let config = LaunchConfig::new([gx, gy, gz], [bx, by, bz], shared_mem_bytes);
         let name = func.name.clone();
         BUSY.store(true, Ordering::Relaxed);
+        BUSY_SINCE_QUERY.store(true, Ordering::Relaxed);
         let r = st.vm.launch(module, &name, &config, &params);
         BUSY.store(false, Ordering::Relaxed);
         LAUNCHES.fetch_add(1, Ordering::Relaxed);

@@ -14,7 +14,7 @@
 //! opt-in above 48 KiB of dynamic shared memory is enforced as the driver does), `cuLaunchKernel`
 //! with `kernelParams` laid out as the PTX `.param` declarations say, memory (alloc, free, memset,
 //! copies, `cuMemGetInfo`), events with elapsed time, and NVML's device queries (memory from the
-//! VM allocator, utilisation 100 % while a launch runs). Every other function cudarc 0.19 may
+//! VM allocator, utilisation 100 % for a sample period in which a launch ran). Every other function cudarc 0.19 may
 //! resolve for CUDA 12.8 exists and returns `CUDA_ERROR_NOT_SUPPORTED`, with
 //! `cuGetErrorString` naming the function.
 //!

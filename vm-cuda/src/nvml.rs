@@ -1,9 +1,10 @@
 //! The NVML functions memattn's sampler and `doctor` use, reading the same VM as the driver:
-//! memory used is the VM allocator's current bytes, utilisation is 100 % while a launch runs.
+//! memory used is the VM allocator's current bytes, utilisation is 100 % for a sample period (the time since the previous
+//! utilisation query) in which a launch ran, 0 % otherwise.
 //! The running-process list holds this process while it has the primary context retained. Any
 //! other NVML function is absent; nvml-wrapper reports an absent one as an error when called.
 
-use crate::driver::{model, uuid_string, BUSY, MEM_CURRENT, PRIMARY_ACTIVE};
+use crate::driver::{model, uuid_string, BUSY, BUSY_SINCE_QUERY, MEM_CURRENT, PRIMARY_ACTIVE};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -253,7 +254,9 @@ pub struct Utilization {
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: *mut c_void, u: *mut Utilization) -> NvmlReturn {
     run(|| {
         dev(device)?;
-        let busy = if BUSY.load(Ordering::Relaxed) { 100 } else { 0 };
+        // `swap` first: a launch that ended since the last query counts, and clears for the next.
+        let ran = BUSY_SINCE_QUERY.swap(false, Ordering::Relaxed) | BUSY.load(Ordering::Relaxed);
+        let busy = if ran { 100 } else { 0 };
         put(u, Utilization { gpu: busy, memory: busy })
     })
 }

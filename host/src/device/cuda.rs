@@ -183,6 +183,8 @@ pub struct CudaDevice {
     nvml_interval: Duration,
     sampler: Option<Sampler>,
     nvml_before: Option<u64>,
+    /// NVML's used bytes read with every buffer allocated (the sampler may miss a short run).
+    nvml_allocated: Option<u64>,
     cuda_free_before: Option<u64>,
     cuda_free_allocated: Option<u64>,
     notes: Vec<String>,
@@ -219,6 +221,7 @@ impl CudaDevice {
             nvml_interval: opts.nvml_interval,
             sampler: None,
             nvml_before: None,
+            nvml_allocated: None,
             cuda_free_before: None,
             cuda_free_allocated: None,
             notes: Vec::new(),
@@ -469,6 +472,7 @@ impl Device for CudaDevice {
         self.notes.clear();
         self.cuda_free_before = result::mem_get_info().ok().map(|(f, _)| f as u64);
         self.cuda_free_allocated = None;
+        self.nvml_allocated = None;
         self.nvml_before = self.nvml_used();
         match Sampler::start(self.uuid.clone(), self.nvml_interval) {
             Ok(s) => self.sampler = Some(s),
@@ -480,6 +484,9 @@ impl Device for CudaDevice {
     fn memory_mark_allocated(&mut self) -> Result<(), DeviceError> {
         self.synchronize()?;
         self.cuda_free_allocated = result::mem_get_info().ok().map(|(f, _)| f as u64);
+        // One NVML reading at the known peak: a run shorter than the sampling interval
+        // allocates and frees between two samples.
+        self.nvml_allocated = self.nvml_used();
         Ok(())
     }
 
@@ -504,7 +511,7 @@ impl Device for CudaDevice {
         match (self.nvml_before, samples) {
             (Some(before), Some(Ok(s))) => {
                 m.before_bytes = before;
-                m.peak_bytes = s.peak_used_bytes.max(before);
+                m.peak_bytes = s.peak_used_bytes.max(self.nvml_allocated.unwrap_or(0)).max(before);
                 m.after_bytes = after.unwrap_or(0);
                 m.peak_delta_bytes = m.peak_bytes - before;
                 m.samples = Some(s.count);
