@@ -3,7 +3,7 @@
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
 use cudarc::driver::{CudaContext, CudaStream};
-use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
+use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ impl Case {
         let (nq, nk) = (self.b * self.sq * self.h * self.d, self.b * self.skv * self.h * self.d);
         (data(nq, 1, self.dtype), data(nk, 2, self.dtype), data(nk, 3, self.dtype))
     }
-    fn opts(&self) -> AttnOpts {
+    fn opts(&self) -> AttnOpts<'static> {
         AttnOpts::new().causal(self.causal).softmax_scale(self.scale)
     }
 }
@@ -170,18 +170,41 @@ fn vm_bad_inputs_are_refused_before_launch_with_the_limit_named() {
     assert!(matches!(e, AttnError::Shape { tensor: "k", .. }) && m.contains("head_dim 128"), "{m}");
     let (e, m) = err_of(run(t(&f), t(&f2), TensorView::vm(&f2, Dtype::F32, [b, 4, h, d]).unwrap(), AttnOpts::new()));
     assert!(matches!(e, AttnError::Shape { tensor: "v", .. }) && m.contains("seq_kv 4"), "{m}");
-    // Grouped-query attention, windows, softcap and splits are not in the kernels yet.
-    let gqa = TensorView::vm(&f2, Dtype::F32, [b, s, 1, d]).unwrap();
-    let (e, _) = err_of(run(t(&f), gqa, TensorView::vm(&f2, Dtype::F32, [b, s, 1, d]).unwrap(), AttnOpts::new()));
-    assert!(matches!(e, AttnError::NotSupportedYet { feature } if feature.contains("grouped-query")), "{e}");
-    for (opts, what) in [
-        (AttnOpts::new().window(Some(4), Some(0)), "window"),
-        (AttnOpts::new().softcap(30.0), "softcap"),
-        (AttnOpts::new().num_splits(4), "split-KV"),
-    ] {
-        let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), opts));
-        assert!(matches!(e, AttnError::NotSupportedYet { .. }) && m.contains(what), "{m}");
+    // Split-KV is a decode option: the prefill call refuses it.
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().num_splits(4)));
+    assert!(matches!(e, AttnError::NotSupportedYet { .. }) && m.contains("split-KV"), "{m}");
+    // k/v heads must divide q's, and k and v share a head count.
+    let (e, m) = err_of(run(
+        TensorView::vm(&f, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 3, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 3, 64]).unwrap(),
+        AttnOpts::new(),
+    ));
+    assert!(
+        matches!(e, AttnError::Shape { tensor: "k", .. }) && m.contains("3 heads do not divide q's 4 heads"),
+        "{m}"
+    );
+    let (e, m) = err_of(run(
+        TensorView::vm(&f, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 2, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        AttnOpts::new(),
+    ));
+    assert!(matches!(e, AttnError::Shape { tensor: "v", .. }) && m.contains("4 heads != k's 2"), "{m}");
+    // A window side the kernels' i32 cannot hold; a negative or NaN soft cap.
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().window(Some(1 << 31), None)));
+    assert!(matches!(e, AttnError::Window { side: "left", got: 2147483648 }) && m.contains("i32::MAX"), "{m}");
+    for c in [-1.0, f32::NAN] {
+        let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().softcap(c)));
+        assert!(matches!(e, AttnError::Problem(_)) && m.contains("softcap"), "{m}");
     }
+    // Sinks: one f32 per q head, on the kernels' device.
+    let sinks3 = SinksView::vm(&f2, 3).unwrap();
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().sinks(&sinks3)));
+    assert!(matches!(e, AttnError::Sinks { .. }) && m.contains("3 sink logits for q's 2 heads"), "{m}");
+    let foreign_sinks = SinksView::vm(&foreign, h).unwrap();
+    let (e, _) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().sinks(&foreign_sinks)));
+    assert!(matches!(e, AttnError::WrongDevice { tensor: "sinks", .. }), "{e}");
     // One split is what the kernels do: accepted.
     assert!(run(t(&f), t(&f2), t(&f2), AttnOpts::new().num_splits(1)).is_ok());
     let (e, m) = err_of(run(t(&f), t(&f2).with_strides([n, h * d, d, 2]), t(&f2), AttnOpts::new()));
@@ -220,6 +243,202 @@ fn vm_bad_inputs_are_refused_before_launch_with_the_limit_named() {
     let r = kernels.flash_attn_into(&t(&f), &t(&f2), &t(&f2), &mut o, &mut lse, &AttnOpts::new());
     let (e, m) = err_of(r);
     assert!(matches!(e, AttnError::Shape { tensor: "lse", .. }) && m.contains("[1, 2, 8]"), "{m}");
+}
+
+/// O and LSE of `p` (BSHD or packed; LSE `[b, h, sq]` or varlen `[h, total_q]`) against the f64
+/// reference with every option, and the count of rows that see no key (LSE `-inf`, or the sink).
+fn check_full(p: &Problem, x: (&[f32], &[f32], &[f32]), sinks: &[f32], o: &[f32], lse: &[f32]) -> usize {
+    let (ro, rl) = reference::attention_with_sinks(p, x.0, x.1, x.2, sinks).unwrap();
+    let tol = if p.dtype == Dtype::F32 { 2e-5 } else { 1.6e-2 };
+    assert_eq!((o.len(), lse.len()), (ro.len(), rl.len()));
+    for (i, (&g, &r)) in o.iter().zip(&ro).enumerate() {
+        assert!((g as f64 - r).abs() <= tol, "o[{i}] = {g}, reference {r} ({p:?})");
+    }
+    let mut empty = 0;
+    for (i, (&g, &r)) in lse.iter().zip(&rl).enumerate() {
+        if r == f64::NEG_INFINITY {
+            assert_eq!(g, f32::NEG_INFINITY, "lse[{i}]");
+            empty += 1;
+        } else {
+            assert!((g as f64 - r).abs() <= 1e-4 * r.abs().max(1.0), "lse[{i}] = {g}, reference {r} ({p:?})");
+        }
+    }
+    if p.sinks {
+        // With sinks no row is -inf: the rows that see no key have LSE = sink[h] and O = 0.
+        let h = p.heads as usize;
+        let rows = p.rows() as usize;
+        for (n, &r) in rl.iter().enumerate() {
+            let hh = if p.varlen.is_some() { n / (rows / h) } else { (n / p.seq_q as usize) % h };
+            if (r - sinks[hh] as f64).abs() < 1e-12 {
+                empty += 1;
+            }
+        }
+    }
+    empty
+}
+
+/// GQA, windows, soft cap and sinks through `flash_attn_into` with poisoned outputs, checked
+/// against the f64 reference. Lengths off the tiles, seq_q != seq_kv, rows that see no key.
+#[test]
+fn vm_gqa_window_softcap_sinks_match_the_reference() {
+    let kernels = Kernels::vm().unwrap();
+    let base = Problem { batch: 1, heads: 4, head_dim: 64, ..Problem::default() };
+    // (problem, window as AttnOpts takes it)
+    let cases = [
+        // GQA 4/2, a window on both sides, soft cap; seq_q > seq_kv: rows 0..=5 see no key.
+        Problem { seq_q: 27, seq_kv: 19, heads_kv: Some(2), window: (5, 2), softcap: 3.0, ..base },
+        // MQA, causal with a left window, sinks, batch 2, seq_q < seq_kv.
+        Problem {
+            batch: 2,
+            seq_q: 19,
+            seq_kv: 27,
+            heads_kv: Some(1),
+            window: (4, -1),
+            causal: true,
+            sinks: true,
+            ..base
+        },
+        // bf16 (the narrow-window tensor-core kernel), GQA, causal + window, soft cap and sinks;
+        // seq_q > seq_kv: the first rows see nothing and get LSE = sink.
+        Problem {
+            seq_q: 70,
+            seq_kv: 45,
+            heads_kv: Some(2),
+            window: (7, -1),
+            causal: true,
+            softcap: 20.0,
+            sinks: true,
+            dtype: Dtype::Bf16,
+            ..base
+        },
+    ];
+    for p in cases {
+        let (dt, h, hk, d) = (p.dtype, p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+        let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
+        let (q, k, v) = (data(b * sq * h * d, 11, dt), data(b * skv * hk * d, 12, dt), data(b * skv * hk * d, 13, dt));
+        let sinks: Vec<f32> = if p.sinks { (0..h).map(|i| 0.5 * i as f32 - 0.7).collect() } else { vec![] };
+        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
+        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+        let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+        let sb = kernels.vm_upload(&[sinks.clone(), vec![0.0]].concat()).unwrap();
+        let sv = SinksView::vm(&sb, h).unwrap();
+        let side = |w: i32| u32::try_from(w).ok();
+        let mut opts = AttnOpts::new().causal(p.causal).window(side(p.window.0), side(p.window.1));
+        if p.softcap > 0.0 {
+            opts = opts.softcap(p.softcap);
+        }
+        if p.sinks {
+            opts = opts.sinks(&sv);
+        }
+        let (qs, ks) = ([b, sq, h, d], [b, skv, hk, d]);
+        kernels
+            .flash_attn_into(
+                &TensorView::vm(&qb, dt, qs).unwrap(),
+                &TensorView::vm(&kb, dt, ks).unwrap(),
+                &TensorView::vm(&vb, dt, ks).unwrap(),
+                &mut TensorViewMut::vm(&ob, dt, qs).unwrap(),
+                &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+                &opts,
+            )
+            .unwrap();
+        let o = ob.read_f32(dt, q.len()).unwrap();
+        let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
+        let empty = check_full(&p, (&q, &k, &v), &sinks, &o, &lse);
+        if p.seq_q > p.seq_kv {
+            assert!(empty > 0, "rows that see no key are part of the case: {p:?}");
+        }
+    }
+}
+
+/// Packed sequences (one empty), GQA and causal per sequence, f32 and bf16, against the f64
+/// reference; cu_seqlens refusals by variant.
+#[test]
+fn vm_varlen_matches_the_reference_and_checks_cu_seqlens() {
+    let kernels = Kernels::vm().unwrap();
+    let (lq, lk) = ([5u32, 0, 17, 33], [9u32, 3, 17, 20]);
+    let cu = |l: &[u32]| memattn::problem::Varlen::cu(l);
+    let (cuq, cuk) = (kernels.index_tensor(&cu(&lq), None).unwrap(), kernels.index_tensor(&cu(&lk), None).unwrap());
+    for (dt, window) in [(Dtype::F32, (-1, -1)), (Dtype::Bf16, (6, -1))] {
+        let base = Problem {
+            heads: 4,
+            heads_kv: Some(2),
+            head_dim: 64,
+            causal: true,
+            window,
+            dtype: dt,
+            ..Problem::default()
+        };
+        let p = Problem::varlen(base, &lq, &lk).unwrap();
+        let (h, hk, d) = (4, 2, 64);
+        let (tq, tk) = (p.total_q() as usize, p.total_kv() as usize);
+        let (q, k, v) = (data(tq * h * d, 21, dt), data(tk * hk * d, 22, dt), data(tk * hk * d, 23, dt));
+        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
+        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+        let lb = kernels.vm_upload(&vec![f32::NAN; h * tq]).unwrap();
+        let opts = AttnOpts::new().causal(true).window_size(window.0, window.1);
+        let (qt, kt, vt) = (
+            TensorView::vm(&qb, dt, [1, tq, h, d]).unwrap(),
+            TensorView::vm(&kb, dt, [1, tk, hk, d]).unwrap(),
+            TensorView::vm(&vb, dt, [1, tk, hk, d]).unwrap(),
+        );
+        kernels
+            .flash_attn_varlen_into(
+                &qt,
+                &kt,
+                &vt,
+                &cuq,
+                &cuk,
+                33,
+                20,
+                &mut TensorViewMut::vm(&ob, dt, [1, tq, h, d]).unwrap(),
+                &mut LseViewMut::vm(&lb, 1, h, tq).unwrap(),
+                &opts,
+            )
+            .unwrap();
+        let o = ob.read_f32(dt, q.len()).unwrap();
+        let lse = lb.read_f32(Dtype::F32, h * tq).unwrap();
+        // Sequence 3 (33 queries, 20 keys, causal) has 13 rows per head that see no key.
+        assert!(check_full(&p, (&q, &k, &v), &[], &o, &lse) >= 13 * 4);
+        if dt == Dtype::Bf16 {
+            continue;
+        }
+        // Refusals, each before launch.
+        let run = |cq: &memattn::attn::IndexTensor, ck: &memattn::attn::IndexTensor, mq: usize, mk: usize| {
+            kernels.flash_attn_varlen(&qt, &kt, &vt, cq, ck, mq, mk, &opts).map(|_| ()).unwrap_err()
+        };
+        let it = |x: &[u32]| kernels.index_tensor(x, None).unwrap();
+        for (cq, ck, mq, mk, tensor, want) in [
+            (it(&[1, 5, 5, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "must start at 0"),
+            (it(&[0, 5, 4, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "non-decreasing"),
+            (it(&[0, 5, 5, 22, 54]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "last prefix sum is 54, but q has 55"),
+            (it(&cu(&lq)), it(&[0, 49]), 33, 49, "cu_seqlens_kv", "cu_seqlens_q has 5"),
+            (it(&cu(&lq)), it(&cu(&lk)), 32, 20, "cu_seqlens_q", "33 rows, over max_seqlen_q = 32"),
+            (it(&cu(&lq)), it(&cu(&lk)), 33, 19, "cu_seqlens_kv", "20 rows, over max_seqlen_kv = 19"),
+            (it(&[0]), it(&[0]), 33, 20, "cu_seqlens_q", "batch + 1 >= 2"),
+        ] {
+            let e = run(&cq, &ck, mq, mk);
+            let m = e.to_string();
+            assert!(matches!(e, AttnError::SeqLens { tensor: t, .. } if t == tensor) && m.contains(want), "{m}");
+        }
+        let other = Kernels::vm().unwrap();
+        let foreign = other.index_tensor(&cu(&lq), None).unwrap();
+        let e = run(&foreign, &cuk, 33, 20);
+        assert!(matches!(e, AttnError::WrongDevice { tensor: "cu_seqlens_q", .. }), "{e}");
+        let e = kernels.flash_attn_varlen(
+            &qt,
+            &kt,
+            &TensorView::vm(&vb, dt, [1, tk - 1, hk, d]).unwrap(),
+            &cuq,
+            &cuk,
+            33,
+            20,
+            &opts,
+        );
+        let m = e.map(|_| ()).unwrap_err().to_string();
+        assert!(m.contains("total_kv 48 != k's total_kv 49"), "{m}");
+    }
 }
 
 /// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
