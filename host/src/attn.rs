@@ -58,6 +58,9 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
+mod kvcache;
+pub use kvcache::PartialsView;
+
 use crate::caps::DeviceCaps;
 use crate::device::cuda::load_module;
 use crate::device::vm::VmDevice;
@@ -121,6 +124,18 @@ pub enum AttnError {
     /// cu_seqlens that are not prefix sums of the packed tensors.
     #[error("{tensor}: {why}")]
     SeqLens { tensor: &'static str, why: String },
+    /// A KV-cache rule (capacity, block table, decode kernel limits), named in the message.
+    #[error("KV cache: {why}")]
+    KvCache { why: String },
+    /// A split count over the plan's limit.
+    #[error("num_splits {got} is over the limit of {max} (0 or None lets the library choose)")]
+    Splits { got: u32, max: u32 },
+    /// A launch grid over the device's limit.
+    #[error("`{entry}` needs grid {grid:?}, over the device's limit {limit:?} in {axis}")]
+    Grid { entry: &'static str, grid: [u32; 3], limit: [u32; 3], axis: char },
+    /// The decode kernels address q, o, the caches and new tokens as contiguous tensors.
+    #[error("{tensor} has strides {strides:?}; the decode kernels need it contiguous, strides {want:?}")]
+    NotContiguous { tensor: &'static str, strides: [usize; 4], want: [usize; 4] },
     /// An option the kernels do not implement yet.
     #[error("{feature} is not supported by memattn's kernels yet")]
     NotSupportedYet { feature: &'static str },
@@ -591,7 +606,20 @@ enum Storage {
     Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
 }
 
+impl Storage {
+    fn ptr(&self) -> u64 {
+        match self {
+            Storage::Vm(b) => b.ptr,
+            Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
+        }
+    }
+}
+
 impl DeviceTensor {
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.storage.ptr()
+    }
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
@@ -636,6 +664,8 @@ struct CudaKernels {
     /// Function handle and the dynamic shared memory it is opted in to.
     functions: Mutex<HashMap<KernelId, (usize, u32)>>,
     caps: DeviceCaps,
+    /// Multiprocessors, for the split plan of the KV-cache call.
+    sm_count: u32,
 }
 
 // SAFETY: driver handles may be used from any thread; the function cache is behind a mutex.
@@ -693,7 +723,13 @@ impl Kernels {
             free_memory_bytes: 0,
         };
         Ok(Kernels {
-            inner: Inner::Cuda(CudaKernels { ctx: ctx.clone(), module, functions: Mutex::new(HashMap::new()), caps }),
+            inner: Inner::Cuda(CudaKernels {
+                ctx: ctx.clone(),
+                module,
+                functions: Mutex::new(HashMap::new()),
+                caps,
+                sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            }),
         })
     }
 
@@ -810,7 +846,21 @@ impl Kernels {
         let plan = self.plan(q, k, v, None, opts, varlen)?;
         let o_bytes = (b * sq * h * d) as u64 * q.raw.dtype.size_bytes();
         let lse_bytes = (b * h * sq) as u64 * 4;
-        let (o, lse) = match &self.inner {
+        let (o, lse) = self.alloc_outputs(q, o_bytes, lse_bytes)?;
+        let o = DeviceTensor { storage: o, dtype: q.raw.dtype, shape: o_shape };
+        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: lse_shape };
+        let mut params = plan.params;
+        params.o = o.ptr();
+        params.lse = lse.ptr();
+        params.o_strides = Strides::bshd(sq as u64, h as u64, d as u64);
+        self.launch(&plan, &params, q.stream.as_deref())?;
+        Ok((o, lse))
+    }
+
+    /// Two output buffers of `o_bytes` and `lse_bytes` on the kernels' device (on CUDA on q's
+    /// stream, so they are freed in that stream's order).
+    fn alloc_outputs(&self, q: &TensorView<'_>, o_bytes: u64, lse_bytes: u64) -> Result<(Storage, Storage), AttnError> {
+        Ok(match &self.inner {
             Inner::Vm(_) => {
                 let o = self.vm_alloc(o_bytes)?;
                 let lse = self.vm_alloc(lse_bytes)?;
@@ -828,19 +878,7 @@ impl Kernels {
                 let (o, lse) = (alloc(o_bytes)?, alloc(lse_bytes)?);
                 (Storage::Cuda { slice: o, stream: stream.clone() }, Storage::Cuda { slice: lse, stream })
             }
-        };
-        let o = DeviceTensor { storage: o, dtype: q.raw.dtype, shape: o_shape };
-        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: lse_shape };
-        let ptr = |t: &DeviceTensor| match &t.storage {
-            Storage::Vm(b) => b.ptr,
-            Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
-        };
-        let mut params = plan.params;
-        params.o = ptr(&o);
-        params.lse = ptr(&lse);
-        params.o_strides = Strides::bshd(sq as u64, h as u64, d as u64);
-        self.launch(&plan, &params, q.stream.as_deref())?;
-        Ok((o, lse))
+        })
     }
 
     /// As [`Kernels::flash_attn`], writing `o` and `lse` into the caller's buffers (the kernels
@@ -1275,10 +1313,20 @@ impl Kernels {
     }
 
     fn launch(&self, plan: &Plan, params: &AttnParams, stream: Option<&CudaStream>) -> Result<(), AttnError> {
-        let bytes = params.to_bytes();
+        self.launch_bytes(plan.kernel, &plan.dims, &params.to_bytes(), stream)
+    }
+
+    /// Launches `kernel` with its one by-value parameter struct `bytes` (a multiple of 8 bytes).
+    fn launch_bytes(
+        &self,
+        kernel: KernelId,
+        dims: &kernels_gpu::tiles::LaunchDims,
+        bytes: &[u8],
+        stream: Option<&CudaStream>,
+    ) -> Result<(), AttnError> {
         match &self.inner {
             Inner::Vm(v) => {
-                v.lock().launch(plan.kernel.name(), &plan.dims, &[&bytes])?;
+                v.lock().launch(kernel.name(), dims, &[bytes])?;
                 Ok(())
             }
             Inner::Cuda(c) => {
@@ -1288,17 +1336,16 @@ impl Kernels {
                     expected: "a view made for a stream".into(),
                 })?;
                 c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-                let f = c.function(plan.kernel, plan.dims.dynamic_smem_bytes)?;
+                let f = c.function(kernel, dims.dynamic_smem_bytes)?;
                 // The one parameter, in an 8-byte aligned buffer (the PTX declares `.align 8`).
-                let mut words = [0u64; kernels_gpu::abi::ATTN_PARAMS_BYTES / 8];
-                for (i, w) in words.iter_mut().enumerate() {
-                    *w = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-                }
+                let mut words: Vec<u64> =
+                    bytes.chunks(8).map(|w| u64::from_le_bytes(w.try_into().expect("8-byte multiple"))).collect();
                 let mut ptrs = [words.as_mut_ptr() as *mut c_void];
-                let d = &plan.dims;
-                // SAFETY: `f` is a live function of this module taking one `AttnParams`; every
-                // pointer in it was validated above (device, bounds, alignment) and its buffers
-                // are borrowed by the views for the call; `ptrs` outlives the call.
+                let d = dims;
+                // SAFETY: `f` is a live function of this module taking one parameter struct of
+                // `bytes.len()` bytes; every pointer in it was validated by the caller (device,
+                // bounds, alignment) and its buffers are borrowed for the call; `ptrs` and
+                // `words` outlive the call.
                 unsafe {
                     result::launch_kernel(
                         f as sys::CUfunction,
@@ -1309,7 +1356,7 @@ impl Kernels {
                         &mut ptrs,
                     )
                 }
-                .map_err(|e| cuda_err(&format!("launch of `{}`", plan.kernel.name()), e))?;
+                .map_err(|e| cuda_err(&format!("launch of `{}`", kernel.name()), e))?;
                 Ok(())
             }
         }

@@ -3,7 +3,7 @@
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
 use cudarc::driver::{CudaContext, CudaStream};
-use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, SinksView, TensorView, TensorViewMut};
+use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -439,6 +439,266 @@ fn vm_varlen_matches_the_reference_and_checks_cu_seqlens() {
         let m = e.map(|_| ()).unwrap_err().to_string();
         assert!(m.contains("total_kv 48 != k's total_kv 49"), "{m}");
     }
+}
+
+/// Runs one KV-cache call through the API on `x` (random inputs of `p`, NaN in every cache row
+/// the call must not read before writing) and checks O, LSE and the appended cache against
+/// `memattn::decode`'s f64 reference.
+fn kvcache_case(kernels: &Kernels, p: &memattn::decode::DecodeProblem, num_splits: Option<u32>) {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs};
+    let x = DecodeInputs::random(p, 5);
+    let dt = p.dtype;
+    let (b, sq, h, hk, d) =
+        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
+    let up = |v: &[f32]| kernels.vm_upload_as(dt, &[v, &[0.0][..]].concat()).unwrap();
+    let (qb, kc, vc) = (up(&x.q), up(&x.k_cache), up(&x.v_cache));
+    let (kn, vn) = (up(&x.k_new), up(&x.v_new));
+    let cache_shape = match x.layout {
+        CacheLayout::Contiguous { seq_cache } => [b, seq_cache as usize, hk, d],
+        CacheLayout::Paged { page_size, num_pages, .. } => [num_pages as usize, page_size as usize, hk, d],
+    };
+    let seqlens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
+    let table = kernels.index_tensor(&x.block_table, None).unwrap();
+    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+    let mut opts =
+        AttnOpts::new().causal(p.causal).window_size(p.window_left, p.window_right).softmax_scale(p.softmax_scale());
+    if p.softcap > 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    if let Some(n) = num_splits {
+        opts = opts.num_splits(n);
+    }
+    let new_shape = [b, p.seq_new as usize, hk, d];
+    let (knv, vnv) = (TensorView::vm(&kn, dt, new_shape).unwrap(), TensorView::vm(&vn, dt, new_shape).unwrap());
+    let has_new = p.seq_new > 0;
+    kernels
+        .flash_attn_with_kvcache_into(
+            &TensorView::vm(&qb, dt, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&kc, dt, cache_shape).unwrap(),
+            &mut TensorViewMut::vm(&vc, dt, cache_shape).unwrap(),
+            &seqlens,
+            (!x.block_table.is_empty()).then_some(&table),
+            has_new.then_some(&knv),
+            has_new.then_some(&vnv),
+            &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+            &opts,
+        )
+        .unwrap();
+    let o = ob.read_f32(dt, b * sq * h * d).unwrap();
+    let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
+    let v = verify_decode(p, &o, &lse, &decode_ref(p, &x));
+    assert!(v.passed, "{p:?}: {:?}", v.failures);
+    eprintln!(
+        "kvcache {} splits {num_splits:?}: O scaled err {:.2e}, LSE err {:.2e}",
+        dt, v.o_max_scaled_err, v.lse_max_abs_err
+    );
+    if has_new {
+        let (ke, ve) = x.appended(p);
+        let same = |buf: &memattn::attn::VmBuffer, want: &[f32]| {
+            let got = buf.read_f32(dt, want.len()).unwrap();
+            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
+        };
+        assert!(same(&kc, &ke) && same(&vc, &ve), "the cache after the append");
+    }
+}
+
+#[test]
+fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
+    use memattn::decode::{DecodeProblem, Splits};
+    let kernels = Kernels::vm().unwrap();
+    // Paged (7-key pages, shuffled), GQA 8/2, 3 sequences (one empty before the append),
+    // 2 new tokens each, 2 queries (speculative), causal, 3 splits.
+    let p = DecodeProblem {
+        batch: 3,
+        heads: 8,
+        heads_kv: 2,
+        seq_q: 2,
+        cache_seqlens: vec![13, 0, 29],
+        seq_new: 2,
+        page_size: Some(7),
+        splits: Splits::Fixed(3),
+        ..DecodeProblem::default()
+    };
+    kvcache_case(&kernels, &p, Some(3));
+    // bf16, contiguous, a left window with causal, soft cap, the automatic split count.
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 1,
+        cache_seqlens: vec![40, 17],
+        dtype: Dtype::Bf16,
+        window_left: 5,
+        softcap: 4.0,
+        ..DecodeProblem::default()
+    };
+    kvcache_case(&kernels, &p, None);
+}
+
+#[test]
+fn vm_merge_states_on_caller_buffers_matches_the_reference() {
+    use memattn::decode::{merge_states_reference, Partials};
+    let kernels = Kernels::vm().unwrap();
+    let (splits, b, sq, h, d) = (3usize, 2usize, 3usize, 2usize, 64usize);
+    let rows = b * h * sq;
+    let o_part = data(splits * rows * d, 31, Dtype::F32);
+    let mut lse_part: Vec<f32> = data(splits * rows, 32, Dtype::F32).iter().map(|x| 4.0 * x).collect();
+    lse_part[rows + 1] = f32::NEG_INFINITY; // a split that saw no key
+    for s in 0..splits {
+        lse_part[s * rows + 4] = f32::NEG_INFINITY; // a row no split saw
+    }
+    let x = Partials {
+        splits: splits as u32,
+        batch: b as u32,
+        heads: h as u32,
+        seq_q: sq as u32,
+        head_dim: d as u32,
+        o: o_part.clone(),
+        lse: lse_part.clone(),
+    };
+    let (ro, rl) = merge_states_reference(&x);
+    let (op, lp) = (kernels.vm_upload(&o_part).unwrap(), kernels.vm_upload(&lse_part).unwrap());
+    // o in BHSD strides: the combine writes any seq/head strides.
+    let ob = kernels.vm_upload(&vec![f32::NAN; b * sq * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; rows]).unwrap();
+    let bhsd = [h * sq * d, d, sq * d, 1];
+    kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap().with_strides(bhsd),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap();
+    let o = ob.read_f32(Dtype::F32, b * sq * h * d).unwrap();
+    let lse = lb.read_f32(Dtype::F32, rows).unwrap();
+    for bi in 0..b {
+        for i in 0..sq {
+            for hh in 0..h {
+                for c in 0..d {
+                    let got = o[((bi * h + hh) * sq + i) * d + c] as f64;
+                    let want = ro[((bi * sq + i) * h + hh) * d + c];
+                    assert!((got - want).abs() < 1e-5, "o[{bi},{i},{hh},{c}] = {got}, reference {want}");
+                }
+            }
+        }
+    }
+    for (r, (&g, &w)) in lse.iter().zip(&rl).enumerate() {
+        if w == f64::NEG_INFINITY {
+            assert_eq!(g, f32::NEG_INFINITY, "lse[{r}]");
+        } else {
+            assert!((g as f64 - w).abs() < 1e-5, "lse[{r}] = {g}, reference {w}");
+        }
+    }
+    assert_eq!(lse[4], f32::NEG_INFINITY);
+    // Refusals: f16 partials, an o of another shape.
+    let e = kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq + 1, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::Shape { tensor: "o", .. }), "{e}");
+    let e = kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits + 1, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::OutOfBounds { tensor: "o_part", .. }), "{e}");
+}
+
+#[test]
+fn vm_kvcache_bad_inputs_are_refused_before_launch() {
+    let kernels = Kernels::vm().unwrap();
+    let (b, h, hk, d, page, pages) = (2usize, 4usize, 2usize, 64usize, 8usize, 4usize);
+    let cache = kernels.vm_upload(&data(pages * page * hk * d, 41, Dtype::F32)).unwrap();
+    let cache2 = kernels.vm_upload(&data(pages * page * hk * d, 42, Dtype::F32)).unwrap();
+    let qb = kernels.vm_upload(&data(b * 2 * h * d, 43, Dtype::F32)).unwrap();
+    let newb = kernels.vm_upload(&data(b * hk * d, 44, Dtype::F32)).unwrap();
+    let it = |x: &[u32]| kernels.index_tensor(x, None).unwrap();
+    let (lens, table) = (it(&[10, 3]), it(&[3, 1, 0, 2]));
+    let cshape = [pages, page, hk, d];
+    let call = |q: TensorView,
+                lens: &memattn::attn::IndexTensor,
+                table: Option<&memattn::attn::IndexTensor>,
+                kn: Option<&TensorView>,
+                vn: Option<&TensorView>,
+                opts: AttnOpts| {
+        let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
+        let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
+        kernels.flash_attn_with_kvcache(&q, &mut kc, &mut vc, lens, table, kn, vn, &opts).map(|_| ()).unwrap_err()
+    };
+    let q = || TensorView::vm(&qb, Dtype::F32, [b, 1, h, d]).unwrap();
+    let new = TensorView::vm(&newb, Dtype::F32, [b, 1, hk, d]).unwrap();
+    // The valid call runs (checked for values in the test above).
+    let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
+    let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
+    assert!(kernels
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, Some(&table), None, None, &AttnOpts::new())
+        .is_ok());
+    drop((kc, vc));
+    let sinks_buf = kernels.vm_upload(&[0.0; 4]).unwrap();
+    let sinks = SinksView::vm(&sinks_buf, h).unwrap();
+    for (e, want) in [
+        (call(q(), &lens, Some(&table), None, None, AttnOpts::new().sinks(&sinks)), "sinks with a KV cache"),
+        (
+            call(q(), &lens, Some(&table), None, None, AttnOpts::new().num_splits(129)),
+            "num_splits 129 is over the limit of 128",
+        ),
+        (call(q(), &it(&[10]), Some(&table), None, None, AttnOpts::new()), "1 entries for q's batch of 2"),
+        // 17 keys need 3 pages of 8; the table has 2 per sequence.
+        (call(q(), &it(&[17, 3]), Some(&table), None, None, AttnOpts::new()), "needs 3 pages of 8"),
+        (
+            call(q(), &lens, Some(&it(&[3, 9, 0, 2])), None, None, AttnOpts::new()),
+            "block_table[0][1] = 9 is past num_pages (4)",
+        ),
+        // Appending to a page two sequences share.
+        (
+            call(q(), &it(&[9, 9]), Some(&it(&[3, 1, 0, 1])), Some(&new), Some(&new), AttnOpts::new()),
+            "receives appended tokens",
+        ),
+        (call(q(), &lens, Some(&table), Some(&new), None, AttnOpts::new()), "v_new is missing while k_new is given"),
+        (
+            call(
+                TensorView::vm(&qb, Dtype::F32, [b, 1, 3, d]).unwrap(),
+                &lens,
+                Some(&table),
+                None,
+                None,
+                AttnOpts::new(),
+            ),
+            "2 KV heads do not divide q's 3",
+        ),
+        (
+            call(q().with_strides([2 * h * d, h * d, d, 1]), &lens, Some(&table), None, None, AttnOpts::new()),
+            "contiguous",
+        ),
+        (call(q(), &lens, Some(&it(&[3, 1, 0])), None, None, AttnOpts::new()), "block_table has 3 entries"),
+        (
+            call(
+                TensorView::vm(&qb, Dtype::F32, [b, 1, h, 2 * d]).unwrap(),
+                &lens,
+                Some(&table),
+                None,
+                None,
+                AttnOpts::new(),
+            ),
+            "head_dim 64 != q's 128",
+        ),
+    ] {
+        assert!(e.to_string().contains(want), "{e} (wanted: {want})");
+    }
+    // A contiguous cache shorter than cache_seqlens + new tokens.
+    let mut kc = TensorViewMut::vm(&cache, Dtype::F32, [b, 10, hk, d]).unwrap();
+    let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, [b, 10, hk, d]).unwrap();
+    let e = kernels
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, None, Some(&new), Some(&new), &AttnOpts::new())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { .. }) && e.to_string().contains("exceeds the cache's 10 keys"), "{e}");
 }
 
 /// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
