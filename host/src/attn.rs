@@ -606,6 +606,16 @@ enum Storage {
     Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
 }
 
+impl fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on = match &self.storage {
+            Storage::Vm(b) => format!("VM #{}", b.vm.id),
+            Storage::Cuda { .. } => "CUDA".to_string(),
+        };
+        write!(f, "DeviceTensor({} {:?} at {:#x} on {on})", self.dtype, self.shape, self.ptr())
+    }
+}
+
 impl Storage {
     fn ptr(&self) -> u64 {
         match self {
