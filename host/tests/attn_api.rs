@@ -781,7 +781,7 @@ fn cuda_path_on_the_callers_stream_equals_the_vm_bit_for_bit() {
     );
     assert!(matches!(r, Err(AttnError::StreamMismatch { tensor: "k", .. })), "{:?}", r.err());
     let r = kernels.flash_attn(&t(&qb, qs), &t(&kb, ks), &t(&vb, ks), &c.opts());
-    let e = r.err().expect("VM buffers on CUDA kernels are refused");
+    let e = r.expect_err("VM buffers on CUDA kernels are refused");
     assert!(matches!(e, AttnError::WrongDevice { tensor: "q", .. }) && e.to_string().contains("CUDA context"), "{e}");
     let r = vm.flash_attn(&TensorView::cuda(&qd, &stream, qs).unwrap(), &t(&kb, ks), &t(&vb, ks), &c.opts());
     assert!(matches!(r, Err(AttnError::WrongDevice { tensor: "q", .. })), "{:?}", r.err());
