@@ -59,6 +59,8 @@
 //! ```
 
 mod kvcache;
+/// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
+pub use cudarc::driver::CudaStream;
 pub use kvcache::PartialsView;
 
 use crate::caps::DeviceCaps;
@@ -69,7 +71,7 @@ use crate::dtype::Dtype;
 use crate::problem::{KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{result, CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::KernelId;
 use std::collections::HashMap;
