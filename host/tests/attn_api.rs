@@ -786,3 +786,99 @@ fn cuda_path_on_the_callers_stream_equals_the_vm_bit_for_bit() {
     let r = vm.flash_attn(&TensorView::cuda(&qd, &stream, qs).unwrap(), &t(&kb, ks), &t(&vb, ks), &c.opts());
     assert!(matches!(r, Err(AttnError::WrongDevice { tensor: "q", .. })), "{:?}", r.err());
 }
+
+/// The KV-cache call through cudarc on the VM-backed driver (paged cache, append, GQA, 3
+/// splits, index tensors and the split workspace on the caller's stream) against the f64
+/// reference, and a varlen call bit for bit against the VM.
+#[test]
+fn cuda_kvcache_and_varlen_on_the_callers_stream() {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs, DecodeProblem, Splits};
+    let (ctx, stream) = cuda();
+    let kernels = Kernels::cuda(&ctx).unwrap();
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 2,
+        cache_seqlens: vec![11, 30],
+        seq_new: 1,
+        page_size: Some(8),
+        splits: Splits::Fixed(3),
+        ..DecodeProblem::default()
+    };
+    let x = DecodeInputs::random(&p, 9);
+    let CacheLayout::Paged { page_size, num_pages, .. } = x.layout else { unreachable!("paged") };
+    let (b, h, hk, d) = (2, 4, 2, 64);
+    let cache_shape = [num_pages as usize, page_size as usize, hk, d];
+    let (qd, knd, vnd) =
+        (stream.clone_htod(&x.q).unwrap(), stream.clone_htod(&x.k_new).unwrap(), stream.clone_htod(&x.v_new).unwrap());
+    let (mut kcd, mut vcd) = (stream.clone_htod(&x.k_cache).unwrap(), stream.clone_htod(&x.v_cache).unwrap());
+    let seqlens = kernels.index_tensor(&p.cache_seqlens, Some(&stream)).unwrap();
+    let table = kernels.index_tensor(&x.block_table, Some(&stream)).unwrap();
+    let (o, lse) = kernels
+        .flash_attn_with_kvcache(
+            &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
+            &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
+            &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
+            &seqlens,
+            Some(&table),
+            Some(&TensorView::cuda(&knd, &stream, [b, 1, hk, d]).unwrap()),
+            Some(&TensorView::cuda(&vnd, &stream, [b, 1, hk, d]).unwrap()),
+            &AttnOpts::new().causal(true).num_splits(3),
+        )
+        .unwrap();
+    let v = verify_decode(&p, &o.to_vec_f32().unwrap(), &lse.to_vec_f32().unwrap(), &decode_ref(&p, &x));
+    assert!(v.passed, "{:?}", v.failures);
+    let (ke, _) = x.appended(&p);
+    let k_after: Vec<f32> = stream.clone_dtoh(&kcd).unwrap();
+    assert!(k_after.iter().zip(&ke).all(|(a, e)| a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan())));
+    // An index tensor made for another stream is refused.
+    let other = ctx.new_stream().unwrap();
+    let foreign = kernels.index_tensor(&p.cache_seqlens, Some(&other)).unwrap();
+    let e = kernels
+        .flash_attn_with_kvcache(
+            &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
+            &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
+            &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
+            &foreign,
+            Some(&table),
+            None,
+            None,
+            &AttnOpts::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::StreamMismatch { tensor: "cache_seqlens", .. }), "{e}");
+
+    // Varlen through cudarc equals the VM bit for bit.
+    let (lq, lk) = ([3u32, 12], [7u32, 12]);
+    let cu = |l: &[u32]| memattn::problem::Varlen::cu(l);
+    let (tq, tk) = (15, 19);
+    let (q, k) = (data(tq * h * d, 51, Dtype::F32), data(tk * hk * d, 52, Dtype::F32));
+    let (qd, kd) = (stream.clone_htod(&q).unwrap(), stream.clone_htod(&k).unwrap());
+    let (cq, ck) = (
+        kernels.index_tensor(&cu(&lq), Some(&stream)).unwrap(),
+        kernels.index_tensor(&cu(&lk), Some(&stream)).unwrap(),
+    );
+    let opts = AttnOpts::new().causal(true);
+    let (o, lse) = kernels
+        .flash_attn_varlen(
+            &TensorView::cuda(&qd, &stream, [1, tq, h, d]).unwrap(),
+            &TensorView::cuda(&kd, &stream, [1, tk, hk, d]).unwrap(),
+            &TensorView::cuda(&kd, &stream, [1, tk, hk, d]).unwrap(),
+            &cq,
+            &ck,
+            12,
+            12,
+            &opts,
+        )
+        .unwrap();
+    let vm = Kernels::vm().unwrap();
+    let (qb, kb) = (vm.vm_upload(&q).unwrap(), vm.vm_upload(&k).unwrap());
+    let (vq, vk) = (vm.index_tensor(&cu(&lq), None).unwrap(), vm.index_tensor(&cu(&lk), None).unwrap());
+    let kt = TensorView::vm(&kb, Dtype::F32, [1, tk, hk, d]).unwrap();
+    let (vo, vl) = vm
+        .flash_attn_varlen(&TensorView::vm(&qb, Dtype::F32, [1, tq, h, d]).unwrap(), &kt, &kt, &vq, &vk, 12, 12, &opts)
+        .unwrap();
+    let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(o.to_vec_f32().unwrap()), bits(vo.to_vec_f32().unwrap()));
+    assert_eq!(bits(lse.to_vec_f32().unwrap()), bits(vl.to_vec_f32().unwrap()));
+}
