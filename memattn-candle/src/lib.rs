@@ -4,6 +4,9 @@
 //! `candle_flash_attn`'s functions of those names, so switching is a one-line change of the
 //! `use`; [`flash_attn_with_lse`] and [`flash_attn_varlen_with_lse`] also return the log-sum-exp
 //! of each query row (natural log, f32), which candle-flash-attn drops.
+//! [`flash_attn_with_kvcache`] (and `_with_lse`) is decode over a contiguous or paged KV cache
+//! with split-KV (candle-flash-attn has no such function; the cache is read-only here, new
+//! tokens are written with candle's ops first).
 //!
 //! | tensor | shape | notes |
 //! | --- | --- | --- |
@@ -335,6 +338,173 @@ impl CustomOp3 for FlashAttn {
     }
 }
 
+/// Decode attention over a KV cache (FlashAttention-2's `flash_attn_with_kvcache` without the
+/// append): `q` `[batch, seq_q, heads, head_dim]`; `k_cache`, `v_cache` contiguous
+/// `[batch, seq_cache, heads_kv, head_dim]`, or with `block_table` (`[batch, max_pages]` u32)
+/// a paged cache `[num_pages, page_size, heads_kv, head_dim]`; `cache_seqlens` `[batch]` u32 keys
+/// per sequence. `num_splits` 0 lets memattn choose the KV split count (flash-decoding), `n`
+/// is `n` splits. candle tensors are immutable, so new tokens are written into the cache with
+/// candle's own ops (`slice_set`) before the call; the cache is only read here. The index
+/// tensors are read to the host for validation (on a CUDA device that copy waits for them).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_with_kvcache(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    cache_seqlens: &Tensor,
+    block_table: Option<&Tensor>,
+    softmax_scale: f32,
+    causal: bool,
+    num_splits: usize,
+) -> Result<Tensor> {
+    Ok(flash_attn_with_kvcache_with_lse(
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        num_splits,
+    )?
+    .0)
+}
+
+/// As [`flash_attn_with_kvcache`], also returning the LSE: `[batch, heads, seq_q]` f32, natural log.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_with_kvcache_with_lse(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    cache_seqlens: &Tensor,
+    block_table: Option<&Tensor>,
+    softmax_scale: f32,
+    causal: bool,
+    num_splits: usize,
+) -> Result<(Tensor, Tensor)> {
+    let u32s = |t: &Tensor, what: &str, rank: usize| -> Result<Vec<u32>> {
+        if t.dtype() != DType::U32 || t.rank() != rank {
+            return Err(candle_core::Error::Msg(format!(
+                "memattn flash_attn_with_kvcache: {what} must be a {rank}-d u32 tensor, got {:?} {:?}",
+                t.dtype(),
+                t.dims()
+            )));
+        }
+        t.flatten_all()?.to_vec1::<u32>()
+    };
+    let num_splits = u32::try_from(num_splits)
+        .map_err(|_| candle_core::Error::Msg(format!("memattn: num_splits {num_splits} is over the limit")))?;
+    let op = FlashAttnKvCache {
+        softmax_scale,
+        causal,
+        num_splits,
+        cache_seqlens: u32s(cache_seqlens, "cache_seqlens", 1)?,
+        block_table: block_table.map(|t| u32s(t, "block_table", 2)).transpose()?,
+        lse: Mutex::new(None),
+    };
+    let o = q.apply_op3_no_bwd(k_cache, v_cache, &op)?;
+    let (b, sq, h, _) = q.dims4()?;
+    let lse = op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))?.take();
+    let lse = lse.ok_or_else(|| candle_core::Error::Msg("memattn: the op produced no LSE".into()))?;
+    Ok((o, Tensor::from_storage(lse, (b, h, sq), BackpropOp::none(), false)))
+}
+
+/// The candle op behind [`flash_attn_with_kvcache`] (forward only, the cache read-only).
+pub struct FlashAttnKvCache {
+    pub softmax_scale: f32,
+    pub causal: bool,
+    /// 0: memattn's choice.
+    pub num_splits: u32,
+    pub cache_seqlens: Vec<u32>,
+    /// `[batch, max_pages]`, row-major; `None`: a contiguous cache.
+    pub block_table: Option<Vec<u32>>,
+    lse: Mutex<Option<Storage>>,
+}
+
+impl FlashAttnKvCache {
+    fn opts(&self) -> AttnOpts<'static> {
+        AttnOpts::new().softmax_scale(self.softmax_scale).causal(self.causal).num_splits(self.num_splits)
+    }
+}
+
+impl CustomOp3 for FlashAttnKvCache {
+    fn name(&self) -> &'static str {
+        "memattn-flash-attn-with-kvcache"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let kernels = vm_kernels()?;
+        let mut bufs = Vec::with_capacity(3);
+        for ((s, l), what) in [(s1, l1), (s2, l2), (s3, l3)].into_iter().zip(["q", "k_cache", "v_cache"]) {
+            let dtype = dtype_of(s.dtype())?;
+            bufs.push((
+                kernels.vm_upload_as(dtype, &host_f32(s, l)?).map_err(wrap)?,
+                dtype,
+                dims4(l, what)?,
+                strides4(l),
+            ));
+        }
+        let view = |i: usize| {
+            let (b, dtype, shape, strides) = &bufs[i];
+            TensorView::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
+        };
+        let view_mut = |i: usize| {
+            let (b, dtype, shape, strides) = &bufs[i];
+            memattn::attn::TensorViewMut::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
+        };
+        let seqlens = kernels.index_tensor(&self.cache_seqlens, None).map_err(wrap)?;
+        let table = self.block_table.as_ref().map(|t| kernels.index_tensor(t, None)).transpose().map_err(wrap)?;
+        let (o, lse) = kernels
+            .flash_attn_with_kvcache(
+                &view(0)?,
+                &mut view_mut(1)?,
+                &mut view_mut(2)?,
+                &seqlens,
+                table.as_ref(),
+                None,
+                None,
+                &self.opts(),
+            )
+            .map_err(wrap)?;
+        let o_host = o.to_vec_f32().map_err(wrap)?;
+        let out = match s1.dtype() {
+            DType::BF16 => CpuStorage::BF16(o_host.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+            DType::F16 => CpuStorage::F16(o_host.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            _ => CpuStorage::F32(o_host),
+        };
+        let lse = CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?);
+        *self.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
+            Some(Storage::Cpu(lse));
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        match s1.dtype() {
+            DType::F32 => cuda::kvcache_fwd::<f32>(self, s1, l1, s2, l2, s3, l3),
+            DType::BF16 => cuda::kvcache_fwd::<half::bf16>(self, s1, l1, s2, l2, s3, l3),
+            DType::F16 => cuda::kvcache_fwd::<half::f16>(self, s1, l1, s2, l2, s3, l3),
+            other => Err(no_kernel(other)),
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
@@ -388,6 +558,70 @@ mod cuda {
             let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
             let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
             op.launch(&kernels, Some(&stream), [&q, &k, &v], Some((&mut ov, &mut lv)))?;
+        }
+        let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
+        *op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
+            Some(Storage::Cuda(lse));
+        Ok((CudaStorage::wrap_cuda_slice(o, s1.device.clone()), l1.shape().clone()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kvcache_fwd<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits>(
+        op: &FlashAttnKvCache,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+        let stream = s1.device.cuda_stream();
+        let kernels = kernels_for(stream.context())?;
+        let qs = s1.as_cuda_slice::<T>()?;
+        let q = TensorView::cuda(qs, &stream, dims4(l1, "q")?)
+            .and_then(|v| v.with_strides(strides4(l1)).offset(l1.start_offset()))
+            .map_err(wrap)?;
+        // The caches are only read (no new tokens), so candle's immutable storage is viewed as
+        // the API's cache views; the guards order the launch after the slices' last writes.
+        let (ks, vs) = (s2.as_cuda_slice::<T>()?, s3.as_cuda_slice::<T>()?);
+        let (kp, _kg) = ks.device_ptr(&stream);
+        let (vp, _vg) = vs.device_ptr(&stream);
+        let es = std::mem::size_of::<T>() as u64;
+        let cache_view = |ptr: u64, len: usize, l: &Layout, what| -> Result<TensorViewMut<'static>> {
+            // SAFETY: `ptr` is the start of a live slice of `len` elements of this context,
+            // borrowed (with its guard) until after the launch below; with no new tokens the
+            // kernels only read it.
+            let v = unsafe {
+                TensorViewMut::from_raw(&kernels, Some(&stream), ptr, len as u64 * es, T::DTYPE, dims4(l, what)?)
+            };
+            v.with_strides(strides4(l)).offset(l.start_offset()).map_err(wrap)
+        };
+        let mut kc = cache_view(kp, ks.len(), l2, "k_cache")?;
+        let mut vc = cache_view(vp, vs.len(), l3, "v_cache")?;
+        let seqlens = kernels.index_tensor(&op.cache_seqlens, Some(&stream)).map_err(wrap)?;
+        let table =
+            op.block_table.as_ref().map(|t| kernels.index_tensor(t, Some(&stream))).transpose().map_err(wrap)?;
+        let [b, sq, h, d] = q.shape();
+        let mut o = stream.alloc_zeros::<T>(b * sq * h * d).map_err(candle_core::Error::wrap)?;
+        let mut lse = stream.alloc_zeros::<f32>(b * h * sq).map_err(candle_core::Error::wrap)?;
+        {
+            let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
+            let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
+            kernels
+                .flash_attn_with_kvcache_into(
+                    &q,
+                    &mut kc,
+                    &mut vc,
+                    &seqlens,
+                    table.as_ref(),
+                    None,
+                    None,
+                    &mut ov,
+                    &mut lv,
+                    &op.opts(),
+                )
+                .map_err(wrap)?;
         }
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
         *op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =

@@ -214,3 +214,62 @@ fn varlen_matches_per_sequence_candle_ops_attention() {
     let e = memattn_candle::flash_attn_varlen(&q, &k, &k, &q, &sk_t, 19, 19, 0.125, true).unwrap_err().to_string();
     assert!(e.contains("1-d u32"), "{e}");
 }
+
+#[test]
+fn kvcache_matches_candle_ops_over_the_gathered_pages() {
+    let dev = Device::Cpu;
+    let (b, h, hk, d, page, pages) = (2usize, 4usize, 2usize, 64usize, 8usize, 6usize);
+    let lens = [13u32, 20];
+    let table = [4u32, 1, 5, 0, 3, 2]; // [batch, max_pages = 3]
+    for (dtype, tol) in [(DType::F32, 2e-5f32), (DType::BF16, 1.6e-2)] {
+        let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(dtype).unwrap();
+        let q = r((b, 1, h, d));
+        let seqlens = Tensor::new(&lens, &dev).unwrap();
+        // Paged, 3 KV splits; then the same keys in a contiguous cache, memattn's split choice.
+        let (kp, vp) = (r((pages, page, hk, d)), r((pages, page, hk, d)));
+        let bt = Tensor::from_slice(&table, (b, 3), &dev).unwrap();
+        let (o, lse) =
+            memattn_candle::flash_attn_with_kvcache_with_lse(&q, &kp, &vp, &seqlens, Some(&bt), 0.125, true, 3)
+                .unwrap();
+        let gather = |c: &Tensor, s: usize| -> Tensor {
+            let ids = Tensor::new(&table[s * 3..s * 3 + 3], &dev).unwrap();
+            c.index_select(&ids, 0).unwrap().reshape((3 * page, hk, d)).unwrap().narrow(0, 0, lens[s] as usize).unwrap()
+        };
+        let (kc, vc) = (r((b, 24, hk, d)), r((b, 24, hk, d)));
+        let oc = memattn_candle::flash_attn_with_kvcache(&q, &kc, &vc, &seqlens, None, 0.125, true, 0).unwrap();
+        let (mut eo, mut el, mut ec) = (0f32, 0f32, 0f32);
+        for (s, &len) in lens.iter().enumerate() {
+            let qs = q.narrow(0, s, 1).unwrap();
+            let (ks, vs) = (gather(&kp, s).unsqueeze(0).unwrap(), gather(&vp, s).unsqueeze(0).unwrap());
+            let (ro, rl) = candle_attention(&qs, &ks, &vs, 0.125, true).unwrap();
+            eo = eo.max(max_abs_diff(&o.narrow(0, s, 1).unwrap(), &ro));
+            el = el.max(max_abs_diff(&lse.narrow(0, s, 1).unwrap(), &rl));
+            let n = len as usize;
+            let (ks, vs) = (
+                kc.narrow(0, s, 1).unwrap().narrow(1, 0, n).unwrap(),
+                vc.narrow(0, s, 1).unwrap().narrow(1, 0, n).unwrap(),
+            );
+            let (ro, _) = candle_attention(&qs, &ks, &vs, 0.125, true).unwrap();
+            ec = ec.max(max_abs_diff(&oc.narrow(0, s, 1).unwrap(), &ro));
+        }
+        println!("{dtype:?} kvcache paged (3 splits) lens {lens:?} {h}/{hk} heads: max |o - candle| = {eo:.2e}, max |lse - candle| = {el:.2e}; contiguous: {ec:.2e}");
+        assert!(eo <= tol && ec <= tol && el <= 1e-4, "o {eo}, contiguous {ec}, lse {el}");
+    }
+    // A block-table entry past the cache's pages is refused with the rule named.
+    let q = Tensor::zeros((b, 1, h, d), DType::F32, &dev).unwrap();
+    let kp = Tensor::zeros((pages, page, hk, d), DType::F32, &dev).unwrap();
+    let bad = Tensor::from_slice(&[4u32, 9, 5, 0, 3, 2], (b, 3), &dev).unwrap();
+    let e = memattn_candle::flash_attn_with_kvcache(
+        &q,
+        &kp,
+        &kp,
+        &Tensor::new(&lens, &dev).unwrap(),
+        Some(&bad),
+        0.1,
+        true,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("block_table[0][1] = 9 is past num_pages (6)"), "{e}");
+}
