@@ -12,7 +12,13 @@
 //! | softmax scale | [`AttnOpts::softmax_scale`]; default `1 / sqrt(head_dim)` |
 //! | causal mask | bottom-right aligned, as in FlashAttention 2.1 and later: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`; a row that sees no key gets `o = 0`, `lse = -inf` |
 //! | `lse` | `[batch, heads, seq_q]` f32, contiguous: `ln Σ_j exp(scale · q·k_j)` over the keys the row sees — **natural log**, as FlashAttention returns it. FlashInfer's kernels return base-2 LSE (`log2`): divide by `ln 2` to compare |
-//! | not yet in the kernels | sliding windows, softcap, grouped-query attention (k/v heads != q heads), split-KV: setting them returns [`AttnError::NotSupportedYet`], never a silently different result |
+//! | grouped-query attention | `k`, `v` may have fewer heads than `q` (`heads_kv` dividing `heads`; MQA is 1): query head `i` reads k/v head `i / (heads / heads_kv)` |
+//! | window | [`AttnOpts::window`] `(left, right)` or FlashAttention's [`AttnOpts::window_size`] (`-1` unbounded): query `i` sees key `j` iff `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`, bottom-right aligned; with `causal` the right side is 0 |
+//! | soft cap | [`AttnOpts::softcap`] `c`: scores are `c · tanh(scale · q·k / c)` (Gemma 2) |
+//! | sinks | [`AttnOpts::sinks`]: one f32 logit per q head joins the softmax denominator only; LSE includes it; a row that sees no key then has `o = 0`, `lse = sink` |
+//! | varlen | [`Kernels::flash_attn_varlen`]: packed `[total, heads, d]` sequences with `cu_seqlens` prefix sums ([`IndexTensor`]); masks per sequence; `lse` `[heads, total_q]` |
+//! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states`]; `q`, caches and new tokens contiguous |
+//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), sinks with a KV cache, head dims other than 64 and 128: refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
 //!
 //! # Streams and synchronisation
 //!
@@ -52,15 +58,20 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
+mod kvcache;
+/// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
+pub use cudarc::driver::CudaStream;
+pub use kvcache::PartialsView;
+
 use crate::caps::DeviceCaps;
 use crate::device::cuda::load_module;
 use crate::device::vm::VmDevice;
 use crate::device::{BackendChoice, DevPtr, Device, DeviceError, DeviceOptions};
 use crate::dtype::Dtype;
-use crate::problem::{KernelKind, Layout, Problem, ProblemError};
+use crate::problem::{KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{result, CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::KernelId;
 use std::collections::HashMap;
@@ -106,6 +117,27 @@ pub enum AttnError {
     /// Views for one launch must be made for the same stream.
     #[error("{tensor} was viewed for stream {got:#x}, but q for stream {expected:#x} (one launch runs on one stream)")]
     StreamMismatch { tensor: &'static str, got: usize, expected: usize },
+    /// A window side the kernels cannot represent.
+    #[error("window {side} side {got} is over the kernels' limit of {} keys (i32::MAX; None is unbounded)", i32::MAX)]
+    Window { side: &'static str, got: u32 },
+    /// Per-head sinks that do not fit q.
+    #[error("sinks: {why}")]
+    Sinks { why: String },
+    /// cu_seqlens that are not prefix sums of the packed tensors.
+    #[error("{tensor}: {why}")]
+    SeqLens { tensor: &'static str, why: String },
+    /// A KV-cache rule (capacity, block table, decode kernel limits), named in the message.
+    #[error("KV cache: {why}")]
+    KvCache { why: String },
+    /// A split count over the plan's limit.
+    #[error("num_splits {got} is over the limit of {max} (0 or None lets the library choose)")]
+    Splits { got: u32, max: u32 },
+    /// A launch grid over the device's limit.
+    #[error("`{entry}` needs grid {grid:?}, over the device's limit {limit:?} in {axis}")]
+    Grid { entry: &'static str, grid: [u32; 3], limit: [u32; 3], axis: char },
+    /// The decode kernels address q, o, the caches and new tokens as contiguous tensors.
+    #[error("{tensor} has strides {strides:?}; the decode kernels need it contiguous, strides {want:?}")]
+    NotContiguous { tensor: &'static str, strides: [usize; 4], want: [usize; 4] },
     /// An option the kernels do not implement yet.
     #[error("{feature} is not supported by memattn's kernels yet")]
     NotSupportedYet { feature: &'static str },
@@ -118,24 +150,46 @@ pub enum AttnError {
 }
 
 /// Options of an attention call. Built with setters, so options added later are additions:
-/// `AttnOpts::new().causal(true).softmax_scale(0.1)`.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// `AttnOpts::new().causal(true).softmax_scale(0.1)`. The lifetime is that of the sinks view
+/// ([`AttnOpts::sinks`]); options without sinks are `AttnOpts<'static>`.
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
-pub struct AttnOpts {
+pub struct AttnOpts<'s> {
     /// Multiplies `q·k` before the softmax; `None` is `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
-    /// Bottom-right aligned causal mask (see the module docs).
+    /// Bottom-right aligned causal mask (see the module docs). With a window, causal sets the
+    /// window's right side to 0.
     pub causal: bool,
-    /// Sliding window `(left, right)` in keys, FlashAttention's `window_size`; `None` on a side
-    /// is unbounded. Not in the kernels yet.
+    /// Sliding window `(left, right)` in keys around the bottom-right aligned diagonal,
+    /// FlashAttention's `window_size`; `None` on a side is unbounded. Query `i` sees key `j` iff
+    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right`. A model config's
+    /// `sliding_window = W` is `window(Some(W - 1), Some(0))` with `causal(true)`.
     pub window: (Option<u32>, Option<u32>),
-    /// `softcap · tanh(s / softcap)` on the scores. Not in the kernels yet.
+    /// `softcap · tanh(scale · q·k / softcap)` on the scores (Gemma 2); `None` or `0` is off.
     pub softcap: Option<f32>,
-    /// KV splits (flash-decoding); `None` lets the library choose. Only 1 is in the kernels yet.
+    /// Per-head sink logits (`[heads]` f32 on the kernels' device): each joins its head's
+    /// softmax denominator only, and LSE includes it (gpt-oss). `None`: no sinks.
+    pub sinks: Option<&'s SinksView<'s>>,
+    /// KV splits (flash-decoding) of [`Kernels::flash_attn_with_kvcache`]: `None` or `Some(0)`
+    /// lets the library choose (FlashAttention-2's heuristic), `Some(n)` is `n` splits
+    /// (1..=128). The prefill calls run one split: there, only `None`, 0 and 1 are accepted.
     pub num_splits: Option<u32>,
 }
 
-impl AttnOpts {
+impl PartialEq for AttnOpts<'_> {
+    /// Equal options; sinks are equal when they view the same device address.
+    fn eq(&self, other: &Self) -> bool {
+        let sinks = |o: &Self| o.sinks.map(|s| (s.0.raw.ptr, s.0.raw.place));
+        self.softmax_scale == other.softmax_scale
+            && self.causal == other.causal
+            && self.window == other.window
+            && self.softcap == other.softcap
+            && sinks(self) == sinks(other)
+            && self.num_splits == other.num_splits
+    }
+}
+
+impl<'s> AttnOpts<'s> {
     /// Defaults: scale `1/sqrt(head_dim)`, no mask.
     pub fn new() -> Self {
         Self::default()
@@ -155,9 +209,21 @@ impl AttnOpts {
         self.window = (left, right);
         self
     }
+    /// FlashAttention's `window_size=(left, right)`: a negative side (FlashAttention writes `-1`)
+    /// is unbounded. `window_size(-1, -1)` is no window.
+    pub fn window_size(mut self, left: i32, right: i32) -> Self {
+        let side = |w: i32| u32::try_from(w).ok();
+        self.window = (side(left), side(right));
+        self
+    }
     /// See [`AttnOpts::softcap`](struct.AttnOpts.html#structfield.softcap).
     pub fn softcap(mut self, softcap: f32) -> Self {
         self.softcap = Some(softcap);
+        self
+    }
+    /// See [`AttnOpts::sinks`](struct.AttnOpts.html#structfield.sinks).
+    pub fn sinks(mut self, sinks: &'s SinksView<'s>) -> Self {
+        self.sinks = Some(sinks);
         self
     }
     /// See [`AttnOpts::num_splits`](struct.AttnOpts.html#structfield.num_splits).
@@ -166,16 +232,23 @@ impl AttnOpts {
         self
     }
 
-    /// Refuses the options the kernels do not implement yet.
-    fn check_supported(&self) -> Result<(), AttnError> {
-        if self.window != (None, None) {
-            return Err(AttnError::NotSupportedYet { feature: "a sliding window (AttnOpts::window)" });
-        }
-        if self.softcap.is_some_and(|c| c != 0.0) {
-            return Err(AttnError::NotSupportedYet { feature: "softcap (AttnOpts::softcap)" });
-        }
-        if self.num_splits.is_some_and(|n| n != 1) {
-            return Err(AttnError::NotSupportedYet { feature: "split-KV (AttnOpts::num_splits other than 1)" });
+    /// The window as the kernels take it: `(left, right)`, `-1` unbounded. A side over
+    /// `i32::MAX` keys is refused.
+    fn window_i32(&self) -> Result<(i32, i32), AttnError> {
+        let side = |name: &'static str, w: Option<u32>| match w {
+            None => Ok(-1),
+            Some(w) => i32::try_from(w).map_err(|_| AttnError::Window { side: name, got: w }),
+        };
+        Ok((side("left", self.window.0)?, side("right", self.window.1)?))
+    }
+
+    /// Refuses split counts on the one-split (prefill) calls.
+    fn check_one_split(&self) -> Result<(), AttnError> {
+        if self.num_splits.is_some_and(|n| n > 1) {
+            return Err(AttnError::NotSupportedYet {
+                feature: "split-KV in the prefill calls (AttnOpts::num_splits over 1; \
+                          flash_attn_with_kvcache splits)",
+            });
         }
         Ok(())
     }
@@ -498,6 +571,31 @@ impl<'a> LseViewMut<'a> {
     }
 }
 
+/// Per-head sink logits, `[heads]` f32, contiguous, on the kernels' device (see
+/// [`AttnOpts::sinks`]). Their values are not read by the host: they must be finite.
+pub struct SinksView<'a>(TensorView<'a>);
+
+impl fmt::Debug for SinksView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SinksView({} heads at {:#x} on {})", self.heads(), self.0.raw.ptr, self.0.raw.place)
+    }
+}
+
+impl<'a> SinksView<'a> {
+    /// Sinks in a VM buffer (`heads` f32 from its start).
+    pub fn vm(buf: &'a VmBuffer, heads: usize) -> Result<Self, AttnError> {
+        Ok(SinksView(TensorView::vm(buf, Dtype::F32, [1, 1, heads, 1])?))
+    }
+    /// Sinks in a cudarc f32 slice, for a launch on `stream`.
+    pub fn cuda<S: DevicePtr<f32>>(slice: &'a S, stream: &'a Arc<CudaStream>, heads: usize) -> Result<Self, AttnError> {
+        Ok(SinksView(TensorView::cuda(slice, stream, [1, 1, heads, 1])?))
+    }
+    /// The number of heads.
+    pub fn heads(&self) -> usize {
+        self.0.raw.shape[2]
+    }
+}
+
 /// An output the allocating calls return: memory owned by memattn on the kernels' device.
 pub struct DeviceTensor {
     storage: Storage,
@@ -510,7 +608,30 @@ enum Storage {
     Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
 }
 
+impl fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on = match &self.storage {
+            Storage::Vm(b) => format!("VM #{}", b.vm.id),
+            Storage::Cuda { .. } => "CUDA".to_string(),
+        };
+        write!(f, "DeviceTensor({} {:?} at {:#x} on {on})", self.dtype, self.shape, self.ptr())
+    }
+}
+
+impl Storage {
+    fn ptr(&self) -> u64 {
+        match self {
+            Storage::Vm(b) => b.ptr,
+            Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
+        }
+    }
+}
+
 impl DeviceTensor {
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.storage.ptr()
+    }
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
@@ -555,6 +676,8 @@ struct CudaKernels {
     /// Function handle and the dynamic shared memory it is opted in to.
     functions: Mutex<HashMap<KernelId, (usize, u32)>>,
     caps: DeviceCaps,
+    /// Multiprocessors, for the split plan of the KV-cache call.
+    sm_count: u32,
 }
 
 // SAFETY: driver handles may be used from any thread; the function cache is behind a mutex.
@@ -612,7 +735,13 @@ impl Kernels {
             free_memory_bytes: 0,
         };
         Ok(Kernels {
-            inner: Inner::Cuda(CudaKernels { ctx: ctx.clone(), module, functions: Mutex::new(HashMap::new()), caps }),
+            inner: Inner::Cuda(CudaKernels {
+                ctx: ctx.clone(),
+                module,
+                functions: Mutex::new(HashMap::new()),
+                caps,
+                sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            }),
         })
     }
 
@@ -658,6 +787,49 @@ impl Kernels {
         Ok(buf)
     }
 
+    /// Copies `values` to the kernels' device (on CUDA: on `stream`, without waiting) and keeps a
+    /// host copy for validation: the `cu_seqlens` of [`Kernels::flash_attn_varlen`], the
+    /// `cache_seqlens` and block table of [`Kernels::flash_attn_with_kvcache`]. On CUDA the
+    /// tensor must be used on the same stream.
+    pub fn index_tensor(&self, values: &[u32], stream: Option<&Arc<CudaStream>>) -> Result<IndexTensor, AttnError> {
+        match &self.inner {
+            Inner::Vm(vm) => {
+                let buf = self.vm_alloc(values.len() as u64 * 4)?;
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                vm.lock().upload_bytes(buf.ptr, &bytes)?;
+                Ok(IndexTensor {
+                    values: values.to_vec(),
+                    ptr: buf.ptr,
+                    place: Place::Vm(vm.id),
+                    _storage: IndexStorage::Vm(buf),
+                })
+            }
+            Inner::Cuda(c) => {
+                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
+                    tensor: "an index tensor",
+                    got: "no stream".into(),
+                    expected: "a stream of the kernels' context (CUDA kernels copy indices on a stream)".into(),
+                })?;
+                if stream.context().cu_ctx() != c.ctx.cu_ctx() {
+                    return Err(AttnError::StreamContext {
+                        tensor: "an index tensor",
+                        got: stream.context().cu_ctx() as usize,
+                        expected: c.ctx.cu_ctx() as usize,
+                    });
+                }
+                let padded: Vec<u32> = if values.is_empty() { vec![0] } else { values.to_vec() };
+                let slice = stream.clone_htod(&padded).map_err(|e| cuda_err("copying indices to the device", e))?;
+                let ptr = slice.device_ptr(stream).0;
+                Ok(IndexTensor {
+                    values: values.to_vec(),
+                    ptr,
+                    place: cuda_place(stream),
+                    _storage: IndexStorage::Cuda(slice),
+                })
+            }
+        }
+    }
+
     /// `o = softmax(scale · q kᵀ [masked]) v` and `lse`, into buffers memattn allocates on the
     /// kernels' device (on CUDA: on q's stream). See the module docs for the semantics.
     pub fn flash_attn(
@@ -665,16 +837,42 @@ impl Kernels {
         q: &TensorView<'_>,
         k: &TensorView<'_>,
         v: &TensorView<'_>,
-        opts: &AttnOpts,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
+        self.attn_alloc(q, k, v, opts, None)
+    }
+
+    /// [`Kernels::flash_attn`] and [`Kernels::flash_attn_varlen`]: validate, allocate, launch.
+    fn attn_alloc(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttnOpts<'_>,
+        varlen: Option<&VarlenArgs<'_>>,
     ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
         let [b, sq, h, d] = q.raw.shape;
         let o_shape = [b, sq, h, d];
         let lse_shape = [b, h, sq, 1];
         // Validate before allocating, so a refused call allocates nothing.
-        let plan = self.plan(q, k, v, None, opts)?;
+        let plan = self.plan(q, k, v, None, opts, varlen)?;
         let o_bytes = (b * sq * h * d) as u64 * q.raw.dtype.size_bytes();
         let lse_bytes = (b * h * sq) as u64 * 4;
-        let (o, lse) = match &self.inner {
+        let (o, lse) = self.alloc_outputs(q, o_bytes, lse_bytes)?;
+        let o = DeviceTensor { storage: o, dtype: q.raw.dtype, shape: o_shape };
+        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: lse_shape };
+        let mut params = plan.params;
+        params.o = o.ptr();
+        params.lse = lse.ptr();
+        params.o_strides = Strides::bshd(sq as u64, h as u64, d as u64);
+        self.launch(&plan, &params, q.stream.as_deref())?;
+        Ok((o, lse))
+    }
+
+    /// Two output buffers of `o_bytes` and `lse_bytes` on the kernels' device (on CUDA on q's
+    /// stream, so they are freed in that stream's order).
+    fn alloc_outputs(&self, q: &TensorView<'_>, o_bytes: u64, lse_bytes: u64) -> Result<(Storage, Storage), AttnError> {
+        Ok(match &self.inner {
             Inner::Vm(_) => {
                 let o = self.vm_alloc(o_bytes)?;
                 let lse = self.vm_alloc(lse_bytes)?;
@@ -692,19 +890,7 @@ impl Kernels {
                 let (o, lse) = (alloc(o_bytes)?, alloc(lse_bytes)?);
                 (Storage::Cuda { slice: o, stream: stream.clone() }, Storage::Cuda { slice: lse, stream })
             }
-        };
-        let o = DeviceTensor { storage: o, dtype: q.raw.dtype, shape: o_shape };
-        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: lse_shape };
-        let ptr = |t: &DeviceTensor| match &t.storage {
-            Storage::Vm(b) => b.ptr,
-            Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
-        };
-        let mut params = plan.params;
-        params.o = ptr(&o);
-        params.lse = ptr(&lse);
-        params.o_strides = Strides::bshd(sq as u64, h as u64, d as u64);
-        self.launch(&plan, &params, q.stream.as_deref())?;
-        Ok((o, lse))
+        })
     }
 
     /// As [`Kernels::flash_attn`], writing `o` and `lse` into the caller's buffers (the kernels
@@ -717,24 +903,99 @@ impl Kernels {
         v: &TensorView<'_>,
         o: &mut TensorViewMut<'_>,
         lse: &mut LseViewMut<'_>,
-        opts: &AttnOpts,
+        opts: &AttnOpts<'_>,
     ) -> Result<(), AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
-        let plan = self.plan(q, k, v, Some(outs), opts)?;
+        let plan = self.plan(q, k, v, Some(outs), opts, None)?;
+        self.launch(&plan, &plan.params, q.stream.as_deref())
+    }
+
+    /// Attention over a batch of packed sequences of different lengths, FlashAttention-2's
+    /// `flash_attn_varlen_func`: `q` is `[total_q, heads, head_dim]` and `k`, `v`
+    /// `[total_kv, heads_kv, head_dim]`, viewed as batch 1 (`[1, total, heads, head_dim]`, any
+    /// seq/head strides); sequence `b` is q rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` and k/v
+    /// rows `cu_seqlens_kv[b]..cu_seqlens_kv[b + 1]`. Causal masks and windows apply within each
+    /// sequence, bottom-right aligned to its own lengths. `max_seqlen_q` / `max_seqlen_kv` bound
+    /// the longest sequences (they size the grid, as in FlashAttention). Returns `o`
+    /// `[1, total_q, heads, head_dim]` and `lse` `[heads, total_q]` (shape `[1, heads, total_q, 1]`).
+    /// The cu_seqlens must start at 0, not decrease and end at the totals: each rule is an
+    /// [`AttnError::SeqLens`]. Empty sequences are allowed and produce nothing.
+    ///
+    /// ```
+    /// use memattn::attn::{AttnOpts, Kernels, TensorView};
+    /// use memattn::Dtype;
+    ///
+    /// let kernels = Kernels::vm()?;
+    /// let (h, d) = (2, 64);
+    /// let lens = [5, 0, 11]; // three sequences, one empty
+    /// let total: usize = lens.iter().sum();
+    /// let cu = kernels.index_tensor(&[0, 5, 5, 16], None)?;
+    /// let x: Vec<f32> = (0..total * h * d).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+    /// let buf = kernels.vm_upload(&x)?;
+    /// let t = TensorView::vm(&buf, Dtype::F32, [1, total, h, d])?;
+    /// let (o, lse) = kernels.flash_attn_varlen(&t, &t, &t, &cu, &cu, 11, 11, &AttnOpts::new().causal(true))?;
+    /// let (o, lse) = (o.to_vec_f32()?, lse.to_vec_f32()?);
+    /// // Row 5 starts the third sequence: causal, it sees only its own key, so o = v there.
+    /// assert!((o[5 * h * d] - x[5 * h * d]).abs() < 1e-6);
+    /// assert_eq!(lse.len(), h * total); // [heads, total_q]
+    ///
+    /// // A prefix sum that decreases is refused before anything runs.
+    /// let bad = kernels.index_tensor(&[0, 5, 4, 16], None)?;
+    /// let e = kernels.flash_attn_varlen(&t, &t, &t, &bad, &cu, 11, 11, &AttnOpts::new()).unwrap_err();
+    /// assert!(e.to_string().contains("non-decreasing"), "{e}");
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature
+    pub fn flash_attn_varlen(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        cu_seqlens_q: &IndexTensor,
+        cu_seqlens_kv: &IndexTensor,
+        max_seqlen_q: usize,
+        max_seqlen_kv: usize,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_kv, max_q: max_seqlen_q, max_kv: max_seqlen_kv };
+        self.attn_alloc(q, k, v, opts, Some(&va))
+    }
+
+    /// As [`Kernels::flash_attn_varlen`], into the caller's `o` (`[1, total_q, heads, head_dim]`)
+    /// and `lse` ([`LseViewMut`] of batch 1, heads, total_q).
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature plus the outputs
+    pub fn flash_attn_varlen_into(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        cu_seqlens_q: &IndexTensor,
+        cu_seqlens_kv: &IndexTensor,
+        max_seqlen_q: usize,
+        max_seqlen_kv: usize,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_kv, max_q: max_seqlen_q, max_kv: max_seqlen_kv };
+        let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
+        let plan = self.plan(q, k, v, Some(outs), opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
     /// Validates everything and builds the kernel parameters (outputs filled when given).
+    /// `varlen`: packed sequences (`q`, `k`, `v` of batch 1, `[1, total, heads, d]`).
     fn plan(
         &self,
         q: &TensorView<'_>,
         k: &TensorView<'_>,
         v: &TensorView<'_>,
         outs: Option<Outputs<'_>>,
-        opts: &AttnOpts,
+        opts: &AttnOpts<'_>,
+        varlen: Option<&VarlenArgs<'_>>,
     ) -> Result<Plan, AttnError> {
-        opts.check_supported()?;
-        let expected = self.place_name();
+        opts.check_one_split()?;
+        let window = opts.window_i32()?;
         let mut tensors: Vec<(&'static str, &RawView, Option<&CudaStream>)> = vec![
             ("q", &q.raw, q.stream.as_deref()),
             ("k", &k.raw, k.stream.as_deref()),
@@ -747,46 +1008,23 @@ impl Kernels {
         if let Some((l, ls)) = &lse_raw {
             tensors.push(("lse", l, *ls));
         }
-        // Same device, same context, one stream.
-        for (name, t, stream) in &tensors {
-            let same = match (&self.inner, t.place) {
-                (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
-                (Inner::Cuda(c), Place::Cuda { ctx, .. }) => {
-                    if let Some(s) = stream {
-                        let sctx = s.context().cu_ctx() as usize;
-                        if sctx != c.ctx.cu_ctx() as usize {
-                            return Err(AttnError::StreamContext {
-                                tensor: name,
-                                got: sctx,
-                                expected: c.ctx.cu_ctx() as usize,
-                            });
-                        }
-                    }
-                    ctx == c.ctx.cu_ctx() as usize
-                }
-                _ => false,
-            };
-            if !same {
-                return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected });
-            }
-            if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.raw.place) {
-                if s != qs {
-                    return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
-                }
-            }
+        if let Some(s) = opts.sinks {
+            tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
         }
+        self.check_places(&tensors, &q.raw)?;
         // Dtypes.
         let dtype = q.raw.dtype;
         for (name, t, _) in &tensors {
-            let want = if *name == "lse" { Dtype::F32 } else { dtype };
+            let want = if matches!(*name, "lse" | "sinks") { Dtype::F32 } else { dtype };
             if t.dtype != want {
                 return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
             }
         }
         // Shapes.
         let [b, sq, h, d] = q.raw.shape;
+        let kh = k.raw.shape[2];
         for (name, t) in [("k", &k.raw), ("v", &v.raw)] {
-            let [kb, _, kh, kd] = t.shape;
+            let [kb, _, th, kd] = t.shape;
             if kb != b {
                 return Err(AttnError::Shape {
                     tensor: name,
@@ -801,17 +1039,30 @@ impl Kernels {
                     why: format!("head_dim {kd} != q's head_dim {d}"),
                 });
             }
-            if kh != h {
-                return Err(AttnError::NotSupportedYet {
-                    feature: "grouped-query attention (k/v with fewer heads than q)",
+            if th == 0 || !h.is_multiple_of(th) {
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: format!(
+                        "{th} heads do not divide q's {h} heads (grouped-query attention: query head i reads \
+                         k/v head i / (q heads / k/v heads))"
+                    ),
+                });
+            }
+            if th != kh {
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: format!("{th} heads != k's {kh} heads (k and v have one head count)"),
                 });
             }
         }
         if k.raw.shape[1] != v.raw.shape[1] {
+            let what = if varlen.is_some() { "total_kv" } else { "seq_kv" };
             return Err(AttnError::Shape {
                 tensor: "v",
                 got: v.raw.shape,
-                why: format!("seq_kv {} != k's seq_kv {}", v.raw.shape[1], k.raw.shape[1]),
+                why: format!("{what} {} != k's {what} {}", v.raw.shape[1], k.raw.shape[1]),
             });
         }
         let skv = k.raw.shape[1];
@@ -826,10 +1077,17 @@ impl Kernels {
         }
         if let Some((l, _)) = &lse_raw {
             if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
-                return Err(AttnError::Shape {
-                    tensor: "lse",
-                    got: l.shape,
-                    why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                let why = match varlen {
+                    Some(_) => format!("lse must be contiguous [heads, total_q] = [{h}, {sq}] f32 (packed sequences)"),
+                    None => format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                };
+                return Err(AttnError::Shape { tensor: "lse", got: l.shape, why });
+            }
+        }
+        if let Some(s) = opts.sinks {
+            if s.heads() != h {
+                return Err(AttnError::Sinks {
+                    why: format!("{} sink logits for q's {h} heads (one per head)", s.heads()),
                 });
             }
         }
@@ -845,17 +1103,36 @@ impl Kernels {
                 why: format!("{what} {n} is over the kernels' limit {}", u32::MAX),
             })
         };
+        // Varlen: `batch` sequences of at most max_seqlen rows, packed in one batch-1 tensor.
+        let (batch, seq_q, seq_kv) = match varlen {
+            None => (b, sq, skv),
+            Some(va) => {
+                if b != 1 {
+                    return Err(AttnError::Shape {
+                        tensor: "q",
+                        got: q.raw.shape,
+                        why: "packed sequences are viewed as [1, total, heads, head_dim] (batch 1)".into(),
+                    });
+                }
+                let nseq = self.check_varlen(va, &q.raw, sq, skv)?;
+                (nseq, va.max_q.max(1), va.max_kv.max(1))
+            }
+        };
         let problem = Problem {
-            batch: to_u32("q", b, "batch")?,
+            batch: to_u32("q", batch, "batch")?,
             heads: to_u32("q", h, "heads")?,
-            seq_q: to_u32("q", sq, "seq_q")?,
-            seq_kv: to_u32("k", skv, "seq_kv")?,
+            seq_q: to_u32("q", seq_q, "seq_q")?,
+            seq_kv: to_u32("k", seq_kv, "seq_kv")?,
             head_dim: to_u32("q", d, "head_dim")?,
             dtype,
             causal: opts.causal,
             scale: opts.softmax_scale,
             layout: Layout::Bshd,
-            ..Problem::default()
+            heads_kv: Some(to_u32("k", kh, "heads")?),
+            window,
+            softcap: opts.softcap.unwrap_or(0.0),
+            sinks: opts.sinks.is_some(),
+            varlen: None,
         };
         problem.validate(KernelKind::Flash, &self.caps()?)?;
         let launch = problem.launches(KernelKind::Flash)?[0];
@@ -882,6 +1159,9 @@ impl Kernels {
                 }
                 if *name != "o" {
                     for (i, what) in [(0, "the batch stride"), (1, "the seq stride"), (2, "the head stride")] {
+                        if i == 0 && varlen.is_some() {
+                            continue; // one packed batch: the batch stride is not used
+                        }
                         if !t.strides[i].is_multiple_of(8) {
                             return Err(AttnError::Misaligned {
                                 tensor: name,
@@ -893,6 +1173,13 @@ impl Kernels {
                         }
                     }
                 }
+            }
+        }
+        if let Some(s) = opts.sinks {
+            if !s.0.raw.ptr.is_multiple_of(4) {
+                return Err(AttnError::Sinks {
+                    why: format!("the base pointer {:#x} is not 4-byte aligned", s.0.raw.ptr),
+                });
             }
         }
         let mut params = AttnParams {
@@ -909,8 +1196,18 @@ impl Kernels {
             head_dim: problem.head_dim,
             causal: problem.causal as u32,
             softmax_scale: problem.softmax_scale(),
+            heads_kv: problem.kv_heads(),
+            window_left: problem.window.0,
+            window_right: problem.window.1,
+            softcap: problem.softcap,
+            sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
             ..AttnParams::default()
         };
+        if let Some(va) = varlen {
+            params.cu_seqlens_q = va.cu_q.ptr;
+            params.cu_seqlens_kv = va.cu_kv.ptr;
+            params.total_q = to_u32("q", sq, "total_q")?;
+        }
         if let Some((o, _, l, _)) = outs {
             params.o = o.ptr;
             params.o_strides = o.kernel_strides();
@@ -919,6 +1216,104 @@ impl Kernels {
             }
         }
         Ok(Plan { kernel: launch.kernel, dims: launch.dims, params })
+    }
+
+    /// The cu_seqlens of a varlen call: on the kernels' device and q's stream, `batch + 1` prefix
+    /// sums each (first 0, non-decreasing, ending at the packed tensors' totals), the longest
+    /// sequences within `max_seqlen_*`. Returns the number of sequences.
+    fn check_varlen(
+        &self,
+        va: &VarlenArgs<'_>,
+        q: &RawView,
+        total_q: usize,
+        total_kv: usize,
+    ) -> Result<usize, AttnError> {
+        for (n, (name, cu, total, max)) in
+            [("cu_seqlens_q", va.cu_q, total_q, va.max_q), ("cu_seqlens_kv", va.cu_kv, total_kv, va.max_kv)]
+                .into_iter()
+                .enumerate()
+        {
+            self.check_index(name, cu, q)?;
+            let bad = |why: String| AttnError::SeqLens { tensor: name, why };
+            let lens = Varlen::lens_from_cu(&cu.values, name).map_err(bad)?;
+            let last = *cu.values.last().expect("lens_from_cu checked >= 2 entries") as usize;
+            if last != total {
+                let packed = if n == 0 { "q has" } else { "k and v have" };
+                return Err(bad(format!("the last prefix sum is {last}, but {packed} {total} packed rows")));
+            }
+            let long = lens.iter().copied().max().unwrap_or(0) as usize;
+            if long > max {
+                let what = if n == 0 { "max_seqlen_q" } else { "max_seqlen_kv" };
+                return Err(bad(format!("a sequence has {long} rows, over {what} = {max}")));
+            }
+        }
+        if va.cu_q.values.len() != va.cu_kv.values.len() {
+            return Err(AttnError::SeqLens {
+                tensor: "cu_seqlens_kv",
+                why: format!(
+                    "{} entries, but cu_seqlens_q has {} (one prefix sum per sequence, plus the leading 0)",
+                    va.cu_kv.values.len(),
+                    va.cu_q.values.len()
+                ),
+            });
+        }
+        Ok(va.cu_q.values.len() - 1)
+    }
+
+    /// An index tensor must live where the kernels run and be made for q's stream (its upload
+    /// was queued there, so the launch is ordered after it).
+    fn check_index(&self, name: &'static str, t: &IndexTensor, q: &RawView) -> Result<(), AttnError> {
+        let ok = match (&self.inner, t.place) {
+            (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
+            (Inner::Cuda(c), Place::Cuda { ctx, .. }) => ctx == c.ctx.cu_ctx() as usize,
+            _ => false,
+        };
+        if !ok {
+            return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected: self.place_name() });
+        }
+        if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place) {
+            if s != qs {
+                return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
+            }
+        }
+        Ok(())
+    }
+
+    /// Same device, same context, one stream: every tensor against the kernels and `q`.
+    fn check_places(
+        &self,
+        tensors: &[(&'static str, &RawView, Option<&CudaStream>)],
+        q: &RawView,
+    ) -> Result<(), AttnError> {
+        let expected = self.place_name();
+        for (name, t, stream) in tensors {
+            let same = match (&self.inner, t.place) {
+                (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
+                (Inner::Cuda(c), Place::Cuda { ctx, .. }) => {
+                    if let Some(s) = stream {
+                        let sctx = s.context().cu_ctx() as usize;
+                        if sctx != c.ctx.cu_ctx() as usize {
+                            return Err(AttnError::StreamContext {
+                                tensor: name,
+                                got: sctx,
+                                expected: c.ctx.cu_ctx() as usize,
+                            });
+                        }
+                    }
+                    ctx == c.ctx.cu_ctx() as usize
+                }
+                _ => false,
+            };
+            if !same {
+                return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected });
+            }
+            if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place) {
+                if s != qs {
+                    return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The device's launch limits, for validation.
@@ -930,10 +1325,20 @@ impl Kernels {
     }
 
     fn launch(&self, plan: &Plan, params: &AttnParams, stream: Option<&CudaStream>) -> Result<(), AttnError> {
-        let bytes = params.to_bytes();
+        self.launch_bytes(plan.kernel, &plan.dims, &params.to_bytes(), stream)
+    }
+
+    /// Launches `kernel` with its one by-value parameter struct `bytes` (a multiple of 8 bytes).
+    fn launch_bytes(
+        &self,
+        kernel: KernelId,
+        dims: &kernels_gpu::tiles::LaunchDims,
+        bytes: &[u8],
+        stream: Option<&CudaStream>,
+    ) -> Result<(), AttnError> {
         match &self.inner {
             Inner::Vm(v) => {
-                v.lock().launch(plan.kernel.name(), &plan.dims, &[&bytes])?;
+                v.lock().launch(kernel.name(), dims, &[bytes])?;
                 Ok(())
             }
             Inner::Cuda(c) => {
@@ -943,17 +1348,16 @@ impl Kernels {
                     expected: "a view made for a stream".into(),
                 })?;
                 c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-                let f = c.function(plan.kernel, plan.dims.dynamic_smem_bytes)?;
+                let f = c.function(kernel, dims.dynamic_smem_bytes)?;
                 // The one parameter, in an 8-byte aligned buffer (the PTX declares `.align 8`).
-                let mut words = [0u64; kernels_gpu::abi::ATTN_PARAMS_BYTES / 8];
-                for (i, w) in words.iter_mut().enumerate() {
-                    *w = u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-                }
+                let mut words: Vec<u64> =
+                    bytes.chunks(8).map(|w| u64::from_le_bytes(w.try_into().expect("8-byte multiple"))).collect();
                 let mut ptrs = [words.as_mut_ptr() as *mut c_void];
-                let d = &plan.dims;
-                // SAFETY: `f` is a live function of this module taking one `AttnParams`; every
-                // pointer in it was validated above (device, bounds, alignment) and its buffers
-                // are borrowed by the views for the call; `ptrs` outlives the call.
+                let d = dims;
+                // SAFETY: `f` is a live function of this module taking one parameter struct of
+                // `bytes.len()` bytes; every pointer in it was validated by the caller (device,
+                // bounds, alignment) and its buffers are borrowed for the call; `ptrs` and
+                // `words` outlive the call.
                 unsafe {
                     result::launch_kernel(
                         f as sys::CUfunction,
@@ -964,7 +1368,7 @@ impl Kernels {
                         &mut ptrs,
                     )
                 }
-                .map_err(|e| cuda_err(&format!("launch of `{}`", plan.kernel.name()), e))?;
+                .map_err(|e| cuda_err(&format!("launch of `{}`", kernel.name()), e))?;
                 Ok(())
             }
         }
@@ -1000,6 +1404,49 @@ impl CudaKernels {
         }
         cache.insert(kernel, entry);
         Ok(entry.0)
+    }
+}
+
+/// The packed-sequence arguments of [`Kernels::flash_attn_varlen`].
+struct VarlenArgs<'a> {
+    cu_q: &'a IndexTensor,
+    cu_kv: &'a IndexTensor,
+    max_q: usize,
+    max_kv: usize,
+}
+
+/// u32 indices on the kernels' device with a host copy of their values: `cu_seqlens`,
+/// `cache_seqlens`, block tables. Validation reads the host copy, so a call checks every index
+/// before its launch without reading device memory back (no synchronisation); the device copy
+/// is what the kernels read. Make one per batch with [`Kernels::index_tensor`] and reuse it for
+/// every layer. The values cannot change after it is made.
+pub struct IndexTensor {
+    values: Vec<u32>,
+    ptr: u64,
+    place: Place,
+    _storage: IndexStorage,
+}
+
+#[allow(dead_code)] // owns the device memory the pointer refers to
+enum IndexStorage {
+    Vm(VmBuffer),
+    Cuda(CudaSlice<u32>),
+}
+
+impl fmt::Debug for IndexTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IndexTensor({:?} at {:#x} on {})", self.values, self.ptr, self.place)
+    }
+}
+
+impl IndexTensor {
+    /// The values (the host copy).
+    pub fn values(&self) -> &[u32] {
+        &self.values
+    }
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
     }
 }
 

@@ -479,14 +479,7 @@ impl DecodeInputs {
             (CacheLayout::Contiguous { seq_cache }, None) => {
                 want("k_cache", self.k_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
                 want("v_cache", self.v_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
-                for b in 0..p.batch as usize {
-                    if p.seqlen_k(b) > seq_cache {
-                        return bad(format!(
-                            "cache_seqlens[{b}] + new tokens = {} + {} exceeds the cache's {seq_cache} keys per sequence",
-                            p.cache_seqlens[b], p.seq_new
-                        ));
-                    }
-                }
+                check_cache_layout(p, self.layout, &self.block_table)?;
             }
             (CacheLayout::Paged { page_size, num_pages, max_pages }, Some(ps)) if ps == page_size => {
                 if page_size == 0 {
@@ -495,38 +488,7 @@ impl DecodeInputs {
                 want("k_cache", self.k_cache.len(), num_pages as u64 * page_size as u64 * row)?;
                 want("v_cache", self.v_cache.len(), num_pages as u64 * page_size as u64 * row)?;
                 want("block_table", self.block_table.len(), p.batch as u64 * max_pages as u64)?;
-                let mut refs = std::collections::HashMap::<u32, u32>::new();
-                let mut written = std::collections::HashSet::<u32>::new();
-                for b in 0..p.batch as usize {
-                    let need = p.pages_needed(b, page_size);
-                    if need > max_pages {
-                        return bad(format!(
-                            "cache_seqlens[{b}] + new tokens = {} + {} needs {need} pages of {page_size}, \
-                             the block table has {max_pages} per sequence",
-                            p.cache_seqlens[b], p.seq_new
-                        ));
-                    }
-                    for s in 0..need as usize {
-                        let page = self.block_table[b * max_pages as usize + s];
-                        if page >= num_pages {
-                            return bad(format!(
-                                "block_table[{b}][{s}] = {page} is past num_pages ({num_pages}): every page a \
-                                 sequence uses must be < num_pages"
-                            ));
-                        }
-                        *refs.entry(page).or_default() += 1;
-                        let (lo, hi) = (s as u32 * page_size, (s as u32 + 1) * page_size);
-                        if p.seq_new > 0 && hi > p.cache_seqlens[b] && lo < p.seqlen_k(b) {
-                            written.insert(page);
-                        }
-                    }
-                }
-                if let Some(page) = written.iter().find(|pg| refs[pg] > 1) {
-                    return bad(format!(
-                        "page {page} receives appended tokens and is in more than one block-table entry: \
-                         duplicate pages are allowed only for pages that are read, not written"
-                    ));
-                }
+                check_cache_layout(p, self.layout, &self.block_table)?;
             }
             (layout, ps) => return bad(format!("cache layout {layout:?} does not match page size {ps:?}")),
         }
@@ -565,6 +527,69 @@ impl DecodeInputs {
         }
         (k, v)
     }
+}
+
+/// The capacity and block-table rules of a decode call, on the host values: every sequence's
+/// `cache_seqlens[b] + seq_new` keys fit (a contiguous cache's rows per sequence, or the block
+/// table's pages), every page a sequence uses is `< num_pages`, and a page that receives
+/// appended tokens is referenced once. `block_table` is `[batch, max_pages]` (paged only).
+pub(crate) fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &[u32]) -> Result<(), Error> {
+    let bad = |m: String| Err(Error::Usage(m));
+    match layout {
+        CacheLayout::Contiguous { seq_cache } => {
+            for b in 0..p.batch as usize {
+                if p.seqlen_k(b) > seq_cache {
+                    return bad(format!(
+                        "cache_seqlens[{b}] + new tokens = {} + {} exceeds the cache's {seq_cache} keys per sequence",
+                        p.cache_seqlens[b], p.seq_new
+                    ));
+                }
+            }
+        }
+        CacheLayout::Paged { page_size, num_pages, max_pages } => {
+            if block_table.len() as u64 != p.batch as u64 * max_pages as u64 {
+                return bad(format!(
+                    "block_table has {} entries, [batch, max_pages] = [{}, {max_pages}] needs {}",
+                    block_table.len(),
+                    p.batch,
+                    p.batch as u64 * max_pages as u64
+                ));
+            }
+            let mut refs = std::collections::HashMap::<u32, u32>::new();
+            let mut written = std::collections::HashSet::<u32>::new();
+            for b in 0..p.batch as usize {
+                let need = p.pages_needed(b, page_size);
+                if need > max_pages {
+                    return bad(format!(
+                        "cache_seqlens[{b}] + new tokens = {} + {} needs {need} pages of {page_size}, \
+                         the block table has {max_pages} per sequence",
+                        p.cache_seqlens[b], p.seq_new
+                    ));
+                }
+                for s in 0..need as usize {
+                    let page = block_table[b * max_pages as usize + s];
+                    if page >= num_pages {
+                        return bad(format!(
+                            "block_table[{b}][{s}] = {page} is past num_pages ({num_pages}): every page a \
+                             sequence uses must be < num_pages"
+                        ));
+                    }
+                    *refs.entry(page).or_default() += 1;
+                    let (lo, hi) = (s as u32 * page_size, (s as u32 + 1) * page_size);
+                    if p.seq_new > 0 && hi > p.cache_seqlens[b] && lo < p.seqlen_k(b) {
+                        written.insert(page);
+                    }
+                }
+            }
+            if let Some(page) = written.iter().find(|pg| refs[pg] > 1) {
+                return bad(format!(
+                    "page {page} receives appended tokens and is in more than one block-table entry: \
+                     duplicate pages are allowed only for pages that are read, not written"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The f64 reference of a decode call.
@@ -878,6 +903,84 @@ pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(Kern
     Ok(out)
 }
 
+/// Device addresses of one decode call (0 where unused: no new tokens, a contiguous cache, one
+/// split).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DecodeBuffers {
+    pub q: DevPtr,
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    pub k_new: DevPtr,
+    pub v_new: DevPtr,
+    pub block_table: DevPtr,
+    pub cache_seqlens: DevPtr,
+    pub o: DevPtr,
+    pub lse: DevPtr,
+    pub o_part: DevPtr,
+    pub lse_part: DevPtr,
+}
+
+/// The [`DecodeParams`] of a call: the one place they are built (the CLI's [`run_decode`] and
+/// the library's [`crate::attn::Kernels::flash_attn_with_kvcache`] both use it).
+pub(crate) fn decode_params(
+    p: &DecodeProblem,
+    layout: CacheLayout,
+    num_splits: u32,
+    bufs: &DecodeBuffers,
+) -> DecodeParams {
+    let (seq_cache, page_size, max_pages) = match layout {
+        CacheLayout::Contiguous { seq_cache } => (seq_cache, 0, 0),
+        CacheLayout::Paged { page_size, max_pages, .. } => (0, page_size, max_pages),
+    };
+    DecodeParams {
+        q: bufs.q,
+        k_cache: bufs.k_cache,
+        v_cache: bufs.v_cache,
+        k_new: bufs.k_new,
+        v_new: bufs.v_new,
+        block_table: bufs.block_table,
+        cache_seqlens: bufs.cache_seqlens,
+        o: bufs.o,
+        lse: bufs.lse,
+        o_part: bufs.o_part,
+        lse_part: bufs.lse_part,
+        batch: p.batch,
+        heads: p.heads,
+        heads_kv: p.heads_kv,
+        seq_q: p.seq_q,
+        head_dim: p.head_dim,
+        seq_cache,
+        page_size,
+        max_pages,
+        seq_new: p.seq_new,
+        num_splits,
+        causal: p.causal as u32,
+        softmax_scale: p.softmax_scale(),
+        window_left: p.window_left,
+        window_right: p.window_right,
+        softcap: p.softcap,
+        _pad: 0,
+    }
+}
+
+/// The [`MergeParams`] combining `splits` partial states of `rows` `[batch, heads, seq_q]` into
+/// `o` (BSHD, `o_strides`) and `lse`.
+pub(crate) fn merge_params(p: &DecodeProblem, splits: u32, bufs: &DecodeBuffers, o_strides: Strides) -> MergeParams {
+    MergeParams {
+        o_part: bufs.o_part,
+        lse_part: bufs.lse_part,
+        o: bufs.o,
+        lse: bufs.lse,
+        o_strides,
+        splits,
+        batch: p.batch,
+        heads: p.heads,
+        seq_q: p.seq_q,
+        head_dim: p.head_dim,
+        _pad: 0,
+    }
+}
+
 /// Runs one decode call on `dev` with `inputs` (or random inputs from `spec.seed`), verified
 /// against the f64 reference; the cache after the append is checked bit for bit.
 pub fn run_decode<D: Device + ?Sized>(
@@ -970,11 +1073,7 @@ pub fn run_decode<D: Device + ?Sized>(
         let s: Vec<u8> = p.cache_seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
         dev.upload_bytes(sl, &s)?;
         dev.memory_mark_allocated()?;
-        let (seq_cache, page_size, max_pages) = match x.layout {
-            CacheLayout::Contiguous { seq_cache } => (seq_cache, 0, 0),
-            CacheLayout::Paged { page_size, max_pages, .. } => (0, page_size, max_pages),
-        };
-        let params = DecodeParams {
+        let bufs = DecodeBuffers {
             q,
             k_cache: kc,
             v_cache: vc,
@@ -986,36 +1085,10 @@ pub fn run_decode<D: Device + ?Sized>(
             lse,
             o_part,
             lse_part,
-            batch: p.batch,
-            heads: p.heads,
-            heads_kv: p.heads_kv,
-            seq_q: p.seq_q,
-            head_dim: p.head_dim,
-            seq_cache,
-            page_size,
-            max_pages,
-            seq_new: p.seq_new,
-            num_splits: plan.num_splits,
-            causal: p.causal as u32,
-            softmax_scale: p.softmax_scale(),
-            window_left: p.window_left,
-            window_right: p.window_right,
-            softcap: p.softcap,
-            _pad: 0,
         };
-        let merge = MergeParams {
-            o_part,
-            lse_part,
-            o,
-            lse,
-            o_strides: Strides::bshd(p.seq_q as u64, p.heads as u64, p.head_dim as u64),
-            splits: plan.num_splits,
-            batch: p.batch,
-            heads: p.heads,
-            seq_q: p.seq_q,
-            head_dim: p.head_dim,
-            _pad: 0,
-        };
+        let params = decode_params(p, x.layout, plan.num_splits, &bufs);
+        let merge =
+            merge_params(p, plan.num_splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, p.head_dim as u64));
         let (pb, mb) = (params.to_bytes(), merge.to_bytes());
         let mut samples = Vec::new();
         let mut records = Vec::new();

@@ -183,9 +183,9 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
 }
 
 /// Dense attention in f64 on host tensors, for checking results in your own tests: `q` is
-/// `[batch, seq_q, heads, head_dim]`, `k` and `v` are `[batch, seq_kv, heads, head_dim]`, all
-/// contiguous (BSHD) f32; `p` gives the sizes, `causal` and `scale` (its `dtype` and `layout` are
-/// not used). Returns `o` in q's layout and `lse` as `[batch, heads, seq_q]`, natural log (`-inf`
+/// `[batch, seq_q, heads, head_dim]`, `k` and `v` are `[batch, seq_kv, heads_kv, head_dim]`, all
+/// contiguous (BSHD) f32; `p` gives the sizes, `causal`, `scale`, `heads_kv`, `window` and
+/// `softcap` (its `dtype` and `layout` are not used; sinks and varlen: [`attention_with_sinks`]). Returns `o` in q's layout and `lse` as `[batch, heads, seq_q]`, natural log (`-inf`
 /// for a row that sees no key). An input of the wrong length is an error naming the length.
 ///
 /// ```
@@ -197,21 +197,39 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
 /// assert!((lse[0] - (1.0 + e).ln()).abs() < 1e-12);
 /// ```
 pub fn attention(p: &Problem, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f64>, Vec<f64>), String> {
+    attention_with_sinks(p, q, k, v, &[])
+}
+
+/// [`attention`] with every option of [`Problem`]: GQA (`k`, `v` with `heads_kv` heads), window,
+/// soft cap, varlen (packed `[total, heads, head_dim]` tensors; `o` packed the same way and `lse`
+/// `[heads, total_q]`), and, when `p.sinks` is set, one sink logit per head in `sinks`.
+pub fn attention_with_sinks(
+    p: &Problem,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sinks: &[f32],
+) -> Result<(Vec<f64>, Vec<f64>), String> {
     for (name, got, want) in [("q", q.len(), p.q_elems()), ("k", k.len(), p.kv_elems()), ("v", v.len(), p.kv_elems())] {
         if got as u64 != want {
             return Err(format!("{name} has {got} elements, the problem's shape needs {want}"));
         }
     }
-    let x = Qkv { q: q.to_vec(), k: k.to_vec(), v: v.to_vec(), ..Qkv::default() };
+    if p.sinks && sinks.len() != p.heads as usize {
+        return Err(format!("{} sink logits for {} heads (one per head)", sinks.len(), p.heads));
+    }
+    let x = Qkv { q: q.to_vec(), k: k.to_vec(), v: v.to_vec(), sinks: sinks.to_vec() };
     let r = reference(p, &x, &RowSelection::All);
     let d = p.head_dim as usize;
-    let (hh, nq) = (p.heads as usize, p.seq_q as usize);
+    let hh = p.heads as usize;
     let mut o = vec![0.0f64; r.o.len()];
+    let mut lse = vec![0.0f64; r.lse.len()];
     for (n, row) in r.rows.iter().enumerate() {
-        let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
-        o[((b * nq + i) * hh + h) * d..][..d].copy_from_slice(&r.o[n * d..(n + 1) * d]);
+        let at = p.q_row(row.b, row.i) as usize * hh + row.h as usize;
+        o[at * d..][..d].copy_from_slice(&r.o[n * d..(n + 1) * d]);
+        lse[p.lse_index(row.b, row.h, row.i) as usize] = r.lse[n];
     }
-    Ok((o, r.lse))
+    Ok((o, lse))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
 use cudarc::driver::{CudaContext, CudaStream};
-use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
+use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ impl Case {
         let (nq, nk) = (self.b * self.sq * self.h * self.d, self.b * self.skv * self.h * self.d);
         (data(nq, 1, self.dtype), data(nk, 2, self.dtype), data(nk, 3, self.dtype))
     }
-    fn opts(&self) -> AttnOpts {
+    fn opts(&self) -> AttnOpts<'static> {
         AttnOpts::new().causal(self.causal).softmax_scale(self.scale)
     }
 }
@@ -170,18 +170,41 @@ fn vm_bad_inputs_are_refused_before_launch_with_the_limit_named() {
     assert!(matches!(e, AttnError::Shape { tensor: "k", .. }) && m.contains("head_dim 128"), "{m}");
     let (e, m) = err_of(run(t(&f), t(&f2), TensorView::vm(&f2, Dtype::F32, [b, 4, h, d]).unwrap(), AttnOpts::new()));
     assert!(matches!(e, AttnError::Shape { tensor: "v", .. }) && m.contains("seq_kv 4"), "{m}");
-    // Grouped-query attention, windows, softcap and splits are not in the kernels yet.
-    let gqa = TensorView::vm(&f2, Dtype::F32, [b, s, 1, d]).unwrap();
-    let (e, _) = err_of(run(t(&f), gqa, TensorView::vm(&f2, Dtype::F32, [b, s, 1, d]).unwrap(), AttnOpts::new()));
-    assert!(matches!(e, AttnError::NotSupportedYet { feature } if feature.contains("grouped-query")), "{e}");
-    for (opts, what) in [
-        (AttnOpts::new().window(Some(4), Some(0)), "window"),
-        (AttnOpts::new().softcap(30.0), "softcap"),
-        (AttnOpts::new().num_splits(4), "split-KV"),
-    ] {
-        let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), opts));
-        assert!(matches!(e, AttnError::NotSupportedYet { .. }) && m.contains(what), "{m}");
+    // Split-KV is a decode option: the prefill call refuses it.
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().num_splits(4)));
+    assert!(matches!(e, AttnError::NotSupportedYet { .. }) && m.contains("split-KV"), "{m}");
+    // k/v heads must divide q's, and k and v share a head count.
+    let (e, m) = err_of(run(
+        TensorView::vm(&f, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 3, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 3, 64]).unwrap(),
+        AttnOpts::new(),
+    ));
+    assert!(
+        matches!(e, AttnError::Shape { tensor: "k", .. }) && m.contains("3 heads do not divide q's 4 heads"),
+        "{m}"
+    );
+    let (e, m) = err_of(run(
+        TensorView::vm(&f, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 8, 2, 64]).unwrap(),
+        TensorView::vm(&f2, Dtype::F32, [1, 4, 4, 64]).unwrap(),
+        AttnOpts::new(),
+    ));
+    assert!(matches!(e, AttnError::Shape { tensor: "v", .. }) && m.contains("4 heads != k's 2"), "{m}");
+    // A window side the kernels' i32 cannot hold; a negative or NaN soft cap.
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().window(Some(1 << 31), None)));
+    assert!(matches!(e, AttnError::Window { side: "left", got: 2147483648 }) && m.contains("i32::MAX"), "{m}");
+    for c in [-1.0, f32::NAN] {
+        let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().softcap(c)));
+        assert!(matches!(e, AttnError::Problem(_)) && m.contains("softcap"), "{m}");
     }
+    // Sinks: one f32 per q head, on the kernels' device.
+    let sinks3 = SinksView::vm(&f2, 3).unwrap();
+    let (e, m) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().sinks(&sinks3)));
+    assert!(matches!(e, AttnError::Sinks { .. }) && m.contains("3 sink logits for q's 2 heads"), "{m}");
+    let foreign_sinks = SinksView::vm(&foreign, h).unwrap();
+    let (e, _) = err_of(run(t(&f), t(&f2), t(&f2), AttnOpts::new().sinks(&foreign_sinks)));
+    assert!(matches!(e, AttnError::WrongDevice { tensor: "sinks", .. }), "{e}");
     // One split is what the kernels do: accepted.
     assert!(run(t(&f), t(&f2), t(&f2), AttnOpts::new().num_splits(1)).is_ok());
     let (e, m) = err_of(run(t(&f), t(&f2).with_strides([n, h * d, d, 2]), t(&f2), AttnOpts::new()));
@@ -220,6 +243,462 @@ fn vm_bad_inputs_are_refused_before_launch_with_the_limit_named() {
     let r = kernels.flash_attn_into(&t(&f), &t(&f2), &t(&f2), &mut o, &mut lse, &AttnOpts::new());
     let (e, m) = err_of(r);
     assert!(matches!(e, AttnError::Shape { tensor: "lse", .. }) && m.contains("[1, 2, 8]"), "{m}");
+}
+
+/// O and LSE of `p` (BSHD or packed; LSE `[b, h, sq]` or varlen `[h, total_q]`) against the f64
+/// reference with every option, and the count of rows that see no key (LSE `-inf`, or the sink).
+fn check_full(p: &Problem, x: (&[f32], &[f32], &[f32]), sinks: &[f32], o: &[f32], lse: &[f32]) -> usize {
+    let (ro, rl) = reference::attention_with_sinks(p, x.0, x.1, x.2, sinks).unwrap();
+    let tol = if p.dtype == Dtype::F32 { 2e-5 } else { 1.6e-2 };
+    assert_eq!((o.len(), lse.len()), (ro.len(), rl.len()));
+    for (i, (&g, &r)) in o.iter().zip(&ro).enumerate() {
+        assert!((g as f64 - r).abs() <= tol, "o[{i}] = {g}, reference {r} ({p:?})");
+    }
+    let mut empty = 0;
+    for (i, (&g, &r)) in lse.iter().zip(&rl).enumerate() {
+        if r == f64::NEG_INFINITY {
+            assert_eq!(g, f32::NEG_INFINITY, "lse[{i}]");
+            empty += 1;
+        } else {
+            assert!((g as f64 - r).abs() <= 1e-4 * r.abs().max(1.0), "lse[{i}] = {g}, reference {r} ({p:?})");
+        }
+    }
+    if p.sinks {
+        // With sinks no row is -inf: the rows that see no key have LSE = sink[h] and O = 0.
+        let h = p.heads as usize;
+        let rows = p.rows() as usize;
+        for (n, &r) in rl.iter().enumerate() {
+            let hh = if p.varlen.is_some() { n / (rows / h) } else { (n / p.seq_q as usize) % h };
+            if (r - sinks[hh] as f64).abs() < 1e-12 {
+                empty += 1;
+            }
+        }
+    }
+    empty
+}
+
+/// GQA, windows, soft cap and sinks through `flash_attn_into` with poisoned outputs, checked
+/// against the f64 reference. Lengths off the tiles, seq_q != seq_kv, rows that see no key.
+#[test]
+fn vm_gqa_window_softcap_sinks_match_the_reference() {
+    let kernels = Kernels::vm().unwrap();
+    let base = Problem { batch: 1, heads: 4, head_dim: 64, ..Problem::default() };
+    // (problem, window as AttnOpts takes it)
+    let cases = [
+        // GQA 4/2, a window on both sides, soft cap; seq_q > seq_kv: rows 0..=5 see no key.
+        Problem { seq_q: 27, seq_kv: 19, heads_kv: Some(2), window: (5, 2), softcap: 3.0, ..base },
+        // MQA, causal with a left window, sinks, batch 2, seq_q < seq_kv.
+        Problem {
+            batch: 2,
+            seq_q: 19,
+            seq_kv: 27,
+            heads_kv: Some(1),
+            window: (4, -1),
+            causal: true,
+            sinks: true,
+            ..base
+        },
+        // bf16 (the narrow-window tensor-core kernel), GQA, causal + window, soft cap and sinks;
+        // seq_q > seq_kv: the first rows see nothing and get LSE = sink.
+        Problem {
+            seq_q: 70,
+            seq_kv: 45,
+            heads_kv: Some(2),
+            window: (7, -1),
+            causal: true,
+            softcap: 20.0,
+            sinks: true,
+            dtype: Dtype::Bf16,
+            ..base
+        },
+    ];
+    for p in cases {
+        let (dt, h, hk, d) = (p.dtype, p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+        let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
+        let (q, k, v) = (data(b * sq * h * d, 11, dt), data(b * skv * hk * d, 12, dt), data(b * skv * hk * d, 13, dt));
+        let sinks: Vec<f32> = if p.sinks { (0..h).map(|i| 0.5 * i as f32 - 0.7).collect() } else { vec![] };
+        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
+        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+        let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+        let sb = kernels.vm_upload(&[sinks.clone(), vec![0.0]].concat()).unwrap();
+        let sv = SinksView::vm(&sb, h).unwrap();
+        let side = |w: i32| u32::try_from(w).ok();
+        let mut opts = AttnOpts::new().causal(p.causal).window(side(p.window.0), side(p.window.1));
+        if p.softcap > 0.0 {
+            opts = opts.softcap(p.softcap);
+        }
+        if p.sinks {
+            opts = opts.sinks(&sv);
+        }
+        let (qs, ks) = ([b, sq, h, d], [b, skv, hk, d]);
+        kernels
+            .flash_attn_into(
+                &TensorView::vm(&qb, dt, qs).unwrap(),
+                &TensorView::vm(&kb, dt, ks).unwrap(),
+                &TensorView::vm(&vb, dt, ks).unwrap(),
+                &mut TensorViewMut::vm(&ob, dt, qs).unwrap(),
+                &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+                &opts,
+            )
+            .unwrap();
+        let o = ob.read_f32(dt, q.len()).unwrap();
+        let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
+        let empty = check_full(&p, (&q, &k, &v), &sinks, &o, &lse);
+        if p.seq_q > p.seq_kv {
+            assert!(empty > 0, "rows that see no key are part of the case: {p:?}");
+        }
+    }
+}
+
+/// Packed sequences (one empty), GQA and causal per sequence, f32 and bf16, against the f64
+/// reference; cu_seqlens refusals by variant.
+#[test]
+fn vm_varlen_matches_the_reference_and_checks_cu_seqlens() {
+    let kernels = Kernels::vm().unwrap();
+    let (lq, lk) = ([5u32, 0, 17, 33], [9u32, 3, 17, 20]);
+    let cu = |l: &[u32]| memattn::problem::Varlen::cu(l);
+    let (cuq, cuk) = (kernels.index_tensor(&cu(&lq), None).unwrap(), kernels.index_tensor(&cu(&lk), None).unwrap());
+    for (dt, window) in [(Dtype::F32, (-1, -1)), (Dtype::Bf16, (6, -1))] {
+        let base = Problem {
+            heads: 4,
+            heads_kv: Some(2),
+            head_dim: 64,
+            causal: true,
+            window,
+            dtype: dt,
+            ..Problem::default()
+        };
+        let p = Problem::varlen(base, &lq, &lk).unwrap();
+        let (h, hk, d) = (4, 2, 64);
+        let (tq, tk) = (p.total_q() as usize, p.total_kv() as usize);
+        let (q, k, v) = (data(tq * h * d, 21, dt), data(tk * hk * d, 22, dt), data(tk * hk * d, 23, dt));
+        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
+        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+        let lb = kernels.vm_upload(&vec![f32::NAN; h * tq]).unwrap();
+        let opts = AttnOpts::new().causal(true).window_size(window.0, window.1);
+        let (qt, kt, vt) = (
+            TensorView::vm(&qb, dt, [1, tq, h, d]).unwrap(),
+            TensorView::vm(&kb, dt, [1, tk, hk, d]).unwrap(),
+            TensorView::vm(&vb, dt, [1, tk, hk, d]).unwrap(),
+        );
+        kernels
+            .flash_attn_varlen_into(
+                &qt,
+                &kt,
+                &vt,
+                &cuq,
+                &cuk,
+                33,
+                20,
+                &mut TensorViewMut::vm(&ob, dt, [1, tq, h, d]).unwrap(),
+                &mut LseViewMut::vm(&lb, 1, h, tq).unwrap(),
+                &opts,
+            )
+            .unwrap();
+        let o = ob.read_f32(dt, q.len()).unwrap();
+        let lse = lb.read_f32(Dtype::F32, h * tq).unwrap();
+        // Sequence 3 (33 queries, 20 keys, causal) has 13 rows per head that see no key.
+        assert!(check_full(&p, (&q, &k, &v), &[], &o, &lse) >= 13 * 4);
+        if dt == Dtype::Bf16 {
+            continue;
+        }
+        // Refusals, each before launch.
+        let run = |cq: &memattn::attn::IndexTensor, ck: &memattn::attn::IndexTensor, mq: usize, mk: usize| {
+            kernels.flash_attn_varlen(&qt, &kt, &vt, cq, ck, mq, mk, &opts).map(|_| ()).unwrap_err()
+        };
+        let it = |x: &[u32]| kernels.index_tensor(x, None).unwrap();
+        for (cq, ck, mq, mk, tensor, want) in [
+            (it(&[1, 5, 5, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "must start at 0"),
+            (it(&[0, 5, 4, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "non-decreasing"),
+            (it(&[0, 5, 5, 22, 54]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "last prefix sum is 54, but q has 55"),
+            (it(&cu(&lq)), it(&[0, 49]), 33, 49, "cu_seqlens_kv", "cu_seqlens_q has 5"),
+            (it(&cu(&lq)), it(&cu(&lk)), 32, 20, "cu_seqlens_q", "33 rows, over max_seqlen_q = 32"),
+            (it(&cu(&lq)), it(&cu(&lk)), 33, 19, "cu_seqlens_kv", "20 rows, over max_seqlen_kv = 19"),
+            (it(&[0]), it(&[0]), 33, 20, "cu_seqlens_q", "batch + 1 >= 2"),
+        ] {
+            let e = run(&cq, &ck, mq, mk);
+            let m = e.to_string();
+            assert!(matches!(e, AttnError::SeqLens { tensor: t, .. } if t == tensor) && m.contains(want), "{m}");
+        }
+        let other = Kernels::vm().unwrap();
+        let foreign = other.index_tensor(&cu(&lq), None).unwrap();
+        let e = run(&foreign, &cuk, 33, 20);
+        assert!(matches!(e, AttnError::WrongDevice { tensor: "cu_seqlens_q", .. }), "{e}");
+        let e = kernels.flash_attn_varlen(
+            &qt,
+            &kt,
+            &TensorView::vm(&vb, dt, [1, tk - 1, hk, d]).unwrap(),
+            &cuq,
+            &cuk,
+            33,
+            20,
+            &opts,
+        );
+        let m = e.map(|_| ()).unwrap_err().to_string();
+        assert!(m.contains("total_kv 48 != k's total_kv 49"), "{m}");
+    }
+}
+
+/// Runs one KV-cache call through the API on `x` (random inputs of `p`, NaN in every cache row
+/// the call must not read before writing) and checks O, LSE and the appended cache against
+/// `memattn::decode`'s f64 reference.
+fn kvcache_case(kernels: &Kernels, p: &memattn::decode::DecodeProblem, num_splits: Option<u32>) {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs};
+    let x = DecodeInputs::random(p, 5);
+    let dt = p.dtype;
+    let (b, sq, h, hk, d) =
+        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
+    let up = |v: &[f32]| kernels.vm_upload_as(dt, &[v, &[0.0][..]].concat()).unwrap();
+    let (qb, kc, vc) = (up(&x.q), up(&x.k_cache), up(&x.v_cache));
+    let (kn, vn) = (up(&x.k_new), up(&x.v_new));
+    let cache_shape = match x.layout {
+        CacheLayout::Contiguous { seq_cache } => [b, seq_cache as usize, hk, d],
+        CacheLayout::Paged { page_size, num_pages, .. } => [num_pages as usize, page_size as usize, hk, d],
+    };
+    let seqlens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
+    let table = kernels.index_tensor(&x.block_table, None).unwrap();
+    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+    let mut opts =
+        AttnOpts::new().causal(p.causal).window_size(p.window_left, p.window_right).softmax_scale(p.softmax_scale());
+    if p.softcap > 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    if let Some(n) = num_splits {
+        opts = opts.num_splits(n);
+    }
+    let new_shape = [b, p.seq_new as usize, hk, d];
+    let (knv, vnv) = (TensorView::vm(&kn, dt, new_shape).unwrap(), TensorView::vm(&vn, dt, new_shape).unwrap());
+    let has_new = p.seq_new > 0;
+    kernels
+        .flash_attn_with_kvcache_into(
+            &TensorView::vm(&qb, dt, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&kc, dt, cache_shape).unwrap(),
+            &mut TensorViewMut::vm(&vc, dt, cache_shape).unwrap(),
+            &seqlens,
+            (!x.block_table.is_empty()).then_some(&table),
+            has_new.then_some(&knv),
+            has_new.then_some(&vnv),
+            &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+            &opts,
+        )
+        .unwrap();
+    let o = ob.read_f32(dt, b * sq * h * d).unwrap();
+    let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
+    let v = verify_decode(p, &o, &lse, &decode_ref(p, &x));
+    assert!(v.passed, "{p:?}: {:?}", v.failures);
+    eprintln!(
+        "kvcache {} splits {num_splits:?}: O scaled err {:.2e}, LSE err {:.2e}",
+        dt, v.o_max_scaled_err, v.lse_max_abs_err
+    );
+    if has_new {
+        let (ke, ve) = x.appended(p);
+        let same = |buf: &memattn::attn::VmBuffer, want: &[f32]| {
+            let got = buf.read_f32(dt, want.len()).unwrap();
+            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
+        };
+        assert!(same(&kc, &ke) && same(&vc, &ve), "the cache after the append");
+    }
+}
+
+#[test]
+fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
+    use memattn::decode::{DecodeProblem, Splits};
+    let kernels = Kernels::vm().unwrap();
+    // Paged (7-key pages, shuffled), GQA 8/2, 3 sequences (one empty before the append),
+    // 2 new tokens each, 2 queries (speculative), causal, 3 splits.
+    let p = DecodeProblem {
+        batch: 3,
+        heads: 8,
+        heads_kv: 2,
+        seq_q: 2,
+        cache_seqlens: vec![13, 0, 29],
+        seq_new: 2,
+        page_size: Some(7),
+        splits: Splits::Fixed(3),
+        ..DecodeProblem::default()
+    };
+    kvcache_case(&kernels, &p, Some(3));
+    // bf16, contiguous, a left window with causal, soft cap, the automatic split count.
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 1,
+        cache_seqlens: vec![40, 17],
+        dtype: Dtype::Bf16,
+        window_left: 5,
+        softcap: 4.0,
+        ..DecodeProblem::default()
+    };
+    kvcache_case(&kernels, &p, None);
+}
+
+#[test]
+fn vm_merge_states_on_caller_buffers_matches_the_reference() {
+    use memattn::decode::{merge_states_reference, Partials};
+    let kernels = Kernels::vm().unwrap();
+    let (splits, b, sq, h, d) = (3usize, 2usize, 3usize, 2usize, 64usize);
+    let rows = b * h * sq;
+    let o_part = data(splits * rows * d, 31, Dtype::F32);
+    let mut lse_part: Vec<f32> = data(splits * rows, 32, Dtype::F32).iter().map(|x| 4.0 * x).collect();
+    lse_part[rows + 1] = f32::NEG_INFINITY; // a split that saw no key
+    for s in 0..splits {
+        lse_part[s * rows + 4] = f32::NEG_INFINITY; // a row no split saw
+    }
+    let x = Partials {
+        splits: splits as u32,
+        batch: b as u32,
+        heads: h as u32,
+        seq_q: sq as u32,
+        head_dim: d as u32,
+        o: o_part.clone(),
+        lse: lse_part.clone(),
+    };
+    let (ro, rl) = merge_states_reference(&x);
+    let (op, lp) = (kernels.vm_upload(&o_part).unwrap(), kernels.vm_upload(&lse_part).unwrap());
+    // o in BHSD strides: the combine writes any seq/head strides.
+    let ob = kernels.vm_upload(&vec![f32::NAN; b * sq * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; rows]).unwrap();
+    let bhsd = [h * sq * d, d, sq * d, 1];
+    kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap().with_strides(bhsd),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap();
+    let o = ob.read_f32(Dtype::F32, b * sq * h * d).unwrap();
+    let lse = lb.read_f32(Dtype::F32, rows).unwrap();
+    for bi in 0..b {
+        for i in 0..sq {
+            for hh in 0..h {
+                for c in 0..d {
+                    let got = o[((bi * h + hh) * sq + i) * d + c] as f64;
+                    let want = ro[((bi * sq + i) * h + hh) * d + c];
+                    assert!((got - want).abs() < 1e-5, "o[{bi},{i},{hh},{c}] = {got}, reference {want}");
+                }
+            }
+        }
+    }
+    for (r, (&g, &w)) in lse.iter().zip(&rl).enumerate() {
+        if w == f64::NEG_INFINITY {
+            assert_eq!(g, f32::NEG_INFINITY, "lse[{r}]");
+        } else {
+            assert!((g as f64 - w).abs() < 1e-5, "lse[{r}] = {g}, reference {w}");
+        }
+    }
+    assert_eq!(lse[4], f32::NEG_INFINITY);
+    // Refusals: f16 partials, an o of another shape.
+    let e = kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq + 1, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::Shape { tensor: "o", .. }), "{e}");
+    let e = kernels
+        .merge_states(
+            &PartialsView::vm(&op, &lp, splits + 1, [b, sq, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::OutOfBounds { tensor: "o_part", .. }), "{e}");
+}
+
+#[test]
+fn vm_kvcache_bad_inputs_are_refused_before_launch() {
+    let kernels = Kernels::vm().unwrap();
+    let (b, h, hk, d, page, pages) = (2usize, 4usize, 2usize, 64usize, 8usize, 4usize);
+    let cache = kernels.vm_upload(&data(pages * page * hk * d, 41, Dtype::F32)).unwrap();
+    let cache2 = kernels.vm_upload(&data(pages * page * hk * d, 42, Dtype::F32)).unwrap();
+    let qb = kernels.vm_upload(&data(b * 2 * h * d, 43, Dtype::F32)).unwrap();
+    let newb = kernels.vm_upload(&data(b * hk * d, 44, Dtype::F32)).unwrap();
+    let it = |x: &[u32]| kernels.index_tensor(x, None).unwrap();
+    let (lens, table) = (it(&[10, 3]), it(&[3, 1, 0, 2]));
+    let cshape = [pages, page, hk, d];
+    let call = |q: TensorView,
+                lens: &memattn::attn::IndexTensor,
+                table: Option<&memattn::attn::IndexTensor>,
+                kn: Option<&TensorView>,
+                vn: Option<&TensorView>,
+                opts: AttnOpts| {
+        let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
+        let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
+        kernels.flash_attn_with_kvcache(&q, &mut kc, &mut vc, lens, table, kn, vn, &opts).map(|_| ()).unwrap_err()
+    };
+    let q = || TensorView::vm(&qb, Dtype::F32, [b, 1, h, d]).unwrap();
+    let new = TensorView::vm(&newb, Dtype::F32, [b, 1, hk, d]).unwrap();
+    // The valid call runs (checked for values in the test above).
+    let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
+    let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
+    assert!(kernels
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, Some(&table), None, None, &AttnOpts::new())
+        .is_ok());
+    drop((kc, vc));
+    let sinks_buf = kernels.vm_upload(&[0.0; 4]).unwrap();
+    let sinks = SinksView::vm(&sinks_buf, h).unwrap();
+    for (e, want) in [
+        (call(q(), &lens, Some(&table), None, None, AttnOpts::new().sinks(&sinks)), "sinks with a KV cache"),
+        (
+            call(q(), &lens, Some(&table), None, None, AttnOpts::new().num_splits(129)),
+            "num_splits 129 is over the limit of 128",
+        ),
+        (call(q(), &it(&[10]), Some(&table), None, None, AttnOpts::new()), "1 entries for q's batch of 2"),
+        // 17 keys need 3 pages of 8; the table has 2 per sequence.
+        (call(q(), &it(&[17, 3]), Some(&table), None, None, AttnOpts::new()), "needs 3 pages of 8"),
+        (
+            call(q(), &lens, Some(&it(&[3, 9, 0, 2])), None, None, AttnOpts::new()),
+            "block_table[0][1] = 9 is past num_pages (4)",
+        ),
+        // Appending to a page two sequences share.
+        (
+            call(q(), &it(&[9, 9]), Some(&it(&[3, 1, 0, 1])), Some(&new), Some(&new), AttnOpts::new()),
+            "receives appended tokens",
+        ),
+        (call(q(), &lens, Some(&table), Some(&new), None, AttnOpts::new()), "v_new is missing while k_new is given"),
+        (
+            call(
+                TensorView::vm(&qb, Dtype::F32, [b, 1, 3, d]).unwrap(),
+                &lens,
+                Some(&table),
+                None,
+                None,
+                AttnOpts::new(),
+            ),
+            "2 KV heads do not divide q's 3",
+        ),
+        (
+            call(q().with_strides([2 * h * d, h * d, d, 1]), &lens, Some(&table), None, None, AttnOpts::new()),
+            "contiguous",
+        ),
+        (call(q(), &lens, Some(&it(&[3, 1, 0])), None, None, AttnOpts::new()), "block_table has 3 entries"),
+        (
+            call(
+                TensorView::vm(&qb, Dtype::F32, [b, 1, h, 2 * d]).unwrap(),
+                &lens,
+                Some(&table),
+                None,
+                None,
+                AttnOpts::new(),
+            ),
+            "head_dim 64 != q's 128",
+        ),
+    ] {
+        assert!(e.to_string().contains(want), "{e} (wanted: {want})");
+    }
+    // A contiguous cache shorter than cache_seqlens + new tokens.
+    let mut kc = TensorViewMut::vm(&cache, Dtype::F32, [b, 10, hk, d]).unwrap();
+    let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, [b, 10, hk, d]).unwrap();
+    let e = kernels
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, None, Some(&new), Some(&new), &AttnOpts::new())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { .. }) && e.to_string().contains("exceeds the cache's 10 keys"), "{e}");
 }
 
 /// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
@@ -302,8 +781,104 @@ fn cuda_path_on_the_callers_stream_equals_the_vm_bit_for_bit() {
     );
     assert!(matches!(r, Err(AttnError::StreamMismatch { tensor: "k", .. })), "{:?}", r.err());
     let r = kernels.flash_attn(&t(&qb, qs), &t(&kb, ks), &t(&vb, ks), &c.opts());
-    let e = r.err().expect("VM buffers on CUDA kernels are refused");
+    let e = r.expect_err("VM buffers on CUDA kernels are refused");
     assert!(matches!(e, AttnError::WrongDevice { tensor: "q", .. }) && e.to_string().contains("CUDA context"), "{e}");
     let r = vm.flash_attn(&TensorView::cuda(&qd, &stream, qs).unwrap(), &t(&kb, ks), &t(&vb, ks), &c.opts());
     assert!(matches!(r, Err(AttnError::WrongDevice { tensor: "q", .. })), "{:?}", r.err());
+}
+
+/// The KV-cache call through cudarc on the VM-backed driver (paged cache, append, GQA, 3
+/// splits, index tensors and the split workspace on the caller's stream) against the f64
+/// reference, and a varlen call bit for bit against the VM.
+#[test]
+fn cuda_kvcache_and_varlen_on_the_callers_stream() {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs, DecodeProblem, Splits};
+    let (ctx, stream) = cuda();
+    let kernels = Kernels::cuda(&ctx).unwrap();
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 2,
+        cache_seqlens: vec![11, 30],
+        seq_new: 1,
+        page_size: Some(8),
+        splits: Splits::Fixed(3),
+        ..DecodeProblem::default()
+    };
+    let x = DecodeInputs::random(&p, 9);
+    let CacheLayout::Paged { page_size, num_pages, .. } = x.layout else { unreachable!("paged") };
+    let (b, h, hk, d) = (2, 4, 2, 64);
+    let cache_shape = [num_pages as usize, page_size as usize, hk, d];
+    let (qd, knd, vnd) =
+        (stream.clone_htod(&x.q).unwrap(), stream.clone_htod(&x.k_new).unwrap(), stream.clone_htod(&x.v_new).unwrap());
+    let (mut kcd, mut vcd) = (stream.clone_htod(&x.k_cache).unwrap(), stream.clone_htod(&x.v_cache).unwrap());
+    let seqlens = kernels.index_tensor(&p.cache_seqlens, Some(&stream)).unwrap();
+    let table = kernels.index_tensor(&x.block_table, Some(&stream)).unwrap();
+    let (o, lse) = kernels
+        .flash_attn_with_kvcache(
+            &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
+            &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
+            &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
+            &seqlens,
+            Some(&table),
+            Some(&TensorView::cuda(&knd, &stream, [b, 1, hk, d]).unwrap()),
+            Some(&TensorView::cuda(&vnd, &stream, [b, 1, hk, d]).unwrap()),
+            &AttnOpts::new().causal(true).num_splits(3),
+        )
+        .unwrap();
+    let v = verify_decode(&p, &o.to_vec_f32().unwrap(), &lse.to_vec_f32().unwrap(), &decode_ref(&p, &x));
+    assert!(v.passed, "{:?}", v.failures);
+    let (ke, _) = x.appended(&p);
+    let k_after: Vec<f32> = stream.clone_dtoh(&kcd).unwrap();
+    assert!(k_after.iter().zip(&ke).all(|(a, e)| a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan())));
+    // An index tensor made for another stream is refused.
+    let other = ctx.new_stream().unwrap();
+    let foreign = kernels.index_tensor(&p.cache_seqlens, Some(&other)).unwrap();
+    let e = kernels
+        .flash_attn_with_kvcache(
+            &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
+            &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
+            &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
+            &foreign,
+            Some(&table),
+            None,
+            None,
+            &AttnOpts::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::StreamMismatch { tensor: "cache_seqlens", .. }), "{e}");
+
+    // Varlen through cudarc equals the VM bit for bit.
+    let (lq, lk) = ([3u32, 12], [7u32, 12]);
+    let cu = |l: &[u32]| memattn::problem::Varlen::cu(l);
+    let (tq, tk) = (15, 19);
+    let (q, k) = (data(tq * h * d, 51, Dtype::F32), data(tk * hk * d, 52, Dtype::F32));
+    let (qd, kd) = (stream.clone_htod(&q).unwrap(), stream.clone_htod(&k).unwrap());
+    let (cq, ck) = (
+        kernels.index_tensor(&cu(&lq), Some(&stream)).unwrap(),
+        kernels.index_tensor(&cu(&lk), Some(&stream)).unwrap(),
+    );
+    let opts = AttnOpts::new().causal(true);
+    let (o, lse) = kernels
+        .flash_attn_varlen(
+            &TensorView::cuda(&qd, &stream, [1, tq, h, d]).unwrap(),
+            &TensorView::cuda(&kd, &stream, [1, tk, hk, d]).unwrap(),
+            &TensorView::cuda(&kd, &stream, [1, tk, hk, d]).unwrap(),
+            &cq,
+            &ck,
+            12,
+            12,
+            &opts,
+        )
+        .unwrap();
+    let vm = Kernels::vm().unwrap();
+    let (qb, kb) = (vm.vm_upload(&q).unwrap(), vm.vm_upload(&k).unwrap());
+    let (vq, vk) = (vm.index_tensor(&cu(&lq), None).unwrap(), vm.index_tensor(&cu(&lk), None).unwrap());
+    let kt = TensorView::vm(&kb, Dtype::F32, [1, tk, hk, d]).unwrap();
+    let (vo, vl) = vm
+        .flash_attn_varlen(&TensorView::vm(&qb, Dtype::F32, [1, tq, h, d]).unwrap(), &kt, &kt, &vq, &vk, 12, 12, &opts)
+        .unwrap();
+    let bits = |x: Vec<f32>| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(o.to_vec_f32().unwrap()), bits(vo.to_vec_f32().unwrap()));
+    assert_eq!(bits(lse.to_vec_f32().unwrap()), bits(vl.to_vec_f32().unwrap()));
 }

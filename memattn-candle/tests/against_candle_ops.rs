@@ -4,8 +4,18 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-/// Attention with candle's ops; q `[b, sq, h, d]`, k and v `[b, skv, h, d]`. Returns o
-/// `[b, sq, h, d]` and lse `[b, h, sq]`, both f32.
+/// k/v heads repeated to q's with candle's ops (`repeat_kv`, as candle-transformers' models do):
+/// `[b, s, hk, d]` -> `[b, s, hk * n_rep, d]`, query head `i` reading k/v head `i / n_rep`.
+fn repeat_kv(x: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (b, s, hk, d) = x.dims4()?;
+    x.unsqueeze(3)?.expand((b, s, hk, n_rep, d))?.reshape((b, s, hk * n_rep, d))
+}
+
+/// Attention with candle's ops; q `[b, sq, h, d]`, k and v `[b, skv, hk, d]` (hk dividing h,
+/// repeated with [`repeat_kv`]). Returns o `[b, sq, h, d]` and lse `[b, h, sq]`, both f32.
 fn candle_attention(
     q: &Tensor,
     k: &Tensor,
@@ -13,6 +23,8 @@ fn candle_attention(
     scale: f64,
     causal: bool,
 ) -> candle_core::Result<(Tensor, Tensor)> {
+    let n_rep = q.dim(2)? / k.dim(2)?;
+    let (k, v) = (repeat_kv(k, n_rep)?, repeat_kv(v, n_rep)?);
     let (q, k, v) = (q.to_dtype(DType::F32)?, k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?);
     let q = q.transpose(1, 2)?.contiguous()?; // [b, h, sq, d]
     let k = k.transpose(1, 2)?.contiguous()?;
@@ -44,16 +56,20 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 }
 
 fn case(dtype: DType, causal: bool, (b, sq, skv, h, d): (usize, usize, usize, usize, usize), tol: f32) {
+    gqa_case(dtype, causal, (b, sq, skv, h, h, d), tol)
+}
+
+fn gqa_case(dtype: DType, causal: bool, (b, sq, skv, h, hk, d): (usize, usize, usize, usize, usize, usize), tol: f32) {
     let dev = Device::Cpu;
     let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(dtype).unwrap();
-    let (q, k, v) = (r((b, sq, h, d)), r((b, skv, h, d)), r((b, skv, h, d)));
+    let (q, k, v) = (r((b, sq, h, d)), r((b, skv, hk, d)), r((b, skv, hk, d)));
     let scale = 1.0 / (d as f32).sqrt();
     let (o, lse) = memattn_candle::flash_attn_with_lse(&q, &k, &v, scale, causal).unwrap();
     let (ro, rl) = candle_attention(&q, &k, &v, scale as f64, causal).unwrap();
     assert_eq!((o.dims(), o.dtype()), (q.dims(), dtype));
     assert_eq!(lse.dims(), &[b, h, sq]);
     let (eo, el) = (max_abs_diff(&o, &ro), max_abs_diff(&lse, &rl));
-    println!("{dtype:?} causal={causal} [{b},{sq},{h},{d}] kv {skv}: max |o - candle| = {eo:.2e}, max |lse - candle| = {el:.2e}");
+    println!("{dtype:?} causal={causal} [{b},{sq},{h},{d}] kv {skv} x {hk} heads: max |o - candle| = {eo:.2e}, max |lse - candle| = {el:.2e}");
     assert!(eo <= tol, "o differs from candle's attention by {eo} (> {tol})");
     assert!(el <= 1e-4, "lse differs from candle's attention by {el}");
     // The one-line-switch signature returns the same o.
@@ -85,14 +101,175 @@ fn strided_inputs_and_refusals() {
     let o = memattn_candle::flash_attn(&q, &k, &k, 0.125, false).unwrap();
     let (ro, _) = candle_attention(&q, &k, &k, 0.125, false).unwrap();
     assert!(max_abs_diff(&o, &ro) <= 2e-5);
-    // Grouped-query attention is refused (typed error from memattn), not run wrongly.
-    let kv1 = Tensor::randn(0f32, 1.0, (1, 20, 1, 64), &dev).unwrap();
-    let e = memattn_candle::flash_attn(&q, &kv1, &kv1, 0.125, false).unwrap_err().to_string();
-    assert!(e.contains("grouped-query") && e.contains("not supported"), "{e}");
+    // k/v heads that do not divide q's are refused (typed error from memattn), not run wrongly.
+    let kv3 = Tensor::randn(0f32, 1.0, (1, 20, 3, 64), &dev).unwrap();
+    let q4 = Tensor::randn(0f32, 1.0, (1, 16, 4, 64), &dev).unwrap();
+    let e = memattn_candle::flash_attn(&q4, &kv3, &kv3, 0.125, false).unwrap_err().to_string();
+    assert!(e.contains("3 heads do not divide q's 4 heads"), "{e}");
     let q96 = Tensor::randn(0f32, 1.0, (1, 16, 2, 96), &dev).unwrap();
     let e = memattn_candle::flash_attn(&q96, &q96, &q96, 0.1, false).unwrap_err().to_string();
     assert!(e.contains("head_dim 96") && e.contains("64 and 128"), "{e}");
     let qi = Tensor::zeros((1, 16, 2, 64), DType::U32, &dev).unwrap();
     let e = memattn_candle::flash_attn(&qi, &qi, &qi, 0.1, false).unwrap_err().to_string();
     assert!(e.contains("U32") && e.contains("bf16"), "{e}");
+}
+
+#[test]
+fn gqa_matches_candle_ops_with_repeat_kv() {
+    // 8 q heads over 2 and over 1 (MQA) k/v heads; candle's side repeats k/v with its own ops.
+    gqa_case(DType::F32, true, (1, 21, 37, 8, 2, 64), 2e-5);
+    gqa_case(DType::F32, false, (2, 9, 14, 4, 1, 64), 2e-5);
+    gqa_case(DType::BF16, true, (1, 17, 30, 4, 2, 64), 1.6e-2);
+}
+
+#[test]
+fn windowed_matches_candle_ops_with_a_band_mask() {
+    let dev = Device::Cpu;
+    let (sq, skv, h, d, left) = (23usize, 31usize, 2usize, 64usize, 5usize);
+    let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+    let (q, k, v) = (r((1, sq, h, d)), r((1, skv, h, d)), r((1, skv, h, d)));
+    let o = memattn_candle::flash_attn_windowed(&q, &k, &v, 0.125, Some(left), Some(0)).unwrap();
+    // The same band with candle's ops: key j visible iff i + off - left <= j <= i + off.
+    let off = skv as i64 - sq as i64;
+    let mask: Vec<f32> = (0..sq as i64)
+        .flat_map(|i| {
+            (0..skv as i64)
+                .map(move |j| if j >= i + off - left as i64 && j <= i + off { 0.0 } else { f32::NEG_INFINITY })
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (sq, skv), &dev).unwrap();
+    let (qt, kt, vt) = (
+        q.transpose(1, 2).unwrap(),
+        k.transpose(1, 2).unwrap().contiguous().unwrap(),
+        v.transpose(1, 2).unwrap().contiguous().unwrap(),
+    );
+    let s = (qt.contiguous().unwrap().matmul(&kt.t().unwrap()).unwrap() * 0.125).unwrap().broadcast_add(&mask).unwrap();
+    let p = candle_nn_softmax(&s);
+    let ro = p.matmul(&vt).unwrap().transpose(1, 2).unwrap();
+    let e = max_abs_diff(&o, &ro);
+    println!("F32 window ({left}, 0) [1,{sq},{h},{d}] kv {skv}: max |o - candle| = {e:.2e}");
+    assert!(e <= 2e-5, "{e}");
+    // Without the left bound it is causal attention.
+    let oc = memattn_candle::flash_attn_windowed(&q, &k, &v, 0.125, None, Some(0)).unwrap();
+    assert_eq!(max_abs_diff(&oc, &memattn_candle::flash_attn(&q, &k, &v, 0.125, true).unwrap()), 0.0);
+}
+
+/// Softmax over the last dim with candle's max, exp and sum.
+fn candle_nn_softmax(s: &Tensor) -> Tensor {
+    let m = s.max_keepdim(D::Minus1).unwrap();
+    let e = s.broadcast_sub(&m).unwrap().exp().unwrap();
+    let l = e.sum_keepdim(D::Minus1).unwrap();
+    e.broadcast_div(&l).unwrap()
+}
+
+#[test]
+fn varlen_matches_per_sequence_candle_ops_attention() {
+    let dev = Device::Cpu;
+    // Three packed sequences (one empty), GQA 4/2, causal per sequence (seq_q <= seq_kv each).
+    let (lq, lk) = ([7usize, 0, 19], [12usize, 3, 19]);
+    let (h, hk, d) = (4usize, 2usize, 64usize);
+    let prefix = |l: &[usize]| -> Vec<u32> {
+        std::iter::once(0)
+            .chain(l.iter().scan(0u32, |t, &x| {
+                *t += x as u32;
+                Some(*t)
+            }))
+            .collect()
+    };
+    let (cq, ck) = (prefix(&lq), prefix(&lk));
+    let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+    for (dtype, tol) in [(DType::F32, 2e-5f32), (DType::BF16, 1.6e-2)] {
+        let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(dtype).unwrap();
+        let (q, k, v) = (r((tq, h, d)), r((tk, hk, d)), r((tk, hk, d)));
+        let (sq_t, sk_t) = (Tensor::new(cq.as_slice(), &dev).unwrap(), Tensor::new(ck.as_slice(), &dev).unwrap());
+        let (o, lse) =
+            memattn_candle::flash_attn_varlen_with_lse(&q, &k, &v, &sq_t, &sk_t, 19, 19, 0.125, true).unwrap();
+        assert_eq!((o.dims(), lse.dims()), (&[tq, h, d][..], &[h, tq][..]));
+        let (mut eo, mut el) = (0f32, 0f32);
+        for s in 0..lq.len() {
+            if lq[s] == 0 {
+                continue;
+            }
+            let (q0, k0) = (cq[s] as usize, ck[s] as usize);
+            let qs = q.narrow(0, q0, lq[s]).unwrap().unsqueeze(0).unwrap();
+            let ks = k.narrow(0, k0, lk[s]).unwrap().unsqueeze(0).unwrap();
+            let vs = v.narrow(0, k0, lk[s]).unwrap().unsqueeze(0).unwrap();
+            let (ro, rl) = candle_attention(&qs, &ks, &vs, 0.125, true).unwrap();
+            eo = eo.max(max_abs_diff(&o.narrow(0, q0, lq[s]).unwrap().unsqueeze(0).unwrap(), &ro));
+            el = el.max(max_abs_diff(&lse.narrow(1, q0, lq[s]).unwrap().unsqueeze(0).unwrap(), &rl));
+        }
+        println!("{dtype:?} varlen causal q {lq:?} kv {lk:?} {h}/{hk} heads: max |o - candle| = {eo:.2e}, max |lse - candle| = {el:.2e}");
+        assert!(eo <= tol && el <= 1e-4, "o {eo}, lse {el}");
+        // The one-line-switch signature returns the same o.
+        let o2 = memattn_candle::flash_attn_varlen(&q, &k, &v, &sq_t, &sk_t, 19, 19, 0.125, true).unwrap();
+        assert_eq!(max_abs_diff(&o, &o2), 0.0);
+    }
+    // Bad prefix sums are refused with the rule named.
+    let q = Tensor::zeros((26, h, d), DType::F32, &dev).unwrap();
+    let k = Tensor::zeros((34, hk, d), DType::F32, &dev).unwrap();
+    let bad = Tensor::new(&[0u32, 7, 6, 26], &dev).unwrap();
+    let sk_t = Tensor::new(ck.as_slice(), &dev).unwrap();
+    let e = memattn_candle::flash_attn_varlen(&q, &k, &k, &bad, &sk_t, 19, 19, 0.125, true).unwrap_err().to_string();
+    assert!(e.contains("non-decreasing"), "{e}");
+    let e = memattn_candle::flash_attn_varlen(&q, &k, &k, &q, &sk_t, 19, 19, 0.125, true).unwrap_err().to_string();
+    assert!(e.contains("1-d u32"), "{e}");
+}
+
+#[test]
+fn kvcache_matches_candle_ops_over_the_gathered_pages() {
+    let dev = Device::Cpu;
+    let (b, h, hk, d, page, pages) = (2usize, 4usize, 2usize, 64usize, 8usize, 6usize);
+    let lens = [13u32, 20];
+    let table = [4u32, 1, 5, 0, 3, 2]; // [batch, max_pages = 3]
+    for (dtype, tol) in [(DType::F32, 2e-5f32), (DType::BF16, 1.6e-2)] {
+        let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(dtype).unwrap();
+        let q = r((b, 1, h, d));
+        let seqlens = Tensor::new(&lens, &dev).unwrap();
+        // Paged, 3 KV splits; then the same keys in a contiguous cache, memattn's split choice.
+        let (kp, vp) = (r((pages, page, hk, d)), r((pages, page, hk, d)));
+        let bt = Tensor::from_slice(&table, (b, 3), &dev).unwrap();
+        let (o, lse) =
+            memattn_candle::flash_attn_with_kvcache_with_lse(&q, &kp, &vp, &seqlens, Some(&bt), 0.125, true, 3)
+                .unwrap();
+        let gather = |c: &Tensor, s: usize| -> Tensor {
+            let ids = Tensor::new(&table[s * 3..s * 3 + 3], &dev).unwrap();
+            c.index_select(&ids, 0).unwrap().reshape((3 * page, hk, d)).unwrap().narrow(0, 0, lens[s] as usize).unwrap()
+        };
+        let (kc, vc) = (r((b, 24, hk, d)), r((b, 24, hk, d)));
+        let oc = memattn_candle::flash_attn_with_kvcache(&q, &kc, &vc, &seqlens, None, 0.125, true, 0).unwrap();
+        let (mut eo, mut el, mut ec) = (0f32, 0f32, 0f32);
+        for (s, &len) in lens.iter().enumerate() {
+            let qs = q.narrow(0, s, 1).unwrap();
+            let (ks, vs) = (gather(&kp, s).unsqueeze(0).unwrap(), gather(&vp, s).unsqueeze(0).unwrap());
+            let (ro, rl) = candle_attention(&qs, &ks, &vs, 0.125, true).unwrap();
+            eo = eo.max(max_abs_diff(&o.narrow(0, s, 1).unwrap(), &ro));
+            el = el.max(max_abs_diff(&lse.narrow(0, s, 1).unwrap(), &rl));
+            let n = len as usize;
+            let (ks, vs) = (
+                kc.narrow(0, s, 1).unwrap().narrow(1, 0, n).unwrap(),
+                vc.narrow(0, s, 1).unwrap().narrow(1, 0, n).unwrap(),
+            );
+            let (ro, _) = candle_attention(&qs, &ks, &vs, 0.125, true).unwrap();
+            ec = ec.max(max_abs_diff(&oc.narrow(0, s, 1).unwrap(), &ro));
+        }
+        println!("{dtype:?} kvcache paged (3 splits) lens {lens:?} {h}/{hk} heads: max |o - candle| = {eo:.2e}, max |lse - candle| = {el:.2e}; contiguous: {ec:.2e}");
+        assert!(eo <= tol && ec <= tol && el <= 1e-4, "o {eo}, contiguous {ec}, lse {el}");
+    }
+    // A block-table entry past the cache's pages is refused with the rule named.
+    let q = Tensor::zeros((b, 1, h, d), DType::F32, &dev).unwrap();
+    let kp = Tensor::zeros((pages, page, hk, d), DType::F32, &dev).unwrap();
+    let bad = Tensor::from_slice(&[4u32, 9, 5, 0, 3, 2], (b, 3), &dev).unwrap();
+    let e = memattn_candle::flash_attn_with_kvcache(
+        &q,
+        &kp,
+        &kp,
+        &Tensor::new(&lens, &dev).unwrap(),
+        Some(&bad),
+        0.1,
+        true,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("block_table[0][1] = 9 is past num_pages (6)"), "{e}");
 }

@@ -1,0 +1,542 @@
+//! KV-cache decode and the split combine on the caller's buffers: [`Kernels::merge_states`] and
+//! [`Kernels::flash_attn_with_kvcache`], launching the decode kernels with the split plan of
+//! [`crate::decode`].
+
+use super::*;
+use crate::decode::{
+    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeProblem,
+    Splits, DEFAULT_SM_COUNT, MAX_SPLITS,
+};
+use kernels_gpu::Family;
+
+/// Partial attention states to combine with [`Kernels::merge_states`], on the kernels' device:
+/// `o_part` `[splits, batch, heads, seq_q, head_dim]` f32 (each state normalised by its own sum)
+/// and `lse_part` `[splits, batch, heads, seq_q]` f32 (natural log; `-inf` for a state that saw
+/// no key), both contiguous. `shape` is the merged output's `[batch, seq_q, heads, head_dim]`.
+pub struct PartialsView<'a> {
+    o: TensorView<'a>,
+    lse: TensorView<'a>,
+    splits: usize,
+    shape: [usize; 4],
+}
+
+impl<'a> PartialsView<'a> {
+    fn new(o: TensorView<'a>, lse: TensorView<'a>, splits: usize, shape: [usize; 4]) -> Self {
+        PartialsView { o, lse, splits, shape }
+    }
+    fn sizes(splits: usize, shape: [usize; 4]) -> ([usize; 4], [usize; 4]) {
+        let [b, sq, h, d] = shape;
+        let rows = splits * b * h * sq;
+        ([1, rows, 1, d], [1, rows, 1, 1])
+    }
+    /// Partial states in two VM buffers.
+    pub fn vm(
+        o_part: &'a VmBuffer,
+        lse_part: &'a VmBuffer,
+        splits: usize,
+        shape: [usize; 4],
+    ) -> Result<Self, AttnError> {
+        let (os, ls) = Self::sizes(splits, shape);
+        Ok(Self::new(TensorView::vm(o_part, Dtype::F32, os)?, TensorView::vm(lse_part, Dtype::F32, ls)?, splits, shape))
+    }
+    /// Partial states in two cudarc f32 slices, for a launch on `stream`.
+    pub fn cuda<S: DevicePtr<f32>, L: DevicePtr<f32>>(
+        o_part: &'a S,
+        lse_part: &'a L,
+        stream: &'a Arc<CudaStream>,
+        splits: usize,
+        shape: [usize; 4],
+    ) -> Result<Self, AttnError> {
+        let (os, ls) = Self::sizes(splits, shape);
+        Ok(Self::new(TensorView::cuda(o_part, stream, os)?, TensorView::cuda(lse_part, stream, ls)?, splits, shape))
+    }
+    /// The number of states per row.
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+}
+
+fn kv_err(e: crate::error::Error) -> AttnError {
+    AttnError::KvCache { why: e.to_string() }
+}
+
+fn u32_of(tensor: &'static str, shape: [usize; 4], n: usize, what: &str) -> Result<u32, AttnError> {
+    u32::try_from(n).map_err(|_| AttnError::Shape {
+        tensor,
+        got: shape,
+        why: format!("{what} {n} is over the kernels' limit {}", u32::MAX),
+    })
+}
+
+impl Kernels {
+    /// Multiprocessors the split plan fills: the device's count on CUDA, the modelled
+    /// [`DEFAULT_SM_COUNT`] in the VM.
+    fn sm_count(&self) -> u32 {
+        match &self.inner {
+            Inner::Vm(_) => DEFAULT_SM_COUNT,
+            Inner::Cuda(c) => c.sm_count,
+        }
+    }
+
+    /// Checks that every launch's grid fits the device.
+    fn check_grid(&self, kernel: KernelId, dims: &kernels_gpu::tiles::LaunchDims) -> Result<(), AttnError> {
+        let caps = self.caps()?;
+        for a in 0..3 {
+            if dims.grid[a] == 0 || dims.grid[a] > caps.max_grid[a] {
+                return Err(AttnError::Grid {
+                    entry: kernel.name(),
+                    grid: dims.grid,
+                    limit: caps.max_grid,
+                    axis: ['x', 'y', 'z'][a],
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Combines `splits` partial attention states per row (flash-decoding's second pass, or
+    /// states the caller computed over separate key ranges) into `o` (`[batch, seq_q, heads,
+    /// head_dim]` in any dtype with a kernel, any seq/head strides) and `lse` (`[batch, heads,
+    /// seq_q]` f32): with `m = max_s lse_s`, `lse = m + ln Σ_s e^(lse_s - m)` and
+    /// `o = Σ_s e^(lse_s - lse) · o_s`. A row whose states are all `-inf` gives `o = 0`,
+    /// `lse = -inf`. Queued on the views' stream.
+    ///
+    /// ```
+    /// use memattn::attn::{Kernels, LseViewMut, PartialsView, TensorViewMut};
+    /// use memattn::Dtype;
+    ///
+    /// let kernels = Kernels::vm()?;
+    /// // One row, head_dim 2, two states: LSE ln 1 and ln 3 weigh them 1/4 and 3/4.
+    /// let o_part = kernels.vm_upload(&[1.0, 2.0, 5.0, 6.0])?; // [splits 2, 1, 1, 1, 2]
+    /// let lse_part = kernels.vm_upload(&[0.0, 3f32.ln()])?;
+    /// let (o, lse) = (kernels.vm_alloc(8)?, kernels.vm_alloc(4)?);
+    /// kernels.merge_states(
+    ///     &PartialsView::vm(&o_part, &lse_part, 2, [1, 1, 1, 2])?,
+    ///     &mut TensorViewMut::vm(&o, Dtype::F32, [1, 1, 1, 2])?,
+    ///     &mut LseViewMut::vm(&lse, 1, 1, 1)?,
+    /// )?;
+    /// let (o, lse) = (o.read_f32(Dtype::F32, 2)?, lse.read_f32(Dtype::F32, 1)?);
+    /// assert!((o[0] - 4.0).abs() < 1e-6 && (o[1] - 5.0).abs() < 1e-6);
+    /// assert!((lse[0] - 4f32.ln()).abs() < 1e-6);
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    pub fn merge_states(
+        &self,
+        partials: &PartialsView<'_>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+    ) -> Result<(), AttnError> {
+        let tensors: Vec<(&'static str, &RawView, Option<&CudaStream>)> = vec![
+            ("o_part", &partials.o.raw, partials.o.stream.as_deref()),
+            ("lse_part", &partials.lse.raw, partials.lse.stream.as_deref()),
+            ("o", &o.raw, o.stream.as_deref()),
+            ("lse", &lse.0.raw, lse.0.stream.as_deref()),
+        ];
+        self.check_places(&tensors, &partials.o.raw)?;
+        for (name, t, _) in &tensors {
+            if *name != "o" && t.dtype != Dtype::F32 {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: Dtype::F32 });
+            }
+        }
+        let shape = partials.shape;
+        let [b, sq, h, d] = shape;
+        if partials.splits == 0 || shape.contains(&0) {
+            return Err(AttnError::Shape {
+                tensor: "o_part",
+                got: shape,
+                why: format!("{} splits of [batch, seq_q, heads, head_dim]: every size must be >= 1", partials.splits),
+            });
+        }
+        if o.raw.shape != shape {
+            return Err(AttnError::Shape {
+                tensor: "o",
+                got: o.raw.shape,
+                why: format!("o must have the partial states' shape {shape:?}"),
+            });
+        }
+        if lse.0.raw.shape != [b, h, sq, 1] || lse.0.raw.strides != contiguous([b, h, sq, 1]) {
+            return Err(AttnError::Shape {
+                tensor: "lse",
+                got: lse.0.raw.shape,
+                why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+            });
+        }
+        if o.raw.strides[3] != 1 {
+            return Err(AttnError::InnerStride { tensor: "o", stride: o.raw.strides[3] });
+        }
+        for (name, t, _) in &tensors {
+            t.check_bounds(name)?;
+        }
+        let dtype = o.raw.dtype;
+        let kernel = KernelId::find(Family::MergeStates, dtype.elem(), None)
+            .ok_or(AttnError::NotSupportedYet { feature: "merge_states into this dtype" })?;
+        let rows = (b * h * sq) as u64;
+        let dims = kernels_gpu::tiles::MERGE.launch(rows);
+        self.check_grid(kernel, &dims)?;
+        let p = DecodeProblem {
+            batch: u32_of("o", shape, b, "batch")?,
+            heads: u32_of("o", shape, h, "heads")?,
+            heads_kv: 1,
+            head_dim: u32_of("o", shape, d, "head_dim")?,
+            seq_q: u32_of("o", shape, sq, "seq_q")?,
+            ..DecodeProblem::default()
+        };
+        let bufs = DecodeBuffers {
+            o_part: partials.o.raw.ptr,
+            lse_part: partials.lse.raw.ptr,
+            o: o.raw.ptr,
+            lse: lse.0.raw.ptr,
+            ..DecodeBuffers::default()
+        };
+        let splits = u32_of("o_part", shape, partials.splits, "splits")?;
+        let m = merge_params(&p, splits, &bufs, o.raw.kernel_strides());
+        self.launch_bytes(kernel, &dims, &m.to_bytes(), o.stream.as_deref())
+    }
+
+    /// Decode attention over a KV cache, FlashAttention-2's `flash_attn_with_kvcache`, into
+    /// buffers memattn allocates (see [`Kernels::flash_attn_with_kvcache_into`] for the
+    /// arguments). Returns `o` `[batch, seq_q, heads, head_dim]` and `lse` `[batch, heads, seq_q]`.
+    ///
+    /// ```
+    /// use memattn::attn::{AttnOpts, Kernels, TensorView, TensorViewMut};
+    /// use memattn::Dtype;
+    ///
+    /// let kernels = Kernels::vm()?;
+    /// let (b, h, hk, d, page) = (1, 4, 2, 64, 16); // GQA: 2 query heads per KV head
+    /// // A paged cache of 3 pages of 16 keys; the sequence holds 20 keys in pages 2 and 0.
+    /// let row = hk * d;
+    /// let cache: Vec<f32> = (0..3 * page * row).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
+    /// let (kc, vc) = (kernels.vm_upload(&cache)?, kernels.vm_upload(&cache)?);
+    /// let block_table = kernels.index_tensor(&[2, 0], None)?; // [batch, max_pages]
+    /// let cache_seqlens = kernels.index_tensor(&[20], None)?;
+    /// let q = kernels.vm_upload(&vec![0.0; b * h * d])?; // q = 0: uniform weights
+    /// let kv = |buf| TensorViewMut::vm(buf, Dtype::F32, [3, page, hk, d]);
+    /// let (o, lse) = kernels.flash_attn_with_kvcache(
+    ///     &TensorView::vm(&q, Dtype::F32, [b, 1, h, d])?,
+    ///     &mut kv(&kc)?,
+    ///     &mut kv(&vc)?,
+    ///     &cache_seqlens,
+    ///     Some(&block_table),
+    ///     None,
+    ///     None,
+    ///     &AttnOpts::new().causal(true).num_splits(2),
+    /// )?;
+    /// let (o, lse) = (o.to_vec_f32()?, lse.to_vec_f32()?);
+    /// // o is the mean of the 20 values of KV head 0 (keys 0..16 in page 2, 16..20 in page 0).
+    /// let key = |j: usize| if j < page { (2 * page + j) * row } else { (j - page) * row };
+    /// let mean = (0..20).map(|j| cache[key(j)]).sum::<f32>() / 20.0;
+    /// assert!((o[0] - mean).abs() < 1e-5);
+    /// assert!((lse[0] - 20f32.ln()).abs() < 1e-5);
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature
+    pub fn flash_attn_with_kvcache(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &mut TensorViewMut<'_>,
+        v_cache: &mut TensorViewMut<'_>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
+        let [b, sq, h, d] = q.raw.shape;
+        let dtype = q.raw.dtype;
+        let (o_bytes, lse_bytes) = ((b * sq * h * d) as u64 * dtype.size_bytes(), (b * h * sq) as u64 * 4);
+        // Validate before allocating (the outputs are checked again, trivially, in the call).
+        let plan = self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, None, opts)?;
+        let (o, lse) = self.alloc_outputs(q, o_bytes, lse_bytes)?;
+        let o = DeviceTensor { storage: o, dtype, shape: [b, sq, h, d] };
+        let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: [b, h, sq, 1] };
+        let outs = (o.ptr(), lse.ptr());
+        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, plan)?;
+        Ok((o, lse))
+    }
+
+    /// Decode attention over a KV cache, FlashAttention-2's `flash_attn_with_kvcache`, into the
+    /// caller's `o` (`[batch, seq_q, heads, head_dim]`) and `lse` (`[batch, heads, seq_q]`).
+    ///
+    /// - `q`: `[batch, seq_q, heads, head_dim]` (`seq_q` 1 for plain decode, more for
+    ///   speculative decoding), contiguous.
+    /// - `k_cache`, `v_cache`: contiguous `[batch, seq_cache, heads_kv, head_dim]`, or, with a
+    ///   `block_table`, a paged cache `[num_pages, page_size, heads_kv, head_dim]` (any page
+    ///   size); `heads_kv` divides `heads` (GQA). Written when new tokens are given.
+    /// - `cache_seqlens`: `[batch]` keys in the cache before the call.
+    /// - `block_table`: `[batch, max_pages]` page indices ([`IndexTensor`]; `max_pages` is its
+    ///   length over `batch`). Entries past a sequence's last used page are not read.
+    /// - `k_new`, `v_new`: `[batch, seq_new, heads_kv, head_dim]`, written into the cache at
+    ///   `cache_seqlens[b]..` before attention, which then runs over
+    ///   `cache_seqlens[b] + seq_new` keys. `cache_seqlens` is not advanced (the caller does it).
+    /// - `opts`: scale, causal (bottom-right aligned), window, soft cap and
+    ///   [`AttnOpts::num_splits`] (`None`/0: FlashAttention-2's heuristic over the device's
+    ///   multiprocessors; `n`: exactly `n` key splits, combined by `merge_states`). Sinks are not
+    ///   in the decode kernels: refused.
+    ///
+    /// Every index is checked on the host copies before any launch: capacity of each sequence,
+    /// block-table entries below `num_pages`, and no page that receives new tokens referenced
+    /// twice ([`AttnError::KvCache`] names the rule). With more than one split the f32 workspace
+    /// (`num_splits · batch · heads · seq_q · (head_dim + 1) · 4` bytes) is allocated for the call
+    /// (on CUDA on the stream, freed in stream order).
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature plus the outputs
+    pub fn flash_attn_with_kvcache_into(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &mut TensorViewMut<'_>,
+        v_cache: &mut TensorViewMut<'_>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let outs = (&o.raw, o.stream.as_deref(), &lse.0.raw, lse.0.stream.as_deref());
+        let plan =
+            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts)?;
+        let outs = (o.raw.ptr, lse.0.raw.ptr);
+        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, plan)
+    }
+
+    /// Launches a validated call ([`Self::kvcache_plan`]) with outputs at `outs`.
+    #[allow(clippy::too_many_arguments)]
+    fn kvcache_run(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &TensorViewMut<'_>,
+        v_cache: &TensorViewMut<'_>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        outs: (u64, u64),
+        plan: KvPlan,
+    ) -> Result<(), AttnError> {
+        let p = &plan.problem;
+        let splits = plan.splits;
+        let rows = p.rows();
+        let d = p.head_dim as u64;
+        // The split workspace, for this call only.
+        let (ws_o, ws_lse) = if splits > 1 {
+            let (ob, lb) = (self.alloc_outputs(q, splits as u64 * rows * d * 4, splits as u64 * rows * 4))?;
+            (Some(ob), Some(lb))
+        } else {
+            (None, None)
+        };
+        let ptr = |s: &Option<Storage>| s.as_ref().map_or(0, |s| s.ptr());
+        let bufs = DecodeBuffers {
+            q: q.raw.ptr,
+            k_cache: k_cache.raw.ptr,
+            v_cache: v_cache.raw.ptr,
+            k_new: k_new.map_or(0, |t| t.raw.ptr),
+            v_new: v_new.map_or(0, |t| t.raw.ptr),
+            block_table: block_table.map_or(0, |t| t.ptr),
+            cache_seqlens: cache_seqlens.ptr,
+            o: outs.0,
+            lse: outs.1,
+            o_part: ptr(&ws_o),
+            lse_part: ptr(&ws_lse),
+        };
+        let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
+        let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
+        for (kernel, dims) in &plan.launches {
+            let arg: &[u8] = if kernel.variant().family == Family::MergeStates { &merge } else { &params };
+            self.launch_bytes(*kernel, dims, arg, q.stream.as_deref())?;
+        }
+        drop((ws_o, ws_lse)); // after the launches: on CUDA freed in stream order
+        Ok(())
+    }
+
+    /// Every check of a KV-cache call, before anything is allocated or launched.
+    #[allow(clippy::too_many_arguments)]
+    fn kvcache_plan(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &TensorViewMut<'_>,
+        v_cache: &TensorViewMut<'_>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        outs: Option<(&RawView, Option<&CudaStream>, &RawView, Option<&CudaStream>)>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<KvPlan, AttnError> {
+        if opts.sinks.is_some() {
+            return Err(AttnError::NotSupportedYet { feature: "sinks with a KV cache (flash_attn_with_kvcache)" });
+        }
+        let splits = match opts.num_splits {
+            None | Some(0) => Splits::Auto,
+            Some(n) if n <= MAX_SPLITS => Splits::Fixed(n),
+            Some(n) => return Err(AttnError::Splits { got: n, max: MAX_SPLITS }),
+        };
+        let window = opts.window_i32()?;
+        let mut tensors: Vec<(&'static str, &RawView, Option<&CudaStream>)> = vec![
+            ("q", &q.raw, q.stream.as_deref()),
+            ("k_cache", &k_cache.raw, k_cache.stream.as_deref()),
+            ("v_cache", &v_cache.raw, v_cache.stream.as_deref()),
+        ];
+        match (k_new, v_new) {
+            (Some(k), Some(v)) => {
+                tensors.push(("k_new", &k.raw, k.stream.as_deref()));
+                tensors.push(("v_new", &v.raw, v.stream.as_deref()));
+            }
+            (None, None) => {}
+            (k, _) => {
+                let (missing, given) = if k.is_some() { ("v_new", "k_new") } else { ("k_new", "v_new") };
+                return Err(AttnError::KvCache {
+                    why: format!("{missing} is missing while {given} is given (new keys and values come together)"),
+                });
+            }
+        }
+        if let Some((o, os, l, ls)) = outs {
+            tensors.push(("o", o, os));
+            tensors.push(("lse", l, ls));
+        }
+        self.check_places(&tensors, &q.raw)?;
+        self.check_index("cache_seqlens", cache_seqlens, &q.raw)?;
+        if let Some(bt) = block_table {
+            self.check_index("block_table", bt, &q.raw)?;
+        }
+        let dtype = q.raw.dtype;
+        for (name, t, _) in &tensors {
+            let want = if *name == "lse" { Dtype::F32 } else { dtype };
+            if t.dtype != want {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
+            }
+        }
+        // Shapes.
+        let [b, sq, h, d] = q.raw.shape;
+        let kshape = k_cache.raw.shape;
+        if v_cache.raw.shape != kshape {
+            return Err(AttnError::Shape {
+                tensor: "v_cache",
+                got: v_cache.raw.shape,
+                why: format!("v_cache must have k_cache's shape {kshape:?}"),
+            });
+        }
+        let [c0, c1, hk, kd] = kshape;
+        if kd != d {
+            return Err(AttnError::Shape { tensor: "k_cache", got: kshape, why: format!("head_dim {kd} != q's {d}") });
+        }
+        if hk == 0 || !h.is_multiple_of(hk) {
+            return Err(AttnError::Shape {
+                tensor: "k_cache",
+                got: kshape,
+                why: format!("{hk} KV heads do not divide q's {h} heads (GQA: query head i reads KV head i / (heads / heads_kv))"),
+            });
+        }
+        let mut seq_new = 0;
+        if let (Some(kn), Some(vn)) = (k_new, v_new) {
+            seq_new = kn.raw.shape[1];
+            for (name, t) in [("k_new", &kn.raw), ("v_new", &vn.raw)] {
+                if t.shape != [b, seq_new, hk, d] {
+                    return Err(AttnError::Shape {
+                        tensor: name,
+                        got: t.shape,
+                        why: format!(
+                            "new tokens must be [batch, seq_new, heads_kv, head_dim] = [{b}, {seq_new}, {hk}, {d}]"
+                        ),
+                    });
+                }
+            }
+        }
+        if let Some((o, _, l, _)) = outs {
+            if o.shape != q.raw.shape {
+                return Err(AttnError::Shape {
+                    tensor: "o",
+                    got: o.shape,
+                    why: format!("o must have q's shape {:?}", q.raw.shape),
+                });
+            }
+            if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
+                return Err(AttnError::Shape {
+                    tensor: "lse",
+                    got: l.shape,
+                    why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                });
+            }
+        }
+        // The decode kernels address every tensor as contiguous.
+        for (name, t, _) in &tensors {
+            if *name != "lse" && t.strides != contiguous(t.shape) {
+                return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
+            }
+        }
+        if cache_seqlens.values.len() != b {
+            return Err(AttnError::SeqLens {
+                tensor: "cache_seqlens",
+                why: format!("{} entries for q's batch of {b} (one length per sequence)", cache_seqlens.values.len()),
+            });
+        }
+        let layout = match block_table {
+            None => {
+                if c0 != b {
+                    return Err(AttnError::Shape {
+                        tensor: "k_cache",
+                        got: kshape,
+                        why: format!(
+                            "a contiguous cache is [batch, seq_cache, heads_kv, head_dim]: batch {c0} != q's {b}"
+                        ),
+                    });
+                }
+                CacheLayout::Contiguous { seq_cache: u32_of("k_cache", kshape, c1, "seq_cache")? }
+            }
+            Some(bt) => {
+                let n = bt.values.len();
+                if b == 0 || n == 0 || !n.is_multiple_of(b) {
+                    return Err(AttnError::KvCache {
+                        why: format!(
+                            "block_table has {n} entries: it must be [batch, max_pages] = {b} x max_pages >= 1"
+                        ),
+                    });
+                }
+                CacheLayout::Paged {
+                    page_size: u32_of("k_cache", kshape, c1, "page_size")?,
+                    num_pages: u32_of("k_cache", kshape, c0, "num_pages")?,
+                    max_pages: u32_of("k_cache", kshape, n / b, "max_pages")?,
+                }
+            }
+        };
+        let problem = DecodeProblem {
+            batch: u32_of("q", q.raw.shape, b, "batch")?,
+            heads: u32_of("q", q.raw.shape, h, "heads")?,
+            heads_kv: u32_of("k_cache", kshape, hk, "heads_kv")?,
+            head_dim: u32_of("q", q.raw.shape, d, "head_dim")?,
+            seq_q: u32_of("q", q.raw.shape, sq, "seq_q")?,
+            cache_seqlens: cache_seqlens.values.clone(),
+            seq_new: u32_of("k_new", kshape, seq_new, "seq_new")?,
+            page_size: match layout {
+                CacheLayout::Paged { page_size, .. } => Some(page_size),
+                CacheLayout::Contiguous { .. } => None,
+            },
+            dtype,
+            causal: opts.causal,
+            window_left: window.0,
+            window_right: window.1,
+            softcap: opts.softcap.unwrap_or(0.0),
+            scale: opts.softmax_scale,
+            splits,
+            sm_count: self.sm_count(),
+        };
+        problem.validate().map_err(kv_err)?;
+        check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
+        let plan = problem.plan().map_err(kv_err)?;
+        let launches = planned_launches(&problem, &plan).map_err(kv_err)?;
+        for (kernel, dims) in &launches {
+            self.check_grid(*kernel, dims)?;
+        }
+        for (name, t, _) in &tensors {
+            t.check_bounds(name)?;
+        }
+        Ok(KvPlan { splits: plan.num_splits, layout, launches, problem })
+    }
+}
+
+/// A validated KV-cache call.
+struct KvPlan {
+    splits: u32,
+    layout: CacheLayout,
+    launches: Vec<(KernelId, kernels_gpu::tiles::LaunchDims)>,
+    problem: DecodeProblem,
+}
