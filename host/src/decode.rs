@@ -36,6 +36,7 @@ use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
 use kernels_gpu::tiles::{DecodeTile, LaunchDims, APPEND, MERGE};
 use kernels_gpu::variants::Tile;
+use kernels_gpu::Family;
 use kernels_gpu::KernelId;
 use serde::Serialize;
 use std::fmt;
@@ -75,6 +76,41 @@ impl fmt::Display for Splits {
             Splits::Auto => f.write_str("auto"),
             Splits::Fixed(n) => write!(f, "{n}"),
         }
+    }
+}
+
+/// The `--kernel` option of decode: which decode forward family runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeKernel {
+    /// The tensor-core kernel (`decode_mma_*`) for bf16 and f16, the SIMT one for f32.
+    #[default]
+    Auto,
+    /// The SIMT kernel (`decode_fwd_*`, f32 arithmetic) for every dtype.
+    Simt,
+    /// The tensor-core kernel (`decode_mma_*`, `mma.sync`); bf16 and f16 only.
+    Mma,
+}
+
+impl FromStr for DecodeKernel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DecodeKernel::Auto),
+            "simt" => Ok(DecodeKernel::Simt),
+            "mma" => Ok(DecodeKernel::Mma),
+            _ => Err(format!("decode --kernel takes auto, simt or mma, got `{s}`")),
+        }
+    }
+}
+
+impl fmt::Display for DecodeKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DecodeKernel::Auto => "auto",
+            DecodeKernel::Simt => "simt",
+            DecodeKernel::Mma => "mma",
+        })
     }
 }
 
@@ -139,6 +175,11 @@ pub struct DecodeProblem {
     pub splits: Splits,
     /// Multiprocessors the plan fills.
     pub sm_count: u32,
+    /// Which decode forward runs (default: tensor cores for bf16/f16, SIMT for f32).
+    pub kernel: DecodeKernel,
+    /// Per-head attention sinks (values in [`DecodeInputs::sinks`]): a logit per query head that
+    /// joins the softmax denominator only, counted once whatever the split count.
+    pub sinks: bool,
 }
 
 impl Default for DecodeProblem {
@@ -160,6 +201,8 @@ impl Default for DecodeProblem {
             scale: None,
             splits: Splits::Auto,
             sm_count: DEFAULT_SM_COUNT,
+            kernel: DecodeKernel::Auto,
+            sinks: false,
         }
     }
 }
@@ -227,9 +270,24 @@ impl DecodeProblem {
         e - s
     }
 
-    /// `[decode_fwd, merge_states, decode_append]` for the dtype and head dim.
+    /// `[decode forward, merge_states, decode_append]` for the dtype, head dim and `kernel`
+    /// choice: the forward is `decode_mma_*` (tensor cores) or `decode_fwd_*` (SIMT).
     pub fn kernels(&self) -> Result<[KernelId; 3], Error> {
-        KernelId::decode(self.dtype.elem(), self.head_dim).ok_or_else(|| {
+        let elem = self.dtype.elem();
+        let found = match self.kernel {
+            DecodeKernel::Auto => KernelId::decode(elem, self.head_dim),
+            DecodeKernel::Simt => KernelId::decode_with(Family::DecodeFwd, elem, self.head_dim),
+            DecodeKernel::Mma => {
+                if !self.dtype.is_16bit() {
+                    return Err(Error::Usage(format!(
+                        "--kernel mma: the tensor-core decode kernel takes bf16 or f16, not {} (use --kernel simt or auto)",
+                        self.dtype
+                    )));
+                }
+                KernelId::decode_with(Family::DecodeMma, elem, self.head_dim)
+            }
+        };
+        found.ok_or_else(|| {
             let dims: Vec<String> =
                 KernelId::decode_head_dims(self.dtype.elem()).iter().map(|d| d.to_string()).collect();
             Error::Usage(format!(
@@ -241,11 +299,25 @@ impl DecodeProblem {
         })
     }
 
-    /// The tile of the decode kernel.
+    /// The tile of the SIMT decode kernel (`decode_fwd_*`) for the dtype and head dim, whichever
+    /// forward [`DecodeProblem::kernels`] chooses; see [`DecodeProblem::forward_launch`] for the
+    /// chosen one's geometry.
     pub fn tile(&self) -> Result<DecodeTile, Error> {
-        match self.kernels()?[0].variant().tile {
+        let simt = DecodeProblem { kernel: DecodeKernel::Simt, ..self.clone() };
+        match simt.kernels()?[0].variant().tile {
             Tile::DecodeFwd(t) => Ok(t),
-            _ => unreachable!("KernelId::decode returns a DecodeFwd row first"),
+            _ => unreachable!("KernelId::decode_with(DecodeFwd) returns a DecodeFwd row first"),
+        }
+    }
+
+    /// The decode forward's launch for `num_splits` splits (grid `(num_splits, query tiles,
+    /// heads_kv * batch)`), for the kernel [`DecodeProblem::kernels`] chooses.
+    pub fn forward_launch(&self, num_splits: u32) -> Result<LaunchDims, Error> {
+        let (sq, g, hk, b) = (self.seq_q, self.group(), self.heads_kv, self.batch);
+        match self.kernels()?[0].variant().tile {
+            Tile::DecodeFwd(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
+            Tile::DecodeMma(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
+            _ => unreachable!("the decode forward is a DecodeFwd or DecodeMma row"),
         }
     }
 
@@ -299,10 +371,9 @@ impl DecodeProblem {
     /// The split plan: `--splits N` as given, `auto` from [`num_splits_heuristic`] over this
     /// problem's blocks and the SM count.
     pub fn plan(&self) -> Result<SplitPlan, Error> {
-        let tile = self.tile()?;
-        let blocks_per_split = (self.seq_q as u64 * self.group() as u64).div_ceil(tile.br() as u64)
-            * self.heads_kv as u64
-            * self.batch as u64;
+        let br = self.kernels()?[0].variant().block_rows();
+        let blocks_per_split =
+            (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64;
         let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
         let (num_splits, chosen_by) = match self.splits {
             Splits::Fixed(n) => (n, "fixed"),
@@ -359,6 +430,8 @@ pub struct DecodeInputs {
     pub k_new: Vec<f32>,
     pub v_new: Vec<f32>,
     pub layout: CacheLayout,
+    /// `[heads]` f32 sink logits with [`DecodeProblem::sinks`], empty without.
+    pub sinks: Vec<f32>,
 }
 
 impl DecodeInputs {
@@ -407,7 +480,14 @@ impl DecodeInputs {
             k_new,
             v_new,
             layout,
+            sinks: Vec::new(),
         };
+        if p.sinks {
+            // From their own stream (the other tensors do not change), plus 1 as the forward's
+            // random sinks: a sink weighs about as much as a typical key.
+            let mut r3 = SplitMix64::new(seed ^ 0x51_4E_C5);
+            x.sinks = (0..p.heads).map(|_| r3.normal() as f32 + 1.0).collect();
+        }
         for b in 0..p.batch as usize {
             for j in 0..p.cache_seqlens[b] {
                 let at = x.row_offset(p, b, j).expect("sized above");
@@ -473,6 +553,10 @@ impl DecodeInputs {
             Ok(())
         };
         want("q", self.q.len(), p.q_elems())?;
+        want("sinks", self.sinks.len(), if p.sinks { p.heads as u64 } else { 0 })?;
+        if let Some(bad_sink) = self.sinks.iter().find(|s| !s.is_finite()) {
+            return bad(format!("sink logit {bad_sink} is not finite; sinks must be finite f32 logits"));
+        }
         want("k_new", self.k_new.len(), p.new_elems())?;
         want("v_new", self.v_new.len(), p.new_elems())?;
         match (self.layout, p.page_size) {
@@ -617,11 +701,14 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                     .map(|s| if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s })
                     .collect();
                 let r = (b * h + hh) * sq + i;
+                // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
+                let sink = if p.sinks { x.sinks[hh] as f64 } else { f64::NEG_INFINITY };
                 if seen.is_empty() {
+                    lse[r] = sink; // O stays 0; LSE is the sink's (-inf without one)
                     continue;
                 }
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let l: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                let m = s.iter().copied().fold(sink, f64::max);
+                let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
                 lse[r] = m + l.ln();
                 let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
                 let mut abs = vec![0f64; d];
@@ -737,6 +824,8 @@ pub struct DecodeBytes {
     pub new_kv: u64,
     pub block_table: u64,
     pub cache_seqlens: u64,
+    /// Sink logits: `4 * heads` with sinks, 0 without.
+    pub sinks: u64,
     /// Split workspace: f32 partial O and LSE, `num_splits * rows * (head_dim + 1) * 4` (0 with
     /// one split).
     pub workspace: u64,
@@ -780,6 +869,7 @@ impl DecodeBytes {
             new_kv: p.new_elems() * es * 2,
             block_table: x.block_table.len() as u64 * 4,
             cache_seqlens: p.batch as u64 * 4,
+            sinks: if p.sinks { 4 * p.heads as u64 } else { 0 },
             workspace,
             ..Default::default()
         };
@@ -792,6 +882,7 @@ impl DecodeBytes {
             + bytes.new_kv
             + bytes.block_table
             + bytes.cache_seqlens
+            + bytes.sinks
             + bytes.workspace;
         bytes
     }
@@ -823,6 +914,9 @@ pub struct DecodeReport {
     /// `[left, right]` of the sliding window (`-1`: unbounded).
     pub window: [i32; 2],
     pub softcap: f32,
+    pub sinks: bool,
+    /// The decode forward family that ran: `mma` (tensor cores) or `simt`.
+    pub kernel: &'static str,
     pub cache: CacheLayout,
     pub inputs: String,
     pub plan: SplitPlan,
@@ -863,15 +957,26 @@ fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: Dtype
     Ok(())
 }
 
+/// `mma` or `simt`: the family of the decode forward among `ids`.
+fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
+    for k in ids {
+        match k.variant().family {
+            Family::DecodeMma => return "mma",
+            Family::DecodeFwd => return "simt",
+            _ => {}
+        }
+    }
+    "none"
+}
+
 /// The launches of one decode call, in order.
 pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, Error> {
     let [fwd, merge, append] = p.kernels()?;
-    let tile = p.tile()?;
     let mut out = Vec::new();
     if p.seq_new > 0 {
         out.push((append, APPEND.launch(p.seq_new, p.batch)));
     }
-    out.push((fwd, tile.launch(plan.num_splits, p.seq_q, p.group(), p.heads_kv, p.batch)));
+    out.push((fwd, p.forward_launch(plan.num_splits)?));
     if plan.num_splits > 1 {
         out.push((merge, MERGE.launch(p.rows())));
     }
@@ -952,6 +1057,7 @@ pub fn run_decode<D: Device + ?Sized>(
         let vn = alloc(dev, bytes.new_kv / 2)?;
         let bt = alloc(dev, bytes.block_table)?;
         let sl = alloc(dev, bytes.cache_seqlens)?;
+        let sk = alloc(dev, bytes.sinks)?;
         let o = alloc(dev, bytes.o)?;
         let lse = alloc(dev, bytes.lse)?;
         let o_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64)?;
@@ -969,6 +1075,9 @@ pub fn run_decode<D: Device + ?Sized>(
         }
         let s: Vec<u8> = p.cache_seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
         dev.upload_bytes(sl, &s)?;
+        if sk != 0 {
+            dev.upload(sk, &x.sinks)?;
+        }
         dev.memory_mark_allocated()?;
         let (seq_cache, page_size, max_pages) = match x.layout {
             CacheLayout::Contiguous { seq_cache } => (seq_cache, 0, 0),
@@ -1002,6 +1111,7 @@ pub fn run_decode<D: Device + ?Sized>(
             window_right: p.window_right,
             softcap: p.softcap,
             _pad: 0,
+            sinks: sk,
         };
         let merge = MergeParams {
             o_part,
@@ -1104,6 +1214,8 @@ pub fn run_decode<D: Device + ?Sized>(
         causal: p.causal,
         window: [p.window_left, p.window_right],
         softcap: p.softcap,
+        sinks: p.sinks,
+        kernel: kernel_family_name(launches.iter().map(|l| l.0)),
         cache: x.layout,
         inputs: inputs_desc,
         plan,

@@ -28,7 +28,9 @@
 //! barrier and shuffle. Each thread stages elements `t, t + 128, ...` of the K and V tiles.
 //!
 //! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)` before
-//! masking and the softmax.
+//! masking and the softmax. Sinks (`sinks != 0`): the head's sink logit joins the denominator of
+//! split 0 only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]; split 0 always exists), so
+//! after the merge it is counted exactly once.
 //!
 //! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
 //! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
@@ -219,7 +221,12 @@ pub(crate) unsafe fn decode_fwd<
     }
 
     if row_valid {
-        let (inv_l, lse) = row_sm.finish(row_sm.l);
+        // A sink joins the denominator of split 0 only, so the merge counts it once.
+        let (inv_l, lse) = if p.sinks != 0 && split == 0 {
+            row_sm.finish_with_sink(row_sm.l, unsafe { ld_f32(p.sinks + 4 * h as u64) } * LOG2E)
+        } else {
+            row_sm.finish(row_sm.l)
+        };
         // Row (b, h, qi) of the [batch, heads, seq_q] LSE and of each split's partials.
         let row_idx = (b * heads + h as u64) * seq_q + qi as u64;
         if p.num_splits == 1 {

@@ -5,8 +5,8 @@
 use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::DECODE_D64;
 use memattn::decode::{
-    merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Partials,
-    Splits,
+    merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
+    DecodeSpec, Partials, Splits,
 };
 use memattn::device::Device;
 use memattn::Dtype;
@@ -18,6 +18,15 @@ fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> Dec
     assert!(r.verified, "{p:?}: {:?}", r.verification);
     assert_eq!(r.verification.unwritten, 0);
     r
+}
+
+/// Runs `p` with the SIMT and the tensor-core decode kernel (16-bit dtypes) and checks which ran.
+fn run_both(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> [DecodeReport; 2] {
+    let simt = run(dev, &DecodeProblem { kernel: DecodeKernel::Simt, ..p.clone() }, x);
+    let mma = run(dev, &DecodeProblem { kernel: DecodeKernel::Mma, ..p.clone() }, x);
+    assert_eq!((simt.kernel, mma.kernel), ("simt", "mma"));
+    assert!(mma.launches.iter().any(|l| l.kernel.starts_with("decode_mma_")), "{:?}", mma.launches);
+    [simt, mma]
 }
 
 fn bits(x: &[f32]) -> Vec<u32> {
@@ -246,6 +255,7 @@ device_tests! {
     fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64u32, 128] {
+                for kernel in [DecodeKernel::Simt, DecodeKernel::Mma] {
                 let p = DecodeProblem {
                     batch: 2,
                     heads: 8,
@@ -256,13 +266,91 @@ device_tests! {
                     seq_new: 1,
                     page_size: Some(32),
                     dtype,
+                    kernel,
                     splits: Splits::Fixed(2),
                     ..DecodeProblem::default()
                 };
                 let r = run(dev, &p, None);
                 assert!(r.verification.o_max_scaled_err > 0.0, "{dtype}: rounding shows");
+                assert_eq!(r.kernel, if kernel == DecodeKernel::Mma { "mma" } else { "simt" });
+                }
             }
         }
+        // The default for 16-bit types is the tensor-core kernel, for f32 the SIMT one.
+        let p = DecodeProblem { dtype: Dtype::Bf16, cache_seqlens: vec![40], ..DecodeProblem::default() };
+        assert_eq!(run(dev, &p, None).kernel, "mma");
+        assert_eq!(run(dev, &DecodeProblem { dtype: Dtype::F32, ..p }, None).kernel, "simt");
+    }
+
+    fn decode_mma_gqa_ragged_windows_softcap_against_f64(dev: &mut dyn Device) {
+        // GQA ratios 1, 4, 8 and 16 (16 rows of one token fill the m-tile; 8 x 3 tokens = 24 rows
+        // take two tiles, the second half empty), ragged caches with 0 and 1 keys, seq_q > 1,
+        // paged with pages that a 64-key tile straddles, windows and a soft cap.
+        let cases = [
+            (Dtype::Bf16, 64u32, 4u32, 4u32, 1u32, -1, -1, 0.0f32, None),
+            (Dtype::F16, 64, 8, 2, 3, -1, -1, 0.0, Some(24)),
+            (Dtype::Bf16, 128, 8, 1, 3, 40, 0, 0.0, Some(7)),
+            (Dtype::F16, 128, 16, 1, 1, -1, -1, 1.5, None),
+            (Dtype::Bf16, 64, 4, 1, 2, 5, 2, 0.0, Some(16)),
+        ];
+        for (dtype, d, heads, heads_kv, seq_q, left, right, softcap, page_size) in cases {
+            let p = DecodeProblem {
+                batch: 4,
+                heads,
+                heads_kv,
+                head_dim: d,
+                seq_q,
+                cache_seqlens: vec![0, 1, 77, 150],
+                seq_new: 1,
+                page_size,
+                dtype,
+                causal: right == 0 || left < 0,
+                window_left: left,
+                window_right: right,
+                softcap,
+                kernel: DecodeKernel::Mma,
+                splits: Splits::Fixed(3),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            assert_eq!(r.kernel, "mma");
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+        }
+    }
+
+    fn decode_mma_paged_equals_contiguous_and_splits_agree(dev: &mut dyn Device) {
+        let p = DecodeProblem {
+            batch: 3,
+            heads: 8,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![300, 1, 45],
+            seq_new: 1,
+            dtype: Dtype::Bf16,
+            kernel: DecodeKernel::Mma,
+            splits: Splits::Fixed(3),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 21);
+        let contiguous = run(dev, &p, Some(&x));
+        for ps in [1u32, 16, 37, 256] {
+            let (pp, y) = x.relaid(&p, Some(ps), 100 + ps as u64);
+            let paged = run(dev, &pp, Some(&y));
+            assert_eq!(paged.kernel, "mma");
+            assert_eq!(bits(&paged.o), bits(&contiguous.o), "page size {ps}");
+            assert_eq!(bits(&paged.lse), bits(&contiguous.lse), "page size {ps}");
+            assert_eq!(paged.verification.cache_ok, Some(true));
+        }
+        // Split vs no split, and the SIMT kernel: within the bf16 rounding of O.
+        let one = run(dev, &DecodeProblem { splits: Splits::Fixed(1), ..p.clone() }, Some(&x));
+        let [simt, _] = run_both(dev, &p, Some(&x));
+        for (what, r) in [("1 split", &one), ("simt", &simt)] {
+            let diff = r.o.iter().zip(&contiguous.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff < 2e-2, "{what}: {diff}");
+        }
+        // Run to run.
+        assert_eq!(bits(&run(dev, &p, Some(&x)).o), bits(&contiguous.o));
     }
 
     fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
