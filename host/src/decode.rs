@@ -1415,6 +1415,39 @@ mod tests {
     }
 
     #[test]
+    fn reference_with_a_sink_known_answer() {
+        // One query, keys with scores 0 and ln 3 (q = 1, scale 1, d = 1), values 4 and 8, sink
+        // ln 4: weights 1, 3 and the sink's 4 -> O = (4 + 24) / 8 = 3.5, LSE = ln 8. Without keys:
+        // O = 0, LSE = ln 4.
+        let p = DecodeProblem {
+            heads: 1,
+            heads_kv: 1,
+            head_dim: 1,
+            cache_seqlens: vec![2],
+            scale: Some(1.0),
+            sinks: true,
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs {
+            q: vec![1.0],
+            k_cache: vec![0.0, 3f32.ln()],
+            v_cache: vec![4.0, 8.0],
+            block_table: vec![],
+            k_new: vec![],
+            v_new: vec![],
+            layout: CacheLayout::Contiguous { seq_cache: 2 },
+            sinks: vec![4f32.ln()],
+        };
+        let r = reference(&p, &x);
+        assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
+        let empty = reference(&DecodeProblem { cache_seqlens: vec![0], ..p.clone() }, &x);
+        assert_eq!(empty.o[0], 0.0);
+        assert!((empty.lse[0] - 4f64.ln()).abs() < 1e-6);
+        let none = reference(&DecodeProblem { sinks: false, ..p }, &DecodeInputs { sinks: vec![], ..x });
+        assert!((none.o[0] - 7.0).abs() < 1e-6 && (none.lse[0] - 4f64.ln()).abs() < 1e-6);
+    }
+
+    #[test]
     fn merge_reference_known_answers() {
         // Two states of one row: lse ln 1 and ln 3 -> weights 1/4, 3/4, lse ln 4.
         let x = Partials {

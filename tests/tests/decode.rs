@@ -353,6 +353,53 @@ device_tests! {
         assert_eq!(bits(&run(dev, &p, Some(&x)).o), bits(&contiguous.o));
     }
 
+    fn decode_sinks_against_f64_with_any_split_count(dev: &mut dyn Device) {
+        // Sequence 0 has no key: O = 0 and LSE = sink[h]. With splits > 1 the sink is counted in
+        // split 0 only; counted in every split, the merged denominator would be off and the f64
+        // check fails.
+        let cases = [
+            (Dtype::F32, DecodeKernel::Simt, Splits::Fixed(1)),
+            (Dtype::F32, DecodeKernel::Simt, Splits::Fixed(3)),
+            (Dtype::Bf16, DecodeKernel::Mma, Splits::Fixed(1)),
+            (Dtype::Bf16, DecodeKernel::Mma, Splits::Fixed(3)),
+            (Dtype::F16, DecodeKernel::Mma, Splits::Auto),
+            (Dtype::F16, DecodeKernel::Simt, Splits::Auto),
+        ];
+        for (n, (dtype, kernel, splits)) in cases.into_iter().enumerate() {
+            let p = DecodeProblem {
+                batch: 3,
+                heads: 8,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q: 2,
+                cache_seqlens: vec![0, 50, 300],
+                dtype,
+                kernel,
+                sinks: true,
+                splits,
+                ..DecodeProblem::default()
+            };
+            let x = DecodeInputs::random(&p, 9);
+            assert_eq!(x.sinks.len(), 8);
+            let r = run(dev, &p, Some(&x));
+            assert!(splits == Splits::Fixed(1) || r.plan.num_splits > 1, "{:?}", r.plan);
+            for h in 0..8 {
+                for i in 0..2 {
+                    let (got, sink) = (r.lse[h * 2 + i], x.sinks[h]);
+                    assert!((got - sink).abs() <= 1e-6 * sink.abs().max(1.0), "{dtype} {splits}: head {h} {got} vs {sink}");
+                }
+            }
+            assert!(r.o[..2 * 8 * 64].iter().all(|&v| v == 0.0));
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+            if n == 3 {
+                // Without the sinks every row that sees a key has a lower LSE.
+                let y = DecodeInputs { sinks: vec![], ..x.clone() };
+                let plain = run(dev, &DecodeProblem { sinks: false, ..p.clone() }, Some(&y));
+                assert!(r.lse[16..].iter().zip(&plain.lse[16..]).all(|(a, b)| a > b), "{dtype} {splits}");
+            }
+        }
+    }
+
     fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
         let p = DecodeProblem {
             batch: 2,
