@@ -42,8 +42,33 @@ use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
-/// Multiprocessors the VM models for the split plan (an H100/H200 has 132); `--sms` overrides.
+/// Multiprocessors the split plan assumes where the device reports none (the VM; an H100/H200
+/// has 132); `--sms` overrides, and on CUDA the device's own count is the default.
 pub const DEFAULT_SM_COUNT: u32 = 132;
+
+/// Where a problem's SM count came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmCountSource {
+    /// [`DEFAULT_SM_COUNT`] (the VM, or a device that reports none).
+    #[default]
+    Default,
+    /// Given (`--sms`).
+    Given,
+    /// The device's multiprocessor count ([`Device::multiprocessor_count`]).
+    Device,
+}
+
+impl SmCountSource {
+    /// How the CLI names it.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            SmCountSource::Default => "default, an H100/H200 as the VM models",
+            SmCountSource::Given => "--sms",
+            SmCountSource::Device => "the device's multiprocessor count",
+        }
+    }
+}
 /// Most splits a plan may have (FlashAttention-2's `max_splits`, 128).
 pub const MAX_SPLITS: u32 = 128;
 
@@ -175,6 +200,8 @@ pub struct DecodeProblem {
     pub splits: Splits,
     /// Multiprocessors the plan fills.
     pub sm_count: u32,
+    /// Where `sm_count` came from (see [`DecodeProblem::use_device_sm_count`]).
+    pub sm_count_source: SmCountSource,
     /// Which decode forward runs (default: tensor cores for bf16/f16, SIMT for f32).
     pub kernel: DecodeKernel,
     /// Per-head attention sinks (values in [`DecodeInputs::sinks`]): a logit per query head that
@@ -201,6 +228,7 @@ impl Default for DecodeProblem {
             scale: None,
             splits: Splits::Auto,
             sm_count: DEFAULT_SM_COUNT,
+            sm_count_source: SmCountSource::Default,
             kernel: DecodeKernel::Auto,
             sinks: false,
         }
@@ -214,6 +242,8 @@ pub struct SplitPlan {
     /// `"auto"` (the heuristic) or `"fixed"`.
     pub chosen_by: &'static str,
     pub sm_count: u32,
+    /// Where `sm_count` came from.
+    pub sm_count_source: SmCountSource,
     /// Blocks of one split: `ceil(seq_q * group / rows per block) * heads_kv * batch`.
     pub blocks_per_split: u64,
     /// Blocks of the decode launch (`blocks_per_split * num_splits`).
@@ -393,12 +423,25 @@ impl DecodeProblem {
             num_splits,
             chosen_by,
             sm_count: self.sm_count,
+            sm_count_source: self.sm_count_source,
             blocks_per_split,
             blocks,
             blocks_per_sm: waves,
             wave_efficiency: if waves > 0.0 { waves / waves.ceil() } else { 0.0 },
             heuristic_key_blocks: key_blocks,
         })
+    }
+
+    /// Plans for `dev`'s own multiprocessor count when it reports one (CUDA) and the count was
+    /// not given ([`SmCountSource::Given`] is kept); otherwise the problem is unchanged.
+    pub fn use_device_sm_count<D: Device + ?Sized>(&mut self, dev: &mut D) -> Result<(), Error> {
+        if self.sm_count_source != SmCountSource::Given {
+            if let Some(n) = dev.multiprocessor_count()? {
+                self.sm_count = n;
+                self.sm_count_source = SmCountSource::Device;
+            }
+        }
+        Ok(())
     }
 
     /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)`.

@@ -5,8 +5,8 @@ use super::args::{non_negative_u32, non_negative_u64, Cli};
 use super::{check_output, open_device, print_json, save_evidence};
 use clap::Args;
 use memattn::decode::{
-    run_decode, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec, Splits,
-    DEFAULT_SM_COUNT,
+    run_decode, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec, SmCountSource,
+    Splits, DEFAULT_SM_COUNT,
 };
 use memattn::dtype::Dtype;
 use memattn::error::{exit, Error};
@@ -28,7 +28,7 @@ arithmetic), which --kernel simt also picks for 16-bit types.
 Split-KV: --splits N cuts each sequence's keys into N ranges of whole key tiles (64 keys for the
 tensor-core kernel, 32 for SIMT), computed by N blocks in parallel and merged by log-sum-exp
 (merge_states); --splits auto uses FlashAttention-2's wave-efficiency heuristic over --sms
-multiprocessors. With a fixed N a sequence's output does not depend on the rest of the batch
+multiprocessors (default: the device's count on CUDA, 132 on the VM). With a fixed N a sequence's output does not depend on the rest of the batch
 (batch-invariant); every run is bit-reproducible. --sinks adds a per-head sink logit to the
 softmax denominator (counted once: in split 0); the LSE includes it.
 
@@ -72,9 +72,10 @@ pub struct DecodeArgs {
     /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
     #[arg(long, default_value = "auto", value_name = "auto|N")]
     pub splits: Splits,
-    /// Multiprocessors the split plan fills (132: H100/H200; the VM models this count).
-    #[arg(long, default_value_t = DEFAULT_SM_COUNT, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
-    pub sms: u32,
+    /// Multiprocessors the split plan fills [default: the device's multiprocessor count on CUDA;
+    /// 132, an H100/H200, on the VM, which models that count].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub sms: Option<u32>,
     /// Element type of Q, the cache and O (bf16/f16 run on tensor cores, f32 on the SIMT kernel).
     #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
     pub dtype: Dtype,
@@ -168,7 +169,8 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         causal: !a.no_causal,
         scale: a.scale,
         splits: a.splits,
-        sm_count: a.sms,
+        sm_count: a.sms.unwrap_or(DEFAULT_SM_COUNT),
+        sm_count_source: if a.sms.is_some() { SmCountSource::Given } else { SmCountSource::Default },
         kernel: a.kernel,
         sinks: a.sinks,
     };
@@ -323,11 +325,12 @@ fn summary(r: &DecodeReport) -> String {
         if r.sinks { "; sinks (counted in split 0)" } else { "" }
     );
     s += &format!(
-        "plan         {} splits ({}), {} blocks on {} SMs = {:.2} blocks per SM, wave efficiency {:.0}%\n",
+        "plan         {} splits ({}), {} blocks on {} SMs ({}) = {:.2} blocks per SM, wave efficiency {:.0}%\n",
         r.plan.num_splits,
         r.plan.chosen_by,
         r.plan.blocks,
         r.plan.sm_count,
+        r.plan.sm_count_source.describe(),
         r.plan.blocks_per_sm,
         100.0 * r.plan.wave_efficiency
     );
@@ -436,6 +439,8 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     let (mut dev, reason) = open_device(cli)?;
     let mut reports = Vec::new();
     for (label, p) in &runs {
+        let mut p = p.clone();
+        p.use_device_sm_count(dev.as_mut())?;
         let spec = DecodeSpec { problem: p.clone(), seed: a.seed, warmup: a.warmup, repeats: a.repeats };
         if !cli.json {
             println!(
