@@ -62,6 +62,18 @@ pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
     unsafe { *(addr as *const u32) }
 }
 
+/// `(j / page_size, j % page_size)`: a shift and a mask when `page_size` is a power of two (a
+/// uniform branch; the division is a long instruction sequence on the GPU), a division otherwise.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) fn page_slot(page_size: u32, j: u32) -> (u32, u32) {
+    if page_size & page_size.wrapping_sub(1) == 0 {
+        (j >> page_size.trailing_zeros(), j & (page_size - 1))
+    } else {
+        (j / page_size, j % page_size)
+    }
+}
+
 /// Element offset of cache row `j` of sequence `b`, KV head `hk` (reads the block table when the
 /// cache is paged).
 ///
@@ -70,13 +82,14 @@ pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64 {
-    let page = if p.block_table != 0 {
-        let slot = b * p.max_pages as u64 + j / p.page_size as u64;
-        unsafe { ld_u32(p.block_table + 4 * slot) as u64 }
+    if p.block_table != 0 {
+        // Keys are below 2^31 (the host checks it): 32-bit page math.
+        let (slot, within) = page_slot(p.page_size, j as u32);
+        let page = unsafe { ld_u32(p.block_table + 4 * (b * p.max_pages as u64 + slot as u64)) } as u64;
+        ((page * p.page_size as u64 + within as u64) * p.heads_kv as u64 + hk) * p.head_dim as u64
     } else {
-        0
-    };
-    p.cache_row(b, j, hk, page)
+        p.cache_row(b, j, hk, 0)
+    }
 }
 
 /// `tanh(x)` from one `ex2`: `(1 - t) / (1 + t)` with `t = e^(-2|x|)`, the sign of `x` (no

@@ -89,10 +89,10 @@ const ROWS: usize = 16;
 #[inline(always)]
 unsafe fn cache_row_index(p: &DecodeParams, b: u32, j: u32, hk: u32) -> u32 {
     let row = if p.block_table != 0 {
-        let ps = p.page_size;
-        let slot = b as u64 * p.max_pages as u64 + (j / ps) as u64;
+        let (ps, (slot, within)) = (p.page_size, crate::decode_fwd::page_slot(p.page_size, j));
+        let slot = b as u64 * p.max_pages as u64 + slot as u64;
         let page = unsafe { crate::decode_fwd::ld_u32(p.block_table + 4 * slot) };
-        page * ps + j % ps
+        page * ps + within
     } else {
         b * p.seq_cache + j
     };

@@ -3,7 +3,7 @@
 //! split vs no split, paged vs contiguous bit for bit, append then attend, and bad input.
 
 use kernels_gpu::decode_abi::DecodeParams;
-use kernels_gpu::tiles::DECODE_D64;
+use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
 use memattn::decode::{
     merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
     DecodeSpec, Partials, Splits,
@@ -137,7 +137,8 @@ device_tests! {
         };
         let x = DecodeInputs::random(&p, 21);
         let contiguous = run(dev, &p, Some(&x));
-        for ps in [1u32, 16, 32, 256] {
+        // Powers of two take the shift-and-mask page math, 24 the division.
+        for ps in [1u32, 16, 24, 32, 256] {
             let (pp, y) = x.relaid(&p, Some(ps), 100 + ps as u64);
             let paged = run(dev, &pp, Some(&y));
             assert_eq!(paged.plan.num_splits, 3);
@@ -436,14 +437,21 @@ device_tests! {
 }
 
 /// What the host's block-table check prevents: the same bad entry launched directly (no
-/// validation) is an out-of-bounds read that the VM's memcheck reports. VM only: a GPU need not
-/// fault on it.
+/// validation) is an out-of-bounds read that the VM's memcheck reports, in the SIMT kernel (f32)
+/// and in the tensor-core one (bf16, whose `cp.async` copies read the cache). VM only: a GPU need
+/// not fault on it.
 #[test]
 fn vm_memcheck_catches_the_block_table_entry_the_host_refuses() {
+    for (kernel, elem_bytes) in [("decode_fwd_f32_d64", 4u64), ("decode_mma_bf16_d64", 2)] {
+        memcheck_catches_a_bad_block_table_entry(kernel, elem_bytes);
+    }
+}
+
+fn memcheck_catches_a_bad_block_table_entry(kernel: &str, elem_bytes: u64) {
     let mut dev = vm_device();
     let (hk, d, ps, pages) = (1u64, 64u64, 16u64, 2u64);
-    let cache = dev.alloc(pages * ps * hk * d * 4).unwrap();
-    dev.fill_u32(cache, pages * ps * hk * d, 0).unwrap();
+    let cache = dev.alloc(pages * ps * hk * d * elem_bytes).unwrap();
+    dev.fill_u32(cache, pages * ps * hk * d * elem_bytes / 4, 0).unwrap();
     let q = dev.alloc(d * 4).unwrap();
     dev.fill_u32(q, d, 0).unwrap();
     let o = dev.alloc(d * 4).unwrap();
@@ -473,9 +481,14 @@ fn vm_memcheck_catches_the_block_table_entry_the_host_refuses() {
             softmax_scale: 0.125,
             ..Default::default()
         };
-        dev.launch("decode_fwd_f32_d64", &DECODE_D64.launch(1, 1, 1, 1, 1), &[&prm.to_bytes()])
+        let dims = if kernel.starts_with("decode_mma") {
+            DECODE_MMA_D64.launch(1, 1, 1, 1, 1)
+        } else {
+            DECODE_D64.launch(1, 1, 1, 1, 1)
+        };
+        dev.launch(kernel, &dims, &[&prm.to_bytes()])
     };
-    launch(&mut dev, 1).expect("valid table");
+    launch(&mut dev, 1).unwrap_or_else(|e| panic!("{kernel}: valid table: {e}"));
     let e = launch(&mut dev, 7).unwrap_err();
-    assert!(e.to_string().contains("memcheck"), "{e}");
+    assert!(e.to_string().contains("memcheck"), "{kernel}: {e}");
 }
