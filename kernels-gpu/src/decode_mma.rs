@@ -275,12 +275,19 @@ pub(crate) unsafe fn decode_mma<
             mx = fmax(mx, shfl_xor(mx, 1));
             mx = fmax(mx, shfl_xor(mx, 2));
             rescale[r] = row_sm[r].raise_max(mx);
-            let alpha = rescale[r].alpha;
-            unroll!(n in 0..ND => {
-                o[n][2 * r] *= alpha;
-                o[n][2 * r + 1] *= alpha;
-            });
         });
+        // Once the running maxima have settled (most tiles of a long cache) alpha is exactly 1 and
+        // the rescale changes no bit: skip its `4 * ND` multiplies when that holds in every lane
+        // (a warp-uniform branch: the mma after it needs every lane).
+        if !crate::decode_fwd::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
+            unroll!(r in 0..2 => {
+                let alpha = rescale[r].alpha;
+                unroll!(n in 0..ND => {
+                    o[n][2 * r] *= alpha;
+                    o[n][2 * r + 1] *= alpha;
+                });
+            });
+        }
 
         // (5) P = 2^(S - m), packed as the A fragments of P V.
         unroll!(n in 0..NS => {
