@@ -29,7 +29,8 @@
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
 /// kernels, passed by value (`.param .align 8 .b8 ..._param_0[160]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
-/// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`).
+/// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
+/// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeParams {
