@@ -101,13 +101,16 @@ step sweep 180 --backend cuda sweep --heads 8 --vary seq=1024,4096,16384 --plot 
 # append, seq_q > 1), then the benchmark shape of the decode figures - batch 1, heads 32,
 # heads_kv 8, d 128, bf16, cache 8192 - with --splits 1 and auto (`plan` in the JSON: blocks per
 # SM, wave efficiency; `kv_read_gb_per_s`: K/V bytes read per second, to hold against the ~4.3 TB/s
-# copy bandwidth), and PyTorch SDPA on the same cache (scripts/bench_decode_sdpa.py; skipped with
-# the reason when `import torch` fails).
+# copy bandwidth; bf16 runs the tensor-core kernel, `decode-long-simt` the SIMT one on the same
+# shape), sinks with splits on a paged cache, and PyTorch SDPA on the same cache
+# (scripts/bench_decode_sdpa.py; skipped with the reason when `import torch` fails).
 step decode-ragged-paged 60 --backend cuda --json decode --batch 4 --heads 16 --heads-kv 2 --head-dim 128 --cache-len 0,1,777,5000 --new-tokens 2 --seq-q 3 --page-size 16 --splits auto
 step decode-bf16-paged-1 60 --backend cuda --json decode --dtype bf16 --batch 2 --heads 8 --heads-kv 8 --cache-len 300,31 --page-size 1 --splits 5
 step decode-splits-1 60 --backend cuda --json decode --dtype bf16 --batch 1 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --splits 1
 step decode-splits-auto 60 --backend cuda --json decode --dtype bf16 --batch 1 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --splits auto
 step decode-long-auto 120 --backend cuda --json decode --dtype bf16 --batch 8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 32768 --splits auto
+step decode-long-simt 120 --backend cuda --json decode --dtype bf16 --kernel simt --batch 8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 32768 --splits auto
+step decode-sinks-paged 60 --backend cuda --json decode --dtype f16 --batch 3 --heads 16 --heads-kv 4 --cache-len 2000,0,45 --page-size 24 --sinks --splits 3
 if command -v python3 >/dev/null && python3 -c "import torch" >/dev/null 2>&1; then
     echo "=== decode: PyTorch SDPA on the same cache shapes"
     timeout 120 python3 "$SCRIPT_DIR/bench_decode_sdpa.py" | tee "${LOG:-/tmp}/decode-sdpa.jsonl"

@@ -18,7 +18,7 @@
 //! | sinks | [`AttnOpts::sinks`]: one f32 logit per q head joins the softmax denominator only; LSE includes it; a row that sees no key then has `o = 0`, `lse = sink` |
 //! | varlen | [`Kernels::flash_attn_varlen`]: packed `[total, heads, d]` sequences with `cu_seqlens` prefix sums ([`IndexTensor`]); masks per sequence; `lse` `[heads, total_q]` |
 //! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states`]; `q`, caches and new tokens contiguous |
-//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), sinks with a KV cache, head dims other than 64 and 128: refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
+//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims other than 64 and 128: refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
 //!
 //! # Streams and synchronisation
 //!

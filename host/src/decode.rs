@@ -36,13 +36,39 @@ use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
 use kernels_gpu::tiles::{DecodeTile, LaunchDims, APPEND, MERGE};
 use kernels_gpu::variants::Tile;
+use kernels_gpu::Family;
 use kernels_gpu::KernelId;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
-/// Multiprocessors the VM models for the split plan (an H100/H200 has 132); `--sms` overrides.
+/// Multiprocessors the split plan assumes where the device reports none (the VM; an H100/H200
+/// has 132); `--sms` overrides, and on CUDA the device's own count is the default.
 pub const DEFAULT_SM_COUNT: u32 = 132;
+
+/// Where a problem's SM count came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmCountSource {
+    /// [`DEFAULT_SM_COUNT`] (the VM, or a device that reports none).
+    #[default]
+    Default,
+    /// Given (`--sms`).
+    Given,
+    /// The device's multiprocessor count ([`Device::multiprocessor_count`]).
+    Device,
+}
+
+impl SmCountSource {
+    /// How the CLI names it.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            SmCountSource::Default => "default, an H100/H200 as the VM models",
+            SmCountSource::Given => "--sms",
+            SmCountSource::Device => "the device's multiprocessor count",
+        }
+    }
+}
 /// Most splits a plan may have (FlashAttention-2's `max_splits`, 128).
 pub const MAX_SPLITS: u32 = 128;
 
@@ -75,6 +101,41 @@ impl fmt::Display for Splits {
             Splits::Auto => f.write_str("auto"),
             Splits::Fixed(n) => write!(f, "{n}"),
         }
+    }
+}
+
+/// The `--kernel` option of decode: which decode forward family runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeKernel {
+    /// The tensor-core kernel (`decode_mma_*`) for bf16 and f16, the SIMT one for f32.
+    #[default]
+    Auto,
+    /// The SIMT kernel (`decode_fwd_*`, f32 arithmetic) for every dtype.
+    Simt,
+    /// The tensor-core kernel (`decode_mma_*`, `mma.sync`); bf16 and f16 only.
+    Mma,
+}
+
+impl FromStr for DecodeKernel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DecodeKernel::Auto),
+            "simt" => Ok(DecodeKernel::Simt),
+            "mma" => Ok(DecodeKernel::Mma),
+            _ => Err(format!("decode --kernel takes auto, simt or mma, got `{s}`")),
+        }
+    }
+}
+
+impl fmt::Display for DecodeKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DecodeKernel::Auto => "auto",
+            DecodeKernel::Simt => "simt",
+            DecodeKernel::Mma => "mma",
+        })
     }
 }
 
@@ -139,6 +200,13 @@ pub struct DecodeProblem {
     pub splits: Splits,
     /// Multiprocessors the plan fills.
     pub sm_count: u32,
+    /// Where `sm_count` came from (see [`DecodeProblem::use_device_sm_count`]).
+    pub sm_count_source: SmCountSource,
+    /// Which decode forward runs (default: tensor cores for bf16/f16, SIMT for f32).
+    pub kernel: DecodeKernel,
+    /// Per-head attention sinks (values in [`DecodeInputs::sinks`]): a logit per query head that
+    /// joins the softmax denominator only, counted once whatever the split count.
+    pub sinks: bool,
 }
 
 impl Default for DecodeProblem {
@@ -160,6 +228,9 @@ impl Default for DecodeProblem {
             scale: None,
             splits: Splits::Auto,
             sm_count: DEFAULT_SM_COUNT,
+            sm_count_source: SmCountSource::Default,
+            kernel: DecodeKernel::Auto,
+            sinks: false,
         }
     }
 }
@@ -171,6 +242,8 @@ pub struct SplitPlan {
     /// `"auto"` (the heuristic) or `"fixed"`.
     pub chosen_by: &'static str,
     pub sm_count: u32,
+    /// Where `sm_count` came from.
+    pub sm_count_source: SmCountSource,
     /// Blocks of one split: `ceil(seq_q * group / rows per block) * heads_kv * batch`.
     pub blocks_per_split: u64,
     /// Blocks of the decode launch (`blocks_per_split * num_splits`).
@@ -227,9 +300,24 @@ impl DecodeProblem {
         e - s
     }
 
-    /// `[decode_fwd, merge_states, decode_append]` for the dtype and head dim.
+    /// `[decode forward, merge_states, decode_append]` for the dtype, head dim and `kernel`
+    /// choice: the forward is `decode_mma_*` (tensor cores) or `decode_fwd_*` (SIMT).
     pub fn kernels(&self) -> Result<[KernelId; 3], Error> {
-        KernelId::decode(self.dtype.elem(), self.head_dim).ok_or_else(|| {
+        let elem = self.dtype.elem();
+        let found = match self.kernel {
+            DecodeKernel::Auto => KernelId::decode(elem, self.head_dim),
+            DecodeKernel::Simt => KernelId::decode_with(Family::DecodeFwd, elem, self.head_dim),
+            DecodeKernel::Mma => {
+                if !self.dtype.is_16bit() {
+                    return Err(Error::Usage(format!(
+                        "--kernel mma: the tensor-core decode kernel takes bf16 or f16, not {} (use --kernel simt or auto)",
+                        self.dtype
+                    )));
+                }
+                KernelId::decode_with(Family::DecodeMma, elem, self.head_dim)
+            }
+        };
+        found.ok_or_else(|| {
             let dims: Vec<String> =
                 KernelId::decode_head_dims(self.dtype.elem()).iter().map(|d| d.to_string()).collect();
             Error::Usage(format!(
@@ -241,11 +329,25 @@ impl DecodeProblem {
         })
     }
 
-    /// The tile of the decode kernel.
+    /// The tile of the SIMT decode kernel (`decode_fwd_*`) for the dtype and head dim, whichever
+    /// forward [`DecodeProblem::kernels`] chooses; see [`DecodeProblem::forward_launch`] for the
+    /// chosen one's geometry.
     pub fn tile(&self) -> Result<DecodeTile, Error> {
-        match self.kernels()?[0].variant().tile {
+        let simt = DecodeProblem { kernel: DecodeKernel::Simt, ..self.clone() };
+        match simt.kernels()?[0].variant().tile {
             Tile::DecodeFwd(t) => Ok(t),
-            _ => unreachable!("KernelId::decode returns a DecodeFwd row first"),
+            _ => unreachable!("KernelId::decode_with(DecodeFwd) returns a DecodeFwd row first"),
+        }
+    }
+
+    /// The decode forward's launch for `num_splits` splits (grid `(num_splits, query tiles,
+    /// heads_kv * batch)`), for the kernel [`DecodeProblem::kernels`] chooses.
+    pub fn forward_launch(&self, num_splits: u32) -> Result<LaunchDims, Error> {
+        let (sq, g, hk, b) = (self.seq_q, self.group(), self.heads_kv, self.batch);
+        match self.kernels()?[0].variant().tile {
+            Tile::DecodeFwd(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
+            Tile::DecodeMma(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
+            _ => unreachable!("the decode forward is a DecodeFwd or DecodeMma row"),
         }
     }
 
@@ -299,10 +401,9 @@ impl DecodeProblem {
     /// The split plan: `--splits N` as given, `auto` from [`num_splits_heuristic`] over this
     /// problem's blocks and the SM count.
     pub fn plan(&self) -> Result<SplitPlan, Error> {
-        let tile = self.tile()?;
-        let blocks_per_split = (self.seq_q as u64 * self.group() as u64).div_ceil(tile.br() as u64)
-            * self.heads_kv as u64
-            * self.batch as u64;
+        let br = self.kernels()?[0].variant().block_rows();
+        let blocks_per_split =
+            (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64;
         let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
         let (num_splits, chosen_by) = match self.splits {
             Splits::Fixed(n) => (n, "fixed"),
@@ -322,12 +423,25 @@ impl DecodeProblem {
             num_splits,
             chosen_by,
             sm_count: self.sm_count,
+            sm_count_source: self.sm_count_source,
             blocks_per_split,
             blocks,
             blocks_per_sm: waves,
             wave_efficiency: if waves > 0.0 { waves / waves.ceil() } else { 0.0 },
             heuristic_key_blocks: key_blocks,
         })
+    }
+
+    /// Plans for `dev`'s own multiprocessor count when it reports one (CUDA) and the count was
+    /// not given ([`SmCountSource::Given`] is kept); otherwise the problem is unchanged.
+    pub fn use_device_sm_count<D: Device + ?Sized>(&mut self, dev: &mut D) -> Result<(), Error> {
+        if self.sm_count_source != SmCountSource::Given {
+            if let Some(n) = dev.multiprocessor_count()? {
+                self.sm_count = n;
+                self.sm_count_source = SmCountSource::Device;
+            }
+        }
+        Ok(())
     }
 
     /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)`.
@@ -359,6 +473,8 @@ pub struct DecodeInputs {
     pub k_new: Vec<f32>,
     pub v_new: Vec<f32>,
     pub layout: CacheLayout,
+    /// `[heads]` f32 sink logits with [`DecodeProblem::sinks`], empty without.
+    pub sinks: Vec<f32>,
 }
 
 impl DecodeInputs {
@@ -407,7 +523,14 @@ impl DecodeInputs {
             k_new,
             v_new,
             layout,
+            sinks: Vec::new(),
         };
+        if p.sinks {
+            // From their own stream (the other tensors do not change), plus 1 as the forward's
+            // random sinks: a sink weighs about as much as a typical key.
+            let mut r3 = SplitMix64::new(seed ^ 0x51_4E_C5);
+            x.sinks = (0..p.heads).map(|_| r3.normal() as f32 + 1.0).collect();
+        }
         for b in 0..p.batch as usize {
             for j in 0..p.cache_seqlens[b] {
                 let at = x.row_offset(p, b, j).expect("sized above");
@@ -473,6 +596,10 @@ impl DecodeInputs {
             Ok(())
         };
         want("q", self.q.len(), p.q_elems())?;
+        want("sinks", self.sinks.len(), if p.sinks { p.heads as u64 } else { 0 })?;
+        if let Some(bad_sink) = self.sinks.iter().find(|s| !s.is_finite()) {
+            return bad(format!("sink logit {bad_sink} is not finite; sinks must be finite f32 logits"));
+        }
         want("k_new", self.k_new.len(), p.new_elems())?;
         want("v_new", self.v_new.len(), p.new_elems())?;
         match (self.layout, p.page_size) {
@@ -642,11 +769,14 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                     .map(|s| if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s })
                     .collect();
                 let r = (b * h + hh) * sq + i;
+                // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
+                let sink = if p.sinks { x.sinks[hh] as f64 } else { f64::NEG_INFINITY };
                 if seen.is_empty() {
+                    lse[r] = sink; // O stays 0; LSE is the sink's (-inf without one)
                     continue;
                 }
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let l: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                let m = s.iter().copied().fold(sink, f64::max);
+                let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
                 lse[r] = m + l.ln();
                 let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
                 let mut abs = vec![0f64; d];
@@ -762,6 +892,8 @@ pub struct DecodeBytes {
     pub new_kv: u64,
     pub block_table: u64,
     pub cache_seqlens: u64,
+    /// Sink logits: `4 * heads` with sinks, 0 without.
+    pub sinks: u64,
     /// Split workspace: f32 partial O and LSE, `num_splits * rows * (head_dim + 1) * 4` (0 with
     /// one split).
     pub workspace: u64,
@@ -805,6 +937,7 @@ impl DecodeBytes {
             new_kv: p.new_elems() * es * 2,
             block_table: x.block_table.len() as u64 * 4,
             cache_seqlens: p.batch as u64 * 4,
+            sinks: if p.sinks { 4 * p.heads as u64 } else { 0 },
             workspace,
             ..Default::default()
         };
@@ -817,6 +950,7 @@ impl DecodeBytes {
             + bytes.new_kv
             + bytes.block_table
             + bytes.cache_seqlens
+            + bytes.sinks
             + bytes.workspace;
         bytes
     }
@@ -848,6 +982,9 @@ pub struct DecodeReport {
     /// `[left, right]` of the sliding window (`-1`: unbounded).
     pub window: [i32; 2],
     pub softcap: f32,
+    pub sinks: bool,
+    /// The decode forward family that ran: `mma` (tensor cores) or `simt`.
+    pub kernel: &'static str,
     pub cache: CacheLayout,
     pub inputs: String,
     pub plan: SplitPlan,
@@ -888,15 +1025,26 @@ fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: Dtype
     Ok(())
 }
 
+/// `mma` or `simt`: the family of the decode forward among `ids`.
+fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
+    for k in ids {
+        match k.variant().family {
+            Family::DecodeMma => return "mma",
+            Family::DecodeFwd => return "simt",
+            _ => {}
+        }
+    }
+    "none"
+}
+
 /// The launches of one decode call, in order.
 pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, Error> {
     let [fwd, merge, append] = p.kernels()?;
-    let tile = p.tile()?;
     let mut out = Vec::new();
     if p.seq_new > 0 {
         out.push((append, APPEND.launch(p.seq_new, p.batch)));
     }
-    out.push((fwd, tile.launch(plan.num_splits, p.seq_q, p.group(), p.heads_kv, p.batch)));
+    out.push((fwd, p.forward_launch(plan.num_splits)?));
     if plan.num_splits > 1 {
         out.push((merge, MERGE.launch(p.rows())));
     }
@@ -918,6 +1066,8 @@ pub(crate) struct DecodeBuffers {
     pub lse: DevPtr,
     pub o_part: DevPtr,
     pub lse_part: DevPtr,
+    /// Per-head f32 sink logits (`0` = none).
+    pub sinks: DevPtr,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the CLI's [`run_decode`] and
@@ -960,6 +1110,7 @@ pub(crate) fn decode_params(
         window_right: p.window_right,
         softcap: p.softcap,
         _pad: 0,
+        sinks: bufs.sinks,
     }
 }
 
@@ -1055,6 +1206,7 @@ pub fn run_decode<D: Device + ?Sized>(
         let vn = alloc(dev, bytes.new_kv / 2)?;
         let bt = alloc(dev, bytes.block_table)?;
         let sl = alloc(dev, bytes.cache_seqlens)?;
+        let sk = alloc(dev, bytes.sinks)?;
         let o = alloc(dev, bytes.o)?;
         let lse = alloc(dev, bytes.lse)?;
         let o_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64)?;
@@ -1072,6 +1224,9 @@ pub fn run_decode<D: Device + ?Sized>(
         }
         let s: Vec<u8> = p.cache_seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
         dev.upload_bytes(sl, &s)?;
+        if sk != 0 {
+            dev.upload(sk, &x.sinks)?;
+        }
         dev.memory_mark_allocated()?;
         let bufs = DecodeBuffers {
             q,
@@ -1085,6 +1240,7 @@ pub fn run_decode<D: Device + ?Sized>(
             lse,
             o_part,
             lse_part,
+            sinks: sk,
         };
         let params = decode_params(p, x.layout, plan.num_splits, &bufs);
         let merge =
@@ -1177,6 +1333,8 @@ pub fn run_decode<D: Device + ?Sized>(
         causal: p.causal,
         window: [p.window_left, p.window_right],
         softcap: p.softcap,
+        sinks: p.sinks,
+        kernel: kernel_family_name(launches.iter().map(|l| l.0)),
         cache: x.layout,
         inputs: inputs_desc,
         plan,
@@ -1373,6 +1531,39 @@ mod tests {
         assert!(e.to_string().contains("head_dim 96"), "{e}");
         assert!("0".parse::<Splits>().is_err() && "129".parse::<Splits>().is_err());
         assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
+    }
+
+    #[test]
+    fn reference_with_a_sink_known_answer() {
+        // One query, keys with scores 0 and ln 3 (q = 1, scale 1, d = 1), values 4 and 8, sink
+        // ln 4: weights 1, 3 and the sink's 4 -> O = (4 + 24) / 8 = 3.5, LSE = ln 8. Without keys:
+        // O = 0, LSE = ln 4.
+        let p = DecodeProblem {
+            heads: 1,
+            heads_kv: 1,
+            head_dim: 1,
+            cache_seqlens: vec![2],
+            scale: Some(1.0),
+            sinks: true,
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs {
+            q: vec![1.0],
+            k_cache: vec![0.0, 3f32.ln()],
+            v_cache: vec![4.0, 8.0],
+            block_table: vec![],
+            k_new: vec![],
+            v_new: vec![],
+            layout: CacheLayout::Contiguous { seq_cache: 2 },
+            sinks: vec![4f32.ln()],
+        };
+        let r = reference(&p, &x);
+        assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
+        let empty = reference(&DecodeProblem { cache_seqlens: vec![0], ..p.clone() }, &x);
+        assert_eq!(empty.o[0], 0.0);
+        assert!((empty.lse[0] - 4f64.ln()).abs() < 1e-6);
+        let none = reference(&DecodeProblem { sinks: false, ..p }, &DecodeInputs { sinks: vec![], ..x });
+        assert!((none.o[0] - 7.0).abs() < 1e-6 && (none.lse[0] - 4f64.ln()).abs() < 1e-6);
     }
 
     #[test]

@@ -461,8 +461,13 @@ fn kvcache_case(kernels: &Kernels, p: &memattn::decode::DecodeProblem, num_split
     let table = kernels.index_tensor(&x.block_table, None).unwrap();
     let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
     let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+    let sinks_buf = kernels.vm_upload(&[&x.sinks[..], &[0.0]].concat()).unwrap();
+    let sinks = SinksView::vm(&sinks_buf, h).unwrap();
     let mut opts =
         AttnOpts::new().causal(p.causal).window_size(p.window_left, p.window_right).softmax_scale(p.softmax_scale());
+    if p.sinks {
+        opts = opts.sinks(&sinks);
+    }
     if p.softcap > 0.0 {
         opts = opts.softcap(p.softcap);
     }
@@ -509,7 +514,8 @@ fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
     use memattn::decode::{DecodeProblem, Splits};
     let kernels = Kernels::vm().unwrap();
     // Paged (7-key pages, shuffled), GQA 8/2, 3 sequences (one empty before the append),
-    // 2 new tokens each, 2 queries (speculative), causal, 3 splits.
+    // 2 new tokens each, 2 queries (speculative), causal, 3 splits, per-head sinks (counted
+    // once however many splits there are).
     let p = DecodeProblem {
         batch: 3,
         heads: 8,
@@ -519,6 +525,7 @@ fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
         seq_new: 2,
         page_size: Some(7),
         splits: Splits::Fixed(3),
+        sinks: true,
         ..DecodeProblem::default()
     };
     kvcache_case(&kernels, &p, Some(3));
@@ -641,9 +648,9 @@ fn vm_kvcache_bad_inputs_are_refused_before_launch() {
         .is_ok());
     drop((kc, vc));
     let sinks_buf = kernels.vm_upload(&[0.0; 4]).unwrap();
-    let sinks = SinksView::vm(&sinks_buf, h).unwrap();
+    let sinks = SinksView::vm(&sinks_buf, h - 1).unwrap();
     for (e, want) in [
-        (call(q(), &lens, Some(&table), None, None, AttnOpts::new().sinks(&sinks)), "sinks with a KV cache"),
+        (call(q(), &lens, Some(&table), None, None, AttnOpts::new().sinks(&sinks)), "3 sink logits for q's 4 heads"),
         (
             call(q(), &lens, Some(&table), None, None, AttnOpts::new().num_splits(129)),
             "num_splits 129 is over the limit of 128",

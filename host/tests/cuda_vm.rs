@@ -330,3 +330,26 @@ fn a_memcheck_finding_is_a_launch_failure_naming_it() {
     let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ALLOW", "initcheck,racecheck")], &args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
 }
+
+/// `decode --splits auto` plans for the device's multiprocessor count on CUDA (the VM-backed
+/// driver models 108 SMs at sm_80 and 132 at sm_90), for `--sms` when given, and for 132 on the
+/// VM; the output says which.
+#[test]
+fn decode_plans_for_the_device_multiprocessor_count() {
+    let args = ["--json", "--backend", "cuda", "decode", "--heads", "4", "--cache-len", "100", "--repeats", "1"];
+    let plan = |o: &Output| {
+        assert_eq!(code(o), 0, "{}", stderr(o));
+        let v = json(o);
+        assert_eq!(v["verified"], true);
+        (v["plan"]["sm_count"].as_u64().unwrap(), v["plan"]["sm_count_source"].as_str().unwrap().to_string())
+    };
+    assert_eq!(plan(&memattn(&args)), (108, "device".into()));
+    assert_eq!(plan(&memattn_with(&vm_cuda(), &[("VM_CUDA_ARCH", "sm_90")], &args)), (132, "device".into()));
+    let given: Vec<&str> = args.iter().copied().chain(["--sms", "20"]).collect();
+    assert_eq!(plan(&memattn(&given)), (20, "given".into()));
+    let mut vm = args;
+    vm[2] = "vm";
+    assert_eq!(plan(&memattn(&vm)), (132, "default".into()));
+    let o = memattn(&args[1..]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("on 108 SMs (the device's multiprocessor count)"));
+}

@@ -123,6 +123,47 @@ fn decode_vary_splits_and_output_file() {
 }
 
 #[test]
+fn decode_tensor_core_kernel_and_sinks() {
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--dtype",
+        "bf16",
+        "--heads",
+        "8",
+        "--heads-kv",
+        "2",
+        "--head-dim",
+        "128",
+        "--cache-len",
+        "90,3",
+        "--seq-q",
+        "2",
+        "--sinks",
+        "--splits",
+        "3",
+        "--vary",
+        "kernel=simt,mma",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!((runs[0]["kernel"].as_str(), runs[1]["kernel"].as_str()), (Some("simt"), Some("mma")));
+    assert!(runs.iter().all(|r| r["verified"] == true && r["sinks"] == true && r["plan"]["num_splits"] == 3));
+    assert_eq!(runs[1]["launches"][0]["kernel"], "decode_mma_bf16_d128");
+    assert_eq!(runs[1]["launches"][0]["grid"], serde_json::json!([3, 1, 4]));
+    assert_eq!(runs[1]["bytes"]["sinks"], 8 * 4);
+    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "mma"], "takes bf16 or f16, not f32");
+    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "takes auto, simt or mma");
+}
+
+#[test]
 fn decode_bad_input_exits_2_naming_the_rule() {
     assert_bad_input(&["--backend", "vm", "decode", "--page-size", "0"], "page_size must be >= 1");
     assert_bad_input(&["--backend", "vm", "decode", "--heads", "6", "--heads-kv", "4"], "mismatched heads");

@@ -31,6 +31,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
         Run(0, "appended cache exact"),
     ),
     (
+        "memattn --backend vm decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 512 --vary kernel=simt,mma",
+        Run(0, "launch       decode_mma_bf16_d128 grid [4, 1, 8]"),
+    ),
+    (
         "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto",
         Run(0, "decode_fwd_f32_d64 grid [16, 1, 8]"),
     ),

@@ -27,9 +27,10 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[136]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[160]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
-/// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`).
+/// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
+/// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeParams {
@@ -69,10 +70,14 @@ pub struct DecodeParams {
     /// becomes `softcap * tanh(s / softcap)` before the softmax; 0 turns it off.
     pub softcap: f32,
     pub _pad: u32,
+    /// Attention sinks: `heads` f32 logits, one per query head, that join the softmax
+    /// denominator only (`docs/semantics.md`); 0: none. The decode kernels count a sink in split
+    /// 0 only (split 0 always exists), so `merge_states` sums it exactly once.
+    pub sinks: u64,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 152;
+pub const DECODE_PARAMS_BYTES: usize = 160;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -118,6 +123,8 @@ impl DecodeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
+        out[at..at + 8].copy_from_slice(&self.sinks.to_le_bytes());
+        at += 8;
         debug_assert_eq!(at, DECODE_PARAMS_BYTES);
         out
     }
@@ -257,6 +264,8 @@ mod tests {
         assert_eq!(&b[132..136], &0.5f32.to_bits().to_le_bytes());
         let b = DecodeParams { window_left: -1, window_right: 7, ..Default::default() }.to_bytes();
         assert_eq!((&b[136..140], &b[140..144]), (&(-1i32).to_le_bytes()[..], &7i32.to_le_bytes()[..]));
+        let b = DecodeParams { sinks: 0x1234, ..Default::default() }.to_bytes();
+        assert_eq!(&b[152..160], &0x1234u64.to_le_bytes());
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());

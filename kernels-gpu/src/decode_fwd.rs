@@ -19,16 +19,19 @@
 //! Tiles ([`crate::tiles::DECODE_D64`], [`crate::tiles::DECODE_D128`]): 128 threads, `TPR` lanes
 //! per row, `BR = 128 / TPR` rows, `BC = 32` keys per step. Shared memory: the K tile then the V
 //! tile, row-major `[BC][D]` f32 (16-bit caches are widened on staging): `2 * 32 * D * 4` bytes,
-//! 16 KiB at d=64, 32 KiB at d=128.
+//! 16 KiB at d=64, 32 KiB at d=128. The tiles are staged in 16-byte chunks (4 f32 or 8 16-bit
+//! values, one vector load and one cache-row lookup each).
 //!
 //! Thread mapping: grid `(num_splits, ceil(seq_q * group / BR), heads_kv * batch)`; thread `t`
 //! serves packed row `t / TPR` and owns dims `t % TPR + TPR * k` (`k < D / TPR`); a row's lanes are
 //! consecutive lanes of one warp and sum a score's partial dot products with `shfl.sync.bfly`.
 //! Rows past `seq_q * group` compute on zeros and store nothing, so every lane reaches every
-//! barrier and shuffle. Each thread stages elements `t, t + 128, ...` of the K and V tiles.
+//! barrier and shuffle. Each thread stages 16-byte chunks `t, t + 128, ...` of the K and V tiles.
 //!
 //! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)` before
-//! masking and the softmax.
+//! masking and the softmax. Sinks (`sinks != 0`): the head's sink logit joins the denominator of
+//! split 0 only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]; split 0 always exists), so
+//! after the merge it is counted exactly once.
 //!
 //! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
 //! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
@@ -38,8 +41,8 @@
 //! # Safety
 //! All pointers in `p` must be valid for the shapes in `p` (the host validates `block_table`
 //! entries against the pages allocated and `cache_seqlens[b] + seq_new` against the cache's
-//! capacity before it launches); `heads` must be a multiple of `heads_kv`; the launch must use
-//! [`crate::tiles::DecodeTile::launch`].
+//! capacity before it launches); `k_cache` and `v_cache` must be 16-byte aligned; `heads` must be
+//! a multiple of `heads_kv`; the launch must use [`crate::tiles::DecodeTile::launch`].
 
 #[cfg(target_arch = "nvptx64")]
 use crate::decode_abi::{key_range, split_range, DecodeParams};
@@ -60,6 +63,100 @@ pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
     unsafe { *(addr as *const u32) }
 }
 
+/// `vote.sync.all.pred` over the full warp: whether `p` holds in every lane. Every lane of the
+/// warp must execute it.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) fn warp_all(p: bool) -> bool {
+    let r: u32;
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred %vp, %vq;", "setp.ne.u32 %vp, {x}, 0;", "vote.sync.all.pred %vq, %vp, 0xffffffff;",
+            "selp.u32 {r}, 1, 0, %vq; }}",
+            x = in(reg32) p as u32, r = out(reg32) r, options(nomem, nostack));
+    }
+    r != 0
+}
+
+/// 16 bytes of a cache row, read with one vector load and widened into f32 shared memory.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) trait Stage16: Elem {
+    /// Loads the 16 bytes at `src` (`16 / BYTES` elements) and stores them as f32 at `dst`.
+    ///
+    /// # Safety
+    /// `src` must be a valid, 16-byte aligned global address; `dst` valid for `16 / BYTES` f32.
+    unsafe fn stage16(src: u64, dst: *mut f32);
+}
+
+/// 16 bytes as four 32-bit words (`ld.global.v4.u32`).
+#[cfg(target_arch = "nvptx64")]
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Words4([u32; 4]);
+
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn ld16(src: u64) -> [u32; 4] {
+    unsafe { (*(src as *const Words4)).0 }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Stage16 for F32 {
+    #[inline(always)]
+    unsafe fn stage16(src: u64, dst: *mut f32) {
+        let w = unsafe { ld16(src) };
+        for (i, x) in w.iter().enumerate() {
+            unsafe { *dst.add(i) = f32::from_bits(*x) };
+        }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Stage16 for crate::mma::Bf16 {
+    /// bf16 is the top half of an f32: the low value of a word shifted up, the high one masked.
+    #[inline(always)]
+    unsafe fn stage16(src: u64, dst: *mut f32) {
+        let w = unsafe { ld16(src) };
+        for (i, x) in w.iter().enumerate() {
+            unsafe {
+                *dst.add(2 * i) = f32::from_bits(x << 16);
+                *dst.add(2 * i + 1) = f32::from_bits(x & 0xffff_0000);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Stage16 for crate::mma::F16 {
+    /// `cvt.f32.f16` (exact) of each half of each word.
+    #[inline(always)]
+    unsafe fn stage16(src: u64, dst: *mut f32) {
+        let w = unsafe { ld16(src) };
+        for (i, x) in w.iter().enumerate() {
+            let (lo, hi): (f32, f32);
+            unsafe {
+                core::arch::asm!("cvt.f32.f16 {lo}, {l};", "cvt.f32.f16 {hi}, {h};",
+                    lo = out(reg32) lo, hi = out(reg32) hi, l = in(reg16) *x as u16, h = in(reg16) (*x >> 16) as u16,
+                    options(pure, nomem, nostack));
+                *dst.add(2 * i) = lo;
+                *dst.add(2 * i + 1) = hi;
+            }
+        }
+    }
+}
+
+/// `(j / page_size, j % page_size)`: a shift and a mask when `page_size` is a power of two (a
+/// uniform branch; the division is a long instruction sequence on the GPU), a division otherwise.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) fn page_slot(page_size: u32, j: u32) -> (u32, u32) {
+    if page_size & page_size.wrapping_sub(1) == 0 {
+        (j >> page_size.trailing_zeros(), j & (page_size - 1))
+    } else {
+        (j / page_size, j % page_size)
+    }
+}
+
 /// Element offset of cache row `j` of sequence `b`, KV head `hk` (reads the block table when the
 /// cache is paged).
 ///
@@ -68,13 +165,14 @@ pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64 {
-    let page = if p.block_table != 0 {
-        let slot = b * p.max_pages as u64 + j / p.page_size as u64;
-        unsafe { ld_u32(p.block_table + 4 * slot) as u64 }
+    if p.block_table != 0 {
+        // Keys are below 2^31 (the host checks it): 32-bit page math.
+        let (slot, within) = page_slot(p.page_size, j as u32);
+        let page = unsafe { ld_u32(p.block_table + 4 * (b * p.max_pages as u64 + slot as u64)) } as u64;
+        ((page * p.page_size as u64 + within as u64) * p.heads_kv as u64 + hk) * p.head_dim as u64
     } else {
-        0
-    };
-    p.cache_row(b, j, hk, page)
+        p.cache_row(b, j, hk, 0)
+    }
 }
 
 /// `tanh(x)` from one `ex2`: `(1 - t) / (1 + t)` with `t = e^(-2|x|)`, the sign of `x` (no
@@ -99,7 +197,7 @@ fn tanh(x: f32) -> f32 {
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn decode_fwd<
-    E: Elem,
+    E: Stage16,
     const D: usize,
     const BR: usize,
     const BC: usize,
@@ -161,23 +259,30 @@ pub(crate) unsafe fn decode_fwd<
 
     let mut kv0 = k_lo as usize + skip;
     while kv0 < block_end {
-        // Stage K and V rows kv0..kv0+BC; rows past block_end are zero (their scores are masked).
+        // Stage K and V rows kv0..kv0+BC in 16-byte chunks (one cache-row lookup and one vector
+        // load per chunk); rows past block_end are zero (their scores are masked).
         sync_threads();
-        let mut e = t;
-        while e < BC * D {
+        let vec = 16 / E::BYTES as usize; // elements per chunk
+        let mut ch = t;
+        while ch < BC * D / vec {
+            let e = ch * vec;
             let (rr, c) = (e / D, e % D);
             let j = kv0 + rr;
-            let (kx, vx) = if j < block_end {
+            if j < block_end {
                 let row = unsafe { cache_row(p, b, j as u64, hk) } + c as u64;
-                unsafe { (E::load(p.k_cache + E::BYTES * row), E::load(p.v_cache + E::BYTES * row)) }
+                unsafe {
+                    E::stage16(p.k_cache + E::BYTES * row, k_s.add(e));
+                    E::stage16(p.v_cache + E::BYTES * row, v_s.add(e));
+                }
             } else {
-                (0.0, 0.0)
-            };
-            unsafe {
-                *k_s.add(e) = kx;
-                *v_s.add(e) = vx;
+                for i in 0..vec {
+                    unsafe {
+                        *k_s.add(e + i) = 0.0;
+                        *v_s.add(e + i) = 0.0;
+                    }
+                }
             }
-            e += threads;
+            ch += threads;
         }
         sync_threads();
 
@@ -204,8 +309,13 @@ pub(crate) unsafe fn decode_fwd<
                 chunk_max = fmax(chunk_max, s[c]);
             });
             let rescale = row_sm.raise_max(chunk_max);
-            for a in acc.iter_mut() {
-                *a *= rescale.alpha;
+            // alpha is exactly 1 once the max has settled: the rescale would change no bit. Skipped
+            // only when it is 1 in every lane, so the branch is uniform over the warp (the
+            // shuffles after it need every lane).
+            if !warp_all(rescale.alpha == 1.0) {
+                for a in acc.iter_mut() {
+                    *a *= rescale.alpha;
+                }
             }
             unroll!(c in 0..KC => {
                 let pr = row_sm.prob(s[c], rescale);
@@ -219,7 +329,12 @@ pub(crate) unsafe fn decode_fwd<
     }
 
     if row_valid {
-        let (inv_l, lse) = row_sm.finish(row_sm.l);
+        // A sink joins the denominator of split 0 only, so the merge counts it once.
+        let (inv_l, lse) = if p.sinks != 0 && split == 0 {
+            row_sm.finish_with_sink(row_sm.l, unsafe { ld_f32(p.sinks + 4 * h as u64) } * LOG2E)
+        } else {
+            row_sm.finish(row_sm.l)
+        };
         // Row (b, h, qi) of the [batch, heads, seq_q] LSE and of each split's partials.
         let row_idx = (b * heads + h as u64) * seq_q + qi as u64;
         if p.num_splits == 1 {

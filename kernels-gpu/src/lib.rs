@@ -56,6 +56,8 @@ pub mod decode_append;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_fwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod decode_mma;
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_mma;

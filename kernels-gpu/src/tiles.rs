@@ -265,3 +265,76 @@ impl AppendTile {
     }
 }
 pub const APPEND: AppendTile = AppendTile { threads: 128 };
+
+/// Tile of the tensor-core split-KV decode kernel (`decode_mma.rs`) for one head dim.
+///
+/// One block owns one 16-row `mma` m-tile of packed query rows (the `heads / heads_kv` query
+/// heads of one KV head for each query token) and `warps` warps that share it: per step of `bc`
+/// keys each warp scores and accumulates its own `bc / warps` keys with its own online-softmax
+/// state, and the warps' states are merged once at the end (FlashDecoding's split of the keys
+/// over the warps of a block). Q, K and V are staged as 16-bit swizzled tiles, as in
+/// [`FlashMmaTile`]; after the key loop the K and V area holds the warps' f32 accumulators for
+/// the merge: `warps * 16 * head_dim * 4` bytes, no more than the `2 * bc * head_dim * 2` of the
+/// K and V tiles when `bc >= 16 * warps`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeMmaTile {
+    pub head_dim: u32,
+    pub bc: u32,
+    pub warps: u32,
+}
+
+impl DecodeMmaTile {
+    /// Packed query rows per block: one m16 tile.
+    pub const ROWS: u32 = 16;
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    pub const fn br(&self) -> u32 {
+        Self::ROWS
+    }
+    /// Keys one warp scores per step.
+    pub const fn keys_per_warp(&self) -> u32 {
+        self.bc / self.warps
+    }
+    /// Q tile + K tile + V tile, 2-byte elements: `(16 + 2 * bc) * head_dim * 2` bytes.
+    pub const fn smem_bytes(&self) -> u32 {
+        (Self::ROWS + 2 * self.bc) * self.head_dim * 2
+    }
+    /// Grid `(num_splits, ceil(seq_q * group / 16), heads_kv * batch)`, block `(threads, 1, 1)`.
+    /// Extents are computed in 64 bits and saturate at `u32::MAX`.
+    pub const fn launch(&self, num_splits: u32, seq_q: u32, group: u32, heads_kv: u32, batch: u32) -> LaunchDims {
+        let rows = seq_q as u64 * group as u64;
+        LaunchDims {
+            grid: [num_splits, sat(rows.div_ceil(Self::ROWS as u64)), sat(heads_kv as u64 * batch as u64)],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        let cpr = self.head_dim / 8;
+        assert!(self.head_dim.is_multiple_of(16), "whole k16 steps of Q Kᵀ");
+        assert!(self.keys_per_warp() * self.warps == self.bc && self.keys_per_warp().is_multiple_of(16));
+        assert!(cpr <= 16 && self.keys_per_warp() / 8 <= 16, "fragment loops unroll up to 16");
+        assert!(cpr.is_multiple_of(8), "the XOR swizzle permutes groups of 8 chunks");
+        assert!(self.threads().is_multiple_of(cpr) && (self.threads() / cpr).is_multiple_of(8));
+        assert!((Self::ROWS * cpr).is_multiple_of(self.threads()), "even Q tile load");
+        assert!((self.bc * cpr).is_multiple_of(self.threads()), "even K/V tile load");
+        assert!(
+            self.threads().is_multiple_of(Self::ROWS)
+                && self.head_dim.is_multiple_of(2 * (self.threads() / Self::ROWS))
+        );
+        assert!(
+            self.warps * Self::ROWS * self.head_dim * 4 <= 2 * self.bc * self.head_dim * 2,
+            "the merge fits in K and V"
+        );
+        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+    }
+}
+
+/// d=64: 4 warps of 16 keys, Bc = 64: smem (16 + 2 x 64) x 64 x 2 B = 18 KiB. Per thread Q
+/// fragments 16 registers, O accumulator 32, scores 8.
+pub const DECODE_MMA_D64: DecodeMmaTile = DecodeMmaTile { head_dim: 64, bc: 64, warps: 4 };
+/// d=128: 4 warps of 16 keys, Bc = 64: smem (16 + 2 x 64) x 128 x 2 B = 36 KiB. Per thread Q
+/// fragments 32 registers, O accumulator 64, scores 8.
+pub const DECODE_MMA_D128: DecodeMmaTile = DecodeMmaTile { head_dim: 128, bc: 64, warps: 4 };

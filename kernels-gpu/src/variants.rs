@@ -56,6 +56,9 @@ pub enum Family {
     MergeStates,
     /// KV-cache append of `k_new`, `v_new` (`decode_append.rs`; takes `DecodeParams`).
     DecodeAppend,
+    /// Split-KV decode forward on tensor cores, `mma.sync` m16n8k16 (`decode_mma.rs`; takes
+    /// `DecodeParams`, writes the partials `merge_states` combines, as `DecodeFwd` does).
+    DecodeMma,
 }
 
 impl Family {
@@ -70,6 +73,7 @@ impl Family {
             Family::DecodeFwd => "decode_fwd",
             Family::MergeStates => "merge_states",
             Family::DecodeAppend => "decode_append",
+            Family::DecodeMma => "decode_mma",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -89,6 +93,7 @@ pub enum Tile {
     DecodeFwd(DecodeTile),
     MergeStates(MergeTile),
     DecodeAppend(AppendTile),
+    DecodeMma(DecodeMmaTile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -149,6 +154,7 @@ impl Variant {
             Tile::FlashF32(t) => Some(t.head_dim),
             Tile::FlashMma(t) => Some(t.head_dim),
             Tile::DecodeFwd(t) => Some(t.head_dim),
+            Tile::DecodeMma(t) => Some(t.head_dim),
             _ => None,
         }
     }
@@ -159,7 +165,7 @@ impl Variant {
     pub const fn param_bytes(&self) -> usize {
         match self.family {
             Family::Smoke => 24,
-            Family::DecodeFwd | Family::DecodeAppend => crate::decode_abi::DECODE_PARAMS_BYTES,
+            Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
             _ => crate::abi::ATTN_PARAMS_BYTES,
         }
@@ -167,7 +173,7 @@ impl Variant {
 
     /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
     pub const fn tensor_cores(&self) -> bool {
-        matches!(self.tile, Tile::FlashMma(_))
+        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_))
     }
 
     /// Threads per block.
@@ -182,6 +188,7 @@ impl Variant {
             Tile::DecodeFwd(t) => t.threads(),
             Tile::MergeStates(t) => t.threads(),
             Tile::DecodeAppend(t) => t.threads,
+            Tile::DecodeMma(t) => t.threads(),
         }
     }
 
@@ -191,6 +198,7 @@ impl Variant {
             Tile::FlashF32(t) => t.smem_bytes(),
             Tile::FlashMma(t) => t.smem_bytes(),
             Tile::DecodeFwd(t) => t.smem_bytes(),
+            Tile::DecodeMma(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -201,6 +209,7 @@ impl Variant {
             Tile::FlashF32(t) => t.br,
             Tile::FlashMma(t) => t.br,
             Tile::DecodeFwd(t) => t.br(),
+            Tile::DecodeMma(t) => t.br(),
             _ => 0,
         }
     }
@@ -211,6 +220,7 @@ impl Variant {
             Tile::FlashF32(t) => t.bc,
             Tile::FlashMma(t) => t.bc,
             Tile::DecodeFwd(t) => t.bc,
+            Tile::DecodeMma(t) => t.bc,
             _ => 0,
         }
     }
@@ -224,7 +234,9 @@ impl Variant {
         let block = [self.threads(), 1, 1];
         let dynamic_smem_bytes = self.dynamic_smem_bytes();
         let grid = match self.tile {
-            Tile::Smoke(_) | Tile::DecodeFwd(_) | Tile::MergeStates(_) | Tile::DecodeAppend(_) => return None,
+            Tile::Smoke(_) | Tile::DecodeFwd(_) | Tile::MergeStates(_) | Tile::DecodeAppend(_) | Tile::DecodeMma(_) => {
+                return None
+            }
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
@@ -441,6 +453,25 @@ macro_rules! entry {
         }
         crate::variants::tile_record!($name);
     };
+    (DecodeMma, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::decode_mma`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
+            const T: DecodeMmaTile = $tile;
+            unsafe {
+                crate::decode_mma::decode_mma::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.bc as usize },
+                    { (T.head_dim / 16) as usize },
+                    { (T.head_dim / 8) as usize },
+                    { (T.keys_per_warp() / 8) as usize },
+                    { (T.bc * T.head_dim / 8 / T.threads()) as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
 }
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use entry;
@@ -528,6 +559,14 @@ kernel_table! {
     DecodeAppendBf16 = decode_append_bf16: DecodeAppend(APPEND), Bf16;
     /// Append into an f16 KV cache.
     DecodeAppendF16 = decode_append_f16: DecodeAppend(APPEND), F16;
+    /// Split-KV decode on tensor cores (`mma.sync`), bf16 cache/Q/O, f32 accumulation, head_dim 64.
+    DecodeMmaBf16D64 = decode_mma_bf16_d64: DecodeMma(DECODE_MMA_D64), Bf16;
+    /// Tensor-core split-KV decode, bf16, head_dim 128.
+    DecodeMmaBf16D128 = decode_mma_bf16_d128: DecodeMma(DECODE_MMA_D128), Bf16;
+    /// Tensor-core split-KV decode, f16, head_dim 64.
+    DecodeMmaF16D64 = decode_mma_f16_d64: DecodeMma(DECODE_MMA_D64), F16;
+    /// Tensor-core split-KV decode, f16, head_dim 128.
+    DecodeMmaF16D128 = decode_mma_f16_d128: DecodeMma(DECODE_MMA_D128), F16;
 }
 
 impl KernelId {
@@ -634,10 +673,23 @@ impl KernelId {
         }
     }
 
-    /// The decode kernels for `elem` and `head_dim`: `[decode_fwd, merge_states, decode_append]`.
+    /// The decode kernels for `elem` and `head_dim`: `[decode forward, merge_states,
+    /// decode_append]`, the forward the tensor-core family (`DecodeMma`) where the table has it
+    /// (bf16, f16), the SIMT one (`DecodeFwd`) otherwise.
     pub const fn decode(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
+        match Self::decode_with(Family::DecodeMma, elem, head_dim) {
+            Some(k) => Some(k),
+            None => Self::decode_with(Family::DecodeFwd, elem, head_dim),
+        }
+    }
+
+    /// The decode kernels with the forward of `family` (`DecodeFwd` or `DecodeMma`).
+    pub const fn decode_with(family: Family, elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
+        if !family.eq(Family::DecodeFwd) && !family.eq(Family::DecodeMma) {
+            return None;
+        }
         match (
-            Self::find(Family::DecodeFwd, elem, Some(head_dim)),
+            Self::find(family, elem, Some(head_dim)),
             Self::find(Family::MergeStates, elem, None),
             Self::find(Family::DecodeAppend, elem, None),
         ) {
@@ -651,10 +703,11 @@ impl KernelId {
     pub fn decode_head_dims(elem: Elem) -> Vec<u32> {
         let mut dims: Vec<u32> = VARIANTS
             .iter()
-            .filter(|v| v.family == Family::DecodeFwd && v.elem == elem)
+            .filter(|v| matches!(v.family, Family::DecodeFwd | Family::DecodeMma) && v.elem == elem)
             .filter_map(|v| v.head_dim())
             .collect();
         dims.sort_unstable();
+        dims.dedup();
         dims
     }
 
@@ -701,6 +754,7 @@ const _: () = {
             Tile::FlashF32(t) => t.check(),
             Tile::FlashMma(t) => t.check(),
             Tile::DecodeFwd(t) => t.check(),
+            Tile::DecodeMma(t) => t.check(),
             _ => {}
         }
         // A row chosen only for some windows falls back to a default row of its kind, and no

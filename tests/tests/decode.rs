@@ -3,10 +3,10 @@
 //! split vs no split, paged vs contiguous bit for bit, append then attend, and bad input.
 
 use kernels_gpu::decode_abi::DecodeParams;
-use kernels_gpu::tiles::DECODE_D64;
+use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
 use memattn::decode::{
-    merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Partials,
-    Splits,
+    merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
+    DecodeSpec, Partials, Splits,
 };
 use memattn::device::Device;
 use memattn::Dtype;
@@ -18,6 +18,15 @@ fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> Dec
     assert!(r.verified, "{p:?}: {:?}", r.verification);
     assert_eq!(r.verification.unwritten, 0);
     r
+}
+
+/// Runs `p` with the SIMT and the tensor-core decode kernel (16-bit dtypes) and checks which ran.
+fn run_both(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> [DecodeReport; 2] {
+    let simt = run(dev, &DecodeProblem { kernel: DecodeKernel::Simt, ..p.clone() }, x);
+    let mma = run(dev, &DecodeProblem { kernel: DecodeKernel::Mma, ..p.clone() }, x);
+    assert_eq!((simt.kernel, mma.kernel), ("simt", "mma"));
+    assert!(mma.launches.iter().any(|l| l.kernel.starts_with("decode_mma_")), "{:?}", mma.launches);
+    [simt, mma]
 }
 
 fn bits(x: &[f32]) -> Vec<u32> {
@@ -128,7 +137,8 @@ device_tests! {
         };
         let x = DecodeInputs::random(&p, 21);
         let contiguous = run(dev, &p, Some(&x));
-        for ps in [1u32, 16, 32, 256] {
+        // Powers of two take the shift-and-mask page math, 24 the division.
+        for ps in [1u32, 16, 24, 32, 256] {
             let (pp, y) = x.relaid(&p, Some(ps), 100 + ps as u64);
             let paged = run(dev, &pp, Some(&y));
             assert_eq!(paged.plan.num_splits, 3);
@@ -246,6 +256,7 @@ device_tests! {
     fn decode_bf16_f16_against_f64(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64u32, 128] {
+                for kernel in [DecodeKernel::Simt, DecodeKernel::Mma] {
                 let p = DecodeProblem {
                     batch: 2,
                     heads: 8,
@@ -256,11 +267,136 @@ device_tests! {
                     seq_new: 1,
                     page_size: Some(32),
                     dtype,
+                    kernel,
                     splits: Splits::Fixed(2),
                     ..DecodeProblem::default()
                 };
                 let r = run(dev, &p, None);
                 assert!(r.verification.o_max_scaled_err > 0.0, "{dtype}: rounding shows");
+                assert_eq!(r.kernel, if kernel == DecodeKernel::Mma { "mma" } else { "simt" });
+                }
+            }
+        }
+        // The default for 16-bit types is the tensor-core kernel, for f32 the SIMT one.
+        let p = DecodeProblem { dtype: Dtype::Bf16, cache_seqlens: vec![40], ..DecodeProblem::default() };
+        assert_eq!(run(dev, &p, None).kernel, "mma");
+        assert_eq!(run(dev, &DecodeProblem { dtype: Dtype::F32, ..p }, None).kernel, "simt");
+    }
+
+    fn decode_mma_gqa_ragged_windows_softcap_against_f64(dev: &mut dyn Device) {
+        // GQA ratios 1, 4, 8 and 16 (16 rows of one token fill the m-tile; 8 x 3 tokens = 24 rows
+        // take two tiles, the second half empty), ragged caches with 0 and 1 keys, seq_q > 1,
+        // paged with pages that a 64-key tile straddles, windows and a soft cap.
+        let cases = [
+            (Dtype::Bf16, 64u32, 4u32, 4u32, 1u32, -1, -1, 0.0f32, None),
+            (Dtype::F16, 64, 8, 2, 3, -1, -1, 0.0, Some(24)),
+            (Dtype::Bf16, 128, 8, 1, 3, 40, 0, 0.0, Some(7)),
+            (Dtype::F16, 128, 16, 1, 1, -1, -1, 1.5, None),
+            (Dtype::Bf16, 64, 4, 1, 2, 5, 2, 0.0, Some(16)),
+        ];
+        for (dtype, d, heads, heads_kv, seq_q, left, right, softcap, page_size) in cases {
+            let p = DecodeProblem {
+                batch: 4,
+                heads,
+                heads_kv,
+                head_dim: d,
+                seq_q,
+                cache_seqlens: vec![0, 1, 77, 150],
+                seq_new: 1,
+                page_size,
+                dtype,
+                causal: right == 0 || left < 0,
+                window_left: left,
+                window_right: right,
+                softcap,
+                kernel: DecodeKernel::Mma,
+                splits: Splits::Fixed(3),
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            assert_eq!(r.kernel, "mma");
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+        }
+    }
+
+    fn decode_mma_paged_equals_contiguous_and_splits_agree(dev: &mut dyn Device) {
+        let p = DecodeProblem {
+            batch: 3,
+            heads: 8,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![300, 1, 45],
+            seq_new: 1,
+            dtype: Dtype::Bf16,
+            kernel: DecodeKernel::Mma,
+            splits: Splits::Fixed(3),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 21);
+        let contiguous = run(dev, &p, Some(&x));
+        for ps in [1u32, 16, 37, 256] {
+            let (pp, y) = x.relaid(&p, Some(ps), 100 + ps as u64);
+            let paged = run(dev, &pp, Some(&y));
+            assert_eq!(paged.kernel, "mma");
+            assert_eq!(bits(&paged.o), bits(&contiguous.o), "page size {ps}");
+            assert_eq!(bits(&paged.lse), bits(&contiguous.lse), "page size {ps}");
+            assert_eq!(paged.verification.cache_ok, Some(true));
+        }
+        // Split vs no split, and the SIMT kernel: within the bf16 rounding of O.
+        let one = run(dev, &DecodeProblem { splits: Splits::Fixed(1), ..p.clone() }, Some(&x));
+        let [simt, _] = run_both(dev, &p, Some(&x));
+        for (what, r) in [("1 split", &one), ("simt", &simt)] {
+            let diff = r.o.iter().zip(&contiguous.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff < 2e-2, "{what}: {diff}");
+        }
+        // Run to run.
+        assert_eq!(bits(&run(dev, &p, Some(&x)).o), bits(&contiguous.o));
+    }
+
+    fn decode_sinks_against_f64_with_any_split_count(dev: &mut dyn Device) {
+        // Sequence 0 has no key: O = 0 and LSE = sink[h]. With splits > 1 the sink is counted in
+        // split 0 only; counted in every split, the merged denominator would be off and the f64
+        // check fails.
+        let cases = [
+            (Dtype::F32, DecodeKernel::Simt, Splits::Fixed(1)),
+            (Dtype::F32, DecodeKernel::Simt, Splits::Fixed(3)),
+            (Dtype::Bf16, DecodeKernel::Mma, Splits::Fixed(1)),
+            (Dtype::Bf16, DecodeKernel::Mma, Splits::Fixed(3)),
+            (Dtype::F16, DecodeKernel::Mma, Splits::Auto),
+            (Dtype::F16, DecodeKernel::Simt, Splits::Auto),
+        ];
+        for (n, (dtype, kernel, splits)) in cases.into_iter().enumerate() {
+            let p = DecodeProblem {
+                batch: 3,
+                heads: 8,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q: 2,
+                cache_seqlens: vec![0, 50, 300],
+                dtype,
+                kernel,
+                sinks: true,
+                splits,
+                ..DecodeProblem::default()
+            };
+            let x = DecodeInputs::random(&p, 9);
+            assert_eq!(x.sinks.len(), 8);
+            let r = run(dev, &p, Some(&x));
+            assert!(splits == Splits::Fixed(1) || r.plan.num_splits > 1, "{:?}", r.plan);
+            for h in 0..8 {
+                for i in 0..2 {
+                    let (got, sink) = (r.lse[h * 2 + i], x.sinks[h]);
+                    assert!((got - sink).abs() <= 1e-6 * sink.abs().max(1.0), "{dtype} {splits}: head {h} {got} vs {sink}");
+                }
+            }
+            assert!(r.o[..2 * 8 * 64].iter().all(|&v| v == 0.0));
+            assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+            if n == 3 {
+                // Without the sinks every row that sees a key has a lower LSE.
+                let y = DecodeInputs { sinks: vec![], ..x.clone() };
+                let plain = run(dev, &DecodeProblem { sinks: false, ..p.clone() }, Some(&y));
+                assert!(r.lse[16..].iter().zip(&plain.lse[16..]).all(|(a, b)| a > b), "{dtype} {splits}");
             }
         }
     }
@@ -301,14 +437,21 @@ device_tests! {
 }
 
 /// What the host's block-table check prevents: the same bad entry launched directly (no
-/// validation) is an out-of-bounds read that the VM's memcheck reports. VM only: a GPU need not
-/// fault on it.
+/// validation) is an out-of-bounds read that the VM's memcheck reports, in the SIMT kernel (f32)
+/// and in the tensor-core one (bf16, whose `cp.async` copies read the cache). VM only: a GPU need
+/// not fault on it.
 #[test]
 fn vm_memcheck_catches_the_block_table_entry_the_host_refuses() {
+    for (kernel, elem_bytes) in [("decode_fwd_f32_d64", 4u64), ("decode_mma_bf16_d64", 2)] {
+        memcheck_catches_a_bad_block_table_entry(kernel, elem_bytes);
+    }
+}
+
+fn memcheck_catches_a_bad_block_table_entry(kernel: &str, elem_bytes: u64) {
     let mut dev = vm_device();
     let (hk, d, ps, pages) = (1u64, 64u64, 16u64, 2u64);
-    let cache = dev.alloc(pages * ps * hk * d * 4).unwrap();
-    dev.fill_u32(cache, pages * ps * hk * d, 0).unwrap();
+    let cache = dev.alloc(pages * ps * hk * d * elem_bytes).unwrap();
+    dev.fill_u32(cache, pages * ps * hk * d * elem_bytes / 4, 0).unwrap();
     let q = dev.alloc(d * 4).unwrap();
     dev.fill_u32(q, d, 0).unwrap();
     let o = dev.alloc(d * 4).unwrap();
@@ -338,9 +481,14 @@ fn vm_memcheck_catches_the_block_table_entry_the_host_refuses() {
             softmax_scale: 0.125,
             ..Default::default()
         };
-        dev.launch("decode_fwd_f32_d64", &DECODE_D64.launch(1, 1, 1, 1, 1), &[&prm.to_bytes()])
+        let dims = if kernel.starts_with("decode_mma") {
+            DECODE_MMA_D64.launch(1, 1, 1, 1, 1)
+        } else {
+            DECODE_D64.launch(1, 1, 1, 1, 1)
+        };
+        dev.launch(kernel, &dims, &[&prm.to_bytes()])
     };
-    launch(&mut dev, 1).expect("valid table");
+    launch(&mut dev, 1).unwrap_or_else(|e| panic!("{kernel}: valid table: {e}"));
     let e = launch(&mut dev, 7).unwrap_err();
-    assert!(e.to_string().contains("memcheck"), "{e}");
+    assert!(e.to_string().contains("memcheck"), "{kernel}: {e}");
 }

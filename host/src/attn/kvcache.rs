@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::decode::{
-    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeProblem,
-    Splits, DEFAULT_SM_COUNT, MAX_SPLITS,
+    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeKernel,
+    DecodeProblem, SmCountSource, Splits, DEFAULT_SM_COUNT, MAX_SPLITS,
 };
 use kernels_gpu::Family;
 
@@ -270,8 +270,10 @@ impl Kernels {
     ///   `cache_seqlens[b] + seq_new` keys. `cache_seqlens` is not advanced (the caller does it).
     /// - `opts`: scale, causal (bottom-right aligned), window, soft cap and
     ///   [`AttnOpts::num_splits`] (`None`/0: FlashAttention-2's heuristic over the device's
-    ///   multiprocessors; `n`: exactly `n` key splits, combined by `merge_states`). Sinks are not
-    ///   in the decode kernels: refused.
+    ///   multiprocessors; `n`: exactly `n` key splits, combined by `merge_states`) and
+    ///   per-head [`AttnOpts::sinks`] (counted once, in split 0, whatever the split count).
+    ///   bf16/f16 run on the tensor-core decode kernel, which needs q and the caches 16-byte
+    ///   aligned ([`AttnError::Misaligned`] otherwise).
     ///
     /// Every index is checked on the host copies before any launch: capacity of each sequence,
     /// block-table entries below `num_pages`, and no page that receives new tokens referenced
@@ -337,6 +339,7 @@ impl Kernels {
             lse: outs.1,
             o_part: ptr(&ws_o),
             lse_part: ptr(&ws_lse),
+            sinks: plan.sinks,
         };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
@@ -362,9 +365,6 @@ impl Kernels {
         outs: Option<(&RawView, Option<&CudaStream>, &RawView, Option<&CudaStream>)>,
         opts: &AttnOpts<'_>,
     ) -> Result<KvPlan, AttnError> {
-        if opts.sinks.is_some() {
-            return Err(AttnError::NotSupportedYet { feature: "sinks with a KV cache (flash_attn_with_kvcache)" });
-        }
         let splits = match opts.num_splits {
             None | Some(0) => Splits::Auto,
             Some(n) if n <= MAX_SPLITS => Splits::Fixed(n),
@@ -393,6 +393,9 @@ impl Kernels {
             tensors.push(("o", o, os));
             tensors.push(("lse", l, ls));
         }
+        if let Some(s) = opts.sinks {
+            tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
+        }
         self.check_places(&tensors, &q.raw)?;
         self.check_index("cache_seqlens", cache_seqlens, &q.raw)?;
         if let Some(bt) = block_table {
@@ -400,7 +403,7 @@ impl Kernels {
         }
         let dtype = q.raw.dtype;
         for (name, t, _) in &tensors {
-            let want = if *name == "lse" { Dtype::F32 } else { dtype };
+            let want = if matches!(*name, "lse" | "sinks") { Dtype::F32 } else { dtype };
             if t.dtype != want {
                 return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
             }
@@ -457,9 +460,21 @@ impl Kernels {
                 });
             }
         }
+        if let Some(s) = opts.sinks {
+            if s.heads() != h {
+                return Err(AttnError::Sinks {
+                    why: format!("{} sink logits for q's {h} heads (one per head)", s.heads()),
+                });
+            }
+            if !s.0.raw.ptr.is_multiple_of(4) {
+                return Err(AttnError::Sinks {
+                    why: format!("the base pointer {:#x} is not 4-byte aligned", s.0.raw.ptr),
+                });
+            }
+        }
         // The decode kernels address every tensor as contiguous.
         for (name, t, _) in &tensors {
-            if *name != "lse" && t.strides != contiguous(t.shape) {
+            if !matches!(*name, "lse" | "sinks") && t.strides != contiguous(t.shape) {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
             }
         }
@@ -518,6 +533,9 @@ impl Kernels {
             scale: opts.softmax_scale,
             splits,
             sm_count: self.sm_count(),
+            sm_count_source: if self.is_vm() { SmCountSource::Default } else { SmCountSource::Device },
+            kernel: DecodeKernel::Auto,
+            sinks: opts.sinks.is_some(),
         };
         problem.validate().map_err(kv_err)?;
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
@@ -529,7 +547,21 @@ impl Kernels {
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
-        Ok(KvPlan { splits: plan.num_splits, layout, launches, problem })
+        // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
+        if let Some((kernel, _)) = launches.iter().find(|(k, _)| k.variant().family == Family::DecodeMma) {
+            for (name, t, _) in &tensors {
+                if matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
+                    return Err(AttnError::Misaligned {
+                        tensor: name,
+                        what: "the base pointer",
+                        got: format!("{:#x}", t.ptr),
+                        entry: kernel.name(),
+                        need: "16-byte aligned base pointers (cp.async copies 16-byte chunks)",
+                    });
+                }
+            }
+        }
+        Ok(KvPlan { splits: plan.num_splits, layout, launches, problem, sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr) })
     }
 }
 
@@ -539,4 +571,6 @@ struct KvPlan {
     layout: CacheLayout,
     launches: Vec<(KernelId, kernels_gpu::tiles::LaunchDims)>,
     problem: DecodeProblem,
+    /// The sinks' device address (`0` = none).
+    sinks: u64,
 }

@@ -5,7 +5,8 @@ use super::args::{non_negative_u32, non_negative_u64, Cli};
 use super::{check_output, open_device, print_json, save_evidence};
 use clap::Args;
 use memattn::decode::{
-    run_decode, CacheLayout, DecodeInputs, DecodeProblem, DecodeReport, DecodeSpec, Splits, DEFAULT_SM_COUNT,
+    run_decode, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec, SmCountSource,
+    Splits, DEFAULT_SM_COUNT,
 };
 use memattn::dtype::Dtype;
 use memattn::error::{exit, Error};
@@ -20,16 +21,23 @@ Causal masking is bottom-right aligned (query i of seq_q sees key j <= i + seqle
 --window LEFT,RIGHT also limits each query to LEFT keys before and RIGHT after that diagonal. A row
 that sees no key (cache-len 0, no new tokens) gives O = 0 and LSE = -inf.
 
-Split-KV: --splits N cuts each sequence's keys into N ranges of whole 32-key tiles, computed by N
-blocks in parallel and merged by log-sum-exp (merge_states); --splits auto uses FlashAttention-2's
-wave-efficiency heuristic over --sms multiprocessors. With a fixed N a sequence's output does not
-depend on the rest of the batch (batch-invariant); every run is bit-reproducible.
+Kernels: bf16 and f16 run on tensor cores (decode_mma: Q Kᵀ and P V with mma.sync, the query heads
+of one KV head packed as rows of a 16-row tile); f32 runs the SIMT kernel (decode_fwd, f32
+arithmetic), which --kernel simt also picks for 16-bit types.
+
+Split-KV: --splits N cuts each sequence's keys into N ranges of whole key tiles (64 keys for the
+tensor-core kernel, 32 for SIMT), computed by N blocks in parallel and merged by log-sum-exp
+(merge_states); --splits auto uses FlashAttention-2's wave-efficiency heuristic over --sms
+multiprocessors (default: the device's count on CUDA, 132 on the VM). With a fixed N a sequence's output does not depend on the rest of the batch
+(batch-invariant); every run is bit-reproducible. --sinks adds a per-head sink logit to the
+softmax denominator (counted once: in split 0); the LSE includes it.
 
 Examples:
   memattn decode --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --dtype bf16
   memattn decode --batch 3 --cache-len 100,0,37 --new-tokens 1 --page-size 16
   memattn decode --cache-len 4096 --vary splits=1,auto
   memattn decode --cache-len 1000,30 --vary page-size=16,256
+  memattn decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 300 --vary kernel=simt,mma
 
 Exit codes: 0 verified, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -64,12 +72,21 @@ pub struct DecodeArgs {
     /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
     #[arg(long, default_value = "auto", value_name = "auto|N")]
     pub splits: Splits,
-    /// Multiprocessors the split plan fills (132: H100/H200; the VM models this count).
-    #[arg(long, default_value_t = DEFAULT_SM_COUNT, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
-    pub sms: u32,
-    /// Element type of Q, the cache and O (arithmetic is f32 SIMT for every type).
+    /// Multiprocessors the split plan fills [default: the device's multiprocessor count on CUDA;
+    /// 132, an H100/H200, on the VM, which models that count].
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub sms: Option<u32>,
+    /// Element type of Q, the cache and O (bf16/f16 run on tensor cores, f32 on the SIMT kernel).
     #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
     pub dtype: Dtype,
+    /// Decode forward: `auto` (tensor cores for bf16/f16, SIMT for f32), `simt` (f32 arithmetic,
+    /// any dtype) or `mma` (tensor cores, bf16/f16 only).
+    #[arg(long, default_value = "auto", value_name = "auto|simt|mma")]
+    pub kernel: DecodeKernel,
+    /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
+    /// head joins the softmax denominator only; the LSE includes it.
+    #[arg(long)]
+    pub sinks: bool,
     /// Attend to every key (default: bottom-right causal, which only matters for seq_q > 1).
     #[arg(long)]
     pub no_causal: bool,
@@ -93,15 +110,16 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub repeats: Option<u32>,
     /// Run once per value of one option and print the runs side by side: `splits=1,auto`,
-    /// `page-size=16,256` (`0` = contiguous), `dtype=f32,bf16`.
+    /// `page-size=16,256` (`0` = contiguous), `dtype=f32,bf16`, `kernel=simt,mma`.
     #[arg(long, value_name = "KEY=A,B[,...]")]
     pub vary: Option<String>,
     /// Read the tensors from a safetensors file instead of drawing them: `q` `[batch, seq_q,
     /// heads, d]`, `k_cache`, `v_cache` (`[batch, seq_cache, heads_kv, d]`, or `[num_pages,
     /// page_size, heads_kv, d]` with `block_table`), `cache_seqlens` `[batch]` (U32/I32), optional
-    /// `block_table` `[batch, max_pages]` (U32/I32), `k_new`, `v_new` `[batch, new, heads_kv, d]`;
-    /// F32, BF16 or F16, one dtype. Shapes, lengths, page size and dtype then come from the file.
-    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary"])]
+    /// `block_table` `[batch, max_pages]` (U32/I32), `k_new`, `v_new` `[batch, new, heads_kv, d]`,
+    /// `sinks` `[heads]` F32 (present: sinks on); F32, BF16 or F16, one dtype. Shapes, lengths,
+    /// page size and dtype then come from the file.
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary", "sinks"])]
     pub inputs: Option<std::path::PathBuf>,
     /// Write `o`, `lse` and the cache after the append (`k_cache`, `v_cache`, in the cache's
     /// layout) to a safetensors file (atomically, only when the run verified).
@@ -151,7 +169,10 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         causal: !a.no_causal,
         scale: a.scale,
         splits: a.splits,
-        sm_count: a.sms,
+        sm_count: a.sms.unwrap_or(DEFAULT_SM_COUNT),
+        sm_count_source: if a.sms.is_some() { SmCountSource::Given } else { SmCountSource::Default },
+        kernel: a.kernel,
+        sinks: a.sinks,
     };
     p.validate()?;
     Ok(p)
@@ -167,7 +188,8 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
             q.page_size = (n > 0).then_some(n);
         }
         "dtype" => q.dtype = value.parse().map_err(|e: memattn::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
-        _ => return Err(Error::Usage(format!("decode --vary takes splits, page-size or dtype (got `{key}`)"))),
+        "kernel" => q.kernel = value.parse().map_err(Error::Usage)?,
+        _ => return Err(Error::Usage(format!("decode --vary takes splits, page-size, dtype or kernel (got `{key}`)"))),
     }
     q.validate()?;
     Ok(q)
@@ -254,7 +276,19 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
             (CacheLayout::Contiguous { seq_cache: u32_of(ks[1], "seq_cache")? }, Vec::new(), None)
         }
     };
+    let sinks = match st.tensor("sinks") {
+        Err(_) => Vec::new(),
+        Ok(t) if t.dtype() == safetensors::Dtype::F32 && t.shape() == [h] => Dtype::F32.decode(t.data()),
+        Ok(t) => {
+            return Err(bad(format!(
+                "`sinks` is {:?} {:?}; F32 [{h}] (one logit per query head) expected",
+                t.dtype(),
+                t.shape()
+            )))
+        }
+    };
     let p = DecodeProblem {
+        sinks: !sinks.is_empty(),
         batch: u32_of(b, "batch")?,
         heads: u32_of(h, "heads")?,
         heads_kv: u32_of(hk, "heads_kv")?,
@@ -267,7 +301,8 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         ..base.clone()
     };
     p.validate()?;
-    let x = DecodeInputs { q: qv, k_cache: kv, v_cache: vv, block_table: table, k_new: new_k, v_new: new_v, layout };
+    let x =
+        DecodeInputs { q: qv, k_cache: kv, v_cache: vv, block_table: table, k_new: new_k, v_new: new_v, layout, sinks };
     Ok((p, x))
 }
 
@@ -282,11 +317,20 @@ fn summary(r: &DecodeReport) -> String {
     };
     s += &format!("cache        {cache}\n");
     s += &format!(
-        "plan         {} splits ({}), {} blocks on {} SMs = {:.2} blocks per SM, wave efficiency {:.0}%\n",
+        "kernel       {}{}\n",
+        match r.kernel {
+            "mma" => "tensor cores (mma.sync m16n8k16), GQA group packed into 16-row tiles",
+            _ => "SIMT, f32 arithmetic",
+        },
+        if r.sinks { "; sinks (counted in split 0)" } else { "" }
+    );
+    s += &format!(
+        "plan         {} splits ({}), {} blocks on {} SMs ({}) = {:.2} blocks per SM, wave efficiency {:.0}%\n",
         r.plan.num_splits,
         r.plan.chosen_by,
         r.plan.blocks,
         r.plan.sm_count,
+        r.plan.sm_count_source.describe(),
         r.plan.blocks_per_sm,
         100.0 * r.plan.wave_efficiency
     );
@@ -395,6 +439,8 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     let (mut dev, reason) = open_device(cli)?;
     let mut reports = Vec::new();
     for (label, p) in &runs {
+        let mut p = p.clone();
+        p.use_device_sm_count(dev.as_mut())?;
         let spec = DecodeSpec { problem: p.clone(), seed: a.seed, warmup: a.warmup, repeats: a.repeats };
         if !cli.json {
             println!(

@@ -355,6 +355,11 @@ impl Device for CudaDevice {
         })
     }
 
+    fn multiprocessor_count(&mut self) -> Result<Option<u32>, DeviceError> {
+        let n = self.attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(u32::try_from(n).ok().filter(|&n| n > 0))
+    }
+
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError> {
         // SAFETY: plain allocation in the current (bound) context.
         let bytes_usize = usize::try_from(bytes)

@@ -113,6 +113,12 @@ pub trait Device {
     /// Where the loaded PTX came from and its hash.
     fn ptx(&self) -> &PtxSource;
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
+    /// The device's multiprocessor count (CUDA: `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`);
+    /// `None` where the backend has none of its own (the VM, whose split plans assume
+    /// [`crate::decode::DEFAULT_SM_COUNT`]).
+    fn multiprocessor_count(&mut self) -> Result<Option<u32>, DeviceError> {
+        Ok(None)
+    }
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError>;
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError>;
     /// Copies raw bytes to the device. A range outside a live allocation is an error, never

@@ -1,0 +1,408 @@
+//! `decode_mma_{bf16,f16}_d{64,128}`: split-KV (flash-decoding) attention over a KV cache on
+//! tensor cores (`mma.sync` m16n8k16), 16-bit Q, cache and O, f32 accumulation and softmax.
+//!
+//! Algorithm: the split-KV decode of [`crate::decode_fwd`] (same grid, same split ranges, same
+//! partial outputs) with `Q Kᵀ` and `P V` on tensor cores. A block owns one split of the keys of
+//! one sequence and one KV head, and one 16-row `mma` m-tile of packed query rows: row `r` is
+//! token `r / group`, query head `hk * group + r % group` (`group = heads / heads_kv`; packed GQA,
+//! FlashAttention-2's `seqlenq_ngroups_swapped`, FlashAttention-3's pack-GQA), so a decode step
+//! of a GQA group of 4 or 8 fills 4 or 8 of the 16 rows instead of 1. The 4 warps share the
+//! m-tile and split every key tile among them (FlashDecoding): warp `w` takes keys `16w..16w+16`
+//! of each 64-key tile and runs its own online softmax over them, exactly the steps of
+//! [`crate::flash_fwd_mma`] (scores into the log2 domain, raise the max, rescale, `P = 2^(S - m)`
+//! packed to 16 bits in registers as the A operand of `P V`). After the last tile the 4 warps'
+//! states are merged in shared memory in a fixed order (`m = max_w m_w`, `l = Σ 2^(m_w - m) l_w`,
+//! `acc = Σ 2^(m_w - m) acc_w`), so every run gives the same bits. The split's `O_s = acc / l`
+//! and `LSE_s` (natural log) go to the f32 workspace exactly as `decode_fwd` writes them, or,
+//! with one split, `O` (element type) and `LSE` directly; `merge_states` combines the splits.
+//!
+//! Shapes and layout: see [`crate::decode_abi`] (Q/O BSHD; contiguous or paged cache with any
+//! `page_size >= 1`; `cache_seqlens`; keys `j < cache_seqlens[b] + seq_new`, the appended ones
+//! written beforehand by `decode_append`).
+//!
+//! Tiles ([`crate::tiles::DECODE_MMA_D64`], [`crate::tiles::DECODE_MMA_D128`]): 4 warps, 16
+//! packed rows, `BC = 64` keys per step (16 per warp). Shared memory: Q `16 x D`, K and V `BC x
+//! D`, 16-bit, each row-major and XOR-swizzled as in [`crate::swizzle`] (18 KiB at d=64, 36 KiB
+//! at d=128). K and V have one buffer each and the loads overlap compute as in `flash_fwd_mma`:
+//! V of tile `j` streams in while `S_j` and the softmax run, K of tile `j + 1` while `P_j V_j`
+//! does. Every row of a tile is one `cp.async` per 16-byte chunk from the row's own address in
+//! the cache — for a paged cache one block-table read per row, so any page size works and a
+//! tile may span pages; rows past the block's last key are zero-filled (source size 0), never
+//! read. After the loop the K and V area holds the warps' f32 accumulators `[4][16][D]` and the
+//! Q area their row statistics `[4][16]` (max, sum) for the merge.
+//!
+//! Thread mapping: grid `(num_splits, ceil(seq_q * group / 16), heads_kv * batch)`, 128 threads.
+//! In every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds packed rows `g` and `g + 8`
+//! (see [`crate::mma`]). Tile loads: thread `i` copies chunk `i % (D / 8)` of rows `i / (D / 8) +
+//! k * (128 / (D / 8))`; it computes those rows' cache offsets once when it stages K and reuses
+//! them for V. The merge: thread `i` combines packed row `i / 8`, columns `(i % 8) * D / 8 ..`.
+//!
+//! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
+//! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; the block
+//! starts at the tile of its first row's window start and stops at the last key its last row can
+//! see; only tiles that reach past the first row's end or begin before the last row's start are
+//! masked. Rows past `seq_q * group` compute on zeros and store nothing; every lane reaches every
+//! barrier, `ldmatrix` and `mma`. An empty split or a row that sees nothing gives `O_s = 0`,
+//! `LSE_s = -inf`.
+//!
+//! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)`
+//! ([`crate::softmax::softcap2`]). Sinks (`sinks != 0`): the head's sink logit joins the
+//! denominator of split 0 only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]; split 0
+//! always exists), so after the merge it is counted exactly once.
+//!
+//! # Safety
+//! All pointers in `p` must be valid for the shapes in `p` (the host validates `block_table`
+//! entries and the cache's capacity before it launches); `q`, `k_cache` and `v_cache` must be
+//! 16-byte aligned (their rows are then too: `D * 2` bytes is a multiple of 16); `heads` must be a
+//! multiple of `heads_kv`; the launch must use [`crate::tiles::DecodeMmaTile::launch`] on sm_80 or
+//! newer.
+
+#[cfg(target_arch = "nvptx64")]
+use crate::decode_abi::{key_range, split_range, DecodeParams};
+#[cfg(target_arch = "nvptx64")]
+use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::mma::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::{fmax, softcap2, OnlineSoftmax, Rescale, LOG2E};
+#[cfg(target_arch = "nvptx64")]
+use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
+
+/// 16-byte unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment.
+#[cfg(target_arch = "nvptx64")]
+#[repr(C, align(16))]
+struct SmemChunk([u8; CHUNK]);
+
+/// Threads of a block (4 warps).
+#[cfg(target_arch = "nvptx64")]
+const THREADS: usize = 128;
+/// Packed rows of a block: one m16 tile.
+#[cfg(target_arch = "nvptx64")]
+const ROWS: usize = 16;
+
+/// Row index (`page * page_size + j % page_size` for a paged cache, `b * seq_cache + j`
+/// otherwise) times `heads_kv` plus `hk`: the cache row of key `j` in units of `D` elements.
+///
+/// # Safety
+/// `p.block_table` (when non-zero) must be valid for `[batch, max_pages]`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn cache_row_index(p: &DecodeParams, b: u32, j: u32, hk: u32) -> u32 {
+    let row = if p.block_table != 0 {
+        let (ps, (slot, within)) = (p.page_size, crate::decode_fwd::page_slot(p.page_size, j));
+        let slot = b as u64 * p.max_pages as u64 + slot as u64;
+        let page = unsafe { crate::decode_fwd::ld_u32(p.block_table + 4 * slot) };
+        page * ps + within
+    } else {
+        b * p.seq_cache + j
+    };
+    row * p.heads_kv + hk
+}
+
+/// Starts the `cp.async` copies of the `BC` cache rows whose row indices this thread holds in
+/// `rows` (`u32::MAX`: past the block's keys, zero-filled) into the swizzled tile at `tile`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn stage_rows<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
+    let cpr = D * 2 / CHUNK;
+    let rows_per_pass = THREADS / cpr;
+    let (c, r) = (tid % cpr, tid / cpr);
+    let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
+    unroll!(k in 0..PASSES => {
+        let (addr, bytes) = if rows[k] != u32::MAX {
+            (cache + rows[k] as u64 * (2 * D) as u64 + (c * CHUNK) as u64, CHUNK as u32)
+        } else {
+            (cache, 0)
+        };
+        unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+    });
+}
+
+/// The generic body, instantiated by the rows of [`crate::variants`]: `BC` keys per step,
+/// `KD = D / 16` k-steps of `Q Kᵀ`, `ND = D / 8` column tiles of O, `NS = BC / 4 / 8` column
+/// tiles of a warp's scores, `PASSES = BC * D / 8 / 128` rows a thread stages per tile.
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn decode_mma<
+    E: Half16,
+    const D: usize,
+    const BC: usize,
+    const KD: usize,
+    const ND: usize,
+    const NS: usize,
+    const PASSES: usize,
+>(
+    p: &DecodeParams,
+) {
+    const { assert!(KD == D / 16 && ND == D / 8 && NS * 8 * 4 == BC && PASSES * THREADS * 8 == BC * D) };
+    let kw = BC / 4; // keys per warp per step
+    let tid = tid_x() as usize;
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let split = ctaid_x();
+    let group = p.group() as usize;
+    let rows = p.seq_q as usize * group;
+    let tile_start = ctaid_y() as usize * ROWS;
+    let hk = ctaid_z() % p.heads_kv;
+    let b = ctaid_z() / p.heads_kv;
+    let causal = p.causal != 0;
+    let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
+
+    let seqlen_k = unsafe { crate::decode_fwd::ld_u32(p.cache_seqlens + 4 * b as u64) } + p.seq_new;
+    let (k_lo, k_hi) = split_range(seqlen_k, p.num_splits, split, BC as u32);
+
+    let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>();
+    let q_s = smem_addr(smem);
+    let k_s = q_s + (ROWS * D * 2) as u32;
+    let v_s = k_s + (BC * D * 2) as u32;
+
+    // The packed rows' tokens and heads; rows past `rows` are clamped to the last valid one for
+    // the ranges (they store nothing) and read zeros for Q.
+    let row_of = |r: usize| -> (usize, usize) {
+        let r = core::cmp::min(tile_start + r, rows - 1);
+        (r / group, hk as usize * group + r % group)
+    };
+    let (wl, wr) = (p.window_left, p.window_right);
+    let range = |r: usize| -> (i64, i64) {
+        let (rs, re) = key_range(causal, wl, wr, row_of(r).0 as u32, p.seq_q, seqlen_k);
+        (core::cmp::max(rs, k_lo as i64), core::cmp::min(re, k_hi as i64))
+    };
+    let last_row = core::cmp::min(tile_start + ROWS, rows) - 1 - tile_start;
+    let (first_row_start, first_row_end) = range(0);
+    let (last_row_start, last_row_end) = range(last_row);
+    let block_end = if last_row_end > 0 { last_row_end as usize } else { 0 };
+    let skip = if first_row_start > k_lo as i64 { (first_row_start as usize - k_lo as usize) / BC * BC } else { 0 };
+    let (r0s, r0e) = range(g);
+    let (r1s, r1e) = range(g + 8);
+    let row_start = [r0s as i32, r1s as i32];
+    let row_end = [core::cmp::max(r0e, r0s) as i32, core::cmp::max(r1e, r1s) as i32];
+
+    // Stage Q: chunk `tid % cpr` of packed rows `tid / cpr + k * (128 / cpr)`.
+    let cpr = D / 8;
+    {
+        let mut k = 0;
+        while k * THREADS < ROWS * cpr {
+            let (c, r) = (tid % cpr, tid / cpr + k * (THREADS / cpr));
+            let (qi, h) = row_of(r);
+            let src = p.q + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * D as u64) + (c * CHUNK) as u64;
+            let bytes = if tile_start + r < rows { CHUNK as u32 } else { 0 };
+            unsafe { cp_async_16(q_s + swizzled_offset(D, r, c) as u32, global_addr(src), bytes) };
+            k += 1;
+        }
+    }
+    // This thread's cache rows of a tile starting at key `kv0`.
+    let rows_per_pass = THREADS / cpr;
+    let my_rows = |kv0: usize| -> [u32; PASSES] {
+        let mut out = [u32::MAX; PASSES];
+        unroll!(k in 0..PASSES => {
+            let j = kv0 + tid / cpr + k * rows_per_pass;
+            if j < block_end {
+                out[k] = unsafe { cache_row_index(p, b, j as u32, hk) };
+            }
+        });
+        out
+    };
+    let (k_cache, v_cache) = (global_addr(p.k_cache), global_addr(p.v_cache));
+    let mut kv0 = k_lo as usize + skip;
+    let mut tile_rows = my_rows(kv0);
+    if kv0 < block_end {
+        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    sync_threads();
+    let mut qf = [[0u32; 4]; KD];
+    unroll!(kk in 0..KD => {
+        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, lane % 16, 2 * kk + lane / 16) as u32) };
+    });
+
+    let softcap = p.softcap > 0.0;
+    let (scale2, cap2) =
+        if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
+    let mut row_sm = [OnlineSoftmax::new(); 2];
+    let mut o = [[0.0f32; 4]; ND];
+    let wk = warp * kw; // this warp's first key in a tile
+
+    while kv0 < block_end {
+        // (1) K has landed and every warp is done reading the previous V: start loading V.
+        cp_async_wait_all();
+        sync_threads();
+        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid) };
+        cp_async_commit();
+
+        // (2) S = Q Kᵀ over this warp's keys.
+        let mut s = [[0.0f32; 4]; NS];
+        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        unroll!(kk in 0..KD => {
+            unroll!(np in 0..NS / 2 => {
+                let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
+                E::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
+                E::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+            });
+        });
+
+        // (3) Log2-domain scores; element e of tile n is row g + 8 (e / 2), key
+        // kv0 + wk + 8n + 2t + e % 2.
+        unroll!(n in 0..NS => {
+            unroll!(e in 0..4 => { s[n][e] *= scale2; });
+        });
+        if softcap {
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
+            });
+        }
+        if (kv0 + BC) as i64 > first_row_end || (kv0 as i64) < last_row_start {
+            let c0 = (kv0 + wk + 2 * t) as i32;
+            let (lo, hi) = ([row_start[0] - c0, row_start[1] - c0], [row_end[0] - c0, row_end[1] - c0]);
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => {
+                    let c = (8 * n + e % 2) as i32;
+                    if c < lo[e / 2] || c >= hi[e / 2] {
+                        s[n][e] = f32::NEG_INFINITY;
+                    }
+                });
+            });
+        }
+
+        // (4) Raise the running max per row (over the row's 4 lanes) and rescale.
+        let mut rescale = [Rescale { alpha: 0.0, base: 0.0 }; 2];
+        unroll!(r in 0..2 => {
+            let mut mx = f32::NEG_INFINITY;
+            unroll!(n in 0..NS => { mx = fmax(mx, fmax(s[n][2 * r], s[n][2 * r + 1])); });
+            mx = fmax(mx, shfl_xor(mx, 1));
+            mx = fmax(mx, shfl_xor(mx, 2));
+            rescale[r] = row_sm[r].raise_max(mx);
+        });
+        // Once the running maxima have settled (most tiles of a long cache) alpha is exactly 1 and
+        // the rescale changes no bit: skip its `4 * ND` multiplies when that holds in every lane
+        // (a warp-uniform branch: the mma after it needs every lane).
+        if !crate::decode_fwd::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
+            unroll!(r in 0..2 => {
+                let alpha = rescale[r].alpha;
+                unroll!(n in 0..ND => {
+                    o[n][2 * r] *= alpha;
+                    o[n][2 * r + 1] *= alpha;
+                });
+            });
+        }
+
+        // (5) P = 2^(S - m), packed as the A fragments of P V.
+        unroll!(n in 0..NS => {
+            unroll!(e in 0..4 => { s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]); });
+        });
+        let mut pf = [[0u32; 4]; NS];
+        unroll!(kc in 0..NS / 2 => {
+            pf[kc] = [
+                E::pack(s[2 * kc][0], s[2 * kc][1]),
+                E::pack(s[2 * kc][2], s[2 * kc][3]),
+                E::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                E::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]),
+            ];
+        });
+
+        // (6) V has landed and every warp is done reading K: start loading the next K, then
+        // O += P V over this warp's keys.
+        cp_async_wait_all();
+        sync_threads();
+        kv0 += BC;
+        if kv0 < block_end {
+            tile_rows = my_rows(kv0);
+            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+        }
+        cp_async_commit();
+        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        unroll!(kc in 0..NS / 2 => {
+            unroll!(np in 0..ND / 2 => {
+                let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
+                E::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
+                E::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+            });
+        });
+    }
+
+    // Merge the 4 warps' states: statistics into the Q area, accumulators into K and V.
+    cp_async_wait_all();
+    sync_threads();
+    let stats = smem as *mut f32; // [2][4 warps][16 rows]: max, then sum
+    let acc_s = unsafe { (smem as *mut u8).add(ROWS * D * 2) } as *mut f32; // [4 warps][16 rows][D]
+    unroll!(r in 0..2 => {
+        let mut l = row_sm[r].l;
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        let row = g + 8 * r;
+        if t == 0 {
+            unsafe {
+                *stats.add(warp * ROWS + row) = row_sm[r].m;
+                *stats.add(4 * ROWS + warp * ROWS + row) = l;
+            }
+        }
+        let at = unsafe { acc_s.add((warp * ROWS + row) * D + 2 * t) };
+        unroll!(n in 0..ND => {
+            unsafe {
+                *at.add(8 * n) = o[n][2 * r];
+                *at.add(8 * n + 1) = o[n][2 * r + 1];
+            }
+        });
+    });
+    sync_threads();
+    let per = D / (THREADS / ROWS); // columns per thread
+    let (row, c0) = (tid / (THREADS / ROWS), (tid % (THREADS / ROWS)) * per);
+    let mut m = [0.0f32; 4];
+    let mut mx = f32::NEG_INFINITY;
+    unroll!(w in 0..4 => {
+        m[w] = unsafe { *stats.add(w * ROWS + row) };
+        mx = fmax(mx, m[w]);
+    });
+    let base = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
+    let mut a = [0.0f32; 4];
+    let mut l = 0.0f32;
+    unroll!(w in 0..4 => {
+        a[w] = exp2(m[w] - base);
+        l += a[w] * unsafe { *stats.add(4 * ROWS + w * ROWS + row) };
+    });
+    let merged = OnlineSoftmax { m: mx, l };
+    let sink2 = if p.sinks != 0 && split == 0 && tile_start + row < rows {
+        (unsafe { ld_f32(p.sinks + 4 * row_of(row).1 as u64) }) * LOG2E
+    } else {
+        f32::NEG_INFINITY
+    };
+    let (inv_l, lse) = merged.finish_with_sink(l, sink2);
+    if tile_start + row < rows {
+        let (qi, h) = row_of(row);
+        let row_idx = (b as u64 * heads + h as u64) * seq_q + qi as u64;
+        let mut c = 0;
+        while c < per {
+            let mut v = [0.0f32; 2];
+            unroll!(e in 0..2 => {
+                let mut x = 0.0f32;
+                unroll!(w in 0..4 => {
+                    x = fma(a[w], unsafe { *acc_s.add((w * ROWS + row) * D + c0 + c + e) }, x);
+                });
+                v[e] = x * inv_l;
+            });
+            if p.num_splits == 1 {
+                let oa = p.o + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * D as u64);
+                unsafe { st_u32(oa + 2 * (c0 + c) as u64, E::pack(v[0], v[1])) };
+            } else {
+                let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
+                let oa = p.o_part + 4 * (part_row * D as u64 + (c0 + c) as u64);
+                unsafe {
+                    st_f32(oa, v[0]);
+                    st_f32(oa + 4, v[1]);
+                }
+            }
+            c += 2;
+        }
+        if tid % (THREADS / ROWS) == 0 {
+            if p.num_splits == 1 {
+                unsafe { st_f32(p.lse + 4 * row_idx, lse) };
+            } else {
+                let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
+                unsafe { st_f32(p.lse_part + 4 * part_row, lse) };
+            }
+        }
+    }
+}
