@@ -146,6 +146,8 @@ fn bad_options_exit_2_naming_the_limit() {
     assert_bad_input(&["run", "--scale", "inf"], "scale");
     assert_bad_input(&["run", "--seq", "4", "--seq-q", "5"], "--seq");
     assert_bad_input(&["compare", "--vary", "colour=red"], "unknown key");
+    assert_bad_input(&["compare", "--vary", "splits=1,auto"], "memattn decode --vary splits=A,B");
+    assert_bad_input(&["compare", "--vary", "page-size=16,256"], "is a decode option");
     assert_bad_input(&["compare", "--vary", "seq-q=12,x"], "not a non-negative integer");
     assert_bad_input(&["compare", "--vary", "kernel"], "KEY=A,B");
     assert_bad_input(&["sweep", "--kernels", "naive,fast"], "fast");

@@ -460,6 +460,13 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
             };
             *p = Problem::varlen(*p, &q, &kv)?;
         }
+        "splits" | "page-size" | "cache-len" | "new-tokens" => {
+            return Err(Error::Usage(format!(
+                "--vary: `{key}` is a decode option; compare varies the forward problem. Vary it on the \
+                 decode command, which prints the same side-by-side table: memattn decode --vary {key}=A,B \
+                 (e.g. `memattn decode --cache-len 4096 --vary splits=1,auto`)"
+            )))
+        }
         _ => return Err(Error::Usage(format!("--vary: unknown key `{key}` (keys: {VARY_KEYS})"))),
     }
     Ok(())
