@@ -38,6 +38,15 @@ pub fn exp2(x: f32) -> f32 {
     y
 }
 
+/// `rcp.approx.ftz.f32`: 1/x (max error about 1 ulp; inf -> +0). No IEEE division, so no
+/// division slow-path call in the code that uses it.
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
 /// `lg2.approx.ftz.f32`: log2(x) (0 -> -inf).
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
