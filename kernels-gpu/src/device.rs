@@ -100,6 +100,17 @@ pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
 }
 
+/// `max.f32`: the larger of `a` and `b` (one FMNMX; -inf is the identity; NaN only if both are).
+#[inline(always)]
+pub fn max_f32(a: f32, b: f32) -> f32 {
+    let y: f32;
+    unsafe {
+        asm!("max.f32 {y}, {a}, {b};", y = out(reg32) y, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
 /// `fma.rn.f32`: `a * b + c` with one rounding. rustc emits `mul.rn` + `add.rn` for `a * b + c`,
 /// and the explicit `.rn` forbids ptxas from fusing them, so dot products call this.
 #[inline(always)]
