@@ -64,7 +64,7 @@ impl<const D: usize> XorLaneAddr<D> {
     /// (128-byte aligned).
     #[inline(always)]
     pub fn new(tile: u32, row: usize, hi: usize) -> Self {
-        const { assert!((D * 2) % 128 == 0, "rows of whole 128-byte lines") };
+        const { assert!((D * 2).is_multiple_of(128), "rows of whole 128-byte lines") };
         XorLaneAddr { base: tile + (row * D * 2 + (hi ^ (row % 8)) * CHUNK) as u32 }
     }
 
