@@ -396,19 +396,16 @@ unsafe fn flash_fwd_body<
         // every m-tile of the warp uses them.
         let mut s = [[[0.0f32; 4]; NS]; MT];
         let k_lane = XorLaneAddr::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-        // Reloaded Q fragments use K's lane addresses (same row and chunk pattern) moved to the
-        // warp's rows of the Q tile; the matrices then come in the order (rows 0-7, d lo),
-        // (rows 0-7, d hi), (rows 8-15, d lo), (rows 8-15, d hi), i.e. a0, a2, a1, a3.
-        let q_off = opaque_u32((warp * 16 * MT * D * 2) as u32).wrapping_sub((BR * D * 2) as u32);
+        // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
+        // (one address register, as K's).
+        let q_lane_j = XorLaneAddr::<D>::new(opaque_u32(q_s), warp * 16 * MT + lane % 16, lane / 16);
         unroll!(kk in 0..KD => {
             let mut qk = [[0u32; 4]; MT];
             unroll4!(m in 0..MT => {
                 qk[m] = if QR {
                     qf[m][kk]
                 } else {
-                    let a = k_lane.at(16 * m, kk).wrapping_add(q_off);
-                    let r = unsafe { ldmatrix_x4(a) };
-                    [r[0], r[2], r[1], r[3]]
+                    unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }
                 };
             });
             unroll!(np in 0..NS / 2 => {
