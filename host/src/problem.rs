@@ -805,7 +805,7 @@ mod tests {
         let p = Problem { dtype: Dtype::Bf16, seq_q: 130, ..Problem::default() };
         assert_eq!(names(&p), [KernelId::FlashFwdBf16D64]);
         let l = p.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 4, 1], [128, 1, 1], 40 * 1024));
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([2, 4, 1], [128, 1, 1], 32 * 1024));
         assert_eq!(names(&Problem { head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
         assert_eq!(names(&Problem { dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D64]);
         assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 128, ..p }), [KernelId::FlashFwdF16D128]);

@@ -38,6 +38,15 @@ pub fn exp2(x: f32) -> f32 {
     y
 }
 
+/// `rcp.approx.ftz.f32`: 1/x (max error about 1 ulp; inf -> +0). No IEEE division, so no
+/// division slow-path call in the code that uses it.
+#[inline(always)]
+pub fn rcp(x: f32) -> f32 {
+    let y: f32;
+    unsafe { asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}
+
 /// `lg2.approx.ftz.f32`: log2(x) (0 -> -inf).
 #[inline(always)]
 pub fn log2(x: f32) -> f32 {
@@ -89,6 +98,17 @@ pub unsafe fn st_f32(addr: u64, x: f32) {
 #[inline(always)]
 pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+}
+
+/// `max.f32`: the larger of `a` and `b` (one FMNMX; -inf is the identity; NaN only if both are).
+#[inline(always)]
+pub fn max_f32(a: f32, b: f32) -> f32 {
+    let y: f32;
+    unsafe {
+        asm!("max.f32 {y}, {a}, {b};", y = out(reg32) y, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    y
 }
 
 /// `fma.rn.f32`: `a * b + c` with one rounding. rustc emits `mul.rn` + `add.rn` for `a * b + c`,

@@ -1,30 +1,34 @@
 //! `flash_fwd_{bf16,f16}_d{64,128}`: fused attention forward on tensor cores (`mma.sync`
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
-//! Algorithm (FlashAttention-2 forward): a block owns `BR = 64` query rows, one 16-row `mma` tile
-//! per warp, and walks the keys in tiles of `BC`. Q is staged once and its A fragments stay in
-//! registers. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores into
-//! f32 accumulator fragments; (3) scale into the log2 domain (`log2 e` folded into the softmax
-//! scale once) and mask; (4) raise the running row max, rescale the running sum and the output
-//! accumulator by `2^(m_old - m_new)`; (5) `P = 2^(S - m)`, packed to 16 bits in registers — the
+//! Algorithm (FlashAttention-2 forward): a block of 4 warps owns `BR` query rows, `MT` 16-row
+//! `mma` tiles per warp (the tile's `rows_per_warp`: 16 or 32; with 32 every K and V fragment
+//! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`. Q is staged
+//! once; its A fragments stay in registers (`q_in_regs`) or are reloaded from shared memory in
+//! every k-step. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores
+//! into f32 accumulator fragments; (3) mask (and, in the soft-cap instantiation, cap); (4) raise
+//! the running row max, taken on the raw scores with `max.f32`, and rescale the running sum and
+//! the output accumulator by `2^((m_old - m_new)·c)` (`c` = scale · log2 e); (5)
+//! `P = 2^(s·c - m·c)`, one FFMA into `ex2` per score, packed to 16 bits in registers — the
 //! accumulator layout of one `mma` is the A-operand layout of the next, so P never touches shared
 //! memory; (6) wait for V, start loading the next K, `O += P V`. Finally `O /= l` and
-//! `LSE = ln 2 * (m + log2 l)`.
+//! `LSE = ln 2 * (m·c + log2 l)`. A negative scale negates Q once in shared memory (exact) so the
+//! max is always a max; a zero scale is raised to the smallest normal float. The soft cap is a
+//! separate instantiation of the whole body, so the common key loop has no tanh.
 //!
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, bf16 or f16 (the
 //! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
 //! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`],
-//! [`crate::tiles::FLASH_MMA_D64_WINDOW`]), 4 warps:
-//! D=64: BR=64, BC=128, smem Q 8 KiB + K 16 KiB + V 16 KiB = 40 KiB;
-//! D=128: BR=64, BC=64, smem Q 16 KiB + K 16 KiB + V 16 KiB = 48 KiB;
-//! D=64 for narrow windows (`flash_fwd_*_d64_window`, chosen by the row's
-//! [`crate::variants::WindowRule`]): BR=64, BC=64, smem Q 8 KiB + K 8 KiB + V 8 KiB = 24 KiB.
+//! [`crate::tiles::FLASH_MMA_D64_WINDOW`]; shared memory `(BR + 2 BC) · D · 2` bytes, above
+//! 48 KiB only with the opt-in, which the hosts request per kernel) are described at their items.
 //! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
-//! zero-filled (source size 0), so they contribute exact zeros, never stale data.
+//! zero-filled (source size 0), so they contribute exact zeros, never stale data. Each thread
+//! keeps one global pointer per tensor ([`TileLoader`]), advanced by `BC` rows per tile; only the
+//! tile that reaches past the last key checks rows.
 //!
 //! Shared-memory layout ([`crate::swizzle`]): each tile is row-major, one row = `D * 2` bytes =
 //! `D / 8` chunks of 16 bytes. Chunk `c` of row `r` is stored at chunk position `c ^ (r % 8)`. An
@@ -33,12 +37,14 @@
 //! conflicts, and the XOR permutes chunks within a row, so the `cp.async` stores of one row stay
 //! conflict-free too.
 //!
-//! The running max and sum are [`crate::softmax::OnlineSoftmax`] states, one per row a lane
-//! holds; entry points are generated from the rows of [`crate::variants`].
+//! The running max (raw scores) and sum are kept per row a lane holds and finished by
+//! [`crate::softmax::OnlineSoftmax::finish_with_sink`]; entry points are generated from the rows
+//! of [`crate::variants`].
 //!
-//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`, `THREADS = 32 * warps` (128). Warp `w` owns rows
-//! `16w..16w+16` of the block; in every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds
-//! rows `g` and `g + 8` and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]).
+//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`, `THREADS = 32 * warps` (128). Warp `w`
+//! owns rows `16 MT w..16 MT (w + 1)` of the block, m-tile `m` its rows `16m..16m + 16`; in every
+//! fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds rows `g` and `g + 8` of each m-tile
+//! and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]).
 //! A row's statistics are reduced over the 4 lanes of its group with `shfl.sync.bfly` 1 and 2;
 //! the running sum `l` is kept per lane and reduced once at the end. Tile loads: thread `i`
 //! copies chunk `i % (D / 8)` of rows `i / (D / 8) + k * (128 / (D / 8))`.
@@ -70,13 +76,14 @@ use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{fmax, softcap2, OnlineSoftmax, LOG2E};
+use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
-use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
+use crate::swizzle::{swizzled_offset, LaneAddrs, XorLaneAddr, CHUNK};
 
-/// 16-byte unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment.
+/// Unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment, and the
+/// lane addresses ([`XorLaneAddr`]) 128-byte aligned tiles.
 #[cfg(target_arch = "nvptx64")]
-#[repr(C, align(16))]
+#[repr(C, align(128))]
 struct SmemChunk([u8; CHUNK]);
 
 /// Global addresses of one `[seq, D]` slice (fixed batch and head) of a strided 2-byte tensor.
@@ -93,7 +100,7 @@ struct Rows {
 
 /// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
 /// tile at shared address `tile`; this thread copies chunk `tid % CPR` of every
-/// `THREADS / CPR`-th row starting at `tid / CPR`.
+/// `THREADS / CPR`-th row starting at `tid / CPR`. Used for the Q tile (once per block).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
@@ -122,9 +129,114 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     }
 }
 
+/// One thread's share of the `cp.async` loads of successive `BC`-row tiles of K or V: one
+/// global pointer (this thread's chunk of its first row of the next tile), advanced by the
+/// uniform `BC × stride` after each tile; the rows of one tile are `rows_per_pass × stride`
+/// apart. Only a tile that reaches past the last row checks rows (and zero-fills those past it);
+/// every other tile copies unconditionally.
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct TileLoader {
+    /// `.global` address of this thread's chunk in its first row of the next tile.
+    next: u64,
+    /// Bytes between consecutive rows.
+    stride: u64,
+    /// This thread's shared-memory offset within a tile (its chunk of its first row).
+    dst: u32,
+    /// Rows that exist minus this thread's first row of the next tile (negative: none left).
+    left: i32,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl TileLoader {
+    /// The loader of `src` from row `row0` on, for thread `tid`.
+    #[inline(always)]
+    fn new<const D: usize, const THREADS: usize>(src: Rows, row0: usize, tid: usize) -> Self {
+        let cpr = D * 2 / CHUNK;
+        let (c, r) = (tid % cpr, tid / cpr);
+        TileLoader {
+            next: src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64,
+            stride: src.stride,
+            dst: swizzled_offset(D, r, c) as u32,
+            left: src.len as i32 - (row0 + r) as i32,
+        }
+    }
+
+    /// Starts the copies of the next tile into the swizzled tile at shared address `tile` and
+    /// moves on to the tile after it.
+    #[inline(always)]
+    unsafe fn stage<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
+        let rows_per_pass = THREADS / (D * 2 / CHUNK);
+        const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
+        let dst = opaque_u32(tile) + self.dst;
+        let step = rows_per_pass as u64 * self.stride;
+        if self.left >= (BC - rows_per_pass + 1) as i32 {
+            // Every row of the tile exists (the common case): no checks.
+            unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+                let addr = self.next + k as u64 * step;
+                unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, CHUNK as u32) };
+            });
+        } else {
+            // The partial tile: rows at or past the end are zero-filled (source size 0).
+            unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+                // A row past the end names its would-be address with source size 0: nothing is read.
+                let bytes = if ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
+                let addr = self.next + k as u64 * step;
+                unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+            });
+        }
+        self.next += BC as u64 * self.stride;
+        self.left -= BC as i32;
+    }
+}
+
+/// `ld.shared.v4.b32` / `st.shared.v4.b32` of one 16-byte chunk with every 16-bit value's sign
+/// flipped (`xor 0x80008000`): negates a staged chunk of Q in place.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn negate_chunk(addr: u32) {
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .b32 t<4>;",
+            "ld.shared.v4.b32 {{t0, t1, t2, t3}}, [{a}];",
+            "xor.b32 t0, t0, -2147450880;",
+            "xor.b32 t1, t1, -2147450880;",
+            "xor.b32 t2, t2, -2147450880;",
+            "xor.b32 t3, t3, -2147450880;",
+            "st.shared.v4.b32 [{a}], {{t0, t1, t2, t3}}; }}",
+            a = in(reg32) addr, options(nostack));
+    }
+}
+
+/// `%ctaid.{x,y,z}` read again (a volatile read the compiler cannot merge with an earlier one, so
+/// the value need not stay in a register through the key loop).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn ctaid_x_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.x;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn ctaid_y_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.y;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn ctaid_z_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.z;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants.
-/// `KD = D / 16` k-steps of `Q Kᵀ` (Q fragments), `ND = D / 8` column tiles of O, `NS = BC / 8`
-/// column tiles of S.
+/// `KD = D / 16` k-steps of `Q Kᵀ`, `ND = D / 8` column tiles of O, `NS = BC / 8` column tiles
+/// of S; `MT` 16-row m-tiles per warp (1: 16 rows per warp, 2: 32), which share every K and V
+/// fragment loaded from shared memory; `QR`: Q's A fragments stay in registers for the whole
+/// loop (else they are reloaded from shared memory in every k-step, as FlashAttention-2 does).
 ///
 /// # Safety
 /// As the module's safety section.
@@ -139,11 +251,45 @@ pub(crate) unsafe fn flash_fwd<
     const KD: usize,
     const ND: usize,
     const NS: usize,
+    const MT: usize,
+    const QR: bool,
 >(
     p: &AttnParams,
 ) {
-    const { assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * (THREADS / 32)) };
+    // The soft cap is a separate instantiation of the whole loop: the common loop has no tanh.
+    if p.softcap > 0.0 {
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, true>(p) }
+    } else {
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, false>(p) }
+    }
+}
+
+// The per-row arrays hold 4 rows (2 per m-tile, at most 2 m-tiles); `unroll4!` spells out
+// indices past `2 * MT` in branches removed at compile time, which the lint still sees.
+#[cfg(target_arch = "nvptx64")]
+#[allow(unconditional_panic)]
+#[inline(always)]
+unsafe fn flash_fwd_body<
+    E: Half16,
+    const D: usize,
+    const BR: usize,
+    const BC: usize,
+    const THREADS: usize,
+    const KD: usize,
+    const ND: usize,
+    const NS: usize,
+    const MT: usize,
+    const QR: bool,
+    const SOFTCAP: bool,
+>(
+    p: &AttnParams,
+) {
+    const {
+        assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * MT * (THREADS / 32));
+        assert!(MT >= 1 && MT <= 2, "one or two 16-row m-tiles per warp");
+    };
     // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
+    let p0 = p;
     let seq = unsafe { sequence_of(p, ctaid_z()) };
     let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let tid = tid_x() as usize;
@@ -177,163 +323,235 @@ pub(crate) unsafe fn flash_fwd<
     let last_row = core::cmp::min(q0 + BR, seq_q) - 1;
     let (first_row_start, first_row_end) = p.key_range(q0 as u32);
     let (last_row_start, last_row_end) = p.key_range(last_row as u32);
-    let block_end = core::cmp::max(last_row_end, 0) as usize;
-    let j_first = first_row_start as usize / BC;
-    let n_tiles = block_end.div_ceil(BC);
-    let my_rows = [q0 + warp * 16 + g, q0 + warp * 16 + g + 8];
-    // Per-row windows in 32 bits (0..=seq_kv): registers through the loop, not 64-bit pairs.
-    let (r0s, r0e) = p.key_range(my_rows[0] as u32);
-    let (r1s, r1e) = p.key_range(my_rows[1] as u32);
-    let row_start = [r0s as i32, r1s as i32];
-    let row_end = [core::cmp::max(r0e, 0) as i32, core::cmp::max(r1e, 0) as i32];
+    let block_end = core::cmp::max(last_row_end, 0) as u32;
+    let j_first = first_row_start as u32 / BC as u32;
+    let n_tiles = block_end.div_ceil(BC as u32);
+    // 32-bit loop state (0..=seq_kv): registers through the loop, not 64-bit pairs.
+    let (first_row_end, last_row_start) = (first_row_end as i32, last_row_start as i32);
+    // This lane's rows: m-tile m, row g + 8r is row 2m + r of the lane. Their windows are
+    // recomputed in the (few) masked tiles instead of being held in registers.
+    let row0 = q0 + warp * 16 * MT + g;
 
-    // Q and the first K tile; Q's A fragments then stay in registers for the whole loop.
+    // Q and the first K tile.
+    let mut k_load = TileLoader::new::<D, THREADS>(k_rows, j_first as usize * BC, tid);
+    let mut v_load = TileLoader::new::<D, THREADS>(v_rows, j_first as usize * BC, tid);
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
-        stage_tile::<D, BC, THREADS>(k_s, k_rows, j_first * BC, tid);
+        k_load.stage::<D, BC, THREADS>(k_s);
     }
     cp_async_commit();
     cp_async_wait_all();
     sync_threads();
-    let mut qf = [[0u32; 4]; KD];
-    unroll!(kk in 0..KD => {
-        // Matrices: rows 0-7 / 8-15 of the warp's 16 at d 16kk, then the same at d 16kk + 8.
-        let row = warp * 16 + lane % 16;
-        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, row, 2 * kk + lane / 16) as u32) };
-    });
+    // A negative scale: Q is negated once in shared memory and the scale's magnitude used, so
+    // the running max below is taken on raw scores of either sign (exact: a sign flip).
+    let scale = if SOFTCAP { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
+    if scale < 0.0 {
+        let cpr = D * 2 / CHUNK;
+        let (c, r) = (tid % cpr, tid / cpr);
+        let mut k = 0;
+        while k < BR / (THREADS / cpr) {
+            unsafe { negate_chunk(q_s + swizzled_offset(D, r + k * (THREADS / cpr), c) as u32) };
+            k += 1;
+        }
+        sync_threads();
+    }
+    let scale = if scale < 0.0 { -scale } else { scale };
+    // Softmax multiplier of the raw scores (log2 domain). Without a soft cap it is applied
+    // inside the exponent, `2^(s·c − m·c)` as one FFMA; a zero scale is raised to the smallest
+    // normal float so that masked (-inf) scores stay -inf and never become NaN.
+    let c = if SOFTCAP {
+        1.0
+    } else if scale < f32::MIN_POSITIVE {
+        f32::MIN_POSITIVE
+    } else {
+        scale
+    };
+    let cap2 = p.softcap * LOG2E;
 
-    // Scores into the log2 domain, or (soft cap) scale / cap, the argument of tanh.
-    let softcap = p.softcap > 0.0;
-    let (scale2, cap2) =
-        if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
-    // Rows g and g + 8: running max (log2 domain) and this lane's part of the running sum.
-    let mut row_sm = [OnlineSoftmax::new(); 2];
-    let mut o = [[0.0f32; 4]; ND];
+    // Q's A fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8.
+    let q_lane = LaneAddrs::<D>::new(q_s, warp * 16 * MT + lane % 16, lane / 16);
+    let mut qf = [[[0u32; 4]; KD]; MT];
+    if QR {
+        unroll4!(m in 0..MT => {
+            unroll!(kk in 0..KD => { qf[m][kk] = unsafe { ldmatrix_x4(q_lane.at(16 * m, kk)) }; });
+        });
+    }
+
+    // Rows 2m + r: running max of the raw scores and this lane's part of the running sum.
+    let mut row_m = [f32::NEG_INFINITY; 4];
+    let mut row_l = [0.0f32; 4];
+    let mut o = [[[0.0f32; 4]; ND]; MT];
 
     let mut j = j_first;
     while j < n_tiles {
-        let kv0 = j * BC;
+        let kv0 = j * BC as u32;
         // (1) K_j has landed and every warp is done reading V_{j-1}: start loading V_j.
         cp_async_wait_all();
         sync_threads();
-        unsafe { stage_tile::<D, BC, THREADS>(v_s, v_rows, kv0, tid) };
+        unsafe { v_load.stage::<D, BC, THREADS>(v_s) };
         cp_async_commit();
 
         // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
-        // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...
-        let mut s = [[0.0f32; 4]; NS];
-        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
+        // every m-tile of the warp uses them.
+        let mut s = [[[0.0f32; 4]; NS]; MT];
+        let k_lane = XorLaneAddr::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
+        // (one address register, as K's).
+        let q_lane_j = XorLaneAddr::<D>::new(opaque_u32(q_s), warp * 16 * MT + lane % 16, lane / 16);
         unroll!(kk in 0..KD => {
+            let mut qk = [[0u32; 4]; MT];
+            unroll4!(m in 0..MT => {
+                qk[m] = if QR {
+                    qf[m][kk]
+                } else {
+                    unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }
+                };
+            });
             unroll!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
-                E::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
-                E::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+                unroll4!(m in 0..MT => {
+                    E::mma(&mut s[m][2 * np], &qk[m], r[0], r[1]);
+                    E::mma(&mut s[m][2 * np + 1], &qk[m], r[2], r[3]);
+                });
             });
         });
 
-        // (3) Log2-domain scores; keys a row may not see become -inf. Element e of tile n is
-        // row g + 8 (e / 2), key kv0 + 8n + 2t + e % 2.
-        unroll!(n in 0..NS => {
-            unroll!(e in 0..4 => { s[n][e] *= scale2; });
-        });
-        if softcap {
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
+        // (3) Soft cap (its own instantiation): log2-domain capped scores. Then keys a row may not
+        // see become -inf. Element e of tile n of m-tile m is lane row 2m + e / 2, key
+        // kv0 + 8n + 2t + e % 2.
+        if SOFTCAP {
+            unroll4!(m in 0..MT => {
+                unroll!(n in 0..NS => {
+                    unroll4!(e in 0..4 => { s[m][n][e] = softcap2(s[m][n][e] * scale, cap2); });
+                });
             });
         }
         // The end of the window (and seq_kv) only in tiles past the first row's end, its start
         // only in tiles before the last row's start: a tile inside every row's window is not
         // masked at all.
-        let c0 = (kv0 + 2 * t) as i32;
-        if (kv0 + BC) as i64 > first_row_end {
-            let hi = [row_end[0] - c0, row_end[1] - c0];
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => {
-                    if (8 * n + e % 2) as i32 >= hi[e / 2] {
-                        s[n][e] = f32::NEG_INFINITY;
-                    }
+        let c0 = (kv0 + 2 * t as u32) as i32;
+        if (kv0 + BC as u32) as i32 > first_row_end {
+            unroll4!(m in 0..MT => {
+                let hi0 = core::cmp::max(p.key_range((row0 + 16 * m) as u32).1, 0) as i32 - c0;
+                let hi1 = core::cmp::max(p.key_range((row0 + 16 * m + 8) as u32).1, 0) as i32 - c0;
+                let hi = [hi0, hi1];
+                unroll!(n in 0..NS => {
+                    unroll4!(e in 0..4 => {
+                        if (8 * n + e % 2) as i32 >= hi[e / 2] {
+                            s[m][n][e] = f32::NEG_INFINITY;
+                        }
+                    });
                 });
             });
         }
-        if (kv0 as i64) < last_row_start {
-            let lo = [row_start[0] - c0, row_start[1] - c0];
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => {
-                    if ((8 * n + e % 2) as i32) < lo[e / 2] {
-                        s[n][e] = f32::NEG_INFINITY;
-                    }
+        if (kv0 as i32) < last_row_start {
+            unroll4!(m in 0..MT => {
+                let lo0 = p.key_range((row0 + 16 * m) as u32).0 as i32 - c0;
+                let lo1 = p.key_range((row0 + 16 * m + 8) as u32).0 as i32 - c0;
+                let lo = [lo0, lo1];
+                unroll!(n in 0..NS => {
+                    unroll4!(e in 0..4 => {
+                        if ((8 * n + e % 2) as i32) < lo[e / 2] {
+                            s[m][n][e] = f32::NEG_INFINITY;
+                        }
+                    });
                 });
             });
         }
 
-        // (4) New running max per row (reduced over the row's 4 lanes); rescale what was
-        // accumulated under the old one (see `OnlineSoftmax::raise_max`: while the max is -inf
-        // the row has seen nothing and 0 is the base, so no -inf - -inf).
-        let mut rescale = [crate::softmax::Rescale { alpha: 0.0, base: 0.0 }; 2];
-        unroll!(r in 0..2 => {
-            let mut mx = f32::NEG_INFINITY;
-            unroll!(n in 0..NS => { mx = fmax(mx, fmax(s[n][2 * r], s[n][2 * r + 1])); });
-            mx = fmax(mx, shfl_xor(mx, 1));
-            mx = fmax(mx, shfl_xor(mx, 2));
-            rescale[r] = row_sm[r].raise_max(mx);
-            let alpha = rescale[r].alpha;
-            unroll!(n in 0..ND => {
-                o[n][2 * r] *= alpha;
-                o[n][2 * r + 1] *= alpha;
+        // (4) New running max per row on the raw scores (`max.f32`, reduced over the row's 4
+        // lanes); rescale what was accumulated under the old one by 2^((m_old − m_new)·c).
+        // While the max is -inf the row has seen nothing and 0 is the base: no -inf − -inf.
+        let mut mc = [0.0f32; 4];
+        unroll4!(m in 0..MT => {
+            unroll4!(r in 0..2 => {
+                let i = 2 * m + r;
+                let mut mx = row_m[i];
+                unroll!(n in 0..NS => { mx = max_f32(mx, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
+                mx = max_f32(mx, shfl_xor(mx, 1));
+                mx = max_f32(mx, shfl_xor(mx, 2));
+                let base = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
+                mc[i] = base * c;
+                let alpha = exp2(fma(row_m[i], c, -mc[i]));
+                row_m[i] = mx;
+                row_l[i] *= alpha;
+                unroll!(n in 0..ND => {
+                    o[m][n][2 * r] *= alpha;
+                    o[m][n][2 * r + 1] *= alpha;
+                });
             });
         });
 
-        // (5) P = 2^(S - m), summed into l and packed to 16 bits as the A fragments of P V_j:
-        // key step kc takes S tiles 2kc (keys 2t, 2t+1) and 2kc + 1 (keys 8 + 2t, 9 + 2t).
-        let mut pf = [[0u32; 4]; NS];
-        unroll!(n in 0..NS => {
-            unroll!(e in 0..4 => {
-                s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]);
+        // (5) P = 2^(s·c − m·c) (one FFMA into ex2), summed into l and packed to 16 bits as the A
+        // fragments of P V_j: key step kc takes S tiles 2kc (keys 2t, 2t+1) and 2kc + 1 (keys
+        // 8 + 2t, 9 + 2t).
+        let mut pf = [[[0u32; 4]; NS]; MT];
+        unroll4!(m in 0..MT => {
+            unroll!(n in 0..NS => {
+                unroll4!(e in 0..4 => {
+                    let i = 2 * m + e / 2;
+                    let pr = exp2(fma(s[m][n][e], c, -mc[i]));
+                    row_l[i] += pr;
+                    s[m][n][e] = pr;
+                });
             });
-        });
-        unroll!(kc in 0..NS / 2 => {
-            pf[kc] = [
-                E::pack(s[2 * kc][0], s[2 * kc][1]),
-                E::pack(s[2 * kc][2], s[2 * kc][3]),
-                E::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                E::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-            ];
+            unroll!(kc in 0..NS / 2 => {
+                pf[m][kc] = [
+                    E::pack(s[m][2 * kc][0], s[m][2 * kc][1]),
+                    E::pack(s[m][2 * kc][2], s[m][2 * kc][3]),
+                    E::pack(s[m][2 * kc + 1][0], s[m][2 * kc + 1][1]),
+                    E::pack(s[m][2 * kc + 1][2], s[m][2 * kc + 1][3]),
+                ];
+            });
         });
 
         // (6) V_j has landed and every warp is done reading K_j: start loading K_{j+1}, then
         // O += P V_j. One ldmatrix.x4.trans gives the B fragments of two 8-wide d tiles for one
         // 16-key step: matrices (keys 16kc.., d 16np), (keys 16kc+8.., d 16np), (keys 16kc..,
-        // d 16np+8), (keys 16kc+8.., d 16np+8).
+        // d 16np+8), (keys 16kc+8.., d 16np+8); every m-tile of the warp uses them.
         cp_async_wait_all();
         sync_threads();
         if j + 1 < n_tiles {
-            unsafe { stage_tile::<D, BC, THREADS>(k_s, k_rows, kv0 + BC, tid) };
+            unsafe { k_load.stage::<D, BC, THREADS>(k_s) };
         }
         cp_async_commit();
-        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let v_lane = XorLaneAddr::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
         unroll!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
-                E::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
-                E::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+                unroll4!(m in 0..MT => {
+                    E::mma(&mut o[m][2 * np], &pf[m][kc], r[0], r[1]);
+                    E::mma(&mut o[m][2 * np + 1], &pf[m][kc], r[2], r[3]);
+                });
             });
         });
         j += 1;
     }
 
-    // Finalise: O = acc / l, LSE = ln2 * (m + log2 l); a row that saw nothing gives O = 0, -inf.
+    // Finalise: O = acc / l, LSE = ln2 * (m·c + log2 l); a row that saw nothing gives O = 0, -inf.
+    // The block's sequence, head and rows are read again rather than kept in registers through
+    // the loop.
+    let seq = unsafe { sequence_of(p0, ctaid_z_fresh()) };
+    let (p, b, q_row0) = (&seq.p, seq.b, seq.q0);
+    let h = ctaid_y_fresh() as u64;
+    let seq_q = p.seq_q as usize;
+    let row0 = ctaid_x_fresh() as usize * BR + warp * 16 * MT + g;
     let o_base = p.o + 2 * (b * p.o_strides.batch + h * p.o_strides.head + q_row0 * p.o_strides.seq);
     let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
-    unroll!(r in 0..2 => {
-        let mut l = row_sm[r].l;
+    unroll4!(i in 0..2 * MT => {
+        let (m, r) = (i / 2, i % 2);
+        let mut l = row_l[i];
         l += shfl_xor(l, 1);
         l += shfl_xor(l, 2);
-        let row = my_rows[r];
+        let row = row0 + 16 * m + 8 * r;
         if row < seq_q {
-            let (inv_l, lse) = row_sm[r].finish_with_sink(l, sink2);
+            // The running max in the log2 domain, as the sum was computed against.
+            let m2 = if row_m[i] == f32::NEG_INFINITY { f32::NEG_INFINITY } else { row_m[i] * c };
+            let (inv_l, lse) = OnlineSoftmax { m: m2, l }.finish_with_sink(l, sink2);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
             unroll!(n in 0..ND => {
-                let pair = E::pack(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l);
+                let pair = E::pack(o[m][n][2 * r] * inv_l, o[m][n][2 * r + 1] * inv_l);
                 unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
             });
             if t == 0 {

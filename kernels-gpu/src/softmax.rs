@@ -24,7 +24,7 @@ pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 pub const LN2: f32 = core::f32::consts::LN_2;
 
 #[cfg(target_arch = "nvptx64")]
-use crate::device::{exp2, log2};
+use crate::device::{exp2, log2, rcp};
 
 #[cfg(not(target_arch = "nvptx64"))]
 #[inline(always)]
@@ -35,6 +35,11 @@ fn exp2(x: f32) -> f32 {
 #[inline(always)]
 fn log2(x: f32) -> f32 {
     x.log2()
+}
+#[cfg(not(target_arch = "nvptx64"))]
+#[inline(always)]
+fn rcp(x: f32) -> f32 {
+    1.0 / x
 }
 
 /// Maximum that treats -inf as the identity and never produces NaN from two non-NaN inputs.
@@ -128,13 +133,14 @@ impl OnlineSoftmax {
 }
 
 /// Soft-capped log2-domain score from `x = scale · q·k / cap`: `cap2 · tanh(x)` with
-/// `cap2 = cap · LOG2E`. `tanh(x) = 1 - 2 / (2^(2x·log2 e) + 1)` costs one `ex2` and one
-/// division; it saturates to ±1 for large `|x|` (never NaN) and its absolute error stays near
-/// f32 rounding (about 1e-7).
+/// `cap2 = cap · LOG2E`. `tanh(x) = 1 - 2 · rcp(2^(2x·log2 e) + 1)` costs one `ex2` and one
+/// approximate reciprocal (`rcp.approx.ftz.f32`, no IEEE division and so no division slow path
+/// in a kernel's loop); it saturates to ±1 for large `|x|` (`rcp(inf) = 0`, never NaN) and its
+/// absolute error stays near f32 rounding (about 1e-7).
 #[inline(always)]
 pub fn softcap2(x: f32, cap2: f32) -> f32 {
     let e = exp2(x * (2.0 * LOG2E));
-    cap2 * (1.0 - 2.0 / (e + 1.0))
+    cap2 * (1.0 - 2.0 * rcp(e + 1.0))
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]

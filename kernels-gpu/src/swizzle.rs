@@ -47,6 +47,34 @@ impl<const D: usize> LaneAddrs<D> {
     }
 }
 
+/// A lane's `ldmatrix` row address in a swizzled tile as one register: for a lane that addresses
+/// row `row + 8i` and logical chunk `2k + hi + 8a`, the address is `base ^ (32 (k % 4))` plus an
+/// immediate. The swizzle XORs chunk bits 0-2 (address bits 4-6) with `row % 8`; chunk `2k + hi`
+/// of `k < 4` differs from chunk `hi` only in bits 1-2, so one XOR with an immediate gives it.
+/// Needs a 128-byte aligned tile and rows of a multiple of 128 bytes (`D % 64 == 0`), so that
+/// bits 4-6 of `base` are exactly the swizzled chunk `hi ^ (row % 8)`. Costs one `LOP3` per
+/// distinct `k % 4` where [`LaneAddrs`] holds four registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XorLaneAddr<const D: usize> {
+    pub base: u32,
+}
+
+impl<const D: usize> XorLaneAddr<D> {
+    /// The address of this lane's `row`, chunk `hi` (0 or 1) in the tile at shared address `tile`
+    /// (128-byte aligned).
+    #[inline(always)]
+    pub fn new(tile: u32, row: usize, hi: usize) -> Self {
+        const { assert!((D * 2).is_multiple_of(128), "rows of whole 128-byte lines") };
+        XorLaneAddr { base: tile + (row * D * 2 + (hi ^ (row % 8)) * CHUNK) as u32 }
+    }
+
+    /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
+    #[inline(always)]
+    pub fn at(&self, rows: usize, k: usize) -> u32 {
+        (self.base ^ ((k % 4) * 2 * CHUNK) as u32) + ((k / 4) * 8 * CHUNK + rows * D * 2) as u32
+    }
+}
+
 /// The 16-byte bank group (0..8) of a shared-memory byte address: 32 banks of 4 bytes make 8
 /// groups of 16 bytes per 128-byte line.
 pub const fn bank_group(addr: u32) -> u32 {
@@ -96,6 +124,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn xor_lane_addresses_agree_with_the_swizzle() {
+        fn check<const D: usize>() {
+            for row in 0..16 {
+                for hi in 0..2 {
+                    let la = XorLaneAddr::<D>::new(0x1080, row, hi);
+                    for rows in [0, 8, 16, 48] {
+                        for k in 0..D / 16 {
+                            let want = 0x1080 + swizzled_offset(D, row + rows, 2 * k + hi) as u32;
+                            assert_eq!(la.at(rows, k), want, "D={D} row {row} hi {hi} +{rows} k {k}");
+                        }
+                    }
+                }
+            }
+        }
+        check::<64>();
+        check::<128>();
+        check::<256>();
     }
 
     #[test]

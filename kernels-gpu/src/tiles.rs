@@ -67,20 +67,35 @@ pub const FLASH_F32_D128: FlashF32Tile = FlashF32Tile { head_dim: 128, br: 16, b
 /// Tile of the tensor-core (`mma.sync` m16n8k16) flash-forward kernels for one head dim; bf16 and
 /// f16 share it (both 2-byte elements).
 ///
-/// A block of `warps` warps owns `br = 16 * warps` query rows, 16 per warp (one `mma` M tile), and
-/// walks the keys in tiles of `bc`. Shared memory holds the block's Q tile (`br x head_dim`), one K
-/// tile and one V tile (`bc x head_dim` each), 2-byte elements, rows of `head_dim * 2` bytes.
+/// A block of `warps` warps owns `br = rows_per_warp * warps` query rows and walks the keys in
+/// tiles of `bc`. A warp owns `rows_per_warp` rows: 16 (one `mma` M tile) or 32 (two M tiles that
+/// share every K and V fragment loaded from shared memory, so each `ldmatrix` feeds twice the
+/// `mma`s). `q_in_regs`: Q's A fragments stay in registers for the whole key loop; otherwise they
+/// are reloaded from shared memory in every k-step (fewer registers, more `ldmatrix`). Shared
+/// memory holds the block's Q tile (`br x head_dim`), one K tile and one V tile (`bc x head_dim`
+/// each), 2-byte elements, rows of `head_dim * 2` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashMmaTile {
     pub head_dim: u32,
     pub br: u32,
     pub bc: u32,
     pub warps: u32,
+    pub rows_per_warp: u32,
+    pub q_in_regs: bool,
 }
+
+/// Shared memory a block may use on sm_80 with the opt-in
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): 163 KiB (sm_90: 227 KiB). Without the
+/// opt-in a block gets 48 KiB; the hosts opt in per kernel when a launch needs more.
+pub const SMEM_OPT_IN_SM80: u32 = 163 * 1024;
 
 impl FlashMmaTile {
     pub const fn threads(&self) -> u32 {
         32 * self.warps
+    }
+    /// 16-row `mma` M tiles per warp (1 or 2).
+    pub const fn m_tiles(&self) -> u32 {
+        self.rows_per_warp / 16
     }
     /// Q tile + K tile + V tile, 2-byte elements: `(br + 2 * bc) * head_dim * 2` bytes.
     pub const fn smem_bytes(&self) -> u32 {
@@ -100,28 +115,33 @@ impl FlashMmaTile {
     }
     /// Compile-time consistency of the tile.
     pub const fn check(&self) {
-        assert!(self.br == 16 * self.warps, "one 16-row mma tile per warp");
+        assert!(self.rows_per_warp == 16 || self.rows_per_warp == 32, "one or two 16-row mma tiles per warp");
+        assert!(self.br == self.rows_per_warp * self.warps, "a warp owns rows_per_warp rows");
         assert!(self.head_dim.is_multiple_of(16) && self.bc.is_multiple_of(16), "whole k16 steps of both mmas");
         assert!(self.head_dim / 8 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
         assert!(self.chunks_per_row().is_multiple_of(8), "the XOR swizzle permutes groups of 8 chunks");
         assert!(self.threads().is_multiple_of(self.chunks_per_row()), "a thread keeps its chunk column");
         assert!((self.br * self.chunks_per_row()).is_multiple_of(self.threads()), "even Q tile load");
         assert!((self.bc * self.chunks_per_row()).is_multiple_of(self.threads()), "even K/V tile load");
-        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+        assert!(self.smem_bytes() <= SMEM_OPT_IN_SM80, "fits sm_80's opt-in shared memory");
     }
 }
 
-/// d=64: Bc = 128 keys per step: smem (64 + 2 x 128) x 64 x 2 B = 40 KiB. Per thread Q fragments
-/// 16 registers, O accumulator 32, scores 64.
-pub const FLASH_MMA_D64: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc: 128, warps: 4 };
-/// d=64 for narrow windows: Bc = 64 keys per step: smem (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block
-/// of 64 rows with a window of `L` keys to the left visits `64 + L` keys rounded to 64-key tiles
-/// instead of 128-key ones (320 instead of 384 at `L = 255`). Per thread Q fragments 16
-/// registers, O accumulator 32, scores 32.
-pub const FLASH_MMA_D64_WINDOW: FlashMmaTile = FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 4 };
-/// d=128: Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB, the most a block gets without opt-in.
-/// Per thread Q fragments 32 registers, O accumulator 64, scores 32.
-pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4 };
+/// d=64: 32 rows per warp (Br 128), Bc = 64 keys per step: smem (128 + 2 x 64) x 64 x 2 B =
+/// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
+pub const FLASH_MMA_D64: FlashMmaTile =
+    FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true };
+/// d=64 for narrow windows: 16 rows per warp (Br 64), Bc = 64 keys per step: smem
+/// (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block of 64 rows with a window of `L` keys to the left
+/// visits `64 + L` keys rounded to 64-key tiles instead of 128-key ones (320 instead of 384 at
+/// `L = 255`). Per thread Q fragments 16 registers, O accumulator 32, scores 32.
+pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 4, rows_per_warp: 16, q_in_regs: true };
+/// d=128: 32 rows per warp (Br 128), Bc = 32: smem (128 + 2 x 32) x 128 x 2 B = 48 KiB. Per
+/// thread O accumulator 128 registers, scores 32; Q is reloaded from shared memory. Bc = 64
+/// (64 KiB, with the opt-in) and Bc = 48 spill at 255 registers with ptxas 13.5.
+pub const FLASH_MMA_D128: FlashMmaTile =
+    FlashMmaTile { head_dim: 128, br: 128, bc: 32, warps: 4, rows_per_warp: 32, q_in_regs: false };
 /// Largest head dim the naive kernels accept (they loop over it at run time).
 pub const NAIVE_MAX_HEAD_DIM: u32 = 256;
 

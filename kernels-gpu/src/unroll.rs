@@ -19,3 +19,13 @@ macro_rules! unroll {
         })*
     };
 }
+
+/// `unroll!` for short loops (`$n <= 4`): spells out 4 indices instead of 16, so nesting it
+/// inside `unroll!` does not multiply the code the compiler has to fold away.
+#[allow(unused_macros)]
+macro_rules! unroll4 {
+    ($i:ident in 0..$n:expr => $body:block) => {
+        const { assert!($n <= 4, "unroll4! spells out 4 indices") };
+        unroll!(@ $i ($n) $body 0 1 2 3)
+    };
+}

@@ -412,6 +412,8 @@ macro_rules! entry {
                     { (T.head_dim / 16) as usize },
                     { (T.head_dim / 8) as usize },
                     { (T.bc / 8) as usize },
+                    { T.m_tiles() as usize },
+                    { T.q_in_regs },
                 >(&p)
             }
         }
@@ -497,7 +499,8 @@ pub(crate) use tile_record;
 /// wide. Measured in the VM (thread-instructions, bf16, seq 4096, causal windows `(L, 0)`): the
 /// 64-key tile visits 320 keys per 64-row block at `L = 255` where the default 128-key tile visits
 /// 384, but costs about 10 % more per key; it is cheaper up to `L = 511` and dearer from
-/// `L = 767` on (`docs/semantics.md`, "Which kernel runs").
+/// `L = 767` on (`docs/semantics.md`, "Which kernel runs"; measured against the earlier default
+/// tile, Br 64 and Bc 128, not repeated for today's Br 128, Bc 64).
 pub const NARROW_WINDOW_D64: WindowRule = WindowRule::Narrow { keys: 512 };
 
 // The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`, or with a [`WindowRule`] after
@@ -830,7 +833,7 @@ mod tests {
     fn launch_geometry_derives_from_the_tile() {
         let s = LaunchShape { batch: 2, heads: 3, seq_q: 130, seq_kv: 300 };
         let l = KernelId::FlashFwdBf16D128.variant().launch(s).unwrap();
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 3, 2], [128, 1, 1], 48 * 1024));
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([2, 3, 2], [128, 1, 1], 48 * 1024));
         let l = KernelId::FlashFwdF32D64.variant().launch(s).unwrap();
         assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([5, 3, 2], [128, 1, 1], 32 * 1024));
         let l = KernelId::NaiveScoresF16.variant().launch(s).unwrap();

@@ -137,12 +137,18 @@ impl Module {
     }
 }
 
-/// Device limits the VM enforces at launch (defaults model an sm_80 part without opt-in).
+/// Device limits the VM enforces at launch (defaults model an sm_80 part, A100:
+/// [`DeviceLimits::sm80`]; [`DeviceLimits::sm90`] models H100).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceLimits {
     pub max_threads_per_block: u32,
-    /// Static + dynamic shared memory per block (default 48 KiB).
+    /// Static + dynamic shared memory a block may use with the opt-in
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` on a GPU, which the VM does not ask
+    /// for): 163 KiB on sm_80, 227 KiB on sm_90. A launch above it is refused.
     pub max_shared_per_block: u32,
+    /// What a block gets without the opt-in (48 KiB on both): a device property reported to
+    /// hosts (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`), not enforced by the VM.
+    pub shared_per_block_default: u32,
     pub max_grid: [u32; 3],
     pub max_block: [u32; 3],
     /// Simulated device memory; `alloc` beyond it fails with `OutOfMemory` (default 16 GiB).
@@ -253,11 +259,23 @@ pub enum VmError {
     Trap(Box<Finding>),
 }
 
+impl DeviceLimits {
+    /// An sm_80 part (A100): 163 KiB of shared memory per block with the opt-in, 48 KiB without.
+    pub fn sm80() -> Self {
+        Self::default()
+    }
+    /// An sm_90 part (H100): 227 KiB of shared memory per block with the opt-in, 48 KiB without.
+    pub fn sm90() -> Self {
+        DeviceLimits { max_shared_per_block: 227 * 1024, ..Self::default() }
+    }
+}
+
 impl Default for DeviceLimits {
     fn default() -> Self {
         DeviceLimits {
             max_threads_per_block: 1024,
-            max_shared_per_block: 48 * 1024,
+            max_shared_per_block: 163 * 1024,
+            shared_per_block_default: 48 * 1024,
             max_grid: [i32::MAX as u32, 65_535, 65_535],
             max_block: [1024, 1024, 64],
             memory_bytes: 16 << 30,

@@ -180,7 +180,15 @@ fn launch_validation() {
     assert!(matches!(e, VmError::InvalidLaunch(_)) && s.contains('8') && s.contains('4'), "{s}");
     let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [2048, 1, 1], 0), &[0u8; 8]).unwrap_err();
     assert!(e.to_string().contains("max_block"), "{e}");
-    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 64 * 1024), &[0u8; 8]).unwrap_err();
+    // sm_80's opt-in limit (163 KiB) is the most a block gets; 48 KiB is only the default.
+    assert_eq!((vm.limits().max_shared_per_block, vm.limits().shared_per_block_default), (163 * 1024, 48 * 1024));
+    let e = vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 163 * 1024 + 16), &[0u8; 8]).unwrap_err();
+    assert!(e.to_string().contains("max_shared_per_block"), "{e}");
+    vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 64 * 1024), &[0u8; 8]).unwrap();
+    let mut h = Vm::new();
+    h.set_limits(ptx_vm::DeviceLimits::sm90());
+    h.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 227 * 1024), &[0u8; 8]).unwrap();
+    let e = h.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 227 * 1024 + 16), &[0u8; 8]).unwrap_err();
     assert!(e.to_string().contains("max_shared_per_block"), "{e}");
     assert!(matches!(
         vm.launch(&m, "nope", &LaunchConfig::new([1; 3], [1; 3], 0), &[]),

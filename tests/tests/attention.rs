@@ -415,12 +415,19 @@ device_tests! {
     fn bf16_f16_flash_several_blocks_heads_batches_bhsd(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for layout in [Layout::Bshd, Layout::Bhsd] {
-                // seq_q 130: three 64-row blocks, the last with 2 rows; seq_kv 129: a partial key tile.
+                // seq_q 130: two 128-row blocks, the last with 2 rows; seq_kv 129: a partial key tile.
                 let p = Problem { batch: 2, heads: 3, seq_q: 130, seq_kv: 129, head_dim: 64, causal: true, layout, dtype, ..Problem::default() };
                 sweep_case_16(dev, p);
             }
             let p = Problem { batch: 2, heads: 2, seq_q: 80, seq_kv: 72, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), dtype, ..Problem::default() };
             sweep_case_16(dev, p);
+            // The kernels take the running max on raw scores: a negative scale (Q negated once in
+            // shared memory) and a zero scale (uniform rows; masked keys stay -inf, never NaN),
+            // with and without the soft cap.
+            for (d, scale, causal, softcap) in [(64, -0.4, true, 0.0), (128, -0.2, false, 3.0), (64, 0.0, true, 0.0), (128, 0.0, false, 2.0)] {
+                let p = Problem { batch: 1, heads: 2, seq_q: 70, seq_kv: 90, head_dim: d, causal, softcap, scale: Some(scale), dtype, ..Problem::default() };
+                sweep_case_16(dev, p);
+            }
         }
     }
 
@@ -614,7 +621,7 @@ device_tests! {
     }
 
     fn inference_16bit_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
-        // Windows crossing the tensor-core tiles' edges (Br 64; Bc 128 at d64, 64 at d128).
+        // Windows crossing the tensor-core tiles' edges (Br 128; Bc 64 at d64, 32 at d128).
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for (d, hk, sq, sk, window, causal, softcap, sinks, layout) in [
                 (64, 2, 130, 300, (100, 20), false, 0.0, true, Layout::Bshd),

@@ -173,6 +173,7 @@ pub fn state() -> MutexGuard<'static, State> {
         let mut vm = Vm::new();
         let mut lim: DeviceLimits = vm.limits();
         lim.max_shared_per_block = model.smem_optin as u32;
+        lim.shared_per_block_default = model.smem_per_block as u32;
         lim.memory_bytes = model.memory_bytes;
         vm.set_limits(lim);
         // VM_CUDA_ALLOW=initcheck,racecheck: the shared-memory checks memattn's --vm-allow turns off.

@@ -124,6 +124,9 @@ fn number_before(text: &str, unit: &str) -> Option<u32> {
 pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
     let mut all = Vec::new();
     let mut cur: Option<Resources> = None;
+    // ptxas lists the properties of functions the entry calls after the entry's own
+    // ("Function properties for <callee>"): only the block named after the entry counts.
+    let mut in_entry_block = false;
     for line in output.lines() {
         if line.contains("error") && !line.contains("0 error") {
             return Err(format!("ptxas ({arch}): {}", line.trim()));
@@ -136,7 +139,9 @@ pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
             let dynamic_smem_bytes = KernelId::from_name(&name).map(|k| k.dynamic_smem_bytes()).unwrap_or(0);
             cur = Some(Resources { name, arch: arch.to_string(), dynamic_smem_bytes, ..Default::default() });
         } else if let Some(r) = cur.as_mut() {
-            if line.contains("bytes stack frame") {
+            if let Some(rest) = line.split("Function properties for ").nth(1) {
+                in_entry_block = rest.trim() == r.name;
+            } else if line.contains("bytes stack frame") && in_entry_block {
                 r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
                 r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
                 r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
@@ -263,4 +268,32 @@ pub fn run(check: bool) -> Result<(), String> {
     std::fs::write(paths::ptxas_report(), report).map_err(|e| e.to_string())?;
     println!("xtask: wrote {}", paths::rel(&paths::ptxas_report()));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn an_entrys_spills_are_not_overwritten_by_its_callees_properties() {
+        let out = "\
+ptxas info    : Compiling entry function 'flash_fwd_bf16_d128' for 'sm_80'
+ptxas info    : Function properties for flash_fwd_bf16_d128
+    144 bytes stack frame, 336 bytes spill stores, 596 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 144 bytes cumulative stack size, 576 bytes cmem[0]
+ptxas info    : Function properties for _RNvNtCsbSE61zFgCyu_4core9panicking9panic_fmt
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'saxpy_f32' for 'sm_80'
+ptxas info    : Function properties for saxpy_f32
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers, 376 bytes cmem[0]
+";
+        let r = parse(out, "sm_80").unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].stack_bytes, r[0].spill_store_bytes, r[0].spill_load_bytes, r[0].registers),
+            (144, 336, 596, 255)
+        );
+        assert_eq!((r[1].stack_bytes, r[1].spill_store_bytes, r[1].registers), (0, 0, 10));
+    }
 }

@@ -106,10 +106,11 @@ impl Device for VmDevice {
             .map(|(_, name)| name)
             .collect();
         format!(
-            "ptx-vm ({} workers, {} simulated, {} shared/block{})",
+            "ptx-vm ({} workers, {} simulated, {} shared/block with opt-in, {} without{})",
             self.workers,
             crate::units::human_bytes(l.memory_bytes),
             crate::units::human_bytes(l.max_shared_per_block as u64),
+            crate::units::human_bytes(l.shared_per_block_default as u64),
             if off.is_empty() { String::new() } else { format!(", {} off", off.join(" and ")) }
         )
     }
