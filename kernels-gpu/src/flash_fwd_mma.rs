@@ -104,9 +104,13 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
 ) {
     let cpr = D * 2 / CHUNK;
     let rows_per_pass = THREADS / cpr;
-    const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
+    const { assert!(THREADS % (D * 2 / CHUNK) == 0, "whole rows per copy pass") };
+    // Passes of a multiple of 8 rows keep a thread's swizzle (one destination plus immediates);
+    // fewer rows per pass (d 192 at 3 warps, d 256 at 4) swizzle each row's destination.
+    let one_swizzle = rows_per_pass % 8 == 0;
     let (c, r) = (tid % cpr, tid / cpr);
-    let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
+    let tile = opaque_u32(tile);
+    let dst = tile + swizzled_offset(D, r, c) as u32;
     // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
     let rows_left = src.len.saturating_sub(row0 + r) as u32;
     let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
@@ -117,7 +121,12 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
         } else {
             (src.base, 0) // zero-fill: nothing is read
         };
-        unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        let to = if one_swizzle {
+            dst + (k * rows_per_pass * D * 2) as u32
+        } else {
+            tile + swizzled_offset(D, r + k * rows_per_pass, c) as u32
+        };
+        unsafe { cp_async_16(to, addr, bytes) };
         k += 1;
     }
 }

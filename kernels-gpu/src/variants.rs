@@ -496,6 +496,30 @@ kernel_table! {
     FlashFwdBf16D64Window = flash_fwd_bf16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), Bf16, NARROW_WINDOW_D64;
     /// Tensor-core forward, f16, head_dim 64, 64-key tiles: chosen for narrow windows.
     FlashFwdF16D64Window = flash_fwd_f16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), F16, NARROW_WINDOW_D64;
+    /// Tensor-core forward, bf16, head_dim 32.
+    FlashFwdBf16D32 = flash_fwd_bf16_d32: FlashMma(FLASH_MMA_D32), Bf16;
+    /// Tensor-core forward, bf16, head_dim 96.
+    FlashFwdBf16D96 = flash_fwd_bf16_d96: FlashMma(FLASH_MMA_D96), Bf16;
+    /// Tensor-core forward, bf16, head_dim 192.
+    FlashFwdBf16D192 = flash_fwd_bf16_d192: FlashMma(FLASH_MMA_D192), Bf16;
+    /// Tensor-core forward, bf16, head_dim 256.
+    FlashFwdBf16D256 = flash_fwd_bf16_d256: FlashMma(FLASH_MMA_D256), Bf16;
+    /// Tensor-core forward, f16, head_dim 32.
+    FlashFwdF16D32 = flash_fwd_f16_d32: FlashMma(FLASH_MMA_D32), F16;
+    /// Tensor-core forward, f16, head_dim 96.
+    FlashFwdF16D96 = flash_fwd_f16_d96: FlashMma(FLASH_MMA_D96), F16;
+    /// Tensor-core forward, f16, head_dim 192.
+    FlashFwdF16D192 = flash_fwd_f16_d192: FlashMma(FLASH_MMA_D192), F16;
+    /// Tensor-core forward, f16, head_dim 256.
+    FlashFwdF16D256 = flash_fwd_f16_d256: FlashMma(FLASH_MMA_D256), F16;
+    /// Fused forward, f32 SIMT, head_dim 32.
+    FlashFwdF32D32 = flash_fwd_f32_d32: FlashF32(FLASH_F32_D32), F32;
+    /// Fused forward, f32 SIMT, head_dim 96.
+    FlashFwdF32D96 = flash_fwd_f32_d96: FlashF32(FLASH_F32_D96), F32;
+    /// Fused forward, f32 SIMT, head_dim 192.
+    FlashFwdF32D192 = flash_fwd_f32_d192: FlashF32(FLASH_F32_D192), F32;
+    /// Fused forward, f32 SIMT, head_dim 256.
+    FlashFwdF32D256 = flash_fwd_f32_d256: FlashF32(FLASH_F32_D256), F32;
     /// Naive step 1 with bf16 Q, K (S stays f32).
     NaiveScoresBf16 = naive_scores_bf16: NaiveScores(NAIVE_SCORES), Bf16;
     /// Naive step 1 with f16 Q, K.
