@@ -108,7 +108,8 @@ fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
 /// wholly between the first sample and the last, and the last one must see it.
 #[test]
 fn a_launch_between_two_nvml_samples_still_shows_as_busy() {
-    let o = memattn(&["--json", "--backend", "cuda", "--nvml-interval-ms", "500", "run", "--heads", "2", "--seq-q", "9"]);
+    let o =
+        memattn(&["--json", "--backend", "cuda", "--nvml-interval-ms", "500", "run", "--heads", "2", "--seq-q", "9"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let m = &json(&o)["memory"];
     assert!(m["source"].as_str().unwrap().contains("every 500000 us"), "{m}");

@@ -758,17 +758,23 @@ mod tests {
         assert_eq!(KernelId::flash(Elem::F32, 128), Some(KernelId::FlashFwdF32D128));
         assert_eq!(KernelId::flash(Elem::Bf16, 64), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
-        assert_eq!(KernelId::flash(Elem::Bf16, 96), None);
+        assert_eq!(KernelId::flash(Elem::Bf16, 96), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash(Elem::F16, 256), Some(KernelId::FlashFwdF16D256));
+        assert_eq!(KernelId::flash(Elem::F32, 32), Some(KernelId::FlashFwdF32D32));
+        assert_eq!(KernelId::flash(Elem::Bf16, 80), None);
+        assert_eq!(KernelId::flash(Elem::F32, 512), None);
         assert_eq!(
             KernelId::naive(Elem::Bf16),
             Some([KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16])
         );
-        assert_eq!(KernelId::flash_head_dims(Elem::F16), vec![64, 128]);
+        for e in [Elem::F32, Elem::Bf16, Elem::F16] {
+            assert_eq!(KernelId::flash_head_dims(e), vec![32, 64, 96, 128, 192, 256], "{e:?}");
+        }
         for k in KernelId::ALL {
             assert_eq!(KernelId::from_name(k.name()), Some(k));
             assert_eq!(k.variant().id, k);
         }
-        assert_eq!(KernelId::from_name("flash_fwd_f32_d96"), None);
+        assert_eq!(KernelId::from_name("flash_fwd_f32_d80"), None);
     }
 
     #[test]
@@ -780,7 +786,8 @@ mod tests {
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (-1, 0)), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128));
         assert_eq!(KernelId::flash_for(Elem::F32, 64, (255, 0)), Some(KernelId::FlashFwdF32D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), None);
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
         // `flash` and `find` give the default rows only.
         assert_eq!(KernelId::flash(Elem::F16, 64), Some(KernelId::FlashFwdF16D64));
         assert!(WindowRule::Any.admits(-1, -1));
@@ -793,7 +800,7 @@ mod tests {
             (64, 64, Some(64), 24 * 1024)
         );
         assert!(w.tensor_cores());
-        assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![64, 128]);
+        assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![32, 64, 96, 128, 192, 256]);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!
 //! | tensor | shape | notes |
 //! | --- | --- | --- |
-//! | `q` | `[batch, seq_q, heads, head_dim]` | f32, bf16 or f16; head_dim 64 or 128; last dim contiguous (other strides are passed to the kernel as they are) |
+//! | `q` | `[batch, seq_q, heads, head_dim]` | f32, bf16 or f16; head_dim 32, 64, 96, 128, 192 or 256; last dim contiguous (other strides are passed to the kernel as they are) |
 //! | `k`, `v` | `[batch, seq_kv, heads, head_dim]` | same dtype as `q`; as many heads as `q` (grouped-query attention is refused until the kernels have it: repeat k/v heads meanwhile) |
 //! | result | `[batch, seq_q, heads, head_dim]` | q's dtype, contiguous |
 //! | LSE | `[batch, heads, seq_q]` | f32, natural log |
