@@ -105,12 +105,14 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     let cpr = D * 2 / CHUNK;
     let rows_per_pass = THREADS / cpr;
     const { assert!(THREADS % (D * 2 / CHUNK) == 0, "whole rows per copy pass") };
+    const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
     // Passes of a multiple of 8 rows keep a thread's swizzle (one destination plus immediates);
-    // fewer rows per pass (d 192 at 3 warps, d 256 at 4) swizzle each row's destination.
+    // passes of 4 mod 8 rows (d 192 at 3 warps, d 256 at 4) alternate between two.
     let one_swizzle = rows_per_pass % 8 == 0;
     let (c, r) = (tid % cpr, tid / cpr);
     let tile = opaque_u32(tile);
     let dst = tile + swizzled_offset(D, r, c) as u32;
+    let dst_odd = tile + swizzled_offset(D, r + rows_per_pass, c) as u32 - (rows_per_pass * D * 2) as u32;
     // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
     let rows_left = src.len.saturating_sub(row0 + r) as u32;
     let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
@@ -121,11 +123,8 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
         } else {
             (src.base, 0) // zero-fill: nothing is read
         };
-        let to = if one_swizzle {
-            dst + (k * rows_per_pass * D * 2) as u32
-        } else {
-            tile + swizzled_offset(D, r + k * rows_per_pass, c) as u32
-        };
+        let base = if one_swizzle || k % 2 == 0 { dst } else { dst_odd };
+        let to = base + (k * rows_per_pass * D * 2) as u32;
         unsafe { cp_async_16(to, addr, bytes) };
         k += 1;
     }
@@ -204,12 +203,19 @@ pub(crate) unsafe fn flash_fwd<
     cp_async_commit();
     cp_async_wait_all();
     sync_threads();
+    // Q's A fragments stay in registers up to D = 192; at D = 256 they and the O accumulator
+    // (64 + 128 registers) leave too few for the rest (ptxas spills), so Q stays staged in shared
+    // memory and each k-step of `Q Kᵀ` reloads its fragment (one more ldmatrix.x4 per k-step).
+    let q_in_regs = D <= 192;
+    let q_lane = LaneAddrs::<D>::new(opaque_u32(q_s), warp * 16 + lane % 16, lane / 16);
     let mut qf = [[0u32; 4]; KD];
-    unroll!(kk in 0..KD => {
-        // Matrices: rows 0-7 / 8-15 of the warp's 16 at d 16kk, then the same at d 16kk + 8.
-        let row = warp * 16 + lane % 16;
-        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, row, 2 * kk + lane / 16) as u32) };
-    });
+    if q_in_regs {
+        unroll!(kk in 0..KD => {
+            // Matrices: rows 0-7 / 8-15 of the warp's 16 at d 16kk, then the same at d 16kk + 8.
+            let row = warp * 16 + lane % 16;
+            qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, row, 2 * kk + lane / 16) as u32) };
+        });
+    }
 
     // Scores into the log2 domain, or (soft cap) scale / cap, the argument of tanh.
     let softcap = p.softcap > 0.0;
@@ -233,10 +239,11 @@ pub(crate) unsafe fn flash_fwd<
         let mut s = [[0.0f32; 4]; NS];
         let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
         unroll!(kk in 0..KD => {
+            let a = if q_in_regs { qf[kk] } else { unsafe { ldmatrix_x4(q_lane.at(0, kk)) } };
             unroll!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
-                E::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
-                E::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+                E::mma(&mut s[2 * np], &a, r[0], r[1]);
+                E::mma(&mut s[2 * np + 1], &a, r[2], r[3]);
             });
         });
 
