@@ -1,4 +1,4 @@
-//! `flash_fwd_{bf16,f16}_d{64,128}`: fused attention forward on tensor cores (`mma.sync`
+//! `flash_fwd_{bf16,f16}_d{32,64,96,128,192,256}`: fused attention forward on tensor cores (`mma.sync`
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
 //! Algorithm (FlashAttention-2 forward): a block owns `BR = 64` query rows, one 16-row `mma` tile
@@ -21,6 +21,8 @@
 //! D=128: BR=64, BC=64, smem Q 16 KiB + K 16 KiB + V 16 KiB = 48 KiB;
 //! D=64 for narrow windows (`flash_fwd_*_d64_window`, chosen by the row's
 //! [`crate::variants::WindowRule`]): BR=64, BC=64, smem Q 8 KiB + K 8 KiB + V 8 KiB = 24 KiB.
+//! D=32, 96, 192, 256: [`crate::tiles::FLASH_MMA_D32`] and the items after it (6 warps at D=96,
+//! 3 at D=192; at D=256 the Q fragments are reloaded from shared memory at every k-step).
 //! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
