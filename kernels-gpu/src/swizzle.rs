@@ -96,7 +96,7 @@ mod tests {
         // 64 bytes) conflict: the check above can fail.
         let plain: Vec<u32> = (0..8).map(|row| bank_group((row * D * 2) as u32)).collect();
         let distinct = plain.iter().collect::<std::collections::BTreeSet<_>>().len();
-        assert_eq!(distinct, if D % 64 == 0 { 1 } else { 2 }, "D={D}: {plain:?}");
+        assert_eq!(distinct, if D.is_multiple_of(64) { 1 } else { 2 }, "D={D}: {plain:?}");
     }
 
     #[test]
