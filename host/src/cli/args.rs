@@ -56,7 +56,8 @@ Examples:
                                                    memory budget of an inference, before anything runs
   memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
   memattn evidence show evidence.jsonl             the runs kept so far
-  memattn check --kernel flash --dtype f32         the bug-catching sweep: pass/fail per case
+  memattn check --kernel flash --dtype f32 --head-dim 64
+                                                   the bug-catching sweep: pass/fail per case (every head dim without --head-dim)
   memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto   KV-cache decode
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
