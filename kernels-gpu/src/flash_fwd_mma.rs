@@ -295,7 +295,7 @@ pub(crate) unsafe fn flash_fwd<
             mx = fmax(mx, shfl_xor(mx, 2));
             rescale[r] = row_sm[r].raise_max(mx);
             let alpha = rescale[r].alpha;
-            unroll!(n in 0..ND => {
+            unroll!(n in 0..ND, max 32 => {
                 o[n][2 * r] *= alpha;
                 o[n][2 * r + 1] *= alpha;
             });
@@ -350,7 +350,7 @@ pub(crate) unsafe fn flash_fwd<
         if row < seq_q {
             let (inv_l, lse) = row_sm[r].finish_with_sink(l, sink2);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
-            unroll!(n in 0..ND => {
+            unroll!(n in 0..ND, max 32 => {
                 let pair = E::pack(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l);
                 unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
             });

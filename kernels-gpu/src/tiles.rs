@@ -102,7 +102,8 @@ impl FlashMmaTile {
     pub const fn check(&self) {
         assert!(self.br == 16 * self.warps, "one 16-row mma tile per warp");
         assert!(self.head_dim.is_multiple_of(16) && self.bc.is_multiple_of(16), "whole k16 steps of both mmas");
-        assert!(self.head_dim / 8 <= 32 && self.bc / 8 <= 32, "fragment loops unroll up to 32");
+        assert!(self.head_dim / 16 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
+        assert!(self.head_dim / 8 <= 32, "the O accumulator's loops unroll up to 32");
         assert!(self.head_dim.is_multiple_of(32), "the XOR swizzle permutes aligned groups of 4 or 8 chunks");
         assert!(self.threads().is_multiple_of(self.chunks_per_row()), "a thread keeps its chunk column");
         assert!((self.br * self.chunks_per_row()).is_multiple_of(self.threads()), "even Q tile load");
