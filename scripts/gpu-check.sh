@@ -11,14 +11,16 @@
 # The last things printed are the benchmark table (memattn vs PyTorch SDPA, bf16/f16) and a
 # summary table: step, exit code, seconds, what it showed.
 #
-# Benchmark against PyTorch (the bench part is capped at $BENCH_BUDGET_S seconds, default 110;
+# Benchmark against PyTorch (the bench part is capped at $BENCH_BUDGET_S seconds, default 150;
 # shapes left when the budget runs out are listed as skipped):
 #   for each shape memattn runs `--backend cuda --json run --kernel flash --dtype bf16 ...`
 #   (verified on 128 sampled query rows, median of 10 launches after 3 warm-up), and
 #   scripts/bench_sdpa.py times torch.nn.functional.scaled_dot_product_attention with the flash
 #   backend on the same shapes (skipped, with the reason, when `import torch` fails).
 #   Shapes: batch = 16384 / seq, heads = 2048 / head_dim (the same total work per seq, enough
-#   blocks to fill the GPU), seq 1024/4096/16384, d 64/128, causal and not, bf16; one f16 shape.
+#   blocks to fill the GPU), seq 1024/4096/16384, d 64/128, causal and not, bf16; one f16 shape;
+#   then the other head dims, d 32/96/192/256 at seq 4096, causal and not, bf16 (heads = 2048 / d
+#   rounded down: 64, 21, 10, 8).
 #   MEMATTN_BENCH=0 skips the benchmark.
 set -u
 
@@ -92,6 +94,14 @@ step run-bf16-d64-window 60 --backend cuda --json run --kernel flash --dtype bf1
 step run-f16-d128-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 128 --layout bhsd --check-rows all
 step compare-dtype 120 --backend cuda compare --vary dtype=f32,bf16,f16 --batch 4 --heads 16 --seq 4096 --head-dim 128 --causal
 step run-naive-bf16-causal 60 --backend cuda --json run --kernel naive --dtype bf16 --heads 4 --seq-q 700 --seq-kv 1000 --head-dim 64 --causal
+# The other head dims (tiles in kernels-gpu/src/tiles.rs): one verified shape each, tails and
+# seq_q != seq_kv, causal in half of them; f32 SIMT at two of them.
+step run-bf16-d32-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 8 --seq-q 1000 --seq-kv 1300 --head-dim 32 --causal
+step run-f16-d96 60 --backend cuda --json run --kernel flash --dtype f16 --batch 2 --heads 6 --seq-q 777 --seq-kv 1000 --head-dim 96
+step run-bf16-d192-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 777 --head-dim 192 --causal
+step run-bf16-d256-bhsd 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq 555 --head-dim 256 --layout bhsd --check-rows all
+step run-f32-d96-causal 60 --backend cuda --json run --kernel flash --batch 2 --heads 4 --seq-q 500 --seq-kv 700 --head-dim 96 --causal
+step run-f32-d256 60 --backend cuda --json run --kernel flash --batch 1 --heads 4 --seq 500 --head-dim 256
 
 # Short timing: causal vs not, flash only, default repeats (10, warm-up 3).
 step timing-causal 120 --backend cuda compare --kernel flash --vary causal=false,true --batch 4 --heads 16 --seq 4096 --head-dim 128
@@ -122,7 +132,7 @@ fi
 
 # ---- benchmark: memattn (bf16/f16 tensor-core flash) vs PyTorch SDPA flash, same machine ----
 bench() {
-    local budget="${BENCH_BUDGET_S:-110}" dir t_start shapes=() line dtype seq d causal b h tag flag
+    local budget="${BENCH_BUDGET_S:-150}" dir t_start shapes=() line dtype seq d causal b h tag flag
     local elapsed left rc json_shapes="" sep=""
     dir="${LOG:-$(mktemp -d)}/bench"
     mkdir -p "$dir"
@@ -134,6 +144,9 @@ bench() {
         done
     done
     shapes+=("f16 4096 128 true")
+    for d in 32 96 192 256; do
+        for causal in false true; do shapes+=("bf16 4096 $d $causal"); done
+    done
     echo "=== bench: ${#shapes[@]} shapes, budget ${budget}s, results in $dir"
     local skipped=()
     for line in "${shapes[@]}"; do

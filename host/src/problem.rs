@@ -532,11 +532,7 @@ impl Problem {
             KernelKind::Flash => format!(
                 "{} flash kernels are compiled for head_dim {}",
                 self.dtype,
-                KernelId::flash_head_dims(self.dtype.elem())
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" and ")
+                crate::problem::list_and(&KernelId::flash_head_dims(self.dtype.elem()))
             ),
             KernelKind::Naive => format!("naive kernels accept 1..={NAIVE_MAX_HEAD_DIM}"),
         };
@@ -744,6 +740,17 @@ pub fn check_pointer_alignment(
     Ok(())
 }
 
+/// `[32, 64, 96]` as "32, 64 and 96" (one item as itself, none as "none").
+pub fn list_and(items: &[u32]) -> String {
+    match items {
+        [] => "none".into(),
+        [one] => one.to_string(),
+        [init @ .., last] => {
+            format!("{} and {last}", init.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -788,12 +795,20 @@ mod tests {
     }
 
     #[test]
+    fn lists_read_as_prose() {
+        assert_eq!(list_and(&[]), "none");
+        assert_eq!(list_and(&[64]), "64");
+        assert_eq!(list_and(&[64, 128]), "64 and 128");
+        assert_eq!(list_and(&[32, 64, 96]), "32, 64 and 96");
+    }
+
+    #[test]
     fn zero_sizes_and_head_dims_are_named() {
         let p = Problem { heads: 0, ..Problem::default() };
         assert_eq!(p.validate_shape(KernelKind::Flash), Err(ProblemError::ZeroSize { name: "heads" }));
-        let p = Problem { head_dim: 96, ..Problem::default() };
+        let p = Problem { head_dim: 80, ..Problem::default() };
         let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
-        assert!(e.contains("96") && e.contains("64 and 128"), "{e}");
+        assert!(e.contains("80") && e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
         assert!(p.validate_shape(KernelKind::Naive).is_ok());
         let p = Problem { head_dim: 300, ..Problem::default() };
         assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
@@ -818,8 +833,15 @@ mod tests {
         let f16 = Problem { dtype: Dtype::F16, ..p };
         let naive: Vec<KernelId> = f16.launches(KernelKind::Naive).unwrap().into_iter().map(|l| l.kernel).collect();
         assert_eq!(naive, [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16]);
-        let e = Problem { head_dim: 96, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
-        assert!(e.contains("64 and 128"), "{e}");
+        let e = Problem { head_dim: 80, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
+        // Every other head dim of the table, by (dtype, head dim).
+        assert_eq!(names(&Problem { head_dim: 32, ..p }), [KernelId::FlashFwdBf16D32]);
+        assert_eq!(names(&Problem { head_dim: 96, ..p }), [KernelId::FlashFwdBf16D96]);
+        assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 192, ..p }), [KernelId::FlashFwdF16D192]);
+        assert_eq!(names(&Problem { dtype: Dtype::F32, head_dim: 256, ..p }), [KernelId::FlashFwdF32D256]);
+        let l = Problem { head_dim: 96, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([2, 4, 1], [192, 1, 1], 42 * 1024));
     }
 
     #[test]

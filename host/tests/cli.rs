@@ -129,6 +129,42 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     }
 }
 
+#[test]
+fn kernels_json_reports_each_tile_from_the_variant_table() {
+    let o = memattn(&["--json", "kernels"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let ks = v["kernels"].as_array().unwrap();
+    let tile =
+        |name: &str| ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"))["tile"].clone();
+    // Tensor-core rows for every head dim and both 16-bit types; shared memory is Q + K + V tiles
+    // of 2-byte elements, (br + 2 bc) d 2 bytes, recomputed here from the reported br and bc.
+    for dtype in ["bf16", "f16"] {
+        for (d, br, bc, warps) in
+            [(32, 64, 128, 4), (64, 64, 128, 4), (96, 96, 64, 6), (128, 64, 64, 4), (192, 48, 32, 3), (256, 64, 16, 4)]
+        {
+            let t = tile(&format!("flash_fwd_{dtype}_d{d}"));
+            assert_eq!(
+                (t["br"].as_u64(), t["bc"].as_u64(), t["warps"].as_u64()),
+                (Some(br), Some(bc), Some(warps)),
+                "d{d}: {t}"
+            );
+            assert_eq!(t["smem_bytes"].as_u64(), Some((br + 2 * bc) * d * 2), "d{d}: {t}");
+            assert!(t["smem_bytes"].as_u64().unwrap() <= 48 * 1024, "d{d}: {t}");
+        }
+    }
+    // f32 SIMT: K + V tiles of 4-byte elements.
+    let t = tile("flash_fwd_f32_d96");
+    assert_eq!(
+        (t["br"].as_u64(), t["bc"].as_u64(), t["warps"].as_u64(), t["smem_bytes"].as_u64()),
+        (Some(16), Some(32), Some(4), Some(2 * 32 * 96 * 4))
+    );
+    // A kernel without row tiles has none; every listed table entry has a tile.
+    let t = tile("naive_pv_f32");
+    assert!(t["br"].is_null() && t["bc"].is_null() && t["warps"] == 2 && t["smem_bytes"] == 0, "{t}");
+    assert!(ks.iter().all(|k| k["tile"].is_object()), "every entry of the committed PTX is a table row");
+}
+
 // ---- exit 2: bad usage and bad input ----
 
 #[test]
@@ -136,7 +172,7 @@ fn bad_options_exit_2_naming_the_limit() {
     assert_bad_input(&["run", "--bogus"], "--bogus");
     assert_bad_input(&["run", "--kernel", "fused"], "naive, flash");
     assert_bad_input(&["--backend", "tpu", "doctor"], "auto, vm, cuda");
-    assert_bad_input(&["run", "--head-dim", "96"], "64 and 128");
+    assert_bad_input(&["run", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
     assert_bad_input(&["run", "--kernel", "naive", "--head-dim", "300"], "1..=256");
     assert_bad_input(&["run", "--batch", "0"], "batch must be at least 1");
     assert_bad_input(&["run", "--seq-kv", "0"], "seq_kv");
@@ -809,7 +845,7 @@ fn check_sweep_passes_and_lists_its_cases() {
         assert!(names.contains(&want), "{names:?}");
     }
     assert_eq!(v["failed"], 0);
-    assert_bad_input(&["check", "--head-dim", "96"], "96");
+    assert_bad_input(&["check", "--head-dim", "80"], "80");
 }
 
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same

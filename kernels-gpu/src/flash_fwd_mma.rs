@@ -78,10 +78,10 @@ use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
-use crate::swizzle::{swizzled_offset, LaneAddrs, XorLaneAddr, CHUNK};
+use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
 
 /// Unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment, and the
-/// lane addresses ([`XorLaneAddr`]) 128-byte aligned tiles.
+/// lane addresses ([`TileLane`]) 128-byte aligned tiles.
 #[cfg(target_arch = "nvptx64")]
 #[repr(C, align(128))]
 struct SmemChunk([u8; CHUNK]);
@@ -111,9 +111,14 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
 ) {
     let cpr = D * 2 / CHUNK;
     let rows_per_pass = THREADS / cpr;
-    const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
+    const { assert!(THREADS % (D * 2 / CHUNK) == 0, "whole rows per copy pass") };
+    const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
     let (c, r) = (tid % cpr, tid / cpr);
-    let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
+    let tile = opaque_u32(tile);
+    let dst = tile + swizzled_offset(D, r, c) as u32;
+    // Passes of a multiple of 8 rows keep a thread's swizzle; passes of 4 mod 8 rows (d 192 at 3
+    // warps, d 256 at 4) alternate between two destinations.
+    let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
     // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
     let rows_left = src.len.saturating_sub(row0 + r) as u32;
     let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
@@ -124,7 +129,8 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
         } else {
             (src.base, 0) // zero-fill: nothing is read
         };
-        unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+        unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
         k += 1;
     }
 }
@@ -143,6 +149,8 @@ struct TileLoader {
     stride: u64,
     /// This thread's shared-memory offset within a tile (its chunk of its first row).
     dst: u32,
+    /// The same for its odd copy passes, when a pass is 4 mod 8 rows (the swizzle alternates).
+    dst_odd: u32,
     /// Rows that exist minus this thread's first row of the next tile (negative: none left).
     left: i32,
 }
@@ -158,6 +166,10 @@ impl TileLoader {
             next: src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64,
             stride: src.stride,
             dst: swizzled_offset(D, r, c) as u32,
+            dst_odd: {
+                let rpp = THREADS / cpr;
+                (swizzled_offset(D, r + rpp, c) - rpp * D * 2) as u32
+            },
             left: src.len as i32 - (row0 + r) as i32,
         }
     }
@@ -167,14 +179,16 @@ impl TileLoader {
     #[inline(always)]
     unsafe fn stage<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
         let rows_per_pass = THREADS / (D * 2 / CHUNK);
-        const { assert!((THREADS / (D * 2 / CHUNK)) % 8 == 0, "a thread's rows keep one swizzle") };
-        let dst = opaque_u32(tile) + self.dst;
+        const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
+        let tile = opaque_u32(tile);
+        let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
         if self.left >= (BC - rows_per_pass + 1) as i32 {
             // Every row of the tile exists (the common case): no checks.
             unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
                 let addr = self.next + k as u64 * step;
-                unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, CHUNK as u32) };
+                let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+                unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, CHUNK as u32) };
             });
         } else {
             // The partial tile: rows at or past the end are zero-filled (source size 0).
@@ -182,7 +196,8 @@ impl TileLoader {
                 // A row past the end names its would-be address with source size 0: nothing is read.
                 let bytes = if ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
                 let addr = self.next + k as u64 * step;
-                unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+                let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+                unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
             });
         }
         self.next += BC as u64 * self.stride;
@@ -395,10 +410,10 @@ unsafe fn flash_fwd_body<
         // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
         // every m-tile of the warp uses them.
         let mut s = [[[0.0f32; 4]; NS]; MT];
-        let k_lane = XorLaneAddr::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        let k_lane = TileLane::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
         // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
         // (one address register, as K's).
-        let q_lane_j = XorLaneAddr::<D>::new(opaque_u32(q_s), warp * 16 * MT + lane % 16, lane / 16);
+        let q_lane_j = TileLane::<D>::new(opaque_u32(q_s), warp * 16 * MT + lane % 16, lane / 16);
         unroll!(kk in 0..KD => {
             let mut qk = [[0u32; 4]; MT];
             unroll4!(m in 0..MT => {
@@ -476,7 +491,7 @@ unsafe fn flash_fwd_body<
                 let alpha = exp2(fma(row_m[i], c, -mc[i]));
                 row_m[i] = mx;
                 row_l[i] *= alpha;
-                unroll!(n in 0..ND => {
+                unroll!(n in 0..ND, max 32 => {
                     o[m][n][2 * r] *= alpha;
                     o[m][n][2 * r + 1] *= alpha;
                 });
@@ -516,7 +531,7 @@ unsafe fn flash_fwd_body<
             unsafe { k_load.stage::<D, BC, THREADS>(k_s) };
         }
         cp_async_commit();
-        let v_lane = XorLaneAddr::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let v_lane = TileLane::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
         unroll!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
@@ -550,7 +565,7 @@ unsafe fn flash_fwd_body<
             let m2 = if row_m[i] == f32::NEG_INFINITY { f32::NEG_INFINITY } else { row_m[i] * c };
             let (inv_l, lse) = OnlineSoftmax { m: m2, l }.finish_with_sink(l, sink2);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
-            unroll!(n in 0..ND => {
+            unroll!(n in 0..ND, max 32 => {
                 let pair = E::pack(o[m][n][2 * r] * inv_l, o[m][n][2 * r + 1] * inv_l);
                 unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
             });

@@ -2,30 +2,51 @@
 //! `ldmatrix` row addresses.
 //!
 //! A staged tile is row-major, one row = `D * 2` bytes = `D / 8` chunks of 16 bytes (8 16-bit
-//! values, the unit of `cp.async` and of an `ldmatrix` row). Chunk `c` of row `r` is stored at
-//! chunk position `c ^ (r % 8)`. One `ldmatrix` phase reads the same logical chunk of 8
-//! consecutive rows; without the XOR those 8 chunks are `D * 2` bytes apart — a multiple of 128
-//! bytes — and all fall on the same 4 of the 32 banks (an 8-way conflict). With it they land on 8
-//! distinct 16-byte bank groups, covering all 32 banks once. The XOR only permutes chunks within
-//! a row, so the `cp.async` stores of one row stay conflict-free too.
+//! values, the unit of `cp.async` and of an `ldmatrix` row). When a row is a multiple of 128
+//! bytes (`D % 64 == 0`: 64, 128, 192, 256), chunk `c` of row `r` is stored at chunk position
+//! `c ^ (r % 8)`. One `ldmatrix` phase reads the same logical chunk of 8 consecutive rows;
+//! without the XOR those 8 chunks are `D * 2` bytes apart — a multiple of 128 bytes — and all
+//! fall on the same 4 of the 32 banks (an 8-way conflict). With it they land on 8 distinct 16-byte
+//! bank groups, covering all 32 banks once.
+//!
+//! When a row is 64 bytes more than a multiple of 128 (`D % 64 == 32`: 32, 96), rows `2i` and
+//! `2i + 1` already fall on opposite halves of a 128-byte line (a 4-way conflict unswizzled), so
+//! only the low 2 bits of the chunk are XORed, with `(r / 2) % 4`: the 4 row pairs of a phase
+//! take the 4 chunk positions of each half (FlashAttention-2 swizzles its 32-element smem blocks
+//! the same way). Either XOR only permutes chunks within a row (within aligned groups of
+//! [`swizzle_group`] chunks), so the `cp.async` stores of one row stay conflict-free too, and
+//! both repeat every 8 rows.
 //!
 //! Pure code, compiled for the host as well; the unit tests check the bank groups.
 
 /// Bytes of one chunk: 8 16-bit values.
 pub const CHUNK: usize = 16;
 
+/// Chunks the XOR permutes among, for rows of `d` 16-bit values: 8 when a row is a multiple of
+/// 128 bytes (`d % 64 == 0`), 4 when it is 64 bytes more (`d % 64 == 32`). A tile's rows must hold
+/// whole groups (`d % 32 == 0`).
+pub const fn swizzle_group(d: usize) -> usize {
+    if d.is_multiple_of(64) {
+        8
+    } else {
+        4
+    }
+}
+
 /// Byte offset of logical chunk `chunk` of row `row` in a swizzled tile with rows of `d` 16-bit
 /// values.
 #[inline(always)]
 pub const fn swizzled_offset(d: usize, row: usize, chunk: usize) -> usize {
-    row * d * 2 + ((chunk ^ (row % 8)) * CHUNK)
+    let x = if d.is_multiple_of(64) { row % 8 } else { (row / 2) % 4 };
+    row * d * 2 + ((chunk ^ x) * CHUNK)
 }
 
 /// A lane's `ldmatrix` row addresses in a swizzled tile, for a lane that addresses row
-/// `row + 8i` (`i` a constant) and logical chunk `2k + hi + (constant multiple of 8)`.
+/// `row + 8i` (`i` a constant) and logical chunk `2k + hi` (`k` a constant).
 ///
-/// The swizzle XORs only the low 3 bits of the chunk with `row % 8`, so the address of chunk
-/// `8a + b` is `base[b / 2] + 128 a`: four per-lane bases, everything else an immediate offset.
+/// The swizzle XORs only the low 3 (or 2, see [`swizzle_group`]) bits of the chunk with a
+/// function of `row % 8`, so with `G` chunks per group the address of chunk `G a + b` is
+/// `base[b / 2] + 16 G a`: four (or two) per-lane bases, everything else an immediate offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaneAddrs<const D: usize> {
     pub base: [u32; 4],
@@ -43,7 +64,8 @@ impl<const D: usize> LaneAddrs<D> {
     /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
     #[inline(always)]
     pub fn at(&self, rows: usize, k: usize) -> u32 {
-        self.base[k % 4] + ((k / 4) * 8 * CHUNK + rows * D * 2) as u32
+        let pairs = swizzle_group(D) / 2; // chunk pairs per swizzle group: bases in use
+        self.base[k % pairs] + ((k / pairs) * 2 * pairs * CHUNK + rows * D * 2) as u32
     }
 }
 
@@ -75,6 +97,38 @@ impl<const D: usize> XorLaneAddr<D> {
     }
 }
 
+/// A lane's `ldmatrix` row addresses for either swizzle: [`XorLaneAddr`]'s one register when a
+/// row is a multiple of 128 bytes (`D % 64 == 0`), [`LaneAddrs`]' bases otherwise (the 4-chunk
+/// swizzle of `D` = 32, 96). The choice is made at compile time; unused bases are dead code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileLane<const D: usize> {
+    pub base: [u32; 4],
+}
+
+impl<const D: usize> TileLane<D> {
+    /// The addresses of this lane's `row`, chunk `hi` (0 or 1) in the tile at shared address
+    /// `tile` (128-byte aligned).
+    #[inline(always)]
+    pub fn new(tile: u32, row: usize, hi: usize) -> Self {
+        if D.is_multiple_of(64) {
+            // XorLaneAddr::new without its const assert, which the other branch would trip.
+            TileLane { base: [tile + (row * D * 2 + (hi ^ (row % 8)) * CHUNK) as u32, 0, 0, 0] }
+        } else {
+            TileLane { base: LaneAddrs::<D>::new(tile, row, hi).base }
+        }
+    }
+
+    /// Address of row `row + rows` (`rows` a multiple of 8), chunk `2k + hi`.
+    #[inline(always)]
+    pub fn at(&self, rows: usize, k: usize) -> u32 {
+        if D.is_multiple_of(64) {
+            XorLaneAddr::<D> { base: self.base[0] }.at(rows, k)
+        } else {
+            LaneAddrs::<D> { base: self.base }.at(rows, k)
+        }
+    }
+}
+
 /// The 16-byte bank group (0..8) of a shared-memory byte address: 32 banks of 4 bytes make 8
 /// groups of 16 bytes per 128-byte line.
 pub const fn bank_group(addr: u32) -> u32 {
@@ -98,28 +152,32 @@ mod tests {
                 }
             }
         }
-        // Without the swizzle the same phase is an 8-way conflict: the check above can fail.
+        // Without the swizzle the same phase is an 8-way (rows of 128 n bytes) or 4-way (128 n +
+        // 64 bytes) conflict: the check above can fail.
         let plain: Vec<u32> = (0..8).map(|row| bank_group((row * D * 2) as u32)).collect();
-        assert!(plain.iter().all(|&g| g == plain[0]), "{plain:?}");
+        let distinct = plain.iter().collect::<std::collections::BTreeSet<_>>().len();
+        assert_eq!(distinct, if D.is_multiple_of(64) { 1 } else { 2 }, "D={D}: {plain:?}");
     }
 
     #[test]
     fn ldmatrix_phases_hit_eight_distinct_bank_groups() {
+        check_phases::<32>();
         check_phases::<64>();
+        check_phases::<96>();
         check_phases::<128>();
+        check_phases::<192>();
         check_phases::<256>();
     }
 
-    #[test]
-    fn lane_addresses_agree_with_the_swizzle() {
-        // The precomputed bases plus immediate offsets give the swizzled address of every chunk.
+    /// The precomputed bases plus immediate offsets give the swizzled address of every chunk.
+    fn check_lanes<const D: usize>() {
         for row in 0..16 {
             for hi in 0..2 {
-                let la = LaneAddrs::<128>::new(0x400, row, hi);
+                let la = LaneAddrs::<D>::new(0x400, row, hi);
                 for rows in [0, 8, 16, 48] {
-                    for k in 0..8 {
-                        let want = 0x400 + swizzled_offset(128, row + rows, 2 * k + hi) as u32;
-                        assert_eq!(la.at(rows, k), want, "row {row} hi {hi} +{rows} k {k}");
+                    for k in 0..D / 16 {
+                        let want = 0x400 + swizzled_offset(D, row + rows, 2 * k + hi) as u32;
+                        assert_eq!(la.at(rows, k), want, "D={D} row {row} hi {hi} +{rows} k {k}");
                     }
                 }
             }
@@ -143,15 +201,51 @@ mod tests {
         }
         check::<64>();
         check::<128>();
+        check::<192>();
         check::<256>();
     }
 
     #[test]
+    fn tile_lanes_agree_with_the_swizzle_at_every_head_dim() {
+        fn check<const D: usize>() {
+            for row in 0..16 {
+                for hi in 0..2 {
+                    let la = TileLane::<D>::new(0x1080, row, hi);
+                    for rows in [0, 8, 16, 48] {
+                        for k in 0..D / 16 {
+                            let want = 0x1080 + swizzled_offset(D, row + rows, 2 * k + hi) as u32;
+                            assert_eq!(la.at(rows, k), want, "D={D} row {row} hi {hi} +{rows} k {k}");
+                        }
+                    }
+                }
+            }
+        }
+        check::<32>();
+        check::<64>();
+        check::<96>();
+        check::<128>();
+        check::<192>();
+        check::<256>();
+    }
+
+    #[test]
+    fn lane_addresses_agree_with_the_swizzle() {
+        check_lanes::<32>();
+        check_lanes::<64>();
+        check_lanes::<96>();
+        check_lanes::<128>();
+        check_lanes::<192>();
+        check_lanes::<256>();
+    }
+
+    #[test]
     fn the_swizzle_permutes_chunks_within_a_row() {
-        for row in 0..8 {
-            let mut offs: Vec<usize> = (0..16).map(|c| swizzled_offset(128, row, c)).collect();
-            offs.sort_unstable();
-            assert_eq!(offs, (0..16).map(|c| row * 256 + c * 16).collect::<Vec<_>>());
+        for d in [32, 64, 96, 128, 192, 256] {
+            for row in 0..16 {
+                let mut offs: Vec<usize> = (0..d / 8).map(|c| swizzled_offset(d, row, c)).collect();
+                offs.sort_unstable();
+                assert_eq!(offs, (0..d / 8).map(|c| row * d * 2 + c * 16).collect::<Vec<_>>(), "d={d}");
+            }
         }
     }
 }

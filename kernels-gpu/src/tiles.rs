@@ -118,8 +118,9 @@ impl FlashMmaTile {
         assert!(self.rows_per_warp == 16 || self.rows_per_warp == 32, "one or two 16-row mma tiles per warp");
         assert!(self.br == self.rows_per_warp * self.warps, "a warp owns rows_per_warp rows");
         assert!(self.head_dim.is_multiple_of(16) && self.bc.is_multiple_of(16), "whole k16 steps of both mmas");
-        assert!(self.head_dim / 8 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
-        assert!(self.chunks_per_row().is_multiple_of(8), "the XOR swizzle permutes groups of 8 chunks");
+        assert!(self.head_dim / 16 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
+        assert!(self.head_dim / 8 <= 32, "the O accumulator's loops unroll up to 32");
+        assert!(self.head_dim.is_multiple_of(32), "the XOR swizzle permutes aligned groups of 4 or 8 chunks");
         assert!(self.threads().is_multiple_of(self.chunks_per_row()), "a thread keeps its chunk column");
         assert!((self.br * self.chunks_per_row()).is_multiple_of(self.threads()), "even Q tile load");
         assert!((self.bc * self.chunks_per_row()).is_multiple_of(self.threads()), "even K/V tile load");
@@ -142,6 +143,40 @@ pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
 /// (64 KiB, with the opt-in) and Bc = 48 spill at 255 registers with ptxas 13.5.
 pub const FLASH_MMA_D128: FlashMmaTile =
     FlashMmaTile { head_dim: 128, br: 128, bc: 32, warps: 4, rows_per_warp: 32, q_in_regs: false };
+
+// The other head dims (d = 32, 96, 192, 256), 16 rows per warp. Every tile stays within the 48 KiB a block gets
+// without the shared-memory opt-in; `THREADS` must be a multiple of the row's `d / 8` chunks
+// (whole rows per copy pass), so d = 96 and 192 take 6 and 3 warps. Registers are ptxas's at
+// sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each.
+
+/// d=32 (rows of 64 bytes, the 4-chunk swizzle): as d=64, Bc = 128: smem (64 + 2 x 128) x 32 x 2 B
+/// = 20 KiB. Per thread Q fragments 8 registers, O accumulator 16, scores 64.
+pub const FLASH_MMA_D32: FlashMmaTile =
+    FlashMmaTile { head_dim: 32, br: 64, bc: 128, warps: 4, rows_per_warp: 16, q_in_regs: true };
+/// d=96 (12 chunks a row): 6 warps, 192 threads = 16 rows per copy pass; Br = 96, Bc = 64: smem
+/// (96 + 2 x 64) x 96 x 2 B = 42 KiB. Per thread Q fragments 24 registers, O 48, scores 32.
+pub const FLASH_MMA_D96: FlashMmaTile =
+    FlashMmaTile { head_dim: 96, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_in_regs: true };
+/// d=192 (24 chunks a row): 3 warps, 96 threads = 4 rows per copy pass; Br = 48, Bc = 32: smem
+/// (48 + 2 x 32) x 192 x 2 B = 42 KiB (6 warps would leave Bc = 16 under 48 KiB). Per thread Q
+/// fragments 48 registers, O 96, scores 16.
+pub const FLASH_MMA_D192: FlashMmaTile =
+    FlashMmaTile { head_dim: 192, br: 48, bc: 32, warps: 3, rows_per_warp: 16, q_in_regs: true };
+/// d=256 (Gemma's; 32 chunks a row): 4 warps, 4 rows per copy pass; Br = 64, Bc = 16: smem
+/// (64 + 2 x 16) x 256 x 2 B = 48 KiB. Per thread O 128 registers, scores 8; Q (64 registers
+/// of fragments) is reloaded from shared memory at every k-step, as keeping it spills.
+pub const FLASH_MMA_D256: FlashMmaTile =
+    FlashMmaTile { head_dim: 256, br: 64, bc: 16, warps: 4, rows_per_warp: 16, q_in_regs: false };
+/// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
+pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
+/// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.
+pub const FLASH_F32_D96: FlashF32Tile = FlashF32Tile { head_dim: 96, br: 16, bc: 32, threads_per_row: 8 };
+/// f32 d=192: 16 lanes per row x 12 dims; 8 rows; smem 2 x 32 x 192 x 4 B = 48 KiB.
+pub const FLASH_F32_D192: FlashF32Tile = FlashF32Tile { head_dim: 192, br: 8, bc: 32, threads_per_row: 16 };
+/// f32 d=256: 16 lanes per row x 16 dims (as d=128, so the same live values); 8 rows; smem 2 x 16
+/// x 256 x 4 B = 32 KiB.
+pub const FLASH_F32_D256: FlashF32Tile = FlashF32Tile { head_dim: 256, br: 8, bc: 16, threads_per_row: 16 };
+
 /// Largest head dim the naive kernels accept (they loop over it at run time).
 pub const NAIVE_MAX_HEAD_DIM: u32 = 256;
 

@@ -6,11 +6,22 @@
 
 /// Repeats a block for `$i = 0..$n` (`$n <= 16`, a constant after monomorphisation) with `$i` a
 /// literal `usize`; iterations `>= $n` are removed at compile time.
+///
+/// `unroll!(i in 0..n, max 32 => { .. })` spells out 32 indices, for the O accumulator of the
+/// widest tensor-core head dim (256 / 8 column tiles). It is kept to the loops that need it:
+/// every copy is generated for every instantiation before the unused ones are removed, so nested
+/// 32-index loops would multiply the kernel build time (making every loop 32 wide took the build
+/// of the 28 kernels of the time from 13 s to 134 s).
 #[allow(unused_macros)]
 macro_rules! unroll {
     ($i:ident in 0..$n:expr => $body:block) => {
-        const { assert!($n <= 16, "unroll! spells out 16 indices") };
+        const { assert!($n <= 16, "unroll! spells out 16 indices (`, max 32` for up to 32)") };
         unroll!(@ $i ($n) $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    ($i:ident in 0..$n:expr, max 32 => $body:block) => {
+        const { assert!($n <= 32, "unroll! spells out 32 indices") };
+        unroll!(@ $i ($n) $body 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+            16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
     };
     (@ $i:ident ($n:expr) $body:block $($k:literal)*) => {
         $(if $k < $n {

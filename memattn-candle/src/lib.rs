@@ -10,7 +10,7 @@
 //!
 //! | tensor | shape | notes |
 //! | --- | --- | --- |
-//! | `q` | `[batch, seq_q, heads, head_dim]`; varlen `[total_q, heads, head_dim]` | f32, bf16 or f16; head_dim 64 or 128; last dim contiguous (other strides are passed to the kernel as they are) |
+//! | `q` | `[batch, seq_q, heads, head_dim]`; varlen `[total_q, heads, head_dim]` | f32, bf16 or f16; head_dim 32, 64, 96, 128, 192 or 256; last dim contiguous (other strides are passed to the kernel as they are) |
 //! | `k`, `v` | `[batch, seq_kv, heads_kv, head_dim]`; varlen `[total_kv, heads_kv, head_dim]` | same dtype as `q`; `heads_kv` divides `heads` (grouped-query attention: query head `i` reads k/v head `i / (heads / heads_kv)`, as candle's `repeat_kv` gives) |
 //! | `seqlens_q`, `seqlens_k` (varlen) | `[batch + 1]` u32 | prefix sums, first 0, non-decreasing, ending at the totals |
 //! | result | q's shape | q's dtype, contiguous |

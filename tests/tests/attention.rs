@@ -95,10 +95,10 @@ fn case_16(dev: &mut dyn Device, p: Problem, kernel: KernelKind) {
 /// Q = 0 in a 16-bit dtype: every row averages the V rows it sees. V[j][d] = j % 8 + (d % 16) / 16
 /// is exact in bf16 and f16 (7 significant bits), so the answer `mean(j % 8) + (d % 16) / 16` and
 /// `LSE = ln(seen)` are computed by hand.
-fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32, seq_kv: u32) {
-    let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim: 64, causal, dtype, ..Problem::default() };
+fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, head_dim: u32, causal: bool, seq_q: u32, seq_kv: u32) {
+    let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim, causal, dtype, ..Problem::default() };
     require_kernel(dev, p.launches(KernelKind::Flash).unwrap()[0].kernel.name());
-    let (h, d) = (p.heads as usize, 64usize);
+    let (h, d) = (p.heads as usize, head_dim as usize);
     let val = |j: usize, dd: usize| (j % 8) as f32 + (dd % 16) as f32 / 16.0;
     let mut v = vec![0f32; p.kv_elems() as usize];
     for j in 0..seq_kv as usize {
@@ -124,7 +124,7 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, causal: bool, seq_q: u32,
                 assert!((lse - (seen as f32).ln()).abs() < 1e-5, "{dtype} row {i}: lse {lse} vs ln {seen}");
             }
             let mean_j = (0..seen).map(|j| (j % 8) as f32).sum::<f32>() / seen.max(1) as f32;
-            for dd in [0usize, 1, 15, 33, 63] {
+            for dd in [0usize, 1, 15, d / 2 + 1, d - 1] {
                 let got = r.outputs.o[(i as usize * h + hh) * d + dd];
                 let want = if seen == 0 { 0.0 } else { mean_j + (dd % 16) as f32 / 16.0 };
                 // Rounding to the dtype (P is exactly 1 before normalisation) costs at most u|want|.
@@ -449,9 +449,35 @@ device_tests! {
 
     fn bf16_f16_known_answer_uniform_attention(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            known_answer_16(dev, dtype, false, 40, 40);
-            known_answer_16(dev, dtype, true, 50, 20); // 30 fully masked rows
-            known_answer_16(dev, dtype, true, 20, 70);
+            known_answer_16(dev, dtype, 64, false, 40, 40);
+            known_answer_16(dev, dtype, 64, true, 50, 20); // 30 fully masked rows
+            known_answer_16(dev, dtype, 64, true, 20, 70);
+        }
+    }
+
+    // Head dims 32, 96, 192 and 256 (tensor-core tiles Br x Bc 64 x 128, 96 x 64, 48 x 32, 64 x 16;
+    // f32 32 x 64, 16 x 32, 8 x 32, 8 x 16): per head dim one pair of lengths that no tile divides,
+    // with more than one query block, run as bf16 causal with seq_q > seq_kv (rows before the
+    // diagonal see nothing), f16 with seq_q < seq_kv in BHSD over 2 batches, and f32 causal with
+    // seq_q < seq_kv, each against the f64 reference (16 bits: the 2x naive-in-dtype rule); then
+    // the Q = 0 known answer in bf16 with 30 fully masked rows.
+    fn other_head_dims_32_96_192_256_every_dtype(dev: &mut dyn Device) {
+        for (d, long, short) in [(32, 150, 140), (96, 100, 70), (192, 50, 40), (256, 70, 37)] {
+            for (dtype, batch, sq, sk, causal, layout) in [
+                (Dtype::Bf16, 1, long, short, true, Layout::Bshd),
+                (Dtype::F16, 2, short, long, false, Layout::Bhsd),
+                (Dtype::F32, 1, short, long, true, Layout::Bshd),
+            ] {
+                let p = Problem { batch, heads: 2, seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
+                assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), format!("flash_fwd_{dtype}_d{d}"));
+                if dtype == Dtype::F32 {
+                    require_kernel(dev, &format!("flash_fwd_f32_d{d}"));
+                    sweep_case(dev, p, &[KernelKind::Flash]);
+                } else {
+                    sweep_case_16(dev, p);
+                }
+            }
+            known_answer_16(dev, Dtype::Bf16, d, true, 50, 20);
         }
     }
 

@@ -121,13 +121,19 @@ fn number_before(text: &str, unit: &str) -> Option<u32> {
 }
 
 /// Parses `ptxas -v` output for one arch.
+///
+/// An entry's stack and spill line follows `Function properties for <entry>`; ptxas also prints
+/// `Function properties for` the device functions it keeps (libcore's panic paths), after the
+/// entry's own lines and before the next entry, so only the entry's own block is read.
 pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
     let mut all = Vec::new();
     let mut cur: Option<Resources> = None;
-    // ptxas lists the properties of functions the entry calls after the entry's own
-    // ("Function properties for <callee>"): only the block named after the entry counts.
-    let mut in_entry_block = false;
+    let mut own_properties = false;
     for line in output.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            own_properties = cur.as_ref().is_some_and(|r| r.name == rest.trim());
+            continue;
+        }
         if line.contains("error") && !line.contains("0 error") {
             return Err(format!("ptxas ({arch}): {}", line.trim()));
         }
@@ -138,10 +144,12 @@ pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
             let name = rest.split('\'').next().unwrap_or_default().to_string();
             let dynamic_smem_bytes = KernelId::from_name(&name).map(|k| k.dynamic_smem_bytes()).unwrap_or(0);
             cur = Some(Resources { name, arch: arch.to_string(), dynamic_smem_bytes, ..Default::default() });
+            own_properties = false;
         } else if let Some(r) = cur.as_mut() {
-            if let Some(rest) = line.split("Function properties for ").nth(1) {
-                in_entry_block = rest.trim() == r.name;
-            } else if line.contains("bytes stack frame") && in_entry_block {
+            if line.contains("bytes stack frame") {
+                if !own_properties {
+                    continue;
+                }
                 r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
                 r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
                 r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
@@ -272,28 +280,32 @@ pub fn run(check: bool) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::*;
 
+    /// The device functions' properties after an entry (0 bytes) do not overwrite the entry's.
     #[test]
-    fn an_entrys_spills_are_not_overwritten_by_its_callees_properties() {
+    fn an_entrys_spills_are_its_own() {
         let out = "\
-ptxas info    : Compiling entry function 'flash_fwd_bf16_d128' for 'sm_80'
-ptxas info    : Function properties for flash_fwd_bf16_d128
-    144 bytes stack frame, 336 bytes spill stores, 596 bytes spill loads
-ptxas info    : Used 255 registers, used 1 barriers, 144 bytes cumulative stack size, 576 bytes cmem[0]
+ptxas info    : Compiling entry function 'flash_fwd_bf16_d256' for 'sm_80'
+ptxas info    : Function properties for flash_fwd_bf16_d256
+    32 bytes stack frame, 36 bytes spill stores, 64 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 32 bytes cumulative stack size, 576 bytes cmem[0]
+ptxas info    : Compile time = 312.113 ms
 ptxas info    : Function properties for _RNvNtCsbSE61zFgCyu_4core9panicking9panic_fmt
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Compiling entry function 'saxpy_f32' for 'sm_80'
 ptxas info    : Function properties for saxpy_f32
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 10 registers, used 0 barriers, 376 bytes cmem[0]
+ptxas info    : Used 10 registers, used 0 barriers, 380 bytes cmem[0]
+ptxas info    : Function properties for _RNvNtCsbSE61zFgCyu_4core9panicking9panic_fmt
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
 ";
         let r = parse(out, "sm_80").unwrap();
         assert_eq!(r.len(), 2);
-        assert_eq!(
-            (r[0].stack_bytes, r[0].spill_store_bytes, r[0].spill_load_bytes, r[0].registers),
-            (144, 336, 596, 255)
-        );
-        assert_eq!((r[1].stack_bytes, r[1].spill_store_bytes, r[1].registers), (0, 0, 10));
+        let d256 = &r[0];
+        assert_eq!((d256.name.as_str(), d256.registers, d256.barriers), ("flash_fwd_bf16_d256", 255, 1));
+        assert_eq!((d256.stack_bytes, d256.spill_store_bytes, d256.spill_load_bytes), (32, 36, 64));
+        let s = &r[1];
+        assert_eq!((s.name.as_str(), s.registers, s.stack_bytes, s.spill_store_bytes), ("saxpy_f32", 10, 0, 0));
     }
 }

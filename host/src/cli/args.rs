@@ -56,7 +56,8 @@ Examples:
                                                    memory budget of an inference, before anything runs
   memattn --save evidence.jsonl run --seq 128      keep the evidence (every outcome, one JSON line)
   memattn evidence show evidence.jsonl             the runs kept so far
-  memattn check --kernel flash --dtype f32         the bug-catching sweep: pass/fail per case
+  memattn check --kernel flash --dtype f32 --head-dim 64
+                                                   the bug-catching sweep: pass/fail per case (every head dim without --head-dim)
   memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto   KV-cache decode
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
@@ -291,7 +292,8 @@ pub struct ProblemArgs {
     /// Sets both --seq-q and --seq-kv.
     #[arg(long, value_name = "N", conflicts_with_all = ["seq_q", "seq_kv"], allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq: Option<u32>,
-    /// Head dimension [default: 64]. Flash kernels exist for 64 and 128; naive accepts 1..=256.
+    /// Head dimension [default: 64]. Flash kernels exist for 32, 64, 96, 128, 192 and 256 in every
+    /// dtype (`memattn kernels` lists them with their tiles); naive accepts 1..=256.
     #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: Option<u32>,
     /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. With bf16 and f16, flash
@@ -483,7 +485,7 @@ pub struct CheckArgs {
     /// f32, bf16 or f16 [default: f32].
     #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
-    /// Only this head dim [default: every flash head dim of the dtype; 64 and 128 for naive].
+    /// Only this head dim [default: every flash head dim of the dtype, for naive too].
     #[arg(long, value_name = "D")]
     pub head_dim: Option<u32>,
     /// Seed of the random inputs.

@@ -255,6 +255,33 @@ fn missing_kernels(src: &PtxSource) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The tile of the variant-table row named `name` (`null` for an entry the table does not have):
+/// query rows and keys per block step (`null` for kernels without such tiles), warps per block,
+/// dynamic shared memory.
+fn tile_json(name: &str) -> serde_json::Value {
+    let Some(v) = kernels_gpu::variants::KernelId::from_name(name).map(|k| k.variant()) else {
+        return serde_json::Value::Null;
+    };
+    let or_null = |x: u32| if x == 0 { None } else { Some(x) };
+    serde_json::json!({
+        "br": or_null(v.block_rows()),
+        "bc": or_null(v.block_cols()),
+        "warps": v.threads().div_ceil(32),
+        "smem_bytes": v.dynamic_smem_bytes(),
+    })
+}
+
+/// The tile in one line of the plain listing.
+fn tile_text(name: &str) -> Option<String> {
+    let v = kernels_gpu::variants::KernelId::from_name(name)?.variant();
+    let rows = match (v.block_rows(), v.block_cols(), v.head_dim()) {
+        (0, _, _) => String::new(),
+        (br, bc, Some(d)) => format!("Br {br} x Bc {bc} (d {d}), "),
+        (br, bc, None) => format!("Br {br} x Bc {bc}, "),
+    };
+    Some(format!("{rows}{} warps, {} B dynamic smem", v.threads().div_ceil(32), v.dynamic_smem_bytes()))
+}
+
 pub fn kernels(cli: &Cli) -> Result<i32, Error> {
     let src = load_ptx(cli)?;
     let report = ptxas_report().map_err(Error::Usage)?;
@@ -286,6 +313,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
                     "ptxas": res,
                     "vm_instructions": vm.map(|k| k.instructions),
                     "vm_param_bytes": vm.map(|k| k.param_bytes),
+                    "tile": tile_json(&e.name),
                 })
             })
             .collect();
@@ -310,6 +338,9 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
             vm.map(|k| format!(", {} instructions decoded by the VM", k.instructions)).unwrap_or_default(),
             params.join(", ")
         );
+        if let Some(t) = tile_text(&e.name) {
+            println!("  tile: {t}");
+        }
     }
     for (name, what) in missing_kernels(&src) {
         println!("\n{name}: not in the loaded PTX ({what})");

@@ -3,6 +3,7 @@
 
 use super::args::{Cli, PlanArgs};
 use super::{device_options, evidence, print_json};
+use kernels_gpu::variants::{Elem, KernelId};
 use memattn::charts;
 use memattn::device::{self, BackendChoice};
 use memattn::error::{exit, Error};
@@ -438,8 +439,10 @@ fn verify(cli: &Cli, m: &Model, w: &Workload) -> Result<(serde_json::Value, bool
     let keys = (0..m.layers as usize).map(|l| m.keys(l, w.context)).max().unwrap_or(w.context);
     let context = keys.min(200);
     let heads = m.heads.min(4);
-    // Flash kernels exist for head_dim 64 and 128; others verify at 64.
-    let head_dim = if m.head_dim == 64 || m.head_dim == 128 { m.head_dim } else { 64 };
+    // At the model's head dim when the variant table has flash kernels for it in every dtype;
+    // others verify at 64.
+    let compiled = [Elem::F32, Elem::Bf16, Elem::F16].iter().all(|&e| KernelId::flash(e, m.head_dim).is_some());
+    let head_dim = if compiled { m.head_dim } else { 64 };
     // The kernels take K and V with one head per query head (no grouped-query attention yet):
     // the scaled-down layer has heads_kv = heads so that the run allocates what the plan counts.
     let sm = Model { layers: 1, heads, heads_kv: heads, head_dim, windows: vec![None], ..m.clone() };

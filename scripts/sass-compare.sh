@@ -1,0 +1,542 @@
+#!/usr/bin/env bash
+# sass-compare.sh: static SASS comparison of memattn's tensor-core flash forward kernels against the
+# FlashAttention-2 forward kernels that PyTorch's SDPA flash backend runs (compiled into libtorch_cuda.so).
+# No GPU needed: it assembles our PTX with ptxas, pulls FA2's sm_80/sm_90 cubins out of the torch wheel
+# with cuobjdump, disassembles both, finds each kernel's K/V main loop (the back edge with the most HMMA)
+# and counts instructions per loop iteration.
+#
+# usage: scripts/sass-compare.sh [PROJECT_DIR]   (default: the current directory, a memattn checkout)
+#   Reads PROJECT_DIR/kernels-gpu/ptx/memattn_kernels.ptx, .../ptxas-report.json and our tiles from
+#   `memattn --json kernels` (MEMATTN_BIN; else PROJECT_DIR/target/{release,debug}/memattn if built; else
+#   the struct literals of kernels-gpu/src/tiles.rs); writes nothing there.
+# environment (all optional):
+#   MEMATTN_SASS_CACHE  download/cache folder           (default ~/.cache/memattn-sass)
+#   SASS_OUT            report folder                   (default $MEMATTN_SASS_CACHE/report)
+#   CUDA_TOOLS_VERSION  nvidia-cuda-nvcc / nvidia-cuda-cuobjdump wheel version (default 13.5.37)
+#   TORCH_SPEC          pip requirement of the torch wheel (default torch==2.15.0, the one studied first;
+#                       any Linux x86_64 CUDA build works if its FA2 template names are unchanged)
+#   KEEP_TORCH_WHEEL=1  keep the ~0.5 GB wheel after libtorch_cuda.so is extracted
+#   ARCHS="80 90"  DIMS="128 64 32 96 192 256"  OURS_PTX=path  OURS_KERNEL=flash_fwd_bf16_d%d
+#   MEMATTN_BIN=path    the memattn binary whose `--json kernels` gives our tiles
+#   OURS_TILES="128:64,64,4 ..."  (d:br,bc,warps) overrides both
+#   FA2_TILE_<d>="kBlockM kBlockN kNWarps": the tile torch picks on A100/H100, non-dropout (run_mha_fwd_hdim<d>
+#                       in FA2's flash_fwd_launch_template.h; sm8x consumer parts pick others). Defaults:
+#                       d32 "128 128 4", d64 "128 128 4", d96 "128 64 4", d128 "128 64 4", d192 "128 64 8",
+#                       d256 "128 64 8" (its smem test passes on A100/H100).
+# output: $SASS_OUT/report.md (tables), report.json, sass/*.sass (the disassembly it measured).
+# Counts in the tables are measured from the SASS; the "pipe model" section is an assumption-based bound.
+set -euo pipefail
+PROJECT=$(cd "${1:-.}" && pwd)
+CACHE=${MEMATTN_SASS_CACHE:-$HOME/.cache/memattn-sass}
+OUT=${SASS_OUT:-$CACHE/report}
+VER=${CUDA_TOOLS_VERSION:-13.5.37}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.15.0}
+mkdir -p "$CACHE" "$OUT/sass"
+log() { echo "sass-compare: $*" >&2; }
+
+# --- tools: ptxas (nvcc wheel), cuobjdump and nvdisasm (cuobjdump -sass runs it), from PyPI wheels
+TOOLS="$CACHE/cuda-tools-$VER"
+find_tool() { find "$TOOLS" -type f -path "*/bin/$1" 2>/dev/null | head -1; }
+for pkg in nvidia-cuda-nvcc:ptxas nvidia-cuda-cuobjdump:cuobjdump nvidia-cuda-nvdisasm:nvdisasm; do
+  name=${pkg%%:*}; bin=${pkg##*:}
+  if [ -z "$(find_tool "$bin")" ]; then
+    log "downloading $name==$VER"
+    mkdir -p "$TOOLS/whl"
+    python3 -m pip download -q --no-deps "$name==$VER" -d "$TOOLS/whl"
+    whl=$(ls "$TOOLS"/whl/"${name//-/_}"-"$VER"-*.whl | head -1)
+    (cd "$TOOLS" && unzip -q -o "$whl" "*/bin/$bin")
+    rm -f "$whl"
+  fi
+  chmod +x "$(find_tool "$bin")"
+done
+PTXAS=$(find_tool ptxas); CUOBJDUMP=$(find_tool cuobjdump)
+PATH="$(dirname "$(find_tool nvdisasm)"):$PATH"; export PATH
+command -v c++filt >/dev/null || log "c++filt not found: FA2 names stay mangled"
+
+# --- torch: libtorch_cuda.so out of the wheel (only that member), cached per TORCH_SPEC
+TKEY=$(printf '%s' "$TORCH_SPEC" | tr -c 'A-Za-z0-9._-' '_')
+TDIR="$CACHE/torch-$TKEY"
+LIB="$TDIR/torch/lib/libtorch_cuda.so"
+if [ ! -s "$LIB" ]; then
+  log "downloading $TORCH_SPEC (large)"
+  mkdir -p "$TDIR/whl"
+  python3 -m pip download -q --no-deps --only-binary=:all: "$TORCH_SPEC" -d "$TDIR/whl"
+  whl=$(ls "$TDIR"/whl/torch-*.whl | head -1)
+  (cd "$TDIR" && unzip -q -o "$whl" 'torch/lib/libtorch_cuda.so' 'torch/version.py')
+  [ "${KEEP_TORCH_WHEEL:-0}" = 1 ] || rm -f "$whl"
+fi
+if [ ! -s "$TDIR/resusage.txt" ]; then
+  log "indexing cubins of libtorch_cuda.so"
+  "$CUOBJDUMP" -lelf "$LIB" > "$TDIR/lelf.txt"
+  "$CUOBJDUMP" -res-usage "$LIB" > "$TDIR/resusage.tmp" && mv "$TDIR/resusage.tmp" "$TDIR/resusage.txt"
+fi
+
+export PROJECT CACHE OUT PTXAS CUOBJDUMP LIB TDIR TORCH_SPEC
+export ARCHS=${ARCHS:-80 90} DIMS=${DIMS:-128 64 32 96 192 256}
+export OURS_PTX=${OURS_PTX:-$PROJECT/kernels-gpu/ptx/memattn_kernels.ptx}
+export OURS_KERNEL=${OURS_KERNEL:-flash_fwd_bf16_d%d}
+if [ -z "${MEMATTN_BIN:-}" ]; then
+  for b in "$PROJECT/target/release/memattn" "$PROJECT/target/debug/memattn"; do
+    if [ -x "$b" ]; then MEMATTN_BIN=$b; break; fi
+  done
+fi
+[ -n "${MEMATTN_BIN:-}" ] && export MEMATTN_BIN
+exec python3 - <<'PY'
+import collections, json, re, sys
+
+INSN = re.compile(r'^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*/\*\s*0x[0-9a-f]+\s*\*/\s*$')
+CTL = ('BRA', 'CALL', 'EXIT', 'RET', 'BSSY', 'BSYNC', 'WARPSYNC', 'JMP', 'BREAK', 'BRX', 'JMX', 'YIELD')
+
+def parse(path):
+    ins = []
+    for line in open(path):
+        m = INSN.match(line)
+        if not m:
+            continue
+        text = m.group(2).strip().rstrip(';').strip()
+        pred = None
+        pm = re.match(r'^(@!?U?P[0-9T]+)\s+(.*)$', text)
+        if pm:
+            pred, text = pm.group(1), pm.group(2)
+        op = text.split()[0]
+        base = op.split('.')[0]
+        tgt = None
+        if base in ('BRA', 'CALL', 'BSSY', 'JMP'):
+            t = re.findall(r'0x([0-9a-f]+)', text)
+            if t:
+                tgt = int(t[-1], 16)
+        ins.append(dict(addr=int(m.group(1), 16), pred=pred, op=op, base=base, text=text, tgt=tgt))
+    # drop the trailing self-branch and NOP padding
+    while ins and (ins[-1]['base'] == 'NOP' or (ins[-1]['base'] == 'BRA' and ins[-1]['tgt'] == ins[-1]['addr'])):
+        ins.pop()
+    # A subroutine call: `MOV Rn, <address of the instruction after the CALL>` shortly before a
+    # `CALL.REL.NOINC`, and a `RET.REL.NODEC` in the function (the callee may return through
+    # another register it copied Rn to). Control comes back to the next instruction, so the call is
+    # an instruction with fall-through (ptxas calls slow paths such as IEEE division this way,
+    # unpredicated, inside the main loop), not a jump.
+    has_ret = any(i['op'].startswith('RET.REL') for i in ins)
+    for k, i in enumerate(ins):
+        if i['base'] == 'CALL' and k + 1 < len(ins):
+            nxt = ins[k + 1]['addr']
+            for j in range(max(0, k - 8), k):
+                m = re.match(r'^(?:IMAD\.)?MOV(?:\.U32)? (R\d+), (?:RZ, RZ, )?0x([0-9a-f]+)$', ins[j]['text'])
+                if m and int(m.group(2), 16) == nxt and has_ret:
+                    i['returns'] = True
+    return ins
+
+COLS = ['HMMA', 'LDSM', 'LDSM.T', 'LDGSTS', 'LDG', 'STG', 'LDS', 'LDS(dummy)', 'STS', 'LDL', 'STL',
+        'MUFU.EX2', 'MUFU(other)', 'FFMA', 'FMUL', 'FMUL(pred)', 'FADD', 'FMNMX', 'FSETP', 'FSEL', 'F2FP',
+        'SHFL', 'BAR', 'DEPBAR', 'ISETP', 'SEL', 'IMAD', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'uniform',
+        'branch/ctl', 'other']
+
+def cls(i):
+    b, op = i['base'], i['op']
+    if b == 'LDSM':
+        return 'LDSM.T' if 'MT88' in op or '.T' in op.split('LDSM')[1][:3] else 'LDSM'
+    if b == 'LDS' and i['pred'] == '@!PT':
+        return 'LDS(dummy)'
+    if b == 'MUFU':
+        return 'MUFU.EX2' if op.startswith('MUFU.EX2') else 'MUFU(other)'
+    if b == 'FMUL' and i['pred']:
+        return 'FMUL(pred)'
+    if b in CTL:
+        return 'branch/ctl'
+    if b in ('IMAD', 'IMAD.MOV', 'IMAD.WIDE', 'IMAD.IADD', 'IMAD.SHL', 'IMAD.X', 'IMAD.U32'):
+        return 'IMAD'
+    if b in ('VIADD',):
+        return 'IADD3'
+    if b in ('LDGDEPBAR',):
+        return 'DEPBAR'
+    if b in COLS:
+        return b
+    if b.startswith('U') or b in ('S2UR', 'R2UR'):
+        return 'uniform'
+    return 'other'
+
+def hist(seq):
+    return collections.Counter(cls(i) for i in seq)
+
+def basic_blocks(ins):
+    addrs = [i['addr'] for i in ins]
+    pos = {a: k for k, a in enumerate(addrs)}
+    leaders = {addrs[0]}
+    for k, i in enumerate(ins):
+        if i['base'] in ('BRA', 'CALL', 'JMP') and i['tgt'] in pos:
+            leaders.add(i['tgt'])
+        if i['base'] in ('BRA', 'CALL', 'JMP', 'EXIT', 'RET', 'BRX', 'JMX') and k + 1 < len(ins):
+            leaders.add(addrs[k + 1])
+    bbs, cur = [], []
+    for i in ins:
+        if i['addr'] in leaders and cur:
+            bbs.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        bbs.append(cur)
+    start = {bb[0]['addr']: n for n, bb in enumerate(bbs)}
+    succ = []
+    for n, bb in enumerate(bbs):
+        last = bb[-1]
+        s = []
+        fall = n + 1 if n + 1 < len(bbs) else None
+        b = last['base']
+        if b == 'CALL' and last.get('returns'):
+            if fall is not None:  # a subroutine call: comes back to the next instruction
+                s.append(fall)
+        elif b in ('BRA', 'JMP', 'CALL') and last['tgt'] in start:
+            s.append(start[last['tgt']])
+            if last['pred'] or b == 'CALL':  # CALL.REL.NOINC used as a (conditional) loop exit
+                if fall is not None and not (b == 'CALL' and not last['pred']):
+                    s.append(fall)
+        elif b in ('EXIT', 'RET'):
+            if last['pred'] and fall is not None:
+                s.append(fall)
+        elif fall is not None:
+            s.append(fall)
+        succ.append(s)
+    return bbs, succ
+
+def is_mask_block(bb):
+    n_inf = sum(1 for i in bb if i['base'] == 'FSEL' and '-INF' in i['text'])
+    return not any(i['base'] in ('HMMA', 'LDSM') for i in bb) and n_inf >= max(4, len(bb) // 4)
+
+def is_rare_block(bb):
+    # An IEEE division with its slow-path subroutine call (FCHK, CALL): in memattn's loop only the
+    # soft cap's tanh divides, a branch taken only with --softcap, so the steady path avoids it.
+    return any(i['base'] == 'FCHK' or (i['base'] == 'CALL' and i.get('returns')) for i in bb)
+
+def dominators(succ, n):
+    preds = [[] for _ in range(n)]
+    for a, s in enumerate(succ):
+        for b in s:
+            preds[b].append(a)
+    full = set(range(n))
+    dom = [full] * n
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for b in range(1, n):
+            ps = [dom[p] for p in preds[b]]
+            d = (set.intersection(*ps) if ps else set()) | {b}
+            if d != dom[b]:
+                dom[b] = d
+                changed = True
+    return dom, preds
+
+def main_loop(ins):
+    bbs, succ = basic_blocks(ins)
+    dom, preds = dominators(succ, len(bbs))
+    pred = preds
+    best = None
+    for n, s in enumerate(succ):
+        for h in s:
+            if h in dom[n]:  # back edge n -> h (h dominates n)
+                body, stack = {h, n}, [n]
+                while stack:
+                    x = stack.pop()
+                    if x == h:
+                        continue
+                    for p in pred[x]:
+                        if p not in body:
+                            body.add(p)
+                            stack.append(p)
+                hm = sum(1 for b in body for i in bbs[b] if i['base'] == 'HMMA')
+                # most HMMA first; among equals the smallest body: a kernel that peels its masked
+                # tiles into a loop of their own is measured on its steady-state loop, as FA2
+                # (which unrolls its masked steps before the loop) is.
+                key = (hm, -len(body))
+                if best is None or key > best[0]:
+                    best = (key, h, n, body)
+    if best is None:
+        return None
+    _, h, tail, body = best
+    # Longest / shortest / steady (max minus masking blocks) path from header to tail inside the body, DAG
+    # (the back edge removed; inner back edges, if any, are ignored).
+    order = sorted(body, key=lambda b: bbs[b][0]['addr'])
+    def cost(b, skip_mask):
+        return 0 if (skip_mask and is_mask_block(bbs[b])) else len(bbs[b])
+    def paths(skip_mask, pick):
+        memo = {}
+        def go(b, seen):
+            if b in memo:
+                return memo[b]
+            if b == tail:
+                r = (cost(b, skip_mask), [b])
+            else:
+                opts = []
+                cands = [s for s in succ[b] if s in body and s != h and s not in seen]
+                if skip_mask and any(not is_rare_block(bbs[s]) for s in cands):
+                    cands = [s for s in cands if not is_rare_block(bbs[s])]
+                for s in cands:
+                    r2 = go(s, seen | {s})
+                    if r2 is not None:
+                        opts.append(r2)
+                if not opts:
+                    return None
+                c, p = pick(opts, key=lambda x: x[0])
+                r = (c + cost(b, skip_mask), [b] + p)
+            memo[b] = r
+            return r
+        return go(h, frozenset([h]))
+    longest = paths(False, max)
+    shortest = paths(False, min)
+    steady = paths(True, max)
+    steady_ins = [i for b in steady[1] if not is_mask_block(bbs[b]) for i in bbs[b]]
+    cond_blocks = []
+    for b in order:
+        if b not in shortest[1] or is_mask_block(bbs[b]):
+            cond_blocks.append(dict(addr='%05x' % bbs[b][0]['addr'], n=len(bbs[b]), mask=is_mask_block(bbs[b]),
+                                    in_steady=(b in steady[1] and not is_mask_block(bbs[b])),
+                                    hist=dict(hist(bbs[b]).most_common(8))))
+    return dict(head='%05x' % bbs[h][0]['addr'], tail='%05x' % bbs[tail][-1]['addr'],
+                static=sum(len(bbs[b]) for b in body), longest=longest[0], shortest=shortest[0],
+                steady=len(steady_ins), steady_hist=hist(steady_ins), cond_blocks=cond_blocks,
+                mask_n=sum(len(bbs[b]) for b in body if is_mask_block(bbs[b])))
+
+# ---- occupancy ----------------------------------------------------------------------------------
+GPUS = {'sm_80': dict(gpu='A100', smem_kb=164, regs=65536, max_warps=64, max_blocks=32),
+        'sm_90': dict(gpu='H100', smem_kb=228, regs=65536, max_warps=64, max_blocks=32)}
+
+def occupancy(arch, regs, smem, threads):
+    g = GPUS[arch]
+    warps = threads // 32
+    per_warp = -(-regs * 32 // 256) * 256
+    b_regs = (g['regs'] // per_warp) // warps
+    b_smem = (g['smem_kb'] * 1024) // (smem + 1024) if smem else g['max_blocks']
+    b_thr = g['max_warps'] // warps
+    b = min(b_regs, b_smem, b_thr, g['max_blocks'])
+    lim = 'regs' if b == b_regs else ('smem' if b == b_smem else 'threads')
+    return dict(blocks=b, warps=b * warps, limit=lim, b_regs=b_regs, b_smem=b_smem)
+
+# ---- issue / pipe model (assumptions, not measurements) -----------------------------------------
+# Per SM sub-partition (SMSP) cycles per warp instruction; shared memory 128 B/clk per SM.
+MODEL = {'sm_80': dict(hmma=8.0, fma=2.0, alu=2.0, mufu=8.0),    # A100: 64 FP32 + 64 INT32 lanes, 16 SFU / SM
+         'sm_90': dict(hmma=4.0, fma=1.0, alu=2.0, mufu=8.0)}    # H100: mma.sync at full TC peak (optimistic)
+FMA_PIPE = {'FFMA', 'FMUL', 'FMUL(pred)', 'FADD', 'IMAD'}
+ALU_PIPE = {'FMNMX', 'FSETP', 'FSEL', 'ISETP', 'SEL', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'F2FP'}
+
+def model(arch, h, warps, br, bc):
+    """Cycles per SM for one 64-query x 64-key x d unit, from the steady-state loop histogram."""
+    m = MODEL[arch]
+    f = warps * 4096.0 / (br * bc) / 4.0          # warp-instructions per SMSP per unit, per loop instr
+    tot = sum(h.values())
+    c = dict(tensor=h['HMMA'] * f * m['hmma'], issue=tot * f,
+             fma=sum(h[k] for k in FMA_PIPE) * f * m['fma'], alu=sum(h[k] for k in ALU_PIPE) * f * m['alu'],
+             mufu=(h['MUFU.EX2'] + h['MUFU(other)']) * f * m['mufu'],
+             smem=(h['LDSM'] + h['LDSM.T'] + h['LDGSTS']) * 512 * 4 * f / 128.0)
+    c['bound'] = max(c, key=c.get)
+    return c
+
+
+# ---- orchestration -------------------------------------------------------------------------------
+import os, subprocess, shutil
+E = os.environ
+OUT, TDIR = E['OUT'], E['TDIR']
+SASS = os.path.join(OUT, 'sass')
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+def demangle(names):
+    if not shutil.which('c++filt'):
+        return list(names)
+    r = subprocess.run(['c++filt'], input='\n'.join(names), capture_output=True, text=True).stdout.split('\n')
+    return r[:len(names)]
+
+def fa2_index():
+    """(section index, arch, mangled name) -> (regs, stack) from cuobjdump -res-usage of the whole .so."""
+    idx, k, arch, fn = {}, 0, None, None
+    for line in open(os.path.join(TDIR, 'resusage.txt')):
+        if line.startswith('Fatbin elf code'):
+            k += 1
+        m = re.match(r'arch = (\S+)', line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r' Function (\S+):', line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = re.match(r'\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', line)
+        if m and fn:
+            if 'flash_fwd_kernel' in fn:
+                idx[(arch, fn)] = dict(section=k, regs=int(m.group(1)), stack=int(m.group(2)))
+            fn = None
+    elves = {}
+    for line in open(os.path.join(TDIR, 'lelf.txt')):
+        m = re.match(r'ELF file\s+(\d+):\s+(\S+)', line)
+        if m:
+            elves[int(m.group(1))] = m.group(2)
+    return idx, elves
+
+def fa2_name(d, bm, bn, w, causal, even_mn):
+    t = 'ILi%dELi%dELi%dELi%d' % (d, bm, bn, w)
+    return ('_ZN13pytorch_flash16flash_fwd_kernelI23Flash_fwd_kernel_traits%sELb0ELb0EN7cutlass10bfloat16_tE'
+            '19Flash_kernel_traits%sES3_EELb0ELb%dELb0ELb0ELb%dELb1ELb0ELb0EEEvNS_16Flash_fwd_paramsE') % (t, t, causal, even_mn)
+
+def ours_tiles():
+    # Tile of each of our kernels, first found wins: OURS_TILES="128:128,64,4 64:128,128,4"
+    # (d:br,bc,warps); `memattn --json kernels` (MEMATTN_BIN) if it reports a tile per kernel;
+    # else struct literals in kernels-gpu/src/*.rs with head_dim, br, bc and warps fields.
+    tiles = {}
+    for item in os.environ.get('OURS_TILES', '').split():
+        d, rest = item.split(':'); br, bc, w = map(int, rest.split(','))
+        tiles[int(d)] = dict(br=br, bc=bc, warps=w, smem=(br + 2 * bc) * int(d) * 2)
+    if not tiles and os.environ.get('MEMATTN_BIN'):
+        try:
+            j = json.loads(run([os.environ['MEMATTN_BIN'], '--json', 'kernels']))
+            for k in j.get('kernels', []):
+                m = re.match(E['OURS_KERNEL'].replace('%d', r'(\d+)') + '$', k.get('name', ''))
+                t = k.get('tile') or {}
+                if m and all(x in t for x in ('br', 'bc', 'warps')):
+                    d = int(m.group(1))
+                    tiles[d] = dict(br=int(t['br']), bc=int(t['bc']), warps=int(t['warps']), smem=int(t.get('smem_bytes', (t['br'] + 2 * t['bc']) * d * 2)))
+        except Exception as e:
+            print('memattn kernels --json gave no tiles: %s' % e)
+    if not tiles:
+        src = ''
+        sd = os.path.join(E['PROJECT'], 'kernels-gpu/src')
+        for dp, _, fs in os.walk(sd):
+            for f in fs:
+                if f.endswith('.rs'):
+                    src += open(os.path.join(dp, f)).read() + '\n'
+        for m in re.finditer(r'\{([^{}]*\bhead_dim\s*:\s*\d+[^{}]*)\}', src):
+            body = m.group(1)
+            f = {k: int(v) for k, v in re.findall(r'\b(head_dim|br|bc|warps)\s*:\s*(\d+)', body)}
+            if all(k in f for k in ('head_dim', 'br', 'bc', 'warps')) and f['head_dim'] not in tiles and 'mma' in src[max(0, m.start() - 200):m.start()].lower():
+                d = f['head_dim']
+                tiles[d] = dict(br=f['br'], bc=f['bc'], warps=f['warps'], smem=(f['br'] + 2 * f['bc']) * d * 2)
+    rp = os.path.join(E['PROJECT'], 'kernels-gpu/ptx/ptxas-report.json')
+    if os.path.exists(rp):
+        for k in json.load(open(rp)).get('kernels', []):
+            m = re.match(r'flash_fwd_bf16_d(\d+)$', k['name'])
+            if m and int(m.group(1)) in tiles:
+                tiles[int(m.group(1))]['smem'] = k['dynamic_smem_bytes'] + k.get('static_smem_bytes', 0)
+    return tiles
+
+def main():
+    archs, dims = E['ARCHS'].split(), [int(x) for x in E['DIMS'].split()]
+    idx, elves = fa2_index()
+    tiles = ours_tiles()
+    cub = os.path.join(TDIR, 'cubins')
+    os.makedirs(cub, exist_ok=True)
+    spec, notes = [], []
+    try:
+        notes.append('torch: ' + open(os.path.join(TDIR, 'torch/version.py')).read().split("__version__ = ")[1].split('\n')[0])
+    except Exception:
+        notes.append('torch: ' + E['TORCH_SPEC'])
+    notes.append('ptxas: ' + run([E['PTXAS'], '--version']).strip().split('\n')[-1])
+    fa_archs = sorted(set(a for (a, f), v in idx.items() if 'Flash_fwd_kernel_traitsILi128' in f and v['regs'] > 32))
+    stubs = sorted(set(a for (a, f), v in idx.items() if 'Flash_fwd_kernel_traitsILi128' in f and v['regs'] <= 32))
+    notes.append('archs with FA2 hdim128 fwd code in libtorch_cuda.so: %s (empty stubs, <= 32 regs: %s)' % (
+        ' '.join(fa_archs), ' '.join(stubs) or 'none'))
+    for a in archs:
+        arch = 'sm_' + a
+        cubin = os.path.join(CACHE_OURS, 'ours.%s.cubin' % arch)
+        log = subprocess.run([E['PTXAS'], '-arch=' + arch, '-v', '-o', cubin, E['OURS_PTX']],
+                             check=True, capture_output=True, text=True).stderr
+        regs = {}
+        for m in re.finditer(r"Compiling entry function '(\w+)' for '\w+'\n.*?\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers", log):
+            regs[m.group(1)] = dict(regs=int(m.group(5)), stack=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)))
+        for d in dims:
+            name = E['OURS_KERNEL'] % d
+            if name not in regs or d not in tiles:
+                print('skip ours %s %s: not in PTX or tiles.rs' % (name, arch)); continue
+            path = os.path.join(SASS, 'ours_d%d.%s.sass' % (d, arch))
+            open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', name, cubin]))
+            t = tiles[d]
+            spec.append(dict(name='ours d%d' % d, arch=arch, variant='one kernel (runtime mask)', sass=path, regs=regs[name]['regs'],
+                             stack=regs[name]['stack'], smem=t['smem'], threads=32 * t['warps'], br=t['br'], bc=t['bc'], d=d, warps=t['warps']))
+            bm, bn, w = map(int, E.get('FA2_TILE_%d' % d, FA2_TILES.get(d, '128 64 4')).split())
+            for causal, even, v in ((0, 1, 'noncausal evenMN'), (1, 1, 'causal evenMN'), (0, 0, 'noncausal !evenMN'), (1, 0, 'causal !evenMN')):
+                fn = fa2_name(d, bm, bn, w, causal, even)
+                if (arch, fn) not in idx:
+                    if even and d > 128:
+                        continue  # FA2 instantiates evenMN only up to hdim 128 (IsEvenMNConst needs kHeadDim <= 128)
+                    print('FA2 kernel not found for %s: %s' % (arch, fn)); continue
+                info = idx[(arch, fn)]
+                elf = elves[info['section']]
+                cpath = os.path.join(cub, elf)
+                if not os.path.exists(cpath):
+                    subprocess.run([E['CUOBJDUMP'], '-xelf', elf, E['LIB']], cwd=cub, check=True, capture_output=True)
+                path = os.path.join(SASS, 'fa2_d%d_%s%s.%s.sass' % (d, 'c' if causal else 'nc', '_even' if even else '_odd', arch))
+                open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', fn, cpath]))
+                spec.append(dict(name='FA2 d%d' % d, arch=arch, variant=v, sass=path, regs=info['regs'], stack=info['stack'],
+                                 smem=(bm + 2 * bn) * d * 2, threads=32 * w, br=bm, bc=bn, d=d, warps=w,
+                                 demangled=demangle([fn])[0], cubin=elf))
+    report(spec, notes)
+
+def report(spec, notes):
+    rows = []
+    for s in spec:
+        ins = parse(s['sass'])
+        L = main_loop(ins)
+        h = L['steady_hist']
+        hm, non = h['HMMA'], L['steady'] - h['HMMA']
+        unit = s['warps'] * 4096.0 / (s['br'] * s['bc'])
+        rows.append(dict(s, total=len(ins), hist_total=dict(hist(ins)), occ=occupancy(s['arch'], s['regs'], s['smem'], s['threads']),
+                         loop={k: v for k, v in L.items() if k != 'steady_hist'}, steady_hist=dict(h), hmma_iter=hm,
+                         nonhmma_iter=non, ratio=non / max(hm, 1), per_unit_hmma=hm * unit, per_unit_nonhmma=non * unit,
+                         per_unit_ldsm=(h['LDSM'] + h['LDSM.T']) * unit, model=model(s['arch'], h, s['warps'], s['br'], s['bc'])))
+    json.dump(dict(notes=notes, rows=rows), open(os.path.join(OUT, 'report.json'), 'w'), indent=1, default=str)
+    W = ['# SASS comparison: memattn vs FA2 in torch', ''] + ['- ' + n for n in notes] + ['']
+    W.append('Occupancy: 64K regs/SM, 64 warps/SM, smem/SM 164 KB (A100, sm_80) / 228 KB (H100, sm_90), 1 KB reserved per block. '
+             'FA2 smem = (kBlockM + 2 kBlockN) d 2 B (Share_Q_K_smem = false). "steady" = one K/V tile of the main loop on its '
+             'common path (masking blocks skipped, soft-cap division branches avoided, next-tile prefetch taken). "unit" = 64 queries x 64 keys x d.')
+    W.append('')
+    W.append('| kernel | arch | variant | regs | stack B | smem B | thr | Br | Bc | blk/SM A100-or-H100 (limit) | warps/SM | SASS instr | loop instr/iter | HMMA/iter | non-HMMA/iter | non-HMMA per HMMA | per unit: HMMA / non-HMMA / LDSM |')
+    W.append('|' + '---|' * 17)
+    for r in rows:
+        o = r['occ']
+        W.append('| %s | %s | %s | %d | %d | %d | %d | %d | %d | %d (%s) | %d | %d | %d | %d | %d | %.2f | %d / %d / %d |' % (
+            r['name'], r['arch'], r['variant'], r['regs'], r['stack'], r['smem'], r['threads'], r['br'], r['bc'], o['blocks'],
+            o['limit'], o['warps'], r['total'], r['loop']['steady'], r['hmma_iter'], r['nonhmma_iter'], r['ratio'],
+            r['per_unit_hmma'], r['per_unit_nonhmma'], r['per_unit_ldsm']))
+    for title, key in (('Steady loop iteration, opcode histogram (per warp, one K/V tile)', 'steady_hist'),
+                       ('Whole kernel, opcode histogram', 'hist_total')):
+        W += ['', title + ':', '', '| kernel | arch | variant | ' + ' | '.join(COLS) + ' |', '|' + '---|' * (3 + len(COLS))]
+        for r in rows:
+            W.append('| %s | %s | %s | ' % (r['name'], r['arch'], r['variant']) + ' | '.join(str(r[key].get(c, 0)) for c in COLS) + ' |')
+    W += ['', 'Main loop structure (addresses in the .sass files; static = all instructions of the natural loop):', '']
+    for r in rows:
+        L = r['loop']
+        W.append('- %s %s %s: head %s, back edge %s, static %d, longest path %d, shortest %d, steady %d (masking blocks %d); '
+                 'conditional blocks: %s' % (r['name'], r['arch'], r['variant'], L['head'], L['tail'], L['static'], L['longest'],
+                 L['shortest'], L['steady'], L['mask_n'], '; '.join('%s n=%d%s%s' % (c['addr'], c['n'], ' MASK' if c['mask'] else '',
+                 ' (in steady)' if c['in_steady'] else '') for c in L['cond_blocks']) or 'none'))
+    W += ['', 'Pipe model (ASSUMPTION, not a measurement): cycles per SM sub-partition per unit, from the steady histogram. '
+          'Rates per SMSP in cycles per warp instruction: %s; issue 1/clk; shared memory 128 B/clk/SM, each LDSM.x4 and '
+          'LDGSTS.128 moves 512 B. The largest column bounds the loop; real kernels also lose time to latency and barriers.' % json.dumps(MODEL), '']
+    W += ['| kernel | arch | variant | tensor | issue | fma pipe | alu pipe | mufu | smem | bound |', '|' + '---|' * 10]
+    for r in rows:
+        m = r['model']
+        W.append('| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |' % (r['name'], r['arch'], r['variant'], m['tensor'],
+                 m['issue'], m['fma'], m['alu'], m['mufu'], m['smem'], m['bound']))
+    W += ['', 'Ours vs FA2 (noncausal evenMN; above d128, where FA2 has no evenMN kernel, noncausal !evenMN), model bounds:', '']
+    def fa2_steady(r):
+        for v in ('noncausal evenMN', 'noncausal !evenMN'):
+            for f in rows:
+                if f['name'].startswith('FA2') and f['d'] == r['d'] and f['arch'] == r['arch'] and f['variant'] == v:
+                    return [f]
+        return []
+    for r in rows:
+        if r['name'].startswith('ours'):
+            for f in fa2_steady(r):
+                bo, bf = max(v for k, v in r['model'].items() if k != 'bound'), max(v for k, v in f['model'].items() if k != 'bound')
+                W.append('- d%d %s: ours %s-bound %.0f cyc/unit, FA2 %s-bound %.0f -> ours at most %.0f%% of FA2; '
+                         'non-HMMA per unit ours/FA2 = %.2f; LDSM per unit ours/FA2 = %.2f' % (
+                             r['d'], r['arch'], r['model']['bound'], bo, f['model']['bound'], bf, 100.0 * bf / bo,
+                             r['per_unit_nonhmma'] / f['per_unit_nonhmma'], r['per_unit_ldsm'] / f['per_unit_ldsm']))
+    for r in rows:
+        if 'demangled' in r:
+            W.append('- %s %s %s = `%s` (%s)' % (r['name'], r['arch'], r['variant'], r['demangled'], r['cubin']))
+    open(os.path.join(OUT, 'report.md'), 'w').write('\n'.join(W) + '\n')
+    print('\n'.join(W))
+
+# The tiles torch's FA2 runs on A100/H100 without dropout (run_mha_fwd_hdim* in flash_fwd_launch_template.h).
+FA2_TILES = {32: '128 128 4', 64: '128 128 4', 96: '128 64 4', 128: '128 64 4', 192: '128 64 8', 256: '128 64 8'}
+# Our cubins go with the report, so runs with different SASS_OUT do not overwrite each other's.
+CACHE_OURS = os.path.join(OUT, 'ours')
+os.makedirs(CACHE_OURS, exist_ok=True)
+main()
+PY
