@@ -242,10 +242,12 @@ def main_loop(ins):
                             body.add(p)
                             stack.append(p)
                 hm = sum(1 for b in body for i in bbs[b] if i['base'] == 'HMMA')
-                # most HMMA first; among equals the smallest body: a kernel that peels its masked
-                # tiles into a loop of their own is measured on its steady-state loop, as FA2
-                # (which unrolls its masked steps before the loop) is.
-                key = (hm, -len(body))
+                # most HMMA first; among equals the smallest body in instructions (not in basic
+                # blocks): a kernel that peels its masked tiles into a loop of their own is
+                # measured on its steady-state loop, as FA2 (which unrolls its masked steps before
+                # the loop) is, and of two loops with equal HMMA (ours with and without the soft
+                # cap) the one without.
+                key = (hm, -sum(len(bbs[b]) for b in body))
                 if best is None or key > best[0]:
                     best = (key, h, n, body)
     if best is None:

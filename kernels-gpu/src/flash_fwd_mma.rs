@@ -1,7 +1,7 @@
-//! `flash_fwd_{bf16,f16}_d{64,128}`: fused attention forward on tensor cores (`mma.sync`
+//! `flash_fwd_{bf16,f16}_d{32,64,96,128,192,256}`: fused attention forward on tensor cores (`mma.sync`
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
-//! Algorithm (FlashAttention-2 forward): a block of 4 warps owns `BR` query rows, `MT` 16-row
+//! Algorithm (FlashAttention-2 forward): a block of warps (4; 6 at D = 96, 3 at D = 192) owns `BR` query rows, `MT` 16-row
 //! `mma` tiles per warp (the tile's `rows_per_warp`: 16 or 32; with 32 every K and V fragment
 //! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`. Q is staged
 //! once; its A fragments stay in registers (`q_in_regs`) or are reloaded from shared memory in
@@ -21,13 +21,17 @@
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
 //! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`],
-//! [`crate::tiles::FLASH_MMA_D64_WINDOW`]; shared memory `(BR + 2 BC) · D · 2` bytes, above
+//! [`crate::tiles::FLASH_MMA_D64_WINDOW`], and [`crate::tiles::FLASH_MMA_D32`] with the head dims
+//! after it, at 16 rows per warp; shared memory `(BR + 2 BC) · D · 2` bytes, above
 //! 48 KiB only with the opt-in, which the hosts request per kernel) are described at their items.
 //! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
-//! zero-filled (source size 0), so they contribute exact zeros, never stale data. Each thread
-//! keeps one global pointer per tensor ([`TileLoader`]), advanced by `BC` rows per tile; only the
+//! zero-filled (source size 0), so they contribute exact zeros, never stale data. A copy pass of
+//! 4 mod 8 rows (D = 192 at 3 warps, D = 256 at 4) alternates between two swizzled destinations;
+//! rows of 64 + 128n bytes (D = 32, 96) use the 4-chunk swizzle ([`crate::swizzle::TileLane`]
+//! picks the lane addresses for either). Each thread
+//! keeps one global pointer per tensor (`TileLoader`), advanced by `BC` rows per tile; only the
 //! tile that reaches past the last key checks rows.
 //!
 //! Shared-memory layout ([`crate::swizzle`]): each tile is row-major, one row = `D * 2` bytes =
