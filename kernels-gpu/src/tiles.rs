@@ -144,29 +144,32 @@ pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
 pub const FLASH_MMA_D128: FlashMmaTile =
     FlashMmaTile { head_dim: 128, br: 128, bc: 32, warps: 4, rows_per_warp: 32, q_in_regs: false };
 
-// The other head dims (d = 32, 96, 192, 256), 16 rows per warp. Every tile stays within the 48 KiB a block gets
-// without the shared-memory opt-in; `THREADS` must be a multiple of the row's `d / 8` chunks
-// (whole rows per copy pass), so d = 96 and 192 take 6 and 3 warps. Registers are ptxas's at
-// sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each.
+// The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
+// chunks (whole rows per copy pass), so d = 96 and 192 take 6 and 3 warps. Tiles above 48 KiB
+// (d = 192, 256) need the shared-memory opt-in, which the hosts request per kernel. Registers are
+// ptxas's at sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each; the tile shapes
+// were chosen with `scripts/sass-compare.sh` (its pipe model against FA2's kernels).
 
-/// d=32 (rows of 64 bytes, the 4-chunk swizzle): as d=64, Bc = 128: smem (64 + 2 x 128) x 32 x 2 B
-/// = 20 KiB. Per thread Q fragments 8 registers, O accumulator 16, scores 64.
+/// d=32 (rows of 64 bytes, the 4-chunk swizzle): 32 rows per warp (Br 128), Bc = 64: smem
+/// (128 + 2 x 64) x 32 x 2 B = 16 KiB. Per thread Q fragments 16 registers, O 32, scores 64.
 pub const FLASH_MMA_D32: FlashMmaTile =
-    FlashMmaTile { head_dim: 32, br: 64, bc: 128, warps: 4, rows_per_warp: 16, q_in_regs: true };
-/// d=96 (12 chunks a row): 6 warps, 192 threads = 16 rows per copy pass; Br = 96, Bc = 64: smem
-/// (96 + 2 x 64) x 96 x 2 B = 42 KiB. Per thread Q fragments 24 registers, O 48, scores 32.
+    FlashMmaTile { head_dim: 32, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true };
+/// d=96 (12 chunks a row, the 4-chunk swizzle): 6 warps of 32 rows (Br 192), 16 rows per copy
+/// pass, Bc = 32: smem (192 + 2 x 32) x 96 x 2 B = 48 KiB. Per thread Q fragments 48 registers,
+/// O 96, scores 32.
 pub const FLASH_MMA_D96: FlashMmaTile =
-    FlashMmaTile { head_dim: 96, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_in_regs: true };
-/// d=192 (24 chunks a row): 3 warps, 96 threads = 4 rows per copy pass; Br = 48, Bc = 32: smem
-/// (48 + 2 x 32) x 192 x 2 B = 42 KiB (6 warps would leave Bc = 16 under 48 KiB). Per thread Q
-/// fragments 48 registers, O 96, scores 16.
+    FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_in_regs: true };
+/// d=192 (24 chunks a row): 3 warps of 16 rows (Br 48), 4 rows per copy pass, Bc = 64: smem
+/// (48 + 2 x 64) x 192 x 2 B = 66 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
+/// scores 32.
 pub const FLASH_MMA_D192: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 48, bc: 32, warps: 3, rows_per_warp: 16, q_in_regs: true };
-/// d=256 (Gemma's; 32 chunks a row): 4 warps, 4 rows per copy pass; Br = 64, Bc = 16: smem
-/// (64 + 2 x 16) x 256 x 2 B = 48 KiB. Per thread O 128 registers, scores 8; Q (64 registers
-/// of fragments) is reloaded from shared memory at every k-step, as keeping it spills.
+    FlashMmaTile { head_dim: 192, br: 48, bc: 64, warps: 3, rows_per_warp: 16, q_in_regs: true };
+/// d=256 (Gemma's; 32 chunks a row): FlashAttention-2's tile, 8 warps of 16 rows (Br 128), 8 rows
+/// per copy pass, Bc = 64: smem (128 + 2 x 64) x 256 x 2 B = 128 KiB (opt-in; one block per SM).
+/// Per thread O 128 registers, scores 32; Q (64 registers of fragments) is reloaded from shared
+/// memory at every k-step, as keeping it spills.
 pub const FLASH_MMA_D256: FlashMmaTile =
-    FlashMmaTile { head_dim: 256, br: 64, bc: 16, warps: 4, rows_per_warp: 16, q_in_regs: false };
+    FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_in_regs: false };
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
 pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
 /// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.
