@@ -855,7 +855,7 @@ mod tests {
             (64, 64, Some(64), 24 * 1024)
         );
         assert!(w.tensor_cores());
-        assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![32, 64, 128, 192, 256]);
+        assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![32, 64, 96, 128, 192, 256]);
     }
 
     #[test]
