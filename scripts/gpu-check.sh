@@ -19,7 +19,7 @@
 #   backend on the same shapes (skipped, with the reason, when `import torch` fails).
 #   Shapes: batch = 16384 / seq, heads = 2048 / head_dim (the same total work per seq, enough
 #   blocks to fill the GPU), seq 1024/4096/16384, d 64/128, causal and not, bf16; one f16 shape;
-#   then the other head dims, d 32/192/256 (96 has no bf16 kernel) at seq 4096, causal and not, bf16 (heads = 2048 / d
+#   then the other head dims, d 32/96/192/256 at seq 4096, causal and not, bf16 (heads = 2048 / d
 #   rounded down: 64, 21, 10, 8).
 #   MEMATTN_BENCH=0 skips the benchmark.
 set -u
@@ -97,7 +97,7 @@ step run-naive-bf16-causal 60 --backend cuda --json run --kernel naive --dtype b
 # The other head dims (tiles in kernels-gpu/src/tiles.rs): one verified shape each, tails and
 # seq_q != seq_kv, causal in half of them; f32 SIMT at two of them.
 step run-bf16-d32-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 8 --seq-q 1000 --seq-kv 1300 --head-dim 32 --causal
-step run-f16-d192 60 --backend cuda --json run --kernel flash --dtype f16 --batch 2 --heads 6 --seq-q 777 --seq-kv 1000 --head-dim 192
+step run-f16-d96 60 --backend cuda --json run --kernel flash --dtype f16 --batch 2 --heads 6 --seq-q 777 --seq-kv 1000 --head-dim 96
 step run-bf16-d192-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 777 --head-dim 192 --causal
 step run-bf16-d256-bhsd 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq 555 --head-dim 256 --layout bhsd --check-rows all
 step run-f32-d96-causal 60 --backend cuda --json run --kernel flash --batch 2 --heads 4 --seq-q 500 --seq-kv 700 --head-dim 96 --causal
@@ -144,7 +144,7 @@ bench() {
         done
     done
     shapes+=("f16 4096 128 true")
-    for d in 32 192 256; do
+    for d in 32 96 192 256; do
         for causal in false true; do shapes+=("bf16 4096 $d $causal"); done
     done
     echo "=== bench: ${#shapes[@]} shapes, budget ${budget}s, results in $dir"
