@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | tensors | `q`, `o`: `[batch, seq_q, heads, head_dim]`; `k`, `v`: `[batch, seq_kv, heads, head_dim]`, given as a shape in that logical order plus element strides, so BSHD (`[b, s, h, d]` in memory) and BHSD (`[b, h, s, d]` in memory) and any other strides with a contiguous last dimension are the same call ([`TensorView::with_strides`]) |
 //! | dtypes | `f32` (SIMT kernels), `bf16` and `f16` (tensor cores, f32 accumulation); q, k, v and o share one dtype; `lse` is always `f32` |
-//! | head dims | 32, 64, 128, 192 and 256 in every dtype, 96 in f32 (the flash kernels of the variant table) |
+//! | head dims | 32, 64, 96, 128, 192 and 256 (the flash kernels of the variant table, every dtype) |
 //! | softmax scale | [`AttnOpts::softmax_scale`]; default `1 / sqrt(head_dim)` |
 //! | causal mask | bottom-right aligned, as in FlashAttention 2.1 and later: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`; a row that sees no key gets `o = 0`, `lse = -inf` |
 //! | `lse` | `[batch, heads, seq_q]` f32, contiguous: `ln Σ_j exp(scale · q·k_j)` over the keys the row sees — **natural log**, as FlashAttention returns it. FlashInfer's kernels return base-2 LSE (`log2`): divide by `ln 2` to compare |

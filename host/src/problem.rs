@@ -834,13 +834,14 @@ mod tests {
         let naive: Vec<KernelId> = f16.launches(KernelKind::Naive).unwrap().into_iter().map(|l| l.kernel).collect();
         assert_eq!(naive, [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16]);
         let e = Problem { head_dim: 80, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
-        assert!(e.contains("32, 64, 128, 192 and 256"), "{e}");
+        assert!(e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
         // Every other head dim of the table, by (dtype, head dim).
         assert_eq!(names(&Problem { head_dim: 32, ..p }), [KernelId::FlashFwdBf16D32]);
+        assert_eq!(names(&Problem { head_dim: 96, ..p }), [KernelId::FlashFwdBf16D96]);
         assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 192, ..p }), [KernelId::FlashFwdF16D192]);
         assert_eq!(names(&Problem { dtype: Dtype::F32, head_dim: 256, ..p }), [KernelId::FlashFwdF32D256]);
-        let l = Problem { head_dim: 256, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([2, 4, 1], [256, 1, 1], 128 * 1024));
+        let l = Problem { head_dim: 96, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([1, 4, 1], [192, 1, 1], 48 * 1024));
     }
 
     #[test]

@@ -150,18 +150,15 @@ pub const FLASH_MMA_D128: FlashMmaTile =
 // ptxas's at sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each; the tile shapes
 // were chosen with `scripts/sass-compare.sh` (its pipe model against FA2's kernels).
 
-/// d=32 (rows of 64 bytes, the 4-chunk swizzle): as d=64 before 32 rows per warp, Bc = 128: smem
-/// (64 + 2 x 128) x 32 x 2 B = 20 KiB. Per thread Q fragments 8 registers, O accumulator 16,
-/// scores 64.
+/// d=32 (rows of 64 bytes, the 4-chunk swizzle): 32 rows per warp (Br 128), Bc = 64: smem
+/// (128 + 2 x 64) x 32 x 2 B = 16 KiB. Per thread Q fragments 16 registers, O 32, scores 64.
 pub const FLASH_MMA_D32: FlashMmaTile =
-    FlashMmaTile { head_dim: 32, br: 64, bc: 128, warps: 4, rows_per_warp: 16, q_in_regs: true };
-/// d=96 (12 chunks a row, the 4-chunk swizzle): 6 warps of 16 rows, Br = 96, Bc = 64: smem
-/// (96 + 2 x 64) x 96 x 2 B = 42 KiB. Not a row of the variant table: with the 32-rows-per-warp
-/// kernel body its masked tiles (a window wider than the tile) let the two half-warps reach a
-/// `.sync.aligned` `ldmatrix` apart, which `memattn check` catches in the VM ("warp collective
-/// divergence"), so bf16/f16 at head dim 96 are refused until that is fixed; f32 has d=96.
+    FlashMmaTile { head_dim: 32, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true };
+/// d=96 (12 chunks a row, the 4-chunk swizzle): 6 warps of 32 rows (Br 192), 16 rows per copy
+/// pass, Bc = 32: smem (192 + 2 x 32) x 96 x 2 B = 48 KiB. Per thread Q fragments 48 registers,
+/// O 96, scores 32.
 pub const FLASH_MMA_D96: FlashMmaTile =
-    FlashMmaTile { head_dim: 96, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_in_regs: true };
+    FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_in_regs: true };
 /// d=192 (24 chunks a row): 3 warps of 16 rows (Br 48), 4 rows per copy pass, Bc = 64: smem
 /// (48 + 2 x 64) x 192 x 2 B = 66 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
 /// scores 32.

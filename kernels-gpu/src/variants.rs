@@ -532,12 +532,16 @@ kernel_table! {
     FlashFwdF16D64Window = flash_fwd_f16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), F16, NARROW_WINDOW_D64;
     /// Tensor-core forward, bf16, head_dim 32.
     FlashFwdBf16D32 = flash_fwd_bf16_d32: FlashMma(FLASH_MMA_D32), Bf16;
+    /// Tensor-core forward, bf16, head_dim 96.
+    FlashFwdBf16D96 = flash_fwd_bf16_d96: FlashMma(FLASH_MMA_D96), Bf16;
     /// Tensor-core forward, bf16, head_dim 192.
     FlashFwdBf16D192 = flash_fwd_bf16_d192: FlashMma(FLASH_MMA_D192), Bf16;
     /// Tensor-core forward, bf16, head_dim 256.
     FlashFwdBf16D256 = flash_fwd_bf16_d256: FlashMma(FLASH_MMA_D256), Bf16;
     /// Tensor-core forward, f16, head_dim 32.
     FlashFwdF16D32 = flash_fwd_f16_d32: FlashMma(FLASH_MMA_D32), F16;
+    /// Tensor-core forward, f16, head_dim 96.
+    FlashFwdF16D96 = flash_fwd_f16_d96: FlashMma(FLASH_MMA_D96), F16;
     /// Tensor-core forward, f16, head_dim 192.
     FlashFwdF16D192 = flash_fwd_f16_d192: FlashMma(FLASH_MMA_D192), F16;
     /// Tensor-core forward, f16, head_dim 256.
@@ -811,8 +815,7 @@ mod tests {
         assert_eq!(KernelId::flash(Elem::F32, 128), Some(KernelId::FlashFwdF32D128));
         assert_eq!(KernelId::flash(Elem::Bf16, 64), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
-        // No tensor-core row at 96: its masked tiles diverge inside a warp (see FLASH_MMA_D96).
-        assert_eq!(KernelId::flash(Elem::Bf16, 96), None);
+        assert_eq!(KernelId::flash(Elem::Bf16, 96), Some(KernelId::FlashFwdBf16D96));
         assert_eq!(KernelId::flash(Elem::F16, 256), Some(KernelId::FlashFwdF16D256));
         assert_eq!(KernelId::flash(Elem::F32, 32), Some(KernelId::FlashFwdF32D32));
         assert_eq!(KernelId::flash(Elem::Bf16, 80), None);
@@ -821,9 +824,8 @@ mod tests {
             KernelId::naive(Elem::Bf16),
             Some([KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16])
         );
-        assert_eq!(KernelId::flash_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
-        for e in [Elem::Bf16, Elem::F16] {
-            assert_eq!(KernelId::flash_head_dims(e), vec![32, 64, 128, 192, 256], "{e:?}");
+        for e in [Elem::F32, Elem::Bf16, Elem::F16] {
+            assert_eq!(KernelId::flash_head_dims(e), vec![32, 64, 96, 128, 192, 256], "{e:?}");
         }
         for k in KernelId::ALL {
             assert_eq!(KernelId::from_name(k.name()), Some(k));
@@ -841,7 +843,7 @@ mod tests {
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (-1, 0)), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128));
         assert_eq!(KernelId::flash_for(Elem::F32, 64, (255, 0)), Some(KernelId::FlashFwdF32D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), None);
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), Some(KernelId::FlashFwdBf16D96));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
         // `flash` and `find` give the default rows only.
         assert_eq!(KernelId::flash(Elem::F16, 64), Some(KernelId::FlashFwdF16D64));
