@@ -3,8 +3,10 @@
 //! Registers are structure-of-arrays (`regs[slot][lane]`). Each lane has its own PC; a warp runs
 //! the group of lanes at the minimum PC and stops the group as soon as it reaches the PC of another
 //! lane (they then merge) or diverges at a branch. Converged code therefore runs as one group with
-//! no per-instruction bookkeeping. Barriers park lanes; a block releases a barrier when every
-//! non-exited thread waits at the same barrier instruction.
+//! no per-instruction bookkeeping. A group that reaches a warp collective while lanes it needs
+//! still run elsewhere parks there until they arrive (reconvergence at the join). Barriers park
+//! lanes; a block releases a barrier when every non-exited thread waits at the same barrier
+//! instruction.
 
 use crate::ir::*;
 use crate::memcheck::{Fault, Loc, Mem, SharedMem};
@@ -17,6 +19,9 @@ const RUN: u8 = 0;
 const BAR: u8 = 1;
 const EXIT: u8 = 2;
 const ABSENT: u8 = 3;
+/// Parked at a warp collective (`.sync` shuffle/vote, `.sync.aligned` ldmatrix/mma) until the
+/// lanes it needs, still running on another path, arrive at the same instruction.
+const WAIT: u8 = 4;
 /// Fresh shared memory reads as this repeating little-endian word (a quiet NaN as f32).
 pub const SHARED_POISON: u32 = 0x7FC0_DEAD;
 
@@ -461,7 +466,24 @@ impl Launch<'_> {
                 }
             }
             if runnable == 0 {
-                return Ok(());
+                // Lanes parked at a collective that no running lane can join any more (the rest
+                // exited, wait at a barrier or at another collective): run the lowest group, so
+                // the collective reports the lanes that are missing.
+                let mut wpc = u32::MAX;
+                for l in 0..32 {
+                    if wp.state[l] == WAIT {
+                        wpc = wpc.min(wp.pcs[l]);
+                    }
+                }
+                if wpc == u32::MAX {
+                    return Ok(());
+                }
+                for l in 0..32 {
+                    if wp.state[l] == WAIT && wp.pcs[l] == wpc {
+                        wp.state[l] = RUN;
+                    }
+                }
+                continue;
             }
             let mut group = 0u32;
             let mut limit = u32::MAX;
@@ -506,6 +528,41 @@ impl Launch<'_> {
                 leave!();
             }
             let inst = &insts[pc as usize];
+            if inst.op.is_warp_collective() {
+                // Reconvergence. Lanes of a warp that took different paths of a branch run one
+                // path after the other (lowest PC first), so a path laid out after the join
+                // reaches a collective later than the other. Lanes already parked here join this
+                // group; if lanes this collective needs are still running elsewhere, this group
+                // parks until they arrive (as the hardware reconverges the warp before it).
+                let mut waiting = 0u32;
+                let mut running = 0u32;
+                for l in 0..32 {
+                    if group >> l & 1 == 0 {
+                        if wp.state[l] == WAIT && wp.pcs[l] == pc {
+                            waiting |= 1 << l;
+                        } else if wp.state[l] == RUN {
+                            running |= 1 << l;
+                        }
+                    }
+                }
+                lanes(waiting, |l| wp.state[l] = RUN);
+                group |= waiting;
+                let needed = match inst.op {
+                    Op::Shfl { mask, .. } | Op::Vote { mask, .. } | Op::Redux { mask, .. } | Op::Match { mask, .. }
+                        if mask != NONE =>
+                    {
+                        wp.regs[mask as usize][group.trailing_zeros() as usize] as u32
+                    }
+                    _ => FULL,
+                };
+                if needed & running != 0 {
+                    lanes(group, |l| {
+                        wp.state[l] = WAIT;
+                        wp.pcs[l] = pc;
+                    });
+                    return Ok(());
+                }
+            }
             let mut exec = group;
             if inst.guard != NONE {
                 let g = &wp.regs[inst.guard as usize];
@@ -655,8 +712,7 @@ impl Launch<'_> {
                             if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
                         let mut missing = 0u32;
                         for l in 0..32 {
-                            if member >> l & 1 == 1 && (wp.state[l] == RUN || wp.state[l] == BAR) && exec >> l & 1 == 0
-                            {
+                            if member >> l & 1 == 1 && matches!(wp.state[l], RUN | BAR | WAIT) && exec >> l & 1 == 0 {
                                 missing |= 1 << l;
                             }
                         }

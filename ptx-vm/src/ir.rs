@@ -380,6 +380,21 @@ pub(crate) struct Inst {
 
 impl Op {
     /// Destination slots (for the trace).
+    /// An instruction that the lanes of a warp execute together: `shfl`/`vote`/`redux`/`match`
+    /// `.sync`, `bar.warp.sync`, and the `.sync.aligned` `ldmatrix` and `mma`.
+    pub fn is_warp_collective(&self) -> bool {
+        matches!(
+            self,
+            Op::Shfl { .. }
+                | Op::Vote { .. }
+                | Op::Redux { .. }
+                | Op::Match { .. }
+                | Op::BarWarp
+                | Op::Ldmatrix { .. }
+                | Op::Mma { .. }
+        )
+    }
+
     pub fn dsts(&self) -> Vec<Slot> {
         use Op::*;
         let v: Vec<Slot> = match *self {

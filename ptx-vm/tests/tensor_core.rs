@@ -438,6 +438,53 @@ fn divergent_mma_and_ldmatrix_are_findings() {
     run_io("", &format!("setp.eq.u32 %p1, 1, 0;\n @%p1 {MMA}"), 32, &[], 0).unwrap();
 }
 
+/// A branch whose join block is laid out between its two paths (as LLVM's block placement often
+/// does): the lanes on the path before the join reach the collectives after it first. The warp
+/// reconverges there, as the hardware does, and every collective sees all 32 lanes.
+#[test]
+fn a_join_laid_out_before_one_path_reconverges_before_its_collectives() {
+    let decls = ".shared .align 16 .b8 sm[512];";
+    let body =
+        "mov.u32 %r1, %laneid;\n mov.u32 %r2, sm;\n mul.lo.u32 %r3, %r1, 16;\n add.u32 %r4, %r2, %r3;\n\
+         mul.lo.u32 %r20, %r1, 4;\n add.u32 %r21, %r2, %r20;\n st.shared.u32 [%r21], %r1;\n\
+         st.shared.u32 [%r21+128], %r1;\n st.shared.u32 [%r21+256], %r1;\n st.shared.u32 [%r21+384], %r1;\n\
+         bar.warp.sync -1;\n\
+         setp.lt.u32 %p1, %r1, 16;\n @%p1 bra LOW;\n bra.uni HIGH;\n\
+         LOW:\n mov.u32 %r5, 100;\n\
+         JOIN:\n shfl.sync.bfly.b32 %r6, %r5, 16, 31, -1; // SHFL\n\
+         ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r7}, [%r4]; // LDSM\n\
+         mul.wide.u32 %rd1, %r1, 8;\n add.s64 %rd2, %rd0, %rd1;\n st.global.u32 [%rd2], %r6;\n st.global.u32 [%rd2+4], %r7;\n\
+         bra.uni END;\n\
+         HIGH:\n mov.u32 %r5, 200;\n bra.uni JOIN;\n\
+         END:"
+        .to_string();
+    let o = run_io(decls, &body, 32, &[], 32 * 8).unwrap_or_else(|e| panic!("{e}"));
+    let w: Vec<u32> = o.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    for l in 0..32usize {
+        // The butterfly across the halves: each half reads the other half's path value.
+        assert_eq!(w[2 * l], if l < 16 { 200 } else { 100 }, "shfl lane {l}");
+        // x1: lane l gets the 32-bit word l % 4 of row l / 4 (row r at lane r's address, shared
+        // words 4r..4r+3); shared word i holds i.
+        let word = 4 * (l / 4) as u32 + (l % 4) as u32;
+        assert_eq!(w[2 * l + 1], word, "ldmatrix lane {l}");
+    }
+    // A path that never reaches the collective is still divergence, found once the waiting
+    // lanes can be joined by nobody: the upper half exits before the join.
+    let exited = body.replace("HIGH:\n mov.u32 %r5, 200;\n bra.uni JOIN;", "HIGH:\n ret;");
+    let f = finding_of(run_io(decls, &exited, 32, &[], 32 * 8));
+    assert_eq!(f.kind, "warp collective divergence", "{f:?}");
+    // (A shuffle's member lanes that have exited are not counted as missing; the aligned
+    // ldmatrix needs all 32.)
+    assert_eq!(f.line, line_of(&kernel(decls, &exited), "// LDSM"));
+    // Two halves parked at two different collectives wait for each other: divergence, not a hang.
+    let crossed = body.replace(
+        "HIGH:\n mov.u32 %r5, 200;\n bra.uni JOIN;",
+        "HIGH:\n mov.u32 %r5, 200;\n bra.uni LD2;\n LD2:\n ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r8}, [%r4];",
+    );
+    let f = finding_of(run_io(decls, &crossed, 32, &[], 32 * 8));
+    assert_eq!(f.kind, "warp collective divergence", "{f:?}");
+}
+
 #[test]
 fn cvt_packed_rounding() {
     // 0x3F808001 = 1.0039063..: truncating to bf16 gives 0x3F80, nearest gives 0x3F81.
