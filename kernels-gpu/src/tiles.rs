@@ -159,11 +159,12 @@ pub const FLASH_MMA_D32: FlashMmaTile =
 /// O 96, scores 32.
 pub const FLASH_MMA_D96: FlashMmaTile =
     FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_in_regs: true };
-/// d=192 (24 chunks a row): 3 warps of 16 rows (Br 48), 4 rows per copy pass, Bc = 64: smem
-/// (48 + 2 x 64) x 192 x 2 B = 66 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
-/// scores 32.
+/// d=192 (24 chunks a row): 6 warps of 16 rows (Br 96), 8 rows per copy pass, Bc = 64: smem
+/// (96 + 2 x 64) x 192 x 2 B = 84 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
+/// scores 32. Br 96 instead of 48 halves the `cp.async` traffic per unit of work (each K/V tile
+/// serves twice the rows), which is what bounds this head dim.
 pub const FLASH_MMA_D192: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 48, bc: 64, warps: 3, rows_per_warp: 16, q_in_regs: true };
+    FlashMmaTile { head_dim: 192, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_in_regs: true };
 /// d=256 (Gemma's; 32 chunks a row): FlashAttention-2's tile, 8 warps of 16 rows (Br 128), 8 rows
 /// per copy pass, Bc = 64: smem (128 + 2 x 64) x 256 x 2 B = 128 KiB (opt-in; one block per SM).
 /// Per thread O 128 registers, scores 32; Q (64 registers of fragments) is reloaded from shared
