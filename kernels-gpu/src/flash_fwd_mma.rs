@@ -3,7 +3,10 @@
 //!
 //! Algorithm (FlashAttention-2 forward): a block of warps (4; 6 at D = 96, 3 at D = 192) owns `BR` query rows, `MT` 16-row
 //! `mma` tiles per warp (the tile's `rows_per_warp`: 16 or 32; with 32 every K and V fragment
-//! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`. Q is staged
+//! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`: from the
+//! last tile back to the first at `keys_backward` tiles (as FlashAttention-2 does: the one tile
+//! that can reach past the last key is loaded before the loop, so the loop's loads carry no
+//! bounds checks), else from the first. Q is staged
 //! once; its A fragments stay in registers (`q_in_regs`) or are reloaded from shared memory in
 //! every k-step. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores
 //! into f32 accumulator fragments; (3) mask (and, in the soft-cap instantiation, cap); (4) raise
@@ -31,8 +34,9 @@
 //! 4 mod 8 rows (D = 192 at 3 warps, D = 256 at 4) alternates between two swizzled destinations;
 //! rows of 64 + 128n bytes (D = 32, 96) use the 4-chunk swizzle ([`crate::swizzle::TileLane`]
 //! picks the lane addresses for either). Each thread
-//! keeps one global pointer per tensor (`TileLoader`), advanced by `BC` rows per tile; only the
-//! tile that reaches past the last key checks rows.
+//! keeps one global pointer per tensor (`TileLoader`), moved by `BC` rows per tile; only the
+//! tile that reaches past the last key checks rows (walking backward, it is loaded before the
+//! loop).
 //!
 //! Shared-memory layout ([`crate::swizzle`]): each tile is row-major, one row = `D * 2` bytes =
 //! `D / 8` chunks of 16 bytes. Chunk `c` of row `r` is stored at chunk position `c ^ (r % 8)`. An
@@ -140,10 +144,10 @@ unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
 }
 
 /// One thread's share of the `cp.async` loads of successive `BC`-row tiles of K or V: one
-/// global pointer (this thread's chunk of its first row of the next tile), advanced by the
-/// uniform `BC × stride` after each tile; the rows of one tile are `rows_per_pass × stride`
-/// apart. Only a tile that reaches past the last row checks rows (and zero-fills those past it);
-/// every other tile copies unconditionally.
+/// global pointer (this thread's chunk of its first row of the next tile), moved by the uniform
+/// `BC × stride` after each tile, forward or (`keys_backward` tiles) backward; the rows of one
+/// tile are `rows_per_pass × stride` apart. Only the tile that reaches past the last row checks
+/// rows (and zero-fills those past it); every other tile copies unconditionally.
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
 struct TileLoader {
@@ -178,34 +182,59 @@ impl TileLoader {
         }
     }
 
-    /// Starts the copies of the next tile into the swizzled tile at shared address `tile` and
-    /// moves on to the tile after it.
+    /// Starts the copies of the next tile into the swizzled tile at shared address `tile`
+    /// (checking rows only if it reaches past the last one) and moves on to the tile after it.
     #[inline(always)]
     unsafe fn stage<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
+        let rows_per_pass = THREADS / (D * 2 / CHUNK);
+        if self.left >= (BC - rows_per_pass + 1) as i32 {
+            // Every row of the tile exists (the common case): no checks.
+            unsafe { self.copy::<D, BC, THREADS, false>(tile) };
+        } else {
+            unsafe { self.copy::<D, BC, THREADS, true>(tile) };
+        }
+        self.next += BC as u64 * self.stride;
+        self.left -= BC as i32;
+    }
+
+    /// Starts the copies of the next tile with row checks, for the last tile, loaded before the
+    /// loop of a `keys_backward` tile, and moves back a tile.
+    #[inline(always)]
+    unsafe fn stage_last<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
+        unsafe { self.copy::<D, BC, THREADS, true>(tile) };
+        self.back::<BC>();
+    }
+
+    /// Starts the copies of the next tile, every row of which exists (a tile before the last),
+    /// and moves back a tile.
+    #[inline(always)]
+    unsafe fn stage_full<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
+        unsafe { self.copy::<D, BC, THREADS, false>(tile) };
+        self.back::<BC>();
+    }
+
+    /// Moves to the tile before (past the first, the address is formed but never read).
+    #[inline(always)]
+    fn back<const BC: usize>(&mut self) {
+        self.next = self.next.wrapping_sub(BC as u64 * self.stride);
+        self.left += BC as i32;
+    }
+
+    /// The copies of one tile; `CHECKED`: rows at or past the end are zero-filled (source size
+    /// 0, naming the would-be address: nothing is read).
+    #[inline(always)]
+    unsafe fn copy<const D: usize, const BC: usize, const THREADS: usize, const CHECKED: bool>(&self, tile: u32) {
         let rows_per_pass = THREADS / (D * 2 / CHUNK);
         const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
         let tile = opaque_u32(tile);
         let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
-        if self.left >= (BC - rows_per_pass + 1) as i32 {
-            // Every row of the tile exists (the common case): no checks.
-            unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
-                let addr = self.next + k as u64 * step;
-                let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
-                unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, CHUNK as u32) };
-            });
-        } else {
-            // The partial tile: rows at or past the end are zero-filled (source size 0).
-            unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
-                // A row past the end names its would-be address with source size 0: nothing is read.
-                let bytes = if ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
-                let addr = self.next + k as u64 * step;
-                let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
-                unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
-            });
-        }
-        self.next += BC as u64 * self.stride;
-        self.left -= BC as i32;
+        unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
+            let addr = self.next + k as u64 * step;
+            let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+            unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        });
     }
 }
 
@@ -255,7 +284,8 @@ fn ctaid_z_fresh() -> u32 {
 /// `KD = D / 16` k-steps of `Q Kᵀ`, `ND = D / 8` column tiles of O, `NS = BC / 8` column tiles
 /// of S; `MT` 16-row m-tiles per warp (1: 16 rows per warp, 2: 32), which share every K and V
 /// fragment loaded from shared memory; `QR`: Q's A fragments stay in registers for the whole
-/// loop (else they are reloaded from shared memory in every k-step, as FlashAttention-2 does).
+/// loop (else they are reloaded from shared memory in every k-step, as FlashAttention-2 does);
+/// `BACK`: the tile's `keys_backward`.
 ///
 /// # Safety
 /// As the module's safety section.
@@ -272,14 +302,15 @@ pub(crate) unsafe fn flash_fwd<
     const NS: usize,
     const MT: usize,
     const QR: bool,
+    const BACK: bool,
 >(
     p: &AttnParams,
 ) {
     // The soft cap is a separate instantiation of the whole loop: the common loop has no tanh.
     if p.softcap > 0.0 {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, true>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, BACK, true>(p) }
     } else {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, false>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, BACK, false>(p) }
     }
 }
 
@@ -299,6 +330,7 @@ unsafe fn flash_fwd_body<
     const NS: usize,
     const MT: usize,
     const QR: bool,
+    const BACK: bool,
     const SOFTCAP: bool,
 >(
     p: &AttnParams,
@@ -351,12 +383,20 @@ unsafe fn flash_fwd_body<
     // recomputed in the (few) masked tiles instead of being held in registers.
     let row0 = q0 + warp * 16 * MT + g;
 
-    // Q and the first K tile.
-    let mut k_load = TileLoader::new::<D, THREADS>(k_rows, j_first as usize * BC, tid);
-    let mut v_load = TileLoader::new::<D, THREADS>(v_rows, j_first as usize * BC, tid);
+    // Q and the first K tile; walking backward, the last K and V tiles (the only ones that can
+    // reach past the last key), so the loop's loads need no checks.
+    let j_last = if n_tiles > j_first { n_tiles - 1 } else { j_first };
+    let row0_kv = if BACK { j_last } else { j_first } as usize * BC;
+    let mut k_load = TileLoader::new::<D, THREADS>(k_rows, row0_kv, tid);
+    let mut v_load = TileLoader::new::<D, THREADS>(v_rows, row0_kv, tid);
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
-        k_load.stage::<D, BC, THREADS>(k_s);
+        if !BACK {
+            k_load.stage::<D, BC, THREADS>(k_s);
+        } else if n_tiles > j_first {
+            k_load.stage_last::<D, BC, THREADS>(k_s);
+            v_load.stage_last::<D, BC, THREADS>(v_s);
+        }
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -401,13 +441,24 @@ unsafe fn flash_fwd_body<
     let mut row_l = [0.0f32; 4];
     let mut o = [[[0.0f32; 4]; ND]; MT];
 
-    let mut j = j_first;
-    while j < n_tiles {
+    // Forward: tiles j_first..n_tiles. Backward: n_tiles - 1 down to j_first; the first tile of
+    // that loop has its V already (a predicate, not one more register live through the loop).
+    let mut j = if BACK { n_tiles } else { j_first };
+    let mut v_staged = BACK;
+    while if BACK { j > j_first } else { j < n_tiles } {
+        if BACK {
+            j -= 1;
+        }
         let kv0 = j * BC as u32;
-        // (1) K_j has landed and every warp is done reading V_{j-1}: start loading V_j.
+        // (1) K_j has landed and every warp is done reading the previous V: start loading V_j.
         cp_async_wait_all();
         sync_threads();
-        unsafe { v_load.stage::<D, BC, THREADS>(v_s) };
+        if !BACK {
+            unsafe { v_load.stage::<D, BC, THREADS>(v_s) };
+        } else if !v_staged {
+            unsafe { v_load.stage_full::<D, BC, THREADS>(v_s) };
+        }
+        v_staged = false;
         cp_async_commit();
 
         // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
@@ -525,14 +576,16 @@ unsafe fn flash_fwd_body<
             });
         });
 
-        // (6) V_j has landed and every warp is done reading K_j: start loading K_{j+1}, then
+        // (6) V_j has landed and every warp is done reading K_j: start loading the next K, then
         // O += P V_j. One ldmatrix.x4.trans gives the B fragments of two 8-wide d tiles for one
         // 16-key step: matrices (keys 16kc.., d 16np), (keys 16kc+8.., d 16np), (keys 16kc..,
         // d 16np+8), (keys 16kc+8.., d 16np+8); every m-tile of the warp uses them.
         cp_async_wait_all();
         sync_threads();
-        if j + 1 < n_tiles {
+        if !BACK && j + 1 < n_tiles {
             unsafe { k_load.stage::<D, BC, THREADS>(k_s) };
+        } else if BACK && j > j_first {
+            unsafe { k_load.stage_full::<D, BC, THREADS>(k_s) };
         }
         cp_async_commit();
         let v_lane = TileLane::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
@@ -545,7 +598,9 @@ unsafe fn flash_fwd_body<
                 });
             });
         });
-        j += 1;
+        if !BACK {
+            j += 1;
+        }
     }
 
     // Finalise: O = acc / l, LSE = ln2 * (m·c + log2 l); a row that saw nothing gives O = 0, -inf.

@@ -414,6 +414,7 @@ macro_rules! entry {
                     { (T.bc / 8) as usize },
                     { T.m_tiles() as usize },
                     { T.q_in_regs },
+                    { T.keys_backward },
                 >(&p)
             }
         }
