@@ -145,7 +145,7 @@ fn kernels_json_reports_each_tile_from_the_variant_table() {
             (64, 128, 64, 4),
             (96, 192, 32, 6),
             (128, 128, 32, 4),
-            (192, 48, 64, 3),
+            (192, 96, 64, 6),
             (256, 128, 64, 8),
         ] {
             let t = tile(&format!("flash_fwd_{dtype}_d{d}"));

@@ -1,7 +1,7 @@
 //! `flash_fwd_{bf16,f16}_d{32,64,96,128,192,256}`: fused attention forward on tensor cores (`mma.sync`
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
-//! Algorithm (FlashAttention-2 forward): a block of warps (4; 6 at D = 96, 3 at D = 192) owns `BR` query rows, `MT` 16-row
+//! Algorithm (FlashAttention-2 forward): a block of warps (4; 6 at D = 96 and 192; 8 at D = 256) owns `BR` query rows, `MT` 16-row
 //! `mma` tiles per warp (the tile's `rows_per_warp`: 16 or 32; with 32 every K and V fragment
 //! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`: from the
 //! last tile back to the first at `keys_backward` tiles (as FlashAttention-2 does: the one tile
@@ -31,7 +31,7 @@
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
 //! zero-filled (source size 0), so they contribute exact zeros, never stale data. A copy pass of
-//! 4 mod 8 rows (D = 192 at 3 warps, D = 256 at 4) alternates between two swizzled destinations;
+//! 4 mod 8 rows (D = 192 at 3 or 9 warps, D = 256 at 4) alternates between two swizzled destinations;
 //! rows of 64 + 128n bytes (D = 32, 96) use the 4-chunk swizzle ([`crate::swizzle::TileLane`]
 //! picks the lane addresses for either). Each thread
 //! keeps one global pointer per tensor (`TileLoader`), moved by `BC` rows per tile; only the

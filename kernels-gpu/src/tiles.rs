@@ -157,7 +157,7 @@ pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile {
 };
 
 // The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
-// chunks (whole rows per copy pass), so d = 96 and 192 take 6 and 3 warps. Tiles above 48 KiB
+// chunks (whole rows per copy pass), so d = 96 and 192 take 6 warps. Tiles above 48 KiB
 // (d = 192, 256) need the shared-memory opt-in, which the hosts request per kernel. Registers are
 // ptxas's at sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each; the tile shapes
 // were chosen with `scripts/sass-compare.sh` (its pipe model against FA2's kernels).
