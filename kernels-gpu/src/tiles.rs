@@ -137,12 +137,12 @@ impl FlashMmaTile {
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
 pub const FLASH_MMA_D64: FlashMmaTile =
     FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
-/// d=64 for narrow windows: 16 rows per warp (Br 64), Bc = 64 keys per step: smem
-/// (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block of 64 rows with a window of `L` keys to the left
-/// visits `64 + L` keys rounded to 64-key tiles instead of 128-key ones (320 instead of 384 at
-/// `L = 255`). Per thread Q fragments 16 registers, O accumulator 32, scores 32.
+/// d=64 for narrow windows: the d=64 warp (32 rows, Bc = 64, Q in registers) in blocks of 2
+/// warps (Br 64): smem (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block of 64 rows with a window of `L`
+/// keys to the left visits `64 + L` keys (320 at `L = 255`) where a 128-row block visits
+/// `128 + L` for twice the rows plus their spread; see docs/semantics.md ("Which kernel runs").
 pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 4, rows_per_warp: 16, q_in_regs: true, keys_backward: true };
+    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
 /// d=128: 32 rows per warp (Br 128), Bc = 32: smem (128 + 2 x 32) x 128 x 2 B = 48 KiB. Per
 /// thread O accumulator 128 registers, scores 32; Q is reloaded from shared memory. Bc = 64
 /// (64 KiB, with the opt-in) and Bc = 48 spill at 255 registers with ptxas 13.5.
