@@ -845,7 +845,7 @@ mod tests {
     }
 
     #[test]
-    fn narrow_windows_pick_the_64_key_tile_at_d64() {
+    fn narrow_windows_pick_the_64_row_tile_at_d64() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
         let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, ..Problem::default() };
         let narrow = [KernelId::FlashFwdBf16D64Window];
@@ -856,7 +856,7 @@ mod tests {
         assert_eq!(names(&Problem { window: (0, 0), ..p }), narrow);
         assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D64Window]);
         let l = Problem { window: (255, 0), ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [128, 1, 1], 24 * 1024));
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 24 * 1024));
         // Everything else runs the default row: wider windows, a side unbounded, full and causal
         // attention, other head dims and dtypes.
         let default = [KernelId::FlashFwdBf16D64];

@@ -582,7 +582,7 @@ device_tests! {
             }
         }
     }
-    // At d64 the tensor-core family has two rows: the default 128-key tile and the 64-key tile
+    // At d64 the tensor-core family has two rows: the default 128-row block and the 64-row block
     // chosen for windows bounded on both sides and at most 512 keys wide
     // (docs/semantics.md, "Which kernel runs"). Both against the f64 reference at shapes with
     // tails, seq_q != seq_kv both ways (fully masked rows), several query blocks, single query and
@@ -609,7 +609,7 @@ device_tests! {
                 assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), want, "{p:?}");
                 case_16(dev, p, KernelKind::Flash);
             }
-            // Known answer on the 64-key tile: each row sees exactly its diagonal key.
+            // Known answer on the 64-row block: each row sees exactly its diagonal key.
             let p = Problem { batch: 1, heads: 4, heads_kv: Some(2), seq_q: 130, seq_kv: 150, head_dim: 64, window: (0, 0), dtype, ..Problem::default() };
             known_answer_diagonal_window(dev, KernelKind::Flash, p);
         }
