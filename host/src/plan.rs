@@ -381,11 +381,12 @@ pub struct Terms {
     pub total: u64,
 }
 
-/// The attention problem of one layer of the workload (GQA aside: `heads` query heads).
+/// The attention problem of one layer of the workload: `heads` query heads on `heads_kv` K/V heads.
 pub fn attention_problem(m: &Model, w: &Workload, keys: u32) -> Problem {
     Problem {
         batch: w.batch,
         heads: m.heads,
+        heads_kv: (m.heads_kv != m.heads).then_some(m.heads_kv),
         seq_q: w.new_tokens,
         seq_kv: keys,
         head_dim: m.head_dim,

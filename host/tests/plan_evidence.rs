@@ -260,11 +260,14 @@ fn plan_verify_measures_what_it_planned() {
     let runs = v["verify"]["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     for r in runs {
-        let (b, h, sq, skv, d) = (2u64, 4u64, 1u64, 200u64, 128u64);
+        // Mistral groups 4 query heads per KV head: the scaled layer keeps one group.
+        let (b, h, hkv, sq, skv, d) = (2u64, 4u64, 1u64, 1u64, 200u64, 128u64);
         assert_eq!(r["shape"]["seq_kv"], skv);
-        // Q, O (seq_q rows) and K, V (seq_kv rows) in bf16, LSE f32, S f32 for naive only.
+        assert_eq!((r["shape"]["heads"].as_u64(), r["shape"]["heads_kv"].as_u64()), (Some(h), Some(hkv)), "{r}");
+        // Q, O (seq_q rows, h heads) and K, V (seq_kv rows, hkv heads) in bf16, LSE f32, S f32
+        // for naive only.
         let s = if r["kernel"] == "naive" { 4 * b * h * sq * skv } else { 0 };
-        let expected = 2 * (2 * b * sq * h * d) + 2 * (2 * b * skv * h * d) + 4 * b * h * sq + s;
+        let expected = 2 * (2 * b * sq * h * d) + 2 * (2 * b * skv * hkv * d) + 4 * b * h * sq + s;
         assert_eq!(r["plan_bytes"]["total"], expected, "{r}");
         assert_eq!(r["measured_peak_bytes"], expected, "{r}");
         assert_eq!(r["verified"], true);

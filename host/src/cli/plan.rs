@@ -438,14 +438,16 @@ fn group(n: u64) -> String {
 fn verify(cli: &Cli, m: &Model, w: &Workload) -> Result<(serde_json::Value, bool), Error> {
     let keys = (0..m.layers as usize).map(|l| m.keys(l, w.context)).max().unwrap_or(w.context);
     let context = keys.min(200);
-    let heads = m.heads.min(4);
+    // GQA kept: one KV head with its query heads (at most 8), or up to 4 dense heads.
+    let group = m.heads / m.heads_kv.max(1);
+    let (heads, heads_kv) = if group <= 1 { (m.heads.min(4), m.heads.min(4)) } else { (group.min(8), 1) };
     // At the model's head dim when the variant table has flash kernels for it in every dtype;
     // others verify at 64.
     let compiled = [Elem::F32, Elem::Bf16, Elem::F16].iter().all(|&e| KernelId::flash(e, m.head_dim).is_some());
     let head_dim = if compiled { m.head_dim } else { 64 };
-    // The scaled-down layer is dense (heads_kv = heads): the verification compares the plan's
-    // bytes with the forward run's measured peak, and that comparison is made at heads_kv = heads.
-    let sm = Model { layers: 1, heads, heads_kv: heads, head_dim, windows: vec![None], ..m.clone() };
+    // The scaled-down layer keeps the model's grouping, so the plan's K/V terms at `heads_kv`
+    // heads are compared with what a GQA forward run really allocates.
+    let sm = Model { layers: 1, heads, heads_kv, head_dim, windows: vec![None], ..m.clone() };
     let mut opts = device_options(cli)?;
     opts.backend = BackendChoice::Vm;
     let mut dev = device::open(&opts)?.device;
@@ -479,11 +481,8 @@ fn verify(cli: &Cli, m: &Model, w: &Workload) -> Result<(serde_json::Value, bool
             "ok": ok,
         }));
     }
-    let note = if m.heads_kv != m.heads {
-        format!(
-            "scaled to heads_kv = heads = {heads}: the verification runs dense attention; the full plan counts the cache with {} KV heads",
-            m.heads_kv
-        )
+    let note = if group > 8 {
+        format!("scaled to {heads} query heads on 1 KV head (the model groups {group} query heads per KV head)")
     } else {
         String::new()
     };
@@ -501,10 +500,11 @@ fn print_verify(v: &serde_json::Value) {
     for r in v["runs"].as_array().into_iter().flatten() {
         let s = &r["shape"];
         println!(
-            "  {:<5} batch {} heads {} seq_q {} seq_kv {} head_dim {} {}: expected {} B (plan) = {} B (memory model), measured {} B  {}  O rel RMS {:.2e}",
+            "  {:<5} batch {} heads {} heads_kv {} seq_q {} seq_kv {} head_dim {} {}: expected {} B (plan) = {} B (memory model), measured {} B  {}  O rel RMS {:.2e}",
             r["kernel"].as_str().unwrap_or(""),
             s["batch"],
             s["heads"],
+            s["heads_kv"],
             s["seq_q"],
             s["seq_kv"],
             s["head_dim"],
