@@ -174,6 +174,9 @@ fn doctor_and_kernels_say_the_driver_is_vm_backed() {
     assert!(gpu["name"].as_str().unwrap().contains("ptx-vm"), "NVML from the same library: {gpu}");
     assert_eq!(gpu["memory_total_bytes"], 16u64 << 30);
     assert_eq!(gpu["compute_capability"], "8.0");
+    // The next step names the VM-backed driver's memory, not a GPU's.
+    let next = v["next_step"].as_str().unwrap_or_default();
+    assert!(next.contains("VM-backed driver's simulated memory") && !next.contains("GPU's free memory"), "{next}");
     let o = memattn(&["--backend", "cuda", "kernels"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }

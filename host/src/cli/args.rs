@@ -346,11 +346,12 @@ pub struct ProblemArgs {
     /// Seed of the random (standard normal) inputs and of the sampled reference rows.
     #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
-    /// Untimed launches before timing [default: 3 on CUDA, 0 in the VM; at most 1000000].
+    /// Untimed launches before timing [default: 3 on a GPU, 0 in the VM and on the VM-backed
+    /// CUDA driver; at most 1000000].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub warmup: Option<u32>,
-    /// Timed repetitions; the median is reported [default: 10 on CUDA, 1 in the VM; at most
-    /// 1000000].
+    /// Timed repetitions; the median is reported [default: 10 on a GPU, 1 in the VM and on the
+    /// VM-backed CUDA driver; at most 1000000].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub repeats: Option<u32>,
     /// Query rows checked against the reference: `all`, a number (seeded random sample), or

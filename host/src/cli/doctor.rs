@@ -68,8 +68,13 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
             use memattn::memory::AnalyticBytes;
             use memattn::problem::{KernelKind, Problem};
             let p = Problem { seq_q: 4096, seq_kv: 4096, ..Problem::default() };
+            let what = if memattn::device::cuda::vm_backed() {
+                "the VM-backed driver's simulated memory (no GPU: this CUDA driver runs the PTX VM)"
+            } else {
+                "this GPU's free memory"
+            };
             format!(
-                "next safe step: the plan of your workload against this GPU's free memory, then one small measured run: \
+                "next safe step: the plan of your workload against {what}, then one small measured run: \
                  `memattn --save evidence.jsonl plan --config config.json --batch 1 --context 4096` then \
                  `memattn --save evidence.jsonl --backend cuda compare --seq 4096` (expected state: naive {}, flash {} \
                  on top of the memory used now)",
