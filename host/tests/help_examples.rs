@@ -57,7 +57,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ),
     (
         "memattn plan --config host/tests/fixtures/configs/mistral-7b-v0.1.json --batch 1 --context 8192 --verify",
-        Run(0, "measured 411664 B  PASS"),
+        Run(0, "measured 104464 B  PASS"),
     ),
     (
         "memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --batch 8 --context 32768 --vram 80GiB --plot plan.png",

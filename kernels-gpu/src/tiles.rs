@@ -143,14 +143,16 @@ pub const FLASH_MMA_D64: FlashMmaTile =
 /// `128 + L` for twice the rows plus their spread; see docs/semantics.md ("Which kernel runs").
 pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
     FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
-/// d=128: 32 rows per warp (Br 128), Bc = 32: smem (128 + 2 x 32) x 128 x 2 B = 48 KiB. Per
-/// thread O accumulator 128 registers, scores 32; Q is reloaded from shared memory. Bc = 64
-/// (64 KiB, with the opt-in) and Bc = 48 spill at 255 registers with ptxas 13.5.
+/// d=128: 8 warps of 32 rows (Br 256), Bc = 32: smem (256 + 2 x 32) x 128 x 2 B = 80 KiB (opt-in;
+/// one block of 8 warps per SM, the register file's limit). Per thread O accumulator 128
+/// registers, scores 32; Q is reloaded from shared memory. Each K/V tile serves 256 rows, so the
+/// `cp.async` traffic per unit of work is half that of 4 warps. Bc = 64, Bc = 48, Q in registers
+/// and the backward key walk all spill at 255 registers with ptxas 13.5.
 pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile {
     head_dim: 128,
-    br: 128,
+    br: 256,
     bc: 32,
-    warps: 4,
+    warps: 8,
     rows_per_warp: 32,
     q_in_regs: false,
     keys_backward: false,

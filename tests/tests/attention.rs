@@ -421,6 +421,10 @@ device_tests! {
             }
             let p = Problem { batch: 2, heads: 2, seq_q: 80, seq_kv: 72, head_dim: 128, layout: Layout::Bhsd, scale: Some(0.3), dtype, ..Problem::default() };
             sweep_case_16(dev, p);
+            // d128's 256-row blocks: two of them, the second with 44 rows, most of them fully
+            // masked (causal, seq_q > seq_kv).
+            let p = Problem { batch: 1, heads: 2, seq_q: 300, seq_kv: 140, head_dim: 128, causal: true, dtype, ..Problem::default() };
+            sweep_case_16(dev, p);
             // The kernels take the running max on raw scores: a negative scale (Q negated once in
             // shared memory) and a zero scale (uniform rows; masked keys stay -inf, never NaN),
             // with and without the soft cap.

@@ -53,8 +53,8 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
         c("one query", "one query, a few keys", p(1, 1, 1, 5)),
         c(
             "blocks, heads, batch",
-            "grid indexing (2 x 3 heads, 130 x 129)",
-            Problem { causal: true, ..p(2, 3, 130, 129) },
+            "grid indexing, two query blocks at every tile (2 x 3 heads, 300 x 129)",
+            Problem { causal: true, ..p(2, 3, 300, 129) },
         ),
         c(
             "bhsd",
