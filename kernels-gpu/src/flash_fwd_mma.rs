@@ -229,7 +229,7 @@ impl TileLoader {
         let tile = opaque_u32(tile);
         let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
-        unroll!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
             let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
             let addr = self.next + k as u64 * step;
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
@@ -478,7 +478,7 @@ unsafe fn flash_fwd_body<
                     unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }
                 };
             });
-            unroll!(np in 0..NS / 2 => {
+            unroll4!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
                 unroll4!(m in 0..MT => {
                     E::mma(&mut s[m][2 * np], &qk[m], r[0], r[1]);
@@ -492,7 +492,7 @@ unsafe fn flash_fwd_body<
         // kv0 + 8n + 2t + e % 2.
         if SOFTCAP {
             unroll4!(m in 0..MT => {
-                unroll!(n in 0..NS => {
+                unroll8!(n in 0..NS => {
                     unroll4!(e in 0..4 => { s[m][n][e] = softcap2(s[m][n][e] * scale, cap2); });
                 });
             });
@@ -506,7 +506,7 @@ unsafe fn flash_fwd_body<
                 let hi0 = core::cmp::max(p.key_range((row0 + 16 * m) as u32).1, 0) as i32 - c0;
                 let hi1 = core::cmp::max(p.key_range((row0 + 16 * m + 8) as u32).1, 0) as i32 - c0;
                 let hi = [hi0, hi1];
-                unroll!(n in 0..NS => {
+                unroll8!(n in 0..NS => {
                     unroll4!(e in 0..4 => {
                         if (8 * n + e % 2) as i32 >= hi[e / 2] {
                             s[m][n][e] = f32::NEG_INFINITY;
@@ -520,7 +520,7 @@ unsafe fn flash_fwd_body<
                 let lo0 = p.key_range((row0 + 16 * m) as u32).0 as i32 - c0;
                 let lo1 = p.key_range((row0 + 16 * m + 8) as u32).0 as i32 - c0;
                 let lo = [lo0, lo1];
-                unroll!(n in 0..NS => {
+                unroll8!(n in 0..NS => {
                     unroll4!(e in 0..4 => {
                         if ((8 * n + e % 2) as i32) < lo[e / 2] {
                             s[m][n][e] = f32::NEG_INFINITY;
@@ -538,7 +538,7 @@ unsafe fn flash_fwd_body<
             unroll4!(r in 0..2 => {
                 let i = 2 * m + r;
                 let mut mx = row_m[i];
-                unroll!(n in 0..NS => { mx = max_f32(mx, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
+                unroll8!(n in 0..NS => { mx = max_f32(mx, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
                 mx = max_f32(mx, shfl_xor(mx, 1));
                 mx = max_f32(mx, shfl_xor(mx, 2));
                 let base = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
@@ -558,7 +558,7 @@ unsafe fn flash_fwd_body<
         // 8 + 2t, 9 + 2t).
         let mut pf = [[[0u32; 4]; NS]; MT];
         unroll4!(m in 0..MT => {
-            unroll!(n in 0..NS => {
+            unroll8!(n in 0..NS => {
                 unroll4!(e in 0..4 => {
                     let i = 2 * m + e / 2;
                     let pr = exp2(fma(s[m][n][e], c, -mc[i]));
@@ -566,7 +566,7 @@ unsafe fn flash_fwd_body<
                     s[m][n][e] = pr;
                 });
             });
-            unroll!(kc in 0..NS / 2 => {
+            unroll4!(kc in 0..NS / 2 => {
                 pf[m][kc] = [
                     E::pack(s[m][2 * kc][0], s[m][2 * kc][1]),
                     E::pack(s[m][2 * kc][2], s[m][2 * kc][3]),
@@ -589,7 +589,7 @@ unsafe fn flash_fwd_body<
         }
         cp_async_commit();
         let v_lane = TileLane::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-        unroll!(kc in 0..NS / 2 => {
+        unroll4!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
                 unroll4!(m in 0..MT => {

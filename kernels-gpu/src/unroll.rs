@@ -40,3 +40,14 @@ macro_rules! unroll4 {
         unroll!(@ $i ($n) $body 0 1 2 3)
     };
 }
+
+/// `unroll!` for loops of at most 8 (`$n <= 8`): the key-tile loops of the tensor-core kernels
+/// (`BC / 8 <= 8` column tiles of S), where 16 spelled-out copies inside other unrolled loops
+/// only add code for the compiler to remove.
+#[allow(unused_macros)]
+macro_rules! unroll8 {
+    ($i:ident in 0..$n:expr => $body:block) => {
+        const { assert!($n <= 8, "unroll8! spells out 8 indices") };
+        unroll!(@ $i ($n) $body 0 1 2 3 4 5 6 7)
+    };
+}
