@@ -164,9 +164,7 @@ impl FlashAttn {
 
     /// The LSE of the last forward, as a tensor of `shape`.
     fn take_lse<S: Into<Shape>>(&self, shape: S) -> Result<Tensor> {
-        let lse = self.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))?.take();
-        let lse = lse.ok_or_else(|| candle_core::Error::Msg("memattn: the op produced no LSE".into()))?;
-        Ok(Tensor::from_storage(lse, shape, BackpropOp::none(), false))
+        take_lse_from(&self.lse, shape)
     }
 
     fn opts(&self) -> Result<AttnOpts<'static>> {
@@ -227,6 +225,28 @@ impl FlashAttn {
             }
         }
         .map_err(wrap)
+    }
+}
+
+/// Keeps the LSE of an op's forward until [`take_lse_from`] hands it out.
+fn keep_lse(slot: &Mutex<Option<Storage>>, lse: Storage) -> Result<()> {
+    *slot.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? = Some(lse);
+    Ok(())
+}
+
+/// The LSE an op's last forward kept, as a tensor of `shape`.
+fn take_lse_from<S: Into<Shape>>(slot: &Mutex<Option<Storage>>, shape: S) -> Result<Tensor> {
+    let lse = slot.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))?.take();
+    let lse = lse.ok_or_else(|| candle_core::Error::Msg("memattn: the op produced no LSE".into()))?;
+    Ok(Tensor::from_storage(lse, shape, BackpropOp::none(), false))
+}
+
+/// O computed in f32, as CPU storage of the inputs' dtype.
+fn cpu_storage(o: Vec<f32>, dtype: DType) -> CpuStorage {
+    match dtype {
+        DType::BF16 => CpuStorage::BF16(o.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+        DType::F16 => CpuStorage::F16(o.iter().map(|&x| half::f16::from_f32(x)).collect()),
+        _ => CpuStorage::F32(o),
     }
 }
 
@@ -307,15 +327,8 @@ impl CustomOp3 for FlashAttn {
             .collect::<std::result::Result<_, _>>()
             .map_err(wrap)?;
         let (o, lse) = self.launch(kernels, None, [&views[0], &views[1], &views[2]], None)?.expect("allocating call");
-        let o_host = o.to_vec_f32().map_err(wrap)?;
-        let out = match s1.dtype() {
-            DType::BF16 => CpuStorage::BF16(o_host.iter().map(|&x| half::bf16::from_f32(x)).collect()),
-            DType::F16 => CpuStorage::F16(o_host.iter().map(|&x| half::f16::from_f32(x)).collect()),
-            _ => CpuStorage::F32(o_host),
-        };
-        let lse = CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?);
-        *self.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
-            Some(Storage::Cpu(lse));
+        let out = cpu_storage(o.to_vec_f32().map_err(wrap)?, s1.dtype());
+        keep_lse(&self.lse, Storage::Cpu(CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?)))?;
         Ok((out, l1.shape().clone()))
     }
 
@@ -404,9 +417,7 @@ pub fn flash_attn_with_kvcache_with_lse(
     };
     let o = q.apply_op3_no_bwd(k_cache, v_cache, &op)?;
     let (b, sq, h, _) = q.dims4()?;
-    let lse = op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))?.take();
-    let lse = lse.ok_or_else(|| candle_core::Error::Msg("memattn: the op produced no LSE".into()))?;
-    Ok((o, Tensor::from_storage(lse, (b, h, sq), BackpropOp::none(), false)))
+    Ok((o, take_lse_from(&op.lse, (b, h, sq))?))
 }
 
 /// The candle op behind [`flash_attn_with_kvcache`] (forward only, the cache read-only).
@@ -474,15 +485,8 @@ impl CustomOp3 for FlashAttnKvCache {
                 &self.opts(),
             )
             .map_err(wrap)?;
-        let o_host = o.to_vec_f32().map_err(wrap)?;
-        let out = match s1.dtype() {
-            DType::BF16 => CpuStorage::BF16(o_host.iter().map(|&x| half::bf16::from_f32(x)).collect()),
-            DType::F16 => CpuStorage::F16(o_host.iter().map(|&x| half::f16::from_f32(x)).collect()),
-            _ => CpuStorage::F32(o_host),
-        };
-        let lse = CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?);
-        *self.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
-            Some(Storage::Cpu(lse));
+        let out = cpu_storage(o.to_vec_f32().map_err(wrap)?, s1.dtype());
+        keep_lse(&self.lse, Storage::Cpu(CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?)))?;
         Ok((out, l1.shape().clone()))
     }
 
@@ -560,8 +564,7 @@ mod cuda {
             op.launch(&kernels, Some(&stream), [&q, &k, &v], Some((&mut ov, &mut lv)))?;
         }
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
-        *op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
-            Some(Storage::Cuda(lse));
+        keep_lse(&op.lse, Storage::Cuda(lse))?;
         Ok((CudaStorage::wrap_cuda_slice(o, s1.device.clone()), l1.shape().clone()))
     }
 
@@ -624,8 +627,7 @@ mod cuda {
                 .map_err(wrap)?;
         }
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
-        *op.lse.lock().map_err(|_| candle_core::Error::Msg("memattn: LSE lock poisoned".into()))? =
-            Some(Storage::Cuda(lse));
+        keep_lse(&op.lse, Storage::Cuda(lse))?;
         Ok((CudaStorage::wrap_cuda_slice(o, s1.device.clone()), l1.shape().clone()))
     }
 }
