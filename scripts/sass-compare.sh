@@ -156,6 +156,19 @@ def cls(i):
 def hist(seq):
     return collections.Counter(cls(i) for i in seq)
 
+def ldgsts_moving(bb):
+    # LDGSTS of one basic block that can move data in one pass: ptxas if-converts "copy every row /
+    # copy with row checks" into two sets of copies under @P and @!P of the same predicate, of which
+    # one set runs. Unguarded copies count once; a guarded pair counts its larger side.
+    n, by = 0, collections.Counter()
+    for i in bb:
+        if i['base'] == 'LDGSTS':
+            if i['pred']:
+                by[(i['pred'].lstrip('@!'), i['pred'].startswith('@!'))] += 1
+            else:
+                n += 1
+    return n + sum(max(by[(r, False)], by[(r, True)]) for r in {r for r, _ in by})
+
 def basic_blocks(ins):
     addrs = [i['addr'] for i in ins]
     pos = {a: k for k, a in enumerate(addrs)}
@@ -199,6 +212,14 @@ def basic_blocks(ins):
 def is_mask_block(bb):
     n_inf = sum(1 for i in bb if i['base'] == 'FSEL' and '-INF' in i['text'])
     return not any(i['base'] in ('HMMA', 'LDSM') for i in bb) and n_inf >= max(4, len(bb) // 4)
+
+def is_rescale_block(bb):
+    # memattn's lazy O rescale: a block of FMULs (O *= alpha) with the four ex2 of the alphas,
+    # branched around on a warp vote when no row's max grew by more than 2^8 (FA4's conditional
+    # rescaling). FA2 rescales O in every tile, inside its straight-line loop body.
+    n_fmul = sum(1 for i in bb if i['base'] == 'FMUL')
+    return (not any(i['base'] in ('HMMA', 'LDSM', 'LDGSTS') for i in bb) and n_fmul >= 32
+            and n_fmul >= 0.6 * len(bb) and any(i['base'] == 'MUFU' for i in bb))
 
 def is_rare_block(bb):
     # An IEEE division with its slow-path subroutine call (FCHK, CALL): in memattn's loop only the
@@ -256,15 +277,17 @@ def main_loop(ins):
     # Longest / shortest / steady (max minus masking blocks) path from header to tail inside the body, DAG
     # (the back edge removed; inner back edges, if any, are ignored).
     order = sorted(body, key=lambda b: bbs[b][0]['addr'])
-    def cost(b, skip_mask):
-        return 0 if (skip_mask and is_mask_block(bbs[b])) else len(bbs[b])
-    def paths(skip_mask, pick):
+    def skipped(b, skip_mask, skip_rescale):
+        return (skip_mask and is_mask_block(bbs[b])) or (skip_rescale and is_rescale_block(bbs[b]))
+    def cost(b, skip_mask, skip_rescale=False):
+        return 0 if skipped(b, skip_mask, skip_rescale) else len(bbs[b])
+    def paths(skip_mask, pick, skip_rescale=False):
         memo = {}
         def go(b, seen):
             if b in memo:
                 return memo[b]
             if b == tail:
-                r = (cost(b, skip_mask), [b])
+                r = (cost(b, skip_mask, skip_rescale), [b])
             else:
                 opts = []
                 cands = [s for s in succ[b] if s in body and s != h and s not in seen]
@@ -277,24 +300,32 @@ def main_loop(ins):
                 if not opts:
                     return None
                 c, p = pick(opts, key=lambda x: x[0])
-                r = (c + cost(b, skip_mask), [b] + p)
+                r = (c + cost(b, skip_mask, skip_rescale), [b] + p)
             memo[b] = r
             return r
         return go(h, frozenset([h]))
     longest = paths(False, max)
     shortest = paths(False, min)
-    steady = paths(True, max)
-    steady_ins = [i for b in steady[1] if not is_mask_block(bbs[b]) for i in bbs[b]]
+    steady = paths(True, max, True)
+    steady_ins = [i for b in steady[1] if not skipped(b, True, True) for i in bbs[b]]
+    steady_copies = sum(ldgsts_moving(bbs[b]) for b in steady[1] if not skipped(b, True, True))
+    # The same path with the rescale block taken (a tile where some row's max grew by > 2^8).
+    rescale_bbs = [b for b in body if is_rescale_block(bbs[b])]
+    taken = paths(True, max)
+    taken_ins = [i for b in taken[1] if not is_mask_block(bbs[b]) for i in bbs[b]]
     cond_blocks = []
     for b in order:
-        if b not in shortest[1] or is_mask_block(bbs[b]):
+        if b not in shortest[1] or is_mask_block(bbs[b]) or is_rescale_block(bbs[b]):
             cond_blocks.append(dict(addr='%05x' % bbs[b][0]['addr'], n=len(bbs[b]), mask=is_mask_block(bbs[b]),
-                                    in_steady=(b in steady[1] and not is_mask_block(bbs[b])),
+                                    rescale=is_rescale_block(bbs[b]),
+                                    in_steady=(b in steady[1] and not skipped(b, True, True)),
                                     hist=dict(hist(bbs[b]).most_common(8))))
     return dict(head='%05x' % bbs[h][0]['addr'], tail='%05x' % bbs[tail][-1]['addr'],
                 static=sum(len(bbs[b]) for b in body), longest=longest[0], shortest=shortest[0],
                 steady=len(steady_ins), steady_hist=hist(steady_ins), cond_blocks=cond_blocks,
-                mask_n=sum(len(bbs[b]) for b in body if is_mask_block(bbs[b])))
+                mask_n=sum(len(bbs[b]) for b in body if is_mask_block(bbs[b])),
+                rescale_n=sum(len(bbs[b]) for b in rescale_bbs), steady_copies=steady_copies,
+                taken=len(taken_ins), taken_hist=hist(taken_ins) if rescale_bbs else None)
 
 # ---- occupancy ----------------------------------------------------------------------------------
 GPUS = {'sm_80': dict(gpu='A100', smem_kb=164, regs=65536, max_warps=64, max_blocks=32),
@@ -318,7 +349,7 @@ MODEL = {'sm_80': dict(hmma=8.0, fma=2.0, alu=2.0, mufu=8.0),    # A100: 64 FP32
 FMA_PIPE = {'FFMA', 'FMUL', 'FMUL(pred)', 'FADD', 'IMAD'}
 ALU_PIPE = {'FMNMX', 'FSETP', 'FSEL', 'ISETP', 'SEL', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'F2FP'}
 
-def model(arch, h, warps, br, bc):
+def model(arch, h, warps, br, bc, copies=None):
     """Cycles per SM for one 64-query x 64-key x d unit, from the steady-state loop histogram."""
     m = MODEL[arch]
     f = warps * 4096.0 / (br * bc) / 4.0          # warp-instructions per SMSP per unit, per loop instr
@@ -326,7 +357,7 @@ def model(arch, h, warps, br, bc):
     c = dict(tensor=h['HMMA'] * f * m['hmma'], issue=tot * f,
              fma=sum(h[k] for k in FMA_PIPE) * f * m['fma'], alu=sum(h[k] for k in ALU_PIPE) * f * m['alu'],
              mufu=(h['MUFU.EX2'] + h['MUFU(other)']) * f * m['mufu'],
-             smem=(h['LDSM'] + h['LDSM.T'] + h['LDGSTS']) * 512 * 4 * f / 128.0)
+             smem=(h['LDSM'] + h['LDSM.T'] + (h['LDGSTS'] if copies is None else copies)) * 512 * 4 * f / 128.0)
     c['bound'] = max(c, key=c.get)
     return c
 
@@ -477,14 +508,18 @@ def report(spec, notes):
         hm, non = h['HMMA'], L['steady'] - h['HMMA']
         unit = s['warps'] * 4096.0 / (s['br'] * s['bc'])
         rows.append(dict(s, total=len(ins), hist_total=dict(hist(ins)), occ=occupancy(s['arch'], s['regs'], s['smem'], s['threads']),
-                         loop={k: v for k, v in L.items() if k != 'steady_hist'}, steady_hist=dict(h), hmma_iter=hm,
+                         loop={k: v for k, v in L.items() if k not in ('steady_hist', 'taken_hist')}, steady_hist=dict(h), hmma_iter=hm,
                          nonhmma_iter=non, ratio=non / max(hm, 1), per_unit_hmma=hm * unit, per_unit_nonhmma=non * unit,
-                         per_unit_ldsm=(h['LDSM'] + h['LDSM.T']) * unit, model=model(s['arch'], h, s['warps'], s['br'], s['bc'])))
+                         per_unit_ldsm=(h['LDSM'] + h['LDSM.T']) * unit, model=model(s['arch'], h, s['warps'], s['br'], s['bc'], L['steady_copies']),
+                         taken_nonhmma_per_unit=(L['taken'] - h['HMMA']) * unit if L['taken_hist'] else None,
+                         taken_model=model(s['arch'], L['taken_hist'], s['warps'], s['br'], s['bc'], L['steady_copies']) if L['taken_hist'] else None))
     json.dump(dict(notes=notes, rows=rows), open(os.path.join(OUT, 'report.json'), 'w'), indent=1, default=str)
     W = ['# SASS comparison: memattn vs FA2 in torch', ''] + ['- ' + n for n in notes] + ['']
     W.append('Occupancy: 64K regs/SM, 64 warps/SM, smem/SM 164 KB (A100, sm_80) / 228 KB (H100, sm_90), 1 KB reserved per block. '
              'FA2 smem = (kBlockM + 2 kBlockN) d 2 B (Share_Q_K_smem = false). "steady" = one K/V tile of the main loop on its '
-             'common path (masking blocks skipped, soft-cap division branches avoided, next-tile prefetch taken). "unit" = 64 queries x 64 keys x d.')
+             'common path (masking blocks skipped, soft-cap division branches avoided, next-tile prefetch taken; ours: the lazy O '
+             'rescale skipped, which a warp takes only on a tile where some row\'s max grew by more than 2^8 - its cost is shown '
+             'separately as "rescale taken"). "unit" = 64 queries x 64 keys x d.')
     W.append('')
     W.append('| kernel | arch | variant | regs | stack B | smem B | thr | Br | Bc | blk/SM A100-or-H100 (limit) | warps/SM | SASS instr | loop instr/iter | HMMA/iter | non-HMMA/iter | non-HMMA per HMMA | per unit: HMMA / non-HMMA / LDSM |')
     W.append('|' + '---|' * 17)
@@ -502,18 +537,22 @@ def report(spec, notes):
     W += ['', 'Main loop structure (addresses in the .sass files; static = all instructions of the natural loop):', '']
     for r in rows:
         L = r['loop']
-        W.append('- %s %s %s: head %s, back edge %s, static %d, longest path %d, shortest %d, steady %d (masking blocks %d); '
+        W.append('- %s %s %s: head %s, back edge %s, static %d, longest path %d, shortest %d, steady %d (masking blocks %d%s); '
                  'conditional blocks: %s' % (r['name'], r['arch'], r['variant'], L['head'], L['tail'], L['static'], L['longest'],
-                 L['shortest'], L['steady'], L['mask_n'], '; '.join('%s n=%d%s%s' % (c['addr'], c['n'], ' MASK' if c['mask'] else '',
+                 L['shortest'], L['steady'], L['mask_n'],
+                 ', rescale block %d: %d with it taken' % (L['rescale_n'], L['taken']) if L['rescale_n'] else '',
+                 '; '.join('%s n=%d%s%s%s' % (c['addr'], c['n'], ' MASK' if c['mask'] else '',
+                 ' RESCALE' if c.get('rescale') else '',
                  ' (in steady)' if c['in_steady'] else '') for c in L['cond_blocks']) or 'none'))
     W += ['', 'Pipe model (ASSUMPTION, not a measurement): cycles per SM sub-partition per unit, from the steady histogram. '
           'Rates per SMSP in cycles per warp instruction: %s; issue 1/clk; shared memory 128 B/clk/SM, each LDSM.x4 and '
-          'LDGSTS.128 moves 512 B. The largest column bounds the loop; real kernels also lose time to latency and barriers.' % json.dumps(MODEL), '']
+          'LDGSTS.128 moves 512 B (of two sets of copies under @P / @!P of one predicate, only the larger counts: one set runs). The largest column bounds the loop; real kernels also lose time to latency and barriers.' % json.dumps(MODEL), '']
     W += ['| kernel | arch | variant | tensor | issue | fma pipe | alu pipe | mufu | smem | bound |', '|' + '---|' * 10]
     for r in rows:
-        m = r['model']
-        W.append('| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |' % (r['name'], r['arch'], r['variant'], m['tensor'],
-                 m['issue'], m['fma'], m['alu'], m['mufu'], m['smem'], m['bound']))
+        for m, v in ((r['model'], r['variant']), (r.get('taken_model'), r['variant'] + ', rescale taken')):
+            if m:
+                W.append('| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |' % (r['name'], r['arch'], v, m['tensor'],
+                         m['issue'], m['fma'], m['alu'], m['mufu'], m['smem'], m['bound']))
     W += ['', 'Ours vs FA2 (noncausal evenMN; above d128, where FA2 has no evenMN kernel, noncausal !evenMN), model bounds:', '']
     def fa2_steady(r):
         for v in ('noncausal evenMN', 'noncausal !evenMN'):
@@ -525,10 +564,16 @@ def report(spec, notes):
         if r['name'].startswith('ours'):
             for f in fa2_steady(r):
                 bo, bf = max(v for k, v in r['model'].items() if k != 'bound'), max(v for k, v in f['model'].items() if k != 'bound')
+                tm = r.get('taken_model')
+                taken = ''
+                if tm:
+                    bt = max(v for k, v in tm.items() if k != 'bound')
+                    taken = ' (a tile that rescales: %s-bound %.0f, %.0f%%; non-HMMA %.2f)' % (
+                        tm['bound'], bt, 100.0 * bf / bt, r['taken_nonhmma_per_unit'] / f['per_unit_nonhmma'])
                 W.append('- d%d %s: ours %s-bound %.0f cyc/unit, FA2 %s-bound %.0f -> ours at most %.0f%% of FA2; '
-                         'non-HMMA per unit ours/FA2 = %.2f; LDSM per unit ours/FA2 = %.2f' % (
+                         'non-HMMA per unit ours/FA2 = %.2f; LDSM per unit ours/FA2 = %.2f%s' % (
                              r['d'], r['arch'], r['model']['bound'], bo, f['model']['bound'], bf, 100.0 * bf / bo,
-                             r['per_unit_nonhmma'] / f['per_unit_nonhmma'], r['per_unit_ldsm'] / f['per_unit_ldsm']))
+                             r['per_unit_nonhmma'] / f['per_unit_nonhmma'], r['per_unit_ldsm'] / f['per_unit_ldsm'], taken))
     for r in rows:
         if 'demangled' in r:
             W.append('- %s %s %s = `%s` (%s)' % (r['name'], r['arch'], r['variant'], r['demangled'], r['cubin']))

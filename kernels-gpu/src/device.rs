@@ -100,6 +100,19 @@ pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
 }
 
+/// `vote.sync.any.pred` over the full warp: whether `p` holds in any lane (the same answer in
+/// every lane, so a branch on it is uniform). Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_any(p: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred %va, %vb;", "setp.ne.u32 %va, {x}, 0;", "vote.sync.any.pred %vb, %va, 0xffffffff;",
+             "selp.u32 {r}, 1, 0, %vb; }}",
+             x = in(reg32) p as u32, r = out(reg32) r, options(nomem, nostack));
+    }
+    r != 0
+}
+
 /// `max.f32`: the larger of `a` and `b` (one FMNMX; -inf is the identity; NaN only if both are).
 #[inline(always)]
 pub fn max_f32(a: f32, b: f32) -> f32 {

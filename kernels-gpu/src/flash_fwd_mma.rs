@@ -9,9 +9,12 @@
 //! bounds checks), else from the first. Q is staged
 //! once; its A fragments stay in registers (`q_in_regs`) or are reloaded from shared memory in
 //! every k-step. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores
-//! into f32 accumulator fragments; (3) mask (and, in the soft-cap instantiation, cap); (4) raise
-//! the running row max, taken on the raw scores with `max.f32`, and rescale the running sum and
-//! the output accumulator by `2^((m_old - m_new)·c)` (`c` = scale · log2 e); (5)
+//! into f32 accumulator fragments; (3) mask (and, in the soft-cap instantiation, cap); (4) take
+//! the running row max on the raw scores with `max.f32`; only when some row of the warp has
+//! grown by more than 2^8 (a warp vote; [`crate::softmax::must_rescale`]) raise the rows'
+//! exponent bases and rescale the running sum and the output accumulator by
+//! `2^((m_old - m_new)·c)` (`c` = scale · log2 e), so once the max settles a tile skips the
+//! `O` rescale; (5)
 //! `P = 2^(s·c - m·c)`, one FFMA into `ex2` per score, packed to 16 bits in registers — the
 //! accumulator layout of one `mma` is the A-operand layout of the next, so P never touches shared
 //! memory; (6) wait for V, start loading the next K, `O += P V`. Finally `O /= l` and
@@ -84,7 +87,7 @@ use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
+use crate::softmax::{must_rescale, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
 
@@ -531,26 +534,42 @@ unsafe fn flash_fwd_body<
         }
 
         // (4) New running max per row on the raw scores (`max.f32`, reduced over the row's 4
-        // lanes); rescale what was accumulated under the old one by 2^((m_old − m_new)·c).
-        // While the max is -inf the row has seen nothing and 0 is the base: no -inf − -inf.
-        let mut mc = [0.0f32; 4];
+        // lanes). The exponent base is raised lazily ([`must_rescale`]): only when some row of
+        // the warp has grown by more than 8 in the log2 domain (or sees its first key) does the
+        // warp rescale what was accumulated under the old base by 2^((m_old − m_new)·c); in the
+        // steady state the max settles and the branch skips the O rescale. While a row's base
+        // is -inf it has seen nothing and 0 is the base: no -inf − -inf.
+        let mut mx = [f32::NEG_INFINITY; 4];
+        let mut grow = false;
         unroll4!(m in 0..MT => {
             unroll4!(r in 0..2 => {
                 let i = 2 * m + r;
-                let mut mx = row_m[i];
-                unroll8!(n in 0..NS => { mx = max_f32(mx, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
-                mx = max_f32(mx, shfl_xor(mx, 1));
-                mx = max_f32(mx, shfl_xor(mx, 2));
-                let base = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
-                mc[i] = base * c;
-                let alpha = exp2(fma(row_m[i], c, -mc[i]));
-                row_m[i] = mx;
-                row_l[i] *= alpha;
-                unroll!(n in 0..ND, max 32 => {
-                    o[m][n][2 * r] *= alpha;
-                    o[m][n][2 * r + 1] *= alpha;
+                let mut x = row_m[i];
+                unroll8!(n in 0..NS => { x = max_f32(x, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
+                x = max_f32(x, shfl_xor(x, 1));
+                x = max_f32(x, shfl_xor(x, 2));
+                grow |= must_rescale(row_m[i] * c, x * c);
+                mx[i] = x;
+            });
+        });
+        if warp_any(grow) {
+            unroll4!(m in 0..MT => {
+                unroll4!(r in 0..2 => {
+                    let i = 2 * m + r;
+                    let base = if mx[i] == f32::NEG_INFINITY { 0.0 } else { mx[i] };
+                    let alpha = exp2(fma(row_m[i], c, -(base * c)));
+                    row_m[i] = mx[i];
+                    row_l[i] *= alpha;
+                    unroll!(n in 0..ND, max 32 => {
+                        o[m][n][2 * r] *= alpha;
+                        o[m][n][2 * r + 1] *= alpha;
+                    });
                 });
             });
+        }
+        let mut mc = [0.0f32; 4];
+        unroll4!(i in 0..2 * MT => {
+            mc[i] = if row_m[i] == f32::NEG_INFINITY { 0.0 } else { row_m[i] * c };
         });
 
         // (5) P = 2^(s·c − m·c) (one FFMA into ex2), summed into l and packed to 16 bits as the A

@@ -23,6 +23,24 @@ pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 /// `ln 2`: converts the log2-domain LSE back to natural log.
 pub const LN2: f32 = core::f32::consts::LN_2;
 
+/// Lazy rescaling (log2 domain): the tensor-core kernel raises a row's exponent base only when
+/// a tile's max exceeds it by more than this, so most tiles skip rescaling the output
+/// accumulator. Until then the base may trail the true running max by up to 8, so probabilities
+/// `2^(s - base)` stay at most `2^8 = 256`: exact in f32, bf16 and f16 (whose relative precision
+/// does not depend on magnitude) and far from overflow in `l` and `O`. The result is the same
+/// softmax: `O = Σ 2^(s - base) v / Σ 2^(s - base)` and `LSE = ln 2 · (base + log2 l)` hold for
+/// any base.
+pub const RESCALE_THRESHOLD: f32 = 8.0;
+
+/// Whether a row whose exponent base is `base2` (log2 domain; `-inf` before its first visible
+/// key) must raise it for a tile whose max score, the running max included, is `max2`: when the
+/// max has grown by more than [`RESCALE_THRESHOLD`], or on the row's first visible key. Never
+/// for a row that has still seen only masked keys (`max2 = -inf`).
+#[inline(always)]
+pub fn must_rescale(base2: f32, max2: f32) -> bool {
+    max2 > base2 + RESCALE_THRESHOLD
+}
+
 #[cfg(target_arch = "nvptx64")]
 use crate::device::{exp2, log2, rcp};
 
@@ -187,6 +205,56 @@ mod tests {
             assert!((o - o_ref).abs() < 1e-5 * o_ref.abs().max(1.0), "tile {tile}: {o} vs {o_ref}");
             assert!((lse - lse_ref).abs() < 1e-5 * lse_ref.abs().max(1.0), "tile {tile}: {lse} vs {lse_ref}");
         }
+    }
+
+    /// The kernel's lazy rescaling: the base is raised only when [`must_rescale`] says so.
+    /// Returns the result and how many tiles rescaled.
+    fn online_lazy(scores: &[f64], v: &[f64], tile: usize) -> (f64, f64, usize) {
+        let (mut base, mut l, mut acc, mut rescales) = (f32::NEG_INFINITY, 0.0f32, 0.0f32, 0);
+        for (sc, vc) in scores.chunks(tile).zip(v.chunks(tile)) {
+            let s2: Vec<f32> = sc.iter().map(|&s| s as f32 * LOG2E).collect();
+            let mx = s2.iter().copied().fold(base, fmax);
+            if must_rescale(base, mx) {
+                let alpha = exp2(base - mx);
+                l *= alpha;
+                acc *= alpha;
+                base = mx;
+                rescales += 1;
+            }
+            let b = if base == f32::NEG_INFINITY { 0.0 } else { base };
+            for (s, &x) in s2.iter().zip(vc) {
+                let p = exp2(s - b);
+                assert!(p <= 2f32.powf(RESCALE_THRESHOLD), "p {p} above 2^threshold");
+                l += p;
+                acc += p * x as f32;
+            }
+        }
+        let (inv_l, lse) = OnlineSoftmax { m: base, l }.finish(l);
+        ((acc * inv_l) as f64, lse as f64, rescales)
+    }
+
+    #[test]
+    fn lazy_rescaling_matches_the_two_pass_softmax_and_skips_small_rises() {
+        // Scores rising by 0.5 per key (0.72 in log2): one key at a time the base trails by up
+        // to 8 and is raised every 12th key (6 times in 64); a tile of 16 rises by 11.5, so every
+        // tile rescales (4, 2 and 1 times in tiles of 16, 32, 64). Scores that barely rise
+        // (0.03 per key plus a sine, a range under 6 in log2) after a masked prefix rescale only
+        // at the first visible key.
+        let rising: Vec<f64> = (0..64).map(|i| i as f64 * 0.5).collect();
+        let slow: Vec<f64> =
+            (0..64).map(|i| if i < 7 { f64::NEG_INFINITY } else { i as f64 * 0.03 + (i as f64).sin() }).collect();
+        let v: Vec<f64> = (0..64).map(|i| (i as f64 * 1.3).cos() * 2.0 + 0.5).collect();
+        for (scores, tiles_rescaling) in [(&rising, [6, 4, 2, 1]), (&slow, [1, 1, 1, 1])] {
+            let (o_ref, lse_ref) = direct(scores, &v);
+            for (tile, want) in [1, 16, 32, 64].into_iter().zip(tiles_rescaling) {
+                let (o, lse, rescales) = online_lazy(scores, &v, tile);
+                assert!((o - o_ref).abs() < 1e-5 * o_ref.abs().max(1.0), "tile {tile}: {o} vs {o_ref}");
+                assert!((lse - lse_ref).abs() < 1e-5 * lse_ref.abs().max(1.0), "tile {tile}: {lse} vs {lse_ref}");
+                assert_eq!(rescales, want, "tile {tile}: rescales");
+            }
+        }
+        let (o, lse, rescales) = online_lazy(&[f64::NEG_INFINITY; 8], &[3.0; 8], 4);
+        assert_eq!((o, lse, rescales), (0.0, f64::NEG_INFINITY, 0));
     }
 
     #[test]

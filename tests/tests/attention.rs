@@ -134,6 +134,53 @@ fn known_answer_16(dev: &mut dyn Device, dtype: Dtype, head_dim: u32, causal: bo
     }
 }
 
+/// Scores that keep rising along the keys, at different rates per row, so the running max grows
+/// in the middle of the key walk: the lazy rescaling (the base raised only when a row's max grew
+/// by more than 2^8, `kernels_gpu::softmax::must_rescale`) runs both ways, skipping tiles whose
+/// max rose a little (probabilities above 1 under a stale base) and rescaling O where it rose a
+/// lot (keys 150 on rise by 0.35 q nats per key, over 16 in log2 per 32 keys). Against the f64
+/// reference with the 2x naive-in-dtype rule and the dtype's ceiling.
+fn rising_scores_16(dev: &mut dyn Device, dtype: Dtype, head_dim: u32, causal: bool, seq_q: u32, seq_kv: u32) {
+    let p = Problem { batch: 1, heads: 2, seq_q, seq_kv, head_dim, causal, dtype, ..Problem::default() };
+    let entry = p.launches(KernelKind::Flash).unwrap()[0].kernel.name();
+    require_kernel(dev, entry);
+    let (h, d) = (p.heads as usize, head_dim as usize);
+    // score(i, j) = scale * d * q_i * k_j = q_i * rise(j): K holds rise(j) / sqrt(d).
+    let rise = |j: usize| {
+        let j = j as f32;
+        (if j < 150.0 { 0.02 * j } else { 3.0 + 0.35 * (j - 150.0) }) + 2.0 * (0.7 * j).sin()
+    };
+    let mut x = Qkv {
+        q: vec![0.0; p.q_elems() as usize],
+        k: vec![0.0; p.kv_elems() as usize],
+        v: vec![0.0; p.kv_elems() as usize],
+        sinks: vec![],
+    };
+    for i in 0..seq_q as usize {
+        for hh in 0..h {
+            x.q[(i * h + hh) * d..(i * h + hh + 1) * d].fill(1.0 + 0.25 * ((i + hh) % 4) as f32);
+        }
+    }
+    for j in 0..seq_kv as usize {
+        for hh in 0..h {
+            let row = (j * h + hh) * d;
+            x.k[row..row + d].fill(dtype.round(rise(j) / (d as f32).sqrt()));
+            for dd in 0..d {
+                x.v[row + dd] = ((j * 31 + dd * 7 + hh * 3) % 17) as f32 / 8.0 - 1.0;
+            }
+        }
+    }
+    assert!(x.representable_in(dtype));
+    let r = run(dev, &spec(p, KernelKind::Flash, 0), Some(&x)).unwrap_or_else(|e| panic!("{entry}: {e}"));
+    let base = r.baseline_rel_rms_err.expect("16-bit runs report the baseline");
+    assert!(r.verified, "{entry} {p:?}: {:?} (baseline {base:.3e})", r.verification.failures);
+    assert_eq!(r.verification.checked_rows, p.rows());
+    let ceiling = if dtype == Dtype::Bf16 { 1e-2 } else { 2e-3 };
+    assert!(r.rel_rms_err <= ceiling, "{entry} {p:?}: rel RMS {:.3e} > {ceiling:e}", r.rel_rms_err);
+    assert!(r.rel_rms_err <= 2.0 * base, "{entry} {p:?}: rel RMS {:.3e} vs baseline {base:.3e}", r.rel_rms_err);
+    assert!(r.outputs.o.iter().all(|o| o.is_finite()) && r.outputs.o.iter().any(|o| o.abs() > 0.1), "{entry}");
+}
+
 /// `--window 0,0` (or `0,R` with causal): query `i` sees exactly key `j = i + seq_kv - seq_q`,
 /// so O equals that V row (of K/V head `h / (heads / heads_kv)`) and LSE equals the one score,
 /// computed here by hand; rows with `j < 0` see nothing (O = 0, LSE = -inf). Exact in every dtype:
@@ -482,6 +529,15 @@ device_tests! {
                 }
             }
             known_answer_16(dev, Dtype::Bf16, d, true, 50, 20);
+        }
+    }
+
+    // Every tensor-core head dim: the max rises slowly, then fast, along 300 keys (tiles of 32
+    // and 64, the last partial), causal with seq_q < seq_kv and not, with several query blocks.
+    fn bf16_f16_rising_scores_rescale_lazily(dev: &mut dyn Device) {
+        for d in [32, 64, 96, 128, 192, 256] {
+            rising_scores_16(dev, Dtype::Bf16, d, true, 77, 300);
+            rising_scores_16(dev, Dtype::F16, d, false, 300, 300);
         }
     }
 
