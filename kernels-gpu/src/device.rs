@@ -150,6 +150,15 @@ pub fn opaque_u32(x: u32) -> u32 {
     y
 }
 
+/// The 64-bit counterpart of [`opaque_u32`]: a value LLVM cannot see through, so a chain of
+/// `x + step` stays a chain (no hoisted `n * step` registers).
+#[inline(always)]
+pub fn opaque_u64(x: u64) -> u64 {
+    let y: u64;
+    unsafe { asm!("mov.b64 {y}, {x};", y = out(reg64) y, x = in(reg64) x, options(nomem, nostack)) };
+    y
+}
+
 /// Element type of Q, K, V and O in the naive kernels: loaded as f32, stored rounded to nearest
 /// even. Arithmetic is f32 either way.
 pub trait Elem {

@@ -192,11 +192,10 @@ impl TileLoader {
         let rows_per_pass = THREADS / (D * 2 / CHUNK);
         if self.left >= (BC - rows_per_pass + 1) as i32 {
             // Every row of the tile exists (the common case): no checks.
-            unsafe { self.copy::<D, BC, THREADS, false>(tile) };
+            unsafe { self.copy_advance::<D, BC, THREADS, false>(tile) };
         } else {
-            unsafe { self.copy::<D, BC, THREADS, true>(tile) };
+            unsafe { self.copy_advance::<D, BC, THREADS, true>(tile) };
         }
-        self.next += BC as u64 * self.stride;
         self.left -= BC as i32;
     }
 
@@ -238,6 +237,28 @@ impl TileLoader {
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
             unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
         });
+    }
+
+    /// [`TileLoader::copy`] for the forward walk, moving on to the next tile: one add of the
+    /// pass's `rows_per_pass × stride` per copy, the last reaching the next tile, so no
+    /// `k × step` or `BC × stride` products stay in registers through the key loop.
+    #[inline(always)]
+    unsafe fn copy_advance<const D: usize, const BC: usize, const THREADS: usize, const CHECKED: bool>(
+        &mut self,
+        tile: u32,
+    ) {
+        let rows_per_pass = THREADS / (D * 2 / CHUNK);
+        let tile = opaque_u32(tile);
+        let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
+        let step = rows_per_pass as u64 * self.stride;
+        let mut addr = self.next;
+        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
+            let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+            unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+            addr = opaque_u64(addr + step);
+        });
+        self.next = addr;
     }
 }
 
@@ -286,8 +307,9 @@ fn ctaid_z_fresh() -> u32 {
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants.
 /// `KD = D / 16` k-steps of `Q Kᵀ`, `ND = D / 8` column tiles of O, `NS = BC / 8` column tiles
 /// of S; `MT` 16-row m-tiles per warp (1: 16 rows per warp, 2: 32), which share every K and V
-/// fragment loaded from shared memory; `QR`: Q's A fragments stay in registers for the whole
-/// loop (else they are reloaded from shared memory in every k-step, as FlashAttention-2 does);
+/// fragment loaded from shared memory; `QK`: the tile's `q_reg_ksteps`, the first k-steps whose
+/// Q A fragments stay in registers for the whole loop (`KD`: all of Q); the others are reloaded
+/// from shared memory in every k-step, as FlashAttention-2 reloads all of them;
 /// `BACK`: the tile's `keys_backward`.
 ///
 /// # Safety
@@ -304,16 +326,16 @@ pub(crate) unsafe fn flash_fwd<
     const ND: usize,
     const NS: usize,
     const MT: usize,
-    const QR: bool,
+    const QK: usize,
     const BACK: bool,
 >(
     p: &AttnParams,
 ) {
     // The soft cap is a separate instantiation of the whole loop: the common loop has no tanh.
     if p.softcap > 0.0 {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, BACK, true>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, true>(p) }
     } else {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QR, BACK, false>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, false>(p) }
     }
 }
 
@@ -332,7 +354,7 @@ unsafe fn flash_fwd_body<
     const ND: usize,
     const NS: usize,
     const MT: usize,
-    const QR: bool,
+    const QK: usize,
     const BACK: bool,
     const SOFTCAP: bool,
 >(
@@ -433,11 +455,13 @@ unsafe fn flash_fwd_body<
     // Q's A fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8.
     let q_lane = LaneAddrs::<D>::new(q_s, warp * 16 * MT + lane % 16, lane / 16);
     let mut qf = [[[0u32; 4]; KD]; MT];
-    if QR {
-        unroll4!(m in 0..MT => {
-            unroll!(kk in 0..KD => { qf[m][kk] = unsafe { ldmatrix_x4(q_lane.at(16 * m, kk)) }; });
+    unroll4!(m in 0..MT => {
+        unroll!(kk in 0..KD => {
+            if kk < QK {
+                qf[m][kk] = unsafe { ldmatrix_x4(q_lane.at(16 * m, kk)) };
+            }
         });
-    }
+    });
 
     // Rows 2m + r: running max of the raw scores and this lane's part of the running sum.
     let mut row_m = [f32::NEG_INFINITY; 4];
@@ -475,7 +499,7 @@ unsafe fn flash_fwd_body<
         unroll!(kk in 0..KD => {
             let mut qk = [[0u32; 4]; MT];
             unroll4!(m in 0..MT => {
-                qk[m] = if QR {
+                qk[m] = if kk < QK {
                     qf[m][kk]
                 } else {
                     unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }

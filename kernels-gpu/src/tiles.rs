@@ -70,8 +70,9 @@ pub const FLASH_F32_D128: FlashF32Tile = FlashF32Tile { head_dim: 128, br: 16, b
 /// A block of `warps` warps owns `br = rows_per_warp * warps` query rows and walks the keys in
 /// tiles of `bc`. A warp owns `rows_per_warp` rows: 16 (one `mma` M tile) or 32 (two M tiles that
 /// share every K and V fragment loaded from shared memory, so each `ldmatrix` feeds twice the
-/// `mma`s). `q_in_regs`: Q's A fragments stay in registers for the whole key loop; otherwise they
-/// are reloaded from shared memory in every k-step (fewer registers, more `ldmatrix`).
+/// `mma`s). `q_reg_ksteps`: the first k-steps (16 head dims each) of Q whose A fragments stay in
+/// registers for the whole key loop (`head_dim / 16`: all of Q); the others are reloaded from
+/// shared memory in every k-step (fewer registers, more `ldmatrix`).
 /// `keys_backward`: the key tiles are walked from the last to the first, as FlashAttention-2 does;
 /// the one tile that can reach past the last key is then loaded before the loop, so the loop's
 /// `cp.async` copies carry no row checks (false at d = 96 and 128, where the extra loop state
@@ -85,7 +86,7 @@ pub struct FlashMmaTile {
     pub bc: u32,
     pub warps: u32,
     pub rows_per_warp: u32,
-    pub q_in_regs: bool,
+    pub q_reg_ksteps: u32,
     pub keys_backward: bool,
 }
 
@@ -121,6 +122,7 @@ impl FlashMmaTile {
     /// Compile-time consistency of the tile.
     pub const fn check(&self) {
         assert!(self.rows_per_warp == 16 || self.rows_per_warp == 32, "one or two 16-row mma tiles per warp");
+        assert!(self.q_reg_ksteps <= self.head_dim / 16, "at most every k-step of Q in registers");
         assert!(self.br == self.rows_per_warp * self.warps, "a warp owns rows_per_warp rows");
         assert!(self.head_dim.is_multiple_of(16) && self.bc.is_multiple_of(16), "whole k16 steps of both mmas");
         assert!(self.head_dim / 16 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
@@ -136,27 +138,22 @@ impl FlashMmaTile {
 /// d=64: 32 rows per warp (Br 128), Bc = 64 keys per step: smem (128 + 2 x 64) x 64 x 2 B =
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
 pub const FLASH_MMA_D64: FlashMmaTile =
-    FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
+    FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
 /// d=64 for narrow windows: the d=64 warp (32 rows, Bc = 64, Q in registers) in blocks of 2
 /// warps (Br 64): smem (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block of 64 rows with a window of `L`
 /// keys to the left visits `64 + L` keys (320 at `L = 255`) where a 128-row block visits
 /// `128 + L` for twice the rows plus their spread; see docs/semantics.md ("Which kernel runs").
 pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
+    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
 /// d=128: 8 warps of 32 rows (Br 256), Bc = 32: smem (256 + 2 x 32) x 128 x 2 B = 80 KiB (opt-in;
 /// one block of 8 warps per SM, the register file's limit). Per thread O accumulator 128
-/// registers, scores 32; Q is reloaded from shared memory. Each K/V tile serves 256 rows, so the
-/// `cp.async` traffic per unit of work is half that of 4 warps. Bc = 64, Bc = 48, Q in registers
-/// and the backward key walk all spill at 255 registers with ptxas 13.5.
-pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile {
-    head_dim: 128,
-    br: 256,
-    bc: 32,
-    warps: 8,
-    rows_per_warp: 32,
-    q_in_regs: false,
-    keys_backward: false,
-};
+/// registers, scores 32; the first 2 of Q's 8 k-steps stay in registers (16), the other 6 are
+/// reloaded from shared memory per key tile, which puts its `ldmatrix` plus `cp.async` traffic
+/// per unit of work at FA2's (Bc 64). Each K/V tile serves 256 rows, so the `cp.async` traffic
+/// per unit of work is half that of 4 warps. Bc = 64, Bc = 48, 3 or more k-steps of Q in
+/// registers and the backward key walk spill at 255 registers with ptxas 13.5.
+pub const FLASH_MMA_D128: FlashMmaTile =
+    FlashMmaTile { head_dim: 128, br: 256, bc: 32, warps: 8, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
 
 // The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
 // chunks (whole rows per copy pass), so d = 96 and 192 take 6 warps. Tiles above 48 KiB
@@ -167,24 +164,25 @@ pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile {
 /// d=32 (rows of 64 bytes, the 4-chunk swizzle): 32 rows per warp (Br 128), Bc = 64: smem
 /// (128 + 2 x 64) x 32 x 2 B = 16 KiB. Per thread Q fragments 16 registers, O 32, scores 64.
 pub const FLASH_MMA_D32: FlashMmaTile =
-    FlashMmaTile { head_dim: 32, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_in_regs: true, keys_backward: true };
+    FlashMmaTile { head_dim: 32, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: true };
 /// d=96 (12 chunks a row, the 4-chunk swizzle): 6 warps of 32 rows (Br 192), 16 rows per copy
 /// pass, Bc = 32: smem (192 + 2 x 32) x 96 x 2 B = 48 KiB. Per thread Q fragments 48 registers,
 /// O 96, scores 32.
 pub const FLASH_MMA_D96: FlashMmaTile =
-    FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_in_regs: true, keys_backward: false };
+    FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_reg_ksteps: 6, keys_backward: false };
 /// d=192 (24 chunks a row): 6 warps of 16 rows (Br 96), 8 rows per copy pass, Bc = 64: smem
 /// (96 + 2 x 64) x 192 x 2 B = 84 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
 /// scores 32. Br 96 instead of 48 halves the `cp.async` traffic per unit of work (each K/V tile
 /// serves twice the rows), which is what bounds this head dim.
 pub const FLASH_MMA_D192: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_in_regs: true, keys_backward: true };
+    FlashMmaTile { head_dim: 192, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
 /// d=256 (Gemma's; 32 chunks a row): FlashAttention-2's tile, 8 warps of 16 rows (Br 128), 8 rows
 /// per copy pass, Bc = 64: smem (128 + 2 x 64) x 256 x 2 B = 128 KiB (opt-in; one block per SM).
-/// Per thread O 128 registers, scores 32; Q (64 registers of fragments) is reloaded from shared
-/// memory at every k-step, as keeping it spills.
+/// Per thread O 128 registers, scores 32; of Q's 16 k-steps (64 registers of fragments) the
+/// first 2 stay in registers and the others are reloaded from shared memory per key tile, as
+/// keeping 4 or more spills.
 pub const FLASH_MMA_D256: FlashMmaTile =
-    FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_in_regs: false, keys_backward: true };
+    FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
 pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
 /// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.

@@ -413,7 +413,7 @@ macro_rules! entry {
                     { (T.head_dim / 8) as usize },
                     { (T.bc / 8) as usize },
                     { T.m_tiles() as usize },
-                    { T.q_in_regs },
+                    { T.q_reg_ksteps as usize },
                     { T.keys_backward },
                 >(&p)
             }
