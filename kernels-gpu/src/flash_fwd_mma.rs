@@ -6,8 +6,8 @@
 //! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`: from the
 //! last tile back to the first at `keys_backward` tiles (as FlashAttention-2 does: the one tile
 //! that can reach past the last key is loaded before the loop, so the loop's loads carry no
-//! bounds checks), else from the first. Q is staged
-//! once; its A fragments stay in registers (`q_in_regs`) or are reloaded from shared memory in
+//! bounds checks), else from the first. Q is staged once; the A fragments of its first
+//! `q_reg_ksteps` k-steps stay in registers, the others are reloaded from shared memory in
 //! every k-step. Per key tile: (1) wait for K, start loading V; (2) `S = Q Kᵀ` on tensor cores
 //! into f32 accumulator fragments; (3) mask (and, in the soft-cap instantiation, cap); (4) take
 //! the running row max on the raw scores with `max.f32`; only when some row of the warp has
