@@ -453,7 +453,7 @@ fn garbage_ptx_is_exit_3_everywhere_and_unreadable_files_exit_2() {
         expect(&["--ptx", p, "kernels"], 3, "PTX does not load");
     }
     let v99 = tmp("v99.ptx");
-    std::fs::write(&v99, memattn::ptx::EMBEDDED_PTX.replacen(".version 7.0", ".version 99.9", 1)).unwrap();
+    std::fs::write(&v99, memattn::ptx::EMBEDDED_PTX.replacen(".version 7.4", ".version 99.9", 1)).unwrap();
     expect(&["--backend", "vm", "--ptx", v99.to_str().unwrap(), "run", "--seq", "8"], 3, "unsupported .version 99.9");
     let sm200 = tmp("sm200.ptx");
     std::fs::write(&sm200, memattn::ptx::EMBEDDED_PTX.replacen(".target sm_80", ".target sm_200", 1)).unwrap();

@@ -44,11 +44,12 @@ pub fn global_addr(p: u64) -> u64 {
 // cp.async: asynchronous 16-byte global -> shared copies, tracked in commit groups.
 // ---------------------------------------------------------------------------------------------
 
-/// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;`
+/// `cp.async.cg.shared.global.L2::128B [dst], [src], 16, src_bytes;`
 ///
 /// Copies `src_bytes` (0 or 16) bytes from global `src` to shared `dst` and fills the rest of the
 /// 16 bytes with zeros, so `src_bytes = 0` writes 16 zero bytes (rows past the end of a tensor).
-/// `.cg` caches in L2 only. Both addresses 16-byte aligned. The copy is not visible until a
+/// `.cg` caches in L2 only; `.L2::128B` (PTX ISA 7.4, hence the module's `.version 7.4`) asks L2
+/// to fetch the whole 128-byte line, which the neighbouring lanes' copies of the row read next. Both addresses 16-byte aligned. The copy is not visible until a
 /// [`cp_async_wait_all`] by the issuing thread and a barrier for the other threads.
 ///
 /// # Safety
@@ -57,7 +58,7 @@ pub fn global_addr(p: u64) -> u64 {
 #[inline(always)]
 pub unsafe fn cp_async_16(dst: u32, src: u64, src_bytes: u32) {
     unsafe {
-        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+        asm!("cp.async.cg.shared.global.L2::128B [{d}], [{s}], 16, {n};",
              d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes, options(nostack))
     };
 }

@@ -84,8 +84,12 @@ pub(crate) fn lex(src: &str) -> Result<Vec<Token>, LoadError> {
         } else if is_ident_start(c) {
             let s = i;
             i += 1;
-            while i < b.len() && is_ident_char(b[i]) {
-                i += 1;
+            // `::` joins the parts of a qualifier (`.shared::cta`, `.L2::128B`): one name.
+            while i < b.len()
+                && (is_ident_char(b[i])
+                    || (b[i] == b':' && b.get(i + 1) == Some(&b':') && b.get(i + 2).is_some_and(|&n| is_ident_char(n))))
+            {
+                i += if b[i] == b':' { 2 } else { 1 };
             }
             out.push(Token { t: Tok::Ident(src[s..i].to_string()), line, start: s, end: i });
         } else if b"{}()[],;:+-!@|<>=".contains(&c) {

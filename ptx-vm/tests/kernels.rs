@@ -43,7 +43,7 @@ fn all_kernels_load() {
         VARIANTS.len(),
         "the PTX has entries that are not rows of the variant table (kernels-gpu/src/variants.rs): {names:?}"
     );
-    assert_eq!(m.version_and_target(), ("7.0".to_string(), "sm_80".to_string()));
+    assert_eq!(m.version_and_target(), ("7.4".to_string(), "sm_80".to_string()));
     let s = m.kernel("saxpy_f32").unwrap();
     assert_eq!(s.param_bytes, 24);
     assert_eq!(s.params[2].offset, 8);

@@ -293,12 +293,13 @@ fn ldmatrix_x1_x2_x4_plain_and_trans() {
 
 #[test]
 fn cp_async_zero_fill_groups_and_wait() {
-    // Source: 32 rows of 16 bytes, no zero byte.
+    // Source: 32 rows of 16 bytes, no zero byte. The first copy carries the `::` qualifiers the
+    // kernels emit (`.shared::cta`, the `.L2::128B` prefetch hint), which change nothing here.
     let input: Vec<u8> = (0..512).map(|i| (i % 251) as u8 + 1).collect();
     let decls = ".shared .align 16 .b8 sm[1536];";
     let body = "mov.u32 %r1, %laneid;\n mov.u32 %r2, sm;\n mul.lo.u32 %r3, %r1, 16;\n add.u32 %r4, %r2, %r3;\n\
         mul.wide.u32 %rd1, %r1, 16;\n add.s64 %rd2, %rd0, %rd1;\n rem.u32 %r5, %r1, 17;\n\
-        cp.async.cg.shared.global [%r4], [%rd2], 16, %r5;\n\
+        cp.async.cg.shared::cta.global.L2::128B [%r4], [%rd2], 16, %r5;\n\
         ld.shared.b32 %r6, [%r4];\n\
         cp.async.commit_group;\n\
         ld.shared.b32 %r7, [%r4];\n\

@@ -16,7 +16,8 @@ pub fn build_into(out: &std::path::Path) -> Result<String, String> {
         .args(["rustc", "--quiet", "-p", "kernels-gpu", "--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
         .arg(paths::ptx_target_dir())
-        .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
+        // PTX ISA 7.4 (CUDA 11.4 drivers and newer): the first with cp.async's L2 prefetch hint.
+        .args(["--", "-C", &format!("target-cpu={TARGET_CPU}"), "-C", "target-feature=+ptx74"])
         .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", out.display()))
         .status()
