@@ -150,8 +150,8 @@ pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
 /// registers, scores 32; the first 2 of Q's 8 k-steps stay in registers (16), the other 6 are
 /// reloaded from shared memory per key tile, which puts its `ldmatrix` plus `cp.async` traffic
 /// per unit of work at FA2's (Bc 64). Each K/V tile serves 256 rows, so the `cp.async` traffic
-/// per unit of work is half that of 4 warps. Bc = 64, Bc = 48, 3 or more k-steps of Q in
-/// registers and the backward key walk spill at 255 registers with ptxas 13.5.
+/// per unit of work is half that of 4 warps. Bc = 64, Bc = 48, all of Q in registers and the
+/// backward key walk spill at 255 registers with ptxas 13.5.
 pub const FLASH_MMA_D128: FlashMmaTile =
     FlashMmaTile { head_dim: 128, br: 256, bc: 32, warps: 8, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
 
@@ -179,8 +179,8 @@ pub const FLASH_MMA_D192: FlashMmaTile =
 /// d=256 (Gemma's; 32 chunks a row): FlashAttention-2's tile, 8 warps of 16 rows (Br 128), 8 rows
 /// per copy pass, Bc = 64: smem (128 + 2 x 64) x 256 x 2 B = 128 KiB (opt-in; one block per SM).
 /// Per thread O 128 registers, scores 32; of Q's 16 k-steps (64 registers of fragments) the
-/// first 2 stay in registers and the others are reloaded from shared memory per key tile, as
-/// keeping 4 or more spills.
+/// first 2 stay in registers (252 registers at sm_90) and the others are reloaded from shared
+/// memory per key tile (all of Q in registers spills).
 pub const FLASH_MMA_D256: FlashMmaTile =
     FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
