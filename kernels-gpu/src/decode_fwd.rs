@@ -63,21 +63,6 @@ pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
     unsafe { *(addr as *const u32) }
 }
 
-/// `vote.sync.all.pred` over the full warp: whether `p` holds in every lane. Every lane of the
-/// warp must execute it.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) fn warp_all(p: bool) -> bool {
-    let r: u32;
-    unsafe {
-        core::arch::asm!(
-            "{{ .reg .pred %vp, %vq;", "setp.ne.u32 %vp, {x}, 0;", "vote.sync.all.pred %vq, %vp, 0xffffffff;",
-            "selp.u32 {r}, 1, 0, %vq; }}",
-            x = in(reg32) p as u32, r = out(reg32) r, options(nomem, nostack));
-    }
-    r != 0
-}
-
 /// 16 bytes of a cache row, read with one vector load and widened into f32 shared memory.
 #[cfg(target_arch = "nvptx64")]
 pub(crate) trait Stage16: Elem {

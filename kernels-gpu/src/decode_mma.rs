@@ -279,7 +279,7 @@ pub(crate) unsafe fn decode_mma<
         // Once the running maxima have settled (most tiles of a long cache) alpha is exactly 1 and
         // the rescale changes no bit: skip its `4 * ND` multiplies when that holds in every lane
         // (a warp-uniform branch: the mma after it needs every lane).
-        if !crate::decode_fwd::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
+        if !crate::device::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
             unroll!(r in 0..2 => {
                 let alpha = rescale[r].alpha;
                 unroll!(n in 0..ND => {
