@@ -1,4 +1,4 @@
-//! The library's error type and the exit codes the CLI maps it to.
+//! The `memattn` command's error type and the exit codes it maps to.
 
 use crate::device::DeviceError;
 use crate::files::FileError;
@@ -39,6 +39,16 @@ impl Error {
             Error::File(FileError::HostMemory { .. }) => exit::DEVICE,
             Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) => exit::BAD_INPUT,
             Error::Device(_) => exit::DEVICE,
+        }
+    }
+}
+
+impl From<memattn::error::Error> for Error {
+    fn from(e: memattn::error::Error) -> Self {
+        match e {
+            memattn::error::Error::Problem(p) => Error::Problem(p),
+            memattn::error::Error::Device(d) => Error::Device(d),
+            other => Error::Usage(other.to_string()),
         }
     }
 }

@@ -1,64 +1,77 @@
-//! `memattn`: run memattn's attention kernels on a GPU (CUDA driver) or in the PTX VM, check every
-//! result against an f64 CPU reference, and measure time and device memory.
+//! `memattn-cli`: the `memattn` command's side of memattn, on top of the [`memattn`] library: one
+//! measured run (validate, plan memory, upload, poison, launch, time, download, verify), reports,
+//! the `--save` evidence file, the inference memory planner, charts, NVML and safetensors I/O.
 //!
-//! **As a library for your own program**, see [`attn`]: views of your cudarc slices (or VM
-//! buffers), [`attn::Kernels::flash_attn`] / [`attn::Kernels::flash_attn_into`] on your stream,
-//! typed errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
-//! natural log). [`reference::attention`] is the f64 reference for your tests.
+//! Every kernel launch goes through the library's device layer ([`memattn::device`]): the VM's
+//! [`memattn::device::vm::VmDevice`], or on CUDA [`memattn::device::cuda::CudaModule::launch`],
+//! the one `cuLaunchKernel` of the workspace, which [`memattn::attn::Kernels`] uses too. The
+//! kernel parameters come from the library's builders (`Problem::attn_params`,
+//! [`memattn::decode::decode_params`]).
+//!
+//! The library's modules are re-exported here under their own names, so `memattn_cli::dtype` is
+//! `memattn::dtype`; [`device`] adds the CLI's CUDA device ([`device::cuda::CudaDevice`]) and
+//! [`device::open`], [`decode`] the measured decode run, [`ptx`] the build's JSON records.
 //!
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
-//! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
-//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`files`] (bounded
-//!    reads and atomic writes), [`rng`], [`sha256`], [`timing`], [`plot`];
-//! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
-//!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
-//! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check),
-//!    [`safetensors_io`];
-//! 4. [`mod@reference`] (the f64 reference), then [`verify`] (error metrics and bounds);
-//! 5. [`ptx`] (the module and what is known about it), [`nvml`], then [`device`] (the
-//!    [`device::Device`] trait and its two backends, `vm` and `cuda`);
-//! 6. [`error`], then [`runner`]: one measured run — validate, plan memory, upload, poison,
-//!    launch, time, download, verify; [`decode`]: the KV-cache decode (split plan, cache
-//!    append, split-KV attention, `merge_states`), its f64 reference and one verified run;
-//! 7. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
-//!    [`evidence`] (the `--save` file), [`attn`] (the attention API for programs that own their
-//!    device buffers and streams: views, options, [`attn::Kernels`]);
-//! 8. [`charts`] (the sweep and plan pictures); the CLI (in the binary) sits on top.
+//! 1. leaves: [`files`] (bounded reads and atomic writes), [`timing`], [`nvml`];
+//! 2. [`safetensors_io`], [`verify`] (error metrics and bounds), [`cuda_device`];
+//! 3. [`error`], then [`runner`]: one measured run, and [`decode_run`]: one measured decode run;
+//! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
+//!    [`evidence`] (the `--save` file);
+//! 5. [`charts`] (the sweep and plan pictures); the subcommands (in the binary) sit on top.
 
-pub mod attn;
-pub mod caps;
+pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units};
+pub use memattn::{Backend, BackendChoice, Device, Dtype, KernelKind, Layout, Problem};
+
 pub mod charts;
-pub mod decode;
-pub mod device;
-pub mod driver;
-pub mod dtype;
+pub mod cuda_device;
+pub mod decode_run;
 pub mod error;
 pub mod evidence;
 pub mod files;
-pub mod inputs;
-pub mod memory;
 pub mod nvml;
-pub mod panics;
-pub mod parse;
 pub mod plan;
-pub mod plot;
-pub mod problem;
-pub mod ptx;
-pub mod reference;
 pub mod report;
-pub mod rng;
 pub mod runner;
 pub mod safetensors_io;
-pub mod sha256;
 pub mod timing;
-pub mod units;
 pub mod verify;
 
-pub use device::{Backend, BackendChoice, Device};
-pub use dtype::Dtype;
 pub use error::Error;
-pub use problem::{KernelKind, Layout, Problem};
+
+/// The library's device layer plus the CLI's CUDA device and the backend choice.
+pub mod device {
+    pub use crate::cuda_device::{open, Opened};
+    pub use memattn::device::*;
+    /// The library's CUDA driver side plus the CLI's measuring [`CudaDevice`].
+    pub mod cuda {
+        pub use crate::cuda_device::CudaDevice;
+        pub use memattn::device::cuda::*;
+    }
+}
+
+/// The library's KV-cache decode plan and reference plus the measured run ([`crate::decode_run`]).
+pub mod decode {
+    pub use crate::decode_run::*;
+    pub use memattn::decode::*;
+}
+
+/// The library's PTX module plus the kernel build's JSON records.
+pub mod ptx {
+    pub use kernels_gpu::artifacts::{BuildInfo, PtxasKernel, PtxasReport};
+    pub use memattn::ptx::*;
+
+    /// The build info of the embedded PTX.
+    pub fn build_info() -> Result<Option<BuildInfo>, String> {
+        BuildInfo::embedded().map(Some)
+    }
+
+    /// The ptxas report of the embedded PTX.
+    pub fn ptxas_report() -> Result<Option<PtxasReport>, String> {
+        PtxasReport::embedded().map(Some)
+    }
+}
 
 #[cfg(test)]
 mod layering_tests {
@@ -66,29 +79,33 @@ mod layering_tests {
 
     use std::collections::{BTreeMap, BTreeSet};
 
+    /// The library's modules (re-exported) and the façades above: they import nothing from
+    /// this crate's modules.
+    const LIBRARY: &[&str] = &[
+        "attn", "caps", "driver", "dtype", "inputs", "memory", "panics", "parse", "problem", "reference", "rng",
+        "units", "device", "decode", "ptx",
+    ];
+
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
-        &["units", "parse", "caps", "panics", "driver", "files", "rng", "sha256", "timing", "plot"],
-        &["dtype", "problem"],
-        &["inputs", "memory", "safetensors_io"],
-        &["reference", "verify"],
-        &["ptx", "nvml", "device"],
-        &["error", "runner", "decode"],
-        &["report", "evidence", "plan", "attn"],
+        &["files", "timing", "nvml"],
+        &["safetensors_io", "verify", "cuda_device"],
+        &["error", "runner", "decode_run"],
+        &["report", "evidence", "plan"],
         &["charts"],
     ];
 
     fn layer_of(m: &str) -> Option<usize> {
-        LAYERS.iter().position(|l| l.contains(&m))
+        if LIBRARY.contains(&m) {
+            return Some(0);
+        }
+        LAYERS.iter().position(|l| l.contains(&m)).map(|l| l + 1)
     }
 
-    /// The module behind a name re-exported at the crate root (see the `pub use`s above).
     fn root_reexport(name: &str) -> &str {
         match name {
-            "Dtype" => "dtype",
+            "Dtype" | "Backend" | "BackendChoice" | "Device" | "KernelKind" | "Layout" | "Problem" => "dtype",
             "Error" => "error",
-            "Backend" | "BackendChoice" | "Device" => "device",
-            "KernelKind" | "Layout" | "Problem" => "problem",
             other => other,
         }
     }
@@ -112,23 +129,16 @@ mod layering_tests {
     fn graph() -> BTreeMap<String, BTreeSet<String>> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let mut files = Vec::new();
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
-            if p.is_dir() && p.file_name().unwrap() == "device" {
-                for f in std::fs::read_dir(&p).unwrap() {
-                    files.push(("device".to_string(), f.unwrap().path()));
-                }
-            } else if p.extension().is_some_and(|x| x == "rs") {
+            // `cli/` is the binary's (it imports the crate as `memattn_cli`); lib.rs holds the façades.
+            if p.extension().is_some_and(|x| x == "rs") {
                 let stem = p.file_stem().unwrap().to_string_lossy().to_string();
                 if stem != "lib" && stem != "main" {
-                    files.push((stem, p));
+                    let deps = imports(&std::fs::read_to_string(&p).unwrap());
+                    g.entry(stem.clone()).or_default().extend(deps.into_iter().filter(|d| *d != stem));
                 }
             }
-        }
-        for (module, path) in files {
-            let deps = imports(&std::fs::read_to_string(&path).unwrap());
-            g.entry(module.clone()).or_default().extend(deps.into_iter().filter(|d| *d != module));
         }
         g
     }
@@ -142,35 +152,8 @@ mod layering_tests {
             });
             for d in deps {
                 let ld = layer_of(d).unwrap_or_else(|| panic!("`{m}` imports unknown module `{d}`"));
-                assert!(ld <= lm, "`{m}` (layer {}) imports `{d}` from a lower layer ({})", lm + 1, ld + 1);
+                assert!(ld <= lm, "`{m}` (layer {lm}) imports `{d}` from a lower layer ({ld})");
             }
         }
-        // Within a layer, imports must not form a cycle either.
-        fn visit(m: &str, g: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, done: &mut BTreeSet<String>) {
-            if done.contains(m) {
-                return;
-            }
-            if let Some(i) = path.iter().position(|p| p == m) {
-                panic!("import cycle: {} -> {m}", path[i..].join(" -> "));
-            }
-            path.push(m.to_string());
-            for d in g.get(m).into_iter().flatten() {
-                visit(d, g, path, done);
-            }
-            path.pop();
-            done.insert(m.to_string());
-        }
-        let mut done = BTreeSet::new();
-        for m in g.keys() {
-            visit(m, &g, &mut Vec::new(), &mut done);
-        }
-    }
-
-    #[test]
-    fn the_checker_sees_imports_and_cycles() {
-        let deps = imports(
-            "use crate::memory::X; // crate::report\n/// [`crate::verify`]\nlet a = crate::units::human_bytes(1);",
-        );
-        assert_eq!(deps.into_iter().collect::<Vec<_>>(), ["memory", "units"]);
     }
 }

@@ -3,7 +3,7 @@
 mod cli;
 
 use clap::Parser;
-use memattn::error::exit;
+use memattn_cli::error::exit;
 
 fn main() {
     // A closed stdout (`memattn ... | head -1`) ends the process the conventional Unix way, by
@@ -43,7 +43,7 @@ fn main() {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
             let err = anyhow::Error::new(e);
-            let code = err.downcast_ref::<memattn::Error>().map(|e| e.exit_code()).unwrap_or(exit::DEVICE);
+            let code = err.downcast_ref::<memattn_cli::Error>().map(|e| e.exit_code()).unwrap_or(exit::DEVICE);
             report_error(json, &format!("{err}"), code);
             code
         }

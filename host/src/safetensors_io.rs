@@ -16,6 +16,33 @@ use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
+/// The safetensors dtype of a [`Dtype`], and back (the library has no safetensors dependency).
+pub trait SafetensorsDtype: Sized {
+    /// The safetensors dtype tensors of this type are stored as.
+    fn safetensors(self) -> safetensors::Dtype;
+    /// The dtype of a safetensors tensor, if it is one the kernels take.
+    fn from_safetensors(d: safetensors::Dtype) -> Option<Self>;
+}
+
+impl SafetensorsDtype for Dtype {
+    fn safetensors(self) -> safetensors::Dtype {
+        match self {
+            Dtype::F32 => safetensors::Dtype::F32,
+            Dtype::Bf16 => safetensors::Dtype::BF16,
+            Dtype::F16 => safetensors::Dtype::F16,
+        }
+    }
+    fn from_safetensors(d: safetensors::Dtype) -> Option<Dtype> {
+        match d {
+            safetensors::Dtype::F32 => Some(Dtype::F32),
+            safetensors::Dtype::BF16 => Some(Dtype::Bf16),
+            safetensors::Dtype::F16 => Some(Dtype::F16),
+            _ => None,
+        }
+    }
+}
+
+
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     #[error(transparent)]

@@ -1,11 +1,11 @@
 //! End-to-end tests of the `memattn` binary: exit codes, JSON shape, files, and (in the VM) the
 //! main commands. Every exit code of the contract is exercised here.
 
-use memattn::inputs::Qkv;
-use memattn::problem::Problem;
-use memattn::reference::{reference, RowSelection};
-use memattn::safetensors_io::{write_qkv, write_qkv_as, FileShape};
-use memattn::Dtype;
+use memattn_cli::inputs::Qkv;
+use memattn_cli::problem::Problem;
+use memattn_cli::reference::{reference, RowSelection};
+use memattn_cli::safetensors_io::{write_qkv, write_qkv_as, FileShape};
+use memattn_cli::Dtype;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -46,7 +46,7 @@ fn assert_bad_input(args: &[&str], needle: &str) {
 }
 
 fn no_gpu() -> bool {
-    memattn::device::cuda::probe().is_err()
+    memattn_cli::device::cuda::probe().is_err()
 }
 
 // ---- exit 0: help, doctor, kernels ----
@@ -107,7 +107,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     let ks = v["kernels"].as_array().unwrap();
     let flash = ks.iter().find(|k| k["name"] == "flash_fwd_f32_d64").expect("flash d64 listed");
     assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[224]"));
-    if memattn::ptx::ptxas_report().unwrap().is_some() {
+    if memattn_cli::ptx::ptxas_report().unwrap().is_some() {
         let res = flash["ptxas"].as_array().unwrap();
         assert!(res.iter().any(|r| r["arch"] == "sm_80" && r["dynamic_smem_bytes"] == 32768));
     }
@@ -119,7 +119,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
         let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
         assert!(k["params"][0]["decl"].as_str().unwrap().contains("[224]"));
         assert!(k["vm_instructions"].as_u64().unwrap() > 0, "{name}: the VM decodes it");
-        let report = memattn::ptx::ptxas_report().unwrap();
+        let report = memattn_cli::ptx::ptxas_report().unwrap();
         if report.as_ref().is_some_and(|r| r.kernels.iter().any(|r| r.name == name)) {
             // ptxas resources with the HMMA count: a tensor-core kernel without HMMA is a bug.
             let res = k["ptxas"].as_array().unwrap();
@@ -570,8 +570,8 @@ fn run_inputs_output_round_trip_matches_the_reference() {
 #[test]
 fn wrong_kernel_results_exit_1() {
     // ln 2 (0f3F317218) turns LSE from log2 to natural log in every kernel; make it 1.0.
-    let broken = memattn::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
-    assert_ne!(broken, memattn::ptx::EMBEDDED_PTX);
+    let broken = memattn_cli::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
+    assert_ne!(broken, memattn_cli::ptx::EMBEDDED_PTX);
     let f = tmp("wrong_lse.ptx");
     std::fs::write(&f, broken).unwrap();
     let o = memattn(&["--backend", "vm", "--ptx", f.to_str().unwrap(), "--json", "run", "--seq", "32", "--heads", "1"]);
@@ -696,7 +696,7 @@ fn save_appends_one_evidence_line_per_measurement() {
     assert_eq!(lines[0]["result"]["shape"]["causal"], false);
     assert_eq!(lines[1]["result"]["shape"]["causal"], true);
     assert!(lines[1]["argv"].as_array().unwrap().iter().any(|a| a == "--causal"));
-    let sha = memattn::ptx::PtxSource::embedded().sha256;
+    let sha = memattn_cli::ptx::PtxSource::embedded().sha256;
     assert_eq!(lines[1]["ptx"]["sha256"], sha.as_str());
     // Causal does a little over half the work: fewer flops than the full run.
     assert!(lines[1]["result"]["flops"].as_f64().unwrap() < lines[0]["result"]["flops"].as_f64().unwrap());
@@ -708,7 +708,7 @@ fn save_appends_one_evidence_line_per_measurement() {
 fn a_missing_barrier_is_a_device_error_and_without_the_checks_a_wrong_answer() {
     // The flash kernel with the barrier before its K/V tile refill deleted: a fast warp
     // overwrites the tile while a slow one still reads it.
-    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
     let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
     let at = start + ptx[start..].find("bar.sync").unwrap();
     let path = tmp("no-barrier.ptx");
@@ -773,8 +773,8 @@ fn gqa_and_sinks_from_safetensors() {
 /// run verified and write o [total_q, heads, d] and lse [heads, total_q]; bad cu_seqlens exit 2.
 #[test]
 fn varlen_files_and_bad_cu_seqlens() {
-    use memattn::inputs::Qkv;
-    use memattn::problem::Problem;
+    use memattn_cli::inputs::Qkv;
+    use memattn_cli::problem::Problem;
     let base = Problem { heads: 2, heads_kv: Some(1), causal: true, ..Problem::default() };
     let p = Problem::varlen(base, &[9, 0, 1, 20], &[4, 3, 1, 25]).unwrap();
     let x = Qkv::random(&p, 2);

@@ -298,7 +298,7 @@ fn every_driver_function_memattn_resolves_is_in_the_probe_list() {
         }
     }
     assert!(seen.contains("cuInit") && seen.contains("cuLaunchKernel"), "the loader logged no lookups: {seen:?}");
-    let listed = memattn::device::cuda::REQUIRED_DRIVER_FUNCTIONS;
+    let listed = memattn_cli::device::cuda::REQUIRED_DRIVER_FUNCTIONS;
     let missing: Vec<&String> = seen.iter().filter(|s| !listed.contains(&s.as_str())).collect();
     assert!(missing.is_empty(), "resolved but not checked by the probe: {missing:?}");
 }
@@ -308,7 +308,7 @@ fn a_memcheck_finding_is_a_launch_failure_naming_it() {
     // The flash kernel without the barrier before its K/V tile refill (as in cli.rs): on the
     // VM-backed driver the race is CUDA_ERROR_LAUNCH_FAILED carrying the finding (exit 3); with
     // the checks off the kernel finishes and verification catches the damage (exit 1).
-    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
     let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
     let at = start + ptx[start..].find("bar.sync").unwrap();
     let path = tmp("no-barrier.ptx");

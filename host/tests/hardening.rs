@@ -2,9 +2,9 @@
 //! abort or panic. Each test names the inputs it covers; `cli_argument_space_never_panics` is a
 //! seeded property test over random valid and invalid command lines.
 
-use memattn::inputs::Qkv;
-use memattn::problem::Problem;
-use memattn::safetensors_io::{write_qkv, FileShape};
+use memattn_cli::inputs::Qkv;
+use memattn_cli::problem::Problem;
+use memattn_cli::safetensors_io::{write_qkv, FileShape};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
@@ -128,10 +128,10 @@ fn outputs_never_replace_inputs_evidence_or_ptx() {
     assert_eq!(std::fs::read_to_string(&ev).unwrap(), "{\"earlier\":1}\n", "evidence was replaced");
 
     let ptx = tmp("same.ptx");
-    std::fs::write(&ptx, memattn::ptx::EMBEDDED_PTX).unwrap();
+    std::fs::write(&ptx, memattn_cli::ptx::EMBEDDED_PTX).unwrap();
     let p = ptx.to_str().unwrap();
     expect(&["--backend", "vm", "--ptx", p, "run", "--seq", "8", "--output", p], 2, "--ptx file");
-    assert_eq!(std::fs::read_to_string(&ptx).unwrap(), memattn::ptx::EMBEDDED_PTX);
+    assert_eq!(std::fs::read_to_string(&ptx).unwrap(), memattn_cli::ptx::EMBEDDED_PTX);
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn a_failed_verification_leaves_the_previous_output_untouched() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let good = std::fs::read(&out).unwrap();
     // ln 2 replaced by 1.0: every LSE is wrong, verification fails.
-    let broken = memattn::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
+    let broken = memattn_cli::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
     let f = tmp("wrong_lse_out.ptx");
     std::fs::write(&f, broken).unwrap();
     let args = ["--backend", "vm", "--ptx", f.to_str().unwrap(), "--json", "run", "--seq", "32", "--heads", "1"];
@@ -453,10 +453,10 @@ fn garbage_ptx_is_exit_3_everywhere_and_unreadable_files_exit_2() {
         expect(&["--ptx", p, "kernels"], 3, "PTX does not load");
     }
     let v99 = tmp("v99.ptx");
-    std::fs::write(&v99, memattn::ptx::EMBEDDED_PTX.replacen(".version 7.4", ".version 99.9", 1)).unwrap();
+    std::fs::write(&v99, memattn_cli::ptx::EMBEDDED_PTX.replacen(".version 7.4", ".version 99.9", 1)).unwrap();
     expect(&["--backend", "vm", "--ptx", v99.to_str().unwrap(), "run", "--seq", "8"], 3, "unsupported .version 99.9");
     let sm200 = tmp("sm200.ptx");
-    std::fs::write(&sm200, memattn::ptx::EMBEDDED_PTX.replacen(".target sm_80", ".target sm_200", 1)).unwrap();
+    std::fs::write(&sm200, memattn_cli::ptx::EMBEDDED_PTX.replacen(".target sm_80", ".target sm_200", 1)).unwrap();
     expect(&["--ptx", sm200.to_str().unwrap(), "kernels"], 3, "unsupported .target sm_200");
 
     let fifo = tmp("fifo");

@@ -140,7 +140,7 @@ fn scratch(repo: &Path, name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink(repo.join("host"), d.join("host")).unwrap();
-    let shape = memattn::safetensors_io::FileShape {
+    let shape = memattn_cli::safetensors_io::FileShape {
         batch: 1,
         heads: 2,
         seq_q: 24,
@@ -149,10 +149,10 @@ fn scratch(repo: &Path, name: &str) -> PathBuf {
         heads_kv: 2,
         varlen: None,
     };
-    let p = memattn::Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, ..Default::default() };
-    memattn::safetensors_io::write_qkv(&d.join("qkv.safetensors"), shape, &memattn::inputs::Qkv::random(&p, 7))
+    let p = memattn_cli::Problem { batch: 1, heads: 2, seq_q: 24, seq_kv: 40, head_dim: 64, ..Default::default() };
+    memattn_cli::safetensors_io::write_qkv(&d.join("qkv.safetensors"), shape, &memattn_cli::inputs::Qkv::random(&p, 7))
         .unwrap();
-    let ptx = memattn::ptx::PtxSource::embedded().text;
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
     std::fs::write(d.join("my_kernels.ptx"), &ptx).unwrap();
     let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
     let at = start + ptx[start..].find("bar.sync").unwrap();

@@ -322,7 +322,7 @@ fn evidence_keeps_every_outcome_and_show_diff_rerun_read_it() {
     let o = run(&["--ptx", bad_ptx.to_str().unwrap(), "run", "--seq", "40", "--heads", "2"]);
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     // 4: a failed verification: LSE in log2 instead of natural log.
-    let broken = memattn::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
+    let broken = memattn_cli::ptx::EMBEDDED_PTX.replace("0f3F317218", "0f3F800000");
     let wrong = tmp("wrong.ptx");
     std::fs::write(&wrong, &broken).unwrap();
     let o = run(&["--ptx", wrong.to_str().unwrap(), "run", "--seq", "40", "--heads", "2"]);
@@ -344,11 +344,11 @@ fn evidence_keeps_every_outcome_and_show_diff_rerun_read_it() {
     assert!(lines[2]["message"].as_str().unwrap().contains("PTX does not load"), "{}", lines[2]);
     assert!(lines[3]["message"].as_str().unwrap().starts_with("verification failed"), "{}", lines[3]);
     // The PTX hash is the one of the text that ran.
-    assert_eq!(lines[0]["ptx"]["sha256"], memattn::ptx::PtxSource::embedded().sha256.as_str());
-    assert_eq!(lines[3]["ptx"]["sha256"], memattn::sha256::sha256_hex(broken.as_bytes()).as_str());
+    assert_eq!(lines[0]["ptx"]["sha256"], memattn_cli::ptx::PtxSource::embedded().sha256.as_str());
+    assert_eq!(lines[3]["ptx"]["sha256"], kernels_gpu::artifacts::sha256_hex(broken.as_bytes()).as_str());
     assert_eq!(
         lines[2]["ptx"]["sha256"],
-        memattn::sha256::sha256_hex(std::fs::read(&bad_ptx).unwrap().as_slice()).as_str()
+        kernels_gpu::artifacts::sha256_hex(std::fs::read(&bad_ptx).unwrap().as_slice()).as_str()
     );
 
     let o = memattn(&["evidence", "show", p]);

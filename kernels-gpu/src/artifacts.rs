@@ -8,6 +8,7 @@
 //!   kernel and arch, written by `cargo xtask ptxas`.
 
 use crate::variants::TileRecord;
+#[cfg(feature = "artifacts-json")]
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -23,6 +24,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+#[cfg(feature = "artifacts-json")]
 /// `build-info.json`: how the PTX was built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildInfo {
@@ -33,6 +35,7 @@ pub struct BuildInfo {
     pub ptx_sha256: String,
 }
 
+#[cfg(feature = "artifacts-json")]
 impl BuildInfo {
     /// The record of the committed PTX.
     pub fn embedded() -> Result<BuildInfo, String> {
@@ -48,6 +51,7 @@ impl BuildInfo {
     }
 }
 
+#[cfg(feature = "artifacts-json")]
 /// `ptxas-report.json`: resources ptxas assigned to each kernel per arch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PtxasReport {
@@ -56,6 +60,7 @@ pub struct PtxasReport {
     pub kernels: Vec<PtxasKernel>,
 }
 
+#[cfg(feature = "artifacts-json")]
 /// Resources of one kernel at one arch, as `ptxas -v` reports them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PtxasKernel {
@@ -73,6 +78,7 @@ pub struct PtxasKernel {
     pub hmma: Option<u32>,
 }
 
+#[cfg(feature = "artifacts-json")]
 impl PtxasReport {
     /// The report of the committed PTX.
     pub fn embedded() -> Result<PtxasReport, String> {
@@ -138,6 +144,7 @@ mod tests {
     use super::*;
     use crate::variants::{KernelId, VARIANTS};
 
+    #[cfg(feature = "artifacts-json")]
     #[test]
     fn build_info_describes_the_committed_ptx() {
         let bi = BuildInfo::embedded().unwrap();
@@ -146,6 +153,7 @@ mod tests {
         assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
+    #[cfg(feature = "artifacts-json")]
     #[test]
     fn ptxas_report_round_trips_and_covers_every_kernel() {
         let r = PtxasReport::embedded().unwrap();

@@ -5,10 +5,10 @@
 //! run: the CUDA one on the GPU when there is one, else on `vm-cuda`, the CUDA driver backed by
 //! ptx-vm, so the `cuda` backend's code is exercised without a GPU and nothing is skipped.
 
-use memattn::device::cuda::{driver_library, probe, system_driver_present, use_driver_library, CudaDevice};
-use memattn::device::vm::VmDevice;
-use memattn::device::{BackendChoice, DeviceOptions};
-use memattn::ptx::PtxSource;
+use memattn_cli::device::cuda::{driver_library, probe, system_driver_present, use_driver_library, CudaDevice};
+use memattn_cli::device::vm::VmDevice;
+use memattn_cli::device::{BackendChoice, DeviceOptions};
+use memattn_cli::ptx::PtxSource;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -69,7 +69,7 @@ pub fn cuda_serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// Fails the test unless the device's loaded PTX has the entry `name`. The committed module has
 /// every row of the variant table, so a missing entry is a build problem, never a reason to skip.
-pub fn require_kernel(dev: &dyn memattn::device::Device, name: &str) {
+pub fn require_kernel(dev: &dyn memattn_cli::device::Device, name: &str) {
     let found = dev.ptx().entries().iter().any(|e| e.name == name);
     assert!(
         found,
@@ -84,7 +84,7 @@ pub fn require_kernel(dev: &dyn memattn::device::Device, name: &str) {
 #[macro_export]
 macro_rules! device_tests {
     ($(fn $name:ident($dev:ident: &mut dyn Device) $body:block)*) => {
-        $(fn $name($dev: &mut dyn memattn::device::Device) $body)*
+        $(fn $name($dev: &mut dyn memattn_cli::device::Device) $body)*
         mod vm {
             $(#[test] fn $name() { super::$name(&mut $crate::vm_device()) })*
         }

@@ -2,14 +2,14 @@
 //! the f64 reference, poisoning, and the memory claim.
 
 use kernels_gpu::tiles::{saxpy_launch, LaunchDims};
-use memattn::device::{DevPtr, Device, DeviceCaps, DeviceError, LaunchInfo};
-use memattn::inputs::Qkv;
-use memattn::memory::{AnalyticBytes, MeasuredMemory};
-use memattn::problem::{KernelKind, Layout, Problem};
-use memattn::ptx::PtxSource;
-use memattn::reference::RowSelection;
-use memattn::runner::{run, RunSpec};
-use memattn::Dtype;
+use memattn_cli::device::{DevPtr, Device, DeviceCaps, DeviceError, LaunchInfo};
+use memattn_cli::inputs::Qkv;
+use memattn_cli::memory::{AnalyticBytes, MeasuredMemory};
+use memattn_cli::problem::{KernelKind, Layout, Problem};
+use memattn_cli::ptx::PtxSource;
+use memattn_cli::reference::RowSelection;
+use memattn_cli::runner::{run, RunSpec};
+use memattn_cli::Dtype;
 use memattn_tests::{device_tests, require_kernel};
 
 fn spec(p: Problem, k: KernelKind, seed: u64) -> RunSpec {
@@ -338,7 +338,7 @@ const BOTH: [KernelKind; 2] = [KernelKind::Naive, KernelKind::Flash];
 struct DropLaunches<'a>(&'a mut dyn Device);
 
 impl Device for DropLaunches<'_> {
-    fn backend(&self) -> memattn::Backend {
+    fn backend(&self) -> memattn_cli::Backend {
         self.0.backend()
     }
     fn name(&self) -> String {
@@ -561,7 +561,7 @@ device_tests! {
         require_kernel(dev, "flash_fwd_bf16_d64");
         let r = run(dev, &spec(b, KernelKind::Flash, 2), None).unwrap();
         assert!(r.verified, "{:?}", r.verification.failures);
-        if dev.backend() == memattn::Backend::Vm {
+        if dev.backend() == memattn_cli::Backend::Vm {
             assert_eq!(r.peak_device_bytes, a16.total, "{:?}", r.memory);
         }
     }
@@ -575,7 +575,7 @@ device_tests! {
     }
 
     fn out_of_bounds_launch_is_a_device_error(dev: &mut dyn Device) {
-        if dev.backend() != memattn::Backend::Vm {
+        if dev.backend() != memattn_cli::Backend::Vm {
             return; // memcheck is the VM's; a GPU would corrupt memory instead
         }
         let (px, py) = (dev.alloc(64).unwrap(), dev.alloc(64).unwrap());
@@ -595,7 +595,7 @@ device_tests! {
         assert_eq!(af.workspace, af.lse);
         assert_eq!(af.lse, 4 * p.rows());
         assert!(flash.peak_device_bytes < naive.peak_device_bytes);
-        if dev.backend() == memattn::Backend::Vm {
+        if dev.backend() == memattn_cli::Backend::Vm {
             // The VM's allocator is exact: measured == analytic, and the difference is S.
             assert_eq!(flash.peak_device_bytes, af.total, "{:?}", flash.memory);
             assert_eq!(naive.peak_device_bytes, an.total, "{:?}", naive.memory);
@@ -757,7 +757,7 @@ fn wrong_length_inputs_are_refused_before_upload_in_every_path() {
         x.k.pop(); // one element short
         assert!(!x.representable_in(Dtype::Bf16), "the bf16 case must take the rounding path");
         let e = run(&mut dev, &spec(p, KernelKind::Flash, 0), Some(&x)).unwrap_err();
-        assert!(matches!(e, memattn::Error::Usage(_)), "{dtype}: {e}");
+        assert!(matches!(e, memattn_cli::Error::Usage(_)), "{dtype}: {e}");
         assert!(e.to_string().contains("512/511/512 elements"), "{e}");
     }
 }

@@ -2,7 +2,7 @@
 //! VM-backed one without a GPU): the shared-memory opt-in, launch faults as device errors.
 
 use kernels_gpu::tiles::{saxpy_launch, LaunchDims};
-use memattn::device::{Device, DeviceError};
+use memattn_cli::device::{Device, DeviceError};
 use memattn_tests::{cuda_device, cuda_serial};
 
 fn saxpy(dev: &mut dyn Device, n: u32, len: u32, smem: u32) -> (Result<(), DeviceError>, Vec<f32>) {
@@ -41,7 +41,7 @@ fn dynamic_shared_memory_above_48k_is_opted_in_and_above_the_device_limit_refuse
 fn a_launch_fault_is_a_device_error() {
     let _one = cuda_serial();
     let mut dev = cuda_device();
-    if !memattn::device::cuda::vm_backed() {
+    if !memattn_cli::device::cuda::vm_backed() {
         eprintln!("skipped: a deliberate out-of-bounds launch is run on the VM-backed driver only");
         return;
     }

@@ -4,12 +4,12 @@
 
 use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
-use memattn::decode::{
+use memattn_cli::decode::{
     merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
     DecodeSpec, Partials, Splits,
 };
-use memattn::device::Device;
-use memattn::Dtype;
+use memattn_cli::device::Device;
+use memattn_cli::Dtype;
 use memattn_tests::{device_tests, require_kernel, vm_device};
 
 fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> DecodeReport {

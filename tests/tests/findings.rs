@@ -3,7 +3,7 @@
 
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::LaunchDims;
-use memattn::device::{Device, DeviceError};
+use memattn_cli::device::{Device, DeviceError};
 
 #[test]
 fn an_out_of_bounds_read_names_the_tensor_and_the_rust_line() {

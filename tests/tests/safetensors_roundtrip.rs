@@ -1,11 +1,11 @@
 //! Safetensors round trip: write q, k, v, read them back, run, write o and lse, read those back.
 
-use memattn::inputs::Qkv;
-use memattn::problem::{KernelKind, Problem};
-use memattn::reference::{reference, RowSelection};
-use memattn::runner::{run, RunSpec};
-use memattn::safetensors_io::{read_qkv, read_qkv_as, write_outputs, write_qkv, write_qkv_as, FileShape, InputError};
-use memattn::Dtype;
+use memattn_cli::inputs::Qkv;
+use memattn_cli::problem::{KernelKind, Problem};
+use memattn_cli::reference::{reference, RowSelection};
+use memattn_cli::runner::{run, RunSpec};
+use memattn_cli::safetensors_io::{read_qkv, read_qkv_as, write_outputs, write_qkv, write_qkv_as, FileShape, InputError};
+use memattn_cli::Dtype;
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("memattn-tests-{}", std::process::id()));
@@ -32,7 +32,7 @@ fn malformed_and_missing_inputs_are_input_errors() {
     assert!(matches!(read_qkv(&path, Dtype::F32), Err(InputError::Malformed { .. })));
     assert!(matches!(
         read_qkv(&tmp("absent.safetensors"), Dtype::F32),
-        Err(InputError::File(memattn::files::FileError::Read { .. }))
+        Err(InputError::File(memattn_cli::files::FileError::Read { .. }))
     ));
 }
 

@@ -1,9 +1,9 @@
 //! Command-line definitions (clap derive). Option names are a contract scripts rely on.
 
 use clap::{Args, Parser, Subcommand};
-use memattn::device::BackendChoice;
-use memattn::dtype::Dtype;
-use memattn::problem::{KernelKind, Layout};
+use memattn_cli::device::BackendChoice;
+use memattn_cli::dtype::Dtype;
+use memattn_cli::problem::{KernelKind, Layout};
 use std::path::PathBuf;
 
 /// A non-negative integer option: `-1` is read as a value (not as a flag) and refused with

@@ -11,11 +11,11 @@
 use super::args::{CheckArgs, Cli};
 use super::{open_device, print_json, save_evidence};
 use kernels_gpu::KernelId;
-use memattn::error::{exit, Error};
-use memattn::problem::{KernelKind, Layout, Problem};
-use memattn::reference::RowSelection;
-use memattn::runner::{run, RunSpec};
-use memattn::Dtype;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::problem::{KernelKind, Layout, Problem};
+use memattn_cli::reference::RowSelection;
+use memattn_cli::runner::{run, RunSpec};
+use memattn_cli::Dtype;
 
 /// One case: what it is for and its problem.
 struct Case {

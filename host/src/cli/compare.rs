@@ -2,12 +2,12 @@
 
 use super::args::{Cli, CompareArgs};
 use super::{open_device, parse_vary, print_json, resolve_problem, run_spec};
-use memattn::device::Device;
-use memattn::error::{exit, Error};
-use memattn::memory::AnalyticBytes;
-use memattn::problem::{KernelKind, Problem, ProblemError};
-use memattn::report::{describe_problem, human_bytes, table};
-use memattn::runner::RunReport;
+use memattn_cli::device::Device;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::memory::AnalyticBytes;
+use memattn_cli::problem::{KernelKind, Problem, ProblemError};
+use memattn_cli::report::{describe_problem, human_bytes, table};
+use memattn_cli::runner::RunReport;
 use serde::Serialize;
 
 /// One measured point, or why it could not run.
@@ -35,7 +35,7 @@ pub fn measure(
     kernel: KernelKind,
 ) -> Result<Point, Error> {
     let spec = run_spec(a, problem, kernel)?;
-    match memattn::runner::run(dev, &spec, None) {
+    match memattn_cli::runner::run(dev, &spec, None) {
         Ok(r) => {
             Ok(Point { value: value.into(), kernel, ran: true, report: Some(r), would_need_bytes: None, reason: None })
         }

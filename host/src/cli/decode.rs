@@ -4,13 +4,14 @@
 use super::args::{non_negative_u32, non_negative_u64, Cli};
 use super::{check_output, open_device, print_json, save_evidence};
 use clap::Args;
-use memattn::decode::{
+use memattn_cli::decode::{
     run_decode, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec, SmCountSource,
     Splits, DEFAULT_SM_COUNT,
 };
-use memattn::dtype::Dtype;
-use memattn::error::{exit, Error};
-use memattn::units::human_bytes;
+use memattn_cli::dtype::Dtype;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::safetensors_io::SafetensorsDtype;
+use memattn_cli::units::human_bytes;
 use safetensors::tensor::TensorView;
 
 const AFTER: &str = "\
@@ -187,7 +188,7 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
             let n: u32 = value.parse().map_err(|_| Error::Usage(format!("page-size `{value}` is not a number")))?;
             q.page_size = (n > 0).then_some(n);
         }
-        "dtype" => q.dtype = value.parse().map_err(|e: memattn::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
+        "dtype" => q.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
         "kernel" => q.kernel = value.parse().map_err(Error::Usage)?,
         _ => return Err(Error::Usage(format!("decode --vary takes splits, page-size, dtype or kernel (got `{key}`)"))),
     }
@@ -201,7 +202,7 @@ type Tensor<T> = (Vec<usize>, Vec<T>);
 /// Reads the tensors of `--inputs`; returns the problem (with `base`'s split, scale and causal
 /// options) and the inputs. Every shape rule broken is exit 2 naming the tensor.
 fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodeProblem, DecodeInputs), Error> {
-    let bytes = memattn::files::read_regular(path, memattn::files::MAX_INPUT_BYTES, "input file")?;
+    let bytes = memattn_cli::files::read_regular(path, memattn_cli::files::MAX_INPUT_BYTES, "input file")?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Usage(format!("{} is not a valid safetensors file: {e}", path.display())))?;
     let bad = |m: String| Error::Usage(format!("{}: {m}", path.display()));
@@ -310,8 +311,8 @@ fn summary(r: &DecodeReport) -> String {
     let b = &r.bytes;
     let mut s = String::new();
     let cache = match r.cache {
-        memattn::decode::CacheLayout::Contiguous { seq_cache } => format!("contiguous, {seq_cache} keys per sequence"),
-        memattn::decode::CacheLayout::Paged { page_size, num_pages, max_pages } => {
+        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => format!("contiguous, {seq_cache} keys per sequence"),
+        memattn_cli::decode::CacheLayout::Paged { page_size, num_pages, max_pages } => {
             format!("paged, {num_pages} pages of {page_size} keys, block table {} x {max_pages}", r.batch)
         }
     };
@@ -388,8 +389,8 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
     let (b, sq, h, d, hk) =
         (p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize, p.heads_kv as usize);
     let cache_shape = match r.cache {
-        memattn::decode::CacheLayout::Contiguous { seq_cache } => vec![b, seq_cache as usize, hk, d],
-        memattn::decode::CacheLayout::Paged { page_size, num_pages, .. } => {
+        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => vec![b, seq_cache as usize, hk, d],
+        memattn_cli::decode::CacheLayout::Paged { page_size, num_pages, .. } => {
             vec![num_pages as usize, page_size as usize, hk, d]
         }
     };
@@ -401,7 +402,7 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
     let k = TensorView::new(st, cache_shape.clone(), &kb).map_err(err)?;
     let v = TensorView::new(st, cache_shape, &vb).map_err(err)?;
     let bytes = safetensors::serialize([("o", o), ("lse", l), ("k_cache", k), ("v_cache", v)], None).map_err(err)?;
-    Ok(memattn::files::write_atomic(path, &bytes, "output file")?)
+    Ok(memattn_cli::files::write_atomic(path, &bytes, "output file")?)
 }
 
 pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {

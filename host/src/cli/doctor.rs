@@ -2,10 +2,10 @@
 
 use super::args::Cli;
 use super::{load_ptx, print_json};
-use memattn::device::cuda::{probe, quietly};
-use memattn::error::{exit, Error};
-use memattn::ptx::{build_info, ptxas_report, PtxSource};
-use memattn::report::{human_bytes, table};
+use memattn_cli::device::cuda::{probe, quietly};
+use memattn_cli::error::{exit, Error};
+use memattn_cli::ptx::{build_info, ptxas_report, PtxSource};
+use memattn_cli::report::{human_bytes, table};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -53,7 +53,7 @@ fn ptx_json(src: &PtxSource) -> serde_json::Value {
 pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     let src = load_ptx(cli)?;
     let cuda = probe();
-    let gpus = memattn::nvml::gpus();
+    let gpus = memattn_cli::nvml::gpus();
     let ptxas = find_ptxas();
     let vm = quietly(|| ptx_vm::Module::load(&src.text).map(|m| m.kernels().len()));
     let vm_status = match &vm {
@@ -65,10 +65,10 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     let next = match (&cuda, &gpus) {
         (Ok(_), Ok(g)) if !g.is_empty() => {
 {
-            use memattn::memory::AnalyticBytes;
-            use memattn::problem::{KernelKind, Problem};
+            use memattn_cli::memory::AnalyticBytes;
+            use memattn_cli::problem::{KernelKind, Problem};
             let p = Problem { seq_q: 4096, seq_kv: 4096, ..Problem::default() };
-            let what = if memattn::device::cuda::vm_backed() {
+            let what = if memattn_cli::device::cuda::vm_backed() {
                 "the VM-backed driver's simulated memory (no GPU: this CUDA driver runs the PTX VM)"
             } else {
                 "this GPU's free memory"
@@ -221,9 +221,9 @@ fn vm_device(cli: &Cli) -> serde_json::Value {
         Ok(o) => o,
         Err(e) => return serde_json::json!({"error": e.to_string()}),
     };
-    match memattn::device::vm::VmDevice::new(&opts) {
+    match memattn_cli::device::vm::VmDevice::new(&opts) {
         Ok(mut d) => {
-            use memattn::device::Device;
+            use memattn_cli::device::Device;
             let caps = d.caps().ok();
             serde_json::json!({
                 "name": d.name(),
@@ -297,7 +297,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
         match quietly(|| ptx_vm::Module::load(&src.text).map(|m| m.kernels())) {
             Ok(Ok(k)) => Some(k),
             Ok(Err(e)) => {
-                return Err(Error::Device(memattn::device::DeviceError::PtxLoad {
+                return Err(Error::Device(memattn_cli::device::DeviceError::PtxLoad {
                     origin: src.origin.clone(),
                     message: e.to_string(),
                 }))

@@ -7,11 +7,11 @@
 //! loaded for the run, kept when it was loaded.
 
 use super::args::{Cli, EvidenceCommand};
-use memattn::device::Device;
-use memattn::error::{exit, Error};
-use memattn::evidence::{self as ev, Metric};
-use memattn::ptx::PtxSource;
-use memattn::report::{human_bytes, table};
+use memattn_cli::device::Device;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::evidence::{self as ev, Metric};
+use memattn_cli::ptx::PtxSource;
+use memattn_cli::report::{human_bytes, table};
 use serde_json::{json, Value};
 use std::sync::Mutex;
 
@@ -191,7 +191,7 @@ fn save_clash(save: &std::path::Path) -> Option<String> {
                 None => None,
             };
             if let Some(v) = value {
-                if memattn::files::same_file(save, &v) {
+                if memattn_cli::files::same_file(save, &v) {
                     return Some(format!("{opt} {}", v.display()));
                 }
             }

@@ -3,8 +3,8 @@
 
 use super::args::{Cli, LaunchArgs};
 use super::{load_ptx, parse_dim3, print_json};
-use memattn::device::{BackendChoice, DeviceError};
-use memattn::error::{exit, Error};
+use memattn_cli::device::{BackendChoice, DeviceError};
+use memattn_cli::error::{exit, Error};
 use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
 use ptx_vm::{Module, Vm, VmError};
 
@@ -85,7 +85,7 @@ fn vm_error(kernel: &str, e: VmError) -> Error {
     match e {
         VmError::Memcheck(f) | VmError::Trap(f) => Error::Device(DeviceError::Memcheck {
             kernel: kernel.to_string(),
-            message: memattn::device::vm::describe_finding(&f),
+            message: memattn_cli::device::vm::describe_finding(&f),
         }),
         VmError::UnknownKernel(k) => Error::Device(DeviceError::UnknownKernel(k)),
         VmError::InvalidLaunch(m) | VmError::InvalidPointer(m) => Error::Usage(m),

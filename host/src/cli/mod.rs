@@ -13,13 +13,13 @@ mod sweep;
 mod trace;
 
 use args::{Cli, Command, ProblemArgs};
-use memattn::device::{self, DeviceOptions};
-use memattn::error::Error;
-use memattn::problem::{KernelKind, Problem};
-use memattn::ptx::PtxSource;
-use memattn::reference::RowSelection;
-use memattn::runner::RunSpec;
-use memattn::safetensors_io::FileShape;
+use memattn_cli::device::{self, DeviceOptions};
+use memattn_cli::error::Error;
+use memattn_cli::problem::{KernelKind, Problem};
+use memattn_cli::ptx::PtxSource;
+use memattn_cli::reference::RowSelection;
+use memattn_cli::runner::RunSpec;
+use memattn_cli::safetensors_io::FileShape;
 use std::time::Duration;
 
 /// Runs the parsed command; returns the exit code.
@@ -57,7 +57,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
                 .cloned()
                 .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            let _ = evidence::record_outcome(cli, memattn::error::exit::DEVICE, Some(format!("internal error: {msg}")));
+            let _ = evidence::record_outcome(cli, memattn_cli::error::exit::DEVICE, Some(format!("internal error: {msg}")));
             std::panic::resume_unwind(payload)
         }
     };
@@ -83,8 +83,8 @@ pub fn check_output(
     let mut others: Vec<(&'static str, Option<&std::path::Path>)> =
         vec![("the --save evidence file", cli.save.as_deref()), ("the --ptx file", cli.ptx.as_deref())];
     others.extend_from_slice(inputs);
-    memattn::files::check_distinct(what, path, &others)?;
-    memattn::files::check_writable(path, what)?;
+    memattn_cli::files::check_distinct(what, path, &others)?;
+    memattn_cli::files::check_writable(path, what)?;
     Ok(())
 }
 
@@ -99,9 +99,9 @@ pub fn load_ptx(cli: &Cli) -> Result<PtxSource, Error> {
         Some(path) => {
             // An unreadable path is bad input (2); bytes that are not PTX text do not load (3),
             // like text the VM or the driver cannot parse.
-            let bytes = memattn::files::read_regular(path, memattn::files::MAX_PTX_BYTES, "PTX file")?;
+            let bytes = memattn_cli::files::read_regular(path, memattn_cli::files::MAX_PTX_BYTES, "PTX file")?;
             let text = String::from_utf8(bytes).map_err(|e| {
-                Error::Device(memattn::device::DeviceError::PtxLoad {
+                Error::Device(memattn_cli::device::DeviceError::PtxLoad {
                     origin: path.display().to_string(),
                     message: format!("not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()),
                 })
@@ -251,8 +251,8 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
     for (name, v) in [("--warmup", a.warmup), ("--repeats", a.repeats)] {
-        if let Some(n) = v.filter(|&n| n > memattn::runner::MAX_LAUNCHES) {
-            return Err(Error::Usage(format!("{name} must be at most {} (got {n})", memattn::runner::MAX_LAUNCHES)));
+        if let Some(n) = v.filter(|&n| n > memattn_cli::runner::MAX_LAUNCHES) {
+            return Err(Error::Usage(format!("{name} must be at most {} (got {n})", memattn_cli::runner::MAX_LAUNCHES)));
         }
     }
     Ok(RunSpec { problem, kernel, seed: a.seed, warmup: a.warmup, repeats: a.repeats, check: row_selection(a)? })
@@ -406,9 +406,9 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
     }
     match key {
         "kernel" => {
-            *kernel = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
+            *kernel = value.parse().map_err(|e: memattn_cli::problem::ParseEnumError| Error::Usage(e.to_string()))?
         }
-        "dtype" => p.dtype = value.parse().map_err(|e: memattn::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
+        "dtype" => p.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
         "batch" => p.batch = num(value)?,
         "heads" => p.heads = num(value)?,
         "seq" => {
@@ -426,7 +426,7 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
             }
         }
         "layout" => {
-            p.layout = value.parse().map_err(|e: memattn::problem::ParseEnumError| Error::Usage(e.to_string()))?
+            p.layout = value.parse().map_err(|e: memattn_cli::problem::ParseEnumError| Error::Usage(e.to_string()))?
         }
         "heads-kv" => p.heads_kv = Some(num(value)?),
         "window" => p.window = parse_window(value, "--vary window", ':')?,

@@ -4,17 +4,17 @@
 use super::args::{Cli, PlanArgs};
 use super::{device_options, evidence, print_json};
 use kernels_gpu::variants::{Elem, KernelId};
-use memattn::charts;
-use memattn::device::{self, BackendChoice};
-use memattn::error::{exit, Error};
-use memattn::memory::AnalyticBytes;
-use memattn::plan::{
+use memattn_cli::charts;
+use memattn_cli::device::{self, BackendChoice};
+use memattn_cli::error::{exit, Error};
+use memattn_cli::memory::AnalyticBytes;
+use memattn_cli::plan::{
     best_change, bytes_label, changes, largest_batch, layer_attention, longest_context, terms, Model, StoreType, Terms,
     Workload,
 };
-use memattn::problem::KernelKind;
-use memattn::report::{human_bytes, table};
-use memattn::runner::RunSpec;
+use memattn_cli::problem::KernelKind;
+use memattn_cli::report::{human_bytes, table};
+use memattn_cli::runner::RunSpec;
 
 fn usage(s: impl Into<String>) -> Error {
     Error::Usage(s.into())
@@ -146,7 +146,7 @@ pub fn workload(a: &PlanArgs, m: &Model) -> Result<(Workload, Vec<String>), Erro
 /// The memory limit: `--vram` or the free memory of the device this command would use.
 fn limit(cli: &Cli, a: &PlanArgs) -> Result<(u64, String), Error> {
     if let Some(v) = &a.vram {
-        let b = memattn::plan::parse_size(v).map_err(|e| usage(format!("--vram: {e}")))?;
+        let b = memattn_cli::plan::parse_size(v).map_err(|e| usage(format!("--vram: {e}")))?;
         return Ok((b, format!("--vram {v}")));
     }
     let opened = device::open(&device_options(cli)?)?;
@@ -463,9 +463,9 @@ fn verify(cli: &Cli, m: &Model, w: &Workload) -> Result<(serde_json::Value, bool
             ..*w
         };
         let layer = layer_attention(&sm, &sw);
-        let problem = memattn::plan::attention_problem(&sm, &sw, context);
+        let problem = memattn_cli::plan::attention_problem(&sm, &sw, context);
         let model_bytes = AnalyticBytes::new(&problem, kernel);
-        let report = memattn::runner::run(dev.as_mut(), &RunSpec::new(problem, kernel), None)?;
+        let report = memattn_cli::runner::run(dev.as_mut(), &RunSpec::new(problem, kernel), None)?;
         let ok = report.peak_device_bytes == layer.total && layer.total == model_bytes.total && report.verified;
         all_ok &= ok;
         runs.push(serde_json::json!({

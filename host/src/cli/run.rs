@@ -2,11 +2,11 @@
 
 use super::args::{Cli, RunArgs};
 use super::{check_output, open_device, print_json, resolve_problem, run_spec, save_evidence};
-use memattn::error::{exit, Error};
-use memattn::memory::AnalyticBytes;
-use memattn::problem::{KernelKind, Problem};
-use memattn::report::{describe_problem, expected_memory, run_summary};
-use memattn::safetensors_io::{read_qkv_as, write_outputs, FileShape};
+use memattn_cli::error::{exit, Error};
+use memattn_cli::memory::AnalyticBytes;
+use memattn_cli::problem::{KernelKind, Problem};
+use memattn_cli::report::{describe_problem, expected_memory, run_summary};
+use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
@@ -16,7 +16,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         check_output(cli, "--output", out, &[("--inputs", a.inputs.as_deref())])?;
     }
     if let (Some(save), Some(inputs)) = (&cli.save, &a.inputs) {
-        memattn::files::check_distinct("--save", save, &[("--inputs", Some(inputs.as_path()))])?;
+        memattn_cli::files::check_distinct("--save", save, &[("--inputs", Some(inputs.as_path()))])?;
     }
     // With --inputs and no --dtype, the file's dtype is used; with --dtype the file must match it.
     let (file_shape, file_dtype, inputs) = match &a.inputs {
@@ -50,7 +50,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         println!("problem: {}", describe_problem(&problem));
         println!("{}", expected_memory(kernel, &AnalyticBytes::new(&problem, kernel)));
     }
-    let report = memattn::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
+    let report = memattn_cli::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
     // Only a verified result replaces the output file.
     let mut written = None;
     if let (Some(path), false) = (&a.output, report.verified) {

@@ -3,11 +3,11 @@
 use super::args::{Cli, SweepArgs};
 use super::compare::{measure, Point};
 use super::{open_device, parse_vary, print_json, resolve_problem, save_evidence};
-use memattn::charts;
-use memattn::device::Backend;
-use memattn::error::{exit, Error};
-use memattn::problem::{KernelKind, Problem};
-use memattn::report::{human_bytes, table};
+use memattn_cli::charts;
+use memattn_cli::device::Backend;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::problem::{KernelKind, Problem};
+use memattn_cli::report::{human_bytes, table};
 
 pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     let base = resolve_problem(&a.problem, None, Problem::default())?;
@@ -62,7 +62,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     }
     super::evidence::expect(serde_json::json!({
         "runs": plan.iter().map(|(value, p, k)| serde_json::json!({
-            "value": value, "kernel": k, "analytic_bytes": memattn::memory::AnalyticBytes::new(p, *k).total,
+            "value": value, "kernel": k, "analytic_bytes": memattn_cli::memory::AnalyticBytes::new(p, *k).total,
         })).collect::<Vec<_>>(),
     }));
     let bar = indicatif::ProgressBar::new(plan.len() as u64);

@@ -2,11 +2,11 @@
 
 use super::args::{Cli, TraceArgs};
 use super::{device_options, parse_dim3, print_json, resolve_problem, run_spec};
-use memattn::device::vm::VmDevice;
-use memattn::device::BackendChoice;
-use memattn::error::{exit, Error};
-use memattn::problem::{KernelKind, Problem};
-use memattn::report::describe_problem;
+use memattn_cli::device::vm::VmDevice;
+use memattn_cli::device::BackendChoice;
+use memattn_cli::error::{exit, Error};
+use memattn_cli::problem::{KernelKind, Problem};
+use memattn_cli::report::describe_problem;
 
 pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     if cli.backend == BackendChoice::Cuda {
@@ -60,13 +60,13 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     let mut dev = VmDevice::new(&opts)?;
     dev.request_trace(entry.name(), ptx_vm::TraceRequest { block, thread, max_entries: a.max_entries });
     let spec = run_spec(&a.problem, problem, kernel)?;
-    let outcome = memattn::runner::run(&mut dev, &spec, None);
+    let outcome = memattn_cli::runner::run(&mut dev, &spec, None);
     let (trace, verified, error) = match outcome {
         Ok(report) => (report.trace, Some(report.verified), None),
         // A finding stops the run: the trace up to the instruction that made it is kept.
         Err(e) => (dev.take_trace(), None, Some(e)),
     };
-    let packed = if problem.dtype == memattn::Dtype::F32 { None } else { Some(problem.dtype) };
+    let packed = if problem.dtype == memattn_cli::Dtype::F32 { None } else { Some(problem.dtype) };
     let shown: Vec<&ptx_vm::TraceEntry> = trace
         .iter()
         .filter(|t| t.finding.is_some() || lines.is_none_or(|(lo, hi)| (lo..=hi).contains(&t.line)))
@@ -229,7 +229,7 @@ fn dst_type(text: &str) -> &str {
 /// A written register as the type the instruction uses, e.g. `1.5`, `[0.25, -1] (bf16x2)`,
 /// `42 (u32)`, `true`. 16-bit loads into 32-bit registers (`ldmatrix .b16`) are two elements of
 /// the problem's dtype (`packed`).
-fn typed_value(text: &str, reg: &str, v: u64, packed: Option<memattn::Dtype>) -> String {
+fn typed_value(text: &str, reg: &str, v: u64, packed: Option<memattn_cli::Dtype>) -> String {
     let half = |bits: u16, bf: bool| -> f32 {
         if bf {
             f32::from_bits((bits as u32) << 16)
@@ -257,8 +257,8 @@ fn typed_value(text: &str, reg: &str, v: u64, packed: Option<memattn::Dtype>) ->
         "bf16" => format!("{} (bf16)", half(v as u16, true)),
         "f16" => format!("{} (f16)", half(v as u16, false)),
         "b16" if reg.starts_with("%r") && !reg.starts_with("%rs") => match packed {
-            Some(memattn::Dtype::Bf16) => pair(true, "bf16x2"),
-            Some(memattn::Dtype::F16) => pair(false, "f16x2"),
+            Some(memattn_cli::Dtype::Bf16) => pair(true, "bf16x2"),
+            Some(memattn_cli::Dtype::F16) => pair(false, "f16x2"),
             _ => format!("{v:#x} (b16x2)"),
         },
         "s32" => format!("{} (s32)", v as u32 as i32),

@@ -8,13 +8,13 @@ use kernels_gpu::abi::Strides;
 use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use kernels_gpu::variants::LaunchShape;
 use kernels_gpu::KernelId;
-use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
 /// Which attention implementation to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum KernelKind {
     /// Three kernels (scores, softmax, P·V) with the `seq_q x seq_kv` score matrix in memory.
     Naive,
@@ -81,8 +81,9 @@ impl FromStr for KernelKind {
 }
 
 /// Memory layout of Q, K, V and O on the device. Files and the host always use BSHD.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Layout {
     /// `[batch, seq, heads, head_dim]`
     Bshd,
@@ -132,7 +133,8 @@ pub struct ParseEnumError {
 
 /// One attention problem: `O = softmax(scale · Q Kᵀ [+ mask]) V`, plus `LSE` per query row, with
 /// the options of `docs/semantics.md` (GQA/MQA, window, soft cap, sinks).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Problem {
     pub batch: u32,
     pub heads: u32,
@@ -142,7 +144,7 @@ pub struct Problem {
     pub dtype: Dtype,
     pub causal: bool,
     /// Softmax scale; `None` means `1 / sqrt(head_dim)`.
-    #[serde(skip)]
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub scale: Option<f32>,
     pub layout: Layout,
     /// Heads of K and V (GQA/MQA); `None` means `heads`. Must divide `heads`.
@@ -161,7 +163,8 @@ pub struct Problem {
 
 /// The sequence lengths of a varlen batch (`batch` entries each). Leaked once per problem so
 /// that [`Problem`] stays `Copy`; a run builds one or a handful.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Varlen {
     pub seqlens_q: &'static [u32],
     pub seqlens_kv: &'static [u32],
@@ -199,7 +202,8 @@ impl Varlen {
 }
 
 /// The shape part of a problem as it appears in JSON output.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ShapeJson {
     pub batch: u32,
     pub heads: u32,
@@ -215,9 +219,9 @@ pub struct ShapeJson {
     pub window_right: i32,
     pub softcap: f32,
     pub sinks: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub seqlens_q: Option<&'static [u32]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub seqlens_kv: Option<&'static [u32]>,
 }
 

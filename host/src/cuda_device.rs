@@ -1,181 +1,25 @@
-//! The CUDA backend: one context (the device's primary context) on device 0, the default stream,
-//! the module loaded once from the PTX text (JIT by the driver), functions looked up once and
-//! cached. Memory comes from NVML (before, sampled peak, after; utilisation) and `cuMemGetInfo`;
-//! time from CUDA events.
-//!
-//! The driver library is loaded at run time. `cudarc` panics when it cannot load it or a symbol
-//! it resolves is missing, so every first contact goes through [`probe`] and [`quietly`]: a
-//! machine without a driver, or with one that lacks a function memattn calls, gets an error that
-//! says so, never a crash.
-//!
-//! [`DRIVER_ENV`] (`MEMATTN_CUDA_DRIVER=/path/to/libcuda`) loads a given driver library instead of
-//! the system's, e.g. `libvm_cuda.so` from the workspace's `vm-cuda` crate, a driver backed by
-//! ptx-vm that runs this backend without a GPU. Only that variable (or [`use_driver_library`])
-//! selects it; NVML is then read from the same library.
+//! The `memattn` command's CUDA device: one context (the device's primary context) on device 0,
+//! the default stream, memattn's module loaded once as the library's
+//! [`memattn::device::cuda::CudaModule`] (whose `launch` is the one `cuLaunchKernel` of the
+//! workspace). Memory comes from NVML (before, sampled peak, after; utilisation) and
+//! `cuMemGetInfo`; time from CUDA events. NVML is read from the chosen driver library when
+//! `MEMATTN_CUDA_DRIVER` names one.
 
-use super::{Backend, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
-use crate::memory::MeasuredMemory;
 use crate::nvml::Sampler;
-use crate::ptx::PtxSource;
+use memattn::device::cuda::{drv, probe, quietly, vm_backed, CudaModule};
+use memattn::device::{Backend, BackendChoice, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
+use memattn::memory::MeasuredMemory;
+use memattn::ptx::PtxSource;
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, DriverError};
+use cudarc::driver::{result, CudaContext};
 use kernels_gpu::tiles::LaunchDims;
-use std::collections::HashMap;
-use std::ffi::{c_void, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Dynamic shared memory a kernel may use without opting in.
-const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
-
-pub use crate::panics::quietly;
-
-fn drv(op: &str, e: DriverError) -> DeviceError {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    DeviceError::Cuda { op: op.into(), message: format!("{name}: {text}") }
-}
-
-/// Every driver function memattn's CUDA backend reaches through cudarc. cudarc resolves each on
-/// its first call and panics when the library lacks it, wherever that call is (a launch, a
-/// destructor), so [`probe`] looks them all up first. `host/tests/cuda_vm.rs` checks, from the
-/// dynamic loader's log, that no other driver function is resolved.
-pub const REQUIRED_DRIVER_FUNCTIONS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceGetUuid",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxGetCurrent",
-    "cuCtxSetCurrent",
-    "cuModuleLoadDataEx",
-    "cuModuleGetFunction",
-    "cuModuleUnload",
-    "cuFuncSetAttribute",
-    "cuLaunchKernel",
-    "cuStreamSynchronize",
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuEventSynchronize",
-    "cuEventElapsedTime",
-    "cuEventDestroy_v2",
-    "cuMemGetInfo_v2",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemsetD32_v2",
-    "cuGetErrorName",
-    "cuGetErrorString",
-];
-
-pub use crate::driver::{driver_library, use_driver_library, DRIVER_ENV};
-
-/// Set by [`probe`]: the driver is `vm-cuda`'s (ptx-vm behind the driver API), not a GPU's.
-static VM_BACKED: AtomicBool = AtomicBool::new(false);
-
-/// Whether the driver [`probe`] found is the VM-backed one (`vm-cuda`).
-pub fn vm_backed() -> bool {
-    VM_BACKED.load(Ordering::Relaxed)
-}
-
-/// Whether the system has a CUDA driver library (checked without binding cudarc to it).
-pub fn system_driver_present() -> bool {
-    quietly(culib_present).unwrap_or(false)
-}
-
-/// Whether cudarc can load the driver library (call it inside [`quietly`]). Without memattn's
-/// `dynamic-loading` feature cudarc is linked to libcuda at build time (candle's `cuda` feature
-/// does that), so the library is there whenever the program started.
-fn culib_present() -> bool {
-    #[cfg(feature = "dynamic-loading")]
-    {
-        // SAFETY: only tries to dlopen the driver library and closes it again.
-        unsafe { sys::is_culib_present() }
-    }
-    #[cfg(not(feature = "dynamic-loading"))]
-    {
-        true
-    }
-}
-
-/// Opens the library cudarc will use (same names, same order), checks that it is the chosen one
-/// when there is one, and that it has every function in [`REQUIRED_DRIVER_FUNCTIONS`].
-fn check_driver_functions() -> Result<(), String> {
-    #[cfg(feature = "dynamic-loading")]
-    let names = ["cuda", "nvcuda"].iter().flat_map(|l| cudarc::get_lib_name_candidates(l));
-    // Linked at build time: the dynamic loader's `libcuda.so.1` is the library cudarc calls.
-    #[cfg(not(feature = "dynamic-loading"))]
-    let names = ["libcuda.so.1".to_string()].into_iter();
-    for name in names {
-        // SAFETY: the same dlopen cudarc does next.
-        let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else { continue };
-        // SAFETY (both): only look symbols up; nothing is called.
-        let init = |l: &libloading::Library| unsafe { l.get::<*const c_void>(b"cuInit").ok().map(|s| *s) };
-        if let Some(Ok((path, chosen))) = crate::driver::CHOSEN.get() {
-            if init(&lib) != init(chosen) {
-                return Err(format!(
-                    "{DRIVER_ENV}={} is loaded, but `{name}` names another library, which cudarc would use (the chosen library's soname must be libcuda.so)",
-                    path.display()
-                ));
-            }
-        }
-        // SAFETY: only looks the symbol up.
-        VM_BACKED.store(unsafe { lib.get::<*const c_void>(b"vmCudaDriverVersion") }.is_ok(), Ordering::Relaxed);
-        for f in REQUIRED_DRIVER_FUNCTIONS {
-            if unsafe { lib.get::<*const c_void>(f.as_bytes()) }.is_err() {
-                return Err(format!(
-                    "the CUDA driver library ({name}) lacks `{f}`, which memattn calls (a driver older than CUDA 12.8, or not a complete libcuda)"
-                ));
-            }
-        }
-        return Ok(());
-    }
-    Err("no CUDA driver library (libcuda.so.1) could be loaded".into())
-}
-
-/// Checks for a usable driver and at least one device. `Ok` describes what was found; `Err` says
-/// why CUDA cannot be used.
-pub fn probe() -> Result<String, String> {
-    let chosen = driver_library()?;
-    let r = quietly(|| -> Result<String, String> {
-        if !culib_present() {
-            return Err("no CUDA driver library (libcuda.so.1) could be loaded".into());
-        }
-        check_driver_functions()?;
-        result::init().map_err(|e| format!("cuInit failed: {}", drv("cuInit", e)))?;
-        let n = result::device::get_count().map_err(|e| format!("{}", drv("cuDeviceGetCount", e)))?;
-        if n == 0 {
-            return Err("the CUDA driver reports no device".into());
-        }
-        let mut version = 0;
-        // SAFETY: out-pointer to a local.
-        unsafe { sys::cuDriverGetVersion(&mut version) };
-        let mut via = match chosen {
-            Some(p) => format!(" from {} ({DRIVER_ENV})", p.display()),
-            None => String::new(),
-        };
-        if vm_backed() {
-            via.push_str(", VM-backed: kernels run in ptx-vm, not on a GPU");
-        }
-        Ok(format!("{n} CUDA device(s), driver API {}.{}{via}", version / 1000, (version % 1000) / 10))
-    });
-    match r {
-        Ok(inner) => inner,
-        Err(panic) => Err(format!("the CUDA driver could not be used: {panic}")),
-    }
-}
 
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: sys::CUstream,
-    module: sys::CUmodule,
-    functions: HashMap<String, (sys::CUfunction, u32)>,
+    module: CudaModule,
     ptx: PtxSource,
     name: String,
     uuid: Option<String>,
@@ -208,12 +52,11 @@ impl CudaDevice {
         let name = ctx.name().unwrap_or_else(|_| "CUDA device 0".into());
         let (major, minor) = ctx.compute_capability().map_err(|e| drv("cuDeviceGetAttribute", e))?;
         let uuid = ctx.uuid().ok().map(|u| format_uuid(&u));
-        let module = load_module(&opts.ptx)?;
+        let module = CudaModule::load(&opts.ptx)?;
         Ok(CudaDevice {
             ctx,
             stream: std::ptr::null_mut(),
             module,
-            functions: HashMap::new(),
             ptx: opts.ptx.clone(),
             name: format!("{name} (sm_{major}{minor})"),
             uuid,
@@ -248,18 +91,6 @@ impl CudaDevice {
         self.ctx.attribute(a).map_err(|e| drv("cuDeviceGetAttribute", e))
     }
 
-    fn function(&mut self, name: &str) -> Result<(sys::CUfunction, u32), DeviceError> {
-        if let Some(f) = self.functions.get(name) {
-            return Ok(*f);
-        }
-        let cname = CString::new(name).map_err(|_| DeviceError::UnknownKernel(name.into()))?;
-        // SAFETY: the module is loaded and lives as long as self.
-        let f = unsafe { result::module::get_function(self.module, cname) }
-            .map_err(|_| DeviceError::UnknownKernel(name.into()))?;
-        self.functions.insert(name.to_string(), (f, SMEM_WITHOUT_OPT_IN));
-        Ok((f, SMEM_WITHOUT_OPT_IN))
-    }
-
     fn events(&mut self) -> Result<(sys::CUevent, sys::CUevent), DeviceError> {
         if let Some(e) = self.events {
             return Ok(e);
@@ -275,41 +106,6 @@ impl CudaDevice {
     }
 }
 
-/// Loads PTX text through the driver's JIT, returning the JIT error log on failure.
-pub(crate) fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
-    let image = CString::new(ptx.text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
-        origin: ptx.origin.clone(),
-        message: "PTX text contains a NUL byte".into(),
-    })?;
-    let mut log = vec![0u8; 16 * 1024];
-    let mut options =
-        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
-    let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
-    let mut module = std::ptr::null_mut();
-    // SAFETY: `image` is NUL-terminated PTX; options/values are two valid pairs; `log` outlives the call.
-    let r = unsafe {
-        sys::cuModuleLoadDataEx(
-            &mut module,
-            image.as_ptr() as *const c_void,
-            options.len() as u32,
-            options.as_mut_ptr(),
-            values.as_mut_ptr(),
-        )
-    };
-    match r.result() {
-        Ok(()) => Ok(module),
-        Err(e) => {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let jit_log = String::from_utf8_lossy(&log[..end]).trim().to_string();
-            let DeviceError::Cuda { message, .. } = drv("cuModuleLoadDataEx", e) else { unreachable!() };
-            Err(DeviceError::PtxLoad {
-                origin: ptx.origin.clone(),
-                message: if jit_log.is_empty() { message } else { format!("{message}; JIT log: {jit_log}") },
-            })
-        }
-    }
-}
-
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         if let Some(s) = self.sampler.take() {
@@ -321,7 +117,6 @@ impl Drop for CudaDevice {
                 let _ = result::event::destroy(a);
                 let _ = result::event::destroy(b);
             }
-            let _ = result::module::unload(self.module);
         }
     }
 }
@@ -407,42 +202,10 @@ impl Device for CudaDevice {
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
-        let (f, smem_allowed) = self.function(kernel)?;
-        if dims.dynamic_smem_bytes > smem_allowed {
-            // SAFETY: `f` is a live function of the loaded module.
-            unsafe {
-                result::function::set_function_attribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    dims.dynamic_smem_bytes as i32,
-                )
-            }
-            .map_err(|e| {
-                drv(&format!("opting `{kernel}` in to {} bytes of shared memory", dims.dynamic_smem_bytes), e)
-            })?;
-            if let Some(entry) = self.functions.get_mut(kernel) {
-                entry.1 = dims.dynamic_smem_bytes;
-            }
-        }
-        // Each parameter's bytes in an 8-byte aligned buffer; the driver copies them at launch
-        // using the sizes it knows from the PTX.
-        let mut storage: Vec<Vec<u64>> = params
-            .iter()
-            .map(|p| {
-                let mut w = vec![0u64; p.len().div_ceil(8)];
-                for (i, b) in p.iter().enumerate() {
-                    w[i / 8] |= (*b as u64) << (8 * (i % 8));
-                }
-                w
-            })
-            .collect();
-        let mut ptrs: Vec<*mut c_void> = storage.iter_mut().map(|w| w.as_mut_ptr() as *mut c_void).collect();
-        let grid = (dims.grid[0], dims.grid[1], dims.grid[2]);
-        let block = (dims.block[0], dims.block[1], dims.block[2]);
-        // SAFETY: `f` is live, `ptrs` has one pointer per declared parameter (checked by the
-        // runner against the ABI), and the pointed-to buffers outlive the call.
-        unsafe { result::launch_kernel(f, grid, block, dims.dynamic_smem_bytes, self.stream, &mut ptrs) }
-            .map_err(|e| drv(&format!("launch of `{kernel}` (grid {:?}, block {:?})", dims.grid, dims.block), e))?;
+        // SAFETY: the runner passes the parameters the kernel's ABI declares, with addresses
+        // of live allocations of this device (checked against the ABI and its allocations),
+        // on the default stream of the bound context.
+        unsafe { self.module.launch(kernel, dims, params, self.stream) }?;
         Ok(LaunchInfo::default())
     }
 
@@ -553,5 +316,32 @@ impl Device for CudaDevice {
         } else {
             (3, 10)
         }
+    }
+}
+/// An opened device and why this backend was picked.
+pub struct Opened {
+    pub device: Box<dyn Device>,
+    pub reason: String,
+}
+
+/// Opens the backend `opts.backend` asks for. `auto` tries CUDA and falls back to the VM, saying
+/// why; a missing driver never panics.
+pub fn open(opts: &DeviceOptions) -> Result<Opened, DeviceError> {
+    match opts.backend {
+        BackendChoice::Vm => Ok(Opened { device: Box::new(memattn::device::vm::VmDevice::new(opts)?), reason: "--backend vm".into() }),
+        BackendChoice::Cuda => {
+            let d = CudaDevice::new(opts)?;
+            Ok(Opened { device: Box::new(d), reason: "--backend cuda".into() })
+        }
+        BackendChoice::Auto => match probe() {
+            Ok(_) => {
+                let d = CudaDevice::new(opts)?;
+                Ok(Opened { device: Box::new(d), reason: "auto: CUDA driver and a GPU found".into() })
+            }
+            Err(why) => Ok(Opened {
+                device: Box::new(memattn::device::vm::VmDevice::new(opts)?),
+                reason: format!("auto: using the PTX VM because {why}"),
+            }),
+        },
     }
 }

@@ -64,25 +64,20 @@ pub use cudarc::driver::CudaStream;
 pub use kvcache::PartialsView;
 
 use crate::caps::DeviceCaps;
-use crate::device::cuda::load_module;
+use crate::device::cuda::CudaModule;
 use crate::device::vm::VmDevice;
 use crate::device::{BackendChoice, DevPtr, Device, DeviceError, DeviceOptions};
 use crate::dtype::Dtype;
 use crate::problem::{KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
 use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::KernelId;
-use std::collections::HashMap;
-use std::ffi::{c_void, CString};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Dynamic shared memory a kernel may use without opting in (CUDA).
-const SMEM_WITHOUT_OPT_IN: u32 = 48 * 1024;
 
 /// Why an attention call was refused or failed. Every message names the limit it hit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -672,24 +667,22 @@ impl DeviceTensor {
 
 struct CudaKernels {
     ctx: Arc<CudaContext>,
-    module: sys::CUmodule,
-    /// Function handle and the dynamic shared memory it is opted in to.
-    functions: Mutex<HashMap<KernelId, (usize, u32)>>,
+    /// memattn's module in `ctx`, its function cache and the one launch
+    /// ([`CudaModule::launch`]); dropped (unloaded) after [`CudaKernels::drop`] made `ctx`
+    /// current.
+    module: std::mem::ManuallyDrop<CudaModule>,
     caps: DeviceCaps,
     /// Multiprocessors, for the split plan of the KV-cache call.
     sm_count: u32,
 }
 
-// SAFETY: driver handles may be used from any thread; the function cache is behind a mutex.
-unsafe impl Send for CudaKernels {}
-unsafe impl Sync for CudaKernels {}
-
 impl Drop for CudaKernels {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the module was loaded by this handle and is not used after this point.
-            let _ = unsafe { result::module::unload(self.module) };
+            // SAFETY: dropped once, here; not used after this point.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.module) };
         }
+        // Without the context bound the module is left to the context's own teardown.
     }
 }
 
@@ -721,7 +714,7 @@ impl Kernels {
     pub fn cuda(ctx: &Arc<CudaContext>) -> Result<Kernels, AttnError> {
         use sys::CUdevice_attribute::*;
         ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-        let module = load_module(&PtxSource::embedded())?;
+        let module = std::mem::ManuallyDrop::new(CudaModule::load(&PtxSource::embedded())?);
         let attr = |a| ctx.attribute(a).map(|x| x as u32).map_err(|e| cuda_err("cuDeviceGetAttribute", e));
         let caps = DeviceCaps {
             max_dynamic_smem_bytes: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
@@ -738,7 +731,6 @@ impl Kernels {
             inner: Inner::Cuda(CudaKernels {
                 ctx: ctx.clone(),
                 module,
-                functions: Mutex::new(HashMap::new()),
                 caps,
                 sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             }),
@@ -1348,62 +1340,14 @@ impl Kernels {
                     expected: "a view made for a stream".into(),
                 })?;
                 c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-                let f = c.function(kernel, dims.dynamic_smem_bytes)?;
-                // The one parameter, in an 8-byte aligned buffer (the PTX declares `.align 8`).
-                let mut words: Vec<u64> =
-                    bytes.chunks(8).map(|w| u64::from_le_bytes(w.try_into().expect("8-byte multiple"))).collect();
-                let mut ptrs = [words.as_mut_ptr() as *mut c_void];
-                let d = dims;
-                // SAFETY: `f` is a live function of this module taking one parameter struct of
-                // `bytes.len()` bytes; every pointer in it was validated by the caller (device,
-                // bounds, alignment) and its buffers are borrowed for the call; `ptrs` and
-                // `words` outlive the call.
-                unsafe {
-                    result::launch_kernel(
-                        f as sys::CUfunction,
-                        (d.grid[0], d.grid[1], d.grid[2]),
-                        (d.block[0], d.block[1], d.block[2]),
-                        d.dynamic_smem_bytes,
-                        stream.cu_stream(),
-                        &mut ptrs,
-                    )
-                }
-                .map_err(|e| cuda_err(&format!("launch of `{}`", kernel.name()), e))?;
+                // SAFETY: `bytes` is the one parameter struct the kernel declares; every
+                // pointer in it was validated by the caller (device, bounds, alignment) and its
+                // buffers are borrowed for the call; the stream belongs to `c.ctx` (checked
+                // when the views were made), which is current.
+                unsafe { c.module.launch(kernel.name(), dims, &[bytes], stream.cu_stream()) }?;
                 Ok(())
             }
         }
-    }
-}
-
-impl CudaKernels {
-    /// The function for `kernel`, looked up once, opted in to `smem` bytes of dynamic shared memory.
-    fn function(&self, kernel: KernelId, smem: u32) -> Result<usize, AttnError> {
-        let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = match cache.get(&kernel) {
-            Some(e) => *e,
-            None => {
-                let name = CString::new(kernel.name()).expect("entry names have no NUL");
-                // SAFETY: the module is loaded and lives as long as self.
-                let f = unsafe { result::module::get_function(self.module, name) }
-                    .map_err(|_| DeviceError::UnknownKernel(kernel.name().into()))?;
-                (f as usize, SMEM_WITHOUT_OPT_IN)
-            }
-        };
-        let mut entry = entry;
-        if smem > entry.1 {
-            // SAFETY: a live function of the loaded module.
-            unsafe {
-                result::function::set_function_attribute(
-                    entry.0 as sys::CUfunction,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-            }
-            .map_err(|e| cuda_err(&format!("opting `{}` in to {smem} bytes of shared memory", kernel.name()), e))?;
-            entry.1 = smem;
-        }
-        cache.insert(kernel, entry);
-        Ok(entry.0)
     }
 }
 

@@ -19,10 +19,10 @@
 use crate::caps::DeviceCaps;
 use crate::problem::{KernelKind, Problem, ProblemError};
 use crate::units::human_bytes;
-use serde::Serialize;
 
 /// Bytes a run allocates on the device, by role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct AnalyticBytes {
     /// Q + K + V.
     pub inputs: u64,
@@ -89,7 +89,8 @@ impl AnalyticBytes {
 }
 
 /// Device memory as measured around one run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct MeasuredMemory {
     /// Where the figures come from: "vm allocator (exact)" or "nvml (sampled every N us)".
     pub source: String,
@@ -102,19 +103,19 @@ pub struct MeasuredMemory {
     /// `peak - before`: what the run added (compare with the analytic total).
     pub peak_delta_bytes: u64,
     /// NVML only: samples taken, GPU utilisation (max/mean percent) while sampling.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub samples: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub gpu_util_max_percent: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub gpu_util_mean_percent: Option<f64>,
     /// CUDA only: `cuMemGetInfo` free bytes before allocation and with all buffers allocated.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub cuda_free_before_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub cuda_free_allocated_bytes: Option<u64>,
     /// Notes on how to read the figures (e.g. allocation granularity on CUDA).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
     pub notes: Vec<String>,
 }
 

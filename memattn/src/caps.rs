@@ -2,10 +2,10 @@
 //! problem and the memory plan can be checked against a device without depending on the device
 //! backends.
 
-use serde::Serialize;
 
 /// Limits a problem is validated against before anything is allocated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceCaps {
     /// Largest dynamic shared memory one block may use (with opt-in where the device has it).
     pub max_dynamic_smem_bytes: u32,

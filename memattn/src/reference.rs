@@ -6,10 +6,10 @@
 use crate::inputs::Qkv;
 use crate::problem::Problem;
 use crate::rng::SplitMix64;
-use serde::Serialize;
 
 /// One query row: batch, head, query index.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RowId {
     pub b: u32,
     pub h: u32,

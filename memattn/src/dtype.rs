@@ -5,13 +5,13 @@
 //! `half` crate's round-to-nearest-even), so the host-side value is exactly what the device sees;
 //! [`Dtype::encode`] and [`Dtype::decode`] convert to and from the device bytes without loss.
 
-use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
 /// Element type of Q, K, V and O. LSE is always f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Dtype {
     F32,
     Bf16,
@@ -60,24 +60,6 @@ impl Dtype {
         }
     }
 
-    /// The safetensors dtype tensors of this type are stored as.
-    pub fn safetensors(self) -> safetensors::Dtype {
-        match self {
-            Dtype::F32 => safetensors::Dtype::F32,
-            Dtype::Bf16 => safetensors::Dtype::BF16,
-            Dtype::F16 => safetensors::Dtype::F16,
-        }
-    }
-
-    /// The dtype of a safetensors tensor, if it is one the kernels take.
-    pub fn from_safetensors(d: safetensors::Dtype) -> Option<Dtype> {
-        match d {
-            safetensors::Dtype::F32 => Some(Dtype::F32),
-            safetensors::Dtype::BF16 => Some(Dtype::Bf16),
-            safetensors::Dtype::F16 => Some(Dtype::F16),
-            _ => None,
-        }
-    }
 
     /// `x` rounded to this dtype (nearest, ties to even), as an f32. Identity for f32.
     #[inline]
@@ -141,7 +123,8 @@ impl Dtype {
 }
 
 /// Verification bounds of one run. An output passes when every bound holds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Tolerance {
     /// Bound on ‖o − ref‖ / ‖ref‖ over all checked elements of O.
     pub rel_rms: f64,
@@ -206,7 +189,6 @@ mod tests {
             assert_eq!(b.len() as u64, 100 * d.size_bytes());
             assert_eq!(d.decode(&b), x, "{d}");
             assert_eq!(d.name().parse::<Dtype>(), Ok(d));
-            assert_eq!(Dtype::from_safetensors(d.safetensors()), Some(d));
         }
         // Bit patterns: bf16 1.0 = 0x3F80, f16 1.0 = 0x3C00.
         assert_eq!(Dtype::Bf16.encode(&[1.0]), vec![0x80, 0x3F]);

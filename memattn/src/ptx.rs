@@ -3,15 +3,14 @@
 
 use kernels_gpu::variants::TileRecord;
 use kernels_gpu::KernelId;
-use serde::Serialize;
 
-pub use kernels_gpu::artifacts::{BuildInfo, PtxasKernel, PtxasReport};
 
 /// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu).
 pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
 
 /// One `.param` of an entry, as declared.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PtxParam {
     pub name: String,
     /// e.g. `.align 8 .b8 [224]`, `.u64`, `.f32`.
@@ -19,7 +18,8 @@ pub struct PtxParam {
 }
 
 /// One `.entry` found in the PTX text.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PtxEntry {
     pub name: String,
     pub line: usize,
@@ -103,16 +103,6 @@ impl PtxSource {
         out.extend(current);
         out
     }
-}
-
-/// The build info of the embedded PTX.
-pub fn build_info() -> Result<Option<BuildInfo>, String> {
-    BuildInfo::embedded().map(Some)
-}
-
-/// The ptxas report of the embedded PTX.
-pub fn ptxas_report() -> Result<Option<PtxasReport>, String> {
-    PtxasReport::embedded().map(Some)
 }
 
 impl PtxSource {
@@ -213,17 +203,5 @@ mod tests {
         assert_eq!(saxpy.params.len(), 4);
         let (v, t) = src.version_and_target();
         assert!(v.is_some() && t.as_deref().unwrap_or("").starts_with("sm_"));
-    }
-
-    #[test]
-    fn embedded_metadata_parses_and_matches_when_present() {
-        let src = PtxSource::embedded();
-        if let Some(bi) = build_info().unwrap() {
-            assert_eq!(bi.target, "nvptx64-nvidia-cuda");
-            assert_eq!(bi.ptx_sha256, src.sha256, "build-info.json describes a different PTX");
-        }
-        if let Some(r) = ptxas_report().unwrap() {
-            assert!(!r.kernels.is_empty());
-        }
     }
 }

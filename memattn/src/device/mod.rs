@@ -1,12 +1,13 @@
-//! The device abstraction: one trait, two backends.
+//! The device layer under [`crate::attn::Kernels`]: the [`Device`] trait, the PTX VM behind it
+//! ([`vm::VmDevice`], feature `vm`), and the CUDA driver side ([`cuda`]: driver choice, probe,
+//! [`cuda::CudaModule`] with the one `cuLaunchKernel`).
 //!
-//! - [`vm::VmDevice`]: the PTX VM (`ptx-vm`), always available, exact memory accounting and
-//!   memcheck on every launch.
-//! - [`cuda::CudaDevice`]: a real GPU through the CUDA driver, loaded at run time (`cudarc` with
-//!   dynamic loading), memory from NVML and `cuMemGetInfo`, time from CUDA events.
-//!
-//! Code that runs kernels (the [`crate::runner`], the tests) is generic over [`Device`], so it is
-//! written once and runs on both.
+//! [`Device`] is also the library's measurement extension point: a program that wants to
+//! measure what a launch costs (the `memattn` command brackets runs with NVML and
+//! `cuMemGetInfo`, counts VM instructions, injects faults in its tests) implements or wraps it;
+//! [`Device::memory_begin`], [`Device::memory_mark_allocated`], [`Device::memory_end`] and
+//! [`Device::timer_start`]/[`Device::timer_stop`] are the hooks, [`LaunchInfo`] what a launch
+//! reports.
 
 pub mod cuda;
 pub mod vm;
@@ -14,7 +15,6 @@ pub mod vm;
 use crate::memory::MeasuredMemory;
 use crate::ptx::PtxSource;
 use kernels_gpu::tiles::LaunchDims;
-use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
@@ -22,8 +22,9 @@ use std::str::FromStr;
 pub type DevPtr = u64;
 
 /// Which backend a device is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Backend {
     Vm,
     Cuda,
@@ -185,33 +186,5 @@ impl DeviceOptions {
             vm_initcheck: true,
             vm_racecheck: true,
         }
-    }
-}
-
-/// An opened device and why this backend was picked.
-pub struct Opened {
-    pub device: Box<dyn Device>,
-    pub reason: String,
-}
-
-/// Opens the backend `opts.backend` asks for. `auto` tries CUDA and falls back to the VM, saying
-/// why; a missing driver never panics.
-pub fn open(opts: &DeviceOptions) -> Result<Opened, DeviceError> {
-    match opts.backend {
-        BackendChoice::Vm => Ok(Opened { device: Box::new(vm::VmDevice::new(opts)?), reason: "--backend vm".into() }),
-        BackendChoice::Cuda => {
-            let d = cuda::CudaDevice::new(opts)?;
-            Ok(Opened { device: Box::new(d), reason: "--backend cuda".into() })
-        }
-        BackendChoice::Auto => match cuda::probe() {
-            Ok(_) => {
-                let d = cuda::CudaDevice::new(opts)?;
-                Ok(Opened { device: Box::new(d), reason: "auto: CUDA driver and a GPU found".into() })
-            }
-            Err(why) => Ok(Opened {
-                device: Box::new(vm::VmDevice::new(opts)?),
-                reason: format!("auto: using the PTX VM because {why}"),
-            }),
-        },
     }
 }

@@ -1,0 +1,189 @@
+//! `memattn`: memory-efficient (FlashAttention-style) attention kernels written in Rust, shipped
+//! as prebuilt PTX, launched on your CUDA stream through cudarc or run in the PTX VM, with an f64
+//! reference for your tests. No nvcc and no CUDA toolkit at build time; the driver is loaded at
+//! run time.
+//!
+//! Start at [`attn`]: views of your cudarc slices (or VM buffers), [`attn::Kernels::flash_attn`]
+//! / [`attn::Kernels::flash_attn_into`], the varlen and KV-cache calls, `merge_states`, typed
+//! errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
+//! natural log). [`reference::attention`] and [`decode::reference`] are the f64 references.
+//!
+//! # Features
+//! - `vm` (default): the PTX VM backend ([`attn::Kernels::vm`]), the same kernels on the CPU with
+//!   memcheck, initcheck and racecheck.
+//! - `cuda-12080` (default): the CUDA driver API version cudarc binds. cudarc needs exactly one
+//!   version; a program that chooses its own (candle-core's `cuda` feature does, through cudarc's
+//!   `cuda-version-from-build-system`) may turn the default features off. memattn asks cudarc for
+//!   `fallback-dynamic-loading`: the driver is loaded at run time unless the program links it
+//!   (cudarc's `dynamic-linking`, as candle-core's `cuda` feature does), so both work.
+//! - `serde`: `serde::Serialize` for the plain records ([`Dtype`], [`Problem`], the decode plan).
+//!
+//! The modules form layers; each imports only from layers above it in this list (a unit test,
+//! `module_layers_have_no_cycle`, reads every source file, subfolders included, and fails on an
+//! import against the order):
+//! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
+//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`rng`];
+//! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
+//!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
+//! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check);
+//! 4. [`mod@reference`] (the f64 reference);
+//! 5. [`ptx`] (the module and what is known about it), then [`device`] (the [`device::Device`]
+//!    trait, the VM and the CUDA module with the one launch);
+//! 6. [`error`], then [`decode`]: the KV-cache decode plan (split plan, launches, parameters),
+//!    its f64 reference and the `merge_states` reference;
+//! 7. [`attn`]: the attention API.
+
+pub mod attn;
+pub mod caps;
+pub mod decode;
+pub mod device;
+pub mod driver;
+pub mod dtype;
+pub mod error;
+pub mod inputs;
+pub mod memory;
+pub mod panics;
+pub mod parse;
+pub mod problem;
+pub mod ptx;
+pub mod reference;
+pub mod rng;
+pub mod units;
+
+pub use device::{Backend, BackendChoice, Device};
+pub use dtype::Dtype;
+pub use problem::{KernelKind, Layout, Problem};
+
+#[cfg(test)]
+mod layering_tests {
+    //! The module layers of the crate docs, checked against the sources.
+
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// The layers, top (imports nothing from the crate) to bottom.
+    const LAYERS: &[&[&str]] = &[
+        &["units", "parse", "caps", "panics", "driver", "rng"],
+        &["dtype", "problem"],
+        &["inputs", "memory"],
+        &["reference"],
+        &["ptx", "device"],
+        &["error", "decode"],
+        &["attn"],
+    ];
+
+    fn layer_of(m: &str) -> Option<usize> {
+        LAYERS.iter().position(|l| l.contains(&m))
+    }
+
+    /// The module behind a name re-exported at the crate root (see the `pub use`s above).
+    fn root_reexport(name: &str) -> &str {
+        match name {
+            "Dtype" => "dtype",
+            "Backend" | "BackendChoice" | "Device" => "device",
+            "KernelKind" | "Layout" | "Problem" => "problem",
+            other => other,
+        }
+    }
+
+    /// `crate::name` references in code (comment lines and doc comments are skipped).
+    pub(crate) fn imports(src: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for line in src.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            let mut rest = code;
+            while let Some(i) = rest.find("crate::") {
+                let name: String =
+                    rest[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                out.insert(root_reexport(&name).to_string());
+                rest = &rest[i + 7..];
+            }
+        }
+        out
+    }
+
+    /// Every `.rs` file under `dir`, subfolders included, with the top-level module it belongs to
+    /// (`attn/kvcache.rs` belongs to `attn`).
+    fn sources(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
+        let mut out = Vec::new();
+        let mut stack = vec![(None::<String>, dir.to_path_buf())];
+        while let Some((module, d)) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let stem = p.file_stem().unwrap().to_string_lossy().to_string();
+                if p.is_dir() {
+                    stack.push((Some(module.clone().unwrap_or(stem)), p));
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    match &module {
+                        Some(m) => out.push((m.clone(), p)),
+                        None if stem != "lib" => out.push((stem, p)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn graph() -> BTreeMap<String, BTreeSet<String>> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (module, path) in sources(&dir) {
+            let deps = imports(&std::fs::read_to_string(&path).unwrap());
+            g.entry(module.clone()).or_default().extend(deps.into_iter().filter(|d| *d != module));
+        }
+        g
+    }
+
+    #[test]
+    fn every_subfolder_is_read() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let files = sources(&dir);
+        for (module, file) in [("attn", "kvcache.rs"), ("device", "vm.rs"), ("device", "cuda.rs")] {
+            assert!(
+                files.iter().any(|(m, p)| m == module && p.file_name().unwrap() == file),
+                "{module}/{file} not read: {files:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn module_layers_have_no_cycle() {
+        let g = graph();
+        for (m, deps) in &g {
+            let lm = layer_of(m).unwrap_or_else(|| {
+                panic!("module `{m}` is not in a layer: add it to LAYERS here and to the list in lib.rs's docs")
+            });
+            for d in deps {
+                let ld = layer_of(d).unwrap_or_else(|| panic!("`{m}` imports unknown module `{d}`"));
+                assert!(ld <= lm, "`{m}` (layer {}) imports `{d}` from a lower layer ({})", lm + 1, ld + 1);
+            }
+        }
+        // Within a layer, imports must not form a cycle either.
+        fn visit(m: &str, g: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, done: &mut BTreeSet<String>) {
+            if done.contains(m) {
+                return;
+            }
+            if let Some(i) = path.iter().position(|p| p == m) {
+                panic!("import cycle: {} -> {m}", path[i..].join(" -> "));
+            }
+            path.push(m.to_string());
+            for d in g.get(m).into_iter().flatten() {
+                visit(d, g, path, done);
+            }
+            path.pop();
+            done.insert(m.to_string());
+        }
+        let mut done = BTreeSet::new();
+        for m in g.keys() {
+            visit(m, &g, &mut Vec::new(), &mut done);
+        }
+    }
+
+    #[test]
+    fn the_checker_sees_imports_and_cycles() {
+        let deps = imports(
+            "use crate::memory::X; // crate::report\n/// [`crate::verify`]\nlet a = crate::units::human_bytes(1);",
+        );
+        assert_eq!(deps.into_iter().collect::<Vec<_>>(), ["memory", "units"]);
+    }
+}
