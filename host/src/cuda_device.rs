@@ -6,13 +6,13 @@
 //! `MEMATTN_CUDA_DRIVER` names one.
 
 use crate::nvml::Sampler;
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaContext};
+use kernels_gpu::tiles::LaunchDims;
 use memattn::device::cuda::{drv, probe, quietly, vm_backed, CudaModule};
 use memattn::device::{Backend, BackendChoice, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
 use memattn::memory::MeasuredMemory;
 use memattn::ptx::PtxSource;
-use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext};
-use kernels_gpu::tiles::LaunchDims;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -328,7 +328,9 @@ pub struct Opened {
 /// why; a missing driver never panics.
 pub fn open(opts: &DeviceOptions) -> Result<Opened, DeviceError> {
     match opts.backend {
-        BackendChoice::Vm => Ok(Opened { device: Box::new(memattn::device::vm::VmDevice::new(opts)?), reason: "--backend vm".into() }),
+        BackendChoice::Vm => {
+            Ok(Opened { device: Box::new(memattn::device::vm::VmDevice::new(opts)?), reason: "--backend vm".into() })
+        }
         BackendChoice::Cuda => {
             let d = CudaDevice::new(opts)?;
             Ok(Opened { device: Box::new(d), reason: "--backend cuda".into() })

@@ -5,15 +5,15 @@
 use crate::error::Error;
 use crate::runner::{LaunchRecord, MAX_LAUNCHES, POISON, POISON_16};
 use crate::timing::Timing;
-use memattn::decode::*;
-use memattn::device::{DevPtr, Device, DeviceError};
-use memattn::dtype::Dtype;
-use memattn::memory::MeasuredMemory;
 use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::MergeParams;
 use kernels_gpu::tiles::MERGE;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
+use memattn::decode::*;
+use memattn::device::{DevPtr, Device, DeviceError};
+use memattn::dtype::Dtype;
+use memattn::memory::MeasuredMemory;
 use serde::Serialize;
 
 /// What to run.
@@ -377,4 +377,3 @@ pub fn merge_states<D: Device + ?Sized>(
     }
     Ok(r?)
 }
-

@@ -82,8 +82,21 @@ mod layering_tests {
     /// The library's modules (re-exported) and the façades above: they import nothing from
     /// this crate's modules.
     const LIBRARY: &[&str] = &[
-        "attn", "caps", "driver", "dtype", "inputs", "memory", "panics", "parse", "problem", "reference", "rng",
-        "units", "device", "decode", "ptx",
+        "attn",
+        "caps",
+        "driver",
+        "dtype",
+        "inputs",
+        "memory",
+        "panics",
+        "parse",
+        "problem",
+        "reference",
+        "rng",
+        "units",
+        "device",
+        "decode",
+        "ptx",
     ];
 
     /// The layers, top (imports nothing from the crate) to bottom.

@@ -42,7 +42,6 @@ impl SafetensorsDtype for Dtype {
     }
 }
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     #[error(transparent)]

@@ -2,7 +2,6 @@
 //! problem and the memory plan can be checked against a device without depending on the device
 //! backends.
 
-
 /// Limits a problem is validated against before anything is allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]

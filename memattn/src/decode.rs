@@ -993,12 +993,7 @@ pub struct DecodeBuffers {
 
 /// The [`DecodeParams`] of a call: the one place they are built (the CLI's [`run_decode`] and
 /// the library's [`crate::attn::Kernels::flash_attn_with_kvcache`] both use it).
-pub fn decode_params(
-    p: &DecodeProblem,
-    layout: CacheLayout,
-    num_splits: u32,
-    bufs: &DecodeBuffers,
-) -> DecodeParams {
+pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bufs: &DecodeBuffers) -> DecodeParams {
     let (seq_cache, page_size, max_pages) = match layout {
         CacheLayout::Contiguous { seq_cache } => (seq_cache, 0, 0),
         CacheLayout::Paged { page_size, max_pages, .. } => (0, page_size, max_pages),

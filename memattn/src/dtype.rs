@@ -60,7 +60,6 @@ impl Dtype {
         }
     }
 
-
     /// `x` rounded to this dtype (nearest, ties to even), as an f32. Identity for f32.
     #[inline]
     pub fn round(self, x: f32) -> f32 {

@@ -4,7 +4,6 @@
 use kernels_gpu::variants::TileRecord;
 use kernels_gpu::KernelId;
 
-
 /// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu).
 pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
 

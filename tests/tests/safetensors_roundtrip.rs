@@ -4,7 +4,9 @@ use memattn_cli::inputs::Qkv;
 use memattn_cli::problem::{KernelKind, Problem};
 use memattn_cli::reference::{reference, RowSelection};
 use memattn_cli::runner::{run, RunSpec};
-use memattn_cli::safetensors_io::{read_qkv, read_qkv_as, write_outputs, write_qkv, write_qkv_as, FileShape, InputError};
+use memattn_cli::safetensors_io::{
+    read_qkv, read_qkv_as, write_outputs, write_qkv, write_qkv_as, FileShape, InputError,
+};
 use memattn_cli::Dtype;
 
 fn tmp(name: &str) -> std::path::PathBuf {

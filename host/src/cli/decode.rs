@@ -188,7 +188,9 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
             let n: u32 = value.parse().map_err(|_| Error::Usage(format!("page-size `{value}` is not a number")))?;
             q.page_size = (n > 0).then_some(n);
         }
-        "dtype" => q.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
+        "dtype" => {
+            q.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?
+        }
         "kernel" => q.kernel = value.parse().map_err(Error::Usage)?,
         _ => return Err(Error::Usage(format!("decode --vary takes splits, page-size, dtype or kernel (got `{key}`)"))),
     }
@@ -311,7 +313,9 @@ fn summary(r: &DecodeReport) -> String {
     let b = &r.bytes;
     let mut s = String::new();
     let cache = match r.cache {
-        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => format!("contiguous, {seq_cache} keys per sequence"),
+        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => {
+            format!("contiguous, {seq_cache} keys per sequence")
+        }
         memattn_cli::decode::CacheLayout::Paged { page_size, num_pages, max_pages } => {
             format!("paged, {num_pages} pages of {page_size} keys, block table {} x {max_pages}", r.batch)
         }

@@ -57,7 +57,8 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
                 .cloned()
                 .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            let _ = evidence::record_outcome(cli, memattn_cli::error::exit::DEVICE, Some(format!("internal error: {msg}")));
+            let _ =
+                evidence::record_outcome(cli, memattn_cli::error::exit::DEVICE, Some(format!("internal error: {msg}")));
             std::panic::resume_unwind(payload)
         }
     };
@@ -252,7 +253,10 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
     }
     for (name, v) in [("--warmup", a.warmup), ("--repeats", a.repeats)] {
         if let Some(n) = v.filter(|&n| n > memattn_cli::runner::MAX_LAUNCHES) {
-            return Err(Error::Usage(format!("{name} must be at most {} (got {n})", memattn_cli::runner::MAX_LAUNCHES)));
+            return Err(Error::Usage(format!(
+                "{name} must be at most {} (got {n})",
+                memattn_cli::runner::MAX_LAUNCHES
+            )));
         }
     }
     Ok(RunSpec { problem, kernel, seed: a.seed, warmup: a.warmup, repeats: a.repeats, check: row_selection(a)? })
@@ -408,7 +412,9 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
         "kernel" => {
             *kernel = value.parse().map_err(|e: memattn_cli::problem::ParseEnumError| Error::Usage(e.to_string()))?
         }
-        "dtype" => p.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?,
+        "dtype" => {
+            p.dtype = value.parse().map_err(|e: memattn_cli::dtype::UnknownDtype| Error::Usage(e.to_string()))?
+        }
         "batch" => p.batch = num(value)?,
         "heads" => p.heads = num(value)?,
         "seq" => {
