@@ -2,7 +2,7 @@
 # GPU check for memattn: runs the prebuilt release binary on a machine with an NVIDIA GPU and no
 # Rust toolchain. Finishes in well under 5 minutes on a current data-centre GPU.
 #
-#   Build (on a machine with the toolchain):  cargo build --release -p memattn
+#   Build (on a machine with the toolchain):  cargo build --release -p memattn-cli
 #   Carry:  target/release/memattn (git-ignored, so name it explicitly, e.g. in the runner's carry
 #           list, or copy it next to this script); the GPU machine needs only the NVIDIA driver.
 #   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn)

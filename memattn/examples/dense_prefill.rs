@@ -6,7 +6,6 @@
 //! GPU's primary context and a stream of its own (`MEMATTN_CUDA_DRIVER=path/to/libvm_cuda.so`
 //! runs that path in the VM too).
 
-use cudarc::driver::CudaContext;
 use memattn::attn::{AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
 use std::process::ExitCode;
@@ -34,8 +33,7 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
     let opts = AttnOpts::new().causal(true);
 
     let (o, lse) = if cuda {
-        memattn::device::cuda::probe()?;
-        let ctx = CudaContext::new(0)?;
+        let ctx = memattn::attn::cuda_context(0)?;
         let stream = ctx.new_stream()?;
         let kernels = Kernels::cuda(&ctx)?;
         let to_bf16 = |x: &[f32]| x.iter().map(|&f| half::bf16::from_f32(f)).collect::<Vec<_>>();

@@ -9,7 +9,6 @@
 //! its own (`MEMATTN_CUDA_DRIVER=path/to/libvm_cuda.so` runs that path in the VM too).
 //! Exit code 0: verified; 1: a result differs from the reference; 3: a device error.
 
-use cudarc::driver::CudaContext;
 use half::bf16;
 use memattn::attn::{AttnOpts, Kernels, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
@@ -76,8 +75,7 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
     let mut all_ok = true;
     // Device state: the kernels and the cache live across the steps.
     let ctx_stream = if cuda {
-        memattn::device::cuda::probe()?;
-        let ctx = CudaContext::new(0)?;
+        let ctx = memattn::attn::cuda_context(0)?;
         let stream = ctx.new_stream()?;
         Some((ctx, stream))
     } else {

@@ -9,7 +9,6 @@
 //! (`MEMATTN_CUDA_DRIVER=path/to/libvm_cuda.so` runs that path in the VM too).
 //! Exit code 0: verified; 1: a result differs from the reference; 3: a device error.
 
-use cudarc::driver::CudaContext;
 use half::bf16;
 use memattn::attn::{AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::problem::Varlen;
@@ -43,8 +42,7 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
     let opts = AttnOpts::new().causal(true);
 
     let (o, lse) = if cuda {
-        memattn::device::cuda::probe()?;
-        let ctx = CudaContext::new(0)?;
+        let ctx = memattn::attn::cuda_context(0)?;
         let stream = ctx.new_stream()?;
         let kernels = Kernels::cuda(&ctx)?;
         let to_bf16 = |x: &[f32]| x.iter().map(|&f| bf16::from_f32(f)).collect::<Vec<_>>();

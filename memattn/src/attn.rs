@@ -65,8 +65,11 @@ pub use kvcache::PartialsView;
 
 use crate::caps::DeviceCaps;
 use crate::device::cuda::CudaModule;
+#[cfg(feature = "vm")]
 use crate::device::vm::VmDevice;
-use crate::device::{BackendChoice, DevPtr, Device, DeviceError, DeviceOptions};
+use crate::device::DeviceError;
+#[cfg(feature = "vm")]
+use crate::device::{BackendChoice, DevPtr, Device, DeviceOptions};
 use crate::dtype::Dtype;
 use crate::problem::{KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
@@ -76,8 +79,11 @@ use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::KernelId;
 use std::fmt;
 use std::marker::PhantomData;
+#[cfg(feature = "vm")]
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(feature = "vm")]
+use std::sync::Mutex;
 
 /// Why an attention call was refused or failed. Every message names the limit it hit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -266,26 +272,34 @@ impl Element for half::f16 {
 /// Where a buffer lives: one VM instance, or one CUDA context (and the stream a view is for).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
+    #[cfg(feature = "vm")]
     Vm(u64),
-    Cuda { ctx: usize, stream: usize },
+    Cuda {
+        ctx: usize,
+        stream: usize,
+    },
 }
 
 impl fmt::Display for Place {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "vm")]
             Place::Vm(id) => write!(f, "VM instance #{id}"),
             Place::Cuda { ctx, .. } => write!(f, "CUDA context {ctx:#x}"),
         }
     }
 }
 
+#[cfg(feature = "vm")]
 static NEXT_VM_ID: AtomicU64 = AtomicU64::new(1);
 
+#[cfg(feature = "vm")]
 struct VmShared {
     id: u64,
     dev: Mutex<VmDevice>,
 }
 
+#[cfg(feature = "vm")]
 impl VmShared {
     fn lock(&self) -> std::sync::MutexGuard<'_, VmDevice> {
         // A panic while holding the lock cannot leave the VM's memory inconsistent for later calls
@@ -296,18 +310,21 @@ impl VmShared {
 
 /// A buffer in the VM's simulated device memory, freed when dropped. Made by
 /// [`Kernels::vm_alloc`] or [`Kernels::vm_upload`].
+#[cfg(feature = "vm")]
 pub struct VmBuffer {
     ptr: DevPtr,
     bytes: u64,
     vm: Arc<VmShared>,
 }
 
+#[cfg(feature = "vm")]
 impl fmt::Debug for VmBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "VmBuffer({} bytes at {:#x} in VM #{})", self.bytes, self.ptr, self.vm.id)
     }
 }
 
+#[cfg(feature = "vm")]
 impl VmBuffer {
     /// Size in bytes.
     pub fn bytes(&self) -> u64 {
@@ -337,6 +354,7 @@ impl VmBuffer {
     }
 }
 
+#[cfg(feature = "vm")]
 impl Drop for VmBuffer {
     fn drop(&mut self) {
         let _ = self.vm.lock().free(self.ptr);
@@ -437,6 +455,7 @@ macro_rules! view_common {
             pub fn ptr(&self) -> u64 {
                 self.raw.ptr
             }
+            #[cfg(feature = "vm")]
             /// A view of `buf` (a VM buffer), contiguous `[batch, seq, heads, head_dim]` (BSHD).
             pub fn vm(buf: &'a VmBuffer, dtype: Dtype, shape: [usize; 4]) -> Result<Self, AttnError> {
                 let raw = RawView::new(buf.ptr, buf.bytes, dtype, shape, Place::Vm(buf.vm.id));
@@ -501,6 +520,7 @@ impl<'a> TensorView<'a> {
         let place = match (&kernels.inner, stream) {
             (Inner::Cuda(_), Some(s)) => cuda_place(s),
             (Inner::Cuda(c), None) => Place::Cuda { ctx: c.ctx.cu_ctx() as usize, stream: 0 },
+            #[cfg(feature = "vm")]
             (Inner::Vm(v), _) => Place::Vm(v.id),
         };
         TensorView {
@@ -550,6 +570,7 @@ impl<'a> TensorViewMut<'a> {
 pub struct LseViewMut<'a>(TensorViewMut<'a>);
 
 impl<'a> LseViewMut<'a> {
+    #[cfg(feature = "vm")]
     /// An LSE view of a VM buffer.
     pub fn vm(buf: &'a VmBuffer, batch: usize, heads: usize, seq_q: usize) -> Result<Self, AttnError> {
         Ok(LseViewMut(TensorViewMut::vm(buf, Dtype::F32, [batch, heads, seq_q, 1])?))
@@ -577,6 +598,7 @@ impl fmt::Debug for SinksView<'_> {
 }
 
 impl<'a> SinksView<'a> {
+    #[cfg(feature = "vm")]
     /// Sinks in a VM buffer (`heads` f32 from its start).
     pub fn vm(buf: &'a VmBuffer, heads: usize) -> Result<Self, AttnError> {
         Ok(SinksView(TensorView::vm(buf, Dtype::F32, [1, 1, heads, 1])?))
@@ -599,13 +621,18 @@ pub struct DeviceTensor {
 }
 
 enum Storage {
+    #[cfg(feature = "vm")]
     Vm(VmBuffer),
-    Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
+    Cuda {
+        slice: CudaSlice<u8>,
+        stream: Arc<CudaStream>,
+    },
 }
 
 impl fmt::Debug for DeviceTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let on = match &self.storage {
+            #[cfg(feature = "vm")]
             Storage::Vm(b) => format!("VM #{}", b.vm.id),
             Storage::Cuda { .. } => "CUDA".to_string(),
         };
@@ -616,6 +643,7 @@ impl fmt::Debug for DeviceTensor {
 impl Storage {
     fn ptr(&self) -> u64 {
         match self {
+            #[cfg(feature = "vm")]
             Storage::Vm(b) => b.ptr,
             Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
         }
@@ -634,9 +662,11 @@ impl DeviceTensor {
     pub fn shape(&self) -> [usize; 4] {
         self.shape
     }
+    #[cfg(feature = "vm")]
     /// The VM buffer, when on the VM.
     pub fn as_vm(&self) -> Option<&VmBuffer> {
         match &self.storage {
+            #[cfg(feature = "vm")]
             Storage::Vm(b) => Some(b),
             Storage::Cuda { .. } => None,
         }
@@ -645,15 +675,16 @@ impl DeviceTensor {
     pub fn as_cuda(&self) -> Option<&CudaSlice<u8>> {
         match &self.storage {
             Storage::Cuda { slice, .. } => Some(slice),
+            #[cfg(feature = "vm")]
             Storage::Vm(_) => None,
         }
     }
     /// Copies the values to the host as f32 (waits for the launch on CUDA: the one place a
     /// result is synchronised, because the caller asks for it here).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>, AttnError> {
-        let count = self.shape.iter().product();
         match &self.storage {
-            Storage::Vm(b) => b.read_f32(self.dtype, count),
+            #[cfg(feature = "vm")]
+            Storage::Vm(b) => b.read_f32(self.dtype, self.shape.iter().product()),
             Storage::Cuda { slice, stream } => {
                 let bytes = stream.clone_dtoh(slice).map_err(|e| DeviceError::Cuda {
                     op: "copying a result to the host".into(),
@@ -687,6 +718,7 @@ impl Drop for CudaKernels {
 }
 
 enum Inner {
+    #[cfg(feature = "vm")]
     Vm(Arc<VmShared>),
     Cuda(CudaKernels),
 }
@@ -701,7 +733,28 @@ fn cuda_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
     DeviceError::Cuda { op: op.into(), message: e.to_string() }
 }
 
+/// Opens the primary context of CUDA device `ordinal` for [`Kernels::cuda`], without a panic
+/// where cudarc's own `CudaContext::new` would have one: the driver library is chosen first
+/// (`MEMATTN_CUDA_DRIVER`, or [`crate::device::cuda::use_driver_library`]; else the system's)
+/// and checked for every function memattn calls. No driver, no device or a driver too old is an
+/// [`AttnError::Device`] naming the cause.
+///
+/// ```
+/// // On a machine without a GPU (and without MEMATTN_CUDA_DRIVER) this is an error, not a panic.
+/// match memattn::attn::cuda_context(0) {
+///     Ok(ctx) => drop(memattn::attn::Kernels::cuda(&ctx)),
+///     Err(e) => eprintln!("no CUDA: {e}"),
+/// }
+/// ```
+pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>, AttnError> {
+    crate::device::cuda::probe().map_err(DeviceError::Unavailable)?;
+    crate::device::cuda::quietly(|| CudaContext::new(ordinal))
+        .map_err(|panic| DeviceError::Unavailable(format!("the CUDA driver could not be used: {panic}")))?
+        .map_err(|e| AttnError::Device(cuda_err(&format!("creating the context on device {ordinal}"), e)))
+}
+
 impl Kernels {
+    #[cfg(feature = "vm")]
     /// A fresh PTX VM with memattn's embedded kernels (memcheck, initcheck and racecheck on).
     pub fn vm() -> Result<Kernels, AttnError> {
         let dev = VmDevice::new(&DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded()))?;
@@ -710,8 +763,16 @@ impl Kernels {
     }
 
     /// Loads memattn's embedded kernels into the caller's CUDA context (the driver JIT-compiles
-    /// the PTX for the device once, here).
+    /// the PTX for the device once, here). The driver is checked first ([`crate::device::cuda::probe`],
+    /// which honours `MEMATTN_CUDA_DRIVER`): a driver that lacks a function memattn calls is an
+    /// [`AttnError::Device`] error, never a panic.
     pub fn cuda(ctx: &Arc<CudaContext>) -> Result<Kernels, AttnError> {
+        crate::device::cuda::probe().map_err(DeviceError::Unavailable)?;
+        crate::device::cuda::quietly(|| Self::cuda_unchecked(ctx))
+            .map_err(|panic| DeviceError::Unavailable(format!("the CUDA driver could not be used: {panic}")))?
+    }
+
+    fn cuda_unchecked(ctx: &Arc<CudaContext>) -> Result<Kernels, AttnError> {
         use sys::CUdevice_attribute::*;
         ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
         let module = std::mem::ManuallyDrop::new(CudaModule::load(&PtxSource::embedded())?);
@@ -739,18 +800,24 @@ impl Kernels {
 
     /// Whether these kernels run in the VM.
     pub fn is_vm(&self) -> bool {
-        matches!(self.inner, Inner::Vm(_))
+        #[cfg(feature = "vm")]
+        return matches!(self.inner, Inner::Vm(_));
+        #[cfg(not(feature = "vm"))]
+        false
     }
 
     fn place_name(&self) -> String {
         match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(v) => Place::Vm(v.id).to_string(),
             Inner::Cuda(c) => format!("CUDA context {:#x}", c.ctx.cu_ctx() as usize),
         }
     }
 
+    #[cfg(feature = "vm")]
     fn vm_shared(&self) -> Result<&Arc<VmShared>, AttnError> {
         match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(v) => Ok(v),
             Inner::Cuda(_) => Err(AttnError::WrongDevice {
                 tensor: "a VM buffer",
@@ -760,6 +827,7 @@ impl Kernels {
         }
     }
 
+    #[cfg(feature = "vm")]
     /// Allocates `bytes` of VM memory (VM kernels only).
     pub fn vm_alloc(&self, bytes: u64) -> Result<VmBuffer, AttnError> {
         let vm = self.vm_shared()?;
@@ -767,11 +835,13 @@ impl Kernels {
         Ok(VmBuffer { ptr, bytes, vm: vm.clone() })
     }
 
+    #[cfg(feature = "vm")]
     /// Allocates a VM buffer holding `data` as f32 (VM kernels only).
     pub fn vm_upload(&self, data: &[f32]) -> Result<VmBuffer, AttnError> {
         self.vm_upload_as(Dtype::F32, data)
     }
 
+    #[cfg(feature = "vm")]
     /// Allocates a VM buffer holding `data` rounded to `dtype` (VM kernels only).
     pub fn vm_upload_as(&self, dtype: Dtype, data: &[f32]) -> Result<VmBuffer, AttnError> {
         let buf = self.vm_alloc(data.len() as u64 * dtype.size_bytes())?;
@@ -785,6 +855,7 @@ impl Kernels {
     /// tensor must be used on the same stream.
     pub fn index_tensor(&self, values: &[u32], stream: Option<&Arc<CudaStream>>) -> Result<IndexTensor, AttnError> {
         match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(vm) => {
                 let buf = self.vm_alloc(values.len() as u64 * 4)?;
                 let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -865,9 +936,11 @@ impl Kernels {
     /// stream, so they are freed in that stream's order).
     fn alloc_outputs(&self, q: &TensorView<'_>, o_bytes: u64, lse_bytes: u64) -> Result<(Storage, Storage), AttnError> {
         Ok(match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(_) => {
                 let o = self.vm_alloc(o_bytes)?;
                 let lse = self.vm_alloc(lse_bytes)?;
+                #[cfg(feature = "vm")]
                 (Storage::Vm(o), Storage::Vm(lse))
             }
             Inner::Cuda(_) => {
@@ -1254,8 +1327,11 @@ impl Kernels {
 
     /// An index tensor must live where the kernels run and be made for q's stream (its upload
     /// was queued there, so the launch is ordered after it).
+    // Without the VM every place is a CUDA one.
+    #[cfg_attr(not(feature = "vm"), allow(unreachable_patterns, irrefutable_let_patterns))]
     fn check_index(&self, name: &'static str, t: &IndexTensor, q: &RawView) -> Result<(), AttnError> {
         let ok = match (&self.inner, t.place) {
+            #[cfg(feature = "vm")]
             (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
             (Inner::Cuda(c), Place::Cuda { ctx, .. }) => ctx == c.ctx.cu_ctx() as usize,
             _ => false,
@@ -1272,6 +1348,8 @@ impl Kernels {
     }
 
     /// Same device, same context, one stream: every tensor against the kernels and `q`.
+    // Without the VM every place is a CUDA one.
+    #[cfg_attr(not(feature = "vm"), allow(unreachable_patterns, irrefutable_let_patterns))]
     fn check_places(
         &self,
         tensors: &[(&'static str, &RawView, Option<&CudaStream>)],
@@ -1280,6 +1358,7 @@ impl Kernels {
         let expected = self.place_name();
         for (name, t, stream) in tensors {
             let same = match (&self.inner, t.place) {
+                #[cfg(feature = "vm")]
                 (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
                 (Inner::Cuda(c), Place::Cuda { ctx, .. }) => {
                     if let Some(s) = stream {
@@ -1311,6 +1390,7 @@ impl Kernels {
     /// The device's launch limits, for validation.
     fn caps(&self) -> Result<DeviceCaps, AttnError> {
         match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(v) => Ok(v.lock().caps()?),
             Inner::Cuda(c) => Ok(c.caps),
         }
@@ -1329,6 +1409,7 @@ impl Kernels {
         stream: Option<&CudaStream>,
     ) -> Result<(), AttnError> {
         match &self.inner {
+            #[cfg(feature = "vm")]
             Inner::Vm(v) => {
                 v.lock().launch(kernel.name(), dims, &[bytes])?;
                 Ok(())
@@ -1373,6 +1454,7 @@ pub struct IndexTensor {
 
 #[allow(dead_code)] // owns the device memory the pointer refers to
 enum IndexStorage {
+    #[cfg(feature = "vm")]
     Vm(VmBuffer),
     Cuda(CudaSlice<u32>),
 }

@@ -5,7 +5,7 @@
 use super::*;
 use crate::decode::{
     check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeKernel,
-    DecodeProblem, SmCountSource, Splits, DEFAULT_SM_COUNT, MAX_SPLITS,
+    DecodeProblem, SmCountSource, Splits, MAX_SPLITS,
 };
 use kernels_gpu::Family;
 
@@ -29,6 +29,7 @@ impl<'a> PartialsView<'a> {
         let rows = splits * b * h * sq;
         ([1, rows, 1, d], [1, rows, 1, 1])
     }
+    #[cfg(feature = "vm")]
     /// Partial states in two VM buffers.
     pub fn vm(
         o_part: &'a VmBuffer,
@@ -73,7 +74,8 @@ impl Kernels {
     /// [`DEFAULT_SM_COUNT`] in the VM.
     fn sm_count(&self) -> u32 {
         match &self.inner {
-            Inner::Vm(_) => DEFAULT_SM_COUNT,
+            #[cfg(feature = "vm")]
+            Inner::Vm(_) => crate::decode::DEFAULT_SM_COUNT,
             Inner::Cuda(c) => c.sm_count,
         }
     }

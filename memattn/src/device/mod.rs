@@ -10,6 +10,7 @@
 //! reports.
 
 pub mod cuda;
+#[cfg(feature = "vm")]
 pub mod vm;
 
 use crate::memory::MeasuredMemory;
@@ -75,6 +76,7 @@ pub struct LaunchInfo {
     /// VM only: instructions executed, counted once per active thread.
     pub thread_instructions: Option<u64>,
     /// VM only: the instruction trace, when one was requested.
+    #[cfg(feature = "vm")]
     pub trace: Vec<ptx_vm::TraceEntry>,
 }
 
