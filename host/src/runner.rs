@@ -9,11 +9,10 @@ use crate::dtype::Tolerance;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
-use crate::problem::{check_pointer_alignment, KernelKind, Problem, ShapeJson, Varlen};
+use crate::problem::{check_pointer_alignment, AttnBuffers, KernelKind, Problem, ShapeJson, Varlen};
 use crate::reference::{reference, RowSelection};
 use crate::timing::{tflops, Timing};
 use crate::verify::{tolerance_for, verify, ErrorStats, Verification};
-use kernels_gpu::abi::AttnParams;
 use serde::Serialize;
 
 /// NaN bit pattern the f32 outputs are filled with before every launch.
@@ -328,35 +327,21 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
             dev.upload_bytes(buf.sinks, &crate::Dtype::F32.encode(&x.sinks))?;
         }
         dev.memory_mark_allocated()?;
-        let params = AttnParams {
+        let params = p.attn_params(&AttnBuffers {
             q: buf.q,
             k: buf.k,
             v: buf.v,
             o: buf.o,
             lse: buf.lse,
             scores: buf.scores,
+            sinks: buf.sinks,
+            cu_seqlens_q: buf.cu_q,
+            cu_seqlens_kv: buf.cu_kv,
             q_strides: p.q_strides(),
             k_strides: p.kv_strides(),
             v_strides: p.kv_strides(),
             o_strides: p.q_strides(),
-            batch: p.batch,
-            heads: p.heads,
-            seq_q: p.seq_q,
-            seq_kv: p.seq_kv,
-            head_dim: p.head_dim,
-            causal: p.causal as u32,
-            softmax_scale: p.softmax_scale(),
-            heads_kv: p.kv_heads(),
-            window_left: p.window.0,
-            window_right: p.window_right(),
-            softcap: p.softcap,
-            _pad: 0,
-            sinks: buf.sinks,
-            cu_seqlens_q: buf.cu_q,
-            cu_seqlens_kv: buf.cu_kv,
-            total_q: if p.varlen.is_some() { p.total_q() as u32 } else { 0 },
-            _pad2: 0,
-        };
+        });
         let bytes = params.to_bytes();
         let mut samples = Vec::new();
         let mut records = Vec::new();

@@ -256,12 +256,8 @@ pub fn row_errors(o: &[f32], lse: f32, reference: &Reference, r: usize, d: usize
     (rel(diff2.sqrt(), scale2.sqrt()), rel(max_diff, max_scale), lse_err)
 }
 
-/// Errors of [`naive_in_dtype`] against the reference: (O, LSE).
-pub fn baseline_errors(p: &Problem, x: &Qkv, reference: &Reference) -> (ErrorStats, ErrorStats) {
-    baseline_errors_rows(p, x, reference).0
-}
-
-/// [`baseline_errors`] plus the worst row errors of the baseline ([`row_errors`]).
+/// Errors of [`naive_in_dtype`] against the reference, (O, LSE), plus the worst row errors of
+/// the baseline ([`row_errors`]).
 fn baseline_errors_rows(p: &Problem, x: &Qkv, reference: &Reference) -> ((ErrorStats, ErrorStats), [f64; 3]) {
     let (o, lse) = naive_in_dtype(p, x, reference);
     let d = p.head_dim as usize;

@@ -1,34 +1,14 @@
 //! End-to-end tests of the `memattn` binary: exit codes, JSON shape, files, and (in the VM) the
 //! main commands. Every exit code of the contract is exercised here.
 
+mod common;
+use common::*;
 use memattn_cli::inputs::Qkv;
 use memattn_cli::problem::Problem;
 use memattn_cli::reference::{reference, RowSelection};
 use memattn_cli::safetensors_io::{write_qkv, write_qkv_as, FileShape};
 use memattn_cli::Dtype;
 use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).env("MEMATTN_TEST", "1").output().expect("spawn memattn")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited normally (no signal)")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", stdout(o), stderr(o)))
-}
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memattn-cli-{}", std::process::id()));
@@ -255,18 +235,25 @@ fn bad_input_files_exit_2() {
 
 #[test]
 fn cuda_without_a_driver_exits_3_without_crashing() {
-    if !no_gpu() {
-        return;
-    }
+    // A driver library that is not there takes the same road as a machine without a driver, on
+    // any machine (a GPU's driver is not consulted once one is chosen).
+    let missing = tmp("no-such-dir").join("libcuda.so");
+    let without = |args: &[&str]| bin().args(args).env("MEMATTN_CUDA_DRIVER", &missing).output().unwrap();
     for cmd in [&["--backend", "cuda", "run"][..], &["--backend", "cuda", "compare", "--json"][..]] {
-        let o = memattn(cmd);
+        let o = without(cmd);
         assert_eq!(code(&o), 3, "{cmd:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("CUDA backend unavailable"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("no-such-dir"), "the message names the library: {}", stderr(&o));
         assert!(!stderr(&o).contains("panicked"));
     }
-    let o = memattn(&["--backend", "cuda", "--json", "run"]);
-    let v = json(&o);
+    let v = json(&without(&["--backend", "cuda", "--json", "run"]));
     assert_eq!(v["exit_code"], 3);
+    // And where the system has no driver at all, the same without the variable.
+    if no_gpu() && std::env::var_os("MEMATTN_CUDA_DRIVER").is_none() {
+        let o = memattn(&["--backend", "cuda", "run"]);
+        assert_eq!(code(&o), 3, "{}", stderr(&o));
+        assert!(stderr(&o).contains("CUDA backend unavailable"), "{}", stderr(&o));
+    }
 }
 
 #[test]

@@ -3,6 +3,8 @@
 //! log, events, NVML sampling, `cuMemGetInfo` — runs without a GPU, and its results must equal
 //! the `vm` backend's bit for bit.
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -29,20 +31,6 @@ fn memattn_with(driver: &Path, envs: &[(&str, &str)], args: &[&str]) -> Output {
 
 fn memattn(args: &[&str]) -> Output {
     memattn_with(&vm_cuda(), &[], args)
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited normally (no signal, no abort)")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", String::from_utf8_lossy(&o.stdout), stderr(o))
-    })
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -1,15 +1,8 @@
 //! End-to-end tests of `memattn decode` in the VM: the verified run and its JSON, `--vary`,
 //! `--output`, and bad input (exit 2 naming the rule, never a panic).
 
-use std::process::{Command, Output};
-
-fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).env("MEMATTN_TEST", "1").output().expect("spawn memattn")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exited normally (no signal)")
-}
+mod common;
+use common::*;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -169,7 +162,7 @@ fn decode_bad_input_exits_2_naming_the_rule() {
     assert_bad_input(&["--backend", "vm", "decode", "--heads", "6", "--heads-kv", "4"], "mismatched heads");
     assert_bad_input(&["--backend", "vm", "decode", "--batch", "2", "--cache-len", "1,2,3"], "one per sequence");
     assert_bad_input(&["--backend", "vm", "decode", "--head-dim", "96"], "head_dim 96");
-    assert_bad_input(&["--backend", "vm", "decode", "--splits", "0"], "--splits takes");
+    assert_bad_input(&["--backend", "vm", "decode", "--splits", "0"], "a split count is `auto` or a count 1..=128");
     assert_bad_input(&["--backend", "vm", "decode", "--vary", "seq=1,2"], "decode --vary takes");
     assert_bad_input(&["--backend", "vm", "decode", "--window", "5"], "--window takes LEFT,RIGHT");
     assert_bad_input(&["--backend", "vm", "decode", "--window", "-2,0"], "window (-2, 0)");

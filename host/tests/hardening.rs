@@ -2,6 +2,8 @@
 //! abort or panic. Each test names the inputs it covers; `cli_argument_space_never_panics` is a
 //! seeded property test over random valid and invalid command lines.
 
+mod common;
+use common::*;
 use memattn_cli::inputs::Qkv;
 use memattn_cli::problem::Problem;
 use memattn_cli::safetensors_io::{write_qkv, FileShape};
@@ -53,23 +55,6 @@ fn memattn_os<S: AsRef<OsStr>>(args: &[S], limit: Duration) -> Output {
 
 fn memattn(args: &[&str]) -> Output {
     memattn_os(args, Duration::from_secs(120))
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or_else(|| panic!("killed by signal {:?}", o.status.signal()))
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}\nstderr:\n{}", stdout(o), stderr(o)))
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -1,10 +1,7 @@
 //! `memattn launch`: any entry point with named buffers and typed arguments.
 
-use std::process::{Command, Output};
-
-fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).output().expect("spawn memattn")
-}
+mod common;
+use common::*;
 
 const SAXPY: [&str; 14] = [
     "launch",

@@ -1,24 +1,10 @@
 //! `memattn plan` on the published model configs (exact bytes), its bad inputs, and the `--save`
 //! evidence of every outcome (exit codes 0, 1, 2 and 3) with `evidence show | diff | rerun`.
 
+mod common;
+use common::*;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).output().expect("run memattn")
-}
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
-}
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/configs/{name}.json", env!("CARGO_MANIFEST_DIR"))
 }

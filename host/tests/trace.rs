@@ -1,17 +1,10 @@
 //! `memattn trace`: typed values, Rust lines, filters, the trace kept up to a finding, and the
 //! default problem stated when it differs from `run`'s.
 
-use std::process::{Command, Output};
+mod common;
+use common::*;
 
 const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
-
-fn memattn(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memattn")).args(args).output().expect("spawn memattn")
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
-}
 
 #[test]
 fn mma_values_are_f32_and_ldmatrix_values_are_bf16_pairs_with_their_rust_lines() {

@@ -556,8 +556,10 @@ mod cuda {
         };
         let (q, k, v) = (view(qs, l1, "q")?, view(ks, l2, "k")?, view(vs, l3, "v")?);
         let [b, sq, h, d] = q.shape();
-        let mut o = stream.alloc_zeros::<T>(b * sq * h * d).map_err(candle_core::Error::wrap)?;
-        let mut lse = stream.alloc_zeros::<f32>(b * h * sq).map_err(candle_core::Error::wrap)?;
+        // Not memset: the kernels write every element of o and lse (a row that sees no key gets
+        // o = 0, lse = -inf). SAFETY: both are read only after that launch, on this stream.
+        let mut o = unsafe { stream.alloc::<T>(b * sq * h * d) }.map_err(candle_core::Error::wrap)?;
+        let mut lse = unsafe { stream.alloc::<f32>(b * h * sq) }.map_err(candle_core::Error::wrap)?;
         {
             let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
             let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
@@ -606,8 +608,10 @@ mod cuda {
         let table =
             op.block_table.as_ref().map(|t| kernels.index_tensor(t, Some(&stream))).transpose().map_err(wrap)?;
         let [b, sq, h, d] = q.shape();
-        let mut o = stream.alloc_zeros::<T>(b * sq * h * d).map_err(candle_core::Error::wrap)?;
-        let mut lse = stream.alloc_zeros::<f32>(b * h * sq).map_err(candle_core::Error::wrap)?;
+        // Not memset: the kernels write every element of o and lse (a row that sees no key gets
+        // o = 0, lse = -inf). SAFETY: both are read only after that launch, on this stream.
+        let mut o = unsafe { stream.alloc::<T>(b * sq * h * d) }.map_err(candle_core::Error::wrap)?;
+        let mut lse = unsafe { stream.alloc::<f32>(b * h * sq) }.map_err(candle_core::Error::wrap)?;
         {
             let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
             let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;

@@ -18,7 +18,7 @@
 //! | sinks | [`AttnOpts::sinks`]: one f32 logit per q head joins the softmax denominator only; LSE includes it; a row that sees no key then has `o = 0`, `lse = sink` |
 //! | varlen | [`Kernels::flash_attn_varlen`]: packed `[total, heads, d]` sequences with `cu_seqlens` prefix sums ([`IndexTensor`]); masks per sequence; `lse` `[heads, total_q]` |
 //! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states`]; `q`, caches and new tokens contiguous |
-//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims other than 64 and 128: refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
+//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims outside the table (the prefill calls take 32, 64, 96, 128, 192 and 256; the KV-cache call 64 and 128): refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
 //!
 //! # Streams and synchronisation
 //!
@@ -71,7 +71,7 @@ use crate::device::DeviceError;
 #[cfg(feature = "vm")]
 use crate::device::{BackendChoice, DevPtr, Device, DeviceOptions};
 use crate::dtype::Dtype;
-use crate::problem::{KernelKind, Layout, Problem, ProblemError, Varlen};
+use crate::problem::{AttnBuffers, KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
@@ -940,7 +940,6 @@ impl Kernels {
             Inner::Vm(_) => {
                 let o = self.vm_alloc(o_bytes)?;
                 let lse = self.vm_alloc(lse_bytes)?;
-                #[cfg(feature = "vm")]
                 (Storage::Vm(o), Storage::Vm(lse))
             }
             Inner::Cuda(_) => {
@@ -949,8 +948,12 @@ impl Kernels {
                     got: "a raw view without a stream".into(),
                     expected: "a view made for a stream (the allocating call allocates on q's stream)".into(),
                 })?;
+                // Not memset: the kernels write every element of o and lse (a row that sees no
+                // key gets o = 0 and lse = -inf), so zeroing would be a wasted pass over HBM.
+                // SAFETY: the buffers are read only after the launch that fills them, on the
+                // same stream.
                 let alloc = |n: u64| {
-                    stream.alloc_zeros::<u8>(n.max(1) as usize).map_err(|e| cuda_err("allocating an output", e))
+                    unsafe { stream.alloc::<u8>(n.max(1) as usize) }.map_err(|e| cuda_err("allocating an output", e))
                 };
                 let (o, lse) = (alloc(o_bytes)?, alloc(lse_bytes)?);
                 (Storage::Cuda { slice: o, stream: stream.clone() }, Storage::Cuda { slice: lse, stream })
@@ -1247,38 +1250,30 @@ impl Kernels {
                 });
             }
         }
-        let mut params = AttnParams {
+        let mut bufs = AttnBuffers {
             q: q.raw.ptr,
             k: k.raw.ptr,
             v: v.raw.ptr,
             q_strides: q.raw.kernel_strides(),
             k_strides: k.raw.kernel_strides(),
             v_strides: v.raw.kernel_strides(),
-            batch: problem.batch,
-            heads: problem.heads,
-            seq_q: problem.seq_q,
-            seq_kv: problem.seq_kv,
-            head_dim: problem.head_dim,
-            causal: problem.causal as u32,
-            softmax_scale: problem.softmax_scale(),
-            heads_kv: problem.kv_heads(),
-            window_left: problem.window.0,
-            window_right: problem.window.1,
-            softcap: problem.softcap,
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
-            ..AttnParams::default()
+            ..AttnBuffers::default()
         };
         if let Some(va) = varlen {
-            params.cu_seqlens_q = va.cu_q.ptr;
-            params.cu_seqlens_kv = va.cu_kv.ptr;
-            params.total_q = to_u32("q", sq, "total_q")?;
+            bufs.cu_seqlens_q = va.cu_q.ptr;
+            bufs.cu_seqlens_kv = va.cu_kv.ptr;
         }
         if let Some((o, _, l, _)) = outs {
-            params.o = o.ptr;
-            params.o_strides = o.kernel_strides();
+            bufs.o = o.ptr;
+            bufs.o_strides = o.kernel_strides();
             if let Some(l) = l {
-                params.lse = l.ptr;
+                bufs.lse = l.ptr;
             }
+        }
+        let mut params = problem.attn_params(&bufs);
+        if varlen.is_some() {
+            params.total_q = to_u32("q", sq, "total_q")?;
         }
         Ok(Plan { kernel: launch.kernel, dims: launch.dims, params })
     }

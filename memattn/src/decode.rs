@@ -31,7 +31,7 @@ use crate::error::Error;
 use crate::rng::SplitMix64;
 use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
-use kernels_gpu::tiles::{DecodeTile, LaunchDims, APPEND, MERGE};
+use kernels_gpu::tiles::{LaunchDims, APPEND, MERGE};
 use kernels_gpu::variants::Tile;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
@@ -57,11 +57,11 @@ pub enum SmCountSource {
 }
 
 impl SmCountSource {
-    /// How the CLI names it.
+    /// Where the count came from, in words.
     pub const fn describe(self) -> &'static str {
         match self {
             SmCountSource::Default => "default, an H100/H200 as the VM models",
-            SmCountSource::Given => "--sms",
+            SmCountSource::Given => "given",
             SmCountSource::Device => "the device's multiprocessor count",
         }
     }
@@ -87,7 +87,7 @@ impl FromStr for Splits {
         }
         match s.parse::<u32>() {
             Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Splits::Fixed(n)),
-            _ => Err(format!("--splits takes `auto` or a count 1..={MAX_SPLITS}, got `{s}`")),
+            _ => Err(format!("a split count is `auto` or a count 1..={MAX_SPLITS}, got `{s}`")),
         }
     }
 }
@@ -309,7 +309,7 @@ impl DecodeProblem {
             DecodeKernel::Mma => {
                 if !self.dtype.is_16bit() {
                     return Err(Error::Usage(format!(
-                        "--kernel mma: the tensor-core decode kernel takes bf16 or f16, not {} (use --kernel simt or auto)",
+                        "the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {} (choose Simt or Auto)",
                         self.dtype
                     )));
                 }
@@ -326,17 +326,6 @@ impl DecodeProblem {
                 dims.join(" and ")
             ))
         })
-    }
-
-    /// The tile of the SIMT decode kernel (`decode_fwd_*`) for the dtype and head dim, whichever
-    /// forward [`DecodeProblem::kernels`] chooses; see [`DecodeProblem::forward_launch`] for the
-    /// chosen one's geometry.
-    pub fn tile(&self) -> Result<DecodeTile, Error> {
-        let simt = DecodeProblem { kernel: DecodeKernel::Simt, ..self.clone() };
-        match simt.kernels()?[0].variant().tile {
-            Tile::DecodeFwd(t) => Ok(t),
-            _ => unreachable!("KernelId::decode_with(DecodeFwd) returns a DecodeFwd row first"),
-        }
     }
 
     /// The decode forward's launch for `num_splits` splits (grid `(num_splits, query tiles,
@@ -388,7 +377,7 @@ impl DecodeProblem {
             return bad(format!("softcap {} must be >= 0 (0 turns it off)", self.softcap));
         }
         if self.sm_count == 0 {
-            return bad("--sms must be >= 1".into());
+            return bad("sm_count (the multiprocessors the split plan assumes) must be >= 1".into());
         }
         if !self.softmax_scale().is_finite() {
             return bad("softmax scale must be finite".into());

@@ -4,7 +4,7 @@
 
 use crate::caps::DeviceCaps;
 use crate::dtype::Dtype;
-use kernels_gpu::abi::Strides;
+use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::{LaunchDims, MAX_GRID_YZ, NAIVE_MAX_HEAD_DIM};
 use kernels_gpu::variants::LaunchShape;
 use kernels_gpu::KernelId;
@@ -495,6 +495,42 @@ impl Problem {
         4.0 * self.heads as f64 * self.head_dim as f64 * pairs
     }
 
+    /// The [`AttnParams`] of one launch of this problem's prefill kernels: the one place they
+    /// are built (the library's [`crate::attn::Kernels`] and the `memattn` command's runner both
+    /// call it). Addresses in `b` that a launch does not use are 0; varlen problems take
+    /// `total_q` from their sequence lengths.
+    pub fn attn_params(&self, b: &AttnBuffers) -> AttnParams {
+        AttnParams {
+            q: b.q,
+            k: b.k,
+            v: b.v,
+            o: b.o,
+            lse: b.lse,
+            scores: b.scores,
+            q_strides: b.q_strides,
+            k_strides: b.k_strides,
+            v_strides: b.v_strides,
+            o_strides: b.o_strides,
+            batch: self.batch,
+            heads: self.heads,
+            seq_q: self.seq_q,
+            seq_kv: self.seq_kv,
+            head_dim: self.head_dim,
+            causal: self.causal as u32,
+            softmax_scale: self.softmax_scale(),
+            heads_kv: self.kv_heads(),
+            window_left: self.window.0,
+            window_right: self.window_right(),
+            softcap: self.softcap,
+            _pad: 0,
+            sinks: b.sinks,
+            cu_seqlens_q: b.cu_seqlens_q,
+            cu_seqlens_kv: b.cu_seqlens_kv,
+            total_q: if self.varlen.is_some() { u32::try_from(self.total_q()).unwrap_or(u32::MAX) } else { 0 },
+            _pad2: 0,
+        }
+    }
+
     /// Strides of Q/O and K/V in the device layout.
     /// (Varlen: packed `[total, heads, d]`, addressed as batch 0.)
     pub fn q_strides(&self) -> Strides {
@@ -753,6 +789,28 @@ pub fn list_and(items: &[u32]) -> String {
             format!("{} and {last}", init.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
         }
     }
+}
+
+/// Device addresses and element strides of one prefill launch's tensors, for
+/// [`Problem::attn_params`]; 0 where a launch does not use the buffer (no `lse` for the naive
+/// kernels, no `scores` for the fused ones, no sinks, no varlen).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttnBuffers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    /// The naive kernels' score matrix.
+    pub scores: u64,
+    /// Per-head f32 sink logits.
+    pub sinks: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_kv: u64,
+    pub q_strides: Strides,
+    pub k_strides: Strides,
+    pub v_strides: Strides,
+    pub o_strides: Strides,
 }
 
 #[cfg(test)]

@@ -81,15 +81,42 @@ pub fn require_kernel(dev: &dyn memattn_cli::device::Device, name: &str) {
 
 /// Instantiates each `fn name(dev: &mut dyn Device)` once for the VM and once for CUDA (on the
 /// GPU when there is one, else on the VM-backed driver; see [`cuda_device`]).
+///
+/// On a machine with an NVIDIA GPU (`cfg(memattn_gpu)`, set by this crate's build script) every
+/// CUDA case runs on it. On the VM-backed driver a CUDA case runs the same PTX in the same VM as
+/// its VM case, so there only the cases marked `#[smoke]` run (they cover every launch road: the
+/// f32, bf16 and naive kernels, varlen, decode, merge); the others are `#[ignore]`d with the
+/// reason, and `cargo test -p memattn-tests -- --include-ignored` runs them too.
 #[macro_export]
 macro_rules! device_tests {
-    ($(fn $name:ident($dev:ident: &mut dyn Device) $body:block)*) => {
+    ($($(#[$marker:ident])? fn $name:ident($dev:ident: &mut dyn Device) $body:block)*) => {
         $(fn $name($dev: &mut dyn memattn_cli::device::Device) $body)*
         mod vm {
             $(#[test] fn $name() { super::$name(&mut $crate::vm_device()) })*
         }
         mod cuda {
-            $(#[test] fn $name() { let _one_at_a_time = $crate::cuda_serial(); super::$name(&mut $crate::cuda_device()) })*
+            $($crate::cuda_case!($($marker)? $name);)*
+        }
+    };
+}
+
+/// One CUDA case of [`device_tests!`]: `smoke NAME` always runs, `NAME` runs on a GPU and is
+/// ignored on the VM-backed driver unless asked for (`--include-ignored`).
+#[macro_export]
+macro_rules! cuda_case {
+    (smoke $name:ident) => {
+        #[test]
+        fn $name() {
+            let _one_at_a_time = $crate::cuda_serial();
+            super::$name(&mut $crate::cuda_device())
+        }
+    };
+    ($name:ident) => {
+        #[test]
+        #[cfg_attr(not(memattn_gpu), ignore = "on the VM-backed driver: the VM case runs the same PTX (--include-ignored runs it)")]
+        fn $name() {
+            let _one_at_a_time = $crate::cuda_serial();
+            super::$name(&mut $crate::cuda_device())
         }
     };
 }

@@ -395,6 +395,7 @@ impl Device for DropLaunches<'_> {
 }
 
 device_tests! {
+    #[smoke]
     fn saxpy_smoke(dev: &mut dyn Device) {
         let n = 1000u32;
         let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
@@ -423,6 +424,7 @@ device_tests! {
         }
     }
 
+    #[smoke]
     fn shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
         for d in [64, 128] {
             for causal in [false, true] {
@@ -446,6 +448,7 @@ device_tests! {
         sweep_case(dev, p, &[KernelKind::Naive]);
     }
 
+    #[smoke]
     fn bf16_f16_flash_shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64, 128] {
@@ -482,6 +485,7 @@ device_tests! {
         }
     }
 
+    #[smoke]
     fn bf16_f16_naive_shapes_causal_tails_any_head_dim(dev: &mut dyn Device) {
         // The 16-bit naive kernels keep S and P in f32 (only Q, K, V, O are 16-bit), so they meet
         // the same 2x naive-in-dtype rule; head_dim 40 exists only for naive.
@@ -574,18 +578,7 @@ device_tests! {
         assert_eq!(r.verification.unwritten, p.q_elems() + p.rows());
     }
 
-    fn out_of_bounds_launch_is_a_device_error(dev: &mut dyn Device) {
-        if dev.backend() != memattn_cli::Backend::Vm {
-            return; // memcheck is the VM's; a GPU would corrupt memory instead
-        }
-        let (px, py) = (dev.alloc(64).unwrap(), dev.alloc(64).unwrap());
-        let n = 100u32; // 16 floats allocated
-        let (nb, ab, xb, yb) = (n.to_le_bytes(), 1f32.to_le_bytes(), px.to_le_bytes(), py.to_le_bytes());
-        let e = dev.launch("saxpy_f32", &saxpy_launch(n), &[&nb, &ab, &xb, &yb]).unwrap_err();
-        assert!(matches!(e, DeviceError::Memcheck { .. }), "{e}");
-        assert!(e.to_string().contains("saxpy_f32"), "{e}");
-    }
-
+    #[smoke]
     fn flash_needs_less_memory_than_naive(dev: &mut dyn Device) {
         let p = Problem { batch: 1, heads: 2, seq_q: 128, seq_kv: 128, head_dim: 64, ..Problem::default() };
         let naive = run(dev, &spec(p, KernelKind::Naive, 5), None).unwrap();
@@ -706,6 +699,7 @@ device_tests! {
         }
     }
 
+    #[smoke]
     fn inference_16bit_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
         // Windows crossing the tensor-core tiles' edges (Br 128; Bc 64 at d64, 32 at d128).
         for dtype in [Dtype::Bf16, Dtype::F16] {
@@ -722,6 +716,7 @@ device_tests! {
     }
     // Varlen batches (empty and length-1 sequences, seq_q > seq_kv and < within one batch) in
     // every kernel: known answers, then the f64 reference with GQA, windows, soft cap and sinks.
+    #[smoke]
     fn varlen_known_answers_every_kernel(dev: &mut dyn Device) {
         for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
             for k in BOTH {
@@ -760,4 +755,17 @@ fn wrong_length_inputs_are_refused_before_upload_in_every_path() {
         assert!(matches!(e, memattn_cli::Error::Usage(_)), "{dtype}: {e}");
         assert!(e.to_string().contains("512/511/512 elements"), "{e}");
     }
+}
+
+/// VM only: memcheck is the VM's (a GPU would corrupt memory instead; the VM-backed driver's
+/// launch fault is checked in `host/tests/cuda_vm.rs`).
+#[test]
+fn out_of_bounds_launch_is_a_device_error() {
+let dev = &mut memattn_tests::vm_device();
+    let (px, py) = (dev.alloc(64).unwrap(), dev.alloc(64).unwrap());
+    let n = 100u32; // 16 floats allocated
+    let (nb, ab, xb, yb) = (n.to_le_bytes(), 1f32.to_le_bytes(), px.to_le_bytes(), py.to_le_bytes());
+    let e = dev.launch("saxpy_f32", &saxpy_launch(n), &[&nb, &ab, &xb, &yb]).unwrap_err();
+    assert!(matches!(e, DeviceError::Memcheck { .. }), "{e}");
+    assert!(e.to_string().contains("saxpy_f32"), "{e}");
 }

@@ -52,6 +52,7 @@ fn partials(splits: u32, batch: u32, heads: u32, seq_q: u32, d: u32) -> Partials
 }
 
 device_tests! {
+    #[smoke]
     fn merge_states_hand_made_partials_against_f64(dev: &mut dyn Device) {
         // d = 40: the lanes' stride over the head dim has a ragged tail; 7 rows of 4 per block.
         for (splits, d) in [(1u32, 40u32), (4, 40), (5, 128)] {
@@ -123,6 +124,7 @@ device_tests! {
         }
     }
 
+    #[smoke]
     fn decode_paged_equals_contiguous_bit_for_bit(dev: &mut dyn Device) {
         let p = DecodeProblem {
             batch: 3,
@@ -319,6 +321,7 @@ device_tests! {
         }
     }
 
+    #[smoke]
     fn decode_mma_paged_equals_contiguous_and_splits_agree(dev: &mut dyn Device) {
         let p = DecodeProblem {
             batch: 3,

@@ -335,7 +335,10 @@ fn summary(r: &DecodeReport) -> String {
         r.plan.chosen_by,
         r.plan.blocks,
         r.plan.sm_count,
-        r.plan.sm_count_source.describe(),
+        match r.plan.sm_count_source {
+            SmCountSource::Given => "--sms",
+            other => other.describe(),
+        },
         r.plan.blocks_per_sm,
         100.0 * r.plan.wave_efficiency
     );
