@@ -119,7 +119,7 @@ struct FuncSig {
 struct Dcx<'m> {
     ast: &'m ModuleAst,
     globals: &'m Globals,
-    func_index: HashMap<&'m str, usize>,
+    func_index: &'m HashMap<String, usize>,
     insts: Vec<Inst>,
     texts: Vec<String>,
     slot_names: Vec<String>,
@@ -216,34 +216,34 @@ fn special_of(name: &str) -> Option<Special> {
     })
 }
 
-/// Builds one `Program` per `.entry`.
-pub(crate) fn decode_module(ast: &ModuleAst, globals: &Globals) -> Result<Vec<Program>, LoadError> {
-    let mut func_index = HashMap::new();
+/// Function name -> index in `ast.funcs` (a definition wins over a declaration).
+pub(crate) fn func_index(ast: &ModuleAst) -> HashMap<String, usize> {
+    let mut index = HashMap::new();
     for (i, f) in ast.funcs.iter().enumerate() {
-        if f.body.is_some() || !func_index.contains_key(f.name.as_str()) {
-            func_index.insert(f.name.as_str(), i);
+        if f.body.is_some() || !index.contains_key(f.name.as_str()) {
+            index.insert(f.name.clone(), i);
         }
     }
-    let mut out = Vec::new();
-    for f in ast.funcs.iter().filter(|f| f.is_entry) {
-        if f.body.is_none() {
-            continue;
-        }
-        out.push(decode_entry(ast, globals, &func_index, f)?);
-    }
-    Ok(out)
+    index
 }
 
-fn decode_entry(
+/// The `.entry` functions with a body, as indices into `ast.funcs`, in module order: one
+/// `Program` each ([`decode_entry`]).
+pub(crate) fn entries(ast: &ModuleAst) -> Vec<usize> {
+    ast.funcs.iter().enumerate().filter(|(_, f)| f.is_entry && f.body.is_some()).map(|(i, _)| i).collect()
+}
+
+/// Decodes one `.entry` and every function it calls into a `Program`.
+pub(crate) fn decode_entry(
     ast: &ModuleAst,
     globals: &Globals,
-    func_index: &HashMap<&str, usize>,
+    func_index: &HashMap<String, usize>,
     f: &FuncAst,
 ) -> Result<Program, LoadError> {
     let mut cx = Dcx {
         ast,
         globals,
-        func_index: func_index.clone(),
+        func_index,
         insts: Vec::new(),
         texts: Vec::new(),
         slot_names: Vec::new(),

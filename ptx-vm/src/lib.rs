@@ -7,6 +7,7 @@
 //!
 //! ```ignore
 //! let module = ptx_vm::Module::load(ptx_text)?;              // LoadError names the PTX line
+//! let shared = ptx_vm::Module::shared(ptx_text)?;            // Arc<Module>, parsed once per process
 //! let mut vm = ptx_vm::Vm::new();                            // workers = available cores
 //! let x = vm.alloc(4 * n)?;                                  // device address (u64, non-zero)
 //! vm.write(x, bytemuck_bytes)?;  vm.read(x, &mut out)?;      // host <-> device copies
@@ -19,11 +20,13 @@
 //! [`Vm::set_label`] (findings name the buffer), [`Module::source_of`] (PTX line -> Rust line),
 //! [`Vm::take_trace`] (the trace of a launch that stopped at a finding).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
 
 mod decode;
 mod exec;
@@ -86,29 +89,155 @@ pub struct KernelInfo {
     pub line: usize,
 }
 
-/// A parsed and fully decoded PTX module. Loading decodes every instruction up front: an
-/// unsupported opcode or modifier is a `LoadError`, never a failure half-way through a launch.
+/// A parsed PTX module whose entries are decoded into runnable programs once each: all of them
+/// at [`Module::load`], or each on first use (its first launch or [`Module::kernel`] query) when
+/// the module came from [`Module::load_lazy`] or [`Module::shared`].
+///
+/// Either way an unsupported opcode or modifier is a `LoadError` before any thread of the entry
+/// runs (a launch of an entry that does not decode returns [`VmError::Load`]), never a failure
+/// half-way through a launch; [`Module::check_all`] decodes every entry of a lazy module.
+///
+/// A module is immutable once loaded apart from those per-entry caches, and `Sync`: one
+/// `Arc<Module>` may be launched by any number of [`Vm`]s, also from several threads at once.
+/// Each `Vm` instantiates the module's `.global`/`.const` variables in its own memory (at the
+/// module's window, which the module's `id` picks), so VMs sharing a module share no memory.
 pub struct Module {
     id: u64,
     version: String,
     target: String,
-    programs: Vec<ir::Program>,
+    ast: parse::ModuleAst,
+    func_index: HashMap<String, usize>,
+    entries: Vec<Entry>,
+    by_name: HashMap<String, usize>,
     globals: decode::Globals,
     sources: source::SourceMap,
 }
 
+/// One `.entry` and its program, decoded on first use.
+struct Entry {
+    /// Index in `ast.funcs`.
+    func: usize,
+    program: OnceLock<Result<ir::Program, LoadError>>,
+}
+
 static NEXT_MODULE: AtomicU64 = AtomicU64::new(0);
+static PARSES: AtomicU64 = AtomicU64::new(0);
+
+/// Modules [`Module::shared`] keeps alive although nobody holds them (the most recent first
+/// used): the committed module stays loaded for the whole process while a program that loads
+/// many different texts keeps only a few of them.
+const SHARED_KEEP: usize = 4;
+
+struct SharedCache {
+    /// Every module loaded through `shared` that is still alive somewhere, by SHA-256 of its text.
+    live: HashMap<[u8; 32], Weak<Module>>,
+    /// Strong references to the last `SHARED_KEEP` distinct modules `shared` returned.
+    recent: VecDeque<Arc<Module>>,
+}
 
 impl Module {
+    /// Parses `ptx` and decodes every entry: any `LoadError` the module has comes back here.
     pub fn load(ptx: &str) -> Result<Module, LoadError> {
+        let m = Module::load_lazy(ptx)?;
+        m.check_all()?;
+        Ok(m)
+    }
+
+    /// Parses `ptx` and lays out its globals; each entry is decoded on its first launch or
+    /// [`Module::kernel`] query (then a decode error is a [`VmError::Load`] or a `None`), or
+    /// all at once by [`Module::check_all`]. Syntax errors still come back here.
+    pub fn load_lazy(ptx: &str) -> Result<Module, LoadError> {
         let ast = parse::parse(ptx)?;
+        PARSES.fetch_add(1, Ordering::Relaxed);
         let id = NEXT_MODULE.fetch_add(1, Ordering::Relaxed);
         let base = memory::MODULE_BASE + (id % 128) * (1 << 32);
         let globals = decode::layout_globals(&ast, base)?;
-        let programs = decode::decode_module(&ast, &globals)?;
+        let func_index = decode::func_index(&ast);
+        let mut by_name = HashMap::new();
+        let entries: Vec<Entry> = decode::entries(&ast)
+            .into_iter()
+            .enumerate()
+            .map(|(i, func)| {
+                by_name.entry(ast.funcs[func].name.clone()).or_insert(i);
+                Entry { func, program: OnceLock::new() }
+            })
+            .collect();
         let sources = source::SourceMap::build(ptx);
-        Ok(Module { id, version: ast.version, target: ast.target, programs, globals, sources })
+        Ok(Module {
+            id,
+            version: ast.version.clone(),
+            target: ast.target.clone(),
+            ast,
+            func_index,
+            entries,
+            by_name,
+            globals,
+            sources,
+        })
     }
+
+    /// The process-wide module for `ptx`: the first call for a text parses it ([`Module::load_lazy`],
+    /// entries decoded on first use), later calls with the same text (by SHA-256) return the same
+    /// module while it is alive. The last few distinct modules stay alive even when no caller
+    /// holds them, so a process that opens and closes devices on the committed module parses it
+    /// once; older ones are dropped with their last `Arc`. A text that fails to load is not
+    /// cached (each call reports the error again).
+    pub fn shared(ptx: &str) -> Result<Arc<Module>, LoadError> {
+        static CACHE: OnceLock<Mutex<SharedCache>> = OnceLock::new();
+        let key: [u8; 32] = Sha256::digest(ptx.as_bytes()).into();
+        let cache = CACHE.get_or_init(|| Mutex::new(SharedCache { live: HashMap::new(), recent: VecDeque::new() }));
+        // The lock is held while parsing, so that threads asking for the same text at once parse
+        // it once (a different text waits too; loads are rare).
+        let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let m = match c.live.get(&key).and_then(Weak::upgrade) {
+            Some(m) => m,
+            None => {
+                let m = Arc::new(Module::load_lazy(ptx)?);
+                c.live.retain(|_, w| w.strong_count() > 0);
+                c.live.insert(key, Arc::downgrade(&m));
+                m
+            }
+        };
+        c.recent.retain(|r| !Arc::ptr_eq(r, &m));
+        c.recent.push_front(m.clone());
+        c.recent.truncate(SHARED_KEEP);
+        Ok(m)
+    }
+
+    /// How many PTX texts this process has parsed ([`Module::load`], [`Module::load_lazy`], and
+    /// [`Module::shared`] when it did not have the module yet).
+    pub fn parses() -> u64 {
+        PARSES.load(Ordering::Relaxed)
+    }
+
+    /// Decodes every entry not decoded yet (in parallel, one worker per core) and returns the
+    /// first error in module order: what [`Module::load`] checks, for a lazily loaded module.
+    pub fn check_all(&self) -> Result<(), LoadError> {
+        let todo: Vec<&Entry> = self.entries.iter().filter(|e| e.program.get().is_none()).collect();
+        let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(todo.len());
+        if workers > 1 {
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..workers {
+                    s.spawn(|| {
+                        while let Some(e) = todo.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            let _ = self.decoded(e);
+                        }
+                    });
+                }
+            });
+        }
+        for e in &self.entries {
+            self.decoded(e).map_err(Clone::clone)?;
+        }
+        Ok(())
+    }
+
+    /// Names of the module's entries, in module order (nothing is decoded).
+    pub fn kernel_names(&self) -> Vec<String> {
+        self.entries.iter().map(|e| self.ast.funcs[e.func].name.clone()).collect()
+    }
+
     /// The Rust source line a PTX line (1-based) was compiled from, when the PTX carries line
     /// tables (`.file`/`.loc`; the kernel build writes them). See [`SourceLoc`].
     pub fn source_of(&self, ptx_line: usize) -> Option<SourceLoc> {
@@ -122,18 +251,31 @@ impl Module {
     pub fn version_and_target(&self) -> (String, String) {
         (self.version.clone(), self.target.clone())
     }
+    /// Every entry, decoding those not decoded yet. An entry that does not decode is left out
+    /// (only possible for a lazily loaded module: [`Module::check_all`] gives the error).
     pub fn kernels(&self) -> Vec<KernelInfo> {
-        self.programs.iter().map(|p| p.info.clone()).collect()
+        // Decode in parallel first.
+        let _ = self.check_all();
+        self.entries.iter().filter_map(|e| self.decoded(e).ok()).map(|p| p.info.clone()).collect()
     }
+    /// The entry `name`, decoded on first use. `None` when the module has no such entry, and
+    /// also when it does not decode ([`Module::kernel_info`] tells the two apart).
     pub fn kernel(&self, name: &str) -> Option<KernelInfo> {
+        self.program(name).ok().map(|p| p.info.clone())
+    }
+    /// The entry `name`, decoded on first use: [`VmError::UnknownKernel`] when there is none,
+    /// [`VmError::Load`] when it does not decode.
+    pub fn kernel_info(&self, name: &str) -> Result<KernelInfo, VmError> {
         self.program(name).map(|p| p.info.clone())
     }
-    /// Total decoded instructions over all kernels (each kernel counts the functions it calls).
-    pub fn instruction_count(&self) -> usize {
-        self.programs.iter().map(|p| p.insts.len()).sum()
+    fn program(&self, name: &str) -> Result<&ir::Program, VmError> {
+        let e = self.by_name.get(name).ok_or_else(|| VmError::UnknownKernel(name.to_string()))?;
+        self.decoded(&self.entries[*e]).map_err(|e| VmError::Load(e.clone()))
     }
-    fn program(&self, name: &str) -> Option<&ir::Program> {
-        self.programs.iter().find(|p| p.info.name == name)
+    fn decoded<'a>(&'a self, e: &'a Entry) -> Result<&'a ir::Program, &'a LoadError> {
+        e.program
+            .get_or_init(|| decode::decode_entry(&self.ast, &self.globals, &self.func_index, &self.ast.funcs[e.func]))
+            .as_ref()
     }
 }
 
@@ -241,6 +383,9 @@ pub struct Finding {
 #[derive(Clone, Debug, PartialEq)]
 pub enum VmError {
     UnknownKernel(String),
+    /// The kernel does not decode (an unsupported opcode or modifier, found at its first use in
+    /// a lazily loaded module); nothing ran.
+    Load(LoadError),
     /// Bad launch configuration or parameter bytes; the message names the limit.
     InvalidLaunch(String),
     OutOfMemory {
@@ -315,6 +460,7 @@ impl fmt::Display for VmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VmError::UnknownKernel(k) => write!(f, "The module has no kernel named `{k}`."),
+            VmError::Load(e) => write!(f, "The kernel cannot be loaded: {e}."),
             VmError::InvalidLaunch(m) => write!(f, "Invalid launch: {m}."),
             VmError::OutOfMemory { requested, free } => {
                 write!(f, "Out of device memory: {requested} bytes were requested but only {free} bytes are free.")
@@ -444,6 +590,19 @@ impl Vm {
         Some(a)
     }
 
+    /// Drops this VM's instance of `module`'s `.global`/`.const` variables (what a GPU does at
+    /// module unload): the next launch or [`Vm::global_address`] instantiates them afresh from
+    /// the module's initialisers. Needed before reusing a module from [`Module::shared`] as a
+    /// freshly loaded one in the same VM; other VMs' instances are not affected.
+    pub fn release_globals(&mut self, module: &Module) {
+        if self.module_globals.remove(&module.id).is_some() {
+            let base = module.globals.base;
+            if self.heap.allocs.get(&base).and_then(|a| a.module) == Some(module.id) {
+                self.heap.allocs.remove(&base);
+            }
+        }
+    }
+
     fn instantiate_globals(&mut self, module: &Module) {
         let g = &module.globals;
         if g.image.is_empty() || self.module_globals.get(&module.id) == Some(&g.base) {
@@ -484,7 +643,7 @@ impl Vm {
         params: &[u8],
     ) -> Result<LaunchStats, VmError> {
         let t0 = Instant::now();
-        let prog = module.program(kernel).ok_or_else(|| VmError::UnknownKernel(kernel.to_string()))?;
+        let prog = module.program(kernel)?;
         let info = &prog.info;
         let lim = self.limits;
         if params.len() != info.param_bytes {

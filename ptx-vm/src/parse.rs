@@ -268,11 +268,13 @@ impl<'a> P<'a> {
     fn line(&self) -> usize {
         self.toks.get(self.i).or(self.toks.last()).map(|t| t.line).unwrap_or(1)
     }
+    /// Consumes the next token, moving its text out (the parser never goes back; what stays
+    /// behind is the token's position, for `line` and `describe`).
     fn next(&mut self) -> Result<Token, LoadError> {
-        match self.toks.get(self.i) {
+        match self.toks.get_mut(self.i) {
             Some(t) => {
                 self.i += 1;
-                Ok(t.clone())
+                Ok(Token { t: std::mem::replace(&mut t.t, Tok::Str), line: t.line, start: t.start, end: t.end })
             }
             None => err(self.line(), "unexpected end of input"),
         }
@@ -303,12 +305,12 @@ impl<'a> P<'a> {
         }
     }
     fn ident(&mut self) -> Result<String, LoadError> {
-        let line = self.line();
-        let d = self.describe();
-        match self.next()?.t {
-            Tok::Ident(s) => Ok(s),
-            _ => err(line, format!("expected a name, found {d}")),
+        if let Some(Tok::Ident(_)) = self.peek() {
+            if let Tok::Ident(s) = self.next()?.t {
+                return Ok(s);
+            }
         }
+        err(self.line(), format!("expected a name, found {}", self.describe()))
     }
     fn peek_ident(&self) -> Option<&str> {
         match self.peek() {
@@ -318,11 +320,12 @@ impl<'a> P<'a> {
     }
     fn number(&mut self) -> Result<Number, LoadError> {
         let line = self.line();
-        let d = self.describe();
-        match self.next()?.t {
-            Tok::Num(s) => parse_number(&s, line),
-            _ => err(line, format!("expected a number, found {d}")),
+        if let Some(Tok::Num(_)) = self.peek() {
+            if let Tok::Num(s) = self.next()?.t {
+                return parse_number(&s, line);
+            }
         }
+        err(line, format!("expected a number, found {}", self.describe()))
     }
     fn uint(&mut self) -> Result<usize, LoadError> {
         let line = self.line();
@@ -725,14 +728,23 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
             body.push(Stmt::Open);
             continue;
         }
-        match p.peek().cloned() {
+        // Instructions (most statements) are parsed from the tokens; only labels and directives
+        // need the name here.
+        let directive = match p.peek() {
             None => return err(line, "unterminated function body"),
-            Some(Tok::Ident(s)) => {
-                if p.peek_at(1) == Some(&Tok::Punct(':')) && !s.starts_with('.') {
-                    p.i += 2;
-                    body.push(Stmt::Label(s));
-                    continue;
-                }
+            Some(Tok::Ident(s)) if s.starts_with('.') => Some(s.clone()),
+            Some(Tok::Ident(_)) if p.peek_at(1) == Some(&Tok::Punct(':')) => {
+                let s = p.ident()?;
+                p.i += 1;
+                body.push(Stmt::Label(s));
+                continue;
+            }
+            _ => None,
+        };
+        match p.peek() {
+            None => return err(line, "unterminated function body"),
+            Some(Tok::Ident(_)) => {
+                let s = directive.unwrap_or_default();
                 match s.as_str() {
                     ".reg" => {
                         p.i += 1;
@@ -823,8 +835,20 @@ fn parse_inst(p: &mut P) -> Result<InstAst, LoadError> {
     }
     let end = p.toks.get(p.i).map(|t| t.end).unwrap_or(start);
     p.expect_punct(';')?;
-    let text = p.src.get(start..end).unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = squeeze_whitespace(p.src.get(start..end).unwrap_or(""));
     Ok(InstAst { guard, opcode, ops, line, text })
+}
+
+/// `s` with each run of whitespace made one space and none at either end.
+fn squeeze_whitespace(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for w in s.split_ascii_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(w);
+    }
+    out
 }
 
 fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
@@ -877,10 +901,10 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
             Number::F64(b) => Ok(Operand::Num(Number::F64(b ^ (1 << 63)))),
         };
     }
-    match p.peek().cloned() {
+    match p.peek() {
         Some(Tok::Num(_)) => Ok(Operand::Num(p.number()?)),
-        Some(Tok::Ident(s)) => {
-            p.i += 1;
+        Some(Tok::Ident(_)) => {
+            let s = p.ident()?;
             if p.eat_punct('|') {
                 return Ok(Operand::Pair(s, p.ident()?));
             }

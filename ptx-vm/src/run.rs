@@ -139,7 +139,7 @@ impl<'m> Launcher<'m> {
     }
     /// Packs `args` for `kernel` (checked against its `.param` declarations).
     pub fn pack(&self, kernel: &str, args: &[Arg]) -> Result<Vec<u8>, VmError> {
-        let info = self.module.kernel(kernel).ok_or_else(|| VmError::UnknownKernel(kernel.to_string()))?;
+        let info = self.module.kernel_info(kernel)?;
         if info.params.len() != args.len() {
             let decl: Vec<String> = info.params.iter().map(|p| format!("{} {}", p.name, p.ty)).collect();
             return Err(VmError::InvalidLaunch(format!(

@@ -3,7 +3,7 @@
 
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::FLASH_F32_D64;
-use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm};
+use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm, VmError};
 
 mod util;
 use util::{Rng, PTX};
@@ -260,4 +260,55 @@ fn an_allocation_the_host_cannot_back_is_an_error() {
     assert_eq!(vm.memory().current_bytes, 0);
     let p = vm.alloc(64).unwrap();
     vm.free(p).unwrap();
+}
+
+/// A module whose second entry uses an opcode the VM lacks, plus a global the first one bumps.
+const LAZY: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\
+    .global .align 4 .u32 counter = 40;\n\
+    .visible .entry good(.param .u64 o)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+    ld.param.u64 %rd1, [o];\nld.global.u32 %r1, [counter];\nadd.s32 %r1, %r1, 1;\n\
+    st.global.u32 [counter], %r1;\nst.global.u32 [%rd1], %r1;\nret;\n}\n\
+    .visible .entry bad(.param .u64 o)\n{\n.reg .b32 %r<4>;\nfrobnicate.f32 %r1;\nret;\n}\n";
+
+fn bump(vm: &mut Vm, m: &Module) -> Result<u32, VmError> {
+    let out = vm.alloc(4)?;
+    vm.launch(m, "good", &LaunchConfig::new([1, 1, 1], [1, 1, 1], 0), &out.to_le_bytes())?;
+    let mut b = [0u8; 4];
+    vm.read(out, &mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+#[test]
+fn lazy_modules_report_an_undecodable_entry_before_it_runs() {
+    // Loading everything at once finds it at load, naming the line.
+    let e = Module::load(LAZY).map(|_| ()).unwrap_err();
+    assert_eq!(e.line, util::line_of(LAZY, "frobnicate"), "{e}");
+    // Lazily, the module loads; the good entry runs, the bad one fails before any thread runs.
+    let m = Module::load_lazy(LAZY).unwrap();
+    assert_eq!(m.kernel_names(), ["good", "bad"]);
+    let mut vm = Vm::with_workers(1);
+    assert_eq!(bump(&mut vm, &m).unwrap(), 41);
+    assert!(m.kernel("bad").is_none());
+    assert!(matches!(m.kernel_info("bad"), Err(VmError::Load(ref l)) if *l == e));
+    assert!(matches!(m.kernel_info("missing"), Err(VmError::UnknownKernel(_))));
+    let out = vm.alloc(8).unwrap();
+    let r = vm.launch(&m, "bad", &LaunchConfig::new([1, 1, 1], [1, 1, 1], 0), &out.to_le_bytes());
+    assert_eq!(r.unwrap_err(), VmError::Load(e.clone()));
+    assert!(VmError::Load(e.clone()).to_string().contains("frobnicate"));
+    assert_eq!(m.check_all().unwrap_err(), e);
+    assert_eq!(m.kernels().len(), 1, "kernels() lists the entries that decode");
+}
+
+#[test]
+fn vms_sharing_a_module_have_their_own_globals() {
+    let m = std::sync::Arc::new(Module::load_lazy(LAZY).unwrap());
+    let (mut a, mut b) = (Vm::with_workers(1), Vm::with_workers(1));
+    assert_eq!(bump(&mut a, &m).unwrap(), 41);
+    assert_eq!(bump(&mut a, &m).unwrap(), 42);
+    assert_eq!(bump(&mut b, &m).unwrap(), 41, "another VM starts from the initialiser");
+    assert_eq!(a.global_address(&m, "counter"), b.global_address(&m, "counter"));
+    // Releasing A's instance resets it; B keeps counting.
+    a.release_globals(&m);
+    assert_eq!(bump(&mut a, &m).unwrap(), 41);
+    assert_eq!(bump(&mut b, &m).unwrap(), 42);
 }

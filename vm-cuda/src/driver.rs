@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 pub type CUresult = u32;
@@ -129,7 +129,8 @@ pub struct State {
     vm: Vm,
     primary_refs: u32,
     next_handle: usize,
-    modules: HashMap<usize, Module>,
+    /// Loaded modules: handles onto the process-wide `Module::shared` modules.
+    modules: HashMap<usize, Arc<Module>>,
     functions: HashMap<usize, Function>,
     streams: HashMap<usize, ()>,
     events: HashMap<usize, Event>,
@@ -274,6 +275,7 @@ fn vm_err(op: &str, e: VmError) -> CUresult {
         VmError::InvalidPointer(_) => INVALID_VALUE,
         VmError::InvalidLaunch(_) => INVALID_VALUE,
         VmError::UnknownKernel(_) => INVALID_HANDLE,
+        VmError::Load(_) => INVALID_PTX,
         VmError::Memcheck(f) if f.kind.contains("misaligned") => MISALIGNED_ADDRESS,
         VmError::Memcheck(f)
             if f.kind.contains("out-of-bounds") || f.kind.contains("use after free") || f.kind.contains("window") =>
@@ -677,7 +679,10 @@ fn load_module(s: &mut State, image: *const c_void) -> Result<usize, (CUresult, 
     // SAFETY: PTX images are NUL-terminated text.
     let text = unsafe { CStr::from_ptr(image as *const c_char) };
     let text = text.to_str().map_err(|_| (INVALID_PTX, "ptx-vm: the PTX text is not UTF-8".to_string()))?;
-    let module = Module::load(text).map_err(|e| (INVALID_PTX, format!("ptx-vm: {e}")))?;
+    // One parse per distinct text per process; every entry is decoded here (once per process
+    // too), so PTX the VM cannot run fails at load as with a JIT.
+    let module = Module::shared(text).map_err(|e| (INVALID_PTX, format!("ptx-vm: {e}")))?;
+    module.check_all().map_err(|e| (INVALID_PTX, format!("ptx-vm: {e}")))?;
     let (_, target) = module.version_and_target();
     let sm: Option<i32> = target.trim_start_matches("sm_").trim_end_matches(['a', 'f']).parse().ok();
     let device_sm = s.model.cc.0 * 10 + s.model.cc.1;
@@ -767,8 +772,13 @@ pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
         let mut s = state();
         s.ready()?;
         let h = module as usize;
-        if s.modules.remove(&h).is_none() {
+        let Some(m) = s.modules.remove(&h) else {
             return Err(fail(INVALID_HANDLE, "cuModuleUnload: not a loaded module"));
+        };
+        // The last handle onto the module: drop its globals, so a later load of the same text
+        // starts from the initialisers as on a GPU.
+        if !s.modules.values().any(|o| Arc::ptr_eq(o, &m)) {
+            s.vm.release_globals(&m);
         }
         s.functions.retain(|_, f| f.module != h);
         Ok(())

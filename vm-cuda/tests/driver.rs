@@ -340,3 +340,30 @@ fn nvml_reads_the_same_allocator() {
     let cc = dev.cuda_compute_capability().unwrap();
     assert_eq!((cc.major, cc.minor), (8, 0));
 }
+
+#[test]
+fn a_reloaded_module_starts_from_its_initialisers() {
+    // The driver shares one parsed module per text across loads; its globals still belong to
+    // the load: unloading and loading the same text again resets them, as on a GPU.
+    let (_g, ctx) = driver();
+    let stream = ctx.default_stream();
+    let text = ".version 7.0\n.target sm_80\n.address_size 64\n.global .align 4 .u32 counter = 40;\n\
+        .visible .entry bump(.param .u64 o)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd1, [o];\ncvta.to.global.u64 %rd1, %rd1;\nld.global.u32 %r1, [counter];\n\
+        add.s32 %r1, %r1, 1;\nst.global.u32 [counter], %r1;\nst.global.u32 [%rd1], %r1;\nret;\n}\n";
+    let mut out = stream.alloc_zeros::<u32>(1).unwrap();
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let module = ctx.load_module(Ptx::from_src(text)).unwrap();
+        let f = module.load_function("bump").unwrap();
+        for _ in 0..2 {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&mut out);
+            unsafe { b.launch(cfg) }.unwrap();
+            seen.push(stream.clone_dtoh(&out).unwrap()[0]);
+        }
+        drop((f, module));
+    }
+    assert_eq!(seen, [41, 42, 41, 42]);
+}

@@ -2,6 +2,8 @@
 //! one output pointer, running it and reading the output back.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use ptx_vm::{LaunchConfig, Module, Vm, VmError};
 
 pub const HEADER: &str = ".version 7.0\n.target sm_80\n.address_size 64\n";
@@ -57,8 +59,11 @@ pub fn line_of(src: &str, marker: &str) -> usize {
 /// The project's committed PTX module.
 pub const PTX: &str = include_str!("../../../kernels-gpu/ptx/memattn_kernels.ptx");
 
-pub fn module() -> Module {
-    Module::load(PTX).unwrap_or_else(|e| panic!("{e}"))
+/// The committed module, loaded once per test process ([`Module::shared`]), every entry decoded.
+pub fn module() -> Arc<Module> {
+    let m = Module::shared(PTX).unwrap_or_else(|e| panic!("{e}"));
+    m.check_all().unwrap_or_else(|e| panic!("{e}"));
+    m
 }
 
 /// Small deterministic RNG (xorshift64*), so test inputs need no dependency.
