@@ -113,7 +113,10 @@ macro_rules! cuda_case {
     };
     ($name:ident) => {
         #[test]
-        #[cfg_attr(not(memattn_gpu), ignore = "on the VM-backed driver: the VM case runs the same PTX (--include-ignored runs it)")]
+        #[cfg_attr(
+            not(memattn_gpu),
+            ignore = "on the VM-backed driver: the VM case runs the same PTX (--include-ignored runs it)"
+        )]
         fn $name() {
             let _one_at_a_time = $crate::cuda_serial();
             super::$name(&mut $crate::cuda_device())

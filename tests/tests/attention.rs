@@ -761,7 +761,7 @@ fn wrong_length_inputs_are_refused_before_upload_in_every_path() {
 /// launch fault is checked in `host/tests/cuda_vm.rs`).
 #[test]
 fn out_of_bounds_launch_is_a_device_error() {
-let dev = &mut memattn_tests::vm_device();
+    let dev = &mut memattn_tests::vm_device();
     let (px, py) = (dev.alloc(64).unwrap(), dev.alloc(64).unwrap());
     let n = 100u32; // 16 floats allocated
     let (nb, ab, xb, yb) = (n.to_le_bytes(), 1f32.to_le_bytes(), px.to_le_bytes(), py.to_le_bytes());

@@ -110,7 +110,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     let bufs: Vec<BufSpec> = a.buf.iter().map(|s| parse_buf(s)).collect::<Result<_, _>>()?;
     let args: Vec<Arg> = a.arg.iter().map(|s| parse_arg(s)).collect::<Result<_, _>>()?;
     let ptx = load_ptx(cli)?;
-    let module = Module::load(&ptx.text)
+    let module = Module::shared(&ptx.text)
         .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
     let mut vm = match cli.vm_workers {
         Some(0) => return Err(Error::Usage("--vm-workers must be at least 1".into())),

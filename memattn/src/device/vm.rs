@@ -6,11 +6,14 @@ use crate::memory::MeasuredMemory;
 use crate::ptx::PtxSource;
 use kernels_gpu::tiles::LaunchDims;
 use ptx_vm::{Finding, LaunchConfig, Module, TraceRequest, Vm, VmError};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub struct VmDevice {
     vm: Vm,
-    module: Module,
+    /// The module, parsed once per process and shared ([`Module::shared`]); entries are decoded
+    /// on their first launch.
+    module: Arc<Module>,
     ptx: PtxSource,
     workers: usize,
     timer: Option<Instant>,
@@ -61,7 +64,7 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
 
 impl VmDevice {
     pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
-        let module = Module::load(&opts.ptx.text)
+        let module = Module::shared(&opts.ptx.text)
             .map_err(|e| DeviceError::PtxLoad { origin: opts.ptx.origin.clone(), message: e.to_string() })?;
         let workers =
             opts.vm_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
@@ -165,7 +168,10 @@ impl Device for VmDevice {
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
-        let info = self.module.kernel(kernel).ok_or_else(|| DeviceError::UnknownKernel(kernel.into()))?;
+        let info = self.module.kernel_info(kernel).map_err(|e| match e {
+            VmError::Load(e) => DeviceError::PtxLoad { origin: self.ptx.origin.clone(), message: e.to_string() },
+            other => vm_err(&format!("launch of `{kernel}`"), other),
+        })?;
         if info.params.len() != params.len() {
             return Err(DeviceError::Vm {
                 op: format!("launch of `{kernel}`"),
