@@ -4,8 +4,8 @@
 //! (`grid.x = ceil(n / 256)`), so the last block may have threads past the end.
 //!
 //! Steps:
-//! 1. Compute this thread's element index `i` from its block index (`block_x()`), the block size
-//!    (`block_dim_x()`) and its index in the block (`thread_x()`).
+//! 1. Compute this thread's element index `i` from its block index (`ctaid_x()`), the block size
+//!    (`ntid_x()`) and its index in the block (`tid_x()`).
 //! 2. Threads with `i >= n` must do nothing: they would read and write past the end of `x` and `y`.
 //! 3. Store `a * x[i]` into `y[i]` (`*y.add(i as usize) = ...`).
 //!

@@ -7,7 +7,7 @@ use crate::gpu::*;
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn scale_f32(n: u32, a: f32, x: *const f32, y: *mut f32) {
     // Step 1: one thread per element.
-    let i = block_x() * block_dim_x() + thread_x();
+    let i = ctaid_x() * ntid_x() + tid_x();
     // Step 2: the last block has threads past the end.
     if i < n {
         // Step 3.

@@ -5,11 +5,11 @@
 //! more than 32 and not a multiple of 32.
 //!
 //! Steps:
-//! 1. `lane = thread_x() % 32`, `row = block_x() * 4 + thread_x() / 32`. A warp whose row is
+//! 1. `lane = tid_x() % 32`, `row = ctaid_x() * 4 + tid_x() / 32`. A warp whose row is
 //!    past `rows` returns (the whole warp together, so the shuffles below always see 32 lanes).
 //! 2. Row maximum: each lane takes the max over columns `lane, lane + 32, lane + 64, ...`; then
 //!    the 32 lanes combine their values with `shfl_xor(v, 16)`, `8`, `4`, `2`, `1`
-//!    (`v = max(v, shfl_xor(v, m))`): afterwards every lane holds the row's maximum.
+//!    (`v = max_f32(v, shfl_xor(v, m))`): afterwards every lane holds the row's maximum.
 //! 3. Sum of `exp(x - max)` the same way (use `exp2((x - max) * LOG2E)`).
 //!    Subtracting the maximum keeps `exp` from overflowing to infinity for large inputs.
 //! 4. Each lane writes `exp(x - max) / sum` for its columns.

@@ -6,7 +6,7 @@ use crate::gpu::*;
 fn warp_max(mut v: f32) -> f32 {
     let mut m = 16;
     while m > 0 {
-        v = max(v, shfl_xor(v, m));
+        v = max_f32(v, shfl_xor(v, m));
         m >>= 1;
     }
     v
@@ -27,8 +27,8 @@ fn warp_sum(mut v: f32) -> f32 {
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn row_softmax_f32(rows: u32, cols: u32, x: *const f32, y: *mut f32) {
     // Step 1: the row test is the same for all 32 lanes of a warp.
-    let lane = thread_x() % 32;
-    let row = block_x() * 4 + thread_x() / 32;
+    let lane = tid_x() % 32;
+    let row = ctaid_x() * 4 + tid_x() / 32;
     if row >= rows {
         return;
     }
@@ -38,7 +38,7 @@ pub unsafe extern "ptx-kernel" fn row_softmax_f32(rows: u32, cols: u32, x: *cons
     let mut m = f32::NEG_INFINITY;
     let mut j = lane;
     while j < cols {
-        m = max(m, unsafe { *x.add(j as usize) });
+        m = max_f32(m, unsafe { *x.add(j as usize) });
         j += 32;
     }
     let m = warp_max(m);

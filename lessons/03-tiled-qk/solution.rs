@@ -16,11 +16,11 @@ pub unsafe extern "ptx-kernel" fn qk_tiled_f32(
     k: *const f32,
     s: *mut f32,
 ) {
-    let (tx, ty) = (thread_x(), thread_y());
-    let i = block_y() * T + ty;
-    let j = block_x() * T + tx;
-    let kr = block_x() * T + ty; // the K row this thread loads
-    let qs = shared_f32();
+    let (tx, ty) = (tid_x(), tid_y());
+    let i = ctaid_y() * T + ty;
+    let j = ctaid_x() * T + tx;
+    let kr = ctaid_x() * T + ty; // the K row this thread loads
+    let qs = dynamic_smem_f32();
     let ks = unsafe { qs.add((T * T) as usize) };
     let mut acc = 0.0f32;
     let mut c0 = 0;

@@ -11,7 +11,7 @@
 //! - `acc[0..4]`, the sum of `2^(s2 - m) * V[j, :]` so far (start at 0).
 //!
 //! Steps for each score:
-//! 1. `m_new = max(m, s2)`. While `m_new` is still `-inf` (nothing seen yet) use 0 as the base:
+//! 1. `m_new = max_f32(m, s2)`. While `m_new` is still `-inf` (nothing seen yet) use 0 as the base:
 //!    `-inf - (-inf)` would be NaN.
 //! 2. Rescale: `alpha = 2^(m - base)`; `l *= alpha`; `acc *= alpha` (what was summed under the
 //!    old maximum is too large by that factor).
@@ -36,7 +36,7 @@ pub unsafe extern "ptx-kernel" fn online_softmax_pv_f32(
     o: *mut f32,
     lse: *mut f32,
 ) {
-    // let r = block_x() * block_dim_x() + thread_x();
+    // let r = ctaid_x() * ntid_x() + tid_x();
     // if r >= rows { return; }
     // let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0.0f32, [0.0f32; 4]);
     // for j in 0..n { steps 1-3 }

@@ -13,7 +13,7 @@ pub unsafe extern "ptx-kernel" fn online_softmax_pv_f32(
     o: *mut f32,
     lse: *mut f32,
 ) {
-    let r = block_x() * block_dim_x() + thread_x();
+    let r = ctaid_x() * ntid_x() + tid_x();
     if r >= rows {
         return;
     }
@@ -21,7 +21,7 @@ pub unsafe extern "ptx-kernel" fn online_softmax_pv_f32(
     for j in 0..n {
         let s2 = unsafe { *s.add((r * n + j) as usize) } * LOG2E;
         // Step 1.
-        let m_new = max(m, s2);
+        let m_new = max_f32(m, s2);
         let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
         // Step 2.
         let alpha = exp2(m - base);

@@ -7,7 +7,7 @@
 //!
 //! The launch: blocks of 32 threads (one warp), thread `t` of block `b` owns query row
 //! `i = b * 32 + t`; `grid.x = ceil(seq_q / 32)`. 8 KiB of dynamic shared memory
-//! (`shared_f32()`): a tile of 32 K rows (floats 0..1024) and a tile of 32 V rows
+//! (`dynamic_smem_f32()`): a tile of 32 K rows (floats 0..1024) and a tile of 32 V rows
 //! (floats 1024..2048), each row 32 floats.
 //!
 //! Steps:
@@ -46,9 +46,9 @@ pub unsafe extern "ptx-kernel" fn flash_lesson_f32(
     o: *mut f32,
     lse: *mut f32,
 ) {
-    // let t = thread_x();
-    // let i = block_x() * 32 + t;
-    // let k_s = shared_f32();
+    // let t = tid_x();
+    // let i = ctaid_x() * 32 + t;
+    // let k_s = dynamic_smem_f32();
     // let v_s = unsafe { k_s.add(1024) };
     // Steps 1-3.
     let _ = (seq_q, seq_kv, scale, causal, q, k, v, o, lse);

@@ -21,10 +21,10 @@ pub unsafe extern "ptx-kernel" fn flash_lesson_f32(
     o: *mut f32,
     lse: *mut f32,
 ) {
-    let t = thread_x();
-    let i = block_x() * 32 + t;
+    let t = tid_x();
+    let i = ctaid_x() * 32 + t;
     let valid = i < seq_q;
-    let k_s = shared_f32();
+    let k_s = dynamic_smem_f32();
     let v_s = unsafe { k_s.add(BC as usize * D) };
     // Step 1.
     let scale2 = scale * LOG2E;
@@ -64,7 +64,7 @@ pub unsafe extern "ptx-kernel" fn flash_lesson_f32(
             if ((kv0 as usize + r) as i64) >= key_end {
                 s = f32::NEG_INFINITY;
             }
-            let m_new = max(m, s);
+            let m_new = max_f32(m, s);
             let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
             let alpha = exp2(m - base);
             let p = exp2(s - base);

@@ -1,32 +1,38 @@
 //! The GPU building blocks the lessons use: thread and block indices, the barrier, warp
 //! shuffles, fast exponentials, shared memory. Each is one PTX instruction (or a few).
+//!
+//! The names are those of `kernels-gpu/src/device.rs`, the building blocks of memattn's own
+//! kernels (`tid_x`, `ctaid_x`, `ntid_x`, `sync_threads`, `shfl_xor`, `exp2`, `max_f32`,
+//! `dynamic_smem_f32`, ...), each named after the PTX register or instruction it reads: what a
+//! lesson teaches reads the same in the production kernels. (The lessons build without
+//! kernels-gpu, so these are mirrored, not re-exported.)
 
 use core::arch::asm;
 use core::arch::nvptx;
 
 /// `%tid.x`: this thread's index in its block (x dimension).
 #[inline(always)]
-pub fn thread_x() -> u32 {
+pub fn tid_x() -> u32 {
     unsafe { nvptx::_thread_idx_x() as u32 }
 }
 /// `%tid.y`.
 #[inline(always)]
-pub fn thread_y() -> u32 {
+pub fn tid_y() -> u32 {
     unsafe { nvptx::_thread_idx_y() as u32 }
 }
 /// `%ctaid.x`: this block's index in the grid (x dimension).
 #[inline(always)]
-pub fn block_x() -> u32 {
+pub fn ctaid_x() -> u32 {
     unsafe { nvptx::_block_idx_x() as u32 }
 }
 /// `%ctaid.y`.
 #[inline(always)]
-pub fn block_y() -> u32 {
+pub fn ctaid_y() -> u32 {
     unsafe { nvptx::_block_idx_y() as u32 }
 }
 /// `%ntid.x`: threads per block (x dimension).
 #[inline(always)]
-pub fn block_dim_x() -> u32 {
+pub fn ntid_x() -> u32 {
     unsafe { nvptx::_block_dim_x() as u32 }
 }
 
@@ -73,7 +79,7 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 
 /// The larger of two floats, with `-inf` as the identity.
 #[inline(always)]
-pub fn max(a: f32, b: f32) -> f32 {
+pub fn max_f32(a: f32, b: f32) -> f32 {
     if a > b {
         a
     } else {
@@ -83,7 +89,7 @@ pub fn max(a: f32, b: f32) -> f32 {
 
 /// The block's dynamic shared memory as `f32`s (its size is set by the launch).
 #[inline(always)]
-pub fn shared_f32() -> *mut f32 {
+pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
 }
 

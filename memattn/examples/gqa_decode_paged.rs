@@ -116,10 +116,10 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
                     &TensorView::cuda(&qd, st, qs)?,
                     &mut TensorViewMut::cuda(kc, st, cache_shape)?,
                     &mut TensorViewMut::cuda(vc, st, cache_shape)?,
-                    &cache_seqlens,
-                    Some(&table),
                     Some(&TensorView::cuda(&knd, st, ns)?),
                     Some(&TensorView::cuda(&vnd, st, ns)?),
+                    &cache_seqlens,
+                    Some(&table),
                     &opts,
                 )?;
                 (o.to_vec_f32()?, lse.to_vec_f32()?)
@@ -132,10 +132,10 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
                     &TensorView::vm(&qb, Dtype::Bf16, qs)?,
                     &mut TensorViewMut::vm(kc, Dtype::Bf16, cache_shape)?,
                     &mut TensorViewMut::vm(vc, Dtype::Bf16, cache_shape)?,
-                    &cache_seqlens,
-                    Some(&table),
                     Some(&TensorView::vm(&knb, Dtype::Bf16, ns)?),
                     Some(&TensorView::vm(&vnb, Dtype::Bf16, ns)?),
+                    &cache_seqlens,
+                    Some(&table),
                     &opts,
                 )?;
                 (o.to_vec_f32()?, lse.to_vec_f32()?)

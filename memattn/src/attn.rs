@@ -17,7 +17,7 @@
 //! | soft cap | [`AttnOpts::softcap`] `c`: scores are `c · tanh(scale · q·k / c)` (Gemma 2) |
 //! | sinks | [`AttnOpts::sinks`]: one f32 logit per q head joins the softmax denominator only; LSE includes it; a row that sees no key then has `o = 0`, `lse = sink` |
 //! | varlen | [`Kernels::flash_attn_varlen`]: packed `[total, heads, d]` sequences with `cu_seqlens` prefix sums ([`IndexTensor`]); masks per sequence; `lse` `[heads, total_q]` |
-//! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states`]; `q`, caches and new tokens contiguous |
+//! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states_into`]; `q`, caches and new tokens contiguous |
 //! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims outside the table (the prefill calls take 32, 64, 96, 128, 192 and 256; the KV-cache call 64 and 128): refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
 //!
 //! # Streams and synchronisation
@@ -982,8 +982,8 @@ impl Kernels {
     /// `flash_attn_varlen_func`: `q` is `[total_q, heads, head_dim]` and `k`, `v`
     /// `[total_kv, heads_kv, head_dim]`, viewed as batch 1 (`[1, total, heads, head_dim]`, any
     /// seq/head strides); sequence `b` is q rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` and k/v
-    /// rows `cu_seqlens_kv[b]..cu_seqlens_kv[b + 1]`. Causal masks and windows apply within each
-    /// sequence, bottom-right aligned to its own lengths. `max_seqlen_q` / `max_seqlen_kv` bound
+    /// rows `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`. Causal masks and windows apply within each
+    /// sequence, bottom-right aligned to its own lengths. `max_seqlen_q` / `max_seqlen_k` bound
     /// the longest sequences (they size the grid, as in FlashAttention). Returns `o`
     /// `[1, total_q, heads, head_dim]` and `lse` `[heads, total_q]` (shape `[1, heads, total_q, 1]`).
     /// The cu_seqlens must start at 0, not decrease and end at the totals: each rule is an
@@ -1020,12 +1020,12 @@ impl Kernels {
         k: &TensorView<'_>,
         v: &TensorView<'_>,
         cu_seqlens_q: &IndexTensor,
-        cu_seqlens_kv: &IndexTensor,
+        cu_seqlens_k: &IndexTensor,
         max_seqlen_q: usize,
-        max_seqlen_kv: usize,
+        max_seqlen_k: usize,
         opts: &AttnOpts<'_>,
     ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
-        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_kv, max_q: max_seqlen_q, max_kv: max_seqlen_kv };
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
         self.attn_alloc(q, k, v, opts, Some(&va))
     }
 
@@ -1038,14 +1038,14 @@ impl Kernels {
         k: &TensorView<'_>,
         v: &TensorView<'_>,
         cu_seqlens_q: &IndexTensor,
-        cu_seqlens_kv: &IndexTensor,
+        cu_seqlens_k: &IndexTensor,
         max_seqlen_q: usize,
-        max_seqlen_kv: usize,
+        max_seqlen_k: usize,
         o: &mut TensorViewMut<'_>,
         lse: &mut LseViewMut<'_>,
         opts: &AttnOpts<'_>,
     ) -> Result<(), AttnError> {
-        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_kv, max_q: max_seqlen_q, max_kv: max_seqlen_kv };
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(q, k, v, Some(outs), opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
@@ -1289,7 +1289,7 @@ impl Kernels {
         total_kv: usize,
     ) -> Result<usize, AttnError> {
         for (n, (name, cu, total, max)) in
-            [("cu_seqlens_q", va.cu_q, total_q, va.max_q), ("cu_seqlens_kv", va.cu_kv, total_kv, va.max_kv)]
+            [("cu_seqlens_q", va.cu_q, total_q, va.max_q), ("cu_seqlens_k", va.cu_kv, total_kv, va.max_kv)]
                 .into_iter()
                 .enumerate()
         {
@@ -1303,13 +1303,13 @@ impl Kernels {
             }
             let long = lens.iter().copied().max().unwrap_or(0) as usize;
             if long > max {
-                let what = if n == 0 { "max_seqlen_q" } else { "max_seqlen_kv" };
+                let what = if n == 0 { "max_seqlen_q" } else { "max_seqlen_k" };
                 return Err(bad(format!("a sequence has {long} rows, over {what} = {max}")));
             }
         }
         if va.cu_q.values.len() != va.cu_kv.values.len() {
             return Err(AttnError::SeqLens {
-                tensor: "cu_seqlens_kv",
+                tensor: "cu_seqlens_k",
                 why: format!(
                     "{} entries, but cu_seqlens_q has {} (one prefix sum per sequence, plus the leading 0)",
                     va.cu_kv.values.len(),

@@ -4,7 +4,7 @@
 //! run time.
 //!
 //! Start at [`attn`]: views of your cudarc slices (or VM buffers), [`attn::Kernels::flash_attn`]
-//! / [`attn::Kernels::flash_attn_into`], the varlen and KV-cache calls, `merge_states`, typed
+//! / [`attn::Kernels::flash_attn_into`], the varlen and KV-cache calls, `merge_states_into`, typed
 //! errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
 //! natural log). [`reference::attention`] and [`decode::reference`] are the f64 references.
 //!

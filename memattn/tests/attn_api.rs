@@ -413,9 +413,9 @@ fn vm_varlen_matches_the_reference_and_checks_cu_seqlens() {
             (it(&[1, 5, 5, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "must start at 0"),
             (it(&[0, 5, 4, 22, 55]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "non-decreasing"),
             (it(&[0, 5, 5, 22, 54]), it(&cu(&lk)), 33, 20, "cu_seqlens_q", "last prefix sum is 54, but q has 55"),
-            (it(&cu(&lq)), it(&[0, 49]), 33, 49, "cu_seqlens_kv", "cu_seqlens_q has 5"),
+            (it(&cu(&lq)), it(&[0, 49]), 33, 49, "cu_seqlens_k", "cu_seqlens_q has 5"),
             (it(&cu(&lq)), it(&cu(&lk)), 32, 20, "cu_seqlens_q", "33 rows, over max_seqlen_q = 32"),
-            (it(&cu(&lq)), it(&cu(&lk)), 33, 19, "cu_seqlens_kv", "20 rows, over max_seqlen_kv = 19"),
+            (it(&cu(&lq)), it(&cu(&lk)), 33, 19, "cu_seqlens_k", "20 rows, over max_seqlen_k = 19"),
             (it(&[0]), it(&[0]), 33, 20, "cu_seqlens_q", "batch + 1 >= 2"),
         ] {
             let e = run(&cq, &ck, mq, mk);
@@ -482,10 +482,10 @@ fn kvcache_case(kernels: &Kernels, p: &memattn::decode::DecodeProblem, num_split
             &TensorView::vm(&qb, dt, [b, sq, h, d]).unwrap(),
             &mut TensorViewMut::vm(&kc, dt, cache_shape).unwrap(),
             &mut TensorViewMut::vm(&vc, dt, cache_shape).unwrap(),
-            &seqlens,
-            (!x.block_table.is_empty()).then_some(&table),
             has_new.then_some(&knv),
             has_new.then_some(&vnv),
+            &seqlens,
+            (!x.block_table.is_empty()).then_some(&table),
             &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
             &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
             &opts,
@@ -571,7 +571,7 @@ fn vm_merge_states_on_caller_buffers_matches_the_reference() {
     let lb = kernels.vm_upload(&vec![f32::NAN; rows]).unwrap();
     let bhsd = [h * sq * d, d, sq * d, 1];
     kernels
-        .merge_states(
+        .merge_states_into(
             &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
             &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap().with_strides(bhsd),
             &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
@@ -600,7 +600,7 @@ fn vm_merge_states_on_caller_buffers_matches_the_reference() {
     assert_eq!(lse[4], f32::NEG_INFINITY);
     // Refusals: f16 partials, an o of another shape.
     let e = kernels
-        .merge_states(
+        .merge_states_into(
             &PartialsView::vm(&op, &lp, splits, [b, sq, h, d]).unwrap(),
             &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq + 1, h, d]).unwrap(),
             &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
@@ -608,7 +608,7 @@ fn vm_merge_states_on_caller_buffers_matches_the_reference() {
         .unwrap_err();
     assert!(matches!(e, AttnError::Shape { tensor: "o", .. }), "{e}");
     let e = kernels
-        .merge_states(
+        .merge_states_into(
             &PartialsView::vm(&op, &lp, splits + 1, [b, sq, h, d]).unwrap(),
             &mut TensorViewMut::vm(&ob, Dtype::F32, [b, sq, h, d]).unwrap(),
             &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
@@ -636,7 +636,7 @@ fn vm_kvcache_bad_inputs_are_refused_before_launch() {
                 opts: AttnOpts| {
         let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
         let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
-        kernels.flash_attn_with_kvcache(&q, &mut kc, &mut vc, lens, table, kn, vn, &opts).map(|_| ()).unwrap_err()
+        kernels.flash_attn_with_kvcache(&q, &mut kc, &mut vc, kn, vn, lens, table, &opts).map(|_| ()).unwrap_err()
     };
     let q = || TensorView::vm(&qb, Dtype::F32, [b, 1, h, d]).unwrap();
     let new = TensorView::vm(&newb, Dtype::F32, [b, 1, hk, d]).unwrap();
@@ -644,7 +644,7 @@ fn vm_kvcache_bad_inputs_are_refused_before_launch() {
     let mut kc = TensorViewMut::vm(&cache, Dtype::F32, cshape).unwrap();
     let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, cshape).unwrap();
     assert!(kernels
-        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, Some(&table), None, None, &AttnOpts::new())
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, None, None, &lens, Some(&table), &AttnOpts::new())
         .is_ok());
     drop((kc, vc));
     let sinks_buf = kernels.vm_upload(&[0.0; 4]).unwrap();
@@ -702,7 +702,7 @@ fn vm_kvcache_bad_inputs_are_refused_before_launch() {
     let mut kc = TensorViewMut::vm(&cache, Dtype::F32, [b, 10, hk, d]).unwrap();
     let mut vc = TensorViewMut::vm(&cache2, Dtype::F32, [b, 10, hk, d]).unwrap();
     let e = kernels
-        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, &lens, None, Some(&new), Some(&new), &AttnOpts::new())
+        .flash_attn_with_kvcache(&q(), &mut kc, &mut vc, Some(&new), Some(&new), &lens, None, &AttnOpts::new())
         .map(|_| ())
         .unwrap_err();
     assert!(matches!(e, AttnError::KvCache { .. }) && e.to_string().contains("exceeds the cache's 10 keys"), "{e}");
@@ -826,10 +826,10 @@ fn cuda_kvcache_and_varlen_on_the_callers_stream() {
             &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
             &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
             &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
-            &seqlens,
-            Some(&table),
             Some(&TensorView::cuda(&knd, &stream, [b, 1, hk, d]).unwrap()),
             Some(&TensorView::cuda(&vnd, &stream, [b, 1, hk, d]).unwrap()),
+            &seqlens,
+            Some(&table),
             &AttnOpts::new().causal(true).num_splits(3),
         )
         .unwrap();
@@ -846,10 +846,10 @@ fn cuda_kvcache_and_varlen_on_the_callers_stream() {
             &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
             &mut TensorViewMut::cuda(&mut kcd, &stream, cache_shape).unwrap(),
             &mut TensorViewMut::cuda(&mut vcd, &stream, cache_shape).unwrap(),
+            None,
+            None,
             &foreign,
             Some(&table),
-            None,
-            None,
             &AttnOpts::new(),
         )
         .unwrap_err();

@@ -452,7 +452,7 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
                     Some(if all_unwritten(d) {
                         "step 3 - the kernel does not store into y yet".into()
                     } else if !d.unwritten_rows.is_empty() && d.unwritten_rows[0] >= 256 {
-                        "only the first block's elements were written: the index must include the block, `i = block_x() * block_dim_x() + thread_x()` (step 1)".into()
+                        "only the first block's elements were written: the index must include the block, `i = ctaid_x() * ntid_x() + tid_x()` (step 1)".into()
                     } else if !d.unwritten_rows.is_empty() {
                         "some elements were never written: does every thread store its own element y[i]?".into()
                     } else {
@@ -518,7 +518,7 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                         && d.unwritten_rows.len() < d.rows
                         && d.unwritten_rows.iter().all(|&r| r >= 4)
                     {
-                        "only the first block's rows were written: the row is `block_x() * 4 + thread_x() / 32`".into()
+                        "only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`".into()
                     } else if !d.unwritten_rows.is_empty() {
                         "columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`".into()
                     } else {
@@ -592,7 +592,7 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                     Some(if all_unwritten(x) {
                         "the kernel does not store into S yet (the last step)".into()
                     } else if !x.unwritten_rows.is_empty() {
-                        "some rows or columns of S were never written: i = block_y() * 16 + thread_y(), j = block_x() * 16 + thread_x(), and the store needs only `i < n && j < m`".into()
+                        "some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`".into()
                     } else if x
                         .first
                         .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
@@ -758,7 +758,7 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                     Some(if all_unwritten(d) {
                         format!("the kernel does not store into {name} yet (step 3)")
                     } else if !d.unwritten_rows.is_empty() {
-                        "rows of the second block were never written: the row is `block_x() * 32 + thread_x()`".into()
+                        "rows of the second block were never written: the row is `ctaid_x() * 32 + tid_x()`".into()
                     } else if causal && sq > skv && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < 25)) {
                         "rows 0-24 see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf".into()
                     } else if causal {

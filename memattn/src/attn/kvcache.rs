@@ -1,4 +1,4 @@
-//! KV-cache decode and the split combine on the caller's buffers: [`Kernels::merge_states`] and
+//! KV-cache decode and the split combine on the caller's buffers: [`Kernels::merge_states_into`] and
 //! [`Kernels::flash_attn_with_kvcache`], launching the decode kernels with the split plan of
 //! [`crate::decode`].
 
@@ -9,7 +9,7 @@ use crate::decode::{
 };
 use kernels_gpu::Family;
 
-/// Partial attention states to combine with [`Kernels::merge_states`], on the kernels' device:
+/// Partial attention states to combine with [`Kernels::merge_states_into`], on the kernels' device:
 /// `o_part` `[splits, batch, heads, seq_q, head_dim]` f32 (each state normalised by its own sum)
 /// and `lse_part` `[splits, batch, heads, seq_q]` f32 (natural log; `-inf` for a state that saw
 /// no key), both contiguous. `shape` is the merged output's `[batch, seq_q, heads, head_dim]`.
@@ -112,7 +112,7 @@ impl Kernels {
     /// let o_part = kernels.vm_upload(&[1.0, 2.0, 5.0, 6.0])?; // [splits 2, 1, 1, 1, 2]
     /// let lse_part = kernels.vm_upload(&[0.0, 3f32.ln()])?;
     /// let (o, lse) = (kernels.vm_alloc(8)?, kernels.vm_alloc(4)?);
-    /// kernels.merge_states(
+    /// kernels.merge_states_into(
     ///     &PartialsView::vm(&o_part, &lse_part, 2, [1, 1, 1, 2])?,
     ///     &mut TensorViewMut::vm(&o, Dtype::F32, [1, 1, 1, 2])?,
     ///     &mut LseViewMut::vm(&lse, 1, 1, 1)?,
@@ -122,7 +122,7 @@ impl Kernels {
     /// assert!((lse[0] - 4f32.ln()).abs() < 1e-6);
     /// # Ok::<(), memattn::attn::AttnError>(())
     /// ```
-    pub fn merge_states(
+    pub fn merge_states_into(
         &self,
         partials: &PartialsView<'_>,
         o: &mut TensorViewMut<'_>,
@@ -217,10 +217,10 @@ impl Kernels {
     ///     &TensorView::vm(&q, Dtype::F32, [b, 1, h, d])?,
     ///     &mut kv(&kc)?,
     ///     &mut kv(&vc)?,
+    ///     None, // no new tokens to append
+    ///     None,
     ///     &cache_seqlens,
     ///     Some(&block_table),
-    ///     None,
-    ///     None,
     ///     &AttnOpts::new().causal(true).num_splits(2),
     /// )?;
     /// let (o, lse) = (o.to_vec_f32()?, lse.to_vec_f32()?);
@@ -237,10 +237,10 @@ impl Kernels {
         q: &TensorView<'_>,
         k_cache: &mut TensorViewMut<'_>,
         v_cache: &mut TensorViewMut<'_>,
-        cache_seqlens: &IndexTensor,
-        block_table: Option<&IndexTensor>,
         k_new: Option<&TensorView<'_>>,
         v_new: Option<&TensorView<'_>>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
         opts: &AttnOpts<'_>,
     ) -> Result<(DeviceTensor, DeviceTensor), AttnError> {
         let [b, sq, h, d] = q.raw.shape;
@@ -264,12 +264,15 @@ impl Kernels {
     /// - `k_cache`, `v_cache`: contiguous `[batch, seq_cache, heads_kv, head_dim]`, or, with a
     ///   `block_table`, a paged cache `[num_pages, page_size, heads_kv, head_dim]` (any page
     ///   size); `heads_kv` divides `heads` (GQA). Written when new tokens are given.
+    /// - `k_new`, `v_new` (FlashAttention-2's `k`, `v`): `[batch, seq_new, heads_kv, head_dim]`,
+    ///   written into the cache at `cache_seqlens[b]..` before attention, which then runs over
+    ///   `cache_seqlens[b] + seq_new` keys. `cache_seqlens` is not advanced (the caller does it).
     /// - `cache_seqlens`: `[batch]` keys in the cache before the call.
     /// - `block_table`: `[batch, max_pages]` page indices ([`IndexTensor`]; `max_pages` is its
     ///   length over `batch`). Entries past a sequence's last used page are not read.
-    /// - `k_new`, `v_new`: `[batch, seq_new, heads_kv, head_dim]`, written into the cache at
-    ///   `cache_seqlens[b]..` before attention, which then runs over
-    ///   `cache_seqlens[b] + seq_new` keys. `cache_seqlens` is not advanced (the caller does it).
+    ///
+    /// The arguments come in FlashAttention-2's order (`q, k_cache, v_cache, k, v, ...,
+    /// cache_seqlens, ..., block_table`), then the outputs and the options.
     /// - `opts`: scale, causal (bottom-right aligned), window, soft cap and
     ///   [`AttnOpts::num_splits`] (`None`/0: FlashAttention-2's heuristic over the device's
     ///   multiprocessors; `n`: exactly `n` key splits, combined by `merge_states`) and
@@ -288,10 +291,10 @@ impl Kernels {
         q: &TensorView<'_>,
         k_cache: &mut TensorViewMut<'_>,
         v_cache: &mut TensorViewMut<'_>,
-        cache_seqlens: &IndexTensor,
-        block_table: Option<&IndexTensor>,
         k_new: Option<&TensorView<'_>>,
         v_new: Option<&TensorView<'_>>,
+        cache_seqlens: &IndexTensor,
+        block_table: Option<&IndexTensor>,
         o: &mut TensorViewMut<'_>,
         lse: &mut LseViewMut<'_>,
         opts: &AttnOpts<'_>,
