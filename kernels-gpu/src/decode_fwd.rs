@@ -8,7 +8,7 @@
 //! GQA, FlashAttention-2's `seqlenq_ngroups_swapped`), so one K/V tile staged in shared memory
 //! serves every query head that reads it. Per key tile it runs the online softmax of
 //! [`crate::softmax::OnlineSoftmax`] exactly as `flash_fwd_f32` does (scores in the log2 domain,
-//! raise max, rescale, accumulate `P V`). At the end the split's `O_s = acc / l` and `LSE_s`
+//! raise the max and rescale lazily, [`crate::softmax::must_rescale`], accumulate `P V`). At the end the split's `O_s = acc / l` and `LSE_s`
 //! (natural log) go to the f32 workspace, or, with one split, `O` (element type) and `LSE`
 //! directly. `merge_states` combines the splits.
 //!
@@ -257,15 +257,18 @@ pub(crate) unsafe fn decode_fwd<
                 s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };
                 chunk_max = fmax(chunk_max, s[c]);
             });
-            let rescale = row_sm.raise_max(chunk_max);
-            // alpha is exactly 1 once the max has settled: the rescale would change no bit. Skipped
-            // only when it is 1 in every lane, so the branch is uniform over the warp (the
-            // shuffles after it need every lane).
-            if !warp_all(rescale.alpha == 1.0) {
+            // Lazy rescale (`must_rescale`): only when some row of the warp has grown by more
+            // than 2^8, a warp vote, so the branch is uniform (the shuffles after it need every
+            // lane).
+            let rescale = if warp_any(row_sm.must_raise(chunk_max)) {
+                let rescale = row_sm.raise_max(chunk_max);
                 for a in acc.iter_mut() {
                     *a *= rescale.alpha;
                 }
-            }
+                rescale
+            } else {
+                row_sm.keep()
+            };
             unroll!(c in 0..KC => {
                 let pr = row_sm.prob(s[c], rescale);
                 for (k, a) in acc.iter_mut().enumerate() {

@@ -9,7 +9,8 @@
 //! of a GQA group of 4 or 8 fills 4 or 8 of the 16 rows instead of 1. The 4 warps share the
 //! m-tile and split every key tile among them (FlashDecoding): warp `w` takes keys `16w..16w+16`
 //! of each 64-key tile and runs its own online softmax over them, exactly the steps of
-//! [`crate::flash_fwd_mma`] (scores into the log2 domain, raise the max, rescale, `P = 2^(S - m)`
+//! [`crate::flash_fwd_mma`] (scores into the log2 domain, raise the max and rescale lazily,
+//! [`crate::softmax::must_rescale`], `P = 2^(S - m)`
 //! packed to 16 bits in registers as the A operand of `P V`). After the last tile the 4 warps'
 //! states are merged in shared memory in a fixed order (`m = max_w m_w`, `l = Σ 2^(m_w - m) l_w`,
 //! `acc = Σ 2^(m_w - m) acc_w`), so every run gives the same bits. The split's `O_s = acc / l`
@@ -70,7 +71,7 @@ use crate::mask::key_range;
 #[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{fmax, softcap2, OnlineSoftmax, Rescale, LOG2E};
+use crate::softmax::{fmax, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
 
@@ -248,16 +249,20 @@ pub(crate) unsafe fn decode_mma<
             mask_outside(&mut s, [row_start[0] - c0, row_start[1] - c0], [row_end[0] - c0, row_end[1] - c0]);
         }
 
-        // (4) Raise the running max per row (over the row's 4 lanes) and rescale.
-        let mut rescale = [Rescale { alpha: 0.0, base: 0.0 }; 2];
+        // (4) The tile's max per row (over the row's 4 lanes); raise the bases and rescale
+        // lazily (`must_rescale`): only when some row of the warp has grown by more than 2^8 (a
+        // warp vote: the branch is uniform, the mma after it needs every lane), so once the
+        // maxima settle (most tiles of a long cache) the `4 * ND` multiplies are skipped.
+        let mut mx = [f32::NEG_INFINITY; 2];
+        let mut grow = false;
         unroll!(r in 0..2 => {
-            rescale[r] = row_sm[r].raise_max(quad_max(row_max(&s, r, f32::NEG_INFINITY)));
+            mx[r] = quad_max(row_max(&s, r, f32::NEG_INFINITY));
+            grow |= row_sm[r].must_raise(mx[r]);
         });
-        // Once the running maxima have settled (most tiles of a long cache) alpha is exactly 1 and
-        // the rescale changes no bit: skip its `4 * ND` multiplies when that holds in every lane
-        // (a warp-uniform branch: the mma after it needs every lane).
-        if !crate::device::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
+        let mut rescale = [row_sm[0].keep(), row_sm[1].keep()];
+        if warp_any(grow) {
             unroll!(r in 0..2 => {
+                rescale[r] = row_sm[r].raise_max(mx[r]);
                 scale_row(&mut o, r, rescale[r].alpha);
             });
         }

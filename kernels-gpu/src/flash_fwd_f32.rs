@@ -3,8 +3,10 @@
 //! Algorithm (FlashAttention-2 forward, online softmax): a block owns `BR` query rows and walks the
 //! keys in tiles of `BC`. Per tile it (1) stages K and V in shared memory, (2) computes the scores
 //! of its rows in the log2 domain (`log2 e` is folded into the softmax scale once, so every
-//! exponential is one `ex2`), (3) raises the running row max, (4) rescales the running sum and
-//! output accumulator by `2^(m_old - m_new)`, (5) accumulates `P V`. At the end the accumulator is
+//! exponential is one `ex2`), (3) raises the running row max and (4) rescales the running sum
+//! and output accumulator by `2^(m_old - m_new)`, both only when some row of the warp has grown
+//! by more than 2^8 ([`crate::softmax::must_rescale`], the policy of every fused kernel),
+//! (5) accumulates `P V`. At the end the accumulator is
 //! divided by the running sum and `LSE = ln 2 * (m + log2 l)` is written. Steps 3-5 and the end are
 //! the methods of [`crate::softmax::OnlineSoftmax`]. No `N x N` buffer exists:
 //! the extra memory is LSE only, `4 * batch * heads * seq_q` bytes.
@@ -158,12 +160,19 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
                 chunk_max = fmax(chunk_max, s[c]);
             });
 
-            // (3) New running max and (4) rescale what was accumulated under the old one; while
-            // the max is -inf the row has seen nothing and 0 is the base.
-            let rescale = row_sm.raise_max(chunk_max);
-            for a in acc.iter_mut() {
-                *a *= rescale.alpha;
-            }
+            // (3) New running max and (4) rescale what was accumulated under the old one, lazily
+            // (`must_rescale`): only when some row of the warp has grown by more than 2^8 (a
+            // warp vote, so the branch is uniform); while the max is -inf the row has seen
+            // nothing and 0 is the base.
+            let rescale = if warp_any(row_sm.must_raise(chunk_max)) {
+                let rescale = row_sm.raise_max(chunk_max);
+                for a in acc.iter_mut() {
+                    *a *= rescale.alpha;
+                }
+                rescale
+            } else {
+                row_sm.keep()
+            };
 
             // (5) Accumulate P V.
             unroll!(c in 0..KC => {
