@@ -174,18 +174,12 @@ impl AttnParams {
         out
     }
 
-    /// Keys `[start, end)` query row `i` may see (empty when `start >= end`): the window
-    /// `i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right` clipped to `[0, seq_kv)`,
-    /// with `right = 0` when causal and `-1` meaning unbounded.
+    /// Keys `[start, end)` query row `i` may see (empty when `start >= end`): the window rule
+    /// [`crate::mask::key_range`] with this problem's (or, after [`AttnParams::sequence`], this
+    /// sequence's) lengths.
     #[inline(always)]
     pub fn key_range(&self, i: u32) -> (i64, i64) {
-        let diag = i as i64 + self.seq_kv as i64 - self.seq_q as i64;
-        let right = if self.causal != 0 { 0 } else { self.window_right };
-        let start = if self.window_left >= 0 { diag - self.window_left as i64 } else { 0 };
-        let end = if right >= 0 { diag + right as i64 + 1 } else { self.seq_kv as i64 };
-        let start = if start > 0 { start } else { 0 };
-        let end = if end < self.seq_kv as i64 { end } else { self.seq_kv as i64 };
-        (start, end)
+        crate::mask::key_range(self.causal != 0, self.window_left, self.window_right, i, self.seq_q, self.seq_kv)
     }
 
     /// Varlen: the lengths of sequence `b` (rows `q0..q1`, keys `k0..k1`, read from the

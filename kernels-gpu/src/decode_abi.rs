@@ -135,33 +135,56 @@ impl DecodeParams {
         self.heads / self.heads_kv
     }
 
-    /// Element offset of key (or value) row `j` of sequence `b`, KV head `hk`, in the cache.
-    /// `page` is the block-table entry of that key for a paged cache (ignored otherwise).
+    /// The cache row of key (or value) `j` of sequence `b`, KV head `hk`, in units of
+    /// `head_dim` elements (its element offset is `row * head_dim`): the page lookup, one rule
+    /// for every decode kernel and the cache append.
+    ///
+    /// Contiguous (`block_table == 0`): `(b * seq_cache + j) * heads_kv + hk`. Paged: the key's
+    /// block-table slot is `b * max_pages + j / page_size`, `page = block_table_entry(slot)` (a
+    /// load on the device, `DecodeParams::cache_row_of`; an index into the table on the host),
+    /// and the row `(page * page_size + j % page_size) * heads_kv + hk`.
+    ///
+    /// 32-bit: keys are below 2^31 (the host checks `cache_seqlens + seq_new`), and a cache row
+    /// is at least 128 bytes (64 2-byte elements), so 2^32 of them would be 512 GiB, more than a
+    /// device holds; 32-bit row math keeps the kernels' per-row bookkeeping in single registers.
     #[inline(always)]
-    pub const fn cache_row(&self, b: u64, j: u64, hk: u64, page: u64) -> u64 {
-        let d = self.head_dim as u64;
-        let hkv = self.heads_kv as u64;
-        if self.block_table != 0 {
-            let ps = self.page_size as u64;
-            ((page * ps + j % ps) * hkv + hk) * d
+    pub fn cache_row(&self, b: u32, j: u32, hk: u32, block_table_entry: impl FnOnce(u64) -> u32) -> u32 {
+        let row = if self.block_table != 0 {
+            let (slot, within) = page_slot(self.page_size, j);
+            let page = block_table_entry(b as u64 * self.max_pages as u64 + slot as u64);
+            page * self.page_size + within
         } else {
-            ((b * self.seq_cache as u64 + j) * hkv + hk) * d
-        }
+            b * self.seq_cache + j
+        };
+        row * self.heads_kv + hk
+    }
+
+    /// [`DecodeParams::cache_row`] on the device, reading the block table (`u32` entries at
+    /// `block_table`) from global memory.
+    ///
+    /// # Safety
+    /// `block_table` (when non-zero) must be a valid device address of `[batch, max_pages]` u32.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    pub unsafe fn cache_row_of(&self, b: u32, j: u32, hk: u32) -> u32 {
+        self.cache_row(b, j, hk, |slot| unsafe { crate::device::ld_u32(self.block_table + 4 * slot) })
     }
 }
 
-/// Keys `[start, end)` query token `i` of `seq_q` sees among `seqlen_k` (possibly empty, `start >=
-/// end`): `diag = i + seqlen_k - seq_q`; `end = min(seqlen_k, diag + right + 1)` when `right >= 0`
-/// (causal: `right = 0`), else `seqlen_k`; `start = max(0, diag - left)` when `left >= 0`, else 0.
+/// `(j / page_size, j % page_size)`: a shift and a mask when `page_size` is a power of two (a
+/// uniform branch; the division is a long instruction sequence on the GPU), a division otherwise.
 #[inline(always)]
-pub const fn key_range(causal: bool, left: i32, right: i32, i: u32, seq_q: u32, seqlen_k: u32) -> (i64, i64) {
-    let diag = i as i64 + seqlen_k as i64 - seq_q as i64;
-    let right = if causal { 0 } else { right };
-    let end =
-        if right >= 0 && diag + right as i64 + 1 < seqlen_k as i64 { diag + right as i64 + 1 } else { seqlen_k as i64 };
-    let start = if left >= 0 && diag - (left as i64) > 0 { diag - left as i64 } else { 0 };
-    (start, end)
+pub const fn page_slot(page_size: u32, j: u32) -> (u32, u32) {
+    if page_size & page_size.wrapping_sub(1) == 0 {
+        (j >> page_size.trailing_zeros(), j & (page_size - 1))
+    } else {
+        (j / page_size, j % page_size)
+    }
 }
+
+/// The window rule, [`crate::mask::key_range`], re-exported where the decode ABI is described:
+/// with `seq_kv` the sequence's keys `cache_seqlens[b] + seq_new`.
+pub use crate::mask::key_range;
 
 /// Keys `[lo, hi)` that split `split` of `num_splits` covers in a sequence of `seqlen_k` keys,
 /// for key tiles of `bc`: whole tiles, `ceil(tiles / num_splits)` per split, the last ones
@@ -273,26 +296,23 @@ mod tests {
     }
 
     #[test]
-    fn key_ranges_are_bottom_right_aligned_windows() {
-        // 3 queries, 10 keys: diagonals 7, 8, 9.
-        assert_eq!(key_range(true, -1, -1, 0, 3, 10), (0, 8));
-        assert_eq!(key_range(false, -1, -1, 0, 3, 10), (0, 10));
-        assert_eq!(key_range(true, 2, -1, 1, 3, 10), (6, 9));
-        assert_eq!(key_range(false, 0, 0, 2, 3, 10), (9, 10));
-        assert_eq!(key_range(false, -1, 1, 0, 3, 10), (0, 9));
-        // More queries than keys: the first rows see nothing.
-        let (s, e) = key_range(true, -1, -1, 0, 5, 2);
-        assert!(s >= e);
-        assert_eq!(key_range(false, 1, 0, 0, 1, 0), (0, 0));
-    }
-
-    #[test]
     fn cache_rows_of_contiguous_and_paged_layouts() {
         let mut p = DecodeParams { heads_kv: 2, head_dim: 4, seq_cache: 10, ..Default::default() };
-        assert_eq!(p.cache_row(1, 3, 1, 0), ((10 + 3) * 2 + 1) * 4);
+        let no_table = |_| panic!("a contiguous cache has no block table");
+        assert_eq!(p.cache_row(1, 3, 1, no_table), (10 + 3) * 2 + 1);
         p.block_table = 8;
+        p.max_pages = 4;
+        // Page size 3 (a division): key 7 is row 1 of slot 2; sequence 1's slot 2 holds page 5.
         p.page_size = 3;
-        // key 7 is row 1 of its page; page 5.
-        assert_eq!(p.cache_row(1, 7, 1, 5), ((5 * 3 + 1) * 2 + 1) * 4);
+        let table = [9u32, 9, 9, 9, 0, 0, 5, 0];
+        assert_eq!(p.cache_row(1, 7, 1, |s| table[s as usize]), (5 * 3 + 1) * 2 + 1);
+        // Page size 4 (a shift and a mask): key 7 is row 3 of slot 1, page 9 for sequence 0.
+        p.page_size = 4;
+        assert_eq!(p.cache_row(0, 7, 0, |s| table[s as usize]), (9 * 4 + 3) * 2);
+        for ps in 1..20u32 {
+            for j in 0..100u32 {
+                assert_eq!(page_slot(ps, j), (j / ps, j % ps), "page size {ps} key {j}");
+            }
+        }
     }
 }

@@ -19,8 +19,6 @@
 #[cfg(target_arch = "nvptx64")]
 use crate::decode_abi::DecodeParams;
 #[cfg(target_arch = "nvptx64")]
-use crate::decode_fwd::{cache_row, ld_u32};
-#[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 
 /// The generic body; `THREADS` threads per block.
@@ -38,7 +36,7 @@ pub(crate) unsafe fn append<E: Elem, const THREADS: u32>(p: &DecodeParams) {
     let mut e = tid_x() as u64;
     while e < hkv * d {
         let (hk, c) = (e / d, e % d);
-        let dst = unsafe { cache_row(p, b, j, hk) } + c;
+        let dst = unsafe { p.cache_row_of(b as u32, j as u32, hk as u32) } as u64 * d + c;
         unsafe {
             E::store(p.k_cache + E::BYTES * dst, E::load(p.k_new + E::BYTES * (src_row + e)));
             E::store(p.v_cache + E::BYTES * dst, E::load(p.v_new + E::BYTES * (src_row + e)));

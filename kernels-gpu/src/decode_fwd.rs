@@ -8,7 +8,7 @@
 //! GQA, FlashAttention-2's `seqlenq_ngroups_swapped`), so one K/V tile staged in shared memory
 //! serves every query head that reads it. Per key tile it runs the online softmax of
 //! [`crate::softmax::OnlineSoftmax`] exactly as `flash_fwd_f32` does (scores in the log2 domain,
-//! raise max, rescale, accumulate `P V`). At the end the split's `O_s = acc / l` and `LSE_s`
+//! raise the max and rescale lazily, [`crate::softmax::must_rescale`], accumulate `P V`). At the end the split's `O_s = acc / l` and `LSE_s`
 //! (natural log) go to the f32 workspace, or, with one split, `O` (element type) and `LSE`
 //! directly. `merge_states` combines the splits.
 //!
@@ -34,7 +34,7 @@
 //! after the merge it is counted exactly once.
 //!
 //! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
-//! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; a block
+//! window ([`crate::mask::key_range`]; causal is `window_right = 0`) score `-inf`; a block
 //! starts at the tile of its first row's window start and stops at the last key its last row can
 //! see. An empty split or a row that sees nothing gives `O_s = 0`, `LSE_s = -inf`.
 //!
@@ -45,23 +45,17 @@
 //! a multiple of `heads_kv`; the launch must use [`crate::tiles::DecodeTile::launch`].
 
 #[cfg(target_arch = "nvptx64")]
-use crate::decode_abi::{key_range, split_range, DecodeParams};
+use crate::decode_abi::{split_range, DecodeParams};
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::mask::key_range;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{OnlineSoftmax, LOG2E};
 
 /// Keys scored per online-softmax step (the score row held in registers).
 #[cfg(target_arch = "nvptx64")]
 const KC: usize = 8;
-
-/// # Safety
-/// `addr` must be a valid, aligned device address of a `u32`.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) unsafe fn ld_u32(addr: u64) -> u32 {
-    unsafe { *(addr as *const u32) }
-}
 
 /// 16 bytes of a cache row, read with one vector load and widened into f32 shared memory.
 #[cfg(target_arch = "nvptx64")]
@@ -127,36 +121,6 @@ impl Stage16 for crate::mma::F16 {
                 *dst.add(2 * i + 1) = hi;
             }
         }
-    }
-}
-
-/// `(j / page_size, j % page_size)`: a shift and a mask when `page_size` is a power of two (a
-/// uniform branch; the division is a long instruction sequence on the GPU), a division otherwise.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) fn page_slot(page_size: u32, j: u32) -> (u32, u32) {
-    if page_size & page_size.wrapping_sub(1) == 0 {
-        (j >> page_size.trailing_zeros(), j & (page_size - 1))
-    } else {
-        (j / page_size, j % page_size)
-    }
-}
-
-/// Element offset of cache row `j` of sequence `b`, KV head `hk` (reads the block table when the
-/// cache is paged).
-///
-/// # Safety
-/// `p.block_table` (when non-zero) must be valid for `[batch, max_pages]`.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) unsafe fn cache_row(p: &DecodeParams, b: u64, j: u64, hk: u64) -> u64 {
-    if p.block_table != 0 {
-        // Keys are below 2^31 (the host checks it): 32-bit page math.
-        let (slot, within) = page_slot(p.page_size, j as u32);
-        let page = unsafe { ld_u32(p.block_table + 4 * (b * p.max_pages as u64 + slot as u64)) } as u64;
-        ((page * p.page_size as u64 + within as u64) * p.heads_kv as u64 + hk) * p.head_dim as u64
-    } else {
-        p.cache_row(b, j, hk, 0)
     }
 }
 
@@ -254,7 +218,7 @@ pub(crate) unsafe fn decode_fwd<
             let (rr, c) = (e / D, e % D);
             let j = kv0 + rr;
             if j < block_end {
-                let row = unsafe { cache_row(p, b, j as u64, hk) } + c as u64;
+                let row = unsafe { p.cache_row_of(b as u32, j as u32, hk as u32) } as u64 * D as u64 + c as u64;
                 unsafe {
                     E::stage16(p.k_cache + E::BYTES * row, k_s.add(e));
                     E::stage16(p.v_cache + E::BYTES * row, v_s.add(e));
@@ -293,15 +257,18 @@ pub(crate) unsafe fn decode_fwd<
                 s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };
                 chunk_max = fmax(chunk_max, s[c]);
             });
-            let rescale = row_sm.raise_max(chunk_max);
-            // alpha is exactly 1 once the max has settled: the rescale would change no bit. Skipped
-            // only when it is 1 in every lane, so the branch is uniform over the warp (the
-            // shuffles after it need every lane).
-            if !warp_all(rescale.alpha == 1.0) {
+            // Lazy rescale (`must_rescale`): only when some row of the warp has grown by more
+            // than 2^8, a warp vote, so the branch is uniform (the shuffles after it need every
+            // lane).
+            let rescale = if warp_any(row_sm.must_raise(chunk_max)) {
+                let rescale = row_sm.raise_max(chunk_max);
                 for a in acc.iter_mut() {
                     *a *= rescale.alpha;
                 }
-            }
+                rescale
+            } else {
+                row_sm.keep()
+            };
             unroll!(c in 0..KC => {
                 let pr = row_sm.prob(s[c], rescale);
                 for (k, a) in acc.iter_mut().enumerate() {

@@ -9,7 +9,8 @@
 //! of a GQA group of 4 or 8 fills 4 or 8 of the 16 rows instead of 1. The 4 warps share the
 //! m-tile and split every key tile among them (FlashDecoding): warp `w` takes keys `16w..16w+16`
 //! of each 64-key tile and runs its own online softmax over them, exactly the steps of
-//! [`crate::flash_fwd_mma`] (scores into the log2 domain, raise the max, rescale, `P = 2^(S - m)`
+//! [`crate::flash_fwd_mma`] (scores into the log2 domain, raise the max and rescale lazily,
+//! [`crate::softmax::must_rescale`], `P = 2^(S - m)`
 //! packed to 16 bits in registers as the A operand of `P V`). After the last tile the 4 warps'
 //! states are merged in shared memory in a fixed order (`m = max_w m_w`, `l = Σ 2^(m_w - m) l_w`,
 //! `acc = Σ 2^(m_w - m) acc_w`), so every run gives the same bits. The split's `O_s = acc / l`
@@ -38,7 +39,7 @@
 //! them for V. The merge: thread `i` combines packed row `i / 8`, columns `(i % 8) * D / 8 ..`.
 //!
 //! Masking: keys outside the split, past `seqlen_k`, or outside the row's bottom-right aligned
-//! window ([`crate::decode_abi::key_range`]; causal is `window_right = 0`) score `-inf`; the block
+//! window ([`crate::mask::key_range`]; causal is `window_right = 0`) score `-inf`; the block
 //! starts at the tile of its first row's window start and stops at the last key its last row can
 //! see; only tiles that reach past the first row's end or begin before the last row's start are
 //! masked. Rows past `seq_q * group` compute on zeros and store nothing; every lane reaches every
@@ -58,13 +59,19 @@
 //! newer.
 
 #[cfg(target_arch = "nvptx64")]
-use crate::decode_abi::{key_range, split_range, DecodeParams};
+use crate::decode_abi::{split_range, DecodeParams};
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
+use crate::frag::{
+    ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane, mask_outside, pack_a, quad_max, quad_sum, row_max, scale_row,
+};
+#[cfg(target_arch = "nvptx64")]
+use crate::mask::key_range;
+#[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{fmax, softcap2, OnlineSoftmax, Rescale, LOG2E};
+use crate::softmax::{fmax, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, LaneAddrs, CHUNK};
 
@@ -79,25 +86,6 @@ const THREADS: usize = 128;
 /// Packed rows of a block: one m16 tile.
 #[cfg(target_arch = "nvptx64")]
 const ROWS: usize = 16;
-
-/// Row index (`page * page_size + j % page_size` for a paged cache, `b * seq_cache + j`
-/// otherwise) times `heads_kv` plus `hk`: the cache row of key `j` in units of `D` elements.
-///
-/// # Safety
-/// `p.block_table` (when non-zero) must be valid for `[batch, max_pages]`.
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-unsafe fn cache_row_index(p: &DecodeParams, b: u32, j: u32, hk: u32) -> u32 {
-    let row = if p.block_table != 0 {
-        let (ps, (slot, within)) = (p.page_size, crate::decode_fwd::page_slot(p.page_size, j));
-        let slot = b as u64 * p.max_pages as u64 + slot as u64;
-        let page = unsafe { crate::decode_fwd::ld_u32(p.block_table + 4 * slot) };
-        page * ps + within
-    } else {
-        b * p.seq_cache + j
-    };
-    row * p.heads_kv + hk
-}
 
 /// Starts the `cp.async` copies of the `BC` cache rows whose row indices this thread holds in
 /// `rows` (`u32::MAX`: past the block's keys, zero-filled) into the swizzled tile at `tile`.
@@ -151,7 +139,7 @@ pub(crate) unsafe fn decode_mma<
     let causal = p.causal != 0;
     let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
 
-    let seqlen_k = unsafe { crate::decode_fwd::ld_u32(p.cache_seqlens + 4 * b as u64) } + p.seq_new;
+    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b as u64) } + p.seq_new;
     let (k_lo, k_hi) = split_range(seqlen_k, p.num_splits, split, BC as u32);
 
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>();
@@ -200,7 +188,7 @@ pub(crate) unsafe fn decode_mma<
         unroll!(k in 0..PASSES => {
             let j = kv0 + tid / cpr + k * rows_per_pass;
             if j < block_end {
-                out[k] = unsafe { cache_row_index(p, b, j as u32, hk) };
+                out[k] = unsafe { p.cache_row_of(b, j as u32, hk) };
             }
         });
         out
@@ -215,8 +203,9 @@ pub(crate) unsafe fn decode_mma<
     cp_async_wait_all();
     sync_threads();
     let mut qf = [[0u32; 4]; KD];
+    let (q_r, q_c) = ldsm_a_lane(lane);
     unroll!(kk in 0..KD => {
-        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, lane % 16, 2 * kk + lane / 16) as u32) };
+        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, q_r, 2 * kk + q_c) as u32) };
     });
 
     let softcap = p.softcap > 0.0;
@@ -235,7 +224,8 @@ pub(crate) unsafe fn decode_mma<
 
         // (2) S = Q Kᵀ over this warp's keys.
         let mut s = [[0.0f32; 4]; NS];
-        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        let (k_r, k_c) = ldsm_b_lane(lane);
+        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + k_r, k_c);
         unroll!(kk in 0..KD => {
             unroll!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
@@ -256,36 +246,24 @@ pub(crate) unsafe fn decode_mma<
         }
         if (kv0 + BC) as i64 > first_row_end || (kv0 as i64) < last_row_start {
             let c0 = (kv0 + wk + 2 * t) as i32;
-            let (lo, hi) = ([row_start[0] - c0, row_start[1] - c0], [row_end[0] - c0, row_end[1] - c0]);
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => {
-                    let c = (8 * n + e % 2) as i32;
-                    if c < lo[e / 2] || c >= hi[e / 2] {
-                        s[n][e] = f32::NEG_INFINITY;
-                    }
-                });
-            });
+            mask_outside(&mut s, [row_start[0] - c0, row_start[1] - c0], [row_end[0] - c0, row_end[1] - c0]);
         }
 
-        // (4) Raise the running max per row (over the row's 4 lanes) and rescale.
-        let mut rescale = [Rescale { alpha: 0.0, base: 0.0 }; 2];
+        // (4) The tile's max per row (over the row's 4 lanes); raise the bases and rescale
+        // lazily (`must_rescale`): only when some row of the warp has grown by more than 2^8 (a
+        // warp vote: the branch is uniform, the mma after it needs every lane), so once the
+        // maxima settle (most tiles of a long cache) the `4 * ND` multiplies are skipped.
+        let mut mx = [f32::NEG_INFINITY; 2];
+        let mut grow = false;
         unroll!(r in 0..2 => {
-            let mut mx = f32::NEG_INFINITY;
-            unroll!(n in 0..NS => { mx = fmax(mx, fmax(s[n][2 * r], s[n][2 * r + 1])); });
-            mx = fmax(mx, shfl_xor(mx, 1));
-            mx = fmax(mx, shfl_xor(mx, 2));
-            rescale[r] = row_sm[r].raise_max(mx);
+            mx[r] = quad_max(row_max(&s, r, f32::NEG_INFINITY));
+            grow |= row_sm[r].must_raise(mx[r]);
         });
-        // Once the running maxima have settled (most tiles of a long cache) alpha is exactly 1 and
-        // the rescale changes no bit: skip its `4 * ND` multiplies when that holds in every lane
-        // (a warp-uniform branch: the mma after it needs every lane).
-        if !crate::device::warp_all(rescale[0].alpha == 1.0 && rescale[1].alpha == 1.0) {
+        let mut rescale = [row_sm[0].keep(), row_sm[1].keep()];
+        if warp_any(grow) {
             unroll!(r in 0..2 => {
-                let alpha = rescale[r].alpha;
-                unroll!(n in 0..ND => {
-                    o[n][2 * r] *= alpha;
-                    o[n][2 * r + 1] *= alpha;
-                });
+                rescale[r] = row_sm[r].raise_max(mx[r]);
+                scale_row(&mut o, r, rescale[r].alpha);
             });
         }
 
@@ -293,15 +271,7 @@ pub(crate) unsafe fn decode_mma<
         unroll!(n in 0..NS => {
             unroll!(e in 0..4 => { s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]); });
         });
-        let mut pf = [[0u32; 4]; NS];
-        unroll!(kc in 0..NS / 2 => {
-            pf[kc] = [
-                E::pack(s[2 * kc][0], s[2 * kc][1]),
-                E::pack(s[2 * kc][2], s[2 * kc][3]),
-                E::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                E::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-            ];
-        });
+        let pf = pack_a(&s, E::pack);
 
         // (6) V has landed and every warp is done reading K: start loading the next K, then
         // O += P V over this warp's keys.
@@ -313,7 +283,8 @@ pub(crate) unsafe fn decode_mma<
             unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
         }
         cp_async_commit();
-        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let (v_r, v_c) = ldsm_bt_lane(lane);
+        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + v_r, v_c);
         unroll!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
@@ -329,9 +300,7 @@ pub(crate) unsafe fn decode_mma<
     let stats = smem as *mut f32; // [2][4 warps][16 rows]: max, then sum
     let acc_s = unsafe { (smem as *mut u8).add(ROWS * D * 2) } as *mut f32; // [4 warps][16 rows][D]
     unroll!(r in 0..2 => {
-        let mut l = row_sm[r].l;
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
+        let l = quad_sum(row_sm[r].l);
         let row = g + 8 * r;
         if t == 0 {
             unsafe {

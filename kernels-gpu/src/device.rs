@@ -100,19 +100,6 @@ pub fn dynamic_smem_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
 }
 
-/// `vote.sync.all.pred` over the full warp: whether `p` holds in every lane (the same answer in
-/// every lane). Every lane of the warp must execute it.
-#[inline(always)]
-pub fn warp_all(p: bool) -> bool {
-    let r: u32;
-    unsafe {
-        asm!("{{ .reg .pred %vp, %vq;", "setp.ne.u32 %vp, {x}, 0;", "vote.sync.all.pred %vq, %vp, 0xffffffff;",
-             "selp.u32 {r}, 1, 0, %vq; }}",
-             x = in(reg32) p as u32, r = out(reg32) r, options(nomem, nostack));
-    }
-    r != 0
-}
-
 /// `vote.sync.any.pred` over the full warp: whether `p` holds in any lane (the same answer in
 /// every lane, so a branch on it is uniform). Every lane of the warp must execute it.
 #[inline(always)]

@@ -1,10 +1,12 @@
-//! `flash_fwd_f32_d64`, `flash_fwd_f32_d128`: fused memory-efficient attention forward, f32 SIMT.
+//! `flash_fwd_f32_d{32,64,96,128,192,256}`: fused memory-efficient attention forward, f32 SIMT.
 //!
 //! Algorithm (FlashAttention-2 forward, online softmax): a block owns `BR` query rows and walks the
 //! keys in tiles of `BC`. Per tile it (1) stages K and V in shared memory, (2) computes the scores
 //! of its rows in the log2 domain (`log2 e` is folded into the softmax scale once, so every
-//! exponential is one `ex2`), (3) raises the running row max, (4) rescales the running sum and
-//! output accumulator by `2^(m_old - m_new)`, (5) accumulates `P V`. At the end the accumulator is
+//! exponential is one `ex2`), (3) raises the running row max and (4) rescales the running sum
+//! and output accumulator by `2^(m_old - m_new)`, both only when some row of the warp has grown
+//! by more than 2^8 ([`crate::softmax::must_rescale`], the policy of every fused kernel),
+//! (5) accumulates `P V`. At the end the accumulator is
 //! divided by the running sum and `LSE = ln 2 * (m + log2 l)` is written. Steps 3-5 and the end are
 //! the methods of [`crate::softmax::OnlineSoftmax`]. No `N x N` buffer exists:
 //! the extra memory is LSE only, `4 * batch * heads * seq_q` bytes.
@@ -12,9 +14,12 @@
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, all f32 and strided
 //! (see [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32.
 //!
-//! Tiles ([`crate::tiles::FLASH_F32_D64`], [`crate::tiles::FLASH_F32_D128`]):
-//! D=64: BR=32, BC=64, 4 lanes/row; D=128: BR=16, BC=32, 8 lanes/row; 128 threads either way.
-//! Shared memory: K tile then V tile, row-major `[BC][D]` f32, `2 * BC * D * 4 = 32 KiB`.
+//! Tiles ([`crate::tiles::FLASH_F32_D32`], [`crate::tiles::FLASH_F32_D64`],
+//! [`crate::tiles::FLASH_F32_D96`], [`crate::tiles::FLASH_F32_D128`],
+//! [`crate::tiles::FLASH_F32_D192`], [`crate::tiles::FLASH_F32_D256`]), 128 threads each:
+//! D=32 and 64: BR=32, BC=64, 4 lanes/row; D=96 and 128: BR=16, BC=32, 8 lanes/row; D=192:
+//! BR=8, BC=32, 16 lanes/row; D=256: BR=8, BC=16, 16 lanes/row. Shared memory: K tile then V
+//! tile, row-major `[BC][D]` f32, `2 * BC * D * 4` bytes (16, 32, 24, 32, 48 and 32 KiB).
 //!
 //! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`. Thread `t` serves query row
 //! `t / TPR` of the tile and owns dims `t % TPR + TPR * k` (`k < D / TPR`) of q and of the
@@ -25,7 +30,7 @@
 //! shuffle.
 //!
 //! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
-//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::abi::AttnParams::key_range`]);
+//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::mask::key_range`]);
 //! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
 //! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
 //!
@@ -155,12 +160,19 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
                 chunk_max = fmax(chunk_max, s[c]);
             });
 
-            // (3) New running max and (4) rescale what was accumulated under the old one; while
-            // the max is -inf the row has seen nothing and 0 is the base.
-            let rescale = row_sm.raise_max(chunk_max);
-            for a in acc.iter_mut() {
-                *a *= rescale.alpha;
-            }
+            // (3) New running max and (4) rescale what was accumulated under the old one, lazily
+            // (`must_rescale`): only when some row of the warp has grown by more than 2^8 (a
+            // warp vote, so the branch is uniform); while the max is -inf the row has seen
+            // nothing and 0 is the base.
+            let rescale = if warp_any(row_sm.must_raise(chunk_max)) {
+                let rescale = row_sm.raise_max(chunk_max);
+                for a in acc.iter_mut() {
+                    *a *= rescale.alpha;
+                }
+                rescale
+            } else {
+                row_sm.keep()
+            };
 
             // (5) Accumulate P V.
             unroll!(c in 0..KC => {

@@ -1,9 +1,11 @@
 //! `flash_fwd_{bf16,f16}_d{32,64,96,128,192,256}`: fused attention forward on tensor cores (`mma.sync`
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
-//! Algorithm (FlashAttention-2 forward): a block of warps (4; 6 at D = 96 and 192; 8 at D = 256) owns `BR` query rows, `MT` 16-row
-//! `mma` tiles per warp (the tile's `rows_per_warp`: 16 or 32; with 32 every K and V fragment
-//! loaded by `ldmatrix` feeds twice the `mma`s), and walks the keys in tiles of `BC`: from the
+//! Algorithm (FlashAttention-2 forward): a block of warps (the tile's `warps`: 4 at D = 32 and
+//! 64, 2 in the `_window` tile, 6 at D = 96 and 192, 8 at D = 128 and 256) owns `BR` query rows,
+//! `MT` 16-row `mma` tiles per warp (the tile's `rows_per_warp`: 32 at D = 32, 64, 96 and 128, 16
+//! at D = 192 and 256; with 32 every K and V fragment loaded by `ldmatrix` feeds twice the
+//! `mma`s), and walks the keys in tiles of `BC`: from the
 //! last tile back to the first at `keys_backward` tiles (as FlashAttention-2 does: the one tile
 //! that can reach past the last key is loaded before the loop, so the loop's loads carry no
 //! bounds checks), else from the first. Q is staged once; the A fragments of its first
@@ -27,14 +29,16 @@
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
 //! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`],
-//! [`crate::tiles::FLASH_MMA_D64_WINDOW`], and [`crate::tiles::FLASH_MMA_D32`] with the head dims
-//! after it, at 16 rows per warp; shared memory `(BR + 2 BC) · D · 2` bytes, above
-//! 48 KiB only with the opt-in, which the hosts request per kernel) are described at their items.
+//! [`crate::tiles::FLASH_MMA_D64_WINDOW`], [`crate::tiles::FLASH_MMA_D32`],
+//! [`crate::tiles::FLASH_MMA_D96`], [`crate::tiles::FLASH_MMA_D192`],
+//! [`crate::tiles::FLASH_MMA_D256`]; shared memory `(BR + 2 BC) · D · 2` bytes, above 48 KiB
+//! only with the opt-in, which the hosts request per kernel) are described at their items.
 //! K and V each have one buffer, and the loads overlap compute as in FlashAttention-2: V of
 //! tile `j` streams in while `S_j` and the softmax are computed, K of tile `j + 1` while
 //! `P_j V_j` is. Both are `cp.async` copies of 16-byte chunks; rows past the end of a tensor are
 //! zero-filled (source size 0), so they contribute exact zeros, never stale data. A copy pass of
-//! 4 mod 8 rows (D = 192 at 3 or 9 warps, D = 256 at 4) alternates between two swizzled destinations;
+//! 4 mod 8 rows (D = 192 at 3 or 9 warps, D = 256 at 4; no tile of the table has one today)
+//! alternates between two swizzled destinations;
 //! rows of 64 + 128n bytes (D = 32, 96) use the 4-chunk swizzle ([`crate::swizzle::TileLane`]
 //! picks the lane addresses for either). Each thread
 //! keeps one global pointer per tensor (`TileLoader`), moved by `BC` rows per tile; only the
@@ -52,16 +56,18 @@
 //! [`crate::softmax::OnlineSoftmax::finish_with_sink`]; entry points are generated from the rows
 //! of [`crate::variants`].
 //!
-//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`, `THREADS = 32 * warps` (128). Warp `w`
+//! Thread mapping: grid `(ceil(seq_q / BR), heads, batch)`, `THREADS = 32 * warps`. Warp `w`
 //! owns rows `16 MT w..16 MT (w + 1)` of the block, m-tile `m` its rows `16m..16m + 16`; in every
 //! fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds rows `g` and `g + 8` of each m-tile
-//! and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]).
-//! A row's statistics are reduced over the 4 lanes of its group with `shfl.sync.bfly` 1 and 2;
-//! the running sum `l` is kept per lane and reduced once at the end. Tile loads: thread `i`
-//! copies chunk `i % (D / 8)` of rows `i / (D / 8) + k * (128 / (D / 8))`.
+//! and, of every 8-column tile, columns `2t, 2t + 1` (see [`crate::mma`]; the index math, the
+//! `ldmatrix` lane addresses and the fragment steps of the softmax are [`crate::frag`]'s,
+//! shared with [`crate::decode_mma`]). A row's statistics are reduced over the 4 lanes of its
+//! group with `shfl.sync.bfly` 1 and 2; the running sum `l` is kept per lane and reduced once at
+//! the end. Tile loads: thread `i` copies chunk `i % (D / 8)` of rows
+//! `i / (D / 8) + k * (THREADS / (D / 8))`.
 //!
 //! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
-//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::abi::AttnParams::key_range`]);
+//! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::mask::key_range`]);
 //! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
 //! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
 //!
@@ -84,6 +90,10 @@
 use crate::abi::AttnParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::frag::{
+    ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane, mask_outside, pack_a, quad_max, quad_sum, row_max, scale_row,
+};
 #[cfg(target_arch = "nvptx64")]
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
@@ -453,7 +463,8 @@ unsafe fn flash_fwd_body<
     let cap2 = p.softcap * LOG2E;
 
     // Q's A fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8.
-    let q_lane = LaneAddrs::<D>::new(q_s, warp * 16 * MT + lane % 16, lane / 16);
+    let (q_r, q_c) = ldsm_a_lane(lane);
+    let q_lane = LaneAddrs::<D>::new(q_s, warp * 16 * MT + q_r, q_c);
     let mut qf = [[[0u32; 4]; KD]; MT];
     unroll4!(m in 0..MT => {
         unroll!(kk in 0..KD => {
@@ -492,10 +503,11 @@ unsafe fn flash_fwd_body<
         // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
         // every m-tile of the warp uses them.
         let mut s = [[[0.0f32; 4]; NS]; MT];
-        let k_lane = TileLane::<D>::new(opaque_u32(k_s), lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        let (k_r, k_c) = ldsm_b_lane(lane);
+        let k_lane = TileLane::<D>::new(opaque_u32(k_s), k_r, k_c);
         // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
         // (one address register, as K's).
-        let q_lane_j = TileLane::<D>::new(opaque_u32(q_s), warp * 16 * MT + lane % 16, lane / 16);
+        let q_lane_j = TileLane::<D>::new(opaque_u32(q_s), warp * 16 * MT + q_r, q_c);
         unroll!(kk in 0..KD => {
             let mut qk = [[0u32; 4]; MT];
             unroll4!(m in 0..MT => {
@@ -532,28 +544,14 @@ unsafe fn flash_fwd_body<
             unroll4!(m in 0..MT => {
                 let hi0 = core::cmp::max(p.key_range((row0 + 16 * m) as u32).1, 0) as i32 - c0;
                 let hi1 = core::cmp::max(p.key_range((row0 + 16 * m + 8) as u32).1, 0) as i32 - c0;
-                let hi = [hi0, hi1];
-                unroll8!(n in 0..NS => {
-                    unroll4!(e in 0..4 => {
-                        if (8 * n + e % 2) as i32 >= hi[e / 2] {
-                            s[m][n][e] = f32::NEG_INFINITY;
-                        }
-                    });
-                });
+                mask_outside(&mut s[m], [i32::MIN; 2], [hi0, hi1]);
             });
         }
         if (kv0 as i32) < last_row_start {
             unroll4!(m in 0..MT => {
                 let lo0 = p.key_range((row0 + 16 * m) as u32).0 as i32 - c0;
                 let lo1 = p.key_range((row0 + 16 * m + 8) as u32).0 as i32 - c0;
-                let lo = [lo0, lo1];
-                unroll8!(n in 0..NS => {
-                    unroll4!(e in 0..4 => {
-                        if ((8 * n + e % 2) as i32) < lo[e / 2] {
-                            s[m][n][e] = f32::NEG_INFINITY;
-                        }
-                    });
-                });
+                mask_outside(&mut s[m], [lo0, lo1], [i32::MAX; 2]);
             });
         }
 
@@ -568,10 +566,7 @@ unsafe fn flash_fwd_body<
         unroll4!(m in 0..MT => {
             unroll4!(r in 0..2 => {
                 let i = 2 * m + r;
-                let mut x = row_m[i];
-                unroll8!(n in 0..NS => { x = max_f32(x, max_f32(s[m][n][2 * r], s[m][n][2 * r + 1])); });
-                x = max_f32(x, shfl_xor(x, 1));
-                x = max_f32(x, shfl_xor(x, 2));
+                let x = quad_max(row_max(&s[m], r, row_m[i]));
                 grow |= must_rescale(row_m[i] * c, x * c);
                 mx[i] = x;
             });
@@ -584,10 +579,7 @@ unsafe fn flash_fwd_body<
                     let alpha = exp2(fma(row_m[i], c, -(base * c)));
                     row_m[i] = mx[i];
                     row_l[i] *= alpha;
-                    unroll!(n in 0..ND, max 32 => {
-                        o[m][n][2 * r] *= alpha;
-                        o[m][n][2 * r + 1] *= alpha;
-                    });
+                    scale_row(&mut o[m], r, alpha);
                 });
             });
         }
@@ -609,14 +601,7 @@ unsafe fn flash_fwd_body<
                     s[m][n][e] = pr;
                 });
             });
-            unroll4!(kc in 0..NS / 2 => {
-                pf[m][kc] = [
-                    E::pack(s[m][2 * kc][0], s[m][2 * kc][1]),
-                    E::pack(s[m][2 * kc][2], s[m][2 * kc][3]),
-                    E::pack(s[m][2 * kc + 1][0], s[m][2 * kc + 1][1]),
-                    E::pack(s[m][2 * kc + 1][2], s[m][2 * kc + 1][3]),
-                ];
-            });
+            pf[m] = pack_a(&s[m], E::pack);
         });
 
         // (6) V_j has landed and every warp is done reading K_j: start loading the next K, then
@@ -631,7 +616,8 @@ unsafe fn flash_fwd_body<
             unsafe { k_load.stage_full::<D, BC, THREADS>(k_s) };
         }
         cp_async_commit();
-        let v_lane = TileLane::<D>::new(opaque_u32(v_s), lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let (v_r, v_c) = ldsm_bt_lane(lane);
+        let v_lane = TileLane::<D>::new(opaque_u32(v_s), v_r, v_c);
         unroll4!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
@@ -658,9 +644,7 @@ unsafe fn flash_fwd_body<
     let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
     unroll4!(i in 0..2 * MT => {
         let (m, r) = (i / 2, i % 2);
-        let mut l = row_l[i];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
+        let l = quad_sum(row_l[i]);
         let row = row0 + 16 * m + 8 * r;
         if row < seq_q {
             // The running max in the log2 domain, as the sum was computed against.

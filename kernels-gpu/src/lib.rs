@@ -6,16 +6,25 @@
 //! - [`variants`]: the variant table, the one place a kernel is listed ([`KernelId`], launch
 //!   geometry, the host's kernel selection);
 //! - [`abi`]: the parameter struct every attention kernel takes;
-//! - [`decode_abi`]: the parameters of the KV-cache decode kernels and the split plan's math;
+//! - [`decode_abi`]: the parameters of the KV-cache decode kernels, the cache-row / page lookup
+//!   ([`decode_abi::DecodeParams::cache_row`]) and the split plan's math;
+//! - [`mask`]: the window rule, which keys a query row sees ([`mask::key_range`]), for every
+//!   kernel and the host's planning;
 //! - [`tiles`]: one tile item per variant;
 //! - [`swizzle`]: the shared-memory address math of the tensor-core kernels;
-//! - [`softmax`]: the online-softmax state both fused kernels use;
+//! - [`softmax`]: the online-softmax state and the one rescale policy
+//!   ([`softmax::must_rescale`]) of every fused kernel;
+//! - [`frag`]: the `mma` fragment layout and the fragment steps of the tensor-core kernels;
 //! - `artifacts` (host only): the committed PTX, its build info and ptxas report.
 //!
-//! The kernel modules ([`flash_fwd_f32`], [`flash_fwd_mma`] with the tensor-core instruction
-//! forms of [`mma`], [`naive_scores`], [`naive_softmax`], [`naive_pv`], [`smoke`]) are documented here for every target — the
-//! algorithm, tiles, thread mapping and safety contract — while their device code is compiled for
-//! nvptx64 only. Read them in that order for a tour from the naive pipeline to tensor cores.
+//! The kernel modules are documented here for every target — the algorithm, tiles, thread
+//! mapping and safety contract — while their device code is compiled for nvptx64 only. A tour
+//! from the naive pipeline to tensor cores and on to inference: [`naive_scores`],
+//! [`naive_softmax`], [`naive_pv`] (three kernels, an `N x N` buffer), [`flash_fwd_f32`] (fused,
+//! online softmax, SIMT), [`flash_fwd_mma`] (the same on tensor cores, with the instruction
+//! forms of [`mma`]); then decode over a KV cache: [`decode_append`] (writes new keys into the
+//! cache), [`decode_fwd`] (split-KV decode, SIMT), [`decode_mma`] (the same on tensor cores) and
+//! [`merge_states`] (combines the splits); [`smoke`] is the smoke-test kernel.
 //!
 //! Build the PTX with `cargo xtask build-ptx` (see the workspace README).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -34,11 +43,13 @@
 
 pub mod abi;
 pub mod decode_abi;
+pub mod mask;
 pub mod softmax;
 pub mod swizzle;
 pub mod tiles;
 #[macro_use]
 mod unroll;
+pub mod frag;
 pub mod variants;
 
 pub use variants::{Elem, Family, KernelId, Variant, WindowRule, VARIANTS};

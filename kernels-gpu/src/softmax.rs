@@ -1,11 +1,15 @@
-//! The online softmax (FlashAttention's running max and sum), shared by both fused kernels.
+//! The online softmax (FlashAttention's running max and sum) and its one rescale policy, shared
+//! by every fused kernel (both flash forwards and both decode forwards).
 //!
 //! A row's scores arrive a tile at a time. The state keeps the running max `m` and the running sum
 //! `l = Σ 2^(s - m)` of the scores seen so far, in the log2 domain (`log2 e` is folded into the
 //! softmax scale once, [`LOG2E`], so every exponential is one `ex2`). Per tile the kernel:
 //! 1. computes the tile's scores and their max;
-//! 2. [`OnlineSoftmax::raise_max`]: raises `m` to cover the tile and rescales `l` by
-//!    `alpha = 2^(m_old - m_new)`; the kernel rescales its output accumulator by the same `alpha`;
+//! 2. lazily ([`must_rescale`], [`OnlineSoftmax::must_raise`]): only when some row of the warp
+//!    has grown by more than [`RESCALE_THRESHOLD`] does the warp [`OnlineSoftmax::raise_max`]:
+//!    raise `m` to cover the tile and rescale `l` by `alpha = 2^(m_old - m_new)`, and the kernel
+//!    its output accumulator by the same `alpha`; otherwise the tile keeps the base
+//!    ([`OnlineSoftmax::keep`]) and skips the rescale;
 //! 3. [`OnlineSoftmax::prob`]: turns each score into `p = 2^(s - m)`, adding it to `l`; the kernel
 //!    accumulates `p · v`;
 //! 4. at the end, [`OnlineSoftmax::finish`]: `O = acc / l` and `LSE = ln 2 · (m + log2 l)` (natural
@@ -23,9 +27,10 @@ pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 /// `ln 2`: converts the log2-domain LSE back to natural log.
 pub const LN2: f32 = core::f32::consts::LN_2;
 
-/// Lazy rescaling (log2 domain): the tensor-core kernel raises a row's exponent base only when
-/// a tile's max exceeds it by more than this, so most tiles skip rescaling the output
-/// accumulator. Until then the base may trail the true running max by up to 8, so probabilities
+/// Lazy rescaling (log2 domain), the one rescale policy of every fused kernel: a row's
+/// exponent base is raised only when a tile's max exceeds it by more than this, so once the max
+/// has settled tiles skip rescaling the output accumulator. The kernels vote over the warp
+/// (`warp_any`): a warp rescales all its rows or none, so the branch is uniform. Until then the base may trail the true running max by up to 8, so probabilities
 /// `2^(s - base)` stay at most `2^8 = 256`: exact in f32, bf16 and f16 (whose relative precision
 /// does not depend on magnitude) and far from overflow in `l` and `O`. The result is the same
 /// softmax: `O = Σ 2^(s - base) v / Σ 2^(s - base)` and `LSE = ln 2 · (base + log2 l)` hold for
@@ -74,7 +79,9 @@ pub fn fmax(a: f32, b: f32) -> f32 {
 /// sum: the lanes of a row then add their `l` before [`OnlineSoftmax::finish`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnlineSoftmax {
-    /// Running max of the log2-domain scores seen so far (`-inf` before the first visible key).
+    /// Exponent base (log2 domain): the running max of the scores seen so far as of the last
+    /// rescale, so at most [`RESCALE_THRESHOLD`] below the true running max under the lazy
+    /// policy (`-inf` before the first visible key).
     pub m: f32,
     /// Running sum of `2^(s - m)`.
     pub l: f32,
@@ -112,6 +119,21 @@ impl OnlineSoftmax {
         self.l *= alpha;
         self.m = m_new;
         Rescale { alpha, base }
+    }
+
+    /// Step 2 of the lazy policy: whether this row must raise its base for a tile whose max
+    /// score is `tile_max` ([`must_rescale`]); the warp raises every row's base
+    /// ([`OnlineSoftmax::raise_max`]) when any row must, else keeps them ([`OnlineSoftmax::keep`]).
+    #[inline(always)]
+    pub fn must_raise(&self, tile_max: f32) -> bool {
+        must_rescale(self.m, tile_max)
+    }
+
+    /// The tile's [`Rescale`] when the base is kept: `alpha = 1` (nothing to rescale) and the
+    /// current base (0 while it is `-inf`).
+    #[inline(always)]
+    pub fn keep(&self) -> Rescale {
+        Rescale { alpha: 1.0, base: if self.m == f32::NEG_INFINITY { 0.0 } else { self.m } }
     }
 
     /// Step 3: the probability `2^(s - base)` of one score of the tile, added to the running sum.
@@ -207,29 +229,31 @@ mod tests {
         }
     }
 
-    /// The kernel's lazy rescaling: the base is raised only when [`must_rescale`] says so.
-    /// Returns the result and how many tiles rescaled.
+    /// The kernels' lazy rescaling, through the state's own steps: the base is raised only when
+    /// [`OnlineSoftmax::must_raise`] says so, else kept. Returns the result and how many tiles
+    /// rescaled.
     fn online_lazy(scores: &[f64], v: &[f64], tile: usize) -> (f64, f64, usize) {
-        let (mut base, mut l, mut acc, mut rescales) = (f32::NEG_INFINITY, 0.0f32, 0.0f32, 0);
+        let (mut st, mut acc, mut rescales) = (OnlineSoftmax::new(), 0.0f32, 0);
         for (sc, vc) in scores.chunks(tile).zip(v.chunks(tile)) {
             let s2: Vec<f32> = sc.iter().map(|&s| s as f32 * LOG2E).collect();
-            let mx = s2.iter().copied().fold(base, fmax);
-            if must_rescale(base, mx) {
-                let alpha = exp2(base - mx);
-                l *= alpha;
-                acc *= alpha;
-                base = mx;
+            let mx = s2.iter().copied().fold(f32::NEG_INFINITY, fmax);
+            let r = if st.must_raise(mx) {
                 rescales += 1;
-            }
-            let b = if base == f32::NEG_INFINITY { 0.0 } else { base };
+                let r = st.raise_max(mx);
+                acc *= r.alpha;
+                r
+            } else {
+                let r = st.keep();
+                assert_eq!(r.alpha, 1.0);
+                r
+            };
             for (s, &x) in s2.iter().zip(vc) {
-                let p = exp2(s - b);
+                let p = st.prob(*s, r);
                 assert!(p <= 2f32.powf(RESCALE_THRESHOLD), "p {p} above 2^threshold");
-                l += p;
                 acc += p * x as f32;
             }
         }
-        let (inv_l, lse) = OnlineSoftmax { m: base, l }.finish(l);
+        let (inv_l, lse) = st.finish(st.l);
         ((acc * inv_l) as f64, lse as f64, rescales)
     }
 
