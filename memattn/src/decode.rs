@@ -281,7 +281,7 @@ impl DecodeProblem {
     /// Keys `[start, end)` query token `i` of sequence `b` sees (the kernels' rule,
     /// [`kernels_gpu::decode_abi::key_range`]); empty when `start >= end`.
     pub fn key_range(&self, b: usize, i: u32) -> (u32, u32) {
-        let (s, e) = kernels_gpu::decode_abi::key_range(
+        let (s, e) = kernels_gpu::mask::key_range(
             self.causal,
             self.window_left,
             self.window_right,

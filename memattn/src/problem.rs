@@ -421,12 +421,12 @@ impl Problem {
     }
 
     /// [`Problem::key_range`] in a sequence of `seq_q` queries and `seq_kv` keys.
+    /// The kernels' own rule, [`kernels_gpu::mask::key_range`] (the f64 reference keeps an
+    /// independent per-key rule, [`crate::reference`]).
     pub fn key_range_in(&self, seq_q: u32, seq_kv: u32, i: u32) -> (u64, u64) {
-        let diag = i as i64 + seq_kv as i64 - seq_q as i64;
-        let (left, right) = (self.window.0, self.window_right());
-        let start = if left >= 0 { (diag - left as i64).max(0) } else { 0 };
-        let end = if right >= 0 { (diag + right as i64 + 1).min(seq_kv as i64) } else { seq_kv as i64 };
-        (start as u64, (end.max(start)) as u64)
+        let (start, end) =
+            kernels_gpu::mask::key_range(self.causal, self.window.0, self.window_right(), i, seq_q, seq_kv);
+        (start as u64, end.max(start) as u64)
     }
 
     /// Elements of Q and O (`batch * seq_q * heads * head_dim`; varlen: `total_q * heads * d`).

@@ -257,14 +257,8 @@ mod tests {
             for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
                 for causal in [false, true] {
                     let p = Problem { seq_q: nq, seq_kv: nk, window, causal, ..Problem::default() };
-                    let ap = kernels_gpu::abi::AttnParams {
-                        seq_q: nq,
-                        seq_kv: nk,
-                        causal: causal as u32,
-                        window_left: window.0,
-                        window_right: window.1,
-                        ..Default::default()
-                    };
+                    // What the launch carries: the one builder's parameters.
+                    let ap = p.attn_params(&Default::default());
                     let mut pairs = 0;
                     for i in 0..nq {
                         let seen: Vec<u32> = (0..nk).filter(|&j| visible(&p, i, j)).collect();
