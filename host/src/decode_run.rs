@@ -3,7 +3,7 @@
 //! and `merge_states` on its own.
 
 use crate::error::Error;
-use crate::runner::{LaunchRecord, MAX_LAUNCHES, POISON, POISON_16};
+use crate::runner::{poison, LaunchRecord, MAX_LAUNCHES, POISON};
 use crate::timing::Timing;
 use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::MergeParams;
@@ -76,14 +76,6 @@ pub struct DecodeReport {
     pub v_cache: Vec<f32>,
 }
 
-fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: Dtype) -> Result<(), DeviceError> {
-    let word = if dtype.is_16bit() { POISON_16 } else { POISON };
-    dev.fill_u32(ptr, bytes / 4, word)?;
-    if !bytes.is_multiple_of(4) {
-        dev.upload_bytes(ptr + bytes / 4 * 4, &word.to_le_bytes()[..(bytes % 4) as usize])?;
-    }
-    Ok(())
-}
 
 /// `mma` or `simt`: the family of the decode forward among `ids`.
 fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {

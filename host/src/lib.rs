@@ -44,7 +44,7 @@ pub use error::Error;
 pub mod device {
     pub use crate::cuda_device::{open, Opened};
     pub use memattn::device::*;
-    /// The library's CUDA driver side plus the CLI's measuring [`CudaDevice`].
+    /// The library's CUDA driver side plus the CLI's measuring [`crate::cuda_device::CudaDevice`].
     pub mod cuda {
         pub use crate::cuda_device::CudaDevice;
         pub use memattn::device::cuda::*;

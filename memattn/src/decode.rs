@@ -11,7 +11,8 @@
 //! seq_q`); a row that sees nothing gives `O = 0`, `LSE = -inf`; LSE is natural log.
 //!
 //! A plan, then a run: [`DecodeProblem::plan`] fixes the split count once (printed by the CLI);
-//! [`run_decode`] launches `decode_append` (when there are new tokens), `decode_fwd` and, with
+//! a run (the library's [`crate::attn::Kernels::flash_attn_with_kvcache`], or the `memattn decode`
+//! command) launches `decode_append` (when there are new tokens), `decode_fwd` and, with
 //! more than one split, `merge_states`.
 //!
 //! **Reproducibility.** Runs are bit-reproducible (no atomics; every sum has a fixed order). A
@@ -980,7 +981,7 @@ pub struct DecodeBuffers {
     pub sinks: DevPtr,
 }
 
-/// The [`DecodeParams`] of a call: the one place they are built (the CLI's [`run_decode`] and
+/// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
 /// the library's [`crate::attn::Kernels::flash_attn_with_kvcache`] both use it).
 pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bufs: &DecodeBuffers) -> DecodeParams {
     let (seq_cache, page_size, max_pages) = match layout {

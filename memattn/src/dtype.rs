@@ -97,8 +97,8 @@ impl Dtype {
         }
     }
 
-    /// The fixed pass/fail bounds of f32 runs (see [`crate::verify`]). The 16-bit types are
-    /// judged against a baseline measured on the same inputs, [`crate::verify::tolerance_for`];
+    /// The fixed pass/fail bounds of f32 runs (see the `memattn` command's `verify` module). The 16-bit types are
+    /// judged against a baseline measured on the same inputs, `memattn_cli::verify::tolerance_for`;
     /// their fixed part is only the LSE bound, which is computed in f32 by every kernel.
     pub const fn tolerance(self) -> Tolerance {
         // f32 kernels accumulate in f32 and use `ex2.approx` (2 ulp); against an f64 reference

@@ -118,10 +118,6 @@ impl<'m> Launcher<'m> {
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.input_bytes(name, &bytes)
     }
-    pub fn input_u32(&mut self, name: &str, data: &[u32]) -> Result<DevPtr, VmError> {
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.input_bytes(name, &bytes)
-    }
     /// Allocates a named f32 output of `len` elements filled with [`OUTPUT_POISON`].
     pub fn output_f32(&mut self, name: &str, len: usize) -> Result<DevPtr, VmError> {
         let bytes: Vec<u8> = (0..len).flat_map(|_| OUTPUT_POISON.to_le_bytes()).collect();
