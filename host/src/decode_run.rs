@@ -76,7 +76,6 @@ pub struct DecodeReport {
     pub v_cache: Vec<f32>,
 }
 
-
 /// `mma` or `simt`: the family of the decode forward among `ids`.
 fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
     for k in ids {

@@ -22,7 +22,12 @@ pub const POISON_16: u32 = 0x7FC0_7FC0;
 
 /// Fills `bytes` bytes at `ptr` with the poison of `dtype` (whole words with `fill_u32`, a
 /// trailing half word with one upload).
-pub fn poison<D: Device + ?Sized>(dev: &mut D, ptr: DevPtr, bytes: u64, dtype: crate::Dtype) -> Result<(), DeviceError> {
+pub fn poison<D: Device + ?Sized>(
+    dev: &mut D,
+    ptr: DevPtr,
+    bytes: u64,
+    dtype: crate::Dtype,
+) -> Result<(), DeviceError> {
     let word = if dtype.is_16bit() { POISON_16 } else { POISON };
     dev.fill_u32(ptr, bytes / 4, word)?;
     if !bytes.is_multiple_of(4) {
