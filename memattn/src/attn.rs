@@ -61,7 +61,7 @@
 mod kvcache;
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
-pub use kvcache::PartialsView;
+pub use kvcache::{KvCachePlan, PartialsView};
 
 use crate::caps::DeviceCaps;
 use crate::device::cuda::CudaModule;

@@ -889,3 +889,119 @@ fn cuda_kvcache_and_varlen_on_the_callers_stream() {
     assert_eq!(bits(o.to_vec_f32().unwrap()), bits(vo.to_vec_f32().unwrap()));
     assert_eq!(bits(lse.to_vec_f32().unwrap()), bits(vl.to_vec_f32().unwrap()));
 }
+
+/// Plan once, run per layer (`plan_kvcache` / `run_kvcache`): three layers with their own caches,
+/// queries and new tokens (paged, GQA, bf16 on the tensor-core decode kernel, 3 splits through
+/// the plan's one workspace), each checked against the f64 reference, the appended caches bit for
+/// bit, and the outputs equal bit for bit to the one-shot call on copies of the same inputs. A
+/// run on another shape, or without the planned new tokens, is refused naming the tensor.
+#[test]
+fn vm_kvcache_plan_once_run_per_layer() {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs, DecodeProblem, Splits};
+    let kernels = Kernels::vm().unwrap();
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 2,
+        head_dim: 64,
+        cache_seqlens: vec![19, 5],
+        seq_new: 1,
+        page_size: Some(8),
+        dtype: Dtype::Bf16,
+        causal: true,
+        splits: Splits::Fixed(3),
+        ..DecodeProblem::default()
+    };
+    let dt = p.dtype;
+    let (b, sq, h, hk, d) = (2usize, 1usize, 4usize, 2usize, 64usize);
+    // Layer l: layer 0's inputs (so one block table) with other values, NaN rows kept NaN.
+    let base = DecodeInputs::random(&p, 40);
+    let layers: Vec<DecodeInputs> = (0..3)
+        .map(|l| {
+            let f = |v: &[f32], c: f32| -> Vec<f32> {
+                v.iter().enumerate().map(|(i, x)| dt.round(x * c + ((i * 7 + l * 3) % 5) as f32 * 0.01)).collect()
+            };
+            let c = 1.0 - 0.6 * l as f32;
+            DecodeInputs {
+                q: f(&base.q, c),
+                k_cache: f(&base.k_cache, -c),
+                v_cache: f(&base.v_cache, c),
+                k_new: f(&base.k_new, c),
+                v_new: f(&base.v_new, -c),
+                ..base.clone()
+            }
+        })
+        .collect();
+    let CacheLayout::Paged { page_size, num_pages, .. } = layers[0].layout else { panic!("paged") };
+    let cache_shape = [num_pages as usize, page_size as usize, hk, d];
+    let seqlens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
+    let table = kernels.index_tensor(&layers[0].block_table, None).unwrap();
+    let up = |v: &[f32]| kernels.vm_upload_as(dt, v).unwrap();
+    let bufs: Vec<_> =
+        layers.iter().map(|x| (up(&x.q), up(&x.k_cache), up(&x.v_cache), up(&x.k_new), up(&x.v_new))).collect();
+    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+    let opts = AttnOpts::new().causal(true).num_splits(3);
+    let ns = [b, 1, hk, d];
+    let (q0, k0, v0) = (
+        TensorView::vm(&bufs[0].0, dt, [b, sq, h, d]).unwrap(),
+        TensorViewMut::vm(&bufs[0].1, dt, cache_shape).unwrap(),
+        TensorViewMut::vm(&bufs[0].2, dt, cache_shape).unwrap(),
+    );
+    let (kn0, vn0) = (TensorView::vm(&bufs[0].3, dt, ns).unwrap(), TensorView::vm(&bufs[0].4, dt, ns).unwrap());
+    let (mut ov, mut lv) = (TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(), LseViewMut::vm(&lb, b, h, sq).unwrap());
+    let plan =
+        kernels.plan_kvcache(&q0, &k0, &v0, Some(&kn0), Some(&vn0), &seqlens, Some(&table), &ov, &lv, &opts).unwrap();
+    assert_eq!(plan.num_splits(), 3);
+    for (l, (x, (qb, kc, vc, kn, vn))) in layers.iter().zip(&bufs).enumerate() {
+        ob.write_f32(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
+        lb.write_f32(Dtype::F32, &vec![f32::NAN; b * h * sq]).unwrap();
+        let q = TensorView::vm(qb, dt, [b, sq, h, d]).unwrap();
+        let (knv, vnv) = (TensorView::vm(kn, dt, ns).unwrap(), TensorView::vm(vn, dt, ns).unwrap());
+        let mut k = TensorViewMut::vm(kc, dt, cache_shape).unwrap();
+        let mut v = TensorViewMut::vm(vc, dt, cache_shape).unwrap();
+        kernels.run_kvcache(&plan, &q, &mut k, &mut v, Some(&knv), Some(&vnv), &mut ov, &mut lv).unwrap();
+        let (o, lse) = (ob.read_f32(dt, b * sq * h * d).unwrap(), lb.read_f32(Dtype::F32, b * h * sq).unwrap());
+        let check = verify_decode(&p, &o, &lse, &decode_ref(&p, x));
+        assert!(check.passed, "layer {l}: {:?}", check.failures);
+        let (ke, ve) = x.appended(&p);
+        let bits = |buf: &memattn::attn::VmBuffer, want: &[f32]| {
+            buf.read_f32(dt, want.len()).unwrap().iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits())
+        };
+        assert!(bits(kc, &ke) && bits(vc, &ve), "layer {l}: the caches after the append");
+        // The one-shot call on fresh copies of the same inputs gives the same bits.
+        let (qc, kc2, vc2, kn2, vn2) = (up(&x.q), up(&x.k_cache), up(&x.v_cache), up(&x.k_new), up(&x.v_new));
+        let (o2, l2) = kernels
+            .flash_attn_with_kvcache(
+                &TensorView::vm(&qc, dt, [b, sq, h, d]).unwrap(),
+                &mut TensorViewMut::vm(&kc2, dt, cache_shape).unwrap(),
+                &mut TensorViewMut::vm(&vc2, dt, cache_shape).unwrap(),
+                Some(&TensorView::vm(&kn2, dt, ns).unwrap()),
+                Some(&TensorView::vm(&vn2, dt, ns).unwrap()),
+                &seqlens,
+                Some(&table),
+                &opts,
+            )
+            .unwrap();
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&o, &o2.to_vec_f32().unwrap()) && same(&lse, &l2.to_vec_f32().unwrap()), "layer {l}");
+    }
+    // A run on another shape, or without the planned new tokens, is refused.
+    let small = kernels.vm_upload_as(dt, &vec![0.0; h * d]).unwrap();
+    let (mut k, mut v) = (
+        TensorViewMut::vm(&bufs[1].1, dt, cache_shape).unwrap(),
+        TensorViewMut::vm(&bufs[1].2, dt, cache_shape).unwrap(),
+    );
+    let q1 = TensorView::vm(&small, dt, [1, 1, h, d]).unwrap();
+    let e = kernels.run_kvcache(&plan, &q1, &mut k, &mut v, Some(&kn0), Some(&vn0), &mut ov, &mut lv).unwrap_err();
+    assert!(
+        matches!(e, AttnError::Shape { tensor: "q", .. }) && e.to_string().contains("the plan was made for"),
+        "{e}"
+    );
+    let e = kernels.run_kvcache(&plan, &q0, &mut k, &mut v, None, None, &mut ov, &mut lv).unwrap_err();
+    assert!(e.to_string().contains("the plan was made with new tokens"), "{e}");
+    // Another kernels handle cannot run this plan.
+    let other = Kernels::vm().unwrap();
+    let e = other.run_kvcache(&plan, &q0, &mut k, &mut v, Some(&kn0), Some(&vn0), &mut ov, &mut lv).unwrap_err();
+    assert!(matches!(e, AttnError::WrongDevice { .. }), "{e}");
+}

@@ -252,7 +252,7 @@ impl Kernels {
         let o = DeviceTensor { storage: o, dtype, shape: [b, sq, h, d] };
         let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: [b, h, sq, 1] };
         let outs = (o.ptr(), lse.ptr());
-        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, plan)?;
+        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, &plan, None)?;
         Ok((o, lse))
     }
 
@@ -303,7 +303,186 @@ impl Kernels {
         let plan =
             self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts)?;
         let outs = (o.raw.ptr, lse.0.raw.ptr);
-        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, plan)
+        self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, &plan, None)
+    }
+
+    /// The f32 split workspace of `plan` on q's device (none for one split).
+    fn split_workspace(
+        &self,
+        q: &TensorView<'_>,
+        plan: &KvPlan,
+    ) -> Result<(Option<Storage>, Option<Storage>), AttnError> {
+        if plan.splits <= 1 {
+            return Ok((None, None));
+        }
+        let (splits, rows, d) = (plan.splits as u64, plan.problem.rows(), plan.problem.head_dim as u64);
+        let (ob, lb) = self.alloc_outputs(q, splits * rows * d * 4, splits * rows * 4)?;
+        Ok((Some(ob), Some(lb)))
+    }
+
+    /// Plans a KV-cache call once for a batch shape (FlashInfer's plan/run split): every check of
+    /// [`Kernels::flash_attn_with_kvcache_into`] on these tensors, the split count and the
+    /// launches fixed, and the split workspace allocated once. [`Kernels::run_kvcache`] then runs
+    /// it per layer on other buffers of the same shapes, with O(1) checks per tensor and no
+    /// allocation. The plan borrows `cache_seqlens`, `block_table` and the options' sinks: they
+    /// stay as planned for every run (advance `cache_seqlens` by planning again).
+    ///
+    /// ```
+    /// use memattn::attn::{AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
+    /// use memattn::Dtype;
+    ///
+    /// let kernels = Kernels::vm()?;
+    /// let (b, h, d, cap) = (1, 2, 64, 40);
+    /// let lens = kernels.index_tensor(&[33], None)?;
+    /// let layers: Vec<_> = (0..3)
+    ///     .map(|l| {
+    ///         let x: Vec<f32> = (0..b * cap * h * d).map(|i| ((i * 7 + l * 13) % 29) as f32 / 29.0 - 0.5).collect();
+    ///         (kernels.vm_upload(&x[..b * h * d]).unwrap(), kernels.vm_upload(&x).unwrap(), kernels.vm_upload(&x).unwrap())
+    ///     })
+    ///     .collect();
+    /// let (o, lse) = (kernels.vm_alloc((b * h * d * 4) as u64)?, kernels.vm_alloc((b * h * 4) as u64)?);
+    /// let (q0, k0, v0) = &layers[0];
+    /// let (mut ov, mut lv) = (TensorViewMut::vm(&o, Dtype::F32, [b, 1, h, d])?, LseViewMut::vm(&lse, b, h, 1)?);
+    /// let plan = kernels.plan_kvcache(
+    ///     &TensorView::vm(q0, Dtype::F32, [b, 1, h, d])?,
+    ///     &TensorViewMut::vm(k0, Dtype::F32, [b, cap, h, d])?,
+    ///     &TensorViewMut::vm(v0, Dtype::F32, [b, cap, h, d])?,
+    ///     None, // no new tokens
+    ///     None,
+    ///     &lens,
+    ///     None, // a contiguous cache
+    ///     &ov,
+    ///     &lv,
+    ///     &AttnOpts::new().num_splits(2),
+    /// )?;
+    /// for (q, k, v) in &layers {
+    ///     let q = TensorView::vm(q, Dtype::F32, [b, 1, h, d])?;
+    ///     let mut k = TensorViewMut::vm(k, Dtype::F32, [b, cap, h, d])?;
+    ///     let mut v = TensorViewMut::vm(v, Dtype::F32, [b, cap, h, d])?;
+    ///     kernels.run_kvcache(&plan, &q, &mut k, &mut v, None, None, &mut ov, &mut lv)?;
+    ///     assert!(o.read_f32(Dtype::F32, b * h * d)?.iter().all(|x| x.is_finite()));
+    /// }
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's arguments plus the outputs
+    pub fn plan_kvcache<'p>(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &TensorViewMut<'_>,
+        v_cache: &TensorViewMut<'_>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        cache_seqlens: &'p IndexTensor,
+        block_table: Option<&'p IndexTensor>,
+        o: &TensorViewMut<'_>,
+        lse: &LseViewMut<'_>,
+        opts: &AttnOpts<'p>,
+    ) -> Result<KvCachePlan<'p>, AttnError> {
+        let outs = (&o.raw, o.stream.as_deref(), &lse.0.raw, lse.0.stream.as_deref());
+        let plan =
+            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts)?;
+        let workspace = self.split_workspace(q, &plan)?;
+        Ok(KvCachePlan {
+            kernels: self.place_name(),
+            place: q.raw.place,
+            dtype: q.raw.dtype,
+            shapes: [q.raw.shape, k_cache.raw.shape, o.raw.shape, lse.0.raw.shape],
+            new_shape: k_new.map(|t| t.raw.shape),
+            mma: plan.launches.iter().any(|(k, _)| k.variant().family == Family::DecodeMma),
+            plan,
+            workspace,
+            cache_seqlens,
+            block_table,
+            _sinks: std::marker::PhantomData,
+        })
+    }
+
+    /// Runs a planned KV-cache call ([`Kernels::plan_kvcache`]) on this layer's tensors: they must
+    /// have the planned shapes, dtype and device (and stream), be contiguous as planned, lie
+    /// inside their buffers and, for the tensor-core decode kernel, be 16-byte aligned; each is
+    /// checked in O(1) and named in the error. The plan's split workspace is reused, so runs of
+    /// one plan must be ordered (one stream, as the views' stream is checked to be the planned
+    /// one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_kvcache(
+        &self,
+        plan: &KvCachePlan<'_>,
+        q: &TensorView<'_>,
+        k_cache: &mut TensorViewMut<'_>,
+        v_cache: &mut TensorViewMut<'_>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+    ) -> Result<(), AttnError> {
+        let mut tensors: Vec<(&'static str, &RawView, [usize; 4])> = vec![
+            ("q", &q.raw, plan.shapes[0]),
+            ("k_cache", &k_cache.raw, plan.shapes[1]),
+            ("v_cache", &v_cache.raw, plan.shapes[1]),
+            ("o", &o.raw, plan.shapes[2]),
+            ("lse", &lse.0.raw, plan.shapes[3]),
+        ];
+        match (plan.new_shape, k_new, v_new) {
+            (Some(shape), Some(k), Some(v)) => {
+                tensors.push(("k_new", &k.raw, shape));
+                tensors.push(("v_new", &v.raw, shape));
+            }
+            (None, None, None) => {}
+            (planned, _, _) => {
+                return Err(AttnError::KvCache {
+                    why: format!(
+                        "the plan was made {} new tokens; this run gives {}",
+                        if planned.is_some() { "with" } else { "without" },
+                        if k_new.is_some() || v_new.is_some() { "some" } else { "none" }
+                    ),
+                })
+            }
+        }
+        if self.place_name() != plan.kernels {
+            return Err(AttnError::WrongDevice {
+                tensor: "the plan",
+                got: plan.kernels.clone(),
+                expected: format!("{} (plan and run on one kernels handle)", self.place_name()),
+            });
+        }
+        for (name, t, shape) in &tensors {
+            if t.place != plan.place {
+                return Err(AttnError::WrongDevice {
+                    tensor: name,
+                    got: t.place.to_string(),
+                    expected: format!("{} (and the stream) the plan was made for", plan.place),
+                });
+            }
+            let want = if *name == "lse" { Dtype::F32 } else { plan.dtype };
+            if t.dtype != want {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
+            }
+            if t.shape != *shape {
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: format!("the plan was made for {shape:?}"),
+                });
+            }
+            if t.strides != contiguous(t.shape) {
+                return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
+            }
+            t.check_bounds(name)?;
+            if plan.mma && matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
+                return Err(AttnError::Misaligned {
+                    tensor: name,
+                    what: "the base pointer",
+                    got: format!("{:#x}", t.ptr),
+                    entry: plan.plan.launches[0].0.name(),
+                    need: "16-byte aligned base pointers (cp.async copies 16-byte chunks)",
+                });
+            }
+        }
+        let ptr = |s: &Option<Storage>| s.as_ref().map_or(0, |s| s.ptr());
+        let workspace = Some((ptr(&plan.workspace.0), ptr(&plan.workspace.1)));
+        let outs = (o.raw.ptr, lse.0.raw.ptr);
+        let (cs, bt) = (plan.cache_seqlens, plan.block_table);
+        self.kvcache_run(q, k_cache, v_cache, cs, bt, k_new, v_new, outs, &plan.plan, workspace)
     }
 
     /// Launches a validated call ([`Self::kvcache_plan`]) with outputs at `outs`.
@@ -318,20 +497,19 @@ impl Kernels {
         k_new: Option<&TensorView<'_>>,
         v_new: Option<&TensorView<'_>>,
         outs: (u64, u64),
-        plan: KvPlan,
+        plan: &KvPlan,
+        workspace: Option<(u64, u64)>,
     ) -> Result<(), AttnError> {
         let p = &plan.problem;
         let splits = plan.splits;
-        let rows = p.rows();
         let d = p.head_dim as u64;
-        // The split workspace, for this call only.
-        let (ws_o, ws_lse) = if splits > 1 {
-            let (ob, lb) = (self.alloc_outputs(q, splits as u64 * rows * d * 4, splits as u64 * rows * 4))?;
-            (Some(ob), Some(lb))
-        } else {
-            (None, None)
+        // The split workspace: the reusable plan's, or one for this call only.
+        let (ws_o, ws_lse) = match workspace {
+            Some(_) => (None, None),
+            None => self.split_workspace(q, plan)?,
         };
         let ptr = |s: &Option<Storage>| s.as_ref().map_or(0, |s| s.ptr());
+        let (o_part, lse_part) = workspace.unwrap_or((ptr(&ws_o), ptr(&ws_lse)));
         let bufs = DecodeBuffers {
             q: q.raw.ptr,
             k_cache: k_cache.raw.ptr,
@@ -342,8 +520,8 @@ impl Kernels {
             cache_seqlens: cache_seqlens.ptr,
             o: outs.0,
             lse: outs.1,
-            o_part: ptr(&ws_o),
-            lse_part: ptr(&ws_lse),
+            o_part,
+            lse_part,
             sinks: plan.sinks,
         };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
@@ -567,6 +745,42 @@ impl Kernels {
             }
         }
         Ok(KvPlan { splits: plan.num_splits, layout, launches, problem, sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr) })
+    }
+}
+
+/// A KV-cache call planned once ([`Kernels::plan_kvcache`]) and run per layer
+/// ([`Kernels::run_kvcache`]): the validated problem, the split count and launches, what every
+/// run must match, and the split workspace (allocated once, freed with the plan).
+pub struct KvCachePlan<'p> {
+    plan: KvPlan,
+    /// The kernels handle it was planned on ([`Kernels::place_name`]).
+    kernels: String,
+    place: Place,
+    dtype: Dtype,
+    /// q, the caches, o, lse.
+    shapes: [[usize; 4]; 4],
+    new_shape: Option<[usize; 4]>,
+    mma: bool,
+    workspace: (Option<Storage>, Option<Storage>),
+    cache_seqlens: &'p IndexTensor,
+    block_table: Option<&'p IndexTensor>,
+    _sinks: std::marker::PhantomData<&'p ()>,
+}
+
+impl fmt::Debug for KvCachePlan<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KvCachePlan")
+            .field("splits", &self.plan.splits)
+            .field("launches", &self.plan.launches.iter().map(|(k, _)| k.name()).collect::<Vec<_>>())
+            .field("shapes", &self.shapes)
+            .finish()
+    }
+}
+
+impl KvCachePlan<'_> {
+    /// The split count the plan runs with (1: no workspace, no merge).
+    pub fn num_splits(&self) -> u32 {
+        self.plan.splits
     }
 }
 
