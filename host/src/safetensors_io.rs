@@ -325,3 +325,17 @@ pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Res
     }
     safetensors::serialize_to_file(tensors, None, path).map_err(err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_map_to_safetensors_and_back() {
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::from_safetensors(d.safetensors()), Some(d));
+        }
+        assert_eq!(Dtype::Bf16.safetensors(), safetensors::Dtype::BF16);
+        assert_eq!(Dtype::from_safetensors(safetensors::Dtype::I32), None);
+    }
+}

@@ -2,10 +2,11 @@
 //! the VM-backed CUDA driver (`vm-cuda`'s `libvm_cuda.so`) with the caller's own context and
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
+mod common;
+use common::vm_cuda;
 use cudarc::driver::{CudaContext, CudaStream};
 use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Deterministic inputs in [-1, 1), rounded to `dtype`.
@@ -706,17 +707,6 @@ fn vm_kvcache_bad_inputs_are_refused_before_launch() {
         .map(|_| ())
         .unwrap_err();
     assert!(matches!(e, AttnError::KvCache { .. }) && e.to_string().contains("exceeds the cache's 10 keys"), "{e}");
-}
-
-/// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
-fn vm_cuda() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps, deps.parent().unwrap()]
-        .iter()
-        .map(|d| d.join("libvm_cuda.so"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {}", exe.display()))
 }
 
 /// The caller's own context and a stream of its own, on the VM-backed driver.

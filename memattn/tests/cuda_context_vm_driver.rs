@@ -2,19 +2,9 @@
 //! driver, and no probe call by the test: they work, and the kernel's answer is the reference's.
 //! (A test binary of its own: the driver choice is once per process.)
 
+mod common;
+use common::vm_cuda;
 use memattn::attn::{cuda_context, AttnOpts, Kernels, TensorView};
-use std::path::PathBuf;
-
-/// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
-fn vm_cuda() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps, deps.parent().unwrap()]
-        .iter()
-        .map(|d| d.join("libvm_cuda.so"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {}", exe.display()))
-}
 
 #[test]
 fn cuda_context_and_kernels_work_on_the_vm_backed_driver_without_a_probe() {
