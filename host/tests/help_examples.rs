@@ -35,7 +35,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
         Run(0, "launch       decode_mma_bf16_d128 grid [4, 1, 8]"),
     ),
     (
-        "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto",
+        "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto",
         Run(0, "decode_fwd_f32_d64 grid [16, 1, 8]"),
     ),
     ("memattn doctor", Run(0, "== next step")),
@@ -72,7 +72,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ),
     ("memattn --ptx no-barrier.ptx run --kernel flash --heads 2 --seq-q 96 --seq-kv 200", Run(3, "shared memory race")),
     (
-        "memattn --vm-allow racecheck,initcheck --ptx no-barrier.ptx run ...",
+        "memattn --backend vm --vm-allow racecheck,initcheck --ptx no-barrier.ptx run ...",
         Skip("abbreviated in the README; run in full below as the same run with the checks off"),
     ),
     ("memattn run --kernel naive --seq-q 200 --seq-kv 300 --causal --json", Run(0, "\"verified\": true")),
@@ -221,7 +221,7 @@ fn every_example_in_the_readmes_does_what_it_says() {
     // The abbreviated README run in full: with the checks off the damage is a wrong answer.
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let dir = scratch(&repo, "readmes-full");
-    let full = "memattn --vm-allow racecheck,initcheck --ptx no-barrier.ptx run --kernel flash --heads 2 --seq-q 96 --seq-kv 200";
+    let full = "memattn --backend vm --vm-allow racecheck,initcheck --ptx no-barrier.ptx run --kernel flash --heads 2 --seq-q 96 --seq-kv 200";
     let (got, text) = run(&dir, full);
     assert!(got == 1 && text.contains("verified     FAIL"), "`{full}`: exit {got} (want 1):\n{text}");
 }

@@ -58,7 +58,8 @@ Examples:
   memattn evidence show evidence.jsonl             the runs kept so far
   memattn check --kernel flash --dtype f32 --head-dim 64
                                                    the bug-catching sweep: pass/fail per case (every head dim without --head-dim)
-  memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --vary splits=1,auto   KV-cache decode
+  memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto
+                                                   KV-cache decode: one split vs the split plan for 132 SMs
 
 Exit codes: 0 success, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
