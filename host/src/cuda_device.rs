@@ -43,7 +43,17 @@ fn format_uuid(u: &sys::CUuuid) -> String {
     format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
 }
 
+// SAFETY: the raw handles (the default stream, two events) belong to `ctx`, and every method
+// that calls the driver makes `ctx` current on the calling thread first (`bind`), so the device
+// works from whichever thread owns it; `&mut self` serialises the calls.
+unsafe impl Send for CudaDevice {}
+
 impl CudaDevice {
+    /// Makes the device's context current on this thread (a no-op when it already is).
+    fn bind(&self) -> Result<(), DeviceError> {
+        self.ctx.bind_to_thread().map_err(|e| drv("binding the context", e))
+    }
+
     pub fn new(opts: &DeviceOptions) -> Result<CudaDevice, DeviceError> {
         probe().map_err(DeviceError::Unavailable)?;
         let ctx = quietly(|| CudaContext::new(0))
@@ -156,6 +166,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        self.bind()?;
         // SAFETY: plain allocation in the current (bound) context.
         let bytes_usize = usize::try_from(bytes)
             .map_err(|_| DeviceError::OutOfMemory { requested: bytes, free: self.mem_get_info_free() })?;
@@ -172,6 +183,7 @@ impl Device for CudaDevice {
     }
 
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError> {
+        self.bind()?;
         if self.allocations.remove(&ptr).is_none() {
             return Err(DeviceError::Cuda {
                 op: "cuMemFree".into(),
@@ -183,12 +195,14 @@ impl Device for CudaDevice {
     }
 
     fn upload_bytes(&mut self, ptr: DevPtr, data: &[u8]) -> Result<(), DeviceError> {
+        self.bind()?;
         self.check_range("cuMemcpyHtoD", ptr, data.len() as u64)?;
         // SAFETY: `[ptr, ptr + data.len())` lies inside a live allocation (checked above).
         unsafe { result::memcpy_htod_sync(ptr, data) }.map_err(|e| drv("cuMemcpyHtoD", e))
     }
 
     fn download_bytes(&mut self, ptr: DevPtr, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.bind()?;
         self.synchronize()?;
         self.check_range("cuMemcpyDtoH", ptr, out.len() as u64)?;
         // SAFETY: `[ptr, ptr + out.len())` lies inside a live allocation (checked above).
@@ -196,12 +210,14 @@ impl Device for CudaDevice {
     }
 
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
+        self.bind()?;
         self.check_range("cuMemsetD32", ptr, count.saturating_mul(4))?;
         // SAFETY: `count` 32-bit words at `ptr` lie inside a live allocation (checked above).
         unsafe { sys::cuMemsetD32_v2(ptr, value, count as usize) }.result().map_err(|e| drv("cuMemsetD32", e))
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
+        self.bind()?;
         // SAFETY: the runner passes the parameters the kernel's ABI declares, with addresses
         // of live allocations of this device (checked against the ABI and its allocations),
         // on the default stream of the bound context.
@@ -210,18 +226,21 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.bind()?;
         // SAFETY: the default stream of the bound context.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| drv("cuStreamSynchronize (an earlier kernel failed)", e))
     }
 
     fn timer_start(&mut self) -> Result<(), DeviceError> {
+        self.bind()?;
         let (a, _) = self.events()?;
         // SAFETY: live event, default stream.
         unsafe { result::event::record(a, self.stream) }.map_err(|e| drv("cuEventRecord", e))
     }
 
     fn timer_stop(&mut self) -> Result<f64, DeviceError> {
+        self.bind()?;
         let (a, b) = self.events()?;
         // SAFETY: live events recorded on the same stream.
         unsafe {
@@ -236,6 +255,7 @@ impl Device for CudaDevice {
     }
 
     fn memory_begin(&mut self) -> Result<(), DeviceError> {
+        self.bind()?;
         self.synchronize()?;
         self.notes.clear();
         self.cuda_free_before = result::mem_get_info().ok().map(|(f, _)| f as u64);
@@ -250,6 +270,7 @@ impl Device for CudaDevice {
     }
 
     fn memory_mark_allocated(&mut self) -> Result<(), DeviceError> {
+        self.bind()?;
         self.synchronize()?;
         self.cuda_free_allocated = result::mem_get_info().ok().map(|(f, _)| f as u64);
         // One NVML reading at the known peak: a run shorter than the sampling interval
@@ -259,6 +280,7 @@ impl Device for CudaDevice {
     }
 
     fn memory_end(&mut self) -> Result<MeasuredMemory, DeviceError> {
+        self.bind()?;
         self.synchronize()?;
         let samples = self.sampler.take().map(|s| s.stop());
         let after = self.nvml_used();

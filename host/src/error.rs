@@ -52,3 +52,13 @@ impl From<memattn::error::Error> for Error {
         }
     }
 }
+
+impl From<memattn::attn::AttnError> for Error {
+    fn from(e: memattn::attn::AttnError) -> Self {
+        match e {
+            memattn::attn::AttnError::Problem(p) => Error::Problem(p),
+            memattn::attn::AttnError::Device(d) => Error::Device(d),
+            other => Error::Usage(other.to_string()),
+        }
+    }
+}

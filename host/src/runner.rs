@@ -9,10 +9,12 @@ use crate::dtype::Tolerance;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
-use crate::problem::{check_pointer_alignment, AttnBuffers, KernelKind, Problem, ShapeJson, Varlen};
+use crate::problem::{KernelKind, Problem, ShapeJson, Varlen};
 use crate::reference::{reference, RowSelection};
 use crate::timing::{tflops, Timing};
 use crate::verify::{tolerance_for, verify, ErrorStats, Verification};
+use memattn::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, LseViewMut, SinksView, TensorView, TensorViewMut};
+use memattn::Dtype;
 use serde::Serialize;
 
 /// NaN bit pattern the f32 outputs are filled with before every launch.
@@ -202,31 +204,17 @@ pub fn probe_host_memory(bytes: u64, what: &str) -> Result<(), Error> {
     Ok(())
 }
 
-struct Buffers {
-    q: DevPtr,
-    k: DevPtr,
-    v: DevPtr,
-    o: DevPtr,
-    lse: DevPtr,
-    scores: DevPtr,
-    sinks: DevPtr,
-    cu_q: DevPtr,
-    cu_kv: DevPtr,
-}
-
-/// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`.
-pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>) -> Result<RunReport, Error> {
+/// Runs `spec` on `dev`, with `inputs` (BSHD) or random inputs from `spec.seed`. The launches
+/// go through the library's entry points ([`memattn::attn::Kernels::flash_attn_into`], its
+/// varlen and naive forms) on kernels lent `dev` for the run ([`Kernels::scoped`]): the one
+/// validation and the one launch path every program uses.
+pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result<RunReport, Error> {
     let p = spec.problem;
     let caps = dev.caps()?;
+    // Refused before anything is allocated (the library checks the same again at the launch).
     p.validate(spec.kernel, &caps)?;
-    let planned = p.launches(spec.kernel)?;
-    let ids: Vec<_> = planned.iter().map(|l| l.kernel).collect();
-    dev.ptx()
-        .check_tiles(&ids)
-        .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
     let analytic = AnalyticBytes::new(&p, spec.kernel);
     analytic.check_fits(spec.kernel, &caps)?;
-
     if let Some(x) = inputs {
         // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
         // are allocated with.
@@ -300,104 +288,10 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
     }
 
     dev.memory_begin()?;
-    let mut allocated: Vec<DevPtr> = Vec::new();
-    let body = (|| -> Result<_, DeviceError> {
-        let mut alloc = |dev: &mut D, bytes: u64| -> Result<DevPtr, DeviceError> {
-            let ptr = dev.alloc(bytes)?;
-            allocated.push(ptr);
-            Ok(ptr)
-        };
-        let buf = Buffers {
-            q: alloc(dev, p.q_elems() * es)?,
-            k: alloc(dev, p.kv_elems() * es)?,
-            v: alloc(dev, p.kv_elems() * es)?,
-            o: alloc(dev, p.q_elems() * es)?,
-            lse: alloc(dev, analytic.lse)?,
-            scores: if analytic.scores > 0 { alloc(dev, analytic.scores)? } else { 0 },
-            sinks: if p.sinks { alloc(dev, 4 * p.heads as u64)? } else { 0 },
-            cu_q: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
-            cu_kv: if p.varlen.is_some() { alloc(dev, 4 * (p.batch as u64 + 1))? } else { 0 },
-        };
-        check_pointer_alignment(&p, spec.kernel, buf.q, buf.k, buf.v, buf.o)
-            .map_err(|e| DeviceError::Misaligned(e.to_string()))?;
-        dev.upload_bytes(buf.q, &p.dtype.encode(&qd))?;
-        dev.upload_bytes(buf.k, &p.dtype.encode(&kd))?;
-        dev.upload_bytes(buf.v, &p.dtype.encode(&vd))?;
-        if let Some(vl) = p.varlen {
-            let enc = |lens: &[u32]| -> Vec<u8> { Varlen::cu(lens).iter().flat_map(|x| x.to_le_bytes()).collect() };
-            dev.upload_bytes(buf.cu_q, &enc(vl.seqlens_q))?;
-            dev.upload_bytes(buf.cu_kv, &enc(vl.seqlens_kv))?;
-        }
-        if buf.sinks != 0 {
-            dev.upload_bytes(buf.sinks, &crate::Dtype::F32.encode(&x.sinks))?;
-        }
-        dev.memory_mark_allocated()?;
-        let params = p.attn_params(&AttnBuffers {
-            q: buf.q,
-            k: buf.k,
-            v: buf.v,
-            o: buf.o,
-            lse: buf.lse,
-            scores: buf.scores,
-            sinks: buf.sinks,
-            cu_seqlens_q: buf.cu_q,
-            cu_seqlens_kv: buf.cu_kv,
-            q_strides: p.q_strides(),
-            k_strides: p.kv_strides(),
-            v_strides: p.kv_strides(),
-            o_strides: p.q_strides(),
-        });
-        let bytes = params.to_bytes();
-        let mut samples = Vec::new();
-        let mut records = Vec::new();
-        let mut trace = Vec::new();
-        for rep in 0..warmup as u64 + repeats as u64 {
-            poison(dev, buf.o, p.q_elems() * es, p.dtype)?;
-            dev.fill_u32(buf.lse, p.rows(), POISON)?;
-            if buf.scores != 0 {
-                dev.fill_u32(buf.scores, p.score_elems(), POISON)?;
-            }
-            dev.synchronize()?;
-            dev.timer_start()?;
-            let mut these = Vec::new();
-            for l in &planned {
-                let info = dev.launch(l.kernel.name(), &l.dims, &[&bytes])?;
-                if !info.trace.is_empty() {
-                    trace = info.trace;
-                }
-                these.push(LaunchRecord {
-                    kernel: l.kernel.name().to_string(),
-                    grid: l.dims.grid,
-                    block: l.dims.block,
-                    dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-                    thread_instructions: info.thread_instructions,
-                });
-            }
-            let ms = dev.timer_stop()?;
-            if rep >= warmup as u64 {
-                samples.push(ms);
-            }
-            records = these;
-        }
-        let mut o_bytes = vec![0u8; (p.q_elems() * es) as usize];
-        let mut lse = vec![0f32; p.rows() as usize];
-        dev.download_bytes(buf.o, &mut o_bytes)?;
-        let o = p.dtype.decode(&o_bytes);
-        dev.download(buf.lse, &mut lse)?;
-        Ok((samples, records, o, lse, trace))
-    })();
-    // Free everything, also after an error, then read the memory figures.
-    let mut free_err = None;
-    for ptr in allocated.into_iter().rev() {
-        if let Err(e) = dev.free(ptr) {
-            free_err.get_or_insert(e);
-        }
-    }
+    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats));
+    // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
     let (samples, records, o_dev, lse, trace) = body?;
-    if let Some(e) = free_err {
-        return Err(e.into());
-    }
     let memory = memory?;
     let o = from_layout(&o_dev, p.layout, b, p.seq_q, h, d);
 
@@ -438,4 +332,127 @@ pub fn run<D: Device + ?Sized>(dev: &mut D, spec: &RunSpec, inputs: Option<&Qkv>
         outputs: RunOutputs { o, lse },
         trace,
     })
+}
+
+/// What one measured run brought back: timing samples, the last repetition's launches, O (device
+/// layout, decoded), LSE and the VM trace.
+type Measured = (Vec<f64>, Vec<LaunchRecord>, Vec<f32>, Vec<f32>, Vec<ptx_vm::TraceEntry>);
+
+/// Allocates and uploads the run's buffers on `k`, then for each warm-up and measured
+/// repetition poisons the outputs, launches through the library's entry point and times it;
+/// downloads O and LSE of the last one. The buffers are freed when this returns.
+fn launch_measured(
+    k: &Kernels,
+    p: &Problem,
+    kind: KernelKind,
+    x: &Qkv,
+    [qd, kd, vd]: [&[f32]; 3],
+    warmup: u32,
+    repeats: u32,
+) -> Result<Measured, AttnError> {
+    let es = p.dtype.size_bytes();
+    let upload = |data: &[f32]| -> Result<DeviceBuffer, AttnError> {
+        let buf = k.alloc(data.len() as u64 * es)?;
+        buf.write_bytes(&p.dtype.encode(data))?;
+        Ok(buf)
+    };
+    let (q, kb, v) = (upload(qd)?, upload(kd)?, upload(vd)?);
+    let o = k.alloc(p.q_elems() * es)?;
+    let lse = k.alloc(p.rows() * 4)?;
+    let scores = match kind {
+        KernelKind::Naive => Some(k.alloc(p.score_elems() * 4)?),
+        KernelKind::Flash => None,
+    };
+    let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let cu = match p.varlen {
+        Some(vl) => {
+            Some((k.index_tensor(&Varlen::cu(vl.seqlens_q), None)?, k.index_tensor(&Varlen::cu(vl.seqlens_kv), None)?))
+        }
+        None => None,
+    };
+    k.with_device(|d| d.memory_mark_allocated())?;
+
+    // Views in the problem's layout (varlen: one packed batch).
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let (vb, sq, skv) = match p.varlen {
+        Some(_) => (1, p.total_q() as usize, p.total_kv() as usize),
+        None => (p.batch as usize, p.seq_q as usize, p.seq_kv as usize),
+    };
+    let strides = |s: kernels_gpu::abi::Strides| [s.batch as usize, s.seq as usize, s.head as usize, 1];
+    let qv = TensorView::device(&q, p.dtype, [vb, sq, h, d])?.with_strides(strides(p.q_strides()));
+    let kv = TensorView::device(&kb, p.dtype, [vb, skv, hk, d])?.with_strides(strides(p.kv_strides()));
+    let vv = TensorView::device(&v, p.dtype, [vb, skv, hk, d])?.with_strides(strides(p.kv_strides()));
+    let mut ov = TensorViewMut::device(&o, p.dtype, [vb, sq, h, d])?.with_strides(strides(p.q_strides()));
+    let mut lv = LseViewMut::vm(&lse, vb, h, sq)?;
+    let mut sv = match &scores {
+        Some(s) => {
+            Some(TensorViewMut::device(s, Dtype::F32, [p.batch as usize, h, p.seq_q as usize, p.seq_kv as usize])?)
+        }
+        None => None,
+    };
+    let sinks_view = match &sinks {
+        Some(s) => Some(SinksView::vm(s, h)?),
+        None => None,
+    };
+    let mut opts = AttnOpts::new().causal(p.causal).window_size(p.window.0, p.window.1);
+    if let Some(scale) = p.scale {
+        opts = opts.softmax_scale(scale);
+    }
+    if p.softcap != 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    if let Some(s) = &sinks_view {
+        opts = opts.sinks(s);
+    }
+
+    k.record_launches(true)?;
+    let mut samples = Vec::new();
+    let mut records = Vec::new();
+    let mut trace = Vec::new();
+    for rep in 0..warmup as u64 + repeats as u64 {
+        k.with_device(|dev| {
+            poison(dev, o.ptr(), p.q_elems() * es, p.dtype)?;
+            dev.fill_u32(lse.ptr(), p.rows(), POISON)?;
+            if let Some(s) = &scores {
+                dev.fill_u32(s.ptr(), p.score_elems(), POISON)?;
+            }
+            dev.synchronize()?;
+            dev.timer_start()
+        })?;
+        let (mx_q, mx_kv) = (p.seq_q as usize, p.seq_kv as usize);
+        match (kind, &cu, sv.as_mut()) {
+            (KernelKind::Flash, None, _) => k.flash_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, &opts)?,
+            (KernelKind::Flash, Some((cq, ck)), _) => {
+                k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, &opts)?
+            }
+            (KernelKind::Naive, None, Some(s)) => k.naive_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, s, &opts)?,
+            (KernelKind::Naive, Some((cq, ck)), Some(s)) => {
+                k.naive_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, s, &opts)?
+            }
+            (KernelKind::Naive, _, None) => unreachable!("the naive kernels' scores are allocated above"),
+        }
+        let ms = k.with_device(|dev| dev.timer_stop())?;
+        if rep >= warmup as u64 {
+            samples.push(ms);
+        }
+        records = k
+            .take_launches()?
+            .into_iter()
+            .map(|l| {
+                if !l.info.trace.is_empty() {
+                    trace = l.info.trace;
+                }
+                LaunchRecord {
+                    kernel: l.kernel.name().to_string(),
+                    grid: l.dims.grid,
+                    block: l.dims.block,
+                    dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+                    thread_instructions: l.info.thread_instructions,
+                }
+            })
+            .collect();
+    }
+    let o_dev = p.dtype.decode(&o.read_bytes((p.q_elems() * es) as usize)?);
+    let lse_host = lse.read_f32(Dtype::F32, p.rows() as usize)?;
+    Ok((samples, records, o_dev, lse_host, trace))
 }

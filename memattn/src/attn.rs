@@ -67,9 +67,9 @@ use crate::caps::DeviceCaps;
 use crate::device::cuda::CudaModule;
 #[cfg(feature = "vm")]
 use crate::device::vm::VmDevice;
-use crate::device::DeviceError;
+use crate::device::{Backend, DevPtr, Device, DeviceError, LaunchInfo};
 #[cfg(feature = "vm")]
-use crate::device::{BackendChoice, DevPtr, Device, DeviceOptions};
+use crate::device::{BackendChoice, DeviceOptions};
 use crate::dtype::Dtype;
 use crate::problem::{AttnBuffers, KernelKind, Layout, Problem, ProblemError, Varlen};
 use crate::ptx::PtxSource;
@@ -79,10 +79,9 @@ use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::KernelId;
 use std::fmt;
 use std::marker::PhantomData;
-#[cfg(feature = "vm")]
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-#[cfg(feature = "vm")]
 use std::sync::Mutex;
 
 /// Why an attention call was refused or failed. Every message names the limit it hit.
@@ -269,63 +268,108 @@ impl Element for half::f16 {
     const DTYPE: Dtype = Dtype::F16;
 }
 
-/// Where a buffer lives: one VM instance, or one CUDA context (and the stream a view is for).
+/// Where a buffer lives: one [`Device`] instance (the VM, or a device given to
+/// [`Kernels::on_device`] / [`Kernels::scoped`]), or one CUDA context (and the stream a view is for).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
-    #[cfg(feature = "vm")]
-    Vm(u64),
-    Cuda {
-        ctx: usize,
-        stream: usize,
-    },
+    Dev { id: u64, vm: bool },
+    Cuda { ctx: usize, stream: usize },
 }
 
 impl fmt::Display for Place {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            #[cfg(feature = "vm")]
-            Place::Vm(id) => write!(f, "VM instance #{id}"),
+            Place::Dev { id, vm: true } => write!(f, "VM instance #{id}"),
+            Place::Dev { id, vm: false } => write!(f, "device instance #{id}"),
             Place::Cuda { ctx, .. } => write!(f, "CUDA context {ctx:#x}"),
         }
     }
 }
 
-#[cfg(feature = "vm")]
-static NEXT_VM_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
-#[cfg(feature = "vm")]
-struct VmShared {
+/// The [`Device`] under device-backed kernels: owned ([`Kernels::vm`], [`Kernels::on_device`]) or
+/// lent for one scope ([`Kernels::scoped`]).
+struct DevShared {
     id: u64,
-    dev: Mutex<VmDevice>,
+    vm: bool,
+    slot: Mutex<Slot>,
+    /// `Some` while [`Kernels::record_launches`] is on: every launch, in order.
+    log: Mutex<Option<Vec<Launched>>>,
 }
 
-#[cfg(feature = "vm")]
-impl VmShared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VmDevice> {
-        // A panic while holding the lock cannot leave the VM's memory inconsistent for later calls
-        // (each call checks its own ranges), so a poisoned lock is taken over.
-        self.dev.lock().unwrap_or_else(|e| e.into_inner())
+enum Slot {
+    Owned(Box<dyn Device>),
+    /// The device lent to [`Kernels::scoped`]; `None` once the scope returned.
+    Lent(Option<NonNull<dyn Device>>),
+}
+
+// SAFETY: `Device: Send`, so the device may be used from another thread; the lent pointer is
+// dereferenced only under the mutex and only while `Kernels::scoped`, which holds the exclusive
+// borrow it was made from, is running (it sets the slot to `Lent(None)` before returning, also
+// on unwinding).
+unsafe impl Send for Slot {}
+
+impl DevShared {
+    fn new(id: u64, vm: bool, slot: Slot) -> DevShared {
+        DevShared { id, vm, slot: Mutex::new(slot), log: Mutex::new(None) }
+    }
+
+    fn place(&self) -> Place {
+        Place::Dev { id: self.id, vm: self.vm }
+    }
+
+    /// Runs `f` on the device. A panic while holding the lock cannot leave the device's memory
+    /// inconsistent for later calls (each call checks its own ranges), so a poisoned lock is
+    /// taken over.
+    fn with<R>(&self, f: impl FnOnce(&mut dyn Device) -> Result<R, DeviceError>) -> Result<R, DeviceError> {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *slot {
+            Slot::Owned(d) => f(d.as_mut()),
+            // SAFETY: see `unsafe impl Send for Slot`: the scope that lent the device is running
+            // and the mutex makes this the only reference.
+            Slot::Lent(Some(p)) => f(unsafe { p.as_mut() }),
+            Slot::Lent(None) => Err(DeviceError::Unavailable(
+                "the device lent to Kernels::scoped was given back when the scope returned; a buffer or \
+                 handle kept past it cannot use it"
+                    .into(),
+            )),
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Option<Vec<Launched>>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// A buffer in the VM's simulated device memory, freed when dropped. Made by
-/// [`Kernels::vm_alloc`] or [`Kernels::vm_upload`].
-#[cfg(feature = "vm")]
-pub struct VmBuffer {
+/// One launch as [`Kernels::take_launches`] reports it (device-backed kernels).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launched {
+    pub kernel: KernelId,
+    pub dims: kernels_gpu::tiles::LaunchDims,
+    /// What the device reported (VM: thread-instructions, the trace when one was asked for).
+    pub info: LaunchInfo,
+}
+
+/// A buffer in the memory of device-backed kernels (the VM's simulated memory, or a device given
+/// to [`Kernels::on_device`] / [`Kernels::scoped`]), freed when dropped. Made by
+/// [`Kernels::alloc`], [`Kernels::upload_as`] (or their `vm_` names).
+pub struct DeviceBuffer {
     ptr: DevPtr,
     bytes: u64,
-    vm: Arc<VmShared>,
+    dev: Arc<DevShared>,
 }
 
-#[cfg(feature = "vm")]
-impl fmt::Debug for VmBuffer {
+/// The VM's buffers are device buffers.
+pub type VmBuffer = DeviceBuffer;
+
+impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "VmBuffer({} bytes at {:#x} in VM #{})", self.bytes, self.ptr, self.vm.id)
+        write!(f, "DeviceBuffer({} bytes at {:#x} on {})", self.bytes, self.ptr, self.dev.place())
     }
 }
 
-#[cfg(feature = "vm")]
-impl VmBuffer {
+impl DeviceBuffer {
     /// Size in bytes.
     pub fn bytes(&self) -> u64 {
         self.bytes
@@ -340,7 +384,7 @@ impl VmBuffer {
         if bytes.len() as u64 > self.bytes {
             return Err(AttnError::OutOfBounds { tensor: "write", need: bytes.len() as u128, have: self.bytes });
         }
-        Ok(self.vm.lock().upload_bytes(self.ptr, &bytes)?)
+        Ok(self.dev.with(|d| d.upload_bytes(self.ptr, &bytes))?)
     }
     /// Reads `count` elements of `dtype` from the start, as f32.
     pub fn read_f32(&self, dtype: Dtype, count: usize) -> Result<Vec<f32>, AttnError> {
@@ -349,15 +393,38 @@ impl VmBuffer {
             return Err(AttnError::OutOfBounds { tensor: "read", need: need as u128, have: self.bytes });
         }
         let mut out = vec![0u8; need as usize];
-        self.vm.lock().download_bytes(self.ptr, &mut out)?;
+        self.dev.with(|d| d.download_bytes(self.ptr, &mut out))?;
         Ok(dtype.decode(&out))
+    }
+    /// Sets `count` 32-bit words from the start to `value` (e.g. a NaN poison).
+    pub fn fill_u32(&self, count: u64, value: u32) -> Result<(), AttnError> {
+        if count.saturating_mul(4) > self.bytes {
+            return Err(AttnError::OutOfBounds { tensor: "fill", need: count as u128 * 4, have: self.bytes });
+        }
+        Ok(self.dev.with(|d| d.fill_u32(self.ptr, count, value))?)
+    }
+    /// Copies raw bytes to the start.
+    pub fn write_bytes(&self, data: &[u8]) -> Result<(), AttnError> {
+        if data.len() as u64 > self.bytes {
+            return Err(AttnError::OutOfBounds { tensor: "write", need: data.len() as u128, have: self.bytes });
+        }
+        Ok(self.dev.with(|d| d.upload_bytes(self.ptr, data))?)
+    }
+    /// Reads `len` raw bytes from the start.
+    pub fn read_bytes(&self, len: usize) -> Result<Vec<u8>, AttnError> {
+        if len as u64 > self.bytes {
+            return Err(AttnError::OutOfBounds { tensor: "read", need: len as u128, have: self.bytes });
+        }
+        let mut out = vec![0u8; len];
+        self.dev.with(|d| d.download_bytes(self.ptr, &mut out))?;
+        Ok(out)
     }
 }
 
-#[cfg(feature = "vm")]
-impl Drop for VmBuffer {
+impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let _ = self.vm.lock().free(self.ptr);
+        // After a lent device's scope this is an error, and the memory is the device's again.
+        let _ = self.dev.with(|d| d.free(self.ptr));
     }
 }
 
@@ -455,11 +522,15 @@ macro_rules! view_common {
             pub fn ptr(&self) -> u64 {
                 self.raw.ptr
             }
-            #[cfg(feature = "vm")]
-            /// A view of `buf` (a VM buffer), contiguous `[batch, seq, heads, head_dim]` (BSHD).
-            pub fn vm(buf: &'a VmBuffer, dtype: Dtype, shape: [usize; 4]) -> Result<Self, AttnError> {
-                let raw = RawView::new(buf.ptr, buf.bytes, dtype, shape, Place::Vm(buf.vm.id));
+            /// A view of `buf` (a buffer of device-backed kernels), contiguous
+            /// `[batch, seq, heads, head_dim]` (BSHD).
+            pub fn device(buf: &'a DeviceBuffer, dtype: Dtype, shape: [usize; 4]) -> Result<Self, AttnError> {
+                let raw = RawView::new(buf.ptr, buf.bytes, dtype, shape, buf.dev.place());
                 Ok($t { raw, _guard: None, stream: None, _borrow: PhantomData })
+            }
+            /// [`Self::device`] of a VM buffer.
+            pub fn vm(buf: &'a VmBuffer, dtype: Dtype, shape: [usize; 4]) -> Result<Self, AttnError> {
+                Self::device(buf, dtype, shape)
             }
         }
     };
@@ -520,8 +591,7 @@ impl<'a> TensorView<'a> {
         let place = match (&kernels.inner, stream) {
             (Inner::Cuda(_), Some(s)) => cuda_place(s),
             (Inner::Cuda(c), None) => Place::Cuda { ctx: c.ctx.cu_ctx() as usize, stream: 0 },
-            #[cfg(feature = "vm")]
-            (Inner::Vm(v), _) => Place::Vm(v.id),
+            (Inner::Dev(v), _) => v.place(),
         };
         TensorView {
             raw: RawView::new(ptr, bytes, dtype, shape, place),
@@ -570,8 +640,7 @@ impl<'a> TensorViewMut<'a> {
 pub struct LseViewMut<'a>(TensorViewMut<'a>);
 
 impl<'a> LseViewMut<'a> {
-    #[cfg(feature = "vm")]
-    /// An LSE view of a VM buffer.
+    /// An LSE view of a device buffer (VM or [`Kernels::on_device`]).
     pub fn vm(buf: &'a VmBuffer, batch: usize, heads: usize, seq_q: usize) -> Result<Self, AttnError> {
         Ok(LseViewMut(TensorViewMut::vm(buf, Dtype::F32, [batch, heads, seq_q, 1])?))
     }
@@ -598,8 +667,7 @@ impl fmt::Debug for SinksView<'_> {
 }
 
 impl<'a> SinksView<'a> {
-    #[cfg(feature = "vm")]
-    /// Sinks in a VM buffer (`heads` f32 from its start).
+    /// Sinks in a device buffer (VM or [`Kernels::on_device`]; `heads` f32 from its start).
     pub fn vm(buf: &'a VmBuffer, heads: usize) -> Result<Self, AttnError> {
         Ok(SinksView(TensorView::vm(buf, Dtype::F32, [1, 1, heads, 1])?))
     }
@@ -621,19 +689,14 @@ pub struct DeviceTensor {
 }
 
 enum Storage {
-    #[cfg(feature = "vm")]
-    Vm(VmBuffer),
-    Cuda {
-        slice: CudaSlice<u8>,
-        stream: Arc<CudaStream>,
-    },
+    Dev(DeviceBuffer),
+    Cuda { slice: CudaSlice<u8>, stream: Arc<CudaStream> },
 }
 
 impl fmt::Debug for DeviceTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let on = match &self.storage {
-            #[cfg(feature = "vm")]
-            Storage::Vm(b) => format!("VM #{}", b.vm.id),
+            Storage::Dev(b) => b.dev.place().to_string(),
             Storage::Cuda { .. } => "CUDA".to_string(),
         };
         write!(f, "DeviceTensor({} {:?} at {:#x} on {on})", self.dtype, self.shape, self.ptr())
@@ -643,8 +706,7 @@ impl fmt::Debug for DeviceTensor {
 impl Storage {
     fn ptr(&self) -> u64 {
         match self {
-            #[cfg(feature = "vm")]
-            Storage::Vm(b) => b.ptr,
+            Storage::Dev(b) => b.ptr,
             Storage::Cuda { slice, stream } => slice.device_ptr(stream).0,
         }
     }
@@ -662,12 +724,10 @@ impl DeviceTensor {
     pub fn shape(&self) -> [usize; 4] {
         self.shape
     }
-    #[cfg(feature = "vm")]
-    /// The VM buffer, when on the VM.
+    /// The device buffer, when on device-backed kernels (the VM).
     pub fn as_vm(&self) -> Option<&VmBuffer> {
         match &self.storage {
-            #[cfg(feature = "vm")]
-            Storage::Vm(b) => Some(b),
+            Storage::Dev(b) => Some(b),
             Storage::Cuda { .. } => None,
         }
     }
@@ -675,16 +735,14 @@ impl DeviceTensor {
     pub fn as_cuda(&self) -> Option<&CudaSlice<u8>> {
         match &self.storage {
             Storage::Cuda { slice, .. } => Some(slice),
-            #[cfg(feature = "vm")]
-            Storage::Vm(_) => None,
+            Storage::Dev(_) => None,
         }
     }
     /// Copies the values to the host as f32 (waits for the launch on CUDA: the one place a
     /// result is synchronised, because the caller asks for it here).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>, AttnError> {
         match &self.storage {
-            #[cfg(feature = "vm")]
-            Storage::Vm(b) => b.read_f32(self.dtype, self.shape.iter().product()),
+            Storage::Dev(b) => b.read_f32(self.dtype, self.shape.iter().product()),
             Storage::Cuda { slice, stream } => {
                 let bytes = stream.clone_dtoh(slice).map_err(|e| DeviceError::Cuda {
                     op: "copying a result to the host".into(),
@@ -718,8 +776,8 @@ impl Drop for CudaKernels {
 }
 
 enum Inner {
-    #[cfg(feature = "vm")]
-    Vm(Arc<VmShared>),
+    /// A [`Device`]: the VM, or one given to [`Kernels::on_device`] / [`Kernels::scoped`].
+    Dev(Arc<DevShared>),
     Cuda(CudaKernels),
 }
 
@@ -758,8 +816,85 @@ impl Kernels {
     /// A fresh PTX VM with memattn's embedded kernels (memcheck, initcheck and racecheck on).
     pub fn vm() -> Result<Kernels, AttnError> {
         let dev = VmDevice::new(&DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded()))?;
-        let id = NEXT_VM_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Kernels { inner: Inner::Vm(Arc::new(VmShared { id, dev: Mutex::new(dev) })) })
+        Ok(Kernels::on_device(Box::new(dev)))
+    }
+
+    /// Kernels on any [`Device`]: the library's measurement extension point. Every call
+    /// ([`Kernels::flash_attn_into`], the KV-cache calls, [`Kernels::naive_attn_into`]) is
+    /// validated and launched exactly as on the VM, through the device's
+    /// [`Device::launch`]; buffers are [`DeviceBuffer`]s of [`Kernels::alloc`]. The `memattn`
+    /// command runs this way over its NVML-measuring CUDA device and over the VM, and wraps
+    /// devices to inject faults in its tests. [`Kernels::with_device`] reaches the device's
+    /// timer and memory hooks between calls; [`Kernels::record_launches`] keeps what each
+    /// launch reported.
+    pub fn on_device(dev: Box<dyn Device>) -> Kernels {
+        let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
+        let vm = dev.backend() == Backend::Vm;
+        Kernels { inner: Inner::Dev(Arc::new(DevShared::new(id, vm, Slot::Owned(dev)))) }
+    }
+
+    /// [`Kernels::on_device`] over a device the caller keeps: `f` runs with kernels on `dev`,
+    /// which is the caller's again when `f` returns. Buffers are freed as they are dropped;
+    /// one kept past the scope is not (its drop, and every use, is an error once the scope
+    /// returned, never an access to the device).
+    ///
+    /// ```
+    /// # #[cfg(feature = "vm")] {
+    /// use memattn::attn::{AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
+    /// use memattn::device::{vm::VmDevice, BackendChoice, Device, DeviceOptions};
+    /// use memattn::{ptx::PtxSource, Dtype};
+    ///
+    /// let mut dev = VmDevice::new(&DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded()))?;
+    /// let o = Kernels::scoped(&mut dev, |k| -> Result<Vec<f32>, memattn::attn::AttnError> {
+    ///     let x: Vec<f32> = (0..5 * 64).map(|i| (i % 7) as f32 / 7.0).collect();
+    ///     let t = k.upload_as(Dtype::F32, &x)?;
+    ///     let (o, lse) = (k.alloc(5 * 64 * 4)?, k.alloc(5 * 4)?);
+    ///     let view = TensorView::device(&t, Dtype::F32, [1, 5, 1, 64])?;
+    ///     k.flash_attn_into(&view, &view, &view, &mut TensorViewMut::device(&o, Dtype::F32, [1, 5, 1, 64])?,
+    ///         &mut LseViewMut::vm(&lse, 1, 1, 5)?, &AttnOpts::new().causal(true))?;
+    ///     o.read_f32(Dtype::F32, 5 * 64)
+    /// })?;
+    /// assert_eq!(o[..64], (0..64).map(|i| (i % 7) as f32 / 7.0).collect::<Vec<_>>()[..]); // row 0 sees key 0
+    /// assert_eq!(dev.memory_end()?.after_bytes, 0); // the device is ours again, every buffer freed
+    /// # }
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    pub fn scoped<R>(dev: &mut dyn Device, f: impl FnOnce(&Kernels) -> R) -> R {
+        struct GiveBack(Arc<DevShared>);
+        impl Drop for GiveBack {
+            fn drop(&mut self) {
+                *self.0.slot.lock().unwrap_or_else(|e| e.into_inner()) = Slot::Lent(None);
+            }
+        }
+        let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
+        let vm = dev.backend() == Backend::Vm;
+        let lent: NonNull<dyn Device + '_> = NonNull::from(dev);
+        // SAFETY: only the lifetime is erased; `GiveBack` clears the pointer before this
+        // function returns (or unwinds), while the exclusive borrow of `dev` is still held.
+        let lent: NonNull<dyn Device + 'static> = unsafe { std::mem::transmute(lent) };
+        let shared = Arc::new(DevShared::new(id, vm, Slot::Lent(Some(lent))));
+        let _give_back = GiveBack(shared.clone());
+        let kernels = Kernels { inner: Inner::Dev(shared) };
+        f(&kernels)
+    }
+
+    /// Runs `f` on the device of device-backed kernels ([`Kernels::vm`], [`Kernels::on_device`],
+    /// [`Kernels::scoped`]) between calls: its timer, memory and fill hooks. An error on CUDA
+    /// kernels (cudarc owns that side).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut dyn Device) -> Result<R, DeviceError>) -> Result<R, AttnError> {
+        Ok(self.dev_shared()?.with(f)?)
+    }
+
+    /// Device-backed kernels: from now on keep a record of every launch (on) or stop (off,
+    /// dropping the records). Off by default.
+    pub fn record_launches(&self, on: bool) -> Result<(), AttnError> {
+        *self.dev_shared()?.log() = on.then(Vec::new);
+        Ok(())
+    }
+
+    /// The launches recorded since the last call (see [`Kernels::record_launches`]).
+    pub fn take_launches(&self) -> Result<Vec<Launched>, AttnError> {
+        Ok(self.dev_shared()?.log().as_mut().map(std::mem::take).unwrap_or_default())
     }
 
     /// Loads memattn's embedded kernels into the caller's CUDA context (the driver JIT-compiles
@@ -800,53 +935,55 @@ impl Kernels {
 
     /// Whether these kernels run in the VM.
     pub fn is_vm(&self) -> bool {
-        #[cfg(feature = "vm")]
-        return matches!(self.inner, Inner::Vm(_));
-        #[cfg(not(feature = "vm"))]
-        false
+        matches!(&self.inner, Inner::Dev(d) if d.vm)
     }
 
     fn place_name(&self) -> String {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(v) => Place::Vm(v.id).to_string(),
+            Inner::Dev(v) => v.place().to_string(),
             Inner::Cuda(c) => format!("CUDA context {:#x}", c.ctx.cu_ctx() as usize),
         }
     }
 
-    #[cfg(feature = "vm")]
-    fn vm_shared(&self) -> Result<&Arc<VmShared>, AttnError> {
+    fn dev_shared(&self) -> Result<&Arc<DevShared>, AttnError> {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(v) => Ok(v),
+            Inner::Dev(v) => Ok(v),
             Inner::Cuda(_) => Err(AttnError::WrongDevice {
-                tensor: "a VM buffer",
+                tensor: "a device buffer",
                 got: "a CUDA context".into(),
-                expected: "a VM (these kernels are CUDA's: use cudarc to allocate)".into(),
+                expected: "device-backed kernels (these kernels are CUDA's: use cudarc to allocate)".into(),
             }),
         }
     }
 
-    #[cfg(feature = "vm")]
-    /// Allocates `bytes` of VM memory (VM kernels only).
-    pub fn vm_alloc(&self, bytes: u64) -> Result<VmBuffer, AttnError> {
-        let vm = self.vm_shared()?;
-        let ptr = vm.lock().alloc(bytes.max(1))?;
-        Ok(VmBuffer { ptr, bytes, vm: vm.clone() })
+    /// Allocates `bytes` on the device of device-backed kernels (the VM, [`Kernels::on_device`]).
+    /// The memory is not initialised.
+    pub fn alloc(&self, bytes: u64) -> Result<DeviceBuffer, AttnError> {
+        let dev = self.dev_shared()?;
+        let ptr = dev.with(|d| d.alloc(bytes.max(1)))?;
+        Ok(DeviceBuffer { ptr, bytes, dev: dev.clone() })
     }
 
-    #[cfg(feature = "vm")]
-    /// Allocates a VM buffer holding `data` as f32 (VM kernels only).
-    pub fn vm_upload(&self, data: &[f32]) -> Result<VmBuffer, AttnError> {
-        self.vm_upload_as(Dtype::F32, data)
-    }
-
-    #[cfg(feature = "vm")]
-    /// Allocates a VM buffer holding `data` rounded to `dtype` (VM kernels only).
-    pub fn vm_upload_as(&self, dtype: Dtype, data: &[f32]) -> Result<VmBuffer, AttnError> {
-        let buf = self.vm_alloc(data.len() as u64 * dtype.size_bytes())?;
+    /// Allocates a device buffer holding `data` rounded to `dtype` (device-backed kernels).
+    pub fn upload_as(&self, dtype: Dtype, data: &[f32]) -> Result<DeviceBuffer, AttnError> {
+        let buf = self.alloc(data.len() as u64 * dtype.size_bytes())?;
         buf.write_f32(dtype, data)?;
         Ok(buf)
+    }
+
+    /// [`Kernels::alloc`] (VM kernels).
+    pub fn vm_alloc(&self, bytes: u64) -> Result<VmBuffer, AttnError> {
+        self.alloc(bytes)
+    }
+
+    /// Allocates a VM buffer holding `data` as f32 (VM kernels).
+    pub fn vm_upload(&self, data: &[f32]) -> Result<VmBuffer, AttnError> {
+        self.upload_as(Dtype::F32, data)
+    }
+
+    /// [`Kernels::upload_as`] (VM kernels).
+    pub fn vm_upload_as(&self, dtype: Dtype, data: &[f32]) -> Result<VmBuffer, AttnError> {
+        self.upload_as(dtype, data)
     }
 
     /// Copies `values` to the kernels' device (on CUDA: on `stream`, without waiting) and keeps a
@@ -855,16 +992,15 @@ impl Kernels {
     /// tensor must be used on the same stream.
     pub fn index_tensor(&self, values: &[u32], stream: Option<&Arc<CudaStream>>) -> Result<IndexTensor, AttnError> {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(vm) => {
-                let buf = self.vm_alloc(values.len() as u64 * 4)?;
+            Inner::Dev(dev) => {
+                let buf = self.alloc(values.len() as u64 * 4)?;
                 let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                vm.lock().upload_bytes(buf.ptr, &bytes)?;
+                buf.write_bytes(&bytes)?;
                 Ok(IndexTensor {
                     values: values.to_vec(),
                     ptr: buf.ptr,
-                    place: Place::Vm(vm.id),
-                    _storage: IndexStorage::Vm(buf),
+                    place: dev.place(),
+                    _storage: IndexStorage::Dev(buf),
                 })
             }
             Inner::Cuda(c) => {
@@ -918,7 +1054,7 @@ impl Kernels {
         let o_shape = [b, sq, h, d];
         let lse_shape = [b, h, sq, 1];
         // Validate before allocating, so a refused call allocates nothing.
-        let plan = self.plan(q, k, v, None, opts, varlen)?;
+        let plan = self.plan(KernelKind::Flash, q, k, v, None, None, opts, varlen)?;
         let o_bytes = (b * sq * h * d) as u64 * q.raw.dtype.size_bytes();
         let lse_bytes = (b * h * sq) as u64 * 4;
         let (o, lse) = self.alloc_outputs(q, o_bytes, lse_bytes)?;
@@ -936,11 +1072,10 @@ impl Kernels {
     /// stream, so they are freed in that stream's order).
     fn alloc_outputs(&self, q: &TensorView<'_>, o_bytes: u64, lse_bytes: u64) -> Result<(Storage, Storage), AttnError> {
         Ok(match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(_) => {
-                let o = self.vm_alloc(o_bytes)?;
-                let lse = self.vm_alloc(lse_bytes)?;
-                (Storage::Vm(o), Storage::Vm(lse))
+            Inner::Dev(_) => {
+                let o = self.alloc(o_bytes)?;
+                let lse = self.alloc(lse_bytes)?;
+                (Storage::Dev(o), Storage::Dev(lse))
             }
             Inner::Cuda(_) => {
                 let stream = q.stream.clone().ok_or_else(|| AttnError::WrongDevice {
@@ -974,7 +1109,55 @@ impl Kernels {
         opts: &AttnOpts<'_>,
     ) -> Result<(), AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
-        let plan = self.plan(q, k, v, Some(outs), opts, None)?;
+        let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, None)?;
+        self.launch(&plan, &plan.params, q.stream.as_deref())
+    }
+
+    /// Naive attention, for comparison: the three kernels that materialise the score matrix
+    /// `S = scale · q kᵀ` (masked) in `scores`, softmax it in place (writing `lse`), then
+    /// multiply by `v` into `o`. Same semantics, shapes, dtypes and options as
+    /// [`Kernels::flash_attn_into`]; `scores` is a contiguous f32 workspace
+    /// `[batch, heads, seq_q, seq_kv]` (varlen: the longest lengths), the `O(N²)` memory
+    /// flash attention does without. Head dims 1 to 256; no tensor cores.
+    #[allow(clippy::too_many_arguments)] // flash_attn_into's arguments plus the workspace
+    pub fn naive_attn_into(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+        scores: &mut TensorViewMut<'_>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
+        let ws = (&scores.raw, scores.stream.as_deref());
+        let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, None)?;
+        self.launch(&plan, &plan.params, q.stream.as_deref())
+    }
+
+    /// [`Kernels::naive_attn_into`] over packed sequences (the arguments of
+    /// [`Kernels::flash_attn_varlen_into`]); `scores` is `[batch, heads, max_seqlen_q,
+    /// max_seqlen_k]` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn naive_attn_varlen_into(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        cu_seqlens_q: &IndexTensor,
+        cu_seqlens_k: &IndexTensor,
+        max_seqlen_q: usize,
+        max_seqlen_k: usize,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+        scores: &mut TensorViewMut<'_>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
+        let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
+        let ws = (&scores.raw, scores.stream.as_deref());
+        let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1047,18 +1230,22 @@ impl Kernels {
     ) -> Result<(), AttnError> {
         let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
-        let plan = self.plan(q, k, v, Some(outs), opts, Some(&va))?;
+        let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
-    /// Validates everything and builds the kernel parameters (outputs filled when given).
-    /// `varlen`: packed sequences (`q`, `k`, `v` of batch 1, `[1, total, heads, d]`).
+    /// Validates everything and builds the kernel parameters (outputs filled when given):
+    /// the one validation of every prefill launch. `varlen`: packed sequences (`q`, `k`, `v` of
+    /// batch 1, `[1, total, heads, d]`). `scores`: the naive kernels' S workspace.
+    #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,
+        kind: KernelKind,
         q: &TensorView<'_>,
         k: &TensorView<'_>,
         v: &TensorView<'_>,
         outs: Option<Outputs<'_>>,
+        scores: Option<(&RawView, Option<&CudaStream>)>,
         opts: &AttnOpts<'_>,
         varlen: Option<&VarlenArgs<'_>>,
     ) -> Result<Plan, AttnError> {
@@ -1079,11 +1266,14 @@ impl Kernels {
         if let Some(s) = opts.sinks {
             tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
         }
+        if let Some((s, ss)) = scores {
+            tensors.push(("scores", s, ss));
+        }
         self.check_places(&tensors, &q.raw)?;
         // Dtypes.
         let dtype = q.raw.dtype;
         for (name, t, _) in &tensors {
-            let want = if matches!(*name, "lse" | "sinks") { Dtype::F32 } else { dtype };
+            let want = if matches!(*name, "lse" | "sinks" | "scores") { Dtype::F32 } else { dtype };
             if t.dtype != want {
                 return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
             }
@@ -1202,14 +1392,36 @@ impl Kernels {
             sinks: opts.sinks.is_some(),
             varlen: None,
         };
-        problem.validate(KernelKind::Flash, &self.caps()?)?;
-        let launch = problem.launches(KernelKind::Flash)?[0];
+        problem.validate(kind, &self.caps()?)?;
+        let launches = problem.launches(kind)?;
+        if let Inner::Dev(dev) = &self.inner {
+            // A device may have loaded another module (`--ptx FILE`): its entries must be the
+            // ones these launches were planned for.
+            let ids: Vec<_> = launches.iter().map(|l| l.kernel).collect();
+            dev.with(|d| {
+                d.ptx()
+                    .check_tiles(&ids)
+                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })
+            })?;
+        }
+        if let Some((s, _)) = scores {
+            let want = [problem.batch as usize, h, problem.seq_q as usize, problem.seq_kv as usize];
+            if s.shape != want || s.strides != contiguous(want) {
+                return Err(AttnError::Shape {
+                    tensor: "scores",
+                    got: s.shape,
+                    why: format!(
+                        "the naive kernels' scores must be contiguous [batch, heads, seq_q, seq_kv] = {want:?} f32"
+                    ),
+                });
+            }
+        }
         // Bounds, then the tensor-core kernels' alignment.
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
-        if dtype.is_16bit() {
-            let entry = launch.kernel.name();
+        if kind == KernelKind::Flash && dtype.is_16bit() {
+            let entry = launches[0].kernel.name();
             for (name, t, _) in &tensors {
                 let (need_ptr, need_label) = match *name {
                     "q" | "k" | "v" => (16, "16-byte aligned base pointers (cp.async copies 16-byte chunks)"),
@@ -1271,11 +1483,12 @@ impl Kernels {
                 bufs.lse = l.ptr;
             }
         }
+        bufs.scores = scores.map_or(0, |(s, _)| s.ptr);
         let mut params = problem.attn_params(&bufs);
         if varlen.is_some() {
             params.total_q = to_u32("q", sq, "total_q")?;
         }
-        Ok(Plan { kernel: launch.kernel, dims: launch.dims, params })
+        Ok(Plan { launches, params })
     }
 
     /// The cu_seqlens of a varlen call: on the kernels' device and q's stream, `batch + 1` prefix
@@ -1322,12 +1535,9 @@ impl Kernels {
 
     /// An index tensor must live where the kernels run and be made for q's stream (its upload
     /// was queued there, so the launch is ordered after it).
-    // Without the VM every place is a CUDA one.
-    #[cfg_attr(not(feature = "vm"), allow(unreachable_patterns, irrefutable_let_patterns))]
     fn check_index(&self, name: &'static str, t: &IndexTensor, q: &RawView) -> Result<(), AttnError> {
         let ok = match (&self.inner, t.place) {
-            #[cfg(feature = "vm")]
-            (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
+            (Inner::Dev(dev), Place::Dev { id, .. }) => dev.id == id,
             (Inner::Cuda(c), Place::Cuda { ctx, .. }) => ctx == c.ctx.cu_ctx() as usize,
             _ => false,
         };
@@ -1343,8 +1553,6 @@ impl Kernels {
     }
 
     /// Same device, same context, one stream: every tensor against the kernels and `q`.
-    // Without the VM every place is a CUDA one.
-    #[cfg_attr(not(feature = "vm"), allow(unreachable_patterns, irrefutable_let_patterns))]
     fn check_places(
         &self,
         tensors: &[(&'static str, &RawView, Option<&CudaStream>)],
@@ -1353,8 +1561,7 @@ impl Kernels {
         let expected = self.place_name();
         for (name, t, stream) in tensors {
             let same = match (&self.inner, t.place) {
-                #[cfg(feature = "vm")]
-                (Inner::Vm(vm), Place::Vm(id)) => vm.id == id,
+                (Inner::Dev(dev), Place::Dev { id, .. }) => dev.id == id,
                 (Inner::Cuda(c), Place::Cuda { ctx, .. }) => {
                     if let Some(s) = stream {
                         let sctx = s.context().cu_ctx() as usize;
@@ -1385,14 +1592,17 @@ impl Kernels {
     /// The device's launch limits, for validation.
     fn caps(&self) -> Result<DeviceCaps, AttnError> {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(v) => Ok(v.lock().caps()?),
+            Inner::Dev(v) => Ok(v.with(|d| d.caps())?),
             Inner::Cuda(c) => Ok(c.caps),
         }
     }
 
     fn launch(&self, plan: &Plan, params: &AttnParams, stream: Option<&CudaStream>) -> Result<(), AttnError> {
-        self.launch_bytes(plan.kernel, &plan.dims, &params.to_bytes(), stream)
+        let bytes = params.to_bytes();
+        for l in &plan.launches {
+            self.launch_bytes(l.kernel, &l.dims, &bytes, stream)?;
+        }
+        Ok(())
     }
 
     /// Launches `kernel` with its one by-value parameter struct `bytes` (a multiple of 8 bytes).
@@ -1404,9 +1614,11 @@ impl Kernels {
         stream: Option<&CudaStream>,
     ) -> Result<(), AttnError> {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(v) => {
-                v.lock().launch(kernel.name(), dims, &[bytes])?;
+            Inner::Dev(v) => {
+                let info = v.with(|d| d.launch(kernel.name(), dims, &[bytes]))?;
+                if let Some(log) = v.log().as_mut() {
+                    log.push(Launched { kernel, dims: *dims, info });
+                }
                 Ok(())
             }
             Inner::Cuda(c) => {
@@ -1449,8 +1661,7 @@ pub struct IndexTensor {
 
 #[allow(dead_code)] // owns the device memory the pointer refers to
 enum IndexStorage {
-    #[cfg(feature = "vm")]
-    Vm(VmBuffer),
+    Dev(DeviceBuffer),
     Cuda(CudaSlice<u32>),
 }
 
@@ -1475,7 +1686,7 @@ impl IndexTensor {
 type Outputs<'a> = (&'a RawView, Option<&'a CudaStream>, Option<RawView>, Option<&'a CudaStream>);
 
 struct Plan {
-    kernel: KernelId,
-    dims: kernels_gpu::tiles::LaunchDims,
+    /// One for the flash kernels, three for the naive ones (same parameters).
+    launches: Vec<crate::problem::PlannedLaunch>,
     params: AttnParams,
 }

@@ -29,8 +29,7 @@ impl<'a> PartialsView<'a> {
         let rows = splits * b * h * sq;
         ([1, rows, 1, d], [1, rows, 1, 1])
     }
-    #[cfg(feature = "vm")]
-    /// Partial states in two VM buffers.
+    /// Partial states in two device buffers (VM or [`Kernels::on_device`]).
     pub fn vm(
         o_part: &'a VmBuffer,
         lse_part: &'a VmBuffer,
@@ -74,8 +73,9 @@ impl Kernels {
     /// [`DEFAULT_SM_COUNT`] in the VM.
     fn sm_count(&self) -> u32 {
         match &self.inner {
-            #[cfg(feature = "vm")]
-            Inner::Vm(_) => crate::decode::DEFAULT_SM_COUNT,
+            Inner::Dev(d) => {
+                d.with(|d| d.multiprocessor_count()).ok().flatten().unwrap_or(crate::decode::DEFAULT_SM_COUNT)
+            }
             Inner::Cuda(c) => c.sm_count,
         }
     }

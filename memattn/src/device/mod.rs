@@ -108,8 +108,9 @@ pub enum DeviceError {
 /// A device that can run memattn's kernels and measure them.
 ///
 /// Launches may be asynchronous; [`Device::synchronize`], [`Device::download`] and
-/// [`Device::timer_stop`] wait for them.
-pub trait Device {
+/// [`Device::timer_stop`] wait for them. A device is `Send` so that
+/// [`crate::attn::Kernels::on_device`] stays `Send + Sync`; calls are serialised by the kernels.
+pub trait Device: Send {
     fn backend(&self) -> Backend;
     /// e.g. "NVIDIA H100 80GB HBM3 (sm_90)" or "ptx-vm (2 workers, 16 GiB simulated)".
     fn name(&self) -> String;
