@@ -5,13 +5,11 @@
 use crate::error::Error;
 use crate::runner::{poison, LaunchRecord, MAX_LAUNCHES, POISON};
 use crate::timing::Timing;
-use kernels_gpu::abi::Strides;
-use kernels_gpu::decode_abi::MergeParams;
-use kernels_gpu::tiles::MERGE;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
+use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::decode::*;
-use memattn::device::{DevPtr, Device, DeviceError};
+use memattn::device::{Device, DeviceError};
 use memattn::dtype::Dtype;
 use memattn::memory::MeasuredMemory;
 use serde::Serialize;
@@ -90,8 +88,8 @@ fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
 
 /// Runs one decode call on `dev` with `inputs` (or random inputs from `spec.seed`), verified
 /// against the f64 reference; the cache after the append is checked bit for bit.
-pub fn run_decode<D: Device + ?Sized>(
-    dev: &mut D,
+pub fn run_decode(
+    dev: &mut dyn Device,
     spec: &DecodeSpec,
     inputs: Option<&DecodeInputs>,
 ) -> Result<DecodeReport, Error> {
@@ -145,113 +143,10 @@ pub fn run_decode<D: Device + ?Sized>(
         )));
     }
     dev.memory_begin()?;
-    let mut allocated: Vec<DevPtr> = Vec::new();
-    let body = (|| -> Result<_, DeviceError> {
-        let mut alloc = |dev: &mut D, n: u64| -> Result<DevPtr, DeviceError> {
-            if n == 0 {
-                return Ok(0);
-            }
-            let ptr = dev.alloc(n)?;
-            allocated.push(ptr);
-            Ok(ptr)
-        };
-        let q = alloc(dev, bytes.q)?;
-        let kc = alloc(dev, bytes.kv_cache / 2)?;
-        let vc = alloc(dev, bytes.kv_cache / 2)?;
-        let kn = alloc(dev, bytes.new_kv / 2)?;
-        let vn = alloc(dev, bytes.new_kv / 2)?;
-        let bt = alloc(dev, bytes.block_table)?;
-        let sl = alloc(dev, bytes.cache_seqlens)?;
-        let sk = alloc(dev, bytes.sinks)?;
-        let o = alloc(dev, bytes.o)?;
-        let lse = alloc(dev, bytes.lse)?;
-        let o_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64)?;
-        let lse_part = alloc(dev, bytes.workspace / (p.head_dim as u64 + 1))?;
-        dev.upload_bytes(q, &p.dtype.encode(&x.q))?;
-        dev.upload_bytes(kc, &p.dtype.encode(&x.k_cache))?;
-        dev.upload_bytes(vc, &p.dtype.encode(&x.v_cache))?;
-        if kn != 0 {
-            dev.upload_bytes(kn, &p.dtype.encode(&x.k_new))?;
-            dev.upload_bytes(vn, &p.dtype.encode(&x.v_new))?;
-        }
-        if bt != 0 {
-            let b: Vec<u8> = x.block_table.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.upload_bytes(bt, &b)?;
-        }
-        let s: Vec<u8> = p.cache_seqlens.iter().flat_map(|v| v.to_le_bytes()).collect();
-        dev.upload_bytes(sl, &s)?;
-        if sk != 0 {
-            dev.upload(sk, &x.sinks)?;
-        }
-        dev.memory_mark_allocated()?;
-        let bufs = DecodeBuffers {
-            q,
-            k_cache: kc,
-            v_cache: vc,
-            k_new: kn,
-            v_new: vn,
-            block_table: bt,
-            cache_seqlens: sl,
-            o,
-            lse,
-            o_part,
-            lse_part,
-            sinks: sk,
-        };
-        let params = decode_params(p, x.layout, plan.num_splits, &bufs);
-        let merge =
-            merge_params(p, plan.num_splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, p.head_dim as u64));
-        let (pb, mb) = (params.to_bytes(), merge.to_bytes());
-        let mut samples = Vec::new();
-        let mut records = Vec::new();
-        for rep in 0..warmup as u64 + repeats as u64 {
-            poison(dev, o, bytes.o, p.dtype)?;
-            dev.fill_u32(lse, p.rows(), POISON)?;
-            if o_part != 0 {
-                dev.fill_u32(o_part, bytes.workspace / (p.head_dim as u64 + 1) * p.head_dim as u64 / 4, POISON)?;
-                dev.fill_u32(lse_part, bytes.workspace / (p.head_dim as u64 + 1) / 4, POISON)?;
-            }
-            dev.synchronize()?;
-            dev.timer_start()?;
-            let mut these = Vec::new();
-            for (k, dims) in &launches {
-                let arg: &[u8] = if k.variant().family == kernels_gpu::Family::MergeStates { &mb } else { &pb };
-                let info = dev.launch(k.name(), dims, &[arg])?;
-                these.push(LaunchRecord {
-                    kernel: k.name().to_string(),
-                    grid: dims.grid,
-                    block: dims.block,
-                    dynamic_smem_bytes: dims.dynamic_smem_bytes,
-                    thread_instructions: info.thread_instructions,
-                });
-            }
-            let ms = dev.timer_stop()?;
-            if rep >= warmup as u64 {
-                samples.push(ms);
-            }
-            records = these;
-        }
-        let mut ob = vec![0u8; bytes.o as usize];
-        dev.download_bytes(o, &mut ob)?;
-        let mut lv = vec![0f32; p.rows() as usize];
-        dev.download(lse, &mut lv)?;
-        let mut kb = vec![0u8; (bytes.kv_cache / 2) as usize];
-        let mut vb = vec![0u8; (bytes.kv_cache / 2) as usize];
-        dev.download_bytes(kc, &mut kb)?;
-        dev.download_bytes(vc, &mut vb)?;
-        Ok((samples, records, p.dtype.decode(&ob), lv, p.dtype.decode(&kb), p.dtype.decode(&vb)))
-    })();
-    let mut free_err = None;
-    for ptr in allocated.into_iter().rev() {
-        if let Err(e) = dev.free(ptr) {
-            free_err.get_or_insert(e);
-        }
-    }
+    let body = Kernels::scoped(dev, |k| decode_measured(k, p, x, &plan, warmup, repeats));
+    // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
     let (samples, records, o, lse, k_after, v_after) = body?;
-    if let Some(e) = free_err {
-        return Err(e.into());
-    }
     let memory = memory?;
     let r = reference(p, x);
     let mut v = verify_decode(p, &o, &lse, &r);
@@ -314,57 +209,139 @@ pub fn run_decode<D: Device + ?Sized>(
     })
 }
 
-/// Runs `merge_states` on `dev`: combines `x` into O (`dtype`, `[batch, seq_q, heads,
-/// head_dim]`, returned as f32 values) and LSE (`[batch, heads, seq_q]`). Outputs are poisoned
-/// before the launch.
-pub fn merge_states<D: Device + ?Sized>(
-    dev: &mut D,
-    x: &Partials,
-    dtype: Dtype,
-) -> Result<(Vec<f32>, Vec<f32>), Error> {
+/// Runs `merge_states` on `dev` through the library's [`Kernels::merge_states_into`]: combines
+/// `x` into O (`dtype`, `[batch, seq_q, heads, head_dim]`, returned as f32 values) and LSE
+/// (`[batch, heads, seq_q]`). Outputs are poisoned before the launch.
+pub fn merge_states(dev: &mut dyn Device, x: &Partials, dtype: Dtype) -> Result<(Vec<f32>, Vec<f32>), Error> {
     x.check()?;
-    let k = KernelId::find(kernels_gpu::Family::MergeStates, dtype.elem(), None)
-        .ok_or_else(|| Error::Usage(format!("no merge_states kernel for {dtype}")))?;
-    let rows = x.rows();
-    let es = dtype.size_bytes();
-    let dims = MERGE.launch(rows);
-    let mut ptrs = Vec::new();
-    let r = (|| -> Result<_, DeviceError> {
-        let mut alloc = |dev: &mut D, n: u64| -> Result<DevPtr, DeviceError> {
-            let p = dev.alloc(n)?;
-            ptrs.push(p);
-            Ok(p)
-        };
-        let op = alloc(dev, x.o.len() as u64 * 4)?;
-        let lp = alloc(dev, x.lse.len() as u64 * 4)?;
-        let o = alloc(dev, rows * x.head_dim as u64 * es)?;
-        let lse = alloc(dev, rows * 4)?;
-        dev.upload(op, &x.o)?;
-        dev.upload(lp, &x.lse)?;
-        poison(dev, o, rows * x.head_dim as u64 * es, dtype)?;
-        dev.fill_u32(lse, rows, POISON)?;
-        let m = MergeParams {
-            o_part: op,
-            lse_part: lp,
-            o,
-            lse,
-            o_strides: Strides::bshd(x.seq_q as u64, x.heads as u64, x.head_dim as u64),
-            splits: x.splits,
-            batch: x.batch,
-            heads: x.heads,
-            seq_q: x.seq_q,
-            head_dim: x.head_dim,
-            _pad: 0,
-        };
-        dev.launch(k.name(), &dims, &[&m.to_bytes()])?;
-        let mut ob = vec![0u8; (rows * x.head_dim as u64 * es) as usize];
-        dev.download_bytes(o, &mut ob)?;
-        let mut lv = vec![0f32; rows as usize];
-        dev.download(lse, &mut lv)?;
-        Ok((dtype.decode(&ob), lv))
-    })();
-    for p in ptrs.into_iter().rev() {
-        dev.free(p)?;
-    }
+    let r = Kernels::scoped(dev, |k| -> Result<_, AttnError> {
+        let rows = x.rows();
+        let es = dtype.size_bytes();
+        let (b, sq, h, d) = (x.batch as usize, x.seq_q as usize, x.heads as usize, x.head_dim as usize);
+        let op = k.upload_as(Dtype::F32, &x.o)?;
+        let lp = k.upload_as(Dtype::F32, &x.lse)?;
+        let o = k.alloc(rows * x.head_dim as u64 * es)?;
+        let lse = k.alloc(rows * 4)?;
+        k.with_device(|dev| {
+            poison(dev, o.ptr(), rows * x.head_dim as u64 * es, dtype)?;
+            dev.fill_u32(lse.ptr(), rows, POISON)
+        })?;
+        k.merge_states_into(
+            &PartialsView::vm(&op, &lp, x.splits as usize, [b, sq, h, d])?,
+            &mut TensorViewMut::device(&o, dtype, [b, sq, h, d])?,
+            &mut LseViewMut::vm(&lse, b, h, sq)?,
+        )?;
+        Ok((
+            dtype.decode(&o.read_bytes((rows * x.head_dim as u64 * es) as usize)?),
+            lse.read_f32(Dtype::F32, rows as usize)?,
+        ))
+    });
     Ok(r?)
+}
+
+/// What one measured decode run brought back: timing samples, the last repetition's
+/// launches, O, LSE and the caches after it.
+type DecodeMeasured = (Vec<f64>, Vec<LaunchRecord>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Uploads the decode call's tensors on `k`, plans it once through the library
+/// ([`Kernels::plan_kvcache`], with the split count of `plan`), then for each warm-up and
+/// measured repetition poisons O, LSE and the split workspace, runs it
+/// ([`Kernels::run_kvcache`]) and times it; downloads O, LSE and the caches of the last one.
+fn decode_measured(
+    k: &Kernels,
+    p: &DecodeProblem,
+    x: &DecodeInputs,
+    plan: &SplitPlan,
+    warmup: u32,
+    repeats: u32,
+) -> Result<DecodeMeasured, AttnError> {
+    let (b, sq, h, hk, d) =
+        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
+    let up = |data: &[f32]| k.upload_as(p.dtype, data);
+    let q = up(&x.q)?;
+    let (kc, vc) = (up(&x.k_cache)?, up(&x.v_cache)?);
+    let new = if p.seq_new > 0 { Some((up(&x.k_new)?, up(&x.v_new)?)) } else { None };
+    let cache_seqlens = k.index_tensor(&p.cache_seqlens, None)?;
+    let (cache_shape, block_table) = match x.layout {
+        CacheLayout::Contiguous { seq_cache } => ([b, seq_cache as usize, hk, d], None),
+        CacheLayout::Paged { page_size, num_pages, .. } => {
+            ([num_pages as usize, page_size as usize, hk, d], Some(k.index_tensor(&x.block_table, None)?))
+        }
+    };
+    let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let es = p.dtype.size_bytes();
+    let o = k.alloc((b * sq * h * d) as u64 * es)?;
+    let lse = k.alloc(p.rows() * 4)?;
+
+    let qv = TensorView::device(&q, p.dtype, [b, sq, h, d])?;
+    let mut kcv = TensorViewMut::device(&kc, p.dtype, cache_shape)?;
+    let mut vcv = TensorViewMut::device(&vc, p.dtype, cache_shape)?;
+    let new_views = match &new {
+        Some((kn, vn)) => {
+            let shape = [b, p.seq_new as usize, hk, d];
+            Some((TensorView::device(kn, p.dtype, shape)?, TensorView::device(vn, p.dtype, shape)?))
+        }
+        None => None,
+    };
+    let (kn, vn) = match &new_views {
+        Some((kn, vn)) => (Some(kn), Some(vn)),
+        None => (None, None),
+    };
+    let mut ov = TensorViewMut::device(&o, p.dtype, [b, sq, h, d])?;
+    let mut lv = LseViewMut::vm(&lse, b, h, sq)?;
+    let sinks_view = match &sinks {
+        Some(s) => Some(SinksView::vm(s, h)?),
+        None => None,
+    };
+    let mut opts = AttnOpts::new()
+        .causal(p.causal)
+        .window_size(p.window_left, p.window_right)
+        .num_splits(plan.num_splits)
+        .decode_kernel(p.kernel);
+    if let Some(scale) = p.scale {
+        opts = opts.softmax_scale(scale);
+    }
+    if p.softcap != 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    if let Some(s) = &sinks_view {
+        opts = opts.sinks(s);
+    }
+    let planned = k.plan_kvcache(&qv, &kcv, &vcv, kn, vn, &cache_seqlens, block_table.as_ref(), &ov, &lv, &opts)?;
+    k.with_device(|dev| dev.memory_mark_allocated())?;
+
+    k.record_launches(true)?;
+    let mut samples = Vec::new();
+    let mut records = Vec::new();
+    for rep in 0..warmup as u64 + repeats as u64 {
+        k.with_device(|dev| {
+            poison(dev, o.ptr(), o.bytes(), p.dtype)?;
+            dev.fill_u32(lse.ptr(), p.rows(), POISON)
+        })?;
+        planned.fill_workspace_u32(POISON)?;
+        k.with_device(|dev| {
+            dev.synchronize()?;
+            dev.timer_start()
+        })?;
+        k.run_kvcache(&planned, &qv, &mut kcv, &mut vcv, kn, vn, &mut ov, &mut lv)?;
+        let ms = k.with_device(|dev| dev.timer_stop())?;
+        if rep >= warmup as u64 {
+            samples.push(ms);
+        }
+        records = k
+            .take_launches()?
+            .into_iter()
+            .map(|l| LaunchRecord {
+                kernel: l.kernel.name().to_string(),
+                grid: l.dims.grid,
+                block: l.dims.block,
+                dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+                thread_instructions: l.info.thread_instructions,
+            })
+            .collect();
+    }
+    let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
+        Ok(p.dtype.decode(&buf.read_bytes(buf.bytes() as usize)?))
+    };
+    Ok((samples, records, read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, read(&kc)?, read(&vc)?))
 }

@@ -174,6 +174,9 @@ pub struct AttnOpts<'s> {
     /// lets the library choose (FlashAttention-2's heuristic), `Some(n)` is `n` splits
     /// (1..=128). The prefill calls run one split: there, only `None`, 0 and 1 are accepted.
     pub num_splits: Option<u32>,
+    /// The decode kernel family of [`Kernels::flash_attn_with_kvcache`]: `Auto` (tensor cores
+    /// for bf16/f16, SIMT for f32), `Simt` or `Mma`. The prefill calls refuse anything but `Auto`.
+    pub decode_kernel: crate::decode::DecodeKernel,
 }
 
 impl PartialEq for AttnOpts<'_> {
@@ -186,6 +189,7 @@ impl PartialEq for AttnOpts<'_> {
             && self.softcap == other.softcap
             && sinks(self) == sinks(other)
             && self.num_splits == other.num_splits
+            && self.decode_kernel == other.decode_kernel
     }
 }
 
@@ -231,6 +235,11 @@ impl<'s> AttnOpts<'s> {
         self.num_splits = Some(n);
         self
     }
+    /// See [`AttnOpts::decode_kernel`](struct.AttnOpts.html#structfield.decode_kernel).
+    pub fn decode_kernel(mut self, kernel: crate::decode::DecodeKernel) -> Self {
+        self.decode_kernel = kernel;
+        self
+    }
 
     /// The window as the kernels take it: `(left, right)`, `-1` unbounded. A side over
     /// `i32::MAX` keys is refused.
@@ -242,12 +251,18 @@ impl<'s> AttnOpts<'s> {
         Ok((side("left", self.window.0)?, side("right", self.window.1)?))
     }
 
-    /// Refuses split counts on the one-split (prefill) calls.
+    /// Refuses split counts and a decode kernel choice on the one-split (prefill) calls.
     fn check_one_split(&self) -> Result<(), AttnError> {
         if self.num_splits.is_some_and(|n| n > 1) {
             return Err(AttnError::NotSupportedYet {
                 feature: "split-KV in the prefill calls (AttnOpts::num_splits over 1; \
                           flash_attn_with_kvcache splits)",
+            });
+        }
+        if self.decode_kernel != crate::decode::DecodeKernel::Auto {
+            return Err(AttnError::NotSupportedYet {
+                feature: "a decode kernel choice in the prefill calls (AttnOpts::decode_kernel is for \
+                          flash_attn_with_kvcache)",
             });
         }
         Ok(())
@@ -1394,16 +1409,7 @@ impl Kernels {
         };
         problem.validate(kind, &self.caps()?)?;
         let launches = problem.launches(kind)?;
-        if let Inner::Dev(dev) = &self.inner {
-            // A device may have loaded another module (`--ptx FILE`): its entries must be the
-            // ones these launches were planned for.
-            let ids: Vec<_> = launches.iter().map(|l| l.kernel).collect();
-            dev.with(|d| {
-                d.ptx()
-                    .check_tiles(&ids)
-                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })
-            })?;
-        }
+        self.check_module(&launches.iter().map(|l| l.kernel).collect::<Vec<_>>())?;
         if let Some((s, _)) = scores {
             let want = [problem.batch as usize, h, problem.seq_q as usize, problem.seq_kv as usize];
             if s.shape != want || s.strides != contiguous(want) {
@@ -1585,6 +1591,19 @@ impl Kernels {
                     return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Device-backed kernels may have loaded another module than the embedded one (the
+    /// command's `--ptx FILE`): its entries must have the tiles these launches were planned for.
+    fn check_module(&self, ids: &[KernelId]) -> Result<(), AttnError> {
+        if let Inner::Dev(dev) = &self.inner {
+            dev.with(|d| {
+                d.ptx()
+                    .check_tiles(ids)
+                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })
+            })?;
         }
         Ok(())
     }

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::decode::{
-    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeKernel,
-    DecodeProblem, SmCountSource, Splits, MAX_SPLITS,
+    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeProblem,
+    SmCountSource, Splits, MAX_SPLITS,
 };
 use kernels_gpu::Family;
 
@@ -717,13 +717,14 @@ impl Kernels {
             splits,
             sm_count: self.sm_count(),
             sm_count_source: if self.is_vm() { SmCountSource::Default } else { SmCountSource::Device },
-            kernel: DecodeKernel::Auto,
+            kernel: opts.decode_kernel,
             sinks: opts.sinks.is_some(),
         };
         problem.validate().map_err(kv_err)?;
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
         let plan = problem.plan().map_err(kv_err)?;
         let launches = planned_launches(&problem, &plan).map_err(kv_err)?;
+        self.check_module(&launches.iter().map(|l| l.0).collect::<Vec<_>>())?;
         for (kernel, dims) in &launches {
             self.check_grid(*kernel, dims)?;
         }
@@ -781,6 +782,21 @@ impl KvCachePlan<'_> {
     /// The split count the plan runs with (1: no workspace, no merge).
     pub fn num_splits(&self) -> u32 {
         self.plan.splits
+    }
+
+    /// Device-backed kernels: sets every 32-bit word of the split workspace (the partial O and
+    /// LSE of each split) to `value`, e.g. a NaN poison that shows a state no kernel wrote.
+    /// Nothing to do for one split; on CUDA kernels an error (the workspace is cudarc's there).
+    pub fn fill_workspace_u32(&self, value: u32) -> Result<(), AttnError> {
+        for s in [&self.workspace.0, &self.workspace.1].into_iter().flatten() {
+            match s {
+                Storage::Dev(b) => b.fill_u32(b.bytes() / 4, value)?,
+                Storage::Cuda { .. } => {
+                    return Err(AttnError::NotSupportedYet { feature: "filling the split workspace of CUDA kernels" })
+                }
+            }
+        }
+        Ok(())
     }
 }
 
