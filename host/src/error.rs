@@ -48,7 +48,7 @@ impl From<memattn::error::Error> for Error {
         match e {
             memattn::error::Error::Problem(p) => Error::Problem(p),
             memattn::error::Error::Device(d) => Error::Device(d),
-            other => Error::Usage(other.to_string()),
+            other => Error::Usage(other.to_string()), // Usage and KvCache rules: bad input
         }
     }
 }
@@ -60,5 +60,11 @@ impl From<memattn::attn::AttnError> for Error {
             memattn::attn::AttnError::Device(d) => Error::Device(d),
             other => Error::Usage(other.to_string()),
         }
+    }
+}
+
+impl From<memattn::decode::KvCacheRule> for Error {
+    fn from(e: memattn::decode::KvCacheRule) -> Self {
+        Error::Usage(e.to_string())
     }
 }

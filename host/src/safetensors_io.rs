@@ -194,8 +194,8 @@ pub fn read_qkv_as(path: &Path, dtype: Option<Dtype>) -> Result<(FileShape, Dtyp
         };
         let malformed = |message: String| InputError::Malformed { path: path.into(), message };
         let (cq, ck) = (cu("cu_seqlens_q")?, cu("cu_seqlens_kv")?);
-        let lq = crate::problem::Varlen::lens_from_cu(&cq, "cu_seqlens_q").map_err(malformed)?;
-        let lk = crate::problem::Varlen::lens_from_cu(&ck, "cu_seqlens_kv").map_err(malformed)?;
+        let lq = crate::problem::Varlen::lens_from_cu(&cq, "cu_seqlens_q").map_err(|e| malformed(e.to_string()))?;
+        let lk = crate::problem::Varlen::lens_from_cu(&ck, "cu_seqlens_kv").map_err(|e| malformed(e.to_string()))?;
         if lq.len() != lk.len() {
             return Err(malformed(format!(
                 "cu_seqlens_q has {} entries and cu_seqlens_kv {}; both need batch + 1",

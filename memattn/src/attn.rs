@@ -90,7 +90,7 @@ use std::sync::Mutex;
 pub enum AttnError {
     /// A shape that does not fit the others or the kernels.
     #[error("{tensor} has shape {got:?}: {why}")]
-    Shape { tensor: &'static str, got: [usize; 4], why: String },
+    Shape { tensor: &'static str, got: [usize; 4], why: ShapeRule },
     /// q, k, v and o must share one dtype.
     #[error("{tensor} is {got}, but q is {expected} (q, k, v and o share one dtype)")]
     Dtype { tensor: &'static str, got: Dtype, expected: Dtype },
@@ -122,13 +122,13 @@ pub enum AttnError {
     Window { side: &'static str, got: u32 },
     /// Per-head sinks that do not fit q.
     #[error("sinks: {why}")]
-    Sinks { why: String },
-    /// cu_seqlens that are not prefix sums of the packed tensors.
+    Sinks { why: SinksRule },
+    /// cu_seqlens (or cache_seqlens) that are not what the tensors need.
     #[error("{tensor}: {why}")]
-    SeqLens { tensor: &'static str, why: String },
+    SeqLens { tensor: &'static str, why: SeqLensRule },
     /// A KV-cache rule (capacity, block table, decode kernel limits), named in the message.
     #[error("KV cache: {why}")]
-    KvCache { why: String },
+    KvCache { why: KvCacheRule },
     /// A split count over the plan's limit.
     #[error("num_splits {got} is over the limit of {max} (0 or None lets the library choose)")]
     Splits { got: u32, max: u32 },
@@ -147,6 +147,67 @@ pub enum AttnError {
     /// The device or the VM failed (allocation, copy, launch, memcheck finding).
     #[error(transparent)]
     Device(#[from] DeviceError),
+}
+
+pub use crate::decode::KvCacheRule;
+pub use crate::problem::SeqLensRule;
+
+/// Why a tensor's shape was refused ([`AttnError::Shape`]): the rule and the values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShapeRule {
+    #[error("batch {got} != q's batch {q}")]
+    Batch { got: usize, q: usize },
+    #[error("head_dim {got} != q's head_dim {q}")]
+    HeadDim { got: usize, q: usize },
+    #[error(
+        "{got} heads do not divide q's {q} heads (grouped-query attention: query head i reads k/v head i / (q heads / k/v heads))"
+    )]
+    HeadsDivide { got: usize, q: usize },
+    #[error("{got} heads != k's {k} heads (k and v have one head count)")]
+    KvHeads { got: usize, k: usize },
+    /// `what` is `seq_kv`, or `total_kv` for packed sequences.
+    #[error("{what} {got} != k's {what} {k}")]
+    SeqKv { what: &'static str, got: usize, k: usize },
+    /// `of` is `q's` (attention) or `the partial states'` (merge).
+    #[error("o must have {of} shape {want:?}")]
+    Output { of: &'static str, want: [usize; 4] },
+    #[error("{}", if *packed {
+        format!("lse must be contiguous [heads, total_q] = [{}, {}] f32 (packed sequences)", want[1], want[2])
+    } else {
+        format!("lse must be contiguous [batch, heads, seq_q] = {want:?} f32")
+    })]
+    Lse { want: [usize; 3], packed: bool },
+    #[error("{what} {got} is over the kernels' limit {}", u32::MAX)]
+    OverLimit { what: &'static str, got: usize },
+    #[error("packed sequences are viewed as [1, total, heads, head_dim] (batch 1)")]
+    PackedBatch,
+    #[error("the naive kernels' scores must be contiguous [batch, heads, seq_q, seq_kv] = {want:?} f32")]
+    Scores { want: [usize; 4] },
+    #[error("{splits} splits of [batch, seq_q, heads, head_dim]: every size must be >= 1")]
+    EmptyPartials { splits: usize },
+    #[error("the plan was made for {planned:?}")]
+    NotPlanned { planned: [usize; 4] },
+    #[error("v_cache must have k_cache's shape {k_cache:?}")]
+    VCache { k_cache: [usize; 4] },
+    #[error("head_dim {got} != q's {q}")]
+    CacheHeadDim { got: usize, q: usize },
+    #[error("{got} KV heads do not divide q's {q} heads (GQA: query head i reads KV head i / (heads / heads_kv))")]
+    CacheHeads { got: usize, q: usize },
+    #[error("new tokens must be [batch, seq_new, heads_kv, head_dim] = {want:?}")]
+    NewTokens { want: [usize; 4] },
+    #[error("a contiguous cache is [batch, seq_cache, heads_kv, head_dim]: batch {got} != q's {q}")]
+    CacheBatch { got: usize, q: usize },
+}
+
+/// Why per-head sinks were refused ([`AttnError::Sinks`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinksRule {
+    #[error("{got} sink logits for q's {heads} heads (one per head)")]
+    Count { got: usize, heads: usize },
+    #[error("the base pointer {ptr:#x} is not 4-byte aligned")]
+    Misaligned { ptr: u64 },
 }
 
 /// Options of an attention call. Built with setters, so options added later are additions:
@@ -1299,34 +1360,23 @@ impl Kernels {
         for (name, t) in [("k", &k.raw), ("v", &v.raw)] {
             let [kb, _, th, kd] = t.shape;
             if kb != b {
-                return Err(AttnError::Shape {
-                    tensor: name,
-                    got: t.shape,
-                    why: format!("batch {kb} != q's batch {b}"),
-                });
+                return Err(AttnError::Shape { tensor: name, got: t.shape, why: ShapeRule::Batch { got: kb, q: b } });
             }
             if kd != d {
-                return Err(AttnError::Shape {
-                    tensor: name,
-                    got: t.shape,
-                    why: format!("head_dim {kd} != q's head_dim {d}"),
-                });
+                return Err(AttnError::Shape { tensor: name, got: t.shape, why: ShapeRule::HeadDim { got: kd, q: d } });
             }
             if th == 0 || !h.is_multiple_of(th) {
                 return Err(AttnError::Shape {
                     tensor: name,
                     got: t.shape,
-                    why: format!(
-                        "{th} heads do not divide q's {h} heads (grouped-query attention: query head i reads \
-                         k/v head i / (q heads / k/v heads))"
-                    ),
+                    why: ShapeRule::HeadsDivide { got: th, q: h },
                 });
             }
             if th != kh {
                 return Err(AttnError::Shape {
                     tensor: name,
                     got: t.shape,
-                    why: format!("{th} heads != k's {kh} heads (k and v have one head count)"),
+                    why: ShapeRule::KvHeads { got: th, k: kh },
                 });
             }
         }
@@ -1335,7 +1385,7 @@ impl Kernels {
             return Err(AttnError::Shape {
                 tensor: "v",
                 got: v.raw.shape,
-                why: format!("{what} {} != k's {what} {}", v.raw.shape[1], k.raw.shape[1]),
+                why: ShapeRule::SeqKv { what, got: v.raw.shape[1], k: k.raw.shape[1] },
             });
         }
         let skv = k.raw.shape[1];
@@ -1344,24 +1394,19 @@ impl Kernels {
                 return Err(AttnError::Shape {
                     tensor: "o",
                     got: o.shape,
-                    why: format!("o must have q's shape {:?}", q.raw.shape),
+                    why: ShapeRule::Output { of: "q's", want: q.raw.shape },
                 });
             }
         }
         if let Some((l, _)) = &lse_raw {
             if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
-                let why = match varlen {
-                    Some(_) => format!("lse must be contiguous [heads, total_q] = [{h}, {sq}] f32 (packed sequences)"),
-                    None => format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
-                };
+                let why = ShapeRule::Lse { want: [b, h, sq], packed: varlen.is_some() };
                 return Err(AttnError::Shape { tensor: "lse", got: l.shape, why });
             }
         }
         if let Some(s) = opts.sinks {
             if s.heads() != h {
-                return Err(AttnError::Sinks {
-                    why: format!("{} sink logits for q's {h} heads (one per head)", s.heads()),
-                });
+                return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
             }
         }
         for (name, t, _) in &tensors {
@@ -1369,11 +1414,11 @@ impl Kernels {
                 return Err(AttnError::InnerStride { tensor: name, stride: t.strides[3] });
             }
         }
-        let to_u32 = |tensor: &'static str, n: usize, what: &str| {
+        let to_u32 = |tensor: &'static str, n: usize, what: &'static str| {
             u32::try_from(n).map_err(|_| AttnError::Shape {
                 tensor,
                 got: q.raw.shape,
-                why: format!("{what} {n} is over the kernels' limit {}", u32::MAX),
+                why: ShapeRule::OverLimit { what, got: n },
             })
         };
         // Varlen: `batch` sequences of at most max_seqlen rows, packed in one batch-1 tensor.
@@ -1381,11 +1426,7 @@ impl Kernels {
             None => (b, sq, skv),
             Some(va) => {
                 if b != 1 {
-                    return Err(AttnError::Shape {
-                        tensor: "q",
-                        got: q.raw.shape,
-                        why: "packed sequences are viewed as [1, total, heads, head_dim] (batch 1)".into(),
-                    });
+                    return Err(AttnError::Shape { tensor: "q", got: q.raw.shape, why: ShapeRule::PackedBatch });
                 }
                 let nseq = self.check_varlen(va, &q.raw, sq, skv)?;
                 (nseq, va.max_q.max(1), va.max_kv.max(1))
@@ -1413,13 +1454,7 @@ impl Kernels {
         if let Some((s, _)) = scores {
             let want = [problem.batch as usize, h, problem.seq_q as usize, problem.seq_kv as usize];
             if s.shape != want || s.strides != contiguous(want) {
-                return Err(AttnError::Shape {
-                    tensor: "scores",
-                    got: s.shape,
-                    why: format!(
-                        "the naive kernels' scores must be contiguous [batch, heads, seq_q, seq_kv] = {want:?} f32"
-                    ),
-                });
+                return Err(AttnError::Shape { tensor: "scores", got: s.shape, why: ShapeRule::Scores { want } });
             }
         }
         // Bounds, then the tensor-core kernels' alignment.
@@ -1463,9 +1498,7 @@ impl Kernels {
         }
         if let Some(s) = opts.sinks {
             if !s.0.raw.ptr.is_multiple_of(4) {
-                return Err(AttnError::Sinks {
-                    why: format!("the base pointer {:#x} is not 4-byte aligned", s.0.raw.ptr),
-                });
+                return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: s.0.raw.ptr } });
             }
         }
         let mut bufs = AttnBuffers {
@@ -1513,27 +1546,23 @@ impl Kernels {
                 .enumerate()
         {
             self.check_index(name, cu, q)?;
-            let bad = |why: String| AttnError::SeqLens { tensor: name, why };
+            let bad = |why: SeqLensRule| AttnError::SeqLens { tensor: name, why };
             let lens = Varlen::lens_from_cu(&cu.values, name).map_err(bad)?;
             let last = *cu.values.last().expect("lens_from_cu checked >= 2 entries") as usize;
             if last != total {
                 let packed = if n == 0 { "q has" } else { "k and v have" };
-                return Err(bad(format!("the last prefix sum is {last}, but {packed} {total} packed rows")));
+                return Err(bad(SeqLensRule::LastSum { last, packed, total }));
             }
             let long = lens.iter().copied().max().unwrap_or(0) as usize;
             if long > max {
                 let what = if n == 0 { "max_seqlen_q" } else { "max_seqlen_k" };
-                return Err(bad(format!("a sequence has {long} rows, over {what} = {max}")));
+                return Err(bad(SeqLensRule::TooLong { rows: long, max_name: what, max }));
             }
         }
         if va.cu_q.values.len() != va.cu_kv.values.len() {
             return Err(AttnError::SeqLens {
                 tensor: "cu_seqlens_k",
-                why: format!(
-                    "{} entries, but cu_seqlens_q has {} (one prefix sum per sequence, plus the leading 0)",
-                    va.cu_kv.values.len(),
-                    va.cu_q.values.len()
-                ),
+                why: SeqLensRule::Entries { got: va.cu_kv.values.len(), q: va.cu_q.values.len() },
             });
         }
         Ok(va.cu_q.values.len() - 1)

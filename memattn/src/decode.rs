@@ -102,6 +102,69 @@ impl fmt::Display for Splits {
     }
 }
 
+/// A rule of a KV-cache (decode) call that the problem breaks: shape, capacity, block table,
+/// kernel choice. `Display` names the rule and the values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvCacheRule {
+    #[error(
+        "batch, heads, heads_kv, seq_q and head_dim must be >= 1 (got {}, {}, {}, {}, {})",
+        sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
+    )]
+    Empty { sizes: [u32; 5] },
+    #[error(
+        "mismatched heads: heads ({heads}) must be a multiple of heads_kv ({heads_kv}) (GQA: query head h reads KV head h / (heads / heads_kv))"
+    )]
+    Heads { heads: u32, heads_kv: u32 },
+    #[error("cache_seqlens has {got} entries, batch is {batch}: one length per sequence")]
+    SeqLensEntries { got: usize, batch: u32 },
+    #[error("page_size must be >= 1 (0 keys per page)")]
+    PageSizeZero,
+    #[error("cache_seqlens + new tokens must be below 2^31")]
+    TooLong,
+    #[error("window ({left}, {right}): each side must be >= 0 keys, or -1 for unbounded")]
+    Window { left: i32, right: i32 },
+    #[error("softcap {got} must be >= 0 (0 turns it off)")]
+    Softcap { got: f32 },
+    #[error("sm_count (the multiprocessors the split plan assumes) must be >= 1")]
+    SmCount,
+    #[error("softmax scale {got} must be finite")]
+    Scale { got: f32 },
+    #[error("the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {dtype} (choose Simt or Auto)")]
+    MmaDtype { dtype: Dtype },
+    #[error(
+        "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}",
+        crate::problem::list_and(compiled)
+    )]
+    HeadDim { head_dim: u32, dtype: Dtype, compiled: Vec<u32> },
+    #[error("cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} exceeds the cache's {seq_cache} keys per sequence")]
+    Capacity { batch: usize, cache_seqlen: u32, new: u32, seq_cache: u32 },
+    #[error("block_table has {got} entries, [batch, max_pages] = [{batch}, {max_pages}] needs {need}")]
+    BlockTableSize { got: usize, batch: u32, max_pages: u32, need: u64 },
+    #[error(
+        "cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} needs {need} pages of {page_size}, the block table has {max_pages} per sequence"
+    )]
+    Pages { batch: usize, cache_seqlen: u32, new: u32, need: u32, page_size: u32, max_pages: u32 },
+    #[error(
+        "block_table[{batch}][{slot}] = {page} is past num_pages ({num_pages}): every page a sequence uses must be < num_pages"
+    )]
+    PagePastEnd { batch: usize, slot: usize, page: u32, num_pages: u32 },
+    #[error(
+        "page {page} receives appended tokens and is in more than one block-table entry: duplicate pages are allowed only for pages that are read, not written"
+    )]
+    SharedWrittenPage { page: u32 },
+    #[error("block_table has {entries} entries: it must be [batch, max_pages] = {batch} x max_pages >= 1")]
+    BlockTableShape { entries: usize, batch: usize },
+    #[error("{missing} is missing while {given} is given (new keys and values come together)")]
+    NewTokensPair { missing: &'static str, given: &'static str },
+    #[error(
+        "the plan was made {} new tokens; this run gives {}",
+        if *planned { "with" } else { "without" },
+        if *given { "some" } else { "none" }
+    )]
+    PlanNewTokens { planned: bool, given: bool },
+}
+
 /// The `--kernel` option of decode: which decode forward family runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -302,36 +365,28 @@ impl DecodeProblem {
 
     /// `[decode forward, merge_states, decode_append]` for the dtype, head dim and `kernel`
     /// choice: the forward is `decode_mma_*` (tensor cores) or `decode_fwd_*` (SIMT).
-    pub fn kernels(&self) -> Result<[KernelId; 3], Error> {
+    pub fn kernels(&self) -> Result<[KernelId; 3], KvCacheRule> {
         let elem = self.dtype.elem();
         let found = match self.kernel {
             DecodeKernel::Auto => KernelId::decode(elem, self.head_dim),
             DecodeKernel::Simt => KernelId::decode_with(Family::DecodeFwd, elem, self.head_dim),
             DecodeKernel::Mma => {
                 if !self.dtype.is_16bit() {
-                    return Err(Error::Usage(format!(
-                        "the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {} (choose Simt or Auto)",
-                        self.dtype
-                    )));
+                    return Err(KvCacheRule::MmaDtype { dtype: self.dtype });
                 }
                 KernelId::decode_with(Family::DecodeMma, elem, self.head_dim)
             }
         };
-        found.ok_or_else(|| {
-            let dims: Vec<String> =
-                KernelId::decode_head_dims(self.dtype.elem()).iter().map(|d| d.to_string()).collect();
-            Error::Usage(format!(
-                "head_dim {}: the {} decode kernels are compiled for head_dim {}",
-                self.head_dim,
-                self.dtype,
-                dims.join(" and ")
-            ))
+        found.ok_or_else(|| KvCacheRule::HeadDim {
+            head_dim: self.head_dim,
+            dtype: self.dtype,
+            compiled: KernelId::decode_head_dims(self.dtype.elem()).to_vec(),
         })
     }
 
     /// The decode forward's launch for `num_splits` splits (grid `(num_splits, query tiles,
     /// heads_kv * batch)`), for the kernel [`DecodeProblem::kernels`] chooses.
-    pub fn forward_launch(&self, num_splits: u32) -> Result<LaunchDims, Error> {
+    pub fn forward_launch(&self, num_splits: u32) -> Result<LaunchDims, KvCacheRule> {
         let (sq, g, hk, b) = (self.seq_q, self.group(), self.heads_kv, self.batch);
         match self.kernels()?[0].variant().tile {
             Tile::DecodeFwd(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
@@ -341,47 +396,35 @@ impl DecodeProblem {
     }
 
     /// Checks the shape rules (nothing allocated). Each error names the rule.
-    pub fn validate(&self) -> Result<(), Error> {
-        let bad = |m: String| Err(Error::Usage(m));
+    pub fn validate(&self) -> Result<(), KvCacheRule> {
         if self.batch == 0 || self.heads == 0 || self.heads_kv == 0 || self.seq_q == 0 || self.head_dim == 0 {
-            return bad(format!(
-                "batch, heads, heads_kv, seq_q and head_dim must be >= 1 (got {}, {}, {}, {}, {})",
-                self.batch, self.heads, self.heads_kv, self.seq_q, self.head_dim
-            ));
+            return Err(KvCacheRule::Empty {
+                sizes: [self.batch, self.heads, self.heads_kv, self.seq_q, self.head_dim],
+            });
         }
         if !self.heads.is_multiple_of(self.heads_kv) {
-            return bad(format!(
-                "mismatched heads: heads ({}) must be a multiple of heads_kv ({}) (GQA: query head h reads KV head h / (heads / heads_kv))",
-                self.heads, self.heads_kv
-            ));
+            return Err(KvCacheRule::Heads { heads: self.heads, heads_kv: self.heads_kv });
         }
         if self.cache_seqlens.len() != self.batch as usize {
-            return bad(format!(
-                "cache_seqlens has {} entries, batch is {}: one length per sequence",
-                self.cache_seqlens.len(),
-                self.batch
-            ));
+            return Err(KvCacheRule::SeqLensEntries { got: self.cache_seqlens.len(), batch: self.batch });
         }
         if self.page_size == Some(0) {
-            return bad("page_size must be >= 1 (0 keys per page)".into());
+            return Err(KvCacheRule::PageSizeZero);
         }
         if self.cache_seqlens.iter().any(|&l| l as u64 + self.seq_new as u64 > u32::MAX as u64 / 2) {
-            return bad("cache_seqlens + new tokens must be below 2^31".into());
+            return Err(KvCacheRule::TooLong);
         }
         if self.window_left < -1 || self.window_right < -1 {
-            return bad(format!(
-                "window ({}, {}): each side must be >= 0 keys, or -1 for unbounded",
-                self.window_left, self.window_right
-            ));
+            return Err(KvCacheRule::Window { left: self.window_left, right: self.window_right });
         }
         if !(self.softcap.is_finite() && self.softcap >= 0.0) {
-            return bad(format!("softcap {} must be >= 0 (0 turns it off)", self.softcap));
+            return Err(KvCacheRule::Softcap { got: self.softcap });
         }
         if self.sm_count == 0 {
-            return bad("sm_count (the multiprocessors the split plan assumes) must be >= 1".into());
+            return Err(KvCacheRule::SmCount);
         }
         if !self.softmax_scale().is_finite() {
-            return bad("softmax scale must be finite".into());
+            return Err(KvCacheRule::Scale { got: self.softmax_scale() });
         }
         self.kernels()?;
         Ok(())
@@ -389,7 +432,7 @@ impl DecodeProblem {
 
     /// The split plan: `--splits N` as given, `auto` from [`num_splits_heuristic`] over this
     /// problem's blocks and the SM count.
-    pub fn plan(&self) -> Result<SplitPlan, Error> {
+    pub fn plan(&self) -> Result<SplitPlan, KvCacheRule> {
         let br = self.kernels()?[0].variant().block_rows();
         let blocks_per_split =
             (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64;
@@ -650,46 +693,43 @@ impl DecodeInputs {
 /// `cache_seqlens[b] + seq_new` keys fit (a contiguous cache's rows per sequence, or the block
 /// table's pages), every page a sequence uses is `< num_pages`, and a page that receives
 /// appended tokens is referenced once. `block_table` is `[batch, max_pages]` (paged only).
-pub fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &[u32]) -> Result<(), Error> {
-    let bad = |m: String| Err(Error::Usage(m));
+pub fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &[u32]) -> Result<(), KvCacheRule> {
     match layout {
         CacheLayout::Contiguous { seq_cache } => {
             for b in 0..p.batch as usize {
                 if p.seqlen_k(b) > seq_cache {
-                    return bad(format!(
-                        "cache_seqlens[{b}] + new tokens = {} + {} exceeds the cache's {seq_cache} keys per sequence",
-                        p.cache_seqlens[b], p.seq_new
-                    ));
+                    return Err(KvCacheRule::Capacity {
+                        batch: b,
+                        cache_seqlen: p.cache_seqlens[b],
+                        new: p.seq_new,
+                        seq_cache,
+                    });
                 }
             }
         }
         CacheLayout::Paged { page_size, num_pages, max_pages } => {
-            if block_table.len() as u64 != p.batch as u64 * max_pages as u64 {
-                return bad(format!(
-                    "block_table has {} entries, [batch, max_pages] = [{}, {max_pages}] needs {}",
-                    block_table.len(),
-                    p.batch,
-                    p.batch as u64 * max_pages as u64
-                ));
+            let need = p.batch as u64 * max_pages as u64;
+            if block_table.len() as u64 != need {
+                return Err(KvCacheRule::BlockTableSize { got: block_table.len(), batch: p.batch, max_pages, need });
             }
             let mut refs = std::collections::HashMap::<u32, u32>::new();
             let mut written = std::collections::HashSet::<u32>::new();
             for b in 0..p.batch as usize {
                 let need = p.pages_needed(b, page_size);
                 if need > max_pages {
-                    return bad(format!(
-                        "cache_seqlens[{b}] + new tokens = {} + {} needs {need} pages of {page_size}, \
-                         the block table has {max_pages} per sequence",
-                        p.cache_seqlens[b], p.seq_new
-                    ));
+                    return Err(KvCacheRule::Pages {
+                        batch: b,
+                        cache_seqlen: p.cache_seqlens[b],
+                        new: p.seq_new,
+                        need,
+                        page_size,
+                        max_pages,
+                    });
                 }
                 for s in 0..need as usize {
                     let page = block_table[b * max_pages as usize + s];
                     if page >= num_pages {
-                        return bad(format!(
-                            "block_table[{b}][{s}] = {page} is past num_pages ({num_pages}): every page a \
-                             sequence uses must be < num_pages"
-                        ));
+                        return Err(KvCacheRule::PagePastEnd { batch: b, slot: s, page, num_pages });
                     }
                     *refs.entry(page).or_default() += 1;
                     let (lo, hi) = (s as u32 * page_size, (s as u32 + 1) * page_size);
@@ -698,11 +738,8 @@ pub fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &
                     }
                 }
             }
-            if let Some(page) = written.iter().find(|pg| refs[pg] > 1) {
-                return bad(format!(
-                    "page {page} receives appended tokens and is in more than one block-table entry: \
-                     duplicate pages are allowed only for pages that are read, not written"
-                ));
+            if let Some(&page) = written.iter().find(|pg| refs[pg] > 1) {
+                return Err(KvCacheRule::SharedWrittenPage { page });
             }
         }
     }
@@ -949,7 +986,7 @@ impl DecodeBytes {
 }
 
 /// The launches of one decode call, in order.
-pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, Error> {
+pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, KvCacheRule> {
     let [fwd, merge, append] = p.kernels()?;
     let mut out = Vec::new();
     if p.seq_new > 0 {

@@ -17,4 +17,7 @@ pub enum Error {
     /// The device or the VM failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A rule of a KV-cache call (see [`crate::decode::KvCacheRule`]).
+    #[error(transparent)]
+    KvCache(#[from] crate::decode::KvCacheRule),
 }

@@ -183,22 +183,39 @@ impl Varlen {
         cu
     }
     /// Lengths from `cu_seqlens` (validated: first 0, non-decreasing).
-    pub fn lens_from_cu(cu: &[u32], what: &str) -> Result<Vec<u32>, String> {
+    pub fn lens_from_cu(cu: &[u32], what: &'static str) -> Result<Vec<u32>, SeqLensRule> {
         if cu.len() < 2 {
-            return Err(format!("{what} has {} entries; it needs batch + 1 >= 2 prefix sums", cu.len()));
+            return Err(SeqLensRule::TooFew { what, entries: cu.len() });
         }
         if cu[0] != 0 {
-            return Err(format!("{what}[0] is {}; the prefix sums must start at 0", cu[0]));
+            return Err(SeqLensRule::First { what, got: cu[0] });
         }
         if let Some(b) = (1..cu.len()).find(|&b| cu[b] < cu[b - 1]) {
-            return Err(format!(
-                "{what} decreases at entry {b} ({} after {}); the prefix sums must be non-decreasing",
-                cu[b],
-                cu[b - 1]
-            ));
+            return Err(SeqLensRule::Decreasing { what, at: b, value: cu[b], prev: cu[b - 1] });
         }
         Ok(cu.windows(2).map(|w| w[1] - w[0]).collect())
     }
+}
+
+/// Why sequence lengths or prefix sums (`cu_seqlens`, `cache_seqlens`) were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeqLensRule {
+    #[error("{what} has {entries} entries; it needs batch + 1 >= 2 prefix sums")]
+    TooFew { what: &'static str, entries: usize },
+    #[error("{what}[0] is {got}; the prefix sums must start at 0")]
+    First { what: &'static str, got: u32 },
+    #[error("{what} decreases at entry {at} ({value} after {prev}); the prefix sums must be non-decreasing")]
+    Decreasing { what: &'static str, at: usize, value: u32, prev: u32 },
+    /// `packed` is `q has` or `k and v have`.
+    #[error("the last prefix sum is {last}, but {packed} {total} packed rows")]
+    LastSum { last: usize, packed: &'static str, total: usize },
+    #[error("a sequence has {rows} rows, over {max_name} = {max}")]
+    TooLong { rows: usize, max_name: &'static str, max: usize },
+    #[error("{got} entries, but cu_seqlens_q has {q} (one prefix sum per sequence, plus the leading 0)")]
+    Entries { got: usize, q: usize },
+    #[error("{got} entries for q's batch of {batch} (one length per sequence)")]
+    BatchEntries { got: usize, batch: usize },
 }
 
 /// The shape part of a problem as it appears in JSON output.

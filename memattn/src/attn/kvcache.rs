@@ -56,16 +56,12 @@ impl<'a> PartialsView<'a> {
     }
 }
 
-fn kv_err(e: crate::error::Error) -> AttnError {
-    AttnError::KvCache { why: e.to_string() }
+fn kv_err(why: KvCacheRule) -> AttnError {
+    AttnError::KvCache { why }
 }
 
-fn u32_of(tensor: &'static str, shape: [usize; 4], n: usize, what: &str) -> Result<u32, AttnError> {
-    u32::try_from(n).map_err(|_| AttnError::Shape {
-        tensor,
-        got: shape,
-        why: format!("{what} {n} is over the kernels' limit {}", u32::MAX),
-    })
+fn u32_of(tensor: &'static str, shape: [usize; 4], n: usize, what: &'static str) -> Result<u32, AttnError> {
+    u32::try_from(n).map_err(|_| AttnError::Shape { tensor, got: shape, why: ShapeRule::OverLimit { what, got: n } })
 }
 
 impl Kernels {
@@ -146,21 +142,21 @@ impl Kernels {
             return Err(AttnError::Shape {
                 tensor: "o_part",
                 got: shape,
-                why: format!("{} splits of [batch, seq_q, heads, head_dim]: every size must be >= 1", partials.splits),
+                why: ShapeRule::EmptyPartials { splits: partials.splits },
             });
         }
         if o.raw.shape != shape {
             return Err(AttnError::Shape {
                 tensor: "o",
                 got: o.raw.shape,
-                why: format!("o must have the partial states' shape {shape:?}"),
+                why: ShapeRule::Output { of: "the partial states'", want: shape },
             });
         }
         if lse.0.raw.shape != [b, h, sq, 1] || lse.0.raw.strides != contiguous([b, h, sq, 1]) {
             return Err(AttnError::Shape {
                 tensor: "lse",
                 got: lse.0.raw.shape,
-                why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                why: ShapeRule::Lse { want: [b, h, sq], packed: false },
             });
         }
         if o.raw.strides[3] != 1 {
@@ -430,11 +426,10 @@ impl Kernels {
             (None, None, None) => {}
             (planned, _, _) => {
                 return Err(AttnError::KvCache {
-                    why: format!(
-                        "the plan was made {} new tokens; this run gives {}",
-                        if planned.is_some() { "with" } else { "without" },
-                        if k_new.is_some() || v_new.is_some() { "some" } else { "none" }
-                    ),
+                    why: KvCacheRule::PlanNewTokens {
+                        planned: planned.is_some(),
+                        given: k_new.is_some() || v_new.is_some(),
+                    },
                 })
             }
         }
@@ -461,7 +456,7 @@ impl Kernels {
                 return Err(AttnError::Shape {
                     tensor: name,
                     got: t.shape,
-                    why: format!("the plan was made for {shape:?}"),
+                    why: ShapeRule::NotPlanned { planned: *shape },
                 });
             }
             if t.strides != contiguous(t.shape) {
@@ -567,9 +562,7 @@ impl Kernels {
             (None, None) => {}
             (k, _) => {
                 let (missing, given) = if k.is_some() { ("v_new", "k_new") } else { ("k_new", "v_new") };
-                return Err(AttnError::KvCache {
-                    why: format!("{missing} is missing while {given} is given (new keys and values come together)"),
-                });
+                return Err(AttnError::KvCache { why: KvCacheRule::NewTokensPair { missing, given } });
             }
         }
         if let Some((o, os, l, ls)) = outs {
@@ -598,18 +591,22 @@ impl Kernels {
             return Err(AttnError::Shape {
                 tensor: "v_cache",
                 got: v_cache.raw.shape,
-                why: format!("v_cache must have k_cache's shape {kshape:?}"),
+                why: ShapeRule::VCache { k_cache: kshape },
             });
         }
         let [c0, c1, hk, kd] = kshape;
         if kd != d {
-            return Err(AttnError::Shape { tensor: "k_cache", got: kshape, why: format!("head_dim {kd} != q's {d}") });
+            return Err(AttnError::Shape {
+                tensor: "k_cache",
+                got: kshape,
+                why: ShapeRule::CacheHeadDim { got: kd, q: d },
+            });
         }
         if hk == 0 || !h.is_multiple_of(hk) {
             return Err(AttnError::Shape {
                 tensor: "k_cache",
                 got: kshape,
-                why: format!("{hk} KV heads do not divide q's {h} heads (GQA: query head i reads KV head i / (heads / heads_kv))"),
+                why: ShapeRule::CacheHeads { got: hk, q: h },
             });
         }
         let mut seq_new = 0;
@@ -620,9 +617,7 @@ impl Kernels {
                     return Err(AttnError::Shape {
                         tensor: name,
                         got: t.shape,
-                        why: format!(
-                            "new tokens must be [batch, seq_new, heads_kv, head_dim] = [{b}, {seq_new}, {hk}, {d}]"
-                        ),
+                        why: ShapeRule::NewTokens { want: [b, seq_new, hk, d] },
                     });
                 }
             }
@@ -632,27 +627,23 @@ impl Kernels {
                 return Err(AttnError::Shape {
                     tensor: "o",
                     got: o.shape,
-                    why: format!("o must have q's shape {:?}", q.raw.shape),
+                    why: ShapeRule::Output { of: "q's", want: q.raw.shape },
                 });
             }
             if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
                 return Err(AttnError::Shape {
                     tensor: "lse",
                     got: l.shape,
-                    why: format!("lse must be contiguous [batch, heads, seq_q] = [{b}, {h}, {sq}] f32"),
+                    why: ShapeRule::Lse { want: [b, h, sq], packed: false },
                 });
             }
         }
         if let Some(s) = opts.sinks {
             if s.heads() != h {
-                return Err(AttnError::Sinks {
-                    why: format!("{} sink logits for q's {h} heads (one per head)", s.heads()),
-                });
+                return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
             }
             if !s.0.raw.ptr.is_multiple_of(4) {
-                return Err(AttnError::Sinks {
-                    why: format!("the base pointer {:#x} is not 4-byte aligned", s.0.raw.ptr),
-                });
+                return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: s.0.raw.ptr } });
             }
         }
         // The decode kernels address every tensor as contiguous.
@@ -664,7 +655,7 @@ impl Kernels {
         if cache_seqlens.values.len() != b {
             return Err(AttnError::SeqLens {
                 tensor: "cache_seqlens",
-                why: format!("{} entries for q's batch of {b} (one length per sequence)", cache_seqlens.values.len()),
+                why: SeqLensRule::BatchEntries { got: cache_seqlens.values.len(), batch: b },
             });
         }
         let layout = match block_table {
@@ -673,9 +664,7 @@ impl Kernels {
                     return Err(AttnError::Shape {
                         tensor: "k_cache",
                         got: kshape,
-                        why: format!(
-                            "a contiguous cache is [batch, seq_cache, heads_kv, head_dim]: batch {c0} != q's {b}"
-                        ),
+                        why: ShapeRule::CacheBatch { got: c0, q: b },
                     });
                 }
                 CacheLayout::Contiguous { seq_cache: u32_of("k_cache", kshape, c1, "seq_cache")? }
@@ -683,11 +672,7 @@ impl Kernels {
             Some(bt) => {
                 let n = bt.values.len();
                 if b == 0 || n == 0 || !n.is_multiple_of(b) {
-                    return Err(AttnError::KvCache {
-                        why: format!(
-                            "block_table has {n} entries: it must be [batch, max_pages] = {b} x max_pages >= 1"
-                        ),
-                    });
+                    return Err(AttnError::KvCache { why: KvCacheRule::BlockTableShape { entries: n, batch: b } });
                 }
                 CacheLayout::Paged {
                     page_size: u32_of("k_cache", kshape, c1, "page_size")?,
