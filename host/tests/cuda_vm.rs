@@ -167,6 +167,13 @@ fn doctor_and_kernels_say_the_driver_is_vm_backed() {
     assert!(next.contains("VM-backed driver's simulated memory") && !next.contains("GPU's free memory"), "{next}");
     let o = memattn(&["--backend", "cuda", "kernels"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // `--backend vm` where a driver loads: doctor still describes the VM, the device every
+    // command will then use, with its options.
+    let o = memattn(&["--backend", "vm", "--vm-memory-mib", "64", "doctor"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("== the device every command will use: the PTX VM (--backend vm)"), "{out}");
+    assert!(out.contains("simulated device memory: 64.00 MiB (set by --vm-memory-mib)"), "{out}");
 }
 
 #[test]

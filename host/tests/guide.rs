@@ -1,12 +1,19 @@
-//! The guide cannot rot: every command in `docs/guide/en/*.md` is run here, in order, from the
-//! repository root, and must exit with its documented code and print its key line; the German
-//! chapters must contain the same commands.
+//! The guide cannot rot: every command in `docs/guide/en/NN-*.md` is run here, chapter by chapter
+//! and in order, from the repository root, and must exit with its documented code and print its
+//! key line; the German chapters must contain the same commands.
 //!
 //! Conventions (also in `docs/guide/README.md`): a command is a line starting with `$ ` inside a
 //! fenced block marked `console`; `# exit N` at the end of the line is its expected exit code
 //! (default 0); the first output line shown under it is its key line, which must appear in the
 //! command's stdout or stderr (whitespace collapsed). A command shown without output must print
 //! nothing.
+//!
+//! The commands run as a reader runs them: each chapter starts from a state without
+//! `target/guide/` (the folder everything the guide writes goes to), and the test creates no
+//! folder itself, so a chapter that writes there must create it with a command of its own.
+//! Besides the commands, every repository path the guide names in backticks must exist, every
+//! relative link must lead to a file (and anchor) that exists, and every chapter ends with a
+//! quiz whose answers are folded.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,7 +73,8 @@ fn commands(md: &str, chapter: &str) -> Vec<Cmd> {
     out
 }
 
-fn chapters(lang: &str) -> Vec<(String, String)> {
+/// Every Markdown file of one language, sorted by name: the chapters and the glossary.
+fn pages(lang: &str) -> Vec<(String, String)> {
     let dir = root().join("docs/guide").join(lang);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -80,13 +88,118 @@ fn chapters(lang: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The chapters of one language (`NN-name.md`), in order.
+fn chapters(lang: &str) -> Vec<(String, String)> {
+    pages(lang).into_iter().filter(|(name, _)| is_chapter(name)).collect()
+}
+
+fn is_chapter(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() > 3 && b[0].is_ascii_digit() && b[1].is_ascii_digit() && b[2] == b'-'
+}
+
+/// Text outside fenced code blocks, line by line (fences and their contents become empty lines,
+/// so line numbers stay those of the file).
+fn prose(md: &str) -> Vec<String> {
+    let mut fenced = false;
+    md.lines()
+        .map(|l| {
+            if l.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return String::new();
+            }
+            if fenced {
+                String::new()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Backticked spans of the prose that name a file or folder of the repository: no spaces, a
+/// `/`, only path characters, and not generated (`target/...`), a placeholder (`a/...`),
+/// absolute or a URL. A trailing
+/// `:LINE` (or `:…`) is dropped.
+fn repo_paths(md: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, line) in prose(md).iter().enumerate() {
+        for (k, span) in line.split('`').enumerate() {
+            if k % 2 == 0 {
+                continue; // outside backticks
+            }
+            let path = span.split(':').next().unwrap_or("");
+            let path_chars = path.chars().all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c));
+            if path.contains('/')
+                && path_chars
+                && !path.contains("...")
+                && !path.starts_with("target/")
+                && !path.starts_with('/')
+                && !path.starts_with("../")
+                && !path.starts_with("./")
+                && path.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            {
+                out.push((i + 1, path.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Relative Markdown links `[text](target)` of the prose (not `http...`, not `#...` alone).
+fn relative_links(md: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, line) in prose(md).iter().enumerate() {
+        let mut rest = line.as_str();
+        while let Some(p) = rest.find("](") {
+            rest = &rest[p + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if !target.starts_with("http") && !target.starts_with('#') && !target.is_empty() {
+                out.push((i + 1, target.to_string()));
+            }
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// The anchors a page offers: explicit `id="..."` and GitHub's heading slugs.
+fn anchors(md: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose(md) {
+        let mut rest = line.as_str();
+        while let Some(p) = rest.find("id=\"") {
+            rest = &rest[p + 4..];
+            if let Some(end) = rest.find('"') {
+                out.push(rest[..end].to_string());
+            }
+        }
+        if let Some(h) = line.trim_start().strip_prefix('#') {
+            let h = h.trim_start_matches('#').trim();
+            let slug: String = h
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect();
+            out.push(slug);
+        }
+    }
+    out
+}
+
 #[test]
 fn english_and_german_chapters_have_the_same_commands() {
     let en = chapters("en");
     let de = chapters("de");
     let names = |v: &[(String, String)]| v.iter().map(|c| c.0.clone()).collect::<Vec<_>>();
     assert_eq!(names(&en), names(&de), "docs/guide/en and docs/guide/de must have the same chapter files");
-    assert!(en.len() >= 5, "five chapters");
+    assert!(en.len() >= 6, "chapters 0 to 5");
+    assert_eq!(en[0].0, "00-execution-model.md", "chapter 0 comes first");
     for ((name, e), (_, d)) in en.iter().zip(&de) {
         let ce: Vec<(String, i32, Option<String>)> =
             commands(e, name).into_iter().map(|c| (c.command, c.exit, c.key)).collect();
@@ -102,9 +215,9 @@ fn every_command_in_the_guide_runs_as_documented() {
     let root = root();
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_memattn")).parent().unwrap().to_path_buf();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    // A reader has no `target/guide/` before the first chapter that writes there: each chapter
+    // starts without it, and nothing here creates it.
     let guide_out = root.join("target/guide");
-    let _ = std::fs::remove_dir_all(&guide_out);
-    std::fs::create_dir_all(&guide_out).unwrap();
     let nightly = Command::new("rustc")
         .args(["+nightly", "-V"])
         .env_remove("RUSTUP_TOOLCHAIN")
@@ -113,6 +226,11 @@ fn every_command_in_the_guide_runs_as_documented() {
     let (mut ran, mut skipped, mut failures) = (0, 0, Vec::new());
     let t_all = Instant::now();
     for (name, text) in chapters("en") {
+        match std::fs::remove_dir_all(&guide_out) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("cannot remove {}: {e}", guide_out.display()),
+        }
         for c in commands(&text, &name) {
             if (c.command.starts_with("cargo xtask lesson") || c.command.contains("target/lessons/")) && !nightly {
                 skipped += 1;
@@ -170,4 +288,109 @@ fn the_command_parser_reads_exit_codes_and_key_lines() {
     assert_eq!(c.len(), 2);
     assert_eq!((c[0].command.as_str(), c[0].exit, c[0].key.as_deref()), ("memattn run", 3, Some("error: x")));
     assert_eq!((c[1].command.as_str(), c[1].exit, c[1].key.as_deref()), ("ls", 0, None));
+}
+
+#[test]
+fn every_repository_path_the_guide_names_exists() {
+    let root = root();
+    let (mut checked, mut missing) = (0, Vec::new());
+    for lang in ["en", "de"] {
+        let mut texts = pages(lang);
+        if lang == "en" {
+            texts.push(("../README.md".into(), std::fs::read_to_string(root.join("docs/guide/README.md")).unwrap()));
+        }
+        for (name, text) in texts {
+            for (line, path) in repo_paths(&text) {
+                checked += 1;
+                if !root.join(&path).exists() {
+                    missing.push(format!("docs/guide/{lang}/{name}:{line}: `{path}` does not exist"));
+                }
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} repository paths found in the guide");
+    assert!(missing.is_empty(), "the guide names paths that do not exist:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn every_relative_link_of_the_guide_leads_somewhere() {
+    let guide = root().join("docs/guide");
+    let mut broken = Vec::new();
+    let mut all: Vec<(String, String, String)> =
+        vec![(String::new(), "README.md".into(), std::fs::read_to_string(guide.join("README.md")).unwrap())];
+    for lang in ["en", "de"] {
+        all.extend(pages(lang).into_iter().map(|(n, t)| (lang.to_string(), n, t)));
+    }
+    for (lang, name, text) in all {
+        for (line, link) in relative_links(&text) {
+            let (file, anchor) = link.split_once('#').map_or((link.as_str(), None), |(f, a)| (f, Some(a)));
+            let target = guide.join(&lang).join(file);
+            match std::fs::read_to_string(&target) {
+                Err(_) if target.exists() => {}
+                Err(_) => broken.push(format!("{lang}/{name}:{line}: `{link}`: no file {}", target.display())),
+                Ok(t) => {
+                    if let Some(a) = anchor {
+                        if !anchors(&t).iter().any(|x| x == a) {
+                            broken.push(format!("{lang}/{name}:{line}: `{link}`: no anchor `{a}` there"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links in the guide:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_glossary_is_linked_and_has_the_same_terms_in_both_languages() {
+    let ids = |lang: &str| {
+        let g = std::fs::read_to_string(root().join("docs/guide").join(lang).join("glossary.md")).unwrap();
+        let mut a: Vec<String> = anchors(&g).into_iter().filter(|a| !a.is_empty()).collect();
+        a.retain(|x| g.contains(&format!("id=\"{x}\"")));
+        a.sort();
+        a
+    };
+    let (en, de) = (ids("en"), ids("de"));
+    assert!(en.len() >= 20, "the glossary has only {} terms", en.len());
+    assert_eq!(
+        en, de,
+        "docs/guide/en/glossary.md and docs/guide/de/glossary.md must define the same terms (`<a id=...>`)"
+    );
+    for lang in ["en", "de"] {
+        for (name, text) in chapters(lang) {
+            if name.as_str() < "05" {
+                assert!(text.contains("](glossary.md#"), "{lang}/{name}: links no glossary term");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_chapter_ends_with_a_quiz_with_folded_answers() {
+    for lang in ["en", "de"] {
+        for (name, text) in chapters(lang) {
+            let p = prose(&text);
+            let Some(q) = p.iter().rposition(|l| l.starts_with("## Quiz")) else {
+                panic!("{lang}/{name}: no `## Quiz` section");
+            };
+            let rest = &p[q + 1..];
+            assert!(!rest.iter().any(|l| l.starts_with("## ")), "{lang}/{name}: the quiz is not the last section");
+            let questions = rest.iter().filter(|l| l.trim_start().starts_with("<details>")).count();
+            let closed = rest.iter().filter(|l| l.trim() == "</details>").count();
+            assert!((3..=5).contains(&questions), "{lang}/{name}: the quiz has {questions} folded answers, not 3 to 5");
+            assert_eq!(questions, closed, "{lang}/{name}: a <details> block of the quiz is not closed");
+        }
+    }
+}
+
+#[test]
+fn the_path_and_link_readers_find_what_they_should() {
+    let md = "See `kernels-gpu/src/x.rs:12` and `target/guide/a.svg`, `a b/c`, `--x=1`.\n\
+              ```sh\n`host/in/fence.rs`\n```\n[g](glossary.md#warp) [w](https://x.org/a) [c](01-memory.md)\n\
+              ## The swizzle\n<a id=\"warp\"></a>\n";
+    assert_eq!(repo_paths(md), vec![(1, "kernels-gpu/src/x.rs".to_string())]);
+    assert_eq!(relative_links(md), vec![(5, "glossary.md#warp".to_string()), (5, "01-memory.md".to_string())]);
+    let a = anchors(md);
+    assert!(a.contains(&"the-swizzle".to_string()) && a.contains(&"warp".to_string()), "{a:?}");
+    assert!(is_chapter("00-execution-model.md") && !is_chapter("glossary.md"));
 }

@@ -154,11 +154,14 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
         }
         Err(e) => println!("NVML: {e}"),
     }
-    if cuda.is_err() {
-        println!(
-            "\n== the device every command will use: the PTX VM (no GPU: {})",
-            cuda.as_ref().err().map(String::as_str).unwrap_or("")
-        );
+    let vm_chosen = matches!(cli.backend, memattn_cli::device::BackendChoice::Vm);
+    if cuda.is_err() || vm_chosen {
+        let why = match &cuda {
+            _ if vm_chosen => "--backend vm".to_string(),
+            Err(e) => format!("no GPU: {e}"),
+            Ok(_) => String::new(),
+        };
+        println!("\n== the device every command will use: the PTX VM ({why})");
         let d = &vm_device;
         if d["error"].is_null() {
             println!("name: {}", d["name"].as_str().unwrap_or(""));
@@ -172,7 +175,7 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
                 }
             );
             println!(
-                "shared memory per block: {} (an sm_80 part without opt-in)",
+                "shared memory per block: {} (an sm_80 part's limit with opt-in; 48 KiB without)",
                 human_bytes(d["shared_per_block_bytes"].as_u64().unwrap_or(0))
             );
             println!("threads per block: at most {}; grid at most {}", d["max_threads_per_block"], d["max_grid"]);
