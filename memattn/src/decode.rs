@@ -102,68 +102,7 @@ impl fmt::Display for Splits {
     }
 }
 
-/// A rule of a KV-cache (decode) call that the problem breaks: shape, capacity, block table,
-/// kernel choice. `Display` names the rule and the values.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum KvCacheRule {
-    #[error(
-        "batch, heads, heads_kv, seq_q and head_dim must be >= 1 (got {}, {}, {}, {}, {})",
-        sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
-    )]
-    Empty { sizes: [u32; 5] },
-    #[error(
-        "mismatched heads: heads ({heads}) must be a multiple of heads_kv ({heads_kv}) (GQA: query head h reads KV head h / (heads / heads_kv))"
-    )]
-    Heads { heads: u32, heads_kv: u32 },
-    #[error("cache_seqlens has {got} entries, batch is {batch}: one length per sequence")]
-    SeqLensEntries { got: usize, batch: u32 },
-    #[error("page_size must be >= 1 (0 keys per page)")]
-    PageSizeZero,
-    #[error("cache_seqlens + new tokens must be below 2^31")]
-    TooLong,
-    #[error("window ({left}, {right}): each side must be >= 0 keys, or -1 for unbounded")]
-    Window { left: i32, right: i32 },
-    #[error("softcap {got} must be >= 0 (0 turns it off)")]
-    Softcap { got: f32 },
-    #[error("sm_count (the multiprocessors the split plan assumes) must be >= 1")]
-    SmCount,
-    #[error("softmax scale {got} must be finite")]
-    Scale { got: f32 },
-    #[error("the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {dtype} (choose Simt or Auto)")]
-    MmaDtype { dtype: Dtype },
-    #[error(
-        "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}",
-        crate::problem::list_and(compiled)
-    )]
-    HeadDim { head_dim: u32, dtype: Dtype, compiled: Vec<u32> },
-    #[error("cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} exceeds the cache's {seq_cache} keys per sequence")]
-    Capacity { batch: usize, cache_seqlen: u32, new: u32, seq_cache: u32 },
-    #[error("block_table has {got} entries, [batch, max_pages] = [{batch}, {max_pages}] needs {need}")]
-    BlockTableSize { got: usize, batch: u32, max_pages: u32, need: u64 },
-    #[error(
-        "cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} needs {need} pages of {page_size}, the block table has {max_pages} per sequence"
-    )]
-    Pages { batch: usize, cache_seqlen: u32, new: u32, need: u32, page_size: u32, max_pages: u32 },
-    #[error(
-        "block_table[{batch}][{slot}] = {page} is past num_pages ({num_pages}): every page a sequence uses must be < num_pages"
-    )]
-    PagePastEnd { batch: usize, slot: usize, page: u32, num_pages: u32 },
-    #[error(
-        "page {page} receives appended tokens and is in more than one block-table entry: duplicate pages are allowed only for pages that are read, not written"
-    )]
-    SharedWrittenPage { page: u32 },
-    #[error("block_table has {entries} entries: it must be [batch, max_pages] = {batch} x max_pages >= 1")]
-    BlockTableShape { entries: usize, batch: usize },
-    #[error("{missing} is missing while {given} is given (new keys and values come together)")]
-    NewTokensPair { missing: &'static str, given: &'static str },
-    #[error(
-        "the plan was made {} new tokens; this run gives {}",
-        if *planned { "with" } else { "without" },
-        if *given { "some" } else { "none" }
-    )]
-    PlanNewTokens { planned: bool, given: bool },
-}
+pub use crate::error::KvCacheRule;
 
 /// The `--kernel` option of decode: which decode forward family runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
