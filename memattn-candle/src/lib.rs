@@ -571,7 +571,11 @@ mod append {
         let named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)];
         for (name, t) in &named[1..] {
             if !t.device().same_device(q.device()) {
-                return Err(kv_err(format!("{name} is on {:?}, q on {:?} (all tensors on one device)", t.device(), q.device())));
+                return Err(kv_err(format!(
+                    "{name} is on {:?}, q on {:?} (all tensors on one device)",
+                    t.device(),
+                    q.device()
+                )));
             }
         }
         // The caches are locked for writing while the others are read: a shared storage would
@@ -620,9 +624,23 @@ mod append {
             "memattn-flash-attn-with-kvcache (k_cache)"
         }
 
-        fn cpu_fwd(&self, kc: &mut CpuStorage, lk: &Layout, k: &CpuStorage, lkn: &Layout, q: &CpuStorage, lq: &Layout) -> Result<()> {
-            let inner =
-                AppendV { op: self.op, k_cache: RefCell::new(kc), k_layout: lk, k: (k, lkn), q: (q, lq), outs: &self.outs };
+        fn cpu_fwd(
+            &self,
+            kc: &mut CpuStorage,
+            lk: &Layout,
+            k: &CpuStorage,
+            lkn: &Layout,
+            q: &CpuStorage,
+            lq: &Layout,
+        ) -> Result<()> {
+            let inner = AppendV {
+                op: self.op,
+                k_cache: RefCell::new(kc),
+                k_layout: lk,
+                k: (k, lkn),
+                q: (q, lq),
+                outs: &self.outs,
+            };
             self.v_cache.inplace_op2(self.v, &inner)
         }
 
@@ -636,8 +654,14 @@ mod append {
             q: &candle_core::CudaStorage,
             lq: &Layout,
         ) -> Result<()> {
-            let inner =
-                AppendV { op: self.op, k_cache: RefCell::new(kc), k_layout: lk, k: (k, lkn), q: (q, lq), outs: &self.outs };
+            let inner = AppendV {
+                op: self.op,
+                k_cache: RefCell::new(kc),
+                k_layout: lk,
+                k: (k, lkn),
+                q: (q, lq),
+                outs: &self.outs,
+            };
             self.v_cache.inplace_op2(self.v, &inner)
         }
     }
@@ -938,7 +962,8 @@ mod cuda {
         let device = qs.device.clone();
         let stream = device.cuda_stream();
         let kernels = kernels_for(stream.context())?;
-        let (q, k, v) = (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
+        let (q, k, v) =
+            (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
         let mut kc = view_mut::<T>(kcs, lkc, &stream, "k_cache")?;
         let mut vc = view_mut::<T>(vcs, lvc, &stream, "v_cache")?;
         let seqlens = kernels.index_tensor(&op.cache_seqlens, Some(&stream)).map_err(wrap)?;

@@ -121,7 +121,8 @@ fn append_case(p: &DecodeProblem, num_splits: usize) {
         }
     }
     for (name, got, want) in [("k_cache", bits(&c.k_cache), k_want), ("v_cache", bits(&c.v_cache), v_want)] {
-        let bad: Vec<usize> = (0..got.len() / row).filter(|r| got[r * row..][..row] != want[r * row..][..row]).collect();
+        let bad: Vec<usize> =
+            (0..got.len() / row).filter(|r| got[r * row..][..row] != want[r * row..][..row]).collect();
         assert!(bad.is_empty(), "{name}: rows {bad:?} differ from the expected append");
     }
 }
