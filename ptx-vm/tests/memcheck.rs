@@ -268,8 +268,9 @@ fn racecheck_finds_unordered_shared_accesses_between_warps() {
 }
 
 /// `flash_fwd_f32_d64` with its `n`-th `bar.sync` deleted (0: before a K/V tile is overwritten,
-/// 1: after it is loaded), launched on 2 heads x 96 queries x 200 keys (4 key tiles).
-fn flash_without_barrier(n: usize) -> Result<(), ptx_vm::VmError> {
+/// 1: after it is loaded), launched on 2 heads x 96 queries x 200 keys (4 key tiles), with
+/// initcheck on or off.
+fn flash_without_barrier(n: usize, initcheck: bool) -> Result<(), ptx_vm::VmError> {
     use kernels_gpu::abi::{AttnParams, Strides};
     use kernels_gpu::tiles::FLASH_F32_D64;
     let ptx = util::PTX;
@@ -279,6 +280,7 @@ fn flash_without_barrier(n: usize) -> Result<(), ptx_vm::VmError> {
     let mutated = format!("{}// removed: {}", &ptx[..at], &ptx[at..]);
     let m = Module::load(&mutated).unwrap();
     let mut vm = Vm::with_workers(2);
+    vm.set_initcheck(initcheck);
     let (h, sq, skv, d) = (2u64, 96u64, 200u64, 64u64);
     let mut rng = util::Rng(5);
     let mut up = |n: u64| {
@@ -316,9 +318,11 @@ fn deleting_either_barrier_of_the_flash_kernel_is_caught() {
     // The untouched kernel has neither race nor uninitialized read (checked by the kernel tests);
     // without the barrier before a tile refill, a fast warp overwrites K/V that a slow warp still
     // reads; without the one after the load, a warp reads rows another warp is still storing.
+    // Without initcheck the missing barrier after the load is a race too: the other warp's
+    // store into a row this warp already read (write-after-read).
     let mut races = 0;
-    for n in 0..2 {
-        match flash_without_barrier(n) {
+    for (n, initcheck) in [(0, true), (1, true), (1, false)] {
+        match flash_without_barrier(n, initcheck) {
             Err(VmError::Memcheck(f)) => {
                 eprintln!("barrier {n} removed: {f}");
                 assert!(
@@ -341,7 +345,7 @@ fn deleting_either_barrier_of_the_flash_kernel_is_caught() {
             other => panic!("barrier {n} removed, expected a finding, got {other:?}"),
         }
     }
-    assert!(races > 0, "no removed barrier was reported as a race");
+    assert_eq!(races, 2, "barrier 0, and barrier 1 without initcheck, are races");
 }
 
 const FLASH_RS: &str = "kernels-gpu/src/flash_fwd_f32.rs";
