@@ -5,16 +5,19 @@
 //! `i` sees key `j` iff `j <= i + seq_kv - seq_q`. A query that sees no key gets `O = 0` and
 //! `LSE = -inf`.
 //!
-//! The launch: blocks of 32 threads (one warp), thread `t` of block `b` owns query row
-//! `i = b * 32 + t`; `grid.x = ceil(seq_q / 32)`. 8 KiB of dynamic shared memory
-//! (`dynamic_smem_f32()`): a tile of 32 K rows (floats 0..1024) and a tile of 32 V rows
-//! (floats 1024..2048), each row 32 floats.
+//! The launch: blocks of 64 threads (two warps), thread `t` of block `b` owns query row
+//! `i = b * 64 + t`; `grid.x = ceil(seq_q / 64)`. 16 KiB of dynamic shared memory
+//! (`dynamic_smem_f32()`): a tile of 64 K rows (floats 0..2048) and a tile of 64 V rows
+//! (floats 2048..4096), each row 32 floats. Both warps fill the tiles and both read all of
+//! them, so the two barriers of step 2a are what keeps one warp from reading rows the other has
+//! not stored yet, or overwriting rows the other still reads: leave one out and the VM reports a
+//! shared memory race with the Rust lines of both accesses.
 //!
 //! Steps:
 //! 1. Load your query row into registers (`[f32; 32]`), multiplied by `scale * LOG2E` (base-2
 //!    scores, as in lesson 4). Rows `i >= seq_q` use zeros and store nothing at the end, but
 //!    still take part in every barrier.
-//! 2. For each tile of keys `kv0 = 0, 32, 64, ...` while `kv0 < seq_kv`:
+//! 2. For each tile of keys `kv0 = 0, 64, 128, ...` while `kv0 < seq_kv`:
 //!    a. `sync_threads()` (the previous tile is no longer read), then thread `t` copies K row
 //!       `kv0 + t` and V row `kv0 + t` into the tiles (zeros past `seq_kv`), then
 //!       `sync_threads()` (the tile is complete).
@@ -47,9 +50,9 @@ pub unsafe extern "ptx-kernel" fn flash_lesson_f32(
     lse: *mut f32,
 ) {
     // let t = tid_x();
-    // let i = ctaid_x() * 32 + t;
+    // let i = ctaid_x() * 64 + t;
     // let k_s = dynamic_smem_f32();
-    // let v_s = unsafe { k_s.add(1024) };
+    // let v_s = unsafe { k_s.add(2048) };
     // Steps 1-3.
     let _ = (seq_q, seq_kv, scale, causal, q, k, v, o, lse);
 }

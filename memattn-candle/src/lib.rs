@@ -4,9 +4,10 @@
 //! `candle_flash_attn`'s functions of those names, so switching is a one-line change of the
 //! `use`; [`flash_attn_with_lse`] and [`flash_attn_varlen_with_lse`] also return the log-sum-exp
 //! of each query row (natural log, f32), which candle-flash-attn drops.
-//! [`flash_attn_with_kvcache`] (and `_with_lse`) is decode over a contiguous or paged KV cache
-//! with split-KV (candle-flash-attn has no such function; the cache is read-only here, new
-//! tokens are written with candle's ops first).
+//! [`flash_attn_with_kvcache`] (and `_with_lse`) is FlashAttention-2's decode over a contiguous
+//! or paged KV cache with split-KV, in FlashAttention-2's argument order (candle-flash-attn has no
+//! such function): new tokens `k`, `v` are appended **in place** into the caller's `k_cache` and
+//! `v_cache` tensors before attention (see the function for exactly what is written).
 //!
 //! | tensor | shape | notes |
 //! | --- | --- | --- |
@@ -351,19 +352,43 @@ impl CustomOp3 for FlashAttn {
     }
 }
 
-/// Decode attention over a KV cache (FlashAttention-2's `flash_attn_with_kvcache` without the
-/// append): `q` `[batch, seq_q, heads, head_dim]`; `k_cache`, `v_cache` contiguous
-/// `[batch, seq_cache, heads_kv, head_dim]`, or with `block_table` (`[batch, max_pages]` u32)
-/// a paged cache `[num_pages, page_size, heads_kv, head_dim]`; `cache_seqlens` `[batch]` u32 keys
-/// per sequence. `num_splits` 0 lets memattn choose the KV split count (flash-decoding), `n`
-/// is `n` splits. candle tensors are immutable, so new tokens are written into the cache with
-/// candle's own ops (`slice_set`) before the call; the cache is only read here. The index
-/// tensors are read to the host for validation (on a CUDA device that copy waits for them).
-#[allow(clippy::too_many_arguments)]
+/// Decode attention over a KV cache, FlashAttention-2's `flash_attn_with_kvcache`, with its
+/// arguments in FlashAttention-2's order: `q, k_cache, v_cache, k, v, cache_seqlens,
+/// block_table`, then the scale, the causal flag and the split count.
+///
+/// - `q`: `[batch, seq_q, heads, head_dim]` (`seq_q` 1 for plain decode, more for speculative
+///   decoding), contiguous.
+/// - `k_cache`, `v_cache`: contiguous `[batch, seq_cache, heads_kv, head_dim]`, or, with a
+///   `block_table`, a paged cache `[num_pages, page_size, heads_kv, head_dim]`; `heads_kv`
+///   divides `heads` (GQA).
+/// - `k`, `v`: new tokens `[batch, seq_new, heads_kv, head_dim]`, both or neither.
+/// - `cache_seqlens`: `[batch]` u32, the keys each sequence holds in the cache before the call.
+/// - `block_table`: `[batch, max_pages]` u32 page indices (paged cache only).
+/// - `num_splits`: 0 lets memattn choose the KV split count (flash-decoding), `n` is `n` splits.
+///
+/// # What is written
+///
+/// With `k` and `v` given, **`k_cache` and `v_cache` are modified in place**, as in
+/// FlashAttention-2: for each sequence `b`, `k[b]` and `v[b]` are written into cache rows
+/// `cache_seqlens[b] .. cache_seqlens[b] + seq_new` (through `block_table` for a paged cache),
+/// and attention then runs over the `cache_seqlens[b] + seq_new` keys. No other element of the
+/// caches is written, and `cache_seqlens` is not advanced: the caller adds `seq_new` for the next
+/// step. Every tensor sharing the caches' storage (clones, views) sees the new rows. The caches
+/// must not share storage with each other or with `q`, `k`, `v` (refused with an error). Without
+/// `k` and `v` the caches are only read. All index tensors are read to the host and every index
+/// (capacity, page numbers, no appended page referenced twice) is checked before anything is
+/// written; on a CUDA device that copy waits for them.
+///
+/// On a candle CPU device the call runs in memattn's PTX VM (the caches are copied in, the
+/// appended rows copied back); on a CUDA device (feature `cuda`) memattn's kernels write the
+/// caches in candle's memory on candle's stream.
+#[allow(clippy::too_many_arguments)] // FlashAttention-2's signature
 pub fn flash_attn_with_kvcache(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
+    k: Option<&Tensor>,
+    v: Option<&Tensor>,
     cache_seqlens: &Tensor,
     block_table: Option<&Tensor>,
     softmax_scale: f32,
@@ -374,6 +399,8 @@ pub fn flash_attn_with_kvcache(
         q,
         k_cache,
         v_cache,
+        k,
+        v,
         cache_seqlens,
         block_table,
         softmax_scale,
@@ -383,12 +410,15 @@ pub fn flash_attn_with_kvcache(
     .0)
 }
 
-/// As [`flash_attn_with_kvcache`], also returning the LSE: `[batch, heads, seq_q]` f32, natural log.
-#[allow(clippy::too_many_arguments)]
+/// As [`flash_attn_with_kvcache`] (the same arguments and the same in-place append), also
+/// returning the LSE: `[batch, heads, seq_q]` f32, natural log.
+#[allow(clippy::too_many_arguments)] // FlashAttention-2's signature
 pub fn flash_attn_with_kvcache_with_lse(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
+    k: Option<&Tensor>,
+    v: Option<&Tensor>,
     cache_seqlens: &Tensor,
     block_table: Option<&Tensor>,
     softmax_scale: f32,
@@ -397,16 +427,12 @@ pub fn flash_attn_with_kvcache_with_lse(
 ) -> Result<(Tensor, Tensor)> {
     let u32s = |t: &Tensor, what: &str, rank: usize| -> Result<Vec<u32>> {
         if t.dtype() != DType::U32 || t.rank() != rank {
-            return Err(candle_core::Error::Msg(format!(
-                "memattn flash_attn_with_kvcache: {what} must be a {rank}-d u32 tensor, got {:?} {:?}",
-                t.dtype(),
-                t.dims()
-            )));
+            return Err(kv_err(format!("{what} must be a {rank}-d u32 tensor, got {:?} {:?}", t.dtype(), t.dims())));
         }
         t.flatten_all()?.to_vec1::<u32>()
     };
-    let num_splits = u32::try_from(num_splits)
-        .map_err(|_| candle_core::Error::Msg(format!("memattn: num_splits {num_splits} is over the limit")))?;
+    let num_splits =
+        u32::try_from(num_splits).map_err(|_| kv_err(format!("num_splits {num_splits} is over the limit")))?;
     let op = FlashAttnKvCache {
         softmax_scale,
         causal,
@@ -415,12 +441,24 @@ pub fn flash_attn_with_kvcache_with_lse(
         block_table: block_table.map(|t| u32s(t, "block_table", 2)).transpose()?,
         lse: Mutex::new(None),
     };
-    let o = q.apply_op3_no_bwd(k_cache, v_cache, &op)?;
     let (b, sq, h, _) = q.dims4()?;
-    Ok((o, take_lse_from(&op.lse, (b, h, sq))?))
+    match (k, v) {
+        (None, None) => {
+            let o = q.apply_op3_no_bwd(k_cache, v_cache, &op)?;
+            Ok((o, take_lse_from(&op.lse, (b, h, sq))?))
+        }
+        (Some(k), Some(v)) => append::run(&op, q, k_cache, v_cache, k, v),
+        (Some(_), None) => Err(kv_err("v is missing while k is given (new keys and values come together)".into())),
+        (None, Some(_)) => Err(kv_err("k is missing while v is given (new keys and values come together)".into())),
+    }
 }
 
-/// The candle op behind [`flash_attn_with_kvcache`] (forward only, the cache read-only).
+fn kv_err(why: String) -> candle_core::Error {
+    candle_core::Error::Msg(format!("memattn flash_attn_with_kvcache: {why}"))
+}
+
+/// The candle op behind [`flash_attn_with_kvcache`] without new tokens (forward only, the cache
+/// read-only); with new tokens the same settings run as an in-place op on the caches.
 pub struct FlashAttnKvCache {
     pub softmax_scale: f32,
     pub causal: bool,
@@ -506,6 +544,282 @@ impl CustomOp3 for FlashAttnKvCache {
             DType::F16 => cuda::kvcache_fwd::<half::f16>(self, s1, l1, s2, l2, s3, l3),
             other => Err(no_kernel(other)),
         }
+    }
+}
+
+/// [`flash_attn_with_kvcache`] with new tokens: two nested candle in-place ops, one on `k_cache`
+/// (reading `k` and `q`) and inside it one on `v_cache` (reading `v`), so both caches are
+/// borrowed mutably from candle while memattn appends and attends.
+mod append {
+    use super::*;
+    use candle_core::{InplaceOp2, InplaceOp3};
+    use std::cell::RefCell;
+
+    /// A storage and its layout.
+    pub(super) type Operand<'a, S> = (&'a S, &'a Layout);
+    /// o and lse of one call.
+    type Outs = RefCell<Option<(Storage, Storage)>>;
+
+    pub(super) fn run(
+        op: &FlashAttnKvCache,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let named = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)];
+        for (name, t) in &named[1..] {
+            if !t.device().same_device(q.device()) {
+                return Err(kv_err(format!(
+                    "{name} is on {:?}, q on {:?} (all tensors on one device)",
+                    t.device(),
+                    q.device()
+                )));
+            }
+        }
+        // The caches are locked for writing while the others are read: a shared storage would
+        // be written while read (or deadlock on its lock), so it is refused first.
+        let key = |t: &Tensor| &*t.storage_and_layout().0 as *const Storage as usize;
+        let keys = named.map(|(_, t)| key(t));
+        for w in [1, 2] {
+            if let Some(o) = (0..named.len()).find(|&o| o != w && keys[o] == keys[w]) {
+                return Err(kv_err(format!(
+                    "{} shares its storage with {}: the caches are written in place, so each must be a tensor of its own",
+                    named[w.min(o)].0,
+                    named[w.max(o)].0
+                )));
+            }
+        }
+        let outer = AppendK { op, v_cache, v, outs: RefCell::new(None) };
+        k_cache.inplace_op3(k, q, &outer)?;
+        let (o, lse) = outer.outs.into_inner().ok_or_else(|| kv_err("the op produced no output".into()))?;
+        let (b, sq, h, _) = q.dims4()?;
+        Ok((
+            Tensor::from_storage(o, q.shape().clone(), BackpropOp::none(), false),
+            Tensor::from_storage(lse, (b, h, sq), BackpropOp::none(), false),
+        ))
+    }
+
+    /// The op on `k_cache`; its operands are `k` and `q`.
+    struct AppendK<'t> {
+        op: &'t FlashAttnKvCache,
+        v_cache: &'t Tensor,
+        v: &'t Tensor,
+        outs: Outs,
+    }
+
+    /// The op on `v_cache` (operand `v`), run inside [`AppendK`] with its storages.
+    struct AppendV<'a, S> {
+        op: &'a FlashAttnKvCache,
+        k_cache: RefCell<&'a mut S>,
+        k_layout: &'a Layout,
+        k: Operand<'a, S>,
+        q: Operand<'a, S>,
+        outs: &'a Outs,
+    }
+
+    impl InplaceOp3 for AppendK<'_> {
+        fn name(&self) -> &'static str {
+            "memattn-flash-attn-with-kvcache (k_cache)"
+        }
+
+        fn cpu_fwd(
+            &self,
+            kc: &mut CpuStorage,
+            lk: &Layout,
+            k: &CpuStorage,
+            lkn: &Layout,
+            q: &CpuStorage,
+            lq: &Layout,
+        ) -> Result<()> {
+            let inner = AppendV {
+                op: self.op,
+                k_cache: RefCell::new(kc),
+                k_layout: lk,
+                k: (k, lkn),
+                q: (q, lq),
+                outs: &self.outs,
+            };
+            self.v_cache.inplace_op2(self.v, &inner)
+        }
+
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            kc: &mut candle_core::CudaStorage,
+            lk: &Layout,
+            k: &candle_core::CudaStorage,
+            lkn: &Layout,
+            q: &candle_core::CudaStorage,
+            lq: &Layout,
+        ) -> Result<()> {
+            let inner = AppendV {
+                op: self.op,
+                k_cache: RefCell::new(kc),
+                k_layout: lk,
+                k: (k, lkn),
+                q: (q, lq),
+                outs: &self.outs,
+            };
+            self.v_cache.inplace_op2(self.v, &inner)
+        }
+    }
+
+    impl InplaceOp2 for AppendV<'_, CpuStorage> {
+        fn name(&self) -> &'static str {
+            "memattn-flash-attn-with-kvcache (v_cache)"
+        }
+
+        fn cpu_fwd(&self, vc: &mut CpuStorage, lv: &Layout, v: &CpuStorage, lvn: &Layout) -> Result<()> {
+            let mut kc = self.k_cache.borrow_mut();
+            let outs = cpu_append_attend(self.op, self.q, (&mut **kc, self.k_layout), (vc, lv), self.k, (v, lvn))?;
+            *self.outs.borrow_mut() = Some(outs);
+            Ok(())
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    impl InplaceOp2 for AppendV<'_, candle_core::CudaStorage> {
+        fn name(&self) -> &'static str {
+            "memattn-flash-attn-with-kvcache (v_cache)"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+            Err(kv_err("v_cache is on the CPU, k_cache on a CUDA device (all tensors on one device)".into()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            vc: &mut candle_core::CudaStorage,
+            lv: &Layout,
+            v: &candle_core::CudaStorage,
+            lvn: &Layout,
+        ) -> Result<()> {
+            let mut kc = self.k_cache.borrow_mut();
+            let (kc, vc) = ((&mut **kc, self.k_layout), (vc, lv));
+            let outs = match self.q.0.dtype() {
+                DType::F32 => cuda::append_fwd::<f32>(self.op, self.q, kc, vc, self.k, (v, lvn)),
+                DType::BF16 => cuda::append_fwd::<half::bf16>(self.op, self.q, kc, vc, self.k, (v, lvn)),
+                DType::F16 => cuda::append_fwd::<half::f16>(self.op, self.q, kc, vc, self.k, (v, lvn)),
+                other => Err(no_kernel(other)),
+            }?;
+            *self.outs.borrow_mut() = Some(outs);
+            Ok(())
+        }
+    }
+
+    /// The cache rows (of `[rows, heads_kv * head_dim]`) that receive sequence `b`'s new tokens,
+    /// for copying them back from the VM: `cache_seqlens[b] + t` through the block table.
+    fn appended_rows(op: &FlashAttnKvCache, batch: usize, seq_new: usize, rows_per: usize) -> Result<Vec<usize>> {
+        let mut rows = Vec::with_capacity(batch * seq_new);
+        for (b, &len) in op.cache_seqlens.iter().enumerate().take(batch) {
+            for t in 0..seq_new {
+                let pos = len as usize + t;
+                let row = match &op.block_table {
+                    None => Some(b * rows_per + pos),
+                    Some(table) => {
+                        let max_pages = table.len() / batch.max(1);
+                        table.get(b * max_pages + pos / rows_per).map(|&p| p as usize * rows_per + pos % rows_per)
+                    }
+                };
+                rows.push(row.ok_or_else(|| kv_err(format!("no cache row for token {pos} of sequence {b}")))?);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Writes `rows` (each `row_len` elements) of the VM cache `buf` into the caller's storage.
+    fn copy_rows_back(
+        (s, l): (&mut CpuStorage, &Layout),
+        buf: &memattn::attn::VmBuffer,
+        rows: &[usize],
+        row_len: usize,
+    ) -> Result<()> {
+        let dtype = dtype_of(s.dtype())?;
+        let start = l.start_offset();
+        let vm = buf.read_f32(dtype, l.shape().elem_count()).map_err(wrap)?;
+        for &r in rows {
+            let (from, to) = (r * row_len, start + r * row_len);
+            let src = vm.get(from..from + row_len).ok_or_else(|| kv_err(format!("cache row {r} is past the cache")))?;
+            let out_of_range = || kv_err(format!("cache row {r} is past the cache's storage"));
+            match s {
+                CpuStorage::F32(x) => x.get_mut(to..to + row_len).ok_or_else(out_of_range)?.copy_from_slice(src),
+                CpuStorage::BF16(x) => {
+                    for (d, &v) in x.get_mut(to..to + row_len).ok_or_else(out_of_range)?.iter_mut().zip(src) {
+                        *d = half::bf16::from_f32(v);
+                    }
+                }
+                CpuStorage::F16(x) => {
+                    for (d, &v) in x.get_mut(to..to + row_len).ok_or_else(out_of_range)?.iter_mut().zip(src) {
+                        *d = half::f16::from_f32(v);
+                    }
+                }
+                other => return Err(no_kernel(other.dtype())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The CPU path: every tensor into the VM, memattn's append and attention there, then the
+    /// appended rows back into the caller's caches.
+    fn cpu_append_attend(
+        op: &FlashAttnKvCache,
+        q: Operand<'_, CpuStorage>,
+        kc: (&mut CpuStorage, &Layout),
+        vc: (&mut CpuStorage, &Layout),
+        k: Operand<'_, CpuStorage>,
+        v: Operand<'_, CpuStorage>,
+    ) -> Result<(Storage, Storage)> {
+        let kernels = vm_kernels()?;
+        let upload = |(s, l): Operand<'_, CpuStorage>, what: &str| -> Result<_> {
+            let dtype = dtype_of(s.dtype())?;
+            Ok((kernels.vm_upload_as(dtype, &host_f32(s, l)?).map_err(wrap)?, dtype, dims4(l, what)?, strides4(l)))
+        };
+        let bufs = [
+            upload(q, "q")?,
+            upload((&*kc.0, kc.1), "k_cache")?,
+            upload((&*vc.0, vc.1), "v_cache")?,
+            upload(k, "k")?,
+            upload(v, "v")?,
+        ];
+        let view = |i: usize| {
+            let (b, dtype, shape, strides) = &bufs[i];
+            TensorView::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
+        };
+        let view_mut = |i: usize| {
+            let (b, dtype, shape, strides) = &bufs[i];
+            memattn::attn::TensorViewMut::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
+        };
+        let [b, sq, h, d] = bufs[0].2;
+        let [_, rows_per, hk, _] = bufs[1].2;
+        let dtype = bufs[0].1;
+        // Poisoned outputs: an element the kernels do not write reads back as NaN.
+        let o = kernels.vm_upload_as(dtype, &vec![f32::NAN; b * sq * h * d]).map_err(wrap)?;
+        let lse = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).map_err(wrap)?;
+        let seqlens = kernels.index_tensor(&op.cache_seqlens, None).map_err(wrap)?;
+        let table = op.block_table.as_ref().map(|t| kernels.index_tensor(t, None)).transpose().map_err(wrap)?;
+        kernels
+            .flash_attn_with_kvcache_into(
+                &view(0)?,
+                &mut view_mut(1)?,
+                &mut view_mut(2)?,
+                Some(&view(3)?),
+                Some(&view(4)?),
+                &seqlens,
+                table.as_ref(),
+                &mut memattn::attn::TensorViewMut::vm(&o, dtype, [b, sq, h, d]).map_err(wrap)?,
+                &mut memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?,
+                &op.opts(),
+            )
+            .map_err(wrap)?;
+        // memattn checked every index before it wrote; the same rows come back.
+        let rows = appended_rows(op, b, bufs[3].2[1], rows_per)?;
+        copy_rows_back(kc, &bufs[1].0, &rows, hk * d)?;
+        copy_rows_back(vc, &bufs[2].0, &rows, hk * d)?;
+        let o = cpu_storage(o.read_f32(dtype, b * sq * h * d).map_err(wrap)?, q.0.dtype());
+        let lse = CpuStorage::F32(lse.read_f32(Dtype::F32, b * h * sq).map_err(wrap)?);
+        Ok((Storage::Cpu(o), Storage::Cpu(lse)))
     }
 }
 
@@ -633,5 +947,76 @@ mod cuda {
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
         keep_lse(&op.lse, Storage::Cuda(lse))?;
         Ok((CudaStorage::wrap_cuda_slice(o, s1.device.clone()), l1.shape().clone()))
+    }
+
+    /// memattn's append and attention on candle's caches, in candle's memory on candle's stream.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn append_fwd<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits>(
+        op: &FlashAttnKvCache,
+        (qs, lq): (&CudaStorage, &Layout),
+        (kcs, lkc): (&mut CudaStorage, &Layout),
+        (vcs, lvc): (&mut CudaStorage, &Layout),
+        (ks, lk): (&CudaStorage, &Layout),
+        (vs, lv): (&CudaStorage, &Layout),
+    ) -> Result<(Storage, Storage)> {
+        let device = qs.device.clone();
+        let stream = device.cuda_stream();
+        let kernels = kernels_for(stream.context())?;
+        let (q, k, v) =
+            (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
+        let mut kc = view_mut::<T>(kcs, lkc, &stream, "k_cache")?;
+        let mut vc = view_mut::<T>(vcs, lvc, &stream, "v_cache")?;
+        let seqlens = kernels.index_tensor(&op.cache_seqlens, Some(&stream)).map_err(wrap)?;
+        let table =
+            op.block_table.as_ref().map(|t| kernels.index_tensor(t, Some(&stream))).transpose().map_err(wrap)?;
+        let [b, sq, h, d] = q.shape();
+        // Not memset: the kernels write every element of o and lse (a row that sees no key gets
+        // o = 0, lse = -inf). SAFETY: both are read only after that launch, on this stream.
+        let mut o = unsafe { stream.alloc::<T>(b * sq * h * d) }.map_err(candle_core::Error::wrap)?;
+        let mut lse = unsafe { stream.alloc::<f32>(b * h * sq) }.map_err(candle_core::Error::wrap)?;
+        {
+            let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
+            let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
+            kernels
+                .flash_attn_with_kvcache_into(
+                    &q,
+                    &mut kc,
+                    &mut vc,
+                    Some(&k),
+                    Some(&v),
+                    &seqlens,
+                    table.as_ref(),
+                    &mut ov,
+                    &mut lv,
+                    &op.opts(),
+                )
+                .map_err(wrap)?;
+        }
+        Ok((
+            Storage::Cuda(CudaStorage::wrap_cuda_slice(o, device.clone())),
+            Storage::Cuda(CudaStorage::wrap_cuda_slice(lse, device)),
+        ))
+    }
+
+    /// A view of candle's storage with its layout (strides and start offset).
+    fn view<'a, T: Element + CudaDType>(
+        s: &'a CudaStorage,
+        l: &Layout,
+        stream: &'a Arc<memattn::attn::CudaStream>,
+        what: &str,
+    ) -> Result<TensorView<'a>> {
+        let v = TensorView::cuda(s.as_cuda_slice::<T>()?, stream, dims4(l, what)?);
+        v.and_then(|v| v.with_strides(strides4(l)).offset(l.start_offset())).map_err(wrap)
+    }
+
+    /// A writable view of candle's storage with its layout (strides and start offset).
+    fn view_mut<'a, T: Element + CudaDType>(
+        s: &'a mut CudaStorage,
+        l: &Layout,
+        stream: &'a Arc<memattn::attn::CudaStream>,
+        what: &str,
+    ) -> Result<TensorViewMut<'a>> {
+        let v = TensorViewMut::cuda(s.as_cuda_slice_mut::<T>()?, stream, dims4(l, what)?);
+        v.and_then(|v| v.with_strides(strides4(l)).offset(l.start_offset())).map_err(wrap)
     }
 }

@@ -228,15 +228,26 @@ fn kvcache_matches_candle_ops_over_the_gathered_pages() {
         // Paged, 3 KV splits; then the same keys in a contiguous cache, memattn's split choice.
         let (kp, vp) = (r((pages, page, hk, d)), r((pages, page, hk, d)));
         let bt = Tensor::from_slice(&table, (b, 3), &dev).unwrap();
-        let (o, lse) =
-            memattn_candle::flash_attn_with_kvcache_with_lse(&q, &kp, &vp, &seqlens, Some(&bt), 0.125, true, 3)
-                .unwrap();
+        let (o, lse) = memattn_candle::flash_attn_with_kvcache_with_lse(
+            &q,
+            &kp,
+            &vp,
+            None,
+            None,
+            &seqlens,
+            Some(&bt),
+            0.125,
+            true,
+            3,
+        )
+        .unwrap();
         let gather = |c: &Tensor, s: usize| -> Tensor {
             let ids = Tensor::new(&table[s * 3..s * 3 + 3], &dev).unwrap();
             c.index_select(&ids, 0).unwrap().reshape((3 * page, hk, d)).unwrap().narrow(0, 0, lens[s] as usize).unwrap()
         };
         let (kc, vc) = (r((b, 24, hk, d)), r((b, 24, hk, d)));
-        let oc = memattn_candle::flash_attn_with_kvcache(&q, &kc, &vc, &seqlens, None, 0.125, true, 0).unwrap();
+        let oc =
+            memattn_candle::flash_attn_with_kvcache(&q, &kc, &vc, None, None, &seqlens, None, 0.125, true, 0).unwrap();
         let (mut eo, mut el, mut ec) = (0f32, 0f32, 0f32);
         for (s, &len) in lens.iter().enumerate() {
             let qs = q.narrow(0, s, 1).unwrap();
@@ -263,6 +274,8 @@ fn kvcache_matches_candle_ops_over_the_gathered_pages() {
         &q,
         &kp,
         &kp,
+        None,
+        None,
         &Tensor::new(&lens, &dev).unwrap(),
         Some(&bad),
         0.1,

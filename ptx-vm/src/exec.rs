@@ -12,7 +12,7 @@ use crate::ir::*;
 use crate::memcheck::{Fault, Loc, Mem, SharedMem};
 use crate::memory::{self, GlobalView, SHARED_WINDOW, WINDOW_SIZE};
 use crate::num::{self, Ty};
-use crate::{Finding, TraceEntry, TraceRequest};
+use crate::{Conflict, Finding, TraceEntry, TraceRequest};
 
 const FULL: u32 = u32::MAX;
 const RUN: u8 = 0;
@@ -255,6 +255,7 @@ impl Launch<'_> {
             nearest_allocation: None,
             buffer: None,
             source: None,
+            conflict: None,
         }
     }
 
@@ -262,6 +263,16 @@ impl Launch<'_> {
         let mut fd = self.finding(block, warp, f.lane, pc, f.kind);
         fd.address = Some(f.addr);
         fd.access_bytes = Some(f.size);
+        fd.conflict = f.other.map(|o| {
+            let pc = o.pc as usize;
+            Conflict {
+                warp: o.warp,
+                write: o.write,
+                line: self.prog.insts[pc].line as usize,
+                instruction: self.prog.texts[pc].clone(),
+                source: None,
+            }
+        });
         fd.nearest_allocation = Some(match f.detail {
             Some(d) => d,
             None => match f.kind {
@@ -578,6 +589,7 @@ impl Launch<'_> {
             *ti += group.count_ones() as u64;
             *wc += 1;
             wp.issued += 1;
+            shared.race.pc = pc;
             if wp.issued > self.budget {
                 let l = group.trailing_zeros();
                 return Err(Box::new(self.finding(
@@ -1009,11 +1021,12 @@ fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> R
             addr: src,
             size: n.min(u32::MAX as u64) as u32,
             detail: Some(format!("src-size {n} > cp-size {size}")),
+            other: None,
         });
     }
     if n > 0 {
         if src & (size as u64 - 1) != 0 {
-            return Err(Fault { lane, kind: "misaligned access", addr: src, size: size as u32, detail: None });
+            return Err(Fault::new(lane, "misaligned access", src, size as u32, None));
         }
         mem.check_global(src, n, lane, false)?;
     }
@@ -1052,6 +1065,7 @@ fn cp_complete(
                         addr: c.src,
                         size: c.n as u32,
                         detail: Some(global.describe(c.src, c.n as u64)),
+                        other: None,
                     });
                     return true;
                 }
@@ -1116,6 +1130,7 @@ fn ldmatrix(
                         addr,
                         size: 16,
                         detail: None,
+                        other: None,
                     })
                 }
             };
@@ -1275,6 +1290,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                         addr,
                         size: total as u32,
                         detail: None,
+                        other: None,
                     });
                     return;
                 }
@@ -1315,6 +1331,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                         addr,
                         size: total as u32,
                         detail: None,
+                        other: None,
                     });
                     return;
                 }

@@ -378,6 +378,40 @@ pub struct Finding {
     pub buffer: Option<String>,
     /// The Rust line of the instruction (PTX with line tables only).
     pub source: Option<SourceLoc>,
+    /// For a shared memory race: the other warp's access to the same word in the same barrier
+    /// interval (the write a read or write conflicts with, or the read a write conflicts with).
+    /// Its location is also in [`Finding::nearest_allocation`]'s text.
+    pub conflict: Option<Conflict>,
+}
+
+/// The other access of a shared memory race.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub warp: u32,
+    /// A write (else a read).
+    pub write: bool,
+    /// PTX line of the instruction.
+    pub line: usize,
+    pub instruction: String,
+    /// Its Rust line (PTX with line tables only).
+    pub source: Option<SourceLoc>,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "warp {}'s {} was at PTX line {} `{}`",
+            self.warp,
+            if self.write { "write" } else { "read" },
+            self.line,
+            self.instruction
+        )?;
+        if let Some(s) = &self.source {
+            write!(f, " in {s}")?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -747,6 +781,11 @@ impl Vm {
             errors.sort_by_key(|e| e.0);
             let mut f = errors.swap_remove(0).1;
             f.source = module.source_of(f.line);
+            if let Some(c) = &mut f.conflict {
+                c.source = module.source_of(c.line);
+                let detail = f.nearest_allocation.take().unwrap_or_default();
+                f.nearest_allocation = Some(format!("{detail}; {c}"));
+            }
             if let Some(a) = f.address.filter(|a| (memory::MODULE_BASE..memory::PARAM_WINDOW).contains(a)) {
                 f.buffer = self.heap.label_near(a, f.access_bytes.unwrap_or(1) as u64);
             }

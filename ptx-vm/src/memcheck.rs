@@ -33,12 +33,15 @@ pub(crate) struct RaceState {
     pub(crate) epoch: u32,
     /// Warp running now (set before each warp runs).
     pub(crate) warp: u32,
+    /// Instruction running now (set before each instruction), stamped on the words it touches
+    /// so that a race names the other access's line too.
+    pub(crate) pc: u32,
     /// Set while an atomic instruction accesses shared memory.
     pub(crate) atomic: bool,
     words: Vec<WordState>,
 }
 
-/// Race stamps of one shared word (16 bytes, one cache access per check).
+/// Race stamps of one shared word (32 bytes, one cache access per check).
 #[derive(Clone, Copy, Default)]
 struct WordState {
     write_epoch: u32,
@@ -47,44 +50,76 @@ struct WordState {
     read_epoch: u32,
     /// Warps (bit per warp) that read the word in `read_epoch`.
     readers: u32,
+    /// Instruction of the last write.
+    write_pc: u32,
+    /// Instruction and warp of the last read in `read_epoch` (slot 0), and of the last read by
+    /// a warp other than slot 0's (slot 1): whichever warp writes next, one of the two is
+    /// another warp's read when `readers` says there is one.
+    read_pc: [u32; 2],
+    read_warp: [u8; 2],
+}
+
+/// The earlier access of a race, by another warp in the same barrier interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RaceOther {
+    pub(crate) warp: u32,
+    /// Instruction index in the kernel.
+    pub(crate) pc: u32,
+    pub(crate) write: bool,
 }
 
 impl RaceState {
     #[inline(always)]
-    pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), String> {
+    pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
         // Reader sets are 32-bit masks: blocks of more than 1024 threads (only with raised
         // limits) go unchecked beyond warp 31.
         if self.atomic || self.warp >= 32 {
             return Ok(());
         }
-        let (w, e) = (self.warp, self.epoch);
+        let (w, e, pc) = (self.warp, self.epoch, self.pc);
         let bit = 1u32 << w;
         for i in at / 4..(at + len).div_ceil(4) {
             let ws = &mut self.words[i];
             if ws.write_epoch == e && ws.writer != w + 1 {
-                return Err(format!(
-                    "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
-                    if store { "writes" } else { "reads" },
-                    4 * i,
-                    ws.writer - 1,
-                    if store { "write-write" } else { "read-after-write" }
+                return Err((
+                    format!(
+                        "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
+                        if store { "writes" } else { "reads" },
+                        4 * i,
+                        ws.writer - 1,
+                        if store { "write-write" } else { "read-after-write" }
+                    ),
+                    RaceOther { warp: ws.writer - 1, pc: ws.write_pc, write: true },
                 ));
             }
             if store {
                 if ws.read_epoch == e && ws.readers & !bit != 0 {
-                    return Err(format!(
-                        "warp {w} writes shared word {} that warp {} read since the last barrier (write-after-read race)",
-                        4 * i,
-                        (ws.readers & !bit).trailing_zeros()
+                    let slot = usize::from(u32::from(ws.read_warp[0]) == w);
+                    let reader = u32::from(ws.read_warp[slot]);
+                    return Err((
+                        format!(
+                            "warp {w} writes shared word {} that warp {reader} read since the last barrier (write-after-read race)",
+                            4 * i,
+                        ),
+                        RaceOther { warp: reader, pc: ws.read_pc[slot], write: false },
                     ));
                 }
                 ws.writer = w + 1;
                 ws.write_epoch = e;
+                ws.write_pc = pc;
             } else if ws.read_epoch != e {
                 ws.read_epoch = e;
                 ws.readers = bit;
-            } else if ws.readers & bit == 0 {
+                ws.read_pc[0] = pc;
+                ws.read_warp[0] = w as u8;
+            } else {
                 ws.readers |= bit;
+                if u32::from(ws.read_warp[0]) != w {
+                    ws.read_pc[1] = ws.read_pc[0];
+                    ws.read_warp[1] = ws.read_warp[0];
+                    ws.read_warp[0] = w as u8;
+                }
+                ws.read_pc[0] = pc;
             }
         }
         Ok(())
@@ -139,6 +174,14 @@ pub(crate) struct Fault {
     pub(crate) addr: u64,
     pub(crate) size: u32,
     pub(crate) detail: Option<String>,
+    /// A race's other access.
+    pub(crate) other: Option<RaceOther>,
+}
+
+impl Fault {
+    pub(crate) fn new(lane: u32, kind: &'static str, addr: u64, size: u32, detail: Option<String>) -> Fault {
+        Fault { lane, kind, addr, size, detail, other: None }
+    }
 }
 
 pub(crate) struct Mem<'a> {
@@ -161,7 +204,7 @@ pub(crate) enum Loc {
 impl Mem<'_> {
     #[inline(always)]
     pub(crate) fn locate(&mut self, sp: Space, addr: u64, size: u64, lane: u32, store: bool) -> Result<Loc, Fault> {
-        let fault = |kind: &'static str| Fault { lane, kind, addr, size: size as u32, detail: None };
+        let fault = |kind: &'static str| Fault::new(lane, kind, addr, size as u32, None);
         if addr & (size - 1) != 0 {
             return Err(fault("misaligned access"));
         }
@@ -188,9 +231,10 @@ impl Mem<'_> {
                 } else if self.shared.racecheck {
                     match self.shared.race.access(a as usize, size as usize, store) {
                         Ok(()) => Ok(Loc::Shared(a as usize)),
-                        Err(d) => {
-                            Err(Fault { lane, kind: "shared memory race", addr, size: size as u32, detail: Some(d) })
-                        }
+                        Err((d, other)) => Err(Fault {
+                            other: Some(other),
+                            ..Fault::new(lane, "shared memory race", addr, size as u32, Some(d))
+                        }),
                     }
                 } else {
                     Ok(Loc::Shared(a as usize))
@@ -222,7 +266,7 @@ impl Mem<'_> {
                     } else {
                         "out-of-bounds global load"
                     };
-                    Err(Fault { lane, kind, addr, size: size as u32, detail: Some(self.global.describe(a, size)) })
+                    Err(Fault::new(lane, kind, addr, size as u32, Some(self.global.describe(a, size))))
                 }
             },
         }
@@ -239,7 +283,7 @@ impl Mem<'_> {
                 } else {
                     "out-of-bounds global load"
                 };
-                Err(Fault { lane, kind, addr, size: len as u32, detail: Some(self.global.describe(addr, len)) })
+                Err(Fault::new(lane, kind, addr, len as u32, Some(self.global.describe(addr, len))))
             }
         }
     }

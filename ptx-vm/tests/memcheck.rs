@@ -224,11 +224,16 @@ fn racecheck_finds_unordered_shared_accesses_between_warps() {
     let decls = ".shared .align 4 .b8 sm[8];";
     // Read after write: warp 0 stores word 0, warp 1 loads it with no barrier in between.
     let raw = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.eq.u32 %p2, %r1, 32;\n\
-        @%p1 st.shared.u32 [sm], 7;\n @%p2 ld.shared.u32 %r2, [sm]; // LOAD";
+        @%p1 st.shared.u32 [sm], 7; // STORE\n @%p2 ld.shared.u32 %r2, [sm]; // LOAD";
     let (f, src, text) = finding(decls, raw, 1, 64, 8);
     assert_eq!(f.kind, "shared memory race", "{text}");
     assert_eq!((f.line, f.thread), (line_of(&src, "// LOAD"), [32, 0, 0]), "{text}");
     assert!(text.contains("warp 1 reads shared word 0 that warp 0 wrote since the last barrier"), "{text}");
+    // The report names the other access too: warp 0's store, by its PTX line and instruction.
+    let store = line_of(&src, "// STORE");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line, c.instruction.as_str()), (0, true, store, "@%p1 st.shared.u32 [sm], 7;"));
+    assert!(text.contains(&format!("warp 0's write was at PTX line {store} `@%p1 st.shared.u32 [sm], 7;`")), "{text}");
 
     // The same accesses ordered by bar.sync: no finding, and the value arrives.
     let ordered = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.eq.u32 %p2, %r1, 32;\n\
@@ -237,10 +242,23 @@ fn racecheck_finds_unordered_shared_accesses_between_warps() {
 
     // Write after read: warp 0 reads word 0 after the barrier, warp 1 overwrites it.
     let war = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.eq.u32 %p2, %r1, 32;\n\
-        @%p1 st.shared.u32 [sm], 7;\n bar.sync 0;\n @%p1 ld.shared.u32 %r2, [sm];\n @%p2 st.shared.u32 [sm], 9; // STORE";
+        @%p1 st.shared.u32 [sm], 7;\n bar.sync 0;\n @%p1 ld.shared.u32 %r2, [sm]; // LOAD\n\
+        @%p2 st.shared.u32 [sm], 9; // STORE";
     let (f, src, text) = finding(decls, war, 1, 64, 8);
     assert_eq!((f.kind.as_str(), f.line), ("shared memory race", line_of(&src, "// STORE")), "{text}");
     assert!(text.contains("warp 1 writes shared word 0 that warp 0 read since the last barrier"), "{text}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// LOAD")), "{text}");
+    assert!(text.contains(&format!("warp 0's read was at PTX line {}", line_of(&src, "// LOAD"))), "{text}");
+    // Both warps read the word (warp 1 last), then warp 1 overwrites it: the read named is
+    // warp 0's, not warp 1's own.
+    let war2 = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.eq.u32 %p2, %r1, 32;\n\
+        @%p1 st.shared.u32 [sm], 7;\n bar.sync 0;\n @%p1 ld.shared.u32 %r2, [sm]; // WARP0\n\
+        @%p2 ld.shared.u32 %r2, [sm]; // WARP1\n @%p2 st.shared.u32 [sm], 9; // STORE";
+    let (f, src, text) = finding(decls, war2, 1, 64, 8);
+    assert_eq!((f.kind.as_str(), f.line), ("shared memory race", line_of(&src, "// STORE")), "{text}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// WARP0")), "{text}");
 
     // Atomics from every thread of both warps are not races. (Every thread storing the same
     // initial value would be: a write-write race, benign or not, is reported.)
@@ -250,8 +268,9 @@ fn racecheck_finds_unordered_shared_accesses_between_warps() {
 }
 
 /// `flash_fwd_f32_d64` with its `n`-th `bar.sync` deleted (0: before a K/V tile is overwritten,
-/// 1: after it is loaded), launched on 2 heads x 96 queries x 200 keys (4 key tiles).
-fn flash_without_barrier(n: usize) -> Result<(), ptx_vm::VmError> {
+/// 1: after it is loaded), launched on 2 heads x 96 queries x 200 keys (4 key tiles), with
+/// initcheck on or off.
+fn flash_without_barrier(n: usize, initcheck: bool) -> Result<(), ptx_vm::VmError> {
     use kernels_gpu::abi::{AttnParams, Strides};
     use kernels_gpu::tiles::FLASH_F32_D64;
     let ptx = util::PTX;
@@ -261,6 +280,7 @@ fn flash_without_barrier(n: usize) -> Result<(), ptx_vm::VmError> {
     let mutated = format!("{}// removed: {}", &ptx[..at], &ptx[at..]);
     let m = Module::load(&mutated).unwrap();
     let mut vm = Vm::with_workers(2);
+    vm.set_initcheck(initcheck);
     let (h, sq, skv, d) = (2u64, 96u64, 200u64, 64u64);
     let mut rng = util::Rng(5);
     let mut up = |n: u64| {
@@ -298,8 +318,11 @@ fn deleting_either_barrier_of_the_flash_kernel_is_caught() {
     // The untouched kernel has neither race nor uninitialized read (checked by the kernel tests);
     // without the barrier before a tile refill, a fast warp overwrites K/V that a slow warp still
     // reads; without the one after the load, a warp reads rows another warp is still storing.
-    for n in 0..2 {
-        match flash_without_barrier(n) {
+    // Without initcheck the missing barrier after the load is a race too: the other warp's
+    // store into a row this warp already read (write-after-read).
+    let mut races = 0;
+    for (n, initcheck) in [(0, true), (1, true), (1, false)] {
+        match flash_without_barrier(n, initcheck) {
             Err(VmError::Memcheck(f)) => {
                 eprintln!("barrier {n} removed: {f}");
                 assert!(
@@ -307,8 +330,22 @@ fn deleting_either_barrier_of_the_flash_kernel_is_caught() {
                     "barrier {n}: {f}"
                 );
                 assert!(f.instruction.contains("shared"), "barrier {n}: {f}");
+                if f.kind == "shared memory race" {
+                    // Both accesses by their Rust lines (the committed PTX has line tables):
+                    // the load of the tile and the other warp's store into it.
+                    races += 1;
+                    let c = f.conflict.as_ref().expect("a race names the other access");
+                    let (this, other) =
+                        (f.source.clone().expect("a Rust line"), c.source.clone().expect("a Rust line"));
+                    assert_eq!((this.file.as_str(), other.file.as_str()), (FLASH_RS, FLASH_RS), "{f}");
+                    assert!(c.instruction.contains("shared") && this.line != other.line, "{f}");
+                    assert!(f.to_string().contains(&format!("{FLASH_RS}:{}", other.line)), "{f}");
+                }
             }
             other => panic!("barrier {n} removed, expected a finding, got {other:?}"),
         }
     }
+    assert_eq!(races, 2, "barrier 0, and barrier 1 without initcheck, are races");
 }
+
+const FLASH_RS: &str = "kernels-gpu/src/flash_fwd_f32.rs";

@@ -118,12 +118,18 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
     (Some(v), code)
 }
 
+/// Where `build` writes lesson `n`'s PTX.
+fn ptx_path(n: usize, solution: bool) -> PathBuf {
+    paths::root().join("target/lessons").join(format!("lesson{n}{}.ptx", if solution { "-solution" } else { "" }))
+}
+
 /// Compiles the lesson to PTX with the kernel toolchain and loads it.
 fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
     toolchain::ensure()?;
-    let dir = paths::root().join("target/lessons");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let ptx_path: PathBuf = dir.join(format!("lesson{n}{}.ptx", if solution { "-solution" } else { "" }));
+    let ptx_path = ptx_path(n, solution);
+    if let Some(dir) = ptx_path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
     let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
     let t0 = Instant::now();
     let status = toolchain::command("cargo")
@@ -167,6 +173,17 @@ fn check_all() -> i32 {
             bad.push(format!("lesson {n}: the reference solution does not pass:\n{}", out.text));
         } else {
             println!("lesson {n}: solution passes");
+            if n == 5 {
+                let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap_or_default();
+                match barrier_mutants(&ptx) {
+                    Ok(races) => {
+                        for r in races {
+                            println!("lesson 5: {r}");
+                        }
+                    }
+                    Err(e) => bad.push(format!("lesson 5: {e}")),
+                }
+            }
         }
         let mut out = Out { quiet: true, ..Out::default() };
         let (v, _) = run_lesson(n, false, &mut out);
@@ -715,25 +732,35 @@ fn attention_ref(
     (o, lse)
 }
 
+/// Lesson 5's blocks: two warps, so a missing barrier is a race between them.
+const L5_THREADS: usize = 64;
+const L5_SMEM: u32 = 2 * L5_THREADS as u32 * 32 * 4;
+
 fn lesson5(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
             let cases = [
-                (45usize, 70usize, false, "3 key tiles, the last one partial; 2 blocks"),
-                (45, 70, true, "causal, bottom-right aligned"),
-                (70, 45, true, "causal with seq_q > seq_kv: rows 0-24 see no key (O = 0, LSE = -inf)"),
-                (32, 32, false, "one block, one tile"),
+                (90usize, 150usize, false, "3 key tiles, the last one partial; 2 blocks"),
+                (90, 150, true, "causal, bottom-right aligned"),
+                (150, 90, true, "causal with seq_q > seq_kv: rows 0-59 see no key (O = 0, LSE = -inf)"),
+                (64, 64, false, "one block, one tile"),
             ];
             for (case, (sq, skv, causal, what)) in cases.into_iter().enumerate() {
-                let grid = sq.div_ceil(32) as u32;
+                let grid = sq.div_ceil(L5_THREADS) as u32;
                 out.say(format!(
-                    "case {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, {grid} block(s) of 32 threads: {what}",
+                    "case {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, {grid} block(s) of {L5_THREADS} threads: {what}",
                     case + 1
                 ));
                 let mut rng = Rng(21 + case as u64);
                 let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
                 let scale = 1.0 / (32.0f32).sqrt();
                 let mut l = vm_launcher(m);
+                // Racecheck alone judges the barriers. With initcheck on, a missing barrier after
+                // the load stops at the first read of a row the other warp has not stored yet,
+                // which names only that read; without it the other warp's store into the row is
+                // a write-after-read race, reported with both lines. Unwritten shared memory
+                // then reads as NaN, which the comparison catches.
+                l.vm().set_initcheck(false);
                 setup(l.input_f32("Q", &q));
                 setup(l.input_f32("K", &k));
                 setup(l.input_f32("V", &v));
@@ -750,17 +777,21 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                     Arg::buf("O"),
                     Arg::buf("LSE"),
                 ];
-                launch(&mut l, out, "flash_lesson_f32", [grid, 1, 1], [32, 1, 1], 8192, &args)?;
+                launch(&mut l, out, "flash_lesson_f32", [grid, 1, 1], [L5_THREADS as u32, 1, 1], L5_SMEM, &args)?;
                 let (want_o, want_lse) = attention_ref(&q, &k, &v, sq, skv, causal, scale as f64);
                 let d_o = compare(&setup(l.read_f32("O")), &want_o, 32, 1e-4);
                 let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-4);
+                let blind = sq.saturating_sub(skv); // rows that see no key when causal
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                     Some(if all_unwritten(d) {
                         format!("the kernel does not store into {name} yet (step 3)")
                     } else if !d.unwritten_rows.is_empty() {
-                        "rows of the second block were never written: the row is `ctaid_x() * 32 + tid_x()`".into()
-                    } else if causal && sq > skv && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < 25)) {
-                        "rows 0-24 see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf".into()
+                        format!("rows of the second block were never written: the row is `ctaid_x() * {L5_THREADS} + tid_x()`")
+                    } else if causal && blind > 0 && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < blind)) {
+                        format!(
+                            "rows 0-{} see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf",
+                            blind - 1
+                        )
                     } else if causal {
                         "the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)".into()
                     } else if d.wrong_rows.len() == d.rows {
@@ -774,4 +805,87 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
         },
         out,
     )
+}
+
+/// Lesson 5's solution with one `bar.sync` of its PTX removed at a time (the PTX of deleting one
+/// `sync_threads()`): each must stop at a shared memory race whose report names the Rust lines
+/// of both accesses (the store and the other warp's load, or the load and the other warp's
+/// store). Returns one line per barrier.
+fn barrier_mutants(ptx: &str) -> Result<Vec<String>, String> {
+    let bars: Vec<usize> = ptx.match_indices("bar.sync").map(|(at, _)| at).collect();
+    if bars.len() < 2 {
+        return Err(format!("the solution's PTX has {} bar.sync, expected the two barriers of step 2a", bars.len()));
+    }
+    let mut lines = Vec::new();
+    for (n, &at) in bars.iter().enumerate() {
+        let ptx_line = ptx[..at].lines().count();
+        // Commented out in place: every other PTX line keeps its number.
+        let mutated = format!("{}// removed: {}", &ptx[..at], &ptx[at..]);
+        let m = Module::load(&mutated).map_err(|e| format!("the PTX without bar.sync {n} does not load: {e}"))?;
+        let mut out = Out { quiet: true, ..Out::default() };
+        let v = lesson5(&m, &mut out);
+        let (this, other) = race_lines(&out.text).ok_or_else(|| {
+            format!(
+                "without the bar.sync at PTX line {ptx_line} the solution should stop at a shared memory race naming \
+                 both lines, but said ({v:?}):\n{}",
+                out.text
+            )
+        })?;
+        lines.push(format!("without the bar.sync at PTX line {ptx_line}: a race between {this} and {other}"));
+    }
+    Ok(lines)
+}
+
+/// The Rust lines of both accesses of a race report from `launch`: the finding's own (`at`) and
+/// the other warp's (in the `where` line), when they are in the solution file and differ.
+fn race_lines(text: &str) -> Option<(String, String)> {
+    const FILE: &str = "lessons/05-flash-forward/solution.rs:";
+    if !text.contains("VM finding: shared memory race") {
+        return None;
+    }
+    let this = text.lines().find_map(|l| l.trim().strip_prefix("at ").and_then(|r| r.split_whitespace().next()))?;
+    let where_ = text.lines().find_map(|l| l.trim().strip_prefix("where"))?;
+    let (_, after) = where_.split_once(" was at PTX line ")?;
+    let other = &after[after.find(FILE)?..];
+    let other = other.split([' ', ')']).next()?;
+    (this.starts_with(FILE) && other != this).then(|| (this.to_string(), other.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lesson 5's solution passes, and without either of its barriers it stops at a race whose
+    /// report names both lines. Needs the kernel toolchain (as `cargo xtask lesson` does).
+    #[test]
+    fn lesson5_without_either_barrier_is_a_race_naming_both_lines() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: lesson 5 is not built without the kernel toolchain: {e}");
+            return;
+        }
+        let mut out = Out { quiet: true, ..Out::default() };
+        let m = build(5, true, &mut out).unwrap_or_else(|e| panic!("lesson 5 does not build: {e}"));
+        assert_eq!(lesson5(&m, &mut out), Verdict::Pass, "{}", out.text);
+        let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap();
+        let races = barrier_mutants(&ptx).unwrap_or_else(|e| panic!("{e}"));
+        for r in &races {
+            eprintln!("{r}");
+        }
+        assert!(races.len() >= 2, "{races:?}");
+    }
+
+    #[test]
+    fn race_lines_reads_both_lines_of_a_report() {
+        let f = "lessons/05-flash-forward/solution.rs";
+        let report = format!(
+            "  VM finding: shared memory race\n    at       {f}:64\n    PTX      line 9: `ld.shared.f32 %f1, [%rd1];`\n    \
+             where    warp 1 reads shared word 0 that warp 0 wrote since the last barrier (read-after-write race); \
+             warp 0's write was at PTX line 7 `st.shared.f32 [%rd2], %f2;` in {f}:52\n"
+        );
+        assert_eq!(race_lines(&report), Some((format!("{f}:64"), format!("{f}:52"))));
+        // One line only, or the same line twice, is not a report naming both.
+        assert_eq!(race_lines(&report.replace(&format!(" in {f}:52"), "")), None);
+        assert_eq!(race_lines(&report.replace(":52", ":64")), None);
+        assert_eq!(race_lines(&report.replace("shared memory race", "uninitialized shared memory read")), None);
+    }
 }
