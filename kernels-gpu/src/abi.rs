@@ -241,6 +241,61 @@ impl ByteWriter<'_> {
     }
 }
 
+/// Parameters of the backward kernels (`flash_bwd_*`), passed by value: the forward's
+/// parameters (q, k, v, o, lse, their strides, sizes and options; `scores` unused) and the
+/// gradients' buffers.
+///
+/// - `d_o`: the upstream gradient, shaped and strided like O (`d_o_strides`);
+/// - `delta`: `D = rowsum(dO ∘ O)` f32, laid out like LSE ([`AttnParams::lse_offset`]);
+/// - `dq_accum`: the f32 dQ accumulator, `[batch, seq_q, heads, d]` (`dq_accum_strides`),
+///   zeroed by the preprocess kernel, added to with `red.global.add.f32` by the main kernel;
+/// - `dq` (like q, `dq_strides`), `dk`, `dv` (like k and v, `heads_kv` heads): the outputs;
+/// - `dsinks`: `[heads]` f32 sink gradients, or 0 (no sinks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BwdParams {
+    pub attn: AttnParams,
+    pub d_o: u64,
+    pub delta: u64,
+    pub dq_accum: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub dsinks: u64,
+    pub d_o_strides: Strides,
+    pub dq_accum_strides: Strides,
+    pub dq_strides: Strides,
+    pub dk_strides: Strides,
+    pub dv_strides: Strides,
+}
+
+/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[400]`).
+pub const BWD_PARAMS_BYTES: usize = 400;
+const _: () = assert!(core::mem::size_of::<BwdParams>() == BWD_PARAMS_BYTES);
+const _: () = assert!(core::mem::align_of::<BwdParams>() == 8);
+
+impl BwdParams {
+    /// The struct as the bytes a launch passes (little-endian, `repr(C)` order).
+    pub fn to_bytes(&self) -> [u8; BWD_PARAMS_BYTES] {
+        let mut out = [0u8; BWD_PARAMS_BYTES];
+        out[..ATTN_PARAMS_BYTES].copy_from_slice(&self.attn.to_bytes());
+        let mut at = ATTN_PARAMS_BYTES;
+        let mut put = |x: u64| {
+            out[at..at + 8].copy_from_slice(&x.to_le_bytes());
+            at += 8;
+        };
+        for p in [self.d_o, self.delta, self.dq_accum, self.dq, self.dk, self.dv, self.dsinks] {
+            put(p);
+        }
+        for s in [self.d_o_strides, self.dq_accum_strides, self.dq_strides, self.dk_strides, self.dv_strides] {
+            put(s.batch);
+            put(s.seq);
+            put(s.head);
+        }
+        out
+    }
+}
+
 pub use crate::variants::KernelId;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
@@ -286,6 +341,30 @@ mod tests {
         assert_eq!(p.to_bytes(), raw);
         assert_eq!(AttnParams::default().window_left, -1);
         assert_eq!(AttnParams::default().kv_head(3), 3);
+    }
+
+    #[test]
+    fn bwd_to_bytes_is_the_repr_c_layout() {
+        let s = |x: u64| Strides { batch: x, seq: x + 1, head: x + 2 };
+        let attn = AttnParams { q: 1, k: 2, lse: 5, seq_q: 7, softcap: 1.5, window_left: 3, ..Default::default() };
+        let p = BwdParams {
+            attn,
+            d_o: 70,
+            delta: 71,
+            dq_accum: 72,
+            dq: 73,
+            dk: 74,
+            dv: 75,
+            dsinks: 76,
+            d_o_strides: s(80),
+            dq_accum_strides: s(90),
+            dq_strides: s(100),
+            dk_strides: s(110),
+            dv_strides: s(120),
+        };
+        // SAFETY: BwdParams is repr(C), Copy, and has no padding bytes (size asserted above).
+        let raw: [u8; BWD_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };
+        assert_eq!(p.to_bytes(), raw);
     }
 
     #[test]

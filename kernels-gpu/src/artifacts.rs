@@ -142,7 +142,9 @@ pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::variants::{KernelId, VARIANTS};
+    use crate::variants::KernelId;
+    #[cfg(feature = "artifacts-json")]
+    use crate::variants::VARIANTS;
 
     #[cfg(feature = "artifacts-json")]
     #[test]

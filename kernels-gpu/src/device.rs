@@ -240,3 +240,16 @@ pub unsafe fn sequence_of(p: &crate::abi::AttnParams, b: u32) -> crate::abi::Seq
     let (cq, ck) = (p.cu_seqlens_q + 4 * b as u64, p.cu_seqlens_kv + 4 * b as u64);
     unsafe { p.sequence(ld_u32(cq), ld_u32(cq + 4), ld_u32(ck), ld_u32(ck + 4)) }
 }
+
+/// `red.global.add.f32`: atomically adds `x` to the f32 at `addr` (no result; the adds of
+/// several threads to one address are all applied, in an unspecified order).
+///
+/// # Safety
+/// `addr` must be a valid, 4-byte aligned device address of an `f32` in global memory.
+#[inline(always)]
+pub unsafe fn red_add_f32(addr: u64, x: f32) {
+    unsafe {
+        asm!("{{ .reg .b64 %ga;", "cvta.to.global.u64 %ga, {a};", "red.global.add.f32 [%ga], {x}; }}",
+             a = in(reg64) addr, x = in(reg32) x, options(nostack));
+    }
+}

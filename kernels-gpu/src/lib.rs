@@ -24,7 +24,8 @@
 //! online softmax, SIMT), [`flash_fwd_mma`] (the same on tensor cores, with the instruction
 //! forms of [`mma`]); then decode over a KV cache: [`decode_append`] (writes new keys into the
 //! cache), [`decode_fwd`] (split-KV decode, SIMT), [`decode_mma`] (the same on tensor cores) and
-//! [`merge_states`] (combines the splits); [`smoke`] is the smoke-test kernel.
+//! [`merge_states`] (combines the splits); then training: [`flash_bwd_f32`] (the backward, dQ,
+//! dK and dV from the saved LSE); [`smoke`] is the smoke-test kernel.
 //!
 //! Build the PTX with `cargo xtask build-ptx` (see the workspace README).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -68,6 +69,8 @@ pub mod decode_append;
 pub mod decode_fwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_mma;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod flash_bwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]

@@ -409,3 +409,78 @@ pub const DECODE_MMA_D64: DecodeMmaTile = DecodeMmaTile { head_dim: 64, bc: 64, 
 /// d=128: 4 warps of 16 keys, Bc = 64: smem (16 + 2 x 64) x 128 x 2 B = 36 KiB. Per thread Q
 /// fragments 32 registers, O accumulator 64, scores 8.
 pub const DECODE_MMA_D128: DecodeMmaTile = DecodeMmaTile { head_dim: 128, bc: 64, warps: 4 };
+
+/// Tile of the f32 SIMT backward main kernel (`flash_bwd_f32.rs`) for one head dim.
+///
+/// A block owns `bc` keys of one K/V head and walks the query tiles of `br` rows of every query
+/// head that reads it (GQA: dK and dV are summed over the group in registers, no atomics). Each
+/// key is served by `threads_per_key` consecutive lanes of one warp, each lane owning
+/// `head_dim / threads_per_key` interleaved dims of k, v, dK and dV. Shared memory holds the K
+/// tile (for dQ), the Q and dO tiles, the `br x bc` dS tile and the rows' LSE and D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashBwdF32Tile {
+    pub head_dim: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub threads_per_key: u32,
+}
+
+impl FlashBwdF32Tile {
+    pub const fn dims_per_thread(&self) -> u32 {
+        self.head_dim / self.threads_per_key
+    }
+    pub const fn threads(&self) -> u32 {
+        self.bc * self.threads_per_key
+    }
+    /// K `bc x d`, Q and dO `br x d` each, dS `br x bc`, LSE and D `br` each, f32.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.bc * self.head_dim + 2 * self.br * self.head_dim + self.br * self.bc + 2 * self.br) * 4
+    }
+    /// Grid `(ceil(seq_kv / bc), heads_kv, batch)`, block `(threads, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads_kv: u32, seq_kv: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_kv.div_ceil(self.bc), heads_kv, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        assert!(self.head_dim.is_multiple_of(self.threads_per_key));
+        assert!(32u32.is_multiple_of(self.threads_per_key), "a key's lanes must sit in one warp");
+        assert!(self.threads().is_multiple_of(32), "whole warps only");
+        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+    }
+}
+
+/// d=64: 4 lanes per key x 16 dims; 32 keys x 4 = 128 threads. A thread keeps k, v, dK and dV
+/// (4 x 16 registers). Shared memory (32 x 64 + 2 x 32 x 64 + 32 x 32 + 64) x 4 B = 28.25 KiB.
+pub const FLASH_BWD_F32_D64: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 64, br: 32, bc: 32, threads_per_key: 4 };
+/// d=128: 8 lanes per key x 16 dims (the same 64 live values per thread as d=64); 32 keys x 8 =
+/// 256 threads; Br = 16 keeps shared memory at (32 x 128 + 2 x 16 x 128 + 16 x 32 + 32) x 4 B =
+/// 34.1 KiB, under 48 KiB.
+pub const FLASH_BWD_F32_D128: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_key: 8 };
+
+/// Tile of the backward's row kernels (preprocess: `D = rowsum(dO ∘ O)` and zeroing the dQ
+/// accumulator; convert: dQ accumulator to dQ): one warp per query row, `rows` rows per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdRowsTile {
+    pub rows: u32,
+}
+
+impl BwdRowsTile {
+    pub const fn threads(&self) -> u32 {
+        32 * self.rows
+    }
+    /// Grid `(ceil(seq_q / rows), heads, batch)`, block `(threads, 1, 1)`, no shared memory.
+    pub const fn launch(&self, batch: u32, heads: u32, seq_q: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_q.div_ceil(self.rows), heads, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: 0,
+        }
+    }
+}
+
+/// 4 rows (warps) per block: 128 threads.
+pub const BWD_ROWS: BwdRowsTile = BwdRowsTile { rows: 4 };

@@ -59,6 +59,13 @@ pub enum Family {
     /// Split-KV decode forward on tensor cores, `mma.sync` m16n8k16 (`decode_mma.rs`; takes
     /// `DecodeParams`, writes the partials `merge_states` combines, as `DecodeFwd` does).
     DecodeMma,
+    /// Backward preprocess: `D = rowsum(dO ∘ O)`, the dQ accumulator zeroed
+    /// (`flash_bwd_f32.rs`; takes `BwdParams`).
+    BwdPre,
+    /// Backward main kernel, f32 SIMT: dK, dV per key block, dQ by atomics (`flash_bwd_f32.rs`).
+    FlashBwdF32,
+    /// Backward convert: dQ accumulator to dQ (`flash_bwd_f32.rs`).
+    BwdConvert,
 }
 
 impl Family {
@@ -74,6 +81,9 @@ impl Family {
             Family::MergeStates => "merge_states",
             Family::DecodeAppend => "decode_append",
             Family::DecodeMma => "decode_mma",
+            Family::BwdPre => "bwd_pre",
+            Family::FlashBwdF32 => "flash_bwd_f32",
+            Family::BwdConvert => "bwd_convert",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -94,6 +104,9 @@ pub enum Tile {
     MergeStates(MergeTile),
     DecodeAppend(AppendTile),
     DecodeMma(DecodeMmaTile),
+    BwdPre(BwdRowsTile),
+    FlashBwdF32(FlashBwdF32Tile),
+    BwdConvert(BwdRowsTile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -155,6 +168,7 @@ impl Variant {
             Tile::FlashMma(t) => Some(t.head_dim),
             Tile::DecodeFwd(t) => Some(t.head_dim),
             Tile::DecodeMma(t) => Some(t.head_dim),
+            Tile::FlashBwdF32(t) => Some(t.head_dim),
             _ => None,
         }
     }
@@ -167,6 +181,7 @@ impl Variant {
             Family::Smoke => 24,
             Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
+            Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert => crate::abi::BWD_PARAMS_BYTES,
             _ => crate::abi::ATTN_PARAMS_BYTES,
         }
     }
@@ -189,6 +204,8 @@ impl Variant {
             Tile::MergeStates(t) => t.threads(),
             Tile::DecodeAppend(t) => t.threads,
             Tile::DecodeMma(t) => t.threads(),
+            Tile::BwdPre(t) | Tile::BwdConvert(t) => t.threads(),
+            Tile::FlashBwdF32(t) => t.threads(),
         }
     }
 
@@ -199,6 +216,7 @@ impl Variant {
             Tile::FlashMma(t) => t.smem_bytes(),
             Tile::DecodeFwd(t) => t.smem_bytes(),
             Tile::DecodeMma(t) => t.smem_bytes(),
+            Tile::FlashBwdF32(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -210,6 +228,8 @@ impl Variant {
             Tile::FlashMma(t) => t.br,
             Tile::DecodeFwd(t) => t.br(),
             Tile::DecodeMma(t) => t.br(),
+            Tile::FlashBwdF32(t) => t.br,
+            Tile::BwdPre(t) | Tile::BwdConvert(t) => t.rows,
             _ => 0,
         }
     }
@@ -221,6 +241,7 @@ impl Variant {
             Tile::FlashMma(t) => t.bc,
             Tile::DecodeFwd(t) => t.bc,
             Tile::DecodeMma(t) => t.bc,
+            Tile::FlashBwdF32(t) => t.bc,
             _ => 0,
         }
     }
@@ -237,6 +258,9 @@ impl Variant {
             Tile::Smoke(_) | Tile::DecodeFwd(_) | Tile::MergeStates(_) | Tile::DecodeAppend(_) | Tile::DecodeMma(_) => {
                 return None
             }
+            // The backward's grids: [`FlashBwdF32Tile::launch`] (over keys and K/V heads) and
+            // [`BwdRowsTile::launch`] (over query rows), through [`KernelId::flash_bwd`].
+            Tile::BwdPre(_) | Tile::FlashBwdF32(_) | Tile::BwdConvert(_) => return None,
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
@@ -475,6 +499,41 @@ macro_rules! entry {
         }
         crate::variants::tile_record!($name);
     };
+    (BwdPre, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_bwd_f32`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
+            const T: BwdRowsTile = $tile;
+            unsafe { crate::flash_bwd_f32::preprocess::<{ T.rows as usize }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (BwdConvert, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_bwd_f32`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
+            const T: BwdRowsTile = $tile;
+            unsafe { crate::flash_bwd_f32::convert_dq::<{ T.rows as usize }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (FlashBwdF32, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_bwd_f32`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
+            const T: FlashBwdF32Tile = $tile;
+            unsafe {
+                crate::flash_bwd_f32::flash_bwd::<
+                    { T.head_dim as usize },
+                    { T.br as usize },
+                    { T.bc as usize },
+                    { T.threads_per_key as usize },
+                    { T.dims_per_thread() as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
 }
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use entry;
@@ -595,6 +654,14 @@ kernel_table! {
     DecodeMmaF16D64 = decode_mma_f16_d64: DecodeMma(DECODE_MMA_D64), F16;
     /// Tensor-core split-KV decode, f16, head_dim 128.
     DecodeMmaF16D128 = decode_mma_f16_d128: DecodeMma(DECODE_MMA_D128), F16;
+    /// Backward preprocess, f32 O and dO: `D = rowsum(dO ∘ O)`, the dQ accumulator zeroed.
+    BwdPreF32 = flash_bwd_pre_f32: BwdPre(BWD_ROWS), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 64.
+    FlashBwdF32D64 = flash_bwd_f32_d64: FlashBwdF32(FLASH_BWD_F32_D64), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 128.
+    FlashBwdF32D128 = flash_bwd_f32_d128: FlashBwdF32(FLASH_BWD_F32_D128), F32;
+    /// Backward convert: the f32 dQ accumulator to an f32 dQ.
+    BwdConvertF32 = flash_bwd_dq_f32: BwdConvert(BWD_ROWS), F32;
 }
 
 impl KernelId {
@@ -726,6 +793,31 @@ impl KernelId {
         }
     }
 
+    /// The backward kernels for `elem` and `head_dim`, in launch order: `[preprocess, main,
+    /// convert]`. `None` when the table has no main kernel for them.
+    pub const fn flash_bwd(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
+        match (
+            Self::find(Family::BwdPre, elem, None),
+            Self::find(Family::FlashBwdF32, elem, Some(head_dim)),
+            Self::find(Family::BwdConvert, elem, None),
+        ) {
+            (Some(a), Some(m), Some(c)) => Some([a, m, c]),
+            _ => None,
+        }
+    }
+
+    /// Head dims the backward kernels of `elem` are compiled for, ascending.
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub fn flash_bwd_head_dims(elem: Elem) -> Vec<u32> {
+        let mut dims: Vec<u32> = VARIANTS
+            .iter()
+            .filter(|v| v.family == Family::FlashBwdF32 && v.elem == elem)
+            .filter_map(|v| v.head_dim())
+            .collect();
+        dims.sort_unstable();
+        dims
+    }
+
     /// Head dims the decode kernels of `elem` are compiled for, ascending.
     #[cfg(not(target_arch = "nvptx64"))]
     pub fn decode_head_dims(elem: Elem) -> Vec<u32> {
@@ -783,6 +875,7 @@ const _: () = {
             Tile::FlashMma(t) => t.check(),
             Tile::DecodeFwd(t) => t.check(),
             Tile::DecodeMma(t) => t.check(),
+            Tile::FlashBwdF32(t) => t.check(),
             _ => {}
         }
         // A row chosen only for some windows falls back to a default row of its kind, and no
@@ -833,6 +926,24 @@ mod tests {
             assert_eq!(k.variant().id, k);
         }
         assert_eq!(KernelId::from_name("flash_fwd_f32_d80"), None);
+    }
+
+    #[test]
+    fn backward_rows_and_their_geometry() {
+        assert_eq!(
+            KernelId::flash_bwd(Elem::F32, 64),
+            Some([KernelId::BwdPreF32, KernelId::FlashBwdF32D64, KernelId::BwdConvertF32])
+        );
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 128).map(|k| k[1]), Some(KernelId::FlashBwdF32D128));
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 96), None);
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 64), None);
+        assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![64, 128]);
+        let m = KernelId::FlashBwdF32D128.variant();
+        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 400));
+        assert_eq!(m.dynamic_smem_bytes(), (32 * 128 + 2 * 16 * 128 + 16 * 32 + 32) * 4);
+        assert_eq!(FLASH_BWD_F32_D64.launch(2, 3, 65).grid, [3, 3, 2]);
+        assert_eq!(BWD_ROWS.launch(2, 5, 9), LaunchDims { grid: [3, 5, 2], block: [128, 1, 1], dynamic_smem_bytes: 0 });
+        assert_eq!(m.launch(LaunchShape { batch: 1, heads: 1, seq_q: 1, seq_kv: 1 }), None);
     }
 
     #[test]

@@ -58,7 +58,9 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
+mod backward;
 mod kvcache;
+pub use backward::LseView;
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
 pub use kvcache::{KvCachePlan, PartialsView};

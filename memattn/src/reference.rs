@@ -3,6 +3,8 @@
 //! Problems too large to check fully are checked on a seeded random sample of query rows; the
 //! report always says how many rows were checked, so nothing is skipped silently.
 
+pub mod grad;
+
 use crate::inputs::Qkv;
 use crate::problem::Problem;
 use crate::rng::SplitMix64;

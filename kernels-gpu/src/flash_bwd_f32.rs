@@ -1,0 +1,312 @@
+//! `flash_bwd_*_f32`: the backward of fused attention, f32 SIMT (FlashAttention-2's backward,
+//! Dao 2023, Algorithm 2), in three kernels launched in order on one stream.
+//!
+//! 1. **Preprocess** (`flash_bwd_pre_f32`): per query row `D = rowsum(dO ∘ O)` (f32, laid out
+//!    like LSE), and the row of the f32 dQ accumulator set to 0.
+//! 2. **Main** (`flash_bwd_f32_d{64,128}`): a block owns `BC` keys of one K/V head and keeps
+//!    their k, v, dK and dV in registers. For every query head that reads the K/V head (GQA: the
+//!    group's gradients are summed here, without atomics on dK/dV) and every query tile of `BR`
+//!    rows that meets the block's keys it stages Q, dO, LSE and D in shared memory, then per row:
+//!    recomputes the score `s` and `P = exp(s - LSE)` (no `N x N` buffer: P comes back from the
+//!    saved LSE), `dV += P dO`, `dP = dO · v`, `dS = P (dP - D) · ds/dx` (the scale, and with a
+//!    soft cap `1 - tanh²`), `dK += dS q`. The tile's dS goes to shared memory and
+//!    `dQ += dS K` is added to the accumulator with `red.global.add.f32`.
+//! 3. **Convert** (`flash_bwd_dq_f32`): dQ accumulator → dQ (the caller's strides).
+//!
+//! Sinks need nothing more in the main kernel: LSE includes the sink, so P is already right.
+//!
+//! Shapes: Q, O, dO, dQ `[batch, seq_q, heads, D]`, K, V, dK, dV `[batch, seq_kv, heads_kv, D]`,
+//! strided ([`crate::abi::Strides`]); LSE, D `[batch, heads, seq_q]`; the dQ accumulator
+//! `[batch, seq_q, heads, D]` f32 ([`crate::abi::BwdParams`]). Varlen: per sequence, as the
+//! forward ([`crate::device::sequence_of`]).
+//!
+//! Tiles ([`crate::tiles::FLASH_BWD_F32_D64`], [`crate::tiles::FLASH_BWD_F32_D128`],
+//! [`crate::tiles::BWD_ROWS`]): d64: BC 32 keys x 4 lanes (128 threads), BR 32; d128: BC 32 x 8
+//! lanes (256 threads), BR 16; 16 dims per lane either way. Shared memory: K `[BC][D]`, Q and dO
+//! `[BR][D]`, dS `[BR][BC]`, LSE and D `[BR]`, f32 (28.25 and 34.1 KiB).
+//!
+//! Thread mapping (main): thread `t` serves key `t / TPK` of the block and owns dims
+//! `t % TPK + TPK * k`; a row's partial dot products are summed over the key's `TPK` lanes
+//! with `shfl.sync.bfly`. Reads of a Q or dO row broadcast (every key reads the same row).
+//! For `dQ += dS K` the mapping changes to one element of the tile per thread (row `e / D`,
+//! dim `e % D`): the dS value broadcasts and consecutive lanes read consecutive K words.
+//! Keys past `seq_kv` compute on zeros, contribute P = 0 and store nothing, so every lane
+//! reaches every barrier and shuffle. Rows a key does not see (the window rule,
+//! [`crate::mask::key_range`]; LSE = -inf rows see nothing) contribute nothing.
+//!
+//! # Safety
+//! All pointers in the parameters must be valid for their shapes and strides, the dQ
+//! accumulator and D private to the call, and the kernels launched in the order above with the
+//! variants' launch geometry.
+
+#[cfg(target_arch = "nvptx64")]
+use crate::abi::BwdParams;
+#[cfg(target_arch = "nvptx64")]
+use crate::device::*;
+#[cfg(target_arch = "nvptx64")]
+use crate::softmax::LOG2E;
+
+/// Preprocess: `D = rowsum(dO ∘ O)` and a zeroed dQ accumulator row; one warp per row, `ROWS`
+/// rows per block.
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn preprocess<const ROWS: usize>(bp: &BwdParams) {
+    let seq = unsafe { sequence_of(&bp.attn, ctaid_z()) };
+    let (p, b, q_row0) = (&seq.p, seq.b, seq.q0);
+    let (t, lane) = (tid_x() as usize, tid_x() as usize % 32);
+    let qi = ctaid_x() as usize * ROWS + t / 32;
+    let h = ctaid_y() as u64;
+    if qi >= p.seq_q as usize {
+        return; // no barrier or shuffle below spans warps; a warp's lanes agree on qi
+    }
+    let row = q_row0 + qi as u64;
+    let (oa, da) = (p.o + 4 * p.o_strides.offset(b, row, h), bp.d_o + 4 * bp.d_o_strides.offset(b, row, h));
+    let acc = bp.dq_accum + 4 * bp.dq_accum_strides.offset(b, row, h);
+    let mut part = 0.0f32;
+    let mut c = lane;
+    while c < p.head_dim as usize {
+        unsafe {
+            part = fma(ld_f32(oa + 4 * c as u64), ld_f32(da + 4 * c as u64), part);
+            st_f32(acc + 4 * c as u64, 0.0);
+        }
+        c += 32;
+    }
+    let mut w = 1;
+    while w < 32 {
+        part += shfl_xor(part, w);
+        w <<= 1;
+    }
+    if lane == 0 {
+        unsafe { st_f32(bp.delta + 4 * p.lse_offset(b, h, row), part) };
+    }
+}
+
+/// Convert: dQ = the accumulator, into the caller's strides; one warp per row.
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn convert_dq<const ROWS: usize>(bp: &BwdParams) {
+    let seq = unsafe { sequence_of(&bp.attn, ctaid_z()) };
+    let (p, b, q_row0) = (&seq.p, seq.b, seq.q0);
+    let (t, lane) = (tid_x() as usize, tid_x() as usize % 32);
+    let qi = ctaid_x() as usize * ROWS + t / 32;
+    let h = ctaid_y() as u64;
+    if qi >= p.seq_q as usize {
+        return;
+    }
+    let row = q_row0 + qi as u64;
+    let acc = bp.dq_accum + 4 * bp.dq_accum_strides.offset(b, row, h);
+    let dq = bp.dq + 4 * bp.dq_strides.offset(b, row, h);
+    let mut c = lane;
+    while c < p.head_dim as usize {
+        unsafe { st_f32(dq + 4 * c as u64, ld_f32(acc + 4 * c as u64)) };
+        c += 32;
+    }
+}
+
+/// The main kernel's generic body, instantiated by the rows of [`crate::variants`] with their
+/// tile's constants (`TPK` lanes per key, `DPT = D / TPK` dims per lane).
+///
+/// # Safety
+/// As the module's safety section.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub(crate) unsafe fn flash_bwd<const D: usize, const BR: usize, const BC: usize, const TPK: usize, const DPT: usize>(
+    bp: &BwdParams,
+) {
+    let seq = unsafe { sequence_of(&bp.attn, ctaid_z()) };
+    let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
+    let threads = BC * TPK;
+    let t = tid_x() as usize;
+    let lane = t % TPK;
+    let kv0 = ctaid_x() as usize * BC;
+    let (seq_q, seq_kv) = (p.seq_q as usize, p.seq_kv as usize);
+    if kv0 >= seq_kv {
+        return; // uniform over the block: before any barrier
+    }
+    let kv_end = core::cmp::min(kv0 + BC, seq_kv);
+    let jj = t / TPK;
+    let j = kv0 + jj;
+    let key_valid = j < seq_kv;
+    let hk = ctaid_y();
+    let group = if p.heads_kv != 0 && p.heads_kv <= p.heads { p.heads / p.heads_kv } else { 1 };
+
+    let smem = dynamic_smem_f32();
+    let k_s = smem;
+    let q_s = unsafe { k_s.add(BC * D) };
+    let do_s = unsafe { q_s.add(BR * D) };
+    let ds_s = unsafe { do_s.add(BR * D) };
+    let lse_s = unsafe { ds_s.add(BR * BC) };
+    let dd_s = unsafe { lse_s.add(BR) };
+
+    // The block's K tile (for dQ) and this key's k and v (rows past seq_kv are zeros).
+    let mut e = t;
+    while e < BC * D {
+        let (r, c) = (e / D, e % D);
+        let x = if kv0 + r < seq_kv {
+            unsafe { ld_f32(p.k + 4 * (p.k_strides.offset(b, k_row0 + (kv0 + r) as u64, hk as u64) + c as u64)) }
+        } else {
+            0.0
+        };
+        unsafe { *k_s.add(e) = x };
+        e += threads;
+    }
+    let mut kr = [0.0f32; DPT];
+    let mut vr = [0.0f32; DPT];
+    if key_valid {
+        let ka = p.k + 4 * p.k_strides.offset(b, k_row0 + j as u64, hk as u64);
+        let va = p.v + 4 * p.v_strides.offset(b, k_row0 + j as u64, hk as u64);
+        for k in 0..DPT {
+            let c = (lane + TPK * k) as u64;
+            unsafe {
+                kr[k] = ld_f32(ka + 4 * c);
+                vr[k] = ld_f32(va + 4 * c);
+            }
+        }
+    }
+    let mut dk = [0.0f32; DPT];
+    let mut dv = [0.0f32; DPT];
+
+    // s = scale · x (x = q·k), or with a soft cap s = c · tanh(scale · x / c); ds/dx is
+    // `scale` or `scale · (1 - tanh²)`. P = 2^((s - LSE) · log2 e).
+    let softcap = p.softcap > 0.0;
+    let scale = p.softmax_scale;
+    let cap_arg = if softcap { scale / p.softcap } else { 0.0 };
+
+    let mut h = hk * group;
+    while h < (hk + 1) * group {
+        let mut q0 = 0usize;
+        while q0 < seq_q {
+            // Query tiles whose rows see none of the block's keys are skipped (uniform).
+            let last = core::cmp::min(q0 + BR, seq_q) - 1;
+            let (tile_start, tile_end) = (p.key_range(q0 as u32).0, p.key_range(last as u32).1);
+            if tile_end <= kv0 as i64 || tile_start >= kv_end as i64 {
+                q0 += BR;
+                continue;
+            }
+            let nrows = last + 1 - q0;
+
+            // Stage Q, dO (rows past seq_q zeros), LSE (log2 domain) and D.
+            sync_threads();
+            let mut e = t;
+            while e < BR * D {
+                let (r, c) = (e / D, e % D);
+                let (qx, dx) = if r < nrows {
+                    let row = q_row0 + (q0 + r) as u64;
+                    unsafe {
+                        (
+                            ld_f32(p.q + 4 * (p.q_strides.offset(b, row, h as u64) + c as u64)),
+                            ld_f32(bp.d_o + 4 * (bp.d_o_strides.offset(b, row, h as u64) + c as u64)),
+                        )
+                    }
+                } else {
+                    (0.0, 0.0)
+                };
+                unsafe {
+                    *q_s.add(e) = qx;
+                    *do_s.add(e) = dx;
+                }
+                e += threads;
+            }
+            if t < BR {
+                let (l, dd) = if t < nrows {
+                    let at = p.lse_offset(b, h as u64, q_row0 + (q0 + t) as u64);
+                    unsafe { (ld_f32(p.lse + 4 * at) * LOG2E, ld_f32(bp.delta + 4 * at)) }
+                } else {
+                    (0.0, 0.0)
+                };
+                unsafe {
+                    *lse_s.add(t) = l;
+                    *dd_s.add(t) = dd;
+                }
+            }
+            sync_threads();
+
+            // Per row: P, dV, dP, dS, dK; the tile's dS to shared memory.
+            let mut r = 0usize;
+            while r < nrows {
+                let mut x = 0.0f32;
+                let mut dp = 0.0f32;
+                for k in 0..DPT {
+                    let c = r * D + lane + TPK * k;
+                    unsafe {
+                        x = fma(kr[k], *q_s.add(c), x);
+                        dp = fma(vr[k], *do_s.add(c), dp);
+                    }
+                }
+                let mut w = 1;
+                while w < TPK {
+                    x += shfl_xor(x, w as u32);
+                    dp += shfl_xor(dp, w as u32);
+                    w <<= 1;
+                }
+                let (rs, re) = p.key_range((q0 + r) as u32);
+                let seen = key_valid && (j as i64) >= rs && (j as i64) < re;
+                let (s, dsdx) = if softcap {
+                    let th = tanh(x * cap_arg);
+                    (p.softcap * th, scale * (1.0 - th * th))
+                } else {
+                    (x * scale, scale)
+                };
+                let pr = if seen { exp2(s * LOG2E - unsafe { *lse_s.add(r) }) } else { 0.0 };
+                let ds = pr * (dp - unsafe { *dd_s.add(r) }) * dsdx;
+                for k in 0..DPT {
+                    let c = r * D + lane + TPK * k;
+                    unsafe {
+                        dv[k] = fma(pr, *do_s.add(c), dv[k]);
+                        dk[k] = fma(ds, *q_s.add(c), dk[k]);
+                    }
+                }
+                if lane == 0 {
+                    unsafe { *ds_s.add(r * BC + jj) = ds };
+                }
+                r += 1;
+            }
+            sync_threads();
+
+            // dQ += dS K for the tile's rows, one element per thread, added atomically (other
+            // key blocks add to the same rows).
+            let mut e = t;
+            while e < nrows * D {
+                let (r, c) = (e / D, e % D);
+                let mut acc = 0.0f32;
+                for kk in 0..BC {
+                    acc = fma(unsafe { *ds_s.add(r * BC + kk) }, unsafe { *k_s.add(kk * D + c) }, acc);
+                }
+                let row = q_row0 + (q0 + r) as u64;
+                unsafe {
+                    red_add_f32(bp.dq_accum + 4 * (bp.dq_accum_strides.offset(b, row, h as u64) + c as u64), acc)
+                };
+                e += threads;
+            }
+            q0 += BR;
+        }
+        h += 1;
+    }
+
+    // dK and dV of this key, summed over the group's query heads.
+    if key_valid {
+        let ka = bp.dk + 4 * bp.dk_strides.offset(b, k_row0 + j as u64, hk as u64);
+        let va = bp.dv + 4 * bp.dv_strides.offset(b, k_row0 + j as u64, hk as u64);
+        for k in 0..DPT {
+            let c = (lane + TPK * k) as u64;
+            unsafe {
+                st_f32(ka + 4 * c, dk[k]);
+                st_f32(va + 4 * c, dv[k]);
+            }
+        }
+    }
+}
+
+/// `tanh(x) = 1 - 2 / (e^{2x} + 1)` with one `ex2` and one approximate reciprocal, as the
+/// forward's [`crate::softmax::softcap2`] computes it (saturates to ±1, never NaN).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 * rcp(exp2(x * (2.0 * LOG2E)) + 1.0)
+}
