@@ -18,7 +18,7 @@
 //! Shapes: Q, O, dO, dQ `[batch, seq_q, heads, D]`, K, V, dK, dV `[batch, seq_kv, heads_kv, D]`,
 //! strided ([`crate::abi::Strides`]); LSE, D `[batch, heads, seq_q]`; the dQ accumulator
 //! `[batch, seq_q, heads, D]` f32 ([`crate::abi::BwdParams`]). Varlen: per sequence, as the
-//! forward ([`crate::device::sequence_of`]).
+//! forward (`device::sequence_of`).
 //!
 //! Tiles ([`crate::tiles::FLASH_BWD_F32_D64`], [`crate::tiles::FLASH_BWD_F32_D128`],
 //! [`crate::tiles::BWD_ROWS`]): d64: BC 32 keys x 4 lanes (128 threads), BR 32; d128: BC 32 x 8
