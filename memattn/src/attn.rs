@@ -58,8 +58,10 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
+mod alias;
 mod backward;
 mod kvcache;
+pub use alias::AliasRule;
 pub use backward::LseView;
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
@@ -140,6 +142,10 @@ pub enum AttnError {
     /// The decode kernels address q, o, the caches and new tokens as contiguous tensors.
     #[error("{tensor} has strides {strides:?}; the decode kernels need it contiguous, strides {want:?}")]
     NotContiguous { tensor: &'static str, strides: [usize; 4], want: [usize; 4] },
+    /// A tensor the call writes that shares memory with another of its tensors, or whose
+    /// strides map two elements to one address (see [`AliasRule`]).
+    #[error("aliasing: {why}")]
+    Aliasing { why: AliasRule },
     /// An option the kernels do not implement yet.
     #[error("{feature} is not supported by memattn's kernels yet")]
     NotSupportedYet { feature: &'static str },
@@ -1459,10 +1465,21 @@ impl Kernels {
                 return Err(AttnError::Shape { tensor: "scores", got: s.shape, why: ShapeRule::Scores { want } });
             }
         }
-        // Bounds, then the tensor-core kernels' alignment.
+        // Bounds, aliasing, then the tensor-core kernels' alignment.
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
+        let written = |name: &str| matches!(name, "o" | "lse" | "scores");
+        let mut extents: Vec<alias::Extent> =
+            tensors.iter().map(|(name, t, _)| alias::Extent::of_view(name, t, written(name))).collect();
+        if let Some(va) = varlen {
+            extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));
+            extents.push(alias::Extent::of_index("cu_seqlens_k", va.cu_kv));
+        }
+        if let Some((o, ..)) = &outs {
+            alias::check_injective("o", o)?;
+        }
+        alias::check_disjoint(&extents)?;
         if kind == KernelKind::Flash && dtype.is_16bit() {
             let entry = launches[0].kernel.name();
             for (name, t, _) in &tensors {
