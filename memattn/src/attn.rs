@@ -1194,6 +1194,7 @@ impl Kernels {
     ) -> Result<(), AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, None)?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, None, opts, None)?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1217,6 +1218,7 @@ impl Kernels {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let ws = (&scores.raw, scores.stream.as_deref());
         let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, None)?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, Some(&scores.raw), opts, None)?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1242,6 +1244,7 @@ impl Kernels {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let ws = (&scores.raw, scores.stream.as_deref());
         let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, Some(&va))?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, Some(&scores.raw), opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1315,6 +1318,7 @@ impl Kernels {
         let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, Some(&va))?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, None, opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1465,21 +1469,10 @@ impl Kernels {
                 return Err(AttnError::Shape { tensor: "scores", got: s.shape, why: ShapeRule::Scores { want } });
             }
         }
-        // Bounds, aliasing, then the tensor-core kernels' alignment.
+        // Bounds, then the tensor-core kernels' alignment.
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
-        let written = |name: &str| matches!(name, "o" | "lse" | "scores");
-        let mut extents: Vec<alias::Extent> =
-            tensors.iter().map(|(name, t, _)| alias::Extent::of_view(name, t, written(name))).collect();
-        if let Some(va) = varlen {
-            extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));
-            extents.push(alias::Extent::of_index("cu_seqlens_k", va.cu_kv));
-        }
-        if let Some((o, ..)) = &outs {
-            alias::check_injective("o", o)?;
-        }
-        alias::check_disjoint(&extents)?;
         if kind == KernelKind::Flash && dtype.is_16bit() {
             let entry = launches[0].kernel.name();
             for (name, t, _) in &tensors {
@@ -1547,6 +1540,42 @@ impl Kernels {
             params.total_q = to_u32("q", sq, "total_q")?;
         }
         Ok(Plan { launches, params })
+    }
+
+    /// The aliasing rules of a forward call into caller buffers ([`alias`]): the written `o`,
+    /// `lse` and naive `scores` against `q`, `k`, `v`, the sinks, the cu_seqlens and each other,
+    /// and `o` one-to-one. Run after [`Self::plan`] checked the same views' bounds; not part of
+    /// `plan`, which the backward also uses to validate its `o` and `lse`, there read only.
+    #[allow(clippy::too_many_arguments)]
+    fn check_forward_aliasing(
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &RawView,
+        lse: &RawView,
+        scores: Option<&RawView>,
+        opts: &AttnOpts<'_>,
+        varlen: Option<&VarlenArgs<'_>>,
+    ) -> Result<(), AttnError> {
+        alias::check_injective("o", o)?;
+        let mut extents = vec![
+            alias::Extent::of_view("q", &q.raw, false),
+            alias::Extent::of_view("k", &k.raw, false),
+            alias::Extent::of_view("v", &v.raw, false),
+            alias::Extent::of_view("o", o, true),
+            alias::Extent::of_view("lse", lse, true),
+        ];
+        if let Some(s) = scores {
+            extents.push(alias::Extent::of_view("scores", s, true));
+        }
+        if let Some(s) = opts.sinks {
+            extents.push(alias::Extent::of_view("sinks", &s.0.raw, false));
+        }
+        if let Some(va) = varlen {
+            extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));
+            extents.push(alias::Extent::of_index("cu_seqlens_k", va.cu_kv));
+        }
+        alias::check_disjoint(&extents)
     }
 
     /// The cu_seqlens of a varlen call: on the kernels' device and q's stream, `batch + 1` prefix
