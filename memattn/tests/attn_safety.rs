@@ -51,7 +51,7 @@ fn vm_prefill_outputs_sharing_memory_are_refused_and_disjoint_views_of_one_buffe
     let (q, k, v) = (data(N, 1, f), data(N, 2, f), data(N, 3, f));
     let (qb, kb, vb) = (kernels.vm_upload(&q).unwrap(), kernels.vm_upload(&k).unwrap(), kernels.vm_upload(&v).unwrap());
     let ob = kernels.vm_upload(&vec![f32::NAN; N]).unwrap();
-    let lb = kernels.vm_upload(&vec![f32::NAN; B * H * SQ]).unwrap();
+    let lb = kernels.vm_upload(&[f32::NAN; B * H * SQ]).unwrap();
     let run = |o: &mut TensorViewMut, lse: &mut LseViewMut, opts: &AttnOpts| {
         let (qv, kv, vv) = (
             TensorView::vm(&qb, f, QS).unwrap(),
