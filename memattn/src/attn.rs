@@ -1182,7 +1182,9 @@ impl Kernels {
 
     /// As [`Kernels::flash_attn`], writing `o` and `lse` into the caller's buffers (the kernels
     /// always write LSE, as FlashAttention's forward does). On CUDA the launch is queued on the
-    /// views' stream and the call returns without waiting.
+    /// views' stream and the call returns without waiting. `o` and `lse` may not share memory
+    /// with `q`, `k`, `v`, the sinks or each other, and `o` must map each element to its own
+    /// address ([`AttnError::Aliasing`]).
     pub fn flash_attn_into(
         &self,
         q: &TensorView<'_>,

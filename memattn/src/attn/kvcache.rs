@@ -282,7 +282,9 @@ impl Kernels {
     ///
     /// Every index is checked on the host copies before any launch: capacity of each sequence,
     /// block-table entries below `num_pages`, and no page that receives new tokens referenced
-    /// twice ([`AttnError::KvCache`] names the rule). With more than one split the f32 workspace
+    /// twice ([`AttnError::KvCache`] names the rule). `o` and `lse` may not share memory with
+    /// any other tensor of the call; with new tokens neither may `k_cache` or `v_cache`
+    /// ([`AttnError::Aliasing`] names both tensors). With more than one split the f32 workspace
     /// (`num_splits · batch · heads · seq_q · (head_dim + 1) · 4` bytes) is allocated for the call
     /// (on CUDA on the stream, freed in stream order).
     #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature plus the outputs
