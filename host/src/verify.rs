@@ -143,7 +143,12 @@ struct Acc {
 
 impl Acc {
     fn add(&mut self, got: f64, want: f64) {
-        let diff = (got - want).abs();
+        self.add_beyond(got, want, 0.0);
+    }
+    /// As [`Acc::add`], counting only the error beyond `slack` (what underflow may lose,
+    /// [`Reference::o_under`]).
+    fn add_beyond(&mut self, got: f64, want: f64, slack: f64) {
+        let diff = ((got - want).abs() - slack).max(0.0);
         self.max_abs = self.max_abs.max(diff);
         // Relative error against max(|ref|, tiny) so exact zeros do not blow it up to infinity.
         let rel = diff / want.abs().max(f64::MIN_POSITIVE);
@@ -222,13 +227,17 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
 /// One row's errors relative to its own scale: `‖o_r − ref_r‖ / ‖a_r‖`, `max |o_r − ref_r| /
 /// max a_r` (`a_r` = [`Reference::o_abs`]; a row of scale 0 must match exactly) and the LSE error
 /// `|lse_r − ref_r| / max(1, |ref_r|)` (0 for a `-inf` reference). Non-finite values count as
-/// infinite error.
+/// infinite error. An element's error counts only beyond what f32 underflow may correctly lose
+/// ([`Reference::o_under`]): a sink far above the scores (about 88 to 745) makes every key's
+/// weight underflow, so O is 0 in f32 where the reference is about 1e-44, and the row's own scale
+/// is that small too.
 pub fn row_errors(o: &[f32], lse: f32, reference: &Reference, r: usize, d: usize) -> (f64, f64, f64) {
     let want = &reference.o[r * d..(r + 1) * d];
     let scale = &reference.o_abs[r * d..(r + 1) * d];
+    let under = &reference.o_under[r * d..(r + 1) * d];
     let (mut diff2, mut scale2, mut max_diff, mut max_scale) = (0f64, 0f64, 0f64, 0f64);
-    for ((&g, &w), &a) in o.iter().zip(want).zip(scale) {
-        let diff = if g.is_finite() { (g as f64 - w).abs() } else { f64::INFINITY };
+    for (((&g, &w), &a), &u) in o.iter().zip(want).zip(scale).zip(under) {
+        let diff = if g.is_finite() { ((g as f64 - w).abs() - u).max(0.0) } else { f64::INFINITY };
         diff2 += diff * diff;
         scale2 += a * a;
         max_diff = max_diff.max(diff);
@@ -269,8 +278,8 @@ fn baseline_errors_rows(p: &Problem, x: &Qkv, reference: &Reference) -> ((ErrorS
         }
     }
     let (mut oa, mut la) = (Acc::default(), Acc::default());
-    for (&g, &w) in o.iter().zip(&reference.o) {
-        oa.add(g as f64, w);
+    for ((&g, &w), &u) in o.iter().zip(&reference.o).zip(&reference.o_under) {
+        oa.add_beyond(g as f64, w, u);
     }
     for (&g, &w) in lse.iter().zip(&reference.lse) {
         if w.is_finite() && g.is_finite() {
@@ -324,16 +333,17 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
         // Packed row and LSE index (varlen: `[total_q, heads, d]`, LSE `[heads, total_q]`).
         let got = &o[(p.q_row(row.b, row.i) as usize * hh + row.h as usize) * d..][..d];
         let want = &reference.o[r * d..(r + 1) * d];
+        let under = &reference.o_under[r * d..(r + 1) * d];
         let (rel, abs, lse_rel) = row_errors(got, lse[p.lse_index(row.b, row.h, row.i) as usize], reference, r, d);
         rows.add(*row, rel / tol.row_rel_rms, [rel, abs, lse_rel]);
         rows.add(*row, abs / tol.row_max_abs, [rel, abs, lse_rel]);
         rows.add(*row, lse_rel / tol.lse_row_max_abs, [rel, abs, lse_rel]);
-        for (&g, &w) in got.iter().zip(want) {
+        for ((&g, &w), &u) in got.iter().zip(want).zip(under) {
             if !g.is_finite() {
                 unwritten += 1;
                 continue;
             }
-            oa.add(g as f64, w);
+            oa.add_beyond(g as f64, w, u);
         }
         let g = lse[p.lse_index(row.b, row.h, row.i) as usize];
         let w = reference.lse[r];
@@ -535,6 +545,43 @@ mod tests {
         assert!(!verify(&p, &o, &far, &r, &tol).passed);
         // The fixed bound alone would have failed the near result.
         assert!(!verify(&p, &o, &near, &r, &Dtype::F32.tolerance()).passed);
+    }
+}
+
+#[cfg(test)]
+mod underflow_tests {
+    use super::*;
+    use crate::inputs::Qkv;
+    use crate::reference::{reference, RowSelection};
+
+    /// Sinks far above the scores: the keys' weights (about e^-100 and e^-300) underflow in
+    /// f32, so a correct kernel writes O = 0 while the reference is about 1e-44 or exactly 0. That
+    /// passes, on every row and the whole tensor; an O wrong by more than the underflowed part
+    /// (here 1e-30, far below any f32 rounding of an ordinary row) does not.
+    #[test]
+    fn a_correct_underflow_to_zero_passes_and_a_wrong_value_does_not() {
+        let p = Problem { batch: 1, heads: 2, seq_q: 4, seq_kv: 6, head_dim: 8, sinks: true, ..Problem::default() };
+        let mut x = Qkv::random(&p, 5);
+        x.sinks = vec![100.0, 300.0];
+        let r = reference(&p, &x, &RowSelection::All);
+        let tol = tolerance_for(&p, &x, &r);
+        assert!(r.o.iter().any(|&w| w != 0.0 && w.abs() < 1e-40), "head 0's O underflows in f32 only");
+        let zero = vec![0f32; p.q_elems() as usize];
+        let mut lse = vec![0f32; p.rows() as usize];
+        for (k, row) in r.rows.iter().enumerate() {
+            lse[((row.b * p.heads + row.h) * p.seq_q + row.i) as usize] = r.lse[k] as f32;
+        }
+        let v = verify(&p, &zero, &lse, &r, &tol);
+        assert!(v.passed, "{:?}", v.failures);
+        let mut off = zero.clone();
+        off[3] = 1e-30;
+        let v = verify(&p, &off, &lse, &r, &tol);
+        assert!(!v.passed, "an error beyond the underflowed part passed");
+        // Ordinary sinks: no key's weight is near underflow, and the allowance is 0.
+        x.sinks = vec![0.5, -1.0];
+        let r = reference(&p, &x, &RowSelection::All);
+        assert!(r.o_under.iter().all(|&u| u == 0.0));
+        assert!(!verify(&p, &zero, &lse, &r, &tolerance_for(&p, &x, &r)).passed);
     }
 }
 

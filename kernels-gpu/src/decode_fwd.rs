@@ -51,7 +51,7 @@ use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::mask::key_range;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::{OnlineSoftmax, LOG2E};
+use crate::softmax::{tanh, OnlineSoftmax, LOG2E};
 
 /// Keys scored per online-softmax step (the score row held in registers).
 #[cfg(target_arch = "nvptx64")]
@@ -121,20 +121,6 @@ impl Stage16 for crate::mma::F16 {
                 *dst.add(2 * i + 1) = hi;
             }
         }
-    }
-}
-
-/// `tanh(x)` from one `ex2`: `(1 - t) / (1 + t)` with `t = e^(-2|x|)`, the sign of `x` (no
-/// overflow for large `|x|`: `t` goes to 0 and the result to ±1).
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    let t = exp2(-2.0 * LOG2E * x.abs());
-    let y = (1.0 - t) / (1.0 + t);
-    if x < 0.0 {
-        -y
-    } else {
-        y
     }
 }
 

@@ -44,7 +44,7 @@ use crate::abi::BwdParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::softmax::LOG2E;
+use crate::softmax::{tanh, LOG2E};
 
 /// Preprocess: `D = rowsum(dO ∘ O)` and a zeroed dQ accumulator row; one warp per row, `ROWS`
 /// rows per block.
@@ -301,12 +301,4 @@ pub(crate) unsafe fn flash_bwd<const D: usize, const BR: usize, const BC: usize,
             }
         }
     }
-}
-
-/// `tanh(x) = 1 - 2 / (e^{2x} + 1)` with one `ex2` and one approximate reciprocal, as the
-/// forward's [`crate::softmax::softcap2`] computes it (saturates to ±1, never NaN).
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    1.0 - 2.0 * rcp(exp2(x * (2.0 * LOG2E)) + 1.0)
 }

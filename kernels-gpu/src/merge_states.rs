@@ -4,7 +4,8 @@
 //! Algorithm, per output row, over the `S` partial states `(O_s, LSE_s)` (natural log):
 //! `m = max_s LSE_s` (0 if all are `-inf`), `w_s = e^(LSE_s - m)`, `W = Σ_s w_s`,
 //! `LSE = m + ln W`, `O = Σ_s (w_s / W) O_s`. A row whose every split is `-inf` (no visible key)
-//! gives `O = 0` and `LSE = -inf`, never NaN. Exponentials are `ex2` of `log2 e` times the
+//! gives `O = 0` and `LSE = -inf`, never NaN; a NaN (or `+inf`) `LSE_s` gives NaN in O and LSE
+//! (NaN in, NaN out: the host cannot see device values before the launch). Exponentials are `ex2` of `log2 e` times the
 //! difference (the same [`crate::softmax::LOG2E`] as the forward kernels).
 //!
 //! Shapes: see [`crate::decode_abi::MergeParams`]: f32 partials `[S, batch, heads, seq_q, D]` and
@@ -55,7 +56,10 @@ pub(crate) unsafe fn merge_states<E: Elem, const ROWS: u32>(p: &MergeParams) {
     let (i, bh) = (row % p.seq_q as u64, row / p.seq_q as u64);
     let (h, b) = (bh % p.heads as u64, bh / p.heads as u64);
     let oa = p.o + E::BYTES * p.o_strides.offset(b, i, h);
-    if w_sum > 0.0 {
+    // A NaN LSE (or +inf, whose weight is inf - inf) makes `w_sum` NaN: the row is then
+    // written through the same path, so its O and LSE come out NaN, as FlashAttention's combine
+    // gives, rather than as the `O = 0, LSE = -inf` of a row that saw no key.
+    if w_sum > 0.0 || w_sum.is_nan() {
         let inv = 1.0 / w_sum;
         let mut c = lane as u64;
         while c < d {

@@ -172,15 +172,40 @@ impl OnlineSoftmax {
     }
 }
 
+/// Below this `|x|` [`tanh`] uses its odd polynomial; above it the `ex2` form, whose absolute
+/// error (about 1e-7, from `ex2.approx`) is then at most about 3e-7 relative to `tanh(0.4) = 0.38`.
+/// The polynomial's first omitted term, `(929569 / 638512875) x^15`, is below 4e-9 of `x` here.
+const TANH_POLY_LIMIT: f32 = 0.4;
+
+/// `tanh(x)` with a small relative error everywhere, the one tanh of every kernel's soft cap.
+///
+/// `1 - 2 · rcp(2^(2x·log2 e) + 1)` (one `ex2`, one approximate reciprocal: no IEEE division and
+/// so no division slow path in a kernel's loop) saturates to ±1 for large `|x|` (`rcp(inf) = 0`,
+/// never NaN), but for small `|x|` it subtracts two numbers near 1: its absolute error stays near
+/// 1e-7 while `tanh(x) ≈ x` shrinks, so `cap · tanh(s / cap)` carried an error of about
+/// `cap · 1e-7` whatever the score `s` (5e-2 at a cap of 1e6). Below [`TANH_POLY_LIMIT`] the
+/// Taylor series to `x^13` is used instead (relative error near f32 rounding); both forms are
+/// computed and one selected, so a warp does not diverge.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let big = 1.0 - 2.0 * rcp(exp2(x * (2.0 * LOG2E)) + 1.0);
+    let u = x * x;
+    let p = -1.0 / 3.0
+        + u * (2.0 / 15.0
+            + u * (-17.0 / 315.0 + u * (62.0 / 2835.0 + u * (-1382.0 / 155925.0 + u * (21844.0 / 6081075.0)))));
+    let small = x + x * u * p;
+    if x.abs() < TANH_POLY_LIMIT {
+        small
+    } else {
+        big
+    }
+}
+
 /// Soft-capped log2-domain score from `x = scale · q·k / cap`: `cap2 · tanh(x)` with
-/// `cap2 = cap · LOG2E`. `tanh(x) = 1 - 2 · rcp(2^(2x·log2 e) + 1)` costs one `ex2` and one
-/// approximate reciprocal (`rcp.approx.ftz.f32`, no IEEE division and so no division slow path
-/// in a kernel's loop); it saturates to ±1 for large `|x|` (`rcp(inf) = 0`, never NaN) and its
-/// absolute error stays near f32 rounding (about 1e-7).
+/// `cap2 = cap · LOG2E` ([`tanh`]).
 #[inline(always)]
 pub fn softcap2(x: f32, cap2: f32) -> f32 {
-    let e = exp2(x * (2.0 * LOG2E));
-    cap2 * (1.0 - 2.0 * rcp(e + 1.0))
+    cap2 * tanh(x)
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
@@ -288,6 +313,31 @@ mod tests {
             let got = softcap2(x, 2.0 * LOG2E) as f64;
             assert!((got - want).abs() < 1e-6, "x {x}: {got} vs {want}");
         }
+    }
+
+    /// Relative error against f64 across the small-argument range, where `cap · tanh(s / cap)`
+    /// needs it (a cap of 1e6 puts ordinary scores at `|x|` near 1e-6), through the switch to the
+    /// `ex2` form, and saturation.
+    #[test]
+    fn tanh_has_a_small_relative_error_for_tiny_arguments() {
+        let mut x = 1e-9f32;
+        while x < 20.0 {
+            for v in [x, -x] {
+                let want = (v as f64).tanh();
+                let got = tanh(v) as f64;
+                assert!((got - want).abs() <= 4e-7 * want.abs(), "x {v}: {got} vs {want}");
+            }
+            x *= 1.37;
+        }
+        for x in [0.399f32, 0.4, 0.401] {
+            let want = (x as f64).tanh();
+            assert!((tanh(x) as f64 - want).abs() <= 4e-7 * want, "x {x}");
+        }
+        assert_eq!((tanh(0.0), tanh(1e30), tanh(-1e30)), (0.0, 1.0, -1.0));
+        // The score itself: cap 1e6, score 1.5 (x = 1.5e-6) keeps its value to f32 rounding.
+        let cap = 1e6f32;
+        let s = softcap2(1.5 / cap, cap * LOG2E) / LOG2E;
+        assert!((s as f64 - 1.5).abs() < 1e-6, "{s}");
     }
 
     #[test]

@@ -58,8 +58,10 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
+mod alias;
 mod backward;
 mod kvcache;
+pub use alias::AliasRule;
 pub use backward::LseView;
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
@@ -140,6 +142,10 @@ pub enum AttnError {
     /// The decode kernels address q, o, the caches and new tokens as contiguous tensors.
     #[error("{tensor} has strides {strides:?}; the decode kernels need it contiguous, strides {want:?}")]
     NotContiguous { tensor: &'static str, strides: [usize; 4], want: [usize; 4] },
+    /// A tensor the call writes that shares memory with another of its tensors, or whose
+    /// strides map two elements to one address (see [`AliasRule`]).
+    #[error("aliasing: {why}")]
+    Aliasing { why: AliasRule },
     /// An option the kernels do not implement yet.
     #[error("{feature} is not supported by memattn's kernels yet")]
     NotSupportedYet { feature: &'static str },
@@ -1176,7 +1182,9 @@ impl Kernels {
 
     /// As [`Kernels::flash_attn`], writing `o` and `lse` into the caller's buffers (the kernels
     /// always write LSE, as FlashAttention's forward does). On CUDA the launch is queued on the
-    /// views' stream and the call returns without waiting.
+    /// views' stream and the call returns without waiting. `o` and `lse` may not share memory
+    /// with `q`, `k`, `v`, the sinks or each other, and `o` must map each element to its own
+    /// address ([`AttnError::Aliasing`]).
     pub fn flash_attn_into(
         &self,
         q: &TensorView<'_>,
@@ -1188,6 +1196,7 @@ impl Kernels {
     ) -> Result<(), AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, None)?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, None, opts, None)?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1211,6 +1220,7 @@ impl Kernels {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let ws = (&scores.raw, scores.stream.as_deref());
         let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, None)?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, Some(&scores.raw), opts, None)?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1236,6 +1246,7 @@ impl Kernels {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let ws = (&scores.raw, scores.stream.as_deref());
         let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), Some(ws), opts, Some(&va))?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, Some(&scores.raw), opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1309,6 +1320,7 @@ impl Kernels {
         let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, Some(&va))?;
+        Self::check_forward_aliasing(q, k, v, &o.raw, &lse.0.raw, None, opts, Some(&va))?;
         self.launch(&plan, &plan.params, q.stream.as_deref())
     }
 
@@ -1530,6 +1542,42 @@ impl Kernels {
             params.total_q = to_u32("q", sq, "total_q")?;
         }
         Ok(Plan { launches, params })
+    }
+
+    /// The aliasing rules of a forward call into caller buffers ([`alias`]): the written `o`,
+    /// `lse` and naive `scores` against `q`, `k`, `v`, the sinks, the cu_seqlens and each other,
+    /// and `o` one-to-one. Run after [`Self::plan`] checked the same views' bounds; not part of
+    /// `plan`, which the backward also uses to validate its `o` and `lse`, there read only.
+    #[allow(clippy::too_many_arguments)]
+    fn check_forward_aliasing(
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &RawView,
+        lse: &RawView,
+        scores: Option<&RawView>,
+        opts: &AttnOpts<'_>,
+        varlen: Option<&VarlenArgs<'_>>,
+    ) -> Result<(), AttnError> {
+        alias::check_injective("o", o)?;
+        let mut extents = vec![
+            alias::Extent::of_view("q", &q.raw, false),
+            alias::Extent::of_view("k", &k.raw, false),
+            alias::Extent::of_view("v", &v.raw, false),
+            alias::Extent::of_view("o", o, true),
+            alias::Extent::of_view("lse", lse, true),
+        ];
+        if let Some(s) = scores {
+            extents.push(alias::Extent::of_view("scores", s, true));
+        }
+        if let Some(s) = opts.sinks {
+            extents.push(alias::Extent::of_view("sinks", &s.0.raw, false));
+        }
+        if let Some(va) = varlen {
+            extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));
+            extents.push(alias::Extent::of_index("cu_seqlens_k", va.cu_kv));
+        }
+        alias::check_disjoint(&extents)
     }
 
     /// The cu_seqlens of a varlen call: on the kernels' device and q's stream, `batch + 1` prefix

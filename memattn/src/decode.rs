@@ -694,6 +694,10 @@ pub struct DecodeReference {
     pub lse: Vec<f64>,
     /// Per output row `Σ_j P_j |v_j|` maxed over dims: the row's scale for the error bounds.
     pub o_abs: Vec<f64>,
+    /// Per element like `o`, the part an f32 kernel may lose to underflow (keys whose weight is
+    /// below [`crate::reference::UNDERFLOW_WEIGHT`] of the row's largest; see
+    /// [`crate::reference::Reference::o_under`]): a sink far above the scores makes O 0.
+    pub o_under: Vec<f64>,
 }
 
 /// Attention in f64 over the cache's first `cache_seqlens[b]` keys followed by `k_new` (the
@@ -705,6 +709,7 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
     let mut o = vec![0f64; p.q_elems() as usize];
     let mut lse = vec![f64::NEG_INFINITY; p.rows() as usize];
     let mut o_abs = vec![0f64; p.rows() as usize];
+    let mut o_under = vec![0f64; p.q_elems() as usize];
     for b in 0..p.batch as usize {
         let cached = p.cache_seqlens[b];
         let key = |j: u32, kv: usize| -> (&[f32], &[f32]) {
@@ -744,20 +749,26 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
                 let m = s.iter().copied().fold(sink, f64::max);
                 let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
                 lse[r] = m + l.ln();
-                let out = &mut o[((b * sq + i) * h + hh) * d..][..d];
+                let at = ((b * sq + i) * h + hh) * d;
+                let out = &mut o[at..][..d];
+                let under = &mut o_under[at..][..d];
                 let mut abs = vec![0f64; d];
                 for (&j, sj) in seen.iter().zip(&s) {
-                    let pj = (sj - m).exp() / l;
+                    let w = (sj - m).exp();
+                    let pj = w / l;
                     for (c, &vv) in key(j, kv).1.iter().enumerate() {
                         out[c] += pj * vv as f64;
                         abs[c] += pj * (vv as f64).abs();
+                        if w < crate::reference::UNDERFLOW_WEIGHT {
+                            under[c] += pj * (vv as f64).abs();
+                        }
                     }
                 }
                 o_abs[r] = abs.iter().copied().fold(0f64, f64::max);
             }
         }
     }
-    DecodeReference { o, lse, o_abs }
+    DecodeReference { o, lse, o_abs, o_under }
 }
 
 /// Errors of a decode run against the reference.
@@ -801,7 +812,9 @@ pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeRefere
                         v.unwritten += 1;
                         continue;
                     }
-                    let err = (got - r.o[e]).abs();
+                    // What underflow may correctly lose is not an error (a sink far above the
+                    // scores: O is 0 in f32, about 1e-44 in the reference).
+                    let err = ((got - r.o[e]).abs() - r.o_under[e]).max(0.0);
                     if r.lse[row] == f64::NEG_INFINITY {
                         v.o_max_scaled_err = v.o_max_scaled_err.max(if err == 0.0 { 0.0 } else { f64::INFINITY });
                     } else {
@@ -1133,6 +1146,35 @@ mod tests {
         assert!(e.to_string().contains("head_dim 96"), "{e}");
         assert!("0".parse::<Splits>().is_err() && "129".parse::<Splits>().is_err());
         assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
+    }
+
+    /// The kernels cannot see a sink's value before they run, so the command's inputs are
+    /// checked here: a NaN or infinite sink is refused by name; finite ones pass. A sink far above
+    /// the scores makes O underflow in f32, which the verification accepts (`o_under`).
+    #[test]
+    fn non_finite_sinks_are_refused_and_underflow_is_not_an_error() {
+        let p =
+            DecodeProblem { heads: 2, heads_kv: 1, cache_seqlens: vec![5], sinks: true, ..DecodeProblem::default() };
+        let mut x = DecodeInputs::random(&p, 3);
+        assert!(x.validate(&p).is_ok());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x.sinks[1] = bad;
+            let e = x.validate(&p).unwrap_err();
+            assert!(e.to_string().contains("is not finite"), "{bad}: {e}");
+        }
+        x.sinks = vec![100.0, 0.5];
+        let r = reference(&p, &x);
+        let d = p.head_dim as usize;
+        assert!(r.o[..d].iter().all(|&o| o != 0.0 && o.abs() < 1e-40), "head 0 underflows in f32");
+        assert!(r.o_under[..d].iter().zip(&r.o[..d]).all(|(&u, &o)| u >= o.abs()));
+        assert!(r.o_under[d..2 * d].iter().all(|&u| u == 0.0));
+        // O = 0 on head 0 (what f32 gives) passes; the same error on head 1 does not.
+        let mut o: Vec<f32> = r.o.iter().map(|&v| v as f32).collect();
+        let lse: Vec<f32> = r.lse.iter().map(|&v| v as f32).collect();
+        o[..d].fill(0.0);
+        assert!(verify_decode(&p, &o, &lse, &r).passed);
+        o[d..2 * d].fill(0.0);
+        assert!(!verify_decode(&p, &o, &lse, &r).passed);
     }
 
     #[test]

@@ -96,9 +96,20 @@ pub struct Reference {
     /// with (`|o| <= o_abs` elementwise; a row whose V values cancel has a small `o` but not a
     /// small `o_abs`). The verification bounds of each row are relative to it.
     pub o_abs: Vec<f64>,
+    /// `Σ_j P_j |v_j|` per element like `o_abs`, over only the keys whose weight relative to the
+    /// row's largest (`e^(s_j - m)`, `m` the max of the scores and the sink) is below
+    /// [`UNDERFLOW_WEIGHT`]: the part of `o` an f32 kernel may lose to underflow, correctly
+    /// (`ex2.approx.ftz` flushes results below 2^-126 to 0). With a sink far above the scores
+    /// (say 100) every key is there and `O` is 0 in f32 while the reference is about 1e-44.
+    pub o_under: Vec<f64>,
     /// Rows in the problem.
     pub total_rows: u64,
 }
+
+/// Weights `e^(s_j - m)` below this (2^-100) may underflow in an f32 kernel: `ex2.approx.ftz`
+/// flushes below 2^-126, and the lazy rescale lets a kernel's exponent base trail the row max by
+/// up to 2^8, so 2^-100 keeps a margin of 2^18. No f32 bound is near 2^-100 of a row's scale.
+pub const UNDERFLOW_WEIGHT: f64 = 7.888609052210118e-31;
 
 /// Whether query `i` sees key `j`, straight from the rule of `docs/semantics.md` (written here
 /// independently of the kernels' and the problem's range arithmetic): with `off = seq_kv - seq_q`,
@@ -128,6 +139,7 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     let cap = p.softcap as f64;
     let mut o = vec![0.0f64; rows.len() * d];
     let mut o_abs = vec![0.0f64; rows.len() * d];
+    let mut o_under = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
     let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
     for (r, row) in rows.iter().enumerate() {
@@ -165,6 +177,7 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
         }
         let orow = &mut o[r * d..(r + 1) * d];
         let arow = &mut o_abs[r * d..(r + 1) * d];
+        let urow = &mut o_under[r * d..(r + 1) * d];
         for (j, &pj) in scores.iter().enumerate() {
             if pj == 0.0 {
                 continue;
@@ -174,14 +187,20 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
                 *acc += pj * vv as f64;
                 *abs += pj * (vv as f64).abs();
             }
+            if pj < UNDERFLOW_WEIGHT {
+                for (u, &vv) in urow.iter_mut().zip(v) {
+                    *u += pj * (vv as f64).abs();
+                }
+            }
         }
-        for (acc, abs) in orow.iter_mut().zip(arow.iter_mut()) {
+        for ((acc, abs), u) in orow.iter_mut().zip(arow.iter_mut()).zip(urow.iter_mut()) {
             *acc /= l;
             *abs /= l;
+            *u /= l;
         }
         lse[r] = m + l.ln();
     }
-    Reference { rows, o, lse, o_abs, total_rows: p.rows() }
+    Reference { rows, o, lse, o_abs, o_under, total_rows: p.rows() }
 }
 
 /// Dense attention in f64 on host tensors, for checking results in your own tests: `q` is

@@ -165,6 +165,10 @@ impl Kernels {
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
+        alias::check_injective("o", &o.raw)?;
+        let extents: Vec<alias::Extent> =
+            tensors.iter().map(|(name, t, _)| alias::Extent::of_view(name, t, matches!(*name, "o" | "lse"))).collect();
+        alias::check_disjoint(&extents)?;
         let dtype = o.raw.dtype;
         let kernel = KernelId::find(Family::MergeStates, dtype.elem(), None)
             .ok_or(AttnError::NotSupportedYet { feature: "merge_states into this dtype" })?;
@@ -278,7 +282,9 @@ impl Kernels {
     ///
     /// Every index is checked on the host copies before any launch: capacity of each sequence,
     /// block-table entries below `num_pages`, and no page that receives new tokens referenced
-    /// twice ([`AttnError::KvCache`] names the rule). With more than one split the f32 workspace
+    /// twice ([`AttnError::KvCache`] names the rule). `o` and `lse` may not share memory with
+    /// any other tensor of the call; with new tokens neither may `k_cache` or `v_cache`
+    /// ([`AttnError::Aliasing`] names both tensors). With more than one split the f32 workspace
     /// (`num_splits · batch · heads · seq_q · (head_dim + 1) · 4` bytes) is allocated for the call
     /// (on CUDA on the stream, freed in stream order).
     #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature plus the outputs
@@ -473,6 +479,18 @@ impl Kernels {
                 });
             }
         }
+        let appends = plan.new_shape.is_some_and(|s| s[1] > 0);
+        let mut extents = kv_extents(tensors.iter().map(|(name, t, _)| (*name, *t)), appends);
+        extents.push(alias::Extent::of_index("cache_seqlens", plan.cache_seqlens));
+        if let Some(bt) = plan.block_table {
+            extents.push(alias::Extent::of_index("block_table", bt));
+        }
+        if plan.plan.sinks != 0 {
+            // The plan holds the sinks' address only: `heads` f32 from there.
+            let heads = plan.shapes[0][2] as u64;
+            extents.push(alias::Extent::of_ptr("sinks", plan.place, plan.plan.sinks, heads * 4));
+        }
+        alias::check_disjoint(&extents)?;
         let ptr = |s: &Option<Storage>| s.as_ref().map_or(0, |s| s.ptr());
         let workspace = Some((ptr(&plan.workspace.0), ptr(&plan.workspace.1)));
         let outs = (o.raw.ptr, lse.0.raw.ptr);
@@ -716,6 +734,12 @@ impl Kernels {
         for (name, t, _) in &tensors {
             t.check_bounds(name)?;
         }
+        let mut extents = kv_extents(tensors.iter().map(|(name, t, _)| (*name, *t)), seq_new > 0);
+        extents.push(alias::Extent::of_index("cache_seqlens", cache_seqlens));
+        if let Some(bt) = block_table {
+            extents.push(alias::Extent::of_index("block_table", bt));
+        }
+        alias::check_disjoint(&extents)?;
         // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
         if let Some((kernel, _)) = launches.iter().find(|(k, _)| k.variant().family == Family::DecodeMma) {
             for (name, t, _) in &tensors {
@@ -732,6 +756,18 @@ impl Kernels {
         }
         Ok(KvPlan { splits: plan.num_splits, layout, launches, problem, sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr) })
     }
+}
+
+/// The extents of a KV-cache call's views: `o` and `lse` are written, and with new tokens to
+/// append (`appends`) the caches too, so then they may not overlap each other, q, the new
+/// tokens or anything else.
+fn kv_extents<'r>(tensors: impl Iterator<Item = (&'static str, &'r RawView)>, appends: bool) -> Vec<alias::Extent> {
+    tensors
+        .map(|(name, t)| {
+            let written = matches!(name, "o" | "lse") || (appends && matches!(name, "k_cache" | "v_cache"));
+            alias::Extent::of_view(name, t, written)
+        })
+        .collect()
 }
 
 /// A KV-cache call planned once ([`Kernels::plan_kvcache`]) and run per layer
