@@ -128,8 +128,17 @@ pub struct DecodeArgs {
     pub output: Option<std::path::PathBuf>,
 }
 
+/// Most sequences of one decode call: the launch grid's z dimension holds `heads_kv x batch`, and
+/// a CUDA grid's z is at most 65535 (checked before the per-sequence lengths are expanded).
+const MAX_DECODE_BATCH: u32 = 65535;
+
 fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     let batch = a.batch.unwrap_or(a.cache_len.len() as u32);
+    if batch > MAX_DECODE_BATCH {
+        return Err(Error::Usage(format!(
+            "--batch {batch}: at most {MAX_DECODE_BATCH} sequences (the decode grid's z dimension is heads_kv x batch, at most 65535)"
+        )));
+    }
     let cache_seqlens = match a.cache_len.len() {
         1 => vec![a.cache_len[0]; batch as usize],
         n if n as u32 == batch => a.cache_len.clone(),
@@ -412,6 +421,23 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
     Ok(memattn_cli::files::write_atomic(path, &bytes, "output file")?)
 }
 
+/// Refuses, before the random inputs are drawn, a call whose device buffers exceed the device's
+/// free memory (exit 2, naming both) or whose host copies cannot be reserved (exit 3, naming the
+/// bytes): the sizes come from [`DecodeProblem::sizes`], in 128 bits, so nothing wraps.
+fn check_generated_fits(dev: &mut dyn memattn_cli::Device, p: &DecodeProblem) -> Result<(), Error> {
+    let sizes = p.sizes()?;
+    let need = sizes.device_bytes(p);
+    let free = dev.caps()?.free_memory_bytes;
+    if need > free {
+        return Err(Error::Usage(format!(
+            "the decode call needs {need} bytes ({}) of device memory, {free} bytes ({}) are free",
+            human_bytes(need),
+            human_bytes(free)
+        )));
+    }
+    memattn_cli::runner::probe_host_memory(sizes.host_bytes(p), "the host copies of the decode problem")
+}
+
 pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     let mut base = problem(a)?;
     if let Some(out) = &a.output {
@@ -464,6 +490,9 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
                 p.dtype,
                 if p.causal { ", causal" } else { "" }
             );
+        }
+        if given.is_none() {
+            check_generated_fits(dev.as_mut(), &p)?;
         }
         let r = run_decode(dev.as_mut(), &spec, given.as_ref())?;
         if !cli.json {
