@@ -75,7 +75,10 @@ fn ends_without_newline(f: &File) -> io::Result<bool> {
 pub fn open(path: &Path) -> io::Result<File> {
     let f = OpenOptions::new().create(true).append(true).read(true).open(path)?;
     if !f.metadata()?.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file; evidence is appended to regular files only"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file; evidence is appended to regular files only",
+        ));
     }
     Ok(f)
 }

@@ -616,6 +616,9 @@ pub fn layer_attention(m: &Model, w: &Workload) -> LayerAttention {
 /// GB, TB) units, case-insensitive, optional space; a bare number is bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("`{s}`: a size must be >= 0 (and at least 1 byte)"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = (&t[..split], t[split..].trim());
     let value: f64 = num.parse().map_err(|_| {

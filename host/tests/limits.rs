@@ -120,14 +120,30 @@ fn decode_sizes_too_large_are_refused_before_allocation() {
     }
     // A device as large as 64-bit byte counts allow: the host copies are what cannot be held.
     expect(
-        &["--backend", "vm", "--vm-memory-mib", "17592186044415", "decode", "--cache-len", "1", "--heads", "2", "--page-size", "4294967295"],
+        &[
+            "--backend",
+            "vm",
+            "--vm-memory-mib",
+            "17592186044415",
+            "decode",
+            "--cache-len",
+            "1",
+            "--heads",
+            "2",
+            "--page-size",
+            "4294967295",
+        ],
         3,
         "host memory",
     );
     // The per-sequence lengths are not expanded for a batch no grid can hold.
     expect(&["--backend", "vm", "decode", "--batch", "4294967295", "--cache-len", "1"], 2, "at most 65535 sequences");
     // Tensors whose element counts overflow 64-bit byte counts are named.
-    expect(&["--backend", "vm", "decode", "--heads", "4294967295", "--heads-kv", "4294967295", "--cache-len", "1"], 2, "heads_kv * head_dim");
+    expect(
+        &["--backend", "vm", "decode", "--heads", "4294967295", "--heads-kv", "4294967295", "--cache-len", "1"],
+        2,
+        "heads_kv * head_dim",
+    );
 }
 
 #[test]
@@ -157,8 +173,26 @@ fn plan_layer_counts_are_bounded() {
 fn plan_parameter_count_that_wraps_u64_is_refused() {
     let o = expect(
         &[
-            "plan", "--layers", "1", "--heads", "1", "--heads-kv", "1", "--head-dim", "2147483648", "--hidden",
-            "2147483648", "--intermediate", "1", "--vocab", "1", "--tied-embeddings", "--context", "1", "--vram", "80GiB",
+            "plan",
+            "--layers",
+            "1",
+            "--heads",
+            "1",
+            "--heads-kv",
+            "1",
+            "--head-dim",
+            "2147483648",
+            "--hidden",
+            "2147483648",
+            "--intermediate",
+            "1",
+            "--vocab",
+            "1",
+            "--tied-embeddings",
+            "--context",
+            "1",
+            "--vram",
+            "80GiB",
         ],
         2,
         "parameter count",
@@ -241,7 +275,8 @@ fn evidence_rerun_refuses_records_that_write_files() {
 #[test]
 fn evidence_rerun_of_a_rerun_is_refused() {
     let f = tmp("self.jsonl");
-    let rec = serde_json::json!({"argv": ["memattn", "evidence", "rerun", s(&f), "1"], "command": null, "exit_code": 0});
+    let rec =
+        serde_json::json!({"argv": ["memattn", "evidence", "rerun", s(&f), "1"], "command": null, "exit_code": 0});
     std::fs::write(&f, format!("{rec}\n")).unwrap();
     let o = run_limited(&["evidence", "rerun", s(&f), "1"], &[], Duration::from_secs(5));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -309,13 +344,40 @@ fn fifos_and_devices_where_regular_files_are_required_are_refused() {
     check(&["evidence", "show", s(&ev)], "a FIFO");
     check(&["evidence", "show", "/dev/zero"], "a character device");
     let save = fifo("save.fifo");
-    check(&["--save", s(&save), "plan", "--layers", "1", "--heads", "1", "--head-dim", "64", "--context", "1", "--vram", "1GiB"], "not a regular file");
+    check(
+        &[
+            "--save",
+            s(&save),
+            "plan",
+            "--layers",
+            "1",
+            "--heads",
+            "1",
+            "--head-dim",
+            "64",
+            "--context",
+            "1",
+            "--vram",
+            "1GiB",
+        ],
+        "not a regular file",
+    );
 }
 
 #[test]
 fn negative_and_oversized_numbers_say_what_is_wrong() {
     let plan = ["plan", "--layers", "1", "--heads", "1", "--head-dim", "64", "--context", "1", "--vram", "1GiB"];
-    for opt in ["--layers", "--heads", "--heads-kv", "--head-dim", "--batch", "--context", "--new-tokens", "--page", "--sliding-window"] {
+    for opt in [
+        "--layers",
+        "--heads",
+        "--heads-kv",
+        "--head-dim",
+        "--batch",
+        "--context",
+        "--new-tokens",
+        "--page",
+        "--sliding-window",
+    ] {
         let mut args: Vec<&str> = plan.to_vec();
         args.extend([opt, "-1"]);
         // A flag given twice is clap's error; replace the value instead when it is there.
@@ -333,6 +395,11 @@ fn negative_and_oversized_numbers_say_what_is_wrong() {
     expect(&["evidence", "rerun", s(&f), "-1"], 2, "must be >= 0");
     expect(&["evidence", "diff", s(&f), "-1", "1"], 2, "must be >= 0");
     expect(&["--backend", "vm", "run", "--sliding-window", "3000000000"], 2, "at most 2147483647");
+    let mut vram = plan.to_vec();
+    *vram.last_mut().unwrap() = "-1GiB";
+    expect(&vram, 2, "must be >= 0");
+    expect(&["--backend", "vm", "decode", "--splits", "-1"], 2, "must be >= 0");
+    expect(&["--backend", "vm", "decode", "--vary", "page-size=-1"], 2, "must be >= 0");
 }
 
 /// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).

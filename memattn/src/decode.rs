@@ -88,6 +88,9 @@ impl FromStr for Splits {
         }
         match s.parse::<u32>() {
             Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Splits::Fixed(n)),
+            _ if s.trim().starts_with('-') => {
+                Err(format!("a split count must be >= 0: `auto` or a count 1..={MAX_SPLITS}, got `{s}`"))
+            }
             _ => Err(format!("a split count is `auto` or a count 1..={MAX_SPLITS}, got `{s}`")),
         }
     }
@@ -455,7 +458,8 @@ impl DecodeProblem {
         };
         let cache = fit("k_cache", slots * row, elems_limit)?;
         let splits = self.plan().map(|p| p.num_splits).unwrap_or(1) as u128;
-        let workspace = if splits > 1 { fit("the split workspace", splits * rows as u128 * (d + 1), elems_limit)? } else { 0 };
+        let workspace =
+            if splits > 1 { fit("the split workspace", splits * rows as u128 * (d + 1), elems_limit)? } else { 0 };
         Ok(DecodeSizes { q, rows, cache, new, block_table, num_pages, max_pages, workspace })
     }
 }

@@ -85,9 +85,7 @@ impl Model {
             None | Some("") | Some("sm_80") => false,
             Some("sm_90") => true,
             Some(other) => {
-                return Err(format!(
-                    "VM_CUDA_ARCH={other}: the VM-backed driver models sm_80 (the default) or sm_90"
-                ))
+                return Err(format!("VM_CUDA_ARCH={other}: the VM-backed driver models sm_80 (the default) or sm_90"))
             }
         };
         let memory_bytes = match memory_mib.map(str::trim) {
@@ -1308,6 +1306,9 @@ mod env_tests {
         assert_eq!((d.cc, d.memory_bytes), ((8, 0), 16 << 30));
         let m = Model::from_vars(Some(" sm_90 "), Some("2")).unwrap();
         assert_eq!((m.cc, m.memory_bytes), ((9, 0), 2 << 20));
-        assert_eq!(Model::from_vars(Some("sm_80"), Some(&MAX_MEMORY_MIB.to_string())).unwrap().memory_bytes, MAX_MEMORY_MIB << 20);
+        assert_eq!(
+            Model::from_vars(Some("sm_80"), Some(&MAX_MEMORY_MIB.to_string())).unwrap().memory_bytes,
+            MAX_MEMORY_MIB << 20
+        );
     }
 }

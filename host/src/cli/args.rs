@@ -236,7 +236,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page: Option<u32>,
     /// Device memory to plan against, e.g. 80GiB, 24GB [default: free memory of the device].
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub vram: Option<String>,
     /// Run the attention part of one layer, scaled down, in the VM (naive and flash) and show
     /// that the measured bytes equal the planned ones.

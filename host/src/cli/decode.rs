@@ -71,7 +71,7 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page_size: Option<u32>,
     /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
-    #[arg(long, default_value = "auto", value_name = "auto|N")]
+    #[arg(long, default_value = "auto", value_name = "auto|N", allow_negative_numbers = true)]
     pub splits: Splits,
     /// Multiprocessors the split plan fills [default: the device's multiprocessor count on CUDA;
     /// 132, an H100/H200, on the VM, which models that count].
@@ -194,7 +194,8 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
     match key {
         "splits" => q.splits = value.parse().map_err(Error::Usage)?,
         "page-size" => {
-            let n: u32 = value.parse().map_err(|_| Error::Usage(format!("page-size `{value}` is not a number")))?;
+            let n: u32 = super::args::non_negative_u32(value)
+                .map_err(|e| Error::Usage(format!("--vary page-size={value}: {e} (0 = contiguous)")))?;
             q.page_size = (n > 0).then_some(n);
         }
         "dtype" => {

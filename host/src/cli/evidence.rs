@@ -439,9 +439,7 @@ fn run_child(cmd: &mut std::process::Command) -> std::io::Result<std::process::E
     let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: installs a handler that only calls kill(2); the previous dispositions are restored
     // below once the child is reaped.
-    let old = unsafe {
-        [libc::SIGTERM, libc::SIGINT, libc::SIGHUP].map(|s| (s, libc::signal(s, handler)))
-    };
+    let old = unsafe { [libc::SIGTERM, libc::SIGINT, libc::SIGHUP].map(|s| (s, libc::signal(s, handler))) };
     let status = child.wait();
     CHILD.store(0, std::sync::atomic::Ordering::SeqCst);
     for (s, h) in old {

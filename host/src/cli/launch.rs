@@ -145,9 +145,10 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
         None => Vm::new(),
     };
     if let Some(mib) = cli.vm_memory_mib {
-        let bytes = mib.checked_mul(1 << 20).filter(|&b| b > 0).ok_or_else(|| {
-            Error::Usage(format!("--vm-memory-mib must be 1..={} (got {mib})", u64::MAX >> 20))
-        })?;
+        let bytes = mib
+            .checked_mul(1 << 20)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::Usage(format!("--vm-memory-mib must be 1..={} (got {mib})", u64::MAX >> 20)))?;
         let mut limits = vm.limits();
         limits.memory_bytes = bytes;
         vm.set_limits(limits);

@@ -9,8 +9,8 @@ use memattn_cli::device::{self, BackendChoice};
 use memattn_cli::error::{exit, Error};
 use memattn_cli::memory::AnalyticBytes;
 use memattn_cli::plan::{
-    best_change, bytes_label, changes, check_layers, largest_batch, layer_attention, longest_context, terms, Model, StoreType, Terms,
-    Workload,
+    best_change, bytes_label, changes, check_layers, largest_batch, layer_attention, longest_context, terms, Model,
+    StoreType, Terms, Workload,
 };
 use memattn_cli::problem::KernelKind;
 use memattn_cli::report::{human_bytes, table};
