@@ -1223,6 +1223,27 @@ mod tests {
     }
 
     #[test]
+    fn sizes_are_exact_and_refuse_what_does_not_fit() {
+        // Paged: pages ceil(100/16) + ceil(37/16) = 7 + 3 = 10 of 16 rows; rows of 2 x 64.
+        let p = DecodeProblem {
+            batch: 2,
+            cache_seqlens: vec![100, 37],
+            page_size: Some(16),
+            splits: Splits::Fixed(1),
+            ..DecodeProblem::default()
+        };
+        let s = p.sizes().unwrap();
+        assert_eq!((s.cache, s.num_pages, s.max_pages, s.block_table), (10 * 16 * 128, 10, 7, 14));
+        assert_eq!((s.q, s.rows, s.new, s.workspace), (2 * 8 * 64, 16, 0, 0));
+        // A page of 2^32 - 1 keys: the cache's bytes fit in 64 bits, so the count is exact (the
+        // device and host checks refuse it); a cache row over 32 bits is refused here.
+        let huge = DecodeProblem { page_size: Some(u32::MAX), cache_seqlens: vec![1], ..DecodeProblem::default() };
+        assert_eq!(huge.sizes().unwrap().cache, u32::MAX as u64 * 128);
+        let wide = DecodeProblem { heads: u32::MAX, heads_kv: u32::MAX, ..DecodeProblem::default() };
+        assert!(matches!(wide.validate(), Err(KvCacheRule::TooLarge { .. })), "{:?}", wide.validate());
+    }
+
+    #[test]
     fn shape_rules_are_named() {
         let e = DecodeProblem { heads: 6, heads_kv: 4, ..Default::default() }.validate().unwrap_err();
         assert!(e.to_string().contains("mismatched heads"), "{e}");
