@@ -69,9 +69,18 @@ fn ends_without_newline(f: &File) -> io::Result<bool> {
     Ok(last[0] != b'\n')
 }
 
-/// Opens (creating) the evidence file for appending.
+/// Opens (creating) the evidence file for appending. Only a regular file is accepted: opening
+/// for reading and writing does not block on a FIFO (opening it write-only would, until a reader
+/// appears), and the type is checked on the opened file, so no later swap of the path matters.
 pub fn open(path: &Path) -> io::Result<File> {
-    OpenOptions::new().create(true).append(true).read(true).open(path)
+    let f = OpenOptions::new().create(true).append(true).read(true).open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file; evidence is appended to regular files only",
+        ));
+    }
+    Ok(f)
 }
 
 /// Appends `record` as one line.
@@ -110,10 +119,14 @@ pub struct BadLine {
     pub start: String,
 }
 
+/// Largest evidence file read (a record is a few KiB).
+pub const MAX_EVIDENCE_BYTES: u64 = 1 << 30;
+
 /// Reads every line; empty lines are skipped, anything else that is not a JSON object is a
 /// [`BadLine`].
 pub fn read(path: &Path) -> Result<(Vec<Record>, Vec<BadLine>), String> {
-    let text = std::fs::read(path).map_err(|e| format!("cannot read evidence file {}: {e}", path.display()))?;
+    // A FIFO or a device would block or never end: only regular files, of a bounded size.
+    let text = crate::files::read_regular(path, MAX_EVIDENCE_BYTES, "evidence file").map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&text);
     let mut good = Vec::new();
     let mut bad = Vec::new();
@@ -197,7 +210,29 @@ pub fn metrics(rec: &Value) -> Vec<Metric> {
 /// The tokens of `a` and `b` that differ, each with the token before them for context:
 /// `["--seq 256 -> --seq 512"]`.
 pub fn argv_changes(a: &[String], b: &[String]) -> Vec<String> {
-    // Longest common subsequence of the two token lists (they are short).
+    // The common head and tail are kept as they are; only the middle is aligned.
+    let head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let tail = a[head..].iter().rev().zip(b[head..].iter().rev()).take_while(|(x, y)| x == y).count();
+    let (mid_a, mid_b) = (&a[head..a.len() - tail], &b[head..b.len() - tail]);
+    if mid_a.len().saturating_mul(mid_b.len()) > MAX_ALIGNED_CELLS {
+        // The alignment table grows with the product of the lengths: past the bound, say what
+        // differs without aligning it.
+        return vec![format!(
+            "{} tokens -> {} tokens from token {} on (too long to align token by token)",
+            mid_a.len(),
+            mid_b.len(),
+            head + 1
+        )];
+    }
+    let context = head.checked_sub(1).map(|i| a[i].as_str());
+    argv_changes_aligned(mid_a, mid_b, context)
+}
+
+/// Cells of the longest-common-subsequence table [`argv_changes`] fills at most (16 MiB of it).
+const MAX_ALIGNED_CELLS: usize = 1 << 21;
+
+fn argv_changes_aligned(a: &[String], b: &[String], context: Option<&str>) -> Vec<String> {
+    // Longest common subsequence of the two token lists.
     let (n, m) = (a.len(), b.len());
     let mut l = vec![vec![0usize; m + 1]; n + 1];
     for i in (0..n).rev() {
@@ -207,7 +242,7 @@ pub fn argv_changes(a: &[String], b: &[String]) -> Vec<String> {
     }
     let (mut i, mut j) = (0, 0);
     let mut out = Vec::new();
-    let mut last_common: Option<&str> = None;
+    let mut last_common: Option<&str> = context;
     while i < n || j < m {
         if i < n && j < m && a[i] == b[j] {
             last_common = Some(&a[i]);

@@ -87,6 +87,18 @@ impl fmt::Display for StoreType {
     }
 }
 
+/// Most decoder layers a plan takes: published models have at most a few hundred, and the plan
+/// keeps one window per layer and sums over layers in every search step.
+pub const MAX_LAYERS: u32 = 1 << 16;
+
+/// Refuses a layer count over [`MAX_LAYERS`] (before anything per layer is allocated).
+pub fn check_layers(layers: u32) -> Result<(), String> {
+    if layers > MAX_LAYERS {
+        return Err(format!("layers {layers} is over the limit of {MAX_LAYERS}"));
+    }
+    Ok(())
+}
+
 /// A decoder-only transformer as far as memory is concerned.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Model {
@@ -120,17 +132,24 @@ impl Model {
         self.hidden > 0 && self.intermediate > 0 && self.vocab > 0
     }
 
+    /// The parameter count (saturating at `u64::MAX`; [`Model::validate`] refuses a model whose
+    /// count does not fit, so a validated model's count is exact).
     pub fn params(&self) -> u64 {
+        u64::try_from(self.params_exact()).unwrap_or(u64::MAX)
+    }
+
+    /// The parameter count in 128 bits: every factor is a u32, so no term can wrap.
+    pub fn params_exact(&self) -> u128 {
         if !self.has_weights() {
             return 0;
         }
-        let (h, hd) = (self.hidden as u64, self.head_dim as u64);
-        let (nq, nkv) = (self.heads as u64 * hd, self.heads_kv as u64 * hd);
-        let embed = self.vocab as u64 * h * if self.tied_embeddings { 1 } else { 2 };
+        let (h, hd) = (self.hidden as u128, self.head_dim as u128);
+        let (nq, nkv) = (self.heads as u128 * hd, self.heads_kv as u128 * hd);
+        let embed = self.vocab as u128 * h * if self.tied_embeddings { 1 } else { 2 };
         let attn = h * nq + 2 * h * nkv + nq * h + if self.qkv_bias { nq + 2 * nkv } else { 0 };
-        let mlp = 3 * h * self.intermediate as u64;
-        let norms = self.norms_per_layer as u64 * h;
-        embed + self.layers as u64 * (attn + mlp + norms) + h
+        let mlp = 3 * h * self.intermediate as u128;
+        let norms = self.norms_per_layer as u128 * h;
+        embed + self.layers as u128 * (attn + mlp + norms) + h
     }
 
     /// Layers with a sliding window.
@@ -148,6 +167,7 @@ impl Model {
 
     /// Checks every field; the error names it.
     pub fn validate(&self) -> Result<(), String> {
+        check_layers(self.layers)?;
         for (name, v) in
             [("layers", self.layers), ("heads", self.heads), ("heads_kv", self.heads_kv), ("head_dim", self.head_dim)]
         {
@@ -166,6 +186,12 @@ impl Model {
         }
         if self.windows.contains(&Some(0)) {
             return Err("sliding_window must be at least 1 (got 0)".into());
+        }
+        if self.params_exact() > u64::MAX as u128 {
+            return Err(format!(
+                "the parameter count {} (computed in 128 bits) is over 2^64 - 1: check hidden, intermediate, vocab, heads and head_dim",
+                self.params_exact()
+            ));
         }
         Ok(())
     }
@@ -198,6 +224,7 @@ impl Model {
             field(name)?.map(|n| n as u32).ok_or_else(|| format!("config {origin}: missing field `{name}` ({what})"))
         };
         let layers = required("num_hidden_layers", "the number of decoder layers")?;
+        check_layers(layers).map_err(|e| format!("config {origin}: num_hidden_layers: {e}"))?;
         let heads = required("num_attention_heads", "query heads per layer")?;
         if heads == 0 {
             return Err(format!("config {origin}: num_attention_heads must be at least 1 (got 0)"));
@@ -589,6 +616,9 @@ pub fn layer_attention(m: &Model, w: &Workload) -> LayerAttention {
 /// GB, TB) units, case-insensitive, optional space; a bare number is bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("`{s}`: a size must be >= 0 (and at least 1 byte)"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = (&t[..split], t[split..].trim());
     let value: f64 = num.parse().map_err(|_| {

@@ -85,6 +85,8 @@ fn a_short_buffer_is_a_finding_that_names_it_and_bad_arguments_are_usage_errors(
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(why), "{bad:?}: {err}");
     }
+    // A kernel the module does not have is a bad argument, not a device error.
     let o = memattn(&["--backend", "vm", "launch", "no_such_kernel"]);
-    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no entry point `no_such_kernel`"));
 }

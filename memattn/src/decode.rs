@@ -88,6 +88,9 @@ impl FromStr for Splits {
         }
         match s.parse::<u32>() {
             Ok(n) if (1..=MAX_SPLITS).contains(&n) => Ok(Splits::Fixed(n)),
+            _ if s.trim().starts_with('-') => {
+                Err(format!("a split count must be >= 0: `auto` or a count 1..={MAX_SPLITS}, got `{s}`"))
+            }
             _ => Err(format!("a split count is `auto` or a count 1..={MAX_SPLITS}, got `{s}`")),
         }
     }
@@ -366,6 +369,7 @@ impl DecodeProblem {
             return Err(KvCacheRule::Scale { got: self.softmax_scale() });
         }
         self.kernels()?;
+        self.sizes()?;
         Ok(())
     }
 
@@ -418,6 +422,45 @@ impl DecodeProblem {
     /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)`.
     pub fn pages_needed(&self, b: usize, page_size: u32) -> u32 {
         self.seqlen_k(b).div_ceil(page_size)
+    }
+
+    /// Element counts of the call's tensors in the layout [`DecodeInputs::random`] draws (a
+    /// contiguous cache of `max seqlen_k` rows per sequence, or exactly the pages the sequences
+    /// need), computed in 128 bits before anything is allocated. Every count, as f64 bytes (the
+    /// widest host copy), must fit in 64 bits; page counts and a cache row must fit in 32 (the
+    /// layout's and the kernels' index types).
+    pub fn sizes(&self) -> Result<DecodeSizes, KvCacheRule> {
+        let (b, h, hk, d, sq) =
+            (self.batch as u128, self.heads as u128, self.heads_kv as u128, self.head_dim as u128, self.seq_q as u128);
+        let fit = |tensor: &'static str, elems: u128, limit: u64| -> Result<u64, KvCacheRule> {
+            if elems > limit as u128 {
+                return Err(KvCacheRule::TooLarge { tensor, elems, limit });
+            }
+            Ok(elems as u64)
+        };
+        // Elements of f64 copies (the reference) must have byte counts within u64.
+        let elems_limit = u64::MAX / 8;
+        let row = fit("a cache row (heads_kv * head_dim)", hk * d, u32::MAX as u64)? as u128;
+        let rows = fit("lse", b * h * sq, elems_limit)?;
+        let q = fit("q", rows as u128 * d, elems_limit)?;
+        let new = fit("k_new", b * self.seq_new as u128 * row, elems_limit)?;
+        let (slots, block_table, num_pages, max_pages) = match self.page_size {
+            None => (b * self.max_seqlen_k().max(1) as u128, 0, 0, 0),
+            Some(ps) => {
+                let ps = ps.max(1);
+                let need = |i: usize| self.pages_needed(i, ps) as u128;
+                let pages: u128 = (0..self.batch as usize).map(need).sum::<u128>().max(1);
+                let max_pages = (0..self.batch as usize).map(need).max().unwrap_or(0).max(1);
+                let num_pages = fit("num_pages", pages, u32::MAX as u64)?;
+                let table = fit("block_table", b * max_pages, elems_limit)?;
+                (pages * ps as u128, table, num_pages as u32, max_pages as u32)
+            }
+        };
+        let cache = fit("k_cache", slots * row, elems_limit)?;
+        let splits = self.plan().map(|p| p.num_splits).unwrap_or(1) as u128;
+        let workspace =
+            if splits > 1 { fit("the split workspace", splits * rows as u128 * (d + 1), elems_limit)? } else { 0 };
+        Ok(DecodeSizes { q, rows, cache, new, block_table, num_pages, max_pages, workspace })
     }
 }
 
@@ -476,7 +519,7 @@ impl DecodeInputs {
                 for i in (1..order.len()).rev() {
                     order.swap(i, r2.below(i as u64 + 1) as usize);
                 }
-                let mut table = vec![u32::MAX; (p.batch * max_pages) as usize];
+                let mut table = vec![u32::MAX; p.batch as usize * max_pages as usize];
                 let mut next = 0;
                 for (b, &n) in need.iter().enumerate() {
                     for s in 0..n as usize {
@@ -851,6 +894,62 @@ pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeRefere
     v
 }
 
+/// Element counts of a decode call's tensors ([`DecodeProblem::sizes`]), each known to fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeSizes {
+    /// Q and O (`batch * seq_q * heads * head_dim`).
+    pub q: u64,
+    /// Output rows (`batch * heads * seq_q`): LSE.
+    pub rows: u64,
+    /// Each of K and V cache as [`DecodeInputs::random`] lays it out.
+    pub cache: u64,
+    /// Each of `k_new` and `v_new`.
+    pub new: u64,
+    /// Block-table entries (0 for a contiguous cache).
+    pub block_table: u64,
+    /// Pages of a paged cache (0 for a contiguous one) and the block table's pages per sequence.
+    pub num_pages: u32,
+    pub max_pages: u32,
+    /// Split workspace elements (f32 partial O and LSE; 0 with one split).
+    pub workspace: u64,
+}
+
+impl DecodeSizes {
+    /// Device bytes of the call: cache, Q, O, LSE, new tokens, block table, cache lengths, the
+    /// split workspace (saturating: a sum past 2^64 is no fit anyway).
+    pub fn device_bytes(&self, p: &DecodeProblem) -> u64 {
+        let es = p.dtype.size_bytes();
+        [
+            self.cache.saturating_mul(2 * es),
+            self.q.saturating_mul(2 * es),
+            self.rows.saturating_mul(4),
+            self.new.saturating_mul(2 * es),
+            self.block_table.saturating_mul(4),
+            p.batch as u64 * 4,
+            if p.sinks { p.heads as u64 * 4 } else { 0 },
+            self.workspace.saturating_mul(4),
+        ]
+        .iter()
+        .fold(0u64, |a, &x| a.saturating_add(x))
+    }
+
+    /// Host bytes a measured run holds at its peak: the f32 inputs, the cache expected after the
+    /// append and the one downloaded (f32 each) plus its encoded copy, Q encoded, O downloaded
+    /// (encoded and f32) and the f64 reference (O, LSE and the row scales).
+    pub fn host_bytes(&self, p: &DecodeProblem) -> u64 {
+        let es = p.dtype.size_bytes();
+        [
+            self.cache.saturating_mul(2 * (4 + 4 + 4 + es)),
+            self.q.saturating_mul(4 + es + es + 4 + 8),
+            self.rows.saturating_mul(4 + 8 + 8),
+            self.new.saturating_mul(2 * (4 + es)),
+            self.block_table.saturating_mul(4),
+        ]
+        .iter()
+        .fold(0u64, |a, &x| a.saturating_add(x))
+    }
+}
+
 /// Device bytes of a decode call, stated before it runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -1134,6 +1233,27 @@ mod tests {
         let one = DecodeProblem { splits: Splits::Fixed(1), ..p }.plan().unwrap();
         assert_eq!(one.blocks, 8);
         assert!((one.blocks_per_sm - 8.0 / 132.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sizes_are_exact_and_refuse_what_does_not_fit() {
+        // Paged: pages ceil(100/16) + ceil(37/16) = 7 + 3 = 10 of 16 rows; rows of 2 x 64.
+        let p = DecodeProblem {
+            batch: 2,
+            cache_seqlens: vec![100, 37],
+            page_size: Some(16),
+            splits: Splits::Fixed(1),
+            ..DecodeProblem::default()
+        };
+        let s = p.sizes().unwrap();
+        assert_eq!((s.cache, s.num_pages, s.max_pages, s.block_table), (10 * 16 * 128, 10, 7, 14));
+        assert_eq!((s.q, s.rows, s.new, s.workspace), (2 * 8 * 64, 16, 0, 0));
+        // A page of 2^32 - 1 keys: the cache's bytes fit in 64 bits, so the count is exact (the
+        // device and host checks refuse it); a cache row over 32 bits is refused here.
+        let huge = DecodeProblem { page_size: Some(u32::MAX), cache_seqlens: vec![1], ..DecodeProblem::default() };
+        assert_eq!(huge.sizes().unwrap().cache, u32::MAX as u64 * 128);
+        let wide = DecodeProblem { heads: u32::MAX, heads_kv: u32::MAX, ..DecodeProblem::default() };
+        assert!(matches!(wide.validate(), Err(KvCacheRule::TooLarge { .. })), "{:?}", wide.validate());
     }
 
     #[test]

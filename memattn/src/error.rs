@@ -43,6 +43,10 @@ pub enum KvCacheRule {
     PageSizeZero,
     #[error("cache_seqlens + new tokens must be below 2^31")]
     TooLong,
+    /// A tensor of the call whose size does not fit: its elements (computed in 128 bits) and the
+    /// limit it is over.
+    #[error("tensor `{tensor}` would have {elems} elements, over the limit of {limit}")]
+    TooLarge { tensor: &'static str, elems: u128, limit: u64 },
     #[error("window ({left}, {right}): each side must be >= 0 keys, or -1 for unbounded")]
     Window { left: i32, right: i32 },
     #[error("softcap {got} must be >= 0 (0 turns it off)")]

@@ -67,20 +67,44 @@ pub struct Model {
     pub uuid: [u8; 16],
 }
 
+/// Largest `VM_CUDA_MEMORY_MIB`: its bytes (`MiB << 20`) must fit in 64 bits.
+pub const MAX_MEMORY_MIB: u64 = (1 << 44) - 1;
+
 impl Model {
-    fn from_env() -> Model {
-        let sm90 = std::env::var("VM_CUDA_ARCH").map(|a| a.trim() == "sm_90").unwrap_or(false);
-        let memory_bytes = std::env::var("VM_CUDA_MEMORY_MIB")
-            .ok()
-            .and_then(|m| m.trim().parse::<u64>().ok())
-            .map(|m| m << 20)
-            .unwrap_or(16 << 30);
+    /// The model the environment asks for; a value that is set but not understood is an error
+    /// naming the variable, never silently replaced by the default.
+    fn from_env() -> Result<Model, String> {
+        let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+        Model::from_vars(var("VM_CUDA_ARCH").as_deref(), var("VM_CUDA_MEMORY_MIB").as_deref())
+    }
+
+    /// The model for `VM_CUDA_ARCH` (`sm_80`, the default, or `sm_90`) and `VM_CUDA_MEMORY_MIB`
+    /// (1..=[`MAX_MEMORY_MIB`], default 16 GiB); unset or empty takes the default.
+    pub fn from_vars(arch: Option<&str>, memory_mib: Option<&str>) -> Result<Model, String> {
+        let sm90 = match arch.map(str::trim) {
+            None | Some("") | Some("sm_80") => false,
+            Some("sm_90") => true,
+            Some(other) => {
+                return Err(format!("VM_CUDA_ARCH={other}: the VM-backed driver models sm_80 (the default) or sm_90"))
+            }
+        };
+        let memory_bytes = match memory_mib.map(str::trim) {
+            None | Some("") => 16 << 30,
+            Some(m) => match m.parse::<u64>() {
+                Ok(n) if (1..=MAX_MEMORY_MIB).contains(&n) => n << 20,
+                _ => {
+                    return Err(format!(
+                        "VM_CUDA_MEMORY_MIB={m}: expected a whole number of MiB in 1..={MAX_MEMORY_MIB}"
+                    ))
+                }
+            },
+        };
         let mut uuid = *b"ptx-vm-cuda-sm80";
         if sm90 {
             uuid = *b"ptx-vm-cuda-sm90";
         }
         if sm90 {
-            Model {
+            Ok(Model {
                 name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
                 cc: (9, 0),
                 sms: 132,
@@ -91,9 +115,9 @@ impl Model {
                 clock_khz: 1_980_000,
                 memory_bytes,
                 uuid,
-            }
+            })
         } else {
-            Model {
+            Ok(Model {
                 name: "ptx-vm virtual GPU (VM-backed libcuda)".into(),
                 cc: (8, 0),
                 sms: 108,
@@ -104,7 +128,7 @@ impl Model {
                 clock_khz: 1_410_000,
                 memory_bytes,
                 uuid,
-            }
+            })
         }
     }
 }
@@ -155,10 +179,25 @@ thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
-/// The modelled device (read once from the environment).
-pub fn model() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
+/// The environment's model, or why the environment does not name one (read once).
+fn configured() -> &'static Result<Model, String> {
+    static M: OnceLock<Result<Model, String>> = OnceLock::new();
     M.get_or_init(Model::from_env)
+}
+
+/// The modelled device. With a bad environment (see [`config_error`]) `cuInit` fails, so no
+/// context is ever made on this fallback sm_80 model; it only lets queries answer.
+pub fn model() -> &'static Model {
+    static FALLBACK: OnceLock<Model> = OnceLock::new();
+    match configured() {
+        Ok(m) => m,
+        Err(_) => FALLBACK.get_or_init(|| Model::from_vars(None, None).expect("the defaults are valid")),
+    }
+}
+
+/// Why the environment's `VM_CUDA_*` variables do not describe a device, if they do not.
+pub fn config_error() -> Option<&'static str> {
+    configured().as_ref().err().map(String::as_str)
 }
 
 /// The device's UUID as NVML and `nvidia-smi` write it.
@@ -405,6 +444,9 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     entry(|| {
         if flags != 0 {
             return Err(fail(INVALID_VALUE, "cuInit flags must be 0"));
+        }
+        if let Some(why) = config_error() {
+            return Err(fail(INVALID_VALUE, why));
         }
         state().initialised = true;
         Ok(())
@@ -1238,4 +1280,35 @@ pub unsafe extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s:
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: Handle) -> CUresult {
     memset(dst, &v.to_le_bytes(), n, s)
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn bad_vm_cuda_variables_are_errors_naming_them() {
+        for (arch, mib, needle) in [
+            (None, Some("abc"), "VM_CUDA_MEMORY_MIB=abc"),
+            (None, Some("-1"), "VM_CUDA_MEMORY_MIB=-1"),
+            (None, Some("0"), "VM_CUDA_MEMORY_MIB=0"),
+            (None, Some("17592186044416"), "VM_CUDA_MEMORY_MIB=17592186044416"),
+            (Some("sm_20"), None, "VM_CUDA_ARCH=sm_20"),
+        ] {
+            let e = Model::from_vars(arch, mib).err().unwrap_or_else(|| panic!("{arch:?} {mib:?} accepted"));
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn good_vm_cuda_variables_and_defaults() {
+        let d = Model::from_vars(None, None).unwrap();
+        assert_eq!((d.cc, d.memory_bytes), ((8, 0), 16 << 30));
+        let m = Model::from_vars(Some(" sm_90 "), Some("2")).unwrap();
+        assert_eq!((m.cc, m.memory_bytes), ((9, 0), 2 << 20));
+        assert_eq!(
+            Model::from_vars(Some("sm_80"), Some(&MAX_MEMORY_MIB.to_string())).unwrap().memory_bytes,
+            MAX_MEMORY_MIB << 20
+        );
+    }
 }

@@ -188,31 +188,31 @@ pub struct PlanArgs {
     #[arg(long, value_name = "config.json")]
     pub config: Option<PathBuf>,
     /// Decoder layers.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub layers: Option<u32>,
     /// Query heads per layer.
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub heads: Option<u32>,
     /// Key/value heads per layer (grouped-query attention; must divide --heads) [default: --heads].
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub heads_kv: Option<u32>,
     /// Head dimension.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: Option<u32>,
     /// Model width (with --intermediate and --vocab: weights and activations are counted).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub hidden: Option<u32>,
     /// MLP width.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub intermediate: Option<u32>,
     /// Vocabulary size.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub vocab: Option<u32>,
     /// Input and output embeddings share one matrix.
     #[arg(long)]
     pub tied_embeddings: bool,
     /// A sliding window of N tokens on every layer (the KV cache of a layer holds at most N).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub sliding_window: Option<u32>,
     /// Weights and activations: f32, bf16, f16, fp8 [default: the config's torch_dtype, else bf16].
     #[arg(long, value_name = "TYPE")]
@@ -221,22 +221,22 @@ pub struct PlanArgs {
     #[arg(long, value_name = "TYPE")]
     pub kv_dtype: Option<String>,
     /// Sequences decoded together.
-    #[arg(long, default_value_t = 1, value_name = "B")]
+    #[arg(long, default_value_t = 1, value_name = "B", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub batch: u32,
     /// Tokens each sequence holds in the KV cache (prompt + generated so far).
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub context: u32,
     /// Query tokens of the forward step planned: 1 for a decode step, the prompt length for a prefill.
-    #[arg(long, default_value_t = 1, value_name = "T")]
+    #[arg(long, default_value_t = 1, value_name = "T", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub new_tokens: u32,
     /// Attention kernel whose workspace counts in the total [default: flash]; both are shown.
     #[arg(long, value_name = "naive|flash")]
     pub kernel: Option<KernelKind>,
     /// A paged KV cache with pages of N tokens (each sequence's cache rounds up to whole pages).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page: Option<u32>,
     /// Device memory to plan against, e.g. 80GiB, 24GB [default: free memory of the device].
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub vram: Option<String>,
     /// Run the attention part of one layer, scaled down, in the VM (naive and flash) and show
     /// that the measured bytes equal the planned ones.
@@ -260,9 +260,9 @@ pub enum EvidenceCommand {
     Diff {
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        #[arg(value_name = "A")]
+        #[arg(value_name = "A", allow_negative_numbers = true, value_parser = non_negative_usize)]
         a: usize,
-        #[arg(value_name = "B")]
+        #[arg(value_name = "B", allow_negative_numbers = true, value_parser = non_negative_usize)]
         b: usize,
     },
     /// Repeat run N's exact command line (appending to the evidence file when it had --save) and
@@ -270,8 +270,13 @@ pub enum EvidenceCommand {
     Rerun {
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        #[arg(value_name = "N")]
+        #[arg(value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
         n: usize,
+        /// Run the record even though its command line writes files (`--output`, `--save`,
+        /// `--plot`): without it such a record is refused, so a replayed line cannot replace or
+        /// append to a file.
+        #[arg(long)]
+        allow_writes: bool,
     },
 }
 
@@ -451,13 +456,13 @@ pub struct LaunchArgs {
     #[arg(value_name = "KERNEL")]
     pub kernel: String,
     /// Grid size x[,y[,z]].
-    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]")]
+    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]", allow_hyphen_values = true)]
     pub grid: String,
     /// Block size x[,y[,z]].
-    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]")]
+    #[arg(long, default_value = "1", value_name = "X[,Y[,Z]]", allow_hyphen_values = true)]
     pub block: String,
     /// Dynamic shared memory in bytes.
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    #[arg(long, default_value_t = 0, value_name = "BYTES", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub smem: u32,
     /// A device buffer: NAME=TYPE:LEN[:INIT], TYPE f32 or u32, INIT poison (default: the NaN
     /// 0x7FF00BAD, so unwritten elements show), zeros, iota (0, 1, 2, ...), randn (seeded) or
@@ -472,10 +477,10 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "NAME")]
     pub show: Vec<String>,
     /// Elements printed per buffer.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    #[arg(long, default_value_t = 16, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub count: usize,
     /// Seed of `randn` buffers.
-    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
 }
 
@@ -488,10 +493,10 @@ pub struct CheckArgs {
     #[arg(long, value_name = "f32|bf16|f16")]
     pub dtype: Option<Dtype>,
     /// Only this head dim [default: every flash head dim of the dtype, for naive too].
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: Option<u32>,
     /// Seed of the random inputs.
-    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
 }
 

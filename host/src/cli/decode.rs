@@ -71,7 +71,7 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page_size: Option<u32>,
     /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
-    #[arg(long, default_value = "auto", value_name = "auto|N")]
+    #[arg(long, default_value = "auto", value_name = "auto|N", allow_negative_numbers = true)]
     pub splits: Splits,
     /// Multiprocessors the split plan fills [default: the device's multiprocessor count on CUDA;
     /// 132, an H100/H200, on the VM, which models that count].
@@ -128,8 +128,17 @@ pub struct DecodeArgs {
     pub output: Option<std::path::PathBuf>,
 }
 
+/// Most sequences of one decode call: the launch grid's z dimension holds `heads_kv x batch`, and
+/// a CUDA grid's z is at most 65535 (checked before the per-sequence lengths are expanded).
+const MAX_DECODE_BATCH: u32 = 65535;
+
 fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     let batch = a.batch.unwrap_or(a.cache_len.len() as u32);
+    if batch > MAX_DECODE_BATCH {
+        return Err(Error::Usage(format!(
+            "--batch {batch}: at most {MAX_DECODE_BATCH} sequences (the decode grid's z dimension is heads_kv x batch, at most 65535)"
+        )));
+    }
     let cache_seqlens = match a.cache_len.len() {
         1 => vec![a.cache_len[0]; batch as usize],
         n if n as u32 == batch => a.cache_len.clone(),
@@ -185,7 +194,8 @@ fn varied(p: &DecodeProblem, key: &str, value: &str) -> Result<DecodeProblem, Er
     match key {
         "splits" => q.splits = value.parse().map_err(Error::Usage)?,
         "page-size" => {
-            let n: u32 = value.parse().map_err(|_| Error::Usage(format!("page-size `{value}` is not a number")))?;
+            let n: u32 = super::args::non_negative_u32(value)
+                .map_err(|e| Error::Usage(format!("--vary page-size={value}: {e} (0 = contiguous)")))?;
             q.page_size = (n > 0).then_some(n);
         }
         "dtype" => {
@@ -412,6 +422,23 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
     Ok(memattn_cli::files::write_atomic(path, &bytes, "output file")?)
 }
 
+/// Refuses, before the random inputs are drawn, a call whose device buffers exceed the device's
+/// free memory (exit 2, naming both) or whose host copies cannot be reserved (exit 3, naming the
+/// bytes): the sizes come from [`DecodeProblem::sizes`], in 128 bits, so nothing wraps.
+fn check_generated_fits(dev: &mut dyn memattn_cli::Device, p: &DecodeProblem) -> Result<(), Error> {
+    let sizes = p.sizes()?;
+    let need = sizes.device_bytes(p);
+    let free = dev.caps()?.free_memory_bytes;
+    if need > free {
+        return Err(Error::Usage(format!(
+            "the decode call needs {need} bytes ({}) of device memory, {free} bytes ({}) are free",
+            human_bytes(need),
+            human_bytes(free)
+        )));
+    }
+    memattn_cli::runner::probe_host_memory(sizes.host_bytes(p), "the host copies of the decode problem")
+}
+
 pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     let mut base = problem(a)?;
     if let Some(out) = &a.output {
@@ -464,6 +491,9 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
                 p.dtype,
                 if p.causal { ", causal" } else { "" }
             );
+        }
+        if given.is_none() {
+            check_generated_fits(dev.as_mut(), &p)?;
         }
         let r = run_decode(dev.as_mut(), &spec, given.as_ref())?;
         if !cli.json {

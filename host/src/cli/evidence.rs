@@ -348,6 +348,109 @@ fn print_diff(a: &Value, la: usize, b: &Value, lb: usize) {
     print!("{}", table(&header, &diff_rows(a, b)));
 }
 
+/// Options whose value is a file the command writes.
+const WRITING_OPTIONS: [&str; 3] = ["--output", "--save", "--plot"];
+
+/// The value of `opt` in `args` (`--opt V` or `--opt=V`), each occurrence.
+fn option_values<'a>(args: &'a [String], opt: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        if a == opt {
+            if let Some(v) = args.get(i + 1) {
+                out.push(v.as_str());
+            }
+        } else if let Some(v) = a.strip_prefix(opt).and_then(|r| r.strip_prefix('=')) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// A record's command line may be replayed only if it is not itself a rerun (which would replay
+/// without end) and writes no file the user did not name: `--save` to the evidence file being
+/// rerun is allowed (the rerun's own line); any other `--output`, `--save` or `--plot` needs
+/// `--allow-writes`.
+fn check_replayable(args: &[String], file: &std::path::Path, n: usize, allow_writes: bool) -> Result<(), Error> {
+    let evidence_at = args.iter().position(|a| a == "evidence");
+    if evidence_at.is_some_and(|i| args[i + 1..].iter().any(|a| a == "rerun")) {
+        return Err(Error::Usage(format!(
+            "{} line {n} is itself an `evidence rerun`: refusing to replay it (it would rerun without end)",
+            file.display()
+        )));
+    }
+    if allow_writes {
+        return Ok(());
+    }
+    let mut writes = Vec::new();
+    for opt in WRITING_OPTIONS {
+        for v in option_values(args, opt) {
+            let own_evidence = opt == "--save" && memattn_cli::files::same_file(file, std::path::Path::new(v));
+            if !own_evidence {
+                writes.push(format!("{opt} {v}"));
+            }
+        }
+    }
+    if !writes.is_empty() {
+        return Err(Error::Usage(format!(
+            "{} line {n} writes files ({}): refusing to replay it without --allow-writes",
+            file.display(),
+            writes.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The process id of the running rerun child (0: none), for the signal handler.
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = CHILD.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; `pid` is our own child, not yet reaped.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Asks the kernel to send the child SIGTERM when this process dies.
+#[cfg(target_os = "linux")]
+fn end_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2), which
+    // is async-signal-safe and changes only the child's own state.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn end_with_parent(_cmd: &mut std::process::Command) {}
+
+/// Runs the rerun's child: SIGTERM, SIGINT and SIGHUP sent to this process are passed on to
+/// it, and it gets SIGTERM should this process die first (Linux), so no child is orphaned.
+fn run_child(cmd: &mut std::process::Command) -> std::io::Result<std::process::ExitStatus> {
+    end_with_parent(cmd);
+    let mut child = cmd.spawn()?;
+    CHILD.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
+    let handler = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: installs a handler that only calls kill(2); the previous dispositions are restored
+    // below once the child is reaped.
+    let old = unsafe { [libc::SIGTERM, libc::SIGINT, libc::SIGHUP].map(|s| (s, libc::signal(s, handler))) };
+    let status = child.wait();
+    CHILD.store(0, std::sync::atomic::Ordering::SeqCst);
+    for (s, h) in old {
+        // SAFETY: restores the disposition saved above.
+        unsafe {
+            libc::signal(s, h);
+        }
+    }
+    status
+}
+
 pub fn command(cli: &Cli, c: &EvidenceCommand) -> Result<i32, Error> {
     match c {
         EvidenceCommand::Show { file } => {
@@ -429,21 +532,27 @@ pub fn command(cli: &Cli, c: &EvidenceCommand) -> Result<i32, Error> {
             }
             Ok(exit::SUCCESS)
         }
-        EvidenceCommand::Rerun { file, n } => {
+        EvidenceCommand::Rerun { file, n, allow_writes } => {
             let (records, bad) = load(file)?;
             let rec = find(&records, &bad, *n, file)?;
             let args = argv(&rec);
             if args.len() < 2 {
                 return Err(Error::Usage(format!("{} line {n} has no command line (argv)", file.display())));
             }
+            check_replayable(&args[1..], file, *n, *allow_writes)?;
             let exe = std::env::current_exe()
                 .map_err(|e| Error::Usage(format!("cannot find the memattn executable: {e}")))?;
             eprintln!("rerun of {} line {n}: memattn {}", file.display(), args[1..].join(" "));
-            let status = std::process::Command::new(exe)
-                .args(&args[1..])
-                .status()
+            let status = run_child(std::process::Command::new(exe).args(&args[1..]))
                 .map_err(|e| Error::Usage(format!("cannot start memattn: {e}")))?;
-            let code = status.code().unwrap_or(exit::DEVICE);
+            let code = match status.code() {
+                Some(c) => c,
+                None => {
+                    use std::os::unix::process::ExitStatusExt;
+                    eprintln!("the rerun was ended by signal {}", status.signal().unwrap_or(0));
+                    exit::DEVICE
+                }
+            };
             // The rerun appended its own line when it had --save: compare it with run N.
             let saved_here = args.windows(2).any(|w| w[0] == "--save" && std::path::Path::new(&w[1]) == file.as_path());
             if saved_here {

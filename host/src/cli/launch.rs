@@ -87,10 +87,34 @@ fn vm_error(kernel: &str, e: VmError) -> Error {
             kernel: kernel.to_string(),
             message: memattn_cli::device::vm::describe_finding(&f),
         }),
-        VmError::UnknownKernel(k) => Error::Device(DeviceError::UnknownKernel(k)),
+        VmError::UnknownKernel(k) => unknown_kernel(&k),
         VmError::InvalidLaunch(m) | VmError::InvalidPointer(m) => Error::Usage(m),
         other => Error::Device(DeviceError::Vm { op: format!("launch of `{kernel}`"), message: other.to_string() }),
     }
+}
+
+/// A kernel name the module does not have is a bad argument (exit 2), not a device error.
+fn unknown_kernel(name: &str) -> Error {
+    Error::Usage(format!("no entry point `{name}` in the PTX module (`memattn kernels` lists them)"))
+}
+
+/// Refuses buffers that together exceed the VM's device memory (exit 2) or whose host copies
+/// cannot be reserved (exit 3), before any of them is filled: each buffer is built on the host
+/// and copied into the VM's memory, which is host memory too.
+fn check_buffers_fit(bufs: &[BufSpec], vm_limit: u64) -> Result<(), Error> {
+    let total: u64 = bufs.iter().map(|b| b.len as u64 * 4).sum();
+    if total > vm_limit {
+        return Err(Error::Usage(format!(
+            "the --buf buffers total {total} bytes ({}), over the VM's device memory of {vm_limit} bytes ({}; --vm-memory-mib sets it)",
+            memattn_cli::units::human_bytes(total),
+            memattn_cli::units::human_bytes(vm_limit)
+        )));
+    }
+    let largest = bufs.iter().map(|b| b.len as u64 * 4).max().unwrap_or(0);
+    memattn_cli::runner::probe_host_memory(
+        total.saturating_add(largest.saturating_mul(2)),
+        "the --buf buffers (VM memory plus the host copy being filled)",
+    )
 }
 
 pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
@@ -112,11 +136,24 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     let ptx = load_ptx(cli)?;
     let module = Module::shared(&ptx.text)
         .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
+    if !module.kernel_names().iter().any(|k| k == &a.kernel) {
+        return Err(unknown_kernel(&a.kernel));
+    }
     let mut vm = match cli.vm_workers {
         Some(0) => return Err(Error::Usage("--vm-workers must be at least 1".into())),
         Some(n) => Vm::with_workers(n),
         None => Vm::new(),
     };
+    if let Some(mib) = cli.vm_memory_mib {
+        let bytes = mib
+            .checked_mul(1 << 20)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::Usage(format!("--vm-memory-mib must be 1..={} (got {mib})", u64::MAX >> 20)))?;
+        let mut limits = vm.limits();
+        limits.memory_bytes = bytes;
+        vm.set_limits(limits);
+    }
+    check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
     let mut l = Launcher::with_vm(vm, &module);

@@ -26,10 +26,7 @@ use std::time::Duration;
 pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
     // An unwritable evidence file is reported before any measurement, not after it.
     if let Some(path) = &cli.save {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
+        memattn_cli::evidence::open(path)
             .map_err(|e| Error::Usage(format!("cannot open evidence file {}: {e}", path.display())))?;
     }
     if let Command::Evidence(e) = &cli.command {
@@ -164,7 +161,14 @@ pub fn parse_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
     }
     let mut out = [0u32; 3];
     for (i, p) in parts.iter().enumerate() {
-        out[i] = p.parse().map_err(|_| Error::Usage(format!("--{what}: `{p}` is not a non-negative integer")))?;
+        out[i] = p.parse().map_err(|_| {
+            let negative = p.strip_prefix('-').is_some_and(|r| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()));
+            Error::Usage(if negative {
+                format!("--{what}: must be >= 0 (got {p})")
+            } else {
+                format!("--{what}: `{p}` is not a non-negative integer (at most {})", u32::MAX)
+            })
+        })?;
     }
     Ok(out)
 }
@@ -295,7 +299,13 @@ pub fn parse_window(s: &str, what: &str, sep: char) -> Result<(i32, i32), Error>
 
 /// `sliding_window = W` (a model config's convention) as a window: `(W - 1, 0)`.
 pub fn sliding_window(w: u32) -> Result<(i32, i32), Error> {
-    if w == 0 || w > i32::MAX as u32 {
+    if w > i32::MAX as u32 {
+        return Err(Error::Usage(format!(
+            "--sliding-window {w}: W must be at most {} (the window's left side W - 1 is a 32-bit signed count)",
+            i32::MAX
+        )));
+    }
+    if w == 0 {
         return Err(Error::Usage(format!(
             "--sliding-window {w}: W must be at least 1 (it counts the query itself: W = 1 sees only the diagonal, \
              the same as --window 0,0 --causal)"

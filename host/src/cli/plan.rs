@@ -9,12 +9,15 @@ use memattn_cli::device::{self, BackendChoice};
 use memattn_cli::error::{exit, Error};
 use memattn_cli::memory::AnalyticBytes;
 use memattn_cli::plan::{
-    best_change, bytes_label, changes, largest_batch, layer_attention, longest_context, terms, Model, StoreType, Terms,
-    Workload,
+    best_change, bytes_label, changes, check_layers, largest_batch, layer_attention, longest_context, terms, Model,
+    StoreType, Terms, Workload,
 };
 use memattn_cli::problem::KernelKind;
 use memattn_cli::report::{human_bytes, table};
 use memattn_cli::runner::RunSpec;
+
+/// Largest `--config` read (a Hugging Face config is a few KiB).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 fn usage(s: impl Into<String>) -> Error {
     Error::Usage(s.into())
@@ -24,8 +27,9 @@ fn usage(s: impl Into<String>) -> Error {
 pub fn model(a: &PlanArgs) -> Result<(Model, String), Error> {
     let (mut m, origin) = match &a.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| usage(format!("cannot read config {}: {e}", path.display())))?;
+            let bytes = memattn_cli::files::read_regular(path, MAX_CONFIG_BYTES, "config")?;
+            let text = String::from_utf8(bytes)
+                .map_err(|e| usage(format!("cannot read config {}: not UTF-8 text: {e}", path.display())))?;
             let origin = path.display().to_string();
             (Model::from_config(&text, &origin).map_err(usage)?, origin)
         }
@@ -33,6 +37,7 @@ pub fn model(a: &PlanArgs) -> Result<(Model, String), Error> {
             let need =
                 |v: Option<u32>, flag: &str| v.ok_or_else(|| usage(format!("{flag} is needed (or --config FILE)")));
             let layers = need(a.layers, "--layers")?;
+            check_layers(layers).map_err(|e| usage(format!("--layers: {e}")))?;
             let heads = need(a.heads, "--heads")?;
             let head_dim = need(a.head_dim, "--head-dim")?;
             let given = [a.hidden.is_some(), a.intermediate.is_some(), a.vocab.is_some()];
@@ -77,6 +82,7 @@ pub fn model(a: &PlanArgs) -> Result<(Model, String), Error> {
     };
     if a.config.is_some() {
         if let Some(l) = a.layers {
+            check_layers(l).map_err(|e| usage(format!("--layers: {e}")))?;
             let old = m.windows.clone();
             m.windows = (0..l as usize).map(|i| if old.is_empty() { None } else { old[i % old.len()] }).collect();
             m.layers = l;
