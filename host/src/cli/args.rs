@@ -443,6 +443,8 @@ pub struct TraceArgs {
     pub op: Option<String>,
     #[command(flatten)]
     pub problem: ProblemArgs,
+    #[command(flatten)]
+    pub own: super::trace::EntryArgs,
 }
 
 #[derive(Debug, Args)]
