@@ -7,27 +7,85 @@ use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
 use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
 use ptx_vm::{Module, Vm, VmError};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// German diagnostics: `--lang de`, or `LC_ALL`/`LANG` starting with `de` (English otherwise).
+static GERMAN: AtomicBool = AtomicBool::new(false);
+
+fn german() -> bool {
+    GERMAN.load(Ordering::Relaxed)
+}
+
+/// The language of the messages: `--lang en|de` wins over `LC_ALL`, which wins over `LANG`.
+fn choose_language(flag: Option<&str>) -> Result<bool, String> {
+    match flag {
+        Some("de") => Ok(true),
+        Some("en") => Ok(false),
+        Some(other) => Err(format!("--lang {other}: the lessons speak `en` and `de`")),
+        None => {
+            let env = ["LC_ALL", "LANG"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
+            Ok(env.is_some_and(|l| l.starts_with("de")))
+        }
+    }
+}
+
+/// `tr!("English {}", "Deutsch {}", args...)`: the message in the chosen language.
+macro_rules! tr {
+    ($en:literal, $de:literal $($rest:tt)*) => {
+        if german() { format!($de $($rest)*) } else { format!($en $($rest)*) }
+    };
+}
 
 pub const USAGE: &str = "\
 usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solution.rs), run and check it
        cargo xtask lesson list             the lessons
        cargo xtask lesson check            CI: every solution passes, every unmodified skeleton fails helpfully
+       cargo xtask lesson new NAME         a scratch kernel of your own in lessons/scratch/NAME/
+       cargo xtask lesson build NAME       build it to target/lessons/NAME.ptx and print how to launch and trace it
+
+--lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`)
 
 exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
 
 struct Lesson {
     dir: &'static str,
     title: &'static str,
+    titel: &'static str,
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
 const LESSONS: [Lesson; 5] = [
-    Lesson { dir: "01-scale", title: "a scaled copy: one thread per element, the bounds guard", check: lesson1 },
-    Lesson { dir: "02-warp-softmax", title: "row softmax with warp shuffles", check: lesson2 },
-    Lesson { dir: "03-tiled-qk", title: "scores Q Kᵀ with tiles in shared memory and barriers", check: lesson3 },
-    Lesson { dir: "04-online-softmax", title: "the online-softmax update, masked rows included", check: lesson4 },
-    Lesson { dir: "05-flash-forward", title: "a complete f32 flash-attention forward", check: lesson5 },
+    Lesson {
+        dir: "01-scale",
+        title: "a scaled copy: one thread per element, the bounds guard",
+        titel: "eine skalierte Kopie: ein Thread pro Element, die Bereichsprüfung",
+        check: lesson1,
+    },
+    Lesson {
+        dir: "02-warp-softmax",
+        title: "row softmax with warp shuffles",
+        titel: "Zeilen-Softmax mit Warp-Shuffles",
+        check: lesson2,
+    },
+    Lesson {
+        dir: "03-tiled-qk",
+        title: "scores Q Kᵀ with tiles in shared memory and barriers",
+        titel: "Scores Q Kᵀ mit Kacheln im Shared Memory und Barrieren",
+        check: lesson3,
+    },
+    Lesson {
+        dir: "04-online-softmax",
+        title: "the online-softmax update, masked rows included",
+        titel: "das Online-Softmax-Update, maskierte Zeilen eingeschlossen",
+        check: lesson4,
+    },
+    Lesson {
+        dir: "05-flash-forward",
+        title: "a complete f32 flash-attention forward",
+        titel: "ein vollständiger f32-Flash-Attention-Forward",
+        check: lesson5,
+    },
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +113,28 @@ impl Out {
 }
 
 pub fn main(args: &[String]) -> i32 {
+    let mut args: Vec<String> = args.to_vec();
+    let mut lang = None;
+    if let Some(i) = args.iter().position(|a| a == "--lang" || a.starts_with("--lang=")) {
+        let v =
+            if let Some(v) = args[i].strip_prefix("--lang=") { Some(v.to_string()) } else { args.get(i + 1).cloned() };
+        let n = if args[i].contains('=') { 1 } else { 2 };
+        args.drain(i..(i + n).min(args.len()));
+        match v {
+            Some(v) => lang = Some(v),
+            None => {
+                eprintln!("error: --lang needs `en` or `de`\n\n{USAGE}");
+                return 2;
+            }
+        }
+    }
+    match choose_language(lang.as_deref()) {
+        Ok(g) => GERMAN.store(g, Ordering::Relaxed),
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            return 2;
+        }
+    }
     let solution = args.iter().any(|a| a == "--solution");
     let rest: Vec<&String> = args.iter().filter(|a| *a != "--solution").collect();
     match rest.as_slice() {
@@ -65,6 +145,12 @@ pub fn main(args: &[String]) -> i32 {
             0
         }
         [cmd] if cmd.as_str() == "check" && !solution => check_all(),
+        [cmd] if cmd.as_str() == "new" || cmd.as_str() == "build" => {
+            eprintln!("error: `lesson {cmd}` needs the scratch kernel's NAME, e.g. `cargo xtask lesson {cmd} my_scale`\n\n{USAGE}");
+            2
+        }
+        [cmd, name] if cmd.as_str() == "new" && !solution => crate::scratch::new(name),
+        [cmd, name] if cmd.as_str() == "build" && !solution => crate::scratch::build(name),
         [n] => match n.parse::<usize>() {
             Ok(n) if (1..=LESSONS.len()).contains(&n) => {
                 let mut out = Out::default();
@@ -86,31 +172,46 @@ pub fn main(args: &[String]) -> i32 {
 fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32) {
     let l = &LESSONS[n - 1];
     let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
-    out.say(format!("lesson {n}: {} ({file})", l.title));
+    out.say(tr!("lesson {}: {} ({})", "Lektion {}: {} ({})", n, if german() { l.titel } else { l.title }, file));
     let module = match build(n, solution, out) {
         Ok(m) => m,
         Err(e) => {
-            out.say(format!("error: {e}"));
-            out.say("result: NOT PASSED - the kernel did not build (exit 3)");
+            out.say(tr!("error: {}", "Fehler: {}", e));
+            out.say(tr!(
+                "result: NOT PASSED - the kernel did not build (exit 3)",
+                "Ergebnis: NICHT BESTANDEN - der Kernel lässt sich nicht bauen (Exit 3)"
+            ));
             return (None, 3);
         }
     };
     let v = (l.check)(&module, out);
     let code = match v {
         Verdict::Pass => {
-            out.say(format!(
+            let next = if n < LESSONS.len() {
+                tr!("; next: cargo xtask lesson {}", "; weiter: cargo xtask lesson {}", n + 1)
+            } else {
+                String::new()
+            };
+            out.say(tr!(
                 "result: PASSED - every case matches the f64 reference{}",
-                if n < LESSONS.len() { format!("; next: cargo xtask lesson {}", n + 1) } else { String::new() }
+                "Ergebnis: BESTANDEN - jeder Fall stimmt mit der f64-Referenz überein{}",
+                next
             ));
             0
         }
         Verdict::Wrong => {
-            out.say(format!("result: NOT PASSED - wrong result (exit 1); edit {file} and run the lesson again"));
+            out.say(tr!(
+                "result: NOT PASSED - wrong result (exit 1); edit {} and run the lesson again",
+                "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1); ändere {} und starte die Lektion erneut",
+                file
+            ));
             1
         }
         Verdict::Finding => {
-            out.say(format!(
-                "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {file} and run the lesson again"
+            out.say(tr!(
+                "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {} and run the lesson again",
+                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändere {} und starte die Lektion erneut",
+                file
             ));
             3
         }
@@ -125,18 +226,29 @@ fn ptx_path(n: usize, solution: bool) -> PathBuf {
 
 /// Compiles the lesson to PTX with the kernel toolchain and loads it.
 fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
-    toolchain::ensure()?;
+    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
     let ptx_path = ptx_path(n, solution);
+    let t0 = Instant::now();
+    let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
+    out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
+    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+}
+
+/// The lessons' recipe: one kernel crate (`select`: cargo's `-p`/`--manifest-path` and features)
+/// compiled with the kernel toolchain for nvptx64 to `ptx_path`, with line tables only; returns
+/// the PTX text. A kernel that can panic (an `.extern .func` in the PTX) is an error that says why.
+pub(crate) fn compile(select: &[&str], ptx_path: &std::path::Path) -> Result<String, String> {
+    toolchain::ensure()?;
     if let Some(dir) = ptx_path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
-    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
-    let t0 = Instant::now();
     let status = toolchain::command("cargo")
         .current_dir(paths::root())
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
-        .args(["rustc", "--quiet", "-p", "memattn-lessons", "--profile", "ptx", "--crate-type", "staticlib"])
-        .args(["--target", TARGET, "-Zbuild-std=core", "--features", &features, "--target-dir"])
+        .args(["rustc", "--quiet"])
+        .args(select)
+        .args(["--profile", "ptx", "--crate-type", "staticlib"])
+        .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
         .arg(paths::ptx_target_dir())
         .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
         .args(toolchain::LINE_INFO_FLAGS)
@@ -144,11 +256,11 @@ fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
-        return Err("the lesson's kernel does not compile (the compiler's message is above)".into());
+        return Err("the kernel does not compile (the compiler's message is above)".into());
     }
-    let raw = std::fs::read_to_string(&ptx_path).map_err(|e| format!("no PTX at {}: {e}", ptx_path.display()))?;
+    let raw = std::fs::read_to_string(ptx_path).map_err(|e| format!("no PTX at {}: {e}", ptx_path.display()))?;
     let ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
-    std::fs::write(&ptx_path, &ptx).map_err(|e| e.to_string())?;
+    std::fs::write(ptx_path, &ptx).map_err(|e| e.to_string())?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!(
             "the PTX calls an external function ({}): something in the kernel can panic (an index out of \
@@ -157,13 +269,14 @@ fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
             line.trim()
         ));
     }
-    out.say(format!("built {} in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
-    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+    Ok(ptx)
 }
 
 /// `cargo xtask lesson check`: every solution passes; every skeleton, as committed, fails with a
 /// message that says what to do.
 fn check_all() -> i32 {
+    // CI reads the English report ("never written", "what to look at").
+    GERMAN.store(false, Ordering::Relaxed);
     let t0 = Instant::now();
     let mut bad = Vec::new();
     for n in 1..=LESSONS.len() {
@@ -309,36 +422,77 @@ fn compare(got: &[f32], want: &[f64], cols: usize, tol: f64) -> Diff {
     d
 }
 
+/// A row unit in German: "element" -> "Element", "row" -> "Zeile" (the English text keeps `unit`).
+fn unit_de(unit: &str) -> &str {
+    match (german(), unit) {
+        (true, "element") => "Element",
+        (true, "row") => "Zeile",
+        _ => unit,
+    }
+}
+
+/// The plural of [`unit_de`] in German (the English text appends "s").
+fn units_de(unit: &str) -> &str {
+    match (german(), unit) {
+        (true, "element") => "Elemente",
+        (true, "row") => "Zeilen",
+        _ => unit,
+    }
+}
+
 /// Prints what is wrong with tensor `name`; `unit` names its rows ("row", "element").
 fn explain(out: &mut Out, name: &str, unit: &str, d: &Diff) {
     if d.unwritten == d.rows * d.cols {
-        out.say(format!("  {name}: never written - every {unit} still holds the poison (NaN 0x{OUTPUT_POISON:08X}) the harness filled it with"));
+        out.say(tr!(
+            "  {}: never written - every {} still holds the poison (NaN 0x{:08X}) the harness filled it with",
+            "  {}: nie geschrieben - alle {} enthalten noch das Gift (NaN 0x{:08X}), mit dem die Prüfung sie gefüllt hat",
+            name, if german() { units_de(unit) } else { unit }, OUTPUT_POISON
+        ));
         return;
     }
     if !d.unwritten_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} never written ({} of {}; they still hold the poison 0x{OUTPUT_POISON:08X})",
+        out.say(tr!(
+            "  {}: {}s {} never written ({} of {}; they still hold the poison 0x{:08X})",
+            "  {}: {} {} nie geschrieben ({} von {}; sie enthalten noch das Gift 0x{:08X})",
+            name,
+            units_de(unit),
             ranges(&d.unwritten_rows),
             d.unwritten_rows.len(),
-            d.rows
+            d.rows,
+            OUTPUT_POISON
         ));
     }
     if !d.nan_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} contain NaN or infinity where the reference is finite",
+        out.say(tr!(
+            "  {}: {}s {} contain NaN or infinity where the reference is finite",
+            "  {}: {} {} enthalten NaN oder unendlich, wo die Referenz endlich ist",
+            name,
+            units_de(unit),
             ranges(&d.nan_rows)
         ));
     }
     if !d.wrong_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} have wrong values ({} of {})",
+        out.say(tr!(
+            "  {}: {}s {} have wrong values ({} of {})",
+            "  {}: {} {} haben falsche Werte ({} von {})",
+            name,
+            units_de(unit),
             ranges(&d.wrong_rows),
             d.wrong_rows.len(),
             d.rows
         ));
     }
     if let Some((r, c, g, w)) = d.first {
-        out.say(format!("  {name}: first wrong value at {unit} {r}, column {c}: got {g}, expected {w:.7}"));
+        out.say(tr!(
+            "  {}: first wrong value at {} {}, column {}: got {}, expected {:.7}",
+            "  {}: erster falscher Wert bei {} {}, Spalte {}: erhalten {}, erwartet {:.7}",
+            name,
+            unit_de(unit),
+            r,
+            c,
+            g,
+            w
+        ));
     }
 }
 
@@ -369,18 +523,19 @@ fn launch(
                 out.say(format!("    where    {n}"));
             }
             let hint = match f.kind.as_str() {
-                k if k.starts_with("out-of-bounds") => format!(
+                k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
-                    f.buffer.as_deref().unwrap_or("the buffer")
+                    "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfe den Index (`if i < n`)",
+                    f.buffer.as_deref().unwrap_or(if german() { "dem Puffer" } else { "the buffer" })
                 ),
-                "shared memory race" => "two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one".into(),
-                "uninitialized shared memory read" => "a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing".into(),
-                "barrier divergence" | "deadlock" => "not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier".into(),
-                "warp collective divergence" => "a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)".into(),
-                k if k.contains("budget") => "the kernel did not finish: a loop whose counter never reaches its end?".into(),
-                _ => "see the PTX line and the Rust line above".into(),
+                "shared memory race" => tr!("two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one", "zwei Warps haben dasselbe Shared-Memory-Wort ohne Barriere dazwischen benutzt: ein `sync_threads()` fehlt zwischen dem Schreiben einer Kachel und dem Lesen, oder zwischen dem Lesen und dem Überschreiben mit der nächsten"),
+                "uninitialized shared memory read" => tr!("a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing", "ein Lesen von Shared Memory, das noch kein Thread geschrieben hat: die Kachel wird gelesen, bevor sie geladen ist, oder ein `sync_threads()` nach dem Laden fehlt"),
+                "barrier divergence" | "deadlock" => tr!("not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier", "nicht jeder Thread des Blocks hat dasselbe `sync_threads()` erreicht: Threads hinter dem Rand der Daten dürfen vor einer Barriere nicht `return`en"),
+                "warp collective divergence" => tr!("a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)", "ein Shuffle lief, während Lanes des Warps fehlten: alle 32 Lanes müssen `shfl_xor` gemeinsam ausführen (pro Warp zurückkehren, nicht pro Thread)"),
+                k if k.contains("budget") => tr!("the kernel did not finish: a loop whose counter never reaches its end?", "der Kernel ist nicht fertig geworden: eine Schleife, deren Zähler ihr Ende nie erreicht?"),
+                _ => tr!("see the PTX line and the Rust line above", "siehe die PTX-Zeile und die Rust-Zeile oben"),
             };
-            out.say(format!("  what to look at: {hint}"));
+            out.say(tr!("  what to look at: {}", "  worauf du achten solltest: {}", hint));
             Err(Verdict::Finding)
         }
         Err(e) => {
@@ -420,9 +575,13 @@ fn result(
         }
     }
     let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
-    out.say(format!(
+    out.say(tr!(
         "  what to look at: {}",
-        h.unwrap_or_else(|| "compare your steps with the description at the top of the kernel file".into())
+        "  worauf du achten solltest: {}",
+        h.unwrap_or_else(|| tr!(
+            "compare your steps with the description at the top of the kernel file",
+            "vergleiche deine Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
+        ))
     ));
     Err(Verdict::Wrong)
 }
@@ -444,9 +603,12 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
             for (case, (n, grid)) in [(1000u32, 4u32), (256, 1)].into_iter().enumerate() {
-                out.say(format!(
-                    "case {}: n = {n}, {grid} block(s) of 256 threads ({} threads past the end)",
+                out.say(tr!(
+                    "case {}: n = {}, {} block(s) of 256 threads ({} threads past the end)",
+                    "Fall {}: n = {}, {} Block/Blöcke mit 256 Threads ({} Threads hinter dem Ende)",
                     case + 1,
+                    n,
+                    grid,
                     grid * 256 - n
                 ));
                 let mut l = vm_launcher(m);
@@ -467,13 +629,25 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
                 let d = compare(&setup(l.read_f32("y")), &want, 1, 1e-6);
                 result(out, &[("y", "element", &d)], |_, d| {
                     Some(if all_unwritten(d) {
-                        "step 3 - the kernel does not store into y yet".into()
+                        tr!(
+                            "step 3 - the kernel does not store into y yet",
+                            "Schritt 3 - der Kernel speichert noch nichts in y"
+                        )
                     } else if !d.unwritten_rows.is_empty() && d.unwritten_rows[0] >= 256 {
-                        "only the first block's elements were written: the index must include the block, `i = ctaid_x() * ntid_x() + tid_x()` (step 1)".into()
+                        tr!(
+                            "only the first block's elements were written: the index must include the block, `i = ctaid_x() * ntid_x() + tid_x()` (step 1)",
+                            "nur die Elemente des ersten Blocks wurden geschrieben: der Index muss den Block enthalten, `i = ctaid_x() * ntid_x() + tid_x()` (Schritt 1)"
+                        )
                     } else if !d.unwritten_rows.is_empty() {
-                        "some elements were never written: does every thread store its own element y[i]?".into()
+                        tr!(
+                            "some elements were never written: does every thread store its own element y[i]?",
+                            "einige Elemente wurden nie geschrieben: speichert jeder Thread sein eigenes Element y[i]?"
+                        )
                     } else {
-                        "the stored values are wrong: y[i] must be `a * x[i]` for the same i".into()
+                        tr!(
+                            "the stored values are wrong: y[i] must be `a * x[i]` for the same i",
+                            "die gespeicherten Werte sind falsch: y[i] muss `a * x[i]` für dasselbe i sein"
+                        )
                     })
                 })?;
             }
