@@ -6,27 +6,32 @@ use crate::paths;
 use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
 use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
 use ptx_vm::{Module, Vm, VmError};
+use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// German diagnostics: `--lang de`, or `LC_ALL`/`LANG` starting with `de` (English otherwise).
-static GERMAN: AtomicBool = AtomicBool::new(false);
-
-fn german() -> bool {
-    GERMAN.load(Ordering::Relaxed)
+thread_local! {
+    /// German diagnostics on this thread: `--lang de`, or `LC_ALL`/`LANG` starting with `de`
+    /// (English otherwise). Per thread, so tests in parallel can use either language.
+    static GERMAN: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The language of the messages: `--lang en|de` wins over `LC_ALL`, which wins over `LANG`.
-fn choose_language(flag: Option<&str>) -> Result<bool, String> {
+fn german() -> bool {
+    GERMAN.with(Cell::get)
+}
+
+fn set_german(on: bool) {
+    GERMAN.with(|g| g.set(on));
+}
+
+/// The language of the messages: `--lang en|de` wins over `LC_ALL`, which wins over `LANG`
+/// (as for gettext; an empty variable counts as unset).
+fn choose_language(flag: Option<&str>, lc_all: Option<&str>, lang: Option<&str>) -> Result<bool, String> {
     match flag {
         Some("de") => Ok(true),
         Some("en") => Ok(false),
         Some(other) => Err(format!("--lang {other}: the lessons speak `en` and `de`")),
-        None => {
-            let env = ["LC_ALL", "LANG"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
-            Ok(env.is_some_and(|l| l.starts_with("de")))
-        }
+        None => Ok([lc_all, lang].into_iter().flatten().find(|s| !s.is_empty()).is_some_and(|l| l.starts_with("de"))),
     }
 }
 
@@ -128,8 +133,9 @@ pub fn main(args: &[String]) -> i32 {
             }
         }
     }
-    match choose_language(lang.as_deref()) {
-        Ok(g) => GERMAN.store(g, Ordering::Relaxed),
+    let env = |v: &str| std::env::var(v).ok();
+    match choose_language(lang.as_deref(), env("LC_ALL").as_deref(), env("LANG").as_deref()) {
+        Ok(g) => set_german(g),
         Err(e) => {
             eprintln!("error: {e}\n\n{USAGE}");
             return 2;
@@ -276,7 +282,7 @@ pub(crate) fn compile(select: &[&str], ptx_path: &std::path::Path) -> Result<Str
 /// message that says what to do.
 fn check_all() -> i32 {
     // CI reads the English report ("never written", "what to look at").
-    GERMAN.store(false, Ordering::Relaxed);
+    set_german(false);
     let t0 = Instant::now();
     let mut bad = Vec::new();
     for n in 1..=LESSONS.len() {
@@ -605,10 +611,16 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
             for (case, (n, grid)) in [(1000u32, 4u32), (256, 1)].into_iter().enumerate() {
                 out.say(tr!(
                     "case {}: n = {}, {} block(s) of 256 threads ({} threads past the end)",
-                    "Fall {}: n = {}, {} Block/Blöcke mit 256 Threads ({} Threads hinter dem Ende)",
+                    "Fall {}: n = {}, {} mit 256 Threads ({} Threads hinter dem Ende)",
                     case + 1,
                     n,
-                    grid,
+                    if german() && grid == 1 {
+                        "1 Block".to_string()
+                    } else if german() {
+                        format!("{grid} Blöcke")
+                    } else {
+                        grid.to_string()
+                    },
                     grid * 256 - n
                 ));
                 let mut l = vm_launcher(m);
@@ -1046,6 +1058,41 @@ mod tests {
             eprintln!("{r}");
         }
         assert!(races.len() >= 2, "{races:?}");
+    }
+
+    #[test]
+    fn the_language_is_the_flag_then_lc_all_then_lang() {
+        assert_eq!(choose_language(None, None, Some("de_DE.UTF-8")), Ok(true));
+        assert_eq!(choose_language(None, Some("C"), Some("de_DE.UTF-8")), Ok(false));
+        assert_eq!(choose_language(None, Some(""), Some("de_AT")), Ok(true));
+        assert_eq!(choose_language(None, None, Some("en_US.UTF-8")), Ok(false));
+        assert_eq!(choose_language(None, None, None), Ok(false));
+        assert_eq!(choose_language(Some("en"), Some("de_DE"), None), Ok(false));
+        assert_eq!(choose_language(Some("de"), None, None), Ok(true));
+        assert!(choose_language(Some("fr"), None, None).unwrap_err().contains("`en` and `de`"));
+    }
+
+    /// The unsolved lesson 1 in German: the diagnosis, the hint and the result line. Needs the
+    /// kernel toolchain.
+    #[test]
+    fn lesson1_skeleton_says_what_is_wrong_in_german() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: lesson 1 is not built without the kernel toolchain: {e}");
+            return;
+        }
+        set_german(true);
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, code) = run_lesson(1, false, &mut out);
+        set_german(false);
+        assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
+        for line in [
+            "y: nie geschrieben - alle Elemente enthalten noch das Gift",
+            "worauf du achten solltest: Schritt 3 - der Kernel speichert noch nichts in y",
+            "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1)",
+        ] {
+            assert!(out.text.contains(line), "missing `{line}` in:\n{}", out.text);
+        }
+        assert!(!out.text.contains("what to look at"), "{}", out.text);
     }
 
     #[test]
