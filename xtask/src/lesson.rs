@@ -428,6 +428,32 @@ fn compare(got: &[f32], want: &[f64], cols: usize, tol: f64) -> Diff {
     d
 }
 
+/// A case's description in the chosen language.
+fn what_de(what: &str) -> &str {
+    if !german() {
+        return what;
+    }
+    match what {
+        "several blocks, 100 columns (more than one per lane)" => {
+            "mehrere Blöcke, 100 Spalten (mehr als eine pro Lane)"
+        }
+        "large scores (exp overflows without the max), the last block partly empty" => {
+            "große Scores (exp läuft ohne das Maximum über), der letzte Block teilweise leer"
+        }
+        "exactly one column per lane" => "genau eine Spalte pro Lane",
+        "no size a multiple of 16" => "keine Größe ein Vielfaches von 16",
+        "one tile" => "eine Kachel",
+        "five chunks of d, thin edge tiles" => "fünf Abschnitte von d, schmale Randkacheln",
+        "3 key tiles, the last one partial; 2 blocks" => "3 Key-Kacheln, die letzte unvollständig; 2 Blöcke",
+        "causal, bottom-right aligned" => "kausal, unten rechts ausgerichtet",
+        "causal with seq_q > seq_kv: rows 0-59 see no key (O = 0, LSE = -inf)" => {
+            "kausal mit seq_q > seq_kv: die Zeilen 0-59 sehen keinen Key (O = 0, LSE = -inf)"
+        }
+        "one block, one tile" => "ein Block, eine Kachel",
+        other => other,
+    }
+}
+
 /// A row unit in German: "element" -> "Element", "row" -> "Zeile" (the English text keeps `unit`).
 fn unit_de(unit: &str) -> &str {
     match (german(), unit) {
@@ -693,9 +719,11 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (rows, cols, scale, what)) in cases.into_iter().enumerate() {
                 let grid = rows.div_ceil(4);
-                out.say(format!(
+                out.say(tr!(
                     "case {}: rows = {rows}, cols = {cols}, inputs x {scale}, {grid} block(s) of 128 threads: {what}",
-                    case + 1
+                    "Fall {}: rows = {rows}, cols = {cols}, Eingaben x {scale}, Blöcke: {grid} zu je 128 Threads: {what}",
+                    case + 1,
+                    what = what_de(what)
                 ));
                 let mut l = vm_launcher(m);
                 let x = Rng(7 + case as u64).vec((rows * cols) as usize, scale);
@@ -714,22 +742,25 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 let d = compare(&got, &softmax_rows(&x, cols as usize), cols as usize, 1e-5);
                 result(out, &[("y", "row", &d)], |_, d| {
                     Some(if all_unwritten(d) {
-                        "step 4 - the kernel does not store into y yet".into()
+                        tr!(
+                            "step 4 - the kernel does not store into y yet",
+                            "Schritt 4 - der Kernel speichert noch nichts in y"
+                        )
                     } else if !d.nan_rows.is_empty() {
-                        "NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)".into()
+                        tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehe vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorge dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
                     } else if !d.unwritten_rows.is_empty()
                         && d.unwritten_rows.len() < d.rows
                         && d.unwritten_rows.iter().all(|&r| r >= 4)
                     {
-                        "only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`".into()
+                        tr!("only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`", "nur die Zeilen des ersten Blocks wurden geschrieben: die Zeile ist `ctaid_x() * 4 + tid_x() / 32`")
                     } else if !d.unwritten_rows.is_empty() {
-                        "columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`".into()
+                        tr!("columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
                     } else {
                         let sums: Vec<f32> = got.chunks(cols as usize).map(|r| r.iter().sum()).collect();
                         let off = sums.iter().position(|s| (s - 1.0).abs() > 1e-3);
                         match off {
-                            Some(r) => format!("row {r} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", sums[r]),
-                            None => "the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?".into(),
+                            Some(r) => tr!("row {} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", "Zeile {} summiert sich zu {} statt zu 1: die Summe muss jede Spalte enthalten und vor dem Teilen über alle 32 Lanes kombiniert werden", r, sums[r]),
+                            None => tr!("the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?", "die Zeilen summieren sich zu 1, aber die Werte sind falsch: wird überall dasselbe Maximum abgezogen, und ist exp(x) = exp2(x * LOG2E)?"),
                         }
                     })
                 })?;
@@ -752,10 +783,12 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (n, mk, d, what)) in cases.into_iter().enumerate() {
                 let grid = [mk.div_ceil(16), n.div_ceil(16), 1];
-                out.say(format!(
+                out.say(tr!(
                     "case {}: n = {n}, m = {mk}, d = {d}, grid {:?} of 16 x 16 threads: {what}",
+                    "Fall {}: n = {n}, m = {mk}, d = {d}, Grid {:?} aus 16 x 16 Threads: {what}",
                     case + 1,
-                    &grid[..2]
+                    &grid[..2],
+                    what = what_de(what)
                 ));
                 let mut l = vm_launcher(m);
                 let mut rng = Rng(11 + case as u64);
@@ -793,16 +826,19 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                 let diff = compare(&setup(l.read_f32("S")), &want, mk, 1e-5);
                 result(out, &[("S", "row", &diff)], |_, x| {
                     Some(if all_unwritten(x) {
-                        "the kernel does not store into S yet (the last step)".into()
+                        tr!(
+                            "the kernel does not store into S yet (the last step)",
+                            "der Kernel speichert noch nichts in S (der letzte Schritt)"
+                        )
                     } else if !x.unwritten_rows.is_empty() {
-                        "some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`".into()
+                        tr!("some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`", "einige Zeilen oder Spalten von S wurden nie geschrieben: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), und das Speichern braucht nur `i < n && j < m`")
                     } else if x
                         .first
                         .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
                     {
-                        "every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)".into()
+                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfe das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
                     } else {
-                        "the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions".into()
+                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: lade Nullen hinter n, m und d (Schritt 1) und summiere über jeden Abschnitt von 16 Dimensionen")
                     })
                 })?;
             }
@@ -818,7 +854,12 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
             let (rows, n) = (70usize, 50usize);
-            out.say(format!("case 1: rows = {rows}, n = {n}, 2 blocks of 64 threads; rows 3 and 40 fully masked (-inf), row 10 masked for its first 20 keys, row 11 with scores x 30"));
+            out.say(tr!(
+                "case 1: rows = {}, n = {}, 2 blocks of 64 threads; rows 3 and 40 fully masked (-inf), row 10 masked for its first 20 keys, row 11 with scores x 30",
+                "Fall 1: rows = {}, n = {}, 2 Blöcke mit 64 Threads; Zeilen 3 und 40 vollständig maskiert (-inf), Zeile 10 für ihre ersten 20 Keys maskiert, Zeile 11 mit Scores x 30",
+                rows,
+                n
+            ));
             let mut rng = Rng(5);
             let mut s = rng.vec(rows * n, 3.0);
             for j in 0..n {
@@ -872,15 +913,22 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
             result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                 let masked = |rows: &[usize]| rows.iter().any(|r| *r == 3 || *r == 40);
                 Some(if all_unwritten(d) {
-                    format!("the kernel does not store into {name} yet (the final step)")
+                    tr!(
+                        "the kernel does not store into {} yet (the final step)",
+                        "der Kernel speichert noch nichts in {} (der letzte Schritt)",
+                        name
+                    )
                 } else if masked(&d.nan_rows) || masked(&d.wrong_rows) {
-                    "the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf".into()
+                    tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nimm 0 als Basis (Schritt 1), und wenn l 0 ist, speichere O = 0 und LSE = -inf")
                 } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
-                    "row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN".into()
+                    tr!("row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN", "Zeile 10 beginnt mit 20 maskierten Keys: die Basis muss 0 sein, solange nichts gesehen wurde, sonst ist 2^(-inf - -inf) NaN")
                 } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
-                    "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2".into()
+                    tr!(
+                        "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2",
+                        "LSE ist der natürliche Logarithmus: ln 2 * (m + log2 l), mit m zur Basis 2"
+                    )
                 } else {
-                    "wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)".into()
+                    tr!("wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)", "falsche Zeilen: wenn das Maximum wächst, müssen l und acc mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)")
                 })
             })
         },
@@ -933,9 +981,11 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (sq, skv, causal, what)) in cases.into_iter().enumerate() {
                 let grid = sq.div_ceil(L5_THREADS) as u32;
-                out.say(format!(
+                out.say(tr!(
                     "case {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, {grid} block(s) of {L5_THREADS} threads: {what}",
-                    case + 1
+                    "Fall {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, Blöcke: {grid} zu je {L5_THREADS} Threads: {what}",
+                    case + 1,
+                    what = what_de(what)
                 ));
                 let mut rng = Rng(21 + case as u64);
                 let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
@@ -970,20 +1020,25 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 let blind = sq.saturating_sub(skv); // rows that see no key when causal
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                     Some(if all_unwritten(d) {
-                        format!("the kernel does not store into {name} yet (step 3)")
+                        tr!(
+                            "the kernel does not store into {} yet (step 3)",
+                            "der Kernel speichert noch nichts in {} (Schritt 3)",
+                            name
+                        )
                     } else if !d.unwritten_rows.is_empty() {
-                        format!("rows of the second block were never written: the row is `ctaid_x() * {L5_THREADS} + tid_x()`")
+                        tr!("rows of the second block were never written: the row is `ctaid_x() * {} + tid_x()`", "Zeilen des zweiten Blocks wurden nie geschrieben: die Zeile ist `ctaid_x() * {} + tid_x()`", L5_THREADS)
                     } else if causal && blind > 0 && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < blind)) {
-                        format!(
+                        tr!(
                             "rows 0-{} see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf",
+                            "die Zeilen 0-{} sehen keinen Key: O = 0 und LSE = -inf, mit Basis 0, solange das Maximum -inf ist",
                             blind - 1
                         )
                     } else if causal {
-                        "the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)".into()
+                        tr!("the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)", "die kausale Maske: Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q (unten rechts ausgerichtet)")
                     } else if d.wrong_rows.len() == d.rows {
-                        "every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows".into()
+                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skaliere die Scores einmal mit scale * LOG2E und nimm exp2; skaliere l und acc mit alpha um, wenn das Maximum wächst")
                     } else {
-                        "some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0".into()
+                        tr!("some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0", "einige Zeilen sind falsch: Keys hinter seq_kv in der letzten Kachel müssen den Score -inf bekommen, nicht 0")
                     })
                 })?;
             }
