@@ -146,7 +146,7 @@ pub fn main(args: &[String]) -> i32 {
     match rest.as_slice() {
         [cmd] if cmd.as_str() == "list" => {
             for (i, l) in LESSONS.iter().enumerate() {
-                println!("{}  lessons/{}/kernel.rs  {}", i + 1, l.dir, l.title);
+                println!("{}  lessons/{}/kernel.rs  {}", i + 1, l.dir, if german() { l.titel } else { l.title });
             }
             0
         }
@@ -208,7 +208,7 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
         Verdict::Wrong => {
             out.say(tr!(
                 "result: NOT PASSED - wrong result (exit 1); edit {} and run the lesson again",
-                "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1); ändere {} und starte die Lektion erneut",
+                "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1); ändern Sie {} und starten Sie die Lektion erneut",
                 file
             ));
             1
@@ -216,7 +216,7 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
         Verdict::Finding => {
             out.say(tr!(
                 "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {} and run the lesson again",
-                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändere {} und starte die Lektion erneut",
+                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
                 file
             ));
             3
@@ -557,7 +557,7 @@ fn launch(
             let hint = match f.kind.as_str() {
                 k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
-                    "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfe den Index (`if i < n`)",
+                    "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
                     f.buffer.as_deref().unwrap_or(if german() { "dem Puffer" } else { "the buffer" })
                 ),
                 "shared memory race" => tr!("two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one", "zwei Warps haben dasselbe Shared-Memory-Wort ohne Barriere dazwischen benutzt: ein `sync_threads()` fehlt zwischen dem Schreiben einer Kachel und dem Lesen, oder zwischen dem Lesen und dem Überschreiben mit der nächsten"),
@@ -567,7 +567,7 @@ fn launch(
                 k if k.contains("budget") => tr!("the kernel did not finish: a loop whose counter never reaches its end?", "der Kernel ist nicht fertig geworden: eine Schleife, deren Zähler ihr Ende nie erreicht?"),
                 _ => tr!("see the PTX line and the Rust line above", "siehe die PTX-Zeile und die Rust-Zeile oben"),
             };
-            out.say(tr!("  what to look at: {}", "  worauf du achten solltest: {}", hint));
+            out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
             Err(Verdict::Finding)
         }
         Err(e) => {
@@ -609,10 +609,10 @@ fn result(
     let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
     out.say(tr!(
         "  what to look at: {}",
-        "  worauf du achten solltest: {}",
+        "  worauf Sie achten sollten: {}",
         h.unwrap_or_else(|| tr!(
             "compare your steps with the description at the top of the kernel file",
-            "vergleiche deine Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
+            "vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
         ))
     ));
     Err(Verdict::Wrong)
@@ -747,7 +747,7 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                             "Schritt 4 - der Kernel speichert noch nichts in y"
                         )
                     } else if !d.nan_rows.is_empty() {
-                        tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehe vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorge dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
+                        tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehen Sie vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorgen Sie dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
                     } else if !d.unwritten_rows.is_empty()
                         && d.unwritten_rows.len() < d.rows
                         && d.unwritten_rows.iter().all(|&r| r >= 4)
@@ -836,9 +836,9 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                         .first
                         .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
                     {
-                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfe das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
+                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfen Sie das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
                     } else {
-                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: lade Nullen hinter n, m und d (Schritt 1) und summiere über jeden Abschnitt von 16 Dimensionen")
+                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: laden Sie Nullen hinter n, m und d (Schritt 1) und summieren Sie über jeden Abschnitt von 16 Dimensionen")
                     })
                 })?;
             }
@@ -919,7 +919,7 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
                         name
                     )
                 } else if masked(&d.nan_rows) || masked(&d.wrong_rows) {
-                    tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nimm 0 als Basis (Schritt 1), und wenn l 0 ist, speichere O = 0 und LSE = -inf")
+                    tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nehmen Sie 0 als Basis (Schritt 1), und wenn l 0 ist, speichern Sie O = 0 und LSE = -inf")
                 } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
                     tr!("row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN", "Zeile 10 beginnt mit 20 maskierten Keys: die Basis muss 0 sein, solange nichts gesehen wurde, sonst ist 2^(-inf - -inf) NaN")
                 } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
@@ -1036,7 +1036,7 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                     } else if causal {
                         tr!("the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)", "die kausale Maske: Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q (unten rechts ausgerichtet)")
                     } else if d.wrong_rows.len() == d.rows {
-                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skaliere die Scores einmal mit scale * LOG2E und nimm exp2; skaliere l und acc mit alpha um, wenn das Maximum wächst")
+                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skalieren Sie die Scores einmal mit scale * LOG2E und nehmen Sie exp2; skalieren Sie l und acc mit alpha um, wenn das Maximum wächst")
                     } else {
                         tr!("some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0", "einige Zeilen sind falsch: Keys hinter seq_kv in der letzten Kachel müssen den Score -inf bekommen, nicht 0")
                     })
@@ -1142,7 +1142,7 @@ mod tests {
         assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
         for line in [
             "y: nie geschrieben - alle Elemente enthalten noch das Gift",
-            "worauf du achten solltest: Schritt 3 - der Kernel speichert noch nichts in y",
+            "worauf Sie achten sollten: Schritt 3 - der Kernel speichert noch nichts in y",
             "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1)",
         ] {
             assert!(out.text.contains(line), "missing `{line}` in:\n{}", out.text);
