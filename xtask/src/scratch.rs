@@ -181,8 +181,9 @@ pub fn new(name: &str) -> i32 {
         return 2;
     }
     let d = dir(name);
+    println!("scratch kernel `{name}` in {}/", paths::rel(&d));
     if d.join("kernel.rs").exists() {
-        println!("{}/ exists: left as it is", paths::rel(&d));
+        println!("  it exists already: left as it is");
     } else {
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(&d)?;
@@ -195,10 +196,7 @@ pub fn new(name: &str) -> i32 {
             eprintln!("error: cannot write {}: {e}", paths::rel(&d));
             return 3;
         }
-        println!(
-            "created {}/: Cargo.toml, kernel.rs (the entry `{name}`), launch.txt (how to launch it)",
-            paths::rel(&d)
-        );
+        println!("  created Cargo.toml, kernel.rs (the entry `{name}`) and launch.txt (how to launch it)");
     }
     println!("next:");
     println!("  cargo xtask lesson build {name}");
