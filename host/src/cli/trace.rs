@@ -20,10 +20,10 @@ pub struct EntryArgs {
     /// the traced thread), --smem, --buf and --arg. Nothing is verified: the trace is the result.
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
-    /// With --entry: grid size x[,y[,z]].
+    /// With --entry: grid size x[,y[,z]] [default: 1].
     #[arg(long, value_name = "X[,Y[,Z]]", requires = "entry")]
     pub grid: Option<String>,
-    /// With --entry: block size x[,y[,z]] (`launch --block`).
+    /// With --entry: block size x[,y[,z]] (`launch --block`) [default: 1].
     #[arg(long, value_name = "X[,Y[,Z]]", requires = "entry")]
     pub block_dim: Option<String>,
     /// With --entry: dynamic shared memory in bytes.
