@@ -232,7 +232,7 @@ fn every_command_in_the_guide_runs_as_documented() {
             Err(e) => panic!("cannot remove {}: {e}", guide_out.display()),
         }
         for c in commands(&text, &name) {
-            if (c.command.starts_with("cargo xtask lesson") || c.command.contains("target/lessons/")) && !nightly {
+            if (c.command.contains("cargo xtask lesson") || c.command.contains("target/lessons/")) && !nightly {
                 skipped += 1;
                 continue;
             }
@@ -242,6 +242,9 @@ fn every_command_in_the_guide_runs_as_documented() {
                 .current_dir(&root)
                 .env("PATH", &path)
                 .env_remove("RUSTUP_TOOLCHAIN")
+                // The guide's output is English unless a command asks for German itself.
+                .env_remove("LC_ALL")
+                .env("LANG", "C.UTF-8")
                 .output()
                 .expect("spawn bash");
             ran += 1;

@@ -13,7 +13,7 @@
         core_intrinsics
     )
 )]
-#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features, unused_features))]
 
 #[cfg(target_arch = "nvptx64")]
 pub mod gpu;

@@ -6,28 +6,91 @@ use crate::paths;
 use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
 use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
 use ptx_vm::{Module, Vm, VmError};
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::Instant;
+
+thread_local! {
+    /// German diagnostics on this thread: `--lang de`, or `LC_ALL`/`LANG` starting with `de`
+    /// (English otherwise). Per thread, so tests in parallel can use either language.
+    static GERMAN: Cell<bool> = const { Cell::new(false) };
+}
+
+fn german() -> bool {
+    GERMAN.with(Cell::get)
+}
+
+fn set_german(on: bool) {
+    GERMAN.with(|g| g.set(on));
+}
+
+/// The language of the messages: `--lang en|de` wins over `LC_ALL`, which wins over `LANG`
+/// (as for gettext; an empty variable counts as unset).
+fn choose_language(flag: Option<&str>, lc_all: Option<&str>, lang: Option<&str>) -> Result<bool, String> {
+    match flag {
+        Some("de") => Ok(true),
+        Some("en") => Ok(false),
+        Some(other) => Err(format!("--lang {other}: the lessons speak `en` and `de`")),
+        None => Ok([lc_all, lang].into_iter().flatten().find(|s| !s.is_empty()).is_some_and(|l| l.starts_with("de"))),
+    }
+}
+
+/// `tr!("English {}", "Deutsch {}", args...)`: the message in the chosen language.
+macro_rules! tr {
+    ($en:literal, $de:literal $($rest:tt)*) => {
+        if german() { format!($de $($rest)*) } else { format!($en $($rest)*) }
+    };
+}
 
 pub const USAGE: &str = "\
 usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solution.rs), run and check it
        cargo xtask lesson list             the lessons
        cargo xtask lesson check            CI: every solution passes, every unmodified skeleton fails helpfully
+       cargo xtask lesson new NAME         a scratch kernel of your own in lessons/scratch/NAME/
+       cargo xtask lesson build NAME       build it to target/lessons/NAME.ptx and print how to launch and trace it
+
+--lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`)
 
 exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
 
 struct Lesson {
     dir: &'static str,
     title: &'static str,
+    titel: &'static str,
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
 const LESSONS: [Lesson; 5] = [
-    Lesson { dir: "01-scale", title: "a scaled copy: one thread per element, the bounds guard", check: lesson1 },
-    Lesson { dir: "02-warp-softmax", title: "row softmax with warp shuffles", check: lesson2 },
-    Lesson { dir: "03-tiled-qk", title: "scores Q Kᵀ with tiles in shared memory and barriers", check: lesson3 },
-    Lesson { dir: "04-online-softmax", title: "the online-softmax update, masked rows included", check: lesson4 },
-    Lesson { dir: "05-flash-forward", title: "a complete f32 flash-attention forward", check: lesson5 },
+    Lesson {
+        dir: "01-scale",
+        title: "a scaled copy: one thread per element, the bounds guard",
+        titel: "eine skalierte Kopie: ein Thread pro Element, die Bereichsprüfung",
+        check: lesson1,
+    },
+    Lesson {
+        dir: "02-warp-softmax",
+        title: "row softmax with warp shuffles",
+        titel: "Zeilen-Softmax mit Warp-Shuffles",
+        check: lesson2,
+    },
+    Lesson {
+        dir: "03-tiled-qk",
+        title: "scores Q Kᵀ with tiles in shared memory and barriers",
+        titel: "Scores Q Kᵀ mit Kacheln im Shared Memory und Barrieren",
+        check: lesson3,
+    },
+    Lesson {
+        dir: "04-online-softmax",
+        title: "the online-softmax update, masked rows included",
+        titel: "das Online-Softmax-Update, maskierte Zeilen eingeschlossen",
+        check: lesson4,
+    },
+    Lesson {
+        dir: "05-flash-forward",
+        title: "a complete f32 flash-attention forward",
+        titel: "ein vollständiger f32-Flash-Attention-Forward",
+        check: lesson5,
+    },
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,16 +118,45 @@ impl Out {
 }
 
 pub fn main(args: &[String]) -> i32 {
+    let mut args: Vec<String> = args.to_vec();
+    let mut lang = None;
+    if let Some(i) = args.iter().position(|a| a == "--lang" || a.starts_with("--lang=")) {
+        let v =
+            if let Some(v) = args[i].strip_prefix("--lang=") { Some(v.to_string()) } else { args.get(i + 1).cloned() };
+        let n = if args[i].contains('=') { 1 } else { 2 };
+        args.drain(i..(i + n).min(args.len()));
+        match v {
+            Some(v) => lang = Some(v),
+            None => {
+                eprintln!("error: --lang needs `en` or `de`\n\n{USAGE}");
+                return 2;
+            }
+        }
+    }
+    let env = |v: &str| std::env::var(v).ok();
+    match choose_language(lang.as_deref(), env("LC_ALL").as_deref(), env("LANG").as_deref()) {
+        Ok(g) => set_german(g),
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            return 2;
+        }
+    }
     let solution = args.iter().any(|a| a == "--solution");
     let rest: Vec<&String> = args.iter().filter(|a| *a != "--solution").collect();
     match rest.as_slice() {
         [cmd] if cmd.as_str() == "list" => {
             for (i, l) in LESSONS.iter().enumerate() {
-                println!("{}  lessons/{}/kernel.rs  {}", i + 1, l.dir, l.title);
+                println!("{}  lessons/{}/kernel.rs  {}", i + 1, l.dir, if german() { l.titel } else { l.title });
             }
             0
         }
         [cmd] if cmd.as_str() == "check" && !solution => check_all(),
+        [cmd] if cmd.as_str() == "new" || cmd.as_str() == "build" => {
+            eprintln!("error: `lesson {cmd}` needs the scratch kernel's NAME, e.g. `cargo xtask lesson {cmd} my_scale`\n\n{USAGE}");
+            2
+        }
+        [cmd, name] if cmd.as_str() == "new" && !solution => crate::scratch::new(name),
+        [cmd, name] if cmd.as_str() == "build" && !solution => crate::scratch::build(name),
         [n] => match n.parse::<usize>() {
             Ok(n) if (1..=LESSONS.len()).contains(&n) => {
                 let mut out = Out::default();
@@ -86,31 +178,46 @@ pub fn main(args: &[String]) -> i32 {
 fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32) {
     let l = &LESSONS[n - 1];
     let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
-    out.say(format!("lesson {n}: {} ({file})", l.title));
+    out.say(tr!("lesson {}: {} ({})", "Lektion {}: {} ({})", n, if german() { l.titel } else { l.title }, file));
     let module = match build(n, solution, out) {
         Ok(m) => m,
         Err(e) => {
-            out.say(format!("error: {e}"));
-            out.say("result: NOT PASSED - the kernel did not build (exit 3)");
+            out.say(tr!("error: {}", "Fehler: {}", e));
+            out.say(tr!(
+                "result: NOT PASSED - the kernel did not build (exit 3)",
+                "Ergebnis: NICHT BESTANDEN - der Kernel lässt sich nicht bauen (Exit 3)"
+            ));
             return (None, 3);
         }
     };
     let v = (l.check)(&module, out);
     let code = match v {
         Verdict::Pass => {
-            out.say(format!(
+            let next = if n < LESSONS.len() {
+                tr!("; next: cargo xtask lesson {}", "; weiter: cargo xtask lesson {}", n + 1)
+            } else {
+                String::new()
+            };
+            out.say(tr!(
                 "result: PASSED - every case matches the f64 reference{}",
-                if n < LESSONS.len() { format!("; next: cargo xtask lesson {}", n + 1) } else { String::new() }
+                "Ergebnis: BESTANDEN - jeder Fall stimmt mit der f64-Referenz überein{}",
+                next
             ));
             0
         }
         Verdict::Wrong => {
-            out.say(format!("result: NOT PASSED - wrong result (exit 1); edit {file} and run the lesson again"));
+            out.say(tr!(
+                "result: NOT PASSED - wrong result (exit 1); edit {} and run the lesson again",
+                "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1); ändern Sie {} und starten Sie die Lektion erneut",
+                file
+            ));
             1
         }
         Verdict::Finding => {
-            out.say(format!(
-                "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {file} and run the lesson again"
+            out.say(tr!(
+                "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {} and run the lesson again",
+                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
+                file
             ));
             3
         }
@@ -125,18 +232,29 @@ fn ptx_path(n: usize, solution: bool) -> PathBuf {
 
 /// Compiles the lesson to PTX with the kernel toolchain and loads it.
 fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
-    toolchain::ensure()?;
+    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
     let ptx_path = ptx_path(n, solution);
+    let t0 = Instant::now();
+    let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
+    out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
+    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+}
+
+/// The lessons' recipe: one kernel crate (`select`: cargo's `-p`/`--manifest-path` and features)
+/// compiled with the kernel toolchain for nvptx64 to `ptx_path`, with line tables only; returns
+/// the PTX text. A kernel that can panic (an `.extern .func` in the PTX) is an error that says why.
+pub(crate) fn compile(select: &[&str], ptx_path: &std::path::Path) -> Result<String, String> {
+    toolchain::ensure()?;
     if let Some(dir) = ptx_path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
-    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
-    let t0 = Instant::now();
     let status = toolchain::command("cargo")
         .current_dir(paths::root())
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
-        .args(["rustc", "--quiet", "-p", "memattn-lessons", "--profile", "ptx", "--crate-type", "staticlib"])
-        .args(["--target", TARGET, "-Zbuild-std=core", "--features", &features, "--target-dir"])
+        .args(["rustc", "--quiet"])
+        .args(select)
+        .args(["--profile", "ptx", "--crate-type", "staticlib"])
+        .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
         .arg(paths::ptx_target_dir())
         .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
         .args(toolchain::LINE_INFO_FLAGS)
@@ -144,11 +262,11 @@ fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
-        return Err("the lesson's kernel does not compile (the compiler's message is above)".into());
+        return Err("the kernel does not compile (the compiler's message is above)".into());
     }
-    let raw = std::fs::read_to_string(&ptx_path).map_err(|e| format!("no PTX at {}: {e}", ptx_path.display()))?;
+    let raw = std::fs::read_to_string(ptx_path).map_err(|e| format!("no PTX at {}: {e}", ptx_path.display()))?;
     let ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
-    std::fs::write(&ptx_path, &ptx).map_err(|e| e.to_string())?;
+    std::fs::write(ptx_path, &ptx).map_err(|e| e.to_string())?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!(
             "the PTX calls an external function ({}): something in the kernel can panic (an index out of \
@@ -157,13 +275,14 @@ fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
             line.trim()
         ));
     }
-    out.say(format!("built {} in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
-    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+    Ok(ptx)
 }
 
 /// `cargo xtask lesson check`: every solution passes; every skeleton, as committed, fails with a
 /// message that says what to do.
 fn check_all() -> i32 {
+    // CI reads the English report ("never written", "what to look at").
+    set_german(false);
     let t0 = Instant::now();
     let mut bad = Vec::new();
     for n in 1..=LESSONS.len() {
@@ -309,36 +428,103 @@ fn compare(got: &[f32], want: &[f64], cols: usize, tol: f64) -> Diff {
     d
 }
 
+/// A case's description in the chosen language.
+fn what_de(what: &str) -> &str {
+    if !german() {
+        return what;
+    }
+    match what {
+        "several blocks, 100 columns (more than one per lane)" => {
+            "mehrere Blöcke, 100 Spalten (mehr als eine pro Lane)"
+        }
+        "large scores (exp overflows without the max), the last block partly empty" => {
+            "große Scores (exp läuft ohne das Maximum über), der letzte Block teilweise leer"
+        }
+        "exactly one column per lane" => "genau eine Spalte pro Lane",
+        "no size a multiple of 16" => "keine Größe ein Vielfaches von 16",
+        "one tile" => "eine Kachel",
+        "five chunks of d, thin edge tiles" => "fünf Abschnitte von d, schmale Randkacheln",
+        "3 key tiles, the last one partial; 2 blocks" => "3 Key-Kacheln, die letzte unvollständig; 2 Blöcke",
+        "causal, bottom-right aligned" => "kausal, unten rechts ausgerichtet",
+        "causal with seq_q > seq_kv: rows 0-59 see no key (O = 0, LSE = -inf)" => {
+            "kausal mit seq_q > seq_kv: die Zeilen 0-59 sehen keinen Key (O = 0, LSE = -inf)"
+        }
+        "one block, one tile" => "ein Block, eine Kachel",
+        other => other,
+    }
+}
+
+/// A row unit in German: "element" -> "Element", "row" -> "Zeile" (the English text keeps `unit`).
+fn unit_de(unit: &str) -> &str {
+    match (german(), unit) {
+        (true, "element") => "Element",
+        (true, "row") => "Zeile",
+        _ => unit,
+    }
+}
+
+/// The plural of [`unit_de`] in German (the English text appends "s").
+fn units_de(unit: &str) -> &str {
+    match (german(), unit) {
+        (true, "element") => "Elemente",
+        (true, "row") => "Zeilen",
+        _ => unit,
+    }
+}
+
 /// Prints what is wrong with tensor `name`; `unit` names its rows ("row", "element").
 fn explain(out: &mut Out, name: &str, unit: &str, d: &Diff) {
     if d.unwritten == d.rows * d.cols {
-        out.say(format!("  {name}: never written - every {unit} still holds the poison (NaN 0x{OUTPUT_POISON:08X}) the harness filled it with"));
+        out.say(tr!(
+            "  {}: never written - every {} still holds the poison (NaN 0x{:08X}) the harness filled it with",
+            "  {}: nie geschrieben - alle {} enthalten noch das Gift (NaN 0x{:08X}), mit dem die Prüfung sie gefüllt hat",
+            name, if german() { units_de(unit) } else { unit }, OUTPUT_POISON
+        ));
         return;
     }
     if !d.unwritten_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} never written ({} of {}; they still hold the poison 0x{OUTPUT_POISON:08X})",
+        out.say(tr!(
+            "  {}: {}s {} never written ({} of {}; they still hold the poison 0x{:08X})",
+            "  {}: {} {} nie geschrieben ({} von {}; sie enthalten noch das Gift 0x{:08X})",
+            name,
+            units_de(unit),
             ranges(&d.unwritten_rows),
             d.unwritten_rows.len(),
-            d.rows
+            d.rows,
+            OUTPUT_POISON
         ));
     }
     if !d.nan_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} contain NaN or infinity where the reference is finite",
+        out.say(tr!(
+            "  {}: {}s {} contain NaN or infinity where the reference is finite",
+            "  {}: {} {} enthalten NaN oder unendlich, wo die Referenz endlich ist",
+            name,
+            units_de(unit),
             ranges(&d.nan_rows)
         ));
     }
     if !d.wrong_rows.is_empty() {
-        out.say(format!(
-            "  {name}: {unit}s {} have wrong values ({} of {})",
+        out.say(tr!(
+            "  {}: {}s {} have wrong values ({} of {})",
+            "  {}: {} {} haben falsche Werte ({} von {})",
+            name,
+            units_de(unit),
             ranges(&d.wrong_rows),
             d.wrong_rows.len(),
             d.rows
         ));
     }
     if let Some((r, c, g, w)) = d.first {
-        out.say(format!("  {name}: first wrong value at {unit} {r}, column {c}: got {g}, expected {w:.7}"));
+        out.say(tr!(
+            "  {}: first wrong value at {} {}, column {}: got {}, expected {:.7}",
+            "  {}: erster falscher Wert bei {} {}, Spalte {}: erhalten {}, erwartet {:.7}",
+            name,
+            unit_de(unit),
+            r,
+            c,
+            g,
+            w
+        ));
     }
 }
 
@@ -369,18 +555,19 @@ fn launch(
                 out.say(format!("    where    {n}"));
             }
             let hint = match f.kind.as_str() {
-                k if k.starts_with("out-of-bounds") => format!(
+                k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
-                    f.buffer.as_deref().unwrap_or("the buffer")
+                    "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
+                    f.buffer.as_deref().unwrap_or(if german() { "dem Puffer" } else { "the buffer" })
                 ),
-                "shared memory race" => "two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one".into(),
-                "uninitialized shared memory read" => "a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing".into(),
-                "barrier divergence" | "deadlock" => "not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier".into(),
-                "warp collective divergence" => "a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)".into(),
-                k if k.contains("budget") => "the kernel did not finish: a loop whose counter never reaches its end?".into(),
-                _ => "see the PTX line and the Rust line above".into(),
+                "shared memory race" => tr!("two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one", "zwei Warps haben dasselbe Shared-Memory-Wort ohne Barriere dazwischen benutzt: ein `sync_threads()` fehlt zwischen dem Schreiben einer Kachel und dem Lesen, oder zwischen dem Lesen und dem Überschreiben mit der nächsten"),
+                "uninitialized shared memory read" => tr!("a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing", "ein Lesen von Shared Memory, das noch kein Thread geschrieben hat: die Kachel wird gelesen, bevor sie geladen ist, oder ein `sync_threads()` nach dem Laden fehlt"),
+                "barrier divergence" | "deadlock" => tr!("not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier", "nicht jeder Thread des Blocks hat dasselbe `sync_threads()` erreicht: Threads hinter dem Rand der Daten dürfen vor einer Barriere nicht `return`en"),
+                "warp collective divergence" => tr!("a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)", "ein Shuffle lief, während Lanes des Warps fehlten: alle 32 Lanes müssen `shfl_xor` gemeinsam ausführen (pro Warp zurückkehren, nicht pro Thread)"),
+                k if k.contains("budget") => tr!("the kernel did not finish: a loop whose counter never reaches its end?", "der Kernel ist nicht fertig geworden: eine Schleife, deren Zähler ihr Ende nie erreicht?"),
+                _ => tr!("see the PTX line and the Rust line above", "siehe die PTX-Zeile und die Rust-Zeile oben"),
             };
-            out.say(format!("  what to look at: {hint}"));
+            out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
             Err(Verdict::Finding)
         }
         Err(e) => {
@@ -420,9 +607,13 @@ fn result(
         }
     }
     let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
-    out.say(format!(
+    out.say(tr!(
         "  what to look at: {}",
-        h.unwrap_or_else(|| "compare your steps with the description at the top of the kernel file".into())
+        "  worauf Sie achten sollten: {}",
+        h.unwrap_or_else(|| tr!(
+            "compare your steps with the description at the top of the kernel file",
+            "vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
+        ))
     ));
     Err(Verdict::Wrong)
 }
@@ -444,9 +635,18 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
             for (case, (n, grid)) in [(1000u32, 4u32), (256, 1)].into_iter().enumerate() {
-                out.say(format!(
-                    "case {}: n = {n}, {grid} block(s) of 256 threads ({} threads past the end)",
+                out.say(tr!(
+                    "case {}: n = {}, {} block(s) of 256 threads ({} threads past the end)",
+                    "Fall {}: n = {}, {} mit 256 Threads ({} Threads hinter dem Ende)",
                     case + 1,
+                    n,
+                    if german() && grid == 1 {
+                        "1 Block".to_string()
+                    } else if german() {
+                        format!("{grid} Blöcke")
+                    } else {
+                        grid.to_string()
+                    },
                     grid * 256 - n
                 ));
                 let mut l = vm_launcher(m);
@@ -467,13 +667,25 @@ fn lesson1(m: &Module, out: &mut Out) -> Verdict {
                 let d = compare(&setup(l.read_f32("y")), &want, 1, 1e-6);
                 result(out, &[("y", "element", &d)], |_, d| {
                     Some(if all_unwritten(d) {
-                        "step 3 - the kernel does not store into y yet".into()
+                        tr!(
+                            "step 3 - the kernel does not store into y yet",
+                            "Schritt 3 - der Kernel speichert noch nichts in y"
+                        )
                     } else if !d.unwritten_rows.is_empty() && d.unwritten_rows[0] >= 256 {
-                        "only the first block's elements were written: the index must include the block, `i = ctaid_x() * ntid_x() + tid_x()` (step 1)".into()
+                        tr!(
+                            "only the first block's elements were written: the index must include the block, `i = ctaid_x() * ntid_x() + tid_x()` (step 1)",
+                            "nur die Elemente des ersten Blocks wurden geschrieben: der Index muss den Block enthalten, `i = ctaid_x() * ntid_x() + tid_x()` (Schritt 1)"
+                        )
                     } else if !d.unwritten_rows.is_empty() {
-                        "some elements were never written: does every thread store its own element y[i]?".into()
+                        tr!(
+                            "some elements were never written: does every thread store its own element y[i]?",
+                            "einige Elemente wurden nie geschrieben: speichert jeder Thread sein eigenes Element y[i]?"
+                        )
                     } else {
-                        "the stored values are wrong: y[i] must be `a * x[i]` for the same i".into()
+                        tr!(
+                            "the stored values are wrong: y[i] must be `a * x[i]` for the same i",
+                            "die gespeicherten Werte sind falsch: y[i] muss `a * x[i]` für dasselbe i sein"
+                        )
                     })
                 })?;
             }
@@ -507,9 +719,11 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (rows, cols, scale, what)) in cases.into_iter().enumerate() {
                 let grid = rows.div_ceil(4);
-                out.say(format!(
+                out.say(tr!(
                     "case {}: rows = {rows}, cols = {cols}, inputs x {scale}, {grid} block(s) of 128 threads: {what}",
-                    case + 1
+                    "Fall {}: rows = {rows}, cols = {cols}, Eingaben x {scale}, Blöcke: {grid} zu je 128 Threads: {what}",
+                    case + 1,
+                    what = what_de(what)
                 ));
                 let mut l = vm_launcher(m);
                 let x = Rng(7 + case as u64).vec((rows * cols) as usize, scale);
@@ -528,22 +742,25 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 let d = compare(&got, &softmax_rows(&x, cols as usize), cols as usize, 1e-5);
                 result(out, &[("y", "row", &d)], |_, d| {
                     Some(if all_unwritten(d) {
-                        "step 4 - the kernel does not store into y yet".into()
+                        tr!(
+                            "step 4 - the kernel does not store into y yet",
+                            "Schritt 4 - der Kernel speichert noch nichts in y"
+                        )
                     } else if !d.nan_rows.is_empty() {
-                        "NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)".into()
+                        tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehen Sie vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorgen Sie dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
                     } else if !d.unwritten_rows.is_empty()
                         && d.unwritten_rows.len() < d.rows
                         && d.unwritten_rows.iter().all(|&r| r >= 4)
                     {
-                        "only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`".into()
+                        tr!("only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`", "nur die Zeilen des ersten Blocks wurden geschrieben: die Zeile ist `ctaid_x() * 4 + tid_x() / 32`")
                     } else if !d.unwritten_rows.is_empty() {
-                        "columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`".into()
+                        tr!("columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
                     } else {
                         let sums: Vec<f32> = got.chunks(cols as usize).map(|r| r.iter().sum()).collect();
                         let off = sums.iter().position(|s| (s - 1.0).abs() > 1e-3);
                         match off {
-                            Some(r) => format!("row {r} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", sums[r]),
-                            None => "the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?".into(),
+                            Some(r) => tr!("row {} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", "Zeile {} summiert sich zu {} statt zu 1: die Summe muss jede Spalte enthalten und vor dem Teilen über alle 32 Lanes kombiniert werden", r, sums[r]),
+                            None => tr!("the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?", "die Zeilen summieren sich zu 1, aber die Werte sind falsch: wird überall dasselbe Maximum abgezogen, und ist exp(x) = exp2(x * LOG2E)?"),
                         }
                     })
                 })?;
@@ -566,10 +783,12 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (n, mk, d, what)) in cases.into_iter().enumerate() {
                 let grid = [mk.div_ceil(16), n.div_ceil(16), 1];
-                out.say(format!(
+                out.say(tr!(
                     "case {}: n = {n}, m = {mk}, d = {d}, grid {:?} of 16 x 16 threads: {what}",
+                    "Fall {}: n = {n}, m = {mk}, d = {d}, Grid {:?} aus 16 x 16 Threads: {what}",
                     case + 1,
-                    &grid[..2]
+                    &grid[..2],
+                    what = what_de(what)
                 ));
                 let mut l = vm_launcher(m);
                 let mut rng = Rng(11 + case as u64);
@@ -607,16 +826,19 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                 let diff = compare(&setup(l.read_f32("S")), &want, mk, 1e-5);
                 result(out, &[("S", "row", &diff)], |_, x| {
                     Some(if all_unwritten(x) {
-                        "the kernel does not store into S yet (the last step)".into()
+                        tr!(
+                            "the kernel does not store into S yet (the last step)",
+                            "der Kernel speichert noch nichts in S (der letzte Schritt)"
+                        )
                     } else if !x.unwritten_rows.is_empty() {
-                        "some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`".into()
+                        tr!("some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`", "einige Zeilen oder Spalten von S wurden nie geschrieben: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), und das Speichern braucht nur `i < n && j < m`")
                     } else if x
                         .first
                         .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
                     {
-                        "every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)".into()
+                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfen Sie das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
                     } else {
-                        "the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions".into()
+                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: laden Sie Nullen hinter n, m und d (Schritt 1) und summieren Sie über jeden Abschnitt von 16 Dimensionen")
                     })
                 })?;
             }
@@ -632,7 +854,12 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
             let (rows, n) = (70usize, 50usize);
-            out.say(format!("case 1: rows = {rows}, n = {n}, 2 blocks of 64 threads; rows 3 and 40 fully masked (-inf), row 10 masked for its first 20 keys, row 11 with scores x 30"));
+            out.say(tr!(
+                "case 1: rows = {}, n = {}, 2 blocks of 64 threads; rows 3 and 40 fully masked (-inf), row 10 masked for its first 20 keys, row 11 with scores x 30",
+                "Fall 1: rows = {}, n = {}, 2 Blöcke mit 64 Threads; Zeilen 3 und 40 vollständig maskiert (-inf), Zeile 10 für ihre ersten 20 Keys maskiert, Zeile 11 mit Scores x 30",
+                rows,
+                n
+            ));
             let mut rng = Rng(5);
             let mut s = rng.vec(rows * n, 3.0);
             for j in 0..n {
@@ -686,15 +913,22 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
             result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                 let masked = |rows: &[usize]| rows.iter().any(|r| *r == 3 || *r == 40);
                 Some(if all_unwritten(d) {
-                    format!("the kernel does not store into {name} yet (the final step)")
+                    tr!(
+                        "the kernel does not store into {} yet (the final step)",
+                        "der Kernel speichert noch nichts in {} (der letzte Schritt)",
+                        name
+                    )
                 } else if masked(&d.nan_rows) || masked(&d.wrong_rows) {
-                    "the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf".into()
+                    tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nehmen Sie 0 als Basis (Schritt 1), und wenn l 0 ist, speichern Sie O = 0 und LSE = -inf")
                 } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
-                    "row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN".into()
+                    tr!("row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN", "Zeile 10 beginnt mit 20 maskierten Keys: die Basis muss 0 sein, solange nichts gesehen wurde, sonst ist 2^(-inf - -inf) NaN")
                 } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
-                    "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2".into()
+                    tr!(
+                        "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2",
+                        "LSE ist der natürliche Logarithmus: ln 2 * (m + log2 l), mit m zur Basis 2"
+                    )
                 } else {
-                    "wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)".into()
+                    tr!("wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)", "falsche Zeilen: wenn das Maximum wächst, müssen l und acc mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)")
                 })
             })
         },
@@ -747,9 +981,11 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
             ];
             for (case, (sq, skv, causal, what)) in cases.into_iter().enumerate() {
                 let grid = sq.div_ceil(L5_THREADS) as u32;
-                out.say(format!(
+                out.say(tr!(
                     "case {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, {grid} block(s) of {L5_THREADS} threads: {what}",
-                    case + 1
+                    "Fall {}: seq_q = {sq}, seq_kv = {skv}, causal = {causal}, Blöcke: {grid} zu je {L5_THREADS} Threads: {what}",
+                    case + 1,
+                    what = what_de(what)
                 ));
                 let mut rng = Rng(21 + case as u64);
                 let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
@@ -784,20 +1020,25 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 let blind = sq.saturating_sub(skv); // rows that see no key when causal
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                     Some(if all_unwritten(d) {
-                        format!("the kernel does not store into {name} yet (step 3)")
+                        tr!(
+                            "the kernel does not store into {} yet (step 3)",
+                            "der Kernel speichert noch nichts in {} (Schritt 3)",
+                            name
+                        )
                     } else if !d.unwritten_rows.is_empty() {
-                        format!("rows of the second block were never written: the row is `ctaid_x() * {L5_THREADS} + tid_x()`")
+                        tr!("rows of the second block were never written: the row is `ctaid_x() * {} + tid_x()`", "Zeilen des zweiten Blocks wurden nie geschrieben: die Zeile ist `ctaid_x() * {} + tid_x()`", L5_THREADS)
                     } else if causal && blind > 0 && (d.nan_rows.iter().chain(&d.wrong_rows).any(|&r| r < blind)) {
-                        format!(
+                        tr!(
                             "rows 0-{} see no key: O = 0 and LSE = -inf, with base 0 while the maximum is -inf",
+                            "die Zeilen 0-{} sehen keinen Key: O = 0 und LSE = -inf, mit Basis 0, solange das Maximum -inf ist",
                             blind - 1
                         )
                     } else if causal {
-                        "the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)".into()
+                        tr!("the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)", "die kausale Maske: Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q (unten rechts ausgerichtet)")
                     } else if d.wrong_rows.len() == d.rows {
-                        "every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows".into()
+                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skalieren Sie die Scores einmal mit scale * LOG2E und nehmen Sie exp2; skalieren Sie l und acc mit alpha um, wenn das Maximum wächst")
                     } else {
-                        "some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0".into()
+                        tr!("some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0", "einige Zeilen sind falsch: Keys hinter seq_kv in der letzten Kachel müssen den Score -inf bekommen, nicht 0")
                     })
                 })?;
             }
@@ -872,6 +1113,41 @@ mod tests {
             eprintln!("{r}");
         }
         assert!(races.len() >= 2, "{races:?}");
+    }
+
+    #[test]
+    fn the_language_is_the_flag_then_lc_all_then_lang() {
+        assert_eq!(choose_language(None, None, Some("de_DE.UTF-8")), Ok(true));
+        assert_eq!(choose_language(None, Some("C"), Some("de_DE.UTF-8")), Ok(false));
+        assert_eq!(choose_language(None, Some(""), Some("de_AT")), Ok(true));
+        assert_eq!(choose_language(None, None, Some("en_US.UTF-8")), Ok(false));
+        assert_eq!(choose_language(None, None, None), Ok(false));
+        assert_eq!(choose_language(Some("en"), Some("de_DE"), None), Ok(false));
+        assert_eq!(choose_language(Some("de"), None, None), Ok(true));
+        assert!(choose_language(Some("fr"), None, None).unwrap_err().contains("`en` and `de`"));
+    }
+
+    /// The unsolved lesson 1 in German: the diagnosis, the hint and the result line. Needs the
+    /// kernel toolchain.
+    #[test]
+    fn lesson1_skeleton_says_what_is_wrong_in_german() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: lesson 1 is not built without the kernel toolchain: {e}");
+            return;
+        }
+        set_german(true);
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, code) = run_lesson(1, false, &mut out);
+        set_german(false);
+        assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
+        for line in [
+            "y: nie geschrieben - alle Elemente enthalten noch das Gift",
+            "worauf Sie achten sollten: Schritt 3 - der Kernel speichert noch nichts in y",
+            "Ergebnis: NICHT BESTANDEN - falsches Ergebnis (Exit 1)",
+        ] {
+            assert!(out.text.contains(line), "missing `{line}` in:\n{}", out.text);
+        }
+        assert!(!out.text.contains("what to look at"), "{}", out.text);
     }
 
     #[test]

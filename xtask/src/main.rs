@@ -4,19 +4,21 @@
 //!   committed PTX (`--check`: rebuild and fail if the committed file is stale).
 //! - `ptxas [--check]`: assemble the committed PTX with ptxas for sm_80 and sm_90 and write the
 //!   committed resource report (`--check`: fail if stale, on any spill, or on any ptxas error).
-//! - `lesson N [--solution]`, `lesson check`: build a lesson's kernel, run and check it in the VM.
+//! - `lesson N [--solution]`, `lesson check`: build a lesson's kernel, run and check it in the VM;
+//!   `lesson new NAME`, `lesson build NAME`: a scratch kernel of your own.
 
 mod build_ptx;
 mod lesson;
 mod paths;
 mod ptxas;
+mod scratch;
 mod toolchain;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: cargo xtask <task> [--check]
-       cargo xtask lesson N [--solution] | list | check
+       cargo xtask lesson N [--solution] | list | check | new NAME | build NAME
 
 tasks:
   build-ptx   compile kernels-gpu to PTX with the pinned nightly toolchain and write

@@ -448,6 +448,8 @@ pub struct TraceArgs {
     pub op: Option<String>,
     #[command(flatten)]
     pub problem: ProblemArgs,
+    #[command(flatten)]
+    pub own: super::trace::EntryArgs,
 }
 
 #[derive(Debug, Args)]

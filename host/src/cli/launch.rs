@@ -217,3 +217,46 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     }
     Ok(exit::SUCCESS)
 }
+
+/// `--grid`/`--block` of a launch: X[,Y[,Z]], every given dimension at least 1.
+pub(super) fn launch_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
+    let d = parse_dim3(what, s)?;
+    let given = s.split(',').count();
+    if d[..given].contains(&0) {
+        return Err(Error::Usage(format!("--{what} {s}: every dimension must be at least 1")));
+    }
+    Ok(d.map(|x| x.max(1)))
+}
+
+/// `trace --entry`: one launch of any entry with `launch`'s buffers (`--buf`), arguments
+/// (`--arg`) and VM checks, and the trace the configuration requests. A launch that cannot start
+/// (unknown entry, arguments that do not match its parameters) is the error; a launch stopped by
+/// a finding returns the trace up to it, with the finding as the second value.
+pub(super) fn launch_traced(
+    cli: &Cli,
+    module: &Module,
+    kernel: &str,
+    config: &ptx_vm::LaunchConfig,
+    buf: &[String],
+    arg: &[String],
+    seed: u64,
+) -> Result<(Vec<ptx_vm::TraceEntry>, Option<Error>), Error> {
+    let bufs: Vec<BufSpec> = buf.iter().map(|s| parse_buf(s)).collect::<Result<_, _>>()?;
+    let args: Vec<Arg> = arg.iter().map(|s| parse_arg(s)).collect::<Result<_, _>>()?;
+    let mut vm = match cli.vm_workers {
+        Some(0) => return Err(Error::Usage("--vm-workers must be at least 1".into())),
+        Some(n) => Vm::with_workers(n),
+        None => Vm::new(),
+    };
+    vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
+    vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
+    let mut l = Launcher::with_vm(vm, module);
+    for (i, b) in bufs.iter().enumerate() {
+        l.input_bytes(&b.name, &init_bytes(b, seed + i as u64)?).map_err(|e| vm_error(kernel, e))?;
+    }
+    l.pack(kernel, &args).map_err(|e| vm_error(kernel, e))?;
+    match l.launch_with(kernel, config, &args) {
+        Ok(stats) => Ok((stats.trace, None)),
+        Err(e) => Ok((l.vm().take_trace(), Some(vm_error(kernel, e)))),
+    }
+}

@@ -1,16 +1,51 @@
-//! `memattn trace`: the instruction trace of one VM thread.
+//! `memattn trace`: the instruction trace of one VM thread, of the naive or flash kernels (on a
+//! problem, verified) or of any entry of a PTX module (`--entry`, with `launch`'s buffers and
+//! arguments).
 
 use super::args::{Cli, TraceArgs};
-use super::{device_options, parse_dim3, print_json, resolve_problem, run_spec};
+use super::{device_options, load_ptx, parse_dim3, print_json, resolve_problem, run_spec};
 use memattn_cli::device::vm::VmDevice;
-use memattn_cli::device::BackendChoice;
+use memattn_cli::device::{BackendChoice, DeviceError};
 use memattn_cli::error::{exit, Error};
 use memattn_cli::problem::{KernelKind, Problem};
 use memattn_cli::report::describe_problem;
 
+/// Tracing your own kernel: any entry of the loaded PTX, launched as `memattn launch` does.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Any entry point (--entry): the launch, as `memattn launch` takes it")]
+pub struct EntryArgs {
+    /// Trace this entry point of the loaded PTX (`--ptx FILE`, e.g. a lesson's
+    /// `target/lessons/lesson1.ptx`) instead of the naive or flash kernel. The launch is given
+    /// as for `memattn launch`: --grid, --block-dim (the block size: --block and --thread choose
+    /// the traced thread), --smem, --buf and --arg. Nothing is verified: the trace is the result.
+    #[arg(long, value_name = "NAME")]
+    pub entry: Option<String>,
+    /// With --entry: grid size x[,y[,z]] [default: 1].
+    #[arg(long, value_name = "X[,Y[,Z]]", requires = "entry")]
+    pub grid: Option<String>,
+    /// With --entry: block size x[,y[,z]] (`launch --block`) [default: 1].
+    #[arg(long, value_name = "X[,Y[,Z]]", requires = "entry")]
+    pub block_dim: Option<String>,
+    /// With --entry: dynamic shared memory in bytes.
+    #[arg(long, value_name = "BYTES", requires = "entry")]
+    pub smem: Option<u32>,
+    /// With --entry: a device buffer NAME=TYPE:LEN[:INIT], as for `launch`. Repeatable.
+    #[arg(long, value_name = "NAME=TYPE:LEN[:INIT]", requires = "entry")]
+    pub buf: Vec<String>,
+    /// With --entry: a kernel argument TYPE=VALUE in parameter order, as for `launch`. Repeatable.
+    #[arg(long, value_name = "TYPE=VALUE", allow_hyphen_values = true, requires = "entry")]
+    pub arg: Vec<String>,
+}
+
 pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     if cli.backend == BackendChoice::Cuda {
         return Err(Error::Usage("trace runs in the VM only (use --backend vm or auto)".into()));
+    }
+    if let Some(entry) = &a.own.entry {
+        return trace_entry(cli, a, entry);
+    }
+    if cli.ptx.is_some() {
+        own_kernel_hint(cli)?;
     }
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
     // A small default problem: the trace is for reading, not measuring.
@@ -54,7 +89,7 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
             )));
         }
     }
-    let lines = a.lines.as_deref().map(parse_lines).transpose()?;
+    a.lines.as_deref().map(parse_lines).transpose()?;
     let mut opts = device_options(cli)?;
     opts.backend = BackendChoice::Vm;
     let mut dev = VmDevice::new(&opts)?;
@@ -67,13 +102,52 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
         Err(e) => (dev.take_trace(), None, Some(e)),
     };
     let packed = if problem.dtype == memattn_cli::Dtype::F32 { None } else { Some(problem.dtype) };
+    let defaults_note = differing_defaults(&a.problem);
+    let about = About {
+        kernel: entry.name().to_string(),
+        block,
+        thread,
+        grid: dims.grid,
+        block_dim: dims.block,
+        on: describe_problem(&problem),
+        json: serde_json::json!({ "shape": problem.shape_json(), "defaults_differ_from_run": defaults_note }),
+        note: defaults_note.clone(),
+    };
+    show(cli, a, &about, &trace, verified, error, packed)
+}
+
+/// What was traced, for the header line and the JSON object.
+struct About {
+    kernel: String,
+    block: [u32; 3],
+    thread: [u32; 3],
+    grid: [u32; 3],
+    block_dim: [u32; 3],
+    /// "on ..." of the header: the problem, or the PTX file.
+    on: String,
+    /// Fields added to the JSON object.
+    json: serde_json::Value,
+    note: Option<String>,
+}
+
+/// Prints the trace (filtered by --lines and --op) and returns the exit code: the run's error,
+/// 0 (verified, or nothing to verify) or 1 (verification failed).
+fn show(
+    cli: &Cli,
+    a: &TraceArgs,
+    about: &About,
+    trace: &[ptx_vm::TraceEntry],
+    verified: Option<bool>,
+    error: Option<Error>,
+    packed: Option<memattn_cli::Dtype>,
+) -> Result<i32, Error> {
+    let lines = a.lines.as_deref().map(parse_lines).transpose()?;
     let shown: Vec<&ptx_vm::TraceEntry> = trace
         .iter()
         .filter(|t| t.finding.is_some() || lines.is_none_or(|(lo, hi)| (lo..=hi).contains(&t.line)))
         .filter(|t| t.finding.is_some() || a.op.as_deref().is_none_or(|op| opcode(&t.text).starts_with(op)))
         .collect();
     let recorded = trace.iter().filter(|t| t.finding.is_none()).count();
-    let defaults_note = differing_defaults(&a.problem);
     if cli.json {
         let entries: Vec<serde_json::Value> = shown
             .iter()
@@ -92,21 +166,23 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
                 })
             })
             .collect();
-        print_json(&serde_json::json!({
+        let mut obj = serde_json::json!({
             "command": "trace",
-            "kernel": entry.name(),
-            "shape": problem.shape_json(),
-            "defaults_differ_from_run": defaults_note,
-            "block": block,
-            "thread": thread,
-            "grid": dims.grid,
-            "block_dim": dims.block,
+            "kernel": about.kernel,
+            "block": about.block,
+            "thread": about.thread,
+            "grid": about.grid,
+            "block_dim": about.block_dim,
             "recorded": recorded,
             "entries": entries,
             "verified": verified,
             "error": error.as_ref().map(|e| e.to_string()),
             "exit_code": error.as_ref().map(|e| e.exit_code()),
-        }));
+        });
+        if let (Some(o), Some(extra)) = (obj.as_object_mut(), about.json.as_object()) {
+            o.extend(extra.clone());
+        }
+        print_json(&obj);
         // One JSON object on stdout, errors included: the finding is in it.
         if let Some(e) = &error {
             return Ok(e.exit_code());
@@ -114,14 +190,9 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     } else {
         println!(
             "trace of `{}` block {:?} thread {:?} (grid {:?}, block {:?}) on {}",
-            entry.name(),
-            block,
-            thread,
-            dims.grid,
-            dims.block,
-            describe_problem(&problem)
+            about.kernel, about.block, about.thread, about.grid, about.block_dim, about.on
         );
-        if let Some(n) = &defaults_note {
+        if let Some(n) = &about.note {
             println!("note: {n}");
         }
         let mut last_src = String::new();
@@ -156,17 +227,103 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
             } else {
                 ""
             },
-            match verified {
-                Some(true) => "run verified: PASS",
-                Some(false) => "run verified: FAIL",
-                None => "the run stopped with an error",
+            match (verified, &error) {
+                (_, Some(_)) => "the run stopped with an error",
+                (Some(true), _) => "run verified: PASS",
+                (Some(false), _) => "run verified: FAIL",
+                (None, None) => "the launch finished (nothing to verify: `memattn launch` prints the buffers)",
             }
         );
     }
     if let Some(e) = error {
         return Err(e);
     }
-    Ok(if verified == Some(true) { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+    Ok(if verified == Some(false) { exit::VERIFICATION_FAILED } else { exit::SUCCESS })
+}
+
+/// `--entry NAME`: one launch of any entry of the loaded PTX, thread `--thread` of block
+/// `--block` traced.
+fn trace_entry(cli: &Cli, a: &TraceArgs, entry: &str) -> Result<i32, Error> {
+    let p = &a.problem;
+    let problem_given = p.batch.is_some()
+        || p.heads.is_some()
+        || p.seq.is_some()
+        || p.seq_q.is_some()
+        || p.seq_kv.is_some()
+        || p.head_dim.is_some()
+        || p.dtype.is_some()
+        || p.causal;
+    if a.kernel.is_some() || a.step.is_some() || problem_given {
+        return Err(Error::Usage(format!(
+            "--entry {entry} traces a launch given by --grid, --block-dim, --smem, --buf and --arg; \
+             --kernel, --step and the problem options (--heads, --seq, --dtype, ...) are for the naive and flash kernels"
+        )));
+    }
+    let grid = super::launch::launch_dim3("grid", a.own.grid.as_deref().unwrap_or("1"))?;
+    let block_dim = super::launch::launch_dim3("block-dim", a.own.block_dim.as_deref().unwrap_or("1"))?;
+    let block = parse_dim3("block", &a.block)?;
+    let thread = parse_dim3("thread", &a.thread)?;
+    for i in 0..3 {
+        if block[i] >= grid[i] {
+            return Err(Error::Usage(format!(
+                "--block {block:?} (the traced block's index) is outside the grid {grid:?}; \
+                 the block size is --block-dim, the grid size --grid"
+            )));
+        }
+        if thread[i] >= block_dim[i] {
+            return Err(Error::Usage(format!(
+                "--thread {thread:?} is outside the block {block_dim:?} (the block size is --block-dim)"
+            )));
+        }
+    }
+    a.lines.as_deref().map(parse_lines).transpose()?;
+    let ptx = load_ptx(cli)?;
+    let module = ptx_vm::Module::shared(&ptx.text)
+        .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
+    let config = ptx_vm::LaunchConfig {
+        grid,
+        block: block_dim,
+        dynamic_shared_bytes: a.own.smem.unwrap_or(0),
+        trace: Some(ptx_vm::TraceRequest { block, thread, max_entries: a.max_entries }),
+    };
+    let (trace, error) =
+        super::launch::launch_traced(cli, &module, entry, &config, &a.own.buf, &a.own.arg, a.problem.seed)?;
+    let about = About {
+        kernel: entry.to_string(),
+        block,
+        thread,
+        grid,
+        block_dim,
+        on: ptx.origin.clone(),
+        json: serde_json::json!({ "ptx": ptx.origin, "smem_bytes": config.dynamic_shared_bytes }),
+        note: (!trace.iter().any(|t| t.source.is_some()) && !trace.is_empty()).then(|| {
+            "the PTX has no line table (.file/.loc), so no Rust lines are shown; the lessons' build \
+             (`cargo xtask lesson N`, `cargo xtask lesson new NAME`) adds one"
+                .to_string()
+        }),
+    };
+    show(cli, a, &about, &trace, None, error, None)
+}
+
+/// `--ptx FILE` without `--entry`: the naive and flash kernels need memattn's own module, so a
+/// module without them (a lesson's, your own) is pointed at `--entry`.
+fn own_kernel_hint(cli: &Cli) -> Result<(), Error> {
+    let ptx = load_ptx(cli)?;
+    if ptx.text.contains(".entry flash_fwd_") || ptx.text.contains(".entry naive_") {
+        return Ok(());
+    }
+    let entries: Vec<&str> = ptx
+        .text
+        .lines()
+        .filter_map(|l| l.split(".entry").nth(1))
+        .filter_map(|r| r.split(|c: char| c == '(' || c.is_whitespace()).find(|w| !w.is_empty()))
+        .collect();
+    Err(Error::Usage(format!(
+        "{} has no naive or flash kernel of memattn; to trace one of its entries ({}), add --entry NAME \
+         and the launch: --grid, --block-dim, --buf, --arg (as for `memattn launch`)",
+        ptx.origin,
+        if entries.is_empty() { "none found".to_string() } else { entries.join(", ") }
+    )))
 }
 
 /// `A-B` (or `A`) of `--lines`.
