@@ -46,7 +46,9 @@ pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tenso
 pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
     let refuse = |why: String| Err(Error::Usage(format!("--backward: {why}")));
     if kernel != KernelKind::Flash {
-        return refuse("the backward runs the flash kernels only (there is no naive backward); leave out --kernel naive".into());
+        return refuse(
+            "the backward runs the flash kernels only (there is no naive backward); leave out --kernel naive".into(),
+        );
     }
     if p.dtype != Dtype::F32 {
         return refuse(format!(
@@ -66,7 +68,9 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
         return refuse("sinks are not supported by the backward yet (d_sink is not computed); leave out --sinks or the file's `sinks` tensor".into());
     }
     if p.varlen.is_some() {
-        return refuse("packed sequences (--seqlens-q/--seqlens-kv, cu_seqlens) are not supported by the backward yet".into());
+        return refuse(
+            "packed sequences (--seqlens-q/--seqlens-kv, cu_seqlens) are not supported by the backward yet".into(),
+        );
     }
     Ok(())
 }

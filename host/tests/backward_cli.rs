@@ -71,7 +71,10 @@ fn read_f32(st: &safetensors::SafeTensors<'_>, name: &str) -> (Vec<usize>, Vec<f
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(1e-3f64, |m, w| m.max(w.abs()));
-    got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) })
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs())
+        .fold(0.0, |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) })
         / scale
 }
 
@@ -124,8 +127,7 @@ fn case(name: &str, s: Shape, flags: &[&str], causal: bool, window: (i32, i32), 
     let bytes = std::fs::read(&output).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let (qs, ks) = (vec![s.b, s.sq, s.h, s.d], vec![s.b, s.skv, s.hk, s.d]);
-    for (tensor, shape, w) in
-        [("o", &qs, &want.o), ("dq", &qs, &want.dq), ("dk", &ks, &want.dk), ("dv", &ks, &want.dv)]
+    for (tensor, shape, w) in [("o", &qs, &want.o), ("dq", &qs, &want.dq), ("dk", &ks, &want.dk), ("dv", &ks, &want.dv)]
     {
         let (got_shape, got) = read_f32(&st, tensor);
         assert_eq!(&got_shape, shape, "{name}: {tensor}");
@@ -193,7 +195,10 @@ fn unsupported_options_are_refused_with_the_limit() {
     };
     r(&["--dtype", "bf16"], "f32 only");
     r(&["--dtype", "f16"], "use --dtype f32");
-    r(&["--head-dim", "32"], "head_dim 32 has no backward kernel; the f32 backward is compiled for head_dim 64 and 128");
+    r(
+        &["--head-dim", "32"],
+        "head_dim 32 has no backward kernel; the f32 backward is compiled for head_dim 64 and 128",
+    );
     r(&["--sinks"], "sinks are not supported by the backward");
     r(&["--kernel", "naive"], "no naive backward");
     assert_refused(
