@@ -16,7 +16,8 @@
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`files`] (bounded reads and atomic writes), [`timing`], [`nvml`];
 //! 2. [`safetensors_io`], [`verify`] (error metrics and bounds), [`cuda_device`];
-//! 3. [`error`], then [`runner`]: one measured run, and [`decode_run`]: one measured decode run;
+//! 3. [`error`], then [`runner`]: one measured run, [`backward_run`]: one measured forward and
+//!    backward, and [`decode_run`]: one measured decode run;
 //! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
 //!    [`evidence`] (the `--save` file);
 //! 5. [`charts`] (the sweep and plan pictures); the subcommands (in the binary) sit on top.
@@ -24,6 +25,7 @@
 pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units};
 pub use memattn::{Backend, BackendChoice, Device, Dtype, KernelKind, Layout, Problem};
 
+pub mod backward_run;
 pub mod charts;
 pub mod cuda_device;
 pub mod decode_run;
@@ -103,7 +105,7 @@ mod layering_tests {
     const LAYERS: &[&[&str]] = &[
         &["files", "timing", "nvml"],
         &["safetensors_io", "verify", "cuda_device"],
-        &["error", "runner", "decode_run"],
+        &["error", "runner", "backward_run", "decode_run"],
         &["report", "evidence", "plan"],
         &["charts"],
     ];

@@ -76,6 +76,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
         Skip("abbreviated in the README; run in full below as the same run with the checks off"),
     ),
     ("memattn run --kernel naive --seq-q 200 --seq-kv 300 --causal --json", Run(0, "\"verified\": true")),
+    (
+        "memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal",
+        Run(0, "measured peak 272800 B (as expected)"),
+    ),
     ("memattn compare --vary dtype=f32,bf16,f16", Run(0, "dtype=f16 uses")),
     ("memattn compare --vary causal=false,true --kernel flash", Run(0, "causal=true uses")),
     (

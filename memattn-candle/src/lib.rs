@@ -40,7 +40,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use memattn::attn::{AttnOpts, Kernels, TensorView};
 use memattn::Dtype;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// `softmax(q kᵀ · softmax_scale [causal mask]) v`, as `candle_flash_attn::flash_attn`.
 /// `k`, `v` may have fewer heads than `q` (grouped-query attention, as in candle-flash-attn).
@@ -58,9 +58,9 @@ pub fn flash_attn_with_lse(
     causal: bool,
 ) -> Result<(Tensor, Tensor)> {
     let op = FlashAttn::new(softmax_scale, causal, (None, None), None);
-    let o = q.apply_op3_no_bwd(k, v, &op)?;
+    let (o, lse) = op.apply(q, k, v)?;
     let (b, sq, h, _) = q.dims4()?;
-    Ok((o, op.take_lse((b, h, sq))?))
+    Ok((o, take_lse_from(&lse, (b, h, sq))?))
 }
 
 /// A sliding window, as `candle_flash_attn::flash_attn_windowed`: query `i` sees key `j` iff
@@ -76,7 +76,7 @@ pub fn flash_attn_windowed(
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
     let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), None);
-    q.apply_op3_no_bwd(k, v, &op)
+    Ok(op.apply(q, k, v)?.0)
 }
 
 /// Attention over packed sequences of different lengths, as `candle_flash_attn::flash_attn_varlen`:
@@ -126,9 +126,9 @@ pub fn flash_attn_varlen_with_lse(
     let varlen =
         Varlen { cu_q: cu(seqlens_q, "seqlens_q")?, cu_k: cu(seqlens_k, "seqlens_k")?, max_seqlen_q, max_seqlen_k };
     let op = FlashAttn::new(softmax_scale, causal, (None, None), Some(varlen));
-    let o = q.apply_op3_no_bwd(k, v, &op)?;
+    let (o, lse) = op.apply(q, k, v)?;
     let (total_q, h, _) = q.dims3()?;
-    Ok((o, op.take_lse((h, total_q))?))
+    Ok((o, take_lse_from(&lse, (h, total_q))?))
 }
 
 /// The packed-sequence arguments of [`flash_attn_varlen`].
@@ -140,9 +140,21 @@ pub struct Varlen {
     pub max_seqlen_k: usize,
 }
 
-/// The candle op behind [`flash_attn`], [`flash_attn_windowed`] and [`flash_attn_varlen`]
-/// (forward only). Its LSE is kept for the caller of `apply_op3`, which the `*_with_lse`
-/// functions are.
+/// The candle op behind [`flash_attn`], [`flash_attn_windowed`] and [`flash_attn_varlen`]. Its
+/// LSE is kept for the caller of `apply_op3`, which the `*_with_lse` functions are.
+///
+/// # Gradients
+///
+/// The op implements candle's `CustomOp3::bwd`, so `Tensor::backward` trains through it: dq,
+/// dk and dv of O (FlashAttention-2's backward, [`Kernels::flash_attn_backward_into`]) for f32
+/// tensors on candle's CPU device, in the PTX VM, with causal masks, windows and GQA (dk, dv
+/// of a K/V head summed over its query heads). The backward recomputes O and LSE from q, k, v
+/// (one forward launch) instead of keeping them with the op, so an op applied twice can never
+/// pair one call's gradient with another call's LSE. Not differentiated: the returned LSE
+/// tensor (gradients flow through O only). Refused with an error, never answered wrongly:
+/// bf16/f16 (the backward kernels are f32), packed sequences ([`flash_attn_varlen`]), and a
+/// CUDA device (candle's "backward not supported" error: the backward on candle's CUDA
+/// storage is not wired yet, and nothing here can run it to test it).
 pub struct FlashAttn {
     pub softmax_scale: f32,
     pub causal: bool,
@@ -150,7 +162,7 @@ pub struct FlashAttn {
     pub window: (Option<usize>, Option<usize>),
     /// Packed sequences (q, k, v are then 3-d `[total, heads, head_dim]`).
     pub varlen: Option<Varlen>,
-    lse: Mutex<Option<Storage>>,
+    lse: Arc<Mutex<Option<Storage>>>,
 }
 
 impl FlashAttn {
@@ -160,12 +172,14 @@ impl FlashAttn {
         window: (Option<usize>, Option<usize>),
         varlen: Option<Varlen>,
     ) -> FlashAttn {
-        FlashAttn { softmax_scale, causal, window, varlen, lse: Mutex::new(None) }
+        FlashAttn { softmax_scale, causal, window, varlen, lse: Arc::new(Mutex::new(None)) }
     }
 
-    /// The LSE of the last forward, as a tensor of `shape`.
-    fn take_lse<S: Into<Shape>>(&self, shape: S) -> Result<Tensor> {
-        take_lse_from(&self.lse, shape)
+    /// Applies the op with candle's autograd (`apply_op3`, so `bwd` runs on `backward()`);
+    /// returns O and the slot the forward's LSE lands in.
+    fn apply(self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Arc<Mutex<Option<Storage>>>)> {
+        let lse = self.lse.clone();
+        Ok((q.apply_op3(k, v, self)?, lse))
     }
 
     fn opts(&self) -> Result<AttnOpts<'static>> {
@@ -350,6 +364,77 @@ impl CustomOp3 for FlashAttn {
             other => Err(no_kernel(other)),
         }
     }
+
+    /// dq, dk, dv of O for the upstream gradient `grad_o` (see the type's "Gradients").
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _o: &Tensor,
+        grad_o: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if !q.device().is_cpu() {
+            return Err(candle_core::Error::BackwardNotSupported {
+                op: "memattn-flash-attn on a CUDA device (the backward runs on candle's CPU device, in the PTX VM)",
+            });
+        }
+        if self.varlen.is_some() {
+            return Err(bwd_err("packed sequences (flash_attn_varlen) have no backward yet".into()));
+        }
+        for (t, what) in [(q, "q"), (k, "k"), (v, "v"), (grad_o, "the gradient of O")] {
+            if t.dtype() != DType::F32 {
+                return Err(bwd_err(format!(
+                    "{what} is {:?}; the backward kernels are f32 only (bf16/f16 are not written yet)",
+                    t.dtype()
+                )));
+            }
+        }
+        let kernels = vm_kernels()?;
+        let dims = |t: &Tensor, what: &str| -> Result<[usize; 4]> {
+            let (a, b, c, d) = t.dims4().map_err(|_| bwd_err(format!("{what} must be 4-d, got {:?}", t.dims())))?;
+            Ok([a, b, c, d])
+        };
+        let (qs, ks) = (dims(q, "q")?, dims(k, "k")?);
+        // Contiguous f32 copies in the VM (candle's layouts may be strided or offset).
+        let upload = |t: &Tensor| -> Result<memattn::attn::VmBuffer> {
+            kernels.vm_upload(&t.contiguous()?.flatten_all()?.to_vec1::<f32>()?).map_err(wrap)
+        };
+        let (qb, kb, vb, gb) = (upload(q)?, upload(k)?, upload(v)?, upload(grad_o)?);
+        let (qn, kn) = (qs.iter().product::<usize>(), ks.iter().product::<usize>());
+        let [b, sq, h, _] = qs;
+        // Poisoned outputs: an element the kernels do not write reads back as NaN.
+        let alloc = |n: usize| kernels.vm_upload(&vec![f32::NAN; n]).map_err(wrap);
+        let (o, lse, dq, dk, dv) = (alloc(qn)?, alloc(b * h * sq)?, alloc(qn)?, alloc(kn)?, alloc(kn)?);
+        let view = |buf, shape| TensorView::vm(buf, Dtype::F32, shape).map_err(wrap);
+        let view_mut = |buf, shape| memattn::attn::TensorViewMut::vm(buf, Dtype::F32, shape).map_err(wrap);
+        let opts = self.opts()?;
+        let (qv, kv, vv) = (view(&qb, qs)?, view(&kb, ks)?, view(&vb, ks)?);
+        let mut lse_out = memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?;
+        kernels.flash_attn_into(&qv, &kv, &vv, &mut view_mut(&o, qs)?, &mut lse_out, &opts).map_err(wrap)?;
+        kernels
+            .flash_attn_backward_into(
+                &qv,
+                &kv,
+                &vv,
+                &view(&o, qs)?,
+                &memattn::attn::LseView::vm(&lse, b, h, sq).map_err(wrap)?,
+                &view(&gb, qs)?,
+                &mut view_mut(&dq, qs)?,
+                &mut view_mut(&dk, ks)?,
+                &mut view_mut(&dv, ks)?,
+                &opts,
+            )
+            .map_err(wrap)?;
+        let back = |buf: &memattn::attn::VmBuffer, n: usize, like: &Tensor| -> Result<Tensor> {
+            Tensor::from_vec(buf.read_f32(Dtype::F32, n).map_err(wrap)?, like.shape(), like.device())
+        };
+        Ok((Some(back(&dq, qn, q)?), Some(back(&dk, kn, k)?), Some(back(&dv, kn, v)?)))
+    }
+}
+
+fn bwd_err(why: String) -> candle_core::Error {
+    candle_core::Error::Msg(format!("memattn flash_attn backward: {why}"))
 }
 
 /// Decode attention over a KV cache, FlashAttention-2's `flash_attn_with_kvcache`, with its

@@ -384,6 +384,8 @@ pub struct RunArgs {
     /// over it). Checked before the run: writable, and not --inputs, --ptx or the --save file.
     #[arg(long, value_name = "FILE.safetensors")]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub backward: super::run::BackwardArgs,
 }
 
 #[derive(Debug, Args)]

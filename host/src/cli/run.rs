@@ -8,6 +8,29 @@ use memattn_cli::problem::{KernelKind, Problem};
 use memattn_cli::report::{describe_problem, expected_memory, run_summary};
 use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 
+/// `run --backward` (flattened into `run`'s options).
+#[derive(Debug, clap::Args)]
+pub struct BackwardArgs {
+    /// Training: forward, then backward (dq, dk, dv of the loss sum(dO * O)), every gradient
+    /// verified against the f64 reference; f32, head_dim 64 or 128.
+    ///
+    /// The backward is FlashAttention-2's: P is recomputed from the forward's LSE, so no
+    /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
+    /// gradients, every element (max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor;
+    /// a NaN-poisoned element that was not written fails). dO is drawn from --seed, or read
+    /// from a tensor `do` (F32, shaped like q) in the --inputs file. The measured peak memory
+    /// is printed against the expected bytes: q, k, v, dO, O, LSE, dq, dk, dv and the
+    /// backward's workspace, the f32 dQ accumulator (4 B per element of q) and
+    /// D = rowsum(dO * O) (4 B per query row). --output writes o, lse, dq, dk, dv (F32).
+    /// Supported: causal, windows, soft cap, GQA/MQA, either layout. Refused (exit 2): bf16/f16,
+    /// other head dims, sinks, packed sequences, --kernel naive. Exit 0 when every tensor
+    /// verified, 1 when one did not.
+    ///
+    /// Example: memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal
+    #[arg(long)]
+    pub backward: bool,
+}
+
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
     // The output is checked before anything runs, so a run is never lost to an unwritable path
@@ -40,6 +63,9 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         problem.sinks = !x.sinks.is_empty();
     }
     problem.validate_shape(kernel)?;
+    if a.backward.backward {
+        return backward(cli, a, kernel, problem, inputs);
+    }
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel,
         "analytic_bytes": AnalyticBytes::new(&problem, kernel),
@@ -102,6 +128,74 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         print_json(&v);
     } else {
         print!("{}", run_summary(&report));
+    }
+    Ok(if write_error.is_some() {
+        exit::BAD_INPUT
+    } else if report.verified {
+        exit::SUCCESS
+    } else {
+        exit::VERIFICATION_FAILED
+    })
+}
+
+/// `run --backward`: refuse what the backward does not support, then forward and backward,
+/// verified; `--output` gets o, lse, dq, dk, dv.
+fn backward(
+    cli: &Cli,
+    a: &RunArgs,
+    kernel: KernelKind,
+    problem: Problem,
+    inputs: Option<memattn_cli::inputs::Qkv>,
+) -> Result<i32, Error> {
+    use memattn_cli::backward_run::{check_supported, read_d_o, run_backward, summary, write_outputs, BackwardBytes};
+    check_supported(&problem, kernel)?;
+    let d_o = match &a.inputs {
+        Some(path) => read_d_o(path, &problem)?,
+        None => None,
+    };
+    let expected = BackwardBytes::new(&problem);
+    super::evidence::expect(serde_json::json!({
+        "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel, "backward": true,
+        "expected_bytes": expected,
+    }));
+    let spec = run_spec(&a.problem, problem, kernel)?;
+    let (mut dev, reason) = open_device(cli)?;
+    if !cli.json {
+        println!("problem: {} (forward and backward)", describe_problem(&problem));
+        println!(
+            "expected device memory: {} B, of which the backward's workspace {} B (dQ accumulator {} B + D {} B)",
+            expected.total_bytes, expected.workspace_bytes, expected.dq_accum_bytes, expected.delta_bytes
+        );
+    }
+    let report = run_backward(dev.as_mut(), &spec, inputs.as_ref(), d_o.as_deref())?;
+    let mut written = None;
+    let mut write_error = None;
+    if let Some(path) = &a.output {
+        if !report.verified {
+            eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
+        } else if let Err(e) = write_outputs(path, &problem, &report.outputs) {
+            eprintln!("error: {e}");
+            write_error = Some(e.to_string());
+        } else {
+            if !cli.json {
+                println!("wrote o, lse, dq, dk, dv (F32) to {}", path.display());
+            }
+            written = Some(path);
+        }
+    }
+    let mut v = serde_json::to_value(&report).unwrap_or_default();
+    v["backend_reason"] = reason.into();
+    if a.output.is_some() {
+        v["output_file"] = written.map(|p| p.display().to_string()).into();
+    }
+    if let Some(e) = &write_error {
+        v["output_error"] = e.clone().into();
+    }
+    save_evidence(cli, &v)?;
+    if cli.json {
+        print_json(&v);
+    } else {
+        print!("{}", summary(&report));
     }
     Ok(if write_error.is_some() {
         exit::BAD_INPUT

@@ -1,0 +1,586 @@
+//! One measured backward run (`memattn run --backward`): the forward, then the backward of the
+//! loss `Σ dO ∘ O` on the same inputs, every gradient verified against the f64 reference
+//! gradients ([`crate::reference::grad`]).
+//!
+//! Order of events: refuse what the backward kernels do not support (nothing allocated yet) →
+//! state the expected bytes → allocate and upload q, k, v and `dO` → poison O and LSE, run the
+//! forward ([`Kernels::flash_attn_into`]) → for each warm-up and measured repetition: poison dQ,
+//! dK, dV with NaN, run [`Kernels::flash_attn_backward_into`], time it → download → free →
+//! measure memory → verify O, LSE, dQ, dK and dV against the f64 reference.
+//!
+//! Memory: besides the tensors the caller holds (q, k, v, dO; O and LSE of the forward; dQ, dK,
+//! dV), the backward allocates a workspace of O(N·d): the f32 dQ accumulator
+//! (`4 · batch · seq_q · heads · head_dim` bytes) and `D = rowsum(dO ∘ O)` (`4 · batch · heads ·
+//! seq_q`). No `N x N` buffer exists; the VM's allocator measures the peak exactly.
+
+use crate::device::Device;
+use crate::error::Error;
+use crate::inputs::{from_layout, to_layout, Qkv};
+use crate::memory::MeasuredMemory;
+use crate::problem::{KernelKind, Problem, ShapeJson};
+use crate::reference::grad::{attention_backward, Grads};
+use crate::runner::{check_finite_inputs, check_score_range, probe_host_memory, LaunchRecord, MAX_LAUNCHES, POISON};
+use crate::safetensors_io::InputError;
+use crate::timing::Timing;
+use memattn::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, LseView, LseViewMut, TensorView, TensorViewMut};
+use memattn::Dtype;
+use serde::Serialize;
+use std::path::Path;
+
+/// The bound every tensor is checked against: `max |got - ref| <= GRAD_REL_TOL · max(max |ref|,
+/// 1e-3)` (the reference's largest magnitude of that tensor, floored so an all-zero tensor is
+/// not held to 0 exactly). f32 sums of at most a few thousand terms per element measure 1e-7 to
+/// 1e-6 of the tensor's scale; 2e-5 leaves a factor of about 20, and a real bug (a dropped `D`,
+/// a missing GQA sum, an unwritten element) is off by 1e-2 or more.
+pub const GRAD_REL_TOL: f64 = 2e-5;
+
+/// Floor of the scale in [`GRAD_REL_TOL`]'s bound.
+pub const SCALE_FLOOR: f64 = 1e-3;
+
+/// The rule in words (printed and in `--json`).
+pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference; \
+                        every element checked, NaN (an unwritten, poisoned element) fails";
+
+/// What the backward can run now, checked before anything is allocated. Each refusal names the
+/// limit (exit 2).
+pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
+    let refuse = |why: String| Err(Error::Usage(format!("--backward: {why}")));
+    if kernel != KernelKind::Flash {
+        return refuse(
+            "the backward runs the flash kernels only (there is no naive backward); leave out --kernel naive".into(),
+        );
+    }
+    if p.dtype != Dtype::F32 {
+        return refuse(format!(
+            "the backward kernels are f32 only (bf16/f16 are not written yet); got --dtype {}, use --dtype f32",
+            p.dtype
+        ));
+    }
+    let dims = kernels_gpu::KernelId::flash_bwd_head_dims(kernels_gpu::Elem::F32);
+    if !dims.contains(&p.head_dim) {
+        return refuse(format!(
+            "head_dim {} has no backward kernel; the f32 backward is compiled for head_dim {}",
+            p.head_dim,
+            dims.iter().map(u32::to_string).collect::<Vec<_>>().join(" and ")
+        ));
+    }
+    if p.sinks {
+        return refuse("sinks are not supported by the backward yet (d_sink is not computed); leave out --sinks or the file's `sinks` tensor".into());
+    }
+    if p.varlen.is_some() {
+        return refuse(
+            "packed sequences (--seqlens-q/--seqlens-kv, cu_seqlens) are not supported by the backward yet".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Device bytes the backward run allocates, each term named. On the VM the measured peak equals
+/// `total_bytes` exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct BackwardBytes {
+    /// q, k, v and the upstream gradient dO (f32).
+    pub inputs_bytes: u64,
+    /// The forward's O and LSE, inputs of the backward.
+    pub forward_outputs_bytes: u64,
+    /// dQ, dK, dV.
+    pub gradients_bytes: u64,
+    /// The backward's f32 dQ accumulator, `4 · batch · seq_q · heads · head_dim`.
+    pub dq_accum_bytes: u64,
+    /// `D = rowsum(dO ∘ O)`, `4 · batch · heads · seq_q`.
+    pub delta_bytes: u64,
+    /// `dq_accum_bytes + delta_bytes`: what the backward adds beyond its inputs and outputs.
+    pub workspace_bytes: u64,
+    /// Everything at the peak (all of the above are alive during the backward).
+    pub total_bytes: u64,
+}
+
+impl BackwardBytes {
+    pub fn new(p: &Problem) -> Self {
+        let (qn, kn, rows) = (p.q_elems() * 4, p.kv_elems() * 4, p.rows() * 4);
+        let inputs_bytes = 2 * qn + 2 * kn;
+        let forward_outputs_bytes = qn + rows;
+        let gradients_bytes = qn + 2 * kn;
+        let (dq_accum_bytes, delta_bytes) = (qn, rows);
+        let workspace_bytes = dq_accum_bytes + delta_bytes;
+        BackwardBytes {
+            inputs_bytes,
+            forward_outputs_bytes,
+            gradients_bytes,
+            dq_accum_bytes,
+            delta_bytes,
+            workspace_bytes,
+            total_bytes: inputs_bytes + forward_outputs_bytes + gradients_bytes + workspace_bytes,
+        }
+    }
+}
+
+/// One tensor compared with the f64 reference.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TensorCheck {
+    pub tensor: &'static str,
+    pub max_abs_err: f64,
+    /// `max_abs_err / max(max |ref|, 1e-3)`.
+    pub max_rel_err: f64,
+    pub max_abs_ref: f64,
+    /// The bound on `max_abs_err`.
+    pub bound: f64,
+    /// Elements that are NaN or infinite where the reference is finite (or that disagree on
+    /// `-inf`, for LSE): unwritten elements keep the NaN poison.
+    pub mismatched_non_finite: u64,
+    pub passed: bool,
+}
+
+/// Compares `got` with `want` under [`GRAD_REL_TOL`]. Equal infinities (LSE's `-inf` of a row
+/// that sees no key) agree; any other non-finite value is a mismatch.
+pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCheck {
+    let max_abs_ref = want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs()));
+    let scale = max_abs_ref.max(SCALE_FLOOR);
+    let (mut max_abs_err, mut bad) = (0f64, (got.len() != want.len()) as u64);
+    for (&g, &w) in got.iter().zip(want) {
+        let g = g as f64;
+        if !w.is_finite() || !g.is_finite() {
+            bad += (g != w) as u64;
+            continue;
+        }
+        max_abs_err = max_abs_err.max((g - w).abs());
+    }
+    let bound = GRAD_REL_TOL * scale;
+    TensorCheck {
+        tensor,
+        max_abs_err,
+        max_rel_err: max_abs_err / scale,
+        max_abs_ref,
+        bound,
+        mismatched_non_finite: bad,
+        passed: bad == 0 && max_abs_err <= bound,
+    }
+}
+
+/// Device outputs, BSHD: O, LSE `[batch, heads, seq_q]`, dQ (like q), dK and dV (like k).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct BackwardOutputs {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+/// Everything a backward run measured. Field names are the `--json` contract of
+/// `run --backward`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackwardReport {
+    pub backend: String,
+    pub device: String,
+    pub kernel: KernelKind,
+    pub dtype: crate::dtype::Dtype,
+    pub shape: ShapeJson,
+    pub inputs: String,
+    /// Where dO came from: "random normal (seed N)" or "given (tensor `do`)".
+    pub d_o: String,
+    /// True when O, LSE, dQ, dK and dV all passed.
+    pub verified: bool,
+    /// O, LSE, dq, dk, dv in that order.
+    pub checks: Vec<TensorCheck>,
+    pub rule: &'static str,
+    /// The forward, one launch (milliseconds).
+    pub forward_time_ms: f64,
+    /// Median of the backward's measured repetitions (its three launches).
+    pub backward_time_ms: f64,
+    pub timing: Timing,
+    /// FLOPs of the backward's five matrix products (`2.5 ×` the forward's).
+    pub backward_flops: f64,
+    pub expected_bytes: BackwardBytes,
+    /// Measured: device bytes the run added at its peak.
+    pub peak_device_bytes: u64,
+    /// `peak_device_bytes == expected_bytes.total_bytes` (exact on the VM).
+    pub memory_as_expected: bool,
+    pub memory: MeasuredMemory,
+    /// The backward's launches of the last repetition (preprocess, main, dQ convert).
+    pub launches: Vec<LaunchRecord>,
+    pub ptx_sha256: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(skip)]
+    pub outputs: BackwardOutputs,
+}
+
+/// The upstream gradient of a run without a `do` tensor: the normals that follow q, k and v in
+/// the stream of `seed` (so changing the seed changes all four).
+pub fn random_d_o(p: &Problem, seed: u64) -> Vec<f32> {
+    let first = p.q_elems() + 2 * p.kv_elems();
+    let mut rng = memattn::rng::SplitMix64::skipped(seed, 2 * first);
+    (0..p.q_elems()).map(|_| rng.normal() as f32).collect()
+}
+
+/// Reads the optional upstream gradient `do` (F32, shaped like `q`, `[batch, seq_q, heads,
+/// head_dim]`) from the `--inputs` file.
+pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
+    let bytes = crate::files::read_regular(path, crate::files::MAX_INPUT_BYTES, "input file")?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| InputError::Malformed { path: path.into(), message: e.to_string() })?;
+    let Ok(t) = st.tensor("do") else { return Ok(None) };
+    let want = [p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize];
+    if t.dtype() != safetensors::Dtype::F32 {
+        return Err(InputError::WrongShape {
+            path: path.into(),
+            name: "do",
+            got: t.shape().to_vec(),
+            expected: format!("F32 {want:?} (got dtype {:?}; the backward is f32)", t.dtype()),
+        }
+        .into());
+    }
+    if t.shape() != want {
+        return Err(InputError::WrongShape {
+            path: path.into(),
+            name: "do",
+            got: t.shape().to_vec(),
+            expected: format!("{want:?}, the shape of q (the upstream gradient of O)"),
+        }
+        .into());
+    }
+    let d_o = Dtype::F32.decode(t.data());
+    if let Some(e) = d_o.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Usage(format!(
+            "input tensor `do` has a non-finite value {} at element {e}; NaN and +-inf are refused",
+            d_o[e]
+        )));
+    }
+    Ok(Some(d_o))
+}
+
+/// Writes o, lse, dq, dk and dv (all F32, BSHD; lse `[batch, heads, seq_q]`) atomically
+/// ([`crate::files::write_atomic`]): an existing file is replaced whole or not at all.
+pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<(), Error> {
+    let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
+    let (b, h, hk, d) = (p.batch as usize, p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let qs = vec![b, p.seq_q as usize, h, d];
+    let ks = vec![b, p.seq_kv as usize, hk, d];
+    let enc = |x: &[f32]| Dtype::F32.encode(x);
+    let (ob, lb, qb, kb, vb) = (enc(&out.o), enc(&out.lse), enc(&out.dq), enc(&out.dk), enc(&out.dv));
+    let f32t = safetensors::Dtype::F32;
+    let view = |shape: Vec<usize>, data| safetensors::tensor::TensorView::new(f32t, shape, data).map_err(err);
+    let tensors = [
+        ("o", view(qs.clone(), &ob)?),
+        ("lse", view(vec![b, h, p.seq_q as usize], &lb)?),
+        ("dq", view(qs, &qb)?),
+        ("dk", view(ks.clone(), &kb)?),
+        ("dv", view(ks, &vb)?),
+    ];
+    let bytes = safetensors::serialize(tensors, None).map_err(err)?;
+    crate::files::write_atomic(path, &bytes, "output file")?;
+    Ok(())
+}
+
+/// Runs the forward and the backward of `spec` on `dev`, with `inputs` (BSHD) or random inputs
+/// from `spec.seed`, and `d_o` (BSHD, like q) or a random upstream gradient. The launches go
+/// through the library's entry points on kernels lent `dev` for the run ([`Kernels::scoped`]).
+pub fn run_backward(
+    dev: &mut dyn Device,
+    spec: &crate::runner::RunSpec,
+    inputs: Option<&Qkv>,
+    d_o: Option<&[f32]>,
+) -> Result<BackwardReport, Error> {
+    let p = spec.problem;
+    check_supported(&p, spec.kernel)?;
+    let caps = dev.caps()?;
+    p.validate(KernelKind::Flash, &caps)?;
+    let expected = BackwardBytes::new(&p);
+    if let Some(x) = inputs {
+        if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
+            return Err(Error::Usage(format!(
+                "input tensors have {}/{}/{} elements, the problem needs {}/{}/{}",
+                x.q.len(),
+                x.k.len(),
+                x.v.len(),
+                p.q_elems(),
+                p.kv_elems(),
+                p.kv_elems()
+            )));
+        }
+    }
+    if let Some(g) = d_o {
+        if g.len() as u64 != p.q_elems() {
+            return Err(Error::Usage(format!("dO has {} elements, q has {}", g.len(), p.q_elems())));
+        }
+    }
+    // Host copies at the peak: inputs and dO in f32 (twice: given and device layout), the f64
+    // reference (q, k, v, dO, O, dq, dk, dv and its working copies) and the five downloads.
+    let elems = (2 * p.q_elems()).saturating_add(2 * p.kv_elems());
+    let host_bytes = elems.saturating_mul(4 + 4 + 8 + 8 + 8).saturating_add(expected.total_bytes);
+    probe_host_memory(host_bytes, "the host copies of the backward problem")?;
+    let generated;
+    let (x, inputs_desc) = match inputs {
+        Some(x) => (x, "given".to_string()),
+        None => {
+            generated = Qkv::random(&p, spec.seed);
+            (&generated, format!("random normal (seed {})", spec.seed))
+        }
+    };
+    let drawn;
+    let (d_o, d_o_desc) = match d_o {
+        Some(g) => (g, "given (tensor `do`)".to_string()),
+        None => {
+            drawn = random_d_o(&p, spec.seed);
+            (drawn.as_slice(), format!("random normal (seed {}, after q, k, v)", spec.seed))
+        }
+    };
+    check_finite_inputs(&p, x)?;
+    let mut warnings = Vec::new();
+    warnings.extend(check_score_range(&p, x, &spec.check)?);
+
+    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
+    let warmup = spec.warmup.unwrap_or(def_warmup);
+    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
+    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
+        return Err(Error::Usage(format!(
+            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
+        )));
+    }
+
+    dev.memory_begin()?;
+    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, x, d_o, warmup, repeats));
+    // Every buffer was freed when the scope returned, also after an error.
+    let memory = dev.memory_end();
+    let (forward_ms, samples, records, out) = body?;
+    let memory = memory?;
+
+    let want = attention_backward(&p, &x.q, &x.k, &x.v, d_o, &[]).map_err(Error::Usage)?;
+    let checks = verify(&out, &want);
+    let verified = checks.iter().all(|c| c.passed);
+    let timing = Timing::new(warmup, dev.clock_name(), samples);
+    Ok(BackwardReport {
+        backend: dev.backend().name().to_string(),
+        device: dev.name(),
+        kernel: KernelKind::Flash,
+        dtype: p.dtype,
+        shape: p.shape_json(),
+        inputs: inputs_desc,
+        d_o: d_o_desc,
+        verified,
+        checks,
+        rule: RULE,
+        forward_time_ms: forward_ms,
+        backward_time_ms: timing.median_ms,
+        timing,
+        backward_flops: 2.5 * p.flops(),
+        expected_bytes: expected,
+        peak_device_bytes: memory.peak_delta_bytes,
+        memory_as_expected: memory.peak_delta_bytes == expected.total_bytes,
+        memory,
+        launches: records,
+        ptx_sha256: dev.ptx().sha256.clone(),
+        warnings,
+        outputs: out,
+    })
+}
+
+/// O, LSE and the three gradients against the f64 reference.
+pub fn verify(out: &BackwardOutputs, want: &Grads) -> Vec<TensorCheck> {
+    vec![
+        check_tensor("o", &out.o, &want.o),
+        check_tensor("lse", &out.lse, &want.lse),
+        check_tensor("dq", &out.dq, &want.dq),
+        check_tensor("dk", &out.dk, &want.dk),
+        check_tensor("dv", &out.dv, &want.dv),
+    ]
+}
+
+/// The forward's time, the backward's samples and launches, and the outputs (BSHD).
+type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs);
+
+/// Allocates and uploads the run's buffers on `k`; poisons O and LSE and runs the forward once;
+/// then for each warm-up and measured repetition poisons dQ, dK, dV, runs the backward and
+/// times it. Downloads everything after the last one; the buffers are freed when this returns.
+fn launch_measured(
+    k: &Kernels,
+    p: &Problem,
+    x: &Qkv,
+    d_o: &[f32],
+    warmup: u32,
+    repeats: u32,
+) -> Result<Measured, AttnError> {
+    let (b, h, hk, d) = (p.batch, p.heads, p.kv_heads(), p.head_dim);
+    let lay_q = |t: &[f32]| to_layout(t, p.layout, b, p.seq_q, h, d);
+    let lay_k = |t: &[f32]| to_layout(t, p.layout, b, p.seq_kv, hk, d);
+    let upload = |data: Vec<f32>| -> Result<DeviceBuffer, AttnError> {
+        let buf = k.alloc(data.len() as u64 * 4)?;
+        buf.write_bytes(&Dtype::F32.encode(&data))?;
+        Ok(buf)
+    };
+    let (q, kb, v, gb) = (upload(lay_q(&x.q))?, upload(lay_k(&x.k))?, upload(lay_k(&x.v))?, upload(lay_q(d_o))?);
+    let (qn, kn, rows) = (p.q_elems(), p.kv_elems(), p.rows());
+    let o = k.alloc(qn * 4)?;
+    let lse = k.alloc(rows * 4)?;
+    let (dq, dk, dv) = (k.alloc(qn * 4)?, k.alloc(kn * 4)?, k.alloc(kn * 4)?);
+    k.with_device(|d| d.memory_mark_allocated())?;
+
+    let (h, hk, d) = (h as usize, hk as usize, d as usize);
+    let (bu, sq, skv) = (b as usize, p.seq_q as usize, p.seq_kv as usize);
+    let strides = |s: kernels_gpu::abi::Strides| [s.batch as usize, s.seq as usize, s.head as usize, 1];
+    let (qst, kst) = (strides(p.q_strides()), strides(p.kv_strides()));
+    let view = |buf, shape, st| TensorView::device(buf, Dtype::F32, shape).map(|t| t.with_strides(st));
+    let view_mut = |buf, shape, st| TensorViewMut::device(buf, Dtype::F32, shape).map(|t| t.with_strides(st));
+    let (qs, ks) = ([bu, sq, h, d], [bu, skv, hk, d]);
+    let (qv, kv, vv, gv) = (view(&q, qs, qst)?, view(&kb, ks, kst)?, view(&v, ks, kst)?, view(&gb, qs, qst)?);
+    let mut opts = AttnOpts::new().causal(p.causal).window_size(p.window.0, p.window.1);
+    if let Some(scale) = p.scale {
+        opts = opts.softmax_scale(scale);
+    }
+    if p.softcap != 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+
+    k.with_device(|dev| {
+        dev.fill_u32(o.ptr(), qn, POISON)?;
+        dev.fill_u32(lse.ptr(), rows, POISON)?;
+        dev.synchronize()?;
+        dev.timer_start()
+    })?;
+    k.flash_attn_into(&qv, &kv, &vv, &mut view_mut(&o, qs, qst)?, &mut LseViewMut::vm(&lse, bu, h, sq)?, &opts)?;
+    let forward_ms = k.with_device(|dev| dev.timer_stop())?;
+
+    let ov = view(&o, qs, qst)?;
+    let lv = LseView::vm(&lse, bu, h, sq)?;
+    let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs, qst)?, view_mut(&dk, ks, kst)?, view_mut(&dv, ks, kst)?);
+    k.record_launches(true)?;
+    let (mut samples, mut records) = (Vec::new(), Vec::new());
+    for rep in 0..warmup as u64 + repeats as u64 {
+        k.with_device(|dev| {
+            for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
+                dev.fill_u32(buf.ptr(), n, POISON)?;
+            }
+            dev.synchronize()?;
+            dev.timer_start()
+        })?;
+        k.flash_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)?;
+        let ms = k.with_device(|dev| dev.timer_stop())?;
+        if rep >= warmup as u64 {
+            samples.push(ms);
+        }
+        records = k
+            .take_launches()?
+            .into_iter()
+            .map(|l| LaunchRecord {
+                kernel: l.kernel.name().to_string(),
+                grid: l.dims.grid,
+                block: l.dims.block,
+                dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+                thread_instructions: l.info.thread_instructions,
+            })
+            .collect();
+    }
+    let read = |buf: &DeviceBuffer, n: u64| buf.read_f32(Dtype::F32, n as usize);
+    let back_q = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_q, h as u32, d as u32);
+    let back_k = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_kv, hk as u32, d as u32);
+    let out = BackwardOutputs {
+        o: back_q(read(&o, qn)?),
+        lse: read(&lse, rows)?,
+        dq: back_q(read(&dq, qn)?),
+        dk: back_k(read(&dk, kn)?),
+        dv: back_k(read(&dv, kn)?),
+    };
+    Ok((forward_ms, samples, records, out))
+}
+
+/// The human summary of a backward run.
+pub fn summary(r: &BackwardReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let e = &r.expected_bytes;
+    let _ = writeln!(s, "inputs: {}; dO: {}", r.inputs, r.d_o);
+    let _ = writeln!(s, "gradients vs the f64 reference ({})", r.rule);
+    let _ = writeln!(s, "  tensor  max abs err   max rel err   bound        result");
+    for c in &r.checks {
+        let result = match (c.passed, c.mismatched_non_finite) {
+            (true, _) => "pass".to_string(),
+            (false, 0) => "FAIL".to_string(),
+            (false, n) => format!("FAIL ({n} non-finite: unwritten or NaN)"),
+        };
+        let _ = writeln!(
+            s,
+            "  {:<6}  {:<12.3e}  {:<12.3e}  {:<11.3e}  {result}",
+            c.tensor, c.max_abs_err, c.max_rel_err, c.bound
+        );
+    }
+    let _ = writeln!(
+        s,
+        "memory: expected {} B = inputs (q, k, v, dO) {} + forward O, LSE {} + dq, dk, dv {} + backward workspace {} \
+         (dQ accumulator {} + D {}); measured peak {} B ({})",
+        e.total_bytes,
+        e.inputs_bytes,
+        e.forward_outputs_bytes,
+        e.gradients_bytes,
+        e.workspace_bytes,
+        e.dq_accum_bytes,
+        e.delta_bytes,
+        r.peak_device_bytes,
+        if r.memory_as_expected { "as expected" } else { "differs" }
+    );
+    let _ = writeln!(
+        s,
+        "time: forward {:.3} ms, backward {:.3} ms (median of {}, {})",
+        r.forward_time_ms,
+        r.backward_time_ms,
+        r.timing.samples_ms.len(),
+        r.timing.clock
+    );
+    for w in &r.warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    let _ = writeln!(s, "{}", if r.verified { "verified" } else { "NOT VERIFIED" });
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tensor_passes_within_the_bound_and_fails_past_it_or_on_nan() {
+        let want = [0.5f64, -2.0, 0.0];
+        // Bound: 2e-5 * max|ref| = 4e-5.
+        assert!(check_tensor("dq", &[0.5, -2.0 + 3e-5, 0.0], &want).passed);
+        let c = check_tensor("dq", &[0.5, -2.0 + 6e-5, 0.0], &want);
+        assert!(!c.passed && (c.max_abs_err - 6e-5).abs() < 1e-6 && (c.bound - 4e-5).abs() < 1e-12, "{c:?}");
+        let c = check_tensor("dq", &[0.5, f32::NAN, 0.0], &want);
+        assert!(!c.passed && c.mismatched_non_finite == 1, "{c:?}");
+        // A missing element is a mismatch, not a silent pass.
+        assert!(!check_tensor("dq", &[0.5, -2.0], &want).passed);
+        // An all-zero reference is held to the floor, 2e-5 * 1e-3.
+        assert!(check_tensor("dv", &[1e-8, 0.0], &[0.0, 0.0]).passed);
+        assert!(!check_tensor("dv", &[1e-7, 0.0], &[0.0, 0.0]).passed);
+    }
+
+    #[test]
+    fn lse_infinities_must_agree() {
+        let want = [f64::NEG_INFINITY, 1.0];
+        assert!(check_tensor("lse", &[f32::NEG_INFINITY, 1.0], &want).passed);
+        assert!(!check_tensor("lse", &[0.0, 1.0], &want).passed);
+        assert!(!check_tensor("lse", &[f32::NEG_INFINITY, f32::NEG_INFINITY], &want).passed);
+    }
+
+    #[test]
+    fn expected_bytes_name_every_buffer() {
+        // batch 2, heads 4 over 2 K/V heads, seq_q 3, seq_kv 5, d 64.
+        let p = Problem { batch: 2, heads: 4, heads_kv: Some(2), seq_q: 3, seq_kv: 5, ..Problem::default() };
+        let e = BackwardBytes::new(&p);
+        let (qn, kn, rows) = (2 * 3 * 4 * 64 * 4u64, 2 * 5 * 2 * 64 * 4u64, 2 * 4 * 3 * 4u64);
+        assert_eq!(e.dq_accum_bytes, 6144);
+        assert_eq!(e.delta_bytes, 96);
+        assert_eq!(e.workspace_bytes, 6240);
+        assert_eq!(e.total_bytes, 5 * qn + 4 * kn + 2 * rows);
+    }
+
+    #[test]
+    fn refusals_name_the_limit() {
+        let p = Problem::default();
+        assert!(check_supported(&p, KernelKind::Flash).is_ok());
+        let msg = |p: Problem, k| check_supported(&p, k).unwrap_err().to_string();
+        assert!(msg(p, KernelKind::Naive).contains("no naive backward"));
+        assert!(msg(Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).contains("f32 only"));
+        assert!(msg(Problem { head_dim: 96, ..p }, KernelKind::Flash).contains("64 and 128"));
+        assert!(msg(Problem { sinks: true, ..p }, KernelKind::Flash).contains("sinks"));
+    }
+}
