@@ -183,7 +183,7 @@ const TANH_POLY_LIMIT: f32 = 0.4;
 /// so no division slow path in a kernel's loop) saturates to ±1 for large `|x|` (`rcp(inf) = 0`,
 /// never NaN), but for small `|x|` it subtracts two numbers near 1: its absolute error stays near
 /// 1e-7 while `tanh(x) ≈ x` shrinks, so `cap · tanh(s / cap)` carried an error of about
-/// `cap · 1e-7` whatever the score `s` (5e-2 at a cap of 1e6). Below [`TANH_POLY_LIMIT`] the
+/// `cap · 1e-7` whatever the score `s` (5e-2 at a cap of 1e6). Below `TANH_POLY_LIMIT` the
 /// Taylor series to `x^13` is used instead (relative error near f32 rounding); both forms are
 /// computed and one selected, so a warp does not diverge.
 #[inline(always)]
