@@ -46,7 +46,9 @@ impl Kernels {
     ///
     /// Supported now: f32 at head dims 64 and 128, causal, windows, soft cap and GQA/MQA.
     /// bf16/f16, other head dims, sinks (`d_sink`) and packed sequences are refused with a typed
-    /// error, never answered wrongly. On CUDA the three launches are queued on the views' stream
+    /// error, never answered wrongly. `dq`, `dk` and `dv` must each map their elements to
+    /// distinct addresses and overlap no input and no other gradient ([`AttnError::Aliasing`]);
+    /// the inputs may share memory. On CUDA the three launches are queued on the views' stream
     /// and the call returns without waiting; the workspace is freed in that stream's order.
     ///
     /// ```
@@ -141,6 +143,22 @@ impl Kernels {
             }
             t.check_bounds(name)?;
         }
+        // The gradients are written: each one-to-one, none overlapping an input or another
+        // gradient (the inputs may share memory with each other, as in the forward).
+        for (name, t) in [("dq", &dq.raw), ("dk", &dk.raw), ("dv", &dv.raw)] {
+            alias::check_injective(name, t)?;
+        }
+        alias::check_disjoint(&[
+            alias::Extent::of_view("q", &q.raw, false),
+            alias::Extent::of_view("k", &k.raw, false),
+            alias::Extent::of_view("v", &v.raw, false),
+            alias::Extent::of_view("o", &o.raw, false),
+            alias::Extent::of_view("lse", &lse.0.raw, false),
+            alias::Extent::of_view("d_o", &d_o.raw, false),
+            alias::Extent::of_view("dq", &dq.raw, true),
+            alias::Extent::of_view("dk", &dk.raw, true),
+            alias::Extent::of_view("dv", &dv.raw, true),
+        ])?;
         self.check_module(&kernels)?;
 
         // Workspace: the f32 dQ accumulator [b, sq, h, d] and D [b, h, sq].
@@ -387,5 +405,27 @@ mod tests {
             .flash_attn_backward_into(&v, &v, &v, &v, &lse, &v, &mut dq, &mut dk, &mut dv, &AttnOpts::new())
             .unwrap_err();
         assert!(matches!(e, AttnError::OutOfBounds { tensor: "dv", .. }), "{e}");
+        // Gradients written over the inputs, or over each other, are refused before any launch.
+        let e = call(&t(Dtype::F32, s), s, &AttnOpts::new()).unwrap_err();
+        assert!(matches!(e, AttnError::Aliasing { why: AliasRule::Overlap { written: "dq", other: "q", .. } }), "{e}");
+        let (x, gq, gk) = (
+            kernels.vm_alloc(1 << 12).unwrap(),
+            kernels.vm_alloc(1 << 12).unwrap(),
+            kernels.vm_alloc(1 << 12).unwrap(),
+        );
+        let v = t(Dtype::F32, s);
+        let (xv, mut dq) = (TensorView::vm(&x, Dtype::F32, s).unwrap(), TensorViewMut::vm(&gq, Dtype::F32, s).unwrap());
+        let (mut dk, mut dv) =
+            (TensorViewMut::vm(&gk, Dtype::F32, s).unwrap(), TensorViewMut::vm(&gk, Dtype::F32, s).unwrap());
+        let e = kernels
+            .flash_attn_backward_into(&v, &v, &v, &v, &lse, &xv, &mut dq, &mut dk, &mut dv, &AttnOpts::new())
+            .unwrap_err();
+        assert!(matches!(e, AttnError::Aliasing { why: AliasRule::Overlap { written: "dk", other: "dv", .. } }), "{e}");
+        let mut shared = TensorViewMut::vm(&gk, Dtype::F32, s).unwrap().with_strides([0, 0, 0, 1]);
+        let mut dv = TensorViewMut::vm(&x, Dtype::F32, s).unwrap();
+        let e = kernels
+            .flash_attn_backward_into(&v, &v, &v, &v, &lse, &v, &mut dq, &mut shared, &mut dv, &AttnOpts::new())
+            .unwrap_err();
+        assert!(matches!(e, AttnError::Aliasing { why: AliasRule::SelfOverlap { tensor: "dk", .. } }), "{e}");
     }
 }
