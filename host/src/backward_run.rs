@@ -459,17 +459,7 @@ fn launch_measured(
         if rep >= warmup as u64 {
             samples.push(ms);
         }
-        records = k
-            .take_launches()?
-            .into_iter()
-            .map(|l| LaunchRecord {
-                kernel: l.kernel.name().to_string(),
-                grid: l.dims.grid,
-                block: l.dims.block,
-                dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-                thread_instructions: l.info.thread_instructions,
-            })
-            .collect();
+        records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
     }
     let read = |buf: &DeviceBuffer, n: u64| buf.read_f32(Dtype::F32, n as usize);
     let back_q = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_q, h as u32, d as u32);

@@ -328,17 +328,7 @@ fn decode_measured(
         if rep >= warmup as u64 {
             samples.push(ms);
         }
-        records = k
-            .take_launches()?
-            .into_iter()
-            .map(|l| LaunchRecord {
-                kernel: l.kernel.name().to_string(),
-                grid: l.dims.grid,
-                block: l.dims.block,
-                dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-                thread_instructions: l.info.thread_instructions,
-            })
-            .collect();
+        records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
     }
     let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
         Ok(p.dtype.decode(&buf.read_bytes(buf.bytes() as usize)?))

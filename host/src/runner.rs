@@ -72,6 +72,19 @@ pub struct LaunchRecord {
     pub thread_instructions: Option<u64>,
 }
 
+impl From<&memattn::attn::Launched> for LaunchRecord {
+    /// The record of a launch the library made ([`Kernels::take_launches`]).
+    fn from(l: &memattn::attn::Launched) -> Self {
+        LaunchRecord {
+            kernel: l.kernel.name().to_string(),
+            grid: l.dims.grid,
+            block: l.dims.block,
+            dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+            thread_instructions: l.info.thread_instructions,
+        }
+    }
+}
+
 /// Device outputs of the last repetition, BSHD O (values of the problem's dtype) and
 /// `[batch, heads, seq_q]` LSE.
 #[derive(Clone, Debug, PartialEq)]
@@ -439,16 +452,11 @@ fn launch_measured(
             .take_launches()?
             .into_iter()
             .map(|l| {
+                let record = LaunchRecord::from(&l);
                 if !l.info.trace.is_empty() {
                     trace = l.info.trace;
                 }
-                LaunchRecord {
-                    kernel: l.kernel.name().to_string(),
-                    grid: l.dims.grid,
-                    block: l.dims.block,
-                    dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-                    thread_instructions: l.info.thread_instructions,
-                }
+                record
             })
             .collect();
     }
