@@ -1176,6 +1176,111 @@ fn fma_f32_lanes_x86_fma(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot
     map3(r, d, a, b, c, exec, fma_f32);
 }
 
+/// `for l in lanes of exec { body }` written out in the caller (a closure passed to [`lanes`]
+/// was not always inlined, which cost a call per lane on the hottest path). `continue` skips a lane.
+macro_rules! for_lanes {
+    ($exec:expr, $l:ident, $body:block) => {{
+        let exec: u32 = $exec;
+        if exec == FULL {
+            for $l in 0..32usize $body
+        } else {
+            let mut m = exec;
+            while m != 0 {
+                let $l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                $body
+            }
+        }
+    }};
+}
+
+/// `ld.shared` once every byte of the window has been written (initcheck has nothing left to
+/// say): the alignment and window checks of all lanes first, then racecheck lane by lane (a lane
+/// reading the word the previous lane read is the same access of the same warp, instruction and
+/// barrier interval, so it is not checked twice), then the reads. Returns `Ok(false)` when a lane
+/// is misaligned or out of the window, for the general path to report exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn ld_shared_fast(
+    r: &mut [[u64; 32]],
+    exec: u32,
+    mem: &mut Mem,
+    size: u8,
+    n: u8,
+    sext: bool,
+    dbits: u8,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i64,
+) -> Result<bool, Fault> {
+    let av = r[a as usize];
+    let total = size as u64 * n as u64;
+    let window = mem.shared.bytes.len() as u64;
+    let mut bad = false;
+    let mut addrs = [0u64; 32];
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        addrs[l] = addr;
+        bad |= (addr & (total - 1) != 0) | (addr >= window) | (window - addr.min(window) < total);
+    });
+    if bad {
+        return Ok(false);
+    }
+    if mem.shared.racecheck_on() {
+        let mut prev = u64::MAX;
+        let mut err = None;
+        for_lanes!(exec, l, {
+            let addr = addrs[l];
+            if err.is_some() || addr == prev {
+                continue;
+            }
+            prev = addr;
+            if let Err((d, other)) = mem.shared.race.access(addr as usize, total as usize, false) {
+                // The general path checks element by element; report the element it would name.
+                let k = (0..n as u64)
+                    .find(|k| mem.shared.race.conflicts(addr as usize + (k * size as u64) as usize, size as usize))
+                    .unwrap_or(0);
+                err = Some(Fault {
+                    other: Some(other),
+                    ..Fault::new(l as u32, "shared memory race", addr + k * size as u64, size as u32, Some(d))
+                });
+            }
+        });
+        if let Some(f) = err {
+            return Err(f);
+        }
+    }
+    let bytes = &mem.shared.bytes[..];
+    for k in 0..n as usize {
+        let dv = &mut r[ds[k] as usize];
+        let kb = k * size as usize;
+        if size == 4 && !sext {
+            // The f32 kernels' operand loads: one unaligned-safe 4-byte read per lane.
+            for_lanes!(exec, l, {
+                let at = addrs[l] as usize + kb;
+                // SAFETY: every lane's `[addr, addr + total)` lies inside the window (checked above).
+                let w: [u8; 4] = unsafe { *(bytes.as_ptr().add(at) as *const [u8; 4]) };
+                dv[l] = u32::from_le_bytes(w) as u64;
+            });
+        } else {
+            for_lanes!(exec, l, {
+                let at = addrs[l] as usize + kb;
+                let mut v = match size {
+                    1 => bytes[at] as u64,
+                    2 => u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u64,
+                    4 => u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as u64,
+                    _ => u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()),
+                };
+                if sext && size < 8 {
+                    v = (num::sext(v, size as u32 * 8) as u64) & num::mask(dbits as u32);
+                }
+                dv[l] = v;
+            });
+        }
+    }
+    Ok(true)
+}
+
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
     match *op {
         Op::Nop => {}
@@ -1273,6 +1378,8 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 lanes(exec, |l| dv[l] = (av[l] >> (k as u32 * bits as u32)) & m);
             }
         }
+        Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off }
+            if mem.shared.all_written() && ld_shared_fast(r, exec, mem, size, n, sext, dbits, ds, a, off)? => {}
         Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
             let av = r[a as usize];
             let mut err = None;

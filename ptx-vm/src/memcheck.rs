@@ -69,6 +69,15 @@ pub(crate) struct RaceOther {
 }
 
 impl RaceState {
+    /// Whether a read of `[at, at + len)` by the running warp would meet another warp's write of
+    /// this barrier interval (the read-after-write check of [`RaceState::access`], without stamping).
+    pub(crate) fn conflicts(&self, at: usize, len: usize) -> bool {
+        let (w, e) = (self.warp, self.epoch);
+        (at / 4..(at + len).div_ceil(4)).any(|i| {
+            let ws = &self.words[i];
+            ws.write_epoch == e && ws.writer != w + 1
+        })
+    }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
         // Reader sets are 32-bit masks: blocks of more than 1024 threads (only with raised
@@ -161,6 +170,15 @@ impl SharedMem {
                 }
             }
         }
+    }
+    /// Whether every byte of the window has been written (or initcheck is off).
+    #[inline(always)]
+    pub(crate) fn all_written(&self) -> bool {
+        self.unwritten == 0
+    }
+    #[inline(always)]
+    pub(crate) fn racecheck_on(&self) -> bool {
+        self.racecheck
     }
     #[inline(always)]
     pub(crate) fn is_written(&self, at: usize, len: usize) -> bool {
@@ -289,10 +307,15 @@ impl Mem<'_> {
     }
     #[inline(always)]
     pub(crate) fn read(&self, loc: Loc, size: u8) -> u64 {
-        let rd = |s: &[u8], at: usize| {
-            let mut b = [0u8; 8];
-            b[..size as usize].copy_from_slice(&s[at..at + size as usize]);
-            u64::from_le_bytes(b)
+        // Fixed-size copies per access size (a variable-length copy per lane was a call to
+        // memmove and the VM's largest single cost on shared-memory loads).
+        let rd = |s: &[u8], at: usize| -> u64 {
+            match size {
+                1 => s[at] as u64,
+                2 => u16::from_le_bytes([s[at], s[at + 1]]) as u64,
+                4 => u32::from_le_bytes(s[at..at + 4].try_into().unwrap()) as u64,
+                _ => u64::from_le_bytes(s[at..at + 8].try_into().unwrap()),
+            }
         };
         match loc {
             // SAFETY: `resolve` checked bounds; `locate` checked natural alignment.
@@ -304,15 +327,23 @@ impl Mem<'_> {
     }
     #[inline(always)]
     pub(crate) fn write(&mut self, loc: Loc, size: u8, v: u64) {
-        let b = v.to_le_bytes();
+        #[inline(always)]
+        fn wr(s: &mut [u8], at: usize, size: u8, v: u64) {
+            match size {
+                1 => s[at] = v as u8,
+                2 => s[at..at + 2].copy_from_slice(&(v as u16).to_le_bytes()),
+                4 => s[at..at + 4].copy_from_slice(&(v as u32).to_le_bytes()),
+                _ => s[at..at + 8].copy_from_slice(&v.to_le_bytes()),
+            }
+        }
         match loc {
             // SAFETY: as in `read`.
             Loc::Ptr(p) => unsafe { memory::atomic_store(p, size, v) },
             Loc::Shared(a) => {
-                self.shared.bytes[a..a + size as usize].copy_from_slice(&b[..size as usize]);
+                wr(&mut self.shared.bytes, a, size, v);
                 self.shared.mark_written(a, size as usize);
             }
-            Loc::Local(a) => self.local[a..a + size as usize].copy_from_slice(&b[..size as usize]),
+            Loc::Local(a) => wr(self.local, a, size, v),
             Loc::Param(_) => {}
         }
     }

@@ -220,6 +220,34 @@ fn heap_statistics() {
 }
 
 #[test]
+fn racecheck_on_the_fully_written_window_names_the_element_and_both_lines() {
+    // Once every shared byte has been written, `ld.shared` takes the VM's fast path: its race
+    // reports must be those of the general path. Warp 0 fills the window, a barrier, then warp
+    // 0 rewrites word 1 and all 32 lanes of warp 1 load both words as one vector (every lane the
+    // same address): the race is on the vector's second element, named with both lines.
+    let decls = ".shared .align 8 .b8 sm[8];";
+    let body = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.ge.u32 %p2, %r1, 32;\n\
+        @%p1 st.shared.v2.u32 [sm], {1, 2};\n bar.sync 0;\n @%p1 st.shared.u32 [sm+4], 7; // STORE\n\
+        @%p2 ld.shared.v2.u32 {%r2, %r3}, [sm]; // LOAD";
+    let (f, src, text) = finding(decls, body, 1, 64, 8);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// LOAD"), [32, 0, 0]),
+        "{text}"
+    );
+    assert!(text.contains("warp 1 reads shared word 4 that warp 0 wrote since the last barrier"), "{text}");
+    assert_eq!((f.address, f.access_bytes), (Some(4), Some(4)), "the second element, 4 bytes: {text}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, true, line_of(&src, "// STORE")), "{text}");
+    // Ordered by a second barrier, the same loads see the new value in every lane of warp 1.
+    let ordered = "mov.u32 %r1, %tid.x;\n setp.eq.u32 %p1, %r1, 0;\n setp.ge.u32 %p2, %r1, 32;\n\
+        @%p1 st.shared.v2.u32 [sm], {1, 2};\n bar.sync 0;\n @%p1 st.shared.u32 [sm+4], 7;\n bar.sync 0;\n\
+        ld.shared.v2.u32 {%r2, %r3}, [sm];\n add.u32 %r4, %r2, %r3;\n mul.wide.u32 %rd1, %r1, 4;\n\
+        add.s64 %rd2, %rd0, %rd1;\n st.global.u32 [%rd2], %r4;";
+    assert_eq!(words(&run(decls, ordered, 1, 64, 256).unwrap()), vec![8; 64]);
+}
+
+#[test]
 fn racecheck_finds_unordered_shared_accesses_between_warps() {
     let decls = ".shared .align 4 .b8 sm[8];";
     // Read after write: warp 0 stores word 0, warp 1 loads it with no barrier in between.
