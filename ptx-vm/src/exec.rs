@@ -1182,6 +1182,7 @@ macro_rules! for_lanes {
     ($exec:expr, $l:ident, $body:block) => {{
         let exec: u32 = $exec;
         if exec == FULL {
+            #[allow(clippy::needless_range_loop)]
             for $l in 0..32usize $body
         } else {
             let mut m = exec;
