@@ -1,7 +1,8 @@
 //! Throughput of the VM on the flash kernels `flash_fwd_f32_d64` (SIMT, f32) and
 //! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256.
 //!
-//! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs).
+//! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs, and
+//! a word such as `bf16` to run only the kernels whose name contains it).
 //! Prints thread-instructions per second and the median wall time for 1 worker and for all cores,
 //! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck and racecheck off
 //! (their cost).
@@ -14,6 +15,8 @@ const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
 
 fn main() {
     let runs: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(7);
+    // A word that is not a number or a flag keeps only the kernels whose name contains it.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-') && a.parse::<usize>().is_err());
     let module = Module::load(PTX).expect("module loads");
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
     let mut worker_counts = vec![1];
@@ -24,6 +27,9 @@ fn main() {
         ("flash_fwd_f32_d64", 4usize, FLASH_F32_D64.launch(1, 2, 256)),
         ("flash_fwd_bf16_d64", 2, FLASH_MMA_D64.launch(1, 2, 256)),
     ] {
+        if filter.as_ref().is_some_and(|f| !kernel.contains(f.as_str())) {
+            continue;
+        }
         for &workers in &worker_counts {
             bench(&module, kernel, elem_bytes, tile, workers, runs, true);
         }

@@ -83,6 +83,17 @@ pub(crate) struct Worker {
     pub trace: Vec<TraceEntry>,
 }
 
+impl Worker {
+    /// Clears the counters and the trace of an earlier launch; the warps' register files and
+    /// the shared memory keep their allocations (every block start resets their contents).
+    pub(crate) fn start_launch(&mut self) {
+        self.thread_instructions = 0;
+        self.warp_instructions = 0;
+        self.blocks = 0;
+        self.trace.clear();
+    }
+}
+
 #[inline(always)]
 fn lanes(mask: u32, mut f: impl FnMut(usize)) {
     if mask == FULL {

@@ -523,6 +523,9 @@ pub struct Vm {
     module_globals: HashMap<u64, u64>,
     /// The trace of the last launch, kept when it stopped at a finding.
     last_trace: Vec<TraceEntry>,
+    /// Workers of earlier launches, reused so that their register files and shared memory are
+    /// not allocated (and page-faulted in) again on every launch.
+    pool: Vec<exec::Worker>,
 }
 
 impl Default for Vm {
@@ -545,6 +548,7 @@ impl Vm {
             racecheck: true,
             module_globals: HashMap::new(),
             last_trace: Vec::new(),
+            pool: Vec::new(),
         }
     }
     /// Names an allocation (e.g. `Q`, `O`, `LSE`): findings then say which buffer an access
@@ -742,8 +746,10 @@ impl Vm {
         let fail_at = AtomicU64::new(u64::MAX);
         let errors: Mutex<Vec<(u64, Box<Finding>)>> = Mutex::new(Vec::new());
         let results: Mutex<Vec<exec::Worker>> = Mutex::new(Vec::new());
+        let pool = Mutex::new(std::mem::take(&mut self.pool));
         let work = || {
-            let mut w = exec::Worker::default();
+            let mut w = pool.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+            w.start_launch();
             loop {
                 let b = next.fetch_add(1, Ordering::Relaxed);
                 if b >= nblocks || b > fail_at.load(Ordering::Relaxed) {
@@ -768,12 +774,14 @@ impl Vm {
         }
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut stats = LaunchStats::default();
-        for w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        for mut w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
             stats.thread_instructions += w.thread_instructions;
             stats.warp_instructions += w.warp_instructions;
             stats.blocks += w.blocks;
-            stats.trace.extend(w.trace);
+            stats.trace.append(&mut w.trace);
+            self.pool.push(w);
         }
+        self.pool.append(&mut pool.into_inner().unwrap_or_else(|e| e.into_inner()));
         for t in &mut stats.trace {
             t.source = module.source_of(t.line);
         }

@@ -37,7 +37,8 @@ impl HalfKind {
     pub(crate) fn to_f64(self, bits: u16) -> f64 {
         match self {
             HalfKind::F16 => half::f16::from_bits(bits).to_f64(),
-            HalfKind::Bf16 => half::bf16::from_bits(bits).to_f64(),
+            // bf16 is the upper half of an f32: exact, without a library call.
+            HalfKind::Bf16 => f32::from_bits((bits as u32) << 16) as f64,
         }
     }
 }
@@ -93,17 +94,30 @@ pub(crate) fn mma_f32_acc(
     debug_assert!(k == 8 || k == 16);
     let am = gather_a(kind, k, a);
     let bm = gather_b(kind, k, b);
-    let mut d = [[0.0f32; 4]; 32];
-    for lane in 0..32 {
+    // Each output is c + a0 b0 + a1 b1 + ... in this order (one rounding to f32 at the end);
+    // running the k loop outside lets the compiler vectorise over the 8 columns without
+    // changing any output's sequence of operations.
+    let mut acc = [[0.0f64; 8]; 16];
+    for (lane, cl) in c.iter().enumerate() {
         let (g, t) = (lane / 4, lane % 4);
-        for i in 0..4 {
-            let row = g + 8 * (i / 2);
-            let col = 2 * t + (i % 2);
-            let mut s = c[lane][i] as f64;
-            for kk in 0..k {
-                s += am[row][kk] * bm[kk][col];
+        for (i, &ci) in cl.iter().enumerate() {
+            acc[g + 8 * (i / 2)][2 * t + (i % 2)] = ci as f64;
+        }
+    }
+    for kk in 0..k {
+        let bk = &bm[kk];
+        for (row, accr) in acc.iter_mut().enumerate() {
+            let x = am[row][kk];
+            for col in 0..8 {
+                accr[col] += x * bk[col];
             }
-            d[lane][i] = s as f32;
+        }
+    }
+    let mut d = [[0.0f32; 4]; 32];
+    for (lane, dl) in d.iter_mut().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        for (i, di) in dl.iter_mut().enumerate() {
+            *di = acc[g + 8 * (i / 2)][2 * t + (i % 2)] as f32;
         }
     }
     d
@@ -206,6 +220,57 @@ mod tests {
         let d = mma_f32_acc(HalfKind::F16, 16, &a, &b, &c);
         assert_eq!(d[0][0], 1.0 + 2f32.powi(-23));
         assert_eq!(d[0][1], 1.0);
+    }
+
+    #[test]
+    fn mma_sums_every_output_in_k_order_bit_for_bit() {
+        // Random finite operands: each output must be exactly `c + a0 b0 + a1 b1 + ...` summed
+        // in f64 in k order and rounded once (the order the VM has always used, so kernels' VM
+        // results stay bit-identical), for both element kinds and both k.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for kind in [HalfKind::F16, HalfKind::Bf16] {
+            for k in [8, 16] {
+                let mut half_bits = || loop {
+                    let h = next() as u16;
+                    if kind.to_f64(h).is_finite() {
+                        return h;
+                    }
+                };
+                let mut a = [[0u32; 4]; 32];
+                let mut b = [[0u32; 2]; 32];
+                let mut c = [[0f32; 4]; 32];
+                for lane in 0..32 {
+                    for r in &mut a[lane] {
+                        *r = pack(half_bits(), half_bits());
+                    }
+                    for r in &mut b[lane] {
+                        *r = pack(half_bits(), half_bits());
+                    }
+                    for v in &mut c[lane] {
+                        *v = kind.to_f64(half_bits()) as f32;
+                    }
+                }
+                let (am, bm) = (gather_a(kind, k, &a), gather_b(kind, k, &b));
+                let d = mma_f32_acc(kind, k, &a, &b, &c);
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    for i in 0..4 {
+                        let (row, col) = (g + 8 * (i / 2), 2 * t + (i % 2));
+                        let mut s = c[lane][i] as f64;
+                        for kk in 0..k {
+                            s += am[row][kk] * bm[kk][col];
+                        }
+                        assert_eq!(d[lane][i].to_bits(), (s as f32).to_bits(), "{kind:?} k{k} lane {lane} elem {i}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
