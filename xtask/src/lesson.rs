@@ -105,6 +105,9 @@ enum Verdict {
 struct Out {
     text: String,
     quiet: bool,
+    /// The kernel's source file (relative to the repository), read for hints the VM's findings
+    /// and the outputs alone cannot give (a `return` before a barrier).
+    src: Option<PathBuf>,
 }
 
 impl Out {
@@ -179,6 +182,7 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
     let l = &LESSONS[n - 1];
     let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
     out.say(tr!("lesson {}: {} ({})", "Lektion {}: {} ({})", n, if german() { l.titel } else { l.title }, file));
+    out.src = Some(PathBuf::from(&file));
     let module = match build(n, solution, out) {
         Ok(m) => m,
         Err(e) => {
@@ -554,7 +558,21 @@ fn launch(
             if let Some(n) = &f.nearest_allocation {
                 out.say(format!("    where    {n}"));
             }
+            let early = early_return_in(out, f.source.as_ref());
             let hint = match f.kind.as_str() {
+                k if k.starts_with("out-of-bounds") && wrapped_distance(&f).is_some() => {
+                    let gib = wrapped_distance(&f).unwrap_or(0) as f64 / (1u64 << 30) as f64;
+                    let buf = f.buffer.as_deref().unwrap_or(if german() { "dem Puffer" } else { "the buffer" });
+                    tr!(
+                        "the address is {:.1} GiB away from the nearest buffer (`{}`, which need not be the one indexed): an index goes that far only when it wrapped - an unsigned (u32) index or bound that goes below 0 (`i - 1` at i = 0) becomes about 4.29e9; test before subtracting, or compute it in i64",
+                        "die Adresse liegt {:.1} GiB vom nächsten Puffer entfernt (`{}`, nicht unbedingt der indizierte): so weit kommt ein Index nur, wenn er übergelaufen ist - ein vorzeichenloser (u32) Index oder eine Grenze unter 0 (`i - 1` bei i = 0) wird zu etwa 4,29e9; prüfen Sie vor dem Subtrahieren, oder rechnen Sie in i64",
+                        gib,
+                        buf
+                    )
+                }
+                "uninitialized shared memory read" | "barrier divergence" | "deadlock" if early.is_some() => {
+                    early_return_hint(early.as_ref())
+                }
                 k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
                     "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
@@ -576,6 +594,53 @@ fn launch(
             Err(Verdict::Finding)
         }
     }
+}
+
+/// A `return` before a `sync_threads()` in kernel source `src`: the 1-based lines of the first
+/// `return` statement and of the first barrier after it (comments ignored).
+fn early_return(src: &str) -> Option<(usize, usize)> {
+    let code = |l: &str| l.split("//").next().unwrap_or("").to_string();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let is_return = |l: &str| {
+        l.match_indices("return").any(|(at, w)| {
+            !l[..at].chars().next_back().is_some_and(ident) && !l[at + w.len()..].chars().next().is_some_and(ident)
+        })
+    };
+    let lines: Vec<String> = src.lines().map(code).collect();
+    let ret = lines.iter().position(|l| is_return(l))?;
+    let sync = ret + 1 + lines[ret + 1..].iter().position(|l| l.contains("sync_threads()"))?;
+    Some((ret + 1, sync + 1))
+}
+
+/// [`early_return`] in the file a finding points at (`at`), or else in the lesson's file: the
+/// file and both lines.
+fn early_return_in(out: &Out, at: Option<&ptx_vm::SourceLoc>) -> Option<(String, usize, usize)> {
+    let file = at
+        .map(|s| s.file.clone())
+        .filter(|f| !f.starts_with('<'))
+        .or_else(|| out.src.as_ref().map(|p| p.display().to_string()))?;
+    let text = std::fs::read_to_string(paths::root().join(&file)).ok()?;
+    early_return(&text).map(|(r, s)| (file, r, s))
+}
+
+/// What a `return` before a barrier does, in words, with its lines.
+fn early_return_hint(e: Option<&(String, usize, usize)>) -> String {
+    let Some((file, r, s)) = e else { return String::new() };
+    tr!(
+        "line {r} of {file} returns before the `sync_threads()` at line {s}: the threads that leave never store their part of the tile, so the others read words nobody wrote (a barrier does not wait for threads that have exited); keep every thread until the last barrier and guard only the loads (load 0.0 instead) and the final store",
+        "Zeile {r} von {file} kehrt vor dem `sync_threads()` in Zeile {s} zurück: die Threads, die gehen, speichern ihren Teil der Kachel nie, also lesen die anderen Wörter, die niemand geschrieben hat (eine Barriere wartet nicht auf beendete Threads); halten Sie jeden Thread bis zur letzten Barriere und schützen Sie nur die Ladevorgänge (laden Sie stattdessen 0.0) und das abschließende Speichern"
+    )
+}
+
+/// How far (bytes) an out-of-bounds access lies from the start of the allocation its finding
+/// names, when that is 2 GiB or more: no lesson's buffer is near that size, so the index wrapped.
+fn wrapped_distance(f: &ptx_vm::Finding) -> Option<u64> {
+    let addr = f.address?;
+    let near = f.nearest_allocation.as_deref()?;
+    let hex = &near[near.rfind(" at 0x")? + 6..];
+    let start = u64::from_str_radix(hex.split(|c: char| !c.is_ascii_hexdigit()).next()?, 16).ok()?;
+    let d = addr.abs_diff(start);
+    (d >= 1 << 31).then_some(d)
 }
 
 fn vm_launcher(m: &Module) -> Launcher<'_> {
@@ -606,7 +671,12 @@ fn result(
             explain(out, name, unit, x);
         }
     }
-    let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
+    // A `return` before a barrier leaves tile words unwritten whatever else the kernel does.
+    let early = early_return_in(out, None);
+    let h = match early {
+        Some(_) if d.iter().any(|(_, _, x)| !x.ok() && !all_unwritten(x)) => Some(early_return_hint(early.as_ref())),
+        _ => d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x)),
+    };
     out.say(tr!(
         "  what to look at: {}",
         "  worauf Sie achten sollten: {}",
@@ -966,6 +1036,31 @@ fn attention_ref(
     (o, lse)
 }
 
+/// How many leading keys row `i`'s output `got` (32 values) is the attention over: the prefix
+/// length `e` (0 for an all-zero row) whose f64 attention matches `got` within 1e-3, if any.
+fn keys_seen(q: &[f32], k: &[f32], v: &[f32], i: usize, skv: usize, scale: f64, got: &[f32]) -> Option<usize> {
+    const D: usize = 32;
+    let near = |a: f64, b: f32| (a - b as f64).abs() <= 1e-3 * a.abs().max(1.0);
+    if got.iter().all(|&x| x == 0.0) {
+        return Some(0);
+    }
+    let s: Vec<f64> =
+        (0..skv).map(|j| scale * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>()).collect();
+    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let (mut num, mut den) = ([0.0f64; D], 0.0f64);
+    for (j, x) in s.iter().enumerate() {
+        let p = (x - mx).exp();
+        den += p;
+        for (c, n) in num.iter_mut().enumerate() {
+            *n += p * v[j * D + c] as f64;
+        }
+        if num.iter().zip(got).all(|(n, &g)| near(n / den, g)) {
+            return Some(j + 1);
+        }
+    }
+    None
+}
+
 /// Lesson 5's blocks: two warps, so a missing barrier is a race between them.
 const L5_THREADS: usize = 64;
 const L5_SMEM: u32 = 2 * L5_THREADS as u32 * 32 * 4;
@@ -1015,11 +1110,33 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 ];
                 launch(&mut l, out, "flash_lesson_f32", [grid, 1, 1], [L5_THREADS as u32, 1, 1], L5_SMEM, &args)?;
                 let (want_o, want_lse) = attention_ref(&q, &k, &v, sq, skv, causal, scale as f64);
-                let d_o = compare(&setup(l.read_f32("O")), &want_o, 32, 1e-4);
+                let got_o = setup(l.read_f32("O"));
+                let d_o = compare(&got_o, &want_o, 32, 1e-4);
                 let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-4);
                 let blind = sq.saturating_sub(skv); // rows that see no key when causal
+                                                    // Rows whose bound `i + seq_kv - seq_q` is below 0 but which saw every key: the
+                                                    // bound was computed in u32 and wrapped around.
+                let wrapped: Vec<usize> = if causal {
+                    d_o.wrong_rows
+                        .iter()
+                        .copied()
+                        .filter(|&r| {
+                            r < blind
+                                && keys_seen(&q, &k, &v, r, skv, scale as f64, &got_o[r * 32..r * 32 + 32]) == Some(skv)
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
-                    Some(if all_unwritten(d) {
+                    Some(if !wrapped.is_empty() {
+                        tr!(
+                            "rows {} see all {} keys, though their causal bound `i + seq_kv - seq_q` is below 0: in u32 the subtraction wraps around (0 - 1 = 4294967295), so the mask lets every key through - compute the bound in i64, or compare `j + seq_q <= i + seq_kv`, which never goes below 0",
+                            "die Zeilen {} sehen alle {} Keys, obwohl ihre kausale Grenze `i + seq_kv - seq_q` unter 0 liegt: in u32 läuft die Subtraktion über (0 - 1 = 4294967295), also lässt die Maske jeden Key durch - rechnen Sie die Grenze in i64, oder vergleichen Sie `j + seq_q <= i + seq_kv`, was nie unter 0 fällt",
+                            ranges(&wrapped),
+                            skv
+                        )
+                    } else if all_unwritten(d) {
                         tr!(
                             "the kernel does not store into {} yet (step 3)",
                             "der Kernel speichert noch nichts in {} (Schritt 3)",
@@ -1113,6 +1230,135 @@ mod tests {
             eprintln!("{r}");
         }
         assert!(races.len() >= 2, "{races:?}");
+    }
+
+    /// Lesson `dir`'s solution with each `(from, to)` of `edits` replaced (each must occur), as
+    /// a crate of its own under `target/lesson-mutants/NAME/` built with the lessons' recipe (as
+    /// `lesson build` builds a scratch kernel): the mistake a learner makes, for the checker to
+    /// diagnose. Returns the module and an `Out` whose source is the mutated file.
+    fn mutant(dir: &str, name: &str, edits: &[(&str, &str)]) -> (Module, Out) {
+        let root = paths::root();
+        let crate_dir = root.join("target/lesson-mutants").join(name);
+        std::fs::create_dir_all(&crate_dir).unwrap();
+        let mut src = std::fs::read_to_string(root.join("lessons").join(dir).join("solution.rs")).unwrap();
+        for (from, to) in edits.iter().chain(&[("use crate::gpu::*;", "use memattn_lessons::gpu::*;")]) {
+            assert!(src.contains(from), "`{from}` is not in lessons/{dir}/solution.rs");
+            src = src.replacen(from, to, 1);
+        }
+        std::fs::write(crate_dir.join("kernel.rs"), format!("#![no_std]\n#![feature(abi_ptx)]\n{src}")).unwrap();
+        let manifest = format!(
+            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[lib]\npath = \"kernel.rs\"\n\n\
+             [dependencies]\nmemattn-lessons = {{ path = \"{}\" }}\n\n[profile.ptx]\ninherits = \"release\"\npanic = \"abort\"\n\
+             lto = \"fat\"\ncodegen-units = 1\ndebug = false\n\n[workspace]\n",
+            root.join("lessons").display()
+        );
+        std::fs::write(crate_dir.join("Cargo.toml"), manifest).unwrap();
+        let ptx_path = root.join("target/lessons").join(format!("mutant-{name}.ptx"));
+        let m = crate_dir.join("Cargo.toml").display().to_string();
+        let ptx = compile(&["--manifest-path", &m], &ptx_path).unwrap_or_else(|e| panic!("mutant {name}: {e}"));
+        let out = Out { quiet: true, src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()), ..Out::default() };
+        (Module::load(&ptx).unwrap(), out)
+    }
+
+    /// The last "what to look at" line of a report.
+    fn hint_of(text: &str) -> &str {
+        text.lines().rfind(|l| l.contains("what to look at")).unwrap_or("")
+    }
+
+    /// Lesson 3 with the threads past the edge returning before the first barrier: the VM sees
+    /// a read of shared memory nobody wrote, and the hint names the `return` and the barrier,
+    /// not a missing barrier.
+    #[test]
+    fn an_early_return_before_a_barrier_is_named_as_that() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant(
+            "03-tiled-qk",
+            "early_return_l3",
+            &[(
+                "    let mut acc = 0.0f32;\n",
+                "    let mut acc = 0.0f32;\n    if i >= n || j >= m {\n        return;\n    }\n",
+            )],
+        );
+        let src = std::fs::read_to_string(paths::root().join(out.src.as_ref().unwrap())).unwrap();
+        let (ret, sync) = early_return(&src).expect("the mutant returns before a barrier");
+        assert_eq!(src.lines().nth(ret - 1).map(str::trim), Some("return;"));
+        assert!(src.lines().nth(sync - 1).unwrap().contains("sync_threads()"));
+        assert_eq!(lesson3(&m, &mut out), Verdict::Finding, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(out.text.contains("VM finding: uninitialized shared memory read"), "{}", out.text);
+        assert!(hint.contains(&format!("line {ret} of ")) && hint.contains(&format!("at line {sync}")), "{hint}");
+        assert!(hint.contains("returns before the `sync_threads()`"), "{hint}");
+        assert!(!hint.contains("is missing"), "{hint}");
+
+        // Lesson 5 runs without initcheck (racecheck judges its barriers): the words nobody
+        // wrote read as NaN, and the wrong rows get the same hint.
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "early_return_l5",
+            &[(
+                "    let valid = i < seq_q;\n",
+                "    let valid = i < seq_q;\n    if !valid {\n        return;\n    }\n",
+            )],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("returns before the `sync_threads()`"), "{}", out.text);
+    }
+
+    /// Lesson 5 with the causal bound in u32: for rows with `i + seq_kv < seq_q` it wraps and
+    /// the row sees every key. The hint names the wrap and the rows, not the base of -inf.
+    #[test]
+    fn a_u32_wrap_in_the_causal_bound_is_named_as_a_wrap() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "u32_bound_l5",
+            &[
+                (
+                    "if causal != 0 { (i as i64 + seq_kv as i64 - seq_q as i64 + 1).min(seq_kv as i64) } else { seq_kv as i64 }",
+                    "if causal != 0 { (i + seq_kv - seq_q + 1).min(seq_kv) } else { seq_kv }",
+                ),
+                ("if ((kv0 as usize + r) as i64) >= key_end {", "if kv0 + r as u32 >= key_end {"),
+            ],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        // Case 3 (seq_q = 150, seq_kv = 90): rows 0-58 wrap; row 59's bound is -1 + 1 = 0 in
+        // u32 too.
+        assert!(hint.contains("rows 0-58 see all 90 keys"), "{}", out.text);
+        assert!(hint.contains("wraps around"), "{hint}");
+        assert!(!hint.contains("base"), "{hint}");
+    }
+
+    /// Lesson 1 reading `x[i - 1]`: at i = 0 the u32 index wraps to 16 GiB past `x`. The hint
+    /// names the wrap, not a missing bounds guard.
+    #[test]
+    fn a_u32_wrap_in_an_index_is_named_as_a_wrap() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant("01-scale", "u32_index_l1", &[("x.add(i as usize)", "x.add((i - 1) as usize)")]);
+        assert_eq!(lesson1(&m, &mut out), Verdict::Finding, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("16.0 GiB away from the nearest buffer"), "{}", out.text);
+        assert!(out.text.contains("u32_index_l1/kernel.rs:16"), "{}", out.text);
+        assert!(hint.contains("`i - 1` at i = 0"), "{hint}");
+    }
+
+    #[test]
+    fn early_return_finds_a_return_before_a_barrier_only() {
+        let src =
+            "fn k() {\n    // return early? no\n    if i >= n {\n        return;\n    }\n    sync_threads();\n}\n";
+        assert_eq!(early_return(src), Some((4, 6)));
+        assert_eq!(early_return("fn k() {\n    sync_threads();\n    if i >= n { return; }\n}\n"), None);
+        assert_eq!(early_return("fn k() {\n    let returned = 1;\n    sync_threads();\n}\n"), None);
     }
 
     #[test]
