@@ -49,7 +49,10 @@ usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solu
        cargo xtask lesson new NAME         a scratch kernel of your own in lessons/scratch/NAME/
        cargo xtask lesson build NAME       build it to target/lessons/NAME.ptx and print how to launch and trace it
 
---lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`)
+--lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`);
+               `--lang de` also places the skeleton with German comments, lessons/NN-*/kernel.de.rs
+               (the same code on the same lines; made from kernel.rs and kernel.de.txt, not
+               tracked by git), and checks that file from then on while German is chosen
 
 exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
 
@@ -92,6 +95,28 @@ const LESSONS: [Lesson; 5] = [
         check: lesson5,
     },
 ];
+
+/// Which file of a lesson is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum File {
+    /// `kernel.rs`, the learner's file (comments in English).
+    Skeleton,
+    /// `kernel.de.rs`, the learner's file with the comments in German: not in the repository,
+    /// placed from `kernel.rs` and `kernel.de.txt` by `--lang de` (see [`german_skeleton`]).
+    German,
+    /// `solution.rs`, the reference solution.
+    Solution,
+}
+
+impl File {
+    fn name(self) -> &'static str {
+        match self {
+            File::Skeleton => "kernel.rs",
+            File::German => "kernel.de.rs",
+            File::Solution => "solution.rs",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Verdict {
@@ -163,7 +188,27 @@ pub fn main(args: &[String]) -> i32 {
         [n] => match n.parse::<usize>() {
             Ok(n) if (1..=LESSONS.len()).contains(&n) => {
                 let mut out = Out::default();
-                run_lesson(n, solution, &mut out).1
+                let dir = paths::root().join("lessons").join(LESSONS[n - 1].dir);
+                let file = if solution {
+                    File::Solution
+                } else if german() && (lang.as_deref() == Some("de") || dir.join("kernel.de.rs").exists()) {
+                    match place_german(n) {
+                        Ok(Some(placed)) => println!("{placed}"),
+                        Ok(None) => {}
+                        Err(e) => {
+                            eprintln!("Fehler: {e}");
+                            return 3;
+                        }
+                    }
+                    File::German
+                } else {
+                    File::Skeleton
+                };
+                let code = run_lesson(n, file, &mut out).1;
+                if file == File::Skeleton && german() {
+                    println!("(das Gerüst mit deutschen Kommentaren: cargo xtask lesson {n} --lang de)");
+                }
+                code
             }
             _ => {
                 eprintln!("error: `{n}` is not a lesson number (1..={})\n\n{USAGE}", LESSONS.len());
@@ -178,12 +223,12 @@ pub fn main(args: &[String]) -> i32 {
 }
 
 /// Builds and checks lesson `n`; returns the verdict (None: it did not build) and the exit code.
-fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32) {
+fn run_lesson(n: usize, which: File, out: &mut Out) -> (Option<Verdict>, i32) {
     let l = &LESSONS[n - 1];
-    let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
+    let file = format!("lessons/{}/{}", l.dir, which.name());
     out.say(tr!("lesson {}: {} ({})", "Lektion {}: {} ({})", n, if german() { l.titel } else { l.title }, file));
     out.src = Some(PathBuf::from(&file));
-    let module = match build(n, solution, out) {
+    let module = match build(n, which, out) {
         Ok(m) => m,
         Err(e) => {
             out.say(tr!("error: {}", "Fehler: {}", e));
@@ -230,14 +275,85 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
 }
 
 /// Where `build` writes lesson `n`'s PTX.
-fn ptx_path(n: usize, solution: bool) -> PathBuf {
-    paths::root().join("target/lessons").join(format!("lesson{n}{}.ptx", if solution { "-solution" } else { "" }))
+fn ptx_path(n: usize, which: File) -> PathBuf {
+    let tail = match which {
+        File::Skeleton => "",
+        File::German => "-de",
+        File::Solution => "-solution",
+    };
+    paths::root().join("target/lessons").join(format!("lesson{n}{tail}.ptx"))
+}
+
+/// The German skeleton: `en` (a lesson's `kernel.rs`) with each whole-line comment replaced, in
+/// order, by the next comment line of `de` (its `kernel.de.txt`: lines starting with `//` after
+/// their indentation; other lines there are notes and ignored). Each replacement must have the
+/// same indentation and marker (`//!`, `///` or `//`) as the line it replaces, and the counts
+/// must agree: the code lines are `kernel.rs`'s own, so both files have the same code on the same
+/// line numbers and every diagnosis points at the same lines.
+fn german_skeleton(en: &str, de: &str) -> Result<String, String> {
+    fn marker(l: &str) -> Option<(&str, &str)> {
+        let t = l.trim_start();
+        let indent = &l[..l.len() - t.len()];
+        let m = ["//!", "///", "//"].into_iter().find(|m| t.starts_with(m))?;
+        Some((indent, m))
+    }
+    let mut de_lines = de.lines().enumerate().filter(|(_, l)| marker(l).is_some());
+    let mut out = String::with_capacity(en.len() * 2);
+    for (i, line) in en.lines().enumerate() {
+        match marker(line) {
+            Some(want) => {
+                let (j, g) = de_lines
+                    .next()
+                    .ok_or_else(|| format!("kernel.de.txt ends before the comment on line {} of kernel.rs", i + 1))?;
+                if marker(g) != Some(want) {
+                    return Err(format!(
+                        "kernel.de.txt line {} (`{}`) does not start like line {} of kernel.rs (`{}`)",
+                        j + 1,
+                        g.trim(),
+                        i + 1,
+                        line.trim()
+                    ));
+                }
+                out.push_str(g.trim_end());
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    if let Some((j, _)) = de_lines.next() {
+        return Err(format!("kernel.de.txt has more comment lines than kernel.rs (line {} is one too many)", j + 1));
+    }
+    Ok(out)
+}
+
+/// Places lesson `n`'s German skeleton `kernel.de.rs` when it is not there yet (an existing one
+/// is the learner's work and stays); says so.
+fn place_german(n: usize) -> Result<Option<String>, String> {
+    let dir = paths::root().join("lessons").join(LESSONS[n - 1].dir);
+    let target = dir.join("kernel.de.rs");
+    if target.exists() {
+        return Ok(None);
+    }
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e}", paths::rel(&dir.join(f))));
+    let text = german_skeleton(&read("kernel.rs")?, &read("kernel.de.txt")?)?;
+    std::fs::write(&target, text).map_err(|e| format!("{}: {e}", paths::rel(&target)))?;
+    Ok(Some(format!(
+        "{} angelegt: das Gerüst von kernel.rs mit deutschen Kommentaren (derselbe Code in denselben Zeilen). \
+         Bearbeiten Sie diese Datei; `cargo xtask lesson {n} --lang de` prüft sie, `rm {}` setzt sie zurück.",
+        paths::rel(&target),
+        paths::rel(&target)
+    )))
 }
 
 /// Compiles the lesson to PTX with the kernel toolchain and loads it.
-fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
-    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
-    let ptx_path = ptx_path(n, solution);
+fn build(n: usize, which: File, out: &mut Out) -> Result<Module, String> {
+    let extra = match which {
+        File::Skeleton => "",
+        File::German => ",de",
+        File::Solution => ",solution",
+    };
+    let features = format!("lesson{n}{extra}");
+    let ptx_path = ptx_path(n, which);
     let t0 = Instant::now();
     let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
     out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
@@ -291,13 +407,13 @@ fn check_all() -> i32 {
     let mut bad = Vec::new();
     for n in 1..=LESSONS.len() {
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, _) = run_lesson(n, true, &mut out);
+        let (v, _) = run_lesson(n, File::Solution, &mut out);
         if v != Some(Verdict::Pass) {
             bad.push(format!("lesson {n}: the reference solution does not pass:\n{}", out.text));
         } else {
             println!("lesson {n}: solution passes");
             if n == 5 {
-                let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap_or_default();
+                let ptx = std::fs::read_to_string(ptx_path(5, File::Solution)).unwrap_or_default();
                 match barrier_mutants(&ptx) {
                     Ok(races) => {
                         for r in races {
@@ -309,7 +425,7 @@ fn check_all() -> i32 {
             }
         }
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, _) = run_lesson(n, false, &mut out);
+        let (v, _) = run_lesson(n, File::Skeleton, &mut out);
         let helpful = out.text.contains("never written") && out.text.contains("what to look at");
         if v != Some(Verdict::Wrong) || !helpful {
             bad.push(format!("lesson {n}: the unmodified skeleton should fail with a hint, but said:\n{}", out.text));
@@ -1222,9 +1338,9 @@ mod tests {
             return;
         }
         let mut out = Out { quiet: true, ..Out::default() };
-        let m = build(5, true, &mut out).unwrap_or_else(|e| panic!("lesson 5 does not build: {e}"));
+        let m = build(5, File::Solution, &mut out).unwrap_or_else(|e| panic!("lesson 5 does not build: {e}"));
         assert_eq!(lesson5(&m, &mut out), Verdict::Pass, "{}", out.text);
-        let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap();
+        let ptx = std::fs::read_to_string(ptx_path(5, File::Solution)).unwrap();
         let races = barrier_mutants(&ptx).unwrap_or_else(|e| panic!("{e}"));
         for r in &races {
             eprintln!("{r}");
@@ -1361,6 +1477,80 @@ mod tests {
         assert_eq!(early_return("fn k() {\n    let returned = 1;\n    sync_threads();\n}\n"), None);
     }
 
+    /// Every lesson's German skeleton is its `kernel.rs` line for line: the same code on the same
+    /// lines, every comment line German (none left as in `kernel.rs` but commented-out code).
+    #[test]
+    fn every_german_skeleton_is_kernel_rs_with_german_comments() {
+        for (n, l) in LESSONS.iter().enumerate() {
+            let dir = paths::root().join("lessons").join(l.dir);
+            let en = std::fs::read_to_string(dir.join("kernel.rs")).unwrap();
+            let de = german_skeleton(&en, &std::fs::read_to_string(dir.join("kernel.de.txt")).unwrap())
+                .unwrap_or_else(|e| panic!("lesson {}: {e}", n + 1));
+            assert_eq!(en.lines().count(), de.lines().count(), "lesson {}", n + 1);
+            let mut translated = 0;
+            for (i, (e, g)) in en.lines().zip(de.lines()).enumerate() {
+                if e.trim_start().starts_with("//") {
+                    translated += usize::from(e != g);
+                } else {
+                    assert_eq!(e, g, "lesson {} line {}: code must be kernel.rs's", n + 1, i + 1);
+                }
+            }
+            assert!(de.starts_with(&format!("//! Lektion {}: ", n + 1)), "lesson {}", n + 1);
+            assert!(de.contains("/// # Sicherheit") && !de.contains("Check it"), "lesson {}", n + 1);
+            assert!(translated >= 10, "lesson {}: only {translated} comment lines differ", n + 1);
+        }
+        // A translation out of step with kernel.rs is refused with both lines.
+        let e = german_skeleton("//! a\nfn f() {}\n    // b\n", "//! x\n//! y\n").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("line 3 of kernel.rs"), "{e}");
+        assert!(german_skeleton("//! a\n", "//! x\n//! y\n").unwrap_err().contains("more comment lines"));
+        assert!(german_skeleton("//! a\n// b\n", "//! x\n").unwrap_err().contains("ends before"));
+    }
+
+    /// `--lang de` places lesson 1's German skeleton, builds it and diagnoses it as it does
+    /// `kernel.rs`, naming `kernel.de.rs`. Needs the kernel toolchain.
+    #[test]
+    fn the_german_skeleton_is_placed_built_and_checked() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: lesson 1 is not built without the kernel toolchain: {e}");
+            return;
+        }
+        let file = paths::root().join("lessons/01-scale/kernel.de.rs");
+        let placed = place_german(1).unwrap();
+        if placed.is_some() {
+            let want = german_skeleton(
+                &std::fs::read_to_string(paths::root().join("lessons/01-scale/kernel.rs")).unwrap(),
+                &std::fs::read_to_string(paths::root().join("lessons/01-scale/kernel.de.txt")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), want);
+            assert!(placed.as_deref().unwrap().contains("kernel.de.rs angelegt"), "{placed:?}");
+        }
+        if placed.is_none() {
+            eprintln!("SKIPPED: {} is there already (a learner's copy) and stays as it is", file.display());
+            return;
+        }
+        set_german(true);
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, code) = run_lesson(1, File::German, &mut out);
+        // Solved in the German file only: it passes, so the German file is what was built.
+        let text = std::fs::read_to_string(&file).unwrap();
+        let solved = text.replace(
+            "    let _ = (n, a, x, y);",
+            "    let i = ctaid_x() * ntid_x() + tid_x();\n    if i < n {\n        unsafe { *y.add(i as usize) = a * *x.add(i as usize) };\n    }",
+        );
+        std::fs::write(&file, solved).unwrap();
+        let mut solved_out = Out { quiet: true, ..Out::default() };
+        let solved_v = run_lesson(1, File::German, &mut solved_out);
+        set_german(false);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
+        assert!(out.text.contains("(lessons/01-scale/kernel.de.rs)"), "{}", out.text);
+        assert!(out.text.contains("lesson1-de.ptx gebaut"), "{}", out.text);
+        assert!(out.text.contains("Schritt 3 - der Kernel speichert noch nichts in y"), "{}", out.text);
+        assert!(out.text.contains("ändern Sie lessons/01-scale/kernel.de.rs"), "{}", out.text);
+        assert_eq!(solved_v, (Some(Verdict::Pass), 0), "{}", solved_out.text);
+    }
+
     #[test]
     fn the_language_is_the_flag_then_lc_all_then_lang() {
         assert_eq!(choose_language(None, None, Some("de_DE.UTF-8")), Ok(true));
@@ -1383,7 +1573,7 @@ mod tests {
         }
         set_german(true);
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, code) = run_lesson(1, false, &mut out);
+        let (v, code) = run_lesson(1, File::Skeleton, &mut out);
         set_german(false);
         assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
         for line in [
