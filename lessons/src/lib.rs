@@ -36,8 +36,18 @@ macro_rules! lesson {
 lesson!("lesson1", "../01-scale/kernel.rs", "../01-scale/kernel.de.rs", "../01-scale/solution.rs");
 lesson!("lesson2", "../02-warp-softmax/kernel.rs", "../02-warp-softmax/kernel.de.rs", "../02-warp-softmax/solution.rs");
 lesson!("lesson3", "../03-tiled-qk/kernel.rs", "../03-tiled-qk/kernel.de.rs", "../03-tiled-qk/solution.rs");
-lesson!("lesson4", "../04-online-softmax/kernel.rs", "../04-online-softmax/kernel.de.rs", "../04-online-softmax/solution.rs");
-lesson!("lesson5", "../05-flash-forward/kernel.rs", "../05-flash-forward/kernel.de.rs", "../05-flash-forward/solution.rs");
+lesson!(
+    "lesson4",
+    "../04-online-softmax/kernel.rs",
+    "../04-online-softmax/kernel.de.rs",
+    "../04-online-softmax/solution.rs"
+);
+lesson!(
+    "lesson5",
+    "../05-flash-forward/kernel.rs",
+    "../05-flash-forward/kernel.de.rs",
+    "../05-flash-forward/solution.rs"
+);
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
