@@ -17,8 +17,20 @@
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features, unused_features))]
 
+// memattn's own unrolling macros, for `gpu::frag` (the same file as the kernels').
+#[cfg(target_arch = "nvptx64")]
+#[macro_use]
+#[path = "../../kernels-gpu/src/unroll.rs"]
+mod unroll;
+
 #[cfg(target_arch = "nvptx64")]
 pub mod gpu;
+
+/// The names `gpu::frag` (kernels-gpu's `frag.rs`) takes from kernels-gpu's `device` module.
+#[cfg(target_arch = "nvptx64")]
+mod device {
+    pub use crate::gpu::{max_f32, shfl_xor};
+}
 
 macro_rules! lesson {
     ($feature:literal, $kernel:literal, $kernel_de:literal, $solution:literal) => {
@@ -48,6 +60,7 @@ lesson!(
     "../05-flash-forward/kernel.de.rs",
     "../05-flash-forward/solution.rs"
 );
+lesson!("lesson6", "../06-mma-qk/kernel.rs", "../06-mma-qk/kernel.de.rs", "../06-mma-qk/solution.rs");
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -63,7 +63,7 @@ struct Lesson {
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
-const LESSONS: [Lesson; 5] = [
+const LESSONS: [Lesson; 6] = [
     Lesson {
         dir: "01-scale",
         title: "a scaled copy: one thread per element, the bounds guard",
@@ -93,6 +93,12 @@ const LESSONS: [Lesson; 5] = [
         title: "a complete f32 flash-attention forward",
         titel: "ein vollständiger f32-Flash-Attention-Forward",
         check: lesson5,
+    },
+    Lesson {
+        dir: "06-mma-qk",
+        title: "one tile of scores on the tensor cores: ldmatrix and mma.sync (bf16)",
+        titel: "eine Kachel Scores auf den Tensor Cores: ldmatrix und mma.sync (bf16)",
+        check: lesson6,
     },
 ];
 
@@ -1281,6 +1287,187 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
     )
 }
 
+// ---- lesson 6 ----
+
+/// Lesson 6's inputs: every bf16 value distinct and exact (multiples of 1/32 and 1/16 up to 4 in
+/// magnitude), so a register's content names the elements it holds.
+fn l6_q(i: usize, c: usize) -> f32 {
+    (i * 16 + c) as f32 / 32.0 - 4.0
+}
+fn l6_k(j: usize, c: usize) -> f32 {
+    (j * 16 + c) as f32 / 16.0 - 4.0
+}
+
+/// The bf16 bit pattern of an f32 that bf16 holds exactly.
+fn bf16_bits(x: f32) -> u16 {
+    debug_assert_eq!(x.to_bits() & 0xffff, 0, "{x} is not exact in bf16");
+    (x.to_bits() >> 16) as u16
+}
+
+/// Two bf16 in one register, `lo` in bits 0..16.
+fn pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) as u32 | (bf16_bits(hi) as u32) << 16
+}
+
+/// The m16n8k16 operand layout, written out: what register `r` of lane `l` must hold, as
+/// (matrix, row, first column) of the pair it packs. A (Q): `a0` rows g, cols 2t; `a1` rows g+8;
+/// `a2` cols 2t+8; `a3` both. B (K, key-major): `b0` key g, cols 2t; `b1` cols 2t+8.
+fn l6_slot(a: bool, l: usize, r: usize) -> (usize, usize) {
+    let (g, t) = (l / 4, l % 4);
+    if a {
+        (g + 8 * (r % 2), 2 * t + 8 * (r / 2))
+    } else {
+        (g, 2 * t + 8 * r)
+    }
+}
+
+/// What a wrong fragment register holds, in words: which elements, and where they belong.
+fn l6_name(a: bool, got: u32) -> Option<String> {
+    let (rows, f): (usize, fn(usize, usize) -> f32) = if a { (16, l6_q) } else { (8, l6_k) };
+    let regs = if a { 4 } else { 2 };
+    let m = if a { "Q" } else { "K" };
+    for l in 0..32 {
+        for r in 0..regs {
+            let (i, c) = l6_slot(a, l, r);
+            if i < rows && pair(f(i, c), f(i, c + 1)) == got {
+                let reg = if a { format!("a{r}") } else { format!("b{r}") };
+                return Some(tr!(
+                    "{m}[{i}, {c}..{}], which belongs in {reg} of lane {l}",
+                    "{m}[{i}, {c}..{}], das in {reg} von Lane {l} gehört",
+                    c + 1
+                ));
+            }
+        }
+    }
+    None
+}
+
+fn lesson6(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            out.say(tr!(
+                "case 1: Q 16 x 16, K 8 x 16 (bf16, every value distinct), 1 block of 32 threads: S = Q Kᵀ, 16 x 8",
+                "Fall 1: Q 16 x 16, K 8 x 16 (bf16, jeder Wert verschieden), 1 Block mit 32 Threads: S = Q Kᵀ, 16 x 8"
+            ));
+            let q: Vec<u8> = (0..256).flat_map(|x| bf16_bits(l6_q(x / 16, x % 16)).to_le_bytes()).collect();
+            let k: Vec<u8> = (0..128).flat_map(|x| bf16_bits(l6_k(x / 16, x % 16)).to_le_bytes()).collect();
+            let mut l = vm_launcher(m);
+            setup(l.input_bytes("Q", &q));
+            setup(l.input_bytes("K", &k));
+            setup(l.output_f32("S", 128));
+            setup(l.output_f32("frag_a", 128));
+            setup(l.output_f32("frag_b", 64));
+            let args = [Arg::buf("Q"), Arg::buf("K"), Arg::buf("S"), Arg::buf("frag_a"), Arg::buf("frag_b")];
+            launch(&mut l, out, "qk_mma_bf16", [1, 1, 1], [32, 1, 1], 768, &args)?;
+            let words = |name: &str| -> Vec<u32> {
+                setup(l.read_bytes(name)).chunks(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
+            };
+            let (fa, fb) = (words("frag_a"), words("frag_b"));
+            // The fragments, lane by lane: the first register that differs, with what it holds.
+            let mut frag_hint = None;
+            let mut frags_ok = true;
+            for (a, got, regs) in [(true, &fa, 4usize), (false, &fb, 2)] {
+                let name = if a { "frag_a" } else { "frag_b" };
+                let want: Vec<u32> = (0..32 * regs)
+                    .map(|x| {
+                        let (i, c) = l6_slot(a, x / regs, x % regs);
+                        if a {
+                            pair(l6_q(i, c), l6_q(i, c + 1))
+                        } else {
+                            pair(l6_k(i, c), l6_k(i, c + 1))
+                        }
+                    })
+                    .collect();
+                if got.iter().all(|&w| w == OUTPUT_POISON) {
+                    frags_ok = false;
+                    out.say(tr!(
+                        "  {}: never written - every register still holds the poison 0x{:08X} (step 5)",
+                        "  {}: nie geschrieben - alle Register enthalten noch das Gift 0x{:08X} (Schritt 5)",
+                        name,
+                        OUTPUT_POISON
+                    ));
+                    continue;
+                }
+                let bad: Vec<usize> = (0..want.len()).filter(|&x| got[x] != want[x]).collect();
+                if bad.is_empty() {
+                    out.say(tr!(
+                        "  {}: every lane's registers match the layout",
+                        "  {}: die Register jeder Lane stimmen mit dem Layout überein",
+                        name
+                    ));
+                    continue;
+                }
+                frags_ok = false;
+                let lanes: Vec<usize> = {
+                    let mut v: Vec<usize> = bad.iter().map(|x| x / regs).collect();
+                    v.dedup();
+                    v
+                };
+                let x = bad[0];
+                let (lane, r) = (x / regs, x % regs);
+                let reg = if a { format!("a{r}") } else { format!("b{r}") };
+                let (i, c) = l6_slot(a, lane, r);
+                let mat = if a { "Q" } else { "K" };
+                let holds = l6_name(a, got[x]).unwrap_or_else(|| {
+                    tr!("0x{:08X}, no pair of {} at all", "0x{:08X}, gar kein Paar aus {}", got[x], mat)
+                });
+                out.say(tr!(
+                    "  {}: {} of {} registers differ, in lanes {}",
+                    "  {}: {} von {} Registern weichen ab, in den Lanes {}",
+                    name,
+                    bad.len(),
+                    want.len(),
+                    ranges(&lanes)
+                ));
+                if frag_hint.is_none() {
+                    frag_hint = Some(tr!(
+                        "lane {lane}, register {reg} holds {holds}; {reg} of lane {lane} must hold {mat}[{i}, {c}..{}] (group g = {}, t = {})",
+                        "Lane {lane}, Register {reg} enthält {holds}; {reg} von Lane {lane} muss {mat}[{i}, {c}..{}] enthalten (Gruppe g = {}, t = {})",
+                        c + 1,
+                        lane / 4,
+                        lane % 4
+                    ));
+                }
+            }
+            let mut want_s = vec![0.0f64; 128];
+            for i in 0..16 {
+                for j in 0..8 {
+                    want_s[i * 8 + j] = (0..16).map(|c| l6_q(i, c) as f64 * l6_k(j, c) as f64).sum();
+                }
+            }
+            let d = compare(&setup(l.read_f32("S")), &want_s, 8, 1e-5);
+            if d.ok() && frags_ok {
+                out.say("  ok");
+                return Ok(());
+            }
+            if !d.ok() {
+                explain(out, "S", "row", &d);
+            }
+            let hint = if let Some(h) = frag_hint {
+                h
+            } else if all_unwritten(&d) {
+                tr!(
+                    "the kernel does not store into S (or the fragments) yet (step 5)",
+                    "der Kernel speichert noch nichts in S (oder die Fragmente) (Schritt 5)"
+                )
+            } else if !frags_ok {
+                tr!(
+                    "store every lane's A and B registers: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (step 5)",
+                    "speichern Sie die A- und B-Register jeder Lane: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (Schritt 5)"
+                )
+            } else {
+                tr!(
+                    "the fragments are right, so the mma is fed right: the store of D is wrong - d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
+                    "die Fragmente stimmen, die mma bekommt also die richtigen Operanden: das Speichern von D ist falsch - d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
+                )
+            };
+            out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
+            Err(Verdict::Wrong)
+        },
+        out,
+    )
+}
+
 /// Lesson 5's solution with one `bar.sync` of its PTX removed at a time (the PTX of deleting one
 /// `sync_threads()`): each must stop at a shared memory race whose report names the Rust lines
 /// of both accesses (the store and the other warp's load, or the load and the other warp's
@@ -1357,10 +1544,11 @@ mod tests {
         let crate_dir = root.join("target/lesson-mutants").join(name);
         std::fs::create_dir_all(&crate_dir).unwrap();
         let mut src = std::fs::read_to_string(root.join("lessons").join(dir).join("solution.rs")).unwrap();
-        for (from, to) in edits.iter().chain(&[("use crate::gpu::*;", "use memattn_lessons::gpu::*;")]) {
+        for (from, to) in edits {
             assert!(src.contains(from), "`{from}` is not in lessons/{dir}/solution.rs");
             src = src.replacen(from, to, 1);
         }
+        let src = src.replace("crate::gpu", "memattn_lessons::gpu");
         std::fs::write(crate_dir.join("kernel.rs"), format!("#![no_std]\n#![feature(abi_ptx)]\n{src}")).unwrap();
         let manifest = format!(
             "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[lib]\npath = \"kernel.rs\"\n\n\
@@ -1466,6 +1654,67 @@ mod tests {
         assert!(hint.contains("16.0 GiB away from the nearest buffer"), "{}", out.text);
         assert!(out.text.contains("u32_index_l1/kernel.rs:16"), "{}", out.text);
         assert!(hint.contains("`i - 1` at i = 0"), "{hint}");
+    }
+
+    /// Lesson 6 with two registers of a fragment swapped after `ldmatrix`: the checker names the
+    /// lane, the register, what it holds and what it must hold. Needs the kernel toolchain.
+    #[test]
+    fn a_swapped_fragment_register_is_named_by_lane_and_register() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let load_a = "let a = unsafe { ldmatrix_x4(smem_addr(q_s.add(row * 16 + chunk * 8))) };\n";
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "swapped_a_l6",
+            &[(load_a, &format!("{load_a}    let a = [a[0], a[2], a[1], a[3]];\n"))],
+        );
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(
+            hint.contains("lane 0, register a1 holds Q[0, 8..9], which belongs in a2 of lane 0; a1 of lane 0 must hold Q[8, 0..1]"),
+            "{}",
+            out.text
+        );
+        assert!(out.text.contains("frag_a: 64 of 128 registers differ, in lanes 0-31"), "{}", out.text);
+        assert!(out.text.contains("frag_b: every lane's registers match the layout"), "{}", out.text);
+
+        let load_b = "let b = unsafe { ldmatrix_x4(smem_addr(k_s.add((key % 8) * 16 + chunk * 8))) };\n";
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "swapped_b_l6",
+            &[(load_b, &format!("{load_b}    let b = [b[1], b[0], b[2], b[3]];\n"))],
+        );
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(
+            hint.contains("lane 0, register b0 holds K[0, 8..9], which belongs in b1 of lane 0; b0 of lane 0 must hold K[0, 0..1]"),
+            "{}",
+            out.text
+        );
+    }
+
+    /// The layout the checker restates (written apart from kernels-gpu's `frag` helpers, which
+    /// the solution uses) puts every pair of Q and of K in exactly one lane's register.
+    #[test]
+    fn lesson6_slots_cover_each_pair_once() {
+        let mut seen = [[0u8; 8]; 16];
+        for l in 0..32 {
+            for r in 0..4 {
+                let (i, c) = l6_slot(true, l, r);
+                seen[i][c / 2] += 1;
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1), "{seen:?}");
+        let mut seen = [[0u8; 8]; 8];
+        for l in 0..32 {
+            for r in 0..2 {
+                let (j, c) = l6_slot(false, l, r);
+                seen[j][c / 2] += 1;
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1), "{seen:?}");
     }
 
     #[test]
