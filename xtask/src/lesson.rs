@@ -737,12 +737,19 @@ fn early_return(src: &str) -> Option<(usize, usize)> {
 /// [`early_return`] in the file a finding points at (`at`), or else in the lesson's file: the
 /// file and both lines.
 fn early_return_in(out: &Out, at: Option<&ptx_vm::SourceLoc>) -> Option<(String, usize, usize)> {
-    let file = at
-        .map(|s| s.file.clone())
-        .filter(|f| !f.starts_with('<'))
-        .or_else(|| out.src.as_ref().map(|p| p.display().to_string()))?;
-    let text = std::fs::read_to_string(paths::root().join(&file)).ok()?;
-    early_return(&text).map(|(r, s)| (file, r, s))
+    // The kernel's own file first (`near` when the finding is in an inlined helper), then the
+    // lesson's.
+    let files = at
+        .into_iter()
+        .flat_map(|s| s.near.iter().map(|(f, _)| f.clone()).chain([s.file.clone()]))
+        .chain(out.src.as_ref().map(|p| p.display().to_string()))
+        .filter(|f| !f.starts_with('<'));
+    for file in files {
+        if let Some((r, s)) = std::fs::read_to_string(paths::root().join(&file)).ok().and_then(|t| early_return(&t)) {
+            return Some((file, r, s));
+        }
+    }
+    None
 }
 
 /// What a `return` before a barrier does, in words, with its lines.
