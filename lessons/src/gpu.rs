@@ -6,9 +6,24 @@
 //! `dynamic_smem_f32`, ...), each named after the PTX register or instruction it reads: what a
 //! lesson teaches reads the same in the production kernels. (The lessons build without
 //! kernels-gpu, so these are mirrored, not re-exported.)
+//!
+//! The tensor-core vocabulary of lesson 6 is not mirrored but is kernels-gpu's own source:
+//! [`mma`] is `kernels-gpu/src/mma.rs` (`ldmatrix_x4`, `smem_addr`, `Bf16::mma`, ...) and
+//! [`frag`] is `kernels-gpu/src/frag.rs` (the lanes' `ldmatrix` rows, the accumulator layout),
+//! the same files compiled into the lesson.
 
 use core::arch::asm;
 use core::arch::nvptx;
+
+/// memattn's tensor-core instruction forms: the file `kernels-gpu/src/mma.rs` itself.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/mma.rs"]
+pub mod mma;
+
+/// memattn's fragment helpers: the file `kernels-gpu/src/frag.rs` itself.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/frag.rs"]
+pub mod frag;
 
 /// `%tid.x`: this thread's index in its block (x dimension).
 #[inline(always)]
@@ -85,6 +100,17 @@ pub fn max_f32(a: f32, b: f32) -> f32 {
     } else {
         b
     }
+}
+
+/// 16 bytes with 16-byte alignment: the unit `ldmatrix` reads (one row of an 8 x 8 matrix).
+#[repr(C, align(16))]
+pub struct Row16([u8; 16]);
+
+/// The block's dynamic shared memory as 16-bit values (bf16 bit patterns), 16-byte aligned as
+/// `ldmatrix` needs (its size is set by the launch).
+#[inline(always)]
+pub fn dynamic_smem_u16() -> *mut u16 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Row16>() as *mut u16
 }
 
 /// The block's dynamic shared memory as `f32`s (its size is set by the launch).

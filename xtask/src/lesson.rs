@@ -49,7 +49,10 @@ usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solu
        cargo xtask lesson new NAME         a scratch kernel of your own in lessons/scratch/NAME/
        cargo xtask lesson build NAME       build it to target/lessons/NAME.ptx and print how to launch and trace it
 
---lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`)
+--lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`);
+               `--lang de` also places the skeleton with German comments, lessons/NN-*/kernel.de.rs
+               (the same code on the same lines; made from kernel.rs and kernel.de.txt, not
+               tracked by git), and checks that file from then on while German is chosen
 
 exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
 
@@ -60,7 +63,7 @@ struct Lesson {
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
-const LESSONS: [Lesson; 5] = [
+const LESSONS: [Lesson; 6] = [
     Lesson {
         dir: "01-scale",
         title: "a scaled copy: one thread per element, the bounds guard",
@@ -91,7 +94,35 @@ const LESSONS: [Lesson; 5] = [
         titel: "ein vollständiger f32-Flash-Attention-Forward",
         check: lesson5,
     },
+    Lesson {
+        dir: "06-mma-qk",
+        title: "one tile of scores on the tensor cores: ldmatrix and mma.sync (bf16)",
+        titel: "eine Kachel Scores auf den Tensor Cores: ldmatrix und mma.sync (bf16)",
+        check: lesson6,
+    },
 ];
+
+/// Which file of a lesson is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum File {
+    /// `kernel.rs`, the learner's file (comments in English).
+    Skeleton,
+    /// `kernel.de.rs`, the learner's file with the comments in German: not in the repository,
+    /// placed from `kernel.rs` and `kernel.de.txt` by `--lang de` (see [`german_skeleton`]).
+    German,
+    /// `solution.rs`, the reference solution.
+    Solution,
+}
+
+impl File {
+    fn name(self) -> &'static str {
+        match self {
+            File::Skeleton => "kernel.rs",
+            File::German => "kernel.de.rs",
+            File::Solution => "solution.rs",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Verdict {
@@ -105,6 +136,9 @@ enum Verdict {
 struct Out {
     text: String,
     quiet: bool,
+    /// The kernel's source file (relative to the repository), read for hints the VM's findings
+    /// and the outputs alone cannot give (a `return` before a barrier).
+    src: Option<PathBuf>,
 }
 
 impl Out {
@@ -160,7 +194,27 @@ pub fn main(args: &[String]) -> i32 {
         [n] => match n.parse::<usize>() {
             Ok(n) if (1..=LESSONS.len()).contains(&n) => {
                 let mut out = Out::default();
-                run_lesson(n, solution, &mut out).1
+                let dir = paths::root().join("lessons").join(LESSONS[n - 1].dir);
+                let file = if solution {
+                    File::Solution
+                } else if german() && (lang.as_deref() == Some("de") || dir.join("kernel.de.rs").exists()) {
+                    match place_german(n) {
+                        Ok(Some(placed)) => println!("{placed}"),
+                        Ok(None) => {}
+                        Err(e) => {
+                            eprintln!("Fehler: {e}");
+                            return 3;
+                        }
+                    }
+                    File::German
+                } else {
+                    File::Skeleton
+                };
+                let code = run_lesson(n, file, &mut out).1;
+                if file == File::Skeleton && german() {
+                    println!("(das Gerüst mit deutschen Kommentaren: cargo xtask lesson {n} --lang de)");
+                }
+                code
             }
             _ => {
                 eprintln!("error: `{n}` is not a lesson number (1..={})\n\n{USAGE}", LESSONS.len());
@@ -175,11 +229,12 @@ pub fn main(args: &[String]) -> i32 {
 }
 
 /// Builds and checks lesson `n`; returns the verdict (None: it did not build) and the exit code.
-fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32) {
+fn run_lesson(n: usize, which: File, out: &mut Out) -> (Option<Verdict>, i32) {
     let l = &LESSONS[n - 1];
-    let file = format!("lessons/{}/{}", l.dir, if solution { "solution.rs" } else { "kernel.rs" });
+    let file = format!("lessons/{}/{}", l.dir, which.name());
     out.say(tr!("lesson {}: {} ({})", "Lektion {}: {} ({})", n, if german() { l.titel } else { l.title }, file));
-    let module = match build(n, solution, out) {
+    out.src = Some(PathBuf::from(&file));
+    let module = match build(n, which, out) {
         Ok(m) => m,
         Err(e) => {
             out.say(tr!("error: {}", "Fehler: {}", e));
@@ -226,14 +281,85 @@ fn run_lesson(n: usize, solution: bool, out: &mut Out) -> (Option<Verdict>, i32)
 }
 
 /// Where `build` writes lesson `n`'s PTX.
-fn ptx_path(n: usize, solution: bool) -> PathBuf {
-    paths::root().join("target/lessons").join(format!("lesson{n}{}.ptx", if solution { "-solution" } else { "" }))
+fn ptx_path(n: usize, which: File) -> PathBuf {
+    let tail = match which {
+        File::Skeleton => "",
+        File::German => "-de",
+        File::Solution => "-solution",
+    };
+    paths::root().join("target/lessons").join(format!("lesson{n}{tail}.ptx"))
+}
+
+/// The German skeleton: `en` (a lesson's `kernel.rs`) with each whole-line comment replaced, in
+/// order, by the next comment line of `de` (its `kernel.de.txt`: lines starting with `//` after
+/// their indentation; other lines there are notes and ignored). Each replacement must have the
+/// same indentation and marker (`//!`, `///` or `//`) as the line it replaces, and the counts
+/// must agree: the code lines are `kernel.rs`'s own, so both files have the same code on the same
+/// line numbers and every diagnosis points at the same lines.
+fn german_skeleton(en: &str, de: &str) -> Result<String, String> {
+    fn marker(l: &str) -> Option<(&str, &str)> {
+        let t = l.trim_start();
+        let indent = &l[..l.len() - t.len()];
+        let m = ["//!", "///", "//"].into_iter().find(|m| t.starts_with(m))?;
+        Some((indent, m))
+    }
+    let mut de_lines = de.lines().enumerate().filter(|(_, l)| marker(l).is_some());
+    let mut out = String::with_capacity(en.len() * 2);
+    for (i, line) in en.lines().enumerate() {
+        match marker(line) {
+            Some(want) => {
+                let (j, g) = de_lines
+                    .next()
+                    .ok_or_else(|| format!("kernel.de.txt ends before the comment on line {} of kernel.rs", i + 1))?;
+                if marker(g) != Some(want) {
+                    return Err(format!(
+                        "kernel.de.txt line {} (`{}`) does not start like line {} of kernel.rs (`{}`)",
+                        j + 1,
+                        g.trim(),
+                        i + 1,
+                        line.trim()
+                    ));
+                }
+                out.push_str(g.trim_end());
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    if let Some((j, _)) = de_lines.next() {
+        return Err(format!("kernel.de.txt has more comment lines than kernel.rs (line {} is one too many)", j + 1));
+    }
+    Ok(out)
+}
+
+/// Places lesson `n`'s German skeleton `kernel.de.rs` when it is not there yet (an existing one
+/// is the learner's work and stays); says so.
+fn place_german(n: usize) -> Result<Option<String>, String> {
+    let dir = paths::root().join("lessons").join(LESSONS[n - 1].dir);
+    let target = dir.join("kernel.de.rs");
+    if target.exists() {
+        return Ok(None);
+    }
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| format!("{}: {e}", paths::rel(&dir.join(f))));
+    let text = german_skeleton(&read("kernel.rs")?, &read("kernel.de.txt")?)?;
+    std::fs::write(&target, text).map_err(|e| format!("{}: {e}", paths::rel(&target)))?;
+    Ok(Some(format!(
+        "{} angelegt: das Gerüst von kernel.rs mit deutschen Kommentaren (derselbe Code in denselben Zeilen). \
+         Bearbeiten Sie diese Datei; `cargo xtask lesson {n} --lang de` prüft sie, `rm {}` setzt sie zurück.",
+        paths::rel(&target),
+        paths::rel(&target)
+    )))
 }
 
 /// Compiles the lesson to PTX with the kernel toolchain and loads it.
-fn build(n: usize, solution: bool, out: &mut Out) -> Result<Module, String> {
-    let features = format!("lesson{n}{}", if solution { ",solution" } else { "" });
-    let ptx_path = ptx_path(n, solution);
+fn build(n: usize, which: File, out: &mut Out) -> Result<Module, String> {
+    let extra = match which {
+        File::Skeleton => "",
+        File::German => ",de",
+        File::Solution => ",solution",
+    };
+    let features = format!("lesson{n}{extra}");
+    let ptx_path = ptx_path(n, which);
     let t0 = Instant::now();
     let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
     out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
@@ -287,13 +413,13 @@ fn check_all() -> i32 {
     let mut bad = Vec::new();
     for n in 1..=LESSONS.len() {
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, _) = run_lesson(n, true, &mut out);
+        let (v, _) = run_lesson(n, File::Solution, &mut out);
         if v != Some(Verdict::Pass) {
             bad.push(format!("lesson {n}: the reference solution does not pass:\n{}", out.text));
         } else {
             println!("lesson {n}: solution passes");
             if n == 5 {
-                let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap_or_default();
+                let ptx = std::fs::read_to_string(ptx_path(5, File::Solution)).unwrap_or_default();
                 match barrier_mutants(&ptx) {
                     Ok(races) => {
                         for r in races {
@@ -305,7 +431,7 @@ fn check_all() -> i32 {
             }
         }
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, _) = run_lesson(n, false, &mut out);
+        let (v, _) = run_lesson(n, File::Skeleton, &mut out);
         let helpful = out.text.contains("never written") && out.text.contains("what to look at");
         if v != Some(Verdict::Wrong) || !helpful {
             bad.push(format!("lesson {n}: the unmodified skeleton should fail with a hint, but said:\n{}", out.text));
@@ -554,7 +680,21 @@ fn launch(
             if let Some(n) = &f.nearest_allocation {
                 out.say(format!("    where    {n}"));
             }
+            let early = early_return_in(out, f.source.as_ref());
             let hint = match f.kind.as_str() {
+                k if k.starts_with("out-of-bounds") && wrapped_distance(&f).is_some() => {
+                    let gib = wrapped_distance(&f).unwrap_or(0) as f64 / (1u64 << 30) as f64;
+                    let buf = f.buffer.as_deref().unwrap_or(if german() { "dem Puffer" } else { "the buffer" });
+                    tr!(
+                        "the address is {:.1} GiB away from the nearest buffer (`{}`, which need not be the one indexed): an index goes that far only when it wrapped - an unsigned (u32) index or bound that goes below 0 (`i - 1` at i = 0) becomes about 4.29e9; test before subtracting, or compute it in i64",
+                        "die Adresse liegt {:.1} GiB vom nächsten Puffer entfernt (`{}`, nicht unbedingt der indizierte): so weit kommt ein Index nur, wenn er übergelaufen ist - ein vorzeichenloser (u32) Index oder eine Grenze unter 0 (`i - 1` bei i = 0) wird zu etwa 4,29e9; prüfen Sie vor dem Subtrahieren, oder rechnen Sie in i64",
+                        gib,
+                        buf
+                    )
+                }
+                "uninitialized shared memory read" | "barrier divergence" | "deadlock" if early.is_some() => {
+                    early_return_hint(early.as_ref())
+                }
                 k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
                     "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
@@ -576,6 +716,60 @@ fn launch(
             Err(Verdict::Finding)
         }
     }
+}
+
+/// A `return` before a `sync_threads()` in kernel source `src`: the 1-based lines of the first
+/// `return` statement and of the first barrier after it (comments ignored).
+fn early_return(src: &str) -> Option<(usize, usize)> {
+    let code = |l: &str| l.split("//").next().unwrap_or("").to_string();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let is_return = |l: &str| {
+        l.match_indices("return").any(|(at, w)| {
+            !l[..at].chars().next_back().is_some_and(ident) && !l[at + w.len()..].chars().next().is_some_and(ident)
+        })
+    };
+    let lines: Vec<String> = src.lines().map(code).collect();
+    let ret = lines.iter().position(|l| is_return(l))?;
+    let sync = ret + 1 + lines[ret + 1..].iter().position(|l| l.contains("sync_threads()"))?;
+    Some((ret + 1, sync + 1))
+}
+
+/// [`early_return`] in the file a finding points at (`at`), or else in the lesson's file: the
+/// file and both lines.
+fn early_return_in(out: &Out, at: Option<&ptx_vm::SourceLoc>) -> Option<(String, usize, usize)> {
+    // The kernel's own file first (`near` when the finding is in an inlined helper), then the
+    // lesson's.
+    let files = at
+        .into_iter()
+        .flat_map(|s| s.near.iter().map(|(f, _)| f.clone()).chain([s.file.clone()]))
+        .chain(out.src.as_ref().map(|p| p.display().to_string()))
+        .filter(|f| !f.starts_with('<'));
+    for file in files {
+        if let Some((r, s)) = std::fs::read_to_string(paths::root().join(&file)).ok().and_then(|t| early_return(&t)) {
+            return Some((file, r, s));
+        }
+    }
+    None
+}
+
+/// What a `return` before a barrier does, in words, with its lines.
+fn early_return_hint(e: Option<&(String, usize, usize)>) -> String {
+    let Some((file, r, s)) = e else { return String::new() };
+    tr!(
+        "line {r} of {file} returns before the `sync_threads()` at line {s}: the threads that leave never store their part of the tile, so the others read words nobody wrote (a barrier does not wait for threads that have exited); keep every thread until the last barrier and guard only the loads (load 0.0 instead) and the final store",
+        "Zeile {r} von {file} kehrt vor dem `sync_threads()` in Zeile {s} zurück: die Threads, die gehen, speichern ihren Teil der Kachel nie, also lesen die anderen Wörter, die niemand geschrieben hat (eine Barriere wartet nicht auf beendete Threads); halten Sie jeden Thread bis zur letzten Barriere und schützen Sie nur die Ladevorgänge (laden Sie stattdessen 0.0) und das abschließende Speichern"
+    )
+}
+
+/// How far (bytes) an out-of-bounds access lies from the start of the allocation its finding
+/// names, when that is 2 GiB or more: no lesson's buffer is near that size, so the index wrapped.
+fn wrapped_distance(f: &ptx_vm::Finding) -> Option<u64> {
+    let addr = f.address?;
+    let near = f.nearest_allocation.as_deref()?;
+    let hex = &near[near.rfind(" at 0x")? + 6..];
+    let start = u64::from_str_radix(hex.split(|c: char| !c.is_ascii_hexdigit()).next()?, 16).ok()?;
+    let d = addr.abs_diff(start);
+    (d >= 1 << 31).then_some(d)
 }
 
 fn vm_launcher(m: &Module) -> Launcher<'_> {
@@ -606,7 +800,12 @@ fn result(
             explain(out, name, unit, x);
         }
     }
-    let h = d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x));
+    // A `return` before a barrier leaves tile words unwritten whatever else the kernel does.
+    let early = early_return_in(out, None);
+    let h = match early {
+        Some(_) if d.iter().any(|(_, _, x)| !x.ok() && !all_unwritten(x)) => Some(early_return_hint(early.as_ref())),
+        _ => d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x)),
+    };
     out.say(tr!(
         "  what to look at: {}",
         "  worauf Sie achten sollten: {}",
@@ -966,6 +1165,31 @@ fn attention_ref(
     (o, lse)
 }
 
+/// How many leading keys row `i`'s output `got` (32 values) is the attention over: the prefix
+/// length `e` (0 for an all-zero row) whose f64 attention matches `got` within 1e-3, if any.
+fn keys_seen(q: &[f32], k: &[f32], v: &[f32], i: usize, skv: usize, scale: f64, got: &[f32]) -> Option<usize> {
+    const D: usize = 32;
+    let near = |a: f64, b: f32| (a - b as f64).abs() <= 1e-3 * a.abs().max(1.0);
+    if got.iter().all(|&x| x == 0.0) {
+        return Some(0);
+    }
+    let s: Vec<f64> =
+        (0..skv).map(|j| scale * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>()).collect();
+    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let (mut num, mut den) = ([0.0f64; D], 0.0f64);
+    for (j, x) in s.iter().enumerate() {
+        let p = (x - mx).exp();
+        den += p;
+        for (c, n) in num.iter_mut().enumerate() {
+            *n += p * v[j * D + c] as f64;
+        }
+        if num.iter().zip(got).all(|(n, &g)| near(n / den, g)) {
+            return Some(j + 1);
+        }
+    }
+    None
+}
+
 /// Lesson 5's blocks: two warps, so a missing barrier is a race between them.
 const L5_THREADS: usize = 64;
 const L5_SMEM: u32 = 2 * L5_THREADS as u32 * 32 * 4;
@@ -1015,11 +1239,33 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 ];
                 launch(&mut l, out, "flash_lesson_f32", [grid, 1, 1], [L5_THREADS as u32, 1, 1], L5_SMEM, &args)?;
                 let (want_o, want_lse) = attention_ref(&q, &k, &v, sq, skv, causal, scale as f64);
-                let d_o = compare(&setup(l.read_f32("O")), &want_o, 32, 1e-4);
+                let got_o = setup(l.read_f32("O"));
+                let d_o = compare(&got_o, &want_o, 32, 1e-4);
                 let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-4);
                 let blind = sq.saturating_sub(skv); // rows that see no key when causal
+                                                    // Rows whose bound `i + seq_kv - seq_q` is below 0 but which saw every key: the
+                                                    // bound was computed in u32 and wrapped around.
+                let wrapped: Vec<usize> = if causal {
+                    d_o.wrong_rows
+                        .iter()
+                        .copied()
+                        .filter(|&r| {
+                            r < blind
+                                && keys_seen(&q, &k, &v, r, skv, scale as f64, &got_o[r * 32..r * 32 + 32]) == Some(skv)
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
-                    Some(if all_unwritten(d) {
+                    Some(if !wrapped.is_empty() {
+                        tr!(
+                            "rows {} see all {} keys, though their causal bound `i + seq_kv - seq_q` is below 0: in u32 the subtraction wraps around (0 - 1 = 4294967295), so the mask lets every key through - compute the bound in i64, or compare `j + seq_q <= i + seq_kv`, which never goes below 0",
+                            "die Zeilen {} sehen alle {} Keys, obwohl ihre kausale Grenze `i + seq_kv - seq_q` unter 0 liegt: in u32 läuft die Subtraktion über (0 - 1 = 4294967295), also lässt die Maske jeden Key durch - rechnen Sie die Grenze in i64, oder vergleichen Sie `j + seq_q <= i + seq_kv`, was nie unter 0 fällt",
+                            ranges(&wrapped),
+                            skv
+                        )
+                    } else if all_unwritten(d) {
                         tr!(
                             "the kernel does not store into {} yet (step 3)",
                             "der Kernel speichert noch nichts in {} (Schritt 3)",
@@ -1043,6 +1289,187 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 })?;
             }
             Ok(())
+        },
+        out,
+    )
+}
+
+// ---- lesson 6 ----
+
+/// Lesson 6's inputs: every bf16 value distinct and exact (multiples of 1/32 and 1/16 up to 4 in
+/// magnitude), so a register's content names the elements it holds.
+fn l6_q(i: usize, c: usize) -> f32 {
+    (i * 16 + c) as f32 / 32.0 - 4.0
+}
+fn l6_k(j: usize, c: usize) -> f32 {
+    (j * 16 + c) as f32 / 16.0 - 4.0
+}
+
+/// The bf16 bit pattern of an f32 that bf16 holds exactly.
+fn bf16_bits(x: f32) -> u16 {
+    debug_assert_eq!(x.to_bits() & 0xffff, 0, "{x} is not exact in bf16");
+    (x.to_bits() >> 16) as u16
+}
+
+/// Two bf16 in one register, `lo` in bits 0..16.
+fn pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) as u32 | (bf16_bits(hi) as u32) << 16
+}
+
+/// The m16n8k16 operand layout, written out: what register `r` of lane `l` must hold, as
+/// (matrix, row, first column) of the pair it packs. A (Q): `a0` rows g, cols 2t; `a1` rows g+8;
+/// `a2` cols 2t+8; `a3` both. B (K, key-major): `b0` key g, cols 2t; `b1` cols 2t+8.
+fn l6_slot(a: bool, l: usize, r: usize) -> (usize, usize) {
+    let (g, t) = (l / 4, l % 4);
+    if a {
+        (g + 8 * (r % 2), 2 * t + 8 * (r / 2))
+    } else {
+        (g, 2 * t + 8 * r)
+    }
+}
+
+/// What a wrong fragment register holds, in words: which elements, and where they belong.
+fn l6_name(a: bool, got: u32) -> Option<String> {
+    let (rows, f): (usize, fn(usize, usize) -> f32) = if a { (16, l6_q) } else { (8, l6_k) };
+    let regs = if a { 4 } else { 2 };
+    let m = if a { "Q" } else { "K" };
+    for l in 0..32 {
+        for r in 0..regs {
+            let (i, c) = l6_slot(a, l, r);
+            if i < rows && pair(f(i, c), f(i, c + 1)) == got {
+                let reg = if a { format!("a{r}") } else { format!("b{r}") };
+                return Some(tr!(
+                    "{m}[{i}, {c}..{}], which belongs in {reg} of lane {l}",
+                    "{m}[{i}, {c}..{}], das in {reg} von Lane {l} gehört",
+                    c + 1
+                ));
+            }
+        }
+    }
+    None
+}
+
+fn lesson6(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            out.say(tr!(
+                "case 1: Q 16 x 16, K 8 x 16 (bf16, every value distinct), 1 block of 32 threads: S = Q Kᵀ, 16 x 8",
+                "Fall 1: Q 16 x 16, K 8 x 16 (bf16, jeder Wert verschieden), 1 Block mit 32 Threads: S = Q Kᵀ, 16 x 8"
+            ));
+            let q: Vec<u8> = (0..256).flat_map(|x| bf16_bits(l6_q(x / 16, x % 16)).to_le_bytes()).collect();
+            let k: Vec<u8> = (0..128).flat_map(|x| bf16_bits(l6_k(x / 16, x % 16)).to_le_bytes()).collect();
+            let mut l = vm_launcher(m);
+            setup(l.input_bytes("Q", &q));
+            setup(l.input_bytes("K", &k));
+            setup(l.output_f32("S", 128));
+            setup(l.output_f32("frag_a", 128));
+            setup(l.output_f32("frag_b", 64));
+            let args = [Arg::buf("Q"), Arg::buf("K"), Arg::buf("S"), Arg::buf("frag_a"), Arg::buf("frag_b")];
+            launch(&mut l, out, "qk_mma_bf16", [1, 1, 1], [32, 1, 1], 768, &args)?;
+            let words = |name: &str| -> Vec<u32> {
+                setup(l.read_bytes(name)).chunks(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
+            };
+            let (fa, fb) = (words("frag_a"), words("frag_b"));
+            // The fragments, lane by lane: the first register that differs, with what it holds.
+            let mut frag_hint = None;
+            let mut frags_ok = true;
+            for (a, got, regs) in [(true, &fa, 4usize), (false, &fb, 2)] {
+                let name = if a { "frag_a" } else { "frag_b" };
+                let want: Vec<u32> = (0..32 * regs)
+                    .map(|x| {
+                        let (i, c) = l6_slot(a, x / regs, x % regs);
+                        if a {
+                            pair(l6_q(i, c), l6_q(i, c + 1))
+                        } else {
+                            pair(l6_k(i, c), l6_k(i, c + 1))
+                        }
+                    })
+                    .collect();
+                if got.iter().all(|&w| w == OUTPUT_POISON) {
+                    frags_ok = false;
+                    out.say(tr!(
+                        "  {}: never written - every register still holds the poison 0x{:08X} (step 5)",
+                        "  {}: nie geschrieben - alle Register enthalten noch das Gift 0x{:08X} (Schritt 5)",
+                        name,
+                        OUTPUT_POISON
+                    ));
+                    continue;
+                }
+                let bad: Vec<usize> = (0..want.len()).filter(|&x| got[x] != want[x]).collect();
+                if bad.is_empty() {
+                    out.say(tr!(
+                        "  {}: every lane's registers match the layout",
+                        "  {}: die Register jeder Lane stimmen mit dem Layout überein",
+                        name
+                    ));
+                    continue;
+                }
+                frags_ok = false;
+                let lanes: Vec<usize> = {
+                    let mut v: Vec<usize> = bad.iter().map(|x| x / regs).collect();
+                    v.dedup();
+                    v
+                };
+                let x = bad[0];
+                let (lane, r) = (x / regs, x % regs);
+                let reg = if a { format!("a{r}") } else { format!("b{r}") };
+                let (i, c) = l6_slot(a, lane, r);
+                let mat = if a { "Q" } else { "K" };
+                let holds = l6_name(a, got[x]).unwrap_or_else(|| {
+                    tr!("0x{:08X}, no pair of {} at all", "0x{:08X}, gar kein Paar aus {}", got[x], mat)
+                });
+                out.say(tr!(
+                    "  {}: {} of {} registers differ, in lanes {}",
+                    "  {}: {} von {} Registern weichen ab, in den Lanes {}",
+                    name,
+                    bad.len(),
+                    want.len(),
+                    ranges(&lanes)
+                ));
+                if frag_hint.is_none() {
+                    frag_hint = Some(tr!(
+                        "lane {lane}, register {reg} holds {holds}; {reg} of lane {lane} must hold {mat}[{i}, {c}..{}] (group g = {}, t = {})",
+                        "Lane {lane}, Register {reg} enthält {holds}; {reg} von Lane {lane} muss {mat}[{i}, {c}..{}] enthalten (Gruppe g = {}, t = {})",
+                        c + 1,
+                        lane / 4,
+                        lane % 4
+                    ));
+                }
+            }
+            let mut want_s = vec![0.0f64; 128];
+            for i in 0..16 {
+                for j in 0..8 {
+                    want_s[i * 8 + j] = (0..16).map(|c| l6_q(i, c) as f64 * l6_k(j, c) as f64).sum();
+                }
+            }
+            let d = compare(&setup(l.read_f32("S")), &want_s, 8, 1e-5);
+            if d.ok() && frags_ok {
+                out.say("  ok");
+                return Ok(());
+            }
+            if !d.ok() {
+                explain(out, "S", "row", &d);
+            }
+            let hint = if let Some(h) = frag_hint {
+                h
+            } else if all_unwritten(&d) {
+                tr!(
+                    "the kernel does not store into S (or the fragments) yet (step 5)",
+                    "der Kernel speichert noch nichts in S (oder die Fragmente) (Schritt 5)"
+                )
+            } else if !frags_ok {
+                tr!(
+                    "store every lane's A and B registers: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (step 5)",
+                    "speichern Sie die A- und B-Register jeder Lane: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (Schritt 5)"
+                )
+            } else {
+                tr!(
+                    "the fragments are right, so the mma is fed right: the store of D is wrong - d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
+                    "die Fragmente stimmen, die mma bekommt also die richtigen Operanden: das Speichern von D ist falsch - d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
+                )
+            };
+            out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
+            Err(Verdict::Wrong)
         },
         out,
     )
@@ -1105,14 +1532,279 @@ mod tests {
             return;
         }
         let mut out = Out { quiet: true, ..Out::default() };
-        let m = build(5, true, &mut out).unwrap_or_else(|e| panic!("lesson 5 does not build: {e}"));
+        let m = build(5, File::Solution, &mut out).unwrap_or_else(|e| panic!("lesson 5 does not build: {e}"));
         assert_eq!(lesson5(&m, &mut out), Verdict::Pass, "{}", out.text);
-        let ptx = std::fs::read_to_string(ptx_path(5, true)).unwrap();
+        let ptx = std::fs::read_to_string(ptx_path(5, File::Solution)).unwrap();
         let races = barrier_mutants(&ptx).unwrap_or_else(|e| panic!("{e}"));
         for r in &races {
             eprintln!("{r}");
         }
         assert!(races.len() >= 2, "{races:?}");
+    }
+
+    /// Lesson `dir`'s solution with each `(from, to)` of `edits` replaced (each must occur), as
+    /// a crate of its own under `target/lesson-mutants/NAME/` built with the lessons' recipe (as
+    /// `lesson build` builds a scratch kernel): the mistake a learner makes, for the checker to
+    /// diagnose. Returns the module and an `Out` whose source is the mutated file.
+    fn mutant(dir: &str, name: &str, edits: &[(&str, &str)]) -> (Module, Out) {
+        let root = paths::root();
+        let crate_dir = root.join("target/lesson-mutants").join(name);
+        std::fs::create_dir_all(&crate_dir).unwrap();
+        let mut src = std::fs::read_to_string(root.join("lessons").join(dir).join("solution.rs")).unwrap();
+        for (from, to) in edits {
+            assert!(src.contains(from), "`{from}` is not in lessons/{dir}/solution.rs");
+            src = src.replacen(from, to, 1);
+        }
+        let src = src.replace("crate::gpu", "memattn_lessons::gpu");
+        std::fs::write(crate_dir.join("kernel.rs"), format!("#![no_std]\n#![feature(abi_ptx)]\n{src}")).unwrap();
+        let manifest = format!(
+            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[lib]\npath = \"kernel.rs\"\n\n\
+             [dependencies]\nmemattn-lessons = {{ path = \"{}\" }}\n\n[profile.ptx]\ninherits = \"release\"\npanic = \"abort\"\n\
+             lto = \"fat\"\ncodegen-units = 1\ndebug = false\n\n[workspace]\n",
+            root.join("lessons").display()
+        );
+        std::fs::write(crate_dir.join("Cargo.toml"), manifest).unwrap();
+        let ptx_path = root.join("target/lessons").join(format!("mutant-{name}.ptx"));
+        let m = crate_dir.join("Cargo.toml").display().to_string();
+        let ptx = compile(&["--manifest-path", &m], &ptx_path).unwrap_or_else(|e| panic!("mutant {name}: {e}"));
+        let out = Out { quiet: true, src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()), ..Out::default() };
+        (Module::load(&ptx).unwrap(), out)
+    }
+
+    /// The last "what to look at" line of a report.
+    fn hint_of(text: &str) -> &str {
+        text.lines().rfind(|l| l.contains("what to look at")).unwrap_or("")
+    }
+
+    /// Lesson 3 with the threads past the edge returning before the first barrier: the VM sees
+    /// a read of shared memory nobody wrote, and the hint names the `return` and the barrier,
+    /// not a missing barrier.
+    #[test]
+    fn an_early_return_before_a_barrier_is_named_as_that() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant(
+            "03-tiled-qk",
+            "early_return_l3",
+            &[(
+                "    let mut acc = 0.0f32;\n",
+                "    let mut acc = 0.0f32;\n    if i >= n || j >= m {\n        return;\n    }\n",
+            )],
+        );
+        let src = std::fs::read_to_string(paths::root().join(out.src.as_ref().unwrap())).unwrap();
+        let (ret, sync) = early_return(&src).expect("the mutant returns before a barrier");
+        assert_eq!(src.lines().nth(ret - 1).map(str::trim), Some("return;"));
+        assert!(src.lines().nth(sync - 1).unwrap().contains("sync_threads()"));
+        assert_eq!(lesson3(&m, &mut out), Verdict::Finding, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(out.text.contains("VM finding: uninitialized shared memory read"), "{}", out.text);
+        assert!(hint.contains(&format!("line {ret} of ")) && hint.contains(&format!("at line {sync}")), "{hint}");
+        assert!(hint.contains("returns before the `sync_threads()`"), "{hint}");
+        assert!(!hint.contains("is missing"), "{hint}");
+
+        // Lesson 5 runs without initcheck (racecheck judges its barriers): the words nobody
+        // wrote read as NaN, and the wrong rows get the same hint.
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "early_return_l5",
+            &[(
+                "    let valid = i < seq_q;\n",
+                "    let valid = i < seq_q;\n    if !valid {\n        return;\n    }\n",
+            )],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("returns before the `sync_threads()`"), "{}", out.text);
+    }
+
+    /// Lesson 5 with the causal bound in u32: for rows with `i + seq_kv < seq_q` it wraps and
+    /// the row sees every key. The hint names the wrap and the rows, not the base of -inf.
+    #[test]
+    fn a_u32_wrap_in_the_causal_bound_is_named_as_a_wrap() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "u32_bound_l5",
+            &[
+                (
+                    "if causal != 0 { (i as i64 + seq_kv as i64 - seq_q as i64 + 1).min(seq_kv as i64) } else { seq_kv as i64 }",
+                    "if causal != 0 { (i + seq_kv - seq_q + 1).min(seq_kv) } else { seq_kv }",
+                ),
+                ("if ((kv0 as usize + r) as i64) >= key_end {", "if kv0 + r as u32 >= key_end {"),
+            ],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        // Case 3 (seq_q = 150, seq_kv = 90): rows 0-58 wrap; row 59's bound is -1 + 1 = 0 in
+        // u32 too.
+        assert!(hint.contains("rows 0-58 see all 90 keys"), "{}", out.text);
+        assert!(hint.contains("wraps around"), "{hint}");
+        assert!(!hint.contains("base"), "{hint}");
+    }
+
+    /// Lesson 1 reading `x[i - 1]`: at i = 0 the u32 index wraps to 16 GiB past `x`. The hint
+    /// names the wrap, not a missing bounds guard.
+    #[test]
+    fn a_u32_wrap_in_an_index_is_named_as_a_wrap() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant("01-scale", "u32_index_l1", &[("x.add(i as usize)", "x.add((i - 1) as usize)")]);
+        assert_eq!(lesson1(&m, &mut out), Verdict::Finding, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("16.0 GiB away from the nearest buffer"), "{}", out.text);
+        assert!(out.text.contains("u32_index_l1/kernel.rs:16"), "{}", out.text);
+        assert!(hint.contains("`i - 1` at i = 0"), "{hint}");
+    }
+
+    /// Lesson 6 with two registers of a fragment swapped after `ldmatrix`: the checker names the
+    /// lane, the register, what it holds and what it must hold. Needs the kernel toolchain.
+    #[test]
+    fn a_swapped_fragment_register_is_named_by_lane_and_register() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let load_a = "let a = unsafe { ldmatrix_x4(smem_addr(q_s.add(row * 16 + chunk * 8))) };\n";
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "swapped_a_l6",
+            &[(load_a, &format!("{load_a}    let a = [a[0], a[2], a[1], a[3]];\n"))],
+        );
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(
+            hint.contains("lane 0, register a1 holds Q[0, 8..9], which belongs in a2 of lane 0; a1 of lane 0 must hold Q[8, 0..1]"),
+            "{}",
+            out.text
+        );
+        assert!(out.text.contains("frag_a: 64 of 128 registers differ, in lanes 0-31"), "{}", out.text);
+        assert!(out.text.contains("frag_b: every lane's registers match the layout"), "{}", out.text);
+
+        let load_b = "let b = unsafe { ldmatrix_x4(smem_addr(k_s.add((key % 8) * 16 + chunk * 8))) };\n";
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "swapped_b_l6",
+            &[(load_b, &format!("{load_b}    let b = [b[1], b[0], b[2], b[3]];\n"))],
+        );
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(
+            hint.contains("lane 0, register b0 holds K[0, 8..9], which belongs in b1 of lane 0; b0 of lane 0 must hold K[0, 0..1]"),
+            "{}",
+            out.text
+        );
+    }
+
+    /// The layout the checker restates (written apart from kernels-gpu's `frag` helpers, which
+    /// the solution uses) puts every pair of Q and of K in exactly one lane's register.
+    #[test]
+    fn lesson6_slots_cover_each_pair_once() {
+        let mut seen = [[0u8; 8]; 16];
+        for l in 0..32 {
+            for r in 0..4 {
+                let (i, c) = l6_slot(true, l, r);
+                seen[i][c / 2] += 1;
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1), "{seen:?}");
+        let mut seen = [[0u8; 8]; 8];
+        for l in 0..32 {
+            for r in 0..2 {
+                let (j, c) = l6_slot(false, l, r);
+                seen[j][c / 2] += 1;
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1), "{seen:?}");
+    }
+
+    #[test]
+    fn early_return_finds_a_return_before_a_barrier_only() {
+        let src =
+            "fn k() {\n    // return early? no\n    if i >= n {\n        return;\n    }\n    sync_threads();\n}\n";
+        assert_eq!(early_return(src), Some((4, 6)));
+        assert_eq!(early_return("fn k() {\n    sync_threads();\n    if i >= n { return; }\n}\n"), None);
+        assert_eq!(early_return("fn k() {\n    let returned = 1;\n    sync_threads();\n}\n"), None);
+    }
+
+    /// Every lesson's German skeleton is its `kernel.rs` line for line: the same code on the same
+    /// lines, every comment line German (none left as in `kernel.rs` but commented-out code).
+    #[test]
+    fn every_german_skeleton_is_kernel_rs_with_german_comments() {
+        for (n, l) in LESSONS.iter().enumerate() {
+            let dir = paths::root().join("lessons").join(l.dir);
+            let en = std::fs::read_to_string(dir.join("kernel.rs")).unwrap();
+            let de = german_skeleton(&en, &std::fs::read_to_string(dir.join("kernel.de.txt")).unwrap())
+                .unwrap_or_else(|e| panic!("lesson {}: {e}", n + 1));
+            assert_eq!(en.lines().count(), de.lines().count(), "lesson {}", n + 1);
+            let mut translated = 0;
+            for (i, (e, g)) in en.lines().zip(de.lines()).enumerate() {
+                if e.trim_start().starts_with("//") {
+                    translated += usize::from(e != g);
+                } else {
+                    assert_eq!(e, g, "lesson {} line {}: code must be kernel.rs's", n + 1, i + 1);
+                }
+            }
+            assert!(de.starts_with(&format!("//! Lektion {}: ", n + 1)), "lesson {}", n + 1);
+            assert!(de.contains("/// # Sicherheit") && !de.contains("Check it"), "lesson {}", n + 1);
+            assert!(translated >= 10, "lesson {}: only {translated} comment lines differ", n + 1);
+        }
+        // A translation out of step with kernel.rs is refused with both lines.
+        let e = german_skeleton("//! a\nfn f() {}\n    // b\n", "//! x\n//! y\n").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("line 3 of kernel.rs"), "{e}");
+        assert!(german_skeleton("//! a\n", "//! x\n//! y\n").unwrap_err().contains("more comment lines"));
+        assert!(german_skeleton("//! a\n// b\n", "//! x\n").unwrap_err().contains("ends before"));
+    }
+
+    /// `--lang de` places lesson 1's German skeleton, builds it and diagnoses it as it does
+    /// `kernel.rs`, naming `kernel.de.rs`. Needs the kernel toolchain.
+    #[test]
+    fn the_german_skeleton_is_placed_built_and_checked() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: lesson 1 is not built without the kernel toolchain: {e}");
+            return;
+        }
+        let file = paths::root().join("lessons/01-scale/kernel.de.rs");
+        let placed = place_german(1).unwrap();
+        if placed.is_some() {
+            let want = german_skeleton(
+                &std::fs::read_to_string(paths::root().join("lessons/01-scale/kernel.rs")).unwrap(),
+                &std::fs::read_to_string(paths::root().join("lessons/01-scale/kernel.de.txt")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), want);
+            assert!(placed.as_deref().unwrap().contains("kernel.de.rs angelegt"), "{placed:?}");
+        }
+        if placed.is_none() {
+            eprintln!("SKIPPED: {} is there already (a learner's copy) and stays as it is", file.display());
+            return;
+        }
+        set_german(true);
+        let mut out = Out { quiet: true, ..Out::default() };
+        let (v, code) = run_lesson(1, File::German, &mut out);
+        // Solved in the German file only: it passes, so the German file is what was built.
+        let text = std::fs::read_to_string(&file).unwrap();
+        let solved = text.replace(
+            "    let _ = (n, a, x, y);",
+            "    let i = ctaid_x() * ntid_x() + tid_x();\n    if i < n {\n        unsafe { *y.add(i as usize) = a * *x.add(i as usize) };\n    }",
+        );
+        std::fs::write(&file, solved).unwrap();
+        let mut solved_out = Out { quiet: true, ..Out::default() };
+        let solved_v = run_lesson(1, File::German, &mut solved_out);
+        set_german(false);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
+        assert!(out.text.contains("(lessons/01-scale/kernel.de.rs)"), "{}", out.text);
+        assert!(out.text.contains("lesson1-de.ptx gebaut"), "{}", out.text);
+        assert!(out.text.contains("Schritt 3 - der Kernel speichert noch nichts in y"), "{}", out.text);
+        assert!(out.text.contains("ändern Sie lessons/01-scale/kernel.de.rs"), "{}", out.text);
+        assert_eq!(solved_v, (Some(Verdict::Pass), 0), "{}", solved_out.text);
     }
 
     #[test]
@@ -1137,7 +1829,7 @@ mod tests {
         }
         set_german(true);
         let mut out = Out { quiet: true, ..Out::default() };
-        let (v, code) = run_lesson(1, false, &mut out);
+        let (v, code) = run_lesson(1, File::Skeleton, &mut out);
         set_german(false);
         assert_eq!((v, code), (Some(Verdict::Wrong), 1), "{}", out.text);
         for line in [
