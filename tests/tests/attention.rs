@@ -424,7 +424,6 @@ device_tests! {
         }
     }
 
-    #[smoke]
     fn shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
         for d in [64, 128] {
             for causal in [false, true] {
@@ -448,7 +447,6 @@ device_tests! {
         sweep_case(dev, p, &[KernelKind::Naive]);
     }
 
-    #[smoke]
     fn bf16_f16_flash_shapes_d64_d128_causal_tails(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for d in [64, 128] {
@@ -485,7 +483,6 @@ device_tests! {
         }
     }
 
-    #[smoke]
     fn bf16_f16_naive_shapes_causal_tails_any_head_dim(dev: &mut dyn Device) {
         // The 16-bit naive kernels keep S and P in f32 (only Q, K, V, O are 16-bit), so they meet
         // the same 2x naive-in-dtype rule; head_dim 40 exists only for naive.
@@ -699,7 +696,6 @@ device_tests! {
         }
     }
 
-    #[smoke]
     fn inference_16bit_gqa_windows_softcap_sinks_against_the_reference(dev: &mut dyn Device) {
         // Windows crossing the tensor-core tiles' edges (Br 128; Bc 64 at d64, 32 at d128).
         for dtype in [Dtype::Bf16, Dtype::F16] {
