@@ -375,7 +375,7 @@ fn check_recursion(edges: &[(String, String)], entry: &str, line: usize) -> Resu
 }
 
 fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> Result<(), LoadError> {
-    let body = f.body.as_ref().expect("body");
+    let body = f.body.as_ref().expect("body").stmts()?;
     let mut scopes: Vec<HashMap<String, Sym>> = vec![base_scope];
     let mut labels: HashMap<String, u32> = HashMap::new();
     for s in body {

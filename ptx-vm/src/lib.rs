@@ -143,9 +143,12 @@ impl Module {
         Ok(m)
     }
 
-    /// Parses `ptx` and lays out its globals; each entry is decoded on its first launch or
-    /// [`Module::kernel`] query (then a decode error is a [`VmError::Load`] or a `None`), or
-    /// all at once by [`Module::check_all`]. Syntax errors still come back here.
+    /// Parses `ptx`'s top level and lays out its globals; each entry is parsed and decoded on
+    /// its first launch or [`Module::kernel`] query (then an error in its code is a
+    /// [`VmError::Load`] or a `None`), or all at once by [`Module::check_all`]. Syntax errors
+    /// outside function bodies, and a body that never closes, come back here. Function bodies
+    /// are found by matching braces and are not lexed here, so a module of many kernels loads
+    /// in the time of a byte scan.
     pub fn load_lazy(ptx: &str) -> Result<Module, LoadError> {
         let ast = parse::parse(ptx)?;
         PARSES.fetch_add(1, Ordering::Relaxed);
@@ -210,9 +213,16 @@ impl Module {
         PARSES.load(Ordering::Relaxed)
     }
 
-    /// Decodes every entry not decoded yet (in parallel, one worker per core) and returns the
-    /// first error in module order: what [`Module::load`] checks, for a lazily loaded module.
+    /// Parses every function body and decodes every entry not decoded yet (in parallel, one
+    /// worker per core), and returns the first error in module order: what [`Module::load`]
+    /// checks, for a lazily loaded module.
     pub fn check_all(&self) -> Result<(), LoadError> {
+        // Every body parses (also those of functions no entry calls), first error in module order.
+        for f in &self.ast.funcs {
+            if let Some(b) = &f.body {
+                b.stmts()?;
+            }
+        }
         let todo: Vec<&Entry> = self.entries.iter().filter(|e| e.program.get().is_none()).collect();
         let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(todo.len());
         if workers > 1 {

@@ -3,6 +3,8 @@
 //! The parser accepts the subset of PTX that rustc's NVPTX backend emits (plus common hand-written
 //! forms). It never panics: every problem is a `LoadError` naming the PTX line.
 
+use std::sync::{Arc, OnceLock};
+
 use crate::LoadError;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -11,6 +13,9 @@ pub(crate) enum Tok {
     Num(String),
     Str,
     Punct(char),
+    /// A whole function body, braces included (`start..end` bytes), left unlexed by
+    /// [`lex_module`] and parsed on first use ([`FuncBody::stmts`]).
+    Body,
 }
 
 #[derive(Clone, Debug)]
@@ -32,11 +37,69 @@ fn is_ident_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c == b'.' || c == b'%'
 }
 
-pub(crate) fn lex(src: &str) -> Result<Vec<Token>, LoadError> {
+/// Tokens of a module's top level: each function body is one [`Tok::Body`] token, found by
+/// matching its braces byte by byte (comments and strings skipped), so loading a module costs
+/// a scan of its bodies, not their tokens.
+pub(crate) fn lex_module(src: &str) -> Result<Vec<Token>, LoadError> {
+    lex_from(src, 1, true)
+}
+
+/// Tokens of `src` (whose first line is PTX line `first_line`), bodies included.
+pub(crate) fn lex(src: &str, first_line: usize) -> Result<Vec<Token>, LoadError> {
+    lex_from(src, first_line, false)
+}
+
+/// The end (one past the closing brace) and the number of newlines of the braced block that
+/// opens at `b[open]`, skipping comments and strings; `None` when it never closes.
+fn skip_block(b: &[u8], open: usize) -> Option<(usize, usize)> {
+    let (mut i, mut depth, mut lines) = (open, 0usize, 0usize);
+    while i < b.len() {
+        match b[i] {
+            b'\n' => lines += 1,
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((i + 1, lines));
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                    lines += usize::from(b[i] == b'\n');
+                    i += 1;
+                }
+                i += 2;
+                continue;
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token>, LoadError> {
     let b = src.as_bytes();
     let mut i = 0;
-    let mut line = 1usize;
+    let mut line = first_line;
     let mut out = Vec::new();
+    // Top level only (`skip_bodies`): brace depth, and whether the statement being read
+    // declares a function (`.entry`/`.func` seen since the last `;` or `}` at depth 0).
+    let mut depth = 0usize;
+    let mut in_func = false;
     while i < b.len() {
         let c = b[i];
         if c == b'\n' {
@@ -91,8 +154,27 @@ pub(crate) fn lex(src: &str) -> Result<Vec<Token>, LoadError> {
             {
                 i += if b[i] == b':' { 2 } else { 1 };
             }
+            if skip_bodies && depth == 0 && matches!(&src[s..i], ".entry" | ".func") {
+                in_func = true;
+            }
             out.push(Token { t: Tok::Ident(src[s..i].to_string()), line, start: s, end: i });
+        } else if skip_bodies && c == b'{' && depth == 0 && in_func {
+            let Some((end, lines)) = skip_block(b, i) else {
+                return err(line, "unterminated function body");
+            };
+            out.push(Token { t: Tok::Body, line, start: i, end });
+            line += lines;
+            i = end;
+            in_func = false;
         } else if b"{}()[],;:+-!@|<>=".contains(&c) {
+            if skip_bodies {
+                match c {
+                    b'{' => depth += 1,
+                    b'}' => depth = depth.saturating_sub(1),
+                    b';' if depth == 0 => in_func = false,
+                    _ => {}
+                }
+            }
             out.push(Token { t: Tok::Punct(c as char), line, start: i, end: i + 1 });
             i += 1;
         } else {
@@ -229,8 +311,41 @@ pub(crate) struct FuncAst {
     pub is_entry: bool,
     pub rets: Vec<VarDecl>,
     pub params: Vec<VarDecl>,
-    pub body: Option<Vec<Stmt>>,
+    pub body: Option<FuncBody>,
     pub line: usize,
+}
+
+/// A function's body: its text, parsed into statements on first use (a module of many kernels
+/// is loaded without lexing the bodies of kernels a program never launches).
+#[derive(Clone, Debug)]
+pub(crate) struct FuncBody {
+    src: Arc<str>,
+    /// Byte range of the body in `src`, braces included, and the PTX line of its `{`.
+    start: usize,
+    end: usize,
+    line: usize,
+    stmts: OnceLock<Result<Vec<Stmt>, LoadError>>,
+}
+
+impl FuncBody {
+    /// The body's statements, parsed on the first call (a syntax error in the body comes
+    /// back here, naming its PTX line, on every call).
+    pub(crate) fn stmts(&self) -> Result<&[Stmt], LoadError> {
+        self.stmts
+            .get_or_init(|| {
+                let text = &self.src[self.start..self.end];
+                let toks = lex(text, self.line)?;
+                let mut p = P { src: text, toks, i: 0 };
+                p.expect_punct('{')?;
+                let stmts = parse_body(&mut p)?;
+                if p.i < p.toks.len() {
+                    return err(p.line(), format!("unexpected {} after a function body", p.describe()));
+                }
+                Ok(stmts)
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -404,7 +519,8 @@ const LINKAGE: [&str; 4] = [".visible", ".extern", ".weak", ".common"];
 const SPACES: [&str; 5] = [".global", ".shared", ".const", ".local", ".param"];
 
 pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
-    let toks = lex(src)?;
+    let toks = lex_module(src)?;
+    let shared: Arc<str> = Arc::from(src);
     let mut p = P { src, toks, i: 0 };
     let mut m = ModuleAst::default();
     while p.i < p.toks.len() {
@@ -491,7 +607,7 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                 match p.peek_at(j) {
                     Some(Tok::Ident(s)) if s == ".entry" || s == ".func" => {
                         p.i += j;
-                        if let Some(f) = parse_func(&mut p)? {
+                        if let Some(f) = parse_func(&mut p, &shared)? {
                             // A declaration may precede the definition; two definitions of one
                             // name are an error in ptxas too.
                             if f.body.is_some() {
@@ -672,7 +788,7 @@ fn parse_param_list(p: &mut P) -> Result<Vec<VarDecl>, LoadError> {
     }
 }
 
-fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
+fn parse_func(p: &mut P, shared: &Arc<str>) -> Result<Option<FuncAst>, LoadError> {
     let line = p.line();
     let kind = p.ident()?;
     let is_entry = kind == ".entry";
@@ -685,7 +801,7 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
     // Performance directives up to the body.
     loop {
         match p.peek() {
-            Some(Tok::Punct('{')) => break,
+            Some(Tok::Body) => break,
             Some(Tok::Punct(';')) => {
                 p.i += 1;
                 return Ok(Some(FuncAst { name, is_entry, rets, params, body: None, line }));
@@ -707,7 +823,13 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
             _ => return err(p.line(), format!("expected a function body, found {}", p.describe())),
         }
     }
-    p.expect_punct('{')?;
+    let t = p.next()?;
+    let body = FuncBody { src: shared.clone(), start: t.start, end: t.end, line: t.line, stmts: OnceLock::new() };
+    Ok(Some(FuncAst { name, is_entry, rets, params, body: Some(body), line }))
+}
+
+/// The statements of a body whose `{` has been read, up to and including its `}`.
+fn parse_body(p: &mut P) -> Result<Vec<Stmt>, LoadError> {
     let mut body = Vec::new();
     let mut depth = 1usize;
     loop {
@@ -812,7 +934,7 @@ fn parse_func(p: &mut P) -> Result<Option<FuncAst>, LoadError> {
             Some(_) => return err(line, format!("unexpected {} in a function body", p.describe())),
         }
     }
-    Ok(Some(FuncAst { name, is_entry, rets, params, body: Some(body), line }))
+    Ok(body)
 }
 
 fn parse_inst(p: &mut P) -> Result<InstAst, LoadError> {

@@ -299,6 +299,41 @@ fn lazy_modules_report_an_undecodable_entry_before_it_runs() {
     assert_eq!(m.kernels().len(), 1, "kernels() lists the entries that decode");
 }
 
+/// A body with braces in comments and a string-like `.file` path at the top, a nested block,
+/// and (in `broken`) a syntax error: bodies are found by matching braces and parsed on first use.
+const BODIES: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\
+    .file 1 \"/src/{weird}.rs\"\n\
+    .visible .entry fine(.param .u64 o)\n.maxntid 32, 1, 1\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+    // a comment with a } brace\n/* and { another\n } */\n{\n.reg .b32 %t;\nmov.u32 %t, 5;\nmov.u32 %r1, %t;\n}\n\
+    ld.param.u64 %rd1, [o];\nst.global.u32 [%rd1], %r1;\nret;\n}\n\
+    .visible .entry broken(.param .u64 o)\n{\n.reg .b32 %r<4>;\nadd.u32 %r1, , %r2; // SYNTAX\nret;\n}\n";
+
+#[test]
+fn function_bodies_are_parsed_on_first_use_with_their_lines() {
+    // Loading everything at once still finds the syntax error, naming its line.
+    let e = Module::load(BODIES).map(|_| ()).unwrap_err();
+    assert_eq!(e.line, util::line_of(BODIES, "// SYNTAX"), "{e}");
+    // Lazily the module loads; the good entry (braces in comments, a nested block) runs and
+    // the broken one reports the same error at first use, every time.
+    let m = Module::load_lazy(BODIES).unwrap();
+    assert_eq!(m.kernel_names(), ["fine", "broken"]);
+    let mut vm = Vm::with_workers(1);
+    let out = vm.alloc(4).unwrap();
+    vm.launch(&m, "fine", &LaunchConfig::new([1, 1, 1], [1, 1, 1], 0), &out.to_le_bytes()).unwrap();
+    let mut b = [0u8; 4];
+    vm.read(out, &mut b).unwrap();
+    assert_eq!(u32::from_le_bytes(b), 5);
+    for _ in 0..2 {
+        assert!(matches!(m.kernel_info("broken"), Err(VmError::Load(ref l)) if *l == e), "{e}");
+    }
+    assert_eq!(m.check_all().unwrap_err(), e);
+    // A body that never closes is an error of the load itself, at the line of its `{`.
+    let open = BODIES.rsplit_once('}').unwrap().0;
+    let e = Module::load_lazy(open).map(|_| ()).unwrap_err();
+    assert_eq!(e.line, util::line_of(BODIES, "// SYNTAX") - 2, "{e}");
+    assert!(e.message.contains("unterminated function body"), "{e}");
+}
+
 #[test]
 fn vms_sharing_a_module_have_their_own_globals() {
     let m = std::sync::Arc::new(Module::load_lazy(LAZY).unwrap());
