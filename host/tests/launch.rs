@@ -90,3 +90,38 @@ fn a_short_buffer_is_a_finding_that_names_it_and_bad_arguments_are_usage_errors(
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no entry point `no_such_kernel`"));
 }
+
+#[test]
+fn a_launch_that_would_run_for_hours_stops_at_its_time_limit() {
+    // saxpy over 0 elements on 2^31 - 1 blocks: every block returns at once, and there are
+    // billions of them. `--max-seconds 1` stops it as a hang (exit 3) in about a second.
+    let t = std::time::Instant::now();
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "launch",
+        "saxpy_f32",
+        "--grid",
+        "2147483647",
+        "--block",
+        "256",
+        "--arg",
+        "u32=0",
+        "--arg",
+        "f32=2",
+        "--arg",
+        "buf=x",
+        "--arg",
+        "buf=y",
+        "--buf",
+        "x=f32:4",
+        "--buf",
+        "y=f32:4",
+        "--max-seconds",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("launch time limit exceeded"), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(15), "took {:?}", t.elapsed());
+}

@@ -35,6 +35,8 @@ pub(crate) struct Launch<'a> {
     pub shared_bytes: usize,
     pub dyn_shared: u32,
     pub budget: u64,
+    /// When the launch must stop ([`crate::DeviceLimits::max_launch_time`]).
+    pub deadline: Option<std::time::Instant>,
     pub trace: Option<TraceRequest>,
     /// Report loads of shared bytes that no thread of the block has written (initcheck).
     pub initcheck: bool,
@@ -247,7 +249,20 @@ enum Stop {
     PcsSet,
 }
 
+/// The finding of a launch stopped by its time limit.
+pub(crate) const TIME_LIMIT: &str = "launch time limit exceeded";
+
 impl Launch<'_> {
+    pub(crate) fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| std::time::Instant::now() >= d)
+    }
+    /// The time-limit finding for a block that did not start (thread 0, first instruction).
+    pub(crate) fn time_limit_finding(&self, linear: u64) -> Box<Finding> {
+        Box::new(self.finding(dim3(linear, self.grid), 0, 0, 0, &self.time_limit_kind()))
+    }
+    fn time_limit_kind(&self) -> String {
+        format!("{TIME_LIMIT} (the kernel appears to hang, or is larger than the VM runs in that time)")
+    }
     fn threads(&self) -> u32 {
         self.block[0] * self.block[1] * self.block[2]
     }
@@ -601,6 +616,10 @@ impl Launch<'_> {
             *wc += 1;
             wp.issued += 1;
             shared.race.pc = pc;
+            if wp.issued & 0xFFFF == 0 && self.past_deadline() {
+                let l = group.trailing_zeros();
+                return Err(Box::new(self.finding(block, wi, l, pc as usize, &self.time_limit_kind())));
+            }
             if wp.issued > self.budget {
                 let l = group.trailing_zeros();
                 return Err(Box::new(self.finding(

@@ -307,6 +307,11 @@ pub struct DeviceLimits {
     pub memory_bytes: u64,
     /// Per-thread instruction budget per launch before the VM reports a hang (default 2^32).
     pub max_instructions_per_thread: u64,
+    /// Wall-clock limit of one launch (default none): past it the launch stops with a
+    /// [`VmError::Trap`] "launch time limit exceeded", checked at every block start and every
+    /// 65536 instructions of a warp, so that a kernel that never ends (an endless loop, or a
+    /// grid of billions of blocks) is stopped in about this time whatever its shape.
+    pub max_launch_time: Option<std::time::Duration>,
 }
 
 /// Which thread to trace (block and thread index); the trace comes back in `LaunchStats::trace`.
@@ -469,6 +474,7 @@ impl Default for DeviceLimits {
             max_block: [1024, 1024, 64],
             memory_bytes: 16 << 30,
             max_instructions_per_thread: 1 << 32,
+            max_launch_time: None,
         }
     }
 }
@@ -747,6 +753,7 @@ impl Vm {
             shared_bytes: shared as usize,
             dyn_shared: config.dynamic_shared_bytes,
             budget: lim.max_instructions_per_thread,
+            deadline: lim.max_launch_time.map(|d| t0 + d),
             trace: config.trace,
             initcheck: self.initcheck,
             racecheck: self.racecheck,
@@ -763,6 +770,11 @@ impl Vm {
             loop {
                 let b = next.fetch_add(1, Ordering::Relaxed);
                 if b >= nblocks || b > fail_at.load(Ordering::Relaxed) {
+                    break;
+                }
+                if launch.past_deadline() {
+                    fail_at.fetch_min(b, Ordering::Relaxed);
+                    errors.lock().unwrap_or_else(|e| e.into_inner()).push((b, launch.time_limit_finding(b)));
                     break;
                 }
                 if let Err(f) = launch.run_block(&mut w, b) {
@@ -820,11 +832,14 @@ impl Vm {
                 }
             }
             self.last_trace = stats.trace;
-            return Err(if f.kind == "trap" || f.kind.starts_with("instruction budget") {
-                VmError::Trap(f)
-            } else {
-                VmError::Memcheck(f)
-            });
+            return Err(
+                if f.kind == "trap" || f.kind.starts_with("instruction budget") || f.kind.starts_with(exec::TIME_LIMIT)
+                {
+                    VmError::Trap(f)
+                } else {
+                    VmError::Memcheck(f)
+                },
+            );
         }
         self.last_trace = stats.trace.clone();
         stats.wall = t0.elapsed();

@@ -137,6 +137,43 @@ fn trap_and_hang() {
 }
 
 #[test]
+fn a_launch_time_limit_stops_endless_loops_and_endless_grids_whatever_their_shape() {
+    // Without a time limit, an endless loop stops only at the per-thread budget, one warp after
+    // another (minutes for many warps), and a grid of 2^31 - 1 empty blocks never stops in a
+    // useful time. With one, both stop in about that time, as a trap naming the limit.
+    let limit = std::time::Duration::from_millis(300);
+    let run = |src: &str, grid: u32, block: u32| {
+        let m = Module::load(src).unwrap();
+        let mut vm = Vm::new();
+        let mut lim = vm.limits();
+        lim.max_launch_time = Some(limit);
+        vm.set_limits(lim);
+        let p = vm.alloc(4).unwrap();
+        let t = std::time::Instant::now();
+        let e = vm.launch(&m, "t", &LaunchConfig::new([grid, 1, 1], [block, 1, 1], 0), &p.to_le_bytes()).unwrap_err();
+        (e, t.elapsed())
+    };
+    let endless = kernel("", "L:\n add.u32 %r1, %r1, 1;\n bra.uni L; // LOOP");
+    let (e, took) = run(&endless, 64, 1024);
+    let VmError::Trap(f) = &e else { panic!("expected a trap, got {e:?}") };
+    assert!(f.kind.starts_with("launch time limit exceeded"), "{e}");
+    assert!(f.line == line_of(&endless, "// LOOP") || f.line + 1 == line_of(&endless, "// LOOP"), "{e}");
+    assert!(took < limit * 10, "stopped after {took:?}");
+    let nop = kernel("", "");
+    let (e, took) = run(&nop, i32::MAX as u32, 32);
+    assert!(matches!(&e, VmError::Trap(f) if f.kind.starts_with("launch time limit exceeded")), "{e:?}");
+    assert!(took < limit * 10, "stopped after {took:?}");
+    // A launch that finishes in time is untouched by the limit.
+    let m = Module::load(&nop).unwrap();
+    let mut vm = Vm::new();
+    let mut lim = vm.limits();
+    lim.max_launch_time = Some(std::time::Duration::from_secs(30));
+    vm.set_limits(lim);
+    let p = vm.alloc(4).unwrap();
+    vm.launch(&m, "t", &LaunchConfig::new([64, 1, 1], [64, 1, 1], 0), &p.to_le_bytes()).unwrap();
+}
+
+#[test]
 fn shared_memory_is_fresh_and_poisoned_per_block() {
     // Each block reads its shared word before writing it. With initcheck off the read sees the
     // poison, never the previous block's write.

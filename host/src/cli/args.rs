@@ -486,6 +486,11 @@ pub struct LaunchArgs {
     /// Seed of `randn` buffers.
     #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
+    /// Stop the launch after this many seconds: a kernel that never ends (an endless loop, a
+    /// grid of billions of blocks) is reported as a hang (exit 3) instead of running on.
+    /// 0: no limit.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS", allow_negative_numbers = true, value_parser = non_negative_u64)]
+    pub max_seconds: u64,
 }
 
 #[derive(Debug, Args)]

@@ -153,6 +153,11 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
         limits.memory_bytes = bytes;
         vm.set_limits(limits);
     }
+    if a.max_seconds > 0 {
+        let mut limits = vm.limits();
+        limits.max_launch_time = Some(std::time::Duration::from_secs(a.max_seconds));
+        vm.set_limits(limits);
+    }
     check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
