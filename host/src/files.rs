@@ -65,7 +65,7 @@ pub fn file_size_limit() -> Option<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
         return None;
     }
-    Some(r.rlim_cur as u64)
+    Some(r.rlim_cur)
 }
 
 /// Slots for the temporary files being written, read by the signal handler. A slot holds a

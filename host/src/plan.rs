@@ -135,10 +135,12 @@ fn layer_types<'a>(c: &'a serde_json::Value, layers: u32, origin: &str) -> Resul
     let types = match c.get("layer_types") {
         None | Some(serde_json::Value::Null) => return Ok(None),
         Some(serde_json::Value::Array(t)) => t,
-        Some(v) => return Err(format!(
+        Some(v) => {
+            return Err(format!(
             "config {origin}: field `layer_types` must be an array of {layers} strings (one per layer: {}), got {v}",
             LAYER_TYPES.join(" or ")
-        )),
+        ))
+        }
     };
     if types.len() != layers as usize {
         return Err(format!(

@@ -47,7 +47,8 @@ fn the_file_size_limit_is_exit_3_naming_file_and_limit_and_leaves_nothing_behind
     // --save append over the limit rolled back to the old length.
     let out = tmp("fsize-out.safetensors");
     std::fs::write(&out, b"previous output").unwrap();
-    let o = under_file_size_limit(128, &["--backend", "vm", "run", "--seq", "256", "--heads", "4", "--output", s(&out)]);
+    let o =
+        under_file_size_limit(128, &["--backend", "vm", "run", "--seq", "256", "--heads", "4", "--output", s(&out)]);
     assert_eq!(o.status.signal(), None, "killed by a signal: {:?}; stderr {}", o.status, stderr(&o));
     assert_eq!(code(&o), 3, "{}", stderr(&o));
     let err = stderr(&o);
