@@ -115,6 +115,8 @@ fn render(
         Format::Svg => "tmp.svg",
         Format::Png => "tmp.png",
     });
+    // A signal while the plot is drawn removes the temporary file (see `files::RemoveOnSignal`).
+    let _guard = crate::files::RemoveOnSignal::new(&tmp_fmt);
     let result = match fmt {
         Format::Svg => {
             let area = SVGBackend::new(&tmp_fmt, (w, h)).into_drawing_area();

@@ -107,6 +107,7 @@ pub fn run_decode(
         }
     };
     x.validate(p)?;
+    check_decode_scores(p, x)?;
     let plan = p.plan()?;
     let launches = planned_launches(p, &plan)?;
     let caps = dev.caps()?;
@@ -207,6 +208,49 @@ pub fn run_decode(
         k_cache: k_after,
         v_cache: v_after,
     })
+}
+
+/// Refuses a decode call whose f32 scores overflow (exit 2), as `run` does
+/// ([`crate::runner::check_score_range`]): the cheap bound `max(|scale|, 1) * max|q| * max|k|`
+/// first, and only when it is over [`crate::runner::MAX_SCORE`] every score a query sees, with
+/// the cache after the append.
+pub fn check_decode_scores(p: &DecodeProblem, x: &DecodeInputs) -> Result<(), Error> {
+    use crate::runner::MAX_SCORE;
+    let d = p.head_dim as usize;
+    let norm = |r: &[f32]| r.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+    let max_norm = |t: &[f32]| t.chunks_exact(d.max(1)).map(norm).fold(0f64, f64::max);
+    let scale = (p.softmax_scale() as f64).abs().max(1.0);
+    let k_max = max_norm(&x.k_cache).max(max_norm(&x.k_new));
+    if max_norm(&x.q) * k_max * scale < MAX_SCORE {
+        return Ok(());
+    }
+    let (k_after, _) = x.appended(p);
+    let h = p.heads as usize;
+    for b in 0..p.batch as usize {
+        for i in 0..p.seq_q {
+            let (start, end) = p.key_range(b, i);
+            for head in 0..h {
+                let q = &x.q[((b * p.seq_q as usize + i as usize) * h + head) * d..][..d];
+                let kv_head = head / p.group().max(1) as usize;
+                for j in start..end {
+                    let Some(at) = x.row_offset(p, b, j) else { continue };
+                    let k = &k_after[at + kv_head * d..][..d];
+                    let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+                    let s = dot.abs() * scale;
+                    if s >= MAX_SCORE {
+                        return Err(Error::Usage(format!(
+                            "scores overflow f32: |{}q.k| = {s:.3e} for sequence {b} head {head} query {i} key {j} \
+                             (softmax scale {:e}), over the limit {MAX_SCORE:.3e} (f32::MAX / 2, which leaves room \
+                             for the kernels' log2(e) factor); use a smaller --scale or smaller inputs",
+                            if scale > 1.0 { "scale*" } else { "" },
+                            p.softmax_scale()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs `merge_states` on `dev` through the library's [`Kernels::merge_states_into`]: combines

@@ -12,7 +12,8 @@ pub mod exit {
     pub const VERIFICATION_FAILED: i32 = 1;
     /// Bad usage or bad input: options, files, shapes, dtypes.
     pub const BAD_INPUT: i32 = 2;
-    /// Device or kernel error: CUDA error, VM memcheck finding, PTX that does not load.
+    /// Device, kernel or host-resource error: CUDA error, VM memcheck finding, PTX that does not
+    /// load, memory that cannot be had, a write cut short by the file-size limit or a full disk.
     pub const DEVICE: i32 = 3;
 }
 
@@ -27,7 +28,8 @@ pub enum Error {
     #[error(transparent)]
     Device(#[from] DeviceError),
     /// Files: unreadable or unwritable paths are bad input (2); host memory that cannot be
-    /// allocated for a problem-sized buffer is a resource error (3).
+    /// allocated for a problem-sized buffer, and a write cut short by the file-size limit, a full
+    /// disk or a quota, are resource errors (3).
     #[error(transparent)]
     File(#[from] FileError),
 }
@@ -35,11 +37,25 @@ pub enum Error {
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Input(InputError::File(FileError::HostMemory { .. })) => exit::DEVICE,
-            Error::File(FileError::HostMemory { .. }) => exit::DEVICE,
+            Error::Input(InputError::File(FileError::HostMemory { .. } | FileError::Resource { .. })) => exit::DEVICE,
+            Error::File(FileError::HostMemory { .. } | FileError::Resource { .. }) => exit::DEVICE,
             Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) => exit::BAD_INPUT,
             Error::Device(_) => exit::DEVICE,
         }
+    }
+}
+
+impl Error {
+    /// Whether the error says a resource ran out (device or host memory, the file-size limit, the
+    /// disk) rather than that the input or the result was wrong: what ran into it could not run.
+    pub fn is_resource(&self) -> bool {
+        matches!(
+            self,
+            Error::Problem(ProblemError::OutOfDeviceMemory { .. })
+                | Error::Device(DeviceError::OutOfMemory { .. })
+                | Error::File(FileError::HostMemory { .. } | FileError::Resource { .. })
+                | Error::Input(InputError::File(FileError::HostMemory { .. } | FileError::Resource { .. }))
+        )
     }
 }
 

@@ -6,6 +6,10 @@
 //! `write`. If the file does not end in a newline (an append that was interrupted part-way, or a
 //! file edited by hand), the new record starts on a line of its own, so it never glues onto the
 //! broken one; `evidence show` then names the broken line.
+//!
+//! An append that fails part-way (the file-size limit, a full disk) is rolled back to the file's
+//! old length under the lock, so this version never leaves a torn line; a torn last line that
+//! an older version left is reported by [`read`] as a [`BadLine`] with `torn` set.
 
 use serde_json::Value;
 use std::fs::{File, OpenOptions};
@@ -83,8 +87,19 @@ pub fn open(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-/// Appends `record` as one line.
-pub fn append(path: &Path, record: &Value) -> io::Result<()> {
+/// Why an append failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// A host resource limit (the file-size limit, a full disk, a quota): the file was rolled
+    /// back to its old length, nothing of the record is in it.
+    #[error("{0}; the record was not appended (the file is as it was)")]
+    Resource(String),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// Appends `record` as one line: the whole line, or (on an error part-way) nothing.
+pub fn append(path: &Path, record: &Value) -> Result<(), AppendError> {
     let mut line = serde_json::to_string(record).map_err(io::Error::other)?;
     line.push('\n');
     let f = open(path)?;
@@ -94,11 +109,23 @@ pub fn append(path: &Path, record: &Value) -> io::Result<()> {
         buf.push(b'\n');
     }
     buf.extend_from_slice(line.as_bytes());
+    let old_len = f.metadata()?.len();
+    // `write_all` finishes a short write (a signal); an error part-way (EFBIG under the
+    // file-size limit, ENOSPC) rolls the file back to where it was, under the same lock.
     let mut out = &f;
-    let n = out.write(&buf)?;
-    if n < buf.len() {
-        // A short write (a full disk, a signal): finish the line rather than leave half of it.
-        out.write_all(&buf[n..])?;
+    if let Err(e) = out.write_all(&buf) {
+        let rolled_back = f.set_len(old_len);
+        let needed = old_len + buf.len() as u64;
+        return Err(match (crate::files::resource_limit(&e, needed), rolled_back) {
+            (Some(m), Ok(())) => AppendError::Resource(m),
+            (None, Ok(())) => AppendError::Io(e),
+            (_, Err(r)) => AppendError::Io(io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}; rolling the file back to its {old_len} bytes failed too ({r}): its last line may be torn"
+                ),
+            )),
+        });
     }
     Ok(())
 }
@@ -117,6 +144,9 @@ pub struct BadLine {
     pub error: String,
     /// The first characters of the line.
     pub start: String,
+    /// A JSON object cut short (the text ends inside it): an append that an older version left
+    /// unfinished (this one rolls a failed append back). Other bad lines were edited by hand.
+    pub torn: bool,
 }
 
 /// Largest evidence file read (a record is a few KiB).
@@ -134,14 +164,14 @@ pub fn read(path: &Path) -> Result<(Vec<Record>, Vec<BadLine>), String> {
         if l.trim().is_empty() {
             continue;
         }
+        let start = l.chars().take(60).collect();
         match serde_json::from_str::<Value>(l) {
             Ok(v) if v.is_object() => good.push(Record { line: i + 1, value: v }),
-            Ok(_) => bad.push(BadLine {
-                line: i + 1,
-                error: "not a JSON object".into(),
-                start: l.chars().take(60).collect(),
-            }),
-            Err(e) => bad.push(BadLine { line: i + 1, error: e.to_string(), start: l.chars().take(60).collect() }),
+            Ok(_) => bad.push(BadLine { line: i + 1, error: "not a JSON object".into(), start, torn: false }),
+            Err(e) => {
+                let torn = e.is_eof() && l.trim_start().starts_with('{');
+                bad.push(BadLine { line: i + 1, error: e.to_string(), start, torn })
+            }
         }
     }
     Ok((good, bad))
@@ -340,6 +370,7 @@ mod tests {
         assert_eq!(bad.len(), 1);
         assert_eq!(bad[0].line, 2);
         assert!(bad[0].error.contains("EOF"), "{}", bad[0].error);
+        assert!(bad[0].torn, "a record cut short is torn");
     }
 
     #[test]

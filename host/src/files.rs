@@ -6,6 +6,11 @@
 //!   an existing file is a regular writable file, and it is not one of the inputs or the
 //!   evidence file), then written atomically: a temporary file in the same directory, fsynced,
 //!   renamed over the target. A failed write never leaves a truncated file where a good one was.
+//! - A write the file-size limit (`ulimit -f`), a full disk or a quota cuts short is a resource
+//!   error naming the file and the limit ([`FileError::Resource`], exit 3); `main` ignores
+//!   SIGXFSZ so such a write fails with EFBIG instead of killing the process.
+//! - SIGINT, SIGTERM and SIGHUP during a write remove its temporary file before the process ends
+//!   by the signal ([`install_signal_cleanup`], [`RemoveOnSignal`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -26,6 +31,118 @@ pub enum FileError {
     SameFile { what: &'static str, path: String, other: &'static str, other_path: String },
     #[error("host memory: cannot allocate {bytes} bytes ({human}) for {what}")]
     HostMemory { what: String, bytes: u64, human: String },
+    /// The write ran into a host resource limit: the file-size limit, a full disk, a quota.
+    #[error("cannot write {what} {path}: {message}")]
+    Resource { what: &'static str, path: String, message: String },
+}
+
+/// What a failed write of `bytes` bytes means: a host resource limit (EFBIG under `ulimit -f`,
+/// ENOSPC, EDQUOT) named with its figures, or `None` for any other error.
+pub fn resource_limit(e: &std::io::Error, bytes: u64) -> Option<String> {
+    match e.raw_os_error()? {
+        libc::EFBIG => Some(match file_size_limit() {
+            Some(limit) => format!(
+                "the file-size limit (ulimit -f) is {limit} bytes ({}), the file needs {bytes} bytes ({})",
+                crate::units::human_bytes(limit),
+                crate::units::human_bytes(bytes)
+            ),
+            None => format!("the file is too large for the file system ({bytes} bytes)"),
+        }),
+        libc::ENOSPC => {
+            Some(format!("no space left on the device ({bytes} bytes ({}) to write)", crate::units::human_bytes(bytes)))
+        }
+        libc::EDQUOT => {
+            Some(format!("the disk quota is exhausted ({bytes} bytes ({}) to write)", crate::units::human_bytes(bytes)))
+        }
+        _ => None,
+    }
+}
+
+/// The soft file-size limit of this process (`RLIMIT_FSIZE`) in bytes; `None` when unlimited.
+pub fn file_size_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(r.rlim_cur)
+}
+
+/// Slots for the temporary files being written, read by the signal handler. A slot holds a
+/// NUL-terminated path that is never freed (a handler running on another thread may still read
+/// it after the slot is cleared); a process writes a handful of files, so this is a few hundred
+/// bytes at most.
+const SLOTS: usize = 16;
+static PENDING: [std::sync::atomic::AtomicPtr<libc::c_char>; SLOTS] =
+    [const { std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+
+/// Registers a temporary file for removal if SIGINT, SIGTERM or SIGHUP ends the process before
+/// the guard is dropped (see [`install_signal_cleanup`]). Register before creating the file.
+pub struct RemoveOnSignal {
+    slot: Option<usize>,
+}
+
+impl RemoveOnSignal {
+    pub fn new(path: &Path) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        use std::sync::atomic::Ordering;
+        let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return RemoveOnSignal { slot: None } };
+        let raw = c.into_raw();
+        for (i, s) in PENDING.iter().enumerate() {
+            if s.compare_exchange(std::ptr::null_mut(), raw, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                return RemoveOnSignal { slot: Some(i) };
+            }
+        }
+        // All slots taken (more than 16 writes at once): the file is not cleaned up on a signal.
+        // SAFETY: `raw` came from `into_raw` above and was never shared.
+        drop(unsafe { std::ffi::CString::from_raw(raw) });
+        RemoveOnSignal { slot: None }
+    }
+}
+
+impl Drop for RemoveOnSignal {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            // The path itself stays allocated (see `PENDING`).
+            PENDING[i].store(std::ptr::null_mut(), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Removes every registered temporary file. Async-signal-safe: atomic loads and unlink(2) only.
+fn remove_pending() {
+    for s in &PENDING {
+        let p = s.load(std::sync::atomic::Ordering::SeqCst);
+        if !p.is_null() {
+            // SAFETY: `p` is a NUL-terminated path that is never freed (see `PENDING`).
+            unsafe { libc::unlink(p) };
+        }
+    }
+}
+
+extern "C" fn remove_pending_and_reraise(sig: libc::c_int) {
+    remove_pending();
+    // SAFETY: signal(2) and raise(2) are async-signal-safe; the default action then ends the
+    // process by `sig`, so the parent sees the signal as it would without the handler.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Installs the handler that removes registered temporary files on SIGINT, SIGTERM and SIGHUP
+/// and then ends the process by the same signal. Signals that are ignored (a command started
+/// with `nohup`, or in the background by a shell without job control) stay ignored.
+pub fn install_signal_cleanup() {
+    let handler = remove_pending_and_reraise as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler is async-signal-safe (see `remove_pending_and_reraise`).
+        unsafe {
+            if libc::signal(sig, handler) == libc::SIG_IGN {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+        }
+    }
 }
 
 fn kind_of(m: &std::fs::Metadata) -> &'static str {
@@ -127,6 +244,7 @@ pub fn check_writable(path: &Path, what: &'static str) -> Result<(), FileError> 
         Err(e) => return Err(err(format!("directory {}: {e}", dir.display()))),
     }
     let probe = temp_path(&target);
+    let _guard = RemoveOnSignal::new(&probe);
     match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
         Ok(_) => {
             let _ = std::fs::remove_file(&probe);
@@ -170,6 +288,17 @@ pub fn check_distinct(
 /// then renamed over `path` (an existing file keeps its permissions). On any error the temporary
 /// file is removed and `path` is untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8], what: &'static str) -> Result<(), FileError> {
+    write_atomic_with(path, bytes.len() as u64, what, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] with the contents written by `write` (`bytes`: how many it writes, for the
+/// message when a resource limit cuts it short).
+pub fn write_atomic_with(
+    path: &Path,
+    bytes: u64,
+    what: &'static str,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<(), FileError> {
     let err = |message: String| FileError::Write { what, path: path.display().to_string(), message };
     let target = write_target(path);
     if let Ok(m) = std::fs::metadata(&target) {
@@ -178,12 +307,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8], what: &'static str) -> Result<(),
         }
     }
     let tmp = temp_path(&target);
+    // Registered before the file exists: a signal at any point of the write removes it.
+    let _guard = RemoveOnSignal::new(&tmp);
     let result = (|| -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         if let Ok(m) = std::fs::metadata(&target) {
             f.set_permissions(m.permissions())?;
         }
-        f.write_all(bytes)?;
+        write(&mut f)?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, &target)?;
@@ -195,7 +326,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8], what: &'static str) -> Result<(),
     })();
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        err(e.to_string())
+        match resource_limit(&e, bytes) {
+            Some(message) => FileError::Resource { what, path: path.display().to_string(), message },
+            None => err(e.to_string()),
+        }
     })
 }
 
@@ -235,6 +369,39 @@ mod tests {
         assert!(e.contains("none"), "{e}");
         assert!(check_writable(&d.join("fresh.bin"), "output").is_ok());
         assert!(!d.join("fresh.bin").exists(), "the pre-check leaves no file");
+    }
+
+    /// The child half of the test below: writes half a file, then receives SIGTERM.
+    fn signalled_writer(dir: &Path) -> ! {
+        install_signal_cleanup();
+        let _ = write_atomic_with(&dir.join("o.bin"), 8, "output", |f| {
+            f.write_all(b"half")?;
+            // SAFETY: raise(2) delivers SIGTERM to this thread; its handler ends the process.
+            unsafe { libc::raise(libc::SIGTERM) };
+            f.write_all(b"rest")
+        });
+        std::process::exit(0)
+    }
+
+    #[test]
+    fn a_signal_during_an_atomic_write_removes_the_temporary_file() {
+        if let Some(d) = std::env::var_os("MEMATTN_FILES_SIGNAL_CHILD") {
+            signalled_writer(Path::new(&d));
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let d = dir("signal");
+        std::fs::write(d.join("o.bin"), b"old contents").unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "files::tests::a_signal_during_an_atomic_write_removes_the_temporary_file"])
+            .args(["--test-threads", "1", "--nocapture"])
+            .env("MEMATTN_FILES_SIGNAL_CHILD", &d)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "the writer was not ended by SIGTERM: {status:?}");
+        assert_eq!(std::fs::read(d.join("o.bin")).unwrap(), b"old contents");
+        let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["o.bin"], "a temporary file was left behind");
     }
 
     #[test]

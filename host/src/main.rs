@@ -13,6 +13,15 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Under a file-size limit (`ulimit -f`) SIGXFSZ would kill the process half-way through a
+    // write, with no message and the temporary file left behind. Ignored, the write fails with
+    // EFBIG and is reported as a resource error naming the file and the limit (exit 3).
+    // SAFETY: setting the disposition of one signal before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    // SIGINT, SIGTERM and SIGHUP remove a temporary file being written before the process ends.
+    memattn_cli::files::install_signal_cleanup();
     let parsed = cli::args::Cli::try_parse();
     let cli = match parsed {
         Ok(c) => c,

@@ -126,6 +126,42 @@ pub struct Model {
     pub notes: Vec<String>,
 }
 
+/// The attention kinds a `layer_types` entry may name: the two this plan models.
+const LAYER_TYPES: [&str; 2] = ["full_attention", "sliding_attention"];
+
+/// The config's `layer_types`, checked: absent (or null), or an array of exactly `layers` known
+/// layer-type strings; anything else is an error naming the field, the entry and the rule.
+fn layer_types<'a>(c: &'a serde_json::Value, layers: u32, origin: &str) -> Result<Option<Vec<&'a str>>, String> {
+    let types = match c.get("layer_types") {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::Array(t)) => t,
+        Some(v) => {
+            return Err(format!(
+            "config {origin}: field `layer_types` must be an array of {layers} strings (one per layer: {}), got {v}",
+            LAYER_TYPES.join(" or ")
+        ))
+        }
+    };
+    if types.len() != layers as usize {
+        return Err(format!(
+            "config {origin}: field `layer_types` has {} entries for {layers} layers (num_hidden_layers)",
+            types.len()
+        ));
+    }
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t.as_str() {
+            Some(s) if LAYER_TYPES.contains(&s) => Ok(s),
+            _ => Err(format!(
+                "config {origin}: field `layer_types` entry {i} is {t}; known layer types: {}",
+                LAYER_TYPES.join(", ")
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
 impl Model {
     /// Whether weights and activations can be counted (hidden, intermediate, vocab known).
     pub fn has_weights(&self) -> bool {
@@ -281,16 +317,11 @@ impl Model {
         let window = field("sliding_window")?.map(|w| w as u32);
         let use_window = !matches!(c.get("use_sliding_window"), Some(serde_json::Value::Bool(false)));
         let mut windows = vec![None; layers as usize];
+        let layer_types = layer_types(c, layers, origin)?;
         if let (Some(w), true) = (window, use_window) {
-            if let Some(types) = c.get("layer_types").and_then(|t| t.as_array()) {
-                if types.len() != layers as usize {
-                    return Err(format!(
-                        "config {origin}: field `layer_types` has {} entries for {layers} layers",
-                        types.len()
-                    ));
-                }
+            if let Some(types) = &layer_types {
                 for (i, t) in types.iter().enumerate() {
-                    if t.as_str() == Some("sliding_attention") {
+                    if *t == "sliding_attention" {
                         windows[i] = Some(w);
                     }
                 }

@@ -110,9 +110,9 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             "check: {kernel} {dtype}, head dims {dims:?}, {} cases, every query row against the f64 reference",
             all.len()
         );
-        println!("{:<6} {:<22} {:<6} {:>10} {:>10}  catches", "d", "case", "result", "O rel RMS", "bound");
+        println!("{:<6} {:<22} {:<7} {:>10} {:>10}  catches", "d", "case", "result", "O rel RMS", "bound");
     }
-    let (mut failed, mut device_errors) = (0, 0);
+    let (mut failed, mut device_errors, mut not_run) = (0, 0, 0);
     let mut rows = Vec::new();
     for (d, c) in &all {
         let spec = RunSpec { seed: a.seed, check: RowSelection::All, ..RunSpec::new(c.problem, kernel) };
@@ -123,6 +123,8 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
                 let res = if r.verified { "PASS" } else { "FAIL" };
                 (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), r.verification.failures.join("; "))
             }
+            // A case the device or host had no room for did not run: not a failure of the kernel.
+            Err(e) if e.is_resource() => ("NOT RUN", None, None, e.to_string()),
             Err(e) => {
                 if e.exit_code() == exit::DEVICE {
                     device_errors += 1;
@@ -130,35 +132,50 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
                 ("FAIL", None, None, e.to_string())
             }
         };
-        if result == "FAIL" {
-            failed += 1;
+        match result {
+            "FAIL" => failed += 1,
+            "NOT RUN" => not_run += 1,
+            _ => {}
         }
         let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
         if !cli.json {
-            println!("{:<6} {:<22} {:<6} {:>10} {:>10}  {}", d, c.name, result, fmt(err), fmt(bound), c.catches);
-            if result == "FAIL" {
+            println!("{:<6} {:<22} {:<7} {:>10} {:>10}  {}", d, c.name, result, fmt(err), fmt(bound), c.catches);
+            if result != "PASS" {
                 println!("       {detail}");
             }
         }
         rows.push(serde_json::json!({
             "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
+            "ran": result != "NOT RUN",
             "rel_rms_err": err, "bound": bound, "detail": detail, "shape": c.problem.shape_json(),
             "kernels": entries,
         }));
     }
     let v = serde_json::json!({
         "command": "check", "backend": dev.backend().name(), "backend_reason": reason,
-        "kernel": kernel, "dtype": dtype, "cases": rows, "failed": failed, "passed": failed == 0,
+        "kernel": kernel, "dtype": dtype, "cases": rows, "failed": failed, "not_run": not_run,
+        "passed": failed == 0 && not_run == 0,
     });
     save_evidence(cli, &v)?;
     if cli.json {
         print_json(&v);
     } else {
-        println!("check: {} of {} cases passed", all.len() - failed, all.len());
+        let not_run_note = if not_run > 0 {
+            format!(", {not_run} not run (not enough device or host memory for them)")
+        } else {
+            String::new()
+        };
+        println!("check: {} of {} cases passed{not_run_note}", all.len() - failed - not_run, all.len());
     }
-    Ok(match (failed, device_errors) {
-        (0, _) => exit::SUCCESS,
-        (_, 0) => exit::VERIFICATION_FAILED,
-        _ => exit::DEVICE,
+    // 3 for a kernel error; else 1 for a case that ran and did not verify; else 3 when a case
+    // could not run for want of a resource; 0 only when every case ran and verified.
+    Ok(if device_errors > 0 {
+        exit::DEVICE
+    } else if failed > 0 {
+        exit::VERIFICATION_FAILED
+    } else if not_run > 0 {
+        exit::DEVICE
+    } else {
+        exit::SUCCESS
     })
 }

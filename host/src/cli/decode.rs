@@ -70,20 +70,21 @@ pub struct DecodeArgs {
     /// Paged cache with P keys per page (any P >= 1; pages shuffled); default: contiguous.
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page_size: Option<u32>,
-    /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128.
-    #[arg(long, default_value = "auto", value_name = "auto|N", allow_negative_numbers = true)]
-    pub splits: Splits,
+    /// Split count: `auto` (FlashAttention-2's heuristic) or 1..=128 [default: auto].
+    #[arg(long, value_name = "auto|N", allow_negative_numbers = true)]
+    pub splits: Option<Splits>,
     /// Multiprocessors the split plan fills [default: the device's multiprocessor count on CUDA;
     /// 132, an H100/H200, on the VM, which models that count].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub sms: Option<u32>,
-    /// Element type of Q, the cache and O (bf16/f16 run on tensor cores, f32 on the SIMT kernel).
-    #[arg(long, default_value = "f32", value_name = "f32|bf16|f16")]
-    pub dtype: Dtype,
+    /// Element type of Q, the cache and O (bf16/f16 run on tensor cores, f32 on the SIMT kernel)
+    /// [default: f32].
+    #[arg(long, value_name = "f32|bf16|f16")]
+    pub dtype: Option<Dtype>,
     /// Decode forward: `auto` (tensor cores for bf16/f16, SIMT for f32), `simt` (f32 arithmetic,
-    /// any dtype) or `mma` (tensor cores, bf16/f16 only).
-    #[arg(long, default_value = "auto", value_name = "auto|simt|mma")]
-    pub kernel: DecodeKernel,
+    /// any dtype) or `mma` (tensor cores, bf16/f16 only) [default: auto].
+    #[arg(long, value_name = "auto|simt|mma")]
+    pub kernel: Option<DecodeKernel>,
     /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
     /// head joins the softmax denominator only; the LSE includes it.
     #[arg(long)]
@@ -175,17 +176,39 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         cache_seqlens,
         seq_new: a.new_tokens,
         page_size: a.page_size,
-        dtype: a.dtype,
+        dtype: a.dtype.unwrap_or(Dtype::F32),
         causal: !a.no_causal,
         scale: a.scale,
-        splits: a.splits,
+        splits: a.splits.unwrap_or_default(),
         sm_count: a.sms.unwrap_or(DEFAULT_SM_COUNT),
         sm_count_source: if a.sms.is_some() { SmCountSource::Given } else { SmCountSource::Default },
-        kernel: a.kernel,
+        kernel: a.kernel.unwrap_or_default(),
         sinks: a.sinks,
     };
-    p.validate()?;
+    // With --inputs the dtype and the shapes come from the file: the options are checked once
+    // they are known (in `read_inputs`), not against the defaults.
+    if a.inputs.is_none() {
+        p.validate()?;
+    }
     Ok(p)
+}
+
+/// Refuses `--vary KEY` together with the option it sets (`--splits 2 --vary splits=1,3`): each
+/// run sets the varied option, so the given value would be ignored.
+fn check_vary_conflict(a: &DecodeArgs, key: &str) -> Result<(), Error> {
+    let (flag, given) = match key {
+        "splits" => ("--splits", a.splits.is_some()),
+        "page-size" => ("--page-size", a.page_size.is_some()),
+        "dtype" => ("--dtype", a.dtype.is_some()),
+        "kernel" => ("--kernel", a.kernel.is_some()),
+        _ => return Ok(()),
+    };
+    if given {
+        return Err(Error::Usage(format!(
+            "--vary {key} sets what {flag} sets, so {flag} would be ignored: give one of them"
+        )));
+    }
+    Ok(())
 }
 
 /// The problem with `key=value` applied.
@@ -466,6 +489,7 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
             if list.is_empty() {
                 return Err(Error::Usage(format!("--vary {key}= has no values")));
             }
+            check_vary_conflict(a, &key)?;
             list.iter()
                 .map(|val| Ok((format!("{key}={val}"), varied(&base, &key, val)?)))
                 .collect::<Result<_, Error>>()?

@@ -171,7 +171,15 @@ pub fn record_outcome(cli: &Cli, code: i32, error: Option<String>) -> Result<(),
         "observed": observed(device, &result),
         "result": result,
     });
-    ev::append(path, &line).map_err(|e| Error::Usage(format!("cannot write evidence file {}: {e}", path.display())))?;
+    ev::append(path, &line).map_err(|e| match e {
+        // The file-size limit or a full disk: a host resource (exit 3), not bad input.
+        ev::AppendError::Resource(message) => Error::File(memattn_cli::files::FileError::Resource {
+            what: "evidence file",
+            path: path.display().to_string(),
+            message,
+        }),
+        ev::AppendError::Io(e) => Error::Usage(format!("cannot write evidence file {}: {e}", path.display())),
+    })?;
     if !cli.json {
         eprintln!("evidence appended to {} (exit code {code})", path.display());
     }
@@ -455,11 +463,23 @@ pub fn command(cli: &Cli, c: &EvidenceCommand) -> Result<i32, Error> {
     match c {
         EvidenceCommand::Show { file } => {
             let (records, bad) = load(file)?;
+            // A record an older version's interrupted append left cut short is skipped with a
+            // warning; any other line that is not a record is an error.
+            let (torn, bad): (Vec<_>, Vec<_>) = bad.into_iter().partition(|b| b.torn);
+            for t in &torn {
+                eprintln!(
+                    "warning: {} line {} is a record cut short (an append that did not finish: {}), skipped",
+                    file.display(),
+                    t.line,
+                    t.error
+                );
+            }
             if cli.json {
                 super::print_json(&json!({
                     "command": "evidence show",
                     "records": records.iter().map(|r| json!({"line": r.line, "record": r.value})).collect::<Vec<_>>(),
                     "bad_lines": bad.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
+                    "torn_lines": torn.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
                 }));
             } else {
                 let header: Vec<String> = [

@@ -93,11 +93,13 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             heads_kv: problem.kv_heads(),
             varlen: problem.varlen,
         };
-        // A write that fails after all (disk full, file-size limit) leaves the old file whole;
-        // the measured result is still printed and saved, and the run exits 2.
+        // A write that fails after all leaves the old file whole; the measured result is still
+        // printed and saved, and the run exits with the write error's code (3 for the file-size
+        // limit or a full disk, 2 for a path that cannot be written).
         if let Err(e) = write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse) {
             eprintln!("error: {e}");
-            write_error = Some(e.to_string());
+            let e = Error::from(e);
+            write_error = Some((e.to_string(), e.exit_code()));
         } else if !cli.json {
             let (o_shape, lse_shape) = match problem.varlen {
                 Some(_) => {
@@ -120,7 +122,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if a.output.is_some() {
         v["output_file"] = written.map(|p| p.display().to_string()).into();
     }
-    if let Some(e) = &write_error {
+    if let Some((e, _)) = &write_error {
         v["output_error"] = e.clone().into();
     }
     save_evidence(cli, &v)?;
@@ -129,8 +131,8 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     } else {
         print!("{}", run_summary(&report));
     }
-    Ok(if write_error.is_some() {
-        exit::BAD_INPUT
+    Ok(if let Some((_, code)) = write_error {
+        code
     } else if report.verified {
         exit::SUCCESS
     } else {
@@ -175,7 +177,7 @@ fn backward(
             eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
         } else if let Err(e) = write_outputs(path, &problem, &report.outputs) {
             eprintln!("error: {e}");
-            write_error = Some(e.to_string());
+            write_error = Some((e.to_string(), e.exit_code()));
         } else {
             if !cli.json {
                 println!("wrote o, lse, dq, dk, dv (F32) to {}", path.display());
@@ -188,7 +190,7 @@ fn backward(
     if a.output.is_some() {
         v["output_file"] = written.map(|p| p.display().to_string()).into();
     }
-    if let Some(e) = &write_error {
+    if let Some((e, _)) = &write_error {
         v["output_error"] = e.clone().into();
     }
     save_evidence(cli, &v)?;
@@ -197,8 +199,8 @@ fn backward(
     } else {
         print!("{}", summary(&report));
     }
-    Ok(if write_error.is_some() {
-        exit::BAD_INPUT
+    Ok(if let Some((_, code)) = write_error {
+        code
     } else if report.verified {
         exit::SUCCESS
     } else {
