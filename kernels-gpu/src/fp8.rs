@@ -142,6 +142,27 @@ pub fn encode(f: Fp8Format, x: f32) -> u8 {
     sign | code as u8
 }
 
+/// Marker type of an e4m3 cache in the variant table's decode rows (device code).
+#[cfg(target_arch = "nvptx64")]
+pub struct Fp8E4m3;
+/// Marker type of an e5m2 cache in the variant table's decode rows (device code).
+#[cfg(target_arch = "nvptx64")]
+pub struct Fp8E5m2;
+
+/// The format a marker type stands for.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) trait Fp8Kind {
+    const FORMAT: Fp8Format;
+}
+#[cfg(target_arch = "nvptx64")]
+impl Fp8Kind for Fp8E4m3 {
+    const FORMAT: Fp8Format = Fp8Format::E4m3;
+}
+#[cfg(target_arch = "nvptx64")]
+impl Fp8Kind for Fp8E5m2 {
+    const FORMAT: Fp8Format = Fp8Format::E5m2;
+}
+
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests {
     use super::*;
