@@ -6,7 +6,7 @@ use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
 use memattn_cli::decode::{
     merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
-    DecodeSpec, Partials, Splits,
+    DecodeSpec, Fp8Format, Partials, Splits,
 };
 use memattn_cli::device::Device;
 use memattn_cli::Dtype;
@@ -402,6 +402,77 @@ device_tests! {
                 assert!(r.lse[16..].iter().zip(&plain.lse[16..]).all(|(a, b)| a > b), "{dtype} {splits}");
             }
         }
+    }
+
+    fn fp8_cache_decode_against_the_reference_over_its_bytes(dev: &mut dyn Device) {
+        // Both formats; GQA 4:1 and 2:1; several sequences of lengths off the 32-key tile and the
+        // page size (one empty before the append); page sizes 1 and 16 and a contiguous cache;
+        // per-tensor and per-KV-head scales; new tokens appended (quantised by the kernel).
+        let cases = [
+            (Fp8Format::E4m3, 64, 8, 2, Some(16), vec![37u32, 0, 70], 2u32, false),
+            (Fp8Format::E5m2, 64, 8, 2, Some(1), vec![5, 33], 1, true),
+            (Fp8Format::E4m3, 128, 4, 2, None, vec![65, 3], 1, true),
+            (Fp8Format::E5m2, 128, 8, 4, Some(16), vec![40], 0, false),
+        ];
+        for (f, d, h, hk, page_size, lens, new, per_head) in cases {
+            require_kernel(dev, &format!("decode_fwd_{}_d{d}", memattn_cli::decode::fp8_elem(f).name()));
+            let p = DecodeProblem {
+                batch: lens.len() as u32,
+                heads: h,
+                heads_kv: hk,
+                head_dim: d,
+                cache_seqlens: lens.clone(),
+                seq_new: new,
+                page_size,
+                dtype: Dtype::Bf16,
+                kv_fp8: Some(f),
+                splits: Splits::Fixed(2),
+                ..DecodeProblem::default()
+            };
+            let mut x = DecodeInputs::random(&p, 11);
+            if per_head {
+                // Each KV head its own scale; head 0's is a quarter of what its values need, so
+                // its largest values saturate to the format's max.
+                let base = x.k_scale[0];
+                x.k_scale = (0..hk).map(|i| base * if i == 0 { 0.25 } else { 1.0 + i as f32 }).collect();
+                x.v_scale = (0..hk).map(|i| x.v_scale[0] * (0.5 + i as f32)).collect();
+            }
+            let r = run(dev, &p, Some(&x));
+            let label = format!("{f:?} d{d} {h}/{hk} page {page_size:?} lens {lens:?} per_head {per_head}");
+            assert!(r.kernel == "simt" && r.kv_dtype == f.name(), "{label}");
+            assert_eq!(r.verification.cache_ok, if new > 0 { Some(true) } else { None }, "{label}");
+            let q = r.verification.quantisation_rel_rms.expect("an FP8 run reports its quantisation error");
+            // e4m3 keeps 3 mantissa bits (u = 2^-4), e5m2 2 (u = 2^-3): O averages the errors.
+            assert!(q > 1e-3 && q < 4.0 * f.unit_roundoff() as f64, "{label}: quantisation rel RMS {q}");
+            assert_eq!(r.bytes.kv_cache, x.k_cache.len() as u64 * 2, "{label}: one byte per element, K and V");
+            if per_head {
+                // The saturated head: some stored values are exactly +-max * scale.
+                let deq = x.dequantised(&p);
+                let top = f.max_finite() * x.k_scale[0];
+                let sat = (0..deq.k_cache.len())
+                    .filter(|&i| (i / d as usize) % hk as usize == 0 && deq.k_cache[i].abs() == top)
+                    .count();
+                assert!(sat > 0, "{label}: no saturated value in head 0");
+            }
+        }
+        // Bad scales are typed refusals (exit 2) naming the tensor and the rule.
+        let p = DecodeProblem { dtype: Dtype::Bf16, kv_fp8: Some(Fp8Format::E4m3), ..DecodeProblem::default() };
+        let x = DecodeInputs::random(&p, 1);
+        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1) };
+        for (k, v, want) in [
+            (vec![0.0], vec![1.0], "k_scale[0] = 0"),
+            (vec![1.0], vec![f32::NAN], "v_scale[0] = NaN"),
+            (vec![1.0, 1.0, 1.0], vec![1.0], "k_scale has 3 scales"),
+        ] {
+            let y = DecodeInputs { k_scale: k, v_scale: v, ..x.clone() };
+            let e = run_decode(dev, &spec, Some(&y)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        let f32_q = DecodeProblem { dtype: Dtype::F32, ..p.clone() };
+        assert!(f32_q.validate().unwrap_err().to_string().contains("bf16"));
+        let mma = DecodeProblem { kernel: DecodeKernel::Mma, ..p };
+        assert!(mma.validate().unwrap_err().to_string().contains("SIMT"));
     }
 
     fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
