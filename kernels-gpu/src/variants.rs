@@ -501,7 +501,7 @@ macro_rules! entry {
             const T: DecodeMmaTile = $tile;
             unsafe {
                 crate::decode_mma::decode_mma::<
-                    crate::device::$elem,
+                    crate::decode_fwd::elem::$elem,
                     { T.head_dim as usize },
                     { T.bc as usize },
                     { (T.head_dim / 16) as usize },
@@ -672,6 +672,15 @@ kernel_table! {
     DecodeAppendFp8E4m3 = decode_append_fp8_e4m3: DecodeAppend(APPEND), Fp8E4m3;
     /// Append bf16 `k_new`, `v_new` into an FP8 e5m2 cache.
     DecodeAppendFp8E5m2 = decode_append_fp8_e5m2: DecodeAppend(APPEND), Fp8E5m2;
+    /// Tensor-core split-KV decode over an FP8 e4m3 cache (widened to f16 on staging; f16
+    /// `mma.sync`, no FP8 instructions), bf16 Q/O, head_dim 64.
+    DecodeMmaFp8E4m3D64 = decode_mma_fp8_e4m3_d64: DecodeMma(DECODE_MMA_D64), Fp8E4m3;
+    /// Tensor-core decode over an FP8 e4m3 cache, head_dim 128.
+    DecodeMmaFp8E4m3D128 = decode_mma_fp8_e4m3_d128: DecodeMma(DECODE_MMA_D128), Fp8E4m3;
+    /// Tensor-core decode over an FP8 e5m2 cache, head_dim 64.
+    DecodeMmaFp8E5m2D64 = decode_mma_fp8_e5m2_d64: DecodeMma(DECODE_MMA_D64), Fp8E5m2;
+    /// Tensor-core decode over an FP8 e5m2 cache, head_dim 128.
+    DecodeMmaFp8E5m2D128 = decode_mma_fp8_e5m2_d128: DecodeMma(DECODE_MMA_D128), Fp8E5m2;
     /// Split-KV decode on tensor cores (`mma.sync`), bf16 cache/Q/O, f32 accumulation, head_dim 64.
     DecodeMmaBf16D64 = decode_mma_bf16_d64: DecodeMma(DECODE_MMA_D64), Bf16;
     /// Tensor-core split-KV decode, bf16, head_dim 128.

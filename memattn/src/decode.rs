@@ -320,9 +320,6 @@ impl DecodeProblem {
                 if self.dtype != Dtype::Bf16 {
                     return Err(KvCacheRule::Fp8Dtype { dtype: self.dtype });
                 }
-                if self.kernel == DecodeKernel::Mma {
-                    return Err(KvCacheRule::Fp8Mma);
-                }
                 fp8_elem(f)
             }
         };

@@ -90,8 +90,6 @@ pub enum KvCacheRule {
     PlanNewTokens { planned: bool, given: bool },
     #[error("an FP8 KV cache takes bf16 q, o, k_new and v_new, not {dtype}")]
     Fp8Dtype { dtype: Dtype },
-    #[error("an FP8 KV cache runs on the SIMT decode kernel (DecodeKernel::Simt or Auto), not on tensor cores")]
-    Fp8Mma,
     #[error("FP8 {tensor}[{index}] = {got}: a scale must be finite and > 0")]
     Fp8Scale { tensor: &'static str, index: usize, got: f32 },
     #[error(

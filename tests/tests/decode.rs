@@ -405,7 +405,7 @@ device_tests! {
     }
 
     fn fp8_cache_decode_against_the_reference_over_its_bytes(dev: &mut dyn Device) {
-        // Both formats; GQA 4:1 and 2:1; several sequences of lengths off the 32-key tile and the
+        // SIMT and tensor-core kernels; both formats; GQA 4:1 and 2:1; several sequences of lengths off the 32-key tile and the
         // page size (one empty before the append); page sizes 1 and 16 and a contiguous cache;
         // per-tensor and per-KV-head scales; new tokens appended (quantised by the kernel).
         let cases = [
@@ -437,9 +437,10 @@ device_tests! {
                 x.k_scale = (0..hk).map(|i| base * if i == 0 { 0.25 } else { 1.0 + i as f32 }).collect();
                 x.v_scale = (0..hk).map(|i| x.v_scale[0] * (0.5 + i as f32)).collect();
             }
-            let r = run(dev, &p, Some(&x));
             let label = format!("{f:?} d{d} {h}/{hk} page {page_size:?} lens {lens:?} per_head {per_head}");
-            assert!(r.kernel == "simt" && r.kv_dtype == f.name(), "{label}");
+            require_kernel(dev, &format!("decode_mma_{}_d{d}", memattn_cli::decode::fp8_elem(f).name()));
+            for r in run_both(dev, &p, Some(&x)) {
+            assert_eq!(r.kv_dtype, f.name(), "{label}");
             assert_eq!(r.verification.cache_ok, if new > 0 { Some(true) } else { None }, "{label}");
             let q = r.verification.quantisation_rel_rms.expect("an FP8 run reports its quantisation error");
             // e4m3 keeps 3 mantissa bits (u = 2^-4), e5m2 2 (u = 2^-3): O averages the errors.
@@ -453,6 +454,7 @@ device_tests! {
                     .filter(|&i| (i / d as usize) % hk as usize == 0 && deq.k_cache[i].abs() == top)
                     .count();
                 assert!(sat > 0, "{label}: no saturated value in head 0");
+            }
             }
         }
         // Bad scales are typed refusals (exit 2) naming the tensor and the rule.
@@ -471,8 +473,8 @@ device_tests! {
         }
         let f32_q = DecodeProblem { dtype: Dtype::F32, ..p.clone() };
         assert!(f32_q.validate().unwrap_err().to_string().contains("bf16"));
-        let mma = DecodeProblem { kernel: DecodeKernel::Mma, ..p };
-        assert!(mma.validate().unwrap_err().to_string().contains("SIMT"));
+        // Auto runs the tensor-core kernel (f16 mma over the widened cache).
+        assert_eq!(p.kernels().unwrap()[0].name(), "decode_mma_fp8_e4m3_d64");
     }
 
     fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
