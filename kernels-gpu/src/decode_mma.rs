@@ -187,8 +187,9 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
                 let mut out = [0u32; 4];
                 unroll!(i in 0..2 => {
                     let x = if i == 0 { lo } else { hi };
-                    // Bytes b0..b3 as two words of two f16-positioned bytes: [0, b0, 0, b1], [0, b2, 0, b3].
-                    let pairs = [((x << 8) & 0xff00) | ((x << 16) & 0xff00_0000), ((x >> 8) & 0xff00) | (x & 0xff00_0000)];
+                    // Bytes b0..b3 as two words of two f16-positioned bytes, [0, b0, 0, b1] and
+                    // [0, b2, 0, b3]: one byte permute each (selector nibbles 4 pick zero bytes).
+                    let pairs = [prmt(x, 0x1404), prmt(x, 0x3424)];
                     unroll!(j in 0..2 => {
                         out[2 * i + j] = if e4m3 {
                             ((pairs[j] >> 1) & 0x3f80_3f80) | (pairs[j] & 0x8000_8000)
@@ -217,6 +218,18 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
         let pow2 = if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) { 256.0 } else { 1.0 };
         unsafe { ld_f32(scales + 4 * hk as u64) * pow2 }
     }
+}
+
+/// `prmt.b32 d, x, 0, sel;`: byte `i` of `d` is byte `sel[4i..4i+4]` of `(0 << 32) | x`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn prmt(x: u32, sel: u32) -> u32 {
+    let d: u32;
+    unsafe {
+        core::arch::asm!("prmt.b32 {d}, {x}, 0, {s};", d = out(reg32) d, x = in(reg32) x, s = in(reg32) sel,
+            options(pure, nomem, nostack))
+    };
+    d
 }
 
 /// The generic body, instantiated by the rows of [`crate::variants`]: `BC` keys per step,

@@ -390,8 +390,8 @@ impl Kernels {
 
     /// [`Kernels::plan_kvcache`] for an FP8 KV cache: bf16 `q`, `o`, `k_new`, `v_new`; the caches
     /// one byte per element ([`Fp8CacheViewMut`], both in one format) with their scales. Every
-    /// check of the bf16 call applies; the decode runs on the SIMT kernel (it dequantises after
-    /// each load: no FP8 tensor-core instructions, so sm_80 runs it), the append quantises the
+    /// check of the bf16 call applies; the decode dequantises after each load (tensor cores: widened
+    /// exactly to f16 for f16 `mma.sync`; no FP8 instructions, so sm_80 runs it), the append quantises the
     /// new tokens (`encode(x / scale)`, nearest even, saturating). Run it with
     /// [`Kernels::run_kvcache_fp8`].
     #[allow(clippy::too_many_arguments)]
