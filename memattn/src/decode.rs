@@ -1502,6 +1502,8 @@ mod tests {
             v_new: vec![],
             layout: CacheLayout::Contiguous { seq_cache: 2 },
             sinks: vec![4f32.ln()],
+            k_scale: vec![],
+            v_scale: vec![],
         };
         let r = reference(&p, &x);
         assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
@@ -1510,6 +1512,55 @@ mod tests {
         assert!((empty.lse[0] - 4f64.ln()).abs() < 1e-6);
         let none = reference(&DecodeProblem { sinks: false, ..p }, &DecodeInputs { sinks: vec![], ..x });
         assert!((none.o[0] - 7.0).abs() < 1e-6 && (none.lse[0] - 4f64.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fp8_reference_reads_the_bytes_and_scale_rules_are_named() {
+        // The reference's f64 decode agrees with the kernels' bit-level decode on every code.
+        for f in [Fp8Format::E4m3, Fp8Format::E5m2] {
+            for c in 0..=255u8 {
+                let (a, b) = (fp8_value_f64(f, c), kernels_gpu::fp8::decode(f, c) as f64);
+                assert!(a == b || (a.is_nan() && b.is_nan()), "{f:?} {c:#04x}: {a} vs {b}");
+            }
+        }
+        // Known answer: one key, V of head 0 is 1000 with scale 2 in e4m3: 1000 / 2 = 500 saturates
+        // to 448, so the FP8 cache holds 896 and O is 896; head 1 (scale 0.5) holds 0.3 / 0.5 =
+        // 0.6, nearest e4m3 0.625, so O is 0.3125.
+        let p = DecodeProblem {
+            heads: 2,
+            heads_kv: 2,
+            head_dim: 1,
+            cache_seqlens: vec![1],
+            dtype: Dtype::Bf16,
+            kv_fp8: Some(Fp8Format::E4m3),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs {
+            q: vec![1.0, 1.0],
+            k_cache: vec![1.0, 1.0],
+            v_cache: vec![1000.0, 0.3],
+            block_table: vec![],
+            k_new: vec![],
+            v_new: vec![],
+            layout: CacheLayout::Contiguous { seq_cache: 1 },
+            sinks: vec![],
+            k_scale: vec![1.0],
+            v_scale: vec![2.0, 0.5],
+        };
+        let r = reference(&p, &x);
+        assert_eq!((r.o[0], r.o[1]), (896.0, 0.3125));
+        let unq = reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, &x);
+        assert_eq!(unq.o[0], 1000.0);
+        assert!(matches!(x.check_fp8_scales(&p), Ok(())));
+        let bad = |k: Vec<f32>| DecodeInputs { k_scale: k, ..x.clone() }.check_fp8_scales(&p).unwrap_err();
+        assert_eq!(bad(vec![-1.0]), KvCacheRule::Fp8Scale { tensor: "k_scale", index: 0, got: -1.0 });
+        assert!(matches!(bad(vec![1.0, f32::INFINITY]), KvCacheRule::Fp8Scale { index: 1, .. }));
+        assert!(matches!(bad(vec![1.0; 3]), KvCacheRule::Fp8ScaleCount { got: 3, heads_kv: 2, .. }));
+        assert!(bad(vec![]).to_string().contains("1 (per tensor) or heads_kv = 2"));
+        let plain = DecodeProblem { kv_fp8: None, ..p.clone() };
+        assert!(matches!(x.check_fp8_scales(&plain), Err(KvCacheRule::Fp8ScaleCount { fp8: false, .. })));
+        let f32_q = DecodeProblem { dtype: Dtype::F32, ..p };
+        assert_eq!(f32_q.kernels().unwrap_err(), KvCacheRule::Fp8Dtype { dtype: Dtype::F32 });
     }
 
     #[test]

@@ -451,7 +451,7 @@ device_tests! {
                 let deq = x.dequantised(&p);
                 let top = f.max_finite() * x.k_scale[0];
                 let sat = (0..deq.k_cache.len())
-                    .filter(|&i| (i / d as usize) % hk as usize == 0 && deq.k_cache[i].abs() == top)
+                    .filter(|&i| (i / d as usize).is_multiple_of(hk as usize) && deq.k_cache[i].abs() == top)
                     .count();
                 assert!(sat > 0, "{label}: no saturated value in head 0");
             }
