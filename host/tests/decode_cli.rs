@@ -283,4 +283,14 @@ fn plan_recommends_an_fp8_cache_and_its_decode_command_measures_the_planned_byte
         + r["batch"].as_u64().unwrap() * r["new_tokens"].as_u64().unwrap();
     assert_eq!(r["bytes"]["kv_used"].as_u64().unwrap(), tokens * per, "{}", r["bytes"]);
     assert!(r["verification"]["quantisation_rel_rms"].as_f64().unwrap() > 0.0);
+    // Bad FP8 input is exit 2 naming the rule.
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--kv-dtype", "fp8", "--k-scale", "0", "--cache-len", "4"],
+        "k_scale[0] = 0",
+    );
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--kv-dtype", "fp9", "--cache-len", "4"],
+        "fp8 (e4m3) and fp8_e5m2",
+    );
+    assert_bad_input(&["--backend", "vm", "decode", "--kv-dtype", "fp8", "--dtype", "f16"], "bf16");
 }

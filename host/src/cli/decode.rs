@@ -492,6 +492,11 @@ fn check_generated_fits(dev: &mut dyn memattn_cli::Device, p: &DecodeProblem) ->
 pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     let mut base = problem(a)?;
     if let Some(out) = &a.output {
+        if a.kv_dtype.is_some() {
+            return Err(Error::Usage(
+                "--output writes f32/bf16/f16 tensors; writing an FP8 cache (its bytes and scales) is not supported yet: leave out --output or --kv-dtype".into(),
+            ));
+        }
         if a.vary.is_some() {
             return Err(Error::Usage("--output writes one run: leave out --vary".into()));
         }
