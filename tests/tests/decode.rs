@@ -568,3 +568,55 @@ fn memcheck_catches_a_bad_block_table_entry(kernel: &str, elem_bytes: u64) {
     let e = launch(&mut dev, 7).unwrap_err();
     assert!(e.to_string().contains("memcheck"), "{kernel}: {e}");
 }
+
+/// The library's FP8 road ([`memattn::attn::Kernels::plan_kvcache_fp8`]): a plan for an FP8
+/// cache runs only through `run_kvcache_fp8`, a bf16 plan not through it, and scales that do not
+/// match the cache's KV heads or are not finite and positive are refused with the rule named.
+#[test]
+fn vm_fp8_plans_and_scales_are_checked_by_the_library() {
+    use memattn::attn::{AttnError, AttnOpts, Fp8CacheViewMut, Kernels, LseViewMut, TensorView, TensorViewMut};
+    use memattn::error::KvCacheRule;
+    let k = Kernels::vm().unwrap();
+    let (b, h, hk, d, cap) = (1usize, 4usize, 2usize, 64usize, 40usize);
+    let q = k.upload_as(Dtype::Bf16, &vec![0.5; b * h * d]).unwrap();
+    let (kc, vc) = (k.vm_alloc((b * cap * hk * d) as u64).unwrap(), k.vm_alloc((b * cap * hk * d) as u64).unwrap());
+    let (o, lse) = (k.vm_alloc((b * h * d * 2) as u64).unwrap(), k.vm_alloc((b * h * 4) as u64).unwrap());
+    let lens = k.index_tensor(&[33], None).unwrap();
+    let qv = TensorView::device(&q, Dtype::Bf16, [b, 1, h, d]).unwrap();
+    let mut kv = Fp8CacheViewMut::device(&kc, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let mut vv = Fp8CacheViewMut::device(&vc, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let (mut ov, mut lv) =
+        (TensorViewMut::device(&o, Dtype::Bf16, [b, 1, h, d]).unwrap(), LseViewMut::vm(&lse, b, h, 1).unwrap());
+    let opts = AttnOpts::new();
+    let rule = |e: AttnError| match e {
+        AttnError::KvCache { why } => why,
+        other => panic!("{other}"),
+    };
+    // Scales: 0 and NaN refused when made; 3 scales for 2 KV heads refused when made.
+    assert!(matches!(rule(k.fp8_scales(&[0.0], hk).unwrap_err()), KvCacheRule::Fp8Scale { index: 0, .. }));
+    assert!(matches!(rule(k.fp8_scales(&[1.0, f32::NAN], hk).unwrap_err()), KvCacheRule::Fp8Scale { index: 1, .. }));
+    assert!(matches!(rule(k.fp8_scales(&[1.0; 3], hk).unwrap_err()), KvCacheRule::Fp8ScaleCount { got: 3, .. }));
+    // Scales made for 4 KV heads do not fit a cache of 2.
+    let (s4, s2) = (k.fp8_scales(&[1.0], 4).unwrap(), k.fp8_scales(&[0.5, 2.0], hk).unwrap());
+    let e = k.plan_kvcache_fp8(&qv, &kv, &vv, &s4, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap_err();
+    assert!(matches!(rule(e), KvCacheRule::Fp8ScaleCount { tensor: "k_scale", got: 4, heads_kv: 2, .. }));
+    // An FP8 plan runs through run_kvcache_fp8 only; the bf16 road refuses it.
+    let plan = k.plan_kvcache_fp8(&qv, &kv, &vv, &s2, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap();
+    k.run_kvcache_fp8(&plan, &qv, &mut kv, &mut vv, None, None, &mut ov, &mut lv).unwrap();
+    let (kb, vb) = (
+        k.upload_as(Dtype::Bf16, &vec![0.0; b * cap * hk * d]).unwrap(),
+        k.vm_alloc((b * cap * hk * d * 2) as u64).unwrap(),
+    );
+    let mut kbv = TensorViewMut::device(&kb, Dtype::Bf16, [b, cap, hk, d]).unwrap();
+    let mut vbv = TensorViewMut::device(&vb, Dtype::Bf16, [b, cap, hk, d]).unwrap();
+    let e = k.run_kvcache(&plan, &qv, &mut kbv, &mut vbv, None, None, &mut ov, &mut lv).unwrap_err();
+    assert_eq!(rule(e), KvCacheRule::Fp8Plan { planned: true });
+    let bf16_plan = k.plan_kvcache(&qv, &kbv, &vbv, None, None, &lens, None, &ov, &lv, &opts).unwrap();
+    let e = k.run_kvcache_fp8(&bf16_plan, &qv, &mut kv, &mut vv, None, None, &mut ov, &mut lv).unwrap_err();
+    assert_eq!(rule(e), KvCacheRule::Fp8Plan { planned: false });
+    // An FP8 cache of the right shape in a buffer one byte short is out of bounds.
+    let short = k.vm_alloc((b * cap * hk * d - 1) as u64).unwrap();
+    let sv = Fp8CacheViewMut::device(&short, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let e = k.plan_kvcache_fp8(&qv, &sv, &vv, &s2, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap_err();
+    assert!(matches!(e, AttnError::OutOfBounds { tensor: "k_cache", .. }), "{e}");
+}
