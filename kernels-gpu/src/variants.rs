@@ -965,6 +965,23 @@ mod tests {
     }
 
     #[test]
+    fn fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine() {
+        assert_eq!(
+            KernelId::decode(Elem::Fp8E4m3, 128),
+            Some([KernelId::DecodeMmaFp8E4m3D128, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E4m3])
+        );
+        assert_eq!(
+            KernelId::decode_with(Family::DecodeFwd, Elem::Fp8E5m2, 64),
+            Some([KernelId::DecodeFwdFp8E5m2D64, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E5m2])
+        );
+        assert_eq!(KernelId::decode(Elem::Fp8E5m2, 96), None);
+        assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
+        assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
+        assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
+        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 176);
+    }
+
+    #[test]
     fn backward_rows_and_their_geometry() {
         assert_eq!(
             KernelId::flash_bwd(Elem::F32, 64),
