@@ -7,7 +7,9 @@ use crate::runner::{poison, LaunchRecord, MAX_LAUNCHES, POISON};
 use crate::timing::Timing;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
-use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
+use memattn::attn::{
+    AttnError, AttnOpts, Fp8CacheViewMut, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut,
+};
 use memattn::decode::*;
 use memattn::device::{Device, DeviceError};
 use memattn::dtype::Dtype;
@@ -29,6 +31,8 @@ pub struct DecodeReport {
     pub backend: String,
     pub device: String,
     pub dtype: Dtype,
+    /// The KV cache's element type: the dtype's name, or `fp8` (e4m3) / `fp8_e5m2`.
+    pub kv_dtype: &'static str,
     pub batch: u32,
     pub heads: u32,
     pub heads_kv: u32,
@@ -151,8 +155,13 @@ pub fn run_decode(
     let memory = memory?;
     let r = reference(p, x);
     let mut v = verify_decode(p, &o, &lse, &r);
+    if p.kv_fp8.is_some() {
+        // What quantisation costs: the kernel's O against attention over the unquantised cache.
+        let exact = reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, x);
+        v.quantisation_rel_rms = Some(rel_rms(&o, &exact.o));
+    }
     if p.seq_new > 0 {
-        let (ke, ve) = x.appended(p);
+        let (ke, ve) = x.dequantised(p).appended(p);
         let same = |a: &[f32], b: &[f32]| {
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
         };
@@ -175,6 +184,7 @@ pub fn run_decode(
         backend: dev.backend().name().to_string(),
         device: dev.name(),
         dtype: p.dtype,
+        kv_dtype: p.kv_fp8.map_or(p.dtype.name(), |f| f.name()),
         batch: p.batch,
         heads: p.heads,
         heads_kv: p.heads_kv,
@@ -283,6 +293,12 @@ pub fn merge_states(dev: &mut dyn Device, x: &Partials, dtype: Dtype) -> Result<
     Ok(r?)
 }
 
+/// The cache views of a run: in the dtype of the call, or FP8.
+enum Caches<'a> {
+    Same(TensorViewMut<'a>, TensorViewMut<'a>),
+    Fp8(Fp8CacheViewMut<'a>, Fp8CacheViewMut<'a>),
+}
+
 /// What one measured decode run brought back: timing samples, the last repetition's
 /// launches, O, LSE and the caches after it.
 type DecodeMeasured = (Vec<f64>, Vec<LaunchRecord>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
@@ -303,7 +319,20 @@ fn decode_measured(
         (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
     let up = |data: &[f32]| k.upload_as(p.dtype, data);
     let q = up(&x.q)?;
-    let (kc, vc) = (up(&x.k_cache)?, up(&x.v_cache)?);
+    // An FP8 cache goes up as its bytes, `encode(x / scale)`; the others in the dtype.
+    let up_cache = |data: &[f32], scales: &[f32]| match p.kv_fp8 {
+        Some(f) => {
+            let buf = k.alloc(data.len() as u64)?;
+            buf.write_bytes(&fp8_encode_cache(f, data, scales, hk, d))?;
+            Ok(buf)
+        }
+        None => up(data),
+    };
+    let (kc, vc) = (up_cache(&x.k_cache, &x.k_scale)?, up_cache(&x.v_cache, &x.v_scale)?);
+    let scales = match p.kv_fp8 {
+        Some(_) => Some((k.fp8_scales(&x.k_scale, hk)?, k.fp8_scales(&x.v_scale, hk)?)),
+        None => None,
+    };
     let new = if p.seq_new > 0 { Some((up(&x.k_new)?, up(&x.v_new)?)) } else { None };
     let cache_seqlens = k.index_tensor(&p.cache_seqlens, None)?;
     let (cache_shape, block_table) = match x.layout {
@@ -318,8 +347,15 @@ fn decode_measured(
     let lse = k.alloc(p.rows() * 4)?;
 
     let qv = TensorView::device(&q, p.dtype, [b, sq, h, d])?;
-    let mut kcv = TensorViewMut::device(&kc, p.dtype, cache_shape)?;
-    let mut vcv = TensorViewMut::device(&vc, p.dtype, cache_shape)?;
+    let mut caches = match p.kv_fp8 {
+        Some(f) => {
+            Caches::Fp8(Fp8CacheViewMut::device(&kc, f, cache_shape)?, Fp8CacheViewMut::device(&vc, f, cache_shape)?)
+        }
+        None => Caches::Same(
+            TensorViewMut::device(&kc, p.dtype, cache_shape)?,
+            TensorViewMut::device(&vc, p.dtype, cache_shape)?,
+        ),
+    };
     let new_views = match &new {
         Some((kn, vn)) => {
             let shape = [b, p.seq_new as usize, hk, d];
@@ -351,7 +387,14 @@ fn decode_measured(
     if let Some(s) = &sinks_view {
         opts = opts.sinks(s);
     }
-    let planned = k.plan_kvcache(&qv, &kcv, &vcv, kn, vn, &cache_seqlens, block_table.as_ref(), &ov, &lv, &opts)?;
+    let bt = block_table.as_ref();
+    let planned = match (&caches, &scales) {
+        (Caches::Same(kcv, vcv), _) => k.plan_kvcache(&qv, kcv, vcv, kn, vn, &cache_seqlens, bt, &ov, &lv, &opts)?,
+        (Caches::Fp8(kcv, vcv), Some((ks, vs))) => {
+            k.plan_kvcache_fp8(&qv, kcv, vcv, ks, vs, kn, vn, &cache_seqlens, bt, &ov, &lv, &opts)?
+        }
+        (Caches::Fp8(..), None) => unreachable!("an FP8 cache has its scales"),
+    };
     k.with_device(|dev| dev.memory_mark_allocated())?;
 
     k.record_launches(true)?;
@@ -367,7 +410,10 @@ fn decode_measured(
             dev.synchronize()?;
             dev.timer_start()
         })?;
-        k.run_kvcache(&planned, &qv, &mut kcv, &mut vcv, kn, vn, &mut ov, &mut lv)?;
+        match &mut caches {
+            Caches::Same(kcv, vcv) => k.run_kvcache(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv)?,
+            Caches::Fp8(kcv, vcv) => k.run_kvcache_fp8(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv)?,
+        }
         let ms = k.with_device(|dev| dev.timer_stop())?;
         if rep >= warmup as u64 {
             samples.push(ms);
@@ -377,5 +423,18 @@ fn decode_measured(
     let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
         Ok(p.dtype.decode(&buf.read_bytes(buf.bytes() as usize)?))
     };
-    Ok((samples, records, read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, read(&kc)?, read(&vc)?))
+    // An FP8 cache's values: `decode(byte) * scale` of its KV head.
+    let read_cache = |buf: &memattn::attn::DeviceBuffer, scales: &[f32]| -> Result<Vec<f32>, AttnError> {
+        match p.kv_fp8 {
+            Some(f) => Ok(buf
+                .read_bytes(buf.bytes() as usize)?
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| kernels_gpu::fp8::decode(f, c) * DecodeInputs::fp8_scale(scales, (i / d) % hk))
+                .collect()),
+            None => read(buf),
+        }
+    };
+    let (k_after, v_after) = (read_cache(&kc, &x.k_scale)?, read_cache(&vc, &x.v_scale)?);
+    Ok((samples, records, read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, k_after, v_after))
 }

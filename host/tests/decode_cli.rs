@@ -249,3 +249,48 @@ fn decode_reads_inputs_and_refuses_bad_block_tables() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn plan_recommends_an_fp8_cache_and_its_decode_command_measures_the_planned_bytes() {
+    let o = memattn(&[
+        "--json",
+        "plan",
+        "--config",
+        "tests/fixtures/configs/llama-3-8b.json",
+        "--batch",
+        "8",
+        "--context",
+        "131072",
+        "--vram",
+        "80GiB",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)));
+    assert_eq!(v["best_change"]["flag"], "--kv-dtype fp8", "{v}");
+    let cmd = v["fp8_decode"]["command"].as_str().expect("the plan prints the FP8 decode command");
+    let per = v["fp8_decode"]["kv_bytes_per_token_per_layer"].as_u64().unwrap();
+    // Llama-3-8B: 8 KV heads of head dim 128, one byte per element, K and V.
+    assert_eq!(per, 2 * 8 * 128);
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    assert_eq!(words[..2], ["memattn", "decode"], "{cmd}");
+    let mut args = vec!["--backend", "vm", "--json"];
+    args.extend(&words[1..]);
+    let o = memattn(&args);
+    assert_eq!(code(&o), 0, "{cmd}: {}", text(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["verified"], true, "{r}");
+    assert_eq!(r["kv_dtype"], "fp8");
+    let tokens: u64 = r["cache_seqlens"].as_array().unwrap().iter().map(|l| l.as_u64().unwrap()).sum::<u64>()
+        + r["batch"].as_u64().unwrap() * r["new_tokens"].as_u64().unwrap();
+    assert_eq!(r["bytes"]["kv_used"].as_u64().unwrap(), tokens * per, "{}", r["bytes"]);
+    assert!(r["verification"]["quantisation_rel_rms"].as_f64().unwrap() > 0.0);
+    // Bad FP8 input is exit 2 naming the rule.
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--kv-dtype", "fp8", "--k-scale", "0", "--cache-len", "4"],
+        "k_scale[0] = 0",
+    );
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--kv-dtype", "fp9", "--cache-len", "4"],
+        "fp8 (e4m3) and fp8_e5m2",
+    );
+    assert_bad_input(&["--backend", "vm", "decode", "--kv-dtype", "fp8", "--dtype", "f16"], "bf16");
+}

@@ -19,6 +19,10 @@
 //!   `j <= diag + window_right` (when `window_right >= 0`); causal is `window_right = 0`; `-1`: all.
 //!   A row that sees no key gives `O = 0`, `LSE = -inf`. LSE is natural log, `[batch, heads,
 //!   seq_q]` f32 ([`key_range`]).
+//! - FP8 cache (rows of element type `fp8_e4m3` / `fp8_e5m2`): Q, O, `k_new` and `v_new` are
+//!   bf16, the cache one byte per element in that format ([`crate::fp8`]), with f32 scales per KV
+//!   head for K and for V (`k_scale`, `v_scale`, `[heads_kv]`): the append stores
+//!   `encode(x / scale)` (nearest even, saturating), the decode reads `decode(byte) * scale`.
 //! - Split-KV: split `s` of `num_splits` covers key tiles `[s * tps, (s + 1) * tps)` of its
 //!   sequence, `tps = ceil(ceil(seqlen_k / BC) / num_splits)` ([`split_range`]), and writes f32
 //!   partial O (normalised by its own sum) and partial LSE (`-inf` for an empty split) into
@@ -27,7 +31,7 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[160]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[176]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
 /// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
 /// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
@@ -74,10 +78,16 @@ pub struct DecodeParams {
     /// denominator only (`docs/semantics.md`); 0: none. The decode kernels count a sink in split
     /// 0 only (split 0 always exists), so `merge_states` sums it exactly once.
     pub sinks: u64,
+    /// FP8 cache (the `fp8` rows): `heads_kv` f32 scales of the K cache, one per KV head (a
+    /// per-tensor scale is the same value in every slot); the cache holds `encode(k / scale)`
+    /// ([`crate::fp8`]) and the kernels read `decode(byte) * scale`. 0 for other caches.
+    pub k_scale: u64,
+    /// FP8 cache: `heads_kv` f32 scales of the V cache, as `k_scale`.
+    pub v_scale: u64,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 160;
+pub const DECODE_PARAMS_BYTES: usize = 176;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -123,8 +133,10 @@ impl DecodeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
-        out[at..at + 8].copy_from_slice(&self.sinks.to_le_bytes());
-        at += 8;
+        for p in [self.sinks, self.k_scale, self.v_scale] {
+            out[at..at + 8].copy_from_slice(&p.to_le_bytes());
+            at += 8;
+        }
         debug_assert_eq!(at, DECODE_PARAMS_BYTES);
         out
     }
@@ -145,7 +157,7 @@ impl DecodeParams {
     /// and the row `(page * page_size + j % page_size) * heads_kv + hk`.
     ///
     /// 32-bit: keys are below 2^31 (the host checks `cache_seqlens + seq_new`), and a cache row
-    /// is at least 128 bytes (64 2-byte elements), so 2^32 of them would be 512 GiB, more than a
+    /// is at least 64 bytes (64 FP8 elements), so 2^32 of them would be 256 GiB, more than a
     /// device holds; 32-bit row math keeps the kernels' per-row bookkeeping in single registers.
     #[inline(always)]
     pub fn cache_row(&self, b: u32, j: u32, hk: u32, block_table_entry: impl FnOnce(u64) -> u32) -> u32 {
@@ -289,6 +301,8 @@ mod tests {
         assert_eq!((&b[136..140], &b[140..144]), (&(-1i32).to_le_bytes()[..], &7i32.to_le_bytes()[..]));
         let b = DecodeParams { sinks: 0x1234, ..Default::default() }.to_bytes();
         assert_eq!(&b[152..160], &0x1234u64.to_le_bytes());
+        let b = DecodeParams { k_scale: 0x55, v_scale: 0x66, ..Default::default() }.to_bytes();
+        assert_eq!((&b[160..168], &b[168..176]), (&0x55u64.to_le_bytes()[..], &0x66u64.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());

@@ -53,18 +53,39 @@ use crate::mask::key_range;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{tanh, OnlineSoftmax, LOG2E};
 
+/// The cache element types the decode rows of [`crate::variants`] name.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod elem {
+    pub(crate) use crate::device::{Bf16, F16, F32};
+    pub(crate) use crate::fp8::{Fp8E4m3, Fp8E5m2};
+}
+
 /// Keys scored per online-softmax step (the score row held in registers).
 #[cfg(target_arch = "nvptx64")]
 const KC: usize = 8;
 
-/// 16 bytes of a cache row, read with one vector load and widened into f32 shared memory.
+/// A cache element type: 16 bytes of a cache row, read with one vector load and widened into
+/// f32 shared memory, and the element type of Q and O that goes with it.
 #[cfg(target_arch = "nvptx64")]
-pub(crate) trait Stage16: Elem {
+pub(crate) trait Stage16 {
+    /// Element type of Q and O (the cache's own type, bf16 for an FP8 cache).
+    type Qo: Elem;
+    /// Bytes per cache element.
+    const BYTES: u64;
     /// Loads the 16 bytes at `src` (`16 / BYTES` elements) and stores them as f32 at `dst`.
     ///
     /// # Safety
     /// `src` must be a valid, 16-byte aligned global address; `dst` valid for `16 / BYTES` f32.
     unsafe fn stage16(src: u64, dst: *mut f32);
+    /// The scale of KV head `hk` of the cache whose `heads_kv` scales are at `scales` (FP8), 1
+    /// for the other types.
+    ///
+    /// # Safety
+    /// For FP8, `scales` must be a valid device address of `heads_kv` f32.
+    #[inline(always)]
+    unsafe fn scale(_scales: u64, _hk: u64) -> f32 {
+        1.0
+    }
 }
 
 /// 16 bytes as four 32-bit words (`ld.global.v4.u32`).
@@ -81,6 +102,8 @@ unsafe fn ld16(src: u64) -> [u32; 4] {
 
 #[cfg(target_arch = "nvptx64")]
 impl Stage16 for F32 {
+    type Qo = F32;
+    const BYTES: u64 = 4;
     #[inline(always)]
     unsafe fn stage16(src: u64, dst: *mut f32) {
         let w = unsafe { ld16(src) };
@@ -92,6 +115,8 @@ impl Stage16 for F32 {
 
 #[cfg(target_arch = "nvptx64")]
 impl Stage16 for crate::mma::Bf16 {
+    type Qo = Self;
+    const BYTES: u64 = 2;
     /// bf16 is the top half of an f32: the low value of a word shifted up, the high one masked.
     #[inline(always)]
     unsafe fn stage16(src: u64, dst: *mut f32) {
@@ -107,6 +132,8 @@ impl Stage16 for crate::mma::Bf16 {
 
 #[cfg(target_arch = "nvptx64")]
 impl Stage16 for crate::mma::F16 {
+    type Qo = Self;
+    const BYTES: u64 = 2;
     /// `cvt.f32.f16` (exact) of each half of each word.
     #[inline(always)]
     unsafe fn stage16(src: u64, dst: *mut f32) {
@@ -121,6 +148,29 @@ impl Stage16 for crate::mma::F16 {
                 *dst.add(2 * i + 1) = hi;
             }
         }
+    }
+}
+
+/// An FP8 cache: 16 one-byte codes per load, each widened with [`crate::fp8::decode_finite`]
+/// (about six integer operations and one exact multiply). The per-head scales are not applied
+/// here but folded into the kernel's two f32 factors: `k_scale` into the query's score factor
+/// (`q . (decode(k) * s) = (s * q) . decode(k)`), `v_scale` into the final `1 / l`.
+#[cfg(target_arch = "nvptx64")]
+impl<F: crate::fp8::Fp8Kind> Stage16 for F {
+    type Qo = crate::mma::Bf16;
+    const BYTES: u64 = 1;
+    #[inline(always)]
+    unsafe fn stage16(src: u64, dst: *mut f32) {
+        let w = unsafe { ld16(src) };
+        for (i, x) in w.iter().enumerate() {
+            unroll!(k in 0..4 => {
+                unsafe { *dst.add(4 * i + k) = crate::fp8::decode_finite(F::FORMAT, x >> (8 * k)) };
+            });
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale(scales: u64, hk: u64) -> f32 {
+        unsafe { ld_f32(scales + 4 * hk) }
     }
 }
 
@@ -169,9 +219,11 @@ pub(crate) unsafe fn decode_fwd<
     let scale2 = if softcap > 0.0 { p.softmax_scale } else { p.softmax_scale * LOG2E };
     let mut q = [0.0f32; DPT];
     if row_valid {
-        let qa = p.q + E::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+        let qa = p.q + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+        // An FP8 cache's K scale joins the query's factor (see `Stage16::scale`).
+        let qscale = scale2 * unsafe { E::scale(p.k_scale, hk) };
         for (k, qk) in q.iter_mut().enumerate() {
-            *qk = unsafe { E::load(qa + E::BYTES * (lane + TPR * k) as u64) } * scale2;
+            *qk = unsafe { <E::Qo as Elem>::load(qa + E::Qo::BYTES * (lane + TPR * k) as u64) } * qscale;
         }
     }
 
@@ -275,10 +327,12 @@ pub(crate) unsafe fn decode_fwd<
         };
         // Row (b, h, qi) of the [batch, heads, seq_q] LSE and of each split's partials.
         let row_idx = (b * heads + h as u64) * seq_q + qi as u64;
+        // An FP8 cache's V scale joins the normaliser (see `Stage16::scale`).
+        let inv_l = inv_l * unsafe { E::scale(p.v_scale, hk) };
         if p.num_splits == 1 {
-            let oa = p.o + E::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+            let oa = p.o + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
             for (k, a) in acc.iter().enumerate() {
-                unsafe { E::store(oa + E::BYTES * (lane + TPR * k) as u64, a * inv_l) };
+                unsafe { <E::Qo as Elem>::store(oa + E::Qo::BYTES * (lane + TPR * k) as u64, a * inv_l) };
             }
             if lane == 0 {
                 unsafe { st_f32(p.lse + 4 * row_idx, lse) };

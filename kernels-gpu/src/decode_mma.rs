@@ -1,4 +1,4 @@
-//! `decode_mma_{bf16,f16}_d{64,128}`: split-KV (flash-decoding) attention over a KV cache on
+//! `decode_mma_{bf16,f16,fp8_e4m3,fp8_e5m2}_d{64,128}`: split-KV (flash-decoding) attention over a KV cache on
 //! tensor cores (`mma.sync` m16n8k16), 16-bit Q, cache and O, f32 accumulation and softmax.
 //!
 //! Algorithm: the split-KV decode of [`crate::decode_fwd`] (same grid, same split ranges, same
@@ -31,6 +31,12 @@
 //! tile may span pages; rows past the block's last key are zero-filled (source size 0), never
 //! read. After the loop the K and V area holds the warps' f32 accumulators `[4][16][D]` and the
 //! Q area their row statistics `[4][16]` (max, sum) for the merge.
+//!
+//! FP8 cache (`fp8_*` rows, bf16 Q and O): the tiles are staged through registers instead of
+//! `cp.async` — each thread loads the 8 bytes of its 16-byte shared chunk, widens them to f16
+//! exactly (`MmaCache` for the FP8 kinds) and stores them; the products run on f16 tensor cores
+//! with Q converted to f16, and the K and V scales (times `2^8` for e4m3) are applied to the
+//! score factor and to `1 / l`. Shared memory and the pipeline are those of the 16-bit rows.
 //!
 //! Thread mapping: grid `(num_splits, ceil(seq_q * group / 16), heads_kv * batch)`, 128 threads.
 //! In every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds packed rows `g` and `g + 8`
@@ -106,6 +112,126 @@ unsafe fn stage_rows<const D: usize, const PASSES: usize>(tile: u32, cache: u64,
     });
 }
 
+/// A cache element type of the tensor-core decode: how a tile of cache rows reaches shared
+/// memory as 16-bit `mma` operands, which `mma` type they are, and the factors that undo the
+/// staging's scaling.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) trait MmaCache {
+    /// The `mma` operand type of Q, K, V and P.
+    type Mma: Half16;
+    /// The element type of Q and O in global memory.
+    type Qo: Half16;
+    /// Starts copying (or copies) the rows in `rows` into the swizzled tile at `tile`.
+    ///
+    /// # Safety
+    /// As [`stage_rows`].
+    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize);
+    /// One word of a Q fragment (two `Qo` values) as two `Mma` values.
+    fn q_word(x: u32) -> u32 {
+        x
+    }
+    /// The factor of head `hk`'s staged K (or V) values to their true values: the FP8 scale
+    /// times the staging's power of two; 1 for a 16-bit cache.
+    ///
+    /// # Safety
+    /// For FP8, `scales` must be a valid device address of `heads_kv` f32.
+    unsafe fn factor(_scales: u64, _hk: u32) -> f32 {
+        1.0
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl MmaCache for Bf16 {
+    type Mma = Bf16;
+    type Qo = Bf16;
+    #[inline(always)]
+    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
+        unsafe { stage_rows::<D, PASSES>(tile, cache, rows, tid) }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl MmaCache for F16 {
+    type Mma = F16;
+    type Qo = F16;
+    #[inline(always)]
+    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
+        unsafe { stage_rows::<D, PASSES>(tile, cache, rows, tid) }
+    }
+}
+
+/// An FP8 cache on f16 tensor cores (sm_80 has no FP8 `mma`): each 8-byte piece of a row is
+/// loaded into registers and widened to eight f16 with integer operations, exactly — e5m2 is the
+/// top byte of an f16 (same exponent bias 15); e4m3's magnitude bits shifted into an f16 read as
+/// the value times `2^-8` (bias 15 instead of 7), subnormals included, so its factor holds `2^8`.
+/// Q (bf16) is converted to f16 once per block (exact for `2^-14 <= |q| <= 65504`).
+#[cfg(target_arch = "nvptx64")]
+impl<F: crate::fp8::Fp8Kind> MmaCache for F {
+    type Mma = F16;
+    type Qo = Bf16;
+    #[inline(always)]
+    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
+        let cpr = D * 2 / CHUNK;
+        let rows_per_pass = THREADS / cpr;
+        let (c, r) = (tid % cpr, tid / cpr);
+        let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
+        let e4m3 = matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3);
+        unroll!(k in 0..PASSES => {
+            let w = if rows[k] != u32::MAX {
+                let (lo, hi): (u32, u32);
+                let src = cache + rows[k] as u64 * D as u64 + (c * 8) as u64;
+                unsafe {
+                    core::arch::asm!("ld.global.v2.u32 {{{a}, {b}}}, [{s}];", a = out(reg32) lo, b = out(reg32) hi,
+                        s = in(reg64) src, options(readonly, nostack));
+                }
+                let mut out = [0u32; 4];
+                unroll!(i in 0..2 => {
+                    let x = if i == 0 { lo } else { hi };
+                    // Bytes b0..b3 as two words of two f16-positioned bytes, [0, b0, 0, b1] and
+                    // [0, b2, 0, b3]: one byte permute each (selector nibbles 4 pick zero bytes).
+                    let pairs = [prmt(x, 0x1404), prmt(x, 0x3424)];
+                    unroll!(j in 0..2 => {
+                        out[2 * i + j] = if e4m3 {
+                            ((pairs[j] >> 1) & 0x3f80_3f80) | (pairs[j] & 0x8000_8000)
+                        } else {
+                            pairs[j]
+                        };
+                    });
+                });
+                out
+            } else {
+                [0u32; 4]
+            };
+            unsafe {
+                core::arch::asm!("st.shared.v4.b32 [{d}], {{{a}, {b}, {c}, {e}}};",
+                    d = in(reg32) dst + (k * rows_per_pass * D * 2) as u32,
+                    a = in(reg32) w[0], b = in(reg32) w[1], c = in(reg32) w[2], e = in(reg32) w[3], options(nostack));
+            }
+        });
+    }
+    #[inline(always)]
+    fn q_word(x: u32) -> u32 {
+        F16::pack(f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+    }
+    #[inline(always)]
+    unsafe fn factor(scales: u64, hk: u32) -> f32 {
+        let pow2 = if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) { 256.0 } else { 1.0 };
+        unsafe { ld_f32(scales + 4 * hk as u64) * pow2 }
+    }
+}
+
+/// `prmt.b32 d, x, 0, sel;`: byte `i` of `d` is byte `sel[4i..4i+4]` of `(0 << 32) | x`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn prmt(x: u32, sel: u32) -> u32 {
+    let d: u32;
+    unsafe {
+        core::arch::asm!("prmt.b32 {d}, {x}, 0, {s};", d = out(reg32) d, x = in(reg32) x, s = in(reg32) sel,
+            options(pure, nomem, nostack))
+    };
+    d
+}
+
 /// The generic body, instantiated by the rows of [`crate::variants`]: `BC` keys per step,
 /// `KD = D / 16` k-steps of `Q Kᵀ`, `ND = D / 8` column tiles of O, `NS = BC / 4 / 8` column
 /// tiles of a warp's scores, `PASSES = BC * D / 8 / 128` rows a thread stages per tile.
@@ -115,7 +241,7 @@ unsafe fn stage_rows<const D: usize, const PASSES: usize>(tile: u32, cache: u64,
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn decode_mma<
-    E: Half16,
+    E: MmaCache,
     const D: usize,
     const BC: usize,
     const KD: usize,
@@ -197,7 +323,7 @@ pub(crate) unsafe fn decode_mma<
     let mut kv0 = k_lo as usize + skip;
     let mut tile_rows = my_rows(kv0);
     if kv0 < block_end {
-        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+        unsafe { E::stage::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -206,11 +332,14 @@ pub(crate) unsafe fn decode_mma<
     let (q_r, q_c) = ldsm_a_lane(lane);
     unroll!(kk in 0..KD => {
         qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, q_r, 2 * kk + q_c) as u32) };
+        unroll!(w in 0..4 => { qf[kk][w] = E::q_word(qf[kk][w]); });
     });
 
     let softcap = p.softcap > 0.0;
     let (scale2, cap2) =
         if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
+    // An FP8 cache's K factor joins the score factor (see `MmaCache::factor`).
+    let scale2 = scale2 * unsafe { E::factor(p.k_scale, hk) };
     let mut row_sm = [OnlineSoftmax::new(); 2];
     let mut o = [[0.0f32; 4]; ND];
     let wk = warp * kw; // this warp's first key in a tile
@@ -219,7 +348,7 @@ pub(crate) unsafe fn decode_mma<
         // (1) K has landed and every warp is done reading the previous V: start loading V.
         cp_async_wait_all();
         sync_threads();
-        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid) };
+        unsafe { E::stage::<D, PASSES>(v_s, v_cache, &tile_rows, tid) };
         cp_async_commit();
 
         // (2) S = Q Kᵀ over this warp's keys.
@@ -229,8 +358,8 @@ pub(crate) unsafe fn decode_mma<
         unroll!(kk in 0..KD => {
             unroll!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
-                E::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
-                E::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+                E::Mma::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
+                E::Mma::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
             });
         });
 
@@ -271,7 +400,7 @@ pub(crate) unsafe fn decode_mma<
         unroll!(n in 0..NS => {
             unroll!(e in 0..4 => { s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]); });
         });
-        let pf = pack_a(&s, E::pack);
+        let pf = pack_a(&s, E::Mma::pack);
 
         // (6) V has landed and every warp is done reading K: start loading the next K, then
         // O += P V over this warp's keys.
@@ -280,7 +409,7 @@ pub(crate) unsafe fn decode_mma<
         kv0 += BC;
         if kv0 < block_end {
             tile_rows = my_rows(kv0);
-            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+            unsafe { E::stage::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
         }
         cp_async_commit();
         let (v_r, v_c) = ldsm_bt_lane(lane);
@@ -288,8 +417,8 @@ pub(crate) unsafe fn decode_mma<
         unroll!(kc in 0..NS / 2 => {
             unroll!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
-                E::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
-                E::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+                E::Mma::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
+                E::Mma::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
             });
         });
     }
@@ -339,6 +468,8 @@ pub(crate) unsafe fn decode_mma<
         f32::NEG_INFINITY
     };
     let (inv_l, lse) = merged.finish_with_sink(l, sink2);
+    // An FP8 cache's V factor joins the normaliser (see `MmaCache::factor`).
+    let inv_l = inv_l * unsafe { E::factor(p.v_scale, hk) };
     if tile_start + row < rows {
         let (qi, h) = row_of(row);
         let row_idx = (b as u64 * heads + h as u64) * seq_q + qi as u64;
@@ -354,7 +485,7 @@ pub(crate) unsafe fn decode_mma<
             });
             if p.num_splits == 1 {
                 let oa = p.o + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * D as u64);
-                unsafe { st_u32(oa + 2 * (c0 + c) as u64, E::pack(v[0], v[1])) };
+                unsafe { st_u32(oa + 2 * (c0 + c) as u64, E::Qo::pack(v[0], v[1])) };
             } else {
                 let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
                 let oa = p.o_part + 4 * (part_row * D as u64 + (c0 + c) as u64);

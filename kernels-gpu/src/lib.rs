@@ -8,6 +8,7 @@
 //! - [`abi`]: the parameter struct every attention kernel takes;
 //! - [`decode_abi`]: the parameters of the KV-cache decode kernels, the cache-row / page lookup
 //!   ([`decode_abi::DecodeParams::cache_row`]) and the split plan's math;
+//! - [`fp8`]: the FP8 formats of an FP8 KV cache (decode and saturating encode);
 //! - [`mask`]: the window rule, which keys a query row sees ([`mask::key_range`]), for every
 //!   kernel and the host's planning;
 //! - [`tiles`]: one tile item per variant;
@@ -44,6 +45,7 @@
 
 pub mod abi;
 pub mod decode_abi;
+pub mod fp8;
 pub mod mask;
 pub mod softmax;
 pub mod swizzle;

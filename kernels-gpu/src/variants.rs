@@ -20,6 +20,11 @@ pub enum Elem {
     F32,
     Bf16,
     F16,
+    /// Decode rows only: an FP8 e4m3 KV cache (one byte per element, see [`crate::fp8`]) with
+    /// bf16 Q, O, `k_new` and `v_new`.
+    Fp8E4m3,
+    /// Decode rows only: an FP8 e5m2 KV cache with bf16 Q, O, `k_new` and `v_new`.
+    Fp8E5m2,
 }
 
 impl Elem {
@@ -28,6 +33,15 @@ impl Elem {
             Elem::F32 => "f32",
             Elem::Bf16 => "bf16",
             Elem::F16 => "f16",
+            Elem::Fp8E4m3 => "fp8_e4m3",
+            Elem::Fp8E5m2 => "fp8_e5m2",
+        }
+    }
+    /// Element type of Q and O: the type itself, bf16 for an FP8 cache.
+    pub const fn qo(self) -> Elem {
+        match self {
+            Elem::Fp8E4m3 | Elem::Fp8E5m2 => Elem::Bf16,
+            e => e,
         }
     }
     const fn eq(self, other: Elem) -> bool {
@@ -451,7 +465,7 @@ macro_rules! entry {
             const T: DecodeTile = $tile;
             unsafe {
                 crate::decode_fwd::decode_fwd::<
-                    crate::device::$elem,
+                    crate::decode_fwd::elem::$elem,
                     { T.head_dim as usize },
                     { T.br() as usize },
                     { T.bc as usize },
@@ -476,7 +490,7 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
             const T: AppendTile = $tile;
-            unsafe { crate::decode_append::append::<crate::device::$elem, { T.threads }>(&p) }
+            unsafe { crate::decode_append::append::<crate::decode_fwd::elem::$elem, { T.threads }>(&p) }
         }
         crate::variants::tile_record!($name);
     };
@@ -487,7 +501,7 @@ macro_rules! entry {
             const T: DecodeMmaTile = $tile;
             unsafe {
                 crate::decode_mma::decode_mma::<
-                    crate::device::$elem,
+                    crate::decode_fwd::elem::$elem,
                     { T.head_dim as usize },
                     { T.bc as usize },
                     { (T.head_dim / 16) as usize },
@@ -646,6 +660,27 @@ kernel_table! {
     DecodeAppendBf16 = decode_append_bf16: DecodeAppend(APPEND), Bf16;
     /// Append into an f16 KV cache.
     DecodeAppendF16 = decode_append_f16: DecodeAppend(APPEND), F16;
+    /// Split-KV decode over an FP8 e4m3 cache (dequantised on staging), bf16 Q/O, head_dim 64.
+    DecodeFwdFp8E4m3D64 = decode_fwd_fp8_e4m3_d64: DecodeFwd(DECODE_D64), Fp8E4m3;
+    /// Split-KV decode over an FP8 e4m3 cache, bf16 Q/O, head_dim 128.
+    DecodeFwdFp8E4m3D128 = decode_fwd_fp8_e4m3_d128: DecodeFwd(DECODE_D128), Fp8E4m3;
+    /// Split-KV decode over an FP8 e5m2 cache, bf16 Q/O, head_dim 64.
+    DecodeFwdFp8E5m2D64 = decode_fwd_fp8_e5m2_d64: DecodeFwd(DECODE_D64), Fp8E5m2;
+    /// Split-KV decode over an FP8 e5m2 cache, bf16 Q/O, head_dim 128.
+    DecodeFwdFp8E5m2D128 = decode_fwd_fp8_e5m2_d128: DecodeFwd(DECODE_D128), Fp8E5m2;
+    /// Append bf16 `k_new`, `v_new` into an FP8 e4m3 cache (quantised: `encode(x / scale)`).
+    DecodeAppendFp8E4m3 = decode_append_fp8_e4m3: DecodeAppend(APPEND), Fp8E4m3;
+    /// Append bf16 `k_new`, `v_new` into an FP8 e5m2 cache.
+    DecodeAppendFp8E5m2 = decode_append_fp8_e5m2: DecodeAppend(APPEND), Fp8E5m2;
+    /// Tensor-core split-KV decode over an FP8 e4m3 cache (widened to f16 on staging; f16
+    /// `mma.sync`, no FP8 instructions), bf16 Q/O, head_dim 64.
+    DecodeMmaFp8E4m3D64 = decode_mma_fp8_e4m3_d64: DecodeMma(DECODE_MMA_D64), Fp8E4m3;
+    /// Tensor-core decode over an FP8 e4m3 cache, head_dim 128.
+    DecodeMmaFp8E4m3D128 = decode_mma_fp8_e4m3_d128: DecodeMma(DECODE_MMA_D128), Fp8E4m3;
+    /// Tensor-core decode over an FP8 e5m2 cache, head_dim 64.
+    DecodeMmaFp8E5m2D64 = decode_mma_fp8_e5m2_d64: DecodeMma(DECODE_MMA_D64), Fp8E5m2;
+    /// Tensor-core decode over an FP8 e5m2 cache, head_dim 128.
+    DecodeMmaFp8E5m2D128 = decode_mma_fp8_e5m2_d128: DecodeMma(DECODE_MMA_D128), Fp8E5m2;
     /// Split-KV decode on tensor cores (`mma.sync`), bf16 cache/Q/O, f32 accumulation, head_dim 64.
     DecodeMmaBf16D64 = decode_mma_bf16_d64: DecodeMma(DECODE_MMA_D64), Bf16;
     /// Tensor-core split-KV decode, bf16, head_dim 128.
@@ -770,7 +805,8 @@ impl KernelId {
 
     /// The decode kernels for `elem` and `head_dim`: `[decode forward, merge_states,
     /// decode_append]`, the forward the tensor-core family (`DecodeMma`) where the table has it
-    /// (bf16, f16), the SIMT one (`DecodeFwd`) otherwise.
+    /// (bf16, f16), the SIMT one (`DecodeFwd`) otherwise (f32, the FP8 caches, whose combine
+    /// writes bf16 O: [`Elem::qo`]).
     pub const fn decode(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
         match Self::decode_with(Family::DecodeMma, elem, head_dim) {
             Some(k) => Some(k),
@@ -785,7 +821,7 @@ impl KernelId {
         }
         match (
             Self::find(family, elem, Some(head_dim)),
-            Self::find(Family::MergeStates, elem, None),
+            Self::find(Family::MergeStates, elem.qo(), None),
             Self::find(Family::DecodeAppend, elem, None),
         ) {
             (Some(f), Some(m), Some(a)) => Some([f, m, a]),
@@ -926,6 +962,23 @@ mod tests {
             assert_eq!(k.variant().id, k);
         }
         assert_eq!(KernelId::from_name("flash_fwd_f32_d80"), None);
+    }
+
+    #[test]
+    fn fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine() {
+        assert_eq!(
+            KernelId::decode(Elem::Fp8E4m3, 128),
+            Some([KernelId::DecodeMmaFp8E4m3D128, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E4m3])
+        );
+        assert_eq!(
+            KernelId::decode_with(Family::DecodeFwd, Elem::Fp8E5m2, 64),
+            Some([KernelId::DecodeFwdFp8E5m2D64, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E5m2])
+        );
+        assert_eq!(KernelId::decode(Elem::Fp8E5m2, 96), None);
+        assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
+        assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
+        assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
+        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 176);
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub use alias::AliasRule;
 pub use backward::LseView;
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
-pub use kvcache::{KvCachePlan, PartialsView};
+pub use kvcache::{Fp8CacheViewMut, Fp8Scales, KvCachePlan, PartialsView};
 
 use crate::caps::DeviceCaps;
 use crate::device::cuda::CudaModule;

@@ -32,6 +32,7 @@ use crate::error::Error;
 use crate::rng::SplitMix64;
 use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
+pub use kernels_gpu::fp8::Fp8Format;
 use kernels_gpu::tiles::{LaunchDims, APPEND, MERGE};
 use kernels_gpu::variants::Tile;
 use kernels_gpu::Family;
@@ -211,6 +212,10 @@ pub struct DecodeProblem {
     /// Per-head attention sinks (values in [`DecodeInputs::sinks`]): a logit per query head that
     /// joins the softmax denominator only, counted once whatever the split count.
     pub sinks: bool,
+    /// An FP8 KV cache in this format (one byte per element, `docs/semantics.md`, "FP8 KV
+    /// cache"): `dtype` (Q, O, `k_new`, `v_new`) must be bf16, the scales are in
+    /// [`DecodeInputs::k_scale`] and [`DecodeInputs::v_scale`]. `None`: the cache is in `dtype`.
+    pub kv_fp8: Option<Fp8Format>,
 }
 
 impl Default for DecodeProblem {
@@ -235,6 +240,7 @@ impl Default for DecodeProblem {
             sm_count_source: SmCountSource::Default,
             kernel: DecodeKernel::Auto,
             sinks: false,
+            kv_fp8: None,
         }
     }
 }
@@ -308,7 +314,15 @@ impl DecodeProblem {
     /// `[decode forward, merge_states, decode_append]` for the dtype, head dim and `kernel`
     /// choice: the forward is `decode_mma_*` (tensor cores) or `decode_fwd_*` (SIMT).
     pub fn kernels(&self) -> Result<[KernelId; 3], KvCacheRule> {
-        let elem = self.dtype.elem();
+        let elem = match self.kv_fp8 {
+            None => self.dtype.elem(),
+            Some(f) => {
+                if self.dtype != Dtype::Bf16 {
+                    return Err(KvCacheRule::Fp8Dtype { dtype: self.dtype });
+                }
+                fp8_elem(f)
+            }
+        };
         let found = match self.kernel {
             DecodeKernel::Auto => KernelId::decode(elem, self.head_dim),
             DecodeKernel::Simt => KernelId::decode_with(Family::DecodeFwd, elem, self.head_dim),
@@ -322,8 +336,17 @@ impl DecodeProblem {
         found.ok_or_else(|| KvCacheRule::HeadDim {
             head_dim: self.head_dim,
             dtype: self.dtype,
-            compiled: KernelId::decode_head_dims(self.dtype.elem()).to_vec(),
+            compiled: KernelId::decode_head_dims(elem).to_vec(),
         })
+    }
+
+    /// Bytes of one cache element: 1 for an FP8 cache, the dtype's size otherwise.
+    pub fn cache_elem_bytes(&self) -> u64 {
+        if self.kv_fp8.is_some() {
+            1
+        } else {
+            self.dtype.size_bytes()
+        }
     }
 
     /// The decode forward's launch for `num_splits` splits (grid `(num_splits, query tiles,
@@ -490,6 +513,13 @@ pub struct DecodeInputs {
     pub layout: CacheLayout,
     /// `[heads]` f32 sink logits with [`DecodeProblem::sinks`], empty without.
     pub sinks: Vec<f32>,
+    /// FP8 cache ([`DecodeProblem::kv_fp8`]): the K cache's scales, one (per tensor) or
+    /// `heads_kv` (per KV head), each finite and > 0; empty for other caches. `k_cache` and
+    /// `k_new` hold the unquantised values; the device cache holds `encode(k / scale)`
+    /// ([`fp8_encode_cache`]).
+    pub k_scale: Vec<f32>,
+    /// FP8 cache: the V cache's scales, as `k_scale`.
+    pub v_scale: Vec<f32>,
 }
 
 impl DecodeInputs {
@@ -539,6 +569,8 @@ impl DecodeInputs {
             v_new,
             layout,
             sinks: Vec::new(),
+            k_scale: Vec::new(),
+            v_scale: Vec::new(),
         };
         if p.sinks {
             // From their own stream (the other tensors do not change), plus 1 as the forward's
@@ -555,7 +587,35 @@ impl DecodeInputs {
                 }
             }
         }
+        if let Some(f) = p.kv_fp8 {
+            // Per-tensor scales from the largest magnitude (vLLM's `amax / max_finite`), so the
+            // largest value lands on the format's largest code.
+            let amax =
+                |a: &[f32], b: &[f32]| a.iter().chain(b).filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
+            let scale = |m: f32| if m > 0.0 { m / f.max_finite() } else { 1.0 };
+            x.k_scale = vec![scale(amax(&x.k_cache, &x.k_new))];
+            x.v_scale = vec![scale(amax(&x.v_cache, &x.v_new))];
+        }
         x
+    }
+
+    /// The FP8 scale of KV head `hk` in `scales` (one per tensor or one per head).
+    pub fn fp8_scale(scales: &[f32], hk: usize) -> f32 {
+        if scales.len() == 1 {
+            scales[0]
+        } else {
+            scales[hk]
+        }
+    }
+
+    /// Checks the FP8 scales of a problem with [`DecodeProblem::kv_fp8`]: one or `heads_kv` of
+    /// each, finite and > 0 ([`KvCacheRule::Fp8Scale`], [`KvCacheRule::Fp8ScaleCount`]); none
+    /// without it.
+    pub fn check_fp8_scales(&self, p: &DecodeProblem) -> Result<(), KvCacheRule> {
+        for (tensor, s) in [("k_scale", &self.k_scale), ("v_scale", &self.v_scale)] {
+            check_fp8_scales(tensor, s, p.heads_kv as usize, p.kv_fp8.is_some())?;
+        }
+        Ok(())
     }
 
     /// Element offset of cache row `j` (head 0) of sequence `b`; `None` when the block table has no
@@ -611,6 +671,7 @@ impl DecodeInputs {
             Ok(())
         };
         want("q", self.q.len(), p.q_elems())?;
+        self.check_fp8_scales(p)?;
         want("sinks", self.sinks.len(), if p.sinks { p.heads as u64 } else { 0 })?;
         if let Some(bad_sink) = self.sinks.iter().find(|s| !s.is_finite()) {
             return bad(format!("sink logit {bad_sink} is not finite; sinks must be finite f32 logits"));
@@ -653,6 +714,30 @@ impl DecodeInputs {
             }
         }
         Ok(())
+    }
+
+    /// The inputs an FP8 cache holds, as f32 values: every element of the caches and of
+    /// `k_new`, `v_new` replaced by `decode(encode(x / scale)) * scale` (its KV head's scale;
+    /// NaN stays NaN). Unchanged without [`DecodeProblem::kv_fp8`].
+    pub fn dequantised(&self, p: &DecodeProblem) -> DecodeInputs {
+        let Some(f) = p.kv_fp8 else { return self.clone() };
+        let (hk, d) = (p.heads_kv as usize, p.head_dim as usize);
+        let q = |x: &[f32], scales: &[f32]| -> Vec<f32> {
+            x.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let s = Self::fp8_scale(scales, (i / d) % hk);
+                    (fp8_value_f64(f, kernels_gpu::fp8::encode(f, v / s)) * s as f64) as f32
+                })
+                .collect()
+        };
+        DecodeInputs {
+            k_cache: q(&self.k_cache, &self.k_scale),
+            v_cache: q(&self.v_cache, &self.v_scale),
+            k_new: q(&self.k_new, &self.k_scale),
+            v_new: q(&self.v_new, &self.v_scale),
+            ..self.clone()
+        }
     }
 
     /// The cache after the append: `k_new`, `v_new` written at `cache_seqlens`.
@@ -745,7 +830,14 @@ pub struct DecodeReference {
 
 /// Attention in f64 over the cache's first `cache_seqlens[b]` keys followed by `k_new` (the
 /// concatenation, independent of the append kernel).
+///
+/// An FP8 cache ([`DecodeProblem::kv_fp8`]) is attended over the values its bytes hold
+/// ([`DecodeInputs::dequantised`], the f64 decode of [`fp8_value_f64`]).
 pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
+    if p.kv_fp8.is_some() {
+        let deq = x.dequantised(p);
+        return reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, &deq);
+    }
     let (h, hk, d, g) = (p.heads as usize, p.heads_kv as usize, p.head_dim as usize, p.group() as usize);
     let sq = p.seq_q as usize;
     let scale = p.softmax_scale() as f64;
@@ -834,6 +926,9 @@ pub struct DecodeVerification {
     pub lse_bound: f64,
     /// The updated cache equals the expected append (bit for bit), when there were new tokens.
     pub cache_ok: Option<bool>,
+    /// FP8 cache: the relative RMS error of O against the reference over the unquantised
+    /// cache (what quantisation costs; reported, not bounded). `None` for other caches.
+    pub quantisation_rel_rms: Option<f64>,
     pub failures: Vec<String>,
 }
 
@@ -920,7 +1015,7 @@ impl DecodeSizes {
     pub fn device_bytes(&self, p: &DecodeProblem) -> u64 {
         let es = p.dtype.size_bytes();
         [
-            self.cache.saturating_mul(2 * es),
+            self.cache.saturating_mul(2 * p.cache_elem_bytes()),
             self.q.saturating_mul(2 * es),
             self.rows.saturating_mul(4),
             self.new.saturating_mul(2 * es),
@@ -974,6 +1069,8 @@ pub struct DecodeBytes {
     pub cache_seqlens: u64,
     /// Sink logits: `4 * heads` with sinks, 0 without.
     pub sinks: u64,
+    /// FP8 cache scales as the host gives them (`4` per scale).
+    pub kv_scales: u64,
     /// Split workspace: f32 partial O and LSE, `num_splits * rows * (head_dim + 1) * 4` (0 with
     /// one split).
     pub workspace: u64,
@@ -988,9 +1085,10 @@ pub struct DecodeBytes {
 impl DecodeBytes {
     pub fn new(p: &DecodeProblem, x: &DecodeInputs, plan: &SplitPlan) -> DecodeBytes {
         let es = p.dtype.size_bytes();
-        let row = p.heads_kv as u64 * p.head_dim as u64 * es * 2;
+        let ces = p.cache_elem_bytes();
+        let row = p.heads_kv as u64 * p.head_dim as u64 * ces * 2;
         let used: u64 = (0..p.batch as usize).map(|b| p.seqlen_k(b) as u64).sum::<u64>() * row;
-        let kv_cache = x.k_cache.len() as u64 * es * 2;
+        let kv_cache = x.k_cache.len() as u64 * ces * 2;
         let ps_cmp = p.page_size.unwrap_or(16);
         let paged_rows: u64 = (0..p.batch as usize).map(|b| p.pages_needed(b, ps_cmp) as u64 * ps_cmp as u64).sum();
         let workspace =
@@ -1018,6 +1116,7 @@ impl DecodeBytes {
             block_table: x.block_table.len() as u64 * 4,
             cache_seqlens: p.batch as u64 * 4,
             sinks: if p.sinks { 4 * p.heads as u64 } else { 0 },
+            kv_scales: 4 * (x.k_scale.len() + x.v_scale.len()) as u64,
             workspace,
             ..Default::default()
         };
@@ -1031,8 +1130,86 @@ impl DecodeBytes {
             + bytes.block_table
             + bytes.cache_seqlens
             + bytes.sinks
+            + bytes.kv_scales
             + bytes.workspace;
         bytes
+    }
+}
+
+/// The variant table's element type of an FP8 cache (bf16 Q and O).
+pub const fn fp8_elem(f: Fp8Format) -> kernels_gpu::Elem {
+    match f {
+        Fp8Format::E4m3 => kernels_gpu::Elem::Fp8E4m3,
+        Fp8Format::E5m2 => kernels_gpu::Elem::Fp8E5m2,
+    }
+}
+
+/// The value of an FP8 code in f64, from the format's fields (written apart from the kernels'
+/// bit-level decode, so the two can disagree): `(-1)^s 2^(e - bias) (1 + m / 2^M)`, subnormals
+/// `(-1)^s 2^(1 - bias) m / 2^M`; e4m3's `0x7f`/`0xff` and e5m2's all-ones exponent are NaN or
+/// infinity.
+pub fn fp8_value_f64(f: Fp8Format, byte: u8) -> f64 {
+    let (ebits, mbits, bias) = match f {
+        Fp8Format::E4m3 => (4u32, 3u32, 7i32),
+        Fp8Format::E5m2 => (5, 2, 15),
+    };
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((byte as u32 >> mbits) & ((1 << ebits) - 1)) as i32;
+    let m = (byte as u32 & ((1 << mbits) - 1)) as f64;
+    let top = (1 << ebits) - 1;
+    match f {
+        Fp8Format::E4m3 if e == top && m == 7.0 => return f64::NAN,
+        Fp8Format::E5m2 if e == top => return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN },
+        _ => {}
+    }
+    let frac = m / (1u32 << mbits) as f64;
+    if e == 0 {
+        sign * frac * 2f64.powi(1 - bias)
+    } else {
+        sign * (1.0 + frac) * 2f64.powi(e - bias)
+    }
+}
+
+/// The bytes an FP8 cache holds for `values` (`[.., heads_kv, head_dim]`, any leading shape):
+/// `encode(x / scale)` with its KV head's scale (one scale per tensor or `heads_kv`).
+pub fn fp8_encode_cache(f: Fp8Format, values: &[f32], scales: &[f32], heads_kv: usize, head_dim: usize) -> Vec<u8> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| kernels_gpu::fp8::encode(f, v / DecodeInputs::fp8_scale(scales, (i / head_dim) % heads_kv)))
+        .collect()
+}
+
+/// The scale rule of one FP8 tensor: one or `heads_kv` scales (none when `fp8` is false), each
+/// finite and > 0.
+pub fn check_fp8_scales(tensor: &'static str, s: &[f32], heads_kv: usize, fp8: bool) -> Result<(), KvCacheRule> {
+    if !fp8 {
+        if !s.is_empty() {
+            return Err(KvCacheRule::Fp8ScaleCount { tensor, got: s.len(), heads_kv, fp8 });
+        }
+        return Ok(());
+    }
+    if s.len() != 1 && s.len() != heads_kv {
+        return Err(KvCacheRule::Fp8ScaleCount { tensor, got: s.len(), heads_kv, fp8 });
+    }
+    if let Some((index, &got)) = s.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v > 0.0)) {
+        return Err(KvCacheRule::Fp8Scale { tensor, index, got });
+    }
+    Ok(())
+}
+
+/// Relative RMS difference `sqrt(Σ (o - r)^2 / Σ r^2)` of an output against a reference O (the
+/// quantisation error of an FP8 cache: the kernel's O against the unquantised reference).
+pub fn rel_rms(o: &[f32], r: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in o.iter().zip(r) {
+        num += (g as f64 - w) * (g as f64 - w);
+        den += w * w;
+    }
+    if den > 0.0 {
+        (num / den).sqrt()
+    } else {
+        num.sqrt()
     }
 }
 
@@ -1067,6 +1244,9 @@ pub struct DecodeBuffers {
     pub lse_part: DevPtr,
     /// Per-head f32 sink logits (`0` = none).
     pub sinks: DevPtr,
+    /// FP8 cache: `heads_kv` f32 scales of K and of V (`0` for other caches).
+    pub k_scale: DevPtr,
+    pub v_scale: DevPtr,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
@@ -1105,6 +1285,8 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         softcap: p.softcap,
         _pad: 0,
         sinks: bufs.sinks,
+        k_scale: bufs.k_scale,
+        v_scale: bufs.v_scale,
     }
 }
 
@@ -1320,6 +1502,8 @@ mod tests {
             v_new: vec![],
             layout: CacheLayout::Contiguous { seq_cache: 2 },
             sinks: vec![4f32.ln()],
+            k_scale: vec![],
+            v_scale: vec![],
         };
         let r = reference(&p, &x);
         assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
@@ -1328,6 +1512,55 @@ mod tests {
         assert!((empty.lse[0] - 4f64.ln()).abs() < 1e-6);
         let none = reference(&DecodeProblem { sinks: false, ..p }, &DecodeInputs { sinks: vec![], ..x });
         assert!((none.o[0] - 7.0).abs() < 1e-6 && (none.lse[0] - 4f64.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fp8_reference_reads_the_bytes_and_scale_rules_are_named() {
+        // The reference's f64 decode agrees with the kernels' bit-level decode on every code.
+        for f in [Fp8Format::E4m3, Fp8Format::E5m2] {
+            for c in 0..=255u8 {
+                let (a, b) = (fp8_value_f64(f, c), kernels_gpu::fp8::decode(f, c) as f64);
+                assert!(a == b || (a.is_nan() && b.is_nan()), "{f:?} {c:#04x}: {a} vs {b}");
+            }
+        }
+        // Known answer: one key, V of head 0 is 1000 with scale 2 in e4m3: 1000 / 2 = 500 saturates
+        // to 448, so the FP8 cache holds 896 and O is 896; head 1 (scale 0.5) holds 0.3 / 0.5 =
+        // 0.6, nearest e4m3 0.625, so O is 0.3125.
+        let p = DecodeProblem {
+            heads: 2,
+            heads_kv: 2,
+            head_dim: 1,
+            cache_seqlens: vec![1],
+            dtype: Dtype::Bf16,
+            kv_fp8: Some(Fp8Format::E4m3),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs {
+            q: vec![1.0, 1.0],
+            k_cache: vec![1.0, 1.0],
+            v_cache: vec![1000.0, 0.3],
+            block_table: vec![],
+            k_new: vec![],
+            v_new: vec![],
+            layout: CacheLayout::Contiguous { seq_cache: 1 },
+            sinks: vec![],
+            k_scale: vec![1.0],
+            v_scale: vec![2.0, 0.5],
+        };
+        let r = reference(&p, &x);
+        assert_eq!((r.o[0], r.o[1]), (896.0, 0.3125));
+        let unq = reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, &x);
+        assert_eq!(unq.o[0], 1000.0);
+        assert!(matches!(x.check_fp8_scales(&p), Ok(())));
+        let bad = |k: Vec<f32>| DecodeInputs { k_scale: k, ..x.clone() }.check_fp8_scales(&p).unwrap_err();
+        assert_eq!(bad(vec![-1.0]), KvCacheRule::Fp8Scale { tensor: "k_scale", index: 0, got: -1.0 });
+        assert!(matches!(bad(vec![1.0, f32::INFINITY]), KvCacheRule::Fp8Scale { index: 1, .. }));
+        assert!(matches!(bad(vec![1.0; 3]), KvCacheRule::Fp8ScaleCount { got: 3, heads_kv: 2, .. }));
+        assert!(bad(vec![]).to_string().contains("1 (per tensor) or heads_kv = 2"));
+        let plain = DecodeProblem { kv_fp8: None, ..p.clone() };
+        assert!(matches!(x.check_fp8_scales(&plain), Err(KvCacheRule::Fp8ScaleCount { fp8: false, .. })));
+        let f32_q = DecodeProblem { dtype: Dtype::F32, ..p };
+        assert_eq!(f32_q.kernels().unwrap_err(), KvCacheRule::Fp8Dtype { dtype: Dtype::F32 });
     }
 
     #[test]

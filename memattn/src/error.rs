@@ -88,4 +88,15 @@ pub enum KvCacheRule {
         if *given { "some" } else { "none" }
     )]
     PlanNewTokens { planned: bool, given: bool },
+    #[error("an FP8 KV cache takes bf16 q, o, k_new and v_new, not {dtype}")]
+    Fp8Dtype { dtype: Dtype },
+    #[error("FP8 {tensor}[{index}] = {got}: a scale must be finite and > 0")]
+    Fp8Scale { tensor: &'static str, index: usize, got: f32 },
+    #[error(
+        "{tensor} has {got} scales: {}",
+        if *fp8 { format!("an FP8 cache takes 1 (per tensor) or heads_kv = {heads_kv} (per KV head)") } else { "only an FP8 cache takes scales".to_string() }
+    )]
+    Fp8ScaleCount { tensor: &'static str, got: usize, heads_kv: usize, fp8: bool },
+    #[error("the plan was made for {} cache; this run gives {}", if *planned { "an FP8" } else { "a non-FP8" }, if *planned { "another" } else { "an FP8 one" })]
+    Fp8Plan { planned: bool },
 }

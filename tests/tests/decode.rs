@@ -6,7 +6,7 @@ use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
 use memattn_cli::decode::{
     merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
-    DecodeSpec, Partials, Splits,
+    DecodeSpec, Fp8Format, Partials, Splits,
 };
 use memattn_cli::device::Device;
 use memattn_cli::Dtype;
@@ -404,6 +404,79 @@ device_tests! {
         }
     }
 
+    fn fp8_cache_decode_against_the_reference_over_its_bytes(dev: &mut dyn Device) {
+        // SIMT and tensor-core kernels; both formats; GQA 4:1 and 2:1; several sequences of lengths off the 32-key tile and the
+        // page size (one empty before the append); page sizes 1 and 16 and a contiguous cache;
+        // per-tensor and per-KV-head scales; new tokens appended (quantised by the kernel).
+        let cases = [
+            (Fp8Format::E4m3, 64, 8, 2, Some(16), vec![37u32, 0, 70], 2u32, false),
+            (Fp8Format::E5m2, 64, 8, 2, Some(1), vec![5, 33], 1, true),
+            (Fp8Format::E4m3, 128, 4, 2, None, vec![65, 3], 1, true),
+            (Fp8Format::E5m2, 128, 8, 4, Some(16), vec![40], 0, false),
+        ];
+        for (f, d, h, hk, page_size, lens, new, per_head) in cases {
+            require_kernel(dev, &format!("decode_fwd_{}_d{d}", memattn_cli::decode::fp8_elem(f).name()));
+            let p = DecodeProblem {
+                batch: lens.len() as u32,
+                heads: h,
+                heads_kv: hk,
+                head_dim: d,
+                cache_seqlens: lens.clone(),
+                seq_new: new,
+                page_size,
+                dtype: Dtype::Bf16,
+                kv_fp8: Some(f),
+                splits: Splits::Fixed(2),
+                ..DecodeProblem::default()
+            };
+            let mut x = DecodeInputs::random(&p, 11);
+            if per_head {
+                // Each KV head its own scale; head 0's is a quarter of what its values need, so
+                // its largest values saturate to the format's max.
+                let base = x.k_scale[0];
+                x.k_scale = (0..hk).map(|i| base * if i == 0 { 0.25 } else { 1.0 + i as f32 }).collect();
+                x.v_scale = (0..hk).map(|i| x.v_scale[0] * (0.5 + i as f32)).collect();
+            }
+            let label = format!("{f:?} d{d} {h}/{hk} page {page_size:?} lens {lens:?} per_head {per_head}");
+            require_kernel(dev, &format!("decode_mma_{}_d{d}", memattn_cli::decode::fp8_elem(f).name()));
+            for r in run_both(dev, &p, Some(&x)) {
+            assert_eq!(r.kv_dtype, f.name(), "{label}");
+            assert_eq!(r.verification.cache_ok, if new > 0 { Some(true) } else { None }, "{label}");
+            let q = r.verification.quantisation_rel_rms.expect("an FP8 run reports its quantisation error");
+            // e4m3 keeps 3 mantissa bits (u = 2^-4), e5m2 2 (u = 2^-3): O averages the errors.
+            assert!(q > 1e-3 && q < 4.0 * f.unit_roundoff() as f64, "{label}: quantisation rel RMS {q}");
+            assert_eq!(r.bytes.kv_cache, x.k_cache.len() as u64 * 2, "{label}: one byte per element, K and V");
+            if per_head {
+                // The saturated head: some stored values are exactly +-max * scale.
+                let deq = x.dequantised(&p);
+                let top = f.max_finite() * x.k_scale[0];
+                let sat = (0..deq.k_cache.len())
+                    .filter(|&i| (i / d as usize).is_multiple_of(hk as usize) && deq.k_cache[i].abs() == top)
+                    .count();
+                assert!(sat > 0, "{label}: no saturated value in head 0");
+            }
+            }
+        }
+        // Bad scales are typed refusals (exit 2) naming the tensor and the rule.
+        let p = DecodeProblem { dtype: Dtype::Bf16, kv_fp8: Some(Fp8Format::E4m3), ..DecodeProblem::default() };
+        let x = DecodeInputs::random(&p, 1);
+        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1) };
+        for (k, v, want) in [
+            (vec![0.0], vec![1.0], "k_scale[0] = 0"),
+            (vec![1.0], vec![f32::NAN], "v_scale[0] = NaN"),
+            (vec![1.0, 1.0, 1.0], vec![1.0], "k_scale has 3 scales"),
+        ] {
+            let y = DecodeInputs { k_scale: k, v_scale: v, ..x.clone() };
+            let e = run_decode(dev, &spec, Some(&y)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        let f32_q = DecodeProblem { dtype: Dtype::F32, ..p.clone() };
+        assert!(f32_q.validate().unwrap_err().to_string().contains("bf16"));
+        // Auto runs the tensor-core kernel (f16 mma over the widened cache).
+        assert_eq!(p.kernels().unwrap()[0].name(), "decode_mma_fp8_e4m3_d64");
+    }
+
     fn decode_bad_input_is_refused_before_launch(dev: &mut dyn Device) {
         let p = DecodeProblem {
             batch: 2,
@@ -494,4 +567,56 @@ fn memcheck_catches_a_bad_block_table_entry(kernel: &str, elem_bytes: u64) {
     launch(&mut dev, 1).unwrap_or_else(|e| panic!("{kernel}: valid table: {e}"));
     let e = launch(&mut dev, 7).unwrap_err();
     assert!(e.to_string().contains("memcheck"), "{kernel}: {e}");
+}
+
+/// The library's FP8 road ([`memattn::attn::Kernels::plan_kvcache_fp8`]): a plan for an FP8
+/// cache runs only through `run_kvcache_fp8`, a bf16 plan not through it, and scales that do not
+/// match the cache's KV heads or are not finite and positive are refused with the rule named.
+#[test]
+fn vm_fp8_plans_and_scales_are_checked_by_the_library() {
+    use memattn::attn::{AttnError, AttnOpts, Fp8CacheViewMut, Kernels, LseViewMut, TensorView, TensorViewMut};
+    use memattn::error::KvCacheRule;
+    let k = Kernels::vm().unwrap();
+    let (b, h, hk, d, cap) = (1usize, 4usize, 2usize, 64usize, 40usize);
+    let q = k.upload_as(Dtype::Bf16, &vec![0.5; b * h * d]).unwrap();
+    let (kc, vc) = (k.vm_alloc((b * cap * hk * d) as u64).unwrap(), k.vm_alloc((b * cap * hk * d) as u64).unwrap());
+    let (o, lse) = (k.vm_alloc((b * h * d * 2) as u64).unwrap(), k.vm_alloc((b * h * 4) as u64).unwrap());
+    let lens = k.index_tensor(&[33], None).unwrap();
+    let qv = TensorView::device(&q, Dtype::Bf16, [b, 1, h, d]).unwrap();
+    let mut kv = Fp8CacheViewMut::device(&kc, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let mut vv = Fp8CacheViewMut::device(&vc, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let (mut ov, mut lv) =
+        (TensorViewMut::device(&o, Dtype::Bf16, [b, 1, h, d]).unwrap(), LseViewMut::vm(&lse, b, h, 1).unwrap());
+    let opts = AttnOpts::new();
+    let rule = |e: AttnError| match e {
+        AttnError::KvCache { why } => why,
+        other => panic!("{other}"),
+    };
+    // Scales: 0 and NaN refused when made; 3 scales for 2 KV heads refused when made.
+    assert!(matches!(rule(k.fp8_scales(&[0.0], hk).unwrap_err()), KvCacheRule::Fp8Scale { index: 0, .. }));
+    assert!(matches!(rule(k.fp8_scales(&[1.0, f32::NAN], hk).unwrap_err()), KvCacheRule::Fp8Scale { index: 1, .. }));
+    assert!(matches!(rule(k.fp8_scales(&[1.0; 3], hk).unwrap_err()), KvCacheRule::Fp8ScaleCount { got: 3, .. }));
+    // Scales made for 4 KV heads do not fit a cache of 2.
+    let (s4, s2) = (k.fp8_scales(&[1.0], 4).unwrap(), k.fp8_scales(&[0.5, 2.0], hk).unwrap());
+    let e = k.plan_kvcache_fp8(&qv, &kv, &vv, &s4, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap_err();
+    assert!(matches!(rule(e), KvCacheRule::Fp8ScaleCount { tensor: "k_scale", got: 4, heads_kv: 2, .. }));
+    // An FP8 plan runs through run_kvcache_fp8 only; the bf16 road refuses it.
+    let plan = k.plan_kvcache_fp8(&qv, &kv, &vv, &s2, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap();
+    k.run_kvcache_fp8(&plan, &qv, &mut kv, &mut vv, None, None, &mut ov, &mut lv).unwrap();
+    let (kb, vb) = (
+        k.upload_as(Dtype::Bf16, &vec![0.0; b * cap * hk * d]).unwrap(),
+        k.vm_alloc((b * cap * hk * d * 2) as u64).unwrap(),
+    );
+    let mut kbv = TensorViewMut::device(&kb, Dtype::Bf16, [b, cap, hk, d]).unwrap();
+    let mut vbv = TensorViewMut::device(&vb, Dtype::Bf16, [b, cap, hk, d]).unwrap();
+    let e = k.run_kvcache(&plan, &qv, &mut kbv, &mut vbv, None, None, &mut ov, &mut lv).unwrap_err();
+    assert_eq!(rule(e), KvCacheRule::Fp8Plan { planned: true });
+    let bf16_plan = k.plan_kvcache(&qv, &kbv, &vbv, None, None, &lens, None, &ov, &lv, &opts).unwrap();
+    let e = k.run_kvcache_fp8(&bf16_plan, &qv, &mut kv, &mut vv, None, None, &mut ov, &mut lv).unwrap_err();
+    assert_eq!(rule(e), KvCacheRule::Fp8Plan { planned: false });
+    // An FP8 cache of the right shape in a buffer one byte short is out of bounds.
+    let short = k.vm_alloc((b * cap * hk * d - 1) as u64).unwrap();
+    let sv = Fp8CacheViewMut::device(&short, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
+    let e = k.plan_kvcache_fp8(&qv, &sv, &vv, &s2, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap_err();
+    assert!(matches!(e, AttnError::OutOfBounds { tensor: "k_cache", .. }), "{e}");
 }

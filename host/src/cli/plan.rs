@@ -222,6 +222,7 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
     let context_max = longest_context(&m, &w, limit);
     let options = changes(&m, &w, limit);
     let best = best_change(&options).cloned();
+    let fp8_run = best.as_ref().filter(|b| b.option == "kv-dtype" && b.flag.contains("fp8")).map(|_| fp8_decode(&m));
     evidence::expect(serde_json::json!({
         "plan_total_bytes": chosen.total, "limit_bytes": limit, "fits": fits, "kernel": w.kernel,
     }));
@@ -271,6 +272,7 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
         "longest_context": context_max,
         "changes": options,
         "best_change": best,
+        "fp8_decode": fp8_run.as_ref().map(|(cmd, per)| serde_json::json!({"command": cmd, "kv_bytes_per_token_per_layer": per})),
         "verify": verify.as_ref().map(|v| &v.0),
         "plot": plot_path,
         "notes": notes,
@@ -395,6 +397,11 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
             if b.fits_after { ", fits" } else { ", still does not fit" }
         );
     }
+    if let Some((cmd, per)) = &fp8_run {
+        println!(
+            "run one layer of it (FP8 KV cache, scaled down to 2 sequences of 256 keys; {per} B of K and V per token per layer as planned):\n  {cmd}"
+        );
+    }
     for c in &options {
         println!(
             "  {:<18} -> {:>11}  ({}{}; {})",
@@ -437,6 +444,19 @@ fn group(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// The `memattn decode` command that runs one layer of the model's attention over an FP8 e4m3
+/// cache, scaled down (2 sequences of 256 keys, one new token, paged by the plan's page size),
+/// with the model's heads, KV heads and head dim, and the KV bytes per token and layer the plan
+/// counts for it (`2 * heads_kv * head_dim` bytes).
+pub fn fp8_decode(m: &Model) -> (String, u64) {
+    let per = 2 * m.heads_kv as u64 * m.head_dim as u64 * StoreType::Fp8.bytes();
+    let cmd = format!(
+        "memattn decode --kv-dtype fp8 --heads {} --heads-kv {} --head-dim {} --batch 2 --cache-len 255 --new-tokens 1 --page-size {}",
+        m.heads, m.heads_kv, m.head_dim, memattn_cli::plan::PAGE_TOKENS
+    );
+    (cmd, per)
 }
 
 /// Runs the attention part of one layer, scaled down, in the VM with naive and flash, and checks

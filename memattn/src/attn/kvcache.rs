@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::decode::{
-    check_cache_layout, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers, DecodeProblem,
-    SmCountSource, Splits, MAX_SPLITS,
+    check_cache_layout, check_fp8_scales, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers,
+    DecodeProblem, Fp8Format, SmCountSource, Splits, MAX_SPLITS,
 };
 use kernels_gpu::Family;
 
@@ -54,6 +54,68 @@ impl<'a> PartialsView<'a> {
     pub fn splits(&self) -> usize {
         self.splits
     }
+}
+
+/// The f32 scales of one FP8 cache tensor on the kernels' device, `heads_kv` of them (a
+/// per-tensor scale is stored once per KV head), checked when made ([`Kernels::fp8_scales`]).
+pub struct Fp8Scales {
+    values: Vec<f32>,
+    buf: DeviceBuffer,
+}
+
+impl fmt::Debug for Fp8Scales {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fp8Scales").field("values", &self.values).field("ptr", &self.buf.ptr).finish()
+    }
+}
+
+impl Fp8Scales {
+    /// The scales, one per KV head.
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+}
+
+/// An FP8 KV cache tensor: one byte per element in `format` ([`Fp8Format`], `docs/semantics.md`
+/// "FP8 KV cache"), `[batch, seq_cache, heads_kv, head_dim]` or paged `[num_pages, page_size,
+/// heads_kv, head_dim]`, contiguous, in a buffer of device-backed kernels (VM or
+/// [`Kernels::on_device`]). Element `x` is stored as `encode(x / scale)`; its value is
+/// `decode(byte) * scale` with the scale of its KV head ([`Fp8Scales`]).
+pub struct Fp8CacheViewMut<'a> {
+    /// The cache seen with its shape; the dtype slot holds bf16 (the dtype of the call) and is
+    /// never used to size it.
+    view: TensorViewMut<'a>,
+    format: Fp8Format,
+}
+
+impl<'a> Fp8CacheViewMut<'a> {
+    /// An FP8 cache in `buf`: `shape` elements of one byte from its start.
+    pub fn device(buf: &'a DeviceBuffer, format: Fp8Format, shape: [usize; 4]) -> Result<Self, AttnError> {
+        let raw = RawView::new(buf.ptr, buf.bytes, Dtype::Bf16, shape, buf.dev.place());
+        Ok(Fp8CacheViewMut { view: TensorViewMut { raw, _guard: None, stream: None, _borrow: PhantomData }, format })
+    }
+    pub fn format(&self) -> Fp8Format {
+        self.format
+    }
+    /// `[batch or num_pages, seq_cache or page_size, heads_kv, head_dim]`.
+    pub fn shape(&self) -> [usize; 4] {
+        self.view.raw.shape
+    }
+}
+
+/// The bytes of an FP8 cache view, as a view of `ceil(elements / 2)` 2-byte elements (for the
+/// bounds and aliasing checks, which count in elements of the view's dtype).
+fn fp8_bytes_view(raw: &RawView) -> RawView {
+    let elems: usize = raw.shape.iter().product();
+    RawView::new(raw.ptr, raw.avail, Dtype::Bf16, [1, 1, 1, elems.div_ceil(2)], raw.place)
+}
+
+/// An FP8 call's cache format and scales.
+#[derive(Clone, Copy)]
+struct Fp8Call<'s> {
+    format: Fp8Format,
+    k_scale: &'s Fp8Scales,
+    v_scale: &'s Fp8Scales,
 }
 
 fn kv_err(why: KvCacheRule) -> AttnError {
@@ -247,7 +309,8 @@ impl Kernels {
         let dtype = q.raw.dtype;
         let (o_bytes, lse_bytes) = ((b * sq * h * d) as u64 * dtype.size_bytes(), (b * h * sq) as u64 * 4);
         // Validate before allocating (the outputs are checked again, trivially, in the call).
-        let plan = self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, None, opts)?;
+        let plan =
+            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, None, opts, None)?;
         let (o, lse) = self.alloc_outputs(q, o_bytes, lse_bytes)?;
         let o = DeviceTensor { storage: o, dtype, shape: [b, sq, h, d] };
         let lse = DeviceTensor { storage: lse, dtype: Dtype::F32, shape: [b, h, sq, 1] };
@@ -303,9 +366,87 @@ impl Kernels {
     ) -> Result<(), AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), &lse.0.raw, lse.0.stream.as_deref());
         let plan =
-            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts)?;
+            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts, None)?;
         let outs = (o.raw.ptr, lse.0.raw.ptr);
         self.kvcache_run(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, outs, &plan, None)
+    }
+
+    /// The scales of one FP8 cache tensor on the kernels' device: `scales` holds 1 (per tensor)
+    /// or `heads_kv` (per KV head) values, each finite and > 0 ([`KvCacheRule::Fp8Scale`],
+    /// [`KvCacheRule::Fp8ScaleCount`]). Device-backed kernels only (VM or
+    /// [`Kernels::on_device`]).
+    pub fn fp8_scales(&self, scales: &[f32], heads_kv: usize) -> Result<Fp8Scales, AttnError> {
+        check_fp8_scales("scales", scales, heads_kv, true).map_err(kv_err)?;
+        if !matches!(self.inner, Inner::Dev(_)) {
+            return Err(AttnError::NotSupportedYet {
+                feature: "FP8 KV caches on CUDA kernels (device-backed kernels only)",
+            });
+        }
+        let values: Vec<f32> = (0..heads_kv).map(|h| crate::decode::DecodeInputs::fp8_scale(scales, h)).collect();
+        let buf = self.alloc(values.len() as u64 * 4)?;
+        buf.write_bytes(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+        Ok(Fp8Scales { values, buf })
+    }
+
+    /// [`Kernels::plan_kvcache`] for an FP8 KV cache: bf16 `q`, `o`, `k_new`, `v_new`; the caches
+    /// one byte per element ([`Fp8CacheViewMut`], both in one format) with their scales. Every
+    /// check of the bf16 call applies; the decode dequantises after each load (tensor cores: widened
+    /// exactly to f16 for f16 `mma.sync`; no FP8 instructions, so sm_80 runs it), the append quantises the
+    /// new tokens (`encode(x / scale)`, nearest even, saturating). Run it with
+    /// [`Kernels::run_kvcache_fp8`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_kvcache_fp8<'p>(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &Fp8CacheViewMut<'_>,
+        v_cache: &Fp8CacheViewMut<'_>,
+        k_scale: &'p Fp8Scales,
+        v_scale: &'p Fp8Scales,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        cache_seqlens: &'p IndexTensor,
+        block_table: Option<&'p IndexTensor>,
+        o: &TensorViewMut<'_>,
+        lse: &LseViewMut<'_>,
+        opts: &AttnOpts<'p>,
+    ) -> Result<KvCachePlan<'p>, AttnError> {
+        if v_cache.format != k_cache.format {
+            return Err(AttnError::NotSupportedYet { feature: "K and V caches in two different FP8 formats" });
+        }
+        let fp8 = Fp8Call { format: k_cache.format, k_scale, v_scale };
+        self.plan_kvcache_any(
+            q,
+            &k_cache.view,
+            &v_cache.view,
+            k_new,
+            v_new,
+            cache_seqlens,
+            block_table,
+            o,
+            lse,
+            opts,
+            Some(fp8),
+        )
+    }
+
+    /// [`Kernels::run_kvcache`] of a plan made by [`Kernels::plan_kvcache_fp8`], on this layer's
+    /// FP8 caches (the planned scales).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_kvcache_fp8(
+        &self,
+        plan: &KvCachePlan<'_>,
+        q: &TensorView<'_>,
+        k_cache: &mut Fp8CacheViewMut<'_>,
+        v_cache: &mut Fp8CacheViewMut<'_>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+    ) -> Result<(), AttnError> {
+        if plan.plan.fp8.map(|f| f.0) != Some(k_cache.format) || v_cache.format != k_cache.format {
+            return Err(kv_err(KvCacheRule::Fp8Plan { planned: plan.plan.fp8.is_some() }));
+        }
+        self.run_kvcache_any(plan, q, &mut k_cache.view, &mut v_cache.view, k_new, v_new, o, lse)
     }
 
     /// The f32 split workspace of `plan` on q's device (none for one split).
@@ -380,9 +521,28 @@ impl Kernels {
         lse: &LseViewMut<'_>,
         opts: &AttnOpts<'p>,
     ) -> Result<KvCachePlan<'p>, AttnError> {
+        self.plan_kvcache_any(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, o, lse, opts, None)
+    }
+
+    /// [`Kernels::plan_kvcache`] with the caches in the dtype of the call or FP8 (`fp8`).
+    #[allow(clippy::too_many_arguments)]
+    fn plan_kvcache_any<'p>(
+        &self,
+        q: &TensorView<'_>,
+        k_cache: &TensorViewMut<'_>,
+        v_cache: &TensorViewMut<'_>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        cache_seqlens: &'p IndexTensor,
+        block_table: Option<&'p IndexTensor>,
+        o: &TensorViewMut<'_>,
+        lse: &LseViewMut<'_>,
+        opts: &AttnOpts<'p>,
+        fp8: Option<Fp8Call<'p>>,
+    ) -> Result<KvCachePlan<'p>, AttnError> {
         let outs = (&o.raw, o.stream.as_deref(), &lse.0.raw, lse.0.stream.as_deref());
         let plan =
-            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts)?;
+            self.kvcache_plan(q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, Some(outs), opts, fp8)?;
         let workspace = self.split_workspace(q, &plan)?;
         Ok(KvCachePlan {
             kernels: self.place_name(),
@@ -395,6 +555,7 @@ impl Kernels {
             workspace,
             cache_seqlens,
             block_table,
+            _scales: fp8.map(|f| (f.k_scale, f.v_scale)),
             _sinks: std::marker::PhantomData,
         })
     }
@@ -417,6 +578,26 @@ impl Kernels {
         o: &mut TensorViewMut<'_>,
         lse: &mut LseViewMut<'_>,
     ) -> Result<(), AttnError> {
+        if plan.plan.fp8.is_some() {
+            return Err(kv_err(KvCacheRule::Fp8Plan { planned: true }));
+        }
+        self.run_kvcache_any(plan, q, k_cache, v_cache, k_new, v_new, o, lse)
+    }
+
+    /// [`Kernels::run_kvcache`] for either kind of cache (the plan says which).
+    #[allow(clippy::too_many_arguments)]
+    fn run_kvcache_any(
+        &self,
+        plan: &KvCachePlan<'_>,
+        q: &TensorView<'_>,
+        k_cache: &mut TensorViewMut<'_>,
+        v_cache: &mut TensorViewMut<'_>,
+        k_new: Option<&TensorView<'_>>,
+        v_new: Option<&TensorView<'_>>,
+        o: &mut TensorViewMut<'_>,
+        lse: &mut LseViewMut<'_>,
+    ) -> Result<(), AttnError> {
+        let fp8 = plan.plan.fp8.is_some();
         let mut tensors: Vec<(&'static str, &RawView, [usize; 4])> = vec![
             ("q", &q.raw, plan.shapes[0]),
             ("k_cache", &k_cache.raw, plan.shapes[1]),
@@ -468,7 +649,11 @@ impl Kernels {
             if t.strides != contiguous(t.shape) {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
             }
-            t.check_bounds(name)?;
+            if fp8 && matches!(*name, "k_cache" | "v_cache") {
+                fp8_bytes_view(t).check_bounds(name)?;
+            } else {
+                t.check_bounds(name)?;
+            }
             if plan.mma && matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
                 return Err(AttnError::Misaligned {
                     tensor: name,
@@ -480,8 +665,19 @@ impl Kernels {
             }
         }
         let appends = plan.new_shape.is_some_and(|s| s[1] > 0);
-        let mut extents = kv_extents(tensors.iter().map(|(name, t, _)| (*name, *t)), appends);
+        let sized: Vec<(&'static str, RawView)> = tensors
+            .iter()
+            .map(|(name, t, _)| {
+                (*name, if fp8 && matches!(*name, "k_cache" | "v_cache") { fp8_bytes_view(t) } else { **t })
+            })
+            .collect();
+        let mut extents = kv_extents(sized.iter().map(|(name, t)| (*name, t)), appends);
         extents.push(alias::Extent::of_index("cache_seqlens", plan.cache_seqlens));
+        if let Some((_, ks, vs)) = plan.plan.fp8 {
+            let n = plan.shapes[1][2] as u64 * 4;
+            extents.push(alias::Extent::of_ptr("k_scale", plan.place, ks, n));
+            extents.push(alias::Extent::of_ptr("v_scale", plan.place, vs, n));
+        }
         if let Some(bt) = plan.block_table {
             extents.push(alias::Extent::of_index("block_table", bt));
         }
@@ -536,6 +732,8 @@ impl Kernels {
             o_part,
             lse_part,
             sinks: plan.sinks,
+            k_scale: plan.fp8.map_or(0, |f| f.1),
+            v_scale: plan.fp8.map_or(0, |f| f.2),
         };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
@@ -560,6 +758,7 @@ impl Kernels {
         v_new: Option<&TensorView<'_>>,
         outs: Option<(&RawView, Option<&CudaStream>, &RawView, Option<&CudaStream>)>,
         opts: &AttnOpts<'_>,
+        fp8: Option<Fp8Call<'_>>,
     ) -> Result<KvPlan, AttnError> {
         let splits = match opts.num_splits {
             None | Some(0) => Splits::Auto,
@@ -596,6 +795,9 @@ impl Kernels {
             self.check_index("block_table", bt, &q.raw)?;
         }
         let dtype = q.raw.dtype;
+        if fp8.is_some() && dtype != Dtype::Bf16 {
+            return Err(kv_err(KvCacheRule::Fp8Dtype { dtype }));
+        }
         for (name, t, _) in &tensors {
             let want = if matches!(*name, "lse" | "sinks") { Dtype::F32 } else { dtype };
             if t.dtype != want {
@@ -722,6 +924,7 @@ impl Kernels {
             sm_count_source: if self.is_vm() { SmCountSource::Default } else { SmCountSource::Device },
             kernel: opts.decode_kernel,
             sinks: opts.sinks.is_some(),
+            kv_fp8: fp8.map(|f| f.format),
         };
         problem.validate().map_err(kv_err)?;
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
@@ -731,11 +934,38 @@ impl Kernels {
         for (kernel, dims) in &launches {
             self.check_grid(*kernel, dims)?;
         }
+        let fp8_cache = |name: &str| fp8.is_some() && matches!(name, "k_cache" | "v_cache");
         for (name, t, _) in &tensors {
-            t.check_bounds(name)?;
+            if fp8_cache(name) {
+                fp8_bytes_view(t).check_bounds(name)?;
+            } else {
+                t.check_bounds(name)?;
+            }
         }
-        let mut extents = kv_extents(tensors.iter().map(|(name, t, _)| (*name, *t)), seq_new > 0);
+        let sized: Vec<(&'static str, RawView)> =
+            tensors.iter().map(|(name, t, _)| (*name, if fp8_cache(name) { fp8_bytes_view(t) } else { **t })).collect();
+        let mut extents = kv_extents(sized.iter().map(|(name, t)| (*name, t)), seq_new > 0);
         extents.push(alias::Extent::of_index("cache_seqlens", cache_seqlens));
+        if let Some(f) = fp8 {
+            for (name, s) in [("k_scale", f.k_scale), ("v_scale", f.v_scale)] {
+                if s.values.len() != hk {
+                    return Err(kv_err(KvCacheRule::Fp8ScaleCount {
+                        tensor: name,
+                        got: s.values.len(),
+                        heads_kv: hk,
+                        fp8: true,
+                    }));
+                }
+                if s.buf.dev.place() != q.raw.place {
+                    return Err(AttnError::WrongDevice {
+                        tensor: name,
+                        got: s.buf.dev.place().to_string(),
+                        expected: q.raw.place.to_string(),
+                    });
+                }
+                extents.push(alias::Extent::of_ptr(name, q.raw.place, s.buf.ptr, s.buf.bytes));
+            }
+        }
         if let Some(bt) = block_table {
             extents.push(alias::Extent::of_index("block_table", bt));
         }
@@ -754,7 +984,14 @@ impl Kernels {
                 }
             }
         }
-        Ok(KvPlan { splits: plan.num_splits, layout, launches, problem, sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr) })
+        Ok(KvPlan {
+            splits: plan.num_splits,
+            layout,
+            launches,
+            problem,
+            sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
+            fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
+        })
     }
 }
 
@@ -786,6 +1023,8 @@ pub struct KvCachePlan<'p> {
     workspace: (Option<Storage>, Option<Storage>),
     cache_seqlens: &'p IndexTensor,
     block_table: Option<&'p IndexTensor>,
+    /// An FP8 plan's scales (their addresses are in the plan).
+    _scales: Option<(&'p Fp8Scales, &'p Fp8Scales)>,
     _sinks: std::marker::PhantomData<&'p ()>,
 }
 
@@ -829,4 +1068,6 @@ struct KvPlan {
     problem: DecodeProblem,
     /// The sinks' device address (`0` = none).
     sinks: u64,
+    /// An FP8 cache: its format and the device addresses of the K and V scales.
+    fp8: Option<(Fp8Format, u64, u64)>,
 }
