@@ -939,7 +939,7 @@ mod tests {
         assert_eq!(KernelId::flash_bwd(Elem::Bf16, 64), None);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![64, 128]);
         let m = KernelId::FlashBwdF32D128.variant();
-        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 400));
+        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 416));
         assert_eq!(m.dynamic_smem_bytes(), (32 * 128 + 2 * 16 * 128 + 16 * 32 + 32) * 4);
         assert_eq!(FLASH_BWD_F32_D64.launch(2, 3, 65).grid, [3, 3, 2]);
         assert_eq!(BWD_ROWS.launch(2, 5, 9), LaunchDims { grid: [3, 5, 2], block: [128, 1, 1], dynamic_smem_bytes: 0 });
