@@ -596,18 +596,22 @@ pub fn summary(r: &BackwardReport) -> String {
             c.tensor, c.max_abs_err, c.max_rel_err, c.bound
         );
     }
-    let sinks = if r.checks.iter().any(|c| c.tensor == "d_sinks") { ", sinks" } else { "" };
+    let with_sinks = r.checks.iter().any(|c| c.tensor == "d_sinks");
+    let (sinks, d_sinks) = if with_sinks { (", sinks", ", d_sinks") } else { ("", "") };
+    let accum = if e.dq_slices > 1 {
+        format!("dQ accumulators {} x {}", e.dq_slices, e.dq_accum_bytes / e.dq_slices)
+    } else {
+        format!("dQ accumulator {}", e.dq_accum_bytes)
+    };
     let _ = writeln!(
         s,
-        "memory: expected {} B = inputs (q, k, v, dO{sinks}) {} + forward O, LSE {} + gradients {} + backward workspace {} \
-         (dQ accumulator {} x {} B + D {}); measured peak {} B ({})",
+        "memory: expected {} B = inputs (q, k, v, dO{sinks}) {} + forward O, LSE {} + dq, dk, dv{d_sinks} {} + backward \
+         workspace {} ({accum} + D {}); measured peak {} B ({})",
         e.total_bytes,
         e.inputs_bytes,
         e.forward_outputs_bytes,
         e.gradients_bytes,
         e.workspace_bytes,
-        e.dq_slices,
-        e.dq_accum_bytes / e.dq_slices.max(1),
         e.delta_bytes,
         r.peak_device_bytes,
         if r.memory_as_expected { "as expected" } else { "differs" }
