@@ -25,10 +25,12 @@
 //! `[dq_splits][batch, seq_q, heads, D]` f32 ([`crate::abi::BwdParams`]). Varlen: per sequence, as the
 //! forward (`device::sequence_of`).
 //!
-//! Tiles ([`crate::tiles::FLASH_BWD_F32_D64`], [`crate::tiles::FLASH_BWD_F32_D128`],
-//! [`crate::tiles::BWD_ROWS`]): d64: BC 32 keys x 4 lanes (128 threads), BR 32; d128: BC 32 x 8
-//! lanes (256 threads), BR 16; 16 dims per lane either way. Shared memory: K `[BC][D]`, Q and dO
-//! `[BR][D]`, dS `[BR][BC]`, LSE and D `[BR]`, f32 (28.25 and 34.1 KiB).
+//! Tiles ([`crate::tiles::FLASH_BWD_F32_D32`] ... [`crate::tiles::FLASH_BWD_F32_D256`],
+//! [`crate::tiles::BWD_ROWS`]): BC keys x TPK lanes per key, 12 or 16 dims per lane:
+//! d32 32 x 2 (64 threads), BR 32; d64 32 x 4 (128), BR 32; d96 32 x 8 (256), BR 16; d128 32 x 8
+//! (256), BR 16; d192 16 x 16 (256), BR 16; d256 16 x 16 (256), BR 8. Shared memory: K
+//! `[BC][D]`, Q and dO `[BR][D]`, dS `[BR][BC]`, LSE and D `[BR]`, f32 (16.25 to 37.1 KiB, under
+//! 48 KiB). ptxas: 148 to 180 registers, 0 spills (`kernels-gpu/ptx/ptxas-report.json`).
 //!
 //! Thread mapping (main): thread `t` serves key `t / TPK` of the block and owns dims
 //! `t % TPK + TPK * k`; a row's partial dot products are summed over the key's `TPK` lanes

@@ -1,13 +1,15 @@
-//! The backward of attention on caller buffers: [`Kernels::flash_attn_backward_into`],
-//! FlashAttention-2's `_flash_attn_backward`: from q, k, v, the forward's `o` and `lse` and the
-//! upstream gradient `d_o`, the gradients `dq`, `dk`, `dv`.
+//! The backward of attention: [`Kernels::flash_attn_backward_into`] (and `_into_with`, with
+//! [`BwdOpts`]), the allocating [`Kernels::flash_attn_backward`] and the packed
+//! [`Kernels::flash_attn_varlen_backward_into`], FlashAttention-2's `_flash_attn_backward`: from
+//! q, k, v, the forward's `o` and `lse` and the upstream gradient `d_o`, the gradients `dq`, `dk`,
+//! `dv` (and with sinks `d_sink`).
 //!
 //! Three launches on one stream (`kernels-gpu/src/flash_bwd_f32.rs`): the preprocess
-//! (`D = rowsum(dO ∘ O)`, the f32 dQ accumulator zeroed), the main kernel (one block per key
-//! tile and K/V head: P recomputed from LSE, dK and dV summed over the GQA group in registers,
-//! dQ added with `red.global.add.f32`) and the dQ convert. The workspace — the dQ accumulator
-//! (`4 · batch · seq_q · heads · head_dim` bytes) and D (`4 · batch · heads · seq_q`) — is
-//! allocated by the call; no `N x N` buffer exists.
+//! (`D = rowsum(dO ∘ O)`, the atomic mode's f32 dQ accumulator zeroed), the main kernel (one
+//! block per key tile and K/V head: P recomputed from LSE, dK and dV summed over the GQA group in
+//! registers, dQ added with `red.global.add.f32`, or in deterministic mode stored into the key
+//! block's own slice) and the dQ convert (which also writes `d_sink`). The workspace
+//! ([`flash_attn_backward_workspace`]) is allocated by the call; no `N x N` buffer exists.
 
 use super::*;
 use kernels_gpu::abi::BwdParams;
