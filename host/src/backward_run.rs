@@ -5,13 +5,18 @@
 //! Order of events: refuse what the backward kernels do not support (nothing allocated yet) →
 //! state the expected bytes → allocate and upload q, k, v and `dO` → poison O and LSE, run the
 //! forward ([`Kernels::flash_attn_into`]) → for each warm-up and measured repetition: poison dQ,
-//! dK, dV with NaN, run [`Kernels::flash_attn_backward_into`], time it → download → free →
-//! measure memory → verify O, LSE, dQ, dK and dV against the f64 reference.
+//! dK, dV (and d_sink) with NaN, run [`Kernels::flash_attn_backward_into_with`], time it (in
+//! deterministic mode also compare dQ's bits with the first repetition's) → download → free →
+//! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference.
 //!
-//! Memory: besides the tensors the caller holds (q, k, v, dO; O and LSE of the forward; dQ, dK,
-//! dV), the backward allocates a workspace of O(N·d): the f32 dQ accumulator
-//! (`4 · batch · seq_q · heads · head_dim` bytes) and `D = rowsum(dO ∘ O)` (`4 · batch · heads ·
-//! seq_q`). No `N x N` buffer exists; the VM's allocator measures the peak exactly.
+//! Memory: besides the tensors the caller holds (q, k, v, dO, the sinks; O and LSE of the
+//! forward; dQ, dK, dV, d_sink), the backward allocates a workspace
+//! ([`memattn::attn::flash_attn_backward_workspace`]): the f32 dQ accumulator (`4 · batch · seq_q
+//! · heads · head_dim` bytes; deterministic mode one per key block) and `D = rowsum(dO ∘ O)`
+//! (`4 · batch · heads · seq_q`). No `N x N` buffer exists; the VM's allocator measures the peak
+//! exactly. Next to it the report states what a naive backward keeps alive, P and dS
+//! (`2 · 4 · batch · heads · seq_q · seq_kv` bytes), by the rule the forward's report uses for
+//! the naive score matrix.
 
 use crate::device::Device;
 use crate::error::Error;
@@ -22,7 +27,10 @@ use crate::reference::grad::{attention_backward, Grads};
 use crate::runner::{check_finite_inputs, check_score_range, probe_host_memory, LaunchRecord, MAX_LAUNCHES, POISON};
 use crate::safetensors_io::InputError;
 use crate::timing::Timing;
-use memattn::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, LseView, LseViewMut, TensorView, TensorViewMut};
+use memattn::attn::{
+    AttnError, AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView,
+    TensorViewMut,
+};
 use memattn::Dtype;
 use serde::Serialize;
 use std::path::Path;
@@ -61,11 +69,8 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
         return refuse(format!(
             "head_dim {} has no backward kernel; the f32 backward is compiled for head_dim {}",
             p.head_dim,
-            dims.iter().map(u32::to_string).collect::<Vec<_>>().join(" and ")
+            crate::problem::list_and(&dims)
         ));
-    }
-    if p.sinks {
-        return refuse("sinks are not supported by the backward yet (d_sink is not computed); leave out --sinks or the file's `sinks` tensor".into());
     }
     if p.varlen.is_some() {
         return refuse(
@@ -79,13 +84,15 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
 /// `total_bytes` exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BackwardBytes {
-    /// q, k, v and the upstream gradient dO (f32).
+    /// q, k, v and the upstream gradient dO (f32), and the sinks (`4 · heads`) with sinks.
     pub inputs_bytes: u64,
     /// The forward's O and LSE, inputs of the backward.
     pub forward_outputs_bytes: u64,
-    /// dQ, dK, dV.
+    /// dQ, dK, dV, and d_sink (`4 · heads`) with sinks.
     pub gradients_bytes: u64,
-    /// The backward's f32 dQ accumulator, `4 · batch · seq_q · heads · head_dim`.
+    /// dQ accumulators: 1, or in deterministic mode one per key block of the main kernel.
+    pub dq_slices: u64,
+    /// The backward's f32 dQ accumulators, `dq_slices · 4 · batch · seq_q · heads · head_dim`.
     pub dq_accum_bytes: u64,
     /// `D = rowsum(dO ∘ O)`, `4 · batch · heads · seq_q`.
     pub delta_bytes: u64,
@@ -93,25 +100,39 @@ pub struct BackwardBytes {
     pub workspace_bytes: u64,
     /// Everything at the peak (all of the above are alive during the backward).
     pub total_bytes: u64,
+    /// Not allocated: what a naive backward would keep alive instead of the workspace, P and dS
+    /// (`N x N` per head, f32): `2 · 4 · batch · heads · seq_q · seq_kv` (twice the naive
+    /// forward's score matrix, by the same rule).
+    pub naive_p_ds_bytes: u64,
 }
 
 impl BackwardBytes {
-    pub fn new(p: &Problem) -> Self {
+    /// The bytes of `p`'s backward run; `deterministic` as [`BwdOpts::deterministic`]. A head
+    /// dim without a backward kernel, or a byte count past `u64`, is an error.
+    pub fn new(p: &Problem, deterministic: bool) -> Result<Self, Error> {
         let (qn, kn, rows) = (p.q_elems() * 4, p.kv_elems() * 4, p.rows() * 4);
-        let inputs_bytes = 2 * qn + 2 * kn;
+        let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
+        let inputs_bytes = 2 * qn + 2 * kn + sinks;
         let forward_outputs_bytes = qn + rows;
-        let gradients_bytes = qn + 2 * kn;
-        let (dq_accum_bytes, delta_bytes) = (qn, rows);
-        let workspace_bytes = dq_accum_bytes + delta_bytes;
-        BackwardBytes {
+        let gradients_bytes = qn + 2 * kn + sinks;
+        let q_shape = [p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize];
+        let ws = memattn::attn::flash_attn_backward_workspace(q_shape, p.seq_kv as usize, deterministic)?;
+        let naive_p_ds_bytes = memattn::memory::AnalyticBytes::new(p, KernelKind::Naive).scores.saturating_mul(2);
+        let total = [inputs_bytes, forward_outputs_bytes, gradients_bytes, ws.total_bytes]
+            .iter()
+            .try_fold(0u64, |t, x| t.checked_add(*x))
+            .ok_or_else(|| Error::Usage("the backward's device bytes overflow a 64-bit count".into()))?;
+        Ok(BackwardBytes {
             inputs_bytes,
             forward_outputs_bytes,
             gradients_bytes,
-            dq_accum_bytes,
-            delta_bytes,
-            workspace_bytes,
-            total_bytes: inputs_bytes + forward_outputs_bytes + gradients_bytes + workspace_bytes,
-        }
+            dq_slices: ws.dq_slices,
+            dq_accum_bytes: ws.dq_accum_bytes,
+            delta_bytes: ws.delta_bytes,
+            workspace_bytes: ws.total_bytes,
+            total_bytes: total,
+            naive_p_ds_bytes,
+        })
     }
 }
 
@@ -165,6 +186,8 @@ pub struct BackwardOutputs {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    /// `[heads]`, empty without sinks.
+    pub d_sinks: Vec<f32>,
 }
 
 /// Everything a backward run measured. Field names are the `--json` contract of
@@ -179,9 +202,18 @@ pub struct BackwardReport {
     pub inputs: String,
     /// Where dO came from: "random normal (seed N)" or "given (tensor `do`)".
     pub d_o: String,
-    /// True when O, LSE, dQ, dK and dV all passed.
+    /// True when O, LSE, dQ, dK, dV (and d_sink) all passed and, in deterministic mode, every
+    /// repetition's dQ had the same bits.
     pub verified: bool,
-    /// O, LSE, dq, dk, dv in that order.
+    /// Whether dQ was summed deterministically (`--deterministic`).
+    pub deterministic: bool,
+    /// Deterministic mode: whether every repetition (warm-up included) wrote bitwise the same
+    /// dQ, dK, dV and d_sink; `None` in atomic mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bitwise_reproducible: Option<bool>,
+    /// Repetitions compared for `bitwise_reproducible`.
+    pub repetitions: u64,
+    /// O, LSE, dq, dk, dv (and d_sinks) in that order.
     pub checks: Vec<TensorCheck>,
     pub rule: &'static str,
     /// The forward, one launch (milliseconds).
@@ -209,7 +241,8 @@ pub struct BackwardReport {
 /// The upstream gradient of a run without a `do` tensor: the normals that follow q, k and v in
 /// the stream of `seed` (so changing the seed changes all four).
 pub fn random_d_o(p: &Problem, seed: u64) -> Vec<f32> {
-    let first = p.q_elems() + 2 * p.kv_elems();
+    // After q, k, v and the sinks' normals.
+    let first = p.q_elems() + 2 * p.kv_elems() + if p.sinks { p.heads as u64 } else { 0 };
     let mut rng = memattn::rng::SplitMix64::skipped(seed, 2 * first);
     (0..p.q_elems()).map(|_| rng.normal() as f32).collect()
 }
@@ -250,7 +283,8 @@ pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
     Ok(Some(d_o))
 }
 
-/// Writes o, lse, dq, dk and dv (all F32, BSHD; lse `[batch, heads, seq_q]`) atomically
+/// Writes o, lse, dq, dk, dv (all F32, BSHD; lse `[batch, heads, seq_q]`) and with sinks
+/// d_sinks (`[heads]`) atomically
 /// ([`crate::files::write_atomic`]): an existing file is replaced whole or not at all.
 pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<(), Error> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
@@ -261,13 +295,17 @@ pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<
     let (ob, lb, qb, kb, vb) = (enc(&out.o), enc(&out.lse), enc(&out.dq), enc(&out.dk), enc(&out.dv));
     let f32t = safetensors::Dtype::F32;
     let view = |shape: Vec<usize>, data| safetensors::tensor::TensorView::new(f32t, shape, data).map_err(err);
-    let tensors = [
+    let sb = enc(&out.d_sinks);
+    let mut tensors = vec![
         ("o", view(qs.clone(), &ob)?),
         ("lse", view(vec![b, h, p.seq_q as usize], &lb)?),
         ("dq", view(qs, &qb)?),
         ("dk", view(ks.clone(), &kb)?),
         ("dv", view(ks, &vb)?),
     ];
+    if p.sinks {
+        tensors.push(("d_sinks", view(vec![h], &sb)?));
+    }
     let bytes = safetensors::serialize(tensors, None).map_err(err)?;
     crate::files::write_atomic(path, &bytes, "output file")?;
     Ok(())
@@ -276,17 +314,19 @@ pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<
 /// Runs the forward and the backward of `spec` on `dev`, with `inputs` (BSHD) or random inputs
 /// from `spec.seed`, and `d_o` (BSHD, like q) or a random upstream gradient. The launches go
 /// through the library's entry points on kernels lent `dev` for the run ([`Kernels::scoped`]).
+/// `deterministic`: [`BwdOpts::deterministic`].
 pub fn run_backward(
     dev: &mut dyn Device,
     spec: &crate::runner::RunSpec,
     inputs: Option<&Qkv>,
     d_o: Option<&[f32]>,
+    deterministic: bool,
 ) -> Result<BackwardReport, Error> {
     let p = spec.problem;
     check_supported(&p, spec.kernel)?;
     let caps = dev.caps()?;
     p.validate(KernelKind::Flash, &caps)?;
-    let expected = BackwardBytes::new(&p);
+    let expected = BackwardBytes::new(&p, deterministic)?;
     if let Some(x) = inputs {
         if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
             return Err(Error::Usage(format!(
@@ -298,6 +338,11 @@ pub fn run_backward(
                 p.kv_elems(),
                 p.kv_elems()
             )));
+        }
+    }
+    if let Some(x) = inputs {
+        if p.sinks && x.sinks.len() != p.heads as usize {
+            return Err(Error::Usage(format!("{} sink logits for {} heads (one per head)", x.sinks.len(), p.heads)));
         }
     }
     if let Some(g) = d_o {
@@ -340,15 +385,17 @@ pub fn run_backward(
     }
 
     dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, x, d_o, warmup, repeats));
+    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, x, d_o, warmup, repeats, deterministic));
     // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
-    let (forward_ms, samples, records, out) = body?;
+    let (forward_ms, samples, records, out, same_bits) = body?;
     let memory = memory?;
 
-    let want = attention_backward(&p, &x.q, &x.k, &x.v, d_o, &[]).map_err(Error::Usage)?;
+    let sinks: &[f32] = if p.sinks { &x.sinks } else { &[] };
+    let want = attention_backward(&p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage)?;
     let checks = verify(&out, &want);
-    let verified = checks.iter().all(|c| c.passed);
+    let bitwise_reproducible = deterministic.then_some(same_bits);
+    let verified = checks.iter().all(|c| c.passed) && bitwise_reproducible != Some(false);
     let timing = Timing::new(warmup, dev.clock_name(), samples);
     Ok(BackwardReport {
         backend: dev.backend().name().to_string(),
@@ -359,6 +406,9 @@ pub fn run_backward(
         inputs: inputs_desc,
         d_o: d_o_desc,
         verified,
+        deterministic,
+        bitwise_reproducible,
+        repetitions: warmup as u64 + repeats as u64,
         checks,
         rule: RULE,
         forward_time_ms: forward_ms,
@@ -376,19 +426,24 @@ pub fn run_backward(
     })
 }
 
-/// O, LSE and the three gradients against the f64 reference.
+/// O, LSE and the three gradients (and with sinks d_sinks) against the f64 reference.
 pub fn verify(out: &BackwardOutputs, want: &Grads) -> Vec<TensorCheck> {
-    vec![
+    let mut checks = vec![
         check_tensor("o", &out.o, &want.o),
         check_tensor("lse", &out.lse, &want.lse),
         check_tensor("dq", &out.dq, &want.dq),
         check_tensor("dk", &out.dk, &want.dk),
         check_tensor("dv", &out.dv, &want.dv),
-    ]
+    ];
+    if !want.dsinks.is_empty() {
+        checks.push(check_tensor("d_sinks", &out.d_sinks, &want.dsinks));
+    }
+    checks
 }
 
-/// The forward's time, the backward's samples and launches, and the outputs (BSHD).
-type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs);
+/// The forward's time, the backward's samples and launches, the outputs (BSHD), and whether
+/// every repetition's gradients had the bits of the first (compared in deterministic mode).
+type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs, bool);
 
 /// Allocates and uploads the run's buffers on `k`; poisons O and LSE and runs the forward once;
 /// then for each warm-up and measured repetition poisons dQ, dK, dV, runs the backward and
@@ -400,6 +455,7 @@ fn launch_measured(
     d_o: &[f32],
     warmup: u32,
     repeats: u32,
+    deterministic: bool,
 ) -> Result<Measured, AttnError> {
     let (b, h, hk, d) = (p.batch, p.heads, p.kv_heads(), p.head_dim);
     let lay_q = |t: &[f32]| to_layout(t, p.layout, b, p.seq_q, h, d);
@@ -414,6 +470,9 @@ fn launch_measured(
     let o = k.alloc(qn * 4)?;
     let lse = k.alloc(rows * 4)?;
     let (dq, dk, dv) = (k.alloc(qn * 4)?, k.alloc(kn * 4)?, k.alloc(kn * 4)?);
+    let hs = if p.sinks { p.heads as u64 } else { 0 };
+    let (sinks, d_sinks) =
+        if p.sinks { (Some(upload(x.sinks.clone())?), Some(k.alloc(hs * 4)?)) } else { (None, None) };
     k.with_device(|d| d.memory_mark_allocated())?;
 
     let (h, hk, d) = (h as usize, hk as usize, d as usize);
@@ -431,6 +490,10 @@ fn launch_measured(
     if p.softcap != 0.0 {
         opts = opts.softcap(p.softcap);
     }
+    let sinks_view = sinks.as_ref().map(|s| SinksView::vm(s, h)).transpose()?;
+    if let Some(s) = &sinks_view {
+        opts = opts.sinks(s);
+    }
 
     k.with_device(|dev| {
         dev.fill_u32(o.ptr(), qn, POISON)?;
@@ -446,22 +509,44 @@ fn launch_measured(
     let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs, qst)?, view_mut(&dk, ks, kst)?, view_mut(&dv, ks, kst)?);
     k.record_launches(true)?;
     let (mut samples, mut records) = (Vec::new(), Vec::new());
+    let read = |buf: &DeviceBuffer, n: u64| buf.read_f32(Dtype::F32, n as usize);
+    let (mut first_bits, mut same_bits) = (None, true);
     for rep in 0..warmup as u64 + repeats as u64 {
         k.with_device(|dev| {
             for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
                 dev.fill_u32(buf.ptr(), n, POISON)?;
             }
+            if let Some(ds) = &d_sinks {
+                dev.fill_u32(ds.ptr(), hs, POISON)?;
+            }
             dev.synchronize()?;
             dev.timer_start()
         })?;
-        k.flash_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)?;
+        let mut bwd = BwdOpts::new().deterministic(deterministic);
+        if let Some(ds) = &d_sinks {
+            bwd = bwd.d_sinks(SinksViewMut::vm(ds, h)?);
+        }
+        k.flash_attn_backward_into_with(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd)?;
         let ms = k.with_device(|dev| dev.timer_stop())?;
         if rep >= warmup as u64 {
             samples.push(ms);
         }
         records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
+        if deterministic {
+            // Outside the timed region: every repetition's gradients, bit for bit.
+            let mut bits = Vec::new();
+            for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
+                bits.extend(read(buf, n)?.iter().map(|x| x.to_bits()));
+            }
+            if let Some(ds) = &d_sinks {
+                bits.extend(read(ds, hs)?.iter().map(|x| x.to_bits()));
+            }
+            match &first_bits {
+                None => first_bits = Some(bits),
+                Some(f) => same_bits &= *f == bits,
+            }
+        }
     }
-    let read = |buf: &DeviceBuffer, n: u64| buf.read_f32(Dtype::F32, n as usize);
     let back_q = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_q, h as u32, d as u32);
     let back_k = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_kv, hk as u32, d as u32);
     let out = BackwardOutputs {
@@ -470,8 +555,25 @@ fn launch_measured(
         dq: back_q(read(&dq, qn)?),
         dk: back_k(read(&dk, kn)?),
         dv: back_k(read(&dv, kn)?),
+        d_sinks: match &d_sinks {
+            Some(ds) => read(ds, hs)?,
+            None => Vec::new(),
+        },
     };
-    Ok((forward_ms, samples, records, out))
+    Ok((forward_ms, samples, records, out, same_bits))
+}
+
+/// `a / b` in words: "12.5x" or, below 1, "0.25x".
+fn ratio(a: u64, b: u64) -> String {
+    if b == 0 {
+        return "n/a".into();
+    }
+    let x = a as f64 / b as f64;
+    if x >= 10.0 {
+        format!("{x:.0}x")
+    } else {
+        format!("{x:.2}x")
+    }
 }
 
 /// The human summary of a backward run.
@@ -494,20 +596,42 @@ pub fn summary(r: &BackwardReport) -> String {
             c.tensor, c.max_abs_err, c.max_rel_err, c.bound
         );
     }
+    let with_sinks = r.checks.iter().any(|c| c.tensor == "d_sinks");
+    let (sinks, d_sinks) = if with_sinks { (", sinks", ", d_sinks") } else { ("", "") };
+    let accum = if e.dq_slices > 1 {
+        format!("dQ accumulators {} x {}", e.dq_slices, e.dq_accum_bytes / e.dq_slices)
+    } else {
+        format!("dQ accumulator {}", e.dq_accum_bytes)
+    };
     let _ = writeln!(
         s,
-        "memory: expected {} B = inputs (q, k, v, dO) {} + forward O, LSE {} + dq, dk, dv {} + backward workspace {} \
-         (dQ accumulator {} + D {}); measured peak {} B ({})",
+        "memory: expected {} B = inputs (q, k, v, dO{sinks}) {} + forward O, LSE {} + dq, dk, dv{d_sinks} {} + backward \
+         workspace {} ({accum} + D {}); measured peak {} B ({})",
         e.total_bytes,
         e.inputs_bytes,
         e.forward_outputs_bytes,
         e.gradients_bytes,
         e.workspace_bytes,
-        e.dq_accum_bytes,
         e.delta_bytes,
         r.peak_device_bytes,
         if r.memory_as_expected { "as expected" } else { "differs" }
     );
+    let _ = writeln!(
+        s,
+        "naive backward: P and dS (N x N per head, f32) would keep {} B alive, {} the flash backward's workspace of {} B",
+        e.naive_p_ds_bytes,
+        ratio(e.naive_p_ds_bytes, e.workspace_bytes),
+        e.workspace_bytes
+    );
+    match r.bitwise_reproducible {
+        Some(true) => {
+            let _ = writeln!(s, "deterministic: {} repetitions, gradients bitwise identical", r.repetitions);
+        }
+        Some(false) => {
+            let _ = writeln!(s, "deterministic: the gradients' bits DIFFER between the {} repetitions", r.repetitions);
+        }
+        None => {}
+    }
     let _ = writeln!(
         s,
         "time: forward {:.3} ms, backward {:.3} ms (median of {}, {})",
@@ -555,12 +679,21 @@ mod tests {
     fn expected_bytes_name_every_buffer() {
         // batch 2, heads 4 over 2 K/V heads, seq_q 3, seq_kv 5, d 64.
         let p = Problem { batch: 2, heads: 4, heads_kv: Some(2), seq_q: 3, seq_kv: 5, ..Problem::default() };
-        let e = BackwardBytes::new(&p);
+        let e = BackwardBytes::new(&p, false).unwrap();
         let (qn, kn, rows) = (2 * 3 * 4 * 64 * 4u64, 2 * 5 * 2 * 64 * 4u64, 2 * 4 * 3 * 4u64);
         assert_eq!(e.dq_accum_bytes, 6144);
         assert_eq!(e.delta_bytes, 96);
         assert_eq!(e.workspace_bytes, 6240);
         assert_eq!(e.total_bytes, 5 * qn + 4 * kn + 2 * rows);
+        // P and dS: 2 x 4 B x batch 2 x heads 4 x 3 x 5.
+        assert_eq!(e.naive_p_ds_bytes, 2 * 4 * 2 * 4 * 3 * 5);
+        // Deterministic, 70 keys at d=64 (32 per key block): 3 accumulators; sinks add 4 B per
+        // head to the inputs and to the gradients.
+        let p = Problem { seq_kv: 70, sinks: true, ..p };
+        let e = BackwardBytes::new(&p, true).unwrap();
+        assert_eq!((e.dq_slices, e.dq_accum_bytes), (3, 3 * 6144));
+        let kn = 2 * 70 * 2 * 64 * 4u64;
+        assert_eq!(e.total_bytes, 5 * qn + 4 * kn + 2 * rows + 2 * 16 + 2 * 6144);
     }
 
     #[test]
@@ -570,7 +703,7 @@ mod tests {
         let msg = |p: Problem, k| check_supported(&p, k).unwrap_err().to_string();
         assert!(msg(p, KernelKind::Naive).contains("no naive backward"));
         assert!(msg(Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).contains("f32 only"));
-        assert!(msg(Problem { head_dim: 96, ..p }, KernelKind::Flash).contains("64 and 128"));
-        assert!(msg(Problem { sinks: true, ..p }, KernelKind::Flash).contains("sinks"));
+        assert!(msg(Problem { head_dim: 80, ..p }, KernelKind::Flash).contains("32, 64, 96, 128, 192 and 256"));
+        assert!(check_supported(&Problem { sinks: true, ..p }, KernelKind::Flash).is_ok());
     }
 }

@@ -196,11 +196,11 @@ fn unsupported_options_are_refused_with_the_limit() {
     r(&["--dtype", "bf16"], "f32 only");
     r(&["--dtype", "f16"], "use --dtype f32");
     r(
-        &["--head-dim", "32"],
-        "head_dim 32 has no backward kernel; the f32 backward is compiled for head_dim 64 and 128",
+        &["--head-dim", "80"],
+        "head_dim 80 is not supported by the flash kernel: f32 flash kernels are compiled for head_dim 32, 64, 96, 128, 192 and 256",
     );
-    r(&["--sinks"], "sinks are not supported by the backward");
     r(&["--kernel", "naive"], "no naive backward");
+    assert_refused(&["run", "--deterministic", "--heads", "1"], "--backward");
     assert_refused(
         &["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3,4", "--heads", "1"],
         "packed sequences",
@@ -223,7 +223,101 @@ fn run_help_teaches_the_backward() {
     let o = memattn(&["run", "--help"]);
     assert_eq!(code(&o), 0);
     let s = stdout(&o);
-    for needle in ["--backward", "recomputed from the forward's LSE", "dQ accumulator", "tensor `do`", "exit 2"] {
+    for needle in [
+        "--backward",
+        "recomputed from the forward's LSE",
+        "dQ accumulator",
+        "tensor `do`",
+        "exit 2",
+        "--deterministic",
+        "bitwise the same",
+        "d_sinks",
+        "P and dS",
+    ] {
         assert!(s.contains(needle), "run --help lacks `{needle}`");
+    }
+}
+
+#[test]
+fn sinks_and_deterministic_mode_verify_and_state_their_bytes() {
+    // Causal with seq_q > seq_kv: the first 5 rows see only the sink. 40 keys at d=64 are two
+    // key blocks, so deterministic mode keeps two dQ accumulators. Three repetitions (one
+    // warm-up) must write the same bits; d_sinks is checked by the run and, from --output,
+    // here against the f64 reference of the same seeded inputs.
+    let output = tmp("sinks-det-out.safetensors");
+    let args = [
+        "--json",
+        "run",
+        "--backward",
+        "--sinks",
+        "--deterministic",
+        "--heads",
+        "2",
+        "--heads-kv",
+        "1",
+        "--seq-q",
+        "45",
+        "--seq-kv",
+        "40",
+        "--causal",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--seed",
+        "5",
+        "--output",
+        output.to_str().unwrap(),
+    ];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(
+        (&v["deterministic"], &v["bitwise_reproducible"], &v["repetitions"]),
+        (&true.into(), &true.into(), &3.into())
+    );
+    let names: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+    assert_eq!(names, ["o", "lse", "dq", "dk", "dv", "d_sinks"]);
+    let s = Shape { b: 1, h: 2, hk: 1, sq: 45, skv: 40, d: 64 };
+    let e = &v["expected_bytes"];
+    let (qb, rows) = (4 * s.qn() as u64, 4 * (s.b * s.h * s.sq) as u64);
+    assert_eq!((e["dq_slices"].as_u64(), e["dq_accum_bytes"].as_u64()), (Some(2), Some(2 * qb)));
+    assert_eq!(e["workspace_bytes"].as_u64().unwrap(), 2 * qb + rows);
+    // One more accumulator and the sinks and their gradient (4 B per head each).
+    assert_eq!(v["peak_device_bytes"].as_u64().unwrap(), peak_bytes(s) + qb + 2 * 4 * 2, "{}", v["memory"]);
+    assert_eq!(v["memory_as_expected"], true);
+    // A naive backward's P and dS: two f32 matrices of seq_q x seq_kv per head.
+    assert_eq!(e["naive_p_ds_bytes"].as_u64().unwrap(), 2 * 4 * 2 * 45 * 40);
+
+    let p = Problem {
+        heads: 2,
+        heads_kv: Some(1),
+        seq_q: 45,
+        seq_kv: 40,
+        causal: true,
+        sinks: true,
+        dtype: memattn_cli::Dtype::F32,
+        ..Problem::default()
+    };
+    let x = memattn_cli::inputs::Qkv::random(&p, 5);
+    let d_o = memattn_cli::backward_run::random_d_o(&p, 5);
+    let want = attention_backward(&p, &x.q, &x.k, &x.v, &d_o, &x.sinks).unwrap();
+    let bytes = std::fs::read(&output).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (shape, ds) = read_f32(&st, "d_sinks");
+    assert_eq!(shape, [2]);
+    let err = rel_err(&ds, &want.dsinks);
+    assert!(err <= 2e-5, "d_sinks relative error {err:e}: {ds:?} vs {:?}", want.dsinks);
+    std::fs::remove_file(&output).ok();
+
+    // The human summary says the same.
+    let o = memattn(&args[1..args.len() - 2]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    for needle in
+        ["d_sinks", "dQ accumulators 2 x 23040 + D 360", "naive backward: P and dS", "bitwise identical", "verified"]
+    {
+        assert!(text.contains(needle), "summary lacks `{needle}`:\n{text}");
     }
 }

@@ -247,10 +247,15 @@ impl ByteWriter<'_> {
 ///
 /// - `d_o`: the upstream gradient, shaped and strided like O (`d_o_strides`);
 /// - `delta`: `D = rowsum(dO ∘ O)` f32, laid out like LSE ([`AttnParams::lse_offset`]);
-/// - `dq_accum`: the f32 dQ accumulator, `[batch, seq_q, heads, d]` (`dq_accum_strides`),
-///   zeroed by the preprocess kernel, added to with `red.global.add.f32` by the main kernel;
+/// - `dq_accum`: the f32 dQ workspace, slices `[batch, seq_q, heads, d]` (`dq_accum_strides`)
+///   `dq_split_stride` elements apart. Atomic mode (`dq_split_stride == 0`): one slice, zeroed
+///   by the preprocess kernel, added to with `red.global.add.f32` by every main block.
+///   Deterministic mode: `dq_splits` slices, one per key block of `key_block` keys (main block
+///   `x` stores into slice `x`); the convert kernel sums the slices of the key blocks a row sees,
+///   in key order;
 /// - `dq` (like q, `dq_strides`), `dk`, `dv` (like k and v, `heads_kv` heads): the outputs;
-/// - `dsinks`: `[heads]` f32 sink gradients, or 0 (no sinks).
+/// - `dsinks`: `[heads]` f32 sink gradients, or 0 (not wanted);
+/// - `key_block`: the main kernel's keys per block (its tile's `bc`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BwdParams {
@@ -267,10 +272,13 @@ pub struct BwdParams {
     pub dq_strides: Strides,
     pub dk_strides: Strides,
     pub dv_strides: Strides,
+    pub dq_split_stride: u64,
+    pub dq_splits: u32,
+    pub key_block: u32,
 }
 
-/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[400]`).
-pub const BWD_PARAMS_BYTES: usize = 400;
+/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[416]`).
+pub const BWD_PARAMS_BYTES: usize = 416;
 const _: () = assert!(core::mem::size_of::<BwdParams>() == BWD_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<BwdParams>() == 8);
 
@@ -292,6 +300,9 @@ impl BwdParams {
             put(s.seq);
             put(s.head);
         }
+        put(self.dq_split_stride);
+        put(self.dq_splits as u64 | (self.key_block as u64) << 32);
+        debug_assert_eq!(at, BWD_PARAMS_BYTES);
         out
     }
 }
@@ -361,6 +372,9 @@ mod tests {
             dq_strides: s(100),
             dk_strides: s(110),
             dv_strides: s(120),
+            dq_split_stride: 130,
+            dq_splits: 131,
+            key_block: 132,
         };
         // SAFETY: BwdParams is repr(C), Copy, and has no padding bytes (size asserted above).
         let raw: [u8; BWD_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };

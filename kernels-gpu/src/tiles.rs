@@ -453,6 +453,9 @@ impl FlashBwdF32Tile {
     }
 }
 
+/// d=32: 2 lanes per key x 16 dims (64 live values per thread, as at every head dim); 32 keys
+/// x 2 = 64 threads. Shared memory (32 x 32 + 2 x 32 x 32 + 32 x 32 + 64) x 4 B = 16.25 KiB.
+pub const FLASH_BWD_F32_D32: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 32, br: 32, bc: 32, threads_per_key: 2 };
 /// d=64: 4 lanes per key x 16 dims; 32 keys x 4 = 128 threads. A thread keeps k, v, dK and dV
 /// (4 x 16 registers). Shared memory (32 x 64 + 2 x 32 x 64 + 32 x 32 + 64) x 4 B = 28.25 KiB.
 pub const FLASH_BWD_F32_D64: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 64, br: 32, bc: 32, threads_per_key: 4 };
@@ -460,6 +463,17 @@ pub const FLASH_BWD_F32_D64: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 64, b
 /// 256 threads; Br = 16 keeps shared memory at (32 x 128 + 2 x 16 x 128 + 16 x 32 + 32) x 4 B =
 /// 34.1 KiB, under 48 KiB.
 pub const FLASH_BWD_F32_D128: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 128, br: 16, bc: 32, threads_per_key: 8 };
+/// d=96: 8 lanes per key x 12 dims; 32 keys x 8 = 256 threads; shared memory (32 x 96 + 2 x 16
+/// x 96 + 16 x 32 + 32) x 4 B = 26.1 KiB.
+pub const FLASH_BWD_F32_D96: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 96, br: 16, bc: 32, threads_per_key: 8 };
+/// d=192: 16 lanes per key x 12 dims; Bc = 16 keys x 16 = 256 threads (32 keys would be 512
+/// threads, over the register file at this kernel's ~170 registers); shared memory (16 x 192 +
+/// 2 x 16 x 192 + 16 x 16 + 32) x 4 B = 37.1 KiB.
+pub const FLASH_BWD_F32_D192: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 192, br: 16, bc: 16, threads_per_key: 16 };
+/// d=256: 16 lanes per key x 16 dims; Bc = 16 keys x 16 = 256 threads; Br = 8 keeps shared
+/// memory at (16 x 256 + 2 x 8 x 256 + 8 x 16 + 16) x 4 B = 32.6 KiB (Br = 16 would need 49.1
+/// KiB, over 48 KiB).
+pub const FLASH_BWD_F32_D256: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 256, br: 8, bc: 16, threads_per_key: 16 };
 
 /// Tile of the backward's row kernels (preprocess: `D = rowsum(dO ∘ O)` and zeroing the dQ
 /// accumulator; convert: dQ accumulator to dQ): one warp per query row, `rows` rows per block.

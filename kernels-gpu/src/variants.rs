@@ -691,10 +691,18 @@ kernel_table! {
     DecodeMmaF16D128 = decode_mma_f16_d128: DecodeMma(DECODE_MMA_D128), F16;
     /// Backward preprocess, f32 O and dO: `D = rowsum(dO ∘ O)`, the dQ accumulator zeroed.
     BwdPreF32 = flash_bwd_pre_f32: BwdPre(BWD_ROWS), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 32.
+    FlashBwdF32D32 = flash_bwd_f32_d32: FlashBwdF32(FLASH_BWD_F32_D32), F32;
     /// Backward main kernel, f32 SIMT, head_dim 64.
     FlashBwdF32D64 = flash_bwd_f32_d64: FlashBwdF32(FLASH_BWD_F32_D64), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 96.
+    FlashBwdF32D96 = flash_bwd_f32_d96: FlashBwdF32(FLASH_BWD_F32_D96), F32;
     /// Backward main kernel, f32 SIMT, head_dim 128.
     FlashBwdF32D128 = flash_bwd_f32_d128: FlashBwdF32(FLASH_BWD_F32_D128), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 192.
+    FlashBwdF32D192 = flash_bwd_f32_d192: FlashBwdF32(FLASH_BWD_F32_D192), F32;
+    /// Backward main kernel, f32 SIMT, head_dim 256.
+    FlashBwdF32D256 = flash_bwd_f32_d256: FlashBwdF32(FLASH_BWD_F32_D256), F32;
     /// Backward convert: the f32 dQ accumulator to an f32 dQ.
     BwdConvertF32 = flash_bwd_dq_f32: BwdConvert(BWD_ROWS), F32;
 }
@@ -988,11 +996,12 @@ mod tests {
             Some([KernelId::BwdPreF32, KernelId::FlashBwdF32D64, KernelId::BwdConvertF32])
         );
         assert_eq!(KernelId::flash_bwd(Elem::F32, 128).map(|k| k[1]), Some(KernelId::FlashBwdF32D128));
-        assert_eq!(KernelId::flash_bwd(Elem::F32, 96), None);
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 96).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 80), None);
         assert_eq!(KernelId::flash_bwd(Elem::Bf16, 64), None);
-        assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![64, 128]);
+        assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
         let m = KernelId::FlashBwdF32D128.variant();
-        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 400));
+        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 416));
         assert_eq!(m.dynamic_smem_bytes(), (32 * 128 + 2 * 16 * 128 + 16 * 32 + 32) * 4);
         assert_eq!(FLASH_BWD_F32_D64.launch(2, 3, 65).grid, [3, 3, 2]);
         assert_eq!(BWD_ROWS.launch(2, 5, 9), LaunchDims { grid: [3, 5, 2], block: [128, 1, 1], dynamic_smem_bytes: 0 });

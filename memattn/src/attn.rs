@@ -62,7 +62,7 @@ mod alias;
 mod backward;
 mod kvcache;
 pub use alias::AliasRule;
-pub use backward::LseView;
+pub use backward::{flash_attn_backward_workspace, BwdOpts, BwdWorkspace, Gradients, LseView, SinksViewMut};
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
 pub use kvcache::{Fp8CacheViewMut, Fp8Scales, KvCachePlan, PartialsView};

@@ -12,7 +12,7 @@ use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 #[derive(Debug, clap::Args)]
 pub struct BackwardArgs {
     /// Training: forward, then backward (dq, dk, dv of the loss sum(dO * O)), every gradient
-    /// verified against the f64 reference; f32, head_dim 64 or 128.
+    /// verified against the f64 reference; f32, head_dim 32, 64, 96, 128, 192 or 256.
     ///
     /// The backward is FlashAttention-2's: P is recomputed from the forward's LSE, so no
     /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
@@ -21,14 +21,23 @@ pub struct BackwardArgs {
     /// from a tensor `do` (F32, shaped like q) in the --inputs file. The measured peak memory
     /// is printed against the expected bytes: q, k, v, dO, O, LSE, dq, dk, dv and the
     /// backward's workspace, the f32 dQ accumulator (4 B per element of q) and
-    /// D = rowsum(dO * O) (4 B per query row). --output writes o, lse, dq, dk, dv (F32).
-    /// Supported: causal, windows, soft cap, GQA/MQA, either layout. Refused (exit 2): bf16/f16,
-    /// other head dims, sinks, packed sequences, --kernel naive. Exit 0 when every tensor
-    /// verified, 1 when one did not.
+    /// D = rowsum(dO * O) (4 B per query row), next to the bytes a naive backward would keep
+    /// alive, P and dS (2 x 4 B x batch x heads x seq_q x seq_kv). With --sinks the gradient
+    /// of the sink logits, d_sinks = -sum over rows of exp(sink - LSE) * D, is checked too.
+    /// --output writes o, lse, dq, dk, dv (and d_sinks) (F32). Supported: causal, windows,
+    /// soft cap, GQA/MQA, sinks, either layout. Refused (exit 2): bf16/f16, other head dims,
+    /// packed sequences, --kernel naive. Exit 0 when every tensor verified, 1 when one did not.
     ///
     /// Example: memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal
     #[arg(long)]
     pub backward: bool,
+    /// With --backward: sum dQ deterministically. Each key block of the backward kernel writes
+    /// its part of dQ to an f32 copy of q of its own (no atomic adds) and the copies are summed
+    /// in key order, so dq is bitwise the same on every run; the run checks that every
+    /// repetition wrote the same bits (exit 1 if not). Costs workspace: one accumulator per
+    /// key block (32 keys at head_dim <= 128, 16 above), printed with the expected memory.
+    #[arg(long, requires = "backward")]
+    pub deterministic: bool,
 }
 
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
@@ -155,21 +164,26 @@ fn backward(
         Some(path) => read_d_o(path, &problem)?,
         None => None,
     };
-    let expected = BackwardBytes::new(&problem);
+    let deterministic = a.backward.deterministic;
+    let expected = BackwardBytes::new(&problem, deterministic)?;
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel, "backward": true,
-        "expected_bytes": expected,
+        "expected_bytes": expected, "deterministic": deterministic,
     }));
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
     if !cli.json {
         println!("problem: {} (forward and backward)", describe_problem(&problem));
         println!(
-            "expected device memory: {} B, of which the backward's workspace {} B (dQ accumulator {} B + D {} B)",
-            expected.total_bytes, expected.workspace_bytes, expected.dq_accum_bytes, expected.delta_bytes
+            "expected device memory: {} B, of which the backward's workspace {} B (dQ accumulator{} {} B + D {} B)",
+            expected.total_bytes,
+            expected.workspace_bytes,
+            if deterministic { format!("s, one per key block: {} x", expected.dq_slices) } else { String::new() },
+            expected.dq_accum_bytes / expected.dq_slices.max(1),
+            expected.delta_bytes
         );
     }
-    let report = run_backward(dev.as_mut(), &spec, inputs.as_ref(), d_o.as_deref())?;
+    let report = run_backward(dev.as_mut(), &spec, inputs.as_ref(), d_o.as_deref(), deterministic)?;
     let mut written = None;
     let mut write_error = None;
     if let Some(path) = &a.output {
@@ -180,7 +194,8 @@ fn backward(
             write_error = Some((e.to_string(), e.exit_code()));
         } else {
             if !cli.json {
-                println!("wrote o, lse, dq, dk, dv (F32) to {}", path.display());
+                let ds = if problem.sinks { ", d_sinks" } else { "" };
+                println!("wrote o, lse, dq, dk, dv{ds} (F32) to {}", path.display());
             }
             written = Some(path);
         }

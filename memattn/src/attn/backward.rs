@@ -1,17 +1,20 @@
-//! The backward of attention on caller buffers: [`Kernels::flash_attn_backward_into`],
-//! FlashAttention-2's `_flash_attn_backward`: from q, k, v, the forward's `o` and `lse` and the
-//! upstream gradient `d_o`, the gradients `dq`, `dk`, `dv`.
+//! The backward of attention: [`Kernels::flash_attn_backward_into`] (and `_into_with`, with
+//! [`BwdOpts`]), the allocating [`Kernels::flash_attn_backward`] and the packed
+//! [`Kernels::flash_attn_varlen_backward_into`], FlashAttention-2's `_flash_attn_backward`: from
+//! q, k, v, the forward's `o` and `lse` and the upstream gradient `d_o`, the gradients `dq`, `dk`,
+//! `dv` (and with sinks `d_sink`).
 //!
 //! Three launches on one stream (`kernels-gpu/src/flash_bwd_f32.rs`): the preprocess
-//! (`D = rowsum(dO ∘ O)`, the f32 dQ accumulator zeroed), the main kernel (one block per key
-//! tile and K/V head: P recomputed from LSE, dK and dV summed over the GQA group in registers,
-//! dQ added with `red.global.add.f32`) and the dQ convert. The workspace — the dQ accumulator
-//! (`4 · batch · seq_q · heads · head_dim` bytes) and D (`4 · batch · heads · seq_q`) — is
-//! allocated by the call; no `N x N` buffer exists.
+//! (`D = rowsum(dO ∘ O)`, the atomic mode's f32 dQ accumulator zeroed), the main kernel (one
+//! block per key tile and K/V head: P recomputed from LSE, dK and dV summed over the GQA group in
+//! registers, dQ added with `red.global.add.f32`, or in deterministic mode stored into the key
+//! block's own slice) and the dQ convert (which also writes `d_sink`). The workspace
+//! ([`flash_attn_backward_workspace`]) is allocated by the call; no `N x N` buffer exists.
 
 use super::*;
 use kernels_gpu::abi::BwdParams;
-use kernels_gpu::tiles::{BWD_ROWS, FLASH_BWD_F32_D128, FLASH_BWD_F32_D64};
+use kernels_gpu::tiles::{FlashBwdF32Tile, BWD_ROWS};
+use kernels_gpu::Elem;
 
 /// The forward's LSE as an input of the backward: `[batch, heads, seq_q]` f32, contiguous,
 /// natural log (what [`Kernels::flash_attn_into`] wrote into an [`LseViewMut`]).
@@ -34,22 +37,171 @@ impl<'a> LseView<'a> {
     }
 }
 
+/// The gradient of the per-head sink logits, an output of the backward: `[heads]` f32,
+/// contiguous, on the kernels' device ([`BwdOpts::d_sinks`]).
+pub struct SinksViewMut<'a>(TensorViewMut<'a>);
+
+impl<'a> SinksViewMut<'a> {
+    /// `heads` f32 from the start of a device buffer (VM or [`Kernels::on_device`]).
+    pub fn vm(buf: &'a VmBuffer, heads: usize) -> Result<Self, AttnError> {
+        Ok(SinksViewMut(TensorViewMut::vm(buf, Dtype::F32, [1, 1, heads, 1])?))
+    }
+    /// A cudarc f32 slice, for a launch on `stream`.
+    pub fn cuda<S: DevicePtrMut<f32>>(
+        slice: &'a mut S,
+        stream: &'a Arc<CudaStream>,
+        heads: usize,
+    ) -> Result<Self, AttnError> {
+        Ok(SinksViewMut(TensorViewMut::cuda(slice, stream, [1, 1, heads, 1])?))
+    }
+    /// The number of heads.
+    pub fn heads(&self) -> usize {
+        self.0.raw.shape[2]
+    }
+}
+
+/// Options of the backward beyond the forward's [`AttnOpts`]: `BwdOpts::new().deterministic(true)`.
+#[derive(Default)]
+#[non_exhaustive]
+pub struct BwdOpts<'a> {
+    deterministic: bool,
+    d_sinks: Option<SinksViewMut<'a>>,
+}
+
+impl<'a> BwdOpts<'a> {
+    /// The defaults: atomic dQ accumulation, no sink gradient.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Deterministic dQ: every key block writes its partial dQ to a slice of its own and the
+    /// slices are summed in key order, so dq is bitwise the same run to run (dk, dv and d_sink
+    /// always are). It costs workspace: one f32 copy of q's shape per key block of the head
+    /// dim's kernel ([`flash_attn_backward_workspace`] says how many bytes). The default adds
+    /// the partials with `red.global.add.f32`, whose order, and so dq's last bits, varies.
+    pub fn deterministic(mut self, on: bool) -> Self {
+        self.deterministic = on;
+        self
+    }
+    /// Also write `d_sink[h] = -Σ_rows exp(sink[h] - LSE) · D` (`D = rowsum(dO ∘ O)`, the sum
+    /// over every query row of every batch or sequence) for the sinks in [`AttnOpts::sinks`]
+    /// (one per query head). Without it the sinks still enter dq, dk and dv through LSE.
+    pub fn d_sinks(mut self, d_sinks: SinksViewMut<'a>) -> Self {
+        self.d_sinks = Some(d_sinks);
+        self
+    }
+    /// Whether the dQ partials are summed deterministically.
+    pub fn is_deterministic(&self) -> bool {
+        self.deterministic
+    }
+}
+
+/// Device memory a backward call allocates for itself (beyond its inputs and outputs), from
+/// [`flash_attn_backward_workspace`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BwdWorkspace {
+    /// dQ slices: 1 (atomic) or the key blocks of the main kernel (deterministic).
+    pub dq_slices: u64,
+    /// Keys per key block of the main kernel for this head dim.
+    pub key_block: u32,
+    /// `dq_slices · 4 · batch · seq_q · heads · head_dim`.
+    pub dq_accum_bytes: u64,
+    /// `D = rowsum(dO ∘ O)`: `4 · batch · heads · seq_q`.
+    pub delta_bytes: u64,
+    /// `dq_accum_bytes + delta_bytes`.
+    pub total_bytes: u64,
+}
+
+/// The workspace of a backward call with q of shape `q_shape` (`[batch, seq_q, heads,
+/// head_dim]`; varlen `[1, total_q, heads, head_dim]`), `seq_kv` keys (varlen: the longest
+/// sequence, `max_seqlen_k`) and the mode of `deterministic` ([`BwdOpts::deterministic`]).
+/// Atomic mode: one f32 dQ accumulator plus D, O(N·d). Deterministic mode: `ceil(seq_kv /
+/// key_block)` accumulators, which grows as `N² · d / key_block`. A head dim without a backward
+/// kernel is [`ProblemError::UnsupportedHeadDim`]; a byte count past `u64`,
+/// [`ProblemError::TooLarge`].
+///
+/// ```
+/// let w = memattn::attn::flash_attn_backward_workspace([1, 100, 2, 64], 100, true)?;
+/// assert_eq!((w.key_block, w.dq_slices), (32, 4)); // ceil(100 / 32) key blocks
+/// assert_eq!(w.dq_accum_bytes, 4 * 4 * 100 * 2 * 64);
+/// assert_eq!(w.delta_bytes, 4 * 2 * 100);
+/// # Ok::<(), memattn::attn::AttnError>(())
+/// ```
+pub fn flash_attn_backward_workspace(
+    q_shape: [usize; 4],
+    seq_kv: usize,
+    deterministic: bool,
+) -> Result<BwdWorkspace, AttnError> {
+    let [b, sq, h, d] = q_shape;
+    let tile = main_tile(d)?;
+    let dq_slices = if deterministic { seq_kv.div_ceil(tile.bc as usize).max(1) as u128 } else { 1 };
+    let slice = b as u128 * sq as u128 * h as u128 * d as u128 * 4;
+    let delta = b as u128 * h as u128 * sq as u128 * 4;
+    let accum = dq_slices * slice;
+    let total = accum + delta;
+    if total > u64::MAX as u128 {
+        return Err(ProblemError::TooLarge { what: "the backward's dQ workspace", got: total.to_string() }.into());
+    }
+    Ok(BwdWorkspace {
+        dq_slices: dq_slices as u64,
+        key_block: tile.bc,
+        dq_accum_bytes: accum as u64,
+        delta_bytes: delta as u64,
+        total_bytes: total as u64,
+    })
+}
+
+/// The main kernel's tile for `head_dim` (f32), or the refusal naming the head dims there are.
+fn main_tile(head_dim: usize) -> Result<FlashBwdF32Tile, AttnError> {
+    let unsupported = || {
+        AttnError::Problem(ProblemError::UnsupportedHeadDim {
+            kernel: KernelKind::Flash,
+            got: head_dim.min(u32::MAX as usize) as u32,
+            supported: format!(
+                "the f32 backward kernels are compiled for head_dim {}",
+                crate::problem::list_and(&KernelId::flash_bwd_head_dims(Elem::F32))
+            ),
+        })
+    };
+    let d = u32::try_from(head_dim).map_err(|_| unsupported())?;
+    let kernels = KernelId::flash_bwd(Elem::F32, d).ok_or_else(unsupported)?;
+    match kernels[1].variant().tile {
+        kernels_gpu::variants::Tile::FlashBwdF32(t) => Ok(t),
+        _ => Err(unsupported()),
+    }
+}
+
+/// dq, dk and dv from [`Kernels::flash_attn_backward`], on the kernels' device: dq shaped like
+/// q, dk and dv like k and v, contiguous.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Gradients {
+    pub dq: DeviceTensor,
+    pub dk: DeviceTensor,
+    pub dv: DeviceTensor,
+}
+
+/// The gradient views of an `_into` call: dq, dk, dv (raw view and stream each).
+type GradViews<'v> = [(&'v RawView, Option<&'v CudaStream>); 3];
+
 impl Kernels {
     /// Gradients of attention, FlashAttention-2's `_flash_attn_backward`: given the forward's
     /// inputs `q`, `k`, `v`, its output `o` and `lse` (from [`Kernels::flash_attn_into`] with
     /// the same `opts`) and the upstream gradient `d_o` (shaped like `o`), writes `dq` (like
     /// `q`), `dk` and `dv` (like `k` and `v`; with GQA summed over the query heads of each K/V
     /// head). Every view may have its own strides (contiguous last dimension). The conventions
-    /// are those of `docs/semantics.md` (bottom-right causal, windows, soft cap through `tanh`);
-    /// a query row that sees no key contributes nothing. The f64 gradients to check against are
-    /// [`crate::reference::grad`].
+    /// are those of `docs/semantics.md` (bottom-right causal, windows, soft cap through `tanh`,
+    /// sinks through LSE); a query row that sees no key contributes nothing. The f64 gradients
+    /// to check against are [`crate::reference::grad`]. The options of the backward alone
+    /// (deterministic dQ, the sinks' gradient) are [`Kernels::flash_attn_backward_into_with`]'s.
     ///
-    /// Supported now: f32 at head dims 64 and 128, causal, windows, soft cap and GQA/MQA.
-    /// bf16/f16, other head dims, sinks (`d_sink`) and packed sequences are refused with a typed
-    /// error, never answered wrongly. `dq`, `dk` and `dv` must each map their elements to
+    /// Supported now: f32 at the head dims of `KernelId::flash_bwd_head_dims`, causal,
+    /// windows, soft cap, GQA/MQA and sinks. bf16/f16 and other head dims are refused with a
+    /// typed error, never answered wrongly. `dq`, `dk` and `dv` must each map their elements to
     /// distinct addresses and overlap no input and no other gradient ([`AttnError::Aliasing`]);
     /// the inputs may share memory. On CUDA the three launches are queued on the views' stream
-    /// and the call returns without waiting; the workspace is freed in that stream's order.
+    /// and the call returns without waiting; the workspace ([`flash_attn_backward_workspace`])
+    /// is freed in that stream's order.
     ///
     /// ```
     /// use memattn::attn::{AttnOpts, Kernels, LseView, LseViewMut, TensorView, TensorViewMut};
@@ -91,103 +243,205 @@ impl Kernels {
         dv: &mut TensorViewMut<'_>,
         opts: &AttnOpts<'_>,
     ) -> Result<(), AttnError> {
-        // The forward's validation of q, k, v, o, lse and the options (shapes, dtypes, places,
-        // strides, bounds, head dim, grid limits): one rule for both directions.
+        self.flash_attn_backward_into_with(q, k, v, o, lse, d_o, dq, dk, dv, opts, &BwdOpts::new())
+    }
+
+    /// [`Kernels::flash_attn_backward_into`] with the backward's own options `bwd`:
+    /// [`BwdOpts::deterministic`] (dq bitwise reproducible, at the workspace cost
+    /// [`flash_attn_backward_workspace`] states) and [`BwdOpts::d_sinks`] (the gradient of the
+    /// sink logits of `opts`; asking for it without sinks is [`AttnError::Sinks`], a view of
+    /// another head count too). `d_sinks` is written, so it may overlap nothing else.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_backward_into_with(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &TensorView<'_>,
+        lse: &LseView<'_>,
+        d_o: &TensorView<'_>,
+        dq: &mut TensorViewMut<'_>,
+        dk: &mut TensorViewMut<'_>,
+        dv: &mut TensorViewMut<'_>,
+        opts: &AttnOpts<'_>,
+        bwd: &BwdOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let grads = [(&dq.raw, dq.stream.as_deref()), (&dk.raw, dk.stream.as_deref()), (&dv.raw, dv.stream.as_deref())];
+        self.backward(q, k, v, o, lse, d_o, Some(grads), opts, bwd, None).map(|_| ())
+    }
+
+    /// The allocating form of [`Kernels::flash_attn_backward_into_with`]: dq, dk and dv in
+    /// buffers memattn allocates on the kernels' device (on CUDA on q's stream), contiguous.
+    /// Everything is validated before anything is allocated.
+    ///
+    /// ```
+    /// use memattn::attn::{AttnOpts, BwdOpts, Kernels, LseView, TensorView};
+    /// use memattn::Dtype;
+    ///
+    /// let kernels = Kernels::vm()?;
+    /// let shape = [1, 5, 2, 64];
+    /// let x: Vec<f32> = (0..5 * 2 * 64).map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5).collect();
+    /// let buf = kernels.vm_upload(&x)?;
+    /// let t = TensorView::vm(&buf, Dtype::F32, shape)?;
+    /// let opts = AttnOpts::new().causal(true);
+    /// let (o, lse) = kernels.flash_attn(&t, &t, &t, &opts)?;
+    /// let (ob, lb) = (o.as_vm().unwrap(), lse.as_vm().unwrap());
+    /// let g = kernels.flash_attn_backward(&t, &t, &t, &TensorView::vm(ob, Dtype::F32, shape)?,
+    ///     &LseView::vm(lb, 1, 2, 5)?, &t, &opts, &BwdOpts::new().deterministic(true))?;
+    /// let want = memattn::reference::grad::attention_backward(&memattn::Problem { batch: 1, heads: 2,
+    ///     seq_q: 5, seq_kv: 5, head_dim: 64, causal: true, ..Default::default() }, &x, &x, &x, &x, &[]).unwrap();
+    /// let dq = g.dq.to_vec_f32()?;
+    /// assert!(dq.iter().zip(&want.dq).all(|(a, b)| (*a as f64 - b).abs() < 1e-5));
+    /// # Ok::<(), memattn::attn::AttnError>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_backward(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &TensorView<'_>,
+        lse: &LseView<'_>,
+        d_o: &TensorView<'_>,
+        opts: &AttnOpts<'_>,
+        bwd: &BwdOpts<'_>,
+    ) -> Result<Gradients, AttnError> {
+        let g = self.backward(q, k, v, o, lse, d_o, None, opts, bwd, None)?;
+        Ok(g.expect("the allocating backward returns its gradients"))
+    }
+
+    /// The backward of [`Kernels::flash_attn_varlen_into`] (packed sequences): `q`, `o`, `d_o`
+    /// and `dq` are `[1, total_q, heads, head_dim]`, `k`, `v`, `dk`, `dv` `[1, total_kv,
+    /// heads_kv, head_dim]`, `lse` the forward's `[1, heads, total_q]`; the cu_seqlens and
+    /// maxima are the forward's (the same rules, [`AttnError::SeqLens`]). Each sequence's
+    /// gradients are its own: keys of one sequence get nothing from another's queries.
+    /// `d_sinks` sums over every row of every sequence.
+    #[allow(clippy::too_many_arguments)] // FlashAttention-2's signature plus the outputs
+    pub fn flash_attn_varlen_backward_into(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        cu_seqlens_q: &IndexTensor,
+        cu_seqlens_k: &IndexTensor,
+        max_seqlen_q: usize,
+        max_seqlen_k: usize,
+        o: &TensorView<'_>,
+        lse: &LseView<'_>,
+        d_o: &TensorView<'_>,
+        dq: &mut TensorViewMut<'_>,
+        dk: &mut TensorViewMut<'_>,
+        dv: &mut TensorViewMut<'_>,
+        opts: &AttnOpts<'_>,
+        bwd: &BwdOpts<'_>,
+    ) -> Result<(), AttnError> {
+        let va = VarlenArgs { cu_q: cu_seqlens_q, cu_kv: cu_seqlens_k, max_q: max_seqlen_q, max_kv: max_seqlen_k };
+        let grads = [(&dq.raw, dq.stream.as_deref()), (&dk.raw, dk.stream.as_deref()), (&dv.raw, dv.stream.as_deref())];
+        self.backward(q, k, v, o, lse, d_o, Some(grads), opts, bwd, Some(&va)).map(|_| ())
+    }
+
+    /// The one road of every backward call: validate, allocate the gradients when `grads` is
+    /// `None` (the allocating form), allocate the workspace, launch the three kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        o: &TensorView<'_>,
+        lse: &LseView<'_>,
+        d_o: &TensorView<'_>,
+        grads: Option<GradViews<'_>>,
+        opts: &AttnOpts<'_>,
+        bwd: &BwdOpts<'_>,
+        varlen: Option<&VarlenArgs<'_>>,
+    ) -> Result<Option<Gradients>, AttnError> {
+        // The forward's validation of q, k, v, o, lse, the options and the cu_seqlens (shapes,
+        // dtypes, places, strides, bounds, head dim, grid limits): one rule for both directions.
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
-        let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, None)?;
+        let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, varlen)?;
         let dtype = q.raw.dtype;
         if dtype != Dtype::F32 {
             return Err(AttnError::NotSupportedYet {
                 feature: "the backward in bf16/f16 (the backward kernels are f32 SIMT; run it on f32 tensors)",
             });
         }
-        if opts.sinks.is_some() {
-            return Err(AttnError::NotSupportedYet { feature: "sinks in the backward (d_sink is not computed yet)" });
+        let [_, rows, h, d] = q.raw.shape;
+        let hk = k.raw.shape[2];
+        let tile = main_tile(d)?;
+        let kernels = KernelId::flash_bwd(dtype.elem(), d as u32).expect("main_tile found the row");
+        let (qs, ks) = (q.raw.shape, k.raw.shape);
+        // The workspace's size is checked before anything is allocated.
+        let ws = flash_attn_backward_workspace(qs, plan.params.seq_kv as usize, bwd.deterministic)?;
+        let d_sinks = match (&bwd.d_sinks, opts.sinks) {
+            (None, _) => None,
+            (Some(_), None) => return Err(AttnError::Sinks { why: SinksRule::Count { got: 0, heads: h } }),
+            (Some(ds), Some(_)) if ds.heads() != h => {
+                return Err(AttnError::Sinks { why: SinksRule::Count { got: ds.heads(), heads: h } });
+            }
+            (Some(ds), Some(_)) => Some(&ds.0),
+        };
+        if let Some(ds) = d_sinks {
+            if ds.raw.ptr % 4 != 0 {
+                return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: ds.raw.ptr } });
+            }
         }
-        let [b, sq, h, d] = q.raw.shape;
-        let [_, skv, hk, _] = k.raw.shape;
-        let kernels = KernelId::flash_bwd(dtype.elem(), d as u32).ok_or_else(|| {
-            AttnError::Problem(ProblemError::UnsupportedHeadDim {
-                kernel: KernelKind::Flash,
-                got: d as u32,
-                supported: format!(
-                    "the {dtype} backward kernels are compiled for head_dim {}",
-                    crate::problem::list_and(&KernelId::flash_bwd_head_dims(dtype.elem()))
-                ),
-            })
-        })?;
-        // The gradients' views: on the kernels' device and q's stream, f32, shaped like their
-        // tensors, contiguous in head_dim, within their buffers.
-        let grads: [(&'static str, &RawView, Option<&CudaStream>, [usize; 4]); 4] = [
-            ("d_o", &d_o.raw, d_o.stream.as_deref(), q.raw.shape),
-            ("dq", &dq.raw, dq.stream.as_deref(), q.raw.shape),
-            ("dk", &dk.raw, dk.stream.as_deref(), k.raw.shape),
-            ("dv", &dv.raw, dv.stream.as_deref(), v.raw.shape),
-        ];
-        let places: Vec<_> = grads.iter().map(|(n, t, s, _)| (*n, *t, *s)).collect();
-        self.check_places(&places, &q.raw)?;
-        for (name, t, _, want) in &grads {
-            if t.dtype != dtype {
-                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: dtype });
-            }
-            if t.shape != *want {
-                let of = if want == &q.raw.shape { "q's" } else { "k's and v's" };
-                return Err(AttnError::Shape {
-                    tensor: name,
-                    got: t.shape,
-                    why: ShapeRule::Output { of, want: *want },
-                });
-            }
-            if t.strides[3] != 1 {
-                return Err(AttnError::InnerStride { tensor: name, stride: t.strides[3] });
-            }
-            t.check_bounds(name)?;
+        // d_o (and d_sinks) are checked before the gradients are allocated.
+        let mut views: Vec<(&'static str, RawView, Option<&CudaStream>, [usize; 4])> =
+            vec![("d_o", d_o.raw, d_o.stream.as_deref(), qs)];
+        if let Some(ds) = d_sinks {
+            views.push(("d_sinks", ds.raw, ds.stream.as_deref(), [1, 1, h, 1]));
         }
+        self.check_grad_views(&views, &q.raw)?;
+        let (owned, grad_views) = match grads {
+            Some(g) => (None, [*g[0].0, *g[1].0, *g[2].0]),
+            None => {
+                let shapes = [qs, ks, ks];
+                let mut st = Vec::with_capacity(3);
+                for s in shapes {
+                    st.push(self.alloc_storage(q, (s.iter().product::<usize>() * 4) as u64)?);
+                }
+                let raw: Vec<RawView> = st.iter().zip(shapes).map(|(s, shape)| s.raw_view(shape)).collect();
+                (Some(st), [raw[0], raw[1], raw[2]])
+            }
+        };
+        let streams = grads.map_or([q.stream.as_deref(); 3], |g| [g[0].1, g[1].1, g[2].1]);
+        let names = ["dq", "dk", "dv"];
+        let gv: Vec<_> = (0..3).map(|i| (names[i], grad_views[i], streams[i], [qs, ks, ks][i])).collect();
+        self.check_grad_views(&gv, &q.raw)?;
         // The gradients are written: each one-to-one, none overlapping an input or another
         // gradient (the inputs may share memory with each other, as in the forward).
-        for (name, t) in [("dq", &dq.raw), ("dk", &dk.raw), ("dv", &dv.raw)] {
+        for (name, t, ..) in &gv {
             alias::check_injective(name, t)?;
         }
-        alias::check_disjoint(&[
+        let mut extents = vec![
             alias::Extent::of_view("q", &q.raw, false),
             alias::Extent::of_view("k", &k.raw, false),
             alias::Extent::of_view("v", &v.raw, false),
             alias::Extent::of_view("o", &o.raw, false),
             alias::Extent::of_view("lse", &lse.0.raw, false),
             alias::Extent::of_view("d_o", &d_o.raw, false),
-            alias::Extent::of_view("dq", &dq.raw, true),
-            alias::Extent::of_view("dk", &dk.raw, true),
-            alias::Extent::of_view("dv", &dv.raw, true),
-        ])?;
+            alias::Extent::of_view("dq", &grad_views[0], true),
+            alias::Extent::of_view("dk", &grad_views[1], true),
+            alias::Extent::of_view("dv", &grad_views[2], true),
+        ];
+        if let Some(s) = opts.sinks {
+            extents.push(alias::Extent::of_view("sinks", &s.0.raw, false));
+        }
+        if let Some(ds) = d_sinks {
+            extents.push(alias::Extent::of_view("d_sinks", &ds.raw, true));
+        }
+        if let Some(va) = varlen {
+            extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));
+            extents.push(alias::Extent::of_index("cu_seqlens_k", va.cu_kv));
+        }
+        alias::check_disjoint(&extents)?;
         self.check_module(&kernels)?;
 
-        // Workspace: the f32 dQ accumulator [b, sq, h, d] and D [b, h, sq].
-        let accum_bytes = (b * sq * h * d) as u64 * 4;
-        let delta_bytes = (b * h * sq) as u64 * 4;
-        let (accum, delta) = self.alloc_outputs(q, accum_bytes, delta_bytes)?;
-        let params = BwdParams {
-            attn: plan.params,
-            d_o: d_o.raw.ptr,
-            delta: delta.ptr(),
-            dq_accum: accum.ptr(),
-            dq: dq.raw.ptr,
-            dk: dk.raw.ptr,
-            dv: dv.raw.ptr,
-            dsinks: 0,
-            d_o_strides: d_o.raw.kernel_strides(),
-            dq_accum_strides: Strides::bshd(sq as u64, h as u64, d as u64),
-            dq_strides: dq.raw.kernel_strides(),
-            dk_strides: dk.raw.kernel_strides(),
-            dv_strides: dv.raw.kernel_strides(),
-        };
-        let main_tile = match kernels[1] {
-            KernelId::FlashBwdF32D64 => FLASH_BWD_F32_D64,
-            KernelId::FlashBwdF32D128 => FLASH_BWD_F32_D128,
-            other => unreachable!("flash_bwd returned {other:?}, not a main backward kernel"),
-        };
-        let (bu, hu, squ) = (b as u32, h as u32, sq as u32);
+        // Launch geometry: sequences (varlen) or batches, the longest lengths.
+        let (nb, sq, skv) = (plan.params.batch, plan.params.seq_q, plan.params.seq_kv);
         let dims =
-            [BWD_ROWS.launch(bu, hu, squ), main_tile.launch(bu, hk as u32, skv as u32), BWD_ROWS.launch(bu, hu, squ)];
+            [BWD_ROWS.launch(nb, h as u32, sq), tile.launch(nb, hk as u32, skv), BWD_ROWS.launch(nb, h as u32, sq)];
         let caps = self.caps()?;
         for (kernel, dims) in kernels.iter().zip(&dims) {
             for axis in 0..3 {
@@ -201,6 +455,28 @@ impl Kernels {
                 }
             }
         }
+
+        // Workspace: the dQ slices [slices][rows of q's shape, h, d] and D [.., h, rows].
+        let (accum, delta) = self.alloc_outputs(q, ws.dq_accum_bytes, ws.delta_bytes)?;
+        let q_elems = (qs[0] * rows * h * d) as u64;
+        let params = BwdParams {
+            attn: plan.params,
+            d_o: d_o.raw.ptr,
+            delta: delta.ptr(),
+            dq_accum: accum.ptr(),
+            dq: grad_views[0].ptr,
+            dk: grad_views[1].ptr,
+            dv: grad_views[2].ptr,
+            dsinks: d_sinks.map_or(0, |s| s.raw.ptr),
+            d_o_strides: d_o.raw.kernel_strides(),
+            dq_accum_strides: Strides::bshd(rows as u64, h as u64, d as u64),
+            dq_strides: grad_views[0].kernel_strides(),
+            dk_strides: grad_views[1].kernel_strides(),
+            dv_strides: grad_views[2].kernel_strides(),
+            dq_split_stride: if bwd.deterministic { q_elems } else { 0 },
+            dq_splits: ws.dq_slices as u32,
+            key_block: tile.bc,
+        };
         let bytes = params.to_bytes();
         for (kernel, dims) in kernels.iter().zip(&dims) {
             self.launch_bytes(*kernel, dims, &bytes, q.stream.as_deref())?;
@@ -208,7 +484,76 @@ impl Kernels {
         // The workspace is dropped here: in the VM after the launches ran, on CUDA freed in the
         // stream's order (after them).
         drop((accum, delta));
+        Ok(owned.map(|st| {
+            let mut it = st.into_iter();
+            let mut t = |shape| DeviceTensor { storage: it.next().expect("three buffers"), dtype, shape };
+            Gradients { dq: t(qs), dk: t(ks), dv: t(ks) }
+        }))
+    }
+
+    /// Gradient-side views (d_o, d_sinks, dq, dk, dv): on the kernels' device and q's stream,
+    /// f32, shaped as `want`, contiguous in the last dimension, within their buffers.
+    fn check_grad_views(
+        &self,
+        views: &[(&'static str, RawView, Option<&CudaStream>, [usize; 4])],
+        q: &RawView,
+    ) -> Result<(), AttnError> {
+        let places: Vec<_> = views.iter().map(|(n, t, s, _)| (*n, t, *s)).collect();
+        self.check_places(&places, q)?;
+        for (name, t, _, want) in views {
+            if t.dtype != Dtype::F32 {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: Dtype::F32 });
+            }
+            if t.shape != *want {
+                let of = if *name == "d_sinks" {
+                    "the sinks'"
+                } else if want == &q.shape {
+                    "q's"
+                } else {
+                    "k's and v's"
+                };
+                return Err(AttnError::Shape {
+                    tensor: name,
+                    got: t.shape,
+                    why: ShapeRule::Output { of, want: *want },
+                });
+            }
+            if t.strides[3] != 1 {
+                return Err(AttnError::InnerStride { tensor: name, stride: t.strides[3] });
+            }
+            t.check_bounds(name)?;
+        }
         Ok(())
+    }
+
+    /// One buffer of `bytes` on the kernels' device (on CUDA on q's stream, so it is freed in
+    /// that stream's order); not zeroed: the backward writes every element of dq, dk and dv.
+    fn alloc_storage(&self, q: &TensorView<'_>, bytes: u64) -> Result<Storage, AttnError> {
+        Ok(match &self.inner {
+            Inner::Dev(_) => Storage::Dev(self.alloc(bytes)?),
+            Inner::Cuda(_) => {
+                let stream = q.stream.clone().ok_or_else(|| AttnError::WrongDevice {
+                    tensor: "q",
+                    got: "a raw view without a stream".into(),
+                    expected: "a view made for a stream (the allocating call allocates on q's stream)".into(),
+                })?;
+                // SAFETY: read only after the launches that fill it, on the same stream.
+                let slice = unsafe { stream.alloc::<u8>(bytes.max(1) as usize) }
+                    .map_err(|e| cuda_err("allocating a gradient", e))?;
+                Storage::Cuda { slice, stream }
+            }
+        })
+    }
+}
+
+impl Storage {
+    /// An f32 view of the whole buffer, contiguous `shape`.
+    fn raw_view(&self, shape: [usize; 4]) -> RawView {
+        let (avail, place) = match self {
+            Storage::Dev(b) => (b.bytes, b.dev.place()),
+            Storage::Cuda { slice, stream } => (slice.len() as u64, cuda_place(stream)),
+        };
+        RawView::new(self.ptr(), avail, Dtype::F32, shape, place)
     }
 }
 
@@ -218,7 +563,8 @@ mod tests {
     use crate::reference::grad::{attention_backward, Grads};
     use crate::rng::SplitMix64;
 
-    /// One backward case: sizes and options.
+    /// One backward case: sizes and options (`varlen`: the query and key lengths per sequence;
+    /// `b`, `sq`, `skv` are then ignored).
     #[derive(Clone, Copy, Debug)]
     struct Case {
         b: usize,
@@ -230,9 +576,23 @@ mod tests {
         causal: bool,
         window: (i32, i32),
         softcap: f32,
+        sinks: bool,
+        varlen: Option<(&'static [u32], &'static [u32])>,
     }
 
-    const BASE: Case = Case { b: 1, h: 1, hk: 1, sq: 1, skv: 1, d: 64, causal: false, window: (-1, -1), softcap: 0.0 };
+    const BASE: Case = Case {
+        b: 1,
+        h: 1,
+        hk: 1,
+        sq: 1,
+        skv: 1,
+        d: 64,
+        causal: false,
+        window: (-1, -1),
+        softcap: 0.0,
+        sinks: false,
+        varlen: None,
+    };
 
     const NAN: u32 = 0x7fc0_0000;
 
@@ -240,53 +600,99 @@ mod tests {
         (0..n).map(|_| rng.below(2001) as f32 / 1000.0 - 1.0).collect()
     }
 
+    /// What one run produced: dq, dk, dv, d_sinks (empty without sinks).
+    struct Got {
+        grads: [Vec<f32>; 3],
+        d_sinks: Vec<f32>,
+    }
+
     /// Forward then backward in the VM (gradients poisoned with NaN first); returns the kernels'
-    /// dq, dk, dv and the f64 reference's gradients.
-    fn run(kernels: &Kernels, c: Case, seed: u64) -> ([Vec<f32>; 3], Grads) {
+    /// gradients and the f64 reference's.
+    fn run(kernels: &Kernels, c: Case, seed: u64, deterministic: bool) -> (Got, Grads) {
         let mut rng = SplitMix64::new(seed);
-        let (qn, kn) = (c.b * c.sq * c.h * c.d, c.b * c.skv * c.hk * c.d);
+        let (b, sq, skv) = match c.varlen {
+            Some((lq, lk)) => (1, lq.iter().sum::<u32>() as usize, lk.iter().sum::<u32>() as usize),
+            None => (c.b, c.sq, c.skv),
+        };
+        let (qn, kn) = (b * sq * c.h * c.d, b * skv * c.hk * c.d);
         let (qx, kx, vx, dox) = (draw(qn, &mut rng), draw(kn, &mut rng), draw(kn, &mut rng), draw(qn, &mut rng));
+        let sinks_x = if c.sinks { draw(c.h, &mut rng) } else { vec![] };
         let up = |x: &[f32]| kernels.vm_upload(x).unwrap();
         let (q, k, v, d_o) = (up(&qx), up(&kx), up(&vx), up(&dox));
         let alloc = |n: usize| {
-            let buf = kernels.vm_alloc(4 * n as u64).unwrap();
-            buf.fill_u32(n as u64, NAN).unwrap();
+            let buf = kernels.vm_alloc(4 * n.max(1) as u64).unwrap();
+            buf.fill_u32(n.max(1) as u64, NAN).unwrap();
             buf
         };
-        let (o, lse, dq, dk, dv) = (alloc(qn), alloc(c.b * c.h * c.sq), alloc(qn), alloc(kn), alloc(kn));
-        let (qs, ks) = ([c.b, c.sq, c.h, c.d], [c.b, c.skv, c.hk, c.d]);
+        let (o, lse, dq, dk, dv) = (alloc(qn), alloc(b * c.h * sq), alloc(qn), alloc(kn), alloc(kn));
+        let (sinks_buf, ds_buf) = (up(if c.sinks { &sinks_x } else { &[0.0] }), alloc(c.h));
+        let sinks_view = SinksView::vm(&sinks_buf, c.h).unwrap();
+        let (qs, ks) = ([b, sq, c.h, c.d], [b, skv, c.hk, c.d]);
         let t = |buf, s| TensorView::vm(buf, Dtype::F32, s).unwrap();
         let tm = |buf, s| TensorViewMut::vm(buf, Dtype::F32, s).unwrap();
         let mut opts = AttnOpts::new().causal(c.causal).window_size(c.window.0, c.window.1);
         if c.softcap > 0.0 {
             opts = opts.softcap(c.softcap);
         }
-        kernels
-            .flash_attn_into(
-                &t(&q, qs),
-                &t(&k, ks),
-                &t(&v, ks),
-                &mut tm(&o, qs),
-                &mut LseViewMut::vm(&lse, c.b, c.h, c.sq).unwrap(),
-                &opts,
-            )
-            .unwrap();
-        kernels
-            .flash_attn_backward_into(
-                &t(&q, qs),
-                &t(&k, ks),
-                &t(&v, ks),
-                &t(&o, qs),
-                &LseView::vm(&lse, c.b, c.h, c.sq).unwrap(),
-                &t(&d_o, qs),
-                &mut tm(&dq, qs),
-                &mut tm(&dk, ks),
-                &mut tm(&dv, ks),
-                &opts,
-            )
-            .unwrap();
+        let mut bwd = BwdOpts::new().deterministic(deterministic);
+        if c.sinks {
+            opts = opts.sinks(&sinks_view);
+            bwd = bwd.d_sinks(SinksViewMut::vm(&ds_buf, c.h).unwrap());
+        }
+        let (lse_w, lse_r) = (LseViewMut::vm(&lse, b, c.h, sq).unwrap(), LseView::vm(&lse, b, c.h, sq).unwrap());
+        let mut lse_w = lse_w;
+        match c.varlen {
+            None => {
+                kernels
+                    .flash_attn_into(&t(&q, qs), &t(&k, ks), &t(&v, ks), &mut tm(&o, qs), &mut lse_w, &opts)
+                    .unwrap();
+                kernels
+                    .flash_attn_backward_into_with(
+                        &t(&q, qs),
+                        &t(&k, ks),
+                        &t(&v, ks),
+                        &t(&o, qs),
+                        &lse_r,
+                        &t(&d_o, qs),
+                        &mut tm(&dq, qs),
+                        &mut tm(&dk, ks),
+                        &mut tm(&dv, ks),
+                        &opts,
+                        &bwd,
+                    )
+                    .unwrap();
+            }
+            Some((lq, lk)) => {
+                let cu = |l: &[u32]| kernels.index_tensor(&crate::problem::Varlen::cu(l), None).unwrap();
+                let (cq, ck) = (cu(lq), cu(lk));
+                let (mq, mk) = (*lq.iter().max().unwrap() as usize, *lk.iter().max().unwrap() as usize);
+                let (qv, kv, vv) = (t(&q, qs), t(&k, ks), t(&v, ks));
+                kernels
+                    .flash_attn_varlen_into(&qv, &kv, &vv, &cq, &ck, mq, mk, &mut tm(&o, qs), &mut lse_w, &opts)
+                    .unwrap();
+                kernels
+                    .flash_attn_varlen_backward_into(
+                        &qv,
+                        &kv,
+                        &vv,
+                        &cq,
+                        &ck,
+                        mq,
+                        mk,
+                        &t(&o, qs),
+                        &lse_r,
+                        &t(&d_o, qs),
+                        &mut tm(&dq, qs),
+                        &mut tm(&dk, ks),
+                        &mut tm(&dv, ks),
+                        &opts,
+                        &bwd,
+                    )
+                    .unwrap();
+            }
+        }
         let read = |buf: &VmBuffer, n| buf.read_f32(Dtype::F32, n).unwrap();
-        let p = Problem {
+        let base = Problem {
             batch: c.b as u32,
             heads: c.h as u32,
             heads_kv: Some(c.hk as u32),
@@ -296,16 +702,25 @@ mod tests {
             causal: c.causal,
             window: c.window,
             softcap: c.softcap,
+            sinks: c.sinks,
             ..Problem::default()
         };
-        let want = attention_backward(&p, &qx, &kx, &vx, &dox, &[]).unwrap();
-        ([read(&dq, qn), read(&dk, kn), read(&dv, kn)], want)
+        let p = match c.varlen {
+            Some((lq, lk)) => Problem::varlen(base, lq, lk).unwrap(),
+            None => base,
+        };
+        let want = attention_backward(&p, &qx, &kx, &vx, &dox, &sinks_x).unwrap();
+        let d_sinks = if c.sinks { read(&ds_buf, c.h) } else { vec![] };
+        (Got { grads: [read(&dq, qn), read(&dk, kn), read(&dv, kn)], d_sinks }, want)
     }
 
     /// Max |got - want| over max |want| (at least 1e-3), NaN-propagating: an unwritten
     /// (poisoned) element fails.
     fn rel_err(got: &[f32], want: &[f64]) -> f64 {
         let scale = want.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
+        if got.len() != want.len() {
+            return f64::NAN;
+        }
         got.iter().zip(want).fold(0.0f64, |m, (a, b)| {
             let e = (*a as f64 - b).abs();
             if e.is_nan() || m.is_nan() {
@@ -320,6 +735,18 @@ mod tests {
     /// gradient's scale on these cases; 5e-6 leaves a factor of 10.
     const TOL: f64 = 5e-6;
 
+    fn check(what: &str, c: &Case, got: &Got, want: &Grads) {
+        let mut tensors =
+            vec![("dq", &got.grads[0], &want.dq), ("dk", &got.grads[1], &want.dk), ("dv", &got.grads[2], &want.dv)];
+        if c.sinks {
+            tensors.push(("d_sinks", &got.d_sinks, &want.dsinks));
+        }
+        for (name, g, w) in tensors {
+            let e = rel_err(g, w);
+            assert!(e <= TOL, "{what} {c:?}: {name} relative error {e:.3e} > {TOL:.0e}");
+        }
+    }
+
     #[test]
     fn gradients_match_the_f64_reference() {
         let kernels = Kernels::vm().unwrap();
@@ -331,13 +758,33 @@ mod tests {
             ("MQA causal, fully masked rows", Case { h: 2, sq: 45, skv: 20, causal: true, ..BASE }),
             ("d128 causal", Case { h: 2, sq: 33, skv: 40, d: 128, causal: true, ..BASE }),
             ("window and soft cap", Case { h: 2, hk: 1, sq: 40, skv: 70, window: (9, 3), softcap: 2.0, ..BASE }),
+            // Sinks: the first 5 rows see only the sink (O = 0, D = 0, P_sink = 1), the others
+            // share their mass with it; two batches, GQA, several key blocks.
+            (
+                "sinks, fully masked rows",
+                Case { b: 2, h: 4, hk: 2, sq: 45, skv: 40, causal: true, sinks: true, ..BASE },
+            ),
+            // The other head dims, each over several key blocks and query tiles.
+            ("d32 GQA", Case { h: 2, hk: 1, sq: 33, skv: 40, d: 32, ..BASE }),
+            ("d96 window", Case { h: 2, sq: 20, skv: 35, d: 96, window: (5, 2), ..BASE }),
+            ("d192 causal, masked rows", Case { h: 2, hk: 1, sq: 20, skv: 17, d: 192, causal: true, ..BASE }),
+            ("d256 sinks, soft cap", Case { sq: 10, skv: 20, d: 256, softcap: 3.0, sinks: true, ..BASE }),
         ];
         for (seed, (what, c)) in cases.iter().enumerate() {
-            let (got, want) = run(&kernels, *c, seed as u64 + 1);
-            for (name, g, w) in [("dq", &got[0], &want.dq), ("dk", &got[1], &want.dk), ("dv", &got[2], &want.dv)] {
-                let e = rel_err(g, w);
-                assert!(e <= TOL, "{what} {c:?}: {name} relative error {e:.3e} > {TOL:.0e}");
-            }
+            let (got, want) = run(&kernels, *c, seed as u64 + 1, false);
+            check(what, c, &got, &want);
+        }
+    }
+
+    #[test]
+    fn varlen_gradients_match_the_f64_reference() {
+        // Three sequences, one empty, one of more queries than keys (causal: rows that see
+        // nothing), keys over two key blocks; sinks summed over every sequence; both modes.
+        let kernels = Kernels::vm().unwrap();
+        let c = Case { h: 2, hk: 1, causal: true, sinks: true, varlen: Some((&[7, 0, 30], &[3, 5, 45])), ..BASE };
+        for deterministic in [false, true] {
+            let (got, want) = run(&kernels, c, 11, deterministic);
+            check(if deterministic { "varlen deterministic" } else { "varlen" }, &c, &got, &want);
         }
     }
 
@@ -346,17 +793,108 @@ mod tests {
         // Four VM workers run the key blocks concurrently, so the `red.global.add.f32` adds of
         // different blocks to one dQ row interleave for real; memcheck, initcheck and racecheck
         // stay on. Every add must land: the result matches the reference as with one worker.
+        let kernels = four_workers();
+        let c = Case { b: 2, h: 4, hk: 2, sq: 37, skv: 100, causal: true, ..BASE };
+        let (got, want) = run(&kernels, c, 7, false);
+        check("4 workers", &c, &got, &want);
+    }
+
+    fn four_workers() -> Kernels {
         use crate::device::{vm::VmDevice, BackendChoice, DeviceOptions};
         use crate::ptx::PtxSource;
         let mut opts = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
         opts.vm_workers = Some(4);
-        let kernels = Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()));
-        let c = Case { b: 2, h: 4, hk: 2, sq: 37, skv: 100, causal: true, ..BASE };
-        let (got, want) = run(&kernels, c, 7);
-        for (name, g, w) in [("dq", &got[0], &want.dq), ("dk", &got[1], &want.dk), ("dv", &got[2], &want.dv)] {
-            let e = rel_err(g, w);
-            assert!(e <= TOL, "{c:?} with 4 workers: {name} relative error {e:.3e} > {TOL:.0e}");
-        }
+        Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()))
+    }
+
+    #[test]
+    fn deterministic_mode_is_bitwise_reproducible_and_right() {
+        // Four workers (key blocks concurrent), 4 key blocks, causal with fully masked rows,
+        // GQA, sinks: two runs agree to the bit and both match the f64 reference. initcheck
+        // is on, so a slice the convert reads that no key block wrote would fail the launch.
+        let kernels = four_workers();
+        let c = Case { b: 2, h: 4, hk: 2, sq: 37, skv: 100, causal: true, window: (50, -1), sinks: true, ..BASE };
+        let (a, want) = run(&kernels, c, 8, true);
+        let (b, _) = run(&kernels, c, 8, true);
+        check("deterministic", &c, &a, &want);
+        check("deterministic, again", &c, &b, &want);
+        let bits = |g: &Got| g.grads.iter().chain([&g.d_sinks]).flatten().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&a), bits(&b), "two deterministic runs differ");
+        // 16 keys per block at d=192: the convert sums by the head dim's own key block.
+        let c = Case { h: 2, hk: 1, sq: 21, skv: 40, d: 192, causal: true, ..BASE };
+        let (got, want) = run(&kernels, c, 9, true);
+        check("deterministic d192", &c, &got, &want);
+    }
+
+    #[test]
+    fn the_workspace_is_stated_exactly() {
+        // Atomic: one f32 copy of q's shape plus D. Deterministic at d=64 (32 keys per block),
+        // 100 keys: 4 slices.
+        let w = flash_attn_backward_workspace([2, 37, 4, 64], 100, false).unwrap();
+        assert_eq!((w.dq_slices, w.dq_accum_bytes, w.delta_bytes), (1, 2 * 37 * 4 * 64 * 4, 2 * 4 * 37 * 4));
+        let w = flash_attn_backward_workspace([2, 37, 4, 64], 100, true).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (4, 32, 4 * 2 * 37 * 4 * 64 * 4));
+        assert_eq!(w.total_bytes, w.dq_accum_bytes + w.delta_bytes);
+        // The VM's allocator sees exactly that much besides the caller's buffers.
+        let e = flash_attn_backward_workspace([1, 1, 1, 80], 1, false).unwrap_err();
+        assert!(e.to_string().contains("head_dim"), "{e}");
+        let e = flash_attn_backward_workspace([1 << 40, 1 << 20, 1, 64], 1 << 30, true).unwrap_err();
+        assert!(matches!(e, AttnError::Problem(ProblemError::TooLarge { .. })), "{e}");
+    }
+
+    #[test]
+    fn the_allocating_form_returns_verified_gradients() {
+        let kernels = Kernels::vm().unwrap();
+        let c = Case { b: 2, h: 2, hk: 1, sq: 19, skv: 40, causal: true, ..BASE };
+        let (got, want) = run(&kernels, c, 3, false);
+        check("into", &c, &got, &want);
+        // The same inputs again (seed 3), through the allocating call.
+        let mut rng = SplitMix64::new(3);
+        let (qn, kn) = (2 * 19 * 2 * 64, 2 * 40 * 64);
+        let (qx, kx, vx, dox) = (draw(qn, &mut rng), draw(kn, &mut rng), draw(kn, &mut rng), draw(qn, &mut rng));
+        let up = |x: &[f32]| kernels.vm_upload(x).unwrap();
+        let (q, k, v, d_o) = (up(&qx), up(&kx), up(&vx), up(&dox));
+        let (qs, ks) = ([2, 19, 2, 64], [2, 40, 1, 64]);
+        let t = |buf, s| TensorView::vm(buf, Dtype::F32, s).unwrap();
+        let opts = AttnOpts::new().causal(true);
+        let (o, lse) = kernels.flash_attn(&t(&q, qs), &t(&k, ks), &t(&v, ks), &opts).unwrap();
+        let lse = LseView::vm(lse.as_vm().unwrap(), 2, 2, 19).unwrap();
+        let g = kernels
+            .flash_attn_backward(
+                &t(&q, qs),
+                &t(&k, ks),
+                &t(&v, ks),
+                &t(o.as_vm().unwrap(), qs),
+                &lse,
+                &t(&d_o, qs),
+                &opts,
+                &BwdOpts::new(),
+            )
+            .unwrap();
+        assert_eq!((g.dq.shape(), g.dk.shape(), g.dv.shape()), (qs, ks, ks));
+        let alloc = Got {
+            grads: [g.dq.to_vec_f32().unwrap(), g.dk.to_vec_f32().unwrap(), g.dv.to_vec_f32().unwrap()],
+            d_sinks: vec![],
+        };
+        check("allocating", &c, &alloc, &want);
+        // A refused call allocates nothing: a d_o not shaped like q is refused after the
+        // forward's checks passed, before the gradients would be allocated.
+        kernels.with_device(|d| d.memory_begin()).unwrap();
+        let e = kernels
+            .flash_attn_backward(
+                &t(&q, qs),
+                &t(&k, ks),
+                &t(&v, ks),
+                &t(&q, qs),
+                &lse,
+                &t(&d_o, ks),
+                &opts,
+                &BwdOpts::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, AttnError::Shape { tensor: "d_o", .. }), "{e}");
+        let m = kernels.with_device(|d| d.memory_end()).unwrap();
+        assert_eq!(m.peak_delta_bytes, 0, "the refused call allocated");
     }
 
     #[test]
@@ -386,17 +924,54 @@ mod tests {
         assert!(matches!(e, AttnError::Shape { tensor: "dq", .. }), "{e}");
         let e = call(&t(Dtype::Bf16, s), s, &AttnOpts::new()).unwrap_err();
         assert!(matches!(e, AttnError::NotSupportedYet { .. }), "{e}");
-        let s96 = [1, 4, 2, 96];
-        let (mut dq, mut dk, mut dv) = (tm(s96), tm(s96), tm(s96));
-        let v96 = t(Dtype::F32, s96);
-        let e = kernels
-            .flash_attn_backward_into(&v96, &v96, &v96, &v96, &lse, &v96, &mut dq, &mut dk, &mut dv, &AttnOpts::new())
-            .unwrap_err();
-        assert!(e.to_string().contains("head_dim 64 and 128"), "{e}");
+        // The sinks' gradient needs sinks, one per head.
         let sinks_buf = kernels.vm_upload(&[0.5, 0.5]).unwrap();
         let sinks = SinksView::vm(&sinks_buf, 2).unwrap();
-        let e = call(&t(Dtype::F32, s), s, &AttnOpts::new().sinks(&sinks)).unwrap_err();
-        assert!(e.to_string().contains("sinks"), "{e}");
+        let ds_buf = kernels.vm_alloc(64).unwrap();
+        let with_ds = |opts: &AttnOpts<'_>, heads| {
+            let v = t(Dtype::F32, s);
+            let (g1, g2, g3) = (
+                kernels.vm_alloc(1 << 12).unwrap(),
+                kernels.vm_alloc(1 << 12).unwrap(),
+                kernels.vm_alloc(1 << 12).unwrap(),
+            );
+            let tm = |b| TensorViewMut::vm(b, Dtype::F32, s).unwrap();
+            let bwd = BwdOpts::new().d_sinks(SinksViewMut::vm(&ds_buf, heads).unwrap());
+            let (mut d1, mut d2, mut d3) = (tm(&g1), tm(&g2), tm(&g3));
+            kernels.flash_attn_backward_into_with(&v, &v, &v, &v, &lse, &v, &mut d1, &mut d2, &mut d3, opts, &bwd)
+        };
+        let e = with_ds(&AttnOpts::new(), 2).unwrap_err();
+        assert!(matches!(e, AttnError::Sinks { why: SinksRule::Count { got: 0, heads: 2 } }), "{e}");
+        let e = with_ds(&AttnOpts::new().sinks(&sinks), 3).unwrap_err();
+        assert!(matches!(e, AttnError::Sinks { why: SinksRule::Count { got: 3, heads: 2 } }), "{e}");
+        // d_sinks over the sinks themselves.
+        let v = t(Dtype::F32, s);
+        let (g1, g2, g3) = (
+            kernels.vm_alloc(1 << 12).unwrap(),
+            kernels.vm_alloc(1 << 12).unwrap(),
+            kernels.vm_alloc(1 << 12).unwrap(),
+        );
+        let tmv = |b| TensorViewMut::vm(b, Dtype::F32, s).unwrap();
+        let bwd = BwdOpts::new().d_sinks(SinksViewMut::vm(&sinks_buf, 2).unwrap());
+        let e = kernels
+            .flash_attn_backward_into_with(
+                &v,
+                &v,
+                &v,
+                &v,
+                &lse,
+                &v,
+                &mut tmv(&g1),
+                &mut tmv(&g2),
+                &mut tmv(&g3),
+                &AttnOpts::new().sinks(&sinks),
+                &bwd,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(e, AttnError::Aliasing { why: AliasRule::Overlap { written: "d_sinks", other: "sinks", .. } }),
+            "{e}"
+        );
         // A gradient view past its buffer.
         let small = kernels.vm_alloc(64).unwrap();
         let (mut dq, mut dk, mut dv) = (tm(s), tm(s), TensorViewMut::vm(&small, Dtype::F32, s).unwrap());
