@@ -172,6 +172,14 @@ impl Svg {
             esc(s)
         );
     }
+    /// A line of a table: monospace, with its spaces kept (SVG collapses them otherwise).
+    fn text_mono(&mut self, x: f64, y: f64, size: u32, s: &str) {
+        let _ = writeln!(
+            self.body,
+            r#"<text x="{x:.2}" y="{y:.2}" font-size="{size}" font-family="monospace" xml:space="preserve">{}</text>"#,
+            esc(s)
+        );
+    }
     fn line(&mut self, (x1, y1): (f64, f64), (x2, y2): (f64, f64), stroke: &str, width: f64, dash: bool) {
         let d = if dash { r#" stroke-dasharray="4 3""# } else { "" };
         let _ = writeln!(
@@ -493,17 +501,16 @@ fn online_softmax(a: &DrawArgs) -> Result<(String, String), Error> {
         "dots: scores; dashed orange: running max m; green: the exponent base the kernels keep (raised only when m grows by more than 8 in log2 units)",
     );
     let mut y = oy + ph + 44.0;
-    svg.text(ox, y, 12, "start", "tile   tile max   running max m   base   rescale alpha   running sum l");
+    svg.text_mono(ox, y, 12, "tile   tile max   running max m     base   rescale alpha   running sum l");
     for (t, s) in steps.iter().enumerate() {
         y += 18.0;
         let alpha = if s.rescaled { format!("{:.6}", s.alpha) } else { "kept (1)".into() };
-        svg.text(
+        svg.text_mono(
             ox,
             y,
             12,
-            "start",
             &format!(
-                "{t:>4}   {:>8.3}   {:>13.3}   {:>6.3}   {alpha:>13}   {:>12.6}",
+                "{t:>4}   {:>8.3}   {:>13.3}   {:>6.3}   {alpha:>13}   {:>13.6}",
                 s.tile_max, s.running_max, s.base, s.l
             ),
         );
