@@ -34,6 +34,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
         "memattn --backend vm decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 512 --vary kernel=simt,mma",
         Run(0, "launch       decode_mma_bf16_d128 grid [4, 1, 8]"),
     ),
+    ("memattn draw tiling --seq 200 --causal --out tiling.svg", Run(0, "visited 6 of 8 tiles")),
     (
         "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto",
         Run(0, "decode_fwd_f32_d64 grid [16, 1, 8]"),

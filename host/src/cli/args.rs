@@ -58,6 +58,8 @@ Examples:
   memattn evidence show evidence.jsonl             the runs kept so far
   memattn check --kernel flash --dtype f32 --head-dim 64
                                                    the bug-catching sweep: pass/fail per case (every head dim without --head-dim)
+  memattn draw tiling --seq 200 --causal --out tiling.svg
+                                                   the key tiles each block of the flash kernel visits
   memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto
                                                    KV-cache decode: one split vs the split plan for 132 SMs
 
@@ -162,6 +164,12 @@ pub enum Command {
     /// KV-cache decode: split-KV attention over a contiguous or paged cache with GQA and cache
     /// append, verified against the f64 reference, with the split plan and the memory figures.
     Decode(super::decode::DecodeArgs),
+    /// Draw a picture (SVG) computed from the kernels' own constants and functions: `tiling` (the
+    /// key tiles each block visits under a causal or window mask), `online-softmax` (one row's
+    /// running max, sum and rescales over its key tiles), `fragment` (which lane holds which
+    /// element of an `mma.sync.m16n8k16`) or `swizzle` (the bank group of each shared-memory
+    /// chunk, without and with the XOR swizzle). `memattn draw --help` lists each picture's options.
+    Draw(super::draw::DrawArgs),
 }
 
 const PLAN_EXAMPLES: &str = "\

@@ -79,6 +79,7 @@ fn command_name(cli: &Cli) -> &'static str {
         Launch(_) => "launch",
         Check(_) => "check",
         Decode(_) => "decode",
+        Draw(_) => "draw",
     }
 }
 

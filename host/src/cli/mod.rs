@@ -5,6 +5,7 @@ mod check;
 mod compare;
 pub mod decode;
 mod doctor;
+pub mod draw;
 pub mod evidence;
 mod launch;
 mod plan;
@@ -45,6 +46,7 @@ pub fn dispatch(cli: &Cli) -> Result<i32, Error> {
         Command::Launch(a) => launch::launch(cli, a),
         Command::Check(a) => check::check(cli, a),
         Command::Decode(a) => decode::decode(cli, a),
+        Command::Draw(a) => draw::draw(cli, a),
     }));
     let outcome = match outcome {
         Ok(o) => o,

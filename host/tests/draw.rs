@@ -1,0 +1,201 @@
+//! `memattn draw`: the guide's figures are what the command renders today (byte for byte), and
+//! each picture shows values derived independently here (hand-counted tiles, the PTX ISA's
+//! fragment layout, the bank of a swizzled chunk, an f64 log-sum-exp).
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// Each committed figure and the options that render it (the guide's chapters 3 and 4 show them).
+const FIGURES: &[(&str, &[&str])] = &[
+    ("tiling-causal.svg", &["tiling", "--dtype", "bf16", "--seq", "200", "--causal"]),
+    ("tiling-window.svg", &["tiling", "--dtype", "f32", "--seq-q", "100", "--seq-kv", "300", "--window", "40,0"]),
+    ("online-softmax.svg", &["online-softmax"]),
+    ("fragment.svg", &["fragment"]),
+    ("swizzle.svg", &["swizzle", "--head-dim", "64"]),
+];
+
+fn figures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide/figures")
+}
+
+/// Renders to stdout (no `--out`) and returns the SVG.
+fn render(args: &[&str]) -> String {
+    let o = memattn(&[&["draw"], args].concat());
+    assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
+    stdout(&o)
+}
+
+/// The `data-` attributes of the element whose attribute `key` is `value`.
+fn attr(svg: &str, key_value: &str, want: &str) -> String {
+    let line = svg.lines().find(|l| l.contains(key_value)).unwrap_or_else(|| panic!("no element with {key_value}"));
+    let tag = format!("{want}=\"");
+    let start = line.find(&tag).unwrap_or_else(|| panic!("{line} has no {want}")) + tag.len();
+    line[start..].split('"').next().unwrap().to_string()
+}
+
+#[test]
+fn committed_figures_are_what_draw_renders_now() {
+    let dir = tempdir();
+    for (file, args) in FIGURES {
+        let out = dir.join(file);
+        let o = memattn(&[&["draw"], *args, &["--out", out.to_str().unwrap()]].concat());
+        assert_eq!(code(&o), 0, "{file}: {}", stderr(&o));
+        assert!(stdout(&o).starts_with(&format!("wrote {}", out.display())), "{}", stdout(&o));
+        let fresh = std::fs::read(&out).unwrap();
+        let committed = std::fs::read(figures().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            fresh == committed,
+            "docs/guide/figures/{file} is stale: rerun `memattn draw {}  --out docs/guide/figures/{file}`",
+            args.join(" ")
+        );
+    }
+    // Every committed figure has its command here.
+    for e in std::fs::read_dir(figures()).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        assert!(FIGURES.iter().any(|(f, _)| *f == name), "docs/guide/figures/{name} has no command in FIGURES");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memattn-draw-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Causal, 200 x 200, bf16 d=64 (Br 128, Bc 64): block 0 (rows 0-127) sees keys up to 127, so it
+/// visits tiles 0 and 1 (both masked: row 0 sees key 0 only) and skips 2 and 3; block 1 (rows
+/// 128-199) sees keys 0-128 on its first row, so tiles 0 and 1 need no mask, tile 2 holds its
+/// diagonal and tile 3 reaches past key 199.
+#[test]
+fn tiling_counts_the_tiles_a_block_visits() {
+    let svg = render(&["tiling", "--dtype", "bf16", "--seq", "200", "--causal"]);
+    assert!(svg.contains("flash_fwd_bf16_d64: Br = 128 query rows per block, Bc = 64 keys per tile"), "{svg}");
+    assert!(svg.contains("visited 6 of 8 tiles (2 unmasked, 4 masked), 2 skipped"));
+    let visit = |b: u32, j: u32| attr(&svg, &format!(r#"data-block="{b}" data-tile="{j}""#), "data-visit");
+    let want = [["masked", "masked", "skipped", "skipped"], ["unmasked", "unmasked", "masked", "masked"]];
+    for (b, row) in want.iter().enumerate() {
+        for (j, w) in row.iter().enumerate() {
+            assert_eq!(visit(b as u32, j as u32), *w, "block {b} tile {j}");
+        }
+    }
+    // A left window of 40 keys with more keys than queries (f32 d=64: Br 32, Bc 64): row i sees
+    // keys i + 160 to i + 200, so block 0 (rows 0-31, keys 160-231) visits tiles 2 and 3 only.
+    let svg = render(&["tiling", "--dtype", "f32", "--seq-q", "100", "--seq-kv", "300", "--window", "40,0"]);
+    assert!(svg.contains("visited 7 of 20 tiles (0 unmasked, 7 masked), 13 skipped"), "{svg}");
+    let visit = |b: u32, j: u32| attr(&svg, &format!(r#"data-block="{b}" data-tile="{j}""#), "data-visit");
+    assert_eq!([visit(0, 1), visit(0, 2), visit(0, 3), visit(0, 4)], ["skipped", "masked", "masked", "skipped"]);
+}
+
+/// The PTX ISA's m16n8k16 layout (group g = lane / 4, t = lane % 4): A a0 (g, 2t), a1 (g + 8, 2t),
+/// a2 (g, 2t + 8), a3 (g + 8, 2t + 8); B b0 (k 2t, n g), b1 (k 2t + 8, n g); C d0 (g, 2t),
+/// d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
+#[test]
+fn fragment_cells_follow_the_isa_layout_once_each() {
+    let svg = render(&["fragment"]);
+    let mut cells = 0;
+    for lane in 0..32usize {
+        let (g, t) = (lane / 4, lane % 4);
+        let mut want: Vec<(String, String)> = Vec::new();
+        for h in 0..2 {
+            for (i, (r, c)) in [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)].iter().enumerate() {
+                want.push((format!("A {r} {}", c + h), format!("a{i}")));
+            }
+            want.push((format!("B {} {g}", 2 * t + h), "b0".into()));
+            want.push((format!("B {} {g}", 2 * t + 8 + h), "b1".into()));
+        }
+        for (e, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].iter().enumerate() {
+            want.push((format!("C {r} {c}"), format!("d{e}")));
+        }
+        for (cell, reg) in want {
+            let key = format!(r#"data-cell="{cell}""#);
+            assert_eq!(svg.matches(&key).count(), 1, "{cell} drawn once");
+            assert_eq!(attr(&svg, &key, "data-lane"), lane.to_string(), "{cell}");
+            assert_eq!(attr(&svg, &key, "data-reg"), reg, "{cell}");
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, 512);
+    assert_eq!(svg.matches("data-cell=").count(), 512);
+}
+
+/// Rows of 64 16-bit values are 128 bytes, one line of 32 banks: unswizzled, chunk c of any row
+/// is in bank group c; swizzled, chunk c of row r is stored at position c ^ (r % 8).
+#[test]
+fn swizzle_places_each_chunk_in_its_bank_group() {
+    let svg = render(&["swizzle", "--head-dim", "64"]);
+    for row in 0..16 {
+        for chunk in 0..8 {
+            let key = |s: bool| format!(r#"data-swizzled="{s}" data-row="{row}" data-chunk="{chunk}""#);
+            assert_eq!(attr(&svg, &key(false), "data-group"), chunk.to_string());
+            assert_eq!(
+                attr(&svg, &key(true), "data-group"),
+                (chunk ^ (row % 8)).to_string(),
+                "row {row} chunk {chunk}"
+            );
+        }
+    }
+    assert!(svg.contains("hits 1 distinct bank groups without the swizzle (8-way conflict) and 8 with it"));
+    // d = 96: rows of 192 bytes; rows 2i and 2i + 1 fall on opposite halves of a line already.
+    let svg = render(&["swizzle", "--head-dim", "96"]);
+    assert!(svg.contains("hits 2 distinct bank groups without the swizzle (4-way conflict) and 8 with it"), "{svg}");
+}
+
+/// The final LSE of the kernels' f32 online-softmax state equals the direct f64 log-sum-exp of the
+/// same scores, drawn here from the same seeded generator.
+#[test]
+fn online_softmax_ends_at_the_direct_log_sum_exp() {
+    for (keys, tile, seed, drift) in [(48u32, 8u32, 3u64, 0.3f64), (37, 5, 11, 0.0), (1, 1, 0, 0.3)] {
+        let mut rng = memattn_cli::rng::SplitMix64::new(seed);
+        let s: Vec<f64> = (0..keys).map(|k| 3.0 * rng.normal() + drift * k as f64).collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let direct = m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        let args = ["--json", "draw", "online-softmax", "--keys", &keys.to_string(), "--tile", &tile.to_string()];
+        let extra = ["--seed".to_string(), seed.to_string(), "--drift".into(), drift.to_string(), "--out".into()];
+        let out = tempdir().join(format!("os-{keys}.svg"));
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(extra.iter().map(String::as_str));
+        all.push(out.to_str().unwrap());
+        let o = memattn(&all);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let summary = json(&o)["summary"].as_str().unwrap().to_string();
+        let online: f64 = summary
+            .strip_prefix("LSE = base + ln l = ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("{summary}"));
+        assert!((online - direct).abs() <= 1e-5 * direct.abs().max(1.0), "{online} vs {direct} ({summary})");
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(svg.matches("<circle").count(), keys as usize, "one dot per score");
+        assert!(
+            svg.contains(&format!("{}", keys.div_ceil(tile)))
+                && summary.contains(&format!("of {} tiles", keys.div_ceil(tile)))
+        );
+    }
+    // The rising scores make the lazy policy raise the base more than once; independent scores
+    // settle after the first tile.
+    let v = json(&memattn(&["--json", "draw", "online-softmax", "--out", tempdir().join("d.svg").to_str().unwrap()]));
+    assert!(v["summary"].as_str().unwrap().ends_with("3 of 6 tiles rescaled"), "{v}");
+}
+
+#[test]
+fn bad_options_are_exit_2_naming_the_limit() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["tiling", "--seq", "0"], "--seq-q must be 1 to 2048 (got 0)"),
+        (&["tiling", "--head-dim", "48"], "no bf16 flash kernel for head dim 48"),
+        (&["tiling", "--window", "-3,0"], "the left side is -3"),
+        (&["swizzle", "--head-dim", "80"], "--head-dim must be a multiple of 32 from 32 to 256"),
+        (&["swizzle", "--rows", "4"], "--rows must be 8 to 32 (got 4)"),
+        (&["online-softmax", "--tile", "0"], "--tile must be 1 to --keys (48) (got 0)"),
+        (&["online-softmax", "--keys", "300"], "--keys must be 1 to 256 (got 300)"),
+        (&["online-softmax", "--drift", "nan"], "--drift must be a number from -1 to 1"),
+        (&["fragment", "--out", "/nonexistent-dir/x.svg"], "--out file"),
+    ];
+    for (args, want) in cases {
+        let o = memattn(&[&["draw"], *args].concat());
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}: nothing written on stdout");
+    }
+}
