@@ -500,6 +500,12 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    cu_device_get_uuid(uuid, dev)
+}
+
+/// The body of `cuDeviceGetUuid`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_device_get_uuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
     entry(|| {
         let s = state();
         device(&s, dev)?;
@@ -509,7 +515,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
-    cuDeviceGetUuid(uuid, dev)
+    cu_device_get_uuid(uuid, dev)
 }
 
 #[no_mangle]
@@ -640,6 +646,12 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    cu_ctx_set_current(ctx)
+}
+
+/// The body of `cuCtxSetCurrent`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_ctx_set_current(ctx: Handle) -> CUresult {
     entry(|| {
         state().ready()?;
         let c = ctx as usize;
@@ -653,7 +665,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
-    cuCtxSetCurrent(ctx)
+    cu_ctx_set_current(ctx)
 }
 
 #[no_mangle]
@@ -755,6 +767,18 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     options: *mut c_int,
     option_values: *mut *mut c_void,
 ) -> CUresult {
+    cu_module_load_data_ex(module, image, num_options, options, option_values)
+}
+
+/// The body of `cuModuleLoadDataEx`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_module_load_data_ex(
+    module: *mut Handle,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    option_values: *mut *mut c_void,
+) -> CUresult {
     entry(|| {
         let mut s = state();
         s.ctx()?;
@@ -805,7 +829,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
-    cuModuleLoadDataEx(module, image, 0, std::ptr::null_mut(), std::ptr::null_mut())
+    cu_module_load_data_ex(module, image, 0, std::ptr::null_mut(), std::ptr::null_mut())
 }
 
 #[no_mangle]
@@ -1024,6 +1048,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, _flags: c_uint) -> CUresult {
+    cu_stream_create(ph, _flags)
+}
+
+/// The body of `cuStreamCreate`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_stream_create(ph: *mut Handle, _flags: c_uint) -> CUresult {
     entry(|| {
         let mut s = state();
         s.ctx()?;
@@ -1038,7 +1068,7 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, _flags: c_uint) -> CUre
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreateWithPriority(ph: *mut Handle, flags: c_uint, _priority: c_int) -> CUresult {
-    cuStreamCreate(ph, flags)
+    cu_stream_create(ph, flags)
 }
 
 #[no_mangle]
@@ -1107,6 +1137,12 @@ pub unsafe extern "C" fn cuEventRecord(h: Handle, stream: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(h: Handle) -> CUresult {
+    cu_event_synchronize(h)
+}
+
+/// The body of `cuEventSynchronize`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_event_synchronize(h: Handle) -> CUresult {
     entry(|| {
         let s = state();
         s.ctx()?;
@@ -1116,11 +1152,17 @@ pub unsafe extern "C" fn cuEventSynchronize(h: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(h: Handle) -> CUresult {
-    cuEventSynchronize(h)
+    cu_event_synchronize(h)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    cu_event_elapsed_time(ms, start, end)
+}
+
+/// The body of `cuEventElapsedTime`, called directly by the entry points that forward to it (a call to the
+/// exported symbol itself would go through the dynamic loader, as if the host had resolved it).
+unsafe fn cu_event_elapsed_time(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
     entry(|| {
         let s = state();
         s.ctx()?;
@@ -1139,7 +1181,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
-    cuEventElapsedTime(ms, start, end)
+    cu_event_elapsed_time(ms, start, end)
 }
 
 // ---- memory ----
