@@ -246,3 +246,31 @@ fn own_kernel_mistakes_are_usage_errors_that_say_what_to_give() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("nope"));
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+#[test]
+fn an_endless_kernel_is_stopped_at_max_seconds_with_the_trace_up_to_there() {
+    let spin = ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry spin()\n{\n.reg .b32 %r<2>;\n\
+        mov.u32 %r1, 0;\nL:\nadd.u32 %r1, %r1, 1;\nbra.uni L;\n}\n";
+    let path = add_one_ptx("spin", spin);
+    let t = std::time::Instant::now();
+    let o = memattn(&[
+        "--json",
+        "--backend",
+        "vm",
+        "--ptx",
+        path.to_str().unwrap(),
+        "trace",
+        "--entry",
+        "spin",
+        "--block-dim",
+        "64",
+        "--max-seconds",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(t.elapsed() < std::time::Duration::from_secs(15), "took {:?}", t.elapsed());
+    let v = json(&o);
+    assert!(v["error"].as_str().unwrap().contains("launch time limit exceeded"), "{v}");
+    assert!(v["entries"].as_array().is_some_and(|e| !e.is_empty()), "the trace up to the stop: {v}");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -153,11 +153,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
         limits.memory_bytes = bytes;
         vm.set_limits(limits);
     }
-    if a.max_seconds > 0 {
-        let mut limits = vm.limits();
-        limits.max_launch_time = Some(std::time::Duration::from_secs(a.max_seconds));
-        vm.set_limits(limits);
-    }
+    set_time_limit(&mut vm, a.max_seconds);
     check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
@@ -233,6 +229,15 @@ pub(super) fn launch_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
     Ok(d.map(|x| x.max(1)))
 }
 
+/// `--max-seconds`: the VM stops a launch past it as a hang (0: no limit).
+fn set_time_limit(vm: &mut Vm, max_seconds: u64) {
+    if max_seconds > 0 {
+        let mut limits = vm.limits();
+        limits.max_launch_time = Some(std::time::Duration::from_secs(max_seconds));
+        vm.set_limits(limits);
+    }
+}
+
 /// `trace --entry`: one launch of any entry with `launch`'s buffers (`--buf`), arguments
 /// (`--arg`) and VM checks, and the trace the configuration requests. A launch that cannot start
 /// (unknown entry, arguments that do not match its parameters) is the error; a launch stopped by
@@ -242,10 +247,10 @@ pub(super) fn launch_traced(
     module: &Module,
     kernel: &str,
     config: &ptx_vm::LaunchConfig,
-    buf: &[String],
-    arg: &[String],
+    own: &super::trace::EntryArgs,
     seed: u64,
 ) -> Result<(Vec<ptx_vm::TraceEntry>, Option<Error>), Error> {
+    let (buf, arg, max_seconds) = (&own.buf, &own.arg, own.max_seconds);
     let bufs: Vec<BufSpec> = buf.iter().map(|s| parse_buf(s)).collect::<Result<_, _>>()?;
     let args: Vec<Arg> = arg.iter().map(|s| parse_arg(s)).collect::<Result<_, _>>()?;
     let mut vm = match cli.vm_workers {
@@ -253,6 +258,7 @@ pub(super) fn launch_traced(
         Some(n) => Vm::with_workers(n),
         None => Vm::new(),
     };
+    set_time_limit(&mut vm, max_seconds);
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
     let mut l = Launcher::with_vm(vm, module);

@@ -35,6 +35,10 @@ pub struct EntryArgs {
     /// With --entry: a kernel argument TYPE=VALUE in parameter order, as for `launch`. Repeatable.
     #[arg(long, value_name = "TYPE=VALUE", allow_hyphen_values = true, requires = "entry")]
     pub arg: Vec<String>,
+    /// With --entry: stop the launch after this many seconds, as `launch --max-seconds` (a
+    /// kernel that never ends is reported as a hang, with the trace up to there). 0: no limit.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS", requires = "entry")]
+    pub max_seconds: u64,
 }
 
 pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
@@ -286,8 +290,7 @@ fn trace_entry(cli: &Cli, a: &TraceArgs, entry: &str) -> Result<i32, Error> {
         dynamic_shared_bytes: a.own.smem.unwrap_or(0),
         trace: Some(ptx_vm::TraceRequest { block, thread, max_entries: a.max_entries }),
     };
-    let (trace, error) =
-        super::launch::launch_traced(cli, &module, entry, &config, &a.own.buf, &a.own.arg, a.problem.seed)?;
+    let (trace, error) = super::launch::launch_traced(cli, &module, entry, &config, &a.own, a.problem.seed)?;
     let about = About {
         kernel: entry.to_string(),
         block,
