@@ -31,10 +31,13 @@
 //!    trait, the VM and the CUDA module with the one launch);
 //! 6. [`error`], then [`decode`]: the KV-cache decode plan (split plan, launches, parameters),
 //!    its f64 reference and the `merge_states` reference;
-//! 7. [`attn`]: the attention API.
+//! 7. [`attn`]: the attention API;
+//! 8. [`cp`]: context parallelism (ring, zigzag, Ulysses, sharded decode) over a
+//!    [`cp::Communicator`], written on [`attn`].
 
 pub mod attn;
 pub mod caps;
+pub mod cp;
 pub mod decode;
 pub mod device;
 pub mod driver;
@@ -69,6 +72,7 @@ mod layering_tests {
         &["ptx", "device"],
         &["error", "decode"],
         &["attn"],
+        &["cp"],
     ];
 
     fn layer_of(m: &str) -> Option<usize> {

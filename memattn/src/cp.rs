@@ -1,0 +1,1170 @@
+//! Context parallelism: one sequence's attention over `world` ranks, each holding a slice of the
+//! sequence, with K/V (ring, zigzag) or heads (Ulysses) travelling between ranks, and decode over
+//! a KV cache sharded by sequence.
+//!
+//! The attention code is written once against [`Communicator`]; [`InProcess`] is the
+//! implementation tests and learners use (one thread and one VM device per rank, messages passed
+//! between them in memory), so a world of 4 ranks runs and is checked on one CPU.
+//!
+//! # Strategies
+//! - [`Strategy::Ring`]: rank `r` holds the contiguous slice `r` of the queries and of the keys.
+//!   In `world` steps every K/V slice visits every rank: at step `t` rank `r` holds rank
+//!   `(r - t) mod world`'s K/V, posts it to rank `r + 1` before computing with it (so the transfer
+//!   overlaps the compute), computes a partial `(O, LSE)` for its queries and merges it into its
+//!   running state in f32 (`lse = m + ln(e^(lse_a - m) + e^(lse_b - m))`). With a causal mask the
+//!   rank holding the last slice works at every step and rank 0 only at the first: plain ring is
+//!   unbalanced.
+//! - [`Strategy::Zigzag`]: the same ring over `2 · world` pieces, rank `r` holding pieces `r` and
+//!   `2 · world - 1 - r`, so every rank has one early and one late piece and causal work is
+//!   balanced.
+//! - [`Strategy::Ulysses`]: rank `r` holds the contiguous slice `r` of every head; an all-to-all
+//!   gives it the whole sequence of heads `r · H/world ..` (and their K/V heads), it runs ordinary
+//!   attention, and a second all-to-all returns each rank its rows. Needs `heads` and `heads_kv`
+//!   divisible by `world`.
+//!
+//! # Masks on a block
+//! A block pairs a slice of queries (global rows `qs..qs + lq`) with a slice of keys
+//! (`ks..ks + lk`). The global rule (bottom-right causal, windows, `docs/semantics.md`) sees key
+//! `t` from row `r` iff `r + G - left <= t <= r + G + right` with `G = seq_kv - seq_q`. In the
+//! block's own coordinates the diagonal is `D = qs - ks + G`; the kernels align a block's diagonal
+//! to its bottom-right corner (`lk - lq`). So each block is launched on a prefix of its queries
+//! and keys chosen so that the corner lies on (or within the window around) `D`, with the window
+//! shifted by the difference: the global mask exactly, with no kernel change. A block no row of
+//! which sees a key is skipped; the per-step report names each block full, diagonal, partial or
+//! skipped.
+//!
+//! # Communication volume (what [`CpStats`] counts, per rank)
+//! With `e` bytes per element, `B` batch, `Hk` K/V heads, `d` head dim, and `n_p` the keys (or
+//! query rows) rank `p` holds:
+//! - ring and zigzag: rank `r` sends `world - 1` K/V blocks, those of ranks `r, r-1, ..,
+//!   r-world+2`: `2 · B · Hk · d · e · (seq_kv - n_(r+1))` bytes, and receives as many (those of
+//!   `r-1, .., r-world+1`: `2 · B · Hk · d · e · (seq_kv - n_r)`). Equal slices:
+//!   `2 · B · Hk · d · e · seq_kv · (world - 1) / world`.
+//! - Ulysses: rank `r` sends, to each other rank, its rows of that rank's heads of q, k and v
+//!   (`B · n_r · (H + 2 Hk) / world · d · e`) and, on the way back, that rank's rows of its own
+//!   heads of o and lse in f32 (`B · n_p · H / world · (4 d + 4)`).
+//! - sharded decode: each rank sends its partial state, o and lse in f32, to every other rank:
+//!   `(world - 1) · B · seq_q · H · (d + 1) · 4` bytes.
+//!
+//! The merge runs in f32 on the host copy of each partial state (a block's output is read back
+//! after its launch); the K/V blocks travel in the inputs' dtype.
+
+use crate::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, TensorView};
+use crate::problem::Problem;
+use crate::Dtype;
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Why a context-parallel call failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CpError {
+    /// An attention call of a block was refused or failed.
+    #[error("rank {rank}: {source}")]
+    Attn { rank: usize, source: AttnError },
+    /// A message did not arrive, or a peer is gone.
+    #[error("rank {rank}: {why}")]
+    Comm { rank: usize, why: String },
+    /// The problem cannot be split this way (names the rule).
+    #[error("{0}")]
+    Layout(String),
+}
+
+/// How the sequence is split and what travels between ranks (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    Ring,
+    Zigzag,
+    Ulysses,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [Strategy::Ring, Strategy::Zigzag, Strategy::Ulysses];
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ring => "ring",
+            Strategy::Zigzag => "zigzag",
+            Strategy::Ulysses => "ulysses",
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ring" => Ok(Strategy::Ring),
+            "zigzag" => Ok(Strategy::Zigzag),
+            "ulysses" => Ok(Strategy::Ulysses),
+            _ => Err(format!("unknown context-parallel strategy `{s}` (ring, zigzag or ulysses)")),
+        }
+    }
+}
+
+/// Point-to-point messages between the ranks of one world. A send returns at once (the message
+/// is posted); a receive waits for the message of that peer and tag. Collectives
+/// ([`all_gather`], [`all_to_all`]) are composed from these.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Posts `data` to `peer` under `tag`.
+    fn send(&self, peer: usize, tag: u64, data: Vec<u8>) -> Result<(), CpError>;
+    /// Waits for `peer`'s message `tag`.
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, CpError>;
+}
+
+type Msg = (usize, u64, Vec<u8>);
+
+/// One rank of an in-process world: messages travel through channels between threads.
+pub struct InProcess {
+    rank: usize,
+    peers: Vec<mpsc::Sender<Msg>>,
+    inbox: Mutex<(mpsc::Receiver<Msg>, HashMap<(usize, u64), Vec<u8>>)>,
+    timeout: Duration,
+}
+
+impl InProcess {
+    /// The `world` ranks of one world (rank `i` at index `i`); a receive that waits longer than
+    /// 10 minutes fails (a peer that stopped).
+    pub fn world(world: usize) -> Vec<InProcess> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..world).map(|_| mpsc::channel::<Msg>()).unzip();
+        rxs.into_iter()
+            .enumerate()
+            .map(|(rank, rx)| InProcess {
+                rank,
+                peers: txs.clone(),
+                inbox: Mutex::new((rx, HashMap::new())),
+                timeout: Duration::from_secs(600),
+            })
+            .collect()
+    }
+
+    /// Sets how long a receive waits before it fails.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+impl Communicator for InProcess {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.peers.len()
+    }
+    fn send(&self, peer: usize, tag: u64, data: Vec<u8>) -> Result<(), CpError> {
+        let tx = self.peers.get(peer).ok_or_else(|| CpError::Comm {
+            rank: self.rank,
+            why: format!("send to rank {peer} in a world of {}", self.peers.len()),
+        })?;
+        tx.send((self.rank, tag, data))
+            .map_err(|_| CpError::Comm { rank: self.rank, why: format!("rank {peer} has stopped") })
+    }
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, CpError> {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(d) = inbox.1.remove(&(peer, tag)) {
+                return Ok(d);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match inbox.0.recv_timeout(left) {
+                Ok((from, t, d)) => {
+                    inbox.1.insert((from, t), d);
+                }
+                Err(_) => {
+                    return Err(CpError::Comm {
+                        rank: self.rank,
+                        why: format!("no message {tag} from rank {peer} within {:?}", self.timeout),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f` on every rank of an in-process world of `world` ranks, each on its own thread, and
+/// returns the results in rank order.
+pub fn run_in_process<R: Send>(world: usize, f: impl Fn(&InProcess) -> R + Sync) -> Vec<R> {
+    let comms = InProcess::world(world);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
+/// Sends `data` to every other rank and returns every rank's data, in rank order.
+pub fn all_gather(comm: &dyn Communicator, tag: u64, data: Vec<u8>) -> Result<Vec<Vec<u8>>, CpError> {
+    let (r, w) = (comm.rank(), comm.world());
+    for p in (0..w).filter(|&p| p != r) {
+        comm.send(p, tag, data.clone())?;
+    }
+    let mut out = Vec::with_capacity(w);
+    for p in 0..w {
+        out.push(if p == r { data.clone() } else { comm.recv(p, tag)? });
+    }
+    Ok(out)
+}
+
+/// Sends `parts[p]` to rank `p` and returns what each rank sent this one (its own part kept).
+pub fn all_to_all(comm: &dyn Communicator, tag: u64, mut parts: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, CpError> {
+    let (r, w) = (comm.rank(), comm.world());
+    if parts.len() != w {
+        return Err(CpError::Layout(format!("all_to_all with {} parts in a world of {w}", parts.len())));
+    }
+    for (p, part) in parts.iter_mut().enumerate() {
+        if p != r {
+            comm.send(p, tag, std::mem::take(part))?;
+        }
+    }
+    let mut out = Vec::with_capacity(w);
+    for (p, part) in parts.into_iter().enumerate() {
+        out.push(if p == r { part } else { comm.recv(p, tag)? });
+    }
+    Ok(out)
+}
+
+/// Global rows `start..start + len` of one piece of a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The pieces of a sequence of `len` rows that `rank` holds, in local order: ring and Ulysses
+/// the contiguous slice `rank·len/world .. (rank+1)·len/world`, zigzag pieces `rank` and
+/// `2·world-1-rank` of `2·world` (piece `i` is `i·len/(2 world) .. (i+1)·len/(2 world)`).
+pub fn segments(strategy: Strategy, len: usize, world: usize, rank: usize) -> Vec<Segment> {
+    let piece = |i: usize, n: usize| {
+        let (a, b) = (i * len / n, (i + 1) * len / n);
+        Segment { start: a, len: b - a }
+    };
+    match strategy {
+        Strategy::Ring | Strategy::Ulysses => vec![piece(rank, world)],
+        Strategy::Zigzag => vec![piece(rank, 2 * world), piece(2 * world - 1 - rank, 2 * world)],
+    }
+}
+
+/// One sequence of the problem: `nb` batch entries (dense) or one packed sequence (varlen).
+#[derive(Clone, Copy, Debug)]
+struct Seq {
+    nb: usize,
+    sq: usize,
+    skv: usize,
+}
+
+fn seqs(p: &Problem) -> Vec<Seq> {
+    match p.varlen {
+        Some(v) => v
+            .seqlens_q
+            .iter()
+            .zip(v.seqlens_kv)
+            .map(|(&q, &k)| Seq { nb: 1, sq: q as usize, skv: k as usize })
+            .collect(),
+        None => vec![Seq { nb: p.batch as usize, sq: p.seq_q as usize, skv: p.seq_kv as usize }],
+    }
+}
+
+/// A rank's local rows: for each sequence, its pieces with their local row offsets, and the total.
+#[derive(Clone, Debug)]
+struct Local {
+    /// Per sequence: (global segment, local row offset).
+    pieces: Vec<Vec<(Segment, usize)>>,
+    rows: usize,
+}
+
+fn local(strategy: Strategy, lens: impl Iterator<Item = usize>, world: usize, rank: usize) -> Local {
+    let mut pieces = Vec::new();
+    let mut off = 0;
+    for len in lens {
+        let mut v = Vec::new();
+        for s in segments(strategy, len, world, rank) {
+            v.push((s, off));
+            off += s.len;
+        }
+        pieces.push(v);
+    }
+    Local { pieces, rows: off }
+}
+
+/// How a block was computed (the per-step report).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// Every row sees every key: no mask.
+    Full,
+    /// The diagonal block of a causal problem (same rows, same keys).
+    Diagonal,
+    /// A masked block (window, or a causal block off the diagonal).
+    Partial,
+    /// No row sees a key: not launched.
+    Skipped,
+}
+
+/// One step of one rank: what it sent and received and how long its compute took.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepStats {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Seconds of this rank's block launches and merges in the step.
+    pub compute_s: f64,
+    /// Blocks by kind (pairs of a query piece and a key piece).
+    pub blocks: Vec<BlockKind>,
+    /// Query-key pairs the step's blocks see (the work, up to the mask's precision).
+    pub visible_pairs: u64,
+}
+
+/// What one rank did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpStats {
+    pub steps: Vec<StepStats>,
+}
+
+impl CpStats {
+    pub fn bytes_sent(&self) -> u64 {
+        self.steps.iter().map(|s| s.bytes_sent).sum()
+    }
+    pub fn bytes_received(&self) -> u64 {
+        self.steps.iter().map(|s| s.bytes_received).sum()
+    }
+    pub fn compute_s(&self) -> f64 {
+        self.steps.iter().map(|s| s.compute_s).sum()
+    }
+}
+
+/// One rank's result: its rows of `o` (f32, in the local layout of its q: `[batch, rows, heads,
+/// head_dim]`, varlen `[rows, heads, head_dim]`), `lse` (`[batch, heads, rows]`, varlen `[heads,
+/// rows]`) and what it did.
+#[derive(Clone, Debug)]
+pub struct CpOutput {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub stats: CpStats,
+}
+
+/// Options of the context-parallel calls beyond the problem.
+#[derive(Clone, Debug, Default)]
+pub struct CpOpts {
+    /// Test hook: leave out the merge of this step's blocks (a test proves the check sees it).
+    #[doc(hidden)]
+    pub drop_merge_step: Option<usize>,
+}
+
+/// The rows (`[batch, seq, heads, d]`, varlen `[total, heads, d]`) of a global host tensor that
+/// `rank` holds under `strategy`, in its local order: the shard a rank is given. `heads` is the
+/// tensor's (query or K/V) head count; `keys` picks the key lengths (k, v) instead of the query
+/// lengths.
+pub fn shard(
+    p: &Problem,
+    strategy: Strategy,
+    world: usize,
+    rank: usize,
+    keys: bool,
+    heads: usize,
+    x: &[f32],
+) -> Vec<f32> {
+    let row = heads * p.head_dim as usize;
+    let mut out = Vec::new();
+    let mut global_off = 0;
+    for s in seqs(p) {
+        let len = if keys { s.skv } else { s.sq };
+        for b in 0..s.nb {
+            for seg in segments(strategy, len, world, rank) {
+                let at = (global_off + b * len + seg.start) * row;
+                out.extend_from_slice(&x[at..at + seg.len * row]);
+            }
+        }
+        global_off += s.nb * len;
+    }
+    out
+}
+
+/// Reassembles the global `o` and `lse` (the single-device layouts) from every rank's
+/// [`CpOutput`] (rank order).
+pub fn gather(p: &Problem, strategy: Strategy, outs: &[CpOutput]) -> (Vec<f32>, Vec<f32>) {
+    let world = outs.len();
+    let (h, d) = (p.heads as usize, p.head_dim as usize);
+    let total_rows: usize = seqs(p).iter().map(|s| s.nb * s.sq).sum();
+    let mut o = vec![0f32; total_rows * h * d];
+    let mut lse = vec![0f32; total_rows * h];
+    let varlen = p.varlen.is_some();
+    for (rank, out) in outs.iter().enumerate() {
+        let loc = local(strategy, seqs(p).iter().map(|s| s.sq), world, rank);
+        let mut global_off = 0;
+        for (si, s) in seqs(p).iter().enumerate() {
+            for (seg, loff) in &loc.pieces[si] {
+                for b in 0..s.nb {
+                    for i in 0..seg.len {
+                        let (lr, gr) = (b * loc.rows + loff + i, global_off + b * s.sq + seg.start + i);
+                        o[gr * h * d..][..h * d].copy_from_slice(&out.o[lr * h * d..][..h * d]);
+                        for hh in 0..h {
+                            let (li, gi) = if varlen {
+                                (hh * loc.rows + loff + i, hh * total_rows + gr)
+                            } else {
+                                ((b * h + hh) * loc.rows + loff + i, (b * h + hh) * s.sq + seg.start + i)
+                            };
+                            lse[gi] = out.lse[li];
+                        }
+                    }
+                }
+            }
+            global_off += s.nb * s.sq;
+        }
+    }
+    (o, lse)
+}
+
+/// The running f32 state of a rank's rows.
+struct Acc {
+    o: Vec<f32>,
+    lse: Vec<f32>,
+    rows: usize,
+    heads: usize,
+    d: usize,
+    varlen: bool,
+}
+
+impl Acc {
+    fn new(batch: usize, rows: usize, heads: usize, d: usize, varlen: bool) -> Acc {
+        let nb = if varlen { 1 } else { batch };
+        Acc {
+            o: vec![0.0; nb * rows * heads * d],
+            lse: vec![f32::NEG_INFINITY; nb * rows * heads],
+            rows,
+            heads,
+            d,
+            varlen,
+        }
+    }
+    fn lse_at(&self, b: usize, h: usize, row: usize) -> usize {
+        if self.varlen {
+            h * self.rows + row
+        } else {
+            (b * self.heads + h) * self.rows + row
+        }
+    }
+    /// Merges one block's `o` (`[nb, n, heads, d]`) and `lse` (`[nb, heads, n]`) into rows
+    /// `row0..row0 + n` of batch entries `b0..b0 + nb`.
+    fn merge(&mut self, b0: usize, nb: usize, row0: usize, n: usize, o: &[f32], lse: &[f32]) {
+        let (h, d) = (self.heads, self.d);
+        for b in 0..nb {
+            for i in 0..n {
+                for hh in 0..h {
+                    let l_new = lse[(b * h + hh) * n + i];
+                    let at = self.lse_at(b0 + b, hh, row0 + i);
+                    let l_acc = self.lse[at];
+                    let m = l_acc.max(l_new);
+                    if m == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let l = m + ((l_acc - m).exp() + (l_new - m).exp()).ln();
+                    let (wa, wn) = ((l_acc - l).exp(), (l_new - l).exp());
+                    let oa = (((b0 + b) * self.rows + row0 + i) * h + hh) * d;
+                    let on = ((b * n + i) * h + hh) * d;
+                    for x in 0..d {
+                        self.o[oa + x] = wa * self.o[oa + x] + wn * o[on + x];
+                    }
+                    self.lse[at] = l;
+                }
+            }
+        }
+    }
+    /// Adds each head's sink logit to its rows' denominators.
+    fn add_sinks(&mut self, batch: usize, sinks: &[f32], head0: usize) {
+        let nb = if self.varlen { 1 } else { batch };
+        let (h, d) = (self.heads, self.d);
+        for b in 0..nb {
+            for hh in 0..h {
+                let s = sinks[head0 + hh];
+                for i in 0..self.rows {
+                    let at = self.lse_at(b, hh, i);
+                    let l = self.lse[at];
+                    let m = l.max(s);
+                    let nl = m + ((l - m).exp() + (s - m).exp()).ln();
+                    let w = (l - nl).exp();
+                    let oa = ((b * self.rows + i) * h + hh) * d;
+                    for x in &mut self.o[oa..oa + d] {
+                        *x *= w;
+                    }
+                    self.lse[at] = nl;
+                }
+            }
+        }
+    }
+}
+
+/// The window of `p` as signed bounds (`None` unbounded); causal sets the right side to 0.
+fn window(p: &Problem) -> (Option<i64>, Option<i64>) {
+    let side = |w: i32| (w >= 0).then_some(w as i64);
+    let right = if p.causal { Some(0) } else { side(p.window.1) };
+    (side(p.window.0), right)
+}
+
+/// The launch of one block: the query and key prefixes and the kernel's window, or `None` when
+/// no row of the block sees a key. `diag` is the block's diagonal `D` (module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct BlockPlan {
+    rows: usize,
+    keys: usize,
+    left: Option<i64>,
+    right: Option<i64>,
+    kind: BlockKind,
+    visible: u64,
+}
+
+fn plan_block(lq: usize, lk: usize, diag: i64, win: (Option<i64>, Option<i64>)) -> Option<BlockPlan> {
+    if lq == 0 || lk == 0 {
+        return None;
+    }
+    let (wl, wr) = win;
+    let (lq_i, lk_i) = (lq as i64, lk as i64);
+    let e = lk_i - lq_i - diag;
+    let (rows, keys) = match (wl, wr) {
+        (_, Some(r)) if e > r => (lq_i, lq_i + diag + r),
+        (Some(l), _) if e < -l => (lk_i - diag + l, lk_i),
+        _ => (lq_i, lk_i),
+    };
+    let (rows, keys) = (rows.min(lq_i), keys.min(lk_i));
+    if rows <= 0 || keys <= 0 {
+        return None;
+    }
+    let e = keys - rows - diag;
+    let left = wl.map(|l| l + e);
+    let right = wr.map(|r| r - e);
+    // Pairs seen, counted from the global rule.
+    let mut visible = 0u64;
+    for a in 0..rows {
+        let lo = wl.map_or(0, |l| (a + diag - l).max(0));
+        let hi = wr.map_or(keys - 1, |r| (a + diag + r).min(keys - 1));
+        visible += (hi - lo + 1).max(0) as u64;
+    }
+    if visible == 0 {
+        return None;
+    }
+    let full = visible == (lq as u64) * (lk as u64);
+    let kind = if full {
+        BlockKind::Full
+    } else if diag == 0 && lq == lk && wl.is_none() && wr == Some(0) {
+        BlockKind::Diagonal
+    } else {
+        BlockKind::Partial
+    };
+    Some(BlockPlan { rows: rows as usize, keys: keys as usize, left, right, kind, visible })
+}
+
+/// A tensor's local rows on a rank's device: `[nb, rows, heads, d]` rows `row0..` of a buffer
+/// whose batch entries are `batch_rows` rows apart.
+struct Region<'a> {
+    buf: &'a DeviceBuffer,
+    batch_rows: usize,
+    heads: usize,
+}
+
+impl Region<'_> {
+    fn view(
+        &self,
+        dtype: Dtype,
+        d: usize,
+        b0: usize,
+        nb: usize,
+        row0: usize,
+        rows: usize,
+    ) -> Result<TensorView<'_>, AttnError> {
+        let row = self.heads * d;
+        TensorView::device(self.buf, dtype, [nb, rows, self.heads, d])?
+            .with_strides([self.batch_rows * row, row, d, 1])
+            .offset((b0 * self.batch_rows + row0) * row)
+    }
+}
+
+/// Runs one block and merges it; returns its kind and the pairs it sees.
+#[allow(clippy::too_many_arguments)]
+fn run_block(
+    kernels: &Kernels,
+    p: &Problem,
+    q: &Region<'_>,
+    k: &Region<'_>,
+    v: &Region<'_>,
+    (b0, nb): (usize, usize),
+    (qseg, qoff): (Segment, usize),
+    (kseg, koff): (Segment, usize),
+    g: i64,
+    acc: &mut Acc,
+    merge: bool,
+) -> Result<(BlockKind, u64), AttnError> {
+    let diag = qseg.start as i64 - kseg.start as i64 + g;
+    let Some(bp) = plan_block(qseg.len, kseg.len, diag, window(p)) else {
+        return Ok((BlockKind::Skipped, 0));
+    };
+    let d = p.head_dim as usize;
+    let qv = q.view(p.dtype, d, b0, nb, qoff, bp.rows)?;
+    let kv = k.view(p.dtype, d, b0, nb, koff, bp.keys)?;
+    let vv = v.view(p.dtype, d, b0, nb, koff, bp.keys)?;
+    let side = |w: Option<i64>| w.map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+    let mut opts = AttnOpts::new().softmax_scale(p.softmax_scale()).window(side(bp.left), side(bp.right));
+    if p.softcap > 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    let (o, lse) = kernels.flash_attn(&qv, &kv, &vv, &opts)?;
+    let (o, lse) = (o.to_vec_f32()?, lse.to_vec_f32()?);
+    if merge {
+        acc.merge(b0, nb, qoff, bp.rows, &o, &lse);
+    }
+    Ok((bp.kind, bp.visible))
+}
+
+fn attn_err(rank: usize) -> impl Fn(AttnError) -> CpError {
+    move |source| CpError::Attn { rank, source }
+}
+
+/// Checks what every strategy needs of the problem and the world.
+fn check(p: &Problem, strategy: Strategy, world: usize, sinks: &[f32]) -> Result<(), CpError> {
+    if world == 0 {
+        return Err(CpError::Layout("a world of 0 ranks".into()));
+    }
+    if p.sinks && sinks.len() != p.heads as usize {
+        return Err(CpError::Layout(format!("{} sink logits for {} heads (one per head)", sinks.len(), p.heads)));
+    }
+    if strategy == Strategy::Ulysses {
+        let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
+        if h % world != 0 || hk % world != 0 {
+            return Err(CpError::Layout(format!(
+                "Ulysses splits heads across ranks: heads ({h}) and heads_kv ({hk}) must both be divisible by the \
+                 world size {world} (use ring or zigzag, which split the sequence)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Context-parallel attention on one rank: `q`, `k`, `v` are this rank's shard (see [`shard`])
+/// in `p.dtype` on `kernels`' device, in the local layout (`[batch, rows, heads, head_dim]`,
+/// varlen `[rows, heads, head_dim]` with the rank's pieces of each sequence in order); `p` is the
+/// whole problem (global lengths, mask, GQA, soft cap, varlen); `sinks` the per-head sink logits
+/// when `p.sinks`. Every rank of the world calls it with the same `p` and `strategy`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    strategy: Strategy,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    sinks: &[f32],
+    opts: &CpOpts,
+) -> Result<CpOutput, CpError> {
+    let world = comm.world();
+    check(p, strategy, world, sinks)?;
+    match strategy {
+        Strategy::Ring | Strategy::Zigzag => ring(kernels, comm, p, strategy, q, k, v, sinks, opts),
+        Strategy::Ulysses => ulysses(kernels, comm, p, q, k, v, sinks),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ring(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    strategy: Strategy,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    sinks: &[f32],
+    opts: &CpOpts,
+) -> Result<CpOutput, CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let err = attn_err(rank);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let e = p.dtype.size_bytes() as usize;
+    let ss = seqs(p);
+    let varlen = p.varlen.is_some();
+    let lq = local(strategy, ss.iter().map(|s| s.sq), world, rank);
+    let kv_local = |owner: usize| local(strategy, ss.iter().map(|s| s.skv), world, owner);
+    let batch = p.batch as usize;
+    let nb_total = if varlen { 1 } else { batch };
+    let mut acc = Acc::new(batch, lq.rows, h, d, varlen);
+    let qr = Region { buf: q, batch_rows: lq.rows, heads: h };
+    // The K/V block this rank holds now: its owner, its bytes (k then v) and its device copies.
+    let own = kv_local(rank);
+    let kv_bytes = nb_total * own.rows * hk * d * e;
+    let mut cur_bytes = k.read_bytes(kv_bytes).map_err(&err)?;
+    cur_bytes.extend(v.read_bytes(kv_bytes).map_err(&err)?);
+    let mut cur: Option<(DeviceBuffer, DeviceBuffer)> = None;
+    let mut stats = CpStats::default();
+    for t in 0..world {
+        let owner = (rank + world - t) % world;
+        let mut st = StepStats::default();
+        // Post the block to the next rank before computing with it: the transfer overlaps the compute.
+        if t + 1 < world {
+            st.bytes_sent = cur_bytes.len() as u64;
+            comm.send((rank + 1) % world, t as u64, cur_bytes.clone())?;
+        }
+        let started = Instant::now();
+        let lk = kv_local(owner);
+        let (kb, vb) = match &cur {
+            Some((kb, vb)) => (kb, vb),
+            None => (k, v),
+        };
+        let kr = Region { buf: kb, batch_rows: lk.rows, heads: hk };
+        let vr = Region { buf: vb, batch_rows: lk.rows, heads: hk };
+        let merge = opts.drop_merge_step != Some(t);
+        for (si, s) in ss.iter().enumerate() {
+            let g = s.skv as i64 - s.sq as i64;
+            let b0 = 0;
+            for &qp in &lq.pieces[si] {
+                for &kp in &lk.pieces[si] {
+                    let (kind, vis) =
+                        run_block(kernels, p, &qr, &kr, &vr, (b0, s.nb), qp, kp, g, &mut acc, merge).map_err(&err)?;
+                    st.blocks.push(kind);
+                    st.visible_pairs += vis * s.nb as u64 * h as u64;
+                }
+            }
+        }
+        st.compute_s = started.elapsed().as_secs_f64();
+        if t + 1 < world {
+            let data = comm.recv((rank + world - 1) % world, t as u64)?;
+            st.bytes_received = data.len() as u64;
+            let nxt = kv_local((owner + world - 1) % world);
+            let half = nb_total * nxt.rows * hk * d * e;
+            if data.len() != 2 * half {
+                return Err(CpError::Comm {
+                    rank,
+                    why: format!("a K/V block of {} bytes where {} were expected", data.len(), 2 * half),
+                });
+            }
+            let kb = kernels.alloc(half as u64).map_err(&err)?;
+            let vb = kernels.alloc(half as u64).map_err(&err)?;
+            kb.write_bytes(&data[..half]).map_err(&err)?;
+            vb.write_bytes(&data[half..]).map_err(&err)?;
+            cur = Some((kb, vb));
+            cur_bytes = data;
+        }
+        stats.steps.push(st);
+    }
+    if p.sinks {
+        acc.add_sinks(batch, sinks, 0);
+    }
+    Ok(CpOutput { o: acc.o, lse: acc.lse, stats })
+}
+
+/// Heads `[h0, h0 + n)` of rows `[nb, rows, heads, d]` (elements of `e` bytes), as bytes.
+fn heads_of(x: &[u8], nb_rows: usize, heads: usize, d: usize, e: usize, h0: usize, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(nb_rows * n * d * e);
+    for r in 0..nb_rows {
+        let at = (r * heads + h0) * d * e;
+        out.extend_from_slice(&x[at..at + n * d * e]);
+    }
+    out
+}
+
+fn ulysses(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    sinks: &[f32],
+) -> Result<CpOutput, CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let err = attn_err(rank);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let (hw, hkw) = (h / world, hk / world);
+    let e = p.dtype.size_bytes() as usize;
+    let ss = seqs(p);
+    let varlen = p.varlen.is_some();
+    let batch = p.batch as usize;
+    let nb = if varlen { 1 } else { batch };
+    let locs_q: Vec<Local> = (0..world).map(|r| local(Strategy::Ulysses, ss.iter().map(|s| s.sq), world, r)).collect();
+    let locs_k: Vec<Local> = (0..world).map(|r| local(Strategy::Ulysses, ss.iter().map(|s| s.skv), world, r)).collect();
+    let (mq, mk) = (&locs_q[rank], &locs_k[rank]);
+    let mut stats = CpStats::default();
+    let mut st = StepStats::default();
+    // First all-to-all: to rank p, this rank's rows of p's heads of q, k and v.
+    let qb = q.read_bytes(nb * mq.rows * h * d * e).map_err(&err)?;
+    let kb = k.read_bytes(nb * mk.rows * hk * d * e).map_err(&err)?;
+    let vb = v.read_bytes(nb * mk.rows * hk * d * e).map_err(&err)?;
+    let parts: Vec<Vec<u8>> = (0..world)
+        .map(|peer| {
+            let mut m = heads_of(&qb, nb * mq.rows, h, d, e, peer * hw, hw);
+            m.extend(heads_of(&kb, nb * mk.rows, hk, d, e, peer * hkw, hkw));
+            m.extend(heads_of(&vb, nb * mk.rows, hk, d, e, peer * hkw, hkw));
+            m
+        })
+        .collect();
+    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = all_to_all(comm, 1 << 32, parts)?;
+    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    // Assemble the whole sequence of this rank's heads: [nb, seq, hw, d] (varlen packed).
+    let (tq, tk): (usize, usize) = (ss.iter().map(|s| s.sq).sum(), ss.iter().map(|s| s.skv).sum());
+    let (rows_q, rows_k) = if varlen { (tq, tk) } else { (p.seq_q as usize, p.seq_kv as usize) };
+    let mut fq = vec![0u8; nb * rows_q * hw * d * e];
+    let mut fk = vec![0u8; nb * rows_k * hkw * d * e];
+    let mut fv = vec![0u8; nb * rows_k * hkw * d * e];
+    for (src, m) in got.iter().enumerate() {
+        let (lq, lk) = (&locs_q[src], &locs_k[src]);
+        let (nq, nk) = (nb * lq.rows * hw * d * e, nb * lk.rows * hkw * d * e);
+        if m.len() != nq + 2 * nk {
+            return Err(CpError::Comm {
+                rank,
+                why: format!("an all-to-all part of {} bytes from rank {src}", m.len()),
+            });
+        }
+        let place =
+            |dst: &mut [u8], part: &[u8], loc: &Local, lens: &dyn Fn(&Seq) -> usize, width: usize, grows: usize| {
+                let row = width * d * e;
+                let mut goff = 0;
+                for (si, s) in ss.iter().enumerate() {
+                    for &(seg, loff) in &loc.pieces[si] {
+                        for b in 0..s.nb {
+                            let (lr, gr) = (b * loc.rows + loff, b * grows + goff + seg.start);
+                            dst[gr * row..(gr + seg.len) * row].copy_from_slice(&part[lr * row..(lr + seg.len) * row]);
+                        }
+                    }
+                    if varlen {
+                        goff += lens(s);
+                    }
+                }
+            };
+        place(&mut fq, &m[..nq], lq, &|s| s.sq, hw, rows_q);
+        place(&mut fk, &m[nq..nq + nk], lk, &|s| s.skv, hkw, rows_k);
+        place(&mut fv, &m[nq + nk..], lk, &|s| s.skv, hkw, rows_k);
+    }
+    let started = Instant::now();
+    let up = |bytes: &[u8]| -> Result<DeviceBuffer, CpError> {
+        let b = kernels.alloc(bytes.len() as u64).map_err(&err)?;
+        b.write_bytes(bytes).map_err(&err)?;
+        Ok(b)
+    };
+    let (dq, dk, dv) = (up(&fq)?, up(&fk)?, up(&fv)?);
+    let qv = TensorView::device(&dq, p.dtype, [nb, rows_q, hw, d]).map_err(&err)?;
+    let kv = TensorView::device(&dk, p.dtype, [nb, rows_k, hkw, d]).map_err(&err)?;
+    let vv = TensorView::device(&dv, p.dtype, [nb, rows_k, hkw, d]).map_err(&err)?;
+    let mut opts =
+        AttnOpts::new().softmax_scale(p.softmax_scale()).window_size(p.window.0, p.window.1).causal(p.causal);
+    if p.softcap > 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    let (o, lse) = match p.varlen {
+        Some(vl) => {
+            let cq = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_q), None).map_err(&err)?;
+            let ck = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_kv), None).map_err(&err)?;
+            kernels.flash_attn_varlen(&qv, &kv, &vv, &cq, &ck, p.seq_q as usize, p.seq_kv as usize, &opts)
+        }
+        None => kernels.flash_attn(&qv, &kv, &vv, &opts),
+    }
+    .map_err(&err)?;
+    let (o, lse) = (o.to_vec_f32().map_err(&err)?, lse.to_vec_f32().map_err(&err)?);
+    st.compute_s = started.elapsed().as_secs_f64();
+    st.blocks.push(BlockKind::Full);
+    stats.steps.push(st);
+    // Second all-to-all: to rank p, p's rows of this rank's heads, o (f32) then lse.
+    let mut st = StepStats::default();
+    let parts: Vec<Vec<u8>> = (0..world)
+        .map(|peer| {
+            let loc = &locs_q[peer];
+            let mut m = Vec::with_capacity(nb * loc.rows * hw * (d + 1) * 4);
+            let mut goff = 0;
+            for (si, s) in ss.iter().enumerate() {
+                for &(seg, _) in &loc.pieces[si] {
+                    for b in 0..s.nb {
+                        let gr = b * rows_q + goff + seg.start;
+                        for x in &o[gr * hw * d..(gr + seg.len) * hw * d] {
+                            m.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+                if varlen {
+                    goff += s.sq;
+                }
+            }
+            let mut goff = 0;
+            for (si, s) in ss.iter().enumerate() {
+                for &(seg, _) in &loc.pieces[si] {
+                    for b in 0..s.nb {
+                        for hh in 0..hw {
+                            for i in 0..seg.len {
+                                let at = (b * hw + hh) * rows_q + goff + seg.start + i;
+                                m.extend_from_slice(&lse[at].to_le_bytes());
+                            }
+                        }
+                    }
+                }
+                if varlen {
+                    goff += s.sq;
+                }
+            }
+            m
+        })
+        .collect();
+    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = all_to_all(comm, 2 << 32, parts)?;
+    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let mut acc = Acc::new(batch, mq.rows, h, d, varlen);
+    for (src, m) in got.iter().enumerate() {
+        let f: Vec<f32> = Dtype::F32.decode(m);
+        let n_o = nb * mq.rows * hw * d;
+        if f.len() != n_o + nb * mq.rows * hw {
+            return Err(CpError::Comm { rank, why: format!("a returned part of {} bytes from rank {src}", m.len()) });
+        }
+        let (po, pl) = f.split_at(n_o);
+        // Walk the same order the sender wrote.
+        let mut n = 0;
+        for (si, s) in ss.iter().enumerate() {
+            for &(seg, loff) in &mq.pieces[si] {
+                for b in 0..s.nb {
+                    for i in 0..seg.len {
+                        let lr = b * mq.rows + loff + i;
+                        for hh in 0..hw {
+                            let dst = (lr * h + src * hw + hh) * d;
+                            acc.o[dst..dst + d].copy_from_slice(&po[n..n + d]);
+                            n += d;
+                        }
+                    }
+                }
+            }
+        }
+        let mut n = 0;
+        for (si, s) in ss.iter().enumerate() {
+            for &(seg, loff) in &mq.pieces[si] {
+                for b in 0..s.nb {
+                    for hh in 0..hw {
+                        for i in 0..seg.len {
+                            let at = acc.lse_at(b, src * hw + hh, loff + i);
+                            acc.lse[at] = pl[n];
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    stats.steps.push(st);
+    if p.sinks {
+        acc.add_sinks(batch, sinks, 0);
+    }
+    Ok(CpOutput { o: acc.o, lse: acc.lse, stats })
+}
+
+/// Decode over a KV cache sharded by sequence: every rank holds all of `q` (`[batch, seq_q,
+/// heads, head_dim]`, the new tokens, bottom-right aligned to the `p.seq_kv` cached keys) and its
+/// contiguous slice of the cache (`k_shard`, `v_shard`: `[batch, n_r, heads_kv, head_dim]`, the
+/// ring slice of [`segments`]). Each rank computes its partial state (the decode kernel over its
+/// slice, or a masked prefill block where a window leaves some rows without keys), the states
+/// are all-gathered (f32) and merged in rank order, so every rank returns the whole `o` and `lse`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    q: &DeviceBuffer,
+    k_shard: &DeviceBuffer,
+    v_shard: &DeviceBuffer,
+    sinks: &[f32],
+) -> Result<CpOutput, CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    check(p, Strategy::Ring, world, sinks)?;
+    if p.varlen.is_some() {
+        return Err(CpError::Layout("sharded decode takes a dense batch (no packed sequences)".into()));
+    }
+    let err = attn_err(rank);
+    let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let seg = segments(Strategy::Ring, skv, world, rank)[0];
+    let mut st = StepStats::default();
+    let started = Instant::now();
+    let g = skv as i64 - sq as i64;
+    let diag = -(seg.start as i64) + g;
+    let plan = plan_block(sq, seg.len, diag, window(p));
+    let mut acc = Acc::new(b, sq, h, d, false);
+    if let Some(bp) = plan {
+        st.blocks.push(bp.kind);
+        st.visible_pairs = bp.visible * (b * h) as u64;
+        let mut opts = AttnOpts::new().softmax_scale(p.softmax_scale());
+        if p.softcap > 0.0 {
+            opts = opts.softcap(p.softcap);
+        }
+        let side = |w: Option<i64>| w.map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+        let opts = opts.window(side(bp.left), side(bp.right));
+        let qv = TensorView::device(q, p.dtype, [b, sq, h, d]).map_err(&err)?;
+        let (o, lse) = if bp.rows == sq && matches!(p.head_dim, 64 | 128) {
+            // The decode kernel over the slice's first `keys` keys.
+            let mut kc = crate::attn::TensorViewMut::device(k_shard, p.dtype, [b, seg.len, hk, d]).map_err(&err)?;
+            let mut vc = crate::attn::TensorViewMut::device(v_shard, p.dtype, [b, seg.len, hk, d]).map_err(&err)?;
+            let lens = kernels.index_tensor(&vec![bp.keys as u32; b], None).map_err(&err)?;
+            kernels.flash_attn_with_kvcache(&qv, &mut kc, &mut vc, None, None, &lens, None, &opts).map_err(&err)?
+        } else {
+            let kr = Region { buf: k_shard, batch_rows: seg.len, heads: hk };
+            let vr = Region { buf: v_shard, batch_rows: seg.len, heads: hk };
+            let qr = Region { buf: q, batch_rows: sq, heads: h };
+            let qv = qr.view(p.dtype, d, 0, b, 0, bp.rows).map_err(&err)?;
+            let kv = kr.view(p.dtype, d, 0, b, 0, bp.keys).map_err(&err)?;
+            let vv = vr.view(p.dtype, d, 0, b, 0, bp.keys).map_err(&err)?;
+            kernels.flash_attn(&qv, &kv, &vv, &opts).map_err(&err)?
+        };
+        let (o, lse) = (o.to_vec_f32().map_err(&err)?, lse.to_vec_f32().map_err(&err)?);
+        acc.merge(0, b, 0, bp.rows, &o, &lse);
+    } else {
+        st.blocks.push(BlockKind::Skipped);
+    }
+    st.compute_s = started.elapsed().as_secs_f64();
+    // All-gather the partial states and merge them in rank order (the same on every rank).
+    let mut msg = Dtype::F32.encode(&acc.o);
+    msg.extend(Dtype::F32.encode(&acc.lse));
+    st.bytes_sent = msg.len() as u64 * (world as u64 - 1);
+    let states = all_gather(comm, 3 << 32, msg)?;
+    st.bytes_received = states.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum();
+    let mut merged = Acc::new(b, sq, h, d, false);
+    let n_o = b * sq * h * d;
+    for (src, m) in states.iter().enumerate() {
+        let f = Dtype::F32.decode(m);
+        if f.len() != n_o + b * sq * h {
+            return Err(CpError::Comm { rank, why: format!("a partial state of {} bytes from rank {src}", m.len()) });
+        }
+        merged.merge(0, b, 0, sq, &f[..n_o], &f[n_o..]);
+    }
+    if p.sinks {
+        merged.add_sinks(b, sinks, 0);
+    }
+    Ok(CpOutput { o: merged.o, lse: merged.lse, stats: CpStats { steps: vec![st] } })
+}
+
+/// The communication volume of the module docs, per rank: `(sent, received)` bytes of `strategy`
+/// over `world` ranks (`decode`: the sharded decode's all-gather). Equals what [`CpStats`]
+/// counts on every rank.
+pub fn analytic_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize, decode: bool) -> (u64, u64) {
+    let (h, hk, d) = (p.heads as u64, p.kv_heads() as u64, p.head_dim as u64);
+    let e = p.dtype.size_bytes();
+    let w = world as u64;
+    let ss = seqs(p);
+    let held = |lens: &dyn Fn(&Seq) -> usize, r: usize, s: Strategy| -> u64 {
+        ss.iter().map(|q| q.nb as u64 * segments(s, lens(q), world, r).iter().map(|g| g.len as u64).sum::<u64>()).sum()
+    };
+    let total = |lens: &dyn Fn(&Seq) -> usize| -> u64 { ss.iter().map(|q| (q.nb * lens(q)) as u64).sum() };
+    if decode {
+        let b = p.batch as u64;
+        let x = (w - 1) * b * p.seq_q as u64 * h * (d + 1) * 4;
+        return (x, x);
+    }
+    match strategy {
+        Strategy::Ring | Strategy::Zigzag => {
+            if world == 1 {
+                return (0, 0);
+            }
+            let kv = |r: usize| held(&|s| s.skv, r, strategy);
+            let skv = total(&|s| s.skv);
+            let unit = 2 * hk * d * e;
+            (unit * (skv - kv((rank + 1) % world)), unit * (skv - kv(rank)))
+        }
+        Strategy::Ulysses => {
+            let (hw, hkw) = (h / w, hk / w);
+            let q_r = held(&|s| s.sq, rank, strategy);
+            let k_r = held(&|s| s.skv, rank, strategy);
+            let mut sent = 0;
+            let mut recv = 0;
+            for peer in (0..world).filter(|&x| x != rank) {
+                let q_p = held(&|s| s.sq, peer, strategy);
+                let k_p = held(&|s| s.skv, peer, strategy);
+                sent += (q_r * hw + 2 * k_r * hkw) * d * e + q_p * hw * (d * 4 + 4);
+                recv += (q_p * hw + 2 * k_p * hkw) * d * e + q_r * hw * (d * 4 + 4);
+            }
+            (sent, recv)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_the_sequence_once() {
+        for s in Strategy::ALL {
+            for world in 1..6 {
+                for len in [0, 1, 7, 64, 100] {
+                    let mut seen = vec![0; len];
+                    for r in 0..world {
+                        for g in segments(s, len, world, r) {
+                            for x in &mut seen[g.start..g.start + g.len] {
+                                *x += 1;
+                            }
+                        }
+                    }
+                    assert!(seen.iter().all(|&c| c == 1), "{s} world {world} len {len}");
+                }
+            }
+        }
+        // Zigzag: rank 0 of 2 holds pieces 0 and 3 of 4.
+        assert_eq!(
+            segments(Strategy::Zigzag, 8, 2, 0),
+            vec![Segment { start: 0, len: 2 }, Segment { start: 6, len: 2 }]
+        );
+    }
+
+    /// Every block plan sees exactly the pairs of the global rule, through the kernels' rule
+    /// ([`kernels_gpu::mask::key_range`]) on the launched prefixes.
+    #[test]
+    fn block_plans_reproduce_the_global_mask() {
+        let sides = [None, Some(0), Some(1), Some(3), Some(9)];
+        for lq in 1..7usize {
+            for lk in 1..7usize {
+                for diag in -9i64..12 {
+                    for wl in sides {
+                        for wr in sides {
+                            let want = |a: i64, b: i64| {
+                                wl.is_none_or(|l| b >= a + diag - l) && wr.is_none_or(|r| b <= a + diag + r)
+                            };
+                            let plan = plan_block(lq, lk, diag, (wl, wr));
+                            let any = (0..lq as i64).any(|a| (0..lk as i64).any(|b| want(a, b)));
+                            let Some(bp) = plan else {
+                                assert!(!any, "skipped a visible block: lq {lq} lk {lk} D {diag} w {wl:?},{wr:?}");
+                                continue;
+                            };
+                            assert!(bp.left.is_none_or(|l| l >= 0) && bp.right.is_none_or(|r| r >= 0));
+                            let side = |w: Option<i64>| w.map_or(-1, |w| w as i32);
+                            for a in 0..lq as i64 {
+                                let (s, e) = if (a as usize) < bp.rows {
+                                    kernels_gpu::mask::key_range(
+                                        false,
+                                        side(bp.left),
+                                        side(bp.right),
+                                        a as u32,
+                                        bp.rows as u32,
+                                        bp.keys as u32,
+                                    )
+                                } else {
+                                    (0, 0)
+                                };
+                                for b in 0..lk as i64 {
+                                    assert_eq!(
+                                        want(a, b),
+                                        b >= s && b < e,
+                                        "lq {lq} lk {lk} D {diag} w {wl:?},{wr:?} a {a} b {b} plan {bp:?}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strategies_parse_and_print() {
+        for s in Strategy::ALL {
+            assert_eq!(s.name().parse::<Strategy>(), Ok(s));
+        }
+        assert!("stripe".parse::<Strategy>().unwrap_err().contains("ring, zigzag or ulysses"));
+    }
+}

@@ -1,0 +1,241 @@
+//! Context parallelism (`memattn::cp`) with in-process ranks, one VM device each: ring, zigzag
+//! and Ulysses over world sizes 1 to 4, gathered and checked against the single-device f64
+//! reference (every row; bf16 by the 2x naive-in-dtype rule), and decode over a cache sharded by
+//! sequence. The per-rank bytes are checked against the analytic volume.
+
+use memattn::attn::Kernels;
+use memattn::cp::{self, CpError, CpOpts, CpOutput, Strategy};
+use memattn::inputs::Qkv;
+use memattn::reference::{reference, RowSelection};
+use memattn::{Dtype, Problem};
+use memattn_cli::verify::{tolerance_for, verify};
+
+/// Runs `strategy` on `world` in-process ranks: each rank gets its shard of `x`.
+fn run_cp(p: &Problem, strategy: Strategy, world: usize, x: &Qkv, opts: &CpOpts) -> Result<Vec<CpOutput>, CpError> {
+    let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
+    cp::run_in_process(world, |comm| {
+        let rank = memattn::cp::Communicator::rank(comm);
+        let err = |source| CpError::Attn { rank, source };
+        let kernels = Kernels::vm().map_err(err)?;
+        let up = |keys: bool, heads: usize, t: &[f32]| {
+            let s = cp::shard(p, strategy, world, rank, keys, heads, t);
+            kernels.upload_as(p.dtype, &s).map_err(err)
+        };
+        let (q, k, v) = (up(false, h, &x.q)?, up(true, hk, &x.k)?, up(true, hk, &x.v)?);
+        cp::attention(&kernels, comm, p, strategy, &q, &k, &v, &x.sinks, opts)
+    })
+    .into_iter()
+    .collect()
+}
+
+/// The gathered result's verification against the f64 reference (every row).
+fn check(p: &Problem, strategy: Strategy, x: &Qkv, outs: &[CpOutput]) -> memattn_cli::verify::Verification {
+    let (o, lse) = cp::gather(p, strategy, outs);
+    let r = reference(p, x, &RowSelection::All);
+    let tol = tolerance_for(p, x, &r);
+    verify(p, &o, &lse, &r, &tol)
+}
+
+fn assert_matches(p: &Problem, strategy: Strategy, world: usize, seed: u64) {
+    let x = Qkv::random(p, seed);
+    let outs =
+        run_cp(p, strategy, world, &x, &CpOpts::default()).unwrap_or_else(|e| panic!("{strategy} w{world} {p:?}: {e}"));
+    let v = check(p, strategy, &x, &outs);
+    assert!(v.passed, "{strategy} world {world} {p:?}: {:?}", v.failures);
+    assert_eq!(v.checked_rows, v.total_rows);
+    assert_eq!(v.unwritten, 0);
+    // Every rank's bytes equal the analytic volume.
+    for (rank, out) in outs.iter().enumerate() {
+        let (sent, recv) = cp::analytic_bytes(p, strategy, world, rank, false);
+        assert_eq!(
+            (out.stats.bytes_sent(), out.stats.bytes_received()),
+            (sent, recv),
+            "{strategy} world {world} rank {rank}"
+        );
+    }
+    assert!(outs.iter().flat_map(|o| &o.o).any(|x| x.abs() > 0.1), "O looks empty");
+}
+
+fn base() -> Problem {
+    Problem { batch: 2, heads: 4, heads_kv: Some(2), seq_q: 45, seq_kv: 45, head_dim: 32, ..Problem::default() }
+}
+
+#[test]
+fn ring_and_zigzag_match_the_reference_on_1_to_4_ranks() {
+    for strategy in [Strategy::Ring, Strategy::Zigzag] {
+        for world in 1..=4 {
+            for causal in [false, true] {
+                assert_matches(&Problem { causal, ..base() }, strategy, world, 3 + world as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn ulysses_matches_the_reference_and_names_the_head_rule() {
+    for world in 1..=4 {
+        // heads 12 / heads_kv 12 split over 1..4 ranks; GQA 8/2 over 2.
+        let p = Problem { heads: 12, heads_kv: Some(12), causal: world % 2 == 0, ..base() };
+        assert_matches(&p, Strategy::Ulysses, world, 11);
+    }
+    assert_matches(&Problem { heads: 8, heads_kv: Some(2), causal: true, ..base() }, Strategy::Ulysses, 2, 12);
+    let p = Problem { heads: 8, heads_kv: Some(2), ..base() };
+    let e = run_cp(&p, Strategy::Ulysses, 4, &Qkv::random(&p, 1), &CpOpts::default()).unwrap_err();
+    assert!(e.to_string().contains("heads_kv (2) must both be divisible by the world size 4"), "{e}");
+}
+
+/// GQA 8/2, a sliding window, soft cap, sinks, seq_q < seq_kv (rows above the diagonal are fully
+/// masked) on 3 ranks.
+#[test]
+fn masks_gqa_softcap_sinks_and_unequal_lengths_on_3_ranks() {
+    let cases = [
+        Problem { heads: 8, heads_kv: Some(2), causal: true, window: (7, 0), ..base() },
+        Problem { heads: 8, heads_kv: Some(2), window: (5, 3), softcap: 2.0, ..base() },
+        Problem { seq_q: 40, seq_kv: 23, causal: true, sinks: true, ..base() },
+        Problem { seq_q: 13, seq_kv: 50, causal: true, window: (9, 0), ..base() },
+    ];
+    for p in cases {
+        for strategy in [Strategy::Ring, Strategy::Zigzag] {
+            assert_matches(&p, strategy, 3, 21);
+        }
+    }
+    let p = Problem { heads: 6, heads_kv: Some(3), causal: true, window: (7, 0), sinks: true, ..base() };
+    assert_matches(&p, Strategy::Ulysses, 3, 22);
+}
+
+#[test]
+fn varlen_with_unequal_lengths() {
+    let base = Problem { heads: 4, heads_kv: Some(2), head_dim: 32, causal: true, ..Problem::default() };
+    let p = Problem::varlen(base, &[17, 1, 40, 9], &[17, 1, 40, 9]).unwrap();
+    for (strategy, world) in [(Strategy::Ring, 3), (Strategy::Zigzag, 2), (Strategy::Zigzag, 4), (Strategy::Ulysses, 2)]
+    {
+        assert_matches(&p, strategy, world, 31);
+    }
+    let p = Problem::varlen(Problem { window: (6, 0), ..base }, &[5, 30, 0, 12], &[9, 30, 3, 12]).unwrap();
+    assert_matches(&p, Strategy::Ring, 4, 32);
+}
+
+#[test]
+fn bf16_by_the_2x_naive_in_dtype_rule() {
+    let p = Problem {
+        heads: 4,
+        heads_kv: Some(2),
+        head_dim: 64,
+        seq_q: 70,
+        seq_kv: 70,
+        causal: true,
+        dtype: Dtype::Bf16,
+        ..base()
+    };
+    for strategy in Strategy::ALL {
+        assert_matches(&p, strategy, 2, 41);
+    }
+    assert_matches(&p, Strategy::Zigzag, 3, 42);
+}
+
+/// Leaving out one step's merge is caught by the check: the check can fail.
+#[test]
+fn a_dropped_merge_step_fails_the_check() {
+    let p = Problem { causal: true, ..base() };
+    let x = Qkv::random(&p, 5);
+    for strategy in [Strategy::Ring, Strategy::Zigzag] {
+        let opts = CpOpts { drop_merge_step: Some(1), ..CpOpts::default() };
+        let outs = run_cp(&p, strategy, 3, &x, &opts).unwrap();
+        assert!(!check(&p, strategy, &x, &outs).passed, "{strategy}: a dropped step still verified");
+        let outs = run_cp(&p, strategy, 3, &x, &CpOpts::default()).unwrap();
+        assert!(check(&p, strategy, &x, &outs).passed);
+    }
+}
+
+/// Causal zigzag balances the work: every rank sees the same number of query-key pairs per step
+/// (even lengths), where plain ring's last rank does all of its steps and rank 0 one.
+#[test]
+fn zigzag_balances_causal_work() {
+    let p = Problem { batch: 1, heads: 1, heads_kv: None, seq_q: 64, seq_kv: 64, causal: true, ..base() };
+    let x = Qkv::random(&p, 7);
+    let work = |s| -> Vec<u64> {
+        run_cp(&p, s, 4, &x, &CpOpts::default())
+            .unwrap()
+            .iter()
+            .map(|o| o.stats.steps.iter().map(|s| s.visible_pairs).sum())
+            .collect()
+    };
+    let ring = work(Strategy::Ring);
+    let zig = work(Strategy::Zigzag);
+    assert_eq!(ring.iter().sum::<u64>(), 64 * 65 / 2);
+    assert_eq!(zig.iter().sum::<u64>(), 64 * 65 / 2);
+    assert!(ring[3] > 5 * ring[0], "{ring:?}");
+    let (lo, hi) = (zig.iter().min().unwrap(), zig.iter().max().unwrap());
+    assert!(hi - lo <= 16, "zigzag {zig:?}");
+}
+
+/// Decode over a cache sharded by sequence on 2 and 4 ranks against the single-device reference,
+/// f32 and bf16, plain and with a window that leaves some shards without keys.
+#[test]
+fn sharded_decode_matches_the_single_device_decode() {
+    let cases = [
+        Problem {
+            batch: 2,
+            heads: 8,
+            heads_kv: Some(2),
+            seq_q: 1,
+            seq_kv: 300,
+            head_dim: 64,
+            causal: true,
+            ..Problem::default()
+        },
+        Problem {
+            batch: 1,
+            heads: 4,
+            heads_kv: Some(1),
+            seq_q: 3,
+            seq_kv: 97,
+            head_dim: 128,
+            causal: true,
+            window: (20, 0),
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        },
+        Problem {
+            batch: 1,
+            heads: 2,
+            heads_kv: Some(2),
+            seq_q: 2,
+            seq_kv: 61,
+            head_dim: 64,
+            causal: true,
+            sinks: true,
+            softcap: 3.0,
+            ..Problem::default()
+        },
+    ];
+    for p in cases {
+        let x = Qkv::random(&p, 9);
+        for world in [2, 4] {
+            let hk = p.kv_heads() as usize;
+            let outs: Vec<CpOutput> = cp::run_in_process(world, |comm| {
+                let rank = memattn::cp::Communicator::rank(comm);
+                let err = |source| CpError::Attn { rank, source };
+                let kernels = Kernels::vm().map_err(err)?;
+                let q = kernels.upload_as(p.dtype, &x.q).map_err(err)?;
+                let up = |t: &[f32]| {
+                    kernels.upload_as(p.dtype, &cp::shard(&p, Strategy::Ring, world, rank, true, hk, t)).map_err(err)
+                };
+                let (k, v) = (up(&x.k)?, up(&x.v)?);
+                cp::decode(&kernels, comm, &p, &q, &k, &v, &x.sinks)
+            })
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{p:?} world {world}: {e}"));
+            let r = reference(&p, &x, &RowSelection::All);
+            let tol = tolerance_for(&p, &x, &r);
+            for (rank, out) in outs.iter().enumerate() {
+                let v = verify(&p, &out.o, &out.lse, &r, &tol);
+                assert!(v.passed, "{p:?} world {world} rank {rank}: {:?}", v.failures);
+                assert_eq!(out.o, outs[0].o, "every rank merges the same states in the same order");
+                let (s, rcv) = cp::analytic_bytes(&p, Strategy::Ring, world, rank, true);
+                assert_eq!((out.stats.bytes_sent(), out.stats.bytes_received()), (s, rcv));
+            }
+        }
+    }
+}
