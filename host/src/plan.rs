@@ -501,6 +501,63 @@ pub fn terms(m: &Model, w: &Workload) -> Terms {
     }
 }
 
+/// Per-device bytes of the workload under context parallelism over `n` devices: the sequence
+/// is split (ring/zigzag), the model is not.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpTerms {
+    pub devices: u32,
+    /// Every device holds all the weights.
+    pub weights: u64,
+    /// Each device's slice of every sequence's cache: `ceil(keys / n)` tokens per layer.
+    pub kv_cache: u64,
+    /// The ring's two K/V blocks of one layer in flight (the one computed on and the next
+    /// arriving): `2 x ceil(keys / n)` tokens of one layer.
+    pub ring_buffers: u64,
+    /// The f32 running state of the device's query rows (o and lse), `ceil(new_tokens / n)` rows.
+    pub merge_state: u64,
+    /// The largest activation, over `ceil(new_tokens / n)` rows (a decode step's one row is not split).
+    pub activation: u64,
+    pub total: u64,
+}
+
+/// [`CpTerms`] of `w` over `n` devices (flash kernels).
+pub fn cp_terms(m: &Model, w: &Workload, n: u32) -> CpTerms {
+    let sat = |x: u128| if x >= HUGE { u64::MAX } else { x as u64 };
+    let n = n.max(1);
+    let b = w.batch as u128;
+    let kv_token_layer = 2 * m.heads_kv as u128 * m.head_dim as u128 * w.kv_dtype.bytes() as u128;
+    let held = |keys: u32| -> u128 {
+        let k = (keys as u128).div_ceil(n as u128);
+        match w.page {
+            Some(p) => k.div_ceil(p as u128) * p as u128,
+            None => k,
+        }
+    };
+    let kv: u128 = (0..m.layers as usize).map(|l| kv_token_layer * held(m.keys(l, w.context))).sum::<u128>() * b;
+    let max_keys = (0..m.layers as usize).map(|l| m.keys(l, w.context)).max().unwrap_or(w.context);
+    let ring = if n > 1 { 2 * kv_token_layer * (max_keys as u128).div_ceil(n as u128) * b } else { 0 };
+    let rows = (w.new_tokens as u128).div_ceil(n as u128);
+    let merge = b * m.heads as u128 * rows * (m.head_dim as u128 + 1) * 4;
+    let one = terms(m, &Workload { kernel: KernelKind::Flash, ..*w });
+    let act = one.activation.bytes as u128 * rows / w.new_tokens.max(1) as u128;
+    let weights = one.weights as u128;
+    CpTerms {
+        devices: n,
+        weights: sat(weights),
+        kv_cache: sat(kv),
+        ring_buffers: sat(ring),
+        merge_state: sat(merge),
+        activation: sat(act),
+        total: sat(weights + kv + ring + merge + act),
+    }
+}
+
+/// The fewest devices (up to `max`) over which the workload fits `limit` bytes per device, or
+/// `None` (the weights alone, which every device holds, may not fit).
+pub fn smallest_cp(m: &Model, w: &Workload, limit: u64, max: u32) -> Option<u32> {
+    (1..=max).find(|&n| cp_terms(m, w, n).total <= limit)
+}
+
 /// The largest `x` in `lo..=hi` with `fits(x)`, for `fits` monotone (true then false).
 fn largest(lo: u32, hi: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
     if !fits(lo) {

@@ -862,3 +862,91 @@ fn sliding_window_is_window_w_minus_1_causal() {
     assert_eq!(a["vm_thread_instructions"], b["vm_thread_instructions"]);
     assert_eq!(a["flops"], 4.0 * 64.0 * (16.0 * 100.0 - 15.0 * 16.0 / 2.0));
 }
+
+/// `run --cp`: in-process ranks verified against the f64 reference, every rank's bytes equal
+/// to the analytic volume (recomputed here from the formula of docs/semantics.md), the overlap
+/// model of each strategy, and the refusals.
+#[test]
+fn run_cp_reports_bytes_and_the_overlap_model() {
+    // zigzag, 4 ranks, GQA 4/2, bf16, a length that is no multiple of 8 pieces.
+    let o = memattn(&[
+        "--json",
+        "--backend",
+        "vm",
+        "run",
+        "--cp",
+        "4",
+        "--cp-strategy",
+        "zigzag",
+        "--causal",
+        "--seq",
+        "301",
+        "--heads",
+        "4",
+        "--heads-kv",
+        "2",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "bf16",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["checked_rows"], v["total_rows"]);
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    // Ring over zigzag pieces: rank r sends the K/V of every rank but r+1 (2 x heads_kv x d x 2 B per key).
+    let piece = |i: u64| (i + 1) * 301 / 8 - i * 301 / 8;
+    let held = |r: u64| piece(r) + piece(7 - r);
+    for (r, rank) in ranks.iter().enumerate() {
+        let r = r as u64;
+        assert_eq!(rank["bytes_sent"], 2 * 2 * 64 * 2 * (301 - held((r + 1) % 4)), "rank {r}");
+        assert_eq!(rank["bytes_received"], 2 * 2 * 64 * 2 * (301 - held(r)), "rank {r}");
+        assert_eq!(rank["steps"].as_array().unwrap().len(), 4);
+    }
+    let models = v["overlap_model"]["strategies"].as_array().unwrap();
+    assert_eq!(models.len(), 3);
+    assert!(models[0]["fraction_of_ideal"].as_f64().unwrap() > 0.0);
+    assert!(models[2]["not_applicable"].as_str().unwrap().contains("divisible by the world size 4"));
+
+    // Human output: the table, the bytes against the formula, the model.
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "run",
+        "--cp",
+        "2",
+        "--cp-strategy",
+        "ulysses",
+        "--seq",
+        "37",
+        "--heads",
+        "2",
+        "--head-dim",
+        "32",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("rank 1: sent") && s.contains("(analytic"), "{s}");
+    assert!(
+        s.contains("overlap model, 2 ranks at 450 GB/s") || s.contains("overlap model, 2 ranks at 450.0 GB/s"),
+        "{s}"
+    );
+    assert!(s.contains("VERIFIED"), "{s}");
+
+    // Refusals name the rule, exit 2.
+    for (args, want) in [
+        (vec!["run", "--cp", "0"], "--cp must be 1 to 64"),
+        (vec!["run", "--cp", "3", "--cp-strategy", "ulysses", "--heads", "4"], "divisible by the world size 3"),
+        (vec!["run", "--cp", "2", "--kernel", "naive"], "--cp runs the flash kernels"),
+        (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
+        (vec!["--backend", "cuda", "run", "--cp", "2"], "NCCL ranks on GPUs are not built yet"),
+    ] {
+        let o = memattn(&args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    let o = memattn(&["run", "--cp-strategy", "ring"]);
+    assert_eq!(code(&o), 2, "--cp-strategy without --cp");
+}

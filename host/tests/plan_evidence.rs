@@ -424,3 +424,70 @@ fn sweep_plot_shows_bytes_the_limit_and_what_did_not_fit() {
     // The naive run at 256 that did not fit: one hollow marker (no fill), drawn in naive's colour.
     assert_eq!(svg.matches(r##"fill="none" stroke="#D62728""##).count(), 1);
 }
+
+/// `plan --cp`: the per-device terms add up, the KV slice is the single-device cache over N,
+/// and the smallest group that fits is the first N whose total is under the limit.
+#[test]
+fn plan_cp_gives_per_device_memory_and_the_smallest_group() {
+    let o = memattn(&[
+        "--json",
+        "plan",
+        "--config",
+        &fixture("llama-3-8b"),
+        "--context",
+        "1048576",
+        "--cp",
+        "8",
+        "--vram",
+        "80GiB",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let t = &v["cp"]["per_device"];
+    let n = |k: &str| t[k].as_u64().unwrap();
+    assert_eq!(n("total"), n("weights") + n("kv_cache") + n("ring_buffers") + n("merge_state") + n("activation"));
+    assert_eq!(n("weights"), v["flash"]["weights"].as_u64().unwrap());
+    assert_eq!(n("kv_cache"), v["flash"]["kv_cache"].as_u64().unwrap() / 8);
+    // Llama 3 8B: 32 layers x 2 x 8 KV heads x 128 x 2 B = 128 KiB per token; one layer's two
+    // blocks of 2^20 / 8 tokens.
+    assert_eq!(n("ring_buffers"), 2 * (2 * 8 * 128 * 2) * (1 << 17));
+    assert_eq!(v["cp"]["fits"], true);
+    let smallest = v["cp"]["smallest_devices"].as_u64().unwrap();
+    let limit = v["limit_bytes"].as_u64().unwrap();
+    let total_at = |cp: u64| {
+        let o = memattn(&[
+            "--json",
+            "plan",
+            "--config",
+            &fixture("llama-3-8b"),
+            "--context",
+            "1048576",
+            "--cp",
+            &cp.to_string(),
+            "--vram",
+            "80GiB",
+        ]);
+        json(&o)["cp"]["per_device"]["total"].as_u64().unwrap()
+    };
+    assert!(total_at(smallest) <= limit && total_at(smallest - 1) > limit, "smallest {smallest}");
+    // One device short: exit 2 naming the smallest group.
+    let o = memattn(&[
+        "plan",
+        "--config",
+        &fixture("llama-3-8b"),
+        "--context",
+        "1048576",
+        "--cp",
+        &(smallest - 1).to_string(),
+        "--vram",
+        "80GiB",
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains(&format!("the smallest context-parallel group that fits is {smallest} devices")),
+        "{}",
+        stderr(&o)
+    );
+    let o = memattn(&["plan", "--config", &fixture("llama-3-8b"), "--context", "1024", "--cp", "0"]);
+    assert_eq!(code(&o), 2);
+}

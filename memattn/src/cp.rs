@@ -1083,6 +1083,125 @@ pub fn analytic_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize
     }
 }
 
+/// Query-key pairs each rank sees at each step (`[rank][step]`, all batch entries and heads),
+/// from the block geometry alone (nothing runs): the work of the overlap model.
+pub fn work(p: &Problem, strategy: Strategy, world: usize) -> Vec<Vec<u64>> {
+    let ss = seqs(p);
+    let h = p.heads as u64;
+    match strategy {
+        Strategy::Ring | Strategy::Zigzag => (0..world)
+            .map(|rank| {
+                (0..world)
+                    .map(|t| {
+                        let owner = (rank + world - t) % world;
+                        let mut pairs = 0;
+                        for s in &ss {
+                            let g = s.skv as i64 - s.sq as i64;
+                            for qs in segments(strategy, s.sq, world, rank) {
+                                for ks in segments(strategy, s.skv, world, owner) {
+                                    let diag = qs.start as i64 - ks.start as i64 + g;
+                                    if let Some(bp) = plan_block(qs.len, ks.len, diag, window(p)) {
+                                        pairs += bp.visible * s.nb as u64 * h;
+                                    }
+                                }
+                            }
+                        }
+                        pairs
+                    })
+                    .collect()
+            })
+            .collect(),
+        Strategy::Ulysses => {
+            let mut total = 0;
+            for s in &ss {
+                if let Some(bp) = plan_block(s.sq, s.skv, s.skv as i64 - s.sq as i64, window(p)) {
+                    total += bp.visible * s.nb as u64 * h;
+                }
+            }
+            (0..world).map(|_| vec![total / world as u64]).collect()
+        }
+    }
+}
+
+/// The link and device of the overlap model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Bytes per second one rank sends to another (one direction), in GB/s (10⁹ bytes).
+    pub gbps: f64,
+    /// Sustained attention throughput of one device in TFLOP/s (4 · head_dim FLOPs per
+    /// query-key pair: two GEMMs).
+    pub tflops: f64,
+}
+
+impl Link {
+    /// NVLink 4 of H100/H200 (900 GB/s both ways: 450 one way), FA2-class bf16 attention
+    /// (400 TFLOP/s).
+    pub const NVLINK_H100: Link = Link { gbps: 450.0, tflops: 400.0 };
+    /// PCIe 5.0 x16 (64 GB/s one way), the same device.
+    pub const PCIE5: Link = Link { gbps: 64.0, tflops: 400.0 };
+}
+
+/// The overlap model's estimate for one strategy ([`model`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    pub strategy: Strategy,
+    /// Modelled seconds: ring and zigzag the sum over steps of the slowest rank's
+    /// `max(compute, transfer)` (the transfer of the next block overlaps the compute); Ulysses
+    /// the two all-to-alls plus the compute.
+    pub seconds: f64,
+    /// All the work spread evenly over the ranks, no communication.
+    pub ideal_seconds: f64,
+    /// `ideal_seconds / seconds`.
+    pub fraction: f64,
+    /// The most bytes one rank sends.
+    pub max_bytes_sent: u64,
+}
+
+/// The fraction of ideal speed `strategy` reaches on `world` ranks over `link` (see
+/// [`Estimate`]), or why the strategy does not apply (Ulysses' head rule).
+pub fn model(p: &Problem, strategy: Strategy, world: usize, link: Link) -> Result<Estimate, CpError> {
+    check(p, strategy, world, &vec![0.0; if p.sinks { p.heads as usize } else { 0 }])?;
+    let flop = 4.0 * p.head_dim as f64;
+    let rate = link.tflops * 1e12;
+    let bw = link.gbps * 1e9;
+    let w = work(p, strategy, world);
+    let total: u64 = w.iter().flatten().sum();
+    let ideal = total as f64 * flop / rate / world as f64;
+    let bytes: Vec<u64> = (0..world).map(|r| analytic_bytes(p, strategy, world, r, false).0).collect();
+    let max_bytes_sent = bytes.iter().copied().max().unwrap_or(0);
+    let seconds = match strategy {
+        Strategy::Ring | Strategy::Zigzag => {
+            let kv = |r: usize| -> u64 {
+                let ss = seqs(p);
+                let rows: u64 = ss
+                    .iter()
+                    .map(|s| {
+                        s.nb as u64 * segments(strategy, s.skv, world, r).iter().map(|g| g.len as u64).sum::<u64>()
+                    })
+                    .sum();
+                rows * 2 * p.kv_heads() as u64 * p.head_dim as u64 * p.dtype.size_bytes()
+            };
+            (0..world)
+                .map(|t| {
+                    (0..world)
+                        .map(|r| {
+                            let compute = w[r][t] as f64 * flop / rate;
+                            let transfer = if t + 1 < world { kv((r + world - t) % world) as f64 / bw } else { 0.0 };
+                            compute.max(transfer)
+                        })
+                        .fold(0.0, f64::max)
+                })
+                .sum()
+        }
+        Strategy::Ulysses => {
+            let compute = w.iter().map(|r| r[0]).max().unwrap_or(0) as f64 * flop / rate;
+            compute + max_bytes_sent as f64 / bw
+        }
+    };
+    let fraction = if seconds > 0.0 { ideal / seconds } else { 1.0 };
+    Ok(Estimate { strategy, seconds, ideal_seconds: ideal, fraction, max_bytes_sent })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1158,6 +1277,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The model at ring-flash-attention's setting (8 ranks, causal, a long sequence): plain
+    /// ring about half of ideal (its last rank works every step), zigzag close to ideal.
+    #[test]
+    fn overlap_model_orders_the_strategies() {
+        let p = Problem {
+            batch: 1,
+            heads: 32,
+            heads_kv: Some(8),
+            seq_q: 65536,
+            seq_kv: 65536,
+            head_dim: 128,
+            causal: true,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let ring = model(&p, Strategy::Ring, 8, Link::NVLINK_H100).unwrap();
+        let zig = model(&p, Strategy::Zigzag, 8, Link::NVLINK_H100).unwrap();
+        let uly = model(&p, Strategy::Ulysses, 8, Link::NVLINK_H100).unwrap();
+        assert!((0.5..0.6).contains(&ring.fraction), "{ring:?}");
+        assert!(zig.fraction > 0.9, "{zig:?}");
+        assert!(uly.fraction > 0.8 && uly.fraction < 1.0, "{uly:?}");
+        // Over PCIe too, no strategy is modelled faster than ideal.
+        for s in Strategy::ALL {
+            let e = model(&p, s, 8, Link::PCIE5).unwrap();
+            assert!(e.fraction <= 1.0 + 1e-12 && e.fraction > 0.0);
+        }
+        // One rank: ideal.
+        assert!((model(&p, Strategy::Ring, 1, Link::NVLINK_H100).unwrap().fraction - 1.0).abs() < 1e-12);
+        // The work adds up to the causal triangle.
+        let w = work(&p, Strategy::Zigzag, 8);
+        assert_eq!(w.iter().flatten().sum::<u64>(), 32 * 65536 * 65537 / 2);
     }
 
     #[test]

@@ -246,6 +246,12 @@ pub struct PlanArgs {
     /// Device memory to plan against, e.g. 80GiB, 24GB [default: free memory of the device].
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub vram: Option<String>,
+    /// Context parallelism over N devices (the sequence split, ring or zigzag; the weights on
+    /// every device): the memory per device (its slice of the KV cache, the ring's two K/V
+    /// blocks of one layer in flight, the f32 merge state of its query rows, its share of the
+    /// activations) and the smallest N at which the workload fits. Exit 0 when it fits on N.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub cp: Option<u32>,
     /// Run the attention part of one layer, scaled down, in the VM (naive and flash) and show
     /// that the measured bytes equal the planned ones.
     #[arg(long)]
@@ -394,6 +400,8 @@ pub struct RunArgs {
     pub output: Option<PathBuf>,
     #[command(flatten)]
     pub backward: super::run::BackwardArgs,
+    #[command(flatten)]
+    pub cp: super::cp::CpArgs,
 }
 
 #[derive(Debug, Args)]

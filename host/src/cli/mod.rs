@@ -3,6 +3,7 @@
 pub mod args;
 mod check;
 mod compare;
+pub mod cp;
 pub mod decode;
 mod doctor;
 pub mod draw;

@@ -9,8 +9,8 @@ use memattn_cli::device::{self, BackendChoice};
 use memattn_cli::error::{exit, Error};
 use memattn_cli::memory::AnalyticBytes;
 use memattn_cli::plan::{
-    best_change, bytes_label, changes, check_layers, largest_batch, layer_attention, longest_context, terms, Model,
-    StoreType, Terms, Workload,
+    best_change, bytes_label, changes, check_layers, cp_terms, largest_batch, layer_attention, longest_context,
+    smallest_cp, terms, Model, StoreType, Terms, Workload,
 };
 use memattn_cli::problem::KernelKind;
 use memattn_cli::report::{human_bytes, table};
@@ -250,6 +250,33 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
         None
     };
     let verified = verify.as_ref().is_none_or(|v| v.1);
+    // --cp: the question is per device.
+    const MAX_CP: u32 = 4096;
+    let cp = match a.cp {
+        Some(0) => return Err(Error::Usage("--cp must be at least 1 device".into())),
+        Some(n) if n > MAX_CP => return Err(Error::Usage(format!("--cp must be at most {MAX_CP} devices (got {n})"))),
+        Some(n) => Some((
+            cp_terms(&m, &Workload { kernel: KernelKind::Flash, ..w }, n),
+            smallest_cp(&m, &Workload { kernel: KernelKind::Flash, ..w }, limit, MAX_CP),
+        )),
+        None => None,
+    };
+    let refusal = match &cp {
+        Some((t, smallest)) if t.total > limit => Some(format!(
+            "does not fit on {} devices: {} ({} bytes) per device over the limit of {} ({} bytes, {limit_source}); {}",
+            t.devices,
+            bytes_label(t.total),
+            t.total,
+            human_bytes(limit),
+            limit,
+            match smallest {
+                Some(s) => format!("the smallest context-parallel group that fits is {s} devices"),
+                None => format!("no group of up to {MAX_CP} devices fits (every device holds all the weights)"),
+            }
+        )),
+        Some(_) => None,
+        None => refusal,
+    };
     let code = if refusal.is_some() {
         exit::BAD_INPUT
     } else if !verified {
@@ -274,6 +301,7 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
         "best_change": best,
         "fp8_decode": fp8_run.as_ref().map(|(cmd, per)| serde_json::json!({"command": cmd, "kv_bytes_per_token_per_layer": per})),
         "verify": verify.as_ref().map(|v| &v.0),
+        "cp": cp.as_ref().map(|(t, smallest)| serde_json::json!({"per_device": t, "fits": t.total <= limit, "smallest_devices": smallest})),
         "plot": plot_path,
         "notes": notes,
         "error": refusal,
@@ -415,6 +443,28 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
             if c.fits_after { ", fits" } else { ", does not fit" },
             c.note
         );
+    }
+    if let Some((t, smallest)) = &cp {
+        println!();
+        println!(
+            "context parallel over {} devices (flash, the sequence split; every device holds the weights), per device:",
+            t.devices
+        );
+        for (name, b) in [
+            ("weights", t.weights),
+            ("KV cache slice", t.kv_cache),
+            ("ring: 2 K/V blocks of one layer in flight", t.ring_buffers),
+            ("merge state f32 (o, lse) of its rows", t.merge_state),
+            ("largest activation (its rows)", t.activation),
+            ("total", t.total),
+        ] {
+            println!("  {name:<42} {:>12}", bytes_label(b));
+        }
+        println!("  {:<42} {:>12}", "fits", fit_word(t.total, limit));
+        match smallest {
+            Some(s) => println!("smallest context-parallel group that fits: {s} devices"),
+            None => println!("smallest context-parallel group that fits: none up to 4096 devices (every device holds all the weights)"),
+        }
     }
     if let Some((vj, _)) = &verify {
         print_verify(vj);

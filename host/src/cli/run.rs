@@ -75,6 +75,9 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if a.backward.backward {
         return backward(cli, a, kernel, problem, inputs);
     }
+    if a.cp.cp.is_some() {
+        return super::cp::run(cli, a, kernel, problem, inputs);
+    }
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel,
         "analytic_bytes": AnalyticBytes::new(&problem, kernel),
