@@ -63,13 +63,20 @@ use std::time::{Duration, Instant};
 pub enum CpError {
     /// An attention call of a block was refused or failed.
     #[error("rank {rank}: {source}")]
-    Attn { rank: usize, source: AttnError },
+    Attn { rank: usize, source: Box<AttnError> },
     /// A message did not arrive, or a peer is gone.
     #[error("rank {rank}: {why}")]
     Comm { rank: usize, why: String },
     /// The problem cannot be split this way (names the rule).
     #[error("{0}")]
     Layout(String),
+}
+
+impl CpError {
+    /// An attention call's error on `rank`.
+    pub fn attn(rank: usize, source: AttnError) -> CpError {
+        CpError::Attn { rank, source: Box::new(source) }
+    }
 }
 
 /// How the sequence is split and what travels between ranks (see the module docs).
@@ -122,12 +129,14 @@ pub trait Communicator: Send + Sync {
 }
 
 type Msg = (usize, u64, Vec<u8>);
+/// A rank's receiver and the messages that arrived before they were asked for.
+type Inbox = (mpsc::Receiver<Msg>, HashMap<(usize, u64), Vec<u8>>);
 
 /// One rank of an in-process world: messages travel through channels between threads.
 pub struct InProcess {
     rank: usize,
     peers: Vec<mpsc::Sender<Msg>>,
-    inbox: Mutex<(mpsc::Receiver<Msg>, HashMap<(usize, u64), Vec<u8>>)>,
+    inbox: Mutex<Inbox>,
     timeout: Duration,
 }
 
@@ -622,7 +631,7 @@ fn run_block(
 }
 
 fn attn_err(rank: usize) -> impl Fn(AttnError) -> CpError {
-    move |source| CpError::Attn { rank, source }
+    move |source| CpError::attn(rank, source)
 }
 
 /// Checks what every strategy needs of the problem and the world.

@@ -15,7 +15,7 @@ fn run_cp(p: &Problem, strategy: Strategy, world: usize, x: &Qkv, opts: &CpOpts)
     let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
     cp::run_in_process(world, |comm| {
         let rank = memattn::cp::Communicator::rank(comm);
-        let err = |source| CpError::Attn { rank, source };
+        let err = |source| CpError::attn(rank, source);
         let kernels = Kernels::vm().map_err(err)?;
         let up = |keys: bool, heads: usize, t: &[f32]| {
             let s = cp::shard(p, strategy, world, rank, keys, heads, t);
@@ -139,7 +139,7 @@ fn a_dropped_merge_step_fails_the_check() {
     let p = Problem { causal: true, ..base() };
     let x = Qkv::random(&p, 5);
     for strategy in [Strategy::Ring, Strategy::Zigzag] {
-        let opts = CpOpts { drop_merge_step: Some(1), ..CpOpts::default() };
+        let opts = CpOpts { drop_merge_step: Some(1) };
         let outs = run_cp(&p, strategy, 3, &x, &opts).unwrap();
         assert!(!check(&p, strategy, &x, &outs).passed, "{strategy}: a dropped step still verified");
         let outs = run_cp(&p, strategy, 3, &x, &CpOpts::default()).unwrap();
@@ -215,7 +215,7 @@ fn sharded_decode_matches_the_single_device_decode() {
             let hk = p.kv_heads() as usize;
             let outs: Vec<CpOutput> = cp::run_in_process(world, |comm| {
                 let rank = memattn::cp::Communicator::rank(comm);
-                let err = |source| CpError::Attn { rank, source };
+                let err = |source| CpError::attn(rank, source);
                 let kernels = Kernels::vm().map_err(err)?;
                 let q = kernels.upload_as(p.dtype, &x.q).map_err(err)?;
                 let up = |t: &[f32]| {

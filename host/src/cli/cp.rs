@@ -100,7 +100,7 @@ pub fn run(
     let started = std::time::Instant::now();
     let outs: Result<Vec<CpOutput>, CpError> = cp::run_in_process(world, |comm| {
         let rank = cp::Communicator::rank(comm);
-        let err = |source| CpError::Attn { rank, source };
+        let err = |source| CpError::attn(rank, source);
         let dev = VmDevice::new(&opts).map_err(|e| CpError::Comm { rank, why: format!("opening the VM: {e}") })?;
         let kernels = Kernels::on_device(Box::new(dev));
         let up = |keys: bool, heads: usize, t: &[f32]| {
