@@ -39,6 +39,14 @@ const EXAMPLES: &[(&str, Expect)] = &[
         "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto",
         Run(0, "decode_fwd_f32_d64 grid [16, 1, 8]"),
     ),
+    (
+        "memattn run --cp 4 --cp-strategy zigzag --causal --seq 1000 --heads 4 --heads-kv 2 --dtype bf16",
+        Run(0, "rank 3: sent 384000 B (analytic 384000 B), received 384000 B (analytic 384000 B)"),
+    ),
+    (
+        "memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --context 1048576 --cp 8 --vram 80GiB",
+        Run(0, "smallest context-parallel group that fits: 3 devices"),
+    ),
     ("memattn doctor", Run(0, "== next step")),
     ("memattn kernels", Run(0, "flash_fwd_f32_d64 (PTX line")),
     ("memattn trace --kernel flash --thread 5", Run(0, "ld.param")),
