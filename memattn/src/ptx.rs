@@ -3,6 +3,7 @@
 
 use kernels_gpu::variants::TileRecord;
 use kernels_gpu::KernelId;
+use std::sync::{Arc, OnceLock};
 
 /// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu).
 pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
@@ -26,26 +27,36 @@ pub struct PtxEntry {
 }
 
 /// A PTX module's text and what can be read from it without a driver.
+///
+/// The fields describe the module as it was loaded: `sha256` is the digest of `text`, and the
+/// tile records ([`PtxSource::tile_records`]) are read from `text` once and shared by clones.
 #[derive(Clone, Debug)]
 pub struct PtxSource {
     pub text: String,
     /// "embedded" or the file path.
     pub origin: String,
     pub sha256: String,
+    /// The tile records, read from `text` on first use (every launch plan checks them).
+    tiles: Arc<OnceLock<Vec<(String, TileRecord)>>>,
 }
 
 impl PtxSource {
+    /// The committed module. Its digest and tile records are computed once per process.
     pub fn embedded() -> PtxSource {
-        PtxSource {
-            text: EMBEDDED_PTX.to_string(),
-            origin: "embedded".into(),
-            sha256: kernels_gpu::artifacts::sha256_hex(EMBEDDED_PTX.as_bytes()),
-        }
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: EMBEDDED_PTX.to_string(),
+                origin: "embedded".into(),
+                sha256: kernels_gpu::artifacts::sha256_hex(EMBEDDED_PTX.as_bytes()),
+                tiles: Arc::default(),
+            })
+            .clone()
     }
 
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
-        PtxSource { text, origin: path.display().to_string(), sha256 }
+        PtxSource { text, origin: path.display().to_string(), sha256, tiles: Arc::default() }
     }
 
     pub fn is_embedded(&self) -> bool {
@@ -107,7 +118,11 @@ impl PtxSource {
 impl PtxSource {
     /// The tile records the module exports (`memattn_tile_<entry>`), by entry name.
     pub fn tile_records(&self) -> Vec<(String, TileRecord)> {
-        kernels_gpu::artifacts::tile_records(&self.text)
+        self.tiles().to_vec()
+    }
+
+    fn tiles(&self) -> &[(String, TileRecord)] {
+        self.tiles.get_or_init(|| kernels_gpu::artifacts::tile_records(&self.text))
     }
 
     /// Checks, before launch, that the module was built from the same tiles as this host: the
@@ -115,7 +130,7 @@ impl PtxSource {
     /// built from other tiles would run with the wrong geometry. An error names the entry, both
     /// configurations and the fix.
     pub fn check_tiles(&self, kernels: &[KernelId]) -> Result<(), String> {
-        let records = self.tile_records();
+        let records = self.tiles();
         for k in kernels {
             let want = k.variant().tile_record();
             let show = |r: &TileRecord| {
