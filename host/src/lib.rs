@@ -15,14 +15,14 @@
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`files`] (bounded reads and atomic writes), [`timing`], [`nvml`];
-//! 2. [`safetensors_io`], [`verify`] (error metrics and bounds), [`cuda_device`];
+//! 2. [`safetensors_io`], [`cuda_device`];
 //! 3. [`error`], then [`runner`]: one measured run, [`backward_run`]: one measured forward and
 //!    backward, and [`decode_run`]: one measured decode run;
 //! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
 //!    [`evidence`] (the `--save` file);
 //! 5. [`charts`] (the sweep and plan pictures); the subcommands (in the binary) sit on top.
 
-pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units};
+pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units, verify};
 pub use memattn::{Backend, BackendChoice, Device, Dtype, KernelKind, Layout, Problem};
 
 pub mod backward_run;
@@ -38,7 +38,6 @@ pub mod report;
 pub mod runner;
 pub mod safetensors_io;
 pub mod timing;
-pub mod verify;
 
 pub use error::Error;
 
@@ -96,6 +95,7 @@ mod layering_tests {
         "reference",
         "rng",
         "units",
+        "verify",
         "device",
         "decode",
         "ptx",
@@ -104,7 +104,7 @@ mod layering_tests {
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
         &["files", "timing", "nvml"],
-        &["safetensors_io", "verify", "cuda_device"],
+        &["safetensors_io", "cuda_device"],
         &["error", "runner", "backward_run", "decode_run"],
         &["report", "evidence", "plan"],
         &["charts"],

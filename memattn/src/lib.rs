@@ -26,7 +26,8 @@
 //! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
 //!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
 //! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check);
-//! 4. [`mod@reference`] (the f64 reference);
+//! 4. [`mod@reference`] (the f64 reference), then [`verify`] (a result's errors against it and
+//!    the bounds it must meet, the same check the `memattn` command makes);
 //! 5. [`ptx`] (the module and what is known about it), then [`device`] (the [`device::Device`]
 //!    trait, the VM and the CUDA module with the one launch);
 //! 6. [`error`], then [`decode`]: the KV-cache decode plan (split plan, launches, parameters),
@@ -52,6 +53,7 @@ pub mod ptx;
 pub mod reference;
 pub mod rng;
 pub mod units;
+pub mod verify;
 
 pub use device::{Backend, BackendChoice, Device};
 pub use dtype::Dtype;
@@ -69,6 +71,7 @@ mod layering_tests {
         &["dtype", "problem"],
         &["inputs", "memory"],
         &["reference"],
+        &["verify"],
         &["ptx", "device"],
         &["error", "decode"],
         &["attn"],

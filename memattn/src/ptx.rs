@@ -38,6 +38,8 @@ pub struct PtxSource {
     pub sha256: String,
     /// The tile records, read from `text` on first use (every launch plan checks them).
     tiles: Arc<OnceLock<Vec<(String, TileRecord)>>>,
+    /// The entries, read from `text` on first use.
+    entries: Arc<OnceLock<Vec<PtxEntry>>>,
 }
 
 impl PtxSource {
@@ -50,13 +52,14 @@ impl PtxSource {
                 origin: "embedded".into(),
                 sha256: kernels_gpu::artifacts::sha256_hex(EMBEDDED_PTX.as_bytes()),
                 tiles: Arc::default(),
+                entries: Arc::default(),
             })
             .clone()
     }
 
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
-        PtxSource { text, origin: path.display().to_string(), sha256, tiles: Arc::default() }
+        PtxSource { text, origin: path.display().to_string(), sha256, tiles: Arc::default(), entries: Arc::default() }
     }
 
     pub fn is_embedded(&self) -> bool {
@@ -78,8 +81,12 @@ impl PtxSource {
         (version, target)
     }
 
-    /// The `.entry` points and their parameters (a light scan of the text, no full parse).
+    /// The `.entry` points and their parameters (a light scan of the text, no full parse, once).
     pub fn entries(&self) -> Vec<PtxEntry> {
+        self.entries.get_or_init(|| self.scan_entries()).clone()
+    }
+
+    fn scan_entries(&self) -> Vec<PtxEntry> {
         let mut out = Vec::new();
         let mut current: Option<PtxEntry> = None;
         for (n, line) in self.text.lines().enumerate() {
