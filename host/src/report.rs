@@ -104,6 +104,14 @@ pub fn run_summary(r: &RunReport) -> String {
     if let Some(n) = r.vm_thread_instructions {
         let _ = writeln!(s, "VM           {n} thread instructions per run");
     }
+    if let (Some(rd), Some(wr)) = (r.vm_global_bytes_read, r.vm_global_bytes_written) {
+        let _ = writeln!(
+            s,
+            "             {} read from global memory, {} written (every thread's loads and stores, no cache)",
+            human_bytes(rd),
+            human_bytes(wr)
+        );
+    }
     let a = &r.analytic_bytes;
     let _ = writeln!(s, "memory       expected {:>12}  = {}", human_bytes(a.total), a.breakdown());
     let _ = writeln!(

@@ -70,6 +70,10 @@ pub struct LaunchRecord {
     pub dynamic_smem_bytes: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread_instructions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_bytes_read: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_bytes_written: Option<u64>,
 }
 
 impl From<&memattn::attn::Launched> for LaunchRecord {
@@ -81,6 +85,8 @@ impl From<&memattn::attn::Launched> for LaunchRecord {
             block: l.dims.block,
             dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
             thread_instructions: l.info.thread_instructions,
+            global_bytes_read: l.info.global_bytes_read,
+            global_bytes_written: l.info.global_bytes_written,
         }
     }
 }
@@ -127,6 +133,13 @@ pub struct RunReport {
     /// VM only: instructions executed (per thread) by one run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_thread_instructions: Option<u64>,
+    /// VM only: bytes one run's threads read from global memory (no cache model: L2 and HBM
+    /// together), the traffic a kernel's tiling decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_global_bytes_read: Option<u64>,
+    /// VM only: bytes one run's threads wrote to global memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_global_bytes_written: Option<u64>,
     pub launches: Vec<LaunchRecord>,
     pub ptx_sha256: String,
     /// Warnings about the inputs (e.g. scores that may overflow f32 on unchecked rows).
@@ -314,6 +327,8 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     let v = verify(&p, &o, &lse, &reference, &tol);
     let error_ratio = tol.baseline_rel_rms_err.filter(|&b| b > 0.0).map(|b| v.o.rel_rms_err / b);
     let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
+    let read: Option<u64> = records.iter().map(|r| r.global_bytes_read).sum();
+    let written: Option<u64> = records.iter().map(|r| r.global_bytes_written).sum();
     let flops = p.flops();
     Ok(RunReport {
         backend: dev.backend().name().to_string(),
@@ -339,6 +354,8 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         peak_device_bytes: memory.peak_delta_bytes,
         memory,
         vm_thread_instructions: instr,
+        vm_global_bytes_read: read,
+        vm_global_bytes_written: written,
         launches: records,
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,

@@ -325,6 +325,40 @@ fn run_json_has_the_contract_fields_and_real_values() {
     assert_eq!(v["flops"].as_f64().unwrap(), (4 * 2 * 64 * pairs) as f64);
 }
 
+/// The VM's global-memory byte counts are the tensors each kernel touches, computed here from
+/// the shapes alone: flash writes O and the LSE once and reads Q once and K, V once per block of
+/// query rows; the naive kernels also write S and P.
+#[test]
+fn vm_global_bytes_are_the_tensors_each_kernel_touches() {
+    let (h, sq, sk, d) = (2u64, 100u64, 70u64, 64u64);
+    let bytes = |kernel: &str, dtype: &str| -> (u64, u64, serde_json::Value) {
+        let (sq_s, sk_s) = (sq.to_string(), sk.to_string());
+        let args = ["--backend", "vm", "--json", "run", "--kernel", kernel, "--dtype", dtype, "--heads", "2"];
+        let o = memattn(&[&args[..], &["--seq-q", &sq_s, "--seq-kv", &sk_s]].concat());
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v = json(&o);
+        (v["vm_global_bytes_read"].as_u64().unwrap(), v["vm_global_bytes_written"].as_u64().unwrap(), v)
+    };
+    let br = |dtype| {
+        let ids = memattn_cli::KernelKind::Flash.kernels(dtype, d as u32, (-1, -1)).unwrap();
+        ids[0].variant().block_rows() as u64
+    };
+    for (dtype, name, el) in [(memattn_cli::Dtype::F32, "f32", 4u64), (memattn_cli::Dtype::Bf16, "bf16", 2)] {
+        let (q, kv, o, lse) = (h * sq * d * el, 2 * h * sk * d * el, h * sq * d * el, h * sq * 4);
+        let blocks = sq.div_ceil(br(dtype));
+        let (read, written, _) = bytes("flash", name);
+        assert_eq!(written, o + lse, "{name}: flash writes O and the LSE once");
+        assert_eq!(read, q + blocks * kv, "{name}: Q once, K and V once per block of {} rows", br(dtype));
+    }
+    // Naive f32: S (scores), then P and the LSE (softmax), then O (pv); each launch's own count.
+    let (_, written, v) = bytes("naive", "f32");
+    let (s, o, lse) = (h * sq * sk * 4, h * sq * d * 4, h * sq * 4);
+    let per_launch: Vec<u64> =
+        v["launches"].as_array().unwrap().iter().map(|l| l["global_bytes_written"].as_u64().unwrap()).collect();
+    assert_eq!(per_launch, vec![s, s + lse, o]);
+    assert_eq!(written, 2 * s + lse + o);
+}
+
 #[test]
 fn run_bf16_json_reports_the_tolerance_rule_and_baseline() {
     let o = memattn(&[

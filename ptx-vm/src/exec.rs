@@ -82,6 +82,8 @@ pub(crate) struct Worker {
     pub thread_instructions: u64,
     pub warp_instructions: u64,
     pub blocks: u64,
+    /// Global-memory bytes the threads read and wrote ([`crate::LaunchStats::global_bytes_read`]).
+    pub global_bytes: [u64; 2],
     pub trace: Vec<TraceEntry>,
 }
 
@@ -92,6 +94,7 @@ impl Worker {
         self.thread_instructions = 0;
         self.warp_instructions = 0;
         self.blocks = 0;
+        self.global_bytes = [0; 2];
         self.trace.clear();
     }
 }
@@ -421,13 +424,13 @@ impl Launch<'_> {
     ) -> Result<(), Box<Finding>> {
         loop {
             for wi in 0..nwarps {
-                let (warps, shared) = (&mut w.warps, &mut w.shared);
+                let (warps, shared, traffic) = (&mut w.warps, &mut w.shared, &mut w.global_bytes);
                 let wp = &mut warps[wi];
                 if wp.state.contains(&RUN) {
                     shared.race.warp = wi as u32;
                     let mut ti = 0u64;
                     let mut wi_count = 0u64;
-                    let r = self.run_warp(wp, wi, block, shared, &mut ti, &mut wi_count, trace);
+                    let r = self.run_warp(wp, wi, block, shared, traffic, &mut ti, &mut wi_count, trace);
                     w.thread_instructions += ti;
                     w.warp_instructions += wi_count;
                     r?;
@@ -489,6 +492,7 @@ impl Launch<'_> {
         wi: usize,
         block: [u32; 3],
         shared: &mut SharedMem,
+        traffic: &mut [u64; 2],
         ti: &mut u64,
         wc: &mut u64,
         trace: &mut Vec<TraceEntry>,
@@ -531,7 +535,7 @@ impl Launch<'_> {
                     limit = limit.min(wp.pcs[l]);
                 }
             });
-            self.run_group(wp, wi, block, shared, pc, group, limit, ti, wc, trace)?;
+            self.run_group(wp, wi, block, shared, traffic, pc, group, limit, ti, wc, trace)?;
         }
     }
 
@@ -542,6 +546,7 @@ impl Launch<'_> {
         wi: usize,
         block: [u32; 3],
         shared: &mut SharedMem,
+        traffic: &mut [u64; 2],
         mut pc: u32,
         mut group: u32,
         limit: u32,
@@ -791,6 +796,7 @@ impl Launch<'_> {
                                 local_bytes,
                                 params: self.params,
                                 hint: &mut wp.hint,
+                                traffic: &mut *traffic,
                             };
                             ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
                                 .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
@@ -807,6 +813,7 @@ impl Launch<'_> {
                             local_bytes,
                             params: self.params,
                             hint: &mut wp.hint,
+                            traffic: &mut *traffic,
                         };
                         let (cp, next) = (&mut wp.cp, &wp.cp_next);
                         let mut err = None;
@@ -878,6 +885,7 @@ impl Launch<'_> {
                             local_bytes,
                             params: self.params,
                             hint: &mut wp.hint,
+                            traffic: &mut *traffic,
                         };
                         if let Err(f) = exec_simple(&inst.op, r, exec, &mut mem) {
                             let pcu = pc as usize;

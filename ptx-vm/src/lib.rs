@@ -360,6 +360,13 @@ pub struct LaunchStats {
     /// Instructions issued, counted once per warp.
     pub warp_instructions: u64,
     pub blocks: u64,
+    /// Bytes the threads read from global memory: every `ld` (and generic `ld` that resolved to
+    /// global memory) counts its size once per active thread, a `cp.async` its source bytes.
+    /// There is no cache model: these are the bytes asked of global memory (L2 and HBM together),
+    /// the quantity a kernel's tiling decides. An atomic counts as a write only.
+    pub global_bytes_read: u64,
+    /// Bytes the threads wrote to global memory (`st`, `red`/`atom`), counted as for reads.
+    pub global_bytes_written: u64,
     pub wall: Duration,
     pub trace: Vec<TraceEntry>,
 }
@@ -800,6 +807,8 @@ impl Vm {
             stats.thread_instructions += w.thread_instructions;
             stats.warp_instructions += w.warp_instructions;
             stats.blocks += w.blocks;
+            stats.global_bytes_read += w.global_bytes[0];
+            stats.global_bytes_written += w.global_bytes[1];
             stats.trace.append(&mut w.trace);
             self.pool.push(w);
         }

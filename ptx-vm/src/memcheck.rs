@@ -209,6 +209,9 @@ pub(crate) struct Mem<'a> {
     pub(crate) local_bytes: usize,
     pub(crate) params: &'a [u8],
     pub(crate) hint: &'a mut usize,
+    /// Global bytes read (`[0]`) and written (`[1]`) by the accesses `locate` and
+    /// `check_global` allowed: what the threads asked of global memory, with no cache model.
+    pub(crate) traffic: &'a mut [u64; 2],
 }
 
 #[derive(Clone, Copy)]
@@ -275,7 +278,10 @@ impl Mem<'_> {
                 }
             }
             _ => match self.global.resolve(a, size, self.hint) {
-                Some(p) => Ok(Loc::Ptr(p)),
+                Some(p) => {
+                    self.traffic[store as usize] += size;
+                    Ok(Loc::Ptr(p))
+                }
                 None => {
                     let kind = if self.global.is_freed(a) {
                         "use after free"
@@ -292,7 +298,10 @@ impl Mem<'_> {
     /// Checks that `len` global bytes at `addr` lie inside one live allocation.
     pub(crate) fn check_global(&mut self, addr: u64, len: u64, lane: u32, store: bool) -> Result<*mut u8, Fault> {
         match self.global.resolve(addr, len, self.hint) {
-            Some(p) => Ok(p),
+            Some(p) => {
+                self.traffic[store as usize] += len;
+                Ok(p)
+            }
             None => {
                 let kind = if self.global.is_freed(addr) {
                     "use after free"

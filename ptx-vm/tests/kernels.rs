@@ -79,4 +79,7 @@ fn saxpy() {
     }
     assert_eq!(st.blocks, 4);
     assert!(st.thread_instructions > 0 && st.warp_instructions * 32 >= st.thread_instructions);
+    // Each of the n threads in bounds reads x[i] and y[i] and writes y[i]; the 24 threads past
+    // the end of the last block read nothing.
+    assert_eq!((st.global_bytes_read, st.global_bytes_written), (8 * n as u64, 4 * n as u64));
 }

@@ -435,6 +435,11 @@ pub struct SweepArgs {
     /// Do not write a plot.
     #[arg(long)]
     pub no_plot: bool,
+    /// Also show the bytes each kernel's threads read from and wrote to global memory in one
+    /// run (VM only: every load and store counted once per thread, no cache model). The naive
+    /// kernels write and read back the N×N scores; flash writes only O and the LSE.
+    #[arg(long)]
+    pub bytes: bool,
     #[command(flatten)]
     pub problem: ProblemArgs,
 }

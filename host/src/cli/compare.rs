@@ -221,6 +221,16 @@ fn compare_table(key: &str, points: &[Point]) -> String {
             get(&|r| r.vm_thread_instructions.map(|n| n.to_string()).unwrap_or_else(|| "-".into())),
             vec![],
         ),
+        row(
+            "VM global read",
+            get(&|r| r.vm_global_bytes_read.map(human_bytes).unwrap_or_else(|| "-".into())),
+            ratios(&|r| r.vm_global_bytes_read.unwrap_or(0) as f64),
+        ),
+        row(
+            "VM global written",
+            get(&|r| r.vm_global_bytes_written.map(human_bytes).unwrap_or_else(|| "-".into())),
+            ratios(&|r| r.vm_global_bytes_written.unwrap_or(0) as f64),
+        ),
     ];
     if key == "kernel" {
         rows.remove(0); // already the header

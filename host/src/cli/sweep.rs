@@ -8,6 +8,7 @@ use memattn_cli::device::Backend;
 use memattn_cli::error::{exit, Error};
 use memattn_cli::problem::{KernelKind, Problem};
 use memattn_cli::report::{human_bytes, table};
+use memattn_cli::runner::RunReport;
 
 pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
     let base = resolve_problem(&a.problem, None, Problem::default())?;
@@ -120,12 +121,21 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
             header.push(format!("{k} peak"));
             header.push(format!("{k} ms"));
             header.push(format!("{k} ok"));
+            if a.bytes {
+                header.push(format!("{k} read"));
+                header.push(format!("{k} written"));
+            }
         }
         let mut rows = Vec::new();
         for value in &vary.values {
             let mut row = vec![value.clone()];
             for k in &kernels {
                 let pt = points.iter().find(|p| &p.value == value && p.kernel == *k);
+                let bytes = |f: fn(&RunReport) -> Option<u64>| match pt {
+                    Some(Point { report: Some(r), .. }) => f(r).map(human_bytes).unwrap_or_else(|| "-".into()),
+                    _ => "-".into(),
+                };
+                let (read, written) = (bytes(|r| r.vm_global_bytes_read), bytes(|r| r.vm_global_bytes_written));
                 match pt {
                     Some(Point { report: Some(r), .. }) => {
                         row.push(human_bytes(r.peak_device_bytes));
@@ -138,6 +148,9 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
                         row.push("-".into());
                     }
                     _ => row.extend(["-".to_string(), "-".to_string(), "-".to_string()]),
+                }
+                if a.bytes {
+                    row.extend([read, written]);
                 }
             }
             rows.push(row);

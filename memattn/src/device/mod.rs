@@ -75,6 +75,11 @@ pub use crate::caps::DeviceCaps;
 pub struct LaunchInfo {
     /// VM only: instructions executed, counted once per active thread.
     pub thread_instructions: Option<u64>,
+    /// VM only: bytes the threads read from global memory (every load once per thread, no cache
+    /// model; see `ptx_vm::LaunchStats::global_bytes_read`).
+    pub global_bytes_read: Option<u64>,
+    /// VM only: bytes the threads wrote to global memory.
+    pub global_bytes_written: Option<u64>,
     /// VM only: the instruction trace, when one was requested.
     #[cfg(feature = "vm")]
     pub trace: Vec<ptx_vm::TraceEntry>,

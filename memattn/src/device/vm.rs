@@ -210,7 +210,12 @@ impl Device for VmDevice {
             .vm
             .launch(&self.module, kernel, &config, &packed)
             .map_err(|e| vm_err(&format!("launch of `{kernel}`"), e))?;
-        Ok(LaunchInfo { thread_instructions: Some(stats.thread_instructions), trace: stats.trace })
+        Ok(LaunchInfo {
+            thread_instructions: Some(stats.thread_instructions),
+            global_bytes_read: Some(stats.global_bytes_read),
+            global_bytes_written: Some(stats.global_bytes_written),
+            trace: stats.trace,
+        })
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
