@@ -61,6 +61,7 @@ lesson!(
     "../05-flash-forward/solution.rs"
 );
 lesson!("lesson6", "../06-mma-qk/kernel.rs", "../06-mma-qk/kernel.de.rs", "../06-mma-qk/solution.rs");
+lesson!("lesson7", "../07-swizzle/kernel.rs", "../07-swizzle/kernel.de.rs", "../07-swizzle/solution.rs");
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -43,6 +43,8 @@ pub(crate) struct Launch<'a> {
     /// Report shared-memory accesses by different warps to the same word with no barrier
     /// between them, at least one a plain store (racecheck).
     pub racecheck: bool,
+    /// Count the wavefronts of shared-memory accesses per instruction (bank conflicts).
+    pub banks: bool,
 }
 
 struct Warp {
@@ -75,6 +77,15 @@ struct CpCopy {
     src: u64,
 }
 
+/// What a worker counts besides instructions.
+#[derive(Default)]
+pub(crate) struct Counters {
+    /// Global-memory bytes the threads read and wrote ([`crate::LaunchStats::global_bytes_read`]).
+    pub global_bytes: [u64; 2],
+    /// Shared-memory wavefronts by instruction index, when [`Launch::banks`] is on.
+    pub banks: std::collections::HashMap<u32, crate::banks::Count>,
+}
+
 #[derive(Default)]
 pub(crate) struct Worker {
     warps: Vec<Warp>,
@@ -82,8 +93,7 @@ pub(crate) struct Worker {
     pub thread_instructions: u64,
     pub warp_instructions: u64,
     pub blocks: u64,
-    /// Global-memory bytes the threads read and wrote ([`crate::LaunchStats::global_bytes_read`]).
-    pub global_bytes: [u64; 2],
+    pub counters: Counters,
     pub trace: Vec<TraceEntry>,
 }
 
@@ -94,7 +104,8 @@ impl Worker {
         self.thread_instructions = 0;
         self.warp_instructions = 0;
         self.blocks = 0;
-        self.global_bytes = [0; 2];
+        self.counters.global_bytes = [0; 2];
+        self.counters.banks.clear();
         self.trace.clear();
     }
 }
@@ -424,13 +435,13 @@ impl Launch<'_> {
     ) -> Result<(), Box<Finding>> {
         loop {
             for wi in 0..nwarps {
-                let (warps, shared, traffic) = (&mut w.warps, &mut w.shared, &mut w.global_bytes);
+                let (warps, shared, counters) = (&mut w.warps, &mut w.shared, &mut w.counters);
                 let wp = &mut warps[wi];
                 if wp.state.contains(&RUN) {
                     shared.race.warp = wi as u32;
                     let mut ti = 0u64;
                     let mut wi_count = 0u64;
-                    let r = self.run_warp(wp, wi, block, shared, traffic, &mut ti, &mut wi_count, trace);
+                    let r = self.run_warp(wp, wi, block, shared, counters, &mut ti, &mut wi_count, trace);
                     w.thread_instructions += ti;
                     w.warp_instructions += wi_count;
                     r?;
@@ -492,7 +503,7 @@ impl Launch<'_> {
         wi: usize,
         block: [u32; 3],
         shared: &mut SharedMem,
-        traffic: &mut [u64; 2],
+        counters: &mut Counters,
         ti: &mut u64,
         wc: &mut u64,
         trace: &mut Vec<TraceEntry>,
@@ -535,7 +546,7 @@ impl Launch<'_> {
                     limit = limit.min(wp.pcs[l]);
                 }
             });
-            self.run_group(wp, wi, block, shared, traffic, pc, group, limit, ti, wc, trace)?;
+            self.run_group(wp, wi, block, shared, counters, pc, group, limit, ti, wc, trace)?;
         }
     }
 
@@ -546,7 +557,7 @@ impl Launch<'_> {
         wi: usize,
         block: [u32; 3],
         shared: &mut SharedMem,
-        traffic: &mut [u64; 2],
+        counters: &mut Counters,
         mut pc: u32,
         mut group: u32,
         limit: u32,
@@ -636,6 +647,14 @@ impl Launch<'_> {
                 )));
             }
             let r = &mut wp.regs;
+            if self.banks && exec != 0 {
+                if let Some((waves, ideal)) = crate::banks::of_op(&inst.op, r, exec) {
+                    let c = counters.banks.entry(pc).or_default();
+                    c[0] += 1;
+                    c[1] += waves;
+                    c[2] += ideal;
+                }
+            }
             let mut stop: Option<Stop> = None;
             match inst.op {
                 Op::Bra { t } => {
@@ -796,7 +815,7 @@ impl Launch<'_> {
                                 local_bytes,
                                 params: self.params,
                                 hint: &mut wp.hint,
-                                traffic: &mut *traffic,
+                                traffic: &mut counters.global_bytes,
                             };
                             ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
                                 .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
@@ -813,7 +832,7 @@ impl Launch<'_> {
                             local_bytes,
                             params: self.params,
                             hint: &mut wp.hint,
-                            traffic: &mut *traffic,
+                            traffic: &mut counters.global_bytes,
                         };
                         let (cp, next) = (&mut wp.cp, &wp.cp_next);
                         let mut err = None;
@@ -885,7 +904,7 @@ impl Launch<'_> {
                             local_bytes,
                             params: self.params,
                             hint: &mut wp.hint,
-                            traffic: &mut *traffic,
+                            traffic: &mut counters.global_bytes,
                         };
                         if let Err(f) = exec_simple(&inst.op, r, exec, &mut mem) {
                             let pcu = pc as usize;

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+mod banks;
 mod decode;
 mod exec;
 mod ir;
@@ -367,8 +368,39 @@ pub struct LaunchStats {
     pub global_bytes_read: u64,
     /// Bytes the threads wrote to global memory (`st`, `red`/`atom`), counted as for reads.
     pub global_bytes_written: u64,
+    /// Shared-memory bank conflicts per PTX line, when [`Vm::set_bank_conflicts`] is on (empty
+    /// otherwise), in line order: every line with a shared `ld`, `st` or `ldmatrix` that ran.
+    pub bank_conflicts: Vec<BankConflicts>,
     pub wall: Duration,
     pub trace: Vec<TraceEntry>,
+}
+
+/// The shared-memory wavefronts of one PTX instruction over a launch (see [`Vm::set_bank_conflicts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BankConflicts {
+    /// The PTX line.
+    pub line: usize,
+    /// The Rust (or other source) line the PTX line came from, when the module has `.loc`.
+    pub source: Option<SourceLoc>,
+    /// Warp-wide executions of the instruction.
+    pub executions: u64,
+    /// Wavefronts they took.
+    pub wavefronts: u64,
+    /// The fewest wavefronts they could take: one per phase (32 lanes for accesses of up to
+    /// 4 bytes, 16 for 8 bytes, 8 for 16 bytes and for each matrix of `ldmatrix`).
+    pub ideal: u64,
+}
+
+impl BankConflicts {
+    /// Wavefronts beyond the minimum: the bank conflicts.
+    pub fn extra(&self) -> u64 {
+        self.wavefronts - self.ideal
+    }
+    /// The conflict degree, wavefronts per phase on average (1.0 = conflict-free, 8.0 = an
+    /// 8-way conflict).
+    pub fn ways(&self) -> f64 {
+        self.wavefronts as f64 / self.ideal.max(1) as f64
+    }
 }
 
 /// Exact allocator statistics.
@@ -542,6 +574,7 @@ pub struct Vm {
     workers: usize,
     initcheck: bool,
     racecheck: bool,
+    banks: bool,
     /// Module id -> instantiated globals base.
     module_globals: HashMap<u64, u64>,
     /// The trace of the last launch, kept when it stopped at a finding.
@@ -569,6 +602,7 @@ impl Vm {
             workers: workers.max(1),
             initcheck: true,
             racecheck: true,
+            banks: false,
             module_globals: HashMap::new(),
             last_trace: Vec::new(),
             pool: Vec::new(),
@@ -603,6 +637,15 @@ impl Vm {
     }
     pub fn set_racecheck(&mut self, on: bool) {
         self.racecheck = on;
+    }
+    /// Whether launches count the wavefronts of every shared-memory `ld`, `st` and `ldmatrix`
+    /// and report them per PTX line in [`LaunchStats::bank_conflicts`] (off by default: it costs
+    /// time on every shared access).
+    pub fn bank_conflicts(&self) -> bool {
+        self.banks
+    }
+    pub fn set_bank_conflicts(&mut self, on: bool) {
+        self.banks = on;
     }
     /// Number of worker threads blocks run on.
     pub fn workers(&self) -> usize {
@@ -764,6 +807,7 @@ impl Vm {
             trace: config.trace,
             initcheck: self.initcheck,
             racecheck: self.racecheck,
+            banks: self.banks,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
         let next = AtomicU64::new(0);
@@ -803,12 +847,19 @@ impl Vm {
         }
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut stats = LaunchStats::default();
+        let mut banks: std::collections::BTreeMap<u32, [u64; 3]> = Default::default();
         for mut w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
             stats.thread_instructions += w.thread_instructions;
             stats.warp_instructions += w.warp_instructions;
             stats.blocks += w.blocks;
-            stats.global_bytes_read += w.global_bytes[0];
-            stats.global_bytes_written += w.global_bytes[1];
+            stats.global_bytes_read += w.counters.global_bytes[0];
+            stats.global_bytes_written += w.counters.global_bytes[1];
+            for (&pc, c) in &w.counters.banks {
+                let e = banks.entry(pc).or_insert([0; 3]);
+                for k in 0..3 {
+                    e[k] += c[k];
+                }
+            }
             stats.trace.append(&mut w.trace);
             self.pool.push(w);
         }
@@ -816,6 +867,23 @@ impl Vm {
         for t in &mut stats.trace {
             t.source = module.source_of(t.line);
         }
+        let mut by_line: std::collections::BTreeMap<usize, [u64; 3]> = Default::default();
+        for (pc, c) in banks {
+            let e = by_line.entry(prog.insts[pc as usize].line as usize).or_insert([0; 3]);
+            for k in 0..3 {
+                e[k] += c[k];
+            }
+        }
+        stats.bank_conflicts = by_line
+            .into_iter()
+            .map(|(line, c)| BankConflicts {
+                line,
+                source: module.source_of(line),
+                executions: c[0],
+                wavefronts: c[1],
+                ideal: c[2],
+            })
+            .collect();
         if !errors.is_empty() {
             errors.sort_by_key(|e| e.0);
             let mut f = errors.swap_remove(0).1;

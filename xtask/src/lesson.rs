@@ -63,7 +63,7 @@ struct Lesson {
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
-const LESSONS: [Lesson; 6] = [
+const LESSONS: [Lesson; 7] = [
     Lesson {
         dir: "01-scale",
         title: "a scaled copy: one thread per element, the bounds guard",
@@ -99,6 +99,12 @@ const LESSONS: [Lesson; 6] = [
         title: "one tile of scores on the tensor cores: ldmatrix and mma.sync (bf16)",
         titel: "eine Kachel Scores auf den Tensor Cores: ldmatrix und mma.sync (bf16)",
         check: lesson6,
+    },
+    Lesson {
+        dir: "07-swizzle",
+        title: "a swizzled shared tile: ldmatrix without bank conflicts",
+        titel: "eine geswizzelte Shared-Kachel: ldmatrix ohne Bank-Konflikte",
+        check: lesson7,
     },
 ];
 
@@ -432,7 +438,10 @@ fn check_all() -> i32 {
         }
         let mut out = Out { quiet: true, ..Out::default() };
         let (v, _) = run_lesson(n, File::Skeleton, &mut out);
-        let helpful = out.text.contains("never written") && out.text.contains("what to look at");
+        // Lesson 7's skeleton computes the right values with an unswizzled tile: it fails on
+        // its bank conflicts instead.
+        let symptom = if n == 7 { "bank conflicts" } else { "never written" };
+        let helpful = out.text.contains(symptom) && out.text.contains("what to look at");
         if v != Some(Verdict::Wrong) || !helpful {
             bad.push(format!("lesson {n}: the unmodified skeleton should fail with a hint, but said:\n{}", out.text));
         } else {
@@ -665,8 +674,22 @@ fn launch(
     smem: u32,
     args: &[Arg],
 ) -> Result<(), Verdict> {
+    launch_stats(l, out, kernel, grid, block, smem, args).map(|_| ())
+}
+
+/// [`launch`], returning the launch's statistics.
+#[allow(clippy::too_many_arguments)]
+fn launch_stats(
+    l: &mut Launcher,
+    out: &mut Out,
+    kernel: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    args: &[Arg],
+) -> Result<ptx_vm::LaunchStats, Verdict> {
     match l.launch(kernel, grid, block, smem, args) {
-        Ok(_) => Ok(()),
+        Ok(stats) => Ok(stats),
         Err(VmError::Memcheck(f)) | Err(VmError::Trap(f)) => {
             out.say(format!("  VM finding: {}", f.kind));
             if let Some(s) = &f.source {
@@ -1475,6 +1498,134 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
     )
 }
 
+// ---- lesson 7 ----
+
+/// Lesson 7's tile: 64 rows of 64 bf16 (8 chunks of 16 bytes per row). The kernel only moves
+/// bits, so each element holds its own index as its bit pattern: a register names its elements.
+fn l7_k(row: usize, col: usize) -> u16 {
+    (row * 64 + col) as u16
+}
+
+/// What lane `lane` must hold in register `m` of the `ldmatrix_x4` of row group `rg` and half
+/// `half`: (row, first column) of the pair.
+fn l7_slot(rg: usize, half: usize, lane: usize, m: usize) -> (usize, usize) {
+    (rg * 8 + lane / 4, (half * 4 + m) * 8 + 2 * (lane % 4))
+}
+
+fn lesson7(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            out.say(tr!(
+                "case 1: K 64 x 64 (bf16, every element its own bit pattern), 1 block of 32 threads: 16 ldmatrix_x4 from the shared tile",
+                "Fall 1: K 64 x 64 (bf16, jedes Element mit eigenem Bitmuster), 1 Block mit 32 Threads: 16 ldmatrix_x4 aus der Shared-Kachel"
+            ));
+            let k: Vec<u8> = (0..64 * 64).flat_map(|x| l7_k(x / 64, x % 64).to_le_bytes()).collect();
+            let mut l = vm_launcher(m);
+            l.vm().set_bank_conflicts(true);
+            setup(l.input_bytes("K", &k));
+            setup(l.output_f32("frag", 2048));
+            let args = [Arg::buf("K"), Arg::buf("frag")];
+            let stats = launch_stats(&mut l, out, "swizzle_tile_bf16", [1, 1, 1], [32, 1, 1], 8192, &args)?;
+            let got: Vec<u32> =
+                setup(l.read_bytes("frag")).chunks(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+            let want = |x: usize| {
+                let (rg, half, lane, m) = (x / 256, x / 128 % 2, x / 4 % 32, x % 4);
+                let (i, c) = l7_slot(rg, half, lane, m);
+                l7_k(i, c) as u32 | (l7_k(i, c + 1) as u32) << 16
+            };
+            if got.iter().all(|&w| w == OUTPUT_POISON) {
+                out.say(tr!(
+                    "  frag: never written - every register still holds the poison 0x{:08X} (step 3)",
+                    "  frag: nie geschrieben - alle Register enthalten noch das Gift 0x{:08X} (Schritt 3)",
+                    OUTPUT_POISON
+                ));
+                out.say(tr!(
+                    "  what to look at: store the four registers of every ldmatrix_x4: frag[((rg * 2 + half) * 32 + lane) * 4 + m] (step 3)",
+                    "  worauf Sie achten sollten: speichern Sie die vier Register jedes ldmatrix_x4: frag[((rg * 2 + half) * 32 + lane) * 4 + m] (Schritt 3)"
+                ));
+                return Err(Verdict::Wrong);
+            }
+            let bad: Vec<usize> = (0..got.len()).filter(|&x| got[x] != want(x)).collect();
+            if let Some(&x) = bad.first() {
+                let (rg, half, lane, m) = (x / 256, x / 128 % 2, x / 4 % 32, x % 4);
+                let (i, c) = l7_slot(rg, half, lane, m);
+                let v = got[x] & 0xffff;
+                let holds = if got[x] >> 16 == v + 1 && v < 4096 {
+                    format!("K[{}, {}..{}]", v / 64, v % 64, v % 64 + 1)
+                } else {
+                    format!("0x{:08X}", got[x])
+                };
+                out.say(tr!(
+                    "  frag: {} of {} registers differ; the first: ldmatrix of row group {rg}, half {half}, lane {lane}, r[{m}] holds {holds}, want K[{i}, {c}..{}]",
+                    "  frag: {} von {} Registern weichen ab; das erste: ldmatrix von Zeilengruppe {rg}, Hälfte {half}, Lane {lane}, r[{m}] enthält {holds}, erwartet K[{i}, {c}..{}]",
+                    bad.len(),
+                    got.len(),
+                    c + 1
+                ));
+                out.say(tr!(
+                    "  what to look at: the load must find every chunk where the store put it - `cp.async` and `ldmatrix` both take the address from slot(row, chunk), with the same row and chunk (step 2: lane l names row rg * 8 + l % 8, chunk half * 4 + l / 8)",
+                    "  worauf Sie achten sollten: das Laden muss jeden Chunk dort finden, wo das Speichern ihn abgelegt hat - `cp.async` und `ldmatrix` nehmen die Adresse beide von slot(row, chunk), mit derselben Zeile und demselben Chunk (Schritt 2: Lane l nennt Zeile rg * 8 + l % 8, Chunk half * 4 + l / 8)"
+                ));
+                return Err(Verdict::Wrong);
+            }
+            out.say(tr!(
+                "  frag: every register of every ldmatrix holds the right pair",
+                "  frag: jedes Register jedes ldmatrix enthält das richtige Paar"
+            ));
+            let (waves, ideal): (u64, u64) =
+                stats.bank_conflicts.iter().fold((0, 0), |(w, i), b| (w + b.wavefronts, i + b.ideal));
+            // By source line (an unrolled loop is many PTX lines of one Rust line), in order.
+            // The `ldmatrix` is memattn's inlined helper (`mma.rs`): name the learner's call of it.
+            let call = out.src.as_ref().and_then(|p| {
+                let text = std::fs::read_to_string(paths::root().join(p)).ok()?;
+                let n = text.lines().position(|l| l.split("//").next().unwrap_or("").contains("ldmatrix_x4("))?;
+                Some(format!("{}:{}", p.display(), n + 1))
+            });
+            let mut by_source: Vec<(String, [u64; 3])> = Vec::new();
+            for b in stats.bank_conflicts.iter().filter(|b| b.extra() > 0) {
+                let at = match (&b.source, &call) {
+                    (Some(s), Some(c)) if s.file.ends_with("mma.rs") => {
+                        tr!("the ldmatrix_x4 of {c}", "dem ldmatrix_x4 in {c}")
+                    }
+                    (Some(s), _) => s.to_string(),
+                    (None, _) => format!("PTX line {}", b.line),
+                };
+                let i = by_source.iter().position(|(a, _)| *a == at).unwrap_or_else(|| {
+                    by_source.push((at, [0; 3]));
+                    by_source.len() - 1
+                });
+                let c = &mut by_source[i].1;
+                *c = [c[0] + b.wavefronts, c[1] + b.ideal, c[2] + b.executions];
+            }
+            for (at, [w, i, n]) in &by_source {
+                out.say(tr!(
+                    "  bank conflicts at {at}: {w} wavefronts where {i} would do ({:.1}-way), {n} warp-wide executions",
+                    "  Bank-Konflikte bei {at}: {w} Wavefronts, wo {i} genügten ({:.1}-fach), {n} warpweite Ausführungen",
+                    *w as f64 / *i as f64
+                ));
+            }
+            if waves > ideal {
+                out.say(tr!(
+                    "  shared memory: {waves} wavefronts in all; the swizzled tile takes {ideal}, one per phase",
+                    "  Shared Memory: insgesamt {waves} Wavefronts; die geswizzelte Kachel braucht {ideal}, einen pro Phase"
+                ));
+                out.say(tr!(
+                    "  what to look at: the values are right, the layout is slow - a row is 128 bytes, so the same chunk of the 8 rows one ldmatrix phase reads lies in the same 4 banks (an 8-way conflict); store and load chunk c of row r at r * 8 + (c ^ (r % 8)) in slot() (step 1)",
+                    "  worauf Sie achten sollten: die Werte stimmen, das Layout ist langsam - eine Zeile hat 128 Bytes, also liegt derselbe Chunk der 8 Zeilen, die eine ldmatrix-Phase liest, in denselben 4 Banks (ein 8-facher Konflikt); speichern und laden Sie Chunk c von Zeile r in slot() an r * 8 + (c ^ (r % 8)) (Schritt 1)"
+                ));
+                return Err(Verdict::Wrong);
+            }
+            out.say(tr!(
+                "  shared memory: {waves} wavefronts, one per phase - no bank conflicts",
+                "  Shared Memory: {waves} Wavefronts, einer pro Phase - keine Bank-Konflikte"
+            ));
+            out.say("  ok");
+            Ok(())
+        },
+        out,
+    )
+}
+
 /// Lesson 5's solution with one `bar.sync` of its PTX removed at a time (the PTX of deleting one
 /// `sync_threads()`): each must stop at a shared memory race whose report names the Rust lines
 /// of both accesses (the store and the other warp's load, or the load and the other warp's
@@ -1661,6 +1812,48 @@ mod tests {
         assert!(hint.contains("16.0 GiB away from the nearest buffer"), "{}", out.text);
         assert!(out.text.contains("u32_index_l1/kernel.rs:16"), "{}", out.text);
         assert!(hint.contains("`i - 1` at i = 0"), "{hint}");
+    }
+
+    /// Lesson 7: the unswizzled tile (the skeleton's layout) computes the right registers and
+    /// fails on its 8-way bank conflicts, counted by the VM; the swizzled one takes one wavefront
+    /// per phase; a swizzle on the copy but not on the load is a wrong register, named. Needs the
+    /// kernel toolchain.
+    #[test]
+    fn lesson7_counts_the_bank_conflicts_of_an_unswizzled_tile() {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return;
+        }
+        let (m, mut out) = mutant("07-swizzle", "swizzled_l7", &[]);
+        assert_eq!(lesson7(&m, &mut out), Verdict::Pass, "{}", out.text);
+        assert!(out.text.contains("shared memory: 64 wavefronts, one per phase - no bank conflicts"), "{}", out.text);
+
+        let swizzle = "row * 8 + (chunk ^ (row % 8))";
+        let (m, mut out) = mutant("07-swizzle", "unswizzled_l7", &[(swizzle, "row * 8 + chunk")]);
+        assert_eq!(lesson7(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        assert!(out.text.contains("frag: every register of every ldmatrix holds the right pair"), "{}", out.text);
+        assert!(
+            out.text.contains("512 wavefronts where 64 would do (8.0-way), 16 warp-wide executions"),
+            "{}",
+            out.text
+        );
+        assert!(out.text.contains("the ldmatrix_x4 of target/lesson-mutants/unswizzled_l7/kernel.rs:"), "{}", out.text);
+        assert!(hint_of(&out.text).contains("r * 8 + (c ^ (r % 8))"), "{}", out.text);
+
+        let load = "ldmatrix_x4(smem_addr(k_s.add(slot(row, chunk) * 8)))";
+        let (m, mut out) = mutant(
+            "07-swizzle",
+            "load_unswizzled_l7",
+            &[(load, "ldmatrix_x4(smem_addr(k_s.add((row * 8 + chunk) * 8)))")],
+        );
+        assert_eq!(lesson7(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        assert!(
+            out.text
+                .contains("the first: ldmatrix of row group 0, half 0, lane 4, r[0] holds K[1, 8..9], want K[1, 0..1]"),
+            "{}",
+            out.text
+        );
+        assert!(hint_of(&out.text).contains("the load must find every chunk where the store put it"), "{}", out.text);
     }
 
     /// Lesson 6 with two registers of a fragment swapped after `ldmatrix`: the checker names the
