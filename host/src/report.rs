@@ -112,6 +112,31 @@ pub fn run_summary(r: &RunReport) -> String {
             human_bytes(wr)
         );
     }
+    for l in r.launches.iter().filter(|l| !l.bank_conflicts.is_empty()) {
+        let (w, i) = l.bank_conflicts.iter().fold((0, 0), |(w, i), b| (w + b.wavefronts, i + b.ideal));
+        let _ = writeln!(
+            s,
+            "banks        {}: {w} shared-memory wavefronts for a minimum of {i} ({:.2}x)",
+            l.kernel,
+            w as f64 / i.max(1) as f64
+        );
+        let mut worst: Vec<_> = l.bank_conflicts.iter().filter(|b| b.wavefronts > b.ideal).collect();
+        worst.sort_by_key(|b| std::cmp::Reverse(b.wavefronts - b.ideal));
+        for b in worst.iter().take(3) {
+            let _ = writeln!(
+                s,
+                "               {}: {} wavefronts for {} ({:.1}-way), {} warp-wide executions",
+                b.at,
+                b.wavefronts,
+                b.ideal,
+                b.wavefronts as f64 / b.ideal.max(1) as f64,
+                b.executions
+            );
+        }
+        if worst.is_empty() {
+            let _ = writeln!(s, "               no bank conflicts: every shared access took one wavefront per phase");
+        }
+    }
     let a = &r.analytic_bytes;
     let _ = writeln!(s, "memory       expected {:>12}  = {}", human_bytes(a.total), a.breakdown());
     let _ = writeln!(

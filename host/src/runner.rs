@@ -74,6 +74,42 @@ pub struct LaunchRecord {
     pub global_bytes_read: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub global_bytes_written: Option<u64>,
+    /// VM with `--vm-bank-conflicts`: the launch's shared-memory wavefronts per source line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bank_conflicts: Vec<BankLine>,
+}
+
+/// The shared-memory wavefronts of the instructions of one source line in one launch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BankLine {
+    /// `file:line` of the source (the PTX line when the module has no `.loc`).
+    pub at: String,
+    /// Warp-wide executions.
+    pub executions: u64,
+    pub wavefronts: u64,
+    /// The minimum, one wavefront per phase.
+    pub ideal: u64,
+}
+
+/// [`BankLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
+pub fn bank_lines(counts: &[ptx_vm::BankConflicts]) -> Vec<BankLine> {
+    let mut out: Vec<BankLine> = Vec::new();
+    for b in counts {
+        let at = b
+            .source
+            .as_ref()
+            .map(|s| format!("{}:{}", s.file, s.line))
+            .unwrap_or_else(|| format!("PTX line {}", b.line));
+        match out.iter_mut().find(|l| l.at == at) {
+            Some(l) => {
+                l.executions += b.executions;
+                l.wavefronts += b.wavefronts;
+                l.ideal += b.ideal;
+            }
+            None => out.push(BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal }),
+        }
+    }
+    out
 }
 
 impl From<&memattn::attn::Launched> for LaunchRecord {
@@ -87,6 +123,7 @@ impl From<&memattn::attn::Launched> for LaunchRecord {
             thread_instructions: l.info.thread_instructions,
             global_bytes_read: l.info.global_bytes_read,
             global_bytes_written: l.info.global_bytes_written,
+            bank_conflicts: bank_lines(&l.info.bank_conflicts),
         }
     }
 }

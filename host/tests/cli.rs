@@ -359,6 +359,34 @@ fn vm_global_bytes_are_the_tensors_each_kernel_touches() {
     assert_eq!(written, 2 * s + lse + o);
 }
 
+/// `--vm-bank-conflicts`: the tensor-core kernels' swizzled tiles take one wavefront per phase
+/// on every shared access line, and the report says so; without the flag nothing is counted.
+#[test]
+fn vm_bank_conflicts_of_the_swizzled_kernels_are_the_minimum() {
+    for d in ["64", "96"] {
+        let args = ["--backend", "vm", "--vm-bank-conflicts", "--json", "run", "--dtype", "bf16", "--seq", "130"];
+        let o = memattn(&[&args[..], &["--heads", "1", "--head-dim", d]].concat());
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v = json(&o);
+        let lines = v["launches"][0]["bank_conflicts"].as_array().unwrap();
+        assert!(lines.len() >= 2, "d{d}: the ldmatrix and shared store lines: {lines:?}");
+        for l in lines {
+            assert!(l["ideal"].as_u64().unwrap() > 0, "{l}");
+            assert_eq!(l["wavefronts"], l["ideal"], "d{d}: {l}");
+        }
+    }
+    let o =
+        memattn(&["--backend", "vm", "--vm-bank-conflicts", "run", "--dtype", "bf16", "--seq", "130", "--heads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("no bank conflicts: every shared access took one wavefront per phase"),
+        "{}",
+        stdout(&o)
+    );
+    let o = memattn(&["--backend", "vm", "--json", "run", "--dtype", "bf16", "--seq", "130", "--heads", "1"]);
+    assert!(json(&o)["launches"][0].get("bank_conflicts").is_none());
+}
+
 #[test]
 fn run_bf16_json_reports_the_tolerance_rule_and_baseline() {
     let o = memattn(&[

@@ -115,6 +115,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "initcheck,racecheck", value_delimiter = ',')]
     pub vm_allow: Vec<VmCheck>,
 
+    /// VM: count the shared-memory bank conflicts of every launch (the wavefronts each shared
+    /// `ld`, `st` and `ldmatrix` takes against the minimum, one per phase) and report them with
+    /// the worst source lines. Slower; `run` and `launch` show them.
+    #[arg(long, global = true)]
+    pub vm_bank_conflicts: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -143,6 +143,7 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     o.vm_workers = cli.vm_workers;
     o.vm_initcheck = !cli.vm_allow.contains(&args::VmCheck::Initcheck);
     o.vm_racecheck = !cli.vm_allow.contains(&args::VmCheck::Racecheck);
+    o.vm_bank_conflicts = cli.vm_bank_conflicts;
     Ok(o)
 }
 

@@ -83,6 +83,10 @@ pub struct LaunchInfo {
     /// VM only: the instruction trace, when one was requested.
     #[cfg(feature = "vm")]
     pub trace: Vec<ptx_vm::TraceEntry>,
+    /// VM only, with [`DeviceOptions::vm_bank_conflicts`]: the shared-memory wavefronts per PTX
+    /// line of every shared `ld`, `st` and `ldmatrix` that ran.
+    #[cfg(feature = "vm")]
+    pub bank_conflicts: Vec<ptx_vm::BankConflicts>,
 }
 
 /// A device error. Every variant maps to exit code 3.
@@ -181,6 +185,9 @@ pub struct DeviceOptions {
     /// VM: shared-memory initcheck and racecheck (both on by default).
     pub vm_initcheck: bool,
     pub vm_racecheck: bool,
+    /// VM: count the shared-memory wavefronts of every launch per instruction
+    /// ([`LaunchInfo::bank_conflicts`]; off by default, it costs time on every shared access).
+    pub vm_bank_conflicts: bool,
 }
 
 impl DeviceOptions {
@@ -193,6 +200,7 @@ impl DeviceOptions {
             vm_workers: None,
             vm_initcheck: true,
             vm_racecheck: true,
+            vm_bank_conflicts: false,
         }
     }
 }

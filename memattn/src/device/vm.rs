@@ -71,6 +71,7 @@ impl VmDevice {
         let mut vm = Vm::with_workers(workers);
         vm.set_initcheck(opts.vm_initcheck);
         vm.set_racecheck(opts.vm_racecheck);
+        vm.set_bank_conflicts(opts.vm_bank_conflicts);
         if let Some(bytes) = opts.vm_memory_bytes {
             let mut limits = vm.limits();
             limits.memory_bytes = bytes;
@@ -215,6 +216,7 @@ impl Device for VmDevice {
             global_bytes_read: Some(stats.global_bytes_read),
             global_bytes_written: Some(stats.global_bytes_written),
             trace: stats.trace,
+            bank_conflicts: stats.bank_conflicts,
         })
     }
 
