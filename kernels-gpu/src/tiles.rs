@@ -183,6 +183,33 @@ pub const FLASH_MMA_D192: FlashMmaTile =
 /// memory per key tile (all of Q in registers spills).
 pub const FLASH_MMA_D256: FlashMmaTile =
     FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
+// Narrow-window tiles of the other head dims: the default row's warp (rows per warp, Bc and the
+// k-steps of Q kept in registers unchanged, so the same registers) in blocks of about 64 rows.
+// A block of `Br` rows with a window of `L` keys to the left visits about `Br + L` keys, so the
+// cost of a narrow window against full causal falls with `Br`; d = 96 and 192 need a multiple of 3
+// warps (whole rows per copy pass). Measured costs: variants.rs, `NARROW_WINDOW`.
+
+/// d=32 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 32 x 2 B =
+/// 12 KiB.
+pub const FLASH_MMA_D32_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 32, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: true };
+/// d=96 for narrow windows: 3 warps of 32 rows (Br 96), Bc = 32: smem (96 + 2 x 32) x 96 x 2 B =
+/// 30 KiB. (3 warps of 16 rows, Br 48, cost more: 29.2 M against 25.8 M thread-instructions at
+/// seq 4096, window (255, 0); two 16-row mma tiles per warp share each K and V fragment.)
+pub const FLASH_MMA_D96_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 96, br: 96, bc: 32, warps: 3, rows_per_warp: 32, q_reg_ksteps: 6, keys_backward: false };
+/// d=128 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 32: smem (64 + 2 x 32) x 128 x 2 B
+/// = 32 KiB.
+pub const FLASH_MMA_D128_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 128, br: 64, bc: 32, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
+/// d=192 for narrow windows: 3 warps of 16 rows (Br 48), Bc = 32 (4 rows per copy pass, and a
+/// K/V tile is at most 8 passes): smem (48 + 2 x 32) x 192 x 2 B = 42 KiB.
+pub const FLASH_MMA_D192_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 192, br: 48, bc: 32, warps: 3, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
+/// d=256 for narrow windows: 4 warps of 16 rows (Br 64), Bc = 32 (4 rows per copy pass, and a
+/// K/V tile is at most 8 passes): smem (64 + 2 x 32) x 256 x 2 B = 64 KiB (opt-in).
+pub const FLASH_MMA_D256_WINDOW: FlashMmaTile =
+    FlashMmaTile { head_dim: 256, br: 64, bc: 32, warps: 4, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
 pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
 /// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.

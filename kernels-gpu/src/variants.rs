@@ -577,6 +577,19 @@ pub(crate) use tile_record;
 /// as often, so the rule stops there (`docs/semantics.md`, "Which kernel runs").
 pub const NARROW_WINDOW_D64: WindowRule = WindowRule::Narrow { keys: 512 };
 
+/// The rule of the narrow-window rows of head dims 32, 96 and 128, the same bound as
+/// [`NARROW_WINDOW_D64`]. Measured in the VM (thread-instructions, bf16, seq 4096, windows
+/// `(L, 0)`, the narrow row against the default row): d32 8.9 M / 12.1 M at `L = 31`, 14.9 M /
+/// 17.8 M at `L = 255`, 23.1 M / 25.7 M at `L = 511`; d96 13.8 / 20.4, 25.8 / 32.1, 38.8 / 44.7;
+/// d128 13.7 / 28.3, 28.7 / 41.6, 44.8 / 55.7.
+pub const NARROW_WINDOW: WindowRule = NARROW_WINDOW_D64;
+
+/// The rule of the narrow-window rows of head dims 192 and 256 (Bc 32 instead of 64, so more key
+/// tiles per key): windows under 384 keys. Measured as for [`NARROW_WINDOW`]: d192 18.8 M /
+/// 23.8 M at `L = 31`, 40.4 M / 42.1 M at `L = 255`, but 63.6 M / 61.7 M at `L = 511`; d256 22.6
+/// / 32.0, 49.2 / 50.7, 77.7 / 74.8.
+pub const NARROW_WINDOW_BC32: WindowRule = WindowRule::Narrow { keys: 384 };
+
 // The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`, or with a [`WindowRule`] after
 // the element type for a row chosen only for some windows (`KernelId::flash_for`).
 kernel_table! {
@@ -620,6 +633,26 @@ kernel_table! {
     FlashFwdF16D192 = flash_fwd_f16_d192: FlashMma(FLASH_MMA_D192), F16;
     /// Tensor-core forward, f16, head_dim 256.
     FlashFwdF16D256 = flash_fwd_f16_d256: FlashMma(FLASH_MMA_D256), F16;
+    /// Tensor-core forward, bf16, head_dim 32, 64-row blocks: chosen for narrow windows.
+    FlashFwdBf16D32Window = flash_fwd_bf16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), Bf16, NARROW_WINDOW;
+    /// Tensor-core forward, f16, head_dim 32, 64-row blocks: chosen for narrow windows.
+    FlashFwdF16D32Window = flash_fwd_f16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), F16, NARROW_WINDOW;
+    /// Tensor-core forward, bf16, head_dim 96, 96-row blocks: chosen for narrow windows.
+    FlashFwdBf16D96Window = flash_fwd_bf16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), Bf16, NARROW_WINDOW;
+    /// Tensor-core forward, f16, head_dim 96, 96-row blocks: chosen for narrow windows.
+    FlashFwdF16D96Window = flash_fwd_f16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), F16, NARROW_WINDOW;
+    /// Tensor-core forward, bf16, head_dim 128, 64-row blocks: chosen for narrow windows.
+    FlashFwdBf16D128Window = flash_fwd_bf16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), Bf16, NARROW_WINDOW;
+    /// Tensor-core forward, f16, head_dim 128, 64-row blocks: chosen for narrow windows.
+    FlashFwdF16D128Window = flash_fwd_f16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), F16, NARROW_WINDOW;
+    /// Tensor-core forward, bf16, head_dim 192, 48-row blocks: chosen for narrow windows.
+    FlashFwdBf16D192Window = flash_fwd_bf16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), Bf16, NARROW_WINDOW_BC32;
+    /// Tensor-core forward, f16, head_dim 192, 48-row blocks: chosen for narrow windows.
+    FlashFwdF16D192Window = flash_fwd_f16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), F16, NARROW_WINDOW_BC32;
+    /// Tensor-core forward, bf16, head_dim 256, 64-row blocks: chosen for narrow windows.
+    FlashFwdBf16D256Window = flash_fwd_bf16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), Bf16, NARROW_WINDOW_BC32;
+    /// Tensor-core forward, f16, head_dim 256, 64-row blocks: chosen for narrow windows.
+    FlashFwdF16D256Window = flash_fwd_f16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), F16, NARROW_WINDOW_BC32;
     /// Fused forward, f32 SIMT, head_dim 32.
     FlashFwdF32D32 = flash_fwd_f32_d32: FlashF32(FLASH_F32_D32), F32;
     /// Fused forward, f32 SIMT, head_dim 96.
@@ -1015,9 +1048,16 @@ mod tests {
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (100, 412)), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, -1)), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (-1, 0)), Some(KernelId::FlashFwdBf16D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (512, 0)), Some(KernelId::FlashFwdBf16D128));
         assert_eq!(KernelId::flash_for(Elem::F32, 64, (255, 0)), Some(KernelId::FlashFwdF32D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), Some(KernelId::FlashFwdBf16D96Window));
+        assert_eq!(KernelId::flash_for(Elem::F16, 32, (0, 511)), Some(KernelId::FlashFwdF16D32Window));
+        // d192 and d256 (Bc 32) only below 384 keys.
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (383, 0)), Some(KernelId::FlashFwdBf16D192Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (384, 0)), Some(KernelId::FlashFwdBf16D192));
+        assert_eq!(KernelId::flash_for(Elem::F16, 256, (255, 0)), Some(KernelId::FlashFwdF16D256Window));
+        assert_eq!(KernelId::flash_for(Elem::F16, 256, (511, 0)), Some(KernelId::FlashFwdF16D256));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
         // `flash` and `find` give the default rows only.
         assert_eq!(KernelId::flash(Elem::F16, 64), Some(KernelId::FlashFwdF16D64));

@@ -895,7 +895,7 @@ mod tests {
     }
 
     #[test]
-    fn narrow_windows_pick_the_64_row_tile_at_d64() {
+    fn narrow_windows_pick_the_narrow_tiles() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
         let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, ..Problem::default() };
         let narrow = [KernelId::FlashFwdBf16D64Window];
@@ -908,7 +908,7 @@ mod tests {
         let l = Problem { window: (255, 0), ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
         assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 24 * 1024));
         // Everything else runs the default row: wider windows, a side unbounded, full and causal
-        // attention, other head dims and dtypes.
+        // attention, f32.
         let default = [KernelId::FlashFwdBf16D64];
         for (window, causal) in [
             ((512, 0), false),
@@ -920,7 +920,12 @@ mod tests {
         ] {
             assert_eq!(names(&Problem { window, causal, ..p }), default, "{window:?} causal {causal}");
         }
-        assert_eq!(names(&Problem { window: (255, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
+        // The other tensor-core head dims have narrow rows too (d192 and d256 below 384 keys).
+        assert_eq!(names(&Problem { window: (255, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128Window]);
+        let l = Problem { window: (255, 0), head_dim: 128, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 32 * 1024));
+        assert_eq!(names(&Problem { window: (511, 0), head_dim: 256, ..p }), [KernelId::FlashFwdBf16D256]);
+        assert_eq!(names(&Problem { window: (-1, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
         assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D64]);
         // Naive is one set of kernels whatever the window.
         let naive: Vec<KernelId> = Problem { window: (255, 0), ..p }

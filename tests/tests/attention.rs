@@ -533,6 +533,22 @@ device_tests! {
         }
     }
 
+    // The narrow-window rows of every tensor-core head dim (64-, 96- and 48-row blocks): windows
+    // crossing the blocks' edges, tails, seq_q != seq_kv with fully masked rows, GQA, sinks.
+    fn narrow_window_rows_of_every_head_dim_against_the_reference(dev: &mut dyn Device) {
+        for (i, d) in [32u32, 96, 128, 192, 256].into_iter().enumerate() {
+            for (dtype, sq, sk, window, causal, sinks) in [
+                (Dtype::Bf16, 130, 200, (100, 20), false, true),
+                (Dtype::F16, 150, 70, (37, 0), true, false),
+            ] {
+                let heads_kv = if i % 2 == 0 { 2 } else { 1 };
+                let p = Problem { heads: 4, heads_kv: Some(heads_kv), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, sinks, dtype, ..Problem::default() };
+                assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), format!("flash_fwd_{dtype}_d{d}_window"));
+                sweep_case_16(dev, p);
+            }
+        }
+    }
+
     // Every tensor-core head dim: the max rises slowly, then fast, along 300 keys (tiles of 32
     // and 64, the last partial), causal with seq_q < seq_kv and not, with several query blocks.
     fn bf16_f16_rising_scores_rescale_lazily(dev: &mut dyn Device) {
