@@ -529,7 +529,8 @@ fn cli_argument_space_never_panics() {
     let bad_sizes = ["0", "-1", "x", "", "4294967296", "1e3", "4294967295"];
     let start = Instant::now();
     let mut seen = std::collections::BTreeMap::new();
-    for case in 0..cases {
+    let mut jobs: Vec<Vec<String>> = Vec::new();
+    for _ in 0..cases {
         let mut args: Vec<String> = Vec::new();
         let mut push = |a: &str| args.push(a.to_string());
         if rng.chance(85) {
@@ -709,7 +710,26 @@ fn cli_argument_space_never_panics() {
         if rng.chance(5) {
             push(rng.pick(&["--bogus", "extra", "--", "-x"]));
         }
-        let o = memattn_os(&args, Duration::from_secs(60));
+        jobs.push(args);
+    }
+    // The command lines run two at a time (the draw above is serial, so a seed still names the
+    // same cases); the checks go in case order.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, std::process::Output)>> = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(args) = jobs.get(i) else { break };
+                let o = memattn_os(args, Duration::from_secs(60));
+                results.lock().unwrap().push((i, o));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+    assert_eq!(results.len(), jobs.len());
+    for ((case, o), args) in results.into_iter().zip(&jobs) {
         let status = o.status.code();
         let err = stderr(&o);
         assert!(
