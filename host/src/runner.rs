@@ -93,23 +93,10 @@ pub struct BankLine {
 
 /// [`BankLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
 pub fn bank_lines(counts: &[ptx_vm::BankConflicts]) -> Vec<BankLine> {
-    let mut out: Vec<BankLine> = Vec::new();
-    for b in counts {
-        let at = b
-            .source
-            .as_ref()
-            .map(|s| format!("{}:{}", s.file, s.line))
-            .unwrap_or_else(|| format!("PTX line {}", b.line));
-        match out.iter_mut().find(|l| l.at == at) {
-            Some(l) => {
-                l.executions += b.executions;
-                l.wavefronts += b.wavefronts;
-                l.ideal += b.ideal;
-            }
-            None => out.push(BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal }),
-        }
-    }
-    out
+    ptx_vm::BankConflicts::by_source(counts)
+        .into_iter()
+        .map(|(at, b)| BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal })
+        .collect()
 }
 
 impl From<&memattn::attn::Launched> for LaunchRecord {

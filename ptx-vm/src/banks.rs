@@ -58,19 +58,25 @@ fn access(exec: u32, width: u64, addr: impl Fn(usize) -> Option<u64>) -> Option<
     } else {
         8
     };
+    phases(32 / per_phase, per_phase, |l| if exec >> l & 1 == 1 { addr(l).map(|a| (a, width)) } else { None })
+}
+
+/// Wavefronts and minimum over `n` phases of `per_phase` consecutive lanes; `lane(l)` is lane
+/// `l`'s (offset, width), `None` when it does not access shared memory. No allocation: this runs
+/// on every shared access while counting is on.
+fn phases(n: usize, per_phase: usize, lane: impl Fn(usize) -> Option<(u64, u64)>) -> Option<(u64, u64)> {
     let (mut waves, mut ideal) = (0, 0);
-    let mut buf = Vec::with_capacity(32);
-    for p in (0..32).step_by(per_phase) {
-        buf.clear();
-        for l in p..p + per_phase {
-            if exec >> l & 1 == 1 {
-                if let Some(a) = addr(l) {
-                    buf.push((a, width));
-                }
+    let mut buf = [(0u64, 0u64); 32];
+    for p in 0..n {
+        let mut k = 0;
+        for l in p * per_phase..(p + 1) * per_phase {
+            if let Some(x) = lane(l) {
+                buf[k] = x;
+                k += 1;
             }
         }
-        if !buf.is_empty() {
-            waves += phase(&buf);
+        if k > 0 {
+            waves += phase(&buf[..k]);
             ideal += 1;
         }
     }
@@ -90,17 +96,7 @@ pub(crate) fn of_op(op: &Op, r: &[[u64; 32]], exec: u32) -> Option<(u64, u64)> {
         Op::Ldmatrix { num, sp, a, off, .. } => {
             // One phase per matrix: lanes 8m..8m+7 name its 8 rows of 16 bytes.
             let av = &r[a as usize];
-            let (mut waves, mut ideal) = (0, 0);
-            for m in 0..num as usize {
-                let rows: Vec<(u64, u64)> = (8 * m..8 * m + 8)
-                    .filter_map(|l| shared_offset(sp, av[l].wrapping_add(off as i64 as u64)).map(|a| (a, 16)))
-                    .collect();
-                if !rows.is_empty() {
-                    waves += phase(&rows);
-                    ideal += 1;
-                }
-            }
-            (ideal > 0).then_some((waves, ideal))
+            phases(num as usize, 8, |l| shared_offset(sp, av[l].wrapping_add(off as i64 as u64)).map(|a| (a, 16)))
         }
         _ => None,
     }

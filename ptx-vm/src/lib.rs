@@ -401,6 +401,28 @@ impl BankConflicts {
     pub fn ways(&self) -> f64 {
         self.wavefronts as f64 / self.ideal.max(1) as f64
     }
+    /// `counts` (per PTX line) merged by source line, labelled `file:line` (`PTX line N` where the
+    /// module has no `.loc`), in first-seen order: an unrolled loop is many PTX lines of one source
+    /// line. Each merged entry keeps the first PTX line and source location of its group.
+    pub fn by_source(counts: &[BankConflicts]) -> Vec<(String, BankConflicts)> {
+        let mut out: Vec<(String, BankConflicts)> = Vec::new();
+        for b in counts {
+            let at = b
+                .source
+                .as_ref()
+                .map(|s| format!("{}:{}", s.file, s.line))
+                .unwrap_or_else(|| format!("PTX line {}", b.line));
+            match out.iter_mut().find(|(a, _)| *a == at) {
+                Some((_, m)) => {
+                    m.executions += b.executions;
+                    m.wavefronts += b.wavefronts;
+                    m.ideal += b.ideal;
+                }
+                None => out.push((at, b.clone())),
+            }
+        }
+        out
+    }
 }
 
 /// Exact allocator statistics.

@@ -1581,27 +1581,22 @@ fn lesson7(m: &Module, out: &mut Out) -> Verdict {
                 let n = text.lines().position(|l| l.split("//").next().unwrap_or("").contains("ldmatrix_x4("))?;
                 Some(format!("{}:{}", p.display(), n + 1))
             });
-            let mut by_source: Vec<(String, [u64; 3])> = Vec::new();
-            for b in stats.bank_conflicts.iter().filter(|b| b.extra() > 0) {
+            for (at, b) in
+                ptx_vm::BankConflicts::by_source(&stats.bank_conflicts).into_iter().filter(|(_, b)| b.extra() > 0)
+            {
                 let at = match (&b.source, &call) {
                     (Some(s), Some(c)) if s.file.ends_with("mma.rs") => {
                         tr!("the ldmatrix_x4 of {c}", "dem ldmatrix_x4 in {c}")
                     }
-                    (Some(s), _) => s.to_string(),
-                    (None, _) => format!("PTX line {}", b.line),
+                    _ => at,
                 };
-                let i = by_source.iter().position(|(a, _)| *a == at).unwrap_or_else(|| {
-                    by_source.push((at, [0; 3]));
-                    by_source.len() - 1
-                });
-                let c = &mut by_source[i].1;
-                *c = [c[0] + b.wavefronts, c[1] + b.ideal, c[2] + b.executions];
-            }
-            for (at, [w, i, n]) in &by_source {
                 out.say(tr!(
-                    "  bank conflicts at {at}: {w} wavefronts where {i} would do ({:.1}-way), {n} warp-wide executions",
-                    "  Bank-Konflikte bei {at}: {w} Wavefronts, wo {i} genügten ({:.1}-fach), {n} warpweite Ausführungen",
-                    *w as f64 / *i as f64
+                    "  bank conflicts at {at}: {} wavefronts where {} would do ({:.1}-way), {} warp-wide executions",
+                    "  Bank-Konflikte bei {at}: {} Wavefronts, wo {} genügten ({:.1}-fach), {} warpweite Ausführungen",
+                    b.wavefronts,
+                    b.ideal,
+                    b.ways(),
+                    b.executions
                 ));
             }
             if waves > ideal {
