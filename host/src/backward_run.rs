@@ -116,7 +116,7 @@ impl BackwardBytes {
         let forward_outputs_bytes = qn + rows;
         let gradients_bytes = qn + 2 * kn + sinks;
         let q_shape = [p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize];
-        let ws = memattn::attn::flash_attn_backward_workspace(q_shape, p.seq_kv as usize, deterministic)?;
+        let ws = memattn::attn::flash_attn_backward_workspace(p.dtype, q_shape, p.seq_kv as usize, deterministic)?;
         let naive_p_ds_bytes = memattn::memory::AnalyticBytes::new(p, KernelKind::Naive).scores.saturating_mul(2);
         let total = [inputs_bytes, forward_outputs_bytes, gradients_bytes, ws.total_bytes]
             .iter()

@@ -53,7 +53,8 @@ use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{tanh, LOG2E};
 
-/// Preprocess: `D = rowsum(dO ∘ O)` and, in atomic mode, the row of the dQ accumulator zeroed
+/// Preprocess: `D = rowsum(dO ∘ O)` (O and dO of element type `E`: f32, or bf16/f16 for the
+/// tensor-core backward, [`crate::flash_bwd_mma`]) and, in atomic mode, the row of the dQ accumulator zeroed
 /// (deterministic mode zeroes nothing: the convert reads only slices that were written); one
 /// warp per row, `ROWS` rows per block.
 ///
@@ -61,7 +62,7 @@ use crate::softmax::{tanh, LOG2E};
 /// As the module's safety section.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn preprocess<const ROWS: usize>(bp: &BwdParams) {
+pub(crate) unsafe fn preprocess<E: Elem, const ROWS: usize>(bp: &BwdParams) {
     let seq = unsafe { sequence_of(&bp.attn, ctaid_z()) };
     let (p, b, q_row0) = (&seq.p, seq.b, seq.q0);
     let (t, lane) = (tid_x() as usize, tid_x() as usize % 32);
@@ -71,13 +72,14 @@ pub(crate) unsafe fn preprocess<const ROWS: usize>(bp: &BwdParams) {
         return; // no barrier or shuffle below spans warps; a warp's lanes agree on qi
     }
     let row = q_row0 + qi as u64;
-    let (oa, da) = (p.o + 4 * p.o_strides.offset(b, row, h), bp.d_o + 4 * bp.d_o_strides.offset(b, row, h));
+    let (oa, da) =
+        (p.o + E::BYTES * p.o_strides.offset(b, row, h), bp.d_o + E::BYTES * bp.d_o_strides.offset(b, row, h));
     let acc = bp.dq_accum + 4 * bp.dq_accum_strides.offset(b, row, h);
     let atomic = bp.dq_split_stride == 0;
     let mut part = 0.0f32;
     let mut c = lane;
     while c < p.head_dim as usize {
-        unsafe { part = fma(ld_f32(oa + 4 * c as u64), ld_f32(da + 4 * c as u64), part) };
+        unsafe { part = fma(E::load(oa + E::BYTES * c as u64), E::load(da + E::BYTES * c as u64), part) };
         if atomic {
             unsafe { st_f32(acc + 4 * c as u64, 0.0) };
         }
@@ -93,7 +95,8 @@ pub(crate) unsafe fn preprocess<const ROWS: usize>(bp: &BwdParams) {
     }
 }
 
-/// Convert: dQ = the dQ slices summed in key-block order, into the caller's strides; one warp
+/// Convert: dQ = the dQ slices summed in key-block order, rounded to `E` (f32, bf16, f16), into
+/// the caller's strides; one warp
 /// per row. With `dsinks` set, warp 0 of block `(0, h, 0)` first writes
 /// `d_sink[h] = -Σ_rows exp(sink[h] - LSE) · D` over every row of every sequence (lane `l`
 /// sums rows `l, l + 32, ...`, then a butterfly: a fixed order, so the result is the same run
@@ -103,7 +106,7 @@ pub(crate) unsafe fn preprocess<const ROWS: usize>(bp: &BwdParams) {
 /// As the module's safety section.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-pub(crate) unsafe fn convert_dq<const ROWS: usize>(bp: &BwdParams) {
+pub(crate) unsafe fn convert_dq<E: Elem, const ROWS: usize>(bp: &BwdParams) {
     let (t, lane) = (tid_x() as usize, tid_x() as usize % 32);
     let h = ctaid_y() as u64;
     if bp.dsinks != 0 && ctaid_x() == 0 && ctaid_z() == 0 && t < 32 {
@@ -117,7 +120,7 @@ pub(crate) unsafe fn convert_dq<const ROWS: usize>(bp: &BwdParams) {
     }
     let row = q_row0 + qi as u64;
     let acc = bp.dq_accum + 4 * bp.dq_accum_strides.offset(b, row, h);
-    let dq = bp.dq + 4 * bp.dq_strides.offset(b, row, h);
+    let dq = bp.dq + E::BYTES * bp.dq_strides.offset(b, row, h);
     // Atomic mode: slice 0. Deterministic: the slices of the key blocks the row sees, in key
     // order (each of them processed the row's query tile, so each was written; a row that sees
     // no key sums nothing and gets 0).
@@ -140,7 +143,7 @@ pub(crate) unsafe fn convert_dq<const ROWS: usize>(bp: &BwdParams) {
             sum += unsafe { ld_f32(acc + 4 * (s * bp.dq_split_stride + c as u64)) };
             s += 1;
         }
-        unsafe { st_f32(dq + 4 * c as u64, sum) };
+        unsafe { E::store(dq + E::BYTES * c as u64, sum) };
         c += 32;
     }
 }

@@ -105,18 +105,18 @@ use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
 /// lane addresses ([`TileLane`]) 128-byte aligned tiles.
 #[cfg(target_arch = "nvptx64")]
 #[repr(C, align(128))]
-struct SmemChunk([u8; CHUNK]);
+pub(crate) struct SmemChunk([u8; CHUNK]);
 
 /// Global addresses of one `[seq, D]` slice (fixed batch and head) of a strided 2-byte tensor.
 #[cfg(target_arch = "nvptx64")]
 #[derive(Clone, Copy)]
-struct Rows {
+pub(crate) struct Rows {
     /// `.global` address of row 0.
-    base: u64,
+    pub(crate) base: u64,
     /// Bytes between consecutive rows.
-    stride: u64,
+    pub(crate) stride: u64,
     /// Rows that exist; rows at or past it are zero-filled.
-    len: usize,
+    pub(crate) len: usize,
 }
 
 /// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
@@ -124,7 +124,7 @@ struct Rows {
 /// `THREADS / CPR`-th row starting at `tid / CPR`. Used for the Q tile (once per block).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
+pub(crate) unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
     tile: u32,
     src: Rows,
     row0: usize,

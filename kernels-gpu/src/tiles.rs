@@ -502,6 +502,81 @@ pub const FLASH_BWD_F32_D192: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 192,
 /// KiB, over 48 KiB).
 pub const FLASH_BWD_F32_D256: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 256, br: 8, bc: 16, threads_per_key: 16 };
 
+/// Tile of the tensor-core backward main kernel (`flash_bwd_mma.rs`, bf16/f16) for one head dim.
+///
+/// A block of `warps` warps owns `bc = 16 · warps` keys of one K/V head (warp `w` keys
+/// `16w..16w + 16`, their dK and dV accumulators in registers) and walks the query tiles of `br`
+/// rows of every query head that reads it. Per query tile each warp computes `Sᵀ = K Qᵀ` and
+/// `dPᵀ = V dOᵀ` for its 16 keys on tensor cores, then `dV += Pᵀ dO` and `dK += dSᵀ Q` with P and
+/// dS as A operands straight from the accumulators; dSᵀ goes to shared memory in 16 bits and
+/// `dQ += dS K` is split over the warps: `br / 16` m-tiles times [`FlashBwdMmaTile::dq_parts`]
+/// parts of the head dim. Shared memory: K and V `[bc][d]`, Q and dO `[br][d]`, dSᵀ `[bc][br]`,
+/// 16-bit and swizzled; LSE and D `[br]`, f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashBwdMmaTile {
+    pub head_dim: u32,
+    pub br: u32,
+    pub warps: u32,
+}
+
+impl FlashBwdMmaTile {
+    /// Keys per block: 16 per warp.
+    pub const fn bc(&self) -> u32 {
+        16 * self.warps
+    }
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    /// Parts of the head dim the `dQ += dS K` step splits each 16-row m-tile into (one warp each).
+    pub const fn dq_parts(&self) -> u32 {
+        self.warps / (self.br / 16)
+    }
+    /// 8-column tiles of dQ per warp.
+    pub const fn dq_dtiles(&self) -> u32 {
+        self.head_dim / 8 / self.dq_parts()
+    }
+    /// K, V `bc x d`, Q, dO `br x d`, dSᵀ `bc x br` (2 B each), LSE and D `br` (4 B each).
+    pub const fn smem_bytes(&self) -> u32 {
+        (2 * self.bc() * self.head_dim + 2 * self.br * self.head_dim + self.bc() * self.br) * 2 + 2 * self.br * 4
+    }
+    /// Grid `(ceil(seq_kv / bc), heads_kv, batch)`, block `(threads, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads_kv: u32, seq_kv: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_kv.div_ceil(self.bc()), heads_kv, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        let cpr = self.head_dim / 8; // 16-byte chunks per row
+        assert!(self.head_dim.is_multiple_of(32), "rows of whole swizzle groups");
+        assert!(self.br == 32 || self.br == 64, "dSᵀ rows of 64 or 128 bytes (one swizzle)");
+        assert!(self.warps <= 4, "unroll4! over the key block's 16-key steps");
+        assert!(self.warps.is_multiple_of(self.br / 16), "whole dQ m-tiles per warp group");
+        assert!((self.head_dim / 8).is_multiple_of(self.dq_parts()) && self.dq_dtiles().is_multiple_of(2));
+        assert!(
+            self.dq_parts() == 1 || (self.head_dim.is_multiple_of(64) && self.dq_dtiles().is_multiple_of(8)),
+            "a dQ part starts on a swizzle group"
+        );
+        assert!(self.threads().is_multiple_of(cpr) && (self.threads() / cpr).is_multiple_of(4), "whole copy passes");
+        assert!(self.br.is_multiple_of(self.threads() / cpr) && self.bc().is_multiple_of(self.threads() / cpr));
+        assert!(self.br / (self.threads() / cpr) <= 8 && self.bc() / (self.threads() / cpr) <= 8);
+        assert!(self.smem_bytes() <= 99 * 1024, "fits an sm_86 block with the opt-in");
+    }
+}
+
+/// d=32: 4 warps of 16 keys (Bc 64), Br 64. Per thread dK, dV 16 registers each, Sᵀ and dPᵀ
+/// 32 each. Shared memory (2 x 64 x 32 + 2 x 64 x 32 + 64 x 64) x 2 + 512 B = 24.5 KiB.
+pub const FLASH_BWD_MMA_D32: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 32, br: 64, warps: 4 };
+/// d=64: 4 warps of 16 keys (Bc 64), Br 64. dK, dV 32 registers each, Sᵀ and dPᵀ 32 each.
+/// Shared memory (2 x 64 x 64 + 2 x 64 x 64 + 64 x 64) x 2 + 512 B = 40.5 KiB.
+pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, br: 64, warps: 4 };
+/// d=128: 4 warps of 16 keys (Bc 64), Br 32 (dK, dV 64 registers each; Sᵀ and dPᵀ 16 each, so
+/// the accumulators stay near 160 registers). dQ: 2 m-tiles x 2 halves of the head dim.
+/// Shared memory (2 x 64 x 128 + 2 x 32 x 128 + 64 x 32) x 2 + 256 B = 52.3 KiB (opt-in).
+pub const FLASH_BWD_MMA_D128: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 128, br: 32, warps: 4 };
+
 /// Tile of the backward's row kernels (preprocess: `D = rowsum(dO ∘ O)` and zeroing the dQ
 /// accumulator; convert: dQ accumulator to dQ): one warp per query row, `rows` rows per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -80,6 +80,8 @@ pub enum Family {
     FlashBwdF32,
     /// Backward convert: dQ accumulator to dQ (`flash_bwd_f32.rs`).
     BwdConvert,
+    /// Backward main kernel on tensor cores, bf16/f16 (`flash_bwd_mma.rs`; takes `BwdParams`).
+    FlashBwdMma,
 }
 
 impl Family {
@@ -98,6 +100,7 @@ impl Family {
             Family::BwdPre => "bwd_pre",
             Family::FlashBwdF32 => "flash_bwd_f32",
             Family::BwdConvert => "bwd_convert",
+            Family::FlashBwdMma => "flash_bwd_mma",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -121,6 +124,7 @@ pub enum Tile {
     BwdPre(BwdRowsTile),
     FlashBwdF32(FlashBwdF32Tile),
     BwdConvert(BwdRowsTile),
+    FlashBwdMma(FlashBwdMmaTile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -183,6 +187,7 @@ impl Variant {
             Tile::DecodeFwd(t) => Some(t.head_dim),
             Tile::DecodeMma(t) => Some(t.head_dim),
             Tile::FlashBwdF32(t) => Some(t.head_dim),
+            Tile::FlashBwdMma(t) => Some(t.head_dim),
             _ => None,
         }
     }
@@ -195,14 +200,16 @@ impl Variant {
             Family::Smoke => 24,
             Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
-            Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert => crate::abi::BWD_PARAMS_BYTES,
+            Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert | Family::FlashBwdMma => {
+                crate::abi::BWD_PARAMS_BYTES
+            }
             _ => crate::abi::ATTN_PARAMS_BYTES,
         }
     }
 
     /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
     pub const fn tensor_cores(&self) -> bool {
-        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_))
+        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_) | Tile::FlashBwdMma(_))
     }
 
     /// Threads per block.
@@ -220,6 +227,7 @@ impl Variant {
             Tile::DecodeMma(t) => t.threads(),
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.threads(),
             Tile::FlashBwdF32(t) => t.threads(),
+            Tile::FlashBwdMma(t) => t.threads(),
         }
     }
 
@@ -231,6 +239,7 @@ impl Variant {
             Tile::DecodeFwd(t) => t.smem_bytes(),
             Tile::DecodeMma(t) => t.smem_bytes(),
             Tile::FlashBwdF32(t) => t.smem_bytes(),
+            Tile::FlashBwdMma(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -243,6 +252,7 @@ impl Variant {
             Tile::DecodeFwd(t) => t.br(),
             Tile::DecodeMma(t) => t.br(),
             Tile::FlashBwdF32(t) => t.br,
+            Tile::FlashBwdMma(t) => t.br,
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.rows,
             _ => 0,
         }
@@ -256,6 +266,7 @@ impl Variant {
             Tile::DecodeFwd(t) => t.bc,
             Tile::DecodeMma(t) => t.bc,
             Tile::FlashBwdF32(t) => t.bc,
+            Tile::FlashBwdMma(t) => t.bc(),
             _ => 0,
         }
     }
@@ -274,7 +285,7 @@ impl Variant {
             }
             // The backward's grids: [`FlashBwdF32Tile::launch`] (over keys and K/V heads) and
             // [`BwdRowsTile::launch`] (over query rows), through [`KernelId::flash_bwd`].
-            Tile::BwdPre(_) | Tile::FlashBwdF32(_) | Tile::BwdConvert(_) => return None,
+            Tile::BwdPre(_) | Tile::FlashBwdF32(_) | Tile::BwdConvert(_) | Tile::FlashBwdMma(_) => return None,
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
@@ -518,7 +529,7 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
             const T: BwdRowsTile = $tile;
-            unsafe { crate::flash_bwd_f32::preprocess::<{ T.rows as usize }>(&p) }
+            unsafe { crate::flash_bwd_f32::preprocess::<crate::device::$elem, { T.rows as usize }>(&p) }
         }
         crate::variants::tile_record!($name);
     };
@@ -527,7 +538,7 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
             const T: BwdRowsTile = $tile;
-            unsafe { crate::flash_bwd_f32::convert_dq::<{ T.rows as usize }>(&p) }
+            unsafe { crate::flash_bwd_f32::convert_dq::<crate::device::$elem, { T.rows as usize }>(&p) }
         }
         crate::variants::tile_record!($name);
     };
@@ -543,6 +554,27 @@ macro_rules! entry {
                     { T.bc as usize },
                     { T.threads_per_key as usize },
                     { T.dims_per_thread() as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (FlashBwdMma, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_bwd_mma`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
+            const T: FlashBwdMmaTile = $tile;
+            unsafe {
+                crate::flash_bwd_mma::flash_bwd::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.br as usize },
+                    { T.bc() as usize },
+                    { T.threads() as usize },
+                    { (T.head_dim / 16) as usize },
+                    { (T.head_dim / 8) as usize },
+                    { (T.br / 8) as usize },
+                    { T.dq_dtiles() as usize },
                 >(&p)
             }
         }
@@ -738,6 +770,26 @@ kernel_table! {
     FlashBwdF32D256 = flash_bwd_f32_d256: FlashBwdF32(FLASH_BWD_F32_D256), F32;
     /// Backward convert: the f32 dQ accumulator to an f32 dQ.
     BwdConvertF32 = flash_bwd_dq_f32: BwdConvert(BWD_ROWS), F32;
+    /// Backward preprocess, bf16 O and dO.
+    BwdPreBf16 = flash_bwd_pre_bf16: BwdPre(BWD_ROWS), Bf16;
+    /// Backward preprocess, f16 O and dO.
+    BwdPreF16 = flash_bwd_pre_f16: BwdPre(BWD_ROWS), F16;
+    /// Backward main kernel on tensor cores (`mma.sync`), bf16, head_dim 32.
+    FlashBwdBf16D32 = flash_bwd_bf16_d32: FlashBwdMma(FLASH_BWD_MMA_D32), Bf16;
+    /// Backward main kernel on tensor cores, f16, head_dim 32.
+    FlashBwdF16D32 = flash_bwd_f16_d32: FlashBwdMma(FLASH_BWD_MMA_D32), F16;
+    /// Backward main kernel on tensor cores, bf16, head_dim 64.
+    FlashBwdBf16D64 = flash_bwd_bf16_d64: FlashBwdMma(FLASH_BWD_MMA_D64), Bf16;
+    /// Backward main kernel on tensor cores, f16, head_dim 64.
+    FlashBwdF16D64 = flash_bwd_f16_d64: FlashBwdMma(FLASH_BWD_MMA_D64), F16;
+    /// Backward main kernel on tensor cores, bf16, head_dim 128.
+    FlashBwdBf16D128 = flash_bwd_bf16_d128: FlashBwdMma(FLASH_BWD_MMA_D128), Bf16;
+    /// Backward main kernel on tensor cores, f16, head_dim 128.
+    FlashBwdF16D128 = flash_bwd_f16_d128: FlashBwdMma(FLASH_BWD_MMA_D128), F16;
+    /// Backward convert: the f32 dQ accumulator to a bf16 dQ.
+    BwdConvertBf16 = flash_bwd_dq_bf16: BwdConvert(BWD_ROWS), Bf16;
+    /// Backward convert: the f32 dQ accumulator to an f16 dQ.
+    BwdConvertF16 = flash_bwd_dq_f16: BwdConvert(BWD_ROWS), F16;
 }
 
 impl KernelId {
@@ -871,11 +923,13 @@ impl KernelId {
     }
 
     /// The backward kernels for `elem` and `head_dim`, in launch order: `[preprocess, main,
-    /// convert]`. `None` when the table has no main kernel for them.
+    /// convert]`, the main kernel f32 SIMT (`FlashBwdF32`) for f32 and on tensor cores
+    /// (`FlashBwdMma`) for bf16 and f16. `None` when the table has no main kernel for them.
     pub const fn flash_bwd(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
+        let main = if elem.eq(Elem::F32) { Family::FlashBwdF32 } else { Family::FlashBwdMma };
         match (
             Self::find(Family::BwdPre, elem, None),
-            Self::find(Family::FlashBwdF32, elem, Some(head_dim)),
+            Self::find(main, elem, Some(head_dim)),
             Self::find(Family::BwdConvert, elem, None),
         ) {
             (Some(a), Some(m), Some(c)) => Some([a, m, c]),
@@ -888,7 +942,7 @@ impl KernelId {
     pub fn flash_bwd_head_dims(elem: Elem) -> Vec<u32> {
         let mut dims: Vec<u32> = VARIANTS
             .iter()
-            .filter(|v| v.family == Family::FlashBwdF32 && v.elem == elem)
+            .filter(|v| matches!(v.family, Family::FlashBwdF32 | Family::FlashBwdMma) && v.elem == elem)
             .filter_map(|v| v.head_dim())
             .collect();
         dims.sort_unstable();
@@ -953,6 +1007,7 @@ const _: () = {
             Tile::DecodeFwd(t) => t.check(),
             Tile::DecodeMma(t) => t.check(),
             Tile::FlashBwdF32(t) => t.check(),
+            Tile::FlashBwdMma(t) => t.check(),
             _ => {}
         }
         // A row chosen only for some windows falls back to a default row of its kind, and no
@@ -1031,7 +1086,13 @@ mod tests {
         assert_eq!(KernelId::flash_bwd(Elem::F32, 128).map(|k| k[1]), Some(KernelId::FlashBwdF32D128));
         assert_eq!(KernelId::flash_bwd(Elem::F32, 96).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
         assert_eq!(KernelId::flash_bwd(Elem::F32, 80), None);
-        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 64), None);
+        assert_eq!(
+            KernelId::flash_bwd(Elem::Bf16, 64),
+            Some([KernelId::BwdPreBf16, KernelId::FlashBwdBf16D64, KernelId::BwdConvertBf16])
+        );
+        assert_eq!(KernelId::flash_bwd(Elem::F16, 128).map(|k| k[1]), Some(KernelId::FlashBwdF16D128));
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 96), None);
+        assert_eq!(KernelId::flash_bwd_head_dims(Elem::Bf16), vec![32, 64, 128]);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
         let m = KernelId::FlashBwdF32D128.variant();
         assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 416));

@@ -4,7 +4,8 @@
 //! q, k, v, the forward's `o` and `lse` and the upstream gradient `d_o`, the gradients `dq`, `dk`,
 //! `dv` (and with sinks `d_sink`).
 //!
-//! Three launches on one stream (`kernels-gpu/src/flash_bwd_f32.rs`): the preprocess
+//! Three launches on one stream (`kernels-gpu/src/flash_bwd_f32.rs`; for bf16 and f16 the main
+//! kernel is `kernels-gpu/src/flash_bwd_mma.rs`, on tensor cores): the preprocess
 //! (`D = rowsum(dO ∘ O)`, the atomic mode's f32 dQ accumulator zeroed), the main kernel (one
 //! block per key tile and K/V head: P recomputed from LSE, dK and dV summed over the GQA group in
 //! registers, dQ added with `red.global.add.f32`, or in deterministic mode stored into the key
@@ -13,8 +14,7 @@
 
 use super::*;
 use kernels_gpu::abi::BwdParams;
-use kernels_gpu::tiles::{FlashBwdF32Tile, BWD_ROWS};
-use kernels_gpu::Elem;
+use kernels_gpu::tiles::{LaunchDims, BWD_ROWS};
 
 /// The forward's LSE as an input of the backward: `[batch, heads, seq_q]` f32, contiguous,
 /// natural log (what [`Kernels::flash_attn_into`] wrote into an [`LseViewMut`]).
@@ -112,29 +112,35 @@ pub struct BwdWorkspace {
     pub total_bytes: u64,
 }
 
-/// The workspace of a backward call with q of shape `q_shape` (`[batch, seq_q, heads,
-/// head_dim]`; varlen `[1, total_q, heads, head_dim]`), `seq_kv` keys (varlen: the longest
-/// sequence, `max_seqlen_k`) and the mode of `deterministic` ([`BwdOpts::deterministic`]).
+/// The workspace of a backward call on `dtype` tensors with q of shape `q_shape` (`[batch,
+/// seq_q, heads, head_dim]`; varlen `[1, total_q, heads, head_dim]`), `seq_kv` keys (varlen: the
+/// longest sequence, `max_seqlen_k`) and the mode of `deterministic`
+/// ([`BwdOpts::deterministic`]). The dQ accumulator is f32 whatever the dtype; the key block
+/// is the main kernel's (32 keys or fewer for f32, 64 for bf16 and f16).
 /// Atomic mode: one f32 dQ accumulator plus D, O(N·d). Deterministic mode: `ceil(seq_kv /
 /// key_block)` accumulators, which grows as `N² · d / key_block`. A head dim without a backward
-/// kernel is [`ProblemError::UnsupportedHeadDim`]; a byte count past `u64`,
+/// kernel in `dtype` is [`ProblemError::UnsupportedHeadDim`]; a byte count past `u64`,
 /// [`ProblemError::TooLarge`].
 ///
 /// ```
-/// let w = memattn::attn::flash_attn_backward_workspace([1, 100, 2, 64], 100, true)?;
+/// use memattn::Dtype;
+/// let w = memattn::attn::flash_attn_backward_workspace(Dtype::F32, [1, 100, 2, 64], 100, true)?;
 /// assert_eq!((w.key_block, w.dq_slices), (32, 4)); // ceil(100 / 32) key blocks
 /// assert_eq!(w.dq_accum_bytes, 4 * 4 * 100 * 2 * 64);
 /// assert_eq!(w.delta_bytes, 4 * 2 * 100);
+/// let w = memattn::attn::flash_attn_backward_workspace(Dtype::Bf16, [1, 100, 2, 64], 100, true)?;
+/// assert_eq!((w.key_block, w.dq_slices), (64, 2));
 /// # Ok::<(), memattn::attn::AttnError>(())
 /// ```
 pub fn flash_attn_backward_workspace(
+    dtype: Dtype,
     q_shape: [usize; 4],
     seq_kv: usize,
     deterministic: bool,
 ) -> Result<BwdWorkspace, AttnError> {
     let [b, sq, h, d] = q_shape;
-    let tile = main_tile(d)?;
-    let dq_slices = if deterministic { seq_kv.div_ceil(tile.bc as usize).max(1) as u128 } else { 1 };
+    let main = MainKernel::of(dtype, d)?;
+    let dq_slices = if deterministic { seq_kv.div_ceil(main.key_block as usize).max(1) as u128 } else { 1 };
     let slice = b as u128 * sq as u128 * h as u128 * d as u128 * 4;
     let delta = b as u128 * h as u128 * sq as u128 * 4;
     let accum = dq_slices * slice;
@@ -144,30 +150,51 @@ pub fn flash_attn_backward_workspace(
     }
     Ok(BwdWorkspace {
         dq_slices: dq_slices as u64,
-        key_block: tile.bc,
+        key_block: main.key_block,
         dq_accum_bytes: accum as u64,
         delta_bytes: delta as u64,
         total_bytes: total as u64,
     })
 }
 
-/// The main kernel's tile for `head_dim` (f32), or the refusal naming the head dims there are.
-fn main_tile(head_dim: usize) -> Result<FlashBwdF32Tile, AttnError> {
-    let unsupported = || {
-        AttnError::Problem(ProblemError::UnsupportedHeadDim {
-            kernel: KernelKind::Flash,
-            got: head_dim.min(u32::MAX as usize) as u32,
-            supported: format!(
-                "the f32 backward kernels are compiled for head_dim {}",
-                crate::problem::list_and(&KernelId::flash_bwd_head_dims(Elem::F32))
-            ),
-        })
-    };
-    let d = u32::try_from(head_dim).map_err(|_| unsupported())?;
-    let kernels = KernelId::flash_bwd(Elem::F32, d).ok_or_else(unsupported)?;
-    match kernels[1].variant().tile {
-        kernels_gpu::variants::Tile::FlashBwdF32(t) => Ok(t),
-        _ => Err(unsupported()),
+/// The backward's kernels for `dtype` and a head dim: `[preprocess, main, convert]`, the main
+/// kernel's key block and its launch geometry.
+#[derive(Clone, Copy)]
+struct MainKernel {
+    kernels: [KernelId; 3],
+    key_block: u32,
+    tile: kernels_gpu::variants::Tile,
+}
+
+impl MainKernel {
+    /// The kernels of `dtype` at `head_dim`, or the refusal naming the head dims there are.
+    fn of(dtype: Dtype, head_dim: usize) -> Result<Self, AttnError> {
+        let elem = dtype.elem();
+        let unsupported = || {
+            AttnError::Problem(ProblemError::UnsupportedHeadDim {
+                kernel: KernelKind::Flash,
+                got: head_dim.min(u32::MAX as usize) as u32,
+                supported: format!(
+                    "the {} backward kernels are compiled for head_dim {}",
+                    dtype.name(),
+                    crate::problem::list_and(&KernelId::flash_bwd_head_dims(elem))
+                ),
+            })
+        };
+        let d = u32::try_from(head_dim).map_err(|_| unsupported())?;
+        let kernels = KernelId::flash_bwd(elem, d).ok_or_else(unsupported)?;
+        let tile = kernels[1].variant().tile;
+        let key_block = kernels[1].variant().block_cols();
+        Ok(MainKernel { kernels, key_block, tile })
+    }
+
+    /// Grid `(ceil(seq_kv / key_block), heads_kv, batch)` and the block of the main kernel.
+    fn launch(&self, batch: u32, heads_kv: u32, seq_kv: u32) -> LaunchDims {
+        match self.tile {
+            kernels_gpu::variants::Tile::FlashBwdF32(t) => t.launch(batch, heads_kv, seq_kv),
+            kernels_gpu::variants::Tile::FlashBwdMma(t) => t.launch(batch, heads_kv, seq_kv),
+            _ => unreachable!("KernelId::flash_bwd returns a backward main kernel"),
+        }
     }
 }
 
@@ -195,9 +222,11 @@ impl Kernels {
     /// to check against are [`crate::reference::grad`]. The options of the backward alone
     /// (deterministic dQ, the sinks' gradient) are [`Kernels::flash_attn_backward_into_with`]'s.
     ///
-    /// Supported now: f32 at the head dims of `KernelId::flash_bwd_head_dims`, causal,
-    /// windows, soft cap, GQA/MQA and sinks. bf16/f16 and other head dims are refused with a
-    /// typed error, never answered wrongly. `dq`, `dk` and `dv` must each map their elements to
+    /// Supported: f32, bf16 and f16 at the head dims of `KernelId::flash_bwd_head_dims` (f32
+    /// SIMT kernels; bf16/f16 on tensor cores, whose `d_o`, `dq`, `dk` and `dv` are of q's
+    /// dtype and whose rows follow the forward's alignment rules, dk and dv 4-byte aligned),
+    /// causal, windows, soft cap, GQA/MQA and sinks. Other head dims are refused with a typed
+    /// error, never answered wrongly. `dq`, `dk` and `dv` must each map their elements to
     /// distinct addresses and overlap no input and no other gradient ([`AttnError::Aliasing`]);
     /// the inputs may share memory. On CUDA the three launches are queued on the views' stream
     /// and the call returns without waiting; the workspace ([`flash_attn_backward_workspace`])
@@ -361,18 +390,13 @@ impl Kernels {
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
         let plan = self.plan(KernelKind::Flash, q, k, v, Some(outs), None, opts, varlen)?;
         let dtype = q.raw.dtype;
-        if dtype != Dtype::F32 {
-            return Err(AttnError::NotSupportedYet {
-                feature: "the backward in bf16/f16 (the backward kernels are f32 SIMT; run it on f32 tensors)",
-            });
-        }
         let [_, rows, h, d] = q.raw.shape;
         let hk = k.raw.shape[2];
-        let tile = main_tile(d)?;
-        let kernels = KernelId::flash_bwd(dtype.elem(), d as u32).expect("main_tile found the row");
+        let main = MainKernel::of(dtype, d)?;
+        let kernels = main.kernels;
         let (qs, ks) = (q.raw.shape, k.raw.shape);
         // The workspace's size is checked before anything is allocated.
-        let ws = flash_attn_backward_workspace(qs, plan.params.seq_kv as usize, bwd.deterministic)?;
+        let ws = flash_attn_backward_workspace(dtype, qs, plan.params.seq_kv as usize, bwd.deterministic)?;
         let d_sinks = match (&bwd.d_sinks, opts.sinks) {
             (None, _) => None,
             (Some(_), None) => return Err(AttnError::Sinks { why: SinksRule::Count { got: 0, heads: h } }),
@@ -392,23 +416,23 @@ impl Kernels {
         if let Some(ds) = d_sinks {
             views.push(("d_sinks", ds.raw, ds.stream.as_deref(), [1, 1, h, 1]));
         }
-        self.check_grad_views(&views, &q.raw)?;
+        self.check_grad_views(&views, &q.raw, varlen.is_some())?;
         let (owned, grad_views) = match grads {
             Some(g) => (None, [*g[0].0, *g[1].0, *g[2].0]),
             None => {
                 let shapes = [qs, ks, ks];
                 let mut st = Vec::with_capacity(3);
                 for s in shapes {
-                    st.push(self.alloc_storage(q, (s.iter().product::<usize>() * 4) as u64)?);
+                    st.push(self.alloc_storage(q, s.iter().product::<usize>() as u64 * dtype.size_bytes())?);
                 }
-                let raw: Vec<RawView> = st.iter().zip(shapes).map(|(s, shape)| s.raw_view(shape)).collect();
+                let raw: Vec<RawView> = st.iter().zip(shapes).map(|(s, shape)| s.raw_view(dtype, shape)).collect();
                 (Some(st), [raw[0], raw[1], raw[2]])
             }
         };
         let streams = grads.map_or([q.stream.as_deref(); 3], |g| [g[0].1, g[1].1, g[2].1]);
         let names = ["dq", "dk", "dv"];
         let gv: Vec<_> = (0..3).map(|i| (names[i], grad_views[i], streams[i], [qs, ks, ks][i])).collect();
-        self.check_grad_views(&gv, &q.raw)?;
+        self.check_grad_views(&gv, &q.raw, varlen.is_some())?;
         // The gradients are written: each one-to-one, none overlapping an input or another
         // gradient (the inputs may share memory with each other, as in the forward).
         for (name, t, ..) in &gv {
@@ -441,7 +465,7 @@ impl Kernels {
         // Launch geometry: sequences (varlen) or batches, the longest lengths.
         let (nb, sq, skv) = (plan.params.batch, plan.params.seq_q, plan.params.seq_kv);
         let dims =
-            [BWD_ROWS.launch(nb, h as u32, sq), tile.launch(nb, hk as u32, skv), BWD_ROWS.launch(nb, h as u32, sq)];
+            [BWD_ROWS.launch(nb, h as u32, sq), main.launch(nb, hk as u32, skv), BWD_ROWS.launch(nb, h as u32, sq)];
         let caps = self.caps()?;
         for (kernel, dims) in kernels.iter().zip(&dims) {
             for axis in 0..3 {
@@ -475,7 +499,7 @@ impl Kernels {
             dv_strides: grad_views[2].kernel_strides(),
             dq_split_stride: if bwd.deterministic { q_elems } else { 0 },
             dq_splits: ws.dq_slices as u32,
-            key_block: tile.bc,
+            key_block: main.key_block,
         };
         let bytes = params.to_bytes();
         for (kernel, dims) in kernels.iter().zip(&dims) {
@@ -492,17 +516,21 @@ impl Kernels {
     }
 
     /// Gradient-side views (d_o, d_sinks, dq, dk, dv): on the kernels' device and q's stream,
-    /// f32, shaped as `want`, contiguous in the last dimension, within their buffers.
+    /// of q's dtype (d_sinks f32), shaped as `want`, contiguous in the last dimension, within
+    /// their buffers; for the tensor-core kernels (bf16, f16) d_o's rows 16-byte aligned (its
+    /// tiles are `cp.async` copies), dk's and dv's 4-byte aligned (stored in pairs).
     fn check_grad_views(
         &self,
         views: &[(&'static str, RawView, Option<&CudaStream>, [usize; 4])],
         q: &RawView,
+        varlen: bool,
     ) -> Result<(), AttnError> {
         let places: Vec<_> = views.iter().map(|(n, t, s, _)| (*n, t, *s)).collect();
         self.check_places(&places, q)?;
         for (name, t, _, want) in views {
-            if t.dtype != Dtype::F32 {
-                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: Dtype::F32 });
+            let expected = if *name == "d_sinks" { Dtype::F32 } else { q.dtype };
+            if t.dtype != expected {
+                return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected });
             }
             if t.shape != *want {
                 let of = if *name == "d_sinks" {
@@ -522,6 +550,27 @@ impl Kernels {
                 return Err(AttnError::InnerStride { tensor: name, stride: t.strides[3] });
             }
             t.check_bounds(name)?;
+            if q.dtype.is_16bit() {
+                let (align, need) = match *name {
+                    "d_o" => (8, "16-byte aligned rows: base pointer and strides multiples of 8 elements (cp.async copies 16-byte chunks)"),
+                    "dk" | "dv" => (2, "4-byte aligned rows: base pointer and strides multiples of 2 elements (stored in pairs)"),
+                    _ => continue,
+                };
+                let entry = KernelId::flash_bwd(q.dtype.elem(), q.shape[3] as u32).map_or("", |k| k[1].name());
+                if !t.ptr.is_multiple_of(2 * align as u64) {
+                    let got = format!("{:#x}", t.ptr);
+                    return Err(AttnError::Misaligned { tensor: name, what: "the base pointer", got, entry, need });
+                }
+                for (i, what) in [(0, "the batch stride"), (1, "the seq stride"), (2, "the head stride")] {
+                    if i == 0 && varlen {
+                        continue; // one packed batch: the batch stride is not used
+                    }
+                    if !t.strides[i].is_multiple_of(align) {
+                        let got = format!("{} elements", t.strides[i]);
+                        return Err(AttnError::Misaligned { tensor: name, what, got, entry, need });
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -547,13 +596,13 @@ impl Kernels {
 }
 
 impl Storage {
-    /// An f32 view of the whole buffer, contiguous `shape`.
-    fn raw_view(&self, shape: [usize; 4]) -> RawView {
+    /// A `dtype` view of the whole buffer, contiguous `shape`.
+    fn raw_view(&self, dtype: Dtype, shape: [usize; 4]) -> RawView {
         let (avail, place) = match self {
             Storage::Dev(b) => (b.bytes, b.dev.place()),
             Storage::Cuda { slice, stream } => (slice.len() as u64, cuda_place(stream)),
         };
-        RawView::new(self.ptr(), avail, Dtype::F32, shape, place)
+        RawView::new(self.ptr(), avail, dtype, shape, place)
     }
 }
 
@@ -578,6 +627,8 @@ mod tests {
         softcap: f32,
         sinks: bool,
         varlen: Option<(&'static [u32], &'static [u32])>,
+        /// The dtype of q, k, v, o, d_o and the gradients (LSE, sinks, d_sinks are f32).
+        dtype: Dtype,
     }
 
     const BASE: Case = Case {
@@ -592,9 +643,11 @@ mod tests {
         softcap: 0.0,
         sinks: false,
         varlen: None,
+        dtype: Dtype::F32,
     };
 
-    const NAN: u32 = 0x7fc0_0000;
+    /// A quiet NaN in f32, and two in bf16 and in f16.
+    const NAN: u32 = 0x7fc0_7fc0;
 
     fn draw(n: usize, rng: &mut SplitMix64) -> Vec<f32> {
         (0..n).map(|_| rng.below(2001) as f32 / 1000.0 - 1.0).collect()
@@ -615,21 +668,27 @@ mod tests {
             None => (c.b, c.sq, c.skv),
         };
         let (qn, kn) = (b * sq * c.h * c.d, b * skv * c.hk * c.d);
-        let (qx, kx, vx, dox) = (draw(qn, &mut rng), draw(kn, &mut rng), draw(kn, &mut rng), draw(qn, &mut rng));
+        let dt = c.dtype;
+        // The inputs in the dtype: the reference sees exactly what the kernels read.
+        let mut x4 = [draw(qn, &mut rng), draw(kn, &mut rng), draw(kn, &mut rng), draw(qn, &mut rng)];
+        x4.iter_mut().for_each(|x| dt.round_all(x));
+        let [qx, kx, vx, dox] = x4;
         let sinks_x = if c.sinks { draw(c.h, &mut rng) } else { vec![] };
-        let up = |x: &[f32]| kernels.vm_upload(x).unwrap();
+        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
         let (q, k, v, d_o) = (up(&qx), up(&kx), up(&vx), up(&dox));
+        // Poisoned with NaN (in f32 words; two 16-bit NaNs per word for bf16/f16).
         let alloc = |n: usize| {
             let buf = kernels.vm_alloc(4 * n.max(1) as u64).unwrap();
             buf.fill_u32(n.max(1) as u64, NAN).unwrap();
             buf
         };
         let (o, lse, dq, dk, dv) = (alloc(qn), alloc(b * c.h * sq), alloc(qn), alloc(kn), alloc(kn));
-        let (sinks_buf, ds_buf) = (up(if c.sinks { &sinks_x } else { &[0.0] }), alloc(c.h));
+        let sinks_buf = kernels.vm_upload(if c.sinks { &sinks_x } else { &[0.0] }).unwrap();
+        let ds_buf = alloc(c.h);
         let sinks_view = SinksView::vm(&sinks_buf, c.h).unwrap();
         let (qs, ks) = ([b, sq, c.h, c.d], [b, skv, c.hk, c.d]);
-        let t = |buf, s| TensorView::vm(buf, Dtype::F32, s).unwrap();
-        let tm = |buf, s| TensorViewMut::vm(buf, Dtype::F32, s).unwrap();
+        let t = |buf, s| TensorView::vm(buf, dt, s).unwrap();
+        let tm = |buf, s| TensorViewMut::vm(buf, dt, s).unwrap();
         let mut opts = AttnOpts::new().causal(c.causal).window_size(c.window.0, c.window.1);
         if c.softcap > 0.0 {
             opts = opts.softcap(c.softcap);
@@ -691,7 +750,7 @@ mod tests {
                     .unwrap();
             }
         }
-        let read = |buf: &VmBuffer, n| buf.read_f32(Dtype::F32, n).unwrap();
+        let read = |buf: &VmBuffer, n| buf.read_f32(dt, n).unwrap();
         let base = Problem {
             batch: c.b as u32,
             heads: c.h as u32,
@@ -710,7 +769,7 @@ mod tests {
             None => base,
         };
         let want = attention_backward(&p, &qx, &kx, &vx, &dox, &sinks_x).unwrap();
-        let d_sinks = if c.sinks { read(&ds_buf, c.h) } else { vec![] };
+        let d_sinks = if c.sinks { ds_buf.read_f32(Dtype::F32, c.h).unwrap() } else { vec![] };
         (Got { grads: [read(&dq, qn), read(&dk, kn), read(&dv, kn)], d_sinks }, want)
     }
 
@@ -734,6 +793,9 @@ mod tests {
     /// f32 accumulation over at most a few hundred terms: measured 2e-7 to 5e-7 of the
     /// gradient's scale on these cases; 5e-6 leaves a factor of 10.
     const TOL: f64 = 5e-6;
+    /// See [`tensor_core_gradients_match_the_f64_reference`].
+    const TOL_BF16: f64 = 1e-2;
+    const TOL_F16: f64 = 1.5e-3;
 
     fn check(what: &str, c: &Case, got: &Got, want: &Grads) {
         let mut tensors =
@@ -741,9 +803,17 @@ mod tests {
         if c.sinks {
             tensors.push(("d_sinks", &got.d_sinks, &want.dsinks));
         }
+        let tol = match c.dtype {
+            Dtype::F32 => TOL,
+            Dtype::Bf16 => TOL_BF16,
+            Dtype::F16 => TOL_F16,
+        };
         for (name, g, w) in tensors {
             let e = rel_err(g, w);
-            assert!(e <= TOL, "{what} {c:?}: {name} relative error {e:.3e} > {TOL:.0e}");
+            if std::env::var_os("MEMATTN_PRINT_ERRORS").is_some() {
+                eprintln!("{what} {:?} {name}: {e:.3e}", c.dtype);
+            }
+            assert!(e <= tol, "{what} {c:?}: {name} relative error {e:.3e} > {tol:.0e}");
         }
     }
 
@@ -773,6 +843,39 @@ mod tests {
         for (seed, (what, c)) in cases.iter().enumerate() {
             let (got, want) = run(&kernels, *c, seed as u64 + 1, false);
             check(what, c, &got, &want);
+        }
+    }
+
+    /// The tensor-core backward (bf16, f16) at every head dim it has, against the f64 gradients
+    /// of the same (rounded) inputs. P and dS are rounded to 16 bits before their products, as
+    /// in FlashAttention-2, and O (hence D) comes from the 16-bit forward; the errors measured
+    /// here are 2.0e-3 to 4.2e-3 of the gradient's scale in bf16 (unit roundoff 2^-9 = 2e-3)
+    /// and 2.9e-4 to 5.8e-4 in f16 (2^-11 = 4.9e-4). The bounds are about 2.5x the worst.
+    #[test]
+    fn tensor_core_gradients_match_the_f64_reference() {
+        let kernels = Kernels::vm().unwrap();
+        let cases = [
+            ("length 1", BASE),
+            // Several key blocks and query tiles (neither a tile multiple), GQA, two batches.
+            ("GQA, seq_q != seq_kv", Case { b: 2, h: 4, hk: 2, sq: 77, skv: 130, ..BASE }),
+            // Causal with seq_q > seq_kv: the first 25 rows see no key (LSE = -inf).
+            ("MQA causal, fully masked rows", Case { h: 2, sq: 95, skv: 70, causal: true, ..BASE }),
+            ("d128 causal", Case { h: 2, sq: 70, skv: 90, d: 128, causal: true, ..BASE }),
+            ("d128 GQA window", Case { h: 2, hk: 1, sq: 40, skv: 100, d: 128, window: (20, 5), ..BASE }),
+            ("window and soft cap", Case { h: 2, hk: 1, sq: 70, skv: 140, window: (9, 3), softcap: 2.0, ..BASE }),
+            (
+                "sinks, fully masked rows",
+                Case { b: 2, h: 2, hk: 1, sq: 75, skv: 70, causal: true, sinks: true, ..BASE },
+            ),
+            ("d32 GQA", Case { h: 2, hk: 1, sq: 65, skv: 80, d: 32, ..BASE }),
+            ("d32 causal soft cap", Case { sq: 30, skv: 100, d: 32, causal: true, softcap: 5.0, ..BASE }),
+        ];
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (seed, (what, c)) in cases.iter().enumerate() {
+                let c = Case { dtype, ..*c };
+                let (got, want) = run(&kernels, c, seed as u64 + 1, false);
+                check(what, &c, &got, &want);
+            }
         }
     }
 
@@ -830,16 +933,22 @@ mod tests {
     fn the_workspace_is_stated_exactly() {
         // Atomic: one f32 copy of q's shape plus D. Deterministic at d=64 (32 keys per block),
         // 100 keys: 4 slices.
-        let w = flash_attn_backward_workspace([2, 37, 4, 64], 100, false).unwrap();
+        let w = flash_attn_backward_workspace(Dtype::F32, [2, 37, 4, 64], 100, false).unwrap();
         assert_eq!((w.dq_slices, w.dq_accum_bytes, w.delta_bytes), (1, 2 * 37 * 4 * 64 * 4, 2 * 4 * 37 * 4));
-        let w = flash_attn_backward_workspace([2, 37, 4, 64], 100, true).unwrap();
+        let w = flash_attn_backward_workspace(Dtype::F32, [2, 37, 4, 64], 100, true).unwrap();
         assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (4, 32, 4 * 2 * 37 * 4 * 64 * 4));
         assert_eq!(w.total_bytes, w.dq_accum_bytes + w.delta_bytes);
         // The VM's allocator sees exactly that much besides the caller's buffers.
-        let e = flash_attn_backward_workspace([1, 1, 1, 80], 1, false).unwrap_err();
+        let e = flash_attn_backward_workspace(Dtype::F32, [1, 1, 1, 80], 1, false).unwrap_err();
         assert!(e.to_string().contains("head_dim"), "{e}");
-        let e = flash_attn_backward_workspace([1 << 40, 1 << 20, 1, 64], 1 << 30, true).unwrap_err();
+        let e = flash_attn_backward_workspace(Dtype::F32, [1 << 40, 1 << 20, 1, 64], 1 << 30, true).unwrap_err();
         assert!(matches!(e, AttnError::Problem(ProblemError::TooLarge { .. })), "{e}");
+        // bf16/f16: 64 keys per block (the tensor-core kernel's), the accumulator still f32;
+        // d96 has no tensor-core backward, named with the head dims there are.
+        let w = flash_attn_backward_workspace(Dtype::Bf16, [2, 37, 4, 64], 100, true).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 64, 2 * 2 * 37 * 4 * 64 * 4));
+        let e = flash_attn_backward_workspace(Dtype::F16, [1, 1, 1, 96], 1, false).unwrap_err();
+        assert!(e.to_string().contains("f16 backward kernels are compiled for head_dim 32, 64 and 128"), "{e}");
     }
 
     #[test]
