@@ -41,7 +41,7 @@
 //! sequence ([`crate::device`]'s `sequence_of`).
 //!
 //! Tiles ([`crate::tiles::FLASH_BWD_MMA_D32`], [`crate::tiles::FLASH_BWD_MMA_D64`],
-//! [`crate::tiles::FLASH_BWD_MMA_D128`]): 4 warps, Bc 64; Br 64 at d32 and d64, 32 at d128.
+//! [`crate::tiles::FLASH_BWD_MMA_D128`]): 4 warps, Bc 64; Br 64 at d32, 32 at d64 and d128.
 //! Shared memory (swizzled like the forward's, [`crate::swizzle`]): K, V `[BC][D]`, Q, dO
 //! `[BR][D]`, dSᵀ `[BC][BR]`, 16-bit; LSE, D `[BR]` f32.
 //!
@@ -76,6 +76,25 @@ use crate::swizzle::{swizzled_offset, TileLane};
 #[inline(always)]
 unsafe fn st_shared_u32(addr: u32, x: u32) {
     unsafe { core::arch::asm!("st.shared.b32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
+}
+
+/// `ld.shared.v2.f32 {lo, hi}, [addr];` (8-byte aligned).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn ld_shared_f32x2(addr: u32) -> [f32; 2] {
+    let (lo, hi): (f32, f32);
+    unsafe {
+        core::arch::asm!("ld.shared.v2.f32 {{{lo}, {hi}}}, [{a}];", lo = out(reg32) lo, hi = out(reg32) hi,
+                         a = in(reg32) addr, options(readonly, nostack))
+    };
+    [lo, hi]
+}
+
+/// `st.shared.f32 [addr], x;`
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn st_shared_f32(addr: u32, x: f32) {
+    unsafe { core::arch::asm!("st.shared.f32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
 }
 
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's
@@ -147,8 +166,8 @@ unsafe fn body<
     let q_s = v_s + (BC * D * 2) as u32;
     let do_s = q_s + (BR * D * 2) as u32;
     let ds_s = do_s + (BR * D * 2) as u32;
-    let lse_p = unsafe { (smem as *mut u8).add(2 * (2 * BC * D + 2 * BR * D + BC * BR)) } as *mut f32;
-    let dd_p = unsafe { lse_p.add(BR) };
+    let lse_s = ds_s + (BC * BR * 2) as u32;
+    let dd_s = lse_s + (BR * 4) as u32;
 
     let slice = |ptr: u64, s: &crate::abi::Strides, head: u64, row0: u64, len: u32| Rows {
         base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
@@ -197,24 +216,28 @@ unsafe fn body<
             }
             let full = last_start <= kv0 as i64 && first_end >= (kv0 + BC) as i64;
             let nrows = last + 1 - q0;
+            // The tile's first row through an opaque move: the addresses below are computed
+            // from it in every tile, not carried from tile to tile (as induction variables, one
+            // 64-bit register pair per copy pass and per dQ row, they would fill the registers).
+            let qa = opaque_u32(q0 as u32) as usize;
 
             // Every warp is done with the previous tile's Q, dO, dSᵀ, LSE and D.
             sync_threads();
             unsafe {
-                stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
-                stage_tile::<D, BR, THREADS>(do_s, do_rows, q0, tid);
+                stage_tile::<D, BR, THREADS>(q_s, q_rows, qa, tid);
+                stage_tile::<D, BR, THREADS>(do_s, do_rows, qa, tid);
             }
             cp_async_commit();
             if tid < BR {
                 let (l, dd) = if tid < nrows {
-                    let at = p.lse_offset(b, h, q_row0 + (q0 + tid) as u64);
+                    let at = p.lse_offset(b, h, q_row0 + (qa + tid) as u64);
                     unsafe { (ld_f32(p.lse + 4 * at) * LOG2E, ld_f32(bp.delta + 4 * at)) }
                 } else {
                     (f32::INFINITY, 0.0) // rows past seq_q: P = 2^(s - inf) = 0
                 };
                 unsafe {
-                    *lse_p.add(tid) = l;
-                    *dd_p.add(tid) = dd;
+                    st_shared_f32(opaque_u32(lse_s) + 4 * tid as u32, l);
+                    st_shared_f32(opaque_u32(dd_s) + 4 * tid as u32, dd);
                 }
             }
             cp_async_wait_all();
@@ -248,30 +271,59 @@ unsafe fn body<
                 });
             });
 
-            // (2) P and dS. Element e of tile n: key key0 + 8 (e / 2), query column
-            // 8n + 2t + e % 2 of the tile.
+            // (2) P and dS for every element, then (in the few tiles that need it) 0 for the
+            // keys a row may not see: element e of tile n is key key0 + 8 (e / 2), query column
+            // 8n + 2t + e % 2 of the tile, whose offset from the row's diagonal is
+            // `off0 + 8 (e / 2) - 8n - e % 2`. (A row that sees no key has LSE = -inf and an
+            // infinite P here; the mask replaces it, a select, so nothing of it survives.)
+            let (lse_l, dd_l) = (opaque_u32(lse_s) + 8 * t as u32, opaque_u32(dd_s) + 8 * t as u32);
             unroll8!(n in 0..NQ => {
-                unroll4!(c in 0..2 => {
-                    let col = 8 * n + 2 * t + c;
-                    let (lse2, dd) = unsafe { (*lse_p.add(col), *dd_p.add(col)) };
-                    let (rs, re) = if full { (0, 0) } else { p.key_range((q0 + col) as u32) };
-                    unroll4!(r in 0..2 => {
-                        let e = 2 * r + c;
-                        let x = s[n][e];
-                        let (sv, dsdx) = if SOFTCAP {
-                            let th = tanh(x * cap_arg);
-                            (th * cap2, scale * (1.0 - th * th))
-                        } else {
-                            (x * c2, scale)
-                        };
-                        let key = (key0 + 8 * r) as i64;
-                        let seen = full || (key >= rs && key < re);
-                        let pr = if seen { exp2(sv - lse2) } else { 0.0 };
-                        s[n][e] = pr;
-                        dp[n][e] = pr * (dp[n][e] - dd) * dsdx;
-                    });
+                let lse2 = unsafe { ld_shared_f32x2(lse_l + 32 * n as u32) };
+                let dd2 = unsafe { ld_shared_f32x2(dd_l + 32 * n as u32) };
+                unroll4!(e in 0..4 => {
+                    let x = s[n][e];
+                    let (sv, dsdx) = if SOFTCAP {
+                        let th = tanh(x * cap_arg);
+                        (th * cap2, scale * (1.0 - th * th))
+                    } else {
+                        (x * c2, scale)
+                    };
+                    let pr = exp2(sv - lse2[e % 2]);
+                    s[n][e] = pr;
+                    dp[n][e] = pr * (dp[n][e] - dd2[e % 2]) * dsdx;
                 });
             });
+            if !full {
+                // The mask as offsets from the diagonal: key j is seen by query row i iff
+                // j < seq_kv and -left <= j - (i + seq_kv - seq_q) <= right (right 0 when causal;
+                // an unbounded side never binds), the rule of `mask::key_range` in one
+                // subtraction and two compares per element. Formed here from opaque copies, so
+                // none of it is held in registers through the loop.
+                let (wl, wr) = (opaque_u32(p.window_left as u32) as i32, opaque_u32(p.window_right as u32) as i32);
+                let unbounded = 1i64 << 40;
+                let lo = if wl >= 0 { -(wl as i64) } else { -unbounded };
+                let hi = if p.causal != 0 {
+                    0
+                } else if wr >= 0 {
+                    wr as i64
+                } else {
+                    unbounded
+                };
+                let (sq, skv) = (opaque_u32(seq_q as u32) as i64, opaque_u32(seq_kv as u32) as i64);
+                let key0 = opaque_u32(key0 as u32) as i64;
+                let off0 = key0 - (qa + 2 * t) as i64 - (skv - sq);
+                let keys_left = skv - key0; // rows r with 8r < keys_left exist
+                unroll8!(n in 0..NQ => {
+                    unroll4!(e in 0..4 => {
+                        let r = e / 2;
+                        let off = off0 + (8 * r) as i64 - (8 * n + e % 2) as i64;
+                        if !(off >= lo && off <= hi && ((8 * r) as i64) < keys_left) {
+                            s[n][e] = 0.0;
+                            dp[n][e] = 0.0;
+                        }
+                    });
+                });
+            }
 
             // (3) P and dS packed to 16 bits as A operands (16-query k-steps kc: S tiles 2kc,
             // 2kc + 1); dSᵀ to shared memory from the packed words: word 2 (n % 2) + r of step
@@ -279,11 +331,13 @@ unsafe fn body<
             // g + 8r, one 32-bit word of chunk n of that row.
             let pf = pack_a(&s, E::pack);
             let dsf = pack_a(&dp, E::pack);
-            unroll8!(n in 0..NQ => {
-                unroll4!(r in 0..2 => {
-                    let row = 16 * warp + g + 8 * r;
-                    let at = ds_s + (swizzled_offset(BR, row, n) + 4 * t) as u32;
-                    unsafe { st_shared_u32(at, dsf[n / 2][2 * (n % 2) + r]) };
+            // Chunk n of a row is chunk 0's position XOR 16n (the swizzle XORs the chunk bits;
+            // the tile is 128-byte aligned), so each row takes one address register.
+            unroll4!(r in 0..2 => {
+                let row = 16 * warp + g + 8 * r;
+                let at0 = opaque_u32(ds_s + (swizzled_offset(BR, row, 0) + 4 * t) as u32);
+                unroll8!(n in 0..NQ => {
+                    unsafe { st_shared_u32(at0 ^ (16 * n) as u32, dsf[n / 2][2 * (n % 2) + r]) };
                 });
             });
 
@@ -320,20 +374,22 @@ unsafe fn body<
             unroll4!(r in 0..2 => {
                 let qr = 16 * mq + g + 8 * r;
                 if qr < nrows {
-                    let row = q_row0 + (q0 + qr) as u64;
-                    let base = dq_slice + 4 * bp.dq_accum_strides.offset(b, row, h);
+                    let row = q_row0 + (qa + qr) as u64;
+                    // One address per row; the columns 8 (NDQ pd + n) + 2t (+ 1) are immediates.
+                    let first = (8 * NDQ * pd + 2 * t) as u64;
+                    let base = opaque_u64(dq_slice + 4 * (bp.dq_accum_strides.offset(b, row, h) + first));
                     unroll8!(n in 0..NDQ => {
-                        let col = (8 * (NDQ * pd + n) + 2 * t) as u64;
+                        let at = base + 32 * n as u64;
                         if atomic {
                             unsafe {
-                                red_add_f32(base + 4 * col, acc[n][2 * r]);
-                                red_add_f32(base + 4 * (col + 1), acc[n][2 * r + 1]);
+                                red_add_f32(at, acc[n][2 * r]);
+                                red_add_f32(at + 4, acc[n][2 * r + 1]);
                             }
                         } else {
                             // The block's own slice: written once.
                             unsafe {
-                                st_f32(base + 4 * col, acc[n][2 * r]);
-                                st_f32(base + 4 * (col + 1), acc[n][2 * r + 1]);
+                                st_f32(at, acc[n][2 * r]);
+                                st_f32(at + 4, acc[n][2 * r + 1]);
                             }
                         }
                     });

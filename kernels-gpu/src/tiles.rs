@@ -556,8 +556,8 @@ impl FlashBwdMmaTile {
         assert!(self.warps.is_multiple_of(self.br / 16), "whole dQ m-tiles per warp group");
         assert!((self.head_dim / 8).is_multiple_of(self.dq_parts()) && self.dq_dtiles().is_multiple_of(2));
         assert!(
-            self.dq_parts() == 1 || (self.head_dim.is_multiple_of(64) && self.dq_dtiles().is_multiple_of(8)),
-            "a dQ part starts on a swizzle group"
+            self.dq_parts() == 1 || (self.head_dim.is_multiple_of(64) && self.dq_dtiles().is_power_of_two()),
+            "a dQ part's first chunk XORs cleanly with its lane's chunk steps"
         );
         assert!(self.threads().is_multiple_of(cpr) && (self.threads() / cpr).is_multiple_of(4), "whole copy passes");
         assert!(self.br.is_multiple_of(self.threads() / cpr) && self.bc().is_multiple_of(self.threads() / cpr));
@@ -569,9 +569,10 @@ impl FlashBwdMmaTile {
 /// d=32: 4 warps of 16 keys (Bc 64), Br 64. Per thread dK, dV 16 registers each, Sᵀ and dPᵀ
 /// 32 each. Shared memory (2 x 64 x 32 + 2 x 64 x 32 + 64 x 64) x 2 + 512 B = 24.5 KiB.
 pub const FLASH_BWD_MMA_D32: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 32, br: 64, warps: 4 };
-/// d=64: 4 warps of 16 keys (Bc 64), Br 64. dK, dV 32 registers each, Sᵀ and dPᵀ 32 each.
-/// Shared memory (2 x 64 x 64 + 2 x 64 x 64 + 64 x 64) x 2 + 512 B = 40.5 KiB.
-pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, br: 64, warps: 4 };
+/// d=64: 4 warps of 16 keys (Bc 64), Br 32 (Br 64, with Sᵀ and dPᵀ 32 registers each instead
+/// of 16, spilled). dK, dV 32 registers each; dQ: 2 m-tiles x 2 halves of the head dim. Shared
+/// memory (2 x 64 x 64 + 2 x 32 x 64 + 64 x 32) x 2 + 256 B = 28.3 KiB.
+pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, br: 32, warps: 4 };
 /// d=128: 4 warps of 16 keys (Bc 64), Br 32 (dK, dV 64 registers each; Sᵀ and dPᵀ 16 each, so
 /// the accumulators stay near 160 registers). dQ: 2 m-tiles x 2 halves of the head dim.
 /// Shared memory (2 x 64 x 128 + 2 x 32 x 128 + 64 x 32) x 2 + 256 B = 52.3 KiB (opt-in).

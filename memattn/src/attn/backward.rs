@@ -1031,8 +1031,9 @@ mod tests {
         };
         let e = call(&t(Dtype::F32, s), [1, 4, 2, 32], &AttnOpts::new()).unwrap_err();
         assert!(matches!(e, AttnError::Shape { tensor: "dq", .. }), "{e}");
+        // bf16 inputs take bf16 gradients (here f32 views: refused, naming the first).
         let e = call(&t(Dtype::Bf16, s), s, &AttnOpts::new()).unwrap_err();
-        assert!(matches!(e, AttnError::NotSupportedYet { .. }), "{e}");
+        assert!(matches!(e, AttnError::Dtype { tensor: "dq", expected: Dtype::Bf16, .. }), "{e}");
         // The sinks' gradient needs sinks, one per head.
         let sinks_buf = kernels.vm_upload(&[0.5, 0.5]).unwrap();
         let sinks = SinksView::vm(&sinks_buf, 2).unwrap();
