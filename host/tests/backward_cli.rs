@@ -201,10 +201,150 @@ fn unsupported_options_are_refused_with_the_limit() {
     );
     r(&["--kernel", "naive"], "no naive backward");
     assert_refused(&["run", "--deterministic", "--heads", "1"], "--backward");
+    // Packed sequences keep the forward's rules: BSHD only, lengths per sequence.
     assert_refused(
-        &["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3,4", "--heads", "1"],
-        "packed sequences",
+        &["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3,4", "--heads", "1", "--layout", "bhsd"],
+        "--layout bshd",
     );
+    assert_refused(&["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3", "--heads", "1"], "lengths");
+}
+
+/// Writes a packed (varlen) input file: q, do `[total_q, h, d]`, k, v `[total_kv, hk, d]`,
+/// cu_seqlens_q and cu_seqlens_kv (U32).
+fn write_varlen_inputs(path: &Path, h: usize, hk: usize, d: usize, lq: &[u32], lk: &[u32], t: &[Vec<f32>]) {
+    use safetensors::tensor::TensorView;
+    let (tq, tk) = (lq.iter().sum::<u32>() as usize, lk.iter().sum::<u32>() as usize);
+    let cu = |l: &[u32]| -> Vec<u8> {
+        let mut c = vec![0u32];
+        for &x in l {
+            c.push(c.last().unwrap() + x);
+        }
+        c.iter().flat_map(|v| v.to_le_bytes()).collect()
+    };
+    let bytes: Vec<Vec<u8>> = t.iter().map(|x| f32_bytes(x)).collect();
+    let (cq, ck) = (cu(lq), cu(lk));
+    let f = safetensors::Dtype::F32;
+    let views = vec![
+        ("q", TensorView::new(f, vec![tq, h, d], &bytes[0]).unwrap()),
+        ("k", TensorView::new(f, vec![tk, hk, d], &bytes[1]).unwrap()),
+        ("v", TensorView::new(f, vec![tk, hk, d], &bytes[2]).unwrap()),
+        ("do", TensorView::new(f, vec![tq, h, d], &bytes[3]).unwrap()),
+        ("cu_seqlens_q", TensorView::new(safetensors::Dtype::U32, vec![lq.len() + 1], &cq).unwrap()),
+        ("cu_seqlens_kv", TensorView::new(safetensors::Dtype::U32, vec![lk.len() + 1], &ck).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn packed_sequences_verify_per_sequence_and_write_packed_gradients() {
+    // Three sequences: 7 queries over 3 keys (causal: the first 4 rows see nothing), an empty
+    // query sequence with 5 keys (its dk, dv must be written as 0), 30 queries over 45 keys (two
+    // key blocks); GQA 4 over 2. The gradients written are checked here, sequence by sequence,
+    // against the f64 reference of the inputs this test wrote.
+    let (h, hk, d) = (4usize, 2usize, 64usize);
+    let (lq, lk): (&[u32], &[u32]) = (&[7, 0, 30], &[3, 5, 45]);
+    let (tq, tk) = (37usize, 53usize);
+    let mut rng = SplitMix64::new(21);
+    let t = vec![
+        draw(tq * h * d, &mut rng),
+        draw(tk * hk * d, &mut rng),
+        draw(tk * hk * d, &mut rng),
+        draw(tq * h * d, &mut rng),
+    ];
+    let (input, output) = (tmp("varlen-in.safetensors"), tmp("varlen-out.safetensors"));
+    write_varlen_inputs(&input, h, hk, d, lq, lk, &t);
+    let args = [
+        "--json",
+        "run",
+        "--backward",
+        "--causal",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true, "{v}");
+    let seqs = v["sequences"].as_array().expect("a per-sequence check");
+    let lens: Vec<(u64, u64)> =
+        seqs.iter().map(|s| (s["seq_q"].as_u64().unwrap(), s["seq_kv"].as_u64().unwrap())).collect();
+    assert_eq!(lens, [(7, 3), (0, 5), (30, 45)]);
+    for s in seqs {
+        let names: Vec<&str> = s["checks"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+        assert_eq!((names, &s["passed"]), (vec!["o", "lse", "dq", "dk", "dv"], &true.into()), "{s}");
+    }
+    // Bytes counted here: q, O, dO, dq and the f32 dQ accumulator like q; k, v, dk, dv like k;
+    // LSE and D one f32 per row; the two cu_seqlens, 4 entries of 4 B each.
+    let (qb, kb, rows) = (4 * (tq * h * d) as u64, 4 * (tk * hk * d) as u64, 4 * (h * tq) as u64);
+    assert_eq!(v["peak_device_bytes"].as_u64().unwrap(), 5 * qb + 4 * kb + 2 * rows + 2 * 16, "{}", v["memory"]);
+    assert_eq!(v["memory_as_expected"], true);
+
+    let base =
+        Problem { heads: h as u32, heads_kv: Some(hk as u32), head_dim: d as u32, causal: true, ..Problem::default() };
+    let p = Problem::varlen(base, lq, lk).unwrap();
+    let want = attention_backward(&p, &t[0], &t[1], &t[2], &t[3], &[]).unwrap();
+    let bytes = std::fs::read(&output).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (cq, ck) = ([0usize, 7, 7, 37], [0usize, 3, 8, 53]);
+    for (tensor, shape, w, cu, width) in [
+        ("o", vec![tq, h, d], &want.o, &cq, h * d),
+        ("dq", vec![tq, h, d], &want.dq, &cq, h * d),
+        ("dk", vec![tk, hk, d], &want.dk, &ck, hk * d),
+        ("dv", vec![tk, hk, d], &want.dv, &ck, hk * d),
+    ] {
+        let (got_shape, got) = read_f32(&st, tensor);
+        assert_eq!(got_shape, shape, "{tensor}");
+        for s in 0..3 {
+            let (lo, hi) = (cu[s] * width, cu[s + 1] * width);
+            let e = rel_err(&got[lo..hi], &w[lo..hi]);
+            assert!(e <= 2e-5, "sequence {s}: {tensor} relative error {e:e}");
+        }
+    }
+    // Keys no query reads: exactly zero gradients.
+    let (_, dk) = read_f32(&st, "dk");
+    assert!(dk[3 * hk * d..8 * hk * d].iter().all(|&x| x == 0.0));
+    let (lse_shape, lse) = read_f32(&st, "lse");
+    assert_eq!(lse_shape, [h, tq]);
+    for (g, w) in lse.iter().zip(&want.lse) {
+        assert!(if w.is_finite() { (*g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0) } else { *g == f32::NEG_INFINITY });
+    }
+    // Rows 0..4 of sequence 0 see no key (7 queries, 3 keys, bottom-right causal).
+    assert!(lse[..4].iter().all(|&x| x == f32::NEG_INFINITY) && lse[4].is_finite());
+    std::fs::remove_file(&input).ok();
+    std::fs::remove_file(&output).ok();
+
+    // From the command line, with sinks and deterministic dQ: the summary lists each sequence.
+    let o = memattn(&[
+        "run",
+        "--backward",
+        "--heads",
+        "2",
+        "--seqlens-q",
+        "7,0,30",
+        "--seqlens-kv",
+        "3,5,45",
+        "--causal",
+        "--sinks",
+        "--deterministic",
+        "--warmup",
+        "1",
+        "--head-dim",
+        "32",
+    ]);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    for needle in [
+        "sequence 0 (seq_q 7, seq_kv 3)",
+        "sequence 1 (seq_q 0, seq_kv 5)",
+        "d_sinks",
+        "cu_seqlens",
+        "bitwise identical",
+        "verified",
+    ] {
+        assert!(text.contains(needle), "summary lacks `{needle}`:\n{text}");
+    }
 }
 
 #[test]

@@ -122,9 +122,11 @@ pub fn naive_backward_in_dtype(
                 }
                 let dorow = &d_o[at..at + d];
                 dp.clear();
-                dp.extend(keys.iter().map(|&(kat, ..)| {
-                    dt.round(dorow.iter().zip(&v[kat..kat + d]).map(|(a, c)| a * c).sum::<f32>())
-                }));
+                dp.extend(
+                    keys.iter().map(|&(kat, ..)| {
+                        dt.round(dorow.iter().zip(&v[kat..kat + d]).map(|(a, c)| a * c).sum::<f32>())
+                    }),
+                );
                 // The sink has no value vector: its dP is 0, so it adds nothing to D.
                 let delta: f32 = pr.iter().zip(&dp).map(|(a, c)| a * c).sum();
                 if p.sinks {
@@ -384,7 +386,8 @@ mod tests {
             for (seed, (what, p)) in every_option().into_iter().enumerate() {
                 let c = case(Problem { dtype: dt, ..p }, seed as u64 + 10);
                 let (n, r) = (naive(&c), reference(&c));
-                for (name, a, b) in [("o", &n.o, &r.o), ("dq", &n.dq, &r.dq), ("dk", &n.dk, &r.dk), ("dv", &n.dv, &r.dv)]
+                for (name, a, b) in
+                    [("o", &n.o, &r.o), ("dq", &n.dq, &r.dq), ("dk", &n.dk, &r.dk), ("dv", &n.dv, &r.dv)]
                 {
                     let e = rel(a, b);
                     assert!(e > 0.1 * u && e < 40.0 * u, "{dt} {what}: {name} relative error {e:.3e} (u {u:.1e})");
