@@ -48,7 +48,10 @@ use std::path::Path;
 
 /// The bound every tensor is checked against: `max |got - ref| <= GRAD_REL_TOL · max(max |ref|,
 /// 1e-3)` (the reference's largest magnitude of that tensor, floored so an all-zero tensor is
-/// not held to 0 exactly). f32 sums of at most a few thousand terms per element measure 1e-7 to
+/// not held to 0 exactly). For dq and dk the scale is also at least the largest magnitude of the
+/// terms an element sums ([`Grads::dq_abs`], 2 to 5 times `max |ref|` on random inputs): where
+/// each row sees one key, the exact dq and dk are 0 but a kernel's are rounding noise of that
+/// size. f32 sums of at most a few thousand terms per element measure 1e-7 to
 /// 1e-6 of the tensor's scale; 2e-5 leaves a factor of about 20, and a real bug (a dropped `D`,
 /// a missing GQA sum, an unwritten element) is off by 1e-2 or more.
 pub const GRAD_REL_TOL: f64 = 2e-5;
@@ -57,8 +60,9 @@ pub const GRAD_REL_TOL: f64 = 2e-5;
 pub const SCALE_FLOOR: f64 = 1e-3;
 
 /// The rule in words (printed and in `--json`).
-pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference; \
-                        every element checked, NaN (an unwritten, poisoned element) fails";
+pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference \
+                        (dq, dk: the scale at least the magnitude of the terms summed); every element checked, \
+                        NaN (an unwritten, poisoned element) fails";
 
 /// The rule of a bf16/f16 run in words ([`memattn::verify::grad::check_against_baseline`]).
 pub const RULE_16BIT: &str = "per tensor, against the f64 reference: max |got - ref| <= max(2 x that of a naive \
@@ -182,7 +186,8 @@ impl BackwardBytes {
 pub struct TensorCheck {
     pub tensor: &'static str,
     pub max_abs_err: f64,
-    /// `max_abs_err / max(max |ref|, 1e-3)`.
+    /// `max_abs_err` over the tensor's scale, `max(max |ref|, 1e-3)` (dq, dk: at least the
+    /// magnitude of the terms summed).
     pub max_rel_err: f64,
     pub max_abs_ref: f64,
     /// The bound on `max_abs_err`.
@@ -200,8 +205,14 @@ pub struct TensorCheck {
 /// Compares `got` with `want` under [`GRAD_REL_TOL`]. Equal infinities (LSE's `-inf` of a row
 /// that sees no key) agree; any other non-finite value is a mismatch.
 pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCheck {
+    check_tensor_scaled(tensor, got, want, &[])
+}
+
+/// [`check_tensor`] with the scale at least the largest of `magnitude` (the terms' magnitude of
+/// dq or dk, [`Grads::dq_abs`]; empty for none).
+pub fn check_tensor_scaled(tensor: &'static str, got: &[f32], want: &[f64], magnitude: &[f64]) -> TensorCheck {
     let max_abs_ref = want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs()));
-    let scale = max_abs_ref.max(SCALE_FLOOR);
+    let scale = memattn::verify::grad::scale_of(want, magnitude, SCALE_FLOOR);
     let (mut max_abs_err, mut bad) = (0f64, (got.len() != want.len()) as u64);
     for (&g, &w) in got.iter().zip(want) {
         let g = g as f64;
@@ -225,16 +236,11 @@ pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCh
 }
 
 /// Compares `got` with `want` by the 2x rule of a 16-bit run against `baseline`, the naive
-/// backward's tensor ([`check_against_baseline`]); `row_len` elements per row, `floor` relative.
-pub fn check_tensor_2x(
-    tensor: &'static str,
-    got: &[f32],
-    want: &[f64],
-    baseline: &[f32],
-    row_len: usize,
-    floor: f64,
-) -> TensorCheck {
-    let c = check_against_baseline(tensor, got, want, baseline, row_len, floor);
+/// backward's tensor ([`check_against_baseline`]); `magnitude` as in [`check_tensor_scaled`],
+/// `row_len` elements per row, `floor` relative.
+pub fn check_tensor_2x(t: Tensor<'_>) -> TensorCheck {
+    let Tensor { name: tensor, got, want, baseline, magnitude, row_len, floor } = t;
+    let c = check_against_baseline(tensor, got, want, baseline, magnitude, row_len, floor);
     TensorCheck {
         tensor,
         max_abs_err: c.max_abs_err,
@@ -552,38 +558,59 @@ pub fn run_backward(
     })
 }
 
-/// The tensors of a run as `(name, got, reference, baseline, row length, floor)`: O, LSE, the
-/// three gradients and with sinks d_sinks. The baseline and the floor are for a 16-bit run's 2x
-/// rule (empty baseline for f32).
-type Tensors<'a> = Vec<(&'static str, &'a [f32], &'a [f64], &'a [f32], usize, f64)>;
+/// One tensor of a run to check: the device's values, the f64 reference, the naive backward's
+/// values (16-bit runs; empty for f32), the terms' magnitude (dq, dk; else empty), the row
+/// length and the 2x rule's relative floor.
+#[derive(Clone, Copy)]
+pub struct Tensor<'a> {
+    pub name: &'static str,
+    pub got: &'a [f32],
+    pub want: &'a [f64],
+    pub baseline: &'a [f32],
+    pub magnitude: &'a [f64],
+    pub row_len: usize,
+    pub floor: f64,
+}
 
-fn tensors<'a>(p: &Problem, out: &'a BackwardOutputs, want: &'a Grads, base: Option<&'a NaiveGrads>) -> Tensors<'a> {
+/// O, LSE, the three gradients and with sinks d_sinks of a run.
+fn tensors<'a>(
+    p: &Problem,
+    out: &'a BackwardOutputs,
+    want: &'a Grads,
+    base: Option<&'a NaiveGrads>,
+) -> Vec<Tensor<'a>> {
     let d = p.head_dim as usize;
     let u = memattn::verify::grad::floor_of(p.dtype, GRAD_REL_TOL);
     let b = |f: fn(&NaiveGrads) -> &Vec<f32>| base.map_or(&[][..], |n| f(n).as_slice());
-    let mut t: Tensors<'a> = vec![
-        ("o", &out.o, &want.o, b(|n| &n.o), d, u),
-        ("lse", &out.lse, &want.lse, b(|n| &n.lse), 1, GRAD_REL_TOL),
-        ("dq", &out.dq, &want.dq, b(|n| &n.dq), d, u),
-        ("dk", &out.dk, &want.dk, b(|n| &n.dk), d, u),
-        ("dv", &out.dv, &want.dv, b(|n| &n.dv), d, u),
+    let t = |name, got: &'a [f32], want: &'a [f64], baseline, magnitude: &'a [f64], row_len, floor| Tensor {
+        name,
+        got,
+        want,
+        baseline,
+        magnitude,
+        row_len,
+        floor,
+    };
+    let mut all = vec![
+        t("o", &out.o, &want.o, b(|n| &n.o), &[], d, u),
+        t("lse", &out.lse, &want.lse, b(|n| &n.lse), &[], 1, GRAD_REL_TOL),
+        t("dq", &out.dq, &want.dq, b(|n| &n.dq), &want.dq_abs, d, u),
+        t("dk", &out.dk, &want.dk, b(|n| &n.dk), &want.dk_abs, d, u),
+        t("dv", &out.dv, &want.dv, b(|n| &n.dv), &[], d, u),
     ];
     if !want.dsinks.is_empty() {
-        t.push(("d_sinks", &out.d_sinks, &want.dsinks, b(|n| &n.dsinks), 1, GRAD_REL_TOL));
+        all.push(t("d_sinks", &out.d_sinks, &want.dsinks, b(|n| &n.dsinks), &[], 1, GRAD_REL_TOL));
     }
-    t
+    all
 }
 
-/// One tensor by the rule of the run: [`check_tensor`] (f32), or the 2x rule against the naive
-/// backward (16-bit, `baseline` given).
-fn check_one(
-    (name, got, want, base, row_len, floor): (&'static str, &[f32], &[f64], &[f32], usize, f64),
-    sixteen: bool,
-) -> TensorCheck {
+/// One tensor by the rule of the run: [`check_tensor_scaled`] (f32), or the 2x rule against the
+/// naive backward (16-bit).
+fn check_one(t: Tensor<'_>, sixteen: bool) -> TensorCheck {
     if sixteen {
-        check_tensor_2x(name, got, want, base, row_len, floor)
+        check_tensor_2x(t)
     } else {
-        check_tensor(name, got, want)
+        check_tensor_scaled(t.name, t.got, t.want, t.magnitude)
     }
 }
 
@@ -596,11 +623,11 @@ pub fn verify(p: &Problem, out: &BackwardOutputs, want: &Grads, baseline: Option
 /// Varlen: each sequence's rows of O, LSE, dq (and its keys' rows of dk, dv) checked on their
 /// own, by the rule of [`verify`]; empty for a padded batch. (d_sinks sums over every sequence
 /// and is checked whole only.)
-pub fn verify_sequences(
+pub fn verify_sequences<'a>(
     p: &Problem,
-    out: &BackwardOutputs,
-    want: &Grads,
-    baseline: Option<&NaiveGrads>,
+    out: &'a BackwardOutputs,
+    want: &'a Grads,
+    baseline: Option<&'a NaiveGrads>,
 ) -> Vec<SequenceCheck> {
     let Some(vl) = p.varlen else { return Vec::new() };
     let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
@@ -614,22 +641,28 @@ pub fn verify_sequences(
         let gather_f = |x: &[f32]| lse_idx.iter().filter_map(|&i| x.get(i).copied()).collect::<Vec<f32>>();
         let gather_d = |x: &[f64]| lse_idx.iter().filter_map(|&i| x.get(i).copied()).collect::<Vec<f64>>();
         let mut checks = Vec::new();
-        for (name, got, w, base, row_len, floor) in tensors(p, out, want, baseline) {
-            let (lo, hi) = match name {
+        for t in tensors(p, out, want, baseline) {
+            let (lo, hi) = match t.name {
                 "o" | "dq" => (q0 * h * d, q1 * h * d),
                 "dk" | "dv" => (k0 * hk * d, k1 * hk * d),
                 "lse" => {
-                    let (g, wv) = (gather_f(got), gather_d(w));
-                    let bv = if base.is_empty() { Vec::new() } else { gather_f(base) };
-                    checks.push(check_one((name, &g, &wv, &bv, row_len, floor), baseline.is_some()));
+                    let (got, w, base) = (gather_f(t.got), gather_d(t.want), gather_f(t.baseline));
+                    let one = Tensor { got: &got, want: &w, baseline: &base, ..t };
+                    checks.push(check_one(one, baseline.is_some()));
                     continue;
                 }
                 _ => continue, // d_sinks: a sum over every sequence
             };
-            let cut_f = |x: &'_ [f32]| -> Vec<f32> { x.get(lo..hi).unwrap_or(&[]).to_vec() };
-            let bv = if base.is_empty() { Vec::new() } else { cut_f(base) };
-            let wv = w.get(lo..hi).unwrap_or(&[]);
-            checks.push(check_one((name, &cut_f(got), wv, &bv, row_len, floor), baseline.is_some()));
+            let cut = |x: &'a [f32]| x.get(lo..hi).unwrap_or(&[]);
+            let cut_d = |x: &'a [f64]| x.get(lo..hi).unwrap_or(&[]);
+            let one = Tensor {
+                got: cut(t.got),
+                want: cut_d(t.want),
+                baseline: cut(t.baseline),
+                magnitude: cut_d(t.magnitude),
+                ..t
+            };
+            checks.push(check_one(one, baseline.is_some()));
         }
         let passed = checks.iter().all(|c| c.passed);
         seqs.push(SequenceCheck {

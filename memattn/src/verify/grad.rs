@@ -171,10 +171,10 @@ pub struct BaselineCheck {
     pub baseline_max_abs_err: f64,
     /// `max(2 · baseline_max_abs_err, floor · scale)`.
     pub bound: f64,
-    /// `max(max |ref|, 1e-3)`: the tensor's scale.
+    /// `max(max |ref|, max magnitude, 1e-3)`: the tensor's scale.
     pub scale: f64,
-    /// The worst row's `max |got_r − ref_r| / scale_r` (`scale_r = max(max |ref_r|, 1e-3 ·
-    /// scale)`), and which row (in the tensor's row order: `[.., heads, d]` rows of `row_len`).
+    /// The worst row's `max |got_r − ref_r| / scale_r` (`scale_r = max(max |ref_r|, max
+    /// magnitude_r, 1e-3 · scale)`), and which row (in the tensor's row order: `[.., heads, d]` rows of `row_len`).
     pub worst_row_err: f64,
     pub worst_row: usize,
     /// The baseline's worst row by the same measure.
@@ -190,13 +190,20 @@ pub struct BaselineCheck {
     pub passed: bool,
 }
 
+/// The largest finite magnitude of `want` and of `magnitude` (empty: none), at least `floor`.
+pub fn scale_of(want: &[f64], magnitude: &[f64], floor: f64) -> f64 {
+    want.iter().chain(magnitude).filter(|a| a.is_finite()).fold(floor, |m, a| m.max(a.abs()))
+}
+
 /// Max error of `x` against `want` per row of `row_len` and over the whole tensor, with the
 /// count of non-finite mismatches: `(max abs err, per-row err / row scale, non-finite)`.
-fn errors(x: &[f32], want: &[f64], row_len: usize, scale: f64) -> (f64, Vec<f64>, u64) {
+fn errors(x: &[f32], want: &[f64], magnitude: &[f64], row_len: usize, scale: f64) -> (f64, Vec<f64>, u64) {
     let mut bad = (x.len() != want.len()) as u64;
-    let (mut max_err, mut rows) = (0f64, Vec::with_capacity(want.len() / row_len.max(1)));
-    for (g, w) in x.chunks(row_len.max(1)).zip(want.chunks(row_len.max(1))) {
-        let row_scale = w.iter().filter(|a| a.is_finite()).fold(SCALE_FLOOR * scale, |m, a| m.max(a.abs()));
+    let n = row_len.max(1);
+    let (mut max_err, mut rows) = (0f64, Vec::with_capacity(want.len() / n));
+    for (r, (g, w)) in x.chunks(n).zip(want.chunks(n)).enumerate() {
+        let m = magnitude.get(r * n..(r + 1) * n).unwrap_or(&[]);
+        let row_scale = scale_of(w, m, SCALE_FLOOR * scale);
         let mut row_err = 0f64;
         for (&g, &w) in g.iter().zip(w) {
             let g = g as f64;
@@ -215,13 +222,17 @@ fn errors(x: &[f32], want: &[f64], row_len: usize, scale: f64) -> (f64, Vec<f64>
 /// FlashAttention's 2× rule for one tensor: `got` (the kernel's) and `baseline` (the naive
 /// backward in the same dtype, [`naive_backward_in_dtype`]) against the f64 `reference`, all in
 /// the same layout, rows of `row_len` contiguous elements (`head_dim` for O and the gradients, 1
-/// for LSE and d_sinks). It passes when there is no non-finite mismatch and
+/// for LSE and d_sinks). `magnitude` (like `reference`, or empty) is the size of the terms each
+/// element sums ([`crate::reference::grad::Grads::dq_abs`]): where the exact value cancels to 0,
+/// it keeps the scale at the size of the rounding. It passes when there is no non-finite
+/// mismatch and
 ///
 /// - the whole tensor: `max |got − ref| ≤ max(2 · max |baseline − ref|, floor · scale)`, and
 /// - every row `r`: `max |got_r − ref_r| / scale_r ≤ max(2 · (the baseline's worst such row),
 ///   floor)`,
 ///
-/// with `scale = max(max |ref|, 1e-3)` and `scale_r = max(max |ref_r|, 1e-3 · scale)`. `floor`
+/// with `scale = max(max |ref|, max magnitude, 1e-3)` and `scale_r = max(max |ref_r|, max
+/// magnitude_r, 1e-3 · scale)`. `floor`
 /// is relative: the dtype's unit roundoff for a tensor in that dtype (what rounding an exact
 /// value to it costs: it keeps a baseline that happens to be exact, one key per row, from
 /// failing a correctly rounded result), an f32 bound for the f32 tensors (LSE, d_sinks). The row bound is the
@@ -235,20 +246,21 @@ fn errors(x: &[f32], want: &[f64], row_len: usize, scale: f64) -> (f64, Vec<f64>
 /// let reference = [1.0, -0.5, 0.25, 0.0];
 /// let baseline = [1.001, -0.5, 0.25, 0.0];
 /// let u = 2f64.powi(-9);
-/// assert!(check_against_baseline("dq", &[1.0015, -0.5, 0.25, 0.0], &reference, &baseline, 2, u).passed);
-/// assert!(!check_against_baseline("dq", &[1.0, -0.5, 0.25, 0.005], &reference, &baseline, 2, u).passed);
+/// assert!(check_against_baseline("dq", &[1.0015, -0.5, 0.25, 0.0], &reference, &baseline, &[], 2, u).passed);
+/// assert!(!check_against_baseline("dq", &[1.0, -0.5, 0.25, 0.005], &reference, &baseline, &[], 2, u).passed);
 /// ```
 pub fn check_against_baseline(
     tensor: &'static str,
     got: &[f32],
     reference: &[f64],
     baseline: &[f32],
+    magnitude: &[f64],
     row_len: usize,
     floor: f64,
 ) -> BaselineCheck {
-    let scale = reference.iter().filter(|w| w.is_finite()).fold(SCALE_FLOOR, |m, w| m.max(w.abs()));
-    let (max_abs_err, rows, bad) = errors(got, reference, row_len, scale);
-    let (base_err, base_rows, _) = errors(baseline, reference, row_len, scale);
+    let scale = scale_of(reference, magnitude, SCALE_FLOOR);
+    let (max_abs_err, rows, bad) = errors(got, reference, magnitude, row_len, scale);
+    let (base_err, base_rows, _) = errors(baseline, reference, magnitude, row_len, scale);
     let worst = |r: &[f64]| r.iter().enumerate().fold((0usize, 0f64), |w, (i, &e)| if e > w.1 { (i, e) } else { w });
     let (worst_row, worst_row_err) = worst(&rows);
     let baseline_worst_row_err = worst(&base_rows).1;
@@ -430,21 +442,21 @@ mod tests {
         for (name, base, want) in [("dq", &n.dq, &r.dq), ("dk", &n.dk, &r.dk), ("dv", &n.dv, &r.dv)] {
             // The baseline itself passes (ratio 1), and so does the exact gradient rounded to
             // bf16 once (what a kernel that accumulates in f32 writes).
-            assert!(check_against_baseline(name, base, want, base, d, u).passed, "{name}");
+            assert!(check_against_baseline(name, base, want, base, &[], d, u).passed, "{name}");
             let rounded: Vec<f32> = want.iter().map(|&w| Dtype::Bf16.round(w as f32)).collect();
-            let c = check_against_baseline(name, &rounded, want, base, d, u);
+            let c = check_against_baseline(name, &rounded, want, base, &[], d, u);
             assert!(c.passed, "{name}: {c:?}");
             // Three times the baseline's error, everywhere: over the bound.
-            let c = check_against_baseline(name, &scaled_error(base, want, 3.0), want, base, d, u);
+            let c = check_against_baseline(name, &scaled_error(base, want, 3.0), want, base, &[], d, u);
             assert!(!c.passed && c.max_abs_err > c.bound && c.rows_over > 0, "{name}: {c:?}");
             // One unwritten (NaN-poisoned) element.
             let mut poisoned = base.clone();
             poisoned[7] = f32::NAN;
-            let c = check_against_baseline(name, &poisoned, want, base, d, u);
+            let c = check_against_baseline(name, &poisoned, want, base, &[], d, u);
             assert!(!c.passed && c.mismatched_non_finite == 1, "{name}: {c:?}");
         }
         // A tensor of the wrong length fails.
-        assert!(!check_against_baseline("dq", &n.dq[1..], &r.dq, &n.dq, d, u).passed);
+        assert!(!check_against_baseline("dq", &n.dq[1..], &r.dq, &n.dq, &[], d, u).passed);
     }
 
     #[test]
@@ -472,16 +484,37 @@ mod tests {
             *x *= 1.1;
         }
         let u = Dtype::Bf16.unit_roundoff();
-        let ch = check_against_baseline("dq", &got, &r.dq, &n.dq, d, u);
+        let ch = check_against_baseline("dq", &got, &r.dq, &n.dq, &[], d, u);
         assert!(ch.max_abs_err <= ch.bound, "the whole-tensor bound alone would pass: {ch:?}");
         assert!(!ch.passed && ch.worst_row == small && ch.rows_over == 1, "{ch:?}");
+    }
+
+    #[test]
+    fn where_the_exact_gradient_cancels_the_terms_set_the_scale() {
+        // One query, one key: P = 1 and dP = D, so the exact dq and dk are 0, and so are the
+        // naive backward's in bf16 (P rounds to 1, D = P dP). A kernel's dP - D is a difference
+        // of two rounded sums: noise of 1e-6 of the terms' size must pass, measured against the
+        // magnitude of the terms; against the 1e-3 floor alone it would not.
+        let p = Problem { dtype: Dtype::Bf16, heads: 1, seq_q: 1, seq_kv: 1, head_dim: 16, ..Problem::default() };
+        let c = case(p, 9);
+        let (n, r) = (naive(&c), reference(&c));
+        assert!(r.dq.iter().all(|&x| x == 0.0) && n.dq.iter().all(|&x| x == 0.0));
+        let m = r.dq_abs.iter().fold(0f64, |a, &x| a.max(x));
+        assert!(m > 0.1, "{m}");
+        let noisy: Vec<f32> = r.dq_abs.iter().map(|&x| (1e-6 * x) as f32).collect();
+        let u = Dtype::Bf16.unit_roundoff();
+        assert!(check_against_baseline("dq", &noisy, &r.dq, &n.dq, &r.dq_abs, 16, u).passed);
+        assert!(!check_against_baseline("dq", &noisy, &r.dq, &n.dq, &[], 16, u).passed);
+        // A real error, 1 % of the terms, still fails.
+        let wrong: Vec<f32> = r.dq_abs.iter().map(|&x| (1e-2 * x) as f32).collect();
+        assert!(!check_against_baseline("dq", &wrong, &r.dq, &n.dq, &r.dq_abs, 16, u).passed);
     }
 
     #[test]
     fn lse_infinities_must_agree() {
         let want = [f64::NEG_INFINITY, 1.0];
         let base = [f32::NEG_INFINITY, 1.0];
-        assert!(check_against_baseline("lse", &base, &want, &base, 1, 2e-5).passed);
-        assert!(!check_against_baseline("lse", &[0.0, 1.0], &want, &base, 1, 2e-5).passed);
+        assert!(check_against_baseline("lse", &base, &want, &base, &[], 1, 2e-5).passed);
+        assert!(!check_against_baseline("lse", &[0.0, 1.0], &want, &base, &[], 1, 2e-5).passed);
     }
 }
