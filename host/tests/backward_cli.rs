@@ -461,3 +461,90 @@ fn sinks_and_deterministic_mode_verify_and_state_their_bytes() {
         assert!(text.contains(needle), "summary lacks `{needle}`:\n{text}");
     }
 }
+
+#[test]
+fn check_backward_sweeps_every_case_and_each_gradient() {
+    let o = memattn(&["--backend", "vm", "--json", "check", "--backward", "--head-dim", "64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!((&v["backward"], &v["passed"], &v["failed"]), (&true.into(), &true.into(), &0.into()));
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 20);
+    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap_or_else(|| panic!("no case `{name}`"));
+    for c in cases {
+        assert_eq!((&c["passed"], &c["head_dim"]), (&true.into(), &64.into()), "{c}");
+        let names: Vec<&str> = c["checks"].as_array().unwrap().iter().map(|t| t["tensor"].as_str().unwrap()).collect();
+        assert_eq!(&names[..5], ["o", "lse", "dq", "dk", "dv"], "{c}");
+    }
+    // Rows that see no key: LSE = -inf is checked as such (the shape says seq_q > seq_kv).
+    assert_eq!(case("seq_q > seq_kv")["shape"]["seq_q"], 100);
+    let names = |c: &serde_json::Value| -> Vec<String> {
+        c["checks"].as_array().unwrap().iter().map(|t| t["tensor"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(names(case("sinks")).contains(&"d_sinks".to_string()));
+    // Deterministic cases compare two repetitions' bits.
+    for name in ["deterministic", "varlen deterministic"] {
+        assert_eq!((&case(name)["deterministic"], &case(name)["bitwise_reproducible"]), (&true.into(), &true.into()));
+    }
+    // Varlen: every sequence on its own, the empty one included.
+    let seqs = case("varlen causal")["sequences"].as_array().unwrap().clone();
+    let lens: Vec<(u64, u64)> =
+        seqs.iter().map(|s| (s["seq_q"].as_u64().unwrap(), s["seq_kv"].as_u64().unwrap())).collect();
+    assert_eq!(lens, [(100, 64), (0, 5), (1, 1), (37, 130), (65, 65)]);
+
+    // Without --head-dim: every head dim the f32 backward is compiled for (from the kernel table).
+    let o = memattn(&["--backend", "vm", "check", "--backward", "--head-dim", "32"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("check --backward: 20 of 20 cases passed"), "{}", stdout(&o));
+}
+
+#[test]
+fn check_backward_refuses_what_has_no_backward() {
+    // No bf16/f16 backward kernel is compiled yet: refused before anything runs, naming the limit.
+    for dtype in ["bf16", "f16"] {
+        assert_refused(&["check", "--backward", "--dtype", dtype], &format!("there is no {dtype} backward kernel"));
+    }
+    assert_refused(&["check", "--backward", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
+    assert_refused(&["check", "--backward", "--kernel", "naive"], "no naive backward");
+}
+
+#[test]
+fn check_backward_fails_a_kernel_that_drops_the_dq_adds() {
+    // The d64 backward's `red.global.add.f32` (each key block's dQ added into the f32
+    // accumulator) deleted from the PTX: the atomic cases lose dq (left at the preprocess's
+    // zeros) and fail on dq; the cases whose dq is 0 anyway (one visible key per row) and the
+    // deterministic ones (dQ slices stored, not added) pass. Exit 1.
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
+    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
+    let add = "red.global.add.f32 [%ga], %r75; }";
+    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
+    let broken = tmp("no-dq-add.ptx");
+    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--ptx",
+        broken.to_str().unwrap(),
+        "--json",
+        "check",
+        "--backward",
+        "--head-dim",
+        "64",
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v = json(&o);
+    let cases = v["cases"].as_array().unwrap();
+    let passed: Vec<&str> = cases.iter().filter(|c| c["passed"] == true).map(|c| c["case"].as_str().unwrap()).collect();
+    assert_eq!(passed, ["seq 1", "window 0", "deterministic", "varlen deterministic"]);
+    for c in cases.iter().filter(|c| c["passed"] == false) {
+        let failed: Vec<&str> = c["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["passed"] == false)
+            .map(|t| t["tensor"].as_str().unwrap())
+            .collect();
+        assert_eq!(failed, ["dq"], "{}: {}", c["case"], c["detail"]);
+    }
+    std::fs::remove_file(&broken).ok();
+}

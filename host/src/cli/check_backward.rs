@@ -68,25 +68,25 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
         c("one query", "one query, a few keys", p(1, 1, 1, 5)),
         c(
             "blocks, heads, batch",
-            "grid indexing, dQ adds of several key blocks (2 x 3 heads, 300 x 129)",
-            Problem { causal: true, ..p(2, 3, 300, 129) },
+            "grid indexing, dQ adds of several key blocks (2 x 3 heads, 150 x 129)",
+            Problem { causal: true, ..p(2, 3, 150, 129) },
         ),
         c(
             "bhsd",
             "strided layout [batch, heads, seq, d]",
             Problem { causal: true, layout: Layout::Bhsd, ..p(2, 2, 70, 130) },
         ),
-        c("gqa 4", "dk, dv summed over 4 query heads", Problem { heads_kv: Some(2), causal: true, ..p(1, 8, 77, 150) }),
+        c("gqa 4", "dk, dv summed over 4 query heads", Problem { heads_kv: Some(2), causal: true, ..p(1, 8, 77, 100) }),
         c(
             "gqa 8 (mqa)",
             "dk, dv summed over 8 query heads",
-            Problem { heads_kv: Some(1), layout: Layout::Bhsd, ..p(1, 8, 77, 150) },
+            Problem { heads_kv: Some(1), layout: Layout::Bhsd, ..p(1, 8, 77, 100) },
         ),
-        c("window in tile", "window edges inside key blocks (40, 3)", Problem { window: (40, 3), ..p(1, 2, 130, 200) }),
+        c("window in tile", "window edges inside key blocks (40, 3)", Problem { window: (40, 3), ..p(1, 2, 90, 120) }),
         c(
             "window causal",
-            "sliding window crossing block edges (127, 0)",
-            Problem { window: (127, 0), ..p(1, 2, 200, 300) },
+            "sliding window crossing block edges (47, 0)",
+            Problem { window: (47, 0), ..p(1, 2, 100, 150) },
         ),
         c("window 0", "each row sees one key or none (0, 0)", Problem { window: (0, 0), ..p(1, 2, 100, 70) }),
         c(
