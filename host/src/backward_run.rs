@@ -1,6 +1,8 @@
-//! One measured backward run (`memattn run --backward`): the forward, then the backward of the
-//! loss `Σ dO ∘ O` on the same inputs, every gradient verified against the f64 reference
-//! gradients ([`crate::reference::grad`]).
+//! One measured backward run (`memattn run --backward`, and each case of `memattn check
+//! --backward`): the forward, then the backward of the loss `Σ dO ∘ O` on the same inputs, every
+//! gradient verified against the f64 reference gradients ([`crate::reference::grad`]); packed
+//! sequences (varlen) through [`Kernels::flash_attn_varlen_backward_into`], verified per
+//! sequence as well as whole.
 //!
 //! Order of events: refuse what the backward kernels do not support (nothing allocated yet) →
 //! state the expected bytes → allocate and upload q, k, v and `dO` → poison O and LSE, run the
@@ -9,8 +11,13 @@
 //! deterministic mode also compare dQ's bits with the first repetition's) → download → free →
 //! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference.
 //!
-//! Memory: besides the tensors the caller holds (q, k, v, dO, the sinks; O and LSE of the
-//! forward; dQ, dK, dV, d_sink), the backward allocates a workspace
+//! Bounds: an f32 run holds every tensor to [`GRAD_REL_TOL`] of its scale. A bf16/f16 run (once
+//! the library has a backward in that dtype; [`check_supported`] asks the kernel table) is held
+//! to FlashAttention's rule: each tensor's error, whole and per row, at most twice that of a
+//! naive backward in the same dtype ([`memattn::verify::grad`]).
+//!
+//! Memory: besides the tensors the caller holds (q, k, v, dO, the sinks, with varlen the two
+//! cu_seqlens; O and LSE of the forward; dQ, dK, dV, d_sink), the backward allocates a workspace
 //! ([`memattn::attn::flash_attn_backward_workspace`]): the f32 dQ accumulator (`4 · batch · seq_q
 //! · heads · head_dim` bytes; deterministic mode one per key block) and `D = rowsum(dO ∘ O)`
 //! (`4 · batch · heads · seq_q`). No `N x N` buffer exists; the VM's allocator measures the peak
@@ -22,22 +29,29 @@ use crate::device::Device;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::MeasuredMemory;
+use crate::problem::Varlen;
 use crate::problem::{KernelKind, Problem, ShapeJson};
 use crate::reference::grad::{attention_backward, Grads};
-use crate::runner::{check_finite_inputs, check_score_range, probe_host_memory, LaunchRecord, MAX_LAUNCHES, POISON};
+use crate::runner::{
+    check_finite_inputs, check_score_range, poison, probe_host_memory, LaunchRecord, MAX_LAUNCHES, POISON,
+};
 use crate::safetensors_io::InputError;
 use crate::timing::Timing;
 use memattn::attn::{
     AttnError, AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView,
     TensorViewMut,
 };
+use memattn::verify::grad::{check_against_baseline, naive_backward_in_dtype, BaselineCheck, NaiveGrads};
 use memattn::Dtype;
 use serde::Serialize;
 use std::path::Path;
 
 /// The bound every tensor is checked against: `max |got - ref| <= GRAD_REL_TOL · max(max |ref|,
 /// 1e-3)` (the reference's largest magnitude of that tensor, floored so an all-zero tensor is
-/// not held to 0 exactly). f32 sums of at most a few thousand terms per element measure 1e-7 to
+/// not held to 0 exactly). For dq and dk the scale is also at least the largest magnitude of the
+/// terms an element sums ([`Grads::dq_abs`], 2 to 5 times `max |ref|` on random inputs): where
+/// each row sees one key, the exact dq and dk are 0 but a kernel's are rounding noise of that
+/// size. f32 sums of at most a few thousand terms per element measure 1e-7 to
 /// 1e-6 of the tensor's scale; 2e-5 leaves a factor of about 20, and a real bug (a dropped `D`,
 /// a missing GQA sum, an unwritten element) is off by 1e-2 or more.
 pub const GRAD_REL_TOL: f64 = 2e-5;
@@ -46,8 +60,24 @@ pub const GRAD_REL_TOL: f64 = 2e-5;
 pub const SCALE_FLOOR: f64 = 1e-3;
 
 /// The rule in words (printed and in `--json`).
-pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference; \
-                        every element checked, NaN (an unwritten, poisoned element) fails";
+pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference \
+                        (dq, dk: the scale at least the magnitude of the terms summed); every element checked, \
+                        NaN (an unwritten, poisoned element) fails";
+
+/// The rule of a bf16/f16 run in words ([`memattn::verify::grad::check_against_baseline`]).
+pub const RULE_16BIT: &str = "per tensor, against the f64 reference: max |got - ref| <= max(2 x that of a naive \
+                              backward in the same dtype, u * max|ref|), and every row's max error over its own \
+                              scale <= max(2 x the naive backward's worst row, u) (u: the dtype's unit roundoff; \
+                              2e-5 for the f32 tensors lse, d_sinks); NaN (an unwritten, poisoned element) fails";
+
+/// The rule of a run in `dtype`.
+pub fn rule_of(dtype: Dtype) -> &'static str {
+    if dtype.is_16bit() {
+        RULE_16BIT
+    } else {
+        RULE
+    }
+}
 
 /// What the backward can run now, checked before anything is allocated. Each refusal names the
 /// limit (exit 2).
@@ -58,24 +88,30 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
             "the backward runs the flash kernels only (there is no naive backward); leave out --kernel naive".into(),
         );
     }
-    if p.dtype != Dtype::F32 {
+    // The kernel table says which dtypes and head dims have backward kernels, so a dtype whose
+    // kernels are added is accepted here without a change.
+    let dims = kernels_gpu::KernelId::flash_bwd_head_dims(p.dtype.elem());
+    if dims.is_empty() {
+        let with: Vec<&str> = Dtype::ALL
+            .iter()
+            .filter(|d| !kernels_gpu::KernelId::flash_bwd_head_dims(d.elem()).is_empty())
+            .map(|d| d.name())
+            .collect();
         return refuse(format!(
-            "the backward kernels are f32 only (bf16/f16 are not written yet); got --dtype {}, use --dtype f32",
-            p.dtype
+            "there is no {} backward kernel: the backward kernels are {} only; got --dtype {}, use --dtype {}",
+            p.dtype,
+            with.join("/"),
+            p.dtype,
+            with.join(" or --dtype ")
         ));
     }
-    let dims = kernels_gpu::KernelId::flash_bwd_head_dims(kernels_gpu::Elem::F32);
     if !dims.contains(&p.head_dim) {
         return refuse(format!(
-            "head_dim {} has no backward kernel; the f32 backward is compiled for head_dim {}",
+            "head_dim {} has no backward kernel; the {} backward is compiled for head_dim {}",
             p.head_dim,
+            p.dtype,
             crate::problem::list_and(&dims)
         ));
-    }
-    if p.varlen.is_some() {
-        return refuse(
-            "packed sequences (--seqlens-q/--seqlens-kv, cu_seqlens) are not supported by the backward yet".into(),
-        );
     }
     Ok(())
 }
@@ -84,15 +120,17 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
 /// `total_bytes` exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BackwardBytes {
-    /// q, k, v and the upstream gradient dO (f32), and the sinks (`4 · heads`) with sinks.
+    /// q, k, v and the upstream gradient dO (in the problem's dtype), the sinks (`4 · heads`)
+    /// with sinks, and with varlen the two cu_seqlens (`4 · (sequences + 1)` each).
     pub inputs_bytes: u64,
-    /// The forward's O and LSE, inputs of the backward.
+    /// The forward's O (in the dtype) and LSE (f32), inputs of the backward.
     pub forward_outputs_bytes: u64,
-    /// dQ, dK, dV, and d_sink (`4 · heads`) with sinks.
+    /// dQ, dK, dV (in the dtype), and d_sink (`4 · heads`) with sinks.
     pub gradients_bytes: u64,
     /// dQ accumulators: 1, or in deterministic mode one per key block of the main kernel.
     pub dq_slices: u64,
-    /// The backward's f32 dQ accumulators, `dq_slices · 4 · batch · seq_q · heads · head_dim`.
+    /// The backward's f32 dQ accumulators, `dq_slices · 4 · batch · seq_q · heads · head_dim`
+    /// (varlen: `total_q` rows).
     pub dq_accum_bytes: u64,
     /// `D = rowsum(dO ∘ O)`, `4 · batch · heads · seq_q`.
     pub delta_bytes: u64,
@@ -110,12 +148,19 @@ impl BackwardBytes {
     /// The bytes of `p`'s backward run; `deterministic` as [`BwdOpts::deterministic`]. A head
     /// dim without a backward kernel, or a byte count past `u64`, is an error.
     pub fn new(p: &Problem, deterministic: bool) -> Result<Self, Error> {
-        let (qn, kn, rows) = (p.q_elems() * 4, p.kv_elems() * 4, p.rows() * 4);
+        let es = p.dtype.size_bytes();
+        let (qn, kn, rows) = (p.q_elems() * es, p.kv_elems() * es, p.rows() * 4);
         let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
-        let inputs_bytes = 2 * qn + 2 * kn + sinks;
+        let cu_seqlens = if p.varlen.is_some() { 2 * 4 * (p.batch as u64 + 1) } else { 0 };
+        let inputs_bytes = 2 * qn + 2 * kn + sinks + cu_seqlens;
         let forward_outputs_bytes = qn + rows;
         let gradients_bytes = qn + 2 * kn + sinks;
-        let q_shape = [p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize];
+        // Varlen: one packed batch of total_q rows; the key blocks of the longest sequence.
+        let (vb, sq) = match p.varlen {
+            Some(_) => (1, p.total_q() as usize),
+            None => (p.batch as usize, p.seq_q as usize),
+        };
+        let q_shape = [vb, sq, p.heads as usize, p.head_dim as usize];
         let ws = memattn::attn::flash_attn_backward_workspace(p.dtype, q_shape, p.seq_kv as usize, deterministic)?;
         let naive_p_ds_bytes = memattn::memory::AnalyticBytes::new(p, KernelKind::Naive).scores.saturating_mul(2);
         let total = [inputs_bytes, forward_outputs_bytes, gradients_bytes, ws.total_bytes]
@@ -141,7 +186,8 @@ impl BackwardBytes {
 pub struct TensorCheck {
     pub tensor: &'static str,
     pub max_abs_err: f64,
-    /// `max_abs_err / max(max |ref|, 1e-3)`.
+    /// `max_abs_err` over the tensor's scale, `max(max |ref|, 1e-3)` (dq, dk: at least the
+    /// magnitude of the terms summed).
     pub max_rel_err: f64,
     pub max_abs_ref: f64,
     /// The bound on `max_abs_err`.
@@ -150,13 +196,23 @@ pub struct TensorCheck {
     /// `-inf`, for LSE): unwritten elements keep the NaN poison.
     pub mismatched_non_finite: u64,
     pub passed: bool,
+    /// bf16/f16 runs: the 2x rule's figures (the naive backward's errors, the row bound, the
+    /// worst row); `bound` is then its whole-tensor bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub two_x: Option<BaselineCheck>,
 }
 
 /// Compares `got` with `want` under [`GRAD_REL_TOL`]. Equal infinities (LSE's `-inf` of a row
 /// that sees no key) agree; any other non-finite value is a mismatch.
 pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCheck {
+    check_tensor_scaled(tensor, got, want, &[])
+}
+
+/// [`check_tensor`] with the scale at least the largest of `magnitude` (the terms' magnitude of
+/// dq or dk, [`Grads::dq_abs`]; empty for none).
+pub fn check_tensor_scaled(tensor: &'static str, got: &[f32], want: &[f64], magnitude: &[f64]) -> TensorCheck {
     let max_abs_ref = want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs()));
-    let scale = max_abs_ref.max(SCALE_FLOOR);
+    let scale = memattn::verify::grad::scale_of(want, magnitude, SCALE_FLOOR);
     let (mut max_abs_err, mut bad) = (0f64, (got.len() != want.len()) as u64);
     for (&g, &w) in got.iter().zip(want) {
         let g = g as f64;
@@ -175,7 +231,39 @@ pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCh
         bound,
         mismatched_non_finite: bad,
         passed: bad == 0 && max_abs_err <= bound,
+        two_x: None,
     }
+}
+
+/// Compares `got` with `want` by the 2x rule of a 16-bit run against `baseline`, the naive
+/// backward's tensor ([`check_against_baseline`]); `magnitude` as in [`check_tensor_scaled`],
+/// `row_len` elements per row, `floor` relative.
+pub fn check_tensor_2x(t: Tensor<'_>) -> TensorCheck {
+    let Tensor { name: tensor, got, want, baseline, magnitude, row_len, floor } = t;
+    let c = check_against_baseline(tensor, got, want, baseline, magnitude, row_len, floor);
+    TensorCheck {
+        tensor,
+        max_abs_err: c.max_abs_err,
+        max_rel_err: c.max_abs_err / c.scale,
+        max_abs_ref: want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs())),
+        bound: c.bound,
+        mismatched_non_finite: c.mismatched_non_finite,
+        passed: c.passed,
+        two_x: Some(c),
+    }
+}
+
+/// One packed sequence of a varlen run, checked on its own: its rows of O, LSE, dq and its keys'
+/// rows of dk, dv, each against its own scale (a short sequence's gradients cannot hide behind a
+/// long one's magnitude).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SequenceCheck {
+    pub sequence: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    /// o, lse, dq, dk, dv of this sequence.
+    pub checks: Vec<TensorCheck>,
+    pub passed: bool,
 }
 
 /// Device outputs, BSHD: O, LSE `[batch, heads, seq_q]`, dQ (like q), dK and dV (like k).
@@ -215,6 +303,9 @@ pub struct BackwardReport {
     pub repetitions: u64,
     /// O, LSE, dq, dk, dv (and d_sinks) in that order.
     pub checks: Vec<TensorCheck>,
+    /// Varlen: every sequence checked on its own (empty otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sequences: Vec<SequenceCheck>,
     pub rule: &'static str,
     /// The forward, one launch (milliseconds).
     pub forward_time_ms: f64,
@@ -239,28 +330,55 @@ pub struct BackwardReport {
 }
 
 /// The upstream gradient of a run without a `do` tensor: the normals that follow q, k and v in
-/// the stream of `seed` (so changing the seed changes all four).
+/// the stream of `seed` (so changing the seed changes all four), rounded to the problem's dtype
+/// (so the host holds exactly what the device gets).
 pub fn random_d_o(p: &Problem, seed: u64) -> Vec<f32> {
     // After q, k, v and the sinks' normals.
     let first = p.q_elems() + 2 * p.kv_elems() + if p.sinks { p.heads as u64 } else { 0 };
     let mut rng = memattn::rng::SplitMix64::skipped(seed, 2 * first);
-    (0..p.q_elems()).map(|_| rng.normal() as f32).collect()
+    (0..p.q_elems()).map(|_| p.dtype.round(rng.normal() as f32)).collect()
 }
 
-/// Reads the optional upstream gradient `do` (F32, shaped like `q`, `[batch, seq_q, heads,
-/// head_dim]`) from the `--inputs` file.
+/// The shape of q-like tensors in files: `[batch, seq_q, heads, head_dim]`, varlen `[total_q,
+/// heads, head_dim]`.
+fn q_file_shape(p: &Problem) -> Vec<usize> {
+    let (h, d) = (p.heads as usize, p.head_dim as usize);
+    match p.varlen {
+        Some(_) => vec![p.total_q() as usize, h, d],
+        None => vec![p.batch as usize, p.seq_q as usize, h, d],
+    }
+}
+
+/// The shape of k-like tensors in files: `[batch, seq_kv, heads_kv, head_dim]`, varlen
+/// `[total_kv, heads_kv, head_dim]`.
+fn kv_file_shape(p: &Problem) -> Vec<usize> {
+    let (hk, d) = (p.kv_heads() as usize, p.head_dim as usize);
+    match p.varlen {
+        Some(_) => vec![p.total_kv() as usize, hk, d],
+        None => vec![p.batch as usize, p.seq_kv as usize, hk, d],
+    }
+}
+
+/// Reads the optional upstream gradient `do` (in the problem's dtype, shaped like `q`: `[batch,
+/// seq_q, heads, head_dim]`, varlen `[total_q, heads, head_dim]`) from the `--inputs` file.
 pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
+    use crate::safetensors_io::SafetensorsDtype;
     let bytes = crate::files::read_regular(path, crate::files::MAX_INPUT_BYTES, "input file")?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| InputError::Malformed { path: path.into(), message: e.to_string() })?;
     let Ok(t) = st.tensor("do") else { return Ok(None) };
-    let want = [p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize];
-    if t.dtype() != safetensors::Dtype::F32 {
+    let want = q_file_shape(p);
+    if t.dtype() != p.dtype.safetensors() {
         return Err(InputError::WrongShape {
             path: path.into(),
             name: "do",
             got: t.shape().to_vec(),
-            expected: format!("F32 {want:?} (got dtype {:?}; the backward is f32)", t.dtype()),
+            expected: format!(
+                "{:?} {want:?} (got dtype {:?}; dO is in the dtype of q, {})",
+                p.dtype.safetensors(),
+                t.dtype(),
+                p.dtype
+            ),
         }
         .into());
     }
@@ -273,7 +391,7 @@ pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
         }
         .into());
     }
-    let d_o = Dtype::F32.decode(t.data());
+    let d_o = p.dtype.decode(t.data());
     if let Some(e) = d_o.iter().position(|v| !v.is_finite()) {
         return Err(Error::Usage(format!(
             "input tensor `do` has a non-finite value {} at element {e}; NaN and +-inf are refused",
@@ -283,14 +401,18 @@ pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
     Ok(Some(d_o))
 }
 
-/// Writes o, lse, dq, dk, dv (all F32, BSHD; lse `[batch, heads, seq_q]`) and with sinks
-/// d_sinks (`[heads]`) atomically
-/// ([`crate::files::write_atomic`]): an existing file is replaced whole or not at all.
+/// Writes o, lse, dq, dk, dv (all F32: a 16-bit value is an f32 exactly; BSHD, lse `[batch,
+/// heads, seq_q]`; varlen packed, `[total, heads, head_dim]` and lse `[heads, total_q]`) and with
+/// sinks d_sinks (`[heads]`) atomically ([`crate::files::write_atomic`]): an existing file is
+/// replaced whole or not at all.
 pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<(), Error> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
-    let (b, h, hk, d) = (p.batch as usize, p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
-    let qs = vec![b, p.seq_q as usize, h, d];
-    let ks = vec![b, p.seq_kv as usize, hk, d];
+    let (b, h) = (p.batch as usize, p.heads as usize);
+    let (qs, ks) = (q_file_shape(p), kv_file_shape(p));
+    let lse_shape = match p.varlen {
+        Some(_) => vec![h, p.total_q() as usize],
+        None => vec![b, h, p.seq_q as usize],
+    };
     let enc = |x: &[f32]| Dtype::F32.encode(x);
     let (ob, lb, qb, kb, vb) = (enc(&out.o), enc(&out.lse), enc(&out.dq), enc(&out.dk), enc(&out.dv));
     let f32t = safetensors::Dtype::F32;
@@ -298,7 +420,7 @@ pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<
     let sb = enc(&out.d_sinks);
     let mut tensors = vec![
         ("o", view(qs.clone(), &ob)?),
-        ("lse", view(vec![b, h, p.seq_q as usize], &lb)?),
+        ("lse", view(lse_shape, &lb)?),
         ("dq", view(qs, &qb)?),
         ("dk", view(ks.clone(), &kb)?),
         ("dv", view(ks, &vb)?),
@@ -351,9 +473,11 @@ pub fn run_backward(
         }
     }
     // Host copies at the peak: inputs and dO in f32 (twice: given and device layout), the f64
-    // reference (q, k, v, dO, O, dq, dk, dv and its working copies) and the five downloads.
+    // reference (q, k, v, dO, O, dq, dk, dv and its working copies), the five downloads, and
+    // for 16-bit the naive backward's rounded copies and outputs.
     let elems = (2 * p.q_elems()).saturating_add(2 * p.kv_elems());
-    let host_bytes = elems.saturating_mul(4 + 4 + 8 + 8 + 8).saturating_add(expected.total_bytes);
+    let naive = if p.dtype.is_16bit() { 8 } else { 0 };
+    let host_bytes = elems.saturating_mul(4 + 4 + 8 + 8 + 8 + naive).saturating_add(expected.total_bytes);
     probe_host_memory(host_bytes, "the host copies of the backward problem")?;
     let generated;
     let (x, inputs_desc) = match inputs {
@@ -393,9 +517,16 @@ pub fn run_backward(
 
     let sinks: &[f32] = if p.sinks { &x.sinks } else { &[] };
     let want = attention_backward(&p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage)?;
-    let checks = verify(&out, &want);
+    let baseline = if p.dtype.is_16bit() {
+        Some(naive_backward_in_dtype(&p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage)?)
+    } else {
+        None
+    };
+    let checks = verify(&p, &out, &want, baseline.as_ref());
+    let sequences = verify_sequences(&p, &out, &want, baseline.as_ref());
     let bitwise_reproducible = deterministic.then_some(same_bits);
-    let verified = checks.iter().all(|c| c.passed) && bitwise_reproducible != Some(false);
+    let verified =
+        checks.iter().all(|c| c.passed) && sequences.iter().all(|s| s.passed) && bitwise_reproducible != Some(false);
     let timing = Timing::new(warmup, dev.clock_name(), samples);
     Ok(BackwardReport {
         backend: dev.backend().name().to_string(),
@@ -410,7 +541,8 @@ pub fn run_backward(
         bitwise_reproducible,
         repetitions: warmup as u64 + repeats as u64,
         checks,
-        rule: RULE,
+        sequences,
+        rule: rule_of(p.dtype),
         forward_time_ms: forward_ms,
         backward_time_ms: timing.median_ms,
         timing,
@@ -426,28 +558,133 @@ pub fn run_backward(
     })
 }
 
-/// O, LSE and the three gradients (and with sinks d_sinks) against the f64 reference.
-pub fn verify(out: &BackwardOutputs, want: &Grads) -> Vec<TensorCheck> {
-    let mut checks = vec![
-        check_tensor("o", &out.o, &want.o),
-        check_tensor("lse", &out.lse, &want.lse),
-        check_tensor("dq", &out.dq, &want.dq),
-        check_tensor("dk", &out.dk, &want.dk),
-        check_tensor("dv", &out.dv, &want.dv),
+/// One tensor of a run to check: the device's values, the f64 reference, the naive backward's
+/// values (16-bit runs; empty for f32), the terms' magnitude (dq, dk; else empty), the row
+/// length and the 2x rule's relative floor.
+#[derive(Clone, Copy)]
+pub struct Tensor<'a> {
+    pub name: &'static str,
+    pub got: &'a [f32],
+    pub want: &'a [f64],
+    pub baseline: &'a [f32],
+    pub magnitude: &'a [f64],
+    pub row_len: usize,
+    pub floor: f64,
+}
+
+/// O, LSE, the three gradients and with sinks d_sinks of a run.
+fn tensors<'a>(
+    p: &Problem,
+    out: &'a BackwardOutputs,
+    want: &'a Grads,
+    base: Option<&'a NaiveGrads>,
+) -> Vec<Tensor<'a>> {
+    let d = p.head_dim as usize;
+    let u = memattn::verify::grad::floor_of(p.dtype, GRAD_REL_TOL);
+    let b = |f: fn(&NaiveGrads) -> &Vec<f32>| base.map_or(&[][..], |n| f(n).as_slice());
+    let t = |name, got: &'a [f32], want: &'a [f64], baseline, magnitude: &'a [f64], row_len, floor| Tensor {
+        name,
+        got,
+        want,
+        baseline,
+        magnitude,
+        row_len,
+        floor,
+    };
+    let mut all = vec![
+        t("o", &out.o, &want.o, b(|n| &n.o), &[], d, u),
+        t("lse", &out.lse, &want.lse, b(|n| &n.lse), &[], 1, GRAD_REL_TOL),
+        t("dq", &out.dq, &want.dq, b(|n| &n.dq), &want.dq_abs, d, u),
+        t("dk", &out.dk, &want.dk, b(|n| &n.dk), &want.dk_abs, d, u),
+        t("dv", &out.dv, &want.dv, b(|n| &n.dv), &[], d, u),
     ];
     if !want.dsinks.is_empty() {
-        checks.push(check_tensor("d_sinks", &out.d_sinks, &want.dsinks));
+        all.push(t("d_sinks", &out.d_sinks, &want.dsinks, b(|n| &n.dsinks), &[], 1, GRAD_REL_TOL));
     }
-    checks
+    all
+}
+
+/// One tensor by the rule of the run: [`check_tensor_scaled`] (f32), or the 2x rule against the
+/// naive backward (16-bit).
+fn check_one(t: Tensor<'_>, sixteen: bool) -> TensorCheck {
+    if sixteen {
+        check_tensor_2x(t)
+    } else {
+        check_tensor_scaled(t.name, t.got, t.want, t.magnitude)
+    }
+}
+
+/// O, LSE and the three gradients (and with sinks d_sinks) against the f64 reference; for a
+/// 16-bit run (`baseline`, the naive backward in the dtype, given) by the 2x rule.
+pub fn verify(p: &Problem, out: &BackwardOutputs, want: &Grads, baseline: Option<&NaiveGrads>) -> Vec<TensorCheck> {
+    tensors(p, out, want, baseline).into_iter().map(|t| check_one(t, baseline.is_some())).collect()
+}
+
+/// Varlen: each sequence's rows of O, LSE, dq (and its keys' rows of dk, dv) checked on their
+/// own, by the rule of [`verify`]; empty for a padded batch. (d_sinks sums over every sequence
+/// and is checked whole only.)
+pub fn verify_sequences<'a>(
+    p: &Problem,
+    out: &'a BackwardOutputs,
+    want: &'a Grads,
+    baseline: Option<&'a NaiveGrads>,
+) -> Vec<SequenceCheck> {
+    let Some(vl) = p.varlen else { return Vec::new() };
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let total_q = p.total_q() as usize;
+    let (cu_q, cu_k) = (crate::problem::Varlen::cu(vl.seqlens_q), crate::problem::Varlen::cu(vl.seqlens_kv));
+    let mut seqs = Vec::new();
+    for s in 0..p.batch as usize {
+        let (q0, q1, k0, k1) = (cu_q[s] as usize, cu_q[s + 1] as usize, cu_k[s] as usize, cu_k[s + 1] as usize);
+        // LSE is [heads, total_q]: the sequence's span of every head.
+        let lse_idx: Vec<usize> = (0..h).flat_map(|hh| (q0..q1).map(move |i| hh * total_q + i)).collect();
+        let gather_f = |x: &[f32]| lse_idx.iter().filter_map(|&i| x.get(i).copied()).collect::<Vec<f32>>();
+        let gather_d = |x: &[f64]| lse_idx.iter().filter_map(|&i| x.get(i).copied()).collect::<Vec<f64>>();
+        let mut checks = Vec::new();
+        for t in tensors(p, out, want, baseline) {
+            let (lo, hi) = match t.name {
+                "o" | "dq" => (q0 * h * d, q1 * h * d),
+                "dk" | "dv" => (k0 * hk * d, k1 * hk * d),
+                "lse" => {
+                    let (got, w, base) = (gather_f(t.got), gather_d(t.want), gather_f(t.baseline));
+                    let one = Tensor { got: &got, want: &w, baseline: &base, ..t };
+                    checks.push(check_one(one, baseline.is_some()));
+                    continue;
+                }
+                _ => continue, // d_sinks: a sum over every sequence
+            };
+            let cut = |x: &'a [f32]| x.get(lo..hi).unwrap_or(&[]);
+            let cut_d = |x: &'a [f64]| x.get(lo..hi).unwrap_or(&[]);
+            let one = Tensor {
+                got: cut(t.got),
+                want: cut_d(t.want),
+                baseline: cut(t.baseline),
+                magnitude: cut_d(t.magnitude),
+                ..t
+            };
+            checks.push(check_one(one, baseline.is_some()));
+        }
+        let passed = checks.iter().all(|c| c.passed);
+        seqs.push(SequenceCheck {
+            sequence: s as u32,
+            seq_q: vl.seqlens_q[s],
+            seq_kv: vl.seqlens_kv[s],
+            checks,
+            passed,
+        });
+    }
+    seqs
 }
 
 /// The forward's time, the backward's samples and launches, the outputs (BSHD), and whether
 /// every repetition's gradients had the bits of the first (compared in deterministic mode).
 type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs, bool);
 
-/// Allocates and uploads the run's buffers on `k`; poisons O and LSE and runs the forward once;
-/// then for each warm-up and measured repetition poisons dQ, dK, dV, runs the backward and
-/// times it. Downloads everything after the last one; the buffers are freed when this returns.
+/// Allocates and uploads the run's buffers on `k` (q, k, v, dO, O, dq, dk, dv in the problem's
+/// dtype; LSE, the sinks and d_sinks f32; varlen: the two cu_seqlens); poisons O and LSE and
+/// runs the forward once; then for each warm-up and measured repetition poisons dQ, dK, dV (and
+/// d_sinks), runs the backward and times it. Downloads everything after the last one; the
+/// buffers are freed when this returns.
 fn launch_measured(
     k: &Kernels,
     p: &Problem,
@@ -458,30 +695,41 @@ fn launch_measured(
     deterministic: bool,
 ) -> Result<Measured, AttnError> {
     let (b, h, hk, d) = (p.batch, p.heads, p.kv_heads(), p.head_dim);
+    let (dt, es) = (p.dtype, p.dtype.size_bytes());
     let lay_q = |t: &[f32]| to_layout(t, p.layout, b, p.seq_q, h, d);
     let lay_k = |t: &[f32]| to_layout(t, p.layout, b, p.seq_kv, hk, d);
-    let upload = |data: Vec<f32>| -> Result<DeviceBuffer, AttnError> {
-        let buf = k.alloc(data.len() as u64 * 4)?;
-        buf.write_bytes(&Dtype::F32.encode(&data))?;
-        Ok(buf)
-    };
-    let (q, kb, v, gb) = (upload(lay_q(&x.q))?, upload(lay_k(&x.k))?, upload(lay_k(&x.v))?, upload(lay_q(d_o))?);
+    let (q, kb, v, gb) = (
+        k.upload_as(dt, &lay_q(&x.q))?,
+        k.upload_as(dt, &lay_k(&x.k))?,
+        k.upload_as(dt, &lay_k(&x.v))?,
+        k.upload_as(dt, &lay_q(d_o))?,
+    );
     let (qn, kn, rows) = (p.q_elems(), p.kv_elems(), p.rows());
-    let o = k.alloc(qn * 4)?;
+    let o = k.alloc(qn * es)?;
     let lse = k.alloc(rows * 4)?;
-    let (dq, dk, dv) = (k.alloc(qn * 4)?, k.alloc(kn * 4)?, k.alloc(kn * 4)?);
+    let (dq, dk, dv) = (k.alloc(qn * es)?, k.alloc(kn * es)?, k.alloc(kn * es)?);
     let hs = if p.sinks { p.heads as u64 } else { 0 };
     let (sinks, d_sinks) =
-        if p.sinks { (Some(upload(x.sinks.clone())?), Some(k.alloc(hs * 4)?)) } else { (None, None) };
+        if p.sinks { (Some(k.upload_as(Dtype::F32, &x.sinks)?), Some(k.alloc(hs * 4)?)) } else { (None, None) };
+    let cu = match p.varlen {
+        Some(vl) => {
+            Some((k.index_tensor(&Varlen::cu(vl.seqlens_q), None)?, k.index_tensor(&Varlen::cu(vl.seqlens_kv), None)?))
+        }
+        None => None,
+    };
     k.with_device(|d| d.memory_mark_allocated())?;
 
     let (h, hk, d) = (h as usize, hk as usize, d as usize);
-    let (bu, sq, skv) = (b as usize, p.seq_q as usize, p.seq_kv as usize);
+    // Views: a padded batch, or varlen's one packed batch of total_q / total_kv rows.
+    let (vb, sq, skv) = match p.varlen {
+        Some(_) => (1, p.total_q() as usize, p.total_kv() as usize),
+        None => (b as usize, p.seq_q as usize, p.seq_kv as usize),
+    };
     let strides = |s: kernels_gpu::abi::Strides| [s.batch as usize, s.seq as usize, s.head as usize, 1];
     let (qst, kst) = (strides(p.q_strides()), strides(p.kv_strides()));
-    let view = |buf, shape, st| TensorView::device(buf, Dtype::F32, shape).map(|t| t.with_strides(st));
-    let view_mut = |buf, shape, st| TensorViewMut::device(buf, Dtype::F32, shape).map(|t| t.with_strides(st));
-    let (qs, ks) = ([bu, sq, h, d], [bu, skv, hk, d]);
+    let view = |buf, shape, st| TensorView::device(buf, dt, shape).map(|t| t.with_strides(st));
+    let view_mut = |buf, shape, st| TensorViewMut::device(buf, dt, shape).map(|t| t.with_strides(st));
+    let (qs, ks) = ([vb, sq, h, d], [vb, skv, hk, d]);
     let (qv, kv, vv, gv) = (view(&q, qs, qst)?, view(&kb, ks, kst)?, view(&v, ks, kst)?, view(&gb, qs, qst)?);
     let mut opts = AttnOpts::new().causal(p.causal).window_size(p.window.0, p.window.1);
     if let Some(scale) = p.scale {
@@ -494,27 +742,35 @@ fn launch_measured(
     if let Some(s) = &sinks_view {
         opts = opts.sinks(s);
     }
+    // Varlen: the longest sequence's lengths, as the forward took them.
+    let (max_q, max_kv) = (p.seq_q as usize, p.seq_kv as usize);
 
     k.with_device(|dev| {
-        dev.fill_u32(o.ptr(), qn, POISON)?;
+        poison(dev, o.ptr(), qn * es, dt)?;
         dev.fill_u32(lse.ptr(), rows, POISON)?;
         dev.synchronize()?;
         dev.timer_start()
     })?;
-    k.flash_attn_into(&qv, &kv, &vv, &mut view_mut(&o, qs, qst)?, &mut LseViewMut::vm(&lse, bu, h, sq)?, &opts)?;
+    let (mut ov_w, mut lv_w) = (view_mut(&o, qs, qst)?, LseViewMut::vm(&lse, vb, h, sq)?);
+    match &cu {
+        None => k.flash_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &opts)?,
+        Some((cq, ck)) => {
+            k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, max_q, max_kv, &mut ov_w, &mut lv_w, &opts)?
+        }
+    }
     let forward_ms = k.with_device(|dev| dev.timer_stop())?;
 
     let ov = view(&o, qs, qst)?;
-    let lv = LseView::vm(&lse, bu, h, sq)?;
+    let lv = LseView::vm(&lse, vb, h, sq)?;
     let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs, qst)?, view_mut(&dk, ks, kst)?, view_mut(&dv, ks, kst)?);
     k.record_launches(true)?;
     let (mut samples, mut records) = (Vec::new(), Vec::new());
-    let read = |buf: &DeviceBuffer, n: u64| buf.read_f32(Dtype::F32, n as usize);
+    let read = |buf: &DeviceBuffer, dtype: Dtype, n: u64| buf.read_f32(dtype, n as usize);
     let (mut first_bits, mut same_bits) = (None, true);
     for rep in 0..warmup as u64 + repeats as u64 {
         k.with_device(|dev| {
             for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
-                dev.fill_u32(buf.ptr(), n, POISON)?;
+                poison(dev, buf.ptr(), n * es, dt)?;
             }
             if let Some(ds) = &d_sinks {
                 dev.fill_u32(ds.ptr(), hs, POISON)?;
@@ -526,7 +782,14 @@ fn launch_measured(
         if let Some(ds) = &d_sinks {
             bwd = bwd.d_sinks(SinksViewMut::vm(ds, h)?);
         }
-        k.flash_attn_backward_into_with(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd)?;
+        match &cu {
+            None => k.flash_attn_backward_into_with(
+                &qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd,
+            )?,
+            Some((cq, ck)) => k.flash_attn_varlen_backward_into(
+                &qv, &kv, &vv, cq, ck, max_q, max_kv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd,
+            )?,
+        }
         let ms = k.with_device(|dev| dev.timer_stop())?;
         if rep >= warmup as u64 {
             samples.push(ms);
@@ -536,10 +799,10 @@ fn launch_measured(
             // Outside the timed region: every repetition's gradients, bit for bit.
             let mut bits = Vec::new();
             for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
-                bits.extend(read(buf, n)?.iter().map(|x| x.to_bits()));
+                bits.extend(read(buf, dt, n)?.iter().map(|x| x.to_bits()));
             }
             if let Some(ds) = &d_sinks {
-                bits.extend(read(ds, hs)?.iter().map(|x| x.to_bits()));
+                bits.extend(read(ds, Dtype::F32, hs)?.iter().map(|x| x.to_bits()));
             }
             match &first_bits {
                 None => first_bits = Some(bits),
@@ -550,13 +813,13 @@ fn launch_measured(
     let back_q = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_q, h as u32, d as u32);
     let back_k = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_kv, hk as u32, d as u32);
     let out = BackwardOutputs {
-        o: back_q(read(&o, qn)?),
-        lse: read(&lse, rows)?,
-        dq: back_q(read(&dq, qn)?),
-        dk: back_k(read(&dk, kn)?),
-        dv: back_k(read(&dv, kn)?),
+        o: back_q(read(&o, dt, qn)?),
+        lse: read(&lse, Dtype::F32, rows)?,
+        dq: back_q(read(&dq, dt, qn)?),
+        dk: back_k(read(&dk, dt, kn)?),
+        dv: back_k(read(&dv, dt, kn)?),
         d_sinks: match &d_sinks {
-            Some(ds) => read(ds, hs)?,
+            Some(ds) => read(ds, Dtype::F32, hs)?,
             None => Vec::new(),
         },
     };
@@ -596,8 +859,25 @@ pub fn summary(r: &BackwardReport) -> String {
             c.tensor, c.max_abs_err, c.max_rel_err, c.bound
         );
     }
+    if !r.sequences.is_empty() {
+        let _ = writeln!(s, "  each sequence on its own (the worst tensor, error / bound):");
+    }
+    for q in &r.sequences {
+        // The tensor closest to (or furthest over) its bound.
+        let ratio =
+            |c: &TensorCheck| if c.passed { c.max_abs_err / c.bound.max(f64::MIN_POSITIVE) } else { f64::INFINITY };
+        let worst = q.checks.iter().max_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+        let what = match worst {
+            Some(c) => format!("{:<6} {:.3e} / {:.3e}", c.tensor, c.max_abs_err, c.bound),
+            None => "-".into(),
+        };
+        let failed: Vec<&str> = q.checks.iter().filter(|c| !c.passed).map(|c| c.tensor).collect();
+        let result = if failed.is_empty() { "pass".to_string() } else { format!("FAIL ({})", failed.join(", ")) };
+        let _ = writeln!(s, "  sequence {} (seq_q {}, seq_kv {}): {what}  {result}", q.sequence, q.seq_q, q.seq_kv);
+    }
     let with_sinks = r.checks.iter().any(|c| c.tensor == "d_sinks");
     let (sinks, d_sinks) = if with_sinks { (", sinks", ", d_sinks") } else { ("", "") };
+    let cu = if r.sequences.is_empty() { "" } else { ", cu_seqlens" };
     let accum = if e.dq_slices > 1 {
         format!("dQ accumulators {} x {}", e.dq_slices, e.dq_accum_bytes / e.dq_slices)
     } else {
@@ -605,7 +885,7 @@ pub fn summary(r: &BackwardReport) -> String {
     };
     let _ = writeln!(
         s,
-        "memory: expected {} B = inputs (q, k, v, dO{sinks}) {} + forward O, LSE {} + dq, dk, dv{d_sinks} {} + backward \
+        "memory: expected {} B = inputs (q, k, v, dO{sinks}{cu}) {} + forward O, LSE {} + dq, dk, dv{d_sinks} {} + backward \
          workspace {} ({accum} + D {}); measured peak {} B ({})",
         e.total_bytes,
         e.inputs_bytes,
@@ -696,10 +976,84 @@ mod tests {
         assert_eq!(e.total_bytes, 5 * qn + 4 * kn + 2 * rows + 2 * 16 + 2 * 6144);
     }
 
+    /// Device-like outputs from the reference (rounded to f32, or `round`ed further).
+    fn outputs_of(want: &Grads, round: impl Fn(f64) -> f32) -> BackwardOutputs {
+        let r = |x: &[f64]| x.iter().map(|&v| round(v)).collect::<Vec<f32>>();
+        BackwardOutputs {
+            o: r(&want.o),
+            lse: want.lse.iter().map(|&v| v as f32).collect(),
+            dq: r(&want.dq),
+            dk: r(&want.dk),
+            dv: r(&want.dv),
+            d_sinks: want.dsinks.iter().map(|&v| v as f32).collect(),
+        }
+    }
+
+    #[test]
+    fn a_short_sequence_is_held_to_its_own_scale() {
+        // Sequence 1's dO is 1000x sequence 0's, so are its gradients: sequence 0's dq 1 % wrong
+        // stays under the whole tensor's bound, not under its own.
+        let base = Problem { heads: 2, heads_kv: Some(1), head_dim: 8, causal: true, ..Problem::default() };
+        let p = Problem::varlen(base, &[3, 0, 6], &[4, 2, 6]).unwrap();
+        let x = Qkv::random(&p, 3);
+        let mut d_o = random_d_o(&p, 3);
+        for g in &mut d_o[3 * 2 * 8..] {
+            *g *= 1000.0;
+        }
+        let want = attention_backward(&p, &x.q, &x.k, &x.v, &d_o, &[]).unwrap();
+        let mut out = outputs_of(&want, |v| v as f32);
+        assert!(verify(&p, &out, &want, None).iter().all(|c| c.passed));
+        assert!(verify_sequences(&p, &out, &want, None).iter().all(|s| s.passed));
+        for g in &mut out.dq[..3 * 2 * 8] {
+            *g *= 1.01;
+        }
+        assert!(verify(&p, &out, &want, None).iter().all(|c| c.passed), "the whole-tensor check alone passes");
+        let seqs = verify_sequences(&p, &out, &want, None);
+        assert_eq!(seqs.iter().map(|s| s.passed).collect::<Vec<_>>(), [false, true, true]);
+        assert!(!seqs[0].checks.iter().find(|c| c.tensor == "dq").unwrap().passed);
+        // A padded batch has no per-sequence check.
+        assert!(verify_sequences(&base, &out, &want, None).is_empty());
+    }
+
+    #[test]
+    fn a_16_bit_run_is_held_to_twice_the_naive_backward() {
+        // bf16, GQA, sinks, fully masked rows, varlen: the exact gradients rounded to bf16 once
+        // pass; the naive backward's errors tripled fail, whole and per sequence.
+        let base = Problem {
+            heads: 4,
+            heads_kv: Some(2),
+            head_dim: 16,
+            causal: true,
+            sinks: true,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let p = Problem::varlen(base, &[9, 0, 20], &[4, 3, 25]).unwrap();
+        let x = Qkv::random(&p, 8);
+        let d_o = random_d_o(&p, 8);
+        assert!(d_o.iter().all(|&g| Dtype::Bf16.round(g) == g), "dO is drawn in the dtype");
+        let want = attention_backward(&p, &x.q, &x.k, &x.v, &d_o, &x.sinks).unwrap();
+        let naive = naive_backward_in_dtype(&p, &x.q, &x.k, &x.v, &d_o, &x.sinks).unwrap();
+        let good = outputs_of(&want, |v| Dtype::Bf16.round(v as f32));
+        let checks = verify(&p, &good, &want, Some(&naive));
+        assert!(checks.iter().all(|c| c.passed && c.two_x.is_some()), "{checks:?}");
+        assert!(verify_sequences(&p, &good, &want, Some(&naive)).iter().all(|s| s.passed));
+        let tripled = |g: &[f32], w: &[f64]| -> Vec<f32> {
+            g.iter().zip(w).map(|(&a, &b)| (b + 3.0 * (a as f64 - b)) as f32).collect()
+        };
+        let bad = BackwardOutputs { dq: tripled(&naive.dq, &want.dq), ..good.clone() };
+        let checks = verify(&p, &bad, &want, Some(&naive));
+        let failed: Vec<&str> = checks.iter().filter(|c| !c.passed).map(|c| c.tensor).collect();
+        assert_eq!(failed, ["dq"], "{checks:?}");
+        assert!(verify_sequences(&p, &bad, &want, Some(&naive)).iter().any(|s| !s.passed));
+    }
+
     #[test]
     fn refusals_name_the_limit() {
         let p = Problem::default();
         assert!(check_supported(&p, KernelKind::Flash).is_ok());
+        // Packed sequences run the varlen backward.
+        assert!(check_supported(&Problem::varlen(p, &[3, 0], &[2, 4]).unwrap(), KernelKind::Flash).is_ok());
         let msg = |p: Problem, k| check_supported(&p, k).unwrap_err().to_string();
         assert!(msg(p, KernelKind::Naive).contains("no naive backward"));
         assert!(msg(Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).contains("f32 only"));

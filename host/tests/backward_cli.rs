@@ -201,10 +201,150 @@ fn unsupported_options_are_refused_with_the_limit() {
     );
     r(&["--kernel", "naive"], "no naive backward");
     assert_refused(&["run", "--deterministic", "--heads", "1"], "--backward");
+    // Packed sequences keep the forward's rules: BSHD only, lengths per sequence.
     assert_refused(
-        &["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3,4", "--heads", "1"],
-        "packed sequences",
+        &["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3,4", "--heads", "1", "--layout", "bhsd"],
+        "--layout bshd",
     );
+    assert_refused(&["run", "--backward", "--seqlens-q", "3,4", "--seqlens-kv", "3", "--heads", "1"], "lengths");
+}
+
+/// Writes a packed (varlen) input file: q, do `[total_q, h, d]`, k, v `[total_kv, hk, d]`,
+/// cu_seqlens_q and cu_seqlens_kv (U32).
+fn write_varlen_inputs(path: &Path, h: usize, hk: usize, d: usize, lq: &[u32], lk: &[u32], t: &[Vec<f32>]) {
+    use safetensors::tensor::TensorView;
+    let (tq, tk) = (lq.iter().sum::<u32>() as usize, lk.iter().sum::<u32>() as usize);
+    let cu = |l: &[u32]| -> Vec<u8> {
+        let mut c = vec![0u32];
+        for &x in l {
+            c.push(c.last().unwrap() + x);
+        }
+        c.iter().flat_map(|v| v.to_le_bytes()).collect()
+    };
+    let bytes: Vec<Vec<u8>> = t.iter().map(|x| f32_bytes(x)).collect();
+    let (cq, ck) = (cu(lq), cu(lk));
+    let f = safetensors::Dtype::F32;
+    let views = vec![
+        ("q", TensorView::new(f, vec![tq, h, d], &bytes[0]).unwrap()),
+        ("k", TensorView::new(f, vec![tk, hk, d], &bytes[1]).unwrap()),
+        ("v", TensorView::new(f, vec![tk, hk, d], &bytes[2]).unwrap()),
+        ("do", TensorView::new(f, vec![tq, h, d], &bytes[3]).unwrap()),
+        ("cu_seqlens_q", TensorView::new(safetensors::Dtype::U32, vec![lq.len() + 1], &cq).unwrap()),
+        ("cu_seqlens_kv", TensorView::new(safetensors::Dtype::U32, vec![lk.len() + 1], &ck).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn packed_sequences_verify_per_sequence_and_write_packed_gradients() {
+    // Three sequences: 7 queries over 3 keys (causal: the first 4 rows see nothing), an empty
+    // query sequence with 5 keys (its dk, dv must be written as 0), 30 queries over 45 keys (two
+    // key blocks); GQA 4 over 2. The gradients written are checked here, sequence by sequence,
+    // against the f64 reference of the inputs this test wrote.
+    let (h, hk, d) = (4usize, 2usize, 64usize);
+    let (lq, lk): (&[u32], &[u32]) = (&[7, 0, 30], &[3, 5, 45]);
+    let (tq, tk) = (37usize, 53usize);
+    let mut rng = SplitMix64::new(21);
+    let t = vec![
+        draw(tq * h * d, &mut rng),
+        draw(tk * hk * d, &mut rng),
+        draw(tk * hk * d, &mut rng),
+        draw(tq * h * d, &mut rng),
+    ];
+    let (input, output) = (tmp("varlen-in.safetensors"), tmp("varlen-out.safetensors"));
+    write_varlen_inputs(&input, h, hk, d, lq, lk, &t);
+    let args = [
+        "--json",
+        "run",
+        "--backward",
+        "--causal",
+        "--inputs",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true, "{v}");
+    let seqs = v["sequences"].as_array().expect("a per-sequence check");
+    let lens: Vec<(u64, u64)> =
+        seqs.iter().map(|s| (s["seq_q"].as_u64().unwrap(), s["seq_kv"].as_u64().unwrap())).collect();
+    assert_eq!(lens, [(7, 3), (0, 5), (30, 45)]);
+    for s in seqs {
+        let names: Vec<&str> = s["checks"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+        assert_eq!((names, &s["passed"]), (vec!["o", "lse", "dq", "dk", "dv"], &true.into()), "{s}");
+    }
+    // Bytes counted here: q, O, dO, dq and the f32 dQ accumulator like q; k, v, dk, dv like k;
+    // LSE and D one f32 per row; the two cu_seqlens, 4 entries of 4 B each.
+    let (qb, kb, rows) = (4 * (tq * h * d) as u64, 4 * (tk * hk * d) as u64, 4 * (h * tq) as u64);
+    assert_eq!(v["peak_device_bytes"].as_u64().unwrap(), 5 * qb + 4 * kb + 2 * rows + 2 * 16, "{}", v["memory"]);
+    assert_eq!(v["memory_as_expected"], true);
+
+    let base =
+        Problem { heads: h as u32, heads_kv: Some(hk as u32), head_dim: d as u32, causal: true, ..Problem::default() };
+    let p = Problem::varlen(base, lq, lk).unwrap();
+    let want = attention_backward(&p, &t[0], &t[1], &t[2], &t[3], &[]).unwrap();
+    let bytes = std::fs::read(&output).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (cq, ck) = ([0usize, 7, 7, 37], [0usize, 3, 8, 53]);
+    for (tensor, shape, w, cu, width) in [
+        ("o", vec![tq, h, d], &want.o, &cq, h * d),
+        ("dq", vec![tq, h, d], &want.dq, &cq, h * d),
+        ("dk", vec![tk, hk, d], &want.dk, &ck, hk * d),
+        ("dv", vec![tk, hk, d], &want.dv, &ck, hk * d),
+    ] {
+        let (got_shape, got) = read_f32(&st, tensor);
+        assert_eq!(got_shape, shape, "{tensor}");
+        for s in 0..3 {
+            let (lo, hi) = (cu[s] * width, cu[s + 1] * width);
+            let e = rel_err(&got[lo..hi], &w[lo..hi]);
+            assert!(e <= 2e-5, "sequence {s}: {tensor} relative error {e:e}");
+        }
+    }
+    // Keys no query reads: exactly zero gradients.
+    let (_, dk) = read_f32(&st, "dk");
+    assert!(dk[3 * hk * d..8 * hk * d].iter().all(|&x| x == 0.0));
+    let (lse_shape, lse) = read_f32(&st, "lse");
+    assert_eq!(lse_shape, [h, tq]);
+    for (g, w) in lse.iter().zip(&want.lse) {
+        assert!(if w.is_finite() { (*g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0) } else { *g == f32::NEG_INFINITY });
+    }
+    // Rows 0..4 of sequence 0 see no key (7 queries, 3 keys, bottom-right causal).
+    assert!(lse[..4].iter().all(|&x| x == f32::NEG_INFINITY) && lse[4].is_finite());
+    std::fs::remove_file(&input).ok();
+    std::fs::remove_file(&output).ok();
+
+    // From the command line, with sinks and deterministic dQ: the summary lists each sequence.
+    let o = memattn(&[
+        "run",
+        "--backward",
+        "--heads",
+        "2",
+        "--seqlens-q",
+        "7,0,30",
+        "--seqlens-kv",
+        "3,5,45",
+        "--causal",
+        "--sinks",
+        "--deterministic",
+        "--warmup",
+        "1",
+        "--head-dim",
+        "32",
+    ]);
+    assert_eq!(code(&o), 0, "{}\n{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    for needle in [
+        "sequence 0 (seq_q 7, seq_kv 3)",
+        "sequence 1 (seq_q 0, seq_kv 5)",
+        "d_sinks",
+        "cu_seqlens",
+        "bitwise identical",
+        "verified",
+    ] {
+        assert!(text.contains(needle), "summary lacks `{needle}`:\n{text}");
+    }
 }
 
 #[test]
@@ -320,4 +460,91 @@ fn sinks_and_deterministic_mode_verify_and_state_their_bytes() {
     {
         assert!(text.contains(needle), "summary lacks `{needle}`:\n{text}");
     }
+}
+
+#[test]
+fn check_backward_sweeps_every_case_and_each_gradient() {
+    let o = memattn(&["--backend", "vm", "--json", "check", "--backward", "--head-dim", "64"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!((&v["backward"], &v["passed"], &v["failed"]), (&true.into(), &true.into(), &0.into()));
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 20);
+    let case = |name: &str| cases.iter().find(|c| c["case"] == name).unwrap_or_else(|| panic!("no case `{name}`"));
+    for c in cases {
+        assert_eq!((&c["passed"], &c["head_dim"]), (&true.into(), &64.into()), "{c}");
+        let names: Vec<&str> = c["checks"].as_array().unwrap().iter().map(|t| t["tensor"].as_str().unwrap()).collect();
+        assert_eq!(&names[..5], ["o", "lse", "dq", "dk", "dv"], "{c}");
+    }
+    // Rows that see no key: LSE = -inf is checked as such (the shape says seq_q > seq_kv).
+    assert_eq!(case("seq_q > seq_kv")["shape"]["seq_q"], 100);
+    let names = |c: &serde_json::Value| -> Vec<String> {
+        c["checks"].as_array().unwrap().iter().map(|t| t["tensor"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(names(case("sinks")).contains(&"d_sinks".to_string()));
+    // Deterministic cases compare two repetitions' bits.
+    for name in ["deterministic", "varlen deterministic"] {
+        assert_eq!((&case(name)["deterministic"], &case(name)["bitwise_reproducible"]), (&true.into(), &true.into()));
+    }
+    // Varlen: every sequence on its own, the empty one included.
+    let seqs = case("varlen causal")["sequences"].as_array().unwrap().clone();
+    let lens: Vec<(u64, u64)> =
+        seqs.iter().map(|s| (s["seq_q"].as_u64().unwrap(), s["seq_kv"].as_u64().unwrap())).collect();
+    assert_eq!(lens, [(100, 64), (0, 5), (1, 1), (37, 130), (65, 65)]);
+
+    // Without --head-dim: every head dim the f32 backward is compiled for (from the kernel table).
+    let o = memattn(&["--backend", "vm", "check", "--backward", "--head-dim", "32"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("check --backward: 20 of 20 cases passed"), "{}", stdout(&o));
+}
+
+#[test]
+fn check_backward_refuses_what_has_no_backward() {
+    // No bf16/f16 backward kernel is compiled yet: refused before anything runs, naming the limit.
+    for dtype in ["bf16", "f16"] {
+        assert_refused(&["check", "--backward", "--dtype", dtype], &format!("there is no {dtype} backward kernel"));
+    }
+    assert_refused(&["check", "--backward", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
+    assert_refused(&["check", "--backward", "--kernel", "naive"], "no naive backward");
+}
+
+#[test]
+fn check_backward_fails_a_kernel_that_drops_the_dq_adds() {
+    // The d64 backward's `red.global.add.f32` (each key block's dQ added into the f32
+    // accumulator) deleted from the PTX: the atomic cases lose dq (left at the preprocess's
+    // zeros) and fail on dq; the cases whose dq is 0 anyway (one visible key per row) and the
+    // deterministic ones (dQ slices stored, not added) pass. Exit 1.
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
+    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
+    let add = "red.global.add.f32 [%ga], %r75; }";
+    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
+    let broken = tmp("no-dq-add.ptx");
+    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--ptx",
+        broken.to_str().unwrap(),
+        "--json",
+        "check",
+        "--backward",
+        "--head-dim",
+        "64",
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v = json(&o);
+    let cases = v["cases"].as_array().unwrap();
+    let passed: Vec<&str> = cases.iter().filter(|c| c["passed"] == true).map(|c| c["case"].as_str().unwrap()).collect();
+    assert_eq!(passed, ["seq 1", "window 0", "deterministic", "varlen deterministic"]);
+    for c in cases.iter().filter(|c| c["passed"] == false) {
+        let failed: Vec<&str> = c["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["passed"] == false)
+            .map(|t| t["tensor"].as_str().unwrap())
+            .collect();
+        assert_eq!(failed, ["dq"], "{}: {}", c["case"], c["detail"]);
+    }
+    std::fs::remove_file(&broken).ok();
 }

@@ -26,6 +26,11 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn run --heads 8 --heads-kv 2 --window 255,0", Run(0, "verified     PASS")),
     ("memattn run --sliding-window 256 --softcap 50 --sinks", Run(0, "verified     PASS")),
     ("memattn check --kernel flash --dtype f32 --head-dim 64", Run(0, "check: 18 of 18 cases passed")),
+    ("memattn check --backward --head-dim 64", Run(0, "check --backward: 20 of 20 cases passed")),
+    (
+        "memattn run --backward --heads 2 --seqlens-q 7,0,30 --seqlens-kv 3,5,45 --causal",
+        Run(0, "sequence 1 (seq_q 0, seq_kv 5): dv"),
+    ),
     (
         "memattn --backend vm decode --batch 3 --heads 8 --heads-kv 2 --cache-len 1000,0,37 --new-tokens 1 --page-size 16",
         Run(0, "appended cache exact"),

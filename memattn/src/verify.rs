@@ -43,6 +43,11 @@
 //! f32, before P is rounded), so its bounds are the f32 ones, or 2× the baseline's LSE error when
 //! that is larger. The run reports the bounds used, the baseline's errors and the ratio
 //! kernel / baseline; for bf16 the O relative RMS error is expected around 1e-3..1e-2.
+//!
+//! The backward's 16-bit gradients are judged the same way, against a naive backward in the
+//! dtype: [`grad`].
+
+pub mod grad;
 
 use crate::dtype::{Dtype, Tolerance};
 use crate::inputs::Qkv;

@@ -58,6 +58,7 @@ Examples:
   memattn evidence show evidence.jsonl             the runs kept so far
   memattn check --kernel flash --dtype f32 --head-dim 64
                                                    the bug-catching sweep: pass/fail per case (every head dim without --head-dim)
+  memattn check --backward --head-dim 64           the same for the backward: every gradient of every case against f64
   memattn draw tiling --seq 200 --causal --out tiling.svg
                                                    the key tiles each block of the flash kernel visits
   memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto
@@ -165,7 +166,8 @@ pub enum Command {
     /// BSHD/BHSD, GQA ratios 1/4/8, windows crossing tile edges, soft cap and sinks, varlen with an
     /// empty and a length-1 sequence) for one kernel family and dtype, every row checked against
     /// the f64 reference; prints a pass/fail table, exits 1 on a failed case (3 if a case hit a
-    /// device or kernel error).
+    /// device or kernel error). `--backward`: the same for the backward (forward and backward per
+    /// case, O, LSE, dq, dk, dv and d_sinks against the f64 gradients).
     Check(CheckArgs),
     /// KV-cache decode: split-KV attention over a contiguous or paged cache with GQA and cache
     /// append, verified against the f64 reference, with the split plan and the memory figures.
@@ -534,6 +536,17 @@ pub struct CheckArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
+    /// Sweep the backward instead: each case runs the forward and the backward (as `run
+    /// --backward`) and checks O, LSE, dq, dk, dv (and d_sinks) against the f64 reference
+    /// gradients, every element: lengths that are not tile multiples, seq_q > seq_kv causal
+    /// (rows that see no key), length 1, several blocks, heads and batches, BHSD, GQA and MQA,
+    /// windows, soft cap, sinks with d_sinks, deterministic dQ (two repetitions, same bits),
+    /// varlen with an empty sequence, at every head dim the backward kernels of the dtype are
+    /// compiled for. f32: 2e-5 of each tensor's scale. bf16/f16 (once the library has a
+    /// backward in them; until then exit 2): each tensor, whole and per row, at most twice the
+    /// error of a naive backward in the same dtype. Flash only.
+    #[arg(long)]
+    pub backward: bool,
 }
 
 /// A VM shared-memory check `--vm-allow` can turn off.

@@ -6,7 +6,8 @@
 //! multiple of any tile (off-by-one in a mask or a tail), `seq_q > seq_kv` with causal (fully
 //! masked rows), single rows and keys, several blocks, heads and batches, BSHD and BHSD, GQA
 //! ratios 1/4/8, windows whose edges fall inside a key tile, soft cap and sinks, and varlen
-//! batches with an empty and a length-1 sequence.
+//! batches with an empty and a length-1 sequence. `--backward` runs the backward's sweep instead
+//! (`check_backward.rs`).
 
 use super::args::{CheckArgs, Cli};
 use super::{open_device, print_json, save_evidence};
@@ -87,6 +88,9 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
 }
 
 pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
+    if a.backward {
+        return super::check_backward::check(cli, a);
+    }
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
     let dtype = a.dtype.unwrap_or(Dtype::F32);
     if !kernel.supports(dtype) {

@@ -2,6 +2,7 @@
 
 pub mod args;
 mod check;
+mod check_backward;
 mod compare;
 pub mod cp;
 pub mod decode;

@@ -18,17 +18,22 @@ pub struct BackwardArgs {
     /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
     /// gradients, every element (max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor;
     /// a NaN-poisoned element that was not written fails). dO is drawn from --seed, or read
-    /// from a tensor `do` (F32, shaped like q) in the --inputs file. The measured peak memory
+    /// from a tensor `do` (F32, shaped like q) in the --inputs file. Packed sequences
+    /// (--seqlens-q/--seqlens-kv, or cu_seqlens in --inputs) run the varlen backward, and every
+    /// sequence's O, LSE, dq, dk and dv are also checked on their own. The measured peak memory
     /// is printed against the expected bytes: q, k, v, dO, O, LSE, dq, dk, dv and the
     /// backward's workspace, the f32 dQ accumulator (4 B per element of q) and
     /// D = rowsum(dO * O) (4 B per query row), next to the bytes a naive backward would keep
     /// alive, P and dS (2 x 4 B x batch x heads x seq_q x seq_kv). With --sinks the gradient
     /// of the sink logits, d_sinks = -sum over rows of exp(sink - LSE) * D, is checked too.
     /// --output writes o, lse, dq, dk, dv (and d_sinks) (F32). Supported: causal, windows,
-    /// soft cap, GQA/MQA, sinks, either layout. Refused (exit 2): bf16/f16, other head dims,
-    /// packed sequences, --kernel naive. Exit 0 when every tensor verified, 1 when one did not.
+    /// soft cap, GQA/MQA, sinks, either layout, packed sequences. Refused (exit 2): bf16/f16
+    /// (no backward kernel in them yet), other head dims, --kernel naive. Exit 0 when every
+    /// tensor verified, 1 when one did not.
     ///
     /// Example: memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal
+    ///
+    /// Example: memattn run --backward --heads 2 --seqlens-q 7,0,30 --seqlens-kv 3,5,45 --causal
     #[arg(long)]
     pub backward: bool,
     /// With --backward: sum dQ deterministically. Each key block of the backward kernel writes

@@ -14,6 +14,11 @@
 //! - a row that sees no key (LSE = -inf) contributes nothing (with a sink it sees the sink only,
 //!   `O = 0`, `D = 0`: nothing either).
 //!
+//! Next to dq and dk it sums the magnitudes of their terms ([`Grads::dq_abs`],
+//! [`Grads::dk_abs`]), the scale their rounding error has: a row that sees a single key has
+//! `dP = D` and so an exact dq of 0, but a kernel's `dP - D` is a difference of two rounded
+//! sums.
+//!
 //! The forward here is its own f64 restatement (inputs in f64, so finite differences in f64 can
 //! check the analytic gradients to 1e-6); its key rule is the reference's [`super::visible_in`].
 
@@ -36,6 +41,12 @@ pub struct Grads {
     pub lse: Vec<f64>,
     /// `D = rowsum(dO ∘ O)`, laid out like `lse`.
     pub delta: Vec<f64>,
+    /// The magnitude of the terms each element of dq sums, `Σ_j P_ij (|dP_ij| + |D_i|) |s'_ij|
+    /// |k_j|` (like dq): the scale of its rounding error. Where the exact dq cancels to 0 (a row
+    /// that sees one key: `dP = D`), this is not 0, and neither is any kernel's rounding error.
+    pub dq_abs: Vec<f64>,
+    /// The same for dk, `Σ_i P_ij (|dP_ij| + |D_i|) |s'_ij| |q_i|` (like dk).
+    pub dk_abs: Vec<f64>,
 }
 
 /// f64 inputs of one problem: `q` `[.., heads, d]`, `k`, `v` `[.., heads_kv, d]`, `sinks` `[heads]`.
@@ -147,6 +158,7 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
     let mut dv = vec![0.0; x.v.len()];
     let mut dsinks = vec![0.0; if p.sinks { hh } else { 0 }];
     let mut delta = vec![0.0; lse.len()];
+    let (mut dq_abs, mut dk_abs) = (vec![0.0; x.q.len()], vec![0.0; x.k.len()]);
     let mut s = Vec::new();
     for (b, h, i) in all_rows(p) {
         let li = p.lse_index(b, h as u32, i) as usize;
@@ -173,14 +185,17 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
             let (krow, vrow) = (&x.k[kv_at..kv_at + d], &x.v[kv_at..kv_at + d]);
             let dp: f64 = dorow.iter().zip(vrow).map(|(a, c)| a * c).sum();
             let ds = pj * (dp - di) * dsdx;
+            let ds_abs = pj * (dp.abs() + di.abs()) * dsdx.abs();
             for c in 0..d {
                 dv[kv_at + c] += pj * dorow[c];
                 dq[at + c] += ds * krow[c];
                 dk[kv_at + c] += ds * qrow[c];
+                dq_abs[at + c] += ds_abs * krow[c].abs();
+                dk_abs[kv_at + c] += ds_abs * qrow[c].abs();
             }
         }
     }
-    Ok(Grads { dq, dk, dv, dsinks, o, lse, delta })
+    Ok(Grads { dq, dk, dv, dsinks, o, lse, delta, dq_abs, dk_abs })
 }
 
 /// [`backward64`] on f32 host tensors (as the kernels take them): `q`, `d_o`
@@ -244,7 +259,17 @@ mod tests {
                 })
                 .collect()
         };
-        Grads { dq: fd(0), dk: fd(1), dv: fd(2), dsinks: fd(3), o: vec![], lse: vec![], delta: vec![] }
+        Grads {
+            dq: fd(0),
+            dk: fd(1),
+            dv: fd(2),
+            dsinks: fd(3),
+            o: vec![],
+            lse: vec![],
+            delta: vec![],
+            dq_abs: vec![],
+            dk_abs: vec![],
+        }
     }
 
     /// The analytic gradients against finite differences at ≤ 1e-6 relative error; returns the
