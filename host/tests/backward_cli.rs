@@ -193,8 +193,8 @@ fn unsupported_options_are_refused_with_the_limit() {
         args.extend_from_slice(extra);
         assert_refused(&args, needle);
     };
-    r(&["--dtype", "bf16"], "f32 only");
-    r(&["--dtype", "f16"], "use --dtype f32");
+    r(&["--dtype", "bf16", "--head-dim", "96"], "the bf16 backward is compiled for head_dim 32, 64 and 128");
+    r(&["--dtype", "f16", "--head-dim", "256"], "the f16 backward is compiled for head_dim 32, 64 and 128");
     r(
         &["--head-dim", "80"],
         "head_dim 80 is not supported by the flash kernel: f32 flash kernels are compiled for head_dim 32, 64, 96, 128, 192 and 256",
@@ -500,9 +500,10 @@ fn check_backward_sweeps_every_case_and_each_gradient() {
 
 #[test]
 fn check_backward_refuses_what_has_no_backward() {
-    // No bf16/f16 backward kernel is compiled yet: refused before anything runs, naming the limit.
+    // bf16/f16 have tensor-core backward kernels at 32, 64 and 128 only: refused before anything
+    // runs, naming the limit.
     for dtype in ["bf16", "f16"] {
-        assert_refused(&["check", "--backward", "--dtype", dtype], &format!("there is no {dtype} backward kernel"));
+        assert_refused(&["check", "--backward", "--dtype", dtype, "--head-dim", "96"], "32, 64 and 128");
     }
     assert_refused(&["check", "--backward", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
     assert_refused(&["check", "--backward", "--kernel", "naive"], "no naive backward");
@@ -547,4 +548,38 @@ fn check_backward_fails_a_kernel_that_drops_the_dq_adds() {
         assert_eq!(failed, ["dq"], "{}: {}", c["case"], c["detail"]);
     }
     std::fs::remove_file(&broken).ok();
+}
+
+#[test]
+fn a_bf16_backward_runs_on_tensor_cores_and_verifies_by_the_2x_rule() {
+    // GQA, causal with more queries than keys (rows that see no key), tails of every tile.
+    for dtype in ["bf16", "f16"] {
+        let o = memattn(&[
+            "--json",
+            "run",
+            "--backward",
+            "--dtype",
+            dtype,
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--seq-q",
+            "77",
+            "--seq-kv",
+            "70",
+            "--causal",
+            "--head-dim",
+            "64",
+        ]);
+        assert_eq!(code(&o), 0, "{dtype}: {}", stderr(&o));
+        let v = json(&o);
+        let checks = v["checks"].as_array().unwrap();
+        for name in ["dq", "dk", "dv"] {
+            let c = checks.iter().find(|c| c["tensor"] == name).unwrap();
+            assert_eq!(c["passed"], true, "{dtype} {name}: {c}");
+            assert!(c["two_x"].is_object(), "{dtype} {name}: held to the naive backward in {dtype}: {c}");
+            assert!(c["max_abs_err"].as_f64().unwrap() > 0.0, "{dtype} {name}: a 16-bit result has rounding error");
+        }
+    }
 }

@@ -41,12 +41,17 @@ pub struct Grads {
     pub lse: Vec<f64>,
     /// `D = rowsum(dO ∘ O)`, laid out like `lse`.
     pub delta: Vec<f64>,
-    /// The magnitude of the terms each element of dq sums, `Σ_j P_ij (|dP_ij| + |D_i|) |s'_ij|
-    /// |k_j|` (like dq): the scale of its rounding error. Where the exact dq cancels to 0 (a row
-    /// that sees one key: `dP = D`), this is not 0, and neither is any kernel's rounding error.
+    /// The magnitude of the terms each element of dq sums, `Σ_j P_ij (|dP|_ij + |D|_i) |s'_ij|
+    /// |k_j|` (like dq), with `|dP|_ij = Σ_c |dO_ic v_jc|` and `|D|_i = Σ_c |dO_ic O_ic|` the
+    /// sizes of the products those dot products sum: the scale of its rounding error. Where the
+    /// exact dq cancels to 0 (a row that sees one key: `dP = D`), this is not 0, and neither is
+    /// any kernel's rounding error; a kernel that takes `D` from its 16-bit O (FlashAttention-2's
+    /// preprocess) errs by up to `u |D|_i`, however small `D` itself is.
     pub dq_abs: Vec<f64>,
-    /// The same for dk, `Σ_i P_ij (|dP_ij| + |D_i|) |s'_ij| |q_i|` (like dk).
+    /// The same for dk, `Σ_i P_ij (|dP|_ij + |D|_i) |s'_ij| |q_i|` (like dk).
     pub dk_abs: Vec<f64>,
+    /// The same for d_sinks, `Σ_i exp(sink - LSE_i) |D|_i` (like d_sinks).
+    pub dsinks_abs: Vec<f64>,
 }
 
 /// f64 inputs of one problem: `q` `[.., heads, d]`, `k`, `v` `[.., heads_kv, d]`, `sinks` `[heads]`.
@@ -157,6 +162,7 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
     let mut dk = vec![0.0; x.k.len()];
     let mut dv = vec![0.0; x.v.len()];
     let mut dsinks = vec![0.0; if p.sinks { hh } else { 0 }];
+    let mut dsinks_abs = vec![0.0; if p.sinks { hh } else { 0 }];
     let mut delta = vec![0.0; lse.len()];
     let (mut dq_abs, mut dk_abs) = (vec![0.0; x.q.len()], vec![0.0; x.k.len()]);
     let mut s = Vec::new();
@@ -169,9 +175,11 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
         let at = (p.q_row(b, i) as usize * hh + h) * d;
         let (orow, dorow) = (&o[at..at + d], &d_o[at..at + d]);
         let di: f64 = orow.iter().zip(dorow).map(|(a, c)| a * c).sum();
+        let di_abs: f64 = orow.iter().zip(dorow).map(|(a, c)| (a * c).abs()).sum();
         delta[li] = di;
         if p.sinks {
             dsinks[h] -= (x.sinks[h] - row_lse).exp() * di;
+            dsinks_abs[h] += (x.sinks[h] - row_lse).exp() * di_abs;
         }
         row_scores(p, x, b, h, i, &mut s);
         let qrow = &x.q[at..at + d];
@@ -184,8 +192,9 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
             let kv_at = ((k0 + j) * hk + kh_of(h)) * d;
             let (krow, vrow) = (&x.k[kv_at..kv_at + d], &x.v[kv_at..kv_at + d]);
             let dp: f64 = dorow.iter().zip(vrow).map(|(a, c)| a * c).sum();
+            let dp_abs: f64 = dorow.iter().zip(vrow).map(|(a, c)| (a * c).abs()).sum();
             let ds = pj * (dp - di) * dsdx;
-            let ds_abs = pj * (dp.abs() + di.abs()) * dsdx.abs();
+            let ds_abs = pj * (dp_abs + di_abs) * dsdx.abs();
             for c in 0..d {
                 dv[kv_at + c] += pj * dorow[c];
                 dq[at + c] += ds * krow[c];
@@ -195,7 +204,7 @@ pub fn backward64(p: &Problem, x: &Inputs64<'_>, d_o: &[f64]) -> Result<Grads, S
             }
         }
     }
-    Ok(Grads { dq, dk, dv, dsinks, o, lse, delta, dq_abs, dk_abs })
+    Ok(Grads { dq, dk, dv, dsinks, o, lse, delta, dq_abs, dk_abs, dsinks_abs })
 }
 
 /// [`backward64`] on f32 host tensors (as the kernels take them): `q`, `d_o`
@@ -269,6 +278,7 @@ mod tests {
             delta: vec![],
             dq_abs: vec![],
             dk_abs: vec![],
+            dsinks_abs: vec![],
         }
     }
 

@@ -229,7 +229,7 @@ fn errors(x: &[f32], want: &[f64], magnitude: &[f64], row_len: usize, scale: f64
 ///
 /// - the whole tensor: `max |got − ref| ≤ max(2 · max |baseline − ref|, floor · scale)`, and
 /// - every row `r`: `max |got_r − ref_r| / scale_r ≤ max(2 · (the baseline's worst such row),
-///   floor)`,
+///   ROW_FLOOR · floor)` ([`ROW_FLOOR`]),
 ///
 /// with `scale = max(max |ref|, max magnitude, 1e-3)` and `scale_r = max(max |ref_r|, max
 /// magnitude_r, 1e-3 · scale)`. `floor`
@@ -265,7 +265,7 @@ pub fn check_against_baseline(
     let (worst_row, worst_row_err) = worst(&rows);
     let baseline_worst_row_err = worst(&base_rows).1;
     let bound = (2.0 * base_err).max(floor * scale);
-    let row_bound = (2.0 * baseline_worst_row_err).max(floor);
+    let row_bound = (2.0 * baseline_worst_row_err).max(ROW_FLOOR * floor);
     let rows_over = rows.iter().filter(|&&e| e > row_bound).count() as u64;
     BaselineCheck {
         tensor,
@@ -282,6 +282,14 @@ pub fn check_against_baseline(
         passed: bad == 0 && max_abs_err <= bound && rows_over == 0,
     }
 }
+
+/// The row bound's floor in units of `floor`: 4. A FlashAttention-style kernel computes
+/// `D = rowsum(dO ∘ O)` from the 16-bit O of its forward, the naive backward `D = Σ P dP` from its
+/// rounded P and dP. Where a row's exact gradient cancels (a row that sees one key: `dS = P (dP −
+/// D)` is exactly 0), the naive's cancels exactly too and the kernel's keeps the rounding of O,
+/// a few unit roundoffs of the row's terms; so a row is held to 4 u at least. A row off by 1 %
+/// (5 u in bf16) still fails.
+pub const ROW_FLOOR: f64 = 4.0;
 
 /// The relative floor of [`check_against_baseline`] for a tensor of `dtype`: its unit roundoff
 /// (2^-9 bf16, 2^-11 f16); for f32 tensors of a 16-bit run (LSE, d_sinks) `f32_floor`.
