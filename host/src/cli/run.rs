@@ -25,8 +25,12 @@ pub struct BackwardArgs {
     /// alive, P and dS (2 x 4 B x batch x heads x seq_q x seq_kv). With --sinks the gradient
     /// of the sink logits, d_sinks = -sum over rows of exp(sink - LSE) * D, is checked too.
     /// --output writes o, lse, dq, dk, dv (and d_sinks) (F32). Supported: causal, windows,
-    /// soft cap, GQA/MQA, sinks, either layout. Refused (exit 2): bf16/f16, other head dims,
-    /// packed sequences, --kernel naive. Exit 0 when every tensor verified, 1 when one did not.
+    /// soft cap, GQA/MQA, sinks, either layout. With --kernel naive the naive forward and the
+    /// naive backward run instead: P and dS materialised (2 x 4 B x batch x heads x seq_q x
+    /// seq_kv, allocated), head_dim 1 to 256, no d_sinks (sinks still enter dq, dk, dv through
+    /// LSE); `memattn compare --backward` runs both side by side. Refused (exit 2): bf16/f16,
+    /// flash head dims other than those above, packed sequences, --deterministic with --kernel
+    /// naive. Exit 0 when every tensor verified, 1 when one did not.
     ///
     /// Example: memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal
     #[arg(long)]
@@ -163,19 +167,35 @@ fn backward(
 ) -> Result<i32, Error> {
     use memattn_cli::backward_run::{check_supported, read_d_o, run_backward, summary, write_outputs, BackwardBytes};
     check_supported(&problem, kernel)?;
+    if kernel == KernelKind::Naive && a.backward.deterministic {
+        return Err(Error::Usage(
+            "--deterministic is for the flash backward's dQ sum; the naive backward has no atomic adds \
+             (it is the same bits run to run): leave out --deterministic or --kernel naive"
+                .into(),
+        ));
+    }
     let d_o = match &a.inputs {
         Some(path) => read_d_o(path, &problem)?,
         None => None,
     };
     let deterministic = a.backward.deterministic;
-    let expected = BackwardBytes::new(&problem, deterministic)?;
+    let expected = BackwardBytes::of(&problem, kernel, deterministic)?;
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel, "backward": true,
         "expected_bytes": expected, "deterministic": deterministic,
     }));
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
-    if !cli.json {
+    if !cli.json && kernel == KernelKind::Naive {
+        println!("problem: {} (naive forward and backward)", describe_problem(&problem));
+        println!(
+            "expected device memory: {} B, of which the backward's workspace {} B (P {} B + dS {} B)",
+            expected.total_bytes,
+            expected.workspace_bytes,
+            expected.p_ds_bytes / 2,
+            expected.p_ds_bytes / 2
+        );
+    } else if !cli.json {
         println!("problem: {} (forward and backward)", describe_problem(&problem));
         println!(
             "expected device memory: {} B, of which the backward's workspace {} B (dQ accumulator{} {} B + D {} B)",
