@@ -763,7 +763,7 @@ mod tests {
         let pds = 2 * 4 * 2 * 4 * 3 * 70;
         assert_eq!((n.p_ds_bytes, n.workspace_bytes, n.dq_accum_bytes, n.delta_bytes), (pds, pds, 0, 0));
         assert_eq!(n.gradients_bytes, qn + 2 * kn);
-        assert_eq!(n.total_bytes, 5 * qn + 4 * kn + rows + 16 + pds);
+        assert_eq!(n.total_bytes, 4 * qn + 4 * kn + rows + 16 + pds);
         assert_eq!(n.p_ds_bytes, n.naive_p_ds_bytes);
     }
 
