@@ -1,8 +1,12 @@
-//! One measured backward run (`memattn run --backward`, and each case of `memattn check
-//! --backward`): the forward, then the backward of the loss `Σ dO ∘ O` on the same inputs, every
+//! One measured backward run (`memattn run --backward`, each case of `memattn check
+//! --backward` and each side of `compare --backward`): the forward, then the backward of the loss
+//! `Σ dO ∘ O` on the same inputs, by the flash kernels or (`--kernel naive`) the naive ones, every
 //! gradient verified against the f64 reference gradients ([`crate::reference::grad`]); packed
 //! sequences (varlen) through [`Kernels::flash_attn_varlen_backward_into`], verified per
-//! sequence as well as whole.
+//! sequence as well as whole. The naive backward ([`Kernels::naive_attn_backward_into`])
+//! allocates P and dS ([`memattn::attn::naive_attn_backward_workspace`]) instead of the flash
+//! workspace; it does not compute the sinks' gradient (sinks still enter dq, dk and dv through
+//! LSE).
 //!
 //! Order of events: refuse what the backward kernels do not support (nothing allocated yet) →
 //! state the expected bytes → allocate and upload q, k, v and `dO` → poison O and LSE, run the
@@ -83,10 +87,24 @@ pub fn rule_of(dtype: Dtype) -> &'static str {
 /// limit (exit 2).
 pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
     let refuse = |why: String| Err(Error::Usage(format!("--backward: {why}")));
-    if kernel != KernelKind::Flash {
-        return refuse(
-            "the backward runs the flash kernels only (there is no naive backward); leave out --kernel naive".into(),
-        );
+    if kernel == KernelKind::Naive {
+        if p.dtype != Dtype::F32 {
+            return refuse(format!(
+                "the naive backward's kernels are f32 only; got --dtype {}, use --dtype f32 with --kernel naive",
+                p.dtype
+            ));
+        }
+        if p.varlen.is_some() {
+            return refuse(
+                "packed sequences (--seqlens-q/--seqlens-kv, cu_seqlens) run the flash backward only; leave out --kernel naive"
+                    .into(),
+            );
+        }
+        let max = kernels_gpu::tiles::NAIVE_MAX_HEAD_DIM;
+        if p.head_dim == 0 || p.head_dim > max {
+            return refuse(format!("head_dim {}: the naive backward accepts 1..={max}", p.head_dim));
+        }
+        return Ok(());
     }
     // The kernel table says which dtypes and head dims have backward kernels, so a dtype whose
     // kernels are added is accepted here without a change.
@@ -120,21 +138,27 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
 /// `total_bytes` exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BackwardBytes {
+    /// The backward these bytes are of: the flash kernels or the naive ones.
+    pub kernel: KernelKind,
     /// q, k, v and the upstream gradient dO (in the problem's dtype), the sinks (`4 · heads`)
     /// with sinks, and with varlen the two cu_seqlens (`4 · (sequences + 1)` each).
     pub inputs_bytes: u64,
     /// The forward's O (in the dtype) and LSE (f32), inputs of the backward.
     pub forward_outputs_bytes: u64,
-    /// dQ, dK, dV (in the dtype), and d_sink (`4 · heads`) with sinks.
+    /// dQ, dK, dV (in the dtype), and (flash) d_sink (`4 · heads`) with sinks.
     pub gradients_bytes: u64,
-    /// dQ accumulators: 1, or in deterministic mode one per key block of the main kernel.
+    /// Flash: dQ accumulators, 1 or in deterministic mode one per key block of the main
+    /// kernel. Naive: 0.
     pub dq_slices: u64,
-    /// The backward's f32 dQ accumulators, `dq_slices · 4 · batch · seq_q · heads · head_dim`
+    /// Flash: the f32 dQ accumulators, `dq_slices · 4 · batch · seq_q · heads · head_dim`
     /// (varlen: `total_q` rows).
     pub dq_accum_bytes: u64,
-    /// `D = rowsum(dO ∘ O)`, `4 · batch · heads · seq_q`.
+    /// Flash: `D = rowsum(dO ∘ O)`, `4 · batch · heads · seq_q`.
     pub delta_bytes: u64,
-    /// `dq_accum_bytes + delta_bytes`: what the backward adds beyond its inputs and outputs.
+    /// Naive: P and dS, allocated, `2 · 4 · batch · heads · seq_q · seq_kv`. Flash: 0.
+    pub p_ds_bytes: u64,
+    /// What the backward adds beyond its inputs and outputs: flash `dq_accum_bytes +
+    /// delta_bytes`, naive `p_ds_bytes`.
     pub workspace_bytes: u64,
     /// Everything at the peak (all of the above are alive during the backward).
     pub total_bytes: u64,
@@ -145,36 +169,53 @@ pub struct BackwardBytes {
 }
 
 impl BackwardBytes {
-    /// The bytes of `p`'s backward run; `deterministic` as [`BwdOpts::deterministic`]. A head
-    /// dim without a backward kernel, or a byte count past `u64`, is an error.
+    /// The bytes of `p`'s flash backward run; `deterministic` as [`BwdOpts::deterministic`]. A
+    /// head dim without a backward kernel, or a byte count past `u64`, is an error.
     pub fn new(p: &Problem, deterministic: bool) -> Result<Self, Error> {
+        Self::of(p, KernelKind::Flash, deterministic)
+    }
+
+    /// The bytes of `p`'s backward run by `kernel` (`deterministic` applies to flash only).
+    pub fn of(p: &Problem, kernel: KernelKind, deterministic: bool) -> Result<Self, Error> {
         let es = p.dtype.size_bytes();
         let (qn, kn, rows) = (p.q_elems() * es, p.kv_elems() * es, p.rows() * 4);
         let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
         let cu_seqlens = if p.varlen.is_some() { 2 * 4 * (p.batch as u64 + 1) } else { 0 };
         let inputs_bytes = 2 * qn + 2 * kn + sinks + cu_seqlens;
         let forward_outputs_bytes = qn + rows;
-        let gradients_bytes = qn + 2 * kn + sinks;
         // Varlen: one packed batch of total_q rows; the key blocks of the longest sequence.
         let (vb, sq) = match p.varlen {
             Some(_) => (1, p.total_q() as usize),
             None => (p.batch as usize, p.seq_q as usize),
         };
         let q_shape = [vb, sq, p.heads as usize, p.head_dim as usize];
-        let ws = memattn::attn::flash_attn_backward_workspace(p.dtype, q_shape, p.seq_kv as usize, deterministic)?;
         let naive_p_ds_bytes = memattn::memory::AnalyticBytes::new(p, KernelKind::Naive).scores.saturating_mul(2);
-        let total = [inputs_bytes, forward_outputs_bytes, gradients_bytes, ws.total_bytes]
+        let (gradients_bytes, dq_slices, dq_accum_bytes, delta_bytes, p_ds_bytes) = match kernel {
+            KernelKind::Flash => {
+                let ws =
+                    memattn::attn::flash_attn_backward_workspace(p.dtype, q_shape, p.seq_kv as usize, deterministic)?;
+                (qn + 2 * kn + sinks, ws.dq_slices, ws.dq_accum_bytes, ws.delta_bytes, 0)
+            }
+            KernelKind::Naive => {
+                let ws = memattn::attn::naive_attn_backward_workspace(q_shape, p.seq_kv as usize)?;
+                (qn + 2 * kn, 0, 0, 0, ws.total_bytes)
+            }
+        };
+        let workspace_bytes = dq_accum_bytes + delta_bytes + p_ds_bytes;
+        let total = [inputs_bytes, forward_outputs_bytes, gradients_bytes, workspace_bytes]
             .iter()
             .try_fold(0u64, |t, x| t.checked_add(*x))
             .ok_or_else(|| Error::Usage("the backward's device bytes overflow a 64-bit count".into()))?;
         Ok(BackwardBytes {
+            kernel,
             inputs_bytes,
             forward_outputs_bytes,
             gradients_bytes,
-            dq_slices: ws.dq_slices,
-            dq_accum_bytes: ws.dq_accum_bytes,
-            delta_bytes: ws.delta_bytes,
-            workspace_bytes: ws.total_bytes,
+            dq_slices,
+            dq_accum_bytes,
+            delta_bytes,
+            p_ds_bytes,
+            workspace_bytes,
             total_bytes: total,
             naive_p_ds_bytes,
         })
@@ -445,10 +486,18 @@ pub fn run_backward(
     deterministic: bool,
 ) -> Result<BackwardReport, Error> {
     let p = spec.problem;
-    check_supported(&p, spec.kernel)?;
+    let kernel = spec.kernel;
+    check_supported(&p, kernel)?;
+    if kernel == KernelKind::Naive && deterministic {
+        return Err(Error::Usage(
+            "--deterministic is for the flash backward's dQ sum; the naive backward has no atomic adds \
+             (it is the same bits run to run): leave out --deterministic or --kernel naive"
+                .into(),
+        ));
+    }
     let caps = dev.caps()?;
-    p.validate(KernelKind::Flash, &caps)?;
-    let expected = BackwardBytes::new(&p, deterministic)?;
+    p.validate(kernel, &caps)?;
+    let expected = BackwardBytes::of(&p, kernel, deterministic)?;
     if let Some(x) = inputs {
         if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
             return Err(Error::Usage(format!(
@@ -509,7 +558,7 @@ pub fn run_backward(
     }
 
     dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, x, d_o, warmup, repeats, deterministic));
+    let body = Kernels::scoped(dev, |k| launch_measured(k, kernel, &p, x, d_o, warmup, repeats, deterministic));
     // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
     let (forward_ms, samples, records, out, same_bits) = body?;
@@ -522,7 +571,11 @@ pub fn run_backward(
     } else {
         None
     };
-    let checks = verify(&p, &out, &want, baseline.as_ref());
+    let mut checks = verify(&p, &out, &want, baseline.as_ref());
+    if kernel == KernelKind::Naive && p.sinks {
+        checks.retain(|c| c.tensor != "d_sinks");
+        warnings.push("the naive backward does not compute d_sinks (the sinks enter dq, dk and dv through LSE)".into());
+    }
     let sequences = verify_sequences(&p, &out, &want, baseline.as_ref());
     let bitwise_reproducible = deterministic.then_some(same_bits);
     let verified =
@@ -531,7 +584,7 @@ pub fn run_backward(
     Ok(BackwardReport {
         backend: dev.backend().name().to_string(),
         device: dev.name(),
-        kernel: KernelKind::Flash,
+        kernel,
         dtype: p.dtype,
         shape: p.shape_json(),
         inputs: inputs_desc,
@@ -687,8 +740,10 @@ type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs, bool);
 /// runs the forward once; then for each warm-up and measured repetition poisons dQ, dK, dV (and
 /// d_sinks), runs the backward and times it. Downloads everything after the last one; the
 /// buffers are freed when this returns.
+#[allow(clippy::too_many_arguments)]
 fn launch_measured(
     k: &Kernels,
+    kernel: KernelKind,
     p: &Problem,
     x: &Qkv,
     d_o: &[f32],
@@ -711,8 +766,8 @@ fn launch_measured(
     let lse = k.alloc(rows * 4)?;
     let (dq, dk, dv) = (k.alloc(qn * es)?, k.alloc(kn * es)?, k.alloc(kn * es)?);
     let hs = if p.sinks { p.heads as u64 } else { 0 };
-    let (sinks, d_sinks) =
-        if p.sinks { (Some(k.upload_as(Dtype::F32, &x.sinks)?), Some(k.alloc(hs * 4)?)) } else { (None, None) };
+    let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let d_sinks = if p.sinks && kernel == KernelKind::Flash { Some(k.alloc(hs * 4)?) } else { None };
     let cu = match p.varlen {
         Some(vl) => {
             Some((k.index_tensor(&Varlen::cu(vl.seqlens_q), None)?, k.index_tensor(&Varlen::cu(vl.seqlens_kv), None)?))
@@ -755,6 +810,13 @@ fn launch_measured(
     })?;
     let (mut ov_w, mut lv_w) = (view_mut(&o, qs, qst)?, LseViewMut::vm(&lse, vb, h, sq)?);
     match &cu {
+        None if kernel == KernelKind::Naive => {
+            // The naive forward's score matrix lives for the forward only: freed before the
+            // backward allocates P and dS (twice its size), so it adds nothing to the peak.
+            let scores = k.alloc(p.score_elems() * 4)?;
+            let mut sv = TensorViewMut::device(&scores, Dtype::F32, [vb, h, sq, skv])?;
+            k.naive_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &mut sv, &opts)?;
+        }
         None => k.flash_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &opts)?,
         Some((cq, ck)) => {
             k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, max_q, max_kv, &mut ov_w, &mut lv_w, &opts)?
@@ -785,6 +847,9 @@ fn launch_measured(
             bwd = bwd.d_sinks(SinksViewMut::vm(ds, h)?);
         }
         match &cu {
+            None if kernel == KernelKind::Naive => {
+                k.naive_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)?
+            }
             None => k.flash_attn_backward_into_with(
                 &qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd,
             )?,
@@ -877,34 +942,38 @@ pub fn summary(r: &BackwardReport) -> String {
         let result = if failed.is_empty() { "pass".to_string() } else { format!("FAIL ({})", failed.join(", ")) };
         let _ = writeln!(s, "  sequence {} (seq_q {}, seq_kv {}): {what}  {result}", q.sequence, q.seq_q, q.seq_kv);
     }
-    let with_sinks = r.checks.iter().any(|c| c.tensor == "d_sinks");
+    let with_sinks = r.shape.sinks;
     let (sinks, d_sinks) = if with_sinks { (", sinks", ", d_sinks") } else { ("", "") };
+    let d_sinks = if e.kernel == KernelKind::Naive { "" } else { d_sinks };
     let cu = if r.sequences.is_empty() { "" } else { ", cu_seqlens" };
-    let accum = if e.dq_slices > 1 {
-        format!("dQ accumulators {} x {}", e.dq_slices, e.dq_accum_bytes / e.dq_slices)
-    } else {
-        format!("dQ accumulator {}", e.dq_accum_bytes)
+    let workspace = match e.kernel {
+        KernelKind::Naive => format!("P {} + dS {}", e.p_ds_bytes / 2, e.p_ds_bytes / 2),
+        KernelKind::Flash if e.dq_slices > 1 => {
+            format!("dQ accumulators {} x {} + D {}", e.dq_slices, e.dq_accum_bytes / e.dq_slices, e.delta_bytes)
+        }
+        KernelKind::Flash => format!("dQ accumulator {} + D {}", e.dq_accum_bytes, e.delta_bytes),
     };
     let _ = writeln!(
         s,
         "memory: expected {} B = inputs (q, k, v, dO{sinks}{cu}) {} + forward O, LSE {} + dq, dk, dv{d_sinks} {} + backward \
-         workspace {} ({accum} + D {}); measured peak {} B ({})",
+         workspace {} ({workspace}); measured peak {} B ({})",
         e.total_bytes,
         e.inputs_bytes,
         e.forward_outputs_bytes,
         e.gradients_bytes,
         e.workspace_bytes,
-        e.delta_bytes,
         r.peak_device_bytes,
         if r.memory_as_expected { "as expected" } else { "differs" }
     );
-    let _ = writeln!(
-        s,
-        "naive backward: P and dS (N x N per head, f32) would keep {} B alive, {} the flash backward's workspace of {} B",
-        e.naive_p_ds_bytes,
-        ratio(e.naive_p_ds_bytes, e.workspace_bytes),
-        e.workspace_bytes
-    );
+    if e.kernel == KernelKind::Flash {
+        let _ = writeln!(
+            s,
+            "naive backward: P and dS (N x N per head, f32) would keep {} B alive, {} the flash backward's workspace of {} B",
+            e.naive_p_ds_bytes,
+            ratio(e.naive_p_ds_bytes, e.workspace_bytes),
+            e.workspace_bytes
+        );
+    }
     match r.bitwise_reproducible {
         Some(true) => {
             let _ = writeln!(s, "deterministic: {} repetitions, gradients bitwise identical", r.repetitions);
@@ -976,6 +1045,13 @@ mod tests {
         assert_eq!((e.dq_slices, e.dq_accum_bytes), (3, 3 * 6144));
         let kn = 2 * 70 * 2 * 64 * 4u64;
         assert_eq!(e.total_bytes, 5 * qn + 4 * kn + 2 * rows + 2 * 16 + 2 * 6144);
+        // Naive: P and dS allocated instead of the dQ accumulator and D; no d_sinks.
+        let n = BackwardBytes::of(&p, KernelKind::Naive, false).unwrap();
+        let pds = 2 * 4 * 2 * 4 * 3 * 70;
+        assert_eq!((n.p_ds_bytes, n.workspace_bytes, n.dq_accum_bytes, n.delta_bytes), (pds, pds, 0, 0));
+        assert_eq!(n.gradients_bytes, qn + 2 * kn);
+        assert_eq!(n.total_bytes, 4 * qn + 4 * kn + rows + 16 + pds);
+        assert_eq!(n.p_ds_bytes, n.naive_p_ds_bytes);
     }
 
     /// Device-like outputs from the reference (rounded to f32, or `round`ed further).
@@ -1059,7 +1135,10 @@ mod tests {
         // Packed sequences run the varlen backward.
         assert!(check_supported(&Problem::varlen(p, &[3, 0], &[2, 4]).unwrap(), KernelKind::Flash).is_ok());
         let msg = |p: Problem, k| check_supported(&p, k).unwrap_err().to_string();
-        assert!(msg(p, KernelKind::Naive).contains("no naive backward"));
+        assert!(check_supported(&p, KernelKind::Naive).is_ok());
+        assert!(check_supported(&Problem { head_dim: 80, ..p }, KernelKind::Naive).is_ok());
+        assert!(msg(Problem { head_dim: 300, ..p }, KernelKind::Naive).contains("1..=256"));
+        assert!(msg(Problem { dtype: Dtype::F16, ..p }, KernelKind::Naive).contains("f32 only"));
         // bf16/f16 on tensor cores at the head dims they have.
         assert!(check_supported(&Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).is_ok());
         assert!(msg(Problem { dtype: Dtype::F16, head_dim: 96, ..p }, KernelKind::Flash).contains("32, 64 and 128"));

@@ -199,7 +199,8 @@ fn unsupported_options_are_refused_with_the_limit() {
         &["--head-dim", "80"],
         "head_dim 80 is not supported by the flash kernel: f32 flash kernels are compiled for head_dim 32, 64, 96, 128, 192 and 256",
     );
-    r(&["--kernel", "naive"], "no naive backward");
+    r(&["--kernel", "naive", "--deterministic"], "no atomic adds");
+    r(&["--kernel", "naive", "--head-dim", "300"], "1..=256");
     assert_refused(&["run", "--deterministic", "--heads", "1"], "--backward");
     // Packed sequences keep the forward's rules: BSHD only, lengths per sequence.
     assert_refused(

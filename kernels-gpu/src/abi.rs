@@ -307,6 +307,38 @@ impl BwdParams {
     }
 }
 
+/// Parameters of the naive backward kernels (`naive_bwd_*`, [`crate::tiles::NAIVE_BWD_P`] ...),
+/// passed by value: the backward's [`BwdParams`] (q, k, v, o, lse, d_o, dq, dk, dv and their
+/// strides; `delta`, `dq_accum` and `dsinks` unused) with the two materialised matrices, both
+/// `[batch, heads, seq_q, seq_kv]` f32, contiguous (varlen: the longest lengths, as the naive
+/// forward's scores):
+///
+/// - `bwd.attn.scores`: P, `P_ij = exp(s_ij - LSE_i)` (0 where row `i` does not see key `j`);
+/// - `ds`: the gradient of the raw dot product `x_ij = q_i · k_j`, `dS_ij · ds/dx`
+///   (`dS_ij = P_ij (dO_i · v_j - D_i)`, `ds/dx` the scale, with a soft cap
+///   `scale · (1 - tanh²)`), so `dQ = ds K` and `dK = dsᵀ Q` need no further factor.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NaiveBwdParams {
+    pub bwd: BwdParams,
+    pub ds: u64,
+}
+
+/// Size in bytes of [`NaiveBwdParams`] (`.b8 ..._param_0[424]`).
+pub const NAIVE_BWD_PARAMS_BYTES: usize = 424;
+const _: () = assert!(core::mem::size_of::<NaiveBwdParams>() == NAIVE_BWD_PARAMS_BYTES);
+const _: () = assert!(core::mem::align_of::<NaiveBwdParams>() == 8);
+
+impl NaiveBwdParams {
+    /// The struct as the bytes a launch passes (little-endian, `repr(C)` order).
+    pub fn to_bytes(&self) -> [u8; NAIVE_BWD_PARAMS_BYTES] {
+        let mut out = [0u8; NAIVE_BWD_PARAMS_BYTES];
+        out[..BWD_PARAMS_BYTES].copy_from_slice(&self.bwd.to_bytes());
+        out[BWD_PARAMS_BYTES..].copy_from_slice(&self.ds.to_le_bytes());
+        out
+    }
+}
+
 pub use crate::variants::KernelId;
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
@@ -378,6 +410,34 @@ mod tests {
         };
         // SAFETY: BwdParams is repr(C), Copy, and has no padding bytes (size asserted above).
         let raw: [u8; BWD_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };
+        assert_eq!(p.to_bytes(), raw);
+    }
+
+    #[test]
+    fn naive_bwd_to_bytes_is_the_repr_c_layout() {
+        let attn = AttnParams { q: 1, scores: 6, seq_kv: 9, softcap: 0.5, ..Default::default() };
+        let z = Strides::default();
+        let bwd = BwdParams {
+            attn,
+            d_o: 70,
+            delta: 0,
+            dq_accum: 0,
+            dq: 73,
+            dk: 74,
+            dv: 75,
+            dsinks: 0,
+            d_o_strides: Strides { batch: 1, seq: 2, head: 3 },
+            dq_accum_strides: z,
+            dq_strides: Strides { batch: 4, seq: 5, head: 6 },
+            dk_strides: z,
+            dv_strides: z,
+            dq_split_stride: 0,
+            dq_splits: 1,
+            key_block: 0,
+        };
+        let p = NaiveBwdParams { bwd, ds: 77 };
+        // SAFETY: NaiveBwdParams is repr(C), Copy, and has no padding bytes (size asserted above).
+        let raw: [u8; NAIVE_BWD_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };
         assert_eq!(p.to_bytes(), raw);
     }
 

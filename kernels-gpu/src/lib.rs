@@ -26,8 +26,8 @@
 //! forms of [`mma`]); then decode over a KV cache: [`decode_append`] (writes new keys into the
 //! cache), [`decode_fwd`] (split-KV decode, SIMT), [`decode_mma`] (the same on tensor cores) and
 //! [`merge_states`] (combines the splits); then training: [`flash_bwd_f32`] (the backward, dQ,
-//! dK and dV from the saved LSE) and [`flash_bwd_mma`] (the same on tensor cores); [`smoke`] is
-//! the smoke-test kernel.
+//! dK and dV from the saved LSE), [`flash_bwd_mma`] (the same on tensor cores) and their
+//! baseline [`naive_bwd`] (P and dS materialised); [`smoke`] is the smoke-test kernel.
 //!
 //! Build the PTX with `cargo xtask build-ptx` (see the workspace README).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -82,6 +82,8 @@ pub mod flash_fwd_f32;
 pub mod flash_fwd_mma;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod merge_states;
+#[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod naive_bwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod naive_pv;
 #[cfg(any(doc, target_arch = "nvptx64"))]

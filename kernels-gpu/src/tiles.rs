@@ -255,6 +255,37 @@ pub const NAIVE_SOFTMAX: NaiveSoftmaxTile = NaiveSoftmaxTile { rows: 4 };
 pub const NAIVE_PV: NaivePvTile = NaivePvTile { threads: 64 };
 pub const SAXPY: SmokeTile = SmokeTile { threads: 256 };
 
+/// Tile of the naive backward's `dK, dV` kernel (`naive_bwd.rs`): a block owns key row `j` of
+/// one K/V head, `threads` threads stride over d (as [`NAIVE_PV`] over a query row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NaiveBwdKvTile {
+    pub threads: u32,
+}
+
+impl NaiveBwdKvTile {
+    /// Grid `(seq_kv, 1, batch * heads_kv)`, block `(threads, 1, 1)`, no shared memory.
+    pub const fn launch(&self, batch: u32, heads_kv: u32, seq_kv: u32) -> LaunchDims {
+        let bh = batch as u64 * heads_kv as u64;
+        LaunchDims {
+            grid: [seq_kv, 1, if bh > u32::MAX as u64 { u32::MAX } else { bh as u32 }],
+            block: [self.threads, 1, 1],
+            dynamic_smem_bytes: 0,
+        }
+    }
+}
+
+/// Naive backward step 1, P recomputed from the forward's LSE: one thread per element of P, as
+/// the forward's scores ([`NAIVE_SCORES`]).
+pub const NAIVE_BWD_P: NaiveScoresTile = NaiveScoresTile { threads: 128 };
+/// Naive backward step 2, dS: one warp per row, lanes striding over the keys, 4 rows per block,
+/// as the forward's softmax ([`NAIVE_SOFTMAX`]).
+pub const NAIVE_BWD_DS: NaiveSoftmaxTile = NaiveSoftmaxTile { rows: 4 };
+/// Naive backward step 3, `dQ = dS K`: one query row per block, 64 threads over d (as
+/// [`NAIVE_PV`]: d up to 256 is 4 dims per thread).
+pub const NAIVE_BWD_DQ: NaivePvTile = NaivePvTile { threads: 64 };
+/// Naive backward step 4, `dK = dSᵀ Q`, `dV = Pᵀ dO`: one key row per block, 64 threads over d.
+pub const NAIVE_BWD_DKV: NaiveBwdKvTile = NaiveBwdKvTile { threads: 64 };
+
 /// Largest grid y/z extent.
 pub const MAX_GRID_YZ: u32 = 65_535;
 

@@ -60,6 +60,15 @@ pub enum Family {
     NaiveSoftmax,
     /// Naive step 3: `O = P V`.
     NaivePv,
+    /// Naive backward step 1: P recomputed from LSE into a materialised matrix (`naive_bwd.rs`;
+    /// takes `NaiveBwdParams`).
+    NaiveBwdP,
+    /// Naive backward step 2: `dS · ds/dx` into a second matrix (`naive_bwd.rs`).
+    NaiveBwdDs,
+    /// Naive backward step 3: `dQ = dS K` (`naive_bwd.rs`).
+    NaiveBwdDq,
+    /// Naive backward step 4: `dK = dSᵀ Q`, `dV = Pᵀ dO`, GQA summed (`naive_bwd.rs`).
+    NaiveBwdDkv,
     /// Fused memory-efficient forward, f32 SIMT (`flash_fwd_f32.rs`).
     FlashF32,
     /// Fused forward on tensor cores, `mma.sync` m16n8k16 (`flash_fwd_mma.rs`).
@@ -91,6 +100,10 @@ impl Family {
             Family::NaiveScores => "naive_scores",
             Family::NaiveSoftmax => "naive_softmax",
             Family::NaivePv => "naive_pv",
+            Family::NaiveBwdP => "naive_bwd_p",
+            Family::NaiveBwdDs => "naive_bwd_ds",
+            Family::NaiveBwdDq => "naive_bwd_dq",
+            Family::NaiveBwdDkv => "naive_bwd_dkv",
             Family::FlashF32 => "flash_f32",
             Family::FlashMma => "flash_mma",
             Family::DecodeFwd => "decode_fwd",
@@ -115,6 +128,10 @@ pub enum Tile {
     NaiveScores(NaiveScoresTile),
     NaiveSoftmax(NaiveSoftmaxTile),
     NaivePv(NaivePvTile),
+    NaiveBwdP(NaiveScoresTile),
+    NaiveBwdDs(NaiveSoftmaxTile),
+    NaiveBwdDq(NaivePvTile),
+    NaiveBwdDkv(NaiveBwdKvTile),
     FlashF32(FlashF32Tile),
     FlashMma(FlashMmaTile),
     DecodeFwd(DecodeTile),
@@ -200,6 +217,9 @@ impl Variant {
             Family::Smoke => 24,
             Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
+            Family::NaiveBwdP | Family::NaiveBwdDs | Family::NaiveBwdDq | Family::NaiveBwdDkv => {
+                crate::abi::NAIVE_BWD_PARAMS_BYTES
+            }
             Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert | Family::FlashBwdMma => {
                 crate::abi::BWD_PARAMS_BYTES
             }
@@ -219,6 +239,10 @@ impl Variant {
             Tile::NaiveScores(t) => t.threads,
             Tile::NaiveSoftmax(t) => t.threads(),
             Tile::NaivePv(t) => t.threads,
+            Tile::NaiveBwdP(t) => t.threads,
+            Tile::NaiveBwdDs(t) => t.threads(),
+            Tile::NaiveBwdDq(t) => t.threads,
+            Tile::NaiveBwdDkv(t) => t.threads,
             Tile::FlashF32(t) => t.threads(),
             Tile::FlashMma(t) => t.threads(),
             Tile::DecodeFwd(t) => t.threads(),
@@ -289,6 +313,11 @@ impl Variant {
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
+            Tile::NaiveBwdP(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
+            Tile::NaiveBwdDs(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
+            Tile::NaiveBwdDq(_) => [s.seq_q, 1, bh],
+            // Over keys and K/V heads: [`NaiveBwdKvTile::launch`], through [`KernelId::naive_bwd`].
+            Tile::NaiveBwdDkv(_) => return None,
             Tile::FlashF32(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
             Tile::FlashMma(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
         };
@@ -426,6 +455,42 @@ macro_rules! entry {
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
             const T: NaivePvTile = $tile;
             unsafe { crate::naive_pv::pv::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaiveBwdP, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_bwd`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::NaiveBwdParams) {
+            const T: NaiveScoresTile = $tile;
+            unsafe { crate::naive_bwd::probs::<{ T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaiveBwdDs, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_bwd`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::NaiveBwdParams) {
+            const T: NaiveSoftmaxTile = $tile;
+            unsafe { crate::naive_bwd::ds::<{ T.rows }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaiveBwdDq, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_bwd`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::NaiveBwdParams) {
+            const T: NaivePvTile = $tile;
+            unsafe { crate::naive_bwd::dq::<{ T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (NaiveBwdDkv, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::naive_bwd`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::NaiveBwdParams) {
+            const T: NaiveBwdKvTile = $tile;
+            unsafe { crate::naive_bwd::dkv::<{ T.threads }>(&p) }
         }
         crate::variants::tile_record!($name);
     };
@@ -701,6 +766,14 @@ kernel_table! {
     NaivePvBf16 = naive_pv_bf16: NaivePv(NAIVE_PV), Bf16;
     /// Naive step 3 with f16 V, O.
     NaivePvF16 = naive_pv_f16: NaivePv(NAIVE_PV), F16;
+    /// Naive backward step 1: P recomputed from the forward's LSE, materialised (f32).
+    NaiveBwdPF32 = naive_bwd_p_f32: NaiveBwdP(NAIVE_BWD_P), F32;
+    /// Naive backward step 2: `D = rowsum(dO ∘ O)` and `dS · ds/dx`, materialised (f32).
+    NaiveBwdDsF32 = naive_bwd_ds_f32: NaiveBwdDs(NAIVE_BWD_DS), F32;
+    /// Naive backward step 3: `dQ = dS K` (f32).
+    NaiveBwdDqF32 = naive_bwd_dq_f32: NaiveBwdDq(NAIVE_BWD_DQ), F32;
+    /// Naive backward step 4: `dK = dSᵀ Q`, `dV = Pᵀ dO`, summed over the GQA group (f32).
+    NaiveBwdDkvF32 = naive_bwd_dkv_f32: NaiveBwdDkv(NAIVE_BWD_DKV), F32;
     /// Split-KV decode over a KV cache (contiguous or paged, GQA packed), f32, head_dim 64.
     DecodeFwdF32D64 = decode_fwd_f32_d64: DecodeFwd(DECODE_D64), F32;
     /// Split-KV decode, f32, head_dim 128.
@@ -892,6 +965,20 @@ impl KernelId {
             Self::find(Family::NaivePv, elem, None),
         ) {
             (Some(s), Some(m), Some(p)) => Some([s, m, p]),
+            _ => None,
+        }
+    }
+
+    /// The naive backward's four kernels for `elem`, in launch order: `[P, dS, dQ, dK and dV]`.
+    /// `None` when the table has no such rows (only f32 has them).
+    pub const fn naive_bwd(elem: Elem) -> Option<[KernelId; 4]> {
+        match (
+            Self::find(Family::NaiveBwdP, elem, None),
+            Self::find(Family::NaiveBwdDs, elem, None),
+            Self::find(Family::NaiveBwdDq, elem, None),
+            Self::find(Family::NaiveBwdDkv, elem, None),
+        ) {
+            (Some(a), Some(b), Some(c), Some(d)) => Some([a, b, c, d]),
             _ => None,
         }
     }
@@ -1100,6 +1187,26 @@ mod tests {
         assert_eq!(FLASH_BWD_F32_D64.launch(2, 3, 65).grid, [3, 3, 2]);
         assert_eq!(BWD_ROWS.launch(2, 5, 9), LaunchDims { grid: [3, 5, 2], block: [128, 1, 1], dynamic_smem_bytes: 0 });
         assert_eq!(m.launch(LaunchShape { batch: 1, heads: 1, seq_q: 1, seq_kv: 1 }), None);
+    }
+
+    #[test]
+    fn naive_backward_rows_and_their_geometry() {
+        assert_eq!(
+            KernelId::naive_bwd(Elem::F32),
+            Some([KernelId::NaiveBwdPF32, KernelId::NaiveBwdDsF32, KernelId::NaiveBwdDqF32, KernelId::NaiveBwdDkvF32])
+        );
+        assert_eq!(KernelId::naive_bwd(Elem::Bf16), None);
+        let s = LaunchShape { batch: 2, heads: 3, seq_q: 130, seq_kv: 300 };
+        let dims = |k: KernelId| k.variant().launch(s).map(|l| (l.grid, l.block));
+        assert_eq!(dims(KernelId::NaiveBwdPF32), Some(([130, 3, 6], [128, 1, 1])));
+        assert_eq!(dims(KernelId::NaiveBwdDsF32), Some(([33, 1, 6], [128, 1, 1])));
+        assert_eq!(dims(KernelId::NaiveBwdDqF32), Some(([130, 1, 6], [64, 1, 1])));
+        assert_eq!(dims(KernelId::NaiveBwdDkvF32), None);
+        assert_eq!(NAIVE_BWD_DKV.launch(2, 1, 300).grid, [300, 1, 2]);
+        for k in KernelId::naive_bwd(Elem::F32).unwrap() {
+            assert_eq!(k.variant().param_bytes(), crate::abi::NAIVE_BWD_PARAMS_BYTES);
+            assert_eq!(k.variant().dynamic_smem_bytes(), 0);
+        }
     }
 
     #[test]

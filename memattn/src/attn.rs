@@ -61,11 +61,13 @@
 mod alias;
 mod backward;
 mod kvcache;
+mod naive_backward;
 pub use alias::AliasRule;
 pub use backward::{flash_attn_backward_workspace, BwdOpts, BwdWorkspace, Gradients, LseView, SinksViewMut};
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
 pub use kvcache::{Fp8CacheViewMut, Fp8Scales, KvCachePlan, PartialsView};
+pub use naive_backward::{naive_attn_backward_workspace, NaiveBwdWorkspace};
 
 use crate::caps::DeviceCaps;
 use crate::device::cuda::CudaModule;

@@ -423,6 +423,17 @@ pub struct CompareArgs {
     /// Kernel for the runs when --vary is not `kernel` [default: flash].
     #[arg(long, value_name = "naive|flash")]
     pub kernel: Option<KernelKind>,
+    /// Compare the backward instead: the naive backward (P and dS materialised, N x N f32 per
+    /// head each) against the flash backward (P recomputed from LSE; workspace the f32 dQ
+    /// accumulator and D = rowsum(dO * O), O(N*d)) on one problem, each after its own forward
+    /// (naive after the naive forward, whose score matrix is freed first), both verified against
+    /// the f64 reference gradients (the rule of `run --backward`). The table shows the expected
+    /// bytes before and the measured peak after, and the time of each backward. f32 only; the
+    /// naive side does not compute d_sinks. Only --vary kernel=naive,flash (the default).
+    ///
+    /// Example: memattn compare --backward --heads 4 --seq 256
+    #[arg(long)]
+    pub backward: bool,
     #[command(flatten)]
     pub problem: ProblemArgs,
 }

@@ -64,6 +64,9 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 pub fn compare(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
+    if a.backward {
+        return compare_backward(cli, a);
+    }
     let vary = parse_vary(&a.vary)?;
     super::check_vary_conflict(&vary.key, &a.problem, a.kernel.is_some())?;
     let base = resolve_problem(&a.problem, None, Problem::default())?;
@@ -265,6 +268,215 @@ fn compare_table(key: &str, points: &[Point]) -> String {
     s
 }
 
+/// `compare --backward`: the naive and the flash backward on one problem, side by side.
+fn compare_backward(cli: &Cli, a: &CompareArgs) -> Result<i32, Error> {
+    use memattn_cli::backward_run::{check_supported, run_backward, BackwardBytes};
+    let vary = parse_vary(&a.vary)?;
+    let mut kernels = Vec::new();
+    if vary.key == "kernel" && a.kernel.is_none() {
+        for v in &vary.values {
+            kernels.push(v.parse::<KernelKind>().map_err(|e| Error::Usage(format!("--vary kernel: {e}")))?);
+        }
+    }
+    if kernels.is_empty() || kernels.iter().any(|k| kernels.iter().filter(|x| *x == k).count() > 1) {
+        return Err(Error::Usage(format!(
+            "compare --backward compares the naive and the flash backward of one problem: --vary kernel=naive,flash \
+             (the default) or kernel=flash,naive, without --kernel; got --vary {}{}",
+            a.vary,
+            a.kernel.map(|k| format!(" --kernel {k}")).unwrap_or_default()
+        )));
+    }
+    let p = resolve_problem(&a.problem, None, Problem::default())?;
+    let mut expected = Vec::new();
+    for &k in &kernels {
+        p.validate_shape(k)?;
+        check_supported(&p, k)?;
+        expected.push(BackwardBytes::of(&p, k, false)?);
+    }
+    super::evidence::expect(serde_json::json!({
+        "problem": p.shape_json(), "backward": true,
+        "runs": kernels.iter().zip(&expected).map(|(k, e)| serde_json::json!({"kernel": k, "expected_bytes": e}))
+            .collect::<Vec<_>>(),
+    }));
+    let (mut dev, reason) = open_device(cli)?;
+    if !cli.json {
+        println!("compare --backward: {} on {}", vary.values.join(" vs "), describe_problem(&p));
+        for e in &expected {
+            println!("expected device memory, {}: {} ({} B)", e.kernel, human_bytes(e.total_bytes), e.total_bytes);
+        }
+    }
+    let mut reports = Vec::new();
+    for &k in &kernels {
+        if !cli.json {
+            eprintln!("running the {k} forward and backward");
+        }
+        let spec = run_spec(&a.problem, p, k)?;
+        reports.push(run_backward(dev.as_mut(), &spec, None, None, false)?);
+    }
+    let verified = reports.iter().all(|r| r.verified);
+    let (first, rest) = (&reports[0], &reports[1..]);
+    let comparisons: Vec<_> = rest
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "baseline": first.kernel,
+                "kernel": r.kernel,
+                "memory_saved_bytes": first.peak_device_bytes as i64 - r.peak_device_bytes as i64,
+                "memory_ratio": first.peak_device_bytes as f64 / r.peak_device_bytes.max(1) as f64,
+                "workspace_ratio": first.expected_bytes.workspace_bytes as f64
+                    / r.expected_bytes.workspace_bytes.max(1) as f64,
+                "backward_speedup": first.backward_time_ms / r.backward_time_ms,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "command": "compare",
+        "backward": true,
+        "backend": dev.backend().name(),
+        "backend_reason": reason,
+        "vary": "kernel",
+        "values": vary.values,
+        "runs": reports,
+        "comparisons": comparisons,
+        "verified": verified,
+    });
+    super::save_evidence(cli, &v)?;
+    if cli.json {
+        print_json(&v);
+    } else {
+        print!("{}", backward_table(&reports));
+    }
+    Ok(if verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+/// The table of `compare --backward`: one column per kernel, then the ratios to the first.
+fn backward_table(reports: &[memattn_cli::backward_run::BackwardReport]) -> String {
+    use memattn_cli::backward_run::BackwardReport;
+    let mut header = vec!["backward".to_string()];
+    header.extend(reports.iter().map(|r| r.kernel.to_string()));
+    for r in &reports[1..] {
+        header.push(format!("{}/{}", reports[0].kernel, r.kernel));
+    }
+    let n = reports.len();
+    let row = |name: &str, f: &dyn Fn(&BackwardReport) -> String, ratio_of: Option<&dyn Fn(&BackwardReport) -> f64>| {
+        let mut r = vec![name.to_string()];
+        r.extend(reports.iter().map(f));
+        for b in &reports[1..] {
+            r.push(ratio_of.map(|g| ratio(g(&reports[0]), g(b))).unwrap_or_default());
+        }
+        debug_assert_eq!(r.len(), 2 * n);
+        r
+    };
+    let err = |t: &'static str| {
+        move |r: &BackwardReport| {
+            r.checks
+                .iter()
+                .find(|c| c.tensor == t)
+                .map(|c| format!("{:.2e}", c.max_rel_err))
+                .unwrap_or_else(|| "-".into())
+        }
+    };
+    let launches_sum = |f: fn(&memattn_cli::runner::LaunchRecord) -> Option<u64>| {
+        move |r: &BackwardReport| r.launches.iter().map(f).sum::<Option<u64>>()
+    };
+    let instr = launches_sum(|l| l.thread_instructions);
+    let read = launches_sum(|l| l.global_bytes_read);
+    let written = launches_sum(|l| l.global_bytes_written);
+    let opt = |x: Option<u64>, human: bool| match x {
+        Some(b) if human => human_bytes(b),
+        Some(b) => b.to_string(),
+        None => "-".into(),
+    };
+    let workspace = |r: &BackwardReport| {
+        let e = &r.expected_bytes;
+        match r.kernel {
+            KernelKind::Naive => format!("P + dS {}", human_bytes(e.p_ds_bytes)),
+            KernelKind::Flash => {
+                format!("dQ acc {} + D {}", human_bytes(e.dq_accum_bytes), human_bytes(e.delta_bytes))
+            }
+        }
+    };
+    let rows = vec![
+        row("entries", &|r| entries_label(r.launches.iter().map(|l| l.kernel.as_str())), None),
+        row("verified", &|r| if r.verified { "PASS".into() } else { "FAIL".into() }, None),
+        row("dq max rel err", &err("dq"), None),
+        row("dk max rel err", &err("dk"), None),
+        row("dv max rel err", &err("dv"), None),
+        row("  bound", &|_| format!("{:.0e}", memattn_cli::backward_run::GRAD_REL_TOL), None),
+        row("forward time (ms)", &|r| format!("{:.3}", r.forward_time_ms), Some(&|r| r.forward_time_ms)),
+        row("backward time (ms)", &|r| format!("{:.3}", r.backward_time_ms), Some(&|r| r.backward_time_ms)),
+        row(
+            "expected bytes",
+            &|r| human_bytes(r.expected_bytes.total_bytes),
+            Some(&|r| r.expected_bytes.total_bytes as f64),
+        ),
+        row("  q, k, v, dO", &|r| human_bytes(r.expected_bytes.inputs_bytes), None),
+        row("  forward O, LSE", &|r| human_bytes(r.expected_bytes.forward_outputs_bytes), None),
+        row("  dq, dk, dv", &|r| human_bytes(r.expected_bytes.gradients_bytes), None),
+        row(
+            "  backward workspace",
+            &|r| human_bytes(r.expected_bytes.workspace_bytes),
+            Some(&|r| r.expected_bytes.workspace_bytes as f64),
+        ),
+        row("    of which", &workspace, None),
+        row("measured peak", &|r| human_bytes(r.peak_device_bytes), Some(&|r| r.peak_device_bytes as f64)),
+        row(
+            "measured - expected",
+            &|r| format!("{} B", r.peak_device_bytes as i128 - r.expected_bytes.total_bytes as i128),
+            None,
+        ),
+        row("VM thread instr.", &|r| opt(instr(r), false), Some(&|r| instr(r).unwrap_or(0) as f64)),
+        row("VM global read", &|r| opt(read(r), true), Some(&|r| read(r).unwrap_or(0) as f64)),
+        row("VM global written", &|r| opt(written(r), true), Some(&|r| written(r).unwrap_or(0) as f64)),
+    ];
+    let mut s = table(&header, &rows);
+    for r in reports {
+        let e = &r.expected_bytes;
+        let shape = &r.shape;
+        let (b, h, sq, skv, d) = (shape.batch, shape.heads, shape.seq_q, shape.seq_kv, shape.head_dim);
+        match r.kernel {
+            KernelKind::Flash => s.push_str(&format!(
+                "flash backward workspace: dQ accumulator 4 x batch {b} x seq_q {sq} x heads {h} x d {d} = {} B + D 4 x \
+                 {b} x {h} x {sq} = {} B = {} B, O(N*d)\n",
+                e.dq_accum_bytes, e.delta_bytes, e.workspace_bytes
+            )),
+            KernelKind::Naive => s.push_str(&format!(
+                "naive backward workspace: P + dS 2 x 4 x batch {b} x heads {h} x seq_q {sq} x seq_kv {skv} = {} B, \
+                 O(N^2)\n",
+                e.p_ds_bytes
+            )),
+        }
+    }
+    for r in &reports[1..] {
+        let a = &reports[0];
+        let saved = a.peak_device_bytes as i128 - r.peak_device_bytes as i128;
+        let (word, amount) = if saved >= 0 { ("less", saved) } else { ("more", -saved) };
+        s.push_str(&format!(
+            "{} uses {} {word} device memory than {} ({} vs {} measured peak, {}; workspace {}); backward time ratio {} \
+             ({})\n",
+            r.kernel,
+            human_bytes(amount as u64),
+            a.kernel,
+            human_bytes(r.peak_device_bytes),
+            human_bytes(a.peak_device_bytes),
+            ratio(a.peak_device_bytes as f64, r.peak_device_bytes as f64),
+            ratio(a.expected_bytes.workspace_bytes as f64, r.expected_bytes.workspace_bytes as f64),
+            ratio(a.backward_time_ms, r.backward_time_ms),
+            a.timing.clock
+        ));
+    }
+    for r in reports {
+        for w in &r.warnings {
+            s.push_str(&format!("warning ({}): {w}\n", r.kernel));
+        }
+        if !r.memory_as_expected {
+            s.push_str(&format!("{}: the measured peak differs from the expected bytes\n", r.kernel));
+        }
+    }
+    s.push_str(if reports.iter().all(|r| r.verified) { "verified\n" } else { "NOT VERIFIED\n" });
+    s
+}
+
 /// TFLOP/s with enough digits for the VM's tiny rates.
 pub fn format_tflops(t: f64) -> String {
     if t >= 0.01 {
@@ -281,7 +493,12 @@ fn entries_label<'a>(names: impl Iterator<Item = &'a str>) -> String {
         return names.concat();
     }
     let first = names[0];
-    let prefix = first.find('_').map(|i| &first[..=i]).unwrap_or("");
+    // The longest common prefix that ends at an `_` (`naive_` for the forward's three steps,
+    // `naive_bwd_` for the backward's four).
+    let common = names
+        .iter()
+        .fold(first.len(), |n, other| first.bytes().zip(other.bytes()).take(n).take_while(|(a, b)| a == b).count());
+    let prefix = first[..common].rfind('_').map(|i| &first[..=i]).unwrap_or("");
     let suffix = first.rfind('_').map(|i| &first[i..]).unwrap_or("");
     if names.iter().all(|n| n.starts_with(prefix) && n.ends_with(suffix) && n.len() > prefix.len() + suffix.len()) {
         let middles: Vec<&str> = names.iter().map(|n| &n[prefix.len()..n.len() - suffix.len()]).collect();
@@ -299,5 +516,7 @@ mod tests {
         assert_eq!(super::entries_label(naive.into_iter()), "naive_{scores,softmax,pv}_f32");
         assert_eq!(super::entries_label(["flash_fwd_bf16_d64"].into_iter()), "flash_fwd_bf16_d64");
         assert_eq!(super::entries_label(["a_x", "b_y"].into_iter()), "a_x+b_y");
+        let bwd = ["naive_bwd_p_f32", "naive_bwd_ds_f32", "naive_bwd_dq_f32", "naive_bwd_dkv_f32"];
+        assert_eq!(super::entries_label(bwd.into_iter()), "naive_bwd_{p,ds,dq,dkv}_f32");
     }
 }

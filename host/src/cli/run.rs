@@ -12,7 +12,7 @@ use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 #[derive(Debug, clap::Args)]
 pub struct BackwardArgs {
     /// Training: forward, then backward (dq, dk, dv of the loss sum(dO * O)), every gradient
-    /// verified against the f64 reference; f32, head_dim 32, 64, 96, 128, 192 or 256.
+    /// verified against the f64 reference; f32 at head_dim 32, 64, 96, 128, 192 or 256, bf16/f16 at 32, 64 or 128.
     ///
     /// The backward is FlashAttention-2's: P is recomputed from the forward's LSE, so no
     /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
@@ -27,8 +27,13 @@ pub struct BackwardArgs {
     /// alive, P and dS (2 x 4 B x batch x heads x seq_q x seq_kv). With --sinks the gradient
     /// of the sink logits, d_sinks = -sum over rows of exp(sink - LSE) * D, is checked too.
     /// --output writes o, lse, dq, dk, dv (and d_sinks) (F32). Supported: causal, windows,
-    /// soft cap, GQA/MQA, sinks, either layout, packed sequences. Refused (exit 2): bf16/f16
-    /// (no backward kernel in them yet), other head dims, --kernel naive. Exit 0 when every
+    /// soft cap, GQA/MQA, sinks, either layout, packed sequences; f32 at head dims 32, 64, 96,
+    /// 128, 192 and 256, bf16 and f16 (tensor cores; held to twice the error of a naive
+    /// backward in the same dtype) at 32, 64 and 128. With --kernel naive the naive forward and
+    /// the naive backward run instead (f32): P and dS materialised (2 x 4 B x batch x heads x
+    /// seq_q x seq_kv, allocated), head_dim 1 to 256, no d_sinks (sinks still enter dq, dk, dv
+    /// through LSE); `memattn compare --backward` runs both side by side. Refused (exit 2): other
+    /// head dims, packed sequences or --deterministic with --kernel naive. Exit 0 when every
     /// tensor verified, 1 when one did not.
     ///
     /// Example: memattn run --backward --heads 4 --heads-kv 2 --seq-q 45 --seq-kv 20 --causal
@@ -168,19 +173,35 @@ fn backward(
 ) -> Result<i32, Error> {
     use memattn_cli::backward_run::{check_supported, read_d_o, run_backward, summary, write_outputs, BackwardBytes};
     check_supported(&problem, kernel)?;
+    if kernel == KernelKind::Naive && a.backward.deterministic {
+        return Err(Error::Usage(
+            "--deterministic is for the flash backward's dQ sum; the naive backward has no atomic adds \
+             (it is the same bits run to run): leave out --deterministic or --kernel naive"
+                .into(),
+        ));
+    }
     let d_o = match &a.inputs {
         Some(path) => read_d_o(path, &problem)?,
         None => None,
     };
     let deterministic = a.backward.deterministic;
-    let expected = BackwardBytes::new(&problem, deterministic)?;
+    let expected = BackwardBytes::of(&problem, kernel, deterministic)?;
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel, "backward": true,
         "expected_bytes": expected, "deterministic": deterministic,
     }));
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = open_device(cli)?;
-    if !cli.json {
+    if !cli.json && kernel == KernelKind::Naive {
+        println!("problem: {} (naive forward and backward)", describe_problem(&problem));
+        println!(
+            "expected device memory: {} B, of which the backward's workspace {} B (P {} B + dS {} B)",
+            expected.total_bytes,
+            expected.workspace_bytes,
+            expected.p_ds_bytes / 2,
+            expected.p_ds_bytes / 2
+        );
+    } else if !cli.json {
         println!("problem: {} (forward and backward)", describe_problem(&problem));
         println!(
             "expected device memory: {} B, of which the backward's workspace {} B (dQ accumulator{} {} B + D {} B)",

@@ -18,7 +18,7 @@ use kernels_gpu::tiles::{LaunchDims, BWD_ROWS};
 
 /// The forward's LSE as an input of the backward: `[batch, heads, seq_q]` f32, contiguous,
 /// natural log (what [`Kernels::flash_attn_into`] wrote into an [`LseViewMut`]).
-pub struct LseView<'a>(TensorView<'a>);
+pub struct LseView<'a>(pub(super) TensorView<'a>);
 
 impl<'a> LseView<'a> {
     /// An LSE view of a device buffer (VM or [`Kernels::on_device`]).
@@ -519,7 +519,7 @@ impl Kernels {
     /// of q's dtype (d_sinks f32), shaped as `want`, contiguous in the last dimension, within
     /// their buffers; for the tensor-core kernels (bf16, f16) d_o's rows 16-byte aligned (its
     /// tiles are `cp.async` copies), dk's and dv's 4-byte aligned (stored in pairs).
-    fn check_grad_views(
+    pub(super) fn check_grad_views(
         &self,
         views: &[(&'static str, RawView, Option<&CudaStream>, [usize; 4])],
         q: &RawView,
@@ -577,7 +577,7 @@ impl Kernels {
 
     /// One buffer of `bytes` on the kernels' device (on CUDA on q's stream, so it is freed in
     /// that stream's order); not zeroed: the backward writes every element of dq, dk and dv.
-    fn alloc_storage(&self, q: &TensorView<'_>, bytes: u64) -> Result<Storage, AttnError> {
+    pub(super) fn alloc_storage(&self, q: &TensorView<'_>, bytes: u64) -> Result<Storage, AttnError> {
         Ok(match &self.inner {
             Inner::Dev(_) => Storage::Dev(self.alloc(bytes)?),
             Inner::Cuda(_) => {
@@ -597,7 +597,7 @@ impl Kernels {
 
 impl Storage {
     /// A `dtype` view of the whole buffer, contiguous `shape`.
-    fn raw_view(&self, dtype: Dtype, shape: [usize; 4]) -> RawView {
+    pub(super) fn raw_view(&self, dtype: Dtype, shape: [usize; 4]) -> RawView {
         let (avail, place) = match self {
             Storage::Dev(b) => (b.bytes, b.dev.place()),
             Storage::Cuda { slice, stream } => (slice.len() as u64, cuda_place(stream)),
