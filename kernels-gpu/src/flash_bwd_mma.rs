@@ -38,7 +38,7 @@
 //! Shapes: Q, O, dO, dQ `[batch, seq_q, heads, D]`, K, V, dK, dV `[batch, seq_kv, heads_kv, D]`
 //! (2-byte elements, strided, [`crate::abi::Strides`]); LSE, D `[batch, heads, seq_q]` f32; the
 //! dQ accumulator f32 (`[dq_splits][.. q's shape ..]`, [`crate::abi::BwdParams`]). Varlen: per
-//! sequence ([`crate::device`]'s `sequence_of`).
+//! sequence (`device::sequence_of`, as the forward).
 //!
 //! Tiles ([`crate::tiles::FLASH_BWD_MMA_D32`], [`crate::tiles::FLASH_BWD_MMA_D64`],
 //! [`crate::tiles::FLASH_BWD_MMA_D128`]): 4 warps, Bc 64; Br 64 at d32, 32 at d64 and d128.
