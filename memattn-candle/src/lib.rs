@@ -25,6 +25,11 @@
 //! memcheck: for tests and CI without a GPU). With the `cuda` feature, on a candle CUDA device it
 //! launches on candle's own stream in candle's context; nothing waits for it.
 //!
+//! `Tensor::backward` differentiates [`flash_attn`], [`flash_attn_windowed`] and
+//! [`flash_attn_varlen`] (and their `_with_lse` forms, through O) in f32, bf16 and f16; which
+//! dtypes, head dims and devices have a backward is tabled under [`FlashAttn`]'s "Gradients".
+//! [`flash_attn_with_kvcache`] is inference only.
+//!
 //! ```
 //! use candle_core::{DType, Device, Tensor};
 //! let q = Tensor::randn(0f32, 1.0, (1, 24, 2, 64), &Device::Cpu)?;
@@ -146,15 +151,23 @@ pub struct Varlen {
 /// # Gradients
 ///
 /// The op implements candle's `CustomOp3::bwd`, so `Tensor::backward` trains through it: dq,
-/// dk and dv of O (FlashAttention-2's backward, [`Kernels::flash_attn_backward_into`]) for f32
-/// tensors on candle's CPU device, in the PTX VM, with causal masks, windows and GQA (dk, dv
-/// of a K/V head summed over its query heads). The backward recomputes O and LSE from q, k, v
-/// (one forward launch) instead of keeping them with the op, so an op applied twice can never
-/// pair one call's gradient with another call's LSE. Not differentiated: the returned LSE
-/// tensor (gradients flow through O only). Refused with an error, never answered wrongly:
-/// bf16/f16 (the backward kernels are f32), packed sequences ([`flash_attn_varlen`]), and a
-/// CUDA device (candle's "backward not supported" error: the backward on candle's CUDA
-/// storage is not wired yet, and nothing here can run it to test it).
+/// dk and dv of O (FlashAttention-2's backward, [`Kernels::flash_attn_backward_into`], or
+/// [`Kernels::flash_attn_varlen_backward_into`] for packed sequences), in the inputs' dtype,
+/// with causal masks, windows and GQA (dk, dv of a K/V head summed over its query heads).
+///
+/// | function | dtypes | head dims | devices |
+/// | --- | --- | --- | --- |
+/// | [`flash_attn`], [`flash_attn_with_lse`], [`flash_attn_windowed`] | f32, bf16, f16 | f32 all; bf16/f16 those of `KernelId::flash_bwd_head_dims` (32, 64, 128 today) | CPU (PTX VM); CUDA with the `cuda` feature |
+/// | [`flash_attn_varlen`], [`flash_attn_varlen_with_lse`] | the same | the same | the same |
+/// | [`flash_attn_with_kvcache`] | not differentiable (no `bwd`) | | |
+///
+/// The backward recomputes O and LSE from q, k, v (one forward launch) instead of keeping them
+/// with the op, so an op applied twice can never pair one call's gradient with another call's
+/// LSE. Not differentiated: the returned LSE tensor (gradients flow through O only). A head dim
+/// without a backward kernel in the dtype is refused by `backward()` with memattn's error,
+/// which names the head dims there are, before anything runs. On a CUDA device the forward and
+/// the backward are queued on candle's stream; that path is type-checked but has not been run
+/// on a GPU.
 pub struct FlashAttn {
     pub softmax_scale: f32,
     pub causal: bool,
@@ -374,62 +387,110 @@ impl CustomOp3 for FlashAttn {
         _o: &Tensor,
         grad_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        if !q.device().is_cpu() {
-            return Err(candle_core::Error::BackwardNotSupported {
-                op: "memattn-flash-attn on a CUDA device (the backward runs on candle's CPU device, in the PTX VM)",
-            });
-        }
-        if self.varlen.is_some() {
-            return Err(bwd_err("packed sequences (flash_attn_varlen) have no backward yet".into()));
-        }
-        for (t, what) in [(q, "q"), (k, "k"), (v, "v"), (grad_o, "the gradient of O")] {
-            if t.dtype() != DType::F32 {
-                return Err(bwd_err(format!(
-                    "{what} is {:?}; the backward kernels are f32 only (bf16/f16 are not written yet)",
-                    t.dtype()
-                )));
+        let dtype = dtype_of(q.dtype())
+            .map_err(|_| bwd_err(format!("q is {:?}; f32, bf16 and f16 have a backward", q.dtype())))?;
+        for (t, what) in [(k, "k"), (v, "v")] {
+            if t.dtype() != q.dtype() {
+                return Err(bwd_err(format!("{what} is {:?} while q is {:?}", t.dtype(), q.dtype())));
             }
         }
+        // The upstream gradient in the inputs' dtype (the backward kernels read d_o in q's).
+        let grad_o = grad_o.to_dtype(q.dtype())?;
+        // A head dim without a backward kernel in this dtype is refused here, with the library's
+        // error naming the head dims there are, before the forward is recomputed.
+        let (qs, _) = self.view_dims(q.layout(), "q")?;
+        let seq_kv = match &self.varlen {
+            Some(va) => va.max_seqlen_k,
+            None => self.view_dims(k.layout(), "k")?.0[1],
+        };
+        memattn::attn::flash_attn_backward_workspace(dtype, qs, seq_kv, false).map_err(|e| bwd_err(e.to_string()))?;
+        let (dq, dk, dv) = match q.device() {
+            candle_core::Device::Cpu => self.vm_bwd(dtype, q, k, v, &grad_o)?,
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(_) => match dtype {
+                Dtype::F32 => cuda::bwd::<f32>(self, q, k, v, &grad_o)?,
+                Dtype::Bf16 => cuda::bwd::<half::bf16>(self, q, k, v, &grad_o)?,
+                Dtype::F16 => cuda::bwd::<half::f16>(self, q, k, v, &grad_o)?,
+            },
+            _ => {
+                return Err(candle_core::Error::BackwardNotSupported {
+                    op: "memattn-flash-attn on this device (the backward runs on candle's CPU device and, with the `cuda` feature, on a CUDA device)",
+                })
+            }
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+impl FlashAttn {
+    /// The backward on candle's CPU device: contiguous copies of q, k, v and `grad_o` in the
+    /// VM (in `dtype`), the forward recomputed there for O and LSE, then memattn's backward.
+    fn vm_bwd(
+        &self,
+        dtype: Dtype,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        grad_o: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let kernels = vm_kernels()?;
-        let dims = |t: &Tensor, what: &str| -> Result<[usize; 4]> {
-            let (a, b, c, d) = t.dims4().map_err(|_| bwd_err(format!("{what} must be 4-d, got {:?}", t.dims())))?;
-            Ok([a, b, c, d])
+        let upload = |t: &Tensor, what: &str| -> Result<(memattn::attn::VmBuffer, [usize; 4])> {
+            let t = t.contiguous()?;
+            let (shape, _) = self.view_dims(t.layout(), what)?;
+            // 16-bit values are exact in f32 and are stored back in `dtype`.
+            let x = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            Ok((kernels.vm_upload_as(dtype, &x).map_err(wrap)?, shape))
         };
-        let (qs, ks) = (dims(q, "q")?, dims(k, "k")?);
-        // Contiguous f32 copies in the VM (candle's layouts may be strided or offset).
-        let upload = |t: &Tensor| -> Result<memattn::attn::VmBuffer> {
-            kernels.vm_upload(&t.contiguous()?.flatten_all()?.to_vec1::<f32>()?).map_err(wrap)
-        };
-        let (qb, kb, vb, gb) = (upload(q)?, upload(k)?, upload(v)?, upload(grad_o)?);
+        let ((qb, qs), (kb, ks), (vb, _), (gb, _)) =
+            (upload(q, "q")?, upload(k, "k")?, upload(v, "v")?, upload(grad_o, "the gradient of O")?);
         let (qn, kn) = (qs.iter().product::<usize>(), ks.iter().product::<usize>());
+        // Batch, heads and rows of the LSE (varlen: batch 1 and total_q rows).
         let [b, sq, h, _] = qs;
         // Poisoned outputs: an element the kernels do not write reads back as NaN.
-        let alloc = |n: usize| kernels.vm_upload(&vec![f32::NAN; n]).map_err(wrap);
-        let (o, lse, dq, dk, dv) = (alloc(qn)?, alloc(b * h * sq)?, alloc(qn)?, alloc(kn)?, alloc(kn)?);
-        let view = |buf, shape| TensorView::vm(buf, Dtype::F32, shape).map_err(wrap);
-        let view_mut = |buf, shape| memattn::attn::TensorViewMut::vm(buf, Dtype::F32, shape).map_err(wrap);
-        let opts = self.opts()?;
+        let alloc = |n: usize, dt: Dtype| kernels.vm_upload_as(dt, &vec![f32::NAN; n]).map_err(wrap);
+        let (o, lse) = (alloc(qn, dtype)?, alloc(b * h * sq, Dtype::F32)?);
+        let (dq, dk, dv) = (alloc(qn, dtype)?, alloc(kn, dtype)?, alloc(kn, dtype)?);
+        let view = |buf, shape| TensorView::vm(buf, dtype, shape).map_err(wrap);
+        let view_mut = |buf, shape| memattn::attn::TensorViewMut::vm(buf, dtype, shape).map_err(wrap);
         let (qv, kv, vv) = (view(&qb, qs)?, view(&kb, ks)?, view(&vb, ks)?);
-        let mut lse_out = memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?;
-        kernels.flash_attn_into(&qv, &kv, &vv, &mut view_mut(&o, qs)?, &mut lse_out, &opts).map_err(wrap)?;
-        kernels
-            .flash_attn_backward_into(
-                &qv,
-                &kv,
-                &vv,
-                &view(&o, qs)?,
-                &memattn::attn::LseView::vm(&lse, b, h, sq).map_err(wrap)?,
-                &view(&gb, qs)?,
-                &mut view_mut(&dq, qs)?,
-                &mut view_mut(&dk, ks)?,
-                &mut view_mut(&dv, ks)?,
-                &opts,
-            )
-            .map_err(wrap)?;
+        {
+            let mut lse_out = memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?;
+            self.launch(kernels, None, [&qv, &kv, &vv], Some((&mut view_mut(&o, qs)?, &mut lse_out)))?;
+        }
+        let (ov, lv, gv) = (view(&o, qs)?, memattn::attn::LseView::vm(&lse, b, h, sq).map_err(wrap)?, view(&gb, qs)?);
+        let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs)?, view_mut(&dk, ks)?, view_mut(&dv, ks)?);
+        let opts = self.opts()?;
+        match &self.varlen {
+            None => kernels.flash_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts),
+            Some(va) => {
+                let cq = kernels.index_tensor(&va.cu_q, None).map_err(wrap)?;
+                let ck = kernels.index_tensor(&va.cu_k, None).map_err(wrap)?;
+                kernels.flash_attn_varlen_backward_into(
+                    &qv,
+                    &kv,
+                    &vv,
+                    &cq,
+                    &ck,
+                    va.max_seqlen_q,
+                    va.max_seqlen_k,
+                    &ov,
+                    &lv,
+                    &gv,
+                    &mut dqv,
+                    &mut dkv,
+                    &mut dvv,
+                    &opts,
+                    &memattn::attn::BwdOpts::new(),
+                )
+            }
+        }
+        .map_err(wrap)?;
         let back = |buf: &memattn::attn::VmBuffer, n: usize, like: &Tensor| -> Result<Tensor> {
-            Tensor::from_vec(buf.read_f32(Dtype::F32, n).map_err(wrap)?, like.shape(), like.device())
+            let x = Tensor::from_vec(buf.read_f32(dtype, n).map_err(wrap)?, like.shape(), like.device())?;
+            // Values of `dtype` read as f32: the conversion back is exact.
+            x.to_dtype(like.dtype())
         };
-        Ok((Some(back(&dq, qn, q)?), Some(back(&dk, kn, k)?), Some(back(&dv, kn, v)?)))
+        Ok((back(&dq, qn, q)?, back(&dk, kn, k)?, back(&dv, kn, v)?))
     }
 }
 
@@ -967,6 +1028,105 @@ mod cuda {
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
         keep_lse(&op.lse, Storage::Cuda(lse))?;
         Ok((CudaStorage::wrap_cuda_slice(o, s1.device.clone()), l1.shape().clone()))
+    }
+
+    /// The backward on candle's CUDA device, on candle's stream: the forward recomputed into
+    /// fresh O and LSE, then memattn's backward into fresh dq, dk, dv (q's dtype, contiguous).
+    /// Nothing waits: candle's later work on the stream is ordered after the launches.
+    pub(super) fn bwd<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits>(
+        op: &FlashAttn,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        grad_o: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let storages = [q, k, v, grad_o].map(|t| t.storage_and_layout());
+        let cuda = |i: usize, what: &str| -> Result<(&CudaStorage, &Layout)> {
+            match (&*storages[i].0, storages[i].1) {
+                (Storage::Cuda(s), l) => Ok((s, l)),
+                (other, _) => {
+                    Err(bwd_err(format!("{what} is on {:?} while q is on a CUDA device", other.device().location())))
+                }
+            }
+        };
+        let ((qs, lq), (ks, lk), (vs, lv), (gs, lg)) =
+            (cuda(0, "q")?, cuda(1, "k")?, cuda(2, "v")?, cuda(3, "the gradient of O")?);
+        let device = qs.device.clone();
+        let stream = device.cuda_stream();
+        let kernels = kernels_for(stream.context())?;
+        let view = |s, l, what| op_view::<T>(op, s, l, &stream, what);
+        let (qv, kv, vv, gv) =
+            (view(qs, lq, "q")?, view(ks, lk, "k")?, view(vs, lv, "v")?, view(gs, lg, "the gradient of O")?);
+        let (q_shape, k_shape) = (qv.shape(), kv.shape());
+        let [b, sq, h, _] = q_shape;
+        let (qn, kn) = (q_shape.iter().product::<usize>(), k_shape.iter().product::<usize>());
+        // Not memset: the forward writes every element of o and lse, the backward every element
+        // of dq, dk and dv. SAFETY: each is read only after the launch that writes it, on this
+        // stream.
+        let mut o = unsafe { stream.alloc::<T>(qn) }.map_err(candle_core::Error::wrap)?;
+        let mut lse = unsafe { stream.alloc::<f32>(b * h * sq) }.map_err(candle_core::Error::wrap)?;
+        let mut dq = unsafe { stream.alloc::<T>(qn) }.map_err(candle_core::Error::wrap)?;
+        let mut dk = unsafe { stream.alloc::<T>(kn) }.map_err(candle_core::Error::wrap)?;
+        let mut dv = unsafe { stream.alloc::<T>(kn) }.map_err(candle_core::Error::wrap)?;
+        {
+            let mut ov = TensorViewMut::cuda(&mut o, &stream, q_shape).map_err(wrap)?;
+            let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
+            op.launch(&kernels, Some(&stream), [&qv, &kv, &vv], Some((&mut ov, &mut lv)))?;
+        }
+        {
+            let ov = TensorView::cuda(&o, &stream, q_shape).map_err(wrap)?;
+            let lv = memattn::attn::LseView::cuda(&lse, &stream, b, h, sq).map_err(wrap)?;
+            let mut dqv = TensorViewMut::cuda(&mut dq, &stream, q_shape).map_err(wrap)?;
+            let mut dkv = TensorViewMut::cuda(&mut dk, &stream, k_shape).map_err(wrap)?;
+            let mut dvv = TensorViewMut::cuda(&mut dv, &stream, k_shape).map_err(wrap)?;
+            let opts = op.opts()?;
+            match &op.varlen {
+                None => {
+                    kernels.flash_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)
+                }
+                Some(va) => {
+                    let cq = kernels.index_tensor(&va.cu_q, Some(&stream)).map_err(wrap)?;
+                    let ck = kernels.index_tensor(&va.cu_k, Some(&stream)).map_err(wrap)?;
+                    kernels.flash_attn_varlen_backward_into(
+                        &qv,
+                        &kv,
+                        &vv,
+                        &cq,
+                        &ck,
+                        va.max_seqlen_q,
+                        va.max_seqlen_k,
+                        &ov,
+                        &lv,
+                        &gv,
+                        &mut dqv,
+                        &mut dkv,
+                        &mut dvv,
+                        &opts,
+                        &memattn::attn::BwdOpts::new(),
+                    )
+                }
+            }
+            .map_err(wrap)?;
+        }
+        let tensor = |g, like: &Tensor| {
+            let s = Storage::Cuda(CudaStorage::wrap_cuda_slice(g, device.clone()));
+            Tensor::from_storage(s, like.shape().clone(), BackpropOp::none(), false)
+        };
+        Ok((tensor(dq, q), tensor(dk, k), tensor(dv, v)))
+    }
+
+    /// A view of an input of `op` (its 4-d or packed shape), with candle's strides and offset.
+    fn op_view<'a, T: Element + CudaDType>(
+        op: &FlashAttn,
+        s: &'a CudaStorage,
+        l: &Layout,
+        stream: &'a Arc<memattn::attn::CudaStream>,
+        what: &str,
+    ) -> Result<TensorView<'a>> {
+        let (shape, strides) = op.view_dims(l, what)?;
+        TensorView::cuda(s.as_cuda_slice::<T>()?, stream, shape)
+            .and_then(|v| v.with_strides(strides).offset(l.start_offset()))
+            .map_err(wrap)
     }
 
     #[allow(clippy::too_many_arguments)]
