@@ -118,7 +118,23 @@ fn inputs(
     (b, sq, skv, h, hk, d): (usize, usize, usize, usize, usize, usize),
 ) -> ([Tensor; 3], Tensor) {
     let dev = Device::Cpu;
-    let r = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).unwrap().to_dtype(dtype).unwrap();
+    // Fixed pseudo-random values (a SplitMix64 stream, uniform in [-1.7, 1.7), about unit
+    // variance), so every run checks the same numbers.
+    let state = std::cell::Cell::new(0x9e37_79b9_7f4a_7c15u64);
+    let r = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let mut z = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+                state.set(z);
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.4
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &dev).unwrap().to_dtype(dtype).unwrap()
+    };
     let (qs, ks): (Vec<usize>, Vec<usize>) = match layout {
         Layout::Batched => (vec![b, sq, h, d], vec![b, skv, hk, d]),
         Layout::Varlen { cu_q, cu_k } => {
