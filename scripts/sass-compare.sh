@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# sass-compare.sh: static SASS comparison of memattn's tensor-core flash forward kernels against the
-# FlashAttention-2 forward kernels that PyTorch's SDPA flash backend runs (compiled into libtorch_cuda.so).
+# sass-compare.sh: static SASS comparison of memattn's tensor-core flash forward kernels (and with BWD=1
+# the backward's main kernels) against the FlashAttention-2 kernels that PyTorch's SDPA flash backend runs
+# (compiled into libtorch_cuda.so).
 # No GPU needed: it assembles our PTX with ptxas, pulls FA2's sm_80/sm_90 cubins out of the torch wheel
 # with cuobjdump, disassembles both, finds each kernel's K/V main loop (the back edge with the most HMMA)
 # and counts instructions per loop iteration.
@@ -23,6 +24,19 @@
 #                       in FA2's flash_fwd_launch_template.h; sm8x consumer parts pick others). Defaults:
 #                       d32 "128 128 4", d64 "128 128 4", d96 "128 64 4", d128 "128 64 4", d192 "128 64 8",
 #                       d256 "128 64 8" (its smem test passes on A100/H100).
+#   BWD=1               also the backward, as a second section of report.md / report.json (bwd_notes, bwd_rows,
+#                       bwd_summary); BWD=only: the backward alone. Unset / 0: the forward alone, as before.
+#                       Ours: OURS_BWD_KERNEL=flash_bwd_bf16_d%d, BWD_DIMS="64 128 32", tiles from the
+#                       FLASH_BWD_MMA_D<d> literals of tiles.rs (OURS_BWD_TILES="64:32,4" = d:br,warps; Bc = 16 warps).
+#                       FA2: flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel, noncausal and causal evenMN, with the
+#                       Flash_bwd_kernel_traits run_mha_bwd_hdim<d> picks on A100/H100 without dropout
+#                       (flash_bwd_launch_template.h, >= 144 KB opt-in smem), the template arguments of the mangled
+#                       names: FA2_BWD_TILE_<d>="kBlockM kBlockN kNWarps AtomLayoutMSdP AtomLayoutNdKV AtomLayoutMdQ
+#                       Is_V_in_regs", defaults d32 "128 128 8 4 4 4 1", d64 "128 128 8 4 4 4 0", d128 "64 128 8 2 4 2 0".
+#                       Main loop: the query-tile (m-block) loop of one key block; unit: 64 queries x 64 keys x d of
+#                       the five GEMMs; ours' steady tile skips its mask block, "masked" takes it (vs FA2 causal).
+#                       Measured (torch 2.15.0, ptxas 13.5, model FA2 cycles / ours, >= 1: ours at least as fast),
+#                       A100 / H100: d32 0.84 / 0.84, d64 0.67 / 0.67, d128 0.70 / 0.70 (ours smem-bound).
 # output: $SASS_OUT/report.md (tables), report.json, sass/*.sass (the disassembly it measured).
 # Counts in the tables are measured from the SASS; the "pipe model" section is an assumption-based bound.
 set -euo pipefail
@@ -75,6 +89,7 @@ export PROJECT CACHE OUT PTXAS CUOBJDUMP LIB TDIR TORCH_SPEC
 export ARCHS=${ARCHS:-80 90} DIMS=${DIMS:-128 64 32 96 192 256}
 export OURS_PTX=${OURS_PTX:-$PROJECT/kernels-gpu/ptx/memattn_kernels.ptx}
 export OURS_KERNEL=${OURS_KERNEL:-flash_fwd_bf16_d%d}
+export OURS_BWD_KERNEL=${OURS_BWD_KERNEL:-flash_bwd_bf16_d%d} BWD=${BWD:-0}
 if [ -z "${MEMATTN_BIN:-}" ]; then
   for b in "$PROJECT/target/release/memattn" "$PROJECT/target/debug/memattn"; do
     if [ -x "$b" ]; then MEMATTN_BIN=$b; break; fi
@@ -245,7 +260,9 @@ def dominators(succ, n):
                 changed = True
     return dom, preds
 
-def main_loop(ins):
+def main_loop(ins, is_mask=is_mask_block, hist=hist, keep_seq=False):
+    # is_mask: which blocks the steady path skips (the forward's -inf masking blocks by default);
+    # hist: the opcode classes; keep_seq: also return the steady path's instructions.
     bbs, succ = basic_blocks(ins)
     dom, preds = dominators(succ, len(bbs))
     pred = preds
@@ -278,7 +295,7 @@ def main_loop(ins):
     # (the back edge removed; inner back edges, if any, are ignored).
     order = sorted(body, key=lambda b: bbs[b][0]['addr'])
     def skipped(b, skip_mask, skip_rescale):
-        return (skip_mask and is_mask_block(bbs[b])) or (skip_rescale and is_rescale_block(bbs[b]))
+        return (skip_mask and is_mask(bbs[b])) or (skip_rescale and is_rescale_block(bbs[b]))
     def cost(b, skip_mask, skip_rescale=False):
         return 0 if skipped(b, skip_mask, skip_rescale) else len(bbs[b])
     def paths(skip_mask, pick, skip_rescale=False):
@@ -312,20 +329,21 @@ def main_loop(ins):
     # The same path with the rescale block taken (a tile where some row's max grew by > 2^8).
     rescale_bbs = [b for b in body if is_rescale_block(bbs[b])]
     taken = paths(True, max)
-    taken_ins = [i for b in taken[1] if not is_mask_block(bbs[b]) for i in bbs[b]]
+    taken_ins = [i for b in taken[1] if not is_mask(bbs[b]) for i in bbs[b]]
     cond_blocks = []
     for b in order:
-        if b not in shortest[1] or is_mask_block(bbs[b]) or is_rescale_block(bbs[b]):
-            cond_blocks.append(dict(addr='%05x' % bbs[b][0]['addr'], n=len(bbs[b]), mask=is_mask_block(bbs[b]),
+        if b not in shortest[1] or is_mask(bbs[b]) or is_rescale_block(bbs[b]):
+            cond_blocks.append(dict(addr='%05x' % bbs[b][0]['addr'], n=len(bbs[b]), mask=is_mask(bbs[b]),
                                     rescale=is_rescale_block(bbs[b]),
                                     in_steady=(b in steady[1] and not skipped(b, True, True)),
                                     hist=dict(hist(bbs[b]).most_common(8))))
     return dict(head='%05x' % bbs[h][0]['addr'], tail='%05x' % bbs[tail][-1]['addr'],
                 static=sum(len(bbs[b]) for b in body), longest=longest[0], shortest=shortest[0],
                 steady=len(steady_ins), steady_hist=hist(steady_ins), cond_blocks=cond_blocks,
-                mask_n=sum(len(bbs[b]) for b in body if is_mask_block(bbs[b])),
+                mask_n=sum(len(bbs[b]) for b in body if is_mask(bbs[b])),
                 rescale_n=sum(len(bbs[b]) for b in rescale_bbs), steady_copies=steady_copies,
-                taken=len(taken_ins), taken_hist=hist(taken_ins) if rescale_bbs else None)
+                taken=len(taken_ins), taken_hist=hist(taken_ins) if rescale_bbs else None,
+                **(dict(steady_seq=steady_ins) if keep_seq else {}))
 
 # ---- occupancy ----------------------------------------------------------------------------------
 GPUS = {'sm_80': dict(gpu='A100', smem_kb=164, regs=65536, max_warps=64, max_blocks=32),
@@ -392,7 +410,7 @@ def fa2_index():
             continue
         m = re.match(r'\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', line)
         if m and fn:
-            if 'flash_fwd_kernel' in fn:
+            if 'flash_fwd_kernel' in fn or 'flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel' in fn:
                 idx[(arch, fn)] = dict(section=k, regs=int(m.group(1)), stack=int(m.group(2)))
             fn = None
     elves = {}
@@ -447,6 +465,19 @@ def ours_tiles():
                 tiles[int(m.group(1))]['smem'] = k['dynamic_smem_bytes'] + k.get('static_smem_bytes', 0)
     return tiles
 
+_ASSEMBLED = {}
+def assemble_ours(arch):
+    """Our PTX through ptxas -v for one arch (once per run): the cubin and each entry's registers."""
+    if arch not in _ASSEMBLED:
+        cubin = os.path.join(CACHE_OURS, 'ours.%s.cubin' % arch)
+        log = subprocess.run([E['PTXAS'], '-arch=' + arch, '-v', '-o', cubin, E['OURS_PTX']],
+                             check=True, capture_output=True, text=True).stderr
+        regs = {}
+        for m in re.finditer(r"Compiling entry function '(\w+)' for '\w+'\n.*?\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers", log):
+            regs[m.group(1)] = dict(regs=int(m.group(5)), stack=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)))
+        _ASSEMBLED[arch] = (cubin, regs)
+    return _ASSEMBLED[arch]
+
 def main():
     archs, dims = E['ARCHS'].split(), [int(x) for x in E['DIMS'].split()]
     idx, elves = fa2_index()
@@ -465,12 +496,7 @@ def main():
         ' '.join(fa_archs), ' '.join(stubs) or 'none'))
     for a in archs:
         arch = 'sm_' + a
-        cubin = os.path.join(CACHE_OURS, 'ours.%s.cubin' % arch)
-        log = subprocess.run([E['PTXAS'], '-arch=' + arch, '-v', '-o', cubin, E['OURS_PTX']],
-                             check=True, capture_output=True, text=True).stderr
-        regs = {}
-        for m in re.finditer(r"Compiling entry function '(\w+)' for '\w+'\n.*?\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers", log):
-            regs[m.group(1)] = dict(regs=int(m.group(5)), stack=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)))
+        cubin, regs = assemble_ours(arch)
         for d in dims:
             name = E['OURS_KERNEL'] % d
             if name not in regs or d not in tiles:
@@ -580,10 +606,287 @@ def report(spec, notes):
     open(os.path.join(OUT, 'report.md'), 'w').write('\n'.join(W) + '\n')
     print('\n'.join(W))
 
+# ---- backward (BWD=1: after the forward; BWD=only: alone) ---------------------------------------
+# FA2's backward in torch: run_mha_bwd_hdim<d> (flash_bwd_launch_template.h) picks, where the opt-in
+# shared memory per block is >= 144 KB (A100 163 KB, H100 227 KB), without dropout:
+#   d32  Flash_bwd_kernel_traits<32, 128, 128, 8, 4, 4, 4, true, false>   (>= 104 KB and !Is_dropout: V in registers)
+#   d64  Flash_bwd_kernel_traits<64, 128, 128, 8, 4, 4, 4, false, false>
+#   d128 Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false>
+# <kHeadDim, kBlockM, kBlockN, kNWarps, AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ, Is_V_in_regs,
+# No_double_buffer>, run through run_flash_bwd_seqk_parallel as flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel
+# <traits, Is_dropout, Is_causal, Is_local, Has_alibi, Is_even_MN, Is_even_K, Is_softcap> (the mangled names in
+# libtorch_cuda.so carry exactly these template arguments; FA2_BWD_TILE_<d> overrides, 7 numbers).
+FA2_BWD_TILES = {32: '128 128 8 4 4 4 1', 64: '128 128 8 4 4 4 0', 128: '64 128 8 2 4 2 0'}
+BWD_COLS = ['HMMA', 'LDSM', 'LDSM.T', 'LDGSTS', 'LDG', 'STG', 'RED', 'LDS', 'LDS(dummy)', 'STS', 'LDL', 'STL',
+            'MUFU.EX2', 'MUFU(other)', 'FFMA', 'FMUL', 'FMUL(pred)', 'FADD', 'FMNMX', 'FSETP', 'FSEL', 'F2FP', 'SHFL',
+            'BAR', 'DEPBAR', 'ISETP', 'SEL', 'IMAD', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'P2R/PLOP3', 'uniform',
+            'branch/ctl', 'other']
+
+def fa2_bwd_name(d, t, causal, even_mn):
+    bm, bn, w, a1, a2, a3, vr = t
+    tr = 'ILi%dELi%dELi%dELi%d' % (d, bm, bn, w)
+    return ('_ZN13pytorch_flash44flash_bwd_dq_dk_dv_loop_seqk_parallel_kernelI23Flash_bwd_kernel_traits%sELi%dELi%dELi%dELb%dELb0E'
+            'N7cutlass10bfloat16_tE19Flash_kernel_traits%sES3_EELb0ELb%dELb0ELb0ELb%dELb1ELb0EEEvNS_16Flash_bwd_paramsE') % (
+                tr, a1, a2, a3, vr, tr, causal, even_mn)
+
+def fa2_bwd_smem(d, t):
+    # kSmemSize1colblock of Flash_bwd_kernel_traits (kernel_traits.h), 2-byte elements: Q and dO
+    # (3 tiles of kBlockM x d: Q double-buffered), K and V, P and dS (kBlockM x kBlockN each).
+    bm, bn, w, a1, a2, a3, vr = t
+    qdo, kv, pds = bm * d * 3 * 2, bn * d * 2 * 2, bm * bn * 2
+    return qdo + (max(kv, kv // 2 + 2 * pds) if vr else kv + 2 * pds)
+
+def cls_bwd(i):
+    b = i['base']
+    if b in ('RED', 'REDG', 'ATOM', 'ATOMG'):
+        return 'RED'
+    if b in ('LD', 'LDG'):
+        return 'LDG'
+    if b in ('ST', 'STG'):
+        return 'STG'
+    if b in ('P2R', 'R2P', 'PLOP3'):
+        return 'P2R/PLOP3'
+    return cls(i)
+
+def hist_bwd(seq):
+    return collections.Counter(cls_bwd(i) for i in seq)
+
+def is_bwd_mask_block(bb):
+    # memattn's backward masks P and dS in a block of its own, branched around in a tile whose every
+    # row sees every key of the block (all tiles but those on the causal diagonal, a window edge or
+    # seq_kv): integer offset compares and predicated zeroing, no tensor-core or memory work. FA2
+    # if-converts its causal mask into the loop body (-inf FSELs among the HMMA), so nothing of FA2's
+    # is skipped; its noncausal evenMN kernel has no mask code.
+    if is_mask_block(bb):
+        return True
+    if len(bb) < 64 or any(i['base'] in ('HMMA', 'LDSM', 'LDGSTS', 'LDS', 'STS', 'MUFU', 'RED', 'REDG', 'LD', 'LDG',
+                                         'ST', 'STG', 'BAR') for i in bb):
+        return False
+    return sum(1 for i in bb if cls_bwd(i) in ('ISETP', 'LOP3', 'P2R/PLOP3', 'SEL', 'FSEL', 'IADD3', 'IMAD', 'uniform',
+                                               'SHF', 'MOV', 'LEA')) >= 0.9 * len(bb)
+
+def smem_bytes(i):
+    """Shared-memory bytes one warp instruction moves (0 for a `@!PT` dummy)."""
+    b, parts = i['base'], i['op'].split('.')
+    if i['pred'] == '@!PT':
+        return 0
+    if b == 'LDSM':
+        return 128 * (int(parts[-1]) if parts[-1] in ('1', '2', '4') else 4)
+    if b in ('LDS', 'STS', 'LDGSTS'):
+        w = 4
+        for x in parts[1:]:
+            w = {'64': 8, '128': 16, 'U8': 1, 'S8': 1, 'U16': 2, 'S16': 2}.get(x, w)
+        return 32 * w
+    return 0
+
+def red_bytes(i):
+    return 32 * (8 if '.64' in i['op'] or 'F32x2' in i['op'] else 4) if cls_bwd(i) == 'RED' else 0
+
+def bwd_loop_costs(seq, copies):
+    # LDGSTS: the moving copies of main_loop (a guarded @P / @!P pair counts its larger side).
+    lg = [smem_bytes(i) for i in seq if i['base'] == 'LDGSTS']
+    sm = sum(smem_bytes(i) for i in seq if i['base'] != 'LDGSTS') + copies * (max(lg) if lg else 0)
+    return sm, sum(red_bytes(i) for i in seq)
+
+def bwd_model(arch, h, smem_b, warps, br, bc):
+    """Cycles per SM for one unit (64 queries x 64 keys x d, all five GEMMs), from one warp's loop iteration."""
+    m = MODEL[arch]
+    per_sm = warps * 4096.0 / (br * bc)     # warp-instructions per SM per unit, per instruction of one warp's iteration
+    f = per_sm / 4.0                        # ... per SM sub-partition
+    c = dict(tensor=h['HMMA'] * f * m['hmma'], issue=sum(h.values()) * f,
+             fma=sum(h[k] for k in FMA_PIPE) * f * m['fma'],
+             alu=sum(h[k] for k in ALU_PIPE | {'P2R/PLOP3'}) * f * m['alu'],
+             mufu=(h['MUFU.EX2'] + h['MUFU(other)']) * f * m['mufu'], smem=smem_b * per_sm / 128.0)
+    c['bound'] = max(c, key=c.get)
+    return c
+
+def ours_bwd_tiles():
+    # OURS_BWD_TILES="64:32,4 128:32,4" (d:br,warps; Bc = 16 warps), else the FLASH_BWD_MMA_D<d>
+    # literals of kernels-gpu/src/tiles.rs; shared memory from ptxas-report.json.
+    tiles = {}
+    for item in E.get('OURS_BWD_TILES', '').split():
+        d, rest = item.split(':'); br, w = map(int, rest.split(','))
+        tiles[int(d)] = dict(br=br, warps=w)
+    if not tiles:
+        src = open(os.path.join(E['PROJECT'], 'kernels-gpu/src/tiles.rs')).read()
+        for m in re.finditer(r'FLASH_BWD_MMA_D(\d+)\s*:\s*FlashBwdMmaTile\s*=\s*FlashBwdMmaTile\s*\{([^}]*)\}', src):
+            f = {k: int(v) for k, v in re.findall(r'\b(head_dim|br|warps)\s*:\s*(\d+)', m.group(2))}
+            if all(k in f for k in ('head_dim', 'br', 'warps')):
+                tiles[f['head_dim']] = dict(br=f['br'], warps=f['warps'])
+    rep = {}
+    rp = os.path.join(E['PROJECT'], 'kernels-gpu/ptx/ptxas-report.json')
+    if os.path.exists(rp):
+        for k in json.load(open(rp)).get('kernels', []):
+            rep[(k['name'], k['arch'])] = k
+    for d, t in tiles.items():
+        t['bc'] = 16 * t['warps']
+        k = rep.get((E['OURS_BWD_KERNEL'] % d, 'sm_80'))
+        t['smem'] = (k['dynamic_smem_bytes'] + k.get('static_smem_bytes', 0)) if k else \
+            (2 * t['bc'] * d + 2 * t['br'] * d + t['bc'] * t['br']) * 2 + 2 * t['br'] * 4
+    return tiles, rep
+
+def bwd_main(append):
+    archs, dims = E['ARCHS'].split(), [int(x) for x in E.get('BWD_DIMS', '64 128 32').split()]
+    idx, elves = fa2_index()
+    tiles, ptx_rep = ours_bwd_tiles()
+    cub = os.path.join(TDIR, 'cubins')
+    os.makedirs(cub, exist_ok=True)
+    spec, notes = [], []
+    for a in archs:
+        arch = 'sm_' + a
+        cubin, regs = assemble_ours(arch)
+        for d in dims:
+            name = E['OURS_BWD_KERNEL'] % d
+            if name not in regs or d not in tiles:
+                print('skip ours %s %s: not in PTX or tiles.rs' % (name, arch)); continue
+            path = os.path.join(SASS, 'ours_bwd_d%d.%s.sass' % (d, arch))
+            open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', name, cubin]))
+            t, r, pr = tiles[d], regs[name], ptx_rep.get((name, arch))
+            if pr and (pr['registers'], pr['stack_bytes'], pr['spill_store_bytes'] + pr['spill_load_bytes']) != (r['regs'], r['stack'], r['spill']):
+                notes.append('%s %s: ptxas-report.json says %d regs / %d B stack / %d B spill, this ptxas %d / %d / %d' % (
+                    name, arch, pr['registers'], pr['stack_bytes'], pr['spill_store_bytes'] + pr['spill_load_bytes'], r['regs'], r['stack'], r['spill']))
+            spec.append(dict(name='ours d%d' % d, arch=arch, variant='one kernel (runtime mask)', sass=path, regs=r['regs'],
+                             stack=r['stack'], spill=r['spill'], smem=t['smem'], threads=32 * t['warps'], br=t['br'],
+                             bc=t['bc'], d=d, warps=t['warps'], kernel=name))
+            ft = tuple(map(int, E.get('FA2_BWD_TILE_%d' % d, FA2_BWD_TILES.get(d, '64 128 8 2 4 2 0')).split()))
+            for causal, v in ((0, 'noncausal evenMN'), (1, 'causal evenMN')):
+                fn = fa2_bwd_name(d, ft, causal, 1)
+                if (arch, fn) not in idx:
+                    print('FA2 kernel not found for %s: %s' % (arch, fn)); continue
+                info = idx[(arch, fn)]
+                elf = elves[info['section']]
+                cpath = os.path.join(cub, elf)
+                if not os.path.exists(cpath):
+                    subprocess.run([E['CUOBJDUMP'], '-xelf', elf, E['LIB']], cwd=cub, check=True, capture_output=True)
+                path = os.path.join(SASS, 'fa2_bwd_d%d_%s.%s.sass' % (d, 'c' if causal else 'nc', arch))
+                open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', fn, cpath]))
+                spec.append(dict(name='FA2 d%d' % d, arch=arch, variant=v, sass=path, regs=info['regs'], stack=info['stack'],
+                                 spill=None, smem=fa2_bwd_smem(d, ft), threads=32 * ft[2], br=ft[0], bc=ft[1], d=d,
+                                 warps=ft[2], demangled=demangle([fn])[0], cubin=elf, tile=ft))
+    if not append:
+        try:
+            notes.insert(0, 'torch: ' + open(os.path.join(TDIR, 'torch/version.py')).read().split("__version__ = ")[1].split('\n')[0])
+        except Exception:
+            notes.insert(0, 'torch: ' + E['TORCH_SPEC'])
+        notes.insert(1, 'ptxas: ' + run([E['PTXAS'], '--version']).strip().split('\n')[-1])
+    notes.append('registers / stack / spills: ours from this ptxas -v (ptxas-report.json agrees unless noted); FA2 from '
+                 'cuobjdump -res-usage, which gives REG and STACK but no spill bytes: its LDL/STL in the SASS are the spills')
+    bwd_report(spec, notes, append)
+
+def bwd_report(spec, notes, append):
+    rows = []
+    for s in spec:
+        ins = parse(s['sass'])
+        per_sm = s['warps'] * 4096.0 / (s['br'] * s['bc'])
+        out = dict(s, total=len(ins), hist_total=dict(hist_bwd(ins)),
+                   occ=occupancy(s['arch'], s['regs'], s['smem'], s['threads']))
+        for key, mask in (('steady', is_bwd_mask_block), ('masked', lambda bb: False)):
+            L = main_loop(ins, is_mask=mask, hist=hist_bwd, keep_seq=True)
+            h = L['steady_hist']
+            sm, rb = bwd_loop_costs(L['steady_seq'], L['steady_copies'])
+            out[key] = dict(loop={k: v for k, v in L.items() if k not in ('steady_hist', 'taken_hist', 'steady_seq')},
+                            hist=dict(h), n=L['steady'], hmma=h['HMMA'], nonhmma=L['steady'] - h['HMMA'],
+                            unit_hmma=h['HMMA'] * per_sm, unit_nonhmma=(L['steady'] - h['HMMA']) * per_sm,
+                            unit_smem=sm * per_sm, unit_red=rb * per_sm, unit_local=(h['LDL'] + h['STL']) * per_sm,
+                            model=bwd_model(s['arch'], h, sm, s['warps'], s['br'], s['bc']))
+        out['local_total'] = out['hist_total'].get('LDL', 0) + out['hist_total'].get('STL', 0)
+        if out['steady']['unit_hmma'] != 10 * s['d']:
+            notes.append('%s %s %s: %d HMMA per unit, not the five GEMMs\' 10 d = %d' % (
+                s['name'], s['arch'], s['variant'], out['steady']['unit_hmma'], 10 * s['d']))
+        rows.append(out)
+    jp = os.path.join(OUT, 'report.json')
+    j = json.load(open(jp)) if append and os.path.exists(jp) else {}
+    j.update(bwd_notes=notes, bwd_rows=rows)
+    json.dump(j, open(jp, 'w'), indent=1, default=str)
+    W = ['', '# Backward: memattn vs FA2 in torch (BWD=%s)' % E.get('BWD'), ''] + ['- ' + n for n in notes]
+    W += ['- FA2: flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel, bf16, the tile run_mha_bwd_hdim<d> picks with >= 144 KB '
+          'opt-in smem and no dropout (A100, H100): ' + '; '.join('d%d Flash_bwd_kernel_traits<%d, %s>' % (
+              d, d, ', '.join(E.get('FA2_BWD_TILE_%d' % d, FA2_BWD_TILES[d]).split())) for d in sorted(FA2_BWD_TILES)) +
+          ' (kBlockM, kBlockN, kNWarps, AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ, Is_V_in_regs); smem = '
+          'kSmemSize1colblock. Ours: FLASH_BWD_MMA_D<d> of kernels-gpu/src/tiles.rs, Bc = 16 x warps, smem from ptxas-report.json.',
+          '- Main loop = the loop over query tiles (m-blocks) of one key block: the back edge with the most HMMA, the '
+          'smallest of equals (ours: the loop without soft cap, inside the loop over a GQA group\'s query heads; FA2: inside '
+          'its loop over key blocks n_block += gridDim.x). "steady" = one query tile on its longest path with ours\' mask '
+          'block skipped (a tile every row of which sees every key of the block); "masked" = the same with the mask block '
+          '(diagonal / window-edge / seq_kv tiles). FA2 has no such block: its causal mask is if-converted into the loop, '
+          'so its causal kernel pays it in every tile. Both paths count the next-tile prefetch (FA2) and, for ours, the '
+          'LSE/D loads of the threads tid < Br (warp 0 at Br 32, warps 0-1 at Br 64; the other warps skip them) and the `@P ST.E` of the deterministic mode, '
+          'predicated off in atomic mode but issued.',
+          '- "unit" = 64 queries x 64 keys x d of the five GEMMs (S, dP, dV, dK, dQ): per SM, one loop iteration of every '
+          'warp times 4096 / (Br x Bc); HMMA per unit is 10 d for a kernel without redundant MMA. smem = LDSM / LDS / STS / '
+          'cp.async bytes by width (not bank conflicts); RED = dQ atomic bytes to L2 (not in the model\'s bound).', '']
+    W.append('| kernel | arch | variant | regs | stack B | spill B st+ld | LDL+STL (kernel / loop) | smem B | thr | Br | Bc | blk/SM A100-or-H100 (limit) | warps/SM | SASS instr | loop instr/iter steady / masked | HMMA/iter | non-HMMA/iter | per unit: HMMA / non-HMMA / smem KiB / RED KiB |')
+    W.append('|' + '---|' * 16)
+    for r in rows:
+        o, st, mk = r['occ'], r['steady'], r['masked']
+        W.append('| %s | %s | %s | %d | %d | %s | %d / %d | %d | %d | %d | %d | %d (%s) | %d | %d | %d / %d | %d | %d | %d / %d / %.0f / %.0f |' % (
+            r['name'], r['arch'], r['variant'], r['regs'], r['stack'], '-' if r['spill'] is None else r['spill'],
+            r['local_total'], st['hist'].get('LDL', 0) + st['hist'].get('STL', 0), r['smem'], r['threads'], r['br'], r['bc'],
+            o['blocks'], o['limit'], o['warps'], r['total'], st['n'], mk['n'], st['hmma'], st['nonhmma'],
+            st['unit_hmma'], st['unit_nonhmma'], st['unit_smem'] / 1024, st['unit_red'] / 1024))
+    W += ['', 'Steady loop iteration (one query tile), opcode histogram per warp:', '',
+          '| kernel | arch | variant | ' + ' | '.join(BWD_COLS) + ' |', '|' + '---|' * (3 + len(BWD_COLS))]
+    for r in rows:
+        W.append('| %s | %s | %s | ' % (r['name'], r['arch'], r['variant']) + ' | '.join(str(r['steady']['hist'].get(c, 0)) for c in BWD_COLS) + ' |')
+    W += ['', 'Main loop structure (addresses in the .sass files):', '']
+    for r in rows:
+        L = r['steady']['loop']
+        W.append('- %s %s %s: head %s, back edge %s, static %d, longest path %d, shortest %d, steady %d (mask blocks %d); '
+                 'conditional blocks: %s' % (r['name'], r['arch'], r['variant'], L['head'], L['tail'], L['static'], L['longest'],
+                 L['shortest'], L['steady'], L['mask_n'], '; '.join('%s n=%d%s%s' % (c['addr'], c['n'], ' MASK' if c['mask'] else '',
+                 ' (in steady)' if c['in_steady'] else '') for c in L['cond_blocks']) or 'none'))
+    W += ['', 'Pipe model (ASSUMPTION, not a measurement): cycles per SM sub-partition per unit, rates as the forward\'s; '
+          'smem 128 B/clk/SM from the bytes above. It ignores latency (the backward\'s chain S -> P -> dS -> STS -> barrier -> '
+          'dQ per tile, at 1-2 blocks per SM), the barriers, bank conflicts, L2 atomics and local-memory traffic.', '',
+          '| kernel | arch | variant | tensor | issue | fma pipe | alu pipe | mufu | smem | bound |', '|' + '---|' * 10]
+    for r in rows:
+        for key in ('steady', 'masked'):
+            if key == 'masked' and not r['name'].startswith('ours'):
+                continue
+            m = r[key]['model']
+            W.append('| %s | %s | %s%s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s |' % (r['name'], r['arch'], r['variant'],
+                     ', masked tile' if key == 'masked' else '', m['tensor'], m['issue'], m['fma'], m['alu'], m['mufu'], m['smem'], m['bound']))
+    W += ['', 'Ours vs FA2, model bounds (ratio = FA2 cycles / ours: >= 1 means ours at least as fast by the model):', '']
+    bound = lambda m: max(v for k, v in m.items() if k != 'bound')
+    summary = []
+    for r in rows:
+        if not r['name'].startswith('ours'):
+            continue
+        fa = {f['variant']: f for f in rows if f['name'].startswith('FA2') and f['d'] == r['d'] and f['arch'] == r['arch']}
+        f, fc = fa.get('noncausal evenMN'), fa.get('causal evenMN')
+        if not f:
+            continue
+        bo, bm, bf = bound(r['steady']['model']), bound(r['masked']['model']), bound(f['steady']['model'])
+        bfc = bound(fc['steady']['model']) if fc else float('nan')
+        summary.append(dict(d=r['d'], arch=r['arch'], ours=bo, ours_bound=r['steady']['model']['bound'], fa2=bf,
+                            fa2_bound=f['steady']['model']['bound'], ratio=bf / bo, ours_masked=bm, fa2_causal=bfc, ratio_masked=bfc / bm,
+                            nonhmma=r['steady']['unit_nonhmma'] / f['steady']['unit_nonhmma'],
+                            smem=r['steady']['unit_smem'] / f['steady']['unit_smem'], red=r['steady']['unit_red'] / f['steady']['unit_red']))
+        s = summary[-1]
+        W.append('- d%d %s: ours %s-bound %.0f cyc/unit, FA2 noncausal %s-bound %.0f -> FA2/ours = %.2f; masked tile: ours %.0f, '
+                 'FA2 causal %.0f -> %.2f; per unit ours/FA2: non-HMMA %.2f, smem bytes %.2f, dQ RED bytes %.2f' % (
+                     s['d'], s['arch'], s['ours_bound'], bo, s['fa2_bound'], bf, s['ratio'], bm, bfc, s['ratio_masked'],
+                     s['nonhmma'], s['smem'], s['red']))
+    j['bwd_summary'] = summary
+    json.dump(j, open(jp, 'w'), indent=1, default=str)
+    for r in rows:
+        if 'demangled' in r:
+            W.append('- %s %s %s = `%s` (%s)' % (r['name'], r['arch'], r['variant'], r['demangled'], r['cubin']))
+    mp = os.path.join(OUT, 'report.md')
+    if append and os.path.exists(mp):
+        open(mp, 'a').write('\n'.join(W) + '\n')
+    else:
+        open(mp, 'w').write('\n'.join(W).lstrip('\n') + '\n')
+    print('\n'.join(W))
+
 # The tiles torch's FA2 runs on A100/H100 without dropout (run_mha_fwd_hdim* in flash_fwd_launch_template.h).
 FA2_TILES = {32: '128 128 4', 64: '128 128 4', 96: '128 64 4', 128: '128 64 4', 192: '128 64 8', 256: '128 64 8'}
 # Our cubins go with the report, so runs with different SASS_OUT do not overwrite each other's.
 CACHE_OURS = os.path.join(OUT, 'ours')
 os.makedirs(CACHE_OURS, exist_ok=True)
-main()
+BWD = E.get('BWD', '0')
+if BWD != 'only':
+    main()
+if BWD in ('1', 'only'):
+    bwd_main(append=(BWD == '1'))
 PY
