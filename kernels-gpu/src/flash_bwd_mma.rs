@@ -7,9 +7,11 @@
 //! slices summed in key order, to the 16-bit dQ; the sinks' gradient) are
 //! [`crate::flash_bwd_f32`]'s, instantiated for bf16 and f16.
 //!
-//! Algorithm: a block of `W` warps owns `BC = 16 W` keys of one K/V head; warp `w` owns keys
-//! `16w..16w + 16` and keeps their dK and dV (`16 x D` each, f32 accumulator fragments) in
-//! registers. K and V are staged once. For every query head that reads the K/V head (GQA: the
+//! Algorithm: a block of `W` warps owns `BC = 16 W / S` keys of one K/V head (`S` the tile's
+//! `kv_splits`); the `S` warps of row group `kw` own keys `16kw..16kw + 16`, and warp part `hw`
+//! of them keeps columns `D hw / S..D (hw + 1) / S` of their dK and dV (f32 accumulator
+//! fragments) in registers (`S = 2` at d128, where one warp's `16 x 128` dK and dV spilled; both
+//! warps of a group then compute its Sᵀ and dPᵀ). K and V are staged once. For every query head that reads the K/V head (GQA: the
 //! group's gradients are summed in those registers, no atomics on dK/dV) and every query tile
 //! of `BR` rows that meets the block's keys, Q, dO, LSE (log2 domain) and D are staged, then each
 //! warp, for its 16 keys:
@@ -41,7 +43,8 @@
 //! sequence (`device::sequence_of`, as the forward).
 //!
 //! Tiles ([`crate::tiles::FLASH_BWD_MMA_D32`], [`crate::tiles::FLASH_BWD_MMA_D64`],
-//! [`crate::tiles::FLASH_BWD_MMA_D128`]): 4 warps, Bc 64; Br 64 at d32, 32 at d64 and d128.
+//! [`crate::tiles::FLASH_BWD_MMA_D128`]): Bc 64; 4 warps at d32 and d64, 8 (2 per row group)
+//! at d128; Br 64 at d32, 32 at d64 and d128.
 //! Shared memory (swizzled like the forward's, [`crate::swizzle`]): K, V `[BC][D]`, Q, dO
 //! `[BR][D]`, dSᵀ `[BC][BR]`, 16-bit; LSE, D `[BR]` f32.
 //!
@@ -61,7 +64,7 @@ use crate::abi::BwdParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::flash_fwd_mma::{stage_tile, Rows, SmemChunk};
+use crate::flash_fwd_mma::{ctaid_x_fresh, ctaid_y_fresh, ctaid_z_fresh, stage_tile, Rows, SmemChunk};
 #[cfg(target_arch = "nvptx64")]
 use crate::frag::{ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane, pack_a};
 #[cfg(target_arch = "nvptx64")]
@@ -70,6 +73,15 @@ use crate::mma::*;
 use crate::softmax::{tanh, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, TileLane};
+
+/// `%tid.x` read again (a volatile read the compiler cannot merge with an earlier one).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn tid_x_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
 
 /// `st.shared.b32 [addr], x;`
 #[cfg(target_arch = "nvptx64")]
@@ -116,13 +128,14 @@ pub(crate) unsafe fn flash_bwd<
     const ND: usize,
     const NQ: usize,
     const NDQ: usize,
+    const NDH: usize,
 >(
     bp: &BwdParams,
 ) {
     if bp.attn.softcap > 0.0 {
-        unsafe { body::<E, D, BR, BC, THREADS, KD, ND, NQ, NDQ, true>(bp) }
+        unsafe { body::<E, D, BR, BC, THREADS, KD, ND, NQ, NDQ, NDH, true>(bp) }
     } else {
-        unsafe { body::<E, D, BR, BC, THREADS, KD, ND, NQ, NDQ, false>(bp) }
+        unsafe { body::<E, D, BR, BC, THREADS, KD, ND, NQ, NDQ, NDH, false>(bp) }
     }
 }
 
@@ -138,12 +151,14 @@ unsafe fn body<
     const ND: usize,
     const NQ: usize,
     const NDQ: usize,
+    const NDH: usize,
     const SOFTCAP: bool,
 >(
     bp: &BwdParams,
 ) {
     const {
-        assert!(KD == D / 16 && ND == D / 8 && NQ == BR / 8 && BC == 16 * (THREADS / 32));
+        assert!(KD == D / 16 && ND == D / 8 && NQ == BR / 8 && ND % NDH == 0);
+        assert!(BC * (ND / NDH) == 16 * (THREADS / 32), "16 keys per group of ND / NDH warps");
         assert!((THREADS / 32) % (BR / 16) == 0 && NDQ * ((THREADS / 32) / (BR / 16)) == ND);
     };
     let seq = unsafe { sequence_of(&bp.attn, ctaid_z()) };
@@ -186,23 +201,22 @@ unsafe fn body<
     let c2 = scale * LOG2E;
     let cap_arg = if SOFTCAP { scale / p.softcap } else { 0.0 };
     let cap2 = p.softcap * LOG2E;
-    let atomic = bp.dq_split_stride == 0;
-    let dq_slice = if atomic { bp.dq_accum } else { bp.dq_accum + 4 * ctaid_x() as u64 * bp.dq_split_stride };
     let kv_end = core::cmp::min(kv0 + BC, seq_kv);
 
     // dQ: warp w computes query rows 16 mq.. of the tile, column tiles NDQ pd.. (a part starts
     // on a swizzle group when there are several, `FlashBwdMmaTile::check`).
     let mq = warp % (BR / 16);
     let pd = if NDQ == ND { 0 } else { warp / (BR / 16) };
-    // This lane's keys: rows g and g + 8 of the warp.
-    let key0 = kv0 + 16 * warp + g;
+    // This warp's 16 keys (row group kw) and its part hw of their dK, dV columns (column tiles
+    // NDH hw..); with one part per group, kw is the warp.
+    let (kw, hw) = (warp % (BC / 16), warp / (BC / 16));
+    // This lane's keys: rows g and g + 8 of the warp's group.
+    let key0 = kv0 + 16 * kw + g;
 
-    let mut dk = [[0.0f32; 4]; ND];
-    let mut dv = [[0.0f32; 4]; ND];
+    let mut dk = [[0.0f32; 4]; NDH];
+    let mut dv = [[0.0f32; 4]; NDH];
     let mut h = hk * group;
     while h < (hk + 1) * group {
-        let q_rows = slice(p.q, &p.q_strides, h, q_row0, p.seq_q);
-        let do_rows = slice(bp.d_o, &bp.d_o_strides, h, q_row0, p.seq_q);
         let mut q0 = 0usize;
         while q0 < seq_q {
             // Query tiles whose rows see none of the block's keys are skipped (uniform); a tile
@@ -223,6 +237,10 @@ unsafe fn body<
 
             // Every warp is done with the previous tile's Q, dO, dSᵀ, LSE and D.
             sync_threads();
+            // The head's rows from an opaque copy of h: formed per tile, not held through the loop.
+            let ho = opaque_u64(h);
+            let q_rows = slice(p.q, &p.q_strides, ho, q_row0, p.seq_q);
+            let do_rows = slice(bp.d_o, &bp.d_o_strides, ho, q_row0, p.seq_q);
             unsafe {
                 stage_tile::<D, BR, THREADS>(q_s, q_rows, qa, tid);
                 stage_tile::<D, BR, THREADS>(do_s, do_rows, qa, tid);
@@ -249,8 +267,8 @@ unsafe fn body<
             // operands of dO, Q, K through `.trans` (as the forward's V); the A operand of dS
             // read transposed from dSᵀ (its rows are keys, as a B operand's of K).
             let (a_r, a_c) = ldsm_a_lane(lane);
-            let k_a = TileLane::<D>::new(opaque_u32(k_s), 16 * warp + a_r, a_c);
-            let v_a = TileLane::<D>::new(opaque_u32(v_s), 16 * warp + a_r, a_c);
+            let k_a = TileLane::<D>::new(opaque_u32(k_s), 16 * kw + a_r, a_c);
+            let v_a = TileLane::<D>::new(opaque_u32(v_s), 16 * kw + a_r, a_c);
             let (b_r, b_c) = ldsm_b_lane(lane);
             let q_b = TileLane::<D>::new(opaque_u32(q_s), b_r, b_c);
             let do_b = TileLane::<D>::new(opaque_u32(do_s), b_r, b_c);
@@ -332,21 +350,24 @@ unsafe fn body<
             let pf = pack_a(&s, E::pack);
             let dsf = pack_a(&dp, E::pack);
             // Chunk n of a row is chunk 0's position XOR 16n (the swizzle XORs the chunk bits;
-            // the tile is 128-byte aligned), so each row takes one address register.
-            unroll4!(r in 0..2 => {
-                let row = 16 * warp + g + 8 * r;
-                let at0 = opaque_u32(ds_s + (swizzled_offset(BR, row, 0) + 4 * t) as u32);
-                unroll8!(n in 0..NQ => {
-                    unsafe { st_shared_u32(at0 ^ (16 * n) as u32, dsf[n / 2][2 * (n % 2) + r]) };
+            // the tile is 128-byte aligned), so each row takes one address register. One warp of
+            // each row group stores it (the other computed the same values).
+            if hw == 0 {
+                unroll4!(r in 0..2 => {
+                    let row = 16 * kw + g + 8 * r;
+                    let at0 = opaque_u32(ds_s + (swizzled_offset(BR, row, 0) + 4 * t) as u32);
+                    unroll8!(n in 0..NQ => {
+                        unsafe { st_shared_u32(at0 ^ (16 * n) as u32, dsf[n / 2][2 * (n % 2) + r]) };
+                    });
                 });
-            });
+            }
 
             // (4) dV += Pᵀ dO, dK += dSᵀ Q, dO and Q as B operands through `.trans`.
             let (bt_r, bt_c) = ldsm_bt_lane(lane);
-            let q_bt = TileLane::<D>::new(opaque_u32(q_s), bt_r, bt_c);
-            let do_bt = TileLane::<D>::new(opaque_u32(do_s), bt_r, bt_c);
+            let q_bt = TileLane::<D>::new(opaque_u32(q_s), bt_r, bt_c + NDH * hw);
+            let do_bt = TileLane::<D>::new(opaque_u32(do_s), bt_r, bt_c + NDH * hw);
             unroll4!(kc in 0..NQ / 2 => {
-                unroll8!(np in 0..ND / 2 => {
+                unroll8!(np in 0..NDH / 2 => {
                     let r = unsafe { ldmatrix_x4_trans(do_bt.at(16 * kc, np)) };
                     E::mma(&mut dv[2 * np], &pf[kc], r[0], r[1]);
                     E::mma(&mut dv[2 * np + 1], &pf[kc], r[2], r[3]);
@@ -377,10 +398,13 @@ unsafe fn body<
                     let row = q_row0 + (qa + qr) as u64;
                     // One address per row; the columns 8 (NDQ pd + n) + 2t (+ 1) are immediates.
                     let first = (8 * NDQ * pd + 2 * t) as u64;
-                    let base = opaque_u64(dq_slice + 4 * (bp.dq_accum_strides.offset(b, row, h) + first));
+                    // Atomic mode: the one accumulator; deterministic: key block x's own slice
+                    // (x read again, not held through the loop).
+                    let slice0 = bp.dq_accum + 4 * ctaid_x_fresh() as u64 * bp.dq_split_stride;
+                    let base = opaque_u64(slice0 + 4 * (bp.dq_accum_strides.offset(b, row, h) + first));
                     unroll8!(n in 0..NDQ => {
                         let at = base + 32 * n as u64;
-                        if atomic {
+                        if bp.dq_split_stride == 0 {
                             unsafe {
                                 red_add_f32(at, acc[n][2 * r]);
                                 red_add_f32(at + 4, acc[n][2 * r + 1]);
@@ -401,15 +425,25 @@ unsafe fn body<
     }
 
     // dK and dV of the warp's keys, summed over the group's query heads, in 16 bits.
+    // The block's sequence, K/V head and keys are read again (fresh special-register reads) rather
+    // than kept in registers through the loops.
     cp_async_wait_all(); // K and V, when no query tile met the block
+    let seq = unsafe { sequence_of(&bp.attn, ctaid_z_fresh()) };
+    let (b, k_row0, seq_kv) = (seq.b, seq.k0, seq.p.seq_kv as usize);
+    let hk = ctaid_y_fresh() as u64;
+    let lane = tid_x_fresh() as usize % 32;
+    let t = lane % 4;
+    let warp = tid_x_fresh() as usize / 32;
+    let key0 = ctaid_x_fresh() as usize * BC + 16 * (warp % (BC / 16)) + lane / 4;
+    let first = 8 * NDH * (warp / (BC / 16));
     unroll4!(r in 0..2 => {
         let key = key0 + 8 * r;
         if key < seq_kv {
             let row = k_row0 + key as u64;
             let ka = bp.dk + 2 * bp.dk_strides.offset(b, row, hk);
             let va = bp.dv + 2 * bp.dv_strides.offset(b, row, hk);
-            unroll!(n in 0..ND => {
-                let col = (8 * n + 2 * t) as u64;
+            unroll!(n in 0..NDH => {
+                let col = (first + 8 * n + 2 * t) as u64;
                 unsafe {
                     st_u32(ka + 2 * col, E::pack(dk[n][2 * r], dk[n][2 * r + 1]));
                     st_u32(va + 2 * col, E::pack(dv[n][2 * r], dv[n][2 * r + 1]));

@@ -294,21 +294,21 @@ unsafe fn negate_chunk(addr: u32) {
 /// the value need not stay in a register through the key loop).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn ctaid_x_fresh() -> u32 {
+pub(crate) fn ctaid_x_fresh() -> u32 {
     let y: u32;
     unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.x;", y = out(reg32) y, options(nomem, nostack)) };
     y
 }
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn ctaid_y_fresh() -> u32 {
+pub(crate) fn ctaid_y_fresh() -> u32 {
     let y: u32;
     unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.y;", y = out(reg32) y, options(nomem, nostack)) };
     y
 }
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn ctaid_z_fresh() -> u32 {
+pub(crate) fn ctaid_z_fresh() -> u32 {
     let y: u32;
     unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.z;", y = out(reg32) y, options(nomem, nostack)) };
     y

@@ -548,12 +548,20 @@ pub struct FlashBwdMmaTile {
     pub head_dim: u32,
     pub br: u32,
     pub warps: u32,
+    /// Warps that share one 16-key row group, each owning `head_dim / kv_splits` columns of its
+    /// dK and dV (and each computing the group's Sᵀ and dPᵀ): 1, or 2 where a warp's dK and dV
+    /// of the whole head dim would not fit in registers (d128).
+    pub kv_splits: u32,
 }
 
 impl FlashBwdMmaTile {
-    /// Keys per block: 16 per warp.
+    /// Keys per block: 16 per group of `kv_splits` warps.
     pub const fn bc(&self) -> u32 {
-        16 * self.warps
+        16 * self.warps / self.kv_splits
+    }
+    /// 8-column tiles of dK and dV per warp.
+    pub const fn dkv_dtiles(&self) -> u32 {
+        self.head_dim / 8 / self.kv_splits
     }
     pub const fn threads(&self) -> u32 {
         32 * self.warps
@@ -583,7 +591,12 @@ impl FlashBwdMmaTile {
         let cpr = self.head_dim / 8; // 16-byte chunks per row
         assert!(self.head_dim.is_multiple_of(32), "rows of whole swizzle groups");
         assert!(self.br == 32 || self.br == 64, "dSᵀ rows of 64 or 128 bytes (one swizzle)");
-        assert!(self.warps <= 4, "unroll4! over the key block's 16-key steps");
+        assert!(self.bc() / 16 <= 4, "unroll4! over the key block's 16-key steps");
+        assert!(self.warps.is_multiple_of(self.kv_splits) && (self.head_dim / 8).is_multiple_of(self.kv_splits));
+        assert!(
+            self.kv_splits == 1 || (self.head_dim.is_multiple_of(64) && self.dkv_dtiles().is_power_of_two()),
+            "a dK/dV part's first chunk XORs cleanly with its lane's chunk steps"
+        );
         assert!(self.warps.is_multiple_of(self.br / 16), "whole dQ m-tiles per warp group");
         assert!((self.head_dim / 8).is_multiple_of(self.dq_parts()) && self.dq_dtiles().is_multiple_of(2));
         assert!(
@@ -599,15 +612,17 @@ impl FlashBwdMmaTile {
 
 /// d=32: 4 warps of 16 keys (Bc 64), Br 64. Per thread dK, dV 16 registers each, Sᵀ and dPᵀ
 /// 32 each. Shared memory (2 x 64 x 32 + 2 x 64 x 32 + 64 x 64) x 2 + 512 B = 24.5 KiB.
-pub const FLASH_BWD_MMA_D32: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 32, br: 64, warps: 4 };
+pub const FLASH_BWD_MMA_D32: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 32, br: 64, warps: 4, kv_splits: 1 };
 /// d=64: 4 warps of 16 keys (Bc 64), Br 32 (Br 64, with Sᵀ and dPᵀ 32 registers each instead
 /// of 16, spilled). dK, dV 32 registers each; dQ: 2 m-tiles x 2 halves of the head dim. Shared
 /// memory (2 x 64 x 64 + 2 x 32 x 64 + 64 x 32) x 2 + 256 B = 28.3 KiB.
-pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, br: 32, warps: 4 };
-/// d=128: 4 warps of 16 keys (Bc 64), Br 32 (dK, dV 64 registers each; Sᵀ and dPᵀ 16 each, so
-/// the accumulators stay near 160 registers). dQ: 2 m-tiles x 2 halves of the head dim.
-/// Shared memory (2 x 64 x 128 + 2 x 32 x 128 + 64 x 32) x 2 + 256 B = 52.3 KiB (opt-in).
-pub const FLASH_BWD_MMA_D128: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 128, br: 32, warps: 4 };
+pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, br: 32, warps: 4, kv_splits: 1 };
+/// d=128: 8 warps, two per 16-key row group (Bc 64), each owning half of the head dim of its
+/// keys' dK and dV (32 registers each; one warp for all 128 columns, 64 each, spilled), both
+/// computing the group's Sᵀ and dPᵀ (16 registers each); Br 32. dQ: 2 m-tiles x 4 quarters of
+/// the head dim. Shared memory (2 x 64 x 128 + 2 x 32 x 128 + 64 x 32) x 2 + 256 B = 52.3 KiB
+/// (opt-in).
+pub const FLASH_BWD_MMA_D128: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 128, br: 32, warps: 8, kv_splits: 2 };
 
 /// Tile of the backward's row kernels (preprocess: `D = rowsum(dO ∘ O)` and zeroing the dQ
 /// accumulator; convert: dQ accumulator to dQ): one warp per query row, `rows` rows per block.

@@ -640,6 +640,7 @@ macro_rules! entry {
                     { (T.head_dim / 8) as usize },
                     { (T.br / 8) as usize },
                     { T.dq_dtiles() as usize },
+                    { T.dkv_dtiles() as usize },
                 >(&p)
             }
         }
