@@ -27,7 +27,8 @@
 #   BWD=1               also the backward, as a second section of report.md / report.json (bwd_notes, bwd_rows,
 #                       bwd_summary); BWD=only: the backward alone. Unset / 0: the forward alone, as before.
 #                       Ours: OURS_BWD_KERNEL=flash_bwd_bf16_d%d, BWD_DIMS="64 128 32", tiles from the
-#                       FLASH_BWD_MMA_D<d> literals of tiles.rs (OURS_BWD_TILES="64:32,4" = d:br,warps; Bc = 16 warps).
+#                       FLASH_BWD_MMA_D<d> literals of tiles.rs (OURS_BWD_TILES="64:32,4" = d:br,warps; Bc = 16 warps
+#                       / kv_splits).
 #                       FA2: flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel, noncausal and causal evenMN, with the
 #                       Flash_bwd_kernel_traits run_mha_bwd_hdim<d> picks on A100/H100 without dropout
 #                       (flash_bwd_launch_template.h, >= 144 KB opt-in smem), the template arguments of the mangled
@@ -710,16 +711,17 @@ def ours_bwd_tiles():
     if not tiles:
         src = open(os.path.join(E['PROJECT'], 'kernels-gpu/src/tiles.rs')).read()
         for m in re.finditer(r'FLASH_BWD_MMA_D(\d+)\s*:\s*FlashBwdMmaTile\s*=\s*FlashBwdMmaTile\s*\{([^}]*)\}', src):
-            f = {k: int(v) for k, v in re.findall(r'\b(head_dim|br|warps)\s*:\s*(\d+)', m.group(2))}
+            f = {k: int(v) for k, v in re.findall(r'\b(head_dim|br|warps|kv_splits)\s*:\s*(\d+)', m.group(2))}
             if all(k in f for k in ('head_dim', 'br', 'warps')):
-                tiles[f['head_dim']] = dict(br=f['br'], warps=f['warps'])
+                tiles[f['head_dim']] = dict(br=f['br'], warps=f['warps'], kv_splits=f.get('kv_splits', 1))
     rep = {}
     rp = os.path.join(E['PROJECT'], 'kernels-gpu/ptx/ptxas-report.json')
     if os.path.exists(rp):
         for k in json.load(open(rp)).get('kernels', []):
             rep[(k['name'], k['arch'])] = k
     for d, t in tiles.items():
-        t['bc'] = 16 * t['warps']
+        # 16 keys per row group of kv_splits warps (d128: two warps share a group's keys).
+        t['bc'] = 16 * t['warps'] // t.get('kv_splits', 1)
         k = rep.get((E['OURS_BWD_KERNEL'] % d, 'sm_80'))
         t['smem'] = (k['dynamic_smem_bytes'] + k.get('static_smem_bytes', 0)) if k else \
             (2 * t['bc'] * d + 2 * t['br'] * d + t['bc'] * t['br']) * 2 + 2 * t['br'] * 4
@@ -803,7 +805,7 @@ def bwd_report(spec, notes, append):
           'opt-in smem and no dropout (A100, H100): ' + '; '.join('d%d Flash_bwd_kernel_traits<%d, %s>' % (
               d, d, ', '.join(E.get('FA2_BWD_TILE_%d' % d, FA2_BWD_TILES[d]).split())) for d in sorted(FA2_BWD_TILES)) +
           ' (kBlockM, kBlockN, kNWarps, AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ, Is_V_in_regs); smem = '
-          'kSmemSize1colblock. Ours: FLASH_BWD_MMA_D<d> of kernels-gpu/src/tiles.rs, Bc = 16 x warps, smem from ptxas-report.json.',
+          'kSmemSize1colblock. Ours: FLASH_BWD_MMA_D<d> of kernels-gpu/src/tiles.rs, Bc = 16 x warps / kv_splits, smem from ptxas-report.json.',
           '- Main loop = the loop over query tiles (m-blocks) of one key block: the back edge with the most HMMA, the '
           'smallest of equals (ours: the loop without soft cap, inside the loop over a GQA group\'s query heads; FA2: inside '
           'its loop over key blocks n_block += gridDim.x). "steady" = one query tile on its longest path with ours\' mask '
