@@ -126,43 +126,58 @@ fn lanes(mask: u32, mut f: impl FnMut(usize)) {
     }
 }
 
+/// The lane-wise maps read each source lane and write the destination lane in one pass through
+/// raw pointers: no copy of the source rows (a destination may be one of its sources; lane `l`
+/// reads every source's lane `l` before writing it, so that is the same as copying first).
+#[inline(always)]
+fn rows<const N: usize>(r: &mut [[u64; 32]], d: Slot, src: [Slot; N]) -> (*mut u64, [*const u64; N]) {
+    let len = r.len();
+    assert!((d as usize) < len && src.iter().all(|&s| (s as usize) < len), "register slot out of range");
+    let base = r.as_mut_ptr();
+    // SAFETY: every slot was checked against the register file's length just above.
+    unsafe { ((*base.add(d as usize)).as_mut_ptr(), src.map(|s| (*base.add(s as usize)).as_ptr())) }
+}
+
 #[inline(always)]
 fn map1(r: &mut [[u64; 32]], d: Slot, a: Slot, exec: u32, f: impl Fn(u64) -> u64) {
-    let av = r[a as usize];
-    let dv = &mut r[d as usize];
-    if exec == FULL {
-        for l in 0..32 {
-            dv[l] = f(av[l]);
+    let (dv, [av]) = rows(r, d, [a]);
+    // SAFETY: `rows` checked the slots; lanes are below 32.
+    unsafe {
+        if exec == FULL {
+            for l in 0..32 {
+                *dv.add(l) = f(*av.add(l));
+            }
+        } else {
+            lanes(exec, |l| *dv.add(l) = f(*av.add(l)));
         }
-    } else {
-        lanes(exec, |l| dv[l] = f(av[l]));
     }
 }
 #[inline(always)]
 fn map2(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, exec: u32, f: impl Fn(u64, u64) -> u64) {
-    let av = r[a as usize];
-    let bv = r[b as usize];
-    let dv = &mut r[d as usize];
-    if exec == FULL {
-        for l in 0..32 {
-            dv[l] = f(av[l], bv[l]);
+    let (dv, [av, bv]) = rows(r, d, [a, b]);
+    // SAFETY: `rows` checked the slots; lanes are below 32.
+    unsafe {
+        if exec == FULL {
+            for l in 0..32 {
+                *dv.add(l) = f(*av.add(l), *bv.add(l));
+            }
+        } else {
+            lanes(exec, |l| *dv.add(l) = f(*av.add(l), *bv.add(l)));
         }
-    } else {
-        lanes(exec, |l| dv[l] = f(av[l], bv[l]));
     }
 }
 #[inline(always)]
 fn map3(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot, exec: u32, f: impl Fn(u64, u64, u64) -> u64) {
-    let av = r[a as usize];
-    let bv = r[b as usize];
-    let cv = r[c as usize];
-    let dv = &mut r[d as usize];
-    if exec == FULL {
-        for l in 0..32 {
-            dv[l] = f(av[l], bv[l], cv[l]);
+    let (dv, [av, bv, cv]) = rows(r, d, [a, b, c]);
+    // SAFETY: `rows` checked the slots; lanes are below 32.
+    unsafe {
+        if exec == FULL {
+            for l in 0..32 {
+                *dv.add(l) = f(*av.add(l), *bv.add(l), *cv.add(l));
+            }
+        } else {
+            lanes(exec, |l| *dv.add(l) = f(*av.add(l), *bv.add(l), *cv.add(l)));
         }
-    } else {
-        lanes(exec, |l| dv[l] = f(av[l], bv[l], cv[l]));
     }
 }
 
@@ -1284,7 +1299,32 @@ fn ld_shared_fast(
     if bad {
         return Ok(false);
     }
-    if mem.shared.racecheck_on() {
+    if mem.shared.racecheck_on() && total == 4 {
+        // One word per lane: the whole check without the word loop; a conflict goes to the
+        // general check below, which builds the message.
+        let race = &mut mem.shared.race;
+        let mut prev = u64::MAX;
+        let mut clean = true;
+        for_lanes!(exec, l, {
+            let addr = addrs[l];
+            if addr != prev {
+                prev = addr;
+                clean &= race.read_word(addr as usize / 4);
+            }
+        });
+        if !clean {
+            // Stamps of this instruction's own reads are already in place; `access` of the same
+            // reads again only re-stamps them and stops at the first conflict.
+            for_lanes!(exec, l, {
+                if let Err((d, other)) = race.access(addrs[l] as usize, 4, false) {
+                    return Err(Fault {
+                        other: Some(other),
+                        ..Fault::new(l as u32, "shared memory race", addrs[l], 4, Some(d))
+                    });
+                }
+            });
+        }
+    } else if mem.shared.racecheck_on() {
         let mut prev = u64::MAX;
         let mut err = None;
         for_lanes!(exec, l, {

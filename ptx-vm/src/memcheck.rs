@@ -78,6 +78,35 @@ impl RaceState {
             ws.write_epoch == e && ws.writer != w + 1
         })
     }
+    /// A plain read of the one word `i` by the running warp: [`RaceState::access`] with
+    /// `store == false` and a 4-byte aligned access, without the loop (the `ld.shared.b32` of
+    /// the f32 kernels). Returns false when it meets another warp's write of this interval; the
+    /// caller then calls `access` for the message.
+    #[inline(always)]
+    pub(crate) fn read_word(&mut self, i: usize) -> bool {
+        if self.atomic || self.warp >= 32 {
+            return true;
+        }
+        let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let ws = &mut self.words[i];
+        if ws.write_epoch == e && ws.writer != w + 1 {
+            return false;
+        }
+        if ws.read_epoch != e {
+            ws.read_epoch = e;
+            ws.readers = 1 << w;
+            ws.read_warp[0] = w as u8;
+        } else {
+            ws.readers |= 1 << w;
+            if u32::from(ws.read_warp[0]) != w {
+                ws.read_pc[1] = ws.read_pc[0];
+                ws.read_warp[1] = ws.read_warp[0];
+                ws.read_warp[0] = w as u8;
+            }
+        }
+        ws.read_pc[0] = pc;
+        true
+    }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
         // Reader sets are 32-bit masks: blocks of more than 1024 threads (only with raised

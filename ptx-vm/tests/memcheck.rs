@@ -285,6 +285,31 @@ fn racecheck_on_the_fully_written_window_names_the_element_and_both_lines() {
 }
 
 #[test]
+fn racecheck_of_word_loads_on_the_fully_written_window_names_the_first_racing_lane() {
+    // The one-word `ld.shared` of the f32 kernels on the fully written window: warp 0 fills the
+    // 32 words (one each), a barrier, then threads 5 and 6 rewrite words 9 and 3, and every
+    // lane l of warp 1 loads word l. Lanes 3 and 9 race; the report names lane 3 (thread 35),
+    // the first in lane order, its word and warp 0's store.
+    let decls = ".shared .align 4 .b8 sm[128];";
+    let body = "mov.u32 %r1, %tid.x;\n mov.u32 %r2, sm;\n and.b32 %r3, %r1, 31;\n shl.b32 %r3, %r3, 2;\n\
+        add.u32 %r4, %r2, %r3;\n setp.lt.u32 %p1, %r1, 32;\n setp.ge.u32 %p2, %r1, 32;\n\
+        setp.eq.u32 %p3, %r1, 5;\n setp.eq.u32 %p4, %r1, 6;\n\
+        @%p1 st.shared.u32 [%r4], %r1;\n bar.sync 0;\n\
+        @%p3 st.shared.u32 [sm+36], 7;\n @%p4 st.shared.u32 [sm+12], 8; // STORE\n\
+        @%p2 ld.shared.u32 %r5, [%r4]; // LOAD";
+    let (f, src, text) = finding(decls, body, 1, 64, 8);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// LOAD"), [35, 0, 0]),
+        "{text}"
+    );
+    assert!(text.contains("warp 1 reads shared word 12 that warp 0 wrote since the last barrier"), "{text}");
+    assert_eq!((f.address, f.access_bytes), (Some(12), Some(4)), "{text}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, true, line_of(&src, "// STORE")), "{text}");
+}
+
+#[test]
 fn racecheck_finds_unordered_shared_accesses_between_warps() {
     let decls = ".shared .align 4 .b8 sm[8];";
     // Read after write: warp 0 stores word 0, warp 1 loads it with no barrier in between.
