@@ -1286,17 +1286,22 @@ fn ld_shared_fast(
     a: Slot,
     off: i64,
 ) -> Result<bool, Fault> {
-    let av = r[a as usize];
+    let av = &r[a as usize];
     let total = size as u64 * n as u64;
     let window = mem.shared.bytes.len() as u64;
-    let mut bad = false;
+    if window < total {
+        return Ok(false);
+    }
+    // In the window and aligned: `addr + total <= window`, and `addr` a multiple of `total`.
+    let last = window - total;
+    let mut bad = 0u64;
     let mut addrs = [0u64; 32];
     for_lanes!(exec, l, {
         let addr = av[l].wrapping_add(off as u64);
         addrs[l] = addr;
-        bad |= (addr & (total - 1) != 0) | (addr >= window) | (window - addr.min(window) < total);
+        bad |= (addr & (total - 1)) | u64::from(addr > last);
     });
-    if bad {
+    if bad != 0 {
         return Ok(false);
     }
     if mem.shared.racecheck_on() && total == 4 {
@@ -1416,6 +1421,10 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         Op::Fma32 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma32(m, x, y, z)),
         Op::Fma64 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma64(m, x, y, z)),
         Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
+        Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } if d2 == NONE && c == NONE => {
+            // The common form: one predicate, no combining operand.
+            map2(r, d, a, b, exec, |x, y| combine(comb, compare(cmp, ty, ftz, x, y), negc) as u64)
+        }
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } => {
             let av = r[a as usize];
             let bv = r[b as usize];
@@ -1449,13 +1458,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 };
             });
         }
-        Op::Selp { d, a, b, p } => {
-            let av = r[a as usize];
-            let bv = r[b as usize];
-            let pv = r[p as usize];
-            let dv = &mut r[d as usize];
-            lanes(exec, |l| dv[l] = if pv[l] & 1 == 1 { av[l] } else { bv[l] });
-        }
+        Op::Selp { d, a, b, p } => map3(r, d, a, b, p, exec, |x, y, q| if q & 1 == 1 { x } else { y }),
         Op::Pack { d, parts, n, bits } => {
             let m = num::mask(bits as u32);
             let mut out = r[d as usize];
