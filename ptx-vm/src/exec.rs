@@ -181,6 +181,54 @@ fn map3(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot, exec: u32, f: i
     }
 }
 
+/// `setp` with one destination and no combining predicate. Integer compares and the ordered
+/// f32 compares without `.ftz` run as one monomorphic loop per (type class, comparison), chosen
+/// once per instruction; everything else goes through [`compare`] lane by lane (same results:
+/// the ordered float compares are false on NaN, as `<`, `<=`, `==`, `>=`, `>` are in Rust, and
+/// `ne` is `<` or `>`).
+// `x < y || x > y` is `ne` on floats too (false on NaN); for the integer types it is `!=`.
+#[allow(clippy::too_many_arguments, clippy::double_comparisons)]
+#[inline(always)]
+fn setp_one(
+    r: &mut [[u64; 32]],
+    d: Slot,
+    a: Slot,
+    b: Slot,
+    exec: u32,
+    cmp: Cmp,
+    ty: Ty,
+    ftz: bool,
+    comb: u8,
+    negc: bool,
+) {
+    macro_rules! each_cmp {
+        ($conv:expr) => {{
+            let conv = $conv;
+            match cmp {
+                Cmp::Eq => map2(r, d, a, b, exec, |x, y| combine(comb, conv(x) == conv(y), negc) as u64),
+                Cmp::Lt => map2(r, d, a, b, exec, |x, y| combine(comb, conv(x) < conv(y), negc) as u64),
+                Cmp::Le => map2(r, d, a, b, exec, |x, y| combine(comb, conv(x) <= conv(y), negc) as u64),
+                Cmp::Gt => map2(r, d, a, b, exec, |x, y| combine(comb, conv(x) > conv(y), negc) as u64),
+                Cmp::Ge => map2(r, d, a, b, exec, |x, y| combine(comb, conv(x) >= conv(y), negc) as u64),
+                Cmp::Ne => map2(r, d, a, b, exec, |x, y| {
+                    let (x, y) = (conv(x), conv(y));
+                    combine(comb, x < y || x > y, negc) as u64
+                }),
+                _ => map2(r, d, a, b, exec, |x, y| combine(comb, compare(cmp, ty, ftz, x, y), negc) as u64),
+            }
+        }};
+    }
+    match ty {
+        Ty::S(bits) => each_cmp!(|v: u64| num::sext(v, bits as u32)),
+        Ty::U(bits) | Ty::B(bits) => {
+            let m = num::mask(bits as u32);
+            each_cmp!(|v: u64| v & m)
+        }
+        Ty::F32 if !ftz => each_cmp!(|v: u64| f32::from_bits(v as u32)),
+        _ => map2(r, d, a, b, exec, |x, y| combine(comb, compare(cmp, ty, ftz, x, y), negc) as u64),
+    }
+}
+
 fn compare(cmp: Cmp, ty: Ty, ftz: bool, a: u64, b: u64) -> bool {
     use std::cmp::Ordering::*;
     let ord = match ty {
@@ -1423,7 +1471,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } if d2 == NONE && c == NONE => {
             // The common form: one predicate, no combining operand.
-            map2(r, d, a, b, exec, |x, y| combine(comb, compare(cmp, ty, ftz, x, y), negc) as u64)
+            setp_one(r, d, a, b, exec, cmp, ty, ftz, comb, negc)
         }
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } => {
             let av = r[a as usize];
@@ -1614,6 +1662,87 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The monomorphic `setp` loops give the predicate the general [`compare`] gives, for every
+    /// comparison, integer width and signedness, f32 with and without `.ftz`, each combine mode
+    /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
+    /// above the type's width; lanes outside `exec` keep their old value.
+    #[test]
+    fn setp_fast_loops_match_compare() {
+        let f = |x: f32| x.to_bits() as u64;
+        let vals: Vec<u64> = vec![
+            0,
+            1,
+            5,
+            0xffff_ffff,
+            0x8000_0000,
+            0x7fff_ffff,
+            0x1_0000_0003,
+            u64::MAX,
+            0xffff,
+            0x8000,
+            f(f32::NAN),
+            f(-0.0),
+            f(f32::INFINITY),
+            f(f32::NEG_INFINITY),
+            f(1.5),
+            f(-2.25),
+            f(1e-40),
+            f(-1e-40),
+        ];
+        let cmps = [
+            Cmp::Eq,
+            Cmp::Ne,
+            Cmp::Lt,
+            Cmp::Le,
+            Cmp::Gt,
+            Cmp::Ge,
+            Cmp::Equ,
+            Cmp::Neu,
+            Cmp::Ltu,
+            Cmp::Leu,
+            Cmp::Gtu,
+            Cmp::Geu,
+            Cmp::Num,
+            Cmp::Nan,
+        ];
+        let tys = [Ty::S(16), Ty::S(32), Ty::S(64), Ty::U(16), Ty::U(32), Ty::U(64), Ty::B(32), Ty::F32, Ty::F64];
+        let (mut checked, mut exec) = (0, 0u32);
+        for &cmp in &cmps {
+            for &ty in &tys {
+                for ftz in [false, true] {
+                    for comb in 0..4u8 {
+                        for negc in [false, true] {
+                            for (i, &x) in vals.iter().enumerate() {
+                                let mut r = vec![[0u64; 32]; 3];
+                                for l in 0..32 {
+                                    r[0][l] = x;
+                                    r[1][l] = vals[(i + l) % vals.len()];
+                                    r[2][l] = 7;
+                                }
+                                exec = exec.rotate_left(7) ^ 0x9E37_79B9 ^ i as u32;
+                                let e = if i % 3 == 0 { FULL } else { exec };
+                                setp_one(&mut r, 2, 0, 1, e, cmp, ty, ftz, comb, negc);
+                                for l in 0..32 {
+                                    let want = if e >> l & 1 == 1 {
+                                        combine(comb, compare(cmp, ty, ftz, r[0][l], r[1][l]), negc) as u64
+                                    } else {
+                                        7
+                                    };
+                                    assert_eq!(
+                                        r[2][l], want,
+                                        "{cmp:?} {ty:?} ftz {ftz} comb {comb} negc {negc} lane {l}"
+                                    );
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000);
+    }
 
     /// The FMA-feature copy of the `fma.rn.f32` loop gives the bits of the portable one.
     #[test]
