@@ -1668,6 +1668,7 @@ mod tests {
     /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
     /// above the type's width; lanes outside `exec` keep their old value.
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn setp_fast_loops_match_compare() {
         let f = |x: f32| x.to_bits() as u64;
         let vals: Vec<u64> = vec![
