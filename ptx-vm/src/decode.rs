@@ -809,7 +809,13 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
                 (false, false) => ops::cvt_x2::<false, false>,
                 (false, true) => ops::cvt_x2::<false, true>,
             };
-            Op::Bin { f, d: dst(cx, &ops[0])?, a: src(cx, &ops[1], 32, true)?, b: src(cx, &ops[2], 32, true)? }
+            Op::Bin {
+                f,
+                k: IntK::Fn,
+                d: dst(cx, &ops[0])?,
+                a: src(cx, &ops[1], 32, true)?,
+                b: src(cx, &ops[2], 32, true)?,
+            }
         }
         "cvt" => {
             let (rnd, int_round) = rnd_of(m);
@@ -849,7 +855,7 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
             let delta = if to { sp.wrapping_neg() } else { sp };
             let k = cx.konst(delta);
             let f: F2 = if bits == 32 { ops::add::<32> } else { ops::add::<64> };
-            Op::Bin { f, d: dst(cx, &ops[0])?, a, b: k }
+            Op::Bin { f, k: IntK::Fn, d: dst(cx, &ops[0])?, a, b: k }
         }
         _ => return err(line, format!("unsupported instruction `{opcode}`")),
     };
@@ -1531,7 +1537,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
             Ok(match (k, plain) {
                 (FBin::Add, true) => Op::AddF32 { d, a, b },
                 (FBin::Mul, true) => Op::MulF32 { d, a, b },
-                (FBin::Sub, true) => Op::Bin { f: ops::fsub32, d, a, b },
+                (FBin::Sub, true) => Op::Bin { f: ops::fsub32, k: IntK::Fn, d, a, b },
                 _ if f64_ => Op::FBin64 { k, m: fm, d, a, b },
                 _ => Op::FBin32 { k, m: fm, d, a, b },
             })
@@ -1575,7 +1581,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                 need(3)?;
                 let a = s(cx, 1, bits, true)?;
                 let b = s(cx, 2, bits, true)?;
-                Ok(Op::Bin { f: if f64_ { ops::copysign64 } else { ops::copysign32 }, d, a, b })
+                Ok(Op::Bin { f: if f64_ { ops::copysign64 } else { ops::copysign32 }, k: IntK::Fn, d, a, b })
             }
             _ => err(line, format!("unsupported float instruction `{opcode}`")),
         };
@@ -1591,7 +1597,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                     "or" => ops::or,
                     _ => ops::xor,
                 };
-                Ok(Op::Bin { f, d, a, b })
+                Ok(Op::Bin { f, k: IntK::Fn, d, a, b })
             }
             "not" | "cnot" => {
                 need(2)?;
@@ -1636,7 +1642,16 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
         need(3)?;
         let a = s(cx, 1, bits, false)?;
         let b = s(cx, 2, bb, false)?;
-        Ok(Op::Bin { f, d, a, b })
+        Ok(Op::Bin { f, k: IntK::Fn, d, a, b })
+    };
+    // The hot kinds at 32 and 64 bits (`f` stays the same function, for the trace and tests).
+    let hot = |op: Result<Op, LoadError>, k32: IntK, k64: IntK| -> Result<Op, LoadError> {
+        match op? {
+            Op::Bin { f, d, a, b, .. } if bits == 32 || bits == 64 => {
+                Ok(Op::Bin { f, k: if bits == 32 { k32 } else { k64 }, d, a, b })
+            }
+            op => Ok(op),
+        }
     };
     if (sat && !(base == "add" || base == "sub") && !(base == "mad" && hi)) || (sat && !signed) {
         return err(line, format!("unsupported modifier `.sat` in `{opcode}`"));
@@ -1644,8 +1659,8 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
     match base {
         "add" if sat => two(cx, ops::add_sat_s32, &mut s, bits),
         "sub" if sat => two(cx, ops::sub_sat_s32, &mut s, bits),
-        "add" => two(cx, w!(add), &mut s, bits),
-        "sub" => two(cx, w!(sub), &mut s, bits),
+        "add" => hot(two(cx, w!(add), &mut s, bits), IntK::Add32, IntK::Add64),
+        "sub" => hot(two(cx, w!(sub), &mut s, bits), IntK::Sub32, IntK::Sub64),
         "mul" => {
             let f = if wide {
                 if bits > 32 {
@@ -1710,11 +1725,12 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
         "rem" => two(cx, if signed { w!(rem_s) } else { w!(rem_u) }, &mut s, bits),
         "min" => two(cx, if signed { w!(min_s) } else { w!(min_u) }, &mut s, bits),
         "max" => two(cx, if signed { w!(max_s) } else { w!(max_u) }, &mut s, bits),
-        "and" => two(cx, ops::and, &mut s, bits),
-        "or" => two(cx, ops::or, &mut s, bits),
-        "xor" => two(cx, ops::xor, &mut s, bits),
-        "shl" => two(cx, w!(shl), &mut s, 32),
-        "shr" => two(cx, if signed { w!(shr_s) } else { w!(shr_u) }, &mut s, 32),
+        "and" => hot(two(cx, ops::and, &mut s, bits), IntK::And, IntK::And),
+        "or" => hot(two(cx, ops::or, &mut s, bits), IntK::Or, IntK::Or),
+        "xor" => hot(two(cx, ops::xor, &mut s, bits), IntK::Xor, IntK::Xor),
+        "shl" => hot(two(cx, w!(shl), &mut s, 32), IntK::Shl32, IntK::Shl64),
+        "shr" if !signed => hot(two(cx, w!(shr_u), &mut s, 32), IntK::ShrU32, IntK::ShrU64),
+        "shr" => two(cx, w!(shr_s), &mut s, 32),
         "abs" | "neg" | "not" | "cnot" | "popc" | "clz" | "brev" => {
             need(2)?;
             let a = s(cx, 1, bits, false)?;

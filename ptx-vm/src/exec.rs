@@ -1444,7 +1444,23 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 lanes(exec, |l| dv[l] = av[l]);
             }
         }
-        Op::Bin { f, d, a, b } => map2(r, d, a, b, exec, f),
+        Op::Bin { f, k, d, a, b } => {
+            use crate::ops;
+            match k {
+                IntK::Fn => map2(r, d, a, b, exec, f),
+                IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
+                IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
+                IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
+                IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
+                IntK::And => map2(r, d, a, b, exec, ops::and),
+                IntK::Or => map2(r, d, a, b, exec, ops::or),
+                IntK::Xor => map2(r, d, a, b, exec, ops::xor),
+                IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
+                IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
+                IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
+                IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+            }
+        }
         Op::Un { f, d, a } => map1(r, d, a, exec, f),
         Op::Ter { f, d, a, b, c } => map3(r, d, a, b, c, exec, f),
         Op::Quad { f, d, a, b, c, e } => {

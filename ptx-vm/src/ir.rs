@@ -80,6 +80,24 @@ pub(crate) enum Special {
     TotalSmem,
 }
 
+/// The integer operations of address arithmetic that [`Op::Bin`] names besides its function
+/// pointer (the same functions of `ops`, at 32 or 64 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntK {
+    Fn,
+    Add32,
+    Add64,
+    Sub32,
+    Sub64,
+    And,
+    Or,
+    Xor,
+    Shl32,
+    Shl64,
+    ShrU32,
+    ShrU64,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op {
     Nop,
@@ -89,6 +107,9 @@ pub(crate) enum Op {
     },
     Bin {
         f: F2,
+        /// Which of the hot integer functions `f` is, so that the executor runs it as an inlined
+        /// loop instead of one indirect call per lane ([`IntK::Fn`]: another function, called).
+        k: IntK,
         d: Slot,
         a: Slot,
         b: Slot,
