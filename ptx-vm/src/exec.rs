@@ -1432,6 +1432,59 @@ fn ld_shared_fast(
     Ok(true)
 }
 
+/// `ld.global` (not sign-extending) when every lane's access is aligned and inside one live
+/// allocation: the checks of all lanes first, then the reads. Returns false, having written
+/// nothing, when a lane is misaligned or outside, for the general path to report exactly as it
+/// always does. (A vector aligned to its size that starts in an allocation cannot reach into
+/// another one, which starts on a 256-byte boundary, so checking the whole vector at once
+/// accepts exactly the accesses whose every element the general path accepts.)
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn ld_global_fast(
+    r: &mut [[u64; 32]],
+    exec: u32,
+    mem: &mut Mem,
+    size: u8,
+    n: u8,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i64,
+) -> bool {
+    let total = size as u64 * n as u64;
+    let align = if n > 1 { total } else { size as u64 };
+    let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
+    let av = &r[a as usize];
+    let mut ok = true;
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        if addr & (align - 1) != 0 {
+            ok = false;
+            break;
+        }
+        match mem.global.resolve(addr, total, mem.hint) {
+            Some(p) => ptrs[l] = p,
+            None => {
+                ok = false;
+                break;
+            }
+        }
+    });
+    if !ok {
+        return false;
+    }
+    mem.traffic[0] += total * exec.count_ones() as u64;
+    for k in 0..n as usize {
+        let dv = &mut r[ds[k] as usize];
+        let kb = k * size as usize;
+        for_lanes!(exec, l, {
+            // SAFETY: `resolve` put `[ptrs[l], ptrs[l] + total)` inside a live allocation, and the
+            // start is aligned to `size` (so is every element).
+            dv[l] = unsafe { memory::atomic_load(ptrs[l].add(kb), size) };
+        });
+    }
+    true
+}
+
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
     match *op {
         Op::Nop => {}
@@ -1545,6 +1598,8 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         }
         Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off }
             if mem.shared.all_written() && ld_shared_fast(r, exec, mem, size, n, sext, dbits, ds, a, off)? => {}
+        Op::Ld { sp: Space::Global, size, n, sext: false, ds, a, off, .. }
+            if ld_global_fast(r, exec, mem, size, n, ds, a, off) => {}
         Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
             let av = r[a as usize];
             let mut err = None;
