@@ -110,6 +110,32 @@ fn misaligned_access() {
 }
 
 #[test]
+fn vector_global_load_past_the_end_names_the_first_lane_and_element_outside() {
+    // All 32 lanes load two words at 8 * tid of a 236-byte buffer: lanes 0-28 are inside, lane 29
+    // reads bytes 232..240, of which only its first element (232..236) is inside. The report
+    // names lane 29, its second element (4 bytes at +236), and nothing else ran first: the
+    // vector load checks every lane before it reads.
+    let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 8;\n add.s64 %rd2, %rd0, %rd1;\n\
+        ld.global.v2.u32 {%r2, %r3}, [%rd2]; // LOAD";
+    let (f, src, text) = finding("", body, 1, 32, 236);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("out-of-bounds global load", line_of(&src, "// LOAD"), [29, 0, 0]),
+        "{text}"
+    );
+    assert_eq!(f.access_bytes, Some(4), "{text}");
+    let base = f.address.unwrap() - 236;
+    assert_eq!(base % 256, 0, "the buffer's start: {text}");
+    // Inside the buffer, every lane reads what the lanes stored.
+    let ok = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+        add.u32 %r4, %r1, 100;\n st.global.u32 [%rd2], %r4;\n bar.sync 0;\n\
+        and.b32 %r5, %r1, 30;\n mul.wide.u32 %rd3, %r5, 4;\n add.s64 %rd4, %rd0, %rd3;\n\
+        ld.global.v2.u32 {%r2, %r3}, [%rd4];\n bar.sync 0;\n add.u32 %r6, %r2, %r3;\n st.global.u32 [%rd2], %r6;";
+    let want: Vec<u32> = (0..32u32).map(|t| 2 * (t & 30) + 201).collect();
+    assert_eq!(words(&run("", ok, 1, 32, 128).unwrap()), want);
+}
+
+#[test]
 fn local_overflow() {
     let decls = "";
     let body = "{ .local .align 4 .b8 dep[8];\n mov.u64 %rd1, dep;\n st.local.u32 [%rd1+8], 1; // LOCAL\n }";
