@@ -111,20 +111,20 @@ fn misaligned_access() {
 
 #[test]
 fn vector_global_load_past_the_end_names_the_first_lane_and_element_outside() {
-    // All 32 lanes load two words at 8 * tid of a 236-byte buffer: lanes 0-28 are inside, lane 29
-    // reads bytes 232..240, of which only its first element (232..236) is inside. The report
-    // names lane 29, its second element (4 bytes at +236), and nothing else ran first: the
-    // vector load checks every lane before it reads.
+    // All 32 lanes load two words at 8 * tid of a 252-byte buffer: lanes 0-30 are inside, lane 31
+    // reads bytes 248..256, of which only its first element (248..252) is inside. The report
+    // names lane 31 and its second element (4 bytes at +252): a check of each lane's first
+    // element alone would let it through.
     let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 8;\n add.s64 %rd2, %rd0, %rd1;\n\
         ld.global.v2.u32 {%r2, %r3}, [%rd2]; // LOAD";
-    let (f, src, text) = finding("", body, 1, 32, 236);
+    let (f, src, text) = finding("", body, 1, 32, 252);
     assert_eq!(
         (f.kind.as_str(), f.line, f.thread),
-        ("out-of-bounds global load", line_of(&src, "// LOAD"), [29, 0, 0]),
+        ("out-of-bounds global load", line_of(&src, "// LOAD"), [31, 0, 0]),
         "{text}"
     );
     assert_eq!(f.access_bytes, Some(4), "{text}");
-    let base = f.address.unwrap() - 236;
+    let base = f.address.unwrap() - 252;
     assert_eq!(base % 256, 0, "the buffer's start: {text}");
     // Inside the buffer, every lane reads what the lanes stored.
     let ok = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
