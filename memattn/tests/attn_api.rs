@@ -995,3 +995,19 @@ fn vm_kvcache_plan_once_run_per_layer() {
     let e = other.run_kvcache(&plan, &q0, &mut k, &mut v, Some(&kn0), Some(&vn0), &mut ov, &mut lv).unwrap_err();
     assert!(matches!(e, AttnError::WrongDevice { .. }), "{e}");
 }
+
+/// README.md's "Use from Rust" block is `examples/readme.rs`, whole, so the block compiles (the
+/// example is built with the tests) and runs (CI runs it on the VM-backed driver).
+#[test]
+fn readme_rust_block_is_the_readme_example() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
+    let example = std::fs::read_to_string(root.join("examples/readme.rs")).unwrap();
+    let block = readme
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b.split("\n```").next().unwrap())
+        .find(|b| b.contains("\"Use from Rust\" program"))
+        .expect("README.md has a ```rust block with the \"Use from Rust\" program");
+    assert_eq!(block.trim_end(), example.trim_end(), "README.md's block differs from memattn/examples/readme.rs");
+}
