@@ -29,7 +29,7 @@
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
 //!
 //! Tiles ([`crate::tiles::FLASH_MMA_D64`], [`crate::tiles::FLASH_MMA_D128`],
-//! [`crate::tiles::FLASH_MMA_D64_WINDOW`], [`crate::tiles::FLASH_MMA_D32`],
+//! [`crate::tiles::FLASH_MMA_D32`], the narrow-window tiles such as [`crate::tiles::FLASH_MMA_D128_WINDOW`],
 //! [`crate::tiles::FLASH_MMA_D96`], [`crate::tiles::FLASH_MMA_D192`],
 //! [`crate::tiles::FLASH_MMA_D256`]; shared memory `(BR + 2 BC) · D · 2` bytes, above 48 KiB
 //! only with the opt-in, which the hosts request per kernel) are described at their items.
@@ -73,8 +73,10 @@
 //!
 //! Masking: keys outside a row's window `[start, end)` (and past `seq_kv`) score `-inf`. The
 //! block visits only the key tiles that meet `[start of its first row, end of its last row)`
-//! (cost scales with the window, not `seq_kv`); only tiles that reach past the first row's end
-//! or begin before the last row's start are masked. A row that
+//! (cost scales with the window, not `seq_kv`), and each warp computes only the tiles that meet
+//! its own rows' windows (the others are `-inf` for all of its rows: the block still loads them
+//! for the other warps); a warp masks only the tiles that reach past its first row's end or
+//! begin before its last row's start. A row that
 //! sees no key gives `O = 0` and `LSE = -inf` (with a sink: `O = 0`, `LSE = sink`): while a
 //! row's max is `-inf` the exponent base is 0,
 //! so every `2^(-inf)` is 0 and never NaN. Rows past `seq_q` compute on zeros and store nothing;
@@ -407,13 +409,26 @@ unsafe fn flash_fwd_body<
     // window. A tile that reaches past the first row's end or starts before the last row's start
     // holds masked keys for some row; only those tiles are masked.
     let last_row = core::cmp::min(q0 + BR, seq_q) - 1;
-    let (first_row_start, first_row_end) = p.key_range(q0 as u32);
-    let (last_row_start, last_row_end) = p.key_range(last_row as u32);
+    let (first_row_start, _) = p.key_range(q0 as u32);
+    let (_, last_row_end) = p.key_range(last_row as u32);
     let block_end = core::cmp::max(last_row_end, 0) as u32;
     let j_first = first_row_start as u32 / BC as u32;
     let n_tiles = block_end.div_ceil(BC as u32);
-    // 32-bit loop state (0..=seq_kv): registers through the loop, not 64-bit pairs.
-    let (first_row_end, last_row_start) = (first_row_end as i32, last_row_start as i32);
+    // The same per warp, on the warp's own rows: a tile outside `jw_lo..jw_hi` is -inf for every
+    // row of the warp (so its S, softmax and P V are skipped: the block still stages it for the
+    // other warps), and only a tile past the warp's first row's end or before its last row's
+    // start is masked. A warp wholly past seq_q (the last block's tail) computes nothing.
+    let w_first = q0 + warp * 16 * MT;
+    let (jw_lo, jw_hi, first_row_end, last_row_start) = if w_first < seq_q {
+        let w_last = core::cmp::min(w_first + 16 * MT, seq_q) - 1;
+        let (w_start, w_first_end) = p.key_range(w_first as u32);
+        let (w_last_start, w_end) = p.key_range(w_last as u32);
+        let w_end = core::cmp::max(w_end, 0) as u32;
+        // 32-bit loop state (0..=seq_kv): registers through the loop, not 64-bit pairs.
+        (w_start as u32 / BC as u32, w_end.div_ceil(BC as u32), w_first_end as i32, w_last_start as i32)
+    } else {
+        (0, 0, 0, 0)
+    };
     // This lane's rows: m-tile m, row g + 8r is row 2m + r of the lane. Their windows are
     // recomputed in the (few) masked tiles instead of being held in registers.
     let row0 = q0 + warp * 16 * MT + g;
@@ -499,110 +514,117 @@ unsafe fn flash_fwd_body<
         v_staged = false;
         cp_async_commit();
 
-        // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
-        // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
-        // every m-tile of the warp uses them.
-        let mut s = [[[0.0f32; 4]; NS]; MT];
-        let (k_r, k_c) = ldsm_b_lane(lane);
-        let k_lane = TileLane::<D>::new(opaque_u32(k_s), k_r, k_c);
-        // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
-        // (one address register, as K's).
-        let q_lane_j = TileLane::<D>::new(opaque_u32(q_s), warp * 16 * MT + q_r, q_c);
-        unroll!(kk in 0..KD => {
-            let mut qk = [[0u32; 4]; MT];
-            unroll4!(m in 0..MT => {
-                qk[m] = if kk < QK {
-                    qf[m][kk]
-                } else {
-                    unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }
-                };
-            });
-            unroll4!(np in 0..NS / 2 => {
-                let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
+        // Steps (2) to (5) and the P V of (6) only in the warp's own tiles (`jw_lo..jw_hi`).
+        let active = j >= jw_lo && j < jw_hi;
+        // Written and read only when `active`: no zeroing of the fragments on the idle path.
+        let mut pf = core::mem::MaybeUninit::<[[[u32; 4]; NS]; MT]>::uninit();
+        if active {
+            // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
+            // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
+            // every m-tile of the warp uses them.
+            let mut s = [[[0.0f32; 4]; NS]; MT];
+            let (k_r, k_c) = ldsm_b_lane(lane);
+            let k_lane = TileLane::<D>::new(opaque_u32(k_s), k_r, k_c);
+            // Reloaded Q fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8
+            // (one address register, as K's).
+            let q_lane_j = TileLane::<D>::new(opaque_u32(q_s), warp * 16 * MT + q_r, q_c);
+            unroll!(kk in 0..KD => {
+                let mut qk = [[0u32; 4]; MT];
                 unroll4!(m in 0..MT => {
-                    E::mma(&mut s[m][2 * np], &qk[m], r[0], r[1]);
-                    E::mma(&mut s[m][2 * np + 1], &qk[m], r[2], r[3]);
+                    qk[m] = if kk < QK {
+                        qf[m][kk]
+                    } else {
+                        unsafe { ldmatrix_x4(q_lane_j.at(16 * m, kk)) }
+                    };
+                });
+                unroll4!(np in 0..NS / 2 => {
+                    let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
+                    unroll4!(m in 0..MT => {
+                        E::mma(&mut s[m][2 * np], &qk[m], r[0], r[1]);
+                        E::mma(&mut s[m][2 * np + 1], &qk[m], r[2], r[3]);
+                    });
                 });
             });
-        });
 
-        // (3) Soft cap (its own instantiation): log2-domain capped scores. Then keys a row may not
-        // see become -inf. Element e of tile n of m-tile m is lane row 2m + e / 2, key
-        // kv0 + 8n + 2t + e % 2.
-        if SOFTCAP {
-            unroll4!(m in 0..MT => {
-                unroll8!(n in 0..NS => {
-                    unroll4!(e in 0..4 => { s[m][n][e] = softcap2(s[m][n][e] * scale, cap2); });
+            // (3) Soft cap (its own instantiation): log2-domain capped scores. Then keys a row may not
+            // see become -inf. Element e of tile n of m-tile m is lane row 2m + e / 2, key
+            // kv0 + 8n + 2t + e % 2.
+            if SOFTCAP {
+                unroll4!(m in 0..MT => {
+                    unroll8!(n in 0..NS => {
+                        unroll4!(e in 0..4 => { s[m][n][e] = softcap2(s[m][n][e] * scale, cap2); });
+                    });
                 });
-            });
-        }
-        // The end of the window (and seq_kv) only in tiles past the first row's end, its start
-        // only in tiles before the last row's start: a tile inside every row's window is not
-        // masked at all.
-        let c0 = (kv0 + 2 * t as u32) as i32;
-        if (kv0 + BC as u32) as i32 > first_row_end {
-            unroll4!(m in 0..MT => {
-                let hi0 = core::cmp::max(p.key_range((row0 + 16 * m) as u32).1, 0) as i32 - c0;
-                let hi1 = core::cmp::max(p.key_range((row0 + 16 * m + 8) as u32).1, 0) as i32 - c0;
-                mask_outside(&mut s[m], [i32::MIN; 2], [hi0, hi1]);
-            });
-        }
-        if (kv0 as i32) < last_row_start {
-            unroll4!(m in 0..MT => {
-                let lo0 = p.key_range((row0 + 16 * m) as u32).0 as i32 - c0;
-                let lo1 = p.key_range((row0 + 16 * m + 8) as u32).0 as i32 - c0;
-                mask_outside(&mut s[m], [lo0, lo1], [i32::MAX; 2]);
-            });
-        }
+            }
+            // The end of the window (and seq_kv) only in tiles past the first row's end, its start
+            // only in tiles before the last row's start: a tile inside every row's window is not
+            // masked at all.
+            let c0 = (kv0 + 2 * t as u32) as i32;
+            if (kv0 + BC as u32) as i32 > first_row_end {
+                unroll4!(m in 0..MT => {
+                    let hi0 = core::cmp::max(p.key_range((row0 + 16 * m) as u32).1, 0) as i32 - c0;
+                    let hi1 = core::cmp::max(p.key_range((row0 + 16 * m + 8) as u32).1, 0) as i32 - c0;
+                    mask_outside(&mut s[m], [i32::MIN; 2], [hi0, hi1]);
+                });
+            }
+            if (kv0 as i32) < last_row_start {
+                unroll4!(m in 0..MT => {
+                    let lo0 = p.key_range((row0 + 16 * m) as u32).0 as i32 - c0;
+                    let lo1 = p.key_range((row0 + 16 * m + 8) as u32).0 as i32 - c0;
+                    mask_outside(&mut s[m], [lo0, lo1], [i32::MAX; 2]);
+                });
+            }
 
-        // (4) New running max per row on the raw scores (`max.f32`, reduced over the row's 4
-        // lanes). The exponent base is raised lazily ([`must_rescale`]): only when some row of
-        // the warp has grown by more than 8 in the log2 domain (or sees its first key) does the
-        // warp rescale what was accumulated under the old base by 2^((m_old − m_new)·c); in the
-        // steady state the max settles and the branch skips the O rescale. While a row's base
-        // is -inf it has seen nothing and 0 is the base: no -inf − -inf.
-        let mut mx = [f32::NEG_INFINITY; 4];
-        let mut grow = false;
-        unroll4!(m in 0..MT => {
-            unroll4!(r in 0..2 => {
-                let i = 2 * m + r;
-                let x = quad_max(row_max(&s[m], r, row_m[i]));
-                grow |= must_rescale(row_m[i] * c, x * c);
-                mx[i] = x;
-            });
-        });
-        if warp_any(grow) {
+            // (4) New running max per row on the raw scores (`max.f32`, reduced over the row's 4
+            // lanes). The exponent base is raised lazily ([`must_rescale`]): only when some row of
+            // the warp has grown by more than 8 in the log2 domain (or sees its first key) does the
+            // warp rescale what was accumulated under the old base by 2^((m_old − m_new)·c); in the
+            // steady state the max settles and the branch skips the O rescale. While a row's base
+            // is -inf it has seen nothing and 0 is the base: no -inf − -inf.
+            let mut mx = [f32::NEG_INFINITY; 4];
+            let mut grow = false;
             unroll4!(m in 0..MT => {
                 unroll4!(r in 0..2 => {
                     let i = 2 * m + r;
-                    let base = if mx[i] == f32::NEG_INFINITY { 0.0 } else { mx[i] };
-                    let alpha = exp2(fma(row_m[i], c, -(base * c)));
-                    row_m[i] = mx[i];
-                    row_l[i] *= alpha;
-                    scale_row(&mut o[m], r, alpha);
+                    let x = quad_max(row_max(&s[m], r, row_m[i]));
+                    grow |= must_rescale(row_m[i] * c, x * c);
+                    mx[i] = x;
                 });
             });
-        }
-        let mut mc = [0.0f32; 4];
-        unroll4!(i in 0..2 * MT => {
-            mc[i] = if row_m[i] == f32::NEG_INFINITY { 0.0 } else { row_m[i] * c };
-        });
+            if warp_any(grow) {
+                unroll4!(m in 0..MT => {
+                    unroll4!(r in 0..2 => {
+                        let i = 2 * m + r;
+                        let base = if mx[i] == f32::NEG_INFINITY { 0.0 } else { mx[i] };
+                        let alpha = exp2(fma(row_m[i], c, -(base * c)));
+                        row_m[i] = mx[i];
+                        row_l[i] *= alpha;
+                        scale_row(&mut o[m], r, alpha);
+                    });
+                });
+            }
+            let mut mc = [0.0f32; 4];
+            unroll4!(i in 0..2 * MT => {
+                mc[i] = if row_m[i] == f32::NEG_INFINITY { 0.0 } else { row_m[i] * c };
+            });
 
-        // (5) P = 2^(s·c − m·c) (one FFMA into ex2), summed into l and packed to 16 bits as the A
-        // fragments of P V_j: key step kc takes S tiles 2kc (keys 2t, 2t+1) and 2kc + 1 (keys
-        // 8 + 2t, 9 + 2t).
-        let mut pf = [[[0u32; 4]; NS]; MT];
-        unroll4!(m in 0..MT => {
-            unroll8!(n in 0..NS => {
-                unroll4!(e in 0..4 => {
-                    let i = 2 * m + e / 2;
-                    let pr = exp2(fma(s[m][n][e], c, -mc[i]));
-                    row_l[i] += pr;
-                    s[m][n][e] = pr;
+            // (5) P = 2^(s·c − m·c) (one FFMA into ex2), summed into l and packed to 16 bits as the A
+            // fragments of P V_j: key step kc takes S tiles 2kc (keys 2t, 2t+1) and 2kc + 1 (keys
+            // 8 + 2t, 9 + 2t).
+            let mut pa = [[[0u32; 4]; NS]; MT];
+            unroll4!(m in 0..MT => {
+                unroll8!(n in 0..NS => {
+                    unroll4!(e in 0..4 => {
+                        let i = 2 * m + e / 2;
+                        let pr = exp2(fma(s[m][n][e], c, -mc[i]));
+                        row_l[i] += pr;
+                        s[m][n][e] = pr;
+                    });
                 });
+                pa[m] = pack_a(&s[m], E::pack);
             });
-            pf[m] = pack_a(&s[m], E::pack);
-        });
+            pf.write(pa);
+        }
 
         // (6) V_j has landed and every warp is done reading K_j: start loading the next K, then
         // O += P V_j. One ldmatrix.x4.trans gives the B fragments of two 8-wide d tiles for one
@@ -616,17 +638,21 @@ unsafe fn flash_fwd_body<
             unsafe { k_load.stage_full::<D, BC, THREADS>(k_s) };
         }
         cp_async_commit();
-        let (v_r, v_c) = ldsm_bt_lane(lane);
-        let v_lane = TileLane::<D>::new(opaque_u32(v_s), v_r, v_c);
-        unroll4!(kc in 0..NS / 2 => {
-            unroll!(np in 0..ND / 2 => {
-                let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
-                unroll4!(m in 0..MT => {
-                    E::mma(&mut o[m][2 * np], &pf[m][kc], r[0], r[1]);
-                    E::mma(&mut o[m][2 * np + 1], &pf[m][kc], r[2], r[3]);
+        if active {
+            // SAFETY: written above under the same `active`.
+            let pf = unsafe { pf.assume_init_ref() };
+            let (v_r, v_c) = ldsm_bt_lane(lane);
+            let v_lane = TileLane::<D>::new(opaque_u32(v_s), v_r, v_c);
+            unroll4!(kc in 0..NS / 2 => {
+                unroll!(np in 0..ND / 2 => {
+                    let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
+                    unroll4!(m in 0..MT => {
+                        E::mma(&mut o[m][2 * np], &pf[m][kc], r[0], r[1]);
+                        E::mma(&mut o[m][2 * np + 1], &pf[m][kc], r[2], r[3]);
+                    });
                 });
             });
-        });
+        }
         if !BACK {
             j += 1;
         }

@@ -139,12 +139,6 @@ impl FlashMmaTile {
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
 pub const FLASH_MMA_D64: FlashMmaTile =
     FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
-/// d=64 for narrow windows: the d=64 warp (32 rows, Bc = 64, Q in registers) in blocks of 2
-/// warps (Br 64): smem (64 + 2 x 64) x 64 x 2 B = 24 KiB. A block of 64 rows with a window of `L`
-/// keys to the left visits `64 + L` keys (320 at `L = 255`) where a 128-row block visits
-/// `128 + L` for twice the rows plus their spread; see docs/semantics.md ("Which kernel runs").
-pub const FLASH_MMA_D64_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 64, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
 /// d=128: 8 warps of 32 rows (Br 256), Bc = 32: smem (256 + 2 x 32) x 128 x 2 B = 80 KiB (opt-in;
 /// one block of 8 warps per SM, the register file's limit). Per thread O accumulator 128
 /// registers, scores 32; the first 2 of Q's 8 k-steps stay in registers (16), the other 6 are
@@ -183,11 +177,11 @@ pub const FLASH_MMA_D192: FlashMmaTile =
 /// memory per key tile (all of Q in registers spills).
 pub const FLASH_MMA_D256: FlashMmaTile =
     FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
-// Narrow-window tiles of the other head dims: the default row's warp (rows per warp, Bc and the
-// k-steps of Q kept in registers unchanged, so the same registers) in blocks of about 64 rows.
-// A block of `Br` rows with a window of `L` keys to the left visits about `Br + L` keys, so the
-// cost of a narrow window against full causal falls with `Br`; d = 96 and 192 need a multiple of 3
-// warps (whole rows per copy pass). Measured costs: variants.rs, `NARROW_WINDOW`.
+// Narrow-window tiles: the default row's warp (rows per warp and the k-steps of Q kept in
+// registers unchanged, so the same registers) in fewer warps (d32, d96, d128), or with key tiles
+// of 32 (d192, d256). Each warp skips the key tiles outside its own rows' windows, so these win
+// only for narrow windows; the measured crossovers are the rules in variants.rs
+// (`NARROW_WINDOW_D32` ...). d64 has none: its default row is the cheaper one at every window.
 
 /// d=32 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 32 x 2 B =
 /// 12 KiB.
@@ -202,14 +196,15 @@ pub const FLASH_MMA_D96_WINDOW: FlashMmaTile =
 /// = 32 KiB.
 pub const FLASH_MMA_D128_WINDOW: FlashMmaTile =
     FlashMmaTile { head_dim: 128, br: 64, bc: 32, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
-/// d=192 for narrow windows: 3 warps of 16 rows (Br 48), Bc = 32 (4 rows per copy pass, and a
-/// K/V tile is at most 8 passes): smem (48 + 2 x 32) x 192 x 2 B = 42 KiB.
+/// d=192 for narrow windows: the default 6 warps of 16 rows (Br 96) with Bc = 32 (8 rows per copy
+/// pass): smem (96 + 2 x 32) x 192 x 2 B = 60 KiB (opt-in). (3 warps, Br 48, cost 5 % more at
+/// window (255, 0), 37.9 M against 36.1 M: fewer rows share each K/V tile.)
 pub const FLASH_MMA_D192_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 48, bc: 32, warps: 3, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
-/// d=256 for narrow windows: 4 warps of 16 rows (Br 64), Bc = 32 (4 rows per copy pass, and a
-/// K/V tile is at most 8 passes): smem (64 + 2 x 32) x 256 x 2 B = 64 KiB (opt-in).
+    FlashMmaTile { head_dim: 192, br: 96, bc: 32, warps: 6, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
+/// d=256 for narrow windows: the default 8 warps of 16 rows (Br 128) with Bc = 32 (8 rows per
+/// copy pass): smem (128 + 2 x 32) x 256 x 2 B = 96 KiB (opt-in).
 pub const FLASH_MMA_D256_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 256, br: 64, bc: 32, warps: 4, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
+    FlashMmaTile { head_dim: 256, br: 128, bc: 32, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
 pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
 /// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.

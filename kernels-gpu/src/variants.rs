@@ -667,26 +667,36 @@ macro_rules! tile_record {
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use tile_record;
 
-/// The rule of the 64-row-block d64 tensor-core rows: both window sides bounded, at most 512 keys
-/// wide. Measured in the VM (thread-instructions, bf16, seq 4096, causal windows `(L, 0)`): a
-/// 64-row block visits 320 keys at `L = 255` where a 128-row block of the default row visits 384
-/// for twice the rows; 18.8 M against 22.2 M instructions at `L = 255`, 39.6 M against 42.0 M at
-/// `L = 767`. Past 512 keys the gain is under 6 % while K and V are read from global memory twice
-/// as often, so the rule stops there (`docs/semantics.md`, "Which kernel runs").
-pub const NARROW_WINDOW_D64: WindowRule = WindowRule::Narrow { keys: 512 };
+// The narrow-window rows' rules. Warps skip the key tiles outside their own rows' windows, so a
+// narrow window costs each warp its rows plus the window whatever the block's height; the narrow
+// rows (fewer warps, or Bc 32 at d192/d256) win only where a finer block or key tile wastes less
+// than its extra K/V loads cost. Each bound is the measured crossover: VM thread-instructions,
+// bf16, seq 4096, causal windows `(L, 0)`, the narrow row against the default row
+// (`memattn --backend vm --json run --dtype bf16 --head-dim D --seq 4096 --heads 1 --window L,0`).
+// At d64 the default row is the cheaper one at every L measured (7 to 511), so d64 has no narrow
+// row (docs/semantics.md, "Which kernel runs").
 
-/// The rule of the narrow-window rows of head dims 32, 96 and 128, the same bound as
-/// [`NARROW_WINDOW_D64`]. Measured in the VM (thread-instructions, bf16, seq 4096, windows
-/// `(L, 0)`, the narrow row against the default row): d32 8.9 M / 12.1 M at `L = 31`, 14.9 M /
-/// 17.8 M at `L = 255`, 23.1 M / 25.7 M at `L = 511`; d96 13.8 / 20.4, 25.8 / 32.1, 38.8 / 44.7;
-/// d128 13.7 / 28.3, 28.7 / 41.6, 44.8 / 55.7.
-pub const NARROW_WINDOW: WindowRule = NARROW_WINDOW_D64;
+/// d32 (Br 64 against 128): windows of at most 96 keys. 7.80 M / 7.83 M at `L = 7`, 8.57 M /
+/// 8.59 M at `L = 63`, 10.79 M / 10.77 M at `L = 127`, 15.14 M / 15.02 M at `L = 255`.
+pub const NARROW_WINDOW_D32: WindowRule = WindowRule::Narrow { keys: 96 };
 
-/// The rule of the narrow-window rows of head dims 192 and 256 (Bc 32 instead of 64, so more key
-/// tiles per key): windows under 384 keys. Measured as for [`NARROW_WINDOW`]: d192 18.8 M /
-/// 23.8 M at `L = 31`, 40.4 M / 42.1 M at `L = 255`, but 63.6 M / 61.7 M at `L = 511`; d256 22.6
-/// / 32.0, 49.2 / 50.7, 77.7 / 74.8.
-pub const NARROW_WINDOW_BC32: WindowRule = WindowRule::Narrow { keys: 384 };
+/// d96 (Br 96 against 192): windows of at most 192 keys. 10.05 M / 10.44 M at `L = 7`, 11.58 M /
+/// 11.90 M at `L = 63`, 15.14 M / 15.34 M at `L = 127`, 22.10 M / 22.06 M at `L = 255`.
+pub const NARROW_WINDOW_D96: WindowRule = WindowRule::Narrow { keys: 192 };
+
+/// d128 (Br 64 against 256): windows of at most 96 keys. 11.75 M / 12.10 M at `L = 7`, 13.72 M /
+/// 13.86 M at `L = 63`, 18.14 M / 17.87 M at `L = 127`, 26.76 M / 25.71 M at `L = 255`.
+pub const NARROW_WINDOW_D128: WindowRule = WindowRule::Narrow { keys: 96 };
+
+/// d192 (Bc 32 against 64, the same 96-row block: a finer key tile wastes less of a narrow
+/// window, at the cost of more key tiles per key): windows of at most 320 keys. 15.6 M / 18.2 M at `L = 31`, 36.1 M / 36.7 M at `L = 255`, 47.2 M / 46.8 M at `L = 383`,
+/// 58.0 M / 56.6 M at `L = 511`.
+pub const NARROW_WINDOW_D192: WindowRule = WindowRule::Narrow { keys: 320 };
+
+/// d256 (Bc 32 against 64, the same 128-row block): windows of at most 192 keys. 18.8 M / 21.6 M at
+/// `L = 31`, 29.9 M / 31.3 M at `L = 127`, 44.3 M / 44.2 M at `L = 255`, 71.8 M / 68.7 M at
+/// `L = 511`.
+pub const NARROW_WINDOW_D256: WindowRule = WindowRule::Narrow { keys: 192 };
 
 // The table. Rows: `Id = entry_name: Family(TILE_ITEM), Elem;`, or with a [`WindowRule`] after
 // the element type for a row chosen only for some windows (`KernelId::flash_for`).
@@ -711,10 +721,6 @@ kernel_table! {
     FlashFwdF16D64 = flash_fwd_f16_d64: FlashMma(FLASH_MMA_D64), F16;
     /// Tensor-core forward, f16, head_dim 128.
     FlashFwdF16D128 = flash_fwd_f16_d128: FlashMma(FLASH_MMA_D128), F16;
-    /// Tensor-core forward, bf16, head_dim 64, 64-row blocks: chosen for narrow windows.
-    FlashFwdBf16D64Window = flash_fwd_bf16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), Bf16, NARROW_WINDOW_D64;
-    /// Tensor-core forward, f16, head_dim 64, 64-row blocks: chosen for narrow windows.
-    FlashFwdF16D64Window = flash_fwd_f16_d64_window: FlashMma(FLASH_MMA_D64_WINDOW), F16, NARROW_WINDOW_D64;
     /// Tensor-core forward, bf16, head_dim 32.
     FlashFwdBf16D32 = flash_fwd_bf16_d32: FlashMma(FLASH_MMA_D32), Bf16;
     /// Tensor-core forward, bf16, head_dim 96.
@@ -732,25 +738,25 @@ kernel_table! {
     /// Tensor-core forward, f16, head_dim 256.
     FlashFwdF16D256 = flash_fwd_f16_d256: FlashMma(FLASH_MMA_D256), F16;
     /// Tensor-core forward, bf16, head_dim 32, 64-row blocks: chosen for narrow windows.
-    FlashFwdBf16D32Window = flash_fwd_bf16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), Bf16, NARROW_WINDOW;
+    FlashFwdBf16D32Window = flash_fwd_bf16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), Bf16, NARROW_WINDOW_D32;
     /// Tensor-core forward, f16, head_dim 32, 64-row blocks: chosen for narrow windows.
-    FlashFwdF16D32Window = flash_fwd_f16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), F16, NARROW_WINDOW;
+    FlashFwdF16D32Window = flash_fwd_f16_d32_window: FlashMma(FLASH_MMA_D32_WINDOW), F16, NARROW_WINDOW_D32;
     /// Tensor-core forward, bf16, head_dim 96, 96-row blocks: chosen for narrow windows.
-    FlashFwdBf16D96Window = flash_fwd_bf16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), Bf16, NARROW_WINDOW;
+    FlashFwdBf16D96Window = flash_fwd_bf16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), Bf16, NARROW_WINDOW_D96;
     /// Tensor-core forward, f16, head_dim 96, 96-row blocks: chosen for narrow windows.
-    FlashFwdF16D96Window = flash_fwd_f16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), F16, NARROW_WINDOW;
+    FlashFwdF16D96Window = flash_fwd_f16_d96_window: FlashMma(FLASH_MMA_D96_WINDOW), F16, NARROW_WINDOW_D96;
     /// Tensor-core forward, bf16, head_dim 128, 64-row blocks: chosen for narrow windows.
-    FlashFwdBf16D128Window = flash_fwd_bf16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), Bf16, NARROW_WINDOW;
+    FlashFwdBf16D128Window = flash_fwd_bf16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), Bf16, NARROW_WINDOW_D128;
     /// Tensor-core forward, f16, head_dim 128, 64-row blocks: chosen for narrow windows.
-    FlashFwdF16D128Window = flash_fwd_f16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), F16, NARROW_WINDOW;
-    /// Tensor-core forward, bf16, head_dim 192, 48-row blocks: chosen for narrow windows.
-    FlashFwdBf16D192Window = flash_fwd_bf16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), Bf16, NARROW_WINDOW_BC32;
-    /// Tensor-core forward, f16, head_dim 192, 48-row blocks: chosen for narrow windows.
-    FlashFwdF16D192Window = flash_fwd_f16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), F16, NARROW_WINDOW_BC32;
-    /// Tensor-core forward, bf16, head_dim 256, 64-row blocks: chosen for narrow windows.
-    FlashFwdBf16D256Window = flash_fwd_bf16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), Bf16, NARROW_WINDOW_BC32;
-    /// Tensor-core forward, f16, head_dim 256, 64-row blocks: chosen for narrow windows.
-    FlashFwdF16D256Window = flash_fwd_f16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), F16, NARROW_WINDOW_BC32;
+    FlashFwdF16D128Window = flash_fwd_f16_d128_window: FlashMma(FLASH_MMA_D128_WINDOW), F16, NARROW_WINDOW_D128;
+    /// Tensor-core forward, bf16, head_dim 192, key tiles of 32: chosen for narrow windows.
+    FlashFwdBf16D192Window = flash_fwd_bf16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), Bf16, NARROW_WINDOW_D192;
+    /// Tensor-core forward, f16, head_dim 192, key tiles of 32: chosen for narrow windows.
+    FlashFwdF16D192Window = flash_fwd_f16_d192_window: FlashMma(FLASH_MMA_D192_WINDOW), F16, NARROW_WINDOW_D192;
+    /// Tensor-core forward, bf16, head_dim 256, key tiles of 32: chosen for narrow windows.
+    FlashFwdBf16D256Window = flash_fwd_bf16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), Bf16, NARROW_WINDOW_D256;
+    /// Tensor-core forward, f16, head_dim 256, key tiles of 32: chosen for narrow windows.
+    FlashFwdF16D256Window = flash_fwd_f16_d256_window: FlashMma(FLASH_MMA_D256_WINDOW), F16, NARROW_WINDOW_D256;
     /// Fused forward, f32 SIMT, head_dim 32.
     FlashFwdF32D32 = flash_fwd_f32_d32: FlashF32(FLASH_F32_D32), F32;
     /// Fused forward, f32 SIMT, head_dim 96.
@@ -1212,32 +1218,35 @@ mod tests {
 
     #[test]
     fn window_rules_choose_rows_and_fall_back_to_the_default() {
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, 0)), Some(KernelId::FlashFwdBf16D64Window));
-        assert_eq!(KernelId::flash_for(Elem::F16, 64, (100, 411)), Some(KernelId::FlashFwdF16D64Window));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (100, 412)), Some(KernelId::FlashFwdBf16D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, -1)), Some(KernelId::FlashFwdBf16D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (-1, 0)), Some(KernelId::FlashFwdBf16D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (255, 0)), Some(KernelId::FlashFwdBf16D128Window));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (512, 0)), Some(KernelId::FlashFwdBf16D128));
-        assert_eq!(KernelId::flash_for(Elem::F32, 64, (255, 0)), Some(KernelId::FlashFwdF32D64));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (255, 0)), Some(KernelId::FlashFwdBf16D96Window));
-        assert_eq!(KernelId::flash_for(Elem::F16, 32, (0, 511)), Some(KernelId::FlashFwdF16D32Window));
-        // d192 and d256 (Bc 32) only below 384 keys.
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (383, 0)), Some(KernelId::FlashFwdBf16D192Window));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (384, 0)), Some(KernelId::FlashFwdBf16D192));
-        assert_eq!(KernelId::flash_for(Elem::F16, 256, (255, 0)), Some(KernelId::FlashFwdF16D256Window));
-        assert_eq!(KernelId::flash_for(Elem::F16, 256, (511, 0)), Some(KernelId::FlashFwdF16D256));
+        // d64 has no narrow row: every window runs the default.
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, 0)), Some(KernelId::FlashFwdBf16D64));
+        assert_eq!(KernelId::flash_for(Elem::F16, 64, (0, 0)), Some(KernelId::FlashFwdF16D64));
+        // At most `keys` keys, both sides bounded: d32 and d128 96, d96 192, d192 320, d256 192.
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (63, 0)), Some(KernelId::FlashFwdBf16D128Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (40, 55)), Some(KernelId::FlashFwdBf16D128Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (40, 56)), Some(KernelId::FlashFwdBf16D128));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (63, -1)), Some(KernelId::FlashFwdBf16D128));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 128, (-1, 0)), Some(KernelId::FlashFwdBf16D128));
+        assert_eq!(KernelId::flash_for(Elem::F32, 128, (63, 0)), Some(KernelId::FlashFwdF32D128));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (191, 0)), Some(KernelId::FlashFwdBf16D96Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 96, (192, 0)), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash_for(Elem::F16, 32, (0, 95)), Some(KernelId::FlashFwdF16D32Window));
+        assert_eq!(KernelId::flash_for(Elem::F16, 32, (0, 96)), Some(KernelId::FlashFwdF16D32));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (319, 0)), Some(KernelId::FlashFwdBf16D192Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (320, 0)), Some(KernelId::FlashFwdBf16D192));
+        assert_eq!(KernelId::flash_for(Elem::F16, 256, (191, 0)), Some(KernelId::FlashFwdF16D256Window));
+        assert_eq!(KernelId::flash_for(Elem::F16, 256, (255, 0)), Some(KernelId::FlashFwdF16D256));
         assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
         // `flash` and `find` give the default rows only.
-        assert_eq!(KernelId::flash(Elem::F16, 64), Some(KernelId::FlashFwdF16D64));
+        assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
         assert!(WindowRule::Any.admits(-1, -1));
         let r = WindowRule::Narrow { keys: 512 };
         assert!(r.admits(511, 0) && r.admits(0, 511) && r.admits(0, 0));
         assert!(!r.admits(512, 0) && !r.admits(-1, 0) && !r.admits(0, -1) && !r.admits(i32::MAX, i32::MAX));
-        let w = KernelId::FlashFwdBf16D64Window.variant();
+        let w = KernelId::FlashFwdBf16D128Window.variant();
         assert_eq!(
             (w.block_rows(), w.block_cols(), w.head_dim(), w.dynamic_smem_bytes()),
-            (64, 64, Some(64), 24 * 1024)
+            (64, 32, Some(128), 32 * 1024)
         );
         assert!(w.tensor_cores());
         assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![32, 64, 96, 128, 192, 256]);

@@ -897,36 +897,41 @@ mod tests {
     #[test]
     fn narrow_windows_pick_the_narrow_tiles() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
-        let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, ..Problem::default() };
-        let narrow = [KernelId::FlashFwdBf16D64Window];
-        // Both sides bounded, left + right + 1 <= 512 keys (causal is right = 0).
-        assert_eq!(names(&Problem { window: (255, 0), ..p }), narrow);
-        assert_eq!(names(&Problem { window: (511, -1), causal: true, ..p }), narrow);
-        assert_eq!(names(&Problem { window: (255, 256), ..p }), narrow);
+        let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, head_dim: 128, ..Problem::default() };
+        let narrow = [KernelId::FlashFwdBf16D128Window];
+        // d128: both sides bounded, left + right + 1 <= 96 keys (causal is right = 0).
+        assert_eq!(names(&Problem { window: (63, 0), ..p }), narrow);
+        assert_eq!(names(&Problem { window: (95, -1), causal: true, ..p }), narrow);
+        assert_eq!(names(&Problem { window: (40, 55), ..p }), narrow);
         assert_eq!(names(&Problem { window: (0, 0), ..p }), narrow);
-        assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D64Window]);
-        let l = Problem { window: (255, 0), ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 24 * 1024));
+        assert_eq!(names(&Problem { window: (63, 0), dtype: Dtype::F16, ..p }), [KernelId::FlashFwdF16D128Window]);
+        let l = Problem { window: (63, 0), ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 32 * 1024));
         // Everything else runs the default row: wider windows, a side unbounded, full and causal
         // attention, f32.
-        let default = [KernelId::FlashFwdBf16D64];
+        let default = [KernelId::FlashFwdBf16D128];
         for (window, causal) in [
-            ((512, 0), false),
-            ((255, 257), false),
-            ((255, -1), false),
+            ((96, 0), false),
+            ((255, 0), false),
+            ((40, 56), false),
+            ((63, -1), false),
             ((-1, 0), false),
             ((-1, -1), true),
             ((-1, -1), false),
         ] {
             assert_eq!(names(&Problem { window, causal, ..p }), default, "{window:?} causal {causal}");
         }
-        // The other tensor-core head dims have narrow rows too (d192 and d256 below 384 keys).
-        assert_eq!(names(&Problem { window: (255, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128Window]);
-        let l = Problem { window: (255, 0), head_dim: 128, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([64, 4, 1], [64, 1, 1], 32 * 1024));
-        assert_eq!(names(&Problem { window: (511, 0), head_dim: 256, ..p }), [KernelId::FlashFwdBf16D256]);
-        assert_eq!(names(&Problem { window: (-1, 0), head_dim: 128, ..p }), [KernelId::FlashFwdBf16D128]);
-        assert_eq!(names(&Problem { window: (255, 0), dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D64]);
+        // The other head dims by their own bounds; d64 has no narrow row.
+        assert_eq!(names(&Problem { window: (255, 0), head_dim: 64, ..p }), [KernelId::FlashFwdBf16D64]);
+        assert_eq!(names(&Problem { window: (0, 0), head_dim: 64, ..p }), [KernelId::FlashFwdBf16D64]);
+        assert_eq!(names(&Problem { window: (255, 0), head_dim: 192, ..p }), [KernelId::FlashFwdBf16D192Window]);
+        let l = Problem { window: (255, 0), head_dim: 192, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([43, 4, 1], [192, 1, 1], 60 * 1024));
+        assert_eq!(names(&Problem { window: (255, 0), head_dim: 256, ..p }), [KernelId::FlashFwdBf16D256]);
+        assert_eq!(names(&Problem { window: (127, 0), head_dim: 256, ..p }), [KernelId::FlashFwdBf16D256Window]);
+        assert_eq!(names(&Problem { window: (127, 0), head_dim: 96, ..p }), [KernelId::FlashFwdBf16D96Window]);
+        assert_eq!(names(&Problem { window: (63, 0), head_dim: 32, ..p }), [KernelId::FlashFwdBf16D32Window]);
+        assert_eq!(names(&Problem { window: (63, 0), dtype: Dtype::F32, ..p }), [KernelId::FlashFwdF32D128]);
         // Naive is one set of kernels whatever the window.
         let naive: Vec<KernelId> = Problem { window: (255, 0), ..p }
             .launches(KernelKind::Naive)

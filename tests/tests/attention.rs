@@ -533,12 +533,13 @@ device_tests! {
         }
     }
 
-    // The narrow-window rows of every tensor-core head dim (64-, 96- and 48-row blocks): windows
-    // crossing the blocks' edges, tails, seq_q != seq_kv with fully masked rows, GQA, sinks.
+    // The narrow-window rows of the tensor-core head dims that have one (d32, d96, d128: 64-, 96-
+    // and 64-row blocks; d192, d256: key tiles of 32): windows crossing the blocks' edges, tails,
+    // seq_q != seq_kv with fully masked rows, GQA, sinks.
     fn narrow_window_rows_of_every_head_dim_against_the_reference(dev: &mut dyn Device) {
         for (i, d) in [32u32, 96, 128, 192, 256].into_iter().enumerate() {
             for (dtype, sq, sk, window, causal, sinks) in [
-                (Dtype::Bf16, 130, 200, (100, 20), false, true),
+                (Dtype::Bf16, 130, 200, (50, 20), false, true),
                 (Dtype::F16, 150, 70, (37, 0), true, false),
             ] {
                 let heads_kv = if i % 2 == 0 { 2 } else { 1 };
@@ -648,35 +649,44 @@ device_tests! {
             }
         }
     }
-    // At d64 the tensor-core family has two rows: the default 128-row block and the 64-row block
-    // chosen for windows bounded on both sides and at most 512 keys wide
-    // (docs/semantics.md, "Which kernel runs"). Both against the f64 reference at shapes with
-    // tails, seq_q != seq_kv both ways (fully masked rows), several query blocks, single query and
-    // single key, windows whose edges fall inside key tiles, BHSD, GQA, soft cap and sinks; each
-    // case also checks that the rule picked the kernel named here.
-    fn bf16_f16_d64_narrow_window_tile_and_wide_windows_on_the_default_tile(dev: &mut dyn Device) {
+    // d128 has a narrow-window row (64-row blocks, windows of at most 96 keys) next to the default
+    // 256-row block; d64 has only its default row, whose warps skip the key tiles outside their
+    // own rows' windows (docs/semantics.md, "Which kernel runs"). Windows on both, against the
+    // f64 reference at shapes with tails, seq_q != seq_kv both ways (fully masked rows), several
+    // query blocks (and a last block with warps past seq_q), single query and single key, windows
+    // whose edges fall inside key tiles, BHSD, GQA, soft cap and sinks; each case also checks
+    // that the rule picked the kernel named here.
+    fn bf16_f16_narrow_window_tile_and_windows_on_the_default_tiles(dev: &mut dyn Device) {
         for dtype in [Dtype::Bf16, Dtype::F16] {
-            for (batch, heads, hk, sq, sk, window, causal, layout, softcap, sinks, narrow) in [
-                (2, 2, 2, 100, 100, (30, 30), false, Layout::Bshd, 0.0, false, true),
-                (1, 2, 1, 65, 130, (63, -1), true, Layout::Bhsd, 0.0, true, true),
-                (1, 1, 1, 100, 65, (10, 0), false, Layout::Bshd, 0.0, false, true),
-                (1, 4, 2, 200, 300, (127, 5), false, Layout::Bshd, 4.0, false, true),
-                (1, 1, 1, 129, 129, (0, 0), false, Layout::Bhsd, 0.0, false, true),
-                (1, 1, 1, 1, 65, (64, 0), false, Layout::Bshd, 0.0, false, true),
-                (1, 1, 1, 70, 1, (3, 3), false, Layout::Bshd, 0.0, false, true),
-                (1, 1, 1, 150, 700, (511, 0), false, Layout::Bshd, 0.0, false, true),
-                // Past the rule: the default tile with windows bounded on the left.
-                (1, 1, 1, 150, 700, (512, 0), false, Layout::Bshd, 0.0, false, false),
-                (1, 4, 1, 130, 700, (300, 300), false, Layout::Bhsd, 3.0, true, false),
-                (1, 2, 2, 200, 129, (127, -1), false, Layout::Bshd, 0.0, false, false),
+            for (d, batch, heads, hk, sq, sk, window, causal, layout, softcap, sinks, narrow) in [
+                (128, 2, 2, 2, 100, 100, (30, 30), false, Layout::Bshd, 0.0, false, true),
+                (128, 1, 2, 1, 65, 130, (63, -1), true, Layout::Bhsd, 0.0, true, true),
+                (128, 1, 1, 1, 100, 65, (10, 0), false, Layout::Bshd, 0.0, false, true),
+                (128, 1, 4, 2, 200, 300, (80, 5), false, Layout::Bshd, 4.0, false, true),
+                (128, 1, 1, 1, 129, 129, (0, 0), false, Layout::Bhsd, 0.0, false, true),
+                (128, 1, 1, 1, 1, 65, (64, 0), false, Layout::Bshd, 0.0, false, true),
+                (128, 1, 1, 1, 70, 1, (3, 3), false, Layout::Bshd, 0.0, false, true),
+                (128, 1, 1, 1, 150, 700, (95, 0), false, Layout::Bshd, 0.0, false, true),
+                // Past the rule: the default tiles with windows bounded on the left.
+                (128, 1, 1, 1, 300, 700, (96, 0), false, Layout::Bshd, 0.0, false, false),
+                (64, 1, 1, 1, 150, 700, (511, 0), false, Layout::Bshd, 0.0, false, false),
+                (64, 2, 2, 2, 100, 100, (30, 30), false, Layout::Bshd, 0.0, false, false),
+                (64, 1, 2, 1, 65, 130, (63, -1), true, Layout::Bhsd, 0.0, true, false),
+                (64, 1, 1, 1, 129, 129, (0, 0), false, Layout::Bhsd, 0.0, false, false),
+                (64, 1, 1, 1, 70, 1, (3, 3), false, Layout::Bshd, 0.0, false, false),
+                (64, 1, 4, 1, 130, 700, (300, 300), false, Layout::Bhsd, 3.0, true, false),
+                (64, 1, 2, 2, 200, 129, (127, -1), false, Layout::Bshd, 0.0, false, false),
             ] {
-                let p = Problem { batch, heads, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: 64, window, causal, layout, softcap, sinks, dtype, ..Problem::default() };
-                let want = format!("flash_fwd_{dtype}_d64{}", if narrow { "_window" } else { "" });
+                let p = Problem { batch, heads, heads_kv: Some(hk), seq_q: sq, seq_kv: sk, head_dim: d, window, causal, layout, softcap, sinks, dtype, ..Problem::default() };
+                let want = format!("flash_fwd_{dtype}_d{d}{}", if narrow { "_window" } else { "" });
                 assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), want, "{p:?}");
                 case_16(dev, p, KernelKind::Flash);
             }
-            // Known answer on the 64-row block: each row sees exactly its diagonal key.
-            let p = Problem { batch: 1, heads: 4, heads_kv: Some(2), seq_q: 130, seq_kv: 150, head_dim: 64, window: (0, 0), dtype, ..Problem::default() };
+            // Known answers, each row sees exactly its diagonal key: the d128 64-row block and the
+            // d64 default block.
+            let p = Problem { batch: 1, heads: 4, heads_kv: Some(2), seq_q: 130, seq_kv: 150, head_dim: 128, window: (0, 0), dtype, ..Problem::default() };
+            known_answer_diagonal_window(dev, KernelKind::Flash, p);
+            let p = Problem { head_dim: 64, ..p };
             known_answer_diagonal_window(dev, KernelKind::Flash, p);
         }
     }
