@@ -903,6 +903,42 @@ fn check_sweep_passes_and_lists_its_cases() {
     assert_bad_input(&["check", "--head-dim", "80"], "80");
 }
 
+/// `check --max-error-ratio`: each bf16 case reports its max error over naive attention's in
+/// bf16 (recomputed here from the case's own bound), the worst and median are in the JSON, and a
+/// limit below the worst is exit 1 naming the case although every case verified; a limit above
+/// it is exit 0. The limit is refused for f32 and when not a number above 0.
+#[test]
+fn check_reports_the_error_ratio_and_fails_on_drift() {
+    let args = ["--backend", "vm", "--json", "check", "--dtype", "bf16", "--head-dim", "32"];
+    let o = memattn(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    let mut ratios = Vec::new();
+    for c in cases {
+        let r = c["error_ratio"].as_f64().unwrap_or_else(|| panic!("no error_ratio: {c}"));
+        assert!((0.0..=2.0 + 1e-9).contains(&r), "{c}");
+        ratios.push(r);
+    }
+    ratios.sort_by(f64::total_cmp);
+    let worst = v["worst_error_ratio"]["ratio"].as_f64().unwrap();
+    assert_eq!(worst, *ratios.last().unwrap());
+    assert_eq!(v["median_error_ratio"].as_f64().unwrap(), ratios[ratios.len() / 2]);
+    assert!(worst > ratios[0], "the ratio varies between cases: {ratios:?}");
+    let limit = format!("{}", (worst * 0.99 * 1000.0).floor() / 1000.0);
+    let o = memattn(&[&args[..], &["--max-error-ratio", &limit]].concat());
+    assert_eq!(code(&o), 1, "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!((v["failed"].as_u64(), v["passed"].as_bool()), (Some(0), Some(false)));
+    let case = v["worst_error_ratio"]["case"].as_str().unwrap();
+    assert!(v["drift"].as_str().unwrap().contains(case), "{}", v["drift"]);
+    let above = format!("{}", worst + 0.01);
+    assert_eq!(code(&memattn(&[&args[..], &["--max-error-ratio", &above]].concat())), 0);
+    assert_bad_input(&["check", "--dtype", "f32", "--max-error-ratio", "1.5"], "judged by fixed bounds");
+    assert_bad_input(&["check", "--dtype", "bf16", "--max-error-ratio", "0"], "above 0");
+    assert_bad_input(&["check", "--dtype", "bf16", "--max-error-ratio", "-1"], "above 0");
+}
+
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
 /// window in the JSON and the same thread-instruction count, verified.
 #[test]

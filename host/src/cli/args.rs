@@ -558,6 +558,22 @@ pub struct CheckArgs {
     /// error of a naive backward in the same dtype. Flash only.
     #[arg(long)]
     pub backward: bool,
+    /// bf16/f16: also fail (exit 1) when the worst case's max error exceeds R times that of
+    /// naive attention computed in the same dtype on the same inputs (the "err/naive" column;
+    /// FlashAttention's own rule allows 2, which every case must meet anyway). Set R a little
+    /// above today's worst so that an accuracy loss shows before it reaches the bound, e.g.
+    /// `memattn check --dtype f16 --max-error-ratio 1.5`.
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = positive_ratio)]
+    pub max_error_ratio: Option<f64>,
+}
+
+/// A finite ratio above 0 (`--max-error-ratio`).
+fn positive_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("must be a finite number above 0, got {v}")),
+        Err(_) => Err(format!("must be a number above 0 (e.g. 1.5), got '{s}'")),
+    }
 }
 
 /// A VM shared-memory check `--vm-allow` can turn off.

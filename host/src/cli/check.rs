@@ -74,7 +74,7 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
         c("window 0", "each row sees one key (0, 0)", Problem { window: (0, 0), ..p(1, 2, 100, 70) }),
         c(
             "window wide",
-            "a window past the narrow-window rows' 512 keys (600, 0)",
+            "a window past every narrow-window row's bound (600, 0)",
             Problem { window: (600, 0), ..p(1, 2, 100, 700) },
         ),
         c(
@@ -96,6 +96,11 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     if !kernel.supports(dtype) {
         return Err(Error::Usage(format!("check: there is no {kernel} kernel in {dtype}")));
     }
+    if a.max_error_ratio.is_some() && !dtype.is_16bit() {
+        return Err(Error::Usage(format!(
+            "check: --max-error-ratio compares with naive attention in bf16 or f16; {dtype} is judged by fixed bounds"
+        )));
+    }
     let dims: Vec<u32> = match a.head_dim {
         Some(d) => vec![d],
         // Naive runs any head dim; it is checked at the flash kernels' so the two compare.
@@ -114,28 +119,36 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             "check: {kernel} {dtype}, head dims {dims:?}, {} cases, every query row against the f64 reference",
             all.len()
         );
-        println!("{:<6} {:<22} {:<7} {:>10} {:>10}  catches", "d", "case", "result", "O rel RMS", "bound");
+        println!(
+            "{:<6} {:<22} {:<7} {:>10} {:>10} {:>9}  catches",
+            "d", "case", "result", "O rel RMS", "bound", "err/naive"
+        );
     }
     let (mut failed, mut device_errors, mut not_run) = (0, 0, 0);
     let mut rows = Vec::new();
+    let mut ratios: Vec<(f64, u32, &str)> = Vec::new();
     for (d, c) in &all {
         let spec = RunSpec { seed: a.seed, check: RowSelection::All, ..RunSpec::new(c.problem, kernel) };
         // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
         let entries: Vec<&str> = c.problem.launches(kernel)?.iter().map(|l| l.kernel.name()).collect();
-        let (result, err, bound, detail) = match run(dev.as_mut(), &spec, None) {
+        let (result, err, bound, ratio, detail) = match run(dev.as_mut(), &spec, None) {
             Ok(r) => {
                 let res = if r.verified { "PASS" } else { "FAIL" };
-                (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), r.verification.failures.join("; "))
+                let ratio = error_ratio(dtype, r.max_abs_err, &r.tolerance);
+                (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), ratio, r.verification.failures.join("; "))
             }
             // A case the device or host had no room for did not run: not a failure of the kernel.
-            Err(e) if e.is_resource() => ("NOT RUN", None, None, e.to_string()),
+            Err(e) if e.is_resource() => ("NOT RUN", None, None, None, e.to_string()),
             Err(e) => {
                 if e.exit_code() == exit::DEVICE {
                     device_errors += 1;
                 }
-                ("FAIL", None, None, e.to_string())
+                ("FAIL", None, None, None, e.to_string())
             }
         };
+        if let Some(x) = ratio {
+            ratios.push((x, *d, c.name));
+        }
         match result {
             "FAIL" => failed += 1,
             "NOT RUN" => not_run += 1,
@@ -143,7 +156,17 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         }
         let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
         if !cli.json {
-            println!("{:<6} {:<22} {:<7} {:>10} {:>10}  {}", d, c.name, result, fmt(err), fmt(bound), c.catches);
+            let r = ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<6} {:<22} {:<7} {:>10} {:>10} {:>9}  {}",
+                d,
+                c.name,
+                result,
+                fmt(err),
+                fmt(bound),
+                r,
+                c.catches
+            );
             if result != "PASS" {
                 println!("       {detail}");
             }
@@ -151,14 +174,29 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         rows.push(serde_json::json!({
             "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
             "ran": result != "NOT RUN",
-            "rel_rms_err": err, "bound": bound, "detail": detail, "shape": c.problem.shape_json(),
+            "rel_rms_err": err, "bound": bound, "error_ratio": ratio, "detail": detail,
+            "shape": c.problem.shape_json(),
             "kernels": entries,
         }));
     }
+    // The error ratio against naive attention in the dtype: its worst case and median, and the
+    // drift limit when one was given.
+    ratios.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let worst = ratios.last().copied();
+    let median = (!ratios.is_empty()).then(|| ratios[ratios.len() / 2].0);
+    let drift = match (worst, a.max_error_ratio) {
+        (Some((w, d, name)), Some(limit)) if w > limit => Some(format!(
+            "error ratio drift: case '{name}' at head dim {d} has {w:.2} times the max error of naive attention in \
+             {dtype}, over --max-error-ratio {limit}"
+        )),
+        _ => None,
+    };
     let v = serde_json::json!({
         "command": "check", "backend": dev.backend().name(), "backend_reason": reason,
         "kernel": kernel, "dtype": dtype, "cases": rows, "failed": failed, "not_run": not_run,
-        "passed": failed == 0 && not_run == 0,
+        "worst_error_ratio": worst.map(|w| serde_json::json!({"ratio": w.0, "head_dim": w.1, "case": w.2})),
+        "median_error_ratio": median, "max_error_ratio": a.max_error_ratio, "drift": drift,
+        "passed": failed == 0 && not_run == 0 && drift.is_none(),
     });
     save_evidence(cli, &v)?;
     if cli.json {
@@ -169,17 +207,40 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         } else {
             String::new()
         };
+        if let (Some((w, d, name)), Some(m)) = (worst, median) {
+            println!(
+                "err/naive: max error over naive attention's in {dtype} on the same inputs (FlashAttention's rule \
+                 allows 2): worst {w:.2} ('{name}', head dim {d}), median {m:.2}{}",
+                a.max_error_ratio.map(|l| format!(", limit {l}")).unwrap_or_default()
+            );
+        }
+        if let Some(msg) = &drift {
+            println!("{msg}");
+        }
         println!("check: {} of {} cases passed{not_run_note}", all.len() - failed - not_run, all.len());
     }
     // 3 for a kernel error; else 1 for a case that ran and did not verify; else 3 when a case
     // could not run for want of a resource; 0 only when every case ran and verified.
     Ok(if device_errors > 0 {
         exit::DEVICE
-    } else if failed > 0 {
+    } else if failed > 0 || drift.is_some() {
         exit::VERIFICATION_FAILED
     } else if not_run > 0 {
         exit::DEVICE
     } else {
         exit::SUCCESS
     })
+}
+
+/// bf16/f16: the case's O max abs error over naive attention's in the dtype (the
+/// [`memattn_cli::verify::tolerance_for`] baseline), the baseline floored at one rounding of the
+/// largest output (`u · max|ref|`, half the bound's floor) so that a case whose baseline happens
+/// to be exact does not divide by zero. `None` for f32 (fixed bounds, no baseline).
+fn error_ratio(dtype: Dtype, max_abs_err: f64, tol: &memattn_cli::dtype::Tolerance) -> Option<f64> {
+    if !dtype.is_16bit() {
+        return None;
+    }
+    // tol.max_abs = max(2 · baseline, 2u · max|ref|): half of it is the floored baseline.
+    let baseline = tol.max_abs / 2.0;
+    (baseline > 0.0).then(|| max_abs_err / baseline)
 }
