@@ -939,6 +939,24 @@ fn check_reports_the_error_ratio_and_fails_on_drift() {
     assert_bad_input(&["check", "--dtype", "bf16", "--max-error-ratio", "-1"], "above 0");
 }
 
+/// `--vm-max-seconds`: a launch past the limit stops with exit 3 naming the limit and the kernel
+/// (a run of about 8 s at 50 ms); out-of-range limits are exit 2.
+#[test]
+fn vm_max_seconds_stops_a_long_launch() {
+    let t = std::time::Instant::now();
+    let o = memattn(&["--backend", "vm", "--vm-max-seconds", "0.05", "run", "--seq", "2048", "--heads", "8"]);
+    assert_eq!(code(&o), 3, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("launch time limit exceeded") && stderr(&o).contains("flash_fwd_f32_d64"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(5), "took {:?}", t.elapsed());
+    for bad in ["0", "-1", "nan", "1e7"] {
+        assert_bad_input(&["--vm-max-seconds", bad, "run"], "--vm-max-seconds");
+    }
+}
+
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
 /// window in the JSON and the same thread-instruction count, verified.
 #[test]

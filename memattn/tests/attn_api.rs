@@ -1011,3 +1011,42 @@ fn readme_rust_block_is_the_readme_example() {
         .expect("README.md has a ```rust block with the \"Use from Rust\" program");
     assert_eq!(block.trim_end(), example.trim_end(), "README.md's block differs from memattn/examples/readme.rs");
 }
+
+/// `DeviceOptions::vm_max_launch_time`: a launch past the limit is an error naming it, in about
+/// that time, and the same call without the limit verifies.
+#[test]
+fn vm_launch_time_limit_stops_a_long_launch() {
+    use memattn::device::{vm::VmDevice, BackendChoice, DeviceOptions};
+    use memattn::ptx::PtxSource;
+    let (b, s, h, d) = (1usize, 512usize, 4usize, 64usize);
+    let x = data(b * s * h * d, 3, Dtype::F32);
+    let shape = [b, s, h, d];
+    let attempt = |limit: Option<std::time::Duration>| {
+        let mut opts = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
+        opts.vm_max_launch_time = limit;
+        let mut dev = VmDevice::new(&opts).unwrap();
+        Kernels::scoped(&mut dev, |k| -> Result<Vec<f32>, AttnError> {
+            let buf = k.upload_as(Dtype::F32, &x)?;
+            let view = TensorView::device(&buf, Dtype::F32, shape)?;
+            let (o, _) = k.flash_attn(&view, &view, &view, &AttnOpts::new())?;
+            o.to_vec_f32()
+        })
+    };
+    let t = std::time::Instant::now();
+    let e = attempt(Some(std::time::Duration::from_millis(20))).unwrap_err().to_string();
+    assert!(e.contains("launch time limit exceeded"), "{e}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(5), "took {:?}", t.elapsed());
+    let o = attempt(None).unwrap();
+    let p = Problem {
+        batch: 1,
+        heads: h as u32,
+        seq_q: s as u32,
+        seq_kv: s as u32,
+        head_dim: d as u32,
+        ..Problem::default()
+    };
+    // A few rows against the f64 reference (q = k = v).
+    let (ro, _) = reference::attention(&p, &x, &x, &x).unwrap();
+    let err = o.iter().zip(&ro).map(|(&a, &r)| (a as f64 - r).abs()).fold(0.0, f64::max);
+    assert!(err < 1e-4, "{err}");
+}

@@ -105,6 +105,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "MIB", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub vm_memory_mib: Option<u64>,
 
+    /// VM: stop any one launch that runs longer than this many seconds (exit 3, "launch time
+    /// limit exceeded"), whatever its grid [default: no limit: a verified run at a large shape
+    /// may take minutes]. `launch` and `trace` have their own `--max-seconds` (default 20).
+    #[arg(long, global = true, value_name = "S", allow_negative_numbers = true, value_parser = clap::value_parser!(f64))]
+    pub vm_max_seconds: Option<f64>,
+
     /// VM: worker threads (default: all cores).
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub vm_workers: Option<usize>,

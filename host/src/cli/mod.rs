@@ -138,6 +138,13 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
                 Error::Usage(format!("--vm-memory-mib must be at most {} (got {mib})", u64::MAX >> 20))
             })?);
     }
+    if let Some(secs) = cli.vm_max_seconds {
+        // Above a million seconds (11.6 days) a limit is no limit; below a millisecond no launch fits.
+        if !(secs.is_finite() && (1e-3..=1e6).contains(&secs)) {
+            return Err(Error::Usage(format!("--vm-max-seconds must be between 0.001 and 1000000 (got {secs})")));
+        }
+        o.vm_max_launch_time = Some(Duration::from_secs_f64(secs));
+    }
     if cli.vm_workers == Some(0) {
         return Err(Error::Usage("--vm-workers must be at least 1".into()));
     }

@@ -188,6 +188,11 @@ pub struct DeviceOptions {
     /// VM: count the shared-memory wavefronts of every launch per instruction
     /// ([`LaunchInfo::bank_conflicts`]; off by default, it costs time on every shared access).
     pub vm_bank_conflicts: bool,
+    /// VM: wall-clock limit of one launch (None, the default: no limit, since a verified run at a
+    /// large shape can take minutes). A launch that runs longer stops with
+    /// [`DeviceError::Memcheck`] "launch time limit exceeded" in about this time, whatever its
+    /// grid: a kernel that never ends cannot hang the program.
+    pub vm_max_launch_time: Option<std::time::Duration>,
 }
 
 impl DeviceOptions {
@@ -201,6 +206,7 @@ impl DeviceOptions {
             vm_initcheck: true,
             vm_racecheck: true,
             vm_bank_conflicts: false,
+            vm_max_launch_time: None,
         }
     }
 }

@@ -72,11 +72,12 @@ impl VmDevice {
         vm.set_initcheck(opts.vm_initcheck);
         vm.set_racecheck(opts.vm_racecheck);
         vm.set_bank_conflicts(opts.vm_bank_conflicts);
+        let mut limits = vm.limits();
         if let Some(bytes) = opts.vm_memory_bytes {
-            let mut limits = vm.limits();
             limits.memory_bytes = bytes;
-            vm.set_limits(limits);
         }
+        limits.max_launch_time = opts.vm_max_launch_time;
+        vm.set_limits(limits);
         Ok(VmDevice { vm, module, ptx: opts.ptx.clone(), workers, timer: None, mem_before: 0, trace: None })
     }
 
