@@ -53,12 +53,39 @@ pub struct RunSpec {
     pub warmup: Option<u32>,
     pub repeats: Option<u32>,
     pub check: RowSelection,
+    /// VM only, flash only, not varlen: launch only the blocks that hold the checked rows (the
+    /// others write nothing and stay poisoned; the VM counts are of the blocks that ran). For
+    /// shapes too large to run whole in the VM (`memattn check --large`).
+    pub sampled_blocks: bool,
 }
 
 impl RunSpec {
     pub fn new(problem: Problem, kernel: KernelKind) -> Self {
-        RunSpec { problem, kernel, seed: 0, warmup: None, repeats: None, check: RowSelection::auto(0) }
+        RunSpec {
+            problem,
+            kernel,
+            seed: 0,
+            warmup: None,
+            repeats: None,
+            check: RowSelection::auto(0),
+            sampled_blocks: false,
+        }
     }
+}
+
+/// The blocks of the flash launch that hold the rows `spec.check` selects ([`RunSpec::sampled_blocks`]).
+fn checked_blocks(p: &Problem, spec: &RunSpec) -> Result<memattn::device::BlockSubset, Error> {
+    if spec.kernel != KernelKind::Flash || p.varlen.is_some() {
+        return Err(Error::Usage("a sampled launch runs the flash kernel of a dense (not varlen) problem".into()));
+    }
+    let launches = p.launches(KernelKind::Flash)?;
+    let [l] = launches.as_slice() else {
+        return Err(Error::Usage("a sampled launch needs a single-kernel flash problem".into()));
+    };
+    let br = l.kernel.variant().block_rows();
+    let mut blocks: Vec<[u32; 3]> = spec.check.rows(p).iter().map(|r| [r.i / br, r.h, r.b]).collect();
+    blocks.dedup();
+    Ok(memattn::device::BlockSubset { kernel: l.kernel.name().to_string(), blocks })
 }
 
 /// One kernel launch of the run.
@@ -337,8 +364,24 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         )));
     }
 
+    if spec.sampled_blocks {
+        let subset = checked_blocks(&p, spec)?;
+        let grid = p.launches(KernelKind::Flash)?[0].dims.grid;
+        let total: u64 = grid.iter().map(|&g| g as u64).product();
+        warnings.push(format!(
+            "sampled launch: {} of {total} blocks of {} ran, those of the {} checked rows; the other rows are not \
+             computed, and the VM counts are of the blocks that ran",
+            subset.blocks.len(),
+            subset.kernel,
+            spec.check.rows(&p).len()
+        ));
+        dev.set_block_subset(Some(subset))?;
+    }
     dev.memory_begin()?;
     let body = Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats));
+    if spec.sampled_blocks {
+        dev.set_block_subset(None)?;
+    }
     // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
     let (samples, records, o_dev, lse, trace) = body?;

@@ -957,6 +957,15 @@ fn vm_max_seconds_stops_a_long_launch() {
     }
 }
 
+/// `check --large` has fixed cases in the VM: filters and `--backward` are bad usage (the run
+/// itself is a CI step: about 20 s in a debug build).
+#[test]
+fn check_large_refuses_filters() {
+    assert_bad_input(&["--backend", "vm", "check", "--large", "--dtype", "bf16"], "fixed cases");
+    assert_bad_input(&["--backend", "vm", "check", "--large", "--head-dim", "64"], "fixed cases");
+    assert_bad_input(&["--backend", "vm", "check", "--large", "--backward"], "separate sweeps");
+}
+
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
 /// window in the JSON and the same thread-instruction count, verified.
 #[test]

@@ -329,11 +329,16 @@ pub struct LaunchConfig {
     pub block: [u32; 3],
     pub dynamic_shared_bytes: u32,
     pub trace: Option<TraceRequest>,
+    /// Run only these blocks of the grid (a sampled launch: what the others would have written
+    /// stays as it was; [`LaunchStats::blocks`] counts the blocks that ran). `None`: every block.
+    /// Each must lie inside the grid (else [`VmError::InvalidLaunch`]); duplicates run once, in
+    /// the grid's order.
+    pub blocks: Option<Vec<[u32; 3]>>,
 }
 
 impl LaunchConfig {
     pub fn new(grid: [u32; 3], block: [u32; 3], dynamic_shared_bytes: u32) -> Self {
-        LaunchConfig { grid, block, dynamic_shared_bytes, trace: None }
+        LaunchConfig { grid, block, dynamic_shared_bytes, trace: None, blocks: None }
     }
 }
 
@@ -832,6 +837,27 @@ impl Vm {
             banks: self.banks,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
+        // A sampled launch: the linear indices of the blocks to run, in the grid's order.
+        let subset: Option<Vec<u64>> = match &config.blocks {
+            None => None,
+            Some(blocks) => {
+                let mut linear = Vec::with_capacity(blocks.len());
+                for b in blocks {
+                    if (0..3).any(|d| b[d] >= config.grid[d]) {
+                        return Err(VmError::InvalidLaunch(format!(
+                            "block ({},{},{}) of the launch's subset is outside the grid ({},{},{})",
+                            b[0], b[1], b[2], config.grid[0], config.grid[1], config.grid[2]
+                        )));
+                    }
+                    let [gx, gy, _] = config.grid.map(|g| g as u64);
+                    linear.push(b[0] as u64 + gx * (b[1] as u64 + gy * b[2] as u64));
+                }
+                linear.sort_unstable();
+                linear.dedup();
+                Some(linear)
+            }
+        };
+        let nblocks = subset.as_ref().map_or(nblocks, |s| s.len() as u64);
         let next = AtomicU64::new(0);
         let fail_at = AtomicU64::new(u64::MAX);
         let errors: Mutex<Vec<(u64, Box<Finding>)>> = Mutex::new(Vec::new());
@@ -841,8 +867,12 @@ impl Vm {
             let mut w = pool.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
             w.start_launch();
             loop {
-                let b = next.fetch_add(1, Ordering::Relaxed);
-                if b >= nblocks || b > fail_at.load(Ordering::Relaxed) {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= nblocks {
+                    break;
+                }
+                let b = subset.as_ref().map_or(i, |s| s[i as usize]);
+                if b > fail_at.load(Ordering::Relaxed) {
                     break;
                 }
                 if launch.past_deadline() {

@@ -83,3 +83,41 @@ fn saxpy() {
     // the end of the last block read nothing.
     assert_eq!((st.global_bytes_read, st.global_bytes_written), (8 * n as u64, 4 * n as u64));
 }
+
+/// A sampled launch (`LaunchConfig::blocks`): only the listed blocks run (a duplicate once), the
+/// others' elements keep what was there, the stats count the blocks that ran, and a block
+/// outside the grid is refused before anything runs.
+#[test]
+fn saxpy_on_a_subset_of_blocks() {
+    let m = module();
+    let mut vm = Vm::with_workers(2);
+    let n = 1000u32; // 4 blocks of 256, the last partial
+    let mut rng = Rng(11);
+    let x: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+    let y: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+    let (px, py) = (upload(&mut vm, &x), upload(&mut vm, &y));
+    let a = -2.5f32;
+    let mut params = Vec::new();
+    params.extend_from_slice(&n.to_le_bytes());
+    params.extend_from_slice(&a.to_le_bytes());
+    params.extend_from_slice(&px.to_le_bytes());
+    params.extend_from_slice(&py.to_le_bytes());
+    let d = tiles::saxpy_launch(n);
+    assert_eq!(d.grid, [4, 1, 1]);
+    let mut config = LaunchConfig::new(d.grid, d.block, 0);
+    config.blocks = Some(vec![[3, 0, 0], [1, 0, 0], [3, 0, 0]]);
+    let st = vm.launch(&m, "saxpy_f32", &config, &params).unwrap();
+    assert_eq!(st.blocks, 2);
+    let out = download(&vm, py, n as usize);
+    for i in 0..n as usize {
+        let ran = (256..512).contains(&i) || i >= 768;
+        let want = if ran { a * x[i] + y[i] } else { y[i] };
+        assert_eq!(out[i].to_bits(), want.to_bits(), "element {i}");
+    }
+    // Blocks 1 and 3: 256 + 232 threads in bounds.
+    assert_eq!(st.global_bytes_written, 4 * (256 + 232));
+    config.blocks = Some(vec![[0, 0, 0], [4, 0, 0]]);
+    let e = vm.launch(&m, "saxpy_f32", &config, &params).unwrap_err().to_string();
+    assert!(e.contains("block (4,0,0)") && e.contains("outside the grid (4,1,1)"), "{e}");
+    assert_eq!(download(&vm, py, n as usize)[0].to_bits(), y[0].to_bits(), "nothing ran");
+}

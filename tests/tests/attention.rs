@@ -791,3 +791,53 @@ fn out_of_bounds_launch_is_a_device_error() {
     assert!(matches!(e, DeviceError::Memcheck { .. }), "{e}");
     assert!(e.to_string().contains("saxpy_f32"), "{e}");
 }
+
+/// VM only: a sampled launch (`RunSpec::sampled_blocks`, what `check --large` runs) computes the
+/// blocks of the checked rows, which verify against the f64 reference, and nothing else: the
+/// other rows stay NaN-poisoned and the VM counts only the blocks that ran. Flash only, not
+/// varlen.
+#[test]
+fn sampled_launch_runs_the_blocks_of_the_checked_rows() {
+    let mut dev = memattn_tests::vm_device();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let p = Problem {
+            batch: 2,
+            heads: 3,
+            heads_kv: Some(1),
+            seq_q: 700,
+            seq_kv: 650,
+            causal: true,
+            dtype,
+            ..Problem::default()
+        };
+        let whole = run(
+            &mut dev,
+            &RunSpec { check: RowSelection::Sample { count: 5, seed: 9 }, ..spec(p, KernelKind::Flash, 4) },
+            None,
+        )
+        .unwrap();
+        let sampled = RunSpec {
+            check: RowSelection::Sample { count: 5, seed: 9 },
+            sampled_blocks: true,
+            ..spec(p, KernelKind::Flash, 4)
+        };
+        let r = run(&mut dev, &sampled, None).unwrap();
+        assert!(r.verified, "{dtype}: {:?}", r.verification.failures);
+        assert_eq!(r.verification.checked_rows, 5);
+        let (all, part) = (whole.vm_thread_instructions.unwrap(), r.vm_thread_instructions.unwrap());
+        assert!(part > 0 && part * 4 < all, "{dtype}: {part} of {all} thread-instructions");
+        assert!(r.warnings.iter().any(|w| w.contains("sampled launch")), "{:?}", r.warnings);
+        // The checked rows are the ones written; most others are the poison.
+        let nan = r.outputs.o.iter().filter(|v| v.is_nan()).count();
+        assert!(nan > r.outputs.o.len() / 2, "{dtype}: {nan} of {} NaN", r.outputs.o.len());
+        for (a, b) in r.outputs.lse.iter().zip(&whole.outputs.lse) {
+            assert!(a.is_nan() || a.to_bits() == b.to_bits(), "a sampled block's LSE differs from the whole run's");
+        }
+    }
+    let p = Problem::varlen(Problem { heads: 2, ..Problem::default() }, &[30, 40], &[30, 40]).unwrap();
+    let e = run(&mut dev, &RunSpec { sampled_blocks: true, ..spec(p, KernelKind::Flash, 0) }, None).unwrap_err();
+    assert!(e.to_string().contains("not varlen"), "{e}");
+    let p = Problem { heads: 1, seq_q: 40, seq_kv: 40, ..Problem::default() };
+    let e = run(&mut dev, &RunSpec { sampled_blocks: true, ..spec(p, KernelKind::Naive, 0) }, None).unwrap_err();
+    assert!(e.to_string().contains("flash kernel"), "{e}");
+}

@@ -564,6 +564,14 @@ pub struct CheckArgs {
     /// error of a naive backward in the same dtype. Flash only.
     #[arg(long)]
     pub backward: bool,
+    /// Large shapes instead of the sweep, in the VM (about a minute on two cores): f32, bf16
+    /// and f16 flash at seq 32768 (causal, GQA, a 4096-key window) as sampled launches that run
+    /// only the query blocks of the checked rows, and a bf16 paged decode over 65536 cached
+    /// tokens, all verified against the f64 reference. Catches what small shapes cannot: index
+    /// arithmetic past their range, split plans over long caches, window tiles far from the
+    /// first key. `--seed` picks the inputs and the checked rows.
+    #[arg(long)]
+    pub large: bool,
     /// bf16/f16: also fail (exit 1) when the worst case's max error exceeds R times that of
     /// naive attention computed in the same dtype on the same inputs (the "err/naive" column;
     /// FlashAttention's own rule allows 2, which every case must meet anyway). Set R a little

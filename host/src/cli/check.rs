@@ -88,8 +88,14 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
 }
 
 pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
+    if a.backward && a.large {
+        return Err(Error::Usage("check: --backward and --large are separate sweeps; give one".into()));
+    }
     if a.backward {
         return super::check_backward::check(cli, a);
+    }
+    if a.large {
+        return super::check_large::check(cli, a);
     }
     let kernel = a.kernel.unwrap_or(KernelKind::Flash);
     let dtype = a.dtype.unwrap_or(Dtype::F32);

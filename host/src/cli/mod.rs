@@ -3,6 +3,7 @@
 pub mod args;
 mod check;
 mod check_backward;
+mod check_large;
 mod compare;
 pub mod cp;
 pub mod decode;
@@ -275,7 +276,15 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
             )));
         }
     }
-    Ok(RunSpec { problem, kernel, seed: a.seed, warmup: a.warmup, repeats: a.repeats, check: row_selection(a)? })
+    Ok(RunSpec {
+        problem,
+        kernel,
+        seed: a.seed,
+        warmup: a.warmup,
+        repeats: a.repeats,
+        check: row_selection(a)?,
+        sampled_blocks: false,
+    })
 }
 
 /// `KEY=A,B,C` of `--vary`.

@@ -289,6 +289,7 @@ fn trace_entry(cli: &Cli, a: &TraceArgs, entry: &str) -> Result<i32, Error> {
         block: block_dim,
         dynamic_shared_bytes: a.own.smem.unwrap_or(0),
         trace: Some(ptx_vm::TraceRequest { block, thread, max_entries: a.max_entries }),
+        blocks: None,
     };
     let (trace, error) = super::launch::launch_traced(cli, &module, entry, &config, &a.own, a.problem.seed)?;
     let about = About {

@@ -169,6 +169,28 @@ pub trait Device: Send {
     fn memory_end(&mut self) -> Result<MeasuredMemory, DeviceError>;
     /// Default warm-up launches and repetitions for timing on this device.
     fn default_warmup_repeats(&self) -> (u32, u32);
+    /// Runs only `subset.blocks` of every later launch of `subset.kernel` (until set to `None`):
+    /// a sampled launch, whose other blocks write nothing, for checking a few rows of a shape
+    /// too large to run whole. Only the VM can ([`vm::VmDevice`]); other devices refuse.
+    fn set_block_subset(&mut self, subset: Option<BlockSubset>) -> Result<(), DeviceError> {
+        match subset {
+            None => Ok(()),
+            Some(s) => Err(DeviceError::Unavailable(format!(
+                "running a subset of the blocks of `{}` is a VM feature; {} runs whole grids",
+                s.kernel,
+                self.backend()
+            ))),
+        }
+    }
+}
+
+/// The blocks of one kernel that a sampled launch runs ([`Device::set_block_subset`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSubset {
+    /// The entry point whose launches are sampled.
+    pub kernel: String,
+    /// Block indices `[x, y, z]` inside the launch's grid.
+    pub blocks: Vec<[u32; 3]>,
 }
 
 /// Options for opening a device.

@@ -1,7 +1,7 @@
 //! The PTX VM backend: runs the same PTX on the CPU with memcheck on every launch. Memory figures
 //! are exact (the VM's allocator); time is host wall clock and says nothing about a GPU.
 
-use super::{Backend, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
+use super::{Backend, BlockSubset, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
 use crate::memory::MeasuredMemory;
 use crate::ptx::PtxSource;
 use kernels_gpu::tiles::LaunchDims;
@@ -20,6 +20,8 @@ pub struct VmDevice {
     mem_before: u64,
     /// Trace this thread of the next launch of this kernel.
     trace: Option<(String, TraceRequest)>,
+    /// Run only these blocks of the launches of this kernel ([`Device::set_block_subset`]).
+    subset: Option<BlockSubset>,
 }
 
 /// Formats a memcheck finding with its full location.
@@ -78,7 +80,16 @@ impl VmDevice {
         }
         limits.max_launch_time = opts.vm_max_launch_time;
         vm.set_limits(limits);
-        Ok(VmDevice { vm, module, ptx: opts.ptx.clone(), workers, timer: None, mem_before: 0, trace: None })
+        Ok(VmDevice {
+            vm,
+            module,
+            ptx: opts.ptx.clone(),
+            workers,
+            timer: None,
+            mem_before: 0,
+            trace: None,
+            subset: None,
+        })
     }
 
     /// The loaded module (kernel list, instruction counts).
@@ -202,6 +213,9 @@ impl Device for VmDevice {
             }
         }
         let mut config = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
+        if let Some(sub) = self.subset.as_ref().filter(|s| s.kernel == kernel) {
+            config.blocks = Some(sub.blocks.clone());
+        }
         if let Some((k, req)) = &self.trace {
             if k == kernel {
                 config.trace = Some(*req);
@@ -267,5 +281,10 @@ impl Device for VmDevice {
     fn default_warmup_repeats(&self) -> (u32, u32) {
         // The VM is deterministic and slow: one measured launch, no warm-up.
         (0, 1)
+    }
+
+    fn set_block_subset(&mut self, subset: Option<BlockSubset>) -> Result<(), DeviceError> {
+        self.subset = subset;
+        Ok(())
     }
 }
