@@ -336,11 +336,13 @@ fn decode_measured(
     let new = if p.seq_new > 0 { Some((up(&x.k_new)?, up(&x.v_new)?)) } else { None };
     let cache_seqlens = k.index_tensor(&p.cache_seqlens, None)?;
     let (cache_shape, block_table) = match x.layout {
-        CacheLayout::Contiguous { seq_cache } => ([b, seq_cache as usize, hk, d], None),
+        CacheLayout::Contiguous { seq_cache } => ([p.cache_slots() as usize, seq_cache as usize, hk, d], None),
         CacheLayout::Paged { page_size, num_pages, .. } => {
             ([num_pages as usize, page_size as usize, hk, d], Some(k.index_tensor(&x.block_table, None)?))
         }
     };
+    let slots = p.cache_batch_idx.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
+    let leftpad = p.cache_leftpad.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
     let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
     let es = p.dtype.size_bytes();
     let o = k.alloc((b * sq * h * d) as u64 * es)?;
@@ -386,6 +388,12 @@ fn decode_measured(
     }
     if let Some(s) = &sinks_view {
         opts = opts.sinks(s);
+    }
+    if let Some(t) = &slots {
+        opts = opts.cache_batch_idx(t);
+    }
+    if let Some(t) = &leftpad {
+        opts = opts.cache_leftpad(t);
     }
     let bt = block_table.as_ref();
     let planned = match (&caches, &scales) {

@@ -13,6 +13,12 @@
 //!   `cache_seqlens[b] .. cache_seqlens[b] + seq_new` (kernel `decode_append_*`) before attention;
 //!   the sequence then has `seqlen_k = cache_seqlens[b] + seq_new` keys. `cache_seqlens` itself is
 //!   not changed (the caller advances it, as with FlashAttention-2).
+//! - Contiguous cache only, as in FlashAttention-2: `cache_batch_idx[batch]` u32 (optional) is
+//!   the cache slot of each sequence (the cache's first dimension may exceed `batch`), and
+//!   `cache_leftpad[batch]` u32 (optional) the row where each sequence's keys begin: the keys of
+//!   sequence `b` are cache rows `cache_leftpad[b] .. cache_seqlens[b] + seq_new` of slot
+//!   `cache_batch_idx[b]`, so `seqlen_k = cache_seqlens[b] - cache_leftpad[b] + seq_new`, and key
+//!   `j` of the sequence is row `cache_leftpad[b] + j` ([`DecodeParams::slot`]).
 //! - GQA: query head `h` reads KV head `h / (heads / heads_kv)`.
 //! - Masking is bottom-right aligned (FlashAttention-2): with `diag = i + seqlen_k - seq_q`,
 //!   query `i` sees key `j` iff `j >= diag - window_left` (when `window_left >= 0`) and
@@ -31,7 +37,7 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[176]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[192]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
 /// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
 /// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
@@ -84,10 +90,16 @@ pub struct DecodeParams {
     pub k_scale: u64,
     /// FP8 cache: `heads_kv` f32 scales of the V cache, as `k_scale`.
     pub v_scale: u64,
+    /// Contiguous cache: `batch` u32 cache slots, the first dimension index of each sequence's
+    /// keys (FlashAttention-2's `cache_batch_idx`); 0: sequence `b` is slot `b`.
+    pub cache_batch_idx: u64,
+    /// Contiguous cache: `batch` u32 rows of left padding (FlashAttention-2's `cache_leftpad`):
+    /// sequence `b`'s keys begin at cache row `cache_leftpad[b]`; 0: at row 0.
+    pub cache_leftpad: u64,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 176;
+pub const DECODE_PARAMS_BYTES: usize = 192;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -133,7 +145,7 @@ impl DecodeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
-        for p in [self.sinks, self.k_scale, self.v_scale] {
+        for p in [self.sinks, self.k_scale, self.v_scale, self.cache_batch_idx, self.cache_leftpad] {
             out[at..at + 8].copy_from_slice(&p.to_le_bytes());
             at += 8;
         }
@@ -169,6 +181,29 @@ impl DecodeParams {
             b * self.seq_cache + j
         };
         row * self.heads_kv + hk
+    }
+
+    /// Sequence `b`'s cache slot and left padding, `(cache_batch_idx[b], cache_leftpad[b])`, each
+    /// `(b, 0)` when its pointer is 0, read by `read(address)` (a load on the device,
+    /// [`DecodeParams::slot_of`]). Its key `j` is then [`DecodeParams::cache_row`] of
+    /// `(slot, leftpad + j)`: a paged cache has neither (the host refuses them), so there slot is
+    /// `b` and leftpad 0.
+    #[inline(always)]
+    pub fn slot(&self, b: u32, read: impl Fn(u64) -> u32) -> (u32, u32) {
+        let slot = if self.cache_batch_idx != 0 { read(self.cache_batch_idx + 4 * b as u64) } else { b };
+        let pad = if self.cache_leftpad != 0 { read(self.cache_leftpad + 4 * b as u64) } else { 0 };
+        (slot, pad)
+    }
+
+    /// [`DecodeParams::slot`] on the device.
+    ///
+    /// # Safety
+    /// `cache_batch_idx` and `cache_leftpad` (when non-zero) must be valid device addresses of
+    /// `batch` u32.
+    #[cfg(target_arch = "nvptx64")]
+    #[inline(always)]
+    pub unsafe fn slot_of(&self, b: u32) -> (u32, u32) {
+        self.slot(b, |addr| unsafe { crate::device::ld_u32(addr) })
     }
 
     /// [`DecodeParams::cache_row`] on the device, reading the block table (`u32` entries at
@@ -303,6 +338,8 @@ mod tests {
         assert_eq!(&b[152..160], &0x1234u64.to_le_bytes());
         let b = DecodeParams { k_scale: 0x55, v_scale: 0x66, ..Default::default() }.to_bytes();
         assert_eq!((&b[160..168], &b[168..176]), (&0x55u64.to_le_bytes()[..], &0x66u64.to_le_bytes()[..]));
+        let b = DecodeParams { cache_batch_idx: 0x77, cache_leftpad: 0x88, ..Default::default() }.to_bytes();
+        assert_eq!((&b[176..184], &b[184..192]), (&0x77u64.to_le_bytes()[..], &0x88u64.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());

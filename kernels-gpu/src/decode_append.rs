@@ -2,8 +2,9 @@
 //! cache at `cache_seqlens`, in place, before the decode forward attends over them
 //! (FlashAttention-2's `flash_attn_with_kvcache` with `k`/`v` given).
 //!
-//! Algorithm: a copy. Token `t` of sequence `b` goes to cache row `cache_seqlens[b] + t`, through
-//! the block table when the cache is paged (see [`crate::decode_abi`]). The elements pass through
+//! Algorithm: a copy. Token `t` of sequence `b` goes to cache row `cache_seqlens[b] + t` (of slot
+//! `cache_batch_idx[b]` when given), through the block table when the cache is paged (see
+//! [`crate::decode_abi`]). The elements pass through
 //! f32 unchanged (bf16 and f16 widen to f32 exactly and narrow back to the same bits). An FP8
 //! cache (bf16 `k_new`, `v_new`) is quantised here: the byte stored is
 //! `encode(x / scale[hk])` ([`crate::fp8::encode`]: nearest even, saturating to the finite
@@ -90,12 +91,14 @@ pub(crate) unsafe fn append<E: AppendElem, const THREADS: u32>(p: &DecodeParams)
     let tok = ctaid_x() as u64;
     let b = ctaid_y() as u64;
     let (hkv, d) = (p.heads_kv as u64, p.head_dim as u64);
+    // Cache row cache_seqlens[b] + tok of the sequence's slot (left padding is below it).
     let j = unsafe { ld_u32(p.cache_seqlens + 4 * b) } as u64 + tok;
+    let (slot, _) = unsafe { p.slot_of(b as u32) };
     let src_row = (b * p.seq_new as u64 + tok) * hkv * d;
     let mut e = tid_x() as u64;
     while e < hkv * d {
         let (hk, c) = (e / d, e % d);
-        let dst = unsafe { p.cache_row_of(b as u32, j as u32, hk as u32) } as u64 * d + c;
+        let dst = unsafe { p.cache_row_of(slot, j as u32, hk as u32) } as u64 * d + c;
         let nb = <E::New as Elem>::BYTES;
         unsafe {
             E::put(p.k_cache + E::BYTES * dst, E::New::load(p.k_new + nb * (src_row + e)), p.k_scale, hk);

@@ -205,7 +205,9 @@ pub(crate) unsafe fn decode_fwd<
     let (qi, h) = if row_valid { (r / group, hk as usize * group + r % group) } else { (0, 0) };
     let causal = p.causal != 0;
 
-    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b) } + p.seq_new;
+    // The sequence's cache slot and left padding: its key j is cache row pad + j of the slot.
+    let (slot, pad) = unsafe { p.slot_of(b as u32) };
+    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b) } - pad + p.seq_new;
     let (k_lo, k_hi) = split_range(seqlen_k, p.num_splits, split, BC as u32);
 
     let smem = dynamic_smem_f32();
@@ -256,7 +258,7 @@ pub(crate) unsafe fn decode_fwd<
             let (rr, c) = (e / D, e % D);
             let j = kv0 + rr;
             if j < block_end {
-                let row = unsafe { p.cache_row_of(b as u32, j as u32, hk as u32) } as u64 * D as u64 + c as u64;
+                let row = unsafe { p.cache_row_of(slot, pad + j as u32, hk as u32) } as u64 * D as u64 + c as u64;
                 unsafe {
                     E::stage16(p.k_cache + E::BYTES * row, k_s.add(e));
                     E::stage16(p.v_cache + E::BYTES * row, v_s.add(e));

@@ -265,7 +265,9 @@ pub(crate) unsafe fn decode_mma<
     let causal = p.causal != 0;
     let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
 
-    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b as u64) } + p.seq_new;
+    // The sequence's cache slot and left padding: its key j is cache row pad + j of the slot.
+    let (slot, pad) = unsafe { p.slot_of(b) };
+    let seqlen_k = unsafe { ld_u32(p.cache_seqlens + 4 * b as u64) } - pad + p.seq_new;
     let (k_lo, k_hi) = split_range(seqlen_k, p.num_splits, split, BC as u32);
 
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>();
@@ -314,7 +316,7 @@ pub(crate) unsafe fn decode_mma<
         unroll!(k in 0..PASSES => {
             let j = kv0 + tid / cpr + k * rows_per_pass;
             if j < block_end {
-                out[k] = unsafe { p.cache_row_of(b, j as u32, hk) };
+                out[k] = unsafe { p.cache_row_of(slot, pad + j as u32, hk) };
             }
         });
         out

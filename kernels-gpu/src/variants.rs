@@ -1168,7 +1168,7 @@ mod tests {
         assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
         assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
         assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
-        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 176);
+        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 192);
     }
 
     #[test]

@@ -248,6 +248,17 @@ pub struct AttnOpts<'s> {
     /// The decode kernel family of [`Kernels::flash_attn_with_kvcache`]: `Auto` (tensor cores
     /// for bf16/f16, SIMT for f32), `Simt` or `Mma`. The prefill calls refuse anything but `Auto`.
     pub decode_kernel: crate::decode::DecodeKernel,
+    /// [`Kernels::flash_attn_with_kvcache`] over a contiguous cache: FlashAttention-2's
+    /// `cache_batch_idx`, the cache slot (first dimension index) of each sequence (`[batch]`;
+    /// the cache may have more slots than sequences; with new tokens no two sequences may
+    /// share one). `None`: sequence `b` is slot `b`. The prefill calls refuse it.
+    pub cache_batch_idx: Option<&'s IndexTensor>,
+    /// [`Kernels::flash_attn_with_kvcache`] over a contiguous cache: FlashAttention-2's
+    /// `cache_leftpad`, the row where each sequence's keys begin (`[batch]`, each at most its
+    /// `cache_seqlens`): sequence `b` attends over rows `cache_leftpad[b] .. cache_seqlens[b] +
+    /// seq_new` of its slot, bottom-right aligned to those keys. `None`: row 0. The prefill calls
+    /// refuse it.
+    pub cache_leftpad: Option<&'s IndexTensor>,
 }
 
 impl PartialEq for AttnOpts<'_> {
@@ -261,6 +272,8 @@ impl PartialEq for AttnOpts<'_> {
             && sinks(self) == sinks(other)
             && self.num_splits == other.num_splits
             && self.decode_kernel == other.decode_kernel
+            && self.cache_batch_idx.map(|t| t.ptr) == other.cache_batch_idx.map(|t| t.ptr)
+            && self.cache_leftpad.map(|t| t.ptr) == other.cache_leftpad.map(|t| t.ptr)
     }
 }
 
@@ -311,6 +324,16 @@ impl<'s> AttnOpts<'s> {
         self.decode_kernel = kernel;
         self
     }
+    /// See [`AttnOpts::cache_batch_idx`](struct.AttnOpts.html#structfield.cache_batch_idx).
+    pub fn cache_batch_idx(mut self, slots: &'s IndexTensor) -> Self {
+        self.cache_batch_idx = Some(slots);
+        self
+    }
+    /// See [`AttnOpts::cache_leftpad`](struct.AttnOpts.html#structfield.cache_leftpad).
+    pub fn cache_leftpad(mut self, leftpad: &'s IndexTensor) -> Self {
+        self.cache_leftpad = Some(leftpad);
+        self
+    }
 
     /// The window as the kernels take it: `(left, right)`, `-1` unbounded. A side over
     /// `i32::MAX` keys is refused.
@@ -334,6 +357,12 @@ impl<'s> AttnOpts<'s> {
             return Err(AttnError::NotSupportedYet {
                 feature: "a decode kernel choice in the prefill calls (AttnOpts::decode_kernel is for \
                           flash_attn_with_kvcache)",
+            });
+        }
+        if self.cache_batch_idx.is_some() || self.cache_leftpad.is_some() {
+            return Err(AttnError::NotSupportedYet {
+                feature: "cache slots or left padding in the prefill calls (AttnOpts::cache_batch_idx and \
+                          cache_leftpad are for flash_attn_with_kvcache)",
             });
         }
         Ok(())

@@ -216,6 +216,16 @@ pub struct DecodeProblem {
     /// cache"): `dtype` (Q, O, `k_new`, `v_new`) must be bf16, the scales are in
     /// [`DecodeInputs::k_scale`] and [`DecodeInputs::v_scale`]. `None`: the cache is in `dtype`.
     pub kv_fp8: Option<Fp8Format>,
+    /// Contiguous cache only (FlashAttention-2's `cache_batch_idx`): the cache slot (first
+    /// dimension index) of each sequence, `batch` entries; the cache may have more slots than
+    /// sequences. `None`: sequence `b` is slot `b`.
+    pub cache_batch_idx: Option<Vec<u32>>,
+    /// Contiguous cache only (FlashAttention-2's `cache_leftpad`): the cache row where each
+    /// sequence's keys begin, `batch` entries, at most `cache_seqlens[b]`. The keys of sequence
+    /// `b` are rows `cache_leftpad[b] .. cache_seqlens[b] + seq_new` of its slot, so it has
+    /// `cache_seqlens[b] - cache_leftpad[b] + seq_new` keys (bottom-right alignment counts
+    /// those). `None`: every sequence starts at row 0.
+    pub cache_leftpad: Option<Vec<u32>>,
 }
 
 impl Default for DecodeProblem {
@@ -241,6 +251,8 @@ impl Default for DecodeProblem {
             kernel: DecodeKernel::Auto,
             sinks: false,
             kv_fp8: None,
+            cache_batch_idx: None,
+            cache_leftpad: None,
         }
     }
 }
@@ -274,8 +286,26 @@ impl DecodeProblem {
     pub fn softmax_scale(&self) -> f32 {
         self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
+    /// Keys sequence `b` attends over: `cache_seqlens[b] - cache_leftpad[b] + seq_new`.
     pub fn seqlen_k(&self, b: usize) -> u32 {
+        self.cache_seqlens[b] - self.leftpad(b) + self.seq_new
+    }
+    /// Sequence `b`'s left padding ([`DecodeProblem::cache_leftpad`], 0 without).
+    pub fn leftpad(&self, b: usize) -> u32 {
+        self.cache_leftpad.as_ref().map_or(0, |l| l[b])
+    }
+    /// Sequence `b`'s cache slot ([`DecodeProblem::cache_batch_idx`], `b` without).
+    pub fn slot(&self, b: usize) -> usize {
+        self.cache_batch_idx.as_ref().map_or(b, |s| s[b] as usize)
+    }
+    /// Cache rows sequence `b` occupies after the append, padding included:
+    /// `cache_seqlens[b] + seq_new` (what a contiguous cache must hold per slot).
+    pub fn cache_end(&self, b: usize) -> u32 {
         self.cache_seqlens[b] + self.seq_new
+    }
+    /// Slots a contiguous cache needs: one past the largest [`DecodeProblem::slot`].
+    pub fn cache_slots(&self) -> u32 {
+        (0..self.batch as usize).map(|b| self.slot(b) as u32 + 1).max().unwrap_or(1)
     }
     pub fn max_seqlen_k(&self) -> u32 {
         (0..self.batch as usize).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
@@ -379,6 +409,34 @@ impl DecodeProblem {
         if self.cache_seqlens.iter().any(|&l| l as u64 + self.seq_new as u64 > u32::MAX as u64 / 2) {
             return Err(KvCacheRule::TooLong);
         }
+        for (tensor, t) in [("cache_batch_idx", &self.cache_batch_idx), ("cache_leftpad", &self.cache_leftpad)] {
+            if let Some(t) = t {
+                if self.page_size.is_some() {
+                    return Err(KvCacheRule::SlotsWithPages { tensor });
+                }
+                if t.len() != self.batch as usize {
+                    return Err(KvCacheRule::SlotEntries { tensor, got: t.len(), batch: self.batch });
+                }
+            }
+        }
+        if let Some(pad) = &self.cache_leftpad {
+            if let Some(b) = (0..pad.len()).find(|&b| pad[b] > self.cache_seqlens[b]) {
+                return Err(KvCacheRule::LeftpadPastSeqlen {
+                    batch: b,
+                    leftpad: pad[b],
+                    cache_seqlen: self.cache_seqlens[b],
+                });
+            }
+        }
+        if let (Some(slots), true) = (&self.cache_batch_idx, self.seq_new > 0) {
+            let mut first = std::collections::HashMap::new();
+            for (b, &slot) in slots.iter().enumerate() {
+                if let Some(&a) = first.get(&slot) {
+                    return Err(KvCacheRule::SharedSlot { slot, first: a, second: b });
+                }
+                first.insert(slot, b);
+            }
+        }
         if self.window_left < -1 || self.window_right < -1 {
             return Err(KvCacheRule::Window { left: self.window_left, right: self.window_right });
         }
@@ -442,9 +500,9 @@ impl DecodeProblem {
         Ok(())
     }
 
-    /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)`.
+    /// Pages sequence `b` needs: `ceil(seqlen_k / page_size)` (a paged cache has no padding).
     pub fn pages_needed(&self, b: usize, page_size: u32) -> u32 {
-        self.seqlen_k(b).div_ceil(page_size)
+        self.cache_end(b).div_ceil(page_size)
     }
 
     /// Element counts of the call's tensors in the layout [`DecodeInputs::random`] draws (a
@@ -468,7 +526,10 @@ impl DecodeProblem {
         let q = fit("q", rows as u128 * d, elems_limit)?;
         let new = fit("k_new", b * self.seq_new as u128 * row, elems_limit)?;
         let (slots, block_table, num_pages, max_pages) = match self.page_size {
-            None => (b * self.max_seqlen_k().max(1) as u128, 0, 0, 0),
+            None => {
+                let rows = (0..self.batch as usize).map(|i| self.cache_end(i)).max().unwrap_or(0).max(1);
+                (self.cache_slots() as u128 * rows as u128, 0, 0, 0)
+            }
             Some(ps) => {
                 let ps = ps.max(1);
                 let need = |i: usize| self.pages_needed(i, ps) as u128;
@@ -537,8 +598,8 @@ impl DecodeInputs {
         let row = (hk * d) as u64;
         let (layout, block_table, slots) = match p.page_size {
             None => {
-                let seq_cache = p.max_seqlen_k().max(1);
-                (CacheLayout::Contiguous { seq_cache }, Vec::new(), p.batch as u64 * seq_cache as u64)
+                let seq_cache = (0..p.batch as usize).map(|b| p.cache_end(b)).max().unwrap_or(0).max(1);
+                (CacheLayout::Contiguous { seq_cache }, Vec::new(), p.cache_slots() as u64 * seq_cache as u64)
             }
             Some(ps) => {
                 let need: Vec<u32> = (0..p.batch as usize).map(|b| p.pages_needed(b, ps)).collect();
@@ -578,8 +639,9 @@ impl DecodeInputs {
             let mut r3 = SplitMix64::new(seed ^ 0x51_4E_C5);
             x.sinks = (0..p.heads).map(|_| r3.normal() as f32 + 1.0).collect();
         }
+        // Left padding stays NaN too: a kernel that reads it fails verification.
         for b in 0..p.batch as usize {
-            for j in 0..p.cache_seqlens[b] {
+            for j in p.leftpad(b)..p.cache_seqlens[b] {
                 let at = x.row_offset(p, b, j).expect("sized above");
                 for e in 0..hk * d {
                     x.k_cache[at + e] = p.dtype.round(rng.normal() as f32);
@@ -618,13 +680,14 @@ impl DecodeInputs {
         Ok(())
     }
 
-    /// Element offset of cache row `j` (head 0) of sequence `b`; `None` when the block table has no
-    /// valid page for it.
+    /// Element offset of cache row `j` (head 0) of sequence `b` (row `j` of its slot, padding
+    /// included, in a contiguous cache); `None` when the cache or block table has no such row.
     pub fn row_offset(&self, p: &DecodeProblem, b: usize, j: u32) -> Option<usize> {
         let row = (p.heads_kv * p.head_dim) as usize;
         match self.layout {
             CacheLayout::Contiguous { seq_cache } => {
-                (j < seq_cache).then(|| (b * seq_cache as usize + j as usize) * row)
+                let slots = self.k_cache.len() / (seq_cache as usize * row).max(1);
+                (j < seq_cache && p.slot(b) < slots).then(|| (p.slot(b) * seq_cache as usize + j as usize) * row)
             }
             CacheLayout::Paged { page_size, num_pages, max_pages } => {
                 let slot = j / page_size;
@@ -638,10 +701,16 @@ impl DecodeInputs {
     }
 
     /// The same keys and values in another layout (`None`: contiguous with `max seqlen_k` rows;
-    /// `Some(P)`: pages of `P`, shuffled by `seed`), for comparing layouts.
+    /// `Some(P)`: pages of `P`, shuffled by `seed`), for comparing layouts. Slots and left
+    /// padding are dropped (each sequence's keys start at row 0 of slot `b`).
     pub fn relaid(&self, p: &DecodeProblem, page_size: Option<u32>, seed: u64) -> (DecodeProblem, DecodeInputs) {
         let mut p2 = p.clone();
         p2.page_size = page_size;
+        p2.cache_batch_idx = None;
+        p2.cache_leftpad = None;
+        for b in 0..p.batch as usize {
+            p2.cache_seqlens[b] = p.cache_seqlens[b] - p.leftpad(b);
+        }
         let mut y = DecodeInputs::random(&p2, seed);
         y.q = self.q.clone();
         y.k_new = self.k_new.clone();
@@ -649,7 +718,7 @@ impl DecodeInputs {
         let row = (p.heads_kv * p.head_dim) as usize;
         for b in 0..p.batch as usize {
             for j in 0..p.seqlen_k(b) {
-                if let (Some(a), Some(c)) = (self.row_offset(p, b, j), y.row_offset(&p2, b, j)) {
+                if let (Some(a), Some(c)) = (self.row_offset(p, b, p.leftpad(b) + j), y.row_offset(&p2, b, j)) {
                     y.k_cache[c..c + row].copy_from_slice(&self.k_cache[a..a + row]);
                     y.v_cache[c..c + row].copy_from_slice(&self.v_cache[a..a + row]);
                 }
@@ -680,8 +749,9 @@ impl DecodeInputs {
         want("v_new", self.v_new.len(), p.new_elems())?;
         match (self.layout, p.page_size) {
             (CacheLayout::Contiguous { seq_cache }, None) => {
-                want("k_cache", self.k_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
-                want("v_cache", self.v_cache.len(), p.batch as u64 * seq_cache as u64 * row)?;
+                let slots = p.cache_slots() as u64;
+                want("k_cache", self.k_cache.len(), slots * seq_cache as u64 * row)?;
+                want("v_cache", self.v_cache.len(), slots * seq_cache as u64 * row)?;
                 check_cache_layout(p, self.layout, &self.block_table)?;
             }
             (CacheLayout::Paged { page_size, num_pages, max_pages }, Some(ps)) if ps == page_size => {
@@ -703,7 +773,7 @@ impl DecodeInputs {
             }
         }
         for b in 0..p.batch as usize {
-            for j in 0..p.cache_seqlens[b] {
+            for j in p.leftpad(b)..p.cache_seqlens[b] {
                 let at = self.row_offset(p, b, j).expect("checked above");
                 let r = row as usize;
                 if self.k_cache[at..at + r].iter().chain(&self.v_cache[at..at + r]).any(|v| !v.is_finite()) {
@@ -764,7 +834,7 @@ pub fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &
     match layout {
         CacheLayout::Contiguous { seq_cache } => {
             for b in 0..p.batch as usize {
-                if p.seqlen_k(b) > seq_cache {
+                if p.cache_end(b) > seq_cache {
                     return Err(KvCacheRule::Capacity {
                         batch: b,
                         cache_seqlen: p.cache_seqlens[b],
@@ -846,10 +916,11 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
     let mut o_abs = vec![0f64; p.rows() as usize];
     let mut o_under = vec![0f64; p.q_elems() as usize];
     for b in 0..p.batch as usize {
-        let cached = p.cache_seqlens[b];
+        // Key j of the sequence: cache row pad + j of its slot, then the new tokens.
+        let (pad, cached) = (p.leftpad(b), p.cache_seqlens[b] - p.leftpad(b));
         let key = |j: u32, kv: usize| -> (&[f32], &[f32]) {
             if j < cached {
-                let at = x.row_offset(p, b, j).expect("validated") + kv * d;
+                let at = x.row_offset(p, b, pad + j).expect("validated") + kv * d;
                 (&x.k_cache[at..at + d], &x.v_cache[at..at + d])
             } else {
                 let at = ((b * p.seq_new as usize + (j - cached) as usize) * hk + kv) * d;
@@ -1247,6 +1318,9 @@ pub struct DecodeBuffers {
     /// FP8 cache: `heads_kv` f32 scales of K and of V (`0` for other caches).
     pub k_scale: DevPtr,
     pub v_scale: DevPtr,
+    /// `batch` u32 cache slots and rows of left padding (`0` = none; contiguous caches only).
+    pub cache_batch_idx: DevPtr,
+    pub cache_leftpad: DevPtr,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
@@ -1287,6 +1361,8 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         sinks: bufs.sinks,
         k_scale: bufs.k_scale,
         v_scale: bufs.v_scale,
+        cache_batch_idx: bufs.cache_batch_idx,
+        cache_leftpad: bufs.cache_leftpad,
     }
 }
 

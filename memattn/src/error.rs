@@ -64,6 +64,22 @@ pub enum KvCacheRule {
     HeadDim { head_dim: u32, dtype: Dtype, compiled: Vec<u32> },
     #[error("cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} exceeds the cache's {seq_cache} keys per sequence")]
     Capacity { batch: usize, cache_seqlen: u32, new: u32, seq_cache: u32 },
+    #[error(
+        "{tensor} applies to a contiguous cache only (as in FlashAttention-2): with a block table, the table places each sequence's keys"
+    )]
+    SlotsWithPages { tensor: &'static str },
+    #[error("{tensor} has {got} entries, batch is {batch}: one per sequence")]
+    SlotEntries { tensor: &'static str, got: usize, batch: u32 },
+    #[error(
+        "cache_leftpad[{batch}] = {leftpad} is past cache_seqlens[{batch}] = {cache_seqlen}: a sequence's keys are cache rows cache_leftpad .. cache_seqlens + new tokens"
+    )]
+    LeftpadPastSeqlen { batch: usize, leftpad: u32, cache_seqlen: u32 },
+    #[error("cache_batch_idx[{batch}] = {slot} is past the cache's {slots} slots (its first dimension)")]
+    SlotPastEnd { batch: usize, slot: u32, slots: u32 },
+    #[error(
+        "cache_batch_idx names slot {slot} for sequences {first} and {second} while new tokens are appended: both would write its rows"
+    )]
+    SharedSlot { slot: u32, first: usize, second: usize },
     #[error("block_table has {got} entries, [batch, max_pages] = [{batch}, {max_pages}] needs {need}")]
     BlockTableSize { got: usize, batch: u32, max_pages: u32, need: u64 },
     #[error(

@@ -150,6 +150,56 @@ device_tests! {
         }
     }
 
+    // FlashAttention-2's cache_batch_idx and cache_leftpad (contiguous caches): sequences in a
+    // permutation of 5 cache slots with left padding (one sequence all padding before its new
+    // tokens), new tokens appended past the padding, GQA, seq_q 2, 3 splits; against f64 with
+    // both decode kernels and every dtype, the appended cache exact, and bit for bit the same
+    // as the same keys laid out from row 0 of slot b. The unused slots and the padding are NaN
+    // (DecodeInputs::random), so a kernel that reads either fails.
+    fn decode_cache_slots_and_left_padding(dev: &mut dyn Device) {
+        for (dtype, window) in [(Dtype::F32, (-1, -1)), (Dtype::Bf16, (20, 0)), (Dtype::F16, (-1, -1))] {
+            let p = DecodeProblem {
+                batch: 3,
+                heads: 4,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q: 2,
+                cache_seqlens: vec![40, 70, 33],
+                seq_new: 2,
+                dtype,
+                window_left: window.0,
+                window_right: window.1,
+                splits: Splits::Fixed(3),
+                cache_batch_idx: Some(vec![2, 0, 4]),
+                cache_leftpad: Some(vec![5, 0, 33]),
+                ..DecodeProblem::default()
+            };
+            let x = DecodeInputs::random(&p, 17);
+            assert_eq!(x.k_cache.len(), 5 * 72 * 2 * 64, "5 slots of 72 rows");
+            let reports = if dtype == Dtype::F32 { vec![run(dev, &p, Some(&x))] } else { run_both(dev, &p, Some(&x)).to_vec() };
+            let (pp, y) = x.relaid(&p, None, 9);
+            assert_eq!(pp.cache_seqlens, [35, 70, 0]);
+            for r in &reports {
+                assert_eq!(r.verification.cache_ok, Some(true), "{dtype} {}", r.kernel);
+                let kernel = if r.kernel == "mma" { DecodeKernel::Mma } else { DecodeKernel::Simt };
+                let plain = run(dev, &DecodeProblem { kernel, ..pp.clone() }, Some(&y));
+                assert_eq!(plain.kernel, r.kernel);
+                let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ(&r.o, &plain.o), 0, "{dtype} {}: O differs from the plain layout's", r.kernel);
+                assert_eq!(differ(&r.lse, &plain.lse), 0, "{dtype} {}: LSE differs", r.kernel);
+            }
+        }
+        // Without new tokens two sequences may read one slot.
+        let p = DecodeProblem {
+            batch: 2,
+            cache_seqlens: vec![30, 50],
+            cache_batch_idx: Some(vec![1, 1]),
+            cache_leftpad: Some(vec![3, 0]),
+            ..DecodeProblem::default()
+        };
+        run(dev, &p, None);
+    }
+
     fn decode_append_then_attend_equals_attend_over_the_concatenation(dev: &mut dyn Device) {
         for page_size in [None, Some(16)] {
             let p = DecodeProblem {

@@ -78,6 +78,18 @@ pub struct DecodeArgs {
     /// Query tokens per sequence (> 1: speculative decoding or chunked prefill).
     #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq_q: u32,
+    /// Contiguous cache: the cache slot of each sequence (FlashAttention-2's `cache_batch_idx`),
+    /// one per sequence, e.g. `2,0,1`. The cache gets one slot past the largest; the others stay
+    /// NaN, so a kernel that reads the wrong slot fails verification. With --new-tokens no two
+    /// sequences may share a slot.
+    #[arg(long, value_name = "S0,S1,...", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
+    pub cache_batch_idx: Option<Vec<u32>>,
+    /// Contiguous cache: rows of left padding before each sequence's keys (FlashAttention-2's
+    /// `cache_leftpad`), one value for every sequence or one per sequence, each at most its
+    /// --cache-len (which counts the padding: the keys are rows PAD .. cache-len + new tokens).
+    /// The padding rows are NaN, so a kernel that reads them fails verification.
+    #[arg(long, value_name = "PAD[,PAD2,...]", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
+    pub cache_leftpad: Option<Vec<u32>>,
     /// Paged cache with P keys per page (any P >= 1; pages shuffled); default: contiguous.
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page_size: Option<u32>,
@@ -183,6 +195,17 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     if a.repeats == Some(0) {
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
+    let cache_leftpad = match a.cache_leftpad.as_deref() {
+        None => None,
+        Some([pad]) => Some(vec![*pad; batch as usize]),
+        Some(pads) if pads.len() as u32 == batch => Some(pads.to_vec()),
+        Some(pads) => {
+            return Err(Error::Usage(format!(
+                "--cache-leftpad has {} values and --batch is {batch}: give one, or one per sequence",
+                pads.len()
+            )))
+        }
+    };
     let (window_left, window_right) = match &a.window {
         None => (-1, -1),
         Some(w) => {
@@ -216,6 +239,8 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         kernel: a.kernel.unwrap_or_default(),
         sinks: a.sinks,
         kv_fp8: a.kv_dtype,
+        cache_batch_idx: a.cache_batch_idx.clone(),
+        cache_leftpad,
     };
     // An FP8 cache keeps Q, O and the new tokens in bf16.
     let p = if a.kv_dtype.is_some() && p.dtype == Dtype::F32 { DecodeProblem { dtype: Dtype::Bf16, ..p } } else { p };

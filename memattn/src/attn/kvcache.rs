@@ -734,6 +734,8 @@ impl Kernels {
             sinks: plan.sinks,
             k_scale: plan.fp8.map_or(0, |f| f.1),
             v_scale: plan.fp8.map_or(0, |f| f.2),
+            cache_batch_idx: plan.slots[0],
+            cache_leftpad: plan.slots[1],
         };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
@@ -793,6 +795,12 @@ impl Kernels {
         self.check_index("cache_seqlens", cache_seqlens, &q.raw)?;
         if let Some(bt) = block_table {
             self.check_index("block_table", bt, &q.raw)?;
+        }
+        if let Some(t) = opts.cache_batch_idx {
+            self.check_index("cache_batch_idx", t, &q.raw)?;
+        }
+        if let Some(t) = opts.cache_leftpad {
+            self.check_index("cache_leftpad", t, &q.raw)?;
         }
         let dtype = q.raw.dtype;
         if fp8.is_some() && dtype != Dtype::Bf16 {
@@ -879,6 +887,18 @@ impl Kernels {
             });
         }
         let layout = match block_table {
+            None if opts.cache_batch_idx.is_some() => {
+                // The sequences' slots, each inside the cache's first dimension.
+                let slots = opts.cache_batch_idx.map_or(&[][..], |t| &t.values[..]);
+                if let Some((batch, &slot)) = slots.iter().enumerate().find(|(_, &s)| s as usize >= c0) {
+                    return Err(kv_err(KvCacheRule::SlotPastEnd {
+                        batch,
+                        slot,
+                        slots: u32_of("k_cache", kshape, c0, "slots")?,
+                    }));
+                }
+                CacheLayout::Contiguous { seq_cache: u32_of("k_cache", kshape, c1, "seq_cache")? }
+            }
             None => {
                 if c0 != b {
                     return Err(AttnError::Shape {
@@ -925,6 +945,8 @@ impl Kernels {
             kernel: opts.decode_kernel,
             sinks: opts.sinks.is_some(),
             kv_fp8: fp8.map(|f| f.format),
+            cache_batch_idx: opts.cache_batch_idx.map(|t| t.values.clone()),
+            cache_leftpad: opts.cache_leftpad.map(|t| t.values.clone()),
         };
         problem.validate().map_err(kv_err)?;
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
@@ -969,6 +991,11 @@ impl Kernels {
         if let Some(bt) = block_table {
             extents.push(alias::Extent::of_index("block_table", bt));
         }
+        for (name, t) in [("cache_batch_idx", opts.cache_batch_idx), ("cache_leftpad", opts.cache_leftpad)] {
+            if let Some(t) = t {
+                extents.push(alias::Extent::of_index(name, t));
+            }
+        }
         alias::check_disjoint(&extents)?;
         // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
         if let Some((kernel, _)) = launches.iter().find(|(k, _)| k.variant().family == Family::DecodeMma) {
@@ -991,6 +1018,7 @@ impl Kernels {
             problem,
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
             fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
+            slots: [opts.cache_batch_idx.map_or(0, |t| t.ptr), opts.cache_leftpad.map_or(0, |t| t.ptr)],
         })
     }
 }
@@ -1070,4 +1098,6 @@ struct KvPlan {
     sinks: u64,
     /// An FP8 cache: its format and the device addresses of the K and V scales.
     fp8: Option<(Fp8Format, u64, u64)>,
+    /// The device addresses of `cache_batch_idx` and `cache_leftpad` (`0` = none).
+    slots: [u64; 2],
 }
