@@ -966,6 +966,52 @@ fn check_large_refuses_filters() {
     assert_bad_input(&["--backend", "vm", "check", "--large", "--backward"], "separate sweeps");
 }
 
+/// `decode --cache-batch-idx/--cache-leftpad`: a permutation of slots with left padding and
+/// appended tokens verifies (f32 and bf16), and each refusal names its rule.
+#[test]
+fn decode_cache_slots_and_left_padding() {
+    for dtype in ["f32", "bf16"] {
+        let o = memattn(&[
+            "--backend",
+            "vm",
+            "--json",
+            "decode",
+            "--dtype",
+            dtype,
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--cache-len",
+            "40,70,33",
+            "--cache-batch-idx",
+            "3,1,0",
+            "--cache-leftpad",
+            "7,0,33",
+            "--new-tokens",
+            "2",
+            "--seq-q",
+            "2",
+        ]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["verified"], true);
+        assert_eq!(v["verification"]["cache_ok"], true);
+    }
+    let d = ["--backend", "vm", "decode", "--cache-len", "40,70"];
+    assert_bad_input(
+        &[&d[..], &["--cache-batch-idx", "1,1", "--new-tokens", "1"]].concat(),
+        "names slot 1 for sequences 0 and 1",
+    );
+    assert_bad_input(&[&d[..], &["--cache-batch-idx", "1"]].concat(), "cache_batch_idx has 1 entries");
+    assert_bad_input(
+        &[&d[..], &["--cache-leftpad", "41,0"]].concat(),
+        "cache_leftpad[0] = 41 is past cache_seqlens[0] = 40",
+    );
+    assert_bad_input(&[&d[..], &["--cache-leftpad", "1,2,3"]].concat(), "--cache-leftpad has 3 values");
+    assert_bad_input(&[&d[..], &["--cache-leftpad", "1", "--page-size", "16"]].concat(), "cannot be used with");
+}
+
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
 /// window in the JSON and the same thread-instruction count, verified.
 #[test]

@@ -1050,3 +1050,59 @@ fn vm_launch_time_limit_stops_a_long_launch() {
     let err = o.iter().zip(&ro).map(|(&a, &r)| (a as f64 - r).abs()).fold(0.0, f64::max);
     assert!(err < 1e-4, "{err}");
 }
+
+/// `AttnOpts::cache_batch_idx` / `cache_leftpad` through the library: a call with both verifies
+/// against the f64 reference (the CLI and the device tests cover more), and each misuse is a
+/// typed error before launch: with a block table, a slot past the cache, the prefill calls.
+#[test]
+fn vm_cache_slots_and_left_padding_are_checked_and_run() {
+    use memattn::decode::{reference, DecodeInputs, DecodeProblem};
+    use memattn::error::KvCacheRule;
+    let kernels = Kernels::vm().unwrap();
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 2,
+        head_dim: 64,
+        cache_seqlens: vec![30, 45],
+        cache_batch_idx: Some(vec![2, 0]),
+        cache_leftpad: Some(vec![4, 10]),
+        ..DecodeProblem::default()
+    };
+    let x = DecodeInputs::random(&p, 8);
+    let seq_cache = x.k_cache.len() / (3 * 2 * 64);
+    let up = |v: &[f32]| kernels.upload_as(Dtype::F32, v).unwrap();
+    let (q, kc, vc) = (up(&x.q), up(&x.k_cache), up(&x.v_cache));
+    let it = |v: &[u32]| kernels.index_tensor(v, None).unwrap();
+    let (lens, slots, pad) = (it(&p.cache_seqlens), it(&[2, 0]), it(&[4, 10]));
+    let qv = TensorView::device(&q, Dtype::F32, [2, 1, 4, 64]).unwrap();
+    let cache_shape = [3, seq_cache, 2, 64];
+    let mut kv = TensorViewMut::device(&kc, Dtype::F32, cache_shape).unwrap();
+    let mut vv = TensorViewMut::device(&vc, Dtype::F32, cache_shape).unwrap();
+    let opts = AttnOpts::new().causal(true).cache_batch_idx(&slots).cache_leftpad(&pad);
+    let (o, lse) = kernels.flash_attn_with_kvcache(&qv, &mut kv, &mut vv, None, None, &lens, None, &opts).unwrap();
+    let r = reference(&p, &x);
+    let err = o.to_vec_f32().unwrap().iter().zip(&r.o).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+    assert!(err < 1e-5, "{err}");
+    let lerr = lse.to_vec_f32().unwrap().iter().zip(&r.lse).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+    assert!(lerr < 1e-5, "{lerr}");
+    // A slot past the cache's 3.
+    let far = it(&[3, 0]);
+    let e = kernels
+        .flash_attn_with_kvcache(&qv, &mut kv, &mut vv, None, None, &lens, None, &AttnOpts::new().cache_batch_idx(&far))
+        .unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { why: KvCacheRule::SlotPastEnd { batch: 0, slot: 3, slots: 3 } }), "{e}");
+    // With a block table.
+    let table = it(&[0, 1]);
+    let mut pk = TensorViewMut::device(&kc, Dtype::F32, [6, 16, 2, 64]).unwrap();
+    let mut pv = TensorViewMut::device(&vc, Dtype::F32, [6, 16, 2, 64]).unwrap();
+    let short = it(&[10, 12]);
+    let e = kernels
+        .flash_attn_with_kvcache(&qv, &mut pk, &mut pv, None, None, &short, Some(&table), &AttnOpts::new().cache_leftpad(&pad))
+        .unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { why: KvCacheRule::SlotsWithPages { tensor: "cache_leftpad" } }), "{e}");
+    // The prefill calls refuse both.
+    let view = TensorView::device(&q, Dtype::F32, [2, 1, 4, 64]).unwrap();
+    let e = kernels.flash_attn(&view, &view, &view, &AttnOpts::new().cache_leftpad(&pad)).unwrap_err();
+    assert!(matches!(e, AttnError::NotSupportedYet { .. }), "{e}");
+}
