@@ -355,6 +355,15 @@ pub const DECODE_D64: DecodeTile = DecodeTile { head_dim: 64, bc: 32, threads_pe
 /// d=128: 16 lanes per row x 8 dims, 8 rows (one token of a GQA group of 8); Bc = 32: smem 2 x 32
 /// x 128 x 4 B = 32 KiB.
 pub const DECODE_D128: DecodeTile = DecodeTile { head_dim: 128, bc: 32, threads_per_row: 16 };
+/// d=32: 4 lanes per row x 8 dims, 32 rows; Bc = 32: smem 2 x 32 x 32 x 4 B = 8 KiB.
+pub const DECODE_D32: DecodeTile = DecodeTile { head_dim: 32, bc: 32, threads_per_row: 4 };
+/// d=96: 16 lanes per row x 6 dims, 8 rows; Bc = 32: smem 2 x 32 x 96 x 4 B = 24 KiB.
+pub const DECODE_D96: DecodeTile = DecodeTile { head_dim: 96, bc: 32, threads_per_row: 16 };
+/// d=192: 16 lanes per row x 12 dims, 8 rows; Bc = 32: smem 2 x 32 x 192 x 4 B = 48 KiB.
+pub const DECODE_D192: DecodeTile = DecodeTile { head_dim: 192, bc: 32, threads_per_row: 16 };
+/// d=256: 16 lanes per row x 16 dims, 8 rows; Bc = 16 (48 KiB without the opt-in): smem 2 x 16 x
+/// 256 x 4 B = 32 KiB.
+pub const DECODE_D256: DecodeTile = DecodeTile { head_dim: 256, bc: 16, threads_per_row: 16 };
 
 /// Tile of `merge_states`: one warp per output row, `rows` rows per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -793,6 +793,30 @@ kernel_table! {
     DecodeFwdF16D64 = decode_fwd_f16_d64: DecodeFwd(DECODE_D64), F16;
     /// Split-KV decode, f16, head_dim 128.
     DecodeFwdF16D128 = decode_fwd_f16_d128: DecodeFwd(DECODE_D128), F16;
+    /// Split-KV decode, f32 SIMT, head_dim 32.
+    DecodeFwdF32D32 = decode_fwd_f32_d32: DecodeFwd(DECODE_D32), F32;
+    /// Split-KV decode, bf16 (f32 SIMT arithmetic), head_dim 32: no tensor-core decode row here.
+    DecodeFwdBf16D32 = decode_fwd_bf16_d32: DecodeFwd(DECODE_D32), Bf16;
+    /// Split-KV decode, f16 (f32 SIMT arithmetic), head_dim 32: no tensor-core decode row here.
+    DecodeFwdF16D32 = decode_fwd_f16_d32: DecodeFwd(DECODE_D32), F16;
+    /// Split-KV decode, f32 SIMT, head_dim 96.
+    DecodeFwdF32D96 = decode_fwd_f32_d96: DecodeFwd(DECODE_D96), F32;
+    /// Split-KV decode, bf16 (f32 SIMT arithmetic), head_dim 96: no tensor-core decode row here.
+    DecodeFwdBf16D96 = decode_fwd_bf16_d96: DecodeFwd(DECODE_D96), Bf16;
+    /// Split-KV decode, f16 (f32 SIMT arithmetic), head_dim 96: no tensor-core decode row here.
+    DecodeFwdF16D96 = decode_fwd_f16_d96: DecodeFwd(DECODE_D96), F16;
+    /// Split-KV decode, f32 SIMT, head_dim 192.
+    DecodeFwdF32D192 = decode_fwd_f32_d192: DecodeFwd(DECODE_D192), F32;
+    /// Split-KV decode, bf16 (f32 SIMT arithmetic), head_dim 192: no tensor-core decode row here.
+    DecodeFwdBf16D192 = decode_fwd_bf16_d192: DecodeFwd(DECODE_D192), Bf16;
+    /// Split-KV decode, f16 (f32 SIMT arithmetic), head_dim 192: no tensor-core decode row here.
+    DecodeFwdF16D192 = decode_fwd_f16_d192: DecodeFwd(DECODE_D192), F16;
+    /// Split-KV decode, f32 SIMT, head_dim 256.
+    DecodeFwdF32D256 = decode_fwd_f32_d256: DecodeFwd(DECODE_D256), F32;
+    /// Split-KV decode, bf16 (f32 SIMT arithmetic), head_dim 256: no tensor-core decode row here.
+    DecodeFwdBf16D256 = decode_fwd_bf16_d256: DecodeFwd(DECODE_D256), Bf16;
+    /// Split-KV decode, f16 (f32 SIMT arithmetic), head_dim 256: no tensor-core decode row here.
+    DecodeFwdF16D256 = decode_fwd_f16_d256: DecodeFwd(DECODE_D256), F16;
     /// Combine of split partials by log-sum-exp, O in f32.
     MergeStatesF32 = merge_states_f32: MergeStates(MERGE), F32;
     /// Combine, O in bf16.

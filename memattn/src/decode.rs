@@ -366,7 +366,19 @@ impl DecodeProblem {
         found.ok_or_else(|| KvCacheRule::HeadDim {
             head_dim: self.head_dim,
             dtype: self.dtype,
-            compiled: KernelId::decode_head_dims(elem).to_vec(),
+            compiled: match self.kernel {
+                // The tensor-core decode has fewer head dims than the SIMT one.
+                DecodeKernel::Mma => {
+                    let mut dims: Vec<u32> = kernels_gpu::VARIANTS
+                        .iter()
+                        .filter(|v| v.family == Family::DecodeMma && v.elem == elem)
+                        .filter_map(|v| v.head_dim())
+                        .collect();
+                    dims.sort_unstable();
+                    dims
+                }
+                _ => KernelId::decode_head_dims(elem).to_vec(),
+            },
         })
     }
 

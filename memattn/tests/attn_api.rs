@@ -1098,7 +1098,16 @@ fn vm_cache_slots_and_left_padding_are_checked_and_run() {
     let mut pv = TensorViewMut::device(&vc, Dtype::F32, [6, 16, 2, 64]).unwrap();
     let short = it(&[10, 12]);
     let e = kernels
-        .flash_attn_with_kvcache(&qv, &mut pk, &mut pv, None, None, &short, Some(&table), &AttnOpts::new().cache_leftpad(&pad))
+        .flash_attn_with_kvcache(
+            &qv,
+            &mut pk,
+            &mut pv,
+            None,
+            None,
+            &short,
+            Some(&table),
+            &AttnOpts::new().cache_leftpad(&pad),
+        )
         .unwrap_err();
     assert!(matches!(e, AttnError::KvCache { why: KvCacheRule::SlotsWithPages { tensor: "cache_leftpad" } }), "{e}");
     // The prefill calls refuse both.

@@ -200,6 +200,39 @@ device_tests! {
         run(dev, &p, None);
     }
 
+    // Head dims 32, 96, 192 and 256 (the SIMT decode, also for bf16/f16): ragged caches, GQA,
+    // several splits, a paged cache with appends, a window and a soft cap, against f64.
+    fn decode_every_forward_head_dim_against_f64(dev: &mut dyn Device) {
+        for (i, d) in [32u32, 96, 192, 256].into_iter().enumerate() {
+            for (j, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
+                let p = DecodeProblem {
+                    batch: 2,
+                    heads: 8,
+                    heads_kv: if (i + j) % 2 == 0 { 2 } else { 8 },
+                    head_dim: d,
+                    seq_q: 1 + (j as u32 % 2),
+                    cache_seqlens: vec![77, 130],
+                    seq_new: 2,
+                    page_size: if j == 1 { Some(16) } else { None },
+                    dtype,
+                    window_left: if j == 2 { 40 } else { -1 },
+                    window_right: if j == 2 { 0 } else { -1 },
+                    softcap: if i == 1 { 20.0 } else { 0.0 },
+                    splits: Splits::Fixed(3),
+                    ..DecodeProblem::default()
+                };
+                let r = run(dev, &p, None);
+                assert_eq!(r.kernel, "simt", "d{d} {dtype}");
+                assert!(r.launches.iter().any(|l| l.kernel == format!("decode_fwd_{dtype}_d{d}")), "{:?}", r.launches);
+                assert_eq!(r.verification.cache_ok, Some(true));
+            }
+        }
+        // The tensor-core decode is refused there, naming its head dims.
+        let p = DecodeProblem { head_dim: 96, dtype: Dtype::Bf16, kernel: DecodeKernel::Mma, ..DecodeProblem::default() };
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("compiled for head_dim 64 and 128"), "{e}");
+    }
+
     fn decode_append_then_attend_equals_attend_over_the_concatenation(dev: &mut dyn Device) {
         for page_size in [None, Some(16)] {
             let p = DecodeProblem {
