@@ -185,7 +185,7 @@ impl DecodeParams {
 
     /// Sequence `b`'s cache slot and left padding, `(cache_batch_idx[b], cache_leftpad[b])`, each
     /// `(b, 0)` when its pointer is 0, read by `read(address)` (a load on the device,
-    /// [`DecodeParams::slot_of`]). Its key `j` is then [`DecodeParams::cache_row`] of
+    /// `DecodeParams::slot_of`). Its key `j` is then [`DecodeParams::cache_row`] of
     /// `(slot, leftpad + j)`: a paged cache has neither (the host refuses them), so there slot is
     /// `b` and leftpad 0.
     #[inline(always)]
