@@ -8,7 +8,8 @@ use crate::timing::Timing;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
 use memattn::attn::{
-    AttnError, AttnOpts, Fp8CacheViewMut, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut,
+    AttnError, AttnOpts, Fp8CacheViewMut, Kernels, LseViewMut, PartialsView, RotaryView, SinksView, TensorView,
+    TensorViewMut,
 };
 use memattn::decode::*;
 use memattn::device::{Device, DeviceError};
@@ -341,6 +342,10 @@ fn decode_measured(
             ([num_pages as usize, page_size as usize, hk, d], Some(k.index_tensor(&x.block_table, None)?))
         }
     };
+    let rotary_tables = match p.rotary {
+        Some(_) => Some((up(&x.rotary_cos)?, up(&x.rotary_sin)?)),
+        None => None,
+    };
     let slots = p.cache_batch_idx.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
     let leftpad = p.cache_leftpad.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
     let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
@@ -394,6 +399,20 @@ fn decode_measured(
     }
     if let Some(t) = &leftpad {
         opts = opts.cache_leftpad(t);
+    }
+    let rotary_view = match (&rotary_tables, p.rotary) {
+        (Some((c, s)), Some(r)) => {
+            let shape = [p.rotary_rows() as usize, (r.dim / 2) as usize, 1, 1];
+            Some(RotaryView::new(
+                TensorView::device(c, p.dtype, shape)?,
+                TensorView::device(s, p.dtype, shape)?,
+                r.interleaved,
+            ))
+        }
+        _ => None,
+    };
+    if let Some(r) = &rotary_view {
+        opts = opts.rotary(r);
     }
     let bt = block_table.as_ref();
     let planned = match (&caches, &scales) {

@@ -1012,6 +1012,33 @@ fn decode_cache_slots_and_left_padding() {
     assert_bad_input(&[&d[..], &["--cache-leftpad", "1", "--page-size", "16"]].concat(), "cannot be used with");
 }
 
+/// `decode --rotary-dim`: GPT-NeoX and GPT-J pairs, a partial rotary dim, paged and with left
+/// padding verify (the reference attends over the rotated inputs; the appended keys are the
+/// rotated ones, bit for bit), and the refusals name FlashAttention-2's rules.
+#[test]
+fn decode_rotary_embedding() {
+    for extra in [
+        &["--rotary-dim", "64", "--new-tokens", "2"][..],
+        &["--rotary-dim", "32", "--rotary-interleaved", "--new-tokens", "3", "--seq-q", "2", "--page-size", "16"],
+        &["--rotary-dim", "48", "--new-tokens", "1", "--dtype", "bf16", "--cache-leftpad", "5", "--cache-len", "30,40"],
+    ] {
+        let o =
+            memattn(&[&["--backend", "vm", "--json", "decode", "--heads", "8", "--heads-kv", "2"][..], extra].concat());
+        assert_eq!(code(&o), 0, "{extra:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(
+            (v["verified"].as_bool(), v["verification"]["cache_ok"].as_bool()),
+            (Some(true), Some(true)),
+            "{extra:?}"
+        );
+    }
+    let d = ["--backend", "vm", "decode"];
+    assert_bad_input(&[&d[..], &["--rotary-dim", "64"]].concat(), "needs new tokens");
+    assert_bad_input(&[&d[..], &["--rotary-dim", "3", "--new-tokens", "1"]].concat(), "rotary_dim 3: it must be even");
+    assert_bad_input(&[&d[..], &["--rotary-dim", "80", "--new-tokens", "1"]].concat(), "at most head_dim 64");
+    assert_bad_input(&[&d[..], &["--rotary-interleaved"]].concat(), "--rotary-dim");
+}
+
 /// `--sliding-window W` is `--window W-1,0 --causal` (the model-config convention): the same
 /// window in the JSON and the same thread-instruction count, verified.
 #[test]

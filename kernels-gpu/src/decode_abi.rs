@@ -37,7 +37,7 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[192]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[240]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
 /// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
 /// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
@@ -96,10 +96,27 @@ pub struct DecodeParams {
     /// Contiguous cache: `batch` u32 rows of left padding (FlashAttention-2's `cache_leftpad`):
     /// sequence `b`'s keys begin at cache row `cache_leftpad[b]`; 0: at row 0.
     pub cache_leftpad: u64,
+    /// Rotary embedding (`decode_rotary_*` only): `[seqlen_ro, rotary_dim / 2]` cosines and sines
+    /// in the kernel's element type (FlashAttention-2's `rotary_cos`, `rotary_sin`); 0: none.
+    pub rotary_cos: u64,
+    pub rotary_sin: u64,
+    /// `decode_rotary_*`: where the rotated `q` and `k_new` go (same shapes as `q`, `k_new`).
+    pub q_rot: u64,
+    pub k_rot: u64,
+    /// Leading dims of each head that rotate (even, at most `head_dim`); the rest are copied.
+    pub rotary_dim: u32,
+    /// 1: pairs `(2i, 2i + 1)` (GPT-J, FlashAttention-2's `rotary_interleaved=True`); 0: pairs
+    /// `(i, i + rotary_dim / 2)` (GPT-NeoX).
+    pub rotary_interleaved: u32,
+    /// Rows of `rotary_cos` and `rotary_sin` (the host checks every position is below it).
+    pub seqlen_ro: u32,
+    /// 1: query token `i` is at position `cache_seqlens[b] + i` (causal or windowed calls); 0:
+    /// every query token is at `cache_seqlens[b]` (FlashAttention-2's rule).
+    pub rotary_q_per_token: u32,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 192;
+pub const DECODE_PARAMS_BYTES: usize = 240;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -145,9 +162,23 @@ impl DecodeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
-        for p in [self.sinks, self.k_scale, self.v_scale, self.cache_batch_idx, self.cache_leftpad] {
+        for p in [
+            self.sinks,
+            self.k_scale,
+            self.v_scale,
+            self.cache_batch_idx,
+            self.cache_leftpad,
+            self.rotary_cos,
+            self.rotary_sin,
+            self.q_rot,
+            self.k_rot,
+        ] {
             out[at..at + 8].copy_from_slice(&p.to_le_bytes());
             at += 8;
+        }
+        for x in [self.rotary_dim, self.rotary_interleaved, self.seqlen_ro, self.rotary_q_per_token] {
+            out[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            at += 4;
         }
         debug_assert_eq!(at, DECODE_PARAMS_BYTES);
         out
@@ -216,6 +247,26 @@ impl DecodeParams {
     pub unsafe fn cache_row_of(&self, b: u32, j: u32, hk: u32) -> u32 {
         self.cache_row(b, j, hk, |slot| unsafe { crate::device::ld_u32(self.block_table + 4 * slot) })
     }
+}
+
+/// The rotary rule, one for the kernel and the host's expected values: pair `i` (of
+/// `rotary_dim / 2`) of a head is dims `(2i, 2i + 1)` when interleaved, else `(i, i +
+/// rotary_dim / 2)`; with `c = cos[pos, i]`, `s = sin[pos, i]` it becomes `(x·c − y·s, x·s + y·c)`
+/// in f32, each product rounded, then the sum (no fused multiply-add), and the result is
+/// rounded to the element type by the store.
+#[inline(always)]
+pub const fn rotary_pair(i: u32, rotary_dim: u32, interleaved: bool) -> (u32, u32) {
+    if interleaved {
+        (2 * i, 2 * i + 1)
+    } else {
+        (i, i + rotary_dim / 2)
+    }
+}
+
+/// One rotation ([`rotary_pair`]).
+#[inline(always)]
+pub fn rotate(x: f32, y: f32, c: f32, s: f32) -> (f32, f32) {
+    (x * c - y * s, x * s + y * c)
 }
 
 /// `(j / page_size, j % page_size)`: a shift and a mask when `page_size` is a power of two (a
@@ -340,6 +391,11 @@ mod tests {
         assert_eq!((&b[160..168], &b[168..176]), (&0x55u64.to_le_bytes()[..], &0x66u64.to_le_bytes()[..]));
         let b = DecodeParams { cache_batch_idx: 0x77, cache_leftpad: 0x88, ..Default::default() }.to_bytes();
         assert_eq!((&b[176..184], &b[184..192]), (&0x77u64.to_le_bytes()[..], &0x88u64.to_le_bytes()[..]));
+        let b =
+            DecodeParams { rotary_cos: 0x99, k_rot: 0xAA, rotary_dim: 32, rotary_q_per_token: 1, ..Default::default() }
+                .to_bytes();
+        assert_eq!((&b[192..200], &b[216..224]), (&0x99u64.to_le_bytes()[..], &0xAAu64.to_le_bytes()[..]));
+        assert_eq!((&b[224..228], &b[236..240]), (&32u32.to_le_bytes()[..], &1u32.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());

@@ -73,6 +73,8 @@ pub mod decode_fwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_mma;
 #[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod decode_rotary;
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_bwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_bwd_mma;

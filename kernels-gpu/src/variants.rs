@@ -82,6 +82,9 @@ pub enum Family {
     /// Split-KV decode forward on tensor cores, `mma.sync` m16n8k16 (`decode_mma.rs`; takes
     /// `DecodeParams`, writes the partials `merge_states` combines, as `DecodeFwd` does).
     DecodeMma,
+    /// Rotary embedding of `q` and `k_new` into copies before a KV-cache call's append
+    /// (`decode_rotary.rs`; takes `DecodeParams`).
+    DecodeRotary,
     /// Backward preprocess: `D = rowsum(dO ∘ O)`, the dQ accumulator zeroed
     /// (`flash_bwd_f32.rs`; takes `BwdParams`).
     BwdPre,
@@ -110,6 +113,7 @@ impl Family {
             Family::MergeStates => "merge_states",
             Family::DecodeAppend => "decode_append",
             Family::DecodeMma => "decode_mma",
+            Family::DecodeRotary => "decode_rotary",
             Family::BwdPre => "bwd_pre",
             Family::FlashBwdF32 => "flash_bwd_f32",
             Family::BwdConvert => "bwd_convert",
@@ -138,6 +142,7 @@ pub enum Tile {
     MergeStates(MergeTile),
     DecodeAppend(AppendTile),
     DecodeMma(DecodeMmaTile),
+    DecodeRotary(AppendTile),
     BwdPre(BwdRowsTile),
     FlashBwdF32(FlashBwdF32Tile),
     BwdConvert(BwdRowsTile),
@@ -215,7 +220,9 @@ impl Variant {
     pub const fn param_bytes(&self) -> usize {
         match self.family {
             Family::Smoke => 24,
-            Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma => crate::decode_abi::DECODE_PARAMS_BYTES,
+            Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma | Family::DecodeRotary => {
+                crate::decode_abi::DECODE_PARAMS_BYTES
+            }
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
             Family::NaiveBwdP | Family::NaiveBwdDs | Family::NaiveBwdDq | Family::NaiveBwdDkv => {
                 crate::abi::NAIVE_BWD_PARAMS_BYTES
@@ -247,7 +254,7 @@ impl Variant {
             Tile::FlashMma(t) => t.threads(),
             Tile::DecodeFwd(t) => t.threads(),
             Tile::MergeStates(t) => t.threads(),
-            Tile::DecodeAppend(t) => t.threads,
+            Tile::DecodeAppend(t) | Tile::DecodeRotary(t) => t.threads,
             Tile::DecodeMma(t) => t.threads(),
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.threads(),
             Tile::FlashBwdF32(t) => t.threads(),
@@ -304,9 +311,12 @@ impl Variant {
         let block = [self.threads(), 1, 1];
         let dynamic_smem_bytes = self.dynamic_smem_bytes();
         let grid = match self.tile {
-            Tile::Smoke(_) | Tile::DecodeFwd(_) | Tile::MergeStates(_) | Tile::DecodeAppend(_) | Tile::DecodeMma(_) => {
-                return None
-            }
+            Tile::Smoke(_)
+            | Tile::DecodeFwd(_)
+            | Tile::MergeStates(_)
+            | Tile::DecodeAppend(_)
+            | Tile::DecodeMma(_)
+            | Tile::DecodeRotary(_) => return None,
             // The backward's grids: [`FlashBwdF32Tile::launch`] (over keys and K/V heads) and
             // [`BwdRowsTile::launch`] (over query rows), through [`KernelId::flash_bwd`].
             Tile::BwdPre(_) | Tile::FlashBwdF32(_) | Tile::BwdConvert(_) | Tile::FlashBwdMma(_) => return None,
@@ -570,6 +580,15 @@ macro_rules! entry {
         }
         crate::variants::tile_record!($name);
     };
+    (DecodeRotary, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::decode_rotary`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
+            const T: AppendTile = $tile;
+            unsafe { crate::decode_rotary::rotary::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
     (DecodeMma, $name:ident, $elem:ident, $tile:expr) => {
         #[doc = concat!("`", stringify!($name), "`: see [`crate::decode_mma`].")]
         #[no_mangle]
@@ -829,6 +848,12 @@ kernel_table! {
     DecodeAppendBf16 = decode_append_bf16: DecodeAppend(APPEND), Bf16;
     /// Append into an f16 KV cache.
     DecodeAppendF16 = decode_append_f16: DecodeAppend(APPEND), F16;
+    /// Rotary embedding of q and k_new before a KV-cache call's append, f32.
+    DecodeRotaryF32 = decode_rotary_f32: DecodeRotary(APPEND), F32;
+    /// Rotary embedding, bf16 (f32 arithmetic, rounded to bf16).
+    DecodeRotaryBf16 = decode_rotary_bf16: DecodeRotary(APPEND), Bf16;
+    /// Rotary embedding, f16.
+    DecodeRotaryF16 = decode_rotary_f16: DecodeRotary(APPEND), F16;
     /// Split-KV decode over an FP8 e4m3 cache (dequantised on staging), bf16 Q/O, head_dim 64.
     DecodeFwdFp8E4m3D64 = decode_fwd_fp8_e4m3_d64: DecodeFwd(DECODE_D64), Fp8E4m3;
     /// Split-KV decode over an FP8 e4m3 cache, bf16 Q/O, head_dim 128.
@@ -1192,7 +1217,7 @@ mod tests {
         assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
         assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
         assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
-        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 192);
+        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 240);
     }
 
     #[test]

@@ -259,6 +259,10 @@ pub struct AttnOpts<'s> {
     /// seq_new` of its slot, bottom-right aligned to those keys. `None`: row 0. The prefill calls
     /// refuse it.
     pub cache_leftpad: Option<&'s IndexTensor>,
+    /// [`Kernels::flash_attn_with_kvcache`] with new tokens: FlashAttention-2's rotary
+    /// embedding of `q` and the appended keys (`rotary_cos`, `rotary_sin`,
+    /// `rotary_interleaved`), see [`RotaryView`]. The prefill calls refuse it.
+    pub rotary: Option<&'s RotaryView<'s>>,
 }
 
 impl PartialEq for AttnOpts<'_> {
@@ -274,6 +278,8 @@ impl PartialEq for AttnOpts<'_> {
             && self.decode_kernel == other.decode_kernel
             && self.cache_batch_idx.map(|t| t.ptr) == other.cache_batch_idx.map(|t| t.ptr)
             && self.cache_leftpad.map(|t| t.ptr) == other.cache_leftpad.map(|t| t.ptr)
+            && self.rotary.map(|r| (r.cos.raw.ptr, r.sin.raw.ptr, r.interleaved))
+                == other.rotary.map(|r| (r.cos.raw.ptr, r.sin.raw.ptr, r.interleaved))
     }
 }
 
@@ -334,6 +340,11 @@ impl<'s> AttnOpts<'s> {
         self.cache_leftpad = Some(leftpad);
         self
     }
+    /// See [`AttnOpts::rotary`](struct.AttnOpts.html#structfield.rotary).
+    pub fn rotary(mut self, rotary: &'s RotaryView<'s>) -> Self {
+        self.rotary = Some(rotary);
+        self
+    }
 
     /// The window as the kernels take it: `(left, right)`, `-1` unbounded. A side over
     /// `i32::MAX` keys is refused.
@@ -363,6 +374,11 @@ impl<'s> AttnOpts<'s> {
             return Err(AttnError::NotSupportedYet {
                 feature: "cache slots or left padding in the prefill calls (AttnOpts::cache_batch_idx and \
                           cache_leftpad are for flash_attn_with_kvcache)",
+            });
+        }
+        if self.rotary.is_some() {
+            return Err(AttnError::NotSupportedYet {
+                feature: "rotary embedding in the prefill calls (AttnOpts::rotary is for flash_attn_with_kvcache)",
             });
         }
         Ok(())
@@ -793,6 +809,38 @@ impl<'a> SinksView<'a> {
     /// The number of heads.
     pub fn heads(&self) -> usize {
         self.0.raw.shape[2]
+    }
+}
+
+/// FlashAttention-2's rotary tables of a KV-cache call ([`AttnOpts::rotary`]): `cos` and `sin`
+/// are `[seqlen_ro, rotary_dim / 2]` in q's dtype, contiguous, on the kernels' device, given as
+/// [`TensorView`]s of shape `[seqlen_ro, rotary_dim / 2, 1, 1]`; `interleaved` picks the pairs
+/// `(2i, 2i + 1)` (GPT-J) over `(i, i + rotary_dim / 2)` (GPT-NeoX). Rows must cover every
+/// rotated position (docs/semantics.md, "Rotary embedding").
+pub struct RotaryView<'a> {
+    pub(crate) cos: TensorView<'a>,
+    pub(crate) sin: TensorView<'a>,
+    pub(crate) interleaved: bool,
+}
+
+impl fmt::Debug for RotaryView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "RotaryView([{}, {}] at {:#x}/{:#x}, interleaved {})",
+            self.cos.raw.shape[0], self.cos.raw.shape[1], self.cos.raw.ptr, self.sin.raw.ptr, self.interleaved
+        )
+    }
+}
+
+impl<'a> RotaryView<'a> {
+    /// The tables; their shapes, dtype and place are checked by the call.
+    pub fn new(cos: TensorView<'a>, sin: TensorView<'a>, interleaved: bool) -> Self {
+        RotaryView { cos, sin, interleaved }
+    }
+    /// `rotary_dim`: twice the tables' second dimension.
+    pub fn rotary_dim(&self) -> usize {
+        2 * self.cos.raw.shape[1]
     }
 }
 

@@ -226,6 +226,21 @@ pub struct DecodeProblem {
     /// `cache_seqlens[b] - cache_leftpad[b] + seq_new` keys (bottom-right alignment counts
     /// those). `None`: every sequence starts at row 0.
     pub cache_leftpad: Option<Vec<u32>>,
+    /// Rotary embedding of `q` and the new keys (FlashAttention-2's `rotary_cos`, `rotary_sin`,
+    /// `rotary_interleaved`; the tables are [`DecodeInputs::rotary_cos`] and `rotary_sin`).
+    /// Needs new tokens, as FlashAttention-2 does. `None`: no rotation.
+    pub rotary: Option<Rotary>,
+}
+
+/// The rotary embedding of a decode call: the leading `dim` dims of every head of `q` and
+/// `k_new` rotate in pairs ([`kernels_gpu::decode_abi::rotary_pair`]: `(2i, 2i + 1)` when
+/// `interleaved`, GPT-J; `(i, i + dim / 2)` otherwise, GPT-NeoX) by the angle of the token's
+/// position (docs/semantics.md, "Rotary embedding").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Rotary {
+    pub dim: u32,
+    pub interleaved: bool,
 }
 
 impl Default for DecodeProblem {
@@ -253,6 +268,7 @@ impl Default for DecodeProblem {
             kv_fp8: None,
             cache_batch_idx: None,
             cache_leftpad: None,
+            rotary: None,
         }
     }
 }
@@ -302,6 +318,22 @@ impl DecodeProblem {
     /// `cache_seqlens[b] + seq_new` (what a contiguous cache must hold per slot).
     pub fn cache_end(&self, b: usize) -> u32 {
         self.cache_seqlens[b] + self.seq_new
+    }
+    /// Rotary positions: query token `i` of sequence `b` is at `cache_seqlens[b] + i` in causal
+    /// or windowed calls, else at `cache_seqlens[b]` (FlashAttention-2's rule); new key `t` at
+    /// `cache_seqlens[b] + t`.
+    pub fn rotary_q_per_token(&self) -> bool {
+        self.causal || self.window_left >= 0 || self.window_right >= 0
+    }
+    /// Rows the rotary tables need: one past the largest position of any rotated token.
+    pub fn rotary_rows(&self) -> u32 {
+        (0..self.batch as usize)
+            .map(|b| {
+                let q_last = self.cache_seqlens[b] + if self.rotary_q_per_token() { self.seq_q - 1 } else { 0 };
+                (q_last + 1).max(self.cache_end(b))
+            })
+            .max()
+            .unwrap_or(0)
     }
     /// Slots a contiguous cache needs: one past the largest [`DecodeProblem::slot`].
     pub fn cache_slots(&self) -> u32 {
@@ -429,6 +461,14 @@ impl DecodeProblem {
                 if t.len() != self.batch as usize {
                     return Err(KvCacheRule::SlotEntries { tensor, got: t.len(), batch: self.batch });
                 }
+            }
+        }
+        if let Some(r) = self.rotary {
+            if r.dim == 0 || !r.dim.is_multiple_of(2) || r.dim > self.head_dim {
+                return Err(KvCacheRule::RotaryDim { dim: r.dim, head_dim: self.head_dim });
+            }
+            if self.seq_new == 0 {
+                return Err(KvCacheRule::RotaryWithoutNewTokens);
             }
         }
         if let Some(pad) = &self.cache_leftpad {
@@ -593,6 +633,10 @@ pub struct DecodeInputs {
     pub k_scale: Vec<f32>,
     /// FP8 cache: the V cache's scales, as `k_scale`.
     pub v_scale: Vec<f32>,
+    /// [`DecodeProblem::rotary`]: `[seqlen_ro, rotary_dim / 2]` cosines and sines of the
+    /// position angles, in the dtype (rounded); empty without rotary.
+    pub rotary_cos: Vec<f32>,
+    pub rotary_sin: Vec<f32>,
 }
 
 impl DecodeInputs {
@@ -644,7 +688,12 @@ impl DecodeInputs {
             sinks: Vec::new(),
             k_scale: Vec::new(),
             v_scale: Vec::new(),
+            rotary_cos: Vec::new(),
+            rotary_sin: Vec::new(),
         };
+        if let Some(r) = p.rotary {
+            (x.rotary_cos, x.rotary_sin) = rope_tables(p.rotary_rows(), r.dim, 10000.0, p.dtype);
+        }
         if p.sinks {
             // From their own stream (the other tensors do not change), plus 1 as the forward's
             // random sinks: a sink weighs about as much as a typical key.
@@ -671,6 +720,41 @@ impl DecodeInputs {
             x.v_scale = vec![scale(amax(&x.v_cache, &x.v_new))];
         }
         x
+    }
+
+    /// The inputs the attention sees with [`DecodeProblem::rotary`]: `q` and `k_new` rotated
+    /// by the kernels' rule ([`kernels_gpu::decode_abi::rotate`] in f32, rounded to the dtype);
+    /// unchanged without rotary.
+    pub fn rotated(&self, p: &DecodeProblem) -> DecodeInputs {
+        let Some(r) = p.rotary else { return self.clone() };
+        let mut y = self.clone();
+        let (d, half) = (p.head_dim as usize, (r.dim / 2) as usize);
+        let rot = |t: &mut [f32], heads: usize, tokens: usize, pos: &dyn Fn(usize, usize) -> usize| {
+            for b in 0..p.batch as usize {
+                for tok in 0..tokens {
+                    let at_pos = pos(b, tok) * half;
+                    for h in 0..heads {
+                        let row = &mut t[((b * tokens + tok) * heads + h) * d..][..d];
+                        for i in 0..half {
+                            let (a, c) = kernels_gpu::decode_abi::rotary_pair(i as u32, r.dim, r.interleaved);
+                            let (u, v) = kernels_gpu::decode_abi::rotate(
+                                row[a as usize],
+                                row[c as usize],
+                                self.rotary_cos[at_pos + i],
+                                self.rotary_sin[at_pos + i],
+                            );
+                            (row[a as usize], row[c as usize]) = (p.dtype.round(u), p.dtype.round(v));
+                        }
+                    }
+                }
+            }
+        };
+        let per_token = p.rotary_q_per_token();
+        let q_pos = |b: usize, i: usize| p.cache_seqlens[b] as usize + if per_token { i } else { 0 };
+        rot(&mut y.q, p.heads as usize, p.seq_q as usize, &q_pos);
+        let k_pos = |b: usize, t: usize| p.cache_seqlens[b] as usize + t;
+        rot(&mut y.k_new, p.heads_kv as usize, p.seq_new as usize, &k_pos);
+        y
     }
 
     /// The FP8 scale of KV head `hk` in `scales` (one per tensor or one per head).
@@ -759,6 +843,15 @@ impl DecodeInputs {
         }
         want("k_new", self.k_new.len(), p.new_elems())?;
         want("v_new", self.v_new.len(), p.new_elems())?;
+        let table = p.rotary.map_or(0, |r| p.rotary_rows() as u64 * (r.dim / 2) as u64);
+        if self.rotary_cos.len() as u64 != table || self.rotary_sin.len() as u64 != table {
+            return bad(format!(
+                "rotary tables have {}/{} elements, the problem needs {table} ([{}, rotary_dim / 2])",
+                self.rotary_cos.len(),
+                self.rotary_sin.len(),
+                p.rotary_rows()
+            ));
+        }
         match (self.layout, p.page_size) {
             (CacheLayout::Contiguous { seq_cache }, None) => {
                 let slots = p.cache_slots() as u64;
@@ -822,8 +915,12 @@ impl DecodeInputs {
         }
     }
 
-    /// The cache after the append: `k_new`, `v_new` written at `cache_seqlens`.
+    /// The cache after the append: `k_new` (rotated with [`DecodeProblem::rotary`]), `v_new`
+    /// written at `cache_seqlens`.
     pub fn appended(&self, p: &DecodeProblem) -> (Vec<f32>, Vec<f32>) {
+        if p.rotary.is_some() {
+            return self.rotated(p).appended(&DecodeProblem { rotary: None, ..p.clone() });
+        }
         let (mut k, mut v) = (self.k_cache.clone(), self.v_cache.clone());
         let row = (p.heads_kv * p.head_dim) as usize;
         for b in 0..p.batch as usize {
@@ -916,6 +1013,9 @@ pub struct DecodeReference {
 /// An FP8 cache ([`DecodeProblem::kv_fp8`]) is attended over the values its bytes hold
 /// ([`DecodeInputs::dequantised`], the f64 decode of [`fp8_value_f64`]).
 pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
+    if p.rotary.is_some() {
+        return reference(&DecodeProblem { rotary: None, ..p.clone() }, &x.rotated(p));
+    }
     if p.kv_fp8.is_some() {
         let deq = x.dequantised(p);
         return reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, &deq);
@@ -1300,6 +1400,11 @@ pub fn rel_rms(o: &[f32], r: &[f64]) -> f64 {
 pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, KvCacheRule> {
     let [fwd, merge, append] = p.kernels()?;
     let mut out = Vec::new();
+    if p.rotary.is_some() {
+        let rotary = KernelId::find(Family::DecodeRotary, p.dtype.elem(), None)
+            .ok_or(KvCacheRule::RotaryDtype { dtype: p.dtype })?;
+        out.push((rotary, APPEND.launch(p.seq_q + p.seq_new, p.batch)));
+    }
     if p.seq_new > 0 {
         out.push((append, APPEND.launch(p.seq_new, p.batch)));
     }
@@ -1333,6 +1438,12 @@ pub struct DecodeBuffers {
     /// `batch` u32 cache slots and rows of left padding (`0` = none; contiguous caches only).
     pub cache_batch_idx: DevPtr,
     pub cache_leftpad: DevPtr,
+    /// Rotary tables `[seqlen_ro, rotary_dim / 2]` and the rotated copies of `q` and `k_new`
+    /// (`0` = no rotary).
+    pub rotary_cos: DevPtr,
+    pub rotary_sin: DevPtr,
+    pub q_rot: DevPtr,
+    pub k_rot: DevPtr,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
@@ -1375,7 +1486,31 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         v_scale: bufs.v_scale,
         cache_batch_idx: bufs.cache_batch_idx,
         cache_leftpad: bufs.cache_leftpad,
+        rotary_cos: bufs.rotary_cos,
+        rotary_sin: bufs.rotary_sin,
+        q_rot: bufs.q_rot,
+        k_rot: bufs.k_rot,
+        rotary_dim: p.rotary.map_or(0, |r| r.dim),
+        rotary_interleaved: p.rotary.is_some_and(|r| r.interleaved) as u32,
+        seqlen_ro: if p.rotary.is_some() { p.rotary_rows() } else { 0 },
+        rotary_q_per_token: p.rotary_q_per_token() as u32,
     }
+}
+
+/// The usual rotary tables (RoFormer): `cos[pos, i] = cos(pos · base^(-2i / dim))` and the
+/// sine, `rows` positions by `dim / 2`, rounded to `dtype`.
+pub fn rope_tables(rows: u32, dim: u32, base: f64, dtype: Dtype) -> (Vec<f32>, Vec<f32>) {
+    let half = (dim / 2) as usize;
+    let mut cos = Vec::with_capacity(rows as usize * half);
+    let mut sin = Vec::with_capacity(rows as usize * half);
+    for pos in 0..rows as usize {
+        for i in 0..half {
+            let angle = pos as f64 * base.powf(-2.0 * i as f64 / dim as f64);
+            cos.push(dtype.round(angle.cos() as f32));
+            sin.push(dtype.round(angle.sin() as f32));
+        }
+    }
+    (cos, sin)
 }
 
 /// The [`MergeParams`] combining `splits` partial states of `rows` `[batch, heads, seq_q]` into
@@ -1532,8 +1667,8 @@ mod tests {
         assert!(e.to_string().contains("mismatched heads"), "{e}");
         let e = DecodeProblem { page_size: Some(0), ..Default::default() }.validate().unwrap_err();
         assert!(e.to_string().contains("page_size must be >= 1"), "{e}");
-        let e = DecodeProblem { head_dim: 96, ..Default::default() }.validate().unwrap_err();
-        assert!(e.to_string().contains("head_dim 96"), "{e}");
+        let e = DecodeProblem { head_dim: 80, ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("head_dim 80"), "{e}");
         assert!("0".parse::<Splits>().is_err() && "129".parse::<Splits>().is_err());
         assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
     }
@@ -1592,6 +1727,8 @@ mod tests {
             sinks: vec![4f32.ln()],
             k_scale: vec![],
             v_scale: vec![],
+            rotary_cos: vec![],
+            rotary_sin: vec![],
         };
         let r = reference(&p, &x);
         assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
@@ -1634,6 +1771,8 @@ mod tests {
             sinks: vec![],
             k_scale: vec![1.0],
             v_scale: vec![2.0, 0.5],
+            rotary_cos: vec![],
+            rotary_sin: vec![],
         };
         let r = reference(&p, &x);
         assert_eq!((r.o[0], r.o[1]), (896.0, 0.3125));

@@ -80,6 +80,18 @@ pub enum KvCacheRule {
         "cache_batch_idx names slot {slot} for sequences {first} and {second} while new tokens are appended: both would write its rows"
     )]
     SharedSlot { slot: u32, first: usize, second: usize },
+    #[error("rotary_dim {dim}: it must be even, at least 2 and at most head_dim {head_dim}")]
+    RotaryDim { dim: u32, head_dim: u32 },
+    #[error(
+        "rotary embedding needs new tokens to append (k_new, v_new), as in FlashAttention-2: the cached keys are already rotated"
+    )]
+    RotaryWithoutNewTokens,
+    #[error("there is no rotary kernel for {dtype} (f32, bf16 and f16 have one)")]
+    RotaryDtype { dtype: Dtype },
+    #[error(
+        "rotary tables have {rows} rows of {half} (cos {cos_shape:?}, sin {sin_shape:?}); the call needs [{need}, {half}]: one row per position up to the last rotated token"
+    )]
+    RotaryTables { rows: usize, half: usize, need: u32, cos_shape: [usize; 4], sin_shape: [usize; 4] },
     #[error("block_table has {got} entries, [batch, max_pages] = [{batch}, {max_pages}] needs {need}")]
     BlockTableSize { got: usize, batch: u32, max_pages: u32, need: u64 },
     #[error(

@@ -1115,3 +1115,89 @@ fn vm_cache_slots_and_left_padding_are_checked_and_run() {
     let e = kernels.flash_attn(&view, &view, &view, &AttnOpts::new().cache_leftpad(&pad)).unwrap_err();
     assert!(matches!(e, AttnError::NotSupportedYet { .. }), "{e}");
 }
+
+/// `AttnOpts::rotary` through the library: a call verifies against the f64 reference over the
+/// rotated inputs, and the misuses are typed errors before launch: tables with too few rows,
+/// tables in another dtype, no new tokens, the prefill calls.
+#[test]
+fn vm_rotary_tables_are_checked_and_run() {
+    use memattn::attn::RotaryView;
+    use memattn::decode::{reference, DecodeInputs, DecodeProblem, Rotary};
+    use memattn::error::KvCacheRule;
+    let kernels = Kernels::vm().unwrap();
+    let p = DecodeProblem {
+        batch: 1,
+        heads: 2,
+        heads_kv: 1,
+        head_dim: 64,
+        seq_q: 2,
+        cache_seqlens: vec![21],
+        seq_new: 2,
+        rotary: Some(Rotary { dim: 32, interleaved: true }),
+        ..DecodeProblem::default()
+    };
+    let x = DecodeInputs::random(&p, 4);
+    let rows = p.rotary_rows() as usize;
+    assert_eq!(rows, 23);
+    let up = |v: &[f32]| kernels.upload_as(Dtype::F32, v).unwrap();
+    let (q, kc, vc, kn, vn) = (up(&x.q), up(&x.k_cache), up(&x.v_cache), up(&x.k_new), up(&x.v_new));
+    let (cos, sin) = (up(&x.rotary_cos), up(&x.rotary_sin));
+    let lens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
+    let qv = TensorView::device(&q, Dtype::F32, [1, 2, 2, 64]).unwrap();
+    let (knv, vnv) = (
+        TensorView::device(&kn, Dtype::F32, [1, 2, 1, 64]).unwrap(),
+        TensorView::device(&vn, Dtype::F32, [1, 2, 1, 64]).unwrap(),
+    );
+    let cache_shape = [1, 23, 1, 64];
+    let mut kv = TensorViewMut::device(&kc, Dtype::F32, cache_shape).unwrap();
+    let mut vv = TensorViewMut::device(&vc, Dtype::F32, cache_shape).unwrap();
+    let table = |rows: usize| TensorView::device(&cos, Dtype::F32, [rows, 16, 1, 1]).unwrap();
+    let rot = RotaryView::new(table(rows), TensorView::device(&sin, Dtype::F32, [rows, 16, 1, 1]).unwrap(), true);
+    let opts = AttnOpts::new().causal(true).rotary(&rot);
+    let (o, _) =
+        kernels.flash_attn_with_kvcache(&qv, &mut kv, &mut vv, Some(&knv), Some(&vnv), &lens, None, &opts).unwrap();
+    let r = reference(&p, &x);
+    let err = o.to_vec_f32().unwrap().iter().zip(&r.o).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+    assert!(err < 1e-5, "{err}");
+    // One row short of the last position.
+    let short = RotaryView::new(table(rows - 1), table(rows - 1), true);
+    let e = kernels
+        .flash_attn_with_kvcache(
+            &qv,
+            &mut kv,
+            &mut vv,
+            Some(&knv),
+            Some(&vnv),
+            &lens,
+            None,
+            &AttnOpts::new().causal(true).rotary(&short),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { why: KvCacheRule::RotaryTables { need: 23, rows: 22, .. } }), "{e}");
+    // Tables in bf16 for an f32 call.
+    let bf = kernels.upload_as(Dtype::Bf16, &x.rotary_cos).unwrap();
+    let bft = RotaryView::new(
+        TensorView::device(&bf, Dtype::Bf16, [rows, 16, 1, 1]).unwrap(),
+        TensorView::device(&bf, Dtype::Bf16, [rows, 16, 1, 1]).unwrap(),
+        true,
+    );
+    let e = kernels
+        .flash_attn_with_kvcache(
+            &qv,
+            &mut kv,
+            &mut vv,
+            Some(&knv),
+            Some(&vnv),
+            &lens,
+            None,
+            &AttnOpts::new().rotary(&bft),
+        )
+        .unwrap_err();
+    assert!(matches!(e, AttnError::Dtype { tensor: "rotary_cos", .. }), "{e}");
+    // No new tokens.
+    let e = kernels.flash_attn_with_kvcache(&qv, &mut kv, &mut vv, None, None, &lens, None, &opts).unwrap_err();
+    assert!(matches!(e, AttnError::KvCache { why: KvCacheRule::RotaryWithoutNewTokens }), "{e}");
+    // The prefill calls.
+    let e = kernels.flash_attn(&qv, &qv, &qv, &opts).unwrap_err();
+    assert!(matches!(e, AttnError::NotSupportedYet { .. }), "{e}");
+}

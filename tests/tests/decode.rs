@@ -6,7 +6,7 @@ use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::{DECODE_D64, DECODE_MMA_D64};
 use memattn_cli::decode::{
     merge_states, merge_states_reference, run_decode, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport,
-    DecodeSpec, Fp8Format, Partials, Splits,
+    DecodeSpec, Fp8Format, Partials, Rotary, Splits,
 };
 use memattn_cli::device::Device;
 use memattn_cli::Dtype;
@@ -231,6 +231,61 @@ device_tests! {
         let p = DecodeProblem { head_dim: 96, dtype: Dtype::Bf16, kernel: DecodeKernel::Mma, ..DecodeProblem::default() };
         let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("compiled for head_dim 64 and 128"), "{e}");
+    }
+
+    // FlashAttention-2's rotary embedding in a KV-cache call: GPT-NeoX and GPT-J pairs, the full
+    // and a partial rotary dim, per-token query positions (causal) and one position for all
+    // (not causal), GQA, seq_q 3, appends; contiguous, paged, and with cache slots and left
+    // padding; f32 and bf16 on both decode kernels. Each run is checked against f64 attention
+    // over the rotated inputs and the appended cache (rotated keys) bit for bit.
+    fn decode_rotary_append_against_f64(dev: &mut dyn Device) {
+        let mut case = 0u64;
+        for interleaved in [false, true] {
+            for (dim, causal, page_size, dtype) in [
+                (64u32, true, None, Dtype::F32),
+                (32, false, Some(16u32), Dtype::F32),
+                (64, false, None, Dtype::Bf16),
+                (32, true, Some(7), Dtype::Bf16),
+            ] {
+                case += 1;
+                let p = DecodeProblem {
+                    batch: 2,
+                    heads: 4,
+                    heads_kv: 2,
+                    head_dim: 64,
+                    seq_q: 3,
+                    cache_seqlens: vec![37, 90],
+                    seq_new: 3,
+                    page_size,
+                    dtype,
+                    causal,
+                    splits: Splits::Fixed(2),
+                    rotary: Some(Rotary { dim, interleaved }),
+                    ..DecodeProblem::default()
+                };
+                let x = DecodeInputs::random(&p, 40 + case);
+                let reports = if dtype == Dtype::F32 { vec![run(dev, &p, Some(&x))] } else { run_both(dev, &p, Some(&x)).to_vec() };
+                for r in &reports {
+                    assert_eq!(r.verification.cache_ok, Some(true), "{p:?}");
+                    assert!(r.launches[0].kernel.starts_with("decode_rotary_"), "{:?}", r.launches);
+                }
+            }
+        }
+        // With cache slots and left padding: positions count the padding (cache_seqlens + t).
+        let p = DecodeProblem {
+            batch: 2,
+            heads: 4,
+            heads_kv: 1,
+            head_dim: 64,
+            cache_seqlens: vec![20, 33],
+            seq_new: 2,
+            cache_batch_idx: Some(vec![1, 0]),
+            cache_leftpad: Some(vec![6, 0]),
+            rotary: Some(Rotary { dim: 48, interleaved: false }),
+            ..DecodeProblem::default()
+        };
+        let r = run(dev, &p, None);
+        assert_eq!(r.verification.cache_ok, Some(true));
     }
 
     fn decode_append_then_attend_equals_attend_over_the_concatenation(dev: &mut dyn Device) {
@@ -702,4 +757,63 @@ fn vm_fp8_plans_and_scales_are_checked_by_the_library() {
     let sv = Fp8CacheViewMut::device(&short, Fp8Format::E4m3, [b, cap, hk, d]).unwrap();
     let e = k.plan_kvcache_fp8(&qv, &sv, &vv, &s2, &s2, None, None, &lens, None, &ov, &lv, &opts).unwrap_err();
     assert!(matches!(e, AttnError::OutOfBounds { tensor: "k_cache", .. }), "{e}");
+}
+
+/// The host's rotated inputs (what the reference attends over) against rotary embedding written
+/// here in f64 from its definitions: GPT-NeoX rotates dims (i, i + dim/2), GPT-J dims (2i, 2i + 1),
+/// by the angle at the token's position; dims past `dim` stay. Within one rounding of the dtype.
+#[test]
+fn rotated_inputs_follow_the_rotary_definitions() {
+    for (dtype, interleaved, dim, causal) in
+        [(Dtype::F32, false, 64u32, true), (Dtype::F32, true, 32, false), (Dtype::Bf16, true, 64, true)]
+    {
+        let p = DecodeProblem {
+            batch: 2,
+            heads: 2,
+            heads_kv: 1,
+            head_dim: 64,
+            seq_q: 2,
+            cache_seqlens: vec![5, 11],
+            seq_new: 2,
+            dtype,
+            causal,
+            rotary: Some(Rotary { dim, interleaved }),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 3);
+        let y = x.rotated(&p);
+        let tol = if dtype == Dtype::F32 { 1e-6 } else { 1.0 / 128.0 };
+        let half = (dim / 2) as usize;
+        let check = |orig: &[f32], got: &[f32], heads: usize, tokens: usize, pos: &dyn Fn(usize, usize) -> usize| {
+            for b in 0..2 {
+                for t in 0..tokens {
+                    for h in 0..heads {
+                        let at = ((b * tokens + t) * heads + h) * 64;
+                        let (o, g) = (&orig[at..at + 64], &got[at..at + 64]);
+                        let ang = |i: usize| pos(b, t) as f64 * 10000f64.powf(-2.0 * i as f64 / dim as f64);
+                        let mut want: Vec<f64> = o.iter().map(|&v| v as f64).collect();
+                        for i in 0..half {
+                            let (a, c) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                            let (xa, xc) = (o[a] as f64, o[c] as f64);
+                            want[a] = xa * ang(i).cos() - xc * ang(i).sin();
+                            want[c] = xa * ang(i).sin() + xc * ang(i).cos();
+                        }
+                        for e in 0..64 {
+                            let err = (g[e] as f64 - want[e]).abs();
+                            assert!(
+                                err <= tol * want[e].abs().max(1.0),
+                                "{dtype} b{b} t{t} h{h} dim {e}: {} vs {}",
+                                g[e],
+                                want[e]
+                            );
+                        }
+                    }
+                }
+            }
+        };
+        let q_pos = |b: usize, i: usize| p.cache_seqlens[b] as usize + if causal { i } else { 0 };
+        check(&x.q, &y.q, 2, 2, &q_pos);
+        check(&x.k_new, &y.k_new, 1, 2, &|b, t| p.cache_seqlens[b] as usize + t);
+        assert_eq!(x.v_new, y.v_new, "v is not rotated");
+    }
 }

@@ -90,6 +90,17 @@ pub struct DecodeArgs {
     /// The padding rows are NaN, so a kernel that reads them fails verification.
     #[arg(long, value_name = "PAD[,PAD2,...]", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
     pub cache_leftpad: Option<Vec<u32>>,
+    /// Rotary embedding of q and the new keys (FlashAttention-2's rotary_cos/rotary_sin): the
+    /// first N dims of every head (even, at most --head-dim; less than it is a partial rotary)
+    /// rotate by the usual angles (base 10000) of each token's position: new key t at
+    /// cache-len + t, query token i at cache-len + i (at cache-len for all with --no-causal and
+    /// no window). Needs --new-tokens, as FlashAttention-2 does.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with = "inputs")]
+    pub rotary_dim: Option<u32>,
+    /// With --rotary-dim: rotate the pairs (2i, 2i+1) (GPT-J, FlashAttention-2's
+    /// rotary_interleaved=True) instead of (i, i + N/2) (GPT-NeoX, the default).
+    #[arg(long, requires = "rotary_dim")]
+    pub rotary_interleaved: bool,
     /// Paged cache with P keys per page (any P >= 1; pages shuffled); default: contiguous.
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub page_size: Option<u32>,
@@ -241,6 +252,7 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         kv_fp8: a.kv_dtype,
         cache_batch_idx: a.cache_batch_idx.clone(),
         cache_leftpad,
+        rotary: a.rotary_dim.map(|dim| memattn_cli::decode::Rotary { dim, interleaved: a.rotary_interleaved }),
     };
     // An FP8 cache keeps Q, O and the new tokens in bf16.
     let p = if a.kv_dtype.is_some() && p.dtype == Dtype::F32 { DecodeProblem { dtype: Dtype::Bf16, ..p } } else { p };
@@ -407,6 +419,8 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         sinks,
         k_scale: Vec::new(),
         v_scale: Vec::new(),
+        rotary_cos: Vec::new(),
+        rotary_sin: Vec::new(),
     };
     Ok((p, x))
 }

@@ -736,14 +736,32 @@ impl Kernels {
             v_scale: plan.fp8.map_or(0, |f| f.2),
             cache_batch_idx: plan.slots[0],
             cache_leftpad: plan.slots[1],
+            ..DecodeBuffers::default()
         };
+        // Rotary: rotated copies of q and k_new for this call (the rotary kernel writes them, the
+        // append and the forward read them in place of the originals).
+        let rot = match p.rotary {
+            Some(_) => {
+                let es = p.dtype.size_bytes();
+                Some(self.alloc_outputs(q, p.q_elems() * es, p.new_elems() * es)?)
+            }
+            None => None,
+        };
+        let (q_rot, k_rot) = rot.as_ref().map_or((0, 0), |(a, b)| (a.ptr(), b.ptr()));
+        let rot_bufs = DecodeBuffers { rotary_cos: plan.rotary[0], rotary_sin: plan.rotary[1], q_rot, k_rot, ..bufs };
+        let bufs = if rot.is_some() { DecodeBuffers { q: q_rot, k_new: k_rot, ..bufs } } else { bufs };
+        let rotary = decode_params(p, plan.layout, splits, &rot_bufs).to_bytes();
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
         for (kernel, dims) in &plan.launches {
-            let arg: &[u8] = if kernel.variant().family == Family::MergeStates { &merge } else { &params };
+            let arg: &[u8] = match kernel.variant().family {
+                Family::MergeStates => &merge,
+                Family::DecodeRotary => &rotary,
+                _ => &params,
+            };
             self.launch_bytes(*kernel, dims, arg, q.stream.as_deref())?;
         }
-        drop((ws_o, ws_lse)); // after the launches: on CUDA freed in stream order
+        drop((ws_o, ws_lse, rot)); // after the launches: on CUDA freed in stream order
         Ok(())
     }
 
@@ -790,6 +808,10 @@ impl Kernels {
         }
         if let Some(s) = opts.sinks {
             tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
+        }
+        if let Some(r) = opts.rotary {
+            tensors.push(("rotary_cos", &r.cos.raw, r.cos.stream.as_deref()));
+            tensors.push(("rotary_sin", &r.sin.raw, r.sin.stream.as_deref()));
         }
         self.check_places(&tensors, &q.raw)?;
         self.check_index("cache_seqlens", cache_seqlens, &q.raw)?;
@@ -947,8 +969,25 @@ impl Kernels {
             kv_fp8: fp8.map(|f| f.format),
             cache_batch_idx: opts.cache_batch_idx.map(|t| t.values.clone()),
             cache_leftpad: opts.cache_leftpad.map(|t| t.values.clone()),
+            rotary: opts
+                .rotary
+                .map(|r| crate::decode::Rotary { dim: (2 * r.cos.raw.shape[1]) as u32, interleaved: r.interleaved }),
         };
         problem.validate().map_err(kv_err)?;
+        if let Some(r) = opts.rotary {
+            // [seqlen_ro, rotary_dim / 2, 1, 1] each, one row per rotated position.
+            let (cs, ss) = (r.cos.raw.shape, r.sin.raw.shape);
+            let need = problem.rotary_rows();
+            if cs != ss || cs[2] != 1 || cs[3] != 1 || cs[0] < need as usize {
+                return Err(kv_err(KvCacheRule::RotaryTables {
+                    rows: cs[0],
+                    half: cs[1],
+                    need,
+                    cos_shape: cs,
+                    sin_shape: ss,
+                }));
+            }
+        }
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
         let plan = problem.plan().map_err(kv_err)?;
         let launches = planned_launches(&problem, &plan).map_err(kv_err)?;
@@ -1019,6 +1058,7 @@ impl Kernels {
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
             fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
             slots: [opts.cache_batch_idx.map_or(0, |t| t.ptr), opts.cache_leftpad.map_or(0, |t| t.ptr)],
+            rotary: opts.rotary.map_or([0, 0], |r| [r.cos.raw.ptr, r.sin.raw.ptr]),
         })
     }
 }
@@ -1100,4 +1140,6 @@ struct KvPlan {
     fp8: Option<(Fp8Format, u64, u64)>,
     /// The device addresses of `cache_batch_idx` and `cache_leftpad` (`0` = none).
     slots: [u64; 2],
+    /// The device addresses of the rotary tables (`0` = no rotary).
+    rotary: [u64; 2],
 }
