@@ -23,6 +23,11 @@ fn download(vm: &Vm, p: u64, n: usize) -> Vec<f32> {
     b.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
+/// The parameter bytes of `saxpy_f32(n, a, x, y)`.
+fn saxpy_params(n: u32, a: f32, px: u64, py: u64) -> Vec<u8> {
+    [&n.to_le_bytes()[..], &a.to_le_bytes(), &px.to_le_bytes(), &py.to_le_bytes()].concat()
+}
+
 #[test]
 fn all_kernels_load() {
     let m = module();
@@ -66,11 +71,7 @@ fn saxpy() {
     let y: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
     let (px, py) = (upload(&mut vm, &x), upload(&mut vm, &y));
     let a = 1.5f32;
-    let mut params = Vec::new();
-    params.extend_from_slice(&n.to_le_bytes());
-    params.extend_from_slice(&a.to_le_bytes());
-    params.extend_from_slice(&px.to_le_bytes());
-    params.extend_from_slice(&py.to_le_bytes());
+    let params = saxpy_params(n, a, px, py);
     let d = tiles::saxpy_launch(n);
     let st = vm.launch(&m, "saxpy_f32", &LaunchConfig::new(d.grid, d.block, 0), &params).unwrap();
     let out = download(&vm, py, n as usize);
@@ -97,11 +98,7 @@ fn saxpy_on_a_subset_of_blocks() {
     let y: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
     let (px, py) = (upload(&mut vm, &x), upload(&mut vm, &y));
     let a = -2.5f32;
-    let mut params = Vec::new();
-    params.extend_from_slice(&n.to_le_bytes());
-    params.extend_from_slice(&a.to_le_bytes());
-    params.extend_from_slice(&px.to_le_bytes());
-    params.extend_from_slice(&py.to_le_bytes());
+    let params = saxpy_params(n, a, px, py);
     let d = tiles::saxpy_launch(n);
     assert_eq!(d.grid, [4, 1, 1]);
     let mut config = LaunchConfig::new(d.grid, d.block, 0);
