@@ -73,8 +73,9 @@ impl RunSpec {
     }
 }
 
-/// The blocks of the flash launch that hold the rows `spec.check` selects ([`RunSpec::sampled_blocks`]).
-fn checked_blocks(p: &Problem, spec: &RunSpec) -> Result<memattn::device::BlockSubset, Error> {
+/// The blocks of the flash launch that hold the rows `spec.check` selects
+/// ([`RunSpec::sampled_blocks`]), and the run's warning saying so.
+fn checked_blocks(p: &Problem, spec: &RunSpec) -> Result<(memattn::device::BlockSubset, String), Error> {
     if spec.kernel != KernelKind::Flash || p.varlen.is_some() {
         return Err(Error::Usage("a sampled launch runs the flash kernel of a dense (not varlen) problem".into()));
     }
@@ -83,9 +84,18 @@ fn checked_blocks(p: &Problem, spec: &RunSpec) -> Result<memattn::device::BlockS
         return Err(Error::Usage("a sampled launch needs a single-kernel flash problem".into()));
     };
     let br = l.kernel.variant().block_rows();
-    let mut blocks: Vec<[u32; 3]> = spec.check.rows(p).iter().map(|r| [r.i / br, r.h, r.b]).collect();
+    let rows = spec.check.rows(p);
+    let mut blocks: Vec<[u32; 3]> = rows.iter().map(|r| [r.i / br, r.h, r.b]).collect();
     blocks.dedup();
-    Ok(memattn::device::BlockSubset { kernel: l.kernel.name().to_string(), blocks })
+    let total: u64 = l.dims.grid.iter().map(|&g| g as u64).product();
+    let warning = format!(
+        "sampled launch: {} of {total} blocks of {} ran, those of the {} checked rows; the other rows are not \
+         computed, and the VM counts are of the blocks that ran",
+        blocks.len(),
+        l.kernel.name(),
+        rows.len()
+    );
+    Ok((memattn::device::BlockSubset { kernel: l.kernel.name().to_string(), blocks }, warning))
 }
 
 /// One kernel launch of the run.
@@ -364,22 +374,22 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         )));
     }
 
-    if spec.sampled_blocks {
-        let subset = checked_blocks(&p, spec)?;
-        let grid = p.launches(KernelKind::Flash)?[0].dims.grid;
-        let total: u64 = grid.iter().map(|&g| g as u64).product();
-        warnings.push(format!(
-            "sampled launch: {} of {total} blocks of {} ran, those of the {} checked rows; the other rows are not \
-             computed, and the VM counts are of the blocks that ran",
-            subset.blocks.len(),
-            subset.kernel,
-            spec.check.rows(&p).len()
-        ));
-        dev.set_block_subset(Some(subset))?;
-    }
+    let subset = if spec.sampled_blocks {
+        let (subset, warning) = checked_blocks(&p, spec)?;
+        warnings.push(warning);
+        Some(subset)
+    } else {
+        None
+    };
     dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats));
-    if spec.sampled_blocks {
+    // The subset holds for this run's launches only: set right before them, cleared right after
+    // (also when they failed), so a later run on the device is whole again.
+    let sampled = subset.is_some();
+    let body = match subset.map(|s| dev.set_block_subset(Some(s))).transpose() {
+        Ok(_) => Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats)),
+        Err(e) => Err(e.into()),
+    };
+    if sampled {
         dev.set_block_subset(None)?;
     }
     // Every buffer was freed when the scope returned, also after an error.

@@ -747,16 +747,25 @@ impl Kernels {
             }
             None => None,
         };
-        let (q_rot, k_rot) = rot.as_ref().map_or((0, 0), |(a, b)| (a.ptr(), b.ptr()));
-        let rot_bufs = DecodeBuffers { rotary_cos: plan.rotary[0], rotary_sin: plan.rotary[1], q_rot, k_rot, ..bufs };
-        let bufs = if rot.is_some() { DecodeBuffers { q: q_rot, k_new: k_rot, ..bufs } } else { bufs };
-        let rotary = decode_params(p, plan.layout, splits, &rot_bufs).to_bytes();
+        // The rotary launch reads q and k_new and writes the copies; every later launch reads the
+        // copies.
+        let (rotary, bufs) = match &rot {
+            Some((qr, kr)) => {
+                let (q_rot, k_rot) = (qr.ptr(), kr.ptr());
+                let rb = DecodeBuffers { rotary_cos: plan.rotary[0], rotary_sin: plan.rotary[1], q_rot, k_rot, ..bufs };
+                (
+                    Some(decode_params(p, plan.layout, splits, &rb).to_bytes()),
+                    DecodeBuffers { q: q_rot, k_new: k_rot, ..bufs },
+                )
+            }
+            None => (None, bufs),
+        };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
         for (kernel, dims) in &plan.launches {
-            let arg: &[u8] = match kernel.variant().family {
-                Family::MergeStates => &merge,
-                Family::DecodeRotary => &rotary,
+            let arg: &[u8] = match (kernel.variant().family, &rotary) {
+                (Family::MergeStates, _) => &merge,
+                (Family::DecodeRotary, Some(r)) => r,
                 _ => &params,
             };
             self.launch_bytes(*kernel, dims, arg, q.stream.as_deref())?;
