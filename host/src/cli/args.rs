@@ -564,7 +564,7 @@ pub struct CheckArgs {
     /// error of a naive backward in the same dtype. Flash only.
     #[arg(long)]
     pub backward: bool,
-    /// Large shapes instead of the sweep, in the VM (about a minute on two cores): f32, bf16
+    /// Large shapes instead of the sweep, in the VM (about 20 s on two cores): f32, bf16
     /// and f16 flash at seq 32768 (causal, GQA, a 4096-key window) as sampled launches that run
     /// only the query blocks of the checked rows, and a bf16 paged decode over 65536 cached
     /// tokens, all verified against the f64 reference. Catches what small shapes cannot: index

@@ -1,5 +1,5 @@
 //! `memattn check --large`: the shapes users run (32k-token prefill, a 64k-token paged cache)
-//! instead of the sweep's small ones, in the VM, in about a minute on two cores.
+//! instead of the sweep's small ones, in the VM, in about 20 s on two cores.
 //!
 //! A forward case runs a sampled launch ([`RunSpec::sampled_blocks`]): only the query blocks that
 //! hold the checked rows run, each over every key its rows see (all 32768 in the last block of
