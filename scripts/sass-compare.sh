@@ -706,14 +706,22 @@ def ours_bwd_tiles():
     # literals of kernels-gpu/src/tiles.rs; shared memory from ptxas-report.json.
     tiles = {}
     for item in E.get('OURS_BWD_TILES', '').split():
-        d, rest = item.split(':'); br, w = map(int, rest.split(','))
-        tiles[int(d)] = dict(br=br, warps=w)
+        d, rest = item.split(':'); nums = list(map(int, rest.split(',')))
+        tiles[int(d)] = dict(br=nums[0], warps=nums[1])
+        if len(nums) > 2:
+            tiles[int(d)]['bc'] = nums[2]
     if not tiles:
         src = open(os.path.join(E['PROJECT'], 'kernels-gpu/src/tiles.rs')).read()
         for m in re.finditer(r'FLASH_BWD_MMA_D(\d+)\s*:\s*FlashBwdMmaTile\s*=\s*FlashBwdMmaTile\s*\{([^}]*)\}', src):
             f = {k: int(v) for k, v in re.findall(r'\b(head_dim|br|warps|kv_splits)\s*:\s*(\d+)', m.group(2))}
             if all(k in f for k in ('head_dim', 'br', 'warps')):
                 tiles[f['head_dim']] = dict(br=f['br'], warps=f['warps'], kv_splits=f.get('kv_splits', 1))
+        # The two-dimensional kernels (flash_bwd_tc.rs) take the plain names where they exist:
+        # 8 warps, Br 128, Bc from the tile.
+        for m in re.finditer(r'FLASH_BWD_TC_D(\d+)\s*:\s*FlashBwdTcTile\s*=\s*FlashBwdTcTile\s*\{([^}]*)\}', src):
+            f = {k: int(v) for k, v in re.findall(r'\b(head_dim|bc)\s*:\s*(\d+)', m.group(2))}
+            if all(k in f for k in ('head_dim', 'bc')):
+                tiles[f['head_dim']] = dict(br=128, warps=8, bc=f['bc'])
     rep = {}
     rp = os.path.join(E['PROJECT'], 'kernels-gpu/ptx/ptxas-report.json')
     if os.path.exists(rp):
@@ -721,7 +729,7 @@ def ours_bwd_tiles():
             rep[(k['name'], k['arch'])] = k
     for d, t in tiles.items():
         # 16 keys per row group of kv_splits warps (d128: two warps share a group's keys).
-        t['bc'] = 16 * t['warps'] // t.get('kv_splits', 1)
+        t.setdefault('bc', 16 * t['warps'] // t.get('kv_splits', 1))
         k = rep.get((E['OURS_BWD_KERNEL'] % d, 'sm_80'))
         t['smem'] = (k['dynamic_smem_bytes'] + k.get('static_smem_bytes', 0)) if k else \
             (2 * t['bc'] * d + 2 * t['br'] * d + t['bc'] * t['br']) * 2 + 2 * t['br'] * 4

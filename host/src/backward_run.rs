@@ -177,6 +177,13 @@ impl BackwardBytes {
 
     /// The bytes of `p`'s backward run by `kernel` (`deterministic` applies to flash only).
     pub fn of(p: &Problem, kernel: KernelKind, deterministic: bool) -> Result<Self, Error> {
+        Self::on(p, kernel, deterministic, u32::MAX)
+    }
+
+    /// [`BackwardBytes::of`] on a device whose blocks may opt in to `max_smem_bytes` of shared
+    /// memory: the main kernel is the one it allows ([`memattn::KernelId::flash_bwd_for`]), whose
+    /// key block sets the deterministic workspace.
+    pub fn on(p: &Problem, kernel: KernelKind, deterministic: bool, max_smem_bytes: u32) -> Result<Self, Error> {
         let es = p.dtype.size_bytes();
         let (qn, kn, rows) = (p.q_elems() * es, p.kv_elems() * es, p.rows() * 4);
         let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
@@ -192,8 +199,13 @@ impl BackwardBytes {
         let naive_p_ds_bytes = memattn::memory::AnalyticBytes::new(p, KernelKind::Naive).scores.saturating_mul(2);
         let (gradients_bytes, dq_slices, dq_accum_bytes, delta_bytes, p_ds_bytes) = match kernel {
             KernelKind::Flash => {
-                let ws =
-                    memattn::attn::flash_attn_backward_workspace(p.dtype, q_shape, p.seq_kv as usize, deterministic)?;
+                let ws = memattn::attn::flash_attn_backward_workspace_on(
+                    p.dtype,
+                    q_shape,
+                    p.seq_kv as usize,
+                    deterministic,
+                    max_smem_bytes,
+                )?;
                 (qn + 2 * kn + sinks, ws.dq_slices, ws.dq_accum_bytes, ws.delta_bytes, 0)
             }
             KernelKind::Naive => {
@@ -497,7 +509,7 @@ pub fn run_backward(
     }
     let caps = dev.caps()?;
     p.validate(kernel, &caps)?;
-    let expected = BackwardBytes::of(&p, kernel, deterministic)?;
+    let expected = BackwardBytes::on(&p, kernel, deterministic, caps.max_dynamic_smem_bytes)?;
     if let Some(x) = inputs {
         if x.q.len() as u64 != p.q_elems() || x.k.len() as u64 != p.kv_elems() || x.v.len() as u64 != p.kv_elems() {
             return Err(Error::Usage(format!(

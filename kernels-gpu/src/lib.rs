@@ -79,6 +79,8 @@ pub mod flash_bwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_bwd_mma;
 #[cfg(any(doc, target_arch = "nvptx64"))]
+pub mod flash_bwd_tc;
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_mma;

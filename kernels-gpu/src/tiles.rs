@@ -537,7 +537,9 @@ pub const FLASH_BWD_F32_D192: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 192,
 /// KiB, over 48 KiB).
 pub const FLASH_BWD_F32_D256: FlashBwdF32Tile = FlashBwdF32Tile { head_dim: 256, br: 8, bc: 16, threads_per_key: 16 };
 
-/// Tile of the tensor-core backward main kernel (`flash_bwd_mma.rs`, bf16/f16) for one head dim.
+/// Tile of the compact tensor-core backward main kernel (`flash_bwd_mma.rs`, bf16/f16) for one
+/// head dim: d32's kernel, and at d64 and d128 the fallback of GPUs whose blocks may not opt in
+/// to the 128 KiB of [`FlashBwdTcTile`].
 ///
 /// A block of `warps` warps owns `bc = 16 · warps` keys of one K/V head (warp `w` keys
 /// `16w..16w + 16`, their dK and dV accumulators in registers) and walks the query tiles of `br`
@@ -627,6 +629,64 @@ pub const FLASH_BWD_MMA_D64: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 64, b
 /// the head dim. Shared memory (2 x 64 x 128 + 2 x 32 x 128 + 64 x 32) x 2 + 256 B = 52.3 KiB
 /// (opt-in).
 pub const FLASH_BWD_MMA_D128: FlashBwdMmaTile = FlashBwdMmaTile { head_dim: 128, br: 32, warps: 8, kv_splits: 2 };
+
+/// Tile of the tensor-core backward main kernel with FlashAttention-2's two-dimensional warp
+/// layout (`flash_bwd_tc.rs`, bf16/f16) for one head dim: 8 warps, `br = 128` query rows per
+/// tile, `bc` keys per block. Per query tile: `S` and `dP` (warp tiles of 32 rows x `bc / 2`
+/// keys, in passes of 32), P and dS through shared memory, `dV += Pᵀ dO` and `dK += dSᵀ Q`
+/// (warp tiles of 32 keys x `head_dim / (8 / (bc / 32))` columns, accumulated in registers for
+/// the whole block), `dQ += dS K` (32 rows x `head_dim / 2`). Shared memory: K, V `[bc][d]`, Q,
+/// dO `[br][d]`, P, dS `[br][bc]`, 16-bit and swizzled: more than the 99 KiB an sm_86 block may
+/// opt in to, so GPUs with less use the compact rows ([`FlashBwdMmaTile`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashBwdTcTile {
+    pub head_dim: u32,
+    pub bc: u32,
+}
+
+impl FlashBwdTcTile {
+    /// Query rows per tile.
+    pub const BR: u32 = 128;
+    /// 8 warps.
+    pub const fn threads(&self) -> u32 {
+        256
+    }
+    /// Warps over the keys of dK and dV (32 keys each).
+    pub const fn dkv_key_warps(&self) -> u32 {
+        self.bc / 32
+    }
+    /// 8-column tiles of dK and dV per warp.
+    pub const fn dkv_dtiles(&self) -> u32 {
+        self.head_dim / 8 / (8 / self.dkv_key_warps())
+    }
+    /// K, V `bc x d`, Q, dO `128 x d`, P, dS `128 x bc`, 2 B each.
+    pub const fn smem_bytes(&self) -> u32 {
+        (2 * self.bc * self.head_dim + 2 * Self::BR * self.head_dim + 2 * Self::BR * self.bc) * 2
+    }
+    /// Grid `(ceil(seq_kv / bc), heads_kv, batch)`, block `(256, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads_kv: u32, seq_kv: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_kv.div_ceil(self.bc), heads_kv, batch],
+            block: [self.threads(), 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+    /// Compile-time consistency of the tile.
+    pub const fn check(&self) {
+        assert!(self.head_dim.is_multiple_of(64), "rows of whole 128-byte lines (the XOR swizzle)");
+        assert!(self.bc == 64 || self.bc == 128, "passes of 32 keys, two warps over the keys of S");
+        assert!(self.dkv_dtiles() >= 2 && self.dkv_dtiles().is_power_of_two(), "dK/dV parts start on XOR-clean chunks");
+        assert!((self.head_dim / 16).is_power_of_two(), "dQ parts start on XOR-clean chunks");
+        assert!(self.smem_bytes() <= 163 * 1024, "fits an sm_80 block with the opt-in");
+    }
+}
+
+/// d=64: Bc 128. dK, dV: 4 warps over keys x 2 over the head dim, 32 registers each; S and dP
+/// in two passes of 32 x 32 (32 registers each); dQ 32 x 32. Shared memory 128 KiB (opt-in).
+pub const FLASH_BWD_TC_D64: FlashBwdTcTile = FlashBwdTcTile { head_dim: 64, bc: 128 };
+/// d=128: Bc 64. dK, dV: 2 warps over keys x 4 over the head dim, 32 registers each; S and dP
+/// in one pass of 32 x 32; dQ 32 x 64 (64 registers). Shared memory 128 KiB (opt-in).
+pub const FLASH_BWD_TC_D128: FlashBwdTcTile = FlashBwdTcTile { head_dim: 128, bc: 64 };
 
 /// Tile of the backward's row kernels (preprocess: `D = rowsum(dO ∘ O)` and zeroing the dQ
 /// accumulator; convert: dQ accumulator to dQ): one warp per query row, `rows` rows per block.

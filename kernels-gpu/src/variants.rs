@@ -92,8 +92,13 @@ pub enum Family {
     FlashBwdF32,
     /// Backward convert: dQ accumulator to dQ (`flash_bwd_f32.rs`).
     BwdConvert,
-    /// Backward main kernel on tensor cores, bf16/f16 (`flash_bwd_mma.rs`; takes `BwdParams`).
+    /// Backward main kernel on tensor cores, bf16/f16, one warp per 16 keys
+    /// (`flash_bwd_mma.rs`; takes `BwdParams`): d32, and the compact rows of GPUs whose blocks
+    /// get at most 99 KiB of shared memory.
     FlashBwdMma,
+    /// Backward main kernel on tensor cores, bf16/f16, FlashAttention-2's two-dimensional warp
+    /// layout (`flash_bwd_tc.rs`; takes `BwdParams`).
+    FlashBwdTc,
 }
 
 impl Family {
@@ -118,6 +123,7 @@ impl Family {
             Family::FlashBwdF32 => "flash_bwd_f32",
             Family::BwdConvert => "bwd_convert",
             Family::FlashBwdMma => "flash_bwd_mma",
+            Family::FlashBwdTc => "flash_bwd_tc",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -147,6 +153,7 @@ pub enum Tile {
     FlashBwdF32(FlashBwdF32Tile),
     BwdConvert(BwdRowsTile),
     FlashBwdMma(FlashBwdMmaTile),
+    FlashBwdTc(FlashBwdTcTile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -210,6 +217,7 @@ impl Variant {
             Tile::DecodeMma(t) => Some(t.head_dim),
             Tile::FlashBwdF32(t) => Some(t.head_dim),
             Tile::FlashBwdMma(t) => Some(t.head_dim),
+            Tile::FlashBwdTc(t) => Some(t.head_dim),
             _ => None,
         }
     }
@@ -227,7 +235,7 @@ impl Variant {
             Family::NaiveBwdP | Family::NaiveBwdDs | Family::NaiveBwdDq | Family::NaiveBwdDkv => {
                 crate::abi::NAIVE_BWD_PARAMS_BYTES
             }
-            Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert | Family::FlashBwdMma => {
+            Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert | Family::FlashBwdMma | Family::FlashBwdTc => {
                 crate::abi::BWD_PARAMS_BYTES
             }
             _ => crate::abi::ATTN_PARAMS_BYTES,
@@ -236,7 +244,7 @@ impl Variant {
 
     /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
     pub const fn tensor_cores(&self) -> bool {
-        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_) | Tile::FlashBwdMma(_))
+        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_) | Tile::FlashBwdMma(_) | Tile::FlashBwdTc(_))
     }
 
     /// Threads per block.
@@ -259,6 +267,7 @@ impl Variant {
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.threads(),
             Tile::FlashBwdF32(t) => t.threads(),
             Tile::FlashBwdMma(t) => t.threads(),
+            Tile::FlashBwdTc(t) => t.threads(),
         }
     }
 
@@ -271,6 +280,7 @@ impl Variant {
             Tile::DecodeMma(t) => t.smem_bytes(),
             Tile::FlashBwdF32(t) => t.smem_bytes(),
             Tile::FlashBwdMma(t) => t.smem_bytes(),
+            Tile::FlashBwdTc(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -284,6 +294,7 @@ impl Variant {
             Tile::DecodeMma(t) => t.br(),
             Tile::FlashBwdF32(t) => t.br,
             Tile::FlashBwdMma(t) => t.br,
+            Tile::FlashBwdTc(_) => FlashBwdTcTile::BR,
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.rows,
             _ => 0,
         }
@@ -298,6 +309,7 @@ impl Variant {
             Tile::DecodeMma(t) => t.bc,
             Tile::FlashBwdF32(t) => t.bc,
             Tile::FlashBwdMma(t) => t.bc(),
+            Tile::FlashBwdTc(t) => t.bc,
             _ => 0,
         }
     }
@@ -319,7 +331,11 @@ impl Variant {
             | Tile::DecodeRotary(_) => return None,
             // The backward's grids: [`FlashBwdF32Tile::launch`] (over keys and K/V heads) and
             // [`BwdRowsTile::launch`] (over query rows), through [`KernelId::flash_bwd`].
-            Tile::BwdPre(_) | Tile::FlashBwdF32(_) | Tile::BwdConvert(_) | Tile::FlashBwdMma(_) => return None,
+            Tile::BwdPre(_)
+            | Tile::FlashBwdF32(_)
+            | Tile::BwdConvert(_)
+            | Tile::FlashBwdMma(_)
+            | Tile::FlashBwdTc(_) => return None,
             Tile::NaiveScores(t) => [s.seq_q, s.seq_kv.div_ceil(t.threads), bh],
             Tile::NaiveSoftmax(t) => [s.seq_q.div_ceil(t.rows), 1, bh],
             Tile::NaivePv(_) => [s.seq_q, 1, bh],
@@ -665,6 +681,26 @@ macro_rules! entry {
         }
         crate::variants::tile_record!($name);
     };
+    (FlashBwdTc, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_bwd_tc`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::BwdParams) {
+            const T: FlashBwdTcTile = $tile;
+            unsafe {
+                crate::flash_bwd_tc::flash_bwd::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.bc as usize },
+                    { (T.head_dim / 16) as usize },
+                    { (T.bc / 64) as usize },
+                    { T.dkv_key_warps() as usize },
+                    { T.dkv_dtiles() as usize },
+                    { (T.head_dim / 16) as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
 }
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use entry;
@@ -907,14 +943,23 @@ kernel_table! {
     FlashBwdBf16D32 = flash_bwd_bf16_d32: FlashBwdMma(FLASH_BWD_MMA_D32), Bf16;
     /// Backward main kernel on tensor cores, f16, head_dim 32.
     FlashBwdF16D32 = flash_bwd_f16_d32: FlashBwdMma(FLASH_BWD_MMA_D32), F16;
-    /// Backward main kernel on tensor cores, bf16, head_dim 64.
-    FlashBwdBf16D64 = flash_bwd_bf16_d64: FlashBwdMma(FLASH_BWD_MMA_D64), Bf16;
-    /// Backward main kernel on tensor cores, f16, head_dim 64.
-    FlashBwdF16D64 = flash_bwd_f16_d64: FlashBwdMma(FLASH_BWD_MMA_D64), F16;
-    /// Backward main kernel on tensor cores, bf16, head_dim 128.
-    FlashBwdBf16D128 = flash_bwd_bf16_d128: FlashBwdMma(FLASH_BWD_MMA_D128), Bf16;
-    /// Backward main kernel on tensor cores, f16, head_dim 128.
-    FlashBwdF16D128 = flash_bwd_f16_d128: FlashBwdMma(FLASH_BWD_MMA_D128), F16;
+    /// Backward main kernel on tensor cores, FlashAttention-2's warp layout, bf16, head_dim 64.
+    FlashBwdBf16D64 = flash_bwd_bf16_d64: FlashBwdTc(FLASH_BWD_TC_D64), Bf16;
+    /// Backward main kernel on tensor cores, FlashAttention-2's warp layout, f16, head_dim 64.
+    FlashBwdF16D64 = flash_bwd_f16_d64: FlashBwdTc(FLASH_BWD_TC_D64), F16;
+    /// Backward main kernel on tensor cores, FlashAttention-2's warp layout, bf16, head_dim 128.
+    FlashBwdBf16D128 = flash_bwd_bf16_d128: FlashBwdTc(FLASH_BWD_TC_D128), Bf16;
+    /// Backward main kernel on tensor cores, FlashAttention-2's warp layout, f16, head_dim 128.
+    FlashBwdF16D128 = flash_bwd_f16_d128: FlashBwdTc(FLASH_BWD_TC_D128), F16;
+    /// The compact backward main kernel (one warp per 16 keys, 28 KiB of shared memory), bf16,
+    /// head_dim 64: for GPUs whose blocks get less than `flash_bwd_bf16_d64`'s 128 KiB.
+    FlashBwdBf16D64Compact = flash_bwd_bf16_d64_compact: FlashBwdMma(FLASH_BWD_MMA_D64), Bf16;
+    /// The compact backward main kernel, f16, head_dim 64.
+    FlashBwdF16D64Compact = flash_bwd_f16_d64_compact: FlashBwdMma(FLASH_BWD_MMA_D64), F16;
+    /// The compact backward main kernel (52 KiB of shared memory), bf16, head_dim 128.
+    FlashBwdBf16D128Compact = flash_bwd_bf16_d128_compact: FlashBwdMma(FLASH_BWD_MMA_D128), Bf16;
+    /// The compact backward main kernel, f16, head_dim 128.
+    FlashBwdF16D128Compact = flash_bwd_f16_d128_compact: FlashBwdMma(FLASH_BWD_MMA_D128), F16;
     /// Backward convert: the f32 dQ accumulator to a bf16 dQ.
     BwdConvertBf16 = flash_bwd_dq_bf16: BwdConvert(BWD_ROWS), Bf16;
     /// Backward convert: the f32 dQ accumulator to an f16 dQ.
@@ -1066,15 +1111,29 @@ impl KernelId {
     }
 
     /// The backward kernels for `elem` and `head_dim`, in launch order: `[preprocess, main,
-    /// convert]`, the main kernel f32 SIMT (`FlashBwdF32`) for f32 and on tensor cores
-    /// (`FlashBwdMma`) for bf16 and f16. `None` when the table has no main kernel for them.
+    /// convert]`, the main kernel f32 SIMT (`FlashBwdF32`) for f32 and on tensor cores for bf16
+    /// and f16 (`FlashBwdTc`, FlashAttention-2's warp layout, where the table has it, else
+    /// `FlashBwdMma`), on a GPU that gives a block any amount of shared memory
+    /// ([`KernelId::flash_bwd_for`] with the device's limit). `None` when the table has no main
+    /// kernel for them.
     pub const fn flash_bwd(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
-        let main = if elem.eq(Elem::F32) { Family::FlashBwdF32 } else { Family::FlashBwdMma };
-        match (
-            Self::find(Family::BwdPre, elem, None),
-            Self::find(main, elem, Some(head_dim)),
-            Self::find(Family::BwdConvert, elem, None),
-        ) {
+        Self::flash_bwd_for(elem, head_dim, u32::MAX)
+    }
+
+    /// [`KernelId::flash_bwd`] on a device whose blocks may opt in to `max_smem_bytes` of
+    /// dynamic shared memory: the `FlashBwdTc` row when its tile fits, else the compact
+    /// `FlashBwdMma` row (sm_86, sm_89 and sm_120 blocks get 99 KiB), as FlashAttention-2 picks
+    /// its backward tiles by the device's shared memory.
+    pub const fn flash_bwd_for(elem: Elem, head_dim: u32, max_smem_bytes: u32) -> Option<[KernelId; 3]> {
+        let main = if elem.eq(Elem::F32) {
+            Self::find(Family::FlashBwdF32, elem, Some(head_dim))
+        } else {
+            match Self::find(Family::FlashBwdTc, elem, Some(head_dim)) {
+                Some(k) if k.variant().dynamic_smem_bytes() <= max_smem_bytes => Some(k),
+                _ => Self::find(Family::FlashBwdMma, elem, Some(head_dim)),
+            }
+        };
+        match (Self::find(Family::BwdPre, elem, None), main, Self::find(Family::BwdConvert, elem, None)) {
             (Some(a), Some(m), Some(c)) => Some([a, m, c]),
             _ => None,
         }
@@ -1085,10 +1144,13 @@ impl KernelId {
     pub fn flash_bwd_head_dims(elem: Elem) -> Vec<u32> {
         let mut dims: Vec<u32> = VARIANTS
             .iter()
-            .filter(|v| matches!(v.family, Family::FlashBwdF32 | Family::FlashBwdMma) && v.elem == elem)
+            .filter(|v| {
+                matches!(v.family, Family::FlashBwdF32 | Family::FlashBwdMma | Family::FlashBwdTc) && v.elem == elem
+            })
             .filter_map(|v| v.head_dim())
             .collect();
         dims.sort_unstable();
+        dims.dedup();
         dims
     }
 
@@ -1151,6 +1213,7 @@ const _: () = {
             Tile::DecodeMma(t) => t.check(),
             Tile::FlashBwdF32(t) => t.check(),
             Tile::FlashBwdMma(t) => t.check(),
+            Tile::FlashBwdTc(t) => t.check(),
             _ => {}
         }
         // A row chosen only for some windows falls back to a default row of its kind, and no
@@ -1177,6 +1240,25 @@ const _: () = {
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backward_picks_its_main_kernel_by_shared_memory() {
+        let main = |e, d, smem| KernelId::flash_bwd_for(e, d, smem).map(|k| k[1].name());
+        for (e, x) in [(Elem::Bf16, "bf16"), (Elem::F16, "f16")] {
+            for d in [64, 128] {
+                // 128 KiB tiles: A100 (163 KiB) and H100 (227 KiB) run them; sm_86 (99 KiB) not.
+                assert_eq!(KernelId::flash_bwd(e, d).unwrap()[1].variant().dynamic_smem_bytes(), 128 * 1024);
+                assert_eq!(main(e, d, 163 * 1024), Some(format!("flash_bwd_{x}_d{d}")).as_deref());
+                assert_eq!(main(e, d, 128 * 1024), Some(format!("flash_bwd_{x}_d{d}")).as_deref());
+                assert_eq!(main(e, d, 128 * 1024 - 1), Some(format!("flash_bwd_{x}_d{d}_compact")).as_deref());
+                assert_eq!(main(e, d, 99 * 1024), Some(format!("flash_bwd_{x}_d{d}_compact")).as_deref());
+            }
+            assert_eq!(main(e, 32, 99 * 1024), Some(format!("flash_bwd_{x}_d32")).as_deref());
+            assert_eq!(main(e, 96, u32::MAX), None);
+            assert_eq!(KernelId::flash_bwd_head_dims(e), vec![32, 64, 128]);
+        }
+        assert_eq!(main(Elem::F32, 64, 0), Some("flash_bwd_f32_d64"));
+    }
 
     #[test]
     fn lookups_find_exactly_the_table_rows() {

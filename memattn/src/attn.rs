@@ -63,7 +63,10 @@ mod backward;
 mod kvcache;
 mod naive_backward;
 pub use alias::AliasRule;
-pub use backward::{flash_attn_backward_workspace, BwdOpts, BwdWorkspace, Gradients, LseView, SinksViewMut};
+pub use backward::{
+    flash_attn_backward_workspace, flash_attn_backward_workspace_on, BwdOpts, BwdWorkspace, Gradients, LseView,
+    SinksViewMut,
+};
 /// cudarc's stream, re-exported: views are made for one (the same cudarc crate as the caller's).
 pub use cudarc::driver::CudaStream;
 pub use kvcache::{Fp8CacheViewMut, Fp8Scales, KvCachePlan, PartialsView};

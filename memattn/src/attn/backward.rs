@@ -116,7 +116,11 @@ pub struct BwdWorkspace {
 /// seq_q, heads, head_dim]`; varlen `[1, total_q, heads, head_dim]`), `seq_kv` keys (varlen: the
 /// longest sequence, `max_seqlen_k`) and the mode of `deterministic`
 /// ([`BwdOpts::deterministic`]). The dQ accumulator is f32 whatever the dtype; the key block
-/// is the main kernel's (32 keys or fewer for f32, 64 for bf16 and f16).
+/// is the main kernel's (32 keys or fewer for f32; 128 at d64 and 64 otherwise for bf16 and
+/// f16). This is the workspace on a GPU whose blocks may opt in to 128 KiB of shared memory
+/// (A100, H100, H200, the VM); GPUs with less (sm_86, sm_89: 99 KiB) run the compact bf16/f16
+/// kernels, whose key block is 64, so their deterministic workspace at d64 is twice this.
+/// [`Kernels::flash_attn_backward_workspace`] gives the workspace on the kernels' own device.
 /// Atomic mode: one f32 dQ accumulator plus D, O(N·d). Deterministic mode: `ceil(seq_kv /
 /// key_block)` accumulators, which grows as `N² · d / key_block`. A head dim without a backward
 /// kernel in `dtype` is [`ProblemError::UnsupportedHeadDim`]; a byte count past `u64`,
@@ -129,7 +133,7 @@ pub struct BwdWorkspace {
 /// assert_eq!(w.dq_accum_bytes, 4 * 4 * 100 * 2 * 64);
 /// assert_eq!(w.delta_bytes, 4 * 2 * 100);
 /// let w = memattn::attn::flash_attn_backward_workspace(Dtype::Bf16, [1, 100, 2, 64], 100, true)?;
-/// assert_eq!((w.key_block, w.dq_slices), (64, 2));
+/// assert_eq!((w.key_block, w.dq_slices), (128, 1));
 /// # Ok::<(), memattn::attn::AttnError>(())
 /// ```
 pub fn flash_attn_backward_workspace(
@@ -138,8 +142,30 @@ pub fn flash_attn_backward_workspace(
     seq_kv: usize,
     deterministic: bool,
 ) -> Result<BwdWorkspace, AttnError> {
+    flash_attn_backward_workspace_on(dtype, q_shape, seq_kv, deterministic, u32::MAX)
+}
+
+/// [`flash_attn_backward_workspace`] on a device whose blocks may opt in to `max_smem_bytes` of
+/// dynamic shared memory (`DeviceCaps::max_dynamic_smem_bytes`): the main kernel is the one
+/// [`KernelId::flash_bwd_for`] picks there.
+pub fn flash_attn_backward_workspace_on(
+    dtype: Dtype,
+    q_shape: [usize; 4],
+    seq_kv: usize,
+    deterministic: bool,
+    max_smem_bytes: u32,
+) -> Result<BwdWorkspace, AttnError> {
+    workspace_of(&MainKernel::of(dtype, q_shape[3], max_smem_bytes)?, q_shape, seq_kv, deterministic)
+}
+
+/// [`flash_attn_backward_workspace`] of the main kernel `main`.
+fn workspace_of(
+    main: &MainKernel,
+    q_shape: [usize; 4],
+    seq_kv: usize,
+    deterministic: bool,
+) -> Result<BwdWorkspace, AttnError> {
     let [b, sq, h, d] = q_shape;
-    let main = MainKernel::of(dtype, d)?;
     let dq_slices = if deterministic { seq_kv.div_ceil(main.key_block as usize).max(1) as u128 } else { 1 };
     let slice = b as u128 * sq as u128 * h as u128 * d as u128 * 4;
     let delta = b as u128 * h as u128 * sq as u128 * 4;
@@ -167,8 +193,10 @@ struct MainKernel {
 }
 
 impl MainKernel {
-    /// The kernels of `dtype` at `head_dim`, or the refusal naming the head dims there are.
-    fn of(dtype: Dtype, head_dim: usize) -> Result<Self, AttnError> {
+    /// The kernels of `dtype` at `head_dim` on a device whose blocks may use `max_smem_bytes`
+    /// of dynamic shared memory ([`KernelId::flash_bwd_for`]), or the refusal naming the head
+    /// dims there are.
+    fn of(dtype: Dtype, head_dim: usize, max_smem_bytes: u32) -> Result<Self, AttnError> {
         let elem = dtype.elem();
         let unsupported = || {
             AttnError::Problem(ProblemError::UnsupportedHeadDim {
@@ -182,7 +210,7 @@ impl MainKernel {
             })
         };
         let d = u32::try_from(head_dim).map_err(|_| unsupported())?;
-        let kernels = KernelId::flash_bwd(elem, d).ok_or_else(unsupported)?;
+        let kernels = KernelId::flash_bwd_for(elem, d, max_smem_bytes).ok_or_else(unsupported)?;
         let tile = kernels[1].variant().tile;
         let key_block = kernels[1].variant().block_cols();
         Ok(MainKernel { kernels, key_block, tile })
@@ -193,6 +221,7 @@ impl MainKernel {
         match self.tile {
             kernels_gpu::variants::Tile::FlashBwdF32(t) => t.launch(batch, heads_kv, seq_kv),
             kernels_gpu::variants::Tile::FlashBwdMma(t) => t.launch(batch, heads_kv, seq_kv),
+            kernels_gpu::variants::Tile::FlashBwdTc(t) => t.launch(batch, heads_kv, seq_kv),
             _ => unreachable!("KernelId::flash_bwd returns a backward main kernel"),
         }
     }
@@ -212,6 +241,19 @@ pub struct Gradients {
 type GradViews<'v> = [(&'v RawView, Option<&'v CudaStream>); 3];
 
 impl Kernels {
+    /// [`flash_attn_backward_workspace`] on this device: the main kernel is the one its
+    /// shared memory per block allows (the compact bf16/f16 kernels below 128 KiB).
+    pub fn flash_attn_backward_workspace(
+        &self,
+        dtype: Dtype,
+        q_shape: [usize; 4],
+        seq_kv: usize,
+        deterministic: bool,
+    ) -> Result<BwdWorkspace, AttnError> {
+        let caps = self.caps()?;
+        flash_attn_backward_workspace_on(dtype, q_shape, seq_kv, deterministic, caps.max_dynamic_smem_bytes)
+    }
+
     /// Gradients of attention, FlashAttention-2's `_flash_attn_backward`: given the forward's
     /// inputs `q`, `k`, `v`, its output `o` and `lse` (from [`Kernels::flash_attn_into`] with
     /// the same `opts`) and the upstream gradient `d_o` (shaped like `o`), writes `dq` (like
@@ -392,11 +434,14 @@ impl Kernels {
         let dtype = q.raw.dtype;
         let [_, rows, h, d] = q.raw.shape;
         let hk = k.raw.shape[2];
-        let main = MainKernel::of(dtype, d)?;
+        // The main kernel the device's shared memory allows (the compact one on GPUs whose
+        // blocks get at most 99 KiB).
+        let caps = self.caps()?;
+        let main = MainKernel::of(dtype, d, caps.max_dynamic_smem_bytes)?;
         let kernels = main.kernels;
         let (qs, ks) = (q.raw.shape, k.raw.shape);
         // The workspace's size is checked before anything is allocated.
-        let ws = flash_attn_backward_workspace(dtype, qs, plan.params.seq_kv as usize, bwd.deterministic)?;
+        let ws = workspace_of(&main, qs, plan.params.seq_kv as usize, bwd.deterministic)?;
         let d_sinks = match (&bwd.d_sinks, opts.sinks) {
             (None, _) => None,
             (Some(_), None) => return Err(AttnError::Sinks { why: SinksRule::Count { got: 0, heads: h } }),
@@ -466,7 +511,6 @@ impl Kernels {
         let (nb, sq, skv) = (plan.params.batch, plan.params.seq_q, plan.params.seq_kv);
         let dims =
             [BWD_ROWS.launch(nb, h as u32, sq), main.launch(nb, hk as u32, skv), BWD_ROWS.launch(nb, h as u32, sq)];
-        let caps = self.caps()?;
         for (kernel, dims) in kernels.iter().zip(&dims) {
             for axis in 0..3 {
                 if dims.grid[axis] > caps.max_grid[axis] {
@@ -869,12 +913,51 @@ mod tests {
             ),
             ("d32 GQA", Case { h: 2, hk: 1, sq: 65, skv: 80, d: 32, ..BASE }),
             ("d32 causal soft cap", Case { sq: 30, skv: 100, d: 32, causal: true, softcap: 5.0, ..BASE }),
+            // Two query tiles of the 128-row kernels and tails of both their key blocks.
+            ("d64 two query tiles, GQA", Case { h: 2, hk: 1, sq: 200, skv: 150, ..BASE }),
+            ("d128 two query tiles, causal", Case { sq: 170, skv: 140, d: 128, causal: true, ..BASE }),
         ];
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for (seed, (what, c)) in cases.iter().enumerate() {
                 let c = Case { dtype, ..*c };
                 let (got, want) = run(&kernels, c, seed as u64 + 1, false);
                 check(what, &c, &got, &want);
+            }
+        }
+    }
+
+    /// On a device whose blocks get 99 KiB of shared memory (an sm_86 GPU), d64 and d128 run the
+    /// compact kernels (one warp per 16 keys), with the same bounds against f64; the workspace
+    /// the device's kernels need is the one stated for it.
+    #[test]
+    fn compact_backward_runs_where_shared_memory_is_small() {
+        use crate::device::{vm::VmDevice, BackendChoice, DeviceOptions};
+        let mut opts = DeviceOptions::new(BackendChoice::Vm, crate::ptx::PtxSource::embedded());
+        opts.vm_max_shared_per_block = Some(99 * 1024);
+        let kernels = Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()));
+        for d in [64usize, 128] {
+            let (small, big) = (
+                KernelId::flash_bwd_for(Dtype::Bf16.elem(), d as u32, 99 * 1024).unwrap()[1],
+                KernelId::flash_bwd(Dtype::Bf16.elem(), d as u32).unwrap()[1],
+            );
+            assert_eq!(small.name(), format!("flash_bwd_bf16_d{d}_compact"));
+            assert_eq!(big.name(), format!("flash_bwd_bf16_d{d}"));
+        }
+        let ws = kernels.flash_attn_backward_workspace(Dtype::Bf16, [1, 100, 2, 64], 200, true).unwrap();
+        assert_eq!((ws.key_block, ws.dq_slices), (64, 4));
+        let ws = flash_attn_backward_workspace(Dtype::Bf16, [1, 100, 2, 64], 200, true).unwrap();
+        assert_eq!((ws.key_block, ws.dq_slices), (128, 2));
+        let cases = [
+            ("d64 GQA causal", Case { h: 2, hk: 1, sq: 77, skv: 130, causal: true, ..BASE }),
+            ("d128 window soft cap", Case { sq: 40, skv: 100, d: 128, window: (20, 5), softcap: 3.0, ..BASE }),
+        ];
+        for dtype in [Dtype::Bf16, Dtype::F16] {
+            for (seed, (what, c)) in cases.iter().enumerate() {
+                let c = Case { dtype, ..*c };
+                for det in [false, true] {
+                    let (got, want) = run(&kernels, c, seed as u64 + 1, det);
+                    check(what, &c, &got, &want);
+                }
             }
         }
     }

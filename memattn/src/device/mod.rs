@@ -215,6 +215,10 @@ pub struct DeviceOptions {
     /// [`DeviceError::Memcheck`] "launch time limit exceeded" in about this time, whatever its
     /// grid: a kernel that never ends cannot hang the program.
     pub vm_max_launch_time: Option<std::time::Duration>,
+    /// VM: the dynamic shared memory a block may opt in to (None, the default: the VM's
+    /// 163 KiB, an A100's). `Some(99 * 1024)` models an sm_86/sm_89 GPU: the library then runs
+    /// the compact bf16/f16 backward kernels, as it would there.
+    pub vm_max_shared_per_block: Option<u32>,
 }
 
 impl DeviceOptions {
@@ -229,6 +233,7 @@ impl DeviceOptions {
             vm_racecheck: true,
             vm_bank_conflicts: false,
             vm_max_launch_time: None,
+            vm_max_shared_per_block: None,
         }
     }
 }

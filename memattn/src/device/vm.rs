@@ -79,6 +79,9 @@ impl VmDevice {
             limits.memory_bytes = bytes;
         }
         limits.max_launch_time = opts.vm_max_launch_time;
+        if let Some(bytes) = opts.vm_max_shared_per_block {
+            limits.max_shared_per_block = bytes;
+        }
         vm.set_limits(limits);
         Ok(VmDevice {
             vm,
