@@ -27,8 +27,10 @@
 #   BWD=1               also the backward, as a second section of report.md / report.json (bwd_notes, bwd_rows,
 #                       bwd_summary); BWD=only: the backward alone. Unset / 0: the forward alone, as before.
 #                       Ours: OURS_BWD_KERNEL=flash_bwd_bf16_d%d, BWD_DIMS="64 128 32", tiles from the
-#                       FLASH_BWD_MMA_D<d> literals of tiles.rs (OURS_BWD_TILES="64:32,4" = d:br,warps; Bc = 16 warps
-#                       / kv_splits).
+#                       FLASH_BWD_TC_D<d> literals of tiles.rs (Br 128, 8 warps, Bc from the tile) where they exist,
+#                       else FLASH_BWD_MMA_D<d> (Bc = 16 warps / kv_splits); OURS_BWD_TILES="64:128,8,128" =
+#                       d:br,warps[,bc] overrides (Bc defaults to 16 warps). Compact rows: OURS_BWD_KERNEL=
+#                       flash_bwd_bf16_d%d_compact with OURS_BWD_TILES="64:32,4 128:32,8,64".
 #                       FA2: flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel, noncausal and causal evenMN, with the
 #                       Flash_bwd_kernel_traits run_mha_bwd_hdim<d> picks on A100/H100 without dropout
 #                       (flash_bwd_launch_template.h, >= 144 KB opt-in smem), the template arguments of the mangled
@@ -813,7 +815,8 @@ def bwd_report(spec, notes, append):
           'opt-in smem and no dropout (A100, H100): ' + '; '.join('d%d Flash_bwd_kernel_traits<%d, %s>' % (
               d, d, ', '.join(E.get('FA2_BWD_TILE_%d' % d, FA2_BWD_TILES[d]).split())) for d in sorted(FA2_BWD_TILES)) +
           ' (kBlockM, kBlockN, kNWarps, AtomLayoutMSdP, AtomLayoutNdKV, AtomLayoutMdQ, Is_V_in_regs); smem = '
-          'kSmemSize1colblock. Ours: FLASH_BWD_MMA_D<d> of kernels-gpu/src/tiles.rs, Bc = 16 x warps / kv_splits, smem from ptxas-report.json.',
+          'kSmemSize1colblock. Ours: FLASH_BWD_TC_D<d> of kernels-gpu/src/tiles.rs (Br 128, 8 warps) where it exists, else '
+          'FLASH_BWD_MMA_D<d> (Bc = 16 x warps / kv_splits); smem from ptxas-report.json.',
           '- Main loop = the loop over query tiles (m-blocks) of one key block: the back edge with the most HMMA, the '
           'smallest of equals (ours: the loop without soft cap, inside the loop over a GQA group\'s query heads; FA2: inside '
           'its loop over key blocks n_block += gridDim.x). "steady" = one query tile on its longest path with ours\' mask '

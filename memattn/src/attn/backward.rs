@@ -1026,10 +1026,15 @@ mod tests {
         assert!(e.to_string().contains("head_dim"), "{e}");
         let e = flash_attn_backward_workspace(Dtype::F32, [1 << 40, 1 << 20, 1, 64], 1 << 30, true).unwrap_err();
         assert!(matches!(e, AttnError::Problem(ProblemError::TooLarge { .. })), "{e}");
-        // bf16/f16: 64 keys per block (the tensor-core kernel's), the accumulator still f32;
-        // d96 has no tensor-core backward, named with the head dims there are.
-        let w = flash_attn_backward_workspace(Dtype::Bf16, [2, 37, 4, 64], 100, true).unwrap();
-        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 64, 2 * 2 * 37 * 4 * 64 * 4));
+        // bf16/f16: the tensor-core kernel's key block (128 at d64, 64 at d128; 64 at d64 too
+        // with the compact kernel), the accumulator still f32; d96 has no tensor-core backward,
+        // named with the head dims there are.
+        let w = flash_attn_backward_workspace(Dtype::Bf16, [2, 37, 4, 64], 200, true).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 128, 2 * 2 * 37 * 4 * 64 * 4));
+        let w = flash_attn_backward_workspace_on(Dtype::Bf16, [2, 37, 4, 64], 200, true, 99 * 1024).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (4, 64, 4 * 2 * 37 * 4 * 64 * 4));
+        let w = flash_attn_backward_workspace(Dtype::F16, [2, 37, 4, 128], 100, true).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 64, 2 * 2 * 37 * 4 * 128 * 4));
         let e = flash_attn_backward_workspace(Dtype::F16, [1, 1, 1, 96], 1, false).unwrap_err();
         assert!(e.to_string().contains("f16 backward kernels are compiled for head_dim 32, 64 and 128"), "{e}");
     }
