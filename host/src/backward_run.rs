@@ -181,7 +181,7 @@ impl BackwardBytes {
     }
 
     /// [`BackwardBytes::of`] on a device whose blocks may opt in to `max_smem_bytes` of shared
-    /// memory: the main kernel is the one it allows ([`memattn::KernelId::flash_bwd_for`]), whose
+    /// memory: the main kernel is the one it allows (`KernelId::flash_bwd_for` of the kernel table), whose
     /// key block sets the deterministic workspace.
     pub fn on(p: &Problem, kernel: KernelKind, deterministic: bool, max_smem_bytes: u32) -> Result<Self, Error> {
         let es = p.dtype.size_bytes();
