@@ -103,6 +103,15 @@ step run-bf16-d256-bhsd 60 --backend cuda --json run --kernel flash --dtype bf16
 step run-f32-d96-causal 60 --backend cuda --json run --kernel flash --batch 2 --heads 4 --seq-q 500 --seq-kv 700 --head-dim 96 --causal
 step run-f32-d256 60 --backend cuda --json run --kernel flash --batch 1 --heads 4 --seq 500 --head-dim 256
 
+# The backward on CUDA, each gradient verified against f64 (`run --backward`): the tensor-core
+# kernels (d64 and d128: FlashAttention-2's 2-D warp layout, 128 KiB of shared memory; d32 the
+# compact kernel), GQA, causal with rows that see no key, a window, deterministic dQ, f32 SIMT.
+step bwd-bf16-d64-causal 120 --backend cuda --json run --backward --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seq-q 1000 --seq-kv 777 --head-dim 64 --causal
+step bwd-f16-d128 120 --backend cuda --json run --backward --dtype f16 --batch 2 --heads 4 --seq-q 777 --seq-kv 1000 --head-dim 128
+step bwd-bf16-d128-window-det 120 --backend cuda --json run --backward --dtype bf16 --heads 4 --heads-kv 1 --seq 1500 --head-dim 128 --window 255,0 --deterministic --repeats 3
+step bwd-bf16-d32-softcap 120 --backend cuda --json run --backward --dtype bf16 --heads 4 --seq 700 --head-dim 32 --causal --softcap 30
+step bwd-f32-d96 120 --backend cuda --json run --backward --heads 2 --seq-q 300 --seq-kv 500 --head-dim 96 --causal
+
 # Short timing: causal vs not, flash only, default repeats (10, warm-up 3).
 step timing-causal 120 --backend cuda compare --kernel flash --vary causal=false,true --batch 4 --heads 16 --seq 4096 --head-dim 128
 step sweep 180 --backend cuda sweep --heads 8 --vary seq=1024,4096,16384 --plot "${LOG:-.}/memattn-sweep.svg"
@@ -191,6 +200,37 @@ bench() {
     SUMMARY+=("$(printf '%-22s %4s %7.1f  %s' bench - "$(( $(date +%s) - t_start ))" "$torch_note")")
 }
 if [ "${MEMATTN_BENCH:-1}" != 0 ]; then bench; fi
+
+# ---- benchmark: the backward, memattn vs PyTorch SDPA's (FlashAttention-2's) on the same shapes ----
+bench_bwd() {
+    local dir t_start seq d causal b h tag flag rc json_shapes="" sep="" out
+    dir="${LOG:-$(mktemp -d)}/bench-bwd"
+    mkdir -p "$dir"
+    t_start=$(date +%s)
+    echo "=== bench-bwd: bf16 backward, seq 4096, d 64 and 128, causal and not (backward_time_ms, median)"
+    for d in 64 128; do
+        for causal in false true; do
+            b=4; h=$((2048 / d))
+            tag="bf16-s4096-d${d}-$([ "$causal" = true ] && echo causal || echo full)"
+            flag=""; [ "$causal" = true ] && flag="--causal"
+            timeout 120 "$BIN" --backend cuda --json run --backward --dtype bf16 --batch "$b" --heads "$h" \
+                --seq 4096 --head-dim "$d" $flag >"$dir/memattn-$tag.json" 2>"$dir/memattn-$tag.err"
+            rc=$?
+            [ "$rc" = 0 ] || FAILED=1
+            out=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.3f ms, %.1f TFLOP/s' % (j['backward_time_ms'], j['backward_flops'] / j['backward_time_ms'] / 1e9))" "$dir/memattn-$tag.json" 2>/dev/null || echo "no timing")
+            printf '  memattn %-24s exit %s  %s\n' "$tag" "$rc" "$out"
+            json_shapes+="$sep{\"dtype\":\"bf16\",\"batch\":$b,\"heads\":$h,\"seq\":4096,\"head_dim\":$d,\"causal\":$causal,\"backward\":true}"
+            sep=","
+        done
+    done
+    if command -v python3 >/dev/null && python3 -c "import torch" >/dev/null 2>&1; then
+        timeout 120 python3 "$SCRIPT_DIR/bench_sdpa.py" "[$json_shapes]" | tee "$dir/torch.jsonl"
+        SUMMARY+=("$(printf '%-22s %4s %7s  %s' bench-bwd "${PIPESTATUS[0]}" "$(( $(date +%s) - t_start ))" "memattn backward vs torch SDPA backward")")
+    else
+        SUMMARY+=("$(printf '%-22s %4s %7s  %s' bench-bwd - "$(( $(date +%s) - t_start ))" "torch skipped: no python3 with torch")")
+    fi
+}
+if [ "${MEMATTN_BENCH:-1}" != 0 ]; then bench_bwd; fi
 
 echo
 echo "=== summary ($BIN)"

@@ -1140,6 +1140,8 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
         (vec!["run", "--cp", "2", "--kernel", "naive"], "--cp runs the flash kernels"),
         (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
         (vec!["--backend", "cuda", "run", "--cp", "2"], "NCCL ranks on GPUs are not built yet"),
+        (vec!["run", "--cp", "2", "--cp-strategy", "ulysses", "--backward"], "Ulysses' backward is not built"),
+        (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "96"], "head_dim"),
     ] {
         let o = memattn(&args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
@@ -1147,4 +1149,45 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
     }
     let o = memattn(&["run", "--cp-strategy", "ring"]);
     assert_eq!(code(&o), 2, "--cp-strategy without --cp");
+}
+
+/// `run --cp --backward`: the backward along the ring, the gathered gradients checked against
+/// f64 and each rank's bytes against the forward's volume plus one f32 dK/dV sum of every block
+/// each way (2 x heads_kv x d x 4 B per key).
+#[test]
+fn run_cp_backward_verifies_the_gradients_and_their_bytes() {
+    let o = memattn(&[
+        "--json",
+        "--backend",
+        "vm",
+        "run",
+        "--cp",
+        "3",
+        "--cp-strategy",
+        "zigzag",
+        "--backward",
+        "--causal",
+        "--seq",
+        "67",
+        "--heads",
+        "4",
+        "--heads-kv",
+        "2",
+        "--head-dim",
+        "32",
+        "--sinks",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["backward"]["gradients_verified"], true);
+    let checks = v["backward"]["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+    assert_eq!(names, ["o", "lse", "dq", "dk", "dv", "d_sinks"]);
+    assert!(checks.iter().all(|c| c["passed"] == true && c["max_abs_err"].as_f64().unwrap() > 0.0), "{checks:?}");
+    for (fwd, bwd) in v["ranks"].as_array().unwrap().iter().zip(v["backward"]["ranks"].as_array().unwrap()) {
+        let sums = 2 * 2 * 32 * 4 * 67;
+        assert_eq!(bwd["bytes_sent"].as_u64().unwrap(), fwd["bytes_sent"].as_u64().unwrap() + sums);
+        assert_eq!(bwd["bytes_received"].as_u64().unwrap(), fwd["bytes_received"].as_u64().unwrap() + sums);
+    }
 }

@@ -22,6 +22,13 @@
 //!   attention, and a second all-to-all returns each rank its rows. Needs `heads` and `heads_kv`
 //!   divisible by `world`.
 //!
+//! # The backward
+//! [`attention_backward`] (ring and zigzag) runs the same ring again: each K/V block travels with
+//! the f32 sums of its dK and dV, every rank adding its blocks' share computed by the
+//! single-device backward with the final O and LSE of its rows; dQ stays on its rank. The
+//! module's tests and `memattn run --cp N --backward` check the gathered gradients against the
+//! f64 ones.
+//!
 //! # Masks on a block
 //! A block pairs a slice of queries (global rows `qs..qs + lq`) with a slice of keys
 //! (`ks..ks + lk`). The global rule (bottom-right causal, windows, `docs/semantics.md`) sees key
@@ -965,6 +972,280 @@ fn ulysses(
     Ok(CpOutput { o: acc.o, lse: acc.lse, stats })
 }
 
+/// One rank's gradients from [`attention_backward`]: `dq` in the local layout of its q, `dk`
+/// and `dv` in the local layout of its k and v (all f32), `d_sinks` this rank's rows' share of
+/// the sinks' gradient (one per head; the ranks' shares add up to it, [`gather_grads`]), and
+/// what it sent and received.
+#[derive(Clone, Debug)]
+pub struct CpGrads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub d_sinks: Vec<f32>,
+    pub stats: CpStats,
+}
+
+/// The backward of [`attention`] on one rank, ring and zigzag: the same ring once more, each
+/// K/V block travelling with the f32 sums of its dK and dV. `q`, `k`, `v` are the rank's shard
+/// as for [`attention`]; `o` and `lse` its rows of the forward's result ([`CpOutput`]: the
+/// merged, final values); `d_o` its rows of the upstream gradient (like `q`, in `p.dtype`).
+///
+/// At step `t` rank `r` holds rank `(r - t) mod world`'s K/V and the dK/dV its earlier holders
+/// summed. For every block of its queries against those keys (the forward's block plans) it runs
+/// the single-device backward ([`Kernels::flash_attn_backward`]) with the final O and LSE of its
+/// rows, so `P = exp(S - LSE)` and `D = rowsum(dO ∘ O)` are the whole problem's: dQ stays on the
+/// rank and is summed over the steps in f32; the block's dK and dV join the travelling sums. The
+/// K/V block is posted to rank `r + 1` before the compute (as in the forward), the sums after
+/// it; after the last step each sum reaches its owner. The sinks' gradient, `-Σ_i P_sink,i D_i`
+/// over the rank's rows, is computed on the host from the same O, dO and LSE.
+///
+/// Bytes per rank beyond the forward's K/V traffic: `world` dK/dV sums in f32,
+/// `2 · B · Hk · d · 4 · seq_kv` in all for equal slices. Ulysses is refused
+/// ([`CpError::Layout`]): its backward (the two all-to-alls reversed) is not built.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    strategy: Strategy,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    o: &[f32],
+    lse: &[f32],
+    d_o: &DeviceBuffer,
+    sinks: &[f32],
+) -> Result<CpGrads, CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    check(p, strategy, world, sinks)?;
+    if strategy == Strategy::Ulysses {
+        return Err(CpError::Layout(
+            "the context-parallel backward runs ring and zigzag; Ulysses' backward is not built".into(),
+        ));
+    }
+    let err = attn_err(rank);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let e = p.dtype.size_bytes() as usize;
+    let ss = seqs(p);
+    let varlen = p.varlen.is_some();
+    let batch = p.batch as usize;
+    let nb_total = if varlen { 1 } else { batch };
+    let lq = local(strategy, ss.iter().map(|s| s.sq), world, rank);
+    let kv_local = |owner: usize| local(strategy, ss.iter().map(|s| s.skv), world, owner);
+    if o.len() != nb_total * lq.rows * h * d || lse.len() != nb_total * lq.rows * h {
+        return Err(CpError::Layout(format!(
+            "o of {} and lse of {} values for {} local rows of {h} heads x {d}",
+            o.len(),
+            lse.len(),
+            nb_total * lq.rows
+        )));
+    }
+    // The final O in the inputs' dtype, as the single-device backward takes it.
+    let o_dev = kernels.upload_as(p.dtype, o).map_err(&err)?;
+    let qr = Region { buf: q, batch_rows: lq.rows, heads: h };
+    let or = Region { buf: &o_dev, batch_rows: lq.rows, heads: h };
+    let dor = Region { buf: d_o, batch_rows: lq.rows, heads: h };
+    let lse_at = |b: usize, hh: usize, row: usize| {
+        if varlen {
+            hh * lq.rows + row
+        } else {
+            (b * h + hh) * lq.rows + row
+        }
+    };
+    let mut dq = vec![0f32; nb_total * lq.rows * h * d];
+    let own = kv_local(rank);
+    let kv_bytes = nb_total * own.rows * hk * d * e;
+    let mut cur_bytes = k.read_bytes(kv_bytes).map_err(&err)?;
+    cur_bytes.extend(v.read_bytes(kv_bytes).map_err(&err)?);
+    let mut cur: Option<(DeviceBuffer, DeviceBuffer)> = None;
+    // The travelling f32 sums of the held block's dK and dV ([nb, rows, hk, d] each).
+    let mut dkv = vec![0f32; 2 * nb_total * own.rows * hk * d];
+    let mut stats = CpStats::default();
+    const KV_TAG: u64 = 3 << 32;
+    const DKV_TAG: u64 = 4 << 32;
+    for t in 0..world {
+        let owner = (rank + world - t) % world;
+        let mut st = StepStats::default();
+        if t + 1 < world {
+            st.bytes_sent += cur_bytes.len() as u64;
+            comm.send((rank + 1) % world, KV_TAG + t as u64, cur_bytes.clone())?;
+        }
+        let started = Instant::now();
+        let lk = kv_local(owner);
+        let (kb, vb) = match &cur {
+            Some((kb, vb)) => (kb, vb),
+            None => (k, v),
+        };
+        let kr = Region { buf: kb, batch_rows: lk.rows, heads: hk };
+        let vr = Region { buf: vb, batch_rows: lk.rows, heads: hk };
+        let half = nb_total * lk.rows * hk * d;
+        for (si, s) in ss.iter().enumerate() {
+            let g = s.skv as i64 - s.sq as i64;
+            for &(qseg, qoff) in &lq.pieces[si] {
+                for &(kseg, koff) in &lk.pieces[si] {
+                    let diag = qseg.start as i64 - kseg.start as i64 + g;
+                    let Some(bp) = plan_block(qseg.len, kseg.len, diag, window(p)) else {
+                        st.blocks.push(BlockKind::Skipped);
+                        continue;
+                    };
+                    let nb = s.nb;
+                    let qv = qr.view(p.dtype, d, 0, nb, qoff, bp.rows).map_err(&err)?;
+                    let ov = or.view(p.dtype, d, 0, nb, qoff, bp.rows).map_err(&err)?;
+                    let dov = dor.view(p.dtype, d, 0, nb, qoff, bp.rows).map_err(&err)?;
+                    let kv = kr.view(p.dtype, d, 0, nb, koff, bp.keys).map_err(&err)?;
+                    let vv = vr.view(p.dtype, d, 0, nb, koff, bp.keys).map_err(&err)?;
+                    // The block's rows of the final LSE, [nb, h, rows].
+                    let mut l = Vec::with_capacity(nb * h * bp.rows);
+                    for b in 0..nb {
+                        for hh in 0..h {
+                            l.extend((0..bp.rows).map(|i| lse[lse_at(b, hh, qoff + i)]));
+                        }
+                    }
+                    let lse_dev = kernels.upload_as(Dtype::F32, &l).map_err(&err)?;
+                    let lse_view = crate::attn::LseView::vm(&lse_dev, nb, h, bp.rows).map_err(&err)?;
+                    let side = |w: Option<i64>| w.map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+                    let mut opts =
+                        AttnOpts::new().softmax_scale(p.softmax_scale()).window(side(bp.left), side(bp.right));
+                    if p.softcap > 0.0 {
+                        opts = opts.softcap(p.softcap);
+                    }
+                    let gr = kernels
+                        .flash_attn_backward(&qv, &kv, &vv, &ov, &lse_view, &dov, &opts, &crate::attn::BwdOpts::new())
+                        .map_err(&err)?;
+                    let (gq, gk, gv) = (
+                        gr.dq.to_vec_f32().map_err(&err)?,
+                        gr.dk.to_vec_f32().map_err(&err)?,
+                        gr.dv.to_vec_f32().map_err(&err)?,
+                    );
+                    for b in 0..nb {
+                        for i in 0..bp.rows {
+                            let (src, dst) = ((b * bp.rows + i) * h * d, (b * lq.rows + qoff + i) * h * d);
+                            for (x, y) in dq[dst..dst + h * d].iter_mut().zip(&gq[src..src + h * d]) {
+                                *x += *y;
+                            }
+                        }
+                        for j in 0..bp.keys {
+                            let (src, dst) = ((b * bp.keys + j) * hk * d, (b * lk.rows + koff + j) * hk * d);
+                            for c in 0..hk * d {
+                                dkv[dst + c] += gk[src + c];
+                                dkv[half + dst + c] += gv[src + c];
+                            }
+                        }
+                    }
+                    st.blocks.push(bp.kind);
+                    st.visible_pairs += bp.visible * nb as u64 * h as u64;
+                }
+            }
+        }
+        st.compute_s = started.elapsed().as_secs_f64();
+        // The sums go on with the block: to the next rank, or (after the last step) home.
+        let sums: Vec<u8> = dkv.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if world > 1 {
+            st.bytes_sent += sums.len() as u64;
+            comm.send((rank + 1) % world, DKV_TAG + t as u64, sums)?;
+            let data = comm.recv((rank + world - 1) % world, DKV_TAG + t as u64)?;
+            st.bytes_received += data.len() as u64;
+            // Received: the sums of block (owner - 1), or after the last step this rank's own.
+            let next_owner = (owner + world - 1) % world;
+            let want = 2 * nb_total * kv_local(next_owner).rows * hk * d * 4;
+            if data.len() != want {
+                return Err(CpError::Comm {
+                    rank,
+                    why: format!("dK/dV sums of {} bytes where {want} were expected", data.len()),
+                });
+            }
+            dkv = Dtype::F32.decode(&data);
+        }
+        if t + 1 < world {
+            let data = comm.recv((rank + world - 1) % world, KV_TAG + t as u64)?;
+            st.bytes_received += data.len() as u64;
+            let nxt = kv_local((owner + world - 1) % world);
+            let half = nb_total * nxt.rows * hk * d * e;
+            if data.len() != 2 * half {
+                return Err(CpError::Comm {
+                    rank,
+                    why: format!("a K/V block of {} bytes where {} were expected", data.len(), 2 * half),
+                });
+            }
+            let kb = kernels.alloc(half as u64).map_err(&err)?;
+            let vb = kernels.alloc(half as u64).map_err(&err)?;
+            kb.write_bytes(&data[..half]).map_err(&err)?;
+            vb.write_bytes(&data[half..]).map_err(&err)?;
+            cur = Some((kb, vb));
+            cur_bytes = data;
+        }
+        stats.steps.push(st);
+    }
+    // After `world` steps the sums in hand are this rank's own block's.
+    let n = nb_total * own.rows * hk * d;
+    let (dk, dv) = (dkv[..n].to_vec(), dkv[n..2 * n].to_vec());
+    // The sinks' share of this rank's rows: -Σ_i exp(sink - LSE_i) · rowsum(dO_i ∘ O_i), with O
+    // and dO as the kernels read them (in the inputs' dtype).
+    let mut d_sinks = vec![0f32; if p.sinks { h } else { 0 }];
+    if p.sinks {
+        let od = p.dtype.decode(&o_dev.read_bytes(o.len() * e).map_err(&err)?);
+        let dod = p.dtype.decode(&d_o.read_bytes(o.len() * e).map_err(&err)?);
+        for (hh, ds) in d_sinks.iter_mut().enumerate() {
+            let mut acc = 0f64;
+            for b in 0..nb_total {
+                for i in 0..lq.rows {
+                    let l = lse[lse_at(b, hh, i)];
+                    if l == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let at = ((b * lq.rows + i) * h + hh) * d;
+                    let dd: f64 = (0..d).map(|c| od[at + c] as f64 * dod[at + c] as f64).sum();
+                    acc -= ((sinks[hh] - l) as f64).exp() * dd;
+                }
+            }
+            *ds = acc as f32;
+        }
+    }
+    Ok(CpGrads { dq, dk, dv, d_sinks, stats })
+}
+
+/// The inverse of [`shard`]: the global rows of a tensor from every rank's local rows (rank
+/// order), e.g. dq (`keys` false, `heads` the query heads) or dk and dv (`keys` true).
+pub fn unshard(p: &Problem, strategy: Strategy, keys: bool, heads: usize, parts: &[Vec<f32>]) -> Vec<f32> {
+    let world = parts.len();
+    let row = heads * p.head_dim as usize;
+    let total: usize = seqs(p).iter().map(|s| s.nb * if keys { s.skv } else { s.sq }).sum();
+    let mut out = vec![0f32; total * row];
+    for (rank, part) in parts.iter().enumerate() {
+        let mut global_off = 0;
+        let mut n = 0;
+        for s in seqs(p) {
+            let len = if keys { s.skv } else { s.sq };
+            for b in 0..s.nb {
+                for seg in segments(strategy, len, world, rank) {
+                    let at = (global_off + b * len + seg.start) * row;
+                    out[at..at + seg.len * row].copy_from_slice(&part[n..n + seg.len * row]);
+                    n += seg.len * row;
+                }
+            }
+            global_off += s.nb * len;
+        }
+    }
+    out
+}
+
+/// The whole problem's gradients from every rank's [`CpGrads`] (rank order): dq like q, dk and
+/// dv like k and v (the single-device layouts), and the sinks' gradient summed over the ranks.
+pub fn gather_grads(p: &Problem, strategy: Strategy, grads: &[CpGrads]) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
+    let pick = |f: fn(&CpGrads) -> &Vec<f32>| grads.iter().map(|g| f(g).clone()).collect::<Vec<_>>();
+    let dq = unshard(p, strategy, false, h, &pick(|g| &g.dq));
+    let dk = unshard(p, strategy, true, hk, &pick(|g| &g.dk));
+    let dv = unshard(p, strategy, true, hk, &pick(|g| &g.dv));
+    let mut ds = vec![0f32; if p.sinks { h } else { 0 }];
+    for g in grads {
+        for (a, b) in ds.iter_mut().zip(&g.d_sinks) {
+            *a += *b;
+        }
+    }
+    (dq, dk, dv, ds)
+}
+
 /// Decode over a KV cache sharded by sequence: every rank holds all of `q` (`[batch, seq_q,
 /// heads, head_dim]`, the new tokens, bottom-right aligned to the `p.seq_kv` cached keys) and its
 /// contiguous slice of the cache (`k_shard`, `v_shard`: `[batch, n_r, heads_kv, head_dim]`, the
@@ -1051,6 +1332,20 @@ pub fn decode(
 /// The communication volume of the module docs, per rank: `(sent, received)` bytes of `strategy`
 /// over `world` ranks (`decode`: the sharded decode's all-gather). Equals what [`CpStats`]
 /// counts on every rank.
+/// The bytes rank `rank` sends and receives in [`attention_backward`] (ring and zigzag): the
+/// forward's K/V traffic ([`analytic_bytes`]) plus, when `world > 1`, one f32 dK/dV sum of every
+/// K/V block in each direction: `2 · Hk · d · 4 · (B · seq_kv)` (varlen: the keys of every
+/// sequence).
+pub fn analytic_backward_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize) -> (u64, u64) {
+    let (sent, recv) = analytic_bytes(p, strategy, world, rank, false);
+    if world <= 1 {
+        return (sent, recv);
+    }
+    let keys: u64 = seqs(p).iter().map(|s| (s.nb * s.skv) as u64).sum();
+    let sums = 2 * p.kv_heads() as u64 * p.head_dim as u64 * 4 * keys;
+    (sent + sums, recv + sums)
+}
+
 pub fn analytic_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize, decode: bool) -> (u64, u64) {
     let (h, hk, d) = (p.heads as u64, p.kv_heads() as u64, p.head_dim as u64);
     let e = p.dtype.size_bytes();

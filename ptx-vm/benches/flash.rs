@@ -1,5 +1,7 @@
 //! Throughput of the VM on the flash kernels `flash_fwd_f32_d64` (SIMT, f32) and
-//! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256.
+//! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256, and on the backward's main
+//! kernel `flash_bwd_bf16_d64` (tensor cores, FlashAttention-2's warp layout) at the same shape
+//! (its inputs: random Q, K, V, dO, a saved LSE of `ln(seq)` and a random D).
 //!
 //! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs, and
 //! a word such as `bf16` to run only the kernels whose name contains it).
@@ -7,8 +9,8 @@
 //! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck and racecheck off
 //! (their cost).
 
-use kernels_gpu::abi::{AttnParams, Strides};
-use kernels_gpu::tiles::{LaunchDims, FLASH_F32_D64, FLASH_MMA_D64};
+use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
+use kernels_gpu::tiles::{LaunchDims, FLASH_BWD_TC_D64, FLASH_F32_D64, FLASH_MMA_D64};
 use ptx_vm::{LaunchConfig, Module, Vm};
 
 const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
@@ -26,6 +28,7 @@ fn main() {
     for (kernel, elem_bytes, tile) in [
         ("flash_fwd_f32_d64", 4usize, FLASH_F32_D64.launch(1, 2, 256)),
         ("flash_fwd_bf16_d64", 2, FLASH_MMA_D64.launch(1, 2, 256)),
+        ("flash_bwd_bf16_d64", 2, FLASH_BWD_TC_D64.launch(1, 2, 256)),
     ] {
         if filter.as_ref().is_some_and(|f| !kernel.contains(f.as_str())) {
             continue;
@@ -65,15 +68,25 @@ fn bench(
             half::bf16::from_f32(x).to_le_bytes().to_vec()
         }
     };
-    let data: Vec<Vec<u8>> = (0..3).map(|_| (0..n).flat_map(|_| enc(rnd())).collect()).collect();
+    // q, k, v (and for the backward d_o) random; o, dq, dk, dv written by the kernels.
+    let data: Vec<Vec<u8>> = (0..4).map(|_| (0..n).flat_map(|_| enc(rnd())).collect()).collect();
     let mut vm = Vm::with_workers(workers);
     vm.set_initcheck(initcheck);
     vm.set_racecheck(initcheck);
-    let bufs: Vec<u64> = (0..4).map(|_| vm.alloc((n * elem_bytes) as u64).unwrap()).collect();
+    let bufs: Vec<u64> = (0..8).map(|_| vm.alloc((n * elem_bytes) as u64).unwrap()).collect();
     for (b, d) in bufs.iter().zip(&data) {
         vm.write(*b, d).unwrap();
     }
-    let lse = vm.alloc((batch * heads * seq) as u64 * 4).unwrap();
+    let rows = (batch * heads * seq) as usize;
+    let lse = vm.alloc(rows as u64 * 4).unwrap();
+    let delta = vm.alloc(rows as u64 * 4).unwrap();
+    let dq_accum = vm.alloc(n as u64 * 4).unwrap();
+    // The backward's inputs: an LSE near the uniform softmax's, a small random D, a zero accumulator.
+    let f32s =
+        |f: &mut dyn FnMut() -> f32, len: usize| -> Vec<u8> { (0..len).flat_map(|_| f().to_le_bytes()).collect() };
+    vm.write(lse, &f32s(&mut || (seq as f32).ln(), rows)).unwrap();
+    vm.write(delta, &f32s(&mut || 0.1 * rnd(), rows)).unwrap();
+    vm.write(dq_accum, &vec![0u8; n * 4]).unwrap();
     let st = Strides::bshd(seq as u64, heads as u64, d as u64);
     let p = AttnParams {
         q: bufs[0],
@@ -95,11 +108,35 @@ fn bench(
         softmax_scale: 1.0 / (d as f32).sqrt(),
         ..AttnParams::default()
     };
+    let params: Vec<u8> = if kernel.starts_with("flash_bwd") {
+        BwdParams {
+            attn: p,
+            d_o: bufs[3],
+            delta,
+            dq_accum,
+            dq: bufs[4],
+            dk: bufs[5],
+            dv: bufs[6],
+            dsinks: 0,
+            d_o_strides: st,
+            dq_accum_strides: st,
+            dq_strides: st,
+            dk_strides: st,
+            dv_strides: st,
+            dq_split_stride: 0,
+            dq_splits: 1,
+            key_block: FLASH_BWD_TC_D64.bc,
+        }
+        .to_bytes()
+        .to_vec()
+    } else {
+        AttnParams { o: bufs[4], ..p }.to_bytes().to_vec()
+    };
     let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
     let mut walls = Vec::new();
     let mut instr = 0;
     for _ in 0..runs {
-        let s = vm.launch(module, kernel, &cfg, &p.to_bytes()).expect("launch");
+        let s = vm.launch(module, kernel, &cfg, &params).expect("launch");
         instr = s.thread_instructions;
         walls.push(s.wall);
     }

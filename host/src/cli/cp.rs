@@ -5,7 +5,7 @@
 use super::args::{Cli, RunArgs};
 use super::{device_options, print_json, row_selection, save_evidence};
 use memattn::attn::Kernels;
-use memattn::cp::{self, CpError, CpOpts, CpOutput, Link, Strategy};
+use memattn::cp::{self, CpError, CpGrads, CpOpts, CpOutput, Link, Strategy};
 use memattn::device::vm::VmDevice;
 use memattn::device::BackendChoice;
 use memattn_cli::error::{exit, Error};
@@ -27,10 +27,17 @@ pub struct CpArgs {
     /// would reach with the next block's transfer overlapping the current block's compute.
     /// Exit 0 when the result verified and every rank's bytes equal the analytic volume.
     /// Ranks run on the VM only (NCCL ranks on GPUs are not built yet: --backend cuda is
-    /// refused). Not with --backward, --output or --kernel naive.
+    /// refused). With --backward (ring, zigzag) the backward follows the same ring: each K/V
+    /// block travels again with the f32 sums of its dK and dV, which reach their owner after
+    /// the last step; dq stays on its rank. dq, dk, dv (and d_sinks) are gathered and checked
+    /// against the f64 gradients by the rule of `run --backward`, and each rank's bytes against
+    /// the forward's volume plus one dK/dV sum of every block each way. Not with --output or
+    /// --kernel naive.
     ///
     /// Example: memattn run --cp 4 --cp-strategy zigzag --causal --seq 1000 --heads 4 --heads-kv 2
-    #[arg(long, value_name = "N", conflicts_with_all = ["backward", "output"])]
+    ///
+    /// Example: memattn run --cp 3 --cp-strategy zigzag --backward --causal --seq 200 --heads 4 --heads-kv 2
+    #[arg(long, value_name = "N", conflicts_with_all = ["output"])]
     pub cp: Option<usize>,
     /// With --cp: ring (contiguous slices, K/V travel rank to rank), zigzag (rank r holds pieces
     /// r and 2N-1-r of 2N: causal work balanced) or ulysses (all-to-all over heads; heads and
@@ -79,6 +86,15 @@ pub fn run(
     if problem.layout != memattn_cli::problem::Layout::Bshd {
         return Err(Error::Usage("--cp takes the bshd layout (each rank's rows are contiguous slices)".into()));
     }
+    let backward = a.backward.backward;
+    if backward && strategy == Strategy::Ulysses {
+        return Err(Error::Usage(
+            "--cp --backward follows the ring (--cp-strategy ring or zigzag); Ulysses' backward is not built".into(),
+        ));
+    }
+    if backward {
+        memattn_cli::backward_run::check_supported(&problem, kernel)?;
+    }
     let link = Link { gbps: a.cp.link_gbps, tflops: a.cp.device_tflops };
     // The strategy's rule (Ulysses' heads) before anything runs.
     cp::model(&problem, strategy, world, link)
@@ -97,8 +113,9 @@ pub fn run(
         println!("context parallel: {world} ranks, strategy {strategy}");
     }
     let (h, hk) = (problem.heads as usize, problem.kv_heads() as usize);
+    let d_o = if backward { memattn_cli::backward_run::random_d_o(&problem, a.problem.seed) } else { Vec::new() };
     let started = std::time::Instant::now();
-    let outs: Result<Vec<CpOutput>, CpError> = cp::run_in_process(world, |comm| {
+    let both: Result<Vec<(CpOutput, Option<CpGrads>)>, CpError> = cp::run_in_process(world, |comm| {
         let rank = cp::Communicator::rank(comm);
         let err = |source| CpError::attn(rank, source);
         let dev = VmDevice::new(&opts).map_err(|e| CpError::Comm { rank, why: format!("opening the VM: {e}") })?;
@@ -107,12 +124,23 @@ pub fn run(
             kernels.upload_as(problem.dtype, &cp::shard(&problem, strategy, world, rank, keys, heads, t)).map_err(err)
         };
         let (q, k, v) = (up(false, h, &x.q)?, up(true, hk, &x.k)?, up(true, hk, &x.v)?);
-        cp::attention(&kernels, comm, &problem, strategy, &q, &k, &v, &x.sinks, &CpOpts::default())
+        let out = cp::attention(&kernels, comm, &problem, strategy, &q, &k, &v, &x.sinks, &CpOpts::default())?;
+        let grads = if backward {
+            let g = up(false, h, &d_o)?;
+            Some(cp::attention_backward(
+                &kernels, comm, &problem, strategy, &q, &k, &v, &out.o, &out.lse, &g, &x.sinks,
+            )?)
+        } else {
+            None
+        };
+        Ok((out, grads))
     })
     .into_iter()
     .collect();
     let wall_s = started.elapsed().as_secs_f64();
-    let outs = outs.map_err(|e| Error::Usage(format!("--cp: {e}")))?;
+    let both = both.map_err(|e| Error::Usage(format!("--cp: {e}")))?;
+    let (outs, grads): (Vec<CpOutput>, Vec<Option<CpGrads>>) = both.into_iter().unzip();
+    let grads: Vec<CpGrads> = grads.into_iter().flatten().collect();
     let (o, lse) = cp::gather(&problem, strategy, &outs);
     let selection = row_selection(&a.problem)?;
     let reference = memattn::reference::reference(&problem, &x, &selection);
@@ -152,7 +180,38 @@ pub fn run(
             Err(e) => serde_json::json!({ "strategy": s.name(), "not_applicable": e.to_string() }),
         })
         .collect();
-    let verified = verification.passed && bytes_ok;
+    // The backward: the gathered gradients by the rule of `run --backward`, and each rank's
+    // backward bytes against their analytic volume.
+    let mut grad_checks = Vec::new();
+    let mut bwd_ranks = Vec::new();
+    if backward {
+        let (dq, dk, dv, d_sinks) = cp::gather_grads(&problem, strategy, &grads);
+        let want = memattn::reference::grad::attention_backward(&problem, &x.q, &x.k, &x.v, &d_o, &x.sinks)
+            .map_err(Error::Usage)?;
+        let baseline = if problem.dtype == memattn::Dtype::F32 {
+            None
+        } else {
+            Some(
+                memattn::verify::grad::naive_backward_in_dtype(&problem, &x.q, &x.k, &x.v, &d_o, &x.sinks)
+                    .map_err(Error::Usage)?,
+            )
+        };
+        let outputs =
+            memattn_cli::backward_run::BackwardOutputs { o: o.clone(), lse: lse.clone(), dq, dk, dv, d_sinks };
+        grad_checks = memattn_cli::backward_run::verify(&problem, &outputs, &want, baseline.as_ref());
+        for (rank, g) in grads.iter().enumerate() {
+            let (sent, recv) = cp::analytic_backward_bytes(&problem, strategy, world, rank);
+            let ok = g.stats.bytes_sent() == sent && g.stats.bytes_received() == recv;
+            bytes_ok &= ok;
+            bwd_ranks.push(serde_json::json!({
+                "rank": rank, "bytes_sent": g.stats.bytes_sent(), "bytes_received": g.stats.bytes_received(),
+                "analytic_bytes_sent": sent, "analytic_bytes_received": recv, "bytes_match": ok,
+                "compute_s": g.stats.compute_s(),
+            }));
+        }
+    }
+    let grads_ok = grad_checks.iter().all(|c| c.passed);
+    let verified = verification.passed && bytes_ok && grads_ok;
     let v = serde_json::json!({
         "command": "run", "cp": world, "cp_strategy": strategy.name(), "problem": problem.shape_json(),
         "dtype": problem.dtype, "verified": verified, "result_verified": verification.passed,
@@ -160,6 +219,10 @@ pub fn run(
         "o_rel_rms_err": verification.o.rel_rms_err, "lse_max_abs_err": verification.lse.max_abs_err,
         "checked_rows": verification.checked_rows, "total_rows": verification.total_rows,
         "tolerance_rule": tol.rule, "wall_s": wall_s, "ranks": ranks,
+        "backward": if backward { serde_json::json!({
+            "checks": grad_checks, "rule": memattn_cli::backward_run::rule_of(problem.dtype),
+            "gradients_verified": grads_ok, "ranks": bwd_ranks,
+        }) } else { serde_json::Value::Null },
         "overlap_model": { "link_gbps": link.gbps, "device_tflops": link.tflops, "strategies": models },
     });
     save_evidence(cli, &v)?;
@@ -242,6 +305,32 @@ fn summary(outs: &[CpOutput], v: &serde_json::Value, world: usize) -> String {
     );
     for f in v["failures"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "  FAIL {}", f.as_str().unwrap_or(""));
+    }
+    let b = &v["backward"];
+    if !b.is_null() {
+        for r in b["ranks"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "backward rank {}: sent {} B (analytic {} B: the K/V blocks again and one f32 dK/dV sum of each), received {} B (analytic {} B){}",
+                r["rank"],
+                r["bytes_sent"],
+                r["analytic_bytes_sent"],
+                r["bytes_received"],
+                r["analytic_bytes_received"],
+                if r["bytes_match"] == true { "" } else { "  MISMATCH" }
+            );
+        }
+        let _ = writeln!(s, "gradients against f64 ({}):", b["rule"].as_str().unwrap_or(""));
+        for c in b["checks"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "  {:<8} max |err| {:.3e}  bound {:.3e}  {}",
+                c["tensor"].as_str().unwrap_or(""),
+                c["max_abs_err"].as_f64().unwrap_or(f64::NAN),
+                c["bound"].as_f64().unwrap_or(f64::NAN),
+                if c["passed"] == true { "ok" } else { "FAIL" }
+            );
+        }
     }
     let _ = writeln!(s, "{}", if v["verified"] == true { "VERIFIED" } else { "NOT VERIFIED" });
     s

@@ -82,11 +82,11 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         problem.sinks = !x.sinks.is_empty();
     }
     problem.validate_shape(kernel)?;
-    if a.backward.backward {
-        return backward(cli, a, kernel, problem, inputs);
-    }
     if a.cp.cp.is_some() {
         return super::cp::run(cli, a, kernel, problem, inputs);
+    }
+    if a.backward.backward {
+        return backward(cli, a, kernel, problem, inputs);
     }
     super::evidence::expect(serde_json::json!({
         "problem": problem.shape_json(), "dtype": problem.dtype, "kernel": kernel,
