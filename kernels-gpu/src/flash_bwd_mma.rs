@@ -77,7 +77,7 @@ use crate::swizzle::{swizzled_offset, TileLane};
 /// `%tid.x` read again (a volatile read the compiler cannot merge with an earlier one).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-fn tid_x_fresh() -> u32 {
+pub(crate) fn tid_x_fresh() -> u32 {
     let y: u32;
     unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
     y
@@ -86,7 +86,7 @@ fn tid_x_fresh() -> u32 {
 /// `st.shared.b32 [addr], x;`
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn st_shared_u32(addr: u32, x: u32) {
+pub(crate) unsafe fn st_shared_u32(addr: u32, x: u32) {
     unsafe { core::arch::asm!("st.shared.b32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
 }
 

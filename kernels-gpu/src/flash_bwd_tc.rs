@@ -55,6 +55,8 @@ use crate::abi::BwdParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
+use crate::flash_bwd_mma::{st_shared_u32, tid_x_fresh};
+#[cfg(target_arch = "nvptx64")]
 use crate::flash_fwd_mma::{ctaid_x_fresh, ctaid_y_fresh, ctaid_z_fresh, stage_tile, Rows, SmemChunk};
 #[cfg(target_arch = "nvptx64")]
 use crate::frag::{ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane};
@@ -69,22 +71,6 @@ use crate::swizzle::{swizzled_offset, TileLane};
 pub const BR: usize = 128;
 /// Threads per block (8 warps).
 pub const THREADS: usize = 256;
-
-/// `%tid.x` read again (a volatile read the compiler cannot merge with an earlier one).
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-fn tid_x_fresh() -> u32 {
-    let y: u32;
-    unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
-    y
-}
-
-/// `st.shared.b32 [addr], x;`
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-unsafe fn st_shared_u32(addr: u32, x: u32) {
-    unsafe { core::arch::asm!("st.shared.b32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
-}
 
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's
 /// constants: `KD = D / 16` k-steps of S and dP, `NSK = BC / 64` passes of 32 keys per warp in

@@ -748,20 +748,9 @@ fn ring(
         }
         st.compute_s = started.elapsed().as_secs_f64();
         if t + 1 < world {
-            let data = comm.recv((rank + world - 1) % world, t as u64)?;
+            let half = nb_total * kv_local((owner + world - 1) % world).rows * hk * d * e;
+            let (kb, vb, data) = receive_kv(kernels, comm, t as u64, half)?;
             st.bytes_received = data.len() as u64;
-            let nxt = kv_local((owner + world - 1) % world);
-            let half = nb_total * nxt.rows * hk * d * e;
-            if data.len() != 2 * half {
-                return Err(CpError::Comm {
-                    rank,
-                    why: format!("a K/V block of {} bytes where {} were expected", data.len(), 2 * half),
-                });
-            }
-            let kb = kernels.alloc(half as u64).map_err(&err)?;
-            let vb = kernels.alloc(half as u64).map_err(&err)?;
-            kb.write_bytes(&data[..half]).map_err(&err)?;
-            vb.write_bytes(&data[half..]).map_err(&err)?;
             cur = Some((kb, vb));
             cur_bytes = data;
         }
@@ -771,6 +760,31 @@ fn ring(
         acc.add_sinks(batch, sinks, 0);
     }
     Ok(CpOutput { o: acc.o, lse: acc.lse, stats })
+}
+
+/// Receives the K/V block of message `tag` from the previous rank of the ring (`half` bytes of
+/// K, then as many of V) onto `kernels`' device: the two device copies and the bytes (which go
+/// on to the next rank).
+fn receive_kv(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    tag: u64,
+    half: usize,
+) -> Result<(DeviceBuffer, DeviceBuffer, Vec<u8>), CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let err = attn_err(rank);
+    let data = comm.recv((rank + world - 1) % world, tag)?;
+    if data.len() != 2 * half {
+        return Err(CpError::Comm {
+            rank,
+            why: format!("a K/V block of {} bytes where {} were expected", data.len(), 2 * half),
+        });
+    }
+    let kb = kernels.alloc(half as u64).map_err(&err)?;
+    let vb = kernels.alloc(half as u64).map_err(&err)?;
+    kb.write_bytes(&data[..half]).map_err(&err)?;
+    vb.write_bytes(&data[half..]).map_err(&err)?;
+    Ok((kb, vb, data))
 }
 
 /// Heads `[h0, h0 + n)` of rows `[nb, rows, heads, d]` (elements of `e` bytes), as bytes.
@@ -1157,20 +1171,9 @@ pub fn attention_backward(
             dkv = Dtype::F32.decode(&data);
         }
         if t + 1 < world {
-            let data = comm.recv((rank + world - 1) % world, KV_TAG + t as u64)?;
+            let half = nb_total * kv_local((owner + world - 1) % world).rows * hk * d * e;
+            let (kb, vb, data) = receive_kv(kernels, comm, KV_TAG + t as u64, half)?;
             st.bytes_received += data.len() as u64;
-            let nxt = kv_local((owner + world - 1) % world);
-            let half = nb_total * nxt.rows * hk * d * e;
-            if data.len() != 2 * half {
-                return Err(CpError::Comm {
-                    rank,
-                    why: format!("a K/V block of {} bytes where {} were expected", data.len(), 2 * half),
-                });
-            }
-            let kb = kernels.alloc(half as u64).map_err(&err)?;
-            let vb = kernels.alloc(half as u64).map_err(&err)?;
-            kb.write_bytes(&data[..half]).map_err(&err)?;
-            vb.write_bytes(&data[half..]).map_err(&err)?;
             cur = Some((kb, vb));
             cur_bytes = data;
         }

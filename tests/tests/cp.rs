@@ -10,8 +10,16 @@ use memattn::reference::{reference, RowSelection};
 use memattn::{Dtype, Problem};
 use memattn_cli::verify::{tolerance_for, verify};
 
-/// Runs `strategy` on `world` in-process ranks: each rank gets its shard of `x`.
-fn run_cp(p: &Problem, strategy: Strategy, world: usize, x: &Qkv, opts: &CpOpts) -> Result<Vec<CpOutput>, CpError> {
+/// Runs `f` on `world` in-process ranks, each with its own VM and its shards of `x`'s q, k, v and
+/// of `d_o` (like q; empty for none) uploaded.
+fn on_ranks<R: Send>(
+    p: &Problem,
+    strategy: Strategy,
+    world: usize,
+    x: &Qkv,
+    d_o: &[f32],
+    f: impl Fn(&Kernels, &cp::InProcess, [&memattn::attn::DeviceBuffer; 4]) -> Result<R, CpError> + Sync,
+) -> Result<Vec<R>, CpError> {
     let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
     cp::run_in_process(world, |comm| {
         let rank = memattn::cp::Communicator::rank(comm);
@@ -22,10 +30,18 @@ fn run_cp(p: &Problem, strategy: Strategy, world: usize, x: &Qkv, opts: &CpOpts)
             kernels.upload_as(p.dtype, &s).map_err(err)
         };
         let (q, k, v) = (up(false, h, &x.q)?, up(true, hk, &x.k)?, up(true, hk, &x.v)?);
-        cp::attention(&kernels, comm, p, strategy, &q, &k, &v, &x.sinks, opts)
+        let g = if d_o.is_empty() { kernels.alloc(4).map_err(err)? } else { up(false, h, d_o)? };
+        f(&kernels, comm, [&q, &k, &v, &g])
     })
     .into_iter()
     .collect()
+}
+
+/// Runs `strategy` on `world` in-process ranks: each rank gets its shard of `x`.
+fn run_cp(p: &Problem, strategy: Strategy, world: usize, x: &Qkv, opts: &CpOpts) -> Result<Vec<CpOutput>, CpError> {
+    on_ranks(p, strategy, world, x, &[], |kernels, comm, [q, k, v, _]| {
+        cp::attention(kernels, comm, p, strategy, q, k, v, &x.sinks, opts)
+    })
 }
 
 /// The gathered result's verification against the f64 reference (every row).
@@ -249,21 +265,10 @@ fn run_cp_backward(
     x: &Qkv,
     d_o: &[f32],
 ) -> Result<Vec<cp::CpGrads>, CpError> {
-    let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
-    cp::run_in_process(world, |comm| {
-        let rank = memattn::cp::Communicator::rank(comm);
-        let err = |source| CpError::attn(rank, source);
-        let kernels = Kernels::vm().map_err(err)?;
-        let up = |keys: bool, heads: usize, t: &[f32]| {
-            let s = cp::shard(p, strategy, world, rank, keys, heads, t);
-            kernels.upload_as(p.dtype, &s).map_err(err)
-        };
-        let (q, k, v, g) = (up(false, h, &x.q)?, up(true, hk, &x.k)?, up(true, hk, &x.v)?, up(false, h, d_o)?);
-        let out = cp::attention(&kernels, comm, p, strategy, &q, &k, &v, &x.sinks, &CpOpts::default())?;
-        cp::attention_backward(&kernels, comm, p, strategy, &q, &k, &v, &out.o, &out.lse, &g, &x.sinks)
+    on_ranks(p, strategy, world, x, d_o, |kernels, comm, [q, k, v, g]| {
+        let out = cp::attention(kernels, comm, p, strategy, q, k, v, &x.sinks, &CpOpts::default())?;
+        cp::attention_backward(kernels, comm, p, strategy, q, k, v, &out.o, &out.lse, g, &x.sinks)
     })
-    .into_iter()
-    .collect()
 }
 
 /// Max |got - want| over max |want| (1 when want is all zeros).

@@ -256,16 +256,7 @@ fn summary(outs: &[CpOutput], v: &serde_json::Value, world: usize) -> String {
         }
     }
     for r in v["ranks"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            s,
-            "rank {}: sent {} B (analytic {} B), received {} B (analytic {} B){}",
-            r["rank"],
-            r["bytes_sent"],
-            r["analytic_bytes_sent"],
-            r["bytes_received"],
-            r["analytic_bytes_received"],
-            if r["bytes_match"] == true { "" } else { "  MISMATCH" }
-        );
+        let _ = writeln!(s, "{}", rank_bytes("rank", r, ""));
     }
     let m = &v["overlap_model"];
     let _ = writeln!(
@@ -311,13 +302,8 @@ fn summary(outs: &[CpOutput], v: &serde_json::Value, world: usize) -> String {
         for r in b["ranks"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 s,
-                "backward rank {}: sent {} B (analytic {} B: the K/V blocks again and one f32 dK/dV sum of each), received {} B (analytic {} B){}",
-                r["rank"],
-                r["bytes_sent"],
-                r["analytic_bytes_sent"],
-                r["bytes_received"],
-                r["analytic_bytes_received"],
-                if r["bytes_match"] == true { "" } else { "  MISMATCH" }
+                "{}",
+                rank_bytes("backward rank", r, ": the K/V blocks again and one f32 dK/dV sum of each")
             );
         }
         let _ = writeln!(s, "gradients against f64 ({}):", b["rule"].as_str().unwrap_or(""));
@@ -334,4 +320,18 @@ fn summary(outs: &[CpOutput], v: &serde_json::Value, world: usize) -> String {
     }
     let _ = writeln!(s, "{}", if v["verified"] == true { "VERIFIED" } else { "NOT VERIFIED" });
     s
+}
+
+/// One rank's bytes against the analytic volume: `{what} R: sent .. B (analytic .. B{why}),
+/// received ..`.
+fn rank_bytes(what: &str, r: &serde_json::Value, why: &str) -> String {
+    format!(
+        "{what} {}: sent {} B (analytic {} B{why}), received {} B (analytic {} B){}",
+        r["rank"],
+        r["bytes_sent"],
+        r["analytic_bytes_sent"],
+        r["bytes_received"],
+        r["analytic_bytes_received"],
+        if r["bytes_match"] == true { "" } else { "  MISMATCH" }
+    )
 }
