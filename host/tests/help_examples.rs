@@ -49,6 +49,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
         Run(0, "rank 3: sent 384000 B (analytic 384000 B), received 384000 B (analytic 384000 B)"),
     ),
     (
+        "memattn run --cp 3 --cp-strategy zigzag --backward --causal --seq 200 --heads 4 --heads-kv 2",
+        Run(0, "backward rank 2: sent 340992 B (analytic 340992 B: the K/V blocks again"),
+    ),
+    (
         "memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --context 1048576 --cp 8 --vram 80GiB",
         Run(0, "smallest context-parallel group that fits: 3 devices"),
     ),
