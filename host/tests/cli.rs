@@ -1140,7 +1140,6 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
         (vec!["run", "--cp", "2", "--kernel", "naive"], "--cp runs the flash kernels"),
         (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
         (vec!["--backend", "cuda", "run", "--cp", "2"], "NCCL ranks on GPUs are not built yet"),
-        (vec!["run", "--cp", "2", "--cp-strategy", "ulysses", "--backward"], "Ulysses' backward is not built"),
         (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "96"], "head_dim"),
     ] {
         let o = memattn(&args);
@@ -1189,5 +1188,35 @@ fn run_cp_backward_verifies_the_gradients_and_their_bytes() {
         let sums = 2 * 2 * 32 * 4 * 67;
         assert_eq!(bwd["bytes_sent"].as_u64().unwrap(), fwd["bytes_sent"].as_u64().unwrap() + sums);
         assert_eq!(bwd["bytes_received"].as_u64().unwrap(), fwd["bytes_received"].as_u64().unwrap() + sums);
+    }
+    // Ulysses: the all-to-all reversed; 2 ranks, 4 heads, 2 K/V heads, 40 rows each way.
+    let o = memattn(&[
+        "--json",
+        "--backend",
+        "vm",
+        "run",
+        "--cp",
+        "2",
+        "--cp-strategy",
+        "ulysses",
+        "--backward",
+        "--seq",
+        "80",
+        "--heads",
+        "4",
+        "--heads-kv",
+        "2",
+        "--head-dim",
+        "32",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["backward"]["gradients_verified"], true);
+    // Out: 40 rows x 2 heads x (3 x 32 x 4 + 4) + 2 x 40 keys x 1 K/V head x 32 x 4; back:
+    // 40 x 2 x 32 x 4 + 2 x 40 x 1 x 32 x 4.
+    let want = 40 * 2 * (3 * 32 * 4 + 4) + 2 * 40 * 32 * 4 + 40 * 2 * 32 * 4 + 2 * 40 * 32 * 4;
+    for r in v["backward"]["ranks"].as_array().unwrap() {
+        assert_eq!(r["bytes_sent"], want);
+        assert_eq!(r["bytes_received"], want);
     }
 }

@@ -50,7 +50,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ),
     (
         "memattn run --cp 3 --cp-strategy zigzag --backward --causal --seq 200 --heads 4 --heads-kv 2",
-        Run(0, "backward rank 2: sent 340992 B (analytic 340992 B: the K/V blocks again"),
+        Run(0, "backward rank 2: sent 340992 B (analytic 340992 B), received 340992 B"),
     ),
     (
         "memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --context 1048576 --cp 8 --vram 80GiB",

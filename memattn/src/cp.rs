@@ -23,9 +23,10 @@
 //!   divisible by `world`.
 //!
 //! # The backward
-//! [`attention_backward`] (ring and zigzag) runs the same ring again: each K/V block travels with
+//! [`attention_backward`] runs the same ring again (ring, zigzag): each K/V block travels with
 //! the f32 sums of its dK and dV, every rank adding its blocks' share computed by the
-//! single-device backward with the final O and LSE of its rows; dQ stays on its rank. The
+//! single-device backward with the final O and LSE of its rows; dQ stays on its rank. Ulysses
+//! reverses its all-to-all around one single-device backward per rank's heads. The
 //! module's tests and `memattn run --cp N --backward` check the gathered gradients against the
 //! f64 ones.
 //!
@@ -1014,8 +1015,9 @@ pub struct CpGrads {
 /// over the rank's rows, is computed on the host from the same O, dO and LSE.
 ///
 /// Bytes per rank beyond the forward's K/V traffic: `world` dK/dV sums in f32,
-/// `2 · B · Hk · d · 4 · seq_kv` in all for equal slices. Ulysses is refused
-/// ([`CpError::Layout`]): its backward (the two all-to-alls reversed) is not built.
+/// `2 · B · Hk · d · 4 · seq_kv` in all for equal slices ([`analytic_backward_bytes`]).
+/// Ulysses runs the forward's all-to-all in reverse around a single-device backward of the whole
+/// sequence of each rank's heads (q, k, v, dO, O and LSE out; dq, dk, dv back, in f32).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     kernels: &Kernels,
@@ -1033,9 +1035,7 @@ pub fn attention_backward(
     let (rank, world) = (comm.rank(), comm.world());
     check(p, strategy, world, sinks)?;
     if strategy == Strategy::Ulysses {
-        return Err(CpError::Layout(
-            "the context-parallel backward runs ring and zigzag; Ulysses' backward is not built".into(),
-        ));
+        return ulysses_backward(kernels, comm, p, q, k, v, o, lse, d_o, sinks);
     }
     let err = attn_err(rank);
     let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
@@ -1182,28 +1182,293 @@ pub fn attention_backward(
     // After `world` steps the sums in hand are this rank's own block's.
     let n = nb_total * own.rows * hk * d;
     let (dk, dv) = (dkv[..n].to_vec(), dkv[n..2 * n].to_vec());
-    // The sinks' share of this rank's rows: -Σ_i exp(sink - LSE_i) · rowsum(dO_i ∘ O_i), with O
-    // and dO as the kernels read them (in the inputs' dtype).
-    let mut d_sinks = vec![0f32; if p.sinks { h } else { 0 }];
-    if p.sinks {
-        let od = p.dtype.decode(&o_dev.read_bytes(o.len() * e).map_err(&err)?);
-        let dod = p.dtype.decode(&d_o.read_bytes(o.len() * e).map_err(&err)?);
-        for (hh, ds) in d_sinks.iter_mut().enumerate() {
+    let d_sinks = sinks_share(p, nb_total, lq.rows, &o_dev, d_o, lse, sinks).map_err(&err)?;
+    Ok(CpGrads { dq, dk, dv, d_sinks, stats })
+}
+
+/// The sinks' share of a rank's rows (`rows` local rows of `nb` batch entries): `-Σ_i exp(sink -
+/// LSE_i) · rowsum(dO_i ∘ O_i)` per head, with O and dO as the kernels read them (in the inputs'
+/// dtype, from `o` and `d_o` on the device); empty without sinks.
+fn sinks_share(
+    p: &Problem,
+    nb: usize,
+    rows: usize,
+    o: &DeviceBuffer,
+    d_o: &DeviceBuffer,
+    lse: &[f32],
+    sinks: &[f32],
+) -> Result<Vec<f32>, AttnError> {
+    if !p.sinks {
+        return Ok(Vec::new());
+    }
+    let (h, d) = (p.heads as usize, p.head_dim as usize);
+    let n = nb * rows * h * d * p.dtype.size_bytes() as usize;
+    let (od, dod) = (p.dtype.decode(&o.read_bytes(n)?), p.dtype.decode(&d_o.read_bytes(n)?));
+    let varlen = p.varlen.is_some();
+    Ok((0..h)
+        .map(|hh| {
             let mut acc = 0f64;
-            for b in 0..nb_total {
-                for i in 0..lq.rows {
-                    let l = lse[lse_at(b, hh, i)];
+            for b in 0..nb {
+                for i in 0..rows {
+                    let l = lse[if varlen { hh * rows + i } else { (b * h + hh) * rows + i }];
                     if l == f32::NEG_INFINITY {
                         continue;
                     }
-                    let at = ((b * lq.rows + i) * h + hh) * d;
+                    let at = ((b * rows + i) * h + hh) * d;
                     let dd: f64 = (0..d).map(|c| od[at + c] as f64 * dod[at + c] as f64).sum();
                     acc -= ((sinks[hh] - l) as f64).exp() * dd;
                 }
             }
-            *ds = acc as f32;
+            acc as f32
+        })
+        .collect())
+}
+
+/// Ulysses' backward ([`attention_backward`]): the forward's all-to-all reversed around a
+/// single-device backward. To every rank `p` go this rank's rows of `p`'s heads of q, k, v, dO, O
+/// (in the inputs' dtype) and LSE (f32); `p` runs the backward over the whole sequence of its
+/// heads; back come, in f32, this rank's rows of `p`'s heads of dq, dk and dv.
+#[allow(clippy::too_many_arguments)]
+fn ulysses_backward(
+    kernels: &Kernels,
+    comm: &dyn Communicator,
+    p: &Problem,
+    q: &DeviceBuffer,
+    k: &DeviceBuffer,
+    v: &DeviceBuffer,
+    o: &[f32],
+    lse: &[f32],
+    d_o: &DeviceBuffer,
+    sinks: &[f32],
+) -> Result<CpGrads, CpError> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let err = attn_err(rank);
+    let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+    let (hw, hkw) = (h / world, hk / world);
+    let e = p.dtype.size_bytes() as usize;
+    let ss = seqs(p);
+    let varlen = p.varlen.is_some();
+    let nb = if varlen { 1 } else { p.batch as usize };
+    let locs_q: Vec<Local> = (0..world).map(|r| local(Strategy::Ulysses, ss.iter().map(|s| s.sq), world, r)).collect();
+    let locs_k: Vec<Local> = (0..world).map(|r| local(Strategy::Ulysses, ss.iter().map(|s| s.skv), world, r)).collect();
+    let (mq, mk) = (&locs_q[rank], &locs_k[rank]);
+    if o.len() != nb * mq.rows * h * d || lse.len() != nb * mq.rows * h {
+        return Err(CpError::Layout(format!(
+            "o of {} and lse of {} values for {} local rows",
+            o.len(),
+            lse.len(),
+            nb * mq.rows
+        )));
+    }
+    let lse_at =
+        |b: usize, hh: usize, row: usize| if varlen { hh * mq.rows + row } else { (b * h + hh) * mq.rows + row };
+    let mut stats = CpStats::default();
+    let mut st = StepStats::default();
+    let nq = nb * mq.rows * h * d * e;
+    let qb = q.read_bytes(nq).map_err(&err)?;
+    let dob = d_o.read_bytes(nq).map_err(&err)?;
+    let ob = p.dtype.encode(o);
+    let kb = k.read_bytes(nb * mk.rows * hk * d * e).map_err(&err)?;
+    let vb = v.read_bytes(nb * mk.rows * hk * d * e).map_err(&err)?;
+    let parts: Vec<Vec<u8>> = (0..world)
+        .map(|peer| {
+            let rq = |x: &[u8]| heads_of(x, nb * mq.rows, h, d, e, peer * hw, hw);
+            let rk = |x: &[u8]| heads_of(x, nb * mk.rows, hk, d, e, peer * hkw, hkw);
+            let mut m = rq(&qb);
+            m.extend(rk(&kb));
+            m.extend(rk(&vb));
+            m.extend(rq(&dob));
+            m.extend(rq(&ob));
+            for b in 0..nb {
+                for hh in peer * hw..(peer + 1) * hw {
+                    for i in 0..mq.rows {
+                        m.extend_from_slice(&lse[lse_at(b, hh, i)].to_le_bytes());
+                    }
+                }
+            }
+            m
+        })
+        .collect();
+    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = all_to_all(comm, 5 << 32, parts)?;
+    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    // The whole sequence of this rank's heads: [nb, seq, hw, d] (varlen packed); LSE [nb, hw, seq].
+    let (tq, tk): (usize, usize) = (ss.iter().map(|s| s.sq).sum(), ss.iter().map(|s| s.skv).sum());
+    let (rows_q, rows_k) = if varlen { (tq, tk) } else { (p.seq_q as usize, p.seq_kv as usize) };
+    // Global row (within its batch entry) of each local row of `loc`, per batch entry.
+    let global_rows = |loc: &Local, lens: &dyn Fn(&Seq) -> usize| -> Vec<usize> {
+        let mut out = vec![0; loc.rows];
+        let mut goff = 0;
+        for (si, s) in ss.iter().enumerate() {
+            for &(seg, loff) in &loc.pieces[si] {
+                for i in 0..seg.len {
+                    out[loff + i] = goff + seg.start + i;
+                }
+            }
+            if varlen {
+                goff += lens(s);
+            }
+        }
+        out
+    };
+    let mut fq = vec![0u8; nb * rows_q * hw * d * e];
+    let mut fdo = fq.clone();
+    let mut fo = fq.clone();
+    let mut fk = vec![0u8; nb * rows_k * hkw * d * e];
+    let mut fv = fk.clone();
+    let mut flse = vec![0f32; nb * hw * rows_q];
+    for (src, m) in got.iter().enumerate() {
+        let (lq, lk) = (&locs_q[src], &locs_k[src]);
+        let (gq, gk) = (global_rows(lq, &|s| s.sq), global_rows(lk, &|s| s.skv));
+        let (sq_, sk_) = (nb * lq.rows * hw * d * e, nb * lk.rows * hkw * d * e);
+        if m.len() != 3 * sq_ + 2 * sk_ + nb * lq.rows * hw * 4 {
+            return Err(CpError::Comm {
+                rank,
+                why: format!("an all-to-all part of {} bytes from rank {src}", m.len()),
+            });
+        }
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let r = &m[at..at + n];
+            at += n;
+            r
+        };
+        let (pq, pk, pv, pdo, po) = (take(sq_), take(sk_), take(sk_), take(sq_), take(sq_));
+        let pl = Dtype::F32.decode(take(nb * lq.rows * hw * 4));
+        let rq = hw * d * e;
+        for b in 0..nb {
+            for (lr, &gr) in gq.iter().enumerate() {
+                let (from, to) = ((b * lq.rows + lr) * rq, (b * rows_q + gr) * rq);
+                fq[to..to + rq].copy_from_slice(&pq[from..from + rq]);
+                fdo[to..to + rq].copy_from_slice(&pdo[from..from + rq]);
+                fo[to..to + rq].copy_from_slice(&po[from..from + rq]);
+                for hh in 0..hw {
+                    flse[(b * hw + hh) * rows_q + gr] = pl[(b * hw + hh) * lq.rows + lr];
+                }
+            }
+            let rk = hkw * d * e;
+            for (lr, &gr) in gk.iter().enumerate() {
+                let (from, to) = ((b * lk.rows + lr) * rk, (b * rows_k + gr) * rk);
+                fk[to..to + rk].copy_from_slice(&pk[from..from + rk]);
+                fv[to..to + rk].copy_from_slice(&pv[from..from + rk]);
+            }
         }
     }
+    let started = Instant::now();
+    let up = |bytes: &[u8]| -> Result<DeviceBuffer, CpError> {
+        let b = kernels.alloc(bytes.len() as u64).map_err(&err)?;
+        b.write_bytes(bytes).map_err(&err)?;
+        Ok(b)
+    };
+    let (bq, bk, bv, bdo, bo) = (up(&fq)?, up(&fk)?, up(&fv)?, up(&fdo)?, up(&fo)?);
+    let blse = kernels.upload_as(Dtype::F32, &flse).map_err(&err)?;
+    let view = |b, heads, rows| TensorView::device(b, p.dtype, [nb, rows, heads, d]).map_err(&err);
+    let (qv, kv, vv, dov, ov) = (
+        view(&bq, hw, rows_q)?,
+        view(&bk, hkw, rows_k)?,
+        view(&bv, hkw, rows_k)?,
+        view(&bdo, hw, rows_q)?,
+        view(&bo, hw, rows_q)?,
+    );
+    let lse_view = crate::attn::LseView::vm(&blse, nb, hw, rows_q).map_err(&err)?;
+    let mut opts =
+        AttnOpts::new().softmax_scale(p.softmax_scale()).window_size(p.window.0, p.window.1).causal(p.causal);
+    if p.softcap > 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    let bwd = crate::attn::BwdOpts::new();
+    let (gq, gk, gv) = match p.varlen {
+        Some(vl) => {
+            let cq = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_q), None).map_err(&err)?;
+            let ck = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_kv), None).map_err(&err)?;
+            let (dq, dk, dv) = (
+                kernels.alloc((fq.len()) as u64).map_err(&err)?,
+                kernels.alloc(fk.len() as u64).map_err(&err)?,
+                kernels.alloc(fk.len() as u64).map_err(&err)?,
+            );
+            let vm =
+                |b, heads, rows| crate::attn::TensorViewMut::device(b, p.dtype, [nb, rows, heads, d]).map_err(&err);
+            kernels
+                .flash_attn_varlen_backward_into(
+                    &qv,
+                    &kv,
+                    &vv,
+                    &cq,
+                    &ck,
+                    p.seq_q as usize,
+                    p.seq_kv as usize,
+                    &ov,
+                    &lse_view,
+                    &dov,
+                    &mut vm(&dq, hw, rows_q)?,
+                    &mut vm(&dk, hkw, rows_k)?,
+                    &mut vm(&dv, hkw, rows_k)?,
+                    &opts,
+                    &bwd,
+                )
+                .map_err(&err)?;
+            let read = |b: &DeviceBuffer, n: usize| -> Result<Vec<f32>, CpError> {
+                Ok(p.dtype.decode(&b.read_bytes(n).map_err(&err)?))
+            };
+            (read(&dq, fq.len())?, read(&dk, fk.len())?, read(&dv, fk.len())?)
+        }
+        None => {
+            let g = kernels.flash_attn_backward(&qv, &kv, &vv, &ov, &lse_view, &dov, &opts, &bwd).map_err(&err)?;
+            (g.dq.to_vec_f32().map_err(&err)?, g.dk.to_vec_f32().map_err(&err)?, g.dv.to_vec_f32().map_err(&err)?)
+        }
+    };
+    st.compute_s = started.elapsed().as_secs_f64();
+    st.blocks.push(BlockKind::Full);
+    stats.steps.push(st);
+    // Back: to rank `peer`, its rows of this rank's heads of dq, dk, dv in f32.
+    let mut st = StepStats::default();
+    let parts: Vec<Vec<u8>> = (0..world)
+        .map(|peer| {
+            let (lq, lk) = (&locs_q[peer], &locs_k[peer]);
+            let mut m = Vec::new();
+            for b in 0..nb {
+                for gr in global_rows(lq, &|s| s.sq) {
+                    let at = (b * rows_q + gr) * hw * d;
+                    gq[at..at + hw * d].iter().for_each(|x| m.extend_from_slice(&x.to_le_bytes()));
+                }
+            }
+            for g in [&gk, &gv] {
+                for b in 0..nb {
+                    for gr in global_rows(lk, &|s| s.skv) {
+                        let at = (b * rows_k + gr) * hkw * d;
+                        g[at..at + hkw * d].iter().for_each(|x| m.extend_from_slice(&x.to_le_bytes()));
+                    }
+                }
+            }
+            m
+        })
+        .collect();
+    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = all_to_all(comm, 6 << 32, parts)?;
+    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let mut dq = vec![0f32; nb * mq.rows * h * d];
+    let mut dk = vec![0f32; nb * mk.rows * hk * d];
+    let mut dv = dk.clone();
+    for (src, m) in got.iter().enumerate() {
+        let f = Dtype::F32.decode(m);
+        let (nq_, nk_) = (nb * mq.rows * hw * d, nb * mk.rows * hkw * d);
+        if f.len() != nq_ + 2 * nk_ {
+            return Err(CpError::Comm { rank, why: format!("a returned part of {} bytes from rank {src}", m.len()) });
+        }
+        for (row, chunk) in f[..nq_].chunks(hw * d).enumerate() {
+            let at = (row * h + src * hw) * d;
+            dq[at..at + hw * d].copy_from_slice(chunk);
+        }
+        for (i, out) in [&mut dk, &mut dv].into_iter().enumerate() {
+            for (row, chunk) in f[nq_ + i * nk_..nq_ + (i + 1) * nk_].chunks(hkw * d).enumerate() {
+                let at = (row * hk + src * hkw) * d;
+                out[at..at + hkw * d].copy_from_slice(chunk);
+            }
+        }
+    }
+    stats.steps.push(st);
+    let o_dev = kernels.upload_as(p.dtype, o).map_err(&err)?;
+    let d_sinks = sinks_share(p, nb, mq.rows, &o_dev, d_o, lse, sinks).map_err(&err)?;
     Ok(CpGrads { dq, dk, dv, d_sinks, stats })
 }
 
@@ -1335,11 +1600,39 @@ pub fn decode(
 /// The communication volume of the module docs, per rank: `(sent, received)` bytes of `strategy`
 /// over `world` ranks (`decode`: the sharded decode's all-gather). Equals what [`CpStats`]
 /// counts on every rank.
-/// The bytes rank `rank` sends and receives in [`attention_backward`] (ring and zigzag): the
+/// The bytes rank `rank` sends and receives in [`attention_backward`]. Ring and zigzag: the
 /// forward's K/V traffic ([`analytic_bytes`]) plus, when `world > 1`, one f32 dK/dV sum of every
 /// K/V block in each direction: `2 · Hk · d · 4 · (B · seq_kv)` (varlen: the keys of every
-/// sequence).
+/// sequence). Ulysses: to each other rank `p`, this rank's `B · n_r` rows of `p`'s heads of q,
+/// dO, O (`3 · H/W · d · e`) and LSE (`4 · H/W`) and its keys' rows of k and v
+/// (`2 · Hk/W · d · e`); back, `p`'s rows of this rank's heads of dq (`H/W · d · 4`) and its keys'
+/// rows of dk, dv (`2 · Hk/W · d · 4`).
 pub fn analytic_backward_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize) -> (u64, u64) {
+    if strategy == Strategy::Ulysses {
+        // Out: q, dO, O (e bytes) and LSE (4) of this rank's rows and k, v of its keys, for each
+        // other rank's heads; back: that rank's rows of this rank's heads of dq, dk, dv (f32).
+        let (hw, hkw) = (p.heads as u64 / world as u64, p.kv_heads() as u64 / world as u64);
+        let (d, e) = (p.head_dim as u64, p.dtype.size_bytes());
+        let held = |r: usize, keys: bool| -> u64 {
+            seqs(p)
+                .iter()
+                .map(|s| {
+                    let len = if keys { s.skv } else { s.sq };
+                    s.nb as u64 * segments(strategy, len, world, r).iter().map(|g| g.len as u64).sum::<u64>()
+                })
+                .sum()
+        };
+        let out = |q: u64, k: u64| q * hw * (3 * d * e + 4) + 2 * k * hkw * d * e;
+        let back = |q: u64, k: u64| q * hw * d * 4 + 2 * k * hkw * d * 4;
+        let (qr, kr) = (held(rank, false), held(rank, true));
+        let (mut sent, mut recv) = (0, 0);
+        for peer in (0..world).filter(|&x| x != rank) {
+            let (qp, kp) = (held(peer, false), held(peer, true));
+            sent += out(qr, kr) + back(qp, kp);
+            recv += out(qp, kp) + back(qr, kr);
+        }
+        return (sent, recv);
+    }
     let (sent, recv) = analytic_bytes(p, strategy, world, rank, false);
     if world <= 1 {
         return (sent, recv);

@@ -27,12 +27,13 @@ pub struct CpArgs {
     /// would reach with the next block's transfer overlapping the current block's compute.
     /// Exit 0 when the result verified and every rank's bytes equal the analytic volume.
     /// Ranks run on the VM only (NCCL ranks on GPUs are not built yet: --backend cuda is
-    /// refused). With --backward (ring, zigzag) the backward follows the same ring: each K/V
-    /// block travels again with the f32 sums of its dK and dV, which reach their owner after
-    /// the last step; dq stays on its rank. dq, dk, dv (and d_sinks) are gathered and checked
-    /// against the f64 gradients by the rule of `run --backward`, and each rank's bytes against
-    /// the forward's volume plus one dK/dV sum of every block each way. Not with --output or
-    /// --kernel naive.
+    /// refused). With --backward the backward follows the forward's road: ring and zigzag run
+    /// the ring again, each K/V block travelling with the f32 sums of its dK and dV, which reach
+    /// their owner after the last step (dq stays on its rank); Ulysses reverses its all-to-all
+    /// around a single-device backward per rank's heads. dq, dk, dv (and d_sinks) are gathered
+    /// and checked against the f64 gradients by the rule of `run --backward`, and each rank's
+    /// bytes against their analytic volume (docs/semantics.md). Not with --output or --kernel
+    /// naive.
     ///
     /// Example: memattn run --cp 4 --cp-strategy zigzag --causal --seq 1000 --heads 4 --heads-kv 2
     ///
@@ -87,11 +88,6 @@ pub fn run(
         return Err(Error::Usage("--cp takes the bshd layout (each rank's rows are contiguous slices)".into()));
     }
     let backward = a.backward.backward;
-    if backward && strategy == Strategy::Ulysses {
-        return Err(Error::Usage(
-            "--cp --backward follows the ring (--cp-strategy ring or zigzag); Ulysses' backward is not built".into(),
-        ));
-    }
     if backward {
         memattn_cli::backward_run::check_supported(&problem, kernel)?;
     }
@@ -300,11 +296,7 @@ fn summary(outs: &[CpOutput], v: &serde_json::Value, world: usize) -> String {
     let b = &v["backward"];
     if !b.is_null() {
         for r in b["ranks"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                s,
-                "{}",
-                rank_bytes("backward rank", r, ": the K/V blocks again and one f32 dK/dV sum of each")
-            );
+            let _ = writeln!(s, "{}", rank_bytes("backward rank", r, ""));
         }
         let _ = writeln!(s, "gradients against f64 ({}):", b["rule"].as_str().unwrap_or(""));
         for c in b["checks"].as_array().into_iter().flatten() {
