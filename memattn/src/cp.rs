@@ -57,7 +57,7 @@
 //! The merge runs in f32 on the host copy of each partial state (a block's output is read back
 //! after its launch); the K/V blocks travel in the inputs' dtype.
 
-use crate::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, TensorView};
+use crate::attn::{AttnError, AttnOpts, DeviceBuffer, IndexTensor, Kernels, TensorView};
 use crate::problem::Problem;
 use crate::Dtype;
 use std::collections::HashMap;
@@ -248,6 +248,30 @@ pub fn all_to_all(comm: &dyn Communicator, tag: u64, mut parts: Vec<Vec<u8>>) ->
         out.push(if p == r { part } else { comm.recv(p, tag)? });
     }
     Ok(out)
+}
+
+/// [`all_to_all`] counting into `st` the bytes this rank sends to and receives from the others.
+fn exchange(
+    comm: &dyn Communicator,
+    tag: u64,
+    parts: Vec<Vec<u8>>,
+    st: &mut StepStats,
+) -> Result<Vec<Vec<u8>>, CpError> {
+    let rank = comm.rank();
+    let others =
+        |x: &[Vec<u8>]| x.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    st.bytes_sent += others(&parts);
+    let got = all_to_all(comm, tag, parts)?;
+    st.bytes_received += others(&got);
+    Ok(got)
+}
+
+/// The cu_seqlens of packed sequences, q's and k's, as index tensors on `kernels`' device.
+fn cu_seqlens(kernels: &Kernels, vl: &crate::problem::Varlen) -> Result<(IndexTensor, IndexTensor), AttnError> {
+    Ok((
+        kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_q), None)?,
+        kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_kv), None)?,
+    ))
 }
 
 /// Global rows `start..start + len` of one piece of a sequence.
@@ -833,9 +857,7 @@ fn ulysses(
             m
         })
         .collect();
-    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
-    let got = all_to_all(comm, 1 << 32, parts)?;
-    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = exchange(comm, 1 << 32, parts, &mut st)?;
     // Assemble the whole sequence of this rank's heads: [nb, seq, hw, d] (varlen packed).
     let (tq, tk): (usize, usize) = (ss.iter().map(|s| s.sq).sum(), ss.iter().map(|s| s.skv).sum());
     let (rows_q, rows_k) = if varlen { (tq, tk) } else { (p.seq_q as usize, p.seq_kv as usize) };
@@ -888,8 +910,7 @@ fn ulysses(
     }
     let (o, lse) = match p.varlen {
         Some(vl) => {
-            let cq = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_q), None).map_err(&err)?;
-            let ck = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_kv), None).map_err(&err)?;
+            let (cq, ck) = cu_seqlens(kernels, &vl).map_err(&err)?;
             kernels.flash_attn_varlen(&qv, &kv, &vv, &cq, &ck, p.seq_q as usize, p.seq_kv as usize, &opts)
         }
         None => kernels.flash_attn(&qv, &kv, &vv, &opts),
@@ -938,9 +959,7 @@ fn ulysses(
             m
         })
         .collect();
-    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
-    let got = all_to_all(comm, 2 << 32, parts)?;
-    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = exchange(comm, 2 << 32, parts, &mut st)?;
     let mut acc = Acc::new(batch, mq.rows, h, d, varlen);
     for (src, m) in got.iter().enumerate() {
         let f: Vec<f32> = Dtype::F32.decode(m);
@@ -1289,9 +1308,7 @@ fn ulysses_backward(
             m
         })
         .collect();
-    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
-    let got = all_to_all(comm, 5 << 32, parts)?;
-    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = exchange(comm, 5 << 32, parts, &mut st)?;
     // The whole sequence of this rank's heads: [nb, seq, hw, d] (varlen packed); LSE [nb, hw, seq].
     let (tq, tk): (usize, usize) = (ss.iter().map(|s| s.sq).sum(), ss.iter().map(|s| s.skv).sum());
     let (rows_q, rows_k) = if varlen { (tq, tk) } else { (p.seq_q as usize, p.seq_kv as usize) };
@@ -1379,8 +1396,7 @@ fn ulysses_backward(
     let bwd = crate::attn::BwdOpts::new();
     let (gq, gk, gv) = match p.varlen {
         Some(vl) => {
-            let cq = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_q), None).map_err(&err)?;
-            let ck = kernels.index_tensor(&crate::problem::Varlen::cu(vl.seqlens_kv), None).map_err(&err)?;
+            let (cq, ck) = cu_seqlens(kernels, &vl).map_err(&err)?;
             let (dq, dk, dv) = (
                 kernels.alloc((fq.len()) as u64).map_err(&err)?,
                 kernels.alloc(fk.len() as u64).map_err(&err)?,
@@ -1443,9 +1459,7 @@ fn ulysses_backward(
             m
         })
         .collect();
-    st.bytes_sent += parts.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
-    let got = all_to_all(comm, 6 << 32, parts)?;
-    st.bytes_received += got.iter().enumerate().filter(|(i, _)| *i != rank).map(|(_, m)| m.len() as u64).sum::<u64>();
+    let got = exchange(comm, 6 << 32, parts, &mut st)?;
     let mut dq = vec![0f32; nb * mq.rows * h * d];
     let mut dk = vec![0f32; nb * mk.rows * hk * d];
     let mut dv = dk.clone();
