@@ -61,6 +61,11 @@ use crate::attn::{AttnError, AttnOpts, DeviceBuffer, IndexTensor, Kernels, Tenso
 use crate::problem::Problem;
 use crate::Dtype;
 use std::collections::HashMap;
+
+mod grouped;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub use grouped::{Grouped, GroupedP2p, Rendezvous};
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -134,6 +139,24 @@ pub trait Communicator: Send + Sync {
     fn send(&self, peer: usize, tag: u64, data: Vec<u8>) -> Result<(), CpError>;
     /// Waits for `peer`'s message `tag`.
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>, CpError>;
+    /// Sends `parts[p]` to every other rank `p` under `tag` and returns what each rank sent this
+    /// one, in rank order (this rank's own part kept): the step every collective is made of.
+    /// Every rank of the world calls it together. The default posts the sends, then receives; a
+    /// transport whose sends complete only when received (NCCL, [`Grouped`]) runs it as one
+    /// group, so that no rank waits on a peer that is itself waiting.
+    fn exchange_all(&self, tag: u64, mut parts: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, CpError> {
+        let (r, w) = (self.rank(), self.world());
+        for (p, part) in parts.iter_mut().enumerate() {
+            if p != r {
+                self.send(p, tag, std::mem::take(part))?;
+            }
+        }
+        let mut out = Vec::with_capacity(w);
+        for (p, part) in parts.into_iter().enumerate() {
+            out.push(if p == r { part } else { self.recv(p, tag)? });
+        }
+        Ok(out)
+    }
 }
 
 type Msg = (usize, u64, Vec<u8>);
@@ -212,7 +235,13 @@ impl Communicator for InProcess {
 /// Runs `f` on every rank of an in-process world of `world` ranks, each on its own thread, and
 /// returns the results in rank order.
 pub fn run_in_process<R: Send>(world: usize, f: impl Fn(&InProcess) -> R + Sync) -> Vec<R> {
-    let comms = InProcess::world(world);
+    run_ranks(InProcess::world(world), f)
+}
+
+/// Runs `f` on every rank of a world (`comms[i]` is rank `i`: [`InProcess::world`],
+/// [`Grouped`] over [`Rendezvous::world`] or NCCL), each on its own thread, and returns the
+/// results in rank order.
+pub fn run_ranks<C: Sync, R: Send>(comms: Vec<C>, f: impl Fn(&C) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
@@ -221,33 +250,16 @@ pub fn run_in_process<R: Send>(world: usize, f: impl Fn(&InProcess) -> R + Sync)
 
 /// Sends `data` to every other rank and returns every rank's data, in rank order.
 pub fn all_gather(comm: &dyn Communicator, tag: u64, data: Vec<u8>) -> Result<Vec<Vec<u8>>, CpError> {
-    let (r, w) = (comm.rank(), comm.world());
-    for p in (0..w).filter(|&p| p != r) {
-        comm.send(p, tag, data.clone())?;
-    }
-    let mut out = Vec::with_capacity(w);
-    for p in 0..w {
-        out.push(if p == r { data.clone() } else { comm.recv(p, tag)? });
-    }
-    Ok(out)
+    comm.exchange_all(tag, vec![data; comm.world()])
 }
 
 /// Sends `parts[p]` to rank `p` and returns what each rank sent this one (its own part kept).
-pub fn all_to_all(comm: &dyn Communicator, tag: u64, mut parts: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, CpError> {
-    let (r, w) = (comm.rank(), comm.world());
+pub fn all_to_all(comm: &dyn Communicator, tag: u64, parts: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, CpError> {
+    let w = comm.world();
     if parts.len() != w {
         return Err(CpError::Layout(format!("all_to_all with {} parts in a world of {w}", parts.len())));
     }
-    for (p, part) in parts.iter_mut().enumerate() {
-        if p != r {
-            comm.send(p, tag, std::mem::take(part))?;
-        }
-    }
-    let mut out = Vec::with_capacity(w);
-    for (p, part) in parts.into_iter().enumerate() {
-        out.push(if p == r { part } else { comm.recv(p, tag)? });
-    }
-    Ok(out)
+    comm.exchange_all(tag, parts)
 }
 
 /// [`all_to_all`] counting into `st` the bytes this rank sends to and receives from the others.

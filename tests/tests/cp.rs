@@ -4,11 +4,29 @@
 //! sequence. The per-rank bytes are checked against the analytic volume.
 
 use memattn::attn::Kernels;
-use memattn::cp::{self, CpError, CpOpts, CpOutput, Strategy};
+use memattn::cp::{self, Communicator, CpError, CpOpts, CpOutput, Strategy};
 use memattn::inputs::Qkv;
 use memattn::reference::{reference, RowSelection};
 use memattn::{Dtype, Problem};
 use memattn_cli::verify::{tolerance_for, verify};
+
+/// How the ranks of a test talk: in-process channels, or [`cp::Grouped`] over
+/// [`cp::Rendezvous`] (NCCL's rules in memory: the adapter `cp::nccl` runs on GPUs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Transport {
+    InProcess,
+    NcclRules,
+}
+
+/// Runs `f` on `world` ranks of `transport`, each on its own thread.
+fn run_world<R: Send>(world: usize, transport: Transport, f: impl Fn(&dyn Communicator) -> R + Sync) -> Vec<R> {
+    match transport {
+        Transport::InProcess => cp::run_in_process(world, |c| f(c)),
+        Transport::NcclRules => {
+            cp::run_ranks(cp::Rendezvous::communicators(world, std::time::Duration::from_secs(120)), |c| f(c))
+        }
+    }
+}
 
 /// Runs `f` on `world` in-process ranks, each with its own VM and its shards of `x`'s q, k, v and
 /// of `d_o` (like q; empty for none) uploaded.
@@ -18,11 +36,24 @@ fn on_ranks<R: Send>(
     world: usize,
     x: &Qkv,
     d_o: &[f32],
-    f: impl Fn(&Kernels, &cp::InProcess, [&memattn::attn::DeviceBuffer; 4]) -> Result<R, CpError> + Sync,
+    f: impl Fn(&Kernels, &dyn Communicator, [&memattn::attn::DeviceBuffer; 4]) -> Result<R, CpError> + Sync,
+) -> Result<Vec<R>, CpError> {
+    on_ranks_of(Transport::InProcess, p, strategy, world, x, d_o, f)
+}
+
+/// [`on_ranks`] over `transport`.
+fn on_ranks_of<R: Send>(
+    transport: Transport,
+    p: &Problem,
+    strategy: Strategy,
+    world: usize,
+    x: &Qkv,
+    d_o: &[f32],
+    f: impl Fn(&Kernels, &dyn Communicator, [&memattn::attn::DeviceBuffer; 4]) -> Result<R, CpError> + Sync,
 ) -> Result<Vec<R>, CpError> {
     let (h, hk) = (p.heads as usize, p.kv_heads() as usize);
-    cp::run_in_process(world, |comm| {
-        let rank = memattn::cp::Communicator::rank(comm);
+    run_world(world, transport, |comm| {
+        let rank = comm.rank();
         let err = |source| CpError::attn(rank, source);
         let kernels = Kernels::vm().map_err(err)?;
         let up = |keys: bool, heads: usize, t: &[f32]| {
@@ -186,7 +217,8 @@ fn zigzag_balances_causal_work() {
 }
 
 /// Decode over a cache sharded by sequence on 2 and 4 ranks against the single-device reference,
-/// f32 and bf16, plain and with a window that leaves some shards without keys.
+/// f32 and bf16, plain and with a window that leaves some shards without keys (that case through
+/// NCCL's rules, [`Transport::NcclRules`]).
 #[test]
 fn sharded_decode_matches_the_single_device_decode() {
     let cases = [
@@ -225,12 +257,12 @@ fn sharded_decode_matches_the_single_device_decode() {
             ..Problem::default()
         },
     ];
-    for p in cases {
+    for (p, transport) in cases.into_iter().zip([Transport::InProcess, Transport::NcclRules, Transport::InProcess]) {
         let x = Qkv::random(&p, 9);
         for world in [2, 4] {
             let hk = p.kv_heads() as usize;
-            let outs: Vec<CpOutput> = cp::run_in_process(world, |comm| {
-                let rank = memattn::cp::Communicator::rank(comm);
+            let outs: Vec<CpOutput> = run_world(world, transport, |comm| {
+                let rank = comm.rank();
                 let err = |source| CpError::attn(rank, source);
                 let kernels = Kernels::vm().map_err(err)?;
                 let q = kernels.upload_as(p.dtype, &x.q).map_err(err)?;
@@ -369,4 +401,56 @@ fn ulysses_backward_matches_the_reference_gradients() {
         ..base()
     };
     assert_grads_match(&p, Strategy::Ulysses, 2, 76, 1e-2);
+}
+
+/// Every strategy, forward and backward, through [`cp::Grouped`] over [`cp::Rendezvous`] (NCCL's
+/// rendezvous rules in memory: a send completes only when received, sizes agreed, a group that
+/// cannot complete fails instead of hanging), the adapter `cp::nccl` runs on GPUs: bit-identical
+/// outputs, LSE and gradients to the in-process ranks', and the same bytes per rank.
+#[test]
+fn nccl_rules_give_the_in_process_results_bit_for_bit() {
+    let p = Problem { causal: true, seq_q: 37, seq_kv: 53, sinks: true, heads: 8, heads_kv: Some(4), ..base() };
+    let x = Qkv::random(&p, 21);
+    let mut d_o = Qkv::random(&p, 22).q;
+    p.dtype.round_all(&mut d_o);
+    for (strategy, world) in [
+        (Strategy::Ring, 2),
+        (Strategy::Zigzag, 3),
+        (Strategy::Ring, 4),
+        (Strategy::Ulysses, 2),
+        (Strategy::Ulysses, 4),
+    ] {
+        let run = |t: Transport| {
+            on_ranks_of(t, &p, strategy, world, &x, &d_o, |kernels, comm, [q, k, v, g]| {
+                let out = cp::attention(kernels, comm, &p, strategy, q, k, v, &x.sinks, &CpOpts::default())?;
+                let grads =
+                    cp::attention_backward(kernels, comm, &p, strategy, q, k, v, &out.o, &out.lse, g, &x.sinks)?;
+                Ok((out, grads))
+            })
+            .unwrap_or_else(|e| panic!("{strategy} world {world} over {t:?}: {e}"))
+        };
+        let (a, b) = (run(Transport::InProcess), run(Transport::NcclRules));
+        for (rank, ((oa, ga), (ob, gb))) in a.iter().zip(&b).enumerate() {
+            let at = format!("{strategy} world {world} rank {rank}");
+            for (name, x, y) in [
+                ("o", &oa.o, &ob.o),
+                ("lse", &oa.lse, &ob.lse),
+                ("dq", &ga.dq, &gb.dq),
+                ("dk", &ga.dk, &gb.dk),
+                ("dv", &ga.dv, &gb.dv),
+            ] {
+                assert_eq!(x.len(), y.len(), "{at}: {name} length");
+                if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
+                    panic!("{at}: {name}[{i}] is {} over NCCL's rules, {} in process", y[i], x[i]);
+                }
+            }
+            assert_eq!(
+                (ob.stats.bytes_sent(), ob.stats.bytes_received(), gb.stats.bytes_sent(), gb.stats.bytes_received()),
+                (oa.stats.bytes_sent(), oa.stats.bytes_received(), ga.stats.bytes_sent(), ga.stats.bytes_received()),
+                "{at}: bytes"
+            );
+        }
+        let v = check(&p, strategy, &x, &b.iter().map(|(o, _)| o.clone()).collect::<Vec<_>>());
+        assert!(v.passed, "{strategy} world {world}: {:?}", v.failures);
+    }
 }
