@@ -139,6 +139,32 @@ else
     SUMMARY+=("$(printf '%-22s %4s %7s  %s' decode-sdpa - - "skipped: no python3 with torch")")
 fi
 
+# ---- context parallelism over NCCL: one rank per GPU (memattn run --cp N --cp-comm nccl) ----
+# NCCL is loaded at run time. cudarc looks for libnccl.so; pip's nvidia-nccl-cu12 (a torch
+# dependency) ships libnccl.so.2 only, so a libnccl.so link to it goes on the library path.
+NCCL_LINK_DIR=""
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so '; then
+    nccl_so=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+    if [ -n "$nccl_so" ] && [ -f "$nccl_so" ]; then
+        NCCL_LINK_DIR=$(mktemp -d)
+        ln -s "$nccl_so" "$NCCL_LINK_DIR/libnccl.so"
+        echo "=== NCCL: linked $nccl_so as $NCCL_LINK_DIR/libnccl.so"
+    fi
+fi
+SAVED_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="${NCCL_LINK_DIR:+$NCCL_LINK_DIR:}${LD_LIBRARY_PATH:-}"
+# World size 1 (a loopback through NCCL, then the ring with nothing to pass), forward and
+# backward; with two or more GPUs, world size 2 passes K/V blocks between GPUs.
+step cp-nccl-1 120 --backend cuda --json run --cp 1 --cp-comm nccl --dtype bf16 --heads 4 --seq 2048 --head-dim 64 --causal
+step cp-nccl-1-bwd 120 --backend cuda --json run --cp 1 --cp-comm nccl --backward --dtype bf16 --heads 4 --seq 1000 --head-dim 64 --causal
+GPU_COUNT=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${GPU_COUNT:-0}" -ge 2 ]; then
+    step cp-nccl-2-zigzag 180 --backend cuda --json run --cp 2 --cp-comm nccl --cp-strategy zigzag --backward --dtype bf16 --heads 4 --heads-kv 2 --seq 4096 --head-dim 64 --causal
+else
+    SUMMARY+=("$(printf '%-22s %4s %7s  %s' cp-nccl-2-zigzag - - "skipped: ${GPU_COUNT:-0} GPU(s), world 2 needs 2")")
+fi
+export LD_LIBRARY_PATH="$SAVED_LD_LIBRARY_PATH"
+
 # ---- benchmark: memattn (bf16/f16 tensor-core flash) vs PyTorch SDPA flash, same machine ----
 bench() {
     local budget="${BENCH_BUDGET_S:-150}" dir t_start shapes=() line dtype seq d causal b h tag flag

@@ -1,4 +1,5 @@
-//! The `memattn` command's CUDA device: one context (the device's primary context) on device 0,
+//! The `memattn` command's CUDA device: one context (the device's primary context) on device 0 (or,
+//! for a context-parallel rank, the GPU it is given),
 //! the default stream, memattn's module loaded once as the library's
 //! [`memattn::device::cuda::CudaModule`] (whose `launch` is the one `cuLaunchKernel` of the
 //! workspace). Memory comes from NVML (before, sampled peak, after; utilisation) and
@@ -55,11 +56,25 @@ impl CudaDevice {
     }
 
     pub fn new(opts: &DeviceOptions) -> Result<CudaDevice, DeviceError> {
+        CudaDevice::on_ordinal(opts, 0)
+    }
+
+    /// The GPUs the driver sees (0 when it cannot say).
+    pub fn count() -> Result<usize, DeviceError> {
         probe().map_err(DeviceError::Unavailable)?;
-        let ctx = quietly(|| CudaContext::new(0))
+        let n = quietly(CudaContext::device_count)
             .map_err(DeviceError::Unavailable)?
-            .map_err(|e| drv("creating the context on device 0", e))?;
-        let name = ctx.name().unwrap_or_else(|_| "CUDA device 0".into());
+            .map_err(|e| drv("cuDeviceGetCount", e))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// The device on GPU `ordinal` (context-parallel ranks take one GPU each).
+    pub fn on_ordinal(opts: &DeviceOptions, ordinal: usize) -> Result<CudaDevice, DeviceError> {
+        probe().map_err(DeviceError::Unavailable)?;
+        let ctx = quietly(|| CudaContext::new(ordinal))
+            .map_err(DeviceError::Unavailable)?
+            .map_err(|e| drv(&format!("creating the context on device {ordinal}"), e))?;
+        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
         let (major, minor) = ctx.compute_capability().map_err(|e| drv("cuDeviceGetAttribute", e))?;
         let uuid = ctx.uuid().ok().map(|u| format_uuid(&u));
         let module = CudaModule::load(&opts.ptx)?;
@@ -80,6 +95,11 @@ impl CudaDevice {
             notes: Vec::new(),
             allocations: Default::default(),
         })
+    }
+
+    /// A new stream on this device's context (NCCL's transfers of a context-parallel rank).
+    pub fn new_stream(&self) -> Result<Arc<cudarc::driver::CudaStream>, DeviceError> {
+        self.ctx.new_stream().map_err(|e| drv("cuStreamCreate", e))
     }
 
     /// Fails unless `[ptr, ptr + bytes)` lies inside one live allocation.

@@ -1139,7 +1139,8 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
         (vec!["run", "--cp", "3", "--cp-strategy", "ulysses", "--heads", "4"], "divisible by the world size 3"),
         (vec!["run", "--cp", "2", "--kernel", "naive"], "--cp runs the flash kernels"),
         (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
-        (vec!["--backend", "cuda", "run", "--cp", "2"], "NCCL ranks on GPUs are not built yet"),
+        (vec!["--backend", "cuda", "run", "--cp", "2"], "--cp-comm in-process runs its ranks on VMs"),
+        (vec!["--backend", "vm", "run", "--cp", "2", "--cp-comm", "nccl"], "one rank per GPU: not with --backend vm"),
         (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "96"], "head_dim"),
     ] {
         let o = memattn(&args);
@@ -1148,6 +1149,41 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
     }
     let o = memattn(&["run", "--cp-strategy", "ring"]);
     assert_eq!(code(&o), 2, "--cp-strategy without --cp");
+    let o = memattn(&["run", "--cp-comm", "nccl-rules"]);
+    assert_eq!(code(&o), 2, "--cp-comm without --cp");
+
+    // NCCL's adapter over NCCL's rules in memory: the same result and bytes as in-process ranks.
+    let run = |comm: &str| {
+        let o = memattn(&[
+            "--json",
+            "--backend",
+            "vm",
+            "run",
+            "--cp",
+            "3",
+            "--cp-strategy",
+            "zigzag",
+            "--cp-comm",
+            comm,
+            "--causal",
+            "--seq",
+            "101",
+            "--heads",
+            "2",
+            "--head-dim",
+            "32",
+        ]);
+        assert_eq!(code(&o), 0, "{comm}: {}", stderr(&o));
+        json(&o)
+    };
+    let (a, b) = (run("in-process"), run("nccl-rules"));
+    assert_eq!((a["cp_comm"].as_str(), b["cp_comm"].as_str()), (Some("in-process"), Some("nccl-rules")));
+    assert_eq!(b["verified"], true);
+    assert_eq!(a["o_rel_rms_err"], b["o_rel_rms_err"], "the same arithmetic over either transport");
+    for r in 0..3 {
+        assert_eq!(a["ranks"][r]["bytes_sent"], b["ranks"][r]["bytes_sent"]);
+        assert_eq!(b["ranks"][r]["bytes_match"], true);
+    }
 }
 
 /// `run --cp --backward`: the backward along the ring, the gathered gradients checked against

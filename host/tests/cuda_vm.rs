@@ -351,3 +351,23 @@ fn decode_plans_for_the_device_multiprocessor_count() {
     let o = memattn(&args[1..]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("on 108 SMs (the device's multiprocessor count)"));
 }
+
+/// `run --cp N --cp-comm nccl` on the VM-backed driver: one GPU is seen, so two ranks are refused
+/// naming the count; one rank needs NCCL, which a machine without it refuses naming the library
+/// names tried (exit 3 both, never a panic). Where NCCL is installed the second case is skipped:
+/// NCCL would drive the real GPU driver, not the VM-backed one.
+#[test]
+fn cp_over_nccl_names_what_is_missing() {
+    let o = memattn(&["--backend", "cuda", "run", "--cp", "2", "--cp-comm", "nccl", "--seq", "64"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    assert!(stderr(&o).contains("needs 2 GPUs (one per rank); the driver sees 1"), "{}", stderr(&o));
+    if memattn::cp::nccl::available() {
+        eprintln!("SKIPPED: the one-rank case (NCCL is installed here and would use the real driver)");
+        return;
+    }
+    let o = memattn(&["--backend", "cuda", "run", "--cp", "1", "--cp-comm", "nccl", "--seq", "64"]);
+    assert_eq!(code(&o), 3, "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("no NCCL library loads") && e.contains("libnccl.so"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}

@@ -53,6 +53,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
         Run(0, "backward rank 2: sent 340992 B (analytic 340992 B), received 340992 B"),
     ),
     (
+        "memattn run --cp 3 --cp-comm nccl-rules --cp-strategy zigzag --causal --seq 300 --heads 2",
+        Run(0, "rank 2: sent 204800 B (analytic 204800 B)"),
+    ),
+    (
         "memattn plan --config host/tests/fixtures/configs/llama-3-8b.json --context 1048576 --cp 8 --vram 80GiB",
         Run(0, "smallest context-parallel group that fits: 3 devices"),
     ),

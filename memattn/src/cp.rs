@@ -4,7 +4,12 @@
 //!
 //! The attention code is written once against [`Communicator`]; [`InProcess`] is the
 //! implementation tests and learners use (one thread and one VM device per rank, messages passed
-//! between them in memory), so a world of 4 ranks runs and is checked on one CPU.
+//! between them in memory), so a world of 4 ranks runs and is checked on one CPU. [`Grouped`]
+//! carries the same messages over a transport with NCCL's rules (sends complete only when
+//! received, sizes agreed, transfers in groups): `nccl::world` (feature `nccl`) over NCCL on one
+//! GPU per rank, and [`Rendezvous`], those rules enforced in memory, which the tests run every
+//! strategy on. The counts and headers [`Grouped`] adds (8 bytes per peer and flush, 16 per
+//! message) are not in [`CpStats`], which counts the strategies' messages.
 //!
 //! # Strategies
 //! - [`Strategy::Ring`]: rank `r` holds the contiguous slice `r` of the queries and of the keys.

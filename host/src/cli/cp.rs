@@ -26,8 +26,7 @@ pub struct CpArgs {
     /// the overlap model of every strategy at --link-gbps: the fraction of ideal speed each
     /// would reach with the next block's transfer overlapping the current block's compute.
     /// Exit 0 when the result verified and every rank's bytes equal the analytic volume.
-    /// Ranks run on the VM only (NCCL ranks on GPUs are not built yet: --backend cuda is
-    /// refused). With --backward the backward follows the forward's road: ring and zigzag run
+    /// Ranks run on VMs (one each) or, with --cp-comm nccl, on GPUs (one each). With --backward the backward follows the forward's road: ring and zigzag run
     /// the ring again, each K/V block travelling with the f32 sums of its dK and dV, which reach
     /// their owner after the last step (dq stays on its rank); Ulysses reverses its all-to-all
     /// around a single-device backward per rank's heads. dq, dk, dv (and d_sinks) are gathered
@@ -45,6 +44,18 @@ pub struct CpArgs {
     /// heads_kv divisible by N).
     #[arg(long, value_name = "ring|zigzag|ulysses", default_value = "ring", requires = "cp")]
     pub cp_strategy: Strategy,
+    /// With --cp: how the ranks talk. in-process (default): channels between threads, one VM
+    /// per rank. nccl-rules: the NCCL adapter (memattn::cp::Grouped: queued sends flushed by the
+    /// next receive as counts, headers and payloads, in groups) over an in-memory transport that
+    /// enforces NCCL's rules (a send completes only when received; a group that would hang fails
+    /// after a time limit), one VM per rank: what nccl runs, checked without GPUs; the results
+    /// are bit-identical to in-process. nccl: one GPU per rank (GPUs 0..N-1; --backend cuda or
+    /// auto), NCCL loaded at run time (a libnccl.so on the library path); the messages pass
+    /// through host memory, as the other transports' do.
+    ///
+    /// Example: memattn run --cp 3 --cp-comm nccl-rules --cp-strategy zigzag --causal --seq 300 --heads 2
+    #[arg(long, value_name = "in-process|nccl-rules|nccl", default_value = "in-process", requires = "cp")]
+    pub cp_comm: CpComm,
     /// With --cp: the overlap model's link, GB/s one way between two ranks (default 450: NVLink 4
     /// of H100/H200; PCIe 5.0 x16 is 64).
     #[arg(long, value_name = "GB/S", default_value_t = 450.0, requires = "cp")]
@@ -57,6 +68,89 @@ pub struct CpArgs {
 
 /// The most ranks `--cp` starts (each a thread with its own VM).
 pub const MAX_RANKS: usize = 64;
+
+/// How `--cp` ranks talk (`--cp-comm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpComm {
+    InProcess,
+    NcclRules,
+    Nccl,
+}
+
+impl CpComm {
+    fn name(self) -> &'static str {
+        match self {
+            CpComm::InProcess => "in-process",
+            CpComm::NcclRules => "nccl-rules",
+            CpComm::Nccl => "nccl",
+        }
+    }
+}
+
+/// One rank's communicator and, for GPU ranks, its device (VM ranks open theirs on their thread).
+type RankSlot = (Box<dyn cp::Communicator>, std::sync::Mutex<Option<Box<dyn memattn::device::Device>>>);
+
+/// The ranks of `--cp-comm`: their communicators and, for NCCL, their GPUs.
+fn rank_slots(
+    cli: &Cli,
+    comm: CpComm,
+    world: usize,
+    opts: &memattn::device::DeviceOptions,
+) -> Result<Vec<RankSlot>, Error> {
+    let vm =
+        |comms: Vec<Box<dyn cp::Communicator>>| comms.into_iter().map(|c| (c, std::sync::Mutex::new(None))).collect();
+    match comm {
+        CpComm::InProcess => Ok(vm(cp::InProcess::world(world).into_iter().map(|c| Box::new(c) as _).collect())),
+        CpComm::NcclRules => Ok(vm(cp::Rendezvous::communicators(world, std::time::Duration::from_secs(600))
+            .into_iter()
+            .map(|c| Box::new(c) as _)
+            .collect())),
+        CpComm::Nccl => nccl_slots(cli, world, opts),
+    }
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_slots(cli: &Cli, world: usize, opts: &memattn::device::DeviceOptions) -> Result<Vec<RankSlot>, Error> {
+    use memattn::device::DeviceError;
+    use memattn_cli::cuda_device::CudaDevice;
+    if cli.backend == BackendChoice::Vm {
+        return Err(Error::Usage(
+            "--cp-comm nccl runs one rank per GPU: not with --backend vm (nccl-rules runs NCCL's adapter on VMs)"
+                .into(),
+        ));
+    }
+    let gpus = CudaDevice::count()?;
+    if gpus < world {
+        return Err(Error::Device(DeviceError::Unavailable(format!(
+            "--cp {world} --cp-comm nccl needs {world} GPUs (one per rank); the driver sees {gpus}"
+        ))));
+    }
+    let mut devices = Vec::with_capacity(world);
+    let mut streams = Vec::with_capacity(world);
+    for ordinal in 0..world {
+        let d = CudaDevice::on_ordinal(opts, ordinal)?;
+        streams.push(d.new_stream()?);
+        devices.push(d);
+    }
+    let comms = cp::nccl::world(streams).map_err(|e| Error::Device(DeviceError::Unavailable(e.to_string())))?;
+    // Each rank's transport end to end (a world of one rank transfers nothing otherwise).
+    for c in &comms {
+        c.transport().check_loopback(1 << 20).map_err(|e| Error::Device(DeviceError::Unavailable(e.to_string())))?;
+    }
+    if !cli.json {
+        eprintln!("nccl: {world} communicators; each rank's 1 MiB loopback through NCCL arrived intact");
+    }
+    Ok(comms
+        .into_iter()
+        .zip(devices)
+        .map(|(c, d)| (Box::new(c) as Box<dyn cp::Communicator>, std::sync::Mutex::new(Some(Box::new(d) as _))))
+        .collect())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_slots(_: &Cli, _: usize, _: &memattn::device::DeviceOptions) -> Result<Vec<RankSlot>, Error> {
+    Err(Error::Usage("this memattn was built without NCCL (cargo build -p memattn-cli --features nccl)".into()))
+}
 
 pub fn run(
     cli: &Cli,
@@ -73,11 +167,12 @@ pub fn run(
     if kernel != KernelKind::Flash {
         return Err(Error::Usage("--cp runs the flash kernels (--kernel naive has no LSE to merge)".into()));
     }
-    if cli.backend == BackendChoice::Cuda {
-        return Err(Error::Usage(
-            "--cp runs in-process ranks on the VM; NCCL ranks on GPUs are not built yet (use --backend vm or auto)"
-                .into(),
-        ));
+    let comm_kind = a.cp.cp_comm;
+    if cli.backend == BackendChoice::Cuda && comm_kind != CpComm::Nccl {
+        return Err(Error::Usage(format!(
+            "--cp-comm {} runs its ranks on VMs: not with --backend cuda (--cp-comm nccl runs one rank per GPU)",
+            comm_kind.name()
+        )));
     }
     for (name, v) in [("--link-gbps", a.cp.link_gbps), ("--device-tflops", a.cp.device_tflops)] {
         if !(v.is_finite() && v > 0.0) {
@@ -97,6 +192,7 @@ pub fn run(
         .map_err(|e| Error::Usage(format!("--cp {world} --cp-strategy {strategy}: {e}")))?;
     let x = inputs.unwrap_or_else(|| Qkv::random(&problem, a.problem.seed));
     let mut opts = device_options(cli)?;
+    let slots = rank_slots(cli, comm_kind, world, &opts)?;
     opts.backend = BackendChoice::Vm;
     // The ranks share the machine's cores.
     if opts.vm_workers.is_none() {
@@ -104,18 +200,30 @@ pub fn run(
         opts.vm_workers = Some((cores / world).max(1));
     }
     if !cli.json {
-        eprintln!("backend: vm - {world} in-process ranks, one VM each (--cp)");
+        match comm_kind {
+            CpComm::Nccl => eprintln!("backend: cuda - {world} ranks, one GPU each, over NCCL (--cp)"),
+            CpComm::NcclRules => {
+                eprintln!("backend: vm - {world} ranks, one VM each, over NCCL's rules in memory (--cp)")
+            }
+            CpComm::InProcess => eprintln!("backend: vm - {world} in-process ranks, one VM each (--cp)"),
+        }
         println!("problem: {}", describe_problem(&problem));
         println!("context parallel: {world} ranks, strategy {strategy}");
     }
     let (h, hk) = (problem.heads as usize, problem.kv_heads() as usize);
     let d_o = if backward { memattn_cli::backward_run::random_d_o(&problem, a.problem.seed) } else { Vec::new() };
     let started = std::time::Instant::now();
-    let both: Result<Vec<(CpOutput, Option<CpGrads>)>, CpError> = cp::run_in_process(world, |comm| {
-        let rank = cp::Communicator::rank(comm);
+    let both: Result<Vec<(CpOutput, Option<CpGrads>)>, CpError> = cp::run_ranks(slots, |(comm, device)| {
+        let comm = &**comm;
+        let rank = comm.rank();
         let err = |source| CpError::attn(rank, source);
-        let dev = VmDevice::new(&opts).map_err(|e| CpError::Comm { rank, why: format!("opening the VM: {e}") })?;
-        let kernels = Kernels::on_device(Box::new(dev));
+        let dev = match device.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(d) => d,
+            None => {
+                Box::new(VmDevice::new(&opts).map_err(|e| CpError::Comm { rank, why: format!("opening the VM: {e}") })?)
+            }
+        };
+        let kernels = Kernels::on_device(dev);
         let up = |keys: bool, heads: usize, t: &[f32]| {
             kernels.upload_as(problem.dtype, &cp::shard(&problem, strategy, world, rank, keys, heads, t)).map_err(err)
         };
@@ -209,7 +317,7 @@ pub fn run(
     let grads_ok = grad_checks.iter().all(|c| c.passed);
     let verified = verification.passed && bytes_ok && grads_ok;
     let v = serde_json::json!({
-        "command": "run", "cp": world, "cp_strategy": strategy.name(), "problem": problem.shape_json(),
+        "command": "run", "cp": world, "cp_strategy": strategy.name(), "cp_comm": comm_kind.name(), "problem": problem.shape_json(),
         "dtype": problem.dtype, "verified": verified, "result_verified": verification.passed,
         "bytes_match_analytic": bytes_ok, "failures": verification.failures,
         "o_rel_rms_err": verification.o.rel_rms_err, "lse_max_abs_err": verification.lse.max_abs_err,

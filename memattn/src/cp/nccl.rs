@@ -18,7 +18,10 @@ use std::sync::{Arc, Mutex};
 /// The NCCL library names cudarc tries; [`world`] checks one loads before any NCCL call (cudarc
 /// panics when none does).
 pub fn library_candidates() -> Vec<String> {
-    cudarc::get_lib_name_candidates("nccl")
+    let mut names = cudarc::get_lib_name_candidates("nccl");
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
 }
 
 /// Whether an NCCL library loads (one of [`library_candidates`]).
@@ -74,6 +77,28 @@ pub fn world(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Grouped<NcclP2p>>, CpE
             Grouped::new(NcclP2p { rank, world: n, inner: Mutex::new(Inner { comm, stream }) })
         })
         .collect())
+}
+
+impl NcclP2p {
+    /// Sends `bytes` bytes of a known pattern to this rank itself through NCCL (one group of a
+    /// send and a receive) and checks what arrives: the transport's own path (device copies,
+    /// the group, the stream, the copies back) on one GPU, where a world of one rank otherwise
+    /// transfers nothing.
+    pub fn check_loopback(&self, bytes: usize) -> Result<(), CpError> {
+        let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(131) ^ (i >> 8)) as u8).collect();
+        let got = self.group(&[(self.rank, &data)], &[(self.rank, bytes)])?;
+        match got.first() {
+            Some(g) if *g == data => Ok(()),
+            Some(g) => Err(CpError::Comm {
+                rank: self.rank,
+                why: format!(
+                    "NCCL loopback: {} of {bytes} bytes differ",
+                    g.iter().zip(&data).filter(|(a, b)| a != b).count() + g.len().abs_diff(bytes)
+                ),
+            }),
+            None => Err(CpError::Comm { rank: self.rank, why: "NCCL loopback: nothing received".into() }),
+        }
+    }
 }
 
 impl GroupedP2p for NcclP2p {
