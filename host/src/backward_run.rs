@@ -87,6 +87,11 @@ pub fn rule_of(dtype: Dtype) -> &'static str {
 /// limit (exit 2).
 pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
     let refuse = |why: String| Err(Error::Usage(format!("--backward: {why}")));
+    if p.alibi {
+        return refuse(
+            "ALiBi runs in the forward and decode kernels only; the backward has no ALiBi (leave out --alibi)".into(),
+        );
+    }
     if kernel == KernelKind::Naive {
         if p.dtype != Dtype::F32 {
             return refuse(format!(

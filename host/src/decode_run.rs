@@ -46,6 +46,8 @@ pub struct DecodeReport {
     pub window: [i32; 2],
     pub softcap: f32,
     pub sinks: bool,
+    /// ALiBi with the paper's slopes.
+    pub alibi: bool,
     /// The decode forward family that ran: `mma` (tensor cores) or `simt`.
     pub kernel: &'static str,
     pub cache: CacheLayout,
@@ -197,6 +199,7 @@ pub fn run_decode(
         window: [p.window_left, p.window_right],
         softcap: p.softcap,
         sinks: p.sinks,
+        alibi: p.alibi,
         kernel: kernel_family_name(launches.iter().map(|l| l.0)),
         cache: x.layout,
         inputs: inputs_desc,
@@ -349,6 +352,7 @@ fn decode_measured(
     let slots = p.cache_batch_idx.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
     let leftpad = p.cache_leftpad.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
     let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let alibi = if p.alibi { Some(k.upload_as(Dtype::F32, &x.alibi_slopes)?) } else { None };
     let es = p.dtype.size_bytes();
     let o = k.alloc((b * sq * h * d) as u64 * es)?;
     let lse = k.alloc(p.rows() * 4)?;
@@ -393,6 +397,14 @@ fn decode_measured(
     }
     if let Some(s) = &sinks_view {
         opts = opts.sinks(s);
+    }
+    let alibi_view = match &alibi {
+        // [heads] or [batch, heads] slopes.
+        Some(a) => Some(memattn::attn::AlibiView::vm(a, (x.alibi_slopes.len() != h).then_some(b), h)?),
+        None => None,
+    };
+    if let Some(a) = &alibi_view {
+        opts = opts.alibi_slopes(a);
     }
     if let Some(t) = &slots {
         opts = opts.cache_batch_idx(t);

@@ -471,6 +471,7 @@ fn launch_measured(
         KernelKind::Flash => None,
     };
     let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let alibi = if p.alibi { Some(k.upload_as(Dtype::F32, &memattn::problem::alibi_slopes(p.heads))?) } else { None };
     let cu = match p.varlen {
         Some(vl) => {
             Some((k.index_tensor(&Varlen::cu(vl.seqlens_q), None)?, k.index_tensor(&Varlen::cu(vl.seqlens_kv), None)?))
@@ -510,6 +511,13 @@ fn launch_measured(
     }
     if let Some(s) = &sinks_view {
         opts = opts.sinks(s);
+    }
+    let alibi_view = match &alibi {
+        Some(a) => Some(memattn::attn::AlibiView::vm(a, None, h)?),
+        None => None,
+    };
+    if let Some(a) = &alibi_view {
+        opts = opts.alibi_slopes(a);
     }
 
     k.record_launches(true)?;

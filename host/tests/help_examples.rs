@@ -25,7 +25,7 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2", Run(0, "needs 1.00 MiB")),
     ("memattn run --heads 8 --heads-kv 2 --window 255,0", Run(0, "verified     PASS")),
     ("memattn run --sliding-window 256 --softcap 50 --sinks", Run(0, "verified     PASS")),
-    ("memattn check --kernel flash --dtype f32 --head-dim 64", Run(0, "check: 18 of 18 cases passed")),
+    ("memattn check --kernel flash --dtype f32 --head-dim 64", Run(0, "check: 21 of 21 cases passed")),
     ("memattn check --backward --head-dim 64", Run(0, "check --backward: 20 of 20 cases passed")),
     (
         "memattn run --backward --heads 2 --seqlens-q 7,0,30 --seqlens-kv 3,5,45 --causal",

@@ -2,7 +2,7 @@
 //!
 //! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
 //! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
-//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[224]`. The smoke kernel `saxpy_f32`
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[232]`. The smoke kernel `saxpy_f32`
 //! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
@@ -47,6 +47,8 @@ impl Strides {
 ///   `causal != 0` forces `right = 0` ([`AttnParams::key_range`]).
 /// - `softcap > 0`: scores are `softcap * tanh(softmax_scale * q·k / softcap)`; 0 = off.
 /// - `sinks` (0 = none): `heads` f32 logits; `sink[h]` joins the softmax denominator only.
+/// - `alibi_slopes` (0 = none): ALiBi, the score of query `i`, key `j` gains
+///   `-slope * |i + seq_kv - seq_q - j|` ([`AttnParams::alibi_slopes`]).
 /// - Varlen (`cu_seqlens_q != 0`): `batch` packed sequences. Q/O are `[total_q, heads, d]` and
 ///   K/V `[total_kv, heads_kv, d]` (the batch strides are unused), `cu_seqlens_q` and
 ///   `cu_seqlens_kv` are `batch + 1` u32 prefix sums (first 0, non-decreasing), sequence `b` has
@@ -100,11 +102,17 @@ pub struct AttnParams {
     pub cu_seqlens_kv: u64,
     /// Varlen: total query rows (`cu_seqlens_q[batch]`), the head stride of LSE `[heads, total_q]`.
     pub total_q: u32,
-    pub _pad2: u32,
+    /// ALiBi: elements between two sequences' slopes (`heads` for `[batch, heads]` slopes, 0 for
+    /// one `[heads]` row shared by every sequence).
+    pub alibi_batch_stride: u32,
+    /// ALiBi (FlashAttention-2's `alibi_slopes`): f32 slopes, slope `m` of sequence `b`, head
+    /// `h` at `b * alibi_batch_stride + h`; the score of query `i`, key `j` gains
+    /// `-m * |i + seq_kv - seq_q - j|` (after the soft cap, before the mask); 0: none.
+    pub alibi_slopes: u64,
 }
 
-/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[224]`).
-pub const ATTN_PARAMS_BYTES: usize = 224;
+/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[232]`).
+pub const ATTN_PARAMS_BYTES: usize = 232;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
 
@@ -138,7 +146,8 @@ impl Default for AttnParams {
             cu_seqlens_q: 0,
             cu_seqlens_kv: 0,
             total_q: 0,
-            _pad2: 0,
+            alibi_batch_stride: 0,
+            alibi_slopes: 0,
         }
     }
 }
@@ -169,7 +178,8 @@ impl AttnParams {
         w.u64(self.cu_seqlens_q);
         w.u64(self.cu_seqlens_kv);
         w.u32(self.total_q);
-        w.u32(self._pad2);
+        w.u32(self.alibi_batch_stride);
+        w.u64(self.alibi_slopes);
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
@@ -277,8 +287,8 @@ pub struct BwdParams {
     pub key_block: u32,
 }
 
-/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[416]`).
-pub const BWD_PARAMS_BYTES: usize = 416;
+/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[424]`).
+pub const BWD_PARAMS_BYTES: usize = 424;
 const _: () = assert!(core::mem::size_of::<BwdParams>() == BWD_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<BwdParams>() == 8);
 
@@ -324,8 +334,8 @@ pub struct NaiveBwdParams {
     pub ds: u64,
 }
 
-/// Size in bytes of [`NaiveBwdParams`] (`.b8 ..._param_0[424]`).
-pub const NAIVE_BWD_PARAMS_BYTES: usize = 424;
+/// Size in bytes of [`NaiveBwdParams`] (`.b8 ..._param_0[432]`).
+pub const NAIVE_BWD_PARAMS_BYTES: usize = 432;
 const _: () = assert!(core::mem::size_of::<NaiveBwdParams>() == NAIVE_BWD_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<NaiveBwdParams>() == 8);
 
@@ -377,7 +387,8 @@ mod tests {
             cu_seqlens_q: 61,
             cu_seqlens_kv: 62,
             total_q: 63,
-            _pad2: 0,
+            alibi_batch_stride: 64,
+            alibi_slopes: 65,
         };
         // SAFETY: AttnParams is repr(C), Copy, and has no padding bytes (size asserted above).
         let raw: [u8; ATTN_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };

@@ -37,7 +37,7 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[240]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[256]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
 /// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
 /// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
@@ -113,10 +113,17 @@ pub struct DecodeParams {
     /// 1: query token `i` is at position `cache_seqlens[b] + i` (causal or windowed calls); 0:
     /// every query token is at `cache_seqlens[b]` (FlashAttention-2's rule).
     pub rotary_q_per_token: u32,
+    /// ALiBi (FlashAttention-2's `alibi_slopes`): f32 slopes, slope of sequence `b`, query head
+    /// `h` at `b * alibi_batch_stride + h`; the score of query token `i` and key `j` gains
+    /// `-slope * |i + seqlen_k - seq_q - j|`; 0: none.
+    pub alibi_slopes: u64,
+    /// `heads` for `[batch, heads]` slopes, 0 for one `[heads]` row.
+    pub alibi_batch_stride: u32,
+    pub _pad2: u32,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 240;
+pub const DECODE_PARAMS_BYTES: usize = 256;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -177,6 +184,12 @@ impl DecodeParams {
             at += 8;
         }
         for x in [self.rotary_dim, self.rotary_interleaved, self.seqlen_ro, self.rotary_q_per_token] {
+            out[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            at += 4;
+        }
+        out[at..at + 8].copy_from_slice(&self.alibi_slopes.to_le_bytes());
+        at += 8;
+        for x in [self.alibi_batch_stride, self._pad2] {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
@@ -396,6 +409,8 @@ mod tests {
                 .to_bytes();
         assert_eq!((&b[192..200], &b[216..224]), (&0x99u64.to_le_bytes()[..], &0xAAu64.to_le_bytes()[..]));
         assert_eq!((&b[224..228], &b[236..240]), (&32u32.to_le_bytes()[..], &1u32.to_le_bytes()[..]));
+        let b = DecodeParams { alibi_slopes: 0xBB, alibi_batch_stride: 5, ..Default::default() }.to_bytes();
+        assert_eq!((&b[240..248], &b[248..252]), (&0xBBu64.to_le_bytes()[..], &5u32.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());

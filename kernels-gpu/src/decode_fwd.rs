@@ -29,7 +29,8 @@
 //! barrier and shuffle. Each thread stages 16-byte chunks `t, t + 128, ...` of the K and V tiles.
 //!
 //! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)` before
-//! masking and the softmax. Sinks (`sinks != 0`): the head's sink logit joins the denominator of
+//! masking and the softmax; ALiBi (`alibi_slopes != 0`) then adds `-slope * |i + seqlen_k - seq_q
+//! - j|`. Sinks (`sinks != 0`): the head's sink logit joins the denominator of
 //! split 0 only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]; split 0 always exists), so
 //! after the merge it is counted exactly once.
 //!
@@ -243,6 +244,9 @@ pub(crate) unsafe fn decode_fwd<
     let block_end = if block_end > 0 { block_end as usize } else { 0 };
     let skip = if first > k_lo as i64 { (first as usize - k_lo as usize) / BC * BC } else { 0 };
 
+    // ALiBi in the log2 domain: -slope · log2 e per key of distance from the row's diagonal.
+    let alibi2 = -unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, b as u32, h as u32) } * LOG2E;
+    let row_diag = qi as i32 + seqlen_k as i32 - p.seq_q as i32;
     let mut row_sm = OnlineSoftmax::new();
     let mut acc = [0.0f32; DPT];
 
@@ -295,8 +299,14 @@ pub(crate) unsafe fn decode_fwd<
                 }
                 let key = (kv0 + rr) as i64;
                 s[c] = if key >= row_start && key < row_end { part } else { f32::NEG_INFINITY };
-                chunk_max = fmax(chunk_max, s[c]);
             });
+            // ALiBi: one uniform branch per chunk (a masked -inf stays -inf).
+            if alibi2 != 0.0 {
+                unroll!(c in 0..KC => {
+                    s[c] = fma(alibi2, alibi_distance(row_diag, (kv0 + r0 + c) as i32), s[c]);
+                });
+            }
+            unroll!(c in 0..KC => { chunk_max = fmax(chunk_max, s[c]); });
             // Lazy rescale (`must_rescale`): only when some row of the warp has grown by more
             // than 2^8, a warp vote, so the branch is uniform (the shuffles after it need every
             // lane).

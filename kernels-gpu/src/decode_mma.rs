@@ -53,7 +53,8 @@
 //! `LSE_s = -inf`.
 //!
 //! Soft-capping (`softcap > 0`): each score becomes `softcap * tanh(scale * q.k / softcap)`
-//! ([`crate::softmax::softcap2`]). Sinks (`sinks != 0`): the head's sink logit joins the
+//! ([`crate::softmax::softcap2`]); ALiBi (`alibi_slopes != 0`) then adds `-slope * |i + seqlen_k -
+//! seq_q - j|` (each packed row its own token and head). Sinks (`sinks != 0`): the head's sink logit joins the
 //! denominator of split 0 only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]; split 0
 //! always exists), so after the merge it is counted exactly once.
 //!
@@ -345,6 +346,18 @@ pub(crate) unsafe fn decode_mma<
     let mut row_sm = [OnlineSoftmax::new(); 2];
     let mut o = [[0.0f32; 4]; ND];
     let wk = warp * kw; // this warp's first key in a tile
+                        // ALiBi in the log2 domain for the lane's rows g and g + 8 (each its own token and head):
+                        // -slope · log2 e per key of distance from the row's diagonal, which is relative to key
+                        // `wk + 2t` of a tile.
+    let mut alibi2 = [0.0f32; 2];
+    let mut diag = [0i32; 2];
+    if p.alibi_slopes != 0 {
+        unroll!(r in 0..2 => {
+            let (qi, h) = row_of(g + 8 * r);
+            alibi2[r] = -unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, b, h as u32) } * LOG2E;
+            diag[r] = qi as i32 + seqlen_k as i32 - p.seq_q as i32 - (wk + 2 * t) as i32;
+        });
+    }
 
     while kv0 < block_end {
         // (1) K has landed and every warp is done reading the previous V: start loading V.
@@ -373,6 +386,14 @@ pub(crate) unsafe fn decode_mma<
         if softcap {
             unroll!(n in 0..NS => {
                 unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
+            });
+        }
+        if p.alibi_slopes != 0 {
+            unroll!(n in 0..NS => {
+                unroll!(e in 0..4 => {
+                    let r = e / 2;
+                    s[n][e] = fma(alibi2[r], alibi_distance(diag[r] - kv0 as i32, (8 * n + e % 2) as i32), s[n][e]);
+                });
             });
         }
         if (kv0 + BC) as i64 > first_row_end || (kv0 as i64) < last_row_start {

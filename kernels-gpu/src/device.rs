@@ -253,3 +253,26 @@ pub unsafe fn red_add_f32(addr: u64, x: f32) {
              a = in(reg64) addr, x = in(reg32) x, options(nostack));
     }
 }
+
+/// ALiBi: the slope of sequence `b`, head `h` (`slopes[b * batch_stride + h]`), 0 without
+/// slopes (`slopes == 0`). A score's bias is `-slope * |i + seq_kv - seq_q - j|`
+/// ([`alibi_distance`]).
+///
+/// # Safety
+/// A non-zero `slopes` must hold the f32 slope at that index.
+#[inline(always)]
+pub unsafe fn alibi_slope(slopes: u64, batch_stride: u32, b: u32, h: u32) -> f32 {
+    if slopes == 0 {
+        0.0
+    } else {
+        unsafe { ld_f32(slopes + 4 * (b as u64 * batch_stride as u64 + h as u64)) }
+    }
+}
+
+/// `|rd - j|` as f32: the ALiBi distance of a key `j` from a row whose diagonal (`i + seq_kv -
+/// seq_q`) is `rd`.
+#[inline(always)]
+pub fn alibi_distance(rd: i32, j: i32) -> f32 {
+    let d = rd - j;
+    (if d < 0 { -d } else { d }) as f32
+}

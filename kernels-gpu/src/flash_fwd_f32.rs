@@ -31,8 +31,9 @@
 //!
 //! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
 //! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::mask::key_range`]);
-//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
-//! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
+//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); ALiBi's
+//! `-slope · |i + seq_kv - seq_q - j|` after it ([`crate::abi::AttnParams::alibi_slopes`]); a
+//! per-head sink logit in the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
 //!
 //! Masking: keys outside a row's window `[start, end)` (and past `seq_kv`) score `-inf`. A block
 //! visits only the key tiles that meet `[start of its first row, end of its last row)`: tiles
@@ -89,6 +90,9 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
     let softcap = p.softcap > 0.0;
     let (qscale, cap2) =
         if softcap { (p.softmax_scale / p.softcap, p.softcap * LOG2E) } else { (p.softmax_scale * LOG2E, 0.0) };
+    // ALiBi in the log2 domain: -slope · log2 e per key of distance from the row's diagonal.
+    let alibi2 = -unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, ctaid_z(), h as u32) } * LOG2E;
+    let row_diag = qi as i32 + p.seq_kv as i32 - p.seq_q as i32;
     let mut q = [0.0f32; DPT];
     if row_valid {
         let qa = p.q + 4 * p.q_strides.offset(b, q_row0 + qi as u64, h);
@@ -157,8 +161,14 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
                 }
                 let j = (kv0 + r) as i32;
                 s[c] = if j >= row_start && j < row_end { part } else { f32::NEG_INFINITY };
-                chunk_max = fmax(chunk_max, s[c]);
             });
+            // ALiBi: one uniform branch per chunk (a masked -inf stays -inf).
+            if alibi2 != 0.0 {
+                unroll!(c in 0..KC => {
+                    s[c] = fma(alibi2, alibi_distance(row_diag, (kv0 + r0 + c) as i32), s[c]);
+                });
+            }
+            unroll!(c in 0..KC => { chunk_max = fmax(chunk_max, s[c]); });
 
             // (3) New running max and (4) rescale what was accumulated under the old one, lazily
             // (`must_rescale`): only when some row of the warp has grown by more than 2^8 (a

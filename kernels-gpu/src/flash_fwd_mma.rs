@@ -22,7 +22,8 @@
 //! memory; (6) wait for V, start loading the next K, `O += P V`. Finally `O /= l` and
 //! `LSE = ln 2 * (m·c + log2 l)`. A negative scale negates Q once in shared memory (exact) so the
 //! max is always a max; a zero scale is raised to the smallest normal float. The soft cap is a
-//! separate instantiation of the whole body, so the common key loop has no tanh.
+//! separate instantiation of the whole body, so the common key loop has no tanh; ALiBi is a third
+//! (which takes the soft cap at run time), so the common loop has no bias either.
 //!
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, bf16 or f16 (the
 //! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
@@ -68,8 +69,9 @@
 //!
 //! Semantics (`docs/semantics.md`): K/V head `h / (heads / heads_kv)` (GQA/MQA); window
 //! `(left, right)` bottom-right aligned, causal = right 0 ([`crate::mask::key_range`]);
-//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); a per-head sink logit in
-//! the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
+//! soft cap `c · tanh(scale · q·k / c)` ([`crate::softmax::softcap2`]); ALiBi's
+//! `-slope · |i + seq_kv - seq_q - j|` after it ([`crate::abi::AttnParams::alibi_slopes`]); a
+//! per-head sink logit in the denominator only ([`crate::softmax::OnlineSoftmax::finish_with_sink`]).
 //!
 //! Masking: keys outside a row's window `[start, end)` (and past `seq_kv`) score `-inf`. The
 //! block visits only the key tiles that meet `[start of its first row, end of its last row)`
@@ -343,12 +345,35 @@ pub(crate) unsafe fn flash_fwd<
 >(
     p: &AttnParams,
 ) {
-    // The soft cap is a separate instantiation of the whole loop: the common loop has no tanh.
-    if p.softcap > 0.0 {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, true>(p) }
+    // The soft cap and ALiBi are separate instantiations of the whole loop: the common loop has
+    // no tanh and no bias. The ALiBi loop takes the soft cap at run time.
+    if p.alibi_slopes != 0 {
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::ALIBI }>(p) }
+    } else if p.softcap > 0.0 {
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::SOFTCAP }>(p) }
     } else {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, false>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::PLAIN }>(p) }
     }
+}
+
+/// ALiBi's slope of sequence `b`, head `h` as a bias per key of distance in the units of a
+/// loop whose exponent is `2^(s·c − m·c)`: `-slope · log2 e / c`.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn alibi_raw(p: &AttnParams, b: u32, h: u32, c: f32) -> f32 {
+    -unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, b, h) } * LOG2E / c
+}
+
+/// Which loop [`flash_fwd_body`] is: its scores plain, soft-capped, or with ALiBi's bias (and
+/// the soft cap when `softcap > 0`, a uniform branch at run time).
+#[cfg(target_arch = "nvptx64")]
+struct Body;
+
+#[cfg(target_arch = "nvptx64")]
+impl Body {
+    const PLAIN: u32 = 0;
+    const SOFTCAP: u32 = 1;
+    const ALIBI: u32 = 2;
 }
 
 // The per-row arrays hold 4 rows (2 per m-tile, at most 2 m-tiles); `unroll4!` spells out
@@ -368,10 +393,12 @@ unsafe fn flash_fwd_body<
     const MT: usize,
     const QK: usize,
     const BACK: bool,
-    const SOFTCAP: bool,
+    const BODY: u32,
 >(
     p: &AttnParams,
 ) {
+    let alibi = BODY == Body::ALIBI;
+    let softcap_on = BODY == Body::SOFTCAP || (alibi && p.softcap > 0.0);
     const {
         assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * MT * (THREADS / 32));
         assert!(MT >= 1 && MT <= 2, "one or two 16-row m-tiles per warp");
@@ -453,7 +480,7 @@ unsafe fn flash_fwd_body<
     sync_threads();
     // A negative scale: Q is negated once in shared memory and the scale's magnitude used, so
     // the running max below is taken on raw scores of either sign (exact: a sign flip).
-    let scale = if SOFTCAP { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
+    let scale = if softcap_on { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
     if scale < 0.0 {
         let cpr = D * 2 / CHUNK;
         let (c, r) = (tid % cpr, tid / cpr);
@@ -468,7 +495,7 @@ unsafe fn flash_fwd_body<
     // Softmax multiplier of the raw scores (log2 domain). Without a soft cap it is applied
     // inside the exponent, `2^(s·c − m·c)` as one FFMA; a zero scale is raised to the smallest
     // normal float so that masked (-inf) scores stay -inf and never become NaN.
-    let c = if SOFTCAP {
+    let c = if softcap_on {
         1.0
     } else if scale < f32::MIN_POSITIVE {
         f32::MIN_POSITIVE
@@ -476,6 +503,7 @@ unsafe fn flash_fwd_body<
         scale
     };
     let cap2 = p.softcap * LOG2E;
+    let bias = if alibi { alibi_raw(p0, ctaid_z(), h as u32, c) } else { 0.0 };
 
     // Q's A fragments: rows 0-7 / 8-15 of m-tile m at d 16kk, then the same at d 16kk + 8.
     let (q_r, q_c) = ldsm_a_lane(lane);
@@ -549,10 +577,26 @@ unsafe fn flash_fwd_body<
             // (3) Soft cap (its own instantiation): log2-domain capped scores. Then keys a row may not
             // see become -inf. Element e of tile n of m-tile m is lane row 2m + e / 2, key
             // kv0 + 8n + 2t + e % 2.
-            if SOFTCAP {
+            if softcap_on {
                 unroll4!(m in 0..MT => {
                     unroll8!(n in 0..NS => {
                         unroll4!(e in 0..4 => { s[m][n][e] = softcap2(s[m][n][e] * scale, cap2); });
+                    });
+                });
+            }
+            // ALiBi (its own instantiation): -slope · |i + seq_kv - seq_q - j| in the units of
+            // `s` (log2 domain over c), lane row 2m + r against key kv0 + 8n + 2t + e % 2.
+            if alibi {
+                let diag = p.seq_kv as i32 - p.seq_q as i32 - (kv0 + 2 * t as u32) as i32;
+                unroll4!(m in 0..MT => {
+                    unroll4!(r in 0..2 => {
+                        let rd = (row0 + 16 * m + 8 * r) as i32 + diag;
+                        unroll8!(n in 0..NS => {
+                            unroll4!(e in 0..2 => {
+                                let x = &mut s[m][n][2 * r + e];
+                                *x = fma(bias, alibi_distance(rd, (8 * n + e) as i32), *x);
+                            });
+                        });
                     });
                 });
             }

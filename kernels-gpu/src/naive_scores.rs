@@ -3,7 +3,7 @@
 //! Algorithm: every score is an independent dot product over `head_dim`, read straight from global
 //! memory and accumulated in f32 (fma); scores outside the query's window (causal = right 0,
 //! `docs/semantics.md`) are stored as `-inf` so the softmax needs no mask; with a soft cap `c > 0`
-//! the score is `c · tanh(scale · q·k / c)`. Query head `h` reads K head `h / (heads / heads_kv)`.
+//! the score is `c · tanh(scale · q·k / c)`; ALiBi adds `-slope · |i + seq_kv - seq_q - j|`. Query head `h` reads K head `h / (heads / heads_kv)`.
 //! Shapes: Q `[batch, seq_q, heads, d]`, K `[batch, seq_kv, heads_kv, d]` in the entry's element type
 //! (strided, see [`crate::abi::Strides`]); S `[batch, heads, seq_q, seq_kv]` **f32** for every
 //! element type, contiguous — the `4 * batch * heads * seq_q * seq_kv` bytes that memory-efficient
@@ -53,11 +53,14 @@ pub(crate) unsafe fn scores<E: Elem, const THREADS: u32>(p: &AttnParams) {
             acc = fma(unsafe { E::load(q + E::BYTES * d) }, unsafe { E::load(k + E::BYTES * d) }, acc);
             d += 1;
         }
-        if p.softcap > 0.0 {
+        let s = if p.softcap > 0.0 {
             softcap2(acc * (p.softmax_scale / p.softcap), p.softcap * LOG2E) * LN2
         } else {
             acc * p.softmax_scale
-        }
+        };
+        // ALiBi: -slope · |i + seq_kv - seq_q - j|.
+        let slope = unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, bh / p.heads, h as u32) };
+        fma(-slope, alibi_distance(i as i32 + p.seq_kv as i32 - p.seq_q as i32, j as i32), s)
     } else {
         f32::NEG_INFINITY
     };

@@ -118,6 +118,66 @@ pub fn flash_attn_varlen_with_lse(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<(Tensor, Tensor)> {
+    let varlen = varlen_of(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    let op = FlashAttn::new(softmax_scale, causal, (None, None), Some(varlen));
+    let (o, lse) = op.apply(q, k, v)?;
+    let (total_q, h, _) = q.dims3()?;
+    Ok((o, take_lse_from(&lse, (h, total_q))?))
+}
+
+/// ALiBi, as `candle_flash_attn::flash_attn_alibi`: the score of query `i` and key `j` gains
+/// `-slope · |i + seq_kv - seq_q - j|` (after the scale), `alibi_slopes` f32 `[heads]` or
+/// `[batch, heads]` (FlashAttention-2's `(nheads,)` or `(batch, nheads)`; docs/semantics.md).
+/// Forward only: `backward()` through it is refused.
+pub fn flash_attn_alibi(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    let op = FlashAttn::new(softmax_scale, causal, (None, None), None).with_alibi(Some(alibi_slopes))?;
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// [`flash_attn_alibi`] with a window, as `candle_flash_attn::flash_attn_alibi_windowed`
+/// ([`flash_attn_windowed`]'s rule).
+pub fn flash_attn_alibi_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), None)
+        .with_alibi(Some(alibi_slopes))?;
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// Optional ALiBi, a window and a soft cap (`softcap · tanh(score / softcap)`, the bias added after
+/// it), as `candle_flash_attn::flash_attn_alibi_windowed_softcap`.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: f32,
+) -> Result<Tensor> {
+    let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), None)
+        .with_alibi(alibi_slopes)?
+        .with_softcap(softcap);
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// The cu_seqlens of a varlen call, checked and read to the host.
+fn varlen_of(seqlens_q: &Tensor, seqlens_k: &Tensor, max_seqlen_q: usize, max_seqlen_k: usize) -> Result<Varlen> {
     let cu = |t: &Tensor, what: &str| -> Result<Vec<u32>> {
         if t.dtype() != DType::U32 || t.rank() != 1 {
             return Err(candle_core::Error::Msg(format!(
@@ -128,12 +188,91 @@ pub fn flash_attn_varlen_with_lse(
         }
         t.to_vec1::<u32>()
     };
-    let varlen =
-        Varlen { cu_q: cu(seqlens_q, "seqlens_q")?, cu_k: cu(seqlens_k, "seqlens_k")?, max_seqlen_q, max_seqlen_k };
-    let op = FlashAttn::new(softmax_scale, causal, (None, None), Some(varlen));
-    let (o, lse) = op.apply(q, k, v)?;
-    let (total_q, h, _) = q.dims3()?;
-    Ok((o, take_lse_from(&lse, (h, total_q))?))
+    Ok(Varlen { cu_q: cu(seqlens_q, "seqlens_q")?, cu_k: cu(seqlens_k, "seqlens_k")?, max_seqlen_q, max_seqlen_k })
+}
+
+/// [`flash_attn_varlen`] with a window, as `candle_flash_attn::flash_attn_varlen_windowed`.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_varlen_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let varlen = varlen_of(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), Some(varlen));
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// [`flash_attn_varlen`] with ALiBi, as `candle_flash_attn::flash_attn_varlen_alibi`: slopes
+/// `[heads]`, or `[batch, heads]` with one row per packed sequence.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_varlen_alibi(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
+) -> Result<Tensor> {
+    let varlen = varlen_of(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    let op = FlashAttn::new(softmax_scale, causal, (None, None), Some(varlen)).with_alibi(Some(alibi_slopes))?;
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// [`flash_attn_varlen_alibi`] with a window, as `candle_flash_attn::flash_attn_varlen_alibi_windowed`.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_varlen_alibi_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let varlen = varlen_of(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), Some(varlen))
+        .with_alibi(Some(alibi_slopes))?;
+    Ok(op.apply(q, k, v)?.0)
+}
+
+/// Optional ALiBi, a window and a soft cap over packed sequences, as
+/// `candle_flash_attn::flash_attn_varlen_alibi_windowed_softcap`.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_varlen_alibi_windowed_softcap(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    alibi_slopes: Option<&Tensor>,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    softcap: f32,
+) -> Result<Tensor> {
+    let varlen = varlen_of(seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k)?;
+    let op = FlashAttn::new(softmax_scale, false, (window_size_left, window_size_right), Some(varlen))
+        .with_alibi(alibi_slopes)?
+        .with_softcap(softcap);
+    Ok(op.apply(q, k, v)?.0)
 }
 
 /// The packed-sequence arguments of [`flash_attn_varlen`].
@@ -175,6 +314,11 @@ pub struct FlashAttn {
     pub window: (Option<usize>, Option<usize>),
     /// Packed sequences (q, k, v are then 3-d `[total, heads, head_dim]`).
     pub varlen: Option<Varlen>,
+    /// ALiBi slopes: f32 `[heads]` or `[batch, heads]` on q's device (the `*_alibi*` functions);
+    /// forward only.
+    pub alibi_slopes: Option<Tensor>,
+    /// `softcap · tanh(score / softcap)` (Gemma 2); `None` is off.
+    pub softcap: Option<f32>,
     lse: Arc<Mutex<Option<Storage>>>,
 }
 
@@ -185,7 +329,44 @@ impl FlashAttn {
         window: (Option<usize>, Option<usize>),
         varlen: Option<Varlen>,
     ) -> FlashAttn {
-        FlashAttn { softmax_scale, causal, window, varlen, lse: Arc::new(Mutex::new(None)) }
+        FlashAttn {
+            softmax_scale,
+            causal,
+            window,
+            varlen,
+            alibi_slopes: None,
+            softcap: None,
+            lse: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// With ALiBi slopes (f32 `[heads]` or `[batch, heads]`, checked against q by the call).
+    pub fn with_alibi(mut self, slopes: Option<&Tensor>) -> Result<FlashAttn> {
+        if let Some(t) = slopes {
+            if t.dtype() != DType::F32 || !matches!(t.rank(), 1 | 2) {
+                return Err(candle_core::Error::Msg(format!(
+                    "memattn flash_attn: alibi_slopes must be an f32 tensor [heads] or [batch, heads], got {:?} {:?}",
+                    t.dtype(),
+                    t.dims()
+                )));
+            }
+            self.alibi_slopes = Some(t.contiguous()?);
+        }
+        Ok(self)
+    }
+
+    /// With a soft cap (`softcap · tanh(score / softcap)`).
+    pub fn with_softcap(mut self, softcap: f32) -> FlashAttn {
+        self.softcap = Some(softcap);
+        self
+    }
+
+    /// The slopes' batch (for `[batch, heads]`) and heads.
+    fn alibi_dims(&self) -> Option<(Option<usize>, usize)> {
+        self.alibi_slopes.as_ref().map(|t| match t.dims() {
+            &[b, h] => (Some(b), h),
+            d => (None, d.iter().product()),
+        })
     }
 
     /// Applies the op with candle's autograd (`apply_op3`, so `bwd` runs on `backward()`);
@@ -204,10 +385,14 @@ impl FlashAttn {
             })
             .transpose()
         };
-        Ok(AttnOpts::new()
+        let opts = AttnOpts::new()
             .softmax_scale(self.softmax_scale)
             .causal(self.causal)
-            .window(side(self.window.0, "left")?, side(self.window.1, "right")?))
+            .window(side(self.window.0, "left")?, side(self.window.1, "right")?);
+        Ok(match self.softcap {
+            Some(c) => opts.softcap(c),
+            None => opts,
+        })
     }
 
     /// Shape and strides of an input as memattn's 4-d `[batch, seq, heads, head_dim]` view
@@ -232,8 +417,13 @@ impl FlashAttn {
         stream: Option<&std::sync::Arc<memattn::attn::CudaStream>>,
         qkv: [&TensorView<'_>; 3],
         outs: Option<(&mut memattn::attn::TensorViewMut<'_>, &mut memattn::attn::LseViewMut<'_>)>,
+        alibi: Option<&memattn::attn::AlibiView<'_>>,
     ) -> Result<Option<(memattn::attn::DeviceTensor, memattn::attn::DeviceTensor)>> {
         let opts = self.opts()?;
+        let opts = match alibi {
+            Some(a) => opts.alibi_slopes(a),
+            None => opts,
+        };
         let [q, k, v] = qkv;
         match &self.varlen {
             None => match outs {
@@ -354,7 +544,18 @@ impl CustomOp3 for FlashAttn {
             .map(|(b, dtype, shape, strides)| TensorView::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)))
             .collect::<std::result::Result<_, _>>()
             .map_err(wrap)?;
-        let (o, lse) = self.launch(kernels, None, [&views[0], &views[1], &views[2]], None)?.expect("allocating call");
+        // ALiBi slopes on the VM (a CPU tensor: no device read).
+        let slopes = match &self.alibi_slopes {
+            Some(t) => Some(kernels.vm_upload(&t.flatten_all()?.to_vec1::<f32>()?).map_err(wrap)?),
+            None => None,
+        };
+        let alibi = match (&slopes, self.alibi_dims()) {
+            (Some(b), Some((batch, heads))) => Some(memattn::attn::AlibiView::vm(b, batch, heads).map_err(wrap)?),
+            _ => None,
+        };
+        let (o, lse) = self
+            .launch(kernels, None, [&views[0], &views[1], &views[2]], None, alibi.as_ref())?
+            .expect("allocating call");
         let out = cpu_storage(o.to_vec_f32().map_err(wrap)?, s1.dtype());
         keep_lse(&self.lse, Storage::Cpu(CpuStorage::F32(lse.to_vec_f32().map_err(wrap)?)))?;
         Ok((out, l1.shape().clone()))
@@ -387,6 +588,9 @@ impl CustomOp3 for FlashAttn {
         _o: &Tensor,
         grad_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if self.alibi_slopes.is_some() {
+            return Err(bwd_err("ALiBi has no backward (the forward and decode kernels take it)".into()));
+        }
         let dtype = dtype_of(q.dtype())
             .map_err(|_| bwd_err(format!("q is {:?}; f32, bf16 and f16 have a backward", q.dtype())))?;
         for (t, what) in [(k, "k"), (v, "v")] {
@@ -455,7 +659,7 @@ impl FlashAttn {
         let (qv, kv, vv) = (view(&qb, qs)?, view(&kb, ks)?, view(&vb, ks)?);
         {
             let mut lse_out = memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?;
-            self.launch(kernels, None, [&qv, &kv, &vv], Some((&mut view_mut(&o, qs)?, &mut lse_out)))?;
+            self.launch(kernels, None, [&qv, &kv, &vv], Some((&mut view_mut(&o, qs)?, &mut lse_out)), None)?;
         }
         let (ov, lv, gv) = (view(&o, qs)?, memattn::attn::LseView::vm(&lse, b, h, sq).map_err(wrap)?, view(&gb, qs)?);
         let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs)?, view_mut(&dk, ks)?, view_mut(&dv, ks)?);
@@ -1023,7 +1227,27 @@ mod cuda {
         {
             let mut ov = TensorViewMut::cuda(&mut o, &stream, [b, sq, h, d]).map_err(wrap)?;
             let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
-            op.launch(&kernels, Some(&stream), [&q, &k, &v], Some((&mut ov, &mut lv)))?;
+            // ALiBi slopes: the tensor's own device memory (a contiguous f32 tensor on q's device).
+            let guard = op.alibi_slopes.as_ref().map(|t| t.storage_and_layout());
+            let slopes = match &guard {
+                Some((st, l)) => match &**st {
+                    Storage::Cuda(cs) => Some(cs.as_cuda_slice::<f32>()?.slice(l.start_offset()..)),
+                    other => {
+                        return Err(candle_core::Error::Msg(format!(
+                            "memattn flash_attn: alibi_slopes is on {:?} while q is on a CUDA device",
+                            other.device().location()
+                        )))
+                    }
+                },
+                None => None,
+            };
+            let alibi = match (&slopes, op.alibi_dims()) {
+                (Some(s), Some((batch, heads))) => {
+                    Some(memattn::attn::AlibiView::cuda(s, &stream, batch, heads).map_err(wrap)?)
+                }
+                _ => None,
+            };
+            op.launch(&kernels, Some(&stream), [&q, &k, &v], Some((&mut ov, &mut lv)), alibi.as_ref())?;
         }
         let lse = CudaStorage::wrap_cuda_slice(lse, s1.device.clone());
         keep_lse(&op.lse, Storage::Cuda(lse))?;
@@ -1071,7 +1295,7 @@ mod cuda {
         {
             let mut ov = TensorViewMut::cuda(&mut o, &stream, q_shape).map_err(wrap)?;
             let mut lv = LseViewMut::cuda(&mut lse, &stream, b, h, sq).map_err(wrap)?;
-            op.launch(&kernels, Some(&stream), [&qv, &kv, &vv], Some((&mut ov, &mut lv)))?;
+            op.launch(&kernels, Some(&stream), [&qv, &kv, &vv], Some((&mut ov, &mut lv)), None)?;
         }
         {
             let ov = TensorView::cuda(&o, &stream, q_shape).map_err(wrap)?;

@@ -286,3 +286,98 @@ fn kvcache_matches_candle_ops_over_the_gathered_pages() {
     .to_string();
     assert!(e.contains("block_table[0][1] = 9 is past num_pages (6)"), "{e}");
 }
+
+/// `flash_attn_alibi`, `flash_attn_alibi_windowed`, `flash_attn_alibi_windowed_softcap` and
+/// `flash_attn_varlen_alibi` against candle's ops with the bias written out as a tensor
+/// (`-slope · |i + skv - sq - j|`, per batch and head), the band mask and the soft cap; and the
+/// backward refused.
+#[test]
+fn alibi_matches_candle_ops_with_the_bias_as_a_tensor() {
+    let dev = Device::Cpu;
+    let (b, sq, skv, h, hk, d) = (2usize, 37usize, 70usize, 6usize, 2usize, 64usize);
+    let r = |n| Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+    let (q, k, v) = (r((b, sq, h, d)), r((b, skv, hk, d)), r((b, skv, hk, d)));
+    let scale = 1.0 / (d as f32).sqrt();
+    // [batch, heads] slopes; the [heads] form is the first row repeated.
+    let slopes: Vec<f32> = (0..b * h).map(|i| 0.05 + 0.03 * i as f32).collect();
+    let st = Tensor::from_vec(slopes.clone(), (b, h), &dev).unwrap();
+    // softmax(s + bias + mask) v with candle's ops, f32; `window` (left, right) as the band.
+    let want = |cap: Option<f32>, window: (Option<usize>, Option<usize>), causal: bool| -> Tensor {
+        let n_rep = h / hk;
+        let (k, v) = (repeat_kv(&k, n_rep).unwrap(), repeat_kv(&v, n_rep).unwrap());
+        let t = |x: &Tensor| x.transpose(1, 2).unwrap().contiguous().unwrap();
+        let mut s = (t(&q).matmul(&t(&k).t().unwrap()).unwrap() * scale as f64).unwrap();
+        if let Some(c) = cap {
+            s = ((s / c as f64).unwrap().tanh().unwrap() * c as f64).unwrap();
+        }
+        let right = if causal { Some(0) } else { window.1 };
+        let mut bias = Vec::with_capacity(b * h * sq * skv);
+        for bb in 0..b {
+            for hh in 0..h {
+                for i in 0..sq {
+                    for j in 0..skv {
+                        let diag = i as i64 + skv as i64 - sq as i64;
+                        let seen = window.0.is_none_or(|l| j as i64 >= diag - l as i64)
+                            && right.is_none_or(|r| j as i64 <= diag + r as i64);
+                        bias.push(if seen {
+                            -slopes[bb * h + hh] * (diag - j as i64).abs() as f32
+                        } else {
+                            f32::NEG_INFINITY
+                        });
+                    }
+                }
+            }
+        }
+        let s = (s + Tensor::from_vec(bias, (b, h, sq, skv), &dev).unwrap()).unwrap();
+        let m = s.max_keepdim(D::Minus1).unwrap();
+        let e = s.broadcast_sub(&m).unwrap().exp().unwrap();
+        let p = e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap();
+        p.matmul(&t(&v)).unwrap().transpose(1, 2).unwrap().contiguous().unwrap()
+    };
+    let o = memattn_candle::flash_attn_alibi(&q, &k, &v, &st, scale, true).unwrap();
+    let e = max_abs_diff(&o, &want(None, (None, None), true));
+    assert!(e <= 2e-5, "flash_attn_alibi: {e}");
+    let o = memattn_candle::flash_attn_alibi_windowed(&q, &k, &v, &st, scale, Some(20), Some(5)).unwrap();
+    let e = max_abs_diff(&o, &want(None, (Some(20), Some(5)), false));
+    assert!(e <= 2e-5, "flash_attn_alibi_windowed: {e}");
+    let o =
+        memattn_candle::flash_attn_alibi_windowed_softcap(&q, &k, &v, Some(&st), scale, Some(20), None, 3.0).unwrap();
+    let e = max_abs_diff(&o, &want(Some(3.0), (Some(20), None), false));
+    assert!(e <= 2e-5, "flash_attn_alibi_windowed_softcap: {e}");
+    // Without the bias the result is far from it: the test sees ALiBi.
+    let plain = memattn_candle::flash_attn(&q, &k, &v, scale, true).unwrap();
+    assert!(max_abs_diff(&plain, &want(None, (None, None), true)) > 0.05);
+    // bf16 within the usual 16-bit bound.
+    let bf = |x: &Tensor| x.to_dtype(DType::BF16).unwrap();
+    let o = memattn_candle::flash_attn_alibi(&bf(&q), &bf(&k), &bf(&v), &st, scale, true).unwrap();
+    let e = max_abs_diff(&o, &want(None, (None, None), true));
+    assert!(e <= 3e-2, "bf16 flash_attn_alibi: {e}");
+    // Packed: the two batches as two sequences of the same lengths, one slope row each.
+    let pack = |x: &Tensor| x.reshape((x.dim(0).unwrap() * x.dim(1).unwrap(), x.dim(2).unwrap(), d)).unwrap();
+    let cu = |n: usize| Tensor::from_vec(vec![0u32, n as u32, 2 * n as u32], 3, &dev).unwrap();
+    let o = memattn_candle::flash_attn_varlen_alibi(
+        &pack(&q),
+        &pack(&k),
+        &pack(&v),
+        &st,
+        &cu(sq),
+        &cu(skv),
+        sq,
+        skv,
+        scale,
+        true,
+    )
+    .unwrap();
+    let e = max_abs_diff(&o, &pack(&want(None, (None, None), true)));
+    assert!(e <= 2e-5, "flash_attn_varlen_alibi: {e}");
+    // Refusals: slopes of the wrong dtype or count; the backward.
+    let bad = Tensor::from_vec(vec![0.1f32; 5], 5, &dev).unwrap();
+    let e = memattn_candle::flash_attn_alibi(&q, &k, &v, &bad, scale, true).unwrap_err().to_string();
+    assert!(e.contains("5 slopes per sequence for q's 6 heads"), "{e}");
+    let e = memattn_candle::flash_attn_alibi(&q, &k, &v, &bf(&st), scale, true).unwrap_err().to_string();
+    assert!(e.contains("alibi_slopes must be an f32 tensor"), "{e}");
+    let qv = candle_core::Var::from_tensor(&q).unwrap();
+    let o = memattn_candle::flash_attn_alibi(qv.as_tensor(), &k, &v, &st, scale, true).unwrap();
+    let e = o.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("ALiBi has no backward"), "{e}");
+}

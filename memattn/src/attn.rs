@@ -132,6 +132,9 @@ pub enum AttnError {
     /// Per-head sinks that do not fit q.
     #[error("sinks: {why}")]
     Sinks { why: SinksRule },
+    /// ALiBi slopes that do not fit q, or a call that has no ALiBi.
+    #[error("alibi_slopes: {why}")]
+    Alibi { why: AlibiRule },
     /// cu_seqlens (or cache_seqlens) that are not what the tensors need.
     #[error("{tensor}: {why}")]
     SeqLens { tensor: &'static str, why: SeqLensRule },
@@ -223,6 +226,20 @@ pub enum SinksRule {
     Misaligned { ptr: u64 },
 }
 
+/// Why ALiBi slopes were refused ([`AttnError::Alibi`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AlibiRule {
+    #[error("{got} slopes per sequence for q's {heads} heads (one per query head)")]
+    Heads { got: usize, heads: usize },
+    #[error("slopes for {got} sequences where the call has {batch} (give [heads] or [batch, heads])")]
+    Batch { got: usize, batch: usize },
+    #[error("the base pointer {ptr:#x} is not 4-byte aligned")]
+    Misaligned { ptr: u64 },
+    #[error("{call} has no ALiBi (the forward and decode calls do)")]
+    Unsupported { call: &'static str },
+}
+
 /// Options of an attention call. Built with setters, so options added later are additions:
 /// `AttnOpts::new().causal(true).softmax_scale(0.1)`. The lifetime is that of the sinks view
 /// ([`AttnOpts::sinks`]); options without sinks are `AttnOpts<'static>`.
@@ -244,6 +261,10 @@ pub struct AttnOpts<'s> {
     /// Per-head sink logits (`[heads]` f32 on the kernels' device): each joins its head's
     /// softmax denominator only, and LSE includes it (gpt-oss). `None`: no sinks.
     pub sinks: Option<&'s SinksView<'s>>,
+    /// ALiBi slopes (FlashAttention-2's `alibi_slopes`, [`AlibiView`]): the score of query `i`
+    /// and key `j` gains `-slope · |i + seq_kv - seq_q - j|` after the soft cap, before the mask
+    /// (LSE includes it). The forward and decode calls take it; the backward refuses it.
+    pub alibi_slopes: Option<&'s AlibiView<'s>>,
     /// KV splits (flash-decoding) of [`Kernels::flash_attn_with_kvcache`]: `None` or `Some(0)`
     /// lets the library choose (FlashAttention-2's heuristic), `Some(n)` is `n` splits
     /// (1..=128). The prefill calls run one split: there, only `None`, 0 and 1 are accepted.
@@ -277,6 +298,8 @@ impl PartialEq for AttnOpts<'_> {
             && self.window == other.window
             && self.softcap == other.softcap
             && sinks(self) == sinks(other)
+            && self.alibi_slopes.map(|a| (a.view.raw.ptr, a.view.raw.place, a.per_batch))
+                == other.alibi_slopes.map(|a| (a.view.raw.ptr, a.view.raw.place, a.per_batch))
             && self.num_splits == other.num_splits
             && self.decode_kernel == other.decode_kernel
             && self.cache_batch_idx.map(|t| t.ptr) == other.cache_batch_idx.map(|t| t.ptr)
@@ -321,6 +344,11 @@ impl<'s> AttnOpts<'s> {
     /// See [`AttnOpts::sinks`](struct.AttnOpts.html#structfield.sinks).
     pub fn sinks(mut self, sinks: &'s SinksView<'s>) -> Self {
         self.sinks = Some(sinks);
+        self
+    }
+    /// See [`AttnOpts::alibi_slopes`](struct.AttnOpts.html#structfield.alibi_slopes).
+    pub fn alibi_slopes(mut self, slopes: &'s AlibiView<'s>) -> Self {
+        self.alibi_slopes = Some(slopes);
         self
     }
     /// See [`AttnOpts::num_splits`](struct.AttnOpts.html#structfield.num_splits).
@@ -812,6 +840,78 @@ impl<'a> SinksView<'a> {
     /// The number of heads.
     pub fn heads(&self) -> usize {
         self.0.raw.shape[2]
+    }
+}
+
+/// ALiBi slopes ([`AttnOpts::alibi_slopes`]): f32, contiguous, on the kernels' device, either one
+/// slope per query head shared by every sequence (`[heads]`) or one per sequence and head
+/// (`[batch, heads]`; varlen: per packed sequence), as FlashAttention-2's `alibi_slopes`
+/// `(nheads,)` or `(batch, nheads)`. Their values are not read by the host.
+/// [`crate::problem::alibi_slopes`] gives the ALiBi paper's slopes for a head count.
+pub struct AlibiView<'a> {
+    view: TensorView<'a>,
+    per_batch: bool,
+}
+
+impl fmt::Debug for AlibiView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [_, b, h, _] = self.view.raw.shape;
+        let shape = if self.per_batch { format!("[{b}, {h}]") } else { format!("[{h}]") };
+        write!(f, "AlibiView({shape} at {:#x} on {})", self.view.raw.ptr, self.view.raw.place)
+    }
+}
+
+impl<'a> AlibiView<'a> {
+    /// Slopes in a device buffer (VM or [`Kernels::on_device`]): `heads` f32 from its start, or
+    /// with `batch = Some(n)`, `n * heads` (sequence-major).
+    pub fn vm(buf: &'a VmBuffer, batch: Option<usize>, heads: usize) -> Result<Self, AttnError> {
+        Ok(AlibiView {
+            view: TensorView::vm(buf, Dtype::F32, [1, batch.unwrap_or(1), heads, 1])?,
+            per_batch: batch.is_some(),
+        })
+    }
+    /// Slopes in a cudarc f32 slice, for a launch on `stream` (shapes as [`AlibiView::vm`]).
+    pub fn cuda<S: DevicePtr<f32>>(
+        slice: &'a S,
+        stream: &'a Arc<CudaStream>,
+        batch: Option<usize>,
+        heads: usize,
+    ) -> Result<Self, AttnError> {
+        Ok(AlibiView {
+            view: TensorView::cuda(slice, stream, [1, batch.unwrap_or(1), heads, 1])?,
+            per_batch: batch.is_some(),
+        })
+    }
+    /// Slopes per sequence (the query heads).
+    pub fn heads(&self) -> usize {
+        self.view.raw.shape[2]
+    }
+    /// The sequences, for `[batch, heads]` slopes; `None` for `[heads]`.
+    pub fn batch(&self) -> Option<usize> {
+        self.per_batch.then_some(self.view.raw.shape[1])
+    }
+    /// Checks the slopes against a call of `heads` query heads and `batch` sequences and gives
+    /// their address and batch stride (elements).
+    fn check(&self, heads: usize, batch: usize) -> Result<(u64, u32), AttnError> {
+        let why = if self.heads() != heads {
+            Some(AlibiRule::Heads { got: self.heads(), heads })
+        } else if self.batch().is_some_and(|b| b != batch) {
+            Some(AlibiRule::Batch { got: self.batch().unwrap_or(0), batch })
+        } else if !self.view.raw.ptr.is_multiple_of(4) {
+            Some(AlibiRule::Misaligned { ptr: self.view.raw.ptr })
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(AttnError::Alibi { why }),
+            None => Ok((self.view.raw.ptr, if self.per_batch { heads as u32 } else { 0 })),
+        }
+    }
+    fn raw(&self) -> &RawView {
+        &self.view.raw
+    }
+    fn stream(&self) -> Option<&CudaStream> {
+        self.view.stream.as_deref()
     }
 }
 
@@ -1438,6 +1538,9 @@ impl Kernels {
         if let Some(s) = opts.sinks {
             tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
         }
+        if let Some(a) = opts.alibi_slopes {
+            tensors.push(("alibi_slopes", a.raw(), a.stream()));
+        }
         if let Some((s, ss)) = scores {
             tensors.push(("scores", s, ss));
         }
@@ -1445,7 +1548,7 @@ impl Kernels {
         // Dtypes.
         let dtype = q.raw.dtype;
         for (name, t, _) in &tensors {
-            let want = if matches!(*name, "lse" | "sinks" | "scores") { Dtype::F32 } else { dtype };
+            let want = if matches!(*name, "lse" | "sinks" | "scores" | "alibi_slopes") { Dtype::F32 } else { dtype };
             if t.dtype != want {
                 return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
             }
@@ -1542,8 +1645,10 @@ impl Kernels {
             window,
             softcap: opts.softcap.unwrap_or(0.0),
             sinks: opts.sinks.is_some(),
+            alibi: opts.alibi_slopes.is_some(),
             varlen: None,
         };
+        let alibi = opts.alibi_slopes.map(|a| a.check(h, batch)).transpose()?;
         problem.validate(kind, &self.caps()?)?;
         let launches = problem.launches(kind)?;
         self.check_module(&launches.iter().map(|l| l.kernel).collect::<Vec<_>>())?;
@@ -1605,6 +1710,8 @@ impl Kernels {
             k_strides: k.raw.kernel_strides(),
             v_strides: v.raw.kernel_strides(),
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
+            alibi_slopes: alibi.map_or(0, |a| a.0),
+            alibi_batch_stride: alibi.map_or(0, |a| a.1),
             ..AttnBuffers::default()
         };
         if let Some(va) = varlen {
@@ -1654,6 +1761,9 @@ impl Kernels {
         }
         if let Some(s) = opts.sinks {
             extents.push(alias::Extent::of_view("sinks", &s.0.raw, false));
+        }
+        if let Some(a) = opts.alibi_slopes {
+            extents.push(alias::Extent::of_view("alibi_slopes", a.raw(), false));
         }
         if let Some(va) = varlen {
             extents.push(alias::Extent::of_index("cu_seqlens_q", va.cu_q));

@@ -230,6 +230,9 @@ pub struct DecodeProblem {
     /// `rotary_interleaved`; the tables are [`DecodeInputs::rotary_cos`] and `rotary_sin`).
     /// Needs new tokens, as FlashAttention-2 does. `None`: no rotation.
     pub rotary: Option<Rotary>,
+    /// ALiBi (FlashAttention-2's `alibi_slopes`; the slopes are [`DecodeInputs::alibi_slopes`]):
+    /// the score of query token `i` and key `j` gains `-slope · |i + seqlen_k - seq_q - j|`.
+    pub alibi: bool,
 }
 
 /// The rotary embedding of a decode call: the leading `dim` dims of every head of `q` and
@@ -269,6 +272,7 @@ impl Default for DecodeProblem {
             cache_batch_idx: None,
             cache_leftpad: None,
             rotary: None,
+            alibi: false,
         }
     }
 }
@@ -637,6 +641,10 @@ pub struct DecodeInputs {
     /// position angles, in the dtype (rounded); empty without rotary.
     pub rotary_cos: Vec<f32>,
     pub rotary_sin: Vec<f32>,
+    /// [`DecodeProblem::alibi`]: the slopes, `[heads]` (every sequence) or `[batch, heads]`;
+    /// empty without ALiBi. [`DecodeInputs::random`] gives the ALiBi paper's slopes
+    /// ([`crate::problem::alibi_slopes`]).
+    pub alibi_slopes: Vec<f32>,
 }
 
 impl DecodeInputs {
@@ -690,6 +698,7 @@ impl DecodeInputs {
             v_scale: Vec::new(),
             rotary_cos: Vec::new(),
             rotary_sin: Vec::new(),
+            alibi_slopes: if p.alibi { crate::problem::alibi_slopes(p.heads) } else { Vec::new() },
         };
         if let Some(r) = p.rotary {
             (x.rotary_cos, x.rotary_sin) = rope_tables(p.rotary_rows(), r.dim, 10000.0, p.dtype);
@@ -840,6 +849,18 @@ impl DecodeInputs {
         want("sinks", self.sinks.len(), if p.sinks { p.heads as u64 } else { 0 })?;
         if let Some(bad_sink) = self.sinks.iter().find(|s| !s.is_finite()) {
             return bad(format!("sink logit {bad_sink} is not finite; sinks must be finite f32 logits"));
+        }
+        let slopes = self.alibi_slopes.len() as u64;
+        if p.alibi != (slopes > 0)
+            || (slopes > 0 && slopes != p.heads as u64 && slopes != p.batch as u64 * p.heads as u64)
+        {
+            return bad(format!(
+                "tensor `alibi_slopes` has {slopes} elements, the problem needs {} ([heads] or [batch, heads] with ALiBi, none without)",
+                if p.alibi { p.heads as u64 } else { 0 }
+            ));
+        }
+        if let Some(bad_slope) = self.alibi_slopes.iter().find(|s| !s.is_finite()) {
+            return bad(format!("ALiBi slope {bad_slope} is not finite"));
         }
         want("k_new", self.k_new.len(), p.new_elems())?;
         want("v_new", self.v_new.len(), p.new_elems())?;
@@ -1052,10 +1073,19 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
             for hh in 0..h {
                 let kv = hh / g;
                 let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
+                // ALiBi: -slope · |diag - j| after the soft cap.
+                let slope = match x.alibi_slopes.len() {
+                    0 => 0.0,
+                    n if n == h => x.alibi_slopes[hh] as f64,
+                    _ => x.alibi_slopes[b * h + hh] as f64,
+                };
                 let s: Vec<f64> = seen
                     .iter()
-                    .map(|&j| scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>())
-                    .map(|s| if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s })
+                    .map(|&j| {
+                        let s = scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
+                        let s = if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s };
+                        s - slope * (diag - j as i64).abs() as f64
+                    })
                     .collect();
                 let r = (b * h + hh) * sq + i;
                 // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
@@ -1205,6 +1235,7 @@ impl DecodeSizes {
             self.block_table.saturating_mul(4),
             p.batch as u64 * 4,
             if p.sinks { p.heads as u64 * 4 } else { 0 },
+            if p.alibi { p.heads as u64 * 4 } else { 0 },
             self.workspace.saturating_mul(4),
         ]
         .iter()
@@ -1252,6 +1283,8 @@ pub struct DecodeBytes {
     pub cache_seqlens: u64,
     /// Sink logits: `4 * heads` with sinks, 0 without.
     pub sinks: u64,
+    /// ALiBi slopes as the host gives them (`4` per slope), 0 without.
+    pub alibi_slopes: u64,
     /// FP8 cache scales as the host gives them (`4` per scale).
     pub kv_scales: u64,
     /// Split workspace: f32 partial O and LSE, `num_splits * rows * (head_dim + 1) * 4` (0 with
@@ -1300,6 +1333,7 @@ impl DecodeBytes {
             cache_seqlens: p.batch as u64 * 4,
             sinks: if p.sinks { 4 * p.heads as u64 } else { 0 },
             kv_scales: 4 * (x.k_scale.len() + x.v_scale.len()) as u64,
+            alibi_slopes: 4 * x.alibi_slopes.len() as u64,
             workspace,
             ..Default::default()
         };
@@ -1313,6 +1347,7 @@ impl DecodeBytes {
             + bytes.block_table
             + bytes.cache_seqlens
             + bytes.sinks
+            + bytes.alibi_slopes
             + bytes.kv_scales
             + bytes.workspace;
         bytes
@@ -1444,6 +1479,10 @@ pub struct DecodeBuffers {
     pub rotary_sin: DevPtr,
     pub q_rot: DevPtr,
     pub k_rot: DevPtr,
+    /// ALiBi slopes (f32, `[heads]` or `[batch, heads]`; `0` = none) and the elements between two
+    /// sequences' slopes (0 or `heads`).
+    pub alibi_slopes: DevPtr,
+    pub alibi_batch_stride: u32,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
@@ -1494,6 +1533,9 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         rotary_interleaved: p.rotary.is_some_and(|r| r.interleaved) as u32,
         seqlen_ro: if p.rotary.is_some() { p.rotary_rows() } else { 0 },
         rotary_q_per_token: p.rotary_q_per_token() as u32,
+        alibi_slopes: bufs.alibi_slopes,
+        alibi_batch_stride: bufs.alibi_batch_stride,
+        _pad2: 0,
     }
 }
 
@@ -1729,6 +1771,7 @@ mod tests {
             v_scale: vec![],
             rotary_cos: vec![],
             rotary_sin: vec![],
+            alibi_slopes: Vec::new(),
         };
         let r = reference(&p, &x);
         assert!((r.o[0] - 3.5).abs() < 1e-6 && (r.lse[0] - 8f64.ln()).abs() < 1e-6, "{r:?}");
@@ -1773,6 +1816,7 @@ mod tests {
             v_scale: vec![2.0, 0.5],
             rotary_cos: vec![],
             rotary_sin: vec![],
+            alibi_slopes: Vec::new(),
         };
         let r = reference(&p, &x);
         assert_eq!((r.o[0], r.o[1]), (896.0, 0.3125));

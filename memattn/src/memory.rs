@@ -5,6 +5,7 @@
 //! | Q | `batch·seq_q·heads·d·size` | input | input |
 //! | K, V | `batch·seq_kv·heads_kv·d·size` each | input | input |
 //! | sinks (with `--sinks`) | `4·heads` | input | input |
+//! | ALiBi slopes (with `--alibi`) | `4·heads` | input | input |
 //! | cu_seqlens q, kv (varlen) | `4·(batch+1)` each | input | input |
 //!
 //! Varlen: Q/K/V/O and LSE count the packed totals (`total_q`, `total_kv` rows), and naive's S
@@ -48,8 +49,9 @@ impl AnalyticBytes {
             KernelKind::Flash => 0,
         };
         let sinks = if p.sinks { 4 * p.heads as u64 } else { 0 };
+        let alibi = if p.alibi { 4 * p.heads as u64 } else { 0 };
         let cu_seqlens = if p.varlen.is_some() { 2 * 4 * (p.batch as u64 + 1) } else { 0 };
-        let inputs = q + 2 * kv + sinks + cu_seqlens;
+        let inputs = q + 2 * kv + sinks + alibi + cu_seqlens;
         let outputs = q;
         let workspace = lse + scores;
         AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }

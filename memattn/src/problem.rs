@@ -156,6 +156,10 @@ pub struct Problem {
     pub softcap: f32,
     /// Per-head sink logits join the softmax denominator (values in [`crate::inputs::Qkv::sinks`]).
     pub sinks: bool,
+    /// ALiBi with the paper's slopes for `heads` heads ([`alibi_slopes`]): the score of query
+    /// `i`, key `j` gains `-slope_h · |i + seq_kv - seq_q - j|` (after the soft cap, before the
+    /// mask; FlashAttention-2's `alibi_slopes`).
+    pub alibi: bool,
     /// Varlen batch: `batch` packed sequences of these lengths (then `seq_q` / `seq_kv` are the
     /// longest; built by [`Problem::varlen`]).
     pub varlen: Option<Varlen>,
@@ -259,9 +263,28 @@ impl Default for Problem {
             window: (-1, -1),
             softcap: 0.0,
             sinks: false,
+            alibi: false,
             varlen: None,
         }
     }
+}
+
+/// The ALiBi paper's slopes for `heads` heads (its reference code's `get_slopes`, which
+/// FlashAttention-2's tests use): for `n` a power of two, `2^(-8 i / n)` for `i = 1..=n`;
+/// otherwise those of the largest power of two `m < n`, then every other slope of `2m`, up to
+/// `n` in all.
+pub fn alibi_slopes(heads: u32) -> Vec<f32> {
+    fn pow2(n: u32) -> impl Iterator<Item = f64> {
+        let start = 2f64.powf(-8.0 / n as f64);
+        (1..=n as i32).map(move |i| start.powi(i))
+    }
+    if heads == 0 {
+        return Vec::new();
+    }
+    let m = 1u32 << (31 - heads.leading_zeros());
+    let mut s: Vec<f64> = pow2(m).collect();
+    s.extend(pow2(2 * m).step_by(2).take((heads - m) as usize));
+    s.into_iter().map(|x| x as f32).collect()
 }
 
 /// Why a problem cannot run. Each message names the limit.
@@ -544,7 +567,8 @@ impl Problem {
             cu_seqlens_q: b.cu_seqlens_q,
             cu_seqlens_kv: b.cu_seqlens_kv,
             total_q: if self.varlen.is_some() { u32::try_from(self.total_q()).unwrap_or(u32::MAX) } else { 0 },
-            _pad2: 0,
+            alibi_batch_stride: b.alibi_batch_stride,
+            alibi_slopes: b.alibi_slopes,
         }
     }
 
@@ -793,6 +817,10 @@ pub struct AttnBuffers {
     pub scores: u64,
     /// Per-head f32 sink logits.
     pub sinks: u64,
+    /// ALiBi slopes (f32, `[heads]` or `[batch, heads]`) and the elements between two
+    /// sequences' slopes (0 or `heads`).
+    pub alibi_slopes: u64,
+    pub alibi_batch_stride: u32,
     pub cu_seqlens_q: u64,
     pub cu_seqlens_kv: u64,
     pub q_strides: Strides,

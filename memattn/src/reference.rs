@@ -131,6 +131,14 @@ pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool 
 /// heads; query head `h` reads K/V head `h / (heads / heads_kv)`). Soft cap:
 /// `s = c · tanh(scale · q·k / c)`. A sink logit joins the denominator only; LSE includes it.
 pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
+    let slopes = if p.alibi { crate::problem::alibi_slopes(p.heads) } else { Vec::new() };
+    reference_with_slopes(p, x, selection, &slopes)
+}
+
+/// [`reference`] with these ALiBi slopes (whatever `p.alibi` says): `[heads]` for every
+/// sequence, `[batch, heads]` per sequence, or empty for none. The score of query `i` and key
+/// `j` (of the row's sequence) gains `-slope · |i + seq_kv - seq_q - j|` after the soft cap.
+pub fn reference_with_slopes(p: &Problem, x: &Qkv, selection: &RowSelection, slopes: &[f32]) -> Reference {
     let rows = selection.rows(p);
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let hk = p.heads_kv.unwrap_or(p.heads) as usize;
@@ -151,16 +159,19 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
         let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
         let k0 = p.kv_row(row.b, 0) as usize;
         let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
+        let slope = match slopes.len() {
+            0 => 0.0,
+            n if n == hh => slopes[h] as f64,
+            _ => slopes[row.b as usize * hh + h] as f64,
+        };
+        let diag = row.i as f64 + sk as f64 - sq as f64;
         let mut m = sink;
         for (j, s) in scores.iter_mut().enumerate() {
             *s = if visible_in(p, sq, sk, row.i, j as u32) {
                 let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
                 let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
-                if cap > 0.0 {
-                    cap * (dot * scale / cap).tanh()
-                } else {
-                    dot * scale
-                }
+                let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
+                s - slope * (diag - j as f64).abs()
             } else {
                 f64::NEG_INFINITY
             };
@@ -239,8 +250,39 @@ pub fn attention_with_sinks(
     if p.sinks && sinks.len() != p.heads as usize {
         return Err(format!("{} sink logits for {} heads (one per head)", sinks.len(), p.heads));
     }
+    let slopes = if p.alibi { crate::problem::alibi_slopes(p.heads) } else { Vec::new() };
+    attention_with_alibi(p, q, k, v, sinks, &slopes)
+}
+
+/// [`attention_with_sinks`] with these ALiBi slopes (whatever `p.alibi` says): `[heads]` for
+/// every sequence, `[batch, heads]` per sequence, or empty for none.
+pub fn attention_with_alibi(
+    p: &Problem,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sinks: &[f32],
+    slopes: &[f32],
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    for (name, got, want) in [("q", q.len(), p.q_elems()), ("k", k.len(), p.kv_elems()), ("v", v.len(), p.kv_elems())] {
+        if got as u64 != want {
+            return Err(format!("{name} has {got} elements, the problem's shape needs {want}"));
+        }
+    }
+    if p.sinks && sinks.len() != p.heads as usize {
+        return Err(format!("{} sink logits for {} heads (one per head)", sinks.len(), p.heads));
+    }
+    let h = p.heads as usize;
+    if !slopes.is_empty() && slopes.len() != h && slopes.len() != p.batch as usize * h {
+        return Err(format!(
+            "{} ALiBi slopes for {} heads and {} sequences ([heads] or [batch, heads])",
+            slopes.len(),
+            h,
+            p.batch
+        ));
+    }
     let x = Qkv { q: q.to_vec(), k: k.to_vec(), v: v.to_vec(), sinks: sinks.to_vec() };
-    let r = reference(p, &x, &RowSelection::All);
+    let r = reference_with_slopes(p, &x, &RowSelection::All, slopes);
     let d = p.head_dim as usize;
     let hh = p.heads as usize;
     let mut o = vec![0.0f64; r.o.len()];

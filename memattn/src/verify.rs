@@ -184,6 +184,7 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
     // GQA/MQA, window, soft cap and sinks as in the reference (`docs/semantics.md`).
     let hk = p.kv_heads() as usize;
     let cap = p.softcap;
+    let slopes = if p.alibi { crate::problem::alibi_slopes(p.heads) } else { vec![0.0; hh] };
     for (r, row) in reference.rows.iter().enumerate() {
         let h = row.h as usize;
         let kh = h / (hh / hk);
@@ -197,11 +198,9 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
             *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
                 let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
                 let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
-                if cap > 0.0 {
-                    cap * (dot * scale / cap).tanh()
-                } else {
-                    dot * scale
-                }
+                let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
+                let dist = (row.i as i64 + sk as i64 - sq as i64 - j as i64).unsigned_abs() as f32;
+                s - slopes[h] * dist
             } else {
                 f32::NEG_INFINITY
             };

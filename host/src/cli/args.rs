@@ -362,6 +362,11 @@ pub struct ProblemArgs {
     /// from --seed), or the `sinks` tensor [heads] F32 of --inputs.
     #[arg(long)]
     pub sinks: bool,
+    /// ALiBi (BLOOM, MPT; FlashAttention-2's alibi_slopes): the score of query i and key j gains
+    /// -slope_h * |i + seq_kv - seq_q - j| after the soft cap, with the ALiBi paper's slopes for
+    /// --heads (2^(-8h/n), h = 1..n, for n a power of two). Forward only (not --backward, --cp).
+    #[arg(long)]
+    pub alibi: bool,
     /// Varlen batch: the query length of each packed sequence (the batch is their count), e.g.
     /// 100,37,0,512; Q and O are [total_q, heads, d], LSE [heads, total_q]; masks and windows apply
     /// per sequence, bottom-right aligned within each. Empty sequences produce nothing.

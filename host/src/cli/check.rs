@@ -5,8 +5,9 @@
 //! NaN first, VM memcheck on). The cases target one bug class each: lengths that are not a
 //! multiple of any tile (off-by-one in a mask or a tail), `seq_q > seq_kv` with causal (fully
 //! masked rows), single rows and keys, several blocks, heads and batches, BSHD and BHSD, GQA
-//! ratios 1/4/8, windows whose edges fall inside a key tile, soft cap and sinks, and varlen
-//! batches with an empty and a length-1 sequence. `--backward` runs the backward's sweep instead
+//! ratios 1/4/8, windows whose edges fall inside a key tile, soft cap and sinks, varlen
+//! batches with an empty and a length-1 sequence, and ALiBi (with GQA, soft cap and window,
+//! varlen). `--backward` runs the backward's sweep instead
 //! (`check_backward.rs`).
 
 use super::args::{CheckArgs, Cli};
@@ -84,6 +85,21 @@ fn cases(dtype: Dtype, d: u32) -> Result<Vec<Case>, Error> {
         ),
         c("varlen causal", "varlen with empty and length-1 sequences", varlen(true, (-1, -1))?),
         c("varlen window", "varlen with a window per sequence", varlen(false, (20, 5))?),
+        c(
+            "alibi causal gqa",
+            "ALiBi bias per head (6 heads: the paper's interleaved slopes), GQA 3:1, 90 x 200",
+            Problem { alibi: true, causal: true, heads_kv: Some(2), ..p(2, 6, 90, 200) },
+        ),
+        c(
+            "alibi softcap window",
+            "ALiBi after the soft cap, keys on both sides of the diagonal (150 x 100, window 40,10)",
+            Problem { alibi: true, softcap: 5.0, window: (40, 10), ..p(1, 4, 150, 100) },
+        ),
+        c(
+            "alibi varlen",
+            "ALiBi distances within each packed sequence",
+            Problem { alibi: true, ..varlen(true, (-1, -1))? },
+        ),
     ])
 }
 

@@ -179,6 +179,11 @@ pub fn run(
             return Err(Error::Usage(format!("{name} must be a positive number (got {v})")));
         }
     }
+    if problem.alibi {
+        return Err(Error::Usage(
+            "--cp has no ALiBi (its blocks are launched with shifted diagonals; leave out --alibi)".into(),
+        ));
+    }
     if problem.layout != memattn_cli::problem::Layout::Bshd {
         return Err(Error::Usage("--cp takes the bshd layout (each rank's rows are contiguous slices)".into()));
     }

@@ -134,6 +134,10 @@ pub struct DecodeArgs {
     /// head joins the softmax denominator only; the LSE includes it.
     #[arg(long)]
     pub sinks: bool,
+    /// ALiBi with the paper's slopes for --heads: the score of query token i and key j gains
+    /// -slope_h * |i + seqlen_k - seq_q - j| (FlashAttention-2's alibi_slopes).
+    #[arg(long)]
+    pub alibi: bool,
     /// Attend to every key (default: bottom-right causal, which only matters for seq_q > 1).
     #[arg(long)]
     pub no_causal: bool,
@@ -249,6 +253,7 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         sm_count_source: if a.sms.is_some() { SmCountSource::Given } else { SmCountSource::Default },
         kernel: a.kernel.unwrap_or_default(),
         sinks: a.sinks,
+        alibi: a.alibi,
         kv_fp8: a.kv_dtype,
         cache_batch_idx: a.cache_batch_idx.clone(),
         cache_leftpad,
@@ -421,6 +426,7 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         v_scale: Vec::new(),
         rotary_cos: Vec::new(),
         rotary_sin: Vec::new(),
+        alibi_slopes: if p.alibi { memattn::problem::alibi_slopes(p.heads) } else { Vec::new() },
     };
     Ok((p, x))
 }

@@ -236,6 +236,7 @@ pub fn resolve_problem(a: &ProblemArgs, file: Option<FileShape>, base: Problem) 
         p.softcap = c;
     }
     p.sinks = a.sinks || p.sinks;
+    p.alibi = a.alibi || p.alibi;
     if let Some(q) = &a.seqlens_q {
         let kv = a.seqlens_kv.clone().unwrap_or_else(|| q.clone());
         p = Problem::varlen(p, q, &kv)?;
@@ -481,6 +482,7 @@ pub fn apply_vary(key: &str, value: &str, p: &mut Problem, kernel: &mut KernelKi
             }
         }
         "sinks" => p.sinks = parse_bool(key, value)?,
+        "alibi" => p.alibi = parse_bool(key, value)?,
         "seqlens-q" | "seqlens-kv" => {
             let lens: Vec<u32> = value.split(':').map(num).collect::<Result<_, _>>()?;
             let (q, kv) = match (key, p.varlen) {

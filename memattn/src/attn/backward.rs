@@ -427,6 +427,9 @@ impl Kernels {
         bwd: &BwdOpts<'_>,
         varlen: Option<&VarlenArgs<'_>>,
     ) -> Result<Option<Gradients>, AttnError> {
+        if opts.alibi_slopes.is_some() {
+            return Err(AttnError::Alibi { why: super::AlibiRule::Unsupported { call: "the backward" } });
+        }
         // The forward's validation of q, k, v, o, lse, the options and the cu_seqlens (shapes,
         // dtypes, places, strides, bounds, head dim, grid limits): one rule for both directions.
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());

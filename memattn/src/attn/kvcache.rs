@@ -686,6 +686,12 @@ impl Kernels {
             let heads = plan.shapes[0][2] as u64;
             extents.push(alias::Extent::of_ptr("sinks", plan.place, plan.plan.sinks, heads * 4));
         }
+        if plan.plan.alibi.0 != 0 {
+            // `heads` f32 slopes per sequence, one row or `batch`.
+            let [b, _, heads, _] = plan.shapes[0];
+            let rows = if plan.plan.alibi.1 == 0 { 1 } else { b as u64 };
+            extents.push(alias::Extent::of_ptr("alibi_slopes", plan.place, plan.plan.alibi.0, rows * heads as u64 * 4));
+        }
         alias::check_disjoint(&extents)?;
         let ptr = |s: &Option<Storage>| s.as_ref().map_or(0, |s| s.ptr());
         let workspace = Some((ptr(&plan.workspace.0), ptr(&plan.workspace.1)));
@@ -736,6 +742,8 @@ impl Kernels {
             v_scale: plan.fp8.map_or(0, |f| f.2),
             cache_batch_idx: plan.slots[0],
             cache_leftpad: plan.slots[1],
+            alibi_slopes: plan.alibi.0,
+            alibi_batch_stride: plan.alibi.1,
             ..DecodeBuffers::default()
         };
         // Rotary: rotated copies of q and k_new for this call (the rotary kernel writes them, the
@@ -818,6 +826,9 @@ impl Kernels {
         if let Some(s) = opts.sinks {
             tensors.push(("sinks", &s.0.raw, s.0.stream.as_deref()));
         }
+        if let Some(a) = opts.alibi_slopes {
+            tensors.push(("alibi_slopes", a.raw(), a.stream()));
+        }
         if let Some(r) = opts.rotary {
             tensors.push(("rotary_cos", &r.cos.raw, r.cos.stream.as_deref()));
             tensors.push(("rotary_sin", &r.sin.raw, r.sin.stream.as_deref()));
@@ -838,7 +849,7 @@ impl Kernels {
             return Err(kv_err(KvCacheRule::Fp8Dtype { dtype }));
         }
         for (name, t, _) in &tensors {
-            let want = if matches!(*name, "lse" | "sinks") { Dtype::F32 } else { dtype };
+            let want = if matches!(*name, "lse" | "sinks" | "alibi_slopes") { Dtype::F32 } else { dtype };
             if t.dtype != want {
                 return Err(AttnError::Dtype { tensor: name, got: t.dtype, expected: want });
             }
@@ -907,7 +918,7 @@ impl Kernels {
         }
         // The decode kernels address every tensor as contiguous.
         for (name, t, _) in &tensors {
-            if !matches!(*name, "lse" | "sinks") && t.strides != contiguous(t.shape) {
+            if !matches!(*name, "lse" | "sinks" | "alibi_slopes") && t.strides != contiguous(t.shape) {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
             }
         }
@@ -975,6 +986,7 @@ impl Kernels {
             sm_count_source: if self.is_vm() { SmCountSource::Default } else { SmCountSource::Device },
             kernel: opts.decode_kernel,
             sinks: opts.sinks.is_some(),
+            alibi: opts.alibi_slopes.is_some(),
             kv_fp8: fp8.map(|f| f.format),
             cache_batch_idx: opts.cache_batch_idx.map(|t| t.values.clone()),
             cache_leftpad: opts.cache_leftpad.map(|t| t.values.clone()),
@@ -1059,12 +1071,14 @@ impl Kernels {
                 }
             }
         }
+        let alibi = opts.alibi_slopes.map(|a| a.check(h, b)).transpose()?;
         Ok(KvPlan {
             splits: plan.num_splits,
             layout,
             launches,
             problem,
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
+            alibi: alibi.unwrap_or((0, 0)),
             fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
             slots: [opts.cache_batch_idx.map_or(0, |t| t.ptr), opts.cache_leftpad.map_or(0, |t| t.ptr)],
             rotary: opts.rotary.map_or([0, 0], |r| [r.cos.raw.ptr, r.sin.raw.ptr]),
@@ -1145,6 +1159,8 @@ struct KvPlan {
     problem: DecodeProblem,
     /// The sinks' device address (`0` = none).
     sinks: u64,
+    /// The ALiBi slopes' device address (`0` = none) and batch stride.
+    alibi: (u64, u32),
     /// An FP8 cache: its format and the device addresses of the K and V scales.
     fp8: Option<(Fp8Format, u64, u64)>,
     /// The device addresses of `cache_batch_idx` and `cache_leftpad` (`0` = none).

@@ -131,6 +131,9 @@ impl Kernels {
         // The forward's validation of q, k, v, o, lse and the options (the naive kernels' head
         // dims, 1..=256), as the fused backward does with its own.
         let outs = (&o.raw, o.stream.as_deref(), Some(lse.0.raw), lse.0.stream.as_deref());
+        if opts.alibi_slopes.is_some() {
+            return Err(AttnError::Alibi { why: super::AlibiRule::Unsupported { call: "the naive backward" } });
+        }
         let plan = self.plan(KernelKind::Naive, q, k, v, Some(outs), None, opts, None)?;
         let dtype = q.raw.dtype;
         if dtype != Dtype::F32 {
