@@ -4,6 +4,11 @@
 //! `candle_flash_attn`'s functions of those names, so switching is a one-line change of the
 //! `use`; [`flash_attn_with_lse`] and [`flash_attn_varlen_with_lse`] also return the log-sum-exp
 //! of each query row (natural log, f32), which candle-flash-attn drops.
+//! [`flash_attn_alibi`], [`flash_attn_alibi_windowed`], [`flash_attn_alibi_windowed_softcap`],
+//! [`flash_attn_varlen_windowed`], [`flash_attn_varlen_alibi`], [`flash_attn_varlen_alibi_windowed`]
+//! and [`flash_attn_varlen_alibi_windowed_softcap`] have candle-flash-attn's signatures too (ALiBi
+//! is forward only). [`flash_attn_with_kvcache_opts`] takes FlashAttention-2's keyword arguments
+//! ([`KvCacheOpts`]: window, soft cap, rotary, cache slots, left padding, ALiBi, sinks).
 //! [`flash_attn_with_kvcache`] (and `_with_lse`) is FlashAttention-2's decode over a contiguous
 //! or paged KV cache with split-KV, in FlashAttention-2's argument order (candle-flash-attn has no
 //! such function): new tokens `k`, `v` are appended **in place** into the caller's `k_cache` and
@@ -775,6 +780,61 @@ pub fn flash_attn_with_kvcache_with_lse(
     causal: bool,
     num_splits: usize,
 ) -> Result<(Tensor, Tensor)> {
+    flash_attn_with_kvcache_opts(
+        q,
+        k_cache,
+        v_cache,
+        k,
+        v,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        num_splits,
+        &KvCacheOpts::default(),
+    )
+}
+
+/// FlashAttention-2's keyword arguments of `flash_attn_with_kvcache` that
+/// [`flash_attn_with_kvcache`] has no place for (docs/semantics.md for each rule):
+/// - `window_size_left`/`right` (`None` unbounded) and `softcap`;
+/// - `rotary_cos`, `rotary_sin` (`[seqlen_ro, rotary_dim / 2]` in q's dtype) and
+///   `rotary_interleaved`: q and the new keys rotated at their positions before the append;
+/// - `cache_batch_idx` (u32 `[batch]`: each sequence's cache slot) and `cache_leftpad` (u32
+///   `[batch]`: the row its keys begin at), contiguous caches only;
+/// - `alibi_slopes` (f32 `[heads]` or `[batch, heads]`) and `sinks` (f32 `[heads]`, gpt-oss).
+///
+/// Index tensors are read to the host for validation, as `cache_seqlens` is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KvCacheOpts<'a> {
+    pub window_size_left: Option<usize>,
+    pub window_size_right: Option<usize>,
+    pub softcap: Option<f32>,
+    pub rotary_cos: Option<&'a Tensor>,
+    pub rotary_sin: Option<&'a Tensor>,
+    pub rotary_interleaved: bool,
+    pub cache_batch_idx: Option<&'a Tensor>,
+    pub cache_leftpad: Option<&'a Tensor>,
+    pub alibi_slopes: Option<&'a Tensor>,
+    pub sinks: Option<&'a Tensor>,
+}
+
+/// [`flash_attn_with_kvcache_with_lse`] with FlashAttention-2's keyword arguments
+/// ([`KvCacheOpts`]): the same in-place append, O and the LSE.
+#[allow(clippy::too_many_arguments)] // FlashAttention-2's signature
+pub fn flash_attn_with_kvcache_opts(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    k: Option<&Tensor>,
+    v: Option<&Tensor>,
+    cache_seqlens: &Tensor,
+    block_table: Option<&Tensor>,
+    softmax_scale: f32,
+    causal: bool,
+    num_splits: usize,
+    opts: &KvCacheOpts<'_>,
+) -> Result<(Tensor, Tensor)> {
     let u32s = |t: &Tensor, what: &str, rank: usize| -> Result<Vec<u32>> {
         if t.dtype() != DType::U32 || t.rank() != rank {
             return Err(kv_err(format!("{what} must be a {rank}-d u32 tensor, got {:?} {:?}", t.dtype(), t.dims())));
@@ -783,12 +843,45 @@ pub fn flash_attn_with_kvcache_with_lse(
     };
     let num_splits =
         u32::try_from(num_splits).map_err(|_| kv_err(format!("num_splits {num_splits} is over the limit")))?;
+    let f32_tensor = |t: &Tensor, what: &str| -> Result<Tensor> {
+        if t.dtype() != DType::F32 || !matches!(t.rank(), 1 | 2) {
+            return Err(kv_err(format!("{what} must be a 1-d or 2-d f32 tensor, got {:?} {:?}", t.dtype(), t.dims())));
+        }
+        t.contiguous()
+    };
+    let rotary = match (opts.rotary_cos, opts.rotary_sin) {
+        (Some(c), Some(s)) => {
+            for (t, what) in [(c, "rotary_cos"), (s, "rotary_sin")] {
+                if t.dtype() != q.dtype() || t.rank() != 2 {
+                    return Err(kv_err(format!(
+                        "{what} must be a 2-d [seqlen_ro, rotary_dim / 2] tensor of q's dtype {:?}, got {:?} {:?}",
+                        q.dtype(),
+                        t.dtype(),
+                        t.dims()
+                    )));
+                }
+            }
+            Some((c.contiguous()?, s.contiguous()?, opts.rotary_interleaved))
+        }
+        (None, None) => None,
+        _ => return Err(kv_err("rotary_cos and rotary_sin come together".into())),
+    };
+    let extras = KvExtras {
+        window: (opts.window_size_left, opts.window_size_right),
+        softcap: opts.softcap,
+        cache_batch_idx: opts.cache_batch_idx.map(|t| u32s(t, "cache_batch_idx", 1)).transpose()?,
+        cache_leftpad: opts.cache_leftpad.map(|t| u32s(t, "cache_leftpad", 1)).transpose()?,
+        sinks: opts.sinks.map(|t| f32_tensor(t, "sinks")).transpose()?,
+        alibi_slopes: opts.alibi_slopes.map(|t| f32_tensor(t, "alibi_slopes")).transpose()?,
+        rotary,
+    };
     let op = FlashAttnKvCache {
         softmax_scale,
         causal,
         num_splits,
         cache_seqlens: u32s(cache_seqlens, "cache_seqlens", 1)?,
         block_table: block_table.map(|t| u32s(t, "block_table", 2)).transpose()?,
+        extras,
         lse: Mutex::new(None),
     };
     let (b, sq, h, _) = q.dims4()?;
@@ -817,12 +910,147 @@ pub struct FlashAttnKvCache {
     pub cache_seqlens: Vec<u32>,
     /// `[batch, max_pages]`, row-major; `None`: a contiguous cache.
     pub block_table: Option<Vec<u32>>,
+    /// The options of [`flash_attn_with_kvcache_opts`] (none for [`flash_attn_with_kvcache`]).
+    pub extras: KvExtras,
     lse: Mutex<Option<Storage>>,
+}
+
+/// [`FlashAttnKvCache`]'s options beyond FlashAttention-2's positional arguments: the scalars, the
+/// index vectors (read to the host, as `cache_seqlens` is) and the small tensors.
+#[derive(Clone, Debug, Default)]
+pub struct KvExtras {
+    pub window: (Option<usize>, Option<usize>),
+    pub softcap: Option<f32>,
+    pub cache_batch_idx: Option<Vec<u32>>,
+    pub cache_leftpad: Option<Vec<u32>>,
+    /// f32 `[heads]`.
+    pub sinks: Option<Tensor>,
+    /// f32 `[heads]` or `[batch, heads]`.
+    pub alibi_slopes: Option<Tensor>,
+    /// `[seqlen_ro, rotary_dim / 2]` cos and sin in q's dtype, and GPT-J pairs.
+    pub rotary: Option<(Tensor, Tensor, bool)>,
+}
+
+impl KvExtras {
+    fn rotary_interleaved(&self) -> bool {
+        self.rotary.as_ref().is_some_and(|r| r.2)
+    }
+    fn alibi_2d(&self) -> bool {
+        self.alibi_slopes.as_ref().is_some_and(|t| t.rank() == 2)
+    }
+    /// Read guards of the option tensors' storages (sinks, slopes, cos, sin), held over a launch.
+    #[cfg(feature = "cuda")]
+    fn guards(&self) -> [Option<(impl std::ops::Deref<Target = Storage> + '_, &Layout)>; 4] {
+        [
+            self.sinks.as_ref().map(|t| t.storage_and_layout()),
+            self.alibi_slopes.as_ref().map(|t| t.storage_and_layout()),
+            self.rotary.as_ref().map(|r| r.0.storage_and_layout()),
+            self.rotary.as_ref().map(|r| r.1.storage_and_layout()),
+        ]
+    }
 }
 
 impl FlashAttnKvCache {
     fn opts(&self) -> AttnOpts<'static> {
-        AttnOpts::new().softmax_scale(self.softmax_scale).causal(self.causal).num_splits(self.num_splits)
+        let side = |w: Option<usize>| w.map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+        let opts = AttnOpts::new()
+            .softmax_scale(self.softmax_scale)
+            .causal(self.causal)
+            .num_splits(self.num_splits)
+            .window(side(self.extras.window.0), side(self.extras.window.1));
+        match self.extras.softcap {
+            Some(c) => opts.softcap(c),
+            None => opts,
+        }
+    }
+
+    /// [`Self::opts`] with the index tensors and device views of the extras.
+    fn opts_with<'a>(&self, ix: &'a KvIndices, v: &'a ExtraViews<'a>) -> AttnOpts<'a> {
+        let mut o: AttnOpts<'a> = self.opts();
+        if let Some(t) = &ix.slots {
+            o = o.cache_batch_idx(t);
+        }
+        if let Some(t) = &ix.leftpad {
+            o = o.cache_leftpad(t);
+        }
+        if let Some(s) = &v.sinks {
+            o = o.sinks(s);
+        }
+        if let Some(a) = &v.alibi {
+            o = o.alibi_slopes(a);
+        }
+        if let Some(r) = &v.rotary {
+            o = o.rotary(r);
+        }
+        o
+    }
+
+    /// The call's index tensors on `kernels`' device (on CUDA on `stream`).
+    fn indices(&self, kernels: &Kernels, stream: Option<&Arc<memattn::attn::CudaStream>>) -> Result<KvIndices> {
+        let ix = |t: &Option<Vec<u32>>| t.as_ref().map(|t| kernels.index_tensor(t, stream)).transpose().map_err(wrap);
+        Ok(KvIndices {
+            seqlens: kernels.index_tensor(&self.cache_seqlens, stream).map_err(wrap)?,
+            table: ix(&self.block_table)?,
+            slots: ix(&self.extras.cache_batch_idx)?,
+            leftpad: ix(&self.extras.cache_leftpad)?,
+        })
+    }
+
+    /// The extras' tensors copied into the VM (sinks and slopes f32, rotary tables in `dtype`).
+    fn vm_extras(&self, kernels: &Kernels, dtype: Dtype) -> Result<VmExtras> {
+        let up = |t: &Tensor, dt: Dtype| -> Result<(memattn::attn::VmBuffer, [usize; 2])> {
+            let dims = match t.dims() {
+                &[a] => [1, a],
+                &[a, b] => [a, b],
+                other => return Err(kv_err(format!("an option tensor of shape {other:?} (1-d or 2-d)"))),
+            };
+            let x = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+            Ok((kernels.vm_upload_as(dt, &x).map_err(wrap)?, dims))
+        };
+        let x = &self.extras;
+        Ok([
+            x.sinks.as_ref().map(|t| up(t, Dtype::F32)).transpose()?,
+            x.alibi_slopes.as_ref().map(|t| up(t, Dtype::F32)).transpose()?,
+            x.rotary.as_ref().map(|r| up(&r.0, dtype)).transpose()?,
+            x.rotary.as_ref().map(|r| up(&r.1, dtype)).transpose()?,
+        ])
+    }
+}
+
+/// The option tensors in the VM (sinks, slopes, cos, sin), each with its 2-d shape.
+type VmExtras = [Option<(memattn::attn::VmBuffer, [usize; 2])>; 4];
+
+/// A KV-cache call's index tensors on the device.
+struct KvIndices {
+    seqlens: memattn::attn::IndexTensor,
+    table: Option<memattn::attn::IndexTensor>,
+    slots: Option<memattn::attn::IndexTensor>,
+    leftpad: Option<memattn::attn::IndexTensor>,
+}
+
+/// Device views of a KV-cache call's option tensors.
+#[derive(Default)]
+struct ExtraViews<'a> {
+    sinks: Option<memattn::attn::SinksView<'a>>,
+    alibi: Option<memattn::attn::AlibiView<'a>>,
+    rotary: Option<memattn::attn::RotaryView<'a>>,
+}
+
+impl<'a> ExtraViews<'a> {
+    /// Views of [`FlashAttnKvCache::vm_extras`]' buffers (`per_batch_alibi`: `[batch, heads]`).
+    fn vm(bufs: &'a VmExtras, dtype: Dtype, interleaved: bool, alibi_2d: bool) -> Result<Self> {
+        let mut v = ExtraViews::default();
+        if let Some((b, [_, h])) = &bufs[0] {
+            v.sinks = Some(memattn::attn::SinksView::vm(b, *h).map_err(wrap)?);
+        }
+        if let Some((b, [rows, h])) = &bufs[1] {
+            v.alibi = Some(memattn::attn::AlibiView::vm(b, alibi_2d.then_some(*rows), *h).map_err(wrap)?);
+        }
+        if let (Some((c, [n, half])), Some((sn, _))) = (&bufs[2], &bufs[3]) {
+            let t = |b| TensorView::vm(b, dtype, [*n, *half, 1, 1]).map_err(wrap);
+            v.rotary = Some(memattn::attn::RotaryView::new(t(c)?, t(sn)?, interleaved));
+        }
+        Ok(v)
     }
 }
 
@@ -859,8 +1087,9 @@ impl CustomOp3 for FlashAttnKvCache {
             let (b, dtype, shape, strides) = &bufs[i];
             memattn::attn::TensorViewMut::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
         };
-        let seqlens = kernels.index_tensor(&self.cache_seqlens, None).map_err(wrap)?;
-        let table = self.block_table.as_ref().map(|t| kernels.index_tensor(t, None)).transpose().map_err(wrap)?;
+        let ix = self.indices(kernels, None)?;
+        let extras = self.vm_extras(kernels, bufs[0].1)?;
+        let ev = ExtraViews::vm(&extras, bufs[0].1, self.extras.rotary_interleaved(), self.extras.alibi_2d())?;
         let (o, lse) = kernels
             .flash_attn_with_kvcache(
                 &view(0)?,
@@ -868,9 +1097,9 @@ impl CustomOp3 for FlashAttnKvCache {
                 &mut view_mut(2)?,
                 None,
                 None,
-                &seqlens,
-                table.as_ref(),
-                &self.opts(),
+                &ix.seqlens,
+                ix.table.as_ref(),
+                &self.opts_with(&ix, &ev),
             )
             .map_err(wrap)?;
         let out = cpu_storage(o.to_vec_f32().map_err(wrap)?, s1.dtype());
@@ -1147,8 +1376,9 @@ mod append {
         // Poisoned outputs: an element the kernels do not write reads back as NaN.
         let o = kernels.vm_upload_as(dtype, &vec![f32::NAN; b * sq * h * d]).map_err(wrap)?;
         let lse = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).map_err(wrap)?;
-        let seqlens = kernels.index_tensor(&op.cache_seqlens, None).map_err(wrap)?;
-        let table = op.block_table.as_ref().map(|t| kernels.index_tensor(t, None)).transpose().map_err(wrap)?;
+        let ix = op.indices(kernels, None)?;
+        let extras = op.vm_extras(kernels, dtype)?;
+        let ev = ExtraViews::vm(&extras, dtype, op.extras.rotary_interleaved(), op.extras.alibi_2d())?;
         kernels
             .flash_attn_with_kvcache_into(
                 &view(0)?,
@@ -1156,11 +1386,11 @@ mod append {
                 &mut view_mut(2)?,
                 Some(&view(3)?),
                 Some(&view(4)?),
-                &seqlens,
-                table.as_ref(),
+                &ix.seqlens,
+                ix.table.as_ref(),
                 &mut memattn::attn::TensorViewMut::vm(&o, dtype, [b, sq, h, d]).map_err(wrap)?,
                 &mut memattn::attn::LseViewMut::vm(&lse, b, h, sq).map_err(wrap)?,
-                &op.opts(),
+                &op.opts_with(&ix, &ev),
             )
             .map_err(wrap)?;
         // memattn checked every index before it wrote; the same rows come back.
@@ -1176,7 +1406,7 @@ mod append {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, ValidAsZeroBits};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::CudaStorage;
     use memattn::attn::{Element, LseViewMut, TensorViewMut};
@@ -1387,9 +1617,10 @@ mod cuda {
         };
         let mut kc = cache_view(kp, ks.len(), l2, "k_cache")?;
         let mut vc = cache_view(vp, vs.len(), l3, "v_cache")?;
-        let seqlens = kernels.index_tensor(&op.cache_seqlens, Some(&stream)).map_err(wrap)?;
-        let table =
-            op.block_table.as_ref().map(|t| kernels.index_tensor(t, Some(&stream))).transpose().map_err(wrap)?;
+        let ix = op.indices(&kernels, Some(&stream))?;
+        let guards = op.extras.guards();
+        let slices = extra_slices::<T, _>(&guards)?;
+        let ev = extra_views(&slices, &stream, &op.extras)?;
         let [b, sq, h, d] = q.shape();
         // Not memset: the kernels write every element of o and lse (a row that sees no key gets
         // o = 0, lse = -inf). SAFETY: both are read only after that launch, on this stream.
@@ -1405,11 +1636,11 @@ mod cuda {
                     &mut vc,
                     None,
                     None,
-                    &seqlens,
-                    table.as_ref(),
+                    &ix.seqlens,
+                    ix.table.as_ref(),
                     &mut ov,
                     &mut lv,
-                    &op.opts(),
+                    &op.opts_with(&ix, &ev),
                 )
                 .map_err(wrap)?;
         }
@@ -1435,9 +1666,10 @@ mod cuda {
             (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
         let mut kc = view_mut::<T>(kcs, lkc, &stream, "k_cache")?;
         let mut vc = view_mut::<T>(vcs, lvc, &stream, "v_cache")?;
-        let seqlens = kernels.index_tensor(&op.cache_seqlens, Some(&stream)).map_err(wrap)?;
-        let table =
-            op.block_table.as_ref().map(|t| kernels.index_tensor(t, Some(&stream))).transpose().map_err(wrap)?;
+        let ix = op.indices(&kernels, Some(&stream))?;
+        let guards = op.extras.guards();
+        let slices = extra_slices::<T, _>(&guards)?;
+        let ev = extra_views(&slices, &stream, &op.extras)?;
         let [b, sq, h, d] = q.shape();
         // Not memset: the kernels write every element of o and lse (a row that sees no key gets
         // o = 0, lse = -inf). SAFETY: both are read only after that launch, on this stream.
@@ -1453,11 +1685,11 @@ mod cuda {
                     &mut vc,
                     Some(&k),
                     Some(&v),
-                    &seqlens,
-                    table.as_ref(),
+                    &ix.seqlens,
+                    ix.table.as_ref(),
                     &mut ov,
                     &mut lv,
-                    &op.opts(),
+                    &op.opts_with(&ix, &ev),
                 )
                 .map_err(wrap)?;
         }
@@ -1465,6 +1697,56 @@ mod cuda {
             Storage::Cuda(CudaStorage::wrap_cuda_slice(o, device.clone())),
             Storage::Cuda(CudaStorage::wrap_cuda_slice(lse, device)),
         ))
+    }
+
+    /// The option tensors' slices on candle's device: sinks and slopes f32, rotary tables `T`.
+    #[allow(clippy::type_complexity)]
+    fn extra_slices<'g, T: Element + CudaDType, G: std::ops::Deref<Target = Storage>>(
+        g: &'g [Option<(G, &'g Layout)>; 4],
+    ) -> Result<(Option<CudaView<'g, f32>>, Option<CudaView<'g, f32>>, Option<CudaView<'g, T>>, Option<CudaView<'g, T>>)>
+    {
+        fn cuda(st: &Storage) -> Result<&CudaStorage> {
+            match st {
+                Storage::Cuda(c) => Ok(c),
+                other => Err(kv_err(format!(
+                    "an option tensor is on {:?} while q is on a CUDA device",
+                    other.device().location()
+                ))),
+            }
+        }
+        let f = |i: usize| -> Result<Option<CudaView<'g, f32>>> {
+            g[i].as_ref().map(|(st, l)| Ok(cuda(st)?.as_cuda_slice::<f32>()?.slice(l.start_offset()..))).transpose()
+        };
+        let t = |i: usize| -> Result<Option<CudaView<'g, T>>> {
+            g[i].as_ref().map(|(st, l)| Ok(cuda(st)?.as_cuda_slice::<T>()?.slice(l.start_offset()..))).transpose()
+        };
+        Ok((f(0)?, f(1)?, t(2)?, t(3)?))
+    }
+
+    /// Views of [`extra_slices`] for a launch on `stream`.
+    #[allow(clippy::type_complexity)]
+    fn extra_views<'a, T: Element + CudaDType>(
+        s: &'a (Option<CudaView<'a, f32>>, Option<CudaView<'a, f32>>, Option<CudaView<'a, T>>, Option<CudaView<'a, T>>),
+        stream: &'a Arc<memattn::attn::CudaStream>,
+        x: &KvExtras,
+    ) -> Result<ExtraViews<'a>> {
+        let mut v = ExtraViews::default();
+        if let (Some(sl), Some(t)) = (&s.0, &x.sinks) {
+            v.sinks = Some(memattn::attn::SinksView::cuda(sl, stream, t.elem_count()).map_err(wrap)?);
+        }
+        if let (Some(sl), Some(t)) = (&s.1, &x.alibi_slopes) {
+            let (batch, heads) = match t.dims() {
+                &[b, h] => (Some(b), h),
+                d => (None, d.iter().product()),
+            };
+            v.alibi = Some(memattn::attn::AlibiView::cuda(sl, stream, batch, heads).map_err(wrap)?);
+        }
+        if let (Some(c), Some(sn), Some((ct, _, inter))) = (&s.2, &s.3, &x.rotary) {
+            let (n, half) = ct.dims2()?;
+            let view = |sl| TensorView::cuda(sl, stream, [n, half, 1, 1]).map_err(wrap);
+            v.rotary = Some(memattn::attn::RotaryView::new(view(c)?, view(sn)?, *inter));
+        }
+        Ok(v)
     }
 
     /// A view of candle's storage with its layout (strides and start offset).

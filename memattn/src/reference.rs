@@ -135,7 +135,7 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
     reference_with_slopes(p, x, selection, &slopes)
 }
 
-/// [`reference`] with these ALiBi slopes (whatever `p.alibi` says): `[heads]` for every
+/// [`reference()`] with these ALiBi slopes (whatever `p.alibi` says): `[heads]` for every
 /// sequence, `[batch, heads]` per sequence, or empty for none. The score of query `i` and key
 /// `j` (of the row's sequence) gains `-slope · |i + seq_kv - seq_q - j|` after the soft cap.
 pub fn reference_with_slopes(p: &Problem, x: &Qkv, selection: &RowSelection, slopes: &[f32]) -> Reference {
