@@ -1,7 +1,10 @@
 //! Throughput of the VM on the flash kernels `flash_fwd_f32_d64` (SIMT, f32) and
 //! `flash_fwd_bf16_d64` (tensor cores), batch 1, heads 2, seq 256, and on the backward's main
 //! kernel `flash_bwd_bf16_d64` (tensor cores, FlashAttention-2's warp layout) at the same shape
-//! (its inputs: random Q, K, V, dO, a saved LSE of `ln(seq)` and a random D).
+//! (its inputs: random Q, K, V, dO, a saved LSE of `ln(seq)` and a random D); and the decode
+//! kernels `decode_mma_bf16_d128` (tensor cores) and `decode_fwd_f32_d128` (SIMT) on one step of
+//! batch 1, heads 32 / 8 (GQA), a contiguous cache of 4096 keys, 8 KV splits (the decode launch
+//! alone, without the split combine).
 //!
 //! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs, and
 //! a word such as `bf16` to run only the kernels whose name contains it).
@@ -10,7 +13,8 @@
 //! (their cost).
 
 use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
-use kernels_gpu::tiles::{LaunchDims, FLASH_BWD_TC_D64, FLASH_F32_D64, FLASH_MMA_D64};
+use kernels_gpu::decode_abi::DecodeParams;
+use kernels_gpu::tiles::{LaunchDims, DECODE_D128, DECODE_MMA_D128, FLASH_BWD_TC_D64, FLASH_F32_D64, FLASH_MMA_D64};
 use ptx_vm::{LaunchConfig, Module, Vm};
 
 const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
@@ -40,6 +44,97 @@ fn main() {
             bench(&module, kernel, elem_bytes, tile, 1, runs, false);
         }
     }
+    for (kernel, elem_bytes, tile) in [
+        ("decode_mma_bf16_d128", 2usize, DECODE_MMA_D128.launch(SPLITS, 1, 4, 8, 1)),
+        ("decode_fwd_f32_d128", 4, DECODE_D128.launch(SPLITS, 1, 4, 8, 1)),
+    ] {
+        if filter.as_ref().is_some_and(|f| !kernel.contains(f.as_str())) {
+            continue;
+        }
+        for &workers in &worker_counts {
+            bench_decode(&module, kernel, elem_bytes, tile, workers, runs);
+        }
+    }
+}
+
+/// KV splits of the decode cases.
+const SPLITS: u32 = 8;
+
+/// One decode step (batch 1, heads 32 / 8, d 128, 4096 cached keys, [`SPLITS`] splits), `runs`
+/// times; prints the median.
+fn bench_decode(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDims, workers: usize, runs: usize) {
+    let (heads, heads_kv, d, cache) = (32u32, 8u32, 128u32, 4096u32);
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let mut data = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                let x = rnd();
+                if elem_bytes == 4 {
+                    x.to_le_bytes().to_vec()
+                } else {
+                    half::bf16::from_f32(x).to_le_bytes().to_vec()
+                }
+            })
+            .collect()
+    };
+    let (nq, nkv) = ((heads * d) as usize, (cache * heads_kv * d) as usize);
+    let mut vm = Vm::with_workers(workers);
+    let mut up = |bytes: Vec<u8>| {
+        let b = vm.alloc(bytes.len() as u64).unwrap();
+        vm.write(b, &bytes).unwrap();
+        b
+    };
+    let (q, k, v) = (up(data(nq)), up(data(nkv)), up(data(nkv)));
+    let seqlens = up(cache.to_le_bytes().to_vec());
+    let o = up(vec![0; nq * elem_bytes]);
+    let lse = up(vec![0; heads as usize * 4]);
+    let o_part = up(vec![0; SPLITS as usize * nq * 4]);
+    let lse_part = up(vec![0; SPLITS as usize * heads as usize * 4]);
+    let p = DecodeParams {
+        q,
+        k_cache: k,
+        v_cache: v,
+        cache_seqlens: seqlens,
+        o,
+        lse,
+        o_part,
+        lse_part,
+        batch: 1,
+        heads,
+        heads_kv,
+        seq_q: 1,
+        head_dim: d,
+        seq_cache: cache,
+        num_splits: SPLITS,
+        causal: 1,
+        softmax_scale: 1.0 / (d as f32).sqrt(),
+        window_left: -1,
+        window_right: -1,
+        ..DecodeParams::default()
+    };
+    let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
+    let params = p.to_bytes();
+    let mut walls = Vec::new();
+    let mut instr = 0;
+    for _ in 0..runs {
+        let s = vm.launch(module, kernel, &cfg, &params).expect("launch");
+        instr = s.thread_instructions;
+        walls.push(s.wall);
+    }
+    walls.sort();
+    let med = walls[walls.len() / 2];
+    println!(
+        "{kernel} b1 h{heads}/{heads_kv} cache {cache} d{d} splits {SPLITS}: workers {workers}: median wall {:.2} ms \
+         over {runs} runs, {instr} thread-instructions, {:.1} M thread-instructions/s",
+        med.as_secs_f64() * 1e3,
+        instr as f64 / med.as_secs_f64() / 1e6
+    );
 }
 
 /// Runs `kernel` (batch 1, heads 2, seq 256, d 64) `runs` times and prints the median.
