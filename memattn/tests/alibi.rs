@@ -3,24 +3,11 @@
 //! cores) with `[heads]` and `[batch, heads]` slopes against the f64 reference, outputs poisoned
 //! first; the refusals.
 
+mod common;
+use common::data;
 use memattn::attn::{AlibiRule, AlibiView, AttnError, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::problem::alibi_slopes;
 use memattn::{reference, Dtype, Problem};
-
-/// Deterministic inputs in [-1, 1), rounded to `dtype`.
-fn data(n: usize, seed: u64, dtype: Dtype) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut x: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
-    dtype.round_all(&mut x);
-    x
-}
 
 #[test]
 fn the_papers_slopes() {

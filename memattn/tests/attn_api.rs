@@ -3,26 +3,11 @@
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
 mod common;
-use common::vm_cuda;
+use common::{data, vm_cuda};
 use cudarc::driver::{CudaContext, CudaStream};
 use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
 use std::sync::Arc;
-
-/// Deterministic inputs in [-1, 1), rounded to `dtype`.
-fn data(n: usize, seed: u64, dtype: Dtype) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut x: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
-    dtype.round_all(&mut x);
-    x
-}
 
 struct Case {
     b: usize,

@@ -3,25 +3,12 @@
 //! (NaN out, not an empty-looking row), and large soft caps (checked against the f64 reference
 //! in every kernel family that applies one). All in the VM; each case is small.
 
+mod common;
+use common::data;
 use memattn::attn::{
     AliasRule, AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut, VmBuffer,
 };
 use memattn::{reference, Dtype, Problem};
-
-/// Deterministic inputs in [-1, 1), rounded to `dtype`.
-fn data(n: usize, seed: u64, dtype: Dtype) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut x: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect();
-    dtype.round_all(&mut x);
-    x
-}
 
 /// The two tensors an [`AliasRule::Overlap`] names, or the one of a [`AliasRule::SelfOverlap`].
 fn alias_names(e: &AttnError) -> (&'static str, &'static str) {

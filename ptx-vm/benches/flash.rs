@@ -118,17 +118,7 @@ fn bench_decode(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDi
         window_right: -1,
         ..DecodeParams::default()
     };
-    let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
-    let params = p.to_bytes();
-    let mut walls = Vec::new();
-    let mut instr = 0;
-    for _ in 0..runs {
-        let s = vm.launch(module, kernel, &cfg, &params).expect("launch");
-        instr = s.thread_instructions;
-        walls.push(s.wall);
-    }
-    walls.sort();
-    let med = walls[walls.len() / 2];
+    let (instr, med) = timed(&mut vm, module, kernel, dims, &p.to_bytes(), runs);
     println!(
         "{kernel} b1 h{heads}/{heads_kv} cache {cache} d{d} splits {SPLITS}: workers {workers}: median wall {:.2} ms \
          over {runs} runs, {instr} thread-instructions, {:.1} M thread-instructions/s",
@@ -227,16 +217,7 @@ fn bench(
     } else {
         AttnParams { o: bufs[4], ..p }.to_bytes().to_vec()
     };
-    let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
-    let mut walls = Vec::new();
-    let mut instr = 0;
-    for _ in 0..runs {
-        let s = vm.launch(module, kernel, &cfg, &params).expect("launch");
-        instr = s.thread_instructions;
-        walls.push(s.wall);
-    }
-    walls.sort();
-    let med = walls[walls.len() / 2];
+    let (instr, med) = timed(&mut vm, module, kernel, dims, &params, runs);
     println!(
         "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}{}: median wall {:.2} ms over {runs} runs, \
          {instr} thread-instructions, {:.1} M thread-instructions/s",
@@ -244,4 +225,25 @@ fn bench(
         med.as_secs_f64() * 1e3,
         instr as f64 / med.as_secs_f64() / 1e6
     );
+}
+
+/// `runs` launches of `kernel`: its thread-instructions and the median wall time.
+fn timed(
+    vm: &mut Vm,
+    module: &Module,
+    kernel: &str,
+    dims: LaunchDims,
+    params: &[u8],
+    runs: usize,
+) -> (u64, std::time::Duration) {
+    let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
+    let mut walls = Vec::new();
+    let mut instr = 0;
+    for _ in 0..runs {
+        let s = vm.launch(module, kernel, &cfg, params).expect("launch");
+        instr = s.thread_instructions;
+        walls.push(s.wall);
+    }
+    walls.sort();
+    (instr, walls[walls.len() / 2])
 }
