@@ -51,11 +51,11 @@ impl Dtype {
     }
 
     /// Unit roundoff `u` of round-to-nearest: half the distance from 1 to the next value
-    /// (`2^-24` f32, `2^-9` bf16 with 8 significant bits, `2^-11` f16 with 11).
+    /// (`2^-24` f32 with 24 significant bits, `2^-8` bf16 with 8, `2^-11` f16 with 11).
     pub fn unit_roundoff(self) -> f64 {
         match self {
             Dtype::F32 => (-24f64).exp2(),
-            Dtype::Bf16 => (-9f64).exp2(),
+            Dtype::Bf16 => (-8f64).exp2(),
             Dtype::F16 => (-11f64).exp2(),
         }
     }
@@ -174,6 +174,17 @@ impl FromStr for Dtype {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `u` is half the gap after 1 by the dtype's own rounding: `1 + 1.01 u` rounds up to the
+    /// next value, `1 + 0.99 u` back to 1.
+    #[test]
+    fn unit_roundoff_is_half_the_gap_after_one() {
+        for dt in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let u = dt.unit_roundoff();
+            assert_eq!(dt.round((1.0 + 0.99 * u) as f32), 1.0, "{dt}");
+            assert_eq!(dt.round((1.0 + 1.01 * u) as f32) as f64, 1.0 + 2.0 * u, "{dt}");
+        }
+    }
 
     #[test]
     fn rounding_and_bytes_round_trip() {

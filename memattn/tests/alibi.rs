@@ -184,10 +184,9 @@ fn decode_with_slopes_matches_the_reference_on_both_kernels() {
     for (p, per_batch) in cases {
         let mut x = DecodeInputs::random(&p, 9);
         if per_batch {
-            // Per sequence and head, up to 0.096 per key. (Slopes up to 0.24 on the bf16 d128
-            // tensor-core case gave an O error of 2.14 units of roundoff against the decode
-            // bound of 2: rows dominated by one key, whose P is rounded to 16 bits.)
-            x.alibi_slopes = (0..p.batch * p.heads).map(|i| 0.004 * (i + 1) as f32).collect();
+            // Per sequence and head, up to 0.24 per key: rows dominated by one key, whose P is
+            // rounded to 16 bits.
+            x.alibi_slopes = (0..p.batch * p.heads).map(|i| 0.01 * (i + 1) as f32).collect();
         }
         let dt = p.dtype;
         let (b, sq, h, hk, d) =

@@ -896,7 +896,7 @@ mod tests {
     /// The tensor-core backward (bf16, f16) at every head dim it has, against the f64 gradients
     /// of the same (rounded) inputs. P and dS are rounded to 16 bits before their products, as
     /// in FlashAttention-2, and O (hence D) comes from the 16-bit forward; the errors measured
-    /// here are 2.0e-3 to 4.2e-3 of the gradient's scale in bf16 (unit roundoff 2^-9 = 2e-3)
+    /// here are 2.0e-3 to 4.2e-3 of the gradient's scale in bf16 (unit roundoff 2^-8 = 3.9e-3)
     /// and 2.9e-4 to 5.8e-4 in f16 (2^-11 = 4.9e-4). The bounds are about 2.5x the worst.
     #[test]
     fn tensor_core_gradients_match_the_f64_reference() {
