@@ -4,7 +4,7 @@
 //! first; the refusals.
 
 mod common;
-use common::data;
+use common::{data, flash_into};
 use memattn::attn::{AlibiRule, AlibiView, AttnError, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::problem::alibi_slopes;
 use memattn::{reference, Dtype, Problem};
@@ -30,14 +30,10 @@ fn forward_case(kernels: &Kernels, p: &Problem, slopes: &[f32]) {
     let (dt, h, hk, d) = (p.dtype, p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
     let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
     let (q, k, v) = (data(b * sq * h * d, 21, dt), data(b * skv * hk * d, 22, dt), data(b * skv * hk * d, 23, dt));
-    let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
-    let (qb, kb, vb) = (up(&q), up(&k), up(&v));
     let sb = kernels.vm_upload(slopes).unwrap();
     let per_batch = slopes.len() != h;
     let sv = AlibiView::vm(&sb, per_batch.then_some(b), h).unwrap();
     let run = |alibi: bool| {
-        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
-        let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
         let side = |w: i32| u32::try_from(w).ok();
         let mut opts = AttnOpts::new().causal(p.causal).window(side(p.window.0), side(p.window.1));
         if p.softcap > 0.0 {
@@ -46,18 +42,7 @@ fn forward_case(kernels: &Kernels, p: &Problem, slopes: &[f32]) {
         if alibi {
             opts = opts.alibi_slopes(&sv);
         }
-        let (qs, ks) = ([b, sq, h, d], [b, skv, hk, d]);
-        kernels
-            .flash_attn_into(
-                &TensorView::vm(&qb, dt, qs).unwrap(),
-                &TensorView::vm(&kb, dt, ks).unwrap(),
-                &TensorView::vm(&vb, dt, ks).unwrap(),
-                &mut TensorViewMut::vm(&ob, dt, qs).unwrap(),
-                &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
-                &opts,
-            )
-            .unwrap();
-        (ob.read_f32(dt, q.len()).unwrap(), lb.read_f32(Dtype::F32, b * h * sq).unwrap())
+        flash_into(kernels, p, (&q, &k, &v), &opts)
     };
     let (o, lse) = run(true);
     let (ro, rl) = reference::attention_with_alibi(p, &q, &k, &v, &[], slopes).unwrap();

@@ -3,7 +3,7 @@
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
 mod common;
-use common::{data, vm_cuda};
+use common::{data, flash_into, vm_cuda};
 use cudarc::driver::{CudaContext, CudaStream};
 use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};
 use memattn::{reference, Dtype, Problem};
@@ -303,10 +303,6 @@ fn vm_gqa_window_softcap_sinks_match_the_reference() {
         let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
         let (q, k, v) = (data(b * sq * h * d, 11, dt), data(b * skv * hk * d, 12, dt), data(b * skv * hk * d, 13, dt));
         let sinks: Vec<f32> = if p.sinks { (0..h).map(|i| 0.5 * i as f32 - 0.7).collect() } else { vec![] };
-        let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
-        let (qb, kb, vb) = (up(&q), up(&k), up(&v));
-        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
-        let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
         let sb = kernels.vm_upload(&[sinks.clone(), vec![0.0]].concat()).unwrap();
         let sv = SinksView::vm(&sb, h).unwrap();
         let side = |w: i32| u32::try_from(w).ok();
@@ -317,19 +313,7 @@ fn vm_gqa_window_softcap_sinks_match_the_reference() {
         if p.sinks {
             opts = opts.sinks(&sv);
         }
-        let (qs, ks) = ([b, sq, h, d], [b, skv, hk, d]);
-        kernels
-            .flash_attn_into(
-                &TensorView::vm(&qb, dt, qs).unwrap(),
-                &TensorView::vm(&kb, dt, ks).unwrap(),
-                &TensorView::vm(&vb, dt, ks).unwrap(),
-                &mut TensorViewMut::vm(&ob, dt, qs).unwrap(),
-                &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
-                &opts,
-            )
-            .unwrap();
-        let o = ob.read_f32(dt, q.len()).unwrap();
-        let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
+        let (o, lse) = flash_into(&kernels, &p, (&q, &k, &v), &opts);
         let empty = check_full(&p, (&q, &k, &v), &sinks, &o, &lse);
         if p.seq_q > p.seq_kv {
             assert!(empty > 0, "rows that see no key are part of the case: {p:?}");

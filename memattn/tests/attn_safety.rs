@@ -4,7 +4,7 @@
 //! in every kernel family that applies one). All in the VM; each case is small.
 
 mod common;
-use common::data;
+use common::{data, flash_into};
 use memattn::attn::{
     AliasRule, AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut, VmBuffer,
 };
@@ -243,26 +243,11 @@ fn prefill_error(kernels: &Kernels, p: &Problem) -> f64 {
     let (b, sq, skv, h, d) =
         (p.batch as usize, p.seq_q as usize, p.seq_kv as usize, p.heads as usize, p.head_dim as usize);
     let (q, k, v) = (data(b * sq * h * d, 31, dt), data(b * skv * h * d, 32, dt), data(b * skv * h * d, 33, dt));
-    let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
-    let (qb, kb, vb) = (up(&q), up(&k), up(&v));
-    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
-    let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
     let mut opts = AttnOpts::new().softmax_scale(p.softmax_scale()).causal(p.causal);
     if p.softcap > 0.0 {
         opts = opts.softcap(p.softcap);
     }
-    let (qs, ks) = ([b, sq, h, d], [b, skv, h, d]);
-    kernels
-        .flash_attn_into(
-            &TensorView::vm(&qb, dt, qs).unwrap(),
-            &TensorView::vm(&kb, dt, ks).unwrap(),
-            &TensorView::vm(&vb, dt, ks).unwrap(),
-            &mut TensorViewMut::vm(&ob, dt, qs).unwrap(),
-            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
-            &opts,
-        )
-        .unwrap();
-    let (o, lse) = (ob.read_f32(dt, q.len()).unwrap(), lb.read_f32(Dtype::F32, b * h * sq).unwrap());
+    let (o, lse) = flash_into(kernels, p, (&q, &k, &v), &opts);
     let (ro, rl) = reference::attention(p, &q, &k, &v).unwrap();
     for (i, (&g, &r)) in lse.iter().zip(&rl).enumerate() {
         assert!((g as f64 - r).abs() <= 1e-4 * r.abs().max(1.0), "lse[{i}] = {g}, reference {r} ({p:?})");
