@@ -87,6 +87,7 @@ fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
         match k.variant().family {
             Family::DecodeMma => return "mma",
             Family::DecodeFwd => return "simt",
+            Family::FlashMma => return "prefill",
             _ => {}
         }
     }

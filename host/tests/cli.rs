@@ -86,7 +86,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     let v = json(&o);
     let ks = v["kernels"].as_array().unwrap();
     let flash = ks.iter().find(|k| k["name"] == "flash_fwd_f32_d64").expect("flash d64 listed");
-    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[232]"));
+    assert!(flash["params"][0]["decl"].as_str().unwrap().contains("[264]"));
     if memattn_cli::ptx::ptxas_report().unwrap().is_some() {
         let res = flash["ptxas"].as_array().unwrap();
         assert!(res.iter().any(|r| r["arch"] == "sm_80" && r["dynamic_smem_bytes"] == 32768));
@@ -97,7 +97,7 @@ fn kernels_lists_entries_params_and_ptxas_resources() {
     assert_eq!(v["missing"].as_array().unwrap().len(), 0);
     for name in ["flash_fwd_bf16_d64", "flash_fwd_bf16_d128", "flash_fwd_f16_d64", "flash_fwd_f16_d128"] {
         let k = ks.iter().find(|k| k["name"] == name).unwrap_or_else(|| panic!("{name} listed"));
-        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[232]"));
+        assert!(k["params"][0]["decl"].as_str().unwrap().contains("[264]"));
         assert!(k["vm_instructions"].as_u64().unwrap() > 0, "{name}: the VM decodes it");
         let report = memattn_cli::ptx::ptxas_report().unwrap();
         if report.as_ref().is_some_and(|r| r.kernels.iter().any(|r| r.name == name)) {

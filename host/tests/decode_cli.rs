@@ -153,7 +153,43 @@ fn decode_tensor_core_kernel_and_sinks() {
     assert_eq!(runs[1]["launches"][0]["grid"], serde_json::json!([3, 1, 4]));
     assert_eq!(runs[1]["bytes"]["sinks"], 8 * 4);
     assert_bad_input(&["--backend", "vm", "decode", "--kernel", "mma"], "takes bf16 or f16, not f32");
-    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "takes auto, simt or mma");
+    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "takes auto, simt, mma or prefill");
+}
+
+/// Chunked prefill from the command line: `--kernel prefill` (and `auto` at a long query) runs the
+/// tensor-core forward over the paged cache with new tokens appended, verified, one launch after
+/// the append and no merge; `auto` keeps the decode kernel for a short query; the refusals.
+#[test]
+fn decode_chunked_prefill_kernel() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let base = ["--backend", "vm", "--json", "decode", "--dtype", "f16", "--heads", "4", "--heads-kv", "2"];
+        let more =
+            ["--cache-len", "200,9", "--new-tokens", "3", "--page-size", "16", "--repeats", "1", "--warmup", "0"];
+        let o = memattn(&[&base[..], &more[..], extra].concat());
+        assert_eq!(code(&o), 0, "{extra:?}: {}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    for (extra, kernel) in [
+        (&["--seq-q", "20", "--kernel", "prefill", "--sinks", "--window", "30,0"][..], "prefill"),
+        (&["--seq-q", "130"][..], "prefill"),
+        (&["--seq-q", "20"][..], "mma"),
+    ] {
+        let v = run(extra);
+        assert_eq!((v["verified"].as_bool(), v["kernel"].as_str()), (Some(true), Some(kernel)), "{extra:?}");
+        assert_eq!(v["verification"]["cache_ok"], true);
+        let names: Vec<&str> =
+            v["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+        if kernel == "prefill" {
+            assert_eq!(names, ["decode_append_f16", "flash_fwd_f16_d64"], "{extra:?}");
+            assert_eq!(v["plan"]["num_splits"], 1);
+        } else {
+            assert!(names.contains(&"decode_mma_f16_d64"), "{names:?}");
+        }
+    }
+    let d = ["--backend", "vm", "decode", "--kernel", "prefill"];
+    assert_bad_input(&d, "takes bf16 or f16");
+    assert_bad_input(&[&d[..], &["--dtype", "bf16", "--alibi"]].concat(), "does not take ALiBi");
+    assert_bad_input(&[&d[..], &["--dtype", "bf16", "--kv-dtype", "fp8"]].concat(), "FP8");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //!
 //! Compiled for both the GPU and the host, so the two cannot disagree about field order or sizes.
 //! Every attention kernel (naive and flash) takes exactly one parameter, `AttnParams` by value; in
-//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[232]`. The smoke kernel `saxpy_f32`
+//! PTX it appears as `.param .align 8 .b8 <kernel>_param_0[264]`. The smoke kernel `saxpy_f32`
 //! is the one exception (four scalar parameters). Kernel names live in [`crate::variants`].
 
 /// Element strides (in elements, not bytes) of a `[batch, seq, heads, head_dim]` tensor whose last
@@ -109,10 +109,29 @@ pub struct AttnParams {
     /// `h` at `b * alibi_batch_stride + h`; the score of query `i`, key `j` gains
     /// `-m * |i + seq_kv - seq_q - j|` (after the soft cap, before the mask); 0: none.
     pub alibi_slopes: u64,
+    /// A KV cache (chunked prefill; the bf16/f16 tensor-core forward only, whose fourth loop
+    /// reads it): `[batch]` u32 key counts (FlashAttention-2's `seqused_k`), or 0 (no cache:
+    /// every field below is then ignored). Sequence `b` has `seqused_k[b] + seqused_k_add` keys.
+    /// Paged (`block_table` non-zero), K and V are `[num_pages, page_size, heads_kv, D]` with
+    /// `k_strides`/`v_strides` giving the page (`batch`), row (`seq`) and head strides; key `j`
+    /// of sequence `b` is row `j % page_size` of page `block_table[b * max_pages + j /
+    /// page_size]`, any `page_size >= 1`. Contiguous (`block_table` 0), K and V are `[batch,
+    /// seq_cache, heads_kv, D]` and `page_size` must be 2^31. Varlen reads `cu_seqlens_kv` as
+    /// usual (any `batch + 1` u32 will do: the cache, not the key offset, places the keys).
+    pub seqused_k: u64,
+    /// `[batch, max_pages]` u32 page indices, or 0 (a contiguous cache).
+    pub block_table: u64,
+    /// Keys per page (2^31 for a contiguous cache).
+    pub page_size: u32,
+    /// Entries per row of `block_table`.
+    pub max_pages: u32,
+    /// Added to every `seqused_k` entry (a KV-cache call's appended tokens).
+    pub seqused_k_add: u32,
+    pub _pad2: u32,
 }
 
-/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[232]`).
-pub const ATTN_PARAMS_BYTES: usize = 232;
+/// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[264]`).
+pub const ATTN_PARAMS_BYTES: usize = 264;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
 
@@ -148,6 +167,12 @@ impl Default for AttnParams {
             total_q: 0,
             alibi_batch_stride: 0,
             alibi_slopes: 0,
+            seqused_k: 0,
+            block_table: 0,
+            page_size: 0,
+            max_pages: 0,
+            seqused_k_add: 0,
+            _pad2: 0,
         }
     }
 }
@@ -180,6 +205,11 @@ impl AttnParams {
         w.u32(self.total_q);
         w.u32(self.alibi_batch_stride);
         w.u64(self.alibi_slopes);
+        w.u64(self.seqused_k);
+        w.u64(self.block_table);
+        for x in [self.page_size, self.max_pages, self.seqused_k_add, self._pad2] {
+            w.u32(x);
+        }
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
@@ -287,8 +317,8 @@ pub struct BwdParams {
     pub key_block: u32,
 }
 
-/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[424]`).
-pub const BWD_PARAMS_BYTES: usize = 424;
+/// Size in bytes of [`BwdParams`] (`.b8 ..._param_0[456]`).
+pub const BWD_PARAMS_BYTES: usize = 456;
 const _: () = assert!(core::mem::size_of::<BwdParams>() == BWD_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<BwdParams>() == 8);
 
@@ -334,8 +364,8 @@ pub struct NaiveBwdParams {
     pub ds: u64,
 }
 
-/// Size in bytes of [`NaiveBwdParams`] (`.b8 ..._param_0[432]`).
-pub const NAIVE_BWD_PARAMS_BYTES: usize = 432;
+/// Size in bytes of [`NaiveBwdParams`] (`.b8 ..._param_0[464]`).
+pub const NAIVE_BWD_PARAMS_BYTES: usize = 464;
 const _: () = assert!(core::mem::size_of::<NaiveBwdParams>() == NAIVE_BWD_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<NaiveBwdParams>() == 8);
 
@@ -389,6 +419,12 @@ mod tests {
             total_q: 63,
             alibi_batch_stride: 64,
             alibi_slopes: 65,
+            seqused_k: 66,
+            block_table: 67,
+            page_size: 68,
+            max_pages: 69,
+            seqused_k_add: 70,
+            _pad2: 0,
         };
         // SAFETY: AttnParams is repr(C), Copy, and has no padding bytes (size asserted above).
         let raw: [u8; ATTN_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };

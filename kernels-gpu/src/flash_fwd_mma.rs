@@ -25,6 +25,14 @@
 //! separate instantiation of the whole body, so the common key loop has no tanh; ALiBi is a third
 //! (which takes the soft cap at run time), so the common loop has no bias either.
 //!
+//! Chunked prefill over a KV cache ([`crate::abi::AttnParams::seqused_k`]: each sequence has
+//! its own key count): a fourth instantiation of the loop reads K and V from the cache, paged
+//! (`[num_pages, page_size, heads_kv, D]` through
+//! [`crate::abi::AttnParams::block_table`], any page size: each copy looks up its key row's
+//! page) or contiguous; rows past the sequence's keys are zero-filled. The cache loop reloads every Q fragment from shared memory and starts the next K after
+//! `P V` (its lookups need the registers), takes the soft cap at run time and has no ALiBi; only
+//! the rows of 4 or more warps have it (a paged launch of a narrow-window row traps).
+//!
 //! Shapes: Q, O `[batch, seq_q, heads, D]`, K, V `[batch, seq_kv, heads_kv, D]`, bf16 or f16 (the
 //! pointers in [`crate::abi::AttnParams`] point at 2-byte elements), strided in elements (see
 //! [`crate::abi::Strides`]); LSE `[batch, heads, seq_q]` f32, natural log.
@@ -276,6 +284,71 @@ impl TileLoader {
     }
 }
 
+/// The `cp.async` loads of K and V tiles from a paged cache
+/// ([`crate::abi::AttnParams::block_table`]), the whole state of both tensors in a few
+/// registers (the key loop of the widest tiles has none to spare): per row, one block-table
+/// read gives the page (any page size, so a tile may span pages); rows at or past the
+/// sequence's last key are zero-filled (source size 0), never read. K and V share their page
+/// and row strides (the host checks).
+#[cfg(target_arch = "nvptx64")]
+#[derive(Clone, Copy)]
+struct PagedKv {
+    /// `.global` addresses of row 0 of page 0 of the block's K and V head.
+    k_base: u64,
+    v_base: u64,
+    /// Generic address of the sequence's block-table row (`max_pages` u32); 0 for a contiguous
+    /// cache (its `page_size` is then 2^31, so every key is in page 0 at `k_base`).
+    table: u64,
+    /// Bytes between pages and between the rows of a page.
+    page_stride: u32,
+    row_stride: u32,
+    page_size: u32,
+    /// The sequence's keys.
+    len: u32,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl PagedKv {
+    /// Starts the copies of the `BC`-row tile from key `row0` of the tensor at `base` into the
+    /// swizzled tile at shared address `tile`: thread `tid` copies chunk `tid % CPR` of every
+    /// `THREADS / CPR`-th row from `tid / CPR`, as [`TileLoader`] does.
+    #[inline(always)]
+    unsafe fn copy<const D: usize, const BC: usize, const THREADS: usize>(&self, tile: u32, base: u64, row0: u32) {
+        let cpr = D * 2 / CHUNK;
+        let rows_per_pass = THREADS / cpr;
+        const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
+        let tid = tid_x_fresh() as usize;
+        let (c, r) = (tid % cpr, tid / cpr);
+        let tile = opaque_u32(tile);
+        let dst = tile + swizzled_offset(D, r, c) as u32;
+        let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
+        let base = base + (c * CHUNK) as u64;
+        let first = row0 + r as u32;
+        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+            let j = first + (k * rows_per_pass) as u32;
+            let (addr, bytes) = if j < self.len {
+                let (slot, within) = crate::decode_abi::page_slot(self.page_size, j);
+                let page = if self.table != 0 { unsafe { ld_u32(self.table + 4 * slot as u64) } } else { 0 };
+                let off = page as u64 * self.page_stride as u64 + within as u64 * self.row_stride as u64;
+                (base + off, CHUNK as u32)
+            } else {
+                (base, 0) // zero-fill: nothing is read
+            };
+            let d = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+            unsafe { cp_async_16(d + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        });
+    }
+}
+
+/// `%tid.x` read again (see [`ctaid_x_fresh`]).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn tid_x_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+
 /// `ld.shared.v4.b32` / `st.shared.v4.b32` of one 16-byte chunk with every 16-bit value's sign
 /// flipped (`xor 0x80008000`): negates a staged chunk of Q in place.
 #[cfg(target_arch = "nvptx64")]
@@ -345,14 +418,26 @@ pub(crate) unsafe fn flash_fwd<
 >(
     p: &AttnParams,
 ) {
-    // The soft cap and ALiBi are separate instantiations of the whole loop: the common loop has
-    // no tanh and no bias. The ALiBi loop takes the soft cap at run time.
-    if p.alibi_slopes != 0 {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::ALIBI }>(p) }
+    // The soft cap, ALiBi and a paged K/V are separate instantiations of the whole loop: the
+    // common loop has no tanh, no bias and no page lookups. The ALiBi and paged loops take the
+    // soft cap at run time.
+    if p.seqused_k != 0 {
+        // A KV cache (paged or contiguous): every Q fragment reloaded from shared memory (as FlashAttention-2 does), so the
+        // page lookups have the registers the Q fragments held. The narrow-window rows (fewer
+        // than 4 warps: more copies per thread, more lookups live) have no paged loop; the hosts
+        // launch the default rows over a cache, and such a launch of one of them traps rather
+        // than read the cache as a dense tensor.
+        if THREADS >= 128 {
+            unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, 0, BACK, { Body::PAGED }, true>(p) }
+        } else {
+            unsafe { core::arch::nvptx::trap() }
+        }
+    } else if p.alibi_slopes != 0 {
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::ALIBI }, false>(p) }
     } else if p.softcap > 0.0 {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::SOFTCAP }>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::SOFTCAP }, false>(p) }
     } else {
-        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::PLAIN }>(p) }
+        unsafe { flash_fwd_body::<E, D, BR, BC, THREADS, KD, ND, NS, MT, QK, BACK, { Body::PLAIN }, false>(p) }
     }
 }
 
@@ -374,6 +459,9 @@ impl Body {
     const PLAIN: u32 = 0;
     const SOFTCAP: u32 = 1;
     const ALIBI: u32 = 2;
+    /// K/V from a KV cache (through a block table, or contiguous), the soft cap at run time (no
+    /// ALiBi: the host refuses it).
+    const PAGED: u32 = 3;
 }
 
 // The per-row arrays hold 4 rows (2 per m-tile, at most 2 m-tiles); `unroll4!` spells out
@@ -394,18 +482,23 @@ unsafe fn flash_fwd_body<
     const QK: usize,
     const BACK: bool,
     const BODY: u32,
+    const PAGED: bool,
 >(
     p: &AttnParams,
 ) {
     let alibi = BODY == Body::ALIBI;
-    let softcap_on = BODY == Body::SOFTCAP || (alibi && p.softcap > 0.0);
+    let softcap_on = BODY == Body::SOFTCAP || (BODY >= Body::ALIBI && p.softcap > 0.0);
     const {
         assert!(KD == D / 16 && ND == D / 8 && NS == BC / 8 && BR == 16 * MT * (THREADS / 32));
         assert!(MT >= 1 && MT <= 2, "one or two 16-row m-tiles per warp");
     };
     // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
     let p0 = p;
-    let seq = unsafe { sequence_of(p, ctaid_z()) };
+    let mut seq = unsafe { sequence_of(p, ctaid_z()) };
+    if PAGED {
+        // A KV cache: the sequence's own key count (`seqused_k`).
+        seq.p.seq_kv = unsafe { ld_u32(p0.seqused_k + 4 * ctaid_z() as u64) } + p0.seqused_k_add;
+    }
     let (p, b, q_row0, k_row0) = (&seq.p, seq.b, seq.q0, seq.k0);
     let tid = tid_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -464,11 +557,33 @@ unsafe fn flash_fwd_body<
     // reach past the last key), so the loop's loads need no checks.
     let j_last = if n_tiles > j_first { n_tiles - 1 } else { j_first };
     let row0_kv = if BACK { j_last } else { j_first } as usize * BC;
+    // A KV cache: the sequence's block-table row and each tensor's head within a page; a
+    // contiguous cache (no table) is one page per sequence, at the sequence's index. (The dense
+    // loaders are then unused, and cost nothing.)
+    let z = ctaid_z() as u64;
+    let (table, first_page) =
+        if p0.block_table != 0 { (p0.block_table + 4 * z * p0.max_pages as u64, 0) } else { (0, z) };
+    let kv = PagedKv {
+        k_base: global_addr(p.k) + 2 * (hk * p.k_strides.head + first_page * p.k_strides.batch),
+        v_base: global_addr(p.v) + 2 * (hk * p.v_strides.head + first_page * p.v_strides.batch),
+        table,
+        page_stride: 2 * p.k_strides.batch as u32,
+        row_stride: 2 * p.k_strides.seq as u32,
+        page_size: p0.page_size,
+        len: p.seq_kv,
+    };
     let mut k_load = TileLoader::new::<D, THREADS>(k_rows, row0_kv, tid);
     let mut v_load = TileLoader::new::<D, THREADS>(v_rows, row0_kv, tid);
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
-        if !BACK {
+        if PAGED {
+            if !BACK {
+                kv.copy::<D, BC, THREADS>(k_s, kv.k_base, row0_kv as u32);
+            } else if n_tiles > j_first {
+                kv.copy::<D, BC, THREADS>(k_s, kv.k_base, row0_kv as u32);
+                kv.copy::<D, BC, THREADS>(v_s, kv.v_base, row0_kv as u32);
+            }
+        } else if !BACK {
             k_load.stage::<D, BC, THREADS>(k_s);
         } else if n_tiles > j_first {
             k_load.stage_last::<D, BC, THREADS>(k_s);
@@ -534,7 +649,11 @@ unsafe fn flash_fwd_body<
         // (1) K_j has landed and every warp is done reading the previous V: start loading V_j.
         cp_async_wait_all();
         sync_threads();
-        if !BACK {
+        if PAGED {
+            if !BACK || !v_staged {
+                unsafe { kv.copy::<D, BC, THREADS>(v_s, kv.v_base, kv0) };
+            }
+        } else if !BACK {
             unsafe { v_load.stage::<D, BC, THREADS>(v_s) };
         } else if !v_staged {
             unsafe { v_load.stage_full::<D, BC, THREADS>(v_s) };
@@ -676,7 +795,10 @@ unsafe fn flash_fwd_body<
         // d 16np+8), (keys 16kc+8.., d 16np+8); every m-tile of the warp uses them.
         cp_async_wait_all();
         sync_threads();
-        if !BACK && j + 1 < n_tiles {
+        if PAGED {
+            // Paged: the next K is started after P V_j (below), when P is no longer live: the
+            // page lookups need registers the widest tiles do not have during the products.
+        } else if !BACK && j + 1 < n_tiles {
             unsafe { k_load.stage::<D, BC, THREADS>(k_s) };
         } else if BACK && j > j_first {
             unsafe { k_load.stage_full::<D, BC, THREADS>(k_s) };
@@ -696,6 +818,14 @@ unsafe fn flash_fwd_body<
                     });
                 });
             });
+        }
+        if PAGED {
+            if !BACK && j + 1 < n_tiles {
+                unsafe { kv.copy::<D, BC, THREADS>(k_s, kv.k_base, kv0 + BC as u32) };
+            } else if BACK && j > j_first {
+                unsafe { kv.copy::<D, BC, THREADS>(k_s, kv.k_base, kv0 - BC as u32) };
+            }
+            cp_async_commit();
         }
         if !BACK {
             j += 1;

@@ -1320,7 +1320,7 @@ mod tests {
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::Bf16), vec![32, 64, 128]);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
         let m = KernelId::FlashBwdF32D128.variant();
-        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 424));
+        assert_eq!((m.threads(), m.block_rows(), m.block_cols(), m.param_bytes()), (256, 16, 32, 456));
         assert_eq!(m.dynamic_smem_bytes(), (32 * 128 + 2 * 16 * 128 + 16 * 32 + 32) * 4);
         assert_eq!(FLASH_BWD_F32_D64.launch(2, 3, 65).grid, [3, 3, 2]);
         assert_eq!(BWD_ROWS.launch(2, 5, 9), LaunchDims { grid: [3, 5, 2], block: [128, 1, 1], dynamic_smem_bytes: 0 });

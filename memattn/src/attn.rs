@@ -62,6 +62,7 @@ mod alias;
 mod backward;
 mod kvcache;
 mod naive_backward;
+mod paged;
 pub use alias::AliasRule;
 pub use backward::{
     flash_attn_backward_workspace, flash_attn_backward_workspace_on, BwdOpts, BwdWorkspace, Gradients, LseView,

@@ -34,6 +34,7 @@ use kernels_gpu::abi::Strides;
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
 pub use kernels_gpu::fp8::Fp8Format;
 use kernels_gpu::tiles::{LaunchDims, APPEND, MERGE};
+use kernels_gpu::variants::Elem;
 use kernels_gpu::variants::Tile;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
@@ -120,6 +121,12 @@ pub enum DecodeKernel {
     Simt,
     /// The tensor-core kernel (`decode_mma_*`, `mma.sync`); bf16 and f16 only.
     Mma,
+    /// Chunked prefill: the tensor-core forward (`flash_fwd_*`) reading K and V from the cache
+    /// (through the block table when paged), one block per 16·k query rows of a head and no key
+    /// splits; bf16 and f16 caches, no ALiBi, `cache_batch_idx` or `cache_leftpad`.
+    /// [`DecodeKernel::Auto`] picks it when the query has at least as many tokens as the
+    /// forward's block has rows ([`DecodeProblem::uses_prefill`]).
+    Prefill,
 }
 
 impl FromStr for DecodeKernel {
@@ -129,7 +136,8 @@ impl FromStr for DecodeKernel {
             "auto" => Ok(DecodeKernel::Auto),
             "simt" => Ok(DecodeKernel::Simt),
             "mma" => Ok(DecodeKernel::Mma),
-            _ => Err(format!("decode --kernel takes auto, simt or mma, got `{s}`")),
+            "prefill" => Ok(DecodeKernel::Prefill),
+            _ => Err(format!("decode --kernel takes auto, simt, mma or prefill, got `{s}`")),
         }
     }
 }
@@ -140,6 +148,7 @@ impl fmt::Display for DecodeKernel {
             DecodeKernel::Auto => "auto",
             DecodeKernel::Simt => "simt",
             DecodeKernel::Mma => "mma",
+            DecodeKernel::Prefill => "prefill",
         })
     }
 }
@@ -389,8 +398,59 @@ impl DecodeProblem {
                 fp8_elem(f)
             }
         };
-        let found = match self.kernel {
-            DecodeKernel::Auto => KernelId::decode(elem, self.head_dim),
+        if let Some(why) = self.prefill_refusal() {
+            if self.kernel == DecodeKernel::Prefill {
+                return Err(KvCacheRule::PrefillUnsupported { why });
+            }
+        }
+        if self.uses_prefill() {
+            let fwd = KernelId::flash(elem, self.head_dim).ok_or_else(|| KvCacheRule::HeadDim {
+                head_dim: self.head_dim,
+                dtype: self.dtype,
+                compiled: KernelId::flash_head_dims(elem),
+            })?;
+            // The merge and append of the call's dtype (the merge does not run: one split).
+            let [_, merge, append] = self.kernels_of(DecodeKernel::Auto, elem)?;
+            return Ok([fwd, merge, append]);
+        }
+        self.kernels_of(self.kernel, elem)
+    }
+
+    /// Why the prefill kernel cannot run this call (`None`: it can).
+    fn prefill_refusal(&self) -> Option<&'static str> {
+        if !self.dtype.is_16bit() {
+            Some("takes bf16 or f16")
+        } else if self.kv_fp8.is_some() {
+            Some("does not read FP8 caches")
+        } else if self.alibi {
+            Some("does not take ALiBi")
+        } else if self.cache_batch_idx.is_some() || self.cache_leftpad.is_some() {
+            Some("does not take cache_batch_idx or cache_leftpad")
+        } else {
+            None
+        }
+    }
+
+    /// Whether the call runs on the prefill kernel: asked for ([`DecodeKernel::Prefill`]), or
+    /// [`DecodeKernel::Auto`] with a query of at least the forward's rows per block (then every
+    /// block of the forward is full, and its larger tiles without key splits beat packing the
+    /// query into the decode kernel's rows) and nothing the forward refuses.
+    pub fn uses_prefill(&self) -> bool {
+        match self.kernel {
+            DecodeKernel::Prefill => true,
+            DecodeKernel::Auto => {
+                self.prefill_refusal().is_none()
+                    && KernelId::flash(self.dtype.elem(), self.head_dim)
+                        .is_some_and(|k| self.seq_q >= k.variant().block_rows())
+            }
+            _ => false,
+        }
+    }
+
+    /// [`DecodeProblem::kernels`] with the decode forward `kernel`.
+    fn kernels_of(&self, kernel: DecodeKernel, elem: Elem) -> Result<[KernelId; 3], KvCacheRule> {
+        let found = match kernel {
+            DecodeKernel::Auto | DecodeKernel::Prefill => KernelId::decode(elem, self.head_dim),
             DecodeKernel::Simt => KernelId::decode_with(Family::DecodeFwd, elem, self.head_dim),
             DecodeKernel::Mma => {
                 if !self.dtype.is_16bit() {
@@ -402,7 +462,7 @@ impl DecodeProblem {
         found.ok_or_else(|| KvCacheRule::HeadDim {
             head_dim: self.head_dim,
             dtype: self.dtype,
-            compiled: match self.kernel {
+            compiled: match kernel {
                 // The tensor-core decode has fewer head dims than the SIMT one.
                 DecodeKernel::Mma => {
                     let mut dims: Vec<u32> = kernels_gpu::VARIANTS
@@ -434,7 +494,8 @@ impl DecodeProblem {
         match self.kernels()?[0].variant().tile {
             Tile::DecodeFwd(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
             Tile::DecodeMma(t) => Ok(t.launch(num_splits, sq, g, hk, b)),
-            _ => unreachable!("the decode forward is a DecodeFwd or DecodeMma row"),
+            Tile::FlashMma(t) => Ok(t.launch(b, self.heads, sq)),
+            _ => unreachable!("the decode forward is a DecodeFwd, DecodeMma or FlashMma row"),
         }
     }
 
@@ -514,10 +575,15 @@ impl DecodeProblem {
     /// problem's blocks and the SM count.
     pub fn plan(&self) -> Result<SplitPlan, KvCacheRule> {
         let br = self.kernels()?[0].variant().block_rows();
-        let blocks_per_split =
-            (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64;
+        let prefill = self.uses_prefill();
+        let blocks_per_split = if prefill {
+            (self.seq_q as u64).div_ceil(br as u64) * self.heads as u64 * self.batch as u64
+        } else {
+            (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64
+        };
         let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
         let (num_splits, chosen_by) = match self.splits {
+            _ if prefill => (1, "prefill kernel (no key splits)"),
             Splits::Fixed(n) => (n, "fixed"),
             Splits::Auto => (
                 num_splits_heuristic(
@@ -1536,6 +1602,53 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         alibi_slopes: bufs.alibi_slopes,
         alibi_batch_stride: bufs.alibi_batch_stride,
         _pad2: 0,
+    }
+}
+
+/// The [`kernels_gpu::abi::AttnParams`] of a call on the prefill kernel
+/// ([`DecodeKernel::Prefill`]): Q, O `[batch, seq_q, heads, d]`, LSE `[batch, heads, seq_q]`,
+/// the cache read in place (contiguous: `[batch, seq_cache, heads_kv, d]`; paged: pages through
+/// the block table), sequence `b` seeing `cache_seqlens[b] + seq_new` keys (the append ran
+/// first). The one place they are built, as [`decode_params`] is for the decode kernels.
+pub fn prefill_params(p: &DecodeProblem, layout: CacheLayout, bufs: &DecodeBuffers) -> kernels_gpu::abi::AttnParams {
+    let (h, hk, d) = (p.heads as u64, p.heads_kv as u64, p.head_dim as u64);
+    let (kv_strides, page_size, max_pages) = match layout {
+        // A contiguous cache is one page per sequence, every key in it (`page_size` 2^31).
+        CacheLayout::Contiguous { seq_cache } => (Strides::bshd(seq_cache as u64, hk, d), 1 << 31, 0),
+        CacheLayout::Paged { page_size, max_pages, .. } => {
+            (Strides::bshd(page_size as u64, hk, d), page_size, max_pages)
+        }
+    };
+    let qo = Strides::bshd(p.seq_q as u64, h, d);
+    kernels_gpu::abi::AttnParams {
+        q: bufs.q,
+        k: bufs.k_cache,
+        v: bufs.v_cache,
+        o: bufs.o,
+        lse: bufs.lse,
+        q_strides: qo,
+        k_strides: kv_strides,
+        v_strides: kv_strides,
+        o_strides: qo,
+        batch: p.batch,
+        heads: p.heads,
+        seq_q: p.seq_q,
+        // Each sequence's own count comes from `seqused_k`; this bounds them.
+        seq_kv: p.max_seqlen_k(),
+        head_dim: p.head_dim,
+        causal: p.causal as u32,
+        softmax_scale: p.softmax_scale(),
+        heads_kv: p.heads_kv,
+        window_left: p.window_left,
+        window_right: p.window_right,
+        softcap: p.softcap,
+        sinks: bufs.sinks,
+        block_table: if matches!(layout, CacheLayout::Paged { .. }) { bufs.block_table } else { 0 },
+        seqused_k: bufs.cache_seqlens,
+        page_size,
+        max_pages,
+        seqused_k_add: p.seq_new,
+        ..Default::default()
     }
 }
 

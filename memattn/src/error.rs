@@ -57,6 +57,9 @@ pub enum KvCacheRule {
     Scale { got: f32 },
     #[error("the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {dtype} (choose Simt or Auto)")]
     MmaDtype { dtype: Dtype },
+    /// The prefill kernel (chunked prefill over the cache) was asked for a call it cannot run.
+    #[error("the prefill kernel (DecodeKernel::Prefill: the tensor-core forward reading the cache) {why} (choose Mma, Simt or Auto)")]
+    PrefillUnsupported { why: &'static str },
     #[error(
         "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}",
         crate::problem::list_and(compiled)

@@ -569,6 +569,7 @@ impl Problem {
             total_q: if self.varlen.is_some() { u32::try_from(self.total_q()).unwrap_or(u32::MAX) } else { 0 },
             alibi_batch_stride: b.alibi_batch_stride,
             alibi_slopes: b.alibi_slopes,
+            ..AttnParams::default()
         }
     }
 

@@ -13,7 +13,7 @@ pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PtxParam {
     pub name: String,
-    /// e.g. `.align 8 .b8 [232]`, `.u64`, `.f32`.
+    /// e.g. `.align 8 .b8 [264]`, `.u64`, `.f32`.
     pub decl: String,
 }
 
@@ -219,7 +219,7 @@ mod tests {
         assert!(src.check_tiles(&KernelId::ALL).is_ok());
         let flash = src.entries().into_iter().find(|e| e.name == "flash_fwd_f32_d64").unwrap();
         assert_eq!(flash.params.len(), 1);
-        assert!(flash.params[0].decl.contains("[232]"), "{:?}", flash.params[0]);
+        assert!(flash.params[0].decl.contains("[264]"), "{:?}", flash.params[0]);
         let saxpy = src.entries().into_iter().find(|e| e.name == "saxpy_f32").unwrap();
         assert_eq!(saxpy.params.len(), 4);
         let (v, t) = src.version_and_target();

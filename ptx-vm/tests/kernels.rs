@@ -54,7 +54,7 @@ fn all_kernels_load() {
     assert_eq!(s.params[2].offset, 8);
     assert_eq!(s.params[2].align, 8);
     let f = m.kernel("flash_fwd_f32_d64").unwrap();
-    assert_eq!(f.param_bytes, 232);
+    assert_eq!(f.param_bytes, 264);
     assert_eq!(f.params[0].align, 8);
 }
 

@@ -104,6 +104,93 @@ device_tests! {
         }
     }
 
+    // Chunked prefill: the tensor-core forward reads the cache through the block table. Queries
+    // of 1, 7, 128 and 300 tokens against pages of 1, 16 and 256 keys (and a contiguous cache),
+    // GQA, causal bottom-right against `cache_seqlens + seq_new`, ragged sequences (one shorter
+    // than the query: its first rows see nothing), appends, window, soft cap and sinks, bf16
+    // and f16; each against the f64 reference, and each also by the decode kernel.
+    fn chunked_prefill_over_pages_against_f64(dev: &mut dyn Device) {
+        require_kernel(dev, "flash_fwd_bf16_d64");
+        let mut case = 0u64;
+        for seq_q in [1u32, 7, 128, 300] {
+            for page in [Some(1u32), Some(16), Some(256), None] {
+                case += 1;
+                let dtype = if case.is_multiple_of(2) { Dtype::F16 } else { Dtype::Bf16 };
+                let (window_left, window_right, softcap, sinks) = match case % 4 {
+                    0 => (-1, -1, 0.0, false),
+                    1 => (90, -1, 0.0, true),
+                    2 => (-1, -1, 12.0, false),
+                    _ => (40, -1, 8.0, true),
+                };
+                let p = DecodeProblem {
+                    batch: 3,
+                    heads: 4,
+                    heads_kv: 2,
+                    head_dim: 64,
+                    seq_q,
+                    // Sequence 1 holds fewer keys than the query has tokens.
+                    cache_seqlens: vec![310, 3, 170],
+                    seq_new: if case.is_multiple_of(3) { 5 } else { 0 },
+                    page_size: page,
+                    dtype,
+                    window_left,
+                    window_right,
+                    softcap,
+                    sinks,
+                    kernel: DecodeKernel::Prefill,
+                    ..DecodeProblem::default()
+                };
+                let x = DecodeInputs::random(&p, 40 + case);
+                let r = run(dev, &p, Some(&x));
+                assert_eq!(r.kernel, "prefill", "{p:?}");
+                assert!(r.launches.iter().any(|l| l.kernel.starts_with("flash_fwd_")), "{:?}", r.launches);
+                assert_eq!(r.plan.num_splits, 1);
+                assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+                // Sequence 1 sees 3 + seq_new keys: with seq_q above that, its first rows see
+                // none (O = 0; LSE = -inf, or the sink's logit).
+                let seen = 3 + p.seq_new;
+                if seq_q > seen {
+                    let lse1 = &r.lse[(p.heads * seq_q) as usize..][..seq_q as usize];
+                    assert_eq!(lse1[0] == f32::NEG_INFINITY, !sinks, "{p:?}");
+                    let row = (p.heads * p.head_dim) as usize;
+                    assert!(r.o[seq_q as usize * row..][..row].iter().all(|&v| v == 0.0), "{p:?}");
+                    assert!(lse1[(seq_q - 1) as usize].is_finite(), "{p:?}");
+                }
+                // The decode kernel on the same inputs agrees within both bounds.
+                let m = run(dev, &DecodeProblem { kernel: DecodeKernel::Mma, ..p.clone() }, Some(&x));
+                let diff = r.o.iter().zip(&m.o).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(diff < 2e-2, "{p:?}: prefill and decode kernels differ by {diff}");
+            }
+        }
+    }
+
+    // `Auto` picks the prefill kernel for a query of at least the forward's block rows (128 at
+    // d 64), the tensor-core decode below, and the decode kernel for what the forward refuses.
+    fn auto_picks_prefill_by_query_length(dev: &mut dyn Device) {
+        let p = DecodeProblem {
+            batch: 1,
+            heads: 4,
+            heads_kv: 1,
+            head_dim: 64,
+            cache_seqlens: vec![200],
+            page_size: Some(16),
+            dtype: Dtype::Bf16,
+            ..DecodeProblem::default()
+        };
+        for (seq_q, kernel) in [(127u32, "mma"), (128, "prefill"), (300, "prefill")] {
+            let q = DecodeProblem { seq_q, ..p.clone() };
+            assert_eq!(q.uses_prefill(), kernel == "prefill");
+            assert_eq!(run(dev, &q, None).kernel, kernel, "seq_q {seq_q}");
+        }
+        let alibi = DecodeProblem { seq_q: 300, alibi: true, ..p.clone() };
+        assert!(!alibi.uses_prefill());
+        let forced = DecodeProblem { kernel: DecodeKernel::Prefill, ..alibi };
+        let e = forced.validate().unwrap_err().to_string();
+        assert!(e.contains("prefill kernel") && e.contains("ALiBi"), "{e}");
+        let f32 = DecodeProblem { kernel: DecodeKernel::Prefill, dtype: Dtype::F32, ..p };
+        assert!(f32.validate().unwrap_err().to_string().contains("bf16 or f16"));
+    }
+
     fn decode_split_and_no_split_agree(dev: &mut dyn Device) {
         let base = DecodeProblem {
             batch: 2,

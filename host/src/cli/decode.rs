@@ -126,9 +126,12 @@ pub struct DecodeArgs {
     /// FP8 cache: the V scale, as --k-scale.
     #[arg(long, value_name = "Y", allow_negative_numbers = true, requires = "kv_dtype")]
     pub v_scale: Option<f32>,
-    /// Decode forward: `auto` (tensor cores for bf16/f16, SIMT for f32), `simt` (f32 arithmetic,
-    /// any dtype) or `mma` (tensor cores, bf16/f16 only) [default: auto].
-    #[arg(long, value_name = "auto|simt|mma")]
+    /// Decode forward: `auto` (tensor cores for bf16/f16, SIMT for f32; the prefill kernel for a
+    /// query of at least its block's rows, 96 to 256 tokens by head dim), `simt` (f32 arithmetic, any
+    /// dtype), `mma` (tensor cores, bf16/f16 only) or `prefill` (chunked prefill: the
+    /// tensor-core forward reading the cache through the block table, no key splits; bf16/f16,
+    /// no FP8 cache, ALiBi, cache slots or left padding) [default: auto].
+    #[arg(long, value_name = "auto|simt|mma|prefill")]
     pub kernel: Option<DecodeKernel>,
     /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
     /// head joins the softmax denominator only; the LSE includes it.

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::decode::{
-    check_cache_layout, check_fp8_scales, decode_params, merge_params, planned_launches, CacheLayout, DecodeBuffers,
-    DecodeProblem, Fp8Format, SmCountSource, Splits, MAX_SPLITS,
+    check_cache_layout, check_fp8_scales, decode_params, merge_params, planned_launches, prefill_params, CacheLayout,
+    DecodeBuffers, DecodeProblem, Fp8Format, SmCountSource, Splits, MAX_SPLITS,
 };
 use kernels_gpu::Family;
 
@@ -550,7 +550,7 @@ impl Kernels {
             dtype: q.raw.dtype,
             shapes: [q.raw.shape, k_cache.raw.shape, o.raw.shape, lse.0.raw.shape],
             new_shape: k_new.map(|t| t.raw.shape),
-            mma: plan.launches.iter().any(|(k, _)| k.variant().family == Family::DecodeMma),
+            mma: plan.launches.iter().any(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::FlashMma)),
             plan,
             workspace,
             cache_seqlens,
@@ -770,9 +770,11 @@ impl Kernels {
         };
         let params = decode_params(p, plan.layout, splits, &bufs).to_bytes();
         let merge = merge_params(p, splits, &bufs, Strides::bshd(p.seq_q as u64, p.heads as u64, d)).to_bytes();
+        let prefill = prefill_params(p, plan.layout, &bufs).to_bytes();
         for (kernel, dims) in &plan.launches {
             let arg: &[u8] = match (kernel.variant().family, &rotary) {
                 (Family::MergeStates, _) => &merge,
+                (Family::FlashMma, _) => &prefill,
                 (Family::DecodeRotary, Some(r)) => r,
                 _ => &params,
             };
@@ -1058,7 +1060,9 @@ impl Kernels {
         }
         alias::check_disjoint(&extents)?;
         // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
-        if let Some((kernel, _)) = launches.iter().find(|(k, _)| k.variant().family == Family::DecodeMma) {
+        if let Some((kernel, _)) =
+            launches.iter().find(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::FlashMma))
+        {
             for (name, t, _) in &tensors {
                 if matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
                     return Err(AttnError::Misaligned {
