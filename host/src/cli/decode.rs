@@ -450,9 +450,16 @@ fn summary(r: &DecodeReport) -> String {
         "kernel       {}{}\n",
         match r.kernel {
             "mma" => "tensor cores (mma.sync m16n8k16), GQA group packed into 16-row tiles",
+            "prefill" => "chunked prefill: the tensor-core forward reading the cache, no key splits",
             _ => "SIMT, f32 arithmetic",
         },
-        if r.sinks { "; sinks (counted in split 0)" } else { "" }
+        if r.sinks && r.kernel != "prefill" {
+            "; sinks (counted in split 0)"
+        } else if r.sinks {
+            "; sinks"
+        } else {
+            ""
+        }
     );
     s += &format!(
         "plan         {} splits ({}), {} blocks on {} SMs ({}) = {:.2} blocks per SM, wave efficiency {:.0}%\n",
