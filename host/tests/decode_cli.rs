@@ -330,3 +330,81 @@ fn plan_recommends_an_fp8_cache_and_its_decode_command_measures_the_planned_byte
     );
     assert_bad_input(&["--backend", "vm", "decode", "--kv-dtype", "fp8", "--dtype", "f16"], "bf16");
 }
+
+/// `--inputs` with FlashAttention-2's other cache arguments in the file: `cache_batch_idx`,
+/// `cache_leftpad`, `rotary_cos`/`rotary_sin` (with `--rotary-interleaved`) and `alibi_slopes`,
+/// written from the library's random inputs (padding rows and unused slots NaN), verified; the
+/// same file without `cache_leftpad` starts sequence 0 at its NaN padding (refused, exit 2).
+#[test]
+fn decode_inputs_with_slots_padding_rotary_and_alibi() {
+    use memattn_cli::decode::{DecodeInputs, DecodeProblem, Rotary};
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype as St;
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 2,
+        head_dim: 64,
+        seq_q: 2,
+        cache_seqlens: vec![20, 9],
+        seq_new: 2,
+        dtype: memattn_cli::Dtype::F32,
+        cache_batch_idx: Some(vec![2, 0]),
+        cache_leftpad: Some(vec![5, 0]),
+        rotary: Some(Rotary { dim: 32, interleaved: true }),
+        alibi: true,
+        ..DecodeProblem::default()
+    };
+    p.validate().unwrap();
+    let x = DecodeInputs::random(&p, 7);
+    let seq_cache = match x.layout {
+        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => seq_cache as usize,
+        _ => unreachable!("contiguous"),
+    };
+    let slots = x.k_cache.len() / (seq_cache * 2 * 64);
+    let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let u = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (q, kc, vc, kn, vn) = (f(&x.q), f(&x.k_cache), f(&x.v_cache), f(&x.k_new), f(&x.v_new));
+    let (cs, sn, al) = (f(&x.rotary_cos), f(&x.rotary_sin), f(&x.alibi_slopes));
+    let (lens, idx, pad) = (u(&p.cache_seqlens), u(&[2, 0]), u(&[5, 0]));
+    let rows = x.rotary_cos.len() / 16;
+    let dir = std::env::temp_dir().join(format!("memattn-decode-extras-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, with_pad: bool| {
+        let mut t = vec![
+            ("q", TensorView::new(St::F32, vec![2, 2, 4, 64], &q).unwrap()),
+            ("k_cache", TensorView::new(St::F32, vec![slots, seq_cache, 2, 64], &kc).unwrap()),
+            ("v_cache", TensorView::new(St::F32, vec![slots, seq_cache, 2, 64], &vc).unwrap()),
+            ("k_new", TensorView::new(St::F32, vec![2, 2, 2, 64], &kn).unwrap()),
+            ("v_new", TensorView::new(St::F32, vec![2, 2, 2, 64], &vn).unwrap()),
+            ("cache_seqlens", TensorView::new(St::U32, vec![2], &lens).unwrap()),
+            ("cache_batch_idx", TensorView::new(St::U32, vec![2], &idx).unwrap()),
+            ("rotary_cos", TensorView::new(St::F32, vec![rows, 16], &cs).unwrap()),
+            ("rotary_sin", TensorView::new(St::F32, vec![rows, 16], &sn).unwrap()),
+            ("alibi_slopes", TensorView::new(St::F32, vec![4], &al).unwrap()),
+        ];
+        if with_pad {
+            t.push(("cache_leftpad", TensorView::new(St::U32, vec![2], &pad).unwrap()));
+        }
+        let path = dir.join(name);
+        std::fs::write(&path, safetensors::serialize(t, None).unwrap()).unwrap();
+        path
+    };
+    let (good, nopad) = (write("good.safetensors", true), write("nopad.safetensors", false));
+    let run = |path: &std::path::Path, extra: &[&str]| {
+        let base = ["--backend", "vm", "--json", "decode", "--inputs", path.to_str().unwrap(), "--repeats", "1"];
+        memattn(&[&base[..], extra].concat())
+    };
+    let o = run(&good, &["--rotary-interleaved"]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["verified"].as_bool(), v["verification"]["cache_ok"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(v["alibi"], true);
+    // Without cache_leftpad sequence 0's keys start at its NaN padding rows: refused (exit 2).
+    let o = run(&nopad, &["--rotary-interleaved"]);
+    assert_eq!(code(&o), 2, "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("non-finite value in key 0 of sequence 0"), "{}", text(&o.stderr));
+    let names: Vec<&str> = v["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "decode_rotary_f32", "{names:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -97,9 +97,10 @@ pub struct DecodeArgs {
     /// no window). Needs --new-tokens, as FlashAttention-2 does.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with = "inputs")]
     pub rotary_dim: Option<u32>,
-    /// With --rotary-dim: rotate the pairs (2i, 2i+1) (GPT-J, FlashAttention-2's
+    /// With --rotary-dim (or the rotary tables of --inputs): rotate the pairs (2i, 2i+1) (GPT-J, FlashAttention-2's
     /// rotary_interleaved=True) instead of (i, i + N/2) (GPT-NeoX, the default).
-    #[arg(long, requires = "rotary_dim")]
+    /// With --inputs, the pairs of the file's rotary tables.
+    #[arg(long)]
     pub rotary_interleaved: bool,
     /// Paged cache with P keys per page (any P >= 1; pages shuffled); default: contiguous.
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = non_negative_u32)]
@@ -171,8 +172,12 @@ pub struct DecodeArgs {
     /// heads, d]`, `k_cache`, `v_cache` (`[batch, seq_cache, heads_kv, d]`, or `[num_pages,
     /// page_size, heads_kv, d]` with `block_table`), `cache_seqlens` `[batch]` (U32/I32), optional
     /// `block_table` `[batch, max_pages]` (U32/I32), `k_new`, `v_new` `[batch, new, heads_kv, d]`,
-    /// `sinks` `[heads]` F32 (present: sinks on); F32, BF16 or F16, one dtype. Shapes, lengths,
-    /// page size and dtype then come from the file.
+    /// `sinks` `[heads]` F32 (present: sinks on), FlashAttention-2's `cache_batch_idx` and
+    /// `cache_leftpad` `[batch]` (U32/I32; contiguous caches, whose first dimension is then the
+    /// slots), `rotary_cos`, `rotary_sin` `[seqlen_ro, rotary_dim / 2]` (with new tokens;
+    /// `--rotary-interleaved` for GPT-J pairs) and `alibi_slopes` `[heads]` or `[batch, heads]`
+    /// F32; F32, BF16 or F16, one dtype. Shapes, lengths, page size and dtype then come from the
+    /// file.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary", "sinks"])]
     pub inputs: Option<std::path::PathBuf>,
     /// Write `o`, `lse` and the cache after the append (`k_cache`, `v_cache`, in the cache's
@@ -264,6 +269,9 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
     };
     // An FP8 cache keeps Q, O and the new tokens in bf16.
     let p = if a.kv_dtype.is_some() && p.dtype == Dtype::F32 { DecodeProblem { dtype: Dtype::Bf16, ..p } } else { p };
+    if a.rotary_interleaved && a.rotary_dim.is_none() && a.inputs.is_none() {
+        return Err(Error::Usage("--rotary-interleaved needs --rotary-dim (or --inputs with rotary tables)".into()));
+    }
     // With --inputs the dtype and the shapes come from the file: the options are checked once
     // they are known (in `read_inputs`), not against the defaults.
     if a.inputs.is_none() {
@@ -315,7 +323,11 @@ type Tensor<T> = (Vec<usize>, Vec<T>);
 
 /// Reads the tensors of `--inputs`; returns the problem (with `base`'s split, scale and causal
 /// options) and the inputs. Every shape rule broken is exit 2 naming the tensor.
-fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodeProblem, DecodeInputs), Error> {
+fn read_inputs(
+    path: &std::path::Path,
+    base: &DecodeProblem,
+    rotary_interleaved: bool,
+) -> Result<(DecodeProblem, DecodeInputs), Error> {
     let bytes = memattn_cli::files::read_regular(path, memattn_cli::files::MAX_INPUT_BYTES, "input file")?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Usage(format!("{} is not a valid safetensors file: {e}", path.display())))?;
@@ -370,6 +382,15 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         _ => return Err(bad(format!("k_new and v_new must both be [{b}, new, {hk}, {d}]"))),
     };
     let u32_of = |n: usize, what: &str| u32::try_from(n).map_err(|_| bad(format!("{what} {n} is over the u32 limit")));
+    // FlashAttention-2's cache_batch_idx and cache_leftpad: `[batch]` each (contiguous caches).
+    let per_seq = |name: &str| -> Result<Option<Vec<u32>>, Error> {
+        match index(name)? {
+            None => Ok(None),
+            Some((s, v)) if s == [b] => Ok(Some(v)),
+            Some((s, _)) => Err(bad(format!("`{name}` has shape {s:?}, expected [{b}] (batch of q)"))),
+        }
+    };
+    let (slots, leftpad) = (per_seq("cache_batch_idx")?, per_seq("cache_leftpad")?);
     let (layout, table, page_size) = match index("block_table")? {
         Some((ts, t)) => {
             if ts.len() != 2 || ts[0] != b {
@@ -383,12 +404,51 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
             (layout, t, Some(u32_of(ks[1], "page_size")?))
         }
         None => {
-            if ks[0] != b {
+            if ks[0] != b && slots.is_none() {
                 return Err(bad(format!(
-                    "contiguous k_cache {ks:?} must have batch {b} first (or give a block_table)"
+                    "contiguous k_cache {ks:?} must have batch {b} first (or give a block_table, or cache_batch_idx)"
                 )));
             }
             (CacheLayout::Contiguous { seq_cache: u32_of(ks[1], "seq_cache")? }, Vec::new(), None)
+        }
+    };
+    // Rotary tables `[seqlen_ro, rotary_dim / 2]` in q's dtype, both or neither.
+    let table2 = |name: &str| -> Result<Option<Tensor<f32>>, Error> {
+        let Ok(t) = st.tensor(name) else { return Ok(None) };
+        if t.dtype() != dtype.safetensors() || t.shape().len() != 2 {
+            return Err(bad(format!(
+                "`{name}` is {:?} {:?}; {:?} [seqlen_ro, rotary_dim / 2] expected",
+                t.dtype(),
+                t.shape(),
+                q.dtype()
+            )));
+        }
+        Ok(Some((t.shape().to_vec(), dtype.decode(t.data()))))
+    };
+    let (rotary, rotary_cos, rotary_sin) = match (table2("rotary_cos")?, table2("rotary_sin")?) {
+        (None, None) => (None, Vec::new(), Vec::new()),
+        (Some((cs, c)), Some((ss, s))) if cs == ss => {
+            let dim = u32_of(2 * cs[1], "rotary_dim")?;
+            (Some(memattn_cli::decode::Rotary { dim, interleaved: rotary_interleaved }), c, s)
+        }
+        _ => return Err(bad("rotary_cos and rotary_sin must both be given, with one shape".into())),
+    };
+    if rotary.is_none() && rotary_interleaved {
+        return Err(bad("--rotary-interleaved needs the file's rotary_cos and rotary_sin".into()));
+    }
+    // ALiBi slopes: F32 `[heads]` or `[batch, heads]`.
+    let alibi_slopes = match st.tensor("alibi_slopes") {
+        Err(_) if base.alibi => memattn::problem::alibi_slopes(u32_of(h, "heads")?),
+        Err(_) => Vec::new(),
+        Ok(t) if t.dtype() == safetensors::Dtype::F32 && (t.shape() == [h] || t.shape() == [b, h]) => {
+            Dtype::F32.decode(t.data())
+        }
+        Ok(t) => {
+            return Err(bad(format!(
+                "`alibi_slopes` is {:?} {:?}; F32 [{h}] or [{b}, {h}] expected",
+                t.dtype(),
+                t.shape()
+            )))
         }
     };
     let sinks = match st.tensor("sinks") {
@@ -413,6 +473,10 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         seq_new: u32_of(seq_new, "new tokens")?,
         page_size,
         dtype,
+        cache_batch_idx: slots,
+        cache_leftpad: leftpad,
+        rotary,
+        alibi: !alibi_slopes.is_empty(),
         ..base.clone()
     };
     p.validate()?;
@@ -427,9 +491,9 @@ fn read_inputs(path: &std::path::Path, base: &DecodeProblem) -> Result<(DecodePr
         sinks,
         k_scale: Vec::new(),
         v_scale: Vec::new(),
-        rotary_cos: Vec::new(),
-        rotary_sin: Vec::new(),
-        alibi_slopes: if p.alibi { memattn::problem::alibi_slopes(p.heads) } else { Vec::new() },
+        rotary_cos,
+        rotary_sin,
+        alibi_slopes,
     };
     Ok((p, x))
 }
@@ -583,7 +647,7 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     }
     let given = match &a.inputs {
         Some(path) => {
-            let (p, x) = read_inputs(path, &base)?;
+            let (p, x) = read_inputs(path, &base, a.rotary_interleaved)?;
             base = p;
             Some(x)
         }
