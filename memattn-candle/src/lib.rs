@@ -280,6 +280,100 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
     Ok(op.apply(q, k, v)?.0)
 }
 
+/// Packed sequences against a paged KV cache, as candle-flash-attn's
+/// `flash_attn_varlen_paged_windowed` (chunked prefill, vLLM's mixed batch of prefill chunks and
+/// decode rows): `q` `(total_q, heads, head_dim)`, `k` and `v` the paged cache `(num_blocks,
+/// page_block_size, heads_kv, head_dim)`, `seqlens_q` and `seqlens_k` `(batch + 1)` u32 prefix
+/// sums of the query chunks and of the sequences' keys (their keys in the cache: the chunk's own
+/// included), `block_table` `(batch, max_blocks)` u32. Windows as candle-flash-attn's
+/// (`window_size_right = Some(0)` is causal, bottom-right against each sequence's keys), and an
+/// optional soft cap. bf16 and f16, on candle's CPU device (the PTX VM, memattn's
+/// `Kernels::flash_attn_varlen_paged`); other devices are refused with an error for now. The
+/// index tensors are read to the host and checked before the launch. Returns `(total_q, heads,
+/// head_dim)` in q's dtype.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
+pub fn flash_attn_varlen_paged_windowed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    block_table: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+    page_block_size: usize,
+    softcap: Option<f32>,
+) -> Result<Tensor> {
+    let msg = |m: String| candle_core::Error::Msg(format!("memattn flash_attn_varlen_paged_windowed: {m}"));
+    if !q.device().is_cpu() {
+        return Err(msg(format!(
+            "q is on {:?}; this function runs on candle's CPU device (the PTX VM) for now",
+            q.device().location()
+        )));
+    }
+    let dtype = dtype_of(q.dtype())?;
+    if !dtype.is_16bit() {
+        return Err(msg(format!("q is {:?}; the paged forward takes bf16 or f16", q.dtype())));
+    }
+    let (total_q, h, d) = q.dims3()?;
+    let (nb, page, hk, kd) = k.dims4()?;
+    if v.dims() != k.dims() {
+        return Err(msg(format!("v has shape {:?}, k {:?}: one shape", v.dims(), k.dims())));
+    }
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(msg(format!("k, v are {:?}, {:?} while q is {:?}", k.dtype(), v.dtype(), q.dtype())));
+    }
+    if page != page_block_size {
+        return Err(msg(format!("page_block_size is {page_block_size}, but k has {page} rows per block")));
+    }
+    let cu_q = seqlens_q.to_vec1::<u32>()?;
+    let cu_k = seqlens_k.to_vec1::<u32>()?;
+    if cu_k.len() != cu_q.len() || cu_k.is_empty() {
+        return Err(msg(format!("seqlens_k has {} entries, seqlens_q {}: batch + 1 each", cu_k.len(), cu_q.len())));
+    }
+    let mut used = Vec::with_capacity(cu_k.len() - 1);
+    for (i, w) in cu_k.windows(2).enumerate() {
+        let n = w[1].checked_sub(w[0]).ok_or_else(|| msg(format!("seqlens_k decreases at entry {}", i + 1)))?;
+        if n as usize > max_seqlen_k {
+            return Err(msg(format!("sequence {i} has {n} keys, over max_seqlen_k = {max_seqlen_k}")));
+        }
+        used.push(n);
+    }
+    let table = block_table.flatten_all()?.to_vec1::<u32>()?;
+    let kernels = vm_kernels()?;
+    let up = |t: &Tensor| -> Result<memattn::attn::VmBuffer> {
+        let x = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        kernels.vm_upload_as(dtype, &x).map_err(wrap)
+    };
+    let (qb, kb, vb) = (up(q)?, up(k)?, up(v)?);
+    let view = |b, shape| TensorView::vm(b, dtype, shape).map_err(wrap);
+    let index = |x: &[u32]| kernels.index_tensor(x, None).map_err(wrap);
+    let (cu_q, used, table) = (index(&cu_q)?, index(&used)?, index(&table)?);
+    let mut opts = AttnOpts::new().softmax_scale(softmax_scale).window(
+        window_size_left.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
+        window_size_right.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
+    );
+    if let Some(c) = softcap {
+        opts = opts.softcap(c);
+    }
+    let (o, _lse) = kernels
+        .flash_attn_varlen_paged(
+            &view(&qb, [1, total_q, h, d])?,
+            &view(&kb, [nb, page, hk, kd])?,
+            &view(&vb, [nb, page, hk, kd])?,
+            &cu_q,
+            &used,
+            &table,
+            max_seqlen_q,
+            &opts,
+        )
+        .map_err(wrap)?;
+    Tensor::from_vec(o.to_vec_f32().map_err(wrap)?, (total_q, h, d), &candle_core::Device::Cpu)?.to_dtype(q.dtype())
+}
+
 /// The packed-sequence arguments of [`flash_attn_varlen`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Varlen {

@@ -381,3 +381,106 @@ fn alibi_matches_candle_ops_with_the_bias_as_a_tensor() {
     let e = o.sum_all().unwrap().backward().unwrap_err().to_string();
     assert!(e.contains("ALiBi has no backward"), "{e}");
 }
+
+/// `flash_attn_varlen_paged_windowed` (a mixed batch: a prefill chunk of 37 tokens over 50 keys,
+/// a chunk longer than its keys, two decode rows) against candle's ops per sequence over the
+/// pages gathered with `index_select`, causal as `window_size_right = Some(0)`; refusals.
+#[test]
+fn varlen_paged_matches_candle_ops_over_the_gathered_pages() {
+    let dev = Device::Cpu;
+    let (h, hk, d, page) = (4usize, 2usize, 64usize, 8usize);
+    let chunks = [37u32, 12, 1, 1];
+    let keys = [50u32, 7, 19, 1];
+    let max_blocks = 7;
+    // Sequence s owns pages s, s + 4, s + 8, ... (interleaved in the pool), unused entries 0.
+    let mut table = vec![0u32; chunks.len() * max_blocks];
+    for (s, &n) in keys.iter().enumerate() {
+        for p in 0..(n as usize).div_ceil(page) {
+            table[s * max_blocks + p] = (s + 4 * p) as u32;
+        }
+    }
+    let blocks = 4 * max_blocks;
+    let prefix = |x: &[u32]| -> Vec<u32> {
+        std::iter::once(0)
+            .chain(x.iter().scan(0, |a, &n| {
+                *a += n;
+                Some(*a)
+            }))
+            .collect()
+    };
+    let total_q = chunks.iter().sum::<u32>() as usize;
+    let r = |n: &[usize]| Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let (q, kc, vc) = (r(&[total_q, h, d]), r(&[blocks, page, hk, d]), r(&[blocks, page, hk, d]));
+    let (cq, ck) = (Tensor::new(prefix(&chunks), &dev).unwrap(), Tensor::new(prefix(&keys), &dev).unwrap());
+    let bt = Tensor::from_slice(&table, (chunks.len(), max_blocks), &dev).unwrap();
+    let o = memattn_candle::flash_attn_varlen_paged_windowed(
+        &q,
+        &kc,
+        &vc,
+        &cq,
+        &ck,
+        &bt,
+        37,
+        50,
+        0.125,
+        None,
+        Some(0),
+        page,
+        None,
+    )
+    .unwrap();
+    assert_eq!(o.dims(), [total_q, h, d]);
+    let mut err = 0f32;
+    let mut row = 0;
+    for (s, (&n, &len)) in chunks.iter().zip(&keys).enumerate() {
+        let ids = Tensor::new(&table[s * max_blocks..(s + 1) * max_blocks], &dev).unwrap();
+        let gather = |c: &Tensor| {
+            c.index_select(&ids, 0)
+                .unwrap()
+                .reshape((max_blocks * page, hk, d))
+                .unwrap()
+                .narrow(0, 0, len as usize)
+                .unwrap()
+        };
+        let qs = q.narrow(0, row, n as usize).unwrap().unsqueeze(0).unwrap();
+        let (ro, _) =
+            candle_attention(&qs, &gather(&kc).unsqueeze(0).unwrap(), &gather(&vc).unsqueeze(0).unwrap(), 0.125, true)
+                .unwrap();
+        let mine = o.narrow(0, row, n as usize).unwrap().unsqueeze(0).unwrap();
+        // A chunk longer than its keys: its first rows see nothing (O = 0; candle's softmax of an
+        // all -inf row is NaN, so only the rows that see a key are compared).
+        let skip = n.saturating_sub(len) as usize;
+        if skip > 0 {
+            let z = mine.narrow(1, 0, skip).unwrap().to_dtype(DType::F32).unwrap().abs().unwrap();
+            assert_eq!(z.flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap(), 0.0);
+        }
+        let seen = n as usize - skip;
+        err = err.max(max_abs_diff(&mine.narrow(1, skip, seen).unwrap(), &ro.narrow(1, skip, seen).unwrap()));
+        row += n as usize;
+    }
+    println!("bf16 varlen paged chunks {chunks:?} keys {keys:?}: max |o - candle| = {err:.2e}");
+    assert!(err <= 1.6e-2, "{err}");
+    // Refusals: f32, a page size that is not k's, keys over max_seqlen_k.
+    let call = |q: &Tensor, page_block_size: usize, max_k: usize| {
+        memattn_candle::flash_attn_varlen_paged_windowed(
+            q,
+            &kc,
+            &vc,
+            &cq,
+            &ck,
+            &bt,
+            37,
+            max_k,
+            0.125,
+            None,
+            Some(0),
+            page_block_size,
+            None,
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(call(&q.to_dtype(DType::F32).unwrap(), page, 50).contains("bf16 or f16"));
+    assert!(call(&q, 16, 50).contains("page_block_size is 16"));
+    assert!(call(&q, page, 49).contains("over max_seqlen_k"));
+}
