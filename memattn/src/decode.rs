@@ -426,6 +426,8 @@ impl DecodeProblem {
             Some("does not take ALiBi")
         } else if self.cache_batch_idx.is_some() || self.cache_leftpad.is_some() {
             Some("does not take cache_batch_idx or cache_leftpad")
+        } else if matches!(self.splits, Splits::Fixed(n) if n > 1) {
+            Some("has no key splits (a split count above 1 asks for a decode kernel)")
         } else {
             None
         }
@@ -434,7 +436,8 @@ impl DecodeProblem {
     /// Whether the call runs on the prefill kernel: asked for ([`DecodeKernel::Prefill`]), or
     /// [`DecodeKernel::Auto`] with a query of at least the forward's rows per block (then every
     /// block of the forward is full, and its larger tiles without key splits beat packing the
-    /// query into the decode kernel's rows) and nothing the forward refuses.
+    /// query into the decode kernel's rows) and nothing the forward refuses (a split count above 1
+    /// keeps the decode kernels, which split).
     pub fn uses_prefill(&self) -> bool {
         match self.kernel {
             DecodeKernel::Prefill => true,

@@ -187,8 +187,14 @@ device_tests! {
         let forced = DecodeProblem { kernel: DecodeKernel::Prefill, ..alibi };
         let e = forced.validate().unwrap_err().to_string();
         assert!(e.contains("prefill kernel") && e.contains("ALiBi"), "{e}");
-        let f32 = DecodeProblem { kernel: DecodeKernel::Prefill, dtype: Dtype::F32, ..p };
+        let f32 = DecodeProblem { kernel: DecodeKernel::Prefill, dtype: Dtype::F32, ..p.clone() };
         assert!(f32.validate().unwrap_err().to_string().contains("bf16 or f16"));
+        // A split count above 1 keeps the decode kernel under Auto, and is refused by Prefill.
+        let split = DecodeProblem { seq_q: 300, splits: Splits::Fixed(3), ..p };
+        assert!(!split.uses_prefill());
+        assert_eq!(run(dev, &split, None).kernel, "mma");
+        let forced = DecodeProblem { kernel: DecodeKernel::Prefill, ..split };
+        assert!(forced.validate().unwrap_err().to_string().contains("no key splits"));
     }
 
     fn decode_split_and_no_split_agree(dev: &mut dyn Device) {

@@ -131,7 +131,7 @@ pub struct DecodeArgs {
     /// query of at least its block's rows, 96 to 256 tokens by head dim), `simt` (f32 arithmetic, any
     /// dtype), `mma` (tensor cores, bf16/f16 only) or `prefill` (chunked prefill: the
     /// tensor-core forward reading the cache through the block table, no key splits; bf16/f16,
-    /// no FP8 cache, ALiBi, cache slots or left padding) [default: auto].
+    /// no FP8 cache, ALiBi, cache slots, left padding or --splits N > 1) [default: auto].
     #[arg(long, value_name = "auto|simt|mma|prefill")]
     pub kernel: Option<DecodeKernel>,
     /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
