@@ -287,10 +287,10 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
 /// sums of the query chunks and of the sequences' keys (their keys in the cache: the chunk's own
 /// included), `block_table` `(batch, max_blocks)` u32. Windows as candle-flash-attn's
 /// (`window_size_right = Some(0)` is causal, bottom-right against each sequence's keys), and an
-/// optional soft cap. bf16 and f16, on candle's CPU device (the PTX VM, memattn's
-/// `Kernels::flash_attn_varlen_paged`); other devices are refused with an error for now. The
-/// index tensors are read to the host and checked before the launch. Returns `(total_q, heads,
-/// head_dim)` in q's dtype.
+/// optional soft cap. bf16 and f16 (memattn's `Kernels::flash_attn_varlen_paged`), on candle's
+/// CPU device (the PTX VM) and, with the `cuda` feature, on a CUDA device (contiguous q, k, v on
+/// candle's stream). The index tensors are read to the host and checked before the launch.
+/// Returns `(total_q, heads, head_dim)` in q's dtype.
 #[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
 pub fn flash_attn_varlen_paged_windowed(
     q: &Tensor,
@@ -308,12 +308,18 @@ pub fn flash_attn_varlen_paged_windowed(
     softcap: Option<f32>,
 ) -> Result<Tensor> {
     let msg = |m: String| candle_core::Error::Msg(format!("memattn flash_attn_varlen_paged_windowed: {m}"));
-    if !q.device().is_cpu() {
-        return Err(msg(format!(
-            "q is on {:?}; this function runs on candle's CPU device (the PTX VM) for now",
-            q.device().location()
-        )));
-    }
+    let on_cuda = match q.device() {
+        candle_core::Device::Cpu => false,
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(_) => true,
+        #[allow(unreachable_patterns)] // with the `cuda` feature every other device is Metal
+        other => {
+            return Err(msg(format!(
+                "q is on {:?}; this function runs on candle's CPU device (the PTX VM) and CUDA devices",
+                other.location()
+            )))
+        }
+    };
     let dtype = dtype_of(q.dtype())?;
     if !dtype.is_16bit() {
         return Err(msg(format!("q is {:?}; the paged forward takes bf16 or f16", q.dtype())));
@@ -343,6 +349,23 @@ pub fn flash_attn_varlen_paged_windowed(
         used.push(n);
     }
     let table = block_table.flatten_all()?.to_vec1::<u32>()?;
+    let mut opts = AttnOpts::new().softmax_scale(softmax_scale).window(
+        window_size_left.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
+        window_size_right.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
+    );
+    if let Some(c) = softcap {
+        opts = opts.softcap(c);
+    }
+    if on_cuda {
+        #[cfg(feature = "cuda")]
+        {
+            let idx = [cu_q, used, table];
+            return match q.dtype() {
+                DType::BF16 => cuda::varlen_paged::<half::bf16>(q, k, v, &idx, max_seqlen_q, &opts),
+                _ => cuda::varlen_paged::<half::f16>(q, k, v, &idx, max_seqlen_q, &opts),
+            };
+        }
+    }
     let kernels = vm_kernels()?;
     let up = |t: &Tensor| -> Result<memattn::attn::VmBuffer> {
         let x = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
@@ -352,13 +375,6 @@ pub fn flash_attn_varlen_paged_windowed(
     let view = |b, shape| TensorView::vm(b, dtype, shape).map_err(wrap);
     let index = |x: &[u32]| kernels.index_tensor(x, None).map_err(wrap);
     let (cu_q, used, table) = (index(&cu_q)?, index(&used)?, index(&table)?);
-    let mut opts = AttnOpts::new().softmax_scale(softmax_scale).window(
-        window_size_left.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
-        window_size_right.map(|w| u32::try_from(w).unwrap_or(u32::MAX)),
-    );
-    if let Some(c) = softcap {
-        opts = opts.softcap(c);
-    }
     let (o, _lse) = kernels
         .flash_attn_varlen_paged(
             &view(&qb, [1, total_q, h, d])?,
@@ -1852,6 +1868,63 @@ mod cuda {
     ) -> Result<TensorView<'a>> {
         let v = TensorView::cuda(s.as_cuda_slice::<T>()?, stream, dims4(l, what)?);
         v.and_then(|v| v.with_strides(strides4(l)).offset(l.start_offset())).map_err(wrap)
+    }
+
+    /// [`super::flash_attn_varlen_paged_windowed`] on candle's CUDA device and stream: q, k and v
+    /// viewed in candle's memory (contiguous), the index tensors uploaded from their host copies
+    /// (`[cu_seqlens_q, seqused_k, block_table]`), O allocated on the stream.
+    pub(super) fn varlen_paged<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits>(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        idx: &[Vec<u32>; 3],
+        max_seqlen_q: usize,
+        opts: &AttnOpts<'_>,
+    ) -> Result<Tensor> {
+        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+        let storages = [&q, &k, &v].map(|t| t.storage_and_layout());
+        let cuda = |i: usize| -> Result<(&CudaStorage, &Layout)> {
+            match (&*storages[i].0, storages[i].1) {
+                (Storage::Cuda(s), l) => Ok((s, l)),
+                (other, _) => Err(candle_core::Error::Msg(format!(
+                    "memattn flash_attn_varlen_paged_windowed: k and v must be on q's CUDA device, not {:?}",
+                    other.device().location()
+                ))),
+            }
+        };
+        let ((qs, lq), (ks, lk), (vs, lv)) = (cuda(0)?, cuda(1)?, cuda(2)?);
+        let device = qs.device.clone();
+        let stream = device.cuda_stream();
+        let kernels = kernels_for(stream.context())?;
+        let (tq, h, d) = q.dims3()?;
+        fn view4<'a, T: Element + CudaDType>(
+            s: &'a CudaStorage,
+            l: &Layout,
+            stream: &'a Arc<memattn::attn::CudaStream>,
+            shape: [usize; 4],
+        ) -> Result<TensorView<'a>> {
+            let v = TensorView::cuda(s.as_cuda_slice::<T>()?, stream, shape).map_err(wrap)?;
+            v.offset(l.start_offset()).map_err(wrap)
+        }
+        let kd = k.dims4()?;
+        let qv = view4::<T>(qs, lq, &stream, [1, tq, h, d])?;
+        let kv = view4::<T>(ks, lk, &stream, [kd.0, kd.1, kd.2, kd.3])?;
+        let vv = view4::<T>(vs, lv, &stream, [kd.0, kd.1, kd.2, kd.3])?;
+        let ix = |x: &[u32]| kernels.index_tensor(x, Some(&stream)).map_err(wrap);
+        let (cu, used, table) = (ix(&idx[0])?, ix(&idx[1])?, ix(&idx[2])?);
+        let (o, _lse) =
+            kernels.flash_attn_varlen_paged(&qv, &kv, &vv, &cu, &used, &table, max_seqlen_q, opts).map_err(wrap)?;
+        let slice = o.as_cuda().ok_or_else(|| candle_core::Error::Msg("memattn: O is not on a CUDA device".into()))?;
+        // O's bytes as candle's storage of T (the same stream; no copy through the host).
+        let n = tq * h * d;
+        // SAFETY: O holds exactly n elements of T (q's dtype), written by the launch above; the
+        // allocation is read only by the copy that follows it on this stream.
+        let src = unsafe { slice.transmute::<T>(n) }
+            .ok_or_else(|| candle_core::Error::Msg("memattn: O is smaller than total_q x heads x d".into()))?;
+        let mut out = unsafe { stream.alloc::<T>(n) }.map_err(candle_core::Error::wrap)?;
+        stream.memcpy_dtod(&src, &mut out).map_err(candle_core::Error::wrap)?;
+        let st = CudaStorage::wrap_cuda_slice(out, device);
+        Ok(Tensor::from_storage(Storage::Cuda(st), (tq, h, d), candle_core::op::BackpropOp::none(), false))
     }
 
     /// A writable view of candle's storage with its layout (strides and start offset).
