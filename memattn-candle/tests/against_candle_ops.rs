@@ -413,22 +413,24 @@ fn varlen_paged_matches_candle_ops_over_the_gathered_pages() {
     let (q, kc, vc) = (r(&[total_q, h, d]), r(&[blocks, page, hk, d]), r(&[blocks, page, hk, d]));
     let (cq, ck) = (Tensor::new(prefix(&chunks), &dev).unwrap(), Tensor::new(prefix(&keys), &dev).unwrap());
     let bt = Tensor::from_slice(&table, (chunks.len(), max_blocks), &dev).unwrap();
-    let o = memattn_candle::flash_attn_varlen_paged_windowed(
-        &q,
-        &kc,
-        &vc,
-        &cq,
-        &ck,
-        &bt,
-        37,
-        50,
-        0.125,
-        None,
-        Some(0),
-        page,
-        None,
-    )
-    .unwrap();
+    let call = |q: &Tensor, page_block_size: usize, max_k: usize| {
+        memattn_candle::flash_attn_varlen_paged_windowed(
+            q,
+            &kc,
+            &vc,
+            &cq,
+            &ck,
+            &bt,
+            37,
+            max_k,
+            0.125,
+            None,
+            Some(0),
+            page_block_size,
+            None,
+        )
+    };
+    let o = call(&q, page, 50).unwrap();
     assert_eq!(o.dims(), [total_q, h, d]);
     let mut err = 0f32;
     let mut row = 0;
@@ -461,26 +463,9 @@ fn varlen_paged_matches_candle_ops_over_the_gathered_pages() {
     println!("bf16 varlen paged chunks {chunks:?} keys {keys:?}: max |o - candle| = {err:.2e}");
     assert!(err <= 1.6e-2, "{err}");
     // Refusals: f32, a page size that is not k's, keys over max_seqlen_k.
-    let call = |q: &Tensor, page_block_size: usize, max_k: usize| {
-        memattn_candle::flash_attn_varlen_paged_windowed(
-            q,
-            &kc,
-            &vc,
-            &cq,
-            &ck,
-            &bt,
-            37,
-            max_k,
-            0.125,
-            None,
-            Some(0),
-            page_block_size,
-            None,
-        )
-        .unwrap_err()
-        .to_string()
-    };
-    assert!(call(&q.to_dtype(DType::F32).unwrap(), page, 50).contains("bf16 or f16"));
-    assert!(call(&q, 16, 50).contains("page_block_size is 16"));
-    assert!(call(&q, page, 49).contains("over max_seqlen_k"));
+    let err =
+        |q: &Tensor, page_block_size: usize, max_k: usize| call(q, page_block_size, max_k).unwrap_err().to_string();
+    assert!(err(&q.to_dtype(DType::F32).unwrap(), page, 50).contains("bf16 or f16"));
+    assert!(err(&q, 16, 50).contains("page_block_size is 16"));
+    assert!(err(&q, page, 49).contains("over max_seqlen_k"));
 }

@@ -118,6 +118,36 @@ struct Fp8Call<'s> {
     v_scale: &'s Fp8Scales,
 }
 
+/// The shape rules of a KV cache against q's `heads` and `head_dim`: `k_cache` and `v_cache` of
+/// one shape, its head dim q's, its heads dividing q's. Returns the cache's shape.
+pub(super) fn check_cache_shape(
+    h: usize,
+    d: usize,
+    k_cache: &RawView,
+    v_cache: &RawView,
+) -> Result<[usize; 4], AttnError> {
+    let kshape = k_cache.shape;
+    if v_cache.shape != kshape {
+        return Err(AttnError::Shape {
+            tensor: "v_cache",
+            got: v_cache.shape,
+            why: ShapeRule::VCache { k_cache: kshape },
+        });
+    }
+    let [_, _, hk, kd] = kshape;
+    if kd != d {
+        return Err(AttnError::Shape {
+            tensor: "k_cache",
+            got: kshape,
+            why: ShapeRule::CacheHeadDim { got: kd, q: d },
+        });
+    }
+    if hk == 0 || !h.is_multiple_of(hk) {
+        return Err(AttnError::Shape { tensor: "k_cache", got: kshape, why: ShapeRule::CacheHeads { got: hk, q: h } });
+    }
+    Ok(kshape)
+}
+
 fn kv_err(why: KvCacheRule) -> AttnError {
     AttnError::KvCache { why }
 }
@@ -858,29 +888,8 @@ impl Kernels {
         }
         // Shapes.
         let [b, sq, h, d] = q.raw.shape;
-        let kshape = k_cache.raw.shape;
-        if v_cache.raw.shape != kshape {
-            return Err(AttnError::Shape {
-                tensor: "v_cache",
-                got: v_cache.raw.shape,
-                why: ShapeRule::VCache { k_cache: kshape },
-            });
-        }
-        let [c0, c1, hk, kd] = kshape;
-        if kd != d {
-            return Err(AttnError::Shape {
-                tensor: "k_cache",
-                got: kshape,
-                why: ShapeRule::CacheHeadDim { got: kd, q: d },
-            });
-        }
-        if hk == 0 || !h.is_multiple_of(hk) {
-            return Err(AttnError::Shape {
-                tensor: "k_cache",
-                got: kshape,
-                why: ShapeRule::CacheHeads { got: hk, q: h },
-            });
-        }
+        let kshape = check_cache_shape(h, d, &k_cache.raw, &v_cache.raw)?;
+        let [c0, c1, hk, _] = kshape;
         let mut seq_new = 0;
         if let (Some(kn), Some(vn)) = (k_new, v_new) {
             seq_new = kn.raw.shape[1];

@@ -109,29 +109,8 @@ impl Kernels {
         if b != 1 {
             return Err(AttnError::Shape { tensor: "q", got: q.raw.shape, why: ShapeRule::PackedBatch });
         }
-        let kshape = k_cache.raw.shape;
-        if v_cache.raw.shape != kshape {
-            return Err(AttnError::Shape {
-                tensor: "v_cache",
-                got: v_cache.raw.shape,
-                why: ShapeRule::VCache { k_cache: kshape },
-            });
-        }
-        let [num_pages, page_size, hk, kd] = kshape;
-        if kd != d {
-            return Err(AttnError::Shape {
-                tensor: "k_cache",
-                got: kshape,
-                why: ShapeRule::CacheHeadDim { got: kd, q: d },
-            });
-        }
-        if hk == 0 || !h.is_multiple_of(hk) {
-            return Err(AttnError::Shape {
-                tensor: "k_cache",
-                got: kshape,
-                why: ShapeRule::CacheHeads { got: hk, q: h },
-            });
-        }
+        let kshape = super::kvcache::check_cache_shape(h, d, &k_cache.raw, &v_cache.raw)?;
+        let [num_pages, page_size, hk, _] = kshape;
         for (name, t, _) in &tensors {
             if *name != "sinks" && t.strides != contiguous(t.shape) {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
