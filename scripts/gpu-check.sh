@@ -130,6 +130,11 @@ step decode-splits-auto 60 --backend cuda --json decode --dtype bf16 --batch 1 -
 step decode-long-auto 120 --backend cuda --json decode --dtype bf16 --batch 8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 32768 --splits auto
 step decode-long-simt 120 --backend cuda --json decode --dtype bf16 --kernel simt --batch 8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 32768 --splits auto
 step decode-sinks-paged 60 --backend cuda --json decode --dtype f16 --batch 3 --heads 16 --heads-kv 4 --cache-len 2000,0,45 --page-size 24 --sinks --splits 3
+# Chunked prefill: the tensor-core forward over the paged cache against the tensor-core decode on
+# the same call, at a query of 32 and of 512 tokens (where `--kernel auto` switches is reasoned from
+# the tiles, not yet measured: these timings are the evidence to set it by).
+step prefill-chunk-32 60 --backend cuda --json decode --dtype bf16 --batch 1 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --seq-q 32 --page-size 16 --vary kernel=prefill,mma
+step prefill-chunk-512 60 --backend cuda --json decode --dtype bf16 --batch 1 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 512 --seq-q 512 --page-size 16 --vary kernel=prefill,mma
 if command -v python3 >/dev/null && python3 -c "import torch" >/dev/null 2>&1; then
     echo "=== decode: PyTorch SDPA on the same cache shapes"
     timeout 120 python3 "$SCRIPT_DIR/bench_decode_sdpa.py" | tee "${LOG:-/tmp}/decode-sdpa.jsonl"
