@@ -164,6 +164,35 @@ device_tests! {
         }
     }
 
+    // The prefill kernel at the other head dims (their tiles: d 32 and 96 with the 4-chunk
+    // swizzle, d 192 and 256 with one m-tile per warp), paged and contiguous, with an append,
+    // window, soft cap and sinks.
+    fn chunked_prefill_at_every_head_dim(dev: &mut dyn Device) {
+        for d in [32u32, 96, 192, 256] {
+            for page in [Some(16u32), None] {
+                let p = DecodeProblem {
+                    batch: 2,
+                    heads: 6,
+                    heads_kv: 2,
+                    head_dim: d,
+                    seq_q: 40,
+                    cache_seqlens: vec![150, 9],
+                    seq_new: 3,
+                    page_size: page,
+                    dtype: if page.is_some() { Dtype::Bf16 } else { Dtype::F16 },
+                    window_left: 60,
+                    softcap: 7.0,
+                    sinks: true,
+                    kernel: DecodeKernel::Prefill,
+                    ..DecodeProblem::default()
+                };
+                let r = run(dev, &p, None);
+                assert_eq!(r.kernel, "prefill", "{p:?}");
+                assert!(r.launches.iter().any(|l| l.kernel == format!("flash_fwd_{}_d{d}", p.dtype)), "{:?}", r.launches);
+            }
+        }
+    }
+
     // `Auto` picks the prefill kernel for a query of at least the forward's block rows (128 at
     // d 64), the tensor-core decode below, and the decode kernel for what the forward refuses.
     fn auto_picks_prefill_by_query_length(dev: &mut dyn Device) {
