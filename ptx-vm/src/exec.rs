@@ -1198,28 +1198,19 @@ fn cp_complete(
 
 /// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32` over the whole warp.
 fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [Slot; 4], s: &MmaSrcs) {
-    let mut a = [[0u32; 4]; 32];
-    let mut b = [[0u32; 2]; 32];
-    let mut c = [[0f32; 4]; 32];
-    for l in 0..32 {
-        for k in 0..4 {
-            if s.a[k] != NONE {
-                a[l][k] = r[s.a[k] as usize][l] as u32;
-            }
-            c[l][k] = f32::from_bits(r[s.c[k] as usize][l] as u32);
-        }
-        for k in 0..2 {
-            if s.b[k] != NONE {
-                b[l][k] = r[s.b[k] as usize][l] as u32;
-            }
-        }
-    }
-    let out = crate::tensor_core::mma_f32_acc(kind, if k16 { 16 } else { 8 }, &a, &b, &c);
-    for (k, &dk) in d.iter().enumerate() {
-        let dv = &mut r[dk as usize];
-        for l in 0..32 {
-            dv[l] = out[l][k].to_bits() as u64;
-        }
+    const ZERO: [u64; 32] = [0; 32];
+    let out = {
+        let row = |slot: Slot| if slot == NONE { &ZERO } else { &r[slot as usize] };
+        crate::tensor_core::mma_rows(
+            kind,
+            k16,
+            s.a.map(row),
+            s.b.map(row),
+            s.c.map(row),
+        )
+    };
+    for (&dk, o) in d.iter().zip(out) {
+        r[dk as usize] = o;
     }
 }
 
