@@ -334,6 +334,11 @@ pub(crate) fn decode_entry(
         info,
         dyn_shared_offset: dyn_off,
         mma_srcs: cx.mma_srcs,
+        uid: {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        },
+        zero_slots: std::sync::OnceLock::new(),
     })
 }
 

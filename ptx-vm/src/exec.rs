@@ -45,10 +45,33 @@ pub(crate) struct Launch<'a> {
     pub racecheck: bool,
     /// Count the wavefronts of shared-memory accesses per instruction (bank conflicts).
     pub banks: bool,
+    /// Fill the register slots a block does not zero with garbage first (tests of
+    /// [`crate::reginit`]: results must not change).
+    pub poison_registers: bool,
+}
+
+/// Fills every register slot except the constants and specials with a pattern of `seed`.
+fn poison_registers(prog: &Program, regs: &mut [[u64; 32]], seed: u64) {
+    let mut keep = vec![false; regs.len()];
+    for &(s, _) in prog.consts.iter() {
+        keep[s as usize] = true;
+    }
+    for &(s, _) in prog.specials.iter() {
+        keep[s as usize] = true;
+    }
+    for (i, (r, k)) in regs.iter_mut().zip(keep).enumerate() {
+        if !k {
+            for (l, v) in r.iter_mut().enumerate() {
+                *v = 0xDEAD_BEEF_0BAD_F00D ^ (seed << 16) ^ (i as u64) << 5 ^ l as u64;
+            }
+        }
+    }
 }
 
 struct Warp {
     regs: Vec<[u64; 32]>,
+    /// [`Program::uid`] of the program `regs` holds the constants of (0: none).
+    regs_uid: u64,
     pcs: [u32; 32],
     state: [u8; 32],
     stacks: Vec<Vec<u32>>,
@@ -420,9 +443,11 @@ impl Launch<'_> {
             }
         });
         let local_bytes = prog.info.local_bytes;
+        let zero = prog.zero_slots();
         while w.warps.len() < nwarps {
             w.warps.push(Warp {
                 regs: Vec::new(),
+                regs_uid: 0,
                 pcs: [0; 32],
                 state: [ABSENT; 32],
                 stacks: Vec::new(),
@@ -436,10 +461,25 @@ impl Launch<'_> {
             });
         }
         for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
-            wp.regs.clear();
-            wp.regs.resize(prog.nslots, [0u64; 32]);
-            for &(s, v) in &prog.consts {
-                wp.regs[s as usize] = [v; 32];
+            // Registers read as zero until written: the slots some path may read first (all of
+            // them when the file holds another program's), then the constants once.
+            match zero {
+                Some(z) if wp.regs_uid == prog.uid && wp.regs.len() == prog.nslots => {
+                    if self.poison_registers {
+                        poison_registers(prog, &mut wp.regs, wi as u64 ^ linear << 8);
+                    }
+                    for &s in z {
+                        wp.regs[s as usize] = [0; 32];
+                    }
+                }
+                _ => {
+                    wp.regs.clear();
+                    wp.regs.resize(prog.nslots, [0u64; 32]);
+                    for &(s, v) in &prog.consts {
+                        wp.regs[s as usize] = [v; 32];
+                    }
+                    wp.regs_uid = prog.uid;
+                }
             }
             wp.pcs = [0; 32];
             wp.issued = 0;
