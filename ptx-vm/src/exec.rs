@@ -595,7 +595,7 @@ impl Launch<'_> {
                 }
             }
             // The barrier orders everything before it against everything after it.
-            w.shared.race.epoch += 1;
+            w.shared.race.next_epoch();
         }
     }
 
@@ -1387,16 +1387,11 @@ fn ld_shared_fast(
         // One word per lane: the whole check without the word loop; a conflict goes to the
         // general check below, which builds the message.
         let race = &mut mem.shared.race;
-        let mut prev = u64::MAX;
-        let mut clean = true;
+        let mut words = [0u64; 32];
         for_lanes!(exec, l, {
-            let addr = addrs[l];
-            if addr != prev {
-                prev = addr;
-                clean &= race.read_word(addr as usize / 4);
-            }
+            words[l] = addrs[l] / 4;
         });
-        if !clean {
+        if !race.read_words(exec, &words) {
             // Stamps of this instruction's own reads are already in place; `access` of the same
             // reads again only re-stamps them and stops at the first conflict.
             for_lanes!(exec, l, {

@@ -25,9 +25,10 @@ pub(crate) struct SharedMem {
 /// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
 /// each stamped with the barrier interval ("epoch") it happened in. Epochs count every block
 /// start and barrier release of the worker, so stamps left by an earlier interval or block are
-/// stale by construction and nothing is cleared between blocks. A conflict is an access by one
-/// warp to a word another warp wrote (or, for a store, read) in the current interval: on a GPU
-/// the warps' order there is undefined. Atomics are exempt; sub-word accesses share their word.
+/// stale by construction and nothing is cleared between blocks (only when the epoch counter
+/// wraps, every 2^26 intervals). A conflict is an access by one warp to a word another warp
+/// wrote (or, for a store, read) in the current interval: on a GPU the warps' order there is
+/// undefined. Atomics are exempt; sub-word accesses share their word.
 #[derive(Default)]
 pub(crate) struct RaceState {
     pub(crate) epoch: u32,
@@ -38,25 +39,44 @@ pub(crate) struct RaceState {
     pub(crate) pc: u32,
     /// Set while an atomic instruction accesses shared memory.
     pub(crate) atomic: bool,
-    words: Vec<WordState>,
+    /// What every access checks or stamps, 16 bytes per word (four words per cache line).
+    hot: Vec<HotWord>,
+    /// What only a write or a change of reading warp touches.
+    cold: Vec<ColdWord>,
 }
 
-/// Race stamps of one shared word (32 bytes, one cache access per check).
+/// Epochs fit in the bits of a stamp above the warp.
+const EPOCH_LIMIT: u32 = 1 << 26;
+
+/// An epoch and a warp in one stamp: `epoch << 6 | (warp + 1)` (warps below 32; 0: none).
+#[inline(always)]
+fn stamp(epoch: u32, warp: u32) -> u32 {
+    epoch << 6 | (warp + 1)
+}
+
+/// Race stamps of one shared word that every access reads.
 #[derive(Clone, Copy, Default)]
-struct WordState {
-    write_epoch: u32,
-    /// Last writing warp + 1 (0: none).
-    writer: u32,
-    read_epoch: u32,
-    /// Warps (bit per warp) that read the word in `read_epoch`.
+struct HotWord {
+    /// Epoch and warp of the last write.
+    write: u32,
+    /// Epoch of the reads in `readers` and the warp of the last of them (slot 0).
+    read: u32,
+    /// Warps (bit per warp) that read the word in `read`'s epoch.
     readers: u32,
+    /// Instruction of the last read (slot 0).
+    read_pc: u32,
+}
+
+/// Race stamps of one shared word that writes and changes of reading warp update.
+#[derive(Clone, Copy, Default)]
+struct ColdWord {
     /// Instruction of the last write.
     write_pc: u32,
-    /// Instruction and warp of the last read in `read_epoch` (slot 0), and of the last read by
-    /// a warp other than slot 0's (slot 1): whichever warp writes next, one of the two is
-    /// another warp's read when `readers` says there is one.
-    read_pc: [u32; 2],
-    read_warp: [u8; 2],
+    /// Instruction and warp of the last read by a warp other than slot 0's (slot 1): whichever
+    /// warp writes next, one of the two slots is another warp's read when `readers` says there
+    /// is one.
+    read_pc: u32,
+    read_warp: u32,
 }
 
 /// The earlier access of a race, by another warp in the same barrier interval.
@@ -69,43 +89,68 @@ pub(crate) struct RaceOther {
 }
 
 impl RaceState {
+    /// Starts a new barrier interval (or block): every earlier stamp becomes stale.
+    pub(crate) fn next_epoch(&mut self) {
+        self.epoch += 1;
+        if self.epoch >= EPOCH_LIMIT {
+            self.hot.fill(HotWord::default());
+            self.cold.fill(ColdWord::default());
+            self.epoch = 1;
+        }
+    }
     /// Whether a read of `[at, at + len)` by the running warp would meet another warp's write of
     /// this barrier interval (the read-after-write check of [`RaceState::access`], without stamping).
     pub(crate) fn conflicts(&self, at: usize, len: usize) -> bool {
         let (w, e) = (self.warp, self.epoch);
         (at / 4..(at + len).div_ceil(4)).any(|i| {
-            let ws = &self.words[i];
-            ws.write_epoch == e && ws.writer != w + 1
+            let h = &self.hot[i];
+            h.write >> 6 == e && h.write != stamp(e, w)
         })
     }
-    /// A plain read of the one word `i` by the running warp: [`RaceState::access`] with
-    /// `store == false` and a 4-byte aligned access, without the loop (the `ld.shared.b32` of
-    /// the f32 kernels). Returns false when it meets another warp's write of this interval; the
-    /// caller then calls `access` for the message.
+    /// Plain reads of one word per lane of `exec` (`words[l]`) by the running warp:
+    /// [`RaceState::access`] with `store == false` and a 4-byte aligned access, without the word
+    /// loop (the `ld.shared.b32` of the f32 kernels); a lane reading the word the lane before it
+    /// read is the same access again and is skipped. Returns false when a read meets another
+    /// warp's write of this interval; the caller then calls `access` for the message.
     #[inline(always)]
-    pub(crate) fn read_word(&mut self, i: usize) -> bool {
+    pub(crate) fn read_words(&mut self, exec: u32, words: &[u64; 32]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
-        let ws = &mut self.words[i];
-        if ws.write_epoch == e && ws.writer != w + 1 {
-            return false;
-        }
-        if ws.read_epoch != e {
-            ws.read_epoch = e;
-            ws.readers = 1 << w;
-            ws.read_warp[0] = w as u8;
-        } else {
-            ws.readers |= 1 << w;
-            if u32::from(ws.read_warp[0]) != w {
-                ws.read_pc[1] = ws.read_pc[0];
-                ws.read_warp[1] = ws.read_warp[0];
-                ws.read_warp[0] = w as u8;
+        let me = stamp(e, w);
+        let (hot, cold) = (&mut self.hot[..], &mut self.cold[..]);
+        let mut clean = true;
+        let mut prev = u64::MAX;
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let i = words[l];
+            if i == prev {
+                continue;
             }
+            prev = i;
+            let i = i as usize;
+            let h = &mut hot[i];
+            if h.write >> 6 == e && h.write != me {
+                clean = false;
+                continue;
+            }
+            if h.read != me {
+                if h.read >> 6 != e {
+                    h.readers = 1 << w;
+                } else {
+                    h.readers |= 1 << w;
+                    let c = &mut cold[i];
+                    c.read_pc = h.read_pc;
+                    c.read_warp = (h.read & 63) - 1;
+                }
+                h.read = me;
+            }
+            h.read_pc = pc;
         }
-        ws.read_pc[0] = pc;
-        true
+        clean
     }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
@@ -115,49 +160,55 @@ impl RaceState {
             return Ok(());
         }
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let me = stamp(e, w);
         let bit = 1u32 << w;
         for i in at / 4..(at + len).div_ceil(4) {
-            let ws = &mut self.words[i];
-            if ws.write_epoch == e && ws.writer != w + 1 {
+            let h = &mut self.hot[i];
+            if h.write >> 6 == e && h.write != me {
+                let writer = (h.write & 63) - 1;
                 return Err((
                     format!(
                         "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
                         if store { "writes" } else { "reads" },
                         4 * i,
-                        ws.writer - 1,
+                        writer,
                         if store { "write-write" } else { "read-after-write" }
                     ),
-                    RaceOther { warp: ws.writer - 1, pc: ws.write_pc, write: true },
+                    RaceOther { warp: writer, pc: self.cold[i].write_pc, write: true },
                 ));
             }
             if store {
-                if ws.read_epoch == e && ws.readers & !bit != 0 {
-                    let slot = usize::from(u32::from(ws.read_warp[0]) == w);
-                    let reader = u32::from(ws.read_warp[slot]);
+                if h.read >> 6 == e && h.readers & !bit != 0 {
+                    // Slot 0 is the last reader; when that is the writing warp, slot 1 is
+                    // another warp's read.
+                    let (reader, rpc) = if (h.read & 63) - 1 == w {
+                        (self.cold[i].read_warp, self.cold[i].read_pc)
+                    } else {
+                        ((h.read & 63) - 1, h.read_pc)
+                    };
                     return Err((
                         format!(
                             "warp {w} writes shared word {} that warp {reader} read since the last barrier (write-after-read race)",
                             4 * i,
                         ),
-                        RaceOther { warp: reader, pc: ws.read_pc[slot], write: false },
+                        RaceOther { warp: reader, pc: rpc, write: false },
                     ));
                 }
-                ws.writer = w + 1;
-                ws.write_epoch = e;
-                ws.write_pc = pc;
-            } else if ws.read_epoch != e {
-                ws.read_epoch = e;
-                ws.readers = bit;
-                ws.read_pc[0] = pc;
-                ws.read_warp[0] = w as u8;
+                h.write = me;
+                self.cold[i].write_pc = pc;
             } else {
-                ws.readers |= bit;
-                if u32::from(ws.read_warp[0]) != w {
-                    ws.read_pc[1] = ws.read_pc[0];
-                    ws.read_warp[1] = ws.read_warp[0];
-                    ws.read_warp[0] = w as u8;
+                if h.read != me {
+                    if h.read >> 6 != e {
+                        h.readers = bit;
+                    } else {
+                        h.readers |= bit;
+                        let c = &mut self.cold[i];
+                        c.read_pc = h.read_pc;
+                        c.read_warp = (h.read & 63) - 1;
+                    }
+                    h.read = me;
                 }
-                ws.read_pc[0] = pc;
+                h.read_pc = pc;
             }
         }
         Ok(())
@@ -171,10 +222,11 @@ impl SharedMem {
         if racecheck {
             let words = len.div_ceil(4);
             let r = &mut self.race;
-            if r.words.len() < words {
-                r.words.resize(words, WordState::default());
+            if r.hot.len() < words {
+                r.hot.resize(words, HotWord::default());
+                r.cold.resize(words, ColdWord::default());
             }
-            r.epoch += 1;
+            r.next_epoch();
         }
         self.bytes.clear();
         self.bytes.resize(len, 0);
@@ -395,5 +447,34 @@ impl Mem<'_> {
                 old
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// When the epoch counter wraps, the stamps of the intervals before are cleared, so an
+    /// interval numbered like an old one sees none of its accesses.
+    #[test]
+    fn epoch_wrap_clears_old_stamps() {
+        let mut r = RaceState { hot: vec![HotWord::default(); 4], cold: vec![ColdWord::default(); 4], ..Default::default() };
+        r.next_epoch();
+        assert_eq!(r.epoch, 1);
+        r.warp = 0;
+        r.access(0, 4, true).unwrap();
+        r.warp = 1;
+        assert!(r.access(0, 4, false).is_err(), "read-after-write in one interval");
+        r.epoch = EPOCH_LIMIT - 1;
+        r.warp = 0;
+        r.access(4, 4, false).unwrap();
+        r.next_epoch();
+        assert_eq!(r.epoch, 1, "wrapped");
+        r.warp = 1;
+        r.access(0, 4, false).unwrap();
+        r.access(4, 4, true).unwrap();
+        assert!(r.read_words(1, &[0; 32]));
+        r.warp = 2;
+        assert!(!r.read_words(1, &[1; 32]), "warp 1 wrote word 1 in this interval");
     }
 }
