@@ -816,7 +816,7 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
             };
             Op::Bin {
                 f,
-                k: IntK::Fn,
+                k: if bf && !rz { IntK::CvtBf16x2 } else { IntK::Fn },
                 d: dst(cx, &ops[0])?,
                 a: src(cx, &ops[1], 32, true)?,
                 b: src(cx, &ops[2], 32, true)?,

@@ -1470,6 +1470,7 @@ fn ld_global_fast(
     r: &mut [[u64; 32]],
     exec: u32,
     mem: &mut Mem,
+    generic: bool,
     size: u8,
     n: u8,
     ds: [Slot; 4],
@@ -1483,7 +1484,10 @@ fn ld_global_fast(
     let mut ok = true;
     for_lanes!(exec, l, {
         let addr = av[l].wrapping_add(off as u64);
-        if addr & (align - 1) != 0 {
+        // A generic address in the parameter, local or shared window is not global memory (one
+        // range check over all three windows: an address between them is in no allocation
+        // either, and takes the general path).
+        if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
             ok = false;
             break;
         }
@@ -1509,6 +1513,57 @@ fn ld_global_fast(
         });
     }
     true
+}
+
+/// `st` of one element to shared memory (`st.shared`, or generic addresses in the shared
+/// window): the alignment and window checks of all lanes first (no effect), then lane by lane,
+/// in order, racecheck's stamp and the store, exactly as the general path does them. Returns
+/// `Ok(false)`, having done nothing, when a lane is misaligned or outside the window, for the
+/// general path to report exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn st_shared_fast(
+    r: &mut [[u64; 32]],
+    exec: u32,
+    mem: &mut Mem,
+    sp: Space,
+    size: u8,
+    src: Slot,
+    a: Slot,
+    off: i64,
+) -> Result<bool, Fault> {
+    let base = if sp == Space::Generic { SHARED_WINDOW } else { 0 };
+    let size64 = size as u64;
+    let window = mem.shared.bytes.len() as u64;
+    if window < size64 {
+        return Ok(false);
+    }
+    let last = window - size64;
+    let av = &r[a as usize];
+    let mut offs = [0u64; 32];
+    let mut bad = 0u64;
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        let o = addr.wrapping_sub(base);
+        offs[l] = o;
+        bad |= (addr & (size64 - 1)) | u64::from(o > last);
+    });
+    if bad != 0 {
+        return Ok(false);
+    }
+    let sv = &r[src as usize];
+    let race = mem.shared.racecheck_on();
+    for_lanes!(exec, l, {
+        let o = offs[l] as usize;
+        if race {
+            if let Err((d, other)) = mem.shared.race.access(o, size as usize, true) {
+                let addr = av[l].wrapping_add(off as u64);
+                return Err(Fault { other: Some(other), ..Fault::new(l as u32, "shared memory race", addr, size as u32, Some(d)) });
+            }
+        }
+        mem.write(Loc::Shared(o), size, sv[l]);
+    });
+    Ok(true)
 }
 
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
@@ -1538,6 +1593,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
                 IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
                 IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+                IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
             }
         }
         Op::Un { f, d, a } => map1(r, d, a, exec, f),
@@ -1563,6 +1619,9 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         Op::FUn64 { k, m, approx, d, a } => map1(r, d, a, exec, |x| num::fun64(k, m, approx, x)),
         Op::Fma32 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma32(m, x, y, z)),
         Op::Fma64 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma64(m, x, y, z)),
+        Op::Cvt { to: Ty::BF16, from: Ty::F32, m: num::FMode { rnd: num::RN, ftz: false, sat: false, int_round: false }, d, a } => {
+            map1(r, d, a, exec, num::cvt_rn_bf16_f32)
+        }
         Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } if d2 == NONE && c == NONE => {
             // The common form: one predicate, no combining operand.
@@ -1624,8 +1683,10 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         }
         Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off }
             if mem.shared.all_written() && ld_shared_fast(r, exec, mem, size, n, sext, dbits, ds, a, off)? => {}
-        Op::Ld { sp: Space::Global, size, n, sext: false, ds, a, off, .. }
-            if ld_global_fast(r, exec, mem, size, n, ds, a, off) => {}
+        Op::Ld { sp: sp @ (Space::Global | Space::Generic), size, n, sext: false, ds, a, off, .. }
+            if ld_global_fast(r, exec, mem, sp == Space::Generic, size, n, ds, a, off) => {}
+        Op::St { sp: sp @ (Space::Shared | Space::Generic), size, n: 1, srcs, a, off }
+            if st_shared_fast(r, exec, mem, sp, size, srcs[0], a, off)? => {}
         Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
             let av = r[a as usize];
             let mut err = None;

@@ -96,6 +96,8 @@ pub(crate) enum IntK {
     Shl64,
     ShrU32,
     ShrU64,
+    /// `cvt.rn.bf16x2.f32`.
+    CvtBf16x2,
 }
 
 #[derive(Clone, Copy, Debug)]
