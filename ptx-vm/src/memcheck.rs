@@ -244,12 +244,10 @@ impl SharedMem {
     #[inline(always)]
     pub(crate) fn mark_written(&mut self, at: usize, len: usize) {
         if self.unwritten > 0 {
-            for w in &mut self.written[at..at + len] {
-                if !*w {
-                    *w = true;
-                    self.unwritten -= 1;
-                }
-            }
+            let w = &mut self.written[at..at + len];
+            let fresh = w.iter().filter(|&&x| !x).count();
+            w.fill(true);
+            self.unwritten -= fresh;
         }
     }
     /// Whether every byte of the window has been written (or initcheck is off).
