@@ -1258,13 +1258,7 @@ fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [S
     const ZERO: [u64; 32] = [0; 32];
     let out = {
         let row = |slot: Slot| if slot == NONE { &ZERO } else { &r[slot as usize] };
-        crate::tensor_core::mma_rows(
-            kind,
-            k16,
-            s.a.map(row),
-            s.b.map(row),
-            s.c.map(row),
-        )
+        crate::tensor_core::mma_rows(kind, k16, s.a.map(row), s.b.map(row), s.c.map(row))
     };
     for (&dk, o) in d.iter().zip(out) {
         r[dk as usize] = o;
@@ -1575,7 +1569,10 @@ fn st_shared_fast(
         if race {
             if let Err((d, other)) = mem.shared.race.access(o, size as usize, true) {
                 let addr = av[l].wrapping_add(off as u64);
-                return Err(Fault { other: Some(other), ..Fault::new(l as u32, "shared memory race", addr, size as u32, Some(d)) });
+                return Err(Fault {
+                    other: Some(other),
+                    ..Fault::new(l as u32, "shared memory race", addr, size as u32, Some(d))
+                });
             }
         }
         mem.write(Loc::Shared(o), size, sv[l]);
@@ -1636,9 +1633,13 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         Op::FUn64 { k, m, approx, d, a } => map1(r, d, a, exec, |x| num::fun64(k, m, approx, x)),
         Op::Fma32 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma32(m, x, y, z)),
         Op::Fma64 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma64(m, x, y, z)),
-        Op::Cvt { to: Ty::BF16, from: Ty::F32, m: num::FMode { rnd: num::RN, ftz: false, sat: false, int_round: false }, d, a } => {
-            map1(r, d, a, exec, num::cvt_rn_bf16_f32)
-        }
+        Op::Cvt {
+            to: Ty::BF16,
+            from: Ty::F32,
+            m: num::FMode { rnd: num::RN, ftz: false, sat: false, int_round: false },
+            d,
+            a,
+        } => map1(r, d, a, exec, num::cvt_rn_bf16_f32),
         Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } if d2 == NONE && c == NONE => {
             // The common form: one predicate, no combining operand.

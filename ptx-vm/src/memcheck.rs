@@ -456,7 +456,8 @@ mod tests {
     /// interval numbered like an old one sees none of its accesses.
     #[test]
     fn epoch_wrap_clears_old_stamps() {
-        let mut r = RaceState { hot: vec![HotWord::default(); 4], cold: vec![ColdWord::default(); 4], ..Default::default() };
+        let mut r =
+            RaceState { hot: vec![HotWord::default(); 4], cold: vec![ColdWord::default(); 4], ..Default::default() };
         r.next_epoch();
         assert_eq!(r.epoch, 1);
         r.warp = 0;

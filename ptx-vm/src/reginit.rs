@@ -132,11 +132,7 @@ pub(crate) fn zero_slots(prog: &Program) -> Option<Vec<Slot>> {
         }
     }
     let entry = &live[..words];
-    Some(
-        (0..nslots as Slot)
-            .filter(|&s| !fixed[s as usize] && (get(entry, s) || get(&always, s)))
-            .collect(),
-    )
+    Some((0..nslots as Slot).filter(|&s| !fixed[s as usize] && (get(entry, s) || get(&always, s))).collect())
 }
 
 /// Pushes the slots `op` reads for the executing thread's own lane onto `out`, and marks in
@@ -160,7 +156,9 @@ fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
         | Op::Clock { .. }
         | Op::CpCommit
         | Op::CpWait { .. } => {}
-        Op::Call { copies, .. } | Op::CallRet { copies } => prog.copies[copies as usize].iter().for_each(|&(s, _)| push(s)),
+        Op::Call { copies, .. } | Op::CallRet { copies } => {
+            prog.copies[copies as usize].iter().for_each(|&(s, _)| push(s))
+        }
         Op::Mov { a, .. } | Op::Un { a, .. } | Op::FUn32 { a, .. } | Op::FUn64 { a, .. } | Op::Cvt { a, .. } => push(a),
         Op::Bin { a, b, .. }
         | Op::AddF32 { a, b, .. }
@@ -293,9 +291,10 @@ mod tests {
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
         let inputs: Vec<f32> = (0..3 * n).map(|_| rnd()).collect();
-        for (kernel, bf16, dims) in
-            [("flash_fwd_f32_d64", false, FLASH_F32_D64.launch(1, heads, seq)), ("flash_fwd_bf16_d64", true, FLASH_MMA_D64.launch(1, heads, seq))]
-        {
+        for (kernel, bf16, dims) in [
+            ("flash_fwd_f32_d64", false, FLASH_F32_D64.launch(1, heads, seq)),
+            ("flash_fwd_bf16_d64", true, FLASH_MMA_D64.launch(1, heads, seq)),
+        ] {
             let mut outs = Vec::new();
             for poison in [false, true] {
                 let mut vm = Vm::with_workers(1);
@@ -303,7 +302,13 @@ mod tests {
                 let eb = if bf16 { 2 } else { 4 };
                 let enc: Vec<u8> = inputs
                     .iter()
-                    .flat_map(|&v| if bf16 { half::bf16::from_f32(v).to_le_bytes().to_vec() } else { v.to_le_bytes().to_vec() })
+                    .flat_map(|&v| {
+                        if bf16 {
+                            half::bf16::from_f32(v).to_le_bytes().to_vec()
+                        } else {
+                            v.to_le_bytes().to_vec()
+                        }
+                    })
                     .collect();
                 let bufs: Vec<u64> = (0..4).map(|_| vm.alloc((n * eb) as u64).unwrap()).collect();
                 for (i, b) in bufs.iter().take(3).enumerate() {

@@ -240,7 +240,10 @@ fn mma_rows_avx512<const K: usize>(
         for half in 0..2 {
             let f = _mm512_cvtpd_ps(acc[g + 8 * half]);
             let p = _mm256_castps_si256(_mm256_permutevar8x32_ps(f, deint));
-            let (e, o) = (_mm256_cvtepu32_epi64(_mm256_castsi256_si128(p)), _mm256_cvtepu32_epi64(_mm256_extracti128_si256::<1>(p)));
+            let (e, o) = (
+                _mm256_cvtepu32_epi64(_mm256_castsi256_si128(p)),
+                _mm256_cvtepu32_epi64(_mm256_extracti128_si256::<1>(p)),
+            );
             // SAFETY: each destination is 4 u64 inside a 32-lane row.
             unsafe {
                 _mm256_storeu_si256(out[2 * half][4 * g..].as_mut_ptr() as *mut __m256i, e);
@@ -576,7 +579,11 @@ mod tests {
                     let mut half_bits = || -> u64 {
                         let h = next() as u16;
                         let h = if narrow { h & 0x83ff | 0x3800 } else { h };
-                        let h = if !special && kind.to_f64(h).is_nan() | kind.to_f64(h).is_infinite() { h & 0x3fff } else { h };
+                        let h = if !special && kind.to_f64(h).is_nan() | kind.to_f64(h).is_infinite() {
+                            h & 0x3fff
+                        } else {
+                            h
+                        };
                         h as u64
                     };
                     for row in a.iter_mut().chain(b.iter_mut()) {
@@ -607,7 +614,8 @@ mod tests {
                         }
                     }
                     let want = mma_f32_acc(kind, if k16 { 16 } else { 8 }, &aa, &bb, &cc);
-                    let got = mma_rows(kind, k16, [&a[0], &a[1], &a[2], &a[3]], [&b[0], &b[1]], [&c[0], &c[1], &c[2], &c[3]]);
+                    let got =
+                        mma_rows(kind, k16, [&a[0], &a[1], &a[2], &a[3]], [&b[0], &b[1]], [&c[0], &c[1], &c[2], &c[3]]);
                     for l in 0..32 {
                         for i in 0..4 {
                             assert_eq!(
@@ -645,4 +653,3 @@ mod tests {
         assert_eq!(one[31][0], 76 | 77 << 16);
     }
 }
-
