@@ -1398,9 +1398,9 @@ fn ld_shared_fast(
         // One word per lane: the whole check without the word loop; a conflict goes to the
         // general check below, which builds the message.
         let race = &mut mem.shared.race;
-        let mut words = [0u64; 32];
+        let mut words = [0u32; 32];
         for_lanes!(exec, l, {
-            words[l] = addrs[l] / 4;
+            words[l] = (addrs[l] / 4) as u32;
         });
         if !race.read_words(exec, &words) {
             // Stamps of this instruction's own reads are already in place; `access` of the same

@@ -43,7 +43,27 @@ pub(crate) struct RaceState {
     hot: Vec<HotWord>,
     /// What only a write or a change of reading warp touches.
     cold: Vec<ColdWord>,
+    /// Warps (bit per warp) that stored to shared memory in this interval: a read by a warp
+    /// when no other warp has stored cannot be a read-after-write race, and skips the check.
+    writers: u32,
+    /// Word reads of [`RaceState::read_words`] in this interval not stamped yet, in order. Read
+    /// stamps only matter to a later store of the same interval (write-after-read) and to the
+    /// stamps of later reads, so they are applied, in the same order, just before any other
+    /// access ([`RaceState::access`]), and dropped unapplied when the interval ends.
+    pending: Vec<PendingRead>,
 }
+
+/// One `ld.shared.b32` of a warp waiting to be stamped: the word of each lane of `exec`.
+#[derive(Clone, Copy)]
+struct PendingRead {
+    warp: u32,
+    pc: u32,
+    exec: u32,
+    words: [u32; 32],
+}
+
+/// Pending reads kept before they are stamped anyway (a long interval without stores).
+const PENDING_LIMIT: usize = 1024;
 
 /// Epochs fit in the bits of a stamp above the warp.
 const EPOCH_LIMIT: u32 = 1 << 26;
@@ -91,6 +111,8 @@ pub(crate) struct RaceOther {
 impl RaceState {
     /// Starts a new barrier interval (or block): every earlier stamp becomes stale.
     pub(crate) fn next_epoch(&mut self) {
+        self.pending.clear();
+        self.writers = 0;
         self.epoch += 1;
         if self.epoch >= EPOCH_LIMIT {
             self.hot.fill(HotWord::default());
@@ -109,48 +131,70 @@ impl RaceState {
     }
     /// Plain reads of one word per lane of `exec` (`words[l]`) by the running warp:
     /// [`RaceState::access`] with `store == false` and a 4-byte aligned access, without the word
-    /// loop (the `ld.shared.b32` of the f32 kernels); a lane reading the word the lane before it
-    /// read is the same access again and is skipped. Returns false when a read meets another
-    /// warp's write of this interval; the caller then calls `access` for the message.
+    /// loop (the `ld.shared.b32` of the f32 kernels). Returns false when a read meets another
+    /// warp's write of this interval; the caller then calls `access` for the message. The read
+    /// stamps are queued ([`RaceState::pending`]); the read-after-write check runs only when
+    /// another warp has stored in this interval.
     #[inline(always)]
-    pub(crate) fn read_words(&mut self, exec: u32, words: &[u64; 32]) -> bool {
+    pub(crate) fn read_words(&mut self, exec: u32, words: &[u32; 32]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
-        let (w, e, pc) = (self.warp, self.epoch, self.pc);
-        let me = stamp(e, w);
-        let (hot, cold) = (&mut self.hot[..], &mut self.cold[..]);
-        let mut clean = true;
-        let mut prev = u64::MAX;
-        let mut m = exec;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
-            m &= m - 1;
-            let i = words[l];
-            if i == prev {
-                continue;
-            }
-            prev = i;
-            let i = i as usize;
-            let h = &mut hot[i];
-            if h.write >> 6 == e && h.write != me {
-                clean = false;
-                continue;
-            }
-            if h.read != me {
-                if h.read >> 6 != e {
-                    h.readers = 1 << w;
-                } else {
-                    h.readers |= 1 << w;
-                    let c = &mut cold[i];
-                    c.read_pc = h.read_pc;
-                    c.read_warp = (h.read & 63) - 1;
+        let (w, e) = (self.warp, self.epoch);
+        if self.writers & !(1 << w) != 0 {
+            let me = stamp(e, w);
+            let hot = &self.hot[..];
+            let mut m = exec;
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let h = &hot[words[l] as usize];
+                if h.write >> 6 == e && h.write != me {
+                    return false;
                 }
-                h.read = me;
             }
-            h.read_pc = pc;
         }
-        clean
+        if self.pending.len() >= PENDING_LIMIT {
+            self.stamp_pending();
+        }
+        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, words: *words });
+        true
+    }
+    /// Applies the queued read stamps, in order.
+    #[cold]
+    fn stamp_pending(&mut self) {
+        let e = self.epoch;
+        let (hot, cold) = (&mut self.hot[..], &mut self.cold[..]);
+        for p in self.pending.drain(..) {
+            let (w, pc) = (p.warp, p.pc);
+            let me = stamp(e, w);
+            // A lane reading the word the lane before it read is the same access again.
+            let mut prev = u32::MAX;
+            let mut m = p.exec;
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let i = p.words[l];
+                if i == prev {
+                    continue;
+                }
+                prev = i;
+                let i = i as usize;
+                let h = &mut hot[i];
+                if h.read != me {
+                    if h.read >> 6 != e {
+                        h.readers = 1 << w;
+                    } else {
+                        h.readers |= 1 << w;
+                        let c = &mut cold[i];
+                        c.read_pc = h.read_pc;
+                        c.read_warp = (h.read & 63) - 1;
+                    }
+                    h.read = me;
+                }
+                h.read_pc = pc;
+            }
+        }
     }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
@@ -158,6 +202,9 @@ impl RaceState {
         // limits) go unchecked beyond warp 31.
         if self.atomic || self.warp >= 32 {
             return Ok(());
+        }
+        if !self.pending.is_empty() {
+            self.stamp_pending();
         }
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
         let me = stamp(e, w);
@@ -196,6 +243,7 @@ impl RaceState {
                 }
                 h.write = me;
                 self.cold[i].write_pc = pc;
+                self.writers |= bit;
             } else {
                 if h.read != me {
                     if h.read >> 6 != e {
@@ -475,5 +523,11 @@ mod tests {
         assert!(r.read_words(1, &[0; 32]));
         r.warp = 2;
         assert!(!r.read_words(1, &[1; 32]), "warp 1 wrote word 1 in this interval");
+        // Warp 2's queued read of word 0 is stamped before warp 1's store there.
+        assert!(r.read_words(1, &[0; 32]));
+        r.warp = 1;
+        let (msg, other) = r.access(0, 4, true).unwrap_err();
+        assert!(msg.contains("warp 2 read"), "{msg}");
+        assert_eq!(other.warp, 2);
     }
 }
