@@ -51,19 +51,27 @@ pub(crate) struct RaceState {
     /// stamps of later reads, so they are applied, in the same order, just before any other
     /// access ([`RaceState::access`]), and dropped unapplied when the interval ends.
     pending: Vec<PendingRead>,
+    /// The words of pending reads that are not evenly spaced, 32 per read.
+    scattered: Vec<[u32; 32]>,
 }
 
-/// One `ld.shared.b32` of a warp waiting to be stamped: the word of each lane of `exec`.
+/// One `ld.shared.b32` of a warp waiting to be stamped: lane `l` of `exec` read word
+/// `base + l * stride` (a full warp with evenly spaced words, the common case), or, when
+/// `stride` is [`SCATTERED`], the words listed at `base` in [`RaceState::scattered`].
 #[derive(Clone, Copy)]
 struct PendingRead {
     warp: u32,
     pc: u32,
     exec: u32,
-    words: [u32; 32],
+    base: u32,
+    stride: u32,
 }
 
+/// [`PendingRead::stride`] of a read whose words are listed one per lane.
+const SCATTERED: u32 = u32::MAX;
+
 /// Pending reads kept before they are stamped anyway (a long interval without stores).
-const PENDING_LIMIT: usize = 1024;
+const PENDING_LIMIT: usize = 16384;
 
 /// Epochs fit in the bits of a stamp above the warp.
 const EPOCH_LIMIT: u32 = 1 << 26;
@@ -112,6 +120,7 @@ impl RaceState {
     /// Starts a new barrier interval (or block): every earlier stamp becomes stale.
     pub(crate) fn next_epoch(&mut self) {
         self.pending.clear();
+        self.scattered.clear();
         self.writers = 0;
         self.epoch += 1;
         if self.epoch >= EPOCH_LIMIT {
@@ -157,7 +166,18 @@ impl RaceState {
         if self.pending.len() >= PENDING_LIMIT {
             self.stamp_pending();
         }
-        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, words: *words });
+        let stride = words[1].wrapping_sub(words[0]);
+        let mut even = exec == u32::MAX && stride != SCATTERED;
+        for (l, &x) in words.iter().enumerate() {
+            even &= x == words[0].wrapping_add(stride.wrapping_mul(l as u32));
+        }
+        let (base, stride) = if even {
+            (words[0], stride)
+        } else {
+            self.scattered.push(*words);
+            (self.scattered.len() as u32 - 1, SCATTERED)
+        };
+        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride });
         true
     }
     /// Applies the queued read stamps, in order.
@@ -168,13 +188,18 @@ impl RaceState {
         for p in self.pending.drain(..) {
             let (w, pc) = (p.warp, p.pc);
             let me = stamp(e, w);
+            let words: [u32; 32] = if p.stride == SCATTERED {
+                self.scattered[p.base as usize]
+            } else {
+                std::array::from_fn(|l| p.base.wrapping_add(p.stride.wrapping_mul(l as u32)))
+            };
             // A lane reading the word the lane before it read is the same access again.
             let mut prev = u32::MAX;
             let mut m = p.exec;
             while m != 0 {
                 let l = m.trailing_zeros() as usize;
                 m &= m - 1;
-                let i = p.words[l];
+                let i = words[l];
                 if i == prev {
                     continue;
                 }
@@ -195,6 +220,7 @@ impl RaceState {
                 h.read_pc = pc;
             }
         }
+        self.scattered.clear();
     }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
@@ -529,5 +555,24 @@ mod tests {
         let (msg, other) = r.access(0, 4, true).unwrap_err();
         assert!(msg.contains("warp 2 read"), "{msg}");
         assert_eq!(other.warp, 2);
+        // A full warp reading evenly spaced words (queued as base and stride), then a store by
+        // another warp to the last of them: the read is stamped first, with its instruction.
+        r.next_epoch();
+        r.hot.resize(64, HotWord::default());
+        r.cold.resize(64, ColdWord::default());
+        r.warp = 3;
+        r.pc = 77;
+        assert!(r.read_words(u32::MAX, &std::array::from_fn(|l| 2 * l as u32)));
+        r.warp = 0;
+        r.pc = 78;
+        let (msg, other) = r.access(4 * 62, 4, true).unwrap_err();
+        assert!(msg.contains("warp 3 read"), "{msg}");
+        assert_eq!(other, RaceOther { warp: 3, pc: 77, write: false });
+        // Queued reads of an interval that ended are dropped: no race with the next one.
+        r.warp = 3;
+        assert!(r.read_words(u32::MAX, &std::array::from_fn(|l| l as u32)));
+        r.next_epoch();
+        r.warp = 0;
+        r.access(0, 128, true).unwrap();
     }
 }
