@@ -999,7 +999,7 @@ impl Launch<'_> {
                     pc += 1;
                 }
                 _ => {
-                    if exec != 0 {
+                    if exec != 0 && !exec_register_op(&inst.op, r, exec) {
                         let mut mem = Mem {
                             global: self.global,
                             shared: &mut *shared,
@@ -1384,27 +1384,34 @@ fn ld_shared_fast(
     }
     // In the window and aligned: `addr + total <= window`, and `addr` a multiple of `total`.
     let last = window - total;
-    let mut bad = 0u64;
     let mut addrs = [0u64; 32];
-    for_lanes!(exec, l, {
-        let addr = av[l].wrapping_add(off as u64);
-        addrs[l] = addr;
-        bad |= (addr & (total - 1)) | u64::from(addr > last);
-    });
-    if bad != 0 {
-        return Ok(false);
+    let mut words = [0u32; 32];
+    // The full-warp `ld.shared.b32` of the f32 kernels in AVX-512 where the CPU has it.
+    let wide = exec == FULL && size == 4 && n == 1 && !sext && avx512();
+    if wide {
+        // SAFETY: the CPU has AVX-512F (`avx512`).
+        if !unsafe { b32_addresses_avx512(av, off as u64, last, &mut addrs, &mut words) } {
+            return Ok(false);
+        }
+    } else {
+        let mut bad = 0u64;
+        for_lanes!(exec, l, {
+            let addr = av[l].wrapping_add(off as u64);
+            addrs[l] = addr;
+            words[l] = (addr / 4) as u32;
+            bad |= (addr & (total - 1)) | u64::from(addr > last);
+        });
+        if bad != 0 {
+            return Ok(false);
+        }
     }
     if mem.shared.racecheck_on() && total == 4 {
         // One word per lane: the whole check without the word loop; a conflict goes to the
         // general check below, which builds the message.
         let race = &mut mem.shared.race;
-        let mut words = [0u32; 32];
-        for_lanes!(exec, l, {
-            words[l] = (addrs[l] / 4) as u32;
-        });
         if !race.read_words(exec, &words) {
-            // Stamps of this instruction's own reads are already in place; `access` of the same
-            // reads again only re-stamps them and stops at the first conflict.
+            // Nothing of this instruction is stamped yet (a conflict queues nothing): `access`
+            // stamps the reads lane by lane and stops at the first conflict.
             for_lanes!(exec, l, {
                 if let Err((d, other)) = race.access(addrs[l] as usize, 4, false) {
                     return Err(Fault {
@@ -1439,6 +1446,11 @@ fn ld_shared_fast(
         }
     }
     let bytes = &mem.shared.bytes[..];
+    if wide {
+        // SAFETY: the CPU has AVX-512F; every lane's 4 bytes lie in the window (checked above).
+        unsafe { gather_b32_avx512(bytes, &addrs, &mut r[ds[0] as usize]) };
+        return Ok(true);
+    }
     for k in 0..n as usize {
         let dv = &mut r[ds[k] as usize];
         let kb = k * size as usize;
@@ -1467,6 +1479,69 @@ fn ld_shared_fast(
         }
     }
     Ok(true)
+}
+
+/// Whether the CPU has AVX-512F (cached by the standard library after the first query).
+#[inline(always)]
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The 32 lanes' addresses `av[l] + off` of a 4-byte shared load into `addrs` and their word
+/// indices into `words`; false when a lane is misaligned or past `last` (then `addrs` and
+/// `words` mean nothing).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn b32_addresses_avx512(av: &[u64; 32], off: u64, last: u64, addrs: &mut [u64; 32], words: &mut [u32; 32]) -> bool {
+    use std::arch::x86_64::*;
+    let (offv, lastv, three) = (_mm512_set1_epi64(off as i64), _mm512_set1_epi64(last as i64), _mm512_set1_epi64(3));
+    let mut bad: __mmask8 = 0;
+    for q in 0..4 {
+        // SAFETY: 8 u64 at `8 q` of 32-element arrays.
+        unsafe {
+            let a = _mm512_add_epi64(_mm512_loadu_si512(av.as_ptr().add(8 * q).cast()), offv);
+            bad |= _mm512_test_epi64_mask(a, three) | _mm512_cmpgt_epu64_mask(a, lastv);
+            _mm512_storeu_si512(addrs.as_mut_ptr().add(8 * q).cast(), a);
+            let w = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<2>(a));
+            _mm256_storeu_si256(words.as_mut_ptr().add(8 * q).cast(), w);
+        }
+    }
+    bad == 0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn b32_addresses_avx512(_: &[u64; 32], _: u64, _: u64, _: &mut [u64; 32], _: &mut [u32; 32]) -> bool {
+    unreachable!("avx512() is false")
+}
+
+/// `dv[l]` = the 4 bytes at `bytes[addrs[l]..]` (little-endian, zero-extended) for all 32 lanes.
+///
+/// # Safety
+/// Every `addrs[l] + 4 <= bytes.len()`, and the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_b32_avx512(bytes: &[u8], addrs: &[u64; 32], dv: &mut [u64; 32]) {
+    use std::arch::x86_64::*;
+    for q in 0..4 {
+        // SAFETY: the caller's bounds; 8 u64 at `8 q` of 32-element arrays.
+        unsafe {
+            let idx = _mm512_loadu_si512(addrs.as_ptr().add(8 * q).cast());
+            let v = _mm512_i64gather_epi32::<1>(idx, bytes.as_ptr().cast());
+            _mm512_storeu_si512(dv.as_mut_ptr().add(8 * q).cast(), _mm512_cvtepu32_epi64(v));
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn gather_b32_avx512(_: &[u8], _: &[u64; 32], _: &mut [u64; 32]) {
+    unreachable!("avx512() is false")
 }
 
 /// `ld.global` (not sign-extending) when every lane's access is aligned and inside one live
@@ -1578,6 +1653,43 @@ fn st_shared_fast(
         mem.write(Loc::Shared(o), size, sv[l]);
     });
     Ok(true)
+}
+
+/// The register-to-register instructions of the kernels' hot loops (`fma`/`add`/`mul.f32`,
+/// `mov`, `selp`, address arithmetic), run inline in the dispatch loop without the call into
+/// [`exec_simple`]; false for any other instruction, which `exec_simple` then runs. The arms
+/// are `exec_simple`'s own.
+#[inline(always)]
+fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
+    use crate::ops;
+    match *op {
+        Op::FmaF32 { d, a, b, c } => fma_f32_lanes(r, d, a, b, c, exec),
+        Op::AddF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64)
+        }
+        Op::MulF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64)
+        }
+        Op::Selp { d, a, b, p } => map3(r, d, a, b, p, exec, |x, y, q| if q & 1 == 1 { x } else { y }),
+        Op::Mov { d, a } => map1(r, d, a, exec, |x| x),
+        Op::Bin { k, d, a, b, .. } if k != IntK::Fn => match k {
+            IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
+            IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
+            IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
+            IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
+            IntK::And => map2(r, d, a, b, exec, ops::and),
+            IntK::Or => map2(r, d, a, b, exec, ops::or),
+            IntK::Xor => map2(r, d, a, b, exec, ops::xor),
+            IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
+            IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
+            IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
+            IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+            IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
+            IntK::Fn => return false,
+        },
+        _ => return false,
+    }
+    true
 }
 
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
@@ -1919,6 +2031,55 @@ mod tests {
             }
         }
         assert!(checked > 100_000);
+    }
+
+    /// The AVX-512 address check and gather of full-warp `ld.shared.b32` accept exactly the
+    /// addresses the scalar check accepts (aligned, `addr <= last`, wrapping sums included) and
+    /// read the same words.
+    #[test]
+    fn b32_address_check_and_gather_match_the_scalar_path() {
+        if !avx512() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        let last = bytes.len() as u64 - 4;
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for round in 0..2000 {
+            let off = [0u64, 16384, u64::MAX - 3, 4, last][round % 5];
+            let mut av = [0u64; 32];
+            for (l, v) in av.iter_mut().enumerate() {
+                let x = next();
+                *v = match round % 4 {
+                    0 => (4 * l as u64 + 8 * (x % 400)).wrapping_sub(off),
+                    1 => (x % (last + 8)).wrapping_sub(off),
+                    2 => x,
+                    _ => (4 * (x % (last / 4 + 2))).wrapping_sub(off),
+                };
+            }
+            let (mut addrs, mut words) = ([0u64; 32], [0u32; 32]);
+            // SAFETY: `avx512()` said the CPU has it.
+            let ok = unsafe { b32_addresses_avx512(&av, off, last, &mut addrs, &mut words) };
+            let want: Vec<u64> = av.iter().map(|a| a.wrapping_add(off)).collect();
+            let want_ok = want.iter().all(|&a| a & 3 == 0 && a <= last);
+            assert_eq!(ok, want_ok, "round {round}");
+            if ok {
+                assert_eq!(&addrs[..], &want[..]);
+                assert!(words.iter().zip(&want).all(|(&w, &a)| w as u64 == a / 4));
+                let mut dv = [0u64; 32];
+                // SAFETY: every address passed the window check.
+                unsafe { gather_b32_avx512(&bytes, &addrs, &mut dv) };
+                for (l, &a) in want.iter().enumerate() {
+                    let a = a as usize;
+                    assert_eq!(dv[l], u32::from_le_bytes(bytes[a..a + 4].try_into().unwrap()) as u64);
+                }
+            }
+        }
     }
 
     /// The FMA-feature copy of the `fma.rn.f32` loop gives the bits of the portable one.
