@@ -920,8 +920,10 @@ impl Launch<'_> {
                                 hint: &mut wp.hint,
                                 traffic: &mut counters.global_bytes,
                             };
-                            ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
-                                .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            if !ldmatrix_fast(r, &mut mem, num, trans, sp, ds, a, off) {
+                                ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
+                                    .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            }
                         }
                     }
                     pc += 1;
@@ -1263,6 +1265,70 @@ fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [S
     for (&dk, o) in d.iter().zip(out) {
         r[dk as usize] = o;
     }
+}
+
+/// [`ldmatrix`] once every byte of the window has been written: the alignment and window
+/// checks of every row address first, then racecheck of all rows' words at once (queued as
+/// reads, [`crate::memcheck::RaceState::read_word_sets`]), then the rows in 16-byte copies.
+/// Returns false, having changed nothing, when a row is misaligned, outside the window or races,
+/// for [`ldmatrix`] to report exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+fn ldmatrix_fast(
+    r: &mut [[u64; 32]],
+    mem: &mut Mem,
+    num: u8,
+    trans: bool,
+    sp: Space,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i32,
+) -> bool {
+    let base = match sp {
+        Space::Shared => 0,
+        Space::Generic => SHARED_WINDOW,
+        _ => return false,
+    };
+    let window = mem.shared.bytes.len() as u64;
+    if !mem.shared.all_written() || window < 16 {
+        return false;
+    }
+    let (last, nrows) = (window - 16, 8 * num as usize);
+    let av = &r[a as usize];
+    let mut offs = [0u64; 32];
+    let mut bad = 0u64;
+    for l in 0..nrows {
+        let addr = av[l].wrapping_add(off as i64 as u64);
+        let o = addr.wrapping_sub(base);
+        offs[l] = o;
+        bad |= (addr & 15) | u64::from(o > last);
+    }
+    if bad != 0 {
+        return false;
+    }
+    if mem.shared.racecheck_on() {
+        let exec = if nrows == 32 { FULL } else { (1u32 << nrows) - 1 };
+        let sets: [[u32; 32]; 4] = std::array::from_fn(|k| std::array::from_fn(|l| (offs[l] / 4) as u32 + k as u32));
+        if !mem.shared.race.read_word_sets(exec, &sets) {
+            return false;
+        }
+    }
+    let bytes = &mem.shared.bytes[..];
+    let mut rows = [[[0u16; 8]; 8]; 4];
+    for (m, mat) in rows.iter_mut().enumerate().take(num as usize) {
+        for (i, row) in mat.iter_mut().enumerate() {
+            let o = offs[8 * m + i] as usize;
+            let b: [u8; 16] = bytes[o..o + 16].try_into().expect("16 bytes");
+            *row = std::array::from_fn(|k| u16::from_le_bytes([b[2 * k], b[2 * k + 1]]));
+        }
+    }
+    let out = crate::tensor_core::ldmatrix(num as usize, trans, &rows[..num as usize]);
+    for (k, &dk) in ds.iter().enumerate().take(num as usize) {
+        let dv = &mut r[dk as usize];
+        for l in 0..32 {
+            dv[l] = out[l][k] as u64;
+        }
+    }
+    true
 }
 
 /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16` over the whole warp: lane `8 m + i`

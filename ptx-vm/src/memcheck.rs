@@ -146,6 +146,12 @@ impl RaceState {
     /// another warp has stored in this interval.
     #[inline(always)]
     pub(crate) fn read_words(&mut self, exec: u32, words: &[u32; 32]) -> bool {
+        self.read_word_sets(exec, std::slice::from_ref(words))
+    }
+    /// [`RaceState::read_words`] of several word sets of one instruction (`ldmatrix`: the four
+    /// words of each lane's 16-byte row): all read-after-write checks first, then the queue.
+    #[inline(always)]
+    pub(crate) fn read_word_sets(&mut self, exec: u32, sets: &[[u32; 32]]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
@@ -153,16 +159,26 @@ impl RaceState {
         if self.writers & !(1 << w) != 0 {
             let me = stamp(e, w);
             let hot = &self.hot[..];
-            let mut m = exec;
-            while m != 0 {
-                let l = m.trailing_zeros() as usize;
-                m &= m - 1;
-                let h = &hot[words[l] as usize];
-                if h.write >> 6 == e && h.write != me {
-                    return false;
+            for words in sets {
+                let mut m = exec;
+                while m != 0 {
+                    let l = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let h = &hot[words[l] as usize];
+                    if h.write >> 6 == e && h.write != me {
+                        return false;
+                    }
                 }
             }
         }
+        for words in sets {
+            self.queue_read(exec, words);
+        }
+        true
+    }
+    #[inline(always)]
+    fn queue_read(&mut self, exec: u32, words: &[u32; 32]) {
+        let w = self.warp;
         if self.pending.len() >= PENDING_LIMIT {
             self.stamp_pending();
         }
@@ -178,7 +194,6 @@ impl RaceState {
             (self.scattered.len() as u32 - 1, SCATTERED)
         };
         self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride });
-        true
     }
     /// Applies the queued read stamps, in order.
     #[cold]
