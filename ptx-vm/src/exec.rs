@@ -89,7 +89,9 @@ struct Warp {
 }
 
 /// One pending `cp.async`: `n` bytes from global `src` into shared offset `dst`, zero-filled to
-/// `size` bytes. Both ranges were checked when it was issued.
+/// `size` bytes. Both ranges were checked when it was issued; `ptr` is where the source bytes
+/// are (the address `resolve` gave at issue: the launch's view of global memory does not change
+/// while it runs, so the copy finds them there when it completes; 0 when `n` is 0).
 #[derive(Clone, Copy)]
 struct CpCopy {
     lane: u8,
@@ -97,7 +99,7 @@ struct CpCopy {
     size: u8,
     group: u32,
     dst: usize,
-    src: u64,
+    ptr: usize,
 }
 
 /// What a worker counts besides instructions.
@@ -773,9 +775,7 @@ impl Launch<'_> {
                 Op::Exit | Op::Ret if !prog.has_calls || matches!(inst.op, Op::Exit) => {
                     if !wp.cp.is_empty() {
                         // A thread that exits with copies in flight completes them.
-                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                        cp_complete(self.global, shared, hint, cp, |c| exec >> c.lane & 1 == 1)
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        cp_complete(shared, &mut wp.cp, |c| exec >> c.lane & 1 == 1);
                     }
                     lanes(exec, |l| wp.state[l] = EXIT);
                     group &= !exec;
@@ -803,9 +803,7 @@ impl Launch<'_> {
                         }
                     });
                     if exited != 0 && !wp.cp.is_empty() {
-                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                        cp_complete(self.global, shared, hint, cp, |c| exited >> c.lane & 1 == 1)
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        cp_complete(shared, &mut wp.cp, |c| exited >> c.lane & 1 == 1);
                     }
                     stop = Some(Stop::PcsSet);
                 }
@@ -940,6 +938,14 @@ impl Launch<'_> {
                             traffic: &mut counters.global_bytes,
                         };
                         let (cp, next) = (&mut wp.cp, &wp.cp_next);
+                        match cp_issue_fast(r, &mut mem, cp, next, exec, size, d, doff, a, aoff, n) {
+                            Ok(true) => {
+                                pc += 1;
+                                continue;
+                            }
+                            Ok(false) => {}
+                            Err(f) => return Err(Box::new(self.fault_finding(block, wi, pc as usize, f))),
+                        }
                         let mut err = None;
                         lanes(exec, |l| {
                             if err.is_some() {
@@ -949,9 +955,14 @@ impl Launch<'_> {
                             let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
                             let nb = if n == NONE { size as u64 } else { r[n as usize][l] & 0xffff_ffff };
                             match cp_issue(&mut mem, l as u32, size, dst, src, nb) {
-                                Ok(dst) => {
-                                    cp.push(CpCopy { lane: l as u8, n: nb as u8, size, group: next[l], dst, src })
-                                }
+                                Ok((dst, ptr)) => cp.push(CpCopy {
+                                    lane: l as u8,
+                                    n: nb as u8,
+                                    size,
+                                    group: next[l],
+                                    dst,
+                                    ptr: ptr as usize,
+                                }),
                                 Err(f) => err = Some(f),
                             }
                         });
@@ -980,11 +991,9 @@ impl Launch<'_> {
                             upto[l] = wp.cp_done[l];
                         });
                         if !wp.cp.is_empty() {
-                            let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                            cp_complete(self.global, shared, hint, cp, |c| {
+                            cp_complete(shared, &mut wp.cp, |c| {
                                 exec >> c.lane & 1 == 1 && c.group < upto[c.lane as usize]
-                            })
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            });
                         }
                     }
                     pc += 1;
@@ -1170,8 +1179,9 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
 
 /// Checks one `cp.async` at issue: the shared destination (`size` bytes, aligned to `size`, in the
 /// window) and the `n` global source bytes (aligned to `size`; not checked when `n = 0`, which
-/// reads nothing). Returns the destination's offset in shared memory.
-fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> Result<usize, Fault> {
+/// reads nothing). Returns the destination's offset in shared memory and where the source bytes
+/// are (null when `n = 0`).
+fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> Result<(usize, *mut u8), Fault> {
     let dst = match mem.locate(Space::Shared, dst, size as u64, lane, true)? {
         Loc::Shared(o) => o,
         _ => unreachable!("shared space resolves to shared memory"),
@@ -1190,69 +1200,46 @@ fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> R
         if src & (size as u64 - 1) != 0 {
             return Err(Fault::new(lane, "misaligned access", src, size as u32, None));
         }
-        mem.check_global(src, n, lane, false)?;
+        return Ok((dst, mem.check_global(src, n, lane, false)?));
     }
-    Ok(dst)
+    Ok((dst, std::ptr::null_mut()))
 }
 
 /// Completes (and removes) the pending copies `done` selects, in issue order: reads the global
 /// source now and writes the shared destination, zero-filling past the `n` source bytes.
-fn cp_complete(
-    global: &GlobalView,
-    shared: &mut SharedMem,
-    hint: &mut usize,
-    cp: &mut Vec<CpCopy>,
-    done: impl Fn(&CpCopy) -> bool,
-) -> Result<(), Fault> {
-    let mut err = None;
+fn cp_complete(shared: &mut SharedMem, cp: &mut Vec<CpCopy>, done: impl Fn(&CpCopy) -> bool) {
     cp.retain(|c| {
-        if err.is_some() || !done(c) {
+        if !done(c) {
             return true;
         }
         shared.mark_written(c.dst, c.size as usize);
         let dst = &mut shared.bytes[c.dst..c.dst + c.size as usize];
         dst.fill(0);
         if c.n > 0 {
-            match global.resolve(c.src, c.n as u64, hint) {
-                Some(p) => {
-                    // Whole copies of 4, 8 or 16 bytes (the source is aligned to the copy size,
-                    // checked at issue) in 4- or 8-byte loads, anything else byte by byte: the
-                    // same bytes.
-                    let chunk = match c.n {
-                        4 => 4,
-                        8 | 16 => 8,
-                        _ => 1,
-                    };
-                    if chunk > 1 && c.n == c.size && c.src % chunk as u64 == 0 {
-                        for (k, d) in dst.chunks_exact_mut(chunk).enumerate() {
-                            // SAFETY: `resolve` checked the n bytes, and every chunk is aligned
-                            // to its size.
-                            let v = unsafe { memory::atomic_load(p.add(k * chunk), chunk as u8) };
-                            d.copy_from_slice(&v.to_le_bytes()[..chunk]);
-                        }
-                    } else {
-                        for (k, b) in dst[..c.n as usize].iter_mut().enumerate() {
-                            // SAFETY: `resolve` checked the n bytes; byte accesses need no alignment.
-                            *b = unsafe { memory::atomic_load(p.add(k), 1) } as u8;
-                        }
-                    }
+            let p = c.ptr as *mut u8;
+            // Whole copies of 4, 8 or 16 bytes (the source is aligned to the copy size, checked
+            // at issue) in 4- or 8-byte loads, anything else byte by byte: the same bytes.
+            let chunk = match c.n {
+                4 => 4,
+                8 | 16 => 8,
+                _ => 1,
+            };
+            if chunk > 1 && c.n == c.size {
+                for (k, d) in dst.chunks_exact_mut(chunk).enumerate() {
+                    // SAFETY: `resolve` checked the n bytes at issue (the view of global memory
+                    // does not change during a launch), and every chunk is aligned to its size.
+                    let v = unsafe { memory::atomic_load(p.add(k * chunk), chunk as u8) };
+                    d.copy_from_slice(&v.to_le_bytes()[..chunk]);
                 }
-                None => {
-                    err = Some(Fault {
-                        lane: c.lane as u32,
-                        kind: "out-of-bounds global load",
-                        addr: c.src,
-                        size: c.n as u32,
-                        detail: Some(global.describe(c.src, c.n as u64)),
-                        other: None,
-                    });
-                    return true;
+            } else {
+                for (k, b) in dst[..c.n as usize].iter_mut().enumerate() {
+                    // SAFETY: as above; byte accesses need no alignment.
+                    *b = unsafe { memory::atomic_load(p.add(k), 1) } as u8;
                 }
             }
         }
         false
     });
-    err.map_or(Ok(()), Err)
 }
 
 /// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32` over the whole warp.
@@ -1421,6 +1408,67 @@ macro_rules! for_lanes {
             }
         }
     }};
+}
+
+/// [`cp_issue`] for the lanes of `exec`, when every side-effect-free check passes for all of
+/// them (shared destination aligned and in the window, src-size at most cp-size, source
+/// aligned and in one live allocation): then only racecheck's stamps of the destinations can
+/// fail, lane by lane in order as in the general path, which is what runs here. Returns
+/// `Ok(false)`, having done nothing, when some lane fails a check, for the general path to
+/// report it exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+fn cp_issue_fast(
+    r: &[[u64; 32]],
+    mem: &mut Mem,
+    cp: &mut Vec<CpCopy>,
+    next: &[u32; 32],
+    exec: u32,
+    size: u8,
+    d: Slot,
+    doff: i32,
+    a: Slot,
+    aoff: i32,
+    n: Slot,
+) -> Result<bool, Fault> {
+    let size64 = size as u64;
+    let window = mem.shared.bytes.len() as u64;
+    let mut dsts = [0u64; 32];
+    let mut nbs = [0u64; 32];
+    let mut ptrs = [0usize; 32];
+    for_lanes!(exec, l, {
+        let dst = r[d as usize][l].wrapping_add(doff as i64 as u64);
+        let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
+        let nb = if n == NONE { size64 } else { r[n as usize][l] & 0xffff_ffff };
+        if dst & (size64 - 1) != 0 || dst.checked_add(size64).is_none_or(|e| e > window) || nb > size64 {
+            return Ok(false);
+        }
+        if nb > 0 {
+            if src & (size64 - 1) != 0 {
+                return Ok(false);
+            }
+            match mem.global.resolve(src, nb, mem.hint) {
+                Some(p) => ptrs[l] = p as usize,
+                None => return Ok(false),
+            }
+        }
+        dsts[l] = dst;
+        nbs[l] = nb;
+    });
+    let race = mem.shared.racecheck_on();
+    for_lanes!(exec, l, {
+        let dst = dsts[l];
+        if race {
+            if let Err((msg, other)) = mem.shared.race.access(dst as usize, size as usize, true) {
+                return Err(Fault {
+                    other: Some(other),
+                    ..Fault::new(l as u32, "shared memory race", dst, size as u32, Some(msg))
+                });
+            }
+        }
+        mem.traffic[0] += nbs[l];
+        cp.push(CpCopy { lane: l as u8, n: nbs[l] as u8, size, group: next[l], dst: dst as usize, ptr: ptrs[l] });
+    });
+    Ok(true)
 }
 
 /// `ld.shared` once every byte of the window has been written (initcheck has nothing left to
