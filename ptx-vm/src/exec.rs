@@ -1786,6 +1786,19 @@ fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
         }
         Op::Selp { d, a, b, p } => map3(r, d, a, b, p, exec, |x, y, q| if q & 1 == 1 { x } else { y }),
         Op::Mov { d, a } => map1(r, d, a, exec, |x| x),
+        // `sub`/`min`/`max`/`div.f32` in round-to-nearest without `.ftz`/`.sat`: `fbin32` with
+        // its kind and mode constant (one loop per kind instead of a call per lane).
+        Op::FBin32 { k, m, d, a, b } if m == num::FMode::default() => {
+            let m = num::FMode::default();
+            match k {
+                num::FBin::Add => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Add, m, x, y)),
+                num::FBin::Sub => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Sub, m, x, y)),
+                num::FBin::Mul => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Mul, m, x, y)),
+                num::FBin::Div => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Div, m, x, y)),
+                num::FBin::Min => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Min, m, x, y)),
+                num::FBin::Max => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Max, m, x, y)),
+            }
+        }
         Op::Bin { k, d, a, b, .. } if k != IntK::Fn => match k {
             IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
             IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),

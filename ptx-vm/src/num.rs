@@ -186,6 +186,7 @@ fn minmax64(a: f64, b: f64, max: bool) -> f64 {
     }
 }
 
+#[inline(always)]
 pub(crate) fn fbin32(k: FBin, m: FMode, a: u64, b: u64) -> u64 {
     let (mut a, mut b) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
     if m.ftz {
