@@ -694,7 +694,8 @@ impl Launch<'_> {
                 // parks until they arrive (as the hardware reconverges the warp before it).
                 let mut waiting = 0u32;
                 let mut running = 0u32;
-                for l in 0..32 {
+                // (A converged warp has no lane outside the group.)
+                for l in 0..if group == FULL { 0 } else { 32 } {
                     if group >> l & 1 == 0 {
                         if wp.state[l] == WAIT && wp.pcs[l] == pc {
                             waiting |= 1 << l;
@@ -723,11 +724,7 @@ impl Launch<'_> {
             }
             let mut exec = group;
             if inst.guard != NONE {
-                let g = &wp.regs[inst.guard as usize];
-                let mut gm = 0u32;
-                for (l, v) in g.iter().enumerate() {
-                    gm |= ((*v & 1) as u32) << l;
-                }
+                let mut gm = guard_mask(&wp.regs[inst.guard as usize]);
                 if inst.gneg {
                     gm = !gm;
                 }
@@ -878,7 +875,8 @@ impl Launch<'_> {
                         let member =
                             if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
                         let mut missing = 0u32;
-                        for l in 0..32 {
+                        // (When every lane executes it, none is missing.)
+                        for l in 0..if exec == FULL { 0 } else { 32 } {
                             if member >> l & 1 == 1 && matches!(wp.state[l], RUN | BAR | WAIT) && exec >> l & 1 == 0 {
                                 missing |= 1 << l;
                             }
@@ -1595,6 +1593,35 @@ fn ld_shared_fast(
     Ok(true)
 }
 
+/// Bit `l` = bit 0 of `g[l]`: the lanes whose guard predicate is true.
+#[inline(always)]
+fn guard_mask(g: &[u64; 32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { guard_mask_avx512(g) };
+    }
+    let mut gm = 0u32;
+    for (l, v) in g.iter().enumerate() {
+        gm |= ((*v & 1) as u32) << l;
+    }
+    gm
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn guard_mask_avx512(g: &[u64; 32]) -> u32 {
+    use std::arch::x86_64::*;
+    let one = _mm512_set1_epi64(1);
+    let mut gm = 0u32;
+    for q in 0..4 {
+        // SAFETY: 8 u64 at `8 q` of a 32-element array.
+        let v = unsafe { _mm512_loadu_si512(g.as_ptr().add(8 * q).cast()) };
+        gm |= (_mm512_test_epi64_mask(v, one) as u32) << (8 * q);
+    }
+    gm
+}
+
 /// Whether the CPU has AVX-512F (cached by the standard library after the first query).
 #[inline(always)]
 fn avx512() -> bool {
@@ -2206,6 +2233,22 @@ mod tests {
                     assert_eq!(dv[l], u32::from_le_bytes(bytes[a..a + 4].try_into().unwrap()) as u64);
                 }
             }
+        }
+    }
+
+    /// The guard mask from AVX-512 is the scalar loop's.
+    #[test]
+    fn guard_mask_takes_bit_0_of_every_lane() {
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..1000 {
+            let g: [u64; 32] = std::array::from_fn(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s
+            });
+            let want = g.iter().enumerate().fold(0u32, |m, (l, v)| m | ((v & 1) as u32) << l);
+            assert_eq!(guard_mask(&g), want);
         }
     }
 
