@@ -1007,6 +1007,27 @@ impl Launch<'_> {
                     lanes(exec, |l| dv[l] = v);
                     pc += 1;
                 }
+                Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off } if shared.all_written() => {
+                    // The f32 kernels' operand loads, without the call into `exec_simple`
+                    // (which runs them when the fast path declines).
+                    if exec != 0 {
+                        let mut mem = Mem {
+                            global: self.global,
+                            shared: &mut *shared,
+                            local: &mut wp.local,
+                            local_bytes,
+                            params: self.params,
+                            hint: &mut wp.hint,
+                            traffic: &mut counters.global_bytes,
+                        };
+                        let done = ld_shared_fast(r, exec, &mut mem, size, n, sext, dbits, ds, a, off)
+                            .and_then(|done| if done { Ok(()) } else { exec_simple(&inst.op, r, exec, &mut mem) });
+                        if let Err(f) = done {
+                            return Err(Box::new(self.fault_finding(block, wi, pc as usize, f)));
+                        }
+                    }
+                    pc += 1;
+                }
                 _ => {
                     if exec != 0 && !exec_register_op(&inst.op, r, exec) {
                         let mut mem = Mem {
