@@ -14,7 +14,17 @@
 //!
 //! Each line ends with a checksum of the launch's results: FNV-1a over the thread-instruction
 //! count and every buffer of the launch (inputs and outputs) as read back after the first run, so
-//! that two builds of the VM can be compared for bit-identical results.
+//! that two builds of the VM can be compared for bit-identical results
+//! (`ptx-vm/scripts/bench-vs.sh OLD_BIN NEW_BIN` runs two builds alternately and compares them).
+//!
+//! Where the time goes, per kernel (before issue 27's changes; details and the measurements
+//! after them in `ptx-vm/PERF.md`):
+//!
+//! | kernel | largest shares |
+//! |---|---|
+//! | `flash_fwd_f32_d64`, `decode_fwd_f32_d128` | `ld.shared.b32` (a third of the instructions, 57 % of the cycles: window checks and racecheck's per-word stamps, cache misses on a 32-byte shadow per word), `fma`, dispatch |
+//! | `flash_fwd_bf16_d64`, `flash_bwd_bf16_d64` | `mma` (32 %: scalar gathers into f64 arrays), zeroing a 2 MB register file per warp and block, `ldmatrix`, `cvt` to bf16 |
+//! | `decode_mma_bf16_d128` | `cp.async` issue and completion (per lane, byte by byte), `ldmatrix`, `mma` |
 
 use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
 use kernels_gpu::decode_abi::DecodeParams;
