@@ -1643,6 +1643,64 @@ fn guard_mask_avx512(g: &[u64; 32]) -> u32 {
     gm
 }
 
+const F32_ADD: u8 = 0;
+const F32_MUL: u8 = 1;
+const F32_FMA: u8 = 2;
+
+/// `add`/`mul`/`fma.rn.f32` (`OP`) for all 32 lanes: `d = a + b`, `a * b` or `a * b + c` on the
+/// low 32 bits of each lane, the result zero-extended; 16 lanes per AVX-512 operation (the same
+/// IEEE operations as the lane loops). The caller checked that the CPU has AVX-512F.
+#[inline(always)]
+fn f32_warp_avx512<const OP: u8>(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot) {
+    let (dv, [av, bv, cv]) = rows(r, d, [a, b, c]);
+    // SAFETY: `rows` checked the slots (32 lanes each); `avx512()` was true.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        f32_warp_avx512_impl::<OP>(dv, av, bv, cv)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dv, av, bv, cv);
+        unreachable!("avx512() is false");
+    }
+}
+
+/// # Safety
+/// The four pointers address 32 `u64` each (`d` may be one of the sources); the CPU has
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn f32_warp_avx512_impl<const OP: u8>(d: *mut u64, a: *const u64, b: *const u64, c: *const u64) {
+    use std::arch::x86_64::*;
+    // 16 lanes' low halves as one vector of f32.
+    let load = |p: *const u64| -> __m512 {
+        // SAFETY: 16 u64 at `p` (the caller's bounds).
+        unsafe {
+            let lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.cast()));
+            let hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.add(8).cast()));
+            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+        }
+    };
+    for h in 0..2 {
+        let o = 16 * h;
+        // Every source of these 16 lanes is read before any of them is written.
+        // SAFETY: lanes `o..o + 16` of 32.
+        let (x, y) = unsafe { (load(a.add(o)), load(b.add(o))) };
+        let v = match OP {
+            F32_ADD => _mm512_add_ps(x, y),
+            F32_MUL => _mm512_mul_ps(x, y),
+            // SAFETY: as above.
+            _ => _mm512_fmadd_ps(x, y, unsafe { load(c.add(o)) }),
+        };
+        let v = _mm512_castps_si512(v);
+        // SAFETY: as above.
+        unsafe {
+            _mm512_storeu_si512(d.add(o).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(v)));
+            _mm512_storeu_si512(d.add(o + 8).cast(), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(v)));
+        }
+    }
+}
+
 /// Whether the CPU has AVX-512F (cached by the standard library after the first query).
 #[inline(always)]
 fn avx512() -> bool {
@@ -1825,6 +1883,9 @@ fn st_shared_fast(
 fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
     use crate::ops;
     match *op {
+        Op::FmaF32 { d, a, b, c } if exec == FULL && avx512() => f32_warp_avx512::<F32_FMA>(r, d, a, b, c),
+        Op::AddF32 { d, a, b } if exec == FULL && avx512() => f32_warp_avx512::<F32_ADD>(r, d, a, b, b),
+        Op::MulF32 { d, a, b } if exec == FULL && avx512() => f32_warp_avx512::<F32_MUL>(r, d, a, b, b),
         Op::FmaF32 { d, a, b, c } => fma_f32_lanes(r, d, a, b, c, exec),
         Op::AddF32 { d, a, b } => {
             map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64)
@@ -2253,6 +2314,53 @@ mod tests {
                     let a = a as usize;
                     assert_eq!(dv[l], u32::from_le_bytes(bytes[a..a + 4].try_into().unwrap()) as u64);
                 }
+            }
+        }
+    }
+
+    /// The AVX-512 `add`/`mul`/`fma.rn.f32` of a full warp give the lane loops' bits (finite,
+    /// subnormal, infinite and zero operands of both signs; a destination that is a source).
+    #[test]
+    fn f32_warp_ops_match_the_lane_loops() {
+        if !avx512() {
+            return;
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let special =
+            [0u32, 0x8000_0000, 1, 0x8000_0001, 0x0080_0000, 0x7F7F_FFFF, 0x7F80_0000, 0xFF80_0000, 0x3F80_0001];
+        for round in 0..300 {
+            let mut r = vec![[0u64; 32]; 8];
+            for slot in r.iter_mut().take(3) {
+                for v in slot.iter_mut() {
+                    let x = next();
+                    let bits = if x >> 61 == 0 { special[(x as usize >> 8) % special.len()] } else { (x >> 16) as u32 };
+                    *v = bits as u64 | (x << 40);
+                }
+            }
+            let mut want = r.clone();
+            map2(&mut want, 3, 0, 1, FULL, |x, y| {
+                (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64
+            });
+            map2(&mut want, 4, 0, 1, FULL, |x, y| {
+                (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64
+            });
+            map3(&mut want, 5, 0, 1, 2, FULL, fma_f32);
+            map3(&mut want, 6, 0, 1, 2, FULL, fma_f32);
+            let mut got = r.clone();
+            f32_warp_avx512::<F32_ADD>(&mut got, 3, 0, 1, 1);
+            f32_warp_avx512::<F32_MUL>(&mut got, 4, 0, 1, 1);
+            f32_warp_avx512::<F32_FMA>(&mut got, 5, 0, 1, 2);
+            // In place: the destination is the accumulator.
+            got[6] = got[2];
+            f32_warp_avx512::<F32_FMA>(&mut got, 6, 0, 1, 6);
+            for k in 3..7 {
+                assert_eq!(got[k], want[k], "round {round} op {k}");
             }
         }
     }
