@@ -166,8 +166,9 @@ pub(crate) fn mma_rows(
 }
 
 /// [`mma_rows_body`] with AVX-512 on finite operands: four lanes' register `r` hold eight
-/// consecutive elements of one A row (or one B column), converted as one vector; each output
-/// row is one vector of 8 f64 accumulated with one fused multiply-add per k.
+/// consecutive elements of one A row, converted as one vector; every fourth lane's B register
+/// holds one row pair of B, permuted into one vector; each output row is one vector of 8 f64
+/// accumulated with one fused multiply-add per k.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
 fn mma_rows_avx512<const K: usize>(
@@ -201,19 +202,30 @@ fn mma_rows_avx512<const K: usize>(
             unsafe { _mm512_storeu_pd(row.as_mut_ptr(), conv8(&ar[4 * g..])) };
         }
     }
-    // bt[g][k] = B[k][g]; then bm[k] = B[k][0..8] by a gather across the 8 columns.
-    let mut bt = [[0f64; 16]; 8];
-    for (r, br) in b.iter().enumerate().take(nb) {
-        for (g, col) in bt.iter_mut().enumerate() {
-            // SAFETY: `col[8 r..8 r + 8]` is 8 f64.
-            unsafe { _mm512_storeu_pd(col[8 * r..].as_mut_ptr(), conv8(&br[4 * g..])) };
-        }
-    }
-    let stride = _mm512_set_epi64(112, 96, 80, 64, 48, 32, 16, 0);
+    // bm[k] = B[k][0..8]: register r of lane 4g + t holds B[2t + 8r][g] (low half) and
+    // B[2t + 8r + 1][g] (high half), so the lanes t, t + 4, ..., t + 28 (one per column) give
+    // rows 2t + 8r and 2t + 8r + 1.
+    let half8 = |v: __m512i, high: bool| -> __m512d {
+        let h = _mm512_cvtepi64_epi32(if high { _mm512_srli_epi64::<16>(v) } else { v });
+        let f = match kind {
+            // The shift drops the other half.
+            HalfKind::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)),
+            HalfKind::F16 => _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)),
+        };
+        _mm512_cvtps_pd(f)
+    };
     let mut bm = [_mm512_setzero_pd(); K];
-    for (kk, x) in bm.iter_mut().enumerate() {
-        // SAFETY: indices `16 g + kk` (g < 8, kk < 16) stay inside `bt` (128 f64).
-        *x = unsafe { _mm512_i64gather_pd::<8>(stride, bt.as_ptr().cast::<f64>().add(kk)) };
+    for (r, br) in b.iter().enumerate().take(nb) {
+        // SAFETY: 8 u64 at `8 q` of a 32-lane row.
+        let z: [__m512i; 4] = std::array::from_fn(|q| unsafe { _mm512_loadu_si512(br[8 * q..].as_ptr().cast()) });
+        for t in 0..4i64 {
+            let lo = _mm512_permutex2var_epi64(z[0], _mm512_set_epi64(0, 0, 0, 0, 12 + t, 8 + t, 4 + t, t), z[1]);
+            let hi = _mm512_permutex2var_epi64(z[2], _mm512_set_epi64(12 + t, 8 + t, 4 + t, t, 0, 0, 0, 0), z[3]);
+            let v = _mm512_mask_blend_epi64(0xF0, lo, hi);
+            let k = 2 * t as usize + 8 * r;
+            bm[k] = half8(v, false);
+            bm[k + 1] = half8(v, true);
+        }
     }
     // C: lanes 4g..4g+3 of c0/c1 interleaved are row g (c2/c3: row g + 8).
     let lanes4 = |p: &[u64]| -> __m128 {
