@@ -1491,10 +1491,12 @@ fn cp_issue_fast(
 }
 
 /// `ld.shared` once every byte of the window has been written (initcheck has nothing left to
-/// say): the alignment and window checks of all lanes first, then racecheck lane by lane (a lane
-/// reading the word the previous lane read is the same access of the same warp, instruction and
-/// barrier interval, so it is not checked twice), then the reads. Returns `Ok(false)` when a lane
-/// is misaligned or out of the window, for the general path to report exactly as it always does.
+/// say): the alignment and window checks of all lanes first (a full-warp `.b32` load with
+/// AVX-512), then racecheck (4-byte loads: the words queued as reads,
+/// [`crate::memcheck::RaceState::read_words`]; wider ones lane by lane, a lane reading the
+/// address the previous lane read not checked twice), then the reads. Returns `Ok(false)` when a
+/// lane is misaligned or out of the window, for the general path to report exactly as it always
+/// does.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn ld_shared_fast(

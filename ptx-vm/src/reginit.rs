@@ -217,8 +217,8 @@ fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
             push(b);
             push(c);
             push(mask);
-            if a != NONE {
-                always[a as usize / 64] |= 1 << (a % 64);
+            if let Some(w) = always.get_mut(a as usize / 64).filter(|_| a != NONE) {
+                *w |= 1 << (a % 64);
             }
         }
         Op::Vote { a, mask, .. } | Op::Redux { a, mask, .. } | Op::Match { a, mask, .. } => {
