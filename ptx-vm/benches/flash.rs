@@ -11,6 +11,20 @@
 //! Prints thread-instructions per second and the median wall time for 1 worker and for all cores,
 //! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck and racecheck off
 //! (their cost).
+//!
+//! Each line ends with a checksum of the launch's results: FNV-1a over the thread-instruction
+//! count and every buffer of the launch (inputs and outputs) as read back after the first run, so
+//! that two builds of the VM can be compared for bit-identical results
+//! (`ptx-vm/scripts/bench-vs.sh OLD_BIN NEW_BIN` runs two builds alternately and compares them).
+//!
+//! Where the time goes, per kernel (before issue 27's changes; details and the measurements
+//! after them in `ptx-vm/PERF.md`):
+//!
+//! | kernel | largest shares |
+//! |---|---|
+//! | `flash_fwd_f32_d64`, `decode_fwd_f32_d128` | `ld.shared.b32` (a third of the instructions, 57 % of the cycles: window checks and racecheck's per-word stamps, cache misses on a 32-byte shadow per word), `fma`, dispatch |
+//! | `flash_fwd_bf16_d64`, `flash_bwd_bf16_d64` | `mma` (32 %: scalar gathers into f64 arrays), zeroing a 2 MB register file per warp and block, `ldmatrix`, `cvt` to bf16 |
+//! | `decode_mma_bf16_d128` | `cp.async` issue and completion (per lane, byte by byte), `ldmatrix`, `mma` |
 
 use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
 use kernels_gpu::decode_abi::DecodeParams;
@@ -118,10 +132,17 @@ fn bench_decode(module: &Module, kernel: &str, elem_bytes: usize, dims: LaunchDi
         window_right: -1,
         ..DecodeParams::default()
     };
-    let (instr, med) = timed(&mut vm, module, kernel, dims, &p.to_bytes(), runs);
+    let bufs = [
+        (q, nq * elem_bytes),
+        (o, nq * elem_bytes),
+        (lse, heads as usize * 4),
+        (o_part, SPLITS as usize * nq * 4),
+        (lse_part, SPLITS as usize * heads as usize * 4),
+    ];
+    let (instr, med, sum) = timed(&mut vm, module, kernel, dims, &p.to_bytes(), runs, &bufs);
     println!(
         "{kernel} b1 h{heads}/{heads_kv} cache {cache} d{d} splits {SPLITS}: workers {workers}: median wall {:.2} ms \
-         over {runs} runs, {instr} thread-instructions, {:.1} M thread-instructions/s",
+         over {runs} runs, {instr} thread-instructions, {:.1} M thread-instructions/s, checksum {sum:016x}",
         med.as_secs_f64() * 1e3,
         instr as f64 / med.as_secs_f64() / 1e6
     );
@@ -217,17 +238,20 @@ fn bench(
     } else {
         AttnParams { o: bufs[4], ..p }.to_bytes().to_vec()
     };
-    let (instr, med) = timed(&mut vm, module, kernel, dims, &params, runs);
+    let mut all: Vec<(u64, usize)> = bufs.iter().map(|&b| (b, n * elem_bytes)).collect();
+    all.extend([(lse, rows * 4), (delta, rows * 4), (dq_accum, n * 4)]);
+    let (instr, med, sum) = timed(&mut vm, module, kernel, dims, &params, runs, &all);
     println!(
         "{kernel} b{batch} h{heads} s{seq} d{d}: workers {workers}{}: median wall {:.2} ms over {runs} runs, \
-         {instr} thread-instructions, {:.1} M thread-instructions/s",
+         {instr} thread-instructions, {:.1} M thread-instructions/s, checksum {sum:016x}",
         if initcheck { "" } else { " (initcheck, racecheck off)" },
         med.as_secs_f64() * 1e3,
         instr as f64 / med.as_secs_f64() / 1e6
     );
 }
 
-/// `runs` launches of `kernel`: its thread-instructions and the median wall time.
+/// `runs` launches of `kernel`: its thread-instructions, the median wall time, and the checksum
+/// of the instruction count and of the buffers `bufs` (address, bytes) after the first launch.
 fn timed(
     vm: &mut Vm,
     module: &Module,
@@ -235,15 +259,37 @@ fn timed(
     dims: LaunchDims,
     params: &[u8],
     runs: usize,
-) -> (u64, std::time::Duration) {
+    bufs: &[(u64, usize)],
+) -> (u64, std::time::Duration, u64) {
     let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
     let mut walls = Vec::new();
     let mut instr = 0;
-    for _ in 0..runs {
+    let mut sum = 0;
+    for run in 0..runs {
         let s = vm.launch(module, kernel, &cfg, params).expect("launch");
         instr = s.thread_instructions;
         walls.push(s.wall);
+        if run == 0 {
+            sum = checksum(vm, instr, bufs);
+        }
     }
     walls.sort();
-    (instr, walls[walls.len() / 2])
+    (instr, walls[walls.len() / 2], sum)
+}
+
+/// FNV-1a (64-bit) over `instr` and the bytes of every buffer in `bufs`.
+fn checksum(vm: &Vm, instr: u64, bufs: &[(u64, usize)]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(&instr.to_le_bytes());
+    for &(ptr, len) in bufs {
+        let mut out = vec![0u8; len];
+        vm.read(ptr, &mut out).expect("read back");
+        eat(&out);
+    }
+    h
 }

@@ -334,6 +334,11 @@ pub(crate) fn decode_entry(
         info,
         dyn_shared_offset: dyn_off,
         mma_srcs: cx.mma_srcs,
+        uid: {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        },
+        zero_slots: std::sync::OnceLock::new(),
     })
 }
 
@@ -811,7 +816,7 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
             };
             Op::Bin {
                 f,
-                k: IntK::Fn,
+                k: if bf && !rz { IntK::CvtBf16x2 } else { IntK::Fn },
                 d: dst(cx, &ops[0])?,
                 a: src(cx, &ops[1], 32, true)?,
                 b: src(cx, &ops[2], 32, true)?,

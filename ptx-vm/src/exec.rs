@@ -45,10 +45,33 @@ pub(crate) struct Launch<'a> {
     pub racecheck: bool,
     /// Count the wavefronts of shared-memory accesses per instruction (bank conflicts).
     pub banks: bool,
+    /// Fill the register slots a block does not zero with garbage first (tests of
+    /// [`crate::reginit`]: results must not change).
+    pub poison_registers: bool,
+}
+
+/// Fills every register slot except the constants and specials with a pattern of `seed`.
+fn poison_registers(prog: &Program, regs: &mut [[u64; 32]], seed: u64) {
+    let mut keep = vec![false; regs.len()];
+    for &(s, _) in prog.consts.iter() {
+        keep[s as usize] = true;
+    }
+    for &(s, _) in prog.specials.iter() {
+        keep[s as usize] = true;
+    }
+    for (i, (r, k)) in regs.iter_mut().zip(keep).enumerate() {
+        if !k {
+            for (l, v) in r.iter_mut().enumerate() {
+                *v = 0xDEAD_BEEF_0BAD_F00D ^ (seed << 16) ^ (i as u64) << 5 ^ l as u64;
+            }
+        }
+    }
 }
 
 struct Warp {
     regs: Vec<[u64; 32]>,
+    /// [`Program::uid`] of the program `regs` holds the constants of (0: none).
+    regs_uid: u64,
     pcs: [u32; 32],
     state: [u8; 32],
     stacks: Vec<Vec<u32>>,
@@ -66,7 +89,9 @@ struct Warp {
 }
 
 /// One pending `cp.async`: `n` bytes from global `src` into shared offset `dst`, zero-filled to
-/// `size` bytes. Both ranges were checked when it was issued.
+/// `size` bytes. Both ranges were checked when it was issued; `ptr` is where the source bytes
+/// are (the address `resolve` gave at issue: the launch's view of global memory does not change
+/// while it runs, so the copy finds them there when it completes; 0 when `n` is 0).
 #[derive(Clone, Copy)]
 struct CpCopy {
     lane: u8,
@@ -74,7 +99,7 @@ struct CpCopy {
     size: u8,
     group: u32,
     dst: usize,
-    src: u64,
+    ptr: usize,
 }
 
 /// What a worker counts besides instructions.
@@ -420,9 +445,11 @@ impl Launch<'_> {
             }
         });
         let local_bytes = prog.info.local_bytes;
+        let zero = prog.zero_slots();
         while w.warps.len() < nwarps {
             w.warps.push(Warp {
                 regs: Vec::new(),
+                regs_uid: 0,
                 pcs: [0; 32],
                 state: [ABSENT; 32],
                 stacks: Vec::new(),
@@ -436,10 +463,25 @@ impl Launch<'_> {
             });
         }
         for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
-            wp.regs.clear();
-            wp.regs.resize(prog.nslots, [0u64; 32]);
-            for &(s, v) in &prog.consts {
-                wp.regs[s as usize] = [v; 32];
+            // Registers read as zero until written: the slots some path may read first (all of
+            // them when the file holds another program's), then the constants once.
+            match zero {
+                Some(z) if wp.regs_uid == prog.uid && wp.regs.len() == prog.nslots => {
+                    if self.poison_registers {
+                        poison_registers(prog, &mut wp.regs, wi as u64 ^ linear << 8);
+                    }
+                    for &s in z {
+                        wp.regs[s as usize] = [0; 32];
+                    }
+                }
+                _ => {
+                    wp.regs.clear();
+                    wp.regs.resize(prog.nslots, [0u64; 32]);
+                    for &(s, v) in &prog.consts {
+                        wp.regs[s as usize] = [v; 32];
+                    }
+                    wp.regs_uid = prog.uid;
+                }
             }
             wp.pcs = [0; 32];
             wp.issued = 0;
@@ -555,7 +597,7 @@ impl Launch<'_> {
                 }
             }
             // The barrier orders everything before it against everything after it.
-            w.shared.race.epoch += 1;
+            w.shared.race.next_epoch();
         }
     }
 
@@ -652,7 +694,8 @@ impl Launch<'_> {
                 // parks until they arrive (as the hardware reconverges the warp before it).
                 let mut waiting = 0u32;
                 let mut running = 0u32;
-                for l in 0..32 {
+                // (A converged warp has no lane outside the group.)
+                for l in 0..if group == FULL { 0 } else { 32 } {
                     if group >> l & 1 == 0 {
                         if wp.state[l] == WAIT && wp.pcs[l] == pc {
                             waiting |= 1 << l;
@@ -681,11 +724,7 @@ impl Launch<'_> {
             }
             let mut exec = group;
             if inst.guard != NONE {
-                let g = &wp.regs[inst.guard as usize];
-                let mut gm = 0u32;
-                for (l, v) in g.iter().enumerate() {
-                    gm |= ((*v & 1) as u32) << l;
-                }
+                let mut gm = guard_mask(&wp.regs[inst.guard as usize]);
                 if inst.gneg {
                     gm = !gm;
                 }
@@ -733,9 +772,7 @@ impl Launch<'_> {
                 Op::Exit | Op::Ret if !prog.has_calls || matches!(inst.op, Op::Exit) => {
                     if !wp.cp.is_empty() {
                         // A thread that exits with copies in flight completes them.
-                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                        cp_complete(self.global, shared, hint, cp, |c| exec >> c.lane & 1 == 1)
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        cp_complete(shared, &mut wp.cp, |c| exec >> c.lane & 1 == 1);
                     }
                     lanes(exec, |l| wp.state[l] = EXIT);
                     group &= !exec;
@@ -763,9 +800,7 @@ impl Launch<'_> {
                         }
                     });
                     if exited != 0 && !wp.cp.is_empty() {
-                        let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                        cp_complete(self.global, shared, hint, cp, |c| exited >> c.lane & 1 == 1)
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                        cp_complete(shared, &mut wp.cp, |c| exited >> c.lane & 1 == 1);
                     }
                     stop = Some(Stop::PcsSet);
                 }
@@ -840,7 +875,8 @@ impl Launch<'_> {
                         let member =
                             if mslot == NONE { FULL } else { r[mslot as usize][exec.trailing_zeros() as usize] as u32 };
                         let mut missing = 0u32;
-                        for l in 0..32 {
+                        // (When every lane executes it, none is missing.)
+                        for l in 0..if exec == FULL { 0 } else { 32 } {
                             if member >> l & 1 == 1 && matches!(wp.state[l], RUN | BAR | WAIT) && exec >> l & 1 == 0 {
                                 missing |= 1 << l;
                             }
@@ -880,8 +916,10 @@ impl Launch<'_> {
                                 hint: &mut wp.hint,
                                 traffic: &mut counters.global_bytes,
                             };
-                            ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
-                                .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            if !ldmatrix_fast(r, &mut mem, num, trans, sp, ds, a, off) {
+                                ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
+                                    .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            }
                         }
                     }
                     pc += 1;
@@ -898,6 +936,14 @@ impl Launch<'_> {
                             traffic: &mut counters.global_bytes,
                         };
                         let (cp, next) = (&mut wp.cp, &wp.cp_next);
+                        match cp_issue_fast(r, &mut mem, cp, next, exec, size, d, doff, a, aoff, n) {
+                            Ok(true) => {
+                                pc += 1;
+                                continue;
+                            }
+                            Ok(false) => {}
+                            Err(f) => return Err(Box::new(self.fault_finding(block, wi, pc as usize, f))),
+                        }
                         let mut err = None;
                         lanes(exec, |l| {
                             if err.is_some() {
@@ -907,9 +953,14 @@ impl Launch<'_> {
                             let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
                             let nb = if n == NONE { size as u64 } else { r[n as usize][l] & 0xffff_ffff };
                             match cp_issue(&mut mem, l as u32, size, dst, src, nb) {
-                                Ok(dst) => {
-                                    cp.push(CpCopy { lane: l as u8, n: nb as u8, size, group: next[l], dst, src })
-                                }
+                                Ok((dst, ptr)) => cp.push(CpCopy {
+                                    lane: l as u8,
+                                    n: nb as u8,
+                                    size,
+                                    group: next[l],
+                                    dst,
+                                    ptr: ptr as usize,
+                                }),
                                 Err(f) => err = Some(f),
                             }
                         });
@@ -938,11 +989,9 @@ impl Launch<'_> {
                             upto[l] = wp.cp_done[l];
                         });
                         if !wp.cp.is_empty() {
-                            let (cp, hint) = (&mut wp.cp, &mut wp.hint);
-                            cp_complete(self.global, shared, hint, cp, |c| {
+                            cp_complete(shared, &mut wp.cp, |c| {
                                 exec >> c.lane & 1 == 1 && c.group < upto[c.lane as usize]
-                            })
-                            .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
+                            });
                         }
                     }
                     pc += 1;
@@ -958,8 +1007,29 @@ impl Launch<'_> {
                     lanes(exec, |l| dv[l] = v);
                     pc += 1;
                 }
-                _ => {
+                Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off } if shared.all_written() => {
+                    // The f32 kernels' operand loads, without the call into `exec_simple`
+                    // (which runs them when the fast path declines).
                     if exec != 0 {
+                        let mut mem = Mem {
+                            global: self.global,
+                            shared: &mut *shared,
+                            local: &mut wp.local,
+                            local_bytes,
+                            params: self.params,
+                            hint: &mut wp.hint,
+                            traffic: &mut counters.global_bytes,
+                        };
+                        let done = ld_shared_fast(r, exec, &mut mem, size, n, sext, dbits, ds, a, off)
+                            .and_then(|done| if done { Ok(()) } else { exec_simple(&inst.op, r, exec, &mut mem) });
+                        if let Err(f) = done {
+                            return Err(Box::new(self.fault_finding(block, wi, pc as usize, f)));
+                        }
+                    }
+                    pc += 1;
+                }
+                _ => {
+                    if exec != 0 && !exec_register_op(&inst.op, r, exec) {
                         let mut mem = Mem {
                             global: self.global,
                             shared: &mut *shared,
@@ -1128,8 +1198,9 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
 
 /// Checks one `cp.async` at issue: the shared destination (`size` bytes, aligned to `size`, in the
 /// window) and the `n` global source bytes (aligned to `size`; not checked when `n = 0`, which
-/// reads nothing). Returns the destination's offset in shared memory.
-fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> Result<usize, Fault> {
+/// reads nothing). Returns the destination's offset in shared memory and where the source bytes
+/// are (null when `n = 0`).
+fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> Result<(usize, *mut u8), Fault> {
     let dst = match mem.locate(Space::Shared, dst, size as u64, lane, true)? {
         Loc::Shared(o) => o,
         _ => unreachable!("shared space resolves to shared memory"),
@@ -1148,79 +1219,122 @@ fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> R
         if src & (size as u64 - 1) != 0 {
             return Err(Fault::new(lane, "misaligned access", src, size as u32, None));
         }
-        mem.check_global(src, n, lane, false)?;
+        return Ok((dst, mem.check_global(src, n, lane, false)?));
     }
-    Ok(dst)
+    Ok((dst, std::ptr::null_mut()))
 }
 
 /// Completes (and removes) the pending copies `done` selects, in issue order: reads the global
 /// source now and writes the shared destination, zero-filling past the `n` source bytes.
-fn cp_complete(
-    global: &GlobalView,
-    shared: &mut SharedMem,
-    hint: &mut usize,
-    cp: &mut Vec<CpCopy>,
-    done: impl Fn(&CpCopy) -> bool,
-) -> Result<(), Fault> {
-    let mut err = None;
+fn cp_complete(shared: &mut SharedMem, cp: &mut Vec<CpCopy>, done: impl Fn(&CpCopy) -> bool) {
     cp.retain(|c| {
-        if err.is_some() || !done(c) {
+        if !done(c) {
             return true;
         }
         shared.mark_written(c.dst, c.size as usize);
         let dst = &mut shared.bytes[c.dst..c.dst + c.size as usize];
         dst.fill(0);
         if c.n > 0 {
-            match global.resolve(c.src, c.n as u64, hint) {
-                Some(p) => {
-                    for (k, b) in dst[..c.n as usize].iter_mut().enumerate() {
-                        // SAFETY: `resolve` checked the n bytes; byte accesses need no alignment.
-                        *b = unsafe { memory::atomic_load(p.add(k), 1) } as u8;
-                    }
+            let p = c.ptr as *mut u8;
+            // Whole copies of 4, 8 or 16 bytes (the source is aligned to the copy size, checked
+            // at issue) in 4- or 8-byte loads, anything else byte by byte: the same bytes.
+            let chunk = match c.n {
+                4 => 4,
+                8 | 16 => 8,
+                _ => 1,
+            };
+            if chunk > 1 && c.n == c.size {
+                for (k, d) in dst.chunks_exact_mut(chunk).enumerate() {
+                    // SAFETY: `resolve` checked the n bytes at issue (the view of global memory
+                    // does not change during a launch), and every chunk is aligned to its size.
+                    let v = unsafe { memory::atomic_load(p.add(k * chunk), chunk as u8) };
+                    d.copy_from_slice(&v.to_le_bytes()[..chunk]);
                 }
-                None => {
-                    err = Some(Fault {
-                        lane: c.lane as u32,
-                        kind: "out-of-bounds global load",
-                        addr: c.src,
-                        size: c.n as u32,
-                        detail: Some(global.describe(c.src, c.n as u64)),
-                        other: None,
-                    });
-                    return true;
+            } else {
+                for (k, b) in dst[..c.n as usize].iter_mut().enumerate() {
+                    // SAFETY: as above; byte accesses need no alignment.
+                    *b = unsafe { memory::atomic_load(p.add(k), 1) } as u8;
                 }
             }
         }
         false
     });
-    err.map_or(Ok(()), Err)
 }
 
 /// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32` over the whole warp.
 fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [Slot; 4], s: &MmaSrcs) {
-    let mut a = [[0u32; 4]; 32];
-    let mut b = [[0u32; 2]; 32];
-    let mut c = [[0f32; 4]; 32];
-    for l in 0..32 {
-        for k in 0..4 {
-            if s.a[k] != NONE {
-                a[l][k] = r[s.a[k] as usize][l] as u32;
-            }
-            c[l][k] = f32::from_bits(r[s.c[k] as usize][l] as u32);
-        }
-        for k in 0..2 {
-            if s.b[k] != NONE {
-                b[l][k] = r[s.b[k] as usize][l] as u32;
-            }
+    const ZERO: [u64; 32] = [0; 32];
+    let out = {
+        let row = |slot: Slot| if slot == NONE { &ZERO } else { &r[slot as usize] };
+        crate::tensor_core::mma_rows(kind, k16, s.a.map(row), s.b.map(row), s.c.map(row))
+    };
+    for (&dk, o) in d.iter().zip(out) {
+        r[dk as usize] = o;
+    }
+}
+
+/// [`ldmatrix`] once every byte of the window has been written: the alignment and window
+/// checks of every row address first, then racecheck of all rows' words at once (queued as
+/// reads, [`crate::memcheck::RaceState::read_word_sets`]), then the rows in 16-byte copies.
+/// Returns false, having changed nothing, when a row is misaligned, outside the window or races,
+/// for [`ldmatrix`] to report exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+fn ldmatrix_fast(
+    r: &mut [[u64; 32]],
+    mem: &mut Mem,
+    num: u8,
+    trans: bool,
+    sp: Space,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i32,
+) -> bool {
+    let base = match sp {
+        Space::Shared => 0,
+        Space::Generic => SHARED_WINDOW,
+        _ => return false,
+    };
+    let window = mem.shared.bytes.len() as u64;
+    if !mem.shared.all_written() || window < 16 {
+        return false;
+    }
+    let (last, nrows) = (window - 16, 8 * num as usize);
+    let av = &r[a as usize];
+    let mut offs = [0u64; 32];
+    let mut bad = 0u64;
+    for l in 0..nrows {
+        let addr = av[l].wrapping_add(off as i64 as u64);
+        let o = addr.wrapping_sub(base);
+        offs[l] = o;
+        bad |= (addr & 15) | u64::from(o > last);
+    }
+    if bad != 0 {
+        return false;
+    }
+    if mem.shared.racecheck_on() {
+        let exec = if nrows == 32 { FULL } else { (1u32 << nrows) - 1 };
+        let sets: [[u32; 32]; 4] = std::array::from_fn(|k| std::array::from_fn(|l| (offs[l] / 4) as u32 + k as u32));
+        if !mem.shared.race.read_word_sets(exec, &sets) {
+            return false;
         }
     }
-    let out = crate::tensor_core::mma_f32_acc(kind, if k16 { 16 } else { 8 }, &a, &b, &c);
-    for (k, &dk) in d.iter().enumerate() {
+    let bytes = &mem.shared.bytes[..];
+    let mut rows = [[[0u16; 8]; 8]; 4];
+    for (m, mat) in rows.iter_mut().enumerate().take(num as usize) {
+        for (i, row) in mat.iter_mut().enumerate() {
+            let o = offs[8 * m + i] as usize;
+            let b: [u8; 16] = bytes[o..o + 16].try_into().expect("16 bytes");
+            *row = std::array::from_fn(|k| u16::from_le_bytes([b[2 * k], b[2 * k + 1]]));
+        }
+    }
+    let out = crate::tensor_core::ldmatrix(num as usize, trans, &rows[..num as usize]);
+    for (k, &dk) in ds.iter().enumerate().take(num as usize) {
         let dv = &mut r[dk as usize];
         for l in 0..32 {
-            dv[l] = out[l][k].to_bits() as u64;
+            dv[l] = out[l][k] as u64;
         }
     }
+    true
 }
 
 /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16` over the whole warp: lane `8 m + i`
@@ -1315,11 +1429,74 @@ macro_rules! for_lanes {
     }};
 }
 
+/// [`cp_issue`] for the lanes of `exec`, when every side-effect-free check passes for all of
+/// them (shared destination aligned and in the window, src-size at most cp-size, source
+/// aligned and in one live allocation): then only racecheck's stamps of the destinations can
+/// fail, lane by lane in order as in the general path, which is what runs here. Returns
+/// `Ok(false)`, having done nothing, when some lane fails a check, for the general path to
+/// report it exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+fn cp_issue_fast(
+    r: &[[u64; 32]],
+    mem: &mut Mem,
+    cp: &mut Vec<CpCopy>,
+    next: &[u32; 32],
+    exec: u32,
+    size: u8,
+    d: Slot,
+    doff: i32,
+    a: Slot,
+    aoff: i32,
+    n: Slot,
+) -> Result<bool, Fault> {
+    let size64 = size as u64;
+    let window = mem.shared.bytes.len() as u64;
+    let mut dsts = [0u64; 32];
+    let mut nbs = [0u64; 32];
+    let mut ptrs = [0usize; 32];
+    for_lanes!(exec, l, {
+        let dst = r[d as usize][l].wrapping_add(doff as i64 as u64);
+        let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
+        let nb = if n == NONE { size64 } else { r[n as usize][l] & 0xffff_ffff };
+        if dst & (size64 - 1) != 0 || dst.checked_add(size64).is_none_or(|e| e > window) || nb > size64 {
+            return Ok(false);
+        }
+        if nb > 0 {
+            if src & (size64 - 1) != 0 {
+                return Ok(false);
+            }
+            match mem.global.resolve(src, nb, mem.hint) {
+                Some(p) => ptrs[l] = p as usize,
+                None => return Ok(false),
+            }
+        }
+        dsts[l] = dst;
+        nbs[l] = nb;
+    });
+    let race = mem.shared.racecheck_on();
+    for_lanes!(exec, l, {
+        let dst = dsts[l];
+        if race {
+            if let Err((msg, other)) = mem.shared.race.access(dst as usize, size as usize, true) {
+                return Err(Fault {
+                    other: Some(other),
+                    ..Fault::new(l as u32, "shared memory race", dst, size as u32, Some(msg))
+                });
+            }
+        }
+        mem.traffic[0] += nbs[l];
+        cp.push(CpCopy { lane: l as u8, n: nbs[l] as u8, size, group: next[l], dst: dst as usize, ptr: ptrs[l] });
+    });
+    Ok(true)
+}
+
 /// `ld.shared` once every byte of the window has been written (initcheck has nothing left to
-/// say): the alignment and window checks of all lanes first, then racecheck lane by lane (a lane
-/// reading the word the previous lane read is the same access of the same warp, instruction and
-/// barrier interval, so it is not checked twice), then the reads. Returns `Ok(false)` when a lane
-/// is misaligned or out of the window, for the general path to report exactly as it always does.
+/// say): the alignment and window checks of all lanes first (a full-warp `.b32` load with
+/// AVX-512), then racecheck (4-byte loads: the words queued as reads,
+/// [`crate::memcheck::RaceState::read_words`]; wider ones lane by lane, a lane reading the
+/// address the previous lane read not checked twice), then the reads. Returns `Ok(false)` when a
+/// lane is misaligned or out of the window, for the general path to report exactly as it always
+/// does.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn ld_shared_fast(
@@ -1342,32 +1519,34 @@ fn ld_shared_fast(
     }
     // In the window and aligned: `addr + total <= window`, and `addr` a multiple of `total`.
     let last = window - total;
-    let mut bad = 0u64;
     let mut addrs = [0u64; 32];
-    for_lanes!(exec, l, {
-        let addr = av[l].wrapping_add(off as u64);
-        addrs[l] = addr;
-        bad |= (addr & (total - 1)) | u64::from(addr > last);
-    });
-    if bad != 0 {
-        return Ok(false);
+    let mut words = [0u32; 32];
+    // The full-warp `ld.shared.b32` of the f32 kernels in AVX-512 where the CPU has it.
+    let wide = exec == FULL && size == 4 && n == 1 && !sext && avx512();
+    if wide {
+        // SAFETY: the CPU has AVX-512F (`avx512`).
+        if !unsafe { b32_addresses_avx512(av, off as u64, last, &mut addrs, &mut words) } {
+            return Ok(false);
+        }
+    } else {
+        let mut bad = 0u64;
+        for_lanes!(exec, l, {
+            let addr = av[l].wrapping_add(off as u64);
+            addrs[l] = addr;
+            words[l] = (addr / 4) as u32;
+            bad |= (addr & (total - 1)) | u64::from(addr > last);
+        });
+        if bad != 0 {
+            return Ok(false);
+        }
     }
     if mem.shared.racecheck_on() && total == 4 {
         // One word per lane: the whole check without the word loop; a conflict goes to the
         // general check below, which builds the message.
         let race = &mut mem.shared.race;
-        let mut prev = u64::MAX;
-        let mut clean = true;
-        for_lanes!(exec, l, {
-            let addr = addrs[l];
-            if addr != prev {
-                prev = addr;
-                clean &= race.read_word(addr as usize / 4);
-            }
-        });
-        if !clean {
-            // Stamps of this instruction's own reads are already in place; `access` of the same
-            // reads again only re-stamps them and stops at the first conflict.
+        if !race.read_words(exec, &words) {
+            // Nothing of this instruction is stamped yet (a conflict queues nothing): `access`
+            // stamps the reads lane by lane and stops at the first conflict.
             for_lanes!(exec, l, {
                 if let Err((d, other)) = race.access(addrs[l] as usize, 4, false) {
                     return Err(Fault {
@@ -1402,6 +1581,11 @@ fn ld_shared_fast(
         }
     }
     let bytes = &mem.shared.bytes[..];
+    if wide {
+        // SAFETY: the CPU has AVX-512F; every lane's 4 bytes lie in the window (checked above).
+        unsafe { gather_b32_avx512(bytes, &addrs, &mut r[ds[0] as usize]) };
+        return Ok(true);
+    }
     for k in 0..n as usize {
         let dv = &mut r[ds[k] as usize];
         let kb = k * size as usize;
@@ -1432,6 +1616,156 @@ fn ld_shared_fast(
     Ok(true)
 }
 
+/// Bit `l` = bit 0 of `g[l]`: the lanes whose guard predicate is true.
+#[inline(always)]
+fn guard_mask(g: &[u64; 32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { guard_mask_avx512(g) };
+    }
+    let mut gm = 0u32;
+    for (l, v) in g.iter().enumerate() {
+        gm |= ((*v & 1) as u32) << l;
+    }
+    gm
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn guard_mask_avx512(g: &[u64; 32]) -> u32 {
+    use std::arch::x86_64::*;
+    let one = _mm512_set1_epi64(1);
+    let mut gm = 0u32;
+    for q in 0..4 {
+        // SAFETY: 8 u64 at `8 q` of a 32-element array.
+        let v = unsafe { _mm512_loadu_si512(g.as_ptr().add(8 * q).cast()) };
+        gm |= (_mm512_test_epi64_mask(v, one) as u32) << (8 * q);
+    }
+    gm
+}
+
+const F32_ADD: u8 = 0;
+const F32_MUL: u8 = 1;
+const F32_FMA: u8 = 2;
+
+/// `add`/`mul`/`fma.rn.f32` (`OP`) for all 32 lanes: `d = a + b`, `a * b` or `a * b + c` on the
+/// low 32 bits of each lane, the result zero-extended; 16 lanes per AVX-512 operation (the same
+/// IEEE operations as the lane loops). The caller checked that the CPU has AVX-512F.
+#[inline(always)]
+fn f32_warp_avx512<const OP: u8>(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot) {
+    let (dv, [av, bv, cv]) = rows(r, d, [a, b, c]);
+    // SAFETY: `rows` checked the slots (32 lanes each); `avx512()` was true.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        f32_warp_avx512_impl::<OP>(dv, av, bv, cv)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dv, av, bv, cv);
+        unreachable!("avx512() is false");
+    }
+}
+
+/// # Safety
+/// The four pointers address 32 `u64` each (`d` may be one of the sources); the CPU has
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn f32_warp_avx512_impl<const OP: u8>(d: *mut u64, a: *const u64, b: *const u64, c: *const u64) {
+    use std::arch::x86_64::*;
+    // 16 lanes' low halves as one vector of f32.
+    let load = |p: *const u64| -> __m512 {
+        // SAFETY: 16 u64 at `p` (the caller's bounds).
+        unsafe {
+            let lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.cast()));
+            let hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.add(8).cast()));
+            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+        }
+    };
+    for h in 0..2 {
+        let o = 16 * h;
+        // Every source of these 16 lanes is read before any of them is written.
+        // SAFETY: lanes `o..o + 16` of 32.
+        let (x, y) = unsafe { (load(a.add(o)), load(b.add(o))) };
+        let v = match OP {
+            F32_ADD => _mm512_add_ps(x, y),
+            F32_MUL => _mm512_mul_ps(x, y),
+            // SAFETY: as above.
+            _ => _mm512_fmadd_ps(x, y, unsafe { load(c.add(o)) }),
+        };
+        let v = _mm512_castps_si512(v);
+        // SAFETY: as above.
+        unsafe {
+            _mm512_storeu_si512(d.add(o).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(v)));
+            _mm512_storeu_si512(d.add(o + 8).cast(), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(v)));
+        }
+    }
+}
+
+/// Whether the CPU has AVX-512F (cached by the standard library after the first query).
+#[inline(always)]
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The 32 lanes' addresses `av[l] + off` of a 4-byte shared load into `addrs` and their word
+/// indices into `words`; false when a lane is misaligned or past `last` (then `addrs` and
+/// `words` mean nothing).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn b32_addresses_avx512(av: &[u64; 32], off: u64, last: u64, addrs: &mut [u64; 32], words: &mut [u32; 32]) -> bool {
+    use std::arch::x86_64::*;
+    let (offv, lastv, three) = (_mm512_set1_epi64(off as i64), _mm512_set1_epi64(last as i64), _mm512_set1_epi64(3));
+    let mut bad: __mmask8 = 0;
+    for q in 0..4 {
+        // SAFETY: 8 u64 at `8 q` of 32-element arrays.
+        unsafe {
+            let a = _mm512_add_epi64(_mm512_loadu_si512(av.as_ptr().add(8 * q).cast()), offv);
+            bad |= _mm512_test_epi64_mask(a, three) | _mm512_cmpgt_epu64_mask(a, lastv);
+            _mm512_storeu_si512(addrs.as_mut_ptr().add(8 * q).cast(), a);
+            let w = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<2>(a));
+            _mm256_storeu_si256(words.as_mut_ptr().add(8 * q).cast(), w);
+        }
+    }
+    bad == 0
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn b32_addresses_avx512(_: &[u64; 32], _: u64, _: u64, _: &mut [u64; 32], _: &mut [u32; 32]) -> bool {
+    unreachable!("avx512() is false")
+}
+
+/// `dv[l]` = the 4 bytes at `bytes[addrs[l]..]` (little-endian, zero-extended) for all 32 lanes.
+///
+/// # Safety
+/// Every `addrs[l] + 4 <= bytes.len()`, and the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_b32_avx512(bytes: &[u8], addrs: &[u64; 32], dv: &mut [u64; 32]) {
+    use std::arch::x86_64::*;
+    for q in 0..4 {
+        // SAFETY: the caller's bounds; 8 u64 at `8 q` of 32-element arrays.
+        unsafe {
+            let idx = _mm512_loadu_si512(addrs.as_ptr().add(8 * q).cast());
+            let v = _mm512_i64gather_epi32::<1>(idx, bytes.as_ptr().cast());
+            _mm512_storeu_si512(dv.as_mut_ptr().add(8 * q).cast(), _mm512_cvtepu32_epi64(v));
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn gather_b32_avx512(_: &[u8], _: &[u64; 32], _: &mut [u64; 32]) {
+    unreachable!("avx512() is false")
+}
+
 /// `ld.global` (not sign-extending) when every lane's access is aligned and inside one live
 /// allocation: the checks of all lanes first, then the reads. Returns false, having written
 /// nothing, when a lane is misaligned or outside, for the general path to report exactly as it
@@ -1444,6 +1778,7 @@ fn ld_global_fast(
     r: &mut [[u64; 32]],
     exec: u32,
     mem: &mut Mem,
+    generic: bool,
     size: u8,
     n: u8,
     ds: [Slot; 4],
@@ -1457,7 +1792,10 @@ fn ld_global_fast(
     let mut ok = true;
     for_lanes!(exec, l, {
         let addr = av[l].wrapping_add(off as u64);
-        if addr & (align - 1) != 0 {
+        // A generic address in the parameter, local or shared window is not global memory (one
+        // range check over all three windows: an address between them is in no allocation
+        // either, and takes the general path).
+        if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
             ok = false;
             break;
         }
@@ -1481,6 +1819,113 @@ fn ld_global_fast(
             // start is aligned to `size` (so is every element).
             dv[l] = unsafe { memory::atomic_load(ptrs[l].add(kb), size) };
         });
+    }
+    true
+}
+
+/// `st` of one element to shared memory (`st.shared`, or generic addresses in the shared
+/// window): the alignment and window checks of all lanes first (no effect), then lane by lane,
+/// in order, racecheck's stamp and the store, exactly as the general path does them. Returns
+/// `Ok(false)`, having done nothing, when a lane is misaligned or outside the window, for the
+/// general path to report exactly as it always does.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn st_shared_fast(
+    r: &mut [[u64; 32]],
+    exec: u32,
+    mem: &mut Mem,
+    sp: Space,
+    size: u8,
+    src: Slot,
+    a: Slot,
+    off: i64,
+) -> Result<bool, Fault> {
+    let base = if sp == Space::Generic { SHARED_WINDOW } else { 0 };
+    let size64 = size as u64;
+    let window = mem.shared.bytes.len() as u64;
+    if window < size64 {
+        return Ok(false);
+    }
+    let last = window - size64;
+    let av = &r[a as usize];
+    let mut offs = [0u64; 32];
+    let mut bad = 0u64;
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        let o = addr.wrapping_sub(base);
+        offs[l] = o;
+        bad |= (addr & (size64 - 1)) | u64::from(o > last);
+    });
+    if bad != 0 {
+        return Ok(false);
+    }
+    let sv = &r[src as usize];
+    let race = mem.shared.racecheck_on();
+    for_lanes!(exec, l, {
+        let o = offs[l] as usize;
+        if race {
+            if let Err((d, other)) = mem.shared.race.access(o, size as usize, true) {
+                let addr = av[l].wrapping_add(off as u64);
+                return Err(Fault {
+                    other: Some(other),
+                    ..Fault::new(l as u32, "shared memory race", addr, size as u32, Some(d))
+                });
+            }
+        }
+        mem.write(Loc::Shared(o), size, sv[l]);
+    });
+    Ok(true)
+}
+
+/// The register-to-register instructions of the kernels' hot loops (`fma`/`add`/`mul.f32`,
+/// `mov`, `selp`, address arithmetic), run inline in the dispatch loop without the call into
+/// [`exec_simple`]; false for any other instruction, which `exec_simple` then runs. The arms
+/// are `exec_simple`'s own.
+#[inline(always)]
+fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
+    use crate::ops;
+    match *op {
+        Op::FmaF32 { d, a, b, c } if exec == FULL && avx512() => f32_warp_avx512::<F32_FMA>(r, d, a, b, c),
+        Op::AddF32 { d, a, b } if exec == FULL && avx512() => f32_warp_avx512::<F32_ADD>(r, d, a, b, b),
+        Op::MulF32 { d, a, b } if exec == FULL && avx512() => f32_warp_avx512::<F32_MUL>(r, d, a, b, b),
+        Op::FmaF32 { d, a, b, c } => fma_f32_lanes(r, d, a, b, c, exec),
+        Op::AddF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64)
+        }
+        Op::MulF32 { d, a, b } => {
+            map2(r, d, a, b, exec, |x, y| (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64)
+        }
+        Op::Selp { d, a, b, p } => map3(r, d, a, b, p, exec, |x, y, q| if q & 1 == 1 { x } else { y }),
+        Op::Mov { d, a } => map1(r, d, a, exec, |x| x),
+        // `sub`/`min`/`max`/`div.f32` in round-to-nearest without `.ftz`/`.sat`: `fbin32` with
+        // its kind and mode constant (one loop per kind instead of a call per lane).
+        Op::FBin32 { k, m, d, a, b } if m == num::FMode::default() => {
+            let m = num::FMode::default();
+            match k {
+                num::FBin::Add => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Add, m, x, y)),
+                num::FBin::Sub => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Sub, m, x, y)),
+                num::FBin::Mul => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Mul, m, x, y)),
+                num::FBin::Div => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Div, m, x, y)),
+                num::FBin::Min => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Min, m, x, y)),
+                num::FBin::Max => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Max, m, x, y)),
+            }
+        }
+        Op::Bin { k, d, a, b, .. } if k != IntK::Fn => match k {
+            IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
+            IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
+            IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
+            IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
+            IntK::And => map2(r, d, a, b, exec, ops::and),
+            IntK::Or => map2(r, d, a, b, exec, ops::or),
+            IntK::Xor => map2(r, d, a, b, exec, ops::xor),
+            IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
+            IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
+            IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
+            IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+            IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
+            IntK::Fn => return false,
+        },
+        _ => return false,
     }
     true
 }
@@ -1512,6 +1957,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
                 IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
                 IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+                IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
             }
         }
         Op::Un { f, d, a } => map1(r, d, a, exec, f),
@@ -1537,6 +1983,13 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         Op::FUn64 { k, m, approx, d, a } => map1(r, d, a, exec, |x| num::fun64(k, m, approx, x)),
         Op::Fma32 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma32(m, x, y, z)),
         Op::Fma64 { m, d, a, b, c } => map3(r, d, a, b, c, exec, |x, y, z| num::fma64(m, x, y, z)),
+        Op::Cvt {
+            to: Ty::BF16,
+            from: Ty::F32,
+            m: num::FMode { rnd: num::RN, ftz: false, sat: false, int_round: false },
+            d,
+            a,
+        } => map1(r, d, a, exec, num::cvt_rn_bf16_f32),
         Op::Cvt { to, from, m, d, a } => map1(r, d, a, exec, |x| num::cvt(to, from, m, x)),
         Op::Setp { cmp, ty, ftz, comb, negc, d, d2, a, b, c } if d2 == NONE && c == NONE => {
             // The common form: one predicate, no combining operand.
@@ -1598,8 +2051,10 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         }
         Op::Ld { sp: Space::Shared, size, n, sext, dbits, ds, a, off }
             if mem.shared.all_written() && ld_shared_fast(r, exec, mem, size, n, sext, dbits, ds, a, off)? => {}
-        Op::Ld { sp: Space::Global, size, n, sext: false, ds, a, off, .. }
-            if ld_global_fast(r, exec, mem, size, n, ds, a, off) => {}
+        Op::Ld { sp: sp @ (Space::Global | Space::Generic), size, n, sext: false, ds, a, off, .. }
+            if ld_global_fast(r, exec, mem, sp == Space::Generic, size, n, ds, a, off) => {}
+        Op::St { sp: sp @ (Space::Shared | Space::Generic), size, n: 1, srcs, a, off }
+            if st_shared_fast(r, exec, mem, sp, size, srcs[0], a, off)? => {}
         Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
             let av = r[a as usize];
             let mut err = None;
@@ -1814,6 +2269,118 @@ mod tests {
             }
         }
         assert!(checked > 100_000);
+    }
+
+    /// The AVX-512 address check and gather of full-warp `ld.shared.b32` accept exactly the
+    /// addresses the scalar check accepts (aligned, `addr <= last`, wrapping sums included) and
+    /// read the same words.
+    #[test]
+    fn b32_address_check_and_gather_match_the_scalar_path() {
+        if !avx512() {
+            return;
+        }
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        let last = bytes.len() as u64 - 4;
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for round in 0..2000 {
+            let off = [0u64, 16384, u64::MAX - 3, 4, last][round % 5];
+            let mut av = [0u64; 32];
+            for (l, v) in av.iter_mut().enumerate() {
+                let x = next();
+                *v = match round % 4 {
+                    0 => (4 * l as u64 + 8 * (x % 400)).wrapping_sub(off),
+                    1 => (x % (last + 8)).wrapping_sub(off),
+                    2 => x,
+                    _ => (4 * (x % (last / 4 + 2))).wrapping_sub(off),
+                };
+            }
+            let (mut addrs, mut words) = ([0u64; 32], [0u32; 32]);
+            // SAFETY: `avx512()` said the CPU has it.
+            let ok = unsafe { b32_addresses_avx512(&av, off, last, &mut addrs, &mut words) };
+            let want: Vec<u64> = av.iter().map(|a| a.wrapping_add(off)).collect();
+            let want_ok = want.iter().all(|&a| a & 3 == 0 && a <= last);
+            assert_eq!(ok, want_ok, "round {round}");
+            if ok {
+                assert_eq!(&addrs[..], &want[..]);
+                assert!(words.iter().zip(&want).all(|(&w, &a)| w as u64 == a / 4));
+                let mut dv = [0u64; 32];
+                // SAFETY: every address passed the window check.
+                unsafe { gather_b32_avx512(&bytes, &addrs, &mut dv) };
+                for (l, &a) in want.iter().enumerate() {
+                    let a = a as usize;
+                    assert_eq!(dv[l], u32::from_le_bytes(bytes[a..a + 4].try_into().unwrap()) as u64);
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 `add`/`mul`/`fma.rn.f32` of a full warp give the lane loops' bits (finite,
+    /// subnormal, infinite and zero operands of both signs; a destination that is a source).
+    #[test]
+    fn f32_warp_ops_match_the_lane_loops() {
+        if !avx512() {
+            return;
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let special =
+            [0u32, 0x8000_0000, 1, 0x8000_0001, 0x0080_0000, 0x7F7F_FFFF, 0x7F80_0000, 0xFF80_0000, 0x3F80_0001];
+        for round in 0..300 {
+            let mut r = vec![[0u64; 32]; 8];
+            for slot in r.iter_mut().take(3) {
+                for v in slot.iter_mut() {
+                    let x = next();
+                    let bits = if x >> 61 == 0 { special[(x as usize >> 8) % special.len()] } else { (x >> 16) as u32 };
+                    *v = bits as u64 | (x << 40);
+                }
+            }
+            let mut want = r.clone();
+            map2(&mut want, 3, 0, 1, FULL, |x, y| {
+                (f32::from_bits(x as u32) + f32::from_bits(y as u32)).to_bits() as u64
+            });
+            map2(&mut want, 4, 0, 1, FULL, |x, y| {
+                (f32::from_bits(x as u32) * f32::from_bits(y as u32)).to_bits() as u64
+            });
+            map3(&mut want, 5, 0, 1, 2, FULL, fma_f32);
+            map3(&mut want, 6, 0, 1, 2, FULL, fma_f32);
+            let mut got = r.clone();
+            f32_warp_avx512::<F32_ADD>(&mut got, 3, 0, 1, 1);
+            f32_warp_avx512::<F32_MUL>(&mut got, 4, 0, 1, 1);
+            f32_warp_avx512::<F32_FMA>(&mut got, 5, 0, 1, 2);
+            // In place: the destination is the accumulator.
+            got[6] = got[2];
+            f32_warp_avx512::<F32_FMA>(&mut got, 6, 0, 1, 6);
+            for k in 3..7 {
+                assert_eq!(got[k], want[k], "round {round} op {k}");
+            }
+        }
+    }
+
+    /// The guard mask from AVX-512 is the scalar loop's.
+    #[test]
+    fn guard_mask_takes_bit_0_of_every_lane() {
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..1000 {
+            let g: [u64; 32] = std::array::from_fn(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s
+            });
+            let want = g.iter().enumerate().fold(0u32, |m, (l, v)| m | ((v & 1) as u32) << l);
+            assert_eq!(guard_mask(&g), want);
+        }
     }
 
     /// The FMA-feature copy of the `fma.rn.f32` loop gives the bits of the portable one.

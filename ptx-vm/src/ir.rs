@@ -96,6 +96,8 @@ pub(crate) enum IntK {
     Shl64,
     ShrU32,
     ShrU64,
+    /// `cvt.rn.bf16x2.f32`.
+    CvtBf16x2,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -470,4 +472,16 @@ pub(crate) struct Program {
     pub has_calls: bool,
     /// Source operands of the `mma` instructions (`Op::Mma::srcs` indexes it).
     pub mma_srcs: Vec<MmaSrcs>,
+    /// Unique per decoded program: a warp whose register file was set up for this id still holds
+    /// its constant slots.
+    pub uid: u64,
+    /// [`crate::reginit::zero_slots`], computed on the first launch.
+    pub zero_slots: std::sync::OnceLock<Option<Vec<Slot>>>,
+}
+
+impl Program {
+    /// The slots a warp zeroes at block start (`None`: all of them).
+    pub fn zero_slots(&self) -> Option<&[Slot]> {
+        self.zero_slots.get_or_init(|| crate::reginit::zero_slots(self)).as_deref()
+    }
 }

@@ -37,6 +37,7 @@ mod memory;
 mod num;
 mod ops;
 mod parse;
+mod reginit;
 pub mod run;
 mod source;
 mod tensor_core;
@@ -609,6 +610,8 @@ pub struct Vm {
     /// Workers of earlier launches, reused so that their register files and shared memory are
     /// not allocated (and page-faulted in) again on every launch.
     pool: Vec<exec::Worker>,
+    /// [`exec::Launch::poison_registers`] (set by tests).
+    poison_registers: bool,
 }
 
 impl Default for Vm {
@@ -633,6 +636,7 @@ impl Vm {
             module_globals: HashMap::new(),
             last_trace: Vec::new(),
             pool: Vec::new(),
+            poison_registers: false,
         }
     }
     /// Names an allocation (e.g. `Q`, `O`, `LSE`): findings then say which buffer an access
@@ -835,6 +839,7 @@ impl Vm {
             initcheck: self.initcheck,
             racecheck: self.racecheck,
             banks: self.banks,
+            poison_registers: self.poison_registers,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
         // A sampled launch: the linear indices of the blocks to run, in the grid's order.

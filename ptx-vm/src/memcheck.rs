@@ -25,9 +25,10 @@ pub(crate) struct SharedMem {
 /// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
 /// each stamped with the barrier interval ("epoch") it happened in. Epochs count every block
 /// start and barrier release of the worker, so stamps left by an earlier interval or block are
-/// stale by construction and nothing is cleared between blocks. A conflict is an access by one
-/// warp to a word another warp wrote (or, for a store, read) in the current interval: on a GPU
-/// the warps' order there is undefined. Atomics are exempt; sub-word accesses share their word.
+/// stale by construction and nothing is cleared between blocks (only when the epoch counter
+/// wraps, every 2^26 intervals). A conflict is an access by one warp to a word another warp
+/// wrote (or, for a store, read) in the current interval: on a GPU the warps' order there is
+/// undefined. Atomics are exempt; sub-word accesses share their word.
 #[derive(Default)]
 pub(crate) struct RaceState {
     pub(crate) epoch: u32,
@@ -38,25 +39,72 @@ pub(crate) struct RaceState {
     pub(crate) pc: u32,
     /// Set while an atomic instruction accesses shared memory.
     pub(crate) atomic: bool,
-    words: Vec<WordState>,
+    /// What every access checks or stamps, 16 bytes per word (four words per cache line).
+    hot: Vec<HotWord>,
+    /// What only a write or a change of reading warp touches.
+    cold: Vec<ColdWord>,
+    /// Warps (bit per warp) that stored to shared memory in this interval: a read by a warp
+    /// when no other warp has stored cannot be a read-after-write race, and skips the check.
+    writers: u32,
+    /// Word reads of [`RaceState::read_words`] in this interval not stamped yet, in order. Read
+    /// stamps only matter to a later store of the same interval (write-after-read) and to the
+    /// stamps of later reads, so they are applied, in the same order, just before any other
+    /// access ([`RaceState::access`]), and dropped unapplied when the interval ends.
+    pending: Vec<PendingRead>,
+    /// The words of pending reads that are not evenly spaced, 32 per read.
+    scattered: Vec<[u32; 32]>,
 }
 
-/// Race stamps of one shared word (32 bytes, one cache access per check).
+/// One `ld.shared.b32` of a warp waiting to be stamped: lane `l` of `exec` read word
+/// `base + l * stride` (a full warp with evenly spaced words, the common case), or, when
+/// `stride` is [`SCATTERED`], the words listed at `base` in [`RaceState::scattered`].
+#[derive(Clone, Copy)]
+struct PendingRead {
+    warp: u32,
+    pc: u32,
+    exec: u32,
+    base: u32,
+    stride: u32,
+}
+
+/// [`PendingRead::stride`] of a read whose words are listed one per lane.
+const SCATTERED: u32 = u32::MAX;
+
+/// Pending reads kept before they are stamped anyway (a long interval without stores).
+const PENDING_LIMIT: usize = 16384;
+
+/// Epochs fit in the bits of a stamp above the warp.
+const EPOCH_LIMIT: u32 = 1 << 26;
+
+/// An epoch and a warp in one stamp: `epoch << 6 | (warp + 1)` (warps below 32; 0: none).
+#[inline(always)]
+fn stamp(epoch: u32, warp: u32) -> u32 {
+    epoch << 6 | (warp + 1)
+}
+
+/// Race stamps of one shared word that every access reads.
 #[derive(Clone, Copy, Default)]
-struct WordState {
-    write_epoch: u32,
-    /// Last writing warp + 1 (0: none).
-    writer: u32,
-    read_epoch: u32,
-    /// Warps (bit per warp) that read the word in `read_epoch`.
+struct HotWord {
+    /// Epoch and warp of the last write.
+    write: u32,
+    /// Epoch of the reads in `readers` and the warp of the last of them (slot 0).
+    read: u32,
+    /// Warps (bit per warp) that read the word in `read`'s epoch.
     readers: u32,
+    /// Instruction of the last read (slot 0).
+    read_pc: u32,
+}
+
+/// Race stamps of one shared word that writes and changes of reading warp update.
+#[derive(Clone, Copy, Default)]
+struct ColdWord {
     /// Instruction of the last write.
     write_pc: u32,
-    /// Instruction and warp of the last read in `read_epoch` (slot 0), and of the last read by
-    /// a warp other than slot 0's (slot 1): whichever warp writes next, one of the two is
-    /// another warp's read when `readers` says there is one.
-    read_pc: [u32; 2],
-    read_warp: [u8; 2],
+    /// Instruction and warp of the last read by a warp other than slot 0's (slot 1): whichever
+    /// warp writes next, one of the two slots is another warp's read when `readers` says there
+    /// is one.
+    read_pc: u32,
+    read_warp: u32,
 }
 
 /// The earlier access of a race, by another warp in the same barrier interval.
@@ -69,43 +117,125 @@ pub(crate) struct RaceOther {
 }
 
 impl RaceState {
+    /// Starts a new barrier interval (or block): every earlier stamp becomes stale.
+    pub(crate) fn next_epoch(&mut self) {
+        self.pending.clear();
+        self.scattered.clear();
+        self.writers = 0;
+        self.epoch += 1;
+        if self.epoch >= EPOCH_LIMIT {
+            self.hot.fill(HotWord::default());
+            self.cold.fill(ColdWord::default());
+            self.epoch = 1;
+        }
+    }
     /// Whether a read of `[at, at + len)` by the running warp would meet another warp's write of
     /// this barrier interval (the read-after-write check of [`RaceState::access`], without stamping).
     pub(crate) fn conflicts(&self, at: usize, len: usize) -> bool {
         let (w, e) = (self.warp, self.epoch);
         (at / 4..(at + len).div_ceil(4)).any(|i| {
-            let ws = &self.words[i];
-            ws.write_epoch == e && ws.writer != w + 1
+            let h = &self.hot[i];
+            h.write >> 6 == e && h.write != stamp(e, w)
         })
     }
-    /// A plain read of the one word `i` by the running warp: [`RaceState::access`] with
-    /// `store == false` and a 4-byte aligned access, without the loop (the `ld.shared.b32` of
-    /// the f32 kernels). Returns false when it meets another warp's write of this interval; the
-    /// caller then calls `access` for the message.
+    /// Plain reads of one word per lane of `exec` (`words[l]`) by the running warp:
+    /// [`RaceState::access`] with `store == false` and a 4-byte aligned access, without the word
+    /// loop (the `ld.shared.b32` of the f32 kernels). Returns false when a read meets another
+    /// warp's write of this interval; the caller then calls `access` for the message. The read
+    /// stamps are queued ([`RaceState::pending`]); the read-after-write check runs only when
+    /// another warp has stored in this interval.
     #[inline(always)]
-    pub(crate) fn read_word(&mut self, i: usize) -> bool {
+    pub(crate) fn read_words(&mut self, exec: u32, words: &[u32; 32]) -> bool {
+        self.read_word_sets(exec, std::slice::from_ref(words))
+    }
+    /// [`RaceState::read_words`] of several word sets of one instruction (`ldmatrix`: the four
+    /// words of each lane's 16-byte row): all read-after-write checks first, then the queue.
+    #[inline(always)]
+    pub(crate) fn read_word_sets(&mut self, exec: u32, sets: &[[u32; 32]]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
-        let (w, e, pc) = (self.warp, self.epoch, self.pc);
-        let ws = &mut self.words[i];
-        if ws.write_epoch == e && ws.writer != w + 1 {
-            return false;
-        }
-        if ws.read_epoch != e {
-            ws.read_epoch = e;
-            ws.readers = 1 << w;
-            ws.read_warp[0] = w as u8;
-        } else {
-            ws.readers |= 1 << w;
-            if u32::from(ws.read_warp[0]) != w {
-                ws.read_pc[1] = ws.read_pc[0];
-                ws.read_warp[1] = ws.read_warp[0];
-                ws.read_warp[0] = w as u8;
+        let (w, e) = (self.warp, self.epoch);
+        if self.writers & !(1 << w) != 0 {
+            let me = stamp(e, w);
+            let hot = &self.hot[..];
+            for words in sets {
+                let mut m = exec;
+                while m != 0 {
+                    let l = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let h = &hot[words[l] as usize];
+                    if h.write >> 6 == e && h.write != me {
+                        return false;
+                    }
+                }
             }
         }
-        ws.read_pc[0] = pc;
+        for words in sets {
+            self.queue_read(exec, words);
+        }
         true
+    }
+    #[inline(always)]
+    fn queue_read(&mut self, exec: u32, words: &[u32; 32]) {
+        let w = self.warp;
+        if self.pending.len() >= PENDING_LIMIT {
+            self.stamp_pending();
+        }
+        let stride = words[1].wrapping_sub(words[0]);
+        let mut even = exec == u32::MAX && stride != SCATTERED;
+        for (l, &x) in words.iter().enumerate() {
+            even &= x == words[0].wrapping_add(stride.wrapping_mul(l as u32));
+        }
+        let (base, stride) = if even {
+            (words[0], stride)
+        } else {
+            self.scattered.push(*words);
+            (self.scattered.len() as u32 - 1, SCATTERED)
+        };
+        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride });
+    }
+    /// Applies the queued read stamps, in order.
+    #[cold]
+    fn stamp_pending(&mut self) {
+        let e = self.epoch;
+        let (hot, cold) = (&mut self.hot[..], &mut self.cold[..]);
+        for p in self.pending.drain(..) {
+            let (w, pc) = (p.warp, p.pc);
+            let me = stamp(e, w);
+            let words: [u32; 32] = if p.stride == SCATTERED {
+                self.scattered[p.base as usize]
+            } else {
+                std::array::from_fn(|l| p.base.wrapping_add(p.stride.wrapping_mul(l as u32)))
+            };
+            // A lane reading the word the lane before it read is the same access again.
+            let mut prev = u32::MAX;
+            let mut m = p.exec;
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let i = words[l];
+                if i == prev {
+                    continue;
+                }
+                prev = i;
+                let i = i as usize;
+                let h = &mut hot[i];
+                if h.read != me {
+                    if h.read >> 6 != e {
+                        h.readers = 1 << w;
+                    } else {
+                        h.readers |= 1 << w;
+                        let c = &mut cold[i];
+                        c.read_pc = h.read_pc;
+                        c.read_warp = (h.read & 63) - 1;
+                    }
+                    h.read = me;
+                }
+                h.read_pc = pc;
+            }
+        }
+        self.scattered.clear();
     }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
@@ -114,50 +244,60 @@ impl RaceState {
         if self.atomic || self.warp >= 32 {
             return Ok(());
         }
+        if !self.pending.is_empty() {
+            self.stamp_pending();
+        }
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let me = stamp(e, w);
         let bit = 1u32 << w;
         for i in at / 4..(at + len).div_ceil(4) {
-            let ws = &mut self.words[i];
-            if ws.write_epoch == e && ws.writer != w + 1 {
+            let h = &mut self.hot[i];
+            if h.write >> 6 == e && h.write != me {
+                let writer = (h.write & 63) - 1;
                 return Err((
                     format!(
                         "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
                         if store { "writes" } else { "reads" },
                         4 * i,
-                        ws.writer - 1,
+                        writer,
                         if store { "write-write" } else { "read-after-write" }
                     ),
-                    RaceOther { warp: ws.writer - 1, pc: ws.write_pc, write: true },
+                    RaceOther { warp: writer, pc: self.cold[i].write_pc, write: true },
                 ));
             }
             if store {
-                if ws.read_epoch == e && ws.readers & !bit != 0 {
-                    let slot = usize::from(u32::from(ws.read_warp[0]) == w);
-                    let reader = u32::from(ws.read_warp[slot]);
+                if h.read >> 6 == e && h.readers & !bit != 0 {
+                    // Slot 0 is the last reader; when that is the writing warp, slot 1 is
+                    // another warp's read.
+                    let (reader, rpc) = if (h.read & 63) - 1 == w {
+                        (self.cold[i].read_warp, self.cold[i].read_pc)
+                    } else {
+                        ((h.read & 63) - 1, h.read_pc)
+                    };
                     return Err((
                         format!(
                             "warp {w} writes shared word {} that warp {reader} read since the last barrier (write-after-read race)",
                             4 * i,
                         ),
-                        RaceOther { warp: reader, pc: ws.read_pc[slot], write: false },
+                        RaceOther { warp: reader, pc: rpc, write: false },
                     ));
                 }
-                ws.writer = w + 1;
-                ws.write_epoch = e;
-                ws.write_pc = pc;
-            } else if ws.read_epoch != e {
-                ws.read_epoch = e;
-                ws.readers = bit;
-                ws.read_pc[0] = pc;
-                ws.read_warp[0] = w as u8;
+                h.write = me;
+                self.cold[i].write_pc = pc;
+                self.writers |= bit;
             } else {
-                ws.readers |= bit;
-                if u32::from(ws.read_warp[0]) != w {
-                    ws.read_pc[1] = ws.read_pc[0];
-                    ws.read_warp[1] = ws.read_warp[0];
-                    ws.read_warp[0] = w as u8;
+                if h.read != me {
+                    if h.read >> 6 != e {
+                        h.readers = bit;
+                    } else {
+                        h.readers |= bit;
+                        let c = &mut self.cold[i];
+                        c.read_pc = h.read_pc;
+                        c.read_warp = (h.read & 63) - 1;
+                    }
+                    h.read = me;
                 }
-                ws.read_pc[0] = pc;
+                h.read_pc = pc;
             }
         }
         Ok(())
@@ -171,10 +311,11 @@ impl SharedMem {
         if racecheck {
             let words = len.div_ceil(4);
             let r = &mut self.race;
-            if r.words.len() < words {
-                r.words.resize(words, WordState::default());
+            if r.hot.len() < words {
+                r.hot.resize(words, HotWord::default());
+                r.cold.resize(words, ColdWord::default());
             }
-            r.epoch += 1;
+            r.next_epoch();
         }
         self.bytes.clear();
         self.bytes.resize(len, 0);
@@ -192,12 +333,10 @@ impl SharedMem {
     #[inline(always)]
     pub(crate) fn mark_written(&mut self, at: usize, len: usize) {
         if self.unwritten > 0 {
-            for w in &mut self.written[at..at + len] {
-                if !*w {
-                    *w = true;
-                    self.unwritten -= 1;
-                }
-            }
+            let w = &mut self.written[at..at + len];
+            let fresh = w.iter().filter(|&&x| !x).count();
+            w.fill(true);
+            self.unwritten -= fresh;
         }
     }
     /// Whether every byte of the window has been written (or initcheck is off).
@@ -395,5 +534,60 @@ impl Mem<'_> {
                 old
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// When the epoch counter wraps, the stamps of the intervals before are cleared, so an
+    /// interval numbered like an old one sees none of its accesses.
+    #[test]
+    fn epoch_wrap_clears_old_stamps() {
+        let mut r =
+            RaceState { hot: vec![HotWord::default(); 4], cold: vec![ColdWord::default(); 4], ..Default::default() };
+        r.next_epoch();
+        assert_eq!(r.epoch, 1);
+        r.warp = 0;
+        r.access(0, 4, true).unwrap();
+        r.warp = 1;
+        assert!(r.access(0, 4, false).is_err(), "read-after-write in one interval");
+        r.epoch = EPOCH_LIMIT - 1;
+        r.warp = 0;
+        r.access(4, 4, false).unwrap();
+        r.next_epoch();
+        assert_eq!(r.epoch, 1, "wrapped");
+        r.warp = 1;
+        r.access(0, 4, false).unwrap();
+        r.access(4, 4, true).unwrap();
+        assert!(r.read_words(1, &[0; 32]));
+        r.warp = 2;
+        assert!(!r.read_words(1, &[1; 32]), "warp 1 wrote word 1 in this interval");
+        // Warp 2's queued read of word 0 is stamped before warp 1's store there.
+        assert!(r.read_words(1, &[0; 32]));
+        r.warp = 1;
+        let (msg, other) = r.access(0, 4, true).unwrap_err();
+        assert!(msg.contains("warp 2 read"), "{msg}");
+        assert_eq!(other.warp, 2);
+        // A full warp reading evenly spaced words (queued as base and stride), then a store by
+        // another warp to the last of them: the read is stamped first, with its instruction.
+        r.next_epoch();
+        r.hot.resize(64, HotWord::default());
+        r.cold.resize(64, ColdWord::default());
+        r.warp = 3;
+        r.pc = 77;
+        assert!(r.read_words(u32::MAX, &std::array::from_fn(|l| 2 * l as u32)));
+        r.warp = 0;
+        r.pc = 78;
+        let (msg, other) = r.access(4 * 62, 4, true).unwrap_err();
+        assert!(msg.contains("warp 3 read"), "{msg}");
+        assert_eq!(other, RaceOther { warp: 3, pc: 77, write: false });
+        // Queued reads of an interval that ended are dropped: no race with the next one.
+        r.warp = 3;
+        assert!(r.read_words(u32::MAX, &std::array::from_fn(|l| l as u32)));
+        r.next_epoch();
+        r.warp = 0;
+        r.access(0, 128, true).unwrap();
     }
 }

@@ -186,6 +186,7 @@ fn minmax64(a: f64, b: f64, max: bool) -> f64 {
     }
 }
 
+#[inline(always)]
 pub(crate) fn fbin32(k: FBin, m: FMode, a: u64, b: u64) -> u64 {
     let (mut a, mut b) = (f32::from_bits(a as u32), f32::from_bits(b as u32));
     if m.ftz {
@@ -629,6 +630,14 @@ fn narrow(v: f64, to: Ty, rnd: u8) -> u64 {
     }
 }
 
+/// `cvt.rn.bf16.f32` (no `.ftz`, `.sat`): the bits [`cvt`] gives, without its dispatch. `cvt`
+/// rounds the f32 through f64 and f32 round-to-odd, which is the f32 itself (a NaN can only
+/// be quieted, and `bf16::from_f32` sets the quiet bit of a NaN anyway).
+#[inline(always)]
+pub(crate) fn cvt_rn_bf16_f32(x: u64) -> u64 {
+    half::bf16::from_f32(f32::from_bits(x as u32)).to_bits() as u64
+}
+
 /// `cvt.<rnd>.<sat>.<ftz>.to.from d, a`.
 pub(crate) fn cvt(to: Ty, from: Ty, m: FMode, x: u64) -> u64 {
     let tb = to.bits();
@@ -720,5 +729,51 @@ fn finish_float(to: Ty, r: u64, m: FMode) -> u64 {
         Ty::F16 if m.sat => half::f16::from_f64(sat64(half::f16::from_bits(r as u16).to_f64())).to_bits() as u64,
         Ty::BF16 if m.sat => half::bf16::from_f64(sat64(half::bf16::from_bits(r as u16).to_f64())).to_bits() as u64,
         _ => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `cvt.rn.bf16.f32` fast path gives [`cvt`]'s bits on random f32s, halfway cases,
+    /// subnormals, infinities, and signalling and quiet NaNs.
+    #[test]
+    fn cvt_rn_bf16_f32_matches_cvt() {
+        let m = FMode { rnd: RN, ftz: false, sat: false, int_round: false };
+        let special = [
+            0u32,
+            0x8000_0000,
+            1,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F80_0001,
+            0x7FC0_0001,
+            0xFFBF_FFFF,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x7F7F_FFFF,
+            0x0000_8000,
+            0x0001_8000,
+        ];
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for i in 0..200_000usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = match special.get(i) {
+                Some(&s) => s,
+                // Every fourth value halfway between two bf16s.
+                None if i % 4 == 0 => (x as u32) & 0xFFFF_0000 | 0x8000,
+                None => x as u32,
+            };
+            assert_eq!(cvt_rn_bf16_f32(v as u64), cvt(Ty::BF16, Ty::F32, m, v as u64), "{v:#x}");
+            assert_eq!(
+                crate::ops::cvt_x2::<true, false>(v as u64, x >> 32),
+                cvt(Ty::BF16, Ty::F32, m, v as u64) << 16 | cvt(Ty::BF16, Ty::F32, m, x >> 32),
+                "{v:#x} {:#x}",
+                x >> 32
+            );
+        }
     }
 }

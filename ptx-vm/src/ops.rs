@@ -284,6 +284,9 @@ pub(crate) fn int_cvt(to: Ty, from: Ty) -> fn(u64) -> u64 {
 
 /// `cvt.{rn,rz}.{bf16x2,f16x2}.f32 d, a, b`: `a` rounded to bits 16..32, `b` to bits 0..16.
 pub(crate) fn cvt_x2<const BF: bool, const RZ: bool>(a: u64, b: u64) -> u64 {
+    if BF && !RZ {
+        return (num::cvt_rn_bf16_f32(a) & 0xffff) << 16 | (num::cvt_rn_bf16_f32(b) & 0xffff);
+    }
     let to = if BF { Ty::BF16 } else { Ty::F16 };
     let m = FMode { rnd: if RZ { num::RZ } else { num::RN }, ftz: false, sat: false, int_round: false };
     let hi = num::cvt(to, Ty::F32, m, a & 0xffff_ffff);

@@ -123,6 +123,299 @@ pub(crate) fn mma_f32_acc(
     d
 }
 
+/// [`mma_f32_acc`] on the warp's register rows, as the executor holds them: `a[r][lane]`,
+/// `b[r][lane]` and `c[r][lane]` (low 32 bits) are register `r` of each lane; returns the four
+/// destination rows (`d[i][lane]` = the f32 bits of element `i` of `lane`).
+///
+/// The same bits as [`mma_f32_acc`]: when every A, B and C element is finite, each product of
+/// two 16-bit floats is exact in f64 and no partial sum can overflow, so a fused multiply-add
+/// gives exactly what the multiply then add gives, and the sum keeps its k order per output. The
+/// fragments are converted straight from the rows (bf16 by a shift) into the layout the
+/// multiply-add loop reads, and that loop runs in a copy compiled for AVX-512 or AVX2 with FMA
+/// when the CPU has them. An infinite or NaN element (whose NaN bits could depend on the order
+/// of operands) sends the warp through [`mma_f32_acc`] itself.
+pub(crate) fn mma_rows(
+    kind: HalfKind,
+    k16: bool,
+    a: [&[u64; 32]; 4],
+    b: [&[u64; 32]; 2],
+    c: [&[u64; 32]; 4],
+) -> [[u64; 32]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX-512F/VL, F16C and FMA (checked just above).
+            return unsafe {
+                if k16 {
+                    mma_rows_avx512::<16>(kind, a, b, c)
+                } else {
+                    mma_rows_avx512::<8>(kind, a, b, c)
+                }
+            };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return unsafe { mma_rows_avx2(kind, k16, a, b, c) };
+        }
+    }
+    mma_rows_body::<false>(kind, k16, a, b, c)
+}
+
+/// [`mma_rows_body`] with AVX-512 on finite operands: four lanes' register `r` hold eight
+/// consecutive elements of one A row, converted as one vector; every fourth lane's B register
+/// holds one row pair of B, permuted into one vector; each output row is one vector of 8 f64
+/// accumulated with one fused multiply-add per k.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
+fn mma_rows_avx512<const K: usize>(
+    kind: HalfKind,
+    a: [&[u64; 32]; 4],
+    b: [&[u64; 32]; 2],
+    c: [&[u64; 32]; 4],
+) -> [[u64; 32]; 4] {
+    use std::arch::x86_64::*;
+    if !all_finite(kind, &a[..K / 4], &b[..K / 8], &c) {
+        return mma_rows_fallback(kind, K == 16, a, b, c);
+    }
+    // The low 32 bits of 4 lanes (8 halves, lane order, low half first) as 8 f64.
+    let conv8 = |p: &[u64]| -> __m512d {
+        debug_assert!(p.len() >= 4);
+        // SAFETY: `p` has at least 4 elements (32 bytes); unaligned loads are allowed.
+        let v = unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) };
+        let h = _mm256_cvtepi64_epi32(v);
+        let f = match kind {
+            HalfKind::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))),
+            HalfKind::F16 => _mm256_cvtph_ps(h),
+        };
+        _mm512_cvtps_pd(f)
+    };
+    let (na, nb) = (K / 4, K / 8);
+    let mut am = [[0f64; 16]; 16];
+    for (r, ar) in a.iter().enumerate().take(na) {
+        for g in 0..8 {
+            let row = &mut am[g + 8 * (r % 2)][8 * (r / 2)..8 * (r / 2) + 8];
+            // SAFETY: `row` is 8 f64.
+            unsafe { _mm512_storeu_pd(row.as_mut_ptr(), conv8(&ar[4 * g..])) };
+        }
+    }
+    // bm[k] = B[k][0..8]: register r of lane 4g + t holds B[2t + 8r][g] (low half) and
+    // B[2t + 8r + 1][g] (high half), so the lanes t, t + 4, ..., t + 28 (one per column) give
+    // rows 2t + 8r and 2t + 8r + 1.
+    let half8 = |v: __m512i, high: bool| -> __m512d {
+        let h = _mm512_cvtepi64_epi32(if high { _mm512_srli_epi64::<16>(v) } else { v });
+        let f = match kind {
+            // The shift drops the other half.
+            HalfKind::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h)),
+            HalfKind::F16 => _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)),
+        };
+        _mm512_cvtps_pd(f)
+    };
+    let mut bm = [_mm512_setzero_pd(); K];
+    for (r, br) in b.iter().enumerate().take(nb) {
+        // SAFETY: 8 u64 at `8 q` of a 32-lane row.
+        let z: [__m512i; 4] = std::array::from_fn(|q| unsafe { _mm512_loadu_si512(br[8 * q..].as_ptr().cast()) });
+        for t in 0..4i64 {
+            let lo = _mm512_permutex2var_epi64(z[0], _mm512_set_epi64(0, 0, 0, 0, 12 + t, 8 + t, 4 + t, t), z[1]);
+            let hi = _mm512_permutex2var_epi64(z[2], _mm512_set_epi64(12 + t, 8 + t, 4 + t, t, 0, 0, 0, 0), z[3]);
+            let v = _mm512_mask_blend_epi64(0xF0, lo, hi);
+            let k = 2 * t as usize + 8 * r;
+            bm[k] = half8(v, false);
+            bm[k + 1] = half8(v, true);
+        }
+    }
+    // C: lanes 4g..4g+3 of c0/c1 interleaved are row g (c2/c3: row g + 8).
+    let lanes4 = |p: &[u64]| -> __m128 {
+        // SAFETY: as in `conv8`.
+        _mm_castsi128_ps(_mm256_cvtepi64_epi32(unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }))
+    };
+    let mut acc = [_mm512_setzero_pd(); 16];
+    for g in 0..8 {
+        for half in 0..2 {
+            let (e, o) = (lanes4(&c[2 * half][4 * g..]), lanes4(&c[2 * half + 1][4 * g..]));
+            let row = _mm256_set_m128(_mm_unpackhi_ps(e, o), _mm_unpacklo_ps(e, o));
+            acc[g + 8 * half] = _mm512_cvtps_pd(row);
+        }
+    }
+    // k outermost: 16 independent accumulator chains in flight (each still in k order).
+    for (kk, bk) in bm.iter().enumerate() {
+        for (row, accr) in acc.iter_mut().enumerate() {
+            *accr = _mm512_fmadd_pd(_mm512_set1_pd(am[row][kk]), *bk, *accr);
+        }
+    }
+    let mut out = [[0u64; 32]; 4];
+    let deint = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+    for g in 0..8 {
+        for half in 0..2 {
+            let f = _mm512_cvtpd_ps(acc[g + 8 * half]);
+            let p = _mm256_castps_si256(_mm256_permutevar8x32_ps(f, deint));
+            let (e, o) = (
+                _mm256_cvtepu32_epi64(_mm256_castsi256_si128(p)),
+                _mm256_cvtepu32_epi64(_mm256_extracti128_si256::<1>(p)),
+            );
+            // SAFETY: each destination is 4 u64 inside a 32-lane row.
+            unsafe {
+                _mm256_storeu_si256(out[2 * half][4 * g..].as_mut_ptr() as *mut __m256i, e);
+                _mm256_storeu_si256(out[2 * half + 1][4 * g..].as_mut_ptr() as *mut __m256i, o);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn mma_rows_avx2(
+    kind: HalfKind,
+    k16: bool,
+    a: [&[u64; 32]; 4],
+    b: [&[u64; 32]; 2],
+    c: [&[u64; 32]; 4],
+) -> [[u64; 32]; 4] {
+    mma_rows_body::<true>(kind, k16, a, b, c)
+}
+
+/// The body of [`mma_rows`], inlined into each target-feature copy; `FUSED` says whether the
+/// copy has a hardware fused multiply-add.
+#[inline(always)]
+fn mma_rows_body<const FUSED: bool>(
+    kind: HalfKind,
+    k16: bool,
+    a: [&[u64; 32]; 4],
+    b: [&[u64; 32]; 2],
+    c: [&[u64; 32]; 4],
+) -> [[u64; 32]; 4] {
+    let (na, nb) = if k16 { (4, 2) } else { (2, 1) };
+    if !all_finite(kind, &a[..na], &b[..nb], &c) {
+        return mma_rows_fallback(kind, k16, a, b, c);
+    }
+    // The elements as f32 (exact for both kinds): am[row][k] (row-major A), bt[col][k] (B
+    // transposed: lanes 4g..4g+3 hold column g), in the order the lanes' registers list them.
+    let mut am = [[0f32; 16]; 16];
+    let mut bt = [[0f32; 16]; 8];
+    let to_f32 = |h: u32| -> f32 {
+        match kind {
+            HalfKind::Bf16 => f32::from_bits(h << 16),
+            HalfKind::F16 => half::f16::from_bits(h as u16).to_f32(),
+        }
+    };
+    for (r, ar) in a.iter().enumerate().take(na) {
+        // Register r of lanes 4g..4g+3: A[g + 8 (r % 2)][8 (r / 2) .. 8 (r / 2) + 8].
+        for g in 0..8 {
+            let dst = &mut am[g + 8 * (r % 2)][8 * (r / 2)..8 * (r / 2) + 8];
+            for t in 0..4 {
+                let v = ar[4 * g + t] as u32;
+                dst[2 * t] = to_f32(v & 0xffff);
+                dst[2 * t + 1] = to_f32(v >> 16);
+            }
+        }
+    }
+    for (r, br) in b.iter().enumerate().take(nb) {
+        // Register r of lanes 4g..4g+3: B[8 r .. 8 r + 8][g].
+        for g in 0..8 {
+            let dst = &mut bt[g][8 * r..8 * r + 8];
+            for t in 0..4 {
+                let v = br[4 * g + t] as u32;
+                dst[2 * t] = to_f32(v & 0xffff);
+                dst[2 * t + 1] = to_f32(v >> 16);
+            }
+        }
+    }
+    // B by k, in f64: bm[k][col].
+    let mut bm = [[0f64; 8]; 16];
+    for (kk, bk) in bm.iter_mut().enumerate() {
+        for (col, x) in bk.iter_mut().enumerate() {
+            *x = bt[col][kk] as f64;
+        }
+    }
+    // Output rows: acc[row][col]; lane 4g+t holds (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+    let mut acc = [[0f64; 8]; 16];
+    for (i, cr) in c.iter().enumerate() {
+        for (l, &v) in cr.iter().enumerate() {
+            acc[l / 4 + 8 * (i / 2)][2 * (l % 4) + (i % 2)] = f32::from_bits(v as u32) as f64;
+        }
+    }
+    let kn = if k16 { 16 } else { 8 };
+    for (ar, accr) in am.iter().zip(acc.iter_mut()) {
+        let mut v = *accr;
+        for (kk, bk) in bm.iter().enumerate().take(kn) {
+            let x = ar[kk] as f64;
+            for col in 0..8 {
+                v[col] = if FUSED { x.mul_add(bk[col], v[col]) } else { v[col] + x * bk[col] };
+            }
+        }
+        *accr = v;
+    }
+    let mut out = [[0u64; 32]; 4];
+    for (i, or) in out.iter_mut().enumerate() {
+        for (l, o) in or.iter_mut().enumerate() {
+            *o = (acc[l / 4 + 8 * (i / 2)][2 * (l % 4) + (i % 2)] as f32).to_bits() as u64;
+        }
+    }
+    out
+}
+
+/// [`mma_rows`] through [`mma_f32_acc`] itself (operands with an infinity or NaN).
+#[cold]
+#[inline(never)]
+fn mma_rows_fallback(
+    kind: HalfKind,
+    k16: bool,
+    a: [&[u64; 32]; 4],
+    b: [&[u64; 32]; 2],
+    c: [&[u64; 32]; 4],
+) -> [[u64; 32]; 4] {
+    let (na, nb) = if k16 { (4, 2) } else { (2, 1) };
+    let mut aa = [[0u32; 4]; 32];
+    let mut bb = [[0u32; 2]; 32];
+    let mut cc = [[0f32; 4]; 32];
+    for l in 0..32 {
+        for r in 0..na {
+            aa[l][r] = a[r][l] as u32;
+        }
+        for r in 0..nb {
+            bb[l][r] = b[r][l] as u32;
+        }
+        for r in 0..4 {
+            cc[l][r] = f32::from_bits(c[r][l] as u32);
+        }
+    }
+    let d = mma_f32_acc(kind, if k16 { 16 } else { 8 }, &aa, &bb, &cc);
+    let mut out = [[0u64; 32]; 4];
+    for l in 0..32 {
+        for i in 0..4 {
+            out[i][l] = d[l][i].to_bits() as u64;
+        }
+    }
+    out
+}
+
+/// Whether every A and B element (both halves of each register) and every C value is finite.
+#[inline(always)]
+fn all_finite(kind: HalfKind, a: &[&[u64; 32]], b: &[&[u64; 32]], c: &[&[u64; 32]; 4]) -> bool {
+    // An all-ones exponent is infinity or NaN.
+    let e: u32 = match kind {
+        HalfKind::Bf16 => 0x7F80,
+        HalfKind::F16 => 0x7C00,
+    };
+    let mut bad = 0u32;
+    for row in a.iter().chain(b) {
+        for &v in row.iter() {
+            let v = v as u32;
+            bad |= u32::from(v & e == e) | u32::from((v >> 16) & e == e);
+        }
+    }
+    for row in c {
+        for &v in row.iter() {
+            bad |= u32::from(v as u32 & 0x7F80_0000 == 0x7F80_0000);
+        }
+    }
+    bad == 0
+}
+
 /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.b16`. `rows[m][r]` is row `r` of matrix `m` (8
 /// 16-bit elements, read from the address lane `8 m + r` supplied). Returns each lane's `num`
 /// destination registers: without `.trans`, reg `m` of lane `l` holds `M_m[l / 4][2 (l % 4) ..+2]`;
@@ -267,6 +560,82 @@ mod tests {
                             s += am[row][kk] * bm[kk][col];
                         }
                         assert_eq!(d[lane][i].to_bits(), (s as f32).to_bits(), "{kind:?} k{k} lane {lane} elem {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`mma_rows`] (fragments straight from the register rows, the fused multiply-add loop)
+    /// gives the bits of [`mma_f32_acc`] on random operands of every exponent, for both element
+    /// kinds and both k, and also when some element is infinite or NaN (the fallback).
+    #[test]
+    fn mma_rows_matches_mma_f32_acc_bit_for_bit() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..400 {
+            for kind in [HalfKind::F16, HalfKind::Bf16] {
+                for k16 in [false, true] {
+                    let mut a = [[0u64; 32]; 4];
+                    let mut b = [[0u64; 32]; 2];
+                    let mut c = [[0u64; 32]; 4];
+                    // Some rounds: narrow exponents (sums that cancel, subnormal and zero
+                    // products); others: any bits, with NaN and infinity every few rounds.
+                    let narrow = round % 2 == 0;
+                    let special = round % 5 == 4;
+                    let mut half_bits = || -> u64 {
+                        let h = next() as u16;
+                        let h = if narrow { h & 0x83ff | 0x3800 } else { h };
+                        let h = if !special && kind.to_f64(h).is_nan() | kind.to_f64(h).is_infinite() {
+                            h & 0x3fff
+                        } else {
+                            h
+                        };
+                        h as u64
+                    };
+                    for row in a.iter_mut().chain(b.iter_mut()) {
+                        for v in row.iter_mut() {
+                            *v = half_bits() | half_bits() << 16 | half_bits() << 40;
+                        }
+                    }
+                    for row in c.iter_mut() {
+                        for v in row.iter_mut() {
+                            let f = kind.to_f64(half_bits() as u16) as f32;
+                            let f = if round % 7 == 3 { -0.0 } else { f };
+                            *v = f.to_bits() as u64;
+                        }
+                    }
+                    let (na, nb) = if k16 { (4, 2) } else { (2, 1) };
+                    let mut aa = [[0u32; 4]; 32];
+                    let mut bb = [[0u32; 2]; 32];
+                    let mut cc = [[0f32; 4]; 32];
+                    for l in 0..32 {
+                        for r in 0..na {
+                            aa[l][r] = a[r][l] as u32;
+                        }
+                        for r in 0..nb {
+                            bb[l][r] = b[r][l] as u32;
+                        }
+                        for r in 0..4 {
+                            cc[l][r] = f32::from_bits(c[r][l] as u32);
+                        }
+                    }
+                    let want = mma_f32_acc(kind, if k16 { 16 } else { 8 }, &aa, &bb, &cc);
+                    let got =
+                        mma_rows(kind, k16, [&a[0], &a[1], &a[2], &a[3]], [&b[0], &b[1]], [&c[0], &c[1], &c[2], &c[3]]);
+                    for l in 0..32 {
+                        for i in 0..4 {
+                            assert_eq!(
+                                got[i][l],
+                                want[l][i].to_bits() as u64,
+                                "round {round} {kind:?} k16 {k16} lane {l} elem {i}"
+                            );
+                        }
                     }
                 }
             }
