@@ -30,7 +30,7 @@ use crate::device::{DevPtr, Device};
 use crate::dtype::Dtype;
 use crate::error::Error;
 use crate::rng::SplitMix64;
-use kernels_gpu::abi::Strides;
+use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
 pub use kernels_gpu::fp8::Fp8Format;
 use kernels_gpu::tiles::{LaunchDims, APPEND, MERGE};
@@ -1613,7 +1613,7 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
 /// the cache read in place (contiguous: `[batch, seq_cache, heads_kv, d]`; paged: pages through
 /// the block table), sequence `b` seeing `cache_seqlens[b] + seq_new` keys (the append ran
 /// first). The one place they are built, as [`decode_params`] is for the decode kernels.
-pub fn prefill_params(p: &DecodeProblem, layout: CacheLayout, bufs: &DecodeBuffers) -> kernels_gpu::abi::AttnParams {
+pub fn prefill_params(p: &DecodeProblem, layout: CacheLayout, bufs: &DecodeBuffers) -> AttnParams {
     let (h, hk, d) = (p.heads as u64, p.heads_kv as u64, p.head_dim as u64);
     let (kv_strides, page_size, max_pages) = match layout {
         // A contiguous cache is one page per sequence, every key in it (`page_size` 2^31).
@@ -1623,36 +1623,42 @@ pub fn prefill_params(p: &DecodeProblem, layout: CacheLayout, bufs: &DecodeBuffe
         }
     };
     let qo = Strides::bshd(p.seq_q as u64, h, d);
-    kernels_gpu::abi::AttnParams {
-        q: bufs.q,
-        k: bufs.k_cache,
-        v: bufs.v_cache,
-        o: bufs.o,
-        lse: bufs.lse,
-        q_strides: qo,
-        k_strides: kv_strides,
-        v_strides: kv_strides,
-        o_strides: qo,
+    let problem = crate::problem::Problem {
         batch: p.batch,
         heads: p.heads,
         seq_q: p.seq_q,
         // Each sequence's own count comes from `seqused_k`; this bounds them.
         seq_kv: p.max_seqlen_k(),
         head_dim: p.head_dim,
-        causal: p.causal as u32,
-        softmax_scale: p.softmax_scale(),
-        heads_kv: p.heads_kv,
-        window_left: p.window_left,
-        window_right: p.window_right,
+        dtype: p.dtype,
+        causal: p.causal,
+        scale: Some(p.softmax_scale()),
+        layout: crate::problem::Layout::Bshd,
+        heads_kv: Some(p.heads_kv),
+        window: (p.window_left, p.window_right),
         softcap: p.softcap,
+        sinks: p.sinks,
+        alibi: false,
+        varlen: None,
+    };
+    problem.attn_params(&crate::problem::AttnBuffers {
+        q: bufs.q,
+        k: bufs.k_cache,
+        v: bufs.v_cache,
+        o: bufs.o,
+        lse: bufs.lse,
         sinks: bufs.sinks,
-        block_table: if matches!(layout, CacheLayout::Paged { .. }) { bufs.block_table } else { 0 },
+        q_strides: qo,
+        k_strides: kv_strides,
+        v_strides: kv_strides,
+        o_strides: qo,
         seqused_k: bufs.cache_seqlens,
+        block_table: if matches!(layout, CacheLayout::Paged { .. }) { bufs.block_table } else { 0 },
         page_size,
         max_pages,
         seqused_k_add: p.seq_new,
         ..Default::default()
-    }
+    })
 }
 
 /// The usual rotary tables (RoFormer): `cos[pos, i] = cos(pos · base^(-2i / dim))` and the

@@ -566,10 +566,19 @@ impl Problem {
             sinks: b.sinks,
             cu_seqlens_q: b.cu_seqlens_q,
             cu_seqlens_kv: b.cu_seqlens_kv,
-            total_q: if self.varlen.is_some() { u32::try_from(self.total_q()).unwrap_or(u32::MAX) } else { 0 },
+            total_q: if self.varlen.is_some() {
+                u32::try_from(self.total_q()).unwrap_or(u32::MAX)
+            } else {
+                b.packed_total_q
+            },
             alibi_batch_stride: b.alibi_batch_stride,
             alibi_slopes: b.alibi_slopes,
-            ..AttnParams::default()
+            seqused_k: b.seqused_k,
+            block_table: b.block_table,
+            page_size: b.page_size,
+            max_pages: b.max_pages,
+            seqused_k_add: b.seqused_k_add,
+            _pad2: 0,
         }
     }
 
@@ -828,6 +837,18 @@ pub struct AttnBuffers {
     pub k_strides: Strides,
     pub v_strides: Strides,
     pub o_strides: Strides,
+    /// A KV cache (chunked prefill, [`kernels_gpu::abi::AttnParams::seqused_k`]): `[batch]` u32
+    /// key counts (0: no cache), the block table (0: contiguous), keys per page (`2^31` for a
+    /// contiguous cache), block-table entries per sequence, and the count added to each key
+    /// count (appended tokens).
+    pub seqused_k: u64,
+    pub block_table: u64,
+    pub page_size: u32,
+    pub max_pages: u32,
+    pub seqused_k_add: u32,
+    /// Packed rows of a varlen call whose lengths the problem does not carry (its `varlen` is
+    /// `None`; the kernels read `cu_seqlens_q`): LSE's head stride. 0 otherwise.
+    pub packed_total_q: u32,
 }
 
 #[cfg(test)]

@@ -210,39 +210,45 @@ impl Kernels {
             CacheLayout::Paged { page_size, max_pages, .. } => (page_size, max_pages),
             CacheLayout::Contiguous { .. } => unreachable!("built paged above"),
         };
-        let params = AttnParams {
-            q: q.raw.ptr,
-            k: k_cache.raw.ptr,
-            v: v_cache.raw.ptr,
-            o: o.ptr(),
-            lse: lse.ptr(),
-            q_strides: qo,
-            k_strides: kv,
-            v_strides: kv,
-            o_strides: qo,
+        let problem = Problem {
             batch: keys.batch,
             heads: keys.heads,
             seq_q: keys.seq_q,
             seq_kv: keys.max_seqlen_k(),
             head_dim: keys.head_dim,
-            causal: opts.causal as u32,
-            softmax_scale: opts.softmax_scale.unwrap_or(1.0 / (d as f32).sqrt()),
-            heads_kv: keys.heads_kv,
-            window_left: window.0,
-            window_right: window.1,
+            dtype,
+            causal: opts.causal,
+            scale: opts.softmax_scale,
+            layout: Layout::Bshd,
+            heads_kv: Some(keys.heads_kv),
+            window,
             softcap: opts.softcap.unwrap_or(0.0),
+            sinks: opts.sinks.is_some(),
+            alibi: false,
+            varlen: None,
+        };
+        let params = problem.attn_params(&AttnBuffers {
+            q: q.raw.ptr,
+            k: k_cache.raw.ptr,
+            v: v_cache.raw.ptr,
+            o: o.ptr(),
+            lse: lse.ptr(),
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
             cu_seqlens_q: cu_seqlens_q.ptr,
             // Read for the varlen key offset, which a paged cache does not use (any `batch + 1`
             // entries will do).
             cu_seqlens_kv: cu_seqlens_q.ptr,
-            total_q: u32_of("q", q.raw.shape, total_q, "total_q")?,
-            block_table: block_table.ptr,
+            q_strides: qo,
+            k_strides: kv,
+            v_strides: kv,
+            o_strides: qo,
             seqused_k: seqused_k.ptr,
+            block_table: block_table.ptr,
             page_size,
             max_pages,
-            ..AttnParams::default()
-        };
+            packed_total_q: u32_of("q", q.raw.shape, total_q, "total_q")?,
+            ..Default::default()
+        });
         self.launch_bytes(kernel, &dims, &params.to_bytes(), q.stream.as_deref())?;
         Ok((o, lse))
     }
