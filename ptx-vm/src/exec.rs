@@ -206,6 +206,29 @@ fn map3(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, c: Slot, exec: u32, f: i
     }
 }
 
+/// [`Op::Bin`] over the lanes of `exec`: the tagged integer operations as inlined loops, any
+/// other function ([`IntK::Fn`]) called per lane.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn int_bin(r: &mut [[u64; 32]], k: IntK, f: F2, d: Slot, a: Slot, b: Slot, exec: u32) {
+    use crate::ops;
+    match k {
+        IntK::Fn => map2(r, d, a, b, exec, f),
+        IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
+        IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
+        IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
+        IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
+        IntK::And => map2(r, d, a, b, exec, ops::and),
+        IntK::Or => map2(r, d, a, b, exec, ops::or),
+        IntK::Xor => map2(r, d, a, b, exec, ops::xor),
+        IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
+        IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
+        IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
+        IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
+        IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
+    }
+}
+
 /// `setp` with one destination and no combining predicate. Integer compares and the ordered
 /// f32 compares without `.ftz` run as one monomorphic loop per (type class, comparison), chosen
 /// once per instruction; everything else goes through [`compare`] lane by lane (same results:
@@ -1883,7 +1906,6 @@ fn st_shared_fast(
 /// are `exec_simple`'s own.
 #[inline(always)]
 fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
-    use crate::ops;
     match *op {
         Op::FmaF32 { d, a, b, c } if exec == FULL && avx512() => f32_warp_avx512::<F32_FMA>(r, d, a, b, c),
         Op::AddF32 { d, a, b } if exec == FULL && avx512() => f32_warp_avx512::<F32_ADD>(r, d, a, b, b),
@@ -1910,21 +1932,7 @@ fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
                 num::FBin::Max => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Max, m, x, y)),
             }
         }
-        Op::Bin { k, d, a, b, .. } if k != IntK::Fn => match k {
-            IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
-            IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
-            IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
-            IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
-            IntK::And => map2(r, d, a, b, exec, ops::and),
-            IntK::Or => map2(r, d, a, b, exec, ops::or),
-            IntK::Xor => map2(r, d, a, b, exec, ops::xor),
-            IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
-            IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
-            IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
-            IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
-            IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
-            IntK::Fn => return false,
-        },
+        Op::Bin { f, k, d, a, b } if k != IntK::Fn => int_bin(r, k, f, d, a, b, exec),
         _ => return false,
     }
     true
@@ -1942,24 +1950,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
                 lanes(exec, |l| dv[l] = av[l]);
             }
         }
-        Op::Bin { f, k, d, a, b } => {
-            use crate::ops;
-            match k {
-                IntK::Fn => map2(r, d, a, b, exec, f),
-                IntK::Add32 => map2(r, d, a, b, exec, ops::add::<32>),
-                IntK::Add64 => map2(r, d, a, b, exec, ops::add::<64>),
-                IntK::Sub32 => map2(r, d, a, b, exec, ops::sub::<32>),
-                IntK::Sub64 => map2(r, d, a, b, exec, ops::sub::<64>),
-                IntK::And => map2(r, d, a, b, exec, ops::and),
-                IntK::Or => map2(r, d, a, b, exec, ops::or),
-                IntK::Xor => map2(r, d, a, b, exec, ops::xor),
-                IntK::Shl32 => map2(r, d, a, b, exec, ops::shl::<32>),
-                IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
-                IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
-                IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
-                IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
-            }
-        }
+        Op::Bin { f, k, d, a, b } => int_bin(r, k, f, d, a, b, exec),
         Op::Un { f, d, a } => map1(r, d, a, exec, f),
         Op::Ter { f, d, a, b, c } => map3(r, d, a, b, c, exec, f),
         Op::Quad { f, d, a, b, c, e } => {

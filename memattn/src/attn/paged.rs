@@ -150,8 +150,9 @@ impl Kernels {
                 why: ShapeRule::OverLimit { what, got: n },
             })
         };
+        let page_u32 = u32_of("k_cache", kshape, page_size, "page_size")?;
         let layout = CacheLayout::Paged {
-            page_size: u32_of("k_cache", kshape, page_size, "page_size")?,
+            page_size: page_u32,
             num_pages: u32_of("k_cache", kshape, num_pages, "num_pages")?,
             max_pages: u32_of("block_table", kshape, entries / nseq, "max_pages")?,
         };
@@ -163,7 +164,7 @@ impl Kernels {
             head_dim: u32_of("q", q.raw.shape, d, "head_dim")?,
             seq_q: u32_of("q", q.raw.shape, max_seqlen_q.max(1), "max_seqlen_q")?,
             cache_seqlens: seqused_k.values.clone(),
-            page_size: Some(u32_of("k_cache", kshape, page_size, "page_size")?),
+            page_size: Some(page_u32),
             dtype,
             ..DecodeProblem::default()
         };
