@@ -40,6 +40,7 @@ mod parse;
 mod reginit;
 pub mod run;
 mod source;
+pub mod swizzle;
 mod tensor_core;
 
 pub use exec::SHARED_POISON;
