@@ -138,6 +138,7 @@ struct Dcx<'m> {
     copies: Vec<Vec<(Slot, Slot)>>,
     call_edges: Vec<(String, String)>,
     mma_srcs: Vec<MmaSrcs>,
+    wgmma: Vec<crate::wgmma::WgmmaInst>,
 }
 
 impl<'m> Dcx<'m> {
@@ -262,6 +263,7 @@ pub(crate) fn decode_entry(
         copies: Vec::new(),
         call_edges: Vec::new(),
         mma_srcs: Vec::new(),
+        wgmma: Vec::new(),
     };
     cx.sink = cx.new_slot("_");
     // Kernel parameters.
@@ -334,6 +336,8 @@ pub(crate) fn decode_entry(
         info,
         dyn_shared_offset: dyn_off,
         mma_srcs: cx.mma_srcs,
+        wgmma: cx.wgmma,
+        wgmma_info: std::sync::OnceLock::new(),
         uid: {
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -646,6 +650,7 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
         "bra" | "call" | "ret" | "exit" | "trap" | "brkpt" | "bar" | "barrier" | "membar" | "fence" | "prefetch"
         | "prefetchu" | "discard" | "nanosleep" | "pmevent" => decode_control(cx, ctx, i, &mut m, fname),
         "shfl" | "vote" | "redux" | "match" | "mma" => decode_warp(cx, ctx, i, &mut m),
+        "wgmma" => decode_wgmma(cx, ctx, i).map(|op| (op, None)),
         _ => decode_data(cx, ctx, i, &mut m),
     }
 }
@@ -1247,6 +1252,152 @@ fn decode_warp(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
         _ => return err(line, format!("unsupported instruction `{opcode}`")),
     };
     Ok((op, None))
+}
+
+/// `wgmma.fence`, `wgmma.commit_group`, `wgmma.wait_group N` and
+/// `wgmma.mma_async.sync.aligned.m64nNk16.{f32,f16}.{f16,bf16}.{f16,bf16}` in its descriptor-A
+/// and register-A forms (semantics in `wgmma.rs`).
+fn decode_wgmma(cx: &mut Dcx, ctx: &Ictx, i: &InstAst) -> Result<Op, LoadError> {
+    use crate::wgmma::{ASrc, AccKind, WgmmaInst};
+    let line = i.line;
+    let opcode = i.opcode.as_str();
+    let ops = &i.ops;
+    let parts: Vec<&str> = opcode.split('.').skip(1).collect();
+    let Some((&what, rest)) = parts.split_first() else {
+        return err(line, format!("unsupported instruction `{opcode}`"));
+    };
+    let rest: Vec<&str> = rest.iter().copied().filter(|p| !matches!(*p, "sync" | "aligned")).collect();
+    if !opcode.contains(".sync") || !opcode.contains(".aligned") {
+        return err(line, format!("`{opcode}` needs .sync.aligned"));
+    }
+    let imm = |o: &Operand| -> Option<i64> {
+        match o {
+            Operand::Num(Number::Int(v)) => Some(*v as i64),
+            Operand::NegNum(Number::Int(v)) => Some((*v as i64).wrapping_neg()),
+            _ => None,
+        }
+    };
+    match what {
+        "fence" | "commit_group" if rest.is_empty() => {
+            if !ops.is_empty() {
+                return err(line, format!("`{opcode}` takes no operands"));
+            }
+            return Ok(if what == "fence" { Op::WgmmaFence } else { Op::WgmmaCommit });
+        }
+        "wait_group" if rest.is_empty() => {
+            return match ops.as_slice() {
+                [o] => match imm(o) {
+                    Some(n) if (0..=u32::MAX as i64).contains(&n) => Ok(Op::WgmmaWait { n: n as u32 }),
+                    _ => err(line, format!("`{opcode}` needs an integer constant")),
+                },
+                _ => err(line, format!("`{opcode}` expects 1 operand, found {}", ops.len())),
+            };
+        }
+        "mma_async" => {}
+        _ => return err(line, format!("unsupported instruction `{opcode}`")),
+    }
+    let supported = "supported: wgmma.mma_async.sync.aligned.m64nNk16 (N = 8, 16, ..., 256) with \
+                     .f32.f16.f16, .f32.bf16.bf16 or .f16.f16.f16";
+    let (shape, types) = match rest.split_first() {
+        Some((s, t)) if !rest.contains(&"sp") && !rest.contains(&"satfinite") => (*s, t),
+        _ => return err(line, format!("`{opcode}` is not supported ({supported})")),
+    };
+    let dims = shape
+        .strip_prefix("m64n")
+        .and_then(|s| s.split_once('k'))
+        .and_then(|(n, k)| Some((n.parse::<u32>().ok()?, k.parse::<u32>().ok()?)));
+    let Some((n, k)) = dims else {
+        return err(line, format!("`{opcode}`: bad shape `.{shape}` ({supported})"));
+    };
+    let (kind, acc) = match types {
+        ["f32", "bf16", "bf16"] => (crate::tensor_core::HalfKind::Bf16, AccKind::F32),
+        ["f32", "f16", "f16"] => (crate::tensor_core::HalfKind::F16, AccKind::F32),
+        ["f16", "f16", "f16"] => (crate::tensor_core::HalfKind::F16, AccKind::F16),
+        _ => {
+            let t = types.join(".");
+            let family = match types.get(1).copied() {
+                Some("tf32") => "tf32 (k8) wgmma",
+                Some("e4m3" | "e5m2") => "fp8 (k32) wgmma",
+                Some("s8" | "u8") => "integer (k32) wgmma",
+                Some("b1") => "single-bit (k256) wgmma",
+                _ => "this type combination",
+            };
+            return err(line, format!("`{opcode}`: {family} (.{t}) is not supported ({supported})"));
+        }
+    };
+    if k != 16 || n == 0 || n > 256 || n % 8 != 0 {
+        return err(line, format!("`{opcode}`: shape `.{shape}` is not valid for .{} ({supported})", types.join(".")));
+    }
+    let desc_a = ops.len() == 8;
+    if ops.len() != 8 && ops.len() != 7 {
+        return err(
+            line,
+            format!(
+                "`{opcode}` expects d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b \
+                 (or d, {{a0, a1, a2, a3}}, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b), found {} operands",
+                ops.len()
+            ),
+        );
+    }
+    let nd = match acc {
+        AccKind::F32 => n / 2,
+        AccKind::F16 => n / 4,
+    } as usize;
+    let d = match &ops[0] {
+        Operand::Vec(v) if v.len() == nd => v
+            .iter()
+            .map(|o| match o {
+                Operand::Name(r) => ctx.reg(r),
+                _ => err(line, format!("`{opcode}`: bad accumulator operand")),
+            })
+            .collect::<Result<Vec<Slot>, LoadError>>()?,
+        _ => return err(line, format!("`{opcode}`: operand 0 must be a vector of {nd} registers")),
+    };
+    let a = if desc_a {
+        ASrc::Desc(src_operand(cx, ctx, &ops[1], 64, false)?)
+    } else {
+        match &ops[1] {
+            Operand::Vec(v) if v.len() == 4 => {
+                let mut r = [NONE; 4];
+                for (k, o) in v.iter().enumerate() {
+                    r[k] = src_operand(cx, ctx, o, 32, false)?;
+                }
+                ASrc::Regs(r)
+            }
+            _ => return err(line, format!("`{opcode}`: A must be a descriptor or a vector of 4 registers")),
+        }
+    };
+    let b = src_operand(cx, ctx, &ops[2], 64, false)?;
+    let scale_d = match &ops[3] {
+        Operand::Name(p) => ctx.reg(p)?,
+        o => match imm(o) {
+            Some(v @ (0 | 1)) => cx.konst(v as u64),
+            _ => return err(line, format!("`{opcode}`: scale-d must be a predicate (or 0 / 1)")),
+        },
+    };
+    let sign = |o: &Operand, what: &str| -> Result<bool, LoadError> {
+        match imm(o) {
+            Some(1) => Ok(false),
+            Some(-1) => Ok(true),
+            _ => err(line, format!("`{opcode}`: {what} must be 1 or -1")),
+        }
+    };
+    let flag = |o: &Operand, what: &str| -> Result<bool, LoadError> {
+        match imm(o) {
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            _ => err(line, format!("`{opcode}`: {what} must be 0 or 1")),
+        }
+    };
+    let neg_a = sign(&ops[4], "imm-scale-a")?;
+    let neg_b = sign(&ops[5], "imm-scale-b")?;
+    let (trans_a, trans_b) = if desc_a {
+        (flag(&ops[6], "imm-trans-a")?, flag(&ops[7], "imm-trans-b")?)
+    } else {
+        (false, flag(&ops[6], "imm-trans-b")?)
+    };
+    cx.wgmma.push(WgmmaInst { n, kind, acc, d, a, b, scale_d, neg_a, neg_b, trans_a, trans_b });
+    Ok(Op::WgmmaMma { i: (cx.wgmma.len() - 1) as u32 })
 }
 
 /// `cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size}`,

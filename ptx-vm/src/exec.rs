@@ -22,6 +22,9 @@ const ABSENT: u8 = 3;
 /// Parked at a warp collective (`.sync` shuffle/vote, `.sync.aligned` ldmatrix/mma) until the
 /// lanes it needs, still running on another path, arrive at the same instruction.
 const WAIT: u8 = 4;
+/// Parked at a `wgmma.mma_async` until the other warps of its warpgroup reach it
+/// ([`Launch::wgmma_release`]).
+const WGW: u8 = 5;
 /// Fresh shared memory reads as this repeating little-endian word (a quiet NaN as f32).
 pub const SHARED_POISON: u32 = 0x7FC0_DEAD;
 
@@ -86,6 +89,8 @@ struct Warp {
     cp_next: [u32; 32],
     /// Per lane: groups with ids below this have completed.
     cp_done: [u32; 32],
+    /// `wgmma` fences, groups and in-flight operations of the warp.
+    wg: crate::wgmma::WarpTrack,
 }
 
 /// One pending `cp.async`: `n` bytes from global `src` into shared offset `dst`, zero-filled to
@@ -483,6 +488,7 @@ impl Launch<'_> {
                 cp: Vec::new(),
                 cp_next: [0; 32],
                 cp_done: [0; 32],
+                wg: Default::default(),
             });
         }
         for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
@@ -511,6 +517,7 @@ impl Launch<'_> {
             wp.cp.clear();
             wp.cp_next = [0; 32];
             wp.cp_done = [0; 32];
+            wp.wg.reset(if prog.wgmma.is_empty() { 0 } else { prog.nslots });
             wp.local.clear();
             wp.local.resize(local_bytes * 32, 0);
             if prog.has_calls {
@@ -575,7 +582,10 @@ impl Launch<'_> {
                     r?;
                 }
             }
-            // Every warp is done or parked at a barrier.
+            // Every warp is done or parked at a barrier or a wgmma.mma_async.
+            if !self.prog.wgmma.is_empty() && self.wgmma_release(w, nwarps, block)? {
+                continue;
+            }
             let mut first: Option<(usize, u32, u32)> = None; // (warp, lane, pc)
             for (wi, wp) in w.warps.iter().enumerate().take(nwarps) {
                 let mut wpc: Option<(u32, u32)> = None;
@@ -697,6 +707,7 @@ impl Launch<'_> {
         let insts = &prog.insts[..];
         let local_bytes = prog.info.local_bytes;
         let mut tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);
+        let wg_info = prog.wgmma_info();
         let max_trace = self.trace.map_or(0, |t| t.max_entries);
         macro_rules! leave {
             () => {{
@@ -770,6 +781,14 @@ impl Launch<'_> {
                     pc as usize,
                     "instruction budget exceeded (the kernel appears to hang)",
                 )));
+            }
+            if let Some(info) = wg_info {
+                let t = &info.touched[pc as usize];
+                if !t.is_empty() && exec != 0 {
+                    if let Err(h) = wp.wg.access(prog, t, pc) {
+                        return Err(Box::new(self.wgmma_hazard_finding(block, wi, exec.trailing_zeros(), pc, h)));
+                    }
+                }
             }
             let r = &mut wp.regs;
             if self.banks && exec != 0 {
@@ -943,6 +962,43 @@ impl Launch<'_> {
                                 ldmatrix(r, &mut mem, num, trans, sp, ds, a, off)
                                     .map_err(|f| Box::new(self.fault_finding(block, wi, pc as usize, f)))?;
                             }
+                        }
+                    }
+                    pc += 1;
+                }
+                Op::WgmmaMma { .. } | Op::WgmmaFence | Op::WgmmaCommit | Op::WgmmaWait { .. } => {
+                    if exec != 0 {
+                        if exec != FULL {
+                            let l = exec.trailing_zeros();
+                            let mut f = self.finding(block, wi, l, pc as usize, "warp collective divergence");
+                            f.nearest_allocation = Some(format!(
+                                "`.sync.aligned` needs all 32 lanes of the warp converged and active; lanes {:#010x} are not executing this instruction",
+                                !exec
+                            ));
+                            return Err(Box::new(f));
+                        }
+                        match inst.op {
+                            Op::WgmmaMma { .. } => {
+                                // Parked until the warpgroup's other warps arrive.
+                                lanes(exec, |l| {
+                                    wp.state[l] = WGW;
+                                    wp.pcs[l] = pc;
+                                });
+                                group = 0;
+                                stop = Some(Stop::Regroup);
+                            }
+                            Op::WgmmaFence => wp.wg.fence(),
+                            Op::WgmmaCommit => wp.wg.commit(),
+                            Op::WgmmaWait { n } => {
+                                for snap in wp.wg.wait(prog, n) {
+                                    if let Some(at) = snap.changed(&shared.bytes) {
+                                        return Err(Box::new(
+                                            self.wgmma_overwrite_finding(block, wi, pc, &snap, at, shared),
+                                        ));
+                                    }
+                                }
+                            }
+                            _ => {}
                         }
                     }
                     pc += 1;
@@ -2174,6 +2230,287 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         _ => {}
     }
     Ok(())
+}
+
+/// Whether `slot` holds the same value (under `mask`) in all 128 threads of `warps`; else the
+/// first warp and lane that differ from warp 0's lane 0.
+fn wg_uniform(warps: &[Warp], slot: Slot, mask: u64) -> Result<u64, (usize, u32)> {
+    let v = warps[0].regs[slot as usize][0] & mask;
+    for (k, wp) in warps.iter().enumerate() {
+        if let Some(l) = wp.regs[slot as usize].iter().position(|&x| x & mask != v) {
+            return Err((k, l as u32));
+        }
+    }
+    Ok(v)
+}
+
+/// The 16 shared bytes at `addr` for a `wgmma.mma_async` operand, with memcheck (window,
+/// initcheck, racecheck as a read by the warpgroup's first warp); kept in `chunks`.
+fn wg_read(shared: &mut SharedMem, chunks: &mut Vec<(u32, [u8; 16])>, addr: u32) -> Result<[u8; 16], Fault> {
+    let at = addr as usize;
+    if at + 16 > shared.bytes.len() {
+        return Err(Fault::new(0, "wgmma operand outside shared memory", addr as u64, 16, None));
+    }
+    if !shared.is_written(at, 16) {
+        return Err(Fault::new(0, "uninitialized shared memory read", addr as u64, 16, None));
+    }
+    if shared.racecheck_on() {
+        if let Err((d, other)) = shared.race.access(at, 16, false) {
+            return Err(Fault { other: Some(other), ..Fault::new(0, "shared memory race", addr as u64, 16, Some(d)) });
+        }
+    }
+    let b: [u8; 16] = shared.bytes[at..at + 16].try_into().expect("16 bytes");
+    chunks.push((addr, b));
+    Ok(b)
+}
+
+/// `wgmma` (semantics in `wgmma.rs`): the warpgroup collective and its findings.
+impl Launch<'_> {
+    fn at_line(&self, pc: u32) -> String {
+        let pc = pc as usize;
+        format!("line {}: `{}`", self.prog.insts[pc].line, self.prog.texts[pc])
+    }
+
+    fn conflict_at(&self, warp: u32, pc: u32, write: bool) -> Conflict {
+        let pcu = pc as usize;
+        Conflict {
+            warp,
+            write,
+            line: self.prog.insts[pcu].line as usize,
+            instruction: self.prog.texts[pcu].clone(),
+            source: None,
+        }
+    }
+
+    /// Runs the `wgmma.mma_async` of every warpgroup whose four warps all wait at it. A
+    /// warpgroup with a warp parked there while another of its warps is not (exited, at a
+    /// barrier, at another instruction, or not in the block) can never complete it: a finding.
+    /// Returns whether any warpgroup ran one.
+    fn wgmma_release(&self, w: &mut Worker, nwarps: usize, block: [u32; 3]) -> Result<bool, Box<Finding>> {
+        let mut released = false;
+        for g in 0..nwarps.div_ceil(4) {
+            let parked = (4 * g..(4 * g + 4).min(nwarps)).find_map(|wi| {
+                let wp = &w.warps[wi];
+                (0..32).find(|&l| wp.state[l] == WGW).map(|l| (wi, wp.pcs[l]))
+            });
+            let Some((first, pc)) = parked else { continue };
+            for wi in 4 * g..4 * g + 4 {
+                let why = if wi >= nwarps {
+                    Some(format!("warp {wi} does not exist (the block has {} threads)", self.threads()))
+                } else {
+                    let wp = &w.warps[wi];
+                    (0..32).find(|&l| !(wp.state[l] == WGW && wp.pcs[l] == pc)).map(|l| {
+                        let t = wi * 32 + l;
+                        match wp.state[l] {
+                            ABSENT => format!("thread {t} does not exist (the block has {} threads)", self.threads()),
+                            EXIT => format!("warp {wi} (thread {t}) has exited"),
+                            BAR => format!("warp {wi} (thread {t}) waits at a barrier, {}", self.at_line(wp.pcs[l])),
+                            WGW => format!("warp {wi} waits at another wgmma.mma_async, {}", self.at_line(wp.pcs[l])),
+                            _ => format!("warp {wi} (thread {t}) is at {}", self.at_line(wp.pcs[l])),
+                        }
+                    })
+                };
+                if let Some(why) = why {
+                    let mut f = self.finding(block, first, 0, pc as usize, "warpgroup collective divergence");
+                    f.nearest_allocation = Some(format!(
+                        "`wgmma.mma_async.sync.aligned` needs all 128 threads of warpgroup {g} (warps {}..={}) to \
+                         execute it together; {why}",
+                        4 * g,
+                        4 * g + 3
+                    ));
+                    return Err(Box::new(f));
+                }
+            }
+            self.wgmma_execute(w, g, pc, block)?;
+            for wp in &mut w.warps[4 * g..4 * g + 4] {
+                for l in 0..32 {
+                    wp.state[l] = RUN;
+                    wp.pcs[l] += 1;
+                }
+            }
+            released = true;
+        }
+        Ok(released)
+    }
+
+    /// One `wgmma.mma_async` of warpgroup `g` (warps `4g..4g+3`, all at `pc`).
+    fn wgmma_execute(&self, w: &mut Worker, g: usize, pc: u32, block: [u32; 3]) -> Result<(), Box<Finding>> {
+        use crate::wgmma::{self as wg, ASrc, Desc};
+        let prog = self.prog;
+        let Op::WgmmaMma { i } = prog.insts[pc as usize].op else { unreachable!("wgmma_execute at a non-wgmma") };
+        let inst = &prog.wgmma[i as usize];
+        let w0 = 4 * g;
+        let warps = &mut w.warps[w0..w0 + 4];
+        // The descriptors (the ISA: "must be same across all the warps in the warpgroup") and
+        // scale-d.
+        let uniform = |slot: Slot, mask: u64, what: &str| -> Result<u64, Box<Finding>> {
+            wg_uniform(warps, slot, mask).map_err(|(k, l)| {
+                let mut f = self.finding(block, w0 + k, l, pc as usize, "wgmma operand differs across the warpgroup");
+                f.nearest_allocation = Some(format!(
+                    "{what} of thread {} is {:#x}, of thread {} {:#x}; all 128 threads of the warpgroup must give the same",
+                    (w0 + k) * 32 + l as usize,
+                    warps[k].regs[slot as usize][l as usize] & mask,
+                    w0 * 32,
+                    warps[0].regs[slot as usize][0] & mask
+                ));
+                Box::new(f)
+            })
+        };
+        let a_desc = match inst.a {
+            ASrc::Desc(s) => Some(uniform(s, u64::MAX, "the A descriptor")?),
+            ASrc::Regs(_) => None,
+        };
+        let b_desc = uniform(inst.b, u64::MAX, "the B descriptor")?;
+        let scale_d = uniform(inst.scale_d, 1, "scale-d")? == 1;
+        for (k, wp) in warps.iter().enumerate() {
+            if let Err(h) = wp.wg.check_issue(prog, inst) {
+                return Err(Box::new(self.wgmma_hazard_finding(block, w0 + k, 0, pc, h)));
+            }
+        }
+        // Operands.
+        let shared = &mut w.shared;
+        shared.race.warp = w0 as u32;
+        shared.race.pc = pc;
+        let window = shared.bytes.len();
+        let mut chunks = Vec::new();
+        let mut load = |v: u64,
+                        mn_major: bool,
+                        rows: u32,
+                        neg: bool,
+                        which: &str|
+         -> Result<Vec<[f64; 16]>, Box<Finding>> {
+            let d = Desc::decode(v);
+            let describe = || {
+                format!(
+                    "{which} descriptor {v:#018x}: start {}, LBO {}, SBO {}, {:?} swizzle, {}-major",
+                    d.start,
+                    d.lbo,
+                    d.sbo,
+                    d.swizzle,
+                    if mn_major { "MN" } else { "K" }
+                )
+            };
+            if d.base_offset != 0 {
+                let mut f = self.finding(block, w0, 0, pc as usize, "wgmma descriptor base offset not supported");
+                f.nearest_allocation = Some(format!(
+                    "{}: base offset {} (a swizzle pattern that does not start at its 256/512/1024-byte boundary) is not modelled",
+                    describe(),
+                    d.base_offset
+                ));
+                return Err(Box::new(f));
+            }
+            wg::load_operand(&d, mn_major, rows, inst.kind, neg, |addr| wg_read(shared, &mut chunks, addr)).map_err(
+                |mut f| {
+                    if f.kind == "wgmma operand outside shared memory" {
+                        f.detail = Some(format!(
+                            "{} addresses shared bytes {}..{}; the block's shared window is {window} bytes",
+                            describe(),
+                            f.addr,
+                            f.addr + 16
+                        ));
+                    }
+                    Box::new(self.fault_finding(block, w0, pc as usize, f))
+                },
+            )
+        };
+        let mut a = match (inst.a, a_desc) {
+            (ASrc::Desc(_), Some(v)) => load(v, inst.trans_a, 64, inst.neg_a, "A")?,
+            _ => vec![[0f64; 16]; 64],
+        };
+        let bt = load(b_desc, inst.trans_b, inst.n, inst.neg_b, "B")?;
+        if let ASrc::Regs(s) = inst.a {
+            for (k, wp) in warps.iter().enumerate() {
+                wg::gather_a_regs(inst.kind, inst.neg_a, k, &wp.regs, &s, &mut a);
+            }
+        }
+        let mut acc = vec![0f64; 64 * inst.n as usize];
+        if scale_d {
+            for (k, wp) in warps.iter().enumerate() {
+                wg::gather_d(inst, k, &wp.regs, &mut acc);
+            }
+        }
+        wg::product(&a, &bt, &mut acc);
+        let snap = std::sync::Arc::new(wg::Snapshot {
+            pc,
+            group: g as u32,
+            chunks,
+            checked: std::sync::atomic::AtomicBool::new(false),
+        });
+        for (k, wp) in warps.iter_mut().enumerate() {
+            wg::scatter_d(inst, k, &mut wp.regs, &acc);
+            wp.wg.issue(inst, i, pc, snap.clone());
+        }
+        Ok(())
+    }
+
+    /// A register access the `wgmma` rules forbid, at instruction `pc` of warp `wi`.
+    fn wgmma_hazard_finding(&self, block: [u32; 3], wi: usize, lane: u32, pc: u32, h: crate::wgmma::Hazard) -> Finding {
+        use crate::wgmma::Hazard;
+        let name = |s: Slot| self.prog.slot_names[s as usize].clone();
+        let writes = |pc: u32, s: Slot| self.prog.insts[pc as usize].op.dsts().contains(&s);
+        let (kind, text, conflict) = match h {
+            Hazard::NoFence => (
+                "wgmma.mma_async without wgmma.fence",
+                "the warp executed no wgmma.fence before this wgmma.mma_async (the ISA requires one before the first \
+                 wgmma.mma_async of a warpgroup)"
+                    .to_string(),
+                None,
+            ),
+            Hazard::Unfenced { slot, pc: other } => (
+                "wgmma register access not fenced",
+                format!(
+                    "register {} is an operand of this wgmma.mma_async and {} accessed it after the warp's last \
+                     wgmma.fence (a wgmma.fence must separate them)",
+                    name(slot),
+                    self.at_line(other)
+                ),
+                Some(self.conflict_at(wi as u32, other, writes(other, slot))),
+            ),
+            Hazard::InFlight { slot, pc: holder, acc } => (
+                "wgmma register accessed in flight",
+                format!(
+                    "register {} is {} of the wgmma.mma_async at {}, which no wgmma.wait_group of this warp has retired yet",
+                    name(slot),
+                    if acc { "an accumulator" } else { "an A fragment register" },
+                    self.at_line(holder)
+                ),
+                Some(self.conflict_at(wi as u32, holder, acc)),
+            ),
+        };
+        let mut f = self.finding(block, wi, lane, pc as usize, kind);
+        f.nearest_allocation = Some(text);
+        f.conflict = conflict;
+        f
+    }
+
+    /// Shared byte `at`, read by the in-flight `wgmma.mma_async` of `snap`, changed before the
+    /// `wgmma.wait_group` at `pc` (warp `wi`) retired it.
+    fn wgmma_overwrite_finding(
+        &self,
+        block: [u32; 3],
+        wi: usize,
+        pc: u32,
+        snap: &crate::wgmma::Snapshot,
+        at: u32,
+        shared: &SharedMem,
+    ) -> Finding {
+        let mut f = self.finding(block, wi, 0, pc as usize, "shared memory overwritten under an in-flight wgmma");
+        let store = if shared.racecheck_on() { shared.race.last_writer(at as usize / 4) } else { None };
+        f.nearest_allocation = Some(format!(
+            "shared byte {at} was read by the wgmma.mma_async at {} (warpgroup {}) and changed before this \
+             wgmma.wait_group retired it{}",
+            self.at_line(snap.pc),
+            snap.group,
+            match store {
+                Some((ww, spc)) => format!("; the last store to it: warp {ww}, {}", self.at_line(spc)),
+                None => String::new(),
+            }
+        ));
+        f.address = Some(at as u64);
+        f.access_bytes = Some(1);
+        f.conflict = Some(self.conflict_at(4 * snap.group, snap.pc, false));
+        f
+    }
 }
 
 #[cfg(test)]

@@ -382,6 +382,19 @@ pub(crate) enum Op {
         d: [Slot; 4],
         srcs: u32,
     },
+    /// `wgmma.mma_async.sync.aligned.m64nNk16...` (warpgroup-collective); the operands are
+    /// `Program::wgmma[i]`.
+    WgmmaMma {
+        i: u32,
+    },
+    /// `wgmma.fence.sync.aligned`.
+    WgmmaFence,
+    /// `wgmma.commit_group.sync.aligned`.
+    WgmmaCommit,
+    /// `wgmma.wait_group.sync.aligned n`.
+    WgmmaWait {
+        n: u32,
+    },
 }
 
 /// Source slots of one `mma`: A (4, or 2 for k8), B (2, or 1 for k8; unused entries NONE), C (4).
@@ -415,6 +428,10 @@ impl Op {
                 | Op::BarWarp
                 | Op::Ldmatrix { .. }
                 | Op::Mma { .. }
+                | Op::WgmmaMma { .. }
+                | Op::WgmmaFence
+                | Op::WgmmaCommit
+                | Op::WgmmaWait { .. }
         )
     }
 
@@ -472,6 +489,10 @@ pub(crate) struct Program {
     pub has_calls: bool,
     /// Source operands of the `mma` instructions (`Op::Mma::srcs` indexes it).
     pub mma_srcs: Vec<MmaSrcs>,
+    /// Operands of the `wgmma.mma_async` instructions (`Op::WgmmaMma::i` indexes it).
+    pub wgmma: Vec<crate::wgmma::WgmmaInst>,
+    /// [`crate::wgmma::ProgInfo`], computed on the first launch of a program with `wgmma`.
+    pub wgmma_info: std::sync::OnceLock<crate::wgmma::ProgInfo>,
     /// Unique per decoded program: a warp whose register file was set up for this id still holds
     /// its constant slots.
     pub uid: u64,
@@ -483,5 +504,13 @@ impl Program {
     /// The slots a warp zeroes at block start (`None`: all of them).
     pub fn zero_slots(&self) -> Option<&[Slot]> {
         self.zero_slots.get_or_init(|| crate::reginit::zero_slots(self)).as_deref()
+    }
+
+    /// The per-instruction `wgmma` register sets (`None`: the program has no `wgmma.mma_async`).
+    pub fn wgmma_info(&self) -> Option<&crate::wgmma::ProgInfo> {
+        if self.wgmma.is_empty() {
+            return None;
+        }
+        Some(self.wgmma_info.get_or_init(|| crate::wgmma::ProgInfo::build(self)))
     }
 }

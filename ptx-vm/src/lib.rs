@@ -42,6 +42,7 @@ pub mod run;
 mod source;
 pub mod swizzle;
 mod tensor_core;
+mod wgmma;
 
 pub use exec::SHARED_POISON;
 pub use source::SourceLoc;

@@ -304,6 +304,15 @@ impl RaceState {
     }
 }
 
+impl RaceState {
+    /// The warp and instruction of the last store racecheck stamped on shared word `i`, in any
+    /// barrier interval of the block (`None`: none seen).
+    pub(crate) fn last_writer(&self, i: usize) -> Option<(u32, u32)> {
+        let h = self.hot.get(i)?;
+        (h.write & 63 != 0).then(|| ((h.write & 63) - 1, self.cold[i].write_pc))
+    }
+}
+
 impl SharedMem {
     /// Fresh shared memory: `len` poisoned bytes, none written, a new race epoch.
     pub(crate) fn reset(&mut self, len: usize, initcheck: bool, racecheck: bool) {

@@ -137,7 +137,7 @@ pub(crate) fn zero_slots(prog: &Program) -> Option<Vec<Slot>> {
 
 /// Pushes the slots `op` reads for the executing thread's own lane onto `out`, and marks in
 /// `always` the slots it may read from other lanes.
-fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
+pub(crate) fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
     let mut push = |s: Slot| {
         if s != NONE {
             out.push(s);
@@ -155,7 +155,10 @@ fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
         | Op::Activemask { .. }
         | Op::Clock { .. }
         | Op::CpCommit
-        | Op::CpWait { .. } => {}
+        | Op::CpWait { .. }
+        | Op::WgmmaFence
+        | Op::WgmmaCommit
+        | Op::WgmmaWait { .. } => {}
         Op::Call { copies, .. } | Op::CallRet { copies } => {
             prog.copies[copies as usize].iter().for_each(|&(s, _)| push(s))
         }
@@ -235,6 +238,7 @@ fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
             let s = &prog.mma_srcs[srcs as usize];
             s.a.iter().chain(&s.b).chain(&s.c).for_each(|&x| push(x));
         }
+        Op::WgmmaMma { i } => prog.wgmma[i as usize].sources(push),
     }
 }
 
