@@ -8,8 +8,8 @@
 //! Sources: PTX ISA 9.x, section 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate
 //! Instructions": 9.7.15.5.1.1 "Register Fragments", 9.7.15.5.1.2 "Shared Memory Matrix Layout"
 //! (its "Major-ness supported by Strides" and "Canonical Layouts" subsections), 9.7.15.5.1.2.2
-//! "Matrix Descriptor Format", 9.7.15.5.2 `wgmma.mma_async`, 9.7.15.6 `wgmma.fence`,
-//! `wgmma.commit_group`, `wgmma.wait_group`.
+//! "Matrix Descriptor Format", 9.7.15.5.2 `wgmma.mma_async`, and the `wgmma.fence`,
+//! `wgmma.commit_group` and `wgmma.wait_group` instructions of 9.7.15.
 //!
 //! # Register fragments (per warp `w` = 0..3 of the warpgroup, `group = lane / 4`, `tig = lane % 4`)
 //!
@@ -68,7 +68,14 @@
 //! ordinary instruction accessed after the warp's last `wgmma.fence`. The shared-memory bytes an
 //! in-flight `wgmma.mma_async` read are kept; when a `wgmma.wait_group` retires it, bytes that
 //! changed in between (a store into the operand before the wait) are reported. Not checked:
-//! `fence.proxy.async` between generic stores and the asynchronous proxy's reads.
+//! `fence.proxy.async` between generic stores and the asynchronous proxy's reads, a store that
+//! writes back the same bytes, a thread that exits with a `wgmma` in flight, and that the four
+//! warps execute the same `commit_group` / `wait_group` sequence (each warp counts its own
+//! groups, which is what its registers depend on).
+//!
+//! Not implemented (refused at load time with the form named): tf32 (k8), fp8 e4m3/e5m2 and
+//! integer (k32), single-bit (k256) and sparse (`.sp`) variants. fp8 with f32 accumulation would
+//! reuse all of this with T = 16 elements per 16-byte chunk and its own A-register fragment.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
