@@ -78,6 +78,15 @@ pub(crate) enum Special {
     Gridid,
     DynSmem,
     TotalSmem,
+    /// `%cluster_ctaid`, `%cluster_nctaid`, `%clusterid`, `%nclusterid`, `%cluster_ctarank`,
+    /// `%cluster_nctarank`, `%is_explicit_cluster`: every launch is a cluster of one block.
+    ClusterCtaid(u8),
+    ClusterNctaid(u8),
+    Clusterid(u8),
+    Nclusterid(u8),
+    ClusterCtarank,
+    ClusterNctarank,
+    IsExplicitCluster,
 }
 
 /// The integer operations of address arithmetic that [`Op::Bin`] names besides its function
@@ -382,6 +391,18 @@ pub(crate) enum Op {
         d: [Slot; 4],
         srcs: u32,
     },
+    /// A Hopper instruction (`mbarrier`, `cp.async.bulk`, `setmaxnreg`): `Program::hopper[i]`,
+    /// writing `d` (or NONE).
+    Hopper {
+        i: u32,
+        d: Slot,
+    },
+    /// `elect.sync d|p, mask` (warp-collective).
+    Elect {
+        d: Slot,
+        p: Slot,
+        mask: Slot,
+    },
 }
 
 /// Source slots of one `mma`: A (4, or 2 for k8), B (2, or 1 for k8; unused entries NONE), C (4).
@@ -415,6 +436,7 @@ impl Op {
                 | Op::BarWarp
                 | Op::Ldmatrix { .. }
                 | Op::Mma { .. }
+                | Op::Elect { .. }
         )
     }
 
@@ -443,9 +465,10 @@ impl Op {
             | Activemask { d }
             | Clock { d }
             | Redux { d, .. }
-            | Vote { d, .. } => vec![d],
+            | Vote { d, .. }
+            | Hopper { d, .. } => vec![d],
             Setp { d, d2, .. } => vec![d, d2],
-            Shfl { d, p, .. } | Match { d, p, .. } => vec![d, p],
+            Shfl { d, p, .. } | Match { d, p, .. } | Elect { d, p, .. } => vec![d, p],
             Unpack { ds, n, .. } | Ld { ds, n, .. } | LdSlot { ds, n, .. } => ds[..n as usize].to_vec(),
             Ldmatrix { ds, num, .. } => ds[..num as usize].to_vec(),
             Mma { d, .. } => d.to_vec(),
@@ -472,6 +495,8 @@ pub(crate) struct Program {
     pub has_calls: bool,
     /// Source operands of the `mma` instructions (`Op::Mma::srcs` indexes it).
     pub mma_srcs: Vec<MmaSrcs>,
+    /// The Hopper instructions (`Op::Hopper::i` indexes it).
+    pub hopper: Vec<crate::hopper::HInst>,
     /// Unique per decoded program: a warp whose register file was set up for this id still holds
     /// its constant slots.
     pub uid: u64,

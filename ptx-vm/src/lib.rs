@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 mod banks;
 mod decode;
 mod exec;
+pub mod hopper;
 mod ir;
 mod memcheck;
 mod memory;
@@ -44,6 +45,7 @@ pub mod swizzle;
 mod tensor_core;
 
 pub use exec::SHARED_POISON;
+pub use hopper::{OobFill, TensorDataType, TensorMap};
 pub use source::SourceLoc;
 
 /// A device address in the VM's global memory (never 0 for a live allocation).

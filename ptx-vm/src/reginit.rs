@@ -156,6 +156,8 @@ fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut [u64]) {
         | Op::Clock { .. }
         | Op::CpCommit
         | Op::CpWait { .. } => {}
+        Op::Hopper { i, .. } => prog.hopper[i as usize].sources().into_iter().for_each(push),
+        Op::Elect { mask, .. } => push(mask),
         Op::Call { copies, .. } | Op::CallRet { copies } => {
             prog.copies[copies as usize].iter().for_each(|&(s, _)| push(s))
         }
