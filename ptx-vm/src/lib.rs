@@ -17,6 +17,8 @@
 //! ```
 //!
 //! Also: [`run::Launcher`] (any entry point with named buffers and typed arguments),
+//! [`TensorMap`] (the 128 bytes a `CUtensorMap` is in the VM: `cuTensorMapEncodeTiled` is
+//! [`TensorMap::from_cuda_tiled`] then [`TensorMap::encode`]),
 //! [`Vm::set_label`] (findings name the buffer), [`Module::source_of`] (PTX line -> Rust line),
 //! [`Vm::take_trace`] (the trace of a launch that stopped at a finding).
 
