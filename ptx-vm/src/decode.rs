@@ -139,6 +139,7 @@ struct Dcx<'m> {
     call_edges: Vec<(String, String)>,
     mma_srcs: Vec<MmaSrcs>,
     wgmma: Vec<crate::wgmma::WgmmaInst>,
+    hopper: Vec<crate::hopper::HInst>,
 }
 
 impl<'m> Dcx<'m> {
@@ -196,6 +197,10 @@ fn special_of(name: &str) -> Option<Special> {
             "%ntid" => Special::Ntid(d),
             "%ctaid" => Special::Ctaid(d),
             "%nctaid" => Special::Nctaid(d),
+            "%cluster_ctaid" => Special::ClusterCtaid(d),
+            "%cluster_nctaid" => Special::ClusterNctaid(d),
+            "%clusterid" => Special::Clusterid(d),
+            "%nclusterid" => Special::Nclusterid(d),
             _ => return None,
         });
     }
@@ -213,6 +218,9 @@ fn special_of(name: &str) -> Option<Special> {
         "%gridid" => Special::Gridid,
         "%dynamic_smem_size" => Special::DynSmem,
         "%total_smem_size" => Special::TotalSmem,
+        "%cluster_ctarank" => Special::ClusterCtarank,
+        "%cluster_nctarank" => Special::ClusterNctarank,
+        "%is_explicit_cluster" => Special::IsExplicitCluster,
         _ => return None,
     })
 }
@@ -264,6 +272,7 @@ pub(crate) fn decode_entry(
         call_edges: Vec::new(),
         mma_srcs: Vec::new(),
         wgmma: Vec::new(),
+        hopper: Vec::new(),
     };
     cx.sink = cx.new_slot("_");
     // Kernel parameters.
@@ -338,6 +347,7 @@ pub(crate) fn decode_entry(
         mma_srcs: cx.mma_srcs,
         wgmma: cx.wgmma,
         wgmma_info: std::sync::OnceLock::new(),
+        hopper: cx.hopper,
         uid: {
             static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -651,6 +661,7 @@ fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Dec
         | "prefetchu" | "discard" | "nanosleep" | "pmevent" => decode_control(cx, ctx, i, &mut m, fname),
         "shfl" | "vote" | "redux" | "match" | "mma" => decode_warp(cx, ctx, i, &mut m),
         "wgmma" => decode_wgmma(cx, ctx, i).map(|op| (op, None)),
+        "mbarrier" | "elect" | "setmaxnreg" => hopper::decode(cx, ctx, i, &mut m),
         _ => decode_data(cx, ctx, i, &mut m),
     }
 }
@@ -1000,6 +1011,7 @@ fn decode_memory(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<
             let c = if aop == AtomOp::Cas { src(cx, &rest[2], bits, false)? } else { NONE };
             Op::Atom { sp, op: aop, ty, d, a, off, b, c }
         }
+        "cp" if opcode.starts_with("cp.async.bulk") => hopper::decode_bulk(cx, ctx, i, m)?,
         "cp" => decode_cp_async(cx, ctx, m, i)?,
         "ldmatrix" => {
             m.has("sync");
@@ -1069,6 +1081,19 @@ fn decode_control(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods, fname: &s
         }
         "exit" => Op::Exit,
         "trap" | "brkpt" => Op::Trap,
+        // A launch is a cluster of one block: the cluster barrier is the block's.
+        "barrier" if opcode.starts_with("barrier.cluster.") => {
+            m.has("cluster");
+            let wait = m.any(&["arrive", "wait"]) == Some("wait");
+            m.ignore_hints();
+            m.finish(line, opcode)?;
+            nops(0)?;
+            if wait {
+                Op::Bar
+            } else {
+                Op::Nop
+            }
+        }
         "bar" | "barrier" => {
             m.ignore_hints();
             if m.has("warp") {
@@ -1946,3 +1971,6 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
         _ => err(line, format!("unsupported integer instruction `{opcode}`")),
     }
 }
+
+// After `inst_prelude!`, which it uses.
+mod hopper;

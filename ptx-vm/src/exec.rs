@@ -25,6 +25,12 @@ const WAIT: u8 = 4;
 /// Parked at a `wgmma.mma_async` until the other warps of its warpgroup reach it
 /// ([`Launch::wgmma_release`]).
 const WGW: u8 = 5;
+/// Yielded after a failed `mbarrier.try_wait`/`test_wait` (at the next instruction): runs again
+/// once the other warps of the block had their turn ([`crate::hopper`]).
+const YIELD: u8 = 6;
+/// Rounds of the block's warps in a row in which only failed mbarrier waits ran (no barrier
+/// changed, no thread reached an exit or a `bar.sync`) before the block is a deadlock.
+const STALLED_ROUNDS: u32 = 1000;
 /// Fresh shared memory reads as this repeating little-endian word (a quiet NaN as f32).
 pub const SHARED_POISON: u32 = 0x7FC0_DEAD;
 
@@ -464,6 +470,7 @@ impl Launch<'_> {
         let nwarps = threads.div_ceil(32) as usize;
         // Shared memory: fresh, poisoned, nothing written yet.
         w.shared.reset(self.shared_bytes, self.initcheck, self.racecheck);
+        w.shared.hopper.reset(nwarps, self.shared_bytes, !prog.hopper.is_empty());
         let trace_at = self.trace.filter(|t| t.block == block).and_then(|t| {
             let [x, y, z] = t.thread;
             if x < self.block[0] && y < self.block[1] && z < self.block[2] {
@@ -549,6 +556,10 @@ impl Launch<'_> {
                         Special::Nsmid => 1,
                         Special::DynSmem => self.dyn_shared as u64,
                         Special::TotalSmem => self.shared_bytes as u64,
+                        Special::ClusterCtaid(_) | Special::ClusterCtarank | Special::IsExplicitCluster => 0,
+                        Special::ClusterNctaid(_) | Special::ClusterNctarank => 1,
+                        Special::Clusterid(d) => block[d as usize] as u64,
+                        Special::Nclusterid(d) => self.grid[d as usize] as u64,
                     };
                     wp.regs[s as usize][l as usize] = v;
                 }
@@ -568,6 +579,7 @@ impl Launch<'_> {
         block: [u32; 3],
         trace: &mut Vec<TraceEntry>,
     ) -> Result<(), Box<Finding>> {
+        let (mut stalled, mut progress) = (0u32, None);
         loop {
             for wi in 0..nwarps {
                 let (warps, shared, counters) = (&mut w.warps, &mut w.shared, &mut w.counters);
@@ -586,6 +598,31 @@ impl Launch<'_> {
             if !self.prog.wgmma.is_empty() && self.wgmma_release(w, nwarps, block)? {
                 continue;
             }
+            // Warps that yielded at a failed mbarrier wait run again, while anything changes.
+            if w.warps.iter().take(nwarps).any(|wp| wp.state.contains(&YIELD)) {
+                let mut parked = 0usize;
+                for wp in w.warps.iter().take(nwarps) {
+                    parked += wp.state.iter().filter(|&&s| matches!(s, EXIT | BAR | WAIT)).count();
+                }
+                let now = Some((w.shared.hopper.changes, parked));
+                if now == progress {
+                    stalled += 1;
+                    if stalled >= STALLED_ROUNDS {
+                        return Err(Box::new(self.mbarrier_deadlock(w, nwarps, block)));
+                    }
+                } else {
+                    (stalled, progress) = (0, now);
+                }
+                for wp in w.warps.iter_mut().take(nwarps) {
+                    for s in wp.state.iter_mut() {
+                        if *s == YIELD {
+                            *s = RUN;
+                        }
+                    }
+                }
+                continue;
+            }
+            // Every warp is done or parked at a barrier.
             let mut first: Option<(usize, u32, u32)> = None; // (warp, lane, pc)
             for (wi, wp) in w.warps.iter().enumerate().take(nwarps) {
                 let mut wpc: Option<(u32, u32)> = None;
@@ -619,6 +656,11 @@ impl Launch<'_> {
                 }
             }
             if first.is_none() {
+                if let Err((wi, pc, detail)) = w.shared.hopper.block_end() {
+                    let mut f = self.finding(block, wi, 0, pc as usize, "warp collective divergence");
+                    f.nearest_allocation = Some(detail);
+                    return Err(Box::new(f));
+                }
                 return Ok(());
             }
             for wp in w.warps.iter_mut().take(nwarps) {
@@ -631,7 +673,44 @@ impl Launch<'_> {
             }
             // The barrier orders everything before it against everything after it.
             w.shared.race.next_epoch();
+            w.shared.hopper.barrier_sync();
         }
+    }
+
+    /// The finding of a block whose warps only fail mbarrier waits: at the first yielded warp's
+    /// last failed wait, naming the barrier's state and where the other warps are.
+    fn mbarrier_deadlock(&self, w: &Worker, nwarps: usize, block: [u32; 3]) -> Finding {
+        let st = &w.shared.hopper;
+        let mut waiting = Vec::new();
+        let mut at_bar = Vec::new();
+        let mut first = None;
+        for (wi, wp) in w.warps.iter().enumerate().take(nwarps) {
+            if let Some(l) = wp.state.iter().position(|&s| s == YIELD) {
+                let fw = st.failed.get(wi).copied().flatten();
+                first = first.or(fw.map(|f| (wi, l as u32, f)));
+                if let Some(f) = fw {
+                    let what = if f.parity { format!("parity {}", f.x & 1) } else { format!("state {:#x}", f.x) };
+                    waiting.push(format!(
+                        "warp {wi} waits at PTX line {} for {what}: {}",
+                        self.prog.insts[f.pc as usize].line,
+                        st.describe(f.bar_off)
+                    ));
+                }
+            } else if let Some(l) = wp.state.iter().position(|&s| s == BAR) {
+                at_bar.push(format!(
+                    "warp {wi} waits at bar.sync (PTX line {})",
+                    self.prog.insts[wp.pcs[l] as usize].line
+                ));
+            }
+        }
+        let (wi, lane, fw) = first.expect("a yielded warp has a failed wait");
+        let mut f = self.finding(block, wi, lane, fw.pc as usize, "deadlock");
+        waiting.extend(at_bar);
+        f.nearest_allocation = Some(format!(
+            "no mbarrier phase can complete any more: {} (any warp not named has exited)",
+            waiting.join("; ")
+        ));
+        f
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -665,7 +744,7 @@ impl Launch<'_> {
                         wpc = wpc.min(wp.pcs[l]);
                     }
                 }
-                if wpc == u32::MAX {
+                if wpc == u32::MAX || wp.state.contains(&YIELD) {
                     return Ok(());
                 }
                 for l in 0..32 {
@@ -733,7 +812,7 @@ impl Launch<'_> {
                     if group >> l & 1 == 0 {
                         if wp.state[l] == WAIT && wp.pcs[l] == pc {
                             waiting |= 1 << l;
-                        } else if wp.state[l] == RUN {
+                        } else if matches!(wp.state[l], RUN | YIELD) {
                             running |= 1 << l;
                         }
                     }
@@ -741,7 +820,11 @@ impl Launch<'_> {
                 lanes(waiting, |l| wp.state[l] = RUN);
                 group |= waiting;
                 let needed = match inst.op {
-                    Op::Shfl { mask, .. } | Op::Vote { mask, .. } | Op::Redux { mask, .. } | Op::Match { mask, .. }
+                    Op::Shfl { mask, .. }
+                    | Op::Vote { mask, .. }
+                    | Op::Redux { mask, .. }
+                    | Op::Match { mask, .. }
+                    | Op::Elect { mask, .. }
                         if mask != NONE =>
                     {
                         wp.regs[mask as usize][group.trailing_zeros() as usize] as u32
@@ -905,13 +988,19 @@ impl Launch<'_> {
                         pc += 1;
                     }
                 }
-                Op::Shfl { .. } | Op::Vote { .. } | Op::Redux { .. } | Op::Match { .. } | Op::BarWarp => {
+                Op::Shfl { .. }
+                | Op::Vote { .. }
+                | Op::Redux { .. }
+                | Op::Match { .. }
+                | Op::BarWarp
+                | Op::Elect { .. } => {
                     if exec != 0 {
                         let mslot = match inst.op {
                             Op::Shfl { mask, .. }
                             | Op::Vote { mask, .. }
                             | Op::Redux { mask, .. }
-                            | Op::Match { mask, .. } => mask,
+                            | Op::Match { mask, .. }
+                            | Op::Elect { mask, .. } => mask,
                             _ => NONE,
                         };
                         let member =
@@ -919,7 +1008,10 @@ impl Launch<'_> {
                         let mut missing = 0u32;
                         // (When every lane executes it, none is missing.)
                         for l in 0..if exec == FULL { 0 } else { 32 } {
-                            if member >> l & 1 == 1 && matches!(wp.state[l], RUN | BAR | WAIT) && exec >> l & 1 == 0 {
+                            if member >> l & 1 == 1
+                                && matches!(wp.state[l], RUN | BAR | WAIT | YIELD)
+                                && exec >> l & 1 == 0
+                            {
                                 missing |= 1 << l;
                             }
                         }
@@ -1045,6 +1137,37 @@ impl Launch<'_> {
                         });
                         if let Some(f) = err {
                             return Err(Box::new(self.fault_finding(block, wi, pc as usize, f)));
+                        }
+                    }
+                    pc += 1;
+                }
+                Op::Hopper { i, d } => {
+                    if exec != 0 {
+                        let mut live = 0u32;
+                        for l in 0..32 {
+                            if matches!(wp.state[l], RUN | BAR | WAIT | YIELD) {
+                                live |= 1 << l;
+                            }
+                        }
+                        let mut mem = Mem {
+                            global: self.global,
+                            shared: &mut *shared,
+                            local: &mut wp.local,
+                            local_bytes,
+                            params: self.params,
+                            hint: &mut wp.hint,
+                            traffic: &mut counters.global_bytes,
+                        };
+                        let h = &prog.hopper[i as usize];
+                        match crate::hopper::exec(h, d, r, exec, live, wi, pc, &mut mem) {
+                            Ok(crate::hopper::Flow::Next) => {}
+                            Ok(crate::hopper::Flow::Yield) => {
+                                // A failed wait: the group continues after it once the other
+                                // warps ran (the kernel's loop retries the wait).
+                                lanes(group, |l| wp.state[l] = YIELD);
+                                stop = Some(Stop::Regroup);
+                            }
+                            Err(f) => return Err(Box::new(self.fault_finding(block, wi, pc as usize, f))),
                         }
                     }
                     pc += 1;
@@ -1245,6 +1368,14 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
             let v = acc.unwrap_or(0);
             let dv = &mut r[d as usize];
             lanes(exec, |l| dv[l] = v);
+        }
+        Op::Elect { d, p, .. } => {
+            // The lowest executing lane of the member mask is the leader.
+            let leader = exec.trailing_zeros() as u64;
+            lanes(exec, |l| {
+                r[d as usize][l] = leader;
+                r[p as usize][l] = (l as u64 == leader) as u64;
+            });
         }
         Op::Match { all, bits64, d, p, a, .. } => {
             let av = r[a as usize];
@@ -1537,7 +1668,11 @@ fn cp_issue_fast(
         let dst = r[d as usize][l].wrapping_add(doff as i64 as u64);
         let src = r[a as usize][l].wrapping_add(aoff as i64 as u64);
         let nb = if n == NONE { size64 } else { r[n as usize][l] & 0xffff_ffff };
-        if dst & (size64 - 1) != 0 || dst.checked_add(size64).is_none_or(|e| e > window) || nb > size64 {
+        if mem.shared.hopper.on
+            || dst & (size64 - 1) != 0
+            || dst.checked_add(size64).is_none_or(|e| e > window)
+            || nb > size64
+        {
             return Ok(false);
         }
         if nb > 0 {
@@ -1922,7 +2057,7 @@ fn st_shared_fast(
     let base = if sp == Space::Generic { SHARED_WINDOW } else { 0 };
     let size64 = size as u64;
     let window = mem.shared.bytes.len() as u64;
-    if window < size64 {
+    if window < size64 || mem.shared.hopper.on {
         return Ok(false);
     }
     let last = window - size64;
@@ -2294,6 +2429,11 @@ impl Launch<'_> {
                 (0..32).find(|&l| wp.state[l] == WGW).map(|l| (wi, wp.pcs[l]))
             });
             let Some((first, pc)) = parked else { continue };
+            // A warp of the group that yielded at a failed mbarrier wait may still get here (it
+            // runs again after this): not ready yet, not a divergence.
+            if (4 * g..(4 * g + 4).min(nwarps)).any(|wi| w.warps[wi].state.contains(&YIELD)) {
+                continue;
+            }
             for wi in 4 * g..4 * g + 4 {
                 let why = if wi >= nwarps {
                     Some(format!("warp {wi} does not exist (the block has {} threads)", self.threads()))

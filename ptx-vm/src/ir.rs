@@ -78,6 +78,15 @@ pub(crate) enum Special {
     Gridid,
     DynSmem,
     TotalSmem,
+    /// `%cluster_ctaid`, `%cluster_nctaid`, `%clusterid`, `%nclusterid`, `%cluster_ctarank`,
+    /// `%cluster_nctarank`, `%is_explicit_cluster`: every launch is a cluster of one block.
+    ClusterCtaid(u8),
+    ClusterNctaid(u8),
+    Clusterid(u8),
+    Nclusterid(u8),
+    ClusterCtarank,
+    ClusterNctarank,
+    IsExplicitCluster,
 }
 
 /// The integer operations of address arithmetic that [`Op::Bin`] names besides its function
@@ -395,6 +404,18 @@ pub(crate) enum Op {
     WgmmaWait {
         n: u32,
     },
+    /// A Hopper instruction (`mbarrier`, `cp.async.bulk`, `setmaxnreg`): `Program::hopper[i]`,
+    /// writing `d` (or NONE).
+    Hopper {
+        i: u32,
+        d: Slot,
+    },
+    /// `elect.sync d|p, mask` (warp-collective).
+    Elect {
+        d: Slot,
+        p: Slot,
+        mask: Slot,
+    },
 }
 
 /// Source slots of one `mma`: A (4, or 2 for k8), B (2, or 1 for k8; unused entries NONE), C (4).
@@ -432,6 +453,7 @@ impl Op {
                 | Op::WgmmaFence
                 | Op::WgmmaCommit
                 | Op::WgmmaWait { .. }
+                | Op::Elect { .. }
         )
     }
 
@@ -460,9 +482,10 @@ impl Op {
             | Activemask { d }
             | Clock { d }
             | Redux { d, .. }
-            | Vote { d, .. } => vec![d],
+            | Vote { d, .. }
+            | Hopper { d, .. } => vec![d],
             Setp { d, d2, .. } => vec![d, d2],
-            Shfl { d, p, .. } | Match { d, p, .. } => vec![d, p],
+            Shfl { d, p, .. } | Match { d, p, .. } | Elect { d, p, .. } => vec![d, p],
             Unpack { ds, n, .. } | Ld { ds, n, .. } | LdSlot { ds, n, .. } => ds[..n as usize].to_vec(),
             Ldmatrix { ds, num, .. } => ds[..num as usize].to_vec(),
             Mma { d, .. } => d.to_vec(),
@@ -493,6 +516,8 @@ pub(crate) struct Program {
     pub wgmma: Vec<crate::wgmma::WgmmaInst>,
     /// [`crate::wgmma::ProgInfo`], computed on the first launch of a program with `wgmma`.
     pub wgmma_info: std::sync::OnceLock<crate::wgmma::ProgInfo>,
+    /// The Hopper instructions (`Op::Hopper::i` indexes it).
+    pub hopper: Vec<crate::hopper::HInst>,
     /// Unique per decoded program: a warp whose register file was set up for this id still holds
     /// its constant slots.
     pub uid: u64,

@@ -17,6 +17,8 @@
 //! ```
 //!
 //! Also: [`run::Launcher`] (any entry point with named buffers and typed arguments),
+//! [`TensorMap`] (the 128 bytes a `CUtensorMap` is in the VM: `cuTensorMapEncodeTiled` is
+//! [`TensorMap::from_cuda_tiled`] then [`TensorMap::encode`]),
 //! [`Vm::set_label`] (findings name the buffer), [`Module::source_of`] (PTX line -> Rust line),
 //! [`Vm::take_trace`] (the trace of a launch that stopped at a finding).
 
@@ -31,6 +33,7 @@ use sha2::{Digest, Sha256};
 mod banks;
 mod decode;
 mod exec;
+pub mod hopper;
 mod ir;
 mod memcheck;
 mod memory;
@@ -45,6 +48,7 @@ mod tensor_core;
 mod wgmma;
 
 pub use exec::SHARED_POISON;
+pub use hopper::{OobFill, TensorDataType, TensorMap};
 pub use source::SourceLoc;
 
 /// A device address in the VM's global memory (never 0 for a live allocation).

@@ -20,6 +20,8 @@ pub(crate) struct SharedMem {
     unwritten: usize,
     racecheck: bool,
     pub(crate) race: RaceState,
+    /// mbarriers and the async-proxy race state ([`crate::hopper`]).
+    pub(crate) hopper: crate::hopper::AsyncState,
 }
 
 /// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
@@ -351,7 +353,8 @@ impl SharedMem {
     /// Whether every byte of the window has been written (or initcheck is off).
     #[inline(always)]
     pub(crate) fn all_written(&self) -> bool {
-        self.unwritten == 0
+        // (Kernels with bulk copies take the checked path, which runs the async-proxy check.)
+        self.unwritten == 0 && !self.hopper.on
     }
     #[inline(always)]
     pub(crate) fn racecheck_on(&self) -> bool {
@@ -426,6 +429,11 @@ impl Mem<'_> {
                     Err(fault("shared memory out of window"))
                 } else if !store && !self.shared.is_written(a as usize, size as usize) {
                     Err(fault("uninitialized shared memory read"))
+                } else if let Err((d, other)) = self.async_check(a as usize, size as usize, store) {
+                    Err(Fault {
+                        other: Some(other),
+                        ..Fault::new(lane, "async-proxy race", addr, size as u32, Some(d))
+                    })
                 } else if self.shared.racecheck {
                     match self.shared.race.access(a as usize, size as usize, store) {
                         Ok(()) => Ok(Loc::Shared(a as usize)),
@@ -471,6 +479,16 @@ impl Mem<'_> {
                 }
             },
         }
+    }
+    /// [`crate::hopper::AsyncState::generic`] for a generic access of shared bytes by the running
+    /// warp (nothing when the program has no Hopper instructions).
+    #[inline(always)]
+    fn async_check(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
+        if !self.shared.hopper.on {
+            return Ok(());
+        }
+        let (w, pc) = (self.shared.race.warp, self.shared.race.pc);
+        self.shared.hopper.generic(w, pc, at, len, store)
     }
     /// Checks that `len` global bytes at `addr` lie inside one live allocation.
     pub(crate) fn check_global(&mut self, addr: u64, len: u64, lane: u32, store: bool) -> Result<*mut u8, Fault> {

@@ -245,6 +245,12 @@ pub(crate) enum Operand {
     List(Vec<String>),
     /// `sym+4` (address of a symbol plus offset) in an operand position.
     SymOff(String, i64),
+    /// `[tensorMap, {c0, c1, ...}]` (the tensor operand of `cp.async.bulk.tensor`).
+    TensorAddr {
+        base: Option<String>,
+        off: i64,
+        coords: Vec<Operand>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -985,6 +991,14 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
             }
         } else {
             off = p.signed()?;
+        }
+        if p.eat_punct(',') {
+            let coords = match parse_operand(p)? {
+                Operand::Vec(v) => v,
+                _ => return err(line, "expected `{...}` coordinates after the tensor map"),
+            };
+            p.expect_punct(']')?;
+            return Ok(Operand::TensorAddr { base, off, coords });
         }
         p.expect_punct(']')?;
         return Ok(Operand::Addr { base, off });
