@@ -100,6 +100,20 @@ step run-bf16-d32-causal 60 --backend cuda --json run --kernel flash --dtype bf1
 step run-f16-d96 60 --backend cuda --json run --kernel flash --dtype f16 --batch 2 --heads 6 --seq-q 777 --seq-kv 1000 --head-dim 96
 step run-bf16-d192-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 777 --head-dim 192 --causal
 step run-bf16-d256-bhsd 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq 555 --head-dim 256 --layout bhsd --check-rows all
+# The Hopper forward (flash_fwd_*_sm90_*, the sm_90a module: TMA, mbarriers, wgmma, warp
+# specialisation). The library picks it on compute capability 9.0 only with MEMATTN_HOPPER=1
+# until these steps have passed on a GPU; every step checks rows against the f64 reference.
+if [ "${MEMATTN_SM90:-1}" != 0 ]; then
+    MEMATTN_HOPPER=1 step sm90-bf16-d128-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 8 --seq-q 777 --seq-kv 1500 --head-dim 128 --causal --check-rows all
+    MEMATTN_HOPPER=1 step sm90-f16-d64-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 64 --layout bhsd --check-rows all
+    MEMATTN_HOPPER=1 step sm90-bf16-d256-gqa-win 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seq-q 1000 --seq-kv 1300 --head-dim 256 --window 255,0 --check-rows all
+    MEMATTN_HOPPER=1 step sm90-bf16-d128-softcap 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 4 --seq 1000 --head-dim 128 --softcap 30 --check-rows all
+    # Side by side, the same shape: the sm_80 kernel, then the Hopper one (flash_time_ms, median).
+    for d in 64 128 256; do
+        step "time-sm80-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
+        MEMATTN_HOPPER=1 step "time-sm90-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
+    done
+fi
 step run-f32-d96-causal 60 --backend cuda --json run --kernel flash --batch 2 --heads 4 --seq-q 500 --seq-kv 700 --head-dim 96 --causal
 step run-f32-d256 60 --backend cuda --json run --kernel flash --batch 1 --heads 4 --seq 500 --head-dim 256
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # sass-compare.sh: static SASS comparison of memattn's tensor-core flash forward kernels (and with BWD=1
 # the backward's main kernels) against the FlashAttention-2 kernels that PyTorch's SDPA flash backend runs
-# (compiled into libtorch_cuda.so).
+# (compiled into libtorch_cuda.so); with SM90=1 also memattn's Hopper (sm_90a, wgmma) forward against
+# FlashAttention-3's forward kernels (the fa3-fwd wheel).
 # No GPU needed: it assembles our PTX with ptxas, pulls FA2's sm_80/sm_90 cubins out of the torch wheel
 # with cuobjdump, disassembles both, finds each kernel's K/V main loop (the back edge with the most HMMA)
 # and counts instructions per loop iteration.
@@ -40,6 +41,22 @@
 #                       the five GEMMs; ours' steady tile skips its mask block, "masked" takes it (vs FA2 causal).
 #                       Measured (torch 2.15.0, ptxas 13.5, model FA2 cycles / ours, >= 1: ours at least as fast),
 #                       A100 / H100: d32 0.84 / 0.84, d64 0.67 / 0.67, d128 0.70 / 0.70 (ours smem-bound).
+#   FWD=0               leave out the forward section (default 1: as before). With FWD=0 and BWD unset / 0, no torch wheel
+#                       is fetched.
+#   SM90=1              also the Hopper section, after the others (report.md "# Hopper", report.json sm90_notes / sm90_rows /
+#                       sm90_summary); SM90=only (= SM90=1 FWD=0 BWD=0): the Hopper section alone, no torch wheel.
+#                       Ours: OURS_SM90_PTX (default PROJECT/kernels-gpu/ptx/memattn_kernels_sm90.ptx) through ptxas -arch=
+#                       its .target (sm_90a), entries OURS_SM90_KERNEL=flash_fwd_bf16_sm90_d%d for SM90_DIMS="64 128 256",
+#                       tiles from the PTX's memattn_tile_<entry> records (threads, Br, Bc, smem, d).
+#                       FA3: FA3_SPEC (default fa3-fwd==0.0.3, a forward-only FlashAttention-3 build) from PyPI, its
+#                       fa3_fwd/_C.abi3.so; the FlashAttnFwdSm90 kernels for bf16, head dim d (= d_v), none of causal /
+#                       local / softcap / varlen / paged / appendkv / qv / packgqa / split, matched on the template
+#                       arguments of the demangled names (needs c++filt); FA3_CLUSTER=1 (or 2) picks the cluster shape
+#                       compared (both are reported at d >= 128).
+#                       Main loop: the consumer warpgroups' key-tile loop (innermost loop with HGMMA), steady path as
+#                       explained in the report; pipe model per SM per 128 x 128 block of S, H100 SXM5 rates (assumptions
+#                       listed in the report). Measured (ptxas 13.5, fa3-fwd 0.0.3, cluster 1x1; FA3 / ours, >= 1: ours at
+#                       least as fast): d64 0.86 (ours issue-bound, FA3 mufu-bound), d128 1.00, d256 1.00 (all tensor-bound).
 # output: $SASS_OUT/report.md (tables), report.json, sass/*.sass (the disassembly it measured).
 # Counts in the tables are measured from the SASS; the "pipe model" section is an assumption-based bound.
 set -euo pipefail
@@ -70,11 +87,17 @@ PTXAS=$(find_tool ptxas); CUOBJDUMP=$(find_tool cuobjdump)
 PATH="$(dirname "$(find_tool nvdisasm)"):$PATH"; export PATH
 command -v c++filt >/dev/null || log "c++filt not found: FA2 names stay mangled"
 
+# --- which sections run: FWD (default 1), BWD (0 / 1 / only), SM90 (0 / 1 / only)
+FWD=${FWD:-1} BWD=${BWD:-0} SM90=${SM90:-0}
+if [ "$SM90" = only ]; then FWD=0; BWD=0; fi
+NEED_TORCH=0
+if { [ "$FWD" != 0 ] && [ "$BWD" != only ]; } || [ "$BWD" = 1 ] || [ "$BWD" = only ]; then NEED_TORCH=1; fi
+
 # --- torch: libtorch_cuda.so out of the wheel (only that member), cached per TORCH_SPEC
 TKEY=$(printf '%s' "$TORCH_SPEC" | tr -c 'A-Za-z0-9._-' '_')
 TDIR="$CACHE/torch-$TKEY"
 LIB="$TDIR/torch/lib/libtorch_cuda.so"
-if [ ! -s "$LIB" ]; then
+if [ "$NEED_TORCH" = 1 ] && [ ! -s "$LIB" ]; then
   log "downloading $TORCH_SPEC (large)"
   mkdir -p "$TDIR/whl"
   python3 -m pip download -q --no-deps --only-binary=:all: "$TORCH_SPEC" -d "$TDIR/whl"
@@ -82,13 +105,41 @@ if [ ! -s "$LIB" ]; then
   (cd "$TDIR" && unzip -q -o "$whl" 'torch/lib/libtorch_cuda.so' 'torch/version.py')
   [ "${KEEP_TORCH_WHEEL:-0}" = 1 ] || rm -f "$whl"
 fi
-if [ ! -s "$TDIR/resusage.txt" ]; then
+if [ "$NEED_TORCH" = 1 ] && [ ! -s "$TDIR/resusage.txt" ]; then
   log "indexing cubins of libtorch_cuda.so"
   "$CUOBJDUMP" -lelf "$LIB" > "$TDIR/lelf.txt"
   "$CUOBJDUMP" -res-usage "$LIB" > "$TDIR/resusage.tmp" && mv "$TDIR/resusage.tmp" "$TDIR/resusage.txt"
 fi
 
-export PROJECT CACHE OUT PTXAS CUOBJDUMP LIB TDIR TORCH_SPEC
+# --- FA3 (SM90): the fa3-fwd wheel's extension module (its only .so), cached per FA3_SPEC
+FA3_SPEC=${FA3_SPEC:-fa3-fwd==0.0.3}
+F3DIR="$CACHE/fa3-$(printf '%s' "$FA3_SPEC" | tr -c 'A-Za-z0-9._-' '_')"
+find_f3lib() { [ -d "$F3DIR" ] || return 0; find "$F3DIR" -path "$F3DIR/whl" -prune -o -type f -name '*.so' -print | head -1; }
+F3LIB=""
+if [ "$SM90" != 0 ]; then
+  F3LIB=$(find_f3lib)
+  if [ -z "$F3LIB" ]; then
+    log "downloading $FA3_SPEC"
+    mkdir -p "$F3DIR/whl"
+    if python3 -m pip download -q --no-deps --only-binary=:all: "$FA3_SPEC" -d "$F3DIR/whl"; then
+      whl=$(ls "$F3DIR"/whl/*.whl | head -1)
+      (cd "$F3DIR" && unzip -q -o "$whl" '*.so' '*.dist-info/METADATA')
+      rm -f "$whl"
+      F3LIB=$(find_f3lib)
+    else
+      log "could not download $FA3_SPEC: the Hopper section reports memattn alone"
+    fi
+  fi
+  if [ -n "$F3LIB" ] && [ ! -s "$F3DIR/resusage.txt" ]; then
+    log "indexing cubins of $(basename "$F3LIB")"
+    "$CUOBJDUMP" -lelf "$F3LIB" > "$F3DIR/lelf.txt"
+    "$CUOBJDUMP" -res-usage "$F3LIB" > "$F3DIR/resusage.tmp" && mv "$F3DIR/resusage.tmp" "$F3DIR/resusage.txt"
+  fi
+fi
+
+export PROJECT CACHE OUT PTXAS CUOBJDUMP LIB TDIR TORCH_SPEC FWD SM90 FA3_SPEC F3DIR F3LIB
+export OURS_SM90_PTX=${OURS_SM90_PTX:-$PROJECT/kernels-gpu/ptx/memattn_kernels_sm90.ptx}
+export OURS_SM90_KERNEL=${OURS_SM90_KERNEL:-flash_fwd_bf16_sm90_d%d} SM90_DIMS=${SM90_DIMS:-64 128 256}
 export ARCHS=${ARCHS:-80 90} DIMS=${DIMS:-128 64 32 96 192 256}
 export OURS_PTX=${OURS_PTX:-$PROJECT/kernels-gpu/ptx/memattn_kernels.ptx}
 export OURS_KERNEL=${OURS_KERNEL:-flash_fwd_bf16_d%d}
@@ -384,7 +435,7 @@ def model(arch, h, warps, br, bc, copies=None):
 
 
 # ---- orchestration -------------------------------------------------------------------------------
-import os, subprocess, shutil
+import hashlib, os, subprocess, shutil
 E = os.environ
 OUT, TDIR = E['OUT'], E['TDIR']
 SASS = os.path.join(OUT, 'sass')
@@ -892,14 +943,450 @@ def bwd_report(spec, notes, append):
         open(mp, 'w').write('\n'.join(W).lstrip('\n') + '\n')
     print('\n'.join(W))
 
+# ---- Hopper (SM90=1: after the other sections; SM90=only: alone) ---------------------------------
+# memattn's sm_90a forward (kernels-gpu/ptx/memattn_kernels_sm90.ptx: TMA + mbarrier, a producer warpgroup,
+# consumer warpgroups of 64 query rows each, wgmma) against FlashAttention-3's forward from the fa3-fwd
+# wheel (flash-attention hopper/, built into fa3_fwd/_C.abi3.so). Both are warp specialised: the loop
+# measured is the consumer warpgroups' per-key-tile loop (the innermost loop with HGMMA); the producer
+# (a few TMA issues per tile from one thread) is left out of the issue model, for both alike.
+H90_COLS = ['HGMMA', 'WARPGROUP', 'SYNCS', 'BAR', 'MUFU.EX2', 'MUFU(other)', 'FFMA', 'FMUL', 'FMUL(pred)', 'FADD',
+            'FMNMX', 'FSETP', 'FSEL', 'F2FP', 'SHFL', 'LDS', 'STS', 'STSM', 'LDSM', 'LDL', 'STL', 'ISETP', 'SEL',
+            'IMAD', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'uniform', 'NOP', 'branch/ctl', 'other']
+# H100 SXM5: 132 SMs, 989.4 TFLOP/s dense BF16 at the 1830 MHz boost clock (NVIDIA H100 whitepaper / datasheet)
+# -> 989.4e12 / (132 x 1.83e9) = 4096 FLOP/clk/SM = 2048 bf16 MAC/clk/SM (4 tensor cores x 512; A100: 1024).
+H100 = dict(sms=132, mhz=1830, tflops=989.4, tc_mac_per_clk=2048, issue_per_smsp=1.0, fma_lanes_per_smsp=32,
+            alu_lanes_per_smsp=16, mufu_lanes_per_sm=16, smem_b_per_clk=128)
+H90_FMA = {'FFMA', 'FMUL', 'FMUL(pred)', 'FADD', 'IMAD'}
+H90_ALU = {'FMNMX', 'FSETP', 'FSEL', 'ISETP', 'SEL', 'IADD3', 'LEA', 'LOP3', 'SHF', 'MOV', 'F2FP'}
+# FA3's template (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp): CollectiveMainloopFwdSm90<Stages, ClusterShape,
+# TileShape_MNK, kHeadDimV, Element, ElementAccum, ArchTag, then these 12 bools>.
+FA3_BOOLS = ['Is_causal', 'Is_local', 'Has_softcap', 'Varlen', 'PagedKVNonTMA', 'AppendKV', 'HasQv', 'MmaPV_is_RS',
+             'IntraWGOverlap', 'PackGQA', 'Split', 'V_colmajor']
+FA3_FREE = ('MmaPV_is_RS', 'IntraWGOverlap')   # picked by tile_size_fwd_sm90 with the tile, not a feature
+
+def cls90(i):
+    b = i['base']
+    if b in ('HGMMA', 'WARPGROUP', 'SYNCS', 'NOP', 'STSM'):
+        return b
+    if b in ('NANOSLEEP', 'YIELD'):
+        return 'branch/ctl'
+    return cls(i)
+
+def hist90(seq):
+    return collections.Counter(cls90(i) for i in seq)
+
+def hgmma_macs(i):
+    m = re.match(r'HGMMA\.(\d+)x(\d+)x(\d+)', i['op'])
+    return int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else 0
+
+def _phasechk_operands(bb):
+    return {i['text'].split(',', 1)[1].strip() for i in bb if i['op'].startswith('SYNCS.PHASECHK') and ',' in i['text']}
+
+def block_kind90(bbs, succ, preds, n):
+    """Why the steady path avoids loop block n, or None. 'mask': the -inf masking block (a tile every row of
+    which sees every key skips it); 'softcap': the soft cap's tanh (ex2 + rcp, off unless a soft cap is
+    given); 'rescale': a lazy O-rescale block; 'wait-retry': an mbarrier wait run again only when the first
+    try found the phase incomplete (a spin loop, its jump back, or a second test of the same barrier)."""
+    bb = bbs[n]
+    if any(i['base'] == 'HGMMA' for i in bb):
+        return None
+    if is_mask_block(bb):
+        return 'mask'
+    if is_rescale_block(bb):
+        return 'rescale'
+    mufu = [i['op'] for i in bb if i['base'] == 'MUFU']
+    if any(o.startswith('MUFU.TANH') for o in mufu) or (
+            any(o.startswith('MUFU.RCP') for o in mufu) and any(o.startswith('MUFU.EX2') for o in mufu)
+            and not any(i['base'] in ('SYNCS', 'BAR') for i in bb)):
+        return 'softcap'
+    if all(i['base'] in ('SYNCS', 'NANOSLEEP', 'YIELD', 'BRA', 'MOV', 'IMAD') for i in bb):
+        if n in succ[n]:
+            return 'wait-retry'
+        ops = _phasechk_operands(bb)
+        if ops and any(ops & _phasechk_operands(bbs[p]) for p in preds[n]):
+            return 'wait-retry'
+        if len(bb) == 1 and bb[0]['base'] == 'BRA' and preds[n] and all(p in succ[p] for p in preds[n]):
+            return 'wait-retry'
+    return None
+
+def sm90_loop(ins):
+    """The consumer warpgroups' key-tile loop: of the natural loops with HGMMA, the innermost (no other
+    HGMMA loop inside), most HGMMA first, then the smallest. Steady path: the longest path header -> back
+    edge that avoids the blocks block_kind90 names wherever the branch offers another way. Every block of
+    the loop off that path is listed with its reason."""
+    bbs, succ = basic_blocks(ins)
+    dom, preds = dominators(succ, len(bbs))
+    loops = []
+    for n, s in enumerate(succ):
+        for h in s:
+            if h in dom[n]:
+                body, stack = {h, n}, [n]
+                while stack:
+                    x = stack.pop()
+                    if x == h:
+                        continue
+                    for p in preds[x]:
+                        if p not in body:
+                            body.add(p)
+                            stack.append(p)
+                loops.append((h, n, frozenset(body)))
+    hg = lambda body: sum(1 for b in body for i in bbs[b] if i['base'] == 'HGMMA')
+    cands = [L for L in loops if hg(L[2])]
+    if not cands:
+        return None
+    inner = [L for L in cands if not any(M[2] < L[2] for M in cands)]
+    h, tail, body = max(inner, key=lambda L: (hg(L[2]), -sum(len(bbs[b]) for b in L[2])))
+    kind = {b: block_kind90(bbs, succ, preds, b) for b in body}
+    memo = {}
+    def go(b, seen):
+        if b in memo:
+            return memo[b]
+        if b == tail:
+            r = (len(bbs[b]), [b])
+        else:
+            cs = [s for s in succ[b] if s in body and s != h and s not in seen]
+            if any(kind[s] is None for s in cs):
+                cs = [s for s in cs if kind[s] is None]
+            opts = [r2 for r2 in (go(s, seen | {s}) for s in cs) if r2 is not None]
+            if not opts:
+                return None
+            c, p = max(opts, key=lambda x: x[0])
+            r = (c + len(bbs[b]), [b] + p)
+        memo[b] = r
+        return r
+    _, path = go(h, frozenset([h]))
+    seq = [i for b in path for i in bbs[b]]
+    # the branches of the steady path that step around an off-path block (issued in every iteration)
+    guards = collections.Counter(kind[s] for b in path for s in succ[b]
+                                 if s in body and s not in path and kind[s] and bbs[b][-1]['base'] == 'BRA')
+    off = [dict(addr='%05x' % bbs[b][0]['addr'], n=len(bbs[b]), kind=kind[b] or 'other branch (not the longest)',
+                hist=dict(hist90(bbs[b]).most_common(6))) for b in sorted(body) if b not in path]
+    kinds = sorted({o['kind'] for o in off})
+    hl = hist90(seq)
+    return dict(head='%05x' % bbs[h][0]['addr'], tail='%05x' % bbs[tail][-1]['addr'], blocks=len(body),
+                static=sum(len(bbs[b]) for b in body), steady=len(seq), seq=seq, hist=hl, off=off,
+                off_blocks={k: sum(1 for o in off if o['kind'] == k) for k in kinds},
+                off_instr={k: sum(o['n'] for o in off if o['kind'] == k) for k in kinds},
+                # guarded instructions on the steady path: issued (and counted) whether or not the guard holds
+                guarded=sum(1 for i in seq if i['pred'] and i['base'] != 'BRA' and i['pred'] != '@!PT'),
+                guarded_bra=sum(1 for i in seq if i['pred'] and i['base'] == 'BRA'), guards=dict(guards),
+                never=sum(1 for i in seq if i['pred'] == '@!PT'),
+                hgmma=hl['HGMMA'], hgmma_kernel=sum(1 for i in ins if i['base'] == 'HGMMA'),
+                hgmma_outer=sorted({hg(L[2]) for L in cands if L[2] != body and L[2] > body}),
+                macs=sum(hgmma_macs(i) for i in seq if i['base'] == 'HGMMA'),
+                shapes=dict(collections.Counter(i['op'] for i in seq if i['base'] == 'HGMMA')),
+                waits=['%s%s' % ((i['pred'] + ' ') if i['pred'] else '', i['text']) for i in seq
+                       if i['op'].startswith('WARPGROUP.DEPBAR') or i['base'] == 'BAR'],
+                smem=sum(smem90(i) for i in seq))
+
+def smem90(i):
+    """Shared-memory bytes of one warp instruction other than wgmma's operand reads (STSM.x4: 4 8x8 b16 matrices)."""
+    if i['base'] == 'STSM':
+        x = i['op'].split('.')[-1]
+        return 0 if i['pred'] == '@!PT' else 128 * (int(x) if x in ('1', '2', '4') else 4)
+    return smem_bytes(i)
+
+def setmaxnreg(ins):
+    """The register counts a warpgroup asks for with setmaxnreg: (producer: .dec, consumers: .inc)."""
+    dec = [int(re.findall(r'0x([0-9a-f]+)', i['text'])[-1], 16) for i in ins if i['op'].startswith('USETMAXREG.DEALLOC')]
+    inc = [int(re.findall(r'0x([0-9a-f]+)', i['text'])[-1], 16) for i in ins if i['op'].startswith('USETMAXREG.TRY_ALLOC')]
+    return (min(dec) if dec else None, max(inc) if inc else None)
+
+def sm90_model(L, wgs, br, bc):
+    """Clocks per SM per unit (a 128 x 128 block of S at the kernel's head dim: S = Q K^T and O += P V for
+    128 queries x 128 keys), from one consumer warp's steady iteration: every one of the wgs x 4 consumer
+    warps runs it once per key tile of Br x Bc (Br = 64 x wgs)."""
+    h, m = L['hist'], H100
+    per_unit = 128.0 * 128.0 / (br * bc)          # block iterations per unit
+    f = 4 * wgs * per_unit / 4.0                   # warp-instructions per SMSP per unit, per instruction of the loop
+    c = dict(tensor=L['macs'] * wgs * per_unit / m['tc_mac_per_clk'],
+             issue=L['steady'] * f / m['issue_per_smsp'],
+             fma=sum(h[k] for k in H90_FMA) * f * 32.0 / m['fma_lanes_per_smsp'],
+             alu=sum(h[k] for k in H90_ALU) * f * 32.0 / m['alu_lanes_per_smsp'],
+             mufu=(h['MUFU.EX2'] + h['MUFU(other)']) * f * 4 * 32.0 / m['mufu_lanes_per_sm'],
+             smem=L['smem'] * 4 * wgs * per_unit / m['smem_b_per_clk'])
+    order = sorted(c, key=c.get, reverse=True)
+    c['bound'], c['next'] = order[0], order[1]
+    c['clk'] = c[order[0]]
+    return c
+
+def ours_sm90_tiles(ptx_text):
+    """memattn_tile_<entry> records of the PTX (5 x u32: threads, block rows, block cols, dynamic smem, head dim)."""
+    tiles = {}
+    for m in re.finditer(r'\.global[^\n]*?memattn_tile_(\w+)\[(20|5)\]\s*=\s*\{([^}]*)\}', ptx_text):
+        vals = [int(v) for v in m.group(3).split(',') if v.strip()]
+        if m.group(2) == '20':
+            vals += [0] * (20 - len(vals))
+            words = [vals[k] | vals[k + 1] << 8 | vals[k + 2] << 16 | vals[k + 3] << 24 for k in range(0, 20, 4)]
+        else:
+            words = vals + [0] * (5 - len(vals))
+        tiles[m.group(1)] = dict(zip(('threads', 'br', 'bc', 'smem', 'd'), words))
+    return tiles
+
+def fa3_index():
+    """The FlashAttnFwdSm90 kernels of the FA3 library, with registers / stack (cuobjdump -res-usage), their
+    cubin, and their template arguments read from the demangled names (c++filt)."""
+    d3 = E['F3DIR']
+    k, arch, fn, ks = 0, None, None, []
+    for line in open(os.path.join(d3, 'resusage.txt')):
+        if line.startswith('Fatbin elf code'):
+            k += 1
+        m = re.match(r'arch = (\S+)', line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r' Function (\S+):', line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = re.match(r'\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)', line)
+        if m and fn:
+            if 'FlashAttnFwdSm90' in fn:
+                ks.append(dict(section=k, arch=arch, regs=int(m.group(1)), stack=int(m.group(2)), mangled=fn))
+            fn = None
+    elves = {}
+    for line in open(os.path.join(d3, 'lelf.txt')):
+        m = re.match(r'ELF file\s+(\d+):\s+(\S+)', line)
+        if m:
+            elves[int(m.group(1))] = m.group(2)
+    if not shutil.which('c++filt'):
+        return ks, elves, False
+    for kk, dm in zip(ks, demangle([x['mangled'] for x in ks])):
+        kk['demangled'] = dm
+        t = re.sub(r'cute::C<(\d+)>', r'\1', dm)
+        kk['short'] = t.split('>(', 1)[0] + '>'   # without the parameter list (Params of the same type)
+        m = re.search(r'CollectiveMainloopFwdSm90<(\d+), cute::tuple<([\d, ]+)>, cute::tuple<([\d, ]+)>, (\d+), '
+                      r'([\w:]+), float, cutlass::arch::Sm90, ((?:(?:true|false)(?:, )?){12})>', t)
+        if not m:
+            continue
+        cl = [int(x) for x in m.group(2).replace(' ', '').split(',') if x]
+        mnk = [int(x) for x in m.group(3).replace(' ', '').split(',') if x]
+        flags = dict(zip(FA3_BOOLS, [x.strip() == 'true' for x in m.group(6).split(',')]))
+        ep = re.search(r'CollectiveEpilogueFwd<cute::tuple<[\d, ]+>, cute::tuple<[\d, ]+>, [\w:]+, cutlass::arch::Sm90, (\d+), '
+                       r'(true|false), (true|false), (true|false)', t)
+        sch = re.search(r'flash::(\w*TileScheduler)', t)
+        kk.update(stages=int(m.group(1)), cluster=cl, bm=mnk[0], bn=mnk[1], d=mnk[2], dv=int(m.group(4)),
+                  elem=m.group(5).split('::')[-1], flags=flags, mma_threads=int(ep.group(1)) if ep else None,
+                  # the epilogue repeats Varlen, PackGQA, Split: a check on the order of the mainloop's bools
+                  order_ok=bool(ep) and [ep.group(k) == 'true' for k in (2, 3, 4)] == [flags[f] for f in ('Varlen', 'PackGQA', 'Split')],
+                  scheduler=sch.group(1) if sch else '?')
+    return ks, elves, True
+
+def sm90_main(append):
+    dims = [int(x) for x in E.get('SM90_DIMS', '64 128 256').split()]
+    want_cl = int(E.get('FA3_CLUSTER', '1'))
+    notes, spec = [], []
+    notes.append('ptxas: ' + run([E['PTXAS'], '--version']).strip().split('\n')[-1])
+    # ours
+    ptx = E['OURS_SM90_PTX']
+    if not os.path.exists(ptx):
+        notes.append('ours: %s not found, no rows for memattn' % ptx)
+    else:
+        text = open(ptx).read()
+        tgt = re.search(r'^\s*\.target\s+(\S+)', text, re.M)
+        arch = tgt.group(1) if tgt else 'sm_90a'
+        cubin = os.path.join(CACHE_OURS, 'ours_sm90.%s.cubin' % arch)
+        log = subprocess.run([E['PTXAS'], '-arch=' + arch, '-v', '-o', cubin, ptx], check=True, capture_output=True, text=True).stderr
+        regs = {}
+        for m in re.finditer(r"Compiling entry function '(\w+)' for '\w+'\n.*?\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers", log):
+            regs[m.group(1)] = dict(regs=int(m.group(5)), stack=int(m.group(2)), spill=int(m.group(3)) + int(m.group(4)))
+        tiles = ours_sm90_tiles(text)
+        # what the project recorded for this PTX (ptxas-report-sm90.json next to it), if anything: said where it differs
+        rep, rp = {}, os.path.join(os.path.dirname(ptx), 'ptxas-report-sm90.json')
+        if os.path.exists(rp):
+            rj = json.load(open(rp))
+            if rj.get('ptx_sha256') not in (None, hashlib.sha256(text.encode()).hexdigest()):
+                notes.append('ours: %s is for another PTX (sha256 %s...)' % (os.path.basename(rp), rj['ptx_sha256'][:16]))
+            rep = {k['name']: k for k in rj.get('kernels', [])}
+        notes.append('ours: %s (%s, sha256 %s), ptxas -arch=%s' % (os.path.relpath(ptx, E['PROJECT']), arch,
+                     hashlib.sha256(text.encode()).hexdigest()[:16], arch))
+        for d in dims:
+            name = E['OURS_SM90_KERNEL'] % d
+            if name not in regs or name not in tiles:
+                notes.append('ours %s: not in the PTX (or no memattn_tile_ record)' % name)
+                continue
+            t, pr, r = tiles[name], rep.get(name), regs[name]
+            if pr and (pr['registers'], pr['stack_bytes'], pr['spill_store_bytes'] + pr['spill_load_bytes']) != (r['regs'], r['stack'], r['spill']):
+                notes.append('%s: ptxas-report-sm90.json says %d regs / %d B stack / %d B spill, this ptxas %d / %d / %d' % (
+                    name, pr['registers'], pr['stack_bytes'], pr['spill_store_bytes'] + pr['spill_load_bytes'], r['regs'], r['stack'], r['spill']))
+            path = os.path.join(SASS, 'ours_sm90_d%d.%s.sass' % (d, arch))
+            open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', name, cubin]))
+            spec.append(dict(name='ours d%d' % d, kernel=name, variant='Br %d x Bc %d, %d threads' % (t['br'], t['bc'], t['threads']),
+                             sass=path, d=d, regs=regs[name]['regs'], stack=regs[name]['stack'], spill=regs[name]['spill'],
+                             smem=t['smem'], threads=t['threads'], br=t['br'], bc=t['bc'], wgs=t['br'] // 64))
+    # FA3
+    fa3 = {}
+    if E.get('F3LIB') and os.path.exists(E['F3LIB']):
+        ks, elves, have_names = fa3_index()
+        n_sm90 = sum(1 for v in elves.values() if 'sm_90' in v)
+        notes.append('FA3: %s, %s: %d cubins (%d sm_90a), %d FlashAttnFwdSm90 kernels' % (
+            E['FA3_SPEC'], os.path.basename(E['F3LIB']), len(elves), n_sm90, len(ks)))
+        if not have_names:
+            notes.append('FA3: c++filt not found, template arguments unreadable: no FA3 rows')
+        cub = os.path.join(E['F3DIR'], 'cubins')
+        os.makedirs(cub, exist_ok=True)
+        for d in dims:
+            cands = [k for k in ks if k.get('d') == d and k.get('dv') == d and k.get('elem') == 'bfloat16_t'
+                     and not any(v for f, v in k['flags'].items() if f not in FA3_FREE)]
+            if not cands:
+                if have_names:
+                    notes.append('FA3 d%d: no bf16 kernel without causal/local/softcap/varlen/paged/appendkv/qv/packgqa/split' % d)
+                continue
+            for k in sorted(cands, key=lambda k: k['cluster'][0]):
+                elf = elves[k['section']]
+                cpath = os.path.join(cub, elf)
+                if not os.path.exists(cpath):
+                    subprocess.run([E['CUOBJDUMP'], '-xelf', elf, E['F3LIB']], cwd=cub, check=True, capture_output=True)
+                path = os.path.join(SASS, 'fa3_d%d_cl%d.sm_90a.sass' % (d, k['cluster'][0]))
+                open(path, 'w').write(run([E['CUOBJDUMP'], '-sass', '-fun', k['mangled'], cpath]))
+                if not k['order_ok']:
+                    notes.append('FA3 d%d: the epilogue\'s Varlen / PackGQA / Split disagree with the mainloop\'s bools read in the '
+                                 'assumed order: the template may have changed, the match is doubtful' % d)
+                wgs = k['bm'] // 64   # one consumer warpgroup per 64 rows of kBlockM
+                if k['mma_threads'] != 128 * wgs:
+                    notes.append('FA3 d%d: NumMmaThreads %s in the epilogue, not 128 x kBlockM / 64' % (d, k['mma_threads']))
+                spec.append(dict(name='FA3 d%d' % d, kernel=k['short'], mangled=k['mangled'], variant='cluster %dx%d%s, %s%s' % (
+                                 k['cluster'][0], k['cluster'][1], '' if k['cluster'][0] == 1 else ' (seqlen_q / kBlockM even)',
+                                 'RS' if k['flags']['MmaPV_is_RS'] else 'SS', ', IntraWGOverlap' if k['flags']['IntraWGOverlap'] else ''),
+                                 sass=path, d=d, regs=k['regs'], stack=k['stack'], spill=None, smem=None,
+                                 threads=(wgs + 1) * 128, br=k['bm'], bc=k['bn'], wgs=wgs, cluster=k['cluster'][0],
+                                 cubin=elf, scheduler=k['scheduler'], stages=k['stages']))
+    else:
+        notes.append('FA3: library not available (%s), no FA3 rows' % E.get('FA3_SPEC'))
+    sm90_report(spec, notes, append, want_cl)
+
+def sm90_report(spec, notes, append, want_cl):
+    rows = []
+    for s in spec:
+        ins = parse(s['sass'])
+        L = sm90_loop(ins)
+        if L is None:
+            notes.append('%s %s: no loop with HGMMA' % (s['name'], s['variant']))
+            continue
+        prod, cons = setmaxnreg(ins)
+        ht = hist90(ins)
+        r = dict(s, total=len(ins), loop={k: v for k, v in L.items() if k not in ('seq', 'hist')}, hist=dict(L['hist']),
+                 setmaxnreg=(prod, cons), local_kernel=ht['LDL'] + ht['STL'], local_loop=L['hist']['LDL'] + L['hist']['STL'],
+                 model=sm90_model(L, s['wgs'], s['br'], s['bc']))
+        ns = {int(re.match(r'HGMMA\.\d+x(\d+)x', k).group(1)) for k in L['shapes']}
+        if ns != {s['bc'], s['d']}:
+            notes.append('%s %s: HGMMA N in the loop %s, not {Bc, d} = {%d, %d}' % (s['name'], s['variant'], sorted(ns), s['bc'], s['d']))
+        exp = s['d'] // 16 + s['bc'] // 16
+        if L['hgmma'] != exp:
+            notes.append('%s %s: %d HGMMA per iteration per warpgroup, not D/16 + Bc/16 = %d' % (s['name'], s['variant'], L['hgmma'], exp))
+        if abs(r['model']['tensor'] - 16 * s['d']) > 0.5:
+            notes.append('%s %s: tensor %.0f clk per unit, not the exact GEMMs\' 16 d = %d' % (s['name'], s['variant'], r['model']['tensor'], 16 * s['d']))
+        rows.append(r)
+    jp = os.path.join(OUT, 'report.json')
+    j = json.load(open(jp)) if append and os.path.exists(jp) else {}
+    W = ['', '# Hopper (sm_90a): memattn vs FlashAttention-3 (SM90=%s)' % E.get('SM90'), ''] + ['- ' + n for n in notes]
+    W += ['- FA3 kernels: cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<CollectiveMainloopFwdSm90<...>, '
+          'CollectiveEpilogueFwd<...>, Scheduler>>>, matched on the demangled template: bf16, TileShape K = kHeadDimV = d, '
+          'and false for %s (MmaPV_is_RS / IntraWGOverlap come with the tile, tile_size_fwd_sm90). That leaves the '
+          'non-varlen, non-split scheduler (StaticPersistentTileScheduler) in cluster 1x1 and, at d >= 128, 2x1 (FA3 runs 2x1 '
+          'when ceil(seqlen_q / kBlockM) is even); the comparison takes cluster %dx1 (FA3_CLUSTER).' % (
+              ', '.join(f for f in FA3_BOOLS if f not in FA3_FREE), want_cl),
+          '- Loop = the consumer warpgroups\' key-tile loop: the innermost natural loop with HGMMA (FA3: inside its persistent '
+          'tile loop, whose HGMMA ("in enclosing HGMMA loops") include its peeled first / last key tile). "steady" = its longest path header -> back '
+          'edge avoiding, where the branch allows, the blocks listed under "off the steady path": mask (-inf masking, taken on '
+          'boundary tiles), softcap (tanh of the soft cap, runtime flag off), rescale, wait-retry (an mbarrier wait that '
+          'spins or tests again only when the phase is not yet complete). Guarded instructions on the path are counted as '
+          'issued ("guarded"; BRA guards separately), @!PT ones too ("never").',
+          '- "unit" = a 128 x 128 block of S at head dim d (S = Q K^T and O += P V, 2 x 128 x 128 x d MAC); per SM: every '
+          'consumer warp (4 per warpgroup) runs one steady iteration per Br x Bc key tile, i.e. 16384 / (Br Bc) iterations per unit. '
+          'The producer warpgroup is not counted (ours and FA3 alike).', '']
+    W.append('| kernel | variant | launch regs | setmaxnreg producer / consumer | stack B | spill B | LDL+STL kernel / loop | smem B | '
+             'threads (consumer WGs) | Br x Bc | SASS instr | loop static / steady | HGMMA/iter per WG (D/16 + Bc/16) | HGMMA shapes | '
+             'per unit: HGMMA / other warp-instr |')
+    W.append('|' + '---|' * 15)
+    for r in rows:
+        L, per_unit = r['loop'], 16384.0 / (r['br'] * r['bc'])
+        W.append('| %s | %s | %d | %s / %s | %d | %s | %d / %d | %s | %d (%d) | %d x %d | %d | %d / %d | %d (%d) | %s | %.0f / %.0f |' % (
+            r['name'], r['variant'], r['regs'], r['setmaxnreg'][0], r['setmaxnreg'][1], r['stack'],
+            '-' if r['spill'] is None else r['spill'], r['local_kernel'], r['local_loop'], '-' if r['smem'] is None else r['smem'],
+            r['threads'], r['wgs'], r['br'], r['bc'], r['total'], L['static'], L['steady'], L['hgmma'],
+            r['d'] // 16 + r['bc'] // 16, ', '.join('%s x%d' % (k.split('.')[1], v) for k, v in L['shapes'].items()),
+            L['hgmma'] * 4 * r['wgs'] * per_unit, (L['steady'] - L['hgmma']) * 4 * r['wgs'] * per_unit))
+    W += ['', 'Steady loop iteration, opcode histogram (per consumer warp, one key tile):', '',
+          '| kernel | variant | ' + ' | '.join(H90_COLS) + ' |', '|' + '---|' * (2 + len(H90_COLS))]
+    for r in rows:
+        W.append('| %s | %s | ' % (r['name'], r['variant']) + ' | '.join(str(r['hist'].get(c, 0)) for c in H90_COLS) + ' |')
+    W += ['', 'Loop structure (addresses in the .sass files):', '']
+    for r in rows:
+        L = r['loop']
+        W.append('- %s %s: head %s, back edge %s, %d blocks, static %d, steady %d; HGMMA in the kernel %d, in enclosing HGMMA loops %s; '
+                 'guarded instr on the path %d (+ %d guarded BRA), @!PT %d; off the steady path: %s; wgmma waits / named '
+                 'barriers in order: %s' % (
+                     r['name'], r['variant'], L['head'], L['tail'], L['blocks'], L['static'], L['steady'], L['hgmma_kernel'],
+                     L['hgmma_outer'] or 'none', L['guarded'], L['guarded_bra'], L['never'],
+                     '; '.join('%s %d blocks / %d instr (%d BRA around it on the path)' % (
+                         k, L['off_blocks'][k], L['off_instr'][k], L['guards'].get(k, 0)) for k in L['off_blocks']) or 'nothing',
+                     ' | '.join(L['waits']) or 'none'))
+    m = H100
+    W += ['', 'Pipe model (ASSUMPTION, not a measurement), H100 SXM5, clocks per SM per unit; the largest column bounds the loop:', '',
+          '- tensor: HGMMA m64nNk16 = 64 N 16 MAC at %d bf16 MAC/clk/SM (%.1f TFLOP/s dense / (%d SMs x %d MHz) = 4096 FLOP/clk/SM; '
+          'so m64n128k16 = 64 clk); wgmma operands read from shared memory are not charged to the smem column.' % (
+              m['tc_mac_per_clk'], m['tflops'], m['sms'], m['mhz']),
+          '- issue: 1 warp-instruction per clk per SM sub-partition (4 per SM), every instruction of the consumer warps\' steady '
+          'path (uniform-datapath, NOP, BRA included); the 4 warps of a warpgroup sit on the 4 sub-partitions.',
+          '- fma pipe: FFMA/FMUL/FADD/IMAD at 32 lanes/clk/SMSP (1 clk per warp-instruction); alu pipe: FMNMX/FSETP/FSEL/ISETP/SEL/'
+          'IADD3/LEA/LOP3/SHF/MOV/F2FP at 16 lanes/clk/SMSP (2 clk) - the sm_90 rates of the forward section.',
+          '- mufu: MUFU (ex2 and others) at 16 lanes/clk/SM (4 per SMSP, 8 clk per warp-instruction).',
+          '- smem: LDS/STS/LDSM/STSM bytes (not wgmma operand reads) at 128 B/clk/SM.',
+          '- Not modelled: latency and dependencies (ours waits for each wgmma group right after issuing it, FA3 keeps one in '
+          'flight - see the waits above), the two warpgroups\' overlap (FA3 orders them with named barriers), TMA / L2 / HBM, '
+          'mbarrier spin time, the producer warpgroup, the peeled first / last tiles and the epilogue.', '']
+    W += ['| kernel | variant | tensor | issue | fma pipe | alu pipe | mufu | smem | bound |', '|' + '---|' * 9]
+    for r in rows:
+        c = r['model']
+        W.append('| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %s %.0f |' % (
+            r['name'], r['variant'], c['tensor'], c['issue'], c['fma'], c['alu'], c['mufu'], c['smem'], c['bound'], c['clk']))
+    summary = []
+    W += ['', 'Ours vs FA3 (FA3 cluster %dx1), model bound in clk per unit (ratio = FA3 / ours: >= 1 means ours at least as '
+          'fast on the model):' % want_cl, '',
+          '| d | ours bound | ours binding pipe (next) | FA3 bound | FA3 binding pipe (next) | FA3 / ours | issue ours / FA3 |', '|' + '---|' * 7]
+    for r in rows:
+        if not r['name'].startswith('ours'):
+            continue
+        fs = [f for f in rows if f['name'].startswith('FA3') and f['d'] == r['d'] and f['cluster'] == want_cl] or \
+             [f for f in rows if f['name'].startswith('FA3') and f['d'] == r['d']]
+        if not fs:
+            W.append('| %d | %.0f | %s (%s %.0f) | - | - | - | - |' % (r['d'], r['model']['clk'], r['model']['bound'],
+                     r['model']['next'], r['model'][r['model']['next']]))
+            continue
+        o, f = r['model'], fs[0]['model']
+        s = dict(d=r['d'], ours=o['clk'], ours_pipe=o['bound'], ours_next=o['next'], ours_next_clk=o[o['next']],
+                 fa3=f['clk'], fa3_pipe=f['bound'], fa3_next=f['next'], fa3_next_clk=f[f['next']], ratio=f['clk'] / o['clk'],
+                 issue_ratio=o['issue'] / f['issue'], fa3_variant=fs[0]['variant'])
+        summary.append(s)
+        W.append('| %d | %.0f | %s (%s %.0f) | %.0f | %s (%s %.0f) | %.2f | %.2f |' % (
+            s['d'], s['ours'], s['ours_pipe'], s['ours_next'], s['ours_next_clk'], s['fa3'], s['fa3_pipe'], s['fa3_next'],
+            s['fa3_next_clk'], s['ratio'], s['issue_ratio']))
+    W.append('')
+    for r in rows:
+        if r['name'].startswith('FA3'):
+            W.append('- %s %s = `%s` (%s; cute::C<n> written n; mangled name in report.json)' % (r['name'], r['variant'], r['kernel'], r['cubin']))
+    j.update(sm90_notes=notes, sm90_rows=rows, sm90_summary=summary)
+    json.dump(j, open(jp, 'w'), indent=1, default=str)
+    mp = os.path.join(OUT, 'report.md')
+    if append and os.path.exists(mp):
+        open(mp, 'a').write('\n'.join(W) + '\n')
+    else:
+        open(mp, 'w').write('\n'.join(W).lstrip('\n') + '\n')
+    print('\n'.join(W))
+
 # The tiles torch's FA2 runs on A100/H100 without dropout (run_mha_fwd_hdim* in flash_fwd_launch_template.h).
 FA2_TILES = {32: '128 128 4', 64: '128 128 4', 96: '128 64 4', 128: '128 64 4', 192: '128 64 8', 256: '128 64 8'}
 # Our cubins go with the report, so runs with different SASS_OUT do not overwrite each other's.
 CACHE_OURS = os.path.join(OUT, 'ours')
 os.makedirs(CACHE_OURS, exist_ok=True)
 BWD = E.get('BWD', '0')
-if BWD != 'only':
+ran = False
+if BWD != 'only' and E.get('FWD', '1') != '0':
     main()
+    ran = True
 if BWD in ('1', 'only'):
-    bwd_main(append=(BWD == '1'))
+    bwd_main(append=ran)
+    ran = True
+if E.get('SM90', '0') != '0':
+    sm90_main(append=ran)
 PY

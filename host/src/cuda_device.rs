@@ -13,7 +13,10 @@ use kernels_gpu::tiles::LaunchDims;
 use memattn::device::cuda::{drv, probe, quietly, vm_backed, CudaModule};
 use memattn::device::{Backend, BackendChoice, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
 use memattn::memory::MeasuredMemory;
+use memattn::problem::Arch;
 use memattn::ptx::PtxSource;
+use memattn::tma::TensorMapDesc;
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +25,13 @@ pub struct CudaDevice {
     stream: sys::CUstream,
     module: CudaModule,
     ptx: PtxSource,
+    /// The `sm_90a` module: loaded on the first launch of a Hopper kernel (compute capability
+    /// 9.0 only).
+    module_sm90: Option<CudaModule>,
+    ptx_sm90: PtxSource,
+    compute_capability: (i32, i32),
+    /// Whether the library may pick the Hopper forward here ([`Device::arch`]).
+    hopper: bool,
     name: String,
     uuid: Option<String>,
     events: Option<(sys::CUevent, sys::CUevent)>,
@@ -83,6 +93,10 @@ impl CudaDevice {
             stream: std::ptr::null_mut(),
             module,
             ptx: opts.ptx.clone(),
+            module_sm90: None,
+            ptx_sm90: opts.ptx_sm90.clone(),
+            compute_capability: (major, minor),
+            hopper: opts.hopper,
             name: format!("{name} (sm_{major}{minor})"),
             uuid,
             events: None,
@@ -164,6 +178,10 @@ impl Device for CudaDevice {
         &self.ptx
     }
 
+    fn ptx_sm90(&self) -> Option<&PtxSource> {
+        Some(&self.ptx_sm90)
+    }
+
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError> {
         use sys::CUdevice_attribute::*;
         let (free, total) = result::mem_get_info().map_err(|e| drv("cuMemGetInfo", e))?;
@@ -238,11 +256,68 @@ impl Device for CudaDevice {
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         self.bind()?;
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            if self.compute_capability != (9, 0) {
+                let (major, minor) = self.compute_capability;
+                return Err(DeviceError::Unavailable(format!(
+                    "`{kernel}` is in the sm_90a module, which only compute capability 9.0 loads (this GPU: {major}.{minor})"
+                )));
+            }
+            self.module_sm90 = Some(CudaModule::load(&self.ptx_sm90)?);
+        }
+        let module = match (&self.module_sm90, sm90) {
+            (Some(m), true) => m,
+            _ => &self.module,
+        };
         // SAFETY: the runner passes the parameters the kernel's ABI declares, with addresses
         // of live allocations of this device (checked against the ABI and its allocations),
         // on the default stream of the bound context.
-        unsafe { self.module.launch(kernel, dims, params, self.stream) }?;
+        unsafe { module.launch(kernel, dims, params, self.stream) }?;
         Ok(LaunchInfo::default())
+    }
+
+    fn arch(&mut self) -> Result<Arch, DeviceError> {
+        Ok(if self.hopper && self.compute_capability == (9, 0) { Arch::Sm90 } else { Arch::Sm80 })
+    }
+
+    fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
+        use sys::{
+            CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
+            CUtensorMapSwizzle,
+        };
+        self.bind()?;
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        let element_strides = [1u32; 4];
+        // SAFETY: every pointer is to a local array of the rank's length; the map is written by
+        // the driver. The address is a device address the caller allocated (the encoding only
+        // records it).
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                // 2-byte elements; the copy moves bits, and zero bits are +0.0 in bf16 and f16.
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                4,
+                desc.address as *mut c_void,
+                desc.dims.as_ptr(),
+                desc.strides.as_ptr(),
+                desc.box_dims.as_ptr(),
+                element_strides.as_ptr(),
+                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result().map_err(|e| drv("cuTensorMapEncodeTiled", e))?;
+        // SAFETY: initialised (zeroed, then written by the driver).
+        let map = unsafe { map.assume_init() };
+        let mut out = [0u8; 128];
+        for (i, w) in map.opaque.iter().enumerate() {
+            out[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        Ok(out)
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {

@@ -75,11 +75,15 @@ impl RunSpec {
 
 /// The blocks of the flash launch that hold the rows `spec.check` selects
 /// ([`RunSpec::sampled_blocks`]), and the run's warning saying so.
-fn checked_blocks(p: &Problem, spec: &RunSpec) -> Result<(memattn::device::BlockSubset, String), Error> {
+fn checked_blocks(
+    p: &Problem,
+    spec: &RunSpec,
+    arch: memattn::problem::Arch,
+) -> Result<(memattn::device::BlockSubset, String), Error> {
     if spec.kernel != KernelKind::Flash || p.varlen.is_some() {
         return Err(Error::Usage("a sampled launch runs the flash kernel of a dense (not varlen) problem".into()));
     }
-    let launches = p.launches(KernelKind::Flash)?;
+    let launches = p.launches_on(KernelKind::Flash, arch)?;
     let [l] = launches.as_slice() else {
         return Err(Error::Usage("a sampled launch needs a single-kernel flash problem".into()));
     };
@@ -300,7 +304,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     let caps = dev.caps()?;
     // Refused before anything is allocated (the library checks the same again at the launch).
     p.validate(spec.kernel, &caps)?;
-    let analytic = AnalyticBytes::new(&p, spec.kernel);
+    let analytic = AnalyticBytes::on(&p, spec.kernel, dev.arch()?);
     analytic.check_fits(spec.kernel, &caps)?;
     if let Some(x) = inputs {
         // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
@@ -375,7 +379,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     }
 
     let subset = if spec.sampled_blocks {
-        let (subset, warning) = checked_blocks(&p, spec)?;
+        let (subset, warning) = checked_blocks(&p, spec, dev.arch()?)?;
         warnings.push(warning);
         Some(subset)
     } else {

@@ -91,6 +91,42 @@ fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
     }
 }
 
+/// The Hopper forward through the CUDA path (the sm_90a module loaded by the driver's JIT,
+/// tensor maps from `cuTensorMapEncodeTiled`) on the VM-backed driver modelling sm_90 equals
+/// `--backend vm --vm-arch sm_90` bit for bit; without `MEMATTN_HOPPER=1` the CUDA path keeps
+/// the sm_80 kernel.
+#[test]
+fn the_hopper_forward_on_the_vm_backed_driver_equals_the_vm() {
+    let args = |backend: &'static str, out: &PathBuf| -> Vec<String> {
+        let mut a: Vec<String> = ["--json", "--backend", backend, "--vm-arch", "sm_90", "run", "--dtype", "bf16"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(
+            ["--heads", "4", "--heads-kv", "2", "--seq-q", "150", "--seq-kv", "201", "--head-dim", "64", "--causal"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        a.extend(["--output".to_string(), out.to_str().unwrap().to_string()]);
+        a
+    };
+    let mut outs = Vec::new();
+    for (backend, hopper) in [("cuda", "1"), ("vm", "0"), ("cuda", "0")] {
+        let out = tmp(&format!("sm90-{backend}-{hopper}.safetensors"));
+        let a = args(backend, &out);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ARCH", "sm_90"), ("MEMATTN_HOPPER", hopper)], &a);
+        assert_eq!(code(&o), 0, "{backend} {hopper}: {}", stderr(&o));
+        let v = json(&o);
+        assert_eq!(v["verified"], true, "{v}");
+        let want = if backend == "cuda" && hopper == "0" { "flash_fwd_bf16_d64" } else { "flash_fwd_bf16_sm90_d64" };
+        assert!(v.to_string().contains(want), "{backend} {hopper}: {want} not in {v}");
+        assert_eq!(v["memory"]["peak_delta_bytes"], v["analytic_bytes"]["total"], "{backend} {hopper}: {v}");
+        outs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(outs[0] == outs[1], "O and LSE differ between the Hopper forward on the driver and in the VM");
+}
+
 /// NVML reports utilisation over the past sample period, so a launch that starts and ends
 /// between two samples still shows: with samples half a second apart the short launch runs
 /// wholly between the first sample and the last, and the last one must see it.

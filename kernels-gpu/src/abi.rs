@@ -135,6 +135,31 @@ pub const ATTN_PARAMS_BYTES: usize = 264;
 const _: () = assert!(core::mem::size_of::<AttnParams>() == ATTN_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<AttnParams>() == 8);
 
+/// Parameters of the Hopper forward ([`crate::flash_fwd_sm90`]): the attention parameters and
+/// the device address of its three 128-byte tensor maps (Q, K, V, in that order, 128-byte
+/// aligned, in global memory: a by-value 64-byte-aligned parameter is not something rustc can
+/// pass, and TMA reads maps from global, constant or parameter memory alike).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sm90Params {
+    pub attn: AttnParams,
+    pub tensor_maps: u64,
+}
+
+/// Size in bytes of [`Sm90Params`] (`.b8 ..._param_0[272]`).
+pub const SM90_PARAMS_BYTES: usize = 272;
+const _: () = assert!(core::mem::size_of::<Sm90Params>() == SM90_PARAMS_BYTES);
+
+impl Sm90Params {
+    /// The struct's bytes as the kernel reads them.
+    pub fn to_bytes(&self) -> [u8; SM90_PARAMS_BYTES] {
+        let mut out = [0u8; SM90_PARAMS_BYTES];
+        out[..ATTN_PARAMS_BYTES].copy_from_slice(&self.attn.to_bytes());
+        out[ATTN_PARAMS_BYTES..].copy_from_slice(&self.tensor_maps.to_le_bytes());
+        out
+    }
+}
+
 impl Default for AttnParams {
     fn default() -> Self {
         let z = Strides { batch: 0, seq: 0, head: 0 };

@@ -14,6 +14,13 @@ use sha2::{Digest, Sha256};
 
 /// The committed kernel module.
 pub const PTX: &str = include_str!("../ptx/memattn_kernels.ptx");
+/// The `sm_90a` module (`kernels-gpu/ptx/memattn_kernels_sm90.ptx`): the Hopper rows of the
+/// variant table.
+pub const PTX_SM90: &str = include_str!("../ptx/memattn_kernels_sm90.ptx");
+/// What `cargo xtask build-ptx` recorded about [`PTX_SM90`].
+pub const BUILD_INFO_SM90_JSON: &str = include_str!("../ptx/build-info-sm90.json");
+/// What `cargo xtask ptxas` recorded about [`PTX_SM90`] (sm_90a).
+pub const PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90.json");
 /// What `cargo xtask build-ptx` recorded about [`PTX`].
 pub const BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
 /// What `cargo xtask ptxas` recorded about [`PTX`].
@@ -161,7 +168,7 @@ mod tests {
         let r = PtxasReport::embedded().unwrap();
         assert_eq!(r.to_json(), PTXAS_REPORT_JSON, "the writer and the committed file agree");
         assert_eq!(r.ptx_sha256, sha256_hex(PTX.as_bytes()));
-        for v in VARIANTS {
+        for v in VARIANTS.iter().filter(|v| v.module() == crate::variants::PtxModule::Sm80) {
             let rows: Vec<_> = r.kernels.iter().filter(|k| k.name == v.name).collect();
             assert_eq!(rows.len(), 2, "{} at sm_80 and sm_90", v.name);
             for k in rows {
@@ -171,15 +178,38 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "artifacts-json")]
+    #[test]
+    fn the_sm90_module_records_cover_its_rows() {
+        let bi: BuildInfo = serde_json::from_str(BUILD_INFO_SM90_JSON).unwrap();
+        assert_eq!(bi.ptx_sha256, sha256_hex(PTX_SM90.as_bytes()), "build-info-sm90.json describes a different PTX");
+        assert_eq!(bi.cpu, "sm_90a");
+        let r: PtxasReport = serde_json::from_str(PTXAS_REPORT_SM90_JSON).unwrap();
+        assert_eq!(r.to_json(), PTXAS_REPORT_SM90_JSON, "the writer and the committed file agree");
+        assert_eq!(r.ptx_sha256, sha256_hex(PTX_SM90.as_bytes()));
+        for v in VARIANTS.iter().filter(|v| v.module() == crate::variants::PtxModule::Sm90a) {
+            let rows: Vec<_> = r.kernels.iter().filter(|k| k.name == v.name).collect();
+            assert_eq!(rows.len(), 1, "{} at sm_90a", v.name);
+            assert_eq!(rows[0].arch, "sm_90a");
+            assert_eq!(rows[0].dynamic_smem_bytes, v.dynamic_smem_bytes(), "{}", v.name);
+            assert!(rows[0].hmma.unwrap_or(0) > 0, "{} HGMMA", v.name);
+            assert_eq!(rows[0].spill_store_bytes + rows[0].spill_load_bytes + rows[0].stack_bytes, 0, "{}", v.name);
+        }
+    }
+
     #[test]
     fn the_committed_ptx_exports_the_tables_tile_records() {
-        let recs = tile_records(PTX);
-        for k in KernelId::ALL {
-            let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
-            assert_eq!(found.len(), 1, "`{}{}` in the PTX", TileRecord::SYMBOL_PREFIX, k.name());
-            assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+        use crate::variants::PtxModule;
+        for (text, module) in [(PTX, PtxModule::Sm80), (PTX_SM90, PtxModule::Sm90a)] {
+            let recs = tile_records(text);
+            let rows: Vec<KernelId> = KernelId::ALL.into_iter().filter(|k| k.variant().module() == module).collect();
+            for k in &rows {
+                let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
+                assert_eq!(found.len(), 1, "`{}{}` in the {module:?} PTX", TileRecord::SYMBOL_PREFIX, k.name());
+                assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+            }
+            assert_eq!(recs.len(), rows.len(), "{module:?}");
         }
-        assert_eq!(recs.len(), KernelId::ALL.len());
     }
 
     #[test]

@@ -43,6 +43,8 @@
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+// The `sm_90a` build compiles every module but exports only the Hopper rows.
+#![cfg_attr(memattn_sm90, allow(dead_code, unused_imports))]
 
 pub mod abi;
 pub mod decode_abi;
@@ -84,6 +86,9 @@ pub mod flash_bwd_tc;
 pub mod flash_fwd_f32;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod flash_fwd_mma;
+pub mod flash_fwd_sm90;
+#[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+pub mod hopper;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod merge_states;
 #[cfg(any(doc, target_arch = "nvptx64"))]

@@ -12,7 +12,7 @@
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn saxpy_f32(n: u32, a: f32, x: *const f32, y: *mut f32) {
     let i = ctaid_x() * ntid_x() + tid_x();

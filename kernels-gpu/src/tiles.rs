@@ -90,10 +90,45 @@ pub struct FlashMmaTile {
     pub keys_backward: bool,
 }
 
+/// Tile of the Hopper forward ([`crate::flash_fwd_sm90`], the `sm_90a` module): 384 threads
+/// (a producer and two consumer warpgroups), 128 query rows, key tiles of `bc`, two K/V stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashSm90Tile {
+    pub head_dim: u32,
+    pub bc: u32,
+}
+
+impl FlashSm90Tile {
+    pub const BR: u32 = 128;
+    pub const THREADS: u32 = 384;
+    /// 1024 bytes of alignment slack, Q (`128 x D`), two K and two V stages (`bc x D`), 2-byte
+    /// elements, and the eight 8-byte barriers.
+    pub const fn smem_bytes(&self) -> u32 {
+        1024 + Self::BR * self.head_dim * 2 + 4 * self.bc * self.head_dim * 2 + 64
+    }
+    /// Grid `(ceil(seq_q / 128), heads, batch)`, block `(384, 1, 1)`.
+    pub const fn launch(&self, batch: u32, heads: u32, seq_q: u32) -> LaunchDims {
+        LaunchDims {
+            grid: [seq_q.div_ceil(Self::BR), heads, batch],
+            block: [Self::THREADS, 1, 1],
+            dynamic_smem_bytes: self.smem_bytes(),
+        }
+    }
+}
+
+/// d64: key tiles of 128: 1 + 16 + 64 KiB shared memory.
+pub const FLASH_SM90_D64: FlashSm90Tile = FlashSm90Tile { head_dim: 64, bc: 128 };
+/// d128: key tiles of 128 (FlashAttention-3 uses 128 to 176): 1 + 32 + 128 KiB.
+pub const FLASH_SM90_D128: FlashSm90Tile = FlashSm90Tile { head_dim: 128, bc: 128 };
+/// d256: key tiles of 64 (FlashAttention-3: 80): 1 + 64 + 128 KiB, within sm_90's 227 KiB.
+pub const FLASH_SM90_D256: FlashSm90Tile = FlashSm90Tile { head_dim: 256, bc: 64 };
+
 /// Shared memory a block may use on sm_80 with the opt-in
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): 163 KiB (sm_90: 227 KiB). Without the
 /// opt-in a block gets 48 KiB; the hosts opt in per kernel when a launch needs more.
 pub const SMEM_OPT_IN_SM80: u32 = 163 * 1024;
+/// The same on sm_90 (H100, H200): 227 KiB.
+pub const SMEM_OPT_IN_SM90: u32 = 227 * 1024;
 
 impl FlashMmaTile {
     pub const fn threads(&self) -> u32 {

@@ -99,6 +99,43 @@ pub enum Family {
     /// Backward main kernel on tensor cores, bf16/f16, FlashAttention-2's two-dimensional warp
     /// layout (`flash_bwd_tc.rs`; takes `BwdParams`).
     FlashBwdTc,
+    /// Fused forward for Hopper, TMA + `wgmma` + warp specialisation (`flash_fwd_sm90.rs`;
+    /// takes `Sm90Params`; in the `sm_90a` module).
+    FlashSm90,
+}
+
+/// The PTX module a row's entry point is built into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PtxModule {
+    /// `memattn_kernels.ptx`, `.target sm_80`: every GPU from the A100 on.
+    Sm80,
+    /// `memattn_kernels_sm90.ptx`, `.target sm_90a`: Hopper only (H100, H200).
+    Sm90a,
+}
+
+impl PtxModule {
+    pub const ALL: [PtxModule; 2] = [PtxModule::Sm80, PtxModule::Sm90a];
+    /// The `-C target-cpu` the module is built for.
+    pub const fn target_cpu(self) -> &'static str {
+        match self {
+            PtxModule::Sm80 => "sm_80",
+            PtxModule::Sm90a => "sm_90a",
+        }
+    }
+    /// The committed file's name under `kernels-gpu/ptx/`.
+    pub const fn file_name(self) -> &'static str {
+        match self {
+            PtxModule::Sm80 => "memattn_kernels.ptx",
+            PtxModule::Sm90a => "memattn_kernels_sm90.ptx",
+        }
+    }
+    /// The lowest compute capability (major, minor) that can load the module.
+    pub const fn min_compute_capability(self) -> (u32, u32) {
+        match self {
+            PtxModule::Sm80 => (8, 0),
+            PtxModule::Sm90a => (9, 0),
+        }
+    }
 }
 
 impl Family {
@@ -124,6 +161,7 @@ impl Family {
             Family::BwdConvert => "bwd_convert",
             Family::FlashBwdMma => "flash_bwd_mma",
             Family::FlashBwdTc => "flash_bwd_tc",
+            Family::FlashSm90 => "flash_sm90",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -154,6 +192,7 @@ pub enum Tile {
     BwdConvert(BwdRowsTile),
     FlashBwdMma(FlashBwdMmaTile),
     FlashBwdTc(FlashBwdTcTile),
+    FlashSm90(FlashSm90Tile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -218,6 +257,7 @@ impl Variant {
             Tile::FlashBwdF32(t) => Some(t.head_dim),
             Tile::FlashBwdMma(t) => Some(t.head_dim),
             Tile::FlashBwdTc(t) => Some(t.head_dim),
+            Tile::FlashSm90(t) => Some(t.head_dim),
             _ => None,
         }
     }
@@ -238,13 +278,26 @@ impl Variant {
             Family::BwdPre | Family::FlashBwdF32 | Family::BwdConvert | Family::FlashBwdMma | Family::FlashBwdTc => {
                 crate::abi::BWD_PARAMS_BYTES
             }
+            Family::FlashSm90 => crate::abi::SM90_PARAMS_BYTES,
             _ => crate::abi::ATTN_PARAMS_BYTES,
         }
     }
 
-    /// Whether the kernel is written for tensor cores (its SASS must contain HMMA).
+    /// Whether the kernel is written for tensor cores (its SASS must contain HMMA, or HGMMA
+    /// for the `sm_90a` rows).
     pub const fn tensor_cores(&self) -> bool {
-        matches!(self.tile, Tile::FlashMma(_) | Tile::DecodeMma(_) | Tile::FlashBwdMma(_) | Tile::FlashBwdTc(_))
+        matches!(
+            self.tile,
+            Tile::FlashMma(_) | Tile::DecodeMma(_) | Tile::FlashBwdMma(_) | Tile::FlashBwdTc(_) | Tile::FlashSm90(_)
+        )
+    }
+
+    /// The PTX module the entry point is in.
+    pub const fn module(&self) -> PtxModule {
+        match self.family {
+            Family::FlashSm90 => PtxModule::Sm90a,
+            _ => PtxModule::Sm80,
+        }
     }
 
     /// Threads per block.
@@ -268,6 +321,7 @@ impl Variant {
             Tile::FlashBwdF32(t) => t.threads(),
             Tile::FlashBwdMma(t) => t.threads(),
             Tile::FlashBwdTc(t) => t.threads(),
+            Tile::FlashSm90(_) => FlashSm90Tile::THREADS,
         }
     }
 
@@ -281,6 +335,7 @@ impl Variant {
             Tile::FlashBwdF32(t) => t.smem_bytes(),
             Tile::FlashBwdMma(t) => t.smem_bytes(),
             Tile::FlashBwdTc(t) => t.smem_bytes(),
+            Tile::FlashSm90(t) => t.smem_bytes(),
             _ => 0,
         }
     }
@@ -295,6 +350,7 @@ impl Variant {
             Tile::FlashBwdF32(t) => t.br,
             Tile::FlashBwdMma(t) => t.br,
             Tile::FlashBwdTc(_) => FlashBwdTcTile::BR,
+            Tile::FlashSm90(_) => FlashSm90Tile::BR,
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.rows,
             _ => 0,
         }
@@ -310,6 +366,7 @@ impl Variant {
             Tile::FlashBwdF32(t) => t.bc,
             Tile::FlashBwdMma(t) => t.bc(),
             Tile::FlashBwdTc(t) => t.bc,
+            Tile::FlashSm90(t) => t.bc,
             _ => 0,
         }
     }
@@ -346,6 +403,7 @@ impl Variant {
             Tile::NaiveBwdDkv(_) => return None,
             Tile::FlashF32(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
             Tile::FlashMma(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
+            Tile::FlashSm90(t) => return Some(t.launch(s.batch, s.heads, s.seq_q)),
         };
         Some(LaunchDims { grid, block, dynamic_smem_bytes })
     }
@@ -432,11 +490,24 @@ macro_rules! kernel_table {
         }
 
         $(
-            #[cfg(target_arch = "nvptx64")]
-            crate::variants::entry!($family, $name, $elem, $tile);
+            crate::variants::module_entry!($family, $name, $elem, $tile);
         )*
     };
 }
+
+/// A row's entry point, in the build of its module: the `sm_90a` rows when the crate is built
+/// with `--cfg memattn_sm90` (`cargo xtask build-ptx`'s second build), every other row without.
+macro_rules! module_entry {
+    (FlashSm90, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        crate::variants::entry!(FlashSm90, $($rest)*);
+    };
+    ($($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+        crate::variants::entry!($($rest)*);
+    };
+}
+pub(crate) use module_entry;
 
 /// A row's [`WindowRule`]: the one it names, else [`WindowRule::Any`].
 macro_rules! rule_or_any {
@@ -453,6 +524,9 @@ pub(crate) use rule_or_any;
 /// the family's generic body with the tile's constants, and the exported [`TileRecord`].
 #[cfg(target_arch = "nvptx64")]
 macro_rules! entry {
+    (FlashSm90, $name:ident, $elem:ident, $tile:expr) => {
+        crate::variants::entry_sm90!($name, $elem, $tile);
+    };
     (Smoke, $name:ident, $elem:ident, $tile:expr) => {
         // Written by hand in `smoke.rs` (it takes four scalar parameters, not `AttnParams`).
         crate::variants::tile_record!($name);
@@ -704,6 +778,30 @@ macro_rules! entry {
 }
 #[cfg(target_arch = "nvptx64")]
 pub(crate) use entry;
+
+/// The Hopper rows' entry points (in the `sm_90a` build only, see [`module_entry`]).
+#[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+macro_rules! entry_sm90 {
+    ($name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::flash_fwd_sm90`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::Sm90Params) {
+            const T: FlashSm90Tile = $tile;
+            unsafe {
+                crate::flash_fwd_sm90::flash_fwd_sm90::<
+                    crate::device::$elem,
+                    { T.head_dim as usize },
+                    { T.bc as usize },
+                    { (T.bc / 8) as usize },
+                    { (T.head_dim / 8) as usize },
+                >(&p)
+            }
+        }
+        crate::variants::tile_record!($name);
+    };
+}
+#[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+pub(crate) use entry_sm90;
 
 /// Exports `memattn_tile_<name>`: the [`TileRecord`] of the row whose entry is `name`.
 #[cfg(target_arch = "nvptx64")]
@@ -964,6 +1062,18 @@ kernel_table! {
     BwdConvertBf16 = flash_bwd_dq_bf16: BwdConvert(BWD_ROWS), Bf16;
     /// Backward convert: the f32 dQ accumulator to an f16 dQ.
     BwdConvertF16 = flash_bwd_dq_f16: BwdConvert(BWD_ROWS), F16;
+    /// Hopper forward (TMA, `wgmma`, warp-specialised; the `sm_90a` module), bf16, head_dim 64.
+    FlashFwdBf16Sm90D64 = flash_fwd_bf16_sm90_d64: FlashSm90(FLASH_SM90_D64), Bf16;
+    /// Hopper forward, bf16, head_dim 128.
+    FlashFwdBf16Sm90D128 = flash_fwd_bf16_sm90_d128: FlashSm90(FLASH_SM90_D128), Bf16;
+    /// Hopper forward, bf16, head_dim 256.
+    FlashFwdBf16Sm90D256 = flash_fwd_bf16_sm90_d256: FlashSm90(FLASH_SM90_D256), Bf16;
+    /// Hopper forward, f16, head_dim 64.
+    FlashFwdF16Sm90D64 = flash_fwd_f16_sm90_d64: FlashSm90(FLASH_SM90_D64), F16;
+    /// Hopper forward, f16, head_dim 128.
+    FlashFwdF16Sm90D128 = flash_fwd_f16_sm90_d128: FlashSm90(FLASH_SM90_D128), F16;
+    /// Hopper forward, f16, head_dim 256.
+    FlashFwdF16Sm90D256 = flash_fwd_f16_sm90_d256: FlashSm90(FLASH_SM90_D256), F16;
 }
 
 impl KernelId {
@@ -1048,6 +1158,11 @@ impl KernelId {
             Some(k) => Some(k),
             None => Self::flash(elem, head_dim),
         }
+    }
+
+    /// The Hopper forward (`sm_90a` module) for `elem` and `head_dim`, if the table has one.
+    pub const fn flash_sm90(elem: Elem, head_dim: u32) -> Option<KernelId> {
+        Self::find(Family::FlashSm90, elem, Some(head_dim))
     }
 
     const fn flash_family(elem: Elem) -> Family {

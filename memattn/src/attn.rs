@@ -1651,7 +1651,7 @@ impl Kernels {
         };
         let alibi = opts.alibi_slopes.map(|a| a.check(h, batch)).transpose()?;
         problem.validate(kind, &self.caps()?)?;
-        let launches = problem.launches(kind)?;
+        let launches = problem.launches_on(kind, self.arch()?)?;
         self.check_module(&launches.iter().map(|l| l.kernel).collect::<Vec<_>>())?;
         if let Some((s, _)) = scores {
             let want = [problem.batch as usize, h, problem.seq_q as usize, problem.seq_kv as usize];
@@ -1731,7 +1731,7 @@ impl Kernels {
         if varlen.is_some() {
             params.total_q = to_u32("q", sq, "total_q")?;
         }
-        Ok(Plan { launches, params })
+        Ok(Plan { launches, params, total_kv: skv as u64 })
     }
 
     /// The aliasing rules of a forward call into caller buffers ([`alias`]): the written `o`,
@@ -1871,10 +1871,19 @@ impl Kernels {
     /// command's `--ptx FILE`): its entries must have the tiles these launches were planned for.
     fn check_module(&self, ids: &[KernelId]) -> Result<(), AttnError> {
         if let Inner::Dev(dev) = &self.inner {
+            use kernels_gpu::variants::PtxModule;
+            let (sm90, sm80): (Vec<KernelId>, Vec<KernelId>) =
+                ids.iter().partition(|k| k.variant().module() == PtxModule::Sm90a);
             dev.with(|d| {
                 d.ptx()
-                    .check_tiles(ids)
-                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })
+                    .check_tiles(&sm80)
+                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })?;
+                match d.ptx_sm90() {
+                    Some(src) if !sm90.is_empty() => src
+                        .check_tiles(&sm90)
+                        .map_err(|message| DeviceError::PtxLoad { origin: src.origin.clone(), message }),
+                    _ => Ok(()),
+                }
             })?;
         }
         Ok(())
@@ -1891,7 +1900,57 @@ impl Kernels {
     fn launch(&self, plan: &Plan, params: &AttnParams, stream: Option<&CudaStream>) -> Result<(), AttnError> {
         let bytes = params.to_bytes();
         for l in &plan.launches {
+            if let kernels_gpu::variants::Tile::FlashSm90(tile) = l.kernel.variant().tile {
+                self.launch_sm90(l, tile, params, plan.total_kv)?;
+                continue;
+            }
             self.launch_bytes(l.kernel, &l.dims, &bytes, stream)?;
+        }
+        Ok(())
+    }
+
+    /// The GPU generation whose kernels this device runs ([`Device::arch`]).
+    fn arch(&self) -> Result<crate::problem::Arch, AttnError> {
+        match &self.inner {
+            Inner::Dev(v) => Ok(v.with(|d| d.arch())?),
+            // Kernels on a caller's CUDA context run the sm_80 module.
+            Inner::Cuda(_) => Ok(crate::problem::Arch::Sm80),
+        }
+    }
+
+    /// One launch of the Hopper forward: its three tensor maps encoded by the device, placed in
+    /// a 384-byte device buffer for the launch, freed after it.
+    fn launch_sm90(
+        &self,
+        l: &crate::problem::PlannedLaunch,
+        tile: kernels_gpu::tiles::FlashSm90Tile,
+        params: &AttnParams,
+        total_kv: u64,
+    ) -> Result<(), AttnError> {
+        let Inner::Dev(v) = &self.inner else {
+            return Err(DeviceError::Unavailable("the Hopper forward runs on a memattn device only".into()).into());
+        };
+        let maps = crate::tma::forward_maps(params, tile, total_kv);
+        let info = v.with(|d| {
+            let mut bytes = Vec::with_capacity(384);
+            for m in &maps {
+                m.check()
+                    .map_err(|e| DeviceError::Unavailable(format!("a tensor map of `{}`: {e}", l.kernel.name())))?;
+                bytes.extend_from_slice(&d.encode_tensor_map(m)?);
+            }
+            let buf = d.alloc(bytes.len() as u64)?;
+            let run = (|| {
+                d.upload_bytes(buf, &bytes)?;
+                let p = kernels_gpu::abi::Sm90Params { attn: *params, tensor_maps: buf };
+                let info = d.launch(l.kernel.name(), &l.dims, &[&p.to_bytes()])?;
+                d.synchronize()?;
+                Ok(info)
+            })();
+            d.free(buf)?;
+            run
+        })?;
+        if let Some(log) = v.log().as_mut() {
+            log.push(Launched { kernel: l.kernel, dims: l.dims, info });
         }
         Ok(())
     }
@@ -1980,4 +2039,6 @@ struct Plan {
     /// One for the flash kernels, three for the naive ones (same parameters).
     launches: Vec<crate::problem::PlannedLaunch>,
     params: AttnParams,
+    /// K's rows (varlen: the packed total), for the Hopper forward's tensor maps.
+    total_kv: u64,
 }

@@ -22,7 +22,8 @@
 //! `module_layers_have_no_cycle`, reads every source file, subfolders included, and fails on an
 //! import against the order):
 //! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
-//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`rng`];
+//!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`rng`],
+//!    [`tma`] (the Hopper forward's tensor maps);
 //! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
 //!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
 //! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check);
@@ -52,6 +53,7 @@ pub mod problem;
 pub mod ptx;
 pub mod reference;
 pub mod rng;
+pub mod tma;
 pub mod units;
 pub mod verify;
 
@@ -67,7 +69,7 @@ mod layering_tests {
 
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
-        &["units", "parse", "caps", "panics", "driver", "rng"],
+        &["units", "parse", "caps", "panics", "driver", "rng", "tma"],
         &["dtype", "problem"],
         &["inputs", "memory"],
         &["reference"],

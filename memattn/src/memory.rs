@@ -13,6 +13,7 @@
 //! | O | `batch·seq_q·heads·d·size` | output | output |
 //! | LSE | `4·batch·heads·seq_q` | workspace | workspace |
 //! | S | `4·batch·heads·seq_q·seq_kv` | workspace | — |
+//! | tensor maps (the Hopper forward) | 384 | — | workspace |
 //!
 //! LSE counts as workspace: it is what the fused kernel keeps instead of S (and what a backward
 //! pass would need). The naive path also writes LSE (its softmax produces it).
@@ -35,6 +36,9 @@ pub struct AnalyticBytes {
     pub lse: u64,
     /// The naive score matrix S (0 for flash).
     pub scores: u64,
+    /// The Hopper forward's three 128-byte TMA tensor maps, in device memory for the launch (0
+    /// for every other kernel).
+    pub tensor_maps: u64,
     pub total: u64,
 }
 
@@ -54,7 +58,19 @@ impl AnalyticBytes {
         let inputs = q + 2 * kv + sinks + alibi + cu_seqlens;
         let outputs = q;
         let workspace = lse + scores;
-        AnalyticBytes { inputs, outputs, workspace, lse, scores, total: inputs + outputs + workspace }
+        AnalyticBytes { inputs, outputs, workspace, lse, scores, tensor_maps: 0, total: inputs + outputs + workspace }
+    }
+
+    /// [`AnalyticBytes::new`] for the kernels a device of `arch` runs: the Hopper forward adds
+    /// its tensor maps to the workspace.
+    pub fn on(p: &Problem, kernel: KernelKind, arch: crate::problem::Arch) -> Self {
+        let mut a = AnalyticBytes::new(p, kernel);
+        if kernel == KernelKind::Flash && arch == crate::problem::Arch::Sm90 && p.sm90_kernel().is_some() {
+            a.tensor_maps = 3 * 128;
+            a.workspace += a.tensor_maps;
+            a.total += a.tensor_maps;
+        }
+        a
     }
 
     /// The memory plan against the device: the run is refused before anything is allocated when
@@ -76,11 +92,14 @@ impl AnalyticBytes {
 
     /// `inputs X + outputs Y + workspace Z (S ..., LSE ...)`.
     pub fn breakdown(&self) -> String {
-        let ws = if self.scores > 0 {
+        let mut ws = if self.scores > 0 {
             format!("S {} + LSE {}", human_bytes(self.scores), human_bytes(self.lse))
         } else {
             format!("LSE {}", human_bytes(self.lse))
         };
+        if self.tensor_maps > 0 {
+            ws.push_str(&format!(" + tensor maps {}", human_bytes(self.tensor_maps)));
+        }
         format!(
             "inputs {} + outputs {} + workspace {} ({ws})",
             human_bytes(self.inputs),

@@ -57,6 +57,20 @@ impl PtxSource {
             .clone()
     }
 
+    /// The committed `sm_90a` module (the Hopper kernels), digest computed once per process.
+    pub fn embedded_sm90() -> PtxSource {
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: kernels_gpu::artifacts::PTX_SM90.to_string(),
+                origin: "embedded (sm_90a)".into(),
+                sha256: kernels_gpu::artifacts::sha256_hex(kernels_gpu::artifacts::PTX_SM90.as_bytes()),
+                tiles: Arc::default(),
+                entries: Arc::default(),
+            })
+            .clone()
+    }
+
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource { text, origin: path.display().to_string(), sha256, tiles: Arc::default(), entries: Arc::default() }
@@ -200,23 +214,28 @@ mod tests {
 
     #[test]
     fn embedded_entries_are_the_variant_table() {
+        use kernels_gpu::variants::PtxModule;
+        // Every row of the table is an entry of its module, and every entry is a row.
+        for (src, module) in [(PtxSource::embedded(), PtxModule::Sm80), (PtxSource::embedded_sm90(), PtxModule::Sm90a)]
+        {
+            let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
+            let rows: Vec<KernelId> = KernelId::ALL.into_iter().filter(|k| k.variant().module() == module).collect();
+            for k in &rows {
+                assert!(
+                    names.iter().any(|n| n == k.name()),
+                    "`{}` is a row of kernels-gpu/src/variants.rs but missing from the {module:?} PTX; fix: cargo xtask build-ptx",
+                    k.name()
+                );
+            }
+            for n in &names {
+                assert!(
+                    KernelId::from_name(n).is_some_and(|k| k.variant().module() == module),
+                    "PTX entry `{n}` is not a {module:?} row of kernels-gpu/src/variants.rs; add its row there"
+                );
+            }
+            assert!(src.check_tiles(&rows).is_ok());
+        }
         let src = PtxSource::embedded();
-        let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
-        // Every row of the table is an entry, and every entry is a row.
-        for k in KernelId::ALL {
-            assert!(
-                names.iter().any(|n| n == k.name()),
-                "`{}` is a row of kernels-gpu/src/variants.rs but missing from the PTX; fix: cargo xtask build-ptx",
-                k.name()
-            );
-        }
-        for n in &names {
-            assert!(
-                KernelId::from_name(n).is_some(),
-                "PTX entry `{n}` is not a row of kernels-gpu/src/variants.rs; add its row there"
-            );
-        }
-        assert!(src.check_tiles(&KernelId::ALL).is_ok());
         let flash = src.entries().into_iter().find(|e| e.name == "flash_fwd_f32_d64").unwrap();
         assert_eq!(flash.params.len(), 1);
         assert!(flash.params[0].decl.contains("[264]"), "{:?}", flash.params[0]);

@@ -6,7 +6,7 @@
 
 use kernels_gpu::tiles;
 use kernels_gpu::{Family, VARIANTS};
-use ptx_vm::{LaunchConfig, Vm};
+use ptx_vm::{LaunchConfig, Module, Vm};
 
 mod util;
 use util::{module, Rng};
@@ -30,24 +30,36 @@ fn saxpy_params(n: u32, a: f32, px: u64, py: u64) -> Vec<u8> {
 
 #[test]
 fn all_kernels_load() {
+    use kernels_gpu::variants::PtxModule;
     let m = module();
-    let names: Vec<String> = m.kernels().into_iter().map(|k| k.name).collect();
+    let m90 = Module::shared(kernels_gpu::artifacts::PTX_SM90).unwrap_or_else(|e| panic!("{e}"));
+    m90.check_all().unwrap_or_else(|e| panic!("{e}"));
+    // Each row is in its module, with the parameter struct the table says.
     for v in VARIANTS {
+        let (mm, file) = match v.module() {
+            PtxModule::Sm80 => (&m, "memattn_kernels.ptx"),
+            PtxModule::Sm90a => (&m90, "memattn_kernels_sm90.ptx"),
+        };
+        let names: Vec<String> = mm.kernels().into_iter().map(|k| k.name).collect();
         assert!(
             names.iter().any(|n| n == v.name),
-            "`{}` is a row of kernels-gpu/src/variants.rs but not in the committed PTX; fix: cargo xtask build-ptx",
+            "`{}` is a row of kernels-gpu/src/variants.rs but not in the committed {file}; fix: cargo xtask build-ptx",
             v.name
         );
         if v.family != Family::Smoke {
-            let k = m.kernel(v.name).unwrap();
+            let k = mm.kernel(v.name).unwrap();
             assert_eq!((k.params.len(), k.param_bytes), (1, v.param_bytes()), "{}", v.name);
         }
     }
-    assert_eq!(
-        names.len(),
-        VARIANTS.len(),
-        "the PTX has entries that are not rows of the variant table (kernels-gpu/src/variants.rs): {names:?}"
-    );
+    for (mm, module) in [(&m, PtxModule::Sm80), (&m90, PtxModule::Sm90a)] {
+        let names: Vec<String> = mm.kernels().into_iter().map(|k| k.name).collect();
+        assert_eq!(
+            names.len(),
+            VARIANTS.iter().filter(|v| v.module() == module).count(),
+            "the {module:?} PTX has entries that are not rows of the variant table (kernels-gpu/src/variants.rs): {names:?}"
+        );
+    }
+    assert_eq!(m90.version_and_target(), ("8.3".to_string(), "sm_90a".to_string()));
     assert_eq!(m.version_and_target(), ("7.4".to_string(), "sm_80".to_string()));
     let s = m.kernel("saxpy_f32").unwrap();
     assert_eq!(s.param_bytes, 24);

@@ -1324,6 +1324,65 @@ pub unsafe extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize,
     memset(dst, &v.to_le_bytes(), n, s)
 }
 
+// ---- tensor maps (Hopper TMA) ----
+
+/// `cuTensorMapEncodeTiled`: the 128 bytes of a tiled tensor map in ptx-vm's own encoding
+/// ([`ptx_vm::TensorMap`]), which the VM's `cp.async.bulk.tensor` reads from wherever the kernel
+/// finds it (a map CUDA encoded means nothing to the VM, and this one nothing to a GPU). The
+/// arguments are validated as CUDA validates them; an invalid one is `CUDA_ERROR_INVALID_VALUE`
+/// with the rule it broke on stderr. Needs no context, as in CUDA.
+#[no_mangle]
+pub unsafe extern "C" fn cuTensorMapEncodeTiled(
+    tensor_map: *mut [u8; 128],
+    data_type: c_uint,
+    rank: c_uint,
+    global_address: *mut c_void,
+    global_dim: *const u64,
+    global_strides: *const u64,
+    box_dim: *const c_uint,
+    element_strides: *const c_uint,
+    interleave: c_uint,
+    swizzle: c_uint,
+    l2_promotion: c_uint,
+    oob_fill: c_uint,
+) -> CUresult {
+    entry(|| {
+        if tensor_map.is_null() || global_dim.is_null() || box_dim.is_null() || element_strides.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        if !(1..=5).contains(&rank) || (rank > 1 && global_strides.is_null()) {
+            return Err(fail(INVALID_VALUE, format!("cuTensorMapEncodeTiled: tensorRank {rank} (1..=5)")));
+        }
+        let r = rank as usize;
+        // SAFETY: the caller passes arrays of `rank` (strides: `rank - 1`) entries.
+        let (dims, strides, boxes, estrides) = unsafe {
+            (
+                std::slice::from_raw_parts(global_dim, r),
+                if r > 1 { std::slice::from_raw_parts(global_strides, r - 1) } else { &[][..] },
+                std::slice::from_raw_parts(box_dim, r),
+                std::slice::from_raw_parts(element_strides, r),
+            )
+        };
+        let map = ptx_vm::TensorMap::from_cuda_tiled(
+            data_type,
+            rank,
+            global_address as u64,
+            dims,
+            strides,
+            boxes,
+            estrides,
+            interleave,
+            swizzle,
+            l2_promotion,
+            oob_fill,
+        )
+        .map_err(|e| fail(INVALID_VALUE, format!("cuTensorMapEncodeTiled: {e}")))?;
+        // SAFETY: non-null, 128 writable bytes (a CUtensorMap).
+        unsafe { tensor_map.write(map.encode()) };
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod env_tests {
     use super::*;

@@ -362,7 +362,6 @@ not_supported! {
     cuSurfRefSetArray,
     cuTensorMapEncodeIm2col,
     cuTensorMapEncodeIm2colWide,
-    cuTensorMapEncodeTiled,
     cuTensorMapReplaceAddress,
     cuTexObjectCreate,
     cuTexObjectDestroy,

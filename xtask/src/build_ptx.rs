@@ -1,32 +1,50 @@
-//! `cargo xtask build-ptx [--check]`.
+//! `cargo xtask build-ptx [--check]`: both PTX modules, `memattn_kernels.ptx` (sm_80, every row
+//! of the variant table but the Hopper ones) and `memattn_kernels_sm90.ptx` (sm_90a, the Hopper
+//! rows: `--cfg memattn_sm90`), built at the same time, each in its own target dir.
 
 use crate::paths;
-use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET, TARGET_CPU};
+use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET};
 use kernels_gpu::artifacts::{sha256_hex, BuildInfo};
+use kernels_gpu::variants::PtxModule;
 use std::time::Instant;
 
-/// Builds the PTX into `out` and returns the rustc version that built it.
-pub fn build_into(out: &std::path::Path) -> Result<String, String> {
+/// The codegen flags of a module: its CPU, the PTX ISA version it needs, its cfg.
+fn module_flags(module: PtxModule) -> Vec<String> {
+    let mut f = vec!["-C".to_string(), format!("target-cpu={}", module.target_cpu()), "-C".into()];
+    match module {
+        // PTX ISA 7.4 (CUDA 11.4 drivers and newer): the first with cp.async's L2 prefetch hint.
+        PtxModule::Sm80 => f.push("target-feature=+ptx74".into()),
+        // PTX ISA 8.3 (CUDA 12.3 drivers): wgmma, TMA, setmaxnreg, and the tensor-map proxy fence.
+        PtxModule::Sm90a => f.extend(["target-feature=+ptx83".into(), "--cfg".into(), "memattn_sm90".into()]),
+    }
+    f
+}
+
+/// Builds one module's PTX into `out` and returns the rustc version that built it.
+pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, String> {
     let version = toolchain::ensure()?;
-    println!("xtask: building kernels-gpu for {TARGET} ({TARGET_CPU}) with {version}");
+    println!("xtask: building kernels-gpu for {TARGET} ({}) with {version}", module.target_cpu());
     let started = Instant::now();
     let status = toolchain::command("cargo")
         .current_dir(paths::root())
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
         .args(["rustc", "--quiet", "-p", "kernels-gpu", "--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
-        .arg(paths::ptx_target_dir())
-        // PTX ISA 7.4 (CUDA 11.4 drivers and newer): the first with cp.async's L2 prefetch hint.
-        .args(["--", "-C", &format!("target-cpu={TARGET_CPU}"), "-C", "target-feature=+ptx74"])
+        .arg(paths::ptx_target_dir(module))
+        .arg("--")
+        .args(module_flags(module))
         .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", out.display()))
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
-        return Err("the kernel build failed (see the compiler output above)".into());
+        return Err(format!("the {} kernel build failed (see the compiler output above)", module.target_cpu()));
     }
     let raw = std::fs::read_to_string(out).map_err(|e| format!("no PTX at {}: {e}", out.display()))?;
-    let ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
+    let mut ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
+    if module == PtxModule::Sm90a {
+        ptx = with_maxntid(&ptx)?;
+    }
     std::fs::write(out, &ptx).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!(
@@ -35,42 +53,106 @@ pub fn build_into(out: &std::path::Path) -> Result<String, String> {
             line.trim()
         ));
     }
-    println!("xtask: built {} bytes of PTX in {:.1} s", ptx.len(), started.elapsed().as_secs_f64());
+    println!(
+        "xtask: built {} bytes of {} PTX in {:.1} s",
+        ptx.len(),
+        module.target_cpu(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(version)
 }
 
-fn build_info_json(rustc: &str, ptx: &[u8]) -> String {
+/// Adds `.maxntid T, 1, 1` (the row's threads per block) to every entry of the sm_90a module:
+/// rustc has no launch-bounds attribute, and without the block size ptxas cannot honour
+/// `setmaxnreg` (it needs the register count at entry) and may give a 384-thread block more
+/// registers than an SM has for it.
+fn with_maxntid(ptx: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(ptx.len() + 1024);
+    let mut pending: Option<u32> = None;
+    for line in ptx.lines() {
+        if let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let k = kernels_gpu::KernelId::from_name(&name)
+                .ok_or_else(|| format!("entry `{name}` of the sm_90a module is not a row of the variant table"))?;
+            pending = Some(k.variant().threads());
+        }
+        if let (Some(t), "{") = (pending, line.trim()) {
+            out.push_str(&format!(".maxntid {t}, 1, 1\n"));
+            pending = None;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn build_info_json(module: PtxModule, rustc: &str, ptx: &[u8]) -> String {
     BuildInfo {
         toolchain: KERNEL_TOOLCHAIN.into(),
         rustc: rustc.into(),
         target: TARGET.into(),
-        cpu: TARGET_CPU.into(),
+        cpu: module.target_cpu().into(),
         ptx_sha256: sha256_hex(ptx),
     }
     .to_json()
 }
 
-pub fn run(check: bool) -> Result<(), String> {
-    let tmp = paths::ptx_target_dir().join("memattn_kernels.ptx");
-    std::fs::create_dir_all(paths::ptx_target_dir()).map_err(|e| e.to_string())?;
-    let rustc = build_into(&tmp)?;
-    let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
-    let info = build_info_json(&rustc, &fresh);
-    if check {
-        let committed = std::fs::read(paths::ptx()).unwrap_or_default();
-        let committed_info = std::fs::read_to_string(paths::build_info()).unwrap_or_default();
-        if committed != fresh || committed_info != info {
-            return Err(format!(
-                "{} or {} is stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx && cargo xtask ptxas, then commit",
-                paths::rel(&paths::ptx()),
-                paths::rel(&paths::build_info())
-            ));
+/// A module's fresh PTX and the rustc version that built it.
+type Built = (Vec<u8>, String);
+
+pub fn run(check: bool, only_sm90: bool) -> Result<(), String> {
+    // Both modules at once: each build is one rustc process, mostly single-threaded (fat LTO,
+    // one codegen unit).
+    let builds: Vec<(PtxModule, Result<Built, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = PtxModule::ALL
+            .into_iter()
+            .filter(|m| !only_sm90 || *m == PtxModule::Sm90a)
+            .map(|m| {
+                (
+                    m,
+                    s.spawn(move || -> Result<Built, String> {
+                        let dir = paths::ptx_target_dir(m);
+                        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+                        let tmp = dir.join(m.file_name());
+                        let rustc = build_into(m, &tmp)?;
+                        let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
+                        Ok((fresh, rustc))
+                    }),
+                )
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(m, h)| (m, h.join().unwrap_or_else(|_| Err("the build thread panicked".into()))))
+            .collect()
+    });
+    let mut stale = Vec::new();
+    let mut built = Vec::new();
+    for (m, r) in builds {
+        let (fresh, rustc) = r?;
+        let info = build_info_json(m, &rustc, &fresh);
+        if check {
+            let committed = std::fs::read(paths::ptx(m)).unwrap_or_default();
+            let committed_info = std::fs::read_to_string(paths::build_info(m)).unwrap_or_default();
+            if committed != fresh || committed_info != info {
+                stale.push(format!("{} or {}", paths::rel(&paths::ptx(m)), paths::rel(&paths::build_info(m))));
+            } else {
+                println!("xtask: {} is up to date ({})", paths::rel(&paths::ptx(m)), sha256_hex(&fresh));
+            }
+        } else {
+            built.push((m, fresh, info));
         }
-        println!("xtask: {} is up to date ({})", paths::rel(&paths::ptx()), sha256_hex(&fresh));
-        return Ok(());
     }
-    std::fs::write(paths::ptx(), &fresh).map_err(|e| e.to_string())?;
-    std::fs::write(paths::build_info(), info).map_err(|e| e.to_string())?;
-    println!("xtask: wrote {} and {}", paths::rel(&paths::ptx()), paths::rel(&paths::build_info()));
+    if !stale.is_empty() {
+        return Err(format!(
+            "{} stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx && cargo xtask ptxas, then commit",
+            stale.join(" and ")
+        ));
+    }
+    for (m, fresh, info) in built {
+        std::fs::write(paths::ptx(m), &fresh).map_err(|e| e.to_string())?;
+        std::fs::write(paths::build_info(m), info).map_err(|e| e.to_string())?;
+        println!("xtask: wrote {} and {}", paths::rel(&paths::ptx(m)), paths::rel(&paths::build_info(m)));
+    }
     Ok(())
 }

@@ -387,7 +387,7 @@ pub(crate) fn compile(select: &[&str], ptx_path: &std::path::Path) -> Result<Str
         .args(select)
         .args(["--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
-        .arg(paths::ptx_target_dir())
+        .arg(paths::ptx_target_dir(kernels_gpu::variants::PtxModule::Sm80))
         .args(["--", "-C", &format!("target-cpu={TARGET_CPU}")])
         .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", ptx_path.display()))

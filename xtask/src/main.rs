@@ -30,6 +30,7 @@ tasks:
               (`cargo xtask lesson list`; see docs/guide/en/05-your-own-kernel.md)
 
 options:
+  --sm90      build-ptx / ptxas: only the sm_90a module (memattn_kernels_sm90.ptx)
   --check     regenerate into a temporary location and fail if the committed files differ
               (ptxas --check also fails on any spill or ptxas error)";
 
@@ -39,14 +40,16 @@ fn main() -> ExitCode {
         return ExitCode::from(lesson::main(&args[1..]) as u8);
     }
     let check = args.iter().any(|a| a == "--check");
-    let unknown: Vec<&String> = args.iter().skip(1).filter(|a| *a != "--check").collect();
+    // `--sm90`: build or assemble only the sm_90a module (while working on the Hopper kernels).
+    let only_sm90 = args.iter().any(|a| a == "--sm90");
+    let unknown: Vec<&String> = args.iter().skip(1).filter(|a| *a != "--check" && *a != "--sm90").collect();
     if !unknown.is_empty() {
         eprintln!("error: unknown option(s) {unknown:?}\n\n{USAGE}");
         return ExitCode::from(2);
     }
     let result = match args.first().map(String::as_str) {
-        Some("build-ptx") => build_ptx::run(check),
-        Some("ptxas") => ptxas::run(check),
+        Some("build-ptx") => build_ptx::run(check, only_sm90),
+        Some("ptxas") => ptxas::run(check, only_sm90),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

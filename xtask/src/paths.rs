@@ -1,5 +1,6 @@
 //! Where the pipeline reads and writes.
 
+use kernels_gpu::variants::PtxModule;
 use std::path::PathBuf;
 
 /// Workspace root (the parent of `xtask/`).
@@ -8,25 +9,35 @@ pub fn root() -> PathBuf {
     manifest.parent().expect("xtask lives in the workspace root").to_path_buf()
 }
 
-/// The committed PTX module the host embeds.
-pub fn ptx() -> PathBuf {
-    root().join("kernels-gpu/ptx/memattn_kernels.ptx")
+/// A committed PTX module the host embeds.
+pub fn ptx(module: PtxModule) -> PathBuf {
+    root().join("kernels-gpu/ptx").join(module.file_name())
 }
 
-/// Which toolchain built the committed PTX.
-pub fn build_info() -> PathBuf {
-    root().join("kernels-gpu/ptx/build-info.json")
+/// Which toolchain built a committed module (`build-info.json`, `build-info-sm90.json`).
+pub fn build_info(module: PtxModule) -> PathBuf {
+    root().join("kernels-gpu/ptx").join(match module {
+        PtxModule::Sm80 => "build-info.json",
+        PtxModule::Sm90a => "build-info-sm90.json",
+    })
 }
 
 /// ptxas resources per kernel and arch.
-pub fn ptxas_report() -> PathBuf {
-    root().join("kernels-gpu/ptx/ptxas-report.json")
+pub fn ptxas_report(module: PtxModule) -> PathBuf {
+    root().join("kernels-gpu/ptx").join(match module {
+        PtxModule::Sm80 => "ptxas-report.json",
+        PtxModule::Sm90a => "ptxas-report-sm90.json",
+    })
 }
 
-/// Cargo target dir for the kernel build (separate from the host builds, so the nightly and
-/// stable artefacts never invalidate each other).
-pub fn ptx_target_dir() -> PathBuf {
-    root().join("target/ptx-build")
+/// Cargo target dir for a module's kernel build (separate from the host builds, so the nightly
+/// and stable artefacts never invalidate each other, and one per module, so building one never
+/// invalidates the other).
+pub fn ptx_target_dir(module: PtxModule) -> PathBuf {
+    root().join(match module {
+        PtxModule::Sm80 => "target/ptx-build",
+        PtxModule::Sm90a => "target/ptx-build-sm90",
+    })
 }
 
 /// Where the ptxas wheel is unpacked.

@@ -1,7 +1,10 @@
-//! `cargo xtask ptxas [--check]`: assemble the committed PTX and keep the resource report.
+//! `cargo xtask ptxas [--check]`: assemble the committed PTX modules and keep their resource
+//! reports: `memattn_kernels.ptx` for sm_80 and sm_90 (`ptxas-report.json`),
+//! `memattn_kernels_sm90.ptx` for sm_90a (`ptxas-report-sm90.json`).
 
 use crate::paths;
 use kernels_gpu::artifacts::{sha256_hex, PtxasKernel, PtxasReport};
+use kernels_gpu::variants::PtxModule;
 use kernels_gpu::KernelId;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +13,14 @@ use std::process::Command;
 const NVCC_WHEEL: &str = "nvidia-cuda-nvcc==13.5.37";
 const WHEEL_PTXAS: &str = "nvidia/cu13/bin/ptxas";
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+/// The archs a module is assembled for.
+pub fn archs(module: PtxModule) -> &'static [&'static str] {
+    match module {
+        PtxModule::Sm80 => &ARCHS,
+        PtxModule::Sm90a => &["sm_90a"],
+    }
+}
 
 /// Resources of one kernel at one arch (the report's record type, owned by kernels-gpu).
 pub type Resources = PtxasKernel;
@@ -89,7 +100,7 @@ pub fn find_tool(tool: &Tool) -> Result<PathBuf, String> {
     Ok(cached)
 }
 
-/// Number of HMMA (tensor-core matrix) instructions per kernel in a cubin's SASS.
+/// Number of HMMA and HGMMA (tensor-core matrix) instructions per kernel in a cubin's SASS.
 pub fn hmma_counts(nvdisasm: &Path, cubin: &Path) -> Result<Vec<(String, u32)>, String> {
     let out = Command::new(nvdisasm).arg("-c").arg(cubin).output().map_err(|e| format!("cannot run nvdisasm: {e}"))?;
     if !out.status.success() {
@@ -99,7 +110,7 @@ pub fn hmma_counts(nvdisasm: &Path, cubin: &Path) -> Result<Vec<(String, u32)>, 
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         if let Some(name) = line.trim().strip_prefix(".text.").and_then(|n| n.strip_suffix(':')) {
             counts.push((name.to_string(), 0));
-        } else if line.contains(" HMMA.") {
+        } else if line.contains(" HMMA.") || line.contains(" HGMMA.") {
             if let Some(last) = counts.last_mut() {
                 last.1 += 1;
             }
@@ -164,17 +175,24 @@ pub fn parse(output: &str, arch: &str) -> Result<Vec<Resources>, String> {
     Ok(all)
 }
 
-pub fn run(check: bool) -> Result<(), String> {
+pub fn run(check: bool, only_sm90: bool) -> Result<(), String> {
+    for m in PtxModule::ALL.into_iter().filter(|m| !only_sm90 || *m == PtxModule::Sm90a) {
+        run_module(m, check)?;
+    }
+    Ok(())
+}
+
+fn run_module(module: PtxModule, check: bool) -> Result<(), String> {
     let ptxas = find_tool(&PTXAS)?;
     let nvdisasm = find_tool(&NVDISASM)?;
     let version = ptxas_version(&ptxas)?;
-    let ptx_path = paths::ptx();
+    let ptx_path = paths::ptx(module);
     let ptx = std::fs::read(&ptx_path)
         .map_err(|e| format!("cannot read {}: {e}. fix: cargo xtask build-ptx", paths::rel(&ptx_path)))?;
     println!("xtask: assembling {} with {} ({version})", paths::rel(&ptx_path), ptxas.display());
     let mut all = Vec::new();
-    for arch in ARCHS {
-        let cubin = paths::ptxas_cache().join(format!("memattn_kernels.{arch}.cubin"));
+    for arch in archs(module) {
+        let cubin = paths::ptxas_cache().join(format!("{}.{arch}.cubin", module.file_name().trim_end_matches(".ptx")));
         std::fs::create_dir_all(paths::ptxas_cache()).map_err(|e| e.to_string())?;
         let out = Command::new(&ptxas)
             .args(["-arch", arch, "-v"])
@@ -217,10 +235,10 @@ pub fn run(check: bool) -> Result<(), String> {
     }
     let ptx_text = String::from_utf8_lossy(&ptx);
     let entries = ptx_text.lines().filter(|l| l.contains(".entry")).count();
-    if all.len() != entries * ARCHS.len() {
+    if all.len() != entries * archs(module).len() {
         return Err(format!(
             "ptxas reported {} entries but the PTX declares {entries} per arch",
-            all.len() / ARCHS.len()
+            all.len() / archs(module).len()
         ));
     }
     let spills: Vec<String> = all
@@ -255,7 +273,7 @@ pub fn run(check: bool) -> Result<(), String> {
         if !spills.is_empty() {
             return Err(format!("register spills: {}", spills.join("; ")));
         }
-        let committed = std::fs::read_to_string(paths::ptxas_report()).unwrap_or_default();
+        let committed = std::fs::read_to_string(paths::ptxas_report(module)).unwrap_or_default();
         if committed != report {
             let hint = if !committed.contains(&version) {
                 format!(" (the report was not made with {version})")
@@ -264,17 +282,17 @@ pub fn run(check: bool) -> Result<(), String> {
             };
             return Err(format!(
                 "{} is stale{hint}. fix: cargo xtask ptxas, then commit",
-                paths::rel(&paths::ptxas_report())
+                paths::rel(&paths::ptxas_report(module))
             ));
         }
-        println!("xtask: {} is up to date; 0 spills", paths::rel(&paths::ptxas_report()));
+        println!("xtask: {} is up to date; 0 spills", paths::rel(&paths::ptxas_report(module)));
         return Ok(());
     }
     if !spills.is_empty() {
         println!("xtask: WARNING register spills: {}", spills.join("; "));
     }
-    std::fs::write(paths::ptxas_report(), report).map_err(|e| e.to_string())?;
-    println!("xtask: wrote {}", paths::rel(&paths::ptxas_report()));
+    std::fs::write(paths::ptxas_report(module), report).map_err(|e| e.to_string())?;
+    println!("xtask: wrote {}", paths::rel(&paths::ptxas_report(module)));
     Ok(())
 }
 

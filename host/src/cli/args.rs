@@ -122,6 +122,13 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "initcheck,racecheck", value_delimiter = ',')]
     pub vm_allow: Vec<VmCheck>,
 
+    /// VM: the GPU generation the VM models for kernel selection. `sm_90` runs the Hopper
+    /// forward (`flash_fwd_*_sm90_*`: TMA, wgmma, warp specialisation; the `sm_90a` module) for
+    /// bf16/f16 flash at head dims 64, 128 and 256 without ALiBi, and raises the shared-memory
+    /// limit to an H100's 227 KiB; everything else runs the sm_80 kernels either way.
+    #[arg(long, global = true, value_name = "ARCH", default_value = "sm_80", value_parser = parse_vm_arch)]
+    pub vm_arch: memattn_cli::problem::Arch,
+
     /// VM: count the shared-memory bank conflicts of every launch (the wavefronts each shared
     /// `ld`, `st` and `ldmatrix` takes against the minimum, one per phase) and report them with
     /// the worst source lines. Slower; `run` and `launch` show them.
@@ -600,4 +607,12 @@ fn positive_ratio(s: &str) -> Result<f64, String> {
 pub enum VmCheck {
     Initcheck,
     Racecheck,
+}
+
+fn parse_vm_arch(s: &str) -> Result<memattn_cli::problem::Arch, String> {
+    match s.to_ascii_lowercase().trim_start_matches("sm_").trim_start_matches("sm") {
+        "80" => Ok(memattn_cli::problem::Arch::Sm80),
+        "90" | "90a" => Ok(memattn_cli::problem::Arch::Sm90),
+        _ => Err(format!("unknown VM arch `{s}` (expected sm_80 or sm_90)")),
+    }
 }

@@ -250,6 +250,8 @@ fn missing_kernels(src: &PtxSource) -> Vec<(String, String)> {
     let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
     kernels_gpu::KernelId::ALL
         .into_iter()
+        // The Hopper rows live in the second module (`memattn_kernels_sm90.ptx`).
+        .filter(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm80)
         .filter(|k| !names.iter().any(|n| n == k.name()))
         .map(|k| {
             let what = if k.variant().tensor_cores() {

@@ -153,6 +153,7 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     o.vm_initcheck = !cli.vm_allow.contains(&args::VmCheck::Initcheck);
     o.vm_racecheck = !cli.vm_allow.contains(&args::VmCheck::Racecheck);
     o.vm_bank_conflicts = cli.vm_bank_conflicts;
+    o.vm_arch = cli.vm_arch;
     Ok(o)
 }
 

@@ -14,7 +14,9 @@ pub mod cuda;
 pub mod vm;
 
 use crate::memory::MeasuredMemory;
+use crate::problem::Arch;
 use crate::ptx::PtxSource;
+use crate::tma::TensorMapDesc;
 use kernels_gpu::tiles::LaunchDims;
 use std::fmt;
 use std::str::FromStr;
@@ -125,6 +127,10 @@ pub trait Device: Send {
     fn name(&self) -> String;
     /// Where the loaded PTX came from and its hash.
     fn ptx(&self) -> &PtxSource;
+    /// The `sm_90a` module the device launches the Hopper kernels from, if it can run them.
+    fn ptx_sm90(&self) -> Option<&PtxSource> {
+        None
+    }
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
     /// The device's multiprocessor count (CUDA: `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`);
     /// `None` where the backend has none of its own (the VM, whose split plans assume
@@ -154,6 +160,17 @@ pub trait Device: Send {
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError>;
     /// Launches `kernel` with its parameters, each given as its raw bytes in declaration order.
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError>;
+    /// The GPU generation whose kernels the library launches here: [`Arch::Sm90`] runs the
+    /// Hopper forward from the `sm_90a` module. The VM models the one its options name
+    /// ([`DeviceOptions::vm_arch`]).
+    fn arch(&mut self) -> Result<Arch, DeviceError> {
+        Ok(Arch::Sm80)
+    }
+    /// Encodes a TMA tensor map (128 bytes, for global memory) of the Hopper forward.
+    fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
+        let _ = desc;
+        Err(DeviceError::Unavailable(format!("{} has no tensor maps (the Hopper forward needs sm_90)", self.backend())))
+    }
     fn synchronize(&mut self) -> Result<(), DeviceError>;
     /// Starts the clock for the launches that follow.
     fn timer_start(&mut self) -> Result<(), DeviceError>;
@@ -219,6 +236,14 @@ pub struct DeviceOptions {
     /// 163 KiB, an A100's). `Some(99 * 1024)` models an sm_86/sm_89 GPU: the library then runs
     /// the compact bf16/f16 backward kernels, as it would there.
     pub vm_max_shared_per_block: Option<u32>,
+    /// VM: the GPU generation it models, for kernel selection ([`Device::arch`]): `Sm80` (the
+    /// default) or `Sm90`, which runs the Hopper forward (`sm_90a` module) in the VM.
+    pub vm_arch: Arch,
+    /// The `sm_90a` module (the Hopper kernels), loaded on the first launch of one of them.
+    pub ptx_sm90: PtxSource,
+    /// CUDA: let the library pick the Hopper forward on a compute capability 9.0 GPU (off by
+    /// default until a GPU run has verified it; `memattn --hopper`, or `MEMATTN_HOPPER=1`).
+    pub hopper: bool,
 }
 
 impl DeviceOptions {
@@ -234,6 +259,9 @@ impl DeviceOptions {
             vm_bank_conflicts: false,
             vm_max_launch_time: None,
             vm_max_shared_per_block: None,
+            vm_arch: Arch::Sm80,
+            ptx_sm90: PtxSource::embedded_sm90(),
+            hopper: std::env::var_os("MEMATTN_HOPPER").is_some_and(|v| v == "1"),
         }
     }
 }

@@ -3,7 +3,9 @@
 
 use super::{Backend, BlockSubset, DevPtr, Device, DeviceCaps, DeviceError, DeviceOptions, LaunchInfo};
 use crate::memory::MeasuredMemory;
+use crate::problem::Arch;
 use crate::ptx::PtxSource;
+use crate::tma::TensorMapDesc;
 use kernels_gpu::tiles::LaunchDims;
 use ptx_vm::{Finding, LaunchConfig, Module, TraceRequest, Vm, VmError};
 use std::sync::Arc;
@@ -15,6 +17,10 @@ pub struct VmDevice {
     /// on their first launch.
     module: Arc<Module>,
     ptx: PtxSource,
+    /// The `sm_90a` module, parsed on the first launch of one of its kernels.
+    ptx_sm90: PtxSource,
+    module_sm90: Option<Arc<Module>>,
+    arch: Arch,
     workers: usize,
     timer: Option<Instant>,
     mem_before: u64,
@@ -81,12 +87,18 @@ impl VmDevice {
         limits.max_launch_time = opts.vm_max_launch_time;
         if let Some(bytes) = opts.vm_max_shared_per_block {
             limits.max_shared_per_block = bytes;
+        } else if opts.vm_arch == Arch::Sm90 {
+            // An H100's opt-in limit.
+            limits.max_shared_per_block = kernels_gpu::tiles::SMEM_OPT_IN_SM90;
         }
         vm.set_limits(limits);
         Ok(VmDevice {
             vm,
             module,
             ptx: opts.ptx.clone(),
+            ptx_sm90: opts.ptx_sm90.clone(),
+            module_sm90: None,
+            arch: opts.vm_arch,
             workers,
             timer: None,
             mem_before: 0,
@@ -138,6 +150,10 @@ impl Device for VmDevice {
         &self.ptx
     }
 
+    fn ptx_sm90(&self) -> Option<&PtxSource> {
+        Some(&self.ptx_sm90)
+    }
+
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError> {
         let l = self.vm.limits();
         let m = self.vm.memory();
@@ -183,9 +199,45 @@ impl Device for VmDevice {
         Ok(())
     }
 
+    fn arch(&mut self) -> Result<Arch, DeviceError> {
+        Ok(self.arch)
+    }
+
+    fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
+        // The arguments `cuTensorMapEncodeTiled` gets on a GPU: 2-byte elements (UINT16), rank 4,
+        // element strides 1, no interleave, 128-byte swizzle, L2 promotion 128 B, zero fill.
+        ptx_vm::TensorMap::from_cuda_tiled(
+            1,
+            4,
+            desc.address,
+            &desc.dims,
+            &desc.strides,
+            &desc.box_dims,
+            &[1; 4],
+            0,
+            3,
+            2,
+            0,
+        )
+        .map(|m| m.encode())
+        .map_err(|message| DeviceError::Vm { op: "encoding a tensor map".into(), message })
+    }
+
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
-        let info = self.module.kernel_info(kernel).map_err(|e| match e {
-            VmError::Load(e) => DeviceError::PtxLoad { origin: self.ptx.origin.clone(), message: e.to_string() },
+        // The Hopper kernels are in the second module, parsed when first launched.
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            let m = Module::shared(&self.ptx_sm90.text)
+                .map_err(|e| DeviceError::PtxLoad { origin: self.ptx_sm90.origin.clone(), message: e.to_string() })?;
+            self.module_sm90 = Some(m);
+        }
+        let (module, origin) = match (&self.module_sm90, sm90) {
+            (Some(m), true) => (m.clone(), &self.ptx_sm90.origin),
+            _ => (self.module.clone(), &self.ptx.origin),
+        };
+        let info = module.kernel_info(kernel).map_err(|e| match e {
+            VmError::Load(e) => DeviceError::PtxLoad { origin: origin.clone(), message: e.to_string() },
             other => vm_err(&format!("launch of `{kernel}`"), other),
         })?;
         if info.params.len() != params.len() {
@@ -205,7 +257,10 @@ impl Device for VmDevice {
             packed[decl.offset..decl.offset + decl.size].copy_from_slice(value);
         }
         // Name the buffers of an attention launch, so a finding says which tensor it hit.
-        if params.len() == 1 && params[0].len() == kernels_gpu::abi::ATTN_PARAMS_BYTES {
+        if params.len() == 1
+            && (params[0].len() == kernels_gpu::abi::ATTN_PARAMS_BYTES
+                || params[0].len() == kernels_gpu::abi::SM90_PARAMS_BYTES)
+        {
             for (i, name) in ["Q", "K", "V", "O", "LSE", "S (scores workspace)"].iter().enumerate() {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&params[0][8 * i..8 * i + 8]);
@@ -227,7 +282,7 @@ impl Device for VmDevice {
         }
         let stats = self
             .vm
-            .launch(&self.module, kernel, &config, &packed)
+            .launch(&module, kernel, &config, &packed)
             .map_err(|e| vm_err(&format!("launch of `{kernel}`"), e))?;
         Ok(LaunchInfo {
             thread_instructions: Some(stats.thread_instructions),

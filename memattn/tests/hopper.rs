@@ -1,0 +1,157 @@
+//! The Hopper forward (`flash_fwd_{bf16,f16}_sm90_d{64,128,256}`: TMA, mbarriers, wgmma, a
+//! producer and two consumer warpgroups) in the VM modelling sm_90: chosen by the library for
+//! the problems it covers, run into poisoned outputs, judged against the f64 reference at shapes
+//! that are not tile multiples (length 1, seq_q != seq_kv with fully masked rows, several query
+//! blocks and heads, GQA, windows, soft cap, sinks, varlen).
+
+mod common;
+use common::{data, flash_into};
+use memattn::attn::{AttnOpts, Kernels, LseViewMut, SinksView, TensorView, TensorViewMut};
+use memattn::device::vm::VmDevice;
+use memattn::device::{BackendChoice, DeviceOptions};
+use memattn::problem::Arch;
+use memattn::ptx::PtxSource;
+use memattn::{reference, Dtype, Problem};
+
+fn sm90_kernels() -> Kernels {
+    let mut opts = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
+    opts.vm_arch = Arch::Sm90;
+    Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()))
+}
+
+fn assert_close(p: &Problem, o: &[f32], lse: &[f32], ro: &[f64], rl: &[f64]) {
+    let tol = 1.6e-2;
+    for (i, (&g, &r)) in o.iter().zip(ro).enumerate() {
+        assert!((g as f64 - r).abs() <= tol, "o[{i}] = {g}, reference {r} ({p:?})");
+    }
+    for (i, (&g, &r)) in lse.iter().zip(rl).enumerate() {
+        if r == f64::NEG_INFINITY {
+            assert_eq!(g, f32::NEG_INFINITY, "lse[{i}] ({p:?})");
+        } else {
+            assert!((g as f64 - r).abs() <= 1e-4 * r.abs().max(1.0), "lse[{i}] = {g}, reference {r} ({p:?})");
+        }
+    }
+}
+
+/// The kernel the last call launched: the Hopper row for `p`.
+fn assert_ran_sm90(kernels: &Kernels, p: &Problem) {
+    let launched = kernels.take_launches().unwrap();
+    assert_eq!(launched.len(), 1, "{launched:?}");
+    let want = p.sm90_kernel().expect("a Hopper row");
+    assert_eq!(launched[0].kernel, want, "({p:?})");
+}
+
+#[test]
+fn dense_cases_match_the_reference() {
+    let kernels = sm90_kernels();
+    kernels.record_launches(true).unwrap();
+    let base =
+        Problem { batch: 2, heads: 4, heads_kv: Some(2), head_dim: 64, dtype: Dtype::Bf16, ..Problem::default() };
+    let cases = [
+        // Length 1 against length 1.
+        Problem { batch: 1, heads: 1, heads_kv: None, seq_q: 1, seq_kv: 1, ..base },
+        // Two query blocks (128 rows each), a key count that is not a tile multiple, causal
+        // bottom-right (seq_q < seq_kv), GQA 4/2.
+        Problem { seq_q: 150, seq_kv: 201, causal: true, ..base },
+        // seq_q > seq_kv, causal: the first rows see no key (O = 0, LSE = -inf).
+        Problem { seq_q: 140, seq_kv: 37, causal: true, head_dim: 128, ..base },
+        // A window on both sides with a soft cap, f16, d128.
+        Problem { seq_q: 130, seq_kv: 290, window: (9, 4), softcap: 3.0, head_dim: 128, dtype: Dtype::F16, ..base },
+        // d256 (key tiles of 64), non-causal, f16.
+        Problem { batch: 1, seq_q: 70, seq_kv: 133, head_dim: 256, dtype: Dtype::F16, ..base },
+    ];
+    for p in cases {
+        let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
+        let (b, sq, skv) = (p.batch as usize, p.seq_q as usize, p.seq_kv as usize);
+        let dt = p.dtype;
+        let (q, k, v) = (data(b * sq * h * d, 1, dt), data(b * skv * hk * d, 2, dt), data(b * skv * hk * d, 3, dt));
+        let side = |w: i32| u32::try_from(w).ok();
+        let mut opts = AttnOpts::new().causal(p.causal).window(side(p.window.0), side(p.window.1));
+        if p.softcap > 0.0 {
+            opts = opts.softcap(p.softcap);
+        }
+        let (o, lse) = flash_into(&kernels, &p, (&q, &k, &v), &opts);
+        assert_ran_sm90(&kernels, &p);
+        let (ro, rl) = reference::attention(&p, &q, &k, &v).unwrap();
+        assert_close(&p, &o, &lse, &ro, &rl);
+    }
+}
+
+#[test]
+fn sinks_and_varlen_match_the_reference() {
+    let kernels = sm90_kernels();
+    kernels.record_launches(true).unwrap();
+    let (h, hk, d, dt) = (4usize, 1usize, 128usize, Dtype::Bf16);
+    // Sinks: dense, causal, one block.
+    let p = Problem {
+        batch: 1,
+        heads: h as u32,
+        heads_kv: Some(hk as u32),
+        head_dim: d as u32,
+        seq_q: 40,
+        seq_kv: 75,
+        causal: true,
+        sinks: true,
+        dtype: dt,
+        ..Problem::default()
+    };
+    let sinks = [0.5f32, -1.0, 2.0, 0.0];
+    let (q, k, v) = (data(40 * h * d, 4, dt), data(75 * hk * d, 5, dt), data(75 * hk * d, 6, dt));
+    let sb = kernels.vm_upload(&sinks).unwrap();
+    let sv = SinksView::vm(&sb, h).unwrap();
+    let (o, lse) = flash_into(&kernels, &p, (&q, &k, &v), &AttnOpts::new().causal(true).sinks(&sv));
+    assert_ran_sm90(&kernels, &p);
+    let (ro, rl) = reference::attention_with_sinks(&p, &q, &k, &v, &sinks).unwrap();
+    assert_close(&p, &o, &lse, &ro, &rl);
+
+    // Varlen: three packed sequences, one longer than a query block, one of a single row.
+    let (lq, lk) = ([130u32, 1, 20], [60u32, 9, 200]);
+    let base = Problem {
+        heads: h as u32,
+        heads_kv: Some(hk as u32),
+        head_dim: d as u32,
+        causal: true,
+        dtype: dt,
+        ..Problem::default()
+    };
+    let p = Problem::varlen(base, &lq, &lk).unwrap();
+    let (tq, tk) = (p.total_q() as usize, p.total_kv() as usize);
+    let (q, k, v) = (data(tq * h * d, 7, dt), data(tk * hk * d, 8, dt), data(tk * hk * d, 9, dt));
+    let up = |x: &[f32]| kernels.vm_upload_as(dt, x).unwrap();
+    let (qb, kb, vb) = (up(&q), up(&k), up(&v));
+    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; h * tq]).unwrap();
+    let cu = |l: &[u32]| memattn::problem::Varlen::cu(l);
+    let (cq, ck) = (kernels.index_tensor(&cu(&lq), None).unwrap(), kernels.index_tensor(&cu(&lk), None).unwrap());
+    kernels
+        .flash_attn_varlen_into(
+            &TensorView::vm(&qb, dt, [1, tq, h, d]).unwrap(),
+            &TensorView::vm(&kb, dt, [1, tk, hk, d]).unwrap(),
+            &TensorView::vm(&vb, dt, [1, tk, hk, d]).unwrap(),
+            &cq,
+            &ck,
+            130,
+            200,
+            &mut TensorViewMut::vm(&ob, dt, [1, tq, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, 1, h, tq).unwrap(),
+            &AttnOpts::new().causal(true),
+        )
+        .unwrap();
+    assert_ran_sm90(&kernels, &p);
+    let o = ob.read_f32(dt, q.len()).unwrap();
+    let lse = lb.read_f32(Dtype::F32, h * tq).unwrap();
+    let (ro, rl) = reference::attention(&p, &q, &k, &v).unwrap();
+    assert_close(&p, &o, &lse, &ro, &rl);
+}
+
+#[test]
+fn the_sm80_model_keeps_the_sm80_kernels() {
+    let kernels = Kernels::vm().unwrap();
+    kernels.record_launches(true).unwrap();
+    let p = Problem { seq_q: 20, seq_kv: 20, head_dim: 128, dtype: Dtype::Bf16, ..Problem::default() };
+    let n = 20 * p.heads as usize * 128;
+    let (q, k, v) = (data(n, 1, p.dtype), data(n, 2, p.dtype), data(n, 3, p.dtype));
+    flash_into(&kernels, &p, (&q, &k, &v), &AttnOpts::new());
+    let launched = kernels.take_launches().unwrap();
+    assert_eq!(launched[0].kernel, kernels_gpu::KernelId::FlashFwdBf16D128);
+}
