@@ -20,6 +20,11 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn run --inputs qkv.safetensors --output o.safetensors", Run(0, "wrote o [1, 24, 2, 64] f32")),
     ("memattn compare --vary seq-q=128,256 --kernel flash", Run(0, "seq-q=256 uses")),
     ("memattn run --dtype bf16 --causal", Run(0, "flash_fwd_bf16_d64")),
+    (
+        "memattn --backend vm --vm-arch sm_90 run --dtype bf16 --head-dim 128 --seq 300 --heads 2 --causal",
+        Run(0, "flash_fwd_bf16_sm90_d128"),
+    ),
+    ("memattn --backend vm --vm-arch sm_90 check --dtype bf16", Run(0, "check: 126 of 126 cases passed")),
     ("memattn compare --vary dtype=f32,bf16", Run(0, "dtype=bf16 uses 512.00 KiB less device memory")),
     ("memattn sweep --vary seq=64,128,256 --plot sweep.svg", Run(0, "plot: sweep.svg")),
     ("memattn --backend vm --vm-memory-mib 1 sweep --vary seq=128,256 --heads 2", Run(0, "needs 1.00 MiB")),
