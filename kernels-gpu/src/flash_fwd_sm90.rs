@@ -185,8 +185,64 @@ pub(crate) unsafe fn flash_fwd_sm90<
         return;
     }
 
-    // A consumer warpgroup: rows 64 (wg - 1).. of the block.
+    // A consumer warpgroup: rows 64 (wg - 1).. of the block. Two instantiations of its loop:
+    // the common one (positive scale, no soft cap) takes the row max on the raw scores and
+    // applies the scale inside the exponent (one FFMA per score into `ex2`); the other scales
+    // (or caps) every score first.
     setmaxnreg_inc_232();
+    let smem = Smem { q_s, k_s, v_s, bars };
+    let fast = !(p.softcap > 0.0) && p.softmax_scale > 0.0;
+    if fast {
+        unsafe { consume::<E, D, BC, NS, ND, true>(p, &smem, b, q_row0, q0, h, tid, j_first, tiles) }
+    } else {
+        unsafe { consume::<E, D, BC, NS, ND, false>(p, &smem, b, q_row0, q0, h, tid, j_first, tiles) }
+    }
+}
+
+/// The shared-memory layout of a block (byte addresses in the shared window).
+#[cfg(memattn_sm90)]
+struct Smem {
+    q_s: u32,
+    k_s: u32,
+    v_s: u32,
+    bars: u32,
+}
+
+/// One consumer warpgroup's key loop and epilogue (`FAST`: no soft cap and a positive scale).
+///
+/// # Safety
+/// As the module's safety section; called by the 256 consumer threads of a block.
+#[cfg(memattn_sm90)]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn consume<
+    E: Half16 + WgmmaElem,
+    const D: usize,
+    const BC: usize,
+    const NS: usize,
+    const ND: usize,
+    const FAST: bool,
+>(
+    p: &crate::abi::AttnParams,
+    smem: &Smem,
+    b: u64,
+    q_row0: u64,
+    q0: usize,
+    h: u32,
+    tid: usize,
+    j_first: u32,
+    tiles: usize,
+) {
+    let (q_s, bars) = (smem.q_s, smem.bars);
+    let full_q = bars;
+    let full_k = |s: usize| bars + 8 + 8 * s as u32;
+    let full_v = |s: usize| bars + 24 + 8 * s as u32;
+    let empty_k = |s: usize| bars + 40 + 8 * s as u32;
+    let empty_v = |s: usize| bars + 56 + 8 * s as u32;
+    let stage_k = |s: usize| smem.k_s + (s * BC * D * 2) as u32;
+    let stage_v = |s: usize| smem.v_s + (s * BC * D * 2) as u32;
+    let seq_q = p.seq_q as usize;
+    let wg = tid / 128;
     let (warp, lane) = ((tid % 128) / 32, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let wrow0 = 64 * (wg - 1);
@@ -194,7 +250,7 @@ pub(crate) unsafe fn flash_fwd_sm90<
     let row_a = q0 + wrow0 + 16 * warp + g;
     let rows = [row_a, row_a + 8];
 
-    let softcap_on = p.softcap > 0.0;
+    let softcap_on = !FAST && p.softcap > 0.0;
     let scale = if softcap_on { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
     let cap2 = p.softcap * LOG2E;
 
@@ -232,12 +288,14 @@ pub(crate) unsafe fn flash_fwd_sm90<
             unsafe { mbar_arrive(empty_k(s)) };
         }
 
-        // Scores in the log2 domain.
-        unroll!(n in 0..NS, max 32 => {
-            unroll4!(e in 0..4 => {
-                sacc[n][e] = if softcap_on { softcap2(sacc[n][e] * scale, cap2) } else { sacc[n][e] * scale };
+        // Scores in the log2 domain (the fast loop keeps them raw and scales in the exponent).
+        if !FAST {
+            unroll!(n in 0..NS, max 32 => {
+                unroll4!(e in 0..4 => {
+                    sacc[n][e] = if softcap_on { softcap2(sacc[n][e] * scale, cap2) } else { sacc[n][e] * scale };
+                });
             });
-        });
+        }
         // Keys outside each row's window (and past seq_kv) are -inf; columns are relative to
         // this lane's first column, key0 + 2t.
         let c0 = (key0 + 2 * t) as i64;
@@ -250,12 +308,18 @@ pub(crate) unsafe fn flash_fwd_sm90<
         // Online softmax: raise each row's max, rescale its running sum and O.
         unroll!(r in 0..2 => {
             let m = quad_max(row_max(&sacc, r));
-            let rs = st[r].raise_max(m);
+            // The fast loop's max is of raw scores; the scale is positive, so scaling it
+            // gives the max of the scaled ones (-inf stays -inf).
+            let rs = st[r].raise_max(if FAST { m * scale } else { m });
             lsum[r] *= rs.alpha;
             scale_row(&mut o, r, rs.alpha);
             unroll!(n in 0..NS, max 32 => {
                 unroll!(e in 0..2 => {
-                    let x = exp2(sacc[n][2 * r + e] - rs.base);
+                    let x = if FAST {
+                        exp2(fma(sacc[n][2 * r + e], scale, -rs.base))
+                    } else {
+                        exp2(sacc[n][2 * r + e] - rs.base)
+                    };
                     lsum[r] += x;
                     sacc[n][2 * r + e] = x;
                 });

@@ -59,6 +59,10 @@ fn dense_cases_match_the_reference() {
         Problem { seq_q: 130, seq_kv: 290, window: (9, 4), softcap: 3.0, head_dim: 128, dtype: Dtype::F16, ..base },
         // d256 (key tiles of 64), non-causal, f16.
         Problem { batch: 1, seq_q: 70, seq_kv: 133, head_dim: 256, dtype: Dtype::F16, ..base },
+        // A negative scale (the loop that scales every score first), causal, d64.
+        Problem { seq_q: 77, seq_kv: 50, causal: true, scale: Some(-0.3), ..base },
+        // A zero scale: every visible key weighs the same.
+        Problem { batch: 1, seq_q: 33, seq_kv: 300, window: (40, 0), scale: Some(0.0), head_dim: 128, ..base },
     ];
     for p in cases {
         let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
@@ -69,6 +73,9 @@ fn dense_cases_match_the_reference() {
         let mut opts = AttnOpts::new().causal(p.causal).window(side(p.window.0), side(p.window.1));
         if p.softcap > 0.0 {
             opts = opts.softcap(p.softcap);
+        }
+        if let Some(scale) = p.scale {
+            opts = opts.softmax_scale(scale);
         }
         let (o, lse) = flash_into(&kernels, &p, (&q, &k, &v), &opts);
         assert_ran_sm90(&kernels, &p);
