@@ -395,6 +395,7 @@ const IMPLEMENTED: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemsetD8_v2",
+    "cuTensorMapEncodeTiled",
     "cuMemsetD16_v2",
     "cuMemsetD32_v2",
     "cuMemsetD8Async",
