@@ -1030,13 +1030,7 @@ impl Launch<'_> {
                 Op::Ldmatrix { .. } | Op::Mma { .. } => {
                     if exec != 0 {
                         if exec != FULL {
-                            let l = exec.trailing_zeros();
-                            let mut f = self.finding(block, wi, l, pc as usize, "warp collective divergence");
-                            f.nearest_allocation = Some(format!(
-                                "`.sync.aligned` needs all 32 lanes of the warp converged and active; lanes {:#010x} are not executing this instruction",
-                                !exec
-                            ));
-                            return Err(Box::new(f));
+                            return Err(self.aligned_divergence(block, wi, exec, pc));
                         }
                         if let Op::Mma { kind, k16, d, srcs } = inst.op {
                             mma(r, kind, k16, d, &prog.mma_srcs[srcs as usize]);
@@ -1061,13 +1055,7 @@ impl Launch<'_> {
                 Op::WgmmaMma { .. } | Op::WgmmaFence | Op::WgmmaCommit | Op::WgmmaWait { .. } => {
                     if exec != 0 {
                         if exec != FULL {
-                            let l = exec.trailing_zeros();
-                            let mut f = self.finding(block, wi, l, pc as usize, "warp collective divergence");
-                            f.nearest_allocation = Some(format!(
-                                "`.sync.aligned` needs all 32 lanes of the warp converged and active; lanes {:#010x} are not executing this instruction",
-                                !exec
-                            ));
-                            return Err(Box::new(f));
+                            return Err(self.aligned_divergence(block, wi, exec, pc));
                         }
                         match inst.op {
                             Op::WgmmaMma { .. } => {
@@ -2421,6 +2409,17 @@ impl Launch<'_> {
     /// warpgroup with a warp parked there while another of its warps is not (exited, at a
     /// barrier, at another instruction, or not in the block) can never complete it: a finding.
     /// Returns whether any warpgroup ran one.
+    /// The finding of a `.sync.aligned` instruction (`ldmatrix`, `mma`, `wgmma`) that not all 32
+    /// lanes of warp `wi` execute (`exec` the lanes that do).
+    fn aligned_divergence(&self, block: [u32; 3], wi: usize, exec: u32, pc: u32) -> Box<Finding> {
+        let mut f = self.finding(block, wi, exec.trailing_zeros(), pc as usize, "warp collective divergence");
+        f.nearest_allocation = Some(format!(
+            "`.sync.aligned` needs all 32 lanes of the warp converged and active; lanes {:#010x} are not executing this instruction",
+            !exec
+        ));
+        Box::new(f)
+    }
+
     fn wgmma_release(&self, w: &mut Worker, nwarps: usize, block: [u32; 3]) -> Result<bool, Box<Finding>> {
         let mut released = false;
         for g in 0..nwarps.div_ceil(4) {

@@ -948,6 +948,23 @@ fn shared_offset(
     Ok(off as u32)
 }
 
+/// [`read_map`] for a `.{rank}d` copy: the map (and its address), or an invalid-map fault when
+/// the map's rank is another.
+fn read_map_of_rank(
+    mem: &mut Mem,
+    map: &HAddr,
+    r: &[[u64; 32]],
+    l: usize,
+    rank: u8,
+) -> Result<(TensorMap, u64), Fault> {
+    let m = read_map(mem, map, r, l)?;
+    let maddr = lane_addr(map, r, l);
+    if m.rank != rank as u32 {
+        return Err(fault(l, BAD_MAP, maddr, 128, format!("a .{rank}d copy with a tensor map of rank {}", m.rank)));
+    }
+    Ok((m, maddr))
+}
+
 /// Reads the 128 bytes of a tensor map (global memory, or the kernel parameters).
 fn read_map(mem: &mut Mem, h: &HAddr, r: &[[u64; 32]], l: usize) -> Result<TensorMap, Fault> {
     let addr = r[h.a as usize][l].wrapping_add(h.off as u64);
@@ -1218,17 +1235,7 @@ fn lane(
             let boff = shared_offset(mem.shared, &bar, r, l, 8, 8, "mbarrier")?;
             let baddr = lane_addr(&bar, r, l);
             need_bar(&mut mem.shared.hopper, boff, l, baddr, "cp.async.bulk.tensor")?;
-            let m = read_map(mem, &map, r, l)?;
-            let maddr = lane_addr(&map, r, l);
-            if m.rank != rank as u32 {
-                return Err(fault(
-                    l,
-                    BAD_MAP,
-                    maddr,
-                    128,
-                    format!("a .{rank}d copy with a tensor map of rank {}", m.rank),
-                ));
-            }
+            let (m, _) = read_map_of_rank(mem, &map, r, l, rank)?;
             let total = m.box_bytes();
             let doff = shared_offset(mem.shared, &dst, r, l, total, 128, "cp.async.bulk.tensor destination")?;
             let start: Vec<i64> = coords[..rank as usize].iter().map(|&s| val(s, r) as u32 as i32 as i64).collect();
@@ -1299,17 +1306,7 @@ fn lane(
             Ok(Flow::Next)
         }
         HInst::TensorStore { rank, map, coords, src } => {
-            let m = read_map(mem, &map, r, l)?;
-            let maddr = lane_addr(&map, r, l);
-            if m.rank != rank as u32 {
-                return Err(fault(
-                    l,
-                    BAD_MAP,
-                    maddr,
-                    128,
-                    format!("a .{rank}d copy with a tensor map of rank {}", m.rank),
-                ));
-            }
+            let (m, _) = read_map_of_rank(mem, &map, r, l, rank)?;
             let total = m.box_bytes();
             let soff = shared_offset(mem.shared, &src, r, l, total, 128, "cp.async.bulk.tensor source")?;
             let saddr = lane_addr(&src, r, l);
