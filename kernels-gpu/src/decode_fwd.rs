@@ -164,7 +164,7 @@ impl<F: crate::fp8::Fp8Kind> Stage16 for F {
     unsafe fn stage16(src: u64, dst: *mut f32) {
         let w = unsafe { ld16(src) };
         for (i, x) in w.iter().enumerate() {
-            unroll!(k in 0..4 => {
+            unroll4!(k in 0..4 => {
                 unsafe { *dst.add(4 * i + k) = crate::fp8::decode_finite(F::FORMAT, x >> (8 * k)) };
             });
         }

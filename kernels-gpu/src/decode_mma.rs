@@ -103,7 +103,7 @@ unsafe fn stage_rows<const D: usize, const PASSES: usize>(tile: u32, cache: u64,
     let rows_per_pass = THREADS / cpr;
     let (c, r) = (tid % cpr, tid / cpr);
     let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
-    unroll!(k in 0..PASSES => {
+    unroll8!(k in 0..PASSES => {
         let (addr, bytes) = if rows[k] != u32::MAX {
             (cache + rows[k] as u64 * (2 * D) as u64 + (c * CHUNK) as u64, CHUNK as u32)
         } else {
@@ -177,7 +177,7 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
         let (c, r) = (tid % cpr, tid / cpr);
         let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
         let e4m3 = matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3);
-        unroll!(k in 0..PASSES => {
+        unroll8!(k in 0..PASSES => {
             let w = if rows[k] != u32::MAX {
                 let (lo, hi): (u32, u32);
                 let src = cache + rows[k] as u64 * D as u64 + (c * 8) as u64;
@@ -186,12 +186,12 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
                         s = in(reg64) src, options(readonly, nostack));
                 }
                 let mut out = [0u32; 4];
-                unroll!(i in 0..2 => {
+                unroll2!(i in 0..2 => {
                     let x = if i == 0 { lo } else { hi };
                     // Bytes b0..b3 as two words of two f16-positioned bytes, [0, b0, 0, b1] and
                     // [0, b2, 0, b3]: one byte permute each (selector nibbles 4 pick zero bytes).
                     let pairs = [prmt(x, 0x1404), prmt(x, 0x3424)];
-                    unroll!(j in 0..2 => {
+                    unroll2!(j in 0..2 => {
                         out[2 * i + j] = if e4m3 {
                             ((pairs[j] >> 1) & 0x3f80_3f80) | (pairs[j] & 0x8000_8000)
                         } else {
@@ -314,7 +314,7 @@ pub(crate) unsafe fn decode_mma<
     let rows_per_pass = THREADS / cpr;
     let my_rows = |kv0: usize| -> [u32; PASSES] {
         let mut out = [u32::MAX; PASSES];
-        unroll!(k in 0..PASSES => {
+        unroll8!(k in 0..PASSES => {
             let j = kv0 + tid / cpr + k * rows_per_pass;
             if j < block_end {
                 out[k] = unsafe { p.cache_row_of(slot, pad + j as u32, hk) };
@@ -333,9 +333,9 @@ pub(crate) unsafe fn decode_mma<
     sync_threads();
     let mut qf = [[0u32; 4]; KD];
     let (q_r, q_c) = ldsm_a_lane(lane);
-    unroll!(kk in 0..KD => {
+    unroll8!(kk in 0..KD => {
         qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, q_r, 2 * kk + q_c) as u32) };
-        unroll!(w in 0..4 => { qf[kk][w] = E::q_word(qf[kk][w]); });
+        unroll4!(w in 0..4 => { qf[kk][w] = E::q_word(qf[kk][w]); });
     });
 
     let softcap = p.softcap > 0.0;
@@ -352,7 +352,7 @@ pub(crate) unsafe fn decode_mma<
     let mut alibi2 = [0.0f32; 2];
     let mut diag = [0i32; 2];
     if p.alibi_slopes != 0 {
-        unroll!(r in 0..2 => {
+        unroll2!(r in 0..2 => {
             let (qi, h) = row_of(g + 8 * r);
             alibi2[r] = -unsafe { alibi_slope(p.alibi_slopes, p.alibi_batch_stride, b, h as u32) } * LOG2E;
             diag[r] = qi as i32 + seqlen_k as i32 - p.seq_q as i32 - (wk + 2 * t) as i32;
@@ -370,8 +370,8 @@ pub(crate) unsafe fn decode_mma<
         let mut s = [[0.0f32; 4]; NS];
         let (k_r, k_c) = ldsm_b_lane(lane);
         let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + k_r, k_c);
-        unroll!(kk in 0..KD => {
-            unroll!(np in 0..NS / 2 => {
+        unroll8!(kk in 0..KD => {
+            unroll2!(np in 0..NS / 2 => {
                 let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
                 E::Mma::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
                 E::Mma::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
@@ -380,17 +380,17 @@ pub(crate) unsafe fn decode_mma<
 
         // (3) Log2-domain scores; element e of tile n is row g + 8 (e / 2), key
         // kv0 + wk + 8n + 2t + e % 2.
-        unroll!(n in 0..NS => {
-            unroll!(e in 0..4 => { s[n][e] *= scale2; });
+        unroll2!(n in 0..NS => {
+            unroll4!(e in 0..4 => { s[n][e] *= scale2; });
         });
         if softcap {
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
+            unroll2!(n in 0..NS => {
+                unroll4!(e in 0..4 => { s[n][e] = softcap2(s[n][e], cap2); });
             });
         }
         if p.alibi_slopes != 0 {
-            unroll!(n in 0..NS => {
-                unroll!(e in 0..4 => {
+            unroll2!(n in 0..NS => {
+                unroll4!(e in 0..4 => {
                     let r = e / 2;
                     s[n][e] = fma(alibi2[r], alibi_distance(diag[r] - kv0 as i32, (8 * n + e % 2) as i32), s[n][e]);
                 });
@@ -407,21 +407,21 @@ pub(crate) unsafe fn decode_mma<
         // maxima settle (most tiles of a long cache) the `4 * ND` multiplies are skipped.
         let mut mx = [f32::NEG_INFINITY; 2];
         let mut grow = false;
-        unroll!(r in 0..2 => {
+        unroll2!(r in 0..2 => {
             mx[r] = quad_max(row_max(&s, r, f32::NEG_INFINITY));
             grow |= row_sm[r].must_raise(mx[r]);
         });
         let mut rescale = [row_sm[0].keep(), row_sm[1].keep()];
         if warp_any(grow) {
-            unroll!(r in 0..2 => {
+            unroll2!(r in 0..2 => {
                 rescale[r] = row_sm[r].raise_max(mx[r]);
                 scale_row(&mut o, r, rescale[r].alpha);
             });
         }
 
         // (5) P = 2^(S - m), packed as the A fragments of P V.
-        unroll!(n in 0..NS => {
-            unroll!(e in 0..4 => { s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]); });
+        unroll2!(n in 0..NS => {
+            unroll4!(e in 0..4 => { s[n][e] = row_sm[e / 2].prob(s[n][e], rescale[e / 2]); });
         });
         let pf = pack_a(&s, E::Mma::pack);
 
@@ -437,8 +437,8 @@ pub(crate) unsafe fn decode_mma<
         cp_async_commit();
         let (v_r, v_c) = ldsm_bt_lane(lane);
         let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + v_r, v_c);
-        unroll!(kc in 0..NS / 2 => {
-            unroll!(np in 0..ND / 2 => {
+        unroll2!(kc in 0..NS / 2 => {
+            unroll8!(np in 0..ND / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
                 E::Mma::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
                 E::Mma::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
@@ -451,7 +451,7 @@ pub(crate) unsafe fn decode_mma<
     sync_threads();
     let stats = smem as *mut f32; // [2][4 warps][16 rows]: max, then sum
     let acc_s = unsafe { (smem as *mut u8).add(ROWS * D * 2) } as *mut f32; // [4 warps][16 rows][D]
-    unroll!(r in 0..2 => {
+    unroll2!(r in 0..2 => {
         let l = quad_sum(row_sm[r].l);
         let row = g + 8 * r;
         if t == 0 {
@@ -473,14 +473,14 @@ pub(crate) unsafe fn decode_mma<
     let (row, c0) = (tid / (THREADS / ROWS), (tid % (THREADS / ROWS)) * per);
     let mut m = [0.0f32; 4];
     let mut mx = f32::NEG_INFINITY;
-    unroll!(w in 0..4 => {
+    unroll4!(w in 0..4 => {
         m[w] = unsafe { *stats.add(w * ROWS + row) };
         mx = fmax(mx, m[w]);
     });
     let base = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
     let mut a = [0.0f32; 4];
     let mut l = 0.0f32;
-    unroll!(w in 0..4 => {
+    unroll4!(w in 0..4 => {
         a[w] = exp2(m[w] - base);
         l += a[w] * unsafe { *stats.add(4 * ROWS + w * ROWS + row) };
     });
@@ -499,9 +499,9 @@ pub(crate) unsafe fn decode_mma<
         let mut c = 0;
         while c < per {
             let mut v = [0.0f32; 2];
-            unroll!(e in 0..2 => {
+            unroll2!(e in 0..2 => {
                 let mut x = 0.0f32;
-                unroll!(w in 0..4 => {
+                unroll4!(w in 0..4 => {
                     x = fma(a[w], unsafe { *acc_s.add((w * ROWS + row) * D + c0 + c + e) }, x);
                 });
                 v[e] = x * inv_l;

@@ -353,7 +353,7 @@ unsafe fn body<
             // the tile is 128-byte aligned), so each row takes one address register. One warp of
             // each row group stores it (the other computed the same values).
             if hw == 0 {
-                unroll4!(r in 0..2 => {
+                unroll2!(r in 0..2 => {
                     let row = 16 * kw + g + 8 * r;
                     let at0 = opaque_u32(ds_s + (swizzled_offset(BR, row, 0) + 4 * t) as u32);
                     unroll8!(n in 0..NQ => {
@@ -392,7 +392,7 @@ unsafe fn body<
                     E::mma(&mut acc[2 * j + 1], &a, r[2], r[3]);
                 });
             });
-            unroll4!(r in 0..2 => {
+            unroll2!(r in 0..2 => {
                 let qr = 16 * mq + g + 8 * r;
                 if qr < nrows {
                     let row = q_row0 + (qa + qr) as u64;
@@ -436,7 +436,7 @@ unsafe fn body<
     let warp = tid_x_fresh() as usize / 32;
     let key0 = ctaid_x_fresh() as usize * BC + 16 * (warp % (BC / 16)) + lane / 4;
     let first = 8 * NDH * (warp / (BC / 16));
-    unroll4!(r in 0..2 => {
+    unroll2!(r in 0..2 => {
         let key = key0 + 8 * r;
         if key < seq_kv {
             let row = k_row0 + key as u64;

@@ -238,7 +238,7 @@ unsafe fn body<
                 unroll8!(kk in 0..KD => {
                     let qa0 = unsafe { ldmatrix_x4(q_a.at(0, kk)) };
                     let qa1 = unsafe { ldmatrix_x4(q_a.at(16, kk)) };
-                    unroll4!(np in 0..2 => {
+                    unroll2!(np in 0..2 => {
                         let r = unsafe { ldmatrix_x4(k_b.at(32 * ps + 16 * np, kk)) };
                         E::mma(&mut s[0][2 * np], &qa0, r[0], r[1]);
                         E::mma(&mut s[0][2 * np + 1], &qa0, r[2], r[3]);
@@ -247,7 +247,7 @@ unsafe fn body<
                     });
                     let oa0 = unsafe { ldmatrix_x4(do_a.at(0, kk)) };
                     let oa1 = unsafe { ldmatrix_x4(do_a.at(16, kk)) };
-                    unroll4!(np in 0..2 => {
+                    unroll2!(np in 0..2 => {
                         let r = unsafe { ldmatrix_x4(v_b.at(32 * ps + 16 * np, kk)) };
                         E::mma(&mut dp[0][2 * np], &oa0, r[0], r[1]);
                         E::mma(&mut dp[0][2 * np + 1], &oa0, r[2], r[3]);
@@ -258,7 +258,7 @@ unsafe fn body<
 
                 // P and dS for every element: element e of n-tile n of m-tile mt is query row
                 // 32 wq + 16 mt + g + 8 (e / 2), key (BC / 2) wk + 32 ps + 8 n + 2t + e % 2.
-                unroll4!(mt in 0..2 => {
+                unroll2!(mt in 0..2 => {
                     unroll4!(n in 0..4 => {
                         unroll4!(e in 0..4 => {
                             let i = 2 * mt + e / 2;
@@ -296,7 +296,7 @@ unsafe fn body<
                     let key0 = opaque_u32((kv0 + (BC / 2) * wk + 32 * ps + 2 * t) as u32) as i64;
                     let off0 = key0 - (qa + 32 * wq + g) as i64 - (skv - sq);
                     let keys_left = skv - key0; // columns c with c < keys_left exist
-                    unroll4!(mt in 0..2 => {
+                    unroll2!(mt in 0..2 => {
                         unroll4!(n in 0..4 => {
                             unroll4!(e in 0..4 => {
                                 let c = (8 * n + e % 2) as i64;
@@ -314,8 +314,8 @@ unsafe fn body<
                 // 32 wq + 16 mt + g + 8r is one 32-bit word of chunk n of the pass's four; chunk
                 // n is chunk 0's position XOR 16n (the pass starts on a multiple of 4 chunks,
                 // the tile is 128-byte aligned), so each row takes one address register.
-                unroll4!(mt in 0..2 => {
-                    unroll4!(r in 0..2 => {
+                unroll2!(mt in 0..2 => {
+                    unroll2!(r in 0..2 => {
                         let row = 32 * wq + 16 * mt + g + 8 * r;
                         let chunk0 = ((BC / 2) * wk + 32 * ps) / 8;
                         let off = opaque_u32((swizzled_offset(BC, row, chunk0) + 4 * t) as u32);
@@ -377,8 +377,8 @@ unsafe fn body<
                     E::mma(&mut acc[1][2 * j + 1], &a1, r[2], r[3]);
                 });
             });
-            unroll4!(mt in 0..2 => {
-                unroll4!(r in 0..2 => {
+            unroll2!(mt in 0..2 => {
+                unroll2!(r in 0..2 => {
                     let qr = 32 * wq + 16 * mt + g + 8 * r;
                     if qr < nrows {
                         let row = q_row0 + (qa + qr) as u64;
@@ -424,8 +424,8 @@ unsafe fn body<
     let warp = tid_x_fresh() as usize / 32;
     let key0 = ctaid_x_fresh() as usize * BC + 32 * (warp % WKK) + lane / 4;
     let first = 8 * NKD * (warp / WKK);
-    unroll4!(mt in 0..2 => {
-        unroll4!(r in 0..2 => {
+    unroll2!(mt in 0..2 => {
+        unroll2!(r in 0..2 => {
             let key = key0 + 16 * mt + 8 * r;
             if key < seq_kv {
                 let row = k_row0 + key as u64;

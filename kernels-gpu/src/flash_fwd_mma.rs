@@ -708,10 +708,10 @@ unsafe fn flash_fwd_body<
             if alibi {
                 let diag = p.seq_kv as i32 - p.seq_q as i32 - (kv0 + 2 * t as u32) as i32;
                 unroll4!(m in 0..MT => {
-                    unroll4!(r in 0..2 => {
+                    unroll2!(r in 0..2 => {
                         let rd = (row0 + 16 * m + 8 * r) as i32 + diag;
                         unroll8!(n in 0..NS => {
-                            unroll4!(e in 0..2 => {
+                            unroll2!(e in 0..2 => {
                                 let x = &mut s[m][n][2 * r + e];
                                 *x = fma(bias, alibi_distance(rd, (8 * n + e) as i32), *x);
                             });
@@ -747,7 +747,7 @@ unsafe fn flash_fwd_body<
             let mut mx = [f32::NEG_INFINITY; 4];
             let mut grow = false;
             unroll4!(m in 0..MT => {
-                unroll4!(r in 0..2 => {
+                unroll2!(r in 0..2 => {
                     let i = 2 * m + r;
                     let x = quad_max(row_max(&s[m], r, row_m[i]));
                     grow |= must_rescale(row_m[i] * c, x * c);
@@ -756,7 +756,7 @@ unsafe fn flash_fwd_body<
             });
             if warp_any(grow) {
                 unroll4!(m in 0..MT => {
-                    unroll4!(r in 0..2 => {
+                    unroll2!(r in 0..2 => {
                         let i = 2 * m + r;
                         let base = if mx[i] == f32::NEG_INFINITY { 0.0 } else { mx[i] };
                         let alpha = exp2(fma(row_m[i], c, -(base * c)));

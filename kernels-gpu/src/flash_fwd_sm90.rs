@@ -306,7 +306,7 @@ unsafe fn consume<
             mask_outside(&mut sacc, [clamp(s0 - c0), clamp(s1 - c0)], [clamp(e0 - c0), clamp(e1 - c0)]);
         }
         // Online softmax: raise each row's max, rescale its running sum and O.
-        unroll!(r in 0..2 => {
+        unroll2!(r in 0..2 => {
             let m = quad_max(row_max(&sacc, r));
             // The fast loop's max is of raw scores; the scale is positive, so scaling it
             // gives the max of the scaled ones (-inf stays -inf).
@@ -314,7 +314,7 @@ unsafe fn consume<
             lsum[r] *= rs.alpha;
             scale_row(&mut o, r, rs.alpha);
             unroll!(n in 0..NS, max 32 => {
-                unroll!(e in 0..2 => {
+                unroll2!(e in 0..2 => {
                     let x = if FAST {
                         exp2(fma(sacc[n][2 * r + e], scale, -rs.base))
                     } else {
@@ -347,7 +347,7 @@ unsafe fn consume<
     let hh = h as u64;
     let o_base = p.o + 2 * (b * p.o_strides.batch + hh * p.o_strides.head + q_row0 * p.o_strides.seq);
     let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * hh) }) * LOG2E } else { f32::NEG_INFINITY };
-    unroll!(r in 0..2 => {
+    unroll2!(r in 0..2 => {
         let l = quad_sum(lsum[r]);
         let row = rows[r];
         if row < seq_q {

@@ -43,7 +43,9 @@
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
-// The `sm_90a` build compiles every module but exports only the Hopper rows.
+// The `sm_90a` build (`--cfg memattn_sm90`) compiles only what the Hopper rows use: the sm_80
+// kernel modules below are left out of it, which takes their type checking (most of a kernel
+// build's time) off that build; the shared modules then have items it does not use.
 #![cfg_attr(memattn_sm90, allow(dead_code, unused_imports))]
 
 pub mod abi;
@@ -68,38 +70,38 @@ mod device;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod mma;
 
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_append;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_fwd;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_mma;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_rotary;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod flash_bwd_f32;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod flash_bwd_mma;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod flash_bwd_tc;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod flash_fwd_f32;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod flash_fwd_mma;
 pub mod flash_fwd_sm90;
 #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
 pub mod hopper;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod merge_states;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod naive_bwd;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod naive_pv;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod naive_scores;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod naive_softmax;
-#[cfg(any(doc, target_arch = "nvptx64"))]
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod smoke;
 
 #[cfg(target_arch = "nvptx64")]

@@ -41,6 +41,18 @@ macro_rules! unroll4 {
     };
 }
 
+/// `unroll!` for the two-iteration loops (the two rows `g` and `g + 8` of a fragment, the two
+/// elements of a pair): nested inside other unrolled loops, 16 spelled-out copies of each would
+/// multiply the code the compiler type-checks and then removes (a kernel body's type checking
+/// took most of the kernel build before these loops spelled out only what they run).
+#[allow(unused_macros)]
+macro_rules! unroll2 {
+    ($i:ident in 0..$n:expr => $body:block) => {
+        const { assert!($n <= 2, "unroll2! spells out 2 indices") };
+        unroll!(@ $i ($n) $body 0 1)
+    };
+}
+
 /// `unroll!` for loops of at most 8 (`$n <= 8`): the key-tile loops of the tensor-core kernels
 /// (`BC / 8 <= 8` column tiles of S), where 16 spelled-out copies inside other unrolled loops
 /// only add code for the compiler to remove.

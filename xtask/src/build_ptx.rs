@@ -1,6 +1,7 @@
 //! `cargo xtask build-ptx [--check]`: both PTX modules, `memattn_kernels.ptx` (sm_80, every row
 //! of the variant table but the Hopper ones) and `memattn_kernels_sm90.ptx` (sm_90a, the Hopper
-//! rows: `--cfg memattn_sm90`), built at the same time, each in its own target dir.
+//! rows: `--cfg memattn_sm90`, which also leaves the sm_80 kernel modules out), built at the
+//! same time, each in its own target dir.
 
 use crate::paths;
 use crate::toolchain::{self, KERNEL_TOOLCHAIN, TARGET};
