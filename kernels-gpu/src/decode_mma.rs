@@ -32,11 +32,15 @@
 //! read. After the loop the K and V area holds the warps' f32 accumulators `[4][16][D]` and the
 //! Q area their row statistics `[4][16]` (max, sum) for the merge.
 //!
-//! FP8 cache (`fp8_*` rows, bf16 Q and O): the tiles are staged through registers instead of
-//! `cp.async` — each thread loads the 8 bytes of its 16-byte shared chunk, widens them to f16
-//! exactly (`MmaCache` for the FP8 kinds) and stores them; the products run on f16 tensor cores
-//! with Q converted to f16, and the K and V scales (times `2^8` for e4m3) are applied to the
-//! score factor and to `1 / l`. Shared memory and the pipeline are those of the 16-bit rows.
+//! FP8 cache (`fp8_*` rows, bf16 Q and O): the tiles are copied to shared memory as they are,
+//! one byte per element (rows of `D` bytes, swizzled as 16-bit rows of `D / 2`), so a tile is
+//! half the `cp.async` copies and half the `ldmatrix` loads of a 16-bit one. Each fragment word
+//! is widened to f16 right after its `ldmatrix`, exactly (`MmaCache::widen`); the products run
+//! on f16 tensor cores with Q converted to f16, and the K and V scales (times `2^8` for e4m3) are
+//! applied to the score factor and to `1 / l`. One `ldmatrix` word holds 4 bytes of a row, so
+//! the k index of `Q Kᵀ` is permuted within each 16-wide k-step (Q's fragments are loaded to
+//! match) and `P V`'s output columns interleave even and odd d (undone when the accumulators
+//! are stored for the merge).
 //!
 //! Thread mapping: grid `(num_splits, ceil(seq_q * group / 16), heads_kv * batch)`, 128 threads.
 //! In every fragment lane `l` (group `g = l / 4`, `t = l % 4`) holds packed rows `g` and `g + 8`
@@ -95,44 +99,55 @@ const THREADS: usize = 128;
 const ROWS: usize = 16;
 
 /// Starts the `cp.async` copies of the `BC` cache rows whose row indices this thread holds in
-/// `rows` (`u32::MAX`: past the block's keys, zero-filled) into the swizzled tile at `tile`.
+/// `rows` (`u32::MAX`: past the block's keys, zero-filled) into the swizzled tile at `tile`: rows
+/// of `D * bytes` bytes (`bytes` 2 for a 16-bit cache, 1 for FP8), laid out as rows of
+/// `D * bytes / 2` 16-bit elements, so `PASSES * bytes / 2` of the `PASSES` entries are used.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
-unsafe fn stage_rows<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
-    let cpr = D * 2 / CHUNK;
+unsafe fn stage_rows<const D: usize, const PASSES: usize>(
+    tile: u32,
+    cache: u64,
+    rows: &[u32; PASSES],
+    tid: usize,
+    bytes: usize,
+) {
+    let row_bytes = D * bytes;
+    let cpr = row_bytes / CHUNK;
     let rows_per_pass = THREADS / cpr;
     let (c, r) = (tid % cpr, tid / cpr);
-    let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
+    let dst = opaque_u32(tile) + swizzled_offset(row_bytes / 2, r, c) as u32;
     unroll8!(k in 0..PASSES => {
-        let (addr, bytes) = if rows[k] != u32::MAX {
-            (cache + rows[k] as u64 * (2 * D) as u64 + (c * CHUNK) as u64, CHUNK as u32)
-        } else {
-            (cache, 0)
-        };
-        unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        if k < PASSES * bytes / 2 {
+            // Selects, not branches: a branch per row costs a `mov` more on each path.
+            let valid = rows[k] != u32::MAX;
+            let at = cache + rows[k] as u64 * row_bytes as u64 + (c * CHUNK) as u64;
+            let (addr, n) = (core::hint::select_unpredictable(valid, at, cache), if valid { CHUNK as u32 } else { 0 });
+            unsafe { cp_async_16(dst + (k * rows_per_pass * row_bytes) as u32, addr, n) };
+        }
     });
 }
 
-/// A cache element type of the tensor-core decode: how a tile of cache rows reaches shared
-/// memory as 16-bit `mma` operands, which `mma` type they are, and the factors that undo the
-/// staging's scaling.
+/// A cache element type of the tensor-core decode: its size, which `mma` type its products run
+/// in, how its shared-memory bytes become `mma` operands, and the factors that undo that.
 #[cfg(target_arch = "nvptx64")]
 pub(crate) trait MmaCache {
     /// The `mma` operand type of Q, K, V and P.
     type Mma: Half16;
     /// The element type of Q and O in global memory.
     type Qo: Half16;
-    /// Starts copying (or copies) the rows in `rows` into the swizzled tile at `tile`.
-    ///
-    /// # Safety
-    /// As [`stage_rows`].
-    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize);
+    /// Bytes per cache element: 2, or 1 for FP8.
+    const BYTES: usize = 2;
     /// One word of a Q fragment (two `Qo` values) as two `Mma` values.
     fn q_word(x: u32) -> u32 {
         x
     }
+    /// FP8: two cache bytes of the word `x`, picked by the byte selector `sel` of `prmt` into
+    /// the high bytes of two 16-bit halves, as two `Mma` values (exact, times `2^-8` for e4m3).
+    fn widen(x: u32, _sel: u32) -> u32 {
+        x
+    }
     /// The factor of head `hk`'s staged K (or V) values to their true values: the FP8 scale
-    /// times the staging's power of two; 1 for a 16-bit cache.
+    /// times the widening's power of two; 1 for a 16-bit cache.
     ///
     /// # Safety
     /// For FP8, `scales` must be a valid device address of `heads_kv` f32.
@@ -145,80 +160,58 @@ pub(crate) trait MmaCache {
 impl MmaCache for Bf16 {
     type Mma = Bf16;
     type Qo = Bf16;
-    #[inline(always)]
-    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
-        unsafe { stage_rows::<D, PASSES>(tile, cache, rows, tid) }
-    }
 }
 
 #[cfg(target_arch = "nvptx64")]
 impl MmaCache for F16 {
     type Mma = F16;
     type Qo = F16;
-    #[inline(always)]
-    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
-        unsafe { stage_rows::<D, PASSES>(tile, cache, rows, tid) }
-    }
 }
 
-/// An FP8 cache on f16 tensor cores (sm_80 has no FP8 `mma`): each 8-byte piece of a row is
-/// loaded into registers and widened to eight f16 with integer operations, exactly — e5m2 is the
-/// top byte of an f16 (same exponent bias 15); e4m3's magnitude bits shifted into an f16 read as
-/// the value times `2^-8` (bias 15 instead of 7), subnormals included, so its factor holds `2^8`.
-/// Q (bf16) is converted to f16 once per block (exact for `2^-14 <= |q| <= 65504`).
+/// An FP8 cache on f16 tensor cores (sm_80 has no FP8 `mma`): the tiles stay FP8 in shared
+/// memory (half the bytes, half the `cp.async` copies and `ldmatrix` loads of a 16-bit cache)
+/// and each fragment word is widened to f16 right after its `ldmatrix`, exactly, with integer
+/// operations: e5m2 is the top byte of an f16 (same exponent bias 15), one `prmt` per two
+/// values; e4m3's byte shifted right by one into an f16 reads as the value times `2^-8` (bias 15
+/// instead of 7, subnormals included) once its sign moves from bit 14 to bit 15 (an add of that
+/// bit to itself), so its factor holds `2^8`. Q (bf16) is converted to f16 once per block
+/// (exact for `2^-14 <= |q| <= 65504`).
 #[cfg(target_arch = "nvptx64")]
 impl<F: crate::fp8::Fp8Kind> MmaCache for F {
     type Mma = F16;
     type Qo = Bf16;
-    #[inline(always)]
-    unsafe fn stage<const D: usize, const PASSES: usize>(tile: u32, cache: u64, rows: &[u32; PASSES], tid: usize) {
-        let cpr = D * 2 / CHUNK;
-        let rows_per_pass = THREADS / cpr;
-        let (c, r) = (tid % cpr, tid / cpr);
-        let dst = opaque_u32(tile) + swizzled_offset(D, r, c) as u32;
-        let e4m3 = matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3);
-        unroll8!(k in 0..PASSES => {
-            let w = if rows[k] != u32::MAX {
-                let (lo, hi): (u32, u32);
-                let src = cache + rows[k] as u64 * D as u64 + (c * 8) as u64;
-                unsafe {
-                    core::arch::asm!("ld.global.v2.u32 {{{a}, {b}}}, [{s}];", a = out(reg32) lo, b = out(reg32) hi,
-                        s = in(reg64) src, options(readonly, nostack));
-                }
-                let mut out = [0u32; 4];
-                unroll2!(i in 0..2 => {
-                    let x = if i == 0 { lo } else { hi };
-                    // Bytes b0..b3 as two words of two f16-positioned bytes, [0, b0, 0, b1] and
-                    // [0, b2, 0, b3]: one byte permute each (selector nibbles 4 pick zero bytes).
-                    let pairs = [prmt(x, 0x1404), prmt(x, 0x3424)];
-                    unroll2!(j in 0..2 => {
-                        out[2 * i + j] = if e4m3 {
-                            ((pairs[j] >> 1) & 0x3f80_3f80) | (pairs[j] & 0x8000_8000)
-                        } else {
-                            pairs[j]
-                        };
-                    });
-                });
-                out
-            } else {
-                [0u32; 4]
-            };
-            unsafe {
-                core::arch::asm!("st.shared.v4.b32 [{d}], {{{a}, {b}, {c}, {e}}};",
-                    d = in(reg32) dst + (k * rows_per_pass * D * 2) as u32,
-                    a = in(reg32) w[0], b = in(reg32) w[1], c = in(reg32) w[2], e = in(reg32) w[3], options(nostack));
-            }
-        });
-    }
+    const BYTES: usize = 1;
     #[inline(always)]
     fn q_word(x: u32) -> u32 {
         F16::pack(f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+    }
+    #[inline(always)]
+    fn widen(x: u32, sel: u32) -> u32 {
+        let p = prmt(x, sel);
+        if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) {
+            let s = p >> 1;
+            s + (s & 0x4000_4000)
+        } else {
+            p
+        }
     }
     #[inline(always)]
     unsafe fn factor(scales: u64, hk: u32) -> f32 {
         let pow2 = if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) { 256.0 } else { 1.0 };
         unsafe { ld_f32(scales + 4 * hk as u64) * pow2 }
     }
+}
+
+/// `ld.shared.v2.b32`: the two words at `addr` (8-byte aligned).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    unsafe {
+        core::arch::asm!("ld.shared.v2.b32 {{{a}, {b}}}, [{s}];", a = out(reg32) a, b = out(reg32) b,
+            s = in(reg32) addr, options(readonly, nostack));
+    }
+    [a, b]
 }
 
 /// `prmt.b32 d, x, 0, sel;`: byte `i` of `d` is byte `sel[4i..4i+4]` of `(0 << 32) | x`.
@@ -310,13 +303,14 @@ pub(crate) unsafe fn decode_mma<
             k += 1;
         }
     }
-    // This thread's cache rows of a tile starting at key `kv0`.
-    let rows_per_pass = THREADS / cpr;
+    // This thread's cache rows of a tile starting at key `kv0` (`stage_rows`'s mapping).
+    let cache_cpr = D * E::BYTES / CHUNK;
+    let rows_per_pass = THREADS / cache_cpr;
     let my_rows = |kv0: usize| -> [u32; PASSES] {
         let mut out = [u32::MAX; PASSES];
         unroll8!(k in 0..PASSES => {
-            let j = kv0 + tid / cpr + k * rows_per_pass;
-            if j < block_end {
+            let j = kv0 + tid / cache_cpr + k * rows_per_pass;
+            if k < PASSES * E::BYTES / 2 && j < block_end {
                 out[k] = unsafe { p.cache_row_of(slot, pad + j as u32, hk) };
             }
         });
@@ -326,7 +320,7 @@ pub(crate) unsafe fn decode_mma<
     let mut kv0 = k_lo as usize + skip;
     let mut tile_rows = my_rows(kv0);
     if kv0 < block_end {
-        unsafe { E::stage::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES) };
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -334,7 +328,16 @@ pub(crate) unsafe fn decode_mma<
     let mut qf = [[0u32; 4]; KD];
     let (q_r, q_c) = ldsm_a_lane(lane);
     unroll8!(kk in 0..KD => {
-        qf[kk] = unsafe { ldmatrix_x4(q_s + swizzled_offset(D, q_r, 2 * kk + q_c) as u32) };
+        qf[kk] = if E::BYTES == 1 {
+            // FP8: k-step kk's k index 2t + i (+ 8) is d 16kk + 4t + i (+ 2), the bytes one
+            // `ldmatrix` word of a K row holds (see the products below): rows g and g + 8 each
+            // give a0/a2 (a1/a3) in one 8-byte load.
+            let at = |row: usize| q_s + (swizzled_offset(D, row, 2 * kk + t / 2) + (t % 2) * 8) as u32;
+            let (r0, r1) = unsafe { (ld_shared_v2(at(g)), ld_shared_v2(at(g + 8))) };
+            [r0[0], r1[0], r0[1], r1[1]]
+        } else {
+            unsafe { ldmatrix_x4(q_s + swizzled_offset(D, q_r, 2 * kk + q_c) as u32) }
+        };
         unroll4!(w in 0..4 => { qf[kk][w] = E::q_word(qf[kk][w]); });
     });
 
@@ -363,20 +366,37 @@ pub(crate) unsafe fn decode_mma<
         // (1) K has landed and every warp is done reading the previous V: start loading V.
         cp_async_wait_all();
         sync_threads();
-        unsafe { E::stage::<D, PASSES>(v_s, v_cache, &tile_rows, tid) };
+        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid, E::BYTES) };
         cp_async_commit();
 
         // (2) S = Q Kᵀ over this warp's keys.
         let mut s = [[0.0f32; 4]; NS];
-        let (k_r, k_c) = ldsm_b_lane(lane);
-        let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + k_r, k_c);
-        unroll8!(kk in 0..KD => {
-            unroll2!(np in 0..NS / 2 => {
-                let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
-                E::Mma::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
-                E::Mma::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+        if E::BYTES == 1 {
+            // FP8 rows of D bytes: one `ldmatrix.x4` (matrices keys 0-7 / 8-15 of d chunks 2kp
+            // and 2kp + 1) gives each lane 4 bytes of one key per k-step, d 16kk + 4t .. + 3:
+            // the B fragment's k 2t, 2t + 1 (bytes 0, 1) and 2t + 8, 2t + 9 (bytes 2, 3).
+            let (k_r, k_c) = ldsm_bt_lane(lane);
+            let k_tile = opaque_u32(k_s);
+            unroll4!(kp in 0..KD / 2 => {
+                let r = unsafe { ldmatrix_x4(k_tile + swizzled_offset(D / 2, wk + k_r, 2 * kp + k_c) as u32) };
+                unroll2!(c2 in 0..2 => {
+                    unroll2!(nt in 0..NS => {
+                        let x = r[2 * c2 + nt];
+                        E::Mma::mma(&mut s[nt], &qf[2 * kp + c2], E::widen(x, 0x1404), E::widen(x, 0x3424));
+                    });
+                });
             });
-        });
+        } else {
+            let (k_r, k_c) = ldsm_b_lane(lane);
+            let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + k_r, k_c);
+            unroll8!(kk in 0..KD => {
+                unroll2!(np in 0..NS / 2 => {
+                    let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
+                    E::Mma::mma(&mut s[2 * np], &qf[kk], r[0], r[1]);
+                    E::Mma::mma(&mut s[2 * np + 1], &qf[kk], r[2], r[3]);
+                });
+            });
+        }
 
         // (3) Log2-domain scores; element e of tile n is row g + 8 (e / 2), key
         // kv0 + wk + 8n + 2t + e % 2.
@@ -432,18 +452,35 @@ pub(crate) unsafe fn decode_mma<
         kv0 += BC;
         if kv0 < block_end {
             tile_rows = my_rows(kv0);
-            unsafe { E::stage::<D, PASSES>(k_s, k_cache, &tile_rows, tid) };
+            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES) };
         }
         cp_async_commit();
         let (v_r, v_c) = ldsm_bt_lane(lane);
-        let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + v_r, v_c);
-        unroll2!(kc in 0..NS / 2 => {
-            unroll8!(np in 0..ND / 2 => {
-                let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
-                E::Mma::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
-                E::Mma::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+        if E::BYTES == 1 {
+            // FP8 rows of D bytes: `ldmatrix.x4.trans` of (keys 0-7 / 8-15) x (d chunks 2cp,
+            // 2cp + 1) gives lane (g, t) keys 2t, 2t + 1 (+ 8) of d 16c + 2g and 16c + 2g + 1:
+            // bytes 0, 2 feed O column tile 2c (d 16c + 2n for its column n), bytes 1, 3 tile
+            // 2c + 1 (d 16c + 2n + 1).
+            let v_tile = opaque_u32(v_s);
+            unroll4!(cp in 0..KD / 2 => {
+                let r = unsafe { ldmatrix_x4_trans(v_tile + swizzled_offset(D / 2, wk + v_r, 2 * cp + v_c) as u32) };
+                unroll2!(c2 in 0..2 => {
+                    let (lo, hi) = (r[2 * c2], r[2 * c2 + 1]);
+                    let n = 2 * (2 * cp + c2);
+                    E::Mma::mma(&mut o[n], &pf[0], E::widen(lo, 0x2404), E::widen(hi, 0x2404));
+                    E::Mma::mma(&mut o[n + 1], &pf[0], E::widen(lo, 0x3414), E::widen(hi, 0x3414));
+                });
             });
-        });
+        } else {
+            let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + v_r, v_c);
+            unroll2!(kc in 0..NS / 2 => {
+                unroll8!(np in 0..ND / 2 => {
+                    let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };
+                    E::Mma::mma(&mut o[2 * np], &pf[kc], r[0], r[1]);
+                    E::Mma::mma(&mut o[2 * np + 1], &pf[kc], r[2], r[3]);
+                });
+            });
+        }
     }
 
     // Merge the 4 warps' states: statistics into the Q area, accumulators into K and V.
@@ -460,12 +497,15 @@ pub(crate) unsafe fn decode_mma<
                 *stats.add(4 * ROWS + warp * ROWS + row) = l;
             }
         }
-        let at = unsafe { acc_s.add((warp * ROWS + row) * D + 2 * t) };
+        // Column tile n's column 2t + j is d 8n + 2t + j, or for FP8 (see P V) d 16c + 2(2t + j)
+        // + n % 2 of tile n = 2c + n % 2.
+        let fp8 = E::BYTES == 1;
+        let at = unsafe { acc_s.add((warp * ROWS + row) * D + if fp8 { 4 * t } else { 2 * t }) };
         unroll!(n in 0..ND => {
-            unsafe {
-                *at.add(8 * n) = o[n][2 * r];
-                *at.add(8 * n + 1) = o[n][2 * r + 1];
-            }
+            unroll2!(j in 0..2 => {
+                let d = if fp8 { 16 * (n / 2) + 2 * j + n % 2 } else { 8 * n + j };
+                unsafe { *at.add(d) = o[n][2 * r + j] };
+            });
         });
     });
     sync_threads();

@@ -26,6 +26,10 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
     let version = toolchain::ensure()?;
     println!("xtask: building kernels-gpu for {TARGET} ({}) with {version}", module.target_cpu());
     let started = Instant::now();
+    // rustc writes the raw PTX beside `out`; `out` gets the post-processed text. When cargo finds
+    // the build fresh it does not run rustc, and the raw file is still the last build's, so
+    // post-processing it again gives the same `out` (processing `out` itself would not).
+    let raw = out.with_extension("raw.ptx");
     let status = toolchain::command("cargo")
         .current_dir(paths::root())
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
@@ -35,13 +39,13 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
         .arg("--")
         .args(module_flags(module))
         .args(toolchain::LINE_INFO_FLAGS)
-        .arg(format!("--emit=asm={}", out.display()))
+        .arg(format!("--emit=asm={}", raw.display()))
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
         return Err(format!("the {} kernel build failed (see the compiler output above)", module.target_cpu()));
     }
-    let raw = std::fs::read_to_string(out).map_err(|e| format!("no PTX at {}: {e}", out.display()))?;
+    let raw = std::fs::read_to_string(&raw).map_err(|e| format!("no PTX at {}: {e}", raw.display()))?;
     let mut ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
     if module == PtxModule::Sm90a {
         ptx = with_maxntid(&ptx)?;
