@@ -1101,18 +1101,29 @@ fn decode_control(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods, fname: &s
                 m.finish(line, opcode)?;
                 Op::BarWarp
             } else {
-                if !m.has("sync") {
+                let arrive = m.has("arrive");
+                if !arrive && !m.has("sync") {
                     let is_plain = base == "bar" && m.parts.is_empty();
                     if !is_plain {
-                        return err(line, format!("`{opcode}` is not supported (only bar.sync / barrier.sync)"));
+                        return err(
+                            line,
+                            format!("`{opcode}` is not supported (only bar.sync / bar.arrive / barrier.sync / barrier.arrive)"),
+                        );
                     }
                 }
+                m.has("aligned");
                 m.finish(line, opcode)?;
                 if ops.is_empty() || ops.len() > 2 {
-                    return err(line, "bar.sync needs a barrier id");
+                    return err(line, format!("`{opcode}` needs a barrier id (and a thread count)"));
                 }
-                {
-                    src(cx, &ops[0], 32, false)?;
+                let id = src(cx, &ops[0], 32, false)?;
+                if ops.len() == 2 {
+                    // A named barrier of `count` threads: the warps that sync on it wait for
+                    // that many arrivals (syncs and arrives, 32 per warp).
+                    Op::NamedBar { id, count: src(cx, &ops[1], 32, false)?, arrive }
+                } else if arrive {
+                    return err(line, format!("`{opcode}` needs a thread count (bar.arrive a, b)"));
+                } else {
                     Op::Bar
                 }
             }

@@ -28,6 +28,9 @@ const WGW: u8 = 5;
 /// Yielded after a failed `mbarrier.try_wait`/`test_wait` (at the next instruction): runs again
 /// once the other warps of the block had their turn ([`crate::hopper`]).
 const YIELD: u8 = 6;
+/// Parked at a named barrier (`bar.sync a, b` with a thread count) until it has its threads
+/// ([`NamedBars`]); the warp's [`Warp::nbar`] says which.
+const NBAR: u8 = 7;
 /// Rounds of the block's warps in a row in which only failed mbarrier waits ran (no barrier
 /// changed, no thread reached an exit or a `bar.sync`) before the block is a deadlock.
 const STALLED_ROUNDS: u32 = 1000;
@@ -97,6 +100,24 @@ struct Warp {
     cp_done: [u32; 32],
     /// `wgmma` fences, groups and in-flight operations of the warp.
     wg: crate::wgmma::WarpTrack,
+    /// The named barrier the warp's lanes in [`NBAR`] wait at.
+    nbar: u8,
+}
+
+/// The 16 named barriers of a block (`bar.sync a, b` / `bar.arrive a, b`): the threads that
+/// have arrived at each since it last completed, and the count it was given.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NamedBars {
+    arrived: [u32; 16],
+    count: [u32; 16],
+    /// Barriers that reached their count and whose waiting warps the block loop releases.
+    complete: u16,
+}
+
+impl NamedBars {
+    pub(crate) fn reset(&mut self) {
+        *self = NamedBars::default();
+    }
 }
 
 /// One pending `cp.async`: `n` bytes from global `src` into shared offset `dst`, zero-filled to
@@ -496,6 +517,7 @@ impl Launch<'_> {
                 cp_next: [0; 32],
                 cp_done: [0; 32],
                 wg: Default::default(),
+                nbar: 0,
             });
         }
         for (wi, wp) in w.warps.iter_mut().enumerate().take(nwarps) {
@@ -594,6 +616,28 @@ impl Launch<'_> {
                     r?;
                 }
             }
+            // Named barriers that have their threads release the warps waiting at them (a
+            // completed barrier counts afresh).
+            if w.shared.named.complete != 0 {
+                let done = std::mem::take(&mut w.shared.named.complete);
+                for i in 0..16 {
+                    if done >> i & 1 == 1 {
+                        w.shared.named.arrived[i] = 0;
+                        w.shared.named.count[i] = 0;
+                    }
+                }
+                for wp in w.warps.iter_mut().take(nwarps) {
+                    if done >> wp.nbar & 1 == 1 {
+                        for l in 0..32 {
+                            if wp.state[l] == NBAR {
+                                wp.state[l] = RUN;
+                                wp.pcs[l] += 1;
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
             // Every warp is done or parked at a barrier or a wgmma.mma_async.
             if !self.prog.wgmma.is_empty() && self.wgmma_release(w, nwarps, block)? {
                 continue;
@@ -602,7 +646,7 @@ impl Launch<'_> {
             if w.warps.iter().take(nwarps).any(|wp| wp.state.contains(&YIELD)) {
                 let mut parked = 0usize;
                 for wp in w.warps.iter().take(nwarps) {
-                    parked += wp.state.iter().filter(|&&s| matches!(s, EXIT | BAR | WAIT)).count();
+                    parked += wp.state.iter().filter(|&&s| matches!(s, EXIT | BAR | WAIT | NBAR)).count();
                 }
                 let now = Some((w.shared.hopper.changes, parked));
                 if now == progress {
@@ -622,7 +666,21 @@ impl Launch<'_> {
                 }
                 continue;
             }
-            // Every warp is done or parked at a barrier.
+            // Every warp is done or parked at a barrier. One parked at a named barrier now waits
+            // for arrivals no warp can make any more.
+            if let Some((wi, l)) =
+                (0..nwarps).find_map(|wi| (0..32).find(|&l| w.warps[wi].state[l] == NBAR).map(|l| (wi, l)))
+            {
+                let wp = &w.warps[wi];
+                let i = wp.nbar as usize;
+                let mut f = self.finding(block, wi, l as u32, wp.pcs[l] as usize, "deadlock");
+                f.nearest_allocation = Some(format!(
+                    "named barrier {i} has {} of its {} threads and no running warp is left to arrive (any warp not \
+                     at it has exited or waits elsewhere)",
+                    w.shared.named.arrived[i], w.shared.named.count[i]
+                ));
+                return Err(Box::new(f));
+            }
             let mut first: Option<(usize, u32, u32)> = None; // (warp, lane, pc)
             for (wi, wp) in w.warps.iter().enumerate().take(nwarps) {
                 let mut wpc: Option<(u32, u32)> = None;
@@ -984,6 +1042,62 @@ impl Launch<'_> {
                         group &= !exec;
                         pc += 1;
                         stop = Some(Stop::Regroup);
+                    } else {
+                        pc += 1;
+                    }
+                }
+                Op::NamedBar { id, count, arrive } => {
+                    if exec != 0 {
+                        let l0 = exec.trailing_zeros() as usize;
+                        let (idv, n) = (r[id as usize][l0] as u32, r[count as usize][l0] as u32);
+                        let live = (0..32)
+                            .filter(|&l| wp.state[l] != EXIT && wp.state[l] != ABSENT)
+                            .fold(0u32, |m, l| m | 1 << l);
+                        let bad = if idv >= 16 {
+                            Some(format!("barrier id {idv}: the ids are 0..=15"))
+                        } else if n == 0 || n % 32 != 0 || n > self.threads() {
+                            Some(format!(
+                                "thread count {n}: it must be a non-zero multiple of 32 and at most the block's {} threads",
+                                self.threads()
+                            ))
+                        } else if exec != live {
+                            Some(format!(
+                                "lanes {:#010x} of the warp execute it and lanes {live:#010x} are live: all of a warp's threads \
+                                 must execute a named barrier together",
+                                exec
+                            ))
+                        } else if shared.named.count[idv as usize] != 0 && shared.named.count[idv as usize] != n {
+                            Some(format!(
+                                "thread count {n}, while barrier {idv} is counting to {} (arrivals since it last completed)",
+                                shared.named.count[idv as usize]
+                            ))
+                        } else {
+                            None
+                        };
+                        if let Some(why) = bad {
+                            let mut f = self.finding(block, wi, l0 as u32, pc as usize, "named barrier misuse");
+                            f.nearest_allocation = Some(why);
+                            return Err(Box::new(f));
+                        }
+                        let nb = &mut shared.named;
+                        let i = idv as usize;
+                        nb.count[i] = n;
+                        nb.arrived[i] += 32;
+                        if nb.arrived[i] >= n {
+                            nb.complete |= 1 << i;
+                        }
+                        if arrive {
+                            pc += 1;
+                        } else {
+                            wp.nbar = idv as u8;
+                            lanes(exec, |l| {
+                                wp.state[l] = NBAR;
+                                wp.pcs[l] = pc;
+                            });
+                            group &= !exec;
+                            pc += 1;
+                            stop = Some(Stop::Regroup);
+                        }
                     } else {
                         pc += 1;
                     }
@@ -2444,6 +2558,11 @@ impl Launch<'_> {
                             ABSENT => format!("thread {t} does not exist (the block has {} threads)", self.threads()),
                             EXIT => format!("warp {wi} (thread {t}) has exited"),
                             BAR => format!("warp {wi} (thread {t}) waits at a barrier, {}", self.at_line(wp.pcs[l])),
+                            NBAR => format!(
+                                "warp {wi} (thread {t}) waits at named barrier {}, {}",
+                                wp.nbar,
+                                self.at_line(wp.pcs[l])
+                            ),
                             WGW => format!("warp {wi} waits at another wgmma.mma_async, {}", self.at_line(wp.pcs[l])),
                             _ => format!("warp {wi} (thread {t}) is at {}", self.at_line(wp.pcs[l])),
                         }

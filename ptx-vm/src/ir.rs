@@ -312,8 +312,17 @@ pub(crate) enum Op {
     Ret,
     Exit,
     Trap,
-    /// `bar.sync` / `barrier.sync` (the barrier id and thread count are not modelled).
+    /// `bar.sync a` / `barrier.sync a` without a thread count: every thread of the block (the
+    /// id is not modelled: such a barrier waits for all of them whatever its id).
     Bar,
+    /// `bar.sync a, b` / `bar.arrive a, b` (and `barrier.*`): named barrier `a` (0..15) of `b`
+    /// threads (a multiple of 32). Each warp that executes it counts 32; `arrive` goes on, a sync
+    /// waits until the barrier has its `b` threads, which releases every warp waiting on it.
+    NamedBar {
+        id: Slot,
+        count: Slot,
+        arrive: bool,
+    },
     BarWarp,
     /// mode: 0 up, 1 down, 2 bfly, 3 idx.
     Shfl {

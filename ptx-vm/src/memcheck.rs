@@ -22,6 +22,8 @@ pub(crate) struct SharedMem {
     pub(crate) race: RaceState,
     /// mbarriers and the async-proxy race state ([`crate::hopper`]).
     pub(crate) hopper: crate::hopper::AsyncState,
+    /// The block's named barriers (`bar.sync a, b`, `bar.arrive a, b`).
+    pub(crate) named: crate::exec::NamedBars,
 }
 
 /// Racecheck: per 4-byte word of the window, the last writing warp and the warps that read it,
@@ -319,6 +321,7 @@ impl SharedMem {
     /// Fresh shared memory: `len` poisoned bytes, none written, a new race epoch.
     pub(crate) fn reset(&mut self, len: usize, initcheck: bool, racecheck: bool) {
         self.racecheck = racecheck;
+        self.named.reset();
         if racecheck {
             let words = len.div_ceil(4);
             let r = &mut self.race;

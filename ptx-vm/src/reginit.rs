@@ -161,6 +161,10 @@ pub(crate) fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut
         | Op::WgmmaWait { .. } => {}
         Op::Hopper { i, .. } => prog.hopper[i as usize].sources().into_iter().for_each(push),
         Op::Elect { mask, .. } => push(mask),
+        Op::NamedBar { id, count, .. } => {
+            push(id);
+            push(count);
+        }
         Op::Call { copies, .. } | Op::CallRet { copies } => {
             prog.copies[copies as usize].iter().for_each(|&(s, _)| push(s))
         }
