@@ -1333,7 +1333,7 @@ def sm90_report(spec, notes, append, want_cl):
           '- mufu: MUFU (ex2 and others) at 16 lanes/clk/SM (4 per SMSP, 8 clk per warp-instruction).',
           '- smem: LDS/STS/LDSM/STSM bytes (not wgmma operand reads) at 128 B/clk/SM.',
           '- Not modelled: latency and dependencies (ours waits for each wgmma group right after issuing it, FA3 keeps one in '
-          'flight - see the waits above), the two warpgroups\' overlap (FA3 orders them with named barriers), TMA / L2 / HBM, '
+          'flight - see the waits above), the two consumer warpgroups\' overlap (both kernels take turns through named barriers, ping-pong; the BAR instructions are counted in issue), TMA / L2 / HBM, '
           'mbarrier spin time, the producer warpgroup, the peeled first / last tiles and the epilogue.', '']
     W += ['| kernel | variant | tensor | issue | fma pipe | alu pipe | mufu | smem | bound |', '|' + '---|' * 9]
     for r in rows:

@@ -18,10 +18,11 @@
 //!   in registers; wait for V; `O += P V` as `BC / 16` `wgmma` k-steps with P from registers
 //!   and V from shared memory (MN-major, `imm-trans-b`); release V. Finally `O /= l`, LSE.
 //!
-//! The two consumer warpgroups run their GEMMs and softmaxes independently, so one's softmax
-//! overlaps the other's GEMMs on the tensor cores as the warp schedulers interleave them; the
-//! explicit ping-pong ordering of FlashAttention-3 (named barriers between the warpgroups) and
-//! its intra-warpgroup overlap of the next `Q Kᵀ` with this tile's softmax are not done here.
+//! Ping-pong, FlashAttention-3's scheduling of the two consumers: named barriers (`bar.sync` /
+//! `bar.arrive` on ids 1 and 2, 256 threads) make them take turns issuing `Q Kᵀ`, so one
+//! warpgroup's softmax runs while the other's GEMMs hold the tensor cores. FlashAttention-3's
+//! intra-warpgroup overlap (the next tile's `Q Kᵀ` issued before this tile's softmax, a second
+//! S accumulator) is not done here.
 //!
 //! Shared memory (dynamic, rounded up to 1024 bytes for the swizzle pattern): Q (`D / 64` slabs
 //! of `BR` rows × 128 bytes), then `STAGES` K tiles and `STAGES` V tiles (`D / 64` slabs of `BC`
@@ -66,6 +67,9 @@ const BR: usize = crate::tiles::FlashSm90Tile::BR as usize;
 /// K/V buffers.
 #[cfg(memattn_sm90)]
 const STAGES: usize = 2;
+/// The first of the consumers' two ping-pong named barriers (id 0 is `bar.sync 0`).
+#[cfg(memattn_sm90)]
+const PINGPONG: u32 = 1;
 
 #[cfg(memattn_sm90)]
 #[repr(C, align(1024))]
@@ -265,6 +269,16 @@ unsafe fn consume<
     // here is below 256 KiB, so the field never carries into the next).
     let at = |desc: u64, bytes: usize| desc + (bytes >> 4) as u64;
 
+    // Ping-pong (FlashAttention-3's warp-scheduler barriers): a consumer issues a tile's
+    // `Q Kᵀ` only after the other consumer has issued its own for the previous step, so the two
+    // take turns on the tensor cores and one's softmax runs while the other's GEMM does. Named
+    // barrier `PINGPONG + c` (256 threads: this warpgroup's sync and the other's arrive) is
+    // consumer `c`'s turn; consumer 1 hands consumer 0 the first one, and skips its last
+    // hand-over, so every arrival is matched by a sync.
+    let c = (wg - 1) as u32;
+    if c == 1 && tiles > 0 {
+        named_bar_arrive(PINGPONG, 256);
+    }
     let mut i = 0;
     while i < tiles {
         let (s, ph) = (i % STAGES, ((i / STAGES) & 1) as u32);
@@ -272,6 +286,7 @@ unsafe fn consume<
         let key0 = j * BC;
         let mut sacc = [[0.0f32; 4]; NS];
         unsafe { mbar_wait(full_k(s), ph) };
+        named_bar_sync(PINGPONG + c, 256);
         wgmma_fence(&mut sacc);
         // One base descriptor per operand per tile, steps added at each k-step (opaque: the
         // compiler would otherwise keep all D / 16 Q descriptors live through the loop).
@@ -283,6 +298,9 @@ unsafe fn consume<
             unsafe { E::qk::<NS>(&mut sacc, qa, ka, (kk > 0) as u32) };
         });
         wgmma_commit();
+        if c == 0 || i + 1 < tiles {
+            named_bar_arrive(PINGPONG + 1 - c, 256);
+        }
         wgmma_wait_all(&mut sacc);
         if lane == 0 {
             unsafe { mbar_arrive(empty_k(s)) };

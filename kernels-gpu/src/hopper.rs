@@ -135,6 +135,19 @@ pub fn fence_a_operands<const N: usize>(a: &mut [[u32; 4]; N], steps: usize) {
     });
 }
 
+/// `bar.sync id, threads`: wait at named barrier `id` until `threads` threads (a multiple of
+/// 32; each warp counts 32) have synced or arrived on it.
+#[inline(always)]
+pub fn named_bar_sync(id: u32, threads: u32) {
+    unsafe { asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) }
+}
+
+/// `bar.arrive id, threads`: count this warp's 32 threads on named barrier `id` and go on.
+#[inline(always)]
+pub fn named_bar_arrive(id: u32, threads: u32) {
+    unsafe { asm!("bar.arrive {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) }
+}
+
 /// `wgmma.commit_group`.
 #[inline(always)]
 pub fn wgmma_commit() {

@@ -447,7 +447,8 @@ pub(crate) struct Inst {
 impl Op {
     /// Destination slots (for the trace).
     /// An instruction that the lanes of a warp execute together: `shfl`/`vote`/`redux`/`match`
-    /// `.sync`, `bar.warp.sync`, and the `.sync.aligned` `ldmatrix` and `mma`.
+    /// `.sync`, `bar.warp.sync`, a named barrier (it counts whole warps), and the `.sync.aligned`
+    /// `ldmatrix` and `mma`.
     pub fn is_warp_collective(&self) -> bool {
         matches!(
             self,
@@ -456,6 +457,7 @@ impl Op {
                 | Op::Redux { .. }
                 | Op::Match { .. }
                 | Op::BarWarp
+                | Op::NamedBar { .. }
                 | Op::Ldmatrix { .. }
                 | Op::Mma { .. }
                 | Op::WgmmaMma { .. }
