@@ -104,6 +104,15 @@ struct Warp {
     nbar: u8,
 }
 
+/// Parks lanes `exec` of `wp` at the barrier instruction `pc` in `state` (`BAR` or `NBAR`); the
+/// block loop releases them to `pc + 1`.
+fn park(wp: &mut Warp, exec: u32, pc: u32, state: u8) {
+    lanes(exec, |l| {
+        wp.state[l] = state;
+        wp.pcs[l] = pc;
+    });
+}
+
 /// The 16 named barriers of a block (`bar.sync a, b` / `bar.arrive a, b`): the threads that
 /// have arrived at each since it last completed, and the count it was given.
 #[derive(Clone, Debug, Default)]
@@ -1035,16 +1044,11 @@ impl Launch<'_> {
                 }
                 Op::Bar => {
                     if exec != 0 {
-                        lanes(exec, |l| {
-                            wp.state[l] = BAR;
-                            wp.pcs[l] = pc;
-                        });
+                        park(wp, exec, pc, BAR);
                         group &= !exec;
-                        pc += 1;
                         stop = Some(Stop::Regroup);
-                    } else {
-                        pc += 1;
                     }
+                    pc += 1;
                 }
                 Op::NamedBar { id, count, arrive } => {
                     if exec != 0 {
@@ -1086,21 +1090,14 @@ impl Launch<'_> {
                         if nb.arrived[i] >= n {
                             nb.complete |= 1 << i;
                         }
-                        if arrive {
-                            pc += 1;
-                        } else {
+                        if !arrive {
                             wp.nbar = idv as u8;
-                            lanes(exec, |l| {
-                                wp.state[l] = NBAR;
-                                wp.pcs[l] = pc;
-                            });
+                            park(wp, exec, pc, NBAR);
                             group &= !exec;
-                            pc += 1;
                             stop = Some(Stop::Regroup);
                         }
-                    } else {
-                        pc += 1;
                     }
+                    pc += 1;
                 }
                 Op::Shfl { .. }
                 | Op::Vote { .. }
