@@ -165,7 +165,9 @@ pub fn run_decode(
         v.quantisation_rel_rms = Some(rel_rms(&o, &exact.o));
     }
     if p.seq_new > 0 {
-        let (ke, ve) = x.dequantised(p).appended(p);
+        // The kernels rotate the new keys (rounded to the dtype), then quantise them: rotate
+        // first, as the reference does.
+        let (ke, ve) = x.rotated(p).dequantised(p).appended(&DecodeProblem { rotary: None, ..p.clone() });
         let same = |a: &[f32], b: &[f32]| {
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
         };

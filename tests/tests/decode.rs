@@ -717,6 +717,25 @@ device_tests! {
             }
             }
         }
+        // Rotary with an FP8 cache: the new keys are rotated, then quantised (the appended cache
+        // is judged bit for bit against that order), on both kernels.
+        let p = DecodeProblem {
+            batch: 2,
+            heads: 8,
+            heads_kv: 2,
+            head_dim: 64,
+            seq_q: 3,
+            cache_seqlens: vec![37, 5],
+            seq_new: 3,
+            dtype: Dtype::Bf16,
+            kv_fp8: Some(Fp8Format::E4m3),
+            rotary: Some(Rotary { dim: 32, interleaved: false }),
+            ..DecodeProblem::default()
+        };
+        let x = DecodeInputs::random(&p, 5);
+        for r in run_both(dev, &p, Some(&x)) {
+            assert_eq!(r.verification.cache_ok, Some(true), "{:?}", r.verification);
+        }
         // Bad scales are typed refusals (exit 2) naming the tensor and the rule.
         let p = DecodeProblem { dtype: Dtype::Bf16, kv_fp8: Some(Fp8Format::E4m3), ..DecodeProblem::default() };
         let x = DecodeInputs::random(&p, 1);
