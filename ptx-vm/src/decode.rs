@@ -807,6 +807,17 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
                 Op::Set { cmp, ty, ftz, comb, negc, float_dst: dty == Ty::F32, d: dst(cx, &ops[0])?, a, b, c }
             }
         }
+        "cvt" if opcode.ends_with(".f16x2.e4m3x2") || opcode.ends_with(".f16x2.e5m2x2") => {
+            // cvt.rn.f16x2.{e4m3x2,e5m2x2} d, a (sm_89+): two FP8 values in a's 16 bits.
+            let e4m3 = m.any(&["e4m3x2", "e5m2x2"]) == Some("e4m3x2");
+            if !m.has("rn") || !m.has("f16x2") {
+                return err(line, format!("`{opcode}`: the FP8 conversions take .rn and write .f16x2"));
+            }
+            m.finish(line, opcode)?;
+            nops(2)?;
+            let f: F1 = if e4m3 { ops::cvt_f16x2_fp8x2::<true> } else { ops::cvt_f16x2_fp8x2::<false> };
+            Op::Un { f, d: dst(cx, &ops[0])?, a: src(cx, &ops[1], 16, false)? }
+        }
         "cvt" if opcode.contains("16x2.") => {
             // cvt.{rn,rz}.{bf16x2,f16x2}.f32 d, a, b: d = {round(a) in bits 16..32, round(b) in 0..16}.
             let rz = match m.any(&["rn", "rz"]) {

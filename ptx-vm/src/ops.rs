@@ -282,6 +282,35 @@ pub(crate) fn int_cvt(to: Ty, from: Ty) -> fn(u64) -> u64 {
     }
 }
 
+/// `cvt.rn.f16x2.{e4m3x2,e5m2x2} d, a` (sm_89+): the two FP8 values of `a`'s 16 bits, byte 0 to
+/// bits 0..16 and byte 1 to bits 16..32, each exactly (every finite e4m3 and e5m2 value is an
+/// f16). A NaN code gives the canonical NaN `0x7fff`; e5m2's infinities stay infinities.
+pub(crate) fn cvt_f16x2_fp8x2<const E4M3: bool>(a: u64) -> u64 {
+    let one = |b: u64| -> u64 {
+        let b = b & 0xff;
+        if !E4M3 {
+            // e5m2 is an f16's top byte (same exponent bias, 15).
+            return if b & 0x7f > 0x7c { 0x7fff } else { b << 8 };
+        }
+        let sign = (b & 0x80) << 8;
+        let (e, m) = ((b >> 3) & 0xf, b & 7);
+        if e == 0xf && m == 7 {
+            return 0x7fff;
+        }
+        if e == 0 {
+            if m == 0 {
+                return sign;
+            }
+            // m · 2^-9: normalise into an f16 (exponent -7 - k for the k leading zeros of m's 3 bits).
+            let k = m.leading_zeros() as u64 - 61; // m in 1..=7: 2, 1 or 0
+            let (e16, m16) = (15 - 7 - k, ((m << (k + 1)) & 7) << 7);
+            return sign | e16 << 10 | m16;
+        }
+        sign | (e + 8) << 10 | m << 7
+    };
+    one(a) | one(a >> 8) << 16
+}
+
 /// `cvt.{rn,rz}.{bf16x2,f16x2}.f32 d, a, b`: `a` rounded to bits 16..32, `b` to bits 0..16.
 pub(crate) fn cvt_x2<const BF: bool, const RZ: bool>(a: u64, b: u64) -> u64 {
     if BF && !RZ {

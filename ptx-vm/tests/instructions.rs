@@ -336,3 +336,50 @@ fn fma_f64_directed_rounding_is_exact() {
     assert_eq!(&w[4..8], &[0x3FF0000000000000, 0x3FF0000000000000, 0x3FF0000000000000, 0x3FF0000000000001], "x*y");
     assert_eq!(&w[8..12], &[0xBFF0000000000002, 0xBFF0000000000002, 0xBFF0000000000003, 0xBFF0000000000002], "-x*x");
 }
+
+/// The OCP FP8 value of byte `b` (sign, exponent bias 7 or 15, 3 or 2 mantissa bits; e4m3 has no
+/// infinity and one NaN code per sign, e5m2 has IEEE-style infinities and NaNs), as f64.
+fn ocp_fp8(b: u32, e4m3: bool) -> f64 {
+    let (ebits, mbits, bias) = if e4m3 { (4, 3, 7) } else { (5, 2, 15) };
+    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = (b >> mbits) & ((1 << ebits) - 1);
+    let m = b & ((1 << mbits) - 1);
+    let emax = (1 << ebits) - 1;
+    if e4m3 && e == emax && m == (1 << mbits) - 1 {
+        return f64::NAN;
+    }
+    if !e4m3 && e == emax {
+        return if m == 0 { s * f64::INFINITY } else { f64::NAN };
+    }
+    let frac = m as f64 / (1 << mbits) as f64;
+    if e == 0 {
+        s * frac * 2f64.powi(1 - bias)
+    } else {
+        s * (1.0 + frac) * 2f64.powi(e as i32 - bias)
+    }
+}
+
+#[test]
+fn cvt_f16x2_from_fp8x2_is_exact_for_every_code() {
+    // Thread t converts the pair (low byte t, high byte t ^ 0xa5): every code in both positions.
+    for (fmt, e4m3) in [("e4m3x2", true), ("e5m2x2", false)] {
+        let body = format!(
+            "\tmov.u32 %r1, %tid.x;\n\txor.b32 %r2, %r1, 165;\n\tshl.b32 %r2, %r2, 8;\n\tor.b32 %r3, %r1, %r2;\n\t\
+             cvt.u16.u32 %h1, %r3;\n\tcvt.rn.f16x2.{fmt} %r4, %h1;\n\tmul.wide.u32 %rd1, %r1, 4;\n\tadd.s64 %rd2, %rd0, %rd1;\n\t\
+             st.global.u32 [%rd2], %r4;\n"
+        );
+        let out = util::words(&util::run("", &body, 1, 256, 1024).unwrap_or_else(|e| panic!("{e}")));
+        for (t, &w) in out.iter().enumerate() {
+            for (half, byte) in [(w & 0xffff, t as u32), (w >> 16, t as u32 ^ 0xa5)] {
+                let want = ocp_fp8(byte, e4m3);
+                let got = half::f16::from_bits(half as u16);
+                if want.is_nan() {
+                    assert_eq!(half, 0x7fff, "{fmt} byte {byte:#04x}: NaN gives the canonical NaN");
+                } else {
+                    assert_eq!(got.to_f64(), want, "{fmt} byte {byte:#04x}: got {half:#06x}");
+                    assert_eq!(got.is_sign_negative(), byte & 0x80 != 0, "{fmt} byte {byte:#04x}: sign");
+                }
+            }
+        }
+    }
+}
