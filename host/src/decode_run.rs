@@ -85,7 +85,7 @@ pub struct DecodeReport {
 fn kernel_family_name(ids: impl Iterator<Item = KernelId>) -> &'static str {
     for k in ids {
         match k.variant().family {
-            Family::DecodeMma => return "mma",
+            Family::DecodeMma | Family::DecodeMmaSm90 => return "mma",
             Family::DecodeFwd => return "simt",
             Family::FlashMma => return "prefill",
             _ => {}
@@ -117,7 +117,7 @@ pub fn run_decode(
     x.validate(p)?;
     check_decode_scores(p, x)?;
     let plan = p.plan()?;
-    let launches = planned_launches(p, &plan)?;
+    let launches = planned_launches(p, &plan, dev.arch()?)?;
     let caps = dev.caps()?;
     for (k, l) in &launches {
         for a in 0..3 {
@@ -131,10 +131,15 @@ pub fn run_decode(
             }
         }
     }
-    let ids: Vec<KernelId> = launches.iter().map(|l| l.0).collect();
+    // Each module's entries carry the tiles these launches were planned for.
+    let (sm90, sm80): (Vec<KernelId>, Vec<KernelId>) =
+        launches.iter().map(|l| l.0).partition(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
     dev.ptx()
-        .check_tiles(&ids)
+        .check_tiles(&sm80)
         .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
+    if let Some(src) = dev.ptx_sm90().filter(|_| !sm90.is_empty()) {
+        src.check_tiles(&sm90).map_err(|message| DeviceError::PtxLoad { origin: src.origin.clone(), message })?;
+    }
     let bytes = DecodeBytes::new(p, x, &plan);
     if bytes.total > caps.free_memory_bytes {
         return Err(Error::Usage(format!(

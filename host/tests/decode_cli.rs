@@ -408,3 +408,33 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
     assert_eq!(names[0], "decode_rotary_f32", "{names:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn on_sm90_the_e4m3_decode_widens_with_cvt_and_fewer_instructions() {
+    // The same call on the VM modelling sm_80 and sm_90: the sm_90a module's e4m3 row runs on
+    // sm_90 (cvt.rn.f16x2.e4m3x2) and reads the same bytes as the sm_80 row (integer widening);
+    // e5m2 and bf16 keep their sm_80 rows.
+    let run = |arch: &str, kv: &[&str]| -> serde_json::Value {
+        let mut a = vec!["--backend", "vm", "--vm-arch", arch, "--json", "decode", "--heads", "8", "--heads-kv", "2"];
+        a.extend(["--head-dim", "128", "--cache-len", "300,41", "--new-tokens", "2", "--page-size", "16"]);
+        a.extend(kv);
+        let o = memattn(&a);
+        assert_eq!(code(&o), 0, "{arch} {kv:?}: {}", text(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["verified"], true, "{arch} {kv:?}: {r}");
+        r
+    };
+    let fwd = |r: &serde_json::Value| -> String {
+        let l = r["launches"].as_array().unwrap();
+        l.iter().map(|x| x["kernel"].as_str().unwrap().to_string()).find(|k| k.starts_with("decode_mma")).unwrap()
+    };
+    let (e80, e90) = (run("sm_80", &["--kv-dtype", "fp8"]), run("sm_90", &["--kv-dtype", "fp8"]));
+    assert_eq!(fwd(&e80), "decode_mma_fp8_e4m3_d128");
+    assert_eq!(fwd(&e90), "decode_mma_fp8_e4m3_sm90_d128");
+    assert_eq!(e80["verification"]["cache_ok"], true);
+    assert_eq!(e90["verification"]["cache_ok"], true);
+    let n = |r: &serde_json::Value| r["vm_thread_instructions"].as_u64().unwrap();
+    assert!(n(&e90) < n(&e80), "sm_90 {} against sm_80 {}", n(&e90), n(&e80));
+    assert_eq!(fwd(&run("sm_90", &["--kv-dtype", "fp8_e5m2"])), "decode_mma_fp8_e5m2_d128");
+    assert_eq!(fwd(&run("sm_90", &["--dtype", "bf16"])), "decode_mma_bf16_d128");
+}

@@ -146,6 +146,11 @@ pub(crate) trait MmaCache {
     fn widen(x: u32, _sel: u32) -> u32 {
         x
     }
+    /// `(widen(x, a), widen(x, b))`: two fragment words from one `ldmatrix` word.
+    #[inline(always)]
+    fn widen2(x: u32, a: u32, b: u32) -> (u32, u32) {
+        (Self::widen(x, a), Self::widen(x, b))
+    }
     /// The factor of head `hk`'s staged K (or V) values to their true values: the FP8 scale
     /// times the widening's power of two; 1 for a 16-bit cache.
     ///
@@ -195,9 +200,33 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
             p
         }
     }
+    /// The `sm_90a` build (sm_89+) converts e4m3 with `cvt.rn.f16x2.e4m3x2`: the bytes of word
+    /// `a` (the nibbles 1 and 3 of its selector) and of word `b` are gathered into the low and high
+    /// 16 bits (no permute when they already are: K), split, and each half converted.
+    #[cfg(memattn_sm90)]
+    #[inline(always)]
+    fn widen2(x: u32, a: u32, b: u32) -> (u32, u32) {
+        if !matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) {
+            return (Self::widen(x, a), Self::widen(x, b));
+        }
+        let pick = |s: u32| ((s >> 4) & 0xf) | ((s >> 8) & 0xf0);
+        let sel = pick(a) | pick(b) << 8;
+        let y = if sel == 0x3210 { x } else { prmt(x, sel) };
+        let (lo, hi): (u32, u32);
+        unsafe {
+            core::arch::asm!(
+                "{{ .reg .b16 l, h;",
+                "mov.b32 {{l, h}}, {y};",
+                "cvt.rn.f16x2.e4m3x2 {lo}, l;",
+                "cvt.rn.f16x2.e4m3x2 {hi}, h; }}",
+                y = in(reg32) y, lo = out(reg32) lo, hi = out(reg32) hi, options(pure, nomem, nostack))
+        };
+        (lo, hi)
+    }
     #[inline(always)]
     unsafe fn factor(scales: u64, hk: u32) -> f32 {
-        let pow2 = if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) { 256.0 } else { 1.0 };
+        // The integer widening of e4m3 gives the value times 2^-8; `cvt` (sm_90a) the value.
+        let pow2 = if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) && !cfg!(memattn_sm90) { 256.0 } else { 1.0 };
         unsafe { ld_f32(scales + 4 * hk as u64) * pow2 }
     }
 }
@@ -381,8 +410,8 @@ pub(crate) unsafe fn decode_mma<
                 let r = unsafe { ldmatrix_x4(k_tile + swizzled_offset(D / 2, wk + k_r, 2 * kp + k_c) as u32) };
                 unroll2!(c2 in 0..2 => {
                     unroll2!(nt in 0..NS => {
-                        let x = r[2 * c2 + nt];
-                        E::Mma::mma(&mut s[nt], &qf[2 * kp + c2], E::widen(x, 0x1404), E::widen(x, 0x3424));
+                        let (b01, b23) = E::widen2(r[2 * c2 + nt], 0x1404, 0x3424);
+                        E::Mma::mma(&mut s[nt], &qf[2 * kp + c2], b01, b23);
                     });
                 });
             });
@@ -465,10 +494,11 @@ pub(crate) unsafe fn decode_mma<
             unroll4!(cp in 0..KD / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_tile + swizzled_offset(D / 2, wk + v_r, 2 * cp + v_c) as u32) };
                 unroll2!(c2 in 0..2 => {
-                    let (lo, hi) = (r[2 * c2], r[2 * c2 + 1]);
+                    let (even_lo, odd_lo) = E::widen2(r[2 * c2], 0x2404, 0x3414);
+                    let (even_hi, odd_hi) = E::widen2(r[2 * c2 + 1], 0x2404, 0x3414);
                     let n = 2 * (2 * cp + c2);
-                    E::Mma::mma(&mut o[n], &pf[0], E::widen(lo, 0x2404), E::widen(hi, 0x2404));
-                    E::Mma::mma(&mut o[n + 1], &pf[0], E::widen(lo, 0x3414), E::widen(hi, 0x3414));
+                    E::Mma::mma(&mut o[n], &pf[0], even_lo, even_hi);
+                    E::Mma::mma(&mut o[n + 1], &pf[0], odd_lo, odd_hi);
                 });
             });
         } else {

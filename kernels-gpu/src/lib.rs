@@ -43,9 +43,10 @@
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
-// The `sm_90a` build (`--cfg memattn_sm90`) compiles only what the Hopper rows use: the sm_80
-// kernel modules below are left out of it, which takes their type checking (most of a kernel
-// build's time) off that build; the shared modules then have items it does not use.
+// The `sm_90a` build (`--cfg memattn_sm90`) compiles only what the Hopper rows use (the Hopper
+// forward and the e4m3 decode): the other sm_80 kernel modules are left out of it, which takes
+// their type checking (most of a kernel build's time) off that build; the shared modules then
+// have items it does not use.
 #![cfg_attr(memattn_sm90, allow(dead_code, unused_imports))]
 
 pub mod abi;
@@ -72,9 +73,9 @@ pub mod mma;
 
 #[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_append;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_fwd;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
+#[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_mma;
 #[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
 pub mod decode_rotary;

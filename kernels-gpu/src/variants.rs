@@ -102,6 +102,9 @@ pub enum Family {
     /// Fused forward for Hopper, TMA + `wgmma` + warp specialisation (`flash_fwd_sm90.rs`;
     /// takes `Sm90Params`; in the `sm_90a` module).
     FlashSm90,
+    /// `DecodeMma` for an e4m3 cache built into the `sm_90a` module (`decode_mma.rs`): the same
+    /// kernel with the cache widened by `cvt.rn.f16x2.e4m3x2` (sm_89+), one instruction per pair.
+    DecodeMmaSm90,
 }
 
 /// The PTX module a row's entry point is built into.
@@ -162,6 +165,7 @@ impl Family {
             Family::FlashBwdMma => "flash_bwd_mma",
             Family::FlashBwdTc => "flash_bwd_tc",
             Family::FlashSm90 => "flash_sm90",
+            Family::DecodeMmaSm90 => "decode_mma_sm90",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -268,9 +272,11 @@ impl Variant {
     pub const fn param_bytes(&self) -> usize {
         match self.family {
             Family::Smoke => 24,
-            Family::DecodeFwd | Family::DecodeAppend | Family::DecodeMma | Family::DecodeRotary => {
-                crate::decode_abi::DECODE_PARAMS_BYTES
-            }
+            Family::DecodeFwd
+            | Family::DecodeAppend
+            | Family::DecodeMma
+            | Family::DecodeRotary
+            | Family::DecodeMmaSm90 => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
             Family::NaiveBwdP | Family::NaiveBwdDs | Family::NaiveBwdDq | Family::NaiveBwdDkv => {
                 crate::abi::NAIVE_BWD_PARAMS_BYTES
@@ -284,7 +290,7 @@ impl Variant {
     }
 
     /// Whether the kernel is written for tensor cores (its SASS must contain HMMA, or HGMMA
-    /// for the `sm_90a` rows).
+    /// for the Hopper forward).
     pub const fn tensor_cores(&self) -> bool {
         matches!(
             self.tile,
@@ -295,7 +301,7 @@ impl Variant {
     /// The PTX module the entry point is in.
     pub const fn module(&self) -> PtxModule {
         match self.family {
-            Family::FlashSm90 => PtxModule::Sm90a,
+            Family::FlashSm90 | Family::DecodeMmaSm90 => PtxModule::Sm90a,
             _ => PtxModule::Sm80,
         }
     }
@@ -479,7 +485,7 @@ macro_rules! kernel_table {
                 name: stringify!($name),
                 family: Family::$family,
                 elem: Elem::$elem,
-                tile: Tile::$family($tile),
+                tile: crate::variants::tile_of!($family, $tile),
                 window: crate::variants::rule_or_any!($($rule)?),
             }, )*
         ];
@@ -502,12 +508,28 @@ macro_rules! module_entry {
         #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
         crate::variants::entry!(FlashSm90, $($rest)*);
     };
+    (DecodeMmaSm90, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        crate::variants::entry!(DecodeMma, $($rest)*);
+    };
     ($($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
         crate::variants::entry!($($rest)*);
     };
 }
 pub(crate) use module_entry;
+
+/// A row's [`Tile`]: the enum variant of its family's tile type (`DecodeMmaSm90` rows have the
+/// `DecodeMma` tile).
+macro_rules! tile_of {
+    (DecodeMmaSm90, $tile:expr) => {
+        Tile::DecodeMma($tile)
+    };
+    ($family:ident, $tile:expr) => {
+        Tile::$family($tile)
+    };
+}
+pub(crate) use tile_of;
 
 /// A row's [`WindowRule`]: the one it names, else [`WindowRule::Any`].
 macro_rules! rule_or_any {
@@ -1074,6 +1096,10 @@ kernel_table! {
     FlashFwdF16Sm90D128 = flash_fwd_f16_sm90_d128: FlashSm90(FLASH_SM90_D128), F16;
     /// Hopper forward, f16, head_dim 256.
     FlashFwdF16Sm90D256 = flash_fwd_f16_sm90_d256: FlashSm90(FLASH_SM90_D256), F16;
+    /// The e4m3-cache decode at d64 for Hopper (`cvt.rn.f16x2.e4m3x2`).
+    DecodeMmaFp8E4m3Sm90D64 = decode_mma_fp8_e4m3_sm90_d64: DecodeMmaSm90(DECODE_MMA_D64), Fp8E4m3;
+    /// The e4m3-cache decode at d128 for Hopper (`cvt.rn.f16x2.e4m3x2`).
+    DecodeMmaFp8E4m3Sm90D128 = decode_mma_fp8_e4m3_sm90_d128: DecodeMmaSm90(DECODE_MMA_D128), Fp8E4m3;
 }
 
 impl KernelId {
@@ -1207,6 +1233,19 @@ impl KernelId {
         match Self::decode_with(Family::DecodeMma, elem, head_dim) {
             Some(k) => Some(k),
             None => Self::decode_with(Family::DecodeFwd, elem, head_dim),
+        }
+    }
+
+    /// The Hopper row of the decode forward `fwd` (a `DecodeMma` row whose cache the `sm_90a`
+    /// module widens with FP8 conversions: e4m3), or `fwd` itself.
+    pub const fn decode_on_sm90(fwd: KernelId) -> KernelId {
+        let v = fwd.variant();
+        if !v.family.eq(Family::DecodeMma) {
+            return fwd;
+        }
+        match Self::find(Family::DecodeMmaSm90, v.elem, v.head_dim()) {
+            Some(k) => k,
+            None => fwd,
         }
     }
 
@@ -1414,6 +1453,18 @@ mod tests {
         assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
         assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
         assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
+        // On sm_90 the e4m3 tensor-core decode is the sm_90a module's row, the same tile; the
+        // other decode forwards stay.
+        for (k, d) in [(KernelId::DecodeMmaFp8E4m3D64, 64), (KernelId::DecodeMmaFp8E4m3D128, 128)] {
+            let h = KernelId::decode_on_sm90(k);
+            assert_eq!(h.name(), format!("decode_mma_fp8_e4m3_sm90_d{d}"));
+            assert_eq!(h.variant().module(), PtxModule::Sm90a);
+            assert_eq!(h.variant().tile, k.variant().tile);
+            assert_eq!(h.variant().param_bytes(), k.variant().param_bytes());
+        }
+        for k in [KernelId::DecodeMmaFp8E5m2D128, KernelId::DecodeMmaBf16D128, KernelId::DecodeFwdFp8E4m3D128] {
+            assert_eq!(KernelId::decode_on_sm90(k), k);
+        }
         assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 256);
     }
 

@@ -416,6 +416,15 @@ impl DecodeProblem {
         self.kernels_of(self.kernel, elem)
     }
 
+    /// [`DecodeProblem::kernels`] on a GPU generation: on sm_90 the tensor-core decode of an
+    /// e4m3 cache is the `sm_90a` module's row, which widens the cache with `cvt` (the sm_80
+    /// rows use integer operations; both read the same bytes and give the same values).
+    pub fn kernels_on(&self, arch: crate::problem::Arch) -> Result<[KernelId; 3], KvCacheRule> {
+        let [fwd, merge, append] = self.kernels()?;
+        let fwd = if arch == crate::problem::Arch::Sm90 { KernelId::decode_on_sm90(fwd) } else { fwd };
+        Ok([fwd, merge, append])
+    }
+
     /// Why the prefill kernel cannot run this call (`None`: it can).
     fn prefill_refusal(&self) -> Option<&'static str> {
         if !self.dtype.is_16bit() {
@@ -1500,9 +1509,13 @@ pub fn rel_rms(o: &[f32], r: &[f64]) -> f64 {
     }
 }
 
-/// The launches of one decode call, in order.
-pub fn planned_launches(p: &DecodeProblem, plan: &SplitPlan) -> Result<Vec<(KernelId, LaunchDims)>, KvCacheRule> {
-    let [fwd, merge, append] = p.kernels()?;
+/// The launches of one decode call on `arch`, in order.
+pub fn planned_launches(
+    p: &DecodeProblem,
+    plan: &SplitPlan,
+    arch: crate::problem::Arch,
+) -> Result<Vec<(KernelId, LaunchDims)>, KvCacheRule> {
+    let [fwd, merge, append] = p.kernels_on(arch)?;
     let mut out = Vec::new();
     if p.rotary.is_some() {
         let rotary = KernelId::find(Family::DecodeRotary, p.dtype.elem(), None)

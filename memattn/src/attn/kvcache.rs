@@ -580,7 +580,9 @@ impl Kernels {
             dtype: q.raw.dtype,
             shapes: [q.raw.shape, k_cache.raw.shape, o.raw.shape, lse.0.raw.shape],
             new_shape: k_new.map(|t| t.raw.shape),
-            mma: plan.launches.iter().any(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::FlashMma)),
+            mma: plan.launches.iter().any(|(k, _)| {
+                matches!(k.variant().family, Family::DecodeMma | Family::DecodeMmaSm90 | Family::FlashMma)
+            }),
             plan,
             workspace,
             cache_seqlens,
@@ -1022,7 +1024,7 @@ impl Kernels {
         }
         check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
         let plan = problem.plan().map_err(kv_err)?;
-        let launches = planned_launches(&problem, &plan).map_err(kv_err)?;
+        let launches = planned_launches(&problem, &plan, self.arch()?).map_err(kv_err)?;
         self.check_module(&launches.iter().map(|l| l.0).collect::<Vec<_>>())?;
         for (kernel, dims) in &launches {
             self.check_grid(*kernel, dims)?;
@@ -1069,8 +1071,9 @@ impl Kernels {
         }
         alias::check_disjoint(&extents)?;
         // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
-        if let Some((kernel, _)) =
-            launches.iter().find(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::FlashMma))
+        if let Some((kernel, _)) = launches
+            .iter()
+            .find(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::DecodeMmaSm90 | Family::FlashMma))
         {
             for (name, t, _) in &tensors {
                 if matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
