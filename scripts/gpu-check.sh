@@ -108,6 +108,9 @@ if [ "${MEMATTN_SM90:-1}" != 0 ]; then
     MEMATTN_HOPPER=1 step sm90-f16-d64-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 64 --layout bhsd --check-rows all
     MEMATTN_HOPPER=1 step sm90-bf16-d256-gqa-win 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seq-q 1000 --seq-kv 1300 --head-dim 256 --window 255,0 --check-rows all
     MEMATTN_HOPPER=1 step sm90-bf16-d128-softcap 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 4 --seq 1000 --head-dim 128 --softcap 30 --check-rows all
+    # The e4m3 KV-cache decode of the sm_90a module (cvt.rn.f16x2.e4m3x2), against the sm_80 row.
+    MEMATTN_HOPPER=1 step sm90-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
+    step sm80-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
     # Side by side, the same shape: the sm_80 kernel, then the Hopper one (flash_time_ms, median).
     for d in 64 128 256; do
         step "time-sm80-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
