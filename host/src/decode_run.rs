@@ -12,7 +12,7 @@ use memattn::attn::{
     TensorViewMut,
 };
 use memattn::decode::*;
-use memattn::device::{Device, DeviceError};
+use memattn::device::Device;
 use memattn::dtype::Dtype;
 use memattn::memory::MeasuredMemory;
 use serde::Serialize;
@@ -131,15 +131,8 @@ pub fn run_decode(
             }
         }
     }
-    // Each module's entries carry the tiles these launches were planned for.
-    let (sm90, sm80): (Vec<KernelId>, Vec<KernelId>) =
-        launches.iter().map(|l| l.0).partition(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
-    dev.ptx()
-        .check_tiles(&sm80)
-        .map_err(|message| DeviceError::PtxLoad { origin: dev.ptx().origin.clone(), message })?;
-    if let Some(src) = dev.ptx_sm90().filter(|_| !sm90.is_empty()) {
-        src.check_tiles(&sm90).map_err(|message| DeviceError::PtxLoad { origin: src.origin.clone(), message })?;
-    }
+    let ids: Vec<KernelId> = launches.iter().map(|l| l.0).collect();
+    dev.check_tiles(&ids)?;
     let bytes = DecodeBytes::new(p, x, &plan);
     if bytes.total > caps.free_memory_bytes {
         return Err(Error::Usage(format!(

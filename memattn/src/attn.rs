@@ -1871,20 +1871,7 @@ impl Kernels {
     /// command's `--ptx FILE`): its entries must have the tiles these launches were planned for.
     fn check_module(&self, ids: &[KernelId]) -> Result<(), AttnError> {
         if let Inner::Dev(dev) = &self.inner {
-            use kernels_gpu::variants::PtxModule;
-            let (sm90, sm80): (Vec<KernelId>, Vec<KernelId>) =
-                ids.iter().partition(|k| k.variant().module() == PtxModule::Sm90a);
-            dev.with(|d| {
-                d.ptx()
-                    .check_tiles(&sm80)
-                    .map_err(|message| DeviceError::PtxLoad { origin: d.ptx().origin.clone(), message })?;
-                match d.ptx_sm90() {
-                    Some(src) if !sm90.is_empty() => src
-                        .check_tiles(&sm90)
-                        .map_err(|message| DeviceError::PtxLoad { origin: src.origin.clone(), message }),
-                    _ => Ok(()),
-                }
-            })?;
+            dev.with(|d| d.check_tiles(ids))?;
         }
         Ok(())
     }

@@ -131,6 +131,20 @@ pub trait Device: Send {
     fn ptx_sm90(&self) -> Option<&PtxSource> {
         None
     }
+    /// Each of `kernels` carries, in the module it launches from ([`Device::ptx`], or
+    /// [`Device::ptx_sm90`] for the `sm_90a` rows), the tile these launches were planned for.
+    fn check_tiles(&self, kernels: &[kernels_gpu::KernelId]) -> Result<(), DeviceError> {
+        use kernels_gpu::variants::PtxModule;
+        let (sm90, sm80): (Vec<_>, Vec<_>) = kernels.iter().partition(|k| k.variant().module() == PtxModule::Sm90a);
+        let check = |src: &PtxSource, ids: &[kernels_gpu::KernelId]| {
+            src.check_tiles(ids).map_err(|message| DeviceError::PtxLoad { origin: src.origin.clone(), message })
+        };
+        check(self.ptx(), &sm80)?;
+        match self.ptx_sm90() {
+            Some(src) if !sm90.is_empty() => check(src, &sm90),
+            _ => Ok(()),
+        }
+    }
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
     /// The device's multiprocessor count (CUDA: `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`);
     /// `None` where the backend has none of its own (the VM, whose split plans assume
