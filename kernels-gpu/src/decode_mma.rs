@@ -35,7 +35,7 @@
 //! FP8 cache (`fp8_*` rows, bf16 Q and O): the tiles are copied to shared memory as they are,
 //! one byte per element (rows of `D` bytes, swizzled as 16-bit rows of `D / 2`), so a tile is
 //! half the `cp.async` copies and half the `ldmatrix` loads of a 16-bit one. Each fragment word
-//! is widened to f16 right after its `ldmatrix`, exactly (`MmaCache::widen`); the products run
+//! is widened to f16 right after its `ldmatrix`, exactly (`MmaCache::widen2`); the products run
 //! on f16 tensor cores with Q converted to f16, and the K and V scales (times `2^8` for e4m3) are
 //! applied to the score factor and to `1 / l`. One `ldmatrix` word holds 4 bytes of a row, so
 //! the k index of `Q Kᵀ` is permuted within each 16-wide k-step (Q's fragments are loaded to
@@ -141,15 +141,11 @@ pub(crate) trait MmaCache {
     fn q_word(x: u32) -> u32 {
         x
     }
-    /// FP8: two cache bytes of the word `x`, picked by the byte selector `sel` of `prmt` into
-    /// the high bytes of two 16-bit halves, as two `Mma` values (exact, times `2^-8` for e4m3).
-    fn widen(x: u32, _sel: u32) -> u32 {
-        x
-    }
-    /// `(widen(x, a), widen(x, b))`: two fragment words from one `ldmatrix` word.
-    #[inline(always)]
-    fn widen2(x: u32, a: u32, b: u32) -> (u32, u32) {
-        (Self::widen(x, a), Self::widen(x, b))
+    /// FP8: two fragment words from one `ldmatrix` word `x`, each two of its bytes (picked by the
+    /// `prmt` selectors `a` and `b` into the high bytes of two 16-bit halves) as two `Mma` values
+    /// (exact; times `2^-8` for e4m3 widened with integer operations). Not used for 16-bit caches.
+    fn widen2(x: u32, _a: u32, _b: u32) -> (u32, u32) {
+        (x, x)
     }
     /// The factor of head `hk`'s staged K (or V) values to their true values: the FP8 scale
     /// times the widening's power of two; 1 for a 16-bit cache.
@@ -190,38 +186,39 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
     fn q_word(x: u32) -> u32 {
         F16::pack(f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
     }
-    #[inline(always)]
-    fn widen(x: u32, sel: u32) -> u32 {
-        let p = prmt(x, sel);
-        if matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) {
-            let s = p >> 1;
-            s + (s & 0x4000_4000)
-        } else {
-            p
-        }
-    }
-    /// The `sm_90a` build (sm_89+) converts e4m3 with `cvt.rn.f16x2.e4m3x2`: the bytes of word
-    /// `a` (the nibbles 1 and 3 of its selector) and of word `b` are gathered into the low and high
-    /// 16 bits (no permute when they already are: K), split, and each half converted.
-    #[cfg(memattn_sm90)]
+    /// The integer widening; the `sm_90a` build (sm_89+) converts e4m3 with
+    /// `cvt.rn.f16x2.e4m3x2` instead: the bytes of word `a` (the nibbles 1 and 3 of its selector)
+    /// and of word `b` are gathered into the low and high 16 bits (no permute when they already
+    /// are: K), split, and each half converted.
     #[inline(always)]
     fn widen2(x: u32, a: u32, b: u32) -> (u32, u32) {
-        if !matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3) {
-            return (Self::widen(x, a), Self::widen(x, b));
+        let e4m3 = matches!(F::FORMAT, crate::fp8::Fp8Format::E4m3);
+        #[cfg(memattn_sm90)]
+        if e4m3 {
+            let pick = |s: u32| ((s >> 4) & 0xf) | ((s >> 8) & 0xf0);
+            let sel = pick(a) | pick(b) << 8;
+            let y = if sel == 0x3210 { x } else { prmt(x, sel) };
+            let (lo, hi): (u32, u32);
+            unsafe {
+                core::arch::asm!(
+                    "{{ .reg .b16 l, h;",
+                    "mov.b32 {{l, h}}, {y};",
+                    "cvt.rn.f16x2.e4m3x2 {lo}, l;",
+                    "cvt.rn.f16x2.e4m3x2 {hi}, h; }}",
+                    y = in(reg32) y, lo = out(reg32) lo, hi = out(reg32) hi, options(pure, nomem, nostack))
+            };
+            return (lo, hi);
         }
-        let pick = |s: u32| ((s >> 4) & 0xf) | ((s >> 8) & 0xf0);
-        let sel = pick(a) | pick(b) << 8;
-        let y = if sel == 0x3210 { x } else { prmt(x, sel) };
-        let (lo, hi): (u32, u32);
-        unsafe {
-            core::arch::asm!(
-                "{{ .reg .b16 l, h;",
-                "mov.b32 {{l, h}}, {y};",
-                "cvt.rn.f16x2.e4m3x2 {lo}, l;",
-                "cvt.rn.f16x2.e4m3x2 {hi}, h; }}",
-                y = in(reg32) y, lo = out(reg32) lo, hi = out(reg32) hi, options(pure, nomem, nostack))
+        let widen = |sel: u32| {
+            let p = prmt(x, sel);
+            if e4m3 {
+                let s = p >> 1;
+                s + (s & 0x4000_4000)
+            } else {
+                p
+            }
         };
-        (lo, hi)
+        (widen(a), widen(b))
     }
     #[inline(always)]
     unsafe fn factor(scales: u64, hk: u32) -> f32 {
