@@ -173,9 +173,9 @@ impl MmaCache for F16 {
 /// memory (half the bytes, half the `cp.async` copies and `ldmatrix` loads of a 16-bit cache)
 /// and each fragment word is widened to f16 right after its `ldmatrix`, exactly, with integer
 /// operations: e5m2 is the top byte of an f16 (same exponent bias 15), one `prmt` per two
-/// values; e4m3's byte shifted right by one into an f16 reads as the value times `2^-8` (bias 15
-/// instead of 7, subnormals included) once its sign moves from bit 14 to bit 15 (an add of that
-/// bit to itself), so its factor holds `2^8`. Q (bf16) is converted to f16 once per block
+/// values; e4m3's seven magnitude bits at bits 7..13 of an f16 read as the value times `2^-8` (bias 15
+/// instead of 7, subnormals included) with its sign at bit 15 (one `prmt` that puts the sign byte
+/// above each byte, a shift and a mask per two values), so its factor holds `2^8`. Q (bf16) is converted to f16 once per block
 /// (exact for `2^-14 <= |q| <= 65504`).
 #[cfg(target_arch = "nvptx64")]
 impl<F: crate::fp8::Fp8Kind> MmaCache for F {
@@ -210,12 +210,14 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
             return (lo, hi);
         }
         let widen = |sel: u32| {
-            let p = prmt(x, sel);
             if e4m3 {
-                let s = p >> 1;
-                s + (s & 0x4000_4000)
+                // Each half as [sign byte, byte] (prmt's sign-replicate selectors 8..11) shifted
+                // left by 7: the magnitude lands in bits 7..13, the sign in 15 (and 14, cleared).
+                let b1 = (sel >> 4) & 0xf;
+                let b3 = (sel >> 12) & 0xf;
+                (prmt(x, b1 | (b1 | 8) << 4 | b3 << 8 | (b3 | 8) << 12) << 7) & 0xbf80_bf80
             } else {
-                p
+                prmt(x, sel)
             }
         };
         (widen(a), widen(b))
