@@ -1536,15 +1536,29 @@ fn cp_issue(mem: &mut Mem, lane: u32, size: u8, dst: u64, src: u64, n: u64) -> R
 /// Completes (and removes) the pending copies `done` selects, in issue order: reads the global
 /// source now and writes the shared destination, zero-filling past the `n` source bytes.
 fn cp_complete(shared: &mut SharedMem, cp: &mut Vec<CpCopy>, done: impl Fn(&CpCopy) -> bool) {
-    cp.retain(|c| {
-        if !done(c) {
-            return true;
+    // In place: the completed copies are done in order, the others move down (stable).
+    let mut keep = 0;
+    for i in 0..cp.len() {
+        let c = cp[i];
+        if !done(&c) {
+            cp[keep] = c;
+            keep += 1;
+            continue;
         }
         shared.mark_written(c.dst, c.size as usize);
         let dst = &mut shared.bytes[c.dst..c.dst + c.size as usize];
+        let p = c.ptr as *mut u8;
+        if c.n == 16 && c.size == 16 {
+            // The common whole 16-byte copy: two 8-byte loads, nothing to zero-fill.
+            // SAFETY: `resolve` checked the 16 bytes at issue (the view of global memory does not
+            // change during a launch), and the source is 16-byte aligned (checked at issue).
+            let (lo, hi) = unsafe { (memory::atomic_load(p, 8), memory::atomic_load(p.add(8), 8)) };
+            dst[..8].copy_from_slice(&lo.to_le_bytes());
+            dst[8..].copy_from_slice(&hi.to_le_bytes());
+            continue;
+        }
         dst.fill(0);
         if c.n > 0 {
-            let p = c.ptr as *mut u8;
             // Whole copies of 4, 8 or 16 bytes (the source is aligned to the copy size, checked
             // at issue) in 4- or 8-byte loads, anything else byte by byte: the same bytes.
             let chunk = match c.n {
@@ -1554,8 +1568,7 @@ fn cp_complete(shared: &mut SharedMem, cp: &mut Vec<CpCopy>, done: impl Fn(&CpCo
             };
             if chunk > 1 && c.n == c.size {
                 for (k, d) in dst.chunks_exact_mut(chunk).enumerate() {
-                    // SAFETY: `resolve` checked the n bytes at issue (the view of global memory
-                    // does not change during a launch), and every chunk is aligned to its size.
+                    // SAFETY: as above; every chunk is aligned to its size.
                     let v = unsafe { memory::atomic_load(p.add(k * chunk), chunk as u8) };
                     d.copy_from_slice(&v.to_le_bytes()[..chunk]);
                 }
@@ -1566,8 +1579,8 @@ fn cp_complete(shared: &mut SharedMem, cp: &mut Vec<CpCopy>, done: impl Fn(&CpCo
                 }
             }
         }
-        false
-    });
+    }
+    cp.truncate(keep);
 }
 
 /// `mma.sync.aligned.m16n8k{8,16}.row.col.f32.T.T.f32` over the whole warp.
@@ -1787,8 +1800,14 @@ fn cp_issue_fast(
         nbs[l] = nb;
     });
     let race = mem.shared.racecheck_on();
+    let mut line = usize::MAX;
     for_lanes!(exec, l, {
         let dst = dsts[l];
+        if nbs[l] > 0 && ptrs[l] >> 6 != line {
+            // The copy completes at a later wait: start loading its source's cache line now.
+            line = ptrs[l] >> 6;
+            prefetch(ptrs[l]);
+        }
         if race {
             if let Err((msg, other)) = mem.shared.race.access(dst as usize, size as usize, true) {
                 return Err(Fault {
@@ -1801,6 +1820,18 @@ fn cp_issue_fast(
         cp.push(CpCopy { lane: l as u8, n: nbs[l] as u8, size, group: next[l], dst: dst as usize, ptr: ptrs[l] });
     });
     Ok(true)
+}
+
+/// A hint to the host CPU to start loading the cache line at `p` (no effect on results).
+#[inline(always)]
+fn prefetch(p: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// `ld.shared` once every byte of the window has been written (initcheck has nothing left to
