@@ -71,39 +71,38 @@ mod device;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod mma;
 
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod decode_append;
+/// The kernel modules only the `sm_80` module's rows use: compiled for nvptx64 except in the
+/// `sm_90a` build (`--cfg memattn_sm90`), and documented on the host.
+macro_rules! sm80_kernel_modules {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
+            pub mod $name;
+        )*
+    };
+}
+sm80_kernel_modules!(
+    decode_append,
+    decode_rotary,
+    flash_bwd_f32,
+    flash_bwd_mma,
+    flash_bwd_tc,
+    flash_fwd_f32,
+    flash_fwd_mma,
+    merge_states,
+    naive_bwd,
+    naive_pv,
+    naive_scores,
+    naive_softmax,
+    smoke,
+);
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_fwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_mma;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod decode_rotary;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod flash_bwd_f32;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod flash_bwd_mma;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod flash_bwd_tc;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod flash_fwd_f32;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod flash_fwd_mma;
 pub mod flash_fwd_sm90;
 #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
 pub mod hopper;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod merge_states;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod naive_bwd;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod naive_pv;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod naive_scores;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod naive_softmax;
-#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
-pub mod smoke;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

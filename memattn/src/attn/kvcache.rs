@@ -148,6 +148,12 @@ pub(super) fn check_cache_shape(
     Ok(kshape)
 }
 
+/// Whether `k` is a tensor-core kernel of a KV-cache call (decode or prefill): it copies q and
+/// the caches in 16-byte chunks (`cp.async`), so their base pointers must be 16-byte aligned.
+fn copies_in_16_byte_chunks(k: KernelId) -> bool {
+    matches!(k.variant().family, Family::DecodeMma | Family::DecodeMmaSm90 | Family::FlashMma)
+}
+
 fn kv_err(why: KvCacheRule) -> AttnError {
     AttnError::KvCache { why }
 }
@@ -580,9 +586,7 @@ impl Kernels {
             dtype: q.raw.dtype,
             shapes: [q.raw.shape, k_cache.raw.shape, o.raw.shape, lse.0.raw.shape],
             new_shape: k_new.map(|t| t.raw.shape),
-            mma: plan.launches.iter().any(|(k, _)| {
-                matches!(k.variant().family, Family::DecodeMma | Family::DecodeMmaSm90 | Family::FlashMma)
-            }),
+            mma: plan.launches.iter().any(|(k, _)| copies_in_16_byte_chunks(*k)),
             plan,
             workspace,
             cache_seqlens,
@@ -1071,10 +1075,7 @@ impl Kernels {
         }
         alias::check_disjoint(&extents)?;
         // The tensor-core decode kernel copies q and the caches in 16-byte chunks (`cp.async`).
-        if let Some((kernel, _)) = launches
-            .iter()
-            .find(|(k, _)| matches!(k.variant().family, Family::DecodeMma | Family::DecodeMmaSm90 | Family::FlashMma))
-        {
+        if let Some((kernel, _)) = launches.iter().find(|(k, _)| copies_in_16_byte_chunks(*k)) {
             for (name, t, _) in &tensors {
                 if matches!(*name, "q" | "k_cache" | "v_cache") && !t.ptr.is_multiple_of(16) {
                     return Err(AttnError::Misaligned {
