@@ -93,7 +93,8 @@ pub struct AttnParams {
     pub window_right: i32,
     /// Logit soft cap (`0`: off).
     pub softcap: f32,
-    pub _pad: u32,
+    /// Added to every `seqused_k` entry (a KV-cache call's appended tokens).
+    pub seqused_k_add: u32,
     /// `[heads]` f32 sink logits, or 0 for none.
     pub sinks: u64,
     /// Varlen: `[batch + 1]` u32 prefix sums of the query lengths, or 0 (not varlen).
@@ -125,9 +126,10 @@ pub struct AttnParams {
     pub page_size: u32,
     /// Entries per row of `block_table`.
     pub max_pages: u32,
-    /// Added to every `seqused_k` entry (a KV-cache call's appended tokens).
-    pub seqused_k_add: u32,
-    pub _pad2: u32,
+    /// A KV-cache call with device-checked indices (`crate::kv_check`): the address of the
+    /// call's status words, or 0. When non-zero, the tensor-core forward returns at once if
+    /// status word 0 is set, so no index that failed the check is used.
+    pub status: u64,
 }
 
 /// Size in bytes of [`AttnParams`] as the kernels see it (`.b8 ..._param_0[264]`).
@@ -185,7 +187,7 @@ impl Default for AttnParams {
             window_left: -1,
             window_right: -1,
             softcap: 0.0,
-            _pad: 0,
+            seqused_k_add: 0,
             sinks: 0,
             cu_seqlens_q: 0,
             cu_seqlens_kv: 0,
@@ -196,8 +198,7 @@ impl Default for AttnParams {
             block_table: 0,
             page_size: 0,
             max_pages: 0,
-            seqused_k_add: 0,
-            _pad2: 0,
+            status: 0,
         }
     }
 }
@@ -223,7 +224,7 @@ impl AttnParams {
         w.u32(self.window_left as u32);
         w.u32(self.window_right as u32);
         w.u32(self.softcap.to_bits());
-        w.u32(self._pad);
+        w.u32(self.seqused_k_add);
         w.u64(self.sinks);
         w.u64(self.cu_seqlens_q);
         w.u64(self.cu_seqlens_kv);
@@ -232,9 +233,9 @@ impl AttnParams {
         w.u64(self.alibi_slopes);
         w.u64(self.seqused_k);
         w.u64(self.block_table);
-        for x in [self.page_size, self.max_pages, self.seqused_k_add, self._pad2] {
-            w.u32(x);
-        }
+        w.u32(self.page_size);
+        w.u32(self.max_pages);
+        w.u64(self.status);
         debug_assert_eq!(w.at, ATTN_PARAMS_BYTES);
         out
     }
@@ -437,7 +438,7 @@ mod tests {
             window_left: -1,
             window_right: 7,
             softcap: 2.5,
-            _pad: 0,
+            seqused_k_add: 70,
             sinks: 60,
             cu_seqlens_q: 61,
             cu_seqlens_kv: 62,
@@ -448,8 +449,7 @@ mod tests {
             block_table: 67,
             page_size: 68,
             max_pages: 69,
-            seqused_k_add: 70,
-            _pad2: 0,
+            status: 71,
         };
         // SAFETY: AttnParams is repr(C), Copy, and has no padding bytes (size asserted above).
         let raw: [u8; ATTN_PARAMS_BYTES] = unsafe { core::mem::transmute(p) };

@@ -37,7 +37,7 @@
 //!   writes O and LSE directly and the workspace is unused.
 
 /// Parameters of the decode forward (`decode_fwd_*`) and cache-append (`decode_append_*`)
-/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[256]`). Pointers are device
+/// kernels, passed by value (`.param .align 8 .b8 ..._param_0[264]`). Pointers are device
 /// addresses, 0 where unused (`block_table` 0: contiguous cache; `k_new`/`v_new` with
 /// `seq_new == 0`; `o_part`/`lse_part` with `num_splits == 1`). `q`, `k_cache` and `v_cache` must
 /// be 16-byte aligned (both decode forwards read them in 16-byte chunks; allocations are).
@@ -79,7 +79,9 @@ pub struct DecodeParams {
     /// Score soft-capping (Gemma-2, FlashAttention-2's `softcap`): a score `s = scale * q.k`
     /// becomes `softcap * tanh(s / softcap)` before the softmax; 0 turns it off.
     pub softcap: f32,
-    pub _pad: u32,
+    /// `decode_check_*` only: the first dimension of the cache (paged: its pages; contiguous:
+    /// its slots), the bound of every block-table entry or `cache_batch_idx` entry.
+    pub cache_slots: u32,
     /// Attention sinks: `heads` f32 logits, one per query head, that join the softmax
     /// denominator only (`docs/semantics.md`); 0: none. The decode kernels count a sink in split
     /// 0 only (split 0 always exists), so `merge_states` sums it exactly once.
@@ -120,10 +122,15 @@ pub struct DecodeParams {
     /// `heads` for `[batch, heads]` slopes, 0 for one `[heads]` row.
     pub alibi_batch_stride: u32,
     pub _pad2: u32,
+    /// Device-checked indices ([`crate::kv_check`]): the address of the call's status words, or
+    /// 0 (indices checked on the host). When non-zero, every kernel of the call returns at once
+    /// if status word 0 is set (a violation found by `decode_check_*` of this or an earlier
+    /// call), so no index that failed the check is ever used.
+    pub status: u64,
 }
 
 /// Size in bytes of [`DecodeParams`] as the kernels see it.
-pub const DECODE_PARAMS_BYTES: usize = 256;
+pub const DECODE_PARAMS_BYTES: usize = 264;
 const _: () = assert!(core::mem::size_of::<DecodeParams>() == DECODE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<DecodeParams>() == 8);
 
@@ -164,7 +171,7 @@ impl DecodeParams {
             self.window_left as u32,
             self.window_right as u32,
             self.softcap.to_bits(),
-            self._pad,
+            self.cache_slots,
         ] {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
@@ -193,6 +200,8 @@ impl DecodeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
+        out[at..at + 8].copy_from_slice(&self.status.to_le_bytes());
+        at += 8;
         debug_assert_eq!(at, DECODE_PARAMS_BYTES);
         out
     }
@@ -311,8 +320,36 @@ pub const fn split_range(seqlen_k: u32, num_splits: u32, split: u32, bc: u32) ->
     (lo, hi)
 }
 
+/// The status words of a KV-cache call with device-checked indices ([`DecodeParams::status`]):
+/// [`kv_status::WORDS`] u32, zero while no violation was found. `decode_check_*` claims word 0
+/// with the rule's code by a compare-and-swap (the first violation found wins), then writes the
+/// sequence in word 1 and the rule's values in words 2.. (listed per code). Every kernel of a
+/// call returns at once while word 0 is set; only the host clears the words (after reading
+/// them).
+pub mod kv_status {
+    /// u32 words: code, sequence, up to six values.
+    pub const WORDS: usize = 8;
+    /// Contiguous cache: `cache_seqlens[b] + seq_new > seq_cache`. Values: `cache_seqlens[b]`,
+    /// `seq_new`, `seq_cache`.
+    pub const CAPACITY: u32 = 1;
+    /// Paged cache: the sequence needs more pages than a block-table row holds. Values:
+    /// `cache_seqlens[b]`, `seq_new`, pages needed, `page_size`, `max_pages`.
+    pub const PAGES: u32 = 2;
+    /// A used block-table entry `>= num_pages`. Values: its slot in the row, the entry,
+    /// `num_pages`.
+    pub const PAGE_PAST_END: u32 = 3;
+    /// `cache_batch_idx[b] >=` the cache's slots. Values: the entry, the slots.
+    pub const SLOT_PAST_END: u32 = 4;
+    /// `cache_leftpad[b] > cache_seqlens[b]`. Values: the left padding, `cache_seqlens[b]`.
+    pub const LEFTPAD: u32 = 5;
+    /// Two sequences that append share a cache slot. Values: the slot, the other sequence.
+    pub const SHARED_SLOT: u32 = 6;
+    /// A page that receives new tokens is used twice. Values: the page.
+    pub const SHARED_WRITTEN_PAGE: u32 = 7;
+}
+
 /// Parameters of `merge_states_*` (the split-KV combine), passed by value
-/// (`.param .align 8 .b8 ..._param_0[80]`).
+/// (`.param .align 8 .b8 ..._param_0[88]`).
 ///
 /// `o_part` `[splits, batch, heads, seq_q, head_dim]` f32 and `lse_part` `[splits, batch, heads,
 /// seq_q]` f32 (natural log, `-inf` for a split that saw no key), contiguous; `o` is written in
@@ -332,10 +369,13 @@ pub struct MergeParams {
     pub seq_q: u32,
     pub head_dim: u32,
     pub _pad: u32,
+    /// As [`DecodeParams::status`]: 0, or the status words whose word 0 set makes the kernel
+    /// return at once.
+    pub status: u64,
 }
 
 /// Size in bytes of [`MergeParams`] as the kernels see it.
-pub const MERGE_PARAMS_BYTES: usize = 80;
+pub const MERGE_PARAMS_BYTES: usize = 88;
 const _: () = assert!(core::mem::size_of::<MergeParams>() == MERGE_PARAMS_BYTES);
 const _: () = assert!(core::mem::align_of::<MergeParams>() == 8);
 
@@ -353,6 +393,8 @@ impl MergeParams {
             out[at..at + 4].copy_from_slice(&x.to_le_bytes());
             at += 4;
         }
+        out[at..at + 8].copy_from_slice(&self.status.to_le_bytes());
+        at += 8;
         debug_assert_eq!(at, MERGE_PARAMS_BYTES);
         out
     }
@@ -411,10 +453,13 @@ mod tests {
         assert_eq!((&b[224..228], &b[236..240]), (&32u32.to_le_bytes()[..], &1u32.to_le_bytes()[..]));
         let b = DecodeParams { alibi_slopes: 0xBB, alibi_batch_stride: 5, ..Default::default() }.to_bytes();
         assert_eq!((&b[240..248], &b[248..252]), (&0xBBu64.to_le_bytes()[..], &5u32.to_le_bytes()[..]));
+        let b = DecodeParams { cache_slots: 0x33, status: 0xCC, ..Default::default() }.to_bytes();
+        assert_eq!((&b[148..152], &b[256..264]), (&0x33u32.to_le_bytes()[..], &0xCCu64.to_le_bytes()[..]));
         let m = MergeParams { lse: 4, splits: 9, _pad: 0, ..Default::default() };
         let b = m.to_bytes();
         assert_eq!(&b[24..32], &4u64.to_le_bytes());
         assert_eq!(&b[56..60], &9u32.to_le_bytes());
+        assert_eq!(&MergeParams { status: 0xDD, ..m }.to_bytes()[80..88], &0xDDu64.to_le_bytes());
     }
 
     #[test]

@@ -24,6 +24,17 @@ pub fn ntid_x() -> u32 {
     unsafe { nvptx::_block_dim_x() as u32 }
 }
 
+/// Whether a KV-cache call's device-side index check (`crate::kv_check`) refused the call:
+/// `status` is 0 (indices checked on the host: never) or the address of the call's status
+/// words, refused while word 0 is set. Read at a kernel's entry, before any index is used.
+///
+/// # Safety
+/// A non-zero `status` must be a valid device address of a `u32`.
+#[inline(always)]
+pub unsafe fn kv_refused(status: u64) -> bool {
+    status != 0 && unsafe { core::ptr::read_volatile(status as *const u32) } != 0
+}
+
 /// `bar.sync 0`: every non-exited thread of the block must reach it.
 #[inline(always)]
 pub fn sync_threads() {

@@ -89,6 +89,7 @@ sm80_kernel_modules!(
     flash_bwd_tc,
     flash_fwd_f32,
     flash_fwd_mma,
+    kv_check,
     merge_states,
     naive_bwd,
     naive_pv,

@@ -105,6 +105,10 @@ pub enum Family {
     /// `DecodeMma` for an e4m3 cache built into the `sm_90a` module (`decode_mma.rs`): the same
     /// kernel with the cache widened by `cvt.rn.f16x2.e4m3x2` (sm_89+), one instruction per pair.
     DecodeMmaSm90,
+    /// The device-side index check of a KV-cache call whose indices the host did not read
+    /// (`kv_check.rs`; takes `DecodeParams`): sets the status words the call's other kernels
+    /// obey.
+    DecodeCheck,
 }
 
 /// The PTX module a row's entry point is built into.
@@ -166,6 +170,7 @@ impl Family {
             Family::FlashBwdTc => "flash_bwd_tc",
             Family::FlashSm90 => "flash_sm90",
             Family::DecodeMmaSm90 => "decode_mma_sm90",
+            Family::DecodeCheck => "decode_check",
         }
     }
     const fn eq(self, other: Family) -> bool {
@@ -191,6 +196,7 @@ pub enum Tile {
     DecodeAppend(AppendTile),
     DecodeMma(DecodeMmaTile),
     DecodeRotary(AppendTile),
+    DecodeCheck(AppendTile),
     BwdPre(BwdRowsTile),
     FlashBwdF32(FlashBwdF32Tile),
     BwdConvert(BwdRowsTile),
@@ -276,6 +282,7 @@ impl Variant {
             | Family::DecodeAppend
             | Family::DecodeMma
             | Family::DecodeRotary
+            | Family::DecodeCheck
             | Family::DecodeMmaSm90 => crate::decode_abi::DECODE_PARAMS_BYTES,
             Family::MergeStates => crate::decode_abi::MERGE_PARAMS_BYTES,
             Family::NaiveBwdP | Family::NaiveBwdDs | Family::NaiveBwdDq | Family::NaiveBwdDkv => {
@@ -321,7 +328,7 @@ impl Variant {
             Tile::FlashMma(t) => t.threads(),
             Tile::DecodeFwd(t) => t.threads(),
             Tile::MergeStates(t) => t.threads(),
-            Tile::DecodeAppend(t) | Tile::DecodeRotary(t) => t.threads,
+            Tile::DecodeAppend(t) | Tile::DecodeRotary(t) | Tile::DecodeCheck(t) => t.threads,
             Tile::DecodeMma(t) => t.threads(),
             Tile::BwdPre(t) | Tile::BwdConvert(t) => t.threads(),
             Tile::FlashBwdF32(t) => t.threads(),
@@ -391,7 +398,8 @@ impl Variant {
             | Tile::MergeStates(_)
             | Tile::DecodeAppend(_)
             | Tile::DecodeMma(_)
-            | Tile::DecodeRotary(_) => return None,
+            | Tile::DecodeRotary(_)
+            | Tile::DecodeCheck(_) => return None,
             // The backward's grids: [`FlashBwdF32Tile::launch`] (over keys and K/V heads) and
             // [`BwdRowsTile::launch`] (over query rows), through [`KernelId::flash_bwd`].
             Tile::BwdPre(_)
@@ -638,6 +646,10 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::abi::AttnParams) {
             const T: FlashMmaTile = $tile;
+            // A KV-cache call whose device-side index check refused it (prefill over a cache).
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe {
                 crate::flash_fwd_mma::flash_fwd::<
                     crate::device::$elem,
@@ -661,6 +673,9 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
             const T: DecodeTile = $tile;
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe {
                 crate::decode_fwd::decode_fwd::<
                     crate::decode_fwd::elem::$elem,
@@ -679,6 +694,9 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::MergeParams) {
             const T: MergeTile = $tile;
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe { crate::merge_states::merge_states::<crate::device::$elem, { T.rows }>(&p) }
         }
         crate::variants::tile_record!($name);
@@ -688,6 +706,9 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
             const T: AppendTile = $tile;
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe { crate::decode_append::append::<crate::decode_fwd::elem::$elem, { T.threads }>(&p) }
         }
         crate::variants::tile_record!($name);
@@ -697,7 +718,19 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
             const T: AppendTile = $tile;
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe { crate::decode_rotary::rotary::<crate::device::$elem, { T.threads }>(&p) }
+        }
+        crate::variants::tile_record!($name);
+    };
+    (DecodeCheck, $name:ident, $elem:ident, $tile:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: see [`crate::kv_check`].")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
+            const T: AppendTile = $tile;
+            unsafe { crate::kv_check::check::<crate::device::$elem, { T.threads }>(&p) }
         }
         crate::variants::tile_record!($name);
     };
@@ -706,6 +739,9 @@ macro_rules! entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::decode_abi::DecodeParams) {
             const T: DecodeMmaTile = $tile;
+            if unsafe { crate::device::kv_refused(p.status) } {
+                return;
+            }
             unsafe {
                 crate::decode_mma::decode_mma::<
                     crate::decode_fwd::elem::$elem,
@@ -1010,6 +1046,12 @@ kernel_table! {
     DecodeRotaryBf16 = decode_rotary_bf16: DecodeRotary(APPEND), Bf16;
     /// Rotary embedding, f16.
     DecodeRotaryF16 = decode_rotary_f16: DecodeRotary(APPEND), F16;
+    /// Device-side index check of a KV-cache call (NaN outputs when refused), f32 O.
+    DecodeCheckF32 = decode_check_f32: DecodeCheck(APPEND), F32;
+    /// Device-side index check, bf16 O (bf16 and FP8 caches).
+    DecodeCheckBf16 = decode_check_bf16: DecodeCheck(APPEND), Bf16;
+    /// Device-side index check, f16 O.
+    DecodeCheckF16 = decode_check_f16: DecodeCheck(APPEND), F16;
     /// Split-KV decode over an FP8 e4m3 cache (dequantised on staging), bf16 Q/O, head_dim 64.
     DecodeFwdFp8E4m3D64 = decode_fwd_fp8_e4m3_d64: DecodeFwd(DECODE_D64), Fp8E4m3;
     /// Split-KV decode over an FP8 e4m3 cache, bf16 Q/O, head_dim 128.
@@ -1465,7 +1507,7 @@ mod tests {
         for k in [KernelId::DecodeMmaFp8E5m2D128, KernelId::DecodeMmaBf16D128, KernelId::DecodeFwdFp8E4m3D128] {
             assert_eq!(KernelId::decode_on_sm90(k), k);
         }
-        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 256);
+        assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 264);
     }
 
     #[test]

@@ -840,9 +840,20 @@ fn bwd_err(why: String) -> candle_core::Error {
 /// caches is written, and `cache_seqlens` is not advanced: the caller adds `seq_new` for the next
 /// step. Every tensor sharing the caches' storage (clones, views) sees the new rows. The caches
 /// must not share storage with each other or with `q`, `k`, `v` (refused with an error). Without
-/// `k` and `v` the caches are only read. All index tensors are read to the host and every index
-/// (capacity, page numbers, no appended page referenced twice) is checked before anything is
-/// written; on a CUDA device that copy waits for them.
+/// `k` and `v` the caches are only read.
+///
+/// # Index checks
+///
+/// Every index (capacity, page numbers, slots, left padding, no appended page referenced twice)
+/// is checked before it is used, in one of two places:
+/// - on a candle CPU device, on the host, before anything is written (an error from this call);
+/// - on a CUDA device (feature `cuda`), **on the device**: `cache_seqlens`, `block_table`,
+///   `cache_batch_idx` and `cache_leftpad` are never copied to the host (no synchronisation per
+///   layer and step, so the loop can be captured in a CUDA graph). The call is planned from the
+///   cache's size, as FlashAttention-2 plans it; its first kernel checks the indices, and on a
+///   violation the call writes NaN into O and LSE and does not touch the caches, and so does
+///   every later call until [`check_kv_status`] reads the violation (as a typed error) and clears
+///   it. Call it when a result is about to be used, e.g. before sampling.
 ///
 /// On a candle CPU device the call runs in memattn's PTX VM (the caches are copied in, the
 /// appended rows copied back); on a CUDA device (feature `cuda`) memattn's kernels write the
@@ -914,7 +925,8 @@ pub fn flash_attn_with_kvcache_with_lse(
 ///   `[batch]`: the row its keys begin at), contiguous caches only;
 /// - `alibi_slopes` (f32 `[heads]` or `[batch, heads]`) and `sinks` (f32 `[heads]`, gpt-oss).
 ///
-/// Index tensors are read to the host for validation, as `cache_seqlens` is.
+/// Index tensors are checked where `cache_seqlens` is ([`flash_attn_with_kvcache`]'s "Index
+/// checks").
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KvCacheOpts<'a> {
     pub window_size_left: Option<usize>,
@@ -945,11 +957,27 @@ pub fn flash_attn_with_kvcache_opts(
     num_splits: usize,
     opts: &KvCacheOpts<'_>,
 ) -> Result<(Tensor, Tensor)> {
+    // On the CPU the values are read (no device to wait for) and checked on the host; on a
+    // device the tensors are kept, read there by the kernels and checked by the first of them.
+    let on_cpu = cache_seqlens.device().is_cpu();
     let u32s = |t: &Tensor, what: &str, rank: usize| -> Result<Vec<u32>> {
         if t.dtype() != DType::U32 || t.rank() != rank {
             return Err(kv_err(format!("{what} must be a {rank}-d u32 tensor, got {:?} {:?}", t.dtype(), t.dims())));
         }
-        t.flatten_all()?.to_vec1::<u32>()
+        if !t.device().same_device(cache_seqlens.device()) {
+            return Err(kv_err(format!(
+                "{what} is on {:?}, cache_seqlens on {:?}",
+                t.device(),
+                cache_seqlens.device()
+            )));
+        }
+        match on_cpu {
+            true => t.flatten_all()?.to_vec1::<u32>(),
+            false => Ok(Vec::new()),
+        }
+    };
+    let on_device = |t: Option<&Tensor>| -> Result<Option<Tensor>> {
+        t.filter(|_| !on_cpu).map(|t| t.flatten_all()?.contiguous()).transpose()
     };
     let num_splits =
         u32::try_from(num_splits).map_err(|_| kv_err(format!("num_splits {num_splits} is over the limit")))?;
@@ -991,6 +1019,15 @@ pub fn flash_attn_with_kvcache_opts(
         num_splits,
         cache_seqlens: u32s(cache_seqlens, "cache_seqlens", 1)?,
         block_table: block_table.map(|t| u32s(t, "block_table", 2)).transpose()?,
+        device_indices: match on_cpu {
+            true => None,
+            false => Some(DeviceIndices {
+                cache_seqlens: on_device(Some(cache_seqlens))?.expect("given"),
+                block_table: on_device(block_table)?,
+                cache_batch_idx: on_device(opts.cache_batch_idx)?,
+                cache_leftpad: on_device(opts.cache_leftpad)?,
+            }),
+        },
         extras,
         lse: Mutex::new(None),
     };
@@ -1006,6 +1043,20 @@ pub fn flash_attn_with_kvcache_opts(
     }
 }
 
+/// Reads (and clears) the status of the KV-cache calls on `device` whose indices were checked on
+/// the device ([`flash_attn_with_kvcache`]'s "Index checks"), after waiting for them: `Ok` when
+/// every index held, else the first violation, naming the rule and the sequence. This is the
+/// one read back to the host of that path. On a CPU device the indices were checked on the host
+/// before each call, so there is nothing to read.
+pub fn check_kv_status(device: &candle_core::Device) -> Result<()> {
+    match device {
+        candle_core::Device::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => cuda::kernels_for(d.cuda_stream().context())?.check_kv_status().map_err(wrap),
+        other => Err(kv_err(format!("no memattn kernels on {other:?}"))),
+    }
+}
+
 fn kv_err(why: String) -> candle_core::Error {
     candle_core::Error::Msg(format!("memattn flash_attn_with_kvcache: {why}"))
 }
@@ -1017,12 +1068,26 @@ pub struct FlashAttnKvCache {
     pub causal: bool,
     /// 0: memattn's choice.
     pub num_splits: u32,
+    /// The host's values (a CPU device; empty on a CUDA device, see `device_indices`).
     pub cache_seqlens: Vec<u32>,
-    /// `[batch, max_pages]`, row-major; `None`: a contiguous cache.
+    /// `[batch, max_pages]`, row-major; `None`: a contiguous cache. Host values as
+    /// `cache_seqlens`.
     pub block_table: Option<Vec<u32>>,
+    /// On a CUDA device: the index tensors themselves (flattened, contiguous), read by the
+    /// kernels and checked on the device, never copied to the host.
+    pub device_indices: Option<DeviceIndices>,
     /// The options of [`flash_attn_with_kvcache_opts`] (none for [`flash_attn_with_kvcache`]).
     pub extras: KvExtras,
     lse: Mutex<Option<Storage>>,
+}
+
+/// A KV-cache call's index tensors on a device ([`FlashAttnKvCache::device_indices`]).
+#[derive(Clone, Debug)]
+pub struct DeviceIndices {
+    pub cache_seqlens: Tensor,
+    pub block_table: Option<Tensor>,
+    pub cache_batch_idx: Option<Tensor>,
+    pub cache_leftpad: Option<Tensor>,
 }
 
 /// [`FlashAttnKvCache`]'s options beyond FlashAttention-2's positional arguments: the scalars, the
@@ -1095,11 +1160,37 @@ impl FlashAttnKvCache {
         o
     }
 
-    /// The call's index tensors on `kernels`' device (on CUDA on `stream`).
-    fn indices(&self, kernels: &Kernels, stream: Option<&Arc<memattn::attn::CudaStream>>) -> Result<KvIndices> {
-        let ix = |t: &Option<Vec<u32>>| t.as_ref().map(|t| kernels.index_tensor(t, stream)).transpose().map_err(wrap);
+    /// The call's index tensors on a CUDA device, copied device to device on `stream` into
+    /// tensors without host values: the kernels check them ([`check_kv_status`]).
+    #[cfg(feature = "cuda")]
+    fn cuda_indices(&self, kernels: &Kernels, stream: &Arc<memattn::attn::CudaStream>) -> Result<KvIndices> {
+        let d = self
+            .device_indices
+            .as_ref()
+            .ok_or_else(|| kv_err("the index tensors are not on the CUDA device of q".into()))?;
+        let ix = |t: &Tensor| -> Result<memattn::attn::IndexTensor> {
+            let (st, l) = t.storage_and_layout();
+            let Storage::Cuda(cs) = &*st else {
+                return Err(kv_err(format!("an index tensor is on {:?}, not a CUDA device", t.device())));
+            };
+            let n = l.shape().elem_count();
+            let view = cs.as_cuda_slice::<u32>()?.slice(l.start_offset()..l.start_offset() + n);
+            kernels.index_tensor_from_cuda(&view, n, stream).map_err(wrap)
+        };
+        let opt = |t: &Option<Tensor>| t.as_ref().map(ix).transpose();
         Ok(KvIndices {
-            seqlens: kernels.index_tensor(&self.cache_seqlens, stream).map_err(wrap)?,
+            seqlens: ix(&d.cache_seqlens)?,
+            table: opt(&d.block_table)?,
+            slots: opt(&d.cache_batch_idx)?,
+            leftpad: opt(&d.cache_leftpad)?,
+        })
+    }
+
+    /// The call's index tensors in the VM, from the host values (checked on the host).
+    fn indices(&self, kernels: &Kernels) -> Result<KvIndices> {
+        let ix = |t: &Option<Vec<u32>>| t.as_ref().map(|t| kernels.index_tensor(t, None)).transpose().map_err(wrap);
+        Ok(KvIndices {
+            seqlens: kernels.index_tensor(&self.cache_seqlens, None).map_err(wrap)?,
             table: ix(&self.block_table)?,
             slots: ix(&self.extras.cache_batch_idx)?,
             leftpad: ix(&self.extras.cache_leftpad)?,
@@ -1197,7 +1288,7 @@ impl CustomOp3 for FlashAttnKvCache {
             let (b, dtype, shape, strides) = &bufs[i];
             memattn::attn::TensorViewMut::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
         };
-        let ix = self.indices(kernels, None)?;
+        let ix = self.indices(kernels)?;
         let extras = self.vm_extras(kernels, bufs[0].1)?;
         let ev = ExtraViews::vm(&extras, bufs[0].1, self.extras.rotary_interleaved(), self.extras.alibi_2d())?;
         let (o, lse) = kernels
@@ -1486,7 +1577,7 @@ mod append {
         // Poisoned outputs: an element the kernels do not write reads back as NaN.
         let o = kernels.vm_upload_as(dtype, &vec![f32::NAN; b * sq * h * d]).map_err(wrap)?;
         let lse = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).map_err(wrap)?;
-        let ix = op.indices(kernels, None)?;
+        let ix = op.indices(kernels)?;
         let extras = op.vm_extras(kernels, dtype)?;
         let ev = ExtraViews::vm(&extras, dtype, op.extras.rotary_interleaved(), op.extras.alibi_2d())?;
         kernels
@@ -1524,7 +1615,9 @@ mod cuda {
     use std::sync::Arc;
 
     /// memattn's kernels per CUDA context (loaded once per context).
-    fn kernels_for(ctx: &Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>) -> Result<Arc<Kernels>> {
+    pub(super) fn kernels_for(
+        ctx: &Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>,
+    ) -> Result<Arc<Kernels>> {
         static CACHE: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
         let mut map = CACHE
             .get_or_init(Default::default)
@@ -1727,7 +1820,7 @@ mod cuda {
         };
         let mut kc = cache_view(kp, ks.len(), l2, "k_cache")?;
         let mut vc = cache_view(vp, vs.len(), l3, "v_cache")?;
-        let ix = op.indices(&kernels, Some(&stream))?;
+        let ix = op.cuda_indices(&kernels, &stream)?;
         let guards = op.extras.guards();
         let slices = extra_slices::<T, _>(&guards)?;
         let ev = extra_views(&slices, &stream, &op.extras)?;
@@ -1776,7 +1869,7 @@ mod cuda {
             (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
         let mut kc = view_mut::<T>(kcs, lkc, &stream, "k_cache")?;
         let mut vc = view_mut::<T>(vcs, lvc, &stream, "v_cache")?;
-        let ix = op.indices(&kernels, Some(&stream))?;
+        let ix = op.cuda_indices(&kernels, &stream)?;
         let guards = op.extras.guards();
         let slices = extra_slices::<T, _>(&guards)?;
         let ev = extra_views(&slices, &stream, &op.extras)?;

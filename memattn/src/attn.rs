@@ -142,6 +142,19 @@ pub enum AttnError {
     /// A KV-cache rule (capacity, block table, decode kernel limits), named in the message.
     #[error("KV cache: {why}")]
     KvCache { why: KvCacheRule },
+    /// A KV-cache call with device-checked indices broke a rule: found on the device by that
+    /// call's `decode_check` kernel and read by [`Kernels::check_kv_status`]. That call and every
+    /// later one until the check wrote NaN into O and LSE and did not write the caches.
+    #[error(
+        "KV cache, checked on the device: {why}; that call and every KV-cache call after it until this check were refused (O and LSE NaN, caches not written)"
+    )]
+    KvCacheOnDevice { why: KvCacheRule },
+    /// An index tensor without host values ([`IndexTensor::device_only`],
+    /// [`Kernels::index_tensor_from_cuda`]) given to a call that validates on the host.
+    #[error(
+        "{tensor} has no host copy of its values, and this call checks them on the host: make it with Kernels::index_tensor (only flash_attn_with_kvcache and plan_kvcache check indices on the device)"
+    )]
+    NoHostValues { tensor: &'static str },
     /// A split count over the plan's limit.
     #[error("num_splits {got} is over the limit of {max} (0 or None lets the library choose)")]
     Splits { got: u32, max: u32 },
@@ -1052,6 +1065,15 @@ enum Inner {
 /// are looked up once and cached. Cheap to share (`Send + Sync`); make one per context.
 pub struct Kernels {
     inner: Inner,
+    /// The status words of KV-cache calls with device-checked indices, made at the first such
+    /// call ([`Kernels::check_kv_status`]).
+    kv_status: std::sync::OnceLock<KvStatusWords>,
+}
+
+/// [`kernels_gpu::decode_abi::kv_status::WORDS`] zeroed u32 on the kernels' device.
+struct KvStatusWords {
+    ptr: u64,
+    storage: IndexStorage,
 }
 
 fn cuda_err(op: &str, e: cudarc::driver::DriverError) -> DeviceError {
@@ -1097,7 +1119,7 @@ impl Kernels {
     pub fn on_device(dev: Box<dyn Device>) -> Kernels {
         let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
         let vm = dev.backend() == Backend::Vm;
-        Kernels { inner: Inner::Dev(Arc::new(DevShared::new(id, vm, Slot::Owned(dev)))) }
+        Kernels { inner: Inner::Dev(Arc::new(DevShared::new(id, vm, Slot::Owned(dev)))), kv_status: Default::default() }
     }
 
     /// [`Kernels::on_device`] over a device the caller keeps: `f` runs with kernels on `dev`,
@@ -1141,7 +1163,7 @@ impl Kernels {
         let lent: NonNull<dyn Device + 'static> = unsafe { std::mem::transmute(lent) };
         let shared = Arc::new(DevShared::new(id, vm, Slot::Lent(Some(lent))));
         let _give_back = GiveBack(shared.clone());
-        let kernels = Kernels { inner: Inner::Dev(shared) };
+        let kernels = Kernels { inner: Inner::Dev(shared), kv_status: Default::default() };
         f(&kernels)
     }
 
@@ -1197,6 +1219,7 @@ impl Kernels {
                 caps,
                 sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             }),
+            kv_status: Default::default(),
         })
     }
 
@@ -1265,6 +1288,8 @@ impl Kernels {
                 buf.write_bytes(&bytes)?;
                 Ok(IndexTensor {
                     values: values.to_vec(),
+                    len: values.len(),
+                    host: true,
                     ptr: buf.ptr,
                     place: dev.place(),
                     _storage: IndexStorage::Dev(buf),
@@ -1288,12 +1313,131 @@ impl Kernels {
                 let ptr = slice.device_ptr(stream).0;
                 Ok(IndexTensor {
                     values: values.to_vec(),
+                    len: values.len(),
+                    host: true,
                     ptr,
                     place: cuda_place(stream),
                     _storage: IndexStorage::Cuda(slice),
                 })
             }
         }
+    }
+
+    /// Copies `len` u32 from the caller's CUDA buffer `src` into an [`IndexTensor`] without a
+    /// host copy, on `stream`, without waiting (a device-to-device copy: nothing is read back).
+    /// KV-cache calls given it check its values on the device ([`Kernels::check_kv_status`]).
+    /// CUDA kernels only; `src` must hold `len` values and belong to this context.
+    pub fn index_tensor_from_cuda<S: DevicePtr<u32>>(
+        &self,
+        src: &S,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<IndexTensor, AttnError> {
+        let Inner::Cuda(c) = &self.inner else {
+            return Err(AttnError::WrongDevice {
+                tensor: "an index tensor's source",
+                got: "a CUDA buffer".into(),
+                expected: format!("{} (use Kernels::index_tensor)", self.place_name()),
+            });
+        };
+        if stream.context().cu_ctx() != c.ctx.cu_ctx() {
+            return Err(AttnError::StreamContext {
+                tensor: "an index tensor",
+                got: stream.context().cu_ctx() as usize,
+                expected: c.ctx.cu_ctx() as usize,
+            });
+        }
+        // SAFETY: read by the copy below on the same stream before the launches that use it.
+        let mut dst = unsafe { stream.alloc::<u32>(len.max(1)) }.map_err(|e| cuda_err("allocating indices", e))?;
+        if len > 0 {
+            let (from, _guard) = src.device_ptr(stream);
+            let (to, _guard2) = dst.device_ptr_mut(stream);
+            // SAFETY: both ranges hold `len` u32 (the caller's promise for `src`, ours for
+            // `dst`), on this context, ordered on `stream`.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, len * 4, stream.cu_stream()) }
+                .result()
+                .map_err(|e| cuda_err("copying indices on the device", e))?;
+        }
+        let ptr = dst.device_ptr(stream).0;
+        Ok(IndexTensor {
+            values: Vec::new(),
+            len,
+            host: false,
+            ptr,
+            place: cuda_place(stream),
+            _storage: IndexStorage::Cuda(dst),
+        })
+    }
+
+    /// The status words of KV-cache calls with device-checked indices, made (zeroed) at the
+    /// first such call; their address.
+    pub(crate) fn kv_status_ptr(&self) -> Result<u64, AttnError> {
+        if let Some(w) = self.kv_status.get() {
+            return Ok(w.ptr);
+        }
+        let zeros = [0u32; kernels_gpu::decode_abi::kv_status::WORDS];
+        let words = match &self.inner {
+            Inner::Dev(_) => {
+                let buf = self.alloc(4 * zeros.len() as u64)?;
+                buf.fill_u32(zeros.len() as u64, 0)?;
+                KvStatusWords { ptr: buf.ptr, storage: IndexStorage::Dev(buf) }
+            }
+            Inner::Cuda(c) => {
+                c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+                let stream = c.ctx.default_stream();
+                let slice = stream.clone_htod(&zeros).map_err(|e| cuda_err("zeroing the KV status words", e))?;
+                // Once per kernels handle: the words are zero before any stream's check reads them.
+                stream.synchronize().map_err(|e| cuda_err("zeroing the KV status words", e))?;
+                let ptr = slice.device_ptr(&stream).0;
+                KvStatusWords { ptr, storage: IndexStorage::Cuda(slice) }
+            }
+        };
+        // Two threads may race to make them; the loser's buffer is dropped unused.
+        Ok(self.kv_status.get_or_init(|| words).ptr)
+    }
+
+    /// Reads the status of the KV-cache calls with device-checked indices (an
+    /// [`IndexTensor`] without host values) made since the last check, after waiting for every
+    /// launch of these kernels (on CUDA: the whole context). `Ok` when none broke a rule. Else
+    /// the first violation found, as [`AttnError::KvCacheOnDevice`] with the
+    /// [`KvCacheRule`] the host would have named; that call and every KV-cache call after it
+    /// wrote NaN into O and LSE and left the caches unwritten. The status is cleared, so calls
+    /// after this one run again.
+    ///
+    /// This is the one host read of the device-checked path: call it when a result is about to
+    /// be used (e.g. every few decode steps, or before sampling), not per layer.
+    pub fn check_kv_status(&self) -> Result<(), AttnError> {
+        let Some(w) = self.kv_status.get() else {
+            return Ok(()); // no device-checked call yet
+        };
+        let n = kernels_gpu::decode_abi::kv_status::WORDS;
+        let words: Vec<u32> = match (&self.inner, &w.storage) {
+            (Inner::Dev(d), IndexStorage::Dev(buf)) => {
+                d.with(|dev| dev.synchronize())?;
+                buf.read_bytes(4 * n)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            }
+            (Inner::Cuda(c), IndexStorage::Cuda(slice)) => {
+                c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+                c.ctx.synchronize().map_err(|e| cuda_err("waiting for the KV-cache calls", e))?;
+                c.ctx.default_stream().clone_dtoh(slice).map_err(|e| cuda_err("reading the KV status words", e))?
+            }
+            _ => unreachable!("the words are made on the kernels' own device"),
+        };
+        if words[0] == 0 {
+            return Ok(());
+        }
+        match (&self.inner, &w.storage) {
+            (Inner::Dev(_), IndexStorage::Dev(buf)) => buf.fill_u32(n as u64, 0)?,
+            (Inner::Cuda(_), IndexStorage::Cuda(_)) => {
+                // SAFETY: the words are ours (n u32 at w.ptr); the context is current and idle
+                // (synchronised above), and the synchronous memset finishes before it returns.
+                unsafe { sys::cuMemsetD32_v2(w.ptr, 0, n) }
+                    .result()
+                    .map_err(|e| cuda_err("clearing the KV status words", e))?;
+            }
+            _ => unreachable!("the words are made on the kernels' own device"),
+        }
+        Err(AttnError::KvCacheOnDevice { why: crate::attn::kvcache::status_rule(&words) })
     }
 
     /// `o = softmax(scale · q kᵀ [masked]) v` and `lse`, into buffers memattn allocates on the
@@ -1790,8 +1934,9 @@ impl Kernels {
         {
             self.check_index(name, cu, q)?;
             let bad = |why: SeqLensRule| AttnError::SeqLens { tensor: name, why };
-            let lens = Varlen::lens_from_cu(&cu.values, name).map_err(bad)?;
-            let last = *cu.values.last().expect("lens_from_cu checked >= 2 entries") as usize;
+            let values = cu.host_values(name)?;
+            let lens = Varlen::lens_from_cu(values, name).map_err(bad)?;
+            let last = *values.last().expect("lens_from_cu checked >= 2 entries") as usize;
             if last != total {
                 let packed = if n == 0 { "q has" } else { "k and v have" };
                 return Err(bad(SeqLensRule::LastSum { last, packed, total }));
@@ -1802,13 +1947,13 @@ impl Kernels {
                 return Err(bad(SeqLensRule::TooLong { rows: long, max_name: what, max }));
             }
         }
-        if va.cu_q.values.len() != va.cu_kv.values.len() {
+        if va.cu_q.len != va.cu_kv.len {
             return Err(AttnError::SeqLens {
                 tensor: "cu_seqlens_k",
-                why: SeqLensRule::Entries { got: va.cu_kv.values.len(), q: va.cu_q.values.len() },
+                why: SeqLensRule::Entries { got: va.cu_kv.len, q: va.cu_q.len },
             });
         }
-        Ok(va.cu_q.values.len() - 1)
+        Ok(va.cu_q.len - 1)
     }
 
     /// An index tensor must live where the kernels run and be made for q's stream (its upload
@@ -1984,13 +2129,21 @@ struct VarlenArgs<'a> {
     max_kv: usize,
 }
 
-/// u32 indices on the kernels' device with a host copy of their values: `cu_seqlens`,
+/// u32 indices on the kernels' device, usually with a host copy of their values: `cu_seqlens`,
 /// `cache_seqlens`, block tables. Validation reads the host copy, so a call checks every index
 /// before its launch without reading device memory back (no synchronisation); the device copy
 /// is what the kernels read. Make one per batch with [`Kernels::index_tensor`] and reuse it for
 /// every layer. The values cannot change after it is made.
+///
+/// Without a host copy ([`IndexTensor::device_only`], [`Kernels::index_tensor_from_cuda`]) the
+/// KV-cache calls check the indices on the device instead (docs/semantics.md, "Indices checked
+/// on the device"): the values may then be whatever the device holds at the launch, and a
+/// violation surfaces at [`Kernels::check_kv_status`].
 pub struct IndexTensor {
+    /// The host copy; empty when `host` is false.
     values: Vec<u32>,
+    len: usize,
+    host: bool,
     ptr: u64,
     place: Place,
     _storage: IndexStorage,
@@ -2004,14 +2157,42 @@ enum IndexStorage {
 
 impl fmt::Debug for IndexTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IndexTensor({:?} at {:#x} on {})", self.values, self.ptr, self.place)
+        match self.host {
+            true => write!(f, "IndexTensor({:?} at {:#x} on {})", self.values, self.ptr, self.place),
+            false => {
+                write!(f, "IndexTensor({} values on the device only at {:#x} on {})", self.len, self.ptr, self.place)
+            }
+        }
     }
 }
 
 impl IndexTensor {
-    /// The values (the host copy).
-    pub fn values(&self) -> &[u32] {
-        &self.values
+    /// The values (the host copy), `None` for a device-only tensor.
+    pub fn values(&self) -> Option<&[u32]> {
+        self.host.then_some(&self.values[..])
+    }
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The same device copy without its host copy: a KV-cache call given it checks the indices
+    /// on the device (what a tensor the host never saw gets; useful to test that path).
+    pub fn device_only(mut self) -> IndexTensor {
+        self.values = Vec::new();
+        self.host = false;
+        self
+    }
+    /// Whether the values are known on the host.
+    pub fn has_host_values(&self) -> bool {
+        self.host
+    }
+    /// The host copy, or [`AttnError::NoHostValues`] naming `tensor`.
+    pub(crate) fn host_values(&self, tensor: &'static str) -> Result<&[u32], AttnError> {
+        self.values().ok_or(AttnError::NoHostValues { tensor })
     }
     /// The device address.
     pub fn ptr(&self) -> u64 {

@@ -1565,6 +1565,11 @@ pub struct DecodeBuffers {
     /// sequences' slopes (0 or `heads`).
     pub alibi_slopes: DevPtr,
     pub alibi_batch_stride: u32,
+    /// Device-checked indices: the call's status words (`0`: indices checked on the host) and
+    /// the cache's first dimension (pages of a paged cache, slots of a contiguous one), the bound
+    /// `decode_check_*` holds block-table and `cache_batch_idx` entries to.
+    pub status: DevPtr,
+    pub cache_slots: u32,
 }
 
 /// The [`DecodeParams`] of a call: the one place they are built (the `memattn decode` command's run and
@@ -1601,7 +1606,7 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         window_left: p.window_left,
         window_right: p.window_right,
         softcap: p.softcap,
-        _pad: 0,
+        cache_slots: bufs.cache_slots,
         sinks: bufs.sinks,
         k_scale: bufs.k_scale,
         v_scale: bufs.v_scale,
@@ -1618,6 +1623,7 @@ pub fn decode_params(p: &DecodeProblem, layout: CacheLayout, num_splits: u32, bu
         alibi_slopes: bufs.alibi_slopes,
         alibi_batch_stride: bufs.alibi_batch_stride,
         _pad2: 0,
+        status: bufs.status,
     }
 }
 
@@ -1670,6 +1676,7 @@ pub fn prefill_params(p: &DecodeProblem, layout: CacheLayout, bufs: &DecodeBuffe
         page_size,
         max_pages,
         seqused_k_add: p.seq_new,
+        status: bufs.status,
         ..Default::default()
     })
 }
@@ -1705,6 +1712,7 @@ pub fn merge_params(p: &DecodeProblem, splits: u32, bufs: &DecodeBuffers, o_stri
         seq_q: p.seq_q,
         head_dim: p.head_dim,
         _pad: 0,
+        status: bufs.status,
     }
 }
 

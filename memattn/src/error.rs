@@ -130,4 +130,8 @@ pub enum KvCacheRule {
     Fp8ScaleCount { tensor: &'static str, got: usize, heads_kv: usize, fp8: bool },
     #[error("the plan was made for {} cache; this run gives {}", if *planned { "an FP8" } else { "a non-FP8" }, if *planned { "another" } else { "an FP8 one" })]
     Fp8Plan { planned: bool },
+    #[error(
+        "the device-side index check reported status code {code} (words {words:?}), which this library does not know"
+    )]
+    StatusCode { code: u32, words: Vec<u32> },
 }

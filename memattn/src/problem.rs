@@ -590,7 +590,7 @@ impl Problem {
             window_left: self.window.0,
             window_right: self.window_right(),
             softcap: self.softcap,
-            _pad: 0,
+            seqused_k_add: b.seqused_k_add,
             sinks: b.sinks,
             cu_seqlens_q: b.cu_seqlens_q,
             cu_seqlens_kv: b.cu_seqlens_kv,
@@ -605,8 +605,7 @@ impl Problem {
             block_table: b.block_table,
             page_size: b.page_size,
             max_pages: b.max_pages,
-            seqused_k_add: b.seqused_k_add,
-            _pad2: 0,
+            status: b.status,
         }
     }
 
@@ -896,6 +895,9 @@ pub struct AttnBuffers {
     pub page_size: u32,
     pub max_pages: u32,
     pub seqused_k_add: u32,
+    /// A KV-cache call with device-checked indices: its status words
+    /// ([`kernels_gpu::abi::AttnParams::status`]); 0 otherwise.
+    pub status: u64,
     /// Packed rows of a varlen call whose lengths the problem does not carry (its `varlen` is
     /// `None`; the kernels read `cu_seqlens_q`): LSE's head stride. 0 otherwise.
     pub packed_total_q: u32,

@@ -169,6 +169,17 @@ pub static BUSY: AtomicBool = AtomicBool::new(false);
 /// between two queries still shows in the second).
 pub static BUSY_SINCE_QUERY: AtomicBool = AtomicBool::new(false);
 pub static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+/// Device-to-host copies asked for (`cuMemcpyDtoH*`), each call counted once whatever its size:
+/// what a test reads to prove a loop never waits on the device for a value
+/// ([`vmcuda_device_to_host_copies`]).
+pub static DTOH_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// The count of [`DTOH_COPIES`] so far, exported for tests that load this driver: not a CUDA
+/// entry point.
+#[no_mangle]
+pub extern "C" fn vmcuda_device_to_host_copies() -> u64 {
+    DTOH_COPIES.load(Ordering::Relaxed)
+}
 /// References to the primary context (mirrors `State::primary_refs` for NVML's process list).
 pub static PRIMARY_ACTIVE: AtomicU32 = AtomicU32::new(0);
 
@@ -1239,6 +1250,7 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -
 }
 
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+    DTOH_COPIES.fetch_add(1, Ordering::Relaxed);
     entry(|| {
         let s = state();
         s.stream(stream)?;

@@ -62,7 +62,7 @@ impl Extent {
 
     /// An index tensor's bytes (read only: `u32` each).
     pub(super) fn of_index(name: &'static str, t: &IndexTensor) -> Extent {
-        let span = t.values.len() as u64 * 4;
+        let span = t.len() as u64 * 4;
         Extent { name, space: space(t.place), start: t.ptr, end: t.ptr.saturating_add(span), written: false }
     }
 

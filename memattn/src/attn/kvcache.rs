@@ -381,7 +381,12 @@ impl Kernels {
     ///
     /// Every index is checked on the host copies before any launch: capacity of each sequence,
     /// block-table entries below `num_pages`, and no page that receives new tokens referenced
-    /// twice ([`AttnError::KvCache`] names the rule). `o` and `lse` may not share memory with
+    /// twice ([`AttnError::KvCache`] names the rule). When an index tensor has no host copy
+    /// ([`IndexTensor::device_only`], [`Kernels::index_tensor_from_cuda`]) the same rules are
+    /// checked on the device instead, by the call's first kernel, with nothing read back: a
+    /// violation makes the call (and every later one) write NaN into O and LSE and leave the
+    /// caches alone until [`Kernels::check_kv_status`] reports it (docs/semantics.md, "Indices
+    /// checked on the device"). `o` and `lse` may not share memory with
     /// any other tensor of the call; with new tokens neither may `k_cache` or `v_cache`
     /// ([`AttnError::Aliasing`] names both tensors). With more than one split the f32 workspace
     /// (`num_splits · batch · heads · seq_q · (head_dim + 1) · 4` bytes) is allocated for the call
@@ -504,7 +509,10 @@ impl Kernels {
     /// launches fixed, and the split workspace allocated once. [`Kernels::run_kvcache`] then runs
     /// it per layer on other buffers of the same shapes, with O(1) checks per tensor and no
     /// allocation. The plan borrows `cache_seqlens`, `block_table` and the options' sinks: they
-    /// stay as planned for every run (advance `cache_seqlens` by planning again).
+    /// stay as planned for every run (advance `cache_seqlens` by planning again). With index
+    /// tensors without host copies planning reads no value (the indices are checked on the
+    /// device at each run, [`Kernels::check_kv_status`]), so planning again per step costs no
+    /// wait on the device.
     ///
     /// ```
     /// use memattn::attn::{AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
@@ -780,6 +788,8 @@ impl Kernels {
             cache_leftpad: plan.slots[1],
             alibi_slopes: plan.alibi.0,
             alibi_batch_stride: plan.alibi.1,
+            status: if plan.on_device { self.kv_status_ptr()? } else { 0 },
+            cache_slots: plan.cache_slots,
             ..DecodeBuffers::default()
         };
         // Rotary: rotated copies of q and k_new for this call (the rotary kernel writes them, the
@@ -939,17 +949,26 @@ impl Kernels {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
             }
         }
-        if cache_seqlens.values.len() != b {
+        if cache_seqlens.len != b {
             return Err(AttnError::SeqLens {
                 tensor: "cache_seqlens",
-                why: SeqLensRule::BatchEntries { got: cache_seqlens.values.len(), batch: b },
+                why: SeqLensRule::BatchEntries { got: cache_seqlens.len, batch: b },
             });
         }
+        // Without a host copy of any index, every index is checked on the device, and the call
+        // is planned for the worst case its shapes allow (FlashAttention-2 plans from the cache's
+        // size too): each sequence at the cache's capacity, no left padding.
+        let on_device = [Some(cache_seqlens), block_table, opts.cache_batch_idx, opts.cache_leftpad]
+            .into_iter()
+            .flatten()
+            .any(|t| !t.host);
         let layout = match block_table {
             None if opts.cache_batch_idx.is_some() => {
                 // The sequences' slots, each inside the cache's first dimension.
                 let slots = opts.cache_batch_idx.map_or(&[][..], |t| &t.values[..]);
-                if let Some((batch, &slot)) = slots.iter().enumerate().find(|(_, &s)| s as usize >= c0) {
+                if let Some((batch, &slot)) =
+                    slots.iter().enumerate().find(|(_, &s)| s as usize >= c0).filter(|_| !on_device)
+                {
                     return Err(kv_err(KvCacheRule::SlotPastEnd {
                         batch,
                         slot,
@@ -969,7 +988,7 @@ impl Kernels {
                 CacheLayout::Contiguous { seq_cache: u32_of("k_cache", kshape, c1, "seq_cache")? }
             }
             Some(bt) => {
-                let n = bt.values.len();
+                let n = bt.len;
                 if b == 0 || n == 0 || !n.is_multiple_of(b) {
                     return Err(AttnError::KvCache { why: KvCacheRule::BlockTableShape { entries: n, batch: b } });
                 }
@@ -980,13 +999,21 @@ impl Kernels {
                 }
             }
         };
+        // The worst case of a device-checked call: every sequence at the capacity.
+        let capacity = match layout {
+            CacheLayout::Contiguous { seq_cache } => seq_cache as u64,
+            CacheLayout::Paged { page_size, max_pages, .. } => page_size as u64 * max_pages as u64,
+        }
+        .min(u32::MAX as u64 / 2) as u32;
+        let worst = |values: &[u32], fill: u32| if on_device { vec![fill; b] } else { values.to_vec() };
+        let seq_new_u32 = u32::try_from(seq_new).unwrap_or(u32::MAX);
         let problem = DecodeProblem {
             batch: u32_of("q", q.raw.shape, b, "batch")?,
             heads: u32_of("q", q.raw.shape, h, "heads")?,
             heads_kv: u32_of("k_cache", kshape, hk, "heads_kv")?,
             head_dim: u32_of("q", q.raw.shape, d, "head_dim")?,
             seq_q: u32_of("q", q.raw.shape, sq, "seq_q")?,
-            cache_seqlens: cache_seqlens.values.clone(),
+            cache_seqlens: worst(&cache_seqlens.values, capacity.saturating_sub(seq_new_u32)),
             seq_new: u32_of("k_new", kshape, seq_new, "seq_new")?,
             page_size: match layout {
                 CacheLayout::Paged { page_size, .. } => Some(page_size),
@@ -1005,8 +1032,12 @@ impl Kernels {
             sinks: opts.sinks.is_some(),
             alibi: opts.alibi_slopes.is_some(),
             kv_fp8: fp8.map(|f| f.format),
-            cache_batch_idx: opts.cache_batch_idx.map(|t| t.values.clone()),
-            cache_leftpad: opts.cache_leftpad.map(|t| t.values.clone()),
+            cache_batch_idx: opts.cache_batch_idx.map(|t| match on_device {
+                // Distinct slots inside the cache (what the device check requires of appends).
+                true => (0..b).map(|i| i.min(c0.saturating_sub(1)) as u32).collect(),
+                false => t.values.clone(),
+            }),
+            cache_leftpad: opts.cache_leftpad.map(|t| worst(&t.values, 0)),
             rotary: opts
                 .rotary
                 .map(|r| crate::decode::Rotary { dim: (2 * r.cos.raw.shape[1]) as u32, interleaved: r.interleaved }),
@@ -1026,9 +1057,32 @@ impl Kernels {
                 }));
             }
         }
-        check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
+        if !on_device {
+            check_cache_layout(&problem, layout, block_table.map_or(&[][..], |t| &t.values)).map_err(kv_err)?;
+        } else if seq_new_u32 > capacity || capacity == 0 && matches!(layout, CacheLayout::Paged { .. }) {
+            // No cache_seqlens could make room for the new tokens.
+            return Err(kv_err(match layout {
+                CacheLayout::Contiguous { seq_cache } => {
+                    KvCacheRule::Capacity { batch: 0, cache_seqlen: 0, new: seq_new_u32, seq_cache }
+                }
+                CacheLayout::Paged { page_size, max_pages, .. } => KvCacheRule::Pages {
+                    batch: 0,
+                    cache_seqlen: 0,
+                    new: seq_new_u32,
+                    need: seq_new_u32.div_ceil(page_size.max(1)),
+                    page_size,
+                    max_pages,
+                },
+            }));
+        }
         let plan = problem.plan().map_err(kv_err)?;
-        let launches = planned_launches(&problem, &plan, self.arch()?).map_err(kv_err)?;
+        let mut launches = planned_launches(&problem, &plan, self.arch()?).map_err(kv_err)?;
+        if on_device {
+            // First in the stream: the check every later launch of the call obeys.
+            let check = KernelId::find(Family::DecodeCheck, dtype.elem(), None)
+                .ok_or(AttnError::NotSupportedYet { feature: "device-checked indices for this dtype" })?;
+            launches.insert(0, (check, kernels_gpu::tiles::APPEND.launch(1, 1)));
+        }
         self.check_module(&launches.iter().map(|l| l.0).collect::<Vec<_>>())?;
         for (kernel, dims) in &launches {
             self.check_grid(*kernel, dims)?;
@@ -1099,6 +1153,8 @@ impl Kernels {
             fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
             slots: [opts.cache_batch_idx.map_or(0, |t| t.ptr), opts.cache_leftpad.map_or(0, |t| t.ptr)],
             rotary: opts.rotary.map_or([0, 0], |r| [r.cos.raw.ptr, r.sin.raw.ptr]),
+            on_device,
+            cache_slots: u32_of("k_cache", kshape, c0, "its first dimension")?,
         })
     }
 }
@@ -1184,4 +1240,28 @@ struct KvPlan {
     slots: [u64; 2],
     /// The device addresses of the rotary tables (`0` = no rotary).
     rotary: [u64; 2],
+    /// Indices checked on the device (an index tensor without host values): the call starts
+    /// with `decode_check` and every launch obeys the status words.
+    on_device: bool,
+    /// The cache's first dimension (pages, or slots), for the device check.
+    cache_slots: u32,
+}
+
+/// The [`KvCacheRule`] of status words a device-side check set
+/// ([`kernels_gpu::decode_abi::kv_status`]).
+pub(super) fn status_rule(w: &[u32]) -> KvCacheRule {
+    use kernels_gpu::decode_abi::kv_status as st;
+    let batch = w[1] as usize;
+    match w[0] {
+        st::CAPACITY => KvCacheRule::Capacity { batch, cache_seqlen: w[2], new: w[3], seq_cache: w[4] },
+        st::PAGES => {
+            KvCacheRule::Pages { batch, cache_seqlen: w[2], new: w[3], need: w[4], page_size: w[5], max_pages: w[6] }
+        }
+        st::PAGE_PAST_END => KvCacheRule::PagePastEnd { batch, slot: w[2] as usize, page: w[3], num_pages: w[4] },
+        st::SLOT_PAST_END => KvCacheRule::SlotPastEnd { batch, slot: w[2], slots: w[3] },
+        st::LEFTPAD => KvCacheRule::LeftpadPastSeqlen { batch, leftpad: w[2], cache_seqlen: w[3] },
+        st::SHARED_SLOT => KvCacheRule::SharedSlot { slot: w[2], first: w[3] as usize, second: batch },
+        st::SHARED_WRITTEN_PAGE => KvCacheRule::SharedWrittenPage { page: w[2] },
+        code => KvCacheRule::StatusCode { code, words: w.to_vec() },
+    }
 }

@@ -123,8 +123,9 @@ impl Kernels {
         }
         // The sequences: chunks from cu_seqlens_q, keys from seqused_k, pages from the table.
         let cu_rule = |why: SeqLensRule| AttnError::SeqLens { tensor: "cu_seqlens_q", why };
-        let lens = Varlen::lens_from_cu(&cu_seqlens_q.values, "cu_seqlens_q").map_err(cu_rule)?;
-        let last = *cu_seqlens_q.values.last().expect("lens_from_cu checked >= 2 entries") as usize;
+        let cu_values = cu_seqlens_q.host_values("cu_seqlens_q")?;
+        let lens = Varlen::lens_from_cu(cu_values, "cu_seqlens_q").map_err(cu_rule)?;
+        let last = *cu_values.last().expect("lens_from_cu checked >= 2 entries") as usize;
         if last != total_q {
             return Err(cu_rule(SeqLensRule::LastSum { last, packed: "q has", total: total_q }));
         }
@@ -133,13 +134,15 @@ impl Kernels {
             return Err(cu_rule(SeqLensRule::TooLong { rows: longest, max_name: "max_seqlen_q", max: max_seqlen_q }));
         }
         let nseq = lens.len();
-        if seqused_k.values.len() != nseq {
+        let seqused = seqused_k.host_values("seqused_k")?;
+        let table = block_table.host_values("block_table")?;
+        if seqused.len() != nseq {
             return Err(AttnError::SeqLens {
                 tensor: "seqused_k",
-                why: SeqLensRule::BatchEntries { got: seqused_k.values.len(), batch: nseq },
+                why: SeqLensRule::BatchEntries { got: seqused.len(), batch: nseq },
             });
         }
-        let entries = block_table.values.len();
+        let entries = table.len();
         if entries == 0 || !entries.is_multiple_of(nseq) {
             return Err(AttnError::KvCache { why: KvCacheRule::BlockTableShape { entries, batch: nseq } });
         }
@@ -163,7 +166,7 @@ impl Kernels {
             heads_kv: u32_of("k_cache", kshape, hk, "heads_kv")?,
             head_dim: u32_of("q", q.raw.shape, d, "head_dim")?,
             seq_q: u32_of("q", q.raw.shape, max_seqlen_q.max(1), "max_seqlen_q")?,
-            cache_seqlens: seqused_k.values.clone(),
+            cache_seqlens: seqused.to_vec(),
             page_size: Some(page_u32),
             dtype,
             ..DecodeProblem::default()
@@ -174,7 +177,7 @@ impl Kernels {
         if keys.cache_seqlens.iter().any(|&l| l > u32::MAX / 2) {
             return Err(AttnError::KvCache { why: KvCacheRule::TooLong });
         }
-        check_cache_layout(&keys, layout, &block_table.values).map_err(|why| AttnError::KvCache { why })?;
+        check_cache_layout(&keys, layout, table).map_err(|why| AttnError::KvCache { why })?;
         let kernel = KernelId::flash(dtype.elem(), keys.head_dim).ok_or_else(|| AttnError::KvCache {
             why: KvCacheRule::HeadDim {
                 head_dim: keys.head_dim,
