@@ -24,6 +24,9 @@ pub struct DecodeSpec {
     pub seed: u64,
     pub warmup: Option<u32>,
     pub repeats: Option<u32>,
+    /// Give the library the index tensors without host copies, so it checks them on the device
+    /// (`decode_check_*` first in the call) instead of on the host.
+    pub indices_on_device: bool,
 }
 
 /// Everything a decode run measured. Field names are the `--json` contract.
@@ -34,6 +37,8 @@ pub struct DecodeReport {
     pub dtype: Dtype,
     /// The KV cache's element type: the dtype's name, or `fp8` (e4m3) / `fp8_e5m2`.
     pub kv_dtype: &'static str,
+    /// Where the library checked the index tensors: `host` or `device`.
+    pub indices_checked_on: &'static str,
     pub batch: u32,
     pub heads: u32,
     pub heads_kv: u32,
@@ -150,7 +155,7 @@ pub fn run_decode(
         )));
     }
     dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| decode_measured(k, p, x, &plan, warmup, repeats));
+    let body = Kernels::scoped(dev, |k| decode_measured(k, p, x, &plan, (warmup, repeats), spec.indices_on_device));
     // Every buffer was freed when the scope returned, also after an error.
     let memory = dev.memory_end();
     let (samples, records, o, lse, k_after, v_after) = body?;
@@ -189,6 +194,7 @@ pub fn run_decode(
         device: dev.name(),
         dtype: p.dtype,
         kv_dtype: p.kv_fp8.map_or(p.dtype.name(), |f| f.name()),
+        indices_checked_on: if spec.indices_on_device { "device" } else { "host" },
         batch: p.batch,
         heads: p.heads,
         heads_kv: p.heads_kv,
@@ -317,9 +323,14 @@ fn decode_measured(
     p: &DecodeProblem,
     x: &DecodeInputs,
     plan: &SplitPlan,
-    warmup: u32,
-    repeats: u32,
+    (warmup, repeats): (u32, u32),
+    indices_on_device: bool,
 ) -> Result<DecodeMeasured, AttnError> {
+    // Without host copies the library checks the indices on the device.
+    let index = |values: &[u32]| -> Result<memattn::attn::IndexTensor, AttnError> {
+        let t = k.index_tensor(values, None)?;
+        Ok(if indices_on_device { t.device_only() } else { t })
+    };
     let (b, sq, h, hk, d) =
         (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
     let up = |data: &[f32]| k.upload_as(p.dtype, data);
@@ -339,19 +350,19 @@ fn decode_measured(
         None => None,
     };
     let new = if p.seq_new > 0 { Some((up(&x.k_new)?, up(&x.v_new)?)) } else { None };
-    let cache_seqlens = k.index_tensor(&p.cache_seqlens, None)?;
+    let cache_seqlens = index(&p.cache_seqlens)?;
     let (cache_shape, block_table) = match x.layout {
         CacheLayout::Contiguous { seq_cache } => ([p.cache_slots() as usize, seq_cache as usize, hk, d], None),
         CacheLayout::Paged { page_size, num_pages, .. } => {
-            ([num_pages as usize, page_size as usize, hk, d], Some(k.index_tensor(&x.block_table, None)?))
+            ([num_pages as usize, page_size as usize, hk, d], Some(index(&x.block_table)?))
         }
     };
     let rotary_tables = match p.rotary {
         Some(_) => Some((up(&x.rotary_cos)?, up(&x.rotary_sin)?)),
         None => None,
     };
-    let slots = p.cache_batch_idx.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
-    let leftpad = p.cache_leftpad.as_ref().map(|t| k.index_tensor(t, None)).transpose()?;
+    let slots = p.cache_batch_idx.as_ref().map(|t| index(t)).transpose()?;
+    let leftpad = p.cache_leftpad.as_ref().map(|t| index(t)).transpose()?;
     let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
     let alibi = if p.alibi { Some(k.upload_as(Dtype::F32, &x.alibi_slopes)?) } else { None };
     let es = p.dtype.size_bytes();
@@ -460,6 +471,8 @@ fn decode_measured(
         }
         records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
     }
+    // Indices checked on the device: a violation is reported here, and O is NaN.
+    k.check_kv_status()?;
     let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
         Ok(p.dtype.decode(&buf.read_bytes(buf.bytes() as usize)?))
     };

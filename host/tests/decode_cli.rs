@@ -159,6 +159,45 @@ fn decode_tensor_core_kernel_and_sinks() {
 /// Chunked prefill from the command line: `--kernel prefill` (and `auto` at a long query) runs the
 /// tensor-core forward over the paged cache with new tokens appended, verified, one launch after
 /// the append and no merge; `auto` keeps the decode kernel for a short query; the refusals.
+/// `--indices-on-device`: the same call verified with the indices checked by `decode_check_*`
+/// first, on the SIMT, tensor-core and prefill kernels, paged and with cache slots.
+#[test]
+fn decode_indices_checked_on_the_device() {
+    for (extra, first, kernel) in [
+        (&["--cache-len", "300,0,37", "--new-tokens", "2", "--page-size", "16"][..], "decode_check_f32", "simt"),
+        (
+            &["--dtype", "bf16", "--cache-len", "70,9", "--new-tokens", "1", "--page-size", "8"][..],
+            "decode_check_bf16",
+            "mma",
+        ),
+        (
+            &["--dtype", "f16", "--cache-len", "40,9", "--seq-q", "130", "--new-tokens", "3"][..],
+            "decode_check_f16",
+            "prefill",
+        ),
+        (
+            &["--cache-len", "30,12", "--new-tokens", "1", "--cache-batch-idx", "2,0", "--cache-leftpad", "3"][..],
+            "decode_check_f32",
+            "simt",
+        ),
+    ] {
+        let base = ["--backend", "vm", "--json", "decode", "--heads", "4", "--heads-kv", "2", "--indices-on-device"];
+        let o = memattn(&[&base[..], extra, &["--repeats", "1", "--warmup", "0"]].concat());
+        assert_eq!(code(&o), 0, "{extra:?}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!((v["verified"].as_bool(), v["kernel"].as_str()), (Some(true), Some(kernel)), "{extra:?}");
+        assert_eq!(
+            (v["indices_checked_on"].as_str(), v["verification"]["cache_ok"].as_bool()),
+            (Some("device"), Some(true))
+        );
+        assert_eq!(v["launches"][0]["kernel"], first, "{extra:?}");
+    }
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--indices-on-device", "--new-tokens", "1", "--rotary-dim", "32"],
+        "cannot be used with",
+    );
+}
+
 #[test]
 fn decode_chunked_prefill_kernel() {
     let run = |extra: &[&str]| -> serde_json::Value {

@@ -165,7 +165,8 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         report(c.name, c.catches, outcome, t.elapsed().as_secs_f64());
     }
     let t = Instant::now();
-    let spec = DecodeSpec { problem: decode_case(), seed: a.seed, warmup: None, repeats: None };
+    let spec =
+        DecodeSpec { problem: decode_case(), seed: a.seed, warmup: None, repeats: None, indices_on_device: false };
     let outcome = run_decode(dev.as_mut(), &spec, None).map(|r| {
         let v = &r.verification;
         let detail = if r.verified { format!("{} KV splits", r.plan.num_splits) } else { v.failures.join("; ") };

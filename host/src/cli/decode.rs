@@ -135,6 +135,13 @@ pub struct DecodeArgs {
     /// no FP8 cache, ALiBi, cache slots, left padding or --splits N > 1) [default: auto].
     #[arg(long, value_name = "auto|simt|mma|prefill")]
     pub kernel: Option<DecodeKernel>,
+    /// Check the index tensors (cache_seqlens, block table, slots, left padding) on the device,
+    /// as a serving loop that never reads them back does: the library gets them without host
+    /// copies, plans from the cache's size, and runs `decode_check_*` first in the call (its
+    /// launch and thread-instructions show among the launches); a bad index would make O NaN and
+    /// is reported after the run. Default: checked on the host before the launch.
+    #[arg(long, conflicts_with = "rotary_dim")]
+    pub indices_on_device: bool,
     /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
     /// head joins the softmax denominator only; the LSE includes it.
     #[arg(long)]
@@ -556,6 +563,9 @@ fn summary(r: &DecodeReport) -> String {
     for f in &v.failures {
         s += &format!("  {f}\n");
     }
+    if r.indices_checked_on == "device" {
+        s += "indices      checked on the device (decode_check first; nothing read back until the run ended)\n";
+    }
     if let Some(q) = v.quantisation_rel_rms {
         s += &format!(
             "quantised    {} cache: O rel RMS {q:.2e} against the unquantised cache (kernel vs same bytes: {:.2e})\n",
@@ -676,7 +686,13 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
     for (label, p) in &runs {
         let mut p = p.clone();
         p.use_device_sm_count(dev.as_mut())?;
-        let spec = DecodeSpec { problem: p.clone(), seed: a.seed, warmup: a.warmup, repeats: a.repeats };
+        let spec = DecodeSpec {
+            problem: p.clone(),
+            seed: a.seed,
+            warmup: a.warmup,
+            repeats: a.repeats,
+            indices_on_device: a.indices_on_device,
+        };
         if !cli.json {
             println!(
                 "{}decode: batch {}, heads {} (kv {}), head_dim {}, seq_q {}, cache {:?} + {} new, {}{}",
