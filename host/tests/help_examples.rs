@@ -227,7 +227,9 @@ fn check(name: &str, in_group: impl Fn(&[(String, String)], &str) -> bool) {
                 skipped += 1;
             }
             Run(want, key) => {
+                let started = std::time::Instant::now();
                 let (got, text) = run(&dir, cmd);
+                eprintln!("{:6.2} s `{cmd}`", started.elapsed().as_secs_f64());
                 if got != *want || !text.contains(key) {
                     problems.push(format!("`{cmd}`: exit {got} (want {want}), want `{key}` in:\n{text}"));
                 }

@@ -1405,7 +1405,10 @@ impl Kernels {
     /// after this one run again.
     ///
     /// This is the one host read of the device-checked path: call it when a result is about to
-    /// be used (e.g. every few decode steps, or before sampling), not per layer.
+    /// be used (e.g. every few decode steps, or before sampling), not per layer. After an error,
+    /// treat every KV-cache result since the previous check as refused: a call on another stream
+    /// that overlapped the refused one may have had its kernels stopped after its own check
+    /// passed, leaving its O unwritten rather than NaN.
     pub fn check_kv_status(&self) -> Result<(), AttnError> {
         let Some(w) = self.kv_status.get() else {
             return Ok(()); // no device-checked call yet
