@@ -12,11 +12,20 @@ use memattn_cli::device::Device;
 use memattn_cli::Dtype;
 use memattn_tests::{device_tests, require_kernel, vm_device};
 
+/// Runs `p` verified with the indices checked on the host, and again (but with rotary, whose
+/// tables the device path needs for the whole capacity) checked on the device by
+/// `decode_check_*`; returns the first run's report.
 fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> DecodeReport {
-    let spec = DecodeSpec { problem: p.clone(), seed: 5, warmup: Some(0), repeats: Some(1) };
+    let spec = DecodeSpec { problem: p.clone(), seed: 5, warmup: Some(0), repeats: Some(1), indices_on_device: false };
     let r = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?}: {e}"));
     assert!(r.verified, "{p:?}: {:?}", r.verification);
     assert_eq!(r.verification.unwritten, 0);
+    if p.rotary.is_none() {
+        let spec = DecodeSpec { indices_on_device: true, ..spec };
+        let d = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?} (indices on the device): {e}"));
+        assert!(d.verified && d.verification.unwritten == 0, "{p:?} (indices on the device): {:?}", d.verification);
+        assert!(d.launches[0].kernel.starts_with("decode_check_"), "{:?}", d.launches);
+    }
     r
 }
 
@@ -739,7 +748,7 @@ device_tests! {
         // Bad scales are typed refusals (exit 2) naming the tensor and the rule.
         let p = DecodeProblem { dtype: Dtype::Bf16, kv_fp8: Some(Fp8Format::E4m3), ..DecodeProblem::default() };
         let x = DecodeInputs::random(&p, 1);
-        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1) };
+        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1), indices_on_device: false };
         for (k, v, want) in [
             (vec![0.0], vec![1.0], "k_scale[0] = 0"),
             (vec![1.0], vec![f32::NAN], "v_scale[0] = NaN"),
@@ -768,7 +777,7 @@ device_tests! {
             ..DecodeProblem::default()
         };
         let x = DecodeInputs::random(&p, 1);
-        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1) };
+        let spec = DecodeSpec { problem: p.clone(), seed: 0, warmup: Some(0), repeats: Some(1), indices_on_device: false };
         let err = |dev: &mut dyn Device, s: &DecodeSpec, y: &DecodeInputs| {
             let e = run_decode(dev, s, Some(y)).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{e}");
