@@ -1,0 +1,178 @@
+//! memattn-candle's CUDA path (feature `cuda`) on a candle CUDA device: a 20-step decode loop
+//! (append, paged, GQA, window, soft cap) that reads nothing back to the host, then every step's
+//! O against attention written with candle's ops on the CPU.
+//!
+//! Runs where a CUDA driver is: `scripts/candle-cuda-vm.sh` runs it on the VM-backed driver
+//! (vm-cuda), which counts device-to-host copies; on a real driver the count is not available
+//! and that assertion is skipped with a note. Without a driver the test fails: it is run only
+//! by that script (or by hand on a GPU machine).
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use memattn_candle::{check_kv_status, flash_attn_with_kvcache_opts, KvCacheOpts};
+
+/// One query token's attention with candle's ops on the CPU: q `[1, h, d]`, k and v `[n, hk, d]`
+/// (f32), scores soft-capped, keys before `n - 1 - window` masked. Returns o `[1, h, d]`.
+fn candle_decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    window: usize,
+    softcap: f64,
+) -> candle_core::Result<Tensor> {
+    let (n, hk, d) = k.dims3()?;
+    let h = q.dim(1)?;
+    let rep = h / hk;
+    let spread = |x: &Tensor| -> candle_core::Result<Tensor> {
+        x.transpose(0, 1)?.unsqueeze(1)?.expand((hk, rep, n, d))?.reshape((h, n, d))
+    };
+    let (k, v) = (spread(k)?, spread(v)?);
+    let q = q.transpose(0, 1)?.contiguous()?;
+    let s = (q.matmul(&k.t()?)? * scale)?;
+    let s = ((s / softcap)?.tanh()? * softcap)?;
+    let lo = (n - 1).saturating_sub(window);
+    let mask: Vec<f32> = (0..n).map(|j| if j >= lo { 0.0 } else { f32::NEG_INFINITY }).collect();
+    let s = s.broadcast_add(&Tensor::from_vec(mask, (1, n), &Device::Cpu)?)?;
+    let m = s.max_keepdim(D::Minus1)?;
+    let e = s.broadcast_sub(&m)?.exp()?;
+    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    p.matmul(&v.contiguous()?)?.transpose(0, 1)
+}
+
+/// The VM-backed driver's count of device-to-host copies, when the loaded driver is it.
+fn dtoh_copies() -> Option<u64> {
+    // SAFETY: opens the driver library the process linked (already loaded) and reads a counter
+    // through a function that takes nothing.
+    let lib = unsafe { libloading::Library::new("libcuda.so") }.ok()?;
+    let f: libloading::Symbol<extern "C" fn() -> u64> = unsafe { lib.get(b"vmcuda_device_to_host_copies") }.ok()?;
+    Some(f())
+}
+
+#[test]
+fn twenty_decode_steps_on_a_cuda_device_read_nothing_back() -> candle_core::Result<()> {
+    let dev = Device::new_cuda(0)?;
+    let cpu = Device::Cpu;
+    let (b, h, hk, d, page, pages_per_seq, steps) = (2usize, 4usize, 2usize, 64usize, 8usize, 4usize, 20usize);
+    let (window, softcap) = (9usize, 5.0f32);
+    let scale = 1.0 / (d as f64).sqrt();
+    let start = [3usize, 7];
+    let num_pages = b * pages_per_seq;
+    let table: Vec<u32> = vec![7, 5, 3, 1, 0, 2, 4, 6];
+    let row = |s: usize, j: usize| table[s * pages_per_seq + j / page] as usize * page + j % page;
+    // The prompts' keys and values, placed through the block table on the host, then moved.
+    let mut keys: Vec<Tensor> = Vec::new();
+    let mut vals: Vec<Tensor> = Vec::new();
+    let mut k_host = vec![0f32; num_pages * page * hk * d];
+    let mut v_host = k_host.clone();
+    for (s, &n) in start.iter().enumerate() {
+        let kp = Tensor::randn(0f32, 1.0, (n, hk, d), &cpu)?.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        let vp = Tensor::randn(0f32, 1.0, (n, hk, d), &cpu)?.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        let (kv, vv) = (kp.flatten_all()?.to_vec1::<f32>()?, vp.flatten_all()?.to_vec1::<f32>()?);
+        for j in 0..n {
+            let (at, from) = (row(s, j) * hk * d, j * hk * d);
+            k_host[at..at + hk * d].copy_from_slice(&kv[from..from + hk * d]);
+            v_host[at..at + hk * d].copy_from_slice(&vv[from..from + hk * d]);
+        }
+        keys.push(kp);
+        vals.push(vp);
+    }
+    let shape = (num_pages, page, hk, d);
+    let k_cache = Tensor::from_vec(k_host, shape, &cpu)?.to_dtype(DType::BF16)?.to_device(&dev)?;
+    let v_cache = Tensor::from_vec(v_host, shape, &cpu)?.to_dtype(DType::BF16)?.to_device(&dev)?;
+    let block_table = Tensor::from_vec(table.clone(), (b, pages_per_seq), &dev)?;
+    let opts = KvCacheOpts { window_size_left: Some(window), softcap: Some(softcap), ..Default::default() };
+    // Inputs made on the host first (candle's random numbers on a CUDA device are cuRAND's).
+    let inputs: Vec<(Tensor, Tensor, Tensor)> = (0..steps)
+        .map(|_| -> candle_core::Result<_> {
+            let r = |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &cpu)?.to_dtype(DType::BF16);
+            Ok((r((b, 1, h, d))?, r((b, 1, hk, d))?, r((b, 1, hk, d))?))
+        })
+        .collect::<candle_core::Result<_>>()?;
+    let before = dtoh_copies();
+    let mut outs = Vec::new();
+    for (t, (q, kn, vn)) in inputs.iter().enumerate() {
+        // Host to device only: the step's tokens and the advanced lengths.
+        let lens: Vec<u32> = start.iter().map(|&n| (n + t) as u32).collect();
+        let cache_seqlens = Tensor::new(lens.as_slice(), &dev)?;
+        let (q, kn, vn) = (q.to_device(&dev)?, kn.to_device(&dev)?, vn.to_device(&dev)?);
+        let (o, _lse) = flash_attn_with_kvcache_opts(
+            &q,
+            &k_cache,
+            &v_cache,
+            Some(&kn),
+            Some(&vn),
+            &cache_seqlens,
+            Some(&block_table),
+            scale as f32,
+            true,
+            0,
+            &opts,
+        )?;
+        outs.push(o);
+    }
+    match (before, dtoh_copies()) {
+        (Some(a), Some(z)) => assert_eq!(z - a, 0, "device-to-host copies inside the loop"),
+        _ => eprintln!("not the VM-backed driver: device-to-host copies not counted"),
+    }
+    check_kv_status(&dev)?;
+    let mut worst = 0f32;
+    for (t, ((q, kn, vn), o)) in inputs.iter().zip(&outs).enumerate() {
+        let o = o.to_device(&cpu)?.to_dtype(DType::F32)?;
+        for s in 0..b {
+            keys[s] = Tensor::cat(&[&keys[s], &kn.i((s, 0))?.to_dtype(DType::F32)?.unsqueeze(0)?], 0)?;
+            vals[s] = Tensor::cat(&[&vals[s], &vn.i((s, 0))?.to_dtype(DType::F32)?.unsqueeze(0)?], 0)?;
+            let want = candle_decode_attention(
+                &q.i(s)?.to_dtype(DType::F32)?,
+                &keys[s],
+                &vals[s],
+                scale,
+                window,
+                softcap as f64,
+            )?;
+            let err = (o.i(s)? - want)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+            worst = worst.max(err);
+            assert!(err < 2e-2, "step {t} sequence {s}: |O - candle ops| = {err}");
+        }
+    }
+    // The cache, gathered through the block table, holds every appended row.
+    let (kc, vc) = (k_cache.to_device(&cpu)?.to_dtype(DType::F32)?, v_cache.to_device(&cpu)?.to_dtype(DType::F32)?);
+    for s in 0..b {
+        let n = start[s] + steps;
+        let idx = Tensor::from_vec((0..n).map(|j| row(s, j) as u32).collect::<Vec<_>>(), n, &cpu)?;
+        for (cache, want) in [(&kc, &keys[s]), (&vc, &vals[s])] {
+            let got = cache.reshape((num_pages * page, hk, d))?.index_select(&idx, 0)?;
+            let err = (got - want)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+            assert_eq!(err, 0.0, "sequence {s}: the cache holds the appended rows");
+        }
+    }
+    eprintln!("{steps} decode steps on {dev:?}: worst |O - candle ops| {worst:.2e}");
+    // A block table naming page 99 of 8: the call writes NaN, leaves the caches alone, and the
+    // status check names the rule, then clears it.
+    let bad = Tensor::from_vec(vec![7u32, 5, 3, 99, 0, 2, 4, 6], (b, pages_per_seq), &dev)?;
+    let lens = Tensor::new(&[25u32, 20], &dev)?;
+    let (q, kn, vn) = (inputs[0].0.to_device(&dev)?, inputs[0].1.to_device(&dev)?, inputs[0].2.to_device(&dev)?);
+    let (o, lse) = flash_attn_with_kvcache_opts(
+        &q,
+        &k_cache,
+        &v_cache,
+        Some(&kn),
+        Some(&vn),
+        &lens,
+        Some(&bad),
+        scale as f32,
+        true,
+        0,
+        &opts,
+    )?;
+    let all_nan = |t: &Tensor| -> candle_core::Result<bool> {
+        Ok(t.to_device(&cpu)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().all(|x| x.is_nan()))
+    };
+    assert!(all_nan(&o)? && all_nan(&lse)?, "a refused call's O and LSE are NaN");
+    let unchanged = k_cache.to_device(&cpu)?.to_dtype(DType::F32)?;
+    assert_eq!((unchanged - &kc)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?, 0.0, "caches untouched");
+    let e = check_kv_status(&dev).unwrap_err().to_string();
+    assert!(e.contains("block_table[0][3] = 99 is past num_pages (8)"), "{e}");
+    check_kv_status(&dev)?;
+    Ok(())
+}
