@@ -40,6 +40,9 @@ fn candle_decode_attention(
     p.matmul(&v.contiguous()?)?.transpose(0, 1)
 }
 
+/// The tests take turns: the driver's copy count is per process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The VM-backed driver's count of device-to-host copies, when the loaded driver is it.
 fn dtoh_copies() -> Option<u64> {
     // SAFETY: opens the driver library the process linked (already loaded) and reads a counter
@@ -51,6 +54,7 @@ fn dtoh_copies() -> Option<u64> {
 
 #[test]
 fn twenty_decode_steps_on_a_cuda_device_read_nothing_back() -> candle_core::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::new_cuda(0)?;
     let cpu = Device::Cpu;
     let (b, h, hk, d, page, pages_per_seq, steps) = (2usize, 4usize, 2usize, 64usize, 8usize, 4usize, 20usize);
@@ -175,4 +179,48 @@ fn twenty_decode_steps_on_a_cuda_device_read_nothing_back() -> candle_core::Resu
     assert!(e.contains("block_table[0][3] = 99 is past num_pages (8)"), "{e}");
     check_kv_status(&dev)?;
     Ok(())
+}
+
+/// The forward ops on a candle CUDA device give the CPU device's answer bit for bit (both run
+/// the same PTX; the CPU device in memattn's VM): `flash_attn` (causal GQA, bf16), and
+/// `flash_attn_with_kvcache` without new tokens over a contiguous f16 cache.
+#[test]
+fn forward_ops_on_a_cuda_device_equal_the_cpu_device_bit_for_bit() -> candle_core::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = Device::new_cuda(0)?;
+    let cpu = Device::Cpu;
+    let bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {
+        Ok(t.to_device(&cpu)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect())
+    };
+    let r = |shape: (usize, usize, usize, usize), dt| Tensor::randn(0f32, 1.0, shape, &cpu)?.to_dtype(dt);
+    let (q, k, v) = (r((2, 37, 4, 64), DType::BF16)?, r((2, 50, 2, 64), DType::BF16)?, r((2, 50, 2, 64), DType::BF16)?);
+    let on_cpu = memattn_candle::flash_attn(&q, &k, &v, 0.125, true)?;
+    let on_cuda =
+        memattn_candle::flash_attn(&q.to_device(&dev)?, &k.to_device(&dev)?, &v.to_device(&dev)?, 0.125, true)?;
+    assert!(on_cuda.device().is_cuda());
+    assert_eq!(bits(&on_cpu)?, bits(&on_cuda)?, "flash_attn");
+    let (q, kc, vc) = (r((2, 1, 4, 64), DType::F16)?, r((2, 40, 2, 64), DType::F16)?, r((2, 40, 2, 64), DType::F16)?);
+    let lens = [33u32, 7];
+    let run = |d: &Device| -> candle_core::Result<Tensor> {
+        memattn_candle::flash_attn_with_kvcache(
+            &q.to_device(d)?,
+            &kc.to_device(d)?,
+            &vc.to_device(d)?,
+            None,
+            None,
+            &Tensor::new(&lens, d)?,
+            None,
+            0.125,
+            true,
+            0,
+        )
+    };
+    assert_eq!(bits(&run(&cpu)?)?, bits(&run(&dev)?)?, "flash_attn_with_kvcache");
+    check_kv_status(&dev)
 }
