@@ -8,37 +8,10 @@
 //! by that script (or by hand on a GPU machine).
 #![cfg(feature = "cuda")]
 
-use candle_core::{DType, Device, IndexOp, Tensor, D};
+mod common;
+use candle_core::{DType, Device, IndexOp, Tensor};
+use common::candle_decode_attention;
 use memattn_candle::{check_kv_status, flash_attn_with_kvcache_opts, KvCacheOpts};
-
-/// One query token's attention with candle's ops on the CPU: q `[1, h, d]`, k and v `[n, hk, d]`
-/// (f32), scores soft-capped, keys before `n - 1 - window` masked. Returns o `[1, h, d]`.
-fn candle_decode_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    scale: f64,
-    window: usize,
-    softcap: f64,
-) -> candle_core::Result<Tensor> {
-    let (n, hk, d) = k.dims3()?;
-    let h = q.dim(1)?;
-    let rep = h / hk;
-    let spread = |x: &Tensor| -> candle_core::Result<Tensor> {
-        x.transpose(0, 1)?.unsqueeze(1)?.expand((hk, rep, n, d))?.reshape((h, n, d))
-    };
-    let (k, v) = (spread(k)?, spread(v)?);
-    let q = q.transpose(0, 1)?.contiguous()?;
-    let s = (q.matmul(&k.t()?)? * scale)?;
-    let s = ((s / softcap)?.tanh()? * softcap)?;
-    let lo = (n - 1).saturating_sub(window);
-    let mask: Vec<f32> = (0..n).map(|j| if j >= lo { 0.0 } else { f32::NEG_INFINITY }).collect();
-    let s = s.broadcast_add(&Tensor::from_vec(mask, (1, n), &Device::Cpu)?)?;
-    let m = s.max_keepdim(D::Minus1)?;
-    let e = s.broadcast_sub(&m)?.exp()?;
-    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-    p.matmul(&v.contiguous()?)?.transpose(0, 1)
-}
 
 /// The tests take turns: the driver's copy count is per process.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());

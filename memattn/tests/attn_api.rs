@@ -411,74 +411,6 @@ fn vm_varlen_matches_the_reference_and_checks_cu_seqlens() {
     }
 }
 
-/// Runs one KV-cache call through the API on `x` (random inputs of `p`, NaN in every cache row
-/// the call must not read before writing) and checks O, LSE and the appended cache against
-/// `memattn::decode`'s f64 reference.
-fn kvcache_case(kernels: &Kernels, p: &memattn::decode::DecodeProblem, num_splits: Option<u32>) {
-    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs};
-    let x = DecodeInputs::random(p, 5);
-    let dt = p.dtype;
-    let (b, sq, h, hk, d) =
-        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
-    let up = |v: &[f32]| kernels.vm_upload_as(dt, &[v, &[0.0][..]].concat()).unwrap();
-    let (qb, kc, vc) = (up(&x.q), up(&x.k_cache), up(&x.v_cache));
-    let (kn, vn) = (up(&x.k_new), up(&x.v_new));
-    let cache_shape = match x.layout {
-        CacheLayout::Contiguous { seq_cache } => [b, seq_cache as usize, hk, d],
-        CacheLayout::Paged { page_size, num_pages, .. } => [num_pages as usize, page_size as usize, hk, d],
-    };
-    let seqlens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
-    let table = kernels.index_tensor(&x.block_table, None).unwrap();
-    let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
-    let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
-    let sinks_buf = kernels.vm_upload(&[&x.sinks[..], &[0.0]].concat()).unwrap();
-    let sinks = SinksView::vm(&sinks_buf, h).unwrap();
-    let mut opts =
-        AttnOpts::new().causal(p.causal).window_size(p.window_left, p.window_right).softmax_scale(p.softmax_scale());
-    if p.sinks {
-        opts = opts.sinks(&sinks);
-    }
-    if p.softcap > 0.0 {
-        opts = opts.softcap(p.softcap);
-    }
-    if let Some(n) = num_splits {
-        opts = opts.num_splits(n);
-    }
-    let new_shape = [b, p.seq_new as usize, hk, d];
-    let (knv, vnv) = (TensorView::vm(&kn, dt, new_shape).unwrap(), TensorView::vm(&vn, dt, new_shape).unwrap());
-    let has_new = p.seq_new > 0;
-    kernels
-        .flash_attn_with_kvcache_into(
-            &TensorView::vm(&qb, dt, [b, sq, h, d]).unwrap(),
-            &mut TensorViewMut::vm(&kc, dt, cache_shape).unwrap(),
-            &mut TensorViewMut::vm(&vc, dt, cache_shape).unwrap(),
-            has_new.then_some(&knv),
-            has_new.then_some(&vnv),
-            &seqlens,
-            (!x.block_table.is_empty()).then_some(&table),
-            &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
-            &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
-            &opts,
-        )
-        .unwrap();
-    let o = ob.read_f32(dt, b * sq * h * d).unwrap();
-    let lse = lb.read_f32(Dtype::F32, b * h * sq).unwrap();
-    let v = verify_decode(p, &o, &lse, &decode_ref(p, &x));
-    assert!(v.passed, "{p:?}: {:?}", v.failures);
-    eprintln!(
-        "kvcache {} splits {num_splits:?}: O scaled err {:.2e}, LSE err {:.2e}",
-        dt, v.o_max_scaled_err, v.lse_max_abs_err
-    );
-    if has_new {
-        let (ke, ve) = x.appended(p);
-        let same = |buf: &memattn::attn::VmBuffer, want: &[f32]| {
-            let got = buf.read_f32(dt, want.len()).unwrap();
-            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
-        };
-        assert!(same(&kc, &ke) && same(&vc, &ve), "the cache after the append");
-    }
-}
-
 #[test]
 fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
     use memattn::decode::{DecodeProblem, Splits};
@@ -498,7 +430,11 @@ fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
         sinks: true,
         ..DecodeProblem::default()
     };
-    kvcache_case(&kernels, &p, Some(3));
+    // With the indices on the host, then on the device (SIMT decode and the merge either way).
+    for on_device in [false, true] {
+        let l = common::kvcache_case(&kernels, &p, 5, on_device);
+        assert!(l.iter().any(|k| k.starts_with("decode_fwd_f32")) && l.iter().any(|k| k.starts_with("merge_states")));
+    }
     // bf16, contiguous, a left window with causal, soft cap, the automatic split count.
     let p = DecodeProblem {
         batch: 2,
@@ -510,7 +446,7 @@ fn vm_kvcache_paged_gqa_append_and_splits_match_the_reference() {
         softcap: 4.0,
         ..DecodeProblem::default()
     };
-    kvcache_case(&kernels, &p, None);
+    common::kvcache_case(&kernels, &p, 5, false);
 }
 
 #[test]
