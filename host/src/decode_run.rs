@@ -357,7 +357,26 @@ fn decode_measured(
             ([num_pages as usize, page_size as usize, hk, d], Some(index(&x.block_table)?))
         }
     };
+    // The rotary tables' rows: one per position the call rotates; with the indices on the device
+    // the call is planned for every sequence at the capacity, so the tables extend to the last
+    // position that allows: the inputs' rows, then the usual angles (rows the call never reads).
+    let rotary_rows = match (p.rotary, indices_on_device) {
+        (Some(_), true) => {
+            let capacity = match x.layout {
+                CacheLayout::Contiguous { seq_cache } => seq_cache,
+                CacheLayout::Paged { page_size, max_pages, .. } => page_size * max_pages,
+            };
+            p.rotary_rows().max(capacity - p.seq_new + p.seq_q.max(p.seq_new))
+        }
+        _ => p.rotary_rows(),
+    };
     let rotary_tables = match p.rotary {
+        Some(r) if rotary_rows > p.rotary_rows() => {
+            let (mut cos, mut sin) = memattn::decode::rope_tables(rotary_rows, r.dim, 10000.0, p.dtype);
+            cos[..x.rotary_cos.len()].copy_from_slice(&x.rotary_cos);
+            sin[..x.rotary_sin.len()].copy_from_slice(&x.rotary_sin);
+            Some((up(&cos)?, up(&sin)?))
+        }
         Some(_) => Some((up(&x.rotary_cos)?, up(&x.rotary_sin)?)),
         None => None,
     };
@@ -426,7 +445,7 @@ fn decode_measured(
     }
     let rotary_view = match (&rotary_tables, p.rotary) {
         (Some((c, s)), Some(r)) => {
-            let shape = [p.rotary_rows() as usize, (r.dim / 2) as usize, 1, 1];
+            let shape = [rotary_rows as usize, (r.dim / 2) as usize, 1, 1];
             Some(RotaryView::new(
                 TensorView::device(c, p.dtype, shape)?,
                 TensorView::device(s, p.dtype, shape)?,

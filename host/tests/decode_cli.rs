@@ -156,11 +156,9 @@ fn decode_tensor_core_kernel_and_sinks() {
     assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "takes auto, simt, mma or prefill");
 }
 
-/// Chunked prefill from the command line: `--kernel prefill` (and `auto` at a long query) runs the
-/// tensor-core forward over the paged cache with new tokens appended, verified, one launch after
-/// the append and no merge; `auto` keeps the decode kernel for a short query; the refusals.
 /// `--indices-on-device`: the same call verified with the indices checked by `decode_check_*`
-/// first, on the SIMT, tensor-core and prefill kernels, paged and with cache slots.
+/// first, on the SIMT, tensor-core and prefill kernels, paged, with cache slots, and with rotary
+/// (whose tables then cover the capacity).
 #[test]
 fn decode_indices_checked_on_the_device() {
     for (extra, first, kernel) in [
@@ -180,6 +178,11 @@ fn decode_indices_checked_on_the_device() {
             "decode_check_f32",
             "simt",
         ),
+        (
+            &["--dtype", "bf16", "--cache-len", "30,12", "--new-tokens", "2", "--seq-q", "3", "--rotary-dim", "32"][..],
+            "decode_check_bf16",
+            "mma",
+        ),
     ] {
         let base = ["--backend", "vm", "--json", "decode", "--heads", "4", "--heads-kv", "2", "--indices-on-device"];
         let o = memattn(&[&base[..], extra, &["--repeats", "1", "--warmup", "0"]].concat());
@@ -192,12 +195,11 @@ fn decode_indices_checked_on_the_device() {
         );
         assert_eq!(v["launches"][0]["kernel"], first, "{extra:?}");
     }
-    assert_bad_input(
-        &["--backend", "vm", "decode", "--indices-on-device", "--new-tokens", "1", "--rotary-dim", "32"],
-        "cannot be used with",
-    );
 }
 
+/// Chunked prefill from the command line: `--kernel prefill` (and `auto` at a long query) runs the
+/// tensor-core forward over the paged cache with new tokens appended, verified, one launch after
+/// the append and no merge; `auto` keeps the decode kernel for a short query; the refusals.
 #[test]
 fn decode_chunked_prefill_kernel() {
     let run = |extra: &[&str]| -> serde_json::Value {

@@ -12,20 +12,18 @@ use memattn_cli::device::Device;
 use memattn_cli::Dtype;
 use memattn_tests::{device_tests, require_kernel, vm_device};
 
-/// Runs `p` verified with the indices checked on the host, and again (but with rotary, whose
-/// tables the device path needs for the whole capacity) checked on the device by
-/// `decode_check_*`; returns the first run's report.
+/// Runs `p` verified with the indices checked on the host, and again checked on the device by
+/// `decode_check_*` (with rotary, on tables that cover the capacity); returns the first run's
+/// report.
 fn run(dev: &mut dyn Device, p: &DecodeProblem, x: Option<&DecodeInputs>) -> DecodeReport {
     let spec = DecodeSpec { problem: p.clone(), seed: 5, warmup: Some(0), repeats: Some(1), indices_on_device: false };
     let r = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?}: {e}"));
     assert!(r.verified, "{p:?}: {:?}", r.verification);
     assert_eq!(r.verification.unwritten, 0);
-    if p.rotary.is_none() {
-        let spec = DecodeSpec { indices_on_device: true, ..spec };
-        let d = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?} (indices on the device): {e}"));
-        assert!(d.verified && d.verification.unwritten == 0, "{p:?} (indices on the device): {:?}", d.verification);
-        assert!(d.launches[0].kernel.starts_with("decode_check_"), "{:?}", d.launches);
-    }
+    let spec = DecodeSpec { indices_on_device: true, ..spec };
+    let d = run_decode(dev, &spec, x).unwrap_or_else(|e| panic!("{p:?} (indices on the device): {e}"));
+    assert!(d.verified && d.verification.unwritten == 0, "{p:?} (indices on the device): {:?}", d.verification);
+    assert!(d.launches[0].kernel.starts_with("decode_check_"), "{:?}", d.launches);
     r
 }
 

@@ -139,8 +139,9 @@ pub struct DecodeArgs {
     /// as a serving loop that never reads them back does: the library gets them without host
     /// copies, plans from the cache's size, and runs `decode_check_*` first in the call (its
     /// launch and thread-instructions show among the launches); a bad index would make O NaN and
-    /// is reported after the run. Default: checked on the host before the launch.
-    #[arg(long, conflicts_with = "rotary_dim")]
+    /// is reported after the run. With --rotary-dim the tables then cover every position up to
+    /// the capacity. Default: checked on the host before the launch.
+    #[arg(long)]
     pub indices_on_device: bool,
     /// Per-head attention sinks (random, or the `sinks` tensor of --inputs): a logit per query
     /// head joins the softmax denominator only; the LSE includes it.
