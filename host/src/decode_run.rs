@@ -361,13 +361,7 @@ fn decode_measured(
     // the call is planned for every sequence at the capacity, so the tables extend to the last
     // position that allows: the inputs' rows, then the usual angles (rows the call never reads).
     let rotary_rows = match (p.rotary, indices_on_device) {
-        (Some(_), true) => {
-            let capacity = match x.layout {
-                CacheLayout::Contiguous { seq_cache } => seq_cache,
-                CacheLayout::Paged { page_size, max_pages, .. } => page_size * max_pages,
-            };
-            p.rotary_rows().max(capacity - p.seq_new + p.seq_q.max(p.seq_new))
-        }
+        (Some(_), true) => p.rotary_rows().max(p.at_capacity(x.layout.capacity(), p.cache_slots()).rotary_rows()),
         _ => p.rotary_rows(),
     };
     let rotary_tables = match p.rotary {

@@ -309,6 +309,23 @@ pub struct SplitPlan {
 }
 
 impl DecodeProblem {
+    /// This problem for the worst case its shapes allow, which a call with indices checked on
+    /// the device is planned for (the values unknown to the host; FlashAttention-2 plans from the
+    /// cache's size too): every sequence at `capacity` keys after the append, no left padding,
+    /// and (with `cache_batch_idx`) distinct slots below `slots` where there are enough.
+    pub fn at_capacity(&self, capacity: u32, slots: u32) -> DecodeProblem {
+        let b = self.batch as usize;
+        DecodeProblem {
+            cache_seqlens: vec![capacity.saturating_sub(self.seq_new); b],
+            cache_batch_idx: self
+                .cache_batch_idx
+                .as_ref()
+                .map(|_| (0..b as u32).map(|i| i.min(slots.saturating_sub(1))).collect()),
+            cache_leftpad: self.cache_leftpad.as_ref().map(|_| vec![0; b]),
+            ..self.clone()
+        }
+    }
+
     pub fn group(&self) -> u32 {
         self.heads / self.heads_kv.max(1)
     }
@@ -691,6 +708,18 @@ pub enum CacheLayout {
     Contiguous { seq_cache: u32 },
     /// `[num_pages, page_size, heads_kv, head_dim]` and a `[batch, max_pages]` block table.
     Paged { page_size: u32, num_pages: u32, max_pages: u32 },
+}
+
+impl CacheLayout {
+    /// Keys one sequence can hold after an append: `seq_cache`, or `page_size * max_pages` (at
+    /// most `u32::MAX / 2`, the longest sequence a call takes).
+    pub fn capacity(self) -> u32 {
+        let keys = match self {
+            CacheLayout::Contiguous { seq_cache } => seq_cache as u64,
+            CacheLayout::Paged { page_size, max_pages, .. } => page_size as u64 * max_pages as u64,
+        };
+        keys.min(u32::MAX as u64 / 2) as u32
+    }
 }
 
 /// The tensors of one decode call, all f32 on the host (16-bit dtypes hold their exact values).

@@ -999,13 +999,7 @@ impl Kernels {
                 }
             }
         };
-        // The worst case of a device-checked call: every sequence at the capacity.
-        let capacity = match layout {
-            CacheLayout::Contiguous { seq_cache } => seq_cache as u64,
-            CacheLayout::Paged { page_size, max_pages, .. } => page_size as u64 * max_pages as u64,
-        }
-        .min(u32::MAX as u64 / 2) as u32;
-        let worst = |values: &[u32], fill: u32| if on_device { vec![fill; b] } else { values.to_vec() };
+        let capacity = layout.capacity();
         let seq_new_u32 = u32::try_from(seq_new).unwrap_or(u32::MAX);
         let problem = DecodeProblem {
             batch: u32_of("q", q.raw.shape, b, "batch")?,
@@ -1013,7 +1007,7 @@ impl Kernels {
             heads_kv: u32_of("k_cache", kshape, hk, "heads_kv")?,
             head_dim: u32_of("q", q.raw.shape, d, "head_dim")?,
             seq_q: u32_of("q", q.raw.shape, sq, "seq_q")?,
-            cache_seqlens: worst(&cache_seqlens.values, capacity.saturating_sub(seq_new_u32)),
+            cache_seqlens: cache_seqlens.values.clone(),
             seq_new: u32_of("k_new", kshape, seq_new, "seq_new")?,
             page_size: match layout {
                 CacheLayout::Paged { page_size, .. } => Some(page_size),
@@ -1032,15 +1026,16 @@ impl Kernels {
             sinks: opts.sinks.is_some(),
             alibi: opts.alibi_slopes.is_some(),
             kv_fp8: fp8.map(|f| f.format),
-            cache_batch_idx: opts.cache_batch_idx.map(|t| match on_device {
-                // Distinct slots inside the cache (what the device check requires of appends).
-                true => (0..b).map(|i| i.min(c0.saturating_sub(1)) as u32).collect(),
-                false => t.values.clone(),
-            }),
-            cache_leftpad: opts.cache_leftpad.map(|t| worst(&t.values, 0)),
+            cache_batch_idx: opts.cache_batch_idx.map(|t| t.values.clone()),
+            cache_leftpad: opts.cache_leftpad.map(|t| t.values.clone()),
             rotary: opts
                 .rotary
                 .map(|r| crate::decode::Rotary { dim: (2 * r.cos.raw.shape[1]) as u32, interleaved: r.interleaved }),
+        };
+        // Without host values, the worst case the shapes allow (the device checks the values).
+        let problem = match on_device {
+            true => problem.at_capacity(capacity, u32::try_from(c0).unwrap_or(u32::MAX)),
+            false => problem,
         };
         problem.validate().map_err(kv_err)?;
         if let Some(r) = opts.rotary {
