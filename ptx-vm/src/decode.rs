@@ -335,6 +335,7 @@ pub(crate) fn decode_entry(
     };
     Ok(Program {
         has_calls: !cx.copies.is_empty(),
+        fused: crate::fuse::runs(&cx.insts),
         insts: cx.insts,
         texts: cx.texts,
         nslots,

@@ -148,6 +148,8 @@ struct CpCopy {
 pub(crate) struct Counters {
     /// Global-memory bytes the threads read and wrote ([`crate::LaunchStats::global_bytes_read`]).
     pub global_bytes: [u64; 2],
+    /// Warp instructions run as fused steps ([`crate::fuse`]).
+    pub fused: u64,
     /// Shared-memory wavefronts by instruction index, when [`Launch::banks`] is on.
     pub banks: std::collections::HashMap<u32, crate::banks::Count>,
 }
@@ -171,6 +173,7 @@ impl Worker {
         self.warp_instructions = 0;
         self.blocks = 0;
         self.counters.global_bytes = [0; 2];
+        self.counters.fused = 0;
         self.counters.banks.clear();
         self.trace.clear();
     }
@@ -855,6 +858,8 @@ impl Launch<'_> {
         let mut tr = wp.trace_lane.is_some_and(|l| group >> l & 1 == 1);
         let wg_info = prog.wgmma_info();
         let max_trace = self.trace.map_or(0, |t| t.max_entries);
+        // Fused steps (`crate::fuse`) only where nothing watches single instructions.
+        let fuse = wp.trace_lane.is_none() && !self.banks && wg_info.is_none() && avx512();
         macro_rules! leave {
             () => {{
                 lanes(group, |l| wp.pcs[l] = pc);
@@ -904,6 +909,24 @@ impl Launch<'_> {
                         wp.pcs[l] = pc;
                     });
                     return Ok(());
+                }
+            }
+            if fuse && group == FULL && prog.fused[pc as usize] != 0 {
+                // A run of `ld.shared.b32` + `fma.rn.f32` pairs in one step (`crate::fuse`),
+                // when no counter limit falls inside it.
+                let steps = 2 * prog.fused[pc as usize] as u64;
+                let issued = wp.issued;
+                if issued + steps <= self.budget
+                    && (issued & 0xFFFF) + steps < 0x10000
+                    && pc as u64 + steps <= limit as u64
+                    && crate::fuse::run(&mut wp.regs, shared, insts, pc, steps as usize / 2)
+                {
+                    *ti += 32 * steps;
+                    *wc += steps;
+                    counters.fused += steps;
+                    wp.issued += steps;
+                    pc += steps as u32;
+                    continue;
                 }
             }
             let mut exec = group;
@@ -2049,7 +2072,7 @@ unsafe fn f32_warp_avx512_impl<const OP: u8>(d: *mut u64, a: *const u64, b: *con
 
 /// Whether the CPU has AVX-512F (cached by the standard library after the first query).
 #[inline(always)]
-fn avx512() -> bool {
+pub(crate) fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")

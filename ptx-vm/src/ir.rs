@@ -532,6 +532,8 @@ pub(crate) struct Program {
     /// Unique per decoded program: a warp whose register file was set up for this id still holds
     /// its constant slots.
     pub uid: u64,
+    /// [`crate::fuse::runs`]: per instruction, the fusable `ld.shared` + `fma` pairs from there.
+    pub fused: Vec<u16>,
     /// [`crate::reginit::zero_slots`], computed on the first launch.
     pub zero_slots: std::sync::OnceLock<Option<Vec<Slot>>>,
 }

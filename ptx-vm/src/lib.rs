@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 mod banks;
 mod decode;
 mod exec;
+mod fuse;
 pub mod hopper;
 mod ir;
 mod memcheck;
@@ -372,6 +373,11 @@ pub struct LaunchStats {
     pub thread_instructions: u64,
     /// Instructions issued, counted once per warp.
     pub warp_instructions: u64,
+    /// Of [`LaunchStats::warp_instructions`], those the VM ran as fused steps: runs of
+    /// `ld.shared.b32` + `fma.rn.f32` pairs taken in one step where that cannot change any
+    /// result, count or finding (see `ptx-vm/PERF.md`). Zero while a trace or the bank-conflict
+    /// count is on, which watch single instructions.
+    pub fused_warp_instructions: u64,
     pub blocks: u64,
     /// Bytes the threads read from global memory: every `ld` (and generic `ld` that resolved to
     /// global memory) counts its size once per active thread, a `cp.async` its source bytes.
@@ -917,6 +923,7 @@ impl Vm {
             stats.blocks += w.blocks;
             stats.global_bytes_read += w.counters.global_bytes[0];
             stats.global_bytes_written += w.counters.global_bytes[1];
+            stats.fused_warp_instructions += w.counters.fused;
             for (&pc, c) in &w.counters.banks {
                 let e = banks.entry(pc).or_insert([0; 3]);
                 for k in 0..3 {

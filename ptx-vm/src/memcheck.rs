@@ -180,6 +180,35 @@ impl RaceState {
         }
         true
     }
+    /// The reads of a fused run of full-warp `ld.shared.b32` ([`crate::fuse`]): the load at
+    /// instruction `pc` reads, in lane `l`, word `words0[l] + shift`, for each `(pc, shift)` in
+    /// order. Queues exactly what [`RaceState::read_words`] would queue for the loads one after
+    /// the other and returns true; or returns false, having queued nothing, where `read_words`
+    /// would do more than queue (another warp stored in this interval).
+    pub(crate) fn queue_read_run(&mut self, words0: &[u32; 32], loads: impl Iterator<Item = (u32, u32)>) -> bool {
+        if self.atomic || self.warp >= 32 {
+            return true;
+        }
+        if self.writers & !(1 << self.warp) != 0 {
+            return false;
+        }
+        let stride = words0[1].wrapping_sub(words0[0]);
+        let even =
+            stride != SCATTERED && (0..32).all(|l| words0[l] == words0[0].wrapping_add(stride.wrapping_mul(l as u32)));
+        for (pc, shift) in loads {
+            if self.pending.len() >= PENDING_LIMIT {
+                self.stamp_pending();
+            }
+            let (base, stride) = if even {
+                (words0[0].wrapping_add(shift), stride)
+            } else {
+                self.scattered.push(words0.map(|w| w.wrapping_add(shift)));
+                (self.scattered.len() as u32 - 1, SCATTERED)
+            };
+            self.pending.push(PendingRead { warp: self.warp, pc, exec: u32::MAX, base, stride });
+        }
+        true
+    }
     #[inline(always)]
     fn queue_read(&mut self, exec: u32, words: &[u32; 32]) {
         let w = self.warp;

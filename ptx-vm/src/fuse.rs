@@ -1,0 +1,166 @@
+//! Fused runs of `ld.shared.b32` + `fma.rn.f32` pairs: the inner loops of the f32 kernels (a
+//! third of their instructions are such loads, a third the `fma`s that consume them) run as one
+//! step of the dispatch loop instead of two per pair.
+//!
+//! A run is a sequence of unguarded pairs
+//!
+//! ```text
+//! ld.shared.b32  x_i, [a + off_i];
+//! fma.rn.f32     d_i, p_i, q_i, r_i;
+//! ```
+//!
+//! with one base register `a` that no instruction of the run writes and offsets that agree
+//! modulo 4 ([`runs`] finds them when the program is decoded). The executor takes a run in one
+//! step only when the result cannot differ from running its instructions one by one: the warp
+//! is converged (all 32 lanes), no trace, bank-conflict count or `wgmma` bookkeeping is on, the
+//! CPU has AVX-512F, every byte of the shared window has been written (so initcheck has nothing
+//! to say), every lane's every address of the run lies in the window and is aligned, and
+//! racecheck can queue the reads without looking at other warps' stamps (no other warp has stored
+//! in the barrier interval; the words of each load are evenly spaced). Otherwise it declines
+//! before touching anything, and the instructions run one by one as always, reporting whatever
+//! they report. The same read stamps are queued in the same order, and the counters (thread and
+//! warp instructions, the warp's issue count for the budget and the time limit) advance as they
+//! would.
+
+use crate::ir::{Inst, Op, Slot, Space, NONE};
+use crate::memcheck::SharedMem;
+
+/// Pairs in one fused step at most (bounds the work between two budget checks).
+const MAX_PAIRS: u16 = 1024;
+
+/// Per instruction index: the number of fusable pairs in the run that starts there (0: none).
+pub(crate) fn runs(insts: &[Inst]) -> Vec<u16> {
+    let mut out = vec![0u16; insts.len()];
+    // (base, offset, loaded register, fma's destination) of the pair at `pc`.
+    let pair = |pc: usize| -> Option<(Slot, i64, Slot, Slot)> {
+        let (ld, fma) = (insts.get(pc)?, insts.get(pc + 1)?);
+        if ld.guard != NONE || fma.guard != NONE {
+            return None;
+        }
+        match (&ld.op, &fma.op) {
+            (Op::Ld { sp: Space::Shared, size: 4, n: 1, sext: false, ds, a, off, .. }, Op::FmaF32 { d, .. })
+                if ds[0] != *a && *d != *a =>
+            {
+                Some((*a, *off, ds[0], *d))
+            }
+            _ => None,
+        }
+    };
+    for pc in (0..insts.len()).rev() {
+        let Some((a, off, _, _)) = pair(pc) else { continue };
+        let mut n = 1u16;
+        if let Some((a2, off2, _, _)) = pair(pc + 2) {
+            if a2 == a && (off2 - off) % 4 == 0 && out[pc + 2] < MAX_PAIRS {
+                n += out[pc + 2];
+            }
+        }
+        out[pc] = n;
+    }
+    out
+}
+
+/// Runs `n` pairs starting at `pc` as one step if nothing can differ from running them one by
+/// one (see the module's text); returns false, having changed nothing, otherwise. The caller
+/// checked the warp (converged, no trace or other per-instruction bookkeeping), the counters'
+/// limits and `crate::exec::avx512()`.
+#[inline(never)]
+pub(crate) fn run(r: &mut [[u64; 32]], shared: &mut SharedMem, insts: &[Inst], pc: u32, n: usize) -> bool {
+    if !shared.all_written() {
+        return false;
+    }
+    let pairs = &insts[pc as usize..pc as usize + 2 * n];
+    let Op::Ld { a, off: off0, .. } = pairs[0].op else { return false };
+    let (mut lo, mut hi) = (off0, off0);
+    for p in pairs.iter().step_by(2) {
+        if let Op::Ld { off, .. } = p.op {
+            lo = lo.min(off);
+            hi = hi.max(off);
+        }
+    }
+    // Every lane: `a + off0` aligned, `a + lo >= 0`, `a + hi + 4 <= window` (no wrapping).
+    let window = shared.bytes.len() as i128;
+    let av = &r[a as usize];
+    let mut idx = [0i32; 32];
+    for l in 0..32 {
+        let base = av[l] as i128;
+        if base > i32::MAX as i128
+            || (base + off0 as i128) % 4 != 0
+            || base + (lo as i128) < 0
+            || base + hi as i128 + 4 > window
+        {
+            return false;
+        }
+        idx[l] = base as i32;
+    }
+    let words0: [u32; 32] = std::array::from_fn(|l| ((av[l] as i64 + off0) / 4) as u32);
+    if shared.racecheck_on()
+        && !shared.race.queue_read_run(
+            &words0,
+            pairs.iter().step_by(2).enumerate().map(|(i, p)| {
+                let Op::Ld { off, .. } = p.op else { unreachable!("a run's loads") };
+                (pc + 2 * i as u32, ((off - off0) / 4) as u32)
+            }),
+        )
+    {
+        return false;
+    }
+    let bytes = shared.bytes.as_ptr();
+    for p in pairs.chunks_exact(2) {
+        let (Op::Ld { ds, off, .. }, Op::FmaF32 { d, a: x, b: y, c: z }) = (p[0].op, p[1].op) else {
+            unreachable!("a run's pairs")
+        };
+        // SAFETY: every lane's 4 bytes at `idx + off` lie in the window (checked above); the
+        // caller checked AVX-512F; the slots index the register file (decoded program).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            pair_avx512(bytes.wrapping_offset(off as isize), &idx, r, ds[0], d, [x, y, z])
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (bytes, off, ds, d, x, y, z, &idx);
+            unreachable!("avx512() is false");
+        }
+    }
+    shared.race.pc = pc + 2 * n as u32 - 1;
+    true
+}
+
+/// One pair for all 32 lanes: `r[ld] = zext(bytes[idx[l]..][..4])`, then
+/// `r[d] = fma(r[s0], r[s1], r[s2])` on the low 32 bits, zero-extended.
+///
+/// # Safety
+/// Every `base + idx[l] .. + 4` is readable; the slots are inside `r`; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_avx512(base: *const u8, idx: &[i32; 32], r: &mut [[u64; 32]], ld: Slot, d: Slot, s: [Slot; 3]) {
+    use std::arch::x86_64::*;
+    let rp = r.as_mut_ptr();
+    // SAFETY: the caller's bounds (every lane's word is readable, slots inside `r`).
+    unsafe {
+        let g = [
+            _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().cast()), base.cast()),
+            _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().add(16).cast()), base.cast()),
+        ];
+        let lp = rp.add(ld as usize).cast::<u64>();
+        for (h, gv) in g.iter().enumerate() {
+            _mm512_storeu_si512(lp.add(16 * h).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(*gv)));
+            _mm512_storeu_si512(lp.add(16 * h + 8).cast(), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(*gv)));
+        }
+        let load = |slot: Slot, h: usize| -> __m512 {
+            if slot == ld {
+                return _mm512_castsi512_ps(g[h]);
+            }
+            let p = rp.add(slot as usize).cast::<u64>().add(16 * h);
+            let lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.cast()));
+            let hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.add(8).cast()));
+            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+        };
+        // Both halves' sources are read before `d` is written (it may be a source).
+        let v = [0, 1].map(|h| _mm512_castps_si512(_mm512_fmadd_ps(load(s[0], h), load(s[1], h), load(s[2], h))));
+        let dp = rp.add(d as usize).cast::<u64>();
+        for (h, vv) in v.iter().enumerate() {
+            _mm512_storeu_si512(dp.add(16 * h).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(*vv)));
+            _mm512_storeu_si512(dp.add(16 * h + 8).cast(), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(*vv)));
+        }
+    }
+}
