@@ -1411,6 +1411,42 @@ impl Launch<'_> {
 
 fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
     match *op {
+        // The kernels' reductions: a full warp, no predicate result, the lane operand and the
+        // clamp/segment word the same in every lane (constants, mostly). The same source lane
+        // per lane as below, computed once, and one pass without the copies of `b`, `c` and `d`.
+        Op::Shfl { mode, d, p, a, b, c, .. }
+            if exec == FULL
+                && p == NONE
+                && r[b as usize].iter().all(|&x| (x ^ r[b as usize][0]) & 0x1f == 0)
+                && r[c as usize].iter().all(|&x| (x ^ r[c as usize][0]) & 0x1f1f == 0) =>
+        {
+            let (bval, cword) = ((r[b as usize][0] & 0x1f) as i64, r[c as usize][0]);
+            let cval = (cword & 0x1f) as i64;
+            let segmask = ((cword >> 8) & 0x1f) as i64;
+            let src: [usize; 32] = std::array::from_fn(|l| {
+                let lane = l as i64;
+                let max_lane = (lane & segmask) | (cval & !segmask);
+                let (j, ok) = match mode {
+                    0 => (lane - bval, lane - bval >= max_lane),
+                    1 => (lane + bval, lane + bval <= max_lane),
+                    2 => (lane ^ bval, (lane ^ bval) <= max_lane),
+                    _ => {
+                        let j = (lane & segmask) | (bval & !segmask);
+                        (j, j <= max_lane)
+                    }
+                };
+                if ok && (0..32).contains(&j) {
+                    j as usize
+                } else {
+                    l
+                }
+            });
+            let av = r[a as usize];
+            let dv = &mut r[d as usize];
+            for l in 0..32 {
+                dv[l] = av[src[l]] & 0xffff_ffff;
+            }
+        }
         Op::Shfl { mode, d, p, a, b, c, .. } => {
             let av = r[a as usize];
             let bv = r[b as usize];
@@ -2228,6 +2264,18 @@ fn st_shared_fast(
     }
     let sv = &r[src as usize];
     let race = mem.shared.racecheck_on();
+    if exec == FULL && size == 4 {
+        // A full warp's word stores (the f32 kernels' tiles): racecheck's checks of all 32
+        // words first, then their stamps, as the lane-by-lane path below does them when none
+        // conflicts; on a conflict that path runs and names the lane.
+        let words: [u32; 32] = std::array::from_fn(|l| (offs[l] / 4) as u32);
+        if !race || mem.shared.race.store_words(&words) {
+            for l in 0..32 {
+                mem.write(Loc::Shared(offs[l] as usize), 4, sv[l]);
+            }
+            return Ok(true);
+        }
+    }
     for_lanes!(exec, l, {
         let o = offs[l] as usize;
         if race {

@@ -270,6 +270,36 @@ impl RaceState {
         }
         self.scattered.clear();
     }
+    /// A store of word `words[l]` by every lane `l` of the running warp, in lane order: returns
+    /// true, with the stamps [`RaceState::access`] leaves for those stores one after the other,
+    /// when none of them conflicts; false otherwise, having stamped nothing (the pending reads
+    /// are applied either way, as the first `access` would), for the caller to run `access`
+    /// lane by lane and report the conflict. (A lane's store cannot make a later lane's store of
+    /// the same warp conflict, so checking every word against the stamps before any store is the
+    /// same as checking each after the stores before it.)
+    pub(crate) fn store_words(&mut self, words: &[u32; 32]) -> bool {
+        if self.atomic || self.warp >= 32 {
+            return true;
+        }
+        if !self.pending.is_empty() {
+            self.stamp_pending();
+        }
+        let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let me = stamp(e, w);
+        let bit = 1u32 << w;
+        for &i in words {
+            let h = &self.hot[i as usize];
+            if (h.write >> 6 == e && h.write != me) || (h.read >> 6 == e && h.readers & !bit != 0) {
+                return false;
+            }
+        }
+        for &i in words {
+            self.hot[i as usize].write = me;
+            self.cold[i as usize].write_pc = pc;
+        }
+        self.writers |= bit;
+        true
+    }
     #[inline(always)]
     pub(crate) fn access(&mut self, at: usize, len: usize, store: bool) -> Result<(), (String, RaceOther)> {
         // Reader sets are 32-bit masks: blocks of more than 1024 threads (only with raised

@@ -180,6 +180,56 @@ fn warp_shuffles_and_votes() {
 }
 
 #[test]
+fn warp_shuffles_of_every_mode_and_segment_width() {
+    // Each mode with a lane operand that is the same in every lane (the VM's fast path) and one
+    // that differs per lane (`%r2` = 7 l mod 32, the general path), for segment widths 32, 8
+    // and 1 and a clamp below 31: against the PTX ISA's definition, written out here.
+    let modes = ["up", "down", "bfly", "idx"];
+    let cs: [u32; 4] = [0x1f, 0x181f, 0x1f00, 0x0a];
+    let mut body = String::from(
+        "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+        mul.lo.u32 %r2, %r1, 7;\n and.b32 %r2, %r2, 31;\n mul.lo.u32 %r4, %r1, 3;\n add.u32 %r4, %r4, 100;\n",
+    );
+    let mut k = 0;
+    for m in modes {
+        for c in cs {
+            for b in ["3", "%r2"] {
+                body +=
+                    &format!("shfl.sync.{m}.b32 %r3, %r4, {b}, {c:#x}, -1;\n st.global.u32 [%rd2+{}], %r3;\n", 128 * k);
+                k += 1;
+            }
+        }
+    }
+    let o = words(&run("", &body, 1, 32, 128 * k).unwrap_or_else(|e| panic!("{e}")));
+    let mut k = 0;
+    for (mi, m) in modes.iter().enumerate() {
+        for c in cs {
+            for per_lane in [false, true] {
+                for lane in 0..32u32 {
+                    let bval = if per_lane { (lane * 7) % 32 } else { 3 };
+                    let (cval, segmask) = ((c & 0x1f) as i64, ((c >> 8) & 0x1f) as i64);
+                    let (l, bv) = (lane as i64, bval as i64);
+                    let max_lane = (l & segmask) | (cval & !segmask);
+                    let (j, ok) = match mi {
+                        0 => (l - bv, l - bv >= max_lane),
+                        1 => (l + bv, l + bv <= max_lane),
+                        2 => (l ^ bv, (l ^ bv) <= max_lane),
+                        _ => ((l & segmask) | (bv & !segmask), ((l & segmask) | (bv & !segmask)) <= max_lane),
+                    };
+                    let src = if ok { j as u32 } else { lane };
+                    assert_eq!(
+                        o[k * 32 + lane as usize],
+                        100 + 3 * src,
+                        "{m}, c {c:#x}, per-lane b {per_lane}, lane {lane}"
+                    );
+                }
+                k += 1;
+            }
+        }
+    }
+}
+
+#[test]
 fn atomics_global_and_shared() {
     let decls = ".shared .align 4 .b8 cnt[4];";
     let body =

@@ -465,3 +465,59 @@ fn deleting_either_barrier_of_the_flash_kernel_is_caught() {
 }
 
 const FLASH_RS: &str = "kernels-gpu/src/flash_fwd_f32.rs";
+
+#[test]
+fn racecheck_of_full_warp_word_stores_names_the_first_racing_lane() {
+    // Every lane of a warp storing one word: the VM checks all 32 words before stamping any.
+    // Warp 0 stores words 0..31 (lane l: word l), then warp 1 stores word (l + 20) mod 64 with
+    // no barrier in between: lanes 0..11 hit words 20..31 that warp 0 wrote. The report names
+    // lane 0 (thread 32), word 20, and warp 0's store.
+    let decls = ".shared .align 4 .b8 sm[256];";
+    let body = "mov.u32 %r1, %tid.x;\n mov.u32 %r2, sm;\n setp.lt.u32 %p1, %r1, 32;\n and.b32 %r3, %r1, 31;\n\
+        @%p1 bra W0;\n add.u32 %r3, %r3, 20;\n and.b32 %r3, %r3, 63;\n shl.b32 %r4, %r3, 2;\n add.u32 %r5, %r2, %r4;\n\
+        st.shared.u32 [%r5], %r1; // WARP1\n bra DONE;\n\
+        W0:\n shl.b32 %r4, %r3, 2;\n add.u32 %r5, %r2, %r4;\n st.shared.u32 [%r5], %r1; // WARP0\n DONE:";
+    let (f, src, text) = finding(decls, body, 1, 64, 8);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// WARP1"), [32, 0, 0]),
+        "{text}"
+    );
+    assert!(
+        text.contains("warp 1 writes shared word 80 that warp 0 wrote since the last barrier (write-write race)"),
+        "{text}"
+    );
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, true, line_of(&src, "// WARP0")), "{text}");
+
+    // Warp 0 reads words 0..31 instead: the same stores of warp 1 are write-after-read races,
+    // lane 0 first again, naming warp 0's load.
+    let body = body.replace("st.shared.u32 [%r5], %r1; // WARP0", "ld.shared.u32 %r6, [%r5]; // WARP0");
+    let body = format!(
+        "mov.u32 %r7, %tid.x;\n shl.b32 %r8, %r7, 2;\n mov.u32 %r9, sm;\n add.u32 %r9, %r9, %r8;\n\
+        st.shared.u32 [%r9], %r7;\n bar.sync 0;\n{body}"
+    );
+    let (f, src, text) = finding(decls, &body, 1, 64, 8);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// WARP1"), [32, 0, 0]),
+        "{text}"
+    );
+    assert!(
+        text.contains("warp 1 writes shared word 80 that warp 0 read since the last barrier (write-after-read race)"),
+        "{text}"
+    );
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// WARP0")), "{text}");
+}
+
+#[test]
+fn full_warp_word_stores_to_one_word_keep_the_last_lane_and_are_no_race() {
+    // All 32 lanes of each warp store their thread index to word 0 (one warp's own stores do
+    // not race), a barrier between the warps' turns; lane 31 of the later warp wins: 63.
+    let decls = ".shared .align 4 .b8 sm[4];";
+    let body = "mov.u32 %r1, %tid.x;\n setp.lt.u32 %p1, %r1, 32;\n @%p1 st.shared.u32 [sm], %r1;\n bar.sync 0;\n\
+        @!%p1 st.shared.u32 [sm], %r1;\n bar.sync 0;\n ld.shared.u32 %r2, [sm];\n mul.wide.u32 %rd1, %r1, 4;\n\
+        add.s64 %rd2, %rd0, %rd1;\n st.global.u32 [%rd2], %r2;";
+    assert_eq!(words(&run(decls, body, 1, 64, 256).unwrap_or_else(|e| panic!("{e}"))), vec![63; 64]);
+}
