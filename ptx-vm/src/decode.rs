@@ -865,8 +865,8 @@ fn decode_data(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
                 return err(line, "cvt with .pred is not valid");
             }
             if !to.is_float() && !from.is_float() && !sat {
-                let f: F1 = ops::int_cvt(to, from);
-                Op::Un { f, d, a }
+                // (Run inline by the executor: `exec::int_cvt`, the same values as `ops::int_cvt`.)
+                Op::Cvt { to, from, m: fm, d, a }
             } else {
                 Op::Cvt { to, from, m: fm, d, a }
             }
@@ -1741,7 +1741,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
             Ok(match (k, plain) {
                 (FBin::Add, true) => Op::AddF32 { d, a, b },
                 (FBin::Mul, true) => Op::MulF32 { d, a, b },
-                (FBin::Sub, true) => Op::Bin { f: ops::fsub32, k: IntK::Fn, d, a, b },
+                (FBin::Sub, true) => Op::Bin { f: ops::fsub32, k: IntK::FSub32, d, a, b },
                 _ if f64_ => Op::FBin64 { k, m: fm, d, a, b },
                 _ => Op::FBin32 { k, m: fm, d, a, b },
             })
@@ -1886,7 +1886,17 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                 let _ = lo;
                 w!(mul)
             };
-            two(cx, f, &mut s, bits)
+            let k = match (wide, hi, bits, signed) {
+                (true, _, 32, false) => IntK::MulWideU32,
+                (true, _, 32, true) => IntK::MulWideS32,
+                (false, false, 32, _) => IntK::MulLo32,
+                (false, false, 64, _) => IntK::MulLo64,
+                _ => IntK::Fn,
+            };
+            match two(cx, f, &mut s, bits)? {
+                Op::Bin { f, d, a, b, .. } => Ok(Op::Bin { f, k, d, a, b }),
+                op => Ok(op),
+            }
         }
         "mad" => {
             need(4)?;
@@ -1915,7 +1925,15 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
             } else {
                 w3!(mad)
             };
-            Ok(Op::Ter { f, d, a, b, c })
+            // The hot kinds (`f` stays the same function, for the trace and tests).
+            let k = match (wide, hi, bits, signed) {
+                (true, _, 32, false) => TerK::MadWideU32,
+                (true, _, 32, true) => TerK::MadWideS32,
+                (false, false, 32, _) => TerK::MadLo32,
+                (false, false, 64, _) => TerK::MadLo64,
+                _ => TerK::Fn,
+            };
+            Ok(Op::Ter { f, k, d, a, b, c })
         }
         "mul24" | "mad24" => err(line, format!("`{opcode}` is not supported")),
         "sad" => {
@@ -1923,7 +1941,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
             let a = s(cx, 1, bits, false)?;
             let b = s(cx, 2, bits, false)?;
             let c = s(cx, 3, bits, false)?;
-            Ok(Op::Ter { f: if signed { w3!(sad_s) } else { w3!(sad_u) }, d, a, b, c })
+            Ok(Op::Ter { f: if signed { w3!(sad_s) } else { w3!(sad_u) }, k: TerK::Fn, d, a, b, c })
         }
         "div" => two(cx, if signed { w!(div_s) } else { w!(div_u) }, &mut s, bits),
         "rem" => two(cx, if signed { w!(rem_s) } else { w!(rem_u) }, &mut s, bits),
@@ -1961,7 +1979,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                 (64, true) => ops::bfe_s::<64>,
                 _ => return err(line, "bfe needs a 32- or 64-bit type"),
             };
-            Ok(Op::Ter { f, d, a, b, c })
+            Ok(Op::Ter { f, k: TerK::Fn, d, a, b, c })
         }
         "bfi" => {
             need(5)?;
@@ -1989,7 +2007,7 @@ fn arith(cx: &mut Dcx, ctx: &Ictx, m: &mut Mods, i: &InstAst, base: &str) -> Res
                 Some("ecr") => ops::prmt::<5>,
                 _ => ops::prmt::<6>,
             };
-            Ok(Op::Ter { f, d, a, b, c })
+            Ok(Op::Ter { f, k: TerK::Fn, d, a, b, c })
         }
         _ => err(line, format!("unsupported integer instruction `{opcode}`")),
     }

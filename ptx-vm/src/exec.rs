@@ -270,6 +270,11 @@ fn int_bin(r: &mut [[u64; 32]], k: IntK, f: F2, d: Slot, a: Slot, b: Slot, exec:
         IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
         IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
         IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
+        IntK::MulLo32 => map2(r, d, a, b, exec, ops::mul::<32>),
+        IntK::MulLo64 => map2(r, d, a, b, exec, ops::mul::<64>),
+        IntK::MulWideU32 => map2(r, d, a, b, exec, ops::mulwide_u::<32>),
+        IntK::MulWideS32 => map2(r, d, a, b, exec, ops::mulwide_s::<32>),
+        IntK::FSub32 => map2(r, d, a, b, exec, ops::fsub32),
     }
 }
 
@@ -2313,21 +2318,148 @@ fn exec_register_op(op: &Op, r: &mut [[u64; 32]], exec: u32) -> bool {
         Op::Mov { d, a } => map1(r, d, a, exec, |x| x),
         // `sub`/`min`/`max`/`div.f32` in round-to-nearest without `.ftz`/`.sat`: `fbin32` with
         // its kind and mode constant (one loop per kind instead of a call per lane).
-        Op::FBin32 { k, m, d, a, b } if m == num::FMode::default() => {
-            let m = num::FMode::default();
-            match k {
-                num::FBin::Add => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Add, m, x, y)),
-                num::FBin::Sub => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Sub, m, x, y)),
-                num::FBin::Mul => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Mul, m, x, y)),
-                num::FBin::Div => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Div, m, x, y)),
-                num::FBin::Min => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Min, m, x, y)),
-                num::FBin::Max => map2(r, d, a, b, exec, |x, y| num::fbin32(num::FBin::Max, m, x, y)),
-            }
-        }
+        Op::FBin32 { k, m, d, a, b } if m == num::FMode::default() => fbin32_rn(r, k, d, a, b, exec),
+        Op::FUn32 { k: num::FUn::Ex2, m, d, a, .. } if !m.sat => ex2_f32(r, m.ftz, d, a, exec),
         Op::Bin { f, k, d, a, b } if k != IntK::Fn => int_bin(r, k, f, d, a, b, exec),
+        Op::Ter { k, d, a, b, c, .. } if k != TerK::Fn => match k {
+            TerK::MadLo32 => map3(r, d, a, b, c, exec, crate::ops::mad::<32>),
+            TerK::MadLo64 => map3(r, d, a, b, c, exec, crate::ops::mad::<64>),
+            TerK::MadWideU32 => map3(r, d, a, b, c, exec, crate::ops::madwide_u::<32>),
+            _ => map3(r, d, a, b, c, exec, crate::ops::madwide_s::<32>),
+        },
+        Op::Setp { cmp, ty, ftz, comb: 0, d, d2: NONE, a, b, c: NONE, .. }
+            if exec == FULL && setp_full(r, d, a, b, cmp, ty, ftz) => {}
+        Op::Cvt {
+            to: to @ (Ty::U(_) | Ty::S(_) | Ty::B(_)),
+            from: from @ (Ty::U(_) | Ty::S(_) | Ty::B(_)),
+            m,
+            d,
+            a,
+        } if !m.sat => int_cvt(r, to, from, d, a, exec),
         _ => return false,
     }
     true
+}
+
+/// `num::fbin32` in round-to-nearest without `.ftz`/`.sat` (`sub`/`min`/`max`/`div`; `add` and
+/// `mul` have their own ops), written out per kind so that nothing is called per lane. (A
+/// function of its own: inside the dispatch loop the compiler calls such closures per lane.)
+#[inline(never)]
+fn fbin32_rn(r: &mut [[u64; 32]], k: num::FBin, d: Slot, a: Slot, b: Slot, exec: u32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { fbin32_rn_avx512(r, k, d, a, b, exec) };
+    }
+    fbin32_rn_lanes(r, k, d, a, b, exec)
+}
+
+/// [`fbin32_rn`] compiled for AVX-512 (the same operations, 8 lanes per vector: the `min`/`max`
+/// selects are three compares and a blend there, and a dozen SSE2 operations per 2 lanes
+/// otherwise).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fbin32_rn_avx512(r: &mut [[u64; 32]], k: num::FBin, d: Slot, a: Slot, b: Slot, exec: u32) {
+    fbin32_rn_lanes(r, k, d, a, b, exec)
+}
+
+#[inline(always)]
+fn fbin32_rn_lanes(r: &mut [[u64; 32]], k: num::FBin, d: Slot, a: Slot, b: Slot, exec: u32) {
+    let f = |x: u64| f32::from_bits(x as u32);
+    match k {
+        num::FBin::Add => map2(r, d, a, b, exec, |x, y| (f(x) + f(y)).to_bits() as u64),
+        // As `fbin32`: `a + (-b)`.
+        num::FBin::Sub => map2(r, d, a, b, exec, |x, y| (f(x) + -f(y)).to_bits() as u64),
+        num::FBin::Mul => map2(r, d, a, b, exec, |x, y| (f(x) * f(y)).to_bits() as u64),
+        num::FBin::Div => map2(r, d, a, b, exec, |x, y| (f(x) / f(y)).to_bits() as u64),
+        num::FBin::Min => map2(r, d, a, b, exec, |x, y| minmax32_select(f(x), f(y), false)),
+        num::FBin::Max => map2(r, d, a, b, exec, |x, y| minmax32_select(f(x), f(y), true)),
+    }
+}
+
+/// `num::minmax32` as selects, without branches (so that the lane loop vectorises): NaN and
+/// NaN give the canonical NaN, one NaN gives the other operand, equal operands give `b` when
+/// `max` is `a`'s sign bit (so -0 < +0), otherwise the larger (`max`) or smaller operand.
+#[inline(always)]
+fn minmax32_select(a: f32, b: f32, max: bool) -> u64 {
+    let (an, bn, eq) = (a.is_nan(), b.is_nan(), a == b);
+    let pick_a = !an & (bn | (eq & (max != a.is_sign_negative())) | (!eq & ((a > b) == max)));
+    let v = if pick_a { a.to_bits() } else { b.to_bits() };
+    (if an & bn { 0x7fff_ffff } else { v }) as u64
+}
+
+/// `ex2.f32` (`.approx`, with or without `.ftz`; no `.sat`): `num::fun32`'s `Ex2` without its
+/// dispatch per lane.
+#[inline(never)]
+fn ex2_f32(r: &mut [[u64; 32]], ftz: bool, d: Slot, a: Slot, exec: u32) {
+    // `num::ftz32` on the bits: a zero exponent field (zero or subnormal) keeps only the sign.
+    let ftz32 = |b: u32| if b & 0x7f80_0000 == 0 { b & 0x8000_0000 } else { b };
+    if ftz {
+        map1(r, d, a, exec, |x| ftz32(f32::from_bits(ftz32(x as u32)).exp2().to_bits()) as u64)
+    } else {
+        map1(r, d, a, exec, |x| f32::from_bits(x as u32).exp2().to_bits() as u64)
+    }
+}
+
+/// `num::cvt` between integer types without `.sat`: the source's value (sign- or zero-extended
+/// from its width), cut to the destination's.
+#[inline(never)]
+fn int_cvt(r: &mut [[u64; 32]], to: Ty, from: Ty, d: Slot, a: Slot, exec: u32) {
+    let (fb, tm) = (from.bits(), num::mask(to.bits()));
+    if from.is_signed() {
+        map1(r, d, a, exec, |x| num::sext(x, fb) as u64 & tm)
+    } else {
+        let m = num::mask(fb) & tm;
+        map1(r, d, a, exec, |x| x & m)
+    }
+}
+
+/// `setp` of a full warp with one predicate and no combining operand, for the kernels' integer
+/// and ordered f32 compares, as one loop per (type, comparison) with nothing called per lane:
+/// the results of `compare` (false on NaN for the ordered float compares; `ne` is `<` or `>`).
+/// False, having done nothing, for any other type or comparison.
+#[inline(never)]
+fn setp_full(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, cmp: Cmp, ty: Ty, ftz: bool) -> bool {
+    let (dv, [av, bv]) = rows(r, d, [a, b]);
+    macro_rules! each {
+        ($conv:expr) => {{
+            let conv = $conv;
+            macro_rules! lp {
+                ($x:ident, $y:ident, $e:expr) => {
+                    // SAFETY: `rows` checked the slots; 32 lanes each; every lane reads both
+                    // sources before writing its destination lane.
+                    unsafe {
+                        for l in 0..32 {
+                            let ($x, $y) = (conv(*av.add(l)), conv(*bv.add(l)));
+                            *dv.add(l) = ($e) as u64;
+                        }
+                    }
+                };
+            }
+            #[allow(clippy::double_comparisons)]
+            match cmp {
+                Cmp::Eq => lp!(x, y, x == y),
+                Cmp::Ne => lp!(x, y, x < y || x > y),
+                Cmp::Lt => lp!(x, y, x < y),
+                Cmp::Le => lp!(x, y, x <= y),
+                Cmp::Gt => lp!(x, y, x > y),
+                Cmp::Ge => lp!(x, y, x >= y),
+                _ => return false,
+            }
+            true
+        }};
+    }
+    match ty {
+        Ty::S(32) => each!(|v: u64| v as u32 as i32),
+        Ty::S(64) => each!(|v: u64| v as i64),
+        Ty::U(32) | Ty::B(32) => each!(|v: u64| v as u32),
+        Ty::U(64) | Ty::B(64) => each!(|v: u64| v),
+        Ty::F32 if !ftz => each!(|v: u64| f32::from_bits(v as u32)),
+        _ => false,
+    }
 }
 
 fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result<(), Fault> {
@@ -2344,7 +2476,7 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
         }
         Op::Bin { f, k, d, a, b } => int_bin(r, k, f, d, a, b, exec),
         Op::Un { f, d, a } => map1(r, d, a, exec, f),
-        Op::Ter { f, d, a, b, c } => map3(r, d, a, b, c, exec, f),
+        Op::Ter { f, d, a, b, c, .. } => map3(r, d, a, b, c, exec, f),
         Op::Quad { f, d, a, b, c, e } => {
             let ev = r[e as usize];
             let av = r[a as usize];
@@ -2878,6 +3010,151 @@ mod tests {
     /// comparison, integer width and signedness, f32 with and without `.ftz`, each combine mode
     /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
     /// above the type's width; lanes outside `exec` keep their old value.
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn full_warp_fast_paths_match_the_general_functions() {
+        // `setp_full`, `fbin32_rn`, `int_cvt` and the tagged multiplies against `compare`,
+        // `num::fbin32`, `num::cvt` and the `ops` functions, on edge values in every lane pairing.
+        let f = |x: f32| x.to_bits() as u64;
+        let vals: Vec<u64> = vec![
+            0,
+            1,
+            5,
+            0xffff_ffff,
+            0x8000_0000,
+            0x7fff_ffff,
+            0x1_0000_0003,
+            u64::MAX,
+            0x8000_0000_0000_0000,
+            0xffff,
+            0x80,
+            f(f32::NAN),
+            f(-f32::NAN),
+            0x7f80_0001,
+            f(-0.0),
+            f(0.0),
+            f(f32::INFINITY),
+            f(f32::NEG_INFINITY),
+            f(1.5),
+            f(-2.25),
+            f(1e-40),
+            f(-1e-40),
+            f(3.0e38),
+        ];
+        let rows = |i: usize| -> Vec<[u64; 32]> {
+            let mut r = vec![[0u64; 32]; 4];
+            for l in 0..32 {
+                r[0][l] = vals[(i + l) % vals.len()];
+                r[1][l] = vals[(i * 7 + 3 * l) % vals.len()];
+                r[2][l] = vals[(i * 5 + l / 2) % vals.len()];
+                r[3][l] = 0xdead;
+            }
+            r
+        };
+        let mut n = 0;
+        for i in 0..vals.len() {
+            for cmp in [Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge, Cmp::Equ, Cmp::Nan] {
+                for ty in
+                    [Ty::S(16), Ty::S(32), Ty::S(64), Ty::U(32), Ty::U(64), Ty::B(32), Ty::B(64), Ty::F32, Ty::F64]
+                {
+                    for ftz in [false, true] {
+                        let mut r = rows(i);
+                        if setp_full(&mut r, 3, 0, 1, cmp, ty, ftz) {
+                            n += 1;
+                            for l in 0..32 {
+                                assert_eq!(
+                                    r[3][l],
+                                    compare(cmp, ty, ftz, r[0][l], r[1][l]) as u64,
+                                    "{cmp:?} {ty:?} lane {l}"
+                                );
+                            }
+                        } else {
+                            assert!(r[3].iter().all(|&x| x == 0xdead), "declined: nothing written");
+                        }
+                    }
+                }
+            }
+            for k in [num::FBin::Add, num::FBin::Sub, num::FBin::Mul, num::FBin::Div, num::FBin::Min, num::FBin::Max] {
+                for exec in [FULL, 0x5555_1234] {
+                    let mut r = rows(i);
+                    let mut r2 = rows(i);
+                    fbin32_rn(&mut r, k, 3, 0, 1, exec);
+                    // The portable loop too (`fbin32_rn` takes the AVX-512 copy where it can).
+                    fbin32_rn_lanes(&mut r2, k, 3, 0, 1, exec);
+                    let nan = |x: u64| f32::from_bits(x as u32).is_nan();
+                    for l in 0..32 {
+                        assert!(r2[3][l] == r[3][l] || nan(r[3][l]) && nan(r2[3][l]), "{k:?} lane {l}");
+                    }
+                    for l in 0..32 {
+                        let want = if exec >> l & 1 == 1 {
+                            num::fbin32(k, num::FMode::default(), r[0][l], r[1][l])
+                        } else {
+                            0xdead
+                        };
+                        // (A NaN result's payload depends on the operand order the compiler
+                        // picks for a commutative operation; any NaN is the same NaN here.)
+                        let nan = |x: u64| exec >> l & 1 == 1 && f32::from_bits(x as u32).is_nan();
+                        assert!(
+                            r[3][l] == want || nan(r[3][l]) && nan(want),
+                            "{k:?} lane {l}: {:#x} {want:#x}",
+                            r[3][l]
+                        );
+                    }
+                }
+            }
+            for ftz in [false, true] {
+                let mut r = rows(i);
+                ex2_f32(&mut r, ftz, 3, 0, FULL);
+                let m = num::FMode { ftz, ..num::FMode::default() };
+                for l in 0..32 {
+                    let want = num::fun32(num::FUn::Ex2, m, true, r[0][l]);
+                    let nan = |x: u64| f32::from_bits(x as u32).is_nan();
+                    assert!(r[3][l] == want || nan(r[3][l]) && nan(want), "ex2 ftz {ftz} lane {l}");
+                }
+            }
+            for from in
+                [Ty::S(8), Ty::S(16), Ty::S(32), Ty::S(64), Ty::U(8), Ty::U(16), Ty::U(32), Ty::U(64), Ty::B(32)]
+            {
+                for to in [Ty::S(8), Ty::S(16), Ty::S(32), Ty::S(64), Ty::U(16), Ty::U(32), Ty::U(64), Ty::B(64)] {
+                    let mut r = rows(i);
+                    int_cvt(&mut r, to, from, 3, 0, FULL);
+                    for l in 0..32 {
+                        assert_eq!(r[3][l], num::cvt(to, from, num::FMode::default(), r[0][l]), "{from:?} -> {to:?}");
+                    }
+                }
+            }
+            for (k, want) in [
+                (IntK::MulLo32, crate::ops::mul::<32> as fn(u64, u64) -> u64),
+                (IntK::MulLo64, crate::ops::mul::<64>),
+                (IntK::MulWideU32, crate::ops::mulwide_u::<32>),
+                (IntK::MulWideS32, crate::ops::mulwide_s::<32>),
+                (IntK::FSub32, crate::ops::fsub32),
+            ] {
+                let mut r = rows(i);
+                int_bin(&mut r, k, want, 3, 0, 1, FULL);
+                for l in 0..32 {
+                    assert_eq!(r[3][l], want(r[0][l], r[1][l]), "{k:?}");
+                }
+                // The tag, not `f`, picks the loop: a wrong function passed along is not called.
+                let mut r2 = rows(i);
+                int_bin(&mut r2, k, |_, _| 0xbad, 3, 0, 1, FULL);
+                assert_eq!(r2[3], r[3], "{k:?}");
+            }
+            // `sub.rn.f32` as `fbin32` computes it (`a + (-b)`) and as `ops::fsub32` (`a - b`):
+            // the same bits on these values (a NaN's payload aside).
+            for l in 0..32 {
+                let r = rows(i);
+                let (x, y) = (
+                    crate::ops::fsub32(r[0][l], r[1][l]),
+                    num::fbin32(num::FBin::Sub, num::FMode::default(), r[0][l], r[1][l]),
+                );
+                let nan = |x: u64| f32::from_bits(x as u32).is_nan();
+                assert!(x == y || nan(x) && nan(y), "{x:#x} {y:#x}");
+            }
+        }
+        assert!(n > 100, "setp_full took {n} cases");
+    }
+
     #[test]
     #[allow(clippy::needless_range_loop)]
     fn setp_fast_loops_match_compare() {

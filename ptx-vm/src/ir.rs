@@ -107,6 +107,22 @@ pub(crate) enum IntK {
     ShrU64,
     /// `cvt.rn.bf16x2.f32`.
     CvtBf16x2,
+    MulLo32,
+    MulLo64,
+    MulWideU32,
+    MulWideS32,
+    /// `sub.rn.f32` without `.ftz`/`.sat`.
+    FSub32,
+}
+
+/// Which function an [`Op::Ter`] is, for the hot ones (`Fn`: any other; call `f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TerK {
+    Fn,
+    MadLo32,
+    MadLo64,
+    MadWideU32,
+    MadWideS32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -132,6 +148,7 @@ pub(crate) enum Op {
     },
     Ter {
         f: F3,
+        k: TerK,
         d: Slot,
         a: Slot,
         b: Slot,

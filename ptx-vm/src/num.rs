@@ -152,7 +152,8 @@ pub(crate) enum FUn {
     Tanh,
 }
 
-fn minmax32(a: f32, b: f32, max: bool) -> f32 {
+#[inline(always)]
+pub(crate) fn minmax32(a: f32, b: f32, max: bool) -> f32 {
     if a.is_nan() {
         return if b.is_nan() { f32::from_bits(0x7fff_ffff) } else { b };
     }

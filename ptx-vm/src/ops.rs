@@ -243,45 +243,6 @@ pub(crate) fn copysign64(a: u64, b: u64) -> u64 {
     f64::from_bits(b).copysign(f64::from_bits(a)).to_bits()
 }
 
-fn cvt_zext<const F: u32, const T: u32>(a: u64) -> u64 {
-    a & mask(F) & mask(T)
-}
-fn cvt_sext<const F: u32, const T: u32>(a: u64) -> u64 {
-    (sext(a, F) as u64) & mask(T)
-}
-
-/// Integer-to-integer `cvt` without saturation: extend by the source type's signedness,
-/// truncate to the destination.
-pub(crate) fn int_cvt(to: Ty, from: Ty) -> fn(u64) -> u64 {
-    macro_rules! pick {
-        ($f:ident, $fb:expr) => {
-            match ($fb, to.bits()) {
-                (8, 8) => $f::<8, 8>,
-                (8, 16) => $f::<8, 16>,
-                (8, 32) => $f::<8, 32>,
-                (8, _) => $f::<8, 64>,
-                (16, 8) => $f::<16, 8>,
-                (16, 16) => $f::<16, 16>,
-                (16, 32) => $f::<16, 32>,
-                (16, _) => $f::<16, 64>,
-                (32, 8) => $f::<32, 8>,
-                (32, 16) => $f::<32, 16>,
-                (32, 32) => $f::<32, 32>,
-                (32, _) => $f::<32, 64>,
-                (_, 8) => $f::<64, 8>,
-                (_, 16) => $f::<64, 16>,
-                (_, 32) => $f::<64, 32>,
-                (_, _) => $f::<64, 64>,
-            }
-        };
-    }
-    if from.is_signed() {
-        pick!(cvt_sext, from.bits())
-    } else {
-        pick!(cvt_zext, from.bits())
-    }
-}
-
 /// `cvt.rn.f16x2.{e4m3x2,e5m2x2} d, a` (sm_89+): the two FP8 values of `a`'s 16 bits, byte 0 to
 /// bits 0..16 and byte 1 to bits 16..32, each exactly (every finite e4m3 and e5m2 value is an
 /// f16). A NaN code gives the canonical NaN `0x7fff`; e5m2's infinities stay infinities.
