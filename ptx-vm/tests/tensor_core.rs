@@ -391,6 +391,45 @@ fn cp_async_memcheck() {
 }
 
 #[test]
+fn cp_async_of_two_warps_to_overlapping_words_is_a_race_at_the_first_lane() {
+    // Warp 0 copies 16 bytes per lane to sm[16 l ..] (512 bytes), then warp 1 copies to
+    // sm[256 + 16 l ..] with no barrier between: its lanes 0..15 write words warp 0 wrote. The
+    // report names lane 0 of warp 1 (thread 32), shared word 256 and warp 0's copy. Ordered by a
+    // barrier, the same copies complete and the bytes are those of the source.
+    let decls = ".shared .align 16 .b8 sm[1024];";
+    let copy = |sep: &str| {
+        format!(
+            "mov.u32 %r1, %tid.x;\n and.b32 %r2, %r1, 31;\n mul.lo.u32 %r3, %r2, 16;\n mov.u32 %r4, sm;\n\
+             add.u32 %r5, %r4, %r3;\n mul.wide.u32 %rd1, %r3, 1;\n add.s64 %rd2, %rd0, %rd1;\n\
+             setp.ge.u32 %p1, %r1, 32;\n @!%p1 cp.async.cg.shared.global [%r5], [%rd2], 16; // W0\n\
+             {sep}\n @%p1 cp.async.cg.shared.global [%r5+256], [%rd2], 16; // W1\n\
+             cp.async.wait_all;\n bar.sync 0;\n ld.shared.u32 %r6, [%r5+256];\n mul.wide.u32 %rd3, %r1, 4;\n\
+             add.s64 %rd4, %rd0, %rd3;\n st.global.u32 [%rd4+512], %r6;"
+        )
+    };
+    let input: Vec<u8> = (0..512u32).map(|i| (i * 7 + 3) as u8).collect();
+    let body = copy("");
+    let f = finding_of(run_io(decls, &body, 64, &input, 256));
+    let src = kernel(decls, &body);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// W1"), [32, 0, 0]),
+        "{f:?}"
+    );
+    assert_eq!((f.address, f.access_bytes), (Some(256), Some(16)), "{f:?}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, true, line_of(&src, "// W0")), "{f:?}");
+    // Each warp on its own side of a barrier: no race; thread t reads sm[256 + 16 (t % 32)],
+    // which warp 1's copy wrote last: the first 4 source bytes of its lane.
+    let out =
+        run_io(decls, &copy("cp.async.wait_all;\n bar.sync 0;"), 64, &input, 256).unwrap_or_else(|e| panic!("{e}"));
+    for t in 0..64usize {
+        let l = t % 32;
+        assert_eq!(&out[512 + 4 * t..][..4], &input[16 * l..][..4], "thread {t}");
+    }
+}
+
+#[test]
 fn ldmatrix_memcheck() {
     let decls = ".shared .align 16 .b8 sm[512];";
     let body = "mov.u32 %r1, %laneid;\n mov.u32 %r2, sm;\n mul.lo.u32 %r3, %r1, 16;\n add.u32 %r4, %r2, %r3;\n\
