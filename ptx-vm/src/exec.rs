@@ -1704,20 +1704,30 @@ fn ldmatrix_fast(
             return false;
         }
     }
-    let bytes = &mem.shared.bytes[..];
-    let mut rows = [[[0u16; 8]; 8]; 4];
-    for (m, mat) in rows.iter_mut().enumerate().take(num as usize) {
-        for (i, row) in mat.iter_mut().enumerate() {
-            let o = offs[8 * m + i] as usize;
-            let b: [u8; 16] = bytes[o..o + 16].try_into().expect("16 bytes");
-            *row = std::array::from_fn(|k| u16::from_le_bytes([b[2 * k], b[2 * k + 1]]));
-        }
-    }
-    let out = crate::tensor_core::ldmatrix(num as usize, trans, &rows[..num as usize]);
-    for (k, &dk) in ds.iter().enumerate().take(num as usize) {
+    // `tensor_core::ldmatrix`'s layout read straight from the rows (every row's 16 bytes lie in
+    // the window: checked above): matrix `m`'s row `i` starts at `offs[8 m + i]`. Without
+    // `.trans`, lane `l` gets the 4 bytes at column pair `l % 4` of row `l / 4`; with it, the
+    // 2-byte elements at column `l / 4` of rows `2 (l % 4)` and `2 (l % 4) + 1`.
+    let p = mem.shared.bytes.as_ptr();
+    // SAFETY (the reads): every row's 16 bytes lie in the window (checked above), and the
+    // offsets below stay inside a row.
+    let u32_at = |o: usize| u32::from_le(unsafe { p.add(o).cast::<u32>().read_unaligned() }) as u64;
+    for (m, &dk) in ds.iter().enumerate().take(num as usize) {
+        let rows: [usize; 8] = std::array::from_fn(|i| offs[8 * m + i] as usize);
         let dv = &mut r[dk as usize];
-        for l in 0..32 {
-            dv[l] = out[l][k] as u64;
+        if trans {
+            // SAFETY: as above (each row's 16 bytes).
+            let m8: [[u16; 8]; 8] = std::array::from_fn(|i| {
+                unsafe { p.add(rows[i]).cast::<[u16; 8]>().read_unaligned() }.map(u16::from_le)
+            });
+            for (l, v) in dv.iter_mut().enumerate() {
+                let (col, row) = (l / 4, 2 * (l % 4));
+                *v = m8[row][col] as u64 | (m8[row + 1][col] as u64) << 16;
+            }
+        } else {
+            for (l, v) in dv.iter_mut().enumerate() {
+                *v = u32_at(rows[l / 4] + 4 * (l % 4));
+            }
         }
     }
     true
@@ -2243,6 +2253,103 @@ fn ld_global_fast(
     true
 }
 
+/// `st.global` (and generic stores to global memory) when every lane's access is aligned and
+/// inside one live allocation: all lanes' checks first, then the stores in lane order, as the
+/// general path does them. Returns false, having stored nothing, otherwise, for the general path
+/// to store and report exactly as it always does (see [`ld_global_fast`] on checking a vector
+/// at once).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn st_global_fast(
+    r: &[[u64; 32]],
+    exec: u32,
+    mem: &mut Mem,
+    generic: bool,
+    size: u8,
+    n: u8,
+    srcs: [Slot; 4],
+    a: Slot,
+    off: i64,
+) -> bool {
+    let total = size as u64 * n as u64;
+    let align = if n > 1 { total } else { size as u64 };
+    let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
+    let av = &r[a as usize];
+    let mut ok = true;
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
+            ok = false;
+            break;
+        }
+        match mem.global.resolve(addr, total, mem.hint) {
+            Some(p) => ptrs[l] = p,
+            None => {
+                ok = false;
+                break;
+            }
+        }
+    });
+    if !ok {
+        return false;
+    }
+    mem.traffic[1] += total * exec.count_ones() as u64;
+    for_lanes!(exec, l, {
+        for k in 0..n as usize {
+            // SAFETY: `resolve` put `[ptrs[l], ptrs[l] + total)` inside a live allocation, and
+            // every element is aligned to `size`.
+            unsafe { memory::atomic_store(ptrs[l].add(k * size as usize), size, r[srcs[k] as usize][l]) };
+        }
+    });
+    true
+}
+
+/// `ld.param` when every lane's access is aligned and inside the parameter block: the general
+/// path's reads without its per-lane dispatch. Returns false, having read nothing, otherwise.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn ld_param_fast(
+    r: &mut [[u64; 32]],
+    exec: u32,
+    mem: &Mem,
+    size: u8,
+    n: u8,
+    sext: bool,
+    dbits: u8,
+    ds: [Slot; 4],
+    a: Slot,
+    off: i64,
+) -> bool {
+    let total = size as u64 * n as u64;
+    let align = if n > 1 { total } else { size as u64 };
+    let len = mem.params.len() as u64;
+    let av = &r[a as usize];
+    let mut addrs = [0usize; 32];
+    let mut bad = false;
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        bad |= addr & (align - 1) != 0 || addr.checked_add(total).is_none_or(|e| e > len);
+        addrs[l] = addr as usize;
+    });
+    if bad {
+        return false;
+    }
+    for k in 0..n as usize {
+        let kb = k * size as usize;
+        for_lanes!(exec, l, {
+            let at = addrs[l] + kb;
+            let mut b = [0u8; 8];
+            b[..size as usize].copy_from_slice(&mem.params[at..at + size as usize]);
+            let mut v = u64::from_le_bytes(b);
+            if sext && size < 8 {
+                v = (num::sext(v, size as u32 * 8) as u64) & num::mask(dbits as u32);
+            }
+            r[ds[k] as usize][l] = v;
+        });
+    }
+    true
+}
+
 /// `st` of one element to shared memory (`st.shared`, or generic addresses in the shared
 /// window): the alignment and window checks of all lanes first (no effect), then lane by lane,
 /// in order, racecheck's stamp and the store, exactly as the general path does them. Returns
@@ -2582,6 +2689,10 @@ fn exec_simple(op: &Op, r: &mut [[u64; 32]], exec: u32, mem: &mut Mem) -> Result
             if ld_global_fast(r, exec, mem, sp == Space::Generic, size, n, ds, a, off) => {}
         Op::St { sp: sp @ (Space::Shared | Space::Generic), size, n: 1, srcs, a, off }
             if st_shared_fast(r, exec, mem, sp, size, srcs[0], a, off)? => {}
+        Op::St { sp: sp @ (Space::Global | Space::Generic), size, n, srcs, a, off }
+            if st_global_fast(r, exec, mem, sp == Space::Generic, size, n, srcs, a, off) => {}
+        Op::Ld { sp: Space::Param, size, n, sext, dbits, ds, a, off }
+            if ld_param_fast(r, exec, mem, size, n, sext, dbits, ds, a, off) => {}
         Op::Ld { sp, size, n, sext, dbits, ds, a, off } => {
             let av = r[a as usize];
             let mut err = None;

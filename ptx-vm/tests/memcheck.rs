@@ -521,3 +521,49 @@ fn full_warp_word_stores_to_one_word_keep_the_last_lane_and_are_no_race() {
         add.s64 %rd2, %rd0, %rd1;\n st.global.u32 [%rd2], %r2;";
     assert_eq!(words(&run(decls, body, 1, 64, 256).unwrap_or_else(|e| panic!("{e}"))), vec![63; 64]);
 }
+
+#[test]
+fn full_warp_global_stores_and_parameter_loads_report_the_first_bad_lane() {
+    // 32 lanes store word l of a 100-byte buffer: lanes 0..24 fit, lane 25 is the first past
+    // the end. The finding names thread 25.
+    let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
+        st.global.u32 [%rd2], %r1; // STORE";
+    let (f, src, text) = finding("", body, 1, 32, 100);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("out-of-bounds global store", line_of(&src, "// STORE"), [25, 0, 0]),
+        "{text}"
+    );
+    // The same with a vector store, 16 bytes per lane: lane 6 reaches past 100 bytes.
+    let body = "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 16;\n add.s64 %rd2, %rd0, %rd1;\n\
+        st.global.v4.u32 [%rd2], {%r1, %r1, %r1, %r1}; // STORE";
+    let (f, src, text) = finding("", body, 1, 32, 100);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("out-of-bounds global store", line_of(&src, "// STORE"), [6, 0, 0]),
+        "{text}"
+    );
+    // A parameter load past the 8-byte parameter block, lane by lane: lane 2 reads bytes 8..12.
+    let body =
+        "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n mov.u64 %rd3, t_param_0;\n add.s64 %rd2, %rd3, %rd1;\n\
+        ld.param.u32 %r2, [%rd2]; // PARAM";
+    let (f, src, text) = finding("", body, 1, 32, 4);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("out-of-bounds parameter load", line_of(&src, "// PARAM"), [2, 0, 0]),
+        "{text}"
+    );
+    // In bounds, every lane reads the pointer's two halves.
+    let body = "mov.u32 %r1, %tid.x;\n ld.param.u32 %r2, [t_param_0];\n ld.param.u32 %r3, [t_param_0+4];\n\
+        mul.wide.u32 %rd1, %r1, 8;\n add.s64 %rd2, %rd0, %rd1;\n st.global.v2.u32 [%rd2], {%r2, %r3};";
+    let src = kernel("", body);
+    let m = Module::load(&src).unwrap();
+    let mut vm = Vm::with_workers(1);
+    let out = vm.alloc(256).unwrap();
+    vm.launch(&m, "t", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 0), &out.to_le_bytes()).unwrap();
+    let mut b = vec![0u8; 256];
+    vm.read(out, &mut b).unwrap();
+    for l in 0..32 {
+        assert_eq!(u64::from_le_bytes(b[8 * l..8 * l + 8].try_into().unwrap()), out, "lane {l}");
+    }
+}
