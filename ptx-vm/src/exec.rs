@@ -269,7 +269,7 @@ fn int_bin(r: &mut [[u64; 32]], k: IntK, f: F2, d: Slot, a: Slot, b: Slot, exec:
         IntK::Shl64 => map2(r, d, a, b, exec, ops::shl::<64>),
         IntK::ShrU32 => map2(r, d, a, b, exec, ops::shr_u::<32>),
         IntK::ShrU64 => map2(r, d, a, b, exec, ops::shr_u::<64>),
-        IntK::CvtBf16x2 => map2(r, d, a, b, exec, ops::cvt_x2::<true, false>),
+        IntK::CvtBf16x2 => cvt_bf16x2(r, d, a, b, exec),
         IntK::MulLo32 => map2(r, d, a, b, exec, ops::mul::<32>),
         IntK::MulLo64 => map2(r, d, a, b, exec, ops::mul::<64>),
         IntK::MulWideU32 => map2(r, d, a, b, exec, ops::mulwide_u::<32>),
@@ -2523,6 +2523,33 @@ fn ex2_f32(r: &mut [[u64; 32]], ftz: bool, d: Slot, a: Slot, exec: u32) {
     }
 }
 
+/// `cvt.rn.bf16x2.f32 d, a, b` (`ops::cvt_x2`): `a` rounded to bf16 in the high half, `b` in the
+/// low half, with [`num::bf16_rn_bits`] so that the lane loop has no branch.
+#[inline(never)]
+fn cvt_bf16x2(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, exec: u32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { cvt_bf16x2_avx512(r, d, a, b, exec) };
+    }
+    cvt_bf16x2_lanes(r, d, a, b, exec)
+}
+
+/// [`cvt_bf16x2`] compiled for AVX-512 (the same operations, 8 lanes per vector).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn cvt_bf16x2_avx512(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, exec: u32) {
+    cvt_bf16x2_lanes(r, d, a, b, exec)
+}
+
+#[inline(always)]
+fn cvt_bf16x2_lanes(r: &mut [[u64; 32]], d: Slot, a: Slot, b: Slot, exec: u32) {
+    map2(r, d, a, b, exec, |x, y| (num::bf16_rn_bits(x as u32) << 16 | num::bf16_rn_bits(y as u32) & 0xffff) as u64)
+}
+
 /// `num::cvt` between integer types without `.sat`: the source's value (sign- or zero-extended
 /// from its width), cut to the destination's.
 #[inline(never)]
@@ -3276,6 +3303,44 @@ mod tests {
             }
         }
         assert!(n > 100, "setp_full took {n} cases");
+    }
+
+    #[test]
+    fn bf16_rounding_without_branches_matches_half() {
+        // Every sign and exponent with mantissas around the rounding boundaries (the 16 cut
+        // bits near 0x8000, the kept part's lowest bit both ways, all-ones), and a strided sweep
+        // of all 2^32 patterns; NaNs (signalling and quiet) and infinities among them.
+        let check = |x: u32| {
+            let want = half::bf16::from_f32(f32::from_bits(x)).to_bits() as u32;
+            assert_eq!(num::bf16_rn_bits(x), want, "{x:#010x}");
+        };
+        for se in 0..512u32 {
+            for hi in [0u32, 1, 2, 0x3e, 0x3f, 0x40, 0x41, 0x7e, 0x7f] {
+                for lo in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000] {
+                    check(se << 23 | hi << 16 | lo);
+                }
+            }
+        }
+        let mut x = 0u32;
+        loop {
+            check(x);
+            match x.checked_add(4099) {
+                Some(y) => x = y,
+                None => break,
+            }
+        }
+        let mut r = vec![[0u64; 32]; 3];
+        for l in 0..32 {
+            r[0][l] = 0x3f80_8000 + l as u64 * 0x1_0001;
+            r[1][l] = 0xff80_0001 - l as u64 * 0x3_0003;
+        }
+        let mut r2 = r.clone();
+        cvt_bf16x2(&mut r, 2, 0, 1, FULL);
+        cvt_bf16x2_lanes(&mut r2, 2, 0, 1, 0x7fff_fffe);
+        for l in 0..32 {
+            assert_eq!(r[2][l], crate::ops::cvt_x2::<true, false>(r[0][l], r[1][l]), "lane {l}");
+            assert_eq!(r2[2][l], if l == 0 || l == 31 { 0 } else { r[2][l] }, "lane {l}");
+        }
     }
 
     #[test]

@@ -639,6 +639,20 @@ pub(crate) fn cvt_rn_bf16_f32(x: u64) -> u64 {
     half::bf16::from_f32(f32::from_bits(x as u32)).to_bits() as u64
 }
 
+/// [`cvt_rn_bf16_f32`] without branches, so that a loop over lanes vectorises: a NaN keeps its
+/// sign and top mantissa bits and becomes quiet; any other value rounds to nearest, ties to
+/// even, by adding `0x7fff` plus the kept part's lowest bit below the cut (a carry rounds up,
+/// into the exponent too, up to infinity).
+#[inline(always)]
+pub(crate) fn bf16_rn_bits(x: u32) -> u32 {
+    let rounded = x.wrapping_add(0x7fff + (x >> 16 & 1)) >> 16;
+    if x & 0x7fff_ffff > 0x7f80_0000 {
+        x >> 16 | 0x40
+    } else {
+        rounded
+    }
+}
+
 /// `cvt.<rnd>.<sat>.<ftz>.to.from d, a`.
 pub(crate) fn cvt(to: Ty, from: Ty, m: FMode, x: u64) -> u64 {
     let tb = to.bits();
