@@ -3306,6 +3306,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn bf16_rounding_without_branches_matches_half() {
         // Every sign and exponent with mantissas around the rounding boundaries (the 16 cut
         // bits near 0x8000, the kept part's lowest bit both ways, all-ones), and a strided sweep
