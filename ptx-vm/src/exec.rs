@@ -1414,16 +1414,20 @@ impl Launch<'_> {
     }
 }
 
+/// Whether the bits `mask` of every lane's value are those of lane 0's.
+#[inline(always)]
+fn uniform(v: &[u64; 32], mask: u64) -> bool {
+    let x0 = v[0];
+    v.iter().fold(0, |acc, &x| acc | (x ^ x0)) & mask == 0
+}
+
 fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
     match *op {
         // The kernels' reductions: a full warp, no predicate result, the lane operand and the
         // clamp/segment word the same in every lane (constants, mostly). The same source lane
         // per lane as below, computed once, and one pass without the copies of `b`, `c` and `d`.
         Op::Shfl { mode, d, p, a, b, c, .. }
-            if exec == FULL
-                && p == NONE
-                && r[b as usize].iter().all(|&x| (x ^ r[b as usize][0]) & 0x1f == 0)
-                && r[c as usize].iter().all(|&x| (x ^ r[c as usize][0]) & 0x1f1f == 0) =>
+            if exec == FULL && p == NONE && uniform(&r[b as usize], 0x1f) && uniform(&r[c as usize], 0x1f1f) =>
         {
             let (bval, cword) = ((r[b as usize][0] & 0x1f) as i64, r[c as usize][0]);
             let cval = (cword & 0x1f) as i64;
@@ -1449,7 +1453,7 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
             let av = r[a as usize];
             let dv = &mut r[d as usize];
             for l in 0..32 {
-                dv[l] = av[src[l]] & 0xffff_ffff;
+                dv[l] = av[src[l] & 31] & 0xffff_ffff;
             }
         }
         Op::Shfl { mode, d, p, a, b, c, .. } => {
