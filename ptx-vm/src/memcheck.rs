@@ -288,11 +288,15 @@ impl RaceState {
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
         let me = stamp(e, w);
         let bit = 1u32 << w;
+        // (One pass without branches: a conflict anywhere is rare, and the caller then redoes
+        // the stores word by word.)
+        let mut conflict = false;
         for &i in words {
             let h = &self.hot[i as usize];
-            if (h.write >> 6 == e && h.write != me) || (h.read >> 6 == e && h.readers & !bit != 0) {
-                return false;
-            }
+            conflict |= (h.write >> 6 == e) & (h.write != me) | (h.read >> 6 == e) & (h.readers & !bit != 0);
+        }
+        if conflict {
+            return false;
         }
         for &i in words {
             self.hot[i as usize].write = me;
