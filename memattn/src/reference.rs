@@ -140,78 +140,130 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
 /// `j` (of the row's sequence) gains `-slope · |i + seq_kv - seq_q - j|` after the soft cap.
 pub fn reference_with_slopes(p: &Problem, x: &Qkv, selection: &RowSelection, slopes: &[f32]) -> Reference {
     let rows = selection.rows(p);
+    let d = p.head_dim as usize;
+    let mut o = vec![0.0f64; rows.len() * d];
+    let mut o_abs = vec![0.0f64; rows.len() * d];
+    let mut o_under = vec![0.0f64; rows.len() * d];
+    let mut lse = vec![0.0f64; rows.len()];
+    // Rows are independent: contiguous chunks of them on the host's cores (each row computed
+    // exactly as on one thread, so the values do not depend on the split).
+    let chunk = row_chunk(rows.len(), p.seq_kv as usize * d);
+    std::thread::scope(|s| {
+        let parts = rows
+            .chunks(chunk)
+            .zip(o.chunks_mut(chunk * d))
+            .zip(o_abs.chunks_mut(chunk * d))
+            .zip(o_under.chunks_mut(chunk * d))
+            .zip(lse.chunks_mut(chunk));
+        let mut parts = parts.peekable();
+        while let Some(((((rs, oc), ac), uc), lc)) = parts.next() {
+            let mut work = move || {
+                let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
+                for (k, row) in rs.iter().enumerate() {
+                    let at = k * d..(k + 1) * d;
+                    lc[k] = reference_row(
+                        p,
+                        x,
+                        row,
+                        slopes,
+                        &mut scores,
+                        &mut oc[at.clone()],
+                        &mut ac[at.clone()],
+                        &mut uc[at],
+                    );
+                }
+            };
+            if parts.peek().is_some() {
+                s.spawn(work);
+            } else {
+                work();
+            }
+        }
+    });
+    Reference { rows, o, lse, o_abs, o_under, total_rows: p.rows() }
+}
+
+/// Rows per chunk when `rows` rows of `work_per_row` multiply-adds each are spread over the
+/// host's cores: all rows in one chunk (no thread) below about 130 000 multiply-adds.
+pub(crate) fn row_chunk(rows: usize, work_per_row: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let threads = if rows.saturating_mul(work_per_row) < 1 << 17 { 1 } else { cores.min(rows).max(1) };
+    rows.div_ceil(threads).max(1)
+}
+
+/// One row of [`reference_with_slopes`]: O, its absolute-value scale and its underflow margin
+/// into `orow`, `arow`, `urow` (zero on entry); returns the LSE. `scores` holds `seq_kv` values.
+#[allow(clippy::too_many_arguments)]
+fn reference_row(
+    p: &Problem,
+    x: &Qkv,
+    row: &RowId,
+    slopes: &[f32],
+    scores: &mut [f64],
+    orow: &mut [f64],
+    arow: &mut [f64],
+    urow: &mut [f64],
+) -> f64 {
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let hk = p.heads_kv.unwrap_or(p.heads) as usize;
     let group = hh / hk.max(1);
     let scale = p.softmax_scale() as f64;
     let cap = p.softcap as f64;
-    let mut o = vec![0.0f64; rows.len() * d];
-    let mut o_abs = vec![0.0f64; rows.len() * d];
-    let mut o_under = vec![0.0f64; rows.len() * d];
-    let mut lse = vec![0.0f64; rows.len()];
-    let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
-    for (r, row) in rows.iter().enumerate() {
-        let h = row.h as usize;
-        let kh = h / group;
-        // Varlen: the row's own sequence (its lengths, its packed rows); else batch b.
-        let (sq, sk) = p.seq_lens(row.b);
-        let scores = &mut scores[..sk as usize];
-        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
-        let k0 = p.kv_row(row.b, 0) as usize;
-        let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
-        let slope = match slopes.len() {
-            0 => 0.0,
-            n if n == hh => slopes[h] as f64,
-            _ => slopes[row.b as usize * hh + h] as f64,
+    let h = row.h as usize;
+    let kh = h / group;
+    // Varlen: the row's own sequence (its lengths, its packed rows); else batch b.
+    let (sq, sk) = p.seq_lens(row.b);
+    let scores = &mut scores[..sk as usize];
+    let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+    let k0 = p.kv_row(row.b, 0) as usize;
+    let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
+    let slope = match slopes.len() {
+        0 => 0.0,
+        n if n == hh => slopes[h] as f64,
+        _ => slopes[row.b as usize * hh + h] as f64,
+    };
+    let diag = row.i as f64 + sk as f64 - sq as f64;
+    let mut m = sink;
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = if visible_in(p, sq, sk, row.i, j as u32) {
+            let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
+            let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+            let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
+            s - slope * (diag - j as f64).abs()
+        } else {
+            f64::NEG_INFINITY
         };
-        let diag = row.i as f64 + sk as f64 - sq as f64;
-        let mut m = sink;
-        for (j, s) in scores.iter_mut().enumerate() {
-            *s = if visible_in(p, sq, sk, row.i, j as u32) {
-                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
-                let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
-                let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
-                s - slope * (diag - j as f64).abs()
-            } else {
-                f64::NEG_INFINITY
-            };
-            m = m.max(*s);
-        }
-        if m == f64::NEG_INFINITY {
-            lse[r] = f64::NEG_INFINITY; // no key, no sink: O stays 0
+        m = m.max(*s);
+    }
+    if m == f64::NEG_INFINITY {
+        return f64::NEG_INFINITY; // no key, no sink: O stays 0
+    }
+    let mut l = (sink - m).exp();
+    for s in scores.iter_mut() {
+        *s = (*s - m).exp();
+        l += *s;
+    }
+    for (j, &pj) in scores.iter().enumerate() {
+        if pj == 0.0 {
             continue;
         }
-        let mut l = (sink - m).exp();
-        for s in scores.iter_mut() {
-            *s = (*s - m).exp();
-            l += *s;
+        let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
+        for ((acc, abs), &vv) in orow.iter_mut().zip(arow.iter_mut()).zip(v) {
+            *acc += pj * vv as f64;
+            *abs += pj * (vv as f64).abs();
         }
-        let orow = &mut o[r * d..(r + 1) * d];
-        let arow = &mut o_abs[r * d..(r + 1) * d];
-        let urow = &mut o_under[r * d..(r + 1) * d];
-        for (j, &pj) in scores.iter().enumerate() {
-            if pj == 0.0 {
-                continue;
-            }
-            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
-            for ((acc, abs), &vv) in orow.iter_mut().zip(arow.iter_mut()).zip(v) {
-                *acc += pj * vv as f64;
-                *abs += pj * (vv as f64).abs();
-            }
-            if pj < UNDERFLOW_WEIGHT {
-                for (u, &vv) in urow.iter_mut().zip(v) {
-                    *u += pj * (vv as f64).abs();
-                }
+        if pj < UNDERFLOW_WEIGHT {
+            for (u, &vv) in urow.iter_mut().zip(v) {
+                *u += pj * (vv as f64).abs();
             }
         }
-        for ((acc, abs), u) in orow.iter_mut().zip(arow.iter_mut()).zip(urow.iter_mut()) {
-            *acc /= l;
-            *abs /= l;
-            *u /= l;
-        }
-        lse[r] = m + l.ln();
     }
-    Reference { rows, o, lse, o_abs, o_under, total_rows: p.rows() }
+    for ((acc, abs), u) in orow.iter_mut().zip(arow.iter_mut()).zip(urow.iter_mut()) {
+        *acc /= l;
+        *abs /= l;
+        *u /= l;
+    }
+    m + l.ln()
 }
 
 /// Dense attention in f64 on host tensors, for checking results in your own tests: `q` is

@@ -173,61 +173,84 @@ impl Acc {
 /// Naive attention in `p.dtype` for the rows of `reference` (see the module documentation):
 /// O (`rows × head_dim`, values of the dtype) and LSE (f32, `-inf` for a fully masked row).
 pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>, Vec<f32>) {
-    let dt = p.dtype;
-    let (hh, d) = (p.heads as usize, p.head_dim as usize);
-    let nk = p.seq_kv as usize;
-    let scale = p.softmax_scale();
+    let d = p.head_dim as usize;
     let mut o = vec![0f32; reference.rows.len() * d];
     let mut lse = vec![f32::NEG_INFINITY; reference.rows.len()];
-    let mut e = vec![0f32; nk];
-    let mut acc = vec![0f32; d];
+    let slopes = if p.alibi { crate::problem::alibi_slopes(p.heads) } else { vec![0.0; p.heads as usize] };
+    // Rows are independent: chunks of them on the host's cores, each row as on one thread.
+    let chunk = crate::reference::row_chunk(reference.rows.len(), p.seq_kv as usize * d);
+    std::thread::scope(|s| {
+        let mut parts = reference.rows.chunks(chunk).zip(o.chunks_mut(chunk * d)).zip(lse.chunks_mut(chunk)).peekable();
+        while let Some(((rs, oc), lc)) = parts.next() {
+            let slopes = &slopes;
+            let mut work = move || {
+                let (mut e, mut acc) = (vec![0f32; p.seq_kv as usize], vec![0f32; d]);
+                for (k, row) in rs.iter().enumerate() {
+                    if let Some(l) = naive_row(p, x, row, slopes, &mut e, &mut acc) {
+                        oc[k * d..(k + 1) * d].copy_from_slice(&acc);
+                        lc[k] = l;
+                    }
+                }
+            };
+            if parts.peek().is_some() {
+                s.spawn(work);
+            } else {
+                work();
+            }
+        }
+    });
+    (o, lse)
+}
+
+/// One row of [`naive_in_dtype`]: O (in the dtype's values) into `acc` and the LSE, or `None`
+/// for a row that sees no key and no sink (O = 0, LSE = -inf). `e` holds `seq_kv` values.
+fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], acc: &mut [f32]) -> Option<f32> {
+    let dt = p.dtype;
+    let (hh, d) = (p.heads as usize, p.head_dim as usize);
+    let scale = p.softmax_scale();
     // GQA/MQA, window, soft cap and sinks as in the reference (`docs/semantics.md`).
     let hk = p.kv_heads() as usize;
     let cap = p.softcap;
-    let slopes = if p.alibi { crate::problem::alibi_slopes(p.heads) } else { vec![0.0; hh] };
-    for (r, row) in reference.rows.iter().enumerate() {
-        let h = row.h as usize;
-        let kh = h / (hh / hk);
-        let (sq, sk) = p.seq_lens(row.b);
-        let e = &mut e[..sk as usize];
-        let k0 = p.kv_row(row.b, 0) as usize;
-        let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
-        let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
-        let mut m = sink;
-        for (j, s) in e.iter_mut().enumerate() {
-            *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
-                let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
-                let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
-                let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
-                let dist = (row.i as i64 + sk as i64 - sq as i64 - j as i64).unsigned_abs() as f32;
-                s - slopes[h] * dist
-            } else {
-                f32::NEG_INFINITY
-            };
-            m = m.max(*s);
-        }
-        if m == f32::NEG_INFINITY {
-            continue; // O = 0, LSE = -inf
-        }
-        let mut l = (sink - m).exp();
-        for s in e.iter_mut() {
-            *s = (*s - m).exp();
-            l += *s;
-        }
-        acc.fill(0.0);
-        for (j, &ej) in e.iter().enumerate() {
-            let pj = dt.round(ej / l);
-            let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
-            for (a, &vv) in acc.iter_mut().zip(v) {
-                *a += pj * vv;
-            }
-        }
-        for (dst, &a) in o[r * d..(r + 1) * d].iter_mut().zip(&acc) {
-            *dst = dt.round(a);
-        }
-        lse[r] = m + l.ln();
+    let h = row.h as usize;
+    let kh = h / (hh / hk);
+    let (sq, sk) = p.seq_lens(row.b);
+    let e = &mut e[..sk as usize];
+    let k0 = p.kv_row(row.b, 0) as usize;
+    let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+    let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
+    let mut m = sink;
+    for (j, s) in e.iter_mut().enumerate() {
+        *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
+            let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
+            let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
+            let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
+            let dist = (row.i as i64 + sk as i64 - sq as i64 - j as i64).unsigned_abs() as f32;
+            s - slopes[h] * dist
+        } else {
+            f32::NEG_INFINITY
+        };
+        m = m.max(*s);
     }
-    (o, lse)
+    if m == f32::NEG_INFINITY {
+        return None;
+    }
+    let mut l = (sink - m).exp();
+    for s in e.iter_mut() {
+        *s = (*s - m).exp();
+        l += *s;
+    }
+    acc.fill(0.0);
+    for (j, &ej) in e.iter().enumerate() {
+        let pj = dt.round(ej / l);
+        let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
+        for (a, &vv) in acc.iter_mut().zip(v) {
+            *a += pj * vv;
+        }
+    }
+    for a in acc.iter_mut() {
+        *a = dt.round(*a);
+    }
+    Some(m + l.ln())
 }
 
 /// One row's errors relative to its own scale: `‖o_r − ref_r‖ / ‖a_r‖`, `max |o_r − ref_r| /
