@@ -69,6 +69,9 @@ struct PendingRead {
     exec: u32,
     base: u32,
     stride: u32,
+    /// Added to every listed word of a [`SCATTERED`] read (the loads of a fused run share one
+    /// list: they read the same lanes' words at different offsets).
+    shift: u32,
 }
 
 /// [`PendingRead::stride`] of a read whose words are listed one per lane.
@@ -195,17 +198,22 @@ impl RaceState {
         let stride = words0[1].wrapping_sub(words0[0]);
         let even =
             stride != SCATTERED && (0..32).all(|l| words0[l] == words0[0].wrapping_add(stride.wrapping_mul(l as u32)));
+        let mut listed: Option<u32> = None;
         for (pc, shift) in loads {
             if self.pending.len() >= PENDING_LIMIT {
                 self.stamp_pending();
             }
-            let (base, stride) = if even {
-                (words0[0].wrapping_add(shift), stride)
+            let (base, stride, shift) = if even {
+                (words0[0].wrapping_add(shift), stride, 0)
             } else {
-                self.scattered.push(words0.map(|w| w.wrapping_add(shift)));
-                (self.scattered.len() as u32 - 1, SCATTERED)
+                // One list for the run's loads (pushed again only after a stamping emptied it).
+                if listed.is_none_or(|i| i as usize >= self.scattered.len()) {
+                    self.scattered.push(*words0);
+                    listed = Some(self.scattered.len() as u32 - 1);
+                }
+                (listed.expect("listed just above"), SCATTERED, shift)
             };
-            self.pending.push(PendingRead { warp: self.warp, pc, exec: u32::MAX, base, stride });
+            self.pending.push(PendingRead { warp: self.warp, pc, exec: u32::MAX, base, stride, shift });
         }
         true
     }
@@ -226,7 +234,7 @@ impl RaceState {
             self.scattered.push(*words);
             (self.scattered.len() as u32 - 1, SCATTERED)
         };
-        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride });
+        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride, shift: 0 });
     }
     /// Applies the queued read stamps, in order.
     #[cold]
@@ -237,7 +245,7 @@ impl RaceState {
             let (w, pc) = (p.warp, p.pc);
             let me = stamp(e, w);
             let words: [u32; 32] = if p.stride == SCATTERED {
-                self.scattered[p.base as usize]
+                self.scattered[p.base as usize].map(|x| x.wrapping_add(p.shift))
             } else {
                 std::array::from_fn(|l| p.base.wrapping_add(p.stride.wrapping_mul(l as u32)))
             };

@@ -302,3 +302,36 @@ fn the_f32_flash_kernel_gives_the_same_bits_fused_and_one_by_one() {
         assert!(fs.fused_warp_instructions > fs.warp_instructions / 4, "{fs:?}");
     }
 }
+
+#[test]
+fn reads_of_a_run_with_lanes_out_of_order_are_stamped_at_their_loads() {
+    // As above, with lane l reading word 5 l mod 32 (+ the offset): words that are not evenly
+    // spaced, listed once for the whole run. Thread 40's store to word 9 must name warp 0's last
+    // load of word 9: the one at offset 8 (lane 27).
+    let offsets = RUN.map(|r| r.0);
+    let body =
+        run_body(&offsets).replace("and.b32 %r2, %r1, 31;", "mul.lo.u32 %r2, %r1, 5;\n and.b32 %r2, %r2, 31;").replace(
+            EPILOGUE,
+            &format!("setp.eq.u32 %p1, %r1, 40;\n @%p1 st.shared.f32 [sm+36], %f3; // STORE\n{EPILOGUE}"),
+        );
+    let err = both(DECLS, &body, 1, 64 * 4).unwrap_err();
+    let f = finding_of(&err);
+    let src = kernel(DECLS, &body);
+    assert_eq!(
+        (f.kind.as_str(), f.line, f.thread),
+        ("shared memory race", line_of(&src, "// STORE"), [40, 0, 0]),
+        "{f:?}"
+    );
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// LOAD6")), "{f:?}");
+    // Without the store: the values of f32 arithmetic on the permuted words.
+    let body = run_body(&offsets).replace("and.b32 %r2, %r1, 31;", "mul.lo.u32 %r2, %r1, 5;\n and.b32 %r2, %r2, 31;");
+    let (out, stats) = both(DECLS, &body, 1, 64 * 4).unwrap();
+    for t in 0..64u32 {
+        let lane = (5 * t) % 32;
+        assert_eq!(&out[t as usize * 4..][..4], expected(lane, &offsets), "thread {t}");
+    }
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert_eq!(stats.fused_warp_instructions, 2 * 16, "{stats:?}");
+    }
+}
