@@ -1877,19 +1877,7 @@ fn cp_issue_fast(
         dsts[l] = dst;
         nbs[l] = nb;
     });
-    let mut race = mem.shared.racecheck_on();
-    if race && exec == FULL && size >= 4 {
-        // Racecheck's stamps of the whole warp's copies at once (`store_words`); on a conflict,
-        // lane by lane below, which names the lane.
-        let per = size as usize / 4;
-        let mut words = [0u32; 128];
-        for l in 0..32 {
-            for k in 0..per {
-                words[l * per + k] = (dsts[l] / 4) as u32 + k as u32;
-            }
-        }
-        race = !mem.shared.race.store_words(&words[..32 * per]);
-    }
+    let race = mem.shared.racecheck_on();
     let mut line = usize::MAX;
     for_lanes!(exec, l, {
         let dst = dsts[l];
