@@ -2212,23 +2212,51 @@ fn ld_global_fast(
     let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
     let av = &r[a as usize];
     let mut ok = true;
-    for_lanes!(exec, l, {
-        let addr = av[l].wrapping_add(off as u64);
-        // A generic address in the parameter, local or shared window is not global memory (one
-        // range check over all three windows: an address between them is in no allocation
-        // either, and takes the general path).
-        if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
-            ok = false;
-            break;
+    // A full warp whose lanes' accesses all lie in one allocation (a tile of one tensor): one
+    // lookup for the span from the lowest to the highest address. The alignment and window
+    // checks are the per-lane loop's.
+    let mut spanned = false;
+    if exec == FULL {
+        let (mut lo, mut hi, mut bad) = (u64::MAX, 0u64, 0u64);
+        for &x in av.iter() {
+            let addr = x.wrapping_add(off as u64);
+            lo = lo.min(addr);
+            hi = hi.max(addr);
+            bad |= addr & (align - 1);
         }
-        match mem.global.resolve(addr, total, mem.hint) {
-            Some(p) => ptrs[l] = p,
-            None => {
+        let windows = memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE;
+        let outside_windows = !generic || hi < windows.start || lo >= windows.end;
+        if bad == 0 && outside_windows {
+            if let Some(p) = hi.checked_add(total).and_then(|end| mem.global.resolve(lo, end - lo, mem.hint)) {
+                for (l, ptr) in ptrs.iter_mut().enumerate() {
+                    // SAFETY: `[lo, hi + total)` lies in one allocation at `p`, and so does
+                    // every lane's access.
+                    *ptr = unsafe { p.add((av[l].wrapping_add(off as u64) - lo) as usize) };
+                }
+                spanned = true;
+            }
+        }
+    }
+    if !spanned {
+        for_lanes!(exec, l, {
+            let addr = av[l].wrapping_add(off as u64);
+            // A generic address in the parameter, local or shared window is not global memory
+            // (one range check over all three windows: an address between them is in no
+            // allocation either, and takes the general path).
+            if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr)
+            {
                 ok = false;
                 break;
             }
-        }
-    });
+            match mem.global.resolve(addr, total, mem.hint) {
+                Some(p) => ptrs[l] = p,
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        });
+    }
     if !ok {
         return false;
     }
@@ -2236,11 +2264,22 @@ fn ld_global_fast(
     for k in 0..n as usize {
         let dv = &mut r[ds[k] as usize];
         let kb = k * size as usize;
-        for_lanes!(exec, l, {
-            // SAFETY: `resolve` put `[ptrs[l], ptrs[l] + total)` inside a live allocation, and the
-            // start is aligned to `size` (so is every element).
-            dv[l] = unsafe { memory::atomic_load(ptrs[l].add(kb), size) };
-        });
+        macro_rules! each {
+            ($t:ty) => {
+                for_lanes!(exec, l, {
+                    // SAFETY: `[ptrs[l], ptrs[l] + total)` lies inside a live allocation, and the
+                    // start is aligned to `size` (so is every element).
+                    dv[l] =
+                        unsafe { (*(ptrs[l].add(kb) as *const $t)).load(std::sync::atomic::Ordering::Relaxed) } as u64;
+                })
+            };
+        }
+        match size {
+            1 => each!(std::sync::atomic::AtomicU8),
+            2 => each!(std::sync::atomic::AtomicU16),
+            4 => each!(std::sync::atomic::AtomicU32),
+            _ => each!(std::sync::atomic::AtomicU64),
+        }
     }
     true
 }

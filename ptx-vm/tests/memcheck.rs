@@ -567,3 +567,49 @@ fn full_warp_global_stores_and_parameter_loads_report_the_first_bad_lane() {
         assert_eq!(u64::from_le_bytes(b[8 * l..8 * l + 8].try_into().unwrap()), out, "lane {l}");
     }
 }
+
+#[test]
+fn a_full_warp_loading_from_two_allocations_reads_each() {
+    // Even lanes load word l of buffer A, odd lanes word l of buffer B (two allocations, with
+    // the space between them in none): every lane gets its own buffer's value; then lane 31
+    // reading one word past B's end is an out-of-bounds load of thread 31.
+    let src = format!(
+        "{HEADER}.visible .entry t2(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 o,\n\t.param .u32 n\n)\n{{\n\
+         \t.reg .pred %p<4>;\n\t.reg .b32 %r<16>;\n\t.reg .b64 %rd<16>;\n\
+         ld.param.u64 %rd1, [a];\n ld.param.u64 %rd2, [b];\n ld.param.u64 %rd3, [o];\n ld.param.u32 %r9, [n];\n\
+         mov.u32 %r1, %tid.x;\n and.b32 %r2, %r1, 1;\n setp.eq.u32 %p1, %r2, 1;\n selp.b64 %rd4, %rd2, %rd1, %p1;\n\
+         setp.eq.u32 %p2, %r1, 31;\n selp.b32 %r3, %r9, %r1, %p2;\n mul.wide.u32 %rd5, %r3, 4;\n add.s64 %rd6, %rd4, %rd5;\n\
+         ld.global.u32 %r4, [%rd6]; // LOAD\n mul.wide.u32 %rd7, %r1, 4;\n add.s64 %rd8, %rd3, %rd7;\n st.global.u32 [%rd8], %r4;\n\
+         ret;\n}}\n"
+    );
+    let m = Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let run = |n: u32| -> Result<Vec<u32>, VmError> {
+        let mut vm = Vm::with_workers(1);
+        let (a, b, o) = (vm.alloc(128)?, vm.alloc(128)?, vm.alloc(128)?);
+        let words = |base: u32| (0..32u32).flat_map(|i| (base + i).to_le_bytes()).collect::<Vec<u8>>();
+        vm.write(a, &words(1000))?;
+        vm.write(b, &words(2000))?;
+        let mut params = Vec::new();
+        for p in [a, b, o] {
+            params.extend_from_slice(&p.to_le_bytes());
+        }
+        params.extend_from_slice(&n.to_le_bytes());
+        vm.launch(&m, "t2", &LaunchConfig::new([1, 1, 1], [32, 1, 1], 0), &params)?;
+        let mut out = vec![0u8; 128];
+        vm.read(o, &mut out)?;
+        Ok(util::words(&out))
+    };
+    let got = run(31).unwrap();
+    for l in 0..32u32 {
+        assert_eq!(got[l as usize], if l % 2 == 1 { 2000 + l } else { 1000 + l }, "lane {l}");
+    }
+    let f = match run(32) {
+        Err(VmError::Memcheck(f)) => f,
+        other => panic!("expected a finding, got {other:?}"),
+    };
+    assert_eq!(
+        (f.kind.as_str(), f.thread, f.line),
+        ("out-of-bounds global load", [31, 0, 0], line_of(&src, "// LOAD")),
+        "{f:?}"
+    );
+}
