@@ -333,9 +333,12 @@ pub(crate) fn decode_entry(
         instructions: cx.insts.len(),
         line: f.line,
     };
+    let runs = crate::fuse::runs(&cx.insts);
+    for (inst, n) in cx.insts.iter_mut().zip(runs) {
+        inst.fused = n;
+    }
     Ok(Program {
         has_calls: !cx.copies.is_empty(),
-        fused: crate::fuse::runs(&cx.insts),
         insts: cx.insts,
         texts: cx.texts,
         nslots,
@@ -467,7 +470,7 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
                 if let Some(l) = label {
                     fixups.push((at, l, i.line));
                 }
-                cx.insts.push(Inst { op, guard, gneg, line: i.line as u32 });
+                cx.insts.push(Inst { op, guard, gneg, fused: 0, line: i.line as u32 });
                 cx.texts.push(i.text.clone());
             }
         }
@@ -475,7 +478,7 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
     // A function body that falls off its end returns.
     let line =
         body.iter().rev().find_map(|s| if let Stmt::Inst(i) = s { Some(i.line) } else { None }).unwrap_or(f.line);
-    cx.insts.push(Inst { op: Op::Ret, guard: NONE, gneg: false, line: line as u32 });
+    cx.insts.push(Inst { op: Op::Ret, guard: NONE, gneg: false, fused: 0, line: line as u32 });
     cx.texts.push("ret; (end of function)".into());
     for (at, l, line) in fixups {
         match labels.get(&l) {
@@ -1684,7 +1687,7 @@ fn decode_call(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Op,
     let co = (cx.copies.len() - 1) as u32;
     cx.call_fixups.push((cx.insts.len(), target.clone()));
     // The call's return lands on a CallRet that copies the return values back.
-    cx.insts.push(Inst { op: Op::Call { t: 0, copies: ci }, guard: NONE, gneg: false, line: line as u32 });
+    cx.insts.push(Inst { op: Op::Call { t: 0, copies: ci }, guard: NONE, gneg: false, fused: 0, line: line as u32 });
     cx.texts.push(i.text.clone());
     Ok(Op::CallRet { copies: co })
 }

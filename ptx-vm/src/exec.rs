@@ -916,10 +916,10 @@ impl Launch<'_> {
                     return Ok(());
                 }
             }
-            if fuse && group == FULL && prog.fused[pc as usize] != 0 {
+            if inst.fused != 0 && fuse && group == FULL {
                 // A run of `ld.shared.b32` + `fma.rn.f32` pairs in one step (`crate::fuse`),
                 // when no counter limit falls inside it.
-                let steps = 2 * prog.fused[pc as usize] as u64;
+                let steps = 2 * inst.fused as u64;
                 let issued = wp.issued;
                 if issued + steps <= self.budget
                     && (issued & 0xFFFF) + steps < 0x10000

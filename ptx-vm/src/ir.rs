@@ -458,6 +458,9 @@ pub(crate) struct Inst {
     /// Guard predicate slot or NONE.
     pub guard: Slot,
     pub gneg: bool,
+    /// [`crate::fuse::runs`]: the fusable `ld.shared` + `fma` pairs from here (0: none), next
+    /// to the instruction the dispatch loop reads anyway.
+    pub fused: u16,
     pub line: u32,
 }
 
@@ -549,8 +552,6 @@ pub(crate) struct Program {
     /// Unique per decoded program: a warp whose register file was set up for this id still holds
     /// its constant slots.
     pub uid: u64,
-    /// [`crate::fuse::runs`]: per instruction, the fusable `ld.shared` + `fma` pairs from there.
-    pub fused: Vec<u16>,
     /// [`crate::reginit::zero_slots`], computed on the first launch.
     pub zero_slots: std::sync::OnceLock<Option<Vec<Slot>>>,
 }
