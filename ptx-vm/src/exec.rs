@@ -2209,57 +2209,7 @@ fn ld_global_fast(
 ) -> bool {
     let total = size as u64 * n as u64;
     let align = if n > 1 { total } else { size as u64 };
-    let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
-    let av = &r[a as usize];
-    let mut ok = true;
-    // A full warp whose lanes' accesses all lie in one allocation (a tile of one tensor): one
-    // lookup for the span from the lowest to the highest address. The alignment and window
-    // checks are the per-lane loop's.
-    let mut spanned = false;
-    if exec == FULL {
-        let (mut lo, mut hi, mut bad) = (u64::MAX, 0u64, 0u64);
-        for &x in av.iter() {
-            let addr = x.wrapping_add(off as u64);
-            lo = lo.min(addr);
-            hi = hi.max(addr);
-            bad |= addr & (align - 1);
-        }
-        let windows = memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE;
-        let outside_windows = !generic || hi < windows.start || lo >= windows.end;
-        if bad == 0 && outside_windows {
-            if let Some(p) = hi.checked_add(total).and_then(|end| mem.global.resolve(lo, end - lo, mem.hint)) {
-                for (l, ptr) in ptrs.iter_mut().enumerate() {
-                    // SAFETY: `[lo, hi + total)` lies in one allocation at `p`, and so does
-                    // every lane's access.
-                    *ptr = unsafe { p.add((av[l].wrapping_add(off as u64) - lo) as usize) };
-                }
-                spanned = true;
-            }
-        }
-    }
-    if !spanned {
-        for_lanes!(exec, l, {
-            let addr = av[l].wrapping_add(off as u64);
-            // A generic address in the parameter, local or shared window is not global memory
-            // (one range check over all three windows: an address between them is in no
-            // allocation either, and takes the general path).
-            if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr)
-            {
-                ok = false;
-                break;
-            }
-            match mem.global.resolve(addr, total, mem.hint) {
-                Some(p) => ptrs[l] = p,
-                None => {
-                    ok = false;
-                    break;
-                }
-            }
-        });
-    }
-    if !ok {
-        return false;
-    }
+    let Some(ptrs) = global_ptrs(&r[a as usize], off, exec, generic, total, align, mem) else { return false };
     mem.traffic[0] += total * exec.count_ones() as u64;
     for k in 0..n as usize {
         let dv = &mut r[ds[k] as usize];
@@ -2284,6 +2234,56 @@ fn ld_global_fast(
     true
 }
 
+/// Each lane's pointer for a `total`-byte global access at `av[l] + off` aligned to `align`, or
+/// `None` when a lane is misaligned, at a generic address in the parameter, local or shared
+/// window, or not inside one live allocation (the general path then reports). A full warp whose
+/// accesses all lie in one allocation (a tile of one tensor) takes one lookup for the span from
+/// its lowest to its highest address.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn global_ptrs(
+    av: &[u64; 32],
+    off: i64,
+    exec: u32,
+    generic: bool,
+    total: u64,
+    align: u64,
+    mem: &mut Mem,
+) -> Option<[*mut u8; 32]> {
+    let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
+    // (One range check over the three windows: an address between them is in no allocation
+    // either, and takes the general path.)
+    let windows = memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE;
+    if exec == FULL {
+        let (mut lo, mut hi, mut bad) = (u64::MAX, 0u64, 0u64);
+        for &x in av.iter() {
+            let addr = x.wrapping_add(off as u64);
+            lo = lo.min(addr);
+            hi = hi.max(addr);
+            bad |= addr & (align - 1);
+        }
+        let outside_windows = !generic || hi < windows.start || lo >= windows.end;
+        if bad == 0 && outside_windows {
+            if let Some(p) = hi.checked_add(total).and_then(|end| mem.global.resolve(lo, end - lo, mem.hint)) {
+                for (l, ptr) in ptrs.iter_mut().enumerate() {
+                    // SAFETY: `[lo, hi + total)` lies in one allocation at `p`, and so does
+                    // every lane's access.
+                    *ptr = unsafe { p.add((av[l].wrapping_add(off as u64) - lo) as usize) };
+                }
+                return Some(ptrs);
+            }
+        }
+    }
+    for_lanes!(exec, l, {
+        let addr = av[l].wrapping_add(off as u64);
+        if addr & (align - 1) != 0 || generic && windows.contains(&addr) {
+            return None;
+        }
+        ptrs[l] = mem.global.resolve(addr, total, mem.hint)?;
+    });
+    Some(ptrs)
+}
+
 /// `st.global` (and generic stores to global memory) when every lane's access is aligned and
 /// inside one live allocation: all lanes' checks first, then the stores in lane order, as the
 /// general path does them. Returns false, having stored nothing, otherwise, for the general path
@@ -2304,26 +2304,7 @@ fn st_global_fast(
 ) -> bool {
     let total = size as u64 * n as u64;
     let align = if n > 1 { total } else { size as u64 };
-    let mut ptrs = [std::ptr::null_mut::<u8>(); 32];
-    let av = &r[a as usize];
-    let mut ok = true;
-    for_lanes!(exec, l, {
-        let addr = av[l].wrapping_add(off as u64);
-        if addr & (align - 1) != 0 || generic && (memory::PARAM_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
-            ok = false;
-            break;
-        }
-        match mem.global.resolve(addr, total, mem.hint) {
-            Some(p) => ptrs[l] = p,
-            None => {
-                ok = false;
-                break;
-            }
-        }
-    });
-    if !ok {
-        return false;
-    }
+    let Some(ptrs) = global_ptrs(&r[a as usize], off, exec, generic, total, align, mem) else { return false };
     mem.traffic[1] += total * exec.count_ones() as u64;
     for_lanes!(exec, l, {
         for k in 0..n as usize {

@@ -49,6 +49,18 @@ fn both(decls: &str, body: &str, blocks: u32, out_words: usize) -> Result<(Vec<u
     fused
 }
 
+/// Both ways, `body` must fail with a shared-memory race at the line marked `at`, in thread
+/// `thread` of block 0, naming the access of warp `other.0` (a write if `other.1`) at the line
+/// marked `other.2`.
+fn assert_race(decls: &str, body: &str, at: &str, thread: u32, other: (u32, bool, &str)) {
+    let err = both(decls, body, 1, 64 * 4).unwrap_err();
+    let f = finding_of(&err);
+    let src = kernel(decls, body);
+    assert_eq!((f.kind.as_str(), f.line, f.thread), ("shared memory race", line_of(&src, at), [thread, 0, 0]), "{f:?}");
+    let c = f.conflict.clone().expect("a race names the other access");
+    assert_eq!((c.warp, c.write, c.line), (other.0, other.1, line_of(&src, other.2)), "{f:?}");
+}
+
 fn finding_of(e: &VmError) -> &Finding {
     match e {
         VmError::Memcheck(f) | VmError::Trap(f) => f,
@@ -175,16 +187,7 @@ fn reads_of_a_run_are_stamped_for_a_later_store_of_another_warp() {
         EPILOGUE,
         &format!("setp.eq.u32 %p1, %r1, 40;\n @%p1 st.shared.f32 [sm+36], %f3; // STORE\n{EPILOGUE}"),
     );
-    let err = both(DECLS, &body, 1, 64 * 4).unwrap_err();
-    let f = finding_of(&err);
-    let src = kernel(DECLS, &body);
-    assert_eq!(
-        (f.kind.as_str(), f.line, f.thread),
-        ("shared memory race", line_of(&src, "// STORE"), [40, 0, 0]),
-        "{f:?}"
-    );
-    let c = f.conflict.clone().expect("a race names the other access");
-    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// LOAD6")), "{f:?}");
+    assert_race(DECLS, &body, "// STORE", 40, (0, false, "// LOAD6"));
 }
 
 #[test]
@@ -199,16 +202,7 @@ fn a_run_reading_another_warps_unordered_store_is_a_race_at_the_right_load() {
         "bar.sync 0;\n",
         "bar.sync 0;\n setp.eq.u32 %p1, %r1, 0;\n @%p1 st.shared.f32 [sm+48], %f1; // STORE\n",
     );
-    let err = both(DECLS, &body, 1, 64 * 4).unwrap_err();
-    let f = finding_of(&err);
-    let src = kernel(DECLS, &body);
-    assert_eq!(
-        (f.kind.as_str(), f.line, f.thread),
-        ("shared memory race", line_of(&src, "// LOAD0"), [44, 0, 0]),
-        "{f:?}"
-    );
-    let c = f.conflict.clone().expect("a race names the other access");
-    assert_eq!((c.warp, c.write, c.line), (0, true, line_of(&src, "// STORE")), "{f:?}");
+    assert_race(DECLS, &body, "// LOAD0", 44, (0, true, "// STORE"));
 }
 
 #[test]
@@ -314,16 +308,7 @@ fn reads_of_a_run_with_lanes_out_of_order_are_stamped_at_their_loads() {
             EPILOGUE,
             &format!("setp.eq.u32 %p1, %r1, 40;\n @%p1 st.shared.f32 [sm+36], %f3; // STORE\n{EPILOGUE}"),
         );
-    let err = both(DECLS, &body, 1, 64 * 4).unwrap_err();
-    let f = finding_of(&err);
-    let src = kernel(DECLS, &body);
-    assert_eq!(
-        (f.kind.as_str(), f.line, f.thread),
-        ("shared memory race", line_of(&src, "// STORE"), [40, 0, 0]),
-        "{f:?}"
-    );
-    let c = f.conflict.clone().expect("a race names the other access");
-    assert_eq!((c.warp, c.write, c.line), (0, false, line_of(&src, "// LOAD6")), "{f:?}");
+    assert_race(DECLS, &body, "// STORE", 40, (0, false, "// LOAD6"));
     // Without the store: the values of f32 arithmetic on the permuted words.
     let body = run_body(&offsets).replace("and.b32 %r2, %r1, 31;", "mul.lo.u32 %r2, %r1, 5;\n and.b32 %r2, %r2, 31;");
     let (out, stats) = both(DECLS, &body, 1, 64 * 4).unwrap();
