@@ -3168,17 +3168,11 @@ impl Launch<'_> {
 mod tests {
     use super::*;
 
-    /// The monomorphic `setp` loops give the predicate the general [`compare`] gives, for every
-    /// comparison, integer width and signedness, f32 with and without `.ftz`, each combine mode
-    /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
-    /// above the type's width; lanes outside `exec` keep their old value.
-    #[test]
-    #[allow(clippy::needless_range_loop)]
-    fn full_warp_fast_paths_match_the_general_functions() {
-        // `setp_full`, `fbin32_rn`, `int_cvt` and the tagged multiplies against `compare`,
-        // `num::fbin32`, `num::cvt` and the `ops` functions, on edge values in every lane pairing.
+    /// Register values that catch the fast paths' mistakes: zero, small and extreme integers,
+    /// bits above 32, NaNs (quiet, signalling, negative), infinities, signed zeros, subnormals.
+    fn edge_values() -> Vec<u64> {
         let f = |x: f32| x.to_bits() as u64;
-        let vals: Vec<u64> = vec![
+        vec![
             0,
             1,
             5,
@@ -3189,6 +3183,7 @@ mod tests {
             u64::MAX,
             0x8000_0000_0000_0000,
             0xffff,
+            0x8000,
             0x80,
             f(f32::NAN),
             f(-f32::NAN),
@@ -3202,7 +3197,15 @@ mod tests {
             f(1e-40),
             f(-1e-40),
             f(3.0e38),
-        ];
+        ]
+    }
+
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn full_warp_fast_paths_match_the_general_functions() {
+        // `setp_full`, `fbin32_rn`, `int_cvt` and the tagged multiplies against `compare`,
+        // `num::fbin32`, `num::cvt` and the `ops` functions, on edge values in every lane pairing.
+        let vals = edge_values();
         let rows = |i: usize| -> Vec<[u64; 32]> {
             let mut r = vec![[0u64; 32]; 4];
             for l in 0..32 {
@@ -3356,30 +3359,14 @@ mod tests {
         }
     }
 
+    /// The monomorphic `setp` loops give the predicate the general [`compare`] gives, for every
+    /// comparison, integer width and signedness, f32 with and without `.ftz`, each combine mode
+    /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
+    /// above the type's width; lanes outside `exec` keep their old value.
     #[test]
     #[allow(clippy::needless_range_loop)]
     fn setp_fast_loops_match_compare() {
-        let f = |x: f32| x.to_bits() as u64;
-        let vals: Vec<u64> = vec![
-            0,
-            1,
-            5,
-            0xffff_ffff,
-            0x8000_0000,
-            0x7fff_ffff,
-            0x1_0000_0003,
-            u64::MAX,
-            0xffff,
-            0x8000,
-            f(f32::NAN),
-            f(-0.0),
-            f(f32::INFINITY),
-            f(f32::NEG_INFINITY),
-            f(1.5),
-            f(-2.25),
-            f(1e-40),
-            f(-1e-40),
-        ];
+        let vals = edge_values();
         let cmps = [
             Cmp::Eq,
             Cmp::Ne,
