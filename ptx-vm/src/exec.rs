@@ -2405,7 +2405,7 @@ fn st_shared_fast(
         // words first, then their stamps, as the lane-by-lane path below does them when none
         // conflicts; on a conflict that path runs and names the lane.
         let words: [u32; 32] = std::array::from_fn(|l| (offs[l] / 4) as u32);
-        if !race || mem.shared.race.store_words(&words[..]) {
+        if !race || mem.shared.race.store_words(&words) {
             for l in 0..32 {
                 mem.write(Loc::Shared(offs[l] as usize), 4, sv[l]);
             }

@@ -278,15 +278,14 @@ impl RaceState {
         }
         self.scattered.clear();
     }
-    /// Stores of the words `words` by the running warp, in that order (a full warp's lanes in
-    /// lane order, each lane's words in address order): returns
+    /// A store of word `words[l]` by every lane `l` of the running warp, in lane order: returns
     /// true, with the stamps [`RaceState::access`] leaves for those stores one after the other,
     /// when none of them conflicts; false otherwise, having stamped nothing (the pending reads
     /// are applied either way, as the first `access` would), for the caller to run `access`
     /// lane by lane and report the conflict. (A lane's store cannot make a later lane's store of
     /// the same warp conflict, so checking every word against the stamps before any store is the
     /// same as checking each after the stores before it.)
-    pub(crate) fn store_words(&mut self, words: &[u32]) -> bool {
+    pub(crate) fn store_words(&mut self, words: &[u32; 32]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
