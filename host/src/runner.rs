@@ -57,6 +57,11 @@ pub struct RunSpec {
     /// others write nothing and stay poisoned; the VM counts are of the blocks that ran). For
     /// shapes too large to run whole in the VM (`memattn check --large`).
     pub sampled_blocks: bool,
+    /// Compute the f64 reference (and the dtype's naive baseline) on another thread while the
+    /// kernel runs, instead of after it. The results are the same; the wall-clock time is shorter
+    /// on a machine with idle cores, but the VM's interpreter timings then share the cores with
+    /// the reference. `memattn check` sets it (it reports no timings); `run` and `compare` do not.
+    pub reference_alongside: bool,
 }
 
 impl RunSpec {
@@ -69,6 +74,7 @@ impl RunSpec {
             repeats: None,
             check: RowSelection::auto(0),
             sampled_blocks: false,
+            reference_alongside: false,
         }
     }
 }
@@ -385,26 +391,37 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     } else {
         None
     };
-    dev.memory_begin()?;
-    // The subset holds for this run's launches only: set right before them, cleared right after
-    // (also when they failed), so a later run on the device is whole again.
-    let sampled = subset.is_some();
-    let body = match subset.map(|s| dev.set_block_subset(Some(s))).transpose() {
-        Ok(_) => Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats)),
-        Err(e) => Err(e.into()),
+    // The reference and the bounds it sets: the host's share of the check.
+    let host_check = || {
+        let reference = reference(&p, x, &spec.check);
+        let tol = tolerance_for(&p, x, &reference);
+        (reference, tol)
     };
-    if sampled {
-        dev.set_block_subset(None)?;
-    }
-    // Every buffer was freed when the scope returned, also after an error.
-    let memory = dev.memory_end();
+    let (launched, checked) = std::thread::scope(|s| {
+        let alongside = spec.reference_alongside.then(|| s.spawn(host_check));
+        dev.memory_begin()?;
+        // The subset holds for this run's launches only: set right before them, cleared right
+        // after (also when they failed), so a later run on the device is whole again.
+        let sampled = subset.is_some();
+        let body = match subset.map(|s| dev.set_block_subset(Some(s))).transpose() {
+            Ok(_) => Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats)),
+            Err(e) => Err(e.into()),
+        };
+        if sampled {
+            dev.set_block_subset(None)?;
+        }
+        // Every buffer was freed when the scope returned, also after an error.
+        let memory = dev.memory_end();
+        let checked = alongside.map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        Ok::<_, Error>(((body, memory), checked))
+    })?;
+    let (body, memory) = launched;
     let (samples, records, o_dev, lse, trace) = body?;
     let memory = memory?;
     let o = from_layout(&o_dev, p.layout, b, p.seq_q, h, d);
 
     let timing = Timing::new(warmup, dev.clock_name(), samples);
-    let reference = reference(&p, x, &spec.check);
-    let tol = tolerance_for(&p, x, &reference);
+    let (reference, tol) = checked.unwrap_or_else(host_check);
     let v = verify(&p, &o, &lse, &reference, &tol);
     let error_ratio = tol.baseline_rel_rms_err.filter(|&b| b > 0.0).map(|b| v.o.rel_rms_err / b);
     let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();

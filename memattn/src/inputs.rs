@@ -46,8 +46,9 @@ impl Qkv {
 
 /// Normals `first .. first + n` of the stream of `seed`, rounded to `dt`.
 fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
-    // Chunks of 2^16 values: big enough to amortise a thread, small enough to balance.
-    const CHUNK: usize = 1 << 16;
+    // Chunks of 2^14 values (about half a millisecond of work): big enough to amortise a thread,
+    // small enough that the shapes of `memattn check` spread over the cores.
+    const CHUNK: usize = 1 << 14;
     let mut out = vec![0.0f32; n as usize];
     let fill = |start: usize, chunk: &mut [f32]| {
         let mut rng = SplitMix64::skipped(seed, 2 * (first + start as u64));

@@ -127,6 +127,50 @@ pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool 
     (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right)
 }
 
+/// The keys query `i` of a `seq_q` × `seq_kv` sequence sees: one range, since the causal and
+/// window bounds each cut the keys at one end (empty when it sees none).
+pub(crate) fn visible_keys(p: &Problem, seq_q: u32, seq_kv: u32, i: u32) -> std::ops::Range<usize> {
+    let first = (0..seq_kv).position(|j| visible_in(p, seq_q, seq_kv, i, j));
+    let Some(first) = first else { return 0..0 };
+    let last = (0..seq_kv).rposition(|j| visible_in(p, seq_q, seq_kv, i, j)).unwrap_or(first);
+    debug_assert!((first..=last).all(|j| visible_in(p, seq_q, seq_kv, i, j as u32)));
+    first..last + 1
+}
+
+/// `out[j] = Σ_t q[t] · k_j[t]` for the keys `j = 0..out.len()`, key `j`'s row at
+/// `k[j * stride..][..q.len()]`, each summed in `t` order in `T` (f64 for the reference, f32 for
+/// naive attention in f32), so every value has exactly the bits of
+/// `q.iter().zip(k_j).map(|(&a, &c)| T::from(a) * T::from(c)).sum::<T>()`. Eight keys go at a
+/// time: their eight chains of additions overlap where one key's chain would wait on each sum.
+pub(crate) fn dots<T>(q: &[f32], k: &[f32], stride: usize, out: &mut [T])
+where
+    T: Copy + std::ops::Add<Output = T> + std::ops::Mul<Output = T> + From<f32>,
+{
+    const W: usize = 8;
+    let d = q.len();
+    // `Sum` for floats starts at -0.0 (the sum of nothing, and the identity for a -0.0 term).
+    let zero = T::from(-0.0);
+    for (c, o) in out.chunks_mut(W).enumerate() {
+        let base = c * W * stride;
+        if o.len() == W {
+            let rows: [&[f32]; W] = std::array::from_fn(|r| &k[base + r * stride..][..d]);
+            let mut acc = [zero; W];
+            for (t, &qt) in q.iter().enumerate() {
+                let qt = T::from(qt);
+                for (a, row) in acc.iter_mut().zip(&rows) {
+                    *a = *a + qt * T::from(row[t]);
+                }
+            }
+            o.copy_from_slice(&acc);
+        } else {
+            for (r, out) in o.iter_mut().enumerate() {
+                let row = &k[base + r * stride..][..d];
+                *out = q.iter().zip(row).fold(zero, |a, (&x, &y)| a + T::from(x) * T::from(y));
+            }
+        }
+    }
+}
+
 /// Computes O and LSE in f64 for the selected rows. Inputs are BSHD (K and V with `heads_kv`
 /// heads; query head `h` reads K/V head `h / (heads / heads_kv)`). Soft cap:
 /// `s = c · tanh(scale · q·k / c)`. A sink logit joins the denominator only; LSE includes it.
@@ -223,11 +267,14 @@ fn reference_row(
         _ => slopes[row.b as usize * hh + h] as f64,
     };
     let diag = row.i as f64 + sk as f64 - sq as f64;
+    let seen = visible_keys(p, sq, sk, row.i);
+    if !seen.is_empty() {
+        dots(q, &x.k[((k0 + seen.start) * hk + kh) * d..], hk * d, &mut scores[seen.clone()]);
+    }
     let mut m = sink;
     for (j, s) in scores.iter_mut().enumerate() {
-        *s = if visible_in(p, sq, sk, row.i, j as u32) {
-            let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
-            let dot: f64 = q.iter().zip(k).map(|(&a, &c)| a as f64 * c as f64).sum();
+        *s = if seen.contains(&j) {
+            let dot = *s;
             let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
             s - slope * (diag - j as f64).abs()
         } else {
@@ -238,22 +285,47 @@ fn reference_row(
     if m == f64::NEG_INFINITY {
         return f64::NEG_INFINITY; // no key, no sink: O stays 0
     }
+    // The keys outside `seen` weigh exp(-inf) = 0: they add nothing to l, O or its scale.
     let mut l = (sink - m).exp();
-    for s in scores.iter_mut() {
+    for s in &mut scores[seen.clone()] {
         *s = (*s - m).exp();
         l += *s;
     }
-    for (j, &pj) in scores.iter().enumerate() {
-        if pj == 0.0 {
-            continue;
+    let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
+    // Eight elements of O and of its scale at a time through every key, the sums kept in
+    // registers; each element still adds its keys' terms in key order (the same bits as one pass
+    // over the row per key).
+    const E: usize = 8;
+    for ((oc, ac), e0) in orow.chunks_mut(E).zip(arow.chunks_mut(E)).zip((0..d).step_by(E)) {
+        let mut acc = [0f64; E];
+        let mut abs = [0f64; E];
+        acc[..oc.len()].copy_from_slice(oc);
+        abs[..ac.len()].copy_from_slice(ac);
+        for j in seen.clone() {
+            let pj = scores[j];
+            if pj == 0.0 {
+                continue;
+            }
+            let v = &v_row(j)[e0..];
+            if let Some(v) = v.first_chunk::<E>() {
+                for i in 0..E {
+                    acc[i] += pj * v[i] as f64;
+                    abs[i] += pj * (v[i] as f64).abs();
+                }
+            } else {
+                for (i, &vv) in v.iter().enumerate() {
+                    acc[i] += pj * vv as f64;
+                    abs[i] += pj * (vv as f64).abs();
+                }
+            }
         }
-        let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
-        for ((acc, abs), &vv) in orow.iter_mut().zip(arow.iter_mut()).zip(v) {
-            *acc += pj * vv as f64;
-            *abs += pj * (vv as f64).abs();
-        }
-        if pj < UNDERFLOW_WEIGHT {
-            for (u, &vv) in urow.iter_mut().zip(v) {
+        oc.copy_from_slice(&acc[..oc.len()]);
+        ac.copy_from_slice(&abs[..ac.len()]);
+    }
+    for j in seen {
+        let pj = scores[j];
+        if pj != 0.0 && pj < UNDERFLOW_WEIGHT {
+            for (u, &vv) in urow.iter_mut().zip(v_row(j)) {
                 *u += pj * (vv as f64).abs();
             }
         }
@@ -354,6 +426,58 @@ mod tests {
         let r = reference(&p, &x, &RowSelection::All);
         assert!((r.o[0] - 7.0).abs() < 1e-6, "{}", r.o[0]);
         assert!((r.lse[0] - 4f64.ln()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn dots_have_the_bits_of_a_plain_sum() {
+        // Values with exact zeros of both signs (where the starting -0.0 shows) and a spread of
+        // magnitudes (where the summation order shows); every length around the eight-key blocks.
+        let mut rng = SplitMix64::new(11);
+        let mut draw = || match rng.below(8) {
+            0 => 0.0,
+            1 => -0.0,
+            _ => (rng.normal() * 10f64.powi(rng.below(7) as i32 - 3)) as f32,
+        };
+        for (d, stride) in [(1usize, 1usize), (7, 9), (64, 64), (64, 128), (3, 3)] {
+            let q: Vec<f32> = (0..d).map(|_| draw()).collect();
+            let zeros = vec![0.0f32; d];
+            for keys in [0usize, 1, 7, 8, 9, 16, 19] {
+                let k: Vec<f32> = (0..keys * stride + d).map(|_| draw()).collect();
+                let mut o64 = vec![f64::NAN; keys];
+                let mut o32 = vec![f32::NAN; keys];
+                dots(&q, &k, stride, &mut o64);
+                dots(&q, &k, stride, &mut o32);
+                for j in 0..keys {
+                    let row = &k[j * stride..][..d];
+                    let want64: f64 = q.iter().zip(row).map(|(&a, &c)| a as f64 * c as f64).sum();
+                    let want32: f32 = q.iter().zip(row).map(|(&a, &c)| a * c).sum();
+                    assert_eq!(o64[j].to_bits(), want64.to_bits(), "f64 d {d} key {j} of {keys}");
+                    assert_eq!(o32[j].to_bits(), want32.to_bits(), "f32 d {d} key {j} of {keys}");
+                }
+                // A row of zeros sums to the plain sum's zero, sign included.
+                let mut z = vec![f64::NAN; keys];
+                let kz = vec![-0.0f32; keys * stride + d];
+                dots(&zeros, &kz, stride, &mut z);
+                let want: f64 = zeros.iter().map(|&a| a as f64 * -0.0).sum();
+                assert!(z.iter().all(|v| v.to_bits() == want.to_bits()), "{z:?} {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn visible_keys_are_the_keys_the_rule_shows() {
+        for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (70, 130)] {
+            for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
+                for causal in [false, true] {
+                    let p = Problem { seq_q: nq, seq_kv: nk, window, causal, ..Problem::default() };
+                    for i in 0..nq {
+                        let want: Vec<usize> = (0..nk).filter(|&j| visible(&p, i, j)).map(|j| j as usize).collect();
+                        let got: Vec<usize> = visible_keys(&p, nq, nk, i).collect();
+                        assert_eq!(got, want, "{nq}x{nk} window {window:?} causal {causal} row {i}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -218,11 +218,14 @@ fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], a
     let k0 = p.kv_row(row.b, 0) as usize;
     let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
     let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
+    let seen = crate::reference::visible_keys(p, sq, sk, row.i);
+    if !seen.is_empty() {
+        crate::reference::dots(q, &x.k[((k0 + seen.start) * hk + kh) * d..], hk * d, &mut e[seen.clone()]);
+    }
     let mut m = sink;
     for (j, s) in e.iter_mut().enumerate() {
-        *s = if crate::reference::visible_in(p, sq, sk, row.i, j as u32) {
-            let k = &x.k[((k0 + j) * hk + kh) * d..][..d];
-            let dot = q.iter().zip(k).map(|(&a, &c)| a * c).sum::<f32>();
+        *s = if seen.contains(&j) {
+            let dot = *s;
             let s = if cap > 0.0 { cap * (dot * scale / cap).tanh() } else { dot * scale };
             let dist = (row.i as i64 + sk as i64 - sq as i64 - j as i64).unsigned_abs() as f32;
             s - slopes[h] * dist
@@ -234,18 +237,38 @@ fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], a
     if m == f32::NEG_INFINITY {
         return None;
     }
+    // The keys outside `seen` weigh exp(-inf) = 0: they add nothing to l or to O.
     let mut l = (sink - m).exp();
-    for s in e.iter_mut() {
+    for s in &mut e[seen.clone()] {
         *s = (*s - m).exp();
         l += *s;
     }
-    acc.fill(0.0);
-    for (j, &ej) in e.iter().enumerate() {
-        let pj = dt.round(ej / l);
-        let v = &x.v[((k0 + j) * hk + kh) * d..][..d];
-        for (a, &vv) in acc.iter_mut().zip(v) {
-            *a += pj * vv;
+    for s in &mut e[seen.clone()] {
+        *s = dt.round(*s / l);
+    }
+    // Eight elements of O at a time through every key, the sums kept in registers; each element
+    // adds its keys' terms in key order (the bits of one pass over the row per key). A zero
+    // weight's term is ±0 and leaves a sum that started at +0 unchanged.
+    const E: usize = 8;
+    for (oc, e0) in acc.chunks_mut(E).zip((0..d).step_by(E)) {
+        let mut sum = [0f32; E];
+        for j in seen.clone() {
+            let pj = e[j];
+            if pj == 0.0 {
+                continue;
+            }
+            let v = &x.v[((k0 + j) * hk + kh) * d + e0..][..oc.len()];
+            if let Some(v) = v.first_chunk::<E>() {
+                for i in 0..E {
+                    sum[i] += pj * v[i];
+                }
+            } else {
+                for (i, &vv) in v.iter().enumerate() {
+                    sum[i] += pj * vv;
+                }
+            }
         }
+        oc.copy_from_slice(&sum[..oc.len()]);
     }
     for a in acc.iter_mut() {
         *a = dt.round(*a);

@@ -150,7 +150,12 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let mut rows = Vec::new();
     let mut ratios: Vec<(f64, u32, &str)> = Vec::new();
     for (d, c) in &all {
-        let spec = RunSpec { seed: a.seed, check: RowSelection::All, ..RunSpec::new(c.problem, kernel) };
+        let spec = RunSpec {
+            seed: a.seed,
+            check: RowSelection::All,
+            reference_alongside: true,
+            ..RunSpec::new(c.problem, kernel)
+        };
         // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
         let entries: Vec<&str> = c.problem.launches_on(kernel, dev.arch()?)?.iter().map(|l| l.kernel.name()).collect();
         let (result, err, bound, ratio, detail) = match run(dev.as_mut(), &spec, None) {

@@ -286,6 +286,7 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
         repeats: a.repeats,
         check: row_selection(a)?,
         sampled_blocks: false,
+        reference_alongside: false,
     })
 }
 
