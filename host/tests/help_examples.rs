@@ -188,7 +188,7 @@ fn scratch(repo: &Path, name: &str) -> PathBuf {
     memattn_cli::safetensors_io::write_qkv(&d.join("qkv.safetensors"), shape, &memattn_cli::inputs::Qkv::random(&p, 7))
         .unwrap();
     let ptx = memattn_cli::ptx::PtxSource::embedded().text;
-    std::fs::write(d.join("my_kernels.ptx"), &ptx).unwrap();
+    std::fs::write(d.join("my_kernels.ptx"), ptx.as_bytes()).unwrap();
     let start = ptx.find(".entry flash_fwd_f32_d64(").unwrap();
     let at = start + ptx[start..].find("bar.sync").unwrap();
     std::fs::write(d.join("no-barrier.ptx"), format!("{}// removed: {}", &ptx[..at], &ptx[at..])).unwrap();

@@ -31,6 +31,26 @@ pub fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The SHA-256 (hex) of [`PTX`] as the committed `build-info.json` records it: read from that
+/// small file instead of hashing the 7 MB text on every process start (a test and
+/// `cargo xtask build-ptx --check` keep the two in agreement).
+pub fn ptx_sha256() -> String {
+    recorded_sha256(BUILD_INFO_JSON).unwrap_or_else(|| sha256_hex(PTX.as_bytes()))
+}
+
+/// [`ptx_sha256`] for [`PTX_SM90`] (`build-info-sm90.json`).
+pub fn ptx_sm90_sha256() -> String {
+    recorded_sha256(BUILD_INFO_SM90_JSON).unwrap_or_else(|| sha256_hex(PTX_SM90.as_bytes()))
+}
+
+/// The `ptx_sha256` value of a build-info file: 64 hex digits, or `None`.
+fn recorded_sha256(json: &str) -> Option<String> {
+    const KEY: &str = "\"ptx_sha256\": \"";
+    let at = json.find(KEY)? + KEY.len();
+    let hex = json.get(at..at + 64)?;
+    hex.bytes().all(|b| b.is_ascii_hexdigit()).then(|| hex.to_string())
+}
+
 #[cfg(feature = "artifacts-json")]
 /// `build-info.json`: how the PTX was built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +131,17 @@ impl PtxasReport {
 /// simply has none).
 pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
     let mut out = Vec::new();
-    for line in ptx.lines() {
+    // The lines that name a record, found by one search of the text for the prefix (a module is
+    // megabytes of instructions and a few dozen records), each line once, in order.
+    let mut next_line = 0;
+    for (at, _) in ptx.match_indices(TileRecord::SYMBOL_PREFIX) {
+        if at < next_line {
+            continue;
+        }
+        let start = ptx[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = ptx[at..].find('\n').map_or(ptx.len(), |i| at + i);
+        next_line = end;
+        let line = ptx[start..end].strip_suffix('\r').unwrap_or(&ptx[start..end]);
         let t = line.trim();
         if !t.contains(".global") {
             continue;
@@ -152,6 +182,14 @@ mod tests {
     use crate::variants::KernelId;
     #[cfg(feature = "artifacts-json")]
     use crate::variants::VARIANTS;
+
+    #[test]
+    fn the_recorded_digests_are_the_texts_digests() {
+        assert_eq!(ptx_sha256(), sha256_hex(PTX.as_bytes()), "build-info.json records another PTX's digest");
+        assert_eq!(ptx_sm90_sha256(), sha256_hex(PTX_SM90.as_bytes()), "build-info-sm90.json records another digest");
+        assert_eq!(recorded_sha256("{\"ptx_sha256\": \"12ab\"}"), None, "too short");
+        assert_eq!(recorded_sha256("{}"), None);
+    }
 
     #[cfg(feature = "artifacts-json")]
     #[test]

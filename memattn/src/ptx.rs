@@ -32,7 +32,8 @@ pub struct PtxEntry {
 /// tile records ([`PtxSource::tile_records`]) are read from `text` once and shared by clones.
 #[derive(Clone, Debug)]
 pub struct PtxSource {
-    pub text: String,
+    /// The module's text: the embedded one borrowed from the binary, a file's owned.
+    pub text: std::borrow::Cow<'static, str>,
     /// "embedded" or the file path.
     pub origin: String,
     pub sha256: String,
@@ -43,14 +44,25 @@ pub struct PtxSource {
 }
 
 impl PtxSource {
-    /// The committed module. Its digest and tile records are computed once per process.
+    /// The process-wide VM module of this text ([`ptx_vm::Module::shared`]; the embedded text,
+    /// which lives as long as the process, without hashing it again).
+    #[cfg(feature = "vm")]
+    pub fn vm_module(&self) -> Result<Arc<ptx_vm::Module>, ptx_vm::LoadError> {
+        match &self.text {
+            std::borrow::Cow::Borrowed(text) => ptx_vm::Module::shared_static(text),
+            std::borrow::Cow::Owned(text) => ptx_vm::Module::shared(text),
+        }
+    }
+
+    /// The committed module, borrowed from the binary. Its digest is the one `build-info.json`
+    /// records (checked against the text by the tests); its tile records are read once per process.
     pub fn embedded() -> PtxSource {
         static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
         EMBEDDED
             .get_or_init(|| PtxSource {
-                text: EMBEDDED_PTX.to_string(),
+                text: EMBEDDED_PTX.into(),
                 origin: "embedded".into(),
-                sha256: kernels_gpu::artifacts::sha256_hex(EMBEDDED_PTX.as_bytes()),
+                sha256: kernels_gpu::artifacts::ptx_sha256(),
                 tiles: Arc::default(),
                 entries: Arc::default(),
             })
@@ -62,9 +74,9 @@ impl PtxSource {
         static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
         EMBEDDED
             .get_or_init(|| PtxSource {
-                text: kernels_gpu::artifacts::PTX_SM90.to_string(),
+                text: kernels_gpu::artifacts::PTX_SM90.into(),
                 origin: "embedded (sm_90a)".into(),
-                sha256: kernels_gpu::artifacts::sha256_hex(kernels_gpu::artifacts::PTX_SM90.as_bytes()),
+                sha256: kernels_gpu::artifacts::ptx_sm90_sha256(),
                 tiles: Arc::default(),
                 entries: Arc::default(),
             })
@@ -73,7 +85,13 @@ impl PtxSource {
 
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
-        PtxSource { text, origin: path.display().to_string(), sha256, tiles: Arc::default(), entries: Arc::default() }
+        PtxSource {
+            text: text.into(),
+            origin: path.display().to_string(),
+            sha256,
+            tiles: Arc::default(),
+            entries: Arc::default(),
+        }
     }
 
     pub fn is_embedded(&self) -> bool {
@@ -90,6 +108,10 @@ impl PtxSource {
                 version.get_or_insert_with(|| v.trim().to_string());
             } else if let Some(v) = t.strip_prefix(".target") {
                 target.get_or_insert_with(|| v.trim().to_string());
+            }
+            // The first of each counts: the rest of a large module need not be read.
+            if version.is_some() && target.is_some() {
+                break;
             }
         }
         (version, target)

@@ -1,5 +1,5 @@
 //! The committed PTX is parsed once per process however many VM handles a program opens
-//! (`ptx_vm::Module::shared`, keyed by the text's SHA-256); entries are decoded on first launch.
+//! (`ptx_vm::Module::shared_static`: the embedded text by its address); entries are decoded on first launch.
 //! A test binary of its own, so no other test's module is counted.
 
 use memattn::attn::{AttnOpts, Kernels, TensorView};

@@ -138,10 +138,18 @@ static PARSES: AtomicU64 = AtomicU64::new(0);
 const SHARED_KEEP: usize = 4;
 
 struct SharedCache {
-    /// Every module loaded through `shared` that is still alive somewhere, by SHA-256 of its text.
-    live: HashMap<[u8; 32], Weak<Module>>,
+    /// Every module loaded through `shared` that is still alive somewhere, by SHA-256 of its text
+    /// or, for a text that lives as long as the process, by its address and length.
+    live: HashMap<SharedKey, Weak<Module>>,
     /// Strong references to the last `SHARED_KEEP` distinct modules `shared` returned.
     recent: VecDeque<Arc<Module>>,
+}
+
+/// What [`Module::shared`] and [`Module::shared_static`] key their modules by.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum SharedKey {
+    Digest([u8; 32]),
+    Static(usize, usize),
 }
 
 impl Module {
@@ -195,8 +203,18 @@ impl Module {
     /// once; older ones are dropped with their last `Arc`. A text that fails to load is not
     /// cached (each call reports the error again).
     pub fn shared(ptx: &str) -> Result<Arc<Module>, LoadError> {
+        Module::shared_by(ptx, SharedKey::Digest(Sha256::digest(ptx.as_bytes()).into()))
+    }
+
+    /// [`Module::shared`] for a text that lives as long as the process (an embedded module): the
+    /// same text, by address and length, returns the same module without hashing it (a `'static`
+    /// text never changes), which spares a short-lived program the digest of a large module.
+    pub fn shared_static(ptx: &'static str) -> Result<Arc<Module>, LoadError> {
+        Module::shared_by(ptx, SharedKey::Static(ptx.as_ptr() as usize, ptx.len()))
+    }
+
+    fn shared_by(ptx: &str, key: SharedKey) -> Result<Arc<Module>, LoadError> {
         static CACHE: OnceLock<Mutex<SharedCache>> = OnceLock::new();
-        let key: [u8; 32] = Sha256::digest(ptx.as_bytes()).into();
         let cache = CACHE.get_or_init(|| Mutex::new(SharedCache { live: HashMap::new(), recent: VecDeque::new() }));
         // The lock is held while parsing, so that threads asking for the same text at once parse
         // it once (a different text waits too; loads are rare).

@@ -55,7 +55,7 @@ pub fn doctor(cli: &Cli) -> Result<i32, Error> {
     let cuda = probe();
     let gpus = memattn_cli::nvml::gpus();
     let ptxas = find_ptxas();
-    let vm = quietly(|| ptx_vm::Module::shared(&src.text).and_then(|m| m.check_all().map(|()| m.kernels().len())));
+    let vm = quietly(|| src.vm_module().and_then(|m| m.check_all().map(|()| m.kernels().len())));
     let vm_status = match &vm {
         Ok(Ok(n)) => format!("loads the PTX ({n} kernels decoded)"),
         Ok(Err(e)) => format!("cannot load the PTX: {e}"),
@@ -299,7 +299,7 @@ pub fn kernels(cli: &Cli) -> Result<i32, Error> {
     // PTX that does not load is a kernel error (exit 3), as it is for `run`: a listing of what a
     // text scan finds in it would look like a valid module.
     let vm_info: Option<Vec<ptx_vm::KernelInfo>> =
-        match quietly(|| ptx_vm::Module::shared(&src.text).and_then(|m| m.check_all().map(|()| m.kernels()))) {
+        match quietly(|| src.vm_module().and_then(|m| m.check_all().map(|()| m.kernels()))) {
             Ok(Ok(k)) => Some(k),
             Ok(Err(e)) => {
                 return Err(Error::Device(memattn_cli::device::DeviceError::PtxLoad {

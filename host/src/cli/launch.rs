@@ -134,7 +134,8 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     let bufs: Vec<BufSpec> = a.buf.iter().map(|s| parse_buf(s)).collect::<Result<_, _>>()?;
     let args: Vec<Arg> = a.arg.iter().map(|s| parse_arg(s)).collect::<Result<_, _>>()?;
     let ptx = load_ptx(cli)?;
-    let module = Module::shared(&ptx.text)
+    let module = ptx
+        .vm_module()
         .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
     if !module.kernel_names().iter().any(|k| k == &a.kernel) {
         return Err(unknown_kernel(&a.kernel));

@@ -283,7 +283,8 @@ fn trace_entry(cli: &Cli, a: &TraceArgs, entry: &str) -> Result<i32, Error> {
     }
     a.lines.as_deref().map(parse_lines).transpose()?;
     let ptx = load_ptx(cli)?;
-    let module = ptx_vm::Module::shared(&ptx.text)
+    let module = ptx
+        .vm_module()
         .map_err(|e| Error::Device(DeviceError::PtxLoad { origin: ptx.origin.clone(), message: e.to_string() }))?;
     let config = ptx_vm::LaunchConfig {
         grid,

@@ -72,7 +72,9 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
 
 impl VmDevice {
     pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
-        let module = Module::shared(&opts.ptx.text)
+        let module = opts
+            .ptx
+            .vm_module()
             .map_err(|e| DeviceError::PtxLoad { origin: opts.ptx.origin.clone(), message: e.to_string() })?;
         let workers =
             opts.vm_workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
@@ -228,7 +230,9 @@ impl Device for VmDevice {
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
             .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
         if sm90 && self.module_sm90.is_none() {
-            let m = Module::shared(&self.ptx_sm90.text)
+            let m = self
+                .ptx_sm90
+                .vm_module()
                 .map_err(|e| DeviceError::PtxLoad { origin: self.ptx_sm90.origin.clone(), message: e.to_string() })?;
             self.module_sm90 = Some(m);
         }
