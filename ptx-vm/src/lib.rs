@@ -119,7 +119,11 @@ pub struct Module {
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     globals: decode::Globals,
-    sources: source::SourceMap,
+    /// PTX line -> Rust line: built with the module, or on first use when the text lives as
+    /// long as the process ([`Module::shared_static`]: a run without findings or traces never
+    /// needs it).
+    sources: OnceLock<source::SourceMap>,
+    static_text: Option<&'static str>,
 }
 
 /// One `.entry` and its program, decoded on first use.
@@ -167,6 +171,14 @@ impl Module {
     /// are found by matching braces and are not lexed here, so a module of many kernels loads
     /// in the time of a byte scan.
     pub fn load_lazy(ptx: &str) -> Result<Module, LoadError> {
+        let mut m = Module::parse_only(ptx)?;
+        m.sources = OnceLock::from(source::SourceMap::build(ptx));
+        Ok(m)
+    }
+
+    /// [`Module::load_lazy`] without the source map, which is built on first use from `text`
+    /// when that lives as long as the process.
+    fn parse_only(ptx: &str) -> Result<Module, LoadError> {
         let ast = parse::parse(ptx)?;
         PARSES.fetch_add(1, Ordering::Relaxed);
         let id = NEXT_MODULE.fetch_add(1, Ordering::Relaxed);
@@ -182,7 +194,6 @@ impl Module {
                 Entry { func, program: OnceLock::new() }
             })
             .collect();
-        let sources = source::SourceMap::build(ptx);
         Ok(Module {
             id,
             version: ast.version.clone(),
@@ -192,7 +203,8 @@ impl Module {
             entries,
             by_name,
             globals,
-            sources,
+            sources: OnceLock::new(),
+            static_text: None,
         })
     }
 
@@ -203,17 +215,18 @@ impl Module {
     /// once; older ones are dropped with their last `Arc`. A text that fails to load is not
     /// cached (each call reports the error again).
     pub fn shared(ptx: &str) -> Result<Arc<Module>, LoadError> {
-        Module::shared_by(ptx, SharedKey::Digest(Sha256::digest(ptx.as_bytes()).into()))
+        Module::shared_by(SharedKey::Digest(Sha256::digest(ptx.as_bytes()).into()), || Module::load_lazy(ptx))
     }
 
     /// [`Module::shared`] for a text that lives as long as the process (an embedded module): the
     /// same text, by address and length, returns the same module without hashing it (a `'static`
     /// text never changes), which spares a short-lived program the digest of a large module.
     pub fn shared_static(ptx: &'static str) -> Result<Arc<Module>, LoadError> {
-        Module::shared_by(ptx, SharedKey::Static(ptx.as_ptr() as usize, ptx.len()))
+        let load = || Ok(Module { static_text: Some(ptx), ..Module::parse_only(ptx)? });
+        Module::shared_by(SharedKey::Static(ptx.as_ptr() as usize, ptx.len()), load)
     }
 
-    fn shared_by(ptx: &str, key: SharedKey) -> Result<Arc<Module>, LoadError> {
+    fn shared_by(key: SharedKey, load: impl FnOnce() -> Result<Module, LoadError>) -> Result<Arc<Module>, LoadError> {
         static CACHE: OnceLock<Mutex<SharedCache>> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(SharedCache { live: HashMap::new(), recent: VecDeque::new() }));
         // The lock is held while parsing, so that threads asking for the same text at once parse
@@ -222,7 +235,7 @@ impl Module {
         let m = match c.live.get(&key).and_then(Weak::upgrade) {
             Some(m) => m,
             None => {
-                let m = Arc::new(Module::load_lazy(ptx)?);
+                let m = Arc::new(load()?);
                 c.live.retain(|_, w| w.strong_count() > 0);
                 c.live.insert(key, Arc::downgrade(&m));
                 m
@@ -278,11 +291,14 @@ impl Module {
     /// The Rust source line a PTX line (1-based) was compiled from, when the PTX carries line
     /// tables (`.file`/`.loc`; the kernel build writes them). See [`SourceLoc`].
     pub fn source_of(&self, ptx_line: usize) -> Option<SourceLoc> {
-        self.sources.get(ptx_line)
+        self.sources().get(ptx_line)
+    }
+    fn sources(&self) -> &source::SourceMap {
+        self.sources.get_or_init(|| source::SourceMap::build(self.static_text.unwrap_or_default()))
     }
     /// Whether the PTX has line tables (`.file` directives).
     pub fn has_line_info(&self) -> bool {
-        !self.sources.is_empty()
+        !self.sources().is_empty()
     }
     /// PTX `.version` and `.target` of the module, e.g. ("7.0", "sm_80").
     pub fn version_and_target(&self) -> (String, String) {
