@@ -3,7 +3,7 @@
 //! Expected values come from the fragment layouts of the PTX ISA, written out here independently
 //! of the VM.
 
-mod util;
+use crate::util;
 use half::{bf16, f16};
 use ptx_vm::{Finding, LaunchConfig, Module, TraceRequest, Vm, VmError, SHARED_POISON};
 use util::*;

@@ -8,7 +8,7 @@ use kernels_gpu::tiles;
 use kernels_gpu::{Family, VARIANTS};
 use ptx_vm::{LaunchConfig, Module, Vm};
 
-mod util;
+use crate::util;
 use util::{module, Rng};
 
 fn upload(vm: &mut Vm, v: &[f32]) -> u64 {

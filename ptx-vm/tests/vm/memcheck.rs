@@ -1,6 +1,6 @@
 //! Memcheck: deliberately broken kernels must produce the exact finding.
 
-mod util;
+use crate::util;
 use ptx_vm::{Finding, LaunchConfig, Module, Vm, VmError};
 use util::*;
 

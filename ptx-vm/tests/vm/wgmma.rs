@@ -8,7 +8,7 @@
 //! `Swizzle<B, 4, 3>` on the byte address, and D is read back with the accumulator fragment map
 //! of section 9.7.15.5.1.1.1.
 
-mod util;
+use crate::util;
 use half::{bf16, f16};
 use ptx_vm::{Finding, LaunchConfig, Module, Vm, VmError};
 use util::{line_of, Rng};

@@ -5,7 +5,7 @@
 //! of a block in index order, so without the barriers each case would come out in that order
 //! instead.
 
-mod util;
+use crate::util;
 
 use ptx_vm::VmError;
 

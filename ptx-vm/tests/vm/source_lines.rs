@@ -4,8 +4,8 @@
 use ptx_vm::run::{Arg, Launcher, OUTPUT_POISON};
 use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm, VmError};
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
-const SMOKE_RS: &str = include_str!("../../kernels-gpu/src/smoke.rs");
+const PTX: &str = include_str!("../../../kernels-gpu/ptx/memattn_kernels.ptx");
+const SMOKE_RS: &str = include_str!("../../../kernels-gpu/src/smoke.rs");
 
 /// The 1-based line of `kernels-gpu/src/smoke.rs` that loads and stores `y`, found by its text.
 fn saxpy_line() -> u32 {

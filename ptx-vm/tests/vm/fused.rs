@@ -4,7 +4,7 @@
 //! must give the same bits, counts and findings; the values are also checked against f32
 //! arithmetic done here.
 
-mod util;
+use crate::util;
 use ptx_vm::{Finding, LaunchConfig, LaunchStats, Module, Vm, VmError};
 use util::*;
 

@@ -1,6 +1,6 @@
 //! Instruction families against known values.
 
-mod util;
+use crate::util;
 use util::*;
 
 fn f(x: u32) -> f32 {

@@ -5,7 +5,7 @@ use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::tiles::FLASH_F32_D64;
 use ptx_vm::{LaunchConfig, Module, TraceRequest, Vm, VmError};
 
-mod util;
+use crate::util;
 use util::{Rng, PTX};
 
 fn flash_output(workers: usize) -> Vec<u8> {
