@@ -3,7 +3,7 @@
 //! and leave the caches alone, and [`Kernels::check_kv_status`] names the rule. On the VM-backed
 //! CUDA driver, a 20-step decode loop makes no device-to-host copy.
 
-mod common;
+use crate::common;
 use common::vm_cuda;
 use memattn::attn::{AttnError, AttnOpts, IndexTensor, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::decode::{DecodeKernel, DecodeProblem, Rotary};

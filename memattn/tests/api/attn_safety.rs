@@ -3,7 +3,7 @@
 //! (NaN out, not an empty-looking row), and large soft caps (checked against the f64 reference
 //! in every kernel family that applies one). All in the VM; each case is small.
 
-mod common;
+use crate::common;
 use common::{data, flash_into};
 use memattn::attn::{
     AliasRule, AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut, VmBuffer,

@@ -3,7 +3,7 @@
 //! (keys gathered through the block table, bottom-right causal and windows against each
 //! sequence's key count, soft cap, sinks); the index rules.
 
-mod common;
+use crate::common;
 use common::data;
 use memattn::attn::{AttnError, AttnOpts, IndexTensor, Kernels, SinksView, TensorView};
 use memattn::Dtype;

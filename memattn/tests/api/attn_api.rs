@@ -2,7 +2,7 @@
 //! the VM-backed CUDA driver (`vm-cuda`'s `libvm_cuda.so`) with the caller's own context and
 //! stream. Results are checked against the f64 reference; every refusal is checked by its error.
 
-mod common;
+use crate::common;
 use common::{data, flash_into, vm_cuda};
 use cudarc::driver::{CudaContext, CudaStream};
 use memattn::attn::{AttnError, AttnOpts, Kernels, LseViewMut, PartialsView, SinksView, TensorView, TensorViewMut};

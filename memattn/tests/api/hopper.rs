@@ -4,7 +4,7 @@
 //! that are not tile multiples (length 1, seq_q != seq_kv with fully masked rows, several query
 //! blocks and heads, GQA, windows, soft cap, sinks, varlen).
 
-mod common;
+use crate::common;
 use common::{data, flash_into};
 use memattn::attn::{AttnOpts, Kernels, LseViewMut, SinksView, TensorView, TensorViewMut};
 use memattn::device::vm::VmDevice;

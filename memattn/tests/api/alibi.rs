@@ -3,7 +3,7 @@
 //! cores) with `[heads]` and `[batch, heads]` slopes against the f64 reference, outputs poisoned
 //! first; the refusals.
 
-mod common;
+use crate::common;
 use common::{data, flash_into};
 use memattn::attn::{AlibiRule, AlibiView, AttnError, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 use memattn::problem::alibi_slopes;
