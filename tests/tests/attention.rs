@@ -780,7 +780,7 @@ fn wrong_length_inputs_are_refused_before_upload_in_every_path() {
 }
 
 /// VM only: memcheck is the VM's (a GPU would corrupt memory instead; the VM-backed driver's
-/// launch fault is checked in `host/tests/cuda_vm.rs`).
+/// launch fault is checked in `host/tests/command/cuda_vm.rs`).
 #[test]
 fn out_of_bounds_launch_is_a_device_error() {
     let dev = &mut memattn_tests::vm_device();

@@ -37,7 +37,7 @@ pub fn drv(op: &str, e: DriverError) -> DeviceError {
 
 /// Every driver function memattn's CUDA backend reaches through cudarc. cudarc resolves each on
 /// its first call and panics when the library lacks it, wherever that call is (a launch, a
-/// destructor), so [`probe`] looks them all up first. `host/tests/cuda_vm.rs` checks, from the
+/// destructor), so [`probe`] looks them all up first. `host/tests/command/cuda_vm.rs` checks, from the
 /// dynamic loader's log, that no other driver function is resolved.
 pub const REQUIRED_DRIVER_FUNCTIONS: &[&str] = &[
     "cuInit",

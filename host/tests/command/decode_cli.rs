@@ -1,7 +1,7 @@
 //! End-to-end tests of `memattn decode` in the VM: the verified run and its JSON, `--vary`,
 //! `--output`, and bad input (exit 2 naming the rule, never a panic).
 
-mod common;
+use crate::common;
 use common::*;
 
 fn text(b: &[u8]) -> String {

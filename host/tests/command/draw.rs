@@ -2,7 +2,7 @@
 //! each picture shows values derived independently here (hand-counted tiles, the PTX ISA's
 //! fragment layout, the bank of a swizzled chunk, an f64 log-sum-exp).
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 

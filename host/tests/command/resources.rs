@@ -2,7 +2,7 @@
 //! temporary files), and the decode and config inputs whose options were checked against the
 //! wrong values. Each test names the inputs it covers.
 
-mod common;
+use crate::common;
 use common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

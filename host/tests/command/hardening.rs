@@ -2,7 +2,7 @@
 //! abort or panic. Each test names the inputs it covers; `cli_argument_space_never_panics` is a
 //! seeded property test over random valid and invalid command lines.
 
-mod common;
+use crate::common;
 use common::*;
 use memattn_cli::inputs::Qkv;
 use memattn_cli::problem::Problem;

@@ -1,7 +1,7 @@
 //! End-to-end tests of the `memattn` binary: exit codes, JSON shape, files, and (in the VM) the
 //! main commands. Every exit code of the contract is exercised here.
 
-mod common;
+use crate::common;
 use common::*;
 use memattn_cli::inputs::Qkv;
 use memattn_cli::problem::Problem;

@@ -3,7 +3,7 @@
 //! counted here) and `memattn compare --backward` (both sides verified, measured peak equal to
 //! the expected bytes, the workspaces P + dS and dQ accumulator + D), and their refusals.
 
-mod common;
+use crate::common;
 use common::*;
 use memattn_cli::problem::Problem;
 use memattn_cli::reference::grad::attention_backward;

@@ -1,7 +1,7 @@
 //! `memattn plan` on the published model configs (exact bytes), its bad inputs, and the `--save`
 //! evidence of every outcome (exit codes 0, 1, 2 and 3) with `evidence show | diff | rerun`.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::PathBuf;
 

@@ -3,7 +3,7 @@
 //! log, events, NVML sampling, `cuMemGetInfo` — runs without a GPU, and its results must equal
 //! the `vm` backend's bit for bit.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

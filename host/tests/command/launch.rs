@@ -1,6 +1,6 @@
 //! `memattn launch`: any entry point with named buffers and typed arguments.
 
-mod common;
+use crate::common;
 use common::*;
 
 const SAXPY: [&str; 14] = [

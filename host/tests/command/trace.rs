@@ -1,10 +1,10 @@
 //! `memattn trace`: typed values, Rust lines, filters, the trace kept up to a finding, and the
 //! default problem stated when it differs from `run`'s.
 
-mod common;
+use crate::common;
 use common::*;
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+const PTX: &str = include_str!("../../../kernels-gpu/ptx/memattn_kernels.ptx");
 
 #[test]
 fn mma_values_are_f32_and_ldmatrix_values_are_bf16_pairs_with_their_rust_lines() {

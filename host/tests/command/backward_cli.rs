@@ -2,7 +2,7 @@
 //! reference computed by the test from inputs the test wrote, the memory figures against bytes
 //! counted here, `--output`, and every refusal (exit 2 naming the limit).
 
-mod common;
+use crate::common;
 use common::*;
 use memattn_cli::problem::Problem;
 use memattn_cli::reference::grad::attention_backward;
