@@ -2,7 +2,7 @@
 //! parameter layout the ABI promises, and the smoke kernel computes bit-exact results.
 //!
 //! Kernel-versus-reference tests of the attention kernels live once, generic over the device, in
-//! `tests/tests/attention.rs` (they use the host's f64 reference and verification).
+//! `tests/tests/all/attention.rs` (they use the host's f64 reference and verification).
 
 use kernels_gpu::tiles;
 use kernels_gpu::{Family, VARIANTS};
