@@ -149,63 +149,104 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let (mut failed, mut device_errors, mut not_run) = (0, 0, 0);
     let mut rows = Vec::new();
     let mut ratios: Vec<(f64, u32, &str)> = Vec::new();
-    for (d, c) in &all {
+    let arch = dev.arch()?;
+    // The cases are independent: on the VM, where a case's host work (inputs, the f64 reference)
+    // and small launches leave cores idle, a second device runs cases next to the first; the
+    // table is printed in case order all the same.
+    let mut devices = vec![dev];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if devices[0].backend() == memattn_cli::device::Backend::Vm && cli.vm_workers.is_none() && cores > 1 {
+        if let Ok(second) = memattn_cli::device::open(&super::device_options(cli)?) {
+            devices.push(second.device);
+        }
+    }
+    let outcomes = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let ready = std::sync::Condvar::new();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let run_case = |dev: &mut dyn memattn_cli::device::Device, c: &Case| {
         let spec = RunSpec {
             seed: a.seed,
             check: RowSelection::All,
             reference_alongside: true,
             ..RunSpec::new(c.problem, kernel)
         };
-        // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
-        let entries: Vec<&str> = c.problem.launches_on(kernel, dev.arch()?)?.iter().map(|l| l.kernel.name()).collect();
-        let (result, err, bound, ratio, detail) = match run(dev.as_mut(), &spec, None) {
-            Ok(r) => {
-                let res = if r.verified { "PASS" } else { "FAIL" };
-                let ratio = error_ratio(dtype, r.max_abs_err, &r.tolerance);
-                (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), ratio, r.verification.failures.join("; "))
-            }
-            // A case the device or host had no room for did not run: not a failure of the kernel.
-            Err(e) if e.is_resource() => ("NOT RUN", None, None, None, e.to_string()),
-            Err(e) => {
-                if e.exit_code() == exit::DEVICE {
-                    device_errors += 1;
+        run(dev, &spec, None)
+    };
+    std::thread::scope(|s| -> Result<(), Error> {
+        for dev in devices.iter_mut() {
+            let (all, outcomes, ready, next, run_case) = (&all, &outcomes, &ready, &next, &run_case);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, c)) = all.get(i) else { break };
+                // A panic reaches the printing thread, which would otherwise wait for this case.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(dev.as_mut(), c)));
+                outcomes.lock().unwrap_or_else(|e| e.into_inner()).insert(i, outcome);
+                ready.notify_all();
+            });
+        }
+        for (i, (d, c)) in all.iter().enumerate() {
+            // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
+            let entries: Vec<&str> = c.problem.launches_on(kernel, arch)?.iter().map(|l| l.kernel.name()).collect();
+            let outcome = {
+                let mut done = outcomes.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(o) = done.remove(&i) {
+                        break o.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    }
+                    done = ready.wait(done).unwrap_or_else(|e| e.into_inner());
                 }
-                ("FAIL", None, None, None, e.to_string())
+            };
+            let (result, err, bound, ratio, detail) = match outcome {
+                Ok(r) => {
+                    let res = if r.verified { "PASS" } else { "FAIL" };
+                    let ratio = error_ratio(dtype, r.max_abs_err, &r.tolerance);
+                    (res, Some(r.rel_rms_err), Some(r.tolerance.rel_rms), ratio, r.verification.failures.join("; "))
+                }
+                // A case the device or host had no room for did not run: not a failure of the kernel.
+                Err(e) if e.is_resource() => ("NOT RUN", None, None, None, e.to_string()),
+                Err(e) => {
+                    if e.exit_code() == exit::DEVICE {
+                        device_errors += 1;
+                    }
+                    ("FAIL", None, None, None, e.to_string())
+                }
+            };
+            if let Some(x) = ratio {
+                ratios.push((x, *d, c.name));
             }
-        };
-        if let Some(x) = ratio {
-            ratios.push((x, *d, c.name));
-        }
-        match result {
-            "FAIL" => failed += 1,
-            "NOT RUN" => not_run += 1,
-            _ => {}
-        }
-        let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
-        if !cli.json {
-            let r = ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
-            println!(
-                "{:<6} {:<22} {:<7} {:>10} {:>10} {:>9}  {}",
-                d,
-                c.name,
-                result,
-                fmt(err),
-                fmt(bound),
-                r,
-                c.catches
-            );
-            if result != "PASS" {
-                println!("       {detail}");
+            match result {
+                "FAIL" => failed += 1,
+                "NOT RUN" => not_run += 1,
+                _ => {}
             }
+            let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
+            if !cli.json {
+                let r = ratio.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<6} {:<22} {:<7} {:>10} {:>10} {:>9}  {}",
+                    d,
+                    c.name,
+                    result,
+                    fmt(err),
+                    fmt(bound),
+                    r,
+                    c.catches
+                );
+                if result != "PASS" {
+                    println!("       {detail}");
+                }
+            }
+            rows.push(serde_json::json!({
+                "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
+                "ran": result != "NOT RUN",
+                "rel_rms_err": err, "bound": bound, "error_ratio": ratio, "detail": detail,
+                "shape": c.problem.shape_json(),
+                "kernels": entries,
+            }));
         }
-        rows.push(serde_json::json!({
-            "head_dim": d, "case": c.name, "catches": c.catches, "passed": result == "PASS",
-            "ran": result != "NOT RUN",
-            "rel_rms_err": err, "bound": bound, "error_ratio": ratio, "detail": detail,
-            "shape": c.problem.shape_json(),
-            "kernels": entries,
-        }));
-    }
+        Ok(())
+    })?;
+    let dev = devices.swap_remove(0);
     // The error ratio against naive attention in the dtype: its worst case and median, and the
     // drift limit when one was given.
     ratios.sort_by(|a, b| a.0.total_cmp(&b.0));
