@@ -173,7 +173,13 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         run(dev, &spec, None)
     };
     std::thread::scope(|s| -> Result<(), Error> {
-        for dev in devices.iter_mut() {
+        // One device (a GPU's, whose context is current on this thread, or a VM's alone) runs
+        // the cases here, one after the other; two run them on a thread each.
+        let (mut here, spawned) = match devices.as_mut_slice() {
+            [one] => (Some(one), None),
+            all_devices => (None, Some(all_devices)),
+        };
+        for dev in spawned.into_iter().flatten() {
             let (all, outcomes, ready, next, run_case) = (&all, &outcomes, &ready, &next, &run_case);
             s.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -187,7 +193,9 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
         for (i, (d, c)) in all.iter().enumerate() {
             // Which rows of the variant table the case runs (a narrow window picks its own d64 row).
             let entries: Vec<&str> = c.problem.launches_on(kernel, arch)?.iter().map(|l| l.kernel.name()).collect();
-            let outcome = {
+            let outcome = if let Some(dev) = here.as_mut() {
+                run_case(dev.as_mut(), c)
+            } else {
                 let mut done = outcomes.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if let Some(o) = done.remove(&i) {
