@@ -111,7 +111,8 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "S", allow_negative_numbers = true, value_parser = clap::value_parser!(f64))]
     pub vm_max_seconds: Option<f64>,
 
-    /// VM: worker threads (default: all cores).
+    /// VM: worker threads (default: all cores; `check` then also runs its cases on two VM
+    /// devices side by side).
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_usize)]
     pub vm_workers: Option<usize>,
 
