@@ -87,7 +87,8 @@ fn decode_vary_splits_and_output_file() {
     assert_eq!(runs[1]["plan"]["num_splits"], 3);
     assert!(runs.iter().all(|r| r["verified"] == true));
 
-    let dir = std::env::temp_dir().join(format!("memattn-decode-cli-{}", std::process::id()));
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-decode-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("out.safetensors");
     let o = memattn(&[
@@ -284,7 +285,8 @@ fn write_inputs(path: &std::path::Path, table: &[u32], seqlens: &[i32]) {
 
 #[test]
 fn decode_reads_inputs_and_refuses_bad_block_tables() {
-    let dir = std::env::temp_dir().join(format!("memattn-decode-inputs-{}", std::process::id()));
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-decode-inputs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
     // Sequence 0 has 9 keys + 1 new = 10 (pages 2, 0); sequence 1 has 4 + 1 (page 1).
@@ -409,7 +411,8 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
     let (cs, sn, al) = (f(&x.rotary_cos), f(&x.rotary_sin), f(&x.alibi_slopes));
     let (lens, idx, pad) = (u(&p.cache_seqlens), u(&[2, 0]), u(&[5, 0]));
     let rows = x.rotary_cos.len() / 16;
-    let dir = std::env::temp_dir().join(format!("memattn-decode-extras-{}", std::process::id()));
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-decode-extras-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let write = |name: &str, with_pad: bool| {
         let mut t = vec![

@@ -59,7 +59,7 @@ fn committed_figures_are_what_draw_renders_now() {
 }
 
 fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memattn-draw-{}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-draw-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -170,7 +170,8 @@ fn examples(repo: &Path) -> Vec<(String, String)> {
 /// A scratch folder with what the examples read: `host` (the fixtures), `qkv.safetensors`,
 /// `my_kernels.ptx` (the embedded PTX) and `no-barrier.ptx` (a barrier deleted).
 fn scratch(repo: &Path, name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memattn-help-examples-{}-{name}", std::process::id()));
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("memattn-help-examples-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     #[cfg(unix)]

@@ -9,7 +9,8 @@ fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/configs/{name}.json", env!("CARGO_MANIFEST_DIR"))
 }
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("memattn-plan-evidence-{}", std::process::id()));
+    let d =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-plan-evidence-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     let p = d.join(name);
     let _ = std::fs::remove_file(&p);

@@ -85,7 +85,7 @@ fn a_finding_keeps_the_trace_up_to_the_instruction_that_made_it() {
         edited.push_str(l);
         edited.push('\n');
     }
-    let dir = std::env::temp_dir().join(format!("memattn-trace-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("no-barrier.ptx");
     std::fs::write(&path, edited).unwrap();
@@ -164,7 +164,8 @@ $L__BB0_2:
 ";
 
 fn add_one_ptx(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("memattn-trace-entry-{}-{name}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("memattn-trace-entry-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.ptx"));
     std::fs::write(&path, text).unwrap();
