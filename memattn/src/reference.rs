@@ -128,13 +128,12 @@ pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool 
 }
 
 /// The keys query `i` of a `seq_q` × `seq_kv` sequence sees: one range, since the causal and
-/// window bounds each cut the keys at one end (empty when it sees none).
+/// window bounds each cut the keys at one end (empty when it sees none). Read off the per-key
+/// rule [`visible_in`], not the kernels' `key_range`, so the reference stays independent of them.
 pub(crate) fn visible_keys(p: &Problem, seq_q: u32, seq_kv: u32, i: u32) -> std::ops::Range<usize> {
-    let first = (0..seq_kv).position(|j| visible_in(p, seq_q, seq_kv, i, j));
-    let Some(first) = first else { return 0..0 };
-    let last = (0..seq_kv).rposition(|j| visible_in(p, seq_q, seq_kv, i, j)).unwrap_or(first);
-    debug_assert!((first..=last).all(|j| visible_in(p, seq_q, seq_kv, i, j as u32)));
-    first..last + 1
+    let seen = |j: &usize| visible_in(p, seq_q, seq_kv, i, *j as u32);
+    let Some(first) = (0..seq_kv as usize).find(seen) else { return 0..0 };
+    first..(first..seq_kv as usize).find(|j| !seen(j)).unwrap_or(seq_kv as usize)
 }
 
 /// `out[j] = Σ_t q[t] · k_j[t]` for the keys `j = 0..out.len()`, key `j`'s row at

@@ -62,7 +62,6 @@ fn skip_block(b: &[u8], open: usize) -> Option<(usize, usize)> {
             break;
         }
         match b[i] {
-            b'\n' => lines += 1,
             b'{' => depth += 1,
             b'}' => {
                 depth -= 1;
