@@ -29,6 +29,7 @@
 //! (`2 · 4 · batch · heads · seq_q · seq_kv` bytes), by the rule the forward's report uses for
 //! the naive score matrix.
 
+use crate::backward_sample::{checked_slices, SliceSample};
 use crate::device::Device;
 use crate::error::Error;
 use crate::inputs::{from_layout, to_layout, Qkv};
@@ -359,7 +360,15 @@ pub struct BackwardReport {
     pub bitwise_reproducible: Option<bool>,
     /// Repetitions compared for `bitwise_reproducible`.
     pub repetitions: u64,
-    /// O, LSE, dq, dk, dv (and d_sinks) in that order.
+    /// Query rows whose O, LSE and dQ were checked (with the dK and dV of their keys): every row,
+    /// or past the reference's budget those of [`BackwardReport::checked_slices`].
+    pub checked_rows: u64,
+    pub total_rows: u64,
+    /// The (batch, KV head) slices checked whole, when not every slice was
+    /// ([`crate::backward_sample`]; `--check-rows all` checks every one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_slices: Option<SliceSample>,
+    /// O, LSE, dq, dk, dv (and d_sinks) in that order (of the checked slices).
     pub checks: Vec<TensorCheck>,
     /// Varlen: every sequence checked on its own (empty otherwise).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -581,19 +590,23 @@ pub fn run_backward(
     let (forward_ms, samples, records, out, same_bits) = body?;
     let memory = memory?;
 
-    let sinks: &[f32] = if p.sinks { &x.sinks } else { &[] };
-    let want = attention_backward(&p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage)?;
-    let baseline = if p.dtype.is_16bit() {
-        Some(naive_backward_in_dtype(&p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage)?)
-    } else {
-        None
+    // Past the reference's budget a dense problem is checked on whole (batch, KV head) slices.
+    let sample = checked_slices(&p, &spec.check);
+    let gathered;
+    let (vp, vx, vd_o, vout) = match &sample {
+        Some(s) => {
+            gathered = (s.gather_inputs(&p, x), s.gather_q(&p, d_o), s.gather_outputs(&p, &out));
+            (s.problem(&p), &gathered.0, gathered.1.as_slice(), &gathered.2)
+        }
+        None => (p, x, d_o, &out),
     };
-    let mut checks = verify(&p, &out, &want, baseline.as_ref());
+    let (want, baseline) = reference_and_baseline(&vp, vx, vd_o)?;
+    let mut checks = verify(&vp, vout, &want, baseline.as_ref());
     if kernel == KernelKind::Naive && p.sinks {
         checks.retain(|c| c.tensor != "d_sinks");
         warnings.push("the naive backward does not compute d_sinks (the sinks enter dq, dk and dv through LSE)".into());
     }
-    let sequences = verify_sequences(&p, &out, &want, baseline.as_ref());
+    let sequences = verify_sequences(&vp, vout, &want, baseline.as_ref());
     let bitwise_reproducible = deterministic.then_some(same_bits);
     let verified =
         checks.iter().all(|c| c.passed) && sequences.iter().all(|s| s.passed) && bitwise_reproducible != Some(false);
@@ -610,6 +623,9 @@ pub fn run_backward(
         deterministic,
         bitwise_reproducible,
         repetitions: warmup as u64 + repeats as u64,
+        checked_rows: sample.as_ref().map_or(p.rows(), |s| s.rows(&p)),
+        total_rows: p.rows(),
+        checked_slices: sample,
         checks,
         sequences,
         rule: rule_of(p.dtype),
@@ -625,6 +641,21 @@ pub fn run_backward(
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,
         outputs: out,
+    })
+}
+
+/// The f64 reference gradients of `p` and, for a 16-bit run, the naive backward in its dtype,
+/// side by side on two threads.
+fn reference_and_baseline(p: &Problem, x: &Qkv, d_o: &[f32]) -> Result<(Grads, Option<NaiveGrads>), Error> {
+    let sinks: &[f32] = if p.sinks { &x.sinks } else { &[] };
+    std::thread::scope(|s| {
+        let naive = p.dtype.is_16bit().then(|| s.spawn(|| naive_backward_in_dtype(p, &x.q, &x.k, &x.v, d_o, sinks)));
+        let want = attention_backward(p, &x.q, &x.k, &x.v, d_o, sinks).map_err(Error::Usage);
+        let baseline = match naive {
+            Some(h) => Some(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)).map_err(Error::Usage)?),
+            None => None,
+        };
+        Ok((want?, baseline))
     })
 }
 
@@ -930,6 +961,17 @@ pub fn summary(r: &BackwardReport) -> String {
     let e = &r.expected_bytes;
     let _ = writeln!(s, "inputs: {}; dO: {}", r.inputs, r.d_o);
     let _ = writeln!(s, "gradients vs the f64 reference ({})", r.rule);
+    if let Some(sample) = &r.checked_slices {
+        let list = |v: &[u32]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+        let _ = writeln!(
+            s,
+            "  checked {} of {} query rows: batches [{}] x KV heads [{}], each slice whole (--check-rows all: every one)",
+            r.checked_rows,
+            r.total_rows,
+            list(&sample.batches),
+            list(&sample.kv_heads)
+        );
+    }
     let _ = writeln!(s, "  tensor  max abs err   max rel err   bound        result");
     for c in &r.checks {
         let result = match (c.passed, c.mismatched_non_finite) {

@@ -26,6 +26,7 @@ pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, prob
 pub use memattn::{Backend, BackendChoice, Device, Dtype, KernelKind, Layout, Problem};
 
 pub mod backward_run;
+pub mod backward_sample;
 pub mod charts;
 pub mod cuda_device;
 pub mod decode_run;

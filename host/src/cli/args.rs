@@ -402,7 +402,9 @@ pub struct ProblemArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub repeats: Option<u32>,
     /// Query rows checked against the reference: `all`, a number (seeded random sample), or
-    /// `auto` (all when the reference costs under 2^28 multiply-adds, else a sample).
+    /// `auto` (all when the reference costs under 2^28 multiply-adds, else a sample). With
+    /// `--backward`: whole (batch, KV head) slices holding at least N rows; `auto` samples past
+    /// 2^34 multiply-adds.
     #[arg(long, value_name = "all|N|auto", default_value = "auto", allow_negative_numbers = true)]
     pub check_rows: String,
 }

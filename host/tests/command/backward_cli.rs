@@ -584,3 +584,70 @@ fn a_bf16_backward_runs_on_tensor_cores_and_verifies_by_the_2x_rule() {
         }
     }
 }
+
+#[test]
+fn a_sampled_backward_check_names_its_slices_and_still_fails_a_broken_kernel() {
+    // --check-rows 1: one whole (batch, KV head) slice of a GQA problem (group 2, seq_q 50: 100
+    // rows) is held to the rule; the report says which.
+    let args = |dtype: &'static str| {
+        vec![
+            "--json",
+            "run",
+            "--backward",
+            "--dtype",
+            dtype,
+            "--batch",
+            "3",
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--seq-q",
+            "50",
+            "--seq-kv",
+            "45",
+            "--head-dim",
+            "64",
+            "--causal",
+            "--check-rows",
+            "1",
+        ]
+    };
+    let o = memattn(&args("bf16"));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!((v["checked_rows"].as_u64(), v["total_rows"].as_u64()), (Some(100), Some(600)), "{v}");
+    let s = &v["checked_slices"];
+    assert_eq!((s["batches"].as_array().unwrap().len(), s["kv_heads"].as_array().unwrap().len()), (1, 1), "{s}");
+    assert!(v["checks"].as_array().unwrap().iter().all(|c| c["passed"] == true));
+    let text = memattn(&args("bf16")[1..]);
+    assert!(stdout(&text).contains("checked 100 of 600 query rows: batches ["), "{}", stdout(&text));
+    // Without --check-rows the problem is small enough to be checked whole.
+    let whole: Vec<&str> = args("bf16").into_iter().take(18).collect();
+    let v = json(&memattn(&whole));
+    assert_eq!(v["checked_rows"], 600);
+    assert!(v.get("checked_slices").is_none(), "{v}");
+
+    // The f32 d64 backward without its dQ adds fails the sampled check too (exit 1, on dq).
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
+    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
+    let add = "red.global.add.f32 [%ga], %r75; }";
+    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
+    let broken = tmp("no-dq-add-sampled.ptx");
+    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    let mut a = vec!["--backend", "vm", "--ptx", broken.to_str().unwrap()];
+    a.extend(args("f32"));
+    let o = memattn(&a);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["checked_rows"], 100);
+    let failed: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["passed"] == false)
+        .map(|c| c["tensor"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["dq"], "{v}");
+    std::fs::remove_file(&broken).ok();
+}
