@@ -760,12 +760,14 @@ impl DecodeInputs {
     /// Cache rows at and past `cache_seqlens[b]` (the append's target and the unused tail) are NaN,
     /// so a kernel that reads a row it must not, or attends before the append, fails verification.
     pub fn random(p: &DecodeProblem, seed: u64) -> DecodeInputs {
-        let mut rng = SplitMix64::new(seed ^ 0xDEC0_DE00);
+        // One stream: q, k_new, v_new, then the cache rows in order, each row's K and V elements
+        // interleaved; cut into parts that the cores draw side by side.
+        let stream = seed ^ 0xDEC0_DE00;
         let (hk, d) = (p.heads_kv as usize, p.head_dim as usize);
-        let mut normal = |n: u64| -> Vec<f32> { (0..n).map(|_| p.dtype.round(rng.normal() as f32)).collect() };
-        let q = normal(p.q_elems());
-        let k_new = normal(p.new_elems());
-        let v_new = normal(p.new_elems());
+        let (nq, nn) = (p.q_elems(), p.new_elems());
+        let q = crate::inputs::normals(p.dtype, stream, 0, nq);
+        let k_new = crate::inputs::normals(p.dtype, stream, nq, nn);
+        let v_new = crate::inputs::normals(p.dtype, stream, nq + nn, nn);
         let row = (hk * d) as u64;
         let (layout, block_table, slots) = match p.page_size {
             None => {
@@ -817,12 +819,20 @@ impl DecodeInputs {
             x.sinks = (0..p.heads).map(|_| r3.normal() as f32 + 1.0).collect();
         }
         // Left padding stays NaN too: a kernel that reads it fails verification.
-        for b in 0..p.batch as usize {
-            for j in p.leftpad(b)..p.cache_seqlens[b] {
-                let at = x.row_offset(p, b, j).expect("sized above");
-                for e in 0..hk * d {
-                    x.k_cache[at + e] = p.dtype.round(rng.normal() as f32);
-                    x.v_cache[at + e] = p.dtype.round(rng.normal() as f32);
+        let rows: Vec<usize> = (0..p.batch as usize)
+            .flat_map(|b| (p.leftpad(b)..p.cache_seqlens[b]).map(move |j| (b, j)))
+            .map(|(b, j)| x.row_offset(p, b, j).expect("sized above"))
+            .collect();
+        let w = hk * d;
+        // Parts of 512 rows: the drawn values of one part are at most 2 x 512 x w floats.
+        let mut first = nq + 2 * nn;
+        for part in rows.chunks(512) {
+            let drawn = crate::inputs::normals(p.dtype, stream, first, (2 * part.len() * w) as u64);
+            first += drawn.len() as u64;
+            for (&at, kv) in part.iter().zip(drawn.chunks_exact(2 * w)) {
+                for (e, pair) in kv.chunks_exact(2).enumerate() {
+                    x.k_cache[at + e] = pair[0];
+                    x.v_cache[at + e] = pair[1];
                 }
             }
         }
@@ -1152,10 +1162,15 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
     let sq = p.seq_q as usize;
     let scale = p.softmax_scale() as f64;
     let mut o = vec![0f64; p.q_elems() as usize];
-    let mut lse = vec![f64::NEG_INFINITY; p.rows() as usize];
-    let mut o_abs = vec![0f64; p.rows() as usize];
     let mut o_under = vec![0f64; p.q_elems() as usize];
-    for b in 0..p.batch as usize {
+    // Per (b, i) and head, scattered into `[batch, heads, seq_q]` below.
+    let items = p.batch as usize * sq;
+    let mut lse_bi = vec![f64::NEG_INFINITY; items * h];
+    let mut abs_bi = vec![0f64; items * h];
+    // Query position i of sequence b, every head: O and its underflow part into `out`, `under`
+    // (`[heads, d]`, zero on entry), LSE and the row scale into `lse_h`, `abs_h` (`[heads]`).
+    let one = |t: usize, out: &mut [f64], under: &mut [f64], lse_h: &mut [f64], abs_h: &mut [f64]| {
+        let (b, i) = (t / sq, t % sq);
         // Key j of the sequence: cache row pad + j of its slot, then the new tokens.
         let (pad, cached) = (p.leftpad(b), p.cache_seqlens[b] - p.leftpad(b));
         let key = |j: u32, kv: usize| -> (&[f32], &[f32]) {
@@ -1168,59 +1183,89 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
             }
         };
         let seqlen = p.seqlen_k(b) as i64;
-        for i in 0..sq {
-            // The mask, key by key: bottom-right diagonal, causal, window on either side.
-            let diag = i as i64 + seqlen - sq as i64;
-            let visible = |j: i64| {
-                (!p.causal || j <= diag)
-                    && (p.window_right < 0 || j <= diag + p.window_right as i64)
-                    && (p.window_left < 0 || j >= diag - p.window_left as i64)
+        // The mask, key by key: bottom-right diagonal, causal, window on either side.
+        let diag = i as i64 + seqlen - sq as i64;
+        let visible = |j: i64| {
+            (!p.causal || j <= diag)
+                && (p.window_right < 0 || j <= diag + p.window_right as i64)
+                && (p.window_left < 0 || j >= diag - p.window_left as i64)
+        };
+        let seen: Vec<u32> = (0..seqlen).filter(|&j| visible(j)).map(|j| j as u32).collect();
+        let mut abs = vec![0f64; d];
+        for hh in 0..h {
+            let kv = hh / g;
+            let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
+            // ALiBi: -slope · |diag - j| after the soft cap.
+            let slope = match x.alibi_slopes.len() {
+                0 => 0.0,
+                n if n == h => x.alibi_slopes[hh] as f64,
+                _ => x.alibi_slopes[b * h + hh] as f64,
             };
-            let seen: Vec<u32> = (0..seqlen).filter(|&j| visible(j)).map(|j| j as u32).collect();
-            for hh in 0..h {
-                let kv = hh / g;
-                let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
-                // ALiBi: -slope · |diag - j| after the soft cap.
-                let slope = match x.alibi_slopes.len() {
-                    0 => 0.0,
-                    n if n == h => x.alibi_slopes[hh] as f64,
-                    _ => x.alibi_slopes[b * h + hh] as f64,
-                };
-                let s: Vec<f64> = seen
-                    .iter()
-                    .map(|&j| {
-                        let s = scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
-                        let s = if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s };
-                        s - slope * (diag - j as i64).abs() as f64
-                    })
-                    .collect();
-                let r = (b * h + hh) * sq + i;
-                // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
-                let sink = if p.sinks { x.sinks[hh] as f64 } else { f64::NEG_INFINITY };
-                if seen.is_empty() {
-                    lse[r] = sink; // O stays 0; LSE is the sink's (-inf without one)
-                    continue;
-                }
-                let m = s.iter().copied().fold(sink, f64::max);
-                let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
-                lse[r] = m + l.ln();
-                let at = ((b * sq + i) * h + hh) * d;
-                let out = &mut o[at..][..d];
-                let under = &mut o_under[at..][..d];
-                let mut abs = vec![0f64; d];
-                for (&j, sj) in seen.iter().zip(&s) {
-                    let w = (sj - m).exp();
-                    let pj = w / l;
-                    for (c, &vv) in key(j, kv).1.iter().enumerate() {
-                        out[c] += pj * vv as f64;
-                        abs[c] += pj * (vv as f64).abs();
-                        if w < crate::reference::UNDERFLOW_WEIGHT {
-                            under[c] += pj * (vv as f64).abs();
-                        }
+            let s: Vec<f64> = seen
+                .iter()
+                .map(|&j| {
+                    let s = scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
+                    let s = if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s };
+                    s - slope * (diag - j as i64).abs() as f64
+                })
+                .collect();
+            // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
+            let sink = if p.sinks { x.sinks[hh] as f64 } else { f64::NEG_INFINITY };
+            if seen.is_empty() {
+                lse_h[hh] = sink; // O stays 0; LSE is the sink's (-inf without one)
+                continue;
+            }
+            let m = s.iter().copied().fold(sink, f64::max);
+            let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
+            lse_h[hh] = m + l.ln();
+            let out = &mut out[hh * d..][..d];
+            let under = &mut under[hh * d..][..d];
+            abs.fill(0.0);
+            for (&j, sj) in seen.iter().zip(&s) {
+                let w = (sj - m).exp();
+                let pj = w / l;
+                for (c, &vv) in key(j, kv).1.iter().enumerate() {
+                    out[c] += pj * vv as f64;
+                    abs[c] += pj * (vv as f64).abs();
+                    if w < crate::reference::UNDERFLOW_WEIGHT {
+                        under[c] += pj * (vv as f64).abs();
                     }
                 }
-                o_abs[r] = abs.iter().copied().fold(0f64, f64::max);
             }
+            abs_h[hh] = abs.iter().copied().fold(0f64, f64::max);
+        }
+    };
+    // The rows spread over the cores; each row's arithmetic is the same wherever it runs.
+    let longest = (0..p.batch as usize).map(|b| p.seqlen_k(b) as usize).max().unwrap_or(0);
+    let chunk = crate::reference::row_chunk(items, h * d * longest.max(1));
+    let one = &one;
+    let (row, hd) = (chunk * h * d, chunk * h);
+    std::thread::scope(|sc| {
+        let parts =
+            o.chunks_mut(row).zip(o_under.chunks_mut(row)).zip(lse_bi.chunks_mut(hd).zip(abs_bi.chunks_mut(hd)));
+        let mut parts = parts.enumerate().peekable();
+        while let Some((c, ((oc, uc), (lc, ac)))) = parts.next() {
+            let mut work = move || {
+                for k in 0..lc.len() / h {
+                    let (o_r, u_r) = (&mut oc[k * h * d..][..h * d], &mut uc[k * h * d..][..h * d]);
+                    one(c * chunk + k, o_r, u_r, &mut lc[k * h..][..h], &mut ac[k * h..][..h]);
+                }
+            };
+            if parts.peek().is_some() {
+                sc.spawn(work);
+            } else {
+                work();
+            }
+        }
+    });
+    let mut lse = vec![f64::NEG_INFINITY; p.rows() as usize];
+    let mut o_abs = vec![0f64; p.rows() as usize];
+    for t in 0..items {
+        let (b, i) = (t / sq, t % sq);
+        for hh in 0..h {
+            let r = (b * h + hh) * sq + i;
+            lse[r] = lse_bi[t * h + hh];
+            o_abs[r] = abs_bi[t * h + hh];
         }
     }
     DecodeReference { o, lse, o_abs, o_under }

@@ -44,8 +44,9 @@ impl Qkv {
     }
 }
 
-/// Normals `first .. first + n` of the stream of `seed`, rounded to `dt`.
-fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
+/// Normals `first .. first + n` of the stream of `seed` (those `SplitMix64::new(seed)` gives
+/// after `first` calls of `normal`), rounded to `dt`; spread over the cores.
+pub(crate) fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
     // Chunks of 2^14 values (about half a millisecond of work): big enough to amortise a thread,
     // small enough that the shapes of `memattn check` spread over the cores.
     const CHUNK: usize = 1 << 14;
