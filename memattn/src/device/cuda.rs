@@ -169,9 +169,9 @@ pub fn probe() -> Result<String, String> {
 }
 
 /// Loads PTX text through the driver's JIT, returning the JIT error log on failure.
-fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
-    let image = CString::new(ptx.text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
-        origin: ptx.origin.clone(),
+fn load_module(text: &str, origin: &str) -> Result<sys::CUmodule, DeviceError> {
+    let image = CString::new(text.as_bytes()).map_err(|_| DeviceError::PtxLoad {
+        origin: origin.to_string(),
         message: "PTX text contains a NUL byte".into(),
     })?;
     let mut log = vec![0u8; 16 * 1024];
@@ -196,21 +196,31 @@ fn load_module(ptx: &PtxSource) -> Result<sys::CUmodule, DeviceError> {
             let jit_log = String::from_utf8_lossy(&log[..end]).trim().to_string();
             let DeviceError::Cuda { message, .. } = drv("cuModuleLoadDataEx", e) else { unreachable!() };
             Err(DeviceError::PtxLoad {
-                origin: ptx.origin.clone(),
+                origin: origin.to_string(),
                 message: if jit_log.is_empty() { message } else { format!("{message}; JIT log: {jit_log}") },
             })
         }
     }
 }
 
-/// memattn's PTX loaded in the current CUDA context: the driver JIT-compiles it once, each
-/// function is looked up once and cached with the dynamic shared memory it is opted in to, and
-/// [`CudaModule::launch`] is the one `cuLaunchKernel` of the workspace.
+/// memattn's PTX loaded in the current CUDA context, each function looked up once and cached
+/// with the dynamic shared memory it is opted in to; [`CudaModule::launch`] is the one
+/// `cuLaunchKernel` of the workspace.
 ///
-/// The module is unloaded on drop; the context it was loaded in must be current then (and
+/// A module compiled into the binary (checked by ptxas when it was built) is loaded one kernel at
+/// a time: the first launch of a kernel has the driver JIT-compile a module of that kernel alone
+/// ([`PtxSource::entry_module`]), a second or so, where the whole 22 MB module took about 50
+/// seconds on an H200 before the first launch. A PTX file (`--ptx`) is loaded whole, at once, so
+/// that its JIT errors show before anything runs.
+///
+/// The modules are unloaded on drop; the context they were loaded in must be current then (and
 /// alive).
 pub struct CudaModule {
-    module: sys::CUmodule,
+    /// The whole text's module (a file), or None: one module per kernel, from `per_entry`.
+    whole: Option<sys::CUmodule>,
+    per_entry: Option<PtxSource>,
+    /// Modules loaded for single kernels.
+    loaded: Mutex<Vec<usize>>,
     /// Function handle and the dynamic shared memory it is opted in to, by entry name.
     functions: Mutex<HashMap<String, (usize, u32)>>,
 }
@@ -220,9 +230,32 @@ unsafe impl Send for CudaModule {}
 unsafe impl Sync for CudaModule {}
 
 impl CudaModule {
-    /// Loads `ptx` into the context current on this thread (the JIT error log on failure).
+    /// Loads `ptx` into the context current on this thread: a file's text whole (the JIT error
+    /// log on failure), the embedded modules one kernel at a time on first use.
     pub fn load(ptx: &PtxSource) -> Result<CudaModule, DeviceError> {
-        Ok(CudaModule { module: load_module(ptx)?, functions: Mutex::new(HashMap::new()) })
+        let embedded = matches!(ptx.text, std::borrow::Cow::Borrowed(_));
+        Ok(CudaModule {
+            whole: if embedded { None } else { Some(load_module(&ptx.text, &ptx.origin)?) },
+            per_entry: embedded.then(|| ptx.clone()),
+            loaded: Mutex::new(Vec::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The module that holds `kernel`: the whole one, or a module of `kernel` alone, JIT-compiled
+    /// now.
+    fn module_of(&self, kernel: &str) -> Result<sys::CUmodule, DeviceError> {
+        if let Some(m) = self.whole {
+            return Ok(m);
+        }
+        let ptx = self.per_entry.as_ref().expect("a module is whole or per entry");
+        let text = ptx
+            .entry_module(kernel)
+            .map_err(|message| DeviceError::PtxLoad { origin: ptx.origin.clone(), message })?
+            .ok_or_else(|| DeviceError::UnknownKernel(kernel.into()))?;
+        let m = load_module(&text, &format!("{} (entry {kernel})", ptx.origin))?;
+        self.loaded.lock().unwrap_or_else(|e| e.into_inner()).push(m as usize);
+        Ok(m)
     }
 
     /// The function `kernel`, looked up once, opted in to `smem` bytes of dynamic shared memory.
@@ -232,8 +265,9 @@ impl CudaModule {
             Some(e) => *e,
             None => {
                 let name = CString::new(kernel).map_err(|_| DeviceError::UnknownKernel(kernel.into()))?;
+                let module = self.module_of(kernel)?;
                 // SAFETY: the module is loaded and lives as long as self.
-                let f = unsafe { result::module::get_function(self.module, name) }
+                let f = unsafe { result::module::get_function(module, name) }
                     .map_err(|_| DeviceError::UnknownKernel(kernel.into()))?;
                 (f as usize, SMEM_WITHOUT_OPT_IN)
             }
@@ -293,7 +327,10 @@ impl CudaModule {
 
 impl Drop for CudaModule {
     fn drop(&mut self) {
-        // SAFETY: the module was loaded by this handle and is not used after this point.
-        let _ = unsafe { result::module::unload(self.module) };
+        let loaded = std::mem::take(self.loaded.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for m in self.whole.into_iter().chain(loaded.into_iter().map(|m| m as sys::CUmodule)) {
+            // SAFETY: the module was loaded by this handle and is not used after this point.
+            let _ = unsafe { result::module::unload(m) };
+        }
     }
 }
