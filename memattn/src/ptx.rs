@@ -42,7 +42,7 @@ pub struct PtxSource {
     /// The entries, read from `text` on first use.
     entries: Arc<OnceLock<Vec<PtxEntry>>>,
     /// Each `.entry`'s bytes in `text`, found on first use ([`PtxSource::entry_module`]).
-    spans: Arc<OnceLock<Result<Vec<(String, std::ops::Range<usize>)>, String>>>,
+    spans: Arc<OnceLock<EntrySpans>>,
 }
 
 impl PtxSource {
@@ -238,117 +238,8 @@ impl PtxSource {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_entry_module_keeps_one_entry_and_everything_else() {
-        let text = "// header {\n.version 7.4\n.target sm_80\n.address_size 64\n\n\
-                    .global .align 4 .b8 g[2] = {1, 2};\n.func helper(.param .b32 a)\n{\n\tret;\n}\n\
-                    // .globl\ta\n.visible .entry a(\n\t.param .u64 p\n)\n{\n\t// a } in a comment\n\
-                    \t/* and { here */\n\t{ .reg .b32 t; }\n\tret;\n}\n\
-                    .weak   .entry b()\n.maxntid 128, 1, 1\n{\n\tret;\n}\n.entry c()\n{\n\tret;\n}\n";
-        let spans = entry_spans(text).unwrap();
-        let names: Vec<&str> = spans.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c"]);
-        assert!(
-            text[spans[0].1.clone()].starts_with(".visible .entry a(") && text[spans[0].1.clone()].ends_with("ret;\n}")
-        );
-        assert!(text[spans[1].1.clone()].starts_with(".weak   .entry b()"));
-        let src = PtxSource::from_file(std::path::Path::new("t.ptx"), text.to_string());
-        let a = src.entry_module("a").unwrap().unwrap();
-        assert!(a.contains(".entry a(") && !a.contains(".entry b(") && !a.contains(".entry c("), "{a}");
-        assert!(
-            a.starts_with("// header {\n.version 7.4") && a.contains(".func helper") && a.contains("g[2] = {1, 2};")
-        );
-        let b = src.entry_module("b").unwrap().unwrap();
-        assert!(b.contains(".maxntid 128, 1, 1") && !b.contains(".entry a(") && !b.contains(".entry c("), "{b}");
-        assert_eq!(src.entry_module("d").unwrap(), None);
-        // Every byte is in exactly one entry or in what all of them keep.
-        let common = text.len() - spans.iter().map(|(_, r)| r.len()).sum::<usize>();
-        assert_eq!(a.len(), common + spans[0].1.len());
-        // A body that never closes, a stray brace, an entry without a body: errors.
-        assert!(entry_spans(".entry a()\n{\n\tret;\n").is_err());
-        assert!(entry_spans("}\n").is_err());
-        assert!(entry_spans(".entry a();\n").is_err());
-    }
-
-    /// Each entry of both committed modules alone: one `.entry`, that one, and (VM) a module that
-    /// loads with exactly that kernel. The per-entry texts are what the CUDA backend JIT-compiles.
-    #[test]
-    fn every_committed_entry_makes_a_module_of_its_own() {
-        for src in [PtxSource::embedded(), PtxSource::embedded_sm90()] {
-            let spans = entry_spans(&src.text).unwrap();
-            let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
-            assert_eq!(spans.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), names, "{}", src.origin);
-            let common = src.text.len() - spans.iter().map(|(_, r)| r.len()).sum::<usize>();
-            assert!(common < 64 * 1024, "{}: {common} bytes outside the entries", src.origin);
-            for (name, r) in &spans {
-                let m = src.entry_module(name).unwrap().unwrap();
-                assert_eq!(m.len(), common + r.len(), "{name}");
-                assert_eq!(m.matches(".entry ").count(), 1, "{name}");
-                #[cfg(feature = "vm")]
-                {
-                    let vm = ptx_vm::Module::load(&m).unwrap_or_else(|e| panic!("{name}: {e}"));
-                    assert_eq!(vm.kernel_names(), [name.clone()]);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_module_built_from_other_tiles_is_refused_before_launch() {
-        let k = KernelId::FlashFwdF32D64;
-        let good = PtxSource::embedded();
-        assert!(good.check_tiles(&[k]).is_ok());
-        // The same module with the f32 d64 tile's block rows changed from 32 to 16.
-        let needle = "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 32,";
-        assert!(good.text.contains(needle));
-        let text = good.text.replace(needle, "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 16,");
-        let other = PtxSource::from_file(std::path::Path::new("other.ptx"), text);
-        let e = other.check_tiles(&[k]).unwrap_err();
-        assert!(e.contains("flash_fwd_f32_d64") && e.contains("block rows 16") && e.contains("block rows 32"), "{e}");
-        // A module without records.
-        let bare: String = good.text.lines().filter(|l| !l.contains("memattn_tile_")).collect::<Vec<_>>().join("\n");
-        let e = PtxSource::from_file(std::path::Path::new("bare.ptx"), bare).check_tiles(&[k]).unwrap_err();
-        assert!(e.contains("no tile record") && e.contains("bare.ptx"), "{e}");
-    }
-
-    #[test]
-    fn embedded_entries_are_the_variant_table() {
-        use kernels_gpu::variants::PtxModule;
-        // Every row of the table is an entry of its module, and every entry is a row.
-        for (src, module) in [(PtxSource::embedded(), PtxModule::Sm80), (PtxSource::embedded_sm90(), PtxModule::Sm90a)]
-        {
-            let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
-            let rows: Vec<KernelId> = KernelId::ALL.into_iter().filter(|k| k.variant().module() == module).collect();
-            for k in &rows {
-                assert!(
-                    names.iter().any(|n| n == k.name()),
-                    "`{}` is a row of kernels-gpu/src/variants.rs but missing from the {module:?} PTX; fix: cargo xtask build-ptx",
-                    k.name()
-                );
-            }
-            for n in &names {
-                assert!(
-                    KernelId::from_name(n).is_some_and(|k| k.variant().module() == module),
-                    "PTX entry `{n}` is not a {module:?} row of kernels-gpu/src/variants.rs; add its row there"
-                );
-            }
-            assert!(src.check_tiles(&rows).is_ok());
-        }
-        let src = PtxSource::embedded();
-        let flash = src.entries().into_iter().find(|e| e.name == "flash_fwd_f32_d64").unwrap();
-        assert_eq!(flash.params.len(), 1);
-        assert!(flash.params[0].decl.contains("[264]"), "{:?}", flash.params[0]);
-        let saxpy = src.entries().into_iter().find(|e| e.name == "saxpy_f32").unwrap();
-        assert_eq!(saxpy.params.len(), 4);
-        let (v, t) = src.version_and_target();
-        assert!(v.is_some() && t.as_deref().unwrap_or("").starts_with("sm_"));
-    }
-}
-
+/// Each `.entry`'s name and bytes, or why the text could not be cut ([`entry_spans`]).
+type EntrySpans = Result<Vec<(String, std::ops::Range<usize>)>, String>;
 /// Each `.entry` function of a PTX text and its bytes: from its first qualifier (`.visible`,
 /// `.weak`) or `.entry` to one past its closing brace, found by pairing the braces of the top
 /// level (comments and strings skipped).
@@ -419,4 +310,115 @@ pub fn entry_spans(text: &str) -> Result<Vec<(String, std::ops::Range<usize>)>, 
         return Err("the text ends inside a function".into());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_module_keeps_one_entry_and_everything_else() {
+        let text = "// header {\n.version 7.4\n.target sm_80\n.address_size 64\n\n\
+                    .global .align 4 .b8 g[2] = {1, 2};\n.func helper(.param .b32 a)\n{\n\tret;\n}\n\
+                    // .globl\ta\n.visible .entry a(\n\t.param .u64 p\n)\n{\n\t// a } in a comment\n\
+                    \t/* and { here */\n\t{ .reg .b32 t; }\n\tret;\n}\n\
+                    .weak   .entry b()\n.maxntid 128, 1, 1\n{\n\tret;\n}\n.entry c()\n{\n\tret;\n}\n";
+        let spans = entry_spans(text).unwrap();
+        let names: Vec<&str> = spans.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(
+            text[spans[0].1.clone()].starts_with(".visible .entry a(") && text[spans[0].1.clone()].ends_with("ret;\n}")
+        );
+        assert!(text[spans[1].1.clone()].starts_with(".weak   .entry b()"));
+        let src = PtxSource::from_file(std::path::Path::new("t.ptx"), text.to_string());
+        let a = src.entry_module("a").unwrap().unwrap();
+        assert!(a.contains(".entry a(") && !a.contains(".entry b(") && !a.contains(".entry c("), "{a}");
+        assert!(
+            a.starts_with("// header {\n.version 7.4") && a.contains(".func helper") && a.contains("g[2] = {1, 2};")
+        );
+        let b = src.entry_module("b").unwrap().unwrap();
+        assert!(b.contains(".maxntid 128, 1, 1") && !b.contains(".entry a(") && !b.contains(".entry c("), "{b}");
+        assert_eq!(src.entry_module("d").unwrap(), None);
+        // Every byte is in exactly one entry or in what all of them keep.
+        let common = text.len() - spans.iter().map(|(_, r)| r.len()).sum::<usize>();
+        assert_eq!(a.len(), common + spans[0].1.len());
+        // A body that never closes, a stray brace, an entry without a body: errors.
+        assert!(entry_spans(".entry a()\n{\n\tret;\n").is_err());
+        assert!(entry_spans("}\n").is_err());
+        assert!(entry_spans(".entry a();\n").is_err());
+    }
+
+    /// Each entry of both committed modules alone: one `.entry`, that one, and (VM) a module that
+    /// loads with exactly that kernel. The per-entry texts are what the CUDA backend JIT-compiles.
+    #[test]
+    fn every_committed_entry_makes_a_module_of_its_own() {
+        for src in [PtxSource::embedded(), PtxSource::embedded_sm90()] {
+            let spans = entry_spans(&src.text).unwrap();
+            let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
+            assert_eq!(spans.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), names, "{}", src.origin);
+            let common = src.text.len() - spans.iter().map(|(_, r)| r.len()).sum::<usize>();
+            assert!(common < 64 * 1024, "{}: {common} bytes outside the entries", src.origin);
+            for (name, r) in &spans {
+                let m = src.entry_module(name).unwrap().unwrap();
+                assert_eq!(m.len(), common + r.len(), "{name}");
+                assert_eq!(m.matches(".entry ").count(), 1, "{name}");
+                #[cfg(feature = "vm")]
+                {
+                    let vm = ptx_vm::Module::load(&m).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    assert_eq!(vm.kernel_names(), std::slice::from_ref(name));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_module_built_from_other_tiles_is_refused_before_launch() {
+        let k = KernelId::FlashFwdF32D64;
+        let good = PtxSource::embedded();
+        assert!(good.check_tiles(&[k]).is_ok());
+        // The same module with the f32 d64 tile's block rows changed from 32 to 16.
+        let needle = "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 32,";
+        assert!(good.text.contains(needle));
+        let text = good.text.replace(needle, "memattn_tile_flash_fwd_f32_d64[20] = {128, 0, 0, 0, 16,");
+        let other = PtxSource::from_file(std::path::Path::new("other.ptx"), text);
+        let e = other.check_tiles(&[k]).unwrap_err();
+        assert!(e.contains("flash_fwd_f32_d64") && e.contains("block rows 16") && e.contains("block rows 32"), "{e}");
+        // A module without records.
+        let bare: String = good.text.lines().filter(|l| !l.contains("memattn_tile_")).collect::<Vec<_>>().join("\n");
+        let e = PtxSource::from_file(std::path::Path::new("bare.ptx"), bare).check_tiles(&[k]).unwrap_err();
+        assert!(e.contains("no tile record") && e.contains("bare.ptx"), "{e}");
+    }
+
+    #[test]
+    fn embedded_entries_are_the_variant_table() {
+        use kernels_gpu::variants::PtxModule;
+        // Every row of the table is an entry of its module, and every entry is a row.
+        for (src, module) in [(PtxSource::embedded(), PtxModule::Sm80), (PtxSource::embedded_sm90(), PtxModule::Sm90a)]
+        {
+            let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
+            let rows: Vec<KernelId> = KernelId::ALL.into_iter().filter(|k| k.variant().module() == module).collect();
+            for k in &rows {
+                assert!(
+                    names.iter().any(|n| n == k.name()),
+                    "`{}` is a row of kernels-gpu/src/variants.rs but missing from the {module:?} PTX; fix: cargo xtask build-ptx",
+                    k.name()
+                );
+            }
+            for n in &names {
+                assert!(
+                    KernelId::from_name(n).is_some_and(|k| k.variant().module() == module),
+                    "PTX entry `{n}` is not a {module:?} row of kernels-gpu/src/variants.rs; add its row there"
+                );
+            }
+            assert!(src.check_tiles(&rows).is_ok());
+        }
+        let src = PtxSource::embedded();
+        let flash = src.entries().into_iter().find(|e| e.name == "flash_fwd_f32_d64").unwrap();
+        assert_eq!(flash.params.len(), 1);
+        assert!(flash.params[0].decl.contains("[264]"), "{:?}", flash.params[0]);
+        let saxpy = src.entries().into_iter().find(|e| e.name == "saxpy_f32").unwrap();
+        assert_eq!(saxpy.params.len(), 4);
+        let (v, t) = src.version_and_target();
+        assert!(v.is_some() && t.as_deref().unwrap_or("").starts_with("sm_"));
+    }
 }

@@ -218,7 +218,7 @@ fn load_module(text: &str, origin: &str) -> Result<sys::CUmodule, DeviceError> {
 pub struct CudaModule {
     /// The whole text's module (a file), or None: one module per kernel, from `per_entry`.
     whole: Option<sys::CUmodule>,
-    per_entry: Option<PtxSource>,
+    per_entry: Option<Box<PtxSource>>,
     /// Modules loaded for single kernels.
     loaded: Mutex<Vec<usize>>,
     /// Function handle and the dynamic shared memory it is opted in to, by entry name.
@@ -236,7 +236,7 @@ impl CudaModule {
         let embedded = matches!(ptx.text, std::borrow::Cow::Borrowed(_));
         Ok(CudaModule {
             whole: if embedded { None } else { Some(load_module(&ptx.text, &ptx.origin)?) },
-            per_entry: embedded.then(|| ptx.clone()),
+            per_entry: embedded.then(|| Box::new(ptx.clone())),
             loaded: Mutex::new(Vec::new()),
             functions: Mutex::new(HashMap::new()),
         })
