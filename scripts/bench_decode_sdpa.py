@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference timings for `memattn decode` (not yet run on a GPU).
+"""PyTorch reference timings for `memattn decode` (first run on an H200: docs/gpu-h200.md).
 
 Times torch.nn.functional.scaled_dot_product_attention on the decode shapes of
 scripts/gpu-check.sh: one query token per sequence against a bf16 KV cache, GQA expanded the way
