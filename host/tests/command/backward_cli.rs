@@ -510,18 +510,37 @@ fn check_backward_refuses_what_has_no_backward() {
     assert_refused(&["check", "--backward", "--kernel", "naive"], "no naive backward");
 }
 
+/// The embedded PTX with the f32 d64 backward's `red.global.add.f32` (each key block's dQ added
+/// into the f32 accumulator) deleted, written to `name`.
+fn ptx_without_dq_adds(name: &str) -> PathBuf {
+    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
+    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
+    let add = "red.global.add.f32 [%ga], %r75; }";
+    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
+    let broken = tmp(name);
+    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    broken
+}
+
+/// The tensors a check object (`run --backward`'s report, or a case of `check --backward`)
+/// failed.
+fn failed_tensors(v: &serde_json::Value) -> Vec<&str> {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["passed"] == false)
+        .map(|t| t["tensor"].as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn check_backward_fails_a_kernel_that_drops_the_dq_adds() {
     // The d64 backward's `red.global.add.f32` (each key block's dQ added into the f32
     // accumulator) deleted from the PTX: the atomic cases lose dq (left at the preprocess's
     // zeros) and fail on dq; the cases whose dq is 0 anyway (one visible key per row) and the
     // deterministic ones (dQ slices stored, not added) pass. Exit 1.
-    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
-    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
-    let add = "red.global.add.f32 [%ga], %r75; }";
-    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
-    let broken = tmp("no-dq-add.ptx");
-    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    let broken = ptx_without_dq_adds("no-dq-add.ptx");
     let o = memattn(&[
         "--backend",
         "vm",
@@ -539,14 +558,7 @@ fn check_backward_fails_a_kernel_that_drops_the_dq_adds() {
     let passed: Vec<&str> = cases.iter().filter(|c| c["passed"] == true).map(|c| c["case"].as_str().unwrap()).collect();
     assert_eq!(passed, ["seq 1", "window 0", "deterministic", "varlen deterministic"]);
     for c in cases.iter().filter(|c| c["passed"] == false) {
-        let failed: Vec<&str> = c["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|t| t["passed"] == false)
-            .map(|t| t["tensor"].as_str().unwrap())
-            .collect();
-        assert_eq!(failed, ["dq"], "{}: {}", c["case"], c["detail"]);
+        assert_eq!(failed_tensors(c), ["dq"], "{}: {}", c["case"], c["detail"]);
     }
     std::fs::remove_file(&broken).ok();
 }
@@ -629,25 +641,13 @@ fn a_sampled_backward_check_names_its_slices_and_still_fails_a_broken_kernel() {
     assert!(v.get("checked_slices").is_none(), "{v}");
 
     // The f32 d64 backward without its dQ adds fails the sampled check too (exit 1, on dq).
-    let ptx = memattn_cli::ptx::PtxSource::embedded().text;
-    let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
-    let add = "red.global.add.f32 [%ga], %r75; }";
-    let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
-    let broken = tmp("no-dq-add-sampled.ptx");
-    std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();
+    let broken = ptx_without_dq_adds("no-dq-add-sampled.ptx");
     let mut a = vec!["--backend", "vm", "--ptx", broken.to_str().unwrap()];
     a.extend(args("f32"));
     let o = memattn(&a);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["checked_rows"], 100);
-    let failed: Vec<&str> = v["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["passed"] == false)
-        .map(|c| c["tensor"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["dq"], "{v}");
+    assert_eq!(failed_tensors(&v), ["dq"], "{v}");
     std::fs::remove_file(&broken).ok();
 }
