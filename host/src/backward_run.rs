@@ -595,7 +595,7 @@ pub fn run_backward(
     let gathered;
     let (vp, vx, vd_o, vout) = match &sample {
         Some(s) => {
-            gathered = (s.gather_inputs(&p, x), s.gather_q(&p, d_o), s.gather_outputs(&p, &out));
+            gathered = (s.gather_inputs(&p, x), s.gather_q(&p, d_o), sampled_outputs(s, &p, &out));
             (s.problem(&p), &gathered.0, gathered.1.as_slice(), &gathered.2)
         }
         None => (p, x, d_o, &out),
@@ -642,6 +642,18 @@ pub fn run_backward(
         warnings,
         outputs: out,
     })
+}
+
+/// The device's outputs restricted to the slices of `s`.
+fn sampled_outputs(s: &SliceSample, p: &Problem, out: &BackwardOutputs) -> BackwardOutputs {
+    BackwardOutputs {
+        o: s.gather_q(p, &out.o),
+        lse: s.gather_lse(p, &out.lse),
+        dq: s.gather_q(p, &out.dq),
+        dk: s.gather_kv(p, &out.dk),
+        dv: s.gather_kv(p, &out.dv),
+        d_sinks: s.gather_heads(p, &out.d_sinks),
+    }
 }
 
 /// The f64 reference gradients of `p` and, for a 16-bit run, the naive backward in its dtype,

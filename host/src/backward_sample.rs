@@ -14,7 +14,6 @@
 //! With sinks every batch is in the sample (d_sinks of a head sums over all batches); varlen
 //! problems are always checked whole (their per-sequence checks need every sequence).
 
-use crate::backward_run::BackwardOutputs;
 use crate::inputs::Qkv;
 use crate::problem::Problem;
 use crate::reference::RowSelection;
@@ -115,18 +114,6 @@ impl SliceSample {
             k: self.gather_kv(p, &x.k),
             v: self.gather_kv(p, &x.v),
             sinks: self.gather_heads(p, &x.sinks),
-        }
-    }
-
-    /// The device's outputs restricted to the sample.
-    pub fn gather_outputs(&self, p: &Problem, out: &BackwardOutputs) -> BackwardOutputs {
-        BackwardOutputs {
-            o: self.gather_q(p, &out.o),
-            lse: self.gather_lse(p, &out.lse),
-            dq: self.gather_q(p, &out.dq),
-            dk: self.gather_kv(p, &out.dk),
-            dv: self.gather_kv(p, &out.dv),
-            d_sinks: self.gather_heads(p, &out.d_sinks),
         }
     }
 

@@ -15,7 +15,8 @@
 //! The modules form layers; each imports only from layers above it in this list (a unit test,
 //! `module_layers_have_no_cycle`, reads the sources and fails on an import against the order):
 //! 1. leaves: [`files`] (bounded reads and atomic writes), [`timing`], [`nvml`];
-//! 2. [`safetensors_io`], [`cuda_device`];
+//! 2. [`safetensors_io`], [`cuda_device`], [`backward_sample`] (which part of a backward run is
+//!    checked);
 //! 3. [`error`], then [`runner`]: one measured run, [`backward_run`]: one measured forward and
 //!    backward, and [`decode_run`]: one measured decode run;
 //! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
@@ -105,7 +106,7 @@ mod layering_tests {
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
         &["files", "timing", "nvml"],
-        &["safetensors_io", "cuda_device"],
+        &["safetensors_io", "cuda_device", "backward_sample"],
         &["error", "runner", "backward_run", "decode_run"],
         &["report", "evidence", "plan"],
         &["charts"],
