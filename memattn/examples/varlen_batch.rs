@@ -34,10 +34,10 @@ fn run(cuda: bool) -> Result<bool, Box<dyn std::error::Error>> {
     let (total_q, total_kv) = (*cu_q.last().unwrap() as usize, *cu_kv.last().unwrap() as usize);
     let (max_q, max_kv) = (*lens_q.iter().max().unwrap() as usize, *lens_kv.iter().max().unwrap() as usize);
     // Inputs, rounded to bf16 so the reference sees what the device sees.
-    let gen = |n: usize, seed: usize| -> Vec<f32> {
+    let draw = |n: usize, seed: usize| -> Vec<f32> {
         (0..n).map(|i| bf16::from_f32((((i + seed) * 2654435761) % 1000) as f32 / 500.0 - 1.0).to_f32()).collect()
     };
-    let (q, k, v) = (gen(total_q * h * d, 1), gen(total_kv * hk * d, 2), gen(total_kv * hk * d, 3));
+    let (q, k, v) = (draw(total_q * h * d, 1), draw(total_kv * hk * d, 2), draw(total_kv * hk * d, 3));
     let (qs, ks) = ([1, total_q, h, d], [1, total_kv, hk, d]); // packed: batch 1
     let opts = AttnOpts::new().causal(true);
 

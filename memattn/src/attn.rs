@@ -1736,25 +1736,25 @@ impl Kernels {
             });
         }
         let skv = k.raw.shape[1];
-        if let Some((o, ..)) = &outs {
-            if o.shape != q.raw.shape {
-                return Err(AttnError::Shape {
-                    tensor: "o",
-                    got: o.shape,
-                    why: ShapeRule::Output { of: "q's", want: q.raw.shape },
-                });
-            }
+        if let Some((o, ..)) = &outs
+            && o.shape != q.raw.shape
+        {
+            return Err(AttnError::Shape {
+                tensor: "o",
+                got: o.shape,
+                why: ShapeRule::Output { of: "q's", want: q.raw.shape },
+            });
         }
-        if let Some((l, _)) = &lse_raw {
-            if l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]) {
-                let why = ShapeRule::Lse { want: [b, h, sq], packed: varlen.is_some() };
-                return Err(AttnError::Shape { tensor: "lse", got: l.shape, why });
-            }
+        if let Some((l, _)) = &lse_raw
+            && (l.shape != [b, h, sq, 1] || l.strides != contiguous([b, h, sq, 1]))
+        {
+            let why = ShapeRule::Lse { want: [b, h, sq], packed: varlen.is_some() };
+            return Err(AttnError::Shape { tensor: "lse", got: l.shape, why });
         }
-        if let Some(s) = opts.sinks {
-            if s.heads() != h {
-                return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
-            }
+        if let Some(s) = opts.sinks
+            && s.heads() != h
+        {
+            return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
         }
         for (name, t, _) in &tensors {
             if t.strides[3] != 1 {
@@ -1845,10 +1845,10 @@ impl Kernels {
                 }
             }
         }
-        if let Some(s) = opts.sinks {
-            if !s.0.raw.ptr.is_multiple_of(4) {
-                return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: s.0.raw.ptr } });
-            }
+        if let Some(s) = opts.sinks
+            && !s.0.raw.ptr.is_multiple_of(4)
+        {
+            return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: s.0.raw.ptr } });
         }
         let mut bufs = AttnBuffers {
             q: q.raw.ptr,
@@ -1970,10 +1970,10 @@ impl Kernels {
         if !ok {
             return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected: self.place_name() });
         }
-        if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place) {
-            if s != qs {
-                return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
-            }
+        if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place)
+            && s != qs
+        {
+            return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
         }
         Ok(())
     }
@@ -2006,10 +2006,10 @@ impl Kernels {
             if !same {
                 return Err(AttnError::WrongDevice { tensor: name, got: t.place.to_string(), expected });
             }
-            if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place) {
-                if s != qs {
-                    return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
-                }
+            if let (Place::Cuda { stream: s, .. }, Place::Cuda { stream: qs, .. }) = (t.place, q.place)
+                && s != qs
+            {
+                return Err(AttnError::StreamMismatch { tensor: name, got: s, expected: qs });
             }
         }
         Ok(())

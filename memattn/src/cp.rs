@@ -230,7 +230,7 @@ impl Communicator for InProcess {
                     return Err(CpError::Comm {
                         rank: self.rank,
                         why: format!("no message {tag} from rank {peer} within {:?}", self.timeout),
-                    })
+                    });
                 }
             }
         }

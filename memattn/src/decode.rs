@@ -415,10 +415,10 @@ impl DecodeProblem {
                 fp8_elem(f)
             }
         };
-        if let Some(why) = self.prefill_refusal() {
-            if self.kernel == DecodeKernel::Prefill {
-                return Err(KvCacheRule::PrefillUnsupported { why });
-            }
+        if let Some(why) = self.prefill_refusal()
+            && self.kernel == DecodeKernel::Prefill
+        {
+            return Err(KvCacheRule::PrefillUnsupported { why });
         }
         if self.uses_prefill() {
             let fwd = KernelId::flash(elem, self.head_dim).ok_or_else(|| KvCacheRule::HeadDim {
@@ -565,14 +565,14 @@ impl DecodeProblem {
                 return Err(KvCacheRule::RotaryWithoutNewTokens);
             }
         }
-        if let Some(pad) = &self.cache_leftpad {
-            if let Some(b) = (0..pad.len()).find(|&b| pad[b] > self.cache_seqlens[b]) {
-                return Err(KvCacheRule::LeftpadPastSeqlen {
-                    batch: b,
-                    leftpad: pad[b],
-                    cache_seqlen: self.cache_seqlens[b],
-                });
-            }
+        if let Some(pad) = &self.cache_leftpad
+            && let Some(b) = (0..pad.len()).find(|&b| pad[b] > self.cache_seqlens[b])
+        {
+            return Err(KvCacheRule::LeftpadPastSeqlen {
+                batch: b,
+                leftpad: pad[b],
+                cache_seqlen: self.cache_seqlens[b],
+            });
         }
         if let (Some(slots), true) = (&self.cache_batch_idx, self.seq_new > 0) {
             let mut first = std::collections::HashMap::new();
@@ -642,11 +642,11 @@ impl DecodeProblem {
     /// Plans for `dev`'s own multiprocessor count when it reports one (CUDA) and the count was
     /// not given ([`SmCountSource::Given`] is kept); otherwise the problem is unchanged.
     pub fn use_device_sm_count<D: Device + ?Sized>(&mut self, dev: &mut D) -> Result<(), Error> {
-        if self.sm_count_source != SmCountSource::Given {
-            if let Some(n) = dev.multiprocessor_count()? {
-                self.sm_count = n;
-                self.sm_count_source = SmCountSource::Device;
-            }
+        if self.sm_count_source != SmCountSource::Given
+            && let Some(n) = dev.multiprocessor_count()?
+        {
+            self.sm_count = n;
+            self.sm_count_source = SmCountSource::Device;
         }
         Ok(())
     }

@@ -58,14 +58,18 @@ pub enum KvCacheRule {
     #[error("the tensor-core decode kernel (DecodeKernel::Mma) takes bf16 or f16, not {dtype} (choose Simt or Auto)")]
     MmaDtype { dtype: Dtype },
     /// The prefill kernel (chunked prefill over the cache) was asked for a call it cannot run.
-    #[error("the prefill kernel (DecodeKernel::Prefill: the tensor-core forward reading the cache) {why} (choose Mma, Simt or Auto)")]
+    #[error(
+        "the prefill kernel (DecodeKernel::Prefill: the tensor-core forward reading the cache) {why} (choose Mma, Simt or Auto)"
+    )]
     PrefillUnsupported { why: &'static str },
     #[error(
         "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}",
         crate::problem::list_and(compiled)
     )]
     HeadDim { head_dim: u32, dtype: Dtype, compiled: Vec<u32> },
-    #[error("cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} exceeds the cache's {seq_cache} keys per sequence")]
+    #[error(
+        "cache_seqlens[{batch}] + new tokens = {cache_seqlen} + {new} exceeds the cache's {seq_cache} keys per sequence"
+    )]
     Capacity { batch: usize, cache_seqlen: u32, new: u32, seq_cache: u32 },
     #[error(
         "{tensor} applies to a contiguous cache only (as in FlashAttention-2): with a block table, the table places each sequence's keys"

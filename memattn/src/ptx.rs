@@ -219,7 +219,7 @@ impl PtxSource {
                         self.origin,
                         show(got),
                         show(&want)
-                    ))
+                    ));
                 }
                 None => {
                     return Err(format!(
@@ -230,7 +230,7 @@ impl PtxSource {
                         TileRecord::SYMBOL_PREFIX,
                         k.name(),
                         k.name()
-                    ))
+                    ));
                 }
             }
         }
@@ -270,10 +270,10 @@ pub fn entry_spans(text: &str) -> Result<Vec<(String, std::ops::Range<usize>)>, 
             b'}' => {
                 depth = depth.checked_sub(1).ok_or_else(|| format!("line {}: `}}` without `{{`", line(i)))?;
                 i += 1;
-                if depth == 0 {
-                    if let Some((name, start)) = pending.take() {
-                        out.push((name, start..i));
-                    }
+                if depth == 0
+                    && let Some((name, start)) = pending.take()
+                {
+                    out.push((name, start..i));
                 }
             }
             b';' if depth == 0 && pending.is_some() => {

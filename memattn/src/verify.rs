@@ -366,8 +366,12 @@ pub fn tolerance_for(p: &Problem, x: &Qkv, reference: &Reference) -> Tolerance {
         row_max_abs: (2.0 * worst[1]).max(2.0 * u),
         lse_row_max_abs: (2.0 * worst[2]).max(f32_tol.lse_row_max_abs),
         rule: match p.dtype {
-            Dtype::Bf16 => "2x naive attention in bf16 (floors: rel RMS 2^-8, max abs 2^-7 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale",
-            _ => "2x naive attention in f16 (floors: rel RMS 2^-11, max abs 2^-10 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale",
+            Dtype::Bf16 => {
+                "2x naive attention in bf16 (floors: rel RMS 2^-8, max abs 2^-7 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale"
+            }
+            _ => {
+                "2x naive attention in f16 (floors: rel RMS 2^-11, max abs 2^-10 * max|ref|); every row: 2x the baseline's worst row, relative to the row's own scale"
+            }
         },
         baseline_rel_rms_err: Some(bo.rel_rms_err),
         baseline_max_abs_err: Some(bo.max_abs_err),

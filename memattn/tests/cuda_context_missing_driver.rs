@@ -8,7 +8,8 @@ use memattn::device::DeviceError;
 #[test]
 fn a_missing_driver_library_is_a_typed_error_not_a_panic() {
     let missing = std::env::temp_dir().join("memattn-no-such-dir").join("libcuda.so");
-    std::env::set_var(memattn::driver::DRIVER_ENV, &missing);
+    // SAFETY: this test binary holds this one test, and nothing else reads the environment yet.
+    unsafe { std::env::set_var(memattn::driver::DRIVER_ENV, &missing) };
     let e = cuda_context(0).map(|_| ()).unwrap_err();
     match &e {
         AttnError::Device(DeviceError::Unavailable(why)) => {

@@ -8,7 +8,8 @@ use memattn::attn::{cuda_context, AttnOpts, Kernels, TensorView};
 
 #[test]
 fn cuda_context_and_kernels_work_on_the_vm_backed_driver_without_a_probe() {
-    std::env::set_var(memattn::driver::DRIVER_ENV, vm_cuda());
+    // SAFETY: this test binary holds this one test, and nothing else reads the environment yet.
+    unsafe { std::env::set_var(memattn::driver::DRIVER_ENV, vm_cuda()) };
     let ctx = cuda_context(0).expect("the VM-backed driver opens a context");
     let kernels = Kernels::cuda(&ctx).expect("the kernels load on it");
     let stream = ctx.new_stream().unwrap();

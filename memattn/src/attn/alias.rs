@@ -109,7 +109,7 @@ pub(super) fn injective(shape: [usize; 4], strides: [usize; 4]) -> bool {
         return true;
     }
     let mut dims: Vec<(u128, u128)> =
-        shape.iter().zip(&strides).filter(|(&n, _)| n > 1).map(|(&n, &s)| (s as u128, n as u128)).collect();
+        shape.iter().zip(&strides).filter(|&(&n, _)| n > 1).map(|(&n, &s)| (s as u128, n as u128)).collect();
     dims.sort_unstable();
     let mut reach: u128 = 0; // largest offset the dimensions so far reach
     for (s, n) in dims {

@@ -453,10 +453,10 @@ impl Kernels {
             }
             (Some(ds), Some(_)) => Some(&ds.0),
         };
-        if let Some(ds) = d_sinks {
-            if ds.raw.ptr % 4 != 0 {
-                return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: ds.raw.ptr } });
-            }
+        if let Some(ds) = d_sinks
+            && ds.raw.ptr % 4 != 0
+        {
+            return Err(AttnError::Sinks { why: SinksRule::Misaligned { ptr: ds.raw.ptr } });
         }
         // d_o (and d_sinks) are checked before the gradients are allocated.
         let mut views: Vec<(&'static str, RawView, Option<&CudaStream>, [usize; 4])> =
@@ -599,8 +599,13 @@ impl Kernels {
             t.check_bounds(name)?;
             if q.dtype.is_16bit() {
                 let (align, need) = match *name {
-                    "d_o" => (8, "16-byte aligned rows: base pointer and strides multiples of 8 elements (cp.async copies 16-byte chunks)"),
-                    "dk" | "dv" => (2, "4-byte aligned rows: base pointer and strides multiples of 2 elements (stored in pairs)"),
+                    "d_o" => (
+                        8,
+                        "16-byte aligned rows: base pointer and strides multiples of 8 elements (cp.async copies 16-byte chunks)",
+                    ),
+                    "dk" | "dv" => {
+                        (2, "4-byte aligned rows: base pointer and strides multiples of 2 elements (stored in pairs)")
+                    }
                     _ => continue,
                 };
                 let entry = KernelId::flash_bwd(q.dtype.elem(), q.shape[3] as u32).map_or("", |k| k[1].name());

@@ -661,7 +661,7 @@ impl Kernels {
                         planned: planned.is_some(),
                         given: k_new.is_some() || v_new.is_some(),
                     },
-                })
+                });
             }
         }
         if self.place_name() != plan.kernels {
@@ -967,7 +967,7 @@ impl Kernels {
                 // The sequences' slots, each inside the cache's first dimension.
                 let slots = opts.cache_batch_idx.map_or(&[][..], |t| &t.values[..]);
                 if let Some((batch, &slot)) =
-                    slots.iter().enumerate().find(|(_, &s)| s as usize >= c0).filter(|_| !on_device)
+                    slots.iter().enumerate().find(|&(_, &s)| s as usize >= c0).filter(|_| !on_device)
                 {
                     return Err(kv_err(KvCacheRule::SlotPastEnd {
                         batch,
@@ -1211,7 +1211,7 @@ impl KvCachePlan<'_> {
             match s {
                 Storage::Dev(b) => b.fill_u32(b.bytes() / 4, value)?,
                 Storage::Cuda { .. } => {
-                    return Err(AttnError::NotSupportedYet { feature: "filling the split workspace of CUDA kernels" })
+                    return Err(AttnError::NotSupportedYet { feature: "filling the split workspace of CUDA kernels" });
                 }
             }
         }

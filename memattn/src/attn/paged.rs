@@ -116,10 +116,10 @@ impl Kernels {
                 return Err(AttnError::NotContiguous { tensor: name, strides: t.strides, want: contiguous(t.shape) });
             }
         }
-        if let Some(s) = opts.sinks {
-            if s.heads() != h {
-                return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
-            }
+        if let Some(s) = opts.sinks
+            && s.heads() != h
+        {
+            return Err(AttnError::Sinks { why: SinksRule::Count { got: s.heads(), heads: h } });
         }
         // The sequences: chunks from cu_seqlens_q, keys from seqused_k, pages from the table.
         let cu_rule = |why: SeqLensRule| AttnError::SeqLens { tensor: "cu_seqlens_q", why };

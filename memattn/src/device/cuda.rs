@@ -114,13 +114,13 @@ fn check_driver_functions() -> Result<(), String> {
         let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else { continue };
         // SAFETY (both): only look symbols up; nothing is called.
         let init = |l: &libloading::Library| unsafe { l.get::<*const c_void>(b"cuInit").ok().map(|s| *s) };
-        if let Some(Ok((path, chosen))) = crate::driver::CHOSEN.get() {
-            if init(&lib) != init(chosen) {
-                return Err(format!(
-                    "{DRIVER_ENV}={} is loaded, but `{name}` names another library, which cudarc would use (the chosen library's soname must be libcuda.so)",
-                    path.display()
-                ));
-            }
+        if let Some(Ok((path, chosen))) = crate::driver::CHOSEN.get()
+            && init(&lib) != init(chosen)
+        {
+            return Err(format!(
+                "{DRIVER_ENV}={} is loaded, but `{name}` names another library, which cudarc would use (the chosen library's soname must be libcuda.so)",
+                path.display()
+            ));
         }
         // SAFETY: only looks the symbol up.
         VM_BACKED.store(unsafe { lib.get::<*const c_void>(b"vmCudaDriverVersion") }.is_ok(), Ordering::Relaxed);

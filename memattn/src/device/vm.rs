@@ -278,11 +278,11 @@ impl Device for VmDevice {
         if let Some(sub) = self.subset.as_ref().filter(|s| s.kernel == kernel) {
             config.blocks = Some(sub.blocks.clone());
         }
-        if let Some((k, req)) = &self.trace {
-            if k == kernel {
-                config.trace = Some(*req);
-                self.trace = None;
-            }
+        if let Some((k, req)) = &self.trace
+            && k == kernel
+        {
+            config.trace = Some(*req);
+            self.trace = None;
         }
         let stats = self
             .vm
