@@ -209,7 +209,7 @@ fn load_module(text: &str, origin: &str) -> Result<sys::CUmodule, DeviceError> {
 ///
 /// A module compiled into the binary (checked by ptxas when it was built) is loaded one kernel at
 /// a time: the first launch of a kernel has the driver JIT-compile a module of that kernel alone
-/// ([`PtxSource::entry_module`]), a second or so, where the whole 22 MB module took about 50
+/// ([`PtxSource::entry_module`]), up to about two seconds, where the whole 22 MB module took about 50
 /// seconds on an H200 before the first launch. A PTX file (`--ptx`) is loaded whole, at once, so
 /// that its JIT errors show before anything runs.
 ///
