@@ -116,6 +116,9 @@ if [ "${MEMATTN_SM90:-1}" != 0 ]; then
     # The e4m3 KV-cache decode of the sm_90a module (cvt.rn.f16x2.e4m3x2), against the sm_80 row.
     MEMATTN_HOPPER=1 step sm90-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
     step sm80-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
+    # The same call on a bf16 cache: the like-for-like baseline of the two e4m3 rows (the first
+    # H200 run had 0.0528 ms for both, and no bf16 figure with the append and this split plan).
+    step decode-bf16-as-fp8 60 --backend cuda --json decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
     # Side by side, the same shape: the sm_80 kernel, then the Hopper one (flash_time_ms, median).
     for d in 64 128 256; do
         step "time-sm80-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
