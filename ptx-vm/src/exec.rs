@@ -1703,8 +1703,8 @@ fn ldmatrix_fast(
     }
     if mem.shared.racecheck_on() {
         let exec = if nrows == 32 { FULL } else { (1u32 << nrows) - 1 };
-        let sets: [[u32; 32]; 4] = std::array::from_fn(|k| std::array::from_fn(|l| (offs[l] / 4) as u32 + k as u32));
-        if !mem.shared.race.read_word_sets(exec, &sets) {
+        let rows: [u32; 32] = std::array::from_fn(|l| (offs[l] / 4) as u32);
+        if !mem.shared.race.read_rows(exec, &rows) {
             return false;
         }
     }
@@ -1877,7 +1877,9 @@ fn cp_issue_fast(
         dsts[l] = dst;
         nbs[l] = nb;
     });
-    let race = mem.shared.racecheck_on();
+    // Racecheck of all lanes' stores at once; on a conflict, lane by lane below for the report.
+    let race = mem.shared.racecheck_on()
+        && !mem.shared.race.store_spans(exec, &std::array::from_fn(|l| (dsts[l] / 4) as u32), size as u32 / 4);
     let mut line = usize::MAX;
     for_lanes!(exec, l, {
         let dst = dsts[l];

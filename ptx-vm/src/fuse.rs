@@ -146,17 +146,26 @@ unsafe fn pair_avx512(base: *const u8, idx: &[i32; 32], r: &mut [[u64; 32]], ld:
             _mm512_storeu_si512(lp.add(16 * h).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(*gv)));
             _mm512_storeu_si512(lp.add(16 * h + 8).cast(), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(*gv)));
         }
-        let load = |slot: Slot, h: usize| -> __m512 {
-            if slot == ld {
-                return _mm512_castsi512_ps(g[h]);
-            }
-            let p = rp.add(slot as usize).cast::<u64>().add(16 * h);
-            let lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.cast()));
-            let hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.add(8).cast()));
-            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
-        };
+        // (A macro, not a closure: the compiler may leave a closure out of line, without the
+        // function's target features.)
+        macro_rules! load {
+            ($slot:expr, $h:expr) => {{
+                let (slot, h): (Slot, usize) = ($slot, $h);
+                if slot == ld {
+                    _mm512_castsi512_ps(g[h])
+                } else {
+                    let p = rp.add(slot as usize).cast::<u64>().add(16 * h);
+                    let lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.cast()));
+                    let hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(p.add(8).cast()));
+                    _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+                }
+            }};
+        }
         // Both halves' sources are read before `d` is written (it may be a source).
-        let v = [0, 1].map(|h| _mm512_castps_si512(_mm512_fmadd_ps(load(s[0], h), load(s[1], h), load(s[2], h))));
+        let v = [
+            _mm512_castps_si512(_mm512_fmadd_ps(load!(s[0], 0), load!(s[1], 0), load!(s[2], 0))),
+            _mm512_castps_si512(_mm512_fmadd_ps(load!(s[0], 1), load!(s[1], 1), load!(s[2], 1))),
+        ];
         let dp = rp.add(d as usize).cast::<u64>();
         for (h, vv) in v.iter().enumerate() {
             _mm512_storeu_si512(dp.add(16 * h).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(*vv)));

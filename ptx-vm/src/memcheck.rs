@@ -57,13 +57,26 @@ pub(crate) struct RaceState {
     pending: Vec<PendingRead>,
     /// The words of pending reads that are not evenly spaced, 32 per read.
     scattered: Vec<[u32; 32]>,
+    /// The lowest and highest word the first `pending_seen` pending reads touch (`u32::MAX`, 0
+    /// for none), brought up to date by the first access that asks. An access outside this range
+    /// cannot meet a pending read's word, and the order of stamps on different words does not
+    /// matter, so it leaves the queue as it is (the `cp.async` of one buffer while `ldmatrix`
+    /// reads another). Reads alone never compute it.
+    pending_lo: u32,
+    pending_hi: u32,
+    pending_seen: usize,
+    /// Tests: the portable paths even where the CPU has AVX-512.
+    #[cfg(test)]
+    portable: bool,
 }
 
 /// One `ld.shared.b32` of a warp waiting to be stamped: lane `l` of `exec` read word
 /// `base + l * stride` (a full warp with evenly spaced words, the common case), or, when
-/// `stride` is [`SCATTERED`], the words listed at `base` in [`RaceState::scattered`].
+/// `stride` is [`SCATTERED`], the words listed at `base` in [`RaceState::scattered`]; with
+/// `span` 4 (`ldmatrix`), the listed word and the three after it.
 #[derive(Clone, Copy)]
 struct PendingRead {
+    span: u32,
     warp: u32,
     pc: u32,
     exec: u32,
@@ -89,8 +102,23 @@ fn stamp(epoch: u32, warp: u32) -> u32 {
     epoch << 6 | (warp + 1)
 }
 
-/// Race stamps of one shared word that every access reads.
-#[derive(Clone, Copy, Default)]
+/// The lowest and highest word that lanes `exec` touch, each `span` words from `first[l]`
+/// (`(u32::MAX, 0)` for no lane).
+#[inline(always)]
+fn word_bounds(exec: u32, first: &[u32; 32], span: u32) -> (u32, u32) {
+    let (mut lo, mut hi) = (u32::MAX, 0u32);
+    for (l, &i) in first.iter().enumerate() {
+        let on = exec >> l & 1 == 1;
+        lo = lo.min(if on { i } else { u32::MAX });
+        hi = hi.max(if on { i + span - 1 } else { 0 });
+    }
+    (lo, hi)
+}
+
+/// Race stamps of one shared word that every access reads (in this field order: the vector
+/// paths read four words' stamps as one 64-byte row).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
 struct HotWord {
     /// Epoch and warp of the last write.
     write: u32,
@@ -102,8 +130,10 @@ struct HotWord {
     read_pc: u32,
 }
 
-/// Race stamps of one shared word that writes and changes of reading warp update.
-#[derive(Clone, Copy, Default)]
+/// Race stamps of one shared word that writes and changes of reading warp update (in this
+/// field order: the vector store path writes `write_pc` of four words at once).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
 struct ColdWord {
     /// Instruction of the last write.
     write_pc: u32,
@@ -128,6 +158,7 @@ impl RaceState {
     pub(crate) fn next_epoch(&mut self) {
         self.pending.clear();
         self.scattered.clear();
+        (self.pending_lo, self.pending_hi, self.pending_seen) = (u32::MAX, 0, 0);
         self.writers = 0;
         self.epoch += 1;
         if self.epoch >= EPOCH_LIMIT {
@@ -213,7 +244,7 @@ impl RaceState {
                 }
                 (listed.expect("listed just above"), SCATTERED, shift)
             };
-            self.pending.push(PendingRead { warp: self.warp, pc, exec: u32::MAX, base, stride, shift });
+            self.pending.push(PendingRead { span: 1, warp: self.warp, pc, exec: u32::MAX, base, stride, shift });
         }
         true
     }
@@ -234,7 +265,34 @@ impl RaceState {
             self.scattered.push(*words);
             (self.scattered.len() as u32 - 1, SCATTERED)
         };
-        self.pending.push(PendingRead { warp: w, pc: self.pc, exec, base, stride, shift: 0 });
+        self.pending.push(PendingRead { span: 1, warp: w, pc: self.pc, exec, base, stride, shift: 0 });
+    }
+    /// Whether the pending reads may touch a word in `lo..=hi`; if so they are applied now, as
+    /// an access of those words must see them.
+    #[inline(always)]
+    fn settle_pending(&mut self, lo: u32, hi: u32) {
+        if !self.pending.is_empty() {
+            self.settle_pending_cold(lo, hi);
+        }
+    }
+    #[inline(never)]
+    fn settle_pending_cold(&mut self, lo: u32, hi: u32) {
+        for p in &self.pending[self.pending_seen..] {
+            let (plo, phi) = if p.stride == SCATTERED {
+                let (a, b) = word_bounds(p.exec, &self.scattered[p.base as usize], p.span);
+                (a.wrapping_add(p.shift), b.wrapping_add(p.shift))
+            } else {
+                // Evenly spaced words of a full warp: the ends of the progression.
+                let last = p.base.wrapping_add(p.stride.wrapping_mul(31));
+                (p.base.min(last), p.base.max(last))
+            };
+            self.pending_lo = self.pending_lo.min(plo);
+            self.pending_hi = self.pending_hi.max(phi);
+        }
+        self.pending_seen = self.pending.len();
+        if lo <= self.pending_hi && hi >= self.pending_lo {
+            self.stamp_pending();
+        }
     }
     /// Applies the queued read stamps, in order.
     #[cold]
@@ -260,23 +318,202 @@ impl RaceState {
                     continue;
                 }
                 prev = i;
-                let i = i as usize;
-                let h = &mut hot[i];
-                if h.read != me {
-                    if h.read >> 6 != e {
-                        h.readers = 1 << w;
-                    } else {
-                        h.readers |= 1 << w;
-                        let c = &mut cold[i];
-                        c.read_pc = h.read_pc;
-                        c.read_warp = (h.read & 63) - 1;
+                for i in i as usize..(i + p.span) as usize {
+                    let h = &mut hot[i];
+                    if h.read != me {
+                        if h.read >> 6 != e {
+                            h.readers = 1 << w;
+                        } else {
+                            h.readers |= 1 << w;
+                            let c = &mut cold[i];
+                            c.read_pc = h.read_pc;
+                            c.read_warp = (h.read & 63) - 1;
+                        }
+                        h.read = me;
                     }
-                    h.read = me;
+                    h.read_pc = pc;
                 }
-                h.read_pc = pc;
             }
         }
         self.scattered.clear();
+        (self.pending_lo, self.pending_hi, self.pending_seen) = (u32::MAX, 0, 0);
+    }
+    /// `ldmatrix`'s reads: lane `l` of `exec` reads the 4 words from `rows[l]` (a 16-byte row).
+    /// [`RaceState::read_word_sets`] of the four sets `rows[l] + k`, with the row queued as one
+    /// read.
+    #[inline(always)]
+    pub(crate) fn read_rows(&mut self, exec: u32, rows: &[u32; 32]) -> bool {
+        if self.atomic || self.warp >= 32 || exec == 0 {
+            return true;
+        }
+        let (_, hi) = word_bounds(exec, rows, 4);
+        assert!(hi < self.hot.len() as u32, "racecheck shadow covers the window");
+        if self.writers & !(1 << self.warp) != 0 && self.rows_meet_write(exec, rows, 4) {
+            return false;
+        }
+        if self.pending.len() >= PENDING_LIMIT {
+            self.stamp_pending();
+        }
+        self.scattered.push(*rows);
+        let base = self.scattered.len() as u32 - 1;
+        self.pending.push(PendingRead {
+            span: 4,
+            warp: self.warp,
+            pc: self.pc,
+            exec,
+            base,
+            stride: SCATTERED,
+            shift: 0,
+        });
+        true
+    }
+    /// Whether the AVX-512 paths run.
+    #[inline(always)]
+    fn simd(&self) -> bool {
+        #[cfg(test)]
+        if self.portable {
+            return false;
+        }
+        crate::exec::avx512()
+    }
+    /// Whether a word of `first[l]..first[l] + span` for a lane `l` of `exec` was written by
+    /// another warp in this interval (the read-after-write check; `span` 1, 2 or 4 words inside one
+    /// 16-byte row).
+    #[inline(always)]
+    fn rows_meet_write(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.simd() {
+            // SAFETY: the CPU has AVX-512F; the callers' words lie in the window, which `hot`
+            // covers.
+            return unsafe { self.rows_meet_write_avx512(exec, first, span) };
+        }
+        let me = stamp(self.epoch, self.warp);
+        let e = self.epoch;
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            for i in first[l]..first[l] + span {
+                let h = &self.hot[i as usize];
+                if h.write >> 6 == e && h.write != me {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_meet_write_avx512(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        use core::arch::x86_64::*;
+        let me = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
+        let e = _mm512_set1_epi32(self.epoch as i32);
+        let load = ((1u32 << (4 * span)) - 1) as u16;
+        let hot = self.hot.as_ptr().cast::<i32>();
+        let mut hit: u16 = 0;
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            // SAFETY: words `first[l]..first[l] + span` exist (the caller asserted the
+            // highest); masked-off elements are not read.
+            let v = unsafe { _mm512_maskz_loadu_epi32(load, hot.add(4 * first[l] as usize)) };
+            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), e);
+            hit |= now & _mm512_cmpneq_epi32_mask(v, me);
+        }
+        hit & load & 0x1111 != 0
+    }
+    /// Stores by every lane `l` of `exec` of the `span` words (1, 2 or 4, inside one 16-byte
+    /// row) from `first[l]`, in lane order (`cp.async`): as [`RaceState::store_words`], true
+    /// with the stamps [`RaceState::access`] leaves for those stores one after the other when
+    /// none conflicts, false otherwise having stamped nothing, for the caller to run `access`
+    /// lane by lane and report the conflict.
+    pub(crate) fn store_spans(&mut self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        if self.atomic || self.warp >= 32 || exec == 0 {
+            return true;
+        }
+        debug_assert!(matches!(span, 1 | 2 | 4) && first.iter().all(|&i| i % span == 0));
+        let (lo, hi) = word_bounds(exec, first, span);
+        self.settle_pending(lo, hi);
+        assert!(hi < self.hot.len() as u32, "racecheck shadow covers the window");
+        #[cfg(target_arch = "x86_64")]
+        if self.simd() {
+            // SAFETY: the CPU has AVX-512F; every word is in `hot` and `cold` (asserted).
+            return unsafe { self.store_spans_avx512(exec, first, span) };
+        }
+        let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let me = stamp(e, w);
+        let bit = 1u32 << w;
+        let mut conflict = false;
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            for i in first[l]..first[l] + span {
+                let h = &self.hot[i as usize];
+                conflict |= (h.write >> 6 == e) & (h.write != me) | (h.read >> 6 == e) & (h.readers & !bit != 0);
+            }
+        }
+        if conflict {
+            return false;
+        }
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            for i in first[l]..first[l] + span {
+                self.hot[i as usize].write = me;
+                self.cold[i as usize].write_pc = pc;
+            }
+        }
+        self.writers |= bit;
+        true
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_spans_avx512(&mut self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        use core::arch::x86_64::*;
+        let (w, e, pc) = (self.warp, self.epoch, self.pc);
+        let me = stamp(e, w);
+        let bit = 1u32 << w;
+        let vme = _mm512_set1_epi32(me as i32);
+        let ve = _mm512_set1_epi32(e as i32);
+        let others = _mm512_set1_epi32(!bit as i32);
+        // Per word of a row: `write` at element 4 k, `read` at 4 k + 1, `readers` at 4 k + 2.
+        let load = ((1u32 << (4 * span)) - 1) as u16;
+        let hot = self.hot.as_mut_ptr().cast::<i32>();
+        let mut conflict: u16 = 0;
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            // SAFETY: the words are in `hot` (the caller asserted the highest).
+            let v = unsafe { _mm512_maskz_loadu_epi32(load, hot.add(4 * first[l] as usize)) };
+            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), ve);
+            let write_other = now & _mm512_cmpneq_epi32_mask(v, vme) & 0x1111;
+            let read_other = (now << 1) & _mm512_test_epi32_mask(v, others) & 0x4444;
+            conflict |= write_other | read_other;
+        }
+        if conflict & load != 0 {
+            return false;
+        }
+        // `write_pc` of a word is element 3 k of the cold row (12 bytes per word).
+        let (hot_mask, cold_mask) = (0x1111 & load, (0x249u16 & ((1 << (3 * span)) - 1)));
+        let vpc = _mm512_set1_epi32(pc as i32);
+        let cold = self.cold.as_mut_ptr().cast::<i32>();
+        let mut m = exec;
+        while m != 0 {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let i = first[l] as usize;
+            // SAFETY: as above; masked-off elements are neither read nor written.
+            unsafe {
+                _mm512_mask_storeu_epi32(hot.add(4 * i), hot_mask, vme);
+                _mm512_mask_storeu_epi32(cold.add(3 * i), cold_mask, vpc);
+            }
+        }
+        self.writers |= bit;
+        true
     }
     /// A store of word `words[l]` by every lane `l` of the running warp, in lane order: returns
     /// true, with the stamps [`RaceState::access`] leaves for those stores one after the other,
@@ -290,7 +527,8 @@ impl RaceState {
             return true;
         }
         if !self.pending.is_empty() {
-            self.stamp_pending();
+            let (lo, hi) = word_bounds(u32::MAX, words, 1);
+            self.settle_pending_cold(lo, hi);
         }
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
         let me = stamp(e, w);
@@ -319,9 +557,10 @@ impl RaceState {
         if self.atomic || self.warp >= 32 {
             return Ok(());
         }
-        if !self.pending.is_empty() {
-            self.stamp_pending();
+        if len == 0 {
+            return Ok(());
         }
+        self.settle_pending((at / 4) as u32, ((at + len - 1) / 4) as u32);
         let (w, e, pc) = (self.warp, self.epoch, self.pc);
         let me = stamp(e, w);
         let bit = 1u32 << w;
@@ -690,5 +929,157 @@ mod tests {
         r.next_epoch();
         r.warp = 0;
         r.access(0, 128, true).unwrap();
+    }
+
+    /// Every write stamp, and the read stamps of the current interval (those of an interval that
+    /// ended are stale, and the queue drops its reads unstamped then), agree.
+    fn same_live_stamps(a: &RaceState, b: &RaceState, op: usize) {
+        assert_eq!(a.epoch, b.epoch);
+        for i in 0..a.hot.len() {
+            let (ha, hb, ca, cb) = (a.hot[i], b.hot[i], a.cold[i], b.cold[i]);
+            assert_eq!((ha.write, ca.write_pc), (hb.write, cb.write_pc), "word {i} after operation {op}");
+            let live = |h: HotWord| h.read >> 6 == a.epoch;
+            assert_eq!(live(ha), live(hb), "word {i} after operation {op}");
+            if live(ha) {
+                assert_eq!((ha.read, ha.readers, ha.read_pc), (hb.read, hb.readers, hb.read_pc), "word {i} after {op}");
+                if ha.readers.count_ones() > 1 {
+                    assert_eq!((ca.read_pc, ca.read_warp), (cb.read_pc, cb.read_warp), "word {i} after {op}");
+                }
+            }
+        }
+    }
+
+    /// The queued, filtered and whole-warp paths against plain [`RaceState::access`] lane by
+    /// lane, on random interleavings of reads and stores of four warps in a 64-word window: the
+    /// same result for every operation (with the executor's fallback: a fast path that says
+    /// false is followed by `access` lane by lane), and the same stamps on every word after every
+    /// operation once the queued reads are applied.
+    #[test]
+    fn fast_paths_match_access_lane_by_lane() {
+        fast_paths_match(false);
+        fast_paths_match(true);
+    }
+
+    fn fast_paths_match(portable: bool) {
+        const WORDS: u32 = 64;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |n: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 33) as u32 % n
+        };
+        let fresh = || RaceState {
+            hot: vec![HotWord::default(); WORDS as usize],
+            cold: vec![ColdWord::default(); WORDS as usize],
+            ..Default::default()
+        };
+        let (mut fast, mut plain) = (RaceState { portable, ..fresh() }, fresh());
+        fast.next_epoch();
+        plain.next_epoch();
+        type R = Result<(), (String, RaceOther)>;
+        // `access` for each (lane, byte offset, length) in order: the first error.
+        let lane_by_lane = |r: &mut RaceState, spans: &[(usize, usize)], store: bool| -> R {
+            spans.iter().try_for_each(|&(at, len)| r.access(at, len, store))
+        };
+        let (mut races, mut ops) = (0, 0);
+        for _ in 0..20_000 {
+            let (w, pc) = (rnd(4), rnd(1000));
+            for r in [&mut fast, &mut plain] {
+                (r.warp, r.pc) = (w, pc);
+            }
+            let exec = match rnd(3) {
+                0 => u32::MAX,
+                1 => rnd(u32::MAX),
+                _ => 1 << rnd(32),
+            };
+            let lanes = |f: &dyn Fn(usize) -> (usize, usize)| -> Vec<(usize, usize)> {
+                (0..32).filter(|l| exec >> l & 1 == 1).map(f).collect()
+            };
+            let (a, b): (R, R) = match rnd(7) {
+                0 => {
+                    // Evenly spaced words (queued as base and stride) or scattered ones.
+                    let words: [u32; 32] = if rnd(2) == 0 {
+                        let (base, stride) = (rnd(WORDS - 31), rnd(2));
+                        std::array::from_fn(|l| base + stride * l as u32)
+                    } else {
+                        std::array::from_fn(|_| rnd(WORDS))
+                    };
+                    let spans = lanes(&|l| (4 * words[l] as usize, 4));
+                    let a = if fast.read_words(exec, &words) { Ok(()) } else { lane_by_lane(&mut fast, &spans, false) };
+                    (a, lane_by_lane(&mut plain, &spans, false))
+                }
+                1 => {
+                    let rows: [u32; 32] = std::array::from_fn(|_| 4 * rnd(WORDS / 4));
+                    let spans = lanes(&|l| (16 * (rows[l] / 4) as usize, 16));
+                    let a = if fast.read_rows(exec, &rows) { Ok(()) } else { lane_by_lane(&mut fast, &spans, false) };
+                    (a, lane_by_lane(&mut plain, &spans, false))
+                }
+                2 => {
+                    let span = [1, 2, 4][rnd(3) as usize];
+                    let first: [u32; 32] = std::array::from_fn(|_| span * rnd(WORDS / span));
+                    let spans = lanes(&|l| (4 * first[l] as usize, 4 * span as usize));
+                    let a = if fast.store_spans(exec, &first, span) {
+                        Ok(())
+                    } else {
+                        lane_by_lane(&mut fast, &spans, true)
+                    };
+                    (a, lane_by_lane(&mut plain, &spans, true))
+                }
+                3 => {
+                    let words: [u32; 32] = std::array::from_fn(|_| rnd(WORDS));
+                    let spans: Vec<_> = (0..32).map(|l| (4 * words[l] as usize, 4)).collect();
+                    let a = if fast.store_words(&words) { Ok(()) } else { lane_by_lane(&mut fast, &spans, true) };
+                    (a, lane_by_lane(&mut plain, &spans, true))
+                }
+                4 => {
+                    // A fused run: loads at `words0 + shift`, each with its own instruction.
+                    let words0: [u32; 32] =
+                        if rnd(2) == 0 { std::array::from_fn(|l| l as u32) } else { std::array::from_fn(|_| rnd(32)) };
+                    let loads: Vec<(u32, u32)> = (0..1 + rnd(4)).map(|k| (pc + k, rnd(WORDS - 31))).collect();
+                    let one_by_one = |r: &mut RaceState| -> R {
+                        for &(lpc, shift) in &loads {
+                            r.pc = lpc;
+                            let spans: Vec<_> = (0..32).map(|l| (4 * (words0[l] + shift) as usize, 4)).collect();
+                            lane_by_lane(r, &spans, false)?;
+                        }
+                        Ok(())
+                    };
+                    let a = if fast.queue_read_run(&words0, loads.iter().copied()) {
+                        Ok(())
+                    } else {
+                        one_by_one(&mut fast)
+                    };
+                    (a, one_by_one(&mut plain))
+                }
+                5 => {
+                    let (at, len, store) = (rnd(4 * WORDS - 16) as usize, 1 + rnd(16) as usize, rnd(2) == 0);
+                    (fast.access(at, len, store), plain.access(at, len, store))
+                }
+                _ => {
+                    fast.next_epoch();
+                    plain.next_epoch();
+                    continue;
+                }
+            };
+            ops += 1;
+            assert_eq!(a, b, "operation {ops}");
+            let mut settled = RaceState {
+                hot: fast.hot.clone(),
+                cold: fast.cold.clone(),
+                pending: fast.pending.clone(),
+                scattered: fast.scattered.clone(),
+                epoch: fast.epoch,
+                ..Default::default()
+            };
+            settled.stamp_pending();
+            same_live_stamps(&settled, &plain, ops);
+            if a.is_err() {
+                races += 1;
+                fast.next_epoch();
+                plain.next_epoch();
+            }
+        }
+        assert!(races > 100 && ops - races > 5000, "{races} races of {ops} operations");
     }
 }
