@@ -138,6 +138,7 @@ struct Dcx<'m> {
     copies: Vec<Vec<(Slot, Slot)>>,
     call_edges: Vec<(String, String)>,
     mma_srcs: Vec<MmaSrcs>,
+    shfl_perms: Vec<[u8; 32]>,
     wgmma: Vec<crate::wgmma::WgmmaInst>,
     hopper: Vec<crate::hopper::HInst>,
 }
@@ -271,6 +272,7 @@ pub(crate) fn decode_entry(
         copies: Vec::new(),
         call_edges: Vec::new(),
         mma_srcs: Vec::new(),
+        shfl_perms: Vec::new(),
         wgmma: Vec::new(),
         hopper: Vec::new(),
     };
@@ -349,6 +351,7 @@ pub(crate) fn decode_entry(
         info,
         dyn_shared_offset: dyn_off,
         mma_srcs: cx.mma_srcs,
+        shfl_perms: cx.shfl_perms,
         wgmma: cx.wgmma,
         wgmma_info: std::sync::OnceLock::new(),
         hopper: cx.hopper,
@@ -1172,15 +1175,17 @@ fn decode_warp(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, m: &mut Mods) -> Result<De
                 Operand::Pair(d, p) => (ctx.reg(d)?, ctx.reg(p)?),
                 o => (dst(cx, o)?, NONE),
             };
-            Op::Shfl {
-                mode,
-                d,
-                p,
-                a: src(cx, &ops[1], 32, false)?,
-                b: src(cx, &ops[2], 32, false)?,
-                c: src(cx, &ops[3], 32, false)?,
-                mask: src(cx, &ops[4], 32, false)?,
-            }
+            let (a, b, c) = (src(cx, &ops[1], 32, false)?, src(cx, &ops[2], 32, false)?, src(cx, &ops[3], 32, false)?);
+            // Constant lane operands (the kernels' reductions): the source lanes now.
+            let value = |s: Slot| cx.const_list.iter().rev().find(|&&(k, _)| k == s).map(|&(_, v)| v);
+            let perm = match (value(b), value(c)) {
+                (Some(bv), Some(cv)) if cx.shfl_perms.len() < NO_PERM as usize => {
+                    cx.shfl_perms.push(crate::exec::shfl_sources(mode, bv, cv));
+                    (cx.shfl_perms.len() - 1) as u16
+                }
+                _ => NO_PERM,
+            };
+            Op::Shfl { mode, perm, d, p, a, b, c, mask: src(cx, &ops[4], 32, false)? }
         }
         "vote" => {
             m.has("sync");

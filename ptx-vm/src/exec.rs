@@ -1162,7 +1162,7 @@ impl Launch<'_> {
                             ));
                             return Err(Box::new(f));
                         }
-                        collective(&inst.op, r, exec);
+                        collective(&inst.op, r, exec, &prog.shfl_perms);
                     }
                     pc += 1;
                 }
@@ -1421,40 +1421,94 @@ fn uniform(v: &[u64; 32], mask: u64) -> bool {
     v.iter().fold(0, |acc, &x| acc | (x ^ x0)) & mask == 0
 }
 
-fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32) {
+/// The source lane of every lane of a `shfl` of mode `mode` (0 up, 1 down, 2 bfly, 3 idx) with
+/// lane operand `b` and clamp/segment word `c` the same in every lane; a lane whose source is out
+/// of range reads its own value.
+pub(crate) fn shfl_sources(mode: u8, b: u64, c: u64) -> [u8; 32] {
+    let (bval, cval, segmask) = ((b & 0x1f) as i64, (c & 0x1f) as i64, ((c >> 8) & 0x1f) as i64);
+    std::array::from_fn(|l| {
+        let lane = l as i64;
+        let max_lane = (lane & segmask) | (cval & !segmask);
+        let (j, ok) = match mode {
+            0 => (lane - bval, lane - bval >= max_lane),
+            1 => (lane + bval, lane + bval <= max_lane),
+            2 => (lane ^ bval, (lane ^ bval) <= max_lane),
+            _ => {
+                let j = (lane & segmask) | (bval & !segmask);
+                (j, j <= max_lane)
+            }
+        };
+        if ok && (0..32).contains(&j) {
+            j as u8
+        } else {
+            l as u8
+        }
+    })
+}
+
+/// `d[l] = a[src[l]]` (the low 32 bits) for every lane.
+#[inline(always)]
+fn shfl_permute(r: &mut [[u64; 32]], d: Slot, a: Slot, src: &[u8; 32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        let _ = &r[a as usize];
+        let _ = &r[d as usize];
+        // SAFETY: the CPU has AVX-512F; both slots are rows of `r` (indexed above).
+        unsafe {
+            shfl_permute_avx512(r.as_mut_ptr().add(a as usize).cast(), r.as_mut_ptr().add(d as usize).cast(), src)
+        };
+        return;
+    }
+    let av = r[a as usize];
+    let dv = &mut r[d as usize];
+    for l in 0..32 {
+        dv[l] = av[src[l] as usize & 31] & 0xffff_ffff;
+    }
+}
+
+/// # Safety
+/// `a` and `d` point at 32 `u64` each (they may be the same row); the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn shfl_permute_avx512(a: *const u64, d: *mut u64, src: &[u8; 32]) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's bounds; every source row is read before any destination is written.
+    // (Loops, not closures: a closure may be compiled out of line, without the target feature.)
+    unsafe {
+        let z = [
+            _mm512_loadu_si512(a.cast()),
+            _mm512_loadu_si512(a.add(8).cast()),
+            _mm512_loadu_si512(a.add(16).cast()),
+            _mm512_loadu_si512(a.add(24).cast()),
+        ];
+        let (low, sixteen) = (_mm512_set1_epi64(0xffff_ffff), _mm512_set1_epi64(16));
+        let mut out = [_mm512_setzero_si512(); 4];
+        for (q, o) in out.iter_mut().enumerate() {
+            let idx = _mm512_cvtepu8_epi64(_mm_loadl_epi64(src.as_ptr().add(8 * q).cast()));
+            let lo = _mm512_permutex2var_epi64(z[0], idx, z[1]);
+            let hi = _mm512_permutex2var_epi64(z[2], idx, z[3]);
+            let upper = _mm512_cmpge_epu64_mask(idx, sixteen);
+            *o = _mm512_and_si512(_mm512_mask_blend_epi64(upper, lo, hi), low);
+        }
+        for (q, v) in out.iter().enumerate() {
+            _mm512_storeu_si512(d.add(8 * q).cast(), *v);
+        }
+    }
+}
+
+fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32, perms: &[[u8; 32]]) {
     match *op {
+        Op::Shfl { perm, d, p, a, .. } if perm != NO_PERM && exec == FULL && p == NONE => {
+            shfl_permute(r, d, a, &perms[perm as usize]);
+        }
         // The kernels' reductions: a full warp, no predicate result, the lane operand and the
         // clamp/segment word the same in every lane (constants, mostly). The same source lane
         // per lane as below, computed once, and one pass without the copies of `b`, `c` and `d`.
         Op::Shfl { mode, d, p, a, b, c, .. }
             if exec == FULL && p == NONE && uniform(&r[b as usize], 0x1f) && uniform(&r[c as usize], 0x1f1f) =>
         {
-            let (bval, cword) = ((r[b as usize][0] & 0x1f) as i64, r[c as usize][0]);
-            let cval = (cword & 0x1f) as i64;
-            let segmask = ((cword >> 8) & 0x1f) as i64;
-            let src: [usize; 32] = std::array::from_fn(|l| {
-                let lane = l as i64;
-                let max_lane = (lane & segmask) | (cval & !segmask);
-                let (j, ok) = match mode {
-                    0 => (lane - bval, lane - bval >= max_lane),
-                    1 => (lane + bval, lane + bval <= max_lane),
-                    2 => (lane ^ bval, (lane ^ bval) <= max_lane),
-                    _ => {
-                        let j = (lane & segmask) | (bval & !segmask);
-                        (j, j <= max_lane)
-                    }
-                };
-                if ok && (0..32).contains(&j) {
-                    j as usize
-                } else {
-                    l
-                }
-            });
-            let av = r[a as usize];
-            let dv = &mut r[d as usize];
-            for l in 0..32 {
-                dv[l] = av[src[l] & 31] & 0xffff_ffff;
-            }
+            let src = shfl_sources(mode, r[b as usize][0], r[c as usize][0]);
+            shfl_permute(r, d, a, &src);
         }
         Op::Shfl { mode, d, p, a, b, c, .. } => {
             let av = r[a as usize];

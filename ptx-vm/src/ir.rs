@@ -9,6 +9,9 @@
 use crate::num::{FBin, FMode, FUn, Ty};
 
 pub(crate) type Slot = u32;
+
+/// [`Op::Shfl::perm`] of a shuffle whose lane operands are not both constants.
+pub(crate) const NO_PERM: u16 = u16::MAX;
 /// "No register" (absent second destination, unused source).
 pub(crate) const NONE: Slot = u32::MAX;
 
@@ -341,9 +344,11 @@ pub(crate) enum Op {
         arrive: bool,
     },
     BarWarp,
-    /// mode: 0 up, 1 down, 2 bfly, 3 idx.
+    /// mode: 0 up, 1 down, 2 bfly, 3 idx. `perm`: with constant `b` and `c`, the source lane of
+    /// every lane, computed at decode (`Program::shfl_perms[perm]`; [`NO_PERM`]: none).
     Shfl {
         mode: u8,
+        perm: u16,
         d: Slot,
         p: Slot,
         a: Slot,
@@ -543,6 +548,8 @@ pub(crate) struct Program {
     pub has_calls: bool,
     /// Source operands of the `mma` instructions (`Op::Mma::srcs` indexes it).
     pub mma_srcs: Vec<MmaSrcs>,
+    /// Source lanes of the `shfl` instructions with constant operands (`Op::Shfl::perm`).
+    pub shfl_perms: Vec<[u8; 32]>,
     /// Operands of the `wgmma.mma_async` instructions (`Op::WgmmaMma::i` indexes it).
     pub wgmma: Vec<crate::wgmma::WgmmaInst>,
     /// [`crate::wgmma::ProgInfo`], computed on the first launch of a program with `wgmma`.

@@ -181,19 +181,21 @@ fn warp_shuffles_and_votes() {
 
 #[test]
 fn warp_shuffles_of_every_mode_and_segment_width() {
-    // Each mode with a lane operand that is the same in every lane (the VM's fast path) and one
-    // that differs per lane (`%r2` = 7 l mod 32, the general path), for segment widths 32, 8
-    // and 1 and a clamp below 31: against the PTX ISA's definition, written out here.
+    // Each mode with a constant lane operand (source lanes computed at decode), the same value
+    // in a register (the same in every lane: the fast path at run time) and one that differs per
+    // lane (`%r2` = 7 l mod 32, the general path), for segment widths 32, 8 and 1 and a clamp
+    // below 31: against the PTX ISA's definition, written out here.
     let modes = ["up", "down", "bfly", "idx"];
     let cs: [u32; 4] = [0x1f, 0x181f, 0x1f00, 0x0a];
     let mut body = String::from(
         "mov.u32 %r1, %tid.x;\n mul.wide.u32 %rd1, %r1, 4;\n add.s64 %rd2, %rd0, %rd1;\n\
-        mul.lo.u32 %r2, %r1, 7;\n and.b32 %r2, %r2, 31;\n mul.lo.u32 %r4, %r1, 3;\n add.u32 %r4, %r4, 100;\n",
+        mul.lo.u32 %r2, %r1, 7;\n and.b32 %r2, %r2, 31;\n mul.lo.u32 %r4, %r1, 3;\n add.u32 %r4, %r4, 100;\n\
+        mov.u32 %r5, 3;\n",
     );
     let mut k = 0;
     for m in modes {
         for c in cs {
-            for b in ["3", "%r2"] {
+            for b in ["3", "%r5", "%r2"] {
                 body +=
                     &format!("shfl.sync.{m}.b32 %r3, %r4, {b}, {c:#x}, -1;\n st.global.u32 [%rd2+{}], %r3;\n", 128 * k);
                 k += 1;
@@ -204,7 +206,7 @@ fn warp_shuffles_of_every_mode_and_segment_width() {
     let mut k = 0;
     for (mi, m) in modes.iter().enumerate() {
         for c in cs {
-            for per_lane in [false, true] {
+            for (b_kind, per_lane) in [("constant", false), ("register", false), ("per lane", true)] {
                 for lane in 0..32u32 {
                     let bval = if per_lane { (lane * 7) % 32 } else { 3 };
                     let (cval, segmask) = ((c & 0x1f) as i64, ((c >> 8) & 0x1f) as i64);
@@ -217,11 +219,7 @@ fn warp_shuffles_of_every_mode_and_segment_width() {
                         _ => ((l & segmask) | (bv & !segmask), ((l & segmask) | (bv & !segmask)) <= max_lane),
                     };
                     let src = if ok { j as u32 } else { lane };
-                    assert_eq!(
-                        o[k * 32 + lane as usize],
-                        100 + 3 * src,
-                        "{m}, c {c:#x}, per-lane b {per_lane}, lane {lane}"
-                    );
+                    assert_eq!(o[k * 32 + lane as usize], 100 + 3 * src, "{m}, c {c:#x}, b {b_kind}, lane {lane}");
                 }
                 k += 1;
             }
