@@ -89,7 +89,7 @@ struct Warp {
     stacks: Vec<Vec<u32>>,
     local: Vec<u8>,
     issued: u64,
-    hint: usize,
+    hint: Hints,
     /// Lane being traced in this warp.
     trace_lane: Option<u32>,
     /// Pending `cp.async` copies of the warp's threads, in issue order.
@@ -528,7 +528,7 @@ impl Launch<'_> {
                 stacks: Vec::new(),
                 local: Vec::new(),
                 issued: 0,
-                hint: 0,
+                hint: Hints::default(),
                 trace_lane: None,
                 cp: Vec::new(),
                 cp_next: [0; 32],
@@ -1923,7 +1923,7 @@ fn cp_issue_fast(
             if src & (size64 - 1) != 0 {
                 return Ok(false);
             }
-            match mem.global.resolve(src, nb, mem.hint) {
+            match mem.global.resolve(src, nb, &mut mem.hint.alloc) {
                 Some(p) => ptrs[l] = p as usize,
                 None => return Ok(false),
             }
@@ -2267,6 +2267,9 @@ fn ld_global_fast(
     let align = if n > 1 { total } else { size as u64 };
     let Some(ptrs) = global_ptrs(&r[a as usize], off, exec, generic, total, align, mem) else { return false };
     mem.traffic[0] += total * exec.count_ones() as u64;
+    if exec == FULL {
+        mem.hint.stride_prefetch(ds[0], &ptrs, total);
+    }
     for k in 0..n as usize {
         let dv = &mut r[ds[k] as usize];
         let kb = k * size as usize;
@@ -2288,6 +2291,56 @@ fn ld_global_fast(
         }
     }
     true
+}
+
+/// Per warp: the allocation [`GlobalView::resolve`] found last, and a stride detector for
+/// full-warp global loads (no effect on results: it only asks the host CPU to load cache lines
+/// early).
+#[derive(Default)]
+pub(crate) struct Hints {
+    pub(crate) alloc: usize,
+    strides: [StrideEntry; 16],
+}
+
+/// The last host address of one load instruction's warp (keyed by its first destination slot)
+/// and the step between its last two executions.
+#[derive(Default, Clone, Copy)]
+struct StrideEntry {
+    key: Slot,
+    last: usize,
+    step: isize,
+}
+
+impl Hints {
+    /// A full warp's load of `total` bytes per lane at `ptrs`: when the same instruction's last
+    /// two executions moved by the same step, the host CPU is asked to load the lines one step
+    /// further (a key's row of a KV cache, the next loop iteration), at most 16 of them.
+    #[inline(always)]
+    fn stride_prefetch(&mut self, key: Slot, ptrs: &[*mut u8; 32], total: u64) {
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for &p in ptrs {
+            lo = lo.min(p as usize);
+            hi = hi.max(p as usize);
+        }
+        let e = &mut self.strides[key as usize % 16];
+        if e.key == key && e.last != 0 {
+            let step = lo.wrapping_sub(e.last) as isize;
+            if step == e.step && step != 0 {
+                let end = hi + total as usize;
+                let mut line = lo & !63;
+                let mut n = 0;
+                while line < end && n < 16 {
+                    prefetch(line.wrapping_add_signed(step));
+                    line += 64;
+                    n += 1;
+                }
+            }
+            e.step = step;
+        } else {
+            *e = StrideEntry { key, last: 0, step: 0 };
+        }
+        e.last = lo;
+    }
 }
 
 /// Each lane's pointer for a `total`-byte global access at `av[l] + off` aligned to `align`, or
@@ -2320,7 +2373,8 @@ fn global_ptrs(
         }
         let outside_windows = !generic || hi < windows.start || lo >= windows.end;
         if bad == 0 && outside_windows {
-            if let Some(p) = hi.checked_add(total).and_then(|end| mem.global.resolve(lo, end - lo, mem.hint)) {
+            if let Some(p) = hi.checked_add(total).and_then(|end| mem.global.resolve(lo, end - lo, &mut mem.hint.alloc))
+            {
                 for (l, ptr) in ptrs.iter_mut().enumerate() {
                     // SAFETY: `[lo, hi + total)` lies in one allocation at `p`, and so does
                     // every lane's access.
@@ -2335,7 +2389,7 @@ fn global_ptrs(
         if addr & (align - 1) != 0 || generic && windows.contains(&addr) {
             return None;
         }
-        ptrs[l] = mem.global.resolve(addr, total, mem.hint)?;
+        ptrs[l] = mem.global.resolve(addr, total, &mut mem.hint.alloc)?;
     });
     Some(ptrs)
 }

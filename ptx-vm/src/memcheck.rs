@@ -701,7 +701,7 @@ pub(crate) struct Mem<'a> {
     pub(crate) local: &'a mut [u8],
     pub(crate) local_bytes: usize,
     pub(crate) params: &'a [u8],
-    pub(crate) hint: &'a mut usize,
+    pub(crate) hint: &'a mut crate::exec::Hints,
     /// Global bytes read (`[0]`) and written (`[1]`) by the accesses `locate` and
     /// `check_global` allowed: what the threads asked of global memory, with no cache model.
     pub(crate) traffic: &'a mut [u64; 2],
@@ -775,7 +775,7 @@ impl Mem<'_> {
                     Err(fault("out-of-bounds parameter load"))
                 }
             }
-            _ => match self.global.resolve(a, size, self.hint) {
+            _ => match self.global.resolve(a, size, &mut self.hint.alloc) {
                 Some(p) => {
                     self.traffic[store as usize] += size;
                     Ok(Loc::Ptr(p))
@@ -805,7 +805,7 @@ impl Mem<'_> {
     }
     /// Checks that `len` global bytes at `addr` lie inside one live allocation.
     pub(crate) fn check_global(&mut self, addr: u64, len: u64, lane: u32, store: bool) -> Result<*mut u8, Fault> {
-        match self.global.resolve(addr, len, self.hint) {
+        match self.global.resolve(addr, len, &mut self.hint.alloc) {
             Some(p) => {
                 self.traffic[store as usize] += len;
                 Ok(p)
