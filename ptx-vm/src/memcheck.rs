@@ -348,7 +348,7 @@ impl RaceState {
         }
         let (_, hi) = word_bounds(exec, rows, 4);
         assert!(hi < self.hot.len() as u32, "racecheck shadow covers the window");
-        if self.writers & !(1 << self.warp) != 0 && self.rows_meet_write(exec, rows, 4) {
+        if self.writers & !(1 << self.warp) != 0 && self.rows_conflict(exec, rows, 4, false) {
             return false;
         }
         if self.pending.len() >= PENDING_LIMIT {
@@ -377,40 +377,42 @@ impl RaceState {
         crate::exec::avx512()
     }
     /// Whether a word of `first[l]..first[l] + span` for a lane `l` of `exec` was written by
-    /// another warp in this interval (the read-after-write check; `span` 1, 2 or 4 words inside one
-    /// 16-byte row).
+    /// another warp in this interval (the read-after-write check), or, for `store`, also read by
+    /// another warp (write-after-read; `span` 1, 2 or 4 words inside one 16-byte row).
     #[inline(always)]
-    fn rows_meet_write(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+    fn rows_conflict(&self, exec: u32, first: &[u32; 32], span: u32, store: bool) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self.simd() {
             // SAFETY: the CPU has AVX-512F; the callers' words lie in the window, which `hot`
             // covers.
-            return unsafe { self.rows_meet_write_avx512(exec, first, span) };
+            return unsafe { self.rows_conflict_avx512(exec, first, span, store) };
         }
-        let me = stamp(self.epoch, self.warp);
-        let e = self.epoch;
+        let (e, me, bit) = (self.epoch, stamp(self.epoch, self.warp), 1u32 << self.warp);
+        let mut conflict = false;
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
             for i in first[l]..first[l] + span {
                 let h = &self.hot[i as usize];
-                if h.write >> 6 == e && h.write != me {
-                    return true;
-                }
+                conflict |=
+                    (h.write >> 6 == e) & (h.write != me) | store & (h.read >> 6 == e) & (h.readers & !bit != 0);
             }
         }
-        false
+        conflict
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_meet_write_avx512(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+    unsafe fn rows_conflict_avx512(&self, exec: u32, first: &[u32; 32], span: u32, store: bool) -> bool {
         use core::arch::x86_64::*;
-        let me = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
-        let e = _mm512_set1_epi32(self.epoch as i32);
+        let vme = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
+        let ve = _mm512_set1_epi32(self.epoch as i32);
+        let others = _mm512_set1_epi32(!(1u32 << self.warp) as i32);
+        // Per word of a row: `write` at element 4 k, `read` at 4 k + 1, `readers` at 4 k + 2.
         let load = ((1u32 << (4 * span)) - 1) as u16;
+        let reads = if store { 0x4444 } else { 0 };
         let hot = self.hot.as_ptr().cast::<i32>();
-        let mut hit: u16 = 0;
+        let mut conflict: u16 = 0;
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
@@ -418,10 +420,12 @@ impl RaceState {
             // SAFETY: words `first[l]..first[l] + span` exist (the caller asserted the
             // highest); masked-off elements are not read.
             let v = unsafe { _mm512_maskz_loadu_epi32(load, hot.add(4 * first[l] as usize)) };
-            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), e);
-            hit |= now & _mm512_cmpneq_epi32_mask(v, me);
+            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), ve);
+            let write_other = now & _mm512_cmpneq_epi32_mask(v, vme) & 0x1111;
+            let read_other = (now << 1) & _mm512_test_epi32_mask(v, others) & reads;
+            conflict |= write_other | read_other;
         }
-        hit & load & 0x1111 != 0
+        conflict & load != 0
     }
     /// Stores by every lane `l` of `exec` of the `span` words (1, 2 or 4, inside one 16-byte
     /// row) from `first[l]`, in lane order (`cp.async`): as [`RaceState::store_words`], true
@@ -436,27 +440,23 @@ impl RaceState {
         let (lo, hi) = word_bounds(exec, first, span);
         self.settle_pending(lo, hi);
         assert!(hi < self.hot.len() as u32, "racecheck shadow covers the window");
+        if self.rows_conflict(exec, first, span, true) {
+            return false;
+        }
+        let (me, pc) = (stamp(self.epoch, self.warp), self.pc);
         #[cfg(target_arch = "x86_64")]
         if self.simd() {
             // SAFETY: the CPU has AVX-512F; every word is in `hot` and `cold` (asserted).
-            return unsafe { self.store_spans_avx512(exec, first, span) };
+            unsafe { self.stamp_rows_avx512(exec, first, span) };
+        } else {
+            self.stamp_rows(exec, first, span, me, pc);
         }
-        let (w, e, pc) = (self.warp, self.epoch, self.pc);
-        let me = stamp(e, w);
-        let bit = 1u32 << w;
-        let mut conflict = false;
-        let mut m = exec;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
-            m &= m - 1;
-            for i in first[l]..first[l] + span {
-                let h = &self.hot[i as usize];
-                conflict |= (h.write >> 6 == e) & (h.write != me) | (h.read >> 6 == e) & (h.readers & !bit != 0);
-            }
-        }
-        if conflict {
-            return false;
-        }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.stamp_rows(exec, first, span, me, pc);
+        self.writers |= 1 << self.warp;
+        true
+    }
+    fn stamp_rows(&mut self, exec: u32, first: &[u32; 32], span: u32, me: u32, pc: u32) {
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
@@ -466,54 +466,30 @@ impl RaceState {
                 self.cold[i as usize].write_pc = pc;
             }
         }
-        self.writers |= bit;
-        true
     }
+    /// [`RaceState::stamp_rows`] with masked stores: `write` of each word and its `write_pc`
+    /// (element 3 k of the cold row, 12 bytes per word).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    unsafe fn store_spans_avx512(&mut self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+    unsafe fn stamp_rows_avx512(&mut self, exec: u32, first: &[u32; 32], span: u32) {
         use core::arch::x86_64::*;
-        let (w, e, pc) = (self.warp, self.epoch, self.pc);
-        let me = stamp(e, w);
-        let bit = 1u32 << w;
-        let vme = _mm512_set1_epi32(me as i32);
-        let ve = _mm512_set1_epi32(e as i32);
-        let others = _mm512_set1_epi32(!bit as i32);
-        // Per word of a row: `write` at element 4 k, `read` at 4 k + 1, `readers` at 4 k + 2.
-        let load = ((1u32 << (4 * span)) - 1) as u16;
-        let hot = self.hot.as_mut_ptr().cast::<i32>();
-        let mut conflict: u16 = 0;
-        let mut m = exec;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
-            m &= m - 1;
-            // SAFETY: the words are in `hot` (the caller asserted the highest).
-            let v = unsafe { _mm512_maskz_loadu_epi32(load, hot.add(4 * first[l] as usize)) };
-            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), ve);
-            let write_other = now & _mm512_cmpneq_epi32_mask(v, vme) & 0x1111;
-            let read_other = (now << 1) & _mm512_test_epi32_mask(v, others) & 0x4444;
-            conflict |= write_other | read_other;
-        }
-        if conflict & load != 0 {
-            return false;
-        }
-        // `write_pc` of a word is element 3 k of the cold row (12 bytes per word).
-        let (hot_mask, cold_mask) = (0x1111 & load, (0x249u16 & ((1 << (3 * span)) - 1)));
-        let vpc = _mm512_set1_epi32(pc as i32);
-        let cold = self.cold.as_mut_ptr().cast::<i32>();
+        let vme = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
+        let vpc = _mm512_set1_epi32(self.pc as i32);
+        let hot_mask = 0x1111 & ((1u32 << (4 * span)) - 1) as u16;
+        let cold_mask = 0x249u16 & ((1 << (3 * span)) - 1);
+        let (hot, cold) = (self.hot.as_mut_ptr().cast::<i32>(), self.cold.as_mut_ptr().cast::<i32>());
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
             let i = first[l] as usize;
-            // SAFETY: as above; masked-off elements are neither read nor written.
+            // SAFETY: the words are in `hot` and `cold` (the caller asserted the highest);
+            // masked-off elements are neither read nor written.
             unsafe {
                 _mm512_mask_storeu_epi32(hot.add(4 * i), hot_mask, vme);
                 _mm512_mask_storeu_epi32(cold.add(3 * i), cold_mask, vpc);
             }
         }
-        self.writers |= bit;
-        true
     }
     /// A store of word `words[l]` by every lane `l` of the running warp, in lane order: returns
     /// true, with the stamps [`RaceState::access`] leaves for those stores one after the other,
