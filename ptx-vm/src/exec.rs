@@ -1719,7 +1719,7 @@ fn mma(r: &mut [[u64; 32]], kind: crate::tensor_core::HalfKind, k16: bool, d: [S
 
 /// [`ldmatrix`] once every byte of the window has been written: the alignment and window
 /// checks of every row address first, then racecheck of all rows' words at once (queued as
-/// reads, [`crate::memcheck::RaceState::read_word_sets`]), then the rows in 16-byte copies.
+/// reads, [`crate::memcheck::RaceState::read_rows`]), then the rows in 16-byte copies.
 /// Returns false, having changed nothing, when a row is misaligned, outside the window or races,
 /// for [`ldmatrix`] to report exactly as it always does.
 #[allow(clippy::too_many_arguments)]

@@ -184,34 +184,23 @@ impl RaceState {
     /// another warp has stored in this interval.
     #[inline(always)]
     pub(crate) fn read_words(&mut self, exec: u32, words: &[u32; 32]) -> bool {
-        self.read_word_sets(exec, std::slice::from_ref(words))
-    }
-    /// [`RaceState::read_words`] of several word sets of one instruction (`ldmatrix`: the four
-    /// words of each lane's 16-byte row): all read-after-write checks first, then the queue.
-    #[inline(always)]
-    pub(crate) fn read_word_sets(&mut self, exec: u32, sets: &[[u32; 32]]) -> bool {
         if self.atomic || self.warp >= 32 {
             return true;
         }
         let (w, e) = (self.warp, self.epoch);
         if self.writers & !(1 << w) != 0 {
             let me = stamp(e, w);
-            let hot = &self.hot[..];
-            for words in sets {
-                let mut m = exec;
-                while m != 0 {
-                    let l = m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    let h = &hot[words[l] as usize];
-                    if h.write >> 6 == e && h.write != me {
-                        return false;
-                    }
+            let mut m = exec;
+            while m != 0 {
+                let l = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let h = &self.hot[words[l] as usize];
+                if h.write >> 6 == e && h.write != me {
+                    return false;
                 }
             }
         }
-        for words in sets {
-            self.queue_read(exec, words);
-        }
+        self.queue_read(exec, words);
         true
     }
     /// The reads of a fused run of full-warp `ld.shared.b32` ([`crate::fuse`]): the load at
@@ -339,8 +328,8 @@ impl RaceState {
         (self.pending_lo, self.pending_hi, self.pending_seen) = (u32::MAX, 0, 0);
     }
     /// `ldmatrix`'s reads: lane `l` of `exec` reads the 4 words from `rows[l]` (a 16-byte row).
-    /// [`RaceState::read_word_sets`] of the four sets `rows[l] + k`, with the row queued as one
-    /// read.
+    /// As [`RaceState::read_words`] of the four words of every row (all read-after-write checks
+    /// first), with the rows queued as one read.
     #[inline(always)]
     pub(crate) fn read_rows(&mut self, exec: u32, rows: &[u32; 32]) -> bool {
         if self.atomic || self.warp >= 32 || exec == 0 {
@@ -443,20 +432,20 @@ impl RaceState {
         if self.rows_conflict(exec, first, span, true) {
             return false;
         }
-        let (me, pc) = (stamp(self.epoch, self.warp), self.pc);
-        #[cfg(target_arch = "x86_64")]
-        if self.simd() {
-            // SAFETY: the CPU has AVX-512F; every word is in `hot` and `cold` (asserted).
-            unsafe { self.stamp_rows_avx512(exec, first, span) };
-        } else {
-            self.stamp_rows(exec, first, span, me, pc);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        self.stamp_rows(exec, first, span, me, pc);
+        self.stamp_rows(exec, first, span);
         self.writers |= 1 << self.warp;
         true
     }
-    fn stamp_rows(&mut self, exec: u32, first: &[u32; 32], span: u32, me: u32, pc: u32) {
+    /// The write stamps of `span` words from `first[l]` for every lane `l` of `exec` (every word
+    /// inside the shadow: the caller checked the highest).
+    fn stamp_rows(&mut self, exec: u32, first: &[u32; 32], span: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if self.simd() {
+            // SAFETY: the CPU has AVX-512F; every word is in `hot` and `cold` (the caller).
+            unsafe { self.stamp_rows_avx512(exec, first, span) };
+            return;
+        }
+        let (me, pc) = (stamp(self.epoch, self.warp), self.pc);
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
