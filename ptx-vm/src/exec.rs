@@ -2636,6 +2636,13 @@ fn minmax32_select(a: f32, b: f32, max: bool) -> u64 {
 /// dispatch per lane.
 #[inline(never)]
 fn ex2_f32(r: &mut [[u64; 32]], ftz: bool, d: Slot, a: Slot, exec: u32) {
+    #[cfg(target_arch = "x86_64")]
+    if exec == FULL && avx512() {
+        let _ = (&r[a as usize], &r[d as usize]);
+        // SAFETY: the CPU has AVX-512F (and so FMA); both slots are rows of `r` (indexed above).
+        unsafe { ex2_f32_avx512(r.as_ptr().add(a as usize).cast(), r.as_mut_ptr().add(d as usize).cast(), ftz) };
+        return;
+    }
     // `num::ftz32` on the bits: a zero exponent field (zero or subnormal) keeps only the sign.
     let ftz32 = |b: u32| if b & 0x7f80_0000 == 0 { b & 0x8000_0000 } else { b };
     if ftz {
@@ -2643,6 +2650,119 @@ fn ex2_f32(r: &mut [[u64; 32]], ftz: bool, d: Slot, a: Slot, exec: u32) {
     } else {
         map1(r, d, a, exec, |x| f32::from_bits(x as u32).exp2().to_bits() as u64)
     }
+}
+
+/// `exp2f` of glibc 2.28 and later on a CPU with FMA (the variant its loader picks wherever
+/// AVX-512 is present), for `|x| < 128`: `x = k/32 + r`, `2^x = 2^(k/32) 2^r` with a 32-entry
+/// table and a cubic in `r`, in f64. The constants and the table are that function's (the
+/// table holds the bits of `2^(i/32)` less `i << 47`).
+#[cfg(target_arch = "x86_64")]
+mod exp2f_table {
+    pub(super) const SHIFT: u64 = 0x42e8_0000_0000_0000; // 0x1.8p52 / 32
+    pub(super) const C: [u64; 3] = [0x3fac_6af8_4b91_2394, 0x3fce_bfce_50fa_c4f3, 0x3fe6_2e42_ff0c_52d6];
+    pub(super) const T: [u64; 32] = [
+        0x3ff0000000000000,
+        0x3fefd9b0d3158574,
+        0x3fefb5586cf9890f,
+        0x3fef9301d0125b51,
+        0x3fef72b83c7d517b,
+        0x3fef54873168b9aa,
+        0x3fef387a6e756238,
+        0x3fef1e9df51fdee1,
+        0x3fef06fe0a31b715,
+        0x3feef1a7373aa9cb,
+        0x3feedea64c123422,
+        0x3feece086061892d,
+        0x3feebfdad5362a27,
+        0x3feeb42b569d4f82,
+        0x3feeab07dd485429,
+        0x3feea47eb03a5585,
+        0x3feea09e667f3bcd,
+        0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187,
+        0x3feea589994cce13,
+        0x3feeace5422aa0db,
+        0x3feeb737b0cdc5e5,
+        0x3feec49182a3f090,
+        0x3feed503b23e255d,
+        0x3feee89f995ad3ad,
+        0x3feeff76f2fb5e47,
+        0x3fef199bdd85529c,
+        0x3fef3720dcef9069,
+        0x3fef5818dcfba487,
+        0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da,
+        0x3fefd0765b6e4540,
+    ];
+}
+
+/// [`ex2_f32`] for a full warp, 8 lanes per vector: lanes with `|x| < 128` through
+/// [`exp2f_table`] (the same operations as the library's, so the same bits), the others
+/// (overflow, underflow, infinities, NaN) through `f32::exp2`.
+///
+/// # Safety
+/// `a` and `d` point at 32 `u64` each (they may be the same row); the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,fma")]
+unsafe fn ex2_f32_avx512(a: *const u64, d: *mut u64, ftz: bool) {
+    use exp2f_table::*;
+    use std::arch::x86_64::*;
+    let (shift, one) = (_mm512_set1_pd(f64::from_bits(SHIFT)), _mm512_set1_pd(1.0));
+    let c = [
+        _mm512_set1_pd(f64::from_bits(C[0])),
+        _mm512_set1_pd(f64::from_bits(C[1])),
+        _mm512_set1_pd(f64::from_bits(C[2])),
+    ];
+    let (exp_field, sign) = (_mm256_set1_epi32(0x7f80_0000), _mm256_set1_epi32(0x8000_0000u32 as i32));
+    // `num::ftz32` on 8 lanes' bits: a zero exponent field keeps only the sign. (Macros, not
+    // closures: a closure may be compiled out of line, without the target features.)
+    macro_rules! ftz8 {
+        ($b:expr) => {{
+            let b: __m256i = $b;
+            let tiny = _mm256_cmpeq_epi32_mask(_mm256_and_si256(b, exp_field), _mm256_setzero_si256());
+            _mm256_mask_and_epi32(b, tiny, b, sign)
+        }};
+    }
+    let mut out = [0u64; 32];
+    let mut special = 0u32;
+    let mut xs = [0u32; 32];
+    for q in 0..4 {
+        // SAFETY: 8 `u64` at `8 q` of the 32-lane rows.
+        let mut bits = _mm512_cvtepi64_epi32(unsafe { _mm512_loadu_si512(a.add(8 * q).cast()) });
+        if ftz {
+            bits = ftz8!(bits);
+        }
+        // SAFETY: 8 `u32` at `8 q` of `xs`.
+        unsafe { _mm256_storeu_si256(xs.as_mut_ptr().add(8 * q).cast(), bits) };
+        let abstop = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+        special |= (_mm256_cmpgt_epu32_mask(abstop, _mm256_set1_epi32(0x42f)) as u32) << (8 * q);
+        let xd = _mm512_cvtps_pd(_mm256_castsi256_ps(bits));
+        let kd = _mm512_add_pd(xd, shift);
+        let ki = _mm512_castpd_si512(kd);
+        let r = _mm512_sub_pd(xd, _mm512_sub_pd(kd, shift));
+        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        // SAFETY: every index is below 32.
+        let t = unsafe { _mm512_i64gather_epi64::<8>(idx, T.as_ptr().cast()) };
+        let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+        let z = _mm512_fmadd_pd(c[0], r, c[1]);
+        let r2 = _mm512_mul_pd(r, r);
+        let y = _mm512_fmadd_pd(r, c[2], one);
+        let y = _mm512_mul_pd(_mm512_fmadd_pd(z, r2, y), s);
+        let mut f = _mm256_castps_si256(_mm512_cvtpd_ps(y));
+        if ftz {
+            f = ftz8!(f);
+        }
+        // SAFETY: 8 `u64` at `8 q` of `out`.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(8 * q).cast(), _mm512_cvtepu32_epi64(f)) };
+    }
+    while special != 0 {
+        let l = special.trailing_zeros() as usize;
+        special &= special - 1;
+        let y = f32::from_bits(xs[l]).exp2().to_bits();
+        out[l] = if ftz && y & 0x7f80_0000 == 0 { y & 0x8000_0000 } else { y } as u64;
+    }
+    // SAFETY: the caller's bounds; every source lane was read above.
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), d, 32) };
 }
 
 /// `cvt.rn.bf16x2.f32 d, a, b` (`ops::cvt_x2`): `a` rounded to bf16 in the high half, `b` in the
@@ -3277,6 +3397,56 @@ impl Launch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ex2_f32` of every bit pattern `start, start + step, ...` (32 per warp row, high bits
+    /// set above the word) against `num::fun32` (`f32::exp2` lane by lane), with and without
+    /// `.ftz`; returns the patterns compared.
+    fn ex2_against_fun32(start: u64, step: u64, count: u64) -> u64 {
+        let mut n = 0;
+        let mut x = start;
+        while n < count {
+            let mut r = vec![[0xdead_0000_0000u64; 32]; 4];
+            for l in 0..32 {
+                r[0][l] = (x + l as u64 * step) & 0xffff_ffff | 0x5a5a_0000_0000;
+            }
+            for ftz in [false, true] {
+                let mut rr = r.clone();
+                ex2_f32(&mut rr, ftz, 3, 0, FULL);
+                let m = num::FMode { ftz, ..num::FMode::default() };
+                for l in 0..32 {
+                    let want = num::fun32(num::FUn::Ex2, m, true, r[0][l]);
+                    let nan = |v: u64| f32::from_bits(v as u32).is_nan();
+                    assert!(
+                        rr[3][l] == want || nan(rr[3][l]) && nan(want),
+                        "ex2 ftz {ftz} of {:#010x}: {:#x}, want {want:#x}",
+                        r[0][l] as u32,
+                        rr[3][l]
+                    );
+                }
+            }
+            x += 32 * step;
+            n += 32;
+        }
+        n
+    }
+
+    /// The warp-wide `ex2` (a vector `exp2f` where the CPU has AVX-512) gives the bits of
+    /// `f32::exp2` on a sample of every sign and exponent (a step of 4099 through all 2^32
+    /// patterns) and on every pattern of `[-2, 2]`'s upper exponents around `x = ±1`.
+    #[test]
+    fn ex2_of_a_full_warp_matches_exp2_lane_by_lane() {
+        assert!(ex2_against_fun32(0, 4099, 1 << 20) >= 1 << 20);
+        assert!(ex2_against_fun32(0x3f00_0000, 1, 1 << 16) >= 1 << 16);
+        assert!(ex2_against_fun32(0xbf00_0000, 1, 1 << 16) >= 1 << 16);
+    }
+
+    /// The same over all 2^32 patterns (about a minute in a release build of the tests:
+    /// `cargo test -p ptx-vm --release --lib ex2_every -- --ignored`).
+    #[test]
+    #[ignore]
+    fn ex2_every_pattern_matches_exp2() {
+        assert_eq!(ex2_against_fun32(0, 1, 1 << 32), 1 << 32);
+    }
 
     /// Register values that catch the fast paths' mistakes: zero, small and extreme integers,
     /// bits above 32, NaNs (quiet, signalling, negative), infinities, signed zeros, subnormals.
