@@ -3406,8 +3406,8 @@ mod tests {
         let mut x = start;
         while n < count {
             let mut r = vec![[0xdead_0000_0000u64; 32]; 4];
-            for l in 0..32 {
-                r[0][l] = (x + l as u64 * step) & 0xffff_ffff | 0x5a5a_0000_0000;
+            for (l, v) in r[0].iter_mut().enumerate() {
+                *v = (x + l as u64 * step) & 0xffff_ffff | 0x5a5a_0000_0000;
             }
             for ftz in [false, true] {
                 let mut rr = r.clone();
