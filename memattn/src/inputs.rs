@@ -45,8 +45,44 @@ impl Qkv {
 }
 
 /// Normals `first .. first + n` of the stream of `seed` (those `SplitMix64::new(seed)` gives
-/// after `first` calls of `normal`), rounded to `dt`; spread over the cores.
+/// after `first` calls of `normal`), rounded to `dt`.
+///
+/// The stream's first [`KEPT_NORMALS`] values of the last seed drawn from the start are kept (as
+/// f32, before the dtype's rounding, which is where they are rounded either way): a sweep of
+/// shapes from one seed (`memattn check`, the tests) draws the same prefix for every case, and
+/// the libm `ln` and `cos` of Box-Muller were a fifth of such a sweep's work. A draw that would
+/// not continue the kept prefix (another seed past its start, a gap, or past the limit) is drawn
+/// as before and leaves the kept values alone, so no call draws a value it did not ask for.
 pub(crate) fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) -> Vec<f32> {
+    use std::sync::Mutex;
+    static KEPT: Mutex<(u64, Vec<f32>)> = Mutex::new((0, Vec::new()));
+    let end = first.saturating_add(n);
+    if end <= KEPT_NORMALS {
+        // A panic while the lock is held leaves a prefix that is still the stream's own.
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let (kept_seed, values) = &mut *kept;
+        if *kept_seed != seed && first == 0 {
+            (*kept_seed, *values) = (seed, Vec::new());
+        }
+        let have = values.len() as u64;
+        if *kept_seed == seed && first <= have {
+            if end > have {
+                values.extend(normals_f32(seed, have, end - have));
+            }
+            return values[first as usize..end as usize].iter().map(|&x| dt.round(x)).collect();
+        }
+    }
+    let mut out = normals_f32(seed, first, n);
+    dt.round_all(&mut out);
+    out
+}
+
+/// How many of the stream's first normals [`normals`] keeps (16 MiB as f32): more than every
+/// shape of `memattn check` draws.
+const KEPT_NORMALS: u64 = 1 << 22;
+
+/// Normals `first .. first + n` of the stream of `seed`, as f32; spread over the cores.
+fn normals_f32(seed: u64, first: u64, n: u64) -> Vec<f32> {
     // Chunks of 2^14 values (about half a millisecond of work): big enough to amortise a thread,
     // small enough that the shapes of `memattn check` spread over the cores.
     const CHUNK: usize = 1 << 14;
@@ -54,7 +90,7 @@ pub(crate) fn normals(dt: crate::dtype::Dtype, seed: u64, first: u64, n: u64) ->
     let fill = |start: usize, chunk: &mut [f32]| {
         let mut rng = SplitMix64::skipped(seed, 2 * (first + start as u64));
         for x in chunk.iter_mut() {
-            *x = dt.round(rng.normal() as f32);
+            *x = rng.normal() as f32;
         }
     };
     let threads = std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1);
@@ -135,6 +171,34 @@ mod tests {
         assert_eq!(x.q, seq(p.q_elems()));
         assert_eq!(x.k, seq(p.kv_elems()));
         assert_eq!(x.v, seq(p.kv_elems()));
+    }
+
+    #[test]
+    fn kept_normals_are_the_stream_in_any_order_of_draws() {
+        use crate::dtype::Dtype;
+        // Draws that extend the kept prefix, reuse it, skip past it, start another seed at 0 and
+        // past 0, and end past the limit, in f32 and bf16, each against the stream drawn afresh.
+        // Other tests draw too (the store is the process's), which only adds orders.
+        let fresh = |dt: Dtype, seed: u64, first: u64, n: u64| {
+            let mut rng = SplitMix64::skipped(seed, 2 * first);
+            (0..n).map(|_| dt.round(rng.normal() as f32).to_bits()).collect::<Vec<u32>>()
+        };
+        let draws = [
+            (Dtype::F32, 501, 0, 1000),
+            (Dtype::Bf16, 501, 200, 1500),
+            (Dtype::F32, 501, 5000, 10),
+            (Dtype::F16, 502, 7, 100),
+            (Dtype::Bf16, 501, 0, 40_000),
+            (Dtype::F32, 502, 0, 30),
+            (Dtype::F32, 501, 10, 30),
+            (Dtype::Bf16, 502, 20, 50),
+            (Dtype::F32, 502, KEPT_NORMALS - 5, 10),
+            (Dtype::F32, 502, 0, 3),
+        ];
+        for (dt, seed, first, n) in draws {
+            let got: Vec<u32> = normals(dt, seed, first, n).iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, fresh(dt, seed, first, n), "{dt} seed {seed} from {first}, {n} values");
+        }
     }
 
     #[test]

@@ -37,6 +37,43 @@
 //! 8. [`cp`]: context parallelism (ring, zigzag, Ulysses, sharded decode) over a
 //!    [`cp::Communicator`], written on [`attn`].
 
+/// `fn $name(args) -> R { $body(args) }` whose body is compiled three times, for AVX-512, for
+/// AVX2 and for the baseline, the widest the host has chosen at run time (once per call: the
+/// standard library caches the CPU's features). For the host's f64 reference loops: the compiler
+/// vectorises them wider with each level, and never contracts a multiply and an add into an FMA,
+/// so every level gives the same bits. `$body` must be `#[inline(always)]` (with everything it
+/// calls in the loops) so that it is compiled inside each wrapper.
+macro_rules! widest_vectors {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F, the one feature `avx512` is compiled with.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2, the one feature `avx2` is compiled with.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 pub mod attn;
 pub mod caps;
 pub mod cp;

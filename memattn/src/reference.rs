@@ -136,35 +136,56 @@ pub(crate) fn visible_keys(p: &Problem, seq_q: u32, seq_kv: u32, i: u32) -> std:
     first..(first..seq_kv as usize).find(|j| !seen(j)).unwrap_or(seq_kv as usize)
 }
 
-/// `out[j] = Σ_t q[t] · k_j[t]` for the keys `j = 0..out.len()`, key `j`'s row at
-/// `k[j * stride..][..q.len()]`, each summed in `t` order in `T` (f64 for the reference, f32 for
-/// naive attention in f32), so every value has exactly the bits of
-/// `q.iter().zip(k_j).map(|(&a, &c)| T::from(a) * T::from(c)).sum::<T>()`. Eight keys go at a
-/// time: their eight chains of additions overlap where one key's chain would wait on each sum.
-pub(crate) fn dots<T>(q: &[f32], k: &[f32], stride: usize, out: &mut [T])
-where
-    T: Copy + std::ops::Add<Output = T> + std::ops::Mul<Output = T> + From<f32>,
-{
-    const W: usize = 8;
-    let d = q.len();
-    // `Sum` for floats starts at -0.0 (the sum of nothing, and the identity for a -0.0 term).
-    let zero = T::from(-0.0);
-    for (c, o) in out.chunks_mut(W).enumerate() {
-        let base = c * W * stride;
-        if o.len() == W {
-            let rows: [&[f32]; W] = std::array::from_fn(|r| &k[base + r * stride..][..d]);
-            let mut acc = [zero; W];
-            for (t, &qt) in q.iter().enumerate() {
-                let qt = T::from(qt);
-                for (a, row) in acc.iter_mut().zip(&rows) {
-                    *a = *a + qt * T::from(row[t]);
+/// The keys of one (sequence, KV head), stored dimension by dimension (`[head_dim][keys]`), so
+/// that one query's dot products with a run of keys go across the keys in the vector units while
+/// each key still sums its terms in dimension order. Held for the rows of one KV head after the
+/// other (rows come head by head: the copy is made once per head, or per group of heads).
+#[derive(Default)]
+pub(crate) struct KeysByDim {
+    of: Option<(u32, u32)>,
+    keys: usize,
+    kt: Vec<f32>,
+}
+
+impl KeysByDim {
+    /// Holds the `keys` rows `k[j * stride..][..d]` as those of `of` (a (sequence, KV head)
+    /// pair); nothing to do when they are held already.
+    #[inline(always)]
+    pub(crate) fn hold(&mut self, of: (u32, u32), k: &[f32], stride: usize, d: usize, keys: usize) {
+        if self.of == Some(of) && self.kt.len() == d * keys {
+            return;
+        }
+        self.kt.clear();
+        self.kt.resize(d * keys, 0.0);
+        if keys > 0 {
+            for (j, row) in k.chunks(stride).take(keys).enumerate() {
+                for (t, &v) in row[..d].iter().enumerate() {
+                    self.kt[t * keys + j] = v;
                 }
             }
-            o.copy_from_slice(&acc);
-        } else {
-            for (r, out) in o.iter_mut().enumerate() {
-                let row = &k[base + r * stride..][..d];
-                *out = q.iter().zip(row).fold(zero, |a, (&x, &y)| a + T::from(x) * T::from(y));
+        }
+        (self.of, self.keys) = (Some(of), keys);
+    }
+
+    /// `out[i] = Σ_t q[t] · k_{first + i}[t]` for the held keys `first..first + out.len()`, each
+    /// summed in `t` order in `T` (f64 for the reference, f32 for naive attention in f32), so
+    /// every value has exactly the bits of
+    /// `q.iter().zip(k_j).map(|(&a, &c)| T::from(a) * T::from(c)).sum::<T>()`.
+    #[inline(always)]
+    pub(crate) fn dots<T>(&self, q: &[f32], first: usize, out: &mut [T])
+    where
+        T: Copy + std::ops::Add<Output = T> + std::ops::Mul<Output = T> + From<f32>,
+    {
+        // `Sum` for floats starts at -0.0 (the sum of nothing, and the identity for a -0.0 term).
+        out.fill(T::from(-0.0));
+        if out.is_empty() {
+            return;
+        }
+        for (t, &qt) in q.iter().enumerate() {
+            let qt = T::from(qt);
+            let col = &self.kt[t * self.keys + first..][..out.len()];
+            for (o, &k) in out.iter_mut().zip(col) {
+                *o = *o + qt * T::from(k);
             }
         }
     }
@@ -200,22 +221,7 @@ pub fn reference_with_slopes(p: &Problem, x: &Qkv, selection: &RowSelection, slo
             .zip(lse.chunks_mut(chunk));
         let mut parts = parts.peekable();
         while let Some(((((rs, oc), ac), uc), lc)) = parts.next() {
-            let mut work = move || {
-                let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
-                for (k, row) in rs.iter().enumerate() {
-                    let at = k * d..(k + 1) * d;
-                    lc[k] = reference_row(
-                        p,
-                        x,
-                        row,
-                        slopes,
-                        &mut scores,
-                        &mut oc[at.clone()],
-                        &mut ac[at.clone()],
-                        &mut uc[at],
-                    );
-                }
-            };
+            let mut work = move || reference_rows(p, x, rs, slopes, oc, ac, uc, lc);
             if parts.peek().is_some() {
                 s.spawn(work);
             } else {
@@ -234,14 +240,54 @@ pub(crate) fn row_chunk(rows: usize, work_per_row: usize) -> usize {
     rows.div_ceil(threads).max(1)
 }
 
+widest_vectors! {
+    /// The rows `rs` of [`reference_with_slopes`] one after the other: O, its scale and its
+    /// underflow margin into `oc`, `ac`, `uc` (`head_dim` values per row), the LSE into `lc`.
+    fn reference_rows(
+        p: &Problem,
+        x: &Qkv,
+        rs: &[RowId],
+        slopes: &[f32],
+        oc: &mut [f64],
+        ac: &mut [f64],
+        uc: &mut [f64],
+        lc: &mut [f64],
+    ) = reference_rows_body;
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn reference_rows_body(
+    p: &Problem,
+    x: &Qkv,
+    rs: &[RowId],
+    slopes: &[f32],
+    oc: &mut [f64],
+    ac: &mut [f64],
+    uc: &mut [f64],
+    lc: &mut [f64],
+) {
+    let d = p.head_dim as usize;
+    let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
+    let mut keys = KeysByDim::default();
+    for (k, row) in rs.iter().enumerate() {
+        let at = k * d..(k + 1) * d;
+        let (o, a, u) = (&mut oc[at.clone()], &mut ac[at.clone()], &mut uc[at]);
+        lc[k] = reference_row(p, x, row, slopes, &mut keys, &mut scores, o, a, u);
+    }
+}
+
 /// One row of [`reference_with_slopes`]: O, its absolute-value scale and its underflow margin
-/// into `orow`, `arow`, `urow` (zero on entry); returns the LSE. `scores` holds `seq_kv` values.
+/// into `orow`, `arow`, `urow` (any values on entry); returns the LSE. `keys` holds the row's
+/// keys or is made to; `scores` holds `seq_kv` values.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn reference_row(
     p: &Problem,
     x: &Qkv,
     row: &RowId,
     slopes: &[f32],
+    keys: &mut KeysByDim,
     scores: &mut [f64],
     orow: &mut [f64],
     arow: &mut [f64],
@@ -265,10 +311,16 @@ fn reference_row(
         n if n == hh => slopes[h] as f64,
         _ => slopes[row.b as usize * hh + h] as f64,
     };
+    // Written before anything reads them: a page of a fresh allocation read first is mapped to
+    // the kernel's zero page, and the write after it costs a copy and a TLB flush on every core.
+    for out in [&mut *orow, &mut *arow, &mut *urow] {
+        out.fill(0.0);
+    }
     let diag = row.i as f64 + sk as f64 - sq as f64;
     let seen = visible_keys(p, sq, sk, row.i);
     if !seen.is_empty() {
-        dots(q, &x.k[((k0 + seen.start) * hk + kh) * d..], hk * d, &mut scores[seen.clone()]);
+        keys.hold((row.b, kh as u32), &x.k[(k0 * hk + kh) * d..], hk * d, d, sk as usize);
+        keys.dots(q, seen.start, &mut scores[seen.clone()]);
     }
     let mut m = sink;
     for (j, s) in scores.iter_mut().enumerate() {
@@ -291,35 +343,18 @@ fn reference_row(
         l += *s;
     }
     let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
-    // Eight elements of O and of its scale at a time through every key, the sums kept in
-    // registers; each element still adds its keys' terms in key order (the same bits as one pass
-    // over the row per key).
-    const E: usize = 8;
-    for ((oc, ac), e0) in orow.chunks_mut(E).zip(arow.chunks_mut(E)).zip((0..d).step_by(E)) {
-        let mut acc = [0f64; E];
-        let mut abs = [0f64; E];
-        acc[..oc.len()].copy_from_slice(oc);
-        abs[..ac.len()].copy_from_slice(ac);
-        for j in seen.clone() {
-            let pj = scores[j];
-            if pj == 0.0 {
-                continue;
-            }
-            let v = &v_row(j)[e0..];
-            if let Some(v) = v.first_chunk::<E>() {
-                for i in 0..E {
-                    acc[i] += pj * v[i] as f64;
-                    abs[i] += pj * (v[i] as f64).abs();
-                }
-            } else {
-                for (i, &vv) in v.iter().enumerate() {
-                    acc[i] += pj * vv as f64;
-                    abs[i] += pj * (vv as f64).abs();
-                }
-            }
+    // Key by key, each element of O and of its scale adding its keys' terms in key order; the
+    // loop over the row's elements is what the vector units take, 8 at a time with AVX-512.
+    for j in seen.clone() {
+        let pj = scores[j];
+        if pj == 0.0 {
+            continue;
         }
-        oc.copy_from_slice(&acc[..oc.len()]);
-        ac.copy_from_slice(&abs[..ac.len()]);
+        for ((o, a), &v) in orow.iter_mut().zip(arow.iter_mut()).zip(v_row(j)) {
+            let v = v as f64;
+            *o += pj * v;
+            *a += pj * v.abs();
+        }
     }
     for j in seen {
         let pj = scores[j];
@@ -416,6 +451,45 @@ mod tests {
     use crate::problem::Problem;
 
     #[test]
+    fn every_vector_level_gives_the_same_bits() {
+        // The rows as the host's widest vectors compute them against the body compiled for the
+        // baseline here (GQA, a soft cap, a window, sinks, ALiBi, a head dim that is not a multiple
+        // of 8 or 16, sampled rows in several heads).
+        for (d, softcap, alibi) in [(40u32, 0.0f32, false), (13, 5.0, true)] {
+            let p = Problem {
+                batch: 2,
+                heads: 4,
+                heads_kv: Some(2),
+                seq_q: 37,
+                seq_kv: 53,
+                head_dim: d,
+                window: (20, 3),
+                softcap,
+                sinks: true,
+                alibi,
+                ..Problem::default()
+            };
+            let x = Qkv::random(&p, 17);
+            let rows = RowSelection::Sample { count: 100, seed: 3 }.rows(&p);
+            let slopes = if alibi { crate::problem::alibi_slopes(p.heads) } else { Vec::new() };
+            let n = rows.len() * d as usize;
+            let run = |widest: bool| {
+                let (mut o, mut a, mut u, mut l) =
+                    (vec![f64::NAN; n], vec![f64::NAN; n], vec![f64::NAN; n], vec![0.0; rows.len()]);
+                if widest {
+                    reference_rows(&p, &x, &rows, &slopes, &mut o, &mut a, &mut u, &mut l);
+                } else {
+                    reference_rows_body(&p, &x, &rows, &slopes, &mut o, &mut a, &mut u, &mut l);
+                }
+                [o, a, u, l].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
+            };
+            let (wide, base) = (run(true), run(false));
+            assert!(wide[0].iter().any(|&b| f64::from_bits(b) != 0.0), "d {d}: O is all zeros");
+            assert_eq!(wide, base, "d {d}");
+        }
+    }
+
+    #[test]
     fn hand_computed_two_keys() {
         // d = 1, one query q = 1, keys 0 and ln 3 (scale 1): p = (1/4, 3/4), v = (4, 8) -> o = 7,
         // lse = ln(1 + 3) = ln 4.
@@ -430,33 +504,42 @@ mod tests {
     #[test]
     fn dots_have_the_bits_of_a_plain_sum() {
         // Values with exact zeros of both signs (where the starting -0.0 shows) and a spread of
-        // magnitudes (where the summation order shows); every length around the eight-key blocks.
+        // magnitudes (where the summation order shows); runs of keys of every length from every
+        // first key, in f64 and f32.
         let mut rng = SplitMix64::new(11);
         let mut draw = || match rng.below(8) {
             0 => 0.0,
             1 => -0.0,
             _ => (rng.normal() * 10f64.powi(rng.below(7) as i32 - 3)) as f32,
         };
-        for (d, stride) in [(1usize, 1usize), (7, 9), (64, 64), (64, 128), (3, 3)] {
+        let mut held = KeysByDim::default();
+        for (n, (d, stride)) in [(1usize, 1usize), (7, 9), (64, 64), (64, 128), (3, 3)].into_iter().enumerate() {
             let q: Vec<f32> = (0..d).map(|_| draw()).collect();
             let zeros = vec![0.0f32; d];
             for keys in [0usize, 1, 7, 8, 9, 16, 19] {
                 let k: Vec<f32> = (0..keys * stride + d).map(|_| draw()).collect();
-                let mut o64 = vec![f64::NAN; keys];
-                let mut o32 = vec![f32::NAN; keys];
-                dots(&q, &k, stride, &mut o64);
-                dots(&q, &k, stride, &mut o32);
-                for j in 0..keys {
-                    let row = &k[j * stride..][..d];
-                    let want64: f64 = q.iter().zip(row).map(|(&a, &c)| a as f64 * c as f64).sum();
-                    let want32: f32 = q.iter().zip(row).map(|(&a, &c)| a * c).sum();
-                    assert_eq!(o64[j].to_bits(), want64.to_bits(), "f64 d {d} key {j} of {keys}");
-                    assert_eq!(o32[j].to_bits(), want32.to_bits(), "f32 d {d} key {j} of {keys}");
+                held.hold((n as u32, keys as u32), &k, stride, d, keys);
+                for first in 0..keys {
+                    for len in 0..=keys - first {
+                        let mut o64 = vec![f64::NAN; len];
+                        let mut o32 = vec![f32::NAN; len];
+                        held.dots(&q, first, &mut o64);
+                        held.dots(&q, first, &mut o32);
+                        for (i, j) in (first..first + len).enumerate() {
+                            let row = &k[j * stride..][..d];
+                            let want64: f64 = q.iter().zip(row).map(|(&a, &c)| a as f64 * c as f64).sum();
+                            let want32: f32 = q.iter().zip(row).map(|(&a, &c)| a * c).sum();
+                            assert_eq!(o64[i].to_bits(), want64.to_bits(), "f64 d {d} key {j} of {keys}");
+                            assert_eq!(o32[i].to_bits(), want32.to_bits(), "f32 d {d} key {j} of {keys}");
+                        }
+                    }
                 }
                 // A row of zeros sums to the plain sum's zero, sign included.
                 let mut z = vec![f64::NAN; keys];
                 let kz = vec![-0.0f32; keys * stride + d];
-                dots(&zeros, &kz, stride, &mut z);
+                let mut zero_keys = KeysByDim::default();
+                zero_keys.hold((0, 0), &kz, stride, d, keys);
+                zero_keys.dots(&zeros, 0, &mut z);
                 let want: f64 = zeros.iter().map(|&a| a as f64 * -0.0).sum();
                 assert!(z.iter().all(|v| v.to_bits() == want.to_bits()), "{z:?} {want}");
             }

@@ -183,15 +183,7 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
         let mut parts = reference.rows.chunks(chunk).zip(o.chunks_mut(chunk * d)).zip(lse.chunks_mut(chunk)).peekable();
         while let Some(((rs, oc), lc)) = parts.next() {
             let slopes = &slopes;
-            let mut work = move || {
-                let (mut e, mut acc) = (vec![0f32; p.seq_kv as usize], vec![0f32; d]);
-                for (k, row) in rs.iter().enumerate() {
-                    if let Some(l) = naive_row(p, x, row, slopes, &mut e, &mut acc) {
-                        oc[k * d..(k + 1) * d].copy_from_slice(&acc);
-                        lc[k] = l;
-                    }
-                }
-            };
+            let mut work = move || naive_rows(p, x, rs, slopes, oc, lc);
             if parts.peek().is_some() {
                 s.spawn(work);
             } else {
@@ -202,9 +194,38 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
     (o, lse)
 }
 
+widest_vectors! {
+    /// The rows `rs` of [`naive_in_dtype`] one after the other: O into `oc` (`head_dim` values
+    /// per row, left as they are for a row that sees nothing), the LSE into `lc`.
+    fn naive_rows(p: &Problem, x: &Qkv, rs: &[RowId], slopes: &[f32], oc: &mut [f32], lc: &mut [f32]) = naive_rows_body;
+}
+
+#[inline(always)]
+fn naive_rows_body(p: &Problem, x: &Qkv, rs: &[RowId], slopes: &[f32], oc: &mut [f32], lc: &mut [f32]) {
+    let d = p.head_dim as usize;
+    let (mut e, mut acc) = (vec![0f32; p.seq_kv as usize], vec![0f32; d]);
+    let mut keys = crate::reference::KeysByDim::default();
+    for (k, row) in rs.iter().enumerate() {
+        if let Some(l) = naive_row(p, x, row, slopes, &mut keys, &mut e, &mut acc) {
+            oc[k * d..(k + 1) * d].copy_from_slice(&acc);
+            lc[k] = l;
+        }
+    }
+}
+
 /// One row of [`naive_in_dtype`]: O (in the dtype's values) into `acc` and the LSE, or `None`
-/// for a row that sees no key and no sink (O = 0, LSE = -inf). `e` holds `seq_kv` values.
-fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], acc: &mut [f32]) -> Option<f32> {
+/// for a row that sees no key and no sink (O = 0, LSE = -inf). `keys` holds the row's keys or is
+/// made to; `e` holds `seq_kv` values.
+#[inline(always)]
+fn naive_row(
+    p: &Problem,
+    x: &Qkv,
+    row: &RowId,
+    slopes: &[f32],
+    keys: &mut crate::reference::KeysByDim,
+    e: &mut [f32],
+    acc: &mut [f32],
+) -> Option<f32> {
     let dt = p.dtype;
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
     let scale = p.softmax_scale();
@@ -220,7 +241,8 @@ fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], a
     let sink = if p.sinks { x.sinks[h] } else { f32::NEG_INFINITY };
     let seen = crate::reference::visible_keys(p, sq, sk, row.i);
     if !seen.is_empty() {
-        crate::reference::dots(q, &x.k[((k0 + seen.start) * hk + kh) * d..], hk * d, &mut e[seen.clone()]);
+        keys.hold((row.b, kh as u32), &x.k[(k0 * hk + kh) * d..], hk * d, d, sk as usize);
+        keys.dots(q, seen.start, &mut e[seen.clone()]);
     }
     let mut m = sink;
     for (j, s) in e.iter_mut().enumerate() {
@@ -246,29 +268,18 @@ fn naive_row(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32], e: &mut [f32], a
     for s in &mut e[seen.clone()] {
         *s = dt.round(*s / l);
     }
-    // Eight elements of O at a time through every key, the sums kept in registers; each element
-    // adds its keys' terms in key order (the bits of one pass over the row per key). A zero
-    // weight's term is ±0 and leaves a sum that started at +0 unchanged.
-    const E: usize = 8;
-    for (oc, e0) in acc.chunks_mut(E).zip((0..d).step_by(E)) {
-        let mut sum = [0f32; E];
-        for j in seen.clone() {
-            let pj = e[j];
-            if pj == 0.0 {
-                continue;
-            }
-            let v = &x.v[((k0 + j) * hk + kh) * d + e0..][..oc.len()];
-            if let Some(v) = v.first_chunk::<E>() {
-                for i in 0..E {
-                    sum[i] += pj * v[i];
-                }
-            } else {
-                for (i, &vv) in v.iter().enumerate() {
-                    sum[i] += pj * vv;
-                }
-            }
+    // Key by key, each element of O adding its keys' terms in key order; the loop over the
+    // row's elements is what the vector units take. A zero weight's term is ±0 and leaves a sum
+    // that started at +0 unchanged.
+    acc.fill(0.0);
+    for j in seen.clone() {
+        let pj = e[j];
+        if pj == 0.0 {
+            continue;
         }
-        oc.copy_from_slice(&sum[..oc.len()]);
+        for (o, &v) in acc.iter_mut().zip(&x.v[((k0 + j) * hk + kh) * d..][..d]) {
+            *o += pj * v;
+        }
     }
     for a in acc.iter_mut() {
         *a = dt.round(*a);
@@ -469,6 +480,41 @@ mod tests {
     use crate::dtype::Dtype;
     use crate::inputs::Qkv;
     use crate::reference::{reference, RowSelection};
+
+    #[test]
+    fn naive_rows_give_the_same_bits_at_every_vector_level() {
+        // As the reference's test: naive attention in bf16 as the widest vectors compute it
+        // against the body compiled for the baseline.
+        let p = Problem {
+            batch: 2,
+            heads: 4,
+            heads_kv: Some(1),
+            seq_q: 29,
+            seq_kv: 45,
+            head_dim: 24,
+            causal: true,
+            softcap: 4.0,
+            sinks: true,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let x = Qkv::random(&p, 5);
+        let rows = RowSelection::All.rows(&p);
+        let slopes = crate::problem::alibi_slopes(p.heads);
+        let n = rows.len() * 24;
+        let run = |widest: bool| {
+            let (mut o, mut l) = (vec![f32::NAN; n], vec![f32::NAN; rows.len()]);
+            if widest {
+                naive_rows(&p, &x, &rows, &slopes, &mut o, &mut l);
+            } else {
+                naive_rows_body(&p, &x, &rows, &slopes, &mut o, &mut l);
+            }
+            [o, l].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+        };
+        let (wide, base) = (run(true), run(false));
+        assert!(wide[0].iter().any(|&b| f32::from_bits(b) != 0.0 && !f32::from_bits(b).is_nan()));
+        assert_eq!(wide, base);
+    }
 
     fn setup() -> (Problem, Reference, Vec<f32>, Vec<f32>) {
         let p = Problem { batch: 1, heads: 2, seq_q: 5, seq_kv: 4, head_dim: 3, causal: true, ..Problem::default() };
