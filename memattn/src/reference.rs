@@ -343,17 +343,39 @@ fn reference_row(
         l += *s;
     }
     let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
-    // Key by key, each element of O and of its scale adding its keys' terms in key order; the
-    // loop over the row's elements is what the vector units take, 8 at a time with AVX-512.
-    for j in seen.clone() {
-        let pj = scores[j];
-        if pj == 0.0 {
-            continue;
-        }
-        for ((o, a), &v) in orow.iter_mut().zip(arow.iter_mut()).zip(v_row(j)) {
-            let v = v as f64;
-            *o += pj * v;
-            *a += pj * v.abs();
+    // Each element of O and of its scale adds its keys' terms in key order; the loop over the
+    // row's elements is what the vector units take (8 at a time with AVX-512), four keys per
+    // pass so the sums stay in registers between them. A key of weight 0 adds nothing (+0 plus
+    // ±0 is +0): it is skipped, and a group with one goes key by key.
+    let mut keys_left = seen.clone();
+    while !keys_left.is_empty() {
+        let j = keys_left.start;
+        match scores.get(j..(j + 4).min(keys_left.end)) {
+            Some(&[p0, p1, p2, p3]) if p0 != 0.0 && p1 != 0.0 && p2 != 0.0 && p3 != 0.0 => {
+                let (v0, v1, v2, v3) = (v_row(j), v_row(j + 1), v_row(j + 2), v_row(j + 3));
+                let terms = v0.iter().zip(v1).zip(v2).zip(v3);
+                for ((o, a), (((&v0, &v1), &v2), &v3)) in orow.iter_mut().zip(arow.iter_mut()).zip(terms) {
+                    let (mut oo, mut aa) = (*o, *a);
+                    for (pj, v) in [(p0, v0), (p1, v1), (p2, v2), (p3, v3)] {
+                        let v = v as f64;
+                        oo += pj * v;
+                        aa += pj * v.abs();
+                    }
+                    (*o, *a) = (oo, aa);
+                }
+                keys_left.start += 4;
+            }
+            _ => {
+                let pj = scores[j];
+                if pj != 0.0 {
+                    for ((o, a), &v) in orow.iter_mut().zip(arow.iter_mut()).zip(v_row(j)) {
+                        let v = v as f64;
+                        *o += pj * v;
+                        *a += pj * v.abs();
+                    }
+                }
+                keys_left.start += 1;
+            }
         }
     }
     for j in seen {

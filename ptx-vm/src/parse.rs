@@ -7,10 +7,12 @@ use std::sync::{Arc, OnceLock};
 
 use crate::LoadError;
 
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Tok {
-    Ident(String),
-    Num(String),
+/// A token's kind; names and numbers borrow their text from the source (the lexer allocates
+/// nothing per token: a kernel body is a few hundred thousand of them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Tok<'a> {
+    Ident(&'a str),
+    Num(&'a str),
     Str,
     Punct(char),
     /// A whole function body, braces included (`start..end` bytes), left unlexed by
@@ -18,9 +20,9 @@ pub(crate) enum Tok {
     Body,
 }
 
-#[derive(Clone, Debug)]
-pub(crate) struct Token {
-    pub t: Tok,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Token<'a> {
+    pub t: Tok<'a>,
     pub line: usize,
     pub start: usize,
     pub end: usize,
@@ -40,12 +42,12 @@ fn is_ident_char(c: u8) -> bool {
 /// Tokens of a module's top level: each function body is one [`Tok::Body`] token, found by
 /// matching its braces byte by byte (comments and strings skipped), so loading a module costs
 /// a scan of its bodies, not their tokens.
-pub(crate) fn lex_module(src: &str) -> Result<Vec<Token>, LoadError> {
+pub(crate) fn lex_module(src: &str) -> Result<Vec<Token<'_>>, LoadError> {
     lex_from(src, 1, true)
 }
 
 /// Tokens of `src` (whose first line is PTX line `first_line`), bodies included.
-pub(crate) fn lex(src: &str, first_line: usize) -> Result<Vec<Token>, LoadError> {
+pub(crate) fn lex(src: &str, first_line: usize) -> Result<Vec<Token<'_>>, LoadError> {
     lex_from(src, first_line, false)
 }
 
@@ -97,11 +99,12 @@ fn skip_block(b: &[u8], open: usize) -> Option<(usize, usize)> {
     None
 }
 
-fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token>, LoadError> {
+fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token<'_>>, LoadError> {
     let b = src.as_bytes();
     let mut i = 0;
     let mut line = first_line;
-    let mut out = Vec::new();
+    // About one token per five bytes in a kernel body (the top level: a few per function).
+    let mut out = Vec::with_capacity(if skip_bodies { 1024 } else { src.len() / 4 });
     // Top level only (`skip_bodies`): brace depth, and whether the statement being read
     // declares a function (`.entry`/`.func` seen since the last `;` or `}` at depth 0).
     let mut depth = 0usize;
@@ -149,7 +152,7 @@ fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
                 i += 1;
             }
-            out.push(Token { t: Tok::Num(src[s..i].to_string()), line, start: s, end: i });
+            out.push(Token { t: Tok::Num(&src[s..i]), line, start: s, end: i });
         } else if is_ident_start(c) {
             let s = i;
             i += 1;
@@ -163,7 +166,7 @@ fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token
             if skip_bodies && depth == 0 && matches!(&src[s..i], ".entry" | ".func") {
                 in_func = true;
             }
-            out.push(Token { t: Tok::Ident(src[s..i].to_string()), line, start: s, end: i });
+            out.push(Token { t: Tok::Ident(&src[s..i]), line, start: s, end: i });
         } else if skip_bodies && c == b'{' && depth == 0 && in_func {
             let Some((end, lines)) = skip_block(b, i) else {
                 return err(line, "unterminated function body");
@@ -400,27 +403,26 @@ pub(crate) fn type_size(ty: &str) -> Option<usize> {
 
 struct P<'a> {
     src: &'a str,
-    toks: Vec<Token>,
+    toks: Vec<Token<'a>>,
     i: usize,
 }
 
 impl<'a> P<'a> {
-    fn peek(&self) -> Option<&Tok> {
+    fn peek(&self) -> Option<&Tok<'a>> {
         self.toks.get(self.i).map(|t| &t.t)
     }
-    fn peek_at(&self, k: usize) -> Option<&Tok> {
+    fn peek_at(&self, k: usize) -> Option<&Tok<'a>> {
         self.toks.get(self.i + k).map(|t| &t.t)
     }
     fn line(&self) -> usize {
         self.toks.get(self.i).or(self.toks.last()).map(|t| t.line).unwrap_or(1)
     }
-    /// Consumes the next token, moving its text out (the parser never goes back; what stays
-    /// behind is the token's position, for `line` and `describe`).
-    fn next(&mut self) -> Result<Token, LoadError> {
-        match self.toks.get_mut(self.i) {
-            Some(t) => {
+    /// Consumes the next token.
+    fn next(&mut self) -> Result<Token<'a>, LoadError> {
+        match self.toks.get(self.i) {
+            Some(&t) => {
                 self.i += 1;
-                Ok(Token { t: std::mem::replace(&mut t.t, Tok::Str), line: t.line, start: t.start, end: t.end })
+                Ok(t)
             }
             None => err(self.line(), "unexpected end of input"),
         }
@@ -451,25 +453,23 @@ impl<'a> P<'a> {
         }
     }
     fn ident(&mut self) -> Result<String, LoadError> {
-        if let Some(Tok::Ident(_)) = self.peek() {
-            if let Tok::Ident(s) = self.next()?.t {
-                return Ok(s);
-            }
+        if let Some(&Tok::Ident(s)) = self.peek() {
+            self.i += 1;
+            return Ok(s.to_string());
         }
         err(self.line(), format!("expected a name, found {}", self.describe()))
     }
-    fn peek_ident(&self) -> Option<&str> {
+    fn peek_ident(&self) -> Option<&'a str> {
         match self.peek() {
-            Some(Tok::Ident(s)) => Some(s.as_str()),
+            Some(&Tok::Ident(s)) => Some(s),
             _ => None,
         }
     }
     fn number(&mut self) -> Result<Number, LoadError> {
         let line = self.line();
-        if let Some(Tok::Num(_)) = self.peek() {
-            if let Tok::Num(s) = self.next()?.t {
-                return parse_number(&s, line);
-            }
+        if let Some(&Tok::Num(s)) = self.peek() {
+            self.i += 1;
+            return parse_number(s, line);
         }
         err(line, format!("expected a number, found {}", self.describe()))
     }
@@ -557,14 +557,14 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
     while p.i < p.toks.len() {
         let line = p.line();
         let id = match p.peek() {
-            Some(Tok::Ident(s)) => s.clone(),
+            Some(&Tok::Ident(s)) => s,
             _ => return err(line, format!("expected a directive, found {}", p.describe())),
         };
-        match id.as_str() {
+        match id {
             ".version" => {
                 p.i += 1;
                 m.version = match p.next()?.t {
-                    Tok::Num(s) => s,
+                    Tok::Num(s) => s.to_string(),
                     _ => return err(line, "bad .version"),
                 };
                 check_version(&m.version, line)?;
@@ -577,7 +577,7 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                     if p.toks[p.i].line != line {
                         break;
                     }
-                    t.push(s.clone());
+                    t.push(s.to_string());
                     p.i += 1;
                     if !p.eat_punct(',') {
                         break;
@@ -629,14 +629,14 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                 // Linkage, then either a function or a variable.
                 let mut j = 0;
                 while let Some(Tok::Ident(s)) = p.peek_at(j) {
-                    if LINKAGE.contains(&s.as_str()) {
+                    if LINKAGE.contains(s) {
                         j += 1;
                     } else {
                         break;
                     }
                 }
                 match p.peek_at(j) {
-                    Some(Tok::Ident(s)) if s == ".entry" || s == ".func" => {
+                    Some(&Tok::Ident(s)) if s == ".entry" || s == ".func" => {
                         p.i += j;
                         if let Some(f) = parse_func(&mut p, &shared)? {
                             // A declaration may precede the definition; two definitions of one
@@ -655,7 +655,7 @@ pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
                             m.funcs.push(f);
                         }
                     }
-                    Some(Tok::Ident(s)) if SPACES.contains(&s.as_str()) => {
+                    Some(Tok::Ident(s)) if SPACES.contains(s) => {
                         p.i += j;
                         let v = parse_var(&mut p, true)?;
                         m.vars.push(v);
@@ -771,10 +771,10 @@ fn parse_init(p: &mut P, out: &mut Vec<Init>, depth: usize) -> Result<(), LoadEr
     }
     let line = p.line();
     let neg = p.eat_punct('-');
-    match p.peek().cloned() {
+    match p.peek().copied() {
         Some(Tok::Num(s)) => {
             p.i += 1;
-            out.push(Init::Num(parse_number(&s, line)?, neg));
+            out.push(Init::Num(parse_number(s, line)?, neg));
         }
         Some(Tok::Ident(s)) if !neg => {
             p.i += 1;
@@ -784,7 +784,7 @@ fn parse_init(p: &mut P, out: &mut Vec<Init>, depth: usize) -> Result<(), LoadEr
                 p.expect_punct(')')?;
                 (n, true)
             } else {
-                (s, false)
+                (s.to_string(), false)
             };
             let mut off = 0;
             if p.eat_punct('+') {
@@ -837,7 +837,7 @@ fn parse_func(p: &mut P, shared: &Arc<str>) -> Result<Option<FuncAst>, LoadError
                 p.i += 1;
                 return Ok(Some(FuncAst { name, is_entry, rets, params, body: None, line }));
             }
-            Some(Tok::Ident(s)) => match s.as_str() {
+            Some(&Tok::Ident(s)) => match s {
                 ".maxntid" | ".reqntid" | ".minnctapersm" | ".maxnreg" | ".maxclusterrank" | ".reqnctapercluster"
                 | ".explicitcluster" | ".noreturn" | ".blocksareclusters" => {
                     p.i += 1;
@@ -861,7 +861,8 @@ fn parse_func(p: &mut P, shared: &Arc<str>) -> Result<Option<FuncAst>, LoadError
 
 /// The statements of a body whose `{` has been read, up to and including its `}`.
 fn parse_body(p: &mut P) -> Result<Vec<Stmt>, LoadError> {
-    let mut body = Vec::new();
+    // About one statement per ten tokens.
+    let mut body = Vec::with_capacity(p.toks.len() / 10);
     let mut depth = 1usize;
     loop {
         let line = p.line();
@@ -885,7 +886,7 @@ fn parse_body(p: &mut P) -> Result<Vec<Stmt>, LoadError> {
         // need the name here.
         let directive = match p.peek() {
             None => return err(line, "unterminated function body"),
-            Some(Tok::Ident(s)) if s.starts_with('.') => Some(s.clone()),
+            Some(&Tok::Ident(s)) if s.starts_with('.') => Some(s),
             Some(Tok::Ident(_)) if p.peek_at(1) == Some(&Tok::Punct(':')) => {
                 let s = p.ident()?;
                 p.i += 1;
@@ -898,7 +899,7 @@ fn parse_body(p: &mut P) -> Result<Vec<Stmt>, LoadError> {
             None => return err(line, "unterminated function body"),
             Some(Tok::Ident(_)) => {
                 let s = directive.unwrap_or_default();
-                match s.as_str() {
+                match s {
                     ".reg" => {
                         p.i += 1;
                         let mut ty = String::new();
