@@ -2516,8 +2516,15 @@ fn st_shared_fast(
         // conflicts; on a conflict that path runs and names the lane.
         let words: [u32; 32] = std::array::from_fn(|l| (offs[l] / 4) as u32);
         if !race || mem.shared.race.store_words(&words) {
+            let bytes = mem.shared.bytes.as_mut_ptr();
             for l in 0..32 {
-                mem.write(Loc::Shared(offs[l] as usize), 4, sv[l]);
+                // SAFETY: every `offs[l] <= window - 4` (checked above, `bad == 0`).
+                unsafe { bytes.add(offs[l] as usize).cast::<u32>().write_unaligned(sv[l] as u32) };
+            }
+            if !mem.shared.all_bytes_written() {
+                for &o in &offs {
+                    mem.shared.mark_written(o as usize, 4);
+                }
             }
             return Ok(true);
         }
