@@ -32,6 +32,7 @@ const OPS: &[&str] = &[
     "ex2.approx.ftz.f32 %f4, %f2;",
     "cvt.rn.bf16x2.f32 %r9, %f1, %f2;",
     "shfl.sync.bfly.b32 %r6, %r1, 1, 31, -1;",
+    "shfl.sync.bfly.b32 %r6, %r1, %r2, 31, -1;",
     "ld.param.b64 %rd9, [t_param_0];",
     "ld.shared.b32 %r5, [%rd3+512];",
     "ld.shared.b32 %r5, [%rd3+512]; fma.rn.f32 %f3, %f1, %f2, %f3;",

@@ -1507,8 +1507,18 @@ fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32, perms: &[[u8; 32]]) {
         Op::Shfl { mode, d, p, a, b, c, .. }
             if exec == FULL && p == NONE && uniform(&r[b as usize], 0x1f) && uniform(&r[c as usize], 0x1f1f) =>
         {
-            let src = shfl_sources(mode, r[b as usize][0], r[c as usize][0]);
-            shfl_permute(r, d, a, &src);
+            let (bv, cv) = (r[b as usize][0], r[c as usize][0]);
+            if cv & 0x1f1f == 0x1f {
+                // One segment of 32 lanes (the kernels' reductions): the sources of every mode
+                // and lane operand, computed once per process.
+                static WHOLE_WARP: std::sync::OnceLock<[[[u8; 32]; 32]; 4]> = std::sync::OnceLock::new();
+                let table = WHOLE_WARP.get_or_init(|| {
+                    std::array::from_fn(|m| std::array::from_fn(|b| shfl_sources(m as u8, b as u64, 0x1f)))
+                });
+                shfl_permute(r, d, a, &table[mode as usize & 3][bv as usize & 0x1f]);
+            } else {
+                shfl_permute(r, d, a, &shfl_sources(mode, bv, cv));
+            }
         }
         Op::Shfl { mode, d, p, a, b, c, .. } => {
             let av = r[a as usize];
