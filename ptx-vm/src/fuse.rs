@@ -105,42 +105,90 @@ pub(crate) fn run(r: &mut [[u64; 32]], shared: &mut SharedMem, insts: &[Inst], p
         return false;
     }
     let bytes = shared.bytes.as_ptr();
-    for p in pairs.chunks_exact(2) {
-        let (Op::Ld { ds, off, .. }, Op::FmaF32 { d, a: x, b: y, c: z }) = (p[0].op, p[1].op) else {
-            unreachable!("a run's pairs")
-        };
-        // SAFETY: every lane's 4 bytes at `idx + off` lie in the window (checked above); the
-        // caller checked AVX-512F; the slots index the register file (decoded program).
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            pair_avx512(bytes.wrapping_offset(off as isize), &idx, r, ds[0], d, [x, y, z])
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (bytes, off, ds, d, x, y, z, &idx);
-            unreachable!("avx512() is false");
+    // How the lanes' words lie, the same for every pair of the run (one base register): one
+    // word for all (a broadcast), consecutive words (one row of 128 bytes), or anything else
+    // (a gather).
+    let step = idx[1].wrapping_sub(idx[0]);
+    let even = (0..32).all(|l| idx[l] == idx[0].wrapping_add(step.wrapping_mul(l as i32)));
+    // SAFETY: every lane's 4 bytes at `idx + off` lie in the window for every pair (checked
+    // above), so do the 128 consecutive bytes of 32 consecutive words; the caller checked
+    // AVX-512F; the slots index the register file (decoded program).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        match (even, step) {
+            (true, 0) => pairs_avx512::<BROADCAST>(bytes, &idx, r, pairs),
+            (true, 4) => pairs_avx512::<ROW>(bytes, &idx, r, pairs),
+            _ => pairs_avx512::<GATHER>(bytes, &idx, r, pairs),
         }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (bytes, even, step);
+        unreachable!("avx512() is false");
     }
     shared.race.pc = pc + 2 * n as u32 - 1;
     true
 }
 
+/// How [`pair_avx512`] loads the lanes' words.
+const GATHER: u8 = 0;
+/// Every lane the same word.
+const BROADCAST: u8 = 1;
+/// Lane `l` the word after lane `l - 1`'s.
+const ROW: u8 = 2;
+
+/// The pairs of a run (checked by [`run`]) one after the other, `LOAD` saying how the lanes'
+/// words lie.
+///
+/// # Safety
+/// As [`pair_avx512`] for every pair's offset.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pairs_avx512<const LOAD: u8>(bytes: *const u8, idx: &[i32; 32], r: &mut [[u64; 32]], pairs: &[Inst]) {
+    for p in pairs.chunks_exact(2) {
+        let (Op::Ld { ds, off, .. }, Op::FmaF32 { d, a: x, b: y, c: z }) = (p[0].op, p[1].op) else {
+            unreachable!("a run's pairs")
+        };
+        // SAFETY: the caller's.
+        unsafe { pair_avx512::<LOAD>(bytes.wrapping_offset(off as isize), idx, r, ds[0], d, [x, y, z]) };
+    }
+}
+
 /// One pair for all 32 lanes: `r[ld] = zext(bytes[idx[l]..][..4])`, then
-/// `r[d] = fma(r[s0], r[s1], r[s2])` on the low 32 bits, zero-extended.
+/// `r[d] = fma(r[s0], r[s1], r[s2])` on the low 32 bits, zero-extended. With `LOAD` =
+/// [`BROADCAST`] every `idx[l]` is `idx[0]`, with [`ROW`] `idx[l]` is `idx[0] + 4 l`.
 ///
 /// # Safety
 /// Every `base + idx[l] .. + 4` is readable; the slots are inside `r`; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn pair_avx512(base: *const u8, idx: &[i32; 32], r: &mut [[u64; 32]], ld: Slot, d: Slot, s: [Slot; 3]) {
+#[inline]
+unsafe fn pair_avx512<const LOAD: u8>(
+    base: *const u8,
+    idx: &[i32; 32],
+    r: &mut [[u64; 32]],
+    ld: Slot,
+    d: Slot,
+    s: [Slot; 3],
+) {
     use std::arch::x86_64::*;
     let rp = r.as_mut_ptr();
     // SAFETY: the caller's bounds (every lane's word is readable, slots inside `r`).
     unsafe {
-        let g = [
-            _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().cast()), base.cast()),
-            _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().add(16).cast()), base.cast()),
-        ];
+        let g = match LOAD {
+            BROADCAST => {
+                let w = _mm512_set1_epi32(base.add(idx[0] as usize).cast::<i32>().read_unaligned());
+                [w, w]
+            }
+            ROW => {
+                let p = base.add(idx[0] as usize);
+                [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast())]
+            }
+            _ => [
+                _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().cast()), base.cast()),
+                _mm512_i32gather_epi32::<1>(_mm512_loadu_si512(idx.as_ptr().add(16).cast()), base.cast()),
+            ],
+        };
         let lp = rp.add(ld as usize).cast::<u64>();
         for (h, gv) in g.iter().enumerate() {
             _mm512_storeu_si512(lp.add(16 * h).cast(), _mm512_cvtepu32_epi64(_mm512_castsi512_si256(*gv)));

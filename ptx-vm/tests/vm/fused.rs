@@ -320,3 +320,18 @@ fn reads_of_a_run_with_lanes_out_of_order_are_stamped_at_their_loads() {
         assert_eq!(stats.fused_warp_instructions, 2 * 16, "{stats:?}");
     }
 }
+
+#[test]
+fn a_run_of_one_word_for_every_lane_gives_the_bits_of_one_by_one() {
+    // Every lane reads word 7 (+ the offset): the broadcast load of a run (lanes in order take
+    // one row, lanes out of order a gather: the tests above).
+    let offsets = RUN.map(|r| r.0);
+    let body = run_body(&offsets).replace("and.b32 %r2, %r1, 31;", "mov.u32 %r2, 7;");
+    let (out, stats) = both(DECLS, &body, 2, 2 * 64 * 4).unwrap();
+    for t in 0..2 * 64u32 {
+        assert_eq!(&out[t as usize * 4..][..4], expected(7, &offsets), "thread {t}");
+    }
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert_eq!(stats.fused_warp_instructions, 2 * 2 * 16, "{stats:?}");
+    }
+}
