@@ -165,10 +165,13 @@ pub(crate) fn mma_rows(
     mma_rows_body::<false>(kind, k16, a, b, c)
 }
 
-/// [`mma_rows_body`] with AVX-512 on finite operands: four lanes' register `r` hold eight
-/// consecutive elements of one A row, converted as one vector; every fourth lane's B register
-/// holds one row pair of B, permuted into one vector; each output row is one vector of 8 f64
-/// accumulated with one fused multiply-add per k.
+/// [`mma_rows_body`] with AVX-512: four lanes' register `r` hold eight consecutive elements of
+/// one A row, converted as one vector; every fourth lane's B register holds one row pair of B,
+/// permuted into one vector; each output row is one vector of 8 f64 accumulated with one fused
+/// multiply-add per k. Where an output is infinite or NaN the fallback computes all of them:
+/// an infinite or NaN operand always makes one (it is multiplied into a whole output row or
+/// column), so the operands need no check of their own, and a sum past the f32 range takes the
+/// fallback too (the same bits: the fallback also sums in f64 and rounds once).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,f16c,fma")]
 fn mma_rows_avx512<const K: usize>(
@@ -178,9 +181,6 @@ fn mma_rows_avx512<const K: usize>(
     c: [&[u64; 32]; 4],
 ) -> [[u64; 32]; 4] {
     use std::arch::x86_64::*;
-    if !all_finite(kind, &a[..K / 4], &b[..K / 8], &c) {
-        return mma_rows_fallback(kind, K == 16, a, b, c);
-    }
     // The low 32 bits of 4 lanes (8 halves, lane order, low half first) as 8 f64.
     let conv8 = |p: &[u64]| -> __m512d {
         debug_assert!(p.len() >= 4);
@@ -248,9 +248,12 @@ fn mma_rows_avx512<const K: usize>(
     }
     let mut out = [[0u64; 32]; 4];
     let deint = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+    // Outputs whose exponent is all ones (infinite or NaN).
+    let (exp, mut special) = (_mm256_set1_epi32(0x7F80_0000), 0u8);
     for g in 0..8 {
         for half in 0..2 {
             let f = _mm512_cvtpd_ps(acc[g + 8 * half]);
+            special |= _mm256_cmpeq_epi32_mask(_mm256_and_si256(_mm256_castps_si256(f), exp), exp);
             let p = _mm256_castps_si256(_mm256_permutevar8x32_ps(f, deint));
             let (e, o) = (
                 _mm256_cvtepu32_epi64(_mm256_castsi256_si128(p)),
@@ -262,6 +265,9 @@ fn mma_rows_avx512<const K: usize>(
                 _mm256_storeu_si256(out[2 * half + 1][4 * g..].as_mut_ptr() as *mut __m256i, o);
             }
         }
+    }
+    if special != 0 {
+        return mma_rows_fallback(kind, K == 16, a, b, c);
     }
     out
 }
@@ -289,9 +295,6 @@ fn mma_rows_body<const FUSED: bool>(
     c: [&[u64; 32]; 4],
 ) -> [[u64; 32]; 4] {
     let (na, nb) = if k16 { (4, 2) } else { (2, 1) };
-    if !all_finite(kind, &a[..na], &b[..nb], &c) {
-        return mma_rows_fallback(kind, k16, a, b, c);
-    }
     // The elements as f32 (exact for both kinds): am[row][k] (row-major A), bt[col][k] (B
     // transposed: lanes 4g..4g+3 hold column g), in the order the lanes' registers list them.
     let mut am = [[0f32; 16]; 16];
@@ -355,6 +358,11 @@ fn mma_rows_body<const FUSED: bool>(
             *o = (acc[l / 4 + 8 * (i / 2)][2 * (l % 4) + (i % 2)] as f32).to_bits() as u64;
         }
     }
+    // An infinite or NaN output (from such an operand, or a sum past the f32 range): the
+    // fallback, as in `mma_rows_avx512`.
+    if out.iter().flatten().any(|&o| o as u32 & 0x7F80_0000 == 0x7F80_0000) {
+        return mma_rows_fallback(kind, k16, a, b, c);
+    }
     out
 }
 
@@ -391,29 +399,6 @@ fn mma_rows_fallback(
         }
     }
     out
-}
-
-/// Whether every A and B element (both halves of each register) and every C value is finite.
-#[inline(always)]
-fn all_finite(kind: HalfKind, a: &[&[u64; 32]], b: &[&[u64; 32]], c: &[&[u64; 32]; 4]) -> bool {
-    // An all-ones exponent is infinity or NaN.
-    let e: u32 = match kind {
-        HalfKind::Bf16 => 0x7F80,
-        HalfKind::F16 => 0x7C00,
-    };
-    let mut bad = 0u32;
-    for row in a.iter().chain(b) {
-        for &v in row.iter() {
-            let v = v as u32;
-            bad |= u32::from(v & e == e) | u32::from((v >> 16) & e == e);
-        }
-    }
-    for row in c {
-        for &v in row.iter() {
-            bad |= u32::from(v as u32 & 0x7F80_0000 == 0x7F80_0000);
-        }
-    }
-    bad == 0
 }
 
 /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.b16`. `rows[m][r]` is row `r` of matrix `m` (8
@@ -626,15 +611,23 @@ mod tests {
                         }
                     }
                     let want = mma_f32_acc(kind, if k16 { 16 } else { 8 }, &aa, &bb, &cc);
-                    let got =
-                        mma_rows(kind, k16, [&a[0], &a[1], &a[2], &a[3]], [&b[0], &b[1]], [&c[0], &c[1], &c[2], &c[3]]);
-                    for l in 0..32 {
-                        for i in 0..4 {
-                            assert_eq!(
-                                got[i][l],
-                                want[l][i].to_bits() as u64,
-                                "round {round} {kind:?} k16 {k16} lane {l} elem {i}"
-                            );
+                    let (ar, br, cr) = ([&a[0], &a[1], &a[2], &a[3]], [&b[0], &b[1]], [&c[0], &c[1], &c[2], &c[3]]);
+                    // The widest copy this CPU runs, and the portable body with and without a
+                    // fused multiply-add (what CPUs without AVX-512 run).
+                    let paths = [
+                        ("mma_rows", mma_rows(kind, k16, ar, br, cr)),
+                        ("body", mma_rows_body::<false>(kind, k16, ar, br, cr)),
+                        ("body fused", mma_rows_body::<true>(kind, k16, ar, br, cr)),
+                    ];
+                    for (path, got) in paths {
+                        for l in 0..32 {
+                            for i in 0..4 {
+                                assert_eq!(
+                                    got[i][l],
+                                    want[l][i].to_bits() as u64,
+                                    "{path}: round {round} {kind:?} k16 {k16} lane {l} elem {i}"
+                                );
+                            }
                         }
                     }
                 }
