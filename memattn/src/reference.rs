@@ -177,14 +177,30 @@ impl KeysByDim {
         T: Copy + std::ops::Add<Output = T> + std::ops::Mul<Output = T> + From<f32>,
     {
         // `Sum` for floats starts at -0.0 (the sum of nothing, and the identity for a -0.0 term).
-        out.fill(T::from(-0.0));
-        if out.is_empty() {
-            return;
+        let zero = T::from(-0.0);
+        // 32 keys per pass through the dimensions, their sums in registers (four AVX-512
+        // vectors of f64); the keys left over after the last whole block, one pass of their own.
+        const BLOCK: usize = 32;
+        let whole = out.len() / BLOCK * BLOCK;
+        let mut blocks = out.chunks_exact_mut(BLOCK);
+        for (b, o) in blocks.by_ref().enumerate() {
+            let at = first + b * BLOCK;
+            let mut acc = [zero; BLOCK];
+            for (t, &qt) in q.iter().enumerate() {
+                let qt = T::from(qt);
+                let col: &[f32; BLOCK] = self.kt[t * self.keys + at..][..BLOCK].try_into().expect("a block");
+                for (a, &k) in acc.iter_mut().zip(col) {
+                    *a = *a + qt * T::from(k);
+                }
+            }
+            o.copy_from_slice(&acc);
         }
+        let rest = blocks.into_remainder();
+        let (at, n) = (first + whole, rest.len());
+        rest.fill(zero);
         for (t, &qt) in q.iter().enumerate() {
             let qt = T::from(qt);
-            let col = &self.kt[t * self.keys + first..][..out.len()];
-            for (o, &k) in out.iter_mut().zip(col) {
+            for (o, &k) in rest.iter_mut().zip(&self.kt[t * self.keys + at..][..n]) {
                 *o = *o + qt * T::from(k);
             }
         }
@@ -538,10 +554,13 @@ mod tests {
         for (n, (d, stride)) in [(1usize, 1usize), (7, 9), (64, 64), (64, 128), (3, 3)].into_iter().enumerate() {
             let q: Vec<f32> = (0..d).map(|_| draw()).collect();
             let zeros = vec![0.0f32; d];
-            for keys in [0usize, 1, 7, 8, 9, 16, 19] {
+            for keys in [0usize, 1, 7, 8, 9, 16, 19, 32, 33, 70] {
                 let k: Vec<f32> = (0..keys * stride + d).map(|_| draw()).collect();
                 held.hold((n as u32, keys as u32), &k, stride, d, keys);
-                for first in 0..keys {
+                // Every first key of the short runs; of the long ones (blocks of 32 keys and
+                // what is left after them), a few.
+                let firsts: Vec<usize> = if keys <= 19 { (0..keys).collect() } else { vec![0, 1, 5, keys - 1] };
+                for first in firsts {
                     for len in 0..=keys - first {
                         let mut o64 = vec![f64::NAN; len];
                         let mut o32 = vec![f32::NAN; len];
