@@ -491,6 +491,12 @@ impl RaceState {
         if self.atomic || self.warp >= 32 {
             return true;
         }
+        // 32 consecutive words from a 16-byte boundary (a warp storing one row): eight rows of
+        // four words, checked and stamped as `cp.async` rows are.
+        let w0 = words[0];
+        if w0 % 4 == 0 && (0..32).all(|l| words[l] == w0.wrapping_add(l as u32)) {
+            return self.store_spans(0xFF, &std::array::from_fn(|r| w0 + 4 * (r as u32 % 8)), 4);
+        }
         if !self.pending.is_empty() {
             let (lo, hi) = word_bounds(u32::MAX, words, 1);
             self.settle_pending_cold(lo, hi);
@@ -998,7 +1004,19 @@ mod tests {
                     (a, lane_by_lane(&mut plain, &spans, true))
                 }
                 3 => {
-                    let words: [u32; 32] = std::array::from_fn(|_| rnd(WORDS));
+                    // Scattered words, or one row of 32 consecutive words (from a 16-byte
+                    // boundary: checked as eight rows of four; from another word: one by one).
+                    let words: [u32; 32] = match rnd(3) {
+                        0 => std::array::from_fn(|_| rnd(WORDS)),
+                        1 => {
+                            let base = 4 * rnd((WORDS - 31) / 4);
+                            std::array::from_fn(|l| base + l as u32)
+                        }
+                        _ => {
+                            let base = rnd(WORDS - 31);
+                            std::array::from_fn(|l| base + l as u32)
+                        }
+                    };
                     let spans: Vec<_> = (0..32).map(|l| (4 * words[l] as usize, 4)).collect();
                     let a = if fast.store_words(&words) { Ok(()) } else { lane_by_lane(&mut fast, &spans, true) };
                     (a, lane_by_lane(&mut plain, &spans, true))
