@@ -494,7 +494,7 @@ impl RaceState {
         // 32 consecutive words from a 16-byte boundary (a warp storing one row): eight rows of
         // four words, checked and stamped as `cp.async` rows are.
         let w0 = words[0];
-        if w0 % 4 == 0 && (0..32).all(|l| words[l] == w0.wrapping_add(l as u32)) {
+        if w0.is_multiple_of(4) && (0..32).all(|l| words[l] == w0.wrapping_add(l as u32)) {
             return self.store_spans(0xFF, &std::array::from_fn(|r| w0 + 4 * (r as u32 % 8)), 4);
         }
         if !self.pending.is_empty() {
