@@ -134,7 +134,7 @@ pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
     // The lines that name a record, found by one search of the text for the prefix (a module is
     // megabytes of instructions and a few dozen records), each line once, in order.
     let mut next_line = 0;
-    for (at, _) in ptx.match_indices(TileRecord::SYMBOL_PREFIX) {
+    for at in memchr::memmem::find_iter(ptx.as_bytes(), TileRecord::SYMBOL_PREFIX) {
         if at < next_line {
             continue;
         }

@@ -179,7 +179,16 @@ impl Module {
     /// [`Module::load_lazy`] without the source map, which is built on first use from `text`
     /// when that lives as long as the process.
     fn parse_only(ptx: &str) -> Result<Module, LoadError> {
-        let ast = parse::parse(ptx)?;
+        Module::from_ast(parse::parse(ptx)?)
+    }
+
+    /// [`Module::parse_only`] of a text that lives as long as the process: its function bodies
+    /// borrow it instead of a copy.
+    fn parse_only_static(ptx: &'static str) -> Result<Module, LoadError> {
+        Module::from_ast(parse::parse_static(ptx)?)
+    }
+
+    fn from_ast(ast: parse::ModuleAst) -> Result<Module, LoadError> {
         PARSES.fetch_add(1, Ordering::Relaxed);
         let id = NEXT_MODULE.fetch_add(1, Ordering::Relaxed);
         let base = memory::MODULE_BASE + (id % 128) * (1 << 32);
@@ -222,7 +231,7 @@ impl Module {
     /// same text, by address and length, returns the same module without hashing it (a `'static`
     /// text never changes), which spares a short-lived program the digest of a large module.
     pub fn shared_static(ptx: &'static str) -> Result<Arc<Module>, LoadError> {
-        let load = || Ok(Module { static_text: Some(ptx), ..Module::parse_only(ptx)? });
+        let load = || Ok(Module { static_text: Some(ptx), ..Module::parse_only_static(ptx)? });
         Module::shared_by(SharedKey::Static(ptx.as_ptr() as usize, ptx.len()), load)
     }
 

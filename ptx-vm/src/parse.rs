@@ -57,8 +57,8 @@ fn skip_block(b: &[u8], open: usize) -> Option<(usize, usize)> {
     let (mut i, mut depth, mut lines) = (open, 0usize, 0usize);
     while i < b.len() {
         // The bytes up to the next brace, slash or quote only count lines.
-        let next = next_special(b, i);
-        lines += newlines(&b[i..next]);
+        let (next, skipped_lines) = next_special(b, i);
+        lines += skipped_lines;
         i = next;
         if i >= b.len() {
             break;
@@ -194,23 +194,39 @@ fn lex_from(src: &str, first_line: usize, skip_bodies: bool) -> Result<Vec<Token
     Ok(out)
 }
 
-/// The index of the first `{`, `}`, `/` or `"` at or after `from` (`b.len()` when none): 16
-/// bytes at a time, where the comparisons of a chunk compile to a few vector instructions.
-fn next_special(b: &[u8], from: usize) -> usize {
+/// The first byte at or after `from` that is a brace, a slash or a quote (`b.len()` when there is
+/// none), and the newlines before it: 16 bytes per step (SSE2, part of every x86_64 CPU), then
+/// byte by byte. A function body is most of a module's bytes, and this is all that loading one
+/// reads of it.
+fn next_special(b: &[u8], from: usize) -> (usize, usize) {
     let special = |c: u8| (c == b'{') | (c == b'}') | (c == b'/') | (c == b'"');
-    let mut i = from;
-    while let Some(chunk) = b.get(i..i + 16) {
-        if chunk.iter().fold(false, |any, &c| any | special(c)) {
-            break;
+    let (mut i, mut lines) = (from, 0usize);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        while i + 16 <= b.len() {
+            // SAFETY: the 16 bytes at `i` are inside `b`; SSE2 is part of x86_64.
+            let (spec, nl) = unsafe {
+                let v = _mm_loadu_si128(b.as_ptr().add(i).cast());
+                let eq = |c: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(c as i8));
+                let s = _mm_or_si128(_mm_or_si128(eq(b'{'), eq(b'}')), _mm_or_si128(eq(b'/'), eq(b'"')));
+                (_mm_movemask_epi8(s) as u32, _mm_movemask_epi8(eq(b'\n')) as u32)
+            };
+            if spec != 0 {
+                let p = spec.trailing_zeros();
+                return (i + p as usize, lines + (nl & ((1 << p) - 1)).count_ones() as usize);
+            }
+            lines += nl.count_ones() as usize;
+            i += 16;
         }
-        i += 16;
     }
-    b[i..].iter().position(|&c| special(c)).map_or(b.len(), |p| i + p)
-}
-
-/// The newlines in `b`.
-fn newlines(b: &[u8]) -> usize {
-    b.iter().filter(|&&c| c == b'\n').count()
+    for (k, &c) in b[i..].iter().enumerate() {
+        if special(c) {
+            return (i + k, lines);
+        }
+        lines += usize::from(c == b'\n');
+    }
+    (b.len(), lines)
 }
 
 /// A parsed number literal.
@@ -349,11 +365,29 @@ pub(crate) struct FuncAst {
     pub line: usize,
 }
 
+/// A module's text as its function bodies keep it: borrowed when it lives as long as the
+/// process (an embedded module: no copy of its megabytes), else one shared copy.
+#[derive(Clone, Debug)]
+pub(crate) enum Text {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Text::Static(s) => s,
+            Text::Shared(s) => s,
+        }
+    }
+}
+
 /// A function's body: its text, parsed into statements on first use (a module of many kernels
 /// is loaded without lexing the bodies of kernels a program never launches).
 #[derive(Clone, Debug)]
 pub(crate) struct FuncBody {
-    src: Arc<str>,
+    src: Text,
     /// Byte range of the body in `src`, braces included, and the PTX line of its `{`.
     start: usize,
     end: usize,
@@ -550,8 +584,17 @@ const LINKAGE: [&str; 4] = [".visible", ".extern", ".weak", ".common"];
 const SPACES: [&str; 5] = [".global", ".shared", ".const", ".local", ".param"];
 
 pub(crate) fn parse(src: &str) -> Result<ModuleAst, LoadError> {
+    parse_text(src, || Text::Shared(Arc::from(src)))
+}
+
+/// [`parse`] of a text that lives as long as the process: the bodies borrow it.
+pub(crate) fn parse_static(src: &'static str) -> Result<ModuleAst, LoadError> {
+    parse_text(src, || Text::Static(src))
+}
+
+fn parse_text(src: &str, keep: impl FnOnce() -> Text) -> Result<ModuleAst, LoadError> {
     let toks = lex_module(src)?;
-    let shared: Arc<str> = Arc::from(src);
+    let shared = keep();
     let mut p = P { src, toks, i: 0 };
     let mut m = ModuleAst::default();
     while p.i < p.toks.len() {
@@ -819,7 +862,7 @@ fn parse_param_list(p: &mut P) -> Result<Vec<VarDecl>, LoadError> {
     }
 }
 
-fn parse_func(p: &mut P, shared: &Arc<str>) -> Result<Option<FuncAst>, LoadError> {
+fn parse_func(p: &mut P, shared: &Text) -> Result<Option<FuncAst>, LoadError> {
     let line = p.line();
     let kind = p.ident()?;
     let is_entry = kind == ".entry";
@@ -1082,6 +1125,36 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_special_finds_the_byte_and_counts_the_lines_before_it() {
+        // Texts of braces, slashes, quotes, newlines and other bytes, every start, against the
+        // byte-by-byte rule: the vector steps and the tail at every alignment.
+        let alphabet = b"ab \n\n{}/\"x";
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for len in 0..120 {
+            for sparse in [false, true] {
+                let text: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let k = (x >> 40) as usize;
+                        if sparse && k % 23 != 0 {
+                            [b'a', b'\n'][k % 2]
+                        } else {
+                            alphabet[k % alphabet.len()]
+                        }
+                    })
+                    .collect();
+                for from in 0..=len {
+                    let at = (from..len).find(|&i| b"{}/\"".contains(&text[i])).unwrap_or(len);
+                    let lines = text[from..at].iter().filter(|&&c| c == b'\n').count();
+                    assert_eq!(next_special(&text, from), (at, lines), "len {len} from {from}");
+                }
+            }
+        }
+    }
 
     /// [`skip_block`] byte by byte, as it was before it skipped to the next special byte.
     fn skip_block_plain(b: &[u8], open: usize) -> Option<(usize, usize)> {
