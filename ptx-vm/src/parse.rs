@@ -1140,7 +1140,7 @@ mod tests {
                         x ^= x >> 7;
                         x ^= x << 17;
                         let k = (x >> 40) as usize;
-                        if sparse && k % 23 != 0 {
+                        if sparse && !k.is_multiple_of(23) {
                             [b'a', b'\n'][k % 2]
                         } else {
                             alphabet[k % alphabet.len()]
