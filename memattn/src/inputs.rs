@@ -20,7 +20,9 @@ impl Qkv {
     ///
     /// The values are those of one sequential stream (Q's normals, then K's, then V's; two
     /// uniforms per normal); large tensors are generated in parallel chunks cut from that stream,
-    /// so the result does not depend on the number of threads.
+    /// so the result does not depend on the number of threads. The stream's first 4 Mi values of
+    /// the last seed drawn are kept for the process (16 MiB): another problem from the same seed
+    /// copies them instead of drawing them again.
     pub fn random(p: &Problem, seed: u64) -> Qkv {
         let (nq, nkv) = (p.q_elems(), p.kv_elems());
         let q = normals(p.dtype, seed, 0, nq);

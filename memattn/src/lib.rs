@@ -37,28 +37,36 @@
 //! 8. [`cp`]: context parallelism (ring, zigzag, Ulysses, sharded decode) over a
 //!    [`cp::Communicator`], written on [`attn`].
 
-/// `fn $name(args) -> R { $body(args) }` whose body is compiled three times, for AVX-512, for
-/// AVX2 and for the baseline, the widest the host has chosen at run time (once per call: the
-/// standard library caches the CPU's features). For the host's f64 reference loops: the compiler
-/// vectorises them wider with each level, and never contracts a multiply and an add into an FMA,
-/// so every level gives the same bits. `$body` must be `#[inline(always)]` (with everything it
-/// calls in the loops) so that it is compiled inside each wrapper.
+/// `fn $name(args) -> R { body }` whose body is compiled three times, for AVX-512, for AVX2 and
+/// for the baseline, the widest the host has chosen at run time (once per call: the standard
+/// library caches the CPU's features); `$baseline` is the baseline copy alone (for tests that
+/// compare the copies). For the host's f64 reference loops: the compiler vectorises them wider
+/// with each level, and never contracts a multiply and an add into an FMA, so every level gives
+/// the same bits. What the body calls in its loops must be `#[inline(always)]` so that it is
+/// compiled inside each copy.
 macro_rules! widest_vectors {
-    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+    (
+        $(#[$doc:meta])*
+        fn $name:ident / $baseline:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        fn $baseline($($arg: $ty),*) $(-> $ret)? $body
+
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+        fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
+                    $baseline($($arg),*)
                 }
                 #[target_feature(enable = "avx2")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
+                    $baseline($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has AVX-512F, the one feature `avx512` is compiled with.
@@ -69,7 +77,7 @@ macro_rules! widest_vectors {
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            $body($($arg),*)
+            $baseline($($arg),*)
         }
     };
 }

@@ -259,7 +259,7 @@ pub(crate) fn row_chunk(rows: usize, work_per_row: usize) -> usize {
 widest_vectors! {
     /// The rows `rs` of [`reference_with_slopes`] one after the other: O, its scale and its
     /// underflow margin into `oc`, `ac`, `uc` (`head_dim` values per row), the LSE into `lc`.
-    fn reference_rows(
+    fn reference_rows / reference_rows_baseline(
         p: &Problem,
         x: &Qkv,
         rs: &[RowId],
@@ -268,28 +268,15 @@ widest_vectors! {
         ac: &mut [f64],
         uc: &mut [f64],
         lc: &mut [f64],
-    ) = reference_rows_body;
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn reference_rows_body(
-    p: &Problem,
-    x: &Qkv,
-    rs: &[RowId],
-    slopes: &[f32],
-    oc: &mut [f64],
-    ac: &mut [f64],
-    uc: &mut [f64],
-    lc: &mut [f64],
-) {
-    let d = p.head_dim as usize;
-    let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
-    let mut keys = KeysByDim::default();
-    for (k, row) in rs.iter().enumerate() {
-        let at = k * d..(k + 1) * d;
-        let (o, a, u) = (&mut oc[at.clone()], &mut ac[at.clone()], &mut uc[at]);
-        lc[k] = reference_row(p, x, row, slopes, &mut keys, &mut scores, o, a, u);
+    ) {
+        let d = p.head_dim as usize;
+        let mut scores = vec![f64::NEG_INFINITY; p.seq_kv as usize];
+        let mut keys = KeysByDim::default();
+        for (k, row) in rs.iter().enumerate() {
+            let at = k * d..(k + 1) * d;
+            let (o, a, u) = (&mut oc[at.clone()], &mut ac[at.clone()], &mut uc[at]);
+            lc[k] = reference_row(p, x, row, slopes, &mut keys, &mut scores, o, a, u);
+        }
     }
 }
 
@@ -517,7 +504,7 @@ mod tests {
                 if widest {
                     reference_rows(&p, &x, &rows, &slopes, &mut o, &mut a, &mut u, &mut l);
                 } else {
-                    reference_rows_body(&p, &x, &rows, &slopes, &mut o, &mut a, &mut u, &mut l);
+                    reference_rows_baseline(&p, &x, &rows, &slopes, &mut o, &mut a, &mut u, &mut l);
                 }
                 [o, a, u, l].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
             };

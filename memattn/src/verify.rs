@@ -197,18 +197,22 @@ pub fn naive_in_dtype(p: &Problem, x: &Qkv, reference: &Reference) -> (Vec<f32>,
 widest_vectors! {
     /// The rows `rs` of [`naive_in_dtype`] one after the other: O into `oc` (`head_dim` values
     /// per row, left as they are for a row that sees nothing), the LSE into `lc`.
-    fn naive_rows(p: &Problem, x: &Qkv, rs: &[RowId], slopes: &[f32], oc: &mut [f32], lc: &mut [f32]) = naive_rows_body;
-}
-
-#[inline(always)]
-fn naive_rows_body(p: &Problem, x: &Qkv, rs: &[RowId], slopes: &[f32], oc: &mut [f32], lc: &mut [f32]) {
-    let d = p.head_dim as usize;
-    let (mut e, mut acc) = (vec![0f32; p.seq_kv as usize], vec![0f32; d]);
-    let mut keys = crate::reference::KeysByDim::default();
-    for (k, row) in rs.iter().enumerate() {
-        if let Some(l) = naive_row(p, x, row, slopes, &mut keys, &mut e, &mut acc) {
-            oc[k * d..(k + 1) * d].copy_from_slice(&acc);
-            lc[k] = l;
+    fn naive_rows / naive_rows_baseline(
+        p: &Problem,
+        x: &Qkv,
+        rs: &[RowId],
+        slopes: &[f32],
+        oc: &mut [f32],
+        lc: &mut [f32],
+    ) {
+        let d = p.head_dim as usize;
+        let (mut e, mut acc) = (vec![0f32; p.seq_kv as usize], vec![0f32; d]);
+        let mut keys = crate::reference::KeysByDim::default();
+        for (k, row) in rs.iter().enumerate() {
+            if let Some(l) = naive_row(p, x, row, slopes, &mut keys, &mut e, &mut acc) {
+                oc[k * d..(k + 1) * d].copy_from_slice(&acc);
+                lc[k] = l;
+            }
         }
     }
 }
@@ -522,7 +526,7 @@ mod tests {
             if widest {
                 naive_rows(&p, &x, &rows, &slopes, &mut o, &mut l);
             } else {
-                naive_rows_body(&p, &x, &rows, &slopes, &mut o, &mut l);
+                naive_rows_baseline(&p, &x, &rows, &slopes, &mut o, &mut l);
             }
             [o, l].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
         };
