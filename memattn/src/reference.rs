@@ -207,6 +207,38 @@ impl KeysByDim {
     }
 }
 
+/// A run of keys for a loop over a row of O that adds four keys per pass ([`weighted_keys`]).
+pub(crate) enum WeightedKeys {
+    /// Keys `j..j + 4`, each of nonzero weight.
+    Four(usize),
+    /// Key `j` alone, of nonzero weight.
+    One(usize),
+}
+
+/// The keys of `seen` whose weight in `w` is not zero, in order: four at a time where four
+/// consecutive keys all weigh something, else one at a time. A key of weight 0 is left out: its
+/// term (±0) leaves a sum that started at +0 as it is.
+#[inline(always)]
+pub(crate) fn weighted_keys<T: Copy + PartialEq + Default>(
+    w: &[T],
+    seen: std::ops::Range<usize>,
+) -> impl Iterator<Item = WeightedKeys> + '_ {
+    let (mut j, zero) = (seen.start, T::default());
+    std::iter::from_fn(move || loop {
+        if j >= seen.end {
+            return None;
+        }
+        if j + 4 <= seen.end && w[j..j + 4].iter().all(|&x| x != zero) {
+            j += 4;
+            return Some(WeightedKeys::Four(j - 4));
+        }
+        j += 1;
+        if w[j - 1] != zero {
+            return Some(WeightedKeys::One(j - 1));
+        }
+    })
+}
+
 /// Computes O and LSE in f64 for the selected rows. Inputs are BSHD (K and V with `heads_kv`
 /// heads; query head `h` reads K/V head `h / (heads / heads_kv)`). Soft cap:
 /// `s = c · tanh(scale · q·k / c)`. A sink logit joins the denominator only; LSE includes it.
@@ -348,36 +380,29 @@ fn reference_row(
     let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
     // Each element of O and of its scale adds its keys' terms in key order; the loop over the
     // row's elements is what the vector units take (8 at a time with AVX-512), four keys per
-    // pass so the sums stay in registers between them. A key of weight 0 adds nothing (+0 plus
-    // ±0 is +0): it is skipped, and a group with one goes key by key.
-    let mut keys_left = seen.clone();
-    while !keys_left.is_empty() {
-        let j = keys_left.start;
-        match scores.get(j..(j + 4).min(keys_left.end)) {
-            Some(&[p0, p1, p2, p3]) if p0 != 0.0 && p1 != 0.0 && p2 != 0.0 && p3 != 0.0 => {
-                let (v0, v1, v2, v3) = (v_row(j), v_row(j + 1), v_row(j + 2), v_row(j + 3));
-                let terms = v0.iter().zip(v1).zip(v2).zip(v3);
+    // pass so the sums stay in registers between them.
+    for keys in weighted_keys(scores, seen.clone()) {
+        match keys {
+            WeightedKeys::Four(j) => {
+                let p = [scores[j], scores[j + 1], scores[j + 2], scores[j + 3]];
+                let terms = v_row(j).iter().zip(v_row(j + 1)).zip(v_row(j + 2)).zip(v_row(j + 3));
                 for ((o, a), (((&v0, &v1), &v2), &v3)) in orow.iter_mut().zip(arow.iter_mut()).zip(terms) {
                     let (mut oo, mut aa) = (*o, *a);
-                    for (pj, v) in [(p0, v0), (p1, v1), (p2, v2), (p3, v3)] {
+                    for (pj, v) in p.into_iter().zip([v0, v1, v2, v3]) {
                         let v = v as f64;
                         oo += pj * v;
                         aa += pj * v.abs();
                     }
                     (*o, *a) = (oo, aa);
                 }
-                keys_left.start += 4;
             }
-            _ => {
+            WeightedKeys::One(j) => {
                 let pj = scores[j];
-                if pj != 0.0 {
-                    for ((o, a), &v) in orow.iter_mut().zip(arow.iter_mut()).zip(v_row(j)) {
-                        let v = v as f64;
-                        *o += pj * v;
-                        *a += pj * v.abs();
-                    }
+                for ((o, a), &v) in orow.iter_mut().zip(arow.iter_mut()).zip(v_row(j)) {
+                    let v = v as f64;
+                    *o += pj * v;
+                    *a += pj * v.abs();
                 }
-                keys_left.start += 1;
             }
         }
     }

@@ -52,7 +52,7 @@ pub mod grad;
 use crate::dtype::{Dtype, Tolerance};
 use crate::inputs::Qkv;
 use crate::problem::Problem;
-use crate::reference::{Reference, RowId};
+use crate::reference::{weighted_keys, Reference, RowId, WeightedKeys};
 
 /// Error statistics of one tensor.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -274,29 +274,22 @@ fn naive_row(
     }
     // Each element of O adds its keys' terms in key order; the loop over the row's elements is
     // what the vector units take, four keys per pass so the sums stay in registers between them.
-    // A key of weight 0 adds nothing (+0 plus ±0 is +0): it is skipped, and a group with one
-    // goes key by key.
     acc.fill(0.0);
     let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
-    let mut keys_left = seen.clone();
-    while !keys_left.is_empty() {
-        let j = keys_left.start;
-        match e.get(j..(j + 4).min(keys_left.end)) {
-            Some(&[p0, p1, p2, p3]) if p0 != 0.0 && p1 != 0.0 && p2 != 0.0 && p3 != 0.0 => {
+    for keys in weighted_keys(e, seen.clone()) {
+        match keys {
+            WeightedKeys::Four(j) => {
+                let (p0, p1, p2, p3) = (e[j], e[j + 1], e[j + 2], e[j + 3]);
                 let terms = v_row(j).iter().zip(v_row(j + 1)).zip(v_row(j + 2)).zip(v_row(j + 3));
                 for (o, (((&v0, &v1), &v2), &v3)) in acc.iter_mut().zip(terms) {
                     *o = (((*o + p0 * v0) + p1 * v1) + p2 * v2) + p3 * v3;
                 }
-                keys_left.start += 4;
             }
-            _ => {
+            WeightedKeys::One(j) => {
                 let pj = e[j];
-                if pj != 0.0 {
-                    for (o, &v) in acc.iter_mut().zip(v_row(j)) {
-                        *o += pj * v;
-                    }
+                for (o, &v) in acc.iter_mut().zip(v_row(j)) {
+                    *o += pj * v;
                 }
-                keys_left.start += 1;
             }
         }
     }

@@ -634,12 +634,6 @@ impl SharedMem {
             self.unwritten -= fresh;
         }
     }
-    /// Whether every byte of the window has been written (or initcheck is off), Hopper's
-    /// async-proxy state aside.
-    #[inline(always)]
-    pub(crate) fn all_bytes_written(&self) -> bool {
-        self.unwritten == 0
-    }
     /// Whether every byte of the window has been written (or initcheck is off).
     #[inline(always)]
     pub(crate) fn all_written(&self) -> bool {
