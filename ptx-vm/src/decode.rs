@@ -136,6 +136,7 @@ struct Dcx<'m> {
     queue: Vec<String>,
     call_fixups: Vec<(usize, String)>,
     copies: Vec<Vec<(Slot, Slot)>>,
+    pvars: Vec<(Slot, u32)>,
     call_edges: Vec<(String, String)>,
     mma_srcs: Vec<MmaSrcs>,
     shfl_perms: Vec<[u8; 32]>,
@@ -270,6 +271,7 @@ pub(crate) fn decode_entry(
         queue: Vec::new(),
         call_fixups: Vec::new(),
         copies: Vec::new(),
+        pvars: Vec::new(),
         call_edges: Vec::new(),
         mma_srcs: Vec::new(),
         shfl_perms: Vec::new(),
@@ -348,6 +350,7 @@ pub(crate) fn decode_entry(
         specials: cx.specials.into_iter().map(|(k, v)| (v, k)).collect(),
         slot_names: cx.slot_names,
         copies: cx.copies,
+        pvars: cx.pvars,
         info,
         dyn_shared_offset: dyn_off,
         mma_srcs: cx.mma_srcs,
@@ -355,11 +358,9 @@ pub(crate) fn decode_entry(
         wgmma: cx.wgmma,
         wgmma_info: std::sync::OnceLock::new(),
         hopper: cx.hopper,
-        uid: {
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        },
+        uid: crate::ir::next_uid(),
         zero_slots: std::sync::OnceLock::new(),
+        packed: std::sync::OnceLock::new(),
     })
 }
 
@@ -456,6 +457,7 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
                         for k in 0..n {
                             cx.slot_names.push(format!("{}[{}]", v.name, k * 8));
                         }
+                        cx.pvars.push((base, n));
                         Sym::PVar(base, n)
                     }
                     _ => return err(v.line, format!("`{}` variables inside a function are not supported", v.space)),
@@ -1658,6 +1660,7 @@ fn decode_call(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Op,
                 for q in 0..n {
                     cx.slot_names.push(format!("{}[{}]", p.name, q * 8));
                 }
+                cx.pvars.push((base, n));
                 out.push((base, n));
             }
         }

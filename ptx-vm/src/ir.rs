@@ -542,6 +542,9 @@ pub(crate) struct Program {
     /// Register names (for the trace), indexed by slot.
     pub slot_names: Vec<String>,
     pub copies: Vec<Vec<(Slot, Slot)>>,
+    /// The `.param` variables held in registers (function scope, call parameters and return
+    /// values): first slot and slot count; `LdSlot`/`StSlot` index them from the first.
+    pub pvars: Vec<(Slot, u32)>,
     pub info: crate::KernelInfo,
     /// Offset of the dynamic (`.extern`) shared window.
     pub dyn_shared_offset: usize,
@@ -561,12 +564,26 @@ pub(crate) struct Program {
     pub uid: u64,
     /// [`crate::reginit::zero_slots`], computed on the first launch.
     pub zero_slots: std::sync::OnceLock<Option<Vec<Slot>>>,
+    /// [`crate::regalloc::pack`], computed on the first launch that runs it.
+    pub packed: std::sync::OnceLock<Option<Box<Program>>>,
+}
+
+/// A fresh [`Program::uid`].
+pub(crate) fn next_uid() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Program {
     /// The slots a warp zeroes at block start (`None`: all of them).
     pub fn zero_slots(&self) -> Option<&[Slot]> {
         self.zero_slots.get_or_init(|| crate::reginit::zero_slots(self)).as_deref()
+    }
+
+    /// The program with its registers packed into fewer slots ([`crate::regalloc`]), or the
+    /// program itself when it is not packed.
+    pub fn packed(&self) -> &Program {
+        self.packed.get_or_init(|| crate::regalloc::pack(self).map(Box::new)).as_deref().unwrap_or(self)
     }
 
     /// The per-instruction `wgmma` register sets (`None`: the program has no `wgmma.mma_async`).

@@ -41,6 +41,7 @@ mod memory;
 mod num;
 mod ops;
 mod parse;
+mod regalloc;
 mod reginit;
 pub mod run;
 mod source;
@@ -666,7 +667,9 @@ pub struct Vm {
     /// not allocated (and page-faulted in) again on every launch.
     pool: Vec<exec::Worker>,
     /// [`exec::Launch::poison_registers`] (set by tests).
-    poison_registers: bool,
+    pub(crate) poison_registers: bool,
+    /// Run programs with their registers packed ([`regalloc`]; on unless a test compares).
+    pub(crate) pack_registers: bool,
 }
 
 impl Default for Vm {
@@ -692,6 +695,7 @@ impl Vm {
             last_trace: Vec::new(),
             pool: Vec::new(),
             poison_registers: false,
+            pack_registers: true,
         }
     }
     /// Names an allocation (e.g. `Q`, `O`, `LSE`): findings then say which buffer an access
@@ -834,6 +838,8 @@ impl Vm {
     ) -> Result<LaunchStats, VmError> {
         let t0 = Instant::now();
         let prog = module.program(kernel)?;
+        // A traced launch runs the program as written (the trace names registers by slot).
+        let prog = if self.pack_registers && config.trace.is_none() { prog.packed() } else { prog };
         let info = &prog.info;
         let lim = self.limits;
         if params.len() != info.param_bytes {

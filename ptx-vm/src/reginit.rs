@@ -18,121 +18,179 @@ use crate::ir::{Inst, Op, Program, Slot, NONE};
 
 /// The slots to zero at block start, sorted, or `None` when the whole file must be zeroed.
 pub(crate) fn zero_slots(prog: &Program) -> Option<Vec<Slot>> {
-    let n = prog.insts.len();
-    let nslots = prog.nslots;
-    let words = nslots.div_ceil(64);
-    let mut fixed = vec![false; nslots];
-    for &(s, _) in &prog.consts {
-        fixed[s as usize] = true;
-    }
-    for &(s, _) in &prog.specials {
-        fixed[s as usize] = true;
-    }
-    // Per instruction: sources, unconditional destinations, successors.
-    let mut always = vec![0u64; words];
-    let mut srcs: Vec<Vec<Slot>> = Vec::with_capacity(n);
-    let mut defs: Vec<Vec<Slot>> = Vec::with_capacity(n);
-    for inst in &prog.insts {
-        let mut s = Vec::new();
-        sources(&inst.op, prog, &mut s, &mut always);
-        if inst.guard != NONE {
-            s.push(inst.guard);
+    let f = Flow::build(prog)?;
+    let entry = f.live_in(0);
+    Some((0..prog.nslots as Slot).filter(|&s| !f.fixed[s as usize] && (get(entry, s) || get(&f.always, s))).collect())
+}
+
+/// Whether bit `s` of the bit set `v` is set.
+pub(crate) fn get(v: &[u64], s: Slot) -> bool {
+    v[s as usize / 64] >> (s % 64) & 1 == 1
+}
+
+/// Sets bit `s` of the bit set `v`.
+pub(crate) fn set(v: &mut [u64], s: Slot) {
+    v[s as usize / 64] |= 1 << (s % 64);
+}
+
+/// A program's control flow and the liveness of its slots (one thread's paths).
+pub(crate) struct Flow {
+    /// Words of a slot bit set.
+    pub words: usize,
+    /// Per slot: a constant or special (written when the warp starts, never by an instruction).
+    pub fixed: Vec<bool>,
+    /// The slots an instruction may read from lanes that do not execute it (`shfl`'s source).
+    pub always: Vec<u64>,
+    /// Per instruction: the slots it reads for its own lane (its guard included).
+    pub srcs: Vec<Vec<Slot>>,
+    /// Per instruction: the slots it writes on every execution (none when guarded).
+    pub defs: Vec<Vec<Slot>>,
+    /// First instruction of every basic block (ascending).
+    pub starts: Vec<usize>,
+    /// Per block: the blocks control may go to next.
+    pub bsucc: Vec<Vec<usize>>,
+    /// Per block: the slots live at its start (a bit set of `words`).
+    live: Vec<u64>,
+}
+
+impl Flow {
+    /// `None` when an instruction names a slot outside the file or writes a constant.
+    pub fn build(prog: &Program) -> Option<Flow> {
+        let n = prog.insts.len();
+        let nslots = prog.nslots;
+        let words = nslots.div_ceil(64);
+        let mut fixed = vec![false; nslots];
+        for &(s, _) in &prog.consts {
+            fixed[s as usize] = true;
         }
-        let d: Vec<Slot> = inst.op.dsts();
-        if d.iter().any(|&x| (x as usize) >= nslots || fixed[x as usize]) || s.iter().any(|&x| x as usize >= nslots) {
-            return None;
+        for &(s, _) in &prog.specials {
+            fixed[s as usize] = true;
         }
-        srcs.push(s);
-        defs.push(if inst.guard == NONE { d } else { Vec::new() });
-    }
-    // Where a `ret` may continue: after every call (a `ret` with an empty stack exits).
-    let returns: Vec<usize> =
-        prog.insts.iter().enumerate().filter(|(_, i)| matches!(i.op, Op::Call { .. })).map(|(pc, _)| pc + 1).collect();
-    let succ = |pc: usize, inst: &Inst| -> Vec<usize> {
-        let next = (pc + 1 < n).then_some(pc + 1);
-        let guarded = inst.guard != NONE;
-        let mut v: Vec<usize> = match inst.op {
-            Op::Bra { t } | Op::Call { t, .. } => vec![t as usize],
-            Op::Ret if prog.has_calls => returns.clone(),
-            Op::Exit | Op::Ret | Op::Trap => vec![],
-            _ => next.into_iter().collect(),
+        // Per instruction: sources, unconditional destinations, successors.
+        let mut always = vec![0u64; words];
+        let mut srcs: Vec<Vec<Slot>> = Vec::with_capacity(n);
+        let mut defs: Vec<Vec<Slot>> = Vec::with_capacity(n);
+        for inst in &prog.insts {
+            let mut s = Vec::new();
+            sources(&inst.op, prog, &mut s, &mut always);
+            if inst.guard != NONE {
+                s.push(inst.guard);
+            }
+            let d: Vec<Slot> = inst.op.dsts();
+            if d.iter().any(|&x| (x as usize) >= nslots || fixed[x as usize]) || s.iter().any(|&x| x as usize >= nslots)
+            {
+                return None;
+            }
+            srcs.push(s);
+            defs.push(if inst.guard == NONE { d } else { Vec::new() });
+        }
+        // Where a `ret` may continue: after every call (a `ret` with an empty stack exits).
+        let returns: Vec<usize> = prog
+            .insts
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| matches!(i.op, Op::Call { .. }))
+            .map(|(pc, _)| pc + 1)
+            .collect();
+        let succ = |pc: usize, inst: &Inst| -> Vec<usize> {
+            let next = (pc + 1 < n).then_some(pc + 1);
+            let guarded = inst.guard != NONE;
+            let mut v: Vec<usize> = match inst.op {
+                Op::Bra { t } | Op::Call { t, .. } => vec![t as usize],
+                Op::Ret if prog.has_calls => returns.clone(),
+                Op::Exit | Op::Ret | Op::Trap => vec![],
+                _ => next.into_iter().collect(),
+            };
+            if guarded && matches!(inst.op, Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Trap) {
+                v.extend(next);
+            }
+            v.retain(|&t| t < n);
+            v
         };
-        if guarded && matches!(inst.op, Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Trap) {
-            v.extend(next);
-        }
-        v.retain(|&t| t < n);
-        v
-    };
-    // Basic blocks: leaders at 0, branch and call targets and after every control transfer.
-    let mut leader = vec![false; n + 1];
-    leader[0] = true;
-    leader[n] = true;
-    for (pc, inst) in prog.insts.iter().enumerate() {
-        if let Op::Bra { t } | Op::Call { t, .. } = inst.op {
-            if (t as usize) < n {
-                leader[t as usize] = true;
-            }
-        }
-        if matches!(inst.op, Op::Bra { .. } | Op::Call { .. } | Op::Exit | Op::Ret | Op::Trap) {
-            leader[pc + 1] = true;
-        }
-    }
-    let starts: Vec<usize> = (0..n).filter(|&pc| leader[pc]).collect();
-    let mut block_of = vec![0usize; n];
-    for (b, &s) in starts.iter().enumerate() {
-        let end = starts.get(b + 1).copied().unwrap_or(n);
-        block_of[s..end].fill(b);
-    }
-    let nb = starts.len();
-    // use = read before any unconditional write in the block; def = unconditionally written.
-    let mut uses = vec![0u64; nb * words];
-    let mut kill = vec![0u64; nb * words];
-    let mut bsucc: Vec<Vec<usize>> = vec![Vec::new(); nb];
-    let set = |v: &mut [u64], s: Slot| v[s as usize / 64] |= 1 << (s % 64);
-    let get = |v: &[u64], s: Slot| v[s as usize / 64] >> (s % 64) & 1 == 1;
-    for (b, &s) in starts.iter().enumerate() {
-        let end = starts.get(b + 1).copied().unwrap_or(n);
-        let (u, k) = (&mut uses[b * words..(b + 1) * words], &mut kill[b * words..(b + 1) * words]);
-        for pc in s..end {
-            for &x in &srcs[pc] {
-                if !get(k, x) {
-                    set(u, x);
+        // Basic blocks: leaders at 0, branch and call targets and after every control transfer.
+        let mut leader = vec![false; n + 1];
+        leader[0] = true;
+        leader[n] = true;
+        for (pc, inst) in prog.insts.iter().enumerate() {
+            if let Op::Bra { t } | Op::Call { t, .. } = inst.op {
+                if (t as usize) < n {
+                    leader[t as usize] = true;
                 }
             }
-            for &x in &defs[pc] {
-                set(k, x);
+            if matches!(inst.op, Op::Bra { .. } | Op::Call { .. } | Op::Exit | Op::Ret | Op::Trap) {
+                leader[pc + 1] = true;
             }
         }
-        for t in succ(end - 1, &prog.insts[end - 1]) {
-            bsucc[b].push(block_of[t]);
+        let starts: Vec<usize> = (0..n).filter(|&pc| leader[pc]).collect();
+        let mut block_of = vec![0usize; n];
+        for (b, &s) in starts.iter().enumerate() {
+            let end = starts.get(b + 1).copied().unwrap_or(n);
+            block_of[s..end].fill(b);
         }
-    }
-    // live_in = use | (live_out & !kill), iterated to a fixed point (blocks in reverse order).
-    let mut live = vec![0u64; nb * words];
-    let mut out = vec![0u64; words];
-    loop {
-        let mut changed = false;
-        for b in (0..nb).rev() {
-            out.fill(0);
-            for &t in &bsucc[b] {
-                for (o, l) in out.iter_mut().zip(&live[t * words..(t + 1) * words]) {
-                    *o |= l;
+        let nb = starts.len();
+        // use = read before any unconditional write in the block; def = unconditionally written.
+        let mut uses = vec![0u64; nb * words];
+        let mut kill = vec![0u64; nb * words];
+        let mut bsucc: Vec<Vec<usize>> = vec![Vec::new(); nb];
+        for (b, &s) in starts.iter().enumerate() {
+            let end = starts.get(b + 1).copied().unwrap_or(n);
+            let (u, k) = (&mut uses[b * words..(b + 1) * words], &mut kill[b * words..(b + 1) * words]);
+            for pc in s..end {
+                for &x in &srcs[pc] {
+                    if !get(k, x) {
+                        set(u, x);
+                    }
+                }
+                for &x in &defs[pc] {
+                    set(k, x);
                 }
             }
-            for w in 0..words {
-                let v = uses[b * words + w] | (out[w] & !kill[b * words + w]);
-                if v != live[b * words + w] {
-                    live[b * words + w] = v;
-                    changed = true;
-                }
+            for t in succ(end - 1, &prog.insts[end - 1]) {
+                bsucc[b].push(block_of[t]);
             }
         }
-        if !changed {
-            break;
+        // live_in = use | (live_out & !kill), iterated to a fixed point (blocks in reverse order).
+        let mut live = vec![0u64; nb * words];
+        let mut out = vec![0u64; words];
+        loop {
+            let mut changed = false;
+            for b in (0..nb).rev() {
+                out.fill(0);
+                for &t in &bsucc[b] {
+                    for (o, l) in out.iter_mut().zip(&live[t * words..(t + 1) * words]) {
+                        *o |= l;
+                    }
+                }
+                for w in 0..words {
+                    let v = uses[b * words + w] | (out[w] & !kill[b * words + w]);
+                    if v != live[b * words + w] {
+                        live[b * words + w] = v;
+                        changed = true;
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
         }
+        Some(Flow { words, fixed, always, srcs, defs, starts, bsucc, live })
     }
-    let entry = &live[..words];
-    Some((0..nslots as Slot).filter(|&s| !fixed[s as usize] && (get(entry, s) || get(&always, s))).collect())
+
+    /// The slots live at the start of block `b`.
+    pub fn live_in(&self, b: usize) -> &[u64] {
+        &self.live[b * self.words..(b + 1) * self.words]
+    }
+
+    /// The slots live at the end of block `b` (live at the start of a block after it).
+    pub fn live_out(&self, b: usize) -> Vec<u64> {
+        let mut out = vec![0u64; self.words];
+        for &t in &self.bsucc[b] {
+            for (o, l) in out.iter_mut().zip(self.live_in(t)) {
+                *o |= l;
+            }
+        }
+        out
+    }
 }
 
 /// Pushes the slots `op` reads for the executing thread's own lane onto `out`, and marks in
