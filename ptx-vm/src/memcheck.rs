@@ -43,13 +43,24 @@ pub(crate) struct RaceState {
     pub(crate) pc: u32,
     /// Set while an atomic instruction accesses shared memory.
     pub(crate) atomic: bool,
-    /// What every access checks or stamps, 16 bytes per word (four words per cache line).
+    /// Per word: epoch and warp of the last write (the stamp every check reads; 4 bytes per
+    /// word, so that the checks and stamps of a warp's row of stores or reads touch few cache
+    /// lines).
+    wr: Vec<u32>,
+    /// Per word: instruction of the last write (stored, read only for a report).
+    wpc: Vec<u32>,
+    /// Per word: the read stamps (checked by a store only while another warp has read stamps
+    /// in this interval, [`RaceState::read_stamped`]).
     hot: Vec<HotWord>,
-    /// What only a write or a change of reading warp touches.
+    /// Per word: the second reader, updated on a change of reading warp.
     cold: Vec<ColdWord>,
     /// Warps (bit per warp) that stored to shared memory in this interval: a read by a warp
     /// when no other warp has stored cannot be a read-after-write race, and skips the check.
     writers: u32,
+    /// Warps (bit per warp) whose read stamps of this interval are applied: a store by a warp
+    /// when no other warp has any cannot be a write-after-read race, and skips that check (the
+    /// pending reads it could meet are applied first).
+    read_stamped: u32,
     /// Word reads of [`RaceState::read_words`] in this interval not stamped yet, in order. Read
     /// stamps only matter to a later store of the same interval (write-after-read) and to the
     /// stamps of later reads, so they are applied, in the same order, just before any other
@@ -115,13 +126,10 @@ fn word_bounds(exec: u32, first: &[u32; 32], span: u32) -> (u32, u32) {
     (lo, hi)
 }
 
-/// Race stamps of one shared word that every access reads (in this field order: the vector
-/// paths read four words' stamps as one 64-byte row).
+/// Read stamps of one shared word.
 #[derive(Clone, Copy, Default, Debug)]
 #[repr(C)]
 struct HotWord {
-    /// Epoch and warp of the last write.
-    write: u32,
     /// Epoch of the reads in `readers` and the warp of the last of them (slot 0).
     read: u32,
     /// Warps (bit per warp) that read the word in `read`'s epoch.
@@ -130,13 +138,10 @@ struct HotWord {
     read_pc: u32,
 }
 
-/// Race stamps of one shared word that writes and changes of reading warp update (in this
-/// field order: the vector store path writes `write_pc` of four words at once).
+/// Read stamps of one shared word that a change of reading warp updates.
 #[derive(Clone, Copy, Default, Debug)]
 #[repr(C)]
 struct ColdWord {
-    /// Instruction of the last write.
-    write_pc: u32,
     /// Instruction and warp of the last read by a warp other than slot 0's (slot 1): whichever
     /// warp writes next, one of the two slots is another warp's read when `readers` says there
     /// is one.
@@ -159,9 +164,11 @@ impl RaceState {
         self.pending.clear();
         self.scattered.clear();
         (self.pending_lo, self.pending_hi, self.pending_seen) = (u32::MAX, 0, 0);
-        self.writers = 0;
+        (self.writers, self.read_stamped) = (0, 0);
         self.epoch += 1;
         if self.epoch >= EPOCH_LIMIT {
+            self.wr.fill(0);
+            self.wpc.fill(0);
             self.hot.fill(HotWord::default());
             self.cold.fill(ColdWord::default());
             self.epoch = 1;
@@ -171,10 +178,7 @@ impl RaceState {
     /// this barrier interval (the read-after-write check of [`RaceState::access`], without stamping).
     pub(crate) fn conflicts(&self, at: usize, len: usize) -> bool {
         let (w, e) = (self.warp, self.epoch);
-        (at / 4..(at + len).div_ceil(4)).any(|i| {
-            let h = &self.hot[i];
-            h.write >> 6 == e && h.write != stamp(e, w)
-        })
+        (at / 4..(at + len).div_ceil(4)).any(|i| self.wr[i] >> 6 == e && self.wr[i] != stamp(e, w))
     }
     /// Plain reads of one word per lane of `exec` (`words[l]`) by the running warp:
     /// [`RaceState::access`] with `store == false` and a 4-byte aligned access, without the word
@@ -194,8 +198,8 @@ impl RaceState {
             while m != 0 {
                 let l = m.trailing_zeros() as usize;
                 m &= m - 1;
-                let h = &self.hot[words[l] as usize];
-                if h.write >> 6 == e && h.write != me {
+                let x = self.wr[words[l] as usize];
+                if x >> 6 == e && x != me {
                     return false;
                 }
             }
@@ -291,6 +295,7 @@ impl RaceState {
         for p in self.pending.drain(..) {
             let (w, pc) = (p.warp, p.pc);
             let me = stamp(e, w);
+            self.read_stamped |= 1 << w;
             let words: [u32; 32] = if p.stride == SCATTERED {
                 self.scattered[p.base as usize].map(|x| x.wrapping_add(p.shift))
             } else {
@@ -356,65 +361,83 @@ impl RaceState {
         });
         true
     }
-    /// Whether the AVX-512 paths run.
+    /// Whether the vector (SSE2) paths run.
     #[inline(always)]
     fn simd(&self) -> bool {
         #[cfg(test)]
         if self.portable {
             return false;
         }
-        crate::exec::avx512()
+        cfg!(target_arch = "x86_64")
     }
     /// Whether a word of `first[l]..first[l] + span` for a lane `l` of `exec` was written by
     /// another warp in this interval (the read-after-write check), or, for `store`, also read by
-    /// another warp (write-after-read; `span` 1, 2 or 4 words inside one 16-byte row).
+    /// another warp (write-after-read; `span` 1, 2 or 4 words inside one 16-byte row). Each
+    /// check runs only while another warp has such stamps in this interval.
     #[inline(always)]
     fn rows_conflict(&self, exec: u32, first: &[u32; 32], span: u32, store: bool) -> bool {
+        let bit = 1u32 << self.warp;
+        (self.writers & !bit != 0 && self.rows_written(exec, first, span))
+            || (store && self.read_stamped & !bit != 0 && self.rows_read(exec, first, span))
+    }
+    /// Whether a word of the rows (as [`RaceState::rows_conflict`]) was written by another warp
+    /// in this interval.
+    #[inline(always)]
+    fn rows_written(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        let (e, me) = (self.epoch, stamp(self.epoch, self.warp));
         #[cfg(target_arch = "x86_64")]
         if self.simd() {
-            // SAFETY: the CPU has AVX-512F; the callers' words lie in the window, which `hot`
-            // covers.
-            return unsafe { self.rows_conflict_avx512(exec, first, span, store) };
+            use core::arch::x86_64::*;
+            let wr = self.wr.as_ptr();
+            let mut any = 0i32;
+            // SAFETY: SSE2 is part of x86_64; words `first[l]..first[l] + span` exist (the
+            // callers checked the highest), and a row of `span` words is loaded whole.
+            unsafe {
+                let (ve, vme) = (_mm_set1_epi32(e as i32), _mm_set1_epi32(me as i32));
+                let mut acc = _mm_setzero_si128();
+                let mut m = exec;
+                while m != 0 {
+                    let l = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let p = wr.add(first[l] as usize);
+                    let v = match span {
+                        4 => _mm_loadu_si128(p.cast()),
+                        2 => _mm_loadl_epi64(p.cast()),
+                        _ => _mm_cvtsi32_si128(p.read() as i32),
+                    };
+                    // (Absent elements are 0: epoch 0 is never the current one.)
+                    let now = _mm_cmpeq_epi32(_mm_srli_epi32::<6>(v), ve);
+                    acc = _mm_or_si128(acc, _mm_andnot_si128(_mm_cmpeq_epi32(v, vme), now));
+                }
+                any |= _mm_movemask_epi8(acc);
+            }
+            return any != 0;
         }
-        let (e, me, bit) = (self.epoch, stamp(self.epoch, self.warp), 1u32 << self.warp);
         let mut conflict = false;
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
-            for i in first[l]..first[l] + span {
-                let h = &self.hot[i as usize];
-                conflict |=
-                    (h.write >> 6 == e) & (h.write != me) | store & (h.read >> 6 == e) & (h.readers & !bit != 0);
+            for &x in &self.wr[first[l] as usize..(first[l] + span) as usize] {
+                conflict |= (x >> 6 == e) & (x != me);
             }
         }
         conflict
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows_conflict_avx512(&self, exec: u32, first: &[u32; 32], span: u32, store: bool) -> bool {
-        use core::arch::x86_64::*;
-        let vme = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
-        let ve = _mm512_set1_epi32(self.epoch as i32);
-        let others = _mm512_set1_epi32(!(1u32 << self.warp) as i32);
-        // Per word of a row: `write` at element 4 k, `read` at 4 k + 1, `readers` at 4 k + 2.
-        let load = ((1u32 << (4 * span)) - 1) as u16;
-        let reads = if store { 0x4444 } else { 0 };
-        let hot = self.hot.as_ptr().cast::<i32>();
-        let mut conflict: u16 = 0;
+    /// Whether a word of the rows (as [`RaceState::rows_conflict`]) was read by another warp in
+    /// this interval (applied read stamps).
+    fn rows_read(&self, exec: u32, first: &[u32; 32], span: u32) -> bool {
+        let (e, bit) = (self.epoch, 1u32 << self.warp);
+        let mut conflict = false;
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
-            // SAFETY: words `first[l]..first[l] + span` exist (the caller asserted the
-            // highest); masked-off elements are not read.
-            let v = unsafe { _mm512_maskz_loadu_epi32(load, hot.add(4 * first[l] as usize)) };
-            let now = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32::<6>(v), ve);
-            let write_other = now & _mm512_cmpneq_epi32_mask(v, vme) & 0x1111;
-            let read_other = (now << 1) & _mm512_test_epi32_mask(v, others) & reads;
-            conflict |= write_other | read_other;
+            for h in &self.hot[first[l] as usize..(first[l] + span) as usize] {
+                conflict |= (h.read >> 6 == e) & (h.readers & !bit != 0);
+            }
         }
-        conflict & load != 0
+        conflict
     }
     /// Stores by every lane `l` of `exec` of the `span` words (1, 2 or 4, inside one 16-byte
     /// row) from `first[l]`, in lane order (`cp.async`): as [`RaceState::store_words`], true
@@ -428,7 +451,7 @@ impl RaceState {
         debug_assert!(matches!(span, 1 | 2 | 4) && first.iter().all(|&i| i % span == 0));
         let (lo, hi) = word_bounds(exec, first, span);
         self.settle_pending(lo, hi);
-        assert!(hi < self.hot.len() as u32, "racecheck shadow covers the window");
+        assert!(hi < self.wr.len() as u32, "racecheck shadow covers the window");
         if self.rows_conflict(exec, first, span, true) {
             return false;
         }
@@ -438,46 +461,33 @@ impl RaceState {
     }
     /// The write stamps of `span` words from `first[l]` for every lane `l` of `exec` (every word
     /// inside the shadow: the caller checked the highest).
+    #[inline(always)]
     fn stamp_rows(&mut self, exec: u32, first: &[u32; 32], span: u32) {
+        let (me, pc) = (stamp(self.epoch, self.warp), self.pc);
         #[cfg(target_arch = "x86_64")]
-        if self.simd() {
-            // SAFETY: the CPU has AVX-512F; every word is in `hot` and `cold` (the caller).
-            unsafe { self.stamp_rows_avx512(exec, first, span) };
+        if span == 4 && self.simd() {
+            use core::arch::x86_64::*;
+            let (wr, wpc) = (self.wr.as_mut_ptr(), self.wpc.as_mut_ptr());
+            // SAFETY: SSE2 is part of x86_64; the four words from `first[l]` exist (the caller).
+            unsafe {
+                let (vme, vpc) = (_mm_set1_epi32(me as i32), _mm_set1_epi32(pc as i32));
+                let mut m = exec;
+                while m != 0 {
+                    let l = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    _mm_storeu_si128(wr.add(first[l] as usize).cast(), vme);
+                    _mm_storeu_si128(wpc.add(first[l] as usize).cast(), vpc);
+                }
+            }
             return;
         }
-        let (me, pc) = (stamp(self.epoch, self.warp), self.pc);
         let mut m = exec;
         while m != 0 {
             let l = m.trailing_zeros() as usize;
             m &= m - 1;
-            for i in first[l]..first[l] + span {
-                self.hot[i as usize].write = me;
-                self.cold[i as usize].write_pc = pc;
-            }
-        }
-    }
-    /// [`RaceState::stamp_rows`] with masked stores: `write` of each word and its `write_pc`
-    /// (element 3 k of the cold row, 12 bytes per word).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn stamp_rows_avx512(&mut self, exec: u32, first: &[u32; 32], span: u32) {
-        use core::arch::x86_64::*;
-        let vme = _mm512_set1_epi32(stamp(self.epoch, self.warp) as i32);
-        let vpc = _mm512_set1_epi32(self.pc as i32);
-        let hot_mask = 0x1111 & ((1u32 << (4 * span)) - 1) as u16;
-        let cold_mask = 0x249u16 & ((1 << (3 * span)) - 1);
-        let (hot, cold) = (self.hot.as_mut_ptr().cast::<i32>(), self.cold.as_mut_ptr().cast::<i32>());
-        let mut m = exec;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
-            m &= m - 1;
-            let i = first[l] as usize;
-            // SAFETY: the words are in `hot` and `cold` (the caller asserted the highest);
-            // masked-off elements are neither read nor written.
-            unsafe {
-                _mm512_mask_storeu_epi32(hot.add(4 * i), hot_mask, vme);
-                _mm512_mask_storeu_epi32(cold.add(3 * i), cold_mask, vpc);
-            }
+            let words = first[l] as usize..(first[l] + span) as usize;
+            self.wr[words.clone()].fill(me);
+            self.wpc[words].fill(pc);
         }
     }
     /// A store of word `words[l]` by every lane `l` of the running warp, in lane order: returns
@@ -507,16 +517,24 @@ impl RaceState {
         // (One pass without branches: a conflict anywhere is rare, and the caller then redoes
         // the stores word by word.)
         let mut conflict = false;
-        for &i in words {
-            let h = &self.hot[i as usize];
-            conflict |= (h.write >> 6 == e) & (h.write != me) | (h.read >> 6 == e) & (h.readers & !bit != 0);
+        if self.writers & !bit != 0 {
+            for &i in words {
+                let x = self.wr[i as usize];
+                conflict |= (x >> 6 == e) & (x != me);
+            }
+        }
+        if self.read_stamped & !bit != 0 {
+            for &i in words {
+                let h = &self.hot[i as usize];
+                conflict |= (h.read >> 6 == e) & (h.readers & !bit != 0);
+            }
         }
         if conflict {
             return false;
         }
         for &i in words {
-            self.hot[i as usize].write = me;
-            self.cold[i as usize].write_pc = pc;
+            self.wr[i as usize] = me;
+            self.wpc[i as usize] = pc;
         }
         self.writers |= bit;
         true
@@ -536,9 +554,10 @@ impl RaceState {
         let me = stamp(e, w);
         let bit = 1u32 << w;
         for i in at / 4..(at + len).div_ceil(4) {
+            let x = self.wr[i];
             let h = &mut self.hot[i];
-            if h.write >> 6 == e && h.write != me {
-                let writer = (h.write & 63) - 1;
+            if x >> 6 == e && x != me {
+                let writer = (x & 63) - 1;
                 return Err((
                     format!(
                         "warp {w} {} shared word {} that warp {} wrote since the last barrier ({} race)",
@@ -547,7 +566,7 @@ impl RaceState {
                         writer,
                         if store { "write-write" } else { "read-after-write" }
                     ),
-                    RaceOther { warp: writer, pc: self.cold[i].write_pc, write: true },
+                    RaceOther { warp: writer, pc: self.wpc[i], write: true },
                 ));
             }
             if store {
@@ -567,10 +586,11 @@ impl RaceState {
                         RaceOther { warp: reader, pc: rpc, write: false },
                     ));
                 }
-                h.write = me;
-                self.cold[i].write_pc = pc;
+                self.wr[i] = me;
+                self.wpc[i] = pc;
                 self.writers |= bit;
             } else {
+                self.read_stamped |= bit;
                 if h.read != me {
                     if h.read >> 6 != e {
                         h.readers = bit;
@@ -590,11 +610,18 @@ impl RaceState {
 }
 
 impl RaceState {
+    /// Shadow for `words` words (the stamps of words already covered are kept).
+    fn resize(&mut self, words: usize) {
+        self.wr.resize(words, 0);
+        self.wpc.resize(words, 0);
+        self.hot.resize(words, HotWord::default());
+        self.cold.resize(words, ColdWord::default());
+    }
     /// The warp and instruction of the last store racecheck stamped on shared word `i`, in any
     /// barrier interval of the block (`None`: none seen).
     pub(crate) fn last_writer(&self, i: usize) -> Option<(u32, u32)> {
-        let h = self.hot.get(i)?;
-        (h.write & 63 != 0).then(|| ((h.write & 63) - 1, self.cold[i].write_pc))
+        let x = *self.wr.get(i)?;
+        (x & 63 != 0).then(|| ((x & 63) - 1, self.wpc[i]))
     }
 }
 
@@ -606,9 +633,8 @@ impl SharedMem {
         if racecheck {
             let words = len.div_ceil(4);
             let r = &mut self.race;
-            if r.hot.len() < words {
-                r.hot.resize(words, HotWord::default());
-                r.cold.resize(words, ColdWord::default());
+            if r.wr.len() < words {
+                r.resize(words);
             }
             r.next_epoch();
         }
@@ -856,8 +882,8 @@ mod tests {
     /// interval numbered like an old one sees none of its accesses.
     #[test]
     fn epoch_wrap_clears_old_stamps() {
-        let mut r =
-            RaceState { hot: vec![HotWord::default(); 4], cold: vec![ColdWord::default(); 4], ..Default::default() };
+        let mut r = RaceState::default();
+        r.resize(4);
         r.next_epoch();
         assert_eq!(r.epoch, 1);
         r.warp = 0;
@@ -884,8 +910,7 @@ mod tests {
         // A full warp reading evenly spaced words (queued as base and stride), then a store by
         // another warp to the last of them: the read is stamped first, with its instruction.
         r.next_epoch();
-        r.hot.resize(64, HotWord::default());
-        r.cold.resize(64, ColdWord::default());
+        r.resize(64);
         r.warp = 3;
         r.pc = 77;
         assert!(r.read_words(u32::MAX, &std::array::from_fn(|l| 2 * l as u32)));
@@ -906,9 +931,10 @@ mod tests {
     /// ended are stale, and the queue drops its reads unstamped then), agree.
     fn same_live_stamps(a: &RaceState, b: &RaceState, op: usize) {
         assert_eq!(a.epoch, b.epoch);
+        assert_eq!(a.writers, b.writers, "after operation {op}");
         for i in 0..a.hot.len() {
             let (ha, hb, ca, cb) = (a.hot[i], b.hot[i], a.cold[i], b.cold[i]);
-            assert_eq!((ha.write, ca.write_pc), (hb.write, cb.write_pc), "word {i} after operation {op}");
+            assert_eq!((a.wr[i], a.wpc[i]), (b.wr[i], b.wpc[i]), "word {i} after operation {op}");
             let live = |h: HotWord| h.read >> 6 == a.epoch;
             assert_eq!(live(ha), live(hb), "word {i} after operation {op}");
             if live(ha) {
@@ -940,10 +966,10 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 33) as u32 % n
         };
-        let fresh = || RaceState {
-            hot: vec![HotWord::default(); WORDS as usize],
-            cold: vec![ColdWord::default(); WORDS as usize],
-            ..Default::default()
+        let fresh = || {
+            let mut r = RaceState::default();
+            r.resize(WORDS as usize);
+            r
         };
         let (mut fast, mut plain) = (RaceState { portable, ..fresh() }, fresh());
         fast.next_epoch();
@@ -1048,6 +1074,9 @@ mod tests {
             ops += 1;
             assert_eq!(a, b, "operation {ops}");
             let mut settled = RaceState {
+                wr: fast.wr.clone(),
+                wpc: fast.wpc.clone(),
+                writers: fast.writers,
                 hot: fast.hot.clone(),
                 cold: fast.cold.clone(),
                 pending: fast.pending.clone(),
