@@ -43,8 +43,6 @@ pub(crate) struct Flow {
     pub always: Vec<u64>,
     /// Per instruction: the slots it reads for its own lane (its guard included).
     pub srcs: Vec<Vec<Slot>>,
-    /// Per instruction: the slots it writes on every execution (none when guarded).
-    pub defs: Vec<Vec<Slot>>,
     /// First instruction of every basic block (ascending).
     pub starts: Vec<usize>,
     /// Per block: the blocks control may go to next.
@@ -173,7 +171,7 @@ impl Flow {
                 break;
             }
         }
-        Some(Flow { words, fixed, always, srcs, defs, starts, bsucc, live })
+        Some(Flow { words, fixed, always, srcs, starts, bsucc, live })
     }
 
     /// The slots live at the start of block `b`.
