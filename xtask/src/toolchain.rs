@@ -29,8 +29,30 @@ pub fn command(program: &str) -> Command {
     c
 }
 
-/// `rustc -V` of the kernel toolchain, after making sure it and `rust-src` are installed.
+/// `rustc -V` of the kernel toolchain, after making sure it and `rust-src` are installed. Both
+/// modules' builds call it at once (one thread each): the first call checks and installs, the
+/// others wait for it and reuse its answer (two `rustup component add` at once download to the
+/// same file, and one of them fails).
 pub fn ensure() -> Result<String, String> {
+    static DONE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(version) = done.as_ref() {
+        return Ok(version.clone());
+    }
+    let version = ensure_once()?;
+    *done = Some(version.clone());
+    Ok(version)
+}
+
+fn rust_src_installed() -> Result<bool, String> {
+    let comps = command("rustup")
+        .args(["component", "list", "--installed", "--toolchain", KERNEL_TOOLCHAIN])
+        .output()
+        .map_err(|e| format!("cannot run rustup: {e}"))?;
+    Ok(String::from_utf8_lossy(&comps.stdout).lines().any(|l| l.trim().starts_with("rust-src")))
+}
+
+fn ensure_once() -> Result<String, String> {
     let out = command("rustc")
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
         .arg("-V")
@@ -46,23 +68,27 @@ pub fn ensure() -> Result<String, String> {
     }
     let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
 
-    let comps = command("rustup")
-        .args(["component", "list", "--installed", "--toolchain", KERNEL_TOOLCHAIN])
-        .output()
-        .map_err(|e| format!("cannot run rustup: {e}"))?;
-    let installed = String::from_utf8_lossy(&comps.stdout);
-    if !installed.lines().any(|l| l.trim().starts_with("rust-src")) {
+    if !rust_src_installed()? {
         println!(
             "xtask: adding the rust-src component to the {KERNEL_TOOLCHAIN} toolchain (needed by -Zbuild-std=core)"
         );
-        let st = command("rustup")
-            .args(["component", "add", "rust-src", "--toolchain", KERNEL_TOOLCHAIN])
-            .status()
-            .map_err(|e| format!("cannot run rustup: {e}"))?;
-        if !st.success() {
-            return Err(format!(
-                "`rustup component add rust-src --toolchain {KERNEL_TOOLCHAIN}` failed; run it by hand and retry"
-            ));
+        // Another process (a second xtask) may be adding it at the same moment, and then one of
+        // the two downloads fails: a failed add counts when the component is still missing after
+        // a second try.
+        for attempt in 0..2 {
+            let st = command("rustup")
+                .args(["component", "add", "rust-src", "--toolchain", KERNEL_TOOLCHAIN])
+                .status()
+                .map_err(|e| format!("cannot run rustup: {e}"))?;
+            if st.success() || rust_src_installed()? {
+                break;
+            }
+            if attempt == 1 {
+                return Err(format!(
+                    "`rustup component add rust-src --toolchain {KERNEL_TOOLCHAIN}` failed twice; run it by hand and retry"
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_secs(2));
         }
     }
     Ok(version)
