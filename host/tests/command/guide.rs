@@ -226,16 +226,15 @@ fn every_command_in_the_guide_runs_as_documented() {
         .is_ok_and(|o| o.status.success());
     let (mut ran, mut ran_de, mut skipped, mut failures) = (0, 0, 0, Vec::new());
     let t_all = Instant::now();
-    // `cargo xtask` (chapter 5) builds the xtask binary first, with xtask's own features (not
-    // the workspace's, so nothing of the test build is reused). It is built here, in the
-    // background while the chapters before run, exactly as `cargo xtask` builds it (and waited
-    // for before the first `cargo` command): the commands then run as documented, without
-    // paying that build on a core the chapters before leave idle.
+    // `cargo xtask` (chapter 5) builds the xtask binary first (`run --bin xtask`: with the
+    // workspace's features, so on top of the test build only xtask itself). It is built here,
+    // in the background while the chapters before run, exactly as `cargo xtask` builds it (and
+    // waited for before the first `cargo` command): the commands then run as documented.
     let mut xtask_build = Some({
         let root = root.clone();
         std::thread::spawn(move || {
             Command::new("cargo")
-                .args(["build", "--quiet", "--package", "xtask"])
+                .args(["build", "--quiet", "--bin", "xtask"])
                 .current_dir(&root)
                 .env_remove("RUSTUP_TOOLCHAIN")
                 .output()
