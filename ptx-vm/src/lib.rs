@@ -47,6 +47,8 @@ pub mod run;
 mod source;
 pub mod swizzle;
 mod tensor_core;
+#[cfg(test)]
+mod test_params;
 mod wgmma;
 
 pub use exec::SHARED_POISON;

@@ -359,25 +359,7 @@ mod tests {
             let rows = (heads * seq) as usize;
             let lse = vm.alloc(rows as u64 * 4).unwrap();
             vm.write(lse, &(0..rows).flat_map(|_| (seq as f32).ln().to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-            let p = AttnParams {
-                q: bufs[0],
-                k: bufs[1],
-                v: bufs[2],
-                o: bufs[3],
-                lse,
-                q_strides: st,
-                k_strides: st,
-                v_strides: st,
-                o_strides: st,
-                batch: 1,
-                heads,
-                seq_q: seq,
-                seq_kv: seq,
-                head_dim: d,
-                causal: 1,
-                softmax_scale: 0.125,
-                ..AttnParams::default()
-            };
+            let p = crate::test_params::causal_bshd([bufs[0], bufs[1], bufs[2], bufs[3]], lse, heads, seq, d);
             let mut read: Vec<(u64, usize)> = bufs.iter().map(|&b| (b, n * eb)).collect();
             read.push((lse, rows * 4));
             (p, read)

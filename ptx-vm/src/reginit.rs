@@ -341,7 +341,6 @@ mod tests {
     /// garbage, and the pass covers every entry (calls included).
     #[test]
     fn committed_kernels_ignore_the_registers_they_write_first() {
-        use kernels_gpu::abi::{AttnParams, Strides};
         use kernels_gpu::tiles::{FLASH_F32_D64, FLASH_MMA_D64};
         let m = Module::load(include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx")).unwrap();
         for name in m.kernel_names() {
@@ -381,26 +380,7 @@ mod tests {
                     vm.write(*b, &enc[i * n * eb..(i + 1) * n * eb]).unwrap();
                 }
                 let lse = vm.alloc((heads * seq * 4) as u64).unwrap();
-                let st = Strides::bshd(seq as u64, heads as u64, d as u64);
-                let p = AttnParams {
-                    q: bufs[0],
-                    k: bufs[1],
-                    v: bufs[2],
-                    o: bufs[3],
-                    lse,
-                    q_strides: st,
-                    k_strides: st,
-                    v_strides: st,
-                    o_strides: st,
-                    batch: 1,
-                    heads,
-                    seq_q: seq,
-                    seq_kv: seq,
-                    head_dim: d,
-                    causal: 1,
-                    softmax_scale: 0.125,
-                    ..AttnParams::default()
-                };
+                let p = crate::test_params::causal_bshd([bufs[0], bufs[1], bufs[2], bufs[3]], lse, heads, seq, d);
                 let cfg = LaunchConfig::new(dims.grid, dims.block, dims.dynamic_smem_bytes);
                 let mut out = vec![0u8; n * eb + (heads * seq * 4) as usize];
                 // Twice: the second launch finds the first one's values in the register files.
