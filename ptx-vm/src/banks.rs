@@ -102,12 +102,11 @@ pub(crate) fn of_op(op: &Op, r: &[[u64; 32]], exec: u32) -> Option<(u64, u64)> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn consecutive_words_are_one_wavefront_and_a_stride_of_32_words_is_32() {
+    pub fn consecutive_words_are_one_wavefront_and_a_stride_of_32_words_is_32() {
         assert_eq!(access(u32::MAX, 4, |l| Some(4 * l as u64)), Some((1, 1)));
         assert_eq!(access(u32::MAX, 4, |l| Some(128 * l as u64)), Some((32, 1)));
         // Every lane reading the same word: a broadcast.
@@ -116,8 +115,7 @@ mod tests {
         assert_eq!(access(u32::MAX, 4, |l| Some(8 * l as u64)), Some((2, 1)));
     }
 
-    #[test]
-    fn wide_accesses_go_in_half_and_quarter_warps() {
+    pub fn wide_accesses_go_in_half_and_quarter_warps() {
         // 16 bytes per lane, consecutive: 4 quarter-warps of 128 bytes, no conflict.
         assert_eq!(access(u32::MAX, 16, |l| Some(16 * l as u64)), Some((4, 4)));
         // 16-byte rows of 128 bytes each (an unswizzled 64-column bf16 tile): 8 lanes per phase in

@@ -3410,8 +3410,8 @@ impl Launch<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
     /// `ex2_f32` of every bit pattern `start, start + step, ...` (32 per warp row, high bits
@@ -3449,8 +3449,7 @@ mod tests {
     /// The warp-wide `ex2` (a vector `exp2f` where the CPU has AVX-512) gives the bits of
     /// `f32::exp2` on a sample of every sign and exponent (a step of 4099 through all 2^32
     /// patterns) and on every pattern of `[-2, 2]`'s upper exponents around `x = ±1`.
-    #[test]
-    fn ex2_of_a_full_warp_matches_exp2_lane_by_lane() {
+    pub fn ex2_of_a_full_warp_matches_exp2_lane_by_lane() {
         assert!(ex2_against_fun32(0, 4099, 1 << 20) >= 1 << 20);
         assert!(ex2_against_fun32(0x3f00_0000, 1, 1 << 16) >= 1 << 16);
         assert!(ex2_against_fun32(0xbf00_0000, 1, 1 << 16) >= 1 << 16);
@@ -3458,9 +3457,7 @@ mod tests {
 
     /// The same over all 2^32 patterns (about a minute in a release build of the tests:
     /// `cargo test -p ptx-vm --release --lib ex2_every -- --ignored`).
-    #[test]
-    #[ignore]
-    fn ex2_every_pattern_matches_exp2() {
+    pub fn ex2_every_pattern_matches_exp2() {
         assert_eq!(ex2_against_fun32(0, 1, 1 << 32), 1 << 32);
     }
 
@@ -3496,9 +3493,8 @@ mod tests {
         ]
     }
 
-    #[test]
     #[allow(clippy::needless_range_loop)]
-    fn full_warp_fast_paths_match_the_general_functions() {
+    pub fn full_warp_fast_paths_match_the_general_functions() {
         // `setp_full`, `fbin32_rn`, `int_cvt` and the tagged multiplies against `compare`,
         // `num::fbin32`, `num::cvt` and the `ops` functions, on edge values in every lane pairing.
         let vals = edge_values();
@@ -3616,9 +3612,8 @@ mod tests {
         assert!(n > 100, "setp_full took {n} cases");
     }
 
-    #[test]
     #[allow(clippy::needless_range_loop)]
-    fn bf16_rounding_without_branches_matches_half() {
+    pub fn bf16_rounding_without_branches_matches_half() {
         // Every sign and exponent with mantissas around the rounding boundaries (the 16 cut
         // bits near 0x8000, the kept part's lowest bit both ways, all-ones), and a strided sweep
         // of all 2^32 patterns; NaNs (signalling and quiet) and infinities among them.
@@ -3659,9 +3654,8 @@ mod tests {
     /// comparison, integer width and signedness, f32 with and without `.ftz`, each combine mode
     /// and negation, on values that include NaN, infinities, signed zeros, subnormals, and bits
     /// above the type's width; lanes outside `exec` keep their old value.
-    #[test]
     #[allow(clippy::needless_range_loop)]
-    fn setp_fast_loops_match_compare() {
+    pub fn setp_fast_loops_match_compare() {
         let vals = edge_values();
         let cmps = [
             Cmp::Eq,
@@ -3720,8 +3714,7 @@ mod tests {
     /// The AVX-512 address check and gather of full-warp `ld.shared.b32` accept exactly the
     /// addresses the scalar check accepts (aligned, `addr <= last`, wrapping sums included) and
     /// read the same words.
-    #[test]
-    fn b32_address_check_and_gather_match_the_scalar_path() {
+    pub fn b32_address_check_and_gather_match_the_scalar_path() {
         if !avx512() {
             return;
         }
@@ -3768,8 +3761,7 @@ mod tests {
 
     /// The AVX-512 `add`/`mul`/`fma.rn.f32` of a full warp give the lane loops' bits (finite,
     /// subnormal, infinite and zero operands of both signs; a destination that is a source).
-    #[test]
-    fn f32_warp_ops_match_the_lane_loops() {
+    pub fn f32_warp_ops_match_the_lane_loops() {
         if !avx512() {
             return;
         }
@@ -3814,8 +3806,7 @@ mod tests {
     }
 
     /// The guard mask from AVX-512 is the scalar loop's.
-    #[test]
-    fn guard_mask_takes_bit_0_of_every_lane() {
+    pub fn guard_mask_takes_bit_0_of_every_lane() {
         let mut s = 0x2545_F491_4F6C_DD1Du64;
         for _ in 0..1000 {
             let g: [u64; 32] = std::array::from_fn(|_| {
@@ -3830,8 +3821,7 @@ mod tests {
     }
 
     /// The FMA-feature copy of the `fma.rn.f32` loop gives the bits of the portable one.
-    #[test]
-    fn fma_fast_path_matches_portable() {
+    pub fn fma_fast_path_matches_portable() {
         let mut s = 0x2545_F491_4F6C_DD1Du64;
         let mut next = || {
             s ^= s << 13;

@@ -1460,8 +1460,8 @@ fn async_fill(
     tx_complete(&mut mem.shared.hopper, bar.0, buf.len() as i64, l, bar.1)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
     fn map() -> TensorMap {
@@ -1469,8 +1469,7 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn encode_decode_round_trip_and_corruption() {
+    pub fn encode_decode_round_trip_and_corruption() {
         let m = map();
         let b = m.encode();
         assert_eq!(&b[0..4], b"PVTM");
@@ -1483,8 +1482,7 @@ mod tests {
         assert!(TensorMap::decode(&[0u8; 128]).unwrap_err().contains("PVTM"));
     }
 
-    #[test]
-    fn validation_follows_cu_tensor_map_encode_tiled() {
+    pub fn validation_follows_cu_tensor_map_encode_tiled() {
         let ok = |dt, rank, addr, dims: &[u64], strides: &[u64], bx: &[u32], sw| {
             TensorMap::from_cuda_tiled(dt, rank, addr, dims, strides, bx, &[1; 5], 0, sw, 0, 0)
         };
@@ -1508,8 +1506,7 @@ mod tests {
         assert!(e.unwrap_err().contains("interleave"));
     }
 
-    #[test]
-    fn rows_clip_to_the_tensor() {
+    pub fn rows_clip_to_the_tensor() {
         let m = TensorMap::from_cuda_tiled(7, 2, 0x1000, &[10, 5], &[48], &[8, 4], &[1, 1], 0, 0, 0, 0).unwrap();
         let mut seen = Vec::new();
         m.rows(&[-3, 3], |row, g, lo, hi| seen.push((row, g[1], lo, hi)));

@@ -47,9 +47,27 @@ pub mod run;
 mod source;
 pub mod swizzle;
 mod tensor_core;
-#[cfg(test)]
+#[cfg(feature = "unit-tests")]
 mod test_params;
 mod wgmma;
+
+/// The unit tests, for `ptx-vm-tests` to run (its test `unit`); not an API.
+#[cfg(feature = "unit-tests")]
+#[doc(hidden)]
+pub mod unit_tests {
+    pub use crate::banks::tests as banks;
+    pub use crate::exec::tests as exec;
+    pub use crate::hopper::tests as hopper;
+    pub use crate::memcheck::tests as memcheck;
+    pub use crate::num::tests as num;
+    pub use crate::parse::tests as parse;
+    pub use crate::regalloc::tests as regalloc;
+    pub use crate::reginit::tests as reginit;
+    pub use crate::source::tests as source;
+    pub use crate::swizzle::tests as swizzle;
+    pub use crate::tensor_core::tests as tensor_core;
+    pub use crate::wgmma::tests as wgmma;
+}
 
 pub use exec::SHARED_POISON;
 pub use hopper::{OobFill, TensorDataType, TensorMap};

@@ -77,7 +77,7 @@ pub(crate) struct RaceState {
     pending_hi: u32,
     pending_seen: usize,
     /// Tests: the portable paths even where the CPU has AVX-512.
-    #[cfg(test)]
+    #[cfg(feature = "unit-tests")]
     portable: bool,
 }
 
@@ -364,7 +364,7 @@ impl RaceState {
     /// Whether the vector (SSE2) paths run.
     #[inline(always)]
     fn simd(&self) -> bool {
-        #[cfg(test)]
+        #[cfg(feature = "unit-tests")]
         if self.portable {
             return false;
         }
@@ -874,14 +874,13 @@ impl Mem<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
     /// When the epoch counter wraps, the stamps of the intervals before are cleared, so an
     /// interval numbered like an old one sees none of its accesses.
-    #[test]
-    fn epoch_wrap_clears_old_stamps() {
+    pub fn epoch_wrap_clears_old_stamps() {
         let mut r = RaceState::default();
         r.resize(4);
         r.next_epoch();
@@ -951,8 +950,7 @@ mod tests {
     /// same result for every operation (with the executor's fallback: a fast path that says
     /// false is followed by `access` lane by lane), and the same stamps on every word after every
     /// operation once the queued reads are applied.
-    #[test]
-    fn fast_paths_match_access_lane_by_lane() {
+    pub fn fast_paths_match_access_lane_by_lane() {
         fast_paths_match(false);
         fast_paths_match(true);
     }

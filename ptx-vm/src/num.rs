@@ -747,14 +747,13 @@ fn finish_float(to: Ty, r: u64, m: FMode) -> u64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
     /// The `cvt.rn.bf16.f32` fast path gives [`cvt`]'s bits on random f32s, halfway cases,
     /// subnormals, infinities, and signalling and quiet NaNs.
-    #[test]
-    fn cvt_rn_bf16_f32_matches_cvt() {
+    pub fn cvt_rn_bf16_f32_matches_cvt() {
         let m = FMode { rnd: RN, ftz: false, sat: false, int_round: false };
         let special = [
             0u32,

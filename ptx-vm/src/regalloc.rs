@@ -285,8 +285,8 @@ pub(crate) fn for_each_slot(op: &mut Op, mut f: impl FnMut(&mut Slot)) {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use crate::{LaunchConfig, Module, Vm};
     use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
     use kernels_gpu::decode_abi::DecodeParams;
@@ -341,8 +341,7 @@ mod tests {
     /// multiple), the tensor-core backward and both decode kernels (GQA, a cache that is not a
     /// tile multiple, two splits) give the same bytes with their registers packed into a few
     /// hundred slots as with one slot per register.
-    #[test]
-    fn packed_kernels_give_the_bytes_of_the_program_as_written() {
+    pub fn packed_kernels_give_the_bytes_of_the_program_as_written() {
         let m = Module::load(include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx")).unwrap();
         let (heads, seq, d) = (2u32, 80u32, 64u32);
         let n = (heads * seq * d) as usize;
@@ -480,8 +479,7 @@ mod tests {
     /// value pass through `.param` slots, a guarded write, and a branch on which the lanes
     /// diverge (odd lanes keep a value live across the even lanes' path that writes others):
     /// the known results with the registers packed and as written.
-    #[test]
-    fn loops_calls_and_divergent_paths_keep_their_values_when_packed() {
+    pub fn loops_calls_and_divergent_paths_keep_their_values_when_packed() {
         let ptx = ".version 7.0\n.target sm_80\n.address_size 64\n\
             .func (.param .b32 r) plus3(.param .b32 x)\n{\n.reg .b32 %a<3>;\n\
             ld.param.b32 %a1, [x];\n add.u32 %a2, %a1, 3;\n st.param.b32 [r], %a2;\n ret;\n}\n\

@@ -304,14 +304,13 @@ pub(crate) fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use crate::{LaunchConfig, Module, Vm};
 
     /// A register that only block 0 writes (predicated) reads as zero in the blocks after it on
     /// the same warp, with or without garbage in the slots the pass leaves alone.
-    #[test]
-    fn a_register_written_on_some_paths_reads_zero_in_later_blocks() {
+    pub fn a_register_written_on_some_paths_reads_zero_in_later_blocks() {
         let ptx = ".version 7.0\n.target sm_80\n.address_size 64\n\
             .visible .entry k(.param .u64 out)\n{\n\
             .reg .pred %p<2>;\n.reg .b32 %r<8>;\n.reg .b64 %rd<4>;\n\
@@ -339,8 +338,7 @@ mod tests {
     /// The committed flash kernels (SIMT f32 and tensor-core bf16, forward and backward) and
     /// the decode kernels give the same bytes when the slots the pass leaves alone start with
     /// garbage, and the pass covers every entry (calls included).
-    #[test]
-    fn committed_kernels_ignore_the_registers_they_write_first() {
+    pub fn committed_kernels_ignore_the_registers_they_write_first() {
         use kernels_gpu::tiles::{FLASH_F32_D64, FLASH_MMA_D64};
         let m = Module::load(include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx")).unwrap();
         for name in m.kernel_names() {

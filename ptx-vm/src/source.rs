@@ -123,8 +123,8 @@ impl SourceMap {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
     /// The map as the plain rule builds it: `contains(".func")` on every trimmed line.
@@ -173,8 +173,7 @@ mod tests {
         SourceMap { files, lines }
     }
 
-    #[test]
-    fn the_one_pass_func_search_builds_the_plain_map() {
+    pub fn the_one_pass_func_search_builds_the_plain_map() {
         // Both committed modules, and lines that name `.func` where the plain rule sees them:
         // in a comment, at a line's end, across a `.loc`, with and without `;`.
         let odd = ".file 1 \"k.rs\"\n.entry e(\n.loc 1 5 0\nmov;\n// .func b(\n.loc 1 6 0\n\t.func c;\n\
@@ -190,8 +189,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lines_map_to_the_last_loc_and_inlined_helpers_keep_the_kernel_line() {
+    pub fn lines_map_to_the_last_loc_and_inlined_helpers_keep_the_kernel_line() {
         let ptx = "\
 .visible .entry k(
 )

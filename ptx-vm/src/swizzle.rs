@@ -59,12 +59,11 @@ impl Swizzle {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn chunks_of_row_r_move_by_r_modulo_the_pattern() {
+    pub fn chunks_of_row_r_move_by_r_modulo_the_pattern() {
         // 128B: row r (128 bytes each) of an aligned 1024-byte block has its chunk c at c ^ (r % 8).
         for r in 0..16u32 {
             for c in 0..8u32 {

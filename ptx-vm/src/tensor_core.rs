@@ -418,8 +418,8 @@ pub(crate) fn ldmatrix(num: usize, trans: bool, rows: &[[[u16; 8]; 8]]) -> [[u32
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
     use half::{bf16, f16};
 
@@ -471,20 +471,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn mma_m16n8k16_f16_and_bf16() {
+    pub fn mma_m16n8k16_f16_and_bf16() {
         check(HalfKind::F16, 16);
         check(HalfKind::Bf16, 16);
     }
 
-    #[test]
-    fn mma_m16n8k8_f16_and_bf16() {
+    pub fn mma_m16n8k8_f16_and_bf16() {
         check(HalfKind::F16, 8);
         check(HalfKind::Bf16, 8);
     }
 
-    #[test]
-    fn mma_rounds_once_to_f32() {
+    pub fn mma_rounds_once_to_f32() {
         // 1 + 2^-24 + 2^-24 : summed exactly then rounded -> 1 + 2^-23 (two separate f32 adds give 1).
         let one = f16::from_f32(1.0).to_bits();
         let tiny = f16::from_f32(2f32.powi(-12)).to_bits();
@@ -500,8 +497,7 @@ mod tests {
         assert_eq!(d[0][1], 1.0);
     }
 
-    #[test]
-    fn mma_sums_every_output_in_k_order_bit_for_bit() {
+    pub fn mma_sums_every_output_in_k_order_bit_for_bit() {
         // Random finite operands: each output must be exactly `c + a0 b0 + a1 b1 + ...` summed
         // in f64 in k order and rounded once (the order the VM has always used, so kernels' VM
         // results stay bit-identical), for both element kinds and both k.
@@ -554,8 +550,7 @@ mod tests {
     /// [`mma_rows`] (fragments straight from the register rows, the fused multiply-add loop)
     /// gives the bits of [`mma_f32_acc`] on random operands of every exponent, for both element
     /// kinds and both k, and also when some element is infinite or NaN (the fallback).
-    #[test]
-    fn mma_rows_matches_mma_f32_acc_bit_for_bit() {
+    pub fn mma_rows_matches_mma_f32_acc_bit_for_bit() {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = || {
             x ^= x << 13;
@@ -635,8 +630,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ldmatrix_plain_and_trans() {
+    pub fn ldmatrix_plain_and_trans() {
         let mut rows = [[[0u16; 8]; 8]; 4];
         for (m, mat) in rows.iter_mut().enumerate() {
             for (r, row) in mat.iter_mut().enumerate() {

@@ -546,12 +546,11 @@ impl ProgInfo {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn descriptor_fields() {
+    pub fn descriptor_fields() {
         let v: u64 = (0x1234 >> 4) | (3 << 16) | (64u64 << 32) | (1u64 << 62);
         let d = Desc::decode(v);
         assert_eq!(d, Desc { start: 0x1230, lbo: 48, sbo: 1024, base_offset: 0, swizzle: Swizzle::B128 });
@@ -560,8 +559,7 @@ mod tests {
         assert_eq!(Desc::decode(5u64 << 49).base_offset, 5);
     }
 
-    #[test]
-    fn fragment_maps_cover_the_tile_once() {
+    pub fn fragment_maps_cover_the_tile_once() {
         let mut seen = vec![0u8; 64 * 256];
         for w in 0..4 {
             for lane in 0..32 {
