@@ -58,10 +58,10 @@
 //! # Ok::<(), memattn::attn::AttnError>(())
 //! ```
 
-mod alias;
-mod backward;
+pub(crate) mod alias;
+pub(crate) mod backward;
 mod kvcache;
-mod naive_backward;
+pub(crate) mod naive_backward;
 mod paged;
 pub use alias::AliasRule;
 pub use backward::{

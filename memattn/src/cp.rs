@@ -67,7 +67,7 @@ use crate::problem::Problem;
 use crate::Dtype;
 use std::collections::HashMap;
 
-mod grouped;
+pub(crate) mod grouped;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub use grouped::{Grouped, GroupedP2p, Rendezvous};
@@ -1833,12 +1833,12 @@ pub fn model(p: &Problem, strategy: Strategy, world: usize, link: Link) -> Resul
     Ok(Estimate { strategy, seconds, ideal_seconds: ideal, fraction, max_bytes_sent })
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn segments_cover_the_sequence_once() {
+    pub fn segments_cover_the_sequence_once() {
         for s in Strategy::ALL {
             for world in 1..6 {
                 for len in [0, 1, 7, 64, 100] {
@@ -1863,8 +1863,7 @@ mod tests {
 
     /// Every block plan sees exactly the pairs of the global rule, through the kernels' rule
     /// ([`kernels_gpu::mask::key_range`]) on the launched prefixes.
-    #[test]
-    fn block_plans_reproduce_the_global_mask() {
+    pub fn block_plans_reproduce_the_global_mask() {
         let sides = [None, Some(0), Some(1), Some(3), Some(9)];
         for lq in 1..7usize {
             for lk in 1..7usize {
@@ -1912,8 +1911,7 @@ mod tests {
 
     /// The model at ring-flash-attention's setting (8 ranks, causal, a long sequence): plain
     /// ring about half of ideal (its last rank works every step), zigzag close to ideal.
-    #[test]
-    fn overlap_model_orders_the_strategies() {
+    pub fn overlap_model_orders_the_strategies() {
         let p = Problem {
             batch: 1,
             heads: 32,
@@ -1943,8 +1941,7 @@ mod tests {
         assert_eq!(w.iter().flatten().sum::<u64>(), 32 * 65536 * 65537 / 2);
     }
 
-    #[test]
-    fn strategies_parse_and_print() {
+    pub fn strategies_parse_and_print() {
         for s in Strategy::ALL {
             assert_eq!(s.name().parse::<Strategy>(), Ok(s));
         }

@@ -1862,12 +1862,12 @@ pub fn merge_states_reference(x: &Partials) -> (Vec<f64>, Vec<f64>) {
     (o, lse)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn heuristic_matches_flash_attention_2_on_known_cases() {
+    pub fn heuristic_matches_flash_attention_2_on_known_cases() {
         // batch 1, 8 KV heads (32 query heads packed), d 128, 8192 keys: 8 blocks on 132 SMs,
         // 64 key blocks of 128. 15 splits is not eligible (ceil(64/15) = ceil(64/14) = 5); 16
         // gives 128 blocks, 97 % of a wave.
@@ -1881,8 +1881,7 @@ mod tests {
         assert_eq!(num_splits_heuristic(1, 132, 0, 128), 1);
     }
 
-    #[test]
-    fn the_benchmark_plan_fills_the_modelled_gpu() {
+    pub fn the_benchmark_plan_fills_the_modelled_gpu() {
         let p = DecodeProblem {
             batch: 1,
             heads: 32,
@@ -1899,8 +1898,7 @@ mod tests {
         assert!((one.blocks_per_sm - 8.0 / 132.0).abs() < 1e-12);
     }
 
-    #[test]
-    fn sizes_are_exact_and_refuse_what_does_not_fit() {
+    pub fn sizes_are_exact_and_refuse_what_does_not_fit() {
         // Paged: pages ceil(100/16) + ceil(37/16) = 7 + 3 = 10 of 16 rows; rows of 2 x 64.
         let p = DecodeProblem {
             batch: 2,
@@ -1920,8 +1918,7 @@ mod tests {
         assert!(matches!(wide.validate(), Err(KvCacheRule::TooLarge { .. })), "{:?}", wide.validate());
     }
 
-    #[test]
-    fn shape_rules_are_named() {
+    pub fn shape_rules_are_named() {
         let e = DecodeProblem { heads: 6, heads_kv: 4, ..Default::default() }.validate().unwrap_err();
         assert!(e.to_string().contains("mismatched heads"), "{e}");
         let e = DecodeProblem { page_size: Some(0), ..Default::default() }.validate().unwrap_err();
@@ -1935,8 +1932,7 @@ mod tests {
     /// The kernels cannot see a sink's value before they run, so the command's inputs are
     /// checked here: a NaN or infinite sink is refused by name; finite ones pass. A sink far above
     /// the scores makes O underflow in f32, which the verification accepts (`o_under`).
-    #[test]
-    fn non_finite_sinks_are_refused_and_underflow_is_not_an_error() {
+    pub fn non_finite_sinks_are_refused_and_underflow_is_not_an_error() {
         let p =
             DecodeProblem { heads: 2, heads_kv: 1, cache_seqlens: vec![5], sinks: true, ..DecodeProblem::default() };
         let mut x = DecodeInputs::random(&p, 3);
@@ -1961,8 +1957,7 @@ mod tests {
         assert!(!verify_decode(&p, &o, &lse, &r).passed);
     }
 
-    #[test]
-    fn reference_with_a_sink_known_answer() {
+    pub fn reference_with_a_sink_known_answer() {
         // One query, keys with scores 0 and ln 3 (q = 1, scale 1, d = 1), values 4 and 8, sink
         // ln 4: weights 1, 3 and the sink's 4 -> O = (4 + 24) / 8 = 3.5, LSE = ln 8. Without keys:
         // O = 0, LSE = ln 4.
@@ -1999,8 +1994,7 @@ mod tests {
         assert!((none.o[0] - 7.0).abs() < 1e-6 && (none.lse[0] - 4f64.ln()).abs() < 1e-6);
     }
 
-    #[test]
-    fn fp8_reference_reads_the_bytes_and_scale_rules_are_named() {
+    pub fn fp8_reference_reads_the_bytes_and_scale_rules_are_named() {
         // The reference's f64 decode agrees with the kernels' bit-level decode on every code.
         for f in [Fp8Format::E4m3, Fp8Format::E5m2] {
             for c in 0..=255u8 {
@@ -2051,8 +2045,7 @@ mod tests {
         assert_eq!(f32_q.kernels().unwrap_err(), KvCacheRule::Fp8Dtype { dtype: Dtype::F32 });
     }
 
-    #[test]
-    fn merge_reference_known_answers() {
+    pub fn merge_reference_known_answers() {
         // Two states of one row: lse ln 1 and ln 3 -> weights 1/4, 3/4, lse ln 4.
         let x = Partials {
             splits: 3,

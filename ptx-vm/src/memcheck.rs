@@ -875,6 +875,7 @@ impl Mem<'_> {
 }
 
 #[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod tests {
     use super::*;
 

@@ -1123,6 +1123,7 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
 }
 
 #[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod tests {
     use super::*;
 

@@ -60,6 +60,7 @@ impl Swizzle {
 }
 
 #[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod tests {
     use super::*;
 

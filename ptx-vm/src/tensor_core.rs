@@ -419,6 +419,7 @@ pub(crate) fn ldmatrix(num: usize, trans: bool, rows: &[[[u16; 8]; 8]]) -> [[u32
 }
 
 #[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
 pub mod tests {
     use super::*;
     use half::{bf16, f16};

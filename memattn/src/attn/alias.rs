@@ -129,12 +129,12 @@ pub(super) fn check_injective(name: &'static str, raw: &RawView) -> Result<(), A
     Err(AttnError::Aliasing { why: AliasRule::SelfOverlap { tensor: name, shape: raw.shape, strides: raw.strides } })
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn nested_strides_are_one_to_one_and_shared_ones_are_not() {
+    pub fn nested_strides_are_one_to_one_and_shared_ones_are_not() {
         // BSHD and BHSD layouts, with padding between rows, are one-to-one.
         assert!(injective([2, 5, 3, 4], [60, 12, 4, 1]));
         assert!(injective([2, 5, 3, 4], [60, 4, 20, 1]));

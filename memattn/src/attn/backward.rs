@@ -658,8 +658,9 @@ impl Storage {
     }
 }
 
-#[cfg(all(test, feature = "vm"))]
-mod tests {
+#[cfg(all(feature = "unit-tests", feature = "vm"))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::reference::grad::{attention_backward, Grads};
     use crate::rng::SplitMix64;
@@ -869,8 +870,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gradients_match_the_f64_reference() {
+    pub fn gradients_match_the_f64_reference() {
         let kernels = Kernels::vm().unwrap();
         let cases = [
             ("length 1", BASE),
@@ -903,8 +903,7 @@ mod tests {
     /// in FlashAttention-2, and O (hence D) comes from the 16-bit forward; the errors measured
     /// here are 2.0e-3 to 4.2e-3 of the gradient's scale in bf16 (unit roundoff 2^-8 = 3.9e-3)
     /// and 2.9e-4 to 5.8e-4 in f16 (2^-11 = 4.9e-4). The bounds are about 2.5x the worst.
-    #[test]
-    fn tensor_core_gradients_match_the_f64_reference() {
+    pub fn tensor_core_gradients_match_the_f64_reference() {
         let kernels = Kernels::vm().unwrap();
         let cases = [
             ("length 1", BASE),
@@ -937,8 +936,7 @@ mod tests {
     /// On a device whose blocks get 99 KiB of shared memory (an sm_86 GPU), d64 and d128 run the
     /// compact kernels (one warp per 16 keys), with the same bounds against f64; the workspace
     /// the device's kernels need is the one stated for it.
-    #[test]
-    fn compact_backward_runs_where_shared_memory_is_small() {
+    pub fn compact_backward_runs_where_shared_memory_is_small() {
         use crate::device::{vm::VmDevice, BackendChoice, DeviceOptions};
         let mut opts = DeviceOptions::new(BackendChoice::Vm, crate::ptx::PtxSource::embedded());
         opts.vm_max_shared_per_block = Some(99 * 1024);
@@ -970,8 +968,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn varlen_gradients_match_the_f64_reference() {
+    pub fn varlen_gradients_match_the_f64_reference() {
         // Three sequences, one empty, one of more queries than keys (causal: rows that see
         // nothing), keys over two key blocks; sinks summed over every sequence; both modes.
         let kernels = Kernels::vm().unwrap();
@@ -982,8 +979,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn atomic_dq_adds_survive_several_workers() {
+    pub fn atomic_dq_adds_survive_several_workers() {
         // Four VM workers run the key blocks concurrently, so the `red.global.add.f32` adds of
         // different blocks to one dQ row interleave for real; memcheck, initcheck and racecheck
         // stay on. Every add must land: the result matches the reference as with one worker.
@@ -1001,8 +997,7 @@ mod tests {
         Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()))
     }
 
-    #[test]
-    fn deterministic_mode_is_bitwise_reproducible_and_right() {
+    pub fn deterministic_mode_is_bitwise_reproducible_and_right() {
         // Four workers (key blocks concurrent), 4 key blocks, causal with fully masked rows,
         // GQA, sinks: two runs agree to the bit and both match the f64 reference. initcheck
         // is on, so a slice the convert reads that no key block wrote would fail the launch.
@@ -1020,8 +1015,7 @@ mod tests {
         check("deterministic d192", &c, &got, &want);
     }
 
-    #[test]
-    fn the_workspace_is_stated_exactly() {
+    pub fn the_workspace_is_stated_exactly() {
         // Atomic: one f32 copy of q's shape plus D. Deterministic at d=64 (32 keys per block),
         // 100 keys: 4 slices.
         let w = flash_attn_backward_workspace(Dtype::F32, [2, 37, 4, 64], 100, false).unwrap();
@@ -1047,8 +1041,7 @@ mod tests {
         assert!(e.to_string().contains("f16 backward kernels are compiled for head_dim 32, 64 and 128"), "{e}");
     }
 
-    #[test]
-    fn the_allocating_form_returns_verified_gradients() {
+    pub fn the_allocating_form_returns_verified_gradients() {
         let kernels = Kernels::vm().unwrap();
         let c = Case { b: 2, h: 2, hk: 1, sq: 19, skv: 40, causal: true, ..BASE };
         let (got, want) = run(&kernels, c, 3, false);
@@ -1102,8 +1095,7 @@ mod tests {
         assert_eq!(m.peak_delta_bytes, 0, "the refused call allocated");
     }
 
-    #[test]
-    fn refusals_are_typed() {
+    pub fn refusals_are_typed() {
         let kernels = Kernels::vm().unwrap();
         let buf = kernels.vm_alloc(1 << 16).unwrap();
         let s = [1, 4, 2, 64];

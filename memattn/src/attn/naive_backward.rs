@@ -246,8 +246,9 @@ impl Kernels {
     }
 }
 
-#[cfg(all(test, feature = "vm"))]
-mod tests {
+#[cfg(all(feature = "unit-tests", feature = "vm"))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::reference::grad::{attention_backward, Grads};
     use crate::rng::SplitMix64;
@@ -372,8 +373,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn naive_gradients_match_the_f64_reference() {
+    pub fn naive_gradients_match_the_f64_reference() {
         let kernels = Kernels::vm().unwrap();
         let cases = [
             ("length 1", BASE),
@@ -394,8 +394,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_workspace_is_p_and_ds_exactly() {
+    pub fn the_workspace_is_p_and_ds_exactly() {
         let kernels = Kernels::vm().unwrap();
         let c = Case { b: 2, h: 2, hk: 1, sq: 19, skv: 40, causal: true, ..BASE };
         let w = naive_attn_backward_workspace([2, 19, 2, 64], 40).unwrap();
@@ -427,8 +426,7 @@ mod tests {
         check("allocating", &c, &got, &want);
     }
 
-    #[test]
-    fn refusals_are_typed() {
+    pub fn refusals_are_typed() {
         let kernels = Kernels::vm().unwrap();
         let s = [1, 4, 2, 64];
         let bufs: Vec<VmBuffer> = (0..7).map(|_| kernels.vm_alloc(1 << 12).unwrap()).collect();

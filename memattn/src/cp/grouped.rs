@@ -323,13 +323,13 @@ impl GroupedP2p for Rendezvous {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::cp::{all_gather, run_ranks};
 
-    #[test]
-    fn a_ring_and_an_all_gather_pair_up() {
+    pub fn a_ring_and_an_all_gather_pair_up() {
         let outs = run_ranks(Rendezvous::communicators(3, Duration::from_secs(20)), |c| {
             let (r, w) = (c.rank(), c.world());
             c.send((r + 1) % w, 7, vec![r as u8; 5 + r]).unwrap();
@@ -347,8 +347,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rendezvous_reports_a_group_that_would_hang() {
+    pub fn rendezvous_reports_a_group_that_would_hang() {
         // Rank 0 sends to rank 1, which never receives: on NCCL rank 0's group waits forever.
         let outs = run_ranks(
             Rendezvous::world(2).into_iter().map(|r| r.with_timeout(Duration::from_millis(200))).collect(),
@@ -377,8 +376,7 @@ mod tests {
             .contains("sent 3 bytes where this rank posted a receive of 4"));
     }
 
-    #[test]
-    fn calls_that_do_not_pair_up_fail_instead_of_hanging() {
+    pub fn calls_that_do_not_pair_up_fail_instead_of_hanging() {
         // Rank 0 receives from 1 while rank 1 receives from 0 and neither has sent: both flushes
         // wait for a count the other never posts.
         let outs = run_ranks(Rendezvous::communicators(2, Duration::from_millis(300)), |c| {

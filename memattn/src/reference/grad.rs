@@ -231,8 +231,9 @@ pub fn attention_backward(
     backward64(p, &Inputs64 { q: &q, k: &k, v: &v, sinks: &sinks }, &d_o)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::rng::SplitMix64;
 
@@ -306,8 +307,7 @@ mod tests {
         Problem { batch: 1, heads: 1, seq_q, seq_kv, head_dim: 3, scale: Some(0.7), ..Problem::default() }
     }
 
-    #[test]
-    fn finite_differences_agree_on_every_option() {
+    pub fn finite_differences_agree_on_every_option() {
         let cases = [
             ("length 1", tiny(1, 1)),
             ("plain", Problem { batch: 2, ..tiny(3, 4) }),
@@ -335,8 +335,7 @@ mod tests {
         check_against_fd(&p, 99);
     }
 
-    #[test]
-    fn a_wrong_derivative_is_caught() {
+    pub fn a_wrong_derivative_is_caught() {
         // The check must be able to fail: drop D from dS (dS = P dP) and the same comparison
         // reports a large error.
         let p = Problem { heads: 2, heads_kv: Some(1), causal: true, ..tiny(3, 3) };
@@ -368,8 +367,7 @@ mod tests {
         assert!(rel_err(&dq_bad, &f.dq) > 1e-2, "{}", rel_err(&dq_bad, &f.dq));
     }
 
-    #[test]
-    fn forward64_matches_the_reference() {
+    pub fn forward64_matches_the_reference() {
         let p = Problem { heads: 4, heads_kv: Some(2), softcap: 2.0, sinks: true, window: (3, 1), ..tiny(6, 9) };
         let mut rng = SplitMix64::new(3);
         let f = |n: u64, rng: &mut SplitMix64| draw(n, rng).iter().map(|&x| x as f32).collect::<Vec<f32>>();

@@ -301,8 +301,9 @@ pub fn floor_of(dtype: Dtype, f32_floor: f64) -> f64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::reference::grad::{attention_backward, Grads};
     use crate::rng::SplitMix64;
@@ -374,8 +375,7 @@ mod tests {
         ]
     }
 
-    #[test]
-    fn in_f32_it_is_the_reference_to_f32_accuracy() {
+    pub fn in_f32_it_is_the_reference_to_f32_accuracy() {
         // Rounding to f32 is the identity, so the naive backward is an independent f32
         // implementation of the same gradients: it must match the f64 reference to f32 accuracy
         // on every option (a wrong D, GQA sum or sink term would be off by 1e-2 or more).
@@ -396,8 +396,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn in_bf16_and_f16_it_costs_what_16_bit_rounding_costs() {
+    pub fn in_bf16_and_f16_it_costs_what_16_bit_rounding_costs() {
         // Rounding P, dP, dS and the outputs to the dtype (u = 2^-8 bf16, 2^-11 f16) costs about
         // u relative; LSE and d_sinks stay f32-accurate in the row sums they come from, but d_sinks
         // is computed from the rounded P and dP, so it carries their error too.
@@ -426,8 +425,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn wrong_lengths_are_named() {
+    pub fn wrong_lengths_are_named() {
         let c = case(every_option()[0].1, 1);
         let e = naive_backward_in_dtype(&c.p, &c.x[0], &c.x[1], &c.x[2], &c.x[3][1..], &[]).unwrap_err();
         assert!(e.contains("d_o"), "{e}");
@@ -441,8 +439,7 @@ mod tests {
         baseline.iter().zip(reference).map(|(&b, &r)| (r + f * (b as f64 - r)) as f32).collect()
     }
 
-    #[test]
-    fn the_2x_rule_passes_a_good_16_bit_result_and_fails_a_bad_one() {
+    pub fn the_2x_rule_passes_a_good_16_bit_result_and_fails_a_bad_one() {
         let p = Problem { dtype: Dtype::Bf16, ..every_option()[2].1 };
         let c = case(p, 4);
         let (n, r) = (naive(&c), reference(&c));
@@ -468,8 +465,7 @@ mod tests {
         assert!(!check_against_baseline("dq", &n.dq[1..], &r.dq, &n.dq, &[], d, u).passed);
     }
 
-    #[test]
-    fn a_wrong_small_row_fails_though_the_whole_tensor_passes() {
+    pub fn a_wrong_small_row_fails_though_the_whole_tensor_passes() {
         // dO of head 0 is 128x that of head 1 (a power of two: still exact in bf16), and dq is linear in dO: head 0's rows dominate
         // dq's max. A row of head 1 10 % wrong stays under the whole-tensor bound but not under
         // the row bound.
@@ -498,8 +494,7 @@ mod tests {
         assert!(!ch.passed && ch.worst_row == small && ch.rows_over == 1, "{ch:?}");
     }
 
-    #[test]
-    fn where_the_exact_gradient_cancels_the_terms_set_the_scale() {
+    pub fn where_the_exact_gradient_cancels_the_terms_set_the_scale() {
         // One query, one key: P = 1 and dP = D, so the exact dq and dk are 0, and so are the
         // naive backward's in bf16 (P rounds to 1, D = P dP). A kernel's dP - D is a difference
         // of two rounded sums: noise of 1e-6 of the terms' size must pass, measured against the
@@ -519,8 +514,7 @@ mod tests {
         assert!(!check_against_baseline("dq", &wrong, &r.dq, &n.dq, &r.dq_abs, 16, u).passed);
     }
 
-    #[test]
-    fn lse_infinities_must_agree() {
+    pub fn lse_infinities_must_agree() {
         let want = [f64::NEG_INFINITY, 1.0];
         let base = [f32::NEG_INFINITY, 1.0];
         assert!(check_against_baseline("lse", &base, &want, &base, &[], 1, 2e-5).passed);

@@ -1,0 +1,97 @@
+//! memattn's unit tests: the test modules of its sources, compiled into the library by its
+//! feature `unit-tests` (so that the workspace's `cargo test` optimises the library once) and
+//! run from here. `every_unit_test_of_the_sources_runs_here` fails when a source gains a test
+//! that this list lacks.
+
+macro_rules! unit_tests {
+    ($($module:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
+        $(mod $module {
+            $(#[test] fn $name() { memattn::unit_tests::$module::$name() })*
+        })*
+        /// Every test named above, as `path::of::module::name` in the crate.
+        const LISTED: &[(&str, &[&str])] = &[$((stringify!($module), &[$(stringify!($name)),*])),*];
+    };
+}
+
+unit_tests! {
+    attn_alias: [nested_strides_are_one_to_one_and_shared_ones_are_not],
+    attn_backward: [gradients_match_the_f64_reference, tensor_core_gradients_match_the_f64_reference, compact_backward_runs_where_shared_memory_is_small, varlen_gradients_match_the_f64_reference, atomic_dq_adds_survive_several_workers, deterministic_mode_is_bitwise_reproducible_and_right, the_workspace_is_stated_exactly, the_allocating_form_returns_verified_gradients, refusals_are_typed],
+    attn_naive_backward: [naive_gradients_match_the_f64_reference, the_workspace_is_p_and_ds_exactly, refusals_are_typed],
+    cp: [segments_cover_the_sequence_once, block_plans_reproduce_the_global_mask, overlap_model_orders_the_strategies, strategies_parse_and_print],
+    cp_grouped: [a_ring_and_an_all_gather_pair_up, rendezvous_reports_a_group_that_would_hang, calls_that_do_not_pair_up_fail_instead_of_hanging],
+    decode: [heuristic_matches_flash_attention_2_on_known_cases, the_benchmark_plan_fills_the_modelled_gpu, sizes_are_exact_and_refuse_what_does_not_fit, shape_rules_are_named, non_finite_sinks_are_refused_and_underflow_is_not_an_error, reference_with_a_sink_known_answer, fp8_reference_reads_the_bytes_and_scale_rules_are_named, merge_reference_known_answers],
+    dtype: [unit_roundoff_is_half_the_gap_after_one, rounding_and_bytes_round_trip],
+    inputs: [parallel_generation_is_the_sequential_stream, kept_normals_are_the_stream_in_any_order_of_draws, bhsd_round_trip_and_strides_agree],
+    layering_tests: [every_subfolder_is_read, module_layers_have_no_cycle, the_checker_sees_imports_and_cycles],
+    memory: [flash_workspace_is_lse_only, sixteen_bit_tensors_take_two_bytes_lse_four],
+    problem: [unmasked_pairs_match_brute_force, gqa_window_and_softcap_are_validated, lists_read_as_prose, zero_sizes_and_head_dims_are_named, dtype_picks_the_kernel_from_the_variant_table, narrow_windows_pick_the_narrow_tiles, alignment_is_checked_for_the_tensor_core_kernels, flops_halve_for_square_causal],
+    ptx: [an_entry_module_keeps_one_entry_and_everything_else, every_committed_entry_makes_a_module_of_its_own, a_module_built_from_other_tiles_is_refused_before_launch, embedded_entries_are_the_variant_table],
+    reference: [every_vector_level_gives_the_same_bits, hand_computed_two_keys, dots_have_the_bits_of_a_plain_sum, visible_keys_are_the_keys_the_rule_shows, window_ranges_match_the_rule_on_every_key, hand_computed_gqa_sinks_and_softcap, causal_bottom_right_masks_and_empty_rows, sample_is_distinct_sorted_and_seeded],
+    reference_grad: [finite_differences_agree_on_every_option, a_wrong_derivative_is_caught, forward64_matches_the_reference],
+    rng: [reproducible_and_roughly_normal, skipped_continues_the_same_stream],
+    verify: [naive_rows_give_the_same_bits_at_every_vector_level, exact_copy_passes_and_masked_row_is_minus_inf, nan_unwritten_inf_and_wrong_values_fail, bf16_bound_is_twice_the_naive_in_dtype_baseline_with_floors, floor_keeps_an_exact_baseline_from_failing_a_rounded_result, f32_absolute_bounds_scale_with_magnitude],
+    verify_underflow_tests: [a_correct_underflow_to_zero_passes_and_a_wrong_value_does_not],
+    verify_row_local_tests: [one_large_head_does_not_hide_the_errors_of_the_others, row_scale_is_the_magnitude_of_the_values_averaged],
+    verify_grad: [in_f32_it_is_the_reference_to_f32_accuracy, in_bf16_and_f16_it_costs_what_16_bit_rounding_costs, wrong_lengths_are_named, the_2x_rule_passes_a_good_16_bit_result_and_fails_a_bad_one, a_wrong_small_row_fails_though_the_whole_tensor_passes, where_the_exact_gradient_cancels_the_terms_set_the_scale, lse_infinities_must_agree],
+}
+
+/// The public functions of the sources' unit-test modules, found in the text (a module behind
+/// `#[cfg(... "unit-tests" ...)]` and its attributes, its functions at one level of indentation): each must be in
+/// the list above, or it would never run.
+#[test]
+fn every_unit_test_of_the_sources_runs_here() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../memattn/src");
+    let mut found: Vec<(String, String)> = Vec::new();
+    for file in walk(&src) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let rel = file.strip_prefix(&src).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().to_string()).collect();
+        if parts.last().is_some_and(|p| p == "lib" || p == "mod") {
+            parts.pop();
+        }
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            if !(line.starts_with("#[cfg(") && line.contains("\"unit-tests\"")) {
+                continue;
+            }
+            while lines.peek().is_some_and(|l| l.starts_with("#[")) {
+                lines.next();
+            }
+            let Some(module) = lines.peek().and_then(|l| l.strip_prefix("pub mod ")).and_then(|l| l.strip_suffix(" {"))
+            else {
+                continue;
+            };
+            let mut alias = parts.clone();
+            if module != "tests" {
+                alias.push(module.to_string());
+            }
+            let alias = if alias.is_empty() { module.to_string() } else { alias.join("_") };
+            for l in lines.by_ref().skip(1).take_while(|l| *l != "}") {
+                if let Some(rest) = l.strip_prefix("    pub fn ") {
+                    let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    found.push((alias.clone(), name));
+                }
+            }
+        }
+    }
+    assert!(found.len() >= 60, "only {} unit tests found in {}", found.len(), src.display());
+    let listed = |m: &str, n: &str| LISTED.iter().any(|(lm, names)| *lm == m && names.contains(&n));
+    let missing: Vec<_> = found.iter().filter(|(m, n)| !listed(m, n)).collect();
+    assert!(missing.is_empty(), "unit tests of memattn/src not run by tests/tests/unit.rs: {missing:?}");
+    let count: usize = LISTED.iter().map(|(_, n)| n.len()).sum();
+    assert_eq!(count, found.len(), "tests/tests/unit.rs lists tests that memattn/src does not have");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
