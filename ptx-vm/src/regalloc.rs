@@ -29,7 +29,7 @@
 //! A traced launch runs the program as written: its trace names registers by slot.
 
 use crate::ir::{Op, Program, Slot, NONE};
-use crate::reginit::{get, Flow};
+use crate::reginit::{bits, get, Flow};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -153,19 +153,10 @@ fn assign(prog: &Program) -> Option<Vec<Slot>> {
         lo[s as usize] = lo[s as usize].min(pc as u32);
         hi[s as usize] = hi[s as usize].max(pc as u32);
     };
-    let each = |set: &[u64], f: &mut dyn FnMut(Slot)| {
-        for (w, &bits) in set.iter().enumerate() {
-            let mut bits = bits;
-            while bits != 0 {
-                f((w * 64) as Slot + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
-    };
     for (b, &start) in f.starts.iter().enumerate() {
         let end = f.starts.get(b + 1).copied().unwrap_or(n);
-        each(f.live_in(b), &mut |s| widen(s, start));
-        each(&f.live_out(b), &mut |s| widen(s, end - 1));
+        bits(f.live_in(b)).for_each(|s| widen(s, start));
+        bits(&f.live_out(b)).for_each(|s| widen(s, end - 1));
         for pc in start..end {
             f.srcs[pc].iter().chain(&prog.insts[pc].op.dsts()).for_each(|&s| widen(s, pc));
         }

@@ -33,6 +33,14 @@ pub(crate) fn set(v: &mut [u64], s: Slot) {
     v[s as usize / 64] |= 1 << (s % 64);
 }
 
+/// The slots in the bit set `v`, ascending.
+pub(crate) fn bits(v: &[u64]) -> impl Iterator<Item = Slot> + '_ {
+    v.iter().enumerate().flat_map(|(w, &word)| {
+        std::iter::successors((word != 0).then_some(word), |&b| Some(b & (b - 1)).filter(|&b| b != 0))
+            .map(move |b| (w * 64) as Slot + b.trailing_zeros())
+    })
+}
+
 /// A program's control flow and the liveness of its slots (one thread's paths).
 pub(crate) struct Flow {
     /// Words of a slot bit set.

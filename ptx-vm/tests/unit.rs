@@ -3,17 +3,11 @@
 //! once) and run from here. `every_unit_test_of_the_sources_runs_here` fails when a source
 //! gains a test that this list lacks.
 
-macro_rules! unit_tests {
-    ($($module:ident: [$($(#[$attr:meta])* $name:ident),* $(,)?]),* $(,)?) => {
-        $(mod $module {
-            $(#[test] $(#[$attr])* fn $name() { ptx_vm::unit_tests::$module::$name() })*
-        })*
-        /// Every test named above, as `module::name`.
-        const LISTED: &[&str] = &[$($(concat!(stringify!($module), "::", stringify!($name))),*),*];
-    };
-}
+#[macro_use]
+mod unit_list;
 
 unit_tests! {
+    ptx_vm;
     banks: [consecutive_words_are_one_wavefront_and_a_stride_of_32_words_is_32, wide_accesses_go_in_half_and_quarter_warps],
     exec: [ex2_of_a_full_warp_matches_exp2_lane_by_lane, #[ignore = "every 32-bit input: about 70 s in a release build"] ex2_every_pattern_matches_exp2, full_warp_fast_paths_match_the_general_functions, bf16_rounding_without_branches_matches_half, setp_fast_loops_match_compare, b32_address_check_and_gather_match_the_scalar_path, f32_warp_ops_match_the_lane_loops, guard_mask_takes_bit_0_of_every_lane, fma_fast_path_matches_portable],
     hopper: [encode_decode_round_trip_and_corruption, validation_follows_cu_tensor_map_encode_tiled, rows_clip_to_the_tensor],
@@ -28,41 +22,8 @@ unit_tests! {
     wgmma: [descriptor_fields, fragment_maps_cover_the_tile_once],
 }
 
-/// The public functions of the sources' `tests` modules, found in the text: each must be in the
-/// list above (a test left out would never run).
+/// Every unit test of the sources is in the list above (one left out would never run).
 #[test]
 fn every_unit_test_of_the_sources_runs_here() {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
-    let mut found = Vec::new();
-    let mut files: Vec<_> = walk(&src);
-    files.sort();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let Some(at) = text.find("\npub mod tests {\n") else { continue };
-        let module = file.file_stem().unwrap().to_string_lossy().to_string();
-        for line in text[at..].lines() {
-            if let Some(rest) = line.strip_prefix("    pub fn ") {
-                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                found.push(format!("{module}::{name}"));
-            }
-        }
-    }
-    assert!(found.len() >= 30, "only {} unit tests found in {}", found.len(), src.display());
-    let missing: Vec<_> = found.iter().filter(|f| !LISTED.contains(&f.as_str())).collect();
-    assert!(missing.is_empty(), "unit tests of ptx-vm/src not run by ptx-vm/tests/unit.rs: {missing:?}");
-    let stale: Vec<_> = LISTED.iter().filter(|l| !found.iter().any(|f| f == *l)).collect();
-    assert!(stale.is_empty(), "listed in ptx-vm/tests/unit.rs but not in ptx-vm/src: {stale:?}");
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out
+    unit_list::check_listed(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../src"), LISTED, 30);
 }

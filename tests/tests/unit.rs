@@ -3,17 +3,12 @@
 //! run from here. `every_unit_test_of_the_sources_runs_here` fails when a source gains a test
 //! that this list lacks.
 
-macro_rules! unit_tests {
-    ($($module:ident: [$($name:ident),* $(,)?]),* $(,)?) => {
-        $(mod $module {
-            $(#[test] fn $name() { memattn::unit_tests::$module::$name() })*
-        })*
-        /// Every test named above, as `path::of::module::name` in the crate.
-        const LISTED: &[(&str, &[&str])] = &[$((stringify!($module), &[$(stringify!($name)),*])),*];
-    };
-}
+#[macro_use]
+#[path = "../../ptx-vm/tests/unit_list.rs"]
+mod unit_list;
 
 unit_tests! {
+    memattn;
     attn_alias: [nested_strides_are_one_to_one_and_shared_ones_are_not],
     attn_backward: [gradients_match_the_f64_reference, tensor_core_gradients_match_the_f64_reference, compact_backward_runs_where_shared_memory_is_small, varlen_gradients_match_the_f64_reference, atomic_dq_adds_survive_several_workers, deterministic_mode_is_bitwise_reproducible_and_right, the_workspace_is_stated_exactly, the_allocating_form_returns_verified_gradients, refusals_are_typed],
     attn_naive_backward: [naive_gradients_match_the_f64_reference, the_workspace_is_p_and_ds_exactly, refusals_are_typed],
@@ -35,63 +30,8 @@ unit_tests! {
     verify_grad: [in_f32_it_is_the_reference_to_f32_accuracy, in_bf16_and_f16_it_costs_what_16_bit_rounding_costs, wrong_lengths_are_named, the_2x_rule_passes_a_good_16_bit_result_and_fails_a_bad_one, a_wrong_small_row_fails_though_the_whole_tensor_passes, where_the_exact_gradient_cancels_the_terms_set_the_scale, lse_infinities_must_agree],
 }
 
-/// The public functions of the sources' unit-test modules, found in the text (a module behind
-/// `#[cfg(... "unit-tests" ...)]` and its attributes, its functions at one level of indentation): each must be in
-/// the list above, or it would never run.
+/// Every unit test of the sources is in the list above (one left out would never run).
 #[test]
 fn every_unit_test_of_the_sources_runs_here() {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../memattn/src");
-    let mut found: Vec<(String, String)> = Vec::new();
-    for file in walk(&src) {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let rel = file.strip_prefix(&src).unwrap().with_extension("");
-        let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().to_string()).collect();
-        if parts.last().is_some_and(|p| p == "lib" || p == "mod") {
-            parts.pop();
-        }
-        let mut lines = text.lines().peekable();
-        while let Some(line) = lines.next() {
-            if !(line.starts_with("#[cfg(") && line.contains("\"unit-tests\"")) {
-                continue;
-            }
-            while lines.peek().is_some_and(|l| l.starts_with("#[")) {
-                lines.next();
-            }
-            let Some(module) = lines.peek().and_then(|l| l.strip_prefix("pub mod ")).and_then(|l| l.strip_suffix(" {"))
-            else {
-                continue;
-            };
-            let mut alias = parts.clone();
-            if module != "tests" {
-                alias.push(module.to_string());
-            }
-            let alias = if alias.is_empty() { module.to_string() } else { alias.join("_") };
-            for l in lines.by_ref().skip(1).take_while(|l| *l != "}") {
-                if let Some(rest) = l.strip_prefix("    pub fn ") {
-                    let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                    found.push((alias.clone(), name));
-                }
-            }
-        }
-    }
-    assert!(found.len() >= 60, "only {} unit tests found in {}", found.len(), src.display());
-    let listed = |m: &str, n: &str| LISTED.iter().any(|(lm, names)| *lm == m && names.contains(&n));
-    let missing: Vec<_> = found.iter().filter(|(m, n)| !listed(m, n)).collect();
-    assert!(missing.is_empty(), "unit tests of memattn/src not run by tests/tests/unit.rs: {missing:?}");
-    let count: usize = LISTED.iter().map(|(_, n)| n.len()).sum();
-    assert_eq!(count, found.len(), "tests/tests/unit.rs lists tests that memattn/src does not have");
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
+    unit_list::check_listed(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../memattn/src"), LISTED, 60);
 }
