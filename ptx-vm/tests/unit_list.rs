@@ -79,7 +79,7 @@ pub fn check_listed(src: &Path, listed: &[(&str, &[&str])], at_least: usize) {
     assert_eq!(count, found.len(), "the runner lists tests that {} does not have", src.display());
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();

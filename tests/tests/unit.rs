@@ -35,3 +35,33 @@ unit_tests! {
 fn every_unit_test_of_the_sources_runs_here() {
     unit_list::check_listed(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../memattn/src"), LISTED, 60);
 }
+
+/// The targets built with `test = false` (no unit-test build: memattn's and ptx-vm's libraries,
+/// whose tests run from a `unit` runner, the command's binary, and the libraries without unit
+/// tests) have no test module a `cargo test` would skip: memattn's and ptx-vm's tests are
+/// behind `unit-tests` (listed above and in ptx-vm-tests), the others have none.
+#[test]
+fn no_unit_test_hides_in_a_target_cargo_test_does_not_build() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    let mut files = 0;
+    for dir in ["memattn/src", "ptx-vm/src", "host/src/cli", "memattn-candle/src", "lessons/src", "tests/src"] {
+        for file in unit_list::walk(&root.join(dir)) {
+            files += 1;
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                // `#[test]` deeper than one level is a macro's (tests/src's device_tests!).
+                if line.trim_start().starts_with("#[cfg(test)]") || line == "#[test]" || line == "    #[test]" {
+                    found.push(format!("{}:{}", file.strip_prefix(&root).unwrap_or(&file).display(), n + 1));
+                }
+            }
+        }
+    }
+    let main = root.join("host/src/main.rs");
+    files += 1;
+    if std::fs::read_to_string(&main).unwrap().contains("#[test]") {
+        found.push("host/src/main.rs".into());
+    }
+    assert!(files > 60, "only {files} source files read");
+    assert!(found.is_empty(), "tests in targets with `test = false` (they would never run): {found:?}");
+}

@@ -6,7 +6,7 @@ use memattn_cli::device::Device;
 use memattn_cli::error::{exit, Error};
 use memattn_cli::memory::AnalyticBytes;
 use memattn_cli::problem::{KernelKind, Problem, ProblemError};
-use memattn_cli::report::{describe_problem, human_bytes, table};
+use memattn_cli::report::{describe_problem, entries_label, human_bytes, table};
 use memattn_cli::runner::RunReport;
 use serde::Serialize;
 
@@ -483,40 +483,5 @@ pub fn format_tflops(t: f64) -> String {
         format!("{t:.3}")
     } else {
         format!("{t:.2e}")
-    }
-}
-
-/// The kernels of one run, compact: `naive_{scores,softmax,pv}_f32` for the three naive steps.
-fn entries_label<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    let names: Vec<&str> = names.collect();
-    if names.len() < 2 {
-        return names.concat();
-    }
-    let first = names[0];
-    // The longest common prefix that ends at an `_` (`naive_` for the forward's three steps,
-    // `naive_bwd_` for the backward's four).
-    let common = names
-        .iter()
-        .fold(first.len(), |n, other| first.bytes().zip(other.bytes()).take(n).take_while(|(a, b)| a == b).count());
-    let prefix = first[..common].rfind('_').map(|i| &first[..=i]).unwrap_or("");
-    let suffix = first.rfind('_').map(|i| &first[i..]).unwrap_or("");
-    if names.iter().all(|n| n.starts_with(prefix) && n.ends_with(suffix) && n.len() > prefix.len() + suffix.len()) {
-        let middles: Vec<&str> = names.iter().map(|n| &n[prefix.len()..n.len() - suffix.len()]).collect();
-        format!("{prefix}{{{}}}{suffix}", middles.join(","))
-    } else {
-        names.join("+")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn entries_label_is_compact() {
-        let naive = ["naive_scores_f32", "naive_softmax_f32", "naive_pv_f32"];
-        assert_eq!(super::entries_label(naive.into_iter()), "naive_{scores,softmax,pv}_f32");
-        assert_eq!(super::entries_label(["flash_fwd_bf16_d64"].into_iter()), "flash_fwd_bf16_d64");
-        assert_eq!(super::entries_label(["a_x", "b_y"].into_iter()), "a_x+b_y");
-        let bwd = ["naive_bwd_p_f32", "naive_bwd_ds_f32", "naive_bwd_dq_f32", "naive_bwd_dkv_f32"];
-        assert_eq!(super::entries_label(bwd.into_iter()), "naive_bwd_{p,ds,dq,dkv}_f32");
     }
 }

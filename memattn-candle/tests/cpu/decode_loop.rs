@@ -4,9 +4,8 @@
 //! written with candle's own ops over every key appended so far. At the end the paged cache,
 //! gathered through the block table, holds exactly the appended keys and values.
 
-mod common;
+use crate::common::candle_decode_attention;
 use candle_core::{DType, Device, IndexOp, Tensor};
-use common::candle_decode_attention;
 use memattn_candle::{check_kv_status, flash_attn_with_kvcache_opts, KvCacheOpts};
 
 #[test]
