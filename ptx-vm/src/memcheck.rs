@@ -448,7 +448,10 @@ impl RaceState {
         if self.atomic || self.warp >= 32 || exec == 0 {
             return true;
         }
-        debug_assert!(matches!(span, 1 | 2 | 4) && first.iter().all(|&i| i % span == 0));
+        assert!(
+            matches!(span, 1 | 2 | 4) && (0..32).all(|l| exec >> l & 1 == 0 || first[l] & (span - 1) == 0),
+            "rows of whole aligned spans"
+        );
         let (lo, hi) = word_bounds(exec, first, span);
         self.settle_pending(lo, hi);
         assert!(hi < self.wr.len() as u32, "racecheck shadow covers the window");

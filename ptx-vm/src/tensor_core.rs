@@ -91,7 +91,7 @@ pub(crate) fn mma_f32_acc(
     b: &[[u32; 2]; 32],
     c: &[[f32; 4]; 32],
 ) -> [[f32; 4]; 32] {
-    debug_assert!(k == 8 || k == 16);
+    assert!(k == 8 || k == 16);
     let am = gather_a(kind, k, a);
     let bm = gather_b(kind, k, b);
     // Each output is c + a0 b0 + a1 b1 + ... in this order (one rounding to f32 at the end);
@@ -183,7 +183,7 @@ fn mma_rows_avx512<const K: usize>(
     use std::arch::x86_64::*;
     // The low 32 bits of 4 lanes (8 halves, lane order, low half first) as 8 f64.
     let conv8 = |p: &[u64]| -> __m512d {
-        debug_assert!(p.len() >= 4);
+        assert!(p.len() >= 4);
         // SAFETY: `p` has at least 4 elements (32 bytes); unaligned loads are allowed.
         let v = unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) };
         let h = _mm256_cvtepi64_epi32(v);
@@ -406,7 +406,7 @@ fn mma_rows_fallback(
 /// destination registers: without `.trans`, reg `m` of lane `l` holds `M_m[l / 4][2 (l % 4) ..+2]`;
 /// with `.trans`, it holds `M_m[2 (l % 4)][l / 4]` (lo) and `M_m[2 (l % 4) + 1][l / 4]` (hi).
 pub(crate) fn ldmatrix(num: usize, trans: bool, rows: &[[[u16; 8]; 8]]) -> [[u32; 4]; 32] {
-    debug_assert!(matches!(num, 1 | 2 | 4) && rows.len() >= num);
+    assert!(matches!(num, 1 | 2 | 4) && rows.len() >= num);
     let mut out = [[0u32; 4]; 32];
     for (lane, regs) in out.iter_mut().enumerate() {
         let (r, c) = (lane / 4, 2 * (lane % 4));
