@@ -1069,12 +1069,12 @@ pub fn summary(r: &BackwardReport) -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn a_tensor_passes_within_the_bound_and_fails_past_it_or_on_nan() {
+    pub fn a_tensor_passes_within_the_bound_and_fails_past_it_or_on_nan() {
         let want = [0.5f64, -2.0, 0.0];
         // Bound: 2e-5 * max|ref| = 4e-5.
         assert!(check_tensor("dq", &[0.5, -2.0 + 3e-5, 0.0], &want).passed);
@@ -1089,16 +1089,14 @@ mod tests {
         assert!(!check_tensor("dv", &[1e-7, 0.0], &[0.0, 0.0]).passed);
     }
 
-    #[test]
-    fn lse_infinities_must_agree() {
+    pub fn lse_infinities_must_agree() {
         let want = [f64::NEG_INFINITY, 1.0];
         assert!(check_tensor("lse", &[f32::NEG_INFINITY, 1.0], &want).passed);
         assert!(!check_tensor("lse", &[0.0, 1.0], &want).passed);
         assert!(!check_tensor("lse", &[f32::NEG_INFINITY, f32::NEG_INFINITY], &want).passed);
     }
 
-    #[test]
-    fn expected_bytes_name_every_buffer() {
+    pub fn expected_bytes_name_every_buffer() {
         // batch 2, heads 4 over 2 K/V heads, seq_q 3, seq_kv 5, d 64.
         let p = Problem { batch: 2, heads: 4, heads_kv: Some(2), seq_q: 3, seq_kv: 5, ..Problem::default() };
         let e = BackwardBytes::new(&p, false).unwrap();
@@ -1138,8 +1136,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_short_sequence_is_held_to_its_own_scale() {
+    pub fn a_short_sequence_is_held_to_its_own_scale() {
         // Sequence 1's dO is 1000x sequence 0's, so are its gradients: sequence 0's dq 1 % wrong
         // stays under the whole tensor's bound, not under its own.
         let base = Problem { heads: 2, heads_kv: Some(1), head_dim: 8, causal: true, ..Problem::default() };
@@ -1164,8 +1161,7 @@ mod tests {
         assert!(verify_sequences(&base, &out, &want, None).is_empty());
     }
 
-    #[test]
-    fn a_16_bit_run_is_held_to_twice_the_naive_backward() {
+    pub fn a_16_bit_run_is_held_to_twice_the_naive_backward() {
         // bf16, GQA, sinks, fully masked rows, varlen: the exact gradients rounded to bf16 once
         // pass; the naive backward's errors times twelve fail, whole and per sequence.
         let base = Problem {
@@ -1199,8 +1195,7 @@ mod tests {
         assert!(verify_sequences(&p, &bad, &want, Some(&naive)).iter().any(|s| !s.passed));
     }
 
-    #[test]
-    fn refusals_name_the_limit() {
+    pub fn refusals_name_the_limit() {
         let p = Problem::default();
         assert!(check_supported(&p, KernelKind::Flash).is_ok());
         // Packed sequences run the varlen backward.

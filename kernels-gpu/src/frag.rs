@@ -131,8 +131,9 @@ pub fn quad_sum(x: f32) -> f32 {
     x + shfl_xor(x, 2)
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// Element `e` of tile `n` of lane `(g, t)`: its (row, column) in the 16 x 8N tile.
@@ -141,8 +142,7 @@ mod tests {
         (g + 8 * acc_row(e), 2 * t + acc_col(n, e))
     }
 
-    #[test]
-    fn every_accumulator_element_is_held_once() {
+    pub fn every_accumulator_element_is_held_once() {
         let mut seen = [[0u8; 16]; 16];
         for lane in 0..32 {
             for n in 0..2 {
@@ -155,8 +155,7 @@ mod tests {
         assert!(seen.iter().flatten().all(|&k| k == 1));
     }
 
-    #[test]
-    fn ldmatrix_lanes_address_the_documented_matrices() {
+    pub fn ldmatrix_lanes_address_the_documented_matrices() {
         // Lanes 8i..8i+8 give the row addresses of matrix i.
         for lane in 0..32 {
             let i = lane / 8;
@@ -166,8 +165,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn row_max_mask_pack_and_scale_follow_the_layout() {
+    pub fn row_max_mask_pack_and_scale_follow_the_layout() {
         // Tile n, element e holds 10n + e: distinct values that name their position.
         let mut s: [Acc; 4] = core::array::from_fn(|n| core::array::from_fn(|e| (10 * n + e) as f32));
         assert_eq!(row_max(&s, 0, f32::NEG_INFINITY), 31.0);

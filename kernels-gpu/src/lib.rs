@@ -66,6 +66,21 @@ pub use variants::{Elem, Family, KernelId, Variant, WindowRule, VARIANTS};
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod artifacts;
 
+/// The unit tests, for `memattn-tests` to run (its test `unit`); not an API.
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[doc(hidden)]
+pub mod unit_tests {
+    pub use crate::abi::tests as abi;
+    pub use crate::artifacts::tests as artifacts;
+    pub use crate::decode_abi::tests as decode_abi;
+    pub use crate::fp8::tests as fp8;
+    pub use crate::frag::tests as frag;
+    pub use crate::mask::tests as mask;
+    pub use crate::softmax::tests as softmax;
+    pub use crate::swizzle::tests as swizzle;
+    pub use crate::variants::tests as variants;
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(any(doc, target_arch = "nvptx64"))]

@@ -31,12 +31,12 @@ pub const fn key_range(causal: bool, left: i32, right: i32, i: u32, seq_q: u32, 
     (start, end)
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn bottom_right_aligned_windows() {
+    pub fn bottom_right_aligned_windows() {
         // 3 queries, 10 keys: diagonals 7, 8, 9.
         assert_eq!(key_range(true, -1, -1, 0, 3, 10), (0, 8));
         assert_eq!(key_range(false, -1, -1, 0, 3, 10), (0, 10));
@@ -55,8 +55,7 @@ mod tests {
     }
 
     /// Against a key-by-key restatement of the rule, over small shapes and every window.
-    #[test]
-    fn matches_the_rule_key_by_key() {
+    pub fn matches_the_rule_key_by_key() {
         for seq_q in 0..6u32 {
             for seq_kv in 0..7u32 {
                 for causal in [false, true] {

@@ -208,8 +208,9 @@ pub fn softcap2(x: f32, cap2: f32) -> f32 {
     cap2 * tanh(x)
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// Online softmax over `tiles` of scores (natural-log domain) with values `v`, against the
@@ -239,8 +240,7 @@ mod tests {
         (o, m + l.ln())
     }
 
-    #[test]
-    fn matches_the_two_pass_softmax_for_any_tiling() {
+    pub fn matches_the_two_pass_softmax_for_any_tiling() {
         // Scores rising across tiles (every tile rescales), a masked prefix, and large magnitudes.
         let scores: Vec<f64> = (0..37)
             .map(|i| if i < 5 { f64::NEG_INFINITY } else { (i as f64 * 0.37).sin() * 6.0 + i as f64 * 0.2 })
@@ -282,8 +282,7 @@ mod tests {
         ((acc * inv_l) as f64, lse as f64, rescales)
     }
 
-    #[test]
-    fn lazy_rescaling_matches_the_two_pass_softmax_and_skips_small_rises() {
+    pub fn lazy_rescaling_matches_the_two_pass_softmax_and_skips_small_rises() {
         // Scores rising by 0.5 per key (0.72 in log2): one key at a time the base trails by up
         // to 8 and is raised every 12th key (6 times in 64); a tile of 16 rises by 11.5, so every
         // tile rescales (4, 2 and 1 times in tiles of 16, 32, 64). Scores that barely rise
@@ -306,8 +305,7 @@ mod tests {
         assert_eq!((o, lse, rescales), (0.0, f64::NEG_INFINITY, 0));
     }
 
-    #[test]
-    fn softcap_is_tanh_and_saturates() {
+    pub fn softcap_is_tanh_and_saturates() {
         for x in [-50.0f32, -3.0, -0.7, -1e-4, 0.0, 1e-4, 0.3, 2.5, 40.0, 1e30] {
             let want = 2.0 * (x as f64).tanh() * LOG2E as f64;
             let got = softcap2(x, 2.0 * LOG2E) as f64;
@@ -318,8 +316,7 @@ mod tests {
     /// Relative error against f64 across the small-argument range, where `cap · tanh(s / cap)`
     /// needs it (a cap of 1e6 puts ordinary scores at `|x|` near 1e-6), through the switch to the
     /// `ex2` form, and saturation.
-    #[test]
-    fn tanh_has_a_small_relative_error_for_tiny_arguments() {
+    pub fn tanh_has_a_small_relative_error_for_tiny_arguments() {
         let mut x = 1e-9f32;
         while x < 20.0 {
             for v in [x, -x] {
@@ -340,8 +337,7 @@ mod tests {
         assert!((s as f64 - 1.5).abs() < 1e-6, "{s}");
     }
 
-    #[test]
-    fn a_sink_joins_the_denominator_only() {
+    pub fn a_sink_joins_the_denominator_only() {
         // Scores (natural log) 0 and ln 3 with values 4 and 8, sink ln 4: the probabilities are
         // 1/8 and 3/8 (the sink takes 4/8), O = (4 + 24) / 8 = 3.5, LSE = ln 8.
         let mut st = OnlineSoftmax::new();
@@ -364,8 +360,7 @@ mod tests {
         assert!((lseh - 1e30).abs() < 1e24);
     }
 
-    #[test]
-    fn a_row_that_sees_nothing_gives_zero_and_minus_infinity() {
+    pub fn a_row_that_sees_nothing_gives_zero_and_minus_infinity() {
         let scores = [f64::NEG_INFINITY; 10];
         let (o, lse) = online(&scores, &[3.0; 10], 4);
         assert_eq!((o, lse), (0.0, f64::NEG_INFINITY));

@@ -135,8 +135,9 @@ pub const fn bank_group(addr: u32) -> u32 {
     (addr / CHUNK as u32) % 8
 }
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
     /// The 8 rows one `ldmatrix` phase reads (rows `r0..r0 + 8`, one logical chunk) hit 8 distinct
@@ -159,8 +160,7 @@ mod tests {
         assert_eq!(distinct, if D.is_multiple_of(64) { 1 } else { 2 }, "D={D}: {plain:?}");
     }
 
-    #[test]
-    fn ldmatrix_phases_hit_eight_distinct_bank_groups() {
+    pub fn ldmatrix_phases_hit_eight_distinct_bank_groups() {
         check_phases::<32>();
         check_phases::<64>();
         check_phases::<96>();
@@ -184,8 +184,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn xor_lane_addresses_agree_with_the_swizzle() {
+    pub fn xor_lane_addresses_agree_with_the_swizzle() {
         fn check<const D: usize>() {
             for row in 0..16 {
                 for hi in 0..2 {
@@ -205,8 +204,7 @@ mod tests {
         check::<256>();
     }
 
-    #[test]
-    fn tile_lanes_agree_with_the_swizzle_at_every_head_dim() {
+    pub fn tile_lanes_agree_with_the_swizzle_at_every_head_dim() {
         fn check<const D: usize>() {
             for row in 0..16 {
                 for hi in 0..2 {
@@ -228,8 +226,7 @@ mod tests {
         check::<256>();
     }
 
-    #[test]
-    fn lane_addresses_agree_with_the_swizzle() {
+    pub fn lane_addresses_agree_with_the_swizzle() {
         check_lanes::<32>();
         check_lanes::<64>();
         check_lanes::<96>();
@@ -238,8 +235,7 @@ mod tests {
         check_lanes::<256>();
     }
 
-    #[test]
-    fn the_swizzle_permutes_chunks_within_a_row() {
+    pub fn the_swizzle_permutes_chunks_within_a_row() {
         for d in [32, 64, 96, 128, 192, 256] {
             for row in 0..16 {
                 let mut offs: Vec<usize> = (0..d / 8).map(|c| swizzled_offset(d, row, c)).collect();

@@ -1433,12 +1433,12 @@ const _: () = {
     }
 };
 
-#[cfg(all(test, not(target_arch = "nvptx64")))]
-mod tests {
+#[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
+#[allow(rustdoc::private_intra_doc_links)]
+pub mod tests {
     use super::*;
 
-    #[test]
-    fn the_backward_picks_its_main_kernel_by_shared_memory() {
+    pub fn the_backward_picks_its_main_kernel_by_shared_memory() {
         let main = |e, d, smem| KernelId::flash_bwd_for(e, d, smem).map(|k| k[1].name());
         for (e, x) in [(Elem::Bf16, "bf16"), (Elem::F16, "f16")] {
             for d in [64, 128] {
@@ -1456,8 +1456,7 @@ mod tests {
         assert_eq!(main(Elem::F32, 64, 0), Some("flash_bwd_f32_d64"));
     }
 
-    #[test]
-    fn lookups_find_exactly_the_table_rows() {
+    pub fn lookups_find_exactly_the_table_rows() {
         assert_eq!(KernelId::flash(Elem::F32, 64), Some(KernelId::FlashFwdF32D64));
         assert_eq!(KernelId::flash(Elem::F32, 128), Some(KernelId::FlashFwdF32D128));
         assert_eq!(KernelId::flash(Elem::Bf16, 64), Some(KernelId::FlashFwdBf16D64));
@@ -1481,8 +1480,7 @@ mod tests {
         assert_eq!(KernelId::from_name("flash_fwd_f32_d80"), None);
     }
 
-    #[test]
-    fn fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine() {
+    pub fn fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine() {
         assert_eq!(
             KernelId::decode(Elem::Fp8E4m3, 128),
             Some([KernelId::DecodeMmaFp8E4m3D128, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E4m3])
@@ -1510,8 +1508,7 @@ mod tests {
         assert_eq!(KernelId::DecodeMmaFp8E4m3D64.variant().param_bytes(), 264);
     }
 
-    #[test]
-    fn backward_rows_and_their_geometry() {
+    pub fn backward_rows_and_their_geometry() {
         assert_eq!(
             KernelId::flash_bwd(Elem::F32, 64),
             Some([KernelId::BwdPreF32, KernelId::FlashBwdF32D64, KernelId::BwdConvertF32])
@@ -1535,8 +1532,7 @@ mod tests {
         assert_eq!(m.launch(LaunchShape { batch: 1, heads: 1, seq_q: 1, seq_kv: 1 }), None);
     }
 
-    #[test]
-    fn naive_backward_rows_and_their_geometry() {
+    pub fn naive_backward_rows_and_their_geometry() {
         assert_eq!(
             KernelId::naive_bwd(Elem::F32),
             Some([KernelId::NaiveBwdPF32, KernelId::NaiveBwdDsF32, KernelId::NaiveBwdDqF32, KernelId::NaiveBwdDkvF32])
@@ -1555,8 +1551,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn window_rules_choose_rows_and_fall_back_to_the_default() {
+    pub fn window_rules_choose_rows_and_fall_back_to_the_default() {
         // d64 has no narrow row: every window runs the default.
         assert_eq!(KernelId::flash_for(Elem::Bf16, 64, (255, 0)), Some(KernelId::FlashFwdBf16D64));
         assert_eq!(KernelId::flash_for(Elem::F16, 64, (0, 0)), Some(KernelId::FlashFwdF16D64));
@@ -1591,8 +1586,7 @@ mod tests {
         assert_eq!(KernelId::flash_head_dims(Elem::Bf16), vec![32, 64, 96, 128, 192, 256]);
     }
 
-    #[test]
-    fn launch_geometry_derives_from_the_tile() {
+    pub fn launch_geometry_derives_from_the_tile() {
         let s = LaunchShape { batch: 2, heads: 3, seq_q: 130, seq_kv: 300 };
         let l = KernelId::FlashFwdBf16D128.variant().launch(s).unwrap();
         assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([1, 3, 2], [256, 1, 1], 80 * 1024));

@@ -1,7 +1,8 @@
-//! memattn's unit tests: the test modules of its sources, compiled into the library by its
-//! feature `unit-tests` (so that the workspace's `cargo test` optimises the library once) and
-//! run from here. `every_unit_test_of_the_sources_runs_here` fails when a source gains a test
-//! that this list lacks.
+//! The unit tests of memattn, kernels-gpu and memattn-cli: the test modules of their sources,
+//! compiled into each library by its feature `unit-tests` (so that the workspace's `cargo test`
+//! builds each library once, not again for a unit-test harness) and run from here.
+//! `every_unit_test_of_the_sources_runs_here` (one per crate) fails when a source gains a test
+//! that its list lacks.
 
 #[macro_use]
 #[path = "../../ptx-vm/tests/unit_list.rs"]
@@ -36,16 +37,70 @@ fn every_unit_test_of_the_sources_runs_here() {
     unit_list::check_listed(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../memattn/src"), LISTED, 60);
 }
 
-/// The targets built with `test = false` (no unit-test build: memattn's and ptx-vm's libraries,
-/// whose tests run from a `unit` runner, the command's binary, and the libraries without unit
-/// tests) have no test module a `cargo test` would skip: memattn's and ptx-vm's tests are
-/// behind `unit-tests` (listed above and in ptx-vm-tests), the others have none.
+/// kernels-gpu's host-side unit tests (ABI, tiles, masks, swizzles, the variant table, the
+/// committed artifacts).
+mod kernels_gpu_units {
+    unit_tests! {
+        kernels_gpu;
+    abi: [to_bytes_is_the_repr_c_layout, bwd_to_bytes_is_the_repr_c_layout, naive_bwd_to_bytes_is_the_repr_c_layout, key_range_and_kv_head],
+    artifacts: [the_recorded_digests_are_the_texts_digests, build_info_describes_the_committed_ptx, ptxas_report_round_trips_and_covers_every_kernel, the_sm90_module_records_cover_its_rows, the_committed_ptx_exports_the_tables_tile_records, tile_records_parse_bytes_and_words],
+    decode_abi: [splits_cover_every_key_once_in_whole_tiles, params_serialise_in_field_order, cache_rows_of_contiguous_and_paged_layouts],
+    fp8: [decode_matches_the_definition_for_all_256_codes, encode_rounds_to_nearest_even_and_saturates],
+    frag: [every_accumulator_element_is_held_once, ldmatrix_lanes_address_the_documented_matrices, row_max_mask_pack_and_scale_follow_the_layout],
+    mask: [bottom_right_aligned_windows, matches_the_rule_key_by_key],
+    softmax: [matches_the_two_pass_softmax_for_any_tiling, lazy_rescaling_matches_the_two_pass_softmax_and_skips_small_rises, softcap_is_tanh_and_saturates, tanh_has_a_small_relative_error_for_tiny_arguments, a_sink_joins_the_denominator_only, a_row_that_sees_nothing_gives_zero_and_minus_infinity],
+    swizzle: [ldmatrix_phases_hit_eight_distinct_bank_groups, xor_lane_addresses_agree_with_the_swizzle, tile_lanes_agree_with_the_swizzle_at_every_head_dim, lane_addresses_agree_with_the_swizzle, the_swizzle_permutes_chunks_within_a_row],
+    variants: [the_backward_picks_its_main_kernel_by_shared_memory, lookups_find_exactly_the_table_rows, fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine, backward_rows_and_their_geometry, naive_backward_rows_and_their_geometry, window_rules_choose_rows_and_fall_back_to_the_default, launch_geometry_derives_from_the_tile],
+    }
+
+    #[test]
+    fn every_unit_test_of_the_sources_runs_here() {
+        crate::unit_list::check_listed(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels-gpu/src"),
+            LISTED,
+            30,
+        );
+    }
+}
+
+/// memattn-cli's unit tests (files, evidence, plans, charts, the backward's samples, ...).
+mod memattn_cli_units {
+    unit_tests! {
+        memattn_cli;
+    backward_run: [a_tensor_passes_within_the_bound_and_fails_past_it_or_on_nan, lse_infinities_must_agree, expected_bytes_name_every_buffer, a_short_sequence_is_held_to_its_own_scale, a_16_bit_run_is_held_to_twice_the_naive_backward, refusals_name_the_limit],
+    backward_sample: [small_problems_varlen_and_all_are_checked_whole, a_training_sized_problem_is_sampled_within_the_budget, a_row_count_is_met_in_whole_slices_and_sinks_keep_every_batch, gathered_tensors_are_the_sampled_slices, the_reference_of_a_sample_is_the_whole_reference_there],
+    charts: [axis_labels_read_as_units],
+    evidence: [concurrent_appends_never_interleave, a_partial_last_line_does_not_glue_to_the_next_record, argv_changes_name_the_option],
+    files: [atomic_write_replaces_whole_files_and_leaves_no_temporary, a_signal_during_an_atomic_write_removes_the_temporary_file, only_bounded_regular_files_are_read],
+    layering_tests: [module_layers_have_no_cycle],
+    plan: [kv_cache_counts_kv_heads_not_query_heads, windows_cap_the_cache_and_the_key_range, searches_find_the_edge, sizes_parse_with_units],
+    report: [entries_label_is_compact, bytes_are_human],
+    safetensors_io: [dtypes_map_to_safetensors_and_back],
+    timing: [medians],
+    }
+
+    #[test]
+    fn every_unit_test_of_the_sources_runs_here() {
+        crate::unit_list::check_listed(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src"),
+            LISTED,
+            20,
+        );
+    }
+}
+
+/// The targets built with `test = false` (no unit-test build: the libraries whose tests run from
+/// a `unit` runner, the command's binary, and the libraries without unit tests) have no test
+/// module a `cargo test` would skip: the runners' tests are behind `unit-tests` (listed here
+/// and in ptx-vm-tests), the others have none.
 #[test]
 fn no_unit_test_hides_in_a_target_cargo_test_does_not_build() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
     let mut files = 0;
-    for dir in ["memattn/src", "ptx-vm/src", "host/src/cli", "memattn-candle/src", "lessons/src", "tests/src"] {
+    for dir in
+        ["memattn/src", "ptx-vm/src", "kernels-gpu/src", "host/src", "memattn-candle/src", "lessons/src", "tests/src"]
+    {
         for file in unit_list::walk(&root.join(dir)) {
             files += 1;
             let text = std::fs::read_to_string(&file).unwrap();
