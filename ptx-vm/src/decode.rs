@@ -1,6 +1,10 @@
 //! Syntax tree to `Program`s: symbol resolution, register slots, and one decode arm per opcode.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+/// The decoder's maps (names of registers, labels, functions, constants) with foldhash's fast
+/// hasher: decoding a kernel is mostly name lookups, and SipHash was a fifth of its time.
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::ir::*;
 use crate::memory::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
@@ -21,7 +25,7 @@ fn align_up(x: usize, a: usize) -> usize {
 }
 
 pub(crate) fn layout_globals(ast: &ModuleAst, base: u64) -> Result<Globals, LoadError> {
-    let mut addrs = HashMap::new();
+    let mut addrs = HashMap::default();
     let mut size = 0usize;
     let mut placed = Vec::new();
     for v in &ast.vars {
@@ -229,7 +233,7 @@ fn special_of(name: &str) -> Option<Special> {
 
 /// Function name -> index in `ast.funcs` (a definition wins over a declaration).
 pub(crate) fn func_index(ast: &ModuleAst) -> HashMap<String, usize> {
-    let mut index = HashMap::new();
+    let mut index = HashMap::default();
     for (i, f) in ast.funcs.iter().enumerate() {
         if f.body.is_some() || !index.contains_key(f.name.as_str()) {
             index.insert(f.name.clone(), i);
@@ -258,16 +262,16 @@ pub(crate) fn decode_entry(
         insts: Vec::new(),
         texts: Vec::new(),
         slot_names: Vec::new(),
-        consts: HashMap::new(),
+        consts: HashMap::default(),
         const_list: Vec::new(),
-        specials: HashMap::new(),
+        specials: HashMap::default(),
         sink: 0,
-        shared: HashMap::new(),
+        shared: HashMap::default(),
         shared_size: 0,
         shared_align: 1,
         uses_dyn_shared: false,
         local_size: 0,
-        sigs: HashMap::new(),
+        sigs: HashMap::default(),
         queue: Vec::new(),
         call_fixups: Vec::new(),
         copies: Vec::new(),
@@ -281,7 +285,7 @@ pub(crate) fn decode_entry(
     cx.sink = cx.new_slot("_");
     // Kernel parameters.
     let mut params = Vec::new();
-    let mut scope: HashMap<String, Sym> = HashMap::new();
+    let mut scope: HashMap<String, Sym> = HashMap::default();
     let mut off = 0usize;
     for p in &f.params {
         let size = p.size();
@@ -304,7 +308,7 @@ pub(crate) fn decode_entry(
         let start = cx.insts.len() as u32;
         cx.sigs.get_mut(&name).expect("queued function has a signature").start = Some(start);
         let sig = &cx.sigs[&name];
-        let mut scope = HashMap::new();
+        let mut scope = HashMap::default();
         for (p, &(s, n)) in g.params.iter().zip(&sig.params) {
             scope.insert(p.name.clone(), Sym::PVar(s, n));
         }
@@ -404,7 +408,7 @@ fn check_recursion(edges: &[(String, String)], entry: &str, line: usize) -> Resu
 fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> Result<(), LoadError> {
     let body = f.body.as_ref().expect("body").stmts()?;
     let mut scopes: Vec<HashMap<String, Sym>> = vec![base_scope];
-    let mut labels: HashMap<String, u32> = HashMap::new();
+    let mut labels: HashMap<String, u32> = HashMap::default();
     for s in body {
         if let Stmt::Label(l) = s {
             labels.insert(l.clone(), u32::MAX);
@@ -413,7 +417,7 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
     let mut fixups: Vec<(usize, String, usize)> = Vec::new();
     for s in body {
         match s {
-            Stmt::Open => scopes.push(HashMap::new()),
+            Stmt::Open => scopes.push(HashMap::default()),
             Stmt::Close => {
                 scopes.pop();
             }
@@ -425,12 +429,21 @@ fn decode_body(cx: &mut Dcx, f: &FuncAst, base_scope: HashMap<String, Sym>) -> R
                     return err(*line, format!("more than {MAX_SLOTS} registers in one kernel"));
                 }
                 let sc = scopes.last_mut().expect("scope");
+                sc.reserve(names.len());
                 for n in names {
-                    if matches!(sc.get(n), Some(Sym::Reg(_))) {
-                        return err(*line, format!("duplicate declaration of register `{n}` in one scope"));
+                    let slot = Sym::Reg(cx.slot_names.len() as Slot);
+                    match sc.entry(n.clone()) {
+                        Entry::Occupied(o) if matches!(o.get(), Sym::Reg(_)) => {
+                            return err(*line, format!("duplicate declaration of register `{n}` in one scope"));
+                        }
+                        Entry::Occupied(mut o) => {
+                            o.insert(slot);
+                        }
+                        Entry::Vacant(v) => {
+                            v.insert(slot);
+                        }
                     }
                     cx.slot_names.push(n.clone());
-                    sc.insert(n.clone(), Sym::Reg((cx.slot_names.len() - 1) as Slot));
                 }
             }
             Stmt::Var(v) => {

@@ -136,7 +136,7 @@ pub struct Module {
     version: String,
     target: String,
     ast: parse::ModuleAst,
-    func_index: HashMap<String, usize>,
+    func_index: decode::HashMap<String, usize>,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     globals: decode::Globals,
