@@ -905,9 +905,9 @@ fn vm_kvcache_plan_once_run_per_layer() {
 /// example is built with the tests) and runs (CI runs it on the VM-backed driver).
 #[test]
 fn readme_rust_block_is_the_readme_example() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
-    let example = std::fs::read_to_string(root.join("examples/readme.rs")).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let example = std::fs::read_to_string(root.join("memattn/examples/readme.rs")).unwrap();
     let block = readme
         .split("```rust\n")
         .skip(1)
