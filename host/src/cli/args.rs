@@ -32,6 +32,14 @@ pub fn non_negative_u32(s: &str) -> Result<u32, String> {
 pub fn non_negative_u64(s: &str) -> Result<u64, String> {
     non_negative(s)
 }
+/// `--max-seconds` of `launch` and `trace`: 0 (no limit), or 0.001 to 1000000 seconds (a
+/// fraction stops a runaway launch sooner).
+pub fn limit_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x == 0.0 || (x.is_finite() && (1e-3..=1e6).contains(&x)) => Ok(x),
+        _ => Err(format!("`{s}` is not 0 (no limit) or a number of seconds from 0.001 to 1000000")),
+    }
+}
 fn non_negative_usize(s: &str) -> Result<usize, String> {
     non_negative(s)
 }
@@ -547,11 +555,11 @@ pub struct LaunchArgs {
     /// Seed of `randn` buffers.
     #[arg(long, default_value_t = 0, value_name = "SEED", allow_negative_numbers = true, value_parser = non_negative_u64)]
     pub seed: u64,
-    /// Stop the launch after this many seconds: a kernel that never ends (an endless loop, a
-    /// grid of billions of blocks) is reported as a hang (exit 3) instead of running on.
-    /// 0: no limit.
-    #[arg(long, default_value_t = 20, value_name = "SECONDS", allow_negative_numbers = true, value_parser = non_negative_u64)]
-    pub max_seconds: u64,
+    /// Stop the launch after this many seconds (fractions allowed, e.g. 0.5): a kernel that
+    /// never ends (an endless loop, a grid of billions of blocks) is reported as a hang (exit 3)
+    /// instead of running on. 0: no limit.
+    #[arg(long, default_value_t = 20.0, value_name = "SECONDS", allow_negative_numbers = true, value_parser = limit_seconds)]
+    pub max_seconds: f64,
 }
 
 #[derive(Debug, Args)]

@@ -231,10 +231,10 @@ pub(super) fn launch_dim3(what: &str, s: &str) -> Result<[u32; 3], Error> {
 }
 
 /// `--max-seconds`: the VM stops a launch past it as a hang (0: no limit).
-fn set_time_limit(vm: &mut Vm, max_seconds: u64) {
-    if max_seconds > 0 {
+fn set_time_limit(vm: &mut Vm, max_seconds: f64) {
+    if max_seconds > 0.0 {
         let mut limits = vm.limits();
-        limits.max_launch_time = Some(std::time::Duration::from_secs(max_seconds));
+        limits.max_launch_time = Some(std::time::Duration::from_secs_f64(max_seconds));
         vm.set_limits(limits);
     }
 }

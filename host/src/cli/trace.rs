@@ -37,8 +37,9 @@ pub struct EntryArgs {
     pub arg: Vec<String>,
     /// With --entry: stop the launch after this many seconds, as `launch --max-seconds` (a
     /// kernel that never ends is reported as a hang, with the trace up to there). 0: no limit.
-    #[arg(long, default_value_t = 20, value_name = "SECONDS", requires = "entry")]
-    pub max_seconds: u64,
+    #[arg(long, default_value_t = 20.0, value_name = "SECONDS", requires = "entry", allow_negative_numbers = true,
+          value_parser = super::args::limit_seconds)]
+    pub max_seconds: f64,
 }
 
 pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {

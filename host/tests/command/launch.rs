@@ -94,7 +94,7 @@ fn a_short_buffer_is_a_finding_that_names_it_and_bad_arguments_are_usage_errors(
 #[test]
 fn a_launch_that_would_run_for_hours_stops_at_its_time_limit() {
     // saxpy over 0 elements on 2^31 - 1 blocks: every block returns at once, and there are
-    // billions of them. `--max-seconds 1` stops it as a hang (exit 3) in about a second.
+    // billions of them. `--max-seconds 0.25` stops it as a hang (exit 3) in about a quarter second.
     let t = std::time::Instant::now();
     let o = memattn(&[
         "--backend",
@@ -118,10 +118,25 @@ fn a_launch_that_would_run_for_hours_stops_at_its_time_limit() {
         "--buf",
         "y=f32:4",
         "--max-seconds",
-        "1",
+        "0.25",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("launch time limit exceeded"), "{err}");
     assert!(t.elapsed() < std::time::Duration::from_secs(15), "took {:?}", t.elapsed());
+}
+
+/// `--max-seconds` takes 0 (no limit) or 0.001 to 1000000 seconds, fractions included; anything
+/// else is a usage error (exit 2) naming the option, never a panic.
+#[test]
+fn max_seconds_outside_its_range_is_a_usage_error() {
+    for bad in ["-1", "nan", "inf", "0.0001", "1e7", "x"] {
+        for cmd in [&["launch", "saxpy_f32"][..], &["trace", "--entry", "saxpy_f32"][..]] {
+            let o = memattn(&[cmd, &["--max-seconds", bad]].concat());
+            let err = stderr(&o);
+            assert_eq!(code(&o), 2, "{cmd:?} --max-seconds {bad}: {err}");
+            assert!(err.contains("--max-seconds") && err.contains("0.001 to 1000000"), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
 }
