@@ -1071,6 +1071,7 @@ pub fn summary(r: &BackwardReport) -> String {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -180,6 +180,7 @@ fn pick(count: u64, total: u64, seed: u64) -> Vec<u32> {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::Dtype;

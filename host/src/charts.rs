@@ -410,6 +410,7 @@ pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str)
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -309,6 +309,7 @@ fn argv_changes_aligned(a: &[String], b: &[String], context: Option<&str>) -> Ve
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -94,6 +94,7 @@ pub mod unit_tests {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod layering_tests {
     //! The module layers of the crate docs, checked against the sources.
 

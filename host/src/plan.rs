@@ -746,6 +746,7 @@ pub fn bytes_label(b: u64) -> String {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -221,6 +221,7 @@ pub fn entries_label<'a>(names: impl Iterator<Item = &'a str>) -> String {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     pub fn entries_label_is_compact() {

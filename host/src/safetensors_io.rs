@@ -328,6 +328,7 @@ pub fn write_qkv_as(path: &Path, shape: FileShape, dtype: Dtype, x: &Qkv) -> Res
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

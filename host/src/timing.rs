@@ -50,6 +50,7 @@ pub fn tflops(flops: f64, ms: f64) -> f64 {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     pub fn medians() {

@@ -178,6 +178,7 @@ pub fn tile_records(ptx: &str) -> Vec<(String, TileRecord)> {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::variants::KernelId;

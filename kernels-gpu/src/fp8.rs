@@ -165,6 +165,7 @@ impl Fp8Kind for Fp8E5m2 {
 
 #[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -33,6 +33,7 @@ pub const fn key_range(causal: bool, left: i32, right: i32, i: u32, seq_q: u32, 
 
 #[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -210,6 +210,7 @@ pub fn softcap2(x: f32, cap2: f32) -> f32 {
 
 #[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

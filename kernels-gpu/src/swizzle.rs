@@ -137,6 +137,7 @@ pub const fn bank_group(addr: u32) -> u32 {
 
 #[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -1435,6 +1435,7 @@ const _: () = {
 
 #[cfg(all(feature = "unit-tests", not(target_arch = "nvptx64")))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

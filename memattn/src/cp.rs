@@ -1835,6 +1835,7 @@ pub fn model(p: &Problem, strategy: Strategy, world: usize, link: Link) -> Resul
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

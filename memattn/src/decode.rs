@@ -1864,6 +1864,7 @@ pub fn merge_states_reference(x: &Partials) -> (Vec<f64>, Vec<f64>) {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

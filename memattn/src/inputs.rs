@@ -153,6 +153,7 @@ fn permute(x: &[f32], layout: Layout, [batch, seq, heads, d]: [u32; 4], to: bool
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     pub fn parallel_generation_is_the_sequential_stream() {

@@ -109,6 +109,7 @@ pub use problem::{KernelKind, Layout, Problem};
 /// The unit tests, for `memattn-tests` to run (its test `unit`); not an API.
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod unit_tests {
     pub use crate::attn::alias::tests as attn_alias;
     #[cfg(feature = "vm")]
@@ -135,6 +136,7 @@ pub mod unit_tests {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod layering_tests {
     //! The module layers of the crate docs, checked against the sources.
 

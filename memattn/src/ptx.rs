@@ -314,6 +314,7 @@ pub fn entry_spans(text: &str) -> Result<Vec<(String, std::ops::Range<usize>)>, 
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -497,6 +497,7 @@ pub fn attention_with_alibi(
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::problem::Problem;

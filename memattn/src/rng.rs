@@ -40,6 +40,7 @@ impl SplitMix64 {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     pub fn reproducible_and_roughly_normal() {

@@ -488,6 +488,7 @@ pub fn verify(p: &Problem, o: &[f32], lse: &[f32], reference: &Reference, tol: &
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::dtype::Dtype;
@@ -659,6 +660,7 @@ pub mod tests {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod underflow_tests {
     use super::*;
     use crate::inputs::Qkv;
@@ -696,6 +698,7 @@ pub mod underflow_tests {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod row_local_tests {
     use super::*;
     use crate::inputs::Qkv;

@@ -104,6 +104,7 @@ pub(crate) fn of_op(op: &Op, r: &[[u64; 32]], exec: u32) -> Option<(u64, u64)> {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -3412,6 +3412,7 @@ impl Launch<'_> {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -54,6 +54,7 @@ mod wgmma;
 /// The unit tests, for `ptx-vm-tests` to run (its test `unit`); not an API.
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod unit_tests {
     pub use crate::banks::tests as banks;
     pub use crate::exec::tests as exec;

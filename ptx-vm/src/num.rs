@@ -749,6 +749,7 @@ fn finish_float(to: Ty, r: u64, m: FMode) -> u64 {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

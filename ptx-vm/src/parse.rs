@@ -1124,6 +1124,7 @@ fn parse_operand(p: &mut P) -> Result<Operand, LoadError> {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

@@ -278,6 +278,7 @@ pub(crate) fn for_each_slot(op: &mut Op, mut f: impl FnMut(&mut Slot)) {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use crate::{LaunchConfig, Module, Vm};
     use kernels_gpu::abi::{AttnParams, BwdParams, Strides};

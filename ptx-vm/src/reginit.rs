@@ -314,6 +314,7 @@ pub(crate) fn sources(op: &Op, prog: &Program, out: &mut Vec<Slot>, always: &mut
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use crate::{LaunchConfig, Module, Vm};
 

@@ -61,6 +61,7 @@ impl Swizzle {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

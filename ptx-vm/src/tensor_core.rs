@@ -420,6 +420,7 @@ pub(crate) fn ldmatrix(num: usize, trans: bool, rows: &[[[u16; 8]; 8]]) -> [[u32
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use half::{bf16, f16};

@@ -131,6 +131,7 @@ pub(super) fn check_injective(name: &'static str, raw: &RawView) -> Result<(), A
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
 

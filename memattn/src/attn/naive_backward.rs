@@ -248,6 +248,7 @@ impl Kernels {
 
 #[cfg(all(feature = "unit-tests", feature = "vm"))]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::reference::grad::{attention_backward, Grads};

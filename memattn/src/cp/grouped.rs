@@ -325,6 +325,7 @@ impl GroupedP2p for Rendezvous {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::cp::{all_gather, run_ranks};

@@ -233,6 +233,7 @@ pub fn attention_backward(
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::rng::SplitMix64;

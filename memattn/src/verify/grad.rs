@@ -303,6 +303,7 @@ pub fn floor_of(dtype: Dtype, f32_floor: f64) -> f64 {
 
 #[cfg(feature = "unit-tests")]
 #[allow(rustdoc::private_intra_doc_links)]
+#[doc(hidden)]
 pub mod tests {
     use super::*;
     use crate::reference::grad::{attention_backward, Grads};
