@@ -16,7 +16,6 @@ use memattn::memory::MeasuredMemory;
 use memattn::problem::Arch;
 use memattn::ptx::PtxSource;
 use memattn::tma::TensorMapDesc;
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,8 +29,8 @@ pub struct CudaDevice {
     module_sm90: Option<CudaModule>,
     ptx_sm90: PtxSource,
     compute_capability: (i32, i32),
-    /// Whether the library may pick the Hopper forward here ([`Device::arch`]).
-    hopper: bool,
+    /// `MEMATTN_HOPPER` as the options had it ([`Device::target`]).
+    hopper: memattn::choice::HopperPolicy,
     name: String,
     uuid: Option<String>,
     events: Option<(sys::CUevent, sys::CUevent)>,
@@ -80,6 +79,7 @@ impl CudaDevice {
 
     /// The device on GPU `ordinal` (context-parallel ranks take one GPU each).
     pub fn on_ordinal(opts: &DeviceOptions, ordinal: usize) -> Result<CudaDevice, DeviceError> {
+        memattn::choice::HopperPolicy::from_env().map_err(DeviceError::Setting)?;
         probe().map_err(DeviceError::Unavailable)?;
         let ctx = quietly(|| CudaContext::new(ordinal))
             .map_err(DeviceError::Unavailable)?
@@ -279,45 +279,17 @@ impl Device for CudaDevice {
     }
 
     fn arch(&mut self) -> Result<Arch, DeviceError> {
-        Ok(if self.hopper && self.compute_capability == (9, 0) { Arch::Sm90 } else { Arch::Sm80 })
+        let (major, minor) = self.compute_capability;
+        Ok(Arch::of_compute_capability(major, minor))
+    }
+
+    fn target(&mut self) -> Result<memattn::choice::Target, DeviceError> {
+        Ok(memattn::choice::Target::new(self.arch()?, self.hopper))
     }
 
     fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
-        use sys::{
-            CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion,
-            CUtensorMapSwizzle,
-        };
         self.bind()?;
-        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-        let element_strides = [1u32; 4];
-        // SAFETY: every pointer is to a local array of the rank's length; the map is written by
-        // the driver. The address is a device address the caller allocated (the encoding only
-        // records it).
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                // 2-byte elements; the copy moves bits, and zero bits are +0.0 in bf16 and f16.
-                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                4,
-                desc.address as *mut c_void,
-                desc.dims.as_ptr(),
-                desc.strides.as_ptr(),
-                desc.box_dims.as_ptr(),
-                element_strides.as_ptr(),
-                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        r.result().map_err(|e| drv("cuTensorMapEncodeTiled", e))?;
-        // SAFETY: initialised (zeroed, then written by the driver).
-        let map = unsafe { map.assume_init() };
-        let mut out = [0u8; 128];
-        for (i, w) in map.opaque.iter().enumerate() {
-            out[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
-        }
-        Ok(out)
+        memattn::device::cuda::encode_tensor_map(desc)
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {

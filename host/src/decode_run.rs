@@ -122,7 +122,7 @@ pub fn run_decode(
     x.validate(p)?;
     check_decode_scores(p, x)?;
     let plan = p.plan()?;
-    let launches = planned_launches(p, &plan, dev.arch()?)?;
+    let launches = planned_launches(p, &plan, dev.target()?)?;
     let caps = dev.caps()?;
     for (k, l) in &launches {
         for a in 0..3 {

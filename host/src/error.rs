@@ -40,6 +40,8 @@ impl Error {
             Error::Input(InputError::File(FileError::HostMemory { .. } | FileError::Resource { .. })) => exit::DEVICE,
             Error::File(FileError::HostMemory { .. } | FileError::Resource { .. }) => exit::DEVICE,
             Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) => exit::BAD_INPUT,
+            // A setting the user wrote wrong (MEMATTN_HOPPER=yes): bad input, not the device.
+            Error::Device(DeviceError::Setting(_)) => exit::BAD_INPUT,
             Error::Device(_) => exit::DEVICE,
         }
     }

@@ -23,7 +23,9 @@
 //!    [`evidence`] (the `--save` file);
 //! 5. [`charts`] (the sweep and plan pictures); the subcommands (in the binary) sit on top.
 
-pub use memattn::{attn, caps, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units, verify};
+pub use memattn::{
+    attn, caps, choice, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units, verify,
+};
 pub use memattn::{Backend, BackendChoice, Device, Dtype, KernelKind, Layout, Problem};
 
 pub mod backward_run;

@@ -84,7 +84,7 @@ impl RunSpec {
 fn checked_blocks(
     p: &Problem,
     spec: &RunSpec,
-    arch: memattn::problem::Arch,
+    arch: memattn::problem::Target,
 ) -> Result<(memattn::device::BlockSubset, String), Error> {
     if spec.kernel != KernelKind::Flash || p.varlen.is_some() {
         return Err(Error::Usage("a sampled launch runs the flash kernel of a dense (not varlen) problem".into()));
@@ -310,7 +310,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     let caps = dev.caps()?;
     // Refused before anything is allocated (the library checks the same again at the launch).
     p.validate(spec.kernel, &caps)?;
-    let analytic = AnalyticBytes::on(&p, spec.kernel, dev.arch()?);
+    let analytic = AnalyticBytes::on(&p, spec.kernel, dev.target()?);
     analytic.check_fits(spec.kernel, &caps)?;
     if let Some(x) = inputs {
         // Every path (rounded or not) uploads exactly these lengths, by the same count the buffers
@@ -385,7 +385,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     }
 
     let subset = if spec.sampled_blocks {
-        let (subset, warning) = checked_blocks(&p, spec, dev.arch()?)?;
+        let (subset, warning) = checked_blocks(&p, spec, dev.target()?)?;
         warnings.push(warning);
         Some(subset)
     } else {

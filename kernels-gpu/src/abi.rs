@@ -162,6 +162,48 @@ impl Sm90Params {
     }
 }
 
+/// The three tensor maps of one Hopper-forward launch (Q, K, V; 128 bytes each), as 64-bit words.
+pub const TENSOR_MAP_WORDS: usize = 3 * 128 / 8;
+
+/// Parameters of `tensor_maps_store` ([`crate::tensor_maps`]): the Hopper forward's three tensor
+/// maps by value and the global address they are stored to. Passing the maps as a kernel
+/// parameter makes the store a launch on the caller's stream (captured by value in a CUDA graph):
+/// no host copy, allocation or synchronisation per forward call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TensorMapsParams {
+    /// 128-byte aligned global address of `3 * 128` bytes: [`Sm90Params::tensor_maps`] of the
+    /// forward launch that follows on the same stream.
+    pub dst: u64,
+    pub maps: [u64; TENSOR_MAP_WORDS],
+}
+
+/// Size in bytes of [`TensorMapsParams`] (`.b8 tensor_maps_store_param_0[392]`).
+pub const TENSOR_MAPS_PARAMS_BYTES: usize = 8 + 3 * 128;
+const _: () = assert!(core::mem::size_of::<TensorMapsParams>() == TENSOR_MAPS_PARAMS_BYTES);
+
+impl TensorMapsParams {
+    /// `dst` and the maps' 384 bytes (`maps` as the encoder wrote them).
+    pub fn new(dst: u64, maps: &[u8; 3 * 128]) -> TensorMapsParams {
+        let mut words = [0u64; TENSOR_MAP_WORDS];
+        for (w, b) in words.iter_mut().zip(maps.chunks_exact(8)) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(b);
+            *w = u64::from_le_bytes(le);
+        }
+        TensorMapsParams { dst, maps: words }
+    }
+    /// The struct's bytes as the kernel reads them.
+    pub fn to_bytes(&self) -> [u8; TENSOR_MAPS_PARAMS_BYTES] {
+        let mut out = [0u8; TENSOR_MAPS_PARAMS_BYTES];
+        out[..8].copy_from_slice(&self.dst.to_le_bytes());
+        for (i, w) in self.maps.iter().enumerate() {
+            out[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
+
 impl Default for AttnParams {
     fn default() -> Self {
         let z = Strides { batch: 0, seq: 0, head: 0 };

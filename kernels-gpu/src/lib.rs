@@ -119,6 +119,7 @@ pub mod decode_mma;
 pub mod flash_fwd_sm90;
 #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
 pub mod hopper;
+pub mod tensor_maps;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -284,6 +284,13 @@ pub const NAIVE_SCORES: NaiveScoresTile = NaiveScoresTile { threads: 128 };
 pub const NAIVE_SOFTMAX: NaiveSoftmaxTile = NaiveSoftmaxTile { rows: 4 };
 pub const NAIVE_PV: NaivePvTile = NaivePvTile { threads: 64 };
 pub const SAXPY: SmokeTile = SmokeTile { threads: 256 };
+/// `tensor_maps_store`: one thread writes the 48 words (a store of 384 bytes needs no more).
+pub const TENSOR_MAPS_STORE: SmokeTile = SmokeTile { threads: 1 };
+
+/// The launch of `tensor_maps_store`: one block of [`TENSOR_MAPS_STORE`]'s threads.
+pub const fn tensor_maps_store_launch() -> LaunchDims {
+    LaunchDims { grid: [1, 1, 1], block: [TENSOR_MAPS_STORE.threads, 1, 1], dynamic_smem_bytes: 0 }
+}
 
 /// Tile of the naive backward's `dK, dV` kernel (`naive_bwd.rs`): a block owns key row `j` of
 /// one K/V head, `threads` threads stride over d (as [`NAIVE_PV`] over a query row).

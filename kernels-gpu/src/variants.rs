@@ -109,6 +109,9 @@ pub enum Family {
     /// (`kv_check.rs`; takes `DecodeParams`): sets the status words the call's other kernels
     /// obey.
     DecodeCheck,
+    /// Stores the Hopper forward's tensor maps, given by value, into the slot its next launch
+    /// reads (`tensor_maps.rs`; takes `TensorMapsParams`; in the `sm_90a` module).
+    TensorMapStore,
 }
 
 /// The PTX module a row's entry point is built into.
@@ -170,6 +173,7 @@ impl Family {
             Family::FlashBwdTc => "flash_bwd_tc",
             Family::FlashSm90 => "flash_sm90",
             Family::DecodeMmaSm90 => "decode_mma_sm90",
+            Family::TensorMapStore => "tensor_map_store",
             Family::DecodeCheck => "decode_check",
         }
     }
@@ -203,6 +207,7 @@ pub enum Tile {
     FlashBwdMma(FlashBwdMmaTile),
     FlashBwdTc(FlashBwdTcTile),
     FlashSm90(FlashSm90Tile),
+    TensorMapStore(SmokeTile),
 }
 
 /// Which windows a row is chosen for, by [`KernelId::flash_for`]. A row without a rule in the
@@ -292,6 +297,7 @@ impl Variant {
                 crate::abi::BWD_PARAMS_BYTES
             }
             Family::FlashSm90 => crate::abi::SM90_PARAMS_BYTES,
+            Family::TensorMapStore => crate::abi::TENSOR_MAPS_PARAMS_BYTES,
             _ => crate::abi::ATTN_PARAMS_BYTES,
         }
     }
@@ -308,7 +314,7 @@ impl Variant {
     /// The PTX module the entry point is in.
     pub const fn module(&self) -> PtxModule {
         match self.family {
-            Family::FlashSm90 | Family::DecodeMmaSm90 => PtxModule::Sm90a,
+            Family::FlashSm90 | Family::DecodeMmaSm90 | Family::TensorMapStore => PtxModule::Sm90a,
             _ => PtxModule::Sm80,
         }
     }
@@ -316,7 +322,7 @@ impl Variant {
     /// Threads per block.
     pub const fn threads(&self) -> u32 {
         match self.tile {
-            Tile::Smoke(t) => t.threads,
+            Tile::Smoke(t) | Tile::TensorMapStore(t) => t.threads,
             Tile::NaiveScores(t) => t.threads,
             Tile::NaiveSoftmax(t) => t.threads(),
             Tile::NaivePv(t) => t.threads,
@@ -394,6 +400,7 @@ impl Variant {
         let dynamic_smem_bytes = self.dynamic_smem_bytes();
         let grid = match self.tile {
             Tile::Smoke(_)
+            | Tile::TensorMapStore(_)
             | Tile::DecodeFwd(_)
             | Tile::MergeStates(_)
             | Tile::DecodeAppend(_)
@@ -520,6 +527,10 @@ macro_rules! module_entry {
         #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
         crate::variants::entry!(DecodeMma, $($rest)*);
     };
+    (TensorMapStore, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        crate::variants::entry!(TensorMapStore, $($rest)*);
+    };
     ($($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
         crate::variants::entry!($($rest)*);
@@ -559,6 +570,10 @@ macro_rules! entry {
     };
     (Smoke, $name:ident, $elem:ident, $tile:expr) => {
         // Written by hand in `smoke.rs` (it takes four scalar parameters, not `AttnParams`).
+        crate::variants::tile_record!($name);
+    };
+    (TensorMapStore, $name:ident, $elem:ident, $tile:expr) => {
+        // Written by hand in `tensor_maps.rs` (it takes `TensorMapsParams`).
         crate::variants::tile_record!($name);
     };
     (NaiveScores, $name:ident, $elem:ident, $tile:expr) => {
@@ -1142,6 +1157,9 @@ kernel_table! {
     DecodeMmaFp8E4m3Sm90D64 = decode_mma_fp8_e4m3_sm90_d64: DecodeMmaSm90(DECODE_MMA_D64), Fp8E4m3;
     /// The e4m3-cache decode at d128 for Hopper (`cvt.rn.f16x2.e4m3x2`).
     DecodeMmaFp8E4m3Sm90D128 = decode_mma_fp8_e4m3_sm90_d128: DecodeMmaSm90(DECODE_MMA_D128), Fp8E4m3;
+    /// Stores the Hopper forward's three tensor maps (a kernel parameter) into the slot the
+    /// forward launch after it reads; one thread (its elem is unused: the maps are bytes).
+    TensorMapsStore = tensor_maps_store: TensorMapStore(TENSOR_MAPS_STORE), F32;
 }
 
 impl KernelId {

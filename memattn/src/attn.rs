@@ -470,8 +470,9 @@ struct DevShared {
     id: u64,
     vm: bool,
     slot: Mutex<Slot>,
-    /// `Some` while [`Kernels::record_launches`] is on: every launch, in order.
-    log: Mutex<Option<Vec<Launched>>>,
+    /// The Hopper forward's tensor-map slot on this device (384 bytes), made at its first launch
+    /// and freed with the device's kernels ([`Kernels::launch_sm90`]).
+    maps: Mutex<Option<DevPtr>>,
 }
 
 enum Slot {
@@ -488,7 +489,7 @@ unsafe impl Send for Slot {}
 
 impl DevShared {
     fn new(id: u64, vm: bool, slot: Slot) -> DevShared {
-        DevShared { id, vm, slot: Mutex::new(slot), log: Mutex::new(None) }
+        DevShared { id, vm, slot: Mutex::new(slot), maps: Mutex::new(None) }
     }
 
     fn place(&self) -> Place {
@@ -513,18 +514,43 @@ impl DevShared {
         }
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, Option<Vec<Launched>>> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    /// Frees the tensor-map slot, if one was made (while the device is still there).
+    fn free_maps(&self) {
+        if let Some(ptr) = self.maps.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = self.with(|d| d.free(ptr));
+        }
     }
 }
 
-/// One launch as [`Kernels::take_launches`] reports it (device-backed kernels).
+impl Drop for DevShared {
+    fn drop(&mut self) {
+        self.free_maps();
+    }
+}
+
+/// One launch as [`Kernels::take_launches`] reports it: the entry point, its grid, block and
+/// dynamic shared memory, and what the device reported.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launched {
     pub kernel: KernelId,
     pub dims: kernels_gpu::tiles::LaunchDims,
-    /// What the device reported (VM: thread-instructions, the trace when one was asked for).
+    /// What the device reported (VM: thread-instructions, the trace when one was asked for;
+    /// nothing on a caller's CUDA context, where the launch is only queued).
     pub info: LaunchInfo,
+}
+
+impl fmt::Display for Launched {
+    /// `name grid [x, y, z] block [x, y, z] smem N`: a line for an engine's log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} grid {:?} block {:?} smem {}",
+            self.kernel.name(),
+            self.dims.grid,
+            self.dims.block,
+            self.dims.dynamic_smem_bytes
+        )
+    }
 }
 
 /// A buffer in the memory of device-backed kernels (the VM's simulated memory, or a device given
@@ -1040,18 +1066,38 @@ struct CudaKernels {
     /// ([`CudaModule::launch`]); dropped (unloaded) after [`CudaKernels::drop`] made `ctx`
     /// current.
     module: std::mem::ManuallyDrop<CudaModule>,
+    /// The `sm_90a` module, loaded at the first launch of one of its kernels (compute
+    /// capability 9.0 only); unloaded like `module`.
+    module_sm90: Mutex<Option<CudaModule>>,
     caps: DeviceCaps,
     /// Multiprocessors, for the split plan of the KV-cache call.
     sm_count: u32,
+    /// The context's device: its generation (compute capability) and `MEMATTN_HOPPER`.
+    target: crate::choice::Target,
+    /// The Hopper forward's tensor-map slot (384 bytes) of each stream it ran on, by stream
+    /// handle: the maps are written on that stream before each forward launch, so launches on
+    /// one stream never overwrite a slot a launch still reads. Freed on drop.
+    maps: Mutex<std::collections::HashMap<usize, u64>>,
 }
 
 impl Drop for CudaKernels {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
+            // The slots may still be read by queued launches: free them after those ran.
+            let slots: Vec<u64> =
+                self.maps.get_mut().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, p)| p).collect();
+            if !slots.is_empty() {
+                let _ = self.ctx.synchronize();
+                for p in slots {
+                    // SAFETY: allocated by `Kernels::tensor_map_slot` in this context, freed once.
+                    let _ = unsafe { cudarc::driver::result::free_sync(p) };
+                }
+            }
+            drop(self.module_sm90.get_mut().unwrap_or_else(|e| e.into_inner()).take());
             // SAFETY: dropped once, here; not used after this point.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.module) };
         }
-        // Without the context bound the module is left to the context's own teardown.
+        // Without the context bound the modules and slots are left to the context's own teardown.
     }
 }
 
@@ -1068,6 +1114,8 @@ pub struct Kernels {
     /// The status words of KV-cache calls with device-checked indices, made at the first such
     /// call ([`Kernels::check_kv_status`]).
     kv_status: std::sync::OnceLock<KvStatusWords>,
+    /// `Some` while [`Kernels::record_launches`] is on: every launch, in order.
+    log: Mutex<Option<Vec<Launched>>>,
 }
 
 /// [`kernels_gpu::decode_abi::kv_status::WORDS`] zeroed u32 on the kernels' device.
@@ -1119,7 +1167,11 @@ impl Kernels {
     pub fn on_device(dev: Box<dyn Device>) -> Kernels {
         let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
         let vm = dev.backend() == Backend::Vm;
-        Kernels { inner: Inner::Dev(Arc::new(DevShared::new(id, vm, Slot::Owned(dev)))), kv_status: Default::default() }
+        Kernels {
+            inner: Inner::Dev(Arc::new(DevShared::new(id, vm, Slot::Owned(dev)))),
+            kv_status: Default::default(),
+            log: Mutex::new(None),
+        }
     }
 
     /// [`Kernels::on_device`] over a device the caller keeps: `f` runs with kernels on `dev`,
@@ -1152,6 +1204,7 @@ impl Kernels {
         struct GiveBack(Arc<DevShared>);
         impl Drop for GiveBack {
             fn drop(&mut self) {
+                self.0.free_maps();
                 *self.0.slot.lock().unwrap_or_else(|e| e.into_inner()) = Slot::Lent(None);
             }
         }
@@ -1163,7 +1216,7 @@ impl Kernels {
         let lent: NonNull<dyn Device + 'static> = unsafe { std::mem::transmute(lent) };
         let shared = Arc::new(DevShared::new(id, vm, Slot::Lent(Some(lent))));
         let _give_back = GiveBack(shared.clone());
-        let kernels = Kernels { inner: Inner::Dev(shared), kv_status: Default::default() };
+        let kernels = Kernels { inner: Inner::Dev(shared), kv_status: Default::default(), log: Mutex::new(None) };
         f(&kernels)
     }
 
@@ -1174,16 +1227,61 @@ impl Kernels {
         Ok(self.dev_shared()?.with(f)?)
     }
 
-    /// Device-backed kernels: from now on keep a record of every launch (on) or stop (off,
-    /// dropping the records). Off by default.
+    /// From now on keep a record of every launch (on) or stop (off, dropping the records), on
+    /// every kind of kernels (a caller's CUDA context included): which kernels ran, with their
+    /// grids and shared memory, for an engine's log or a test. Off by default.
     pub fn record_launches(&self, on: bool) -> Result<(), AttnError> {
-        *self.dev_shared()?.log() = on.then(Vec::new);
+        *self.log() = on.then(Vec::new);
         Ok(())
     }
 
     /// The launches recorded since the last call (see [`Kernels::record_launches`]).
     pub fn take_launches(&self) -> Result<Vec<Launched>, AttnError> {
-        Ok(self.dev_shared()?.log().as_mut().map(std::mem::take).unwrap_or_default())
+        Ok(self.log().as_mut().map(std::mem::take).unwrap_or_default())
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Option<Vec<Launched>>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The launches [`Kernels::flash_attn_into`] would make for these tensors and options, in
+    /// order, without launching anything (every check of the call runs): kernel names, grids,
+    /// blocks and dynamic shared memory, e.g. for an engine to log which kernel serves a layer.
+    /// The Hopper forward comes with the `tensor_maps_store` launch before it.
+    pub fn flash_attn_launches(
+        &self,
+        q: &TensorView<'_>,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+        opts: &AttnOpts<'_>,
+    ) -> Result<Vec<crate::problem::PlannedLaunch>, AttnError> {
+        let plan = self.plan(KernelKind::Flash, q, k, v, None, None, opts, None)?;
+        Ok(Self::with_map_stores(plan.launches))
+    }
+
+    /// `launches` with the `tensor_maps_store` launch before each Hopper forward.
+    fn with_map_stores(launches: Vec<crate::problem::PlannedLaunch>) -> Vec<crate::problem::PlannedLaunch> {
+        let mut out = Vec::with_capacity(launches.len() + 1);
+        for l in launches {
+            if matches!(l.kernel.variant().tile, kernels_gpu::variants::Tile::FlashSm90(_)) {
+                out.push(crate::problem::PlannedLaunch {
+                    kernel: KernelId::TensorMapsStore,
+                    dims: kernels_gpu::tiles::tensor_maps_store_launch(),
+                });
+            }
+            out.push(l);
+        }
+        out
+    }
+
+    /// The kernels these kernels run: the device's GPU generation and the Hopper policy
+    /// ([`crate::choice`]; on a caller's CUDA context from its compute capability and
+    /// `MEMATTN_HOPPER`).
+    pub fn target(&self) -> Result<crate::choice::Target, AttnError> {
+        match &self.inner {
+            Inner::Dev(v) => Ok(v.with(|d| d.target())?),
+            Inner::Cuda(c) => Ok(c.target),
+        }
     }
 
     /// Loads memattn's embedded kernels into the caller's CUDA context (the driver JIT-compiles
@@ -1198,7 +1296,9 @@ impl Kernels {
 
     fn cuda_unchecked(ctx: &Arc<CudaContext>) -> Result<Kernels, AttnError> {
         use sys::CUdevice_attribute::*;
+        let hopper = crate::choice::HopperPolicy::from_env().map_err(DeviceError::Setting)?;
         ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| cuda_err("cuDeviceGetAttribute", e))?;
         let module = std::mem::ManuallyDrop::new(CudaModule::load(&PtxSource::embedded())?);
         let attr = |a| ctx.attribute(a).map(|x| x as u32).map_err(|e| cuda_err("cuDeviceGetAttribute", e));
         let caps = DeviceCaps {
@@ -1216,10 +1316,14 @@ impl Kernels {
             inner: Inner::Cuda(CudaKernels {
                 ctx: ctx.clone(),
                 module,
+                module_sm90: Mutex::new(None),
                 caps,
                 sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+                target: crate::choice::Target::new(crate::choice::Arch::of_compute_capability(major, minor), hopper),
+                maps: Mutex::new(Default::default()),
             }),
             kv_status: Default::default(),
+            log: Mutex::new(None),
         })
     }
 
@@ -1798,7 +1902,7 @@ impl Kernels {
         };
         let alibi = opts.alibi_slopes.map(|a| a.check(h, batch)).transpose()?;
         problem.validate(kind, &self.caps()?)?;
-        let launches = problem.launches_on(kind, self.arch()?)?;
+        let launches = problem.launches_on(kind, self.target()?)?;
         self.check_module(&launches.iter().map(|l| l.kernel).collect::<Vec<_>>())?;
         if let Some((s, _)) = scores {
             let want = [problem.batch as usize, h, problem.seq_q as usize, problem.seq_kv as usize];
@@ -2036,7 +2140,7 @@ impl Kernels {
         let bytes = params.to_bytes();
         for l in &plan.launches {
             if let kernels_gpu::variants::Tile::FlashSm90(tile) = l.kernel.variant().tile {
-                self.launch_sm90(l, tile, params, plan.total_kv)?;
+                self.launch_sm90(l, tile, params, plan.total_kv, stream)?;
                 continue;
             }
             self.launch_bytes(l.kernel, &l.dims, &bytes, stream)?;
@@ -2044,53 +2148,76 @@ impl Kernels {
         Ok(())
     }
 
-    /// The GPU generation whose kernels this device runs ([`Device::arch`]).
-    fn arch(&self) -> Result<crate::problem::Arch, AttnError> {
-        match &self.inner {
-            Inner::Dev(v) => Ok(v.with(|d| d.arch())?),
-            // Kernels on a caller's CUDA context run the sm_80 module.
-            Inner::Cuda(_) => Ok(crate::problem::Arch::Sm80),
-        }
-    }
-
-    /// One launch of the Hopper forward: its three tensor maps encoded by the device, placed in
-    /// a 384-byte device buffer for the launch, freed after it.
+    /// One launch of the Hopper forward, the same on every kind of kernels: its three tensor
+    /// maps encoded by the driver (or the VM), stored by a `tensor_maps_store` launch into this
+    /// device's (or this stream's) slot, then the forward reading them there. Nothing is
+    /// allocated (but the slot, once), freed, copied from the host or waited for: both are
+    /// launches on `stream`, which orders them, and a CUDA graph captures the maps by value.
     fn launch_sm90(
         &self,
         l: &crate::problem::PlannedLaunch,
         tile: kernels_gpu::tiles::FlashSm90Tile,
         params: &AttnParams,
         total_kv: u64,
+        stream: Option<&CudaStream>,
     ) -> Result<(), AttnError> {
-        let Inner::Dev(v) = &self.inner else {
-            return Err(DeviceError::Unavailable("the Hopper forward runs on a memattn device only".into()).into());
-        };
         let maps = crate::tma::forward_maps(params, tile, total_kv);
-        let info = v.with(|d| {
-            let mut bytes = Vec::with_capacity(384);
-            for m in &maps {
-                m.check()
-                    .map_err(|e| DeviceError::Unavailable(format!("a tensor map of `{}`: {e}", l.kernel.name())))?;
-                bytes.extend_from_slice(&d.encode_tensor_map(m)?);
-            }
-            let buf = d.alloc(bytes.len() as u64)?;
-            let run = (|| {
-                d.upload_bytes(buf, &bytes)?;
-                let p = kernels_gpu::abi::Sm90Params { attn: *params, tensor_maps: buf };
-                let info = d.launch(l.kernel.name(), &l.dims, &[&p.to_bytes()])?;
-                d.synchronize()?;
-                Ok(info)
-            })();
-            d.free(buf)?;
-            run
-        })?;
-        if let Some(log) = v.log().as_mut() {
-            log.push(Launched { kernel: l.kernel, dims: l.dims, info });
+        for m in &maps {
+            m.check().map_err(|e| DeviceError::Unavailable(format!("a tensor map of `{}`: {e}", l.kernel.name())))?;
         }
-        Ok(())
+        let mut bytes = [0u8; 3 * 128];
+        let slot = match &self.inner {
+            Inner::Dev(v) => v.with(|d| {
+                for (i, m) in maps.iter().enumerate() {
+                    bytes[128 * i..128 * (i + 1)].copy_from_slice(&d.encode_tensor_map(m)?);
+                }
+                let mut slot = v.maps.lock().unwrap_or_else(|e| e.into_inner());
+                match *slot {
+                    Some(p) => Ok(p),
+                    None => Ok(*slot.insert(d.alloc(bytes.len() as u64)?)),
+                }
+            })?,
+            Inner::Cuda(c) => {
+                let stream = Self::launch_stream(stream)?;
+                c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
+                for (i, m) in maps.iter().enumerate() {
+                    bytes[128 * i..128 * (i + 1)].copy_from_slice(&crate::device::cuda::encode_tensor_map(m)?);
+                }
+                let mut slots = c.maps.lock().unwrap_or_else(|e| e.into_inner());
+                match slots.get(&(stream.cu_stream() as usize)) {
+                    Some(&p) => p,
+                    None => {
+                        // SAFETY: an allocation in the bound context, freed when the kernels drop.
+                        let p = unsafe { cudarc::driver::result::malloc_sync(bytes.len()) }
+                            .map_err(|e| cuda_err("cuMemAlloc (the Hopper forward's tensor-map slot)", e))?;
+                        slots.insert(stream.cu_stream() as usize, p);
+                        p
+                    }
+                }
+            }
+        };
+        let store = kernels_gpu::abi::TensorMapsParams::new(slot, &bytes);
+        self.launch_bytes(
+            KernelId::TensorMapsStore,
+            &kernels_gpu::tiles::tensor_maps_store_launch(),
+            &store.to_bytes(),
+            stream,
+        )?;
+        let p = kernels_gpu::abi::Sm90Params { attn: *params, tensor_maps: slot };
+        self.launch_bytes(l.kernel, &l.dims, &p.to_bytes(), stream)
     }
 
-    /// Launches `kernel` with its one by-value parameter struct `bytes` (a multiple of 8 bytes).
+    /// The stream of a launch on CUDA kernels (views made for a stream carry it).
+    fn launch_stream(stream: Option<&CudaStream>) -> Result<&CudaStream, AttnError> {
+        stream.ok_or_else(|| AttnError::WrongDevice {
+            tensor: "q",
+            got: "a raw view without a stream".into(),
+            expected: "a view made for a stream".into(),
+        })
+    }
+
+    /// Launches `kernel` with its one by-value parameter struct `bytes` (a multiple of 8 bytes),
+    /// from the module it is in.
     fn launch_bytes(
         &self,
         kernel: KernelId,
@@ -2098,29 +2225,41 @@ impl Kernels {
         bytes: &[u8],
         stream: Option<&CudaStream>,
     ) -> Result<(), AttnError> {
-        match &self.inner {
-            Inner::Dev(v) => {
-                let info = v.with(|d| d.launch(kernel.name(), dims, &[bytes]))?;
-                if let Some(log) = v.log().as_mut() {
-                    log.push(Launched { kernel, dims: *dims, info });
-                }
-                Ok(())
-            }
+        let info = match &self.inner {
+            Inner::Dev(v) => v.with(|d| d.launch(kernel.name(), dims, &[bytes]))?,
             Inner::Cuda(c) => {
-                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
-                    tensor: "q",
-                    got: "a raw view without a stream".into(),
-                    expected: "a view made for a stream".into(),
-                })?;
+                let stream = Self::launch_stream(stream)?;
                 c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-                // SAFETY: `bytes` is the one parameter struct the kernel declares; every
-                // pointer in it was validated by the caller (device, bounds, alignment) and its
-                // buffers are borrowed for the call; the stream belongs to `c.ctx` (checked
-                // when the views were made), which is current.
-                unsafe { c.module.launch(kernel.name(), dims, &[bytes], stream.cu_stream()) }?;
-                Ok(())
+                if kernel.variant().module() == kernels_gpu::variants::PtxModule::Sm90a {
+                    let mut m = c.module_sm90.lock().unwrap_or_else(|e| e.into_inner());
+                    if m.is_none() {
+                        if c.target.arch != crate::choice::Arch::Sm90 {
+                            return Err(DeviceError::Unavailable(format!(
+                                "`{}` is in the sm_90a module, which only compute capability 9.0 loads (this context: {})",
+                                kernel.name(),
+                                c.target.arch
+                            ))
+                            .into());
+                        }
+                        *m = Some(CudaModule::load(&PtxSource::embedded_sm90())?);
+                    }
+                    let module = m.as_ref().expect("loaded above");
+                    // SAFETY: as below.
+                    unsafe { module.launch(kernel.name(), dims, &[bytes], stream.cu_stream()) }?;
+                } else {
+                    // SAFETY: `bytes` is the one parameter struct the kernel declares; every
+                    // pointer in it was validated by the caller (device, bounds, alignment) and
+                    // its buffers are borrowed for the call; the stream belongs to `c.ctx`
+                    // (checked when the views were made), which is current.
+                    unsafe { c.module.launch(kernel.name(), dims, &[bytes], stream.cu_stream()) }?;
+                }
+                LaunchInfo::default()
             }
+        };
+        if let Some(log) = self.log().as_mut() {
+            log.push(Launched { kernel, dims: *dims, info });
         }
+        Ok(())
     }
 }
 

@@ -433,13 +433,13 @@ impl DecodeProblem {
         self.kernels_of(self.kernel, elem)
     }
 
-    /// [`DecodeProblem::kernels`] on a GPU generation: on sm_90 the tensor-core decode of an
-    /// e4m3 cache is the `sm_90a` module's row, which widens the cache with `cvt` (the sm_80
-    /// rows use integer operations; both read the same bytes and give the same values).
-    pub fn kernels_on(&self, arch: crate::problem::Arch) -> Result<[KernelId; 3], KvCacheRule> {
+    /// [`DecodeProblem::kernels`] on a device that runs `target`: on sm_90 the tensor-core decode
+    /// of an e4m3 cache is the `sm_90a` module's row where [`crate::choice`] picks it, which
+    /// widens the cache with `cvt` (the sm_80 rows use integer operations; both read the same
+    /// bytes and give the same values).
+    pub fn kernels_on(&self, target: impl Into<crate::problem::Target>) -> Result<[KernelId; 3], KvCacheRule> {
         let [fwd, merge, append] = self.kernels()?;
-        let fwd = if arch == crate::problem::Arch::Sm90 { KernelId::decode_on_sm90(fwd) } else { fwd };
-        Ok([fwd, merge, append])
+        Ok([target.into().decode(fwd), merge, append])
     }
 
     /// Why the prefill kernel cannot run this call (`None`: it can).
@@ -1583,13 +1583,13 @@ pub fn rel_rms(o: &[f32], r: &[f64]) -> f64 {
     }
 }
 
-/// The launches of one decode call on `arch`, in order.
+/// The launches of one decode call on a device that runs `target`, in order.
 pub fn planned_launches(
     p: &DecodeProblem,
     plan: &SplitPlan,
-    arch: crate::problem::Arch,
+    target: impl Into<crate::problem::Target>,
 ) -> Result<Vec<(KernelId, LaunchDims)>, KvCacheRule> {
-    let [fwd, merge, append] = p.kernels_on(arch)?;
+    let [fwd, merge, append] = p.kernels_on(target)?;
     let mut out = Vec::new();
     if p.rotary.is_some() {
         let rotary = KernelId::find(Family::DecodeRotary, p.dtype.elem(), None)

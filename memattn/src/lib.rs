@@ -23,7 +23,8 @@
 //! import against the order):
 //! 1. leaves: [`units`] (byte sizes), [`parse`] (option-value errors), [`caps`] (device limits),
 //!    [`panics`] (calling code that may panic), [`driver`] (which CUDA driver library), [`rng`],
-//!    [`tma`] (the Hopper forward's tensor maps);
+//!    [`tma`] (the Hopper forward's tensor maps), [`choice`] (which module's kernel a GPU
+//!    generation runs: the measured table and `MEMATTN_HOPPER`);
 //! 2. [`dtype`] and [`problem`]: the attention problem (shape, dtype, causal, scale, layout), the
 //!    kernels it launches (a lookup in the variant table) and its launch-limit validation;
 //! 3. [`inputs`], [`memory`] (the analytic bytes of a run and the free-memory check);
@@ -84,6 +85,7 @@ macro_rules! widest_vectors {
 
 pub mod attn;
 pub mod caps;
+pub mod choice;
 pub mod cp;
 pub mod decode;
 pub mod device;
@@ -116,6 +118,7 @@ pub mod unit_tests {
     pub use crate::attn::backward::tests as attn_backward;
     #[cfg(feature = "vm")]
     pub use crate::attn::naive_backward::tests as attn_naive_backward;
+    pub use crate::choice::tests as choice;
     pub use crate::cp::grouped::tests as cp_grouped;
     pub use crate::cp::tests as cp;
     pub use crate::decode::tests as decode;
@@ -144,7 +147,7 @@ pub mod layering_tests {
 
     /// The layers, top (imports nothing from the crate) to bottom.
     const LAYERS: &[&[&str]] = &[
-        &["units", "parse", "caps", "panics", "driver", "rng", "tma"],
+        &["units", "parse", "caps", "panics", "driver", "rng", "tma", "choice"],
         &["dtype", "problem"],
         &["inputs", "memory"],
         &["reference"],

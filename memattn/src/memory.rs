@@ -61,11 +61,11 @@ impl AnalyticBytes {
         AnalyticBytes { inputs, outputs, workspace, lse, scores, tensor_maps: 0, total: inputs + outputs + workspace }
     }
 
-    /// [`AnalyticBytes::new`] for the kernels a device of `arch` runs: the Hopper forward adds
-    /// its tensor maps to the workspace.
-    pub fn on(p: &Problem, kernel: KernelKind, arch: crate::problem::Arch) -> Self {
+    /// [`AnalyticBytes::new`] for the kernels a device that runs `target` launches: the Hopper
+    /// forward adds its tensor maps to the workspace.
+    pub fn on(p: &Problem, kernel: KernelKind, target: impl Into<crate::problem::Target>) -> Self {
         let mut a = AnalyticBytes::new(p, kernel);
-        if kernel == KernelKind::Flash && arch == crate::problem::Arch::Sm90 && p.sm90_kernel().is_some() {
+        if kernel == KernelKind::Flash && target.into().forward(p.sm90_kernel(), p.dtype.elem(), p.head_dim).is_some() {
             a.tensor_maps = 3 * 128;
             a.workspace += a.tensor_maps;
             a.total += a.tensor_maps;

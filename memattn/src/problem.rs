@@ -80,33 +80,7 @@ impl FromStr for KernelKind {
     }
 }
 
-/// Which GPU generation's kernels a launch plan may use. `Sm90` (Hopper, compute capability
-/// 9.0 exactly: the `sm_90a` module's features are not forward compatible) adds the Hopper
-/// forward ([`kernels_gpu::Family::FlashSm90`]) for the problems it covers; everything else
-/// runs the `sm_80` module's kernels on every GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
-pub enum Arch {
-    #[default]
-    Sm80,
-    Sm90,
-}
-
-impl Arch {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Arch::Sm80 => "sm_80",
-            Arch::Sm90 => "sm_90",
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::choice::{Arch, HopperPolicy, Target};
 
 /// Memory layout of Q, K, V and O on the device. Files and the host always use BSHD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -635,8 +609,9 @@ impl Problem {
         self.launches_on(kernel, Arch::Sm80)
     }
 
-    /// The Hopper forward this problem runs on `Arch::Sm90`: bf16/f16 at head dims 64, 128 and
-    /// 256 without ALiBi (every window, GQA, soft cap, sinks and varlen).
+    /// The Hopper forward this problem could run on an sm_90 device: bf16/f16 at head dims 64,
+    /// 128 and 256 without ALiBi (every window, GQA, soft cap, sinks and varlen). Whether it
+    /// runs is the [`Target`]'s choice ([`crate::choice`]).
     pub fn sm90_kernel(&self) -> Option<KernelId> {
         if self.alibi {
             return None;
@@ -644,16 +619,22 @@ impl Problem {
         KernelId::flash_sm90(self.dtype.elem(), self.head_dim)
     }
 
-    /// [`Problem::launches`] on `arch`: on `Arch::Sm90` a flash run takes the Hopper forward
-    /// where [`Problem::sm90_kernel`] has one.
-    pub fn launches_on(&self, kernel: KernelKind, arch: Arch) -> Result<Vec<PlannedLaunch>, ProblemError> {
+    /// [`Problem::launches`] on a device that runs `target`: a flash run takes the Hopper
+    /// forward where [`Target::forward`] picks it ([`crate::choice`]: the measured table, or
+    /// `MEMATTN_HOPPER`).
+    pub fn launches_on(
+        &self,
+        kernel: KernelKind,
+        target: impl Into<Target>,
+    ) -> Result<Vec<PlannedLaunch>, ProblemError> {
+        let target = target.into();
         if !kernel.supports(self.dtype) {
             return Err(ProblemError::UnsupportedDtype { kernel, dtype: self.dtype });
         }
         let window = (self.window.0, self.window_right());
-        let sm90 = match (kernel, arch) {
-            (KernelKind::Flash, Arch::Sm90) => self.sm90_kernel(),
-            _ => None,
+        let sm90 = match kernel {
+            KernelKind::Flash => target.forward(self.sm90_kernel(), self.dtype.elem(), self.head_dim),
+            KernelKind::Naive => None,
         };
         let ids = match sm90 {
             Some(k) => vec![k],

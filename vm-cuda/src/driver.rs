@@ -180,6 +180,41 @@ pub static DTOH_COPIES: AtomicU64 = AtomicU64::new(0);
 pub extern "C" fn vmcuda_device_to_host_copies() -> u64 {
     DTOH_COPIES.load(Ordering::Relaxed)
 }
+
+/// Device allocations made (`cuMemAlloc_v2`, the one allocating entry point this driver
+/// implements; the pool and host allocators are stubs that fail).
+pub static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Device frees asked for (`cuMemFree_v2`).
+pub static FREES: AtomicU64 = AtomicU64::new(0);
+/// Calls that make the host wait for the device: `cuCtxSynchronize`, `cuStreamSynchronize`,
+/// `cuEventSynchronize` and the synchronous copies (`cuMemcpyHtoD_v2`, `cuMemcpyDtoH_v2`,
+/// `cuMemcpyDtoD_v2`), which on a GPU return once the device has done them.
+pub static HOST_SYNCHRONIZATIONS: AtomicU64 = AtomicU64::new(0);
+/// Host-to-device copies (`cuMemcpyHtoD*`, synchronous or not): a loop a CUDA graph replays
+/// must not depend on one.
+pub static HTOD_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// The counters a test reads to prove a loop graph-capturable, in this order: allocations,
+/// frees, host synchronisations, host-to-device copies, device-to-host copies, launches. Written
+/// to `out` (six u64); not a CUDA entry point.
+///
+/// # Safety
+/// `out` must point to six writable u64.
+#[no_mangle]
+pub unsafe extern "C" fn vmcuda_counters(out: *mut u64) {
+    let values = [
+        ALLOCATIONS.load(Ordering::Relaxed),
+        FREES.load(Ordering::Relaxed),
+        HOST_SYNCHRONIZATIONS.load(Ordering::Relaxed),
+        HTOD_COPIES.load(Ordering::Relaxed),
+        DTOH_COPIES.load(Ordering::Relaxed),
+        LAUNCHES.load(Ordering::Relaxed),
+    ];
+    if !out.is_null() {
+        // SAFETY: the caller gives six writable u64.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), out, values.len()) };
+    }
+}
 /// References to the primary context (mirrors `State::primary_refs` for NVML's process list).
 pub static PRIMARY_ACTIVE: AtomicU32 = AtomicU32::new(0);
 
@@ -713,6 +748,7 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     entry(|| state().ctx())
 }
 
@@ -1094,6 +1130,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(h: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(h: Handle) -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     entry(|| state().stream(h))
 }
 
@@ -1149,6 +1186,7 @@ pub unsafe extern "C" fn cuEventRecord(h: Handle, stream: Handle) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(h: Handle) -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     cu_event_synchronize(h)
 }
 
@@ -1217,6 +1255,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
         if dptr.is_null() || bytes == 0 {
             return Err(INVALID_VALUE);
         }
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         let p = s.vm.alloc(bytes as u64).map_err(|e| vm_err("cuMemAlloc", e))?;
         s.sync_memory();
         out(dptr, p)
@@ -1225,6 +1264,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    FREES.fetch_add(1, Ordering::Relaxed);
     entry(|| {
         let mut s = state();
         s.ctx()?;
@@ -1235,6 +1275,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CUresult {
+    HTOD_COPIES.fetch_add(1, Ordering::Relaxed);
     entry(|| {
         let mut s = state();
         s.stream(stream)?;
@@ -1277,14 +1318,17 @@ unsafe fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     htod(dst, src, n, std::ptr::null_mut())
 }
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     dtoh(dst, src, n, std::ptr::null_mut())
 }
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    HOST_SYNCHRONIZATIONS.fetch_add(1, Ordering::Relaxed);
     dtod(dst, src, n, std::ptr::null_mut())
 }
 #[no_mangle]

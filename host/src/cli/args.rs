@@ -131,10 +131,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "initcheck,racecheck", value_delimiter = ',')]
     pub vm_allow: Vec<VmCheck>,
 
-    /// VM: the GPU generation the VM models for kernel selection. `sm_90` runs the Hopper
-    /// forward (`flash_fwd_*_sm90_*`: TMA, wgmma, warp specialisation; the `sm_90a` module) for
-    /// bf16/f16 flash at head dims 64, 128 and 256 without ALiBi, and raises the shared-memory
-    /// limit to an H100's 227 KiB; everything else runs the sm_80 kernels either way.
+    /// VM: the GPU generation the VM models for kernel selection, as a GPU of that compute
+    /// capability would pick. `sm_90` runs the `sm_90a` module's kernels where the measured table
+    /// picks them (the Hopper forward `flash_fwd_*_sm90_*` for bf16/f16 flash at head dims 128
+    /// and 256 without ALiBi, the e4m3 decode; `MEMATTN_HOPPER=1` every one there is, d64
+    /// included, `0` none) and raises the shared-memory limit to an H100's 227 KiB; everything
+    /// else runs the sm_80 kernels either way.
     #[arg(long, global = true, value_name = "ARCH", default_value = "sm_80", value_parser = parse_vm_arch)]
     pub vm_arch: memattn_cli::problem::Arch,
 

@@ -149,7 +149,7 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let (mut failed, mut device_errors, mut not_run) = (0, 0, 0);
     let mut rows = Vec::new();
     let mut ratios: Vec<(f64, u32, &str)> = Vec::new();
-    let arch = dev.arch()?;
+    let arch = dev.target()?;
     // The cases are independent: on the VM, where a case's host work (inputs, the f64 reference)
     // and small launches leave cores idle, a second device runs cases next to the first; the
     // table is printed in case order all the same.

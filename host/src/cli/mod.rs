@@ -154,6 +154,7 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     o.vm_racecheck = !cli.vm_allow.contains(&args::VmCheck::Racecheck);
     o.vm_bank_conflicts = cli.vm_bank_conflicts;
     o.vm_arch = cli.vm_arch;
+    o.hopper = memattn_cli::choice::HopperPolicy::from_env().map_err(Error::Usage)?;
     Ok(o)
 }
 

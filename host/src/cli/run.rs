@@ -96,7 +96,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     let (mut dev, reason) = open_device(cli)?;
     if !cli.json {
         println!("problem: {}", describe_problem(&problem));
-        println!("{}", expected_memory(kernel, &AnalyticBytes::on(&problem, kernel, dev.arch()?)));
+        println!("{}", expected_memory(kernel, &AnalyticBytes::on(&problem, kernel, dev.target()?)));
     }
     let report = memattn_cli::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
     // Only a verified result replaces the output file.

@@ -57,8 +57,10 @@ pub fn trace(cli: &Cli, a: &TraceArgs) -> Result<i32, Error> {
     let small = Problem { heads: 1, seq_q: 64, seq_kv: 64, ..Problem::default() };
     let problem = resolve_problem(&a.problem, None, small)?;
     problem.validate_shape(kernel)?;
-    // The kernels of the generation the VM models (`--vm-arch`), as the run will launch them.
-    let planned = problem.launches_on(kernel, cli.vm_arch)?;
+    // The kernels of the generation the VM models (`--vm-arch`, with MEMATTN_HOPPER's choice),
+    // as the run will launch them.
+    let hopper = memattn_cli::choice::HopperPolicy::from_env().map_err(Error::Usage)?;
+    let planned = problem.launches_on(kernel, memattn_cli::choice::Target::new(cli.vm_arch, hopper))?;
     let entry = match kernel {
         KernelKind::Flash if a.step.is_some() => {
             return Err(Error::Usage(

@@ -60,12 +60,22 @@ impl<'a> PartialsView<'a> {
 /// per-tensor scale is stored once per KV head), checked when made ([`Kernels::fp8_scales`]).
 pub struct Fp8Scales {
     values: Vec<f32>,
-    buf: DeviceBuffer,
+    /// The device address of the `values` (f32).
+    ptr: u64,
+    /// The device (and stream) they were copied on.
+    place: Place,
+    _storage: Fp8ScalesStorage,
+}
+
+#[allow(dead_code)] // owns the device memory `ptr` refers to
+enum Fp8ScalesStorage {
+    Dev(DeviceBuffer),
+    Cuda(cudarc::driver::CudaSlice<f32>),
 }
 
 impl fmt::Debug for Fp8Scales {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Fp8Scales").field("values", &self.values).field("ptr", &self.buf.ptr).finish()
+        f.debug_struct("Fp8Scales").field("values", &self.values).field("ptr", &self.ptr).finish()
     }
 }
 
@@ -74,13 +84,18 @@ impl Fp8Scales {
     pub fn values(&self) -> &[f32] {
         &self.values
     }
+    /// Bytes on the device.
+    fn bytes(&self) -> u64 {
+        self.values.len() as u64 * 4
+    }
 }
 
 /// An FP8 KV cache tensor: one byte per element in `format` ([`Fp8Format`], `docs/semantics.md`
 /// "FP8 KV cache"), `[batch, seq_cache, heads_kv, head_dim]` or paged `[num_pages, page_size,
 /// heads_kv, head_dim]`, contiguous, in a buffer of device-backed kernels (VM or
-/// [`Kernels::on_device`]). Element `x` is stored as `encode(x / scale)`; its value is
-/// `decode(byte) * scale` with the scale of its KV head ([`Fp8Scales`]).
+/// [`Kernels::on_device`]) or a caller's cudarc `u8` slice ([`Fp8CacheViewMut::cuda`]). Element
+/// `x` is stored as `encode(x / scale)`; its value is `decode(byte) * scale` with the scale of
+/// its KV head ([`Fp8Scales`]).
 pub struct Fp8CacheViewMut<'a> {
     /// The cache seen with its shape; the dtype slot holds bf16 (the dtype of the call) and is
     /// never used to size it.
@@ -93,6 +108,21 @@ impl<'a> Fp8CacheViewMut<'a> {
     pub fn device(buf: &'a DeviceBuffer, format: Fp8Format, shape: [usize; 4]) -> Result<Self, AttnError> {
         let raw = RawView::new(buf.ptr, buf.bytes, Dtype::Bf16, shape, buf.dev.place());
         Ok(Fp8CacheViewMut { view: TensorViewMut { raw, _guard: None, stream: None, _borrow: PhantomData }, format })
+    }
+    /// An FP8 cache in a caller's cudarc slice of bytes (`CudaSlice<u8>` or `CudaViewMut<u8>`),
+    /// `shape` elements of one byte from its start, for launches on `stream`.
+    pub fn cuda<S: cudarc::driver::DevicePtrMut<u8>>(
+        slice: &'a mut S,
+        stream: &'a Arc<CudaStream>,
+        format: Fp8Format,
+        shape: [usize; 4],
+    ) -> Result<Self, AttnError> {
+        check_slice_context("the FP8 cache", slice, stream)?;
+        let avail = slice.len() as u64;
+        let (ptr, guard) = slice.device_ptr_mut(stream);
+        let raw = RawView::new(ptr, avail, Dtype::Bf16, shape, cuda_place(stream));
+        let view = TensorViewMut { raw, _guard: Some(guard), stream: Some(stream.clone()), _borrow: PhantomData };
+        Ok(Fp8CacheViewMut { view, format })
     }
     pub fn format(&self) -> Fp8Format {
         self.format
@@ -414,19 +444,46 @@ impl Kernels {
 
     /// The scales of one FP8 cache tensor on the kernels' device: `scales` holds 1 (per tensor)
     /// or `heads_kv` (per KV head) values, each finite and > 0 ([`KvCacheRule::Fp8Scale`],
-    /// [`KvCacheRule::Fp8ScaleCount`]). Device-backed kernels only (VM or
-    /// [`Kernels::on_device`]).
+    /// [`KvCacheRule::Fp8ScaleCount`]). Device-backed kernels (VM or [`Kernels::on_device`]);
+    /// on a caller's CUDA context use [`Kernels::fp8_scales_on`] with a stream.
     pub fn fp8_scales(&self, scales: &[f32], heads_kv: usize) -> Result<Fp8Scales, AttnError> {
+        self.fp8_scales_on(scales, heads_kv, None)
+    }
+
+    /// [`Kernels::fp8_scales`] on any kernels: on CUDA kernels the scales are copied on `stream`
+    /// (without waiting), and the plans using them must run on that stream.
+    pub fn fp8_scales_on(
+        &self,
+        scales: &[f32],
+        heads_kv: usize,
+        stream: Option<&Arc<CudaStream>>,
+    ) -> Result<Fp8Scales, AttnError> {
         check_fp8_scales("scales", scales, heads_kv, true).map_err(kv_err)?;
-        if !matches!(self.inner, Inner::Dev(_)) {
-            return Err(AttnError::NotSupportedYet {
-                feature: "FP8 KV caches on CUDA kernels (device-backed kernels only)",
-            });
-        }
         let values: Vec<f32> = (0..heads_kv).map(|h| crate::decode::DecodeInputs::fp8_scale(scales, h)).collect();
-        let buf = self.alloc(values.len() as u64 * 4)?;
-        buf.write_bytes(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
-        Ok(Fp8Scales { values, buf })
+        match &self.inner {
+            Inner::Dev(dev) => {
+                let buf = self.alloc(values.len() as u64 * 4)?;
+                buf.write_bytes(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+                Ok(Fp8Scales { values, ptr: buf.ptr(), place: dev.place(), _storage: Fp8ScalesStorage::Dev(buf) })
+            }
+            Inner::Cuda(c) => {
+                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
+                    tensor: "FP8 scales",
+                    got: "no stream".into(),
+                    expected: "a stream of the kernels' context (Kernels::fp8_scales_on: CUDA kernels copy the scales on a stream)".into(),
+                })?;
+                if stream.context().cu_ctx() != c.ctx.cu_ctx() {
+                    return Err(AttnError::StreamContext {
+                        tensor: "FP8 scales",
+                        got: stream.context().cu_ctx() as usize,
+                        expected: c.ctx.cu_ctx() as usize,
+                    });
+                }
+                let slice = stream.clone_htod(&values).map_err(|e| cuda_err("copying FP8 scales to the device", e))?;
+                let ptr = slice.device_ptr(stream).0;
+                Ok(Fp8Scales { values, ptr, place: cuda_place(stream), _storage: Fp8ScalesStorage::Cuda(slice) })
+            }
+        }
     }
 
     /// [`Kernels::plan_kvcache`] for an FP8 KV cache: bf16 `q`, `o`, `k_new`, `v_new`; the caches
@@ -1071,12 +1128,15 @@ impl Kernels {
             }));
         }
         let plan = problem.plan().map_err(kv_err)?;
-        let mut launches = planned_launches(&problem, &plan, self.arch()?).map_err(kv_err)?;
+        let mut launches = planned_launches(&problem, &plan, self.target()?).map_err(kv_err)?;
         if on_device {
             // First in the stream: the check every later launch of the call obeys.
             let check = KernelId::find(Family::DecodeCheck, dtype.elem(), None)
                 .ok_or(AttnError::NotSupportedYet { feature: "device-checked indices for this dtype" })?;
             launches.insert(0, (check, kernels_gpu::tiles::APPEND.launch(1, 1)));
+            // The status words the check writes, made now (once per kernels handle): a run of
+            // the plan then allocates and waits for nothing.
+            self.kv_status_ptr()?;
         }
         self.check_module(&launches.iter().map(|l| l.0).collect::<Vec<_>>())?;
         for (kernel, dims) in &launches {
@@ -1104,14 +1164,23 @@ impl Kernels {
                         fp8: true,
                     }));
                 }
-                if s.buf.dev.place() != q.raw.place {
+                let same = match (s.place, q.raw.place) {
+                    (Place::Cuda { ctx, stream }, Place::Cuda { ctx: qc, stream: qs }) => {
+                        if ctx == qc && stream != qs {
+                            return Err(AttnError::StreamMismatch { tensor: name, got: stream, expected: qs });
+                        }
+                        ctx == qc
+                    }
+                    (a, b) => a == b,
+                };
+                if !same {
                     return Err(AttnError::WrongDevice {
                         tensor: name,
-                        got: s.buf.dev.place().to_string(),
+                        got: s.place.to_string(),
                         expected: q.raw.place.to_string(),
                     });
                 }
-                extents.push(alias::Extent::of_ptr(name, q.raw.place, s.buf.ptr, s.buf.bytes));
+                extents.push(alias::Extent::of_ptr(name, q.raw.place, s.ptr, s.bytes()));
             }
         }
         if let Some(bt) = block_table {
@@ -1145,7 +1214,7 @@ impl Kernels {
             problem,
             sinks: opts.sinks.map_or(0, |s| s.0.raw.ptr),
             alibi: alibi.unwrap_or((0, 0)),
-            fp8: fp8.map(|f| (f.format, f.k_scale.buf.ptr, f.v_scale.buf.ptr)),
+            fp8: fp8.map(|f| (f.format, f.k_scale.ptr, f.v_scale.ptr)),
             slots: [opts.cache_batch_idx.map_or(0, |t| t.ptr), opts.cache_leftpad.map_or(0, |t| t.ptr)],
             rotary: opts.rotary.map_or([0, 0], |r| [r.cos.raw.ptr, r.sin.raw.ptr]),
             on_device,

@@ -68,6 +68,7 @@ pub const REQUIRED_DRIVER_FUNCTIONS: &[&str] = &[
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",
     "cuMemsetD32_v2",
+    "cuTensorMapEncodeTiled",
     "cuGetErrorName",
     "cuGetErrorString",
 ];
@@ -333,4 +334,42 @@ impl Drop for CudaModule {
             let _ = unsafe { result::module::unload(m) };
         }
     }
+}
+
+/// Encodes a tensor map of the Hopper forward (`cuTensorMapEncodeTiled`) in the current
+/// context: the 128 bytes the kernel's TMA copies read, for global memory.
+pub fn encode_tensor_map(desc: &crate::tma::TensorMapDesc) -> Result<[u8; 128], DeviceError> {
+    use sys::{
+        CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    let element_strides = [1u32; 4];
+    // SAFETY: every pointer is to a local array of the rank's length; the map is written by the
+    // driver. The address is a device address the caller allocated (the encoding only records
+    // it).
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            // 2-byte elements; the copy moves bits, and zero bits are +0.0 in bf16 and f16.
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            4,
+            desc.address as *mut c_void,
+            desc.dims.as_ptr(),
+            desc.strides.as_ptr(),
+            desc.box_dims.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(|e| drv("cuTensorMapEncodeTiled", e))?;
+    // SAFETY: initialised (zeroed, then written by the driver).
+    let map = unsafe { map.assume_init() };
+    let mut out = [0u8; 128];
+    for (i, w) in map.opaque.iter().enumerate() {
+        out[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    Ok(out)
 }

@@ -114,6 +114,10 @@ pub enum DeviceError {
     OutOfMemory { requested: u64, free: u64 },
     #[error("host memory: cannot allocate {bytes} bytes ({human}) for {what}")]
     HostMemory { what: String, bytes: u64, human: String },
+    /// An environment setting the library reads has a value it does not take (the message
+    /// names the variable and its values).
+    #[error("{0}")]
+    Setting(String),
 }
 
 /// A device that can run memattn's kernels and measure them.
@@ -179,6 +183,11 @@ pub trait Device: Send {
     /// ([`DeviceOptions::vm_arch`]).
     fn arch(&mut self) -> Result<Arch, DeviceError> {
         Ok(Arch::Sm80)
+    }
+    /// The kernels the library picks here: [`Device::arch`] with the measured choices
+    /// ([`crate::choice`]); a device opened with [`DeviceOptions::hopper`] carries that policy.
+    fn target(&mut self) -> Result<crate::choice::Target, DeviceError> {
+        Ok(self.arch()?.into())
     }
     /// Encodes a TMA tensor map (128 bytes, for global memory) of the Hopper forward.
     fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
@@ -255,9 +264,10 @@ pub struct DeviceOptions {
     pub vm_arch: Arch,
     /// The `sm_90a` module (the Hopper kernels), loaded on the first launch of one of them.
     pub ptx_sm90: PtxSource,
-    /// CUDA: let the library pick the Hopper forward on a compute capability 9.0 GPU (off by
-    /// default until a GPU run has verified it; `memattn --hopper`, or `MEMATTN_HOPPER=1`).
-    pub hopper: bool,
+    /// Whether an sm_90 device (a compute capability 9.0 GPU, or the VM with `vm_arch` `Sm90`)
+    /// runs the `sm_90a` module's kernels: the measured choice by default, `MEMATTN_HOPPER=1`
+    /// always, `0` never ([`crate::choice`]).
+    pub hopper: crate::choice::HopperPolicy,
 }
 
 impl DeviceOptions {
@@ -275,7 +285,9 @@ impl DeviceOptions {
             vm_max_shared_per_block: None,
             vm_arch: Arch::Sm80,
             ptx_sm90: PtxSource::embedded_sm90(),
-            hopper: std::env::var_os("MEMATTN_HOPPER").is_some_and(|v| v == "1"),
+            // A value the variable cannot have is refused where a device opens
+            // ([`crate::choice::HopperPolicy::from_env`]).
+            hopper: crate::choice::HopperPolicy::from_env().unwrap_or_default(),
         }
     }
 }

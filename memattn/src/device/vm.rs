@@ -21,6 +21,8 @@ pub struct VmDevice {
     ptx_sm90: PtxSource,
     module_sm90: Option<Arc<Module>>,
     arch: Arch,
+    /// `MEMATTN_HOPPER` as the options had it ([`crate::choice`]).
+    hopper: crate::choice::HopperPolicy,
     workers: usize,
     timer: Option<Instant>,
     mem_before: u64,
@@ -72,6 +74,7 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
 
 impl VmDevice {
     pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
+        crate::choice::HopperPolicy::from_env().map_err(DeviceError::Setting)?;
         let module = opts
             .ptx
             .vm_module()
@@ -101,6 +104,7 @@ impl VmDevice {
             ptx_sm90: opts.ptx_sm90.clone(),
             module_sm90: None,
             arch: opts.vm_arch,
+            hopper: opts.hopper,
             workers,
             timer: None,
             mem_before: 0,
@@ -203,6 +207,10 @@ impl Device for VmDevice {
 
     fn arch(&mut self) -> Result<Arch, DeviceError> {
         Ok(self.arch)
+    }
+
+    fn target(&mut self) -> Result<crate::choice::Target, DeviceError> {
+        Ok(crate::choice::Target::new(self.arch, self.hopper))
     }
 
     fn encode_tensor_map(&mut self, desc: &TensorMapDesc) -> Result<[u8; 128], DeviceError> {
