@@ -2,10 +2,13 @@
 # GPU check for memattn: runs the prebuilt release binary on a machine with an NVIDIA GPU and no
 # Rust toolchain. About 7 minutes on an H200 (its first run and every figure: docs/gpu-h200.md).
 #
-#   Build (on a machine with the toolchain):  cargo build --release -p memattn-cli
-#   Carry:  target/release/memattn (git-ignored, so name it explicitly, e.g. in the runner's carry
-#           list, or copy it next to this script); the GPU machine needs only the NVIDIA driver.
-#   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn)
+#   Build (on a machine with the toolchain):
+#           cargo build --release -p memattn-cli && cargo build --release -p memattn --example caller_context
+#   Carry:  target/release/memattn and target/release/examples/caller_context (git-ignored, so name
+#           them explicitly, e.g. in the runner's carry list); the GPU machine needs only the
+#           NVIDIA driver.
+#   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn; the
+#           example is looked for at $CALLER_CONTEXT_BIN, else examples/caller_context next to it)
 #
 # Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/<step>.{out,err}.
 # The last things printed are the benchmark table (memattn vs PyTorch SDPA, bf16/f16) and a
@@ -21,6 +24,9 @@
 #   blocks to fill the GPU), seq 1024/4096/16384, d 64/128, causal and not, bf16; one f16 shape;
 #   then the other head dims, d 32/96/192/256 at seq 4096, causal and not, bf16 (heads = 2048 / d
 #   rounded down: 64, 21, 10, 8).
+#   memattn runs its default kernel for each shape (on sm_90 the Hopper forward at d128 and d256,
+#   from the measured table; each shape's JSON names it); MEMATTN_HOPPER=0 times the sm_80
+#   kernels everywhere.
 #   MEMATTN_BENCH=0 skips the benchmark.
 set -u
 
@@ -47,10 +53,10 @@ step() {
     out="$(mktemp)"
     err="$(mktemp)"
     t0=$(date +%s.%N)
-    timeout "$limit" "$BIN" "$@" >"$out" 2>"$err"
+    timeout "$limit" "${STEP_BIN:-$BIN}" "$@" >"$out" 2>"$err"
     rc=$?
     t1=$(date +%s.%N)
-    echo "=== $name: memattn $* (exit $rc)"
+    echo "=== $name: $(basename "${STEP_BIN:-$BIN}") $* (exit $rc)"
     cat "$out"
     cat "$err" >&2
     if [ -n "$LOG" ]; then
@@ -60,6 +66,7 @@ step() {
     local note=""
     if grep -q '"verified": true' "$out" 2>/dev/null; then note="verified"; fi
     if grep -q '"verified": false' "$out" 2>/dev/null; then note="NOT VERIFIED"; fi
+    if grep -q '^verified: every part' "$out" 2>/dev/null; then note="verified"; fi
     if [ "$rc" = 124 ]; then note="timed out after ${limit}s"; fi
     if [ "$rc" != 0 ] && [ -z "$note" ]; then note="$(grep -m1 . "$err" | cut -c1-100)"; fi
     [ "$rc" = 0 ] || FAILED=1
@@ -105,23 +112,36 @@ step run-f16-d96 60 --backend cuda --json run --kernel flash --dtype f16 --batch
 step run-bf16-d192-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq-q 1000 --seq-kv 777 --head-dim 192 --causal
 step run-bf16-d256-bhsd 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 4 --seq 555 --head-dim 256 --layout bhsd --check-rows all
 # The Hopper forward (flash_fwd_*_sm90_*, the sm_90a module: TMA, mbarriers, wgmma, warp
-# specialisation). The library picks it on compute capability 9.0 only with MEMATTN_HOPPER=1;
-# every step checks rows against the f64 reference. First passed on an H200 (docs/gpu-h200.md:
-# 1.83x the sm_80 kernel at d128, 1.76x at d256, 0.88x at d64).
+# specialisation). On compute capability 9.0 the library picks it by default where the measured
+# table (memattn/src/choice/kernel-choice.tsv) says so, bf16/f16 d128 and d256; MEMATTN_HOPPER=1
+# adds d64, MEMATTN_HOPPER=0 keeps the sm_80 module. Every step checks rows against the f64
+# reference. First passed on an H200 (docs/gpu-h200.md: 1.83x the sm_80 kernel at d128, 1.76x
+# at d256, 0.88x at d64).
 if [ "${MEMATTN_SM90:-1}" != 0 ]; then
+    # The default, with no variable: the command must name flash_fwd_bf16_sm90_d128 here.
+    step sm90-default-d128 60 --backend cuda --json run --dtype bf16 --heads 4 --heads-kv 2 --seq-q 700 --seq-kv 1000 --head-dim 128 --causal --check-rows all
+    # A caller's own CUDA context, as an engine holds one (memattn/examples/caller_context.rs):
+    # the default forward (the Hopper one here), an e4m3 KV cache in the caller's buffers, and a
+    # decode step plus a prefill captured as one CUDA graph and replayed, all checked in f64.
+    CALLER_CONTEXT_BIN="${CALLER_CONTEXT_BIN:-$(dirname "$BIN")/examples/caller_context}"
+    if [ -x "$CALLER_CONTEXT_BIN" ]; then
+        STEP_BIN="$CALLER_CONTEXT_BIN" step caller-context 300
+    else
+        SUMMARY+=("$(printf '%-22s %4s %7s  %s' caller-context - - "skipped: no $CALLER_CONTEXT_BIN")")
+    fi
     MEMATTN_HOPPER=1 step sm90-bf16-d128-causal 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 8 --seq-q 777 --seq-kv 1500 --head-dim 128 --causal --check-rows all
     MEMATTN_HOPPER=1 step sm90-f16-d64-bhsd 60 --backend cuda --json run --kernel flash --dtype f16 --batch 3 --heads 5 --seq 333 --head-dim 64 --layout bhsd --check-rows all
     MEMATTN_HOPPER=1 step sm90-bf16-d256-gqa-win 60 --backend cuda --json run --kernel flash --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seq-q 1000 --seq-kv 1300 --head-dim 256 --window 255,0 --check-rows all
     MEMATTN_HOPPER=1 step sm90-bf16-d128-softcap 60 --backend cuda --json run --kernel flash --dtype bf16 --heads 4 --seq 1000 --head-dim 128 --softcap 30 --check-rows all
     # The e4m3 KV-cache decode of the sm_90a module (cvt.rn.f16x2.e4m3x2), against the sm_80 row.
     MEMATTN_HOPPER=1 step sm90-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
-    step sm80-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
+    MEMATTN_HOPPER=0 step sm80-decode-fp8 60 --backend cuda --json decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
     # The same call on a bf16 cache: the like-for-like baseline of the two e4m3 rows (the first
     # H200 run had 0.0528 ms for both, and no bf16 figure with the append and this split plan).
     step decode-bf16-as-fp8 60 --backend cuda --json decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 8192 --new-tokens 1 --page-size 16
     # Side by side, the same shape: the sm_80 kernel, then the Hopper one (flash_time_ms, median).
     for d in 64 128 256; do
-        step "time-sm80-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
+        MEMATTN_HOPPER=0 step "time-sm80-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
         MEMATTN_HOPPER=1 step "time-sm90-d$d" 120 --backend cuda --json run --kernel flash --dtype bf16 --batch 4 --heads $((2048 / d)) --seq 4096 --head-dim "$d" --causal --repeats 20 --warmup 3
     done
 fi

@@ -21,6 +21,7 @@ mod memattn_units {
         attn_alias: [nested_strides_are_one_to_one_and_shared_ones_are_not],
         attn_backward: [gradients_match_the_f64_reference, tensor_core_gradients_match_the_f64_reference, compact_backward_runs_where_shared_memory_is_small, varlen_gradients_match_the_f64_reference, atomic_dq_adds_survive_several_workers, deterministic_mode_is_bitwise_reproducible_and_right, the_workspace_is_stated_exactly, the_allocating_form_returns_verified_gradients, refusals_are_typed],
         attn_naive_backward: [naive_gradients_match_the_f64_reference, the_workspace_is_p_and_ds_exactly, refusals_are_typed],
+        choice: [the_table_parses_and_each_timed_row_picks_the_faster_kernel, malformed_rows_are_refused_with_their_line, the_policy_picks_by_table_and_override],
         cp: [segments_cover_the_sequence_once, block_plans_reproduce_the_global_mask, overlap_model_orders_the_strategies, strategies_parse_and_print],
         cp_grouped: [a_ring_and_an_all_gather_pair_up, rendezvous_reports_a_group_that_would_hang, calls_that_do_not_pair_up_fail_instead_of_hanging],
         decode: [heuristic_matches_flash_attention_2_on_known_cases, the_benchmark_plan_fills_the_modelled_gpu, sizes_are_exact_and_refuse_what_does_not_fit, shape_rules_are_named, non_finite_sinks_are_refused_and_underflow_is_not_an_error, reference_with_a_sink_known_answer, fp8_reference_reads_the_bytes_and_scale_rules_are_named, merge_reference_known_answers],

@@ -35,7 +35,8 @@ The run is verified against the f64 reference over the same bytes (the usual bf1
 the report adds the quantisation error: the rel RMS of O against attention over the unquantised
 cache. FP8 runs on tensor cores (the cache widened exactly to f16 after each load, f16 mma.sync;
 no FP8 instructions, so sm_80 runs it; on sm_90 (--vm-arch sm_90, or a Hopper GPU with the sm_90a
-module) e4m3 is widened by cvt.rn.f16x2.e4m3x2 instead) or, with --kernel simt, on the SIMT kernel.
+module, unless MEMATTN_HOPPER=0) e4m3 is widened by cvt.rn.f16x2.e4m3x2 instead) or, with
+--kernel simt, on the SIMT kernel.
 
 Split-KV: --splits N cuts each sequence's keys into N ranges of whole key tiles (64 keys for the
 tensor-core kernel, 32 for SIMT), computed by N blocks in parallel and merged by log-sum-exp

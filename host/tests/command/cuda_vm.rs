@@ -92,18 +92,20 @@ fn run_on_the_vm_backed_driver_equals_the_vm_bit_for_bit() {
 }
 
 /// The Hopper forward through the CUDA path (the sm_90a module loaded by the driver's JIT,
-/// tensor maps from `cuTensorMapEncodeTiled`) on the VM-backed driver modelling sm_90 equals
-/// `--backend vm --vm-arch sm_90` bit for bit; without `MEMATTN_HOPPER=1` the CUDA path keeps
-/// the sm_80 kernel.
+/// tensor maps from `cuTensorMapEncodeTiled`, stored by `tensor_maps_store`) on the VM-backed
+/// driver modelling sm_90 equals `--backend vm --vm-arch sm_90` bit for bit. With no variable set
+/// both pick it at d128 (the measured table); `MEMATTN_HOPPER=0` keeps the sm_80 kernel there,
+/// `MEMATTN_HOPPER=1` picks it at d64 too, where the table keeps the sm_80 kernel; another value
+/// is refused naming the variable (exit 2).
 #[test]
 fn the_hopper_forward_on_the_vm_backed_driver_equals_the_vm() {
-    let args = |backend: &'static str, out: &PathBuf| -> Vec<String> {
+    let args = |backend: &str, d: &str, out: &PathBuf| -> Vec<String> {
         let mut a: Vec<String> = ["--json", "--backend", backend, "--vm-arch", "sm_90", "run", "--dtype", "bf16"]
             .iter()
             .map(|s| s.to_string())
             .collect();
         a.extend(
-            ["--heads", "4", "--heads-kv", "2", "--seq-q", "150", "--seq-kv", "201", "--head-dim", "64", "--causal"]
+            ["--heads", "4", "--heads-kv", "2", "--seq-q", "150", "--seq-kv", "201", "--head-dim", d, "--causal"]
                 .iter()
                 .map(|s| s.to_string()),
         );
@@ -111,20 +113,37 @@ fn the_hopper_forward_on_the_vm_backed_driver_equals_the_vm() {
         a
     };
     let mut outs = Vec::new();
-    for (backend, hopper) in [("cuda", "1"), ("vm", "0"), ("cuda", "0")] {
-        let out = tmp(&format!("sm90-{backend}-{hopper}.safetensors"));
-        let a = args(backend, &out);
+    let cases = [
+        ("cuda", "128", None, "flash_fwd_bf16_sm90_d128"),
+        ("vm", "128", None, "flash_fwd_bf16_sm90_d128"),
+        ("cuda", "128", Some("0"), "flash_fwd_bf16_d128"),
+        ("cuda", "64", None, "flash_fwd_bf16_d64"),
+        ("cuda", "64", Some("1"), "flash_fwd_bf16_sm90_d64"),
+        ("vm", "64", Some("1"), "flash_fwd_bf16_sm90_d64"),
+    ];
+    for (backend, d, hopper, want) in cases {
+        let out = tmp(&format!("sm90-{backend}-{d}-{}.safetensors", hopper.unwrap_or("unset")));
+        let a = args(backend, d, &out);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ARCH", "sm_90"), ("MEMATTN_HOPPER", hopper)], &a);
-        assert_eq!(code(&o), 0, "{backend} {hopper}: {}", stderr(&o));
+        let mut envs = vec![("VM_CUDA_ARCH", "sm_90")];
+        envs.extend(hopper.map(|h| ("MEMATTN_HOPPER", h)));
+        let o = memattn_with(&vm_cuda(), &envs, &a);
+        assert_eq!(code(&o), 0, "{backend} d{d} {hopper:?}: {}", stderr(&o));
         let v = json(&o);
         assert_eq!(v["verified"], true, "{v}");
-        let want = if backend == "cuda" && hopper == "0" { "flash_fwd_bf16_d64" } else { "flash_fwd_bf16_sm90_d64" };
-        assert!(v.to_string().contains(want), "{backend} {hopper}: {want} not in {v}");
-        assert_eq!(v["memory"]["peak_delta_bytes"], v["analytic_bytes"]["total"], "{backend} {hopper}: {v}");
+        assert!(v.to_string().contains(want), "{backend} d{d} {hopper:?}: {want} not in {v}");
+        assert_eq!(v["memory"]["peak_delta_bytes"], v["analytic_bytes"]["total"], "{backend} d{d} {hopper:?}: {v}");
         outs.push(std::fs::read(&out).unwrap());
     }
-    assert!(outs[0] == outs[1], "O and LSE differ between the Hopper forward on the driver and in the VM");
+    assert!(outs[0] == outs[1], "O and LSE differ between the Hopper forward on the driver and in the VM (d128)");
+    assert!(outs[4] == outs[5], "O and LSE differ between the Hopper forward on the driver and in the VM (d64)");
+    let out = tmp("sm90-bad-hopper.safetensors");
+    let a = args("cuda", "128", &out);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = memattn_with(&vm_cuda(), &[("VM_CUDA_ARCH", "sm_90"), ("MEMATTN_HOPPER", "yes")], &a);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("MEMATTN_HOPPER=\"yes\"") && stderr(&o).contains("use 1"), "{}", stderr(&o));
+    assert!(!out.exists(), "nothing is written after a refused setting");
 }
 
 /// NVML reports utilisation over the past sample period, so a launch that starts and ends

@@ -13,9 +13,13 @@ use memattn::problem::Arch;
 use memattn::ptx::PtxSource;
 use memattn::{reference, Dtype, Problem};
 
+/// The VM modelling sm_90 with every Hopper row on (`MEMATTN_HOPPER=1`'s policy): the tests
+/// check the kernel at each head dim it has, d64 included, which the measured table leaves to
+/// the sm_80 kernel by default.
 fn sm90_kernels() -> Kernels {
     let mut opts = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
     opts.vm_arch = Arch::Sm90;
+    opts.hopper = memattn::choice::HopperPolicy::Always;
     Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()))
 }
 
@@ -33,12 +37,13 @@ fn assert_close(p: &Problem, o: &[f32], lse: &[f32], ro: &[f64], rl: &[f64]) {
     }
 }
 
-/// The kernel the last call launched: the Hopper row for `p`.
+/// The kernels the last call launched: the tensor-map store, then the Hopper row for `p`.
 fn assert_ran_sm90(kernels: &Kernels, p: &Problem) {
     let launched = kernels.take_launches().unwrap();
-    assert_eq!(launched.len(), 1, "{launched:?}");
+    assert_eq!(launched.len(), 2, "{launched:?}");
+    assert_eq!(launched[0].kernel, kernels_gpu::KernelId::TensorMapsStore, "({p:?})");
     let want = p.sm90_kernel().expect("a Hopper row");
-    assert_eq!(launched[0].kernel, want, "({p:?})");
+    assert_eq!(launched[1].kernel, want, "({p:?})");
 }
 
 #[test]
@@ -161,4 +166,40 @@ fn the_sm80_model_keeps_the_sm80_kernels() {
     flash_into(&kernels, &p, (&q, &k, &v), &AttnOpts::new());
     let launched = kernels.take_launches().unwrap();
     assert_eq!(launched[0].kernel, kernels_gpu::KernelId::FlashFwdBf16D128);
+}
+
+/// The VM modelling sm_90 with the default policy picks what the measured table says (the
+/// Hopper forward at d128, the sm_80 kernel at d64, where the Hopper one measured 0.88x), and
+/// `HopperPolicy::Never` (`MEMATTN_HOPPER=0`) keeps the sm_80 module; both results verify.
+#[test]
+fn the_default_follows_the_measured_table_and_never_keeps_sm80() {
+    use kernels_gpu::KernelId;
+    use memattn::choice::HopperPolicy;
+    for (policy, d, want) in [
+        (HopperPolicy::Measured, 128, KernelId::FlashFwdBf16Sm90D128),
+        (HopperPolicy::Measured, 64, KernelId::FlashFwdBf16D64),
+        (HopperPolicy::Never, 128, KernelId::FlashFwdBf16D128),
+    ] {
+        let mut opts = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
+        opts.vm_arch = Arch::Sm90;
+        opts.hopper = policy;
+        let kernels = Kernels::on_device(Box::new(VmDevice::new(&opts).unwrap()));
+        kernels.record_launches(true).unwrap();
+        let p = Problem {
+            heads: 2,
+            seq_q: 70,
+            seq_kv: 133,
+            head_dim: d,
+            causal: true,
+            dtype: Dtype::Bf16,
+            ..Problem::default()
+        };
+        let (nq, nk) = (70 * 2 * d as usize, 133 * 2 * d as usize);
+        let (q, k, v) = (data(nq, 7, p.dtype), data(nk, 8, p.dtype), data(nk, 9, p.dtype));
+        let (o, lse) = flash_into(&kernels, &p, (&q, &k, &v), &AttnOpts::new().causal(true));
+        let launched = kernels.take_launches().unwrap();
+        assert_eq!(launched.last().unwrap().kernel, want, "{policy:?} d{d}");
+        let (ro, rl) = reference::attention(&p, &q, &k, &v).unwrap();
+        assert_close(&p, &o, &lse, &ro, &rl);
+    }
 }
