@@ -71,6 +71,16 @@ pub fn forward_maps(p: &AttnParams, tile: FlashSm90Tile, total_kv: u64) -> [Tens
         };
         // One packed sequence: no batch dimension to speak of; any stride covering the rest.
         strides[2] = if varlen { (strides[0] * dims[1]).max(strides[1] * dims[2]) } else { e * s.batch };
+        // A dimension of extent 1 is never stepped along, so its stride only has to cover the
+        // dimensions below it, which TMA requires: a `[batch, heads, 1, d]` tensor has a seq
+        // stride of `d`, below the `heads * d` its head dimension spans.
+        let mut span = e * dims[0];
+        for i in 0..3 {
+            if dims[i + 1] == 1 {
+                strides[i] = strides[i].max(span);
+            }
+            span = strides[i] * dims[i + 1];
+        }
         TensorMapDesc { address, dims, strides, box_dims }
     };
     let heads_kv = if p.heads_kv == 0 { p.heads } else { p.heads_kv };

@@ -203,3 +203,60 @@ fn the_default_follows_the_measured_table_and_never_keeps_sm80() {
         assert_close(&p, &o, &lse, &ro, &rl);
     }
 }
+
+/// BHSD tensors (`[batch, heads, seq, d]` in memory) with a sequence of length 1: the seq
+/// dimension's stride (`d`) is below what the head dimension spans, which a tensor map refuses
+/// unless the extent-1 dimension's stride is raised to cover it (it is never stepped along).
+/// Once refused with a tensor-map stride error; now verified.
+#[test]
+fn bhsd_tensors_with_a_length_one_sequence_run() {
+    let kernels = sm90_kernels();
+    kernels.record_launches(true).unwrap();
+    let (b, h, d, dt) = (2usize, 2usize, 128usize, Dtype::Bf16);
+    for (sq, skv) in [(1usize, 1usize), (100, 1), (1, 37)] {
+        let p = Problem {
+            batch: b as u32,
+            heads: h as u32,
+            seq_q: sq as u32,
+            seq_kv: skv as u32,
+            head_dim: d as u32,
+            dtype: dt,
+            ..Problem::default()
+        };
+        let (q, k, v) = (data(b * sq * h * d, 41, dt), data(b * skv * h * d, 42, dt), data(b * skv * h * d, 43, dt));
+        // BSHD host data laid out as BHSD on the device.
+        let bhsd = |x: &[f32], s: usize| {
+            let mut out = vec![0f32; x.len()];
+            for bi in 0..b {
+                for si in 0..s {
+                    for hi in 0..h {
+                        let from = ((bi * s + si) * h + hi) * d;
+                        let to = ((bi * h + hi) * s + si) * d;
+                        out[to..to + d].copy_from_slice(&x[from..from + d]);
+                    }
+                }
+            }
+            out
+        };
+        let up = |x: Vec<f32>| kernels.vm_upload_as(dt, &x).unwrap();
+        let (qb, kb, vb) = (up(bhsd(&q, sq)), up(bhsd(&k, skv)), up(bhsd(&v, skv)));
+        let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; q.len()]).unwrap();
+        let lb = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).unwrap();
+        let strides = |s: usize| [h * s * d, d, s * d, 1];
+        let view = |buf, s: usize| TensorView::vm(buf, dt, [b, s, h, d]).unwrap().with_strides(strides(s));
+        kernels
+            .flash_attn_into(
+                &view(&qb, sq),
+                &view(&kb, skv),
+                &view(&vb, skv),
+                &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
+                &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
+                &AttnOpts::new(),
+            )
+            .unwrap_or_else(|e| panic!("seq_q {sq} seq_kv {skv}: {e}"));
+        assert_ran_sm90(&kernels, &p);
+        let (o, lse) = (ob.read_f32(dt, q.len()).unwrap(), lb.read_f32(Dtype::F32, b * h * sq).unwrap());
+        let (ro, rl) = reference::attention(&p, &q, &k, &v).unwrap();
+        assert_close(&p, &o, &lse, &ro, &rl);
+    }
+}
