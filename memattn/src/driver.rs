@@ -17,6 +17,14 @@ pub(crate) static CHOSEN: OnceLock<Result<(PathBuf, libloading::Library), String
 /// asks the loader for — so that cudarc gets this library; `vm-cuda`'s is.
 pub fn use_driver_library(path: &Path) -> Result<&'static Path, String> {
     let chosen = CHOSEN.get_or_init(|| {
+        // The loader opens what it is given: a FIFO or a device would block it (or worse)
+        // before it could say the file is no library. A name that is not a path is the
+        // loader's to look up.
+        if let Ok(m) = std::fs::metadata(path)
+            && !m.is_file()
+        {
+            return Err(format!("{DRIVER_ENV}: {} is not a regular file (a driver library is one)", path.display()));
+        }
         // SAFETY: loading a driver library runs its initialisers; that is what is asked for.
         unsafe { libloading::Library::new(path) }
             .map(|lib| (path.to_path_buf(), lib))

@@ -259,6 +259,47 @@ fn cuda_without_a_driver_exits_3_without_crashing() {
     }
 }
 
+/// `MEMATTN_CUDA_DRIVER` naming a FIFO (or a directory): refused at once, naming the path,
+/// where opening it blocked `memattn doctor` for good.
+#[test]
+fn a_driver_path_that_is_no_regular_file_is_refused_without_opening_it() {
+    let dir = tmp("driver-fifo");
+    let _ = std::fs::create_dir_all(&dir);
+    let fifo = dir.join("libcuda-fifo.so");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().map(|s| s.success()).unwrap_or(false);
+    let mut paths = vec![dir.clone()];
+    if made {
+        paths.push(fifo.clone());
+    } else {
+        eprintln!("mkfifo is not available: the FIFO case is skipped, the directory case runs");
+    }
+    for path in paths {
+        let mut child = bin()
+            .args(["--backend", "cuda", "run"])
+            .env("MEMATTN_CUDA_DRIVER", &path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("memattn blocked on MEMATTN_CUDA_DRIVER={}", path.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(code(&o), 3, "{}: {}", path.display(), stderr(&o));
+        assert!(
+            stderr(&o).contains("is not a regular file") && stderr(&o).contains(&*path.to_string_lossy()),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 #[test]
 fn ptx_that_does_not_load_exits_3() {
     let f = tmp("broken.ptx");
