@@ -1104,7 +1104,7 @@ impl Drop for CudaKernels {
 enum Inner {
     /// A [`Device`]: the VM, or one given to [`Kernels::on_device`] / [`Kernels::scoped`].
     Dev(Arc<DevShared>),
-    Cuda(CudaKernels),
+    Cuda(Box<CudaKernels>),
 }
 
 /// memattn's kernels loaded once on one device: a PTX VM instance, or one CUDA context. Functions
@@ -1313,7 +1313,7 @@ impl Kernels {
             free_memory_bytes: 0,
         };
         Ok(Kernels {
-            inner: Inner::Cuda(CudaKernels {
+            inner: Inner::Cuda(Box::new(CudaKernels {
                 ctx: ctx.clone(),
                 module,
                 module_sm90: Mutex::new(None),
@@ -1321,7 +1321,7 @@ impl Kernels {
                 sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
                 target: crate::choice::Target::new(crate::choice::Arch::of_compute_capability(major, minor), hopper),
                 maps: Mutex::new(Default::default()),
-            }),
+            })),
             kv_status: Default::default(),
             log: Mutex::new(None),
         })
