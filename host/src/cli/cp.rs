@@ -152,6 +152,26 @@ fn nccl_slots(_: &Cli, _: usize, _: &memattn::device::DeviceOptions) -> Result<V
     Err(Error::Usage("this memattn was built without NCCL (cargo build -p memattn-cli --features nccl)".into()))
 }
 
+/// A rank's failure as the command's error: what the device or the machine could not do (out of
+/// memory, a memcheck finding, a launch fault) is exit 3 as without --cp; a refused problem or
+/// option exit 2.
+fn cp_error(e: CpError) -> Error {
+    use memattn::attn::AttnError;
+    match e {
+        CpError::Attn { rank, source } => match *source {
+            AttnError::Device(d) => {
+                if !matches!(d, memattn::device::DeviceError::Setting(_)) {
+                    eprintln!("--cp: rank {rank} failed on its device");
+                }
+                Error::Device(d)
+            }
+            AttnError::Problem(p) => Error::Usage(format!("--cp: rank {rank}: {p}")),
+            other => Error::Usage(format!("--cp: rank {rank}: {other}")),
+        },
+        e => Error::Usage(format!("--cp: {e}")),
+    }
+}
+
 pub fn run(
     cli: &Cli,
     a: &RunArgs,
@@ -191,6 +211,21 @@ pub fn run(
     if backward {
         memattn_cli::backward_run::check_supported(&problem, kernel)?;
     }
+    // The host copies the run holds at its peak, probed before any is made (a problem too
+    // large for the host is exit 3 naming the bytes, as without --cp, never an abort): the f32
+    // inputs, the ranks' encoded shards, the ranks' and the gathered O and LSE, and with
+    // --backward dO and the gradients.
+    let (q_elems, kv_elems) = (problem.q_elems(), problem.kv_elems());
+    let inputs_elems = q_elems.saturating_add(kv_elems.saturating_mul(2));
+    let es = problem.dtype.size_bytes();
+    let mut host_bytes = inputs_elems
+        .saturating_mul(4 + 4 + es)
+        .saturating_add(q_elems.saturating_mul(4 + 4 + es).saturating_add(problem.rows().saturating_mul(8)));
+    if backward {
+        host_bytes =
+            host_bytes.saturating_add(q_elems.saturating_mul(4 + es)).saturating_add(inputs_elems.saturating_mul(8));
+    }
+    memattn_cli::runner::probe_host_memory(host_bytes, "the host copies of the --cp run")?;
     let link = Link { gbps: a.cp.link_gbps, tflops: a.cp.device_tflops };
     // The strategy's rule (Ulysses' heads) before anything runs.
     cp::model(&problem, strategy, world, link)
@@ -247,7 +282,7 @@ pub fn run(
     .into_iter()
     .collect();
     let wall_s = started.elapsed().as_secs_f64();
-    let both = both.map_err(|e| Error::Usage(format!("--cp: {e}")))?;
+    let both = both.map_err(cp_error)?;
     let (outs, grads): (Vec<CpOutput>, Vec<Option<CpGrads>>) = both.into_iter().unzip();
     let grads: Vec<CpGrads> = grads.into_iter().flatten().collect();
     let (o, lse) = cp::gather(&problem, strategy, &outs);

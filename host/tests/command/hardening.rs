@@ -746,3 +746,29 @@ fn cli_argument_space_never_panics() {
     // The generator reaches success and usage errors at least (1 and 3 depend on the draw).
     assert!(seen.contains_key(&0) && seen.contains_key(&2), "{seen:?}");
 }
+
+/// Context parallelism at sizes the machine cannot hold: the host copies are probed before any
+/// is made (exit 3 naming the bytes, as without --cp) where the process aborted in the
+/// allocator (SIGABRT, exit 134); a rank out of device memory is exit 3 as everywhere else
+/// (it was exit 2).
+#[test]
+fn context_parallel_runs_too_large_for_the_machine_exit_3_without_an_abort() {
+    for args in [
+        &["--backend", "vm", "run", "--cp", "2", "--seq", "4294967295", "--heads", "1"][..],
+        &["--backend", "vm", "run", "--cp", "2", "--seq", "4294967295", "--heads", "1", "--backward"][..],
+        &["--backend", "vm", "run", "--cp", "64", "--seq", "1000000", "--heads", "64"][..],
+    ] {
+        let o = memattn(args);
+        assert_eq!(o.status.signal(), None, "{args:?}: killed by a signal; {}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("host memory: cannot allocate") && err.contains("--cp run"), "{args:?}: {err}");
+    }
+    let o = memattn(&["--backend", "vm", "--vm-memory-mib", "1", "run", "--cp", "2", "--seq", "4096", "--heads", "8"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("out of device memory"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
