@@ -361,7 +361,9 @@ fn decode_measured(
     // the call is planned for every sequence at the capacity, so the tables extend to the last
     // position that allows: the inputs' rows, then the usual angles (rows the call never reads).
     let rotary_rows = match (p.rotary, indices_on_device) {
-        (Some(_), true) => p.rotary_rows().max(p.at_capacity(x.layout.capacity(), p.cache_slots()).rotary_rows()),
+        (Some(_), true) => p
+            .rotary_rows()
+            .max(p.at_capacity(x.layout.capacity(), u32::try_from(p.cache_slots()).unwrap_or(u32::MAX)).rotary_rows()),
         _ => p.rotary_rows(),
     };
     let rotary_tables = match p.rotary {

@@ -365,9 +365,10 @@ impl DecodeProblem {
             .max()
             .unwrap_or(0)
     }
-    /// Slots a contiguous cache needs: one past the largest [`DecodeProblem::slot`].
-    pub fn cache_slots(&self) -> u32 {
-        (0..self.batch as usize).map(|b| self.slot(b) as u32 + 1).max().unwrap_or(1)
+    /// Slots a contiguous cache needs: one past the largest [`DecodeProblem::slot`] (a u64: slot
+    /// `u32::MAX` needs 2^32 of them, which the size check then refuses).
+    pub fn cache_slots(&self) -> u64 {
+        (0..self.batch as usize).map(|b| self.slot(b) as u64 + 1).max().unwrap_or(1)
     }
     pub fn max_seqlen_k(&self) -> u32 {
         (0..self.batch as usize).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
@@ -772,7 +773,7 @@ impl DecodeInputs {
         let (layout, block_table, slots) = match p.page_size {
             None => {
                 let seq_cache = (0..p.batch as usize).map(|b| p.cache_end(b)).max().unwrap_or(0).max(1);
-                (CacheLayout::Contiguous { seq_cache }, Vec::new(), p.cache_slots() as u64 * seq_cache as u64)
+                (CacheLayout::Contiguous { seq_cache }, Vec::new(), p.cache_slots().saturating_mul(seq_cache as u64))
             }
             Some(ps) => {
                 let need: Vec<u32> = (0..p.batch as usize).map(|b| p.pages_needed(b, ps)).collect();
@@ -992,7 +993,7 @@ impl DecodeInputs {
         }
         match (self.layout, p.page_size) {
             (CacheLayout::Contiguous { seq_cache }, None) => {
-                let slots = p.cache_slots() as u64;
+                let slots = p.cache_slots();
                 want("k_cache", self.k_cache.len(), slots * seq_cache as u64 * row)?;
                 want("v_cache", self.v_cache.len(), slots * seq_cache as u64 * row)?;
                 check_cache_layout(p, self.layout, &self.block_table)?;

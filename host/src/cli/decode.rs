@@ -277,8 +277,18 @@ fn problem(a: &DecodeArgs) -> Result<DecodeProblem, Error> {
         cache_leftpad,
         rotary: a.rotary_dim.map(|dim| memattn_cli::decode::Rotary { dim, interleaved: a.rotary_interleaved }),
     };
-    // An FP8 cache keeps Q, O and the new tokens in bf16.
-    let p = if a.kv_dtype.is_some() && p.dtype == Dtype::F32 { DecodeProblem { dtype: Dtype::Bf16, ..p } } else { p };
+    // An FP8 cache keeps Q, O and the new tokens in bf16: implied without --dtype; another
+    // --dtype is refused, never silently replaced.
+    if let (Some(f), Some(d)) = (a.kv_dtype, a.dtype.filter(|&d| d != Dtype::Bf16)) {
+        return Err(Error::Usage(format!(
+            "--kv-dtype {} keeps q, o and the new tokens in bf16: --dtype {d} cannot go with it (leave --dtype out, or give bf16)",
+            match f {
+                memattn_cli::decode::Fp8Format::E4m3 => "fp8",
+                memattn_cli::decode::Fp8Format::E5m2 => "fp8_e5m2",
+            }
+        )));
+    }
+    let p = if a.kv_dtype.is_some() { DecodeProblem { dtype: Dtype::Bf16, ..p } } else { p };
     if a.rotary_interleaved && a.rotary_dim.is_none() && a.inputs.is_none() {
         return Err(Error::Usage("--rotary-interleaved needs --rotary-dim (or --inputs with rotary tables)".into()));
     }

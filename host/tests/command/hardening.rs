@@ -772,3 +772,24 @@ fn context_parallel_runs_too_large_for_the_machine_exit_3_without_an_abort() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A cache slot of `u32::MAX` asks for 2^32 slots: refused by the size check naming the bytes
+/// (exit 2), where counting the slots overflowed into "internal error" (exit 3). An FP8 cache
+/// with an explicit `--dtype` other than bf16 is refused naming both options, where the run
+/// silently replaced f32 by bf16.
+#[test]
+fn decode_slot_overflow_and_an_fp8_cache_with_another_dtype_are_refused() {
+    let o = memattn(&["--backend", "vm", "decode", "--cache-batch-idx", "4294967295,0", "--cache-len", "10,20"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("bytes") && !err.contains("internal error"), "{err}");
+    for dt in ["f32", "f16"] {
+        let o = memattn(&["--backend", "vm", "decode", "--kv-dtype", "fp8", "--dtype", dt]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{dt}: {err}");
+        assert!(err.contains("--kv-dtype fp8") && err.contains(&format!("--dtype {dt}")), "{err}");
+    }
+    let o =
+        memattn(&["--backend", "vm", "--json", "decode", "--kv-dtype", "fp8", "--dtype", "bf16", "--cache-len", "40"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+}
