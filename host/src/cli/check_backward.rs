@@ -174,10 +174,16 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let dtype = a.dtype.unwrap_or(Dtype::F32);
     if kernel != KernelKind::Flash {
         return Err(Error::Usage(
-            "check --backward: the backward runs the flash kernels only (there is no naive backward); leave out \
-             --kernel naive"
+            "check --backward sweeps the flash backward's kernels; the naive backward (P and dS materialised, the \
+             baseline) runs one problem at a time with `run --backward --kernel naive`; leave out --kernel naive"
                 .into(),
         ));
+    }
+    if let Some(r) = a.max_error_ratio {
+        return Err(Error::Usage(format!(
+            "check --backward: --max-error-ratio {r} guards the forward sweep's error against naive attention; the \
+             backward judges every gradient by its own rule (bf16/f16: 2x the naive backward in the dtype), so leave it out"
+        )));
     }
     // The kernel table says which head dims have a backward in this dtype: new kernels join the
     // sweep without a change here, and a dtype without any is refused before anything runs.

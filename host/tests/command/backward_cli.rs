@@ -507,7 +507,10 @@ fn check_backward_refuses_what_has_no_backward() {
         assert_refused(&["check", "--backward", "--dtype", dtype, "--head-dim", "96"], "32, 64 and 128");
     }
     assert_refused(&["check", "--backward", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
-    assert_refused(&["check", "--backward", "--kernel", "naive"], "no naive backward");
+    // The naive backward exists: the refusal says where it runs.
+    assert_refused(&["check", "--backward", "--kernel", "naive"], "run --backward --kernel naive");
+    // A forward-only guard is refused, never silently ignored.
+    assert_refused(&["check", "--backward", "--dtype", "bf16", "--max-error-ratio", "0.01"], "--max-error-ratio 0.01");
 }
 
 /// The embedded PTX with the f32 d64 backward's `red.global.add.f32` (each key block's dQ added
