@@ -55,7 +55,8 @@ Examples:
   memattn draw fragment --out fragment.svg
   memattn draw swizzle --head-dim 64 --out swizzle.svg
 
-Without --out the SVG goes to stdout. Exit codes: 0 written, 2 bad option or unwritable file.";
+Without --out the SVG goes to stdout (with --json inside one JSON object, key \"svg\"). --out takes
+a .svg name. Exit codes: 0 written, 2 bad option or unwritable file.";
 
 /// `memattn draw PICTURE`.
 #[derive(Debug, Args)]
@@ -111,6 +112,13 @@ pub struct DrawArgs {
 /// Runs `memattn draw`.
 pub fn draw(cli: &Cli, a: &DrawArgs) -> Result<i32, Error> {
     if let Some(out) = &a.out {
+        // The picture is SVG: a file named for another format would hold SVG all the same.
+        if !out.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+            return Err(Error::Usage(format!(
+                "--out {}: draw writes SVG; name the file .svg (convert it to another format with an SVG tool)",
+                out.display()
+            )));
+        }
         super::check_output(cli, "--out file", out, &[])?;
     }
     let (svg, summary) = render(a)?;
@@ -126,6 +134,10 @@ pub fn draw(cli: &Cli, a: &DrawArgs) -> Result<i32, Error> {
                 println!("wrote {} ({} bytes): {summary}", out.display(), svg.len());
             }
         }
+        // --json keeps its promise of one JSON object on stdout: the SVG travels inside it.
+        None if cli.json => super::print_json(&serde_json::json!({
+            "picture": a.picture.name(), "svg": svg, "bytes": svg.len(), "summary": summary,
+        })),
         None => print!("{svg}"),
     }
     Ok(0)

@@ -199,3 +199,23 @@ fn bad_options_are_exit_2_naming_the_limit() {
         assert!(stdout(&o).is_empty(), "{args:?}: nothing written on stdout");
     }
 }
+
+/// `--json` keeps its promise of one JSON object on stdout (the SVG inside it, identical to the
+/// plain output), and `--out` names an .svg file: `x.png` is refused (exit 2) and not created,
+/// where SVG was written under a PNG name.
+#[test]
+fn json_wraps_the_svg_and_out_must_be_svg() {
+    let plain = render(&["fragment"]);
+    let o = memattn(&["--json", "draw", "fragment"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["picture"], "fragment");
+    assert_eq!(v["svg"].as_str().unwrap(), plain);
+    assert_eq!(v["bytes"].as_u64().unwrap() as usize, plain.len());
+    let dir = tempdir();
+    let png = dir.join("x.png");
+    let o = memattn(&["draw", "tiling", "--out", png.to_str().unwrap()]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("name the file .svg"), "{}", stderr(&o));
+    assert!(!png.exists());
+}
