@@ -50,7 +50,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use memattn::attn::{AttnOpts, Kernels, TensorView};
 use memattn::Dtype;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// `softmax(q kᵀ · softmax_scale [causal mask]) v`, as `candle_flash_attn::flash_attn`.
 /// `k`, `v` may have fewer heads than `q` (grouped-query attention, as in candle-flash-attn).
@@ -615,11 +615,23 @@ fn strides4(l: &Layout) -> [usize; 4] {
 }
 
 /// The process's VM kernels (the PTX is parsed once).
+#[cfg(feature = "vm")]
 fn vm_kernels() -> Result<&'static Kernels> {
-    static VM: OnceLock<std::result::Result<Kernels, String>> = OnceLock::new();
+    static VM: std::sync::OnceLock<std::result::Result<Kernels, String>> = std::sync::OnceLock::new();
     VM.get_or_init(|| Kernels::vm().map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| candle_core::Error::Msg(format!("memattn: the PTX VM did not start: {e}")))
+}
+
+/// Without the `vm` feature there are no kernels for candle's CPU device.
+#[cfg(not(feature = "vm"))]
+fn vm_kernels() -> Result<&'static Kernels> {
+    Err(candle_core::Error::Msg(
+        "memattn: this tensor is on candle's CPU device, whose ops run in memattn's PTX VM, and \
+         memattn-candle was built without its feature `vm`; use a CUDA device (feature `cuda`) or \
+         turn `vm` on"
+            .into(),
+    ))
 }
 
 /// The storage's elements from the layout's start on, as f32 (16-bit values exactly).
@@ -1612,7 +1624,7 @@ mod cuda {
     use candle_core::CudaStorage;
     use memattn::attn::{Element, LseViewMut, TensorViewMut};
     use std::collections::HashMap;
-    use std::sync::Arc;
+    use std::sync::{Arc, OnceLock};
 
     /// memattn's kernels per CUDA context (loaded once per context).
     pub(super) fn kernels_for(
