@@ -49,6 +49,12 @@ use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use memattn::attn::{AttnOpts, Kernels, TensorView};
+/// memattn's error type, which [`attn_error`] finds in a candle error (its rule types are in
+/// [`memattn::attn`] and [`memattn::problem`]).
+pub use memattn::attn::AttnError;
+/// The memattn this crate runs on, for matching [`AttnError`]'s rule types without a second
+/// dependency to keep in step.
+pub use memattn;
 use memattn::Dtype;
 use std::sync::{Arc, Mutex};
 
@@ -583,8 +589,45 @@ fn cpu_storage(o: Vec<f32>, dtype: DType) -> CpuStorage {
     }
 }
 
-fn wrap(e: memattn::attn::AttnError) -> candle_core::Error {
-    candle_core::Error::wrap(e)
+/// memattn's typed error as a candle error that keeps the type: candle's `Error::Cuda`, the one
+/// variant that boxes a `std::error::Error` and shows its message as it is (`Error::wrap` boxes a
+/// `Display`, which cannot be downcast). [`attn_error`] finds it again.
+fn wrap(e: AttnError) -> candle_core::Error {
+    candle_core::Error::Cuda(Box::new(e)).bt()
+}
+
+/// The [`AttnError`] a call of this crate failed with, when memattn refused it or its device
+/// failed: a shape, dtype, head dim, index or aliasing rule with its values, or a device error.
+/// `None` for the errors of the candle side (argument checks of this crate, candle's own).
+///
+/// It looks through the wrappers candle adds on the way up: a backtrace (`RUST_BACKTRACE`),
+/// `Error::context`, a path, and `candle_core::Context::context` on a `Result` of a candle error.
+/// On either device the error rides in candle's `Error::Cuda` variant (candle's only variant
+/// that keeps a `std::error::Error`), so use this function, not that variant's name, to tell a
+/// refusal of memattn's from a failure of candle's CUDA backend.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use memattn_candle::{attn_error, AttnError};
+/// let q = Tensor::zeros((1, 4, 2, 80), candle_core::DType::F32, &Device::Cpu)?;
+/// let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err();
+/// let e = e.context("layer 3");
+/// assert!(matches!(
+///     attn_error(&e),
+///     Some(AttnError::Problem(memattn_candle::memattn::problem::ProblemError::UnsupportedHeadDim { got: 80, .. }))
+/// ));
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn attn_error(e: &candle_core::Error) -> Option<&AttnError> {
+    use candle_core::Error as E;
+    match e {
+        E::Cuda(b) => b.downcast_ref::<AttnError>(),
+        E::WrappedContext { wrapped, .. } => wrapped
+            .downcast_ref::<AttnError>()
+            .or_else(|| wrapped.downcast_ref::<candle_core::Error>().and_then(attn_error)),
+        E::Context { inner, .. } | E::WithPath { inner, .. } | E::WithBacktrace { inner, .. } => attn_error(inner),
+        _ => None,
+    }
 }
 
 fn no_kernel(d: DType) -> candle_core::Error {
@@ -734,7 +777,8 @@ impl CustomOp3 for FlashAttn {
             Some(va) => va.max_seqlen_k,
             None => self.view_dims(k.layout(), "k")?.0[1],
         };
-        memattn::attn::flash_attn_backward_workspace(dtype, qs, seq_kv, false).map_err(|e| bwd_err(e.to_string()))?;
+        memattn::attn::flash_attn_backward_workspace(dtype, qs, seq_kv, false)
+            .map_err(|e| wrap(e).context("memattn flash_attn backward"))?;
         let (dq, dk, dv) = match q.device() {
             candle_core::Device::Cpu => self.vm_bwd(dtype, q, k, v, &grad_o)?,
             #[cfg(feature = "cuda")]
