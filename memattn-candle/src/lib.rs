@@ -48,13 +48,13 @@
 use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
-use memattn::attn::{AttnOpts, Kernels, TensorView};
-/// memattn's error type, which [`attn_error`] finds in a candle error (its rule types are in
-/// [`memattn::attn`] and [`memattn::problem`]).
-pub use memattn::attn::AttnError;
 /// The memattn this crate runs on, for matching [`AttnError`]'s rule types without a second
 /// dependency to keep in step.
 pub use memattn;
+/// memattn's error type, which [`attn_error`] finds in a candle error (its rule types are in
+/// [`memattn::attn`] and [`memattn::problem`]).
+pub use memattn::attn::AttnError;
+use memattn::attn::{AttnOpts, Kernels, TensorView};
 use memattn::Dtype;
 use std::sync::{Arc, Mutex};
 

@@ -61,7 +61,11 @@ fn a_backward_head_dim_without_kernels_is_typed_through_the_backward_context() {
     let e = o.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap_err();
     assert!(e.to_string().contains("memattn flash_attn backward"), "{e}");
     match attn_error(&e) {
-        Some(AttnError::Problem(ProblemError::UnsupportedHeadDim { kernel: KernelKind::Flash, got: 96, supported })) => {
+        Some(AttnError::Problem(ProblemError::UnsupportedHeadDim {
+            kernel: KernelKind::Flash,
+            got: 96,
+            supported,
+        })) => {
             assert!(supported.contains("bf16 backward kernels are compiled for head_dim 32, 64 and 128"), "{supported}")
         }
         other => panic!("expected the backward's UnsupportedHeadDim {{ got: 96 }}, found {other:?} in {e}"),
