@@ -27,8 +27,13 @@
 //! sequence.
 //!
 //! On a candle CPU device the op runs the same PTX in memattn's PTX VM (slow, exact, with
-//! memcheck: for tests and CI without a GPU). With the `cuda` feature, on a candle CUDA device it
-//! launches on candle's own stream in candle's context; nothing waits for it.
+//! memcheck: for tests and CI without a GPU; feature `vm`, default). With the `cuda` feature, on a
+//! candle CUDA device it launches on candle's own stream in candle's context; nothing waits for it.
+//! An engine built with candle-core's `cuda` feature uses `default-features = false, features =
+//! ["cuda"]` (plus `"vm"` for the CPU device): the default `cuda-12080` would override the CUDA
+//! version candle's build detects (README, "Features").
+//!
+//! memattn's refusals keep their type: [`attn_error`] returns the [`AttnError`] in a candle error.
 //!
 //! `Tensor::backward` differentiates [`flash_attn`], [`flash_attn_windowed`] and
 //! [`flash_attn_varlen`] (and their `_with_lse` forms, through O) in f32, bf16 and f16; which
