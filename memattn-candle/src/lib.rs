@@ -900,8 +900,11 @@ fn bwd_err(why: String) -> candle_core::Error {
 /// and attention then runs over the `cache_seqlens[b] + seq_new` keys. No other element of the
 /// caches is written, and `cache_seqlens` is not advanced: the caller adds `seq_new` for the next
 /// step. Every tensor sharing the caches' storage (clones, views) sees the new rows. The caches
-/// must not share storage with each other or with `q`, `k`, `v` (refused with an error). Without
-/// `k` and `v` the caches are only read.
+/// must not share storage with `q`, `k`, `v` (refused with an error). They may be views of one
+/// storage whose bytes do not overlap (vLLM's joint layout: `kv.i(0)?` and `kv.i(1)?` of one
+/// `[2, num_pages, page_size, heads_kv, head_dim]` tensor); overlapping views are refused with
+/// memattn's [`AttnError::Aliasing`], which names the shared bytes. Without `k` and `v` the
+/// caches are only read.
 ///
 /// # Index checks
 ///

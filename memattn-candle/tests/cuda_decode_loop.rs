@@ -215,7 +215,8 @@ fn joint_kv_append_on_a_cuda_device_equals_the_cpu_device_bit_for_bit() -> candl
     let (q, kv0, kn, vn) = (r(&[b, 1, h, d])?, r(&[2, pages, page, hk, d])?, r(&[b, 1, hk, d])?, r(&[b, 1, hk, d])?);
     let (lens, table) = ([13u32, 5], [4u32, 0, 2, 5, 1, 3]);
     let run = |dv: &Device| -> candle_core::Result<(Tensor, Tensor)> {
-        let kv = kv0.to_device(dv)?;
+        // A copy: on the CPU device `to_device` would share kv0's storage, which the call writes.
+        let kv = kv0.copy()?.to_device(dv)?;
         let o = flash_attn_with_kvcache_opts(
             &q.to_device(dv)?,
             &kv.i(0)?,
