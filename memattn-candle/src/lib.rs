@@ -2053,7 +2053,11 @@ mod cuda {
             Caches::Joint(s, lkc, lvc) => {
                 let k_first = lkc.start_offset() <= lvc.start_offset();
                 let (lo, hi) = if k_first { (lkc, lvc) } else { (lvc, lkc) };
-                (first, second) = s.as_cuda_slice_mut::<T>()?.split_at_mut(hi.start_offset());
+                let slice = s.as_cuda_slice_mut::<T>()?;
+                let len = slice.len();
+                (first, second) = slice.try_split_at_mut(hi.start_offset()).ok_or_else(|| {
+                    kv_err(format!("a cache view begins at element {}, past its storage's {len}", hi.start_offset()))
+                })?;
                 let part = |slice, l: &Layout, start: usize, what: &str| {
                     TensorViewMut::cuda(slice, &stream, dims4(l, what)?)
                         .and_then(|v| v.with_strides(strides4(l)).offset(start))
