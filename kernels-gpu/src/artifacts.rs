@@ -13,18 +13,21 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The committed kernel module.
-pub const PTX: &str = include_str!("../ptx/memattn_kernels.ptx");
+///
+/// A `static`, not a `const`: a `const` is copied into every crate that reads it, and a 22 MB
+/// text read from kernels-gpu and from memattn was linked into a program twice.
+pub static PTX: &str = include_str!("../ptx/memattn_kernels.ptx");
 /// The `sm_90a` module (`kernels-gpu/ptx/memattn_kernels_sm90.ptx`): the Hopper rows of the
 /// variant table.
-pub const PTX_SM90: &str = include_str!("../ptx/memattn_kernels_sm90.ptx");
+pub static PTX_SM90: &str = include_str!("../ptx/memattn_kernels_sm90.ptx");
 /// What `cargo xtask build-ptx` recorded about [`PTX_SM90`].
-pub const BUILD_INFO_SM90_JSON: &str = include_str!("../ptx/build-info-sm90.json");
+pub static BUILD_INFO_SM90_JSON: &str = include_str!("../ptx/build-info-sm90.json");
 /// What `cargo xtask ptxas` recorded about [`PTX_SM90`] (sm_90a).
-pub const PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90.json");
+pub static PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90.json");
 /// What `cargo xtask build-ptx` recorded about [`PTX`].
-pub const BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
+pub static BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
 /// What `cargo xtask ptxas` recorded about [`PTX`].
-pub const PTXAS_REPORT_JSON: &str = include_str!("../ptx/ptxas-report.json");
+pub static PTXAS_REPORT_JSON: &str = include_str!("../ptx/ptxas-report.json");
 
 /// Lower-case hex SHA-256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {

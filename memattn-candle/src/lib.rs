@@ -27,8 +27,13 @@
 //! sequence.
 //!
 //! On a candle CPU device the op runs the same PTX in memattn's PTX VM (slow, exact, with
-//! memcheck: for tests and CI without a GPU). With the `cuda` feature, on a candle CUDA device it
-//! launches on candle's own stream in candle's context; nothing waits for it.
+//! memcheck: for tests and CI without a GPU; feature `vm`, default). With the `cuda` feature, on a
+//! candle CUDA device it launches on candle's own stream in candle's context; nothing waits for it.
+//! An engine built with candle-core's `cuda` feature uses `default-features = false, features =
+//! ["cuda"]` (plus `"vm"` for the CPU device): the default `cuda-12080` would override the CUDA
+//! version candle's build detects (README, "Features").
+//!
+//! memattn's refusals keep their type: [`attn_error`] returns the [`AttnError`] in a candle error.
 //!
 //! `Tensor::backward` differentiates [`flash_attn`], [`flash_attn_windowed`] and
 //! [`flash_attn_varlen`] (and their `_with_lse` forms, through O) in f32, bf16 and f16; which
@@ -48,9 +53,15 @@
 use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+/// The memattn this crate runs on, for matching [`AttnError`]'s rule types without a second
+/// dependency to keep in step.
+pub use memattn;
+/// memattn's error type, which [`attn_error`] finds in a candle error (its rule types are in
+/// [`memattn::attn`] and [`memattn::problem`]).
+pub use memattn::attn::AttnError;
 use memattn::attn::{AttnOpts, Kernels, TensorView};
 use memattn::Dtype;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// `softmax(q kᵀ · softmax_scale [causal mask]) v`, as `candle_flash_attn::flash_attn`.
 /// `k`, `v` may have fewer heads than `q` (grouped-query attention, as in candle-flash-attn).
@@ -583,8 +594,45 @@ fn cpu_storage(o: Vec<f32>, dtype: DType) -> CpuStorage {
     }
 }
 
-fn wrap(e: memattn::attn::AttnError) -> candle_core::Error {
-    candle_core::Error::wrap(e)
+/// memattn's typed error as a candle error that keeps the type: candle's `Error::Cuda`, the one
+/// variant that boxes a `std::error::Error` and shows its message as it is (`Error::wrap` boxes a
+/// `Display`, which cannot be downcast). [`attn_error`] finds it again.
+fn wrap(e: AttnError) -> candle_core::Error {
+    candle_core::Error::Cuda(Box::new(e)).bt()
+}
+
+/// The [`AttnError`] a call of this crate failed with, when memattn refused it or its device
+/// failed: a shape, dtype, head dim, index or aliasing rule with its values, or a device error.
+/// `None` for the errors of the candle side (argument checks of this crate, candle's own).
+///
+/// It looks through the wrappers candle adds on the way up: a backtrace (`RUST_BACKTRACE`),
+/// `Error::context`, a path, and `candle_core::Context::context` on a `Result` of a candle error.
+/// On either device the error rides in candle's `Error::Cuda` variant (candle's only variant
+/// that keeps a `std::error::Error`), so use this function, not that variant's name, to tell a
+/// refusal of memattn's from a failure of candle's CUDA backend.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use memattn_candle::{attn_error, AttnError};
+/// let q = Tensor::zeros((1, 4, 2, 80), candle_core::DType::F32, &Device::Cpu)?;
+/// let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err();
+/// let e = e.context("layer 3");
+/// assert!(matches!(
+///     attn_error(&e),
+///     Some(AttnError::Problem(memattn_candle::memattn::problem::ProblemError::UnsupportedHeadDim { got: 80, .. }))
+/// ));
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+pub fn attn_error(e: &candle_core::Error) -> Option<&AttnError> {
+    use candle_core::Error as E;
+    match e {
+        E::Cuda(b) => b.downcast_ref::<AttnError>(),
+        E::WrappedContext { wrapped, .. } => wrapped
+            .downcast_ref::<AttnError>()
+            .or_else(|| wrapped.downcast_ref::<candle_core::Error>().and_then(attn_error)),
+        E::Context { inner, .. } | E::WithPath { inner, .. } | E::WithBacktrace { inner, .. } => attn_error(inner),
+        _ => None,
+    }
 }
 
 fn no_kernel(d: DType) -> candle_core::Error {
@@ -615,11 +663,23 @@ fn strides4(l: &Layout) -> [usize; 4] {
 }
 
 /// The process's VM kernels (the PTX is parsed once).
+#[cfg(feature = "vm")]
 fn vm_kernels() -> Result<&'static Kernels> {
-    static VM: OnceLock<std::result::Result<Kernels, String>> = OnceLock::new();
+    static VM: std::sync::OnceLock<std::result::Result<Kernels, String>> = std::sync::OnceLock::new();
     VM.get_or_init(|| Kernels::vm().map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| candle_core::Error::Msg(format!("memattn: the PTX VM did not start: {e}")))
+}
+
+/// Without the `vm` feature there are no kernels for candle's CPU device.
+#[cfg(not(feature = "vm"))]
+fn vm_kernels() -> Result<&'static Kernels> {
+    Err(candle_core::Error::Msg(
+        "memattn: this tensor is on candle's CPU device, whose ops run in memattn's PTX VM, and \
+         memattn-candle was built without its feature `vm`; use a CUDA device (feature `cuda`) or \
+         turn `vm` on"
+            .into(),
+    ))
 }
 
 /// The storage's elements from the layout's start on, as f32 (16-bit values exactly).
@@ -722,7 +782,8 @@ impl CustomOp3 for FlashAttn {
             Some(va) => va.max_seqlen_k,
             None => self.view_dims(k.layout(), "k")?.0[1],
         };
-        memattn::attn::flash_attn_backward_workspace(dtype, qs, seq_kv, false).map_err(|e| bwd_err(e.to_string()))?;
+        memattn::attn::flash_attn_backward_workspace(dtype, qs, seq_kv, false)
+            .map_err(|e| wrap(e).context("memattn flash_attn backward"))?;
         let (dq, dk, dv) = match q.device() {
             candle_core::Device::Cpu => self.vm_bwd(dtype, q, k, v, &grad_o)?,
             #[cfg(feature = "cuda")]
@@ -839,8 +900,11 @@ fn bwd_err(why: String) -> candle_core::Error {
 /// and attention then runs over the `cache_seqlens[b] + seq_new` keys. No other element of the
 /// caches is written, and `cache_seqlens` is not advanced: the caller adds `seq_new` for the next
 /// step. Every tensor sharing the caches' storage (clones, views) sees the new rows. The caches
-/// must not share storage with each other or with `q`, `k`, `v` (refused with an error). Without
-/// `k` and `v` the caches are only read.
+/// must not share storage with `q`, `k`, `v` (refused with an error). They may be views of one
+/// storage whose bytes do not overlap (vLLM's joint layout: `kv.i(0)?` and `kv.i(1)?` of one
+/// `[2, num_pages, page_size, heads_kv, head_dim]` tensor); overlapping views are refused with
+/// memattn's [`AttnError::Aliasing`], which names the shared bytes. Without `k` and `v` the
+/// caches are only read.
 ///
 /// # Index checks
 ///
@@ -1358,22 +1422,33 @@ mod append {
                 )));
             }
         }
-        // The caches are locked for writing while the others are read: a shared storage would
-        // be written while read (or deadlock on its lock), so it is refused first.
+        // The caches are locked for writing while the others are read: a storage shared with q,
+        // k or v would be written while read (or deadlock on its lock), so it is refused first.
+        // k_cache and v_cache may be two views of one storage (vLLM's joint layout, e.g. `kv.i(0)`
+        // and `kv.i(1)` of one `[2, num_pages, page_size, heads_kv, head_dim]` tensor): one
+        // in-place op then holds that storage, and memattn refuses views that share bytes.
         let key = |t: &Tensor| &*t.storage_and_layout().0 as *const Storage as usize;
         let keys = named.map(|(_, t)| key(t));
+        let joint = keys[1] == keys[2];
         for w in [1, 2] {
-            if let Some(o) = (0..named.len()).find(|&o| o != w && keys[o] == keys[w]) {
+            if let Some(o) = (0..named.len()).find(|&o| o != w && keys[o] == keys[w] && !(joint && o + w == 3)) {
                 return Err(kv_err(format!(
-                    "{} shares its storage with {}: the caches are written in place, so each must be a tensor of its own",
+                    "{} shares its storage with {}: the caches are written in place, so neither may share storage with q, k or v",
                     named[w.min(o)].0,
                     named[w.max(o)].0
                 )));
             }
         }
-        let outer = AppendK { op, v_cache, v, outs: RefCell::new(None) };
-        k_cache.inplace_op3(k, q, &outer)?;
-        let (o, lse) = outer.outs.into_inner().ok_or_else(|| kv_err("the op produced no output".into()))?;
+        let outs = if joint {
+            let op = AppendJoint { op, v_layout: v_cache.layout().clone(), v, outs: RefCell::new(None) };
+            k_cache.inplace_op3(k, q, &op)?;
+            op.outs
+        } else {
+            let outer = AppendK { op, v_cache, v, outs: RefCell::new(None) };
+            k_cache.inplace_op3(k, q, &outer)?;
+            outer.outs
+        };
+        let (o, lse) = outs.into_inner().ok_or_else(|| kv_err("the op produced no output".into()))?;
         let (b, sq, h, _) = q.dims4()?;
         Ok((
             Tensor::from_storage(o, q.shape().clone(), BackpropOp::none(), false),
@@ -1397,6 +1472,64 @@ mod append {
         k: Operand<'a, S>,
         q: Operand<'a, S>,
         outs: &'a Outs,
+    }
+
+    /// The op on the one storage of joint caches (`k_cache` its view with the op's layout,
+    /// `v_cache` the view with `v_layout`); its operands are `k` and `q`, and `v` is read inside.
+    struct AppendJoint<'t> {
+        op: &'t FlashAttnKvCache,
+        v_layout: Layout,
+        v: &'t Tensor,
+        outs: Outs,
+    }
+
+    impl InplaceOp3 for AppendJoint<'_> {
+        fn name(&self) -> &'static str {
+            "memattn-flash-attn-with-kvcache (joint k_cache and v_cache)"
+        }
+
+        fn cpu_fwd(
+            &self,
+            kv: &mut CpuStorage,
+            lk: &Layout,
+            k: &CpuStorage,
+            lkn: &Layout,
+            q: &CpuStorage,
+            lq: &Layout,
+        ) -> Result<()> {
+            let (vs, lvn) = self.v.storage_and_layout();
+            let Storage::Cpu(vs) = &*vs else {
+                return Err(kv_err("v is not on the CPU while the caches are (all tensors on one device)".into()));
+            };
+            let caches = CpuCaches::Joint(kv, lk, &self.v_layout);
+            *self.outs.borrow_mut() = Some(cpu_append_attend(self.op, (q, lq), caches, (k, lkn), (vs, lvn))?);
+            Ok(())
+        }
+
+        #[cfg(feature = "cuda")]
+        fn cuda_fwd(
+            &self,
+            kv: &mut candle_core::CudaStorage,
+            lk: &Layout,
+            k: &candle_core::CudaStorage,
+            lkn: &Layout,
+            q: &candle_core::CudaStorage,
+            lq: &Layout,
+        ) -> Result<()> {
+            let (vs, lvn) = self.v.storage_and_layout();
+            let Storage::Cuda(vs) = &*vs else {
+                return Err(kv_err("v is not on the CUDA device of the caches (all tensors on one device)".into()));
+            };
+            let caches = cuda::Caches::Joint(kv, lk, &self.v_layout);
+            let outs = match q.dtype() {
+                DType::F32 => cuda::append_fwd::<f32>(self.op, (q, lq), caches, (k, lkn), (vs, lvn)),
+                DType::BF16 => cuda::append_fwd::<half::bf16>(self.op, (q, lq), caches, (k, lkn), (vs, lvn)),
+                DType::F16 => cuda::append_fwd::<half::f16>(self.op, (q, lq), caches, (k, lkn), (vs, lvn)),
+                other => Err(no_kernel(other)),
+            }?;
+            *self.outs.borrow_mut() = Some(outs);
+            Ok(())
+        }
     }
 
     impl InplaceOp3 for AppendK<'_> {
@@ -1453,7 +1586,8 @@ mod append {
 
         fn cpu_fwd(&self, vc: &mut CpuStorage, lv: &Layout, v: &CpuStorage, lvn: &Layout) -> Result<()> {
             let mut kc = self.k_cache.borrow_mut();
-            let outs = cpu_append_attend(self.op, self.q, (&mut **kc, self.k_layout), (vc, lv), self.k, (v, lvn))?;
+            let caches = CpuCaches::Two((&mut **kc, self.k_layout), (vc, lv));
+            let outs = cpu_append_attend(self.op, self.q, caches, self.k, (v, lvn))?;
             *self.outs.borrow_mut() = Some(outs);
             Ok(())
         }
@@ -1477,11 +1611,11 @@ mod append {
             lvn: &Layout,
         ) -> Result<()> {
             let mut kc = self.k_cache.borrow_mut();
-            let (kc, vc) = ((&mut **kc, self.k_layout), (vc, lv));
+            let caches = cuda::Caches::Two((&mut **kc, self.k_layout), (vc, lv));
             let outs = match self.q.0.dtype() {
-                DType::F32 => cuda::append_fwd::<f32>(self.op, self.q, kc, vc, self.k, (v, lvn)),
-                DType::BF16 => cuda::append_fwd::<half::bf16>(self.op, self.q, kc, vc, self.k, (v, lvn)),
-                DType::F16 => cuda::append_fwd::<half::f16>(self.op, self.q, kc, vc, self.k, (v, lvn)),
+                DType::F32 => cuda::append_fwd::<f32>(self.op, self.q, caches, self.k, (v, lvn)),
+                DType::BF16 => cuda::append_fwd::<half::bf16>(self.op, self.q, caches, self.k, (v, lvn)),
+                DType::F16 => cuda::append_fwd::<half::f16>(self.op, self.q, caches, self.k, (v, lvn)),
                 other => Err(no_kernel(other)),
             }?;
             *self.outs.borrow_mut() = Some(outs);
@@ -1509,18 +1643,19 @@ mod append {
         Ok(rows)
     }
 
-    /// Writes `rows` (each `row_len` elements) of the VM cache `buf` into the caller's storage.
+    /// Writes `rows` (each `row_len` elements) of the VM cache `buf`, whose view begins
+    /// `buf_start` elements into it, into the caller's storage.
     fn copy_rows_back(
         (s, l): (&mut CpuStorage, &Layout),
-        buf: &memattn::attn::VmBuffer,
+        (buf, buf_start): (&memattn::attn::VmBuffer, usize),
         rows: &[usize],
         row_len: usize,
     ) -> Result<()> {
         let dtype = dtype_of(s.dtype())?;
         let start = l.start_offset();
-        let vm = buf.read_f32(dtype, l.shape().elem_count()).map_err(wrap)?;
+        let vm = buf.read_f32(dtype, buf_start + l.shape().elem_count()).map_err(wrap)?;
         for &r in rows {
-            let (from, to) = (r * row_len, start + r * row_len);
+            let (from, to) = (buf_start + r * row_len, start + r * row_len);
             let src = vm.get(from..from + row_len).ok_or_else(|| kv_err(format!("cache row {r} is past the cache")))?;
             let out_of_range = || kv_err(format!("cache row {r} is past the cache's storage"));
             match s {
@@ -1541,13 +1676,20 @@ mod append {
         Ok(())
     }
 
-    /// The CPU path: every tensor into the VM, memattn's append and attention there, then the
-    /// appended rows back into the caller's caches.
+    /// The caches of a CPU call: two storages, or one storage both are views of (joint).
+    pub(super) enum CpuCaches<'a> {
+        Two((&'a mut CpuStorage, &'a Layout), (&'a mut CpuStorage, &'a Layout)),
+        /// The storage, k_cache's layout and v_cache's.
+        Joint(&'a mut CpuStorage, &'a Layout, &'a Layout),
+    }
+
+    /// The CPU path: every tensor into the VM (joint caches as one buffer with both views in
+    /// it, so memattn checks that they share no byte), memattn's append and attention there,
+    /// then the appended rows back into the caller's caches.
     fn cpu_append_attend(
         op: &FlashAttnKvCache,
         q: Operand<'_, CpuStorage>,
-        kc: (&mut CpuStorage, &Layout),
-        vc: (&mut CpuStorage, &Layout),
+        caches: CpuCaches<'_>,
         k: Operand<'_, CpuStorage>,
         v: Operand<'_, CpuStorage>,
     ) -> Result<(Storage, Storage)> {
@@ -1556,24 +1698,43 @@ mod append {
             let dtype = dtype_of(s.dtype())?;
             Ok((kernels.vm_upload_as(dtype, &host_f32(s, l)?).map_err(wrap)?, dtype, dims4(l, what)?, strides4(l)))
         };
-        let bufs = [
-            upload(q, "q")?,
-            upload((&*kc.0, kc.1), "k_cache")?,
-            upload((&*vc.0, vc.1), "v_cache")?,
-            upload(k, "k")?,
-            upload(v, "v")?,
-        ];
+        let bufs = [upload(q, "q")?, upload(k, "k")?, upload(v, "v")?];
+        // The caches' buffers, and for each cache its buffer, dtype, shape, strides and first
+        // element in the buffer.
+        let (kl, vl) = match &caches {
+            CpuCaches::Two((_, kl), (_, vl)) | CpuCaches::Joint(_, kl, vl) => (*kl, *vl),
+        };
+        let cache_bufs = match &caches {
+            CpuCaches::Two(kc, vc) => vec![upload((&*kc.0, kc.1), "k_cache")?.0, upload((&*vc.0, vc.1), "v_cache")?.0],
+            // The whole storage (`host_f32` reads from the start offset on): both views in it.
+            CpuCaches::Joint(s, _, _) => {
+                let whole = host_f32(s, &Layout::contiguous(1))?;
+                vec![kernels.vm_upload_as(dtype_of(s.dtype())?, &whole).map_err(wrap)?]
+            }
+        };
+        let joint = cache_bufs.len() == 1;
+        let cache = |i: usize| -> Result<_> {
+            let l = [kl, vl][i];
+            let what = ["k_cache", "v_cache"][i];
+            let (buf, start) = if joint { (&cache_bufs[0], l.start_offset()) } else { (&cache_bufs[i], 0) };
+            Ok((buf, dims4(l, what)?, strides4(l), start))
+        };
+        let (kc, vc) = (cache(0)?, cache(1)?);
+        let dtype = bufs[0].1;
         let view = |i: usize| {
             let (b, dtype, shape, strides) = &bufs[i];
             TensorView::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
         };
-        let view_mut = |i: usize| {
-            let (b, dtype, shape, strides) = &bufs[i];
-            memattn::attn::TensorViewMut::vm(b, *dtype, *shape).map(|v| v.with_strides(*strides)).map_err(wrap)
-        };
+        fn cache_mut(
+            (b, shape, strides, start): (&memattn::attn::VmBuffer, [usize; 4], [usize; 4], usize),
+            dtype: Dtype,
+        ) -> Result<memattn::attn::TensorViewMut<'_>> {
+            memattn::attn::TensorViewMut::vm(b, dtype, shape)
+                .and_then(|v| v.with_strides(strides).offset(start))
+                .map_err(wrap)
+        }
         let [b, sq, h, d] = bufs[0].2;
-        let [_, rows_per, hk, _] = bufs[1].2;
-        let dtype = bufs[0].1;
+        let [_, rows_per, hk, _] = kc.1;
         // Poisoned outputs: an element the kernels do not write reads back as NaN.
         let o = kernels.vm_upload_as(dtype, &vec![f32::NAN; b * sq * h * d]).map_err(wrap)?;
         let lse = kernels.vm_upload(&vec![f32::NAN; b * h * sq]).map_err(wrap)?;
@@ -1583,10 +1744,10 @@ mod append {
         kernels
             .flash_attn_with_kvcache_into(
                 &view(0)?,
-                &mut view_mut(1)?,
-                &mut view_mut(2)?,
-                Some(&view(3)?),
-                Some(&view(4)?),
+                &mut cache_mut(kc, dtype)?,
+                &mut cache_mut(vc, dtype)?,
+                Some(&view(1)?),
+                Some(&view(2)?),
                 &ix.seqlens,
                 ix.table.as_ref(),
                 &mut memattn::attn::TensorViewMut::vm(&o, dtype, [b, sq, h, d]).map_err(wrap)?,
@@ -1595,9 +1756,18 @@ mod append {
             )
             .map_err(wrap)?;
         // memattn checked every index before it wrote; the same rows come back.
-        let rows = appended_rows(op, b, bufs[3].2[1], rows_per)?;
-        copy_rows_back(kc, &bufs[1].0, &rows, hk * d)?;
-        copy_rows_back(vc, &bufs[2].0, &rows, hk * d)?;
+        let rows = appended_rows(op, b, bufs[1].2[1], rows_per)?;
+        match caches {
+            CpuCaches::Two(ks, vs) => {
+                copy_rows_back(ks, (kc.0, 0), &rows, hk * d)?;
+                copy_rows_back(vs, (vc.0, 0), &rows, hk * d)?;
+            }
+            CpuCaches::Joint(s, kl, vl) => {
+                // The buffer is the whole storage: each view's rows at its own offset in both.
+                copy_rows_back((&mut *s, kl), (kc.0, kc.3), &rows, hk * d)?;
+                copy_rows_back((s, vl), (vc.0, vc.3), &rows, hk * d)?;
+            }
+        }
         let o = cpu_storage(o.read_f32(dtype, b * sq * h * d).map_err(wrap)?, q.0.dtype());
         let lse = CpuStorage::F32(lse.read_f32(Dtype::F32, b * h * sq).map_err(wrap)?);
         Ok((Storage::Cpu(o), Storage::Cpu(lse)))
@@ -1612,7 +1782,7 @@ mod cuda {
     use candle_core::CudaStorage;
     use memattn::attn::{Element, LseViewMut, TensorViewMut};
     use std::collections::HashMap;
-    use std::sync::Arc;
+    use std::sync::{Arc, OnceLock};
 
     /// memattn's kernels per CUDA context (loaded once per context).
     pub(super) fn kernels_for(
@@ -1854,11 +2024,17 @@ mod cuda {
 
     /// memattn's append and attention on candle's caches, in candle's memory on candle's stream.
     #[allow(clippy::too_many_arguments)]
+    /// The caches of a CUDA call: two storages, or one storage both are views of (joint).
+    pub(super) enum Caches<'a> {
+        Two((&'a mut CudaStorage, &'a Layout), (&'a mut CudaStorage, &'a Layout)),
+        /// The storage, k_cache's layout and v_cache's.
+        Joint(&'a mut CudaStorage, &'a Layout, &'a Layout),
+    }
+
     pub(super) fn append_fwd<T: Element + CudaDType + DeviceRepr + ValidAsZeroBits>(
         op: &FlashAttnKvCache,
         (qs, lq): (&CudaStorage, &Layout),
-        (kcs, lkc): (&mut CudaStorage, &Layout),
-        (vcs, lvc): (&mut CudaStorage, &Layout),
+        caches: Caches<'_>,
         (ks, lk): (&CudaStorage, &Layout),
         (vs, lv): (&CudaStorage, &Layout),
     ) -> Result<(Storage, Storage)> {
@@ -1867,8 +2043,35 @@ mod cuda {
         let kernels = kernels_for(stream.context())?;
         let (q, k, v) =
             (view::<T>(qs, lq, &stream, "q")?, view::<T>(ks, lk, &stream, "k")?, view::<T>(vs, lv, &stream, "v")?);
-        let mut kc = view_mut::<T>(kcs, lkc, &stream, "k_cache")?;
-        let mut vc = view_mut::<T>(vcs, lvc, &stream, "v_cache")?;
+        // Joint caches: the storage split where the later view begins, each view in its part (a
+        // view reaching into the other part is refused by memattn's bounds check).
+        let (mut first, mut second);
+        let (mut kc, mut vc) = match caches {
+            Caches::Two((kcs, lkc), (vcs, lvc)) => {
+                (view_mut::<T>(kcs, lkc, &stream, "k_cache")?, view_mut::<T>(vcs, lvc, &stream, "v_cache")?)
+            }
+            Caches::Joint(s, lkc, lvc) => {
+                let k_first = lkc.start_offset() <= lvc.start_offset();
+                let (lo, hi) = if k_first { (lkc, lvc) } else { (lvc, lkc) };
+                let slice = s.as_cuda_slice_mut::<T>()?;
+                let len = slice.len();
+                (first, second) = slice.try_split_at_mut(hi.start_offset()).ok_or_else(|| {
+                    kv_err(format!("a cache view begins at element {}, past its storage's {len}", hi.start_offset()))
+                })?;
+                let part = |slice, l: &Layout, start: usize, what: &str| {
+                    TensorViewMut::cuda(slice, &stream, dims4(l, what)?)
+                        .and_then(|v| v.with_strides(strides4(l)).offset(start))
+                        .map_err(wrap)
+                };
+                let lo_view = part(&mut first, lo, lo.start_offset(), if k_first { "k_cache" } else { "v_cache" })?;
+                let hi_view = part(&mut second, hi, 0, if k_first { "v_cache" } else { "k_cache" })?;
+                if k_first {
+                    (lo_view, hi_view)
+                } else {
+                    (hi_view, lo_view)
+                }
+            }
+        };
         let ix = op.cuda_indices(&kernels, &stream)?;
         let guards = op.extras.guards();
         let slices = extra_slices::<T, _>(&guards)?;

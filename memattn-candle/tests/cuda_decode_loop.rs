@@ -197,3 +197,47 @@ fn forward_ops_on_a_cuda_device_equal_the_cpu_device_bit_for_bit() -> candle_cor
     assert_eq!(bits(&run(&cpu)?)?, bits(&run(&dev)?)?, "flash_attn_with_kvcache");
     check_kv_status(&dev)
 }
+
+/// vLLM's joint KV layout on a candle CUDA device: k_cache and v_cache the halves of one
+/// `[2, num_pages, page_size, heads_kv, head_dim]` tensor (one storage). A paged append gives the
+/// CPU device's O and joint tensor bit for bit (the CPU device's joint append is checked against
+/// the f64 reference in tests/cpu/kvcache_append.rs).
+#[test]
+fn joint_kv_append_on_a_cuda_device_equals_the_cpu_device_bit_for_bit() -> candle_core::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = Device::new_cuda(0)?;
+    let cpu = Device::Cpu;
+    let bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {
+        Ok(t.to_device(&cpu)?.flatten_all()?.to_vec1::<f32>()?.iter().map(|x| x.to_bits()).collect())
+    };
+    let (b, h, hk, d, page, pages) = (2usize, 4usize, 2usize, 64usize, 8usize, 6usize);
+    let r = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &cpu);
+    let (q, kv0, kn, vn) = (r(&[b, 1, h, d])?, r(&[2, pages, page, hk, d])?, r(&[b, 1, hk, d])?, r(&[b, 1, hk, d])?);
+    let (lens, table) = ([13u32, 5], [4u32, 0, 2, 5, 1, 3]);
+    let run = |dv: &Device| -> candle_core::Result<(Tensor, Tensor)> {
+        // A copy: on the CPU device `to_device` would share kv0's storage, which the call writes.
+        let kv = kv0.copy()?.to_device(dv)?;
+        let o = flash_attn_with_kvcache_opts(
+            &q.to_device(dv)?,
+            &kv.i(0)?,
+            &kv.i(1)?,
+            Some(&kn.to_device(dv)?),
+            Some(&vn.to_device(dv)?),
+            &Tensor::new(&lens, dv)?,
+            Some(&Tensor::from_slice(&table, (b, 3), dv)?),
+            0.125,
+            true,
+            2,
+            &KvCacheOpts::default(),
+        )?
+        .0;
+        Ok((o, kv))
+    };
+    let ((o_cpu, kv_cpu), (o_cuda, kv_cuda)) = (run(&cpu)?, run(&dev)?);
+    check_kv_status(&dev)?;
+    assert!(o_cuda.device().is_cuda() && kv_cuda.device().is_cuda());
+    assert_ne!(bits(&kv_cpu)?, bits(&kv0)?, "the append wrote the joint tensor");
+    assert_eq!(bits(&o_cpu)?, bits(&o_cuda)?, "O");
+    assert_eq!(bits(&kv_cpu)?, bits(&kv_cuda)?, "the joint tensor after the append");
+    Ok(())
+}

@@ -11,11 +11,11 @@
 //! # Features
 //! - `vm` (default): the PTX VM backend ([`attn::Kernels::vm`]), the same kernels on the CPU with
 //!   memcheck, initcheck and racecheck.
-//! - `cuda-12080` (default): the CUDA driver API version cudarc binds. cudarc needs exactly one
-//!   version; a program that chooses its own (candle-core's `cuda` feature does, through cudarc's
-//!   `cuda-version-from-build-system`) may turn the default features off. memattn asks cudarc for
-//!   `fallback-dynamic-loading`: the driver is loaded at run time unless the program links it
-//!   (cudarc's `dynamic-linking`, as candle-core's `cuda` feature does), so both work.
+//! - `cuda-12080` (default): cudarc's two build choices for a program that makes none: the CUDA
+//!   driver API version it binds (cudarc needs exactly one) and `fallback-dynamic-loading` (the
+//!   driver is loaded at run time unless the program links it). A program that makes its own
+//!   (candle-core's `cuda` feature: `cuda-version-from-build-system` and `dynamic-linking`) turns
+//!   the default features off; memattn then asks cudarc for nothing that program does not.
 //! - `serde`: `serde::Serialize` for the plain records ([`Dtype`], [`Problem`], the decode plan).
 //!
 //! The modules form layers; each imports only from layers above it in this list (a unit test,

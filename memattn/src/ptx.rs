@@ -5,8 +5,9 @@ use kernels_gpu::variants::TileRecord;
 use kernels_gpu::KernelId;
 use std::sync::{Arc, OnceLock};
 
-/// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu).
-pub const EMBEDDED_PTX: &str = kernels_gpu::artifacts::PTX;
+/// The committed kernel module, `kernels-gpu/ptx/memattn_kernels.ptx` (owned by kernels-gpu): the
+/// same static, so a program holds the text once.
+pub use kernels_gpu::artifacts::PTX as EMBEDDED_PTX;
 
 /// One `.param` of an entry, as declared.
 #[derive(Clone, Debug, PartialEq, Eq)]

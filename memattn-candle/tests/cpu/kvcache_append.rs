@@ -3,7 +3,7 @@
 //! the caller's caches after the call, bit for bit: the appended rows hold `k`/`v`, every other
 //! element is unchanged.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, IndexOp, Tensor};
 use memattn::decode::{reference, verify_decode, CacheLayout, DecodeInputs, DecodeProblem, Splits};
 use memattn::Dtype;
 
@@ -80,9 +80,18 @@ fn tensors(p: &DecodeProblem, seed: u64) -> Case {
 
 /// One call with new tokens: O and LSE against the f64 reference (cache rows at and past
 /// `cache_seqlens` are NaN before the call, so attending before the append fails), then both
-/// caches against their contents before the call with the new rows put in by hand.
-fn append_case(p: &DecodeProblem, num_splits: usize) {
-    let c = tensors(p, 11);
+/// caches against their contents before the call with the new rows put in by hand. `joint`:
+/// the caches are the two halves of one tensor `[2, ...cache shape]` (vLLM's joint layout,
+/// `kv.i(0)` and `kv.i(1)`: one storage).
+fn append_case(p: &DecodeProblem, num_splits: usize, joint: bool) {
+    let mut c = tensors(p, 11);
+    let mut kv = None;
+    if joint {
+        let t = Tensor::stack(&[&c.k_cache, &c.v_cache], 0).unwrap();
+        (c.k_cache, c.v_cache) = (t.i(0).unwrap(), t.i(1).unwrap());
+        assert_eq!(c.v_cache.layout().start_offset(), c.k_cache.elem_count());
+        kv = Some(t);
+    }
     let (k_before, v_before) = (bits(&c.k_cache), bits(&c.v_cache));
     let (o, lse) = memattn_candle::flash_attn_with_kvcache_with_lse(
         &c.q,
@@ -125,6 +134,11 @@ fn append_case(p: &DecodeProblem, num_splits: usize) {
             (0..got.len() / row).filter(|r| got[r * row..][..row] != want[r * row..][..row]).collect();
         assert!(bad.is_empty(), "{name}: rows {bad:?} differ from the expected append");
     }
+    if let Some(kv) = kv {
+        // The one storage holds both appended caches (read through the joint tensor itself).
+        let (k_after, v_after) = (bits(&kv.i(0).unwrap()), bits(&kv.i(1).unwrap()));
+        assert!(k_after == bits(&c.k_cache) && v_after == bits(&c.v_cache), "the joint tensor after the append");
+    }
 }
 
 #[test]
@@ -142,7 +156,7 @@ fn append_into_a_paged_gqa_cache_matches_the_reference() {
         splits: Splits::Fixed(3),
         ..DecodeProblem::default()
     };
-    append_case(&p, 3);
+    append_case(&p, 3, false);
 }
 
 #[test]
@@ -159,7 +173,35 @@ fn append_into_a_contiguous_bf16_cache_matches_the_reference() {
         causal: false,
         ..DecodeProblem::default()
     };
-    append_case(&p, 0);
+    append_case(&p, 0, false);
+}
+
+#[test]
+fn append_into_one_joint_kv_tensor_matches_the_reference() {
+    // vLLM's layout: one [2, num_pages, page_size, heads_kv, head_dim] tensor, k_cache and
+    // v_cache its halves (one storage). Paged (5-key pages, shuffled), GQA 4/2, 3 sequences (one
+    // empty), 2 new tokens each, causal, 2 splits; then bf16 contiguous MQA.
+    let p = DecodeProblem {
+        batch: 3,
+        heads: 4,
+        heads_kv: 2,
+        cache_seqlens: vec![9, 0, 12],
+        seq_new: 2,
+        page_size: Some(5),
+        splits: Splits::Fixed(2),
+        ..DecodeProblem::default()
+    };
+    append_case(&p, 2, true);
+    let p = DecodeProblem {
+        batch: 2,
+        heads: 4,
+        heads_kv: 1,
+        cache_seqlens: vec![21, 6],
+        seq_new: 3,
+        dtype: Dtype::Bf16,
+        ..DecodeProblem::default()
+    };
+    append_case(&p, 0, true);
 }
 
 #[test]
@@ -191,9 +233,41 @@ fn refused_calls_leave_the_caches_untouched() {
     // New keys without new values.
     let e = call(&c.k_cache, &c.v_cache, Some(&c.k), None, &table);
     assert!(e.contains("v is missing while k is given"), "{e}");
-    // One tensor as both caches (a clone shares the storage): written in place, so refused.
+    // One tensor as both caches (a clone shares the storage and every byte): memattn refuses
+    // the overlap, naming the bytes the two share.
     let e = call(&c.k_cache, &c.k_cache.clone(), Some(&c.k), Some(&c.v), &table);
-    assert!(e.contains("k_cache shares its storage with v_cache"), "{e}");
+    let all = c.k_cache.elem_count() * 4;
+    assert!(e.contains("k_cache (written") && e.contains(&format!("({all} bytes)")), "{e}");
+    // Two views of one tensor that share a page: refused the same way, one page shared.
+    let (pages, page) = (c.k_cache.dim(0).unwrap(), c.k_cache.dims()[1..].iter().product::<usize>());
+    let big = Tensor::cat(&[&c.k_cache, &c.v_cache], 0).unwrap();
+    let (k_over, v_over) = (big.narrow(0, 0, pages).unwrap(), big.narrow(0, pages - 1, pages).unwrap());
+    let big_before = bits(&big);
+    let err = memattn_candle::flash_attn_with_kvcache(
+        &c.q,
+        &k_over,
+        &v_over,
+        Some(&c.k),
+        Some(&c.v),
+        &c.seqlens,
+        Some(&table),
+        0.125,
+        true,
+        0,
+    )
+    .unwrap_err();
+    match memattn_candle::attn_error(&err) {
+        Some(memattn::attn::AttnError::Aliasing {
+            why: memattn::attn::AliasRule::Overlap { written, other, written_bytes, other_bytes },
+        }) => {
+            assert_eq!((*written, *other), ("k_cache", "v_cache"), "{err}");
+            let shared = written_bytes[1] - other_bytes[0];
+            assert_eq!(shared, (page * 4) as u64, "{err}");
+            assert!(err.to_string().contains(&format!("({shared} bytes)")), "{err}");
+        }
+        other => panic!("expected the overlap of k_cache and v_cache, found {other:?}: {err}"),
+    }
+    assert!(bits(&big) == big_before, "a refused call wrote the joint tensor");
     let e = call(&c.k_cache, &c.v_cache, Some(&c.v_cache), Some(&c.v), &table);
     assert!(e.contains("v_cache shares its storage with k"), "{e}");
     assert!(bits(&c.k_cache) == k_before && bits(&c.v_cache) == v_before, "a refused call wrote a cache");

@@ -10,3 +10,4 @@ mod backward;
 mod decode_loop;
 mod kvcache_append;
 mod kvcache_opts;
+mod typed_errors;

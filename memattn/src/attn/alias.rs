@@ -16,10 +16,15 @@ use super::{AttnError, IndexTensor, Place, RawView};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AliasRule {
-    /// A tensor the call writes shares bytes with another tensor of the call.
+    /// A tensor the call writes shares bytes with another tensor of the call. The message names
+    /// the shared bytes (the intersection of the two ranges). Views into one allocation are
+    /// accepted when their ranges are disjoint (vLLM's joint KV cache: k_cache and v_cache the
+    /// two halves of one `[2, num_pages, page_size, heads_kv, head_dim]` buffer).
     #[error(
-        "{written} (written, bytes {:#x}..{:#x}) overlaps {other} (bytes {:#x}..{:#x}): a tensor the call writes must not share memory with any tensor it reads or writes",
-        written_bytes[0], written_bytes[1], other_bytes[0], other_bytes[1]
+        "{written} (written, bytes {:#x}..{:#x}) overlaps {other} (bytes {:#x}..{:#x}): they share bytes {:#x}..{:#x} ({} bytes), and a tensor the call writes must not share memory with any tensor it reads or writes (views into one allocation are fine when their bytes are disjoint)",
+        written_bytes[0], written_bytes[1], other_bytes[0], other_bytes[1],
+        written_bytes[0].max(other_bytes[0]), written_bytes[1].min(other_bytes[1]),
+        written_bytes[1].min(other_bytes[1]).saturating_sub(written_bytes[0].max(other_bytes[0]))
     )]
     Overlap { written: &'static str, other: &'static str, written_bytes: [u64; 2], other_bytes: [u64; 2] },
     /// A written view whose strides send two elements to one address.

@@ -733,6 +733,34 @@ fn cuda_kvcache_and_varlen_on_the_callers_stream() {
     let (ke, _) = x.appended(&p);
     let k_after: Vec<f32> = stream.clone_dtoh(&kcd).unwrap();
     assert!(k_after.iter().zip(&ke).all(|(a, e)| a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan())));
+    // vLLM's joint layout through cudarc: one allocation [2, num_pages, page_size, heads_kv, d]
+    // split into its k and v halves (`split_at_mut`); the same call, the same reference, and
+    // both halves hold the appended caches.
+    let half = x.k_cache.len();
+    let mut joint = stream.clone_htod(&[&x.k_cache[..], &x.v_cache[..]].concat()).unwrap();
+    {
+        let (mut jk, mut jv) = joint.split_at_mut(half);
+        let (o, lse) = kernels
+            .flash_attn_with_kvcache(
+                &TensorView::cuda(&qd, &stream, [b, 1, h, d]).unwrap(),
+                &mut TensorViewMut::cuda(&mut jk, &stream, cache_shape).unwrap(),
+                &mut TensorViewMut::cuda(&mut jv, &stream, cache_shape).unwrap(),
+                Some(&TensorView::cuda(&knd, &stream, [b, 1, hk, d]).unwrap()),
+                Some(&TensorView::cuda(&vnd, &stream, [b, 1, hk, d]).unwrap()),
+                &seqlens,
+                Some(&table),
+                &AttnOpts::new().causal(true).num_splits(3),
+            )
+            .unwrap();
+        let v = verify_decode(&p, &o.to_vec_f32().unwrap(), &lse.to_vec_f32().unwrap(), &decode_ref(&p, &x));
+        assert!(v.passed, "joint: {:?}", v.failures);
+    }
+    let (ke, ve) = x.appended(&p);
+    let after: Vec<f32> = stream.clone_dtoh(&joint).unwrap();
+    let same = |got: &[f32], want: &[f32]| {
+        got.iter().zip(want).all(|(a, e)| a.to_bits() == e.to_bits() || (a.is_nan() && e.is_nan()))
+    };
+    assert!(same(&after[..half], &ke) && same(&after[half..], &ve), "the joint allocation after the append");
     // An index tensor made for another stream is refused.
     let other = ctx.new_stream().unwrap();
     let foreign = kernels.index_tensor(&p.cache_seqlens, Some(&other)).unwrap();

@@ -336,3 +336,118 @@ fn vm_decode_large_soft_caps_match_the_reference() {
         }
     }
 }
+
+/// vLLM's joint KV layout: one allocation `[2, num_pages, page_size, heads_kv, head_dim]`, k_cache
+/// its first half and v_cache its second. The paged decode appends into both halves of the one
+/// buffer and matches the f64 reference; both halves hold exactly the appended caches after it.
+#[test]
+fn vm_kvcache_paged_append_into_one_joint_kv_allocation_matches_the_reference() {
+    use memattn::decode::{reference as decode_ref, verify_decode, CacheLayout, DecodeInputs, DecodeProblem, Splits};
+    let kernels = Kernels::vm().unwrap();
+    // Paged (5-key pages, shuffled), GQA 4/2, 3 sequences (one empty before the append), 2 new
+    // tokens each, causal, 2 splits.
+    let p = DecodeProblem {
+        batch: 3,
+        heads: 4,
+        heads_kv: 2,
+        cache_seqlens: vec![9, 0, 12],
+        seq_new: 2,
+        page_size: Some(5),
+        splits: Splits::Fixed(2),
+        ..DecodeProblem::default()
+    };
+    let x = DecodeInputs::random(&p, 21);
+    let CacheLayout::Paged { page_size, num_pages, .. } = x.layout else { panic!("a paged case") };
+    let (b, h, hk, d) = (p.batch as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
+    let cache_shape = [num_pages as usize, page_size as usize, hk, d];
+    let half = cache_shape.iter().product::<usize>();
+    assert_eq!((x.k_cache.len(), x.v_cache.len()), (half, half));
+    // Real values: the cached keys and the new tokens are not zeros.
+    assert!(x.k_cache.iter().chain(&x.v_cache).any(|v| v.is_finite() && *v != 0.0));
+    assert!(x.k_new.iter().chain(&x.v_new).all(|v| v.is_finite()) && x.k_new.iter().any(|v| *v != 0.0));
+    let f = Dtype::F32;
+    let joint = kernels.vm_upload(&[&x.k_cache[..], &x.v_cache[..]].concat()).unwrap();
+    let (qb, knb, vnb) =
+        (kernels.vm_upload(&x.q).unwrap(), kernels.vm_upload(&x.k_new).unwrap(), kernels.vm_upload(&x.v_new).unwrap());
+    let ob = kernels.vm_upload(&vec![f32::NAN; b * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; b * h]).unwrap();
+    let lens = kernels.index_tensor(&p.cache_seqlens, None).unwrap();
+    let table = kernels.index_tensor(&x.block_table, None).unwrap();
+    let new_shape = [b, 2, hk, d];
+    kernels
+        .flash_attn_with_kvcache_into(
+            &TensorView::vm(&qb, f, [b, 1, h, d]).unwrap(),
+            &mut TensorViewMut::vm(&joint, f, cache_shape).unwrap(),
+            &mut TensorViewMut::vm(&joint, f, cache_shape).unwrap().offset(half).unwrap(),
+            Some(&TensorView::vm(&knb, f, new_shape).unwrap()),
+            Some(&TensorView::vm(&vnb, f, new_shape).unwrap()),
+            &lens,
+            Some(&table),
+            &mut TensorViewMut::vm(&ob, f, [b, 1, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, 1).unwrap(),
+            &AttnOpts::new().causal(true).num_splits(2),
+        )
+        .unwrap();
+    let (o, lse) = (ob.read_f32(f, b * h * d).unwrap(), lb.read_f32(f, b * h).unwrap());
+    let v = verify_decode(&p, &o, &lse, &decode_ref(&p, &x));
+    assert!(v.passed, "{:?}", v.failures);
+    let (ke, ve) = x.appended(&p);
+    let got = joint.read_f32(f, 2 * half).unwrap();
+    let same = |got: &[f32], want: &[f32]| {
+        got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
+    };
+    assert!(same(&got[..half], &ke), "the k half after the append");
+    assert!(same(&got[half..], &ve), "the v half after the append");
+}
+
+/// Two views into one allocation that share bytes are refused before anything is written, and
+/// the error names the bytes they share.
+#[test]
+fn vm_kvcache_append_into_overlapping_views_of_one_allocation_is_refused_naming_the_shared_bytes() {
+    let kernels = Kernels::vm().unwrap();
+    let f = Dtype::F32;
+    let (b, h, hk, d, pages, page) = (1usize, 2usize, 1usize, 64usize, 4usize, 8usize);
+    let cshape = [pages, page, hk, d];
+    let (half, page_elems) = (pages * page * hk * d, page * hk * d);
+    let joint_values = data(2 * half, 31, f);
+    let joint = kernels.vm_upload(&joint_values).unwrap();
+    let qb = kernels.vm_upload(&data(b * h * d, 32, f)).unwrap();
+    let newb = kernels.vm_upload(&data(b * hk * d, 33, f)).unwrap();
+    let ob = kernels.vm_upload(&vec![f32::NAN; b * h * d]).unwrap();
+    let lb = kernels.vm_upload(&vec![f32::NAN; b * h]).unwrap();
+    let lens = kernels.index_tensor(&[3], None).unwrap();
+    let table = kernels.index_tensor(&[2, 0, 3, 1], None).unwrap();
+    let new = TensorView::vm(&newb, f, [b, 1, hk, d]).unwrap();
+    // v_cache begins one page before the end of k_cache: the last page of k is the first of v.
+    let mut k = TensorViewMut::vm(&joint, f, cshape).unwrap();
+    let mut v = TensorViewMut::vm(&joint, f, cshape).unwrap().offset(half - page_elems).unwrap();
+    let e = kernels
+        .flash_attn_with_kvcache_into(
+            &TensorView::vm(&qb, f, [b, 1, h, d]).unwrap(),
+            &mut k,
+            &mut v,
+            Some(&new),
+            Some(&new),
+            &lens,
+            Some(&table),
+            &mut TensorViewMut::vm(&ob, f, [b, 1, h, d]).unwrap(),
+            &mut LseViewMut::vm(&lb, b, h, 1).unwrap(),
+            &AttnOpts::new(),
+        )
+        .unwrap_err();
+    let AttnError::Aliasing { why: AliasRule::Overlap { written, other, written_bytes, other_bytes } } = &e else {
+        panic!("not an overlap: {e}")
+    };
+    assert_eq!((*written, *other), ("k_cache", "v_cache"), "{e}");
+    let base = written_bytes[0];
+    let (half_b, page_b) = ((half * 4) as u64, (page_elems * 4) as u64);
+    assert_eq!(*written_bytes, [base, base + half_b], "{e}");
+    assert_eq!(*other_bytes, [base + half_b - page_b, base + 2 * half_b - page_b], "{e}");
+    // The shared bytes are k's last page.
+    let shared = format!("they share bytes {:#x}..{:#x} ({} bytes)", base + half_b - page_b, base + half_b, page_b);
+    assert!(e.to_string().contains(&shared), "{e}\nwants: {shared}");
+    // Nothing was written: the buffer and the poisoned outputs are as they were.
+    let after = joint.read_f32(f, 2 * half).unwrap();
+    assert!(after.iter().zip(&joint_values).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(ob.read_f32(f, b * h * d).unwrap().iter().all(|x| x.is_nan()));
+}
