@@ -18,17 +18,85 @@ fn ptx_path(name: &str) -> PathBuf {
 }
 
 /// A crate name that is also the kernel's entry point: a Rust identifier in lower case.
+/// Rust's keywords (strict and reserved, every edition) and the names of the crates a kernel
+/// build links or that cargo keeps: the kernel's `#[no_mangle] fn NAME` or its package could
+/// not be called so.
+const RESERVED_NAMES: &[&str] = &[
+    "as",
+    "async",
+    "await",
+    "break",
+    "const",
+    "continue",
+    "crate",
+    "dyn",
+    "else",
+    "enum",
+    "extern",
+    "false",
+    "fn",
+    "for",
+    "gen",
+    "if",
+    "impl",
+    "in",
+    "let",
+    "loop",
+    "match",
+    "mod",
+    "move",
+    "mut",
+    "pub",
+    "ref",
+    "return",
+    "self",
+    "static",
+    "struct",
+    "super",
+    "trait",
+    "true",
+    "try",
+    "type",
+    "unsafe",
+    "use",
+    "where",
+    "while",
+    "abstract",
+    "become",
+    "box",
+    "do",
+    "final",
+    "macro",
+    "override",
+    "priv",
+    "typeof",
+    "unsized",
+    "virtual",
+    "yield",
+    "union",
+    "core",
+    "std",
+    "alloc",
+    "test",
+    "proc_macro",
+    "build",
+];
+
 fn check_name(name: &str) -> Result<(), String> {
     let ok = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
+    if !ok {
+        return Err(format!(
             "`{name}` cannot name a kernel: use lower-case letters, digits and `_`, starting with a letter (e.g. `my_scale`)"
-        ))
+        ));
     }
+    if RESERVED_NAMES.contains(&name) {
+        return Err(format!(
+            "`{name}` cannot name a kernel: it is a Rust keyword or a crate's name, which a function or package cannot take (e.g. `my_{name}`)"
+        ));
+    }
+    Ok(())
 }
 
 fn manifest(name: &str) -> String {
@@ -288,9 +356,11 @@ mod tests {
     #[test]
     fn names_are_identifiers() {
         assert!(check_name("my_scale2").is_ok());
-        for bad in ["", "My", "2x", "a-b", "../x", "a b"] {
+        for bad in ["", "My", "2x", "a-b", "../x", "a b", "fn", "struct", "self", "core", "try"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+        assert!(check_name("fn").unwrap_err().contains("keyword"));
+        assert!(check_name("fn_scale").is_ok());
     }
 
     /// `lesson new` then `lesson build`: the scratch crate builds with the lessons' recipe, has
