@@ -522,7 +522,8 @@ pub fn command(cli: &Cli, c: &EvidenceCommand) -> Result<i32, Error> {
                             get("verified"),
                             v["ptx"]["sha256"]
                                 .as_str()
-                                .map(|s| s[..12.min(s.len())].to_string())
+                                // Characters, not bytes: a record edited by hand may hold any text.
+                                .map(|s| s.chars().take(12).collect::<String>())
                                 .unwrap_or_else(|| "-".into()),
                             v["message"].as_str().map(|m| m.chars().take(90).collect()).unwrap_or_else(|| short_cmd(v)),
                         ]

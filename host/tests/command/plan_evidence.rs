@@ -492,3 +492,18 @@ fn plan_cp_gives_per_device_memory_and_the_smallest_group() {
     let o = memattn(&["plan", "--config", &fixture("llama-3-8b"), "--context", "1024", "--cp", "0"]);
     assert_eq!(code(&o), 2);
 }
+
+/// A record whose PTX hash holds multi-byte characters (an evidence file edited by hand) is
+/// shown, its first 12 characters in the table, where cutting it at byte 12 panicked (exit 3).
+#[test]
+fn evidence_show_takes_any_text_in_a_record() {
+    let f = tmp("multibyte-evidence.jsonl");
+    std::fs::write(
+        &f,
+        "{\"command\": \"memattn run\", \"exit_code\": 0, \"ptx\": {\"sha256\": \"a€€€€€€€€€€€€€€\"}}\n",
+    )
+    .unwrap();
+    let o = memattn(&["evidence", "show", f.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("a€€€€€€€€€€€"), "{}", stdout(&o));
+}
