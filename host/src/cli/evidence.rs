@@ -357,8 +357,44 @@ fn print_diff(a: &Value, la: usize, b: &Value, lb: usize) {
     print!("{}", table(&header, &diff_rows(a, b)));
 }
 
-/// Options whose value is a file the command writes.
-const WRITING_OPTIONS: [&str; 3] = ["--output", "--save", "--plot"];
+/// File-valued options that only read their file; every other option whose value names a file
+/// (`FILE…` in `--help`) is one the command writes.
+const READING_OPTIONS: [&str; 2] = ["--ptx", "--inputs"];
+
+/// An option of some subcommand whose value is a file the command writes, and the file it writes
+/// when the option is left out (a default), read off the command's definition: a writing option
+/// added later is covered without a list to keep.
+struct WritingOption {
+    long: String,
+    /// The subcommand that declares it (`None`: a global option).
+    subcommand: Option<String>,
+    default: Option<String>,
+}
+
+fn writing_options() -> Vec<WritingOption> {
+    use clap::CommandFactory;
+    fn walk(c: &clap::Command, sub: Option<&str>, out: &mut Vec<WritingOption>) {
+        for a in c.get_arguments() {
+            let (Some(long), Some(names)) = (a.get_long(), a.get_value_names()) else { continue };
+            let long = format!("--{long}");
+            if !names.iter().any(|n| n.as_str().starts_with("FILE")) || READING_OPTIONS.contains(&long.as_str()) {
+                continue;
+            }
+            if out.iter().any(|w| w.long == long && w.subcommand.as_deref() == sub) {
+                continue; // a global option, seen again under each subcommand
+            }
+            let default = a.get_default_values().first().map(|v| v.to_string_lossy().into_owned());
+            let subcommand = if a.is_global_set() { None } else { sub.map(str::to_string) };
+            out.push(WritingOption { long, subcommand, default });
+        }
+        for s in c.get_subcommands() {
+            walk(s, Some(s.get_name()), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&super::args::Cli::command(), None, &mut out);
+    out
+}
 
 /// The value of `opt` in `args` (`--opt V` or `--opt=V`), each occurrence.
 fn option_values<'a>(args: &'a [String], opt: &str) -> Vec<&'a str> {
@@ -377,8 +413,9 @@ fn option_values<'a>(args: &'a [String], opt: &str) -> Vec<&'a str> {
 
 /// A record's command line may be replayed only if it is not itself a rerun (which would replay
 /// without end) and writes no file the user did not name: `--save` to the evidence file being
-/// rerun is allowed (the rerun's own line); any other `--output`, `--save` or `--plot` needs
-/// `--allow-writes`.
+/// rerun is allowed (the rerun's own line); any other option that writes a file
+/// ([`writing_options`]: `--output`, `--save`, `--plot`, `draw --out`, …), given or by default,
+/// needs `--allow-writes`.
 fn check_replayable(args: &[String], file: &std::path::Path, n: usize, allow_writes: bool) -> Result<(), Error> {
     let evidence_at = args.iter().position(|a| a == "evidence");
     if evidence_at.is_some_and(|i| args[i + 1..].iter().any(|a| a == "rerun")) {
@@ -391,11 +428,18 @@ fn check_replayable(args: &[String], file: &std::path::Path, n: usize, allow_wri
         return Ok(());
     }
     let mut writes = Vec::new();
-    for opt in WRITING_OPTIONS {
-        for v in option_values(args, opt) {
-            let own_evidence = opt == "--save" && memattn_cli::files::same_file(file, std::path::Path::new(v));
+    for w in writing_options() {
+        let given = option_values(args, &w.long);
+        for v in &given {
+            let own_evidence = w.long == "--save" && memattn_cli::files::same_file(file, std::path::Path::new(v));
             if !own_evidence {
-                writes.push(format!("{opt} {v}"));
+                writes.push(format!("{} {v}", w.long));
+            }
+        }
+        // A subcommand that writes a file by default (e.g. `sweep`'s plot) writes it when replayed.
+        if let (Some(sub), Some(default), true) = (&w.subcommand, &w.default, given.is_empty()) {
+            if args.iter().any(|a| a == sub) && !writes.iter().any(|x| x.starts_with(&w.long)) {
+                writes.push(format!("{} {default} (its default)", w.long));
             }
         }
     }

@@ -507,3 +507,23 @@ fn evidence_show_takes_any_text_in_a_record() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stdout(&o).contains("a€€€€€€€€€€€"), "{}", stdout(&o));
 }
+
+/// `evidence rerun` refuses a record that writes a file by any option of the command's
+/// definition — here `draw --out`, which the hand-kept list lacked, so the replay replaced the
+/// file — and replays it with --allow-writes.
+#[test]
+fn evidence_rerun_refuses_every_writing_option_without_allow_writes() {
+    let ev = tmp("draw-evidence.jsonl");
+    let svg = tmp("draw-evidence.svg");
+    let _ = std::fs::remove_file(&ev);
+    let o = memattn(&["--save", ev.to_str().unwrap(), "draw", "tiling", "--out", svg.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    std::fs::write(&svg, "kept").unwrap();
+    let o = memattn(&["evidence", "rerun", ev.to_str().unwrap(), "1"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--out") && stderr(&o).contains("--allow-writes"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&svg).unwrap(), "kept", "the file was not touched");
+    let o = memattn(&["evidence", "rerun", ev.to_str().unwrap(), "1", "--allow-writes"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}
