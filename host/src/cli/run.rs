@@ -18,7 +18,7 @@ pub struct BackwardArgs {
     /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
     /// gradients, every element (max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor;
     /// a NaN-poisoned element that was not written fails). dO is drawn from --seed, or read
-    /// from a tensor `do` (F32, shaped like q) in the --inputs file. Packed sequences
+    /// from a tensor `do` (in q's dtype, shaped like q) in the --inputs file. Packed sequences
     /// (--seqlens-q/--seqlens-kv, or cu_seqlens in --inputs) run the varlen backward, and every
     /// sequence's O, LSE, dq, dk and dv are also checked on their own. The measured peak memory
     /// is printed against the expected bytes: q, k, v, dO, O, LSE, dq, dk, dv and the
