@@ -739,7 +739,7 @@ pub struct DecodeInputs {
     /// `[heads]` f32 sink logits with [`DecodeProblem::sinks`], empty without.
     pub sinks: Vec<f32>,
     /// FP8 cache ([`DecodeProblem::kv_fp8`]): the K cache's scales, one (per tensor) or
-    /// `heads_kv` (per KV head), each finite and > 0; empty for other caches. `k_cache` and
+    /// `heads_kv` (per KV head), each in [`MIN_FP8_SCALE`, `MAX_FP8_SCALE`]; empty for other caches. `k_cache` and
     /// `k_new` hold the unquantised values; the device cache holds `encode(k / scale)`
     /// ([`fp8_encode_cache`]).
     pub k_scale: Vec<f32>,
@@ -894,7 +894,7 @@ impl DecodeInputs {
     }
 
     /// Checks the FP8 scales of a problem with [`DecodeProblem::kv_fp8`]: one or `heads_kv` of
-    /// each, finite and > 0 ([`KvCacheRule::Fp8Scale`], [`KvCacheRule::Fp8ScaleCount`]); none
+    /// each, in [`MIN_FP8_SCALE`, `MAX_FP8_SCALE`] ([`KvCacheRule::Fp8Scale`], [`KvCacheRule::Fp8ScaleCount`]); none
     /// without it.
     pub fn check_fp8_scales(&self, p: &DecodeProblem) -> Result<(), KvCacheRule> {
         for (tensor, s) in [("k_scale", &self.k_scale), ("v_scale", &self.v_scale)] {
@@ -1551,8 +1551,16 @@ pub fn fp8_encode_cache(f: Fp8Format, values: &[f32], scales: &[f32], heads_kv: 
         .collect()
 }
 
+/// The smallest FP8 cache scale: f32's smallest normal (below it a scaled code is subnormal, and
+/// the kernels flush subnormals to zero: a cache read as zeros).
+pub const MIN_FP8_SCALE: f32 = f32::MIN_POSITIVE;
+/// The largest FP8 cache scale: the largest code of either format (e5m2's 57344) times the scale
+/// times the tensor-core kernels' 2^8 (e4m3 read as f16 is the value times 2^-8) stays below
+/// f32's largest, with room (2.3e31 would be the limit).
+pub const MAX_FP8_SCALE: f32 = 2.0e31;
+
 /// The scale rule of one FP8 tensor: one or `heads_kv` scales (none when `fp8` is false), each
-/// finite and > 0.
+/// in [`MIN_FP8_SCALE`, `MAX_FP8_SCALE`].
 pub fn check_fp8_scales(tensor: &'static str, s: &[f32], heads_kv: usize, fp8: bool) -> Result<(), KvCacheRule> {
     if !fp8 {
         if !s.is_empty() {
@@ -1563,7 +1571,7 @@ pub fn check_fp8_scales(tensor: &'static str, s: &[f32], heads_kv: usize, fp8: b
     if s.len() != 1 && s.len() != heads_kv {
         return Err(KvCacheRule::Fp8ScaleCount { tensor, got: s.len(), heads_kv, fp8 });
     }
-    if let Some((index, &got)) = s.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v > 0.0)) {
+    if let Some((index, &got)) = s.iter().enumerate().find(|(_, v)| !(MIN_FP8_SCALE..=MAX_FP8_SCALE).contains(*v)) {
         return Err(KvCacheRule::Fp8Scale { tensor, index, got });
     }
     Ok(())
@@ -2039,6 +2047,15 @@ pub mod tests {
         let bad = |k: Vec<f32>| DecodeInputs { k_scale: k, ..x.clone() }.check_fp8_scales(&p).unwrap_err();
         assert_eq!(bad(vec![-1.0]), KvCacheRule::Fp8Scale { tensor: "k_scale", index: 0, got: -1.0 });
         assert!(matches!(bad(vec![1.0, f32::INFINITY]), KvCacheRule::Fp8Scale { index: 1, .. }));
+        // Scales whose products leave f32's normal range: a NaN or zero cache before this rule.
+        assert!(matches!(bad(vec![3e38]), KvCacheRule::Fp8Scale { index: 0, .. }));
+        assert!(matches!(bad(vec![1.0, 1e-45]), KvCacheRule::Fp8Scale { index: 1, .. }));
+        assert!(bad(vec![3e31]).to_string().contains("2e31"), "{}", bad(vec![3e31]));
+        assert!(matches!(x.check_fp8_scales(&p), Ok(())));
+        for ok in [MIN_FP8_SCALE, MAX_FP8_SCALE] {
+            DecodeInputs { k_scale: vec![ok], ..x.clone() }.check_fp8_scales(&p).unwrap();
+        }
+        assert!(MAX_FP8_SCALE * 57344.0 * 256.0 < f32::MAX);
         assert!(matches!(bad(vec![1.0; 3]), KvCacheRule::Fp8ScaleCount { got: 3, heads_kv: 2, .. }));
         assert!(bad(vec![]).to_string().contains("1 (per tensor) or heads_kv = 2"));
         let plain = DecodeProblem { kv_fp8: None, ..p.clone() };

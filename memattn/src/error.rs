@@ -125,7 +125,11 @@ pub enum KvCacheRule {
     PlanNewTokens { planned: bool, given: bool },
     #[error("an FP8 KV cache takes bf16 q, o, k_new and v_new, not {dtype}")]
     Fp8Dtype { dtype: Dtype },
-    #[error("FP8 {tensor}[{index}] = {got}: a scale must be finite and > 0")]
+    #[error(
+        "FP8 {tensor}[{index}] = {got:e}: a scale must be finite and between {min:e} (f32's smallest normal) and {max:e} (so that the largest code times the scale, and the kernels' 2^8 factor, stay finite in f32)",
+        min = crate::decode::MIN_FP8_SCALE,
+        max = crate::decode::MAX_FP8_SCALE
+    )]
     Fp8Scale { tensor: &'static str, index: usize, got: f32 },
     #[error(
         "{tensor} has {got} scales: {}",

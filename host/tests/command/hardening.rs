@@ -793,3 +793,15 @@ fn decode_slot_overflow_and_an_fp8_cache_with_another_dtype_are_refused() {
         memattn(&["--backend", "vm", "--json", "decode", "--kv-dtype", "fp8", "--dtype", "bf16", "--cache-len", "40"]);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// FP8 scales whose products leave f32's normal range are refused naming both bounds (exit 2),
+/// where `--k-scale 3e38` gave NaN outputs summarised as "max err 0" and `--v-scale 1e-45` zeros.
+#[test]
+fn fp8_scales_outside_f32s_normal_range_are_refused() {
+    for (opt, v) in [("--k-scale", "3e38"), ("--v-scale", "1e-45"), ("--k-scale", "5e31")] {
+        let o = memattn(&["--backend", "vm", "decode", "--kv-dtype", "fp8", opt, v]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{opt} {v}: {err}");
+        assert!(err.contains("smallest normal") && err.contains("2e31"), "{err}");
+    }
+}

@@ -443,7 +443,8 @@ impl Kernels {
     }
 
     /// The scales of one FP8 cache tensor on the kernels' device: `scales` holds 1 (per tensor)
-    /// or `heads_kv` (per KV head) values, each finite and > 0 ([`KvCacheRule::Fp8Scale`],
+    /// or `heads_kv` (per KV head) values, each between [`crate::decode::MIN_FP8_SCALE`] and
+    /// [`crate::decode::MAX_FP8_SCALE`] ([`KvCacheRule::Fp8Scale`],
     /// [`KvCacheRule::Fp8ScaleCount`]). Device-backed kernels (VM or [`Kernels::on_device`]);
     /// on a caller's CUDA context use [`Kernels::fp8_scales_on`] with a stream.
     pub fn fp8_scales(&self, scales: &[f32], heads_kv: usize) -> Result<Fp8Scales, AttnError> {
