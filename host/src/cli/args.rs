@@ -40,7 +40,7 @@ pub fn limit_seconds(s: &str) -> Result<f64, String> {
         _ => Err(format!("`{s}` is not 0 (no limit) or a number of seconds from 0.001 to 1000000")),
     }
 }
-fn non_negative_usize(s: &str) -> Result<usize, String> {
+pub fn non_negative_usize(s: &str) -> Result<usize, String> {
     non_negative(s)
 }
 
@@ -388,10 +388,10 @@ pub struct ProblemArgs {
     /// Varlen batch: the query length of each packed sequence (the batch is their count), e.g.
     /// 100,37,0,512; Q and O are [total_q, heads, d], LSE [heads, total_q]; masks and windows apply
     /// per sequence, bottom-right aligned within each. Empty sequences produce nothing.
-    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["batch", "seq", "seq_q", "seq_kv"])]
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative_u32, conflicts_with_all = ["batch", "seq", "seq_q", "seq_kv"])]
     pub seqlens_q: Option<Vec<u32>>,
     /// Varlen: the key/value length of each sequence [default: --seqlens-q].
-    #[arg(long, value_name = "M,M,...", value_delimiter = ',', requires = "seqlens_q")]
+    #[arg(long, value_name = "M,M,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative_u32, requires = "seqlens_q")]
     pub seqlens_kv: Option<Vec<u32>>,
     /// Softmax scale [default: 1/sqrt(head_dim)].
     #[arg(long, value_name = "S", allow_negative_numbers = true)]

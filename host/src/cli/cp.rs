@@ -37,7 +37,7 @@ pub struct CpArgs {
     /// Example: memattn run --cp 4 --cp-strategy zigzag --causal --seq 1000 --heads 4 --heads-kv 2
     ///
     /// Example: memattn run --cp 3 --cp-strategy zigzag --backward --causal --seq 200 --heads 4 --heads-kv 2
-    #[arg(long, value_name = "N", conflicts_with_all = ["output"])]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = super::args::non_negative_usize, conflicts_with_all = ["output"])]
     pub cp: Option<usize>,
     /// With --cp: ring (contiguous slices, K/V travel rank to rank), zigzag (rank r holds pieces
     /// r and 2N-1-r of 2N: causal work balanced) or ulysses (all-to-all over heads; heads and
@@ -58,11 +58,11 @@ pub struct CpArgs {
     pub cp_comm: CpComm,
     /// With --cp: the overlap model's link, GB/s one way between two ranks (default 450: NVLink 4
     /// of H100/H200; PCIe 5.0 x16 is 64).
-    #[arg(long, value_name = "GB/S", default_value_t = 450.0, requires = "cp")]
+    #[arg(long, value_name = "GB/S", default_value_t = 450.0, allow_negative_numbers = true, requires = "cp")]
     pub link_gbps: f64,
     /// With --cp: the overlap model's sustained attention throughput per device, TFLOP/s
     /// (default 400, FlashAttention-2-class bf16 on an H100).
-    #[arg(long, value_name = "TFLOP/S", default_value_t = 400.0, requires = "cp")]
+    #[arg(long, value_name = "TFLOP/S", default_value_t = 400.0, allow_negative_numbers = true, requires = "cp")]
     pub device_tflops: f64,
 }
 

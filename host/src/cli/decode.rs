@@ -72,7 +72,7 @@ pub struct DecodeArgs {
     #[arg(long, default_value_t = 64, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: u32,
     /// Keys in the cache before the call: one value for every sequence, or one per sequence.
-    #[arg(long, default_value = "1024", value_name = "L[,L2,...]", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32)]
+    #[arg(long, default_value = "1024", value_name = "L[,L2,...]", value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative_u32)]
     pub cache_len: Vec<u32>,
     /// New tokens per sequence appended to the cache before attention.
     #[arg(long, default_value_t = 0, value_name = "T", allow_negative_numbers = true, value_parser = non_negative_u32)]
@@ -84,13 +84,13 @@ pub struct DecodeArgs {
     /// one per sequence, e.g. `2,0,1`. The cache gets one slot past the largest; the others stay
     /// NaN, so a kernel that reads the wrong slot fails verification. With --new-tokens no two
     /// sequences may share a slot.
-    #[arg(long, value_name = "S0,S1,...", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
+    #[arg(long, value_name = "S0,S1,...", value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
     pub cache_batch_idx: Option<Vec<u32>>,
     /// Contiguous cache: rows of left padding before each sequence's keys (FlashAttention-2's
     /// `cache_leftpad`), one value for every sequence or one per sequence, each at most its
     /// --cache-len (which counts the padding: the keys are rows PAD .. cache-len + new tokens).
     /// The padding rows are NaN, so a kernel that reads them fails verification.
-    #[arg(long, value_name = "PAD[,PAD2,...]", value_delimiter = ',', allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
+    #[arg(long, value_name = "PAD[,PAD2,...]", value_delimiter = ',', allow_hyphen_values = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "page_size"])]
     pub cache_leftpad: Option<Vec<u32>>,
     /// Rotary embedding of q and the new keys (FlashAttention-2's rotary_cos/rotary_sin): the
     /// first N dims of every head (even, at most --head-dim; less than it is a partial rotary)

@@ -805,3 +805,24 @@ fn fp8_scales_outside_f32s_normal_range_are_refused() {
         assert!(err.contains("smallest normal") && err.contains("2e31"), "{err}");
     }
 }
+
+/// Negative values reach the options' own checks (exit 2, "must be >= 0" or "positive"), where
+/// clap took `-1` (and `-1,0` of a list) for an unknown flag.
+#[test]
+fn negative_values_are_named_by_the_options_rules() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["decode", "--cache-batch-idx", "-1,0", "--cache-len", "3,4"], "must be >= 0"),
+        (&["decode", "--cache-len", "3,-4"], "must be >= 0"),
+        (&["decode", "--cache-leftpad", "-2"], "must be >= 0"),
+        (&["run", "--seqlens-q", "3,-1"], "must be >= 0"),
+        (&["run", "--cp", "-1"], "must be >= 0"),
+        (&["run", "--cp", "2", "--device-tflops", "-1"], "--device-tflops must be a positive number"),
+        (&["run", "--cp", "2", "--link-gbps", "-5"], "--link-gbps must be a positive number"),
+    ];
+    for (args, want) in cases {
+        let o = memattn(&[&["--backend", "vm"], *args].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want) && !err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+}
