@@ -140,11 +140,7 @@ pub fn run_decode(
     dev.check_tiles(&ids)?;
     let bytes = DecodeBytes::new(p, x, &plan);
     if bytes.total > caps.free_memory_bytes {
-        return Err(Error::Usage(format!(
-            "the decode call needs {} of device memory, {} are free",
-            crate::units::human_bytes(bytes.total),
-            crate::units::human_bytes(caps.free_memory_bytes)
-        )));
+        return Err(Error::DeviceMemory { what: "decode call", needed: bytes.total, free: caps.free_memory_bytes });
     }
     let (def_warmup, def_repeats) = dev.default_warmup_repeats();
     let warmup = spec.warmup.unwrap_or(def_warmup);

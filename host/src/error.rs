@@ -32,6 +32,11 @@ pub enum Error {
     /// disk or a quota, are resource errors (3).
     #[error(transparent)]
     File(#[from] FileError),
+    /// A call whose buffers need more device memory than is free, refused before anything is
+    /// allocated (as the forward's [`ProblemError::OutOfDeviceMemory`]): bad input for this
+    /// device (2), and a case `check` reports as not run.
+    #[error("the {what} needs {needed} bytes ({}) of device memory, {free} bytes ({}) are free", crate::units::human_bytes(*.needed), crate::units::human_bytes(*.free))]
+    DeviceMemory { what: &'static str, needed: u64, free: u64 },
 }
 
 impl Error {
@@ -39,7 +44,9 @@ impl Error {
         match self {
             Error::Input(InputError::File(FileError::HostMemory { .. } | FileError::Resource { .. })) => exit::DEVICE,
             Error::File(FileError::HostMemory { .. } | FileError::Resource { .. }) => exit::DEVICE,
-            Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) => exit::BAD_INPUT,
+            Error::Problem(_) | Error::Input(_) | Error::Usage(_) | Error::File(_) | Error::DeviceMemory { .. } => {
+                exit::BAD_INPUT
+            }
             // A setting the user wrote wrong (MEMATTN_HOPPER=yes): bad input, not the device.
             Error::Device(DeviceError::Setting(_)) => exit::BAD_INPUT,
             Error::Device(_) => exit::DEVICE,
@@ -54,6 +61,7 @@ impl Error {
         matches!(
             self,
             Error::Problem(ProblemError::OutOfDeviceMemory { .. })
+                | Error::DeviceMemory { .. }
                 | Error::Device(DeviceError::OutOfMemory { .. })
                 | Error::File(FileError::HostMemory { .. } | FileError::Resource { .. })
                 | Error::Input(InputError::File(FileError::HostMemory { .. } | FileError::Resource { .. }))

@@ -116,7 +116,7 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             "case", "result", "O rel RMS", "bound", "time", "VM thr-instr"
         );
     }
-    let (mut failed, mut device_errors) = (0u32, 0u32);
+    let (mut failed, mut device_errors, mut not_run) = (0u32, 0u32, 0u32);
     let mut rows = Vec::new();
     let mut report = |name: &str,
                       catches: &str,
@@ -126,6 +126,9 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             Ok((ok, err, bound, instr, detail)) => {
                 (if ok { "PASS" } else { "FAIL" }, Some(err), Some(bound), instr, detail)
             }
+            // A case the device or host had no room for did not run: not a failure of the
+            // kernel (as in `check`).
+            Err(e) if e.is_resource() => ("NOT RUN", None, None, None, e.to_string()),
             Err(e) => {
                 if e.exit_code() == exit::DEVICE {
                     device_errors += 1;
@@ -133,8 +136,10 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
                 ("FAIL", None, None, None, e.to_string())
             }
         };
-        if result != "PASS" {
-            failed += 1;
+        match result {
+            "FAIL" => failed += 1,
+            "NOT RUN" => not_run += 1,
+            _ => {}
         }
         if !cli.json {
             let fmt = |x: Option<f64>| x.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into());
@@ -145,7 +150,8 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
             }
         }
         rows.push(serde_json::json!({
-            "case": name, "catches": catches, "passed": result == "PASS", "rel_rms_err": err, "bound": bound,
+            "case": name, "catches": catches, "passed": result == "PASS", "ran": result != "NOT RUN",
+            "rel_rms_err": err, "bound": bound,
             "vm_thread_instructions": instr, "seconds": secs, "detail": detail,
         }));
     };
@@ -182,22 +188,32 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     let total = rows.len();
     let v = serde_json::json!({
         "command": "check", "large": true, "backend": dev.backend().name(), "backend_reason": reason,
-        "cases": rows, "failed": failed, "passed": failed == 0, "seconds": started.elapsed().as_secs_f64(),
+        "cases": rows, "failed": failed, "not_run": not_run, "passed": failed == 0 && not_run == 0,
+        "seconds": started.elapsed().as_secs_f64(),
     });
     save_evidence(cli, &v)?;
     if cli.json {
         print_json(&v);
     } else {
+        let not_run_note = if not_run > 0 {
+            format!(", {not_run} not run (not enough device or host memory for them)")
+        } else {
+            String::new()
+        };
         println!(
-            "check --large: {} of {total} cases passed in {:.0} s",
-            total - failed as usize,
+            "check --large: {} of {total} cases passed{not_run_note} in {:.0} s",
+            total - failed as usize - not_run as usize,
             started.elapsed().as_secs_f64()
         );
     }
+    // As `check`: 3 for a kernel error; else 1 for a case that ran and did not verify; else 3
+    // when a case could not run; else 0.
     Ok(if device_errors > 0 {
         exit::DEVICE
     } else if failed > 0 {
         exit::VERIFICATION_FAILED
+    } else if not_run > 0 {
+        exit::DEVICE
     } else {
         exit::SUCCESS
     })

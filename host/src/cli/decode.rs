@@ -646,11 +646,7 @@ fn check_generated_fits(dev: &mut dyn memattn_cli::Device, p: &DecodeProblem) ->
     let need = sizes.device_bytes(p);
     let free = dev.caps()?.free_memory_bytes;
     if need > free {
-        return Err(Error::Usage(format!(
-            "the decode call needs {need} bytes ({}) of device memory, {free} bytes ({}) are free",
-            human_bytes(need),
-            human_bytes(free)
-        )));
+        return Err(Error::DeviceMemory { what: "decode call", needed: need, free });
     }
     memattn_cli::runner::probe_host_memory(sizes.host_bytes(p), "the host copies of the decode problem")
 }

@@ -826,3 +826,18 @@ fn negative_values_are_named_by_the_options_rules() {
         assert!(err.contains(want) && !err.contains("unexpected argument"), "{args:?}: {err}");
     }
 }
+
+/// `check --large` on a device too small for its cases reports them NOT RUN and exits 3, as
+/// `check` does (one rule), where it marked them FAIL and exited 1; the decode call's device
+/// memory refusal is a resource error like the forward's.
+#[test]
+fn check_large_marks_cases_without_room_not_run() {
+    let o = memattn(&["--backend", "vm", "--vm-memory-mib", "1", "--json", "check", "--large"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["failed"].as_u64(), v["not_run"].as_u64()), (Some(0), Some(5)), "{v}");
+    for c in v["cases"].as_array().unwrap() {
+        assert_eq!(c["ran"], false, "{c}");
+        assert!(c["detail"].as_str().unwrap().contains("device memory"), "{c}");
+    }
+}
