@@ -1551,13 +1551,7 @@ pub fn fp8_encode_cache(f: Fp8Format, values: &[f32], scales: &[f32], heads_kv: 
         .collect()
 }
 
-/// The smallest FP8 cache scale: f32's smallest normal (below it a scaled code is subnormal, and
-/// the kernels flush subnormals to zero: a cache read as zeros).
-pub const MIN_FP8_SCALE: f32 = f32::MIN_POSITIVE;
-/// The largest FP8 cache scale: the largest code of either format (e5m2's 57344) times the scale
-/// times the tensor-core kernels' 2^8 (e4m3 read as f16 is the value times 2^-8) stays below
-/// f32's largest, with room (2.3e31 would be the limit).
-pub const MAX_FP8_SCALE: f32 = 2.0e31;
+pub use crate::error::{MAX_FP8_SCALE, MIN_FP8_SCALE};
 
 /// The scale rule of one FP8 tensor: one or `heads_kv` scales (none when `fp8` is false), each
 /// in [`MIN_FP8_SCALE`, `MAX_FP8_SCALE`].

@@ -23,6 +23,14 @@ pub enum Error {
     KvCache(#[from] KvCacheRule),
 }
 
+/// The smallest FP8 cache scale: f32's smallest normal (below it a scaled code is subnormal, and
+/// the kernels flush subnormals to zero: a cache read as zeros).
+pub const MIN_FP8_SCALE: f32 = f32::MIN_POSITIVE;
+/// The largest FP8 cache scale: the largest code of either format (e5m2's 57344) times the scale
+/// times the tensor-core kernels' 2^8 (e4m3 read as f16 is the value times 2^-8) stays below
+/// f32's largest, with room (2.3e31 would be the limit).
+pub const MAX_FP8_SCALE: f32 = 2.0e31;
+
 /// A rule of a KV-cache (decode) call that the problem breaks: shape, capacity, block table,
 /// kernel choice. `Display` names the rule and the values.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -127,8 +135,8 @@ pub enum KvCacheRule {
     Fp8Dtype { dtype: Dtype },
     #[error(
         "FP8 {tensor}[{index}] = {got:e}: a scale must be finite and between {min:e} (f32's smallest normal) and {max:e} (so that the largest code times the scale, and the kernels' 2^8 factor, stay finite in f32)",
-        min = crate::decode::MIN_FP8_SCALE,
-        max = crate::decode::MAX_FP8_SCALE
+        min = MIN_FP8_SCALE,
+        max = MAX_FP8_SCALE
     )]
     Fp8Scale { tensor: &'static str, index: usize, got: f32 },
     #[error(
