@@ -65,7 +65,8 @@ pub const GRAD_REL_TOL: f64 = 2e-5;
 pub const SCALE_FLOOR: f64 = 1e-3;
 
 /// The rule in words (printed and in `--json`).
-pub const RULE: &str = "max |got - ref| <= 2e-5 * max(max |ref|, 1e-3) per tensor, against the f64 reference \
+pub const RULE: &str = "max |got - ref| <= t * max(max |ref|, 1e-3) per tensor, against the f64 reference, with \
+                        t = max(2e-5, 16 * 2^-24 * (max|lse| + ln seq_kv)) (the scores' own f32 rounding) \
                         (dq, dk: the scale at least the magnitude of the terms summed); every element checked, \
                         NaN (an unwritten, poisoned element) fails";
 
@@ -270,6 +271,19 @@ pub fn check_tensor(tensor: &'static str, got: &[f32], want: &[f64]) -> TensorCh
 /// [`check_tensor`] with the scale at least the largest of `magnitude` (the terms' magnitude of
 /// dq or dk, [`Grads::dq_abs`]; empty for none).
 pub fn check_tensor_scaled(tensor: &'static str, got: &[f32], want: &[f64], magnitude: &[f64]) -> TensorCheck {
+    check_tensor_with(tensor, got, want, magnitude, GRAD_REL_TOL)
+}
+
+/// [`check_tensor_scaled`] with the relative bound `rel_tol` (at least [`GRAD_REL_TOL`]: an
+/// f32 run's, grown with the scores' magnitude, [`memattn::verify::f32_score_rounding`]).
+pub fn check_tensor_with(
+    tensor: &'static str,
+    got: &[f32],
+    want: &[f64],
+    magnitude: &[f64],
+    rel_tol: f64,
+) -> TensorCheck {
+    let rel_tol = rel_tol.max(GRAD_REL_TOL);
     let max_abs_ref = want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs()));
     let scale = memattn::verify::grad::scale_of(want, magnitude, SCALE_FLOOR);
     let (mut max_abs_err, mut bad) = (0f64, (got.len() != want.len()) as u64);
@@ -281,7 +295,7 @@ pub fn check_tensor_scaled(tensor: &'static str, got: &[f32], want: &[f64], magn
         }
         max_abs_err = max_abs_err.max((g - w).abs());
     }
-    let bound = GRAD_REL_TOL * scale;
+    let bound = rel_tol * scale;
     TensorCheck {
         tensor,
         max_abs_err,
@@ -693,7 +707,10 @@ fn tensors<'a>(
     base: Option<&'a NaiveGrads>,
 ) -> Vec<Tensor<'a>> {
     let d = p.head_dim as usize;
-    let u = memattn::verify::grad::floor_of(p.dtype, GRAD_REL_TOL);
+    // f32: GRAD_REL_TOL, grown like the forward's bounds with the scores' own f32 rounding (large
+    // scores: a large scale); 16-bit: the dtype's floor.
+    let f32_tol = GRAD_REL_TOL.max(2.0 * memattn::verify::f32_score_rounding(&want.lse, p.seq_kv));
+    let u = memattn::verify::grad::floor_of(p.dtype, f32_tol);
     let b = |f: fn(&NaiveGrads) -> &Vec<f32>| base.map_or(&[][..], |n| f(n).as_slice());
     let t = |name, got: &'a [f32], want: &'a [f64], baseline, magnitude: &'a [f64], row_len, floor| Tensor {
         name,
@@ -725,7 +742,7 @@ fn check_one(t: Tensor<'_>, sixteen: bool) -> TensorCheck {
     if sixteen {
         check_tensor_2x(t)
     } else {
-        check_tensor_scaled(t.name, t.got, t.want, t.magnitude)
+        check_tensor_with(t.name, t.got, t.want, t.magnitude, t.floor)
     }
 }
 

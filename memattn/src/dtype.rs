@@ -114,7 +114,7 @@ impl Dtype {
             row_rel_rms: 1e-5,
             row_max_abs: 1e-4,
             lse_row_max_abs: 1e-4,
-            rule: "f32: rel RMS 1e-5; max abs 1e-4 x max(1, max|ref|); every row: rel RMS 1e-5 and max abs 1e-4 of its own scale",
+            rule: "f32: rel RMS max(1e-5, e); max abs max(1e-4, 2e) x max(1, max|ref|); every row: rel RMS max(1e-5, e) and max abs max(1e-4, 2e) of its own scale; e = 8 * 2^-24 * (max|lse| + ln seq_kv), the scores' own f32 rounding",
             baseline_rel_rms_err: None,
             baseline_max_abs_err: None,
         }
