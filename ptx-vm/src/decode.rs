@@ -672,9 +672,52 @@ macro_rules! inst_prelude {
     };
 }
 
+/// The oldest `.target` an instruction family assembles for (ptxas and a driver's JIT refuse it
+/// below), whether it needs the architecture-specific `sm_90a` (wgmma, setmaxnreg: not forward
+/// compatible), and its name for the message. `None`: every target the VM loads.
+fn required_target(opcode: &str) -> Option<(u32, bool, &'static str)> {
+    let base = opcode.split('.').next().unwrap_or("");
+    Some(match base {
+        "wgmma" => (90, true, "wgmma"),
+        "setmaxnreg" => (90, true, "setmaxnreg"),
+        "elect" => (90, false, "elect.sync"),
+        "mbarrier" if opcode.contains("expect_tx") || opcode.contains("try_wait") => {
+            (90, false, "mbarrier.expect_tx / try_wait")
+        }
+        "cp" if opcode.starts_with("cp.async.bulk") => (90, false, "cp.async.bulk"),
+        "cp" if opcode.starts_with("cp.async") => (80, false, "cp.async"),
+        "fence" if opcode.contains("proxy.tensormap") || opcode.contains("mbarrier_init") => {
+            (90, false, "fence.proxy.tensormap / fence.mbarrier_init")
+        }
+        "mma" => (80, false, "mma.sync.m16n8k16"),
+        "ldmatrix" => (75, false, "ldmatrix"),
+        "redux" => (80, false, "redux.sync"),
+        "cvt" if opcode.contains("e4m3") || opcode.contains("e5m2") => (89, false, "cvt to or from FP8"),
+        _ => return None,
+    })
+}
+
+/// The module's GPU architecture (`.target sm_80`, `sm_90a`, ...): its number and whether it is
+/// the architecture-specific (`a`) form; `None` without a `.target`.
+fn module_target(target: &str) -> Option<(u32, bool)> {
+    let sm = target.split(',').map(str::trim).find_map(|t| t.strip_prefix("sm_"))?;
+    let a = sm.ends_with('a');
+    sm.trim_end_matches(['a', 'f']).parse().ok().map(|n| (n, a))
+}
+
 /// Decodes one instruction: the opcode's family decides which decoder reads it.
 fn decode_inst(cx: &mut Dcx, ctx: &Ictx, i: &InstAst, fname: &str) -> Result<Decoded, LoadError> {
     let opcode = i.opcode.as_str();
+    if let (Some((min, needs_a, what)), Some((sm, a))) = (required_target(opcode), module_target(&cx.ast.target)) {
+        let ok = if needs_a { sm == 90 && a } else { sm >= min };
+        if !ok {
+            let need = if needs_a { "sm_90a".to_string() } else { format!("sm_{min} or newer") };
+            return err(
+                i.line,
+                format!("`{opcode}`: {what} needs .target {need}, but the module declares .target {}", cx.ast.target),
+            );
+        }
+    }
     let base = opcode.split('.').next().unwrap_or("");
     let mut m = Mods::new(opcode);
     match base {

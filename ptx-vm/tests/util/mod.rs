@@ -30,7 +30,17 @@ pub fn run_with(
     out_bytes: usize,
     initcheck: bool,
 ) -> Result<Vec<u8>, VmError> {
-    let src = kernel(decls, body);
+    run_src(&kernel(decls, body), blocks, threads, out_bytes, initcheck)
+}
+
+/// As [`run`], for a module declaring `.target {target}` (instructions newer than sm_80).
+pub fn run_on(target: &str, body: &str, blocks: u32, threads: u32, out_bytes: usize) -> Result<Vec<u8>, VmError> {
+    let src = kernel("", body).replace(".target sm_80", &format!(".target {target}"));
+    run_src(&src, blocks, threads, out_bytes, true)
+}
+
+fn run_src(src: &str, blocks: u32, threads: u32, out_bytes: usize, initcheck: bool) -> Result<Vec<u8>, VmError> {
+    let src = src.to_string();
     let m = Module::load(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
     let mut vm = Vm::with_workers(2);
     vm.set_initcheck(initcheck);

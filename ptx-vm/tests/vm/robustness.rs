@@ -366,3 +366,23 @@ fn vms_sharing_a_module_have_their_own_globals() {
     assert_eq!(bump(&mut a, &m).unwrap(), 41);
     assert_eq!(bump(&mut b, &m).unwrap(), 42);
 }
+
+/// An instruction its `.target` does not have is refused, naming both, as ptxas and a driver's
+/// JIT refuse it: `mma.sync` under `.target sm_30` ran (and verified) before.
+#[test]
+fn instructions_newer_than_the_modules_target_are_refused() {
+    let mma = "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f0, %f1, %f2, %f3}, {%r0, %r1, %r2, %r3}, \
+               {%r4, %r5}, {%f4, %f5, %f6, %f7};";
+    let ok = util::kernel("", mma);
+    let check = |src: &str| Module::load(src).and_then(|m| m.check_all().map(|_| ()));
+    check(&ok).unwrap_or_else(|e| panic!("{e}\n{ok}"));
+    check(&ok.replace(".target sm_80", ".target sm_90a")).unwrap();
+    for old in ["sm_30", "sm_75"] {
+        let e = check(&ok.replace(".target sm_80", &format!(".target {old}"))).unwrap_err();
+        assert!(e.message.contains("needs .target sm_80 or newer") && e.message.contains(old), "{e}");
+    }
+    let cvt = util::kernel("", "\tcvt.rn.f16x2.e4m3x2 %r1, %h1;");
+    let e = check(&cvt).unwrap_err();
+    assert!(e.message.contains("sm_89 or newer"), "{e}");
+    check(&cvt.replace(".target sm_80", ".target sm_89")).unwrap_or_else(|e| panic!("{e}"));
+}
