@@ -621,8 +621,13 @@ fn write_output(path: &std::path::Path, p: &DecodeProblem, r: &DecodeReport) -> 
     let err = |e: safetensors::SafeTensorError| Error::Usage(format!("cannot write {}: {e}", path.display()));
     let (b, sq, h, d, hk) =
         (p.batch as usize, p.seq_q as usize, p.heads as usize, p.head_dim as usize, p.heads_kv as usize);
+    // Shaped by what is written: a contiguous cache has as many slots as it holds (with
+    // cache_batch_idx, one past the largest slot, not the batch).
     let cache_shape = match r.cache {
-        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => vec![b, seq_cache as usize, hk, d],
+        memattn_cli::decode::CacheLayout::Contiguous { seq_cache } => {
+            let slot = (seq_cache as usize * hk * d).max(1);
+            vec![r.k_cache.len() / slot, seq_cache as usize, hk, d]
+        }
         memattn_cli::decode::CacheLayout::Paged { page_size, num_pages, .. } => {
             vec![num_pages as usize, page_size as usize, hk, d]
         }

@@ -863,3 +863,29 @@ fn f32_results_at_large_scores_verify() {
         );
     }
 }
+
+/// A verified decode with `cache_batch_idx` writes its file: the caches are shaped by the slots
+/// they hold (one past the largest), where the writer shaped them by the batch and failed after
+/// the run (the result lost, exit 2).
+#[test]
+fn decode_with_cache_slots_writes_caches_shaped_by_their_slots() {
+    let out = tmp("decode-slots.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "decode",
+        "--cache-batch-idx",
+        "3,0",
+        "--cache-len",
+        "5,6",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("k_cache").unwrap().shape(), [4, 6, 8, 64]);
+    assert_eq!(st.tensor("v_cache").unwrap().shape(), [4, 6, 8, 64]);
+    assert_eq!(st.tensor("o").unwrap().shape(), [2, 1, 8, 64]);
+}
