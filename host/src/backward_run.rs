@@ -484,7 +484,8 @@ pub fn read_d_o(path: &Path, p: &Problem) -> Result<Option<Vec<f32>>, Error> {
 
 /// Writes o, lse, dq, dk, dv (all F32: a 16-bit value is an f32 exactly; BSHD, lse `[batch,
 /// heads, seq_q]`; varlen packed, `[total, heads, head_dim]` and lse `[heads, total_q]`) and with
-/// sinks d_sinks (`[heads]`) atomically ([`crate::files::write_atomic`]): an existing file is
+/// sinks d_sinks (`[heads]`, when the run computed it: not the naive backward) atomically
+/// ([`crate::files::write_atomic`]): an existing file is
 /// replaced whole or not at all.
 pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<(), Error> {
     let err = |e: safetensors::SafeTensorError| InputError::Write { path: path.into(), message: e.to_string() };
@@ -506,7 +507,9 @@ pub fn write_outputs(path: &Path, p: &Problem, out: &BackwardOutputs) -> Result<
         ("dk", view(ks.clone(), &kb)?),
         ("dv", view(ks, &vb)?),
     ];
-    if p.sinks {
+    // Shaped by what the run computed: the naive backward computes no d_sinks, so none is
+    // written (the report says so), rather than failing after a verified run.
+    if p.sinks && out.d_sinks.len() == h {
         tensors.push(("d_sinks", view(vec![h], &sb)?));
     }
     let bytes = safetensors::serialize(tensors, None).map_err(err)?;

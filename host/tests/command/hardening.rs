@@ -889,3 +889,30 @@ fn decode_with_cache_slots_writes_caches_shaped_by_their_slots() {
     assert_eq!(st.tensor("v_cache").unwrap().shape(), [4, 6, 8, 64]);
     assert_eq!(st.tensor("o").unwrap().shape(), [2, 1, 8, 64]);
 }
+
+/// The naive backward with sinks verifies and writes its file without a d_sinks it does not
+/// compute (it failed writing one after the verified run: the result lost, exit 2).
+#[test]
+fn a_naive_backward_with_sinks_writes_what_it_computed() {
+    let out = tmp("naive-sinks-grads.safetensors");
+    let _ = std::fs::remove_file(&out);
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "run",
+        "--backward",
+        "--kernel",
+        "naive",
+        "--sinks",
+        "--seq",
+        "20",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = st.names();
+    names.sort();
+    assert_eq!(names, ["dk", "dq", "dv", "lse", "o"]);
+}
