@@ -356,14 +356,18 @@ fn decode_measured(
     // The rotary tables' rows: one per position the call rotates; with the indices on the device
     // the call is planned for every sequence at the capacity, so the tables extend to the last
     // position that allows: the inputs' rows, then the usual angles (rows the call never reads).
+    // Tables longer than the call needs (FlashAttention-2's seqlen_ro may exceed it) are used as
+    // given.
+    let given_rows = p.rotary.map_or(0, |r| (x.rotary_cos.len() / (r.dim as usize / 2).max(1)) as u32);
     let rotary_rows = match (p.rotary, indices_on_device) {
         (Some(_), true) => p
             .rotary_rows()
             .max(p.at_capacity(x.layout.capacity(), u32::try_from(p.cache_slots()).unwrap_or(u32::MAX)).rotary_rows()),
         _ => p.rotary_rows(),
-    };
+    }
+    .max(given_rows);
     let rotary_tables = match p.rotary {
-        Some(r) if rotary_rows > p.rotary_rows() => {
+        Some(r) if rotary_rows > given_rows => {
             let (mut cos, mut sin) = memattn::decode::rope_tables(rotary_rows, r.dim, 10000.0, p.dtype);
             cos[..x.rotary_cos.len()].copy_from_slice(&x.rotary_cos);
             sin[..x.rotary_sin.len()].copy_from_slice(&x.rotary_sin);

@@ -982,12 +982,18 @@ impl DecodeInputs {
         }
         want("k_new", self.k_new.len(), p.new_elems())?;
         want("v_new", self.v_new.len(), p.new_elems())?;
-        let table = p.rotary.map_or(0, |r| p.rotary_rows() as u64 * (r.dim / 2) as u64);
-        if self.rotary_cos.len() as u64 != table || self.rotary_sin.len() as u64 != table {
+        // As FlashAttention-2: `[seqlen_ro, rotary_dim / 2]` with seqlen_ro at least the rows the
+        // call's positions need; longer tables are fine (their extra rows are not read).
+        let half = p.rotary.map_or(1, |r| (r.dim / 2).max(1) as u64);
+        let table = p.rotary.map_or(0, |_| p.rotary_rows() as u64 * half);
+        let (lc, ls) = (self.rotary_cos.len() as u64, self.rotary_sin.len() as u64);
+        let fits = match p.rotary {
+            None => lc == 0 && ls == 0,
+            Some(_) => lc == ls && lc >= table && lc.is_multiple_of(half),
+        };
+        if !fits {
             return bad(format!(
-                "rotary tables have {}/{} elements, the problem needs {table} ([{}, rotary_dim / 2])",
-                self.rotary_cos.len(),
-                self.rotary_sin.len(),
+                "rotary tables have {lc}/{ls} elements, the problem needs at least {table} ([{} or more rows, rotary_dim / 2], both the same)",
                 p.rotary_rows()
             ));
         }

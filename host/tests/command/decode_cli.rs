@@ -414,7 +414,12 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
     let dir =
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-decode-extras-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let write = |name: &str, with_pad: bool| {
+    // The same tables with 37 more rows (FlashAttention-2's seqlen_ro may exceed what a call
+    // needs): their values are never read.
+    let longer = |t: &[u8]| -> Vec<u8> { [t, &f(&vec![0.25f32; 37 * 16])[..]].concat() };
+    let (cs_long, sn_long) = (longer(&cs), longer(&sn));
+    let write = |name: &str, with_pad: bool, long: bool| {
+        let (cs, sn, rows) = if long { (&cs_long, &sn_long, rows + 37) } else { (&cs, &sn, rows) };
         let mut t = vec![
             ("q", TensorView::new(St::F32, vec![2, 2, 4, 64], &q).unwrap()),
             ("k_cache", TensorView::new(St::F32, vec![slots, seq_cache, 2, 64], &kc).unwrap()),
@@ -423,8 +428,8 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
             ("v_new", TensorView::new(St::F32, vec![2, 2, 2, 64], &vn).unwrap()),
             ("cache_seqlens", TensorView::new(St::U32, vec![2], &lens).unwrap()),
             ("cache_batch_idx", TensorView::new(St::U32, vec![2], &idx).unwrap()),
-            ("rotary_cos", TensorView::new(St::F32, vec![rows, 16], &cs).unwrap()),
-            ("rotary_sin", TensorView::new(St::F32, vec![rows, 16], &sn).unwrap()),
+            ("rotary_cos", TensorView::new(St::F32, vec![rows, 16], cs).unwrap()),
+            ("rotary_sin", TensorView::new(St::F32, vec![rows, 16], sn).unwrap()),
             ("alibi_slopes", TensorView::new(St::F32, vec![4], &al).unwrap()),
         ];
         if with_pad {
@@ -434,7 +439,8 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
         std::fs::write(&path, safetensors::serialize(t, None).unwrap()).unwrap();
         path
     };
-    let (good, nopad) = (write("good.safetensors", true), write("nopad.safetensors", false));
+    let (good, nopad) = (write("good.safetensors", true, false), write("nopad.safetensors", false, false));
+    let long = write("long-rotary.safetensors", true, true);
     let run = |path: &std::path::Path, extra: &[&str]| {
         let base = ["--backend", "vm", "--json", "decode", "--inputs", path.to_str().unwrap(), "--repeats", "1"];
         memattn(&[&base[..], extra].concat())
@@ -444,6 +450,12 @@ fn decode_inputs_with_slots_padding_rotary_and_alibi() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!((v["verified"].as_bool(), v["verification"]["cache_ok"].as_bool()), (Some(true), Some(true)));
     assert_eq!(v["alibi"], true);
+    // Longer rotary tables: accepted, and the result is the same (once refused, exit 2).
+    let o = run(&long, &["--rotary-interleaved"]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let vl: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(vl["verified"], true, "{vl}");
+    assert_eq!(vl["verification"], v["verification"], "the extra rows change nothing");
     // Without cache_leftpad sequence 0's keys start at its NaN padding rows: refused (exit 2).
     let o = run(&nopad, &["--rotary-interleaved"]);
     assert_eq!(code(&o), 2, "{}", text(&o.stderr));
