@@ -98,47 +98,74 @@ fn format_of(path: &Path) -> Result<Format, String> {
     }
 }
 
-/// Draws with `draw` on an SVG or PNG of `w x h` pixels, written to a temporary file and renamed
-/// over `path` (a reader never sees half a picture).
+/// Why a picture was not written: the drawing failed (bad input), or writing the file did
+/// (the file writer's error: a host resource limit such as `ulimit -f` or a full disk is a
+/// resource error, exit 3, as for every other file the command writes).
+#[derive(Debug)]
+pub enum ChartError {
+    Draw(String),
+    File(crate::files::FileError),
+}
+
+impl From<ChartError> for crate::error::Error {
+    fn from(e: ChartError) -> Self {
+        match e {
+            ChartError::Draw(m) => crate::error::Error::Usage(m),
+            ChartError::File(f) => crate::error::Error::File(f),
+        }
+    }
+}
+
+impl From<String> for ChartError {
+    fn from(m: String) -> Self {
+        ChartError::Draw(m)
+    }
+}
+
+/// Draws with `draw` on an SVG or PNG of `w x h` pixels in memory, then writes the file with the
+/// command's one atomic writer ([`crate::files::write_atomic`]: a reader never sees half a
+/// picture, and a failed write leaves what was there).
 fn render(
     path: &Path,
     w: u32,
     h: u32,
     draw: impl Fn(DrawingArea<SVGBackend, Shift>) -> Result<(), String>,
     png: impl Fn(DrawingArea<BitMapBackend, Shift>) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), ChartError> {
     register_font()?;
     let fmt = format_of(path)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot");
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let tmp_fmt = tmp.with_extension(match fmt {
-        Format::Svg => "tmp.svg",
-        Format::Png => "tmp.png",
-    });
-    // A signal while the plot is drawn removes the temporary file (see `files::RemoveOnSignal`).
-    let _guard = crate::files::RemoveOnSignal::new(&tmp_fmt);
-    let result = match fmt {
+    let bytes = match fmt {
         Format::Svg => {
-            let area = SVGBackend::new(&tmp_fmt, (w, h)).into_drawing_area();
-            area.fill(&WHITE).map_err(err)?;
-            draw(area.clone())?;
-            area.present().map_err(err)
+            let mut svg = String::new();
+            {
+                let area = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
+                area.fill(&WHITE).map_err(err)?;
+                draw(area.clone())?;
+                area.present().map_err(err)?;
+            }
+            svg.into_bytes()
         }
         Format::Png => {
-            let area = BitMapBackend::new(&tmp_fmt, (w, h)).into_drawing_area();
-            area.fill(&WHITE).map_err(err)?;
-            png(area.clone())?;
-            area.present().map_err(err)
+            let mut rgb = vec![0u8; w as usize * h as usize * 3];
+            {
+                let area = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+                area.fill(&WHITE).map_err(err)?;
+                png(area.clone())?;
+                area.present().map_err(err)?;
+            }
+            let mut out = Vec::new();
+            image::ImageEncoder::write_image(
+                image::codecs::png::PngEncoder::new(&mut out),
+                &rgb,
+                w,
+                h,
+                image::ColorType::Rgb8,
+            )
+            .map_err(err)?;
+            out
         }
     };
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp_fmt);
-        return Err(e);
-    }
-    std::fs::rename(&tmp_fmt, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp_fmt);
-        format!("cannot write plot {}: {e}", path.display())
-    })
+    crate::files::write_atomic(path, &bytes, "plot").map_err(ChartError::File)
 }
 
 /// One kernel's points of a sweep: `(x, bytes, ran, time_ms)`; `bytes` is what a run that did
@@ -157,7 +184,7 @@ pub fn sweep_chart(
     x_label: &str,
     series: &[SweepSeries],
     limit: Option<u64>,
-) -> Result<(), String> {
+) -> Result<(), ChartError> {
     macro_rules! body {
         ($area:expr) => {{
             let root = $area.titled(title, ("sans-serif", 20)).map_err(err)?;
@@ -287,7 +314,7 @@ fn contexts(lo: u32, hi: u32, at: u32) -> Vec<u32> {
 /// The plan picture: device memory against context length for naive (left) and flash (right),
 /// weights + KV cache + attention workspace + largest activation stacked, the limit line, and the
 /// planned context marked.
-pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str) -> Result<(), String> {
+pub fn plan_chart(path: &Path, m: &Model, w: &Workload, limit: u64, model: &str) -> Result<(), ChartError> {
     let lo = w.new_tokens.max(64);
     let hi = (w.context as u64 * 4).clamp(lo as u64 * 4, u32::MAX as u64) as u32;
     let cs = contexts(lo, hi, w.context);

@@ -230,7 +230,7 @@ pub fn plan(cli: &Cli, a: &PlanArgs) -> Result<i32, Error> {
     let verify = if a.verify { Some(verify(cli, &m, &w)?) } else { None };
     let mut plot_path = None;
     if let Some(path) = &a.plot {
-        charts::plan_chart(path, &m, &w, limit, &format!("{} ({origin})", m.model_type)).map_err(usage)?;
+        charts::plan_chart(path, &m, &w, limit, &format!("{} ({origin})", m.model_type))?;
         plot_path = Some(path.display().to_string());
     }
 

@@ -86,6 +86,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
 
     let mut plot_path = None;
     let mut plot_error = None;
+    let mut plot_exit = exit::BAD_INPUT;
     if !a.no_plot && all_ok {
         // The picture is written atomically: a write that fails leaves any old plot whole, and the
         // results are still printed.
@@ -94,6 +95,8 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
             Ok(()) => plot_path = Some(a.plot.display().to_string()),
             Err(e) => {
                 eprintln!("error: {e}");
+                // A host resource limit (ulimit -f, a full disk) is exit 3, as for every writer.
+                plot_exit = e.exit_code();
                 plot_error = Some(e.to_string());
             }
         }
@@ -168,7 +171,7 @@ pub fn sweep(cli: &Cli, a: &SweepArgs) -> Result<i32, Error> {
         return Ok(exit::BAD_INPUT);
     }
     if plot_error.is_some() {
-        return Ok(exit::BAD_INPUT);
+        return Ok(plot_exit);
     }
     Ok(if all_ok { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }
@@ -225,5 +228,5 @@ fn render_plot(
         if backend == Backend::Vm { "VM wall clock" } else { "GPU, CUDA events" },
         human_bytes(limit)
     );
-    charts::sweep_chart(path, &title, key, &series, Some(limit)).map_err(Error::Usage)
+    Ok(charts::sweep_chart(path, &title, key, &series, Some(limit))?)
 }

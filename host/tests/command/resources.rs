@@ -250,3 +250,43 @@ fn plan_config_layer_types_are_validated() {
     let o = memattn(&["--json", "plan", "--config", s(&f), "--context", "1024"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// `sweep --plot` and `plan --plot` (SVG and PNG) over `ulimit -f`: exit 3 naming the file and
+/// the limit, an existing plot kept whole, no temporary left, as every other writer (they were
+/// exit 2 with a debug dump of the drawing library's error).
+#[test]
+fn plots_over_the_file_size_limit_are_exit_3_like_every_writer() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/configs/llama-3-8b.json");
+    for ext in ["svg", "png"] {
+        let plot = tmp(&format!("fsize-plot.{ext}"));
+        std::fs::write(&plot, b"previous plot").unwrap();
+        for args in [
+            vec!["--backend", "vm", "sweep", "--heads", "1", "--vary", "seq=16,32", "--plot", s(&plot)],
+            vec![
+                "plan",
+                "--config",
+                config,
+                "--batch",
+                "8",
+                "--context",
+                "4096",
+                "--vram",
+                "80GiB",
+                "--plot",
+                s(&plot),
+            ],
+        ] {
+            let o = under_file_size_limit(2, &args);
+            assert_eq!(o.status.signal(), None, "{args:?}: {:?}", o.status);
+            assert_eq!(code(&o), 3, "{args:?}: {}", stderr(&o));
+            let err = stderr(&o);
+            assert!(
+                err.contains("cannot write plot") && err.contains("file-size limit (ulimit -f) is 1024 bytes"),
+                "{err}"
+            );
+            assert!(!err.contains("BackendError"), "{err}");
+            assert_eq!(std::fs::read(&plot).unwrap(), b"previous plot");
+            assert!(temporaries(plot.parent().unwrap()).is_empty());
+        }
+    }
+}
