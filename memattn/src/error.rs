@@ -30,6 +30,7 @@ pub const MIN_FP8_SCALE: f32 = f32::MIN_POSITIVE;
 /// times the tensor-core kernels' 2^8 (e4m3 read as f16 is the value times 2^-8) stays below
 /// f32's largest, with room (2.3e31 would be the limit).
 pub const MAX_FP8_SCALE: f32 = 2.0e31;
+const _: () = assert!(MAX_FP8_SCALE * 57344.0 * 256.0 < f32::MAX);
 
 /// A rule of a KV-cache (decode) call that the problem breaks: shape, capacity, block table,
 /// kernel choice. `Display` names the rule and the values.
