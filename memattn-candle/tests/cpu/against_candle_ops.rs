@@ -90,6 +90,25 @@ fn bf16_matches_candle_ops_causal_and_not() {
     case(DType::BF16, true, (2, 17, 33, 2, 64), 1.6e-2);
 }
 
+/// Head dims without a kernel of their own (Stable Diffusion 1.5's 40 and 160, StableLM-3B's 80,
+/// and 120, 200) run on the next compiled kernel with the head dim padded: every dtype, causal
+/// and not, GQA (the KV-cache call at those head dims: `kvcache_append.rs`).
+#[test]
+fn padded_head_dims_match_candle_ops() {
+    for d in [40, 80, 120, 160, 200] {
+        case(DType::F32, true, (1, 19, 33, 2, d), 2e-5);
+        gqa_case(DType::BF16, false, (2, 17, 21, 2, 1, d), 1.6e-2);
+        case(DType::F16, true, (1, 21, 13, 2, d), 2e-3);
+    }
+    // Head dims that are not a multiple of 8, or past 256, are refused naming the rule.
+    let dev = Device::Cpu;
+    for d in [84, 264] {
+        let q = Tensor::zeros((1, 4, 2, d), DType::F32, &dev).unwrap();
+        let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err().to_string();
+        assert!(e.contains(&format!("head_dim {d}")) && e.contains("any other multiple of 8 up to 256"), "{e}");
+    }
+}
+
 #[test]
 fn strided_inputs_and_refusals() {
     let dev = Device::Cpu;
