@@ -1209,7 +1209,7 @@ pub mod tests {
         assert!(msg(Problem { dtype: Dtype::F16, ..p }, KernelKind::Naive).contains("f32 only"));
         // bf16/f16 on tensor cores at the head dims they have.
         assert!(check_supported(&Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).is_ok());
-        assert!(msg(Problem { dtype: Dtype::F16, head_dim: 96, ..p }, KernelKind::Flash).contains("32, 64 and 128"));
+        assert!(msg(Problem { dtype: Dtype::F16, head_dim: 192, ..p }, KernelKind::Flash).contains("32, 64 and 128"));
         assert!(msg(Problem { head_dim: 84, ..p }, KernelKind::Flash).contains("32, 64, 96, 128, 192 and 256"));
         // Padded: the next compiled head dim; bf16/f16 have none past 128.
         assert!(check_supported(&Problem { head_dim: 80, ..p }, KernelKind::Flash).is_ok());

@@ -194,9 +194,10 @@ struct TileLoader {
     /// Bytes between consecutive rows.
     stride: u64,
     /// This thread's shared-memory offset within a tile (its chunk of its first row), a
-    /// multiple of 16; bit 0 set for a chunk past a head dim below `D`, whose copies then read
-    /// nothing and zero-fill (so no other register is live through the key loop for it, and no
-    /// copy branches on it).
+    /// multiple of 16; in the backward walk bit 0 is set for a chunk past a head dim below `D`,
+    /// whose copies ([`TileLoader::copy`]) then read nothing and zero-fill (so no other register
+    /// is live through the key loop for it, and no copy branches on it). The forward walk's
+    /// copies of such a chunk are the checked ones (its `left` is never positive).
     dst: u32,
     /// The same for its odd copy passes, when a pass is 4 mod 8 rows (the swizzle alternates).
     dst_odd: u32,
@@ -208,18 +209,22 @@ struct TileLoader {
 impl TileLoader {
     /// The loader of `src` from row `row0` on, for thread `tid`.
     #[inline(always)]
-    fn new<const D: usize, const THREADS: usize>(src: Rows, row0: usize, tid: usize) -> Self {
+    fn new<const D: usize, const THREADS: usize, const BACK: bool>(src: Rows, row0: usize, tid: usize) -> Self {
         let cpr = D * 2 / CHUNK;
         let (c, r) = (tid % cpr, tid / cpr);
         TileLoader {
             next: src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64,
             stride: src.stride,
-            dst: swizzled_offset(D, r, c) as u32 | if src.chunk_exists(c) { 0 } else { 1 },
+            // The backward walk's copies read bit 0; the forward walk's checked copies zero-fill
+            // such a chunk by `left` alone, and its `dst` stays as it is.
+            dst: swizzled_offset(D, r, c) as u32 | if BACK && !src.chunk_exists(c) { 1 } else { 0 },
             dst_odd: {
                 let rpp = THREADS / cpr;
                 (swizzled_offset(D, r + rpp, c) - rpp * D * 2) as u32
             },
-            left: src.len as i32 - (row0 + r) as i32,
+            // A chunk past the head dim has no rows: `left <= 0` through the walk, so the forward
+            // walk's copies of it are the checked ones, all zero-filled.
+            left: if src.chunk_exists(c) { src.len as i32 } else { 0 } - (row0 + r) as i32,
         }
     }
 
@@ -292,15 +297,11 @@ impl TileLoader {
     ) {
         let rows_per_pass = THREADS / (D * 2 / CHUNK);
         let tile = opaque_u32(tile);
-        // Read through `opaque_u32` so that the mask and `fill` stay in the loop (hoisted, they
-        // would be two more registers live through it).
-        let own = opaque_u32(self.dst);
-        let fill = ((own & 1) ^ 1) * CHUNK as u32;
-        let (dst, dst_odd) = (tile + (own & !1), tile + self.dst_odd);
+        let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
         let mut addr = self.next;
         unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
-            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { fill } else { 0 };
+            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
             unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
             addr = opaque_u64(addr + step);
@@ -603,8 +604,8 @@ unsafe fn flash_fwd_body<
         len: p.seq_kv,
         cols: p0.head_dim,
     };
-    let mut k_load = TileLoader::new::<D, THREADS>(k_rows, row0_kv, tid);
-    let mut v_load = TileLoader::new::<D, THREADS>(v_rows, row0_kv, tid);
+    let mut k_load = TileLoader::new::<D, THREADS, BACK>(k_rows, row0_kv, tid);
+    let mut v_load = TileLoader::new::<D, THREADS, BACK>(v_rows, row0_kv, tid);
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
         if PAGED {

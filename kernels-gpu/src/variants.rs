@@ -1331,9 +1331,9 @@ impl KernelId {
             Some(d) => d,
             None => return None,
         };
-        match Self::decode_with(Family::DecodeMma, elem, head_dim) {
+        match Self::decode_at(Family::DecodeMma, elem, head_dim) {
             Some(k) => Some(k),
-            None => Self::decode_with(Family::DecodeFwd, elem, head_dim),
+            None => Self::decode_at(Family::DecodeFwd, elem, head_dim),
         }
     }
 
@@ -1356,10 +1356,14 @@ impl KernelId {
         if !family.eq(Family::DecodeFwd) && !family.eq(Family::DecodeMma) {
             return None;
         }
-        let head_dim = match Self::padded_head_dim(&[family], elem, head_dim) {
-            Some(d) => d,
-            None => return None,
-        };
+        match Self::padded_head_dim(&[family], elem, head_dim) {
+            Some(d) => Self::decode_at(family, elem, d),
+            None => None,
+        }
+    }
+
+    /// The decode kernels with the forward of `family` compiled for exactly `head_dim`.
+    const fn decode_at(family: Family, elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
         match (
             Self::find(family, elem, Some(head_dim)),
             Self::find(Family::MergeStates, elem.qo(), None),
@@ -1523,7 +1527,10 @@ pub mod tests {
                 assert_eq!(main(e, d, 99 * 1024), Some(format!("flash_bwd_{x}_d{d}_compact")).as_deref());
             }
             assert_eq!(main(e, 32, 99 * 1024), Some(format!("flash_bwd_{x}_d32")).as_deref());
-            assert_eq!(main(e, 96, u32::MAX), None);
+            // d96 runs on d128 (padded), its compact row where the big one does not fit.
+            assert_eq!(main(e, 96, u32::MAX), Some(format!("flash_bwd_{x}_d128")).as_deref());
+            assert_eq!(main(e, 96, 99 * 1024), Some(format!("flash_bwd_{x}_d128_compact")).as_deref());
+            assert_eq!(main(e, 192, u32::MAX), None);
             assert_eq!(KernelId::flash_bwd_head_dims(e), vec![32, 64, 128]);
         }
         assert_eq!(main(Elem::F32, 64, 0), Some("flash_bwd_f32_d64"));
@@ -1608,13 +1615,15 @@ pub mod tests {
         );
         assert_eq!(KernelId::flash_bwd(Elem::F32, 128).map(|k| k[1]), Some(KernelId::FlashBwdF32D128));
         assert_eq!(KernelId::flash_bwd(Elem::F32, 96).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
-        assert_eq!(KernelId::flash_bwd(Elem::F32, 80), None);
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 80).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 84), None);
         assert_eq!(
             KernelId::flash_bwd(Elem::Bf16, 64),
             Some([KernelId::BwdPreBf16, KernelId::FlashBwdBf16D64, KernelId::BwdConvertBf16])
         );
         assert_eq!(KernelId::flash_bwd(Elem::F16, 128).map(|k| k[1]), Some(KernelId::FlashBwdF16D128));
-        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 96), None);
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 96).map(|k| k[1]), Some(KernelId::FlashBwdBf16D128));
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 192), None);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::Bf16), vec![32, 64, 128]);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
         let m = KernelId::FlashBwdF32D128.variant();
@@ -1663,7 +1672,9 @@ pub mod tests {
         assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (320, 0)), Some(KernelId::FlashFwdBf16D192));
         assert_eq!(KernelId::flash_for(Elem::F16, 256, (191, 0)), Some(KernelId::FlashFwdF16D256Window));
         assert_eq!(KernelId::flash_for(Elem::F16, 256, (255, 0)), Some(KernelId::FlashFwdF16D256));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (95, 0)), Some(KernelId::FlashFwdBf16D96Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 81, (255, 0)), None);
         // `flash` and `find` give the default rows only.
         assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
         assert!(WindowRule::Any.admits(-1, -1));

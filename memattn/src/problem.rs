@@ -320,6 +320,11 @@ pub const PADDED_HEAD_DIMS: &str =
     "any other multiple of 8 up to 256 runs on the next of them, with its head dim padded (nothing copied)";
 const _: () = assert!(kernels_gpu::PAD_MULTIPLE == 8 && kernels_gpu::MAX_HEAD_DIM == 256);
 
+/// The most keys a padded head dim takes in the forward: the tensor-core kernel counts a thread's
+/// rows left in 32 bits, and for a chunk past the head dim that count runs down from 0 by up to
+/// `seq_kv` plus a tile.
+pub const PADDED_MAX_KEYS: u32 = (1 << 31) - 1024;
+
 /// Why a problem cannot run. Each message names the limit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProblemError {
@@ -716,6 +721,16 @@ impl Problem {
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
         }
+        if kernel == KernelKind::Flash && self.padded() && self.seq_kv > PADDED_MAX_KEYS {
+            return Err(ProblemError::UnsupportedHeadDim {
+                kernel,
+                got: self.head_dim,
+                supported: format!(
+                    "a head dim padded to the next kernel's takes seq_kv up to {PADDED_MAX_KEYS} (got {})",
+                    self.seq_kv
+                ),
+            });
+        }
         let hk = self.kv_heads();
         if hk == 0 {
             return Err(ProblemError::ZeroSize { name: "heads_kv" });
@@ -981,6 +996,8 @@ pub mod tests {
         let p = Problem { head_dim: 80, ..Problem::default() };
         assert!(p.validate_shape(KernelKind::Flash).is_ok() && p.padded());
         assert!(!Problem::default().padded());
+        let e = Problem { seq_kv: PADDED_MAX_KEYS + 1, ..p }.validate_shape(KernelKind::Flash).unwrap_err();
+        assert!(e.to_string().contains("seq_kv up to 2147482624"), "{e}");
         let p = Problem { head_dim: 300, ..Problem::default() };
         assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
     }

@@ -1145,7 +1145,7 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
         (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
         (vec!["--backend", "cuda", "run", "--cp", "2"], "--cp-comm in-process runs its ranks on VMs"),
         (vec!["--backend", "vm", "run", "--cp", "2", "--cp-comm", "nccl"], "one rank per GPU: not with --backend vm"),
-        (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "96"], "head_dim"),
+        (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "192"], "head_dim"),
     ] {
         let o = memattn(&args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
