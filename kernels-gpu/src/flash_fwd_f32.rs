@@ -59,7 +59,8 @@ const KC: usize = 8;
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants
 /// (`TPR` lanes per row, `DPT = D / TPR` dims per lane). A head dim below `D` (padded to this
 /// kernel's) runs a second instantiation whose loads and stores check columns, so the common
-/// one keeps its registers (the column checks took the d128 body from 96 to 128).
+/// one runs the instructions it ran before (the kernel's registers are the larger body's: 128
+/// at d64 on sm_80, 96 before).
 ///
 /// # Safety
 /// As the module's safety section.

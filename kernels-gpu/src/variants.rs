@@ -1228,7 +1228,7 @@ impl KernelId {
     /// copied. `None` when no row fits.
     pub const fn padded_head_dim(families: &[Family], elem: Elem, head_dim: u32) -> Option<u32> {
         let fp8 = elem.eq(Elem::Fp8E4m3) || elem.eq(Elem::Fp8E5m2);
-        let pad_ok = !fp8 && head_dim > 0 && head_dim % PAD_MULTIPLE == 0 && head_dim <= MAX_HEAD_DIM;
+        let pad_ok = !fp8 && head_dim > 0 && head_dim.is_multiple_of(PAD_MULTIPLE) && head_dim <= MAX_HEAD_DIM;
         let mut best: Option<u32> = None;
         let mut i = 0;
         while i < VARIANTS.len() {
@@ -1559,7 +1559,10 @@ pub mod tests {
         assert_eq!(KernelId::decode(Elem::Bf16, 40).map(|k| k[0]), Some(KernelId::DecodeMmaBf16D64));
         assert_eq!(KernelId::decode(Elem::Bf16, 80).map(|k| k[0]), Some(KernelId::DecodeFwdBf16D96));
         assert_eq!(KernelId::decode(Elem::F32, 160).map(|k| k[0]), Some(KernelId::DecodeFwdF32D192));
-        assert_eq!(KernelId::decode_with(Family::DecodeMma, Elem::F16, 80).map(|k| k[0]), Some(KernelId::DecodeMmaF16D128));
+        assert_eq!(
+            KernelId::decode_with(Family::DecodeMma, Elem::F16, 80).map(|k| k[0]),
+            Some(KernelId::DecodeMmaF16D128)
+        );
         // Backward: bf16/f16 have nothing past 128.
         assert_eq!(KernelId::flash_bwd(Elem::Bf16, 120).map(|k| k[1]), Some(KernelId::FlashBwdBf16D128));
         assert_eq!(KernelId::flash_bwd(Elem::F32, 200).map(|k| k[1]), Some(KernelId::FlashBwdF32D256));

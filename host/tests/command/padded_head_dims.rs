@@ -14,8 +14,23 @@ fn forward_at_padded_head_dims_verifies_in_every_dtype() {
     for (d, kernel_d) in [("40", 64), ("80", 96), ("120", 128), ("160", 192), ("200", 256)] {
         for dtype in ["f32", "bf16", "f16"] {
             let args = [
-                "--backend", "vm", "--json", "run", "--dtype", dtype, "--head-dim", d, "--heads", "2", "--heads-kv", "1",
-                "--seq-q", "21", "--seq-kv", "13", "--causal",
+                "--backend",
+                "vm",
+                "--json",
+                "run",
+                "--dtype",
+                dtype,
+                "--head-dim",
+                d,
+                "--heads",
+                "2",
+                "--heads-kv",
+                "1",
+                "--seq-q",
+                "21",
+                "--seq-kv",
+                "13",
+                "--causal",
             ];
             let o = memattn(&args);
             assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
@@ -39,9 +54,32 @@ fn decode_at_padded_head_dims_verifies() {
         ("200", "f16", "decode_fwd_f16_d256"),
     ] {
         let args = [
-            "--backend", "vm", "--json", "decode", "--dtype", dtype, "--head-dim", d, "--batch", "2", "--heads", "4",
-            "--heads-kv", "2", "--cache-len", "37,20", "--new-tokens", "2", "--page-size", "16", "--splits", "2",
-            "--repeats", "1", "--warmup", "0",
+            "--backend",
+            "vm",
+            "--json",
+            "decode",
+            "--dtype",
+            dtype,
+            "--head-dim",
+            d,
+            "--batch",
+            "2",
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--cache-len",
+            "37,20",
+            "--new-tokens",
+            "2",
+            "--page-size",
+            "16",
+            "--splits",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
         ];
         let o = memattn(&args);
         assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));
@@ -62,8 +100,24 @@ fn backward_at_padded_head_dims_verifies() {
         ("200", "f32", "flash_bwd_f32_d256"),
     ] {
         let args = [
-            "--backend", "vm", "--json", "run", "--backward", "--dtype", dtype, "--head-dim", d, "--heads", "2",
-            "--heads-kv", "1", "--seq-q", "19", "--seq-kv", "24", "--causal",
+            "--backend",
+            "vm",
+            "--json",
+            "run",
+            "--backward",
+            "--dtype",
+            dtype,
+            "--head-dim",
+            d,
+            "--heads",
+            "2",
+            "--heads-kv",
+            "1",
+            "--seq-q",
+            "19",
+            "--seq-kv",
+            "24",
+            "--causal",
         ];
         let o = memattn(&args);
         assert_eq!(code(&o), 0, "{args:?}: {}", stderr(&o));

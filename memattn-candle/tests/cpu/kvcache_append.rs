@@ -166,7 +166,9 @@ fn append_into_a_contiguous_bf16_cache_matches_the_reference() {
 /// 160 on d192): only their columns of Q, O and the caches are read and written.
 #[test]
 fn append_at_padded_head_dims_matches_the_reference() {
-    for (head_dim, dtype, page_size) in [(40, Dtype::Bf16, Some(7)), (80, Dtype::F32, None), (160, Dtype::F16, Some(16))] {
+    for (head_dim, dtype, page_size) in
+        [(40, Dtype::Bf16, Some(7)), (80, Dtype::F32, None), (160, Dtype::F16, Some(16))]
+    {
         let p = DecodeProblem {
             batch: 2,
             heads: 4,
