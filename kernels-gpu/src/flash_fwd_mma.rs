@@ -134,6 +134,7 @@ pub(crate) struct Rows {
     pub(crate) cols: u32,
 }
 
+#[cfg(target_arch = "nvptx64")]
 impl Rows {
     /// Whether chunk `c` (columns `8c..8c + 8`) of a row exists: false only when a head dim
     /// below the tile's `D` runs on it (`cols < D`).
