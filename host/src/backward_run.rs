@@ -130,9 +130,10 @@ pub fn check_supported(p: &Problem, kernel: KernelKind) -> Result<(), Error> {
             with.join(" or --dtype ")
         ));
     }
-    if !dims.contains(&p.head_dim) {
+    if kernels_gpu::KernelId::flash_bwd(p.dtype.elem(), p.head_dim).is_none() {
         return refuse(format!(
-            "head_dim {} has no backward kernel; the {} backward is compiled for head_dim {}",
+            "head_dim {} has no backward kernel; the {} backward is compiled for head_dim {} (any other \
+             multiple of 8 below the largest runs on the next of them, padded)",
             p.head_dim,
             p.dtype,
             crate::problem::list_and(&dims)
@@ -1228,8 +1229,12 @@ pub mod tests {
         assert!(msg(Problem { dtype: Dtype::F16, ..p }, KernelKind::Naive).contains("f32 only"));
         // bf16/f16 on tensor cores at the head dims they have.
         assert!(check_supported(&Problem { dtype: Dtype::Bf16, ..p }, KernelKind::Flash).is_ok());
-        assert!(msg(Problem { dtype: Dtype::F16, head_dim: 96, ..p }, KernelKind::Flash).contains("32, 64 and 128"));
-        assert!(msg(Problem { head_dim: 80, ..p }, KernelKind::Flash).contains("32, 64, 96, 128, 192 and 256"));
+        assert!(msg(Problem { dtype: Dtype::F16, head_dim: 192, ..p }, KernelKind::Flash).contains("32, 64 and 128"));
+        assert!(msg(Problem { head_dim: 84, ..p }, KernelKind::Flash).contains("32, 64, 96, 128, 192 and 256"));
+        // Padded: the next compiled head dim; bf16/f16 have none past 128.
+        assert!(check_supported(&Problem { head_dim: 80, ..p }, KernelKind::Flash).is_ok());
+        assert!(check_supported(&Problem { dtype: Dtype::Bf16, head_dim: 120, ..p }, KernelKind::Flash).is_ok());
+        assert!(msg(Problem { dtype: Dtype::Bf16, head_dim: 160, ..p }, KernelKind::Flash).contains("32, 64 and 128"));
         assert!(check_supported(&Problem { sinks: true, ..p }, KernelKind::Flash).is_ok());
     }
 }

@@ -216,18 +216,24 @@ pub(crate) unsafe fn decode_fwd<
     let v_s = unsafe { smem.add(BC * D) };
 
     let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
+    // The problem's head dim: D, or (a head dim padded to this kernel's) less. Q, O, the cache
+    // and the partials are rows of `d` elements; columns `d..D` are zero in the tiles.
+    let d = p.head_dim as u64;
     // Scores in the log2 domain (`log2 e` folded into q), except with a softcap, which needs the
     // natural score `scale * q.k` for its tanh; the factor is applied after it.
     let softcap = p.softcap;
     let scale2 = if softcap > 0.0 { p.softmax_scale } else { p.softmax_scale * LOG2E };
     let mut q = [0.0f32; DPT];
     if row_valid {
-        let qa = p.q + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
+        let qa = p.q + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * d);
         // An FP8 cache's K scale joins the query's factor (see `Stage16::scale`).
         let qscale = scale2 * unsafe { E::scale(p.k_scale, hk) };
-        for (k, qk) in q.iter_mut().enumerate() {
-            *qk = unsafe { <E::Qo as Elem>::load(qa + E::Qo::BYTES * (lane + TPR * k) as u64) } * qscale;
-        }
+        // Columns past a head dim below D stay zero (so do K's and V's: they add nothing).
+        unroll!(k in 0..DPT => {
+            if ((lane + TPR * k) as u64) < d {
+                q[k] = unsafe { <E::Qo as Elem>::load(qa + E::Qo::BYTES * (lane + TPR * k) as u64) } * qscale;
+            }
+        });
     }
 
     // Keys this row may see: [row_start, row_end) within the split; keys this block visits:
@@ -261,8 +267,8 @@ pub(crate) unsafe fn decode_fwd<
             let e = ch * vec;
             let (rr, c) = (e / D, e % D);
             let j = kv0 + rr;
-            if j < block_end {
-                let row = unsafe { p.cache_row_of(slot, pad + j as u32, hk as u32) } as u64 * D as u64 + c as u64;
+            if j < block_end && (c as u64) < d {
+                let row = unsafe { p.cache_row_of(slot, pad + j as u32, hk as u32) } as u64 * d + c as u64;
                 unsafe {
                     E::stage16(p.k_cache + E::BYTES * row, k_s.add(e));
                     E::stage16(p.v_cache + E::BYTES * row, v_s.add(e));
@@ -342,19 +348,23 @@ pub(crate) unsafe fn decode_fwd<
         // An FP8 cache's V scale joins the normaliser (see `Stage16::scale`).
         let inv_l = inv_l * unsafe { E::scale(p.v_scale, hk) };
         if p.num_splits == 1 {
-            let oa = p.o + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * D as u64);
-            for (k, a) in acc.iter().enumerate() {
-                unsafe { <E::Qo as Elem>::store(oa + E::Qo::BYTES * (lane + TPR * k) as u64, a * inv_l) };
-            }
+            let oa = p.o + E::Qo::BYTES * (((b * seq_q + qi as u64) * heads + h as u64) * d);
+            unroll!(k in 0..DPT => {
+                if ((lane + TPR * k) as u64) < d {
+                    unsafe { <E::Qo as Elem>::store(oa + E::Qo::BYTES * (lane + TPR * k) as u64, acc[k] * inv_l) };
+                }
+            });
             if lane == 0 {
                 unsafe { st_f32(p.lse + 4 * row_idx, lse) };
             }
         } else {
             let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
-            let oa = p.o_part + 4 * part_row * D as u64;
-            for (k, a) in acc.iter().enumerate() {
-                unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
-            }
+            let oa = p.o_part + 4 * part_row * d;
+            unroll!(k in 0..DPT => {
+                if ((lane + TPR * k) as u64) < d {
+                    unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, acc[k] * inv_l) };
+                }
+            });
             if lane == 0 {
                 unsafe { st_f32(p.lse_part + 4 * part_row, lse) };
             }

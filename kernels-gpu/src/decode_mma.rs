@@ -102,6 +102,8 @@ const ROWS: usize = 16;
 /// `rows` (`u32::MAX`: past the block's keys, zero-filled) into the swizzled tile at `tile`: rows
 /// of `D * bytes` bytes (`bytes` 2 for a 16-bit cache, 1 for FP8), laid out as rows of
 /// `D * bytes / 2` 16-bit elements, so `PASSES * bytes / 2` of the `PASSES` entries are used.
+/// In global memory a cache row is `d` elements (`d <= D`, the problem's head dim); a thread
+/// whose chunk is past it holds only `u32::MAX` rows ([`decode_mma`]'s `my_rows`).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 unsafe fn stage_rows<const D: usize, const PASSES: usize>(
@@ -110,6 +112,7 @@ unsafe fn stage_rows<const D: usize, const PASSES: usize>(
     rows: &[u32; PASSES],
     tid: usize,
     bytes: usize,
+    d: u32,
 ) {
     let row_bytes = D * bytes;
     let cpr = row_bytes / CHUNK;
@@ -120,7 +123,7 @@ unsafe fn stage_rows<const D: usize, const PASSES: usize>(
         if k < PASSES * bytes / 2 {
             // Selects, not branches: a branch per row costs a `mov` more on each path.
             let valid = rows[k] != u32::MAX;
-            let at = cache + rows[k] as u64 * row_bytes as u64 + (c * CHUNK) as u64;
+            let at = cache + rows[k] as u64 * (d as usize * bytes) as u64 + (c * CHUNK) as u64;
             let (addr, n) = (core::hint::select_unpredictable(valid, at, cache), if valid { CHUNK as u32 } else { 0 });
             unsafe { cp_async_16(dst + (k * rows_per_pass * row_bytes) as u32, addr, n) };
         }
@@ -286,6 +289,9 @@ pub(crate) unsafe fn decode_mma<
     let b = ctaid_z() / p.heads_kv;
     let causal = p.causal != 0;
     let (heads, seq_q) = (p.heads as u64, p.seq_q as u64);
+    // The problem's head dim: D, or (a head dim padded to this kernel's) less. Q, O, the cache
+    // and the partials are rows of `d` elements; columns `d..D` are zero in the tiles.
+    let d = p.head_dim as u64;
 
     // The sequence's cache slot and left padding: its key j is cache row pad + j of the slot.
     let (slot, pad) = unsafe { p.slot_of(b) };
@@ -325,8 +331,9 @@ pub(crate) unsafe fn decode_mma<
         while k * THREADS < ROWS * cpr {
             let (c, r) = (tid % cpr, tid / cpr + k * (THREADS / cpr));
             let (qi, h) = row_of(r);
-            let src = p.q + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * D as u64) + (c * CHUNK) as u64;
-            let bytes = if tile_start + r < rows { CHUNK as u32 } else { 0 };
+            let src = p.q + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * d) + (c * CHUNK) as u64;
+            // Rows past the tile and chunks past a head dim below D are zero-filled.
+            let bytes = if tile_start + r < rows && ((8 * c) as u64) < d { CHUNK as u32 } else { 0 };
             unsafe { cp_async_16(q_s + swizzled_offset(D, r, c) as u32, global_addr(src), bytes) };
             k += 1;
         }
@@ -338,7 +345,8 @@ pub(crate) unsafe fn decode_mma<
         let mut out = [u32::MAX; PASSES];
         unroll8!(k in 0..PASSES => {
             let j = kv0 + tid / cache_cpr + k * rows_per_pass;
-            if k < PASSES * E::BYTES / 2 && j < block_end {
+            let chunk_exists = (((tid % cache_cpr) * (CHUNK / E::BYTES)) as u64) < d;
+            if k < PASSES * E::BYTES / 2 && j < block_end && chunk_exists {
                 out[k] = unsafe { p.cache_row_of(slot, pad + j as u32, hk) };
             }
         });
@@ -348,7 +356,7 @@ pub(crate) unsafe fn decode_mma<
     let mut kv0 = k_lo as usize + skip;
     let mut tile_rows = my_rows(kv0);
     if kv0 < block_end {
-        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES) };
+        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -394,7 +402,7 @@ pub(crate) unsafe fn decode_mma<
         // (1) K has landed and every warp is done reading the previous V: start loading V.
         cp_async_wait_all();
         sync_threads();
-        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid, E::BYTES) };
+        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
         cp_async_commit();
 
         // (2) S = Q Kᵀ over this warp's keys.
@@ -480,7 +488,7 @@ pub(crate) unsafe fn decode_mma<
         kv0 += BC;
         if kv0 < block_end {
             tile_rows = my_rows(kv0);
-            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES) };
+            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
         }
         cp_async_commit();
         let (v_r, v_c) = ldsm_bt_lane(lane);
@@ -532,8 +540,8 @@ pub(crate) unsafe fn decode_mma<
         let at = unsafe { acc_s.add((warp * ROWS + row) * D + if fp8 { 4 * t } else { 2 * t }) };
         unroll!(n in 0..ND => {
             unroll2!(j in 0..2 => {
-                let d = if fp8 { 16 * (n / 2) + 2 * j + n % 2 } else { 8 * n + j };
-                unsafe { *at.add(d) = o[n][2 * r + j] };
+                let col = if fp8 { 16 * (n / 2) + 2 * j + n % 2 } else { 8 * n + j };
+                unsafe { *at.add(col) = o[n][2 * r + j] };
             });
         });
     });
@@ -575,12 +583,14 @@ pub(crate) unsafe fn decode_mma<
                 });
                 v[e] = x * inv_l;
             });
-            if p.num_splits == 1 {
-                let oa = p.o + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * D as u64);
+            if ((c0 + c) as u64) >= d {
+                // A column past a head dim below D: not stored.
+            } else if p.num_splits == 1 {
+                let oa = p.o + 2 * (((b as u64 * seq_q + qi as u64) * heads + h as u64) * d);
                 unsafe { st_u32(oa + 2 * (c0 + c) as u64, E::Qo::pack(v[0], v[1])) };
             } else {
                 let part_row = split as u64 * p.batch as u64 * heads * seq_q + row_idx;
-                let oa = p.o_part + 4 * (part_row * D as u64 + (c0 + c) as u64);
+                let oa = p.o_part + 4 * (part_row * d + (c0 + c) as u64);
                 unsafe {
                     st_f32(oa, v[0]);
                     st_f32(oa + 4, v[1]);

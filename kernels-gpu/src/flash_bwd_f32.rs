@@ -257,7 +257,7 @@ unsafe fn key_block<const D: usize, const BR: usize, const BC: usize, const TPK:
     let mut e = t;
     while e < BC * D {
         let (r, c) = (e / D, e % D);
-        let x = if kv0 + r < seq_kv {
+        let x = if kv0 + r < seq_kv && (c as u32) < p.head_dim {
             unsafe { ld_f32(p.k + 4 * (p.k_strides.offset(b, k_row0 + (kv0 + r) as u64, hk as u64) + c as u64)) }
         } else {
             0.0
@@ -270,13 +270,17 @@ unsafe fn key_block<const D: usize, const BR: usize, const BC: usize, const TPK:
     if key_valid {
         let ka = p.k + 4 * p.k_strides.offset(b, k_row0 + j as u64, hk as u64);
         let va = p.v + 4 * p.v_strides.offset(b, k_row0 + j as u64, hk as u64);
-        for k in 0..DPT {
+        // Columns past a head dim below D stay zero in every staged tile and register: they add
+        // nothing to q·k or dO·v, and their dQ, dK and dV are not stored.
+        unroll!(k in 0..DPT => {
             let c = (lane + TPK * k) as u64;
-            unsafe {
-                kr[k] = ld_f32(ka + 4 * c);
-                vr[k] = ld_f32(va + 4 * c);
+            if (c as u32) < p.head_dim {
+                unsafe {
+                    kr[k] = ld_f32(ka + 4 * c);
+                    vr[k] = ld_f32(va + 4 * c);
+                }
             }
-        }
+        });
     }
     let mut dk = [0.0f32; DPT];
     let mut dv = [0.0f32; DPT];
@@ -299,7 +303,7 @@ unsafe fn key_block<const D: usize, const BR: usize, const BC: usize, const TPK:
             let mut e = t;
             while e < BR * D {
                 let (r, c) = (e / D, e % D);
-                let (qx, dx) = if r < nrows {
+                let (qx, dx) = if r < nrows && (c as u32) < p.head_dim {
                     let row = q_row0 + (q0 + r) as u64;
                     unsafe {
                         (
@@ -377,6 +381,10 @@ unsafe fn key_block<const D: usize, const BR: usize, const BC: usize, const TPK:
             let mut e = t;
             while e < nrows * D {
                 let (r, c) = (e / D, e % D);
+                if c as u32 >= p.head_dim {
+                    e += threads;
+                    continue;
+                }
                 let mut acc = 0.0f32;
                 for kk in 0..BC {
                     acc = fma(unsafe { *ds_s.add(r * BC + kk) }, unsafe { *k_s.add(kk * D + c) }, acc);
@@ -399,12 +407,14 @@ unsafe fn key_block<const D: usize, const BR: usize, const BC: usize, const TPK:
     if key_valid {
         let ka = bp.dk + 4 * bp.dk_strides.offset(b, k_row0 + j as u64, hk as u64);
         let va = bp.dv + 4 * bp.dv_strides.offset(b, k_row0 + j as u64, hk as u64);
-        for k in 0..DPT {
+        unroll!(k in 0..DPT => {
             let c = (lane + TPK * k) as u64;
-            unsafe {
-                st_f32(ka + 4 * c, dk[k]);
-                st_f32(va + 4 * c, dv[k]);
+            if (c as u32) < p.head_dim {
+                unsafe {
+                    st_f32(ka + 4 * c, dk[k]);
+                    st_f32(va + 4 * c, dv[k]);
+                }
             }
-        }
+        });
     }
 }

@@ -188,6 +188,7 @@ unsafe fn body<
         base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
         stride: 2 * s.seq,
         len: len as usize,
+        cols: p.head_dim,
     };
     unsafe {
         stage_tile::<D, BC, THREADS>(k_s, slice(p.k, &p.k_strides, hk, k_row0, p.seq_kv), kv0, tid);
@@ -402,9 +403,11 @@ unsafe fn body<
                     // (x read again, not held through the loop).
                     let slice0 = bp.dq_accum + 4 * ctaid_x_fresh() as u64 * bp.dq_split_stride;
                     let base = opaque_u64(slice0 + 4 * (bp.dq_accum_strides.offset(b, row, h) + first));
+                    // Columns past a head dim below D are not stored.
                     unroll8!(n in 0..NDQ => {
                         let at = base + 32 * n as u64;
-                        if bp.dq_split_stride == 0 {
+                        if ((8 * NDQ * pd + 8 * n) as u32) >= bp.attn.head_dim {
+                        } else if bp.dq_split_stride == 0 {
                             unsafe {
                                 red_add_f32(at, acc[n][2 * r]);
                                 red_add_f32(at + 4, acc[n][2 * r + 1]);
@@ -444,9 +447,11 @@ unsafe fn body<
             let va = bp.dv + 2 * bp.dv_strides.offset(b, row, hk);
             unroll!(n in 0..NDH => {
                 let col = (first + 8 * n + 2 * t) as u64;
-                unsafe {
-                    st_u32(ka + 2 * col, E::pack(dk[n][2 * r], dk[n][2 * r + 1]));
-                    st_u32(va + 2 * col, E::pack(dv[n][2 * r], dv[n][2 * r + 1]));
+                if ((first + 8 * n) as u32) < bp.attn.head_dim {
+                    unsafe {
+                        st_u32(ka + 2 * col, E::pack(dk[n][2 * r], dk[n][2 * r + 1]));
+                        st_u32(va + 2 * col, E::pack(dv[n][2 * r], dv[n][2 * r + 1]));
+                    }
                 }
             });
         }

@@ -144,6 +144,7 @@ unsafe fn body<
         base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
         stride: 2 * s.seq,
         len: len as usize,
+        cols: p.head_dim,
     };
     unsafe {
         stage_tile::<D, BC, THREADS>(k_s, slice(p.k, &p.k_strides, b, hk, k_row0, p.seq_kv), kv0, tid);
@@ -389,9 +390,11 @@ unsafe fn body<
                         // slice (x read again, not held through the loop).
                         let slice0 = bp.dq_accum + 4 * ctaid_x_fresh() as u64 * bp.dq_split_stride;
                         let base = opaque_u64(slice0 + 4 * (bp.dq_accum_strides.offset(b, row, ho) + first));
+                        // Columns past a head dim below D are not stored.
                         unroll8!(n in 0..NQD => {
                             let at = base + 32 * n as u64;
-                            if bp.dq_split_stride == 0 {
+                            if ((8 * NQD * wqd + 8 * n) as u32) >= bp.attn.head_dim {
+                            } else if bp.dq_split_stride == 0 {
                                 unsafe {
                                     red_add_f32(at, acc[mt][n][2 * r]);
                                     red_add_f32(at + 4, acc[mt][n][2 * r + 1]);
@@ -433,9 +436,11 @@ unsafe fn body<
                 let va = bp.dv + 2 * bp.dv_strides.offset(b, row, hk);
                 unroll8!(n in 0..NKD => {
                     let col = (first + 8 * n + 2 * t) as u64;
-                    unsafe {
-                        st_u32(ka + 2 * col, E::pack(dk[mt][n][2 * r], dk[mt][n][2 * r + 1]));
-                        st_u32(va + 2 * col, E::pack(dv[mt][n][2 * r], dv[mt][n][2 * r + 1]));
+                    if ((first + 8 * n) as u32) < bp.attn.head_dim {
+                        unsafe {
+                            st_u32(ka + 2 * col, E::pack(dk[mt][n][2 * r], dk[mt][n][2 * r + 1]));
+                            st_u32(va + 2 * col, E::pack(dv[mt][n][2 * r], dv[mt][n][2 * r + 1]));
+                        }
                     }
                 });
             }

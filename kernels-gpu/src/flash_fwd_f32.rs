@@ -57,13 +57,36 @@ use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
 const KC: usize = 8;
 
 /// The generic body, instantiated by the rows of [`crate::variants`] with their tile's constants
-/// (`TPR` lanes per row, `DPT = D / TPR` dims per lane).
+/// (`TPR` lanes per row, `DPT = D / TPR` dims per lane). A head dim below `D` (padded to this
+/// kernel's) runs a second instantiation whose loads and stores check columns, so the common
+/// one runs the instructions it ran before (the kernel's registers are the larger body's: 128
+/// at d64 on sm_80, 96 before).
 ///
 /// # Safety
 /// As the module's safety section.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize, const TPR: usize, const DPT: usize>(
+    p: &AttnParams,
+) {
+    if p.head_dim as usize == D {
+        unsafe { flash_fwd_body::<D, BR, BC, TPR, DPT, false>(p) }
+    } else {
+        unsafe { flash_fwd_body::<D, BR, BC, TPR, DPT, true>(p) }
+    }
+}
+
+/// [`flash_fwd`]'s body; `PAD`: columns `p.head_dim..D` are zero in Q, K and V and not stored.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+unsafe fn flash_fwd_body<
+    const D: usize,
+    const BR: usize,
+    const BC: usize,
+    const TPR: usize,
+    const DPT: usize,
+    const PAD: bool,
+>(
     p: &AttnParams,
 ) {
     // Varlen: this block's sequence as a batch-1 problem; a block past its end has no rows.
@@ -96,9 +119,12 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
     let mut q = [0.0f32; DPT];
     if row_valid {
         let qa = p.q + 4 * p.q_strides.offset(b, q_row0 + qi as u64, h);
-        for (k, qk) in q.iter_mut().enumerate() {
-            *qk = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * qscale;
-        }
+        // Columns past a head dim below D stay zero (so do K's and V's: they add nothing).
+        unroll!(k in 0..DPT => {
+            if !PAD || ((lane + TPR * k) as u32) < p.head_dim {
+                q[k] = unsafe { ld_f32(qa + 4 * (lane + TPR * k) as u64) } * qscale;
+            }
+        });
     }
 
     // Keys this row may see: [row_start, row_end) (32-bit: fewer registers through the loop);
@@ -116,13 +142,14 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
 
     let mut kv0 = block_start / BC * BC;
     while kv0 < block_end {
-        // (1) Stage K and V rows kv0..kv0+BC; rows past seq_kv are zero (their scores are masked).
+        // (1) Stage K and V rows kv0..kv0+BC; rows past seq_kv are zero (their scores are
+        // masked), and so are columns past a head dim below D.
         sync_threads();
         let mut e = t;
         while e < BC * D {
             let (r, c) = (e / D, e % D);
             let j = kv0 + r;
-            let (kx, vx) = if j < seq_kv {
+            let (kx, vx) = if j < seq_kv && (!PAD || (c as u32) < p.head_dim) {
                 let ka = p.k + 4 * (p.k_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
                 let va = p.v + 4 * (p.v_strides.offset(b, k_row0 + j as u64, hk) + c as u64);
                 unsafe { (ld_f32(ka), ld_f32(va)) }
@@ -202,9 +229,11 @@ pub(crate) unsafe fn flash_fwd<const D: usize, const BR: usize, const BC: usize,
         let sink2 = if p.sinks != 0 { (unsafe { ld_f32(p.sinks + 4 * h) }) * LOG2E } else { f32::NEG_INFINITY };
         let (inv_l, lse) = row_sm.finish_with_sink(row_sm.l, sink2);
         let oa = p.o + 4 * p.o_strides.offset(b, q_row0 + qi as u64, h);
-        for (k, a) in acc.iter().enumerate() {
-            unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, a * inv_l) };
-        }
+        unroll!(k in 0..DPT => {
+            if !PAD || ((lane + TPR * k) as u32) < p.head_dim {
+                unsafe { st_f32(oa + 4 * (lane + TPR * k) as u64, acc[k] * inv_l) };
+            }
+        });
         if lane == 0 {
             let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + qi as u64);
             unsafe { st_f32(la, lse) };

@@ -129,6 +129,19 @@ pub(crate) struct Rows {
     pub(crate) stride: u64,
     /// Rows that exist; rows at or past it are zero-filled.
     pub(crate) len: usize,
+    /// Head columns that exist (the problem's head dim, a multiple of 8, at most `D`); the
+    /// chunks of a row at or past it are zero-filled, never read.
+    pub(crate) cols: u32,
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Rows {
+    /// Whether chunk `c` (columns `8c..8c + 8`) of a row exists: false only when a head dim
+    /// below the tile's `D` runs on it (`cols < D`).
+    #[inline(always)]
+    pub(crate) fn chunk_exists(&self, c: usize) -> bool {
+        ((c * (CHUNK / 2)) as u32) < self.cols
+    }
 }
 
 /// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
@@ -152,8 +165,9 @@ pub(crate) unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS
     // Passes of a multiple of 8 rows keep a thread's swizzle; passes of 4 mod 8 rows (d 192 at 3
     // warps, d 256 at 4) alternate between two destinations.
     let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
-    // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop.
-    let rows_left = src.len.saturating_sub(row0 + r) as u32;
+    // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop. A chunk past
+    // the head dim counts no rows: it is zero-filled like a row past the end.
+    let rows_left = if src.chunk_exists(c) { src.len.saturating_sub(row0 + r) as u32 } else { 0 };
     let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
     let mut k = 0;
     while k < ROWS / rows_per_pass {
@@ -180,7 +194,11 @@ struct TileLoader {
     next: u64,
     /// Bytes between consecutive rows.
     stride: u64,
-    /// This thread's shared-memory offset within a tile (its chunk of its first row).
+    /// This thread's shared-memory offset within a tile (its chunk of its first row), a
+    /// multiple of 16; in the backward walk bit 0 is set for a chunk past a head dim below `D`,
+    /// whose copies ([`TileLoader::copy`]) then read nothing and zero-fill (so no other register
+    /// is live through the key loop for it, and no copy branches on it). The forward walk's
+    /// copies of such a chunk are the checked ones (its `left` is never positive).
     dst: u32,
     /// The same for its odd copy passes, when a pass is 4 mod 8 rows (the swizzle alternates).
     dst_odd: u32,
@@ -192,18 +210,22 @@ struct TileLoader {
 impl TileLoader {
     /// The loader of `src` from row `row0` on, for thread `tid`.
     #[inline(always)]
-    fn new<const D: usize, const THREADS: usize>(src: Rows, row0: usize, tid: usize) -> Self {
+    fn new<const D: usize, const THREADS: usize, const BACK: bool>(src: Rows, row0: usize, tid: usize) -> Self {
         let cpr = D * 2 / CHUNK;
         let (c, r) = (tid % cpr, tid / cpr);
         TileLoader {
             next: src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64,
             stride: src.stride,
-            dst: swizzled_offset(D, r, c) as u32,
+            // The backward walk's copies read bit 0; the forward walk's checked copies zero-fill
+            // such a chunk by `left` alone, and its `dst` stays as it is.
+            dst: swizzled_offset(D, r, c) as u32 | if BACK && !src.chunk_exists(c) { 1 } else { 0 },
             dst_odd: {
                 let rpp = THREADS / cpr;
                 (swizzled_offset(D, r + rpp, c) - rpp * D * 2) as u32
             },
-            left: src.len as i32 - (row0 + r) as i32,
+            // A chunk past the head dim has no rows: `left <= 0` through the walk, so the forward
+            // walk's copies of it are the checked ones, all zero-filled.
+            left: if src.chunk_exists(c) { src.len as i32 } else { 0 } - (row0 + r) as i32,
         }
     }
 
@@ -237,6 +259,7 @@ impl TileLoader {
         self.back::<BC>();
     }
 
+
     /// Moves to the tile before (past the first, the address is formed but never read).
     #[inline(always)]
     fn back<const BC: usize>(&mut self) {
@@ -251,10 +274,14 @@ impl TileLoader {
         let rows_per_pass = THREADS / (D * 2 / CHUNK);
         const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
         let tile = opaque_u32(tile);
-        let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
+        // Read through `opaque_u32` so that the mask and `fill` stay in the loop (hoisted, they
+        // would be two more registers live through it).
+        let own = opaque_u32(self.dst);
+        let fill = ((own & 1) ^ 1) * CHUNK as u32;
+        let (dst, dst_odd) = (tile + (own & !1), tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
         unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
-            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
+            let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { fill } else { 0 };
             let addr = self.next + k as u64 * step;
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
             unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
@@ -305,6 +332,9 @@ struct PagedKv {
     page_size: u32,
     /// The sequence's keys.
     len: u32,
+    /// Head columns that exist (the kernel parameter itself, read where it is used, so no
+    /// register holds it through the loop); a thread's chunk past them zero-fills every row.
+    cols: u32,
 }
 
 #[cfg(target_arch = "nvptx64")]
@@ -324,9 +354,10 @@ impl PagedKv {
         let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
         let base = base + (c * CHUNK) as u64;
         let first = row0 + r as u32;
+        let len = if ((c * (CHUNK / 2)) as u32) < self.cols { self.len } else { 0 };
         unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
             let j = first + (k * rows_per_pass) as u32;
-            let (addr, bytes) = if j < self.len {
+            let (addr, bytes) = if j < len {
                 let (slot, within) = crate::decode_abi::page_slot(self.page_size, j);
                 let page = if self.table != 0 { unsafe { ld_u32(self.table + 4 * slot as u64) } } else { 0 };
                 let off = page as u64 * self.page_stride as u64 + within as u64 * self.row_stride as u64;
@@ -519,6 +550,7 @@ unsafe fn flash_fwd_body<
         base: global_addr(ptr) + 2 * (b * s.batch + head * s.head + row0 * s.seq),
         stride: 2 * s.seq,
         len: len as usize,
+        cols: p.head_dim,
     };
     let q_rows = slice(p.q, &p.q_strides, h, q_row0, p.seq_q);
     let k_rows = slice(p.k, &p.k_strides, hk, k_row0, p.seq_kv);
@@ -571,9 +603,10 @@ unsafe fn flash_fwd_body<
         row_stride: 2 * p.k_strides.seq as u32,
         page_size: p0.page_size,
         len: p.seq_kv,
+        cols: p0.head_dim,
     };
-    let mut k_load = TileLoader::new::<D, THREADS>(k_rows, row0_kv, tid);
-    let mut v_load = TileLoader::new::<D, THREADS>(v_rows, row0_kv, tid);
+    let mut k_load = TileLoader::new::<D, THREADS, BACK>(k_rows, row0_kv, tid);
+    let mut v_load = TileLoader::new::<D, THREADS, BACK>(v_rows, row0_kv, tid);
     unsafe {
         stage_tile::<D, BR, THREADS>(q_s, q_rows, q0, tid);
         if PAGED {
@@ -851,9 +884,12 @@ unsafe fn flash_fwd_body<
             let m2 = if row_m[i] == f32::NEG_INFINITY { f32::NEG_INFINITY } else { row_m[i] * c };
             let (inv_l, lse) = OnlineSoftmax { m: m2, l }.finish_with_sink(l, sink2);
             let o_row = o_base + 2 * row as u64 * p.o_strides.seq;
+            // Columns past a head dim below D (zero in Q, K and V) are not stored.
             unroll!(n in 0..ND, max 32 => {
                 let pair = E::pack(o[m][n][2 * r] * inv_l, o[m][n][2 * r + 1] * inv_l);
-                unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
+                if ((8 * n) as u32) < p.head_dim {
+                    unsafe { st_u32(o_row + 2 * (8 * n + 2 * t) as u64, pair) };
+                }
             });
             if t == 0 {
                 let la = p.lse + 4 * p.lse_offset(b, h, q_row0 + row as u64);

@@ -61,7 +61,7 @@ mod unroll;
 pub mod frag;
 pub mod variants;
 
-pub use variants::{Elem, Family, KernelId, Variant, WindowRule, VARIANTS};
+pub use variants::{Elem, Family, KernelId, Variant, WindowRule, MAX_HEAD_DIM, PAD_MULTIPLE, VARIANTS};
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod artifacts;

@@ -1162,6 +1162,14 @@ kernel_table! {
     TensorMapsStore = tensor_maps_store: TensorMapStore(TENSOR_MAPS_STORE), F32;
 }
 
+/// A head dim without a kernel of its own runs on the next compiled one when it is a multiple of
+/// this ([`KernelId::padded_head_dim`]): 16-bit rows of 8 elements are the 16-byte chunks the
+/// tensor-core kernels copy, so a chunk is wholly inside the head dim or wholly past it.
+pub const PAD_MULTIPLE: u32 = 8;
+
+/// The largest head dim any kernel runs (the widest rows of the table).
+pub const MAX_HEAD_DIM: u32 = 256;
+
 impl KernelId {
     /// This kernel's row of the table.
     pub const fn variant(self) -> &'static Variant {
@@ -1228,11 +1236,50 @@ impl KernelId {
         None
     }
 
+    /// The head dim of the kernel a problem of head dim `head_dim` runs on, among the default
+    /// rows of `families` for `elem`: `head_dim` itself when a row is compiled for it; else,
+    /// for a multiple of [`PAD_MULTIPLE`] up to [`MAX_HEAD_DIM`] (and not an FP8 cache), the
+    /// smallest compiled head dim above it. Such a kernel reads only the problem's `head_dim`
+    /// columns ([`crate::abi::AttnParams::head_dim`], [`crate::decode_abi::DecodeParams`]'s):
+    /// the columns up to its own head dim are zero in its tiles (they add nothing to `q·k`) and
+    /// its output there is not stored, so the caller's tensors keep their head dim and nothing is
+    /// copied. `None` when no row fits.
+    pub const fn padded_head_dim(families: &[Family], elem: Elem, head_dim: u32) -> Option<u32> {
+        let fp8 = elem.eq(Elem::Fp8E4m3) || elem.eq(Elem::Fp8E5m2);
+        let pad_ok = !fp8 && head_dim > 0 && head_dim.is_multiple_of(PAD_MULTIPLE) && head_dim <= MAX_HEAD_DIM;
+        let mut best: Option<u32> = None;
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            let v = &VARIANTS[i];
+            let mut fam_ok = false;
+            let mut f = 0;
+            while f < families.len() {
+                fam_ok = fam_ok || v.family.eq(families[f]);
+                f += 1;
+            }
+            if let (true, true, true, Some(have)) = (fam_ok, v.elem.eq(elem), v.window.is_any(), v.head_dim()) {
+                if have == head_dim || (pad_ok && have > head_dim) {
+                    best = match best {
+                        Some(b) if b <= have => Some(b),
+                        _ => Some(have),
+                    };
+                }
+            }
+            i += 1;
+        }
+        best
+    }
+
     /// The default fused forward kernel for `elem` and `head_dim` (the row full and causal
-    /// attention run on): the f32 SIMT family for f32, the tensor-core family for 16-bit types.
+    /// attention run on): the f32 SIMT family for f32, the tensor-core family for 16-bit types;
+    /// a head dim without a row of its own runs on the next one ([`KernelId::padded_head_dim`]).
     /// `None` when the table has no such row.
     pub const fn flash(elem: Elem, head_dim: u32) -> Option<KernelId> {
-        Self::find(Self::flash_family(elem), elem, Some(head_dim))
+        let family = Self::flash_family(elem);
+        match Self::padded_head_dim(&[family], elem, head_dim) {
+            Some(d) => Self::find(family, elem, Some(d)),
+            None => None,
+        }
     }
 
     /// The fused forward kernel a problem of `elem`, `head_dim` and window `(left, right)` runs
@@ -1240,13 +1287,18 @@ impl KernelId {
     /// window when the table has one for this dtype and head dim, otherwise the default row
     /// ([`KernelId::flash`]). `None` when the table has neither.
     pub const fn flash_for(elem: Elem, head_dim: u32, window: (i32, i32)) -> Option<KernelId> {
+        let head_dim = match Self::padded_head_dim(&[Self::flash_family(elem)], elem, head_dim) {
+            Some(d) => d,
+            None => return None,
+        };
         match Self::find_where(Self::flash_family(elem), elem, Some(head_dim), Some(window)) {
             Some(k) => Some(k),
             None => Self::flash(elem, head_dim),
         }
     }
 
-    /// The Hopper forward (`sm_90a` module) for `elem` and `head_dim`, if the table has one.
+    /// The Hopper forward (`sm_90a` module) for `elem` and `head_dim`, if the table has one
+    /// (its own head dims only: a padded head dim runs on [`KernelId::flash`]).
     pub const fn flash_sm90(elem: Elem, head_dim: u32) -> Option<KernelId> {
         Self::find(Family::FlashSm90, elem, Some(head_dim))
     }
@@ -1289,10 +1341,17 @@ impl KernelId {
     /// decode_append]`, the forward the tensor-core family (`DecodeMma`) where the table has it
     /// (bf16, f16), the SIMT one (`DecodeFwd`) otherwise (f32, the FP8 caches, whose combine
     /// writes bf16 O: [`Elem::qo`]).
+    ///
+    /// A head dim without a row runs on the next head dim either family has
+    /// ([`KernelId::padded_head_dim`]).
     pub const fn decode(elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
-        match Self::decode_with(Family::DecodeMma, elem, head_dim) {
+        let head_dim = match Self::padded_head_dim(&[Family::DecodeMma, Family::DecodeFwd], elem, head_dim) {
+            Some(d) => d,
+            None => return None,
+        };
+        match Self::decode_at(Family::DecodeMma, elem, head_dim) {
             Some(k) => Some(k),
-            None => Self::decode_with(Family::DecodeFwd, elem, head_dim),
+            None => Self::decode_at(Family::DecodeFwd, elem, head_dim),
         }
     }
 
@@ -1309,11 +1368,20 @@ impl KernelId {
         }
     }
 
-    /// The decode kernels with the forward of `family` (`DecodeFwd` or `DecodeMma`).
+    /// The decode kernels with the forward of `family` (`DecodeFwd` or `DecodeMma`), at
+    /// `head_dim` or the next head dim the family has ([`KernelId::padded_head_dim`]).
     pub const fn decode_with(family: Family, elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
         if !family.eq(Family::DecodeFwd) && !family.eq(Family::DecodeMma) {
             return None;
         }
+        match Self::padded_head_dim(&[family], elem, head_dim) {
+            Some(d) => Self::decode_at(family, elem, d),
+            None => None,
+        }
+    }
+
+    /// The decode kernels with the forward of `family` compiled for exactly `head_dim`.
+    const fn decode_at(family: Family, elem: Elem, head_dim: u32) -> Option<[KernelId; 3]> {
         match (
             Self::find(family, elem, Some(head_dim)),
             Self::find(Family::MergeStates, elem.qo(), None),
@@ -1338,7 +1406,15 @@ impl KernelId {
     /// dynamic shared memory: the `FlashBwdTc` row when its tile fits, else the compact
     /// `FlashBwdMma` row (sm_86, sm_89 and sm_120 blocks get 99 KiB), as FlashAttention-2 picks
     /// its backward tiles by the device's shared memory.
+    ///
+    /// A head dim without a row runs on the next head dim the main kernels have
+    /// ([`KernelId::padded_head_dim`]).
     pub const fn flash_bwd_for(elem: Elem, head_dim: u32, max_smem_bytes: u32) -> Option<[KernelId; 3]> {
+        let families = [Family::FlashBwdF32, Family::FlashBwdTc, Family::FlashBwdMma];
+        let head_dim = match Self::padded_head_dim(&families, elem, head_dim) {
+            Some(d) => d,
+            None => return None,
+        };
         let main = if elem.eq(Elem::F32) {
             Self::find(Family::FlashBwdF32, elem, Some(head_dim))
         } else {
@@ -1469,7 +1545,10 @@ pub mod tests {
                 assert_eq!(main(e, d, 99 * 1024), Some(format!("flash_bwd_{x}_d{d}_compact")).as_deref());
             }
             assert_eq!(main(e, 32, 99 * 1024), Some(format!("flash_bwd_{x}_d32")).as_deref());
-            assert_eq!(main(e, 96, u32::MAX), None);
+            // d96 runs on d128 (padded), its compact row where the big one does not fit.
+            assert_eq!(main(e, 96, u32::MAX), Some(format!("flash_bwd_{x}_d128")).as_deref());
+            assert_eq!(main(e, 96, 99 * 1024), Some(format!("flash_bwd_{x}_d128_compact")).as_deref());
+            assert_eq!(main(e, 192, u32::MAX), None);
             assert_eq!(KernelId::flash_bwd_head_dims(e), vec![32, 64, 128]);
         }
         assert_eq!(main(Elem::F32, 64, 0), Some("flash_bwd_f32_d64"));
@@ -1483,8 +1562,29 @@ pub mod tests {
         assert_eq!(KernelId::flash(Elem::Bf16, 96), Some(KernelId::FlashFwdBf16D96));
         assert_eq!(KernelId::flash(Elem::F16, 256), Some(KernelId::FlashFwdF16D256));
         assert_eq!(KernelId::flash(Elem::F32, 32), Some(KernelId::FlashFwdF32D32));
-        assert_eq!(KernelId::flash(Elem::Bf16, 80), None);
+        // A multiple of 8 without a row runs on the next row's head dim; others are refused.
+        assert_eq!(KernelId::flash(Elem::Bf16, 80), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash(Elem::F32, 40), Some(KernelId::FlashFwdF32D64));
+        assert_eq!(KernelId::flash(Elem::F16, 8), Some(KernelId::FlashFwdF16D32));
+        assert_eq!(KernelId::flash(Elem::F16, 200), Some(KernelId::FlashFwdF16D256));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 120, (60, 0)), Some(KernelId::FlashFwdBf16D128Window));
+        assert_eq!(KernelId::flash(Elem::Bf16, 84), None);
+        assert_eq!(KernelId::flash(Elem::F32, 264), None);
         assert_eq!(KernelId::flash(Elem::F32, 512), None);
+        assert_eq!(KernelId::flash(Elem::F32, 0), None);
+        assert_eq!(KernelId::flash_sm90(Elem::Bf16, 120), None);
+        // Decode: the next head dim of either family (the tensor-core one where it has it).
+        assert_eq!(KernelId::decode(Elem::Bf16, 40).map(|k| k[0]), Some(KernelId::DecodeMmaBf16D64));
+        assert_eq!(KernelId::decode(Elem::Bf16, 80).map(|k| k[0]), Some(KernelId::DecodeFwdBf16D96));
+        assert_eq!(KernelId::decode(Elem::F32, 160).map(|k| k[0]), Some(KernelId::DecodeFwdF32D192));
+        assert_eq!(
+            KernelId::decode_with(Family::DecodeMma, Elem::F16, 80).map(|k| k[0]),
+            Some(KernelId::DecodeMmaF16D128)
+        );
+        // Backward: bf16/f16 have nothing past 128.
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 120).map(|k| k[1]), Some(KernelId::FlashBwdBf16D128));
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 200).map(|k| k[1]), Some(KernelId::FlashBwdF32D256));
+        assert_eq!(KernelId::flash_bwd(Elem::F16, 160), None);
         assert_eq!(
             KernelId::naive(Elem::Bf16),
             Some([KernelId::NaiveScoresBf16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvBf16])
@@ -1509,6 +1609,8 @@ pub mod tests {
             Some([KernelId::DecodeFwdFp8E5m2D64, KernelId::MergeStatesBf16, KernelId::DecodeAppendFp8E5m2])
         );
         assert_eq!(KernelId::decode(Elem::Fp8E5m2, 96), None);
+        // An FP8 cache keeps its own head dims: no padding.
+        assert_eq!(KernelId::decode(Elem::Fp8E4m3, 40), None);
         assert_eq!(KernelId::decode_head_dims(Elem::Fp8E4m3), vec![64, 128]);
         assert_eq!((Elem::Fp8E4m3.qo(), Elem::F16.qo()), (Elem::Bf16, Elem::F16));
         assert!(KernelId::DecodeMmaFp8E4m3D64.variant().tensor_cores());
@@ -1534,13 +1636,15 @@ pub mod tests {
         );
         assert_eq!(KernelId::flash_bwd(Elem::F32, 128).map(|k| k[1]), Some(KernelId::FlashBwdF32D128));
         assert_eq!(KernelId::flash_bwd(Elem::F32, 96).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
-        assert_eq!(KernelId::flash_bwd(Elem::F32, 80), None);
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 80).map(|k| k[1]), Some(KernelId::FlashBwdF32D96));
+        assert_eq!(KernelId::flash_bwd(Elem::F32, 84), None);
         assert_eq!(
             KernelId::flash_bwd(Elem::Bf16, 64),
             Some([KernelId::BwdPreBf16, KernelId::FlashBwdBf16D64, KernelId::BwdConvertBf16])
         );
         assert_eq!(KernelId::flash_bwd(Elem::F16, 128).map(|k| k[1]), Some(KernelId::FlashBwdF16D128));
-        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 96), None);
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 96).map(|k| k[1]), Some(KernelId::FlashBwdBf16D128));
+        assert_eq!(KernelId::flash_bwd(Elem::Bf16, 192), None);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::Bf16), vec![32, 64, 128]);
         assert_eq!(KernelId::flash_bwd_head_dims(Elem::F32), vec![32, 64, 96, 128, 192, 256]);
         let m = KernelId::FlashBwdF32D128.variant();
@@ -1589,7 +1693,9 @@ pub mod tests {
         assert_eq!(KernelId::flash_for(Elem::Bf16, 192, (320, 0)), Some(KernelId::FlashFwdBf16D192));
         assert_eq!(KernelId::flash_for(Elem::F16, 256, (191, 0)), Some(KernelId::FlashFwdF16D256Window));
         assert_eq!(KernelId::flash_for(Elem::F16, 256, (255, 0)), Some(KernelId::FlashFwdF16D256));
-        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), None);
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (255, 0)), Some(KernelId::FlashFwdBf16D96));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 80, (95, 0)), Some(KernelId::FlashFwdBf16D96Window));
+        assert_eq!(KernelId::flash_for(Elem::Bf16, 81, (255, 0)), None);
         // `flash` and `find` give the default rows only.
         assert_eq!(KernelId::flash(Elem::F16, 128), Some(KernelId::FlashFwdF16D128));
         assert!(WindowRule::Any.admits(-1, -1));

@@ -16,7 +16,7 @@
 //!
 //! | tensor | shape | notes |
 //! | --- | --- | --- |
-//! | `q` | `[batch, seq_q, heads, head_dim]`; varlen `[total_q, heads, head_dim]` | f32, bf16 or f16; head_dim 32, 64, 96, 128, 192 or 256; last dim contiguous (other strides are passed to the kernel as they are) |
+//! | `q` | `[batch, seq_q, heads, head_dim]`; varlen `[total_q, heads, head_dim]` | f32, bf16 or f16; head_dim 32, 64, 96, 128, 192 or 256, or any other multiple of 8 up to 256 (run on the next of those with the head dim padded: 40, 80 and 160 as StableLM-3B and Stable Diffusion 1.5 use them; nothing is copied); last dim contiguous (other strides are passed to the kernel as they are) |
 //! | `k`, `v` | `[batch, seq_kv, heads_kv, head_dim]`; varlen `[total_kv, heads_kv, head_dim]` | same dtype as `q`; `heads_kv` divides `heads` (grouped-query attention: query head `i` reads k/v head `i / (heads / heads_kv)`, as candle's `repeat_kv` gives) |
 //! | `seqlens_q`, `seqlens_k` (varlen) | `[batch + 1]` u32 | prefix sums, first 0, non-decreasing, ending at the totals |
 //! | result | q's shape | q's dtype, contiguous |
@@ -422,7 +422,7 @@ pub struct Varlen {
 ///
 /// | function | dtypes | head dims | devices |
 /// | --- | --- | --- | --- |
-/// | [`flash_attn`], [`flash_attn_with_lse`], [`flash_attn_windowed`] | f32, bf16, f16 | f32 all; bf16/f16 those of `KernelId::flash_bwd_head_dims` (32, 64, 128 today) | CPU (PTX VM); CUDA with the `cuda` feature |
+/// | [`flash_attn`], [`flash_attn_with_lse`], [`flash_attn_windowed`] | f32, bf16, f16 | f32 all; bf16/f16 those of `KernelId::flash_bwd_head_dims` (32, 64, 128 today); a multiple of 8 below the largest on the next of them, padded | CPU (PTX VM); CUDA with the `cuda` feature |
 /// | [`flash_attn_varlen`], [`flash_attn_varlen_with_lse`] | the same | the same | the same |
 /// | [`flash_attn_with_kvcache`] | not differentiable (no `bwd`) | | |
 ///

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | tensors | `q`, `o`: `[batch, seq_q, heads, head_dim]`; `k`, `v`: `[batch, seq_kv, heads, head_dim]`, given as a shape in that logical order plus element strides, so BSHD (`[b, s, h, d]` in memory) and BHSD (`[b, h, s, d]` in memory) and any other strides with a contiguous last dimension are the same call ([`TensorView::with_strides`]) |
 //! | dtypes | `f32` (SIMT kernels), `bf16` and `f16` (tensor cores, f32 accumulation); q, k, v and o share one dtype; `lse` is always `f32` |
-//! | head dims | 32, 64, 96, 128, 192 and 256 (the flash kernels of the variant table, every dtype) |
+//! | head dims | 32, 64, 96, 128, 192 and 256 (the flash kernels of the variant table, every dtype); any other multiple of 8 up to 256 runs on the next of them with its head dim padded: the kernel reads and writes only the tensors' own `head_dim` columns (the columns up to its own are zero in its tiles), so nothing is copied and the result is exact (forward, KV cache over a 16-bit or f32 cache, backward where the dtype has a backward kernel at least that wide: f32 up to 256, bf16/f16 up to 128) |
 //! | softmax scale | [`AttnOpts::softmax_scale`]; default `1 / sqrt(head_dim)` |
 //! | causal mask | bottom-right aligned, as in FlashAttention 2.1 and later: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`; a row that sees no key gets `o = 0`, `lse = -inf` |
 //! | `lse` | `[batch, heads, seq_q]` f32, contiguous: `ln Σ_j exp(scale · q·k_j)` over the keys the row sees — **natural log**, as FlashAttention returns it. FlashInfer's kernels return base-2 LSE (`log2`): divide by `ln 2` to compare |
@@ -18,7 +18,7 @@
 //! | sinks | [`AttnOpts::sinks`]: one f32 logit per q head joins the softmax denominator only; LSE includes it; a row that sees no key then has `o = 0`, `lse = sink` |
 //! | varlen | [`Kernels::flash_attn_varlen`]: packed `[total, heads, d]` sequences with `cu_seqlens` prefix sums ([`IndexTensor`]); masks per sequence; `lse` `[heads, total_q]` |
 //! | KV cache | [`Kernels::flash_attn_with_kvcache`]: decode over a contiguous or paged cache, optional append of new tokens, split-KV (flash-decoding) combined by [`Kernels::merge_states_into`]; `q`, caches and new tokens contiguous |
-//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims outside the table (the prefill calls take 32, 64, 96, 128, 192 and 256; the KV-cache call 64 and 128): refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
+//! | not in the kernels | split-KV in the prefill calls (`num_splits` over 1 there), head dims that are not a multiple of 8 or are over 256, and padded head dims over an FP8 cache: refused with [`AttnError::NotSupportedYet`] or the limit named, never a silently different result |
 //!
 //! # Streams and synchronisation
 //!

@@ -1933,8 +1933,10 @@ pub mod tests {
         assert!(e.to_string().contains("mismatched heads"), "{e}");
         let e = DecodeProblem { page_size: Some(0), ..Default::default() }.validate().unwrap_err();
         assert!(e.to_string().contains("page_size must be >= 1"), "{e}");
-        let e = DecodeProblem { head_dim: 80, ..Default::default() }.validate().unwrap_err();
-        assert!(e.to_string().contains("head_dim 80"), "{e}");
+        let e = DecodeProblem { head_dim: 84, ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("head_dim 84"), "{e}");
+        assert!(e.to_string().contains("any other multiple of 8 up to 256"), "{e}");
+        assert!(DecodeProblem { head_dim: 80, ..Default::default() }.validate().is_ok());
         assert!("0".parse::<Splits>().is_err() && "129".parse::<Splits>().is_err());
         assert_eq!("auto".parse::<Splits>(), Ok(Splits::Auto));
     }

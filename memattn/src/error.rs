@@ -72,8 +72,9 @@ pub enum KvCacheRule {
     )]
     PrefillUnsupported { why: &'static str },
     #[error(
-        "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}",
-        crate::problem::list_and(compiled)
+        "head_dim {head_dim}: the {dtype} decode kernels are compiled for head_dim {}; {} (not over an FP8 cache)",
+        crate::problem::list_and(compiled),
+        crate::problem::PADDED_HEAD_DIMS
     )]
     HeadDim { head_dim: u32, dtype: Dtype, compiled: Vec<u32> },
     #[error(

@@ -289,6 +289,16 @@ pub fn alibi_slopes(heads: u32) -> Vec<f32> {
     s.into_iter().map(|x| x as f32).collect()
 }
 
+/// The rule for head dims without a kernel of their own, as the errors and `--help` state it.
+pub const PADDED_HEAD_DIMS: &str =
+    "any other multiple of 8 up to 256 runs on the next of them, with its head dim padded (nothing copied)";
+const _: () = assert!(kernels_gpu::PAD_MULTIPLE == 8 && kernels_gpu::MAX_HEAD_DIM == 256);
+
+/// The most keys a padded head dim takes in the forward: the tensor-core kernel counts a thread's
+/// rows left in 32 bits, and for a chunk past the head dim that count runs down from 0 by up to
+/// `seq_kv` plus a tile.
+pub const PADDED_MAX_KEYS: u32 = (1 << 31) - 1024;
+
 /// Why a problem cannot run. Each message names the limit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProblemError {
@@ -651,13 +661,22 @@ impl Problem {
     fn head_dim_error(&self, kernel: KernelKind) -> ProblemError {
         let supported = match kernel {
             KernelKind::Flash => format!(
-                "{} flash kernels are compiled for head_dim {}",
+                "{} flash kernels are compiled for head_dim {}; {}",
                 self.dtype,
-                crate::problem::list_and(&KernelId::flash_head_dims(self.dtype.elem()))
+                crate::problem::list_and(&KernelId::flash_head_dims(self.dtype.elem())),
+                PADDED_HEAD_DIMS
             ),
             KernelKind::Naive => format!("naive kernels accept 1..={NAIVE_MAX_HEAD_DIM}"),
         };
         ProblemError::UnsupportedHeadDim { kernel, got: self.head_dim, supported }
+    }
+
+    /// Whether the flash kernel of this problem is compiled for a larger head dim than its own
+    /// (the kernel reads and writes only the problem's columns: [`KernelId::padded_head_dim`]).
+    pub fn padded(&self) -> bool {
+        KernelId::flash(self.dtype.elem(), self.head_dim)
+            .and_then(|k| k.variant().head_dim())
+            .is_some_and(|d| d != self.head_dim)
     }
 
     /// Checks that need no device: sizes, head dim, dtype, scale, overflow.
@@ -682,6 +701,16 @@ impl Problem {
         };
         if !ok_dim {
             return Err(self.head_dim_error(kernel));
+        }
+        if kernel == KernelKind::Flash && self.padded() && self.seq_kv > PADDED_MAX_KEYS {
+            return Err(ProblemError::UnsupportedHeadDim {
+                kernel,
+                got: self.head_dim,
+                supported: format!(
+                    "a head dim padded to the next kernel's takes seq_kv up to {PADDED_MAX_KEYS} (got {})",
+                    self.seq_kv
+                ),
+            });
         }
         let hk = self.kv_heads();
         if hk == 0 {
@@ -937,10 +966,19 @@ pub mod tests {
     pub fn zero_sizes_and_head_dims_are_named() {
         let p = Problem { heads: 0, ..Problem::default() };
         assert_eq!(p.validate_shape(KernelKind::Flash), Err(ProblemError::ZeroSize { name: "heads" }));
-        let p = Problem { head_dim: 80, ..Problem::default() };
+        let p = Problem { head_dim: 84, ..Problem::default() };
         let e = p.validate_shape(KernelKind::Flash).unwrap_err().to_string();
-        assert!(e.contains("80") && e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
+        assert!(e.contains("84") && e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
+        assert!(e.contains("any other multiple of 8 up to 256 runs on the next"), "{e}");
         assert!(p.validate_shape(KernelKind::Naive).is_ok());
+        let e = Problem { head_dim: 264, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        assert!(e.contains("264") && e.contains("up to 256"), "{e}");
+        // A multiple of 8 runs on the next compiled head dim, its own head dim kept.
+        let p = Problem { head_dim: 80, ..Problem::default() };
+        assert!(p.validate_shape(KernelKind::Flash).is_ok() && p.padded());
+        assert!(!Problem::default().padded());
+        let e = Problem { seq_kv: PADDED_MAX_KEYS + 1, ..p }.validate_shape(KernelKind::Flash).unwrap_err();
+        assert!(e.to_string().contains("seq_kv up to 2147482624"), "{e}");
         let p = Problem { head_dim: 300, ..Problem::default() };
         assert!(p.validate_shape(KernelKind::Naive).unwrap_err().to_string().contains("1..=256"));
     }
@@ -963,8 +1001,16 @@ pub mod tests {
         let f16 = Problem { dtype: Dtype::F16, ..p };
         let naive: Vec<KernelId> = f16.launches(KernelKind::Naive).unwrap().into_iter().map(|l| l.kernel).collect();
         assert_eq!(naive, [KernelId::NaiveScoresF16, KernelId::NaiveSoftmaxF32, KernelId::NaivePvF16]);
-        let e = Problem { head_dim: 80, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
+        let e = Problem { head_dim: 81, ..p }.validate_shape(KernelKind::Flash).unwrap_err().to_string();
         assert!(e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
+        // Padded head dims: the next compiled head dim, the window rows' rules kept.
+        assert_eq!(names(&Problem { head_dim: 40, ..p }), [KernelId::FlashFwdBf16D64]);
+        assert_eq!(names(&Problem { head_dim: 8, ..p }), [KernelId::FlashFwdBf16D32]);
+        assert_eq!(names(&Problem { head_dim: 200, ..p }), [KernelId::FlashFwdBf16D256]);
+        assert_eq!(names(&Problem { dtype: Dtype::F32, head_dim: 160, ..p }), [KernelId::FlashFwdF32D192]);
+        let p200 = Problem { head_dim: 200, window: (127, 0), ..p };
+        assert_eq!(names(&p200), [KernelId::FlashFwdBf16D256Window]);
+        assert_eq!(Problem { head_dim: 200, ..p }.attn_params(&AttnBuffers::default()).head_dim, 200);
         // Every other head dim of the table, by (dtype, head dim).
         assert_eq!(names(&Problem { head_dim: 32, ..p }), [KernelId::FlashFwdBf16D32]);
         assert_eq!(names(&Problem { head_dim: 96, ..p }), [KernelId::FlashFwdBf16D96]);

@@ -345,7 +345,9 @@ pub struct ProblemArgs {
     #[arg(long, value_name = "N", conflicts_with_all = ["seq_q", "seq_kv"], allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq: Option<u32>,
     /// Head dimension [default: 64]. Flash kernels exist for 32, 64, 96, 128, 192 and 256 in every
-    /// dtype (`memattn kernels` lists them with their tiles); naive accepts 1..=256.
+    /// dtype (`memattn kernels` lists them with their tiles); any other multiple of 8 up to 256
+    /// runs on the next of them with its head dim padded (40 on the 64 kernel, nothing copied);
+    /// naive accepts 1..=256.
     #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: Option<u32>,
     /// Element type of Q, K, V, O [default: f32, or the dtype of --inputs]. With bf16 and f16, flash

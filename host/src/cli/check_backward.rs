@@ -194,10 +194,11 @@ pub fn check(cli: &Cli, a: &CheckArgs) -> Result<i32, Error> {
     )
     .map_err(|e| Error::Usage(format!("check {e}")))?;
     let dims: Vec<u32> = match a.head_dim {
-        Some(d) if compiled.contains(&d) => vec![d],
+        Some(d) if KernelId::flash_bwd(dtype.elem(), d).is_some() => vec![d],
         Some(d) => {
             return Err(Error::Usage(format!(
-                "check --backward: head_dim {d} has no {dtype} backward kernel; they are compiled for head_dim {}",
+                "check --backward: head_dim {d} has no {dtype} backward kernel; they are compiled for head_dim {} \
+                 (any other multiple of 8 below the largest runs on the next of them, padded)",
                 memattn_cli::problem::list_and(&compiled)
             )))
         }

@@ -68,7 +68,8 @@ pub struct DecodeArgs {
     /// KV heads (GQA; `heads` must be a multiple) [default: --heads].
     #[arg(long, value_name = "HK", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub heads_kv: Option<u32>,
-    /// Head dim (64 or 128).
+    /// Head dim: 32, 64, 96, 128, 192 or 256 (the tensor-core decode at 64 and 128), or any
+    /// other multiple of 8 up to 256 on the next of them, padded (not with an FP8 cache).
     #[arg(long, default_value_t = 64, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub head_dim: u32,
     /// Keys in the cache before the call: one value for every sequence, or one per sequence.

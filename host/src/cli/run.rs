@@ -12,7 +12,8 @@ use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
 #[derive(Debug, clap::Args)]
 pub struct BackwardArgs {
     /// Training: forward, then backward (dq, dk, dv of the loss sum(dO * O)), every gradient
-    /// verified against the f64 reference; f32 at head_dim 32, 64, 96, 128, 192 or 256, bf16/f16 at 32, 64 or 128.
+    /// verified against the f64 reference; f32 at head_dim 32, 64, 96, 128, 192 or 256, bf16/f16 at 32, 64 or 128,
+    /// and any other multiple of 8 up to the largest of them on the next (padded).
     ///
     /// The backward is FlashAttention-2's: P is recomputed from the forward's LSE, so no
     /// N x N buffer exists. O, LSE, dq, dk and dv are checked against the f64 reference
@@ -29,7 +30,8 @@ pub struct BackwardArgs {
     /// --output writes o, lse, dq, dk, dv (and d_sinks) (F32). Supported: causal, windows,
     /// soft cap, GQA/MQA, sinks, either layout, packed sequences; f32 at head dims 32, 64, 96,
     /// 128, 192 and 256, bf16 and f16 (tensor cores; held to twice the error of a naive
-    /// backward in the same dtype) at 32, 64 and 128. With --kernel naive the naive forward and
+    /// backward in the same dtype) at 32, 64 and 128; any other multiple of 8 up to the
+    /// largest runs on the next of them, its head dim padded (nothing copied). With --kernel naive the naive forward and
     /// the naive backward run instead (f32): P and dS materialised (2 x 4 B x batch x heads x
     /// seq_q x seq_kv, allocated), head_dim 1 to 256, no d_sinks (sinks still enter dq, dk, dv
     /// through LSE); `memattn compare --backward` runs both side by side. Refused (exit 2): other

@@ -193,11 +193,11 @@ fn unsupported_options_are_refused_with_the_limit() {
         args.extend_from_slice(extra);
         assert_refused(&args, needle);
     };
-    r(&["--dtype", "bf16", "--head-dim", "96"], "the bf16 backward is compiled for head_dim 32, 64 and 128");
+    r(&["--dtype", "bf16", "--head-dim", "192"], "the bf16 backward is compiled for head_dim 32, 64 and 128");
     r(&["--dtype", "f16", "--head-dim", "256"], "the f16 backward is compiled for head_dim 32, 64 and 128");
     r(
-        &["--head-dim", "80"],
-        "head_dim 80 is not supported by the flash kernel: f32 flash kernels are compiled for head_dim 32, 64, 96, 128, 192 and 256",
+        &["--head-dim", "84"],
+        "head_dim 84 is not supported by the flash kernel: f32 flash kernels are compiled for head_dim 32, 64, 96, 128, 192 and 256; any other multiple of 8 up to 256 runs on the next of them",
     );
     r(&["--kernel", "naive", "--deterministic"], "no atomic adds");
     r(&["--kernel", "naive", "--head-dim", "300"], "1..=256");
@@ -501,12 +501,12 @@ fn check_backward_sweeps_every_case_and_each_gradient() {
 
 #[test]
 fn check_backward_refuses_what_has_no_backward() {
-    // bf16/f16 have tensor-core backward kernels at 32, 64 and 128 only: refused before anything
-    // runs, naming the limit.
+    // bf16/f16 have tensor-core backward kernels at 32, 64 and 128 only (96 runs padded on
+    // 128, 192 has none): refused before anything runs, naming the limit.
     for dtype in ["bf16", "f16"] {
-        assert_refused(&["check", "--backward", "--dtype", dtype, "--head-dim", "96"], "32, 64 and 128");
+        assert_refused(&["check", "--backward", "--dtype", dtype, "--head-dim", "192"], "32, 64 and 128");
     }
-    assert_refused(&["check", "--backward", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
+    assert_refused(&["check", "--backward", "--head-dim", "84"], "32, 64, 96, 128, 192 and 256");
     // The naive backward exists: the refusal says where it runs.
     assert_refused(&["check", "--backward", "--kernel", "naive"], "run --backward --kernel naive");
     // A forward-only guard is refused, never silently ignored.
@@ -518,7 +518,7 @@ fn check_backward_refuses_what_has_no_backward() {
 fn ptx_without_dq_adds(name: &str) -> PathBuf {
     let ptx = memattn_cli::ptx::PtxSource::embedded().text;
     let entry = ptx.find(".entry flash_bwd_f32_d64(").unwrap();
-    let add = "red.global.add.f32 [%ga], %r75; }";
+    let add = "red.global.add.f32 [%ga], %r44; }";
     let at = entry + ptx[entry..].find(add).expect("the d64 backward adds dQ with red.global.add.f32");
     let broken = tmp(name);
     std::fs::write(&broken, format!("{}}}{}", &ptx[..at], &ptx[at + add.len()..])).unwrap();

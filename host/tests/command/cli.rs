@@ -161,7 +161,8 @@ fn bad_options_exit_2_naming_the_limit() {
     assert_bad_input(&["run", "--bogus"], "--bogus");
     assert_bad_input(&["run", "--kernel", "fused"], "naive, flash");
     assert_bad_input(&["--backend", "tpu", "doctor"], "auto, vm, cuda");
-    assert_bad_input(&["run", "--head-dim", "80"], "32, 64, 96, 128, 192 and 256");
+    assert_bad_input(&["run", "--head-dim", "84"], "32, 64, 96, 128, 192 and 256; any other multiple of 8 up to 256");
+    assert_bad_input(&["run", "--head-dim", "264"], "up to 256");
     assert_bad_input(&["run", "--kernel", "naive", "--head-dim", "300"], "1..=256");
     assert_bad_input(&["run", "--batch", "0"], "batch must be at least 1");
     assert_bad_input(&["run", "--seq-kv", "0"], "seq_kv");
@@ -944,7 +945,7 @@ fn check_sweep_passes_and_lists_its_cases() {
         assert!(names.contains(&want), "{names:?}");
     }
     assert_eq!(v["failed"], 0);
-    assert_bad_input(&["check", "--head-dim", "80"], "80");
+    assert_bad_input(&["check", "--head-dim", "84"], "84");
 }
 
 /// `check --max-error-ratio`: each bf16 case reports its max error over naive attention's in
@@ -1185,7 +1186,7 @@ fn run_cp_reports_bytes_and_the_overlap_model() {
         (vec!["run", "--cp", "2", "--link-gbps", "0"], "--link-gbps must be a positive number"),
         (vec!["--backend", "cuda", "run", "--cp", "2"], "--cp-comm in-process runs its ranks on VMs"),
         (vec!["--backend", "vm", "run", "--cp", "2", "--cp-comm", "nccl"], "one rank per GPU: not with --backend vm"),
-        (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "96"], "head_dim"),
+        (vec!["run", "--cp", "2", "--backward", "--dtype", "bf16", "--head-dim", "192"], "head_dim"),
     ] {
         let o = memattn(&args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));

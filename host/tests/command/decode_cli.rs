@@ -239,7 +239,7 @@ fn decode_bad_input_exits_2_naming_the_rule() {
     assert_bad_input(&["--backend", "vm", "decode", "--page-size", "0"], "page_size must be >= 1");
     assert_bad_input(&["--backend", "vm", "decode", "--heads", "6", "--heads-kv", "4"], "mismatched heads");
     assert_bad_input(&["--backend", "vm", "decode", "--batch", "2", "--cache-len", "1,2,3"], "one per sequence");
-    assert_bad_input(&["--backend", "vm", "decode", "--head-dim", "80"], "head_dim 80");
+    assert_bad_input(&["--backend", "vm", "decode", "--head-dim", "84"], "head_dim 84");
     assert_bad_input(&["--backend", "vm", "decode", "--splits", "0"], "a split count is `auto` or a count 1..=128");
     assert_bad_input(&["--backend", "vm", "decode", "--vary", "seq=1,2"], "decode --vary takes");
     assert_bad_input(&["--backend", "vm", "decode", "--window", "5"], "--window takes LEFT,RIGHT");

@@ -183,7 +183,7 @@ fn online_softmax_ends_at_the_direct_log_sum_exp() {
 fn bad_options_are_exit_2_naming_the_limit() {
     let cases: &[(&[&str], &str)] = &[
         (&["tiling", "--seq", "0"], "--seq-q must be 1 to 2048 (got 0)"),
-        (&["tiling", "--head-dim", "48"], "no bf16 flash kernel for head dim 48"),
+        (&["tiling", "--head-dim", "50"], "no bf16 flash kernel for head dim 50"),
         (&["tiling", "--window", "-3,0"], "the left side is -3"),
         (&["swizzle", "--head-dim", "80"], "--head-dim must be a multiple of 32 from 32 to 256"),
         (&["swizzle", "--rows", "4"], "--rows must be 8 to 32 (got 4)"),

@@ -15,6 +15,7 @@ mod help_examples;
 mod launch;
 mod limits;
 mod naive_backward_cli;
+mod padded_head_dims;
 mod plan_evidence;
 mod resources;
 mod trace;

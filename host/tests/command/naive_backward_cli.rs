@@ -181,5 +181,5 @@ fn compare_backward_refusals_name_the_limit() {
     refused(&["compare", "--backward", "--kernel", "naive", "--seq", "8"], "without --kernel");
     refused(&["compare", "--backward", "--vary", "kernel=naive,naive"], "--vary kernel=naive,flash");
     refused(&["compare", "--backward", "--dtype", "bf16", "--seq", "8"], "f32 only");
-    refused(&["compare", "--backward", "--head-dim", "80", "--seq", "8"], "head_dim 80");
+    refused(&["compare", "--backward", "--head-dim", "84", "--seq", "8"], "head_dim 84");
 }

@@ -90,6 +90,27 @@ fn bf16_matches_candle_ops_causal_and_not() {
     case(DType::BF16, true, (2, 17, 33, 2, 64), 1.6e-2);
 }
 
+/// Head dims without a kernel of their own (Stable Diffusion 1.5's 40 and 160, StableLM-3B's 80,
+/// and 120, 200) run on the next compiled kernel with the head dim padded: every dtype, causal
+/// and not, GQA (the KV-cache call at those head dims: `kvcache_append.rs`).
+#[test]
+fn padded_head_dims_match_candle_ops() {
+    for d in [40, 80, 120, 160, 200] {
+        case(DType::F32, true, (1, 19, 33, 2, d), 2e-5);
+        gqa_case(DType::BF16, false, (2, 17, 21, 2, 1, d), 1.6e-2);
+        // Causal with seq_q <= seq_kv: every row sees a key (candle's softmax of a fully
+        // masked row is NaN, where memattn gives O = 0).
+        case(DType::F16, true, (1, 13, 21, 2, d), 2e-3);
+    }
+    // Head dims that are not a multiple of 8, or past 256, are refused naming the rule.
+    let dev = Device::Cpu;
+    for d in [84, 264] {
+        let q = Tensor::zeros((1, 4, 2, d), DType::F32, &dev).unwrap();
+        let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err().to_string();
+        assert!(e.contains(&format!("head_dim {d}")) && e.contains("any other multiple of 8 up to 256"), "{e}");
+    }
+}
+
 #[test]
 fn strided_inputs_and_refusals() {
     let dev = Device::Cpu;
@@ -106,9 +127,9 @@ fn strided_inputs_and_refusals() {
     let q4 = Tensor::randn(0f32, 1.0, (1, 16, 4, 64), &dev).unwrap();
     let e = memattn_candle::flash_attn(&q4, &kv3, &kv3, 0.125, false).unwrap_err().to_string();
     assert!(e.contains("3 heads do not divide q's 4 heads"), "{e}");
-    let q80 = Tensor::randn(0f32, 1.0, (1, 16, 2, 80), &dev).unwrap();
-    let e = memattn_candle::flash_attn(&q80, &q80, &q80, 0.1, false).unwrap_err().to_string();
-    assert!(e.contains("head_dim 80") && e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
+    let q84 = Tensor::randn(0f32, 1.0, (1, 16, 2, 84), &dev).unwrap();
+    let e = memattn_candle::flash_attn(&q84, &q84, &q84, 0.1, false).unwrap_err().to_string();
+    assert!(e.contains("head_dim 84") && e.contains("32, 64, 96, 128, 192 and 256"), "{e}");
     let qi = Tensor::zeros((1, 16, 2, 64), DType::U32, &dev).unwrap();
     let e = memattn_candle::flash_attn(&qi, &qi, &qi, 0.1, false).unwrap_err().to_string();
     assert!(e.contains("U32") && e.contains("bf16"), "{e}");

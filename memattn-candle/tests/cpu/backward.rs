@@ -224,16 +224,30 @@ fn bf16_varlen_causal_gradients_within_twice_naive_bf16() {
     case_16(DType::BF16, CAUSAL, layout, (0, 0, 0, 4, 2, 64));
 }
 
+/// Head dims padded to the next kernel's (Stable Diffusion 1.5's 40 and 160, StableLM-3B's 80,
+/// and 120, 200): f32 on the SIMT backward, bf16 and f16 on the tensor-core one up to its
+/// largest head dim (128).
+#[test]
+fn padded_head_dims_gradients_match_candle_autograd() {
+    case_f32(CAUSAL, Layout::Batched, (1, 20, 33, 4, 2, 40));
+    case_f32(FULL, Layout::Batched, (2, 9, 16, 2, 2, 80));
+    case_f32(CAUSAL, Layout::Batched, (1, 10, 13, 2, 1, 160));
+    case_f32(FULL, Layout::Batched, (1, 7, 12, 2, 2, 200));
+    case_16(DType::BF16, CAUSAL, Layout::Batched, (1, 37, 50, 4, 2, 40));
+    case_16(DType::F16, FULL, Layout::Batched, (1, 21, 30, 2, 1, 80));
+    case_16(DType::BF16, (Some(9), Some(3)), Layout::Batched, (1, 20, 33, 2, 2, 120));
+}
+
 #[test]
 fn head_dim_without_a_16bit_backward_is_an_error_naming_the_supported_ones() {
     let dev = Device::Cpu;
     let var =
-        || Var::from_tensor(&Tensor::randn(0f32, 1.0, (1, 4, 1, 96), &dev).unwrap().to_dtype(DType::BF16).unwrap());
+        || Var::from_tensor(&Tensor::randn(0f32, 1.0, (1, 4, 1, 160), &dev).unwrap().to_dtype(DType::BF16).unwrap());
     let (q, k, v) = (var().unwrap(), var().unwrap(), var().unwrap());
     let o = memattn_candle::flash_attn(q.as_tensor(), k.as_tensor(), v.as_tensor(), 0.125, false).unwrap();
     let err = o.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap_err().to_string();
     // The library's own refusal, which lists the head dims it has bf16 backward kernels for.
-    let library = memattn::attn::flash_attn_backward_workspace(memattn::Dtype::Bf16, [1, 4, 1, 96], 4, false)
+    let library = memattn::attn::flash_attn_backward_workspace(memattn::Dtype::Bf16, [1, 4, 1, 160], 4, false)
         .unwrap_err()
         .to_string();
     println!("{err}");

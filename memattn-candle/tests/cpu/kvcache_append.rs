@@ -204,6 +204,30 @@ fn append_into_one_joint_kv_tensor_matches_the_reference() {
     append_case(&p, 0, true);
 }
 
+/// Head dims padded to the next decode kernel's (40 on the tensor-core d64, 80 on the SIMT d96,
+/// 160 on d192): only their columns of Q, O and the caches are read and written.
+#[test]
+fn append_at_padded_head_dims_matches_the_reference() {
+    for (head_dim, dtype, page_size) in
+        [(40, Dtype::Bf16, Some(7)), (80, Dtype::F32, None), (160, Dtype::F16, Some(16))]
+    {
+        let p = DecodeProblem {
+            batch: 2,
+            heads: 4,
+            heads_kv: 2,
+            head_dim,
+            seq_q: 1,
+            cache_seqlens: vec![13, 20],
+            seq_new: 2,
+            page_size,
+            dtype,
+            splits: Splits::Fixed(2),
+            ..DecodeProblem::default()
+        };
+        append_case(&p, 2);
+    }
+}
+
 #[test]
 fn refused_calls_leave_the_caches_untouched() {
     let p = DecodeProblem {

@@ -203,9 +203,10 @@ impl MainKernel {
                 kernel: KernelKind::Flash,
                 got: head_dim.min(u32::MAX as usize) as u32,
                 supported: format!(
-                    "the {} backward kernels are compiled for head_dim {}",
+                    "the {} backward kernels are compiled for head_dim {}; {}",
                     dtype.name(),
-                    crate::problem::list_and(&KernelId::flash_bwd_head_dims(elem))
+                    crate::problem::list_and(&KernelId::flash_bwd_head_dims(elem)),
+                    crate::problem::PADDED_HEAD_DIMS
                 ),
             })
         };
@@ -892,6 +893,13 @@ pub mod tests {
             ("d96 window", Case { h: 2, sq: 20, skv: 35, d: 96, window: (5, 2), ..BASE }),
             ("d192 causal, masked rows", Case { h: 2, hk: 1, sq: 20, skv: 17, d: 192, causal: true, ..BASE }),
             ("d256 sinks, soft cap", Case { sq: 10, skv: 20, d: 256, softcap: 3.0, sinks: true, ..BASE }),
+            // Head dims padded to the next kernel's (40 on d64, ... 200 on d256): only their
+            // columns are read and written (the gradients' buffers are exactly their size).
+            ("d40 GQA", Case { h: 2, hk: 1, sq: 33, skv: 40, d: 40, ..BASE }),
+            ("d80 causal, masked rows", Case { b: 2, h: 2, sq: 25, skv: 17, d: 80, causal: true, ..BASE }),
+            ("d120 window", Case { h: 2, sq: 20, skv: 35, d: 120, window: (5, 2), ..BASE }),
+            ("d160 GQA causal", Case { h: 2, hk: 1, sq: 20, skv: 24, d: 160, causal: true, ..BASE }),
+            ("d200 sinks, soft cap", Case { sq: 10, skv: 20, d: 200, softcap: 3.0, sinks: true, ..BASE }),
         ];
         for (seed, (what, c)) in cases.iter().enumerate() {
             let (got, want) = run(&kernels, *c, seed as u64 + 1, false);
@@ -924,6 +932,10 @@ pub mod tests {
             // Two query tiles of the 128-row kernels and tails of both their key blocks.
             ("d64 two query tiles, GQA", Case { h: 2, hk: 1, sq: 200, skv: 150, ..BASE }),
             ("d128 two query tiles, causal", Case { sq: 170, skv: 140, d: 128, causal: true, ..BASE }),
+            // Head dims padded to the next kernel's: 40 on d64, 80 and 120 on d128.
+            ("d40 GQA", Case { h: 2, hk: 1, sq: 65, skv: 80, d: 40, ..BASE }),
+            ("d80 causal, masked rows", Case { b: 2, h: 2, sq: 75, skv: 50, d: 80, causal: true, ..BASE }),
+            ("d120 window", Case { h: 2, sq: 40, skv: 100, d: 120, window: (20, 5), ..BASE }),
         ];
         for dtype in [Dtype::Bf16, Dtype::F16] {
             for (seed, (what, c)) in cases.iter().enumerate() {
@@ -1025,7 +1037,7 @@ pub mod tests {
         assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (4, 32, 4 * 2 * 37 * 4 * 64 * 4));
         assert_eq!(w.total_bytes, w.dq_accum_bytes + w.delta_bytes);
         // The VM's allocator sees exactly that much besides the caller's buffers.
-        let e = flash_attn_backward_workspace(Dtype::F32, [1, 1, 1, 80], 1, false).unwrap_err();
+        let e = flash_attn_backward_workspace(Dtype::F32, [1, 1, 1, 84], 1, false).unwrap_err();
         assert!(e.to_string().contains("head_dim"), "{e}");
         let e = flash_attn_backward_workspace(Dtype::F32, [1 << 40, 1 << 20, 1, 64], 1 << 30, true).unwrap_err();
         assert!(matches!(e, AttnError::Problem(ProblemError::TooLarge { .. })), "{e}");
@@ -1038,7 +1050,11 @@ pub mod tests {
         assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (4, 64, 4 * 2 * 37 * 4 * 64 * 4));
         let w = flash_attn_backward_workspace(Dtype::F16, [2, 37, 4, 128], 100, true).unwrap();
         assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 64, 2 * 2 * 37 * 4 * 128 * 4));
-        let e = flash_attn_backward_workspace(Dtype::F16, [1, 1, 1, 96], 1, false).unwrap_err();
+        // A padded head dim takes the next kernel's key block (d80 on d128: 64) and its own
+        // columns of the accumulator; past the largest head dim (128) it is refused.
+        let w = flash_attn_backward_workspace(Dtype::F16, [2, 37, 4, 80], 100, true).unwrap();
+        assert_eq!((w.dq_slices, w.key_block, w.dq_accum_bytes), (2, 64, 2 * 2 * 37 * 4 * 80 * 4));
+        let e = flash_attn_backward_workspace(Dtype::F16, [1, 1, 1, 160], 1, false).unwrap_err();
         assert!(e.to_string().contains("f16 backward kernels are compiled for head_dim 32, 64 and 128"), "{e}");
     }
 

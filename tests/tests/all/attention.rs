@@ -533,6 +533,39 @@ device_tests! {
         }
     }
 
+    // Head dims without a kernel of their own (multiples of 8: candle-transformers' 40, 80 and
+    // 160, and 120, 200) run on the next compiled one, which reads and writes only their
+    // columns: per head dim, bf16 causal with seq_q > seq_kv (fully masked rows) over 2 heads,
+    // f16 in BHSD over 2 batches with seq_q < seq_kv, f32 causal with GQA; lengths no tile
+    // divides, outputs poisoned, each against the f64 reference (16 bits: the 2x naive rule).
+    // Then a window on the narrow-window rows, a soft cap, and the Q = 0 known answer.
+    fn padded_head_dims_40_80_120_160_200_every_dtype(dev: &mut dyn Device) {
+        for (d, kernel_d) in [(40u32, 64u32), (80, 96), (120, 128), (160, 192), (200, 256)] {
+            for (dtype, batch, heads_kv, sq, sk, causal, layout) in [
+                (Dtype::Bf16, 1, 2, 45, 20, true, Layout::Bshd),
+                (Dtype::F16, 2, 2, 20, 37, false, Layout::Bhsd),
+                (Dtype::F32, 1, 1, 19, 40, true, Layout::Bshd),
+            ] {
+                let p = Problem { batch, heads: 2, heads_kv: Some(heads_kv), seq_q: sq, seq_kv: sk, head_dim: d, causal, layout, dtype, ..Problem::default() };
+                assert!(p.padded(), "d{d}");
+                assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), format!("flash_fwd_{dtype}_d{kernel_d}"));
+                if dtype == Dtype::F32 {
+                    require_kernel(dev, &format!("flash_fwd_f32_d{kernel_d}"));
+                    sweep_case(dev, p, &[KernelKind::Flash]);
+                } else {
+                    sweep_case_16(dev, p);
+                }
+            }
+        }
+        // A window (d120 takes the d128 narrow-window row), a soft cap (d40), sinks (d200).
+        let p = Problem { heads: 2, seq_q: 70, seq_kv: 50, head_dim: 120, window: (20, 3), dtype: Dtype::Bf16, ..Problem::default() };
+        assert_eq!(p.launches(KernelKind::Flash).unwrap()[0].kernel.name(), "flash_fwd_bf16_d128_window");
+        sweep_case_16(dev, p);
+        sweep_case_16(dev, Problem { heads: 2, seq_q: 33, seq_kv: 65, head_dim: 40, softcap: 3.0, dtype: Dtype::F16, ..Problem::default() });
+        sweep_case(dev, Problem { heads: 2, seq_q: 17, seq_kv: 20, head_dim: 200, sinks: true, causal: true, ..Problem::default() }, &[KernelKind::Flash]);
+        known_answer_16(dev, Dtype::Bf16, 80, true, 40, 20);
+    }
+
     // The narrow-window rows of the tensor-core head dims that have one (d32, d96, d128: 64-, 96-
     // and 64-row blocks; d192, d256: key tiles of 32): windows crossing the blocks' edges, tails,
     // seq_q != seq_kv with fully masked rows, GQA, sinks.

@@ -200,6 +200,65 @@ device_tests! {
         }
     }
 
+    // Head dims without a kernel of their own run on the next compiled one (the tensor-core
+    // decode where it has that head dim: 40 on d64, 120 on d128), reading and writing only their
+    // columns of Q, O, the cache and the partials: every dtype, ragged caches with appends,
+    // paged and contiguous, GQA, several splits, against f64 (the appended cache checked too);
+    // then the prefill kernel over a paged and a contiguous cache.
+    fn decode_padded_head_dims_against_f64(dev: &mut dyn Device) {
+        for (i, (d, kernel)) in
+            [(40u32, "mma_{}_d64"), (80, "fwd_{}_d96"), (120, "mma_{}_d128"), (160, "fwd_{}_d192"), (200, "fwd_{}_d256")]
+                .into_iter()
+                .enumerate()
+        {
+            for (j, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
+                let p = DecodeProblem {
+                    batch: 2,
+                    heads: 4,
+                    heads_kv: if (i + j) % 2 == 0 { 2 } else { 4 },
+                    head_dim: d,
+                    seq_q: 1 + (j as u32 % 2),
+                    cache_seqlens: vec![37, 70],
+                    seq_new: 2,
+                    page_size: if (i + j) % 2 == 1 { Some(16) } else { None },
+                    dtype,
+                    splits: Splits::Fixed(2),
+                    ..DecodeProblem::default()
+                };
+                let r = run(dev, &p, None);
+                // f32 has no tensor-core decode: the SIMT one at the same head dim.
+                let family = if dtype == Dtype::F32 { kernel.replace("mma_", "fwd_") } else { kernel.to_string() };
+                let want = format!("decode_{}", family.replace("{}", dtype.name()));
+                assert!(r.launches.iter().any(|l| l.kernel == want), "d{d} {dtype}: {want} not in {:?}", r.launches);
+                assert_eq!(r.verification.cache_ok, Some(true));
+                assert!(r.o.iter().any(|v| v.abs() > 0.1), "real values");
+            }
+        }
+        for (d, page) in [(40u32, Some(16u32)), (120, None)] {
+            let p = DecodeProblem {
+                batch: 2,
+                heads: 4,
+                heads_kv: 2,
+                head_dim: d,
+                seq_q: 20,
+                cache_seqlens: vec![45, 9],
+                seq_new: 3,
+                page_size: page,
+                dtype: Dtype::Bf16,
+                kernel: DecodeKernel::Prefill,
+                ..DecodeProblem::default()
+            };
+            let r = run(dev, &p, None);
+            assert_eq!(r.kernel, "prefill", "{p:?}");
+            let want = format!("flash_fwd_bf16_d{}", if d == 40 { 64 } else { 128 });
+            assert!(r.launches.iter().any(|l| l.kernel == want), "{:?}", r.launches);
+        }
+        // An FP8 cache keeps its own head dims.
+        let p = DecodeProblem { head_dim: 80, kv_fp8: Some(Fp8Format::E4m3), dtype: Dtype::Bf16, ..DecodeProblem::default() };
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("head_dim 80") && e.contains("not over an FP8 cache"), "{e}");
+    }
+
     // `Auto` picks the prefill kernel for a query of at least the forward's block rows (128 at
     // d 64), the tensor-core decode below, and the decode kernel for what the forward refuses.
     fn auto_picks_prefill_by_query_length(dev: &mut dyn Device) {
@@ -356,8 +415,9 @@ device_tests! {
                 assert_eq!(r.verification.cache_ok, Some(true));
             }
         }
-        // The tensor-core decode is refused there, naming its head dims.
-        let p = DecodeProblem { head_dim: 96, dtype: Dtype::Bf16, kernel: DecodeKernel::Mma, ..DecodeProblem::default() };
+        // The tensor-core decode is refused past its widest head dim (96 runs on its d128,
+        // padded), naming its head dims.
+        let p = DecodeProblem { head_dim: 192, dtype: Dtype::Bf16, kernel: DecodeKernel::Mma, ..DecodeProblem::default() };
         let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("compiled for head_dim 64 and 128"), "{e}");
     }
