@@ -1080,6 +1080,31 @@ struct CudaKernels {
     maps: Mutex<std::collections::HashMap<usize, u64>>,
 }
 
+impl CudaKernels {
+    /// The stream a host-to-device copy of the kernels' own (indices, FP8 scales) goes on: one
+    /// must be given, of these kernels' context. `why` says why a stream is needed.
+    fn copy_stream<'s>(
+        &self,
+        tensor: &'static str,
+        why: &str,
+        stream: Option<&'s Arc<CudaStream>>,
+    ) -> Result<&'s Arc<CudaStream>, AttnError> {
+        let stream = stream.ok_or_else(|| AttnError::WrongDevice {
+            tensor,
+            got: "no stream".into(),
+            expected: format!("a stream of the kernels' context ({why})"),
+        })?;
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(AttnError::StreamContext {
+                tensor,
+                got: stream.context().cu_ctx() as usize,
+                expected: self.ctx.cu_ctx() as usize,
+            });
+        }
+        Ok(stream)
+    }
+}
+
 impl Drop for CudaKernels {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
@@ -1400,18 +1425,7 @@ impl Kernels {
                 })
             }
             Inner::Cuda(c) => {
-                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
-                    tensor: "an index tensor",
-                    got: "no stream".into(),
-                    expected: "a stream of the kernels' context (CUDA kernels copy indices on a stream)".into(),
-                })?;
-                if stream.context().cu_ctx() != c.ctx.cu_ctx() {
-                    return Err(AttnError::StreamContext {
-                        tensor: "an index tensor",
-                        got: stream.context().cu_ctx() as usize,
-                        expected: c.ctx.cu_ctx() as usize,
-                    });
-                }
+                let stream = c.copy_stream("an index tensor", "CUDA kernels copy indices on a stream", stream)?;
                 let padded: Vec<u32> = if values.is_empty() { vec![0] } else { values.to_vec() };
                 let slice = stream.clone_htod(&padded).map_err(|e| cuda_err("copying indices to the device", e))?;
                 let ptr = slice.device_ptr(stream).0;

@@ -468,18 +468,11 @@ impl Kernels {
                 Ok(Fp8Scales { values, ptr: buf.ptr(), place: dev.place(), _storage: Fp8ScalesStorage::Dev(buf) })
             }
             Inner::Cuda(c) => {
-                let stream = stream.ok_or_else(|| AttnError::WrongDevice {
-                    tensor: "FP8 scales",
-                    got: "no stream".into(),
-                    expected: "a stream of the kernels' context (Kernels::fp8_scales_on: CUDA kernels copy the scales on a stream)".into(),
-                })?;
-                if stream.context().cu_ctx() != c.ctx.cu_ctx() {
-                    return Err(AttnError::StreamContext {
-                        tensor: "FP8 scales",
-                        got: stream.context().cu_ctx() as usize,
-                        expected: c.ctx.cu_ctx() as usize,
-                    });
-                }
+                let stream = c.copy_stream(
+                    "FP8 scales",
+                    "Kernels::fp8_scales_on: CUDA kernels copy the scales on a stream",
+                    stream,
+                )?;
                 let slice = stream.clone_htod(&values).map_err(|e| cuda_err("copying FP8 scales to the device", e))?;
                 let ptr = slice.device_ptr(stream).0;
                 Ok(Fp8Scales { values, ptr, place: cuda_place(stream), _storage: Fp8ScalesStorage::Cuda(slice) })
