@@ -614,12 +614,12 @@ fn wrap(e: AttnError) -> candle_core::Error {
 /// ```
 /// use candle_core::{Device, Tensor};
 /// use memattn_candle::{attn_error, AttnError};
-/// let q = Tensor::zeros((1, 4, 2, 80), candle_core::DType::F32, &Device::Cpu)?;
+/// let q = Tensor::zeros((1, 4, 2, 84), candle_core::DType::F32, &Device::Cpu)?; // 84: no multiple of 8
 /// let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err();
 /// let e = e.context("layer 3");
 /// assert!(matches!(
 ///     attn_error(&e),
-///     Some(AttnError::Problem(memattn_candle::memattn::problem::ProblemError::UnsupportedHeadDim { got: 80, .. }))
+///     Some(AttnError::Problem(memattn_candle::memattn::problem::ProblemError::UnsupportedHeadDim { got: 84, .. }))
 /// ));
 /// # Ok::<(), candle_core::Error>(())
 /// ```

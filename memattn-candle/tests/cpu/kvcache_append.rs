@@ -224,7 +224,7 @@ fn append_at_padded_head_dims_matches_the_reference() {
             splits: Splits::Fixed(2),
             ..DecodeProblem::default()
         };
-        append_case(&p, 2);
+        append_case(&p, 2, false);
     }
 }
 

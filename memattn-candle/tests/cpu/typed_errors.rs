@@ -14,18 +14,18 @@ fn randn(shape: (usize, usize, usize, usize)) -> Tensor {
 
 #[test]
 fn a_head_dim_the_kernels_refuse_is_the_typed_error_with_its_values() {
-    let q = randn((1, 8, 2, 80));
+    let q = randn((1, 8, 2, 84));
     let e = memattn_candle::flash_attn(&q, &q, &q, 0.1, false).unwrap_err();
     let check = |e: &candle_core::Error| match attn_error(e) {
         Some(AttnError::Problem(ProblemError::UnsupportedHeadDim { kernel, got, supported })) => {
-            assert_eq!((*kernel, *got), (KernelKind::Flash, 80));
+            assert_eq!((*kernel, *got), (KernelKind::Flash, 84));
             assert!(supported.contains("32, 64, 96, 128, 192 and 256"), "{supported}");
         }
-        other => panic!("expected UnsupportedHeadDim {{ got: 80 }}, found {other:?} in {e}"),
+        other => panic!("expected UnsupportedHeadDim {{ got: 84 }}, found {other:?} in {e}"),
     };
     check(&e);
     // The message is memattn's own, as it was before the error kept its type.
-    assert!(e.to_string().contains("head_dim 80 is not supported by the flash kernel"), "{e}");
+    assert!(e.to_string().contains("head_dim 84 is not supported by the flash kernel"), "{e}");
     // Through candle's wrappers: a context, then a context added by `candle_core::Context` on a
     // `Result` (which boxes the candle error as a `std::error::Error`), then a backtrace.
     let e = e.context("layer 3");
@@ -56,19 +56,19 @@ fn a_kv_head_count_that_does_not_divide_q_names_the_tensor_and_both_counts() {
 #[test]
 fn a_backward_head_dim_without_kernels_is_typed_through_the_backward_context() {
     let bf = |t: Tensor| candle_core::Var::from_tensor(&t.to_dtype(DType::BF16).unwrap()).unwrap();
-    let (q, k, v) = (bf(randn((1, 4, 1, 96))), bf(randn((1, 4, 1, 96))), bf(randn((1, 4, 1, 96))));
+    let (q, k, v) = (bf(randn((1, 4, 1, 160))), bf(randn((1, 4, 1, 160))), bf(randn((1, 4, 1, 160))));
     let o = memattn_candle::flash_attn(q.as_tensor(), k.as_tensor(), v.as_tensor(), 0.125, false).unwrap();
     let e = o.to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap_err();
     assert!(e.to_string().contains("memattn flash_attn backward"), "{e}");
     match attn_error(&e) {
         Some(AttnError::Problem(ProblemError::UnsupportedHeadDim {
             kernel: KernelKind::Flash,
-            got: 96,
+            got: 160,
             supported,
         })) => {
             assert!(supported.contains("bf16 backward kernels are compiled for head_dim 32, 64 and 128"), "{supported}")
         }
-        other => panic!("expected the backward's UnsupportedHeadDim {{ got: 96 }}, found {other:?} in {e}"),
+        other => panic!("expected the backward's UnsupportedHeadDim {{ got: 160 }}, found {other:?} in {e}"),
     }
 }
 
