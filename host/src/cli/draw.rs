@@ -110,7 +110,40 @@ pub struct DrawArgs {
 }
 
 /// Runs `memattn draw`.
+/// The options of other pictures that `a` sets (to a value other than their default): each
+/// picture reads only its own, so another picture's option would be silently ignored.
+fn foreign_options(a: &DrawArgs) -> Vec<&'static str> {
+    let given: [(&str, bool, &[Picture]); 11] = [
+        ("--dtype", a.dtype != Dtype::Bf16, &[Picture::Tiling]),
+        ("--head-dim", a.head_dim != 64, &[Picture::Tiling, Picture::Swizzle]),
+        ("--seq", a.seq.is_some(), &[Picture::Tiling]),
+        ("--seq-q", a.seq_q.is_some(), &[Picture::Tiling]),
+        ("--seq-kv", a.seq_kv.is_some(), &[Picture::Tiling]),
+        ("--causal", a.causal, &[Picture::Tiling]),
+        ("--window", a.window.is_some(), &[Picture::Tiling]),
+        ("--keys", a.keys != 48, &[Picture::OnlineSoftmax]),
+        ("--tile", a.tile != 8, &[Picture::OnlineSoftmax]),
+        ("--seed", a.seed != 3, &[Picture::OnlineSoftmax]),
+        ("--drift", a.drift != 0.3, &[Picture::OnlineSoftmax]),
+    ];
+    let mut out: Vec<&'static str> =
+        given.iter().filter(|(_, set, pics)| *set && !pics.contains(&a.picture)).map(|(name, ..)| *name).collect();
+    if a.rows != 16 && a.picture != Picture::Swizzle {
+        out.push("--rows");
+    }
+    out
+}
+
 pub fn draw(cli: &Cli, a: &DrawArgs) -> Result<i32, Error> {
+    let foreign = foreign_options(a);
+    if !foreign.is_empty() {
+        return Err(Error::Usage(format!(
+            "draw {}: {} belong{} to other pictures and would be ignored (`memattn draw --help` lists each picture's options)",
+            a.picture.name(),
+            foreign.join(", "),
+            if foreign.len() == 1 { "s" } else { "" }
+        )));
+    }
     if let Some(out) = &a.out {
         // The picture is SVG: a file named for another format would hold SVG all the same.
         if !out.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {

@@ -219,3 +219,21 @@ fn json_wraps_the_svg_and_out_must_be_svg() {
     assert!(stderr(&o).contains("name the file .svg"), "{}", stderr(&o));
     assert!(!png.exists());
 }
+
+/// An option of another picture is refused naming it (exit 2), where it was silently ignored;
+/// a picture's own options still draw.
+#[test]
+fn options_of_other_pictures_are_refused() {
+    for (args, named) in [
+        (&["draw", "fragment", "--keys", "10"][..], "--keys"),
+        (&["draw", "tiling", "--rows", "8"][..], "--rows"),
+        (&["draw", "swizzle", "--causal"][..], "--causal"),
+        (&["draw", "online-softmax", "--head-dim", "128"][..], "--head-dim"),
+    ] {
+        let o = memattn(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(named) && stderr(&o).contains("other pictures"), "{}", stderr(&o));
+    }
+    render(&["swizzle", "--rows", "8", "--head-dim", "128"]);
+    render(&["online-softmax", "--keys", "10", "--tile", "5"]);
+}
