@@ -21,7 +21,8 @@ pub struct BackwardArgs {
     /// a NaN-poisoned element that was not written fails). dO is drawn from --seed, or read
     /// from a tensor `do` (in q's dtype, shaped like q) in the --inputs file. Packed sequences
     /// (--seqlens-q/--seqlens-kv, or cu_seqlens in --inputs) run the varlen backward, and every
-    /// sequence's O, LSE, dq, dk and dv are also checked on their own. The measured peak memory
+    /// sequence's dq, dk and dv are also checked on their own (O and LSE by the forward's rule,
+    /// as `run` judges them, every row on its own scale). The measured peak memory
     /// is printed against the expected bytes: q, k, v, dO, O, LSE, dq, dk, dv and the
     /// backward's workspace, the f32 dQ accumulator (4 B per element of q) and
     /// D = rowsum(dO * O) (4 B per query row), next to the bytes a naive backward would keep

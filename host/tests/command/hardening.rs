@@ -916,3 +916,20 @@ fn a_naive_backward_with_sinks_writes_what_it_computed() {
     names.sort();
     assert_eq!(names, ["dk", "dq", "dv", "lse", "o"]);
 }
+
+/// One verdict per output: a varlen bf16 backward judges O and LSE by the forward's rule, as
+/// `run` does on the same inputs (it failed O by a per-sequence 2x rule that `run` passes).
+#[test]
+fn the_backward_judges_o_by_the_forwards_rule() {
+    let shape = ["--dtype", "bf16", "--head-dim", "32", "--heads", "8", "--heads-kv", "4", "--seqlens-q", "65,65"];
+    let rest = ["--seqlens-kv", "11,65", "--softcap", "50"];
+    let fwd = memattn(&[&["--backend", "vm", "run"][..], &shape, &rest].concat());
+    assert_eq!(fwd.status.code(), Some(0), "{}", String::from_utf8_lossy(&fwd.stderr));
+    let bwd = memattn(&[&["--backend", "vm", "--json", "run", "--backward"][..], &shape, &rest].concat());
+    assert_eq!(bwd.status.code(), Some(0), "{}", String::from_utf8_lossy(&bwd.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&bwd.stdout).unwrap();
+    for s in v["sequences"].as_array().unwrap() {
+        let names: Vec<&str> = s["checks"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+        assert_eq!(names, ["dq", "dk", "dv"], "{s}");
+    }
+}
