@@ -2179,35 +2179,39 @@ impl Kernels {
         for m in &maps {
             m.check().map_err(|e| DeviceError::Unavailable(format!("a tensor map of `{}`: {e}", l.kernel.name())))?;
         }
-        let mut bytes = [0u8; 3 * 128];
-        let slot = match &self.inner {
+        // The three maps' 384 bytes, each encoded by the device's own encoder.
+        let encode_all = |enc: &mut dyn FnMut(&crate::tma::TensorMapDesc) -> Result<[u8; 128], DeviceError>| {
+            let mut bytes = [0u8; 3 * 128];
+            for (chunk, m) in bytes.chunks_exact_mut(128).zip(&maps) {
+                chunk.copy_from_slice(&enc(m)?);
+            }
+            Ok::<_, DeviceError>(bytes)
+        };
+        let (slot, bytes) = match &self.inner {
             Inner::Dev(v) => v.with(|d| {
-                for (i, m) in maps.iter().enumerate() {
-                    bytes[128 * i..128 * (i + 1)].copy_from_slice(&d.encode_tensor_map(m)?);
-                }
+                let bytes = encode_all(&mut |m| d.encode_tensor_map(m))?;
                 let mut slot = v.maps.lock().unwrap_or_else(|e| e.into_inner());
-                match *slot {
-                    Some(p) => Ok(p),
-                    None => Ok(*slot.insert(d.alloc(bytes.len() as u64)?)),
-                }
+                let p = match *slot {
+                    Some(p) => p,
+                    None => *slot.insert(d.alloc(bytes.len() as u64)?),
+                };
+                Ok((p, bytes))
             })?,
             Inner::Cuda(c) => {
                 let stream = Self::launch_stream(stream)?;
                 c.ctx.bind_to_thread().map_err(|e| cuda_err("binding the context", e))?;
-                for (i, m) in maps.iter().enumerate() {
-                    bytes[128 * i..128 * (i + 1)].copy_from_slice(&crate::device::cuda::encode_tensor_map(m)?);
-                }
+                let bytes = encode_all(&mut |m| crate::device::cuda::encode_tensor_map(m))?;
                 let mut slots = c.maps.lock().unwrap_or_else(|e| e.into_inner());
-                match slots.get(&(stream.cu_stream() as usize)) {
-                    Some(&p) => p,
-                    None => {
+                let p = match slots.entry(stream.cu_stream() as usize) {
+                    std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
                         // SAFETY: an allocation in the bound context, freed when the kernels drop.
                         let p = unsafe { cudarc::driver::result::malloc_sync(bytes.len()) }
                             .map_err(|e| cuda_err("cuMemAlloc (the Hopper forward's tensor-map slot)", e))?;
-                        slots.insert(stream.cu_stream() as usize, p);
-                        p
+                        *e.insert(p)
                     }
-                }
+                };
+                (p, bytes)
             }
         };
         let store = kernels_gpu::abi::TensorMapsParams::new(slot, &bytes);
