@@ -6,7 +6,10 @@
 //!   committed resource report (`--check`: fail if stale, on any spill, or on any ptxas error).
 //! - `lesson N [--solution]`, `lesson check`: build a lesson's kernel, run and check it in the VM;
 //!   `lesson new NAME`, `lesson build NAME`: a scratch kernel of your own.
+//! - `book --check`: every page of the book (`docs/`) is a chapter of `docs/SUMMARY.md` and every
+//!   link and anchor resolves.
 
+mod book;
 mod build_ptx;
 mod lesson;
 mod paths;
@@ -17,7 +20,7 @@ mod toolchain;
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: cargo xtask <task> [--check]
+usage: cargo xtask <task> [--check]   (tasks: build-ptx, ptxas, book)
        cargo xtask lesson N [--solution] | list | check | new NAME | build NAME
 
 tasks:
@@ -26,6 +29,8 @@ tasks:
   ptxas       assemble the committed PTX for sm_80 and sm_90 with ptxas -v and write
               kernels-gpu/ptx/ptxas-report.json (ptxas from $CUDA_HOME, $PATH, or the
               pinned PyPI wheel nvidia-cuda-nvcc, cached under target/)
+  book        check the book (docs/, an mdBook: `mdbook build docs/book`): every page is
+              a chapter of docs/SUMMARY.md, every link and anchor resolves
   lesson      build lessons/NN-*/kernel.rs to PTX, run it in the VM and say what is wrong
               (`cargo xtask lesson list`; see docs/guide/en/05-your-own-kernel.md)
 
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("build-ptx") => build_ptx::run(check, only_sm90),
         Some("ptxas") => ptxas::run(check, only_sm90),
+        Some("book") => book::run(&paths::root()),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -1,5 +1,5 @@
-//! Every example command in `memattn --help`, `memattn plan --help`, README.md and host/README.md
-//! does what its comment says: each runs (in a scratch folder) and its exit code and one key line
+//! Every example command in `memattn --help`, `memattn plan --help`, README.md, host/README.md and
+//! the book's usage pages (`BOOK_PAGES`) does what its comment says: each runs (in a scratch folder) and its exit code and one key line
 //! of output are checked. An example added without an entry here fails the test, and so does an
 //! entry whose example is gone.
 
@@ -137,6 +137,19 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ("memattn evidence rerun oom.jsonl 2", Run(0, "exit code: run 2 0, rerun 0 (same)")),
 ];
 
+/// The book's pages that README.md's sections moved to: their examples are checked like the README's.
+const BOOK_PAGES: &[&str] = &[
+    "docs/main-job.md",
+    "docs/embed.md",
+    "docs/oom.md",
+    "docs/decode.md",
+    "docs/backward.md",
+    "docs/context-parallel.md",
+    "docs/memcheck.md",
+    "docs/learn.md",
+    "docs/kernels.md",
+];
+
 /// Example commands of `--help` texts (lines `  memattn ...`, the description after two spaces
 /// dropped) and of the READMEs' code blocks (`memattn ...` or `$ memattn ...`, `# comment` dropped).
 fn examples(repo: &Path) -> Vec<(String, String)> {
@@ -150,7 +163,7 @@ fn examples(repo: &Path) -> Vec<(String, String)> {
             }
         }
     }
-    for f in ["README.md", "host/README.md"] {
+    for f in ["README.md", "host/README.md"].into_iter().chain(BOOK_PAGES.iter().copied()) {
         let text = std::fs::read_to_string(repo.join(f)).unwrap();
         let mut in_block = false;
         for l in text.lines() {
