@@ -19,13 +19,13 @@ pub mod exit {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid problem: {0}")]
+    #[error("invalid problem: {p}{h}", p = .0, h = problem_hint(.0))]
     Problem(#[from] ProblemError),
     #[error(transparent)]
     Input(#[from] InputError),
     #[error("{0}")]
     Usage(String),
-    #[error(transparent)]
+    #[error("{d}{h}", d = .0, h = device_hint(.0))]
     Device(#[from] DeviceError),
     /// Files: unreadable or unwritable paths are bad input (2); host memory that cannot be
     /// allocated for a problem-sized buffer, and a write cut short by the file-size limit, a full
@@ -37,6 +37,26 @@ pub enum Error {
     /// device (2), and a case `check` reports as not run.
     #[error("the {what} needs {needed} bytes ({}) of device memory, {free} bytes ({}) are free", crate::units::human_bytes(*.needed), crate::units::human_bytes(*.free))]
     DeviceMemory { what: &'static str, needed: u64, free: u64 },
+}
+
+/// The command's words for a library error that names a setting: the library speaks of its own API
+/// (the BSHD layout, the simulated memory size), the command of the flag that sets it.
+fn problem_hint(e: &ProblemError) -> &'static str {
+    match e {
+        ProblemError::VarlenLayout => " (use --layout bshd with --seqlens-q/--seqlens-kv)",
+        _ => "",
+    }
+}
+
+/// As [`problem_hint`], for device errors.
+fn device_hint(e: &DeviceError) -> &'static str {
+    match e {
+        DeviceError::UnknownKernel(_) => " (`memattn kernels` lists what it has; --ptx FILE loads another module)",
+        DeviceError::HostMemory { what, .. } if what.starts_with("a simulated device allocation") => {
+            " (--vm-memory-mib sets the simulated memory)"
+        }
+        _ => "",
+    }
 }
 
 impl Error {

@@ -137,7 +137,7 @@ impl FromStr for DecodeKernel {
             "simt" => Ok(DecodeKernel::Simt),
             "mma" => Ok(DecodeKernel::Mma),
             "prefill" => Ok(DecodeKernel::Prefill),
-            _ => Err(format!("decode --kernel takes auto, simt, mma or prefill, got `{s}`")),
+            _ => Err(format!("a decode kernel is auto, simt, mma or prefill, got `{s}`")),
         }
     }
 }

@@ -221,6 +221,78 @@ pub mod layering_tests {
         g
     }
 
+    /// `--name` words (a command-line flag) in the string literals of `src`'s code lines (comments
+    /// and doc comments skipped): `(line, flag)`.
+    pub(crate) fn flags_in_strings(src: &str) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for (i, line) in src.lines().enumerate() {
+            let t = line.trim_start();
+            if t.starts_with("//") {
+                continue;
+            }
+            // The string literals of the line (a literal continued from the line before counts
+            // from the line's start when the line has an odd number of quotes before any code).
+            let mut in_str = false;
+            let mut lit = String::new();
+            let mut prev = ' ';
+            for c in line.chars() {
+                if c == '"' && prev != '\\' {
+                    if in_str {
+                        out.extend(flags(&lit).into_iter().map(|f| (i + 1, f)));
+                        lit.clear();
+                    }
+                    in_str = !in_str;
+                } else if in_str {
+                    lit.push(c);
+                }
+                prev = c;
+            }
+        }
+        out
+    }
+
+    fn flags(s: &str) -> Vec<String> {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + 2 < b.len() {
+            let starts =
+                b[i] == b'-' && b[i + 1] == b'-' && (i == 0 || !b[i - 1].is_ascii_alphanumeric() && b[i - 1] != b'-');
+            if starts && b[i + 2].is_ascii_lowercase() {
+                let end = (i + 2..b.len())
+                    .find(|&j| !(b[j].is_ascii_lowercase() || b[j].is_ascii_digit() || b[j] == b'-'))
+                    .unwrap_or(b.len());
+                out.push(s[i..end].to_string());
+                i = end;
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// The library speaks of its own API: no command-line flag (`--layout`, `--ptx`) in the string
+    /// literals of its code (messages, errors), tests (`mod tests` onwards) excepted. The command
+    /// adds the flag to the messages it prints (`memattn_cli::Error`).
+    pub fn no_command_line_flag_in_messages() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        for (_, path) in sources(&dir) {
+            let src = std::fs::read_to_string(&path).unwrap();
+            let code = src.split("#[cfg(test)]").next().unwrap_or(&src);
+            for (line, flag) in flags_in_strings(code) {
+                found.push(format!("{}:{line}: {flag}", path.display()));
+            }
+        }
+        assert!(found.is_empty(), "command-line flags in the library's messages:\n{}", found.join("\n"));
+        // The checker sees a flag in a literal, not in a comment, a range or a negative number.
+        assert_eq!(
+            flags_in_strings("let e = format!(\"use --layout bshd\"); // --not-this"),
+            vec![(1, "--layout".to_string())]
+        );
+        assert!(flags_in_strings("/// see --ptx\nlet x = \"a--b -1 --\";").is_empty());
+    }
+
     pub fn every_subfolder_is_read() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let files = sources(&dir);

@@ -323,6 +323,9 @@ pub enum ProblemError {
     BadSoftcap(f32),
     #[error("varlen: {0}")]
     Varlen(String),
+    /// Packed sequences with a layout other than BSHD.
+    #[error("varlen: packed sequences are [total, heads, head_dim], which needs the BSHD layout (the default)")]
+    VarlenLayout,
     #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
     GridLimit { kernel: KernelKind, entry: &'static str, axis: char, got: u64, limit: u64, why: &'static str },
     #[error(
@@ -728,9 +731,7 @@ impl Problem {
             return Err(ProblemError::BadSoftcap(self.softcap));
         }
         if self.varlen.is_some() && self.layout != Layout::Bshd {
-            return Err(ProblemError::Varlen(
-                "packed sequences are [total, heads, head_dim]: use --layout bshd (the default) with varlen".into(),
-            ));
+            return Err(ProblemError::VarlenLayout);
         }
         self.check_alignment(kernel)?;
         let scale = self.softmax_scale();

@@ -27,7 +27,7 @@ mod memattn_units {
         decode: [heuristic_matches_flash_attention_2_on_known_cases, the_benchmark_plan_fills_the_modelled_gpu, sizes_are_exact_and_refuse_what_does_not_fit, shape_rules_are_named, non_finite_sinks_are_refused_and_underflow_is_not_an_error, reference_with_a_sink_known_answer, fp8_reference_reads_the_bytes_and_scale_rules_are_named, merge_reference_known_answers],
         dtype: [unit_roundoff_is_half_the_gap_after_one, rounding_and_bytes_round_trip],
         inputs: [parallel_generation_is_the_sequential_stream, kept_normals_are_the_stream_in_any_order_of_draws, bhsd_round_trip_and_strides_agree],
-        layering_tests: [every_subfolder_is_read, module_layers_have_no_cycle, the_checker_sees_imports_and_cycles],
+        layering_tests: [every_subfolder_is_read, module_layers_have_no_cycle, the_checker_sees_imports_and_cycles, no_command_line_flag_in_messages],
         memory: [flash_workspace_is_lse_only, sixteen_bit_tensors_take_two_bytes_lse_four],
         problem: [unmasked_pairs_match_brute_force, gqa_window_and_softcap_are_validated, lists_read_as_prose, zero_sizes_and_head_dims_are_named, dtype_picks_the_kernel_from_the_variant_table, narrow_windows_pick_the_narrow_tiles, alignment_is_checked_for_the_tensor_core_kernels, flops_halve_for_square_causal],
         ptx: [an_entry_module_keeps_one_entry_and_everything_else, every_committed_entry_makes_a_module_of_its_own, a_module_built_from_other_tiles_is_refused_before_launch, embedded_entries_are_the_variant_table],

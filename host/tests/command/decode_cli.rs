@@ -154,7 +154,7 @@ fn decode_tensor_core_kernel_and_sinks() {
     assert_eq!(runs[1]["launches"][0]["grid"], serde_json::json!([3, 1, 4]));
     assert_eq!(runs[1]["bytes"]["sinks"], 8 * 4);
     assert_bad_input(&["--backend", "vm", "decode", "--kernel", "mma"], "takes bf16 or f16, not f32");
-    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "takes auto, simt, mma or prefill");
+    assert_bad_input(&["--backend", "vm", "decode", "--kernel", "wmma"], "auto, simt, mma or prefill");
 }
 
 /// `--indices-on-device`: the same call verified with the indices checked by `decode_check_*`

@@ -98,9 +98,7 @@ pub enum DeviceError {
     Unavailable(String),
     #[error("PTX does not load ({origin}): {message}")]
     PtxLoad { origin: String, message: String },
-    #[error(
-        "kernel `{0}` is not in the loaded PTX (`memattn kernels` lists what it has; --ptx FILE loads another module)"
-    )]
+    #[error("kernel `{0}` is not in the loaded PTX module")]
     UnknownKernel(String),
     #[error("CUDA error in {op}: {message}")]
     Cuda { op: String, message: String },

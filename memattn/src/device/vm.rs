@@ -61,7 +61,9 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
         VmError::UnknownKernel(k) => DeviceError::UnknownKernel(k),
         VmError::OutOfMemory { requested, free } => DeviceError::OutOfMemory { requested, free },
         VmError::HostMemory { requested } => DeviceError::HostMemory {
-            what: format!("a simulated device allocation ({op}; --vm-memory-mib is larger than the host can back)"),
+            what: format!(
+                "a simulated device allocation ({op}; the simulated memory size is larger than the host can back)"
+            ),
             bytes: requested,
             human: crate::units::human_bytes(requested),
         },
