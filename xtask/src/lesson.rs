@@ -576,6 +576,7 @@ fn what_de(what: &str) -> &str {
             "große Scores (exp läuft ohne das Maximum über), der letzte Block teilweise leer"
         }
         "exactly one column per lane" => "genau eine Spalte pro Lane",
+        "20 columns: lanes 20-31 have none" => "20 Spalten: die Lanes 20-31 haben keine",
         "no size a multiple of 16" => "keine Größe ein Vielfaches von 16",
         "one tile" => "eine Kachel",
         "five chunks of d, thin edge tiles" => "fünf Abschnitte von d, schmale Randkacheln",
@@ -726,6 +727,7 @@ fn launch_stats(
                 "shared memory race" => tr!("two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one", "zwei Warps haben dasselbe Shared-Memory-Wort ohne Barriere dazwischen benutzt: ein `sync_threads()` fehlt zwischen dem Schreiben einer Kachel und dem Lesen, oder zwischen dem Lesen und dem Überschreiben mit der nächsten"),
                 "uninitialized shared memory read" => tr!("a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing", "ein Lesen von Shared Memory, das noch kein Thread geschrieben hat: die Kachel wird gelesen, bevor sie geladen ist, oder ein `sync_threads()` nach dem Laden fehlt"),
                 "barrier divergence" | "deadlock" => tr!("not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier", "nicht jeder Thread des Blocks hat dasselbe `sync_threads()` erreicht: Threads hinter dem Rand der Daten dürfen vor einer Barriere nicht `return`en"),
+                "shuffle from an exited lane" => tr!("a shuffle read a lane that had already returned, and got an undefined value: every lane of the warp must stay until the last shuffle - return per warp (the row test), not per lane, and let a lane without a column take -inf into the maximum and 0 into the sum", "ein Shuffle hat eine Lane gelesen, die schon zurückgekehrt war, und einen undefinierten Wert bekommen: jede Lane des Warps muss bis zum letzten Shuffle bleiben - kehren Sie pro Warp zurück (die Zeilenprüfung), nicht pro Lane, und lassen Sie eine Lane ohne Spalte -inf ins Maximum und 0 in die Summe geben"),
                 "warp collective divergence" => tr!("a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)", "ein Shuffle lief, während Lanes des Warps fehlten: alle 32 Lanes müssen `shfl_xor` gemeinsam ausführen (pro Warp zurückkehren, nicht pro Thread)"),
                 k if k.contains("budget") => tr!("the kernel did not finish: a loop whose counter never reaches its end?", "der Kernel ist nicht fertig geworden: eine Schleife, deren Zähler ihr Ende nie erreicht?"),
                 _ => tr!("see the PTX line and the Rust line above", "siehe die PTX-Zeile und die Rust-Zeile oben"),
@@ -832,12 +834,57 @@ fn result(
     out.say(tr!(
         "  what to look at: {}",
         "  worauf Sie achten sollten: {}",
-        h.unwrap_or_else(|| tr!(
-            "compare your steps with the description at the top of the kernel file",
-            "vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
-        ))
+        h.unwrap_or_else(not_a_usual_mistake)
     ));
     Err(Verdict::Wrong)
+}
+
+// ---- the usual mistakes: what each would store ----
+
+/// In a mistake's output: an element it never writes (it keeps the harness's poison).
+const KEPT_POISON: f64 = f64::MIN;
+
+/// Whether `got` is what a kernel with a mistake stores (`want`): each element within `tol` of
+/// it relative to max(1, |want|), NaN where it is NaN, the same infinity, the poison where it
+/// writes nothing ([`KEPT_POISON`]).
+fn same_output(got: &[f32], want: &[f64], tol: f64) -> bool {
+    got.len() == want.len()
+        && got.iter().zip(want).all(|(&g, &w)| {
+            if w == KEPT_POISON {
+                g.to_bits() == OUTPUT_POISON
+            } else if g.to_bits() == OUTPUT_POISON {
+                false
+            } else if w.is_nan() {
+                g.is_nan()
+            } else if w.is_infinite() {
+                g as f64 == w
+            } else {
+                g.is_finite() && (g as f64 - w).abs() <= tol * w.abs().max(1.0)
+            }
+        })
+}
+
+/// A usual mistake: the hint that names it, and what each output of the case holds when it is
+/// made (the case's inputs through the reference with that mistake).
+struct Mistake {
+    hint: String,
+    outputs: Vec<Vec<f64>>,
+}
+
+/// The hint of the first mistake whose outputs are `got`'s, each within `tol`.
+fn mistake_made(got: &[&[f32]], mistakes: impl IntoIterator<Item = Mistake>, tol: f64) -> Option<String> {
+    mistakes
+        .into_iter()
+        .find(|m| m.outputs.len() == got.len() && got.iter().zip(&m.outputs).all(|(g, w)| same_output(g, w, tol)))
+        .map(|m| m.hint)
+}
+
+/// The output matches no usual mistake: say so instead of guessing one.
+fn not_a_usual_mistake() -> String {
+    tr!(
+        "not one of the usual mistakes (the output matches none of them; the differences are above): compare your steps with the description at the top of the kernel file",
+        "keiner der üblichen Fehler (die Ausgabe passt zu keinem; die Abweichungen stehen oben): vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
+    )
 }
 
 fn all_unwritten(d: &Diff) -> bool {
@@ -938,6 +985,7 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 (6u32, 100u32, 1.0f32, "several blocks, 100 columns (more than one per lane)"),
                 (9, 37, 40.0, "large scores (exp overflows without the max), the last block partly empty"),
                 (4, 32, 1.0, "exactly one column per lane"),
+                (5, 20, 1.0, "20 columns: lanes 20-31 have none"),
             ];
             for (case, (rows, cols, scale, what)) in cases.into_iter().enumerate() {
                 let grid = rows.div_ceil(4);
@@ -1130,8 +1178,42 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
                             / sum;
                 }
             }
-            let d_o = compare(&setup(l.read_f32("O")), &want_o, 4, 1e-5);
-            let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-5);
+            let (got_o, got_l) = (setup(l.read_f32("O")), setup(l.read_f32("LSE")));
+            let d_o = compare(&got_o, &want_o, 4, 1e-5);
+            let d_l = compare(&got_l, &want_lse, 1, 1e-5);
+            // What each usual mistake would store, and the first the outputs match.
+            let made = if d_o.ok() && d_l.ok() {
+                None
+            } else {
+                let mut usual = Vec::new();
+                let rescale = |what: &str| {
+                    tr!(
+                        "{} not rescaled: when the maximum grows, l and acc must both be multiplied by alpha = 2^(m - base) before p is added (step 2)",
+                        "{} nicht umskaliert: wenn das Maximum wächst, müssen l und acc beide mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)",
+                        what
+                    )
+                };
+                for (flaw, hint) in [
+                    (L4Flaw::NoRescale, rescale(&tr!("l and acc are", "l und acc werden"))),
+                    (L4Flaw::NoRescaleAcc, rescale(&tr!("acc is", "acc wird"))),
+                    (L4Flaw::NoRescaleL, rescale(&tr!("l is", "l wird"))),
+                ] {
+                    let (o, lse) = online_sim(&s, &v, rows, n, flaw);
+                    usual.push(Mistake { hint, outputs: vec![o, lse] });
+                }
+                for (formula, f) in L4_LSE_FORMULAS {
+                    let (o, lse) = online_sim(&s, &v, rows, n, L4Flaw::Lse(f));
+                    usual.push(Mistake {
+                        hint: tr!(
+                            "O is right; LSE is not: it is `{}` of the running m and l, but LSE is the natural log of the row's sum, ln 2 * (m + log2 l) with m in base 2 (`LN2 * (m + log2(l))`)",
+                            "O stimmt; LSE nicht: es ist `{}` aus dem laufenden m und l, aber LSE ist der natürliche Logarithmus der Zeilensumme, ln 2 * (m + log2 l) mit m zur Basis 2 (`LN2 * (m + log2(l))`)",
+                            formula
+                        ),
+                        outputs: vec![o, lse],
+                    });
+                }
+                mistake_made(&[&got_o, &got_l], usual, 1e-3)
+            };
             result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                 let masked = |rows: &[usize]| rows.iter().any(|r| *r == 3 || *r == 40);
                 Some(if all_unwritten(d) {
@@ -1144,18 +1226,72 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
                     tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nehmen Sie 0 als Basis (Schritt 1), und wenn l 0 ist, speichern Sie O = 0 und LSE = -inf")
                 } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
                     tr!("row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN", "Zeile 10 beginnt mit 20 maskierten Keys: die Basis muss 0 sein, solange nichts gesehen wurde, sonst ist 2^(-inf - -inf) NaN")
-                } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
-                    tr!(
-                        "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2",
-                        "LSE ist der natürliche Logarithmus: ln 2 * (m + log2 l), mit m zur Basis 2"
-                    )
                 } else {
-                    tr!("wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)", "falsche Zeilen: wenn das Maximum wächst, müssen l und acc mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)")
+                    return made.clone();
                 })
             })
         },
         out,
     )
+}
+
+/// A mistake in lesson 4's kernel, for [`online_sim`].
+#[derive(Clone, Copy)]
+enum L4Flaw {
+    /// l and acc not multiplied by alpha when the maximum grows.
+    NoRescale,
+    NoRescaleAcc,
+    NoRescaleL,
+    /// LSE computed from the final m (base 2) and l by this formula.
+    Lse(fn(f64, f64) -> f64),
+}
+
+/// LSE formulas a learner writes instead of `LN2 * (m + log2(l))`, as written in Rust.
+const L4_LSE_FORMULAS: [(&str, fn(f64, f64) -> f64); 6] = [
+    ("m + log2(l)", |m, l| m + l.log2()),
+    ("LN2 * m + log2(l)", |m, l| std::f64::consts::LN_2 * m + l.log2()),
+    ("m + ln(l)", |m, l| m + l.ln()),
+    ("LN2 * log2(l)", |_, l| l.ln()),
+    ("LN2 * m", |m, _| std::f64::consts::LN_2 * m),
+    ("m * LN2 + ln(l) / LN2", |m, l| std::f64::consts::LN_2 * m + l.ln() / std::f64::consts::LN_2),
+];
+
+/// Lesson 4's algorithm in f64 as the solution runs it (scores in base 2, the running maximum,
+/// base 0 while it is -inf), with `flaw` made: what a kernel with that mistake stores in O and
+/// LSE.
+fn online_sim(s: &[f32], v: &[f32], rows: usize, n: usize, flaw: L4Flaw) -> (Vec<f64>, Vec<f64>) {
+    let (mut o, mut lse) = (vec![0.0f64; rows * 4], vec![f64::NEG_INFINITY; rows]);
+    for r in 0..rows {
+        let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0f64, [0.0f64; 4]);
+        for j in 0..n {
+            let s2 = s[r * n + j] as f64 * std::f64::consts::LOG2_E;
+            let m_new = m.max(s2);
+            let base = if m_new == f64::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = (m - base).exp2();
+            let (al, aa) = match flaw {
+                L4Flaw::NoRescale => (1.0, 1.0),
+                L4Flaw::NoRescaleL => (1.0, alpha),
+                L4Flaw::NoRescaleAcc => (alpha, 1.0),
+                L4Flaw::Lse(_) => (alpha, alpha),
+            };
+            let p = (s2 - base).exp2();
+            l = l * al + p;
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = *a * aa + p * v[j * 4 + c] as f64;
+            }
+            m = m_new;
+        }
+        if l > 0.0 {
+            lse[r] = match flaw {
+                L4Flaw::Lse(f) => f(m, l),
+                _ => std::f64::consts::LN_2 * (m + l.log2()),
+            };
+            for c in 0..4 {
+                o[r * 4 + c] = acc[c] / l;
+            }
+        }
+    }
+    (o, lse)
 }
 
 // ---- lesson 5 ----
@@ -1183,6 +1319,84 @@ fn attention_ref(
         lse[i] = mx + sum.ln();
         for c in 0..D {
             o[i * D + c] = s.iter().enumerate().map(|(j, x)| (x - mx).exp() * v[j * D + c] as f64).sum::<f64>() / sum;
+        }
+    }
+    (o, lse)
+}
+
+/// A mistake in lesson 5's kernel, for [`flash_sim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum L5Flaw {
+    /// The solution.
+    None,
+    /// l and acc not multiplied by alpha when the maximum grows.
+    NoRescale,
+    /// acc only.
+    NoRescaleAcc,
+    /// l only.
+    NoRescaleL,
+    /// Keys past seq_kv in the last tile (K and V rows loaded as zeros) not masked: score 0.
+    TailUnmasked,
+    /// The scores multiplied by `scale`, not `scale * LOG2E`, before exp2.
+    NoLog2e,
+    /// The scores multiplied by LOG2E only.
+    NoScale,
+    /// The causal bound `i + seq_kv - seq_q + 1` moved by this many keys.
+    CausalShift(i64),
+}
+
+/// Lesson 5's algorithm in f64, step by step as the solution runs it (tiles of 64 keys, base
+/// 2, the running maximum), with `flaw` made: what a kernel with that mistake stores in O and LSE.
+#[allow(clippy::too_many_arguments)]
+fn flash_sim(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sq: usize,
+    skv: usize,
+    causal: bool,
+    scale: f64,
+    flaw: L5Flaw,
+) -> (Vec<f64>, Vec<f64>) {
+    const D: usize = 32;
+    let log2e = std::f64::consts::LOG2_E;
+    let scale2 = match flaw {
+        L5Flaw::NoLog2e => scale,
+        L5Flaw::NoScale => log2e,
+        _ => scale * log2e,
+    };
+    let shift = if let L5Flaw::CausalShift(d) = flaw { d } else { 0 };
+    let (mut o, mut lse) = (vec![0.0f64; sq * D], vec![f64::NEG_INFINITY; sq]);
+    for i in 0..sq {
+        let key_end = if causal { (i as i64 + skv as i64 - sq as i64 + 1 + shift).min(skv as i64) } else { skv as i64 };
+        let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0f64, [0.0f64; D]);
+        for j in 0..skv.div_ceil(L5_THREADS) * L5_THREADS {
+            let real = j < skv;
+            let mut s = if real { scale2 * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>() } else { 0.0 };
+            if j as i64 >= key_end && (real || flaw != L5Flaw::TailUnmasked) {
+                s = f64::NEG_INFINITY;
+            }
+            let m_new = m.max(s);
+            let base = if m_new == f64::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = (m - base).exp2();
+            let p = (s - base).exp2();
+            let (al, aa) = match flaw {
+                L5Flaw::NoRescale => (1.0, 1.0),
+                L5Flaw::NoRescaleL => (1.0, alpha),
+                L5Flaw::NoRescaleAcc => (alpha, 1.0),
+                _ => (alpha, alpha),
+            };
+            l = l * al + p;
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = p * if real { v[j * D + c] as f64 } else { 0.0 } + *a * aa;
+            }
+            m = m_new;
+        }
+        if l > 0.0 {
+            lse[i] = std::f64::consts::LN_2 * (m + l.log2());
+            for c in 0..D {
+                o[i * D + c] = acc[c] / l;
+            }
         }
     }
     (o, lse)
@@ -1280,6 +1494,51 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 } else {
                     Vec::new()
                 };
+                // What each usual mistake would store, and the first the outputs match.
+                let made = if d_o.ok() && d_l.ok() {
+                    None
+                } else {
+                    let got_l = setup(l.read_f32("LSE"));
+                    let sim = |flaw| flash_sim(&q, &k, &v, sq, skv, causal, scale as f64, flaw);
+                    let mistake = |flaw, hint: String| {
+                        let (o, lse) = sim(flaw);
+                        Mistake { hint, outputs: vec![o, lse] }
+                    };
+                    let rescale = |what: &str, was: &str| {
+                        tr!(
+                            "{} not rescaled: when the maximum grows, l and acc must both be multiplied by alpha = 2^(m - base) before p is added ({} is what the output is)",
+                            "{} nicht umskaliert: wenn das Maximum wächst, müssen l und acc beide mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird ({} ist das, was die Ausgabe ist)",
+                            what,
+                            was
+                        )
+                    };
+                    let mut usual = vec![
+                        mistake(L5Flaw::NoRescale, rescale(&tr!("l and acc are", "l und acc werden"), &tr!("the attention without the rescale", "die Attention ohne das Umskalieren"))),
+                        mistake(L5Flaw::NoRescaleAcc, rescale(&tr!("acc is", "acc wird"), &tr!("l rescaled, acc not", "l umskaliert, acc nicht"))),
+                        mistake(L5Flaw::NoRescaleL, rescale(&tr!("l is", "l wird"), &tr!("acc rescaled, l not", "acc umskaliert, l nicht"))),
+                        mistake(L5Flaw::TailUnmasked, tr!(
+                            "keys past seq_kv in the last tile are not masked: their K and V rows were loaded as zeros, so each scores 0 and adds to l - they must score -inf (the output is the attention with those keys in)",
+                            "Keys hinter seq_kv in der letzten Kachel werden nicht maskiert: ihre K- und V-Zeilen wurden als Nullen geladen, also bekommt jeder den Score 0 und zählt in l - sie müssen -inf bekommen (die Ausgabe ist die Attention mit diesen Keys)"
+                        )),
+                        mistake(L5Flaw::NoLog2e, tr!(
+                            "the scores are multiplied by scale but not by LOG2E: exp2 needs them in base 2, scale * LOG2E once in step 1",
+                            "die Scores werden mit scale multipliziert, aber nicht mit LOG2E: exp2 braucht sie zur Basis 2, einmal scale * LOG2E in Schritt 1"
+                        )),
+                        mistake(L5Flaw::NoScale, tr!(
+                            "the scores are not multiplied by scale: multiply Q's row by scale * LOG2E once in step 1",
+                            "die Scores werden nicht mit scale multipliziert: multiplizieren Sie die Zeile von Q einmal in Schritt 1 mit scale * LOG2E"
+                        )),
+                    ];
+                    if causal {
+                        for shift in [1i64, -1] {
+                            usual.push(mistake(L5Flaw::CausalShift(shift), tr!(
+                                "the causal bound is off by one (each row sees one key too many or too few): query i sees key j iff j <= i + seq_kv - seq_q, so keys j < i + seq_kv - seq_q + 1",
+                                "die kausale Grenze ist um eins verschoben (jede Zeile sieht einen Key zu viel oder zu wenig): Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q, also die Keys j < i + seq_kv - seq_q + 1"
+                            )));
+                        }
+                    }
+                    mistake_made(&[&got_o, &got_l], usual, 1e-3)
+                };
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                     Some(if !wrapped.is_empty() {
                         tr!(
@@ -1302,12 +1561,8 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                             "die Zeilen 0-{} sehen keinen Key: O = 0 und LSE = -inf, mit Basis 0, solange das Maximum -inf ist",
                             blind - 1
                         )
-                    } else if causal {
-                        tr!("the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)", "die kausale Maske: Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q (unten rechts ausgerichtet)")
-                    } else if d.wrong_rows.len() == d.rows {
-                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skalieren Sie die Scores einmal mit scale * LOG2E und nehmen Sie exp2; skalieren Sie l und acc mit alpha um, wenn das Maximum wächst")
                     } else {
-                        tr!("some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0", "einige Zeilen sind falsch: Keys hinter seq_kv in der letzten Kachel müssen den Score -inf bekommen, nicht 0")
+                        return made.clone();
                     })
                 })?;
             }
@@ -1888,6 +2143,128 @@ mod tests {
             "{}",
             out.text
         );
+    }
+
+    /// The usual mistakes, each applied to a solution: the hint names the mistake made (its
+    /// output is what the checker's reference with that mistake gives), not another one.
+    fn skip_without_toolchain() -> bool {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return true;
+        }
+        false
+    }
+
+    /// The references with a mistake, without it, are the f64 references.
+    #[test]
+    fn the_mistake_references_without_a_mistake_are_the_references() {
+        let mut rng = Rng(3);
+        let (sq, skv) = (70, 100);
+        let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
+        for causal in [false, true] {
+            let (o, lse) = attention_ref(&q, &k, &v, sq, skv, causal, 0.2);
+            let (so, slse) = flash_sim(&q, &k, &v, sq, skv, causal, 0.2, L5Flaw::None);
+            let f32s = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
+            assert!(same_output(&f32s(&so), &o, 1e-6) && same_output(&f32s(&slse), &lse, 1e-6), "causal {causal}");
+        }
+    }
+
+    #[test]
+    fn lesson5_a_forgotten_rescale_and_unmasked_tail_keys_are_told_apart() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "no_rescale_l5",
+            &[
+                ("l = l * alpha + p;", "l += p;"),
+                ("fma(p, unsafe { *v_s.add(r * D + c) }, *a * alpha)", "fma(p, unsafe { *v_s.add(r * D + c) }, *a)"),
+            ],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("l and acc are not rescaled"), "{}", out.text);
+        assert!(!hint.contains("seq_kv"), "{hint}");
+
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "tail_unmasked_l5",
+            &[(
+                "if ((kv0 as usize + r) as i64) >= key_end {",
+                "if ((kv0 as usize + r) as i64) >= key_end && kv0 as usize + r < seq_kv as usize {",
+            )],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("keys past seq_kv"), "{}", out.text);
+        assert!(!hint.contains("alpha"), "{hint}");
+    }
+
+    #[test]
+    fn lesson6_b0_and_b1_swapped_in_the_mma_is_named() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let (m, mut out) =
+            mutant("06-mma-qk", "mma_b_swapped_l6", &[("Bf16::mma(&mut d, &a, b[0], b[1]);", "Bf16::mma(&mut d, &a, b[1], b[0]);")]);
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("as if its operands were b1, b0"), "{}", out.text);
+        assert!(!hint.contains("store of D"), "{hint}");
+    }
+
+    #[test]
+    fn lesson4_a_wrong_lse_formula_is_named_and_not_the_rescale() {
+        if skip_without_toolchain() {
+            return;
+        }
+        for (name, formula) in [("lse_base2_l4", "m + log2(l)"), ("lse_half_l4", "LN2 * m + log2(l)")] {
+            let (m, mut out) = mutant("04-online-softmax", name, &[("LN2 * (m + log2(l))", formula)]);
+            assert_eq!(lesson4(&m, &mut out), Verdict::Wrong, "{}", out.text);
+            let hint = hint_of(&out.text);
+            assert!(hint.contains("O is right; LSE"), "{}", out.text);
+            assert!(hint.contains(formula), "{}", out.text);
+            assert!(!hint.contains("alpha"), "{hint}");
+        }
+    }
+
+    #[test]
+    fn lesson3_a_transposed_product_index_is_named() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let (m, mut out) =
+            mutant("03-tiled-qk", "transposed_k_l3", &[("ks.add((tx * T + kk) as usize)", "ks.add((kk * T + tx) as usize)")]);
+        assert_eq!(lesson3(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("`Ks[k][tx]`"), "{}", out.text);
+        assert!(!hint.contains("load zeros"), "{hint}");
+    }
+
+    #[test]
+    fn lesson2_a_wrong_row_index_is_named_and_a_per_lane_return_is_a_finding() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let row = "let row = ctaid_x() * 4 + tid_x() / 32;";
+        let (m, mut out) = mutant("02-warp-softmax", "row_index_l2", &[(row, "let row = ctaid_x() * 4 + tid_x() / 64;")]);
+        assert_eq!(lesson2(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("`ctaid_x() * 4 + tid_x() / 64`"), "{}", out.text);
+        assert!(!hint.contains("columns past 32"), "{hint}");
+
+        // Lanes without a column leave before the shuffles: at 20 columns a shuffle reads a lane
+        // that has returned.
+        let ret = "    if row >= rows {\n        return;\n    }\n";
+        let (m, mut out) = mutant(
+            "02-warp-softmax",
+            "lane_return_l2",
+            &[(ret, &format!("{ret}    if lane >= cols {{\n        return;\n    }}\n"))],
+        );
+        assert_eq!(lesson2(&m, &mut out), Verdict::Finding, "{}", out.text);
+        assert!(out.text.contains("VM finding: shuffle from an exited lane"), "{}", out.text);
+        assert!(hint_of(&out.text).contains("return per warp"), "{}", out.text);
     }
 
     /// The layout the checker restates (written apart from kernels-gpu's `frag` helpers, which
