@@ -831,11 +831,7 @@ fn result(
         Some(_) if d.iter().any(|(_, _, x)| !x.ok() && !all_unwritten(x)) => Some(early_return_hint(early.as_ref())),
         _ => d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x)),
     };
-    out.say(tr!(
-        "  what to look at: {}",
-        "  worauf Sie achten sollten: {}",
-        h.unwrap_or_else(not_a_usual_mistake)
-    ));
+    out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", h.unwrap_or_else(not_a_usual_mistake)));
     Err(Verdict::Wrong)
 }
 
@@ -978,6 +974,94 @@ fn softmax_rows(x: &[f32], cols: usize) -> Vec<f64> {
     y
 }
 
+/// The row of warp `w` of block `b`.
+type RowOf = fn(usize, usize) -> usize;
+
+/// Row indices a learner writes instead of `ctaid_x() * 4 + tid_x() / 32` (the same for all 32
+/// lanes of a warp), as written, and the row of warp `w` of block `b`.
+const L2_ROWS: [(&str, RowOf); 6] = [
+    ("tid_x() / 32", |_, w| w),
+    ("ctaid_x() + tid_x() / 32", |b, w| b + w),
+    ("ctaid_x() * ntid_x() + tid_x() / 32", |b, w| b * 128 + w),
+    ("ctaid_x() * 32 + tid_x() / 32", |b, w| b * 32 + w),
+    ("ctaid_x() * 4 + tid_x() / 64", |b, w| b * 4 + w / 2),
+    ("ctaid_x() * 4 + tid_x() / 128", |b, _| b * 4),
+];
+
+/// A mistake in lesson 2's kernel, for [`softmax_sim`].
+#[derive(Clone, Copy)]
+enum L2Flaw {
+    /// Warp `w` of block `b` takes row `f(b, w)`.
+    Rows(RowOf),
+    /// No loop over columns: lane l handles column l only.
+    NoColumnLoop,
+    /// Neither the maximum nor the sum combined over the lanes.
+    LaneMaxAndSum,
+    /// The maximum combined, the sum not.
+    LaneSum,
+    /// The sum combined, the maximum not (each lane's terms in its own base).
+    LaneMax,
+}
+
+/// What lesson 2's kernel with `flaw` stores for `x` (`rows x cols`, `grid` blocks of 4 warps).
+fn softmax_sim(x: &[f32], rows: usize, cols: usize, grid: usize, flaw: L2Flaw) -> Vec<f64> {
+    let mut y = vec![KEPT_POISON; rows * cols];
+    let lane_of = |j: usize| j % 32;
+    for row in 0..rows {
+        let xr: Vec<f64> = x[row * cols..(row + 1) * cols].iter().map(|&v| v as f64).collect();
+        let yr = &mut y[row * cols..(row + 1) * cols];
+        let lane_max = |l: usize| xr.iter().skip(l).step_by(32).cloned().fold(f64::NEG_INFINITY, f64::max);
+        let row_max = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lane_sum = |l: usize, m: f64| xr.iter().skip(l).step_by(32).map(|v| (v - m).exp()).sum::<f64>();
+        match flaw {
+            L2Flaw::Rows(_) => {}
+            L2Flaw::NoColumnLoop => {
+                let n = cols.min(32);
+                let m = xr[..n].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = xr[..n].iter().map(|v| (v - m).exp()).sum();
+                for j in 0..n {
+                    yr[j] = (xr[j] - m).exp() / sum;
+                }
+            }
+            L2Flaw::LaneMaxAndSum => {
+                for j in 0..cols {
+                    let m = lane_max(lane_of(j));
+                    yr[j] = (xr[j] - m).exp() / lane_sum(lane_of(j), m);
+                }
+            }
+            L2Flaw::LaneSum => {
+                for j in 0..cols {
+                    yr[j] = (xr[j] - row_max).exp() / lane_sum(lane_of(j), row_max);
+                }
+            }
+            L2Flaw::LaneMax => {
+                let total: f64 = (0..32.min(cols)).map(|l| lane_sum(l, lane_max(l))).sum();
+                for j in 0..cols {
+                    yr[j] = (xr[j] - lane_max(lane_of(j))).exp() / total;
+                }
+            }
+        }
+    }
+    if let L2Flaw::Rows(f) = flaw {
+        let right = softmax_rows(x, cols);
+        for b in 0..grid {
+            for w in 0..4 {
+                let row = f(b, w);
+                if row < rows {
+                    y[row * cols..(row + 1) * cols].copy_from_slice(&right[row * cols..(row + 1) * cols]);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Whether some row of `got` has its first 32 columns written and a column past them not.
+fn columns_past_32_unwritten(got: &[f32], cols: usize) -> bool {
+    let poison = |v: &f32| v.to_bits() == OUTPUT_POISON;
+    cols > 32 && got.chunks(cols).any(|r| !r[..32].iter().any(poison) && r[32..].iter().any(poison))
+}
+
 fn lesson2(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
@@ -1010,27 +1094,63 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 )?;
                 let got = setup(l.read_f32("y"));
                 let d = compare(&got, &softmax_rows(&x, cols as usize), cols as usize, 1e-5);
+                let made = if d.ok() {
+                    None
+                } else {
+                    let (r, c) = (rows as usize, cols as usize);
+                    let mut usual: Vec<Mistake> = L2_ROWS
+                        .iter()
+                        .map(|&(formula, f)| Mistake {
+                            hint: tr!(
+                                "the rows written are the ones `row = {}` reaches (each holds its own softmax, the others still hold the poison): the row is `ctaid_x() * 4 + tid_x() / 32`, one row per warp, 4 warps per block (step 1)",
+                                "geschrieben sind die Zeilen, die `row = {}` erreicht (jede enthält ihren eigenen Softmax, die anderen noch das Gift): die Zeile ist `ctaid_x() * 4 + tid_x() / 32`, eine Zeile pro Warp, 4 Warps pro Block (Schritt 1)",
+                                formula
+                            ),
+                            outputs: vec![softmax_sim(&x, r, c, grid as usize, L2Flaw::Rows(f))],
+                        })
+                        .collect();
+                    for (flaw, hint) in [
+                        (L2Flaw::NoColumnLoop, tr!(
+                            "each lane handles one column only: columns 0-31 hold the softmax of those 32 alone and the rest were never written - each lane must loop over columns `lane, lane + 32, lane + 64, ...` in every step",
+                            "jede Lane bearbeitet nur eine Spalte: die Spalten 0-31 enthalten den Softmax nur dieser 32, der Rest wurde nie geschrieben - jede Lane muss in jedem Schritt über die Spalten `lane, lane + 32, lane + 64, ...` laufen"
+                        )),
+                        (L2Flaw::LaneMaxAndSum, tr!(
+                            "each lane uses its own maximum and its own sum: combine both over the 32 lanes (shfl_xor with 16, 8, 4, 2, 1) before using them (steps 2-3)",
+                            "jede Lane nimmt ihr eigenes Maximum und ihre eigene Summe: kombinieren Sie beide über die 32 Lanes (shfl_xor mit 16, 8, 4, 2, 1), bevor Sie sie benutzen (Schritte 2-3)"
+                        )),
+                        (L2Flaw::LaneSum, tr!(
+                            "the maximum is the row's, but each lane divides by its own sum: combine the sum over the 32 lanes (shfl_xor with 16, 8, 4, 2, 1) before dividing (step 3)",
+                            "das Maximum ist das der Zeile, aber jede Lane teilt durch ihre eigene Summe: kombinieren Sie die Summe über die 32 Lanes (shfl_xor mit 16, 8, 4, 2, 1), bevor Sie teilen (Schritt 3)"
+                        )),
+                        (L2Flaw::LaneMax, tr!(
+                            "the sum is combined over the lanes, but each lane subtracted its own maximum: combine the maximum over the 32 lanes first (step 2), so that every term of the sum has the same base",
+                            "die Summe wird über die Lanes kombiniert, aber jede Lane hat ihr eigenes Maximum abgezogen: kombinieren Sie zuerst das Maximum über die 32 Lanes (Schritt 2), damit jeder Term der Summe dieselbe Basis hat"
+                        )),
+                    ] {
+                        usual.push(Mistake { hint, outputs: vec![softmax_sim(&x, r, c, grid as usize, flaw)] });
+                    }
+                    mistake_made(&[&got], usual, 1e-4)
+                };
                 result(out, &[("y", "row", &d)], |_, d| {
                     Some(if all_unwritten(d) {
                         tr!(
                             "step 4 - the kernel does not store into y yet",
                             "Schritt 4 - der Kernel speichert noch nichts in y"
                         )
+                    } else if made.is_some() {
+                        return made.clone();
                     } else if !d.nan_rows.is_empty() {
                         tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehen Sie vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorgen Sie dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
-                    } else if !d.unwritten_rows.is_empty()
-                        && d.unwritten_rows.len() < d.rows
-                        && d.unwritten_rows.iter().all(|&r| r >= 4)
-                    {
-                        tr!("only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`", "nur die Zeilen des ersten Blocks wurden geschrieben: die Zeile ist `ctaid_x() * 4 + tid_x() / 32`")
+                    } else if columns_past_32_unwritten(&got, cols as usize) {
+                        tr!("columns past 32 were never written while the first 32 were: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben, die ersten 32 schon: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
                     } else if !d.unwritten_rows.is_empty() {
-                        tr!("columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
+                        return None;
                     } else {
                         let sums: Vec<f32> = got.chunks(cols as usize).map(|r| r.iter().sum()).collect();
                         let off = sums.iter().position(|s| (s - 1.0).abs() > 1e-3);
                         match off {
                             Some(r) => tr!("row {} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", "Zeile {} summiert sich zu {} statt zu 1: die Summe muss jede Spalte enthalten und vor dem Teilen über alle 32 Lanes kombiniert werden", r, sums[r]),
-                            None => tr!("the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?", "die Zeilen summieren sich zu 1, aber die Werte sind falsch: wird überall dasselbe Maximum abgezogen, und ist exp(x) = exp2(x * LOG2E)?"),
+                            None => return None,
                         }
                     })
                 })?;
@@ -1093,7 +1213,32 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                             scale as f64 * (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64).sum::<f64>();
                     }
                 }
-                let diff = compare(&setup(l.read_f32("S")), &want, mk, 1e-5);
+                let got = setup(l.read_f32("S"));
+                let diff = compare(&got, &want, mk, 1e-5);
+                let made = if diff.ok() {
+                    None
+                } else {
+                    let usual = [
+                        (L3Flaw::KTransposed, tr!(
+                            "the product reads K's tile transposed, `Ks[k][tx]`: row ty of the tile holds K's row ctaid_x() * 16 + ty, so thread (ty, tx) needs `Qs[ty][k] * Ks[tx][k]` (step 3)",
+                            "das Produkt liest die Kachel von K transponiert, `Ks[k][tx]`: Zeile ty der Kachel enthält die Zeile ctaid_x() * 16 + ty von K, also braucht Thread (ty, tx) `Qs[ty][k] * Ks[tx][k]` (Schritt 3)"
+                        )),
+                        (L3Flaw::QTransposed, tr!(
+                            "the product reads Q's tile transposed, `Qs[k][ty]`: row ty of the tile holds Q's row i, so thread (ty, tx) needs `Qs[ty][k] * Ks[tx][k]` (step 3)",
+                            "das Produkt liest die Kachel von Q transponiert, `Qs[k][ty]`: Zeile ty der Kachel enthält die Zeile i von Q, also braucht Thread (ty, tx) `Qs[ty][k] * Ks[tx][k]` (Schritt 3)"
+                        )),
+                        (L3Flaw::OneChunk, tr!(
+                            "only the first 16 dimensions are summed: loop over every chunk c0 = 0, 16, 32, ... below d, loading and multiplying each",
+                            "nur die ersten 16 Dimensionen werden summiert: laufen Sie über jeden Abschnitt c0 = 0, 16, 32, ... unter d, und laden und multiplizieren Sie jeden"
+                        )),
+                        (L3Flaw::NoScale, tr!(
+                            "S is the product without `scale`: store `scale * acc`",
+                            "S ist das Produkt ohne `scale`: speichern Sie `scale * acc`"
+                        )),
+                    ]
+                    .map(|(flaw, hint)| Mistake { hint, outputs: vec![qk_sim(&q, &k, n, mk, d, scale as f64, flaw)] });
+                    mistake_made(&[&got], usual, 1e-4)
+                };
                 result(out, &[("S", "row", &diff)], |_, x| {
                     Some(if all_unwritten(x) {
                         tr!(
@@ -1102,13 +1247,8 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                         )
                     } else if !x.unwritten_rows.is_empty() {
                         tr!("some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`", "einige Zeilen oder Spalten von S wurden nie geschrieben: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), und das Speichern braucht nur `i < n && j < m`")
-                    } else if x
-                        .first
-                        .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
-                    {
-                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfen Sie das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
                     } else {
-                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: laden Sie Nullen hinter n, m und d (Schritt 1) und summieren Sie über jeden Abschnitt von 16 Dimensionen")
+                        return made.clone();
                     })
                 })?;
             }
@@ -1116,6 +1256,47 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
         },
         out,
     )
+}
+
+/// A mistake in lesson 3's kernel, for [`qk_sim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum L3Flaw {
+    /// `Qs[ty][k] * Ks[k][tx]`.
+    KTransposed,
+    /// `Qs[k][ty] * Ks[tx][k]`.
+    QTransposed,
+    /// The first chunk of 16 dimensions only.
+    OneChunk,
+    /// `acc` stored without `scale`.
+    NoScale,
+}
+
+/// Lesson 3's tiles in f64 as the solution fills and multiplies them (16 x 16 tiles, zeros past
+/// the edges), with `flaw` made: what a kernel with that mistake stores in S.
+fn qk_sim(q: &[f32], k: &[f32], n: usize, m: usize, d: usize, scale: f64, flaw: L3Flaw) -> Vec<f64> {
+    const T: usize = 16;
+    let at = |x: &[f32], rows: usize, r: usize, c: usize| if r < rows && c < d { x[r * d + c] as f64 } else { 0.0 };
+    let mut s = vec![0.0f64; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            let (by, bx, ty, tx) = (i / T, j / T, i % T, j % T);
+            let chunks = if flaw == L3Flaw::OneChunk { 1 } else { d.div_ceil(T) };
+            let mut acc = 0.0;
+            for c0 in (0..chunks).map(|c| c * T) {
+                let qs = |r: usize, c: usize| at(q, n, by * T + r, c0 + c);
+                let ks = |r: usize, c: usize| at(k, m, bx * T + r, c0 + c);
+                for kk in 0..T {
+                    acc += match flaw {
+                        L3Flaw::KTransposed => qs(ty, kk) * ks(kk, tx),
+                        L3Flaw::QTransposed => qs(kk, ty) * ks(tx, kk),
+                        _ => qs(ty, kk) * ks(tx, kk),
+                    };
+                }
+            }
+            s[i * m + j] = if flaw == L3Flaw::NoScale { acc } else { scale * acc };
+        }
+    }
+    s
 }
 
 // ---- lesson 4 ----
@@ -1243,11 +1424,14 @@ enum L4Flaw {
     NoRescaleAcc,
     NoRescaleL,
     /// LSE computed from the final m (base 2) and l by this formula.
-    Lse(fn(f64, f64) -> f64),
+    Lse(LseOf),
 }
 
+/// An LSE from the final m (base 2) and l.
+type LseOf = fn(f64, f64) -> f64;
+
 /// LSE formulas a learner writes instead of `LN2 * (m + log2(l))`, as written in Rust.
-const L4_LSE_FORMULAS: [(&str, fn(f64, f64) -> f64); 6] = [
+const L4_LSE_FORMULAS: [(&str, LseOf); 6] = [
     ("m + log2(l)", |m, l| m + l.log2()),
     ("LN2 * m + log2(l)", |m, l| std::f64::consts::LN_2 * m + l.log2()),
     ("m + ln(l)", |m, l| m + l.ln()),
@@ -1327,7 +1511,8 @@ fn attention_ref(
 /// A mistake in lesson 5's kernel, for [`flash_sim`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum L5Flaw {
-    /// The solution.
+    /// The solution (the tests compare it with [`attention_ref`]).
+    #[cfg(test)]
     None,
     /// l and acc not multiplied by alpha when the maximum grows.
     NoRescale,
@@ -1372,7 +1557,11 @@ fn flash_sim(
         let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0f64, [0.0f64; D]);
         for j in 0..skv.div_ceil(L5_THREADS) * L5_THREADS {
             let real = j < skv;
-            let mut s = if real { scale2 * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>() } else { 0.0 };
+            let mut s = if real {
+                scale2 * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>()
+            } else {
+                0.0
+            };
             if j as i64 >= key_end && (real || flaw != L5Flaw::TailUnmasked) {
                 s = f64::NEG_INFINITY;
             }
@@ -1627,6 +1816,58 @@ fn l6_name(a: bool, got: u32) -> Option<String> {
     None
 }
 
+/// S as the mma computes it when its operands are passed in another order: register `r` of A
+/// given `a[pa[r]]`, register `r` of B `b[pb[r]]` (every lane the same), from the right
+/// fragments.
+fn l6_mma_sim(pa: [usize; 4], pb: [usize; 2]) -> Vec<f64> {
+    // Element (i, c) of A is in register (i / 8) + 2 * (c / 8) of its lane; with register p in
+    // its place it is Q's element at the same position of p's 8 x 8 block.
+    let a = |i: usize, c: usize| {
+        let p = pa[i / 8 + 2 * (c / 8)];
+        l6_q(i % 8 + 8 * (p % 2), c % 8 + 8 * (p / 2)) as f64
+    };
+    let b = |j: usize, c: usize| l6_k(j, c % 8 + 8 * pb[c / 8]) as f64;
+    (0..128).map(|x| (0..16).map(|c| a(x / 8, c) * b(x % 8, c)).sum()).collect()
+}
+
+/// With the fragments right: the operand order of the mma whose S is `got`, in words, when it is
+/// not a0, a1, a2, a3 and b0, b1.
+fn l6_operand_order(got: &[f32]) -> Option<String> {
+    let mut orders = Vec::new();
+    for x in 0..24usize {
+        // The permutations of 0..4, by their Lehmer code.
+        let mut rest = vec![0, 1, 2, 3];
+        let pa: [usize; 4] = std::array::from_fn(|i| rest.remove(x / [6, 2, 1, 1][i] % (4 - i)));
+        for pb in [[0, 1], [1, 0]] {
+            if pa != [0, 1, 2, 3] || pb != [0, 1] {
+                orders.push((pa, pb));
+            }
+        }
+    }
+    orders.into_iter().find(|&(pa, pb)| same_output(got, &l6_mma_sim(pa, pb), 1e-5)).map(|(pa, pb)| {
+        let mut names = Vec::new();
+        if pa != [0, 1, 2, 3] {
+            names.push(pa.map(|p| format!("a{p}")).join(", "));
+        }
+        if pb != [0, 1] {
+            names.push(pb.map(|p| format!("b{p}")).join(", "));
+        }
+        tr!(
+            "the fragments are right, but S is what the mma computes as if its operands were {} in that order: pass a[0], a[1], a[2], a[3] and b[0], b[1] as loaded (step 4)",
+            "die Fragmente stimmen, aber S ist das, was die mma berechnet, als wären ihre Operanden {} in dieser Reihenfolge: übergeben Sie a[0], a[1], a[2], a[3] und b[0], b[1] so, wie sie geladen wurden (Schritt 4)",
+            names.join(tr!(" and ", " und ").as_str())
+        )
+    })
+}
+
+/// Whether every written value of S is one of the right S's values (all distinct), some in the
+/// wrong place: the mma computed right and the store of D misplaced them.
+fn l6_misplaced(got: &[f32], want: &[f64]) -> bool {
+    let written: Vec<f32> = got.iter().copied().filter(|g| g.to_bits() != OUTPUT_POISON).collect();
+    !written.is_empty()
+        && written.iter().all(|&g| want.iter().any(|&w| (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0)))
+}
+
 fn lesson6(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
@@ -1720,7 +1961,8 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
                     want_s[i * 8 + j] = (0..16).map(|c| l6_q(i, c) as f64 * l6_k(j, c) as f64).sum();
                 }
             }
-            let d = compare(&setup(l.read_f32("S")), &want_s, 8, 1e-5);
+            let got_s = setup(l.read_f32("S"));
+            let d = compare(&got_s, &want_s, 8, 1e-5);
             if d.ok() && frags_ok {
                 out.say("  ok");
                 return Ok(());
@@ -1740,11 +1982,15 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
                     "store every lane's A and B registers: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (step 5)",
                     "speichern Sie die A- und B-Register jeder Lane: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (Schritt 5)"
                 )
-            } else {
+            } else if let Some(h) = l6_operand_order(&got_s) {
+                h
+            } else if l6_misplaced(&got_s, &want_s) {
                 tr!(
-                    "the fragments are right, so the mma is fed right: the store of D is wrong - d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
-                    "die Fragmente stimmen, die mma bekommt also die richtigen Operanden: das Speichern von D ist falsch - d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
+                    "the fragments are right and every value of S was computed, but stored in the wrong place: d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
+                    "die Fragmente stimmen und jeder Wert von S wurde berechnet, aber an der falschen Stelle gespeichert: d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
                 )
+            } else {
+                not_a_usual_mistake()
             };
             out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
             Err(Verdict::Wrong)
@@ -2167,6 +2413,13 @@ mod tests {
             let f32s = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
             assert!(same_output(&f32s(&so), &o, 1e-6) && same_output(&f32s(&slse), &lse, 1e-6), "causal {causal}");
         }
+        let s6: Vec<f32> = l6_mma_sim([0, 1, 2, 3], [0, 1]).iter().map(|&x| x as f32).collect();
+        let want: Vec<f64> =
+            (0..128).map(|x| (0..16).map(|c| l6_q(x / 8, c) as f64 * l6_k(x % 8, c) as f64).sum()).collect();
+        assert!(same_output(&s6, &want, 1e-6));
+        let x = rng.vec(6 * 40, 1.0);
+        let right: Vec<f32> = softmax_rows(&x, 40).iter().map(|&y| y as f32).collect();
+        assert!(same_output(&right, &softmax_sim(&x, 6, 40, 2, L2Flaw::Rows(|b, w| b * 4 + w)), 1e-6));
     }
 
     #[test]
@@ -2206,8 +2459,11 @@ mod tests {
         if skip_without_toolchain() {
             return;
         }
-        let (m, mut out) =
-            mutant("06-mma-qk", "mma_b_swapped_l6", &[("Bf16::mma(&mut d, &a, b[0], b[1]);", "Bf16::mma(&mut d, &a, b[1], b[0]);")]);
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "mma_b_swapped_l6",
+            &[("Bf16::mma(&mut d, &a, b[0], b[1]);", "Bf16::mma(&mut d, &a, b[1], b[0]);")],
+        );
         assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
         let hint = hint_of(&out.text);
         assert!(hint.contains("as if its operands were b1, b0"), "{}", out.text);
@@ -2234,12 +2490,16 @@ mod tests {
         if skip_without_toolchain() {
             return;
         }
-        let (m, mut out) =
-            mutant("03-tiled-qk", "transposed_k_l3", &[("ks.add((tx * T + kk) as usize)", "ks.add((kk * T + tx) as usize)")]);
-        assert_eq!(lesson3(&m, &mut out), Verdict::Wrong, "{}", out.text);
-        let hint = hint_of(&out.text);
-        assert!(hint.contains("`Ks[k][tx]`"), "{}", out.text);
-        assert!(!hint.contains("load zeros"), "{hint}");
+        for (name, from, to, named) in [
+            ("transposed_q_l3", "qs.add((ty * T + kk) as usize)", "qs.add((kk * T + ty) as usize)", "`Qs[k][ty]`"),
+            ("transposed_k_l3", "ks.add((tx * T + kk) as usize)", "ks.add((kk * T + tx) as usize)", "`Ks[k][tx]`"),
+        ] {
+            let (m, mut out) = mutant("03-tiled-qk", name, &[(from, to)]);
+            assert_eq!(lesson3(&m, &mut out), Verdict::Wrong, "{}", out.text);
+            let hint = hint_of(&out.text);
+            assert!(hint.contains(named), "{}", out.text);
+            assert!(!hint.contains("load zeros"), "{hint}");
+        }
     }
 
     #[test]
@@ -2248,10 +2508,11 @@ mod tests {
             return;
         }
         let row = "let row = ctaid_x() * 4 + tid_x() / 32;";
-        let (m, mut out) = mutant("02-warp-softmax", "row_index_l2", &[(row, "let row = ctaid_x() * 4 + tid_x() / 64;")]);
+        let (m, mut out) =
+            mutant("02-warp-softmax", "row_index_l2", &[(row, "let row = ctaid_x() * 4 + tid_x() / 64;")]);
         assert_eq!(lesson2(&m, &mut out), Verdict::Wrong, "{}", out.text);
         let hint = hint_of(&out.text);
-        assert!(hint.contains("`ctaid_x() * 4 + tid_x() / 64`"), "{}", out.text);
+        assert!(hint.contains("`row = ctaid_x() * 4 + tid_x() / 64`"), "{}", out.text);
         assert!(!hint.contains("columns past 32"), "{hint}");
 
         // Lanes without a column leave before the shuffles: at 20 columns a shuffle reads a lane

@@ -199,7 +199,13 @@ fn launch_reports_the_bank_conflicts_of_a_transpose() {
             "1024",
         ]);
         let o = memattn(&a);
-        assert_eq!(o.status.code(), Some(0), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         o
     };
     for stride in [32, 33] {
@@ -212,9 +218,15 @@ fn launch_reports_the_bank_conflicts_of_a_transpose() {
         let (st, ld) = (&lines[0], &lines[1]);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(st["at"].as_str().unwrap().starts_with("PTX line "), "{st}");
-        assert_eq!((st["executions"].as_u64(), st["wavefronts"].as_u64(), st["ideal"].as_u64()), (Some(32), Some(32), Some(32)));
+        assert_eq!(
+            (st["executions"].as_u64(), st["wavefronts"].as_u64(), st["ideal"].as_u64()),
+            (Some(32), Some(32), Some(32))
+        );
         let want = if stride == 32 { 32 * 32 } else { 32 };
-        assert_eq!((ld["executions"].as_u64(), ld["wavefronts"].as_u64(), ld["ideal"].as_u64()), (Some(32), Some(want), Some(32)));
+        assert_eq!(
+            (ld["executions"].as_u64(), ld["wavefronts"].as_u64(), ld["ideal"].as_u64()),
+            (Some(32), Some(want), Some(32))
+        );
     }
     let text = String::from_utf8_lossy(&run(32, false).stdout).to_string();
     assert!(text.contains("banks: 1056 shared-memory wavefronts for a minimum of 64 (16.50x)"), "{text}");
