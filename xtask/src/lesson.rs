@@ -145,6 +145,8 @@ struct Out {
     /// The kernel's source file (relative to the repository), read for hints the VM's findings
     /// and the outputs alone cannot give (a `return` before a barrier).
     src: Option<PathBuf>,
+    /// The kernel's PTX, for the checks the VM does not make ([`unordered_shared_read`]).
+    ptx: Option<String>,
 }
 
 impl Out {
@@ -369,7 +371,9 @@ fn build(n: usize, which: File, out: &mut Out) -> Result<Module, String> {
     let t0 = Instant::now();
     let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
     out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
-    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+    let m = Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))?;
+    out.ptx = Some(ptx);
+    Ok(m)
 }
 
 /// The lessons' recipe: one kernel crate (`select`: cargo's `-p`/`--manifest-path` and features)
@@ -1871,6 +1875,7 @@ fn l6_misplaced(got: &[f32], want: &[f64]) -> bool {
 fn lesson6(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
+            no_unordered_shared_read(m, out)?;
             out.say(tr!(
                 "case 1: Q 16 x 16, K 8 x 16 (bf16, every value distinct), 1 block of 32 threads: S = Q Kᵀ, 16 x 8",
                 "Fall 1: Q 16 x 16, K 8 x 16 (bf16, jeder Wert verschieden), 1 Block mit 32 Threads: S = Q Kᵀ, 16 x 8"
@@ -1999,6 +2004,53 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
     )
 }
 
+/// The PTX lines of the first shared-memory read by `ldmatrix` or `ld.shared` that follows a
+/// shared-memory write (`st.shared`, `cp.async`) in `ptx` with no barrier (`bar.sync`,
+/// `barrier.sync`, `bar.warp.sync`) between them, in the order of the text.
+///
+/// Lessons 6 and 7 run one warp, and the VM's race check sees races between warps only. Within
+/// a warp the PTX memory model still orders one lane's store to shared memory before another
+/// lane's load only through a barrier (`bar.sync`, or `bar.warp.sync`, `__syncwarp`): the lanes
+/// of a warp need not run in step. Every shared read of these kernels is an `ldmatrix`, whose
+/// lanes read rows other lanes stored, so a write followed by a read with no barrier between
+/// them in the (straight-line) PTX is that race.
+fn unordered_shared_read(ptx: &str) -> Option<(usize, usize)> {
+    let mut write = None;
+    for (i, line) in ptx.lines().enumerate() {
+        let t = line.trim_start();
+        if ["bar.sync", "barrier.sync", "bar.warp.sync", "barrier.cta.sync", "bar.cta.sync"]
+            .iter()
+            .any(|b| t.starts_with(b))
+        {
+            write = None;
+        } else if t.starts_with("st.shared") || t.starts_with("cp.async.ca.") || t.starts_with("cp.async.cg.") {
+            write.get_or_insert(i + 1);
+        } else if t.starts_with("ldmatrix") || t.starts_with("ld.shared") {
+            if let Some(w) = write {
+                return Some((w, i + 1));
+            }
+        }
+    }
+    None
+}
+
+/// [`unordered_shared_read`] in the kernel's PTX, reported as a finding with both Rust lines.
+fn no_unordered_shared_read(m: &Module, out: &mut Out) -> Result<(), Verdict> {
+    let Some((w, r)) = out.ptx.as_deref().and_then(unordered_shared_read) else { return Ok(()) };
+    let at = |line: usize| m.source_of(line).map(|s| s.to_string()).unwrap_or_else(|| format!("PTX line {line}"));
+    out.say(tr!(
+        "  check: a shared-memory read with no barrier after the write - another lane's store is not ordered before it",
+        "  Prüfung: ein Lesen von Shared Memory ohne Barriere nach dem Schreiben - der Speicherbefehl einer anderen Lane ist nicht davor geordnet"
+    ));
+    out.say(tr!("    write    {} (PTX line {})", "    Schreiben {} (PTX-Zeile {})", at(w), w));
+    out.say(tr!("    read     {} (PTX line {})", "    Lesen     {} (PTX-Zeile {})", at(r), r));
+    out.say(tr!(
+        "  what to look at: a `sync_threads()` is missing between filling the shared tile and the first ldmatrix: each lane of ldmatrix reads rows other lanes stored, and even within one warp a store by one lane is guaranteed visible to another only after a barrier (the lanes of a warp need not run in step)",
+        "  worauf Sie achten sollten: zwischen dem Füllen der Shared-Kachel und dem ersten ldmatrix fehlt ein `sync_threads()`: jede Lane von ldmatrix liest Zeilen, die andere Lanes gespeichert haben, und auch innerhalb eines Warps ist der Speicherbefehl einer Lane für eine andere erst nach einer Barriere sicher sichtbar (die Lanes eines Warps laufen nicht unbedingt im Gleichschritt)"
+    ));
+    Err(Verdict::Finding)
+}
+
 // ---- lesson 7 ----
 
 /// Lesson 7's tile: 64 rows of 64 bf16 (8 chunks of 16 bytes per row). The kernel only moves
@@ -2016,6 +2068,7 @@ fn l7_slot(rg: usize, half: usize, lane: usize, m: usize) -> (usize, usize) {
 fn lesson7(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
+            no_unordered_shared_read(m, out)?;
             out.say(tr!(
                 "case 1: K 64 x 64 (bf16, every element its own bit pattern), 1 block of 32 threads: 16 ldmatrix_x4 from the shared tile",
                 "Fall 1: K 64 x 64 (bf16, jedes Element mit eigenem Bitmuster), 1 Block mit 32 Threads: 16 ldmatrix_x4 aus der Shared-Kachel"
@@ -2214,7 +2267,12 @@ mod tests {
         let ptx_path = root.join("target/lessons").join(format!("mutant-{name}.ptx"));
         let m = crate_dir.join("Cargo.toml").display().to_string();
         let ptx = compile(&["--manifest-path", &m], &ptx_path).unwrap_or_else(|e| panic!("mutant {name}: {e}"));
-        let out = Out { quiet: true, src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()), ..Out::default() };
+        let out = Out {
+            quiet: true,
+            src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()),
+            ptx: Some(ptx.clone()),
+            ..Out::default()
+        };
         (Module::load(&ptx).unwrap(), out)
     }
 
@@ -2526,6 +2584,31 @@ mod tests {
         assert_eq!(lesson2(&m, &mut out), Verdict::Finding, "{}", out.text);
         assert!(out.text.contains("VM finding: shuffle from an exited lane"), "{}", out.text);
         assert!(hint_of(&out.text).contains("return per warp"), "{}", out.text);
+    }
+
+    /// Lessons 6 and 7 (one warp) without their barrier: the read by ldmatrix of what other
+    /// lanes stored is not ordered after the store, a finding naming both lines.
+    #[test]
+    fn lessons_6_and_7_without_their_barrier_are_a_finding() {
+        if skip_without_toolchain() {
+            return;
+        }
+        for (dir, name, check) in [
+            ("06-mma-qk", "no_barrier_l6", lesson6 as fn(&Module, &mut Out) -> Verdict),
+            ("07-swizzle", "no_barrier_l7", lesson7),
+        ] {
+            let (m, mut out) = mutant(dir, name, &[("    sync_threads();\n", "")]);
+            assert_eq!(check(&m, &mut out), Verdict::Finding, "{}", out.text);
+            assert!(out.text.contains("a shared-memory read with no barrier after the write"), "{}", out.text);
+            let write = out.text.lines().find(|l| l.trim_start().starts_with("write")).unwrap_or("");
+            assert!(write.contains(&format!("target/lesson-mutants/{name}/kernel.rs:")), "{}", out.text);
+            assert!(hint_of(&out.text).contains("`sync_threads()` is missing"), "{}", out.text);
+        }
+        assert_eq!(unordered_shared_read("st.shared.b32 [a], 1;\nbar.warp.sync -1;\nldmatrix.x;\n"), None);
+        assert_eq!(
+            unordered_shared_read("cp.async.cg.shared.global [a], [b], 16;\ncp.async.wait_all;\nldmatrix.x;\n"),
+            Some((1, 3))
+        );
     }
 
     /// The layout the checker restates (written apart from kernels-gpu's `frag` helpers, which

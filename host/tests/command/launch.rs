@@ -142,12 +142,13 @@ fn max_seconds_outside_its_range_is_a_usage_error() {
 }
 
 /// A 32 x 32 f32 transpose through a shared tile, one thread per element (block 32 x 32, one
-/// warp per row `ty`): stored at `tile[ty * STRIDE + tx]`, read back at `tile[tx * STRIDE + ty]`.
+/// warp per row `ty`): `x[ty][tx]` stored at `tile[ty * STRIDE + tx]`, `y[ty][tx]` read from
+/// `tile[tx * STRIDE + ty]`.
 fn transpose_ptx(stride: u32) -> String {
     format!(
         ".version 7.0\n.target sm_80\n.address_size 64\n.shared .align 4 .b8 tile[{bytes}];\n\
          .visible .entry transpose32(\n\t.param .u64 in,\n\t.param .u64 out\n)\n{{\n\
-         \t.reg .b32 %r<8>;\n\t.reg .b64 %rd<12>;\n\t.reg .f32 %f<2>;\n\
+         \t.reg .b32 %r<6>;\n\t.reg .b64 %rd<12>;\n\t.reg .f32 %f<2>;\n\
          \tld.param.u64 %rd1, [in];\n\tld.param.u64 %rd2, [out];\n\
          \tcvta.to.global.u64 %rd1, %rd1;\n\tcvta.to.global.u64 %rd2, %rd2;\n\
          \tmov.u32 %r1, %tid.x;\n\tmov.u32 %r2, %tid.y;\n\
@@ -158,8 +159,7 @@ fn transpose_ptx(stride: u32) -> String {
          \tbar.sync 0;\n\
          \tmul.lo.s32 %r5, %r1, {stride};\n\tadd.s32 %r5, %r5, %r2;\n\tmul.wide.u32 %rd8, %r5, 4;\n\
          \tadd.s64 %rd9, %rd6, %rd8;\n\tld.shared.f32 %f1, [%rd9];\n\
-         \tshl.b32 %r6, %r1, 5;\n\tadd.s32 %r6, %r6, %r2;\n\tmul.wide.u32 %rd10, %r6, 4;\n\
-         \tadd.s64 %rd11, %rd2, %rd10;\n\tst.global.f32 [%rd11], %f1;\n\tret;\n}}\n",
+         \tadd.s64 %rd11, %rd2, %rd3;\n\tst.global.f32 [%rd11], %f1;\n\tret;\n}}\n",
         bytes = 32 * stride * 4
     )
 }
