@@ -1162,6 +1162,24 @@ impl Launch<'_> {
                             ));
                             return Err(Box::new(f));
                         }
+                        // A lane that has exited holds no value to give: a shuffle that reads one
+                        // gets an undefined value (a per-lane `return` before a warp reduction).
+                        if let Op::Shfl { mode, b, c, .. } = inst.op {
+                            if exec != FULL {
+                                let from_exited = (0..32).find_map(|l| {
+                                    let j = shfl_source(mode, l, r[b as usize][l], r[c as usize][l])?;
+                                    (exec >> l & 1 == 1 && wp.state[j] == EXIT).then_some((l, j))
+                                });
+                                if let Some((l, j)) = from_exited {
+                                    let mut f =
+                                        self.finding(block, wi, l as u32, pc as usize, "shuffle from an exited lane");
+                                    f.nearest_allocation = Some(format!(
+                                        "lane {l} reads lane {j}, which has exited: the value it gets is undefined"
+                                    ));
+                                    return Err(Box::new(f));
+                                }
+                            }
+                        }
                         collective(&inst.op, r, exec, &prog.shfl_perms);
                     }
                     pc += 1;
@@ -1494,6 +1512,28 @@ unsafe fn shfl_permute_avx512(a: *const u64, d: *mut u64, src: &[u8; 32]) {
             _mm512_storeu_si512(d.add(8 * q).cast(), *v);
         }
     }
+}
+
+/// The lane that lane `l` of a `shfl.sync` (`mode` 0 up, 1 down, 2 bfly, 3 idx; lane operand
+/// `b`, clamp/segment word `c`) reads, or None when the source is out of its segment (the lane
+/// keeps its own value).
+fn shfl_source(mode: u8, l: usize, b: u64, c: u64) -> Option<usize> {
+    let lane = l as i64;
+    let bval = (b & 0x1f) as i64;
+    let cval = (c & 0x1f) as i64;
+    let segmask = ((c >> 8) & 0x1f) as i64;
+    let max_lane = (lane & segmask) | (cval & !segmask);
+    let min_lane = lane & segmask;
+    let (j, ok) = match mode {
+        0 => (lane - bval, lane - bval >= max_lane),
+        1 => (lane + bval, lane + bval <= max_lane),
+        2 => (lane ^ bval, (lane ^ bval) <= max_lane),
+        _ => {
+            let j = min_lane | (bval & !segmask);
+            (j, j <= max_lane)
+        }
+    };
+    (ok && (0..32).contains(&j)).then_some(j as usize)
 }
 
 fn collective(op: &Op, r: &mut [[u64; 32]], exec: u32, perms: &[[u8; 32]]) {

@@ -145,6 +145,8 @@ struct Out {
     /// The kernel's source file (relative to the repository), read for hints the VM's findings
     /// and the outputs alone cannot give (a `return` before a barrier).
     src: Option<PathBuf>,
+    /// The kernel's PTX, for the checks the VM does not make ([`unordered_shared_read`]).
+    ptx: Option<String>,
 }
 
 impl Out {
@@ -369,7 +371,9 @@ fn build(n: usize, which: File, out: &mut Out) -> Result<Module, String> {
     let t0 = Instant::now();
     let ptx = compile(&["-p", "memattn-lessons", "--features", &features], &ptx_path)?;
     out.say(tr!("built {} in {:.1} s", "{} gebaut in {:.1} s", paths::rel(&ptx_path), t0.elapsed().as_secs_f64()));
-    Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))
+    let m = Module::load(&ptx).map_err(|e| format!("the VM cannot load {}: {e}", paths::rel(&ptx_path)))?;
+    out.ptx = Some(ptx);
+    Ok(m)
 }
 
 /// The lessons' recipe: one kernel crate (`select`: cargo's `-p`/`--manifest-path` and features)
@@ -576,6 +580,7 @@ fn what_de(what: &str) -> &str {
             "große Scores (exp läuft ohne das Maximum über), der letzte Block teilweise leer"
         }
         "exactly one column per lane" => "genau eine Spalte pro Lane",
+        "20 columns: lanes 20-31 have none" => "20 Spalten: die Lanes 20-31 haben keine",
         "no size a multiple of 16" => "keine Größe ein Vielfaches von 16",
         "one tile" => "eine Kachel",
         "five chunks of d, thin edge tiles" => "fünf Abschnitte von d, schmale Randkacheln",
@@ -726,6 +731,7 @@ fn launch_stats(
                 "shared memory race" => tr!("two warps used the same shared word with no barrier between them: a `sync_threads()` is missing between writing a tile and reading it, or between reading it and overwriting it with the next one", "zwei Warps haben dasselbe Shared-Memory-Wort ohne Barriere dazwischen benutzt: ein `sync_threads()` fehlt zwischen dem Schreiben einer Kachel und dem Lesen, oder zwischen dem Lesen und dem Überschreiben mit der nächsten"),
                 "uninitialized shared memory read" => tr!("a read of shared memory no thread has written yet: the tile is read before it is loaded, or a `sync_threads()` after the load is missing", "ein Lesen von Shared Memory, das noch kein Thread geschrieben hat: die Kachel wird gelesen, bevor sie geladen ist, oder ein `sync_threads()` nach dem Laden fehlt"),
                 "barrier divergence" | "deadlock" => tr!("not every thread of the block reached the same `sync_threads()`: threads past the edge of the data must not `return` before a barrier", "nicht jeder Thread des Blocks hat dasselbe `sync_threads()` erreicht: Threads hinter dem Rand der Daten dürfen vor einer Barriere nicht `return`en"),
+                "shuffle from an exited lane" => tr!("a shuffle read a lane that had already returned, and got an undefined value: every lane of the warp must stay until the last shuffle - return per warp (the row test), not per lane, and let a lane without a column take -inf into the maximum and 0 into the sum", "ein Shuffle hat eine Lane gelesen, die schon zurückgekehrt war, und einen undefinierten Wert bekommen: jede Lane des Warps muss bis zum letzten Shuffle bleiben - kehren Sie pro Warp zurück (die Zeilenprüfung), nicht pro Lane, und lassen Sie eine Lane ohne Spalte -inf ins Maximum und 0 in die Summe geben"),
                 "warp collective divergence" => tr!("a shuffle ran with lanes of the warp missing: all 32 lanes must execute `shfl_xor` together (return per warp, not per thread)", "ein Shuffle lief, während Lanes des Warps fehlten: alle 32 Lanes müssen `shfl_xor` gemeinsam ausführen (pro Warp zurückkehren, nicht pro Thread)"),
                 k if k.contains("budget") => tr!("the kernel did not finish: a loop whose counter never reaches its end?", "der Kernel ist nicht fertig geworden: eine Schleife, deren Zähler ihr Ende nie erreicht?"),
                 _ => tr!("see the PTX line and the Rust line above", "siehe die PTX-Zeile und die Rust-Zeile oben"),
@@ -829,15 +835,56 @@ fn result(
         Some(_) if d.iter().any(|(_, _, x)| !x.ok() && !all_unwritten(x)) => Some(early_return_hint(early.as_ref())),
         _ => d.iter().filter(|(_, _, x)| !x.ok()).find_map(|(name, _, x)| hint(name, x)),
     };
-    out.say(tr!(
-        "  what to look at: {}",
-        "  worauf Sie achten sollten: {}",
-        h.unwrap_or_else(|| tr!(
-            "compare your steps with the description at the top of the kernel file",
-            "vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
-        ))
-    ));
+    out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", h.unwrap_or_else(not_a_usual_mistake)));
     Err(Verdict::Wrong)
+}
+
+// ---- the usual mistakes: what each would store ----
+
+/// In a mistake's output: an element it never writes (it keeps the harness's poison).
+const KEPT_POISON: f64 = f64::MIN;
+
+/// Whether `got` is what a kernel with a mistake stores (`want`): each element within `tol` of
+/// it relative to max(1, |want|), NaN where it is NaN, the same infinity, the poison where it
+/// writes nothing ([`KEPT_POISON`]).
+fn same_output(got: &[f32], want: &[f64], tol: f64) -> bool {
+    got.len() == want.len()
+        && got.iter().zip(want).all(|(&g, &w)| {
+            if w == KEPT_POISON {
+                g.to_bits() == OUTPUT_POISON
+            } else if g.to_bits() == OUTPUT_POISON {
+                false
+            } else if w.is_nan() {
+                g.is_nan()
+            } else if w.is_infinite() {
+                g as f64 == w
+            } else {
+                g.is_finite() && (g as f64 - w).abs() <= tol * w.abs().max(1.0)
+            }
+        })
+}
+
+/// A usual mistake: the hint that names it, and what each output of the case holds when it is
+/// made (the case's inputs through the reference with that mistake).
+struct Mistake {
+    hint: String,
+    outputs: Vec<Vec<f64>>,
+}
+
+/// The hint of the first mistake whose outputs are `got`'s, each within `tol`.
+fn mistake_made(got: &[&[f32]], mistakes: impl IntoIterator<Item = Mistake>, tol: f64) -> Option<String> {
+    mistakes
+        .into_iter()
+        .find(|m| m.outputs.len() == got.len() && got.iter().zip(&m.outputs).all(|(g, w)| same_output(g, w, tol)))
+        .map(|m| m.hint)
+}
+
+/// The output matches no usual mistake: say so instead of guessing one.
+fn not_a_usual_mistake() -> String {
+    tr!(
+        "not one of the usual mistakes (the output matches none of them; the differences are above): compare your steps with the description at the top of the kernel file",
+        "keiner der üblichen Fehler (die Ausgabe passt zu keinem; die Abweichungen stehen oben): vergleichen Sie Ihre Schritte mit der Beschreibung oben in der Kernel-Datei (und in README.de.md)"
+    )
 }
 
 fn all_unwritten(d: &Diff) -> bool {
@@ -931,6 +978,94 @@ fn softmax_rows(x: &[f32], cols: usize) -> Vec<f64> {
     y
 }
 
+/// The row of warp `w` of block `b`.
+type RowOf = fn(usize, usize) -> usize;
+
+/// Row indices a learner writes instead of `ctaid_x() * 4 + tid_x() / 32` (the same for all 32
+/// lanes of a warp), as written, and the row of warp `w` of block `b`.
+const L2_ROWS: [(&str, RowOf); 6] = [
+    ("tid_x() / 32", |_, w| w),
+    ("ctaid_x() + tid_x() / 32", |b, w| b + w),
+    ("ctaid_x() * ntid_x() + tid_x() / 32", |b, w| b * 128 + w),
+    ("ctaid_x() * 32 + tid_x() / 32", |b, w| b * 32 + w),
+    ("ctaid_x() * 4 + tid_x() / 64", |b, w| b * 4 + w / 2),
+    ("ctaid_x() * 4 + tid_x() / 128", |b, _| b * 4),
+];
+
+/// A mistake in lesson 2's kernel, for [`softmax_sim`].
+#[derive(Clone, Copy)]
+enum L2Flaw {
+    /// Warp `w` of block `b` takes row `f(b, w)`.
+    Rows(RowOf),
+    /// No loop over columns: lane l handles column l only.
+    NoColumnLoop,
+    /// Neither the maximum nor the sum combined over the lanes.
+    LaneMaxAndSum,
+    /// The maximum combined, the sum not.
+    LaneSum,
+    /// The sum combined, the maximum not (each lane's terms in its own base).
+    LaneMax,
+}
+
+/// What lesson 2's kernel with `flaw` stores for `x` (`rows x cols`, `grid` blocks of 4 warps).
+fn softmax_sim(x: &[f32], rows: usize, cols: usize, grid: usize, flaw: L2Flaw) -> Vec<f64> {
+    let mut y = vec![KEPT_POISON; rows * cols];
+    let lane_of = |j: usize| j % 32;
+    for row in 0..rows {
+        let xr: Vec<f64> = x[row * cols..(row + 1) * cols].iter().map(|&v| v as f64).collect();
+        let yr = &mut y[row * cols..(row + 1) * cols];
+        let lane_max = |l: usize| xr.iter().skip(l).step_by(32).cloned().fold(f64::NEG_INFINITY, f64::max);
+        let row_max = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lane_sum = |l: usize, m: f64| xr.iter().skip(l).step_by(32).map(|v| (v - m).exp()).sum::<f64>();
+        match flaw {
+            L2Flaw::Rows(_) => {}
+            L2Flaw::NoColumnLoop => {
+                let n = cols.min(32);
+                let m = xr[..n].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = xr[..n].iter().map(|v| (v - m).exp()).sum();
+                for j in 0..n {
+                    yr[j] = (xr[j] - m).exp() / sum;
+                }
+            }
+            L2Flaw::LaneMaxAndSum => {
+                for j in 0..cols {
+                    let m = lane_max(lane_of(j));
+                    yr[j] = (xr[j] - m).exp() / lane_sum(lane_of(j), m);
+                }
+            }
+            L2Flaw::LaneSum => {
+                for j in 0..cols {
+                    yr[j] = (xr[j] - row_max).exp() / lane_sum(lane_of(j), row_max);
+                }
+            }
+            L2Flaw::LaneMax => {
+                let total: f64 = (0..32.min(cols)).map(|l| lane_sum(l, lane_max(l))).sum();
+                for j in 0..cols {
+                    yr[j] = (xr[j] - lane_max(lane_of(j))).exp() / total;
+                }
+            }
+        }
+    }
+    if let L2Flaw::Rows(f) = flaw {
+        let right = softmax_rows(x, cols);
+        for b in 0..grid {
+            for w in 0..4 {
+                let row = f(b, w);
+                if row < rows {
+                    y[row * cols..(row + 1) * cols].copy_from_slice(&right[row * cols..(row + 1) * cols]);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Whether some row of `got` has its first 32 columns written and a column past them not.
+fn columns_past_32_unwritten(got: &[f32], cols: usize) -> bool {
+    let poison = |v: &f32| v.to_bits() == OUTPUT_POISON;
+    cols > 32 && got.chunks(cols).any(|r| !r[..32].iter().any(poison) && r[32..].iter().any(poison))
+}
+
 fn lesson2(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
@@ -938,6 +1073,7 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 (6u32, 100u32, 1.0f32, "several blocks, 100 columns (more than one per lane)"),
                 (9, 37, 40.0, "large scores (exp overflows without the max), the last block partly empty"),
                 (4, 32, 1.0, "exactly one column per lane"),
+                (5, 20, 1.0, "20 columns: lanes 20-31 have none"),
             ];
             for (case, (rows, cols, scale, what)) in cases.into_iter().enumerate() {
                 let grid = rows.div_ceil(4);
@@ -962,27 +1098,63 @@ fn lesson2(m: &Module, out: &mut Out) -> Verdict {
                 )?;
                 let got = setup(l.read_f32("y"));
                 let d = compare(&got, &softmax_rows(&x, cols as usize), cols as usize, 1e-5);
+                let made = if d.ok() {
+                    None
+                } else {
+                    let (r, c) = (rows as usize, cols as usize);
+                    let mut usual: Vec<Mistake> = L2_ROWS
+                        .iter()
+                        .map(|&(formula, f)| Mistake {
+                            hint: tr!(
+                                "the rows written are the ones `row = {}` reaches (each holds its own softmax, the others still hold the poison): the row is `ctaid_x() * 4 + tid_x() / 32`, one row per warp, 4 warps per block (step 1)",
+                                "geschrieben sind die Zeilen, die `row = {}` erreicht (jede enthält ihren eigenen Softmax, die anderen noch das Gift): die Zeile ist `ctaid_x() * 4 + tid_x() / 32`, eine Zeile pro Warp, 4 Warps pro Block (Schritt 1)",
+                                formula
+                            ),
+                            outputs: vec![softmax_sim(&x, r, c, grid as usize, L2Flaw::Rows(f))],
+                        })
+                        .collect();
+                    for (flaw, hint) in [
+                        (L2Flaw::NoColumnLoop, tr!(
+                            "each lane handles one column only: columns 0-31 hold the softmax of those 32 alone and the rest were never written - each lane must loop over columns `lane, lane + 32, lane + 64, ...` in every step",
+                            "jede Lane bearbeitet nur eine Spalte: die Spalten 0-31 enthalten den Softmax nur dieser 32, der Rest wurde nie geschrieben - jede Lane muss in jedem Schritt über die Spalten `lane, lane + 32, lane + 64, ...` laufen"
+                        )),
+                        (L2Flaw::LaneMaxAndSum, tr!(
+                            "each lane uses its own maximum and its own sum: combine both over the 32 lanes (shfl_xor with 16, 8, 4, 2, 1) before using them (steps 2-3)",
+                            "jede Lane nimmt ihr eigenes Maximum und ihre eigene Summe: kombinieren Sie beide über die 32 Lanes (shfl_xor mit 16, 8, 4, 2, 1), bevor Sie sie benutzen (Schritte 2-3)"
+                        )),
+                        (L2Flaw::LaneSum, tr!(
+                            "the maximum is the row's, but each lane divides by its own sum: combine the sum over the 32 lanes (shfl_xor with 16, 8, 4, 2, 1) before dividing (step 3)",
+                            "das Maximum ist das der Zeile, aber jede Lane teilt durch ihre eigene Summe: kombinieren Sie die Summe über die 32 Lanes (shfl_xor mit 16, 8, 4, 2, 1), bevor Sie teilen (Schritt 3)"
+                        )),
+                        (L2Flaw::LaneMax, tr!(
+                            "the sum is combined over the lanes, but each lane subtracted its own maximum: combine the maximum over the 32 lanes first (step 2), so that every term of the sum has the same base",
+                            "die Summe wird über die Lanes kombiniert, aber jede Lane hat ihr eigenes Maximum abgezogen: kombinieren Sie zuerst das Maximum über die 32 Lanes (Schritt 2), damit jeder Term der Summe dieselbe Basis hat"
+                        )),
+                    ] {
+                        usual.push(Mistake { hint, outputs: vec![softmax_sim(&x, r, c, grid as usize, flaw)] });
+                    }
+                    mistake_made(&[&got], usual, 1e-4)
+                };
                 result(out, &[("y", "row", &d)], |_, d| {
                     Some(if all_unwritten(d) {
                         tr!(
                             "step 4 - the kernel does not store into y yet",
                             "Schritt 4 - der Kernel speichert noch nichts in y"
                         )
+                    } else if made.is_some() {
+                        return made.clone();
                     } else if !d.nan_rows.is_empty() {
                         tr!("NaN or infinity: subtract the row maximum before the exponential (step 3) and make sure every lane has the same maximum and sum (steps 2-3: shuffle with 16, 8, 4, 2, 1)", "NaN oder unendlich: ziehen Sie vor der Exponentialfunktion das Zeilenmaximum ab (Schritt 3) und sorgen Sie dafür, dass jede Lane dasselbe Maximum und dieselbe Summe hat (Schritte 2-3: Shuffle mit 16, 8, 4, 2, 1)")
-                    } else if !d.unwritten_rows.is_empty()
-                        && d.unwritten_rows.len() < d.rows
-                        && d.unwritten_rows.iter().all(|&r| r >= 4)
-                    {
-                        tr!("only the first block's rows were written: the row is `ctaid_x() * 4 + tid_x() / 32`", "nur die Zeilen des ersten Blocks wurden geschrieben: die Zeile ist `ctaid_x() * 4 + tid_x() / 32`")
+                    } else if columns_past_32_unwritten(&got, cols as usize) {
+                        tr!("columns past 32 were never written while the first 32 were: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben, die ersten 32 schon: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
                     } else if !d.unwritten_rows.is_empty() {
-                        tr!("columns past 32 were never written: each lane must loop over columns `lane, lane + 32, lane + 64, ...`", "Spalten ab 32 wurden nie geschrieben: jede Lane muss über die Spalten `lane, lane + 32, lane + 64, ...` laufen")
+                        return None;
                     } else {
                         let sums: Vec<f32> = got.chunks(cols as usize).map(|r| r.iter().sum()).collect();
                         let off = sums.iter().position(|s| (s - 1.0).abs() > 1e-3);
                         match off {
                             Some(r) => tr!("row {} sums to {} instead of 1: the sum must include every column and be combined over all 32 lanes before dividing", "Zeile {} summiert sich zu {} statt zu 1: die Summe muss jede Spalte enthalten und vor dem Teilen über alle 32 Lanes kombiniert werden", r, sums[r]),
-                            None => tr!("the rows sum to 1 but the values are wrong: is the same maximum subtracted everywhere, and exp(x) = exp2(x * LOG2E)?", "die Zeilen summieren sich zu 1, aber die Werte sind falsch: wird überall dasselbe Maximum abgezogen, und ist exp(x) = exp2(x * LOG2E)?"),
+                            None => return None,
                         }
                     })
                 })?;
@@ -1045,7 +1217,32 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                             scale as f64 * (0..d).map(|c| q[i * d + c] as f64 * k[j * d + c] as f64).sum::<f64>();
                     }
                 }
-                let diff = compare(&setup(l.read_f32("S")), &want, mk, 1e-5);
+                let got = setup(l.read_f32("S"));
+                let diff = compare(&got, &want, mk, 1e-5);
+                let made = if diff.ok() {
+                    None
+                } else {
+                    let usual = [
+                        (L3Flaw::KTransposed, tr!(
+                            "the product reads K's tile transposed, `Ks[k][tx]`: row ty of the tile holds K's row ctaid_x() * 16 + ty, so thread (ty, tx) needs `Qs[ty][k] * Ks[tx][k]` (step 3)",
+                            "das Produkt liest die Kachel von K transponiert, `Ks[k][tx]`: Zeile ty der Kachel enthält die Zeile ctaid_x() * 16 + ty von K, also braucht Thread (ty, tx) `Qs[ty][k] * Ks[tx][k]` (Schritt 3)"
+                        )),
+                        (L3Flaw::QTransposed, tr!(
+                            "the product reads Q's tile transposed, `Qs[k][ty]`: row ty of the tile holds Q's row i, so thread (ty, tx) needs `Qs[ty][k] * Ks[tx][k]` (step 3)",
+                            "das Produkt liest die Kachel von Q transponiert, `Qs[k][ty]`: Zeile ty der Kachel enthält die Zeile i von Q, also braucht Thread (ty, tx) `Qs[ty][k] * Ks[tx][k]` (Schritt 3)"
+                        )),
+                        (L3Flaw::OneChunk, tr!(
+                            "only the first 16 dimensions are summed: loop over every chunk c0 = 0, 16, 32, ... below d, loading and multiplying each",
+                            "nur die ersten 16 Dimensionen werden summiert: laufen Sie über jeden Abschnitt c0 = 0, 16, 32, ... unter d, und laden und multiplizieren Sie jeden"
+                        )),
+                        (L3Flaw::NoScale, tr!(
+                            "S is the product without `scale`: store `scale * acc`",
+                            "S ist das Produkt ohne `scale`: speichern Sie `scale * acc`"
+                        )),
+                    ]
+                    .map(|(flaw, hint)| Mistake { hint, outputs: vec![qk_sim(&q, &k, n, mk, d, scale as f64, flaw)] });
+                    mistake_made(&[&got], usual, 1e-4)
+                };
                 result(out, &[("S", "row", &diff)], |_, x| {
                     Some(if all_unwritten(x) {
                         tr!(
@@ -1054,13 +1251,8 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
                         )
                     } else if !x.unwritten_rows.is_empty() {
                         tr!("some rows or columns of S were never written: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), and the store needs only `i < n && j < m`", "einige Zeilen oder Spalten von S wurden nie geschrieben: i = ctaid_y() * 16 + tid_y(), j = ctaid_x() * 16 + tid_x(), und das Speichern braucht nur `i < n && j < m`")
-                    } else if x
-                        .first
-                        .is_some_and(|(r, c, _, _)| r % 16 == 0 && c % 16 == 0 && x.wrong_rows.len() == x.rows)
-                    {
-                        tr!("every value is wrong: check the product `Qs[ty][k] * Ks[tx][k]` (K's tile is indexed by the thread's column)", "jeder Wert ist falsch: prüfen Sie das Produkt `Qs[ty][k] * Ks[tx][k]` (die Kachel von K wird mit der Spalte des Threads indiziert)")
                     } else {
-                        tr!("the values are wrong: load zeros past n, m and d (step 1) and accumulate over every chunk of 16 dimensions", "die Werte sind falsch: laden Sie Nullen hinter n, m und d (Schritt 1) und summieren Sie über jeden Abschnitt von 16 Dimensionen")
+                        return made.clone();
                     })
                 })?;
             }
@@ -1068,6 +1260,47 @@ fn lesson3(m: &Module, out: &mut Out) -> Verdict {
         },
         out,
     )
+}
+
+/// A mistake in lesson 3's kernel, for [`qk_sim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum L3Flaw {
+    /// `Qs[ty][k] * Ks[k][tx]`.
+    KTransposed,
+    /// `Qs[k][ty] * Ks[tx][k]`.
+    QTransposed,
+    /// The first chunk of 16 dimensions only.
+    OneChunk,
+    /// `acc` stored without `scale`.
+    NoScale,
+}
+
+/// Lesson 3's tiles in f64 as the solution fills and multiplies them (16 x 16 tiles, zeros past
+/// the edges), with `flaw` made: what a kernel with that mistake stores in S.
+fn qk_sim(q: &[f32], k: &[f32], n: usize, m: usize, d: usize, scale: f64, flaw: L3Flaw) -> Vec<f64> {
+    const T: usize = 16;
+    let at = |x: &[f32], rows: usize, r: usize, c: usize| if r < rows && c < d { x[r * d + c] as f64 } else { 0.0 };
+    let mut s = vec![0.0f64; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            let (by, bx, ty, tx) = (i / T, j / T, i % T, j % T);
+            let chunks = if flaw == L3Flaw::OneChunk { 1 } else { d.div_ceil(T) };
+            let mut acc = 0.0;
+            for c0 in (0..chunks).map(|c| c * T) {
+                let qs = |r: usize, c: usize| at(q, n, by * T + r, c0 + c);
+                let ks = |r: usize, c: usize| at(k, m, bx * T + r, c0 + c);
+                for kk in 0..T {
+                    acc += match flaw {
+                        L3Flaw::KTransposed => qs(ty, kk) * ks(kk, tx),
+                        L3Flaw::QTransposed => qs(kk, ty) * ks(tx, kk),
+                        _ => qs(ty, kk) * ks(tx, kk),
+                    };
+                }
+            }
+            s[i * m + j] = if flaw == L3Flaw::NoScale { acc } else { scale * acc };
+        }
+    }
+    s
 }
 
 // ---- lesson 4 ----
@@ -1130,8 +1363,42 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
                             / sum;
                 }
             }
-            let d_o = compare(&setup(l.read_f32("O")), &want_o, 4, 1e-5);
-            let d_l = compare(&setup(l.read_f32("LSE")), &want_lse, 1, 1e-5);
+            let (got_o, got_l) = (setup(l.read_f32("O")), setup(l.read_f32("LSE")));
+            let d_o = compare(&got_o, &want_o, 4, 1e-5);
+            let d_l = compare(&got_l, &want_lse, 1, 1e-5);
+            // What each usual mistake would store, and the first the outputs match.
+            let made = if d_o.ok() && d_l.ok() {
+                None
+            } else {
+                let mut usual = Vec::new();
+                let rescale = |what: &str| {
+                    tr!(
+                        "{} not rescaled: when the maximum grows, l and acc must both be multiplied by alpha = 2^(m - base) before p is added (step 2)",
+                        "{} nicht umskaliert: wenn das Maximum wächst, müssen l und acc beide mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)",
+                        what
+                    )
+                };
+                for (flaw, hint) in [
+                    (L4Flaw::NoRescale, rescale(&tr!("l and acc are", "l und acc werden"))),
+                    (L4Flaw::NoRescaleAcc, rescale(&tr!("acc is", "acc wird"))),
+                    (L4Flaw::NoRescaleL, rescale(&tr!("l is", "l wird"))),
+                ] {
+                    let (o, lse) = online_sim(&s, &v, rows, n, flaw);
+                    usual.push(Mistake { hint, outputs: vec![o, lse] });
+                }
+                for (formula, f) in L4_LSE_FORMULAS {
+                    let (o, lse) = online_sim(&s, &v, rows, n, L4Flaw::Lse(f));
+                    usual.push(Mistake {
+                        hint: tr!(
+                            "O is right; LSE is not: it is `{}` of the running m and l, but LSE is the natural log of the row's sum, ln 2 * (m + log2 l) with m in base 2 (`LN2 * (m + log2(l))`)",
+                            "O stimmt; LSE nicht: es ist `{}` aus dem laufenden m und l, aber LSE ist der natürliche Logarithmus der Zeilensumme, ln 2 * (m + log2 l) mit m zur Basis 2 (`LN2 * (m + log2(l))`)",
+                            formula
+                        ),
+                        outputs: vec![o, lse],
+                    });
+                }
+                mistake_made(&[&got_o, &got_l], usual, 1e-3)
+            };
             result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                 let masked = |rows: &[usize]| rows.iter().any(|r| *r == 3 || *r == 40);
                 Some(if all_unwritten(d) {
@@ -1144,18 +1411,75 @@ fn lesson4(m: &Module, out: &mut Out) -> Verdict {
                     tr!("the fully masked rows 3 and 40: while m is -inf use 0 as the base (step 1), and when l is 0 store O = 0 and LSE = -inf", "die vollständig maskierten Zeilen 3 und 40: solange m -inf ist, nehmen Sie 0 als Basis (Schritt 1), und wenn l 0 ist, speichern Sie O = 0 und LSE = -inf")
                 } else if d.nan_rows.contains(&10) || (d.wrong_rows == [10]) {
                     tr!("row 10 starts with 20 masked keys: the base must be 0 while nothing has been seen, or 2^(-inf - -inf) is NaN", "Zeile 10 beginnt mit 20 maskierten Keys: die Basis muss 0 sein, solange nichts gesehen wurde, sonst ist 2^(-inf - -inf) NaN")
-                } else if name == "LSE" && d.wrong_rows.len() < d.rows / 2 {
-                    tr!(
-                        "LSE is the natural log: ln 2 * (m + log2 l), with m in base 2",
-                        "LSE ist der natürliche Logarithmus: ln 2 * (m + log2 l), mit m zur Basis 2"
-                    )
                 } else {
-                    tr!("wrong rows: when the maximum grows, l and acc must be multiplied by alpha = 2^(m - base) before adding p (step 2)", "falsche Zeilen: wenn das Maximum wächst, müssen l und acc mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird (Schritt 2)")
+                    return made.clone();
                 })
             })
         },
         out,
     )
+}
+
+/// A mistake in lesson 4's kernel, for [`online_sim`].
+#[derive(Clone, Copy)]
+enum L4Flaw {
+    /// l and acc not multiplied by alpha when the maximum grows.
+    NoRescale,
+    NoRescaleAcc,
+    NoRescaleL,
+    /// LSE computed from the final m (base 2) and l by this formula.
+    Lse(LseOf),
+}
+
+/// An LSE from the final m (base 2) and l.
+type LseOf = fn(f64, f64) -> f64;
+
+/// LSE formulas a learner writes instead of `LN2 * (m + log2(l))`, as written in Rust.
+const L4_LSE_FORMULAS: [(&str, LseOf); 6] = [
+    ("m + log2(l)", |m, l| m + l.log2()),
+    ("LN2 * m + log2(l)", |m, l| std::f64::consts::LN_2 * m + l.log2()),
+    ("m + ln(l)", |m, l| m + l.ln()),
+    ("LN2 * log2(l)", |_, l| l.ln()),
+    ("LN2 * m", |m, _| std::f64::consts::LN_2 * m),
+    ("m * LN2 + ln(l) / LN2", |m, l| std::f64::consts::LN_2 * m + l.ln() / std::f64::consts::LN_2),
+];
+
+/// Lesson 4's algorithm in f64 as the solution runs it (scores in base 2, the running maximum,
+/// base 0 while it is -inf), with `flaw` made: what a kernel with that mistake stores in O and
+/// LSE.
+fn online_sim(s: &[f32], v: &[f32], rows: usize, n: usize, flaw: L4Flaw) -> (Vec<f64>, Vec<f64>) {
+    let (mut o, mut lse) = (vec![0.0f64; rows * 4], vec![f64::NEG_INFINITY; rows]);
+    for r in 0..rows {
+        let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0f64, [0.0f64; 4]);
+        for j in 0..n {
+            let s2 = s[r * n + j] as f64 * std::f64::consts::LOG2_E;
+            let m_new = m.max(s2);
+            let base = if m_new == f64::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = (m - base).exp2();
+            let (al, aa) = match flaw {
+                L4Flaw::NoRescale => (1.0, 1.0),
+                L4Flaw::NoRescaleL => (1.0, alpha),
+                L4Flaw::NoRescaleAcc => (alpha, 1.0),
+                L4Flaw::Lse(_) => (alpha, alpha),
+            };
+            let p = (s2 - base).exp2();
+            l = l * al + p;
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = *a * aa + p * v[j * 4 + c] as f64;
+            }
+            m = m_new;
+        }
+        if l > 0.0 {
+            lse[r] = match flaw {
+                L4Flaw::Lse(f) => f(m, l),
+                _ => std::f64::consts::LN_2 * (m + l.log2()),
+            };
+            for c in 0..4 {
+                o[r * 4 + c] = acc[c] / l;
+            }
+        }
+    }
+    (o, lse)
 }
 
 // ---- lesson 5 ----
@@ -1183,6 +1507,89 @@ fn attention_ref(
         lse[i] = mx + sum.ln();
         for c in 0..D {
             o[i * D + c] = s.iter().enumerate().map(|(j, x)| (x - mx).exp() * v[j * D + c] as f64).sum::<f64>() / sum;
+        }
+    }
+    (o, lse)
+}
+
+/// A mistake in lesson 5's kernel, for [`flash_sim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum L5Flaw {
+    /// The solution (the tests compare it with [`attention_ref`]).
+    #[cfg(test)]
+    None,
+    /// l and acc not multiplied by alpha when the maximum grows.
+    NoRescale,
+    /// acc only.
+    NoRescaleAcc,
+    /// l only.
+    NoRescaleL,
+    /// Keys past seq_kv in the last tile (K and V rows loaded as zeros) not masked: score 0.
+    TailUnmasked,
+    /// The scores multiplied by `scale`, not `scale * LOG2E`, before exp2.
+    NoLog2e,
+    /// The scores multiplied by LOG2E only.
+    NoScale,
+    /// The causal bound `i + seq_kv - seq_q + 1` moved by this many keys.
+    CausalShift(i64),
+}
+
+/// Lesson 5's algorithm in f64, step by step as the solution runs it (tiles of 64 keys, base
+/// 2, the running maximum), with `flaw` made: what a kernel with that mistake stores in O and LSE.
+#[allow(clippy::too_many_arguments)]
+fn flash_sim(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    sq: usize,
+    skv: usize,
+    causal: bool,
+    scale: f64,
+    flaw: L5Flaw,
+) -> (Vec<f64>, Vec<f64>) {
+    const D: usize = 32;
+    let log2e = std::f64::consts::LOG2_E;
+    let scale2 = match flaw {
+        L5Flaw::NoLog2e => scale,
+        L5Flaw::NoScale => log2e,
+        _ => scale * log2e,
+    };
+    let shift = if let L5Flaw::CausalShift(d) = flaw { d } else { 0 };
+    let (mut o, mut lse) = (vec![0.0f64; sq * D], vec![f64::NEG_INFINITY; sq]);
+    for i in 0..sq {
+        let key_end = if causal { (i as i64 + skv as i64 - sq as i64 + 1 + shift).min(skv as i64) } else { skv as i64 };
+        let (mut m, mut l, mut acc) = (f64::NEG_INFINITY, 0.0f64, [0.0f64; D]);
+        for j in 0..skv.div_ceil(L5_THREADS) * L5_THREADS {
+            let real = j < skv;
+            let mut s = if real {
+                scale2 * (0..D).map(|c| q[i * D + c] as f64 * k[j * D + c] as f64).sum::<f64>()
+            } else {
+                0.0
+            };
+            if j as i64 >= key_end && (real || flaw != L5Flaw::TailUnmasked) {
+                s = f64::NEG_INFINITY;
+            }
+            let m_new = m.max(s);
+            let base = if m_new == f64::NEG_INFINITY { 0.0 } else { m_new };
+            let alpha = (m - base).exp2();
+            let p = (s - base).exp2();
+            let (al, aa) = match flaw {
+                L5Flaw::NoRescale => (1.0, 1.0),
+                L5Flaw::NoRescaleL => (1.0, alpha),
+                L5Flaw::NoRescaleAcc => (alpha, 1.0),
+                _ => (alpha, alpha),
+            };
+            l = l * al + p;
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = p * if real { v[j * D + c] as f64 } else { 0.0 } + *a * aa;
+            }
+            m = m_new;
+        }
+        if l > 0.0 {
+            lse[i] = std::f64::consts::LN_2 * (m + l.log2());
+            for c in 0..D {
+                o[i * D + c] = acc[c] / l;
+            }
         }
     }
     (o, lse)
@@ -1280,6 +1687,51 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                 } else {
                     Vec::new()
                 };
+                // What each usual mistake would store, and the first the outputs match.
+                let made = if d_o.ok() && d_l.ok() {
+                    None
+                } else {
+                    let got_l = setup(l.read_f32("LSE"));
+                    let sim = |flaw| flash_sim(&q, &k, &v, sq, skv, causal, scale as f64, flaw);
+                    let mistake = |flaw, hint: String| {
+                        let (o, lse) = sim(flaw);
+                        Mistake { hint, outputs: vec![o, lse] }
+                    };
+                    let rescale = |what: &str, was: &str| {
+                        tr!(
+                            "{} not rescaled: when the maximum grows, l and acc must both be multiplied by alpha = 2^(m - base) before p is added ({} is what the output is)",
+                            "{} nicht umskaliert: wenn das Maximum wächst, müssen l und acc beide mit alpha = 2^(m - basis) multipliziert werden, bevor p addiert wird ({} ist das, was die Ausgabe ist)",
+                            what,
+                            was
+                        )
+                    };
+                    let mut usual = vec![
+                        mistake(L5Flaw::NoRescale, rescale(&tr!("l and acc are", "l und acc werden"), &tr!("the attention without the rescale", "die Attention ohne das Umskalieren"))),
+                        mistake(L5Flaw::NoRescaleAcc, rescale(&tr!("acc is", "acc wird"), &tr!("l rescaled, acc not", "l umskaliert, acc nicht"))),
+                        mistake(L5Flaw::NoRescaleL, rescale(&tr!("l is", "l wird"), &tr!("acc rescaled, l not", "acc umskaliert, l nicht"))),
+                        mistake(L5Flaw::TailUnmasked, tr!(
+                            "keys past seq_kv in the last tile are not masked: their K and V rows were loaded as zeros, so each scores 0 and adds to l - they must score -inf (the output is the attention with those keys in)",
+                            "Keys hinter seq_kv in der letzten Kachel werden nicht maskiert: ihre K- und V-Zeilen wurden als Nullen geladen, also bekommt jeder den Score 0 und zählt in l - sie müssen -inf bekommen (die Ausgabe ist die Attention mit diesen Keys)"
+                        )),
+                        mistake(L5Flaw::NoLog2e, tr!(
+                            "the scores are multiplied by scale but not by LOG2E: exp2 needs them in base 2, scale * LOG2E once in step 1",
+                            "die Scores werden mit scale multipliziert, aber nicht mit LOG2E: exp2 braucht sie zur Basis 2, einmal scale * LOG2E in Schritt 1"
+                        )),
+                        mistake(L5Flaw::NoScale, tr!(
+                            "the scores are not multiplied by scale: multiply Q's row by scale * LOG2E once in step 1",
+                            "die Scores werden nicht mit scale multipliziert: multiplizieren Sie die Zeile von Q einmal in Schritt 1 mit scale * LOG2E"
+                        )),
+                    ];
+                    if causal {
+                        for shift in [1i64, -1] {
+                            usual.push(mistake(L5Flaw::CausalShift(shift), tr!(
+                                "the causal bound is off by one (each row sees one key too many or too few): query i sees key j iff j <= i + seq_kv - seq_q, so keys j < i + seq_kv - seq_q + 1",
+                                "die kausale Grenze ist um eins verschoben (jede Zeile sieht einen Key zu viel oder zu wenig): Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q, also die Keys j < i + seq_kv - seq_q + 1"
+                            )));
+                        }
+                    }
+                    mistake_made(&[&got_o, &got_l], usual, 1e-3)
+                };
                 result(out, &[("O", "row", &d_o), ("LSE", "row", &d_l)], |name, d| {
                     Some(if !wrapped.is_empty() {
                         tr!(
@@ -1302,12 +1754,8 @@ fn lesson5(m: &Module, out: &mut Out) -> Verdict {
                             "die Zeilen 0-{} sehen keinen Key: O = 0 und LSE = -inf, mit Basis 0, solange das Maximum -inf ist",
                             blind - 1
                         )
-                    } else if causal {
-                        tr!("the causal mask: query i sees key j iff j <= i + seq_kv - seq_q (bottom-right aligned)", "die kausale Maske: Query i sieht Key j genau dann, wenn j <= i + seq_kv - seq_q (unten rechts ausgerichtet)")
-                    } else if d.wrong_rows.len() == d.rows {
-                        tr!("every row is wrong: scale the scores by scale * LOG2E once and use exp2; rescale l and acc by alpha when the maximum grows", "jede Zeile ist falsch: skalieren Sie die Scores einmal mit scale * LOG2E und nehmen Sie exp2; skalieren Sie l und acc mit alpha um, wenn das Maximum wächst")
                     } else {
-                        tr!("some rows are wrong: keys past seq_kv in the last tile must score -inf, not 0", "einige Zeilen sind falsch: Keys hinter seq_kv in der letzten Kachel müssen den Score -inf bekommen, nicht 0")
+                        return made.clone();
                     })
                 })?;
             }
@@ -1372,9 +1820,62 @@ fn l6_name(a: bool, got: u32) -> Option<String> {
     None
 }
 
+/// S as the mma computes it when its operands are passed in another order: register `r` of A
+/// given `a[pa[r]]`, register `r` of B `b[pb[r]]` (every lane the same), from the right
+/// fragments.
+fn l6_mma_sim(pa: [usize; 4], pb: [usize; 2]) -> Vec<f64> {
+    // Element (i, c) of A is in register (i / 8) + 2 * (c / 8) of its lane; with register p in
+    // its place it is Q's element at the same position of p's 8 x 8 block.
+    let a = |i: usize, c: usize| {
+        let p = pa[i / 8 + 2 * (c / 8)];
+        l6_q(i % 8 + 8 * (p % 2), c % 8 + 8 * (p / 2)) as f64
+    };
+    let b = |j: usize, c: usize| l6_k(j, c % 8 + 8 * pb[c / 8]) as f64;
+    (0..128).map(|x| (0..16).map(|c| a(x / 8, c) * b(x % 8, c)).sum()).collect()
+}
+
+/// With the fragments right: the operand order of the mma whose S is `got`, in words, when it is
+/// not a0, a1, a2, a3 and b0, b1.
+fn l6_operand_order(got: &[f32]) -> Option<String> {
+    let mut orders = Vec::new();
+    for x in 0..24usize {
+        // The permutations of 0..4, by their Lehmer code.
+        let mut rest = vec![0, 1, 2, 3];
+        let pa: [usize; 4] = std::array::from_fn(|i| rest.remove(x / [6, 2, 1, 1][i] % (4 - i)));
+        for pb in [[0, 1], [1, 0]] {
+            if pa != [0, 1, 2, 3] || pb != [0, 1] {
+                orders.push((pa, pb));
+            }
+        }
+    }
+    orders.into_iter().find(|&(pa, pb)| same_output(got, &l6_mma_sim(pa, pb), 1e-5)).map(|(pa, pb)| {
+        let mut names = Vec::new();
+        if pa != [0, 1, 2, 3] {
+            names.push(pa.map(|p| format!("a{p}")).join(", "));
+        }
+        if pb != [0, 1] {
+            names.push(pb.map(|p| format!("b{p}")).join(", "));
+        }
+        tr!(
+            "the fragments are right, but S is what the mma computes as if its operands were {} in that order: pass a[0], a[1], a[2], a[3] and b[0], b[1] as loaded (step 4)",
+            "die Fragmente stimmen, aber S ist das, was die mma berechnet, als wären ihre Operanden {} in dieser Reihenfolge: übergeben Sie a[0], a[1], a[2], a[3] und b[0], b[1] so, wie sie geladen wurden (Schritt 4)",
+            names.join(tr!(" and ", " und ").as_str())
+        )
+    })
+}
+
+/// Whether every written value of S is one of the right S's values (all distinct), some in the
+/// wrong place: the mma computed right and the store of D misplaced them.
+fn l6_misplaced(got: &[f32], want: &[f64]) -> bool {
+    let written: Vec<f32> = got.iter().copied().filter(|g| g.to_bits() != OUTPUT_POISON).collect();
+    !written.is_empty()
+        && written.iter().all(|&g| want.iter().any(|&w| (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0)))
+}
+
 fn lesson6(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
+            no_unordered_shared_read(m, out)?;
             out.say(tr!(
                 "case 1: Q 16 x 16, K 8 x 16 (bf16, every value distinct), 1 block of 32 threads: S = Q Kᵀ, 16 x 8",
                 "Fall 1: Q 16 x 16, K 8 x 16 (bf16, jeder Wert verschieden), 1 Block mit 32 Threads: S = Q Kᵀ, 16 x 8"
@@ -1465,7 +1966,8 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
                     want_s[i * 8 + j] = (0..16).map(|c| l6_q(i, c) as f64 * l6_k(j, c) as f64).sum();
                 }
             }
-            let d = compare(&setup(l.read_f32("S")), &want_s, 8, 1e-5);
+            let got_s = setup(l.read_f32("S"));
+            let d = compare(&got_s, &want_s, 8, 1e-5);
             if d.ok() && frags_ok {
                 out.say("  ok");
                 return Ok(());
@@ -1485,17 +1987,68 @@ fn lesson6(m: &Module, out: &mut Out) -> Verdict {
                     "store every lane's A and B registers: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (step 5)",
                     "speichern Sie die A- und B-Register jeder Lane: frag_a[lane * 4 + r], frag_b[lane * 2 + r] (Schritt 5)"
                 )
-            } else {
+            } else if let Some(h) = l6_operand_order(&got_s) {
+                h
+            } else if l6_misplaced(&got_s, &want_s) {
                 tr!(
-                    "the fragments are right, so the mma is fed right: the store of D is wrong - d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
-                    "die Fragmente stimmen, die mma bekommt also die richtigen Operanden: das Speichern von D ist falsch - d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
+                    "the fragments are right and every value of S was computed, but stored in the wrong place: d[e] is S[g + 8 * (e / 2), 2t + e % 2]",
+                    "die Fragmente stimmen und jeder Wert von S wurde berechnet, aber an der falschen Stelle gespeichert: d[e] ist S[g + 8 * (e / 2), 2t + e % 2]"
                 )
+            } else {
+                not_a_usual_mistake()
             };
             out.say(tr!("  what to look at: {}", "  worauf Sie achten sollten: {}", hint));
             Err(Verdict::Wrong)
         },
         out,
     )
+}
+
+/// The PTX lines of the first shared-memory read by `ldmatrix` or `ld.shared` that follows a
+/// shared-memory write (`st.shared`, `cp.async`) in `ptx` with no barrier (`bar.sync`,
+/// `barrier.sync`, `bar.warp.sync`) between them, in the order of the text.
+///
+/// Lessons 6 and 7 run one warp, and the VM's race check sees races between warps only. Within
+/// a warp the PTX memory model still orders one lane's store to shared memory before another
+/// lane's load only through a barrier (`bar.sync`, or `bar.warp.sync`, `__syncwarp`): the lanes
+/// of a warp need not run in step. Every shared read of these kernels is an `ldmatrix`, whose
+/// lanes read rows other lanes stored, so a write followed by a read with no barrier between
+/// them in the (straight-line) PTX is that race.
+fn unordered_shared_read(ptx: &str) -> Option<(usize, usize)> {
+    let mut write = None;
+    for (i, line) in ptx.lines().enumerate() {
+        let t = line.trim_start();
+        if ["bar.sync", "barrier.sync", "bar.warp.sync", "barrier.cta.sync", "bar.cta.sync"]
+            .iter()
+            .any(|b| t.starts_with(b))
+        {
+            write = None;
+        } else if t.starts_with("st.shared") || t.starts_with("cp.async.ca.") || t.starts_with("cp.async.cg.") {
+            write.get_or_insert(i + 1);
+        } else if t.starts_with("ldmatrix") || t.starts_with("ld.shared") {
+            if let Some(w) = write {
+                return Some((w, i + 1));
+            }
+        }
+    }
+    None
+}
+
+/// [`unordered_shared_read`] in the kernel's PTX, reported as a finding with both Rust lines.
+fn no_unordered_shared_read(m: &Module, out: &mut Out) -> Result<(), Verdict> {
+    let Some((w, r)) = out.ptx.as_deref().and_then(unordered_shared_read) else { return Ok(()) };
+    let at = |line: usize| m.source_of(line).map(|s| s.to_string()).unwrap_or_else(|| format!("PTX line {line}"));
+    out.say(tr!(
+        "  check: a shared-memory read with no barrier after the write - another lane's store is not ordered before it",
+        "  Prüfung: ein Lesen von Shared Memory ohne Barriere nach dem Schreiben - der Speicherbefehl einer anderen Lane ist nicht davor geordnet"
+    ));
+    out.say(tr!("    write    {} (PTX line {})", "    Schreiben {} (PTX-Zeile {})", at(w), w));
+    out.say(tr!("    read     {} (PTX line {})", "    Lesen     {} (PTX-Zeile {})", at(r), r));
+    out.say(tr!(
+        "  what to look at: a `sync_threads()` is missing between filling the shared tile and the first ldmatrix: each lane of ldmatrix reads rows other lanes stored, and even within one warp a store by one lane is guaranteed visible to another only after a barrier (the lanes of a warp need not run in step)",
+        "  worauf Sie achten sollten: zwischen dem Füllen der Shared-Kachel und dem ersten ldmatrix fehlt ein `sync_threads()`: jede Lane von ldmatrix liest Zeilen, die andere Lanes gespeichert haben, und auch innerhalb eines Warps ist der Speicherbefehl einer Lane für eine andere erst nach einer Barriere sicher sichtbar (die Lanes eines Warps laufen nicht unbedingt im Gleichschritt)"
+    ));
+    Err(Verdict::Finding)
 }
 
 // ---- lesson 7 ----
@@ -1515,6 +2068,7 @@ fn l7_slot(rg: usize, half: usize, lane: usize, m: usize) -> (usize, usize) {
 fn lesson7(m: &Module, out: &mut Out) -> Verdict {
     verdict(
         |out| {
+            no_unordered_shared_read(m, out)?;
             out.say(tr!(
                 "case 1: K 64 x 64 (bf16, every element its own bit pattern), 1 block of 32 threads: 16 ldmatrix_x4 from the shared tile",
                 "Fall 1: K 64 x 64 (bf16, jedes Element mit eigenem Bitmuster), 1 Block mit 32 Threads: 16 ldmatrix_x4 aus der Shared-Kachel"
@@ -1713,7 +2267,12 @@ mod tests {
         let ptx_path = root.join("target/lessons").join(format!("mutant-{name}.ptx"));
         let m = crate_dir.join("Cargo.toml").display().to_string();
         let ptx = compile(&["--manifest-path", &m], &ptx_path).unwrap_or_else(|e| panic!("mutant {name}: {e}"));
-        let out = Out { quiet: true, src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()), ..Out::default() };
+        let out = Out {
+            quiet: true,
+            src: Some(paths::rel(&crate_dir.join("kernel.rs")).into()),
+            ptx: Some(ptx.clone()),
+            ..Out::default()
+        };
         (Module::load(&ptx).unwrap(), out)
     }
 
@@ -1887,6 +2446,168 @@ mod tests {
             hint.contains("lane 0, register b0 holds K[0, 8..9], which belongs in b1 of lane 0; b0 of lane 0 must hold K[0, 0..1]"),
             "{}",
             out.text
+        );
+    }
+
+    /// The usual mistakes, each applied to a solution: the hint names the mistake made (its
+    /// output is what the checker's reference with that mistake gives), not another one.
+    fn skip_without_toolchain() -> bool {
+        if let Err(e) = toolchain::ensure() {
+            eprintln!("SKIPPED: the lessons are not built without the kernel toolchain: {e}");
+            return true;
+        }
+        false
+    }
+
+    /// The references with a mistake, without it, are the f64 references.
+    #[test]
+    fn the_mistake_references_without_a_mistake_are_the_references() {
+        let mut rng = Rng(3);
+        let (sq, skv) = (70, 100);
+        let (q, k, v) = (rng.vec(sq * 32, 1.0), rng.vec(skv * 32, 1.0), rng.vec(skv * 32, 1.0));
+        for causal in [false, true] {
+            let (o, lse) = attention_ref(&q, &k, &v, sq, skv, causal, 0.2);
+            let (so, slse) = flash_sim(&q, &k, &v, sq, skv, causal, 0.2, L5Flaw::None);
+            let f32s = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
+            assert!(same_output(&f32s(&so), &o, 1e-6) && same_output(&f32s(&slse), &lse, 1e-6), "causal {causal}");
+        }
+        let s6: Vec<f32> = l6_mma_sim([0, 1, 2, 3], [0, 1]).iter().map(|&x| x as f32).collect();
+        let want: Vec<f64> =
+            (0..128).map(|x| (0..16).map(|c| l6_q(x / 8, c) as f64 * l6_k(x % 8, c) as f64).sum()).collect();
+        assert!(same_output(&s6, &want, 1e-6));
+        let x = rng.vec(6 * 40, 1.0);
+        let right: Vec<f32> = softmax_rows(&x, 40).iter().map(|&y| y as f32).collect();
+        assert!(same_output(&right, &softmax_sim(&x, 6, 40, 2, L2Flaw::Rows(|b, w| b * 4 + w)), 1e-6));
+    }
+
+    #[test]
+    fn lesson5_a_forgotten_rescale_and_unmasked_tail_keys_are_told_apart() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "no_rescale_l5",
+            &[
+                ("l = l * alpha + p;", "l += p;"),
+                ("fma(p, unsafe { *v_s.add(r * D + c) }, *a * alpha)", "fma(p, unsafe { *v_s.add(r * D + c) }, *a)"),
+            ],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("l and acc are not rescaled"), "{}", out.text);
+        assert!(!hint.contains("seq_kv"), "{hint}");
+
+        let (m, mut out) = mutant(
+            "05-flash-forward",
+            "tail_unmasked_l5",
+            &[(
+                "if ((kv0 as usize + r) as i64) >= key_end {",
+                "if ((kv0 as usize + r) as i64) >= key_end && kv0 as usize + r < seq_kv as usize {",
+            )],
+        );
+        assert_eq!(lesson5(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("keys past seq_kv"), "{}", out.text);
+        assert!(!hint.contains("alpha"), "{hint}");
+    }
+
+    #[test]
+    fn lesson6_b0_and_b1_swapped_in_the_mma_is_named() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let (m, mut out) = mutant(
+            "06-mma-qk",
+            "mma_b_swapped_l6",
+            &[("Bf16::mma(&mut d, &a, b[0], b[1]);", "Bf16::mma(&mut d, &a, b[1], b[0]);")],
+        );
+        assert_eq!(lesson6(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("as if its operands were b1, b0"), "{}", out.text);
+        assert!(!hint.contains("store of D"), "{hint}");
+    }
+
+    #[test]
+    fn lesson4_a_wrong_lse_formula_is_named_and_not_the_rescale() {
+        if skip_without_toolchain() {
+            return;
+        }
+        for (name, formula) in [("lse_base2_l4", "m + log2(l)"), ("lse_half_l4", "LN2 * m + log2(l)")] {
+            let (m, mut out) = mutant("04-online-softmax", name, &[("LN2 * (m + log2(l))", formula)]);
+            assert_eq!(lesson4(&m, &mut out), Verdict::Wrong, "{}", out.text);
+            let hint = hint_of(&out.text);
+            assert!(hint.contains("O is right; LSE"), "{}", out.text);
+            assert!(hint.contains(formula), "{}", out.text);
+            assert!(!hint.contains("alpha"), "{hint}");
+        }
+    }
+
+    #[test]
+    fn lesson3_a_transposed_product_index_is_named() {
+        if skip_without_toolchain() {
+            return;
+        }
+        for (name, from, to, named) in [
+            ("transposed_q_l3", "qs.add((ty * T + kk) as usize)", "qs.add((kk * T + ty) as usize)", "`Qs[k][ty]`"),
+            ("transposed_k_l3", "ks.add((tx * T + kk) as usize)", "ks.add((kk * T + tx) as usize)", "`Ks[k][tx]`"),
+        ] {
+            let (m, mut out) = mutant("03-tiled-qk", name, &[(from, to)]);
+            assert_eq!(lesson3(&m, &mut out), Verdict::Wrong, "{}", out.text);
+            let hint = hint_of(&out.text);
+            assert!(hint.contains(named), "{}", out.text);
+            assert!(!hint.contains("load zeros"), "{hint}");
+        }
+    }
+
+    #[test]
+    fn lesson2_a_wrong_row_index_is_named_and_a_per_lane_return_is_a_finding() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let row = "let row = ctaid_x() * 4 + tid_x() / 32;";
+        let (m, mut out) =
+            mutant("02-warp-softmax", "row_index_l2", &[(row, "let row = ctaid_x() * 4 + tid_x() / 64;")]);
+        assert_eq!(lesson2(&m, &mut out), Verdict::Wrong, "{}", out.text);
+        let hint = hint_of(&out.text);
+        assert!(hint.contains("`row = ctaid_x() * 4 + tid_x() / 64`"), "{}", out.text);
+        assert!(!hint.contains("columns past 32"), "{hint}");
+
+        // Lanes without a column leave before the shuffles: at 20 columns a shuffle reads a lane
+        // that has returned.
+        let ret = "    if row >= rows {\n        return;\n    }\n";
+        let (m, mut out) = mutant(
+            "02-warp-softmax",
+            "lane_return_l2",
+            &[(ret, &format!("{ret}    if lane >= cols {{\n        return;\n    }}\n"))],
+        );
+        assert_eq!(lesson2(&m, &mut out), Verdict::Finding, "{}", out.text);
+        assert!(out.text.contains("VM finding: shuffle from an exited lane"), "{}", out.text);
+        assert!(hint_of(&out.text).contains("return per warp"), "{}", out.text);
+    }
+
+    /// Lessons 6 and 7 (one warp) without their barrier: the read by ldmatrix of what other
+    /// lanes stored is not ordered after the store, a finding naming both lines.
+    #[test]
+    fn lessons_6_and_7_without_their_barrier_are_a_finding() {
+        if skip_without_toolchain() {
+            return;
+        }
+        for (dir, name, check) in [
+            ("06-mma-qk", "no_barrier_l6", lesson6 as fn(&Module, &mut Out) -> Verdict),
+            ("07-swizzle", "no_barrier_l7", lesson7),
+        ] {
+            let (m, mut out) = mutant(dir, name, &[("    sync_threads();\n", "")]);
+            assert_eq!(check(&m, &mut out), Verdict::Finding, "{}", out.text);
+            assert!(out.text.contains("a shared-memory read with no barrier after the write"), "{}", out.text);
+            let write = out.text.lines().find(|l| l.trim_start().starts_with("write")).unwrap_or("");
+            assert!(write.contains(&format!("target/lesson-mutants/{name}/kernel.rs:")), "{}", out.text);
+            assert!(hint_of(&out.text).contains("`sync_threads()` is missing"), "{}", out.text);
+        }
+        assert_eq!(unordered_shared_read("st.shared.b32 [a], 1;\nbar.warp.sync -1;\nldmatrix.x;\n"), None);
+        assert_eq!(
+            unordered_shared_read("cp.async.cg.shared.global [a], [b], 16;\ncp.async.wait_all;\nldmatrix.x;\n"),
+            Some((1, 3))
         );
     }
 

@@ -158,6 +158,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
+    vm.set_bank_conflicts(cli.vm_bank_conflicts);
     let mut l = Launcher::with_vm(vm, &module);
     for (i, b) in bufs.iter().enumerate() {
         l.input_bytes(&b.name, &init_bytes(b, a.seed + i as u64)?).map_err(|e| vm_error(&a.kernel, e))?;
@@ -181,6 +182,10 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "launched `{}` grid {grid:?} block {block:?} smem {} B in the VM: {} thread instructions",
             a.kernel, a.smem, stats.thread_instructions
         );
+    }
+    let banks = memattn_cli::runner::bank_lines(&stats.bank_conflicts);
+    if cli.vm_bank_conflicts && !cli.json {
+        print_banks(&banks);
     }
     for b in show {
         let raw = l.read_bytes(&b.name).map_err(|e| vm_error(&a.kernel, e))?;
@@ -215,9 +220,37 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "smem_bytes": a.smem,
             "thread_instructions": stats.thread_instructions,
             "buffers": shown,
+            "bank_conflicts": cli.vm_bank_conflicts.then_some(&banks),
         }));
     }
     Ok(exit::SUCCESS)
+}
+
+/// `--vm-bank-conflicts`: the launch's shared-memory wavefronts against the minimum (one per
+/// phase), then every source line (PTX line without `.loc`) that took more, in the order the
+/// kernel first ran them.
+fn print_banks(banks: &[memattn_cli::runner::BankLine]) {
+    let (w, i) = banks.iter().fold((0, 0), |(w, i), b| (w + b.wavefronts, i + b.ideal));
+    if banks.is_empty() {
+        println!("banks: no shared-memory ld, st or ldmatrix ran");
+        return;
+    }
+    println!("banks: {w} shared-memory wavefronts for a minimum of {i} ({:.2}x)", w as f64 / i.max(1) as f64);
+    let mut any = false;
+    for b in banks.iter().filter(|b| b.wavefronts > b.ideal) {
+        any = true;
+        println!(
+            "  {}: {} wavefronts for {} ({:.1}-way), {} warp-wide executions",
+            b.at,
+            b.wavefronts,
+            b.ideal,
+            b.wavefronts as f64 / b.ideal.max(1) as f64,
+            b.executions
+        );
+    }
+    if !any {
+        println!("  no bank conflicts: every shared access took one wavefront per phase");
+    }
 }
 
 /// `--grid`/`--block` of a launch: X[,Y[,Z]], every given dimension at least 1.

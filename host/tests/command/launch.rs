@@ -140,3 +140,98 @@ fn max_seconds_outside_its_range_is_a_usage_error() {
         }
     }
 }
+
+/// A 32 x 32 f32 transpose through a shared tile, one thread per element (block 32 x 32, one
+/// warp per row `ty`): `x[ty][tx]` stored at `tile[ty * STRIDE + tx]`, `y[ty][tx]` read from
+/// `tile[tx * STRIDE + ty]`.
+fn transpose_ptx(stride: u32) -> String {
+    format!(
+        ".version 7.0\n.target sm_80\n.address_size 64\n.shared .align 4 .b8 tile[{bytes}];\n\
+         .visible .entry transpose32(\n\t.param .u64 in,\n\t.param .u64 out\n)\n{{\n\
+         \t.reg .b32 %r<6>;\n\t.reg .b64 %rd<12>;\n\t.reg .f32 %f<2>;\n\
+         \tld.param.u64 %rd1, [in];\n\tld.param.u64 %rd2, [out];\n\
+         \tcvta.to.global.u64 %rd1, %rd1;\n\tcvta.to.global.u64 %rd2, %rd2;\n\
+         \tmov.u32 %r1, %tid.x;\n\tmov.u32 %r2, %tid.y;\n\
+         \tshl.b32 %r3, %r2, 5;\n\tadd.s32 %r3, %r3, %r1;\n\tmul.wide.u32 %rd3, %r3, 4;\n\
+         \tadd.s64 %rd4, %rd1, %rd3;\n\tld.global.f32 %f1, [%rd4];\n\
+         \tmul.lo.s32 %r4, %r2, {stride};\n\tadd.s32 %r4, %r4, %r1;\n\tmul.wide.u32 %rd5, %r4, 4;\n\
+         \tmov.u64 %rd6, tile;\n\tadd.s64 %rd7, %rd6, %rd5;\n\tst.shared.f32 [%rd7], %f1;\n\
+         \tbar.sync 0;\n\
+         \tmul.lo.s32 %r5, %r1, {stride};\n\tadd.s32 %r5, %r5, %r2;\n\tmul.wide.u32 %rd8, %r5, 4;\n\
+         \tadd.s64 %rd9, %rd6, %rd8;\n\tld.shared.f32 %f1, [%rd9];\n\
+         \tadd.s64 %rd11, %rd2, %rd3;\n\tst.global.f32 [%rd11], %f1;\n\tret;\n}}\n",
+        bytes = 32 * stride * 4
+    )
+}
+
+/// `launch --vm-bank-conflicts` counts the shared-memory wavefronts. The unpadded transpose
+/// reads a column of the tile: word `tx * 32 + ty` is in bank `ty` for every lane, so each of the
+/// 32 warps' reads takes 32 wavefronts (32-way, 1024 in all for a minimum of 32); its stores
+/// (a row, 32 banks) take one each. Padded to 33 words a row, lane `tx` reads bank
+/// `(tx + ty) % 32`: no conflicts. Both transpose correctly.
+#[test]
+fn launch_reports_the_bank_conflicts_of_a_transpose() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memattn-launch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |stride: u32, json: bool| {
+        let f = dir.join(format!("transpose{stride}.ptx"));
+        std::fs::write(&f, transpose_ptx(stride)).unwrap();
+        let mut a = vec!["--backend", "vm", "--vm-bank-conflicts", "--ptx", f.to_str().unwrap()];
+        if json {
+            a.push("--json");
+        }
+        a.extend([
+            "launch",
+            "transpose32",
+            "--block",
+            "32,32",
+            "--arg",
+            "buf=x",
+            "--arg",
+            "buf=y",
+            "--buf",
+            "x=f32:1024:iota",
+            "--buf",
+            "y=f32:1024",
+            "--show",
+            "y",
+            "--count",
+            "1024",
+        ]);
+        let o = memattn(&a);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    };
+    for stride in [32, 33] {
+        let v: serde_json::Value = serde_json::from_slice(&run(stride, true).stdout).unwrap();
+        let y = v["buffers"]["y"]["first"].as_array().unwrap();
+        for (i, e) in y.iter().enumerate() {
+            assert_eq!(e.as_str().unwrap().parse::<f32>().unwrap(), ((i % 32) * 32 + i / 32) as f32, "y[{i}]");
+        }
+        let lines = v["bank_conflicts"].as_array().unwrap();
+        let (st, ld) = (&lines[0], &lines[1]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(st["at"].as_str().unwrap().starts_with("PTX line "), "{st}");
+        assert_eq!(
+            (st["executions"].as_u64(), st["wavefronts"].as_u64(), st["ideal"].as_u64()),
+            (Some(32), Some(32), Some(32))
+        );
+        let want = if stride == 32 { 32 * 32 } else { 32 };
+        assert_eq!(
+            (ld["executions"].as_u64(), ld["wavefronts"].as_u64(), ld["ideal"].as_u64()),
+            (Some(32), Some(want), Some(32))
+        );
+    }
+    let text = String::from_utf8_lossy(&run(32, false).stdout).to_string();
+    assert!(text.contains("banks: 1056 shared-memory wavefronts for a minimum of 64 (16.50x)"), "{text}");
+    assert!(text.contains(": 1024 wavefronts for 32 (32.0-way), 32 warp-wide executions"), "{text}");
+    let text = String::from_utf8_lossy(&run(33, false).stdout).to_string();
+    assert!(text.contains("banks: 64 shared-memory wavefronts for a minimum of 64 (1.00x)"), "{text}");
+    assert!(text.contains("no bank conflicts"), "{text}");
+}

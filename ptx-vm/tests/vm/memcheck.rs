@@ -613,3 +613,16 @@ fn a_full_warp_loading_from_two_allocations_reads_each() {
         "{f:?}"
     );
 }
+
+#[test]
+fn a_shuffle_that_reads_an_exited_lane_is_a_finding() {
+    // Lanes 20-31 return before the butterfly; at xor 16 lanes 4-15 read lanes 20-31.
+    let body = "mov.u32 %r1, %tid.x;\n setp.ge.u32 %p1, %r1, 20;\n @%p1 ret;\n\
+        shfl.sync.bfly.b32 %r2, %r1, 1, 31, -1; // ONE\n\
+        shfl.sync.bfly.b32 %r3, %r1, 16, 31, -1; // SIXTEEN\n";
+    let (f, src, _) = finding("", body, 1, 32, 4);
+    assert_eq!(f.kind, "shuffle from an exited lane");
+    assert_eq!(f.line, line_of(&src, "// SIXTEEN"), "xor 1 stays among lanes 0-19");
+    assert_eq!(f.thread, [4, 0, 0]);
+    assert!(f.nearest_allocation.as_deref().unwrap().contains("lane 4 reads lane 20"), "{f:?}");
+}

@@ -508,14 +508,19 @@ fn a_join_laid_out_before_one_path_reconverges_before_its_collectives() {
         let word = 4 * (l / 4) as u32 + (l % 4) as u32;
         assert_eq!(w[2 * l + 1], word, "ldmatrix lane {l}");
     }
-    // A path that never reaches the collective is still divergence, found once the waiting
-    // lanes can be joined by nobody: the upper half exits before the join.
+    // A path that never reaches the collectives: the upper half exits before the join. A
+    // shuffle's member lanes that have exited are not counted as missing, but the butterfly
+    // reads them (xor 16), and what an exited lane gives is undefined: that is the finding.
     let exited = body.replace("HIGH:\n mov.u32 %r5, 200;\n bra.uni JOIN;", "HIGH:\n ret;");
     let f = finding_of(run_io(decls, &exited, 32, &[], 32 * 8));
+    assert_eq!(f.kind, "shuffle from an exited lane", "{f:?}");
+    assert_eq!(f.line, line_of(&kernel(decls, &exited), "// SHFL"));
+    // Without the shuffle the aligned ldmatrix, which needs all 32 lanes, is divergence, found
+    // once the waiting lanes can be joined by nobody.
+    let no_shfl = exited.replace("shfl.sync.bfly.b32 %r6, %r5, 16, 31, -1; // SHFL", "mov.u32 %r6, %r5;");
+    let f = finding_of(run_io(decls, &no_shfl, 32, &[], 32 * 8));
     assert_eq!(f.kind, "warp collective divergence", "{f:?}");
-    // (A shuffle's member lanes that have exited are not counted as missing; the aligned
-    // ldmatrix needs all 32.)
-    assert_eq!(f.line, line_of(&kernel(decls, &exited), "// LDSM"));
+    assert_eq!(f.line, line_of(&kernel(decls, &no_shfl), "// LDSM"));
     // Two halves parked at two different collectives wait for each other: divergence, not a hang.
     let crossed = body.replace(
         "HIGH:\n mov.u32 %r5, 200;\n bra.uni JOIN;",
