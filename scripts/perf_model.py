@@ -143,30 +143,24 @@ def round_cycles(k, occ, p, active_per_smsp=None):
 
 
 # ---- component 4: blocks, causal imbalance and waves ---------------------------------------------
-def block_cycles(k, occ, p, seq, m, causal):
-    """Cycles of query block m (all its key tiles). Causal: the block stops at the tile holding its
-    last row's key; on tiles past its first row a memattn warp whose rows see none of the tile's keys
-    skips it (the busiest SMSP sets the round), FlashAttention-2 computes and masks whole tiles."""
-    ntiles = -(-seq // k['bc'])
-    full = round_cycles(k, occ, p)
-    if not causal:
-        return ntiles * full
-    last_row = min(seq, (m + 1) * k['br']) - 1
-    first_row = m * k['br']
-    ntiles = last_row // k['bc'] + 1
-    cycles = 0.0
+def block_cycles(k, occ, p, seq, m, causal, rounds):
+    """Cycles of query block m (all its key tiles); rounds[nb] is a round with nb busy warps per SMSP.
+    Causal: the block stops at the tile holding its last row's key; on tiles past its first row a
+    memattn warp whose rows see none of the tile's keys skips it (the busiest SMSP sets the round),
+    FlashAttention-2 computes and masks whole tiles."""
     per_smsp = -(-k['warps'] // SMSP)
-    for j in range(ntiles):
-        key0 = j * k['bc']
-        if key0 + k['bc'] - 1 <= first_row or not k['warp_skips_masked']:
-            cycles += full
-            continue
+    if not causal:
+        return -(-seq // k['bc']) * rounds[per_smsp]
+    first_row, last_row = m * k['br'], min(seq, (m + 1) * k['br']) - 1
+    ntiles = last_row // k['bc'] + 1
+    unmasked = ntiles if not k['warp_skips_masked'] else min(ntiles, (first_row + 1) // k['bc'])
+    cycles = unmasked * rounds[per_smsp]
+    for j in range(unmasked, ntiles):
         active = [0] * SMSP
         for w in range(k['warps']):
-            if first_row + (w + 1) * k['rows_per_warp'] - 1 >= key0:
+            if first_row + (w + 1) * k['rows_per_warp'] - 1 >= j * k['bc']:
                 active[w % SMSP] += 1
-        nb = max(active)
-        cycles += full if nb == per_smsp else round_cycles(k, occ, p, active_per_smsp=nb)
+        cycles += rounds[max(active)]
     return cycles
 
 
@@ -178,18 +172,15 @@ def kernel_ms(k, gpu, p, batch, heads, seq, causal):
     occ = occupancy(gpu, k['regs'], k['smem'], k['warps'])
     mblocks = -(-seq // k['br'])
     pro = p['prologue']
-    durs = [block_cycles(k, occ, p, seq, m, causal) + pro for m in range(mblocks)]
+    per_smsp = -(-k['warps'] // SMSP)
+    rounds = [0.0] + [round_cycles(k, occ, p, active_per_smsp=nb) for nb in range(1, per_smsp + 1)]
+    durs = [block_cycles(k, occ, p, seq, m, causal, rounds) + pro for m in range(mblocks)]
     slots = gpu['sms'] * occ['blocks']
     nblocks = batch * heads * mblocks
     if not causal:
         makespan = -(-nblocks // slots) * durs[0]
     else:
-        free = [0.0] * min(slots, nblocks)
-        heapq.heapify(free)
-        for i in range(nblocks):
-            t = heapq.heappop(free)
-            heapq.heappush(free, t + durs[i % mblocks])
-        makespan = max(free)
+        makespan = greedy_makespan(durs, nblocks, slots)
     ms = makespan / (gpu['clock_ghz'] * 1e6) + LAUNCH_US / 1e3
     hbm = 4 * batch * heads * seq * k['d'] * 2 / (gpu['hbm_tbps'] * 1e12) * 1e3
     return dict(ms=max(ms, hbm), occ=occ, blocks=nblocks, waves=nblocks / slots,
@@ -206,6 +197,296 @@ def limiter(k, occ, p):
     return max(terms, key=terms.get)
 
 
+def greedy_makespan(durs, nblocks, slots):
+    """Blocks i = 0.. (duration durs[i % len(durs)]) taken in order by the first free of `slots` block
+    slots (the hardware's block scheduler, approximately): the time the last one ends."""
+    free = [0.0] * min(slots, nblocks)
+    period = len(durs)
+    for i in range(len(free)):
+        free[i] = durs[i % period]
+    heapq.heapify(free)
+    for i in range(len(free), nblocks):
+        heapq.heapreplace(free, free[0] + durs[i % period])
+    return max(free)
+
+
 def flops(batch, heads, seq, d, causal):
     f = 4.0 * batch * heads * seq * seq * d
     return f / 2 if causal else f
+
+
+# ---- the Hopper forward (wgmma), for the time-sm80/sm90 steps -------------------------------------
+# memattn's sm_90a forward (flash_fwd_sm90.rs): 384 threads, a producer warpgroup and two consumer
+# warpgroups of 64 query rows that ping-pong (one's softmax while the other's wgmma run), Br 128, key
+# tiles of Bc (tiles.rs FLASH_SM90_D<d>), registers and shared memory from ptxas-report-sm90.json.
+# wgmma rate: the bf16 matrix product measured through PyTorch on the H200 kind of machine, 770-798
+# TFLOP/s (docs: /work/shared TOOLCHAIN-FACTS, "A GPU target we know"), is 0.73 of 4096 FLOP/clk/SM
+# at 1.98 GHz over 132 SMs: a warpgroup's GEMMs run at that rate.
+WGMMA_EFFICIENCY = 784e12 / (4096 * 132 * 1.98e9)
+SM90_BC = {64: 128, 128: 128, 256: 64}
+SM90_TIMED = {64: (0.941, 1.075), 128: (1.111, 0.609), 256: (1.100, 0.626)}   # docs/gpu-h200.md: sm80, sm90 ms
+
+
+def sm90_spec(d):
+    regs, smem = read_ptxas('ptxas-report-sm90.json', 'sm_90a')['flash_fwd_bf16_sm90_d%d' % d]
+    return dict(d=d, br=128, bc=SM90_BC[d], warps=12, regs=regs, smem=smem, kind='wgmma')
+
+
+def sm90_round_cycles(k, p):
+    """One key tile of one block (both consumer warpgroups): each warpgroup's GEMMs G, its softmax S
+    (MUFU-bound: 16 rows x Bc exps per warp, 8 cycles per ex2 instruction) and the dependency latency
+    L; with ping-pong the tensor core is busy 2 G and a warpgroup's turn takes G + S + L."""
+    g = 64 * k['bc'] * k['d'] * 4 / (k_tc_per_clk() * WGMMA_EFFICIENCY)
+    s = 16 * k['bc'] / 32 * MUFU_CYCLES
+    return max(2 * g, g + s + p['latency']), dict(gemm=g, softmax=s)
+
+
+def k_tc_per_clk():
+    return GPUS['H200']['tc_flop_per_clk_sm']
+
+
+def sm90_ms(d, p, batch, heads, seq, causal):
+    """The Hopper forward's time with the same block scheduling and prologue as the sm_80 model; one
+    block per SM (168 registers x 384 threads at launch). A causal tile is computed whole."""
+    gpu = GPUS['H200']
+    k = sm90_spec(d)
+    occ = occupancy(gpu, k['regs'], k['smem'], k['warps'])
+    rnd, parts = sm90_round_cycles(k, p)
+    mblocks = -(-seq // k['br'])
+    durs = []
+    for m in range(mblocks):
+        tiles = ((min(seq, (m + 1) * k['br']) - 1) // k['bc'] + 1) if causal else -(-seq // k['bc'])
+        durs.append(tiles * rnd + p['prologue'])
+    ms = greedy_makespan(durs, batch * heads * mblocks, gpu['sms'] * occ['blocks']) / (gpu['clock_ghz'] * 1e6) + LAUNCH_US / 1e3
+    lim = 'tensor (wgmma)' if 2 * parts['gemm'] >= parts['gemm'] + parts['softmax'] + p['latency'] else 'softmax + latency'
+    return dict(ms=ms, occ=occ, limiter=lim, **parts)
+
+
+# ---- fitting -------------------------------------------------------------------------------------
+PARAMS = ('hmma_cycles', 'latency', 'prologue')
+START = dict(hmma_cycles=8.0, latency=1500.0, prologue=5000.0)
+
+
+def nelder_mead(f, x0, step, iters=100):
+    """Minimise f from x0: the textbook Nelder-Mead simplex (reflect, expand, contract, shrink),
+    deterministic, a fixed number of iterations."""
+    n = len(x0)
+    pts = [list(x0)] + [[x0[j] + (step[j] if j == i else 0.0) for j in range(n)] for i in range(n)]
+    vals = [f(x) for x in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        c = [sum(pts[i][j] for i in range(n)) / n for j in range(n)]
+        xr = [2 * c[j] - pts[-1][j] for j in range(n)]
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = [3 * c[j] - 2 * pts[-1][j] for j in range(n)]
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = [(c[j] + pts[-1][j]) / 2 for j in range(n)]
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                for i in range(1, n + 1):
+                    pts[i] = [(pts[0][j] + pts[i][j]) / 2 for j in range(n)]
+                    vals[i] = f(pts[i])
+    best = min(range(n + 1), key=lambda i: vals[i])
+    return pts[best], vals[best]
+
+
+# ---- the measured H200 forward table -------------------------------------------------------------
+def measured_rows():
+    """docs/gpu-h200/bench.jsonl: the 21 shapes of table.txt, both sides' times."""
+    path = os.path.join(ROOT, 'docs', 'gpu-h200', 'bench.jsonl')
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def shape_name(r):
+    return '%s %dx%dx%dx%d' % (r['dtype'], r['batch'], r['heads'], r['seq'], r['head_dim'])
+
+
+# The held-out split: the head dims in order 32, 64, 96, 128, 192, 256; the parameters of the split fit
+# are fitted on the 1st, 3rd and 5th (32, 96, 192: 6 rows) and predict the others (64, 128, 256: 15
+# rows, the f16 row included), kernels whose tiles and occupancy the fit never saw.
+FIT_DIMS = (32, 96, 192)
+
+
+def predict_row(r, specs, p, gpu=GPUS['H200']):
+    d, args = r['head_dim'], (r['batch'], r['heads'], r['seq'], r['causal'])
+    ours = kernel_ms(specs[('memattn', d)], gpu, p, *args)
+    fa2 = kernel_ms(specs[('fa2', d)], gpu, p, *args)
+    return ours, fa2
+
+
+def fit(rows, specs):
+    """Global parameters minimising the squared log errors of both sides' times (memattn and FA2)
+    over `rows`; searched in log space so they stay positive."""
+    def loss(x):
+        p = dict(zip(PARAMS, (math.exp(v) for v in x)))
+        err = 0.0
+        for r in rows:
+            ours, fa2 = predict_row(r, specs, p)
+            err += math.log(ours['ms'] / r['memattn_ms']) ** 2 + math.log(fa2['ms'] / r['torch_ms']) ** 2
+        return err
+    x, _ = nelder_mead(loss, [math.log(START[k]) for k in PARAMS], [0.3] * len(PARAMS))
+    return {k: float('%.4g' % math.exp(v)) for k, v in zip(PARAMS, x)}
+
+
+def within(pred, meas, tol=0.15):
+    return abs(pred / meas - 1.0) <= tol
+
+
+def calibration(specs):
+    """One entry per measured shape: the model's ratio with the parameters fitted on all rows, and the
+    ratio from the split fit (held_out rows were not in that fit)."""
+    rows = measured_rows()
+    p_all = fit(rows, specs)
+    p_half = fit([r for r in rows if r['head_dim'] in FIT_DIMS], specs)
+    out = []
+    for r in rows:
+        ours, fa2 = predict_row(r, specs, p_all)
+        h_ours, h_fa2 = predict_row(r, specs, p_half)
+        f = flops(r['batch'], r['heads'], r['seq'], r['head_dim'], r['causal'])
+        out.append({
+            'shape': shape_name(r), 'causal': r['causal'], 'measured': round(r['ratio'], 3),
+            'predicted': round(fa2['ms'] / ours['ms'], 3),
+            'held_out': r['head_dim'] not in FIT_DIMS,
+            'predicted_split_fit': round(h_fa2['ms'] / h_ours['ms'], 3),
+            'memattn_ms': {'measured': round(r['memattn_ms'], 4), 'predicted': round(ours['ms'], 4)},
+            'fa2_ms': {'measured': round(r['torch_ms'], 4), 'predicted': round(fa2['ms'], 4)},
+            'memattn_tflops': {'measured': round(r['memattn_tflops'], 1), 'predicted': round(f / ours['ms'] / 1e9, 1)},
+            'fa2_tflops': {'measured': round(r['torch_tflops'], 1), 'predicted': round(f / fa2['ms'] / 1e9, 1)},
+            'memattn': {'blocks_per_sm': ours['occ']['blocks'], 'warps_per_sm': ours['occ']['warps'],
+                        'occupancy_limit': ours['occ']['limit'], 'waves': round(ours['waves'], 2),
+                        'limiter': ours['limiter']},
+            'fa2': {'blocks_per_sm': fa2['occ']['blocks'], 'warps_per_sm': fa2['occ']['warps'],
+                    'occupancy_limit': fa2['occ']['limit'], 'waves': round(fa2['waves'], 2),
+                    'limiter': fa2['limiter']},
+        })
+    hopper = []
+    for d in sorted(SM90_TIMED):
+        b, h, s = 4, 2048 // d, 4096
+        old = kernel_ms(specs[('memattn', d)], GPUS['H200'], p_all, b, h, s, True)
+        new = sm90_ms(d, p_all, b, h, s, True)
+        m80, m90 = SM90_TIMED[d]
+        hopper.append({
+            'shape': 'bf16 %dx%dx%dx%d' % (b, h, s, d), 'causal': True, 'kernel': 'flash_fwd_bf16_sm90_d%d' % d,
+            'measured': round(m80 / m90, 3), 'predicted': round(old['ms'] / new['ms'], 3),
+            'ratio_of': 'sm90 kernel speed / sm80 kernel speed',
+            'sm90_ms': {'measured': m90, 'predicted': round(new['ms'], 4)},
+            'sm80_ms': {'measured': m80, 'predicted': round(old['ms'], 4)},
+            'sm90': {'blocks_per_sm': new['occ']['blocks'], 'occupancy_limit': new['occ']['limit'],
+                     'gemm_cycles_per_warpgroup_tile': round(new['gemm']), 'softmax_cycles': round(new['softmax']),
+                     'limiter': new['limiter']},
+        })
+    return dict(params_all=p_all, params_split=p_half, rows=out, hopper=hopper)
+
+
+# ---- decode: bytes in flight against memory latency ----------------------------------------------
+# Each decode kernel walks its split's keys tile by tile; K and V have one buffer each, so a block has
+# one tile's load outstanding at a time and waits for it (decode_mma.rs: wait for K, start V, S and
+# the softmax, wait for V, start the next K, P V; decode_fwd.rs stages K and V together with plain
+# loads, then computes key by key). The bytes a block has in flight are therefore one tile, and
+# Little's law gives the bandwidth: BW = min(HBM, bytes in flight over all SMs / latency).
+# Registers: at the H200 run (commit a2b6b1f's ptxas-report.json, sm_90 row) and now.
+DECODE_KERNELS = {
+    'decode_mma_bf16_d128': dict(bc=64, rows=16, warps=4, elem=2, smem=36864, regs_run=191, kv_per_phase=1),
+    'decode_mma_fp8_e4m3_d128': dict(bc=64, rows=16, warps=4, elem=1, smem=36864, regs_run=166, kv_per_phase=1),
+    'decode_fwd_bf16_d128': dict(bc=32, rows=8, warps=4, elem=2, smem=32768, regs_run=95, kv_per_phase=2, simt=True),
+    # PyTorch SDPA's FA2 split-KV forward at d128 (flash_fwd_launch_template.h, run_mha_fwd_splitkv_dispatch:
+    # kBlockM 64, kBlockN 128, 4 warps; smem (64 + 2 x 128) x 128 x 2; registers assumed 255 as its forward's).
+    'fa2_splitkv_d128': dict(bc=128, rows=64, warps=4, elem=2, smem=(64 + 256) * 128 * 2, regs_run=255, kv_per_phase=1),
+}
+DECODE_PARAMS = ('mem_latency_us', 'loaded_latency_us', 'call_us', 'simt_key_cycles')
+DECODE_START = dict(mem_latency_us=0.6, loaded_latency_us=0.4, call_us=20.0, simt_key_cycles=400.0)
+
+
+def fa2_num_splits(blocks, sms, n_blocks, max_splits=128):
+    """FlashAttention-2's num_splits_heuristic, as memattn/src/decode.rs copies it."""
+    if blocks >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, n_blocks)
+    eligible = lambda n: n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1))
+    eff = lambda n: (blocks * n / sms) / math.ceil(blocks * n / sms)
+    best = max(eff(n) for n in range(1, max_splits + 1) if eligible(n))
+    return next(n for n in range(1, max_splits + 1) if eligible(n) and eff(n) >= 0.85 * best)
+
+
+def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=None, stages=1, paged=False,
+              appends=0, gpu=GPUS['H200']):
+    """Predicted time of one decode call (seq_q 1): the call's fixed cost, the decode kernel's blocks
+    (waves of resident blocks, each tile: max(latency at this load, bytes in flight / HBM)), the merge
+    of the splits and any cache append. Returns microseconds and the parts."""
+    k = DECODE_KERNELS[kname]
+    group = heads // heads_kv
+    per_split = -(-group // k['rows']) * heads_kv * batch
+    n_blocks_fa2 = -(-cache // 128)          # memattn/src/decode.rs fa2_block_n(128) = 128
+    nsplit = fa2_num_splits(per_split, gpu['sms'], n_blocks_fa2) if splits == 'auto' else splits
+    blocks = per_split * nsplit
+    occ = occupancy(gpu, regs or k['regs_run'], k['smem'] * (stages if stages > 1 else 1), k['warps'])
+    resident = min(blocks, gpu['sms'] * occ['blocks'])
+    tiles = -(-(-(-cache // k['bc'])) // nsplit)
+    tile_bytes = k['bc'] * d * k['elem'] * k['kv_per_phase']
+    inflight = resident * tile_bytes * stages
+    bw = gpu['hbm_tbps'] * 1e6                # bytes per microsecond
+    load = min(1.0, inflight / (bw * p['mem_latency_us']))
+    latency = p['mem_latency_us'] + p['loaded_latency_us'] * load
+    phases = tiles * (2 // k['kv_per_phase'])
+    phase_us = max(latency / stages, inflight / stages / bw)
+    if k.get('simt'):
+        phase_us += k['bc'] * p['simt_key_cycles'] / (gpu['clock_ghz'] * 1e3)
+    if paged:
+        phases_with_lookup = tiles
+        phase_us_lookup = p['mem_latency_us']
+    else:
+        phases_with_lookup, phase_us_lookup = 0, 0.0
+    waves = -(-blocks // resident)
+    kernel = waves * (phases * phase_us + phases_with_lookup * phase_us_lookup + 2 * p['mem_latency_us'])
+    merge = 0.0
+    if nsplit > 1:
+        rows = batch * heads
+        merge = LAUNCH_US + 2 * p['mem_latency_us'] + nsplit * rows * (d + 1) * 4 / bw
+    append = appends * (LAUNCH_US + p['mem_latency_us'])
+    total = p['call_us'] + kernel + merge + append
+    kv_bytes = 2 * batch * heads_kv * cache * d * k['elem']
+    return dict(us=total, gbps=kv_bytes / total / 1e3, splits=nsplit, blocks=blocks, blocks_per_sm=occ['blocks'],
+                resident=resident, inflight_per_sm=inflight / min(gpu['sms'], resident), kernel_us=kernel,
+                merge_us=merge, call_us=p['call_us'], latency_us=latency, phases=phases, kv_bytes=kv_bytes)
+
+
+# The measured decode figures (docs/gpu-h200.md, "Decode against PyTorch SDPA"; heads 32/8, d128).
+DECODE_MEASURED = [
+    dict(shape='bf16 batch 8 heads 32/8 d128 cache 32768 splits auto', kernel='decode_mma_bf16_d128',
+         args=dict(batch=8, cache=32768), measured_ms=0.485),
+    dict(shape='bf16 batch 8 heads 32/8 d128 cache 32768 splits auto', kernel='decode_fwd_bf16_d128',
+         args=dict(batch=8, cache=32768), measured_ms=4.139),
+    dict(shape='bf16 batch 1 heads 32/8 d128 cache 8192 splits auto', kernel='decode_mma_bf16_d128',
+         args=dict(batch=1, cache=8192), measured_ms=0.0373),
+    dict(shape='bf16 batch 1 heads 32/8 d128 cache 8192 splits 1', kernel='decode_mma_bf16_d128',
+         args=dict(batch=1, cache=8192, splits=1), measured_ms=0.197),
+    dict(shape='e4m3 batch 1 heads 32/8 d128 cache 8192 (+1 appended) page 16 splits auto', kernel='decode_mma_fp8_e4m3_d128',
+         args=dict(batch=1, cache=8193, paged=True, appends=1), measured_ms=0.0528),
+    dict(shape='bf16 batch 8 heads 32/8 d128 cache 32768 (PyTorch SDPA)', kernel='fa2_splitkv_d128',
+         args=dict(batch=8, cache=32768), measured_ms=0.25513601303100586),
+    dict(shape='bf16 batch 1 heads 32/8 d128 cache 8192 (PyTorch SDPA)', kernel='fa2_splitkv_d128',
+         args=dict(batch=1, cache=8192), measured_ms=0.030688000842928886),
+]
+
+
+def decode_predict(m, p, **extra):
+    a = dict(heads=32, heads_kv=8, d=128)
+    a.update(m['args'])
+    a.update(extra)
+    return decode_us(m['kernel'], p, **a)
+
+
+def decode_fit():
+    def loss(x):
+        p = dict(zip(DECODE_PARAMS, (math.exp(v) for v in x)))
+        return sum(math.log(decode_predict(m, p)['us'] / (m['measured_ms'] * 1e3)) ** 2 for m in DECODE_MEASURED)
+    x, _ = nelder_mead(loss, [math.log(DECODE_START[k]) for k in DECODE_PARAMS], [0.3] * len(DECODE_PARAMS), iters=300)
+    return {k: float('%.4g' % math.exp(v)) for k, v in zip(DECODE_PARAMS, x)}
