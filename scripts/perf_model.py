@@ -417,7 +417,7 @@ def fa2_num_splits(blocks, sms, n_blocks, max_splits=128):
 
 
 def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=None, stages=1, paged=False,
-              appends=0, gpu=GPUS['H200']):
+              appends=0, fused_merge=False, gpu=GPUS['H200']):
     """Predicted time of one decode call (seq_q 1): the call's fixed cost, the decode kernel's blocks
     (waves of resident blocks, each tile: max(latency at this load, bytes in flight / HBM)), the merge
     of the splits and any cache append. Returns microseconds and the parts."""
@@ -448,8 +448,10 @@ def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=No
     kernel = waves * (phases * phase_us + phases_with_lookup * phase_us_lookup + 2 * p['mem_latency_us'])
     merge = 0.0
     if nsplit > 1:
+        # a second launch reads every split's LSE, then their O rows (two dependent round trips);
+        # fused (the last block of a row's splits merges them, FlashInfer-style) it costs no launch
         rows = batch * heads
-        merge = LAUNCH_US + 2 * p['mem_latency_us'] + nsplit * rows * (d + 1) * 4 / bw
+        merge = (0.0 if fused_merge else LAUNCH_US) + 2 * p['mem_latency_us'] + nsplit * rows * (d + 1) * 4 / bw
     append = appends * (LAUNCH_US + p['mem_latency_us'])
     total = p['call_us'] + kernel + merge + append
     kv_bytes = 2 * batch * heads_kv * cache * d * k['elem']
@@ -490,3 +492,242 @@ def decode_fit():
         return sum(math.log(decode_predict(m, p)['us'] / (m['measured_ms'] * 1e3)) ** 2 for m in DECODE_MEASURED)
     x, _ = nelder_mead(loss, [math.log(DECODE_START[k]) for k in DECODE_PARAMS], [0.3] * len(DECODE_PARAMS), iters=300)
     return {k: float('%.4g' % math.exp(v)) for k, v in zip(DECODE_PARAMS, x)}
+
+
+def decode_entries(p):
+    """One entry per measured H200 figure (the kernels as they ran), then one per shape for the kernels
+    as they are now (the registers of today's ptxas-report.json, sm_90 row), measured_gbps null."""
+    out = []
+    for m in DECODE_MEASURED:
+        r = decode_predict(m, p)
+        meas = r['kv_bytes'] / (m['measured_ms'] * 1e3) / 1e3
+        out.append(dict(shape=m['shape'], kernel=m['kernel'], registers=DECODE_KERNELS[m['kernel']]['regs_run'],
+                        measured_gbps=round(meas), predicted_gbps=round(r['gbps']),
+                        measured_ms=round(m['measured_ms'], 4), predicted_ms=round(r['us'] / 1e3, 4),
+                        splits=r['splits'], blocks=r['blocks'], blocks_per_sm_allowed=r['blocks_per_sm'],
+                        bytes_in_flight_per_sm=round(r['inflight_per_sm']), latency_us=round(r['latency_us'], 3),
+                        kernel_us=round(r['kernel_us'], 1), merge_us=round(r['merge_us'], 1), call_us=r['call_us']))
+    now = read_ptxas()
+    for m in DECODE_MEASURED:
+        if m['kernel'] not in now:
+            continue
+        regs = now[m['kernel']][0]
+        r = decode_predict(m, p, regs=regs)
+        out.append(dict(shape=m['shape'], kernel=m['kernel'], registers=regs, as_of='now', measured_gbps=None,
+                        predicted_gbps=round(r['gbps']), predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'],
+                        blocks=r['blocks'], blocks_per_sm_allowed=r['blocks_per_sm'],
+                        bytes_in_flight_per_sm=round(r['inflight_per_sm'])))
+    return out
+
+
+def decode_advice(p):
+    """What the tensor-core decode needs at the two shapes: the predicted bandwidth over split counts,
+    K/V stages (tiles in flight per block) and key tiles, with today's registers (3 blocks per SM)."""
+    regs = read_ptxas()['decode_mma_bf16_d128'][0]
+    rows = []
+    for batch, cache, target in ((8, 32768, 3840), (1, 8192, 1100)):
+        for splits, stages, bc, fused in [(s_, st, b_, f_) for s_ in ('auto', 2, 4, 8, 16, 32) for st in (1, 2, 3)
+                                          for b_ in (64, 128) for f_ in (False, True)]:
+            if True:
+                if True:
+                    saved = DECODE_KERNELS['decode_mma_bf16_d128']['bc']
+                    DECODE_KERNELS['decode_mma_bf16_d128']['bc'] = bc
+                    smem_scale = bc / 64
+                    DECODE_KERNELS['decode_mma_bf16_d128']['smem'] = int(36864 * smem_scale)
+                    r = decode_us('decode_mma_bf16_d128', p, batch, 32, 8, 128, cache, splits=splits, regs=regs,
+                                  stages=stages, fused_merge=fused)
+                    DECODE_KERNELS['decode_mma_bf16_d128']['bc'] = saved
+                    DECODE_KERNELS['decode_mma_bf16_d128']['smem'] = 36864
+                    rows.append(dict(batch=batch, cache=cache, target_gbps=target, splits=r['splits'], stages=stages,
+                                     bc=bc, fused_merge=fused, predicted_gbps=round(r['gbps']), reaches=r['gbps'] >= target,
+                                     blocks=r['blocks'], bytes_in_flight_per_sm=round(r['inflight_per_sm']),
+                                     kernel_us=round(r['kernel_us'], 1), merge_us=round(r['merge_us'], 1),
+                                     total_us=round(r['us'], 1)))
+    # Little's law alone: the bytes in flight per SM that sustain the target at the loaded latency.
+    need = {}
+    for batch, cache, target in ((8, 32768, 3840), (1, 8192, 1100)):
+        lat = p['mem_latency_us'] + p['loaded_latency_us']
+        need['batch %d cache %d' % (batch, cache)] = dict(
+            target_gbps=target, loaded_latency_us=round(lat, 3),
+            bytes_in_flight_per_sm=round(target * 1e3 * lat / GPUS['H200']['sms']),
+            time_budget_us=round(2 * batch * 8 * cache * 128 * 2 / (target * 1e3), 1), call_us=p['call_us'])
+    return dict(sweep=rows, littles_law=need)
+
+
+# ---- prefill advice: which tiles the model puts at >= 1.0x FA2 -----------------------------------
+def ldsm_per_unit(d, rows_per_warp, bc, q_reg_ksteps):
+    """ldmatrix.x4 (512 bytes) per 64 x 64 unit: every warp reads K and V whole (32 d / rows per warp)
+    and the block reloads Q's k-steps not kept in registers per key tile (16 (d - 16 q) / Bc). It gives
+    README's measured counts (memattn d128: 128 + 48 = 176; FA2 d128: 128 + 32 = 160)."""
+    return 32 * d / rows_per_warp + 16 * (d - 16 * q_reg_ksteps) / bc
+
+
+def register_floor(d, rows_per_warp, bc, q_reg_ksteps):
+    """A floor on the registers per thread of a tile: the O accumulator (rows x d f32 over 32 lanes),
+    the scores (rows x Bc), Q's fragments kept in registers, and 64 for addresses, the row statistics
+    and the loop (today's kernels use 10-60 more than this floor; ptxas decides)."""
+    return rows_per_warp * (d + bc) // 32 + rows_per_warp * q_reg_ksteps // 4 + 64
+
+
+def tile_advice(specs, p):
+    """For every head dim: the model's memattn/FA2 ratio at the table's 4096-token shape (non-causal and
+    causal) for candidate tiles (Br, Bc, warps, registers per thread). A candidate keeps today's SASS
+    instruction count per unit at that head dim, corrected for its ldmatrix count (ldsm_per_unit), and
+    needs at least register_floor registers; whether ptxas fits it in the budget without spilling is
+    the kernel's to show (ptxas-report.json)."""
+    gpu = GPUS['H200']
+    out = []
+    for d in sorted(SASS_NONHMMA_PER_UNIT):
+        base = specs[('memattn', d)]
+        b, h, s = 4, 2048 // d, 4096
+        fa2 = {c: kernel_ms(specs[('fa2', d)], gpu, p, b, h, s, c)['ms'] for c in (False, True)}
+        cur = {c: kernel_ms(base, gpu, p, b, h, s, c)['ms'] for c in (False, True)}
+        ldsm0 = ldsm_per_unit(d, base['rows_per_warp'], base['bc'], base['q_reg_ksteps'])
+        best = {}
+        for warps in (4, 6, 8):
+            for rpw in (16, 32):
+                br = warps * rpw
+                for bc in (32, 64, 128):
+                    for q in sorted({0, base['q_reg_ksteps']}):
+                        smem = (br + 2 * bc) * d * 2
+                        if smem > 227 * 1024:
+                            continue
+                        floor = register_floor(d, rpw, bc, q)
+                        for regs in (128, 168, 200, 232, 255):
+                            occ = occupancy(gpu, regs, smem, warps)
+                            if regs < floor or occ['blocks'] == 0:
+                                continue
+                            k = dict(base, br=br, bc=bc, warps=warps, rows_per_warp=rpw, regs=regs, smem=smem,
+                                     q_reg_ksteps=q,
+                                     nonhmma_unit=base['nonhmma_unit'] - ldsm0 + ldsm_per_unit(d, rpw, bc, q))
+                            r = {c: kernel_ms(k, gpu, p, b, h, s, c)['ms'] for c in (False, True)}
+                            c = dict(br=br, bc=bc, warps=warps, rows_per_warp=rpw, q_reg_ksteps=q, regs=regs,
+                                     register_floor=floor, smem=smem, blocks_per_sm=occ['blocks'],
+                                     warps_per_sm=occ['warps'], ratio=round(fa2[False] / r[False], 3),
+                                     ratio_causal=round(fa2[True] / r[True], 3))
+                            key = (br, bc, warps)
+                            score = (min(c['ratio'], c['ratio_causal']), regs)
+                            if key not in best or score > (min(best[key]['ratio'], best[key]['ratio_causal']), best[key]['regs']):
+                                best[key] = c
+        ranked = sorted(best.values(), key=lambda c: (-min(c['ratio'], c['ratio_causal']), -c['regs']))
+        occ0 = occupancy(gpu, base['regs'], base['smem'], base['warps'])
+        out.append(dict(d=d, current=dict(br=base['br'], bc=base['bc'], warps=base['warps'], regs=base['regs'],
+                                          blocks_per_sm=occ0['blocks'], warps_per_sm=occ0['warps'],
+                                          ratio=round(fa2[False] / cur[False], 3),
+                                          ratio_causal=round(fa2[True] / cur[True], 3), limiter=limiter(base, occ0, p)),
+                        candidates=ranked[:8]))
+    return out
+
+
+# ---- output, check, tables -----------------------------------------------------------------------
+def build():
+    specs = kernel_specs()
+    cal = calibration(specs)
+    dp = decode_fit()
+    return specs, cal, dp
+
+
+def calibration_json(cal):
+    rows = list(cal['rows'])
+    extra = [dict(h, extra='Hopper forward (time-sm80/sm90 steps)') for h in cal['hopper']]
+    return rows + extra
+
+
+def dumps(obj):
+    return json.dumps(obj, indent=1, sort_keys=False) + '\n'
+
+
+def same(a, b, tol=1e-3):
+    """Equal up to float formatting: numbers within a relative 1e-3, everything else exactly."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= tol * max(abs(a), abs(b), 1e-9)
+    return a == b
+
+
+def hits(cal_rows):
+    main = [r for r in cal_rows if 'extra' not in r]
+    allhit = sum(within(r['predicted'], r['measured']) for r in main)
+    held = [r for r in main if r['held_out']]
+    heldhit = sum(within(r['predicted_split_fit'], r['measured']) for r in held)
+    return allhit, len(main), heldhit, len(held)
+
+
+def print_tables(cal, cal_rows, dec_rows, dp):
+    print('prefill: memattn / FA2 speed ratio on the H200, model vs measured')
+    print('parameters (all rows): %s' % cal['params_all'])
+    print('parameters (fit on d %s): %s' % ('/'.join(map(str, FIT_DIMS)), cal['params_split']))
+    print('%-24s %-6s %8s %9s %6s %9s %6s  %-17s %-17s' % ('shape', 'causal', 'measured', 'predicted', 'hit',
+          'held-out', 'hit', 'memattn TFLOP/s', 'FA2 TFLOP/s'))
+    for r in cal_rows:
+        if 'extra' in r:
+            continue
+        ho = '%.3f' % r['predicted_split_fit'] if r['held_out'] else '(fit)'
+        hh = ('yes' if within(r['predicted_split_fit'], r['measured']) else 'NO') if r['held_out'] else ''
+        print('%-24s %-6s %8.3f %9.3f %6s %9s %6s  %6.1f / %-8.1f %6.1f / %-8.1f' % (
+            r['shape'], r['causal'], r['measured'], r['predicted'], 'yes' if within(r['predicted'], r['measured']) else 'NO',
+            ho, hh, r['memattn_tflops']['measured'], r['memattn_tflops']['predicted'],
+            r['fa2_tflops']['measured'], r['fa2_tflops']['predicted']))
+    a, n, h, hn = hits(cal_rows)
+    print('within 15 %%: %d of %d (all-rows fit); held-out: %d of %d (split fit)' % (a, n, h, hn))
+    print('\nHopper forward, sm90 / sm80 speed on the same shape (causal):')
+    for r in cal_rows:
+        if 'extra' in r:
+            print('  %-22s measured %.3f predicted %.3f (%s)  sm90 %.3f ms measured, %.3f predicted; limiter %s' % (
+                r['shape'], r['measured'], r['predicted'], 'hit' if within(r['predicted'], r['measured']) else 'miss',
+                r['sm90_ms']['measured'], r['sm90_ms']['predicted'], r['sm90']['limiter']))
+    print('\ndecode: parameters %s' % dp)
+    for r in dec_rows:
+        if r['measured_gbps'] is None:
+            print('  %-72s %-26s regs %3d  now: predicted %5d GB/s' % (r['shape'], r['kernel'], r['registers'], r['predicted_gbps']))
+        else:
+            print('  %-72s %-26s measured %5d GB/s predicted %5d (%s)' % (
+                r['shape'], r['kernel'], r['measured_gbps'], r['predicted_gbps'],
+                'hit' if within(r['predicted_gbps'], r['measured_gbps']) else 'miss'))
+    dm = [r for r in dec_rows if r['measured_gbps'] is not None]
+    print('  decode within 15 %%: %d of %d' % (sum(within(r['predicted_gbps'], r['measured_gbps']) for r in dm), len(dm)))
+
+
+def main(argv):
+    check = '--check' in argv
+    specs, cal, dp = build()
+    cal_rows = calibration_json(cal)
+    dec_rows = decode_entries(dp)
+    cal_doc = dict(params_all=cal['params_all'], params_split=cal['params_split'], fit_dims=list(FIT_DIMS))
+    files = {CALIBRATION: cal_rows, DECODE_MODEL: dec_rows}
+    print_tables(cal, cal_rows, dec_rows, dp)
+    if '--advice' in argv or not check:
+        print('\nadvice (model predictions):')
+        print(json.dumps(dict(prefill=tile_advice(specs, cal['params_all']), decode=decode_advice(dp)), indent=1))
+    a, n, h, hn = hits(cal_rows)
+    ok = True
+    if a < 18 or h < math.ceil(0.9 * hn):
+        print('FAIL: the targets (>= 18 of 21 within 15 %%, held-out >= 90 %%) do not hold: %d of %d, %d of %d' % (a, n, h, hn))
+        ok = False
+    if not check:
+        os.makedirs(os.path.dirname(CALIBRATION), exist_ok=True)
+        for path, obj in files.items():
+            open(path, 'w').write(dumps(obj))
+        print('\nwrote %s and %s (%s)' % (os.path.relpath(CALIBRATION, ROOT), os.path.relpath(DECODE_MODEL, ROOT), cal_doc))
+        return 0 if ok else 1
+    for path, obj in files.items():
+        try:
+            committed = json.load(open(path))
+        except (OSError, ValueError) as e:
+            print('FAIL: %s: %s' % (os.path.relpath(path, ROOT), e))
+            ok = False
+            continue
+        if not same(committed, json.loads(dumps(obj))):
+            print('FAIL: %s differs from what the model gives now (run python3 scripts/perf_model.py)' % os.path.relpath(path, ROOT))
+            ok = False
+    print('\nperf_model --check: %s' % ('ok' if ok else 'FAILED'))
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
