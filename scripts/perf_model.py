@@ -693,6 +693,39 @@ def print_tables(cal, cal_rows, dec_rows, dp):
     print('  decode within 15 %%: %d of %d' % (sum(within(r['predicted_gbps'], r['measured_gbps']) for r in dm), len(dm)))
 
 
+def print_advice(specs, p, dp):
+    """The model's advice, as tables (docs/perf/README.md quotes them)."""
+    print('\nprefill advice: memattn/FA2 at 4 x (2048/d) x 4096, non-causal / causal (model)')
+    print('  %-4s %-34s %-13s | %s' % ('d', 'today: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
+    for e in tile_advice(specs, p):
+        c = e['current']
+        cands = '; '.join('%dx%d, %dx%d, q%d, %d [%d] -> %d: %.2f / %.2f' % (
+            x['br'], x['bc'], x['warps'], x['rows_per_warp'], x['q_reg_ksteps'], x['regs'], x['register_floor'],
+            x['blocks_per_sm'], x['ratio'], x['ratio_causal']) for x in e['candidates'][:3])
+        print('  %-4d %-34s %.2f / %.2f  | %s' % (e['d'], '%dx%d, %d, %d -> %d (%d warps)' % (
+            c['br'], c['bc'], c['warps'], c['regs'], c['blocks_per_sm'], c['warps_per_sm']),
+            c['ratio'], c['ratio_causal'], cands))
+    adv = decode_advice(dp)
+    print('\ndecode advice (decode_mma_bf16_d128 at today\'s registers; model):')
+    for key, v in adv['littles_law'].items():
+        print('  %s: %d GB/s needs %d bytes in flight per SM at the loaded latency %.3f us; the whole call '
+              'must take <= %.1f us, of which the fixed per-call cost is %.1f us' % (
+                  key, v['target_gbps'], v['bytes_in_flight_per_sm'], v['loaded_latency_us'], v['time_budget_us'],
+                  v['call_us']))
+    print('  %-22s %6s %6s %4s %6s %8s %9s %8s %7s %7s' % ('shape', 'splits', 'stages', 'Bc', 'fused', 'GB/s', 'B/SM', 'kernel', 'merge', 'total'))
+    seen = set()
+    for r in adv['sweep']:
+        key = (r['batch'], r['splits'], r['stages'], r['bc'], r['fused_merge'])
+        interesting = (r['stages'], r['bc'], r['fused_merge']) in ((1, 64, False), (2, 64, False), (1, 128, False), (2, 64, True))
+        if key in seen or not interesting or r['splits'] not in (2, 4, 8, 16, 32):
+            continue
+        seen.add(key)
+        print('  %-22s %6d %6d %4d %6s %8d %9d %8.1f %7.1f %7.1f%s' % (
+            'batch %d cache %d' % (r['batch'], r['cache']), r['splits'], r['stages'], r['bc'], r['fused_merge'],
+            r['predicted_gbps'], r['bytes_in_flight_per_sm'], r['kernel_us'], r['merge_us'], r['total_us'],
+            '  >= target' if r['reaches'] else ''))
+
+
 def main(argv):
     check = '--check' in argv
     specs, cal, dp = build()
@@ -701,9 +734,7 @@ def main(argv):
     cal_doc = dict(params_all=cal['params_all'], params_split=cal['params_split'], fit_dims=list(FIT_DIMS))
     files = {CALIBRATION: cal_rows, DECODE_MODEL: dec_rows}
     print_tables(cal, cal_rows, dec_rows, dp)
-    if '--advice' in argv or not check:
-        print('\nadvice (model predictions):')
-        print(json.dumps(dict(prefill=tile_advice(specs, cal['params_all']), decode=decode_advice(dp)), indent=1))
+    print_advice(specs, cal['params_all'], dp)
     a, n, h, hn = hits(cal_rows)
     ok = True
     if a < 18 or h < math.ceil(0.9 * hn):
