@@ -696,8 +696,32 @@ def print_tables(cal, cal_rows, dec_rows, dp):
     print('  decode within 15 %%: %d of %d' % (sum(within(r['predicted_gbps'], r['measured_gbps']) for r in dm), len(dm)))
 
 
+def breakdown(k, p, gpu=GPUS['H200']):
+    """A full round of key tiles split into what it costs, per 64 x 64 x d unit of work, in SM cycles:
+    the SMSPs' work spread evenly, what uneven warps per SMSP add (6 warps on 4 SMSPs), and the
+    latency the resident warps do not hide."""
+    occ = occupancy(gpu, k['regs'], k['smem'], k['warps'])
+    w = warp_tile_work(k, p)
+    nb = -(-k['warps'] // SMSP)
+    n = nb * occ['blocks']
+    rnd = round_cycles(k, occ, p)
+    units = occ['blocks'] * k['br'] * k['bc'] / 4096.0
+    even = occ['warps'] * w['busy'] / SMSP
+    return dict(blocks_per_sm=occ['blocks'], warps_per_smsp=n, tensor=occ['warps'] * w['tensor'] / SMSP / units,
+                issue=occ['warps'] * w['issue'] / SMSP / units, imbalance=(n * w['busy'] - even) / units,
+                latency=max(0.0, rnd - n * w['busy']) / units, total=rnd / units)
+
+
 def print_advice(specs, p, dp):
     """The model's advice, as tables (docs/perf/README.md quotes them)."""
+    print('\nwhat a round of key tiles costs per 64 x 64 x d unit, SM cycles (model, all-rows parameters):')
+    print('  %-4s %-8s %9s %10s %7s %7s %10s %8s %7s' % ('d', 'kernel', 'blocks/SM', 'warps/SMSP', 'tensor', 'issue',
+                                                     'imbalance', 'latency', 'total'))
+    for d in sorted(SASS_NONHMMA_PER_UNIT):
+        for side in ('memattn', 'fa2'):
+            b = breakdown(specs[(side, d)], p)
+            print('  %-4d %-8s %9d %10d %7.0f %7.0f %10.0f %8.0f %7.0f' % (d, side, b['blocks_per_sm'], b['warps_per_smsp'],
+                  b['tensor'], b['issue'], b['imbalance'], b['latency'], b['total']))
     print('\nprefill advice: memattn/FA2 at 4 x (2048/d) x 4096, non-causal / causal (model)')
     print('  %-4s %-34s %-13s | %s' % ('d', 'today: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
     for e in tile_advice(specs, p):
