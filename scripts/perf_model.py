@@ -678,6 +678,11 @@ def print_tables(cal, cal_rows, dec_rows, dp):
             r['fa2_tflops']['measured'], r['fa2_tflops']['predicted']))
     a, n, h, hn = hits(cal_rows)
     print('within 15 %%: %d of %d (all-rows fit); held-out: %d of %d (split fit)' % (a, n, h, hn))
+    main_rows = [r for r in cal_rows if 'extra' not in r]
+    for side in ('memattn', 'fa2'):
+        errs = [r[side + '_tflops']['predicted'] / r[side + '_tflops']['measured'] - 1 for r in main_rows]
+        print('absolute %s TFLOP/s: %d of %d within 15 %%, worst %+.0f %%' % (
+            side, sum(abs(e) <= 0.15 for e in errs), len(errs), 100 * max(errs, key=abs)))
     print('\nHopper forward, sm90 / sm80 speed on the same shape (causal):')
     for r in cal_rows:
         if 'extra' in r:
