@@ -665,6 +665,10 @@ def print_tables(cal, cal_rows, dec_rows, dp):
     print('prefill: memattn / FA2 speed ratio on the H200, model vs measured')
     print('parameters (all rows): %s' % cal['params_all'])
     print('parameters (fit on d %s): %s' % ('/'.join(map(str, FIT_DIMS)), cal['params_split']))
+    pa, ghz = cal['params_all'], GPUS['H200']['clock_ghz']
+    print('  that is: mma.sync %.0f FLOP/clk/SM (%.2f of the wgmma rate, %.0f), L = %.2f us, P = %.2f us per block' % (
+        SMSP * MMA_FLOP / pa['hmma_cycles'], SMSP * MMA_FLOP / pa['hmma_cycles'] / GPUS['H200']['tc_flop_per_clk_sm'],
+        GPUS['H200']['tc_flop_per_clk_sm'], pa['latency'] / ghz / 1e3, pa['prologue'] / ghz / 1e3))
     print('%-24s %-6s %8s %9s %6s %9s %6s  %-17s %-17s' % ('shape', 'causal', 'measured', 'predicted', 'hit',
           'held-out', 'hit', 'memattn TFLOP/s', 'FA2 TFLOP/s'))
     for r in cal_rows:
