@@ -420,11 +420,11 @@ def fa2_num_splits(blocks, sms, n_blocks, max_splits=128):
 
 
 def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=None, stages=1, paged=False,
-              appends=0, fused_merge=False, gpu=GPUS['H200']):
+              appends=0, fused_merge=False, tile=None, gpu=GPUS['H200']):
     """Predicted time of one decode call (seq_q 1): the call's fixed cost, the decode kernel's blocks
     (waves of resident blocks, each tile: max(latency at this load, bytes in flight / HBM)), the merge
     of the splits and any cache append. Returns microseconds and the parts."""
-    k = DECODE_KERNELS[kname]
+    k = dict(DECODE_KERNELS[kname], **(tile or {}))
     group = heads // heads_kv
     per_split = -(-group // k['rows']) * heads_kv * batch
     n_blocks_fa2 = -(-cache // 128)          # memattn/src/decode.rs fa2_block_n(128) = 128
@@ -529,23 +529,19 @@ def decode_advice(p):
     regs = read_ptxas()['decode_mma_bf16_d128'][0]
     rows = []
     for batch, cache, target in ((8, 32768, 3840), (1, 8192, 1100)):
-        for splits, stages, bc, fused in [(s_, st, b_, f_) for s_ in ('auto', 2, 4, 8, 16, 32) for st in (1, 2, 3)
-                                          for b_ in (64, 128) for f_ in (False, True)]:
-            if True:
-                if True:
-                    saved = DECODE_KERNELS['decode_mma_bf16_d128']['bc']
-                    DECODE_KERNELS['decode_mma_bf16_d128']['bc'] = bc
-                    smem_scale = bc / 64
-                    DECODE_KERNELS['decode_mma_bf16_d128']['smem'] = int(36864 * smem_scale)
-                    r = decode_us('decode_mma_bf16_d128', p, batch, 32, 8, 128, cache, splits=splits, regs=regs,
-                                  stages=stages, fused_merge=fused)
-                    DECODE_KERNELS['decode_mma_bf16_d128']['bc'] = saved
-                    DECODE_KERNELS['decode_mma_bf16_d128']['smem'] = 36864
-                    rows.append(dict(batch=batch, cache=cache, target_gbps=target, splits=r['splits'], stages=stages,
-                                     bc=bc, fused_merge=fused, predicted_gbps=round(r['gbps']), reaches=r['gbps'] >= target,
-                                     blocks=r['blocks'], bytes_in_flight_per_sm=round(r['inflight_per_sm']),
-                                     kernel_us=round(r['kernel_us'], 1), merge_us=round(r['merge_us'], 1),
-                                     total_us=round(r['us'], 1)))
+        for splits in ('auto', 2, 4, 8, 16, 32):
+            for stages in (1, 2, 3):
+                for bc in (64, 128):
+                    for fused in (False, True):
+                        tile = dict(bc=bc, smem=(16 + 2 * bc) * 128 * 2)   # Q tile + K and V tiles, bf16
+                        r = decode_us('decode_mma_bf16_d128', p, batch, 32, 8, 128, cache, splits=splits, regs=regs,
+                                      stages=stages, fused_merge=fused, tile=tile)
+                        rows.append(dict(batch=batch, cache=cache, target_gbps=target, splits=r['splits'],
+                                         stages=stages, bc=bc, fused_merge=fused, predicted_gbps=round(r['gbps']),
+                                         reaches=r['gbps'] >= target, blocks=r['blocks'],
+                                         bytes_in_flight_per_sm=round(r['inflight_per_sm']),
+                                         kernel_us=round(r['kernel_us'], 1), merge_us=round(r['merge_us'], 1),
+                                         total_us=round(r['us'], 1)))
     # Little's law alone: the bytes in flight per SM that sustain the target at the loaded latency.
     need = {}
     for batch, cache, target in ((8, 32768, 3840), (1, 8192, 1100)):
