@@ -111,12 +111,12 @@ def occupancy(gpu, regs, smem, warps):
 def warp_tile_work(k, p):
     """Cycles one warp keeps its SMSP busy for one key tile: its mma.sync (HMMA) at the mma.sync rate
     plus its other instructions at one issue per clock. The measured kernels overlap the two poorly
-    within an SMSP (see the README), so they add."""
+    within an SMSP (see docs/perf/README.md), so they add. (Its exponentials are among the other
+    instructions; the MUFU pipe's own rate is not a term here.)"""
     hmma = k['rows_per_warp'] * k['bc'] * k['d'] * 4 / MMA_FLOP
     nonhmma = k['nonhmma_unit'] * k['br'] * k['bc'] / (64 * 64 * k['warps'])
-    mufu = k['rows_per_warp'] * k['bc'] / 32
     tc = hmma * p['hmma_cycles']
-    return dict(hmma=hmma, nonhmma=nonhmma, mufu=mufu, tensor=tc, issue=nonhmma, busy=tc + nonhmma)
+    return dict(hmma=hmma, nonhmma=nonhmma, tensor=tc, issue=nonhmma, busy=tc + nonhmma)
 
 
 def smem_bytes_per_tile(k):
@@ -432,7 +432,8 @@ def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=No
     blocks = per_split * nsplit
     occ = occupancy(gpu, regs or k['regs_run'], k['smem'] * (stages if stages > 1 else 1), k['warps'])
     resident = min(blocks, gpu['sms'] * occ['blocks'])
-    tiles = -(-(-(-cache // k['bc'])) // nsplit)
+    key_tiles = -(-cache // k['bc'])
+    tiles = -(-key_tiles // nsplit)                  # a split covers whole key tiles
     tile_bytes = k['bc'] * d * k['elem'] * k['kv_per_phase']
     inflight = resident * tile_bytes * stages
     bw = gpu['hbm_tbps'] * 1e6                # bytes per microsecond
@@ -442,13 +443,10 @@ def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=No
     phase_us = max(latency / stages, inflight / stages / bw)
     if k.get('simt'):
         phase_us += k['bc'] * p['simt_key_cycles'] / (gpu['clock_ghz'] * 1e3)
-    if paged:
-        phases_with_lookup = tiles
-        phase_us_lookup = p['mem_latency_us']
-    else:
-        phases_with_lookup, phase_us_lookup = 0, 0.0
+    lookups_us = tiles * p['mem_latency_us'] if paged else 0.0   # a block-table read before each K tile
     waves = -(-blocks // resident)
-    kernel = waves * (phases * phase_us + phases_with_lookup * phase_us_lookup + 2 * p['mem_latency_us'])
+    # per block: its tile phases, the lookups, and two round trips (Q in, the partial O out)
+    kernel = waves * (phases * phase_us + lookups_us + 2 * p['mem_latency_us'])
     merge = 0.0
     if nsplit > 1:
         # a second launch reads every split's LSE, then their O rows (two dependent round trips);
