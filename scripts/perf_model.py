@@ -419,6 +419,20 @@ def fa2_num_splits(blocks, sms, n_blocks, max_splits=128):
     return next(n for n in range(1, max_splits + 1) if eligible(n) and eff(n) >= 0.85 * best)
 
 
+IN_FLIGHT_PER_SM = 32 * 1024      # memattn/src/decode.rs IN_FLIGHT_PER_SM
+DECODE_MMA_BLOCKS_PER_SM = 2      # memattn/src/decode.rs DECODE_MMA_BLOCKS_PER_SM
+
+
+def memattn_mma_splits(blocks, sms, tile_bytes, n_blocks, max_splits=128):
+    """memattn's `--splits auto` for the tensor-core decode since the H200 run
+    (memattn/src/decode.rs splits_for_bytes_in_flight): enough resident blocks per SM for
+    IN_FLIGHT_PER_SM bytes of key tiles in flight (at most 2), the most splits within one wave."""
+    per_sm = max(1, min(-(-IN_FLIGHT_PER_SM // max(1, tile_bytes)), DECODE_MMA_BLOCKS_PER_SM))
+    if blocks == 0:
+        return 1
+    return min(max(1, sms * per_sm // blocks), max(1, n_blocks), max_splits)
+
+
 def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=None, stages=1, paged=False,
               appends=0, fused_merge=False, tile=None, gpu=GPUS['H200']):
     """Predicted time of one decode call (seq_q 1): the call's fixed cost, the decode kernel's blocks
@@ -428,7 +442,13 @@ def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=No
     group = heads // heads_kv
     per_split = -(-group // k['rows']) * heads_kv * batch
     n_blocks_fa2 = -(-cache // 128)          # memattn/src/decode.rs fa2_block_n(128) = 128
-    nsplit = fa2_num_splits(per_split, gpu['sms'], n_blocks_fa2) if splits == 'auto' else splits
+    if splits == 'auto':
+        nsplit = fa2_num_splits(per_split, gpu['sms'], n_blocks_fa2)
+    elif splits == 'auto-now':     # memattn's plan today: SIMT keeps FA2's heuristic
+        nsplit = (fa2_num_splits(per_split, gpu['sms'], n_blocks_fa2) if k.get('simt') else
+                  memattn_mma_splits(per_split, gpu['sms'], k['bc'] * d * k['elem'], n_blocks_fa2))
+    else:
+        nsplit = splits
     blocks = per_split * nsplit
     occ = occupancy(gpu, regs or k['regs_run'], k['smem'] * (stages if stages > 1 else 1), k['warps'])
     resident = min(blocks, gpu['sms'] * occ['blocks'])
@@ -513,11 +533,25 @@ def decode_entries(p):
         if m['kernel'] not in now:
             continue
         regs = now[m['kernel']][0]
-        r = decode_predict(m, p, regs=regs)
+        extra = dict(regs=regs)
+        if 'splits' not in m['args']:
+            extra['splits'] = 'auto-now'      # the split plan as it is now (decode.rs)
+        r = decode_predict(m, p, **extra)
         out.append(dict(shape=m['shape'], kernel=m['kernel'], registers=regs, as_of='now', measured_gbps=None,
                         predicted_gbps=round(r['gbps']), predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'],
                         blocks=r['blocks'], blocks_per_sm_allowed=r['blocks_per_sm'],
                         bytes_in_flight_per_sm=round(r['inflight_per_sm'])))
+    # Not measured on the H200: the e4m3 cache at the long shape, against bf16 on the same plan rule.
+    fp8 = 'decode_mma_fp8_e4m3_d128'
+    if fp8 in now:
+        r = decode_us(fp8, p, 8, 32, 8, 128, 32768, splits='auto-now', regs=now[fp8][0])
+        bf = decode_us('decode_mma_bf16_d128', p, 8, 32, 8, 128, 32768, splits='auto-now',
+                       regs=now['decode_mma_bf16_d128'][0])
+        out.append(dict(shape='e4m3 batch 8 heads 32/8 d128 cache 32768 splits auto', kernel=fp8,
+                        registers=now[fp8][0], as_of='now', measured_gbps=None, predicted_gbps=round(r['gbps']),
+                        predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'], blocks=r['blocks'],
+                        blocks_per_sm_allowed=r['blocks_per_sm'], bytes_in_flight_per_sm=round(r['inflight_per_sm']),
+                        speed_over_bf16=round(bf['us'] / r['us'], 3)))
     return out
 
 

@@ -75,7 +75,9 @@ pub const MAX_SPLITS: u32 = 128;
 /// The `--splits` option.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Splits {
-    /// FlashAttention-2's wave-efficiency heuristic ([`num_splits_heuristic`]).
+    /// Planned from the device: for the tensor-core decode, enough blocks per multiprocessor to
+    /// keep [`IN_FLIGHT_PER_SM`] bytes of the cache in flight ([`splits_for_bytes_in_flight`]);
+    /// for the SIMT decode, FlashAttention-2's wave-efficiency heuristic ([`num_splits_heuristic`]).
     #[default]
     Auto,
     /// Exactly this many (1..=128).
@@ -171,6 +173,40 @@ pub fn num_splits_heuristic(batch_nheads_mblocks: u32, num_sms: u32, num_n_block
     };
     let best = (1..=max_splits).filter(|&n| eligible(n)).map(eff).fold(0f32, f32::max);
     (1..=max_splits).find(|&n| eligible(n) && eff(n) >= 0.85 * best).unwrap_or(1)
+}
+
+/// Bytes of the KV cache a multiprocessor should have in flight for a decode to read at the
+/// memory's bandwidth: Little's law, bandwidth x loaded latency / SMs. On the H200 the calibrated
+/// decode model (docs/perf/README.md, "What the decode needs") puts it at 26.5 KB (4.8 TB/s x
+/// 0.912 us / 132 SMs, for 3.84 TB/s: 80 % of the bandwidth); rounded up to two of the tensor-core
+/// decode's 16 KiB key tiles (bf16, d128, Bc 64).
+pub const IN_FLIGHT_PER_SM: u32 = 32 * 1024;
+
+/// Blocks per multiprocessor the split plan may count on for the tensor-core decode: two blocks
+/// of 4 warps fit any kernel of up to 255 registers (65,536 / (128 threads x 256)) and the
+/// decode's 18-36 KiB of shared memory on every GPU from sm_80 on; more would depend on the
+/// kernel's registers, and past the resident blocks the launch runs a second wave (on the H200
+/// model, 512 blocks over 396 slots read 2.9 TB/s where 256 blocks read 4.1).
+pub const DECODE_MMA_BLOCKS_PER_SM: u32 = 2;
+
+/// The split count of the tensor-core decode, planned from the device: each block keeps one key
+/// tile of `tile_bytes` in flight, so a multiprocessor needs `ceil(IN_FLIGHT_PER_SM / tile_bytes)`
+/// blocks (at most [`DECODE_MMA_BLOCKS_PER_SM`]); the count is the largest that keeps the launch
+/// within those resident blocks (`blocks_per_split x splits <= sms x blocks per SM`: one wave),
+/// at least 1, at most `key_blocks` (a split gets at least one key block) and [`MAX_SPLITS`].
+/// With `blocks_per_split` already filling the multiprocessors it is 1.
+///
+/// On the calibrated H200 model (heads 32/8, d128, bf16): batch 8 x 32768 cached keys gets 4
+/// splits (256 blocks, 4.1 TB/s predicted; FlashAttention-2's heuristic chose 2: 2.2 TB/s
+/// measured), batch 1 x 8192 gets 33 (0.96 TB/s predicted; the heuristic's 16: 0.90 measured).
+pub fn splits_for_bytes_in_flight(blocks_per_split: u64, sms: u32, tile_bytes: u32, key_blocks: u32) -> u32 {
+    let per_sm = IN_FLIGHT_PER_SM.div_ceil(tile_bytes.max(1)).clamp(1, DECODE_MMA_BLOCKS_PER_SM);
+    let slots = sms as u64 * per_sm as u64;
+    if blocks_per_split == 0 {
+        return 1;
+    }
+    let fit = (slots / blocks_per_split).max(1);
+    fit.min(key_blocks.max(1) as u64).min(MAX_SPLITS as u64) as u32
 }
 
 /// FlashAttention-2's key block of its split-KV kernel for a head dim (`set_params_splitkv`:
@@ -612,9 +648,19 @@ impl DecodeProblem {
             (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64
         };
         let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
+        let mma_tile = match self.kernels()?[0].variant().tile {
+            Tile::DecodeMma(t) => Some(t),
+            _ => None,
+        };
         let (num_splits, chosen_by) = match self.splits {
             _ if prefill => (1, "prefill kernel (no key splits)"),
             Splits::Fixed(n) => (n, "fixed"),
+            Splits::Auto if mma_tile.is_some() => {
+                let t = mma_tile.expect("matched");
+                let tile_bytes =
+                    (t.bc as u64 * self.head_dim as u64 * self.cache_elem_bytes()).min(u32::MAX as u64) as u32;
+                (splits_for_bytes_in_flight(blocks_per_split, self.sm_count, tile_bytes, key_blocks), "auto")
+            }
             Splits::Auto => (
                 num_splits_heuristic(
                     blocks_per_split.min(u32::MAX as u64) as u32,
@@ -1901,11 +1947,41 @@ pub mod tests {
             dtype: Dtype::Bf16,
             ..DecodeProblem::default()
         };
+        // The tensor-core decode: 2 blocks per SM of 16 KiB key tiles, 264 / 8 = 33 splits.
         let auto = p.plan().unwrap();
-        assert_eq!((auto.num_splits, auto.blocks_per_split, auto.blocks), (16, 8, 128));
+        assert_eq!((auto.num_splits, auto.blocks_per_split, auto.blocks), (33, 8, 264));
+        // Batch 8 x 32768: 64 blocks a split, 264 / 64 = 4 splits (FlashAttention-2's heuristic: 2).
+        let long = DecodeProblem { batch: 8, cache_seqlens: vec![32768; 8], ..p.clone() }.plan().unwrap();
+        assert_eq!((long.num_splits, long.blocks), (4, 256));
+        assert_eq!(num_splits_heuristic(64, 132, 256, MAX_SPLITS), 2);
+        // The SIMT decode keeps FlashAttention-2's heuristic.
+        let simt = DecodeProblem { kernel: DecodeKernel::Simt, ..p.clone() }.plan().unwrap();
+        assert_eq!(simt.num_splits, num_splits_heuristic(8, 132, 64, MAX_SPLITS));
+        assert_eq!(simt.num_splits, 16);
         let one = DecodeProblem { splits: Splits::Fixed(1), ..p }.plan().unwrap();
         assert_eq!(one.blocks, 8);
         assert!((one.blocks_per_sm - 8.0 / 132.0).abs() < 1e-12);
+    }
+
+    /// The split count for bytes in flight, against the arithmetic of its rule.
+    pub fn splits_keep_the_bytes_in_flight_within_one_wave() {
+        // 16 KiB tiles: 2 blocks per SM; 132 SMs -> 264 slots.
+        assert_eq!(splits_for_bytes_in_flight(8, 132, 16384, 64), 33);
+        assert_eq!(splits_for_bytes_in_flight(64, 132, 16384, 256), 4);
+        // Capped by the key blocks (a split gets at least one) and by MAX_SPLITS.
+        assert_eq!(splits_for_bytes_in_flight(8, 132, 16384, 5), 5);
+        assert_eq!(splits_for_bytes_in_flight(1, 132, 16384, 1000), MAX_SPLITS);
+        // Blocks that already fill the slots, or more: one split.
+        assert_eq!(splits_for_bytes_in_flight(264, 132, 16384, 64), 1);
+        assert_eq!(splits_for_bytes_in_flight(1000, 132, 16384, 64), 1);
+        // A 32 KiB tile is the whole target: one block per SM; an 8 KiB one would want 4, capped at 2.
+        assert_eq!(splits_for_bytes_in_flight(8, 132, 32768, 64), 16);
+        assert_eq!(splits_for_bytes_in_flight(8, 132, 8192, 64), 33);
+        // Never more blocks than the resident slots.
+        for (blocks, key_blocks) in [(1u64, 300u32), (7, 300), (100, 300), (131, 300), (133, 300)] {
+            let s = splits_for_bytes_in_flight(blocks, 132, 16384, key_blocks) as u64;
+            assert!(s == 1 || blocks * s <= 264, "{blocks} blocks x {s} splits");
+        }
     }
 
     pub fn sizes_are_exact_and_refuse_what_does_not_fit() {

@@ -24,7 +24,7 @@ mod memattn_units {
         choice: [the_table_parses_and_each_timed_row_picks_the_faster_kernel, malformed_rows_are_refused_with_their_line, the_policy_picks_by_table_and_override],
         cp: [segments_cover_the_sequence_once, block_plans_reproduce_the_global_mask, overlap_model_orders_the_strategies, strategies_parse_and_print],
         cp_grouped: [a_ring_and_an_all_gather_pair_up, rendezvous_reports_a_group_that_would_hang, calls_that_do_not_pair_up_fail_instead_of_hanging],
-        decode: [heuristic_matches_flash_attention_2_on_known_cases, the_benchmark_plan_fills_the_modelled_gpu, sizes_are_exact_and_refuse_what_does_not_fit, shape_rules_are_named, non_finite_sinks_are_refused_and_underflow_is_not_an_error, reference_with_a_sink_known_answer, fp8_reference_reads_the_bytes_and_scale_rules_are_named, merge_reference_known_answers],
+        decode: [heuristic_matches_flash_attention_2_on_known_cases, the_benchmark_plan_fills_the_modelled_gpu, splits_keep_the_bytes_in_flight_within_one_wave, sizes_are_exact_and_refuse_what_does_not_fit, shape_rules_are_named, non_finite_sinks_are_refused_and_underflow_is_not_an_error, reference_with_a_sink_known_answer, fp8_reference_reads_the_bytes_and_scale_rules_are_named, merge_reference_known_answers],
         dtype: [unit_roundoff_is_half_the_gap_after_one, rounding_and_bytes_round_trip],
         inputs: [parallel_generation_is_the_sequential_stream, kept_normals_are_the_stream_in_any_order_of_draws, bhsd_round_trip_and_strides_agree],
         layering_tests: [every_subfolder_is_read, module_layers_have_no_cycle, the_checker_sees_imports_and_cycles, no_command_line_flag_in_messages],
