@@ -156,6 +156,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     }
     set_time_limit(&mut vm, a.max_seconds);
     check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
+    vm.set_sectors(cli.vm_sectors);
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
     let mut l = Launcher::with_vm(vm, &module);
@@ -181,6 +182,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "launched `{}` grid {grid:?} block {block:?} smem {} B in the VM: {} thread instructions",
             a.kernel, a.smem, stats.thread_instructions
         );
+        print_sectors(&a.kernel, &stats);
     }
     for b in show {
         let raw = l.read_bytes(&b.name).map_err(|e| vm_error(&a.kernel, e))?;
@@ -214,10 +216,22 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "block": block,
             "smem_bytes": a.smem,
             "thread_instructions": stats.thread_instructions,
+            "sectors": memattn_cli::runner::sector_lines(&stats.sectors),
             "buffers": shown,
         }));
     }
     Ok(exit::SUCCESS)
+}
+
+/// With `--vm-sectors`: the launch's global-memory sectors, every source line with a global
+/// access, least efficient first.
+fn print_sectors(kernel: &str, stats: &ptx_vm::LaunchStats) {
+    if !stats.sectors.is_empty() {
+        let lines = memattn_cli::runner::sector_lines(&stats.sectors);
+        for l in memattn_cli::runner::sector_report(kernel, &lines, lines.len()) {
+            println!("{l}");
+        }
+    }
 }
 
 /// `--grid`/`--block` of a launch: X[,Y[,Z]], every given dimension at least 1.
