@@ -688,3 +688,80 @@ fn trace_headings_quoted_in_the_prose_are_shown_output() {
     assert!(quoted >= 2, "no trace heading quoted in the prose");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// The avoided words of the German glossary (its table under `## Vermiedene Wörter`: the first
+/// cell of each row, a trailing `…` meaning any continuation of the word), as (word, is_prefix).
+fn avoided_german_words() -> Vec<(String, bool)> {
+    let g = std::fs::read_to_string(root().join("docs/guide/de/glossary.md")).unwrap();
+    let Some(at) = g.find("## Vermiedene Wörter") else { return Vec::new() };
+    g[at..]
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| vermeiden"))
+        .filter_map(|l| l.split('|').nth(1).map(str::trim))
+        .map(|w| match w.strip_suffix('…') {
+            Some(stem) => (stem.to_string(), true),
+            None => (w.to_string(), false),
+        })
+        .collect()
+}
+
+/// Where `word` occurs in `text` as a word (or, with `prefix`, as the start of one): the
+/// neighbouring characters are not letters or digits.
+fn finds_word(text: &str, word: &str, prefix: bool) -> bool {
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric());
+    let mut from = 0;
+    while let Some(k) = text[from..].find(word) {
+        let (a, b) = (from + k, from + k + word.len());
+        let before = text[..a].chars().next_back();
+        let after = text[b..].chars().next();
+        let starts_word = !is_word(before) || !word.starts_with(|c: char| c.is_alphanumeric());
+        if starts_word && (prefix || !is_word(after) || !word.ends_with(|c: char| c.is_alphanumeric())) {
+            return true;
+        }
+        from = b;
+    }
+    false
+}
+
+#[test]
+fn the_avoided_word_reader_finds_words_and_stems() {
+    assert!(finds_word("die Banks zu", "Banks", false));
+    assert!(!finds_word("die Bankskonflikte", "Banks", false));
+    assert!(finds_word("das Reskalieren", "Reskalier", true));
+    assert!(!finds_word("das Umskalieren", "skalier", true), "a stem starts a word");
+    assert!(finds_word("er `return`t, dann", "`return`t", false));
+}
+
+/// One term per concept in German: the chapters' prose and the lessons' German READMEs use
+/// none of the words the German glossary lists as avoided (code spans, commands and outputs
+/// excepted: they show what programs print).
+#[test]
+fn german_text_uses_none_of_the_words_the_glossary_avoids() {
+    let avoided = avoided_german_words();
+    assert!(avoided.len() >= 10, "the German glossary lists only {} avoided words", avoided.len());
+    let mut texts: Vec<(String, String)> =
+        chapters("de").into_iter().map(|(n, t)| (format!("docs/guide/de/{n}"), t)).collect();
+    let lessons = root().join("lessons");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&lessons).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    for d in dirs {
+        if let Ok(t) = std::fs::read_to_string(d.join("README.de.md")) {
+            texts.push((format!("lessons/{}/README.de.md", d.file_name().unwrap().to_string_lossy()), t));
+        }
+    }
+    assert!(texts.len() >= 12, "only {} German texts found", texts.len());
+    let mut found = Vec::new();
+    for (name, text) in &texts {
+        for (i, line) in prose(text).iter().enumerate() {
+            // Outside code spans, unless the avoided word is itself written with one (`return`t).
+            let plain = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+            for (w, prefix) in &avoided {
+                let hay = if w.contains('`') { line.as_str() } else { plain.as_str() };
+                if finds_word(hay, w, *prefix) {
+                    found.push(format!("{name}:{}: `{w}` (the glossary's `## Vermiedene Wörter`)", i + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "German text uses words the glossary avoids:\n{}", found.join("\n"));
+}
