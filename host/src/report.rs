@@ -137,6 +137,11 @@ pub fn run_summary(r: &RunReport) -> String {
             let _ = writeln!(s, "               no bank conflicts: every shared access took one wavefront per phase");
         }
     }
+    for l in r.launches.iter().filter(|l| !l.sectors.is_empty()) {
+        for line in crate::runner::sector_report(&l.kernel, &l.sectors, 3) {
+            let _ = writeln!(s, "{line}");
+        }
+    }
     let a = &r.analytic_bytes;
     let _ = writeln!(s, "memory       expected {:>12}  = {}", human_bytes(a.total), a.breakdown());
     let _ = writeln!(

@@ -124,6 +124,61 @@ pub struct LaunchRecord {
     /// VM with `--vm-bank-conflicts`: the launch's shared-memory wavefronts per source line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bank_conflicts: Vec<BankLine>,
+    /// VM with `--vm-sectors`: the launch's global-memory sectors per source line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sectors: Vec<SectorLine>,
+}
+
+/// The 32-byte global-memory sectors of the instructions of one source line in one launch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SectorLine {
+    /// `file:line` of the source (the PTX line when the module has no `.loc`).
+    pub at: String,
+    /// Warp-wide executions.
+    pub executions: u64,
+    /// The distinct bytes the lanes asked for.
+    pub useful_bytes: u64,
+    pub sectors: u64,
+}
+
+impl SectorLine {
+    /// Useful bytes / (32 x sectors).
+    pub fn efficiency(&self) -> f64 {
+        self.useful_bytes as f64 / (32 * self.sectors).max(1) as f64
+    }
+}
+
+/// [`SectorLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
+pub fn sector_lines(counts: &[ptx_vm::Sectors]) -> Vec<SectorLine> {
+    ptx_vm::Sectors::by_source(counts)
+        .into_iter()
+        .map(|(at, s)| SectorLine { at, executions: s.executions, useful_bytes: s.useful_bytes, sectors: s.sectors })
+        .collect()
+}
+
+/// The lines of a sector report: the launch's total efficiency, then the least efficient source
+/// lines (at most `worst`), one line each: `at: U useful bytes in S sectors (E %), X warp-wide
+/// executions`. Shared by `run` and `launch`.
+pub fn sector_report(kernel: &str, lines: &[SectorLine], worst: usize) -> Vec<String> {
+    let (u, s) = lines.iter().fold((0, 0), |(u, s), l| (u + l.useful_bytes, s + l.sectors));
+    let mut out = vec![format!(
+        "sectors      {kernel}: {} useful bytes in {s} sectors of 32 B ({:.1} % efficiency)",
+        u,
+        100.0 * u as f64 / (32 * s).max(1) as f64
+    )];
+    let mut by: Vec<&SectorLine> = lines.iter().filter(|l| l.sectors > 0).collect();
+    by.sort_by(|a, b| a.efficiency().total_cmp(&b.efficiency()).then(b.sectors.cmp(&a.sectors)));
+    for l in by.into_iter().take(worst) {
+        out.push(format!(
+            "               {}: {} useful bytes in {} sectors ({:.1} %), {} warp-wide executions",
+            l.at,
+            l.useful_bytes,
+            l.sectors,
+            100.0 * l.efficiency(),
+            l.executions
+        ));
+    }
+    out
 }
 
 /// The shared-memory wavefronts of the instructions of one source line in one launch.
@@ -158,6 +213,7 @@ impl From<&memattn::attn::Launched> for LaunchRecord {
             global_bytes_read: l.info.global_bytes_read,
             global_bytes_written: l.info.global_bytes_written,
             bank_conflicts: bank_lines(&l.info.bank_conflicts),
+            sectors: sector_lines(&l.info.sectors),
         }
     }
 }

@@ -57,6 +57,8 @@ pub(crate) struct Launch<'a> {
     pub racecheck: bool,
     /// Count the wavefronts of shared-memory accesses per instruction (bank conflicts).
     pub banks: bool,
+    /// Count the 32-byte sectors of global accesses per instruction (coalescing).
+    pub sectors: bool,
     /// Fill the register slots a block does not zero with garbage first (tests of
     /// [`crate::reginit`]: results must not change).
     pub poison_registers: bool,
@@ -152,6 +154,8 @@ pub(crate) struct Counters {
     pub fused: u64,
     /// Shared-memory wavefronts by instruction index, when [`Launch::banks`] is on.
     pub banks: std::collections::HashMap<u32, crate::banks::Count>,
+    /// Global-memory sectors by instruction index, when [`Launch::sectors`] is on.
+    pub sectors: std::collections::HashMap<u32, crate::sectors::Count>,
 }
 
 #[derive(Default)]
@@ -175,6 +179,7 @@ impl Worker {
         self.counters.global_bytes = [0; 2];
         self.counters.fused = 0;
         self.counters.banks.clear();
+        self.counters.sectors.clear();
         self.trace.clear();
     }
 }
@@ -864,7 +869,7 @@ impl Launch<'_> {
         let wg_info = prog.wgmma_info();
         let max_trace = self.trace.map_or(0, |t| t.max_entries);
         // Fused steps (`crate::fuse`) only where nothing watches single instructions.
-        let fuse = wp.trace_lane.is_none() && !self.banks && wg_info.is_none() && avx512();
+        let fuse = wp.trace_lane.is_none() && !self.banks && !self.sectors && wg_info.is_none() && avx512();
         macro_rules! leave {
             () => {{
                 lanes(group, |l| wp.pcs[l] = pc);
@@ -975,6 +980,14 @@ impl Launch<'_> {
                     c[0] += 1;
                     c[1] += waves;
                     c[2] += ideal;
+                }
+            }
+            if self.sectors && exec != 0 {
+                if let Some((useful, n)) = crate::sectors::of_op(&inst.op, r, exec) {
+                    let c = counters.sectors.entry(pc).or_default();
+                    c[0] += 1;
+                    c[1] += useful;
+                    c[2] += n;
                 }
             }
             let mut stop: Option<Stop> = None;

@@ -44,6 +44,7 @@ mod parse;
 mod regalloc;
 mod reginit;
 pub mod run;
+mod sectors;
 mod source;
 pub mod swizzle;
 mod tensor_core;
@@ -64,6 +65,7 @@ pub mod unit_tests {
     pub use crate::parse::tests as parse;
     pub use crate::regalloc::tests as regalloc;
     pub use crate::reginit::tests as reginit;
+    pub use crate::sectors::tests as sectors;
     pub use crate::source::tests as source;
     pub use crate::swizzle::tests as swizzle;
     pub use crate::tensor_core::tests as tensor_core;
@@ -454,6 +456,9 @@ pub struct LaunchStats {
     /// Shared-memory bank conflicts per PTX line, when [`Vm::set_bank_conflicts`] is on (empty
     /// otherwise), in line order: every line with a shared `ld`, `st` or `ldmatrix` that ran.
     pub bank_conflicts: Vec<BankConflicts>,
+    /// Global-memory sectors per PTX line, when [`Vm::set_sectors`] is on (empty otherwise), in
+    /// line order: every line with a global `ld`, `st` or `cp.async` that ran.
+    pub sectors: Vec<Sectors>,
     pub wall: Duration,
     pub trace: Vec<TraceEntry>,
 }
@@ -502,6 +507,58 @@ impl BankConflicts {
                     m.ideal += b.ideal;
                 }
                 None => out.push((at, b.clone())),
+            }
+        }
+        out
+    }
+}
+
+/// The 32-byte global-memory sectors of one PTX instruction over a launch (see
+/// [`Vm::set_sectors`]): how well its warps' accesses coalesce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sectors {
+    /// The PTX line.
+    pub line: usize,
+    /// The Rust (or other source) line the PTX line came from, when the module has `.loc`.
+    pub source: Option<SourceLoc>,
+    /// Warp-wide executions of the instruction.
+    pub executions: u64,
+    /// The distinct bytes the active lanes asked for, summed over the executions.
+    pub useful_bytes: u64,
+    /// The 32-byte sectors those bytes lie in, summed over the executions.
+    pub sectors: u64,
+}
+
+impl Sectors {
+    /// Bytes of a sector.
+    pub const BYTES: u64 = sectors::SECTOR;
+    /// Useful bytes over the bytes of the sectors touched, `useful / (32 · sectors)`: 1.0 when
+    /// the accesses coalesce perfectly, 0.125 when each lane of a 4-byte access has a sector of
+    /// its own.
+    pub fn efficiency(&self) -> f64 {
+        self.useful_bytes as f64 / (Self::BYTES * self.sectors).max(1) as f64
+    }
+    /// Sectors per warp-wide execution.
+    pub fn per_execution(&self) -> f64 {
+        self.sectors as f64 / self.executions.max(1) as f64
+    }
+    /// `counts` (per PTX line) merged by source line, labelled `file:line` (`PTX line N` where the
+    /// module has no `.loc`), in first-seen order, as [`BankConflicts::by_source`].
+    pub fn by_source(counts: &[Sectors]) -> Vec<(String, Sectors)> {
+        let mut out: Vec<(String, Sectors)> = Vec::new();
+        for c in counts {
+            let at = c
+                .source
+                .as_ref()
+                .map(|s| format!("{}:{}", s.file, s.line))
+                .unwrap_or_else(|| format!("PTX line {}", c.line));
+            match out.iter_mut().find(|(a, _)| *a == at) {
+                Some((_, m)) => {
+                    m.executions += c.executions;
+                    m.useful_bytes += c.useful_bytes;
+                    m.sectors += c.sectors;
+                }
+                None => out.push((at, c.clone())),
             }
         }
         out
@@ -680,6 +737,7 @@ pub struct Vm {
     initcheck: bool,
     racecheck: bool,
     banks: bool,
+    sectors: bool,
     /// Module id -> instantiated globals base.
     module_globals: HashMap<u64, u64>,
     /// The trace of the last launch, kept when it stopped at a finding.
@@ -712,6 +770,7 @@ impl Vm {
             initcheck: true,
             racecheck: true,
             banks: false,
+            sectors: false,
             module_globals: HashMap::new(),
             last_trace: Vec::new(),
             pool: Vec::new(),
@@ -757,6 +816,16 @@ impl Vm {
     }
     pub fn set_bank_conflicts(&mut self, on: bool) {
         self.banks = on;
+    }
+    /// Whether launches count the 32-byte sectors of every global `ld`, `st` and `cp.async`
+    /// (per warp instruction: the sectors its active lanes' bytes lie in) and report them per
+    /// PTX line in [`LaunchStats::sectors`] (off by default: it costs time on every global
+    /// access).
+    pub fn sectors(&self) -> bool {
+        self.sectors
+    }
+    pub fn set_sectors(&mut self, on: bool) {
+        self.sectors = on;
     }
     /// Number of worker threads blocks run on.
     pub fn workers(&self) -> usize {
@@ -921,6 +990,7 @@ impl Vm {
             initcheck: self.initcheck,
             racecheck: self.racecheck,
             banks: self.banks,
+            sectors: self.sectors,
             poison_registers: self.poison_registers,
         };
         let nblocks = config.grid.iter().map(|&g| g as u64).product::<u64>();
@@ -987,6 +1057,7 @@ impl Vm {
         let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut stats = LaunchStats::default();
         let mut banks: std::collections::BTreeMap<u32, [u64; 3]> = Default::default();
+        let mut sectors: std::collections::BTreeMap<u32, [u64; 3]> = Default::default();
         for mut w in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
             stats.thread_instructions += w.thread_instructions;
             stats.warp_instructions += w.warp_instructions;
@@ -994,6 +1065,12 @@ impl Vm {
             stats.global_bytes_read += w.counters.global_bytes[0];
             stats.global_bytes_written += w.counters.global_bytes[1];
             stats.fused_warp_instructions += w.counters.fused;
+            for (&pc, c) in &w.counters.sectors {
+                let e = sectors.entry(pc).or_insert([0; 3]);
+                for k in 0..3 {
+                    e[k] += c[k];
+                }
+            }
             for (&pc, c) in &w.counters.banks {
                 let e = banks.entry(pc).or_insert([0; 3]);
                 for k in 0..3 {
@@ -1022,6 +1099,23 @@ impl Vm {
                 executions: c[0],
                 wavefronts: c[1],
                 ideal: c[2],
+            })
+            .collect();
+        let mut by_line: std::collections::BTreeMap<usize, [u64; 3]> = Default::default();
+        for (pc, c) in sectors {
+            let e = by_line.entry(prog.insts[pc as usize].line as usize).or_insert([0; 3]);
+            for k in 0..3 {
+                e[k] += c[k];
+            }
+        }
+        stats.sectors = by_line
+            .into_iter()
+            .map(|(line, c)| Sectors {
+                line,
+                source: module.source_of(line),
+                executions: c[0],
+                useful_bytes: c[1],
+                sectors: c[2],
             })
             .collect();
         if !errors.is_empty() {

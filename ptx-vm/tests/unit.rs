@@ -9,6 +9,7 @@ mod unit_list;
 unit_tests! {
     ptx_vm;
     banks: [consecutive_words_are_one_wavefront_and_a_stride_of_32_words_is_32, wide_accesses_go_in_half_and_quarter_warps],
+    sectors: [a_stride_of_32_f32_is_one_sector_per_lane_and_unit_stride_is_four],
     exec: [ex2_of_a_full_warp_matches_exp2_lane_by_lane, #[ignore = "every 32-bit input: about 70 s in a release build"] ex2_every_pattern_matches_exp2, full_warp_fast_paths_match_the_general_functions, bf16_rounding_without_branches_matches_half, setp_fast_loops_match_compare, b32_address_check_and_gather_match_the_scalar_path, f32_warp_ops_match_the_lane_loops, guard_mask_takes_bit_0_of_every_lane, fma_fast_path_matches_portable],
     hopper: [encode_decode_round_trip_and_corruption, validation_follows_cu_tensor_map_encode_tiled, rows_clip_to_the_tensor],
     memcheck: [epoch_wrap_clears_old_stamps, fast_paths_match_access_lane_by_lane],

@@ -146,6 +146,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub vm_bank_conflicts: bool,
 
+    /// VM: count the 32-byte global-memory sectors of every launch (per warp instruction, the
+    /// sectors its lanes' bytes lie in) and report the coalescing efficiency, useful bytes /
+    /// (32 x sectors), with the worst source lines. Slower; `run` and `launch` show it.
+    #[arg(long, global = true)]
+    pub vm_sectors: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }

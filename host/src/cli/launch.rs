@@ -156,6 +156,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
     }
     set_time_limit(&mut vm, a.max_seconds);
     check_buffers_fit(&bufs, vm.limits().memory_bytes)?;
+    vm.set_sectors(cli.vm_sectors);
     vm.set_initcheck(!cli.vm_allow.contains(&super::args::VmCheck::Initcheck));
     vm.set_racecheck(!cli.vm_allow.contains(&super::args::VmCheck::Racecheck));
     vm.set_bank_conflicts(cli.vm_bank_conflicts);
@@ -182,6 +183,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "launched `{}` grid {grid:?} block {block:?} smem {} B in the VM: {} thread instructions",
             a.kernel, a.smem, stats.thread_instructions
         );
+        print_sectors(&a.kernel, &stats);
     }
     let banks = memattn_cli::runner::bank_lines(&stats.bank_conflicts);
     if cli.vm_bank_conflicts && !cli.json {
@@ -219,6 +221,7 @@ pub fn launch(cli: &Cli, a: &LaunchArgs) -> Result<i32, Error> {
             "block": block,
             "smem_bytes": a.smem,
             "thread_instructions": stats.thread_instructions,
+            "sectors": memattn_cli::runner::sector_lines(&stats.sectors),
             "buffers": shown,
             "bank_conflicts": cli.vm_bank_conflicts.then_some(&banks),
         }));
@@ -250,6 +253,17 @@ fn print_banks(banks: &[memattn_cli::runner::BankLine]) {
     }
     if !any {
         println!("  no bank conflicts: every shared access took one wavefront per phase");
+    }
+}
+
+/// With `--vm-sectors`: the launch's global-memory sectors, every source line with a global
+/// access, least efficient first.
+fn print_sectors(kernel: &str, stats: &ptx_vm::LaunchStats) {
+    if !stats.sectors.is_empty() {
+        let lines = memattn_cli::runner::sector_lines(&stats.sectors);
+        for l in memattn_cli::runner::sector_report(kernel, &lines, lines.len()) {
+            println!("{l}");
+        }
     }
 }
 

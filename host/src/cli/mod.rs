@@ -153,6 +153,7 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
     o.vm_initcheck = !cli.vm_allow.contains(&args::VmCheck::Initcheck);
     o.vm_racecheck = !cli.vm_allow.contains(&args::VmCheck::Racecheck);
     o.vm_bank_conflicts = cli.vm_bank_conflicts;
+    o.vm_sectors = cli.vm_sectors;
     o.vm_arch = cli.vm_arch;
     o.hopper = memattn_cli::choice::HopperPolicy::from_env().map_err(Error::Usage)?;
     Ok(o)

@@ -18,4 +18,5 @@ mod naive_backward_cli;
 mod padded_head_dims;
 mod plan_evidence;
 mod resources;
+mod sectors;
 mod trace;

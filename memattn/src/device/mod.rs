@@ -89,6 +89,10 @@ pub struct LaunchInfo {
     /// line of every shared `ld`, `st` and `ldmatrix` that ran.
     #[cfg(feature = "vm")]
     pub bank_conflicts: Vec<ptx_vm::BankConflicts>,
+    /// VM only, with [`DeviceOptions::vm_sectors`]: the 32-byte global-memory sectors per PTX
+    /// line of every global `ld`, `st` and `cp.async` that ran (coalescing).
+    #[cfg(feature = "vm")]
+    pub sectors: Vec<ptx_vm::Sectors>,
 }
 
 /// A device error. Every variant maps to exit code 3.
@@ -248,6 +252,9 @@ pub struct DeviceOptions {
     /// VM: count the shared-memory wavefronts of every launch per instruction
     /// ([`LaunchInfo::bank_conflicts`]; off by default, it costs time on every shared access).
     pub vm_bank_conflicts: bool,
+    /// VM: count the 32-byte global-memory sectors of every launch per instruction
+    /// ([`LaunchInfo::sectors`]; off by default, it costs time on every global access).
+    pub vm_sectors: bool,
     /// VM: wall-clock limit of one launch (None, the default: no limit, since a verified run at a
     /// large shape can take minutes). A launch that runs longer stops with
     /// [`DeviceError::Memcheck`] "launch time limit exceeded" in about this time, whatever its
@@ -279,6 +286,7 @@ impl DeviceOptions {
             vm_initcheck: true,
             vm_racecheck: true,
             vm_bank_conflicts: false,
+            vm_sectors: false,
             vm_max_launch_time: None,
             vm_max_shared_per_block: None,
             vm_arch: Arch::Sm80,

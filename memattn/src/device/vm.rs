@@ -87,6 +87,7 @@ impl VmDevice {
         vm.set_initcheck(opts.vm_initcheck);
         vm.set_racecheck(opts.vm_racecheck);
         vm.set_bank_conflicts(opts.vm_bank_conflicts);
+        vm.set_sectors(opts.vm_sectors);
         let mut limits = vm.limits();
         if let Some(bytes) = opts.vm_memory_bytes {
             limits.memory_bytes = bytes;
@@ -304,6 +305,7 @@ impl Device for VmDevice {
             global_bytes_written: Some(stats.global_bytes_written),
             trace: stats.trace,
             bank_conflicts: stats.bank_conflicts,
+            sectors: stats.sectors,
         })
     }
 

@@ -5,6 +5,7 @@
 #[path = "../util/mod.rs"]
 mod util;
 
+mod coalescing;
 mod fused;
 mod hopper_tma;
 mod instructions;
