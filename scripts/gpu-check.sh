@@ -10,6 +10,9 @@
 #   Run:    bash scripts/gpu-check.sh target/release/memattn   (default binary: ./memattn; the
 #           example is looked for at $CALLER_CONTEXT_BIN, else examples/caller_context next to it)
 #
+# With a 15-minute device lease, run scripts/gpu-tune.sh first (480 s: the forward and decode
+# candidates against PyTorch SDPA and FlashAttention-3) and then this script with MEMATTN_BENCH=0.
+#
 # Every step's output goes to the terminal and, when $OUT is set, to $OUT/gpu-check/<step>.{out,err}.
 # The last things printed are the benchmark table (memattn vs PyTorch SDPA, bf16/f16) and a
 # summary table: step, exit code, seconds, what it showed.
