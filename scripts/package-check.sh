@@ -44,16 +44,28 @@ for c in "${crates[@]}"; do
   [ "$size" -lt "$limit" ] || { echo "$file is over crates.io's limit of 10 MB"; exit 1; }
 done
 
-# The unpacked crates stay at one path (in the target folder), so a second run finds them built.
-unpacked="$target_dir/crates"
-rm -rf "$unpacked"
-mkdir -p "$unpacked"
-for c in "${crates[@]}"; do
-  tar xzf "target/package/$c-$version.crate" -C "$unpacked"
-done
+# The unpacked crates stay at one path (in the target folder), so that a second run finds them
+# built. A .crate's files all carry one fixed old mtime, which cargo would take for "unchanged":
+# a file whose content differs from the last run's is copied over it (a new mtime, so cargo
+# rebuilds what depends on it), the others keep theirs.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/check/src/bin"
+mkdir -p "$work/unpacked" "$work/check/src/bin"
+unpacked="$target_dir/crates"
+for c in "${crates[@]}"; do
+  tar xzf "target/package/$c-$version.crate" -C "$work/unpacked"
+done
+(cd "$work/unpacked" && find . -type f) | while IFS= read -r f; do
+  if ! cmp -s "$work/unpacked/$f" "$unpacked/$f"; then
+    mkdir -p "$(dirname "$unpacked/$f")"
+    cp "$work/unpacked/$f" "$unpacked/$f"
+  fi
+done
+if [ -d "$unpacked" ]; then
+  (cd "$unpacked" && find . -type f) | while IFS= read -r f; do
+    [ -e "$work/unpacked/$f" ] || rm "$unpacked/$f"
+  done
+fi
 
 # The ```rust block of a Markdown file that contains a given text.
 extract() {
