@@ -7,10 +7,11 @@
 #    must be under crates.io's 10 MB limit and carry the same license files as the repository.
 # 2. A scratch crate in a temporary folder, outside the workspace, depends on them the way a user
 #    does (`memattn = "0.1"`, ...); `[patch.crates-io]` points those names at the unpacked .crate
-#    files (in target/package-check/crates) and nothing else, so only what was packaged (the rewritten Cargo.toml, the files listed
-#    by `cargo package --list`, the embedded PTX) builds. Every other dependency comes from
-#    crates.io at the versions of the workspace's Cargo.lock (copied in), which a workspace build
-#    has already downloaded: with CARGO_NET_OFFLINE=true the check runs offline.
+#    files (kept in target/package-check/crates) and nothing else, so only what was packaged (the
+#    rewritten Cargo.toml, the files `cargo package --list` lists, the embedded PTX) builds.
+#    Every other dependency comes from crates.io at the versions of the workspace's Cargo.lock
+#    (copied in), which a workspace build has already downloaded: with CARGO_NET_OFFLINE=true the
+#    check runs offline.
 # 3. Its programs are the examples of the READMEs, taken from them: memattn/README.md's (the PTX
 #    VM backend, checked against the f64 reference), memattn-kernels' (kernels-gpu/README.md) and
 #    README.md's "Use from Rust" program (the CUDA path), run on the VM-backed driver that the
