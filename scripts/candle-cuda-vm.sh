@@ -22,7 +22,7 @@ stubs="$CARGO_TARGET_DIR/cuda-stubs"
 mkdir -p "$stubs/lib64"
 
 # The VM-backed driver, as libcuda.
-cargo build --quiet -p vm-cuda
+cargo build --quiet -p memattn-vm-cuda
 ln -sf "$CARGO_TARGET_DIR/debug/libvm_cuda.so" "$stubs/lib64/libcuda.so"
 ln -sf "$CARGO_TARGET_DIR/debug/libvm_cuda.so" "$stubs/lib64/libcuda.so.1"
 

@@ -1,5 +1,8 @@
 //! memattn's attention kernels, written in Rust and compiled to PTX by rustc's NVPTX backend.
 //!
+//! The package is `memattn-kernels` (the folder `kernels-gpu/`; memattn's own crates import it
+//! under the name `kernels_gpu`).
+//!
 //! On `nvptx64-nvidia-cuda` this crate is `no_std` and exports the kernel entry points. On the
 //! host it compiles on stable and exposes the pure parts shared with the device, so host and
 //! device cannot disagree:

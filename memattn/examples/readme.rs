@@ -1,6 +1,6 @@
 // README.md's "Use from Rust" program (memattn/examples/readme.rs): bf16 causal attention on caller buffers.
 // On a GPU: `cargo run --example readme`; without one, `MEMATTN_CUDA_DRIVER=target/debug/libvm_cuda.so`
-// runs the same CUDA path in the PTX VM (build the driver with `cargo build -p vm-cuda`).
+// runs the same CUDA path in the PTX VM (build the driver with `cargo build -p memattn-vm-cuda`).
 use half::bf16;
 use memattn::attn::{cuda_context, AttnOpts, Kernels, LseViewMut, TensorView, TensorViewMut};
 

@@ -6,7 +6,7 @@
 //! batch 1, heads 32 / 8 (GQA), a contiguous cache of 4096 keys, 8 KV splits (the decode launch
 //! alone, without the split combine).
 //!
-//! Run: `cargo bench -p ptx-vm --bench flash` (add `-- <runs>` to change the number of runs, and
+//! Run: `cargo bench -p memattn-ptx-vm --bench flash` (add `-- <runs>` to change the number of runs, and
 //! a word such as `bf16` to run only the kernels whose name contains it).
 //! Prints thread-instructions per second and the median wall time for 1 worker and for all cores,
 //! and, for the f32 kernel on 1 worker, the same with shared-memory initcheck and racecheck off
@@ -29,9 +29,9 @@
 use kernels_gpu::abi::{AttnParams, BwdParams, Strides};
 use kernels_gpu::decode_abi::DecodeParams;
 use kernels_gpu::tiles::{LaunchDims, DECODE_D128, DECODE_MMA_D128, FLASH_BWD_TC_D64, FLASH_F32_D64, FLASH_MMA_D64};
-use ptx_vm::{LaunchConfig, Module, Vm};
+use memattn_ptx_vm::{LaunchConfig, Module, Vm};
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+use kernels_gpu::artifacts::PTX;
 
 fn main() {
     let runs: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(7);

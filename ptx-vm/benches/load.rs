@@ -1,7 +1,7 @@
 //! Cost of loading the committed PTX module (5.5 MB, every kernel of the project): parsing it,
 //! decoding its entries, and what `Module::shared` costs once the process has it.
 //!
-//! Run: `cargo bench -p ptx-vm --bench load` (add `-- <runs>` to change the number of runs).
+//! Run: `cargo bench -p memattn-ptx-vm --bench load` (add `-- <runs>` to change the number of runs).
 //! Prints medians (and minima) of: `Module::load` (parse + decode every entry), `Module::load_lazy` (parse
 //! only), `check_all` on a lazy module (decode every entry, one worker per core), the first
 //! `kernel()` of a small and of a large entry, and a `Module::shared` call that hits the cache
@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use ptx_vm::Module;
+use memattn_ptx_vm::Module;
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+use kernels_gpu::artifacts::PTX;
 
 fn median(runs: usize, mut f: impl FnMut() -> Duration) -> String {
     let mut v: Vec<Duration> = (0..runs).map(|_| f()).collect();

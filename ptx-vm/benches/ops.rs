@@ -3,7 +3,7 @@
 //! barrier after each 200), on 1 worker with every check on; prints the best of 5 launches as
 //! nanoseconds per warp instruction (the loop's own few instructions included).
 //!
-//! Run: `cargo bench -p ptx-vm --bench ops` (add a word to run only the lines that contain it).
+//! Run: `cargo bench -p memattn-ptx-vm --bench ops` (add a word to run only the lines that contain it).
 //! A flat profile hides which single instruction is slow; this table shows it directly, and two
 //! builds run one after the other compare instruction by instruction (`ptx-vm/PERF.md`).
 //!
@@ -12,7 +12,7 @@
 //! thread's 16 bytes of it, `%rd3` / `%rd4` / `%rd5` at each thread's word / each lane's
 //! 16-byte row / each thread's 16 bytes of shared memory.
 
-use ptx_vm::{LaunchConfig, Module, Vm};
+use memattn_ptx_vm::{LaunchConfig, Module, Vm};
 
 const OPS: &[&str] = &[
     "mov.b32 %r4, %r1;",

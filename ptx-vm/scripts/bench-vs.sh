@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs two builds of the flash bench (`cargo bench -p ptx-vm --bench flash`) alternately, on the
+# Runs two builds of the flash bench (`cargo bench -p memattn-ptx-vm --bench flash`) alternately, on the
 # same inputs, and prints per kernel and worker count the median over all rounds of each build's
 # median wall time, the throughput, the ratio old/new, and whether the result checksums agree.
 #

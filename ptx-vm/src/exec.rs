@@ -3511,7 +3511,7 @@ pub mod tests {
     }
 
     /// The same over all 2^32 patterns (about a minute in a release build of the tests:
-    /// `cargo test -p ptx-vm --release --lib ex2_every -- --ignored`).
+    /// `cargo test -p ptx-vm-tests --release --test unit ex2_every -- --ignored`).
     pub fn ex2_every_pattern_matches_exp2() {
         assert_eq!(ex2_against_fun32(0, 1, 1 << 32), 1 << 32);
     }

@@ -1,5 +1,8 @@
 //! `ptx-vm`: a PTX virtual machine with always-on memcheck.
 //!
+//! The package is `memattn-ptx-vm` (the folder `ptx-vm/`; memattn's own crates import it under
+//! the name `ptx_vm`, as the contract below does).
+//!
 //! It runs the exact PTX that `cargo xtask build-ptx` produces, with the grid, block, dynamic
 //! shared memory and parameter bytes the CUDA driver would get.
 //!

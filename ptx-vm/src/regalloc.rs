@@ -335,7 +335,7 @@ pub mod tests {
     /// tile multiple, two splits) give the same bytes with their registers packed into a few
     /// hundred slots as with one slot per register.
     pub fn packed_kernels_give_the_bytes_of_the_program_as_written() {
-        let m = Module::load(include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx")).unwrap();
+        let m = Module::load(kernels_gpu::artifacts::PTX).unwrap();
         let (heads, seq, d) = (2u32, 80u32, 64u32);
         let n = (heads * seq * d) as usize;
         let st = Strides::bshd(seq as u64, heads as u64, d as u64);

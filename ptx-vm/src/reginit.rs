@@ -350,7 +350,7 @@ pub mod tests {
     /// garbage, and the pass covers every entry (calls included).
     pub fn committed_kernels_ignore_the_registers_they_write_first() {
         use kernels_gpu::tiles::{FLASH_F32_D64, FLASH_MMA_D64};
-        let m = Module::load(include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx")).unwrap();
+        let m = Module::load(kernels_gpu::artifacts::PTX).unwrap();
         for name in m.kernel_names() {
             assert!(m.program(&name).unwrap().zero_slots().is_some(), "{name}");
         }

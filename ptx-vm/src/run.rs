@@ -3,7 +3,7 @@
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use ptx_vm::run::{Arg, Launcher};
+//! use memattn_ptx_vm::run::{Arg, Launcher};
 //! # let ptx = r#"
 //! # .version 7.0
 //! # .target sm_80
@@ -18,7 +18,7 @@
 //! # END:
 //! #   ret;
 //! # }"#;
-//! let module = ptx_vm::Module::load(ptx)?;
+//! let module = memattn_ptx_vm::Module::load(ptx)?;
 //! let mut l = Launcher::new(&module);
 //! l.input_f32("x", &[1.0, 2.0, 3.0])?;
 //! l.output_f32("y", 3)?; // filled with OUTPUT_POISON: unwritten elements are visible

@@ -28,7 +28,7 @@ pub fn vm_cuda_library() -> PathBuf {
         .iter()
         .map(|d| d.join("libvm_cuda.so"))
         .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {} (`cargo build -p vm-cuda`)", exe.display()))
+        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {} (`cargo build -p memattn-vm-cuda`)", exe.display()))
 }
 
 /// Which driver the CUDA variants run on: `MEMATTN_CUDA_DRIVER` when set, else the system's

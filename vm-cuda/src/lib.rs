@@ -1,9 +1,10 @@
 //! `vm-cuda`: a CUDA driver library (`libcuda.so`) and an NVML library backed by `ptx-vm`.
 //!
-//! Build it (`cargo build -p vm-cuda`) and a program that uses the CUDA driver API to load PTX and
-//! launch kernels (memattn's `cuda` backend, any cudarc program, a candle custom op) runs on the
-//! CPU, with the VM's memcheck, initcheck and racecheck on every launch. Nothing loads it by
-//! accident: its file is `libvm_cuda.so`, and a program gets it only when asked for, either by
+//! The package is `memattn-vm-cuda` (the folder `vm-cuda/`); the library keeps the name `vm_cuda`,
+//! which names its file. Build it (`cargo build -p memattn-vm-cuda`) and a program that uses the
+//! CUDA driver API to load PTX and launch kernels (memattn's `cuda` backend, any cudarc program,
+//! a candle custom op) runs on the CPU, with the VM's memcheck, initcheck and racecheck on every
+//! launch. Nothing loads it by accident: its file is `libvm_cuda.so`, and a program gets it only when asked for, either by
 //! loading it by path first (memattn: `MEMATTN_CUDA_DRIVER=/path/to/libvm_cuda.so`; the library's
 //! soname is `libcuda.so`, so the loader then hands it out for that name) or through a directory
 //! on `LD_LIBRARY_PATH` holding a `libcuda.so` link to it.

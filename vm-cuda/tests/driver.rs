@@ -10,7 +10,7 @@ use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-const PTX: &str = include_str!("../../kernels-gpu/ptx/memattn_kernels.ptx");
+use kernels_gpu::artifacts::PTX;
 
 /// `libvm_cuda.so`, built by cargo next to this test's executable.
 fn library_path() -> PathBuf {

@@ -33,7 +33,7 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
     let status = toolchain::command("cargo")
         .current_dir(paths::root())
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
-        .args(["rustc", "--quiet", "-p", "kernels-gpu", "--profile", "ptx", "--crate-type", "staticlib"])
+        .args(["rustc", "--quiet", "-p", "memattn-kernels", "--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
         .arg(paths::ptx_target_dir(module))
         .arg("--")
