@@ -55,7 +55,7 @@ if [ "$DRY" = 1 ]; then
     export MEMATTN_CUDA_DRIVER="${MEMATTN_CUDA_DRIVER:-$PWD/target/debug/libvm_cuda.so}"
     export VM_CUDA_ARCH="${VM_CUDA_ARCH:-sm_90}"
     if [ ! -f "$MEMATTN_CUDA_DRIVER" ]; then
-        echo "gpu-tune --dry-run: no VM-backed driver at $MEMATTN_CUDA_DRIVER (cargo build -p vm-cuda)" >&2
+        echo "gpu-tune --dry-run: no VM-backed driver at $MEMATTN_CUDA_DRIVER (cargo build -p memattn-vm-cuda)" >&2
         exit 2
     fi
     echo "gpu-tune: dry run on the VM-backed driver $MEMATTN_CUDA_DRIVER ($VM_CUDA_ARCH), small shapes" | tee "$DIR/device.txt"
