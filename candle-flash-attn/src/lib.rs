@@ -300,18 +300,30 @@ impl FlashAttnVarLen {
     }
 }
 
+/// The storage offsets of a layout's elements, in row-major order.
+fn element_offsets(l: &Layout) -> Vec<usize> {
+    let mut offsets = vec![l.start_offset()];
+    for (&n, &stride) in l.dims().iter().zip(l.stride()) {
+        offsets = offsets.iter().flat_map(|&o| (0..n).map(move |i| o + i * stride)).collect();
+    }
+    offsets
+}
+
 /// A tensor over a storage the op was handed: its layout's elements, in order.
 fn tensor_of(storage: Storage, l: &Layout) -> Result<Tensor> {
     // `from_storage` gives a contiguous tensor from element 0: long enough to reach the layout's last.
-    let (flat_len, range) = match l.contiguous_offsets() {
-        Some((start, end)) => (end, Some((start, end))),
-        None => (l.strided_index().max().map_or(0, |i| i + 1), None),
+    let (flat_len, gather) = match l.contiguous_offsets() {
+        Some((_, end)) => (end, None),
+        None => {
+            let offsets = element_offsets(l);
+            (offsets.iter().max().map_or(0, |o| o + 1), Some(offsets))
+        }
     };
     let flat = Tensor::from_storage(storage, flat_len, candle_core::op::BackpropOp::none(), false);
-    match range {
-        Some((start, end)) => flat.narrow(0, start, end - start)?.reshape(l.shape()),
-        None => {
-            let idx: Vec<u32> = l.strided_index().map(|i| i as u32).collect();
+    match gather {
+        None => flat.narrow(0, l.start_offset(), l.shape().elem_count())?.reshape(l.shape()),
+        Some(offsets) => {
+            let idx: Vec<u32> = offsets.into_iter().map(|o| o as u32).collect();
             let idx = Tensor::new(idx.as_slice(), flat.device())?;
             flat.index_select(&idx, 0)?.reshape(l.shape())
         }
