@@ -243,7 +243,9 @@ impl FlashAttnVarLen {
             }
         }
         if self.block_table.is_some() && self.alibi_slopes.is_some() {
-            return Err(varlen_err("ALiBi with a paged cache (block_table) is not supported by memattn's paged forward"));
+            return Err(varlen_err(
+                "ALiBi with a paged cache (block_table) is not supported by memattn's paged forward",
+            ));
         }
         Ok(())
     }

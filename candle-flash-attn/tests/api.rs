@@ -154,9 +154,7 @@ fn fixture_equals_the_published_source_when_cached() {
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
     let found = home.and_then(|h| std::fs::read_dir(h.join("registry/src")).ok()).and_then(|dirs| {
-        dirs.flatten()
-            .map(|d| d.path().join("candle-flash-attn-0.11.1/src/lib.rs"))
-            .find(|p| p.is_file())
+        dirs.flatten().map(|d| d.path().join("candle-flash-attn-0.11.1/src/lib.rs")).find(|p| p.is_file())
     });
     let Some(path) = found else {
         eprintln!("note: candle-flash-attn 0.11.1's source is not in cargo's registry cache; checked against the fixture only");

@@ -20,7 +20,8 @@ struct NamedWeights;
 impl candle_nn::var_builder::SimpleBackend for NamedWeights {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
         // FNV-1a of the name seeds an xorshift64* stream.
-        let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let mut state =
+            name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
         let mut uniform = move || {
             state ^= state >> 12;
             state ^= state << 25;
