@@ -5,7 +5,10 @@
 //! 8 tokens then 12 steps, each step's token the argmax of the candle-attention run fed to both.
 //! Checked at every one of the 13 logits rows:
 //! - f32: `max |flash - candle| / max |candle|` at most 1e-5;
-//! - bf16 (weights and activations; llama converts logits to f32): the same argmax.
+//! - bf16 (weights and activations; llama converts logits to f32): the same argmax. bf16 logits
+//!   tie often (a unit roundoff near 3 is 0.016): where candle's row has several maxima, the
+//!   flash row's argmax must be one of them (it is a greedy choice of candle's logits), and the
+//!   tie is reported.
 //!
 //! The weights are deterministic functions of their names (no download, no random state), so
 //! every run sees the same model. Exits non-zero when a check fails.
@@ -78,6 +81,8 @@ struct Run {
     rows: usize,
     max_rel: f32,
     argmax_same: usize,
+    /// Rows whose argmaxes differ only between maxima of candle's row (an exact tie there).
+    ties: usize,
     min_margin: f32,
 }
 
@@ -97,7 +102,7 @@ fn run(dtype: DType) -> Result<Run> {
     let mut candle_cache = Cache::new(true, dtype, &candle_cfg, &dev)?;
     let mut input = PROMPT.to_vec();
     let mut pos = 0;
-    let mut out = Run { rows: 0, max_rel: 0.0, argmax_same: 0, min_margin: f32::INFINITY };
+    let mut out = Run { rows: 0, max_rel: 0.0, argmax_same: 0, ties: 0, min_margin: f32::INFINITY };
     for step in 0..=STEPS {
         let x = Tensor::new(input.as_slice(), &dev)?.unsqueeze(0)?;
         let a = flash.forward(&x, pos, &mut flash_cache)?.flatten_all()?.to_vec1::<f32>()?;
@@ -114,6 +119,11 @@ fn run(dtype: DType) -> Result<Run> {
         out.rows += 1;
         out.max_rel = out.max_rel.max(rel);
         out.argmax_same += usize::from(ta == tb);
+        let tie = ta != tb && b[ta] == b[tb];
+        out.ties += usize::from(tie);
+        if tie {
+            println!("  a tie: candle's logits of tokens {ta} and {tb} are equal ({}), flash's choice is a maximum of candle's", b[tb]);
+        }
         out.min_margin = out.min_margin.min(margin);
         pos += input.len();
         input = vec![tb as u32];
@@ -125,14 +135,15 @@ fn main() -> Result<()> {
     let f32_run = run(DType::F32)?;
     let bf16_run = run(DType::BF16)?;
     let f32_ok = f32_run.max_rel <= 1e-5 && f32_run.argmax_same == f32_run.rows;
-    let bf16_ok = bf16_run.argmax_same == bf16_run.rows;
+    let bf16_ok = bf16_run.argmax_same + bf16_run.ties == bf16_run.rows;
     println!(
         "f32: {} logits rows (prompt + {STEPS} steps), max relative difference {:.3e} (bound 1e-5), argmax equal in {}/{}",
         f32_run.rows, f32_run.max_rel, f32_run.argmax_same, f32_run.rows
     );
     println!(
-        "bf16: argmax equal in {}/{} rows (smallest top-2 margin of candle's logits {:.4}), max relative difference {:.3e}",
-        bf16_run.argmax_same, bf16_run.rows, bf16_run.min_margin, bf16_run.max_rel
+        "bf16: argmax equal in {}/{} rows, {} more a maximum of candle's tied logits (smallest top-2 margin of \
+         candle's logits {:.4}), max relative difference {:.3e}",
+        bf16_run.argmax_same, bf16_run.rows, bf16_run.ties, bf16_run.min_margin, bf16_run.max_rel
     );
     if !(f32_ok && bf16_ok) {
         eprintln!("llama-check: FAILED (f32 {}, bf16 {})", ok(f32_ok), ok(bf16_ok));
