@@ -10,6 +10,9 @@
 //!   flash row's argmax must be one of them (it is a greedy choice of candle's logits), and the
 //!   tie is reported.
 //!
+//! With `LLAMA_CHECK_CUDA=1` both models run on candle's CUDA device 0 instead (a GPU machine
+//! with nvcc and the CUDA libraries: candle's own kernels and cuBLAS do the rest of the model).
+//!
 //! The weights are deterministic functions of their names (no download, no random state), so
 //! every run sees the same model. Exits non-zero when a check fails.
 
@@ -92,8 +95,8 @@ fn argmax_and_margin(logits: &[f32]) -> (usize, f32) {
     (idx[0], logits[idx[0]] - logits[idx[1]])
 }
 
-fn run(dtype: DType) -> Result<Run> {
-    let dev = Device::Cpu;
+fn run(dtype: DType, dev: &Device) -> Result<Run> {
+    let dev = dev.clone();
     let vb = VarBuilder::from_backend(Box::new(NamedWeights), dtype, dev.clone());
     let (flash_cfg, candle_cfg) = (config(true), config(false));
     let flash = Llama::load(vb.clone(), &flash_cfg)?;
@@ -132,8 +135,12 @@ fn run(dtype: DType) -> Result<Run> {
 }
 
 fn main() -> Result<()> {
-    let f32_run = run(DType::F32)?;
-    let bf16_run = run(DType::BF16)?;
+    let dev = match std::env::var_os("LLAMA_CHECK_CUDA") {
+        Some(_) => Device::new_cuda(0)?,
+        None => Device::Cpu,
+    };
+    let f32_run = run(DType::F32, &dev)?;
+    let bf16_run = run(DType::BF16, &dev)?;
     let f32_ok = f32_run.max_rel <= 1e-5 && f32_run.argmax_same == f32_run.rows;
     let bf16_ok = bf16_run.argmax_same + bf16_run.ties == bf16_run.rows;
     println!(
