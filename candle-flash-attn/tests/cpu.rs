@@ -1,6 +1,7 @@
 //! The drop-in on candle's CPU device (memattn's PTX VM): each road gives what memattn-candle's
-//! op gives (the same kernels, bit for bit), causal attention equals attention written with
-//! candle's tensor ops, a soft cap of 0 is off, and `mm_prefix_ranges` with a range is refused.
+//! op gives (the same kernels, bit for bit, gradients too), causal attention equals attention
+//! written with candle's tensor ops, a soft cap of 0 is off, and `mm_prefix_ranges` with a range
+//! is refused.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -113,5 +114,17 @@ fn paged_is_memattn_candles_and_mm_prefix_ranges_are_refused() -> Result<()> {
     let one = Tensor::new(&[[[0i32, 2]], [[0, 1]]], &Device::Cpu)?;
     let err = call(Some(&one)).expect_err("mm_prefix_ranges is refused").to_string();
     assert!(err.contains("mm_prefix_ranges") && err.contains("not supported"), "{err}");
+    Ok(())
+}
+
+/// Gradients through the drop-in's op are memattn-candle's (candle-flash-attn has no backward).
+#[test]
+fn gradients_are_memattn_candles() -> Result<()> {
+    let q = candle_core::Var::from_tensor(&randn(&[1, 5, 2, 32])?)?;
+    let (k, v) = (randn(&[1, 7, 2, 32])?, randn(&[1, 7, 2, 32])?);
+    let ours = candle_flash_attn::flash_attn(q.as_tensor(), &k, &v, 0.2, true)?.sum_all()?.backward()?;
+    let theirs = memattn_candle::flash_attn(q.as_tensor(), &k, &v, 0.2, true)?.sum_all()?.backward()?;
+    let (a, b) = (ours.get(q.as_tensor()).expect("dq"), theirs.get(q.as_tensor()).expect("dq"));
+    assert_eq!(max_abs_diff(a, b)?, 0.0);
     Ok(())
 }
