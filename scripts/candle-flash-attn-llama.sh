@@ -14,7 +14,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_CANDLE_CUDA:-$PWD/target/candle-cuda
 source scripts/candle-cuda-vm/env.sh
 manifest=candle-flash-attn/llama-check/Cargo.toml
 start=$(date +%s)
-cargo build --quiet --locked --manifest-path "$manifest"
+# Not --locked: the lock pins the registry crates; cargo updates the entries of the path crates
+# (memattn's own) when they change.
+cargo build --quiet --manifest-path "$manifest"
 built=$(date +%s)
 # The check's own notice: memattn-candle says once that the CPU device runs in the PTX VM.
 "$CARGO_TARGET_DIR/debug/llama-check"
