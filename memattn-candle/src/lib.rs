@@ -662,9 +662,24 @@ fn strides4(l: &Layout) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
-/// The process's VM kernels (the PTX is parsed once).
+/// What the first op on candle's CPU device prints to stderr, once per process (unless
+/// [`VM_NOTICE_QUIET_ENV`] is set): the CPU device runs the kernels in the PTX VM.
+pub const VM_NOTICE: &str = "memattn-candle: attention on candle's CPU device runs memattn's PTX kernels in the \
+     PTX VM on the CPU, 4-20x slower than candle's own CPU ops: right for tests, not for CPU \
+     deployment (set MEMATTN_CANDLE_VM_QUIET=1 to silence this notice)";
+
+/// Set (to any value) in the environment, it silences [`VM_NOTICE`].
+pub const VM_NOTICE_QUIET_ENV: &str = "MEMATTN_CANDLE_VM_QUIET";
+
+/// The process's VM kernels (the PTX is parsed once); the first call says [`VM_NOTICE`].
 #[cfg(feature = "vm")]
 fn vm_kernels() -> Result<&'static Kernels> {
+    static NOTICE: std::sync::Once = std::sync::Once::new();
+    NOTICE.call_once(|| {
+        if std::env::var_os(VM_NOTICE_QUIET_ENV).is_none() {
+            eprintln!("{VM_NOTICE}");
+        }
+    });
     static VM: std::sync::OnceLock<std::result::Result<Kernels, String>> = std::sync::OnceLock::new();
     VM.get_or_init(|| Kernels::vm().map_err(|e| e.to_string()))
         .as_ref()

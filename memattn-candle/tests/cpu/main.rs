@@ -11,3 +11,4 @@ mod decode_loop;
 mod kvcache_append;
 mod kvcache_opts;
 mod typed_errors;
+mod vm_notice;
