@@ -2225,7 +2225,13 @@ fn reduce_sim(x: &[f32], grid: usize, flaw: L8Flaw) -> Vec<f64> {
         L8Flaw::None | L8Flaw::TreeFrom64 => (|b, t| b * L8_THREADS + t, all),
     };
     let summed = if flaw == L8Flaw::TreeFrom64 { L8_THREADS / 2 } else { L8_THREADS };
-    (0..grid).map(|b| (0..summed).map(|t| x.iter().skip(start(b, t)).step_by(stride).take(n).map(|&v| v as f64).sum::<f64>()).sum()).collect()
+    (0..grid)
+        .map(|b| {
+            (0..summed)
+                .map(|t| x.iter().skip(start(b, t)).step_by(stride).take(n).map(|&v| v as f64).sum::<f64>())
+                .sum()
+        })
+        .collect()
 }
 
 fn lesson8(m: &Module, out: &mut Out) -> Verdict {
@@ -2618,6 +2624,71 @@ mod tests {
             return true;
         }
         false
+    }
+
+    /// Lesson 8's usual mistakes, each applied to its solution: the hint names the mistake,
+    /// chosen by what the kernel printed or the VM found.
+    #[test]
+    fn lesson8_each_usual_mistake_gets_its_own_hint() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let atomic = "    if t == 0 {\n        unsafe { red_add_f32(total, *s) };\n    }\n";
+        let cases: [(&str, &[(&str, &str)], Verdict, &str); 7] = [
+            (
+                "no_first_barrier_l8",
+                &[(
+                    "    unsafe { *s.add(t as usize) = acc };\n    sync_threads();\n",
+                    "    unsafe { *s.add(t as usize) = acc };\n",
+                )],
+                Verdict::Finding,
+                "a `sync_threads()` after the load is missing",
+            ),
+            (
+                "no_tree_barrier_l8",
+                &[("        sync_threads();\n        half /= 2;\n", "        half /= 2;\n")],
+                Verdict::Finding,
+                "two warps used the same shared word with no barrier between them",
+            ),
+            (
+                "every_thread_adds_l8",
+                &[(atomic, "    unsafe { red_add_f32(total, acc) };\n")],
+                Verdict::Wrong,
+                "every thread adds to total on its own",
+            ),
+            ("block_stride_l8", &[("i += B * nctaid_x();", "i += B;")], Verdict::Wrong, "the loop goes up by 256"),
+            (
+                "no_block_start_l8",
+                &[("let mut i = ctaid_x() * B + t;", "let mut i = t;")],
+                Verdict::Wrong,
+                "every block summed the same elements",
+            ),
+            (
+                "tree_from_64_l8",
+                &[("let mut half = B / 2;", "let mut half = B / 4;")],
+                Verdict::Wrong,
+                "the tree starts at `half = 128`",
+            ),
+            (
+                "plain_store_l8",
+                &[(atomic, "    if t == 0 {\n        unsafe { *total = *s };\n    }\n")],
+                Verdict::Wrong,
+                "instead of adding them",
+            ),
+        ];
+        for (name, edits, want, hint) in cases {
+            let (m, mut out) = mutant("08-reduce", name, edits);
+            assert_eq!(lesson8(&m, &mut out), want, "{name}:\n{}", out.text);
+            assert!(hint_of(&out.text).contains(hint), "{name}: expected `{hint}` in:\n{}", out.text);
+        }
+        // Reading past n: the VM stops the kernel at the load and names the guard.
+        let (m, mut out) = mutant(
+            "08-reduce",
+            "tail_l8",
+            &[("    while i < n {\n", "    for _ in 0..n.div_ceil(B * nctaid_x()) {\n")],
+        );
+        assert_eq!(lesson8(&m, &mut out), Verdict::Finding, "{}", out.text);
+        assert!(hint_of(&out.text).contains("guard the index (`if i < n`)"), "{}", out.text);
     }
 
     /// The references with a mistake, without it, are the f64 references.
