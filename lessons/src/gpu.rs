@@ -121,3 +121,23 @@ pub fn dynamic_smem_f32() -> *mut f32 {
 
 pub const LOG2E: f32 = core::f32::consts::LOG2_E;
 pub const LN2: f32 = core::f32::consts::LN_2;
+
+/// `%nctaid.x`: blocks in the grid (x dimension).
+#[inline(always)]
+pub fn nctaid_x() -> u32 {
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// `red.global.add.f32`: atomically adds `x` to the f32 at `p` in global memory (no result; the
+/// adds of several threads to one address are all applied, in an unspecified order). The same
+/// instruction as kernels-gpu's `red_add_f32`.
+///
+/// # Safety
+/// `p` must point to an f32 in global memory.
+#[inline(always)]
+pub unsafe fn red_add_f32(p: *mut f32, x: f32) {
+    unsafe {
+        asm!("{{ .reg .b64 %ga;", "cvta.to.global.u64 %ga, {a};", "red.global.add.f32 [%ga], {x}; }}",
+             a = in(reg64) p as u64, x = in(reg32) x, options(nostack));
+    }
+}

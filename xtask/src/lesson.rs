@@ -63,7 +63,7 @@ struct Lesson {
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
-const LESSONS: [Lesson; 7] = [
+const LESSONS: [Lesson; 8] = [
     Lesson {
         dir: "01-scale",
         title: "a scaled copy: one thread per element, the bounds guard",
@@ -105,6 +105,12 @@ const LESSONS: [Lesson; 7] = [
         title: "a swizzled shared tile: ldmatrix without bank conflicts",
         titel: "eine geswizzelte Shared-Kachel: ldmatrix ohne Bank-Konflikte",
         check: lesson7,
+    },
+    Lesson {
+        dir: "08-reduce",
+        title: "the sum of an array: a tree in shared memory, one atomic add per block",
+        titel: "die Summe eines Arrays: ein Baum im Shared Memory, eine atomare Addition pro Block",
+        check: lesson8,
     },
 ];
 
@@ -444,7 +450,12 @@ fn check_all() -> i32 {
         let (v, _) = run_lesson(n, File::Skeleton, &mut out);
         // Lesson 7's skeleton computes the right values with an unswizzled tile: it fails on
         // its bank conflicts instead.
-        let symptom = if n == 7 { "bank conflicts" } else { "never written" };
+        // Lesson 8's skeleton leaves `total` at the 0 it starts with.
+        let symptom = match n {
+            7 => "bank conflicts",
+            8 => "no block added",
+            _ => "never written",
+        };
         let helpful = out.text.contains(symptom) && out.text.contains("what to look at");
         if v != Some(Verdict::Wrong) || !helpful {
             bad.push(format!("lesson {n}: the unmodified skeleton should fail with a hint, but said:\n{}", out.text));
@@ -590,6 +601,13 @@ fn what_de(what: &str) -> &str {
             "kausal mit seq_q > seq_kv: die Zeilen 0-59 sehen keinen Key (O = 0, LSE = -inf)"
         }
         "one block, one tile" => "ein Block, eine Kachel",
+        "many elements per thread: 49 rounds of the grid-stride loop" => {
+            "viele Elemente pro Thread: 49 Runden der Grid-Stride-Schleife"
+        }
+        "fewer elements than threads: 1048 of the 2048 threads have none" => {
+            "weniger Elemente als Threads: 1048 der 2048 Threads haben keines"
+        }
+        "3 blocks, n odd" => "3 Blöcke, n ungerade",
         other => other,
     }
 }
@@ -2175,6 +2193,155 @@ fn lesson7(m: &Module, out: &mut Out) -> Verdict {
     )
 }
 
+// ---- lesson 8 ----
+
+/// Lesson 8's block size.
+const L8_THREADS: usize = 256;
+
+/// A mistake in lesson 8's kernel, for [`reduce_sim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum L8Flaw {
+    None,
+    /// The loop goes up by the block's threads only (`i += 256`): block `b` sums every element
+    /// from `b * 256` on, so the blocks overlap.
+    BlockStride,
+    /// The loop goes up by the number of blocks (`i += nctaid_x()`).
+    GridStride,
+    /// The loop starts at `tid_x()`, without the block: every block sums the same elements.
+    NoBlockStart,
+    /// The tree starts at `half = 64`: each block's sum holds its threads 0-127 only.
+    TreeFrom64,
+}
+
+/// The sum each block of lesson 8's kernel with `flaw` adds, for `x[..n]` and `grid` blocks
+/// (elements a thread would read past `n` are not read: the VM stops that kernel first).
+fn reduce_sim(x: &[f32], grid: usize, flaw: L8Flaw) -> Vec<f64> {
+    let n = x.len();
+    let all = L8_THREADS * grid;
+    let (start, stride): (fn(usize, usize) -> usize, usize) = match flaw {
+        L8Flaw::BlockStride => (|b, t| b * L8_THREADS + t, L8_THREADS),
+        L8Flaw::GridStride => (|b, t| b * L8_THREADS + t, grid),
+        L8Flaw::NoBlockStart => (|_, t| t, all),
+        L8Flaw::None | L8Flaw::TreeFrom64 => (|b, t| b * L8_THREADS + t, all),
+    };
+    let summed = if flaw == L8Flaw::TreeFrom64 { L8_THREADS / 2 } else { L8_THREADS };
+    (0..grid)
+        .map(|b| {
+            (0..summed)
+                .map(|t| x.iter().skip(start(b, t)).step_by(stride).take(n).map(|&v| v as f64).sum::<f64>())
+                .sum()
+        })
+        .collect()
+}
+
+fn lesson8(m: &Module, out: &mut Out) -> Verdict {
+    verdict(
+        |out| {
+            let cases = [
+                (100_000u32, 8u32, "many elements per thread: 49 rounds of the grid-stride loop"),
+                (1000, 8, "fewer elements than threads: 1048 of the 2048 threads have none"),
+                (70_001, 3, "3 blocks, n odd"),
+            ];
+            for (case, (n, grid, what)) in cases.into_iter().enumerate() {
+                out.say(tr!(
+                    "case {}: n = {n}, {grid} blocks of 256 threads: {what}",
+                    "Fall {}: n = {n}, {grid} Blöcke mit 256 Threads: {what}",
+                    case + 1,
+                    what = what_de(what)
+                ));
+                let x: Vec<f32> = Rng(11 + case as u64).vec(n as usize, 1.0).iter().map(|v| v + 0.5).collect();
+                let mut l = vm_launcher(m);
+                setup(l.input_f32("x", &x));
+                setup(l.input_f32("total", &[0.0]));
+                let args = [Arg::U32(n), Arg::buf("x"), Arg::buf("total")];
+                let stats = launch_stats(&mut l, out, "block_sum_f32", [grid, 1, 1], [256, 1, 1], 1024, &args)?;
+                let got = setup(l.read_f32("total"))[0];
+                let want: f64 = x.iter().map(|&v| v as f64).sum();
+                // The blocks add in any order and each block's sum is rounded to f32: allow what
+                // f32 sums of this many terms can differ by.
+                let tol = 1e-5 * x.iter().map(|&v| v.abs() as f64).sum::<f64>();
+                let close = |w: f64| got.is_finite() && (got as f64 - w).abs() <= tol;
+                // Every atomic add (and every store) writes 4 bytes: a right kernel writes 4 per block.
+                let adds = stats.global_bytes_written / 4;
+                if close(want) && adds <= grid as u64 {
+                    out.say(tr!(
+                        "  ok: total = {got} (f64 reference {want:.3}), {adds} atomic adds for {grid} blocks",
+                        "  ok: total = {got} (f64-Referenz {want:.3}), {adds} atomare Additionen für {grid} Blöcke"
+                    ));
+                    continue;
+                }
+                if close(want) {
+                    out.say(tr!(
+                        "  total: right ({got}), but with {adds} atomic adds for {grid} blocks",
+                        "  total: richtig ({got}), aber mit {adds} atomaren Additionen für {grid} Blöcke"
+                    ));
+                    out.say(tr!(
+                        "  what to look at: every thread adds to total on its own: the sum is right, but the adds to one address wait for each other (on a GPU they are done one after another, {adds} of them); sum in the block first (steps 2-3) and let thread 0 add once per block (step 4)",
+                        "  worauf Sie achten sollten: jeder Thread addiert selbst zu total: die Summe stimmt, aber die Additionen auf eine Adresse warten aufeinander (auf einer GPU laufen sie nacheinander, {adds} Stück); summieren Sie zuerst im Block (Schritte 2-3) und lassen Sie Thread 0 einmal pro Block addieren (Schritt 4)"
+                    ));
+                    return Err(Verdict::Wrong);
+                }
+                if got == 0.0 && adds == 0 {
+                    out.say(tr!(
+                        "  total: still 0 - no block added to it (expected {want:.3})",
+                        "  total: noch 0 - kein Block hat dazu addiert (erwartet {want:.3})"
+                    ));
+                    out.say(tr!(
+                        "  what to look at: steps 1-4 - the kernel does not add to total yet; thread 0 of each block adds its block's sum with `red_add_f32(total, ...)`",
+                        "  worauf Sie achten sollten: Schritte 1-4 - der Kernel addiert noch nichts zu total; Thread 0 jedes Blocks addiert die Summe seines Blocks mit `red_add_f32(total, ...)`"
+                    ));
+                    return Err(Verdict::Wrong);
+                }
+                out.say(tr!(
+                    "  total: got {got}, expected {want:.3} (within {tol:.1e}: the blocks add in any order); {adds} adds or stores for {grid} blocks",
+                    "  total: erhalten {got}, erwartet {want:.3} (auf {tol:.1e} genau: die Blöcke addieren in beliebiger Reihenfolge); {adds} Additionen oder Speicherungen für {grid} Blöcke"
+                ));
+                let sim = |f| reduce_sim(&x, grid as usize, f);
+                let block_sums = sim(L8Flaw::None);
+                let hint = if !got.is_finite() {
+                    None
+                } else if block_sums.iter().any(|&s| close(s)) && !close(want) {
+                    Some(tr!(
+                        "total is one block's sum: the blocks stored their sums (`*total = ...`) instead of adding them, and the last one won; add with `red_add_f32(total, ...)` (step 4)",
+                        "total ist die Summe eines einzigen Blocks: die Blöcke haben ihre Summen gespeichert (`*total = ...`) statt sie zu addieren, und der letzte hat gewonnen; addieren Sie mit `red_add_f32(total, ...)` (Schritt 4)"
+                    ))
+                } else {
+                    [
+                        (L8Flaw::BlockStride, tr!(
+                            "the loop goes up by 256, the threads of one block, so block b sums every element from b * 256 on and the blocks count elements more than once: the stride is every thread of the grid, `256 * nctaid_x()` (step 1)",
+                            "die Schleife geht um 256 weiter, die Threads eines Blocks, also summiert Block b jedes Element ab b * 256, und die Blöcke zählen Elemente mehrfach: die Schrittweite ist die Zahl aller Threads im Grid, `256 * nctaid_x()` (Schritt 1)"
+                        )),
+                        (L8Flaw::GridStride, tr!(
+                            "the loop goes up by `nctaid_x()`, the number of blocks: the stride is the number of threads in the grid, `256 * nctaid_x()` (step 1)",
+                            "die Schleife geht um `nctaid_x()` weiter, die Zahl der Blöcke: die Schrittweite ist die Zahl der Threads im Grid, `256 * nctaid_x()` (Schritt 1)"
+                        )),
+                        (L8Flaw::NoBlockStart, tr!(
+                            "every block summed the same elements: the loop starts at `tid_x()` without the block; start at `ctaid_x() * 256 + tid_x()` (step 1)",
+                            "jeder Block hat dieselben Elemente summiert: die Schleife beginnt bei `tid_x()` ohne den Block; beginnen Sie bei `ctaid_x() * 256 + tid_x()` (Schritt 1)"
+                        )),
+                        (L8Flaw::TreeFrom64, tr!(
+                            "each block's sum holds only the values of its threads 0-127: the tree starts at `half = 128`, half of the 256 threads (step 3)",
+                            "die Summe jedes Blocks enthält nur die Werte seiner Threads 0-127: der Baum beginnt bei `half = 128`, der Hälfte der 256 Threads (Schritt 3)"
+                        )),
+                    ]
+                    .into_iter()
+                    .find(|(f, _)| close(sim(*f).iter().sum()))
+                    .map(|(_, h)| h)
+                };
+                let early = early_return_in(out, None).map(|e| early_return_hint(Some(&e)));
+                out.say(tr!(
+                    "  what to look at: {}",
+                    "  worauf Sie achten sollten: {}",
+                    early.or(hint).unwrap_or_else(not_a_usual_mistake)
+                ));
+                return Err(Verdict::Wrong);
+            }
+            Ok(())
+        },
+        out,
+    )
+}
+
 /// Lesson 5's solution with one `bar.sync` of its PTX removed at a time (the PTX of deleting one
 /// `sync_threads()`): each must stop at a shared memory race whose report names the Rust lines
 /// of both accesses (the store and the other warp's load, or the load and the other warp's
@@ -2457,6 +2624,71 @@ mod tests {
             return true;
         }
         false
+    }
+
+    /// Lesson 8's usual mistakes, each applied to its solution: the hint names the mistake,
+    /// chosen by what the kernel printed or the VM found.
+    #[test]
+    fn lesson8_each_usual_mistake_gets_its_own_hint() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let atomic = "    if t == 0 {\n        unsafe { red_add_f32(total, *s) };\n    }\n";
+        let cases: [(&str, &[(&str, &str)], Verdict, &str); 7] = [
+            (
+                "no_first_barrier_l8",
+                &[(
+                    "    unsafe { *s.add(t as usize) = acc };\n    sync_threads();\n",
+                    "    unsafe { *s.add(t as usize) = acc };\n",
+                )],
+                Verdict::Finding,
+                "a `sync_threads()` after the load is missing",
+            ),
+            (
+                "no_tree_barrier_l8",
+                &[("        sync_threads();\n        half /= 2;\n", "        half /= 2;\n")],
+                Verdict::Finding,
+                "two warps used the same shared word with no barrier between them",
+            ),
+            (
+                "every_thread_adds_l8",
+                &[(atomic, "    unsafe { red_add_f32(total, acc) };\n")],
+                Verdict::Wrong,
+                "every thread adds to total on its own",
+            ),
+            ("block_stride_l8", &[("i += B * nctaid_x();", "i += B;")], Verdict::Wrong, "the loop goes up by 256"),
+            (
+                "no_block_start_l8",
+                &[("let mut i = ctaid_x() * B + t;", "let mut i = t;")],
+                Verdict::Wrong,
+                "every block summed the same elements",
+            ),
+            (
+                "tree_from_64_l8",
+                &[("let mut half = B / 2;", "let mut half = B / 4;")],
+                Verdict::Wrong,
+                "the tree starts at `half = 128`",
+            ),
+            (
+                "plain_store_l8",
+                &[(atomic, "    if t == 0 {\n        unsafe { *total = *s };\n    }\n")],
+                Verdict::Wrong,
+                "instead of adding them",
+            ),
+        ];
+        for (name, edits, want, hint) in cases {
+            let (m, mut out) = mutant("08-reduce", name, edits);
+            assert_eq!(lesson8(&m, &mut out), want, "{name}:\n{}", out.text);
+            assert!(hint_of(&out.text).contains(hint), "{name}: expected `{hint}` in:\n{}", out.text);
+        }
+        // Reading past n: the VM stops the kernel at the load and names the guard.
+        let (m, mut out) = mutant(
+            "08-reduce",
+            "tail_l8",
+            &[("    while i < n {\n", "    for _ in 0..n.div_ceil(B * nctaid_x()) {\n")],
+        );
+        assert_eq!(lesson8(&m, &mut out), Verdict::Finding, "{}", out.text);
+        assert!(hint_of(&out.text).contains("guard the index (`if i < n`)"), "{}", out.text);
     }
 
     /// The references with a mistake, without it, are the f64 references.
