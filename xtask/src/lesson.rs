@@ -2634,7 +2634,9 @@ mod tests {
             return;
         }
         let atomic = "    if t == 0 {\n        unsafe { red_add_f32(total, *s) };\n    }\n";
-        let cases: [(&str, &[(&str, &str)], Verdict, &str); 7] = [
+        // (scratch name, (text, replacement) edits of the solution, verdict, hint text).
+        type Mistake<'a> = (&'a str, &'a [(&'a str, &'a str)], Verdict, &'a str);
+        let cases: [Mistake; 7] = [
             (
                 "no_first_barrier_l8",
                 &[(
