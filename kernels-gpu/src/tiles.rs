@@ -174,15 +174,17 @@ impl FlashMmaTile {
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
 pub const FLASH_MMA_D64: FlashMmaTile =
     FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
-/// d=128: 8 warps of 32 rows (Br 256), Bc = 32: smem (256 + 2 x 32) x 128 x 2 B = 80 KiB (opt-in;
-/// one block of 8 warps per SM, the register file's limit). Per thread O accumulator 128
-/// registers, scores 32; the first 2 of Q's 8 k-steps stay in registers (16), the other 6 are
-/// reloaded from shared memory per key tile, which puts its `ldmatrix` plus `cp.async` traffic
-/// per unit of work at FA2's (Bc 64). Each K/V tile serves 256 rows, so the `cp.async` traffic
-/// per unit of work is half that of 4 warps. Bc = 64, Bc = 48, all of Q in registers and the
-/// backward key walk spill at 255 registers with ptxas 13.5.
+/// d=128: 4 warps of 32 rows (Br 128, FlashAttention-2's block), Bc = 32: smem (128 + 2 x 32) x
+/// 128 x 2 B = 48 KiB (no opt-in). Per thread O accumulator 128 registers, scores 32; the first 2
+/// of Q's 8 k-steps stay in registers (16), the other 6 are reloaded from shared memory per key
+/// tile. 255 registers at 4 warps let two blocks share an SM, so one block's wait for its K/V tile
+/// (every 32 keys) is filled by the other's work; 8 warps of the same warp (Br 256, one block per
+/// SM: half the `cp.async` traffic per unit of work) leave it exposed, which
+/// `scripts/perf_model.py` puts at 0.86x FA2 on the H200 against 1.02x for this block
+/// (`docs/perf/README.md`). Bc = 64, Bc = 48, all of Q in registers and the backward key walk
+/// spill at 255 registers with ptxas 13.5.
 pub const FLASH_MMA_D128: FlashMmaTile =
-    FlashMmaTile { head_dim: 128, br: 256, bc: 32, warps: 8, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
+    FlashMmaTile { head_dim: 128, br: 128, bc: 32, warps: 4, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
 
 // The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
 // chunks (whole rows per copy pass), so d = 96 and 192 take 6 warps. Tiles above 48 KiB
