@@ -910,8 +910,8 @@ pub const NARROW_WINDOW_D32: WindowRule = WindowRule::Narrow { keys: 96 };
 /// 11.90 M at `L = 63`, 15.14 M / 15.34 M at `L = 127`, 22.10 M / 22.06 M at `L = 255`.
 pub const NARROW_WINDOW_D96: WindowRule = WindowRule::Narrow { keys: 192 };
 
-/// d128 (Br 64 against the default's 256 rows then; 128 since, not re-measured): at most 96 keys. 11.75 M /
-/// 12.10 M at `L = 7`, 13.72 M / 13.86 M at `L = 63`, 18.14 M / 17.87 M at `L = 127`, 26.76 M / 25.71 M at `L = 255`.
+/// d128 (Br 64 against 256): windows of at most 96 keys. 11.75 M / 12.10 M at `L = 7`, 13.72 M /
+/// 13.86 M at `L = 63`, 18.14 M / 17.87 M at `L = 127`, 26.76 M / 25.71 M at `L = 255`.
 pub const NARROW_WINDOW_D128: WindowRule = WindowRule::Narrow { keys: 96 };
 
 /// d192 (Bc 32 against 64, the same 96-row block: a finer key tile wastes less of a narrow
