@@ -792,7 +792,7 @@ def print_advice(specs, p, dp):
             print('  %-4d %-8s %9d %10d %7.0f %7.0f %10.0f %8.0f %7.0f' % (d, side, b['blocks_per_sm'], b['warps_per_smsp'],
                   b['tensor'], b['issue'], b['imbalance'], b['latency'], b['total']))
     print('\nprefill advice: memattn/FA2 at 4 x (2048/d) x 4096, non-causal / causal (model)')
-    print('  %-4s %-34s %-13s | %s' % ('d', 'today: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
+    print('  %-4s %-34s %-13s | %s' % ('d', 'as run: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
     for e in tile_advice(specs, p):
         c = e['current']
         cands = '; '.join('%dx%d, %dx%d, q%d, %d [%d] -> %d: %.2f / %.2f' % (
