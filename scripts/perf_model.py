@@ -6,6 +6,14 @@ usage:
   python3 scripts/perf_model.py           regenerate docs/perf/calibration.json and docs/perf/decode-model.json
   python3 scripts/perf_model.py --check   regenerate in memory, compare with the committed files, check the
                                           hit targets; exit 1 when either fails. Prints the tables either way.
+  python3 scripts/perf_model.py --pin-run COMMIT
+                                          write docs/perf/h200-kernels.json from COMMIT's tiles.rs and ptxas
+                                          reports (done once, for a2b6b1f, the commit the H200 ran)
+
+Two sets of kernels: the calibration models the forward kernels as the H200 ran them (tiles and registers
+pinned in docs/perf/h200-kernels.json), and a second prediction per shape ("predicted_now" in
+calibration.json, the "now" table) models them as kernels-gpu/src/tiles.rs and ptxas-report.json have
+them today, with the fitted parameters of the calibration.
 
 Pure Python 3 standard library (CI has no numpy). Every physical parameter is a named constant below with
 its source; the fitted parameters are few, global (shared by every shape and by both memattn and
@@ -22,6 +30,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIBRATION = os.path.join(ROOT, 'docs', 'perf', 'calibration.json')
 DECODE_MODEL = os.path.join(ROOT, 'docs', 'perf', 'decode-model.json')
+RUN_KERNELS = os.path.join(ROOT, 'docs', 'perf', 'h200-kernels.json')
 
 # ---- physical parameters --------------------------------------------------------------------------
 # H200: 132 SMs, 228 KB shared memory per SM (227 KB per block with the opt-in, tiles.rs
@@ -59,9 +68,11 @@ FA2_TILES = {32: (128, 128, 4), 64: (128, 128, 4), 96: (128, 64, 4), 128: (128, 
              192: (128, 64, 8), 256: (128, 64, 8)}
 
 
-def read_our_tiles():
-    """memattn's sm_80 forward tiles, from the FLASH_MMA_D<d> literals of kernels-gpu/src/tiles.rs."""
-    src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
+def read_our_tiles(src=None):
+    """memattn's sm_80 forward tiles, from the FLASH_MMA_D<d> literals of kernels-gpu/src/tiles.rs (or of
+    the text `src`)."""
+    if src is None:
+        src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
     tiles = {}
     for m in re.finditer(r'pub const FLASH_MMA_D(\d+): FlashMmaTile =\s*FlashMmaTile \{([^}]*)\}', src):
         fields = dict(kv.split(':') for kv in m.group(2).replace(' ', '').split(',') if kv)
@@ -71,23 +82,60 @@ def read_our_tiles():
     return tiles
 
 
-def read_ptxas(path='ptxas-report.json', arch='sm_90'):
-    """name -> (registers, dynamic shared memory) of the ptxas report. The H200 JIT-compiles the sm_80
-    PTX for sm_90, so the sm_90 row of ptxas-report.json is the one it runs."""
-    rep = json.load(open(os.path.join(ROOT, 'kernels-gpu', 'ptx', path)))
+def read_ptxas(path='ptxas-report.json', arch='sm_90', text=None):
+    """name -> (registers, dynamic shared memory) of the ptxas report (or of the JSON text `text`). The
+    H200 JIT-compiles the sm_80 PTX for sm_90, so the sm_90 row of ptxas-report.json is the one it runs."""
+    rep = json.loads(text) if text is not None else json.load(open(os.path.join(ROOT, 'kernels-gpu', 'ptx', path)))
     return {k['name']: (k['registers'], k['dynamic_smem_bytes']) for k in rep['kernels'] if k['arch'] == arch}
 
 
-def kernel_specs():
-    """Both sides' kernels per head dim: tile, registers, shared memory, SASS counts."""
-    ours, ptxas = read_our_tiles(), read_ptxas()
+def pin_run_kernels(commit):
+    """docs/perf/h200-kernels.json: the forward tiles and registers (sm_90 rows) of `commit`, read with
+    git show. The calibration models these, whatever the tiles are today."""
+    import subprocess
+    show = lambda path: subprocess.check_output(['git', '-C', ROOT, 'show', '%s:%s' % (commit, path)], text=True)
+    tiles = read_our_tiles(show('kernels-gpu/src/tiles.rs'))
+    ptxas = read_ptxas(arch='sm_90', text=show('kernels-gpu/ptx/ptxas-report.json'))
+    hopper = read_ptxas(arch='sm_90a', text=show('kernels-gpu/ptx/ptxas-report-sm90.json'))
+    doc = dict(
+        note='The sm_80 forward kernels as the H200 run (docs/gpu-h200.md) executed them: the FLASH_MMA_D<d> tiles '
+             'of kernels-gpu/src/tiles.rs and the sm_90 rows of kernels-gpu/ptx/ptxas-report.json (and '
+             'ptxas-report-sm90.json for the sm_90a forward) at the run\'s commit. scripts/perf_model.py fits and '
+             'checks its calibration on these; written once by `python3 scripts/perf_model.py --pin-run %s`.' % commit,
+        commit=commit,
+        forward={str(d): dict(tiles[d], registers=ptxas['flash_fwd_bf16_d%d' % d][0],
+                              dynamic_smem_bytes=ptxas['flash_fwd_bf16_d%d' % d][1])
+                 for d in sorted(SASS_NONHMMA_PER_UNIT)},
+        sm90={n: dict(registers=r, dynamic_smem_bytes=m) for n, (r, m) in sorted(hopper.items())
+              if n.startswith('flash_fwd_bf16_sm90_d')})
+    open(RUN_KERNELS, 'w').write(dumps(doc))
+    return doc
+
+
+def run_kernels():
+    return json.load(open(RUN_KERNELS))
+
+
+def kernel_specs(now=False):
+    """Both sides' kernels per head dim: tile, registers, shared memory, SASS counts. memattn's as the H200
+    ran them (docs/perf/h200-kernels.json), or with now=True as tiles.rs and ptxas-report.json have them
+    today. The SASS counts per unit are the run's kernels'; a tile changed since then keeps them, corrected
+    for its own ldmatrix count (ldsm_per_unit), as the tile advice does for its candidates."""
+    run = run_kernels()['forward']
+    if now:
+        ours, ptxas = read_our_tiles(), read_ptxas()
     specs = {}
     for d in sorted(SASS_NONHMMA_PER_UNIT):
-        t = ours[d]
-        regs, smem = ptxas['flash_fwd_bf16_d%d' % d]
+        r = run[str(d)]
+        t, regs, smem = r, r['registers'], r['dynamic_smem_bytes']
+        if now:
+            t = ours[d]
+            regs, smem = ptxas['flash_fwd_bf16_d%d' % d]
+        nonhmma = (SASS_NONHMMA_PER_UNIT[d][0] - ldsm_per_unit(d, r['rows_per_warp'], r['bc'], r['q_reg_ksteps'])
+                   + ldsm_per_unit(d, t['rows_per_warp'], t['bc'], t['q_reg_ksteps']))
         specs[('memattn', d)] = dict(d=d, br=t['br'], bc=t['bc'], warps=t['warps'], rows_per_warp=t['rows_per_warp'],
                                      q_reg_ksteps=t['q_reg_ksteps'], regs=regs, smem=smem,
-                                     nonhmma_unit=SASS_NONHMMA_PER_UNIT[d][0], warp_skips_masked=True)
+                                     nonhmma_unit=nonhmma, warp_skips_masked=True)
         br, bc, w = FA2_TILES[d]
         specs[('fa2', d)] = dict(d=d, br=br, bc=bc, warps=w, rows_per_warp=br // w, q_reg_ksteps=0,
                                  regs=FA2_REGS[d], smem=(br + 2 * bc) * d * 2,
@@ -228,7 +276,8 @@ SM90_TIMED = {64: (0.941, 1.075), 128: (1.111, 0.609), 256: (1.100, 0.626)}   # 
 
 
 def sm90_spec(d):
-    regs, smem = read_ptxas('ptxas-report-sm90.json', 'sm_90a')['flash_fwd_bf16_sm90_d%d' % d]
+    k = run_kernels()['sm90']['flash_fwd_bf16_sm90_d%d' % d]
+    regs, smem = k['registers'], k['dynamic_smem_bytes']
     return dict(d=d, br=128, bc=SM90_BC[d], warps=12, regs=regs, smem=smem, kind='wgmma')
 
 
@@ -343,9 +392,11 @@ def within(pred, meas, tol=0.15):
     return abs(pred / meas - 1.0) <= tol
 
 
-def calibration(specs):
+def calibration(specs, specs_now):
     """One entry per measured shape: the model's ratio with the parameters fitted on all rows, and the
-    ratio from the split fit (held_out rows were not in that fit)."""
+    ratio from the split fit (held_out rows were not in that fit), both for the kernels as the H200 ran
+    them (`specs`); then the all-rows fit's ratio for memattn's kernels as they are now (`specs_now`,
+    "predicted_now"), which nothing has measured."""
     rows = measured_rows()
     p_all = fit(rows, specs)
     p_half = fit([r for r in rows if r['head_dim'] in FIT_DIMS], specs)
@@ -353,6 +404,8 @@ def calibration(specs):
     for r in rows:
         ours, fa2 = predict_row(r, specs, p_all)
         h_ours, h_fa2 = predict_row(r, specs, p_half)
+        now, _ = predict_row(r, specs_now, p_all)
+        kn = specs_now[('memattn', r['head_dim'])]
         f = flops(r['batch'], r['heads'], r['seq'], r['head_dim'], r['causal'])
         out.append({
             'shape': shape_name(r), 'causal': r['causal'], 'measured': round(r['ratio'], 3),
@@ -369,6 +422,11 @@ def calibration(specs):
             'fa2': {'blocks_per_sm': fa2['occ']['blocks'], 'warps_per_sm': fa2['occ']['warps'],
                     'occupancy_limit': fa2['occ']['limit'], 'waves': round(fa2['waves'], 2),
                     'limiter': fa2['limiter']},
+            'predicted_now': round(fa2['ms'] / now['ms'], 3),
+            'memattn_now': {'tile': '%dx%d, %d warps x %d rows, q%d' % (kn['br'], kn['bc'], kn['warps'], kn['rows_per_warp'],
+                                                                     kn['q_reg_ksteps']),
+                            'registers': kn['regs'], 'blocks_per_sm': now['occ']['blocks'],
+                            'ms_predicted': round(now['ms'], 4), 'limiter': now['limiter']},
         })
     hopper = []
     for d in sorted(SM90_TIMED):
@@ -653,7 +711,7 @@ def tile_advice(specs, p):
 # ---- output, check, tables -----------------------------------------------------------------------
 def build():
     specs = kernel_specs()
-    cal = calibration(specs)
+    cal = calibration(specs, kernel_specs(now=True))
     dp = decode_fit()
     return specs, cal, dp
 
@@ -715,6 +773,14 @@ def print_tables(cal, cal_rows, dec_rows, dp):
         errs = [r[side + '_tflops']['predicted'] / r[side + '_tflops']['measured'] - 1 for r in main_rows]
         print('absolute %s TFLOP/s: %d of %d within 15 %%, worst %+.0f %%' % (
             side, sum(abs(e) <= 0.15 for e in errs), len(errs), 100 * max(errs, key=abs)))
+    print('\nnow: memattn / FA2 predicted for the sm_80 forward as tiles.rs and ptxas-report.json have it today '
+          '(all-rows parameters; nothing measured)')
+    print('%-24s %-6s %8s %13s %13s  %-34s %4s %9s' % ('shape', 'causal', 'measured', 'predicted run', 'predicted now',
+                                                    'tile now', 'regs', 'blocks/SM'))
+    for r in main_rows:
+        n = r['memattn_now']
+        print('%-24s %-6s %8.3f %13.3f %13.3f  %-34s %4d %9d' % (r['shape'], r['causal'], r['measured'], r['predicted'],
+              r['predicted_now'], n['tile'], n['registers'], n['blocks_per_sm']))
     print('\nHopper forward, sm90 / sm80 speed on the same shape (causal):')
     for r in cal_rows:
         if 'extra' in r:
@@ -760,7 +826,7 @@ def print_advice(specs, p, dp):
             print('  %-4d %-8s %9d %10d %7.0f %7.0f %10.0f %8.0f %7.0f' % (d, side, b['blocks_per_sm'], b['warps_per_smsp'],
                   b['tensor'], b['issue'], b['imbalance'], b['latency'], b['total']))
     print('\nprefill advice: memattn/FA2 at 4 x (2048/d) x 4096, non-causal / causal (model)')
-    print('  %-4s %-34s %-13s | %s' % ('d', 'today: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
+    print('  %-4s %-34s %-13s | %s' % ('d', 'as run: Br x Bc, warps, regs -> blocks/SM', 'ratio', 'best candidates (Br x Bc, warps x rows, q-steps in regs, regs budget [floor] -> blocks/SM: ratio)'))
     for e in tile_advice(specs, p):
         c = e['current']
         cands = '; '.join('%dx%d, %dx%d, q%d, %d [%d] -> %d: %.2f / %.2f' % (
@@ -791,6 +857,10 @@ def print_advice(specs, p, dp):
 
 
 def main(argv):
+    if '--pin-run' in argv:
+        doc = pin_run_kernels(argv[argv.index('--pin-run') + 1])
+        print('wrote %s (commit %s)' % (os.path.relpath(RUN_KERNELS, ROOT), doc['commit']))
+        return 0
     check = '--check' in argv
     specs, cal, dp = build()
     cal_rows = calibration_json(cal)

@@ -2,9 +2,9 @@
 //! m16n8k16), 16-bit inputs and output, f32 accumulation and softmax.
 //!
 //! Algorithm (FlashAttention-2 forward): a block of warps (the tile's `warps`: 4 at D = 32 and
-//! 64, 2 in the `_window` tile, 6 at D = 96 and 192, 8 at D = 128 and 256) owns `BR` query rows,
-//! `MT` 16-row `mma` tiles per warp (the tile's `rows_per_warp`: 32 at D = 32, 64, 96 and 128, 16
-//! at D = 192 and 256; with 32 every K and V fragment loaded by `ldmatrix` feeds twice the
+//! 64 and 128, 2 in the `_window` tile, 6 at D = 96 and 192, 8 at D = 256) owns `BR` query rows,
+//! `MT` 16-row `mma` tiles per warp (the tile's `rows_per_warp`: 32 at D = 32, 64 and 96, 16 at
+//! D = 128, 192 and 256; with 32 every K and V fragment loaded by `ldmatrix` feeds twice the
 //! `mma`s), and walks the keys in tiles of `BC`: from the
 //! last tile back to the first at `keys_backward` tiles (as FlashAttention-2 does: the one tile
 //! that can reach past the last key is loaded before the loop, so the loop's loads carry no

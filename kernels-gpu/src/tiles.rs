@@ -174,15 +174,18 @@ impl FlashMmaTile {
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
 pub const FLASH_MMA_D64: FlashMmaTile =
     FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
-/// d=128: 8 warps of 32 rows (Br 256), Bc = 32: smem (256 + 2 x 32) x 128 x 2 B = 80 KiB (opt-in;
-/// one block of 8 warps per SM, the register file's limit). Per thread O accumulator 128
-/// registers, scores 32; the first 2 of Q's 8 k-steps stay in registers (16), the other 6 are
-/// reloaded from shared memory per key tile, which puts its `ldmatrix` plus `cp.async` traffic
-/// per unit of work at FA2's (Bc 64). Each K/V tile serves 256 rows, so the `cp.async` traffic
-/// per unit of work is half that of 4 warps. Bc = 64, Bc = 48, all of Q in registers and the
-/// backward key walk spill at 255 registers with ptxas 13.5.
+/// d=128: 4 warps of 16 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB (no
+/// opt-in). Per thread O accumulator 64 registers, scores 32; the first 2 of Q's 8 k-steps stay
+/// in registers (8), the other 6 are reloaded from shared memory per key tile. ptxas gives 168
+/// registers at sm_90 (three blocks per SM on an H100/H200) and 192 at sm_80 (two), so while one
+/// block waits for its K/V tile the others' warps run. The 8-warp block of 32-row warps (Br 256,
+/// Bc 32, 255 registers, one block per SM) that ran before left that wait exposed:
+/// `scripts/perf_model.py` puts it at 0.83-0.87x FA2 on the H200, where it measured 0.81-0.86x,
+/// and this block at 1.01-1.12x (`docs/perf/README.md`); 4 warps of 32 rows (Br 128, Bc 32: 255
+/// registers, two blocks per SM) at 1.02x. 16-row warps read K and V twice as often per unit of
+/// work as 32-row ones (more `ldmatrix`), which three blocks per SM more than pay for in the model.
 pub const FLASH_MMA_D128: FlashMmaTile =
-    FlashMmaTile { head_dim: 128, br: 256, bc: 32, warps: 8, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
+    FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: false };
 
 // The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
 // chunks (whole rows per copy pass), so d = 96 and 192 take 6 warps. Tiles above 48 KiB
@@ -213,8 +216,8 @@ pub const FLASH_MMA_D192: FlashMmaTile =
 pub const FLASH_MMA_D256: FlashMmaTile =
     FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
 // Narrow-window tiles: the default row's warp (rows per warp and the k-steps of Q kept in
-// registers unchanged, so the same registers) in fewer warps (d32, d96, d128), or with key tiles
-// of 32 (d192, d256). Each warp skips the key tiles outside its own rows' windows, so these win
+// registers unchanged, so the same registers) in fewer warps (d32, d96), or with key tiles of 32
+// (d192, d256); d128's is the warp of its earlier default (32 rows, Bc 32) in 2 warps. Each warp skips the key tiles outside its own rows' windows, so these win
 // only for narrow windows; the measured crossovers are the rules in variants.rs
 // (`NARROW_WINDOW_D32` ...). d64 has none: its default row is the cheaper one at every window.
 
@@ -228,7 +231,8 @@ pub const FLASH_MMA_D32_WINDOW: FlashMmaTile =
 pub const FLASH_MMA_D96_WINDOW: FlashMmaTile =
     FlashMmaTile { head_dim: 96, br: 96, bc: 32, warps: 3, rows_per_warp: 32, q_reg_ksteps: 6, keys_backward: false };
 /// d=128 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 32: smem (64 + 2 x 32) x 128 x 2 B
-/// = 32 KiB.
+/// = 32 KiB. Its rule (`NARROW_WINDOW_D128`, windows of at most 96 keys) was measured against the
+/// earlier default (Br 256, 8 warps of 32 rows, Bc 32), not against today's.
 pub const FLASH_MMA_D128_WINDOW: FlashMmaTile =
     FlashMmaTile { head_dim: 128, br: 64, bc: 32, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
 /// d=192 for narrow windows: the default 6 warps of 16 rows (Br 96) with Bc = 32 (8 rows per copy

@@ -1714,7 +1714,7 @@ pub mod tests {
     pub fn launch_geometry_derives_from_the_tile() {
         let s = LaunchShape { batch: 2, heads: 3, seq_q: 130, seq_kv: 300 };
         let l = KernelId::FlashFwdBf16D128.variant().launch(s).unwrap();
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([1, 3, 2], [256, 1, 1], 80 * 1024));
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 3, 2], [128, 1, 1], 48 * 1024));
         let l = KernelId::FlashFwdF32D64.variant().launch(s).unwrap();
         assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([5, 3, 2], [128, 1, 1], 32 * 1024));
         let l = KernelId::NaiveScoresF16.variant().launch(s).unwrap();
