@@ -447,7 +447,9 @@ pub(crate) unsafe fn decode_mma<
         let ahead_v = kv0 + (STAGES - 1) * BC;
         if ahead_v < block_end {
             let slot = if cur == 0 { STAGES - 1 } else { cur - 1 };
-            unsafe { stage_rows::<D, PASSES>(v_s + slot as u32 * tile_bytes, v_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
+            unsafe {
+                stage_rows::<D, PASSES>(v_s + slot as u32 * tile_bytes, v_cache, &tile_rows, tid, E::BYTES, p.head_dim)
+            };
         }
         cp_async_commit();
 
