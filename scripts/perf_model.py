@@ -82,6 +82,15 @@ def read_our_tiles(src=None):
     return tiles
 
 
+def read_decode_mma_tile(d=128):
+    """The tensor-core decode's tile at head dim d, from the DECODE_MMA_D<d> literal of
+    kernels-gpu/src/tiles.rs: bc, warps and stages (K and V buffers each)."""
+    src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
+    m = re.search(r'pub const DECODE_MMA_D%d: DecodeMmaTile =\s*DecodeMmaTile \{([^}]*)\}' % d, src)
+    fields = dict(kv.split(':') for kv in m.group(1).replace(' ', '').split(',') if kv)
+    return dict(bc=int(fields['bc']), warps=int(fields['warps']), stages=int(fields.get('stages', 1)))
+
+
 def read_ptxas(path='ptxas-report.json', arch='sm_90', text=None):
     """name -> (registers, dynamic shared memory) of the ptxas report (or of the JSON text `text`). The
     H200 JIT-compiles the sm_80 PTX for sm_90, so the sm_90 row of ptxas-report.json is the one it runs."""
@@ -508,7 +517,9 @@ def decode_us(kname, p, batch, heads, heads_kv, d, cache, splits='auto', regs=No
     else:
         nsplit = splits
     blocks = per_split * nsplit
-    occ = occupancy(gpu, regs or k['regs_run'], k['smem'] * (stages if stages > 1 else 1), k['warps'])
+    # `smem_total`: a kernel's own figure (the ptxas report's); else its single-stage smem times stages
+    occ = occupancy(gpu, regs or k['regs_run'], k.get('smem_total') or k['smem'] * (stages if stages > 1 else 1),
+                    k['warps'])
     resident = min(blocks, gpu['sms'] * occ['blocks'])
     key_tiles = -(-cache // k['bc'])
     tiles = -(-key_tiles // nsplit)                  # a split covers whole key tiles
@@ -573,6 +584,14 @@ def decode_fit():
     return {k: float('%.4g' % math.exp(v)) for k, v in zip(DECODE_PARAMS, x)}
 
 
+def now_stages(kname, now):
+    """The tensor-core decode as committed: its K/V stages (tiles.rs DECODE_MMA_D128) and shared
+    memory (the ptxas report's); nothing for the other kernels."""
+    if not kname.startswith('decode_mma_'):
+        return {}
+    return dict(stages=read_decode_mma_tile(128)['stages'], tile=dict(smem_total=now[kname][1]))
+
+
 def decode_entries(p):
     """One entry per measured H200 figure (the kernels as they ran), then one per shape for the kernels
     as they are now (the registers of today's ptxas-report.json, sm_90 row), measured_gbps null."""
@@ -591,23 +610,24 @@ def decode_entries(p):
         if m['kernel'] not in now:
             continue
         regs = now[m['kernel']][0]
-        extra = dict(regs=regs)
+        extra = dict(regs=regs, **now_stages(m['kernel'], now))
         if 'splits' not in m['args']:
             extra['splits'] = 'auto-now'      # the split plan as it is now (decode.rs)
         r = decode_predict(m, p, **extra)
         out.append(dict(shape=m['shape'], kernel=m['kernel'], registers=regs, as_of='now', measured_gbps=None,
                         predicted_gbps=round(r['gbps']), predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'],
-                        blocks=r['blocks'], blocks_per_sm_allowed=r['blocks_per_sm'],
+                        stages=extra.get('stages', 1), blocks=r['blocks'], blocks_per_sm_allowed=r['blocks_per_sm'],
                         bytes_in_flight_per_sm=round(r['inflight_per_sm'])))
     # Not measured on the H200: the e4m3 cache at the long shape, against bf16 on the same plan rule.
     fp8 = 'decode_mma_fp8_e4m3_d128'
     if fp8 in now:
-        r = decode_us(fp8, p, 8, 32, 8, 128, 32768, splits='auto-now', regs=now[fp8][0])
+        r = decode_us(fp8, p, 8, 32, 8, 128, 32768, splits='auto-now', regs=now[fp8][0], **now_stages(fp8, now))
         bf = decode_us('decode_mma_bf16_d128', p, 8, 32, 8, 128, 32768, splits='auto-now',
-                       regs=now['decode_mma_bf16_d128'][0])
+                       regs=now['decode_mma_bf16_d128'][0], **now_stages('decode_mma_bf16_d128', now))
         out.append(dict(shape='e4m3 batch 8 heads 32/8 d128 cache 32768 splits auto', kernel=fp8,
                         registers=now[fp8][0], as_of='now', measured_gbps=None, predicted_gbps=round(r['gbps']),
-                        predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'], blocks=r['blocks'],
+                        predicted_ms=round(r['us'] / 1e3, 4), splits=r['splits'],
+                        stages=now_stages(fp8, now).get('stages', 1), blocks=r['blocks'],
                         blocks_per_sm_allowed=r['blocks_per_sm'], bytes_in_flight_per_sm=round(r['inflight_per_sm']),
                         speed_over_bf16=round(bf['us'] / r['us'], 3)))
     return out

@@ -22,11 +22,19 @@
 //! written beforehand by `decode_append`).
 //!
 //! Tiles ([`crate::tiles::DECODE_MMA_D64`], [`crate::tiles::DECODE_MMA_D128`]): 4 warps, 16
-//! packed rows, `BC = 64` keys per step (16 per warp). Shared memory: Q `16 x D`, K and V `BC x
-//! D`, 16-bit, each row-major and XOR-swizzled as in [`crate::swizzle`] (18 KiB at d=64, 36 KiB
-//! at d=128). K and V have one buffer each and the loads overlap compute as in `flash_fwd_mma`:
-//! V of tile `j` streams in while `S_j` and the softmax run, K of tile `j + 1` while `P_j V_j`
-//! does. Every row of a tile is one `cp.async` per 16-byte chunk from the row's own address in
+//! packed rows, `BC = 64` keys per step (16 per warp), `STAGES = 2`. Shared memory: Q `16 x D`,
+//! then rings of `STAGES` K and `STAGES` V buffers of `BC x D`, 16-bit, each row-major and
+//! XOR-swizzled as in [`crate::swizzle`] (34 KiB at d=64, 68 KiB at d=128). The copies run
+//! `STAGES` tiles ahead of the compute: one commit group per K or V tile, issued in the order
+//! K_0, V_0, K_1, V_1, ...; at tile `j` the block waits for K_j (`cp.async.wait_group 2 *
+//! STAGES - 2`: V_j, K_{j+1}, ... stay in flight), and after the barrier (every warp is done
+//! with `P_{j-1} V_{j-1}`) starts V_{j+STAGES-1} in that slot; it computes `S_j` and the
+//! softmax, waits for V_j, and after the barrier (every warp is done with `Q K_jᵀ`) starts
+//! K_{j+STAGES} in K_j's slot, then `P_j V_j`. So with 2 stages a block has the next tile's K
+//! and V in flight while it computes one, and its split is a chain of about one load latency
+//! per tile instead of two; `STAGES = 1` is the single-buffered loop (V of tile `j`
+//! streams in while `S_j` runs, K of `j + 1` while `P_j V_j` does). Every row of a tile is one
+//! `cp.async` per 16-byte chunk from the row's own address in
 //! the cache — for a paged cache one block-table read per row, so any page size works and a
 //! tile may span pages; rows past the block's last key are zero-filled (source size 0), never
 //! read. After the loop the K and V area holds the warps' f32 accumulators `[4][16][D]` and the
@@ -233,6 +241,15 @@ impl<F: crate::fp8::Fp8Kind> MmaCache for F {
     }
 }
 
+/// `cp.async.wait_group 2 * S - 2;`: waits until at most the `2 * S - 2` most recent commit
+/// groups of this thread are pending (the pipeline of [`decode_mma`] with `S` stages; `S = 1`
+/// waits for all).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+fn cp_async_wait_group<const S: usize>() {
+    unsafe { core::arch::asm!("cp.async.wait_group {n};", n = const 2 * S - 2, options(nostack)) };
+}
+
 /// `ld.shared.v2.b32`: the two words at `addr` (8-byte aligned).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
@@ -273,10 +290,14 @@ pub(crate) unsafe fn decode_mma<
     const ND: usize,
     const NS: usize,
     const PASSES: usize,
+    const STAGES: usize,
 >(
     p: &DecodeParams,
 ) {
-    const { assert!(KD == D / 16 && ND == D / 8 && NS * 8 * 4 == BC && PASSES * THREADS * 8 == BC * D) };
+    const {
+        assert!(KD == D / 16 && ND == D / 8 && NS * 8 * 4 == BC && PASSES * THREADS * 8 == BC * D);
+        assert!(STAGES >= 1 && STAGES <= 4);
+    };
     let kw = BC / 4; // keys per warp per step
     let tid = tid_x() as usize;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -300,8 +321,10 @@ pub(crate) unsafe fn decode_mma<
 
     let smem = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemChunk>();
     let q_s = smem_addr(smem);
+    // Rings of STAGES K and STAGES V buffers of 16-bit tiles (FP8 uses the first half of each).
+    let tile_bytes = (BC * D * 2) as u32;
     let k_s = q_s + (ROWS * D * 2) as u32;
-    let v_s = k_s + (BC * D * 2) as u32;
+    let v_s = k_s + STAGES as u32 * tile_bytes;
 
     // The packed rows' tokens and heads; rows past `rows` are clamped to the last valid one for
     // the ranges (they store nothing) and read zeros for Q.
@@ -354,12 +377,27 @@ pub(crate) unsafe fn decode_mma<
     };
     let (k_cache, v_cache) = (global_addr(p.k_cache), global_addr(p.v_cache));
     let mut kv0 = k_lo as usize + skip;
-    let mut tile_rows = my_rows(kv0);
-    if kv0 < block_end {
-        unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
-    }
-    cp_async_commit();
-    cp_async_wait_all();
+    // The pipeline: the copies are issued in the order K_0, V_0, K_1, V_1, ..., one commit group
+    // each, STAGES tiles ahead (see the loop), so every wait leaves the `2 * STAGES - 2` groups
+    // issued after the awaited one in flight. The prologue issues K_0 (with Q), V_0, ...,
+    // K_{STAGES-1}; `tile_rows` always holds the rows of the last K issued, which the V of the
+    // same tile reuses.
+    let mut tile_rows = [u32::MAX; PASSES];
+    unroll4!(i in 0..STAGES => {
+        let at = kv0 + i * BC;
+        if at < block_end {
+            tile_rows = my_rows(at);
+            unsafe { stage_rows::<D, PASSES>(k_s + i as u32 * tile_bytes, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
+        }
+        cp_async_commit();
+        if i + 1 < STAGES {
+            if at < block_end {
+                unsafe { stage_rows::<D, PASSES>(v_s + i as u32 * tile_bytes, v_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
+            }
+            cp_async_commit();
+        }
+    });
+    cp_async_wait_group::<STAGES>();
     sync_threads();
     let mut qf = [[0u32; 4]; KD];
     let (q_r, q_c) = ldsm_a_lane(lane);
@@ -398,11 +436,21 @@ pub(crate) unsafe fn decode_mma<
         });
     }
 
+    // Ring slot of this tile's K and V.
+    let mut cur = 0usize;
     while kv0 < block_end {
-        // (1) K has landed and every warp is done reading the previous V: start loading V.
-        cp_async_wait_all();
+        let (k_cur, v_cur) = (k_s + cur as u32 * tile_bytes, v_s + cur as u32 * tile_bytes);
+        // (1) K of this tile has landed and every warp is done reading the previous tile's V
+        // (slot cur - 1): start loading V of tile + STAGES - 1 there.
+        cp_async_wait_group::<STAGES>();
         sync_threads();
-        unsafe { stage_rows::<D, PASSES>(v_s, v_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
+        let ahead_v = kv0 + (STAGES - 1) * BC;
+        if ahead_v < block_end {
+            let slot = if cur == 0 { STAGES - 1 } else { cur - 1 };
+            unsafe {
+                stage_rows::<D, PASSES>(v_s + slot as u32 * tile_bytes, v_cache, &tile_rows, tid, E::BYTES, p.head_dim)
+            };
+        }
         cp_async_commit();
 
         // (2) S = Q Kᵀ over this warp's keys.
@@ -412,7 +460,7 @@ pub(crate) unsafe fn decode_mma<
             // and 2kp + 1) gives each lane 4 bytes of one key per k-step, d 16kk + 4t .. + 3:
             // the B fragment's k 2t, 2t + 1 (bytes 0, 1) and 2t + 8, 2t + 9 (bytes 2, 3).
             let (k_r, k_c) = ldsm_bt_lane(lane);
-            let k_tile = opaque_u32(k_s);
+            let k_tile = opaque_u32(k_cur);
             unroll4!(kp in 0..KD / 2 => {
                 let r = unsafe { ldmatrix_x4(k_tile + swizzled_offset(D / 2, wk + k_r, 2 * kp + k_c) as u32) };
                 unroll2!(c2 in 0..2 => {
@@ -424,7 +472,7 @@ pub(crate) unsafe fn decode_mma<
             });
         } else {
             let (k_r, k_c) = ldsm_b_lane(lane);
-            let k_lane = LaneAddrs::<D>::new(opaque_u32(k_s), wk + k_r, k_c);
+            let k_lane = LaneAddrs::<D>::new(opaque_u32(k_cur), wk + k_r, k_c);
             unroll8!(kk in 0..KD => {
                 unroll2!(np in 0..NS / 2 => {
                     let r = unsafe { ldmatrix_x4(k_lane.at(16 * np, kk)) };
@@ -481,23 +529,25 @@ pub(crate) unsafe fn decode_mma<
         });
         let pf = pack_a(&s, E::Mma::pack);
 
-        // (6) V has landed and every warp is done reading K: start loading the next K, then
-        // O += P V over this warp's keys.
-        cp_async_wait_all();
+        // (6) V of this tile has landed and every warp is done reading its K: start loading K of
+        // tile + STAGES into its slot, then O += P V over this warp's keys.
+        cp_async_wait_group::<STAGES>();
         sync_threads();
-        kv0 += BC;
-        if kv0 < block_end {
-            tile_rows = my_rows(kv0);
-            unsafe { stage_rows::<D, PASSES>(k_s, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
+        let ahead_k = kv0 + STAGES * BC;
+        if ahead_k < block_end {
+            tile_rows = my_rows(ahead_k);
+            unsafe { stage_rows::<D, PASSES>(k_cur, k_cache, &tile_rows, tid, E::BYTES, p.head_dim) };
         }
         cp_async_commit();
+        kv0 += BC;
+        cur = if cur + 1 == STAGES { 0 } else { cur + 1 };
         let (v_r, v_c) = ldsm_bt_lane(lane);
         if E::BYTES == 1 {
             // FP8 rows of D bytes: `ldmatrix.x4.trans` of (keys 0-7 / 8-15) x (d chunks 2cp,
             // 2cp + 1) gives lane (g, t) keys 2t, 2t + 1 (+ 8) of d 16c + 2g and 16c + 2g + 1:
             // bytes 0, 2 feed O column tile 2c (d 16c + 2n for its column n), bytes 1, 3 tile
             // 2c + 1 (d 16c + 2n + 1).
-            let v_tile = opaque_u32(v_s);
+            let v_tile = opaque_u32(v_cur);
             unroll4!(cp in 0..KD / 2 => {
                 let r = unsafe { ldmatrix_x4_trans(v_tile + swizzled_offset(D / 2, wk + v_r, 2 * cp + v_c) as u32) };
                 unroll2!(c2 in 0..2 => {
@@ -509,7 +559,7 @@ pub(crate) unsafe fn decode_mma<
                 });
             });
         } else {
-            let v_lane = LaneAddrs::<D>::new(opaque_u32(v_s), wk + v_r, v_c);
+            let v_lane = LaneAddrs::<D>::new(opaque_u32(v_cur), wk + v_r, v_c);
             unroll2!(kc in 0..NS / 2 => {
                 unroll8!(np in 0..ND / 2 => {
                     let r = unsafe { ldmatrix_x4_trans(v_lane.at(16 * kc, np)) };

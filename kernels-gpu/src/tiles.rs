@@ -452,14 +452,17 @@ pub const APPEND: AppendTile = AppendTile { threads: 128 };
 /// keys each warp scores and accumulates its own `bc / warps` keys with its own online-softmax
 /// state, and the warps' states are merged once at the end (FlashDecoding's split of the keys
 /// over the warps of a block). Q, K and V are staged as 16-bit swizzled tiles, as in
-/// [`FlashMmaTile`]; after the key loop the K and V area holds the warps' f32 accumulators for
-/// the merge: `warps * 16 * head_dim * 4` bytes, no more than the `2 * bc * head_dim * 2` of the
-/// K and V tiles when `bc >= 16 * warps`.
+/// [`FlashMmaTile`], K and V each in a ring of `stages` buffers (the copies of the next
+/// `stages - 1` tiles are in flight while one is computed); after the key loop the K and V area
+/// holds the warps' f32 accumulators for the merge: `warps * 16 * head_dim * 4` bytes, no more
+/// than the `2 * stages * bc * head_dim * 2` of the K and V buffers when `bc >= 16 * warps`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeMmaTile {
     pub head_dim: u32,
     pub bc: u32,
     pub warps: u32,
+    /// K and V buffers each (1: one tile's copy in flight at a time, 2: double buffering).
+    pub stages: u32,
 }
 
 impl DecodeMmaTile {
@@ -475,9 +478,14 @@ impl DecodeMmaTile {
     pub const fn keys_per_warp(&self) -> u32 {
         self.bc / self.warps
     }
-    /// Q tile + K tile + V tile, 2-byte elements: `(16 + 2 * bc) * head_dim * 2` bytes.
+    /// Q tile + `stages` K tiles + `stages` V tiles, 2-byte elements (an FP8 cache uses half of
+    /// each): `(16 + 2 * stages * bc) * head_dim * 2` bytes.
     pub const fn smem_bytes(&self) -> u32 {
-        (Self::ROWS + 2 * self.bc) * self.head_dim * 2
+        (Self::ROWS + 2 * self.stages * self.bc) * self.head_dim * 2
+    }
+    /// Bytes of one K (or V) buffer: `bc * head_dim * 2`.
+    pub const fn kv_tile_bytes(&self) -> u32 {
+        self.bc * self.head_dim * 2
     }
     /// Grid `(num_splits, ceil(seq_q * group / 16), heads_kv * batch)`, block `(threads, 1, 1)`.
     /// Extents are computed in 64 bits and saturate at `u32::MAX`.
@@ -503,20 +511,25 @@ impl DecodeMmaTile {
             self.threads().is_multiple_of(Self::ROWS)
                 && self.head_dim.is_multiple_of(2 * (self.threads() / Self::ROWS))
         );
+        assert!(self.stages >= 1 && self.stages <= 4, "a ring of 1 to 4 K and V buffers");
         assert!(
-            self.warps * Self::ROWS * self.head_dim * 4 <= 2 * self.bc * self.head_dim * 2,
+            self.warps * Self::ROWS * self.head_dim * 4 <= 2 * self.stages * self.kv_tile_bytes(),
             "the merge fits in K and V"
         );
-        assert!(self.smem_bytes() <= 48 * 1024, "fits without the shared-memory opt-in");
+        // Two blocks per SM on an A100 (164 KiB per SM, 1 KiB of it reserved per block), so the
+        // split plan's two resident blocks hold from sm_80 on.
+        assert!(2 * (self.smem_bytes() + 1024) <= 164 * 1024, "two blocks per SM on sm_80");
+        assert!(self.smem_bytes() <= SMEM_OPT_IN_SM80, "fits sm_80's opt-in shared memory");
     }
 }
 
-/// d=64: 4 warps of 16 keys, Bc = 64: smem (16 + 2 x 64) x 64 x 2 B = 18 KiB. Per thread Q
-/// fragments 16 registers, O accumulator 32, scores 8.
-pub const DECODE_MMA_D64: DecodeMmaTile = DecodeMmaTile { head_dim: 64, bc: 64, warps: 4 };
-/// d=128: 4 warps of 16 keys, Bc = 64: smem (16 + 2 x 64) x 128 x 2 B = 36 KiB. Per thread Q
-/// fragments 32 registers, O accumulator 64, scores 8.
-pub const DECODE_MMA_D128: DecodeMmaTile = DecodeMmaTile { head_dim: 128, bc: 64, warps: 4 };
+/// d=64: 4 warps of 16 keys, Bc = 64, 2 stages: smem (16 + 2 x 2 x 64) x 64 x 2 B = 34 KiB. Per
+/// thread Q fragments 16 registers, O accumulator 32, scores 8.
+pub const DECODE_MMA_D64: DecodeMmaTile = DecodeMmaTile { head_dim: 64, bc: 64, warps: 4, stages: 2 };
+/// d=128: 4 warps of 16 keys, Bc = 64, 2 stages: smem (16 + 2 x 2 x 64) x 128 x 2 B = 68 KiB
+/// (opt-in; 2 blocks per SM on sm_80 and 3 on sm_90 by shared memory; 1 on the 100 KiB SMs of
+/// sm_86/sm_89). Per thread Q fragments 32 registers, O accumulator 64, scores 8.
+pub const DECODE_MMA_D128: DecodeMmaTile = DecodeMmaTile { head_dim: 128, bc: 64, warps: 4, stages: 2 };
 
 /// Tile of the f32 SIMT backward main kernel (`flash_bwd_f32.rs`) for one head dim.
 ///

@@ -766,6 +766,7 @@ macro_rules! entry {
                     { (T.head_dim / 8) as usize },
                     { (T.keys_per_warp() / 8) as usize },
                     { (T.bc * T.head_dim / 8 / T.threads()) as usize },
+                    { T.stages as usize },
                 >(&p)
             }
         }

@@ -184,9 +184,11 @@ pub const IN_FLIGHT_PER_SM: u32 = 32 * 1024;
 
 /// Blocks per multiprocessor the split plan may count on for the tensor-core decode: two blocks
 /// of 4 warps fit any kernel of up to 255 registers (65,536 / (128 threads x 256)) and the
-/// decode's 18-36 KiB of shared memory on every GPU from sm_80 on; more would depend on the
-/// kernel's registers, and past the resident blocks the launch runs a second wave (on the H200
-/// model, 512 blocks over 396 slots read 2.9 TB/s where 256 blocks read 4.1).
+/// decode's 34-68 KiB of shared memory (two K/V stages) on sm_80 and sm_90 (164 / 228 KiB per
+/// SM); the 100 KiB SMs of sm_86/sm_89 hold one d128 block (68 KiB), so there the plan's splits
+/// run in two waves. More would depend on the kernel's registers, and past the resident blocks
+/// the launch runs a second wave (on the H200 model, 512 blocks over 396 slots read 2.9 TB/s
+/// where 256 blocks read 4.1).
 pub const DECODE_MMA_BLOCKS_PER_SM: u32 = 2;
 
 /// The split count of the tensor-core decode, planned from the device: each block keeps one key
