@@ -24,6 +24,11 @@ pub static PTX_SM90: &str = include_str!("../ptx/memattn_kernels_sm90.ptx");
 pub static BUILD_INFO_SM90_JSON: &str = include_str!("../ptx/build-info-sm90.json");
 /// What `cargo xtask ptxas` recorded about [`PTX_SM90`] (sm_90a).
 pub static PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90.json");
+/// The timeline module (`kernels-gpu/ptx/memattn_kernels_timeline.ptx`, `cargo xtask build-ptx
+/// --timeline`): the rows of [`crate::timeline::TIMELINE_KERNELS`] with their phase stamps.
+pub static PTX_TIMELINE: &str = include_str!("../ptx/memattn_kernels_timeline.ptx");
+/// What `cargo xtask build-ptx --timeline` recorded about [`PTX_TIMELINE`].
+pub static BUILD_INFO_TIMELINE_JSON: &str = include_str!("../ptx/build-info-timeline.json");
 /// What `cargo xtask build-ptx` recorded about [`PTX`].
 pub static BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
 /// What `cargo xtask ptxas` recorded about [`PTX`].
@@ -44,6 +49,11 @@ pub fn ptx_sha256() -> String {
 /// [`ptx_sha256`] for [`PTX_SM90`] (`build-info-sm90.json`).
 pub fn ptx_sm90_sha256() -> String {
     recorded_sha256(BUILD_INFO_SM90_JSON).unwrap_or_else(|| sha256_hex(PTX_SM90.as_bytes()))
+}
+
+/// [`ptx_sha256`] for [`PTX_TIMELINE`] (`build-info-timeline.json`).
+pub fn ptx_timeline_sha256() -> String {
+    recorded_sha256(BUILD_INFO_TIMELINE_JSON).unwrap_or_else(|| sha256_hex(PTX_TIMELINE.as_bytes()))
 }
 
 /// The `ptx_sha256` value of a build-info file: 64 hex digits, or `None`.

@@ -531,8 +531,17 @@ macro_rules! module_entry {
         #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
         crate::variants::entry!(TensorMapStore, $($rest)*);
     };
-    ($($rest:tt)*) => {
+    // The rows of `crate::timeline::TIMELINE_KERNELS`: also in the timeline build.
+    (FlashMma, flash_fwd_bf16_d128, $($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+        crate::variants::entry!(FlashMma, flash_fwd_bf16_d128, $($rest)*);
+    };
+    (FlashMma, flash_fwd_f16_d128, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+        crate::variants::entry!(FlashMma, flash_fwd_f16_d128, $($rest)*);
+    };
+    ($($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", not(memattn_sm90), not(memattn_timeline)))]
         crate::variants::entry!($($rest)*);
     };
 }

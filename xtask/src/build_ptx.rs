@@ -23,8 +23,26 @@ fn module_flags(module: PtxModule) -> Vec<String> {
 
 /// Builds one module's PTX into `out` and returns the rustc version that built it.
 pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, String> {
+    build_flags_into(
+        module.target_cpu(),
+        &module_flags(module),
+        &paths::ptx_target_dir(module),
+        module == PtxModule::Sm90a,
+        out,
+    )
+}
+
+/// Builds PTX for `label` with the codegen `flags` in `target_dir` into `out` (`maxntid`: add
+/// each entry's `.maxntid`) and returns the rustc version that built it.
+fn build_flags_into(
+    label: &str,
+    flags: &[String],
+    target_dir: &std::path::Path,
+    maxntid: bool,
+    out: &std::path::Path,
+) -> Result<String, String> {
     let version = toolchain::ensure()?;
-    println!("xtask: building kernels-gpu for {TARGET} ({}) with {version}", module.target_cpu());
+    println!("xtask: building kernels-gpu for {TARGET} ({label}) with {version}");
     let started = Instant::now();
     // rustc writes the raw PTX beside `out`; `out` gets the post-processed text. When cargo finds
     // the build fresh it does not run rustc, and the raw file is still the last build's, so
@@ -35,19 +53,19 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
         .args(["rustc", "--quiet", "-p", "kernels-gpu", "--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
-        .arg(paths::ptx_target_dir(module))
+        .arg(target_dir)
         .arg("--")
-        .args(module_flags(module))
+        .args(flags)
         .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", raw.display()))
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
-        return Err(format!("the {} kernel build failed (see the compiler output above)", module.target_cpu()));
+        return Err(format!("the {label} kernel build failed (see the compiler output above)"));
     }
     let raw = std::fs::read_to_string(&raw).map_err(|e| format!("no PTX at {}: {e}", raw.display()))?;
     let mut ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
-    if module == PtxModule::Sm90a {
+    if maxntid {
         ptx = with_maxntid(&ptx)?;
     }
     std::fs::write(out, &ptx).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
@@ -58,12 +76,7 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
             line.trim()
         ));
     }
-    println!(
-        "xtask: built {} bytes of {} PTX in {:.1} s",
-        ptx.len(),
-        module.target_cpu(),
-        started.elapsed().as_secs_f64()
-    );
+    println!("xtask: built {} bytes of {label} PTX in {:.1} s", ptx.len(), started.elapsed().as_secs_f64());
     Ok(version)
 }
 
@@ -161,3 +174,41 @@ pub fn run(check: bool, only_sm90: bool) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `cargo xtask build-ptx --timeline [--check]`: the timeline module
+/// (`memattn_kernels_timeline.ptx`, sm_80, `--cfg memattn_timeline`): only the rows of
+/// `kernels_gpu::timeline::TIMELINE_KERNELS`, with their phase stamps, and its build info.
+pub fn run_timeline(check: bool) -> Result<(), String> {
+    let mut flags = module_flags(PtxModule::Sm80);
+    flags.extend(["--cfg".into(), "memattn_timeline".into()]);
+    let dir = paths::root().join("target/ptx-build-timeline");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(TIMELINE_FILE);
+    let rustc = build_flags_into("sm_80, timeline", &flags, &dir, false, &tmp)?;
+    let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
+    let info = build_info_json(PtxModule::Sm80, &rustc, &fresh);
+    let (ptx_path, info_path) =
+        (paths::root().join("kernels-gpu/ptx").join(TIMELINE_FILE), paths::root().join(TIMELINE_INFO));
+    if check {
+        let committed = std::fs::read(&ptx_path).unwrap_or_default();
+        let committed_info = std::fs::read_to_string(&info_path).unwrap_or_default();
+        if committed != fresh || committed_info != info {
+            return Err(format!(
+                "{} or {} stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx --timeline, then commit",
+                paths::rel(&ptx_path),
+                paths::rel(&info_path)
+            ));
+        }
+        println!("xtask: {} is up to date ({})", paths::rel(&ptx_path), sha256_hex(&fresh));
+        return Ok(());
+    }
+    std::fs::write(&ptx_path, &fresh).map_err(|e| e.to_string())?;
+    std::fs::write(&info_path, info).map_err(|e| e.to_string())?;
+    println!("xtask: wrote {} and {}", paths::rel(&ptx_path), paths::rel(&info_path));
+    Ok(())
+}
+
+/// The timeline module's file under `kernels-gpu/ptx/`.
+const TIMELINE_FILE: &str = "memattn_kernels_timeline.ptx";
+/// Its build info, relative to the workspace root.
+const TIMELINE_INFO: &str = "kernels-gpu/ptx/build-info-timeline.json";
