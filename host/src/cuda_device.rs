@@ -254,6 +254,20 @@ impl Device for CudaDevice {
         unsafe { sys::cuMemsetD32_v2(ptr, value, count as usize) }.result().map_err(|e| drv("cuMemsetD32", e))
     }
 
+    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
+        self.bind()?;
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            self.module_sm90 = Some(CudaModule::load(&self.ptx_sm90)?);
+        }
+        let module = match (&self.module_sm90, sm90) {
+            (Some(m), true) => m,
+            _ => &self.module,
+        };
+        module.global(kernel, name)
+    }
+
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         self.bind()?;
         let sm90 = kernels_gpu::KernelId::from_name(kernel)

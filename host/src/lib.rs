@@ -41,6 +41,7 @@ pub mod plan;
 pub mod report;
 pub mod runner;
 pub mod safetensors_io;
+pub mod timeline;
 pub mod timing;
 
 pub use error::Error;

@@ -88,6 +88,22 @@ impl PtxSource {
             .clone()
     }
 
+    /// The committed timeline module (`memattn run --timeline`: the forwards with a clock stamp
+    /// per warp at each phase, see [`kernels_gpu::timeline`]).
+    pub fn embedded_timeline() -> PtxSource {
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: kernels_gpu::artifacts::PTX_TIMELINE.into(),
+                origin: "embedded (timeline)".into(),
+                sha256: kernels_gpu::artifacts::ptx_timeline_sha256(),
+                tiles: Arc::default(),
+                entries: Arc::default(),
+                spans: Arc::default(),
+            })
+            .clone()
+    }
+
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource {

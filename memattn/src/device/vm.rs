@@ -236,6 +236,24 @@ impl Device for VmDevice {
         .map_err(|message| DeviceError::Vm { op: "encoding a tensor map".into(), message })
     }
 
+    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        let (module, origin) = match (&self.module_sm90, sm90) {
+            (Some(m), true) => (m.clone(), &self.ptx_sm90.origin),
+            (None, true) => {
+                return Err(DeviceError::Unavailable(format!(
+                    "the module of `{kernel}` is loaded at its first launch; `{name}` can be set after it"
+                )))
+            }
+            _ => (self.module.clone(), &self.ptx.origin),
+        };
+        self.vm.global_address(&module, name).ok_or_else(|| DeviceError::PtxLoad {
+            origin: origin.clone(),
+            message: format!("the module has no `.global` variable `{name}`"),
+        })
+    }
+
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         // The Hopper kernels are in the second module, parsed when first launched.
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
