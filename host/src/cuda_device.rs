@@ -254,7 +254,7 @@ impl Device for CudaDevice {
         unsafe { sys::cuMemsetD32_v2(ptr, value, count as usize) }.result().map_err(|e| drv("cuMemsetD32", e))
     }
 
-    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
         self.bind()?;
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
             .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
@@ -265,7 +265,10 @@ impl Device for CudaDevice {
             (Some(m), true) => m,
             _ => &self.module,
         };
-        module.global(kernel, name)
+        let at = module.global(kernel, name)?;
+        // SAFETY: the variable lives as long as its module; the caller keeps `value` within it.
+        // Synchronous: ordered before the launches that follow on the default stream.
+        unsafe { result::memcpy_htod_sync(at, value) }.map_err(|e| drv("cuMemcpyHtoD (module variable)", e))
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {

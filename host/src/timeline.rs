@@ -109,8 +109,8 @@ impl Device for TimelineDevice<'_> {
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError> {
         self.inner.fill_u32(ptr, count, value)
     }
-    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
-        self.inner.module_global(kernel, name)
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
+        self.inner.set_module_global(kernel, name, value)
     }
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         if kernel == self.kernel.variant().name {
@@ -122,8 +122,7 @@ impl Device for TimelineDevice<'_> {
             }
             // Every launch starts from empty records: the trace shows the last one.
             self.inner.fill_u32(self.buf, 2 * self.words, 0)?;
-            let at = self.inner.module_global(kernel, GLOBAL_NAME)?;
-            self.inner.upload_bytes(at, &self.buf.to_le_bytes())?;
+            self.inner.set_module_global(kernel, GLOBAL_NAME, &self.buf.to_le_bytes())?;
             self.launched = true;
         }
         self.inner.launch(kernel, dims, params)

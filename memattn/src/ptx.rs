@@ -89,12 +89,13 @@ impl PtxSource {
     }
 
     /// The committed timeline module (`memattn run --timeline`: the forwards with a clock stamp
-    /// per warp at each phase, see [`kernels_gpu::timeline`]).
+    /// per warp at each phase, see [`kernels_gpu::timeline`]). Its text is a copy, so that a
+    /// CUDA device loads the small module whole, as it loads a file.
     pub fn embedded_timeline() -> PtxSource {
         static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
         EMBEDDED
             .get_or_init(|| PtxSource {
-                text: kernels_gpu::artifacts::PTX_TIMELINE.into(),
+                text: std::borrow::Cow::Owned(kernels_gpu::artifacts::PTX_TIMELINE.to_string()),
                 origin: "embedded (timeline)".into(),
                 sha256: kernels_gpu::artifacts::ptx_timeline_sha256(),
                 tiles: Arc::default(),

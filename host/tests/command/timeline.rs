@@ -173,3 +173,40 @@ fn timeline_refuses_what_it_cannot_stamp() {
         assert!(!trace.exists());
     }
 }
+
+/// `libvm_cuda.so`, which cargo builds next to this test (a dev-dependency of memattn).
+fn vm_cuda() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|d| d.join("libvm_cuda.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libvm_cuda.so is not next to {}", exe.display()))
+}
+
+#[test]
+fn timeline_on_the_cuda_backend_sets_the_module_variable_through_the_driver() {
+    // The CUDA road (cuModuleGetGlobal, a copy to the variable) on the VM-backed driver: its
+    // %globaltimer is the VM's instruction count, which the trace then reads as nanoseconds.
+    let trace = dir().join("cuda.json");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_memattn"))
+        .args(["--backend", "cuda", "--json", "run", "--timeline", trace.to_str().unwrap()])
+        .args(["--dtype", "bf16", "--head-dim", "128", "--seq", "256", "--heads", "1"])
+        .env("MEMATTN_TEST", "1")
+        .env("MEMATTN_CUDA_DRIVER", vm_cuda())
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["backend"], "cuda");
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    assert!(t["otherData"]["clock"].as_str().unwrap().contains("globaltimer"));
+    let (warps, _, bc) = tile("flash_fwd_bf16_d128");
+    let tr = tracks(&t);
+    assert_eq!(tr.len() as u64, warps);
+    for names in tr.values() {
+        assert_eq!(names, &expected_phases(256 / bc));
+    }
+}

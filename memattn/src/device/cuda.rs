@@ -264,8 +264,11 @@ impl CudaModule {
     pub fn global(&self, kernel: &str, name: &str) -> Result<u64, DeviceError> {
         let module = self.module_of_loaded(kernel)?;
         let cname = CString::new(name).map_err(|_| DeviceError::UnknownKernel(name.into()))?;
-        // SAFETY: the module is loaded and lives as long as self.
-        let (ptr, _) = unsafe { result::module::get_global(module, cname) }
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the module is loaded and lives as long as self; the size is not asked for
+        // (a null pointer, which every driver accepts).
+        unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, std::ptr::null_mut(), module, cname.as_ptr()) }
+            .result()
             .map_err(|e| drv(&format!("looking up `{name}` in the module of `{kernel}`"), e))?;
         Ok(ptr)
     }

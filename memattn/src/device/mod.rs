@@ -178,10 +178,11 @@ pub trait Device: Send {
     }
     /// Sets `count` 32-bit words at `ptr` to `value` (used to poison outputs with NaN).
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError>;
-    /// The device address of the module-scope `.global` variable `name` of the module `kernel`
-    /// launches from (the timeline build's buffer address, `memattn run --timeline`), for
-    /// [`Device::upload_bytes`] to set before a launch.
-    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
+    /// Writes `value` to the module-scope `.global` variable `name` of the module `kernel`
+    /// launches from (the timeline build's buffer address, `memattn run --timeline`), before a
+    /// launch. `value` must not be longer than the variable.
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
+        let _ = value;
         Err(DeviceError::Unavailable(format!(
             "{} cannot set the module variable `{name}` of `{kernel}`",
             self.backend()

@@ -236,7 +236,7 @@ impl Device for VmDevice {
         .map_err(|message| DeviceError::Vm { op: "encoding a tensor map".into(), message })
     }
 
-    fn module_global(&mut self, kernel: &str, name: &str) -> Result<DevPtr, DeviceError> {
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
             .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
         let (module, origin) = match (&self.module_sm90, sm90) {
@@ -248,10 +248,11 @@ impl Device for VmDevice {
             }
             _ => (self.module.clone(), &self.ptx.origin),
         };
-        self.vm.global_address(&module, name).ok_or_else(|| DeviceError::PtxLoad {
+        let at = self.vm.global_address(&module, name).ok_or_else(|| DeviceError::PtxLoad {
             origin: origin.clone(),
             message: format!("the module has no `.global` variable `{name}`"),
-        })
+        })?;
+        self.vm.write(at, value).map_err(|e| vm_err("write", e))
     }
 
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
