@@ -110,8 +110,8 @@ use crate::frag::{
 use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{must_rescale, softcap2, OnlineSoftmax, LOG2E};
-use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
 #[cfg(target_arch = "nvptx64")]
+use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
 use crate::timeline::{stamp, Phase};
 
 /// Unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment, and the
