@@ -247,6 +247,31 @@ pub mod tests {
         }
     }
 
+    /// The timeline module: its recorded digest, exactly the rows of
+    /// [`crate::timeline::TIMELINE_KERNELS`] with their tile records, the buffer's variable and
+    /// the clock reads.
+    pub fn the_timeline_module_has_the_timeline_rows() {
+        assert_eq!(ptx_timeline_sha256(), sha256_hex(PTX_TIMELINE.as_bytes()), "build-info-timeline.json");
+        assert!(BUILD_INFO_TIMELINE_JSON.contains("\"cpu\": \"sm_80\""));
+        let recs = tile_records(PTX_TIMELINE);
+        let rows = crate::timeline::TIMELINE_KERNELS;
+        assert_eq!(recs.len(), rows.len());
+        for k in rows {
+            let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
+            assert_eq!(found.len(), 1, "{}", k.name());
+            assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+        }
+        let entries = PTX_TIMELINE.lines().filter(|l| l.starts_with(".visible .entry ")).count();
+        assert_eq!(entries, rows.len());
+        let var = format!(".visible .global .align 8 .b8 {}[8];", crate::timeline::GLOBAL_NAME);
+        assert!(PTX_TIMELINE.contains(&var), "{var}");
+        assert!(PTX_TIMELINE.contains("%globaltimer"));
+        assert!(
+            !PTX.contains(crate::timeline::GLOBAL_NAME) && !PTX.contains("%globaltimer"),
+            "no stamps in the main module"
+        );
+    }
+
     pub fn the_committed_ptx_exports_the_tables_tile_records() {
         use crate::variants::PtxModule;
         for (text, module) in [(PTX, PtxModule::Sm80), (PTX_SM90, PtxModule::Sm90a)] {
