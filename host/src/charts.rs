@@ -522,7 +522,7 @@ pub fn timeline_chart(
                 }))
                 .map_err(err)?;
             }
-            for (k, (name, (cr, cg, cb))) in legend.iter().enumerate() {
+            for (k, (name, (cr, cg, cb))) in legend.iter().filter(|l| !l.0.is_empty()).enumerate() {
                 let y = 60 + 24 * k as i32;
                 key.draw(&Rectangle::new([(10, y), (28, y + 14)], RGBColor(*cr, *cg, *cb).filled())).map_err(err)?;
                 key.draw(&Text::new(name.to_string(), (36, y), ("sans-serif", 14))).map_err(err)?;

@@ -30,9 +30,9 @@ pub fn ptx_source() -> PtxSource {
 pub fn supported() -> String {
     let names: Vec<&str> = TIMELINE_KERNELS.iter().map(|k| k.variant().name).collect();
     format!(
-        "--timeline runs the flash forward from the timeline module, whose kernels are {} \
+        "--timeline runs the flash forward from the timeline modules, whose kernels are {} \
          (bf16 or f16 at head_dim 128, no narrow window)",
-        names.join(" and ")
+        names.join(", ")
     )
 }
 
@@ -318,8 +318,8 @@ pub fn picture_path(trace: &std::path::Path) -> std::path::PathBuf {
     trace.with_extension("svg")
 }
 
-/// The colours of the phases in the picture, in [`Phase`] order (not `End`).
-pub const PHASE_COLOURS: [(u8, u8, u8); 8] = [
+/// The colours of the phases in the picture, in [`Phase`] order (`End`'s is not drawn).
+pub const PHASE_COLOURS: [(u8, u8, u8); 10] = [
     (150, 150, 150), // prologue
     (255, 127, 14),  // wait K/V
     (214, 39, 40),   // barrier
@@ -328,6 +328,8 @@ pub const PHASE_COLOURS: [(u8, u8, u8); 8] = [
     (44, 160, 44),   // softmax
     (148, 103, 189), // PV
     (140, 86, 75),   // epilogue
+    (0, 0, 0),       // end
+    (23, 190, 207),  // wait slot
 ];
 
 /// Warps the picture draws at most (the trace has them all): the first blocks' warps.
@@ -347,7 +349,14 @@ pub fn draw(t: &Timeline, path: &std::path::Path, title: &str) -> Result<(), cra
             bars: w.spans.iter().map(|s| (t.units(s.start), t.units(s.end), s.phase as usize)).collect(),
         })
         .collect();
-    let legend: Vec<(&str, (u8, u8, u8))> = Phase::ALL.iter().zip(PHASE_COLOURS).map(|(p, c)| (p.name(), c)).collect();
+    // Every phase keeps its colour index; the legend names those the launch has (not `End`).
+    let seen: std::collections::BTreeSet<usize> =
+        t.warps.iter().flat_map(|w| w.spans.iter().map(|s| s.phase as usize)).collect();
+    let legend: Vec<(&str, (u8, u8, u8))> = Phase::ALL
+        .iter()
+        .zip(PHASE_COLOURS)
+        .map(|(p, c)| (if seen.contains(&(*p as usize)) { p.name() } else { "" }, c))
+        .collect();
     let x_label = if t.nanoseconds { "time (µs, %globaltimer)" } else { "instructions executed by the warp (ptx-vm)" };
     crate::charts::timeline_chart(path, title, x_label, &rows, &legend)
 }

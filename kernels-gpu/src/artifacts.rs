@@ -29,6 +29,11 @@ pub static PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90
 pub static PTX_TIMELINE: &str = include_str!("../ptx/memattn_kernels_timeline.ptx");
 /// What `cargo xtask build-ptx --timeline` recorded about [`PTX_TIMELINE`].
 pub static BUILD_INFO_TIMELINE_JSON: &str = include_str!("../ptx/build-info-timeline.json");
+/// The sm_90a timeline module (`kernels-gpu/ptx/memattn_kernels_timeline_sm90.ptx`): the Hopper
+/// rows of [`crate::timeline::TIMELINE_KERNELS`] with their stamps, and the tensor-map store.
+pub static PTX_TIMELINE_SM90: &str = include_str!("../ptx/memattn_kernels_timeline_sm90.ptx");
+/// What `cargo xtask build-ptx --timeline` recorded about [`PTX_TIMELINE_SM90`].
+pub static BUILD_INFO_TIMELINE_SM90_JSON: &str = include_str!("../ptx/build-info-timeline-sm90.json");
 /// What `cargo xtask build-ptx` recorded about [`PTX`].
 pub static BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
 /// What `cargo xtask ptxas` recorded about [`PTX`].
@@ -54,6 +59,11 @@ pub fn ptx_sm90_sha256() -> String {
 /// [`ptx_sha256`] for [`PTX_TIMELINE`] (`build-info-timeline.json`).
 pub fn ptx_timeline_sha256() -> String {
     recorded_sha256(BUILD_INFO_TIMELINE_JSON).unwrap_or_else(|| sha256_hex(PTX_TIMELINE.as_bytes()))
+}
+
+/// [`ptx_sha256`] for [`PTX_TIMELINE_SM90`] (`build-info-timeline-sm90.json`).
+pub fn ptx_timeline_sm90_sha256() -> String {
+    recorded_sha256(BUILD_INFO_TIMELINE_SM90_JSON).unwrap_or_else(|| sha256_hex(PTX_TIMELINE_SM90.as_bytes()))
 }
 
 /// The `ptx_sha256` value of a build-info file: 64 hex digits, or `None`.
@@ -251,25 +261,41 @@ pub mod tests {
     /// [`crate::timeline::TIMELINE_KERNELS`] with their tile records, the buffer's variable and
     /// the clock reads.
     pub fn the_timeline_module_has_the_timeline_rows() {
+        use crate::variants::PtxModule;
         assert_eq!(ptx_timeline_sha256(), sha256_hex(PTX_TIMELINE.as_bytes()), "build-info-timeline.json");
-        assert!(BUILD_INFO_TIMELINE_JSON.contains("\"cpu\": \"sm_80\""));
-        let recs = tile_records(PTX_TIMELINE);
-        let rows = crate::timeline::TIMELINE_KERNELS;
-        assert_eq!(recs.len(), rows.len());
-        for k in rows {
-            let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
-            assert_eq!(found.len(), 1, "{}", k.name());
-            assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
-        }
-        let entries = PTX_TIMELINE.lines().filter(|l| l.starts_with(".visible .entry ")).count();
-        assert_eq!(entries, rows.len());
-        let var = format!(".visible .global .align 8 .b8 {}[8];", crate::timeline::GLOBAL_NAME);
-        assert!(PTX_TIMELINE.contains(&var), "{var}");
-        assert!(PTX_TIMELINE.contains("%globaltimer"));
-        assert!(
-            !PTX.contains(crate::timeline::GLOBAL_NAME) && !PTX.contains("%globaltimer"),
-            "no stamps in the main module"
+        assert_eq!(
+            ptx_timeline_sm90_sha256(),
+            sha256_hex(PTX_TIMELINE_SM90.as_bytes()),
+            "build-info-timeline-sm90.json"
         );
+        assert!(BUILD_INFO_TIMELINE_JSON.contains("\"cpu\": \"sm_80\""));
+        assert!(BUILD_INFO_TIMELINE_SM90_JSON.contains("\"cpu\": \"sm_90a\""));
+        let modules = [
+            (PTX_TIMELINE, PtxModule::Sm80, None),
+            (PTX_TIMELINE_SM90, PtxModule::Sm90a, Some(KernelId::TensorMapsStore)),
+        ];
+        for (text, module, extra) in modules {
+            let recs = tile_records(text);
+            let rows: Vec<KernelId> = crate::timeline::TIMELINE_KERNELS
+                .into_iter()
+                .filter(|k| k.variant().module() == module)
+                .chain(extra)
+                .collect();
+            assert_eq!(recs.len(), rows.len(), "{module:?}");
+            for k in &rows {
+                let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
+                assert_eq!(found.len(), 1, "{}", k.name());
+                assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+            }
+            let entries = text.lines().filter(|l| l.starts_with(".visible .entry ")).count();
+            assert_eq!(entries, rows.len(), "{module:?}");
+            let var = format!(".visible .global .align 8 .b8 {}[8];", crate::timeline::GLOBAL_NAME);
+            assert!(text.contains(&var), "{var}");
+            assert!(text.contains("%globaltimer"));
+        }
+        for text in [PTX, PTX_SM90] {
+            assert!(!text.contains(crate::timeline::GLOBAL_NAME) && !text.contains("%globaltimer"), "no stamps");
+        }
     }
 
     pub fn the_committed_ptx_exports_the_tables_tile_records() {

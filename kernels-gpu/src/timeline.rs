@@ -8,7 +8,8 @@
 //! `w` of linear block `b = (z · nctaid.y + y) · nctaid.x + x` owns the [`WARP_WORDS`] 64-bit
 //! words at word `(b · warps_per_block + w) · WARP_WORDS`: word 0 counts the stamps the warp
 //! made (more than [`EVENTS_PER_WARP`] means the later ones were dropped), words 1.. hold the
-//! stamps in order, each [`Phase`] `<< 56 |` the clock's low 56 bits. Lane 0 stamps for the warp.
+//! stamps in order, each [`Phase`] `<< 56 |` the clock's low 56 bits, and the last word is
+//! spare. Lane 0 stores for the warp.
 //!
 //! The clock is `%globaltimer` (nanoseconds) on a GPU; ptx-vm answers `%globaltimer` with the
 //! warp's count of executed instructions, so the same build shows a warp's phases in the VM in
@@ -37,10 +38,13 @@ pub enum Phase {
     Epilogue = 7,
     /// The warp's end (closes the last phase; not a phase of its own).
     End = 8,
+    /// The Hopper forward's producer: waiting for the consumers to free a K or V stage.
+    WaitSlot = 9,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 9] = [
+    /// Every phase, in id order.
+    pub const ALL: [Phase; 10] = [
         Phase::Prologue,
         Phase::WaitKv,
         Phase::Barrier,
@@ -50,6 +54,7 @@ impl Phase {
         Phase::Pv,
         Phase::Epilogue,
         Phase::End,
+        Phase::WaitSlot,
     ];
     /// The name a trace shows.
     pub const fn name(self) -> &'static str {
@@ -63,6 +68,7 @@ impl Phase {
             Phase::Pv => "PV",
             Phase::Epilogue => "epilogue",
             Phase::End => "end",
+            Phase::WaitSlot => "wait slot",
         }
     }
     pub fn from_id(id: u8) -> Option<Phase> {
@@ -72,16 +78,23 @@ impl Phase {
 
 /// The stamps one warp keeps; later ones are counted, not kept.
 pub const EVENTS_PER_WARP: usize = 1023;
-/// 64-bit words per warp in the buffer: the count and the stamps.
-pub const WARP_WORDS: usize = EVENTS_PER_WARP + 1;
+/// 64-bit words per warp in the buffer: the count, the stamps and a spare word (the dropped
+/// stamps are written there).
+pub const WARP_WORDS: usize = EVENTS_PER_WARP + 2;
 /// The clock's bits kept in a stamp.
 pub const CLOCK_BITS: u32 = 56;
 /// The module-scope variable holding the buffer's address.
 pub const GLOBAL_NAME: &str = "MEMATTN_TIMELINE";
 
-/// The entries of the timeline module (`memattn_kernels_timeline.ptx`, built for sm_80).
-pub const TIMELINE_KERNELS: [crate::KernelId; 2] =
-    [crate::KernelId::FlashFwdBf16D128, crate::KernelId::FlashFwdF16D128];
+/// The stamped entries of the timeline modules: `memattn_kernels_timeline.ptx` (sm_80, the first
+/// two) and `memattn_kernels_timeline_sm90.ptx` (sm_90a, the Hopper forwards; that module also
+/// has `tensor_maps_store`, which the Hopper forward's launch needs).
+pub const TIMELINE_KERNELS: [crate::KernelId; 4] = [
+    crate::KernelId::FlashFwdBf16D128,
+    crate::KernelId::FlashFwdF16D128,
+    crate::KernelId::FlashFwdBf16Sm90D128,
+    crate::KernelId::FlashFwdF16Sm90D128,
+];
 
 /// Splits a stamp into its phase and clock.
 pub fn decode(word: u64) -> (Option<Phase>, u64) {
@@ -95,14 +108,14 @@ pub fn decode(word: u64) -> (Option<Phase>, u64) {
 static mut MEMATTN_TIMELINE: u64 = 0;
 
 /// Lane 0 of the calling warp records the start of `phase` (nothing outside the timeline build).
+///
+/// Without a branch on the lane: every lane computes the same words and only lane 0's stores
+/// are done (predicated), so the warp stays converged for the barriers and `.aligned`
+/// instructions after a stamp. The only branch, on the buffer's address, is uniform.
 #[cfg(all(target_arch = "nvptx64", memattn_timeline))]
 #[inline(always)]
 pub fn stamp(phase: Phase) {
     use crate::device::{ctaid_x, ctaid_y, ctaid_z, ntid_x, tid_x};
-    let tid = tid_x();
-    if tid % 32 != 0 {
-        return;
-    }
     // SAFETY: a plain read of the module's variable, which only the host writes.
     let base = unsafe { core::ptr::read_volatile(&raw const MEMATTN_TIMELINE) };
     if base == 0 {
@@ -111,20 +124,31 @@ pub fn stamp(phase: Phase) {
     let clock: u64;
     // SAFETY: reads a special register.
     unsafe { core::arch::asm!("mov.u64 {c}, %globaltimer;", c = out(reg64) clock) };
+    let tid = tid_x();
     // SAFETY: read special registers.
     let (nx, ny) = unsafe { (core::arch::nvptx::_grid_dim_x() as u64, core::arch::nvptx::_grid_dim_y() as u64) };
     let block = (ctaid_z() as u64 * ny + ctaid_y() as u64) * nx + ctaid_x() as u64;
     let warp = block * (ntid_x() / 32) as u64 + (tid / 32) as u64;
-    let rec = (base + 8 * WARP_WORDS as u64 * warp) as *mut u64;
-    // SAFETY: the host sized the buffer for every warp of the launch; only this lane writes
-    // this warp's words.
+    let rec = base + 8 * WARP_WORDS as u64 * warp;
+    // SAFETY: the host sized the buffer for every warp of the launch; only lane 0 writes this
+    // warp's words. Past the last stamp's word, the spare word takes the dropped ones.
     unsafe {
-        let n = core::ptr::read_volatile(rec);
-        if n < EVENTS_PER_WARP as u64 {
-            let word = ((phase as u64) << CLOCK_BITS) | (clock & ((1u64 << CLOCK_BITS) - 1));
-            core::ptr::write_volatile(rec.add(1 + n as usize), word);
-        }
-        core::ptr::write_volatile(rec, n + 1);
+        let n = core::ptr::read_volatile(rec as *const u64);
+        let slot = rec + 8 * (1 + core::cmp::min(n, EVENTS_PER_WARP as u64));
+        let word = ((phase as u64) << CLOCK_BITS) | (clock & ((1u64 << CLOCK_BITS) - 1));
+        core::arch::asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.eq.u32 p, {lane}, 0;",
+            "@p st.volatile.u64 [{slot}], {word};",
+            "@p st.volatile.u64 [{rec}], {next};",
+            "}}",
+            lane = in(reg32) tid % 32,
+            slot = in(reg64) slot,
+            word = in(reg64) word,
+            rec = in(reg64) rec,
+            next = in(reg64) n + 1,
+        );
     }
 }
 

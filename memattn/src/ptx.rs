@@ -105,6 +105,22 @@ impl PtxSource {
             .clone()
     }
 
+    /// The committed sm_90a timeline module (the Hopper forwards with their stamps), loaded as
+    /// [`PtxSource::embedded_timeline`].
+    pub fn embedded_timeline_sm90() -> PtxSource {
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: std::borrow::Cow::Owned(kernels_gpu::artifacts::PTX_TIMELINE_SM90.to_string()),
+                origin: "embedded (timeline, sm_90a)".into(),
+                sha256: kernels_gpu::artifacts::ptx_timeline_sm90_sha256(),
+                tiles: Arc::default(),
+                entries: Arc::default(),
+                spans: Arc::default(),
+            })
+            .clone()
+    }
+
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource {

@@ -175,40 +175,75 @@ pub fn run(check: bool, only_sm90: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo xtask build-ptx --timeline [--check]`: the timeline module
-/// (`memattn_kernels_timeline.ptx`, sm_80, `--cfg memattn_timeline`): only the rows of
-/// `kernels_gpu::timeline::TIMELINE_KERNELS`, with their phase stamps, and its build info.
+/// `cargo xtask build-ptx --timeline [--check]`: the timeline modules, built at the same time
+/// with `--cfg memattn_timeline`: `memattn_kernels_timeline.ptx` (sm_80) and
+/// `memattn_kernels_timeline_sm90.ptx` (sm_90a), each with only the rows of
+/// `kernels_gpu::timeline::TIMELINE_KERNELS` of its module (and, in sm_90a, the tensor-map store
+/// the Hopper forward's launch needs), with their phase stamps; and their build info.
 pub fn run_timeline(check: bool) -> Result<(), String> {
-    let mut flags = module_flags(PtxModule::Sm80);
-    flags.extend(["--cfg".into(), "memattn_timeline".into()]);
-    let dir = paths::root().join("target/ptx-build-timeline");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let tmp = dir.join(TIMELINE_FILE);
-    let rustc = build_flags_into("sm_80, timeline", &flags, &dir, false, &tmp)?;
-    let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
-    let info = build_info_json(PtxModule::Sm80, &rustc, &fresh);
-    let (ptx_path, info_path) =
-        (paths::root().join("kernels-gpu/ptx").join(TIMELINE_FILE), paths::root().join(TIMELINE_INFO));
+    let builds: Vec<(PtxModule, Result<Built, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = PtxModule::ALL.into_iter().map(|m| (m, s.spawn(move || build_timeline(m)))).collect();
+        handles
+            .into_iter()
+            .map(|(m, h)| (m, h.join().unwrap_or_else(|_| Err("the build thread panicked".into()))))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for (m, r) in builds {
+        let (fresh, rustc) = r?;
+        let info = build_info_json(m, &rustc, &fresh);
+        let (name, info_name) = timeline_files(m);
+        let dir = paths::root().join("kernels-gpu/ptx");
+        out.push((dir.join(name), dir.join(info_name), fresh, info));
+    }
     if check {
-        let committed = std::fs::read(&ptx_path).unwrap_or_default();
-        let committed_info = std::fs::read_to_string(&info_path).unwrap_or_default();
-        if committed != fresh || committed_info != info {
+        let stale: Vec<String> = out
+            .iter()
+            .filter(|(ptx, info_path, fresh, info)| {
+                std::fs::read(ptx).unwrap_or_default() != *fresh
+                    || std::fs::read_to_string(info_path).unwrap_or_default() != *info
+            })
+            .map(|(ptx, info_path, _, _)| format!("{} or {}", paths::rel(ptx), paths::rel(info_path)))
+            .collect();
+        if !stale.is_empty() {
             return Err(format!(
-                "{} or {} stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx --timeline, then commit",
-                paths::rel(&ptx_path),
-                paths::rel(&info_path)
+                "{} stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx --timeline, then commit",
+                stale.join(" and ")
             ));
         }
-        println!("xtask: {} is up to date ({})", paths::rel(&ptx_path), sha256_hex(&fresh));
+        for (ptx, _, fresh, _) in &out {
+            println!("xtask: {} is up to date ({})", paths::rel(ptx), sha256_hex(fresh));
+        }
         return Ok(());
     }
-    std::fs::write(&ptx_path, &fresh).map_err(|e| e.to_string())?;
-    std::fs::write(&info_path, info).map_err(|e| e.to_string())?;
-    println!("xtask: wrote {} and {}", paths::rel(&ptx_path), paths::rel(&info_path));
+    for (ptx, info_path, fresh, info) in out {
+        std::fs::write(&ptx, &fresh).map_err(|e| e.to_string())?;
+        std::fs::write(&info_path, info).map_err(|e| e.to_string())?;
+        println!("xtask: wrote {} and {}", paths::rel(&ptx), paths::rel(&info_path));
+    }
     Ok(())
 }
 
-/// The timeline module's file under `kernels-gpu/ptx/`.
-const TIMELINE_FILE: &str = "memattn_kernels_timeline.ptx";
-/// Its build info, relative to the workspace root.
-const TIMELINE_INFO: &str = "kernels-gpu/ptx/build-info-timeline.json";
+/// One timeline module's fresh PTX and the rustc version that built it.
+fn build_timeline(m: PtxModule) -> Result<Built, String> {
+    let mut flags = module_flags(m);
+    flags.extend(["--cfg".into(), "memattn_timeline".into()]);
+    let dir = paths::root().join(match m {
+        PtxModule::Sm80 => "target/ptx-build-timeline",
+        PtxModule::Sm90a => "target/ptx-build-timeline-sm90",
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(timeline_files(m).0);
+    let label = format!("{}, timeline", m.target_cpu());
+    let rustc = build_flags_into(&label, &flags, &dir, m == PtxModule::Sm90a, &tmp)?;
+    let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
+    Ok((fresh, rustc))
+}
+
+/// A timeline module's PTX and build-info file names under `kernels-gpu/ptx/`.
+fn timeline_files(m: PtxModule) -> (&'static str, &'static str) {
+    match m {
+        PtxModule::Sm80 => ("memattn_kernels_timeline.ptx", "build-info-timeline.json"),
+        PtxModule::Sm90a => ("memattn_kernels_timeline_sm90.ptx", "build-info-timeline-sm90.json"),
+    }
+}

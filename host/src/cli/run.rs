@@ -100,10 +100,10 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     }));
     let spec = run_spec(&a.problem, problem, kernel)?;
     let (mut dev, reason) = if a.timeline.is_some() {
-        // The timeline module, and the sm_80 forward (the module has no Hopper kernel).
+        // The timeline modules in place of the committed ones.
         super::open_device_with(cli, |o| {
             o.ptx = memattn_cli::timeline::ptx_source();
-            o.hopper = memattn_cli::choice::HopperPolicy::Never;
+            o.ptx_sm90 = memattn_cli::ptx::PtxSource::embedded_timeline_sm90();
         })?
     } else {
         open_device(cli)?

@@ -169,7 +169,10 @@ fn timeline_refuses_what_it_cannot_stamp() {
         let o = memattn(&a);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
         let e = stderr(&o);
-        assert!(e.contains(why) && e.contains("flash_fwd_bf16_d128 and flash_fwd_f16_d128"), "{args:?}: {e}");
+        assert!(
+            e.contains(why) && e.contains("flash_fwd_bf16_d128, flash_fwd_f16_d128, flash_fwd_bf16_sm90_d128"),
+            "{args:?}: {e}"
+        );
         assert!(!trace.exists());
     }
 }
@@ -209,4 +212,53 @@ fn timeline_on_the_cuda_backend_sets_the_module_variable_through_the_driver() {
     for names in tr.values() {
         assert_eq!(names, &expected_phases(256 / bc));
     }
+}
+
+#[test]
+fn timeline_of_the_hopper_forward_shows_the_producer_and_the_consumers() {
+    // The VM modelling an sm_90 GPU runs the Hopper forward from the sm_90a timeline module:
+    // warp 0 is the producer (TMA copies, waiting for free stages), warps 1-3 of its warpgroup
+    // leave after the first barrier, and the two consumer warpgroups (warps 4-11) compute.
+    let trace = dir().join("sm90.json");
+    let o = bin()
+        .args(["--backend", "vm", "--vm-arch", "sm_90", "--json", "run", "--timeline", trace.to_str().unwrap()])
+        .args(["--dtype", "bf16", "--head-dim", "128", "--seq", "512", "--heads", "1"])
+        .env("MEMATTN_HOPPER", "1")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(json(&o)["verified"], true);
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    assert_eq!(t["otherData"]["kernel"], "flash_fwd_bf16_sm90_d128");
+    // `memattn kernels` lists the sm_80 module; the Hopper row's tile from the library's table.
+    let v = kernels_gpu::KernelId::FlashFwdBf16Sm90D128.variant();
+    let (warps, br, bc) = ((v.threads() / 32) as u64, v.block_rows() as u64, v.block_cols() as u64);
+    assert_eq!(warps, 12);
+    assert_eq!(t["otherData"]["warps_per_block"], warps);
+    let tr = tracks(&t);
+    let blocks = 512u64.div_ceil(br);
+    assert_eq!(tr.len() as u64, blocks * warps, "one track per warp");
+    let tiles = 512 / bc;
+    for ((b, w), names) in &tr {
+        let mut want = vec!["prologue", "barrier"];
+        match w {
+            0 => {
+                want.push("load K/V");
+                for _ in 0..tiles {
+                    want.extend(["wait slot", "load K/V", "wait slot", "load K/V"]);
+                }
+            }
+            1..=3 => {}
+            _ => {
+                want.push("wait K/V");
+                for _ in 0..tiles {
+                    want.extend(["wait K/V", "barrier", "QK^T", "softmax", "wait K/V", "PV"]);
+                }
+                want.push("epilogue");
+            }
+        }
+        assert_eq!(names, &want, "block {b} warp {w}");
+    }
+    let svg = std::fs::read_to_string(trace.with_extension("svg")).unwrap();
+    assert!(svg.contains("wait slot"), "the legend names the producer's phase");
 }

@@ -239,13 +239,15 @@ impl Device for VmDevice {
     fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
             .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            let m = self
+                .ptx_sm90
+                .vm_module()
+                .map_err(|e| DeviceError::PtxLoad { origin: self.ptx_sm90.origin.clone(), message: e.to_string() })?;
+            self.module_sm90 = Some(m);
+        }
         let (module, origin) = match (&self.module_sm90, sm90) {
             (Some(m), true) => (m.clone(), &self.ptx_sm90.origin),
-            (None, true) => {
-                return Err(DeviceError::Unavailable(format!(
-                    "the module of `{kernel}` is loaded at its first launch; `{name}` can be set after it"
-                )))
-            }
             _ => (self.module.clone(), &self.ptx.origin),
         };
         let at = self.vm.global_address(&module, name).ok_or_else(|| DeviceError::PtxLoad {
