@@ -147,7 +147,7 @@ fn timeline_stamps_do_not_change_the_result() {
     b.extend(common);
     let o = memattn(&b);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(stdout(&o).contains("wrote the timeline of 8 warps"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("wrote the timeline of"), "{}", stdout(&o));
     assert_eq!(std::fs::read(&plain).unwrap(), std::fs::read(&stamped).unwrap(), "same O and LSE, bit for bit");
 }
 
