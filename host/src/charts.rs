@@ -454,3 +454,81 @@ pub mod tests {
         );
     }
 }
+
+/// One row of the timeline picture: a label and its bars `(start, end, colour index)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimelineRow {
+    pub label: String,
+    pub bars: Vec<(f64, f64, usize)>,
+}
+
+/// The timeline picture (`memattn run --timeline`): one row per warp (top to bottom), a
+/// coloured bar per phase along the clock (`x_label`), and the legend `legend` (name and
+/// colour of each colour index) on the right.
+pub fn timeline_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    rows: &[TimelineRow],
+    legend: &[(&str, (u8, u8, u8))],
+) -> Result<(), ChartError> {
+    if rows.is_empty() {
+        return Err("plot: no warps to draw".to_string().into());
+    }
+    let x_max = rows.iter().flat_map(|r| r.bars.iter().map(|b| b.1)).fold(0f64, f64::max).max(1.0);
+    let n = rows.len();
+    let row_px = if n <= 32 {
+        22
+    } else if n <= 128 {
+        12
+    } else {
+        6
+    };
+    let (w, h) = (1400u32, (n as u32 * row_px + 140).clamp(360, 8000));
+    macro_rules! body {
+        ($area:expr) => {{
+            let root = $area.titled(title, ("sans-serif", 18)).map_err(err)?;
+            let (plot, key) = root.split_horizontally(w - 180);
+            let label_size = if n <= 128 { 90 } else { 10 };
+            let mut c = ChartBuilder::on(&plot)
+                .margin(10)
+                .x_label_area_size(40)
+                .y_label_area_size(label_size)
+                .build_cartesian_2d(0f64..x_max * 1.01, -0.5f64..n as f64 - 0.5)
+                .map_err(err)?;
+            let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
+            c.configure_mesh()
+                .disable_y_mesh()
+                .x_desc(x_label)
+                .y_labels(n.min(64))
+                .y_label_formatter(&|v| {
+                    // Row i is centred on n - 1 - i: the first warp on top.
+                    let i = n as f64 - 1.0 - v.round();
+                    if n <= 128 && i >= 0.0 && (i as usize) < n {
+                        labels[i as usize].clone()
+                    } else {
+                        String::new()
+                    }
+                })
+                .x_label_formatter(&|v| axis_count(*v))
+                .draw()
+                .map_err(err)?;
+            for (i, r) in rows.iter().enumerate() {
+                let y0 = (n - 1 - i) as f64 - 0.4;
+                let y1 = (n - 1 - i) as f64 + 0.4;
+                c.draw_series(r.bars.iter().map(|&(a, b, k)| {
+                    let (cr, cg, cb) = legend.get(k).map(|l| l.1).unwrap_or((0, 0, 0));
+                    Rectangle::new([(a, y0), (b, y1)], RGBColor(cr, cg, cb).filled())
+                }))
+                .map_err(err)?;
+            }
+            for (k, (name, (cr, cg, cb))) in legend.iter().filter(|l| !l.0.is_empty()).enumerate() {
+                let y = 60 + 24 * k as i32;
+                key.draw(&Rectangle::new([(10, y), (28, y + 14)], RGBColor(*cr, *cg, *cb).filled())).map_err(err)?;
+                key.draw(&Text::new(name.to_string(), (36, y), ("sans-serif", 14))).map_err(err)?;
+            }
+            Ok(())
+        }};
+    }
+    render(path, w, h, |a| body!(a), |a| body!(a))
+}

@@ -254,6 +254,23 @@ impl Device for CudaDevice {
         unsafe { sys::cuMemsetD32_v2(ptr, value, count as usize) }.result().map_err(|e| drv("cuMemsetD32", e))
     }
 
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
+        self.bind()?;
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            self.module_sm90 = Some(CudaModule::load(&self.ptx_sm90)?);
+        }
+        let module = match (&self.module_sm90, sm90) {
+            (Some(m), true) => m,
+            _ => &self.module,
+        };
+        let at = module.global(kernel, name)?;
+        // SAFETY: the variable lives as long as its module; the caller keeps `value` within it.
+        // Synchronous: ordered before the launches that follow on the default stream.
+        unsafe { result::memcpy_htod_sync(at, value) }.map_err(|e| drv("cuMemcpyHtoD (module variable)", e))
+    }
+
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         self.bind()?;
         let sm90 = kernels_gpu::KernelId::from_name(kernel)

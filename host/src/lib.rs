@@ -21,7 +21,9 @@
 //!    backward, and [`decode_run`]: one measured decode run;
 //! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
 //!    [`evidence`] (the `--save` file);
-//! 5. [`charts`] (the sweep and plan pictures); the subcommands (in the binary) sit on top.
+//! 5. [`charts`] (the sweep, plan and timeline pictures);
+//! 6. [`timeline`] (`run --timeline`: the stamps' device, the trace and its picture); the
+//!    subcommands (in the binary) sit on top.
 
 pub use memattn::{
     attn, caps, choice, driver, dtype, inputs, memory, panics, parse, problem, reference, rng, units, verify,
@@ -41,6 +43,7 @@ pub mod plan;
 pub mod report;
 pub mod runner;
 pub mod safetensors_io;
+pub mod timeline;
 pub mod timing;
 
 pub use error::Error;
@@ -130,6 +133,7 @@ pub mod layering_tests {
         &["error", "runner", "backward_run", "decode_run"],
         &["report", "evidence", "plan"],
         &["charts"],
+        &["timeline"],
     ];
 
     fn layer_of(m: &str) -> Option<usize> {

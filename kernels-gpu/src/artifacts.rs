@@ -24,6 +24,16 @@ pub static PTX_SM90: &str = include_str!("../ptx/memattn_kernels_sm90.ptx");
 pub static BUILD_INFO_SM90_JSON: &str = include_str!("../ptx/build-info-sm90.json");
 /// What `cargo xtask ptxas` recorded about [`PTX_SM90`] (sm_90a).
 pub static PTXAS_REPORT_SM90_JSON: &str = include_str!("../ptx/ptxas-report-sm90.json");
+/// The timeline module (`kernels-gpu/ptx/memattn_kernels_timeline.ptx`, `cargo xtask build-ptx
+/// --timeline`): the rows of [`crate::timeline::TIMELINE_KERNELS`] with their phase stamps.
+pub static PTX_TIMELINE: &str = include_str!("../ptx/memattn_kernels_timeline.ptx");
+/// What `cargo xtask build-ptx --timeline` recorded about [`PTX_TIMELINE`].
+pub static BUILD_INFO_TIMELINE_JSON: &str = include_str!("../ptx/build-info-timeline.json");
+/// The sm_90a timeline module (`kernels-gpu/ptx/memattn_kernels_timeline_sm90.ptx`): the Hopper
+/// rows of [`crate::timeline::TIMELINE_KERNELS`] with their stamps, and the tensor-map store.
+pub static PTX_TIMELINE_SM90: &str = include_str!("../ptx/memattn_kernels_timeline_sm90.ptx");
+/// What `cargo xtask build-ptx --timeline` recorded about [`PTX_TIMELINE_SM90`].
+pub static BUILD_INFO_TIMELINE_SM90_JSON: &str = include_str!("../ptx/build-info-timeline-sm90.json");
 /// What `cargo xtask build-ptx` recorded about [`PTX`].
 pub static BUILD_INFO_JSON: &str = include_str!("../ptx/build-info.json");
 /// What `cargo xtask ptxas` recorded about [`PTX`].
@@ -44,6 +54,16 @@ pub fn ptx_sha256() -> String {
 /// [`ptx_sha256`] for [`PTX_SM90`] (`build-info-sm90.json`).
 pub fn ptx_sm90_sha256() -> String {
     recorded_sha256(BUILD_INFO_SM90_JSON).unwrap_or_else(|| sha256_hex(PTX_SM90.as_bytes()))
+}
+
+/// [`ptx_sha256`] for [`PTX_TIMELINE`] (`build-info-timeline.json`).
+pub fn ptx_timeline_sha256() -> String {
+    recorded_sha256(BUILD_INFO_TIMELINE_JSON).unwrap_or_else(|| sha256_hex(PTX_TIMELINE.as_bytes()))
+}
+
+/// [`ptx_sha256`] for [`PTX_TIMELINE_SM90`] (`build-info-timeline-sm90.json`).
+pub fn ptx_timeline_sm90_sha256() -> String {
+    recorded_sha256(BUILD_INFO_TIMELINE_SM90_JSON).unwrap_or_else(|| sha256_hex(PTX_TIMELINE_SM90.as_bytes()))
 }
 
 /// The `ptx_sha256` value of a build-info file: 64 hex digits, or `None`.
@@ -234,6 +254,47 @@ pub mod tests {
             // Every sm_90a row but the tensor-map store (48 stores) is written for tensor cores.
             assert_eq!(rows[0].hmma.unwrap_or(0) > 0, v.tensor_cores(), "{} HGMMA", v.name);
             assert_eq!(rows[0].spill_store_bytes + rows[0].spill_load_bytes + rows[0].stack_bytes, 0, "{}", v.name);
+        }
+    }
+
+    /// The timeline module: its recorded digest, exactly the rows of
+    /// [`crate::timeline::TIMELINE_KERNELS`] with their tile records, the buffer's variable and
+    /// the clock reads.
+    pub fn the_timeline_module_has_the_timeline_rows() {
+        use crate::variants::PtxModule;
+        assert_eq!(ptx_timeline_sha256(), sha256_hex(PTX_TIMELINE.as_bytes()), "build-info-timeline.json");
+        assert_eq!(
+            ptx_timeline_sm90_sha256(),
+            sha256_hex(PTX_TIMELINE_SM90.as_bytes()),
+            "build-info-timeline-sm90.json"
+        );
+        assert!(BUILD_INFO_TIMELINE_JSON.contains("\"cpu\": \"sm_80\""));
+        assert!(BUILD_INFO_TIMELINE_SM90_JSON.contains("\"cpu\": \"sm_90a\""));
+        let modules = [
+            (PTX_TIMELINE, PtxModule::Sm80, None),
+            (PTX_TIMELINE_SM90, PtxModule::Sm90a, Some(KernelId::TensorMapsStore)),
+        ];
+        for (text, module, extra) in modules {
+            let recs = tile_records(text);
+            let rows: Vec<KernelId> = crate::timeline::TIMELINE_KERNELS
+                .into_iter()
+                .filter(|k| k.variant().module() == module)
+                .chain(extra)
+                .collect();
+            assert_eq!(recs.len(), rows.len(), "{module:?}");
+            for k in &rows {
+                let found: Vec<_> = recs.iter().filter(|(n, _)| n == k.name()).collect();
+                assert_eq!(found.len(), 1, "{}", k.name());
+                assert_eq!(found[0].1, k.variant().tile_record(), "{}", k.name());
+            }
+            let entries = text.lines().filter(|l| l.starts_with(".visible .entry ")).count();
+            assert_eq!(entries, rows.len(), "{module:?}");
+            let var = format!(".visible .global .align 8 .b8 {}[8];", crate::timeline::GLOBAL_NAME);
+            assert!(text.contains(&var), "{var}");
+            assert!(text.contains("%globaltimer"));
+        }
+        for text in [PTX, PTX_SM90] {
+            assert!(!text.contains(crate::timeline::GLOBAL_NAME) && !text.contains("%globaltimer"), "no stamps");
         }
     }
 

@@ -112,6 +112,7 @@ use crate::mma::*;
 use crate::softmax::{must_rescale, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
+use crate::timeline::{stamp, Phase};
 
 /// Unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment, and the
 /// lane addresses ([`TileLane`]) 128-byte aligned tiles.
@@ -258,7 +259,6 @@ impl TileLoader {
         unsafe { self.copy::<D, BC, THREADS, false>(tile) };
         self.back::<BC>();
     }
-
 
     /// Moves to the tile before (past the first, the address is formed but never read).
     #[inline(always)]
@@ -538,6 +538,7 @@ unsafe fn flash_fwd_body<
     if q0 >= p.seq_q as usize {
         return; // uniform over the block: before any barrier
     }
+    stamp(Phase::Prologue);
     let h = ctaid_y() as u64;
     let hk = p.kv_head(h as u32) as u64;
     let seq_q = p.seq_q as usize;
@@ -624,8 +625,11 @@ unsafe fn flash_fwd_body<
         }
     }
     cp_async_commit();
+    stamp(Phase::WaitKv);
     cp_async_wait_all();
+    stamp(Phase::Barrier);
     sync_threads();
+    stamp(Phase::Prologue);
     // A negative scale: Q is negated once in shared memory and the scale's magnitude used, so
     // the running max below is taken on raw scores of either sign (exact: a sign flip).
     let scale = if softcap_on { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
@@ -680,8 +684,11 @@ unsafe fn flash_fwd_body<
         }
         let kv0 = j * BC as u32;
         // (1) K_j has landed and every warp is done reading the previous V: start loading V_j.
+        stamp(Phase::WaitKv);
         cp_async_wait_all();
+        stamp(Phase::Barrier);
         sync_threads();
+        stamp(Phase::LoadKv);
         if PAGED {
             if !BACK || !v_staged {
                 unsafe { kv.copy::<D, BC, THREADS>(v_s, kv.v_base, kv0) };
@@ -699,6 +706,7 @@ unsafe fn flash_fwd_body<
         // Written and read only when `active`: no zeroing of the fragments on the idle path.
         let mut pf = core::mem::MaybeUninit::<[[[u32; 4]; NS]; MT]>::uninit();
         if active {
+            stamp(Phase::Qk);
             // (2) S = Q K_jᵀ. One ldmatrix.x4 gives the B fragments of two 8-key tiles for one k-step:
             // matrices (keys 16np.., d 16kk), (keys 16np.., d 16kk+8), (keys 16np+8.., d 16kk), ...;
             // every m-tile of the warp uses them.
@@ -726,6 +734,7 @@ unsafe fn flash_fwd_body<
                 });
             });
 
+            stamp(Phase::Softmax);
             // (3) Soft cap (its own instantiation): log2-domain capped scores. Then keys a row may not
             // see become -inf. Element e of tile n of m-tile m is lane row 2m + e / 2, key
             // kv0 + 8n + 2t + e % 2.
@@ -826,8 +835,11 @@ unsafe fn flash_fwd_body<
         // O += P V_j. One ldmatrix.x4.trans gives the B fragments of two 8-wide d tiles for one
         // 16-key step: matrices (keys 16kc.., d 16np), (keys 16kc+8.., d 16np), (keys 16kc..,
         // d 16np+8), (keys 16kc+8.., d 16np+8); every m-tile of the warp uses them.
+        stamp(Phase::WaitKv);
         cp_async_wait_all();
+        stamp(Phase::Barrier);
         sync_threads();
+        stamp(Phase::LoadKv);
         if PAGED {
             // Paged: the next K is started after P V_j (below), when P is no longer live: the
             // page lookups need registers the widest tiles do not have during the products.
@@ -838,6 +850,7 @@ unsafe fn flash_fwd_body<
         }
         cp_async_commit();
         if active {
+            stamp(Phase::Pv);
             // SAFETY: written above under the same `active`.
             let pf = unsafe { pf.assume_init_ref() };
             let (v_r, v_c) = ldsm_bt_lane(lane);
@@ -865,6 +878,7 @@ unsafe fn flash_fwd_body<
         }
     }
 
+    stamp(Phase::Epilogue);
     // Finalise: O = acc / l, LSE = ln2 * (m·c + log2 l); a row that saw nothing gives O = 0, -inf.
     // The block's sequence, head and rows are read again rather than kept in registers through
     // the loop.
@@ -897,4 +911,5 @@ unsafe fn flash_fwd_body<
             }
         }
     });
+    stamp(Phase::End);
 }

@@ -60,6 +60,8 @@ use crate::hopper::*;
 use crate::mma::{smem_addr, Half16};
 #[cfg(memattn_sm90)]
 use crate::softmax::{softcap2, OnlineSoftmax, LOG2E};
+#[cfg(memattn_sm90)]
+use crate::timeline::{stamp, Phase};
 
 /// Query rows per block (two consumer warpgroups of 64).
 #[cfg(memattn_sm90)]
@@ -99,6 +101,7 @@ pub(crate) unsafe fn flash_fwd_sm90<
     if q0 >= p.seq_q as usize {
         return; // uniform over the block, before any barrier
     }
+    stamp(Phase::Prologue);
     let tid = tid_x() as usize;
     let wg = tid / 128;
     let h = ctaid_y();
@@ -143,11 +146,13 @@ pub(crate) unsafe fn flash_fwd_sm90<
         }
         fence_barrier_init();
     }
+    stamp(Phase::Barrier);
     sync_threads();
 
     if wg == 0 {
         setmaxnreg_dec_40();
         if tid == 0 {
+            stamp(Phase::LoadKv);
             let (q_map, k_map, v_map) = (params.tensor_maps, params.tensor_maps + 128, params.tensor_maps + 256);
             unsafe {
                 fence_tensormap(q_map);
@@ -161,7 +166,9 @@ pub(crate) unsafe fn flash_fwd_sm90<
                 for i in 0..tiles {
                     let (s, ph) = (i % STAGES, ((i / STAGES) & 1) as u32);
                     let row = (k_row0 as usize + (j_first as usize + i) * BC) as i32;
+                    stamp(Phase::WaitSlot);
                     mbar_wait(empty_k(s), ph ^ 1);
+                    stamp(Phase::LoadKv);
                     mbar_arrive_expect_tx(full_k(s), (BC * D * 2) as u32);
                     for c in 0..slabs {
                         let dst = stage_k(s) + (c * BC * 128) as u32;
@@ -172,7 +179,9 @@ pub(crate) unsafe fn flash_fwd_sm90<
                             full_k(s),
                         );
                     }
+                    stamp(Phase::WaitSlot);
                     mbar_wait(empty_v(s), ph ^ 1);
+                    stamp(Phase::LoadKv);
                     mbar_arrive_expect_tx(full_v(s), (BC * D * 2) as u32);
                     for c in 0..slabs {
                         let dst = stage_v(s) + (c * BC * 128) as u32;
@@ -186,6 +195,7 @@ pub(crate) unsafe fn flash_fwd_sm90<
                 }
             }
         }
+        stamp(Phase::End);
         return;
     }
 
@@ -262,6 +272,7 @@ unsafe fn consume<
     let mut st = [OnlineSoftmax::new(), OnlineSoftmax::new()];
     let mut lsum = [0.0f32; 2];
 
+    stamp(Phase::WaitKv);
     unsafe { mbar_wait(full_q, 0) };
     // Q's descriptor for k-step kk: slab kk / 4, 32 bytes per k-step inside the 128-byte row.
     let q_desc0 = desc_sw128(q_s + (wrow0 * 128) as u32, 16, 1024);
@@ -285,8 +296,11 @@ unsafe fn consume<
         let j = j_first as usize + i;
         let key0 = j * BC;
         let mut sacc = [[0.0f32; 4]; NS];
+        stamp(Phase::WaitKv);
         unsafe { mbar_wait(full_k(s), ph) };
+        stamp(Phase::Barrier);
         named_bar_sync(PINGPONG + c, 256);
+        stamp(Phase::Qk);
         wgmma_fence(&mut sacc);
         // One base descriptor per operand per tile, steps added at each k-step (opaque: the
         // compiler would otherwise keep all D / 16 Q descriptors live through the loop).
@@ -306,6 +320,7 @@ unsafe fn consume<
             unsafe { mbar_arrive(empty_k(s)) };
         }
 
+        stamp(Phase::Softmax);
         // Scores in the log2 domain (the fast loop keeps them raw and scales in the exponent).
         if !FAST {
             unroll!(n in 0..NS, max 32 => {
@@ -345,7 +360,9 @@ unsafe fn consume<
         });
         let mut pf = pack_a(&sacc, E::pack);
 
+        stamp(Phase::WaitKv);
         unsafe { mbar_wait(full_v(s), ph) };
+        stamp(Phase::Pv);
         fence_a_operands(&mut pf, BC / 16);
         wgmma_fence(&mut o);
         let vd = desc_sw128(stage_v(s), (BC * 128) as u32, 1024);
@@ -361,6 +378,7 @@ unsafe fn consume<
         i += 1;
     }
 
+    stamp(Phase::Epilogue);
     // O = acc / l, LSE (natural log); rows past seq_q store nothing.
     let hh = h as u64;
     let o_base = p.o + 2 * (b * p.o_strides.batch + hh * p.o_strides.head + q_row0 * p.o_strides.seq);
@@ -381,6 +399,7 @@ unsafe fn consume<
             }
         }
     });
+    stamp(Phase::End);
 }
 
 /// A tile's TMA coordinates `(column, head, row, batch)` in the order of its tensor map's

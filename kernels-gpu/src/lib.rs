@@ -51,6 +51,9 @@
 // their type checking (most of a kernel build's time) off that build; the shared modules then
 // have items it does not use.
 #![cfg_attr(memattn_sm90, allow(dead_code, unused_imports))]
+// The timeline build (`--cfg memattn_timeline`, `cargo xtask build-ptx --timeline`) has only the
+// rows of `timeline::TIMELINE_KERNELS`, with their phase stamps.
+#![cfg_attr(memattn_timeline, allow(dead_code, unused_imports, unused_macros))]
 
 pub mod abi;
 pub mod decode_abi;
@@ -62,6 +65,7 @@ pub mod tiles;
 #[macro_use]
 mod unroll;
 pub mod frag;
+pub mod timeline;
 pub mod variants;
 
 pub use variants::{Elem, Family, KernelId, Variant, WindowRule, MAX_HEAD_DIM, PAD_MULTIPLE, VARIANTS};
@@ -90,31 +94,21 @@ mod device;
 pub mod mma;
 
 /// The kernel modules only the `sm_80` module's rows use: compiled for nvptx64 except in the
-/// `sm_90a` build (`--cfg memattn_sm90`), and documented on the host.
+/// `sm_90a` build (`--cfg memattn_sm90`) and the timeline build (`--cfg memattn_timeline`), and
+/// documented on the host.
 macro_rules! sm80_kernel_modules {
     ($($name:ident),* $(,)?) => {
         $(
-            #[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
+            #[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90), not(memattn_timeline))))]
             pub mod $name;
         )*
     };
 }
-sm80_kernel_modules!(
-    decode_append,
-    decode_rotary,
-    flash_bwd_f32,
-    flash_bwd_mma,
-    flash_bwd_tc,
-    flash_fwd_f32,
-    flash_fwd_mma,
-    kv_check,
-    merge_states,
-    naive_bwd,
-    naive_pv,
-    naive_scores,
-    naive_softmax,
-    smoke,
-);
+sm80_kernel_modules!(decode_append, decode_rotary, flash_bwd_f32, flash_bwd_mma, flash_bwd_tc, flash_fwd_f32,);
+/// The sm_80 forward, also the whole of the timeline build (`--cfg memattn_timeline`).
+#[cfg(any(doc, all(target_arch = "nvptx64", not(memattn_sm90))))]
+pub mod flash_fwd_mma;
+sm80_kernel_modules!(kv_check, merge_states, naive_bwd, naive_pv, naive_scores, naive_softmax, smoke,);
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod decode_fwd;
 #[cfg(any(doc, target_arch = "nvptx64"))]

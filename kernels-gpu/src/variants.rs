@@ -519,20 +519,38 @@ macro_rules! kernel_table {
 /// A row's entry point, in the build of its module: the `sm_90a` rows when the crate is built
 /// with `--cfg memattn_sm90` (`cargo xtask build-ptx`'s second build), every other row without.
 macro_rules! module_entry {
-    (FlashSm90, $($rest:tt)*) => {
+    // The Hopper rows of `crate::timeline::TIMELINE_KERNELS`: also in the sm_90a timeline build.
+    (FlashSm90, flash_fwd_bf16_sm90_d128, $($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        crate::variants::entry!(FlashSm90, flash_fwd_bf16_sm90_d128, $($rest)*);
+    };
+    (FlashSm90, flash_fwd_f16_sm90_d128, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        crate::variants::entry!(FlashSm90, flash_fwd_f16_sm90_d128, $($rest)*);
+    };
+    (FlashSm90, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90, not(memattn_timeline)))]
         crate::variants::entry!(FlashSm90, $($rest)*);
     };
     (DecodeMmaSm90, $($rest:tt)*) => {
-        #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
+        #[cfg(all(target_arch = "nvptx64", memattn_sm90, not(memattn_timeline)))]
         crate::variants::entry!(DecodeMma, $($rest)*);
     };
     (TensorMapStore, $($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", memattn_sm90))]
         crate::variants::entry!(TensorMapStore, $($rest)*);
     };
-    ($($rest:tt)*) => {
+    // The rows of `crate::timeline::TIMELINE_KERNELS`: also in the timeline build.
+    (FlashMma, flash_fwd_bf16_d128, $($rest:tt)*) => {
         #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+        crate::variants::entry!(FlashMma, flash_fwd_bf16_d128, $($rest)*);
+    };
+    (FlashMma, flash_fwd_f16_d128, $($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+        crate::variants::entry!(FlashMma, flash_fwd_f16_d128, $($rest)*);
+    };
+    ($($rest:tt)*) => {
+        #[cfg(all(target_arch = "nvptx64", not(memattn_sm90), not(memattn_timeline)))]
         crate::variants::entry!($($rest)*);
     };
 }

@@ -88,6 +88,39 @@ impl PtxSource {
             .clone()
     }
 
+    /// The committed timeline module (`memattn run --timeline`: the forwards with a clock stamp
+    /// per warp at each phase, see [`kernels_gpu::timeline`]). Its text is a copy, so that a
+    /// CUDA device loads the small module whole, as it loads a file.
+    pub fn embedded_timeline() -> PtxSource {
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: std::borrow::Cow::Owned(kernels_gpu::artifacts::PTX_TIMELINE.to_string()),
+                origin: "embedded (timeline)".into(),
+                sha256: kernels_gpu::artifacts::ptx_timeline_sha256(),
+                tiles: Arc::default(),
+                entries: Arc::default(),
+                spans: Arc::default(),
+            })
+            .clone()
+    }
+
+    /// The committed sm_90a timeline module (the Hopper forwards with their stamps), loaded as
+    /// [`PtxSource::embedded_timeline`].
+    pub fn embedded_timeline_sm90() -> PtxSource {
+        static EMBEDDED: OnceLock<PtxSource> = OnceLock::new();
+        EMBEDDED
+            .get_or_init(|| PtxSource {
+                text: std::borrow::Cow::Owned(kernels_gpu::artifacts::PTX_TIMELINE_SM90.to_string()),
+                origin: "embedded (timeline, sm_90a)".into(),
+                sha256: kernels_gpu::artifacts::ptx_timeline_sm90_sha256(),
+                tiles: Arc::default(),
+                entries: Arc::default(),
+                spans: Arc::default(),
+            })
+            .clone()
+    }
+
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource {

@@ -52,7 +52,7 @@ mod kernels_gpu_units {
     unit_tests! {
         kernels_gpu;
         abi: [to_bytes_is_the_repr_c_layout, bwd_to_bytes_is_the_repr_c_layout, naive_bwd_to_bytes_is_the_repr_c_layout, key_range_and_kv_head],
-        artifacts: [the_recorded_digests_are_the_texts_digests, build_info_describes_the_committed_ptx, ptxas_report_round_trips_and_covers_every_kernel, the_sm90_module_records_cover_its_rows, the_committed_ptx_exports_the_tables_tile_records, tile_records_parse_bytes_and_words],
+        artifacts: [the_recorded_digests_are_the_texts_digests, build_info_describes_the_committed_ptx, ptxas_report_round_trips_and_covers_every_kernel, the_sm90_module_records_cover_its_rows, the_timeline_module_has_the_timeline_rows, the_committed_ptx_exports_the_tables_tile_records, tile_records_parse_bytes_and_words],
         decode_abi: [splits_cover_every_key_once_in_whole_tiles, params_serialise_in_field_order, cache_rows_of_contiguous_and_paged_layouts],
         fp8: [decode_matches_the_definition_for_all_256_codes, encode_rounds_to_nearest_even_and_saturates],
         frag: [every_accumulator_element_is_held_once, ldmatrix_lanes_address_the_documented_matrices, row_max_mask_pack_and_scale_follow_the_layout],

@@ -23,8 +23,26 @@ fn module_flags(module: PtxModule) -> Vec<String> {
 
 /// Builds one module's PTX into `out` and returns the rustc version that built it.
 pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, String> {
+    build_flags_into(
+        module.target_cpu(),
+        &module_flags(module),
+        &paths::ptx_target_dir(module),
+        module == PtxModule::Sm90a,
+        out,
+    )
+}
+
+/// Builds PTX for `label` with the codegen `flags` in `target_dir` into `out` (`maxntid`: add
+/// each entry's `.maxntid`) and returns the rustc version that built it.
+fn build_flags_into(
+    label: &str,
+    flags: &[String],
+    target_dir: &std::path::Path,
+    maxntid: bool,
+    out: &std::path::Path,
+) -> Result<String, String> {
     let version = toolchain::ensure()?;
-    println!("xtask: building kernels-gpu for {TARGET} ({}) with {version}", module.target_cpu());
+    println!("xtask: building kernels-gpu for {TARGET} ({label}) with {version}");
     let started = Instant::now();
     // rustc writes the raw PTX beside `out`; `out` gets the post-processed text. When cargo finds
     // the build fresh it does not run rustc, and the raw file is still the last build's, so
@@ -35,19 +53,19 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
         .arg(format!("+{KERNEL_TOOLCHAIN}"))
         .args(["rustc", "--quiet", "-p", "memattn-kernels", "--profile", "ptx", "--crate-type", "staticlib"])
         .args(["--target", TARGET, "-Zbuild-std=core", "--target-dir"])
-        .arg(paths::ptx_target_dir(module))
+        .arg(target_dir)
         .arg("--")
-        .args(module_flags(module))
+        .args(flags)
         .args(toolchain::LINE_INFO_FLAGS)
         .arg(format!("--emit=asm={}", raw.display()))
         .status()
         .map_err(|e| format!("cannot run cargo +{KERNEL_TOOLCHAIN}: {e}"))?;
     if !status.success() {
-        return Err(format!("the {} kernel build failed (see the compiler output above)", module.target_cpu()));
+        return Err(format!("the {label} kernel build failed (see the compiler output above)"));
     }
     let raw = std::fs::read_to_string(&raw).map_err(|e| format!("no PTX at {}: {e}", raw.display()))?;
     let mut ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
-    if module == PtxModule::Sm90a {
+    if maxntid {
         ptx = with_maxntid(&ptx)?;
     }
     std::fs::write(out, &ptx).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
@@ -58,12 +76,7 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
             line.trim()
         ));
     }
-    println!(
-        "xtask: built {} bytes of {} PTX in {:.1} s",
-        ptx.len(),
-        module.target_cpu(),
-        started.elapsed().as_secs_f64()
-    );
+    println!("xtask: built {} bytes of {label} PTX in {:.1} s", ptx.len(), started.elapsed().as_secs_f64());
     Ok(version)
 }
 
@@ -160,4 +173,77 @@ pub fn run(check: bool, only_sm90: bool) -> Result<(), String> {
         println!("xtask: wrote {} and {}", paths::rel(&paths::ptx(m)), paths::rel(&paths::build_info(m)));
     }
     Ok(())
+}
+
+/// `cargo xtask build-ptx --timeline [--check]`: the timeline modules, built at the same time
+/// with `--cfg memattn_timeline`: `memattn_kernels_timeline.ptx` (sm_80) and
+/// `memattn_kernels_timeline_sm90.ptx` (sm_90a), each with only the rows of
+/// `kernels_gpu::timeline::TIMELINE_KERNELS` of its module (and, in sm_90a, the tensor-map store
+/// the Hopper forward's launch needs), with their phase stamps; and their build info.
+pub fn run_timeline(check: bool) -> Result<(), String> {
+    let builds: Vec<(PtxModule, Result<Built, String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = PtxModule::ALL.into_iter().map(|m| (m, s.spawn(move || build_timeline(m)))).collect();
+        handles
+            .into_iter()
+            .map(|(m, h)| (m, h.join().unwrap_or_else(|_| Err("the build thread panicked".into()))))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for (m, r) in builds {
+        let (fresh, rustc) = r?;
+        let info = build_info_json(m, &rustc, &fresh);
+        let (name, info_name) = timeline_files(m);
+        let dir = paths::root().join("kernels-gpu/ptx");
+        out.push((dir.join(name), dir.join(info_name), fresh, info));
+    }
+    if check {
+        let stale: Vec<String> = out
+            .iter()
+            .filter(|(ptx, info_path, fresh, info)| {
+                std::fs::read(ptx).unwrap_or_default() != *fresh
+                    || std::fs::read_to_string(info_path).unwrap_or_default() != *info
+            })
+            .map(|(ptx, info_path, _, _)| format!("{} or {}", paths::rel(ptx), paths::rel(info_path)))
+            .collect();
+        if !stale.is_empty() {
+            return Err(format!(
+                "{} stale (the kernel sources or toolchain changed). fix: cargo xtask build-ptx --timeline, then commit",
+                stale.join(" and ")
+            ));
+        }
+        for (ptx, _, fresh, _) in &out {
+            println!("xtask: {} is up to date ({})", paths::rel(ptx), sha256_hex(fresh));
+        }
+        return Ok(());
+    }
+    for (ptx, info_path, fresh, info) in out {
+        std::fs::write(&ptx, &fresh).map_err(|e| e.to_string())?;
+        std::fs::write(&info_path, info).map_err(|e| e.to_string())?;
+        println!("xtask: wrote {} and {}", paths::rel(&ptx), paths::rel(&info_path));
+    }
+    Ok(())
+}
+
+/// One timeline module's fresh PTX and the rustc version that built it.
+fn build_timeline(m: PtxModule) -> Result<Built, String> {
+    let mut flags = module_flags(m);
+    flags.extend(["--cfg".into(), "memattn_timeline".into()]);
+    let dir = paths::root().join(match m {
+        PtxModule::Sm80 => "target/ptx-build-timeline",
+        PtxModule::Sm90a => "target/ptx-build-timeline-sm90",
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join(timeline_files(m).0);
+    let label = format!("{}, timeline", m.target_cpu());
+    let rustc = build_flags_into(&label, &flags, &dir, m == PtxModule::Sm90a, &tmp)?;
+    let fresh = std::fs::read(&tmp).map_err(|e| e.to_string())?;
+    Ok((fresh, rustc))
+}
+
+/// A timeline module's PTX and build-info file names under `kernels-gpu/ptx/`.
+fn timeline_files(m: PtxModule) -> (&'static str, &'static str) {
+    match m {
+        PtxModule::Sm80 => ("memattn_kernels_timeline.ptx", "build-info-timeline.json"),
+        PtxModule::Sm90a => ("memattn_kernels_timeline_sm90.ptx", "build-info-timeline-sm90.json"),
+    }
 }

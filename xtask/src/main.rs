@@ -36,6 +36,8 @@ tasks:
 
 options:
   --sm90      build-ptx / ptxas: only the sm_90a module (memattn_kernels_sm90.ptx)
+  --timeline  build-ptx: only the timeline module (memattn_kernels_timeline.ptx: the d128
+              sm_80 forwards with a clock stamp per warp at every phase, for run --timeline)
   --check     regenerate into a temporary location and fail if the committed files differ
               (ptxas --check also fails on any spill or ptxas error)";
 
@@ -47,12 +49,16 @@ fn main() -> ExitCode {
     let check = args.iter().any(|a| a == "--check");
     // `--sm90`: build or assemble only the sm_90a module (while working on the Hopper kernels).
     let only_sm90 = args.iter().any(|a| a == "--sm90");
-    let unknown: Vec<&String> = args.iter().skip(1).filter(|a| *a != "--check" && *a != "--sm90").collect();
+    // `--timeline`: build-ptx builds the timeline module (memattn_kernels_timeline.ptx) instead.
+    let timeline = args.iter().any(|a| a == "--timeline");
+    let unknown: Vec<&String> =
+        args.iter().skip(1).filter(|a| *a != "--check" && *a != "--sm90" && *a != "--timeline").collect();
     if !unknown.is_empty() {
         eprintln!("error: unknown option(s) {unknown:?}\n\n{USAGE}");
         return ExitCode::from(2);
     }
     let result = match args.first().map(String::as_str) {
+        Some("build-ptx") if timeline => build_ptx::run_timeline(check),
         Some("build-ptx") => build_ptx::run(check, only_sm90),
         Some("ptxas") => ptxas::run(check, only_sm90),
         Some("book") => book::run(&paths::root()),

@@ -445,6 +445,19 @@ pub struct RunArgs {
     /// over it). Checked before the run: writable, and not --inputs, --ptx or the --save file.
     #[arg(long, value_name = "FILE.safetensors")]
     pub output: Option<PathBuf>,
+    /// A timeline of every warp: the forward runs from the timeline build of the kernels
+    /// (every warp stamps a clock at each phase: prologue, wait K/V, barrier, load K/V, QK^T,
+    /// softmax, PV, epilogue) and this file gets a Chrome trace of the stamps (one process per
+    /// block, one thread per warp; open it in Perfetto), FILE with .svg a picture (one row per
+    /// warp, a coloured bar per phase). The clock is %globaltimer on a GPU (ts in µs) and the
+    /// warp's executed instructions in the VM (ts in instructions). The flash forward at bf16
+    /// or f16, head_dim 128, no narrow window; on Hopper it runs the sm_80 forward. The output
+    /// is still verified (exit 0 only if it did). See docs/timeline.md.
+    #[arg(long, value_name = "FILE.json")]
+    pub timeline: Option<PathBuf>,
+    /// The picture of --timeline (.svg or .png) [default: the --timeline file with .svg].
+    #[arg(long, value_name = "FILE.svg|FILE.png", requires = "timeline")]
+    pub timeline_picture: Option<PathBuf>,
     #[command(flatten)]
     pub backward: super::run::BackwardArgs,
     #[command(flatten)]

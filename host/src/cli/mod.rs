@@ -161,7 +161,17 @@ pub fn device_options(cli: &Cli) -> Result<DeviceOptions, Error> {
 
 /// Opens the device and says which one and why (stderr, human mode only).
 pub fn open_device(cli: &Cli) -> Result<(Box<dyn device::Device>, String), Error> {
-    let mut opened = device::open(&device_options(cli)?)?;
+    open_device_with(cli, |_| {})
+}
+
+/// [`open_device`] with the options changed by `change` (`run --timeline`: its module).
+pub fn open_device_with(
+    cli: &Cli,
+    change: impl FnOnce(&mut DeviceOptions),
+) -> Result<(Box<dyn device::Device>, String), Error> {
+    let mut options = device_options(cli)?;
+    change(&mut options);
+    let mut opened = device::open(&options)?;
     evidence::device_opened(opened.device.as_mut(), &opened.reason);
     if !cli.json {
         eprintln!("backend: {} - {} ({})", opened.device.backend(), opened.device.name(), opened.reason);

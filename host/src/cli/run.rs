@@ -85,6 +85,9 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         problem.sinks = !x.sinks.is_empty();
     }
     problem.validate_shape(kernel)?;
+    if let Some(path) = &a.timeline {
+        check_timeline(cli, a, kernel, path)?;
+    }
     if a.cp.cp.is_some() {
         return super::cp::run(cli, a, kernel, problem, inputs);
     }
@@ -96,12 +99,28 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         "analytic_bytes": AnalyticBytes::new(&problem, kernel),
     }));
     let spec = run_spec(&a.problem, problem, kernel)?;
-    let (mut dev, reason) = open_device(cli)?;
+    let (mut dev, reason) = if a.timeline.is_some() {
+        // The timeline modules in place of the committed ones.
+        super::open_device_with(cli, |o| {
+            o.ptx = memattn_cli::timeline::ptx_source();
+            o.ptx_sm90 = memattn_cli::ptx::PtxSource::embedded_timeline_sm90();
+        })?
+    } else {
+        open_device(cli)?
+    };
     if !cli.json {
         println!("problem: {}", describe_problem(&problem));
         println!("{}", expected_memory(kernel, &AnalyticBytes::on(&problem, kernel, dev.target()?)));
     }
-    let report = memattn_cli::runner::run(dev.as_mut(), &spec, inputs.as_ref())?;
+    let mut timeline_written = None;
+    let report = match &a.timeline {
+        Some(path) => {
+            let (report, files) = run_timeline(cli, a, dev.as_mut(), &spec, inputs.as_ref(), path)?;
+            timeline_written = Some(files);
+            report
+        }
+        None => memattn_cli::runner::run(dev.as_mut(), &spec, inputs.as_ref())?,
+    };
     // Only a verified result replaces the output file.
     let mut written = None;
     if let (Some(path), false) = (&a.output, report.verified) {
@@ -150,6 +169,11 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     if let Some((e, _)) = &write_error {
         v["output_error"] = e.clone().into();
     }
+    if let Some((trace, picture, summary)) = &timeline_written {
+        v["timeline_file"] = trace.display().to_string().into();
+        v["timeline_picture"] = picture.display().to_string().into();
+        v["timeline"] = summary.clone();
+    }
     save_evidence(cli, &v)?;
     if cli.json {
         print_json(&v);
@@ -163,6 +187,100 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
     } else {
         exit::VERIFICATION_FAILED
     })
+}
+
+/// `run --timeline`: refused (exit 2) before anything runs where it does not apply, or where
+/// its files cannot be written.
+fn check_timeline(cli: &Cli, a: &RunArgs, kernel: KernelKind, path: &std::path::Path) -> Result<(), Error> {
+    let refuse = |why: &str| Error::Usage(format!("{why}; {}", memattn_cli::timeline::supported()));
+    if a.backward.backward {
+        return Err(refuse("--timeline is for the forward, not --backward"));
+    }
+    if a.cp.cp.is_some() {
+        return Err(refuse("--timeline runs on one device, not with --cp"));
+    }
+    if kernel != KernelKind::Flash {
+        return Err(refuse("--timeline needs --kernel flash"));
+    }
+    if cli.ptx.is_some() {
+        return Err(refuse("--timeline loads its own module (memattn_kernels_timeline.ptx), not --ptx"));
+    }
+    let others = [("--inputs", a.inputs.as_deref()), ("--output", a.output.as_deref())];
+    check_output(cli, "--timeline", path, &others)?;
+    let picture = timeline_picture(a, path);
+    let mut others = others.to_vec();
+    others.push(("--timeline", Some(path)));
+    check_output(cli, "--timeline-picture", &picture, &others)?;
+    match picture.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg" | "png") => Ok(()),
+        _ => Err(Error::Usage(format!("--timeline-picture {}: the name must end in .svg or .png", picture.display()))),
+    }
+}
+
+fn timeline_picture(a: &RunArgs, trace: &std::path::Path) -> std::path::PathBuf {
+    a.timeline_picture.clone().unwrap_or_else(|| memattn_cli::timeline::picture_path(trace))
+}
+
+/// The files `run --timeline` wrote: the trace, the picture, and a summary for `--json`.
+type TimelineFiles = (std::path::PathBuf, std::path::PathBuf, serde_json::Value);
+
+/// `run --timeline`: the run on the timeline module with the stamps' buffer, then the trace and
+/// its picture.
+fn run_timeline(
+    cli: &Cli,
+    a: &RunArgs,
+    dev: &mut dyn memattn_cli::device::Device,
+    spec: &memattn_cli::runner::RunSpec,
+    inputs: Option<&memattn_cli::inputs::Qkv>,
+    path: &std::path::Path,
+) -> Result<(memattn_cli::runner::RunReport, TimelineFiles), Error> {
+    use memattn_cli::timeline::{draw, supported, TimelineDevice};
+    let problem = &spec.problem;
+    let launches = problem.launches_on(spec.kernel, dev.target()?)?;
+    let launch = match launches.as_slice() {
+        [l] if kernels_gpu::timeline::TIMELINE_KERNELS.contains(&l.kernel) => *l,
+        other => {
+            let names: Vec<&str> = other.iter().map(|l| l.kernel.variant().name).collect();
+            return Err(Error::Usage(format!("this run launches {}; {}", names.join(", "), supported())));
+        }
+    };
+    let backend = dev.backend();
+    let mut td = TimelineDevice::new(dev, launch.kernel, launch.dims)?;
+    let report = memattn_cli::runner::run(&mut td, spec, inputs)?;
+    let t = td.finish(backend)?;
+    let trace = serde_json::to_vec(&t.chrome_trace()).map_err(|e| Error::Usage(e.to_string()))?;
+    memattn_cli::files::write_atomic(path, &trace, "timeline")?;
+    let picture = timeline_picture(a, path);
+    let blocks = t.warps.iter().map(|w| w.block).collect::<std::collections::BTreeSet<_>>().len();
+    let title = format!(
+        "memattn timeline: {} ({}), {} warps of {blocks} blocks",
+        launch.kernel.variant().name,
+        if t.nanoseconds { "%globaltimer" } else { "ptx-vm instructions" },
+        t.warps.len(),
+    );
+    draw(&t, &picture, &title)?;
+    if !cli.json {
+        println!(
+            "wrote the timeline of {} warps ({} per block; ts in {}) to {} and its picture to {}",
+            t.warps.len(),
+            t.warps_per_block,
+            t.unit_name(),
+            path.display(),
+            picture.display()
+        );
+    }
+    if t.dropped() > 0 {
+        eprintln!(
+            "warning: {} stamps past {} per warp were dropped (the trace ends early for those warps)",
+            t.dropped(),
+            kernels_gpu::timeline::EVENTS_PER_WARP
+        );
+    }
+    let summary = serde_json::json!({
+        "kernel": launch.kernel.variant().name, "warps": t.warps.len(), "warps_per_block": t.warps_per_block,
+        "blocks": blocks, "ts_unit": t.unit_name(), "dropped_stamps": t.dropped(),
+    });
+    Ok((report, (path.to_path_buf(), picture, summary)))
 }
 
 /// `run --backward`: refuse what the backward does not support, then forward and backward,

@@ -135,6 +135,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
     ),
     ("memattn evidence show oom.jsonl", Run(0, "4 records in oom.jsonl")),
     ("memattn evidence rerun oom.jsonl 2", Run(0, "exit code: run 2 0, rerun 0 (same)")),
+    (
+        "memattn --backend vm run --timeline t.json --dtype bf16 --head-dim 128 --seq 512 --heads 2",
+        Run(0, "wrote the timeline of"),
+    ),
 ];
 
 /// The book's pages that README.md's sections moved to: their examples are checked like the README's.
@@ -148,6 +152,7 @@ const BOOK_PAGES: &[&str] = &[
     "docs/memcheck.md",
     "docs/learn.md",
     "docs/kernels.md",
+    "docs/timeline.md",
 ];
 
 /// Example commands of `--help` texts (lines `  memattn ...`, the description after two spaces

@@ -19,4 +19,5 @@ mod padded_head_dims;
 mod plan_evidence;
 mod resources;
 mod sectors;
+mod timeline;
 mod trace;

@@ -259,6 +259,34 @@ impl CudaModule {
         Ok(m)
     }
 
+    /// The device address of the module-scope variable `name` in the module that holds `kernel`
+    /// (loaded now if it is not yet).
+    pub fn global(&self, kernel: &str, name: &str) -> Result<u64, DeviceError> {
+        let module = self.module_of_loaded(kernel)?;
+        let cname = CString::new(name).map_err(|_| DeviceError::UnknownKernel(name.into()))?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the module is loaded and lives as long as self; the size is not asked for
+        // (a null pointer, which every driver accepts).
+        unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, std::ptr::null_mut(), module, cname.as_ptr()) }
+            .result()
+            .map_err(|e| drv(&format!("looking up `{name}` in the module of `{kernel}`"), e))?;
+        Ok(ptr)
+    }
+
+    /// [`CudaModule::module_of`], reusing the module of `kernel`'s function once it was looked up.
+    fn module_of_loaded(&self, kernel: &str) -> Result<sys::CUmodule, DeviceError> {
+        if let Some(m) = self.whole {
+            return Ok(m);
+        }
+        let f = self.function(kernel, 0)?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a live function of a loaded module.
+        unsafe { sys::cuFuncGetModule(&mut module, f) }
+            .result()
+            .map_err(|e| drv(&format!("the module of `{kernel}`"), e))?;
+        Ok(module)
+    }
+
     /// The function `kernel`, looked up once, opted in to `smem` bytes of dynamic shared memory.
     fn function(&self, kernel: &str, smem: u32) -> Result<sys::CUfunction, DeviceError> {
         let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());

@@ -178,6 +178,16 @@ pub trait Device: Send {
     }
     /// Sets `count` 32-bit words at `ptr` to `value` (used to poison outputs with NaN).
     fn fill_u32(&mut self, ptr: DevPtr, count: u64, value: u32) -> Result<(), DeviceError>;
+    /// Writes `value` to the module-scope `.global` variable `name` of the module `kernel`
+    /// launches from (the timeline build's buffer address, `memattn run --timeline`), before a
+    /// launch. `value` must not be longer than the variable.
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
+        let _ = value;
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot set the module variable `{name}` of `{kernel}`",
+            self.backend()
+        )))
+    }
     /// Launches `kernel` with its parameters, each given as its raw bytes in declaration order.
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError>;
     /// The GPU generation whose kernels the library launches here: [`Arch::Sm90`] runs the

@@ -236,6 +236,27 @@ impl Device for VmDevice {
         .map_err(|message| DeviceError::Vm { op: "encoding a tensor map".into(), message })
     }
 
+    fn set_module_global(&mut self, kernel: &str, name: &str, value: &[u8]) -> Result<(), DeviceError> {
+        let sm90 = kernels_gpu::KernelId::from_name(kernel)
+            .is_some_and(|k| k.variant().module() == kernels_gpu::variants::PtxModule::Sm90a);
+        if sm90 && self.module_sm90.is_none() {
+            let m = self
+                .ptx_sm90
+                .vm_module()
+                .map_err(|e| DeviceError::PtxLoad { origin: self.ptx_sm90.origin.clone(), message: e.to_string() })?;
+            self.module_sm90 = Some(m);
+        }
+        let (module, origin) = match (&self.module_sm90, sm90) {
+            (Some(m), true) => (m.clone(), &self.ptx_sm90.origin),
+            _ => (self.module.clone(), &self.ptx.origin),
+        };
+        let at = self.vm.global_address(&module, name).ok_or_else(|| DeviceError::PtxLoad {
+            origin: origin.clone(),
+            message: format!("the module has no `.global` variable `{name}`"),
+        })?;
+        self.vm.write(at, value).map_err(|e| vm_err("write", e))
+    }
+
     fn launch(&mut self, kernel: &str, dims: &LaunchDims, params: &[&[u8]]) -> Result<LaunchInfo, DeviceError> {
         // The Hopper kernels are in the second module, parsed when first launched.
         let sm90 = kernels_gpu::KernelId::from_name(kernel)
