@@ -94,6 +94,7 @@ pub mod unit_tests {
     pub use crate::plan::tests as plan;
     pub use crate::report::tests as report;
     pub use crate::safetensors_io::tests as safetensors_io;
+    pub use crate::timeline::tests as timeline;
     pub use crate::timing::tests as timing;
 }
 

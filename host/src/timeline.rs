@@ -360,3 +360,50 @@ pub fn draw(t: &Timeline, path: &std::path::Path, title: &str) -> Result<(), cra
     let x_label = if t.nanoseconds { "time (µs, %globaltimer)" } else { "instructions executed by the warp (ptx-vm)" };
     crate::charts::timeline_chart(path, title, x_label, &rows, &legend)
 }
+
+#[cfg(feature = "unit-tests")]
+#[doc(hidden)]
+pub mod tests {
+    use super::*;
+    use kernels_gpu::timeline::CLOCK_BITS;
+
+    fn word(p: Phase, clock: u64) -> u64 {
+        ((p as u64) << CLOCK_BITS) | clock
+    }
+
+    /// Spans between consecutive stamps (`End` closes the last), warps without stamps left out,
+    /// block coordinates from the linear index, stamps past the capacity counted as dropped.
+    pub fn stamps_become_spans_and_overflow_is_counted() {
+        let dims = LaunchDims { grid: [2, 2, 1], block: [64, 1, 1], dynamic_smem_bytes: 0 };
+        let mut words = vec![0u64; 8 * WARP_WORDS];
+        // Block 3 = (1, 1, 0), warp 1: prologue 5..9, QK^T 9..20, end at 20.
+        let w = (3 * 2 + 1) * WARP_WORDS;
+        words[w] = 3;
+        words[w + 1..w + 4].copy_from_slice(&[word(Phase::Prologue, 5), word(Phase::Qk, 9), word(Phase::End, 20)]);
+        // Block 0, warp 0: more stamps than it keeps.
+        words[0] = EVENTS_PER_WARP as u64 + 7;
+        for i in 0..EVENTS_PER_WARP {
+            words[1 + i] = word(Phase::WaitKv, i as u64);
+        }
+        let t = Timeline::from_words(KernelId::FlashFwdBf16D128, &dims, &words, Backend::Vm);
+        assert_eq!(t.warps.len(), 2, "warps without stamps are left out");
+        assert_eq!(t.warps_per_block, 2);
+        assert_eq!(t.dropped(), 7);
+        assert_eq!(t.warps[0].spans.len(), EVENTS_PER_WARP - 1);
+        let last = &t.warps[1];
+        assert_eq!((last.block, last.block_xyz, last.warp), (3, [1, 1, 0], 1));
+        assert_eq!(
+            last.spans,
+            vec![Span { phase: Phase::Prologue, start: 5, end: 9 }, Span { phase: Phase::Qk, start: 9, end: 20 }]
+        );
+        assert!(!t.nanoseconds && t.units(20) == 20.0, "VM: instructions, no origin");
+        let trace = t.chrome_trace();
+        let x: Vec<_> = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(x.len(), EVENTS_PER_WARP - 1 + 2);
+        assert_eq!(trace["otherData"]["dropped_stamps"], 7);
+        // On a GPU the clock is nanoseconds from the earliest stamp, shown in microseconds.
+        let g = Timeline::from_words(KernelId::FlashFwdBf16D128, &dims, &words, Backend::Cuda);
+        assert!(g.nanoseconds);
+        assert_eq!(g.units(1000), 1.0);
+    }
+}

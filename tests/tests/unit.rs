@@ -81,6 +81,7 @@ mod memattn_cli_units {
         plan: [kv_cache_counts_kv_heads_not_query_heads, windows_cap_the_cache_and_the_key_range, searches_find_the_edge, sizes_parse_with_units],
         report: [entries_label_is_compact, bytes_are_human],
         safetensors_io: [dtypes_map_to_safetensors_and_back],
+        timeline: [stamps_become_spans_and_overflow_is_counted],
         timing: [medians],
     }
 
