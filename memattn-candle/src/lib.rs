@@ -50,6 +50,8 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+#![deny(missing_docs)]
+
 use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
@@ -404,9 +406,13 @@ pub fn flash_attn_varlen_paged_windowed(
 /// The packed-sequence arguments of [`flash_attn_varlen`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Varlen {
+    /// Cumulative query lengths, `batch + 1` entries from 0 (FlashAttention-2's `cu_seqlens_q`).
     pub cu_q: Vec<u32>,
+    /// Cumulative key lengths, `batch + 1` entries from 0 (`cu_seqlens_k`).
     pub cu_k: Vec<u32>,
+    /// The longest query sequence.
     pub max_seqlen_q: usize,
+    /// The longest key sequence.
     pub max_seqlen_k: usize,
 }
 
@@ -434,7 +440,9 @@ pub struct Varlen {
 /// the backward are queued on candle's stream; that path is type-checked but has not been run
 /// on a GPU.
 pub struct FlashAttn {
+    /// The scale of `q · k` before the softmax (usually `1 / sqrt(head_dim)`).
     pub softmax_scale: f32,
+    /// Bottom-right causal mask: query `i` sees key `j` iff `j <= i + seq_kv - seq_q`.
     pub causal: bool,
     /// `(left, right)`, `None` unbounded.
     pub window: (Option<usize>, Option<usize>),
@@ -449,6 +457,8 @@ pub struct FlashAttn {
 }
 
 impl FlashAttn {
+    /// The op for these settings, without packed sequences, ALiBi or a soft cap (set the public
+    /// fields for those).
     pub fn new(
         softmax_scale: f32,
         causal: bool,
@@ -1008,15 +1018,25 @@ pub fn flash_attn_with_kvcache_with_lse(
 /// checks").
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KvCacheOpts<'a> {
+    /// Keys left of the diagonal a query sees; `None` unbounded.
     pub window_size_left: Option<usize>,
+    /// Keys right of the diagonal a query sees; `None` unbounded.
     pub window_size_right: Option<usize>,
+    /// `softcap · tanh(score / softcap)`; `None` is off.
     pub softcap: Option<f32>,
+    /// Rotary cosines, `[seqlen_ro, rotary_dim / 2]` in q's dtype.
     pub rotary_cos: Option<&'a Tensor>,
+    /// Rotary sines, shaped as `rotary_cos`.
     pub rotary_sin: Option<&'a Tensor>,
+    /// GPT-J pairs (adjacent dims) instead of GPT-NeoX halves.
     pub rotary_interleaved: bool,
+    /// u32 `[batch]`: each sequence's cache slot (contiguous caches).
     pub cache_batch_idx: Option<&'a Tensor>,
+    /// u32 `[batch]`: the row each sequence's keys begin at (contiguous caches).
     pub cache_leftpad: Option<&'a Tensor>,
+    /// f32 `[heads]` or `[batch, heads]`: ALiBi slopes.
     pub alibi_slopes: Option<&'a Tensor>,
+    /// f32 `[heads]`: a sink logit per head in the softmax's denominator.
     pub sinks: Option<&'a Tensor>,
 }
 
@@ -1143,7 +1163,9 @@ fn kv_err(why: String) -> candle_core::Error {
 /// The candle op behind [`flash_attn_with_kvcache`] without new tokens (forward only, the cache
 /// read-only); with new tokens the same settings run as an in-place op on the caches.
 pub struct FlashAttnKvCache {
+    /// The scale of `q · k` before the softmax.
     pub softmax_scale: f32,
+    /// Bottom-right causal mask over the cache and the new tokens.
     pub causal: bool,
     /// 0: memattn's choice.
     pub num_splits: u32,
@@ -1163,9 +1185,13 @@ pub struct FlashAttnKvCache {
 /// A KV-cache call's index tensors on a device ([`FlashAttnKvCache::device_indices`]).
 #[derive(Clone, Debug)]
 pub struct DeviceIndices {
+    /// u32 `[batch]`: keys in each sequence's cache before the call.
     pub cache_seqlens: Tensor,
+    /// u32 `[batch, max_pages]`: a paged cache's block table.
     pub block_table: Option<Tensor>,
+    /// u32 `[batch]`: each sequence's cache slot.
     pub cache_batch_idx: Option<Tensor>,
+    /// u32 `[batch]`: the row each sequence's keys begin at.
     pub cache_leftpad: Option<Tensor>,
 }
 
@@ -1173,9 +1199,13 @@ pub struct DeviceIndices {
 /// index vectors (read to the host, as `cache_seqlens` is) and the small tensors.
 #[derive(Clone, Debug, Default)]
 pub struct KvExtras {
+    /// `(left, right)` keys around the diagonal, `None` unbounded.
     pub window: (Option<usize>, Option<usize>),
+    /// `softcap · tanh(score / softcap)`; `None` is off.
     pub softcap: Option<f32>,
+    /// Each sequence's cache slot (host values).
     pub cache_batch_idx: Option<Vec<u32>>,
+    /// The row each sequence's keys begin at (host values).
     pub cache_leftpad: Option<Vec<u32>>,
     /// f32 `[heads]`.
     pub sinks: Option<Tensor>,
