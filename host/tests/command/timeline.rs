@@ -206,9 +206,10 @@ fn timeline_on_the_cuda_backend_sets_the_module_variable_through_the_driver() {
     assert_eq!(v["backend"], "cuda");
     let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     assert!(t["otherData"]["clock"].as_str().unwrap().contains("globaltimer"));
-    let (warps, _, bc) = tile("flash_fwd_bf16_d128");
+    let (warps, br, bc) = tile("flash_fwd_bf16_d128");
     let tr = tracks(&t);
-    assert_eq!(tr.len() as u64, warps);
+    // One track per warp of every block: 256 query rows in blocks of `br`.
+    assert_eq!(tr.len() as u64, warps * 256u64.div_ceil(br));
     for names in tr.values() {
         assert_eq!(names, &expected_phases(256 / bc));
     }
