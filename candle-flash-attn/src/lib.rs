@@ -120,14 +120,7 @@ impl CustomOp3 for FlashAttn {
 /// `(batch, seq_len_kv, num_heads_kv, head_size)` (`num_heads_kv` divides `num_heads_q`); the
 /// result has q's shape. `causal` is bottom-right aligned.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
-    let op = FlashAttn {
-        softmax_scale,
-        alibi_slopes: None,
-        window_size_left: None,
-        window_size_right: if causal { Some(0) } else { None },
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+    flash_attn_alibi_windowed_softcap(q, k, v, None, softmax_scale, None, if causal { Some(0) } else { None }, 0.0)
 }
 
 /// [`flash_attn`] with a sliding window, as `candle_flash_attn::flash_attn_windowed`:
@@ -140,8 +133,7 @@ pub fn flash_attn_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let op = FlashAttn { softmax_scale, alibi_slopes: None, window_size_left, window_size_right, softcap: None };
-    q.apply_op3(k, v, op)
+    flash_attn_alibi_windowed_softcap(q, k, v, None, softmax_scale, window_size_left, window_size_right, 0.0)
 }
 
 /// [`flash_attn`] with ALiBi slopes (f32 `(num_heads_q)`), as `candle_flash_attn::flash_attn_alibi`.
@@ -153,14 +145,16 @@ pub fn flash_attn_alibi(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    let op = FlashAttn {
+    flash_attn_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        Some(alibi_slopes),
         softmax_scale,
-        alibi_slopes: Some(alibi_slopes.clone()),
-        window_size_left: None,
-        window_size_right: if causal { Some(0) } else { None },
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        None,
+        if causal { Some(0) } else { None },
+        0.0,
+    )
 }
 
 /// [`flash_attn_alibi`] with a window, as `candle_flash_attn::flash_attn_alibi_windowed`.
@@ -173,18 +167,21 @@ pub fn flash_attn_alibi_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let op = FlashAttn {
+    flash_attn_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        Some(alibi_slopes),
         softmax_scale,
-        alibi_slopes: Some(alibi_slopes.clone()),
         window_size_left,
         window_size_right,
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        0.0,
+    )
 }
 
 /// Optional ALiBi, a window and a Gemma-style soft cap, as
-/// `candle_flash_attn::flash_attn_alibi_windowed_softcap`.
+/// `candle_flash_attn::flash_attn_alibi_windowed_softcap`; the narrower functions above are this
+/// one with no ALiBi, no window (or the causal one) and a soft cap of 0 (off).
 #[allow(clippy::too_many_arguments)] // candle-flash-attn's signature
 pub fn flash_attn_alibi_windowed_softcap(
     q: &Tensor,
@@ -423,21 +420,20 @@ pub fn flash_attn_varlen(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    let op = FlashAttnVarLen {
-        softmax_scale,
+    flash_attn_varlen_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        None,
+        seqlens_q,
+        seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        seqlens_q: seqlens_q.clone(),
-        seqlens_k: seqlens_k.clone(),
-        block_table: None,
-        mm_prefix_ranges: None,
-        page_block_size: None,
-        alibi_slopes: None,
-        window_size_left: None,
-        window_size_right: if causal { Some(0) } else { None },
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        softmax_scale,
+        None,
+        if causal { Some(0) } else { None },
+        0.0,
+    )
 }
 
 /// [`flash_attn_varlen`] with a window, as `candle_flash_attn::flash_attn_varlen_windowed`.
@@ -454,21 +450,20 @@ pub fn flash_attn_varlen_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let op = FlashAttnVarLen {
-        softmax_scale,
+    flash_attn_varlen_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        None,
+        seqlens_q,
+        seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        seqlens_q: seqlens_q.clone(),
-        seqlens_k: seqlens_k.clone(),
-        block_table: None,
-        mm_prefix_ranges: None,
-        page_block_size: None,
-        alibi_slopes: None,
+        softmax_scale,
         window_size_left,
         window_size_right,
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        0.0,
+    )
 }
 
 /// Packed query chunks against a paged K/V cache, as
@@ -527,21 +522,20 @@ pub fn flash_attn_varlen_alibi(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    let op = FlashAttnVarLen {
-        softmax_scale,
+    flash_attn_varlen_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        Some(alibi_slopes),
+        seqlens_q,
+        seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        seqlens_q: seqlens_q.clone(),
-        seqlens_k: seqlens_k.clone(),
-        block_table: None,
-        mm_prefix_ranges: None,
-        page_block_size: None,
-        alibi_slopes: Some(alibi_slopes.clone()),
-        window_size_left: None,
-        window_size_right: if causal { Some(0) } else { None },
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        softmax_scale,
+        None,
+        if causal { Some(0) } else { None },
+        0.0,
+    )
 }
 
 /// [`flash_attn_varlen_alibi`] with a window, as
@@ -560,21 +554,20 @@ pub fn flash_attn_varlen_alibi_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let op = FlashAttnVarLen {
-        softmax_scale,
+    flash_attn_varlen_alibi_windowed_softcap(
+        q,
+        k,
+        v,
+        Some(alibi_slopes),
+        seqlens_q,
+        seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        seqlens_q: seqlens_q.clone(),
-        seqlens_k: seqlens_k.clone(),
-        block_table: None,
-        mm_prefix_ranges: None,
-        page_block_size: None,
-        alibi_slopes: Some(alibi_slopes.clone()),
+        softmax_scale,
         window_size_left,
         window_size_right,
-        softcap: None,
-    };
-    q.apply_op3(k, v, op)
+        0.0,
+    )
 }
 
 /// Optional ALiBi, a window and a soft cap over packed sequences, as
