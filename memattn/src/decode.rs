@@ -642,7 +642,8 @@ impl DecodeProblem {
     /// The split plan: `--splits N` as given, `auto` from [`num_splits_heuristic`] over this
     /// problem's blocks and the SM count.
     pub fn plan(&self) -> Result<SplitPlan, KvCacheRule> {
-        let br = self.kernels()?[0].variant().block_rows();
+        let fwd = self.kernels()?[0].variant();
+        let br = fwd.block_rows();
         let prefill = self.uses_prefill();
         let blocks_per_split = if prefill {
             (self.seq_q as u64).div_ceil(br as u64) * self.heads as u64 * self.batch as u64
@@ -650,20 +651,16 @@ impl DecodeProblem {
             (self.seq_q as u64 * self.group() as u64).div_ceil(br as u64) * self.heads_kv as u64 * self.batch as u64
         };
         let key_blocks = self.max_seqlen_k().div_ceil(fa2_block_n(self.head_dim));
-        let mma_tile = match self.kernels()?[0].variant().tile {
-            Tile::DecodeMma(t) => Some(t),
-            _ => None,
-        };
-        let (num_splits, chosen_by) = match self.splits {
+        let (num_splits, chosen_by) = match (self.splits, fwd.tile) {
             _ if prefill => (1, "prefill kernel (no key splits)"),
-            Splits::Fixed(n) => (n, "fixed"),
-            Splits::Auto if mma_tile.is_some() => {
-                let t = mma_tile.expect("matched");
+            (Splits::Fixed(n), _) => (n, "fixed"),
+            (Splits::Auto, Tile::DecodeMma(t)) => {
+                // The cache's bytes of one key tile (an FP8 cache's are one byte each).
                 let tile_bytes =
                     (t.bc as u64 * self.head_dim as u64 * self.cache_elem_bytes()).min(u32::MAX as u64) as u32;
                 (splits_for_bytes_in_flight(blocks_per_split, self.sm_count, tile_bytes, key_blocks), "auto")
             }
-            Splits::Auto => (
+            (Splits::Auto, _) => (
                 num_splits_heuristic(
                     blocks_per_split.min(u32::MAX as u64) as u32,
                     self.sm_count,
