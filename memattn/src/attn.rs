@@ -100,77 +100,196 @@ use std::sync::Mutex;
 pub enum AttnError {
     /// A shape that does not fit the others or the kernels.
     #[error("{tensor} has shape {got:?}: {why}")]
-    Shape { tensor: &'static str, got: [usize; 4], why: ShapeRule },
+    Shape {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Its shape as given.
+        got: [usize; 4],
+        /// The rule it breaks.
+        why: ShapeRule,
+    },
     /// q, k, v and o must share one dtype.
     #[error("{tensor} is {got}, but q is {expected} (q, k, v and o share one dtype)")]
-    Dtype { tensor: &'static str, got: Dtype, expected: Dtype },
+    Dtype {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Its dtype.
+        got: Dtype,
+        /// q's dtype.
+        expected: Dtype,
+    },
     /// A view whose element type does not match the dtype asked for.
     #[error("{what}: the buffer holds {got}-byte elements, dtype {dtype} has {need}")]
-    ElementSize { what: &'static str, got: usize, dtype: Dtype, need: u64 },
+    ElementSize {
+        /// The view's name.
+        what: &'static str,
+        /// Bytes per element of the buffer.
+        got: usize,
+        /// The dtype asked for.
+        dtype: Dtype,
+        /// Bytes per element of that dtype.
+        need: u64,
+    },
     /// The kernels read `head_dim` contiguously.
     #[error("{tensor}: the last dimension (head_dim) must be contiguous, stride 1 (got stride {stride})")]
-    InnerStride { tensor: &'static str, stride: usize },
+    InnerStride {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Its head_dim stride in elements (not 1).
+        stride: usize,
+    },
     /// The tensor-core kernels load 16-byte chunks.
     #[error("{tensor}: {what} is {got}, but `{entry}` needs {need}")]
-    Misaligned { tensor: &'static str, what: &'static str, got: String, entry: &'static str, need: &'static str },
+    Misaligned {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// What is misaligned: the base pointer or a stride.
+        what: &'static str,
+        /// Its value, formatted (an address, or a stride in elements).
+        got: String,
+        /// The kernel entry point that needs the alignment.
+        entry: &'static str,
+        /// The alignment it needs, as a phrase.
+        need: &'static str,
+    },
     /// A view reaching past the end of its buffer.
     #[error("{tensor}: the view spans {need} bytes from its start, but its buffer has {have} bytes there")]
-    OutOfBounds { tensor: &'static str, need: u128, have: u64 },
+    OutOfBounds {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Bytes the view spans from its start.
+        need: u128,
+        /// Bytes its buffer has from that start.
+        have: u64,
+    },
     /// Tensors from another device or context than the kernels.
     #[error("{tensor} is on {got}, but these kernels were loaded on {expected}")]
-    WrongDevice { tensor: &'static str, got: String, expected: String },
+    WrongDevice {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Where the tensor is (a device, the VM, or "no stream").
+        got: String,
+        /// Where the kernels are.
+        expected: String,
+    },
     /// A stream from another context than the kernels.
     #[error(
         "{tensor}: its stream belongs to CUDA context {got:#x}, but these kernels were loaded in context {expected:#x}"
     )]
-    StreamContext { tensor: &'static str, got: usize, expected: usize },
+    StreamContext {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// The stream's CUDA context (its `CUcontext` handle).
+        got: usize,
+        /// The kernels' CUDA context (its `CUcontext` handle).
+        expected: usize,
+    },
     /// Views for one launch must be made for the same stream.
     #[error("{tensor} was viewed for stream {got:#x}, but q for stream {expected:#x} (one launch runs on one stream)")]
-    StreamMismatch { tensor: &'static str, got: usize, expected: usize },
+    StreamMismatch {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// The stream it was viewed for (its `CUstream` handle).
+        got: usize,
+        /// The stream q was viewed for (its `CUstream` handle).
+        expected: usize,
+    },
     /// A window side the kernels cannot represent.
     #[error("window {side} side {got} is over the kernels' limit of {} keys (i32::MAX; None is unbounded)", i32::MAX)]
-    Window { side: &'static str, got: u32 },
+    Window {
+        /// Which side: `left` or `right`.
+        side: &'static str,
+        /// The side's size in keys.
+        got: u32,
+    },
     /// Per-head sinks that do not fit q.
     #[error("sinks: {why}")]
-    Sinks { why: SinksRule },
+    Sinks {
+        /// The rule the sinks break.
+        why: SinksRule,
+    },
     /// ALiBi slopes that do not fit q, or a call that has no ALiBi.
     #[error("alibi_slopes: {why}")]
-    Alibi { why: AlibiRule },
+    Alibi {
+        /// The rule the slopes break.
+        why: AlibiRule,
+    },
     /// cu_seqlens (or cache_seqlens) that are not what the tensors need.
     #[error("{tensor}: {why}")]
-    SeqLens { tensor: &'static str, why: SeqLensRule },
+    SeqLens {
+        /// The sequence-length tensor's name.
+        tensor: &'static str,
+        /// The rule it breaks.
+        why: SeqLensRule,
+    },
     /// A KV-cache rule (capacity, block table, decode kernel limits), named in the message.
     #[error("KV cache: {why}")]
-    KvCache { why: KvCacheRule },
+    KvCache {
+        /// The rule the call breaks.
+        why: KvCacheRule,
+    },
     /// A KV-cache call with device-checked indices broke a rule: found on the device by that
     /// call's `decode_check` kernel and read by [`Kernels::check_kv_status`]. That call and every
     /// later one until the check wrote NaN into O and LSE and did not write the caches.
     #[error(
         "KV cache, checked on the device: {why}; that call and every KV-cache call after it until this check were refused (O and LSE NaN, caches not written)"
     )]
-    KvCacheOnDevice { why: KvCacheRule },
+    KvCacheOnDevice {
+        /// The rule the device-side check found broken.
+        why: KvCacheRule,
+    },
     /// An index tensor without host values ([`IndexTensor::device_only`],
     /// [`Kernels::index_tensor_from_cuda`]) given to a call that validates on the host.
     #[error(
         "{tensor} has no host copy of its values, and this call checks them on the host: make it with Kernels::index_tensor (only flash_attn_with_kvcache and plan_kvcache check indices on the device)"
     )]
-    NoHostValues { tensor: &'static str },
+    NoHostValues {
+        /// The index tensor's name.
+        tensor: &'static str,
+    },
     /// A split count over the plan's limit.
     #[error("num_splits {got} is over the limit of {max} (0 or None lets the library choose)")]
-    Splits { got: u32, max: u32 },
+    Splits {
+        /// The split count asked for.
+        got: u32,
+        /// The most splits the plan allows.
+        max: u32,
+    },
     /// A launch grid over the device's limit.
     #[error("`{entry}` needs grid {grid:?}, over the device's limit {limit:?} in {axis}")]
-    Grid { entry: &'static str, grid: [u32; 3], limit: [u32; 3], axis: char },
+    Grid {
+        /// The kernel entry point.
+        entry: &'static str,
+        /// The grid it needs, `[x, y, z]` in blocks.
+        grid: [u32; 3],
+        /// The device's grid limit, `[x, y, z]` in blocks.
+        limit: [u32; 3],
+        /// The axis over the limit: `x`, `y` or `z`.
+        axis: char,
+    },
     /// The decode kernels address q, o, the caches and new tokens as contiguous tensors.
     #[error("{tensor} has strides {strides:?}; the decode kernels need it contiguous, strides {want:?}")]
-    NotContiguous { tensor: &'static str, strides: [usize; 4], want: [usize; 4] },
+    NotContiguous {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Its strides in elements.
+        strides: [usize; 4],
+        /// The contiguous strides of its shape.
+        want: [usize; 4],
+    },
     /// A tensor the call writes that shares memory with another of its tensors, or whose
     /// strides map two elements to one address (see [`AliasRule`]).
     #[error("aliasing: {why}")]
-    Aliasing { why: AliasRule },
+    Aliasing {
+        /// The aliasing found.
+        why: AliasRule,
+    },
     /// An option the kernels do not implement yet.
     #[error("{feature} is not supported by memattn's kernels yet")]
-    NotSupportedYet { feature: &'static str },
+    NotSupportedYet {
+        /// The option, and the call that has it where one does.
+        feature: &'static str,
+    },
     /// Head dim, dtype, scale or launch limits (see [`ProblemError`]).
     #[error(transparent)]
     Problem(#[from] ProblemError),
@@ -186,72 +305,189 @@ pub use crate::problem::SeqLensRule;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShapeRule {
+    /// The batch differs from q's.
     #[error("batch {got} != q's batch {q}")]
-    Batch { got: usize, q: usize },
+    Batch {
+        /// The tensor's batch.
+        got: usize,
+        /// q's batch.
+        q: usize,
+    },
+    /// The head dim differs from q's.
     #[error("head_dim {got} != q's head_dim {q}")]
-    HeadDim { got: usize, q: usize },
+    HeadDim {
+        /// The tensor's head dim.
+        got: usize,
+        /// q's head dim.
+        q: usize,
+    },
+    /// k's heads do not divide q's heads.
     #[error(
         "{got} heads do not divide q's {q} heads (grouped-query attention: query head i reads k/v head i / (q heads / k/v heads))"
     )]
-    HeadsDivide { got: usize, q: usize },
+    HeadsDivide {
+        /// k's heads.
+        got: usize,
+        /// q's heads.
+        q: usize,
+    },
+    /// v's heads differ from k's.
     #[error("{got} heads != k's {k} heads (k and v have one head count)")]
-    KvHeads { got: usize, k: usize },
+    KvHeads {
+        /// v's heads.
+        got: usize,
+        /// k's heads.
+        k: usize,
+    },
     /// `what` is `seq_kv`, or `total_kv` for packed sequences.
     #[error("{what} {got} != k's {what} {k}")]
-    SeqKv { what: &'static str, got: usize, k: usize },
+    SeqKv {
+        /// `seq_kv` or `total_kv`.
+        what: &'static str,
+        /// v's length.
+        got: usize,
+        /// k's length.
+        k: usize,
+    },
     /// `of` is `q's` (attention) or `the partial states'` (merge).
     #[error("o must have {of} shape {want:?}")]
-    Output { of: &'static str, want: [usize; 4] },
+    Output {
+        /// Whose shape o must have, as a phrase.
+        of: &'static str,
+        /// The shape o must have.
+        want: [usize; 4],
+    },
+    /// lse is not a contiguous f32 tensor of the shape the call writes.
     #[error("{}", if *packed {
         format!("lse must be contiguous [heads, total_q] = [{}, {}] f32 (packed sequences)", want[1], want[2])
     } else {
         format!("lse must be contiguous [batch, heads, seq_q] = {want:?} f32")
     })]
-    Lse { want: [usize; 3], packed: bool },
+    Lse {
+        /// The shape lse must have: `[batch, heads, seq_q]`, or `[1, heads, total_q]` when packed.
+        want: [usize; 3],
+        /// Whether the sequences are packed (varlen).
+        packed: bool,
+    },
+    /// A size over `u32::MAX`.
     #[error("{what} {got} is over the kernels' limit {}", u32::MAX)]
-    OverLimit { what: &'static str, got: usize },
+    OverLimit {
+        /// The size's name.
+        what: &'static str,
+        /// Its value.
+        got: usize,
+    },
+    /// Packed sequences given with a batch other than 1.
     #[error("packed sequences are viewed as [1, total, heads, head_dim] (batch 1)")]
     PackedBatch,
+    /// The naive kernels' scores buffer is not a contiguous f32 tensor of the right shape.
     #[error("the naive kernels' scores must be contiguous [batch, heads, seq_q, seq_kv] = {want:?} f32")]
-    Scores { want: [usize; 4] },
+    Scores {
+        /// The shape it must have, `[batch, heads, seq_q, seq_kv]`.
+        want: [usize; 4],
+    },
+    /// Partial states to merge with a size of 0.
     #[error("{splits} splits of [batch, seq_q, heads, head_dim]: every size must be >= 1")]
-    EmptyPartials { splits: usize },
+    EmptyPartials {
+        /// Splits of the partial states.
+        splits: usize,
+    },
+    /// A tensor's shape differs from the one the plan was made for.
     #[error("the plan was made for {planned:?}")]
-    NotPlanned { planned: [usize; 4] },
+    NotPlanned {
+        /// The shape the plan was made for.
+        planned: [usize; 4],
+    },
+    /// v_cache's shape differs from k_cache's.
     #[error("v_cache must have k_cache's shape {k_cache:?}")]
-    VCache { k_cache: [usize; 4] },
+    VCache {
+        /// k_cache's shape.
+        k_cache: [usize; 4],
+    },
+    /// The cache's head dim differs from q's.
     #[error("head_dim {got} != q's {q}")]
-    CacheHeadDim { got: usize, q: usize },
+    CacheHeadDim {
+        /// The cache's head dim.
+        got: usize,
+        /// q's head dim.
+        q: usize,
+    },
+    /// The cache's KV heads do not divide q's heads.
     #[error("{got} KV heads do not divide q's {q} heads (GQA: query head i reads KV head i / (heads / heads_kv))")]
-    CacheHeads { got: usize, q: usize },
+    CacheHeads {
+        /// The cache's KV heads.
+        got: usize,
+        /// q's heads.
+        q: usize,
+    },
+    /// New keys or values of the wrong shape.
     #[error("new tokens must be [batch, seq_new, heads_kv, head_dim] = {want:?}")]
-    NewTokens { want: [usize; 4] },
+    NewTokens {
+        /// The shape they must have, `[batch, seq_new, heads_kv, head_dim]`.
+        want: [usize; 4],
+    },
+    /// A contiguous cache whose batch differs from q's.
     #[error("a contiguous cache is [batch, seq_cache, heads_kv, head_dim]: batch {got} != q's {q}")]
-    CacheBatch { got: usize, q: usize },
+    CacheBatch {
+        /// The cache's batch (its first dimension).
+        got: usize,
+        /// q's batch.
+        q: usize,
+    },
 }
 
 /// Why per-head sinks were refused ([`AttnError::Sinks`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SinksRule {
+    /// Not one sink per query head.
     #[error("{got} sink logits for q's {heads} heads (one per head)")]
-    Count { got: usize, heads: usize },
+    Count {
+        /// Sinks given.
+        got: usize,
+        /// q's heads.
+        heads: usize,
+    },
+    /// The sinks' base pointer is not 4-byte aligned.
     #[error("the base pointer {ptr:#x} is not 4-byte aligned")]
-    Misaligned { ptr: u64 },
+    Misaligned {
+        /// The base pointer.
+        ptr: u64,
+    },
 }
 
 /// Why ALiBi slopes were refused ([`AttnError::Alibi`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AlibiRule {
+    /// Not one slope per query head.
     #[error("{got} slopes per sequence for q's {heads} heads (one per query head)")]
-    Heads { got: usize, heads: usize },
+    Heads {
+        /// Slopes per sequence given.
+        got: usize,
+        /// q's heads.
+        heads: usize,
+    },
+    /// Per-sequence slopes for a number of sequences other than the batch.
     #[error("slopes for {got} sequences where the call has {batch} (give [heads] or [batch, heads])")]
-    Batch { got: usize, batch: usize },
+    Batch {
+        /// Sequences the slopes are given for.
+        got: usize,
+        /// Sequences in the call.
+        batch: usize,
+    },
+    /// The slopes' base pointer is not 4-byte aligned.
     #[error("the base pointer {ptr:#x} is not 4-byte aligned")]
-    Misaligned { ptr: u64 },
+    Misaligned {
+        /// The base pointer.
+        ptr: u64,
+    },
+    /// ALiBi given to a call that does not take it.
     #[error("{call} has no ALiBi (the forward and decode calls do)")]
-    Unsupported { call: &'static str },
+    Unsupported {
+        /// The call's name.
+        call: &'static str,
+    },
 }
 
 /// Options of an attention call. Built with setters, so options added later are additions:
@@ -432,6 +668,7 @@ impl<'s> AttnOpts<'s> {
 
 /// Element types a cudarc slice may hold for [`TensorView::cuda`].
 pub trait Element: Copy + 'static {
+    /// The dtype of the element type.
     const DTYPE: Dtype;
 }
 impl Element for f32 {
@@ -532,7 +769,9 @@ impl Drop for DevShared {
 /// dynamic shared memory, and what the device reported.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Launched {
+    /// The kernel entry point launched.
     pub kernel: KernelId,
+    /// Its grid, block and dynamic shared memory.
     pub dims: kernels_gpu::tiles::LaunchDims,
     /// What the device reported (VM: thread-instructions, the trace when one was asked for;
     /// nothing on a caller's CUDA context, where the launch is only queued).
@@ -709,6 +948,7 @@ macro_rules! view_common {
                 self.raw.avail -= bytes;
                 Ok(self)
             }
+            /// The element type the view reads its buffer as.
             pub fn dtype(&self) -> Dtype {
                 self.raw.dtype
             }
@@ -1023,6 +1263,7 @@ impl DeviceTensor {
     pub fn ptr(&self) -> u64 {
         self.storage.ptr()
     }
+    /// The element type of the tensor.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }

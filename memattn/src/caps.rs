@@ -8,8 +8,11 @@
 pub struct DeviceCaps {
     /// Largest dynamic shared memory one block may use (with opt-in where the device has it).
     pub max_dynamic_smem_bytes: u32,
+    /// Most threads one block may have.
     pub max_threads_per_block: u32,
+    /// Most blocks of a grid on each axis, `[x, y, z]`.
     pub max_grid: [u32; 3],
+    /// Device memory in all, in bytes.
     pub total_memory_bytes: u64,
     /// Free device memory now.
     pub free_memory_bytes: u64,

@@ -4,7 +4,10 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} `{got}` (expected one of: {expected})")]
 pub struct ParseEnumError {
+    /// What was parsed (e.g. `backend`).
     pub what: &'static str,
+    /// The string given.
     pub got: String,
+    /// The accepted names, comma-separated.
     pub expected: &'static str,
 }

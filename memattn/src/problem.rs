@@ -23,7 +23,9 @@ pub enum KernelKind {
 }
 
 impl KernelKind {
+    /// Both kinds, naive first.
     pub const ALL: [KernelKind; 2] = [KernelKind::Naive, KernelKind::Flash];
+    /// The lowercase name (`naive`, `flash`), as `Display` writes it and `FromStr` reads it.
     pub const fn name(self) -> &'static str {
         match self {
             KernelKind::Naive => "naive",
@@ -94,12 +96,14 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// The lowercase name (`bshd`, `bhsd`), as `Display` writes it and `FromStr` reads it.
     pub const fn name(self) -> &'static str {
         match self {
             Layout::Bshd => "bshd",
             Layout::Bhsd => "bhsd",
         }
     }
+    /// The element strides (batch, seq, head) of a contiguous tensor of these sizes in this layout.
     pub const fn strides(self, seq: u64, heads: u64, head_dim: u64) -> Strides {
         match self {
             Layout::Bshd => Strides::bshd(seq, heads, head_dim),
@@ -125,11 +129,15 @@ impl FromStr for Layout {
     }
 }
 
+/// A name that is not one of a [`KernelKind`] or [`Layout`] value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {what} `{got}` (expected one of: {expected})")]
 pub struct ParseEnumError {
+    /// What was parsed: `kernel` or `layout`.
     pub what: &'static str,
+    /// The string given.
     pub got: String,
+    /// The accepted names, comma-separated.
     pub expected: &'static str,
 }
 
@@ -138,16 +146,24 @@ pub struct ParseEnumError {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Problem {
+    /// Sequences in the batch.
     pub batch: u32,
+    /// Query heads.
     pub heads: u32,
+    /// Query rows per sequence (varlen: the longest).
     pub seq_q: u32,
+    /// Keys per sequence (varlen: the longest).
     pub seq_kv: u32,
+    /// Elements per head of Q, K, V and O.
     pub head_dim: u32,
+    /// The element type of Q, K, V and O.
     pub dtype: Dtype,
+    /// Bottom-right aligned causal mask (sets the window's right side to 0).
     pub causal: bool,
     /// Softmax scale; `None` means `1 / sqrt(head_dim)`.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub scale: Option<f32>,
+    /// The device layout of Q, K, V and O.
     pub layout: Layout,
     /// Heads of K and V (GQA/MQA); `None` means `heads`. Must divide `heads`.
     pub heads_kv: Option<u32>,
@@ -172,7 +188,9 @@ pub struct Problem {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Varlen {
+    /// Query rows of each sequence.
     pub seqlens_q: &'static [u32],
+    /// Keys of each sequence.
     pub seqlens_kv: &'static [u32],
 }
 
@@ -207,43 +225,106 @@ impl Varlen {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SeqLensRule {
+    /// Fewer than 2 prefix sums.
     #[error("{what} has {entries} entries; it needs batch + 1 >= 2 prefix sums")]
-    TooFew { what: &'static str, entries: usize },
+    TooFew {
+        /// The tensor's name.
+        what: &'static str,
+        /// Its entries.
+        entries: usize,
+    },
+    /// The first prefix sum is not 0.
     #[error("{what}[0] is {got}; the prefix sums must start at 0")]
-    First { what: &'static str, got: u32 },
+    First {
+        /// The tensor's name.
+        what: &'static str,
+        /// Its first entry.
+        got: u32,
+    },
+    /// A prefix sum below the one before it.
     #[error("{what} decreases at entry {at} ({value} after {prev}); the prefix sums must be non-decreasing")]
-    Decreasing { what: &'static str, at: usize, value: u32, prev: u32 },
+    Decreasing {
+        /// The tensor's name.
+        what: &'static str,
+        /// The entry's index.
+        at: usize,
+        /// The entry.
+        value: u32,
+        /// The entry before it.
+        prev: u32,
+    },
     /// `packed` is `q has` or `k and v have`.
     #[error("the last prefix sum is {last}, but {packed} {total} packed rows")]
-    LastSum { last: usize, packed: &'static str, total: usize },
+    LastSum {
+        /// The last prefix sum.
+        last: usize,
+        /// Which tensors are packed, as a phrase.
+        packed: &'static str,
+        /// Their packed rows.
+        total: usize,
+    },
+    /// A sequence longer than the maximum length the call was given.
     #[error("a sequence has {rows} rows, over {max_name} = {max}")]
-    TooLong { rows: usize, max_name: &'static str, max: usize },
+    TooLong {
+        /// The sequence's rows.
+        rows: usize,
+        /// The name of the maximum (`max_seqlen_q`, ...).
+        max_name: &'static str,
+        /// The maximum.
+        max: usize,
+    },
+    /// `cu_seqlens_kv` has a different number of entries than `cu_seqlens_q`.
     #[error("{got} entries, but cu_seqlens_q has {q} (one prefix sum per sequence, plus the leading 0)")]
-    Entries { got: usize, q: usize },
+    Entries {
+        /// Its entries.
+        got: usize,
+        /// `cu_seqlens_q`'s entries.
+        q: usize,
+    },
+    /// Per-sequence lengths not one per sequence of q.
     #[error("{got} entries for q's batch of {batch} (one length per sequence)")]
-    BatchEntries { got: usize, batch: usize },
+    BatchEntries {
+        /// Entries given.
+        got: usize,
+        /// Sequences of q.
+        batch: usize,
+    },
 }
 
 /// The shape part of a problem as it appears in JSON output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ShapeJson {
+    /// [`Problem::batch`].
     pub batch: u32,
+    /// [`Problem::heads`].
     pub heads: u32,
+    /// [`Problem::seq_q`].
     pub seq_q: u32,
+    /// [`Problem::seq_kv`].
     pub seq_kv: u32,
+    /// [`Problem::head_dim`].
     pub head_dim: u32,
+    /// [`Problem::causal`].
     pub causal: bool,
+    /// The scale the kernels get ([`Problem::softmax_scale`]).
     pub softmax_scale: f32,
+    /// [`Problem::layout`].
     pub layout: Layout,
+    /// Heads of K and V (`heads` when the problem gives none).
     pub heads_kv: u32,
     /// `-1`: unbounded (after `causal`, which sets the right side to 0).
     pub window_left: i32,
+    /// The window's right side the kernels apply (0 when causal; `-1`: unbounded).
     pub window_right: i32,
+    /// [`Problem::softcap`] (`0`: off).
     pub softcap: f32,
+    /// [`Problem::sinks`].
     pub sinks: bool,
+    /// Query rows of each sequence of a varlen batch; `None` otherwise.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub seqlens_q: Option<&'static [u32]>,
+    /// Keys of each sequence of a varlen batch; `None` otherwise.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub seqlens_kv: Option<&'static [u32]>,
 }
@@ -302,56 +383,136 @@ pub const PADDED_MAX_KEYS: u32 = (1 << 31) - 1024;
 /// Why a problem cannot run. Each message names the limit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProblemError {
+    /// A size of the problem is 0.
     #[error("{name} must be at least 1 (got 0)")]
-    ZeroSize { name: &'static str },
+    ZeroSize {
+        /// The size's name.
+        name: &'static str,
+    },
+    /// No kernel of the kind for the head dim.
     #[error("head_dim {got} is not supported by the {kernel} kernel: {supported}")]
-    UnsupportedHeadDim { kernel: KernelKind, got: u32, supported: String },
+    UnsupportedHeadDim {
+        /// The kernel kind.
+        kernel: KernelKind,
+        /// The head dim.
+        got: u32,
+        /// The head dims that are supported, as a phrase.
+        supported: String,
+    },
+    /// No kernel of the kind for the dtype.
     #[error("dtype {dtype} has no {kernel} kernel ({})", kernel.dtypes_note())]
-    UnsupportedDtype { kernel: KernelKind, dtype: Dtype },
+    UnsupportedDtype {
+        /// The kernel kind.
+        kernel: KernelKind,
+        /// The dtype.
+        dtype: Dtype,
+    },
+    /// A stride the tensor-core kernels cannot load (not a multiple of 16 bytes).
     #[error(
         "`{entry}` needs {what} aligned to {need} (got {got}); the tensor-core kernels load 16-byte \
          chunks with cp.async, so Q, K and V rows must start on 16-byte boundaries"
     )]
-    Alignment { entry: &'static str, what: String, got: String, need: &'static str },
+    Alignment {
+        /// The kernel entry point.
+        entry: &'static str,
+        /// Which stride, as a phrase.
+        what: String,
+        /// Its value in elements and bytes, formatted.
+        got: String,
+        /// The alignment needed, as a phrase.
+        need: &'static str,
+    },
+    /// A softmax scale that is not finite (the value given).
     #[error("softmax scale must be finite (got {0})")]
     BadScale(f32),
+    /// The KV heads do not divide the query heads.
     #[error("heads_kv {heads_kv} must divide heads {heads} (query head h reads K/V head h / (heads / heads_kv))")]
-    HeadsKv { heads: u32, heads_kv: u32 },
+    HeadsKv {
+        /// Query heads.
+        heads: u32,
+        /// KV heads.
+        heads_kv: u32,
+    },
+    /// A window side below -1.
     #[error("window {side} {got} is invalid: each side is -1 (unbounded) or a number of keys >= 0")]
-    BadWindow { side: &'static str, got: i32 },
+    BadWindow {
+        /// Which side: `left` or `right`.
+        side: &'static str,
+        /// The side given.
+        got: i32,
+    },
+    /// A soft cap that is negative or not finite (the value given).
     #[error("softcap {0} is invalid: it must be 0 (off) or a finite number > 0")]
     BadSoftcap(f32),
+    /// Varlen sequence lengths that do not fit (the rule broken, as a sentence).
     #[error("varlen: {0}")]
     Varlen(String),
     /// Packed sequences with a layout other than BSHD.
     #[error("varlen: packed sequences are [total, heads, head_dim], which needs the BSHD layout (the default)")]
     VarlenLayout,
+    /// A launch grid over the device's limit on an axis.
     #[error("{kernel} launch of `{entry}` needs grid {axis} = {got}, over the device limit {limit} ({why})")]
-    GridLimit { kernel: KernelKind, entry: &'static str, axis: char, got: u64, limit: u64, why: &'static str },
+    GridLimit {
+        /// The kernel kind.
+        kernel: KernelKind,
+        /// The kernel entry point.
+        entry: &'static str,
+        /// The axis: `x`, `y` or `z`.
+        axis: char,
+        /// Blocks the launch needs on that axis.
+        got: u64,
+        /// The device's limit on that axis.
+        limit: u64,
+        /// What the axis walks, as a phrase.
+        why: &'static str,
+    },
+    /// A kernel needs more dynamic shared memory per block than the device allows.
     #[error(
         "`{entry}` needs {needed} bytes of dynamic shared memory per block, over the device limit of {limit} bytes"
     )]
-    SharedMemory { entry: &'static str, needed: u32, limit: u32 },
+    SharedMemory {
+        /// The kernel entry point.
+        entry: &'static str,
+        /// Bytes it needs per block.
+        needed: u32,
+        /// The device's limit in bytes per block.
+        limit: u32,
+    },
+    /// A run needs more device memory than is free (the analytic estimate).
     #[error(
         "{kernel} needs an estimated {needed} bytes ({needed_h}) of device memory, more than the {free} bytes ({free_h}) free \
          [{breakdown}]"
     )]
     OutOfDeviceMemory {
+        /// The kernel kind.
         kernel: KernelKind,
+        /// Bytes needed.
         needed: u64,
+        /// `needed`, human-readable.
         needed_h: String,
+        /// Bytes free on the device.
         free: u64,
+        /// `free`, human-readable.
         free_h: String,
+        /// The bytes of each buffer, formatted.
         breakdown: String,
     },
+    /// A buffer whose size in bytes does not fit in 64 bits.
     #[error("{what} needs {got} bytes, beyond what a 64-bit byte count can address")]
-    TooLarge { what: &'static str, got: String },
+    TooLarge {
+        /// The buffer's name.
+        what: &'static str,
+        /// Its size in bytes, in decimal.
+        got: String,
+    },
 }
 
 /// One kernel launch of a run: the PTX entry and its geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlannedLaunch {
+    /// The kernel entry point.
     pub kernel: KernelId,
+    /// Its grid, block and dynamic shared memory.
     pub dims: LaunchDims,
 }
 
@@ -361,6 +522,7 @@ impl Problem {
         self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
 
+    /// The shape and options as the JSON output writes them (scale, KV heads and window resolved).
     pub fn shape_json(&self) -> ShapeJson {
         ShapeJson {
             batch: self.batch,
@@ -604,6 +766,7 @@ impl Problem {
             None => self.layout.strides(self.seq_q as u64, self.heads as u64, self.head_dim as u64),
         }
     }
+    /// Strides of K and V in the device layout (varlen: packed `[total_kv, heads_kv, d]`).
     pub fn kv_strides(&self) -> Strides {
         match self.varlen {
             Some(_) => Strides::bshd(self.total_kv(), self.kv_heads() as u64, self.head_dim as u64),
@@ -878,10 +1041,15 @@ pub fn list_and(items: &[u32]) -> String {
 /// kernels, no `scores` for the fused ones, no sinks, no varlen).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AttnBuffers {
+    /// Q's device address.
     pub q: u64,
+    /// K's device address.
     pub k: u64,
+    /// V's device address.
     pub v: u64,
+    /// O's device address.
     pub o: u64,
+    /// LSE's device address (f32).
     pub lse: u64,
     /// The naive kernels' score matrix.
     pub scores: u64,
@@ -890,21 +1058,32 @@ pub struct AttnBuffers {
     /// ALiBi slopes (f32, `[heads]` or `[batch, heads]`) and the elements between two
     /// sequences' slopes (0 or `heads`).
     pub alibi_slopes: u64,
+    /// Elements between two sequences' ALiBi slopes (0: one set for all, or `heads`).
     pub alibi_batch_stride: u32,
+    /// Varlen: the device address of the `batch + 1` u32 query prefix sums.
     pub cu_seqlens_q: u64,
+    /// Varlen: the device address of the `batch + 1` u32 key prefix sums.
     pub cu_seqlens_kv: u64,
+    /// Q's element strides.
     pub q_strides: Strides,
+    /// K's element strides.
     pub k_strides: Strides,
+    /// V's element strides.
     pub v_strides: Strides,
+    /// O's element strides.
     pub o_strides: Strides,
     /// A KV cache (chunked prefill, [`kernels_gpu::abi::AttnParams::seqused_k`]): `[batch]` u32
     /// key counts (0: no cache), the block table (0: contiguous), keys per page (`2^31` for a
     /// contiguous cache), block-table entries per sequence, and the count added to each key
     /// count (appended tokens).
     pub seqused_k: u64,
+    /// The block table's device address (0: contiguous cache).
     pub block_table: u64,
+    /// Keys per page (`2^31` for a contiguous cache).
     pub page_size: u32,
+    /// Block-table entries per sequence.
     pub max_pages: u32,
+    /// Keys appended to each sequence's key count (the new tokens).
     pub seqused_k_add: u32,
     /// A KV-cache call with device-checked indices: its status words
     /// ([`kernels_gpu::abi::AttnParams::status`]); 0 otherwise.

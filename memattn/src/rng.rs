@@ -1,12 +1,14 @@
 //! A small seeded generator (SplitMix64) so inputs and row samples are reproducible from `--seed`
 //! on every platform, without a dependency.
 
+/// The SplitMix64 generator: its state is a 64-bit counter.
 #[derive(Clone, Debug)]
 pub struct SplitMix64(u64);
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl SplitMix64 {
+    /// The generator of `seed` (any value, 0 included).
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }
@@ -15,6 +17,7 @@ impl SplitMix64 {
     pub fn skipped(seed: u64, draws: u64) -> Self {
         SplitMix64(seed.wrapping_add(draws.wrapping_mul(GAMMA)))
     }
+    /// The next 64 uniformly random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(GAMMA);
         let mut z = self.0;

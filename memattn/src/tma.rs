@@ -10,9 +10,13 @@ use kernels_gpu::tiles::FlashSm90Tile;
 /// byte stride of dim `i + 1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMapDesc {
+    /// The tensor's device address (16-byte aligned).
     pub address: u64,
+    /// Elements of each dim, innermost first.
     pub dims: [u64; 4],
+    /// Byte strides of dims 1, 2 and 3 (dim 0 is contiguous).
     pub strides: [u64; 3],
+    /// Elements of each dim one load (a box) copies, innermost first.
     pub box_dims: [u32; 4],
 }
 
