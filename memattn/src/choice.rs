@@ -34,12 +34,15 @@ pub const TABLE_TSV: &str = include_str!("choice/kernel-choice.tsv");
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Arch {
+    /// The `sm_80` module's kernels only (every GPU but compute capability 9.0; the default).
     #[default]
     Sm80,
+    /// Hopper (compute capability 9.0): the `sm_90a` module's kernels too, where [`Target`] picks them.
     Sm90,
 }
 
 impl Arch {
+    /// `sm_80` or `sm_90`, as `Display` writes it and the table names it.
     pub const fn name(self) -> &'static str {
         match self {
             Arch::Sm80 => "sm_80",
@@ -98,6 +101,7 @@ impl HopperPolicy {
         }
     }
 
+    /// `measured`, `always` or `never`.
     pub const fn name(self) -> &'static str {
         match self {
             HopperPolicy::Measured => "measured",
@@ -110,7 +114,9 @@ impl HopperPolicy {
 /// The kernels a device runs: its generation and the Hopper policy. Every plan takes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Target {
+    /// The device's GPU generation.
     pub arch: Arch,
+    /// Whether an sm_90 device runs the `sm_90a` kernels (ignored on `Sm80`).
     pub hopper: HopperPolicy,
 }
 
@@ -133,6 +139,7 @@ impl fmt::Display for Target {
 }
 
 impl Target {
+    /// The target of `arch` under `hopper`.
     pub const fn new(arch: Arch, hopper: HopperPolicy) -> Target {
         Target { arch, hopper }
     }
@@ -175,6 +182,7 @@ pub enum Call {
 }
 
 impl Call {
+    /// `forward` or `decode`, as the table names it.
     pub const fn name(self) -> &'static str {
         match self {
             Call::Forward => "forward",
@@ -186,13 +194,18 @@ impl Call {
 /// One row of the measured table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
+    /// The GPU generation the row is for.
     pub arch: Arch,
+    /// The call the row chooses for.
     pub call: Call,
+    /// The element type.
     pub elem: Elem,
+    /// The head dim.
     pub head_dim: u32,
     /// The `sm_80` and `sm_90a` kernels' median times (ms) in the run the row cites; `None`
     /// where the row carries another's choice.
     pub sm80_ms: Option<f64>,
+    /// The `sm_90a` kernel's median time (ms), as `sm80_ms`.
     pub sm90_ms: Option<f64>,
     /// Whether the `sm_90a` kernel runs by default.
     pub runs_sm90: bool,

@@ -81,10 +81,20 @@ use std::time::{Duration, Instant};
 pub enum CpError {
     /// An attention call of a block was refused or failed.
     #[error("rank {rank}: {source}")]
-    Attn { rank: usize, source: Box<AttnError> },
+    Attn {
+        /// The rank whose call failed.
+        rank: usize,
+        /// The attention call's error.
+        source: Box<AttnError>,
+    },
     /// A message did not arrive, or a peer is gone.
     #[error("rank {rank}: {why}")]
-    Comm { rank: usize, why: String },
+    Comm {
+        /// The rank that saw the failure.
+        rank: usize,
+        /// What went wrong.
+        why: String,
+    },
     /// The problem cannot be split this way (names the rule).
     #[error("{0}")]
     Layout(String),
@@ -100,13 +110,18 @@ impl CpError {
 /// How the sequence is split and what travels between ranks (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
+    /// Contiguous slices; K/V blocks travel around a ring.
     Ring,
+    /// The ring over `2 · world` pieces, two per rank, balancing causal work.
     Zigzag,
+    /// All-to-all of heads: each rank attends over the whole sequence for its heads.
     Ulysses,
 }
 
 impl Strategy {
+    /// The three strategies.
     pub const ALL: [Strategy; 3] = [Strategy::Ring, Strategy::Zigzag, Strategy::Ulysses];
+    /// The lowercase name (`ring`, `zigzag`, `ulysses`), as `Display` writes it and `FromStr` reads it.
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Ring => "ring",
@@ -138,7 +153,9 @@ impl std::str::FromStr for Strategy {
 /// is posted); a receive waits for the message of that peer and tag. Collectives
 /// ([`all_gather`], [`all_to_all`]) are composed from these.
 pub trait Communicator: Send + Sync {
+    /// This rank's index, `0..world`.
     fn rank(&self) -> usize;
+    /// Ranks in the world.
     fn world(&self) -> usize;
     /// Posts `data` to `peer` under `tag`.
     fn send(&self, peer: usize, tag: u64, data: Vec<u8>) -> Result<(), CpError>;
@@ -294,7 +311,9 @@ fn cu_seqlens(kernels: &Kernels, vl: &crate::problem::Varlen) -> Result<(IndexTe
 /// Global rows `start..start + len` of one piece of a sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
+    /// The first global row.
     pub start: usize,
+    /// Rows in the piece.
     pub len: usize,
 }
 
@@ -370,7 +389,9 @@ pub enum BlockKind {
 /// One step of one rank: what it sent and received and how long its compute took.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepStats {
+    /// Bytes of the strategy's messages this rank sent in the step.
     pub bytes_sent: u64,
+    /// Bytes of the strategy's messages this rank received in the step.
     pub bytes_received: u64,
     /// Seconds of this rank's block launches and merges in the step.
     pub compute_s: f64,
@@ -383,16 +404,20 @@ pub struct StepStats {
 /// What one rank did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CpStats {
+    /// Its steps, in order.
     pub steps: Vec<StepStats>,
 }
 
 impl CpStats {
+    /// Bytes sent over all steps.
     pub fn bytes_sent(&self) -> u64 {
         self.steps.iter().map(|s| s.bytes_sent).sum()
     }
+    /// Bytes received over all steps.
     pub fn bytes_received(&self) -> u64 {
         self.steps.iter().map(|s| s.bytes_received).sum()
     }
+    /// Seconds of compute over all steps.
     pub fn compute_s(&self) -> f64 {
         self.steps.iter().map(|s| s.compute_s).sum()
     }
@@ -403,8 +428,11 @@ impl CpStats {
 /// rows]`) and what it did.
 #[derive(Clone, Debug)]
 pub struct CpOutput {
+    /// The rank's rows of O (f32).
     pub o: Vec<f32>,
+    /// The rank's rows of LSE (f32, natural log).
     pub lse: Vec<f32>,
+    /// What the rank sent, received and computed.
     pub stats: CpStats,
 }
 
@@ -1029,10 +1057,15 @@ fn ulysses(
 /// what it sent and received.
 #[derive(Clone, Debug)]
 pub struct CpGrads {
+    /// dQ of the rank's query rows.
     pub dq: Vec<f32>,
+    /// dK of the rank's keys.
     pub dk: Vec<f32>,
+    /// dV of the rank's keys.
     pub dv: Vec<f32>,
+    /// The rank's share of the sinks' gradient, one per head (empty without sinks).
     pub d_sinks: Vec<f32>,
+    /// What the rank sent, received and computed.
     pub stats: CpStats,
 }
 
@@ -1628,9 +1661,6 @@ pub fn decode(
     Ok(CpOutput { o: merged.o, lse: merged.lse, stats: CpStats { steps: vec![st] } })
 }
 
-/// The communication volume of the module docs, per rank: `(sent, received)` bytes of `strategy`
-/// over `world` ranks (`decode`: the sharded decode's all-gather). Equals what [`CpStats`]
-/// counts on every rank.
 /// The bytes rank `rank` sends and receives in [`attention_backward`]. Ring and zigzag: the
 /// forward's K/V traffic ([`analytic_bytes`]) plus, when `world > 1`, one f32 dK/dV sum of every
 /// K/V block in each direction: `2 · Hk · d · 4 · (B · seq_kv)` (varlen: the keys of every
@@ -1673,6 +1703,9 @@ pub fn analytic_backward_bytes(p: &Problem, strategy: Strategy, world: usize, ra
     (sent + sums, recv + sums)
 }
 
+/// The communication volume of the module docs, per rank: `(sent, received)` bytes of `strategy`
+/// over `world` ranks (`decode`: the sharded decode's all-gather). Equals what [`CpStats`]
+/// counts on every rank.
 pub fn analytic_bytes(p: &Problem, strategy: Strategy, world: usize, rank: usize, decode: bool) -> (u64, u64) {
     let (h, hk, d) = (p.heads as u64, p.kv_heads() as u64, p.head_dim as u64);
     let e = p.dtype.size_bytes();
@@ -1775,6 +1808,7 @@ impl Link {
 /// The overlap model's estimate for one strategy ([`model`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Estimate {
+    /// The strategy modelled.
     pub strategy: Strategy,
     /// Modelled seconds: ring and zigzag the sum over steps of the slowest rank's
     /// `max(compute, transfer)` (the transfer of the next block overlaps the compute); Ulysses

@@ -227,9 +227,13 @@ pub const fn fa2_block_n(head_dim: u32) -> u32 {
 /// One decode problem: shapes, cache, new tokens, dtype, split choice.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodeProblem {
+    /// Sequences in the batch.
     pub batch: u32,
+    /// Query heads.
     pub heads: u32,
+    /// Heads of the K and V caches (GQA/MQA); must divide `heads`.
     pub heads_kv: u32,
+    /// Elements per head of Q, K, V and O.
     pub head_dim: u32,
     /// Query tokens per sequence (1 for plain decode; more for speculative decoding).
     pub seq_q: u32,
@@ -239,16 +243,20 @@ pub struct DecodeProblem {
     pub seq_new: u32,
     /// `None`: contiguous cache; `Some(P)`: paged with `P` keys per page.
     pub page_size: Option<u32>,
+    /// The element type of Q, O and the new tokens, and of the cache unless `kv_fp8` is set.
     pub dtype: Dtype,
+    /// Bottom-right aligned causal mask (forces the window's right side to 0).
     pub causal: bool,
     /// Sliding window, bottom-right aligned as in FlashAttention-2: keys left and right of the
     /// diagonal a query sees, `-1` for unbounded (causal forces the right side to 0).
     pub window_left: i32,
+    /// Keys right of the diagonal a query sees, `-1` for unbounded (see `window_left`).
     pub window_right: i32,
     /// Score soft-capping: `softcap * tanh(score / softcap)` (0: off).
     pub softcap: f32,
     /// None: `1/sqrt(head_dim)`.
     pub scale: Option<f32>,
+    /// The split count: chosen by the plan (`Auto`) or fixed.
     pub splits: Splits,
     /// Multiprocessors the plan fills.
     pub sm_count: u32,
@@ -289,7 +297,9 @@ pub struct DecodeProblem {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Rotary {
+    /// Leading dims of each head that rotate (even, 2..=head_dim).
     pub dim: u32,
+    /// Pairs `(2i, 2i + 1)` (GPT-J) when true; `(i, i + dim / 2)` (GPT-NeoX) when false.
     pub interleaved: bool,
 }
 
@@ -328,9 +338,11 @@ impl Default for DecodeProblem {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SplitPlan {
+    /// Key splits per sequence (1..=[`MAX_SPLITS`]; 1 runs no merge).
     pub num_splits: u32,
     /// `"auto"` (the heuristic) or `"fixed"`.
     pub chosen_by: &'static str,
+    /// Multiprocessors the plan fills.
     pub sm_count: u32,
     /// Where `sm_count` came from.
     pub sm_count_source: SmCountSource,
@@ -364,9 +376,11 @@ impl DecodeProblem {
         }
     }
 
+    /// Query heads per KV head (`heads / heads_kv`).
     pub fn group(&self) -> u32 {
         self.heads / self.heads_kv.max(1)
     }
+    /// The softmax scale the kernels get: `scale`, or `1 / sqrt(head_dim)` when `None`.
     pub fn softmax_scale(&self) -> f32 {
         self.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
@@ -408,6 +422,7 @@ impl DecodeProblem {
     pub fn cache_slots(&self) -> u64 {
         (0..self.batch as usize).map(|b| self.slot(b) as u64 + 1).max().unwrap_or(1)
     }
+    /// The most keys any sequence attends over ([`DecodeProblem::seqlen_k`]; 0 for an empty batch).
     pub fn max_seqlen_k(&self) -> u32 {
         (0..self.batch as usize).map(|b| self.seqlen_k(b)).max().unwrap_or(0)
     }
@@ -415,9 +430,11 @@ impl DecodeProblem {
     pub fn rows(&self) -> u64 {
         self.batch as u64 * self.heads as u64 * self.seq_q as u64
     }
+    /// Elements of Q (and of O): `batch * heads * seq_q * head_dim`.
     pub fn q_elems(&self) -> u64 {
         self.rows() * self.head_dim as u64
     }
+    /// Elements of each of `k_new` and `v_new`: `batch * seq_new * heads_kv * head_dim`.
     pub fn new_elems(&self) -> u64 {
         self.batch as u64 * self.seq_new as u64 * self.heads_kv as u64 * self.head_dim as u64
     }
@@ -751,9 +768,19 @@ impl DecodeProblem {
 #[cfg_attr(feature = "serde", serde(tag = "kind", rename_all = "lowercase"))]
 pub enum CacheLayout {
     /// `[batch, seq_cache, heads_kv, head_dim]`.
-    Contiguous { seq_cache: u32 },
+    Contiguous {
+        /// Keys each slot holds.
+        seq_cache: u32,
+    },
     /// `[num_pages, page_size, heads_kv, head_dim]` and a `[batch, max_pages]` block table.
-    Paged { page_size: u32, num_pages: u32, max_pages: u32 },
+    Paged {
+        /// Keys per page.
+        page_size: u32,
+        /// Pages in the cache.
+        num_pages: u32,
+        /// Block-table entries per sequence.
+        max_pages: u32,
+    },
 }
 
 impl CacheLayout {
@@ -773,13 +800,17 @@ impl CacheLayout {
 pub struct DecodeInputs {
     /// `[batch, seq_q, heads, head_dim]`.
     pub q: Vec<f32>,
+    /// The K cache, as [`DecodeInputs::layout`] lays it out.
     pub k_cache: Vec<f32>,
+    /// The V cache, laid out as `k_cache`.
     pub v_cache: Vec<f32>,
     /// `[batch, max_pages]` (paged only; empty otherwise).
     pub block_table: Vec<u32>,
     /// `[batch, seq_new, heads_kv, head_dim]` (empty when `seq_new == 0`).
     pub k_new: Vec<f32>,
+    /// New values, laid out as `k_new`.
     pub v_new: Vec<f32>,
+    /// How the caches are laid out: contiguous or paged, and their sizes.
     pub layout: CacheLayout,
     /// `[heads]` f32 sink logits with [`DecodeProblem::sinks`], empty without.
     pub sinks: Vec<f32>,
@@ -793,6 +824,7 @@ pub struct DecodeInputs {
     /// [`DecodeProblem::rotary`]: `[seqlen_ro, rotary_dim / 2]` cosines and sines of the
     /// position angles, in the dtype (rounded); empty without rotary.
     pub rotary_cos: Vec<f32>,
+    /// The sines of the position angles, laid out as `rotary_cos`.
     pub rotary_sin: Vec<f32>,
     /// [`DecodeProblem::alibi`]: the slopes, `[heads]` (every sequence) or `[batch, heads]`;
     /// empty without ALiBi. [`DecodeInputs::random`] gives the ALiBi paper's slopes
@@ -1327,10 +1359,13 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DecodeVerification {
+    /// Every bound met and no failure (`failures` empty).
     pub passed: bool,
     /// Largest `|o - ref| / max(a_r, tiny)` over elements (`a_r` the row's `Σ P |v|`).
     pub o_max_scaled_err: f64,
+    /// `sqrt(Σ err² / Σ ref²)` over the elements of O.
     pub o_rel_rms_err: f64,
+    /// Largest `|lse - ref| / max(1, |ref|)` over rows with a finite reference LSE.
     pub lse_max_abs_err: f64,
     /// Elements NaN or infinite where the reference is finite (never written, or corrupted).
     pub unwritten: u64,
@@ -1346,6 +1381,7 @@ pub struct DecodeVerification {
     /// FP8 cache: the relative RMS error of O against the reference over the unquantised
     /// cache (what quantisation costs; reported, not bounded). `None` for other caches.
     pub quantisation_rel_rms: Option<f64>,
+    /// One sentence per check that failed; empty when `passed`.
     pub failures: Vec<String>,
 }
 
@@ -1421,6 +1457,7 @@ pub struct DecodeSizes {
     pub block_table: u64,
     /// Pages of a paged cache (0 for a contiguous one) and the block table's pages per sequence.
     pub num_pages: u32,
+    /// Block-table entries per sequence (0 for a contiguous cache).
     pub max_pages: u32,
     /// Split workspace elements (f32 partial O and LSE; 0 with one split).
     pub workspace: u64,
@@ -1478,12 +1515,19 @@ pub struct DecodeBytes {
     /// size (or 16 for a contiguous problem): the comparison the CLI prints.
     pub kv_contiguous: u64,
     pub kv_paged: u64,
+    /// The page size `kv_paged` is computed with.
     pub kv_paged_page_size: u32,
+    /// Q.
     pub q: u64,
+    /// O.
     pub o: u64,
+    /// LSE (f32 per output row).
     pub lse: u64,
+    /// `k_new` and `v_new` together.
     pub new_kv: u64,
+    /// The block table (u32 entries; 0 for a contiguous cache).
     pub block_table: u64,
+    /// `cache_seqlens` (u32 per sequence).
     pub cache_seqlens: u64,
     /// Sink logits: `4 * heads` with sinks, 0 without.
     pub sinks: u64,
@@ -1499,10 +1543,13 @@ pub struct DecodeBytes {
     pub moved: u64,
     /// `moved / (batch * seq_q)`: per query token.
     pub moved_per_token: u64,
+    /// Device bytes in all: `kv_cache + q + o + lse + new_kv + block_table + cache_seqlens + sinks +
+    /// alibi_slopes + kv_scales + workspace`.
     pub total: u64,
 }
 
 impl DecodeBytes {
+    /// The bytes of a call of `p` with the inputs `x` under `plan`.
     pub fn new(p: &DecodeProblem, x: &DecodeInputs, plan: &SplitPlan) -> DecodeBytes {
         let es = p.dtype.size_bytes();
         let ces = p.cache_elem_bytes();
@@ -1664,39 +1711,57 @@ pub fn planned_launches(
 /// split).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeBuffers {
+    /// Q, `[batch, seq_q, heads, head_dim]`.
     pub q: DevPtr,
+    /// The K cache.
     pub k_cache: DevPtr,
+    /// The V cache.
     pub v_cache: DevPtr,
+    /// New keys, `[batch, seq_new, heads_kv, head_dim]` (`0` = none).
     pub k_new: DevPtr,
+    /// New values, as `k_new`.
     pub v_new: DevPtr,
+    /// The block table, `[batch, max_pages]` (`0` = contiguous cache).
     pub block_table: DevPtr,
+    /// Keys already cached per sequence, `batch` u32.
     pub cache_seqlens: DevPtr,
+    /// O, `[batch, seq_q, heads, head_dim]`.
     pub o: DevPtr,
+    /// LSE, `[batch, heads, seq_q]` f32.
     pub lse: DevPtr,
+    /// Split workspace: partial O, `[num_splits, batch, heads, seq_q, head_dim]` f32 (`0` with one split).
     pub o_part: DevPtr,
+    /// Split workspace: partial LSE, `[num_splits, batch, heads, seq_q]` f32 (`0` with one split).
     pub lse_part: DevPtr,
     /// Per-head f32 sink logits (`0` = none).
     pub sinks: DevPtr,
     /// FP8 cache: `heads_kv` f32 scales of K and of V (`0` for other caches).
     pub k_scale: DevPtr,
+    /// FP8 cache: the scales of V (`0` for other caches).
     pub v_scale: DevPtr,
-    /// `batch` u32 cache slots and rows of left padding (`0` = none; contiguous caches only).
+    /// `batch` u32 cache slots (`0` = none; contiguous caches only).
     pub cache_batch_idx: DevPtr,
+    /// `batch` u32 rows of left padding (`0` = none; contiguous caches only).
     pub cache_leftpad: DevPtr,
     /// Rotary tables `[seqlen_ro, rotary_dim / 2]` and the rotated copies of `q` and `k_new`
     /// (`0` = no rotary).
     pub rotary_cos: DevPtr,
+    /// The rotary sine table (`0` = no rotary).
     pub rotary_sin: DevPtr,
+    /// Where the rotated `q` goes, shaped as `q` (`0` = no rotary).
     pub q_rot: DevPtr,
+    /// Where the rotated `k_new` goes, shaped as `k_new` (`0` = no rotary).
     pub k_rot: DevPtr,
     /// ALiBi slopes (f32, `[heads]` or `[batch, heads]`; `0` = none) and the elements between two
     /// sequences' slopes (0 or `heads`).
     pub alibi_slopes: DevPtr,
+    /// Elements between two sequences' ALiBi slopes (0 or `heads`).
     pub alibi_batch_stride: u32,
     /// Device-checked indices: the call's status words (`0`: indices checked on the host) and
     /// the cache's first dimension (pages of a paged cache, slots of a contiguous one), the bound
     /// `decode_check_*` holds block-table and `cache_batch_idx` entries to.
     pub status: DevPtr,
+    /// The cache's first dimension (pages, or slots) the device check bounds indices by.
     pub cache_slots: u32,
 }
 
@@ -1847,10 +1912,15 @@ pub fn merge_params(p: &DecodeProblem, splits: u32, bufs: &DecodeBuffers, o_stri
 /// Partial attention states to combine: `splits` states per row of `[batch, heads, seq_q]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Partials {
+    /// States per row.
     pub splits: u32,
+    /// Sequences in the batch.
     pub batch: u32,
+    /// Heads.
     pub heads: u32,
+    /// Query rows per sequence.
     pub seq_q: u32,
+    /// Elements per head of O.
     pub head_dim: u32,
     /// `[splits, batch, heads, seq_q, head_dim]` f32.
     pub o: Vec<f32>,
@@ -1859,6 +1929,7 @@ pub struct Partials {
 }
 
 impl Partials {
+    /// Output rows, `batch * heads * seq_q`.
     pub fn rows(&self) -> u64 {
         self.batch as u64 * self.heads as u64 * self.seq_q as u64
     }

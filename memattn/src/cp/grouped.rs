@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 
 /// A transport of grouped, rendezvous transfers (NCCL's point-to-point model).
 pub trait GroupedP2p: Send + Sync {
+    /// This rank's index, `0..world`.
     fn rank(&self) -> usize;
+    /// Ranks in the world.
     fn world(&self) -> usize;
     /// Runs one group: posts every send (`(peer, bytes)`) and every receive (`(peer, bytes
     /// expected)`, the sizes agreed with the peers), and returns once all have completed, the
@@ -55,6 +57,7 @@ pub struct Grouped<T> {
 }
 
 impl<T: GroupedP2p> Grouped<T> {
+    /// A communicator over `p2p`, with nothing queued.
     pub fn new(p2p: T) -> Self {
         Grouped { p2p, state: Mutex::new(State::default()) }
     }

@@ -29,11 +29,14 @@ pub type DevPtr = u64;
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Backend {
+    /// The PTX VM on the host's CPU.
     Vm,
+    /// A CUDA GPU through the driver.
     Cuda,
 }
 
 impl Backend {
+    /// The lowercase name (`vm`, `cuda`), as `Display` writes it.
     pub const fn name(self) -> &'static str {
         match self {
             Backend::Vm => "vm",
@@ -54,7 +57,9 @@ pub enum BackendChoice {
     /// CUDA when a driver and a device are present, otherwise the VM.
     #[default]
     Auto,
+    /// The PTX VM.
     Vm,
+    /// CUDA (opening fails without a driver and a device).
     Cuda,
 }
 
@@ -98,24 +103,65 @@ pub struct LaunchInfo {
 /// A device error. Every variant maps to exit code 3.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DeviceError {
+    /// The backend, or one of its features, is not available here (the reason).
     #[error("CUDA backend unavailable: {0}")]
     Unavailable(String),
+    /// A PTX module that the device refuses, or whose kernels do not match the tiles planned.
     #[error("PTX does not load ({origin}): {message}")]
-    PtxLoad { origin: String, message: String },
+    PtxLoad {
+        /// Where the module came from ([`PtxSource::origin`]).
+        origin: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A kernel entry point the loaded module does not have (its name).
     #[error("kernel `{0}` is not in the loaded PTX module")]
     UnknownKernel(String),
+    /// A CUDA driver call failed.
     #[error("CUDA error in {op}: {message}")]
-    Cuda { op: String, message: String },
+    Cuda {
+        /// The operation that failed.
+        op: String,
+        /// The driver's error.
+        message: String,
+    },
+    /// The VM's memcheck (or a trap) stopped a launch.
     #[error("VM memcheck in `{kernel}`: {message}")]
-    Memcheck { kernel: String, message: String },
+    Memcheck {
+        /// The kernel entry point.
+        kernel: String,
+        /// The finding, described.
+        message: String,
+    },
+    /// Another VM error.
     #[error("VM error in {op}: {message}")]
-    Vm { op: String, message: String },
+    Vm {
+        /// The operation that failed.
+        op: String,
+        /// The VM's error.
+        message: String,
+    },
+    /// A device allocation not aligned as a kernel needs (the details).
     #[error("device allocation does not meet the kernel's alignment: {0}")]
     Misaligned(String),
+    /// An allocation larger than the free device memory.
     #[error("out of device memory: requested {requested} bytes, {free} free")]
-    OutOfMemory { requested: u64, free: u64 },
+    OutOfMemory {
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes free.
+        free: u64,
+    },
+    /// The host cannot allocate the memory an operation needs.
     #[error("host memory: cannot allocate {bytes} bytes ({human}) for {what}")]
-    HostMemory { what: String, bytes: u64, human: String },
+    HostMemory {
+        /// What the memory was for.
+        what: String,
+        /// Bytes requested.
+        bytes: u64,
+        /// `bytes`, human-readable.
+        human: String,
+    },
     /// An environment setting the library reads has a value it does not take (the message
     /// names the variable and its values).
     #[error("{0}")]
@@ -128,6 +174,7 @@ pub enum DeviceError {
 /// [`Device::timer_stop`] wait for them. A device is `Send` so that
 /// [`crate::attn::Kernels::on_device`] stays `Send + Sync`; calls are serialised by the kernels.
 pub trait Device: Send {
+    /// Which backend this device is.
     fn backend(&self) -> Backend;
     /// e.g. "NVIDIA H100 80GB HBM3 (sm_90)" or "ptx-vm (2 workers, 16 GiB simulated)".
     fn name(&self) -> String;
@@ -151,6 +198,7 @@ pub trait Device: Send {
             _ => Ok(()),
         }
     }
+    /// The limits problems are validated against, free memory read now.
     fn caps(&mut self) -> Result<DeviceCaps, DeviceError>;
     /// The device's multiprocessor count (CUDA: `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`);
     /// `None` where the backend has none of its own (the VM, whose split plans assume
@@ -158,7 +206,9 @@ pub trait Device: Send {
     fn multiprocessor_count(&mut self) -> Result<Option<u32>, DeviceError> {
         Ok(None)
     }
+    /// Allocates `bytes` bytes of device memory; its address.
     fn alloc(&mut self, bytes: u64) -> Result<DevPtr, DeviceError>;
+    /// Frees an allocation made by [`Device::alloc`].
     fn free(&mut self, ptr: DevPtr) -> Result<(), DeviceError>;
     /// Copies raw bytes to the device. A range outside a live allocation is an error, never
     /// undefined behaviour (both backends check it).
@@ -206,6 +256,7 @@ pub trait Device: Send {
         let _ = desc;
         Err(DeviceError::Unavailable(format!("{} has no tensor maps (the Hopper forward needs sm_90)", self.backend())))
     }
+    /// Waits until every launch queued so far has completed.
     fn synchronize(&mut self) -> Result<(), DeviceError>;
     /// Starts the clock for the launches that follow.
     fn timer_start(&mut self) -> Result<(), DeviceError>;
@@ -248,7 +299,9 @@ pub struct BlockSubset {
 /// Options for opening a device.
 #[derive(Clone, Debug)]
 pub struct DeviceOptions {
+    /// Which backend to open.
     pub backend: BackendChoice,
+    /// The PTX module (`sm_80`) the kernels are loaded from.
     pub ptx: PtxSource,
     /// NVML sampling interval (CUDA).
     pub nvml_interval: std::time::Duration,
@@ -258,6 +311,7 @@ pub struct DeviceOptions {
     pub vm_workers: Option<usize>,
     /// VM: shared-memory initcheck and racecheck (both on by default).
     pub vm_initcheck: bool,
+    /// VM: shared-memory racecheck (on by default).
     pub vm_racecheck: bool,
     /// VM: count the shared-memory wavefronts of every launch per instruction
     /// ([`LaunchInfo::bank_conflicts`]; off by default, it costs time on every shared access).
@@ -286,6 +340,8 @@ pub struct DeviceOptions {
 }
 
 impl DeviceOptions {
+    /// Options with the defaults each field states, `hopper` from `MEMATTN_HOPPER` (the measured
+    /// choice when unset or invalid).
     pub fn new(backend: BackendChoice, ptx: PtxSource) -> Self {
         DeviceOptions {
             backend,

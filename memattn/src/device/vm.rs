@@ -11,6 +11,7 @@ use ptx_vm::{Finding, LaunchConfig, Module, TraceRequest, Vm, VmError};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The PTX VM as a [`Device`]: the kernels run on the host's CPU, with memcheck on every launch.
 pub struct VmDevice {
     vm: Vm,
     /// The module, parsed once per process and shared ([`Module::shared`]); entries are decoded
@@ -75,6 +76,8 @@ fn vm_err(op: &str, e: VmError) -> DeviceError {
 }
 
 impl VmDevice {
+    /// Opens a VM with `opts`' VM settings and module; [`DeviceError::PtxLoad`] when the module
+    /// does not parse, [`DeviceError::Setting`] when `MEMATTN_HOPPER` has a value it does not take.
     pub fn new(opts: &DeviceOptions) -> Result<VmDevice, DeviceError> {
         crate::choice::HopperPolicy::from_env().map_err(DeviceError::Setting)?;
         let module = opts
