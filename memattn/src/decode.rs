@@ -1514,6 +1514,7 @@ pub struct DecodeBytes {
     /// The same cache, contiguous (`batch * max seqlen_k` rows) and paged with the problem's page
     /// size (or 16 for a contiguous problem): the comparison the CLI prints.
     pub kv_contiguous: u64,
+    /// The same cache paged with `kv_paged_page_size` keys per page.
     pub kv_paged: u64,
     /// The page size `kv_paged` is computed with.
     pub kv_paged_page_size: u32,

@@ -13,14 +13,19 @@ use std::str::FromStr;
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Dtype {
+    /// IEEE 754 single precision (4 bytes).
     F32,
+    /// bfloat16: 8 exponent bits, 8 significant bits (2 bytes).
     Bf16,
+    /// IEEE 754 half precision: 5 exponent bits, 11 significant bits (2 bytes).
     F16,
 }
 
 impl Dtype {
+    /// The three dtypes, f32 first.
     pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
 
+    /// The lowercase name (`f32`, `bf16`, `f16`), as `Display` writes it.
     pub const fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -29,6 +34,7 @@ impl Dtype {
         }
     }
 
+    /// Bytes per element: 4 for f32, 2 for bf16 and f16.
     pub const fn size_bytes(self) -> u64 {
         match self {
             Dtype::F32 => 4,
@@ -146,6 +152,7 @@ pub struct Tolerance {
     /// 16-bit runs: the errors of naive attention computed in the same dtype on the same inputs
     /// and rows (the baseline the O bounds are twice of).
     pub baseline_rel_rms_err: Option<f64>,
+    /// 16-bit runs: the largest absolute error of that baseline on O (`None` for f32).
     pub baseline_max_abs_err: Option<f64>,
 }
 
@@ -155,6 +162,7 @@ impl fmt::Display for Dtype {
     }
 }
 
+/// A dtype name `FromStr` does not know (the string given).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unsupported dtype `{0}` (supported: f32, bf16, f16)")]
 pub struct UnknownDtype(pub String);

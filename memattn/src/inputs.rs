@@ -8,9 +8,13 @@ use crate::rng::SplitMix64;
 /// and V have `heads_kv` heads. `sinks`: one f32 logit per query head, or empty for none.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Qkv {
+    /// Q, `[batch, seq_q, heads, head_dim]` (varlen: `[total_q, heads, head_dim]`).
     pub q: Vec<f32>,
+    /// K, `[batch, seq_kv, heads_kv, head_dim]` (varlen: `[total_kv, heads_kv, head_dim]`).
     pub k: Vec<f32>,
+    /// V, shaped as K.
     pub v: Vec<f32>,
+    /// One sink logit per query head; empty for none.
     pub sinks: Vec<f32>,
 }
 

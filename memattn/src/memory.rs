@@ -39,10 +39,13 @@ pub struct AnalyticBytes {
     /// The Hopper forward's three 128-byte TMA tensor maps, in device memory for the launch (0
     /// for every other kernel).
     pub tensor_maps: u64,
+    /// `inputs + outputs + workspace`.
     pub total: u64,
 }
 
 impl AnalyticBytes {
+    /// The bytes a run of `kernel` on `p` allocates, without the Hopper forward's tensor maps
+    /// (see [`AnalyticBytes::on`]).
     pub fn new(p: &Problem, kernel: KernelKind) -> Self {
         let es = p.dtype.size_bytes();
         let q = p.q_elems() * es;
@@ -126,13 +129,16 @@ pub struct MeasuredMemory {
     /// NVML only: samples taken, GPU utilisation (max/mean percent) while sampling.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub samples: Option<u64>,
+    /// NVML only: the highest GPU utilisation sampled, in percent.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub gpu_util_max_percent: Option<u32>,
+    /// NVML only: the mean GPU utilisation sampled, in percent.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub gpu_util_mean_percent: Option<f64>,
     /// CUDA only: `cuMemGetInfo` free bytes before allocation and with all buffers allocated.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub cuda_free_before_bytes: Option<u64>,
+    /// CUDA only: `cuMemGetInfo` free bytes with all buffers allocated.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub cuda_free_allocated_bytes: Option<u64>,
     /// Notes on how to read the figures (e.g. allocation granularity on CUDA).

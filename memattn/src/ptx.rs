@@ -13,6 +13,7 @@ pub use kernels_gpu::artifacts::PTX as EMBEDDED_PTX;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PtxParam {
+    /// The parameter's name.
     pub name: String,
     /// e.g. `.align 8 .b8 [264]`, `.u64`, `.f32`.
     pub decl: String,
@@ -22,8 +23,11 @@ pub struct PtxParam {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PtxEntry {
+    /// The entry point's name.
     pub name: String,
+    /// The 1-based line of its `.entry` directive.
     pub line: usize,
+    /// Its parameters, in declaration order.
     pub params: Vec<PtxParam>,
 }
 
@@ -37,6 +41,7 @@ pub struct PtxSource {
     pub text: std::borrow::Cow<'static, str>,
     /// "embedded" or the file path.
     pub origin: String,
+    /// The SHA-256 digest of `text`, lowercase hex.
     pub sha256: String,
     /// The tile records, read from `text` on first use (every launch plan checks them).
     tiles: Arc<OnceLock<Vec<(String, TileRecord)>>>,
@@ -121,6 +126,7 @@ impl PtxSource {
             .clone()
     }
 
+    /// A module read from the file `path` (its origin), with its text `text`.
     pub fn from_file(path: &std::path::Path, text: String) -> PtxSource {
         let sha256 = kernels_gpu::artifacts::sha256_hex(text.as_bytes());
         PtxSource {
@@ -133,6 +139,7 @@ impl PtxSource {
         }
     }
 
+    /// Whether this is the embedded `sm_80` module (origin `embedded`).
     pub fn is_embedded(&self) -> bool {
         self.origin == "embedded"
     }

@@ -13,8 +13,11 @@ use crate::rng::SplitMix64;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RowId {
+    /// The sequence's index in the batch.
     pub b: u32,
+    /// The query head.
     pub h: u32,
+    /// The query row within the sequence.
     pub i: u32,
 }
 
@@ -24,16 +27,29 @@ pub enum RowSelection {
     /// Every row.
     All,
     /// `count` distinct rows drawn with `seed` (all rows when `count` >= the total).
-    Sample { count: u64, seed: u64 },
+    Sample {
+        /// Rows to draw.
+        count: u64,
+        /// The sample's seed.
+        seed: u64,
+    },
     /// All rows when the reference costs at most `max_macs` multiply-adds, else a sample sized to
     /// that budget (at least `min_rows` rows).
-    Auto { max_macs: u64, min_rows: u64, seed: u64 },
+    Auto {
+        /// The budget in multiply-adds.
+        max_macs: u64,
+        /// The fewest rows a sample has.
+        min_rows: u64,
+        /// The sample's seed.
+        seed: u64,
+    },
 }
 
 /// Default budget of the reference: 2^28 multiply-adds (well under a second).
 pub const DEFAULT_REFERENCE_MACS: u64 = 1 << 28;
 
 impl RowSelection {
+    /// `Auto` with the default budget ([`DEFAULT_REFERENCE_MACS`]) and at least 256 rows.
     pub fn auto(seed: u64) -> Self {
         RowSelection::Auto { max_macs: DEFAULT_REFERENCE_MACS, min_rows: 256, seed }
     }
@@ -87,6 +103,7 @@ impl RowSelection {
 /// Reference outputs for the selected rows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reference {
+    /// The rows computed, in the order of `o` and `lse`.
     pub rows: Vec<RowId>,
     /// `rows.len() * head_dim` values, row-major.
     pub o: Vec<f64>,

@@ -60,8 +60,11 @@ use crate::reference::{weighted_keys, Reference, RowId, WeightedKeys};
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ErrorStats {
+    /// Largest `|got − ref|` over the elements compared.
     pub max_abs_err: f64,
+    /// Largest `|got − ref| / max(|ref|, f64::MIN_POSITIVE)`.
     pub max_rel_err: f64,
+    /// `‖got − ref‖ / ‖ref‖` (the absolute RMS norm when the reference is all zeros).
     pub rel_rms_err: f64,
     /// Elements compared.
     pub compared: u64,
@@ -71,16 +74,22 @@ pub struct ErrorStats {
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Verification {
+    /// Every bound of `tolerance` held and no failure was found (`failures` empty).
     pub passed: bool,
+    /// The errors of O's finite elements over the checked rows (beyond what underflow may lose).
     pub o: ErrorStats,
+    /// The errors of LSE over the checked rows where both values are finite.
     pub lse: ErrorStats,
     /// Checked elements still NaN (never written) or otherwise non-finite where the reference is
     /// finite.
     pub unwritten: u64,
     /// Rows whose reference LSE is `-inf` but the device's is not, or vice versa.
     pub lse_inf_mismatches: u64,
+    /// Query rows compared with the reference.
     pub checked_rows: u64,
+    /// Query rows of the problem (`checked_rows` is fewer when a sample was checked).
     pub total_rows: u64,
+    /// The bounds the run was judged against.
     pub tolerance: Tolerance,
     /// Human reasons for a failure (empty when passed).
     pub failures: Vec<String>,
@@ -93,6 +102,7 @@ pub struct Verification {
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct WorstRow {
+    /// Which row.
     pub row: RowId,
     /// `‖o_r − ref_r‖ / ‖a_r‖` (see [`row_errors`]).
     pub rel_rms_err: f64,

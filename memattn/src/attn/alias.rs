@@ -26,12 +26,28 @@ pub enum AliasRule {
         written_bytes[0].max(other_bytes[0]), written_bytes[1].min(other_bytes[1]),
         written_bytes[1].min(other_bytes[1]).saturating_sub(written_bytes[0].max(other_bytes[0]))
     )]
-    Overlap { written: &'static str, other: &'static str, written_bytes: [u64; 2], other_bytes: [u64; 2] },
+    Overlap {
+        /// The written tensor's name.
+        written: &'static str,
+        /// The other tensor's name.
+        other: &'static str,
+        /// The written tensor's bytes, `[start, end)` addresses.
+        written_bytes: [u64; 2],
+        /// The other tensor's bytes, `[start, end)` addresses.
+        other_bytes: [u64; 2],
+    },
     /// A written view whose strides send two elements to one address.
     #[error(
         "{tensor} has shape {shape:?} and strides {strides:?}: distinct elements would share memory (each stride, in increasing order, must exceed the span of the dimensions inside it)"
     )]
-    SelfOverlap { tensor: &'static str, shape: [usize; 4], strides: [usize; 4] },
+    SelfOverlap {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// Its shape.
+        shape: [usize; 4],
+        /// Its strides in elements.
+        strides: [usize; 4],
+    },
 }
 
 /// One tensor's bytes: its name, address space, `[start, end)` and whether the call writes it.

@@ -233,8 +233,11 @@ impl MainKernel {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Gradients {
+    /// The gradient of q, shaped like q.
     pub dq: DeviceTensor,
+    /// The gradient of k, shaped like k.
     pub dk: DeviceTensor,
+    /// The gradient of v, shaped like v.
     pub dv: DeviceTensor,
 }
 

@@ -124,6 +124,7 @@ impl<'a> Fp8CacheViewMut<'a> {
         let view = TensorViewMut { raw, _guard: Some(guard), stream: Some(stream.clone()), _borrow: PhantomData };
         Ok(Fp8CacheViewMut { view, format })
     }
+    /// The FP8 format of the cache's bytes (e4m3 or e5m2).
     pub fn format(&self) -> Fp8Format {
         self.format
     }

@@ -57,9 +57,13 @@ pub struct Grads {
 /// f64 inputs of one problem: `q` `[.., heads, d]`, `k`, `v` `[.., heads_kv, d]`, `sinks` `[heads]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Inputs64<'a> {
+    /// Q, `[.., heads, d]`.
     pub q: &'a [f64],
+    /// K, `[.., heads_kv, d]`.
     pub k: &'a [f64],
+    /// V, `[.., heads_kv, d]`.
     pub v: &'a [f64],
+    /// One sink logit per query head (read only when the problem has sinks).
     pub sinks: &'a [f64],
 }
 

@@ -29,11 +29,17 @@ use crate::problem::Problem;
 /// `[heads, total_q]`, f32), `dsinks` `[heads]` (f32, empty without sinks).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NaiveGrads {
+    /// O, like q (values of the dtype).
     pub o: Vec<f32>,
+    /// LSE, `[batch, heads, seq_q]` (varlen `[heads, total_q]`), f32.
     pub lse: Vec<f32>,
+    /// dq, like q (values of the dtype).
     pub dq: Vec<f32>,
+    /// dk, like k (values of the dtype).
     pub dk: Vec<f32>,
+    /// dv, like v (values of the dtype).
     pub dv: Vec<f32>,
+    /// The sinks' gradient, `[heads]` f32 (empty without sinks).
     pub dsinks: Vec<f32>,
 }
 
@@ -164,6 +170,7 @@ pub const SCALE_FLOOR: f64 = 1e-3;
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct BaselineCheck {
+    /// The tensor's name.
     pub tensor: &'static str,
     /// `max |got − ref|` over the whole tensor (finite elements).
     pub max_abs_err: f64,
@@ -176,6 +183,7 @@ pub struct BaselineCheck {
     /// The worst row's `max |got_r − ref_r| / scale_r` (`scale_r = max(max |ref_r|, max
     /// magnitude_r, 1e-3 · scale)`), and which row (in the tensor's row order: `[.., heads, d]` rows of `row_len`).
     pub worst_row_err: f64,
+    /// The index of that worst row.
     pub worst_row: usize,
     /// The baseline's worst row by the same measure.
     pub baseline_worst_row_err: f64,
@@ -187,6 +195,7 @@ pub struct BaselineCheck {
     /// infinity (LSE's −inf of a row that sees no key); a poisoned element that was not written
     /// is one.
     pub mismatched_non_finite: u64,
+    /// `max_abs_err <= bound`, no row over `row_bound` and no mismatched non-finite element.
     pub passed: bool,
 }
 
