@@ -89,7 +89,7 @@ pub enum KvCacheRule {
         /// Keys to the right of the query (-1: unbounded).
         right: i32,
     },
-    /// A negative (or NaN) soft cap.
+    /// A soft cap that is negative or not finite.
     #[error("softcap {got} must be >= 0 (0 turns it off)")]
     Softcap {
         /// The soft cap given.

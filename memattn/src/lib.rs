@@ -38,6 +38,8 @@
 //! 8. [`cp`]: context parallelism (ring, zigzag, Ulysses, sharded decode) over a
 //!    [`cp::Communicator`], written on [`attn`].
 
+#![deny(missing_docs)]
+
 /// `fn $name(args) -> R { body }` whose body is compiled three times, for AVX-512, for AVX2 and
 /// for the baseline, the widest the host has chosen at run time (once per call: the standard
 /// library caches the CPU's features); `$baseline` is the baseline copy alone (for tests that
