@@ -285,7 +285,7 @@ fn run_lesson(n: usize, which: File, out: &mut Out) -> (Option<Verdict>, i32) {
         Verdict::Finding => {
             out.say(tr!(
                 "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {} and run the lesson again",
-                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
+                "Ergebnis: NICHT BESTANDEN - die VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
                 file
             ));
             3
