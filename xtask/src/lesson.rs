@@ -20,7 +20,7 @@ pub(crate) fn german() -> bool {
     GERMAN.with(Cell::get)
 }
 
-fn set_german(on: bool) {
+pub(crate) fn set_german(on: bool) {
     GERMAN.with(|g| g.set(on));
 }
 
@@ -163,7 +163,7 @@ pub(crate) struct Out {
     /// and the outputs alone cannot give (a `return` before a barrier).
     pub(crate) src: Option<PathBuf>,
     /// The kernel's PTX, for the checks the VM does not make ([`unordered_shared_read`]).
-    ptx: Option<String>,
+    pub(crate) ptx: Option<String>,
 }
 
 impl Out {

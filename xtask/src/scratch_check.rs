@@ -236,6 +236,7 @@ fn rust_reference(name: &str, file: &Path, args: &[Arg], bufs: &[Buf]) -> Result
     std::fs::write(&inp, raw).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&outp);
     let status = std::process::Command::new(&exe)
+        .env("RUST_BACKTRACE", "0")
         .arg(&inp)
         .arg(&outp)
         .status()
@@ -560,7 +561,7 @@ fn check(name: &str, reference: Option<&str>, tol: f64, out: &mut Out) -> Result
             want.len(),
             ranges(&bad_idx)
         ));
-        if !c.unwritten.is_empty() {
+        if !c.unwritten.is_empty() && c.unwritten.len() < c.bad() {
             out.say(tr!(
                 "  {}: {} elements never written (they still hold the poison 0x{:08X}): {}",
                 "  {}: {} Elemente nie geschrieben (sie enthalten noch das Poison 0x{:08X}): {}",
@@ -713,5 +714,141 @@ mod tests {
         assert_eq!(signature(&args, &bufs), "pub fn reference(arg0: u32, arg1: f32, x: &[f64], y: &mut [f64])");
         let src = runner_source(Path::new("/r.rs"), &args, &bufs);
         assert!(src.contains("reference::reference(8u32, f32::from_bits(0x40000000), &b0[..], &mut b1[..]);"), "{src}");
+    }
+
+    fn quiet() -> Out {
+        Out { quiet: true, ..Out::default() }
+    }
+
+    /// Unknown kernels, missing or unreadable references and bad options are errors that say so
+    /// (exit 2), before anything is built.
+    #[test]
+    fn bad_input_is_named_with_exit_2() {
+        let e = check("xtask_no_such_kernel", None, DEFAULT_TOL, &mut quiet()).unwrap_err();
+        assert_eq!(e.0, 2);
+        assert!(e.1.contains("no scratch kernel `xtask_no_such_kernel`") && e.1.contains("lesson new"), "{}", e.1);
+        assert_eq!(check("Bad-Name", None, DEFAULT_TOL, &mut quiet()).unwrap_err().0, 2);
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        for bad in [&["--tol", "x"][..], &["k", "--reference"], &["k", "--what"], &[], &["a", "b"]] {
+            let a = args(bad);
+            assert_eq!(main(&a.iter().collect::<Vec<_>>()), 2, "{bad:?}");
+        }
+    }
+
+    /// A fresh scratch kernel, the name of a test of its own (the tests run in parallel).
+    fn scratch_kernel(test: &str) -> Option<String> {
+        if let Err(e) = crate::toolchain::ensure() {
+            eprintln!("SKIPPED: the scratch kernel is not built without the kernel toolchain: {e}");
+            return None;
+        }
+        let name = format!("xtask_{test}_{}", std::process::id());
+        let _ = std::fs::remove_dir_all(scratch::dir(&name));
+        assert_eq!(scratch::new(&name), 0);
+        Some(name)
+    }
+
+    fn remove(name: &str) {
+        let _ = std::fs::remove_dir_all(scratch::dir(name));
+        let _ = std::fs::remove_dir_all(paths::root().join("target/lessons/check-scratch").join(name));
+        let _ = std::fs::remove_file(paths::root().join("target/lessons").join(format!("{name}.ptx")));
+    }
+
+    /// `lesson new` then `check-scratch`: the kernel passes the reference.rs `new` wrote, fails a
+    /// reference that adds 2 instead of 1 (every element, with got and expected), and fails when
+    /// the grid no longer covers the data (the unwritten elements named, with the thread count).
+    #[test]
+    fn a_new_scratch_kernel_passes_its_reference_and_fails_a_wrong_one() {
+        let Some(name) = scratch_kernel("check") else { return };
+        let d = scratch::dir(&name);
+        let mut out = quiet();
+        assert_eq!(check(&name, None, DEFAULT_TOL, &mut out), Ok(0), "{}", out.text);
+        assert!(out.text.contains("y: all 1000 elements match"), "{}", out.text);
+        assert!(out.text.contains("result: PASSED"), "{}", out.text);
+
+        let wrong = d.join("wrong.rs");
+        let text = std::fs::read_to_string(d.join("reference.rs")).unwrap().replace("+ 1.0", "+ 2.0");
+        std::fs::write(&wrong, text).unwrap();
+        let mut out = quiet();
+        assert_eq!(check(&name, wrong.to_str(), DEFAULT_TOL, &mut out), Ok(1), "{}", out.text);
+        assert!(out.text.contains("y: 1000 of 1000 elements differ: 0-999"), "{}", out.text);
+        let first = out.text.lines().find(|l| l.trim_start().starts_with("y[0]: got ")).expect("y[0] listed");
+        let (got, want) = first.split_once(", expected ").unwrap();
+        let got: f32 = got.rsplit(' ').next().unwrap().parse().unwrap();
+        let want: f32 = want.trim().parse().unwrap();
+        assert!((want - got - 1.0).abs() < 1e-5, "{first}");
+        assert!(out.text.contains("result: NOT PASSED"), "{}", out.text);
+        // The same in German.
+        crate::lesson::set_german(true);
+        let mut out = quiet();
+        let de = check(&name, wrong.to_str(), DEFAULT_TOL, &mut out);
+        crate::lesson::set_german(false);
+        assert_eq!(de, Ok(1));
+        assert!(out.text.contains("y[0]: erhalten ") && out.text.contains("Ergebnis: NICHT BESTANDEN"), "{}", out.text);
+
+        // A grid of 3 blocks of 256 leaves elements 768-999 unwritten.
+        let launch = std::fs::read_to_string(d.join("launch.txt")).unwrap();
+        std::fs::write(d.join("launch.txt"), launch.replace("grid = 4", "grid = 3")).unwrap();
+        let mut out = quiet();
+        assert_eq!(check(&name, None, DEFAULT_TOL, &mut out), Ok(1), "{}", out.text);
+        assert!(out.text.contains("y[768]: got the poison 0x7FF00BAD (never written)"), "{}", out.text);
+        assert!(out.text.contains("768 threads (grid x block) for 1000 elements"), "{}", out.text);
+
+        // A reference whose signature does not fit the launch is bad input.
+        std::fs::write(&wrong, "pub fn reference(n: u32, x: &[f64], y: &mut [f64]) {}\n").unwrap();
+        let e = check(&name, wrong.to_str(), DEFAULT_TOL, &mut quiet()).unwrap_err();
+        assert_eq!(e.0, 2);
+        assert!(e.1.contains("pub fn reference(arg0: u32, arg1: f32, x: &[f64], y: &mut [f64])"), "{}", e.1);
+        remove(&name);
+    }
+
+    /// A safetensors reference: its inputs run through the kernel and its expected output is
+    /// compared; a wrong expected value, a wrong shape and a missing tensor are each reported.
+    #[test]
+    fn a_safetensors_reference_is_read_compared_and_checked() {
+        let Some(name) = scratch_kernel("safetensors") else { return };
+        let d = scratch::dir(&name);
+        let x: Vec<f32> = (0..1000).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let y: Vec<f64> = x.iter().map(|&v| 2.0 * v as f64 + 1.0).collect();
+        let write = |file: &str, x: &[f32], y: &[f64], y_name: &str| {
+            use safetensors::tensor::TensorView;
+            let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let yb: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let t = [
+                ("x", TensorView::new(safetensors::Dtype::F32, vec![x.len()], &xb).unwrap()),
+                (y_name, TensorView::new(safetensors::Dtype::F64, vec![y.len()], &yb).unwrap()),
+            ];
+            let path = d.join(file);
+            safetensors::serialize_to_file(t, None, &path).unwrap();
+            path.display().to_string()
+        };
+        let good = write("good.safetensors", &x, &y, "y");
+        let mut out = quiet();
+        assert_eq!(check(&name, Some(&good), DEFAULT_TOL, &mut out), Ok(0), "{}", out.text);
+        assert!(out.text.contains("inputs: x (1000 f32), values from the file"), "{}", out.text);
+
+        let mut y_bad = y.clone();
+        y_bad[517] += 0.5;
+        let bad = write("bad.safetensors", &x, &y_bad, "y");
+        let mut out = quiet();
+        assert_eq!(check(&name, Some(&bad), DEFAULT_TOL, &mut out), Ok(1), "{}", out.text);
+        assert!(out.text.contains("y: 1 of 1000 elements differ: 517"), "{}", out.text);
+        assert!(
+            out.text.contains(&format!("y[517]: got {}, expected {}", y[517] as f32, y_bad[517] as f32)),
+            "{}",
+            out.text
+        );
+
+        let short = write("short.safetensors", &x[..999], &y, "y");
+        let e = check(&name, Some(&short), DEFAULT_TOL, &mut quiet()).unwrap_err();
+        assert_eq!(e.0, 2);
+        assert!(
+            e.1.contains("tensor `x` has shape [999] (999 elements), but launch.txt's buffer `x` has 1000"),
+            "{}",
+            e.1
+        );
+        let renamed = write("renamed.safetensors", &x, &y, "out");
+        let e = check(&name, Some(&renamed), DEFAULT_TOL, &mut quiet()).unwrap_err();
+        assert!(e.1.contains("has no tensor `y` (an output of launch.txt; the file holds: out, x)"), "{}", e.1);
+        remove(&name);
     }
 }
