@@ -65,7 +65,7 @@ usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solu
                (the same code on the same lines; made from kernel.rs and kernel.de.txt, not
                tracked by git), and checks that file from then on while German is chosen
 
-exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
+exit codes: 0 passed, 1 wrong result, 2 bad usage or input, 3 the kernel did not build or the VM reported a finding";
 
 struct Lesson {
     dir: &'static str,
