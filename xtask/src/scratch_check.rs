@@ -249,6 +249,10 @@ fn rust_reference(name: &str, file: &Path, args: &[Arg], bufs: &[Buf]) -> Result
         ));
     }
     let bytes = std::fs::read(&outp).map_err(|e| e.to_string())?;
+    let want: usize = bufs.iter().filter(|b| b.output).map(|b| b.len * 8).sum();
+    if bytes.len() != want {
+        return Err(format!("the reference's runner wrote {} bytes of outputs, not {want}", bytes.len()));
+    }
     let mut vals = bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
     let outputs =
         bufs.iter().filter(|b| b.output).map(|b| (b.name.clone(), (&mut vals).take(b.len).collect())).collect();
