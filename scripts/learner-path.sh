@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A learner's first hour, timed from a fresh clone: clone the repository into a temporary folder,
 # build `memattn` as docs/guide/README.md says, run the first commands of chapters 0 and 1, solve
-# lesson 1 by applying its solution, make a scratch kernel with `cargo xtask lesson new`, build it
-# and trace one of its threads with `memattn trace --ptx ... --entry ...`. Prints the seconds of
+# lesson 1 by applying its solution, make a scratch kernel with `cargo xtask lesson new`, build it,
+# check it against its reference.rs with `cargo xtask lesson check-scratch` and trace one of its
+# threads with `memattn trace --ptx ... --entry ...`. Prints the seconds of
 # each step and the total; exits 1 at the first step that fails (its output is shown), 2 on bad
 # usage.
 #
@@ -55,6 +56,7 @@ step "lesson 1: apply the solution" "" cp lessons/01-scale/solution.rs lessons/0
 step "lesson 1: cargo xtask lesson 1" "" cargo xtask lesson 1
 step "cargo xtask lesson new my_scale" "scratch kernel \`my_scale\`" cargo xtask lesson new my_scale
 step "cargo xtask lesson build my_scale" "launch it:" cargo xtask lesson build my_scale
+step "cargo xtask lesson check-scratch my_scale" "result: PASSED" cargo xtask lesson check-scratch my_scale
 step "trace the scratch kernel" "trace of \`my_scale\` block [0, 0, 0] thread [5, 0, 0]" \
   memattn trace --ptx target/lessons/my_scale.ptx --entry my_scale --grid 4 --block-dim 256 \
   --buf x=f32:1000:iota --buf y=f32:1000 --arg u32=1000 --arg f32=2 --arg buf=x --arg buf=y \

@@ -16,11 +16,11 @@ thread_local! {
     static GERMAN: Cell<bool> = const { Cell::new(false) };
 }
 
-fn german() -> bool {
+pub(crate) fn german() -> bool {
     GERMAN.with(Cell::get)
 }
 
-fn set_german(on: bool) {
+pub(crate) fn set_german(on: bool) {
     GERMAN.with(|g| g.set(on));
 }
 
@@ -41,6 +41,7 @@ macro_rules! tr {
         if german() { format!($de $($rest)*) } else { format!($en $($rest)*) }
     };
 }
+pub(crate) use tr;
 
 pub const USAGE: &str = "\
 usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solution.rs), run and check it
@@ -48,13 +49,23 @@ usage: cargo xtask lesson N [--solution]   build lessons/NN-*/kernel.rs (or solu
        cargo xtask lesson check            CI: every solution passes, every unmodified skeleton fails helpfully
        cargo xtask lesson new NAME         a scratch kernel of your own in lessons/scratch/NAME/
        cargo xtask lesson build NAME       build it to target/lessons/NAME.ptx and print how to launch and trace it
+       cargo xtask lesson check-scratch NAME [--reference FILE] [--tol T]
+                                           build it, run it as launch.txt says and compare every output
+                                           element with a reference: FILE is a Rust file with
+                                           `pub fn reference` over f64 slices (default: the scratch
+                                           kernel's reference.rs, written by `lesson new`) or a
+                                           .safetensors file with the inputs and expected outputs;
+                                           an element passes when |got - expected| <= T * max(1, |expected|)
+                                           (T = 1e-5 unless --tol); a buffer with an INIT is an input
+                                           (filled with fixed-seed values, never 0), one without is an
+                                           output (poisoned before the launch)
 
 --lang de|en   the diagnosis in German or English (default: German when LC_ALL or LANG starts with `de`);
                `--lang de` also places the skeleton with German comments, lessons/NN-*/kernel.de.rs
                (the same code on the same lines; made from kernel.rs and kernel.de.txt, not
                tracked by git), and checks that file from then on while German is chosen
 
-exit codes: 0 passed, 1 wrong result, 2 bad usage, 3 the kernel did not build or the VM reported a finding";
+exit codes: 0 passed, 1 wrong result, 2 bad usage or input, 3 the kernel did not build or the VM reported a finding";
 
 struct Lesson {
     dir: &'static str,
@@ -137,7 +148,7 @@ impl File {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Verdict {
+pub(crate) enum Verdict {
     Pass,
     Wrong,
     Finding,
@@ -145,18 +156,18 @@ enum Verdict {
 
 /// Collects the report (printed as it goes, kept for `check`).
 #[derive(Default)]
-struct Out {
-    text: String,
-    quiet: bool,
+pub(crate) struct Out {
+    pub(crate) text: String,
+    pub(crate) quiet: bool,
     /// The kernel's source file (relative to the repository), read for hints the VM's findings
     /// and the outputs alone cannot give (a `return` before a barrier).
-    src: Option<PathBuf>,
+    pub(crate) src: Option<PathBuf>,
     /// The kernel's PTX, for the checks the VM does not make ([`unordered_shared_read`]).
-    ptx: Option<String>,
+    pub(crate) ptx: Option<String>,
 }
 
 impl Out {
-    fn say(&mut self, s: impl AsRef<str>) {
+    pub(crate) fn say(&mut self, s: impl AsRef<str>) {
         if !self.quiet {
             println!("{}", s.as_ref());
         }
@@ -191,6 +202,9 @@ pub fn main(args: &[String]) -> i32 {
     }
     let solution = args.iter().any(|a| a == "--solution");
     let rest: Vec<&String> = args.iter().filter(|a| *a != "--solution").collect();
+    if rest.first().is_some_and(|c| c.as_str() == "check-scratch") && !solution {
+        return crate::scratch_check::main(&rest[1..]);
+    }
     match rest.as_slice() {
         [cmd] if cmd.as_str() == "list" => {
             for (i, l) in LESSONS.iter().enumerate() {
@@ -285,7 +299,7 @@ fn run_lesson(n: usize, which: File, out: &mut Out) -> (Option<Verdict>, i32) {
         Verdict::Finding => {
             out.say(tr!(
                 "result: NOT PASSED - the VM stopped the kernel (exit 3); edit {} and run the lesson again",
-                "Ergebnis: NICHT BESTANDEN - das VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
+                "Ergebnis: NICHT BESTANDEN - die VM hat den Kernel angehalten (Exit 3); ändern Sie {} und starten Sie die Lektion erneut",
                 file
             ));
             3
@@ -496,7 +510,7 @@ impl Rng {
 }
 
 /// Row numbers as ranges, e.g. `0-3, 7, 9-10`.
-fn ranges(v: &[usize]) -> String {
+pub(crate) fn ranges(v: &[usize]) -> String {
     let mut parts = Vec::new();
     let mut i = 0;
     while i < v.len() {
@@ -688,7 +702,7 @@ fn explain(out: &mut Out, name: &str, unit: &str, d: &Diff) {
 
 /// Runs one launch; on a VM finding, explains it and returns Err.
 #[allow(clippy::too_many_arguments)]
-fn launch(
+pub(crate) fn launch(
     l: &mut Launcher,
     out: &mut Out,
     kernel: &str,
@@ -819,7 +833,7 @@ fn wrapped_distance(f: &ptx_vm::Finding) -> Option<u64> {
     (d >= 1 << 31).then_some(d)
 }
 
-fn vm_launcher(m: &Module) -> Launcher<'_> {
+pub(crate) fn vm_launcher(m: &Module) -> Launcher<'_> {
     let mut vm = Vm::with_workers(2);
     // The solutions need at most a few thousand instructions per thread: a kernel that runs
     // 16 M is stuck in a loop, and the VM says so in seconds instead of hours.

@@ -5,7 +5,8 @@
 //! - `ptxas [--check]`: assemble the committed PTX with ptxas for sm_80 and sm_90 and write the
 //!   committed resource report (`--check`: fail if stale, on any spill, or on any ptxas error).
 //! - `lesson N [--solution]`, `lesson check`: build a lesson's kernel, run and check it in the VM;
-//!   `lesson new NAME`, `lesson build NAME`: a scratch kernel of your own.
+//!   `lesson new NAME`, `lesson build NAME`: a scratch kernel of your own; `lesson check-scratch
+//!   NAME [--reference FILE]`: it checked against a reference (a Rust function or safetensors).
 //! - `book --check`: every page of the book (`docs/`) is a chapter of `docs/SUMMARY.md` and every
 //!   link and anchor resolves.
 
@@ -15,6 +16,7 @@ mod lesson;
 mod paths;
 mod ptxas;
 mod scratch;
+mod scratch_check;
 mod toolchain;
 
 use std::process::ExitCode;
@@ -22,6 +24,7 @@ use std::process::ExitCode;
 const USAGE: &str = "\
 usage: cargo xtask <task> [--check]   (tasks: build-ptx, ptxas, book)
        cargo xtask lesson N [--solution] | list | check | new NAME | build NAME
+                          | check-scratch NAME [--reference FILE] [--tol T]
 
 tasks:
   build-ptx   compile kernels-gpu to PTX with the pinned nightly toolchain and write

@@ -8,7 +8,7 @@ use ptx_vm::Module;
 use std::path::PathBuf;
 
 /// The scratch crates' folder (ignored by git: `lessons/scratch/.gitignore`).
-fn dir(name: &str) -> PathBuf {
+pub(crate) fn dir(name: &str) -> PathBuf {
     paths::root().join("lessons/scratch").join(name)
 }
 
@@ -82,7 +82,7 @@ const RESERVED_NAMES: &[&str] = &[
     "build",
 ];
 
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let ok = name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
@@ -156,6 +156,25 @@ pub unsafe extern "ptx-kernel" fn {name}(n: u32, a: f32, x: *const f32, y: *mut 
     )
 }
 
+/// The f64 reference of the kernel as `new` writes it, for `lesson check-scratch NAME`.
+fn reference(name: &str) -> String {
+    format!(
+        r#"//! What `{name}` should compute, in plain Rust over f64: `cargo xtask lesson check-scratch {name}`
+//! runs the kernel in the VM and this function on the same inputs, and compares every element.
+//!
+//! The parameters are the arguments of `launch.txt`, in order: a number as its own type (`u32`,
+//! `i32`, `f32`, `u64`), an input buffer (one with an INIT) as `&[f64]` holding exactly the values
+//! the kernel gets, an output buffer (no INIT) as `&mut [f64]` to fill. Change it with the kernel.
+
+pub fn reference(n: u32, a: f32, x: &[f64], y: &mut [f64]) {{
+    for i in 0..n as usize {{
+        y[i] = a as f64 * x[i] + 1.0;
+    }}
+}}
+"#
+    )
+}
+
 const LAUNCH: &str = "\
 # How to launch the kernel: `cargo xtask lesson build NAME` reads this to print the
 # `memattn launch` and `memattn trace` commands. One `key = value` a line:
@@ -178,17 +197,17 @@ trace = 0 5
 
 /// The launch spec of `launch.txt`.
 #[derive(Debug, Default, PartialEq)]
-struct Spec {
-    grid: String,
-    block: String,
-    smem: u32,
-    bufs: Vec<String>,
-    args: Vec<String>,
-    show: Option<String>,
-    trace: (String, String),
+pub(crate) struct Spec {
+    pub(crate) grid: String,
+    pub(crate) block: String,
+    pub(crate) smem: u32,
+    pub(crate) bufs: Vec<String>,
+    pub(crate) args: Vec<String>,
+    pub(crate) show: Option<String>,
+    pub(crate) trace: (String, String),
 }
 
-fn parse_spec(text: &str) -> Result<Spec, String> {
+pub(crate) fn parse_spec(text: &str) -> Result<Spec, String> {
     let mut s = Spec { grid: "1".into(), block: "1".into(), trace: ("0".into(), "0".into()), ..Spec::default() };
     for (i, line) in text.lines().enumerate() {
         let t = line.split('#').next().unwrap_or("").trim();
@@ -258,73 +277,84 @@ pub fn new(name: &str) -> i32 {
             std::fs::write(d.join("Cargo.toml"), manifest(name))?;
             std::fs::write(d.join("kernel.rs"), kernel(name))?;
             std::fs::write(d.join("launch.txt"), LAUNCH)?;
+            std::fs::write(d.join("reference.rs"), reference(name))?;
             Ok(())
         };
         if let Err(e) = write() {
             eprintln!("error: cannot write {}: {e}", paths::rel(&d));
             return 3;
         }
-        println!("  created Cargo.toml, kernel.rs (the entry `{name}`) and launch.txt (how to launch it)");
+        println!(
+            "  created Cargo.toml, kernel.rs (the entry `{name}`), launch.txt (how to launch it) and reference.rs (what it should compute)"
+        );
     }
     println!("next:");
     println!("  cargo xtask lesson build {name}");
     println!("  (it prints the `memattn launch` and `memattn trace` commands for {})", ptx_rel(name));
+    println!("  cargo xtask lesson check-scratch {name}");
+    println!("  (it runs the kernel and reference.rs on the same inputs and compares every element)");
     0
 }
 
-fn ptx_rel(name: &str) -> String {
+pub(crate) fn ptx_rel(name: &str) -> String {
     paths::rel(&ptx_path(name))
+}
+
+/// A scratch kernel built: its launch spec, its PTX loaded in the VM, and how long the build took.
+pub(crate) struct Built {
+    pub(crate) spec: Spec,
+    pub(crate) module: Module,
+    pub(crate) seconds: f64,
+}
+
+/// Compiles scratch kernel `name` with the lessons' recipe and loads its PTX in the VM. The error
+/// is the exit code (2: bad usage or input, 3: the kernel did not build) and what went wrong.
+pub(crate) fn build_module(name: &str) -> Result<Built, (i32, String)> {
+    check_name(name).map_err(|e| (2, e))?;
+    let d = dir(name);
+    let manifest = d.join("Cargo.toml");
+    if !manifest.exists() {
+        return Err((
+            2,
+            format!(
+                "no scratch kernel `{name}` ({} is missing); make one with: cargo xtask lesson new {name}",
+                paths::rel(&manifest)
+            ),
+        ));
+    }
+    let spec = std::fs::read_to_string(d.join("launch.txt"))
+        .map_err(|e| format!("{}/launch.txt: {e}", paths::rel(&d)))
+        .and_then(|t| parse_spec(&t))
+        .map_err(|e| (2, e))?;
+    let out = ptx_path(name);
+    let t0 = std::time::Instant::now();
+    let m = manifest.display().to_string();
+    let ptx = compile(&["--manifest-path", &m], &out).map_err(|e| (3, e))?;
+    let module = Module::load(&ptx).map_err(|e| (3, format!("the VM cannot load {}: {e}", ptx_rel(name))))?;
+    if module.kernel_info(name).is_err() {
+        return Err((
+            3,
+            format!(
+                "{} has no entry `{name}`: keep `#[no_mangle] pub unsafe extern \"ptx-kernel\" fn {name}` in kernel.rs",
+                ptx_rel(name)
+            ),
+        ));
+    }
+    Ok(Built { spec, module, seconds: t0.elapsed().as_secs_f64() })
 }
 
 /// `lesson build NAME`: compiles the scratch crate with the lessons' recipe, loads the PTX in the
 /// VM, and prints the launch and trace commands of its launch spec.
 pub fn build(name: &str) -> i32 {
-    if let Err(e) = check_name(name) {
-        eprintln!("error: {e}");
-        return 2;
-    }
-    let d = dir(name);
-    let manifest = d.join("Cargo.toml");
-    if !manifest.exists() {
-        eprintln!(
-            "error: no scratch kernel `{name}` ({} is missing); make one with: cargo xtask lesson new {name}",
-            paths::rel(&manifest)
-        );
-        return 2;
-    }
-    let spec = match std::fs::read_to_string(d.join("launch.txt"))
-        .map_err(|e| format!("{}/launch.txt: {e}", paths::rel(&d)))
-        .and_then(|t| parse_spec(&t))
-    {
-        Ok(s) => s,
-        Err(e) => {
+    let built = match build_module(name) {
+        Ok(b) => b,
+        Err((code, e)) => {
             eprintln!("error: {e}");
-            return 2;
+            return code;
         }
     };
-    let out = ptx_path(name);
-    let t0 = std::time::Instant::now();
-    let m = manifest.display().to_string();
-    let ptx = match compile(&["--manifest-path", &m], &out) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 3;
-        }
-    };
-    let module = match Module::load(&ptx) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("error: the VM cannot load {}: {e}", ptx_rel(name));
-            return 3;
-        }
-    };
-    if module.kernel_info(name).is_err() {
-        eprintln!("error: {} has no entry `{name}`: keep `#[no_mangle] pub unsafe extern \"ptx-kernel\" fn {name}` in kernel.rs", ptx_rel(name));
-        return 3;
-    }
-    println!("built {} in {:.1} s", ptx_rel(name), t0.elapsed().as_secs_f64());
-    let [launch, trace] = commands(name, &spec);
+    println!("built {} in {:.1} s", ptx_rel(name), built.seconds);
+    let [launch, trace] = commands(name, &built.spec);
     println!("launch it:\n  {launch}");
     println!("trace one thread, with the Rust lines:\n  {trace}");
     0
