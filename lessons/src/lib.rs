@@ -63,6 +63,7 @@ lesson!(
 lesson!("lesson6", "../06-mma-qk/kernel.rs", "../06-mma-qk/kernel.de.rs", "../06-mma-qk/solution.rs");
 lesson!("lesson7", "../07-swizzle/kernel.rs", "../07-swizzle/kernel.de.rs", "../07-swizzle/solution.rs");
 lesson!("lesson8", "../08-reduce/kernel.rs", "../08-reduce/kernel.de.rs", "../08-reduce/solution.rs");
+lesson!("lesson9", "../09-transpose/kernel.rs", "../09-transpose/kernel.de.rs", "../09-transpose/solution.rs");
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

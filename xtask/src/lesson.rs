@@ -74,7 +74,7 @@ struct Lesson {
     check: fn(&Module, &mut Out) -> Verdict,
 }
 
-const LESSONS: [Lesson; 8] = [
+const LESSONS: [Lesson; 9] = [
     Lesson {
         dir: "01-scale",
         title: "a scaled copy: one thread per element, the bounds guard",
@@ -122,6 +122,12 @@ const LESSONS: [Lesson; 8] = [
         title: "the sum of an array: a tree in shared memory, one atomic add per block",
         titel: "die Summe eines Arrays: ein Baum im Shared Memory, eine atomare Addition pro Block",
         check: lesson8,
+    },
+    Lesson {
+        dir: "09-transpose",
+        title: "a coalesced transpose: both global accesses along rows, the turn in shared memory",
+        titel: "eine Transposition mit Coalescing: beide globalen Zugriffe entlang der Zeilen, die Drehung im Shared Memory",
+        check: lesson9,
     },
 ];
 
@@ -622,6 +628,13 @@ fn what_de(what: &str) -> &str {
             "weniger Elemente als Threads: 1048 der 2048 Threads haben keines"
         }
         "3 blocks, n odd" => "3 Blöcke, n ungerade",
+        "whole tiles: 3 x 2 blocks" => "ganze Kacheln: 3 x 2 Blöcke",
+        "partial tiles at the right and bottom edges: 3 x 4 blocks" => {
+            "unvollständige Kacheln am rechten und unteren Rand: 3 x 4 Blöcke"
+        }
+        "rows of 45 floats, not 32-byte aligned: 2 x 3 blocks" => {
+            "Zeilen aus 45 Floats, nicht auf 32 Byte ausgerichtet: 2 x 3 Blöcke"
+        }
         other => other,
     }
 }
@@ -725,6 +738,23 @@ fn launch_stats(
     smem: u32,
     args: &[Arg],
 ) -> Result<ptx_vm::LaunchStats, Verdict> {
+    launch_hinted(l, out, kernel, grid, block, smem, args, |_| None)
+}
+
+/// [`launch_stats`] with a lesson's own reading of a finding: `special` gives the hint for the
+/// findings it knows (from the thread, block and buffer the finding names), the general hints
+/// cover the rest. A wrapped index and a `return` before a barrier keep their own hints.
+#[allow(clippy::too_many_arguments)]
+fn launch_hinted(
+    l: &mut Launcher,
+    out: &mut Out,
+    kernel: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    args: &[Arg],
+    special: impl Fn(&ptx_vm::Finding) -> Option<String>,
+) -> Result<ptx_vm::LaunchStats, Verdict> {
     match l.launch(kernel, grid, block, smem, args) {
         Ok(stats) => Ok(stats),
         Err(VmError::Memcheck(f)) | Err(VmError::Trap(f)) => {
@@ -755,6 +785,7 @@ fn launch_stats(
                 "uninitialized shared memory read" | "barrier divergence" | "deadlock" if early.is_some() => {
                     early_return_hint(early.as_ref())
                 }
+                _ if special(&f).is_some() => special(&f).unwrap_or_default(),
                 k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
                     "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
@@ -2356,6 +2387,250 @@ fn lesson8(m: &Module, out: &mut Out) -> Verdict {
     )
 }
 
+// ---- lesson 9 ----
+
+/// Lesson 9's tile edge: blocks of 32 x 32 threads, a warp's lanes along a row.
+const L9_TILE: usize = 32;
+/// Lesson 9's dynamic shared memory: the tile, 32 rows of 33 floats.
+const L9_SMEM: u32 = (L9_TILE * (L9_TILE + 1) * 4) as u32;
+/// The sector efficiency every global read and write of lesson 9's kernel must reach: at least
+/// half the bytes it moves are used. The solution's lowest is 76.3 % (case 3's reads of x: rows
+/// of 45 floats are not 32-byte aligned, and the edge tiles' 13-float rows fill their sectors
+/// less); an access whose lanes each need a sector of their own is at 12.5 %.
+const L9_MIN_EFFICIENCY: f64 = 0.5;
+
+/// A mistake in lesson 9's kernel, for [`transpose_sim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum L9Flaw {
+    None,
+    /// Step 3 reads the tile at `ty * 33 + tx`, the word the thread stored itself: each tile is
+    /// copied to its transposed place, but not turned.
+    SwappedTile,
+}
+
+/// What lesson 9's kernel with `flaw` stores in `y` (`cols x rows`) for `x` (`rows x cols`), the
+/// poison where it stores nothing.
+fn transpose_sim(x: &[f32], rows: usize, cols: usize, flaw: L9Flaw) -> Vec<f64> {
+    const T: usize = L9_TILE;
+    let mut y = vec![KEPT_POISON; cols * rows];
+    for j in 0..cols {
+        for i in 0..rows {
+            let (r, c) = match flaw {
+                L9Flaw::None => (i, j),
+                // Thread (tx, ty) = (i % 32, j % 32) of block (j / 32, i / 32) reads the word it
+                // stored, x[i / 32 * 32 + ty][j / 32 * 32 + tx].
+                L9Flaw::SwappedTile => (i / T * T + j % T, j / T * T + i % T),
+            };
+            if r < rows && c < cols {
+                y[j * rows + i] = x[r * cols + c] as f64;
+            }
+        }
+    }
+    y
+}
+
+/// Lesson 9's global accesses by Rust line, reads and writes apart (one Rust line can do both):
+/// (a write?, `file:line`, their sectors merged), in the order of the PTX.
+fn l9_accesses(stats: &ptx_vm::LaunchStats, ptx: &str) -> Vec<(bool, String, ptx_vm::Sectors)> {
+    let lines: Vec<&str> = ptx.lines().collect();
+    let mut out: Vec<(bool, String, ptx_vm::Sectors)> = Vec::new();
+    for s in &stats.sectors {
+        let write = lines.get(s.line.wrapping_sub(1)).is_some_and(|l| l.trim_start().starts_with("st."));
+        let at = s.source.as_ref().map(|l| format!("{}:{}", l.file, l.line)).unwrap_or(format!("PTX line {}", s.line));
+        match out.iter_mut().find(|(w, a, _)| *w == write && *a == at) {
+            Some((_, _, m)) => {
+                m.executions += s.executions;
+                m.useful_bytes += s.useful_bytes;
+                m.sectors += s.sectors;
+            }
+            None => out.push((write, at, s.clone())),
+        }
+    }
+    out
+}
+
+/// Lesson 9's reading of a VM finding, from the thread and block it names: which step's guard
+/// or index the thread got wrong, or the missing barrier. `has_barrier`: the PTX has a
+/// `bar.sync`.
+fn l9_finding_hint(f: &ptx_vm::Finding, rows: usize, cols: usize, has_barrier: bool) -> Option<String> {
+    const T: usize = L9_TILE;
+    let (tx, ty) = (f.thread[0] as usize, f.thread[1] as usize);
+    let (bx, by) = (f.block[0] as usize, f.block[1] as usize);
+    let who =
+        tr!("thread (tx {tx}, ty {ty}) of block ({bx}, {by})", "Thread (tx {tx}, ty {ty}) von Block ({bx}, {by})");
+    // Step 1's element of x and step 3's element of y.
+    let (r, c) = (by * T + ty, bx * T + tx);
+    let (j, i) = (bx * T + ty, by * T + tx);
+    let outside_x = r >= rows || c >= cols;
+    let outside_y = j >= cols || i >= rows;
+    Some(match f.kind.as_str() {
+        "out-of-bounds global load" if outside_x => tr!(
+            "{who} reads x at row r = {r}, column c = {c}, past the edge of x ({rows} x {cols}): the tiles at the right and bottom edges are partial, so the read needs `r < rows && c < cols` (step 1)",
+            "{who} liest x in Zeile r = {r}, Spalte c = {c}, hinter dem Rand von x ({rows} x {cols}): die Kacheln am rechten und unteren Rand sind unvollständig, also braucht das Lesen `r < rows && c < cols` (Schritt 1)"
+        ),
+        "out-of-bounds global load" => tr!(
+            "{who} reads past the end of x although its row r = {r} and column c = {c} lie inside: the index of x[r][c] is `r * cols + c` (step 1)",
+            "{who} liest hinter dem Ende von x, obwohl seine Zeile r = {r} und Spalte c = {c} innerhalb liegen: der Index von x[r][c] ist `r * cols + c` (Schritt 1)"
+        ),
+        "out-of-bounds global store" if outside_y => tr!(
+            "{who} writes y at row j = {j}, column i = {i}, past the edge of y ({cols} x {rows}): the write needs `j < cols && i < rows` (step 3)",
+            "{who} schreibt y in Zeile j = {j}, Spalte i = {i}, hinter dem Rand von y ({cols} x {rows}): das Schreiben braucht `j < cols && i < rows` (Schritt 3)"
+        ),
+        "out-of-bounds global store" => tr!(
+            "{who} writes past the end of y although its row j = {j} and column i = {i} lie inside: y is `cols x rows`, the index of y[j][i] is `j * rows + i` (step 3)",
+            "{who} schreibt hinter das Ende von y, obwohl seine Zeile j = {j} und Spalte i = {i} innerhalb liegen: y ist `cols x rows`, der Index von y[j][i] ist `j * rows + i` (Schritt 3)"
+        ),
+        "uninitialized shared memory read" if outside_y => tr!(
+            "{who} would write y at row j = {j}, column i = {i}, past the edge of y ({cols} x {rows}), and reads a word of the tile no thread stored (x has no element there): the write, and the read of the tile with it, needs `j < cols && i < rows` (step 3)",
+            "{who} würde y in Zeile j = {j}, Spalte i = {i} schreiben, hinter dem Rand von y ({cols} x {rows}), und liest ein Wort der Kachel, das kein Thread gespeichert hat (x hat dort kein Element): das Schreiben, und mit ihm das Lesen der Kachel, braucht `j < cols && i < rows` (Schritt 3)"
+        ),
+        "uninitialized shared memory read" if has_barrier => tr!(
+            "{who} reads a word of the tile no thread stored: in step 1 thread (tx, ty) stores x[r][c] at `ty * 33 + tx`, so y[j][i] = x[i][j] is the word thread (ty, tx) stored, at `tx * 33 + ty` (step 3)",
+            "{who} liest ein Wort der Kachel, das kein Thread gespeichert hat: in Schritt 1 speichert Thread (tx, ty) x[r][c] an `ty * 33 + tx`, also ist y[j][i] = x[i][j] das Wort, das Thread (ty, tx) gespeichert hat, an `tx * 33 + ty` (Schritt 3)"
+        ),
+        "uninitialized shared memory read" | "shared memory race" => tr!(
+            "{who} reads the word of the tile that thread (tx {ty}, ty {tx}), in warp {tx} of the block, stores in step 1, with no barrier between the store and the read: `sync_threads()` after step 1 makes every warp wait until the whole tile is stored (step 2)",
+            "{who} liest das Wort der Kachel, das Thread (tx {ty}, ty {tx}) in Warp {tx} des Blocks in Schritt 1 speichert, ohne Barriere zwischen Speichern und Lesen: `sync_threads()` nach Schritt 1 lässt jeden Warp warten, bis die ganze Kachel gespeichert ist (Schritt 2)"
+        ),
+        _ => return None,
+    })
+}
+
+fn lesson9(m: &Module, out: &mut Out) -> Verdict {
+    const T: usize = L9_TILE;
+    let has_barrier = out.ptx.as_deref().is_some_and(|p| p.contains("bar.sync") || p.contains("barrier.sync"));
+    verdict(
+        |out| {
+            let cases = [
+                (64u32, 96u32, "whole tiles: 3 x 2 blocks"),
+                (100, 75, "partial tiles at the right and bottom edges: 3 x 4 blocks"),
+                (70, 45, "rows of 45 floats, not 32-byte aligned: 2 x 3 blocks"),
+            ];
+            for (case, (rows, cols, what)) in cases.into_iter().enumerate() {
+                let grid = [cols.div_ceil(T as u32), rows.div_ceil(T as u32), 1];
+                out.say(tr!(
+                    "case {}: x {rows} x {cols}, grid {:?} of 32 x 32 threads: {what}",
+                    "Fall {}: x {rows} x {cols}, Grid {:?} aus 32 x 32 Threads: {what}",
+                    case + 1,
+                    &grid[..2],
+                    what = what_de(what)
+                ));
+                let (r, c) = (rows as usize, cols as usize);
+                let x = Rng(21 + case as u64).vec(r * c, 1.0);
+                let mut l = vm_launcher(m);
+                l.vm().set_sectors(true);
+                l.vm().set_bank_conflicts(true);
+                setup(l.input_f32("x", &x));
+                setup(l.output_f32("y", c * r));
+                let args = [Arg::U32(rows), Arg::U32(cols), Arg::buf("x"), Arg::buf("y")];
+                let stats = launch_hinted(&mut l, out, "transpose_f32", grid, [32, 32, 1], L9_SMEM, &args, |f| {
+                    l9_finding_hint(f, r, c, has_barrier)
+                })?;
+                let got = setup(l.read_f32("y"));
+                let diff = compare(&got, &transpose_sim(&x, r, c, L9Flaw::None), r, 0.0);
+                if diff.ok() {
+                    out.say(tr!(
+                        "  y: every element is x's transposed",
+                        "  y: jedes Element ist das transponierte von x"
+                    ));
+                } else {
+                    let usual = [Mistake {
+                        hint: tr!(
+                            "each 32 x 32 tile went to its transposed place but was not turned: step 3 reads the tile at `ty * 33 + tx`, the word the thread stored itself; y[j][i] = x[i][j] is the word thread (ty, tx) stored, at `tx * 33 + ty` (step 3)",
+                            "jede 32 x 32-Kachel kam an ihren transponierten Platz, wurde aber nicht gedreht: Schritt 3 liest die Kachel an `ty * 33 + tx`, das Wort, das der Thread selbst gespeichert hat; y[j][i] = x[i][j] ist das Wort, das Thread (ty, tx) gespeichert hat, an `tx * 33 + ty` (Schritt 3)"
+                        ),
+                        outputs: vec![transpose_sim(&x, r, c, L9Flaw::SwappedTile)],
+                    }];
+                    let made = mistake_made(&[&got], usual, 0.0);
+                    result(out, &[("y", "row", &diff)], |_, d| {
+                        Some(if all_unwritten(d) {
+                            tr!(
+                                "the kernel does not write y yet (step 3)",
+                                "der Kernel schreibt noch nichts in y (Schritt 3)"
+                            )
+                        } else if let Some(h) = made.clone() {
+                            h
+                        } else if !d.unwritten_rows.is_empty() {
+                            tr!(
+                            "some elements of y were never written: y is `cols x rows`; thread (tx, ty) of block (bx, by) writes y[j][i] with j = bx * 32 + ty, i = by * 32 + tx, whenever `j < cols && i < rows` (step 3)",
+                            "einige Elemente von y wurden nie geschrieben: y ist `cols x rows`; Thread (tx, ty) von Block (bx, by) schreibt y[j][i] mit j = bx * 32 + ty, i = by * 32 + tx, immer wenn `j < cols && i < rows` (Schritt 3)"
+                        )
+                        } else {
+                            return None;
+                        })
+                    })?;
+                }
+                let accesses = l9_accesses(&stats, out.ptx.as_deref().unwrap_or(""));
+                for (write, at, s) in &accesses {
+                    let access = match (write, german()) {
+                        (false, false) => "read of x",
+                        (true, false) => "write of y",
+                        (false, true) => "Lesen von x",
+                        (true, true) => "Schreiben von y",
+                    };
+                    out.say(tr!(
+                        "  sectors: the {access} at {at}: {} useful bytes in {} sectors of 32 B ({:.1} %), {:.1} sectors per warp-wide access",
+                        "  Sektoren: das {access} in {at}: {} nützliche Bytes in {} Sektoren zu 32 B ({:.1} %), {:.1} Sektoren je warpweitem Zugriff",
+                        s.useful_bytes,
+                        s.sectors,
+                        100.0 * s.efficiency(),
+                        s.per_execution()
+                    ));
+                }
+                if let Some((write, at, s)) = accesses.iter().find(|(_, _, s)| s.efficiency() < L9_MIN_EFFICIENCY) {
+                    let (eff, per, min) = (100.0 * s.efficiency(), s.per_execution(), 100.0 * L9_MIN_EFFICIENCY);
+                    out.say(tr!(
+                        "  what to look at: the values are right, the access is not coalesced - the {} at {at} uses {eff:.1} % of the bytes of the sectors it touches ({per:.1} sectors per warp-wide access; neighbouring lanes take 4 or 5), below the {min:.0} % the lesson asks: {}",
+                        "  worauf Sie achten sollten: die Werte stimmen, der Zugriff ist nicht zusammengefasst - das {} in {at} nutzt {eff:.1} % der Bytes der Sektoren, die es berührt ({per:.1} Sektoren je warpweitem Zugriff; benachbarte Lanes brauchen 4 oder 5), unter den {min:.0} %, die die Lektion verlangt: {}",
+                        if *write { tr!("write of y", "Schreiben von y") } else { tr!("read of x", "Lesen von x") },
+                        if *write {
+                            tr!(
+                                "the lanes of a warp (consecutive tid_x()) write y down a column, `rows` floats apart, each in a sector of its own; write along a row of y instead, i = ctaid_y() * 32 + tx, from the tile read across (steps 2-3)",
+                                "die Lanes eines Warps (aufeinanderfolgende tid_x()) schreiben y eine Spalte hinab, `rows` Floats auseinander, jede in einen eigenen Sektor; schreiben Sie stattdessen entlang einer Zeile von y, i = ctaid_y() * 32 + tx, aus der quer gelesenen Kachel (Schritte 2-3)"
+                            )
+                        } else {
+                            tr!(
+                                "the lanes of a warp (consecutive tid_x()) read x down a column, `cols` floats apart, each from a sector of its own; read along a row of x instead, c = ctaid_x() * 32 + tx, into the shared tile, and turn it there (steps 1-3)",
+                                "die Lanes eines Warps (aufeinanderfolgende tid_x()) lesen x eine Spalte hinab, `cols` Floats auseinander, jede aus einem eigenen Sektor; lesen Sie stattdessen entlang einer Zeile von x, c = ctaid_x() * 32 + tx, in die Shared-Kachel, und drehen Sie sie dort (Schritte 1-3)"
+                            )
+                        }
+                    ));
+                    return Err(Verdict::Wrong);
+                }
+                let conflicts: Vec<(String, ptx_vm::BankConflicts)> =
+                    ptx_vm::BankConflicts::by_source(&stats.bank_conflicts)
+                        .into_iter()
+                        .filter(|(_, b)| b.extra() > 0)
+                        .collect();
+                for (at, b) in &conflicts {
+                    out.say(tr!(
+                        "  bank conflicts at {at}: {} wavefronts where {} would do ({:.1}-way), {} warp-wide executions",
+                        "  Bankkonflikte in {at}: {} Wavefronts, wo {} genügten ({:.1}-fach), {} warpweite Ausführungen",
+                        b.wavefronts,
+                        b.ideal,
+                        b.ways(),
+                        b.executions
+                    ));
+                }
+                if !conflicts.is_empty() {
+                    out.say(tr!(
+                        "  what to look at: the values are right and the global accesses whole, but the tile's rows are 32 floats: a column of the tile then lies in one bank, and the 32 lanes reading it wait for each other; make a row 33 floats, store at `ty * 33 + tx` and read at `tx * 33 + ty` (steps 1 and 3)",
+                        "  worauf Sie achten sollten: die Werte stimmen und die globalen Zugriffe sind ganz, aber die Zeilen der Kachel sind 32 Floats lang: eine Spalte der Kachel liegt dann in einer Bank, und die 32 Lanes, die sie lesen, warten aufeinander; machen Sie eine Zeile 33 Floats lang, speichern Sie an `ty * 33 + tx` und lesen Sie an `tx * 33 + ty` (Schritte 1 und 3)"
+                    ));
+                    return Err(Verdict::Wrong);
+                }
+                out.say(tr!(
+                    "  ok: every global access at {:.0} % or better, no bank conflicts",
+                    "  ok: jeder globale Zugriff bei {:.0} % oder besser, keine Bankkonflikte",
+                    100.0 * L9_MIN_EFFICIENCY
+                ));
+            }
+            Ok(())
+        },
+        out,
+    )
+}
+
 /// Lesson 5's solution with one `bar.sync` of its PTX removed at a time (the PTX of deleting one
 /// `sync_threads()`): each must stop at a shared memory race whose report names the Rust lines
 /// of both accesses (the store and the other warp's load, or the load and the other warp's
@@ -2705,6 +2980,107 @@ mod tests {
         );
         assert_eq!(lesson8(&m, &mut out), Verdict::Finding, "{}", out.text);
         assert!(hint_of(&out.text).contains("guard the index (`if i < n`)"), "{}", out.text);
+    }
+
+    /// Lesson 9's usual mistakes, each applied to its solution: the hint names the mistake,
+    /// chosen by what the kernel stored, the VM found (with its thread and block) or the VM's
+    /// sector and bank counters measured. Needs the kernel toolchain.
+    #[test]
+    fn lesson9_each_usual_mistake_gets_its_own_hint() {
+        if skip_without_toolchain() {
+            return;
+        }
+        let sol = std::fs::read_to_string(paths::root().join("lessons/09-transpose/solution.rs")).unwrap();
+        // The kernel's body, for the transposes without a tile.
+        let body = &sol[sol.find("    let tile = dynamic_smem_f32();\n").unwrap()..sol.rfind('}').unwrap()];
+        let naive_read = "    let (tx, ty) = (tid_x(), tid_y());\n    \
+                          let (j, i) = (ctaid_x() * T + ty, ctaid_y() * T + tx);\n    \
+                          if j < cols && i < rows {\n        \
+                          unsafe { *y.add((j * rows + i) as usize) = *x.add((i * cols + j) as usize) };\n    }\n";
+        let naive_write = "    let (tx, ty) = (tid_x(), tid_y());\n    \
+                           let (r, c) = (ctaid_y() * T + ty, ctaid_x() * T + tx);\n    \
+                           if r < rows && c < cols {\n        \
+                           unsafe { *y.add((c * rows + r) as usize) = *x.add((r * cols + c) as usize) };\n    }\n";
+        let (row, unused_row) = ("const ROW: u32 = T + 1;", "#[allow(dead_code)]\nconst ROW: u32 = T + 1;");
+        let load = "    if r < rows && c < cols {\n";
+        let store = "    if j < cols && i < rows {\n";
+        // (scratch name, (text, replacement) edits of the solution, verdict, hint text).
+        type Mistake<'a> = (&'a str, Vec<(&'a str, &'a str)>, Verdict, &'a str);
+        let cases: [Mistake; 8] = [
+            (
+                "no_load_guard_l9",
+                vec![(load, "    {\n")],
+                Verdict::Finding,
+                "past the edge of x (100 x 75): the tiles at the right and bottom edges are partial, so the read needs `r < rows && c < cols` (step 1)",
+            ),
+            (
+                "no_store_guard_l9",
+                vec![(store, "    {\n")],
+                Verdict::Finding,
+                "past the edge of y (75 x 100), and reads a word of the tile no thread stored (x has no element there): the write, and the read of the tile with it, needs `j < cols && i < rows` (step 3)",
+            ),
+            (
+                "swapped_tile_l9",
+                vec![("*tile.add((tx * ROW + ty) as usize)", "*tile.add((ty * ROW + tx) as usize)")],
+                Verdict::Wrong,
+                "each 32 x 32 tile went to its transposed place but was not turned",
+            ),
+            (
+                "no_barrier_l9",
+                vec![("    sync_threads();\n", "")],
+                Verdict::Finding,
+                "with no barrier between the store and the read: `sync_threads()` after step 1",
+            ),
+            (
+                "early_return_l9",
+                vec![(load, "    if r >= rows || c >= cols {\n        return;\n    }\n    {\n")],
+                Verdict::Wrong,
+                "returns before the `sync_threads()`",
+            ),
+            (
+                "naive_read_l9",
+                vec![(body, naive_read), (row, unused_row)],
+                Verdict::Wrong,
+                "the access is not coalesced - the read of x at target/lesson-mutants/naive_read_l9/kernel.rs:23 uses 12.5 % of \
+                 the bytes of the sectors it touches (32.0 sectors per warp-wide access; neighbouring lanes take 4 or 5), \
+                 below the 50 % the lesson asks: the lanes of a warp (consecutive tid_x()) read x down a column",
+            ),
+            (
+                "naive_write_l9",
+                vec![(body, naive_write), (row, unused_row)],
+                Verdict::Wrong,
+                "the access is not coalesced - the write of y at target/lesson-mutants/naive_write_l9/kernel.rs:23 uses 12.5 % of \
+                 the bytes of the sectors it touches (32.0 sectors per warp-wide access; neighbouring lanes take 4 or 5), \
+                 below the 50 % the lesson asks: the lanes of a warp (consecutive tid_x()) write y down a column",
+            ),
+            (
+                "unpadded_l9",
+                vec![(row, "const ROW: u32 = T;")],
+                Verdict::Wrong,
+                "the tile's rows are 32 floats: a column of the tile then lies in one bank",
+            ),
+        ];
+        for (name, edits, want, hint) in cases {
+            let (m, mut out) = mutant("09-transpose", name, &edits);
+            assert_eq!(lesson9(&m, &mut out), want, "{name}:\n{}", out.text);
+            assert!(hint_of(&out.text).contains(hint), "{name}: expected `{hint}` in:\n{}", out.text);
+            eprintln!("{name}: {}", hint_of(&out.text).trim());
+        }
+        // The same measurement, said in German.
+        set_german(true);
+        let (m, mut out) = mutant("09-transpose", "naive_write_l9", &[(body, naive_write), (row, unused_row)]);
+        let verdict = lesson9(&m, &mut out);
+        set_german(false);
+        assert_eq!(verdict, Verdict::Wrong, "{}", out.text);
+        let hint = out.text.lines().rfind(|l| l.contains("worauf Sie achten sollten")).unwrap_or("");
+        assert!(
+            hint.contains(
+                "das Schreiben von y in target/lesson-mutants/naive_write_l9/kernel.rs:23 nutzt 12.5 % der Bytes"
+            ),
+            "{}",
+            out.text
+        );
+        assert!(hint.contains("schreiben y eine Spalte hinab"), "{hint}");
     }
 
     /// The references with a mistake, without it, are the f64 references.
