@@ -771,6 +771,7 @@ fn launch_hinted(
                 out.say(format!("    where    {n}"));
             }
             let early = early_return_in(out, f.source.as_ref());
+            let own = special(&f);
             let hint = match f.kind.as_str() {
                 k if k.starts_with("out-of-bounds") && wrapped_distance(&f).is_some() => {
                     let gib = wrapped_distance(&f).unwrap_or(0) as f64 / (1u64 << 30) as f64;
@@ -785,7 +786,7 @@ fn launch_hinted(
                 "uninitialized shared memory read" | "barrier divergence" | "deadlock" if early.is_some() => {
                     early_return_hint(early.as_ref())
                 }
-                _ if special(&f).is_some() => special(&f).unwrap_or_default(),
+                _ if own.is_some() => own.unwrap_or_default(),
                 k if k.starts_with("out-of-bounds") => tr!(
                     "an access outside `{}`: threads whose index is past the end of the data must not load or store it - guard the index (`if i < n`)",
                     "ein Zugriff außerhalb von `{}`: Threads, deren Index hinter dem Ende der Daten liegt, dürfen dort weder laden noch speichern - prüfen Sie den Index (`if i < n`)",
