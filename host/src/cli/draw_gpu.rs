@@ -346,7 +346,7 @@ pub fn execution_model(a: &DrawArgs) -> Result<(String, String), Error> {
         &tr!(
             lang,
             "3  On an {gname}: {sms} SMs with {smsps} scheduler partitions (SMSPs) each; a block stays on one SM, a warp on one SMSP",
-            "3  Auf einer {gname}: {sms} SMs mit je {smsps} Scheduler-Partitionen (SMSPs); ein Block bleibt auf einem SM, ein Warp auf einer SMSP"
+            "3  Auf dem {gname}: {sms} SMs mit je {smsps} Scheduler-Partitionen (SMSPs); ein Block bleibt auf einem SM, ein Warp auf einer SMSP"
         ),
     );
     y += 12.0;
@@ -422,7 +422,7 @@ pub fn execution_model(a: &DrawArgs) -> Result<(String, String), Error> {
             let _ = write!(
                 summary,
                 "; {}",
-                tr!(lang, "{resident} resident per SM on an {gname}", "{resident} je SM resident auf einer {gname}")
+                tr!(lang, "{resident} resident per SM on an {gname}", "{resident} je SM resident auf dem {gname}")
             );
         }
         _ => svg.text(
@@ -472,7 +472,7 @@ pub fn memory(a: &DrawArgs) -> Result<(String, String), Error> {
     let title = tr!(
         lang,
         "Memory hierarchy of an {gname}, and what {name} keeps at each level",
-        "Speicherhierarchie einer {gname} und was {name} auf jeder Ebene hält"
+        "Speicherhierarchie des {gname} und was {name} auf jeder Ebene hält"
     );
     svg.text(ox, 24.0, 15, "start", &title);
     svg.text(
@@ -508,7 +508,7 @@ pub fn memory(a: &DrawArgs) -> Result<(String, String), Error> {
         None => tr!(
             lang,
             "size not in NVIDIA's {gname} figures; shared by all {sms} SMs",
-            "Größe nicht in NVIDIAs Kennzahlen der {gname}; geteilt von allen {sms} SMs"
+            "Größe nicht in NVIDIAs Kennzahlen des {gname}; geteilt von allen {sms} SMs"
         ),
     };
     let levels: [Level; 4] = [
@@ -638,7 +638,7 @@ pub fn memory(a: &DrawArgs) -> Result<(String, String), Error> {
     let summary = tr!(
         lang,
         "{name} on an {gname}: Q tile {qt}, K and V tiles {kvt} each in shared memory ({smem_all}); O accumulator {o_regs} and scores {s_regs} registers a thread",
-        "{name} auf einer {gname}: Q-Kachel {qt}, K- und V-Kachel je {kvt} im Shared Memory ({smem_all}); O-Akkumulator {o_regs} und Scores {s_regs} Register je Thread"
+        "{name} auf dem {gname}: Q-Kachel {qt}, K- und V-Kachel je {kvt} im Shared Memory ({smem_all}); O-Akkumulator {o_regs} und Scores {s_regs} Register je Thread"
     );
     Ok((svg.finish(&format!("{title}; {summary}")), summary))
 }
