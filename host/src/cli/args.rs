@@ -205,8 +205,11 @@ pub enum Command {
     /// Draw a picture (SVG) computed from the kernels' own constants and functions: `tiling` (the
     /// key tiles each block visits under a causal or window mask), `online-softmax` (one row's
     /// running max, sum and rescales over its key tiles), `fragment` (which lane holds which
-    /// element of an `mma.sync.m16n8k16`) or `swizzle` (the bank group of each shared-memory
-    /// chunk, without and with the XOR swizzle). `memattn draw --help` lists each picture's options.
+    /// element of an `mma.sync.m16n8k16`), `swizzle` (the bank group of each shared-memory
+    /// chunk, without and with the XOR swizzle), `execution-model` (grid, blocks, warps, lanes and
+    /// SMs of one launch), `memory` (registers, shared memory, L2 and HBM and what a flash kernel
+    /// keeps in each) or `flash-dataflow` (one block's tiles through them); `--lang de` labels it
+    /// in German. `memattn draw --help` lists each picture's options.
     Draw(super::draw::DrawArgs),
 }
 

@@ -33,6 +33,22 @@ pub enum Picture {
     /// kernels-gpu `swizzle.rs`: which 16-byte bank group (4 banks) each chunk of 8 values lands
     /// in, and the 8 chunks one `ldmatrix` phase reads. Options: --head-dim, --rows.
     Swizzle,
+    /// One launch of a flash kernel as the GPU runs it: the grid of blocks a problem shape gives
+    /// (from the kernel's tile item), one block's warps and lanes and the query rows each warp
+    /// owns, and how the blocks of the launch fill the SMs and their 4 scheduler partitions
+    /// (SMSPs), with the blocks per SM the kernel's ptxas registers and shared memory allow.
+    /// Options: --dtype, --head-dim, --seq, --heads, --batch, --gpu.
+    ExecutionModel,
+    /// Registers, shared memory, L2 and HBM of a GPU (NVIDIA's figures, the table of
+    /// `scripts/perf_model.py`) with what each level holds in a tensor-core flash kernel: the
+    /// accumulators and scores in registers, the Q, K and V tiles in shared memory, S never in
+    /// HBM. Options: --dtype (bf16, f16), --head-dim, --gpu.
+    Memory,
+    /// The data flow of a tensor-core flash kernel through one block: the Q tile staged once, K
+    /// and V tiles streamed through shared memory, S = Q Kᵀ in registers, the online softmax,
+    /// P·V into the O accumulator, O and LSE written once; tile sizes from the kernel's tile item.
+    /// Options: --dtype (bf16, f16), --head-dim, --seq-kv.
+    FlashDataflow,
 }
 
 impl Picture {
@@ -42,8 +58,54 @@ impl Picture {
             Picture::OnlineSoftmax => "online-softmax",
             Picture::Fragment => "fragment",
             Picture::Swizzle => "swizzle",
+            Picture::ExecutionModel => "execution-model",
+            Picture::Memory => "memory",
+            Picture::FlashDataflow => "flash-dataflow",
         }
     }
+}
+
+/// The language of a picture's labels and summary (the guide's chapters show each figure in
+/// their own language). Numbers keep their digits; German writes the decimal comma.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    #[default]
+    En,
+    De,
+}
+
+impl Lang {
+    /// A number as this language writes it: `3.35` or `3,35`.
+    pub fn num(self, s: String) -> String {
+        match self {
+            Lang::En => s,
+            Lang::De => s.replace('.', ","),
+        }
+    }
+}
+
+/// `tr!(lang, "English {x}", "Deutsch {x}")`: the label in the picture's language.
+macro_rules! tr {
+    ($lang:expr, $en:literal, $de:literal $(, $arg:expr)* $(,)?) => {
+        if $lang == $crate::cli::draw::Lang::De {
+            format!($de $(, $arg)*)
+        } else {
+            format!($en $(, $arg)*)
+        }
+    };
+}
+pub(crate) use tr;
+
+/// The GPUs `--gpu` names: NVIDIA's published figures, as `scripts/perf_model.py` (the
+/// performance model, `GPUS`) and chapter 0 of the guide use them; a test checks the two tables
+/// agree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum GpuName {
+    #[default]
+    #[value(name = "h100")]
+    H100,
+    #[value(name = "h200")]
+    H200,
 }
 
 const DRAW_EXAMPLES: &str = "\
@@ -54,6 +116,11 @@ Examples:
   memattn draw online-softmax --keys 48 --tile 8 --seed 3 --out softmax.svg
   memattn draw fragment --out fragment.svg
   memattn draw swizzle --head-dim 64 --out swizzle.svg
+  memattn draw execution-model --head-dim 128 --seq 256 --heads 2 --out execution.svg
+                          grid, blocks, warps and lanes of the bf16 d=128 kernel on an H100
+  memattn draw memory --gpu h200 --out memory.svg
+  memattn draw flash-dataflow --head-dim 128 --seq-kv 256 --lang de --out datenfluss.svg
+                          the data flow of one block, labelled in German
 
 Without --out the SVG goes to stdout (with --json inside one JSON object, key \"svg\"). --out takes
 a .svg name. Exit codes: 0 written, 2 bad option or unwritable file.";
@@ -62,27 +129,43 @@ a .svg name. Exit codes: 0 written, 2 bad option or unwritable file.";
 #[derive(Debug, Args)]
 #[command(after_help = DRAW_EXAMPLES)]
 pub struct DrawArgs {
-    /// tiling, online-softmax, fragment or swizzle.
+    /// tiling, online-softmax, fragment, swizzle, execution-model, memory or flash-dataflow.
     #[arg(value_enum, value_name = "PICTURE")]
     pub picture: Picture,
+    /// The language of the labels: en or de.
+    #[arg(long, value_enum, default_value = "en", value_name = "en|de")]
+    pub lang: Lang,
     /// Write the SVG here (atomically: a temporary file renamed over it) instead of stdout.
     #[arg(long, value_name = "FILE.svg")]
     pub out: Option<PathBuf>,
-    /// tiling: the element type, which chooses the kernel (f32: SIMT, bf16/f16: tensor cores).
+    /// tiling, execution-model, memory, flash-dataflow: the element type, which chooses the
+    /// kernel (f32: SIMT, bf16/f16: tensor cores).
     #[arg(long, default_value = "bf16", value_name = "f32|bf16|f16")]
     pub dtype: Dtype,
-    /// tiling: the kernel's head dim; swizzle: the tile's row length in 16-bit values.
-    #[arg(long, default_value_t = 64, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
-    pub head_dim: u32,
-    /// tiling: query rows and keys (both), 1 to 2048.
+    /// tiling, execution-model, memory, flash-dataflow: the kernel's head dim [default: 64;
+    /// execution-model, memory and flash-dataflow: 128]; swizzle: the tile's row length in
+    /// 16-bit values [default: 64].
+    #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub head_dim: Option<u32>,
+    /// tiling: query rows and keys (both), 1 to 2048; execution-model: query rows [default 256];
+    /// flash-dataflow: keys [default 256].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq: Option<u32>,
-    /// tiling: query rows [default: --seq, else 200].
+    /// tiling, execution-model: query rows [default: --seq, else 200 (execution-model: 256)].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq_q: Option<u32>,
-    /// tiling: keys [default: --seq-q].
+    /// tiling: keys [default: --seq-q]; flash-dataflow: keys [default: --seq, else 256].
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
     pub seq_kv: Option<u32>,
+    /// execution-model: attention heads (the grid's y), 1 to 64.
+    #[arg(long, default_value_t = 2, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub heads: u32,
+    /// execution-model: sequences of the batch (the grid's z), 1 to 8.
+    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32)]
+    pub batch: u32,
+    /// execution-model, memory: the GPU whose figures are shown (h100: H100 SXM, h200).
+    #[arg(long, value_enum, default_value = "h100", value_name = "h100|h200")]
+    pub gpu: GpuName,
     /// tiling: bottom-right causal mask (docs/semantics.md).
     #[arg(long)]
     pub causal: bool,
@@ -113,12 +196,17 @@ pub struct DrawArgs {
 /// The options of other pictures that `a` sets (to a value other than their default): each
 /// picture reads only its own, so another picture's option would be silently ignored.
 fn foreign_options(a: &DrawArgs) -> Vec<&'static str> {
-    let given: [(&str, bool, &[Picture]); 11] = [
-        ("--dtype", a.dtype != Dtype::Bf16, &[Picture::Tiling]),
-        ("--head-dim", a.head_dim != 64, &[Picture::Tiling, Picture::Swizzle]),
-        ("--seq", a.seq.is_some(), &[Picture::Tiling]),
-        ("--seq-q", a.seq_q.is_some(), &[Picture::Tiling]),
-        ("--seq-kv", a.seq_kv.is_some(), &[Picture::Tiling]),
+    use Picture::{ExecutionModel, FlashDataflow, Memory, Tiling};
+    let kernel_pictures: &[Picture] = &[Tiling, ExecutionModel, Memory, FlashDataflow];
+    let given: [(&str, bool, &[Picture]); 14] = [
+        ("--dtype", a.dtype != Dtype::Bf16, kernel_pictures),
+        ("--head-dim", a.head_dim.is_some(), &[Tiling, Picture::Swizzle, ExecutionModel, Memory, FlashDataflow]),
+        ("--seq", a.seq.is_some(), &[Tiling, ExecutionModel, FlashDataflow]),
+        ("--seq-q", a.seq_q.is_some(), &[Tiling, ExecutionModel]),
+        ("--seq-kv", a.seq_kv.is_some(), &[Tiling, FlashDataflow]),
+        ("--heads", a.heads != 2, &[ExecutionModel]),
+        ("--batch", a.batch != 1, &[ExecutionModel]),
+        ("--gpu", a.gpu != GpuName::H100, &[ExecutionModel, Memory]),
         ("--causal", a.causal, &[Picture::Tiling]),
         ("--window", a.window.is_some(), &[Picture::Tiling]),
         ("--keys", a.keys != 48, &[Picture::OnlineSoftmax]),
@@ -181,8 +269,11 @@ pub fn render(a: &DrawArgs) -> Result<(String, String), Error> {
     match a.picture {
         Picture::Tiling => tiling(a),
         Picture::OnlineSoftmax => online_softmax(a),
-        Picture::Fragment => Ok(fragment()),
+        Picture::Fragment => Ok(fragment(a.lang)),
         Picture::Swizzle => swizzle_picture(a),
+        Picture::ExecutionModel => super::draw_gpu::execution_model(a),
+        Picture::Memory => super::draw_gpu::memory(a),
+        Picture::FlashDataflow => super::draw_gpu::flash_dataflow(a),
     }
 }
 
@@ -190,10 +281,35 @@ pub fn render(a: &DrawArgs) -> Result<(String, String), Error> {
 // A minimal SVG writer.
 // ---------------------------------------------------------------------------------------------
 
-struct Svg {
+pub(super) struct Svg {
     w: u32,
-    h: u32,
-    body: String,
+    pub(super) h: u32,
+    pub(super) body: String,
+    /// The rightmost end of any text, estimated (see [`text_width`]): `finish` widens the picture
+    /// to it, so no label is clipped, in any language.
+    right: f64,
+}
+
+/// The width of `s` at `size` px, estimated from the advance widths of DejaVu Sans (the widest
+/// common sans-serif, so the estimate is generous for the others): narrow letters and
+/// punctuation about 0.3 em, wide ones 0.8 to 1, capitals and digits about 0.65 to 0.75, the
+/// rest 0.6. Monospace is 0.6 em a character.
+pub fn text_width(s: &str, size: f64, mono: bool) -> f64 {
+    if mono {
+        return s.chars().count() as f64 * 0.6 * size;
+    }
+    let em: f64 = s
+        .chars()
+        .map(|c| match c {
+            'i' | 'j' | 'l' | '\'' | '.' | ',' | ':' | ';' | '|' | '!' | ' ' | 'I' | '·' => 0.32,
+            'f' | 't' | 'r' | '(' | ')' | '[' | ']' | '-' | '/' => 0.42,
+            'm' | 'w' | 'M' | 'W' | '—' => 0.98,
+            'A'..='Z' | 'ä' | 'ö' | 'ü' | 'Ä' | 'Ö' | 'Ü' | 'ß' => 0.76,
+            '0'..='9' => 0.64,
+            _ => 0.62,
+        })
+        .sum();
+    em * size
 }
 
 fn esc(s: &str) -> String {
@@ -201,16 +317,23 @@ fn esc(s: &str) -> String {
 }
 
 impl Svg {
-    fn new(w: u32, h: u32) -> Self {
-        Svg { w, h, body: String::new() }
+    pub(super) fn new(w: u32, h: u32) -> Self {
+        Svg { w, h, body: String::new(), right: 0.0 }
     }
-    fn rect(&mut self, [x, y, w, h]: [f64; 4], fill: &str, stroke: &str, extra: &str) {
+    pub(super) fn rect(&mut self, [x, y, w, h]: [f64; 4], fill: &str, stroke: &str, extra: &str) {
         let _ = writeln!(
             self.body,
             r#"<rect x="{x:.2}" y="{y:.2}" width="{w:.2}" height="{h:.2}" fill="{fill}" stroke="{stroke}"{extra}/>"#
         );
     }
-    fn text(&mut self, x: f64, y: f64, size: u32, anchor: &str, s: &str) {
+    pub(super) fn text(&mut self, x: f64, y: f64, size: u32, anchor: &str, s: &str) {
+        let w = text_width(s, size as f64, false);
+        let end = match anchor {
+            "middle" => x + w / 2.0,
+            "end" => x,
+            _ => x + w,
+        };
+        self.right = self.right.max(end);
         let _ = writeln!(
             self.body,
             r#"<text x="{x:.2}" y="{y:.2}" font-size="{size}" text-anchor="{anchor}">{}</text>"#,
@@ -218,21 +341,22 @@ impl Svg {
         );
     }
     /// A line of a table: monospace, with its spaces kept (SVG collapses them otherwise).
-    fn text_mono(&mut self, x: f64, y: f64, size: u32, s: &str) {
+    pub(super) fn text_mono(&mut self, x: f64, y: f64, size: u32, s: &str) {
+        self.right = self.right.max(x + text_width(s, size as f64, true));
         let _ = writeln!(
             self.body,
             r#"<text x="{x:.2}" y="{y:.2}" font-size="{size}" font-family="monospace" xml:space="preserve">{}</text>"#,
             esc(s)
         );
     }
-    fn line(&mut self, (x1, y1): (f64, f64), (x2, y2): (f64, f64), stroke: &str, width: f64, dash: bool) {
+    pub(super) fn line(&mut self, (x1, y1): (f64, f64), (x2, y2): (f64, f64), stroke: &str, width: f64, dash: bool) {
         let d = if dash { r#" stroke-dasharray="4 3""# } else { "" };
         let _ = writeln!(
             self.body,
             r#"<line x1="{x1:.2}" y1="{y1:.2}" x2="{x2:.2}" y2="{y2:.2}" stroke="{stroke}" stroke-width="{width}"{d}/>"#
         );
     }
-    fn polyline(&mut self, pts: &[(f64, f64)], stroke: &str, dash: bool) {
+    pub(super) fn polyline(&mut self, pts: &[(f64, f64)], stroke: &str, dash: bool) {
         let p: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.2},{y:.2}")).collect();
         let d = if dash { r#" stroke-dasharray="5 3""# } else { "" };
         let _ = writeln!(
@@ -241,11 +365,15 @@ impl Svg {
             p.join(" ")
         );
     }
-    fn finish(self, title: &str) -> String {
+    /// The picture's width: as asked, or wider where a text would reach past the edge.
+    pub(super) fn width(&self) -> u32 {
+        self.w.max((self.right + 20.0).ceil() as u32)
+    }
+    pub(super) fn finish(self, title: &str) -> String {
         format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" \
              font-family=\"sans-serif\">\n<title>{t}</title>\n<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n{b}</svg>\n",
-            w = self.w,
+            w = self.width(),
             h = self.h,
             t = esc(title),
             b = self.body
@@ -254,7 +382,7 @@ impl Svg {
 }
 
 /// A fill colour for lane `lane` of 32 (hues around the circle).
-fn lane_colour(lane: usize) -> String {
+pub(super) fn lane_colour(lane: usize) -> String {
     format!("hsl({}, 70%, {}%)", (lane * 360 / 32 + (lane % 2) * 180) % 360, 78 + (lane % 4) as u32 * 3)
 }
 
@@ -311,11 +439,12 @@ fn tiling(a: &DrawArgs) -> Result<(String, String), Error> {
     };
     let elem = a.dtype.elem();
     let dims = KernelId::flash_head_dims(elem);
-    let id = KernelId::flash_for(elem, a.head_dim, (left, if a.causal { 0 } else { right })).ok_or_else(|| {
+    let head_dim = a.head_dim.unwrap_or(64);
+    let id = KernelId::flash_for(elem, head_dim, (left, if a.causal { 0 } else { right })).ok_or_else(|| {
         Error::Usage(format!(
             "draw tiling: no {} flash kernel for head dim {} (compiled head dims: {dims:?})",
             a.dtype.name(),
-            a.head_dim
+            head_dim
         ))
     })?;
     let (br, bc) = match id.variant().tile {
@@ -327,7 +456,7 @@ fn tiling(a: &DrawArgs) -> Result<(String, String), Error> {
     let blocks = seq_q.div_ceil(br);
     let tiles = seq_kv.div_ceil(bc);
     let scale = 600.0 / seq_q.max(seq_kv) as f64;
-    let (ox, oy) = (90.0, 70.0);
+    let (ox, oy) = (90.0, 88.0);
     let (pw, ph) = (seq_kv as f64 * scale, seq_q as f64 * scale);
     let mut svg = Svg::new((ox + pw.max(600.0) + 40.0) as u32, (oy + ph + 120.0) as u32);
     let (mut unmasked, mut masked, mut skipped) = (0, 0, 0);
@@ -380,7 +509,7 @@ fn tiling(a: &DrawArgs) -> Result<(String, String), Error> {
         svg.line((ox, y), (ox + pw, y), "#000000", 1.5, false);
         if b < blocks && blocks <= 40 {
             let mid = oy + ((b * br) as f64 + ((b * br + br).min(seq_q) - b * br) as f64 / 2.0) * scale + 4.0;
-            svg.text(ox - 6.0, mid, 11, "end", &format!("block {b}"));
+            svg.text(ox - 6.0, mid, 11, "end", &tr!(a.lang, "block {b}", "Block {b}"));
         }
     }
     for j in 0..=tiles {
@@ -388,30 +517,50 @@ fn tiling(a: &DrawArgs) -> Result<(String, String), Error> {
         svg.line((x, oy), (x, oy + ph), "#000000", 1.5, false);
         if j < tiles && tiles <= 32 {
             let mid = ox + ((j * bc) as f64 + ((j * bc + bc).min(seq_kv) - j * bc) as f64 / 2.0) * scale;
-            svg.text(mid, oy - 6.0, 11, "middle", &format!("tile {j}"));
+            svg.text(mid, oy - 6.0, 11, "middle", &tr!(a.lang, "tile {j}", "Kachel {j}"));
         }
     }
+    let lang = a.lang;
     let mask_name = match (a.causal, left, right) {
-        (false, -1, -1) => "no mask".to_string(),
-        (true, -1, _) => "causal (bottom-right)".to_string(),
-        (true, l, _) => format!("causal, window {l},0"),
-        (false, l, r) => format!("window {l},{r}"),
+        (false, -1, -1) => tr!(lang, "no mask", "keine Maske"),
+        (true, -1, _) => tr!(lang, "causal (bottom-right)", "kausal (unten rechts ausgerichtet)"),
+        (true, l, _) => tr!(lang, "causal, window {l},0", "kausal, Fenster {l},0"),
+        (false, l, r) => tr!(lang, "window {l},{r}", "Fenster {l},{r}"),
     };
-    let head = format!(
-        "{}: Br = {br} query rows per block, Bc = {bc} keys per tile; seq_q {seq_q}, seq_kv {seq_kv}, {mask_name}",
-        id.name()
+    let name = id.name();
+    let head = tr!(
+        lang,
+        "{name}: Br = {br} query rows per block, Bc = {bc} keys per tile",
+        "{name}: Br = {br} Query-Zeilen je Block, Bc = {bc} Keys je Kachel"
     );
+    let shape = format!("seq_q {seq_q}, seq_kv {seq_kv}, {mask_name}");
     svg.text(ox, 22.0, 15, "start", &head);
-    svg.text(ox, 42.0, 12, "start", "queries down, keys across; dark: the keys each query row sees (mask::key_range)");
-    let summary = format!(
-        "visited {} of {} tiles ({unmasked} unmasked, {masked} masked), {skipped} skipped",
-        unmasked + masked,
-        blocks * tiles
+    svg.text(ox, 42.0, 13, "start", &shape);
+    let head = format!("{head}; {shape}");
+    svg.text(
+        ox,
+        60.0,
+        12,
+        "start",
+        &tr!(
+            lang,
+            "queries down, keys across; dark: the keys each query row sees (mask::key_range)",
+            "Queries nach unten, Keys nach rechts; dunkel: die Keys, die jede Query-Zeile sieht (mask::key_range)"
+        ),
+    );
+    let (visited, all) = (unmasked + masked, blocks * tiles);
+    let summary = tr!(
+        lang,
+        "visited {visited} of {all} tiles ({unmasked} unmasked, {masked} masked), {skipped} skipped",
+        "{visited} von {all} Kacheln besucht ({unmasked} ohne Maske, {masked} maskiert), {skipped} übersprungen"
     );
     let ly = oy + ph + 30.0;
-    for (k, (fill, what)) in
-        [("#9ecae1", "visited, no mask"), ("#fdd0a2", "visited, masked"), ("#eeeeee", "skipped")].iter().enumerate()
-    {
+    let legend = [
+        ("#9ecae1", tr!(lang, "visited, no mask", "besucht, ohne Maske")),
+        ("#fdd0a2", tr!(lang, "visited, masked", "besucht, maskiert")),
+        ("#eeeeee", tr!(lang, "skipped", "übersprungen")),
+    ];
+    for (k, (fill, what)) in legend.iter().enumerate() {
         let x = ox + k as f64 * 190.0;
         svg.rect([x, ly - 12.0, 16.0, 16.0], fill, "#555555", "");
         svg.text(x + 22.0, ly + 1.0, 13, "start", what);
@@ -490,6 +639,7 @@ fn online_softmax(a: &DrawArgs) -> Result<(String, String), Error> {
         )));
     }
     let (scores, steps, lse, direct) = online_steps(a.keys, a.tile, a.seed, a.drift);
+    let lang = a.lang;
     let (ox, oy, pw, ph) = (70.0, 60.0, 760.0, 300.0);
     let lo = scores.iter().copied().fold(f64::INFINITY, f64::min).floor() - 1.0;
     let hi = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max).ceil() + 1.0;
@@ -512,9 +662,9 @@ fn online_softmax(a: &DrawArgs) -> Result<(String, String), Error> {
         if t > 0 {
             svg.line((x0, oy), (x0, oy + ph), "#999999", 1.0, true);
         }
-        svg.text((x0 + x1) / 2.0, oy + ph + 16.0, 11, "middle", &format!("tile {t}"));
+        svg.text((x0 + x1) / 2.0, oy + ph + 16.0, 11, "middle", &tr!(lang, "tile {t}", "Kachel {t}"));
         if step.rescaled {
-            svg.text((x0 + x1) / 2.0, oy - 6.0, 11, "middle", "rescale");
+            svg.text((x0 + x1) / 2.0, oy - 6.0, 11, "middle", &tr!(lang, "rescale", "umskaliert"));
         }
     }
     for (k, &s) in scores.iter().enumerate() {
@@ -533,9 +683,11 @@ fn online_softmax(a: &DrawArgs) -> Result<(String, String), Error> {
     };
     svg.polyline(&step_line(&|s| s.running_max), "#e6550d", true);
     svg.polyline(&step_line(&|s| s.base), "#31a354", false);
-    let title = format!(
-        "Online softmax of one row: {} keys in tiles of {}, score of key k drawn from N({} k, 3²), seed {}",
-        a.keys, a.tile, a.drift, a.seed
+    let (keys, tile, seed, drift) = (a.keys, a.tile, a.seed, lang.num(a.drift.to_string()));
+    let title = tr!(
+        lang,
+        "Online softmax of one row: {keys} keys in tiles of {tile}, score of key k drawn from N({drift} k, 3²), seed {seed}",
+        "Online-Softmax einer Zeile: {keys} Keys in Kacheln zu {tile}, Score von Key k aus N({drift} k, 3²), Seed {seed}"
     );
     svg.text(ox, 22.0, 15, "start", &title);
     svg.text(
@@ -543,27 +695,43 @@ fn online_softmax(a: &DrawArgs) -> Result<(String, String), Error> {
         42.0,
         12,
         "start",
-        "dots: scores; dashed orange: running max m; green: the exponent base the kernels keep (raised only when m grows by more than 8 in log2 units)",
+        &tr!(
+            lang,
+            "dots: scores; dashed orange: running max m; green: the exponent base the kernels keep (raised only when m grows by more than 8 in log2 units)",
+            "Punkte: Scores; orange gestrichelt: laufendes Maximum m; grün: die Exponentenbasis der Kernel (nur angehoben, wenn m um mehr als 8 in log2-Einheiten wächst)"
+        ),
     );
     let mut y = oy + ph + 44.0;
-    svg.text_mono(ox, y, 12, "tile   tile max   running max m     base   rescale alpha   running sum l");
+    // Each column as wide as its number (4, 8, 13, 6, 13, 13 characters) or its heading.
+    let head: [String; 6] = match lang {
+        Lang::En => ["tile", "tile max", "running max m", "base", "rescale alpha", "running sum l"],
+        Lang::De => ["Kachel", "Kachel-Max.", "lauf. Max. m", "Basis", "Umskal. alpha", "lauf. Summe l"],
+    }
+    .map(String::from);
+    let w: Vec<usize> = head.iter().zip([4, 8, 13, 6, 13, 13]).map(|(h, n)| h.chars().count().max(n)).collect();
+    let row = |cells: [String; 6]| -> String {
+        let padded: Vec<String> = cells.iter().zip(&w).map(|(c, &n)| format!("{c:>n$}")).collect();
+        padded.join("   ")
+    };
+    svg.text_mono(ox, y, 12, &row(head.clone()));
     for (t, s) in steps.iter().enumerate() {
         y += 18.0;
-        let alpha = if s.rescaled { format!("{:.6}", s.alpha) } else { "kept (1)".into() };
+        let alpha =
+            if s.rescaled { lang.num(format!("{:.6}", s.alpha)) } else { tr!(lang, "kept (1)", "behalten (1)") };
+        let n = |x: f64, p: usize| lang.num(format!("{x:.p$}"));
         svg.text_mono(
             ox,
             y,
             12,
-            &format!(
-                "{t:>4}   {:>8.3}   {:>13.3}   {:>6.3}   {alpha:>13}   {:>13.6}",
-                s.tile_max, s.running_max, s.base, s.l
-            ),
+            &row([t.to_string(), n(s.tile_max, 3), n(s.running_max, 3), n(s.base, 3), alpha, n(s.l, 6)]),
         );
     }
-    let summary = format!(
-        "LSE = base + ln l = {lse:.6} (kernels' f32 state) vs {direct:.6} (direct, f64); {} of {} tiles rescaled",
-        steps.iter().filter(|s| s.rescaled).count(),
-        steps.len()
+    let (rescaled, n_tiles) = (steps.iter().filter(|s| s.rescaled).count(), steps.len());
+    let (lse, direct) = (lang.num(format!("{lse:.6}")), lang.num(format!("{direct:.6}")));
+    let summary = tr!(
+        lang,
+        "LSE = base + ln l = {lse} (kernels' f32 state) vs {direct} (direct, f64); {rescaled} of {n_tiles} tiles rescaled",
+        "LSE = Basis + ln l = {lse} (f32-Zustand der Kernel) gegen {direct} (direkt, f64); {rescaled} von {n_tiles} Kacheln umskaliert"
     );
     svg.text(ox, y + 28.0, 13, "start", &summary);
     Ok((svg.finish(&format!("{title}; {summary}")), summary))
@@ -601,7 +769,7 @@ pub fn fragment_cells() -> Vec<(char, usize, usize, usize, String)> {
     out
 }
 
-fn fragment() -> (String, String) {
+fn fragment(lang: Lang) -> (String, String) {
     let cell = 34.0;
     let (oy, gap) = (90.0, 60.0);
     let origin = |op: char| -> f64 {
@@ -613,21 +781,29 @@ fn fragment() -> (String, String) {
     };
     let w = (40.0 + 32.0 * cell + 2.0 * gap + 40.0) as u32;
     let mut svg = Svg::new(w, (oy + 16.0 * cell + 80.0) as u32);
-    let title = "mma.sync.m16n8k16: which lane (T0-T31) holds which element, in which register";
-    svg.text(40.0, 24.0, 16, "start", title);
+    let title = tr!(
+        lang,
+        "mma.sync.m16n8k16: which lane (T0-T31) holds which element, in which register",
+        "mma.sync.m16n8k16: welche Lane (T0-T31) welches Element hält, in welchem Register"
+    );
+    svg.text(40.0, 24.0, 16, "start", &title);
     svg.text(
         40.0,
         44.0,
         12,
         "start",
-        "from kernels-gpu frag.rs (ldsm_a_lane, ldsm_b_lane, acc_row, acc_col); a 16-bit register holds two neighbours (k, k+1)",
+        &tr!(
+            lang,
+            "from kernels-gpu frag.rs (ldsm_a_lane, ldsm_b_lane, acc_row, acc_col); a 16-bit register holds two neighbours (k, k+1)",
+            "aus kernels-gpu frag.rs (ldsm_a_lane, ldsm_b_lane, acc_row, acc_col); ein Register der 16-Bit-Operanden hält zwei Nachbarn (k, k+1)"
+        ),
     );
     for (op, label, cols) in [
-        ('A', "A: 16 x 16 (rows m, cols k), 16-bit", 16),
-        ('B', "B: 16 x 8 (rows k, cols n)", 8),
-        ('C', "C/D: 16 x 8 f32", 8),
+        ('A', tr!(lang, "A: 16 x 16 (rows m, cols k), 16-bit", "A: 16 x 16 (Zeilen m, Spalten k), 16 Bit"), 16),
+        ('B', tr!(lang, "B: 16 x 8 (rows k, cols n)", "B: 16 x 8 (Zeilen k, Spalten n)"), 8),
+        ('C', "C/D: 16 x 8 f32".to_string(), 8),
     ] {
-        svg.text(origin(op), oy - 12.0, 13, "start", label);
+        svg.text(origin(op), oy - 12.0, 13, "start", &label);
         for c in 0..cols {
             svg.text(origin(op) + (c as f64 + 0.5) * cell, oy + 16.0 * cell + 14.0, 10, "middle", &c.to_string());
         }
@@ -647,7 +823,9 @@ fn fragment() -> (String, String) {
         svg.text(x + cell / 2.0, y + 14.0, 11, "middle", &format!("T{lane}"));
         svg.text(x + cell / 2.0, y + 27.0, 10, "middle", reg);
     }
-    let summary = format!("{} elements: A 256, B 128, C/D 128, 32 lanes", cells.len());
+    let n = cells.len();
+    let summary =
+        tr!(lang, "{n} elements: A 256, B 128, C/D 128, 32 lanes", "{n} Elemente: A 256, B 128, C/D 128, 32 Lanes");
     (svg.finish(&format!("{title}; {summary}")), summary)
 }
 
@@ -663,7 +841,8 @@ pub fn chunk_place(d: usize, row: usize, chunk: usize, swizzled: bool) -> (u32, 
 }
 
 fn swizzle_picture(a: &DrawArgs) -> Result<(String, String), Error> {
-    let d = a.head_dim as usize;
+    let d = a.head_dim.unwrap_or(64) as usize;
+    let lang = a.lang;
     if !(32..=256).contains(&d) || !d.is_multiple_of(32) {
         return Err(Error::Usage(format!(
             "draw swizzle: --head-dim must be a multiple of 32 from 32 to 256 (the swizzle permutes aligned groups of 4 or 8 chunks; got {d})"
@@ -679,8 +858,10 @@ fn swizzle_picture(a: &DrawArgs) -> Result<(String, String), Error> {
     let panel_h = rows as f64 * 22.0;
     let w = (ox + chunks as f64 * cell + 40.0).max(820.0) as u32;
     let mut svg = Svg::new(w, (oy + 2.0 * panel_h + 170.0) as u32);
-    let title = format!(
-        "Shared-memory tile, rows of {d} 16-bit values = {chunks} chunks of 16 bytes; colour: bank group (4 banks)"
+    let title = tr!(
+        lang,
+        "Shared-memory tile, rows of {d} 16-bit values = {chunks} chunks of 16 bytes; colour: bank group (4 banks)",
+        "Kachel im Shared Memory, Zeilen aus {d} 16-Bit-Werten = {chunks} Chunks zu 16 Byte; Farbe: Bank-Gruppe (4 Bänke)"
     );
     svg.text(ox, 22.0, 15, "start", &title);
     svg.text(
@@ -688,15 +869,23 @@ fn swizzle_picture(a: &DrawArgs) -> Result<(String, String), Error> {
         42.0,
         12,
         "start",
-        "each cell is one physical chunk position, labelled with the logical chunk stored there; thick: logical chunk 0 of rows 0-7 (one ldmatrix phase)",
+        &tr!(
+            lang,
+            "each cell is one physical chunk position, labelled with the logical chunk stored there; thick: logical chunk 0 of rows 0-7 (one ldmatrix phase)",
+            "jede Zelle ist eine physische Chunk-Position, beschriftet mit dem logischen Chunk darin; dick: logischer Chunk 0 der Zeilen 0-7 (eine ldmatrix-Phase)"
+        ),
     );
     let mut phase = [Vec::new(), Vec::new()];
     for (p, swizzled) in [false, true].into_iter().enumerate() {
         let y0 = oy + p as f64 * (panel_h + 60.0);
-        let label = if swizzled { "with swizzle::swizzled_offset" } else { "without swizzle (row-major)" };
-        svg.text(ox, y0 - 8.0, 13, "start", label);
+        let label = if swizzled {
+            tr!(lang, "with swizzle::swizzled_offset", "mit swizzle::swizzled_offset")
+        } else {
+            tr!(lang, "without swizzle (row-major)", "ohne Swizzle (zeilenweise)")
+        };
+        svg.text(ox, y0 - 8.0, 13, "start", &label);
         for row in 0..rows {
-            svg.text(ox - 6.0, y0 + row as f64 * 22.0 + 15.0, 10, "end", &format!("row {row}"));
+            svg.text(ox - 6.0, y0 + row as f64 * 22.0 + 15.0, 10, "end", &tr!(lang, "row {row}", "Zeile {row}"));
             for chunk in 0..chunks {
                 let (group, pos) = chunk_place(d, row, chunk, swizzled);
                 let (x, y) = (ox + pos as f64 * cell, y0 + row as f64 * 22.0);
@@ -723,13 +912,14 @@ fn swizzle_picture(a: &DrawArgs) -> Result<(String, String), Error> {
     for (g, c) in BANK_COLOURS.iter().enumerate() {
         let x = ox + g as f64 * 90.0;
         svg.rect([x, ly - 12.0, 16.0, 16.0], c, "#555555", "");
-        svg.text(x + 20.0, ly + 1.0, 11, "start", &format!("banks {}-{}", 4 * g, 4 * g + 3));
+        let (b0, b1) = (4 * g, 4 * g + 3);
+        svg.text(x + 20.0, ly + 1.0, 11, "start", &tr!(lang, "banks {b0}-{b1}", "Bänke {b0}-{b1}"));
     }
-    let summary = format!(
-        "one ldmatrix phase (chunk 0 of rows 0-7) hits {} distinct bank groups without the swizzle ({}-way conflict) and {} with it",
-        distinct(&phase[0]),
-        8 / distinct(&phase[0]),
-        distinct(&phase[1])
+    let (plain, ways, swizzled) = (distinct(&phase[0]), 8 / distinct(&phase[0]), distinct(&phase[1]));
+    let summary = tr!(
+        lang,
+        "one ldmatrix phase (chunk 0 of rows 0-7) hits {plain} distinct bank groups without the swizzle ({ways}-way conflict) and {swizzled} with it",
+        "eine ldmatrix-Phase (Chunk 0 der Zeilen 0-7) trifft ohne Swizzle {plain} verschiedene Bank-Gruppen ({ways}-facher Konflikt), mit Swizzle {swizzled}"
     );
     svg.text(ox, ly + 30.0, 13, "start", &summary);
     Ok((svg.finish(&format!("{title}; {summary}")), summary))

@@ -9,6 +9,7 @@ pub mod cp;
 pub mod decode;
 mod doctor;
 pub mod draw;
+mod draw_gpu;
 pub mod evidence;
 mod launch;
 mod plan;

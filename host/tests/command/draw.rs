@@ -6,14 +6,25 @@ use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 
-/// Each committed figure and the options that render it (the guide's chapters 3 and 4 show them).
+/// Each committed figure and the options that render it (the guide's chapters 0, 3 and 4 show
+/// them). Each is committed twice: `docs/guide/figures/NAME` with English labels for the English
+/// chapters and `docs/guide/figures/de/NAME` (the same options and `--lang de`) for the German ones.
 const FIGURES: &[(&str, &[&str])] = &[
     ("tiling-causal.svg", &["tiling", "--dtype", "bf16", "--seq", "200", "--causal"]),
     ("tiling-window.svg", &["tiling", "--dtype", "f32", "--seq-q", "100", "--seq-kv", "300", "--window", "40,0"]),
     ("online-softmax.svg", &["online-softmax"]),
     ("fragment.svg", &["fragment"]),
     ("swizzle.svg", &["swizzle", "--head-dim", "64"]),
+    (
+        "execution-model.svg",
+        &["execution-model", "--dtype", "bf16", "--head-dim", "128", "--seq", "256", "--heads", "2"],
+    ),
+    ("memory.svg", &["memory", "--dtype", "bf16", "--head-dim", "128", "--gpu", "h100"]),
+    ("flash-dataflow.svg", &["flash-dataflow", "--dtype", "bf16", "--head-dim", "128", "--seq-kv", "256"]),
 ];
+
+/// The figures' languages: the folder under `docs/guide/figures` and the options that choose it.
+const LANGS: &[(&str, &[&str])] = &[("", &[]), ("de/", &["--lang", "de"])];
 
 fn figures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide/figures")
@@ -37,25 +48,71 @@ fn attr(svg: &str, key_value: &str, want: &str) -> String {
 #[test]
 fn committed_figures_are_what_draw_renders_now() {
     let dir = tempdir();
-    for (file, args) in FIGURES {
-        let out = dir.join(file);
-        let o = memattn(&[&["draw"], *args, &["--out", out.to_str().unwrap()]].concat());
-        assert_eq!(code(&o), 0, "{file}: {}", stderr(&o));
-        assert!(stdout(&o).starts_with(&format!("wrote {}", out.display())), "{}", stdout(&o));
-        let fresh = std::fs::read(&out).unwrap();
-        let committed = std::fs::read(figures().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert!(
-            fresh == committed,
-            "docs/guide/figures/{file} is stale: rerun `memattn draw {}  --out docs/guide/figures/{file}`",
-            args.join(" ")
-        );
-    }
-    // Every committed figure has its command here.
-    for e in std::fs::read_dir(figures()).unwrap() {
-        let name = e.unwrap().file_name().into_string().unwrap();
-        assert!(FIGURES.iter().any(|(f, _)| *f == name), "docs/guide/figures/{name} has no command in FIGURES");
+    for (sub, lang) in LANGS {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        for (file, args) in FIGURES {
+            let name = format!("{sub}{file}");
+            let out = dir.join(&name);
+            let o = memattn(&[&["draw"], *args, lang, &["--out", out.to_str().unwrap()]].concat());
+            assert_eq!(code(&o), 0, "{name}: {}", stderr(&o));
+            assert!(stdout(&o).starts_with(&format!("wrote {}", out.display())), "{}", stdout(&o));
+            let fresh = std::fs::read(&out).unwrap();
+            let committed = std::fs::read(figures().join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                fresh == committed,
+                "docs/guide/figures/{name} is stale: rerun `memattn draw {} {} --out docs/guide/figures/{name}`",
+                args.join(" "),
+                lang.join(" ")
+            );
+        }
+        // Every committed figure has its command here.
+        for e in std::fs::read_dir(figures().join(sub)).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                continue;
+            }
+            let name = e.file_name().into_string().unwrap();
+            assert!(
+                FIGURES.iter().any(|(f, _)| *f == name),
+                "docs/guide/figures/{sub}{name} has no command in FIGURES"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// No label of a committed figure reaches past its right edge (a clipped title): each text's
+/// width is bounded below by 0.45 em a character (sans-serif letters are 0.5 to 0.6 em on
+/// average, monospace 0.6), and the end of each start-anchored text, or half of a centred one,
+/// must lie inside the picture.
+#[test]
+fn no_label_of_a_figure_is_clipped() {
+    let mut clipped = Vec::new();
+    for (sub, lang) in LANGS {
+        for (file, args) in FIGURES {
+            let svg = render(&[*args, lang].concat());
+            let width: f64 = attr(&svg, "<svg ", "width").parse().unwrap();
+            for line in svg.lines().filter(|l| l.starts_with("<text ")) {
+                let num = |k: &str| attr(line, "<text ", k).parse::<f64>().unwrap();
+                let (x, size) = (num("x"), num("font-size"));
+                let text = line.split('>').nth(1).unwrap_or("").split('<').next().unwrap_or("");
+                let chars = text.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").chars().count();
+                let em = if line.contains("monospace") { 0.6 } else { 0.45 };
+                let w = chars as f64 * em * size;
+                let end = if line.contains(r#"text-anchor="middle""#) {
+                    x + w / 2.0
+                } else if line.contains(r#"text-anchor="end""#) {
+                    x
+                } else {
+                    x + w
+                };
+                if end > width {
+                    clipped.push(format!("{sub}{file}: `{text}` ends at about {end:.0} of {width}"));
+                }
+            }
+        }
+    }
+    assert!(clipped.is_empty(), "labels reach past the picture:\n{}", clipped.join("\n"));
 }
 
 fn tempdir() -> PathBuf {
@@ -191,6 +248,10 @@ fn bad_options_are_exit_2_naming_the_limit() {
         (&["online-softmax", "--keys", "300"], "--keys must be 1 to 256 (got 300)"),
         (&["online-softmax", "--drift", "nan"], "--drift must be a number from -1 to 1"),
         (&["fragment", "--out", "/nonexistent-dir/x.svg"], "--out file"),
+        (&["execution-model", "--seq", "5000"], "too large to draw"),
+        (&["execution-model", "--heads", "0"], "--heads must be 1 to 64"),
+        (&["flash-dataflow", "--seq-kv", "2000"], "--seq-kv must be 1 to 1024"),
+        (&["memory", "--head-dim", "50"], "no bf16 flash kernel for head dim 50"),
     ];
     for (args, want) in cases {
         let o = memattn(&[&["draw"], *args].concat());
@@ -229,6 +290,8 @@ fn options_of_other_pictures_are_refused() {
         (&["draw", "tiling", "--rows", "8"][..], "--rows"),
         (&["draw", "swizzle", "--causal"][..], "--causal"),
         (&["draw", "online-softmax", "--head-dim", "128"][..], "--head-dim"),
+        (&["draw", "memory", "--seq", "300"][..], "--seq"),
+        (&["draw", "tiling", "--gpu", "h200"][..], "--gpu"),
     ] {
         let o = memattn(args);
         assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
@@ -236,4 +299,90 @@ fn options_of_other_pictures_are_refused() {
     }
     render(&["swizzle", "--rows", "8", "--head-dim", "128"]);
     render(&["online-softmax", "--keys", "10", "--tile", "5"]);
+}
+
+/// The bf16 d=128 kernel's tile (kernels-gpu `FLASH_MMA_D128`): Br 64 rows in 4 warps of 16, so
+/// 256 queries, 2 heads and 1 sequence are a grid [4, 2, 1]; thread t is lane t % 32 of warp
+/// t / 32. Its sm_90 registers (the ptxas report, read here from the JSON) and 48 KiB of shared
+/// memory give the blocks per SM by chapter 0's rule.
+#[test]
+fn execution_model_shows_the_launch_of_the_tile() {
+    let svg = render(&["execution-model", "--head-dim", "128", "--seq", "256", "--heads", "2"]);
+    assert!(svg.contains("grid [4, 2, 1] = 8 blocks of 128 threads"), "{svg}");
+    assert_eq!(svg.matches("data-block=").count(), 8);
+    assert_eq!(attr(&svg, r#"data-block="3 1 0""#, "data-rows"), "192-255");
+    assert_eq!(svg.matches("data-thread=").count(), 128);
+    assert_eq!(attr(&svg, r#"data-thread="37""#, "data-warp"), "1");
+    assert_eq!(attr(&svg, r#"data-thread="37""#, "data-lane"), "5");
+    assert!(svg.contains("query rows 48-63"), "warp 3 owns the last 16 rows");
+    let report =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels-gpu/ptx/ptxas-report.json"))
+            .unwrap();
+    let row = report
+        .lines()
+        .find(|l| l.contains(r#""name": "flash_fwd_bf16_d128", "arch": "sm_90""#))
+        .expect("an sm_90 row for flash_fwd_bf16_d128");
+    let regs: u32 = row.split(r#""registers": "#).nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    let by_regs = 65_536 / (regs * 128);
+    let by_smem = 228 * 1024 / (48 * 1024 + 1024);
+    let blocks = by_regs.min(by_smem).min(16);
+    assert!(svg.contains(&format!("registers 65 536 / ({regs} · 128) → {by_regs}")), "{svg}");
+    assert!(svg.contains(&format!("one SM holding {blocks} blocks of this kernel at once")));
+    assert_eq!(svg.matches("· warp ").count() as u32, 4 * blocks, "every warp of the resident blocks on an SMSP");
+    // The f32 kernel gives each row 4 lanes: a warp owns 8 of its 32 rows.
+    let svg = render(&["execution-model", "--dtype", "f32", "--head-dim", "64", "--seq", "100", "--heads", "1"]);
+    assert!(svg.contains("grid [4, 1, 1]") && svg.contains("query rows 24-31"), "{svg}");
+}
+
+/// The GPU figures of `memory` are those of `scripts/perf_model.py` (its `GPUS` table): SMs,
+/// shared memory per SM and HBM bandwidth; the tiles are the d=128 kernel's (Br 64, Bc 64:
+/// Q, K and V tiles of 64 x 128 x 2 B = 16 KiB each).
+#[test]
+fn memory_figures_agree_with_the_performance_model() {
+    let model =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/perf_model.py")).unwrap();
+    for (gpu, key) in [("h100", "'H100-SXM': dict("), ("h200", "'H200': dict(")] {
+        let at = model.find(key).unwrap_or_else(|| panic!("perf_model.py has no {key}"));
+        let entry = &model[at..at + model[at..].find(")\n").unwrap()];
+        let field = |name: &str| -> String {
+            let f = entry.split(&format!("{name}=")).nth(1).unwrap_or_else(|| panic!("{key} has no {name}"));
+            f.split([',', ')']).next().unwrap().trim().to_string()
+        };
+        let svg = render(&["memory", "--gpu", gpu]);
+        assert!(svg.contains(&format!("all {} SMs", field("sms"))), "{gpu}: {svg}");
+        let smem_kb = field("smem_per_sm").trim_end_matches(" * 1024").to_string();
+        assert!(svg.contains(&format!("up to {smem_kb} KB per SM")), "{gpu}");
+        assert!(svg.contains(&format!(", {} TB/s", field("hbm_tbps"))), "{gpu}");
+        assert!(svg.contains(&format!("{} × 32 bit per SM", field("regs_per_sm").replace("65536", "65 536"))), "{gpu}");
+    }
+    let svg = render(&["memory"]);
+    assert!(
+        svg.contains("Q tile Br × d = 16 KiB (staged once), K tile and V tile Bc × d = 16 KiB each: 48 KiB a block")
+    );
+    assert!(svg.contains("O accumulator 64 (Br × d f32 = 32 KiB a block), scores S/P 32"), "{svg}");
+    // The f32 kernel has no staged Q tile or fragments: refused, naming why.
+    let o = memattn(&["draw", "memory", "--dtype", "f32"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("shows the tensor-core kernels"), "{}", stderr(&o));
+}
+
+/// 256 keys in tiles of Bc = 64 are 4 key tiles; per block K and V stream 2 x 4 x 64 x 128 x 2 B
+/// = 128 KiB and O and LSE are 64 x 128 x 2 + 64 x 4 B = 16.25 KiB. 300 keys need a fifth tile.
+#[test]
+fn flash_dataflow_streams_the_key_tiles() {
+    let o = memattn(&["--json", "draw", "flash-dataflow"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v = json(&o);
+    let summary = v["summary"].as_str().unwrap();
+    assert_eq!(
+        summary,
+        "flash_fwd_bf16_d128: per block: Q tile 16 KiB read once, K and V 128 KiB streamed in 4 tiles, \
+         O and LSE 16.25 KiB written once; S and P (16 KiB a tile) stay in registers"
+    );
+    let svg = v["svg"].as_str().unwrap();
+    assert!(svg.contains(r#"data-tile="K 3""#) && !svg.contains(r#"data-tile="K 4""#));
+    let svg = render(&["flash-dataflow", "--seq-kv", "300", "--head-dim", "64"]);
+    assert!(svg.contains(r#"data-tile="V 4""#) && svg.contains("Br = 128 query rows, key tiles of Bc = 64, d = 64"));
+    let de = render(&["flash-dataflow", "--lang", "de"]);
+    assert!(de.contains("O und LSE 16,25 KiB einmal geschrieben"), "German labels and decimal comma");
 }
