@@ -235,6 +235,27 @@ pub mod tests {
                 assert_eq!(k.dynamic_smem_bytes, v.dynamic_smem_bytes(), "{}", v.name);
                 assert_eq!(k.hmma.unwrap_or(0) > 0, v.tensor_cores(), "{} HMMA", v.name);
             }
+            // A row built for N blocks per SM has its launch bounds in the PTX, and ptxas's sm_90
+            // registers (rounded up to 8 per thread, as a warp's are allocated) fit N blocks in
+            // the 64 Ki registers of an SM.
+            let blocks = v.min_blocks_per_sm();
+            let entry = PTX.find(&format!(".visible .entry {}(", v.name)).expect("the entry");
+            let body = &PTX[entry..entry + PTX[entry..].find('{').unwrap()];
+            assert_eq!(body.contains(".maxntid"), blocks > 0, "{}: launch bound", v.name);
+            if blocks > 0 {
+                assert!(body.contains(&format!(".maxntid {}, 1, 1", v.threads())), "{}", v.name);
+                assert!(body.contains(&format!(".minnctapersm {blocks}")), "{}", v.name);
+                let k = r.kernels.iter().find(|k| k.name == v.name && k.arch == "sm_90").unwrap();
+                let per_block = k.registers.next_multiple_of(8) * v.threads();
+                assert!(
+                    blocks * per_block <= 65536,
+                    "{}: {} registers at sm_90 fit {} blocks of {} threads per SM, not {blocks}",
+                    v.name,
+                    k.registers,
+                    65536 / per_block,
+                    v.threads()
+                );
+            }
         }
     }
 

@@ -111,7 +111,7 @@ use crate::mma::*;
 #[cfg(target_arch = "nvptx64")]
 use crate::softmax::{must_rescale, softcap2, OnlineSoftmax, LOG2E};
 #[cfg(target_arch = "nvptx64")]
-use crate::swizzle::{swizzled_offset, LaneAddrs, TileLane, CHUNK};
+use crate::swizzle::{copy_group_rows, copy_phases, copy_slot, swizzled_offset, LaneAddrs, TileLane, CHUNK};
 use crate::timeline::{stamp, Phase};
 
 /// Unit of dynamic shared memory: `cp.async` and `ldmatrix` need 16-byte alignment, and the
@@ -146,8 +146,9 @@ impl Rows {
 }
 
 /// Starts the `cp.async` copies of `ROWS` rows `row0..row0 + ROWS` of `src` into the swizzled
-/// tile at shared address `tile`; this thread copies chunk `tid % CPR` of every
-/// `THREADS / CPR`-th row starting at `tid / CPR`. Used for the Q tile (once per block).
+/// tile at shared address `tile`; with one copy phase ([`copy_phases`]) this thread copies chunk
+/// `tid % CPR` of every `THREADS / CPR`-th row starting at `tid / CPR`, with several the chunk
+/// of [`copy_slot`] in each phase. Used for the Q tile (once per block).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub(crate) unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS: usize>(
@@ -156,31 +157,33 @@ pub(crate) unsafe fn stage_tile<const D: usize, const ROWS: usize, const THREADS
     row0: usize,
     tid: usize,
 ) {
-    let cpr = D * 2 / CHUNK;
-    let rows_per_pass = THREADS / cpr;
-    const { assert!(THREADS % (D * 2 / CHUNK) == 0, "whole rows per copy pass") };
-    const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
-    let (c, r) = (tid % cpr, tid / cpr);
+    let rows_per_pass = const { copy_group_rows(D, THREADS) };
+    const { assert!(ROWS % copy_group_rows(D, THREADS) == 0, "whole groups of rows per copy phase") };
+    const { assert!(copy_group_rows(D, THREADS) % 4 == 0, "a thread's rows take one or two swizzles") };
+    const { assert!(copy_phases(D, THREADS) == 1 || copy_group_rows(D, THREADS) % 8 == 0, "one swizzle per phase") };
     let tile = opaque_u32(tile);
-    let dst = tile + swizzled_offset(D, r, c) as u32;
-    // Passes of a multiple of 8 rows keep a thread's swizzle; passes of 4 mod 8 rows (d 192 at 3
-    // warps, d 256 at 4) alternate between two destinations.
-    let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
-    // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop. A chunk past
-    // the head dim counts no rows: it is zero-filled like a row past the end.
-    let rows_left = if src.chunk_exists(c) { src.len.saturating_sub(row0 + r) as u32 } else { 0 };
-    let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
-    let mut k = 0;
-    while k < ROWS / rows_per_pass {
-        let (addr, bytes) = if ((k * rows_per_pass) as u32) < rows_left {
-            (first + (k * rows_per_pass) as u64 * src.stride, CHUNK as u32)
-        } else {
-            (src.base, 0) // zero-fill: nothing is read
-        };
-        let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
-        unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
-        k += 1;
-    }
+    unroll4!(j in 0..(const { copy_phases(D, THREADS) }) => {
+        let (r, c) = copy_slot(D, THREADS, tid, j);
+        let dst = tile + swizzled_offset(D, r, c) as u32;
+        // Passes of a multiple of 8 rows keep a thread's swizzle; passes of 4 mod 8 rows (d 192 at
+        // 3 warps, d 256 at 4) alternate between two destinations.
+        let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
+        // 32-bit row bookkeeping: fewer 64-bit registers live across the key loop. A chunk past
+        // the head dim counts no rows: it is zero-filled like a row past the end.
+        let rows_left = if src.chunk_exists(c) { src.len.saturating_sub(row0 + r) as u32 } else { 0 };
+        let first = src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64;
+        let mut k = 0;
+        while k < ROWS / rows_per_pass {
+            let (addr, bytes) = if ((k * rows_per_pass) as u32) < rows_left {
+                (first + (k * rows_per_pass) as u64 * src.stride, CHUNK as u32)
+            } else {
+                (src.base, 0) // zero-fill: nothing is read
+            };
+            let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+            unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+            k += 1;
+        }
+    });
 }
 
 /// One thread's share of the `cp.async` loads of successive `BC`-row tiles of K or V: one
@@ -212,21 +215,27 @@ impl TileLoader {
     /// The loader of `src` from row `row0` on, for thread `tid`.
     #[inline(always)]
     fn new<const D: usize, const THREADS: usize, const BACK: bool>(src: Rows, row0: usize, tid: usize) -> Self {
-        let cpr = D * 2 / CHUNK;
-        let (c, r) = (tid % cpr, tid / cpr);
+        let (r, c) = copy_slot(D, THREADS, tid, 0);
+        let phases = const { copy_phases(D, THREADS) };
         TileLoader {
             next: src.base + (row0 + r) as u64 * src.stride + (c * CHUNK) as u64,
             stride: src.stride,
             // The backward walk's copies read bit 0; the forward walk's checked copies zero-fill
-            // such a chunk by `left` alone, and its `dst` stays as it is.
-            dst: swizzled_offset(D, r, c) as u32 | if BACK && !src.chunk_exists(c) { 1 } else { 0 },
-            dst_odd: {
-                let rpp = THREADS / cpr;
+            // such a chunk by `left` alone, and its `dst` stays as it is. (Several phases: each
+            // phase's copies check their own chunk against `dst_odd`.)
+            dst: swizzled_offset(D, r, c) as u32 | if BACK && phases == 1 && !src.chunk_exists(c) { 1 } else { 0 },
+            dst_odd: if phases == 1 {
+                let rpp = const { copy_group_rows(D, THREADS) };
                 (swizzled_offset(D, r + rpp, c) - rpp * D * 2) as u32
+            } else {
+                // Several phases (whole swizzle periods apart, no odd passes): the chunks of a
+                // row that exist.
+                src.cols.div_ceil((CHUNK / 2) as u32)
             },
             // A chunk past the head dim has no rows: `left <= 0` through the walk, so the forward
-            // walk's copies of it are the checked ones, all zero-filled.
-            left: if src.chunk_exists(c) { src.len as i32 } else { 0 } - (row0 + r) as i32,
+            // walk's copies of it are the checked ones, all zero-filled. (Several phases: the
+            // rows past this thread's phase-0 row, whatever its chunk.)
+            left: if phases > 1 || src.chunk_exists(c) { src.len as i32 } else { 0 } - (row0 + r) as i32,
         }
     }
 
@@ -234,8 +243,13 @@ impl TileLoader {
     /// (checking rows only if it reaches past the last one) and moves on to the tile after it.
     #[inline(always)]
     unsafe fn stage<const D: usize, const BC: usize, const THREADS: usize>(&mut self, tile: u32) {
-        let rows_per_pass = THREADS / (D * 2 / CHUNK);
-        if self.left >= (BC - rows_per_pass + 1) as i32 {
+        let rows_per_pass = const { copy_group_rows(D, THREADS) };
+        // The furthest row this thread copies in the tile, past its phase-0 row: the last pass's
+        // `BC - rows_per_pass`, and with several phases at most `ceil(THREADS (phases - 1) / CPR)`
+        // more for the later phases' rows.
+        let cpr = D * 2 / CHUNK;
+        let reach = BC - rows_per_pass + (THREADS * (const { copy_phases(D, THREADS) } - 1)).div_ceil(cpr);
+        if self.left >= (reach + 1) as i32 {
             // Every row of the tile exists (the common case): no checks.
             unsafe { self.copy_advance::<D, BC, THREADS, false>(tile) };
         } else {
@@ -271,8 +285,12 @@ impl TileLoader {
     /// 0, naming the would-be address: nothing is read).
     #[inline(always)]
     unsafe fn copy<const D: usize, const BC: usize, const THREADS: usize, const CHECKED: bool>(&self, tile: u32) {
-        let rows_per_pass = THREADS / (D * 2 / CHUNK);
-        const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
+        if const { copy_phases(D, THREADS) } > 1 {
+            unsafe { self.copy_phased::<D, BC, THREADS, CHECKED>(tile) };
+            return;
+        }
+        let rows_per_pass = const { copy_group_rows(D, THREADS) };
+        const { assert!(copy_group_rows(D, THREADS) % 4 == 0, "a thread's rows take one or two swizzles") };
         let tile = opaque_u32(tile);
         // Read through `opaque_u32` so that the mask and `fill` stay in the loop (hoisted, they
         // would be two more registers live through it).
@@ -280,11 +298,47 @@ impl TileLoader {
         let fill = ((own & 1) ^ 1) * CHUNK as u32;
         let (dst, dst_odd) = (tile + (own & !1), tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
-        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+        unroll8!(k in 0..(BC / const { copy_group_rows(D, THREADS) }) => {
             let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { fill } else { 0 };
             let addr = self.next + k as u64 * step;
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
             unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        });
+    }
+
+    /// [`TileLoader::copy`] with several copy phases ([`copy_phases`]): each phase's row and
+    /// chunk are recomputed from `%tid.x` (a few integer instructions per tile instead of
+    /// registers held through the key loop), relative to phase 0's, which `next`, `dst` and
+    /// `left` describe; a chunk at or past `dst_odd` (the row's chunks that exist) is
+    /// zero-filled.
+    #[inline(always)]
+    unsafe fn copy_phased<const D: usize, const BC: usize, const THREADS: usize, const CHECKED: bool>(
+        &self,
+        tile: u32,
+    ) {
+        let rows_per_pass = const { copy_group_rows(D, THREADS) };
+        // (Instantiated for one-phase tiles too, where it is never called.)
+        const {
+            assert!(copy_phases(D, THREADS) == 1 || copy_group_rows(D, THREADS) % 8 == 0, "one swizzle per phase");
+            assert!(BC % copy_group_rows(D, THREADS) == 0, "whole groups of rows per tile");
+        };
+        let tile = opaque_u32(tile);
+        let tid = tid_x_fresh() as usize;
+        let (r0, c0) = copy_slot(D, THREADS, tid, 0);
+        let step = rows_per_pass as u64 * self.stride;
+        unroll4!(j in 0..(const { copy_phases(D, THREADS) }) => {
+            let (r, c) = copy_slot(D, THREADS, tid, j);
+            let dst = tile + swizzled_offset(D, r, c) as u32;
+            let fill = if (c as u32) < self.dst_odd { CHUNK as u32 } else { 0 };
+            let left = self.left - (r - r0) as i32;
+            let first = self
+                .next
+                .wrapping_add((r - r0) as u64 * self.stride)
+                .wrapping_add(((c as i64 - c0 as i64) * CHUNK as i64) as u64);
+            unroll8!(k in 0..(BC / const { copy_group_rows(D, THREADS) }) => {
+                let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < left { fill } else { 0 };
+                unsafe { cp_async_16(dst + (k * rows_per_pass * D * 2) as u32, first + k as u64 * step, bytes) };
+            });
         });
     }
 
@@ -296,12 +350,17 @@ impl TileLoader {
         &mut self,
         tile: u32,
     ) {
-        let rows_per_pass = THREADS / (D * 2 / CHUNK);
+        if const { copy_phases(D, THREADS) } > 1 {
+            unsafe { self.copy_phased::<D, BC, THREADS, CHECKED>(tile) };
+            self.next = self.next.wrapping_add(BC as u64 * self.stride);
+            return;
+        }
+        let rows_per_pass = const { copy_group_rows(D, THREADS) };
         let tile = opaque_u32(tile);
         let (dst, dst_odd) = (tile + self.dst, tile + self.dst_odd);
         let step = rows_per_pass as u64 * self.stride;
         let mut addr = self.next;
-        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
+        unroll8!(k in 0..(BC / const { copy_group_rows(D, THREADS) }) => {
             let bytes = if !CHECKED || ((k * rows_per_pass) as i32) < self.left { CHUNK as u32 } else { 0 };
             let base = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
             unsafe { cp_async_16(base + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
@@ -344,29 +403,31 @@ impl PagedKv {
     /// `THREADS / CPR`-th row from `tid / CPR`, as [`TileLoader`] does.
     #[inline(always)]
     unsafe fn copy<const D: usize, const BC: usize, const THREADS: usize>(&self, tile: u32, base: u64, row0: u32) {
-        let cpr = D * 2 / CHUNK;
-        let rows_per_pass = THREADS / cpr;
-        const { assert!((THREADS / (D * 2 / CHUNK)) % 4 == 0, "a thread's rows take one or two swizzles") };
+        let rows_per_pass = const { copy_group_rows(D, THREADS) };
+        const { assert!(copy_group_rows(D, THREADS) % 4 == 0, "a thread's rows take one or two swizzles") };
+        const { assert!(copy_phases(D, THREADS) == 1 || copy_group_rows(D, THREADS) % 8 == 0, "one swizzle per phase") };
         let tid = tid_x_fresh() as usize;
-        let (c, r) = (tid % cpr, tid / cpr);
         let tile = opaque_u32(tile);
-        let dst = tile + swizzled_offset(D, r, c) as u32;
-        let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
-        let base = base + (c * CHUNK) as u64;
-        let first = row0 + r as u32;
-        let len = if ((c * (CHUNK / 2)) as u32) < self.cols { self.len } else { 0 };
-        unroll8!(k in 0..BC / (THREADS / (D * 2 / CHUNK)) => {
-            let j = first + (k * rows_per_pass) as u32;
-            let (addr, bytes) = if j < len {
-                let (slot, within) = crate::decode_abi::page_slot(self.page_size, j);
-                let page = if self.table != 0 { unsafe { ld_u32(self.table + 4 * slot as u64) } } else { 0 };
-                let off = page as u64 * self.page_stride as u64 + within as u64 * self.row_stride as u64;
-                (base + off, CHUNK as u32)
-            } else {
-                (base, 0) // zero-fill: nothing is read
-            };
-            let d = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
-            unsafe { cp_async_16(d + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+        unroll4!(ph in 0..(const { copy_phases(D, THREADS) }) => {
+            let (r, c) = copy_slot(D, THREADS, tid, ph);
+            let dst = tile + swizzled_offset(D, r, c) as u32;
+            let dst_odd = tile + (swizzled_offset(D, r + rows_per_pass, c) - rows_per_pass * D * 2) as u32;
+            let base = base + (c * CHUNK) as u64;
+            let first = row0 + r as u32;
+            let len = if ((c * (CHUNK / 2)) as u32) < self.cols { self.len } else { 0 };
+            unroll8!(k in 0..(BC / const { copy_group_rows(D, THREADS) }) => {
+                let j = first + (k * rows_per_pass) as u32;
+                let (addr, bytes) = if j < len {
+                    let (slot, within) = crate::decode_abi::page_slot(self.page_size, j);
+                    let page = if self.table != 0 { unsafe { ld_u32(self.table + 4 * slot as u64) } } else { 0 };
+                    let off = page as u64 * self.page_stride as u64 + within as u64 * self.row_stride as u64;
+                    (base + off, CHUNK as u32)
+                } else {
+                    (base, 0) // zero-fill: nothing is read
+                };
+                let d = if rows_per_pass % 8 == 0 || k % 2 == 0 { dst } else { dst_odd };
+                unsafe { cp_async_16(d + (k * rows_per_pass * D * 2) as u32, addr, bytes) };
+            });
         });
     }
 }
@@ -634,13 +695,15 @@ unsafe fn flash_fwd_body<
     // the running max below is taken on raw scores of either sign (exact: a sign flip).
     let scale = if softcap_on { p.softmax_scale / p.softcap } else { p.softmax_scale * LOG2E };
     if scale < 0.0 {
-        let cpr = D * 2 / CHUNK;
-        let (c, r) = (tid % cpr, tid / cpr);
-        let mut k = 0;
-        while k < BR / (THREADS / cpr) {
-            unsafe { negate_chunk(q_s + swizzled_offset(D, r + k * (THREADS / cpr), c) as u32) };
-            k += 1;
-        }
+        let group = const { copy_group_rows(D, THREADS) };
+        unroll4!(ph in 0..(const { copy_phases(D, THREADS) }) => {
+            let (r, c) = copy_slot(D, THREADS, tid, ph);
+            let mut k = 0;
+            while k < BR / group {
+                unsafe { negate_chunk(q_s + swizzled_offset(D, r + k * group, c) as u32) };
+                k += 1;
+            }
+        });
         sync_threads();
     }
     let scale = if scale < 0.0 { -scale } else { scale };

@@ -129,6 +129,44 @@ impl<const D: usize> TileLane<D> {
     }
 }
 
+/// The copy plan of a staged tile: `threads` threads copy rows of `d` 16-bit values, `d / 8`
+/// chunks of 16 bytes each, one chunk per thread per pass. Thread `t` of phase `j` copies chunk
+/// [`copy_slot`]`(d, threads, t, j)` and the same chunk of every [`copy_group_rows`]-th row
+/// after it. When `threads` is a multiple of the chunks per row (d = 32, 64, 128, 256) there is
+/// one phase and a thread keeps its chunk column; when it is not (d = 96 or 192 at 128 threads:
+/// 12 or 24 chunks a row) the `lcm(threads, d / 8)` chunks of [`copy_group_rows`] whole rows are
+/// copied in [`copy_phases`] passes, each thread taking a different chunk in each (thread `t`
+/// of phase `j` takes chunk `t + threads j` of the group, in row-major order).
+pub const fn copy_phases(d: usize, threads: usize) -> usize {
+    let cpr = d * 2 / CHUNK;
+    cpr / gcd(threads, cpr)
+}
+
+/// Rows a thread's copies of one phase are apart (see [`copy_phases`]): `threads / (d / 8)` with
+/// one phase, `lcm(threads, d / 8) / (d / 8)` with several.
+pub const fn copy_group_rows(d: usize, threads: usize) -> usize {
+    let cpr = d * 2 / CHUNK;
+    threads / gcd(threads, cpr)
+}
+
+/// The row (within a group of [`copy_group_rows`]) and the chunk column thread `tid` copies in
+/// phase `phase` of [`copy_phases`].
+#[inline(always)]
+pub const fn copy_slot(d: usize, threads: usize, tid: usize, phase: usize) -> (usize, usize) {
+    let cpr = d * 2 / CHUNK;
+    let i = tid + threads * phase;
+    (i / cpr, i % cpr)
+}
+
+/// Greatest common divisor (for the copy plan's constants).
+const fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// The 16-byte bank group (0..8) of a shared-memory byte address: 32 banks of 4 bytes make 8
 /// groups of 16 bytes per 128-byte line.
 pub const fn bank_group(addr: u32) -> u32 {
@@ -168,6 +206,45 @@ pub mod tests {
         check_phases::<128>();
         check_phases::<192>();
         check_phases::<256>();
+    }
+
+    /// The copy plan covers every chunk of every row of a tile exactly once, for the tiles'
+    /// (head dim, threads) pairs, one phase or several; a phase's rows of one thread are a whole
+    /// number of swizzle periods apart where there are several phases.
+    pub fn the_copy_plan_covers_every_chunk_once() {
+        for (d, threads, rows) in [
+            (32, 128, 128),
+            (64, 128, 128),
+            (96, 128, 64),
+            (96, 96, 96),
+            (96, 192, 192),
+            (128, 128, 64),
+            (192, 128, 64),
+            (192, 192, 96),
+            (256, 256, 128),
+            (256, 128, 64),
+        ] {
+            let (phases, group) = (copy_phases(d, threads), copy_group_rows(d, threads));
+            assert_eq!(rows % group, 0, "d {d} threads {threads}: {rows} rows, groups of {group}");
+            assert!(phases == 1 || group % 8 == 0, "d {d} threads {threads}: {phases} phases, {group} rows");
+            let cpr = d / 8;
+            let mut seen = vec![0u32; rows * cpr];
+            for tid in 0..threads {
+                for j in 0..phases {
+                    let (r, c) = copy_slot(d, threads, tid, j);
+                    assert!(r < group && c < cpr, "d {d} tid {tid} phase {j}: ({r}, {c})");
+                    for k in 0..rows / group {
+                        seen[(r + k * group) * cpr + c] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "d {d} threads {threads}: {seen:?}");
+        }
+        assert_eq!((copy_phases(96, 128), copy_group_rows(96, 128)), (3, 32));
+        assert_eq!((copy_phases(192, 128), copy_group_rows(192, 128)), (3, 16));
+        assert_eq!((copy_phases(128, 128), copy_group_rows(128, 128)), (1, 8));
+        assert_eq!(copy_slot(96, 128, 127, 0), (10, 7));
+        assert_eq!(copy_slot(96, 128, 127, 2), (31, 11));
     }
 
     /// The precomputed bases plus immediate offsets give the swizzled address of every chunk.

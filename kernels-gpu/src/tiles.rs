@@ -88,6 +88,15 @@ pub struct FlashMmaTile {
     pub rows_per_warp: u32,
     pub q_reg_ksteps: u32,
     pub keys_backward: bool,
+    /// Blocks per SM the tile is built for (0: as many as its registers allow). Its PTX entry
+    /// gets the launch bounds `.maxntid threads, 1, 1` and `.minnctapersm min_blocks_per_sm`
+    /// (rustc has no attribute for them; `cargo xtask build-ptx` adds them), so ptxas, and the
+    /// driver's JIT on the GPU alike, keep the registers at `65536 / (threads x blocks)`, rounded
+    /// down to 8, or spill (`cargo xtask ptxas --check` refuses spills). A test checks that the
+    /// sm_90 registers in `ptxas-report.json` fit this many blocks. d96 (168 registers, three
+    /// blocks; 221 without the bounds) uses it; d128 does not need it at sm_90 (168 unbounded) and
+    /// spills 48 bytes there with it.
+    pub min_blocks_per_sm: u32,
 }
 
 /// Tile of the Hopper forward ([`crate::flash_fwd_sm90`], the `sm_90a` module): 384 threads
@@ -163,17 +172,37 @@ impl FlashMmaTile {
         assert!(self.head_dim / 16 <= 16 && self.bc / 8 <= 16, "fragment loops unroll up to 16");
         assert!(self.head_dim / 8 <= 32, "the O accumulator's loops unroll up to 32");
         assert!(self.head_dim.is_multiple_of(32), "the XOR swizzle permutes aligned groups of 4 or 8 chunks");
-        assert!(self.threads().is_multiple_of(self.chunks_per_row()), "a thread keeps its chunk column");
-        assert!((self.br * self.chunks_per_row()).is_multiple_of(self.threads()), "even Q tile load");
-        assert!((self.bc * self.chunks_per_row()).is_multiple_of(self.threads()), "even K/V tile load");
+        // The copy plan (`swizzle::copy_phases`): whole groups of rows per tile, and with several
+        // phases (d 96 and 192 at 128 threads) groups of whole swizzle periods.
+        let (phases, group) = (
+            crate::swizzle::copy_phases(self.head_dim as usize, self.threads() as usize) as u32,
+            crate::swizzle::copy_group_rows(self.head_dim as usize, self.threads() as usize) as u32,
+        );
+        assert!(group.is_multiple_of(4), "a thread's rows take one or two swizzles");
+        assert!(phases == 1 || group.is_multiple_of(8), "one swizzle per copy phase");
+        assert!(phases <= 4, "copy phases unroll up to 4");
+        assert!(self.br.is_multiple_of(group), "even Q tile load");
+        assert!(self.bc.is_multiple_of(group), "even K/V tile load");
         assert!(self.smem_bytes() <= SMEM_OPT_IN_SM80, "fits sm_80's opt-in shared memory");
+        assert!(
+            self.min_blocks_per_sm * self.smem_bytes() <= SMEM_OPT_IN_SM80,
+            "min_blocks_per_sm blocks fit sm_80's shared memory"
+        );
     }
 }
 
 /// d=64: 32 rows per warp (Br 128), Bc = 64 keys per step: smem (128 + 2 x 64) x 64 x 2 B =
 /// 32 KiB. Per thread Q fragments 32 registers, O accumulator 64, scores 64 (Bc = 128 spills).
-pub const FLASH_MMA_D64: FlashMmaTile =
-    FlashMmaTile { head_dim: 64, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 4, keys_backward: true };
+pub const FLASH_MMA_D64: FlashMmaTile = FlashMmaTile {
+    head_dim: 64,
+    br: 128,
+    bc: 64,
+    warps: 4,
+    rows_per_warp: 32,
+    q_reg_ksteps: 4,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 /// d=128: 4 warps of 16 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 128 x 2 B = 48 KiB (no
 /// opt-in). Per thread O accumulator 64 registers, scores 32; the first 2 of Q's 8 k-steps stay
 /// in registers (8), the other 6 are reloaded from shared memory per key tile. ptxas gives 168
@@ -184,37 +213,82 @@ pub const FLASH_MMA_D64: FlashMmaTile =
 /// and this block at 1.01-1.12x (`docs/perf/README.md`); 4 warps of 32 rows (Br 128, Bc 32: 255
 /// registers, two blocks per SM) at 1.02x. 16-row warps read K and V twice as often per unit of
 /// work as 32-row ones (more `ldmatrix`), which three blocks per SM more than pay for in the model.
-pub const FLASH_MMA_D128: FlashMmaTile =
-    FlashMmaTile { head_dim: 128, br: 64, bc: 64, warps: 4, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: false };
+pub const FLASH_MMA_D128: FlashMmaTile = FlashMmaTile {
+    head_dim: 128,
+    br: 64,
+    bc: 64,
+    warps: 4,
+    rows_per_warp: 16,
+    q_reg_ksteps: 2,
+    keys_backward: false,
+    min_blocks_per_sm: 0,
+};
 
-// The other head dims (d = 32, 96, 192, 256). `THREADS` must be a multiple of the row's `d / 8`
-// chunks (whole rows per copy pass), so d = 96 and 192 take 6 warps. Tiles above 48 KiB
+// The other head dims (d = 32, 96, 192, 256). Tiles above 48 KiB
 // (d = 192, 256) need the shared-memory opt-in, which the hosts request per kernel. Registers are
 // ptxas's at sm_80 / sm_90 (`ptxas-report.json`), 0 spills and 0 stack for each; the tile shapes
 // were chosen with `scripts/sass-compare.sh` (its pipe model against FA2's kernels).
 
 /// d=32 (rows of 64 bytes, the 4-chunk swizzle): 32 rows per warp (Br 128), Bc = 64: smem
 /// (128 + 2 x 64) x 32 x 2 B = 16 KiB. Per thread Q fragments 16 registers, O 32, scores 64.
-pub const FLASH_MMA_D32: FlashMmaTile =
-    FlashMmaTile { head_dim: 32, br: 128, bc: 64, warps: 4, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: true };
-/// d=96 (12 chunks a row, the 4-chunk swizzle): 6 warps of 32 rows (Br 192), 16 rows per copy
-/// pass, Bc = 32: smem (192 + 2 x 32) x 96 x 2 B = 48 KiB. Per thread Q fragments 48 registers,
-/// O 96, scores 32.
-pub const FLASH_MMA_D96: FlashMmaTile =
-    FlashMmaTile { head_dim: 96, br: 192, bc: 32, warps: 6, rows_per_warp: 32, q_reg_ksteps: 6, keys_backward: false };
-/// d=192 (24 chunks a row): 6 warps of 16 rows (Br 96), 8 rows per copy pass, Bc = 64: smem
-/// (96 + 2 x 64) x 192 x 2 B = 84 KiB (opt-in). Per thread Q fragments 48 registers, O 96,
-/// scores 32. Br 96 instead of 48 halves the `cp.async` traffic per unit of work (each K/V tile
-/// serves twice the rows), which is what bounds this head dim.
-pub const FLASH_MMA_D192: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 96, bc: 64, warps: 6, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
+pub const FLASH_MMA_D32: FlashMmaTile = FlashMmaTile {
+    head_dim: 32,
+    br: 128,
+    bc: 64,
+    warps: 4,
+    rows_per_warp: 32,
+    q_reg_ksteps: 2,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
+/// d=96 (12 chunks a row, the 4-chunk swizzle): 4 warps of 16 rows (Br 64), Bc = 64: smem
+/// (64 + 2 x 64) x 96 x 2 B = 36 KiB. Per thread O 48 registers, scores 32; the first 4 of Q's 6
+/// k-steps stay in registers (16), the other 2 are reloaded from shared memory per key tile.
+/// Built for three blocks per SM (168 registers at sm_80 and sm_90, 0 spills). 128 threads do not
+/// copy whole rows of 12 chunks per pass: the copies run in 3 phases over groups of 32 rows
+/// (`swizzle::copy_phases`). The 6-warp block of 32-row warps (Br 192, Bc 32, 255 registers: one
+/// block per SM) that ran on the H200 measured 0.65-0.69x FA2; `scripts/perf_model.py` puts it at
+/// 0.59-0.64x and this block at 1.10-1.12x (`docs/perf/README.md`): more blocks per SM hide each
+/// key tile's wait, and 4 warps keep the 4 SMSPs even.
+pub const FLASH_MMA_D96: FlashMmaTile = FlashMmaTile {
+    head_dim: 96,
+    br: 64,
+    bc: 64,
+    warps: 4,
+    rows_per_warp: 16,
+    q_reg_ksteps: 4,
+    keys_backward: false,
+    min_blocks_per_sm: 3,
+};
+/// d=192 (24 chunks a row): 4 warps of 16 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 192 x 2 B
+/// = 72 KiB (opt-in; two blocks per SM). Per thread Q fragments 48 registers (all of Q), O 96,
+/// scores 32. The copies run in 3 phases over groups of 16 rows. The 6-warp block (Br 96) that
+/// ran on the H200 measured 0.83-0.86x FA2 (model 0.77-0.83x; this block 1.29-1.30x).
+pub const FLASH_MMA_D192: FlashMmaTile = FlashMmaTile {
+    head_dim: 192,
+    br: 64,
+    bc: 64,
+    warps: 4,
+    rows_per_warp: 16,
+    q_reg_ksteps: 12,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 /// d=256 (Gemma's; 32 chunks a row): FlashAttention-2's tile, 8 warps of 16 rows (Br 128), 8 rows
 /// per copy pass, Bc = 64: smem (128 + 2 x 64) x 256 x 2 B = 128 KiB (opt-in; one block per SM).
 /// Per thread O 128 registers, scores 32; of Q's 16 k-steps (64 registers of fragments) the
 /// first 2 stay in registers (252 registers at sm_90) and the others are reloaded from shared
 /// memory per key tile (all of Q in registers spills).
-pub const FLASH_MMA_D256: FlashMmaTile =
-    FlashMmaTile { head_dim: 256, br: 128, bc: 64, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
+pub const FLASH_MMA_D256: FlashMmaTile = FlashMmaTile {
+    head_dim: 256,
+    br: 128,
+    bc: 64,
+    warps: 8,
+    rows_per_warp: 16,
+    q_reg_ksteps: 2,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 // Narrow-window tiles: the default row's warp (rows per warp and the k-steps of Q kept in
 // registers unchanged, so the same registers) in fewer warps (d32, d96), or with key tiles of 32
 // (d192, d256); d128's is the warp of its earlier default (32 rows, Bc 32) in 2 warps. Each warp skips the key tiles outside its own rows' windows, so these win
@@ -223,27 +297,67 @@ pub const FLASH_MMA_D256: FlashMmaTile =
 
 /// d=32 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 64: smem (64 + 2 x 64) x 32 x 2 B =
 /// 12 KiB.
-pub const FLASH_MMA_D32_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 32, br: 64, bc: 64, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: true };
+pub const FLASH_MMA_D32_WINDOW: FlashMmaTile = FlashMmaTile {
+    head_dim: 32,
+    br: 64,
+    bc: 64,
+    warps: 2,
+    rows_per_warp: 32,
+    q_reg_ksteps: 2,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 /// d=96 for narrow windows: 3 warps of 32 rows (Br 96), Bc = 32: smem (96 + 2 x 32) x 96 x 2 B =
 /// 30 KiB. (3 warps of 16 rows, Br 48, cost more: 29.2 M against 25.8 M thread-instructions at
 /// seq 4096, window (255, 0); two 16-row mma tiles per warp share each K and V fragment.)
-pub const FLASH_MMA_D96_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 96, br: 96, bc: 32, warps: 3, rows_per_warp: 32, q_reg_ksteps: 6, keys_backward: false };
+pub const FLASH_MMA_D96_WINDOW: FlashMmaTile = FlashMmaTile {
+    head_dim: 96,
+    br: 96,
+    bc: 32,
+    warps: 3,
+    rows_per_warp: 32,
+    q_reg_ksteps: 6,
+    keys_backward: false,
+    min_blocks_per_sm: 0,
+};
 /// d=128 for narrow windows: 2 warps of 32 rows (Br 64), Bc = 32: smem (64 + 2 x 32) x 128 x 2 B
 /// = 32 KiB. Its rule (`NARROW_WINDOW_D128`, windows of at most 96 keys) was measured against the
 /// earlier default (Br 256, 8 warps of 32 rows, Bc 32), not against today's.
-pub const FLASH_MMA_D128_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 128, br: 64, bc: 32, warps: 2, rows_per_warp: 32, q_reg_ksteps: 2, keys_backward: false };
+pub const FLASH_MMA_D128_WINDOW: FlashMmaTile = FlashMmaTile {
+    head_dim: 128,
+    br: 64,
+    bc: 32,
+    warps: 2,
+    rows_per_warp: 32,
+    q_reg_ksteps: 2,
+    keys_backward: false,
+    min_blocks_per_sm: 0,
+};
 /// d=192 for narrow windows: the default 6 warps of 16 rows (Br 96) with Bc = 32 (8 rows per copy
 /// pass): smem (96 + 2 x 32) x 192 x 2 B = 60 KiB (opt-in). (3 warps, Br 48, cost 5 % more at
 /// window (255, 0), 37.9 M against 36.1 M: fewer rows share each K/V tile.)
-pub const FLASH_MMA_D192_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 192, br: 96, bc: 32, warps: 6, rows_per_warp: 16, q_reg_ksteps: 12, keys_backward: true };
+pub const FLASH_MMA_D192_WINDOW: FlashMmaTile = FlashMmaTile {
+    head_dim: 192,
+    br: 96,
+    bc: 32,
+    warps: 6,
+    rows_per_warp: 16,
+    q_reg_ksteps: 12,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 /// d=256 for narrow windows: the default 8 warps of 16 rows (Br 128) with Bc = 32 (8 rows per
 /// copy pass): smem (128 + 2 x 32) x 256 x 2 B = 96 KiB (opt-in).
-pub const FLASH_MMA_D256_WINDOW: FlashMmaTile =
-    FlashMmaTile { head_dim: 256, br: 128, bc: 32, warps: 8, rows_per_warp: 16, q_reg_ksteps: 2, keys_backward: true };
+pub const FLASH_MMA_D256_WINDOW: FlashMmaTile = FlashMmaTile {
+    head_dim: 256,
+    br: 128,
+    bc: 32,
+    warps: 8,
+    rows_per_warp: 16,
+    q_reg_ksteps: 2,
+    keys_backward: true,
+    min_blocks_per_sm: 0,
+};
 /// f32 d=32: 4 lanes per row x 8 dims; 32 rows; smem 2 x 64 x 32 x 4 B = 16 KiB.
 pub const FLASH_F32_D32: FlashF32Tile = FlashF32Tile { head_dim: 32, br: 32, bc: 64, threads_per_row: 4 };
 /// f32 d=96: 8 lanes per row x 12 dims; 16 rows; smem 2 x 32 x 96 x 4 B = 24 KiB.

@@ -344,6 +344,16 @@ impl Variant {
         }
     }
 
+    /// Blocks per SM the kernel is built for (0: no launch bounds beyond the sm_90a module's
+    /// `.maxntid`; otherwise `.maxntid` and `.minnctapersm`). See
+    /// [`FlashMmaTile::min_blocks_per_sm`].
+    pub const fn min_blocks_per_sm(&self) -> u32 {
+        match self.tile {
+            Tile::FlashMma(t) => t.min_blocks_per_sm,
+            _ => 0,
+        }
+    }
+
     /// Dynamic shared memory the launch requests (the tile's staging area), in bytes.
     pub const fn dynamic_smem_bytes(&self) -> u32 {
         match self.tile {
@@ -926,16 +936,23 @@ pub(crate) use tile_record;
 pub const NARROW_WINDOW_D32: WindowRule = WindowRule::Narrow { keys: 96 };
 
 /// d96 (Br 96 against 192): windows of at most 192 keys. 10.05 M / 10.44 M at `L = 7`, 11.58 M /
-/// 11.90 M at `L = 63`, 15.14 M / 15.34 M at `L = 127`, 22.10 M / 22.06 M at `L = 255`.
+/// 11.90 M at `L = 63`, 15.14 M / 15.34 M at `L = 127`, 22.10 M / 22.06 M at `L = 255`. Against
+/// today's default row (Br 64, 4 warps x 16 rows, three blocks per SM) the narrow row takes fewer
+/// VM instructions at every `L` measured: 10.76 M / 15.09 M at `L = 7`, 15.86 M / 21.98 M at
+/// `L = 127`, 22.82 M / 30.86 M at `L = 255`, 36.04 M / 47.75 M at `L = 511`; the rule stays at
+/// 192 keys until a GPU measures the crossover (the narrow row runs at 255 registers).
 pub const NARROW_WINDOW_D96: WindowRule = WindowRule::Narrow { keys: 192 };
 
 /// d128 (Br 64 against 256): windows of at most 96 keys. 11.75 M / 12.10 M at `L = 7`, 13.72 M /
 /// 13.86 M at `L = 63`, 18.14 M / 17.87 M at `L = 127`, 26.76 M / 25.71 M at `L = 255`.
 pub const NARROW_WINDOW_D128: WindowRule = WindowRule::Narrow { keys: 96 };
 
-/// d192 (Bc 32 against 64, the same 96-row block: a finer key tile wastes less of a narrow
+/// d192 (Bc 32 against 64 in the 96-row block the default row had then: a finer key tile wastes less of a narrow
 /// window, at the cost of more key tiles per key): windows of at most 320 keys. 15.6 M / 18.2 M at `L = 31`, 36.1 M / 36.7 M at `L = 255`, 47.2 M / 46.8 M at `L = 383`,
-/// 58.0 M / 56.6 M at `L = 511`.
+/// 58.0 M / 56.6 M at `L = 511`. Against today's default row (Br 64, 4 warps x 16 rows, Bc 64,
+/// two blocks per SM) the narrow row takes fewer VM instructions at every `L` measured: 16.26 M /
+/// 20.94 M at `L = 7`, 38.31 M / 42.99 M at `L = 255`, 60.71 M / 66.31 M at `L = 511`; the rule
+/// stays at 320 keys until a GPU measures the crossover (the narrow row: 6 warps, one block per SM).
 pub const NARROW_WINDOW_D192: WindowRule = WindowRule::Narrow { keys: 320 };
 
 /// d256 (Bc 32 against 64, the same 128-row block): windows of at most 192 keys. 18.8 M / 21.6 M at

@@ -1197,7 +1197,7 @@ pub mod tests {
         assert_eq!(names(&Problem { dtype: Dtype::F16, head_dim: 192, ..p }), [KernelId::FlashFwdF16D192]);
         assert_eq!(names(&Problem { dtype: Dtype::F32, head_dim: 256, ..p }), [KernelId::FlashFwdF32D256]);
         let l = Problem { head_dim: 96, ..p }.launches(KernelKind::Flash).unwrap()[0].dims;
-        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([1, 4, 1], [192, 1, 1], 48 * 1024));
+        assert_eq!((l.grid, l.block, l.dynamic_smem_bytes), ([3, 4, 1], [128, 1, 1], 36 * 1024));
     }
 
     pub fn narrow_windows_pick_the_narrow_tiles() {

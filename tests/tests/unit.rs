@@ -58,7 +58,7 @@ mod kernels_gpu_units {
         frag: [every_accumulator_element_is_held_once, ldmatrix_lanes_address_the_documented_matrices, row_max_mask_pack_and_scale_follow_the_layout],
         mask: [bottom_right_aligned_windows, matches_the_rule_key_by_key],
         softmax: [matches_the_two_pass_softmax_for_any_tiling, lazy_rescaling_matches_the_two_pass_softmax_and_skips_small_rises, softcap_is_tanh_and_saturates, tanh_has_a_small_relative_error_for_tiny_arguments, a_sink_joins_the_denominator_only, a_row_that_sees_nothing_gives_zero_and_minus_infinity],
-        swizzle: [ldmatrix_phases_hit_eight_distinct_bank_groups, xor_lane_addresses_agree_with_the_swizzle, tile_lanes_agree_with_the_swizzle_at_every_head_dim, lane_addresses_agree_with_the_swizzle, the_swizzle_permutes_chunks_within_a_row],
+        swizzle: [ldmatrix_phases_hit_eight_distinct_bank_groups, the_copy_plan_covers_every_chunk_once, xor_lane_addresses_agree_with_the_swizzle, tile_lanes_agree_with_the_swizzle_at_every_head_dim, lane_addresses_agree_with_the_swizzle, the_swizzle_permutes_chunks_within_a_row],
         variants: [the_backward_picks_its_main_kernel_by_shared_memory, lookups_find_exactly_the_table_rows, fp8_decode_rows_pair_an_fp8_forward_and_append_with_the_bf16_combine, backward_rows_and_their_geometry, naive_backward_rows_and_their_geometry, window_rules_choose_rows_and_fall_back_to_the_default, launch_geometry_derives_from_the_tile],
     }
 

@@ -33,7 +33,8 @@ pub fn build_into(module: PtxModule, out: &std::path::Path) -> Result<String, St
 }
 
 /// Builds PTX for `label` with the codegen `flags` in `target_dir` into `out` (`maxntid`: add
-/// each entry's `.maxntid`) and returns the rustc version that built it.
+/// each entry's `.maxntid`; entries that ask for blocks per SM get their launch bounds in any
+/// module) and returns the rustc version that built it.
 fn build_flags_into(
     label: &str,
     flags: &[String],
@@ -65,9 +66,7 @@ fn build_flags_into(
     }
     let raw = std::fs::read_to_string(&raw).map_err(|e| format!("no PTX at {}: {e}", raw.display()))?;
     let mut ptx = toolchain::keep_line_info_only(&raw, &paths::root(), &toolchain::sysroot()?);
-    if maxntid {
-        ptx = with_maxntid(&ptx)?;
-    }
+    ptx = with_launch_bounds(&ptx, maxntid)?;
     std::fs::write(out, &ptx).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!(
@@ -80,22 +79,31 @@ fn build_flags_into(
     Ok(version)
 }
 
-/// Adds `.maxntid T, 1, 1` (the row's threads per block) to every entry of the sm_90a module:
-/// rustc has no launch-bounds attribute, and without the block size ptxas cannot honour
-/// `setmaxnreg` (it needs the register count at entry) and may give a 384-thread block more
-/// registers than an SM has for it.
-fn with_maxntid(ptx: &str) -> Result<String, String> {
+/// Adds launch bounds to the module's entries: `.maxntid T, 1, 1` (the row's threads per block)
+/// to every entry of the sm_90a module (`all_maxntid`), and in either module `.maxntid` with
+/// `.minnctapersm N` to every entry whose row is built for N blocks per SM
+/// ([`kernels_gpu::variants::Variant::min_blocks_per_sm`]). rustc has no launch-bounds
+/// attribute. Without the block size ptxas cannot honour `setmaxnreg` (it needs the register
+/// count at entry) and may give a 384-thread block more registers than an SM has for it;
+/// `.minnctapersm` caps the registers so that N blocks fit, in ptxas and in the driver's JIT.
+fn with_launch_bounds(ptx: &str, all_maxntid: bool) -> Result<String, String> {
     let mut out = String::with_capacity(ptx.len() + 1024);
-    let mut pending: Option<u32> = None;
+    let mut pending: Option<(u32, u32)> = None;
     for line in ptx.lines() {
         if let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") {
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             let k = kernels_gpu::KernelId::from_name(&name)
-                .ok_or_else(|| format!("entry `{name}` of the sm_90a module is not a row of the variant table"))?;
-            pending = Some(k.variant().threads());
+                .ok_or_else(|| format!("entry `{name}` of the PTX module is not a row of the variant table"))?;
+            let v = k.variant();
+            if all_maxntid || v.min_blocks_per_sm() > 0 {
+                pending = Some((v.threads(), v.min_blocks_per_sm()));
+            }
         }
-        if let (Some(t), "{") = (pending, line.trim()) {
+        if let (Some((t, blocks)), "{") = (pending, line.trim()) {
             out.push_str(&format!(".maxntid {t}, 1, 1\n"));
+            if blocks > 0 {
+                out.push_str(&format!(".minnctapersm {blocks}\n"));
+            }
             pending = None;
         }
         out.push_str(line);
