@@ -75,7 +75,7 @@ def read_our_tiles(src=None):
         src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
     tiles = {}
     for m in re.finditer(r'pub const FLASH_MMA_D(\d+): FlashMmaTile =\s*FlashMmaTile \{([^}]*)\}', src):
-        fields = dict(kv.split(':') for kv in m.group(2).replace(' ', '').split(',') if kv)
+        fields = dict(kv.split(':') for kv in re.sub(r'\s', '', m.group(2)).split(',') if kv)
         tiles[int(m.group(1))] = dict(br=int(fields['br']), bc=int(fields['bc']), warps=int(fields['warps']),
                                       rows_per_warp=int(fields['rows_per_warp']),
                                       q_reg_ksteps=int(fields['q_reg_ksteps']))
@@ -87,7 +87,7 @@ def read_decode_mma_tile(d=128):
     kernels-gpu/src/tiles.rs: bc, warps and stages (K and V buffers each)."""
     src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
     m = re.search(r'pub const DECODE_MMA_D%d: DecodeMmaTile =\s*DecodeMmaTile \{([^}]*)\}' % d, src)
-    fields = dict(kv.split(':') for kv in m.group(1).replace(' ', '').split(',') if kv)
+    fields = dict(kv.split(':') for kv in re.sub(r'\s', '', m.group(1)).split(',') if kv)
     return dict(bc=int(fields['bc']), warps=int(fields['warps']), stages=int(fields.get('stages', 1)))
 
 
