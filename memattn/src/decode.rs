@@ -1549,13 +1549,15 @@ impl DecodeSizes {
 
     /// Host bytes a measured run holds at its peak: the f32 inputs, the cache expected after the
     /// append and the one downloaded (f32 each) plus its encoded copy, Q encoded, O downloaded
-    /// (encoded and f32) and the f64 reference (O, LSE and the row scales).
+    /// (encoded and f32) and the f64 reference as [`reference`] builds it (O, its scale and its
+    /// underflow part in row order and laid out as O, the LSE, and naive attention's O and LSE
+    /// for the bounds).
     pub fn host_bytes(&self, p: &DecodeProblem) -> u64 {
         let es = p.dtype.size_bytes();
         [
             self.cache.saturating_mul(2 * (4 + 4 + 4 + es)),
-            self.q.saturating_mul(4 + es + es + 4 + 8),
-            self.rows.saturating_mul(4 + 8 + 8),
+            self.q.saturating_mul(4 + es + es + 4 + 6 * 8 + 4),
+            self.rows.saturating_mul(4 + 8 + 4),
             self.new.saturating_mul(2 * (4 + es)),
             self.block_table.saturating_mul(4),
         ]

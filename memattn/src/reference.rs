@@ -1,4 +1,6 @@
-//! CPU reference: naive attention accumulated in f64, producing O and LSE per query row.
+//! CPU reference: naive attention accumulated in f64, producing O and LSE per query row. One
+//! routine computes a row (`attention_row`); the decode reference ([`crate::decode::reference`])
+//! calls it too, so a decode step and the prefill of the same rows give the same bits.
 //!
 //! Problems too large to check fully are checked on a seeded random sample of query rows; the
 //! report always says how many rows were checked, so nothing is skipped silently.

@@ -1,5 +1,10 @@
 //! Verification of device outputs against the f64 reference.
 //!
+//! One acceptance rule for every attention output: the prefill's ([`verify`]) and decode's
+//! ([`crate::decode::verify_decode`]) are judged by the same function, under the same bounds per
+//! dtype (below; decode caps its row bounds at its former fixed ones, see
+//! [`crate::decode::DecodeReference::tolerance`]).
+//!
 //! For O: max absolute error, max relative error and relative RMS error `‖o − ref‖ / ‖ref‖` over
 //! the checked rows. For LSE: the same over finite reference values; a `-inf` reference (fully
 //! masked row) must be exactly `-inf` on the device. Outputs are poisoned with NaN before every
