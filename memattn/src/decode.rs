@@ -1549,7 +1549,7 @@ impl DecodeSizes {
 
     /// Host bytes a measured run holds at its peak: the f32 inputs, the cache expected after the
     /// append and the one downloaded (f32 each) plus its encoded copy, Q encoded, O downloaded
-    /// (encoded and f32) and the f64 reference as [`reference`] builds it (O, its scale and its
+    /// (encoded and f32) and the f64 reference as [`reference()`] builds it (O, its scale and its
     /// underflow part in row order and laid out as O, the LSE, and naive attention's O and LSE
     /// for the bounds).
     pub fn host_bytes(&self, p: &DecodeProblem) -> u64 {
