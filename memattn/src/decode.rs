@@ -28,8 +28,11 @@
 
 use crate::device::{DevPtr, Device};
 use crate::dtype::Dtype;
+use crate::dtype::Tolerance;
 use crate::error::Error;
+use crate::reference::{attention_row, rows_on_cores, KeysByDim, Mask, Reference, RowId, RowOut, RowRules};
 use crate::rng::SplitMix64;
+use crate::verify::{judge, RefRow, RowPair, WorstRow};
 use kernels_gpu::abi::{AttnParams, Strides};
 use kernels_gpu::decode_abi::{DecodeParams, MergeParams};
 pub use kernels_gpu::fp8::Fp8Format;
@@ -1214,23 +1217,163 @@ pub fn check_cache_layout(p: &DecodeProblem, layout: CacheLayout, block_table: &
     Ok(())
 }
 
-/// The f64 reference of a decode call.
+/// The f64 reference of a decode call: the rows of [`crate::reference::reference`]'s routine
+/// (one query row's attention, shared with prefill), laid out as the decode outputs are, and the
+/// bounds [`verify_decode`] judges an output by.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecodeReference {
     /// `[batch, seq_q, heads, head_dim]`.
     pub o: Vec<f64>,
     /// `[batch, heads, seq_q]`, natural log, `-inf` for a row that sees nothing.
     pub lse: Vec<f64>,
-    /// Per output row `Σ_j P_j |v_j|` maxed over dims: the row's scale for the error bounds.
+    /// Per element like `o`, `Σ_j P_j |v_j|`: the row-local magnitude O's rounding error scales
+    /// with ([`crate::reference::Reference::o_abs`]); the bounds of each row are relative to it.
     pub o_abs: Vec<f64>,
     /// Per element like `o`, the part an f32 kernel may lose to underflow (keys whose weight is
     /// below [`crate::reference::UNDERFLOW_WEIGHT`] of the row's largest; see
     /// [`crate::reference::Reference::o_under`]): a sink far above the scores makes O 0.
     pub o_under: Vec<f64>,
+    /// The bounds of [`verify_decode`]: the prefill's limit rule for the dtype
+    /// ([`crate::verify::tolerance_for`]: f32 bounds grown with the scores; bf16/f16 twice naive
+    /// attention in the dtype on the same inputs), each row bound no looser than decode's own
+    /// rule before the two were one ([`DECODE_ROW_MAX_ABS_F32`], [`DECODE_LSE_ROW_MAX_ABS`]).
+    pub tolerance: Tolerance,
+}
+
+/// The largest a decode row's `max |o_r − ref_r| / max a_r` may be in an f32 run, whatever the
+/// shared rule allows (the bound decode had before it took the prefill's rule); bf16/f16 runs
+/// add `2u` (`u` the dtype's unit roundoff).
+pub const DECODE_ROW_MAX_ABS_F32: f64 = 1e-4;
+
+/// The largest a decode row's LSE error `|lse_r − ref_r| / max(1, |ref_r|)` may be, whatever the
+/// shared rule allows (the bound decode had before it took the prefill's rule).
+pub const DECODE_LSE_ROW_MAX_ABS: f64 = 1e-4;
+
+/// The rows of a decode call in the order of [`crate::reference::RowSelection::All`] for a
+/// problem of `batch`, `heads`, `seq_q`: sequence, then head, then query token (the order of
+/// the LSE, `[batch, heads, seq_q]`).
+fn decode_row_ids(p: &DecodeProblem) -> Vec<RowId> {
+    let mut rows = Vec::with_capacity(p.rows() as usize);
+    for b in 0..p.batch {
+        for h in 0..p.heads {
+            rows.extend((0..p.seq_q).map(|i| RowId { b, h, i }));
+        }
+    }
+    rows
+}
+
+/// The mask and score rules of head `h` of sequence `b`: bottom-right causal and window as
+/// prefill's, the soft cap, the slope of [`DecodeInputs::alibi_slopes`] and the head's sink.
+#[inline(always)]
+fn decode_rules(p: &DecodeProblem, x: &DecodeInputs, b: usize, h: usize) -> RowRules {
+    RowRules {
+        mask: Mask { causal: p.causal, window: (p.window_left, p.window_right) },
+        scale: p.softmax_scale() as f64,
+        softcap: p.softcap as f64,
+        slope: crate::reference::alibi_slope(&x.alibi_slopes, p.heads as usize, b, h),
+        sink: if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY },
+    }
+}
+
+/// Element offsets of key `j` of sequence `b`, KV head `kv`: `(true, at)` in the cache (row
+/// `cache_leftpad[b] + j` of its slot or page) for the first `cache_seqlens[b] - leftpad` keys,
+/// then `(false, at)` in `k_new`/`v_new`: the concatenation, independent of the append kernel.
+#[inline(always)]
+fn key_offset(p: &DecodeProblem, x: &DecodeInputs, b: usize, kv: usize, j: usize) -> (bool, usize) {
+    let (d, hk) = (p.head_dim as usize, p.heads_kv as usize);
+    let (pad, cached) = (p.leftpad(b), p.cache_seqlens[b] - p.leftpad(b));
+    if (j as u32) < cached {
+        (true, x.row_offset(p, b, pad + j as u32).expect("validated") + kv * d)
+    } else {
+        (false, ((b * p.seq_new as usize + (j - cached as usize)) * hk + kv) * d)
+    }
+}
+
+/// The query, K-row and V-row sources of decode row `row`, for [`attention_row`] and
+/// [`crate::verify::naive_attention_row`]: `(q, k_row, v_row, of)` with `of` the (sequence, KV
+/// head) pair the keys belong to.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn decode_row_inputs<'a>(
+    p: &'a DecodeProblem,
+    x: &'a DecodeInputs,
+    row: &RowId,
+) -> (&'a [f32], impl Fn(usize) -> &'a [f32], impl Fn(usize) -> &'a [f32], (u32, u32)) {
+    let (b, h, i) = (row.b as usize, row.h as usize, row.i as usize);
+    let (hh, d, sq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+    let kv = h / p.group() as usize;
+    let q = &x.q[((b * sq + i) * hh + h) * d..][..d];
+    let k_row = move |j: usize| match key_offset(p, x, b, kv, j) {
+        (true, at) => &x.k_cache[at..at + d],
+        (false, at) => &x.k_new[at..at + d],
+    };
+    let v_row = move |j: usize| match key_offset(p, x, b, kv, j) {
+        (true, at) => &x.v_cache[at..at + d],
+        (false, at) => &x.v_new[at..at + d],
+    };
+    (q, k_row, v_row, (row.b, kv as u32))
+}
+
+widest_vectors! {
+    /// The decode rows `rs` one after the other, by the prefill reference's row routine
+    /// ([`attention_row`]): O, its scale and its underflow part into `oc`, `ac`, `uc`
+    /// (`head_dim` values per row), the LSE into `lc`.
+    fn decode_reference_rows / decode_reference_rows_baseline(
+        p: &DecodeProblem,
+        x: &DecodeInputs,
+        rs: &[RowId],
+        oc: &mut [f64],
+        ac: &mut [f64],
+        uc: &mut [f64],
+        lc: &mut [f64],
+    ) {
+        let d = p.head_dim as usize;
+        let mut scores = vec![f64::NEG_INFINITY; p.max_seqlen_k() as usize];
+        let mut keys = KeysByDim::default();
+        for (k, row) in rs.iter().enumerate() {
+            let at = k * d..(k + 1) * d;
+            let out = RowOut { o: &mut oc[at.clone()], abs: &mut ac[at.clone()], under: &mut uc[at] };
+            let rules = decode_rules(p, x, row.b as usize, row.h as usize);
+            let (q, k_row, v_row, of) = decode_row_inputs(p, x, row);
+            let lens = (p.seq_q, p.seqlen_k(row.b as usize));
+            lc[k] = attention_row(&rules, lens, row.i, q, &mut keys, of, k_row, v_row, &mut scores, out);
+        }
+    }
+}
+
+widest_vectors! {
+    /// The decode rows `rs` as naive attention in the dtype computes them
+    /// ([`crate::verify::naive_attention_row`], the baseline of the 16-bit bounds): O into `oc`
+    /// (`head_dim` values per row, left as they are for a row that sees nothing), LSE into `lc`.
+    fn decode_naive_rows / decode_naive_rows_baseline(
+        p: &DecodeProblem,
+        x: &DecodeInputs,
+        rs: &[RowId],
+        oc: &mut [f32],
+        lc: &mut [f32],
+    ) {
+        let d = p.head_dim as usize;
+        let (mut e, mut acc) = (vec![0f32; p.max_seqlen_k() as usize], vec![0f32; d]);
+        let mut keys = KeysByDim::default();
+        for (k, row) in rs.iter().enumerate() {
+            let rules = decode_rules(p, x, row.b as usize, row.h as usize);
+            let (q, k_row, v_row, of) = decode_row_inputs(p, x, row);
+            let lens = (p.seq_q, p.seqlen_k(row.b as usize));
+            let naive = crate::verify::naive_attention_row(
+                p.dtype, &rules, lens, row.i, q, &mut keys, of, k_row, v_row, &mut e, &mut acc,
+            );
+            if let Some(l) = naive {
+                oc[k * d..(k + 1) * d].copy_from_slice(&acc);
+                lc[k] = l;
+            }
+        }
+    }
 }
 
 /// Attention in f64 over the cache's first `cache_seqlens[b]` keys followed by `k_new` (the
-/// concatenation, independent of the append kernel).
+/// concatenation, independent of the append kernel), by the prefill reference's row routine: a
+/// decode step is a prefill of `seq_q` queries over the sequence's `seqlen_k` keys with the
+/// same bottom-right mask, and gives the same bits.
 ///
 /// An FP8 cache ([`DecodeProblem::kv_fp8`]) is attended over the values its bytes hold
 /// ([`DecodeInputs::dequantised`], the f64 decode of [`fp8_value_f64`]).
@@ -1242,117 +1385,51 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
         let deq = x.dequantised(p);
         return reference(&DecodeProblem { kv_fp8: None, ..p.clone() }, &deq);
     }
-    let (h, hk, d, g) = (p.heads as usize, p.heads_kv as usize, p.head_dim as usize, p.group() as usize);
-    let sq = p.seq_q as usize;
-    let scale = p.softmax_scale() as f64;
-    let mut o = vec![0f64; p.q_elems() as usize];
-    let mut o_under = vec![0f64; p.q_elems() as usize];
-    // Per (b, i) and head, scattered into `[batch, heads, seq_q]` below.
-    let items = p.batch as usize * sq;
-    let mut lse_bi = vec![f64::NEG_INFINITY; items * h];
-    let mut abs_bi = vec![0f64; items * h];
-    // Query position i of sequence b, every head: O and its underflow part into `out`, `under`
-    // (`[heads, d]`, zero on entry), LSE and the row scale into `lse_h`, `abs_h` (`[heads]`).
-    let one = |t: usize, out: &mut [f64], under: &mut [f64], lse_h: &mut [f64], abs_h: &mut [f64]| {
-        let (b, i) = (t / sq, t % sq);
-        // Key j of the sequence: cache row pad + j of its slot, then the new tokens.
-        let (pad, cached) = (p.leftpad(b), p.cache_seqlens[b] - p.leftpad(b));
-        let key = |j: u32, kv: usize| -> (&[f32], &[f32]) {
-            if j < cached {
-                let at = x.row_offset(p, b, pad + j).expect("validated") + kv * d;
-                (&x.k_cache[at..at + d], &x.v_cache[at..at + d])
-            } else {
-                let at = ((b * p.seq_new as usize + (j - cached) as usize) * hk + kv) * d;
-                (&x.k_new[at..at + d], &x.v_new[at..at + d])
-            }
-        };
-        let seqlen = p.seqlen_k(b) as i64;
-        // The mask, key by key: bottom-right diagonal, causal, window on either side.
-        let diag = i as i64 + seqlen - sq as i64;
-        let visible = |j: i64| {
-            (!p.causal || j <= diag)
-                && (p.window_right < 0 || j <= diag + p.window_right as i64)
-                && (p.window_left < 0 || j >= diag - p.window_left as i64)
-        };
-        let seen: Vec<u32> = (0..seqlen).filter(|&j| visible(j)).map(|j| j as u32).collect();
-        let mut abs = vec![0f64; d];
-        for hh in 0..h {
-            let kv = hh / g;
-            let qr = &x.q[((b * sq + i) * h + hh) * d..][..d];
-            // ALiBi: -slope · |diag - j| after the soft cap.
-            let slope = match x.alibi_slopes.len() {
-                0 => 0.0,
-                n if n == h => x.alibi_slopes[hh] as f64,
-                _ => x.alibi_slopes[b * h + hh] as f64,
-            };
-            let s: Vec<f64> = seen
-                .iter()
-                .map(|&j| {
-                    let s = scale * qr.iter().zip(key(j, kv).0).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
-                    let s = if p.softcap > 0.0 { p.softcap as f64 * (s / p.softcap as f64).tanh() } else { s };
-                    s - slope * (diag - j as i64).abs() as f64
-                })
-                .collect();
-            // A sink joins the denominator only: O = Σ e^(s_j - m) v_j / (e^(sink - m) + Σ e^(s_j - m)).
-            let sink = if p.sinks { x.sinks[hh] as f64 } else { f64::NEG_INFINITY };
-            if seen.is_empty() {
-                lse_h[hh] = sink; // O stays 0; LSE is the sink's (-inf without one)
-                continue;
-            }
-            let m = s.iter().copied().fold(sink, f64::max);
-            let l: f64 = s.iter().map(|v| (v - m).exp()).sum::<f64>() + (sink - m).exp();
-            lse_h[hh] = m + l.ln();
-            let out = &mut out[hh * d..][..d];
-            let under = &mut under[hh * d..][..d];
-            abs.fill(0.0);
-            for (&j, sj) in seen.iter().zip(&s) {
-                let w = (sj - m).exp();
-                let pj = w / l;
-                for (c, &vv) in key(j, kv).1.iter().enumerate() {
-                    out[c] += pj * vv as f64;
-                    abs[c] += pj * (vv as f64).abs();
-                    if w < crate::reference::UNDERFLOW_WEIGHT {
-                        under[c] += pj * (vv as f64).abs();
-                    }
-                }
-            }
-            abs_h[hh] = abs.iter().copied().fold(0f64, f64::max);
+    let r = reference_rows(p, x);
+    let tolerance = decode_tolerance(p, x, &r);
+    // Rows (b, h, i) to O's `[batch, seq_q, heads, head_dim]`; the LSE is in row order already.
+    let (h, d, sq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+    let bshd = |rows: &[f64]| {
+        let mut out = vec![0f64; rows.len()];
+        for (k, row) in r.rows.iter().enumerate() {
+            let at = ((row.b as usize * sq + row.i as usize) * h + row.h as usize) * d;
+            out[at..at + d].copy_from_slice(&rows[k * d..(k + 1) * d]);
         }
+        out
     };
-    // The rows spread over the cores; each row's arithmetic is the same wherever it runs.
-    let longest = (0..p.batch as usize).map(|b| p.seqlen_k(b) as usize).max().unwrap_or(0);
-    let chunk = crate::reference::row_chunk(items, h * d * longest.max(1));
-    let one = &one;
-    let (row, hd) = (chunk * h * d, chunk * h);
-    std::thread::scope(|sc| {
-        let parts =
-            o.chunks_mut(row).zip(o_under.chunks_mut(row)).zip(lse_bi.chunks_mut(hd).zip(abs_bi.chunks_mut(hd)));
-        let mut parts = parts.enumerate().peekable();
-        while let Some((c, ((oc, uc), (lc, ac)))) = parts.next() {
-            let mut work = move || {
-                for k in 0..lc.len() / h {
-                    let (o_r, u_r) = (&mut oc[k * h * d..][..h * d], &mut uc[k * h * d..][..h * d]);
-                    one(c * chunk + k, o_r, u_r, &mut lc[k * h..][..h], &mut ac[k * h..][..h]);
-                }
-            };
-            if parts.peek().is_some() {
-                sc.spawn(work);
-            } else {
-                work();
-            }
-        }
+    let (o, o_abs, o_under) = (bshd(&r.o), bshd(&r.o_abs), bshd(&r.o_under));
+    DecodeReference { o, lse: r.lse, o_abs, o_under, tolerance }
+}
+
+/// The reference rows of a decode call without rotary or FP8 (those are applied to the inputs
+/// first), in the order of [`decode_row_ids`], as [`crate::reference::Reference`] holds them.
+fn reference_rows(p: &DecodeProblem, x: &DecodeInputs) -> Reference {
+    let rows = decode_row_ids(p);
+    let d = p.head_dim as usize;
+    let work = p.max_seqlen_k().max(1) as usize * d;
+    let ([o, o_abs, o_under], lse) = rows_on_cores(&rows, work, d, (0.0, 0.0), |rs, [oc, ac, uc], lc| {
+        decode_reference_rows(p, x, rs, oc, ac, uc, lc)
     });
-    let mut lse = vec![f64::NEG_INFINITY; p.rows() as usize];
-    let mut o_abs = vec![0f64; p.rows() as usize];
-    for t in 0..items {
-        let (b, i) = (t / sq, t % sq);
-        for hh in 0..h {
-            let r = (b * h + hh) * sq + i;
-            lse[r] = lse_bi[t * h + hh];
-            o_abs[r] = abs_bi[t * h + hh];
-        }
-    }
-    DecodeReference { o, lse, o_abs, o_under }
+    Reference { rows, o, lse, o_abs, o_under, total_rows: p.rows() }
+}
+
+/// The bounds of a decode call: the shared limit rule of its dtype
+/// ([`crate::verify::tolerance_for`]'s, here with the decode rows' naive baseline), each row bound
+/// capped at what decode's own rule allowed before ([`DECODE_ROW_MAX_ABS_F32`] plus `2u` for
+/// bf16/f16, [`DECODE_LSE_ROW_MAX_ABS`]) so that no decode output it failed passes.
+fn decode_tolerance(p: &DecodeProblem, x: &DecodeInputs, r: &Reference) -> Tolerance {
+    let d = p.head_dim as usize;
+    let mut tol = crate::verify::tolerance_rule(p.dtype, &r.o, &r.lse, p.max_seqlen_k(), || {
+        let work = p.max_seqlen_k().max(1) as usize * d;
+        let ([o], lse) = rows_on_cores(&r.rows, work, d, (0.0, f32::NEG_INFINITY), |rs, [oc], lc| {
+            decode_naive_rows(p, x, rs, oc, lc)
+        });
+        crate::verify::baseline_errors(&o, &lse, r, d)
+    });
+    let legacy = if p.dtype.is_16bit() { 2.0 * p.dtype.unit_roundoff() } else { 0.0 } + DECODE_ROW_MAX_ABS_F32;
+    tol.row_max_abs = tol.row_max_abs.min(legacy);
+    tol.lse_row_max_abs = tol.lse_row_max_abs.min(DECODE_LSE_ROW_MAX_ABS);
+    tol
 }
 
 /// Errors of a decode run against the reference.
@@ -1361,7 +1438,8 @@ pub fn reference(p: &DecodeProblem, x: &DecodeInputs) -> DecodeReference {
 pub struct DecodeVerification {
     /// Every bound met and no failure (`failures` empty).
     pub passed: bool,
-    /// Largest `|o - ref| / max(a_r, tiny)` over elements (`a_r` the row's `Σ P |v|`).
+    /// Largest `max |o_r − ref_r| / max a_r` over the rows (`a_r` the row's `Σ P |v|`;
+    /// [`crate::verify::row_errors`]).
     pub o_max_scaled_err: f64,
     /// `sqrt(Σ err² / Σ ref²)` over the elements of O.
     pub o_rel_rms_err: f64,
@@ -1371,11 +1449,15 @@ pub struct DecodeVerification {
     pub unwritten: u64,
     /// Rows whose LSE is `-inf` on one side only.
     pub lse_inf_mismatches: u64,
-    /// Bound on `o_max_scaled_err`: 1e-4 for f32; `2u + 1e-4` for bf16/f16 (`u` the unit
-    /// roundoff: the output is rounded to the dtype once; arithmetic is f32).
+    /// Bound on `o_max_scaled_err` ([`Tolerance::row_max_abs`] of `tolerance`).
     pub o_bound: f64,
-    /// Bound on `|lse - ref| / max(1, |ref|)`: 1e-4.
+    /// Bound on `|lse - ref| / max(1, |ref|)` ([`Tolerance::lse_row_max_abs`] of `tolerance`).
     pub lse_bound: f64,
+    /// Every bound the output was judged against ([`DecodeReference::tolerance`]; `None` only in
+    /// a default value).
+    pub tolerance: Option<Tolerance>,
+    /// The checked row closest to (or furthest over) its bounds ([`crate::verify::Verification`]).
+    pub worst_row: Option<WorstRow>,
     /// The updated cache equals the expected append (bit for bit), when there were new tokens.
     pub cache_ok: Option<bool>,
     /// FP8 cache: the relative RMS error of O against the reference over the unquantised
@@ -1385,61 +1467,43 @@ pub struct DecodeVerification {
     pub failures: Vec<String>,
 }
 
-/// Compares O and LSE with the reference, row by row against each row's own scale.
+/// Compares O (`[batch, seq_q, heads, head_dim]`) and LSE (`[batch, heads, seq_q]`) with the
+/// reference by the acceptance rule every attention output has ([`crate::verify::verify`]'s):
+/// every row against its own scale and the whole tensor, within [`DecodeReference::tolerance`].
 pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeReference) -> DecodeVerification {
     let (h, d, sq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
-    let o_bound = if p.dtype.is_16bit() { 2.0 * p.dtype.unit_roundoff() + 1e-4 } else { 1e-4 };
-    let mut v = DecodeVerification { o_bound, lse_bound: 1e-4, ..Default::default() };
-    let (mut num, mut den) = (0f64, 0f64);
-    for b in 0..p.batch as usize {
-        for i in 0..sq {
-            for hh in 0..h {
-                let row = (b * h + hh) * sq + i;
-                let scale = r.o_abs[row].max(f64::MIN_POSITIVE);
-                for c in 0..d {
-                    let e = ((b * sq + i) * h + hh) * d + c;
-                    let got = o[e] as f64;
-                    if !got.is_finite() {
-                        v.unwritten += 1;
-                        continue;
-                    }
-                    // What underflow may correctly lose is not an error (a sink far above the
-                    // scores: O is 0 in f32, about 1e-44 in the reference).
-                    let err = ((got - r.o[e]).abs() - r.o_under[e]).max(0.0);
-                    if r.lse[row] == f64::NEG_INFINITY {
-                        v.o_max_scaled_err = v.o_max_scaled_err.max(if err == 0.0 { 0.0 } else { f64::INFINITY });
-                    } else {
-                        v.o_max_scaled_err = v.o_max_scaled_err.max(err / scale);
-                    }
-                    num += err * err;
-                    den += r.o[e] * r.o[e];
-                }
-                let (gl, rl) = (lse[row] as f64, r.lse[row]);
-                if (gl == f64::NEG_INFINITY) != (rl == f64::NEG_INFINITY) {
-                    v.lse_inf_mismatches += 1;
-                } else if gl.is_nan() || gl == f64::INFINITY {
-                    v.unwritten += 1;
-                } else if rl.is_finite() {
-                    v.lse_max_abs_err = v.lse_max_abs_err.max((gl - rl).abs() / rl.abs().max(1.0));
-                }
-            }
-        }
+    let rows = decode_row_ids(p);
+    let pairs = rows.iter().enumerate().map(|(k, row)| {
+        let at = ((row.b as usize * sq + row.i as usize) * h + row.h as usize) * d..;
+        let want = RefRow {
+            o: &r.o[at.clone()][..d],
+            abs: &r.o_abs[at.clone()][..d],
+            under: &r.o_under[at.clone()][..d],
+            lse: r.lse[k],
+        };
+        RowPair { row: *row, o: &o[at][..d], lse: lse[k], want }
+    });
+    let (mut o_max, mut lse_max) = (0f64, 0f64);
+    for pair in pairs.clone() {
+        let (_, abs, l) = crate::verify::row_errors_of(pair.o, pair.lse, &pair.want);
+        (o_max, lse_max) = (o_max.max(abs), lse_max.max(l));
     }
-    v.o_rel_rms_err = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
-    if v.unwritten > 0 {
-        v.failures.push(format!("{} output elements are NaN/inf (not written?)", v.unwritten));
+    let v = judge(pairs, &r.tolerance, p.rows());
+    DecodeVerification {
+        passed: v.passed,
+        o_max_scaled_err: o_max,
+        o_rel_rms_err: v.o.rel_rms_err,
+        lse_max_abs_err: lse_max,
+        unwritten: v.unwritten,
+        lse_inf_mismatches: v.lse_inf_mismatches,
+        o_bound: r.tolerance.row_max_abs,
+        lse_bound: r.tolerance.lse_row_max_abs,
+        tolerance: Some(r.tolerance),
+        worst_row: v.worst_row,
+        cache_ok: None,
+        quantisation_rel_rms: None,
+        failures: v.failures,
     }
-    if v.lse_inf_mismatches > 0 {
-        v.failures.push(format!("{} rows have LSE -inf on one side only", v.lse_inf_mismatches));
-    }
-    if v.o_max_scaled_err > o_bound {
-        v.failures.push(format!("O error {:.3e} of its row's scale, over the bound {o_bound:.1e}", v.o_max_scaled_err));
-    }
-    if v.lse_max_abs_err > v.lse_bound {
-        v.failures.push(format!("LSE error {:.3e}, over the bound {:.1e}", v.lse_max_abs_err, v.lse_bound));
-    }
-    v.passed = v.failures.is_empty();
-    v
 }
 
 /// Element counts of a decode call's tensors ([`DecodeProblem::sizes`]), each known to fit.
@@ -1485,13 +1549,15 @@ impl DecodeSizes {
 
     /// Host bytes a measured run holds at its peak: the f32 inputs, the cache expected after the
     /// append and the one downloaded (f32 each) plus its encoded copy, Q encoded, O downloaded
-    /// (encoded and f32) and the f64 reference (O, LSE and the row scales).
+    /// (encoded and f32) and the f64 reference as [`reference()`] builds it (O, its scale and its
+    /// underflow part in row order and laid out as O, the LSE, and naive attention's O and LSE
+    /// for the bounds).
     pub fn host_bytes(&self, p: &DecodeProblem) -> u64 {
         let es = p.dtype.size_bytes();
         [
             self.cache.saturating_mul(2 * (4 + 4 + 4 + es)),
-            self.q.saturating_mul(4 + es + es + 4 + 8),
-            self.rows.saturating_mul(4 + 8 + 8),
+            self.q.saturating_mul(4 + es + es + 4 + 6 * 8 + 4),
+            self.rows.saturating_mul(4 + 8 + 4),
             self.new.saturating_mul(2 * (4 + es)),
             self.block_table.saturating_mul(4),
         ]
@@ -1993,6 +2059,8 @@ pub fn merge_states_reference(x: &Partials) -> (Vec<f64>, Vec<f64>) {
 #[doc(hidden)]
 pub mod tests {
     use super::*;
+    use crate::inputs::Qkv;
+    use crate::reference::RowSelection;
 
     pub fn heuristic_matches_flash_attention_2_on_known_cases() {
         // batch 1, 8 KV heads (32 query heads packed), d 128, 8192 keys: 8 blocks on 132 SMs,
@@ -2210,6 +2278,157 @@ pub mod tests {
         assert!(matches!(x.check_fp8_scales(&plain), Err(KvCacheRule::Fp8ScaleCount { fp8: false, .. })));
         let f32_q = DecodeProblem { dtype: Dtype::F32, ..p };
         assert_eq!(f32_q.kernels().unwrap_err(), KvCacheRule::Fp8Dtype { dtype: Dtype::F32 });
+    }
+
+    /// The prefill problem and inputs of a decode call (rotary and FP8 applied to its inputs, as
+    /// the decode reference applies them): a varlen batch of `seq_q` queries per sequence over its
+    /// `seqlen_k` keys (cache then new tokens, gathered from the slots or pages), bottom-right
+    /// causal and windowed as decode is.
+    fn as_prefill(p: &DecodeProblem, x: &DecodeInputs) -> (crate::problem::Problem, Qkv) {
+        let plain = DecodeProblem { rotary: None, kv_fp8: None, ..p.clone() };
+        let x = x.rotated(p).dequantised(&DecodeProblem { rotary: None, ..p.clone() });
+        let (hk, d) = (p.heads_kv as usize, p.head_dim as usize);
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for b in 0..p.batch as usize {
+            for j in 0..plain.seqlen_k(b) as usize {
+                for kv in 0..hk {
+                    let (in_cache, at) = key_offset(&plain, &x, b, kv, j);
+                    let (kt, vt) = if in_cache { (&x.k_cache, &x.v_cache) } else { (&x.k_new, &x.v_new) };
+                    k.extend_from_slice(&kt[at..at + d]);
+                    v.extend_from_slice(&vt[at..at + d]);
+                }
+            }
+        }
+        let seqlens_kv: Vec<u32> = (0..p.batch as usize).map(|b| plain.seqlen_k(b)).collect();
+        let pp = crate::problem::Problem {
+            batch: p.batch,
+            heads: p.heads,
+            heads_kv: Some(p.heads_kv),
+            seq_q: p.seq_q,
+            seq_kv: p.max_seqlen_k(),
+            head_dim: p.head_dim,
+            causal: p.causal,
+            window: (p.window_left, p.window_right),
+            softcap: p.softcap,
+            scale: p.scale,
+            sinks: p.sinks,
+            dtype: p.dtype,
+            varlen: Some(crate::problem::Varlen {
+                seqlens_q: vec![p.seq_q; p.batch as usize].leak(),
+                seqlens_kv: seqlens_kv.leak(),
+            }),
+            ..crate::problem::Problem::default()
+        };
+        (pp, Qkv { q: x.q.clone(), k, v, sinks: x.sinks.clone() })
+    }
+
+    /// A decode step is a prefill of `seq_q` queries with the same bottom-right mask: the decode
+    /// reference and the prefill reference give the same bits on every row (O, its scale, its
+    /// underflow part, LSE), over contiguous and paged caches, left padding and slots, new tokens,
+    /// GQA, window, soft cap, ALiBi, sinks, rotary and an FP8 cache.
+    pub fn decode_and_prefill_reference_rows_are_bit_identical() {
+        let base = DecodeProblem {
+            batch: 3,
+            heads: 4,
+            heads_kv: 2,
+            head_dim: 24,
+            cache_seqlens: vec![37, 5, 70],
+            ..DecodeProblem::default()
+        };
+        let cases = [
+            base.clone(),
+            DecodeProblem { sinks: true, seq_new: 2, page_size: Some(16), softcap: 5.0, ..base.clone() },
+            DecodeProblem {
+                seq_q: 3,
+                seq_new: 3,
+                window_left: 9,
+                alibi: true,
+                cache_leftpad: Some(vec![4, 0, 11]),
+                cache_batch_idx: Some(vec![2, 0, 1]),
+                ..base.clone()
+            },
+            DecodeProblem { seq_q: 2, causal: false, window_left: 20, window_right: 1, sinks: true, ..base.clone() },
+            DecodeProblem { seq_new: 2, rotary: Some(Rotary { dim: 8, interleaved: false }), ..base.clone() },
+            DecodeProblem { head_dim: 64, dtype: Dtype::Bf16, kv_fp8: Some(Fp8Format::E4m3), seq_new: 1, ..base },
+        ];
+        for p in cases {
+            let x = DecodeInputs::random(&p, 21);
+            x.validate(&p).unwrap();
+            let dr = reference(&p, &x);
+            let (pp, px) = as_prefill(&p, &x);
+            let pr = crate::reference::reference_with_slopes(&pp, &px, &RowSelection::All, &x.alibi_slopes);
+            let (h, d, sq) = (p.heads as usize, p.head_dim as usize, p.seq_q as usize);
+            assert_eq!(pr.rows.len() as u64, p.rows());
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+            for (k, row) in pr.rows.iter().enumerate() {
+                let at = ((row.b as usize * sq + row.i as usize) * h + row.h as usize) * d;
+                let lse_at = (row.b as usize * h + row.h as usize) * sq + row.i as usize;
+                let what = format!("{p:?} row {row:?}");
+                assert_eq!(bits(&dr.o[at..at + d]), bits(&pr.o[k * d..(k + 1) * d]), "O of {what}");
+                assert_eq!(bits(&dr.o_abs[at..at + d]), bits(&pr.o_abs[k * d..(k + 1) * d]), "scale of {what}");
+                assert_eq!(bits(&dr.o_under[at..at + d]), bits(&pr.o_under[k * d..(k + 1) * d]), "{what}");
+                assert_eq!(dr.lse[lse_at].to_bits(), pr.lse[k].to_bits(), "LSE of {what}");
+            }
+            // The same limit rule too: f32 bounds from the same reference values, bf16 ones from
+            // naive attention in bf16 on the same rows (decode's own caps aside). The row bounds
+            // are maxima, the same bits; the whole-tensor ones sum the rows in another order.
+            let tol = crate::verify::tolerance_for(&pp, &px, &pr);
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+            assert!(close(dr.tolerance.rel_rms, tol.rel_rms) && close(dr.tolerance.max_abs, tol.max_abs), "{p:?}");
+            assert_eq!(dr.tolerance.row_rel_rms, tol.row_rel_rms, "{p:?}");
+            assert!(dr.tolerance.row_max_abs <= tol.row_max_abs, "{p:?}");
+        }
+    }
+
+    /// The acceptance rule can fail a decode output: the reference itself (rounded to f32)
+    /// passes; one element of one row moved by 3x its row bound, an unwritten (NaN) element, a
+    /// masked row's LSE that is not `-inf`, or a whole row 1 % off (each alone) fails, in f32 and
+    /// bf16, and the failure names the row.
+    pub fn the_acceptance_rule_rejects_a_perturbed_decode_output() {
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            let p = DecodeProblem {
+                batch: 2,
+                heads: 4,
+                heads_kv: 2,
+                head_dim: 64,
+                seq_q: 3,
+                cache_seqlens: vec![1, 40],
+                window_left: 0,
+                dtype,
+                ..DecodeProblem::default()
+            };
+            let x = DecodeInputs::random(&p, 9);
+            let r = reference(&p, &x);
+            let o: Vec<f32> = r.o.iter().map(|&v| v as f32).collect();
+            let lse: Vec<f32> = r.lse.iter().map(|&v| v as f32).collect();
+            let v = verify_decode(&p, &o, &lse, &r);
+            assert!(v.passed, "{dtype}: {:?}", v.failures);
+            assert!(v.o_max_scaled_err < v.o_bound && v.o_bound == r.tolerance.row_max_abs);
+            // Sequence 1, head 3, query 2 (row (1, 3, 2)): element 5 moved by 3x the row bound.
+            let (h, d, sq) = (4usize, 64usize, 3usize);
+            let at = ((sq + 2) * h + 3) * d;
+            let scale = r.o_abs[at..at + d].iter().fold(0f64, |a, &v| a.max(v));
+            let mut bad = o.clone();
+            bad[at + 5] += (3.0 * r.tolerance.row_max_abs * scale) as f32;
+            let v = verify_decode(&p, &bad, &lse, &r);
+            assert!(!v.passed && v.o_max_scaled_err > v.o_bound, "{dtype}: {v:?}");
+            assert!(v.failures.iter().any(|f| f.contains("row (batch 1, head 3, query 2)")), "{:?}", v.failures);
+            let mut bad = o.clone();
+            bad[at] = f32::NAN;
+            let v = verify_decode(&p, &bad, &lse, &r);
+            assert!(!v.passed && v.unwritten == 1, "{dtype}: {v:?}");
+            // Sequence 0 has one key and window 0: queries 0 and 1 see nothing.
+            assert_eq!(r.lse[0], f64::NEG_INFINITY);
+            let mut bad = lse.clone();
+            bad[0] = 0.0;
+            let v = verify_decode(&p, &o, &bad, &r);
+            assert!(!v.passed && v.lse_inf_mismatches == 1, "{dtype}: {v:?}");
+            let mut bad = o.clone();
+            for e in &mut bad[at..at + d] {
+                *e *= 1.01;
+            }
+            assert!(!verify_decode(&p, &bad, &lse, &r).passed, "{dtype}: a row 1 % off passed");
+        }
     }
 
     pub fn merge_reference_known_answers() {

@@ -6,7 +6,8 @@
 //! Start at [`attn`]: views of your cudarc slices (or VM buffers), [`attn::Kernels::flash_attn`]
 //! / [`attn::Kernels::flash_attn_into`], the varlen and KV-cache calls, `merge_states_into`, typed
 //! errors before launch, and the semantics table (layouts, bottom-right causal mask, LSE in
-//! natural log). [`reference::attention`] and [`decode::reference`] are the f64 references.
+//! natural log). [`reference::attention`] and [`decode::reference`] are the f64 references (one
+//! row routine behind both), [`verify`] the acceptance rule of both.
 //!
 //! # Features
 //! - `vm` (default): the PTX VM backend ([`attn::Kernels::vm`]), the same kernels on the CPU with

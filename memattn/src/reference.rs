@@ -1,4 +1,6 @@
-//! CPU reference: naive attention accumulated in f64, producing O and LSE per query row.
+//! CPU reference: naive attention accumulated in f64, producing O and LSE per query row. One
+//! routine computes a row (`attention_row`); the decode reference ([`crate::decode::reference`])
+//! calls it too, so a decode step and the prefill of the same rows give the same bits.
 //!
 //! Problems too large to check fully are checked on a seeded random sample of query rows; the
 //! report always says how many rows were checked, so nothing is skipped silently.
@@ -137,20 +139,96 @@ pub fn visible(p: &Problem, i: u32, j: u32) -> bool {
 
 /// [`visible`] in a sequence of `seq_q` queries and `seq_kv` keys (varlen: each sequence's own).
 pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool {
-    let off = seq_kv as i64 - seq_q as i64;
-    let (i, j) = (i as i64, j as i64);
-    let left = p.window.0 as i64;
-    let right = if p.causal { 0 } else { p.window.1 as i64 };
-    (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right)
+    Mask::of(p).visible(seq_q, seq_kv, i, j)
 }
 
 /// The keys query `i` of a `seq_q` × `seq_kv` sequence sees: one range, since the causal and
 /// window bounds each cut the keys at one end (empty when it sees none). Read off the per-key
 /// rule [`visible_in`], not the kernels' `key_range`, so the reference stays independent of them.
 pub(crate) fn visible_keys(p: &Problem, seq_q: u32, seq_kv: u32, i: u32) -> std::ops::Range<usize> {
-    let seen = |j: &usize| visible_in(p, seq_q, seq_kv, i, *j as u32);
-    let Some(first) = (0..seq_kv as usize).find(seen) else { return 0..0 };
-    first..(first..seq_kv as usize).find(|j| !seen(j)).unwrap_or(seq_kv as usize)
+    Mask::of(p).keys(seq_q, seq_kv, i)
+}
+
+/// The mask of `docs/semantics.md`, as the references apply it key by key: causal and a window
+/// `(left, right)`, both bottom-right aligned in the row's own sequence (`off = seq_kv - seq_q`:
+/// query `i` sees key `j` iff `i + off - left <= j <= i + off + right`, a side of `-1` unbounded,
+/// causal meaning `right = 0`). A prefill problem and a decode problem carry the same two fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mask {
+    /// Causal: the window's right side is 0.
+    pub(crate) causal: bool,
+    /// `(left, right)`, `-1` unbounded.
+    pub(crate) window: (i32, i32),
+}
+
+impl Mask {
+    /// The mask of a prefill problem.
+    pub(crate) fn of(p: &Problem) -> Mask {
+        Mask { causal: p.causal, window: p.window }
+    }
+
+    /// Whether query `i` of a `seq_q` × `seq_kv` sequence sees key `j`.
+    pub(crate) fn visible(&self, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool {
+        let off = seq_kv as i64 - seq_q as i64;
+        let (i, j) = (i as i64, j as i64);
+        let left = self.window.0 as i64;
+        let right = if self.causal { 0 } else { self.window.1 as i64 };
+        (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right)
+    }
+
+    /// The keys query `i` sees, one range read off [`Mask::visible`] (empty when none).
+    pub(crate) fn keys(&self, seq_q: u32, seq_kv: u32, i: u32) -> std::ops::Range<usize> {
+        let seen = |j: &usize| self.visible(seq_q, seq_kv, i, *j as u32);
+        let Some(first) = (0..seq_kv as usize).find(seen) else { return 0..0 };
+        first..(first..seq_kv as usize).find(|j| !seen(j)).unwrap_or(seq_kv as usize)
+    }
+}
+
+/// Everything one query row's f64 attention depends on besides its query, keys and values: the
+/// mask and the score rules (`docs/semantics.md`). Score of key `j`: `t = scale · q·k_j`, soft
+/// capped to `softcap · tanh(t / softcap)` when `softcap > 0`, then `- slope · |i + off - j|`
+/// (ALiBi); `sink` joins the softmax denominator only (`-inf`: no sink). Built per row by the
+/// prefill reference ([`RowRules::prefill`]) and the decode reference alike, so both reach
+/// [`attention_row`] with the same description.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RowRules {
+    /// Which keys the row sees.
+    pub(crate) mask: Mask,
+    /// The softmax scale.
+    pub(crate) scale: f64,
+    /// The soft cap (0: off).
+    pub(crate) softcap: f64,
+    /// The row's ALiBi slope (0: off).
+    pub(crate) slope: f64,
+    /// The row's sink logit (`-inf`: none).
+    pub(crate) sink: f64,
+}
+
+impl RowRules {
+    /// The rules of `row` of a prefill problem with these ALiBi slopes (`[heads]`,
+    /// `[batch, heads]` or empty) and `x`'s sinks.
+    #[inline(always)]
+    pub(crate) fn prefill(p: &Problem, x: &Qkv, row: &RowId, slopes: &[f32]) -> RowRules {
+        let (hh, h) = (p.heads as usize, row.h as usize);
+        RowRules {
+            mask: Mask::of(p),
+            scale: p.softmax_scale() as f64,
+            softcap: p.softcap as f64,
+            slope: alibi_slope(slopes, hh, row.b as usize, h),
+            sink: if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY },
+        }
+    }
+}
+
+/// The ALiBi slope of head `h` of sequence `b` from `slopes`: `[heads]` for every sequence,
+/// `[batch, heads]` per sequence, or empty for none (0).
+#[inline(always)]
+pub(crate) fn alibi_slope(slopes: &[f32], heads: usize, b: usize, h: usize) -> f64 {
+    match slopes.len() {
+        0 => 0.0,
+        n if n == heads => slopes[h] as f64,
+        _ => slopes[b * heads + h] as f64,
+    }
 }
 
 /// The keys of one (sequence, KV head), stored dimension by dimension (`[head_dim][keys]`), so
@@ -169,16 +247,21 @@ impl KeysByDim {
     /// pair); nothing to do when they are held already.
     #[inline(always)]
     pub(crate) fn hold(&mut self, of: (u32, u32), k: &[f32], stride: usize, d: usize, keys: usize) {
+        self.hold_rows(of, d, keys, |j| &k[j * stride..][..d]);
+    }
+
+    /// Holds the `keys` rows `k_row(0..keys)` (`d` values each; a paged cache's rows are
+    /// anywhere) as those of `of`; nothing to do when they are held already.
+    #[inline(always)]
+    pub(crate) fn hold_rows<'a>(&mut self, of: (u32, u32), d: usize, keys: usize, k_row: impl Fn(usize) -> &'a [f32]) {
         if self.of == Some(of) && self.kt.len() == d * keys {
             return;
         }
         self.kt.clear();
         self.kt.resize(d * keys, 0.0);
-        if keys > 0 {
-            for (j, row) in k.chunks(stride).take(keys).enumerate() {
-                for (t, &v) in row[..d].iter().enumerate() {
-                    self.kt[t * keys + j] = v;
-                }
+        for j in 0..keys {
+            for (t, &v) in k_row(j)[..d].iter().enumerate() {
+                self.kt[t * keys + j] = v;
             }
         }
         (self.of, self.keys) = (Some(of), keys);
@@ -270,30 +353,10 @@ pub fn reference(p: &Problem, x: &Qkv, selection: &RowSelection) -> Reference {
 pub fn reference_with_slopes(p: &Problem, x: &Qkv, selection: &RowSelection, slopes: &[f32]) -> Reference {
     let rows = selection.rows(p);
     let d = p.head_dim as usize;
-    let mut o = vec![0.0f64; rows.len() * d];
-    let mut o_abs = vec![0.0f64; rows.len() * d];
-    let mut o_under = vec![0.0f64; rows.len() * d];
-    let mut lse = vec![0.0f64; rows.len()];
-    // Rows are independent: contiguous chunks of them on the host's cores (each row computed
-    // exactly as on one thread, so the values do not depend on the split).
-    let chunk = row_chunk(rows.len(), p.seq_kv as usize * d);
-    std::thread::scope(|s| {
-        let parts = rows
-            .chunks(chunk)
-            .zip(o.chunks_mut(chunk * d))
-            .zip(o_abs.chunks_mut(chunk * d))
-            .zip(o_under.chunks_mut(chunk * d))
-            .zip(lse.chunks_mut(chunk));
-        let mut parts = parts.peekable();
-        while let Some(((((rs, oc), ac), uc), lc)) = parts.next() {
-            let mut work = move || reference_rows(p, x, rs, slopes, oc, ac, uc, lc);
-            if parts.peek().is_some() {
-                s.spawn(work);
-            } else {
-                work();
-            }
-        }
-    });
+    let ([o, o_abs, o_under], lse) =
+        rows_on_cores(&rows, p.seq_kv as usize * d, d, (0.0, 0.0), |rs, [oc, ac, uc], lc| {
+            reference_rows(p, x, rs, slopes, oc, ac, uc, lc)
+        });
     Reference { rows, o, lse, o_abs, o_under, total_rows: p.rows() }
 }
 
@@ -303,6 +366,37 @@ pub(crate) fn row_chunk(rows: usize, work_per_row: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let threads = if rows.saturating_mul(work_per_row) < 1 << 17 { 1 } else { cores.min(rows).max(1) };
     rows.div_ceil(threads).max(1)
+}
+
+/// Computes `rows` (independent, `work_per_row` multiply-adds each) in contiguous chunks on the
+/// host's cores ([`row_chunk`]): `body` gets a chunk of rows, its part of `W` outputs of `d`
+/// values per row and of one output of a value per row (filled with `fill` first), and writes
+/// them. Each row is computed exactly as on one thread, so the values do not depend on the split.
+pub(crate) fn rows_on_cores<T: Copy + Send, const W: usize>(
+    rows: &[RowId],
+    work_per_row: usize,
+    d: usize,
+    fill: (T, T),
+    body: impl Fn(&[RowId], [&mut [T]; W], &mut [T]) + Sync,
+) -> ([Vec<T>; W], Vec<T>) {
+    let mut wide: [Vec<T>; W] = std::array::from_fn(|_| vec![fill.0; rows.len() * d]);
+    let mut narrow = vec![fill.1; rows.len()];
+    let chunk = row_chunk(rows.len(), work_per_row);
+    let mut wide_parts = wide.each_mut().map(|v| v.chunks_mut(chunk * d.max(1)));
+    let body = &body;
+    std::thread::scope(|s| {
+        let mut parts = rows.chunks(chunk).zip(narrow.chunks_mut(chunk)).peekable();
+        while let Some((rs, nc)) = parts.next() {
+            let wc = wide_parts.each_mut().map(|c| c.next().unwrap_or_default());
+            let work = move || body(rs, wc, nc);
+            if parts.peek().is_some() {
+                s.spawn(work);
+            } else {
+                work();
+            }
+        }
+    });
+    (wide, narrow)
 }
 
 widest_vectors! {
@@ -323,17 +417,16 @@ widest_vectors! {
         let mut keys = KeysByDim::default();
         for (k, row) in rs.iter().enumerate() {
             let at = k * d..(k + 1) * d;
-            let (o, a, u) = (&mut oc[at.clone()], &mut ac[at.clone()], &mut uc[at]);
-            lc[k] = reference_row(p, x, row, slopes, &mut keys, &mut scores, o, a, u);
+            let out = RowOut { o: &mut oc[at.clone()], abs: &mut ac[at.clone()], under: &mut uc[at] };
+            lc[k] = reference_row(p, x, row, slopes, &mut keys, &mut scores, out);
         }
     }
 }
 
-/// One row of [`reference_with_slopes`]: O, its absolute-value scale and its underflow margin
-/// into `orow`, `arow`, `urow` (any values on entry); returns the LSE. `keys` holds the row's
-/// keys or is made to; `scores` holds `seq_kv` values.
+/// One row of [`reference_with_slopes`]: the row's rules, query, keys and values (its sequence's,
+/// its KV head's) handed to [`attention_row`]. `keys` holds the row's keys or is made to;
+/// `scores` holds `seq_kv` values.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn reference_row(
     p: &Problem,
     x: &Qkv,
@@ -341,37 +434,70 @@ fn reference_row(
     slopes: &[f32],
     keys: &mut KeysByDim,
     scores: &mut [f64],
-    orow: &mut [f64],
-    arow: &mut [f64],
-    urow: &mut [f64],
+    out: RowOut<'_>,
 ) -> f64 {
     let (hh, d) = (p.heads as usize, p.head_dim as usize);
-    let hk = p.heads_kv.unwrap_or(p.heads) as usize;
-    let group = hh / hk.max(1);
-    let scale = p.softmax_scale() as f64;
-    let cap = p.softcap as f64;
-    let h = row.h as usize;
-    let kh = h / group;
+    let hk = p.kv_heads() as usize;
+    let kh = row.h as usize / (hh / hk.max(1));
     // Varlen: the row's own sequence (its lengths, its packed rows); else batch b.
     let (sq, sk) = p.seq_lens(row.b);
-    let scores = &mut scores[..sk as usize];
-    let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + h) * d..][..d];
+    let q = &x.q[(p.q_row(row.b, row.i) as usize * hh + row.h as usize) * d..][..d];
     let k0 = p.kv_row(row.b, 0) as usize;
-    let sink = if p.sinks { x.sinks[h] as f64 } else { f64::NEG_INFINITY };
-    let slope = match slopes.len() {
-        0 => 0.0,
-        n if n == hh => slopes[h] as f64,
-        _ => slopes[row.b as usize * hh + h] as f64,
-    };
+    let at = move |j: usize| ((k0 + j) * hk + kh) * d;
+    let (k_row, v_row) = (|j| &x.k[at(j)..][..d], |j| &x.v[at(j)..][..d]);
+    let rules = RowRules::prefill(p, x, row, slopes);
+    attention_row(&rules, (sq, sk), row.i, q, keys, (row.b, kh as u32), k_row, v_row, scores, out)
+}
+
+/// Where [`attention_row`] writes one row: `head_dim` values each, any values on entry.
+pub(crate) struct RowOut<'a> {
+    /// O.
+    pub(crate) o: &'a mut [f64],
+    /// `Σ_j P_j |v_j|` ([`Reference::o_abs`]).
+    pub(crate) abs: &'a mut [f64],
+    /// The part of O an f32 kernel may lose to underflow ([`Reference::o_under`]).
+    pub(crate) under: &'a mut [f64],
+}
+
+/// One query row of attention in f64: the routine behind both the prefill reference
+/// ([`reference_with_slopes`]) and the decode reference (`crate::decode::reference`), so the two
+/// agree bit for bit on the same row. Query `i` (`q`, `head_dim` values) of a sequence of `sq`
+/// queries and `sk` keys, key `j`'s K and V rows `k_row(j)`, `v_row(j)` (wherever they are held:
+/// a packed tensor, a paged cache), scored, masked and softmaxed by `rules`. Writes O, its
+/// absolute-value scale and its underflow margin into `out` and returns the LSE (`-inf`, O = 0
+/// for a row that sees no key and has no sink; a sink and no key: O = 0, LSE = the sink).
+///
+/// Scores are summed in dimension order ([`KeysByDim::dots`]), O as `Σ_j e^(s_j - m) v_j / l`
+/// in key order, `l = e^(sink - m) + Σ_j e^(s_j - m)` (the sink first), `m` the max of the scores
+/// and the sink. `keys` holds the row's keys as those of `of` or is made to; `scores` holds at
+/// least `sk` values.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_row<'a>(
+    rules: &RowRules,
+    (sq, sk): (u32, u32),
+    i: u32,
+    q: &[f32],
+    keys: &mut KeysByDim,
+    of: (u32, u32),
+    k_row: impl Fn(usize) -> &'a [f32],
+    v_row: impl Fn(usize) -> &'a [f32],
+    scores: &mut [f64],
+    out: RowOut<'_>,
+) -> f64 {
+    let d = q.len();
+    let RowOut { o: orow, abs: arow, under: urow } = out;
+    let (scale, cap, slope, sink) = (rules.scale, rules.softcap, rules.slope, rules.sink);
+    let scores = &mut scores[..sk as usize];
     // Written before anything reads them: a page of a fresh allocation read first is mapped to
     // the kernel's zero page, and the write after it costs a copy and a TLB flush on every core.
     for out in [&mut *orow, &mut *arow, &mut *urow] {
         out.fill(0.0);
     }
-    let diag = row.i as f64 + sk as f64 - sq as f64;
-    let seen = visible_keys(p, sq, sk, row.i);
+    let diag = i as f64 + sk as f64 - sq as f64;
+    let seen = rules.mask.keys(sq, sk, i);
     if !seen.is_empty() {
-        keys.hold((row.b, kh as u32), &x.k[(k0 * hk + kh) * d..], hk * d, d, sk as usize);
+        keys.hold_rows(of, d, sk as usize, &k_row);
         keys.dots(q, seen.start, &mut scores[seen.clone()]);
     }
     let mut m = sink;
@@ -394,7 +520,6 @@ fn reference_row(
         *s = (*s - m).exp();
         l += *s;
     }
-    let v_row = |j: usize| &x.v[((k0 + j) * hk + kh) * d..][..d];
     // Each element of O and of its scale adds its keys' terms in key order; the loop over the
     // row's elements is what the vector units take (8 at a time with AVX-512), four keys per
     // pass so the sums stay in registers between them.
