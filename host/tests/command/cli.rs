@@ -126,9 +126,9 @@ fn kernels_json_reports_each_tile_from_the_variant_table() {
         for (d, br, bc, warps) in [
             (32, 128, 64, 4),
             (64, 128, 64, 4),
-            (96, 192, 32, 6),
+            (96, 64, 64, 4),
             (128, 64, 64, 4),
-            (192, 96, 64, 6),
+            (192, 64, 64, 4),
             (256, 128, 64, 8),
         ] {
             let t = tile(&format!("flash_fwd_{dtype}_d{d}"));
