@@ -1,0 +1,185 @@
+//! The measured run every command shares: `run` ([`crate::runner`]), `run --backward`
+//! ([`crate::backward_run`]) and `decode` ([`crate::decode_run`]) each say what to allocate,
+//! what to poison and what to launch; the harness does the rest in one order for all of them, so
+//! a new kind of attention is measured the same way by being wired here once.
+//!
+//! Order of events ([`measure`]):
+//! 1. the repetitions, resolved against the device's defaults and [`MAX_LAUNCHES`]
+//!    ([`Repetitions::resolve`], before anything is allocated);
+//! 2. the memory bracket opens ([`Device::memory_begin`]; on CUDA the NVML sampler starts, on the
+//!    VM the allocator's peak resets) and, for a sampled launch, the block subset is set;
+//! 3. the device is lent to the library ([`Kernels::scoped`]) and the run kind's body allocates
+//!    and uploads, marks the allocation ([`allocated`]) and hands its steps to [`repeat`]: for
+//!    each warm-up and measured repetition poison the outputs, synchronise, start the clock,
+//!    launch, stop the clock, keep the sample (measured repetitions) and the launches (the last
+//!    one), then the kind's untimed check; the body downloads its outputs;
+//! 4. every buffer is freed when the scope returns (also after an error), the block subset is
+//!    cleared, the memory bracket closes ([`Device::memory_end`]);
+//! 5. the samples become a [`Timing`] (median, min, max).
+//!
+//! Verification against the f64 reference and the report are the kind's: they differ in what is
+//! compared (O and LSE; the gradients; O, LSE and the cache after the append).
+
+use crate::error::Error;
+use crate::timing::Timing;
+use memattn::attn::{AttnError, Kernels, Launched};
+use memattn::device::{BlockSubset, DevPtr, Device, DeviceError};
+use memattn::memory::MeasuredMemory;
+
+/// NaN bit pattern the f32 outputs are filled with before every launch.
+pub const POISON: u32 = 0x7FC0_0000;
+/// Two 16-bit NaNs (0x7FC0 is a quiet NaN both as bf16 and as f16): the poison of a bf16/f16 O.
+pub const POISON_16: u32 = 0x7FC0_7FC0;
+
+/// Most warm-up launches, and most timed repetitions, of one run (each keeps a timing sample).
+pub const MAX_LAUNCHES: u32 = 1_000_000;
+
+/// Fills `bytes` bytes at `ptr` with the poison of `dtype` (whole words with `fill_u32`, a
+/// trailing half word with one upload).
+pub fn poison<D: Device + ?Sized>(
+    dev: &mut D,
+    ptr: DevPtr,
+    bytes: u64,
+    dtype: crate::Dtype,
+) -> Result<(), DeviceError> {
+    let word = if dtype.is_16bit() { POISON_16 } else { POISON };
+    dev.fill_u32(ptr, bytes / 4, word)?;
+    if !bytes.is_multiple_of(4) {
+        let tail = &word.to_le_bytes()[..(bytes % 4) as usize];
+        dev.upload_bytes(ptr + bytes / 4 * 4, tail)?;
+    }
+    Ok(())
+}
+
+/// How many times a run launches: `warmup` untimed repetitions, then `repeats` timed ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repetitions {
+    pub warmup: u32,
+    /// At least 1.
+    pub repeats: u32,
+}
+
+impl Repetitions {
+    /// The requested counts, or the device's defaults where `None`; repeats at least 1, each at
+    /// most [`MAX_LAUNCHES`] (a usage error past it).
+    pub fn resolve(dev: &dyn Device, warmup: Option<u32>, repeats: Option<u32>) -> Result<Self, Error> {
+        let (def_warmup, def_repeats) = dev.default_warmup_repeats();
+        let warmup = warmup.unwrap_or(def_warmup);
+        let repeats = repeats.unwrap_or(def_repeats).max(1);
+        if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
+            return Err(Error::Usage(format!(
+                "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
+            )));
+        }
+        Ok(Repetitions { warmup, repeats })
+    }
+
+    /// Warm-up and measured repetitions together.
+    pub fn total(&self) -> u64 {
+        self.warmup as u64 + self.repeats as u64
+    }
+}
+
+/// What [`repeat`] kept: the measured repetitions' times, the last repetition's launches (their
+/// traces moved to `trace`) and the VM's instruction trace (the last non-empty one).
+#[derive(Debug, Default)]
+pub struct Repeated {
+    pub samples_ms: Vec<f64>,
+    pub launches: Vec<Launched>,
+    pub trace: Vec<ptx_vm::TraceEntry>,
+}
+
+/// Everything a measured run brought back: the body's outputs, the timing of its repetitions,
+/// the last repetition's launches, the trace and the device memory the run added.
+#[derive(Debug)]
+pub struct Measured<T> {
+    pub out: T,
+    pub timing: Timing,
+    pub launches: Vec<Launched>,
+    pub trace: Vec<ptx_vm::TraceEntry>,
+    pub memory: MeasuredMemory,
+}
+
+/// Marks the end of a run's allocations ([`Device::memory_mark_allocated`]): what the body has
+/// allocated so far is the run's, before the launches add their own.
+pub fn allocated(k: &Kernels) -> Result<(), AttnError> {
+    k.with_device(|d| d.memory_mark_allocated())
+}
+
+/// One timed launch: `poison` (untimed), synchronise, start the clock, `launch`, stop it.
+/// Returns the milliseconds of the device's clock.
+pub fn time_once(
+    k: &Kernels,
+    poison: impl FnOnce(&Kernels) -> Result<(), AttnError>,
+    launch: impl FnOnce() -> Result<(), AttnError>,
+) -> Result<f64, AttnError> {
+    poison(k)?;
+    k.with_device(|dev| {
+        dev.synchronize()?;
+        dev.timer_start()
+    })?;
+    launch()?;
+    k.with_device(|dev| dev.timer_stop())
+}
+
+/// The repetitions of a run on `k`, launches recorded: each one [`time_once`] with `poison` and
+/// `launch`, then `after` outside the timed region (the backward compares the gradients' bits
+/// there). Keeps the samples of the measured repetitions and the launches of the last one.
+pub fn repeat(
+    k: &Kernels,
+    reps: Repetitions,
+    mut poison: impl FnMut(&Kernels) -> Result<(), AttnError>,
+    mut launch: impl FnMut() -> Result<(), AttnError>,
+    mut after: impl FnMut(&Kernels) -> Result<(), AttnError>,
+) -> Result<Repeated, AttnError> {
+    k.record_launches(true)?;
+    let mut r = Repeated::default();
+    for rep in 0..reps.total() {
+        let ms = time_once(k, &mut poison, &mut launch)?;
+        if rep >= reps.warmup as u64 {
+            r.samples_ms.push(ms);
+        }
+        r.launches = k.take_launches()?;
+        for l in &mut r.launches {
+            if !l.info.trace.is_empty() {
+                r.trace = std::mem::take(&mut l.info.trace);
+            }
+        }
+        after(k)?;
+    }
+    Ok(r)
+}
+
+/// One measured run on `dev`: opens the memory bracket, sets `subset` (a sampled launch's
+/// blocks) for the run's launches only, lends the device to `body` ([`Kernels::scoped`]), then
+/// clears the subset and closes the bracket, whether `body` succeeded or not. `body` allocates,
+/// calls [`allocated`] and [`repeat`] (or [`time_once`]), downloads, and returns what
+/// [`repeat`] kept with its outputs. An error of `body` comes before one of the bracket.
+pub fn measure<T>(
+    dev: &mut dyn Device,
+    reps: Repetitions,
+    subset: Option<BlockSubset>,
+    body: impl FnOnce(&Kernels) -> Result<(Repeated, T), AttnError>,
+) -> Result<Measured<T>, Error> {
+    dev.memory_begin()?;
+    // The subset holds for this run's launches only: set right before them, cleared right after
+    // (also when they failed), so a later run on the device is whole again.
+    let sampled = subset.is_some();
+    let ran = match subset.map(|s| dev.set_block_subset(Some(s))).transpose() {
+        Ok(_) => Kernels::scoped(dev, body),
+        Err(e) => Err(e.into()),
+    };
+    if sampled {
+        dev.set_block_subset(None)?;
+    }
+    // Every buffer was freed when the scope returned, also after an error.
+    let memory = dev.memory_end();
+    let (repeated, out) = ran?;
+    Ok(Measured {
+        out,
+        timing: Timing::new(reps.warmup, dev.clock_name(), repeated.samples_ms),
+        launches: repeated.launches,
+        trace: repeated.trace,
+        memory: memory?,
+    })
+}
