@@ -595,7 +595,6 @@ pub fn run_backward(
     let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
     let m = measure(dev, reps, None, |k| launch_measured(k, kernel, &p, x, d_o, reps, deterministic))?;
     let (forward_ms, out, same_bits) = m.out;
-    let records: Vec<LaunchRecord> = m.launches.iter().map(LaunchRecord::from).collect();
     let (timing, memory) = (m.timing, m.memory);
 
     // Past the reference's budget a dense problem is checked on whole (batch, KV head) slices.
@@ -658,7 +657,7 @@ pub fn run_backward(
         peak_device_bytes: memory.peak_delta_bytes,
         memory_as_expected: memory.peak_delta_bytes == expected.total_bytes,
         memory,
-        launches: records,
+        launches: m.launches,
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,
         outputs: out,

@@ -145,8 +145,8 @@ pub fn run_decode(
     }
     let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
     let m = measure(dev, reps, None, |k| decode_measured(k, p, x, &plan, reps, spec.indices_on_device))?;
+    let instr = m.vm_thread_instructions();
     let (o, lse, k_after, v_after) = m.out;
-    let records: Vec<LaunchRecord> = m.launches.iter().map(LaunchRecord::from).collect();
     let (timing, memory) = (m.timing, m.memory);
     let r = reference(p, x);
     let mut v = verify_decode(p, &o, &lse, &r);
@@ -174,7 +174,6 @@ pub fn run_decode(
             * 4.0
             * p.heads as f64
             * p.head_dim as f64;
-    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
     let cached: u64 = (0..p.batch as usize).map(|b| p.seqlen_k(b) as u64).sum();
     Ok(DecodeReport {
         backend: dev.backend().name().to_string(),
@@ -210,7 +209,7 @@ pub fn run_decode(
         memory,
         vm_thread_instructions: instr,
         vm_thread_instructions_per_cached_token: instr.filter(|_| cached > 0).map(|n| n as f64 / cached as f64),
-        launches: records,
+        launches: m.launches,
         o,
         lse,
         k_cache: k_after,

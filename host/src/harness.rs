@@ -22,9 +22,10 @@
 
 use crate::error::Error;
 use crate::timing::Timing;
-use memattn::attn::{AttnError, Kernels, Launched};
+use memattn::attn::{AttnError, Kernels};
 use memattn::device::{BlockSubset, DevPtr, Device, DeviceError};
 use memattn::memory::MeasuredMemory;
+use serde::Serialize;
 
 /// NaN bit pattern the f32 outputs are filled with before every launch.
 pub const POISON: u32 = 0x7FC0_0000;
@@ -49,6 +50,116 @@ pub fn poison<D: Device + ?Sized>(
         dev.upload_bytes(ptr + bytes / 4 * 4, tail)?;
     }
     Ok(())
+}
+
+/// One kernel launch of a run: what `--json` reports of it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LaunchRecord {
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_smem_bytes: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_instructions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_bytes_read: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_bytes_written: Option<u64>,
+    /// VM with `--vm-bank-conflicts`: the launch's shared-memory wavefronts per source line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bank_conflicts: Vec<BankLine>,
+    /// VM with `--vm-sectors`: the launch's global-memory sectors per source line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sectors: Vec<SectorLine>,
+}
+
+/// The 32-byte global-memory sectors of the instructions of one source line in one launch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SectorLine {
+    /// `file:line` of the source (the PTX line when the module has no `.loc`).
+    pub at: String,
+    /// Warp-wide executions.
+    pub executions: u64,
+    /// The distinct bytes the lanes asked for.
+    pub useful_bytes: u64,
+    pub sectors: u64,
+}
+
+impl SectorLine {
+    /// Useful bytes / (32 x sectors).
+    pub fn efficiency(&self) -> f64 {
+        self.useful_bytes as f64 / (32 * self.sectors).max(1) as f64
+    }
+}
+
+/// [`SectorLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
+pub fn sector_lines(counts: &[ptx_vm::Sectors]) -> Vec<SectorLine> {
+    ptx_vm::Sectors::by_source(counts)
+        .into_iter()
+        .map(|(at, s)| SectorLine { at, executions: s.executions, useful_bytes: s.useful_bytes, sectors: s.sectors })
+        .collect()
+}
+
+/// The lines of a sector report: the launch's total efficiency, then the least efficient source
+/// lines (at most `worst`), one line each: `at: U useful bytes in S sectors (E %), X warp-wide
+/// executions`. Shared by `run` and `launch`.
+pub fn sector_report(kernel: &str, lines: &[SectorLine], worst: usize) -> Vec<String> {
+    let (u, s) = lines.iter().fold((0, 0), |(u, s), l| (u + l.useful_bytes, s + l.sectors));
+    let mut out = vec![format!(
+        "sectors      {kernel}: {} useful bytes in {s} sectors of 32 B ({:.1} % efficiency)",
+        u,
+        100.0 * u as f64 / (32 * s).max(1) as f64
+    )];
+    let mut by: Vec<&SectorLine> = lines.iter().filter(|l| l.sectors > 0).collect();
+    by.sort_by(|a, b| a.efficiency().total_cmp(&b.efficiency()).then(b.sectors.cmp(&a.sectors)));
+    for l in by.into_iter().take(worst) {
+        out.push(format!(
+            "               {}: {} useful bytes in {} sectors ({:.1} %), {} warp-wide executions",
+            l.at,
+            l.useful_bytes,
+            l.sectors,
+            100.0 * l.efficiency(),
+            l.executions
+        ));
+    }
+    out
+}
+
+/// The shared-memory wavefronts of the instructions of one source line in one launch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BankLine {
+    /// `file:line` of the source (the PTX line when the module has no `.loc`).
+    pub at: String,
+    /// Warp-wide executions.
+    pub executions: u64,
+    pub wavefronts: u64,
+    /// The minimum, one wavefront per phase.
+    pub ideal: u64,
+}
+
+/// [`BankLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
+pub fn bank_lines(counts: &[ptx_vm::BankConflicts]) -> Vec<BankLine> {
+    ptx_vm::BankConflicts::by_source(counts)
+        .into_iter()
+        .map(|(at, b)| BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal })
+        .collect()
+}
+
+impl From<&memattn::attn::Launched> for LaunchRecord {
+    /// The record of a launch the library made ([`Kernels::take_launches`]).
+    fn from(l: &memattn::attn::Launched) -> Self {
+        LaunchRecord {
+            kernel: l.kernel.name().to_string(),
+            grid: l.dims.grid,
+            block: l.dims.block,
+            dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
+            thread_instructions: l.info.thread_instructions,
+            global_bytes_read: l.info.global_bytes_read,
+            global_bytes_written: l.info.global_bytes_written,
+            bank_conflicts: bank_lines(&l.info.bank_conflicts),
+            sectors: sector_lines(&l.info.sectors),
+        }
+    }
 }
 
 /// How many times a run launches: `warmup` untimed repetitions, then `repeats` timed ones.
@@ -80,12 +191,12 @@ impl Repetitions {
     }
 }
 
-/// What [`repeat`] kept: the measured repetitions' times, the last repetition's launches (their
-/// traces moved to `trace`) and the VM's instruction trace (the last non-empty one).
+/// What [`repeat`] kept: the measured repetitions' times, the last repetition's launches and
+/// the VM's instruction trace (the last non-empty one).
 #[derive(Debug, Default)]
 pub struct Repeated {
     pub samples_ms: Vec<f64>,
-    pub launches: Vec<Launched>,
+    pub launches: Vec<LaunchRecord>,
     pub trace: Vec<ptx_vm::TraceEntry>,
 }
 
@@ -95,9 +206,26 @@ pub struct Repeated {
 pub struct Measured<T> {
     pub out: T,
     pub timing: Timing,
-    pub launches: Vec<Launched>,
+    pub launches: Vec<LaunchRecord>,
     pub trace: Vec<ptx_vm::TraceEntry>,
     pub memory: MeasuredMemory,
+}
+
+impl<T> Measured<T> {
+    /// VM only: instructions executed (per thread) by the last repetition's launches.
+    pub fn vm_thread_instructions(&self) -> Option<u64> {
+        self.launches.iter().map(|r| r.thread_instructions).sum()
+    }
+
+    /// VM only: bytes the last repetition's threads read from global memory.
+    pub fn vm_global_bytes_read(&self) -> Option<u64> {
+        self.launches.iter().map(|r| r.global_bytes_read).sum()
+    }
+
+    /// VM only: bytes the last repetition's threads wrote to global memory.
+    pub fn vm_global_bytes_written(&self) -> Option<u64> {
+        self.launches.iter().map(|r| r.global_bytes_written).sum()
+    }
 }
 
 /// Marks the end of a run's allocations ([`Device::memory_mark_allocated`]): what the body has
@@ -139,12 +267,17 @@ pub fn repeat(
         if rep >= reps.warmup as u64 {
             r.samples_ms.push(ms);
         }
-        r.launches = k.take_launches()?;
-        for l in &mut r.launches {
-            if !l.info.trace.is_empty() {
-                r.trace = std::mem::take(&mut l.info.trace);
-            }
-        }
+        r.launches = k
+            .take_launches()?
+            .into_iter()
+            .map(|l| {
+                let record = LaunchRecord::from(&l);
+                if !l.info.trace.is_empty() {
+                    r.trace = l.info.trace;
+                }
+                record
+            })
+            .collect();
         after(k)?;
     }
     Ok(r)

@@ -18,7 +18,10 @@ use memattn::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, LseViewMut, Sink
 use memattn::Dtype;
 use serde::Serialize;
 
-pub use crate::harness::{poison, MAX_LAUNCHES, POISON, POISON_16};
+pub use crate::harness::{
+    bank_lines, poison, sector_lines, sector_report, BankLine, LaunchRecord, SectorLine, MAX_LAUNCHES, POISON,
+    POISON_16,
+};
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,116 +87,6 @@ fn checked_blocks(
         rows.len()
     );
     Ok((memattn::device::BlockSubset { kernel: l.kernel.name().to_string(), blocks }, warning))
-}
-
-/// One kernel launch of the run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LaunchRecord {
-    pub kernel: String,
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub dynamic_smem_bytes: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub thread_instructions: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub global_bytes_read: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub global_bytes_written: Option<u64>,
-    /// VM with `--vm-bank-conflicts`: the launch's shared-memory wavefronts per source line.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bank_conflicts: Vec<BankLine>,
-    /// VM with `--vm-sectors`: the launch's global-memory sectors per source line.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub sectors: Vec<SectorLine>,
-}
-
-/// The 32-byte global-memory sectors of the instructions of one source line in one launch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SectorLine {
-    /// `file:line` of the source (the PTX line when the module has no `.loc`).
-    pub at: String,
-    /// Warp-wide executions.
-    pub executions: u64,
-    /// The distinct bytes the lanes asked for.
-    pub useful_bytes: u64,
-    pub sectors: u64,
-}
-
-impl SectorLine {
-    /// Useful bytes / (32 x sectors).
-    pub fn efficiency(&self) -> f64 {
-        self.useful_bytes as f64 / (32 * self.sectors).max(1) as f64
-    }
-}
-
-/// [`SectorLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
-pub fn sector_lines(counts: &[ptx_vm::Sectors]) -> Vec<SectorLine> {
-    ptx_vm::Sectors::by_source(counts)
-        .into_iter()
-        .map(|(at, s)| SectorLine { at, executions: s.executions, useful_bytes: s.useful_bytes, sectors: s.sectors })
-        .collect()
-}
-
-/// The lines of a sector report: the launch's total efficiency, then the least efficient source
-/// lines (at most `worst`), one line each: `at: U useful bytes in S sectors (E %), X warp-wide
-/// executions`. Shared by `run` and `launch`.
-pub fn sector_report(kernel: &str, lines: &[SectorLine], worst: usize) -> Vec<String> {
-    let (u, s) = lines.iter().fold((0, 0), |(u, s), l| (u + l.useful_bytes, s + l.sectors));
-    let mut out = vec![format!(
-        "sectors      {kernel}: {} useful bytes in {s} sectors of 32 B ({:.1} % efficiency)",
-        u,
-        100.0 * u as f64 / (32 * s).max(1) as f64
-    )];
-    let mut by: Vec<&SectorLine> = lines.iter().filter(|l| l.sectors > 0).collect();
-    by.sort_by(|a, b| a.efficiency().total_cmp(&b.efficiency()).then(b.sectors.cmp(&a.sectors)));
-    for l in by.into_iter().take(worst) {
-        out.push(format!(
-            "               {}: {} useful bytes in {} sectors ({:.1} %), {} warp-wide executions",
-            l.at,
-            l.useful_bytes,
-            l.sectors,
-            100.0 * l.efficiency(),
-            l.executions
-        ));
-    }
-    out
-}
-
-/// The shared-memory wavefronts of the instructions of one source line in one launch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct BankLine {
-    /// `file:line` of the source (the PTX line when the module has no `.loc`).
-    pub at: String,
-    /// Warp-wide executions.
-    pub executions: u64,
-    pub wavefronts: u64,
-    /// The minimum, one wavefront per phase.
-    pub ideal: u64,
-}
-
-/// [`BankLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
-pub fn bank_lines(counts: &[ptx_vm::BankConflicts]) -> Vec<BankLine> {
-    ptx_vm::BankConflicts::by_source(counts)
-        .into_iter()
-        .map(|(at, b)| BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal })
-        .collect()
-}
-
-impl From<&memattn::attn::Launched> for LaunchRecord {
-    /// The record of a launch the library made ([`Kernels::take_launches`]).
-    fn from(l: &memattn::attn::Launched) -> Self {
-        LaunchRecord {
-            kernel: l.kernel.name().to_string(),
-            grid: l.dims.grid,
-            block: l.dims.block,
-            dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-            thread_instructions: l.info.thread_instructions,
-            global_bytes_read: l.info.global_bytes_read,
-            global_bytes_written: l.info.global_bytes_written,
-            bank_conflicts: bank_lines(&l.info.bank_conflicts),
-            sectors: sector_lines(&l.info.sectors),
-        }
-    }
 }
 
 /// Device outputs of the last repetition, BSHD O (values of the problem's dtype) and
@@ -431,17 +324,14 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         (measured, checked)
     });
     let m = measured?;
+    let (instr, read, written) = (m.vm_thread_instructions(), m.vm_global_bytes_read(), m.vm_global_bytes_written());
     let (o_dev, lse) = m.out;
     let o = from_layout(&o_dev, p.layout, b, p.seq_q, h, d);
-    let records: Vec<LaunchRecord> = m.launches.iter().map(LaunchRecord::from).collect();
     let (timing, memory, trace) = (m.timing, m.memory, m.trace);
 
     let (reference, tol) = checked.unwrap_or_else(host_check);
     let v = verify(&p, &o, &lse, &reference, &tol);
     let error_ratio = tol.baseline_rel_rms_err.filter(|&b| b > 0.0).map(|b| v.o.rel_rms_err / b);
-    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
-    let read: Option<u64> = records.iter().map(|r| r.global_bytes_read).sum();
-    let written: Option<u64> = records.iter().map(|r| r.global_bytes_written).sum();
     let flops = p.flops();
     Ok(RunReport {
         backend: dev.backend().name().to_string(),
@@ -469,7 +359,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         vm_thread_instructions: instr,
         vm_global_bytes_read: read,
         vm_global_bytes_written: written,
-        launches: records,
+        launches: m.launches,
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,
         outputs: RunOutputs { o, lse },
