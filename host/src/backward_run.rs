@@ -32,7 +32,7 @@
 use crate::backward_sample::{checked_slices, SliceSample};
 use crate::device::Device;
 use crate::error::Error;
-use crate::harness::{allocated, measure, poison, repeat, time_once, Repeated, Repetitions, POISON};
+use crate::harness::{allocated, measure, poison, repeat, time_once, Body, Repetitions, POISON};
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::MeasuredMemory;
 use crate::problem::Varlen;
@@ -42,8 +42,7 @@ use crate::runner::{check_finite_inputs, check_score_range, probe_host_memory, L
 use crate::safetensors_io::InputError;
 use crate::timing::Timing;
 use memattn::attn::{
-    AttnError, AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView,
-    TensorViewMut,
+    AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView, TensorViewMut,
 };
 use memattn::verify::grad::{check_against_baseline, naive_backward_in_dtype, BaselineCheck, NaiveGrads};
 use memattn::Dtype;
@@ -838,7 +837,7 @@ fn launch_measured(
     d_o: &[f32],
     reps: Repetitions,
     deterministic: bool,
-) -> Result<(Repeated, (f64, BackwardOutputs, bool)), AttnError> {
+) -> Body<(f64, BackwardOutputs, bool)> {
     let (b, h, hk, d) = (p.batch, p.heads, p.kv_heads(), p.head_dim);
     let (dt, es) = (p.dtype, p.dtype.size_bytes());
     let lay_q = |t: &[f32]| to_layout(t, p.layout, b, p.seq_q, h, d);

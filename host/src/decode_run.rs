@@ -3,7 +3,7 @@
 //! and `merge_states` on its own.
 
 use crate::error::Error;
-use crate::harness::{allocated, measure, poison, repeat, Repeated, Repetitions, POISON};
+use crate::harness::{allocated, measure, poison, repeat, Body, Repetitions, POISON};
 use crate::runner::LaunchRecord;
 use crate::timing::Timing;
 use kernels_gpu::Family;
@@ -296,6 +296,10 @@ enum Caches<'a> {
     Fp8(Fp8CacheViewMut<'a>, Fp8CacheViewMut<'a>),
 }
 
+/// What a measured decode run downloads after its last repetition: O, LSE and the caches after
+/// the append.
+type DecodeOutputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// Uploads the decode call's tensors on `k`, plans it once through the library
 /// ([`Kernels::plan_kvcache`], with the split count of `plan`), then hands the harness
 /// ([`repeat`]) its steps: poison O, LSE and the split workspace, run the plan
@@ -307,7 +311,7 @@ fn decode_measured(
     plan: &SplitPlan,
     reps: Repetitions,
     indices_on_device: bool,
-) -> Result<(Repeated, (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)), AttnError> {
+) -> Body<DecodeOutputs> {
     // Without host copies the library checks the indices on the device.
     let index = |values: &[u32]| -> Result<memattn::attn::IndexTensor, AttnError> {
         let t = k.index_tensor(values, None)?;

@@ -200,6 +200,9 @@ pub struct Repeated {
     pub trace: Vec<ptx_vm::TraceEntry>,
 }
 
+/// What a run kind's body returns to [`measure`]: what [`repeat`] kept and the body's outputs.
+pub type Body<T> = Result<(Repeated, T), AttnError>;
+
 /// Everything a measured run brought back: the body's outputs, the timing of its repetitions,
 /// the last repetition's launches, the trace and the device memory the run added.
 #[derive(Debug)]
@@ -292,7 +295,7 @@ pub fn measure<T>(
     dev: &mut dyn Device,
     reps: Repetitions,
     subset: Option<BlockSubset>,
-    body: impl FnOnce(&Kernels) -> Result<(Repeated, T), AttnError>,
+    body: impl FnOnce(&Kernels) -> Body<T>,
 ) -> Result<Measured<T>, Error> {
     dev.memory_begin()?;
     // The subset holds for this run's launches only: set right before them, cleared right after

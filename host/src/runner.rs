@@ -7,7 +7,7 @@
 use crate::device::Device;
 use crate::dtype::Tolerance;
 use crate::error::Error;
-use crate::harness::{allocated, measure, repeat, Repeated, Repetitions};
+use crate::harness::{allocated, measure, repeat, Body, Repetitions};
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
 use crate::problem::{KernelKind, Problem, ShapeJson, Varlen};
@@ -378,7 +378,7 @@ fn launch_measured(
     x: &Qkv,
     [qd, kd, vd]: [&[f32]; 3],
     reps: Repetitions,
-) -> Result<(Repeated, (Vec<f32>, Vec<f32>)), AttnError> {
+) -> Body<(Vec<f32>, Vec<f32>)> {
     let es = p.dtype.size_bytes();
     let upload = |data: &[f32]| -> Result<DeviceBuffer, AttnError> {
         let buf = k.alloc(data.len() as u64 * es)?;
