@@ -13,7 +13,9 @@
 //! forward ([`Kernels::flash_attn_into`]) → for each warm-up and measured repetition: poison dQ,
 //! dK, dV (and d_sink) with NaN, run [`Kernels::flash_attn_backward_into_with`], time it (in
 //! deterministic mode also compare dQ's bits with the first repetition's) → download → free →
-//! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference.
+//! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference. The
+//! repetitions, the timed forward, the memory bracket and the timing are the
+//! [`crate::harness`]'s; this module says what to allocate, poison and launch.
 //!
 //! Bounds: an f32 run holds every tensor to [`GRAD_REL_TOL`] of its scale. A bf16/f16 run (once
 //! the library has a backward in that dtype; [`check_supported`] asks the kernel table) is held

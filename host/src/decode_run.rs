@@ -1,6 +1,8 @@
 //! One measured, verified KV-cache decode run on a [`Device`] (the `memattn decode` command): the
 //! library's plan ([`memattn::decode`]), then upload, poison, launch, time, download and verify,
-//! and `merge_states` on its own.
+//! and `merge_states` on its own. The repetitions, the memory bracket and the timing are the
+//! [`crate::harness`]'s; this module says what to upload, poison and launch, and verifies O, LSE
+//! and the cache after the append.
 
 use crate::error::Error;
 use crate::harness::{allocated, measure, poison, repeat, Body, Repetitions, POISON};

@@ -2,7 +2,9 @@
 //!
 //! Order of events: validate the problem against the device (nothing allocated yet) → state the
 //! analytic bytes → allocate and upload → for each warm-up and measured repetition: poison O, LSE
-//! (and S) with NaN, launch, time → download → free → measure memory → verify.
+//! (and S) with NaN, launch, time → download → free → measure memory → verify. The repetitions,
+//! the memory bracket and the timing are the [`crate::harness`]'s; this module says what to
+//! allocate, poison and launch, and verifies O and LSE.
 
 use crate::device::Device;
 use crate::dtype::Tolerance;
