@@ -319,3 +319,83 @@ pub fn measure<T>(
         memory: memory?,
     })
 }
+
+#[cfg(feature = "unit-tests")]
+#[doc(hidden)]
+pub mod tests {
+    use super::*;
+    use memattn::device::vm::VmDevice;
+    use memattn::device::{BackendChoice, DeviceOptions};
+    use memattn::ptx::PtxSource;
+    use std::cell::RefCell;
+
+    fn vm() -> VmDevice {
+        let mut o = DeviceOptions::new(BackendChoice::Vm, PtxSource::embedded());
+        o.vm_workers = Some(1);
+        VmDevice::new(&o).unwrap()
+    }
+
+    pub fn repetitions_take_the_device_defaults_and_refuse_past_the_limit() {
+        let dev = vm();
+        let (w, r) = dev.default_warmup_repeats();
+        assert_eq!(Repetitions::resolve(&dev, None, None).unwrap(), Repetitions { warmup: w, repeats: r.max(1) });
+        // Zero repeats would leave no sample: one is measured.
+        assert_eq!(Repetitions::resolve(&dev, Some(2), Some(0)).unwrap(), Repetitions { warmup: 2, repeats: 1 });
+        assert_eq!(Repetitions { warmup: 2, repeats: 3 }.total(), 5);
+        for (w, r) in [(Some(MAX_LAUNCHES + 1), None), (None, Some(MAX_LAUNCHES + 1))] {
+            let e = Repetitions::resolve(&dev, w, r).unwrap_err();
+            assert!(matches!(e, Error::Usage(_)) && e.to_string().contains("at most 1000000"), "{e}");
+        }
+    }
+
+    pub fn every_repetition_is_poisoned_then_launched_and_the_measured_ones_timed() {
+        // The steps a run kind hands the harness, logged in order: each launch must see the
+        // poison its repetition wrote, every buffer is freed by the end, the bracket saw it.
+        let mut dev = vm();
+        let reps = Repetitions { warmup: 2, repeats: 3 };
+        let log = RefCell::new(Vec::new());
+        let m = measure(&mut dev, reps, None, |k| {
+            let out = k.alloc(64)?;
+            allocated(k)?;
+            let poisoned = |k: &Kernels| {
+                log.borrow_mut().push("poison");
+                k.with_device(|dev| poison(dev, out.ptr(), 6, memattn::Dtype::Bf16))
+            };
+            let launch = || {
+                let bytes = out.read_bytes(6)?;
+                assert_eq!(bytes, [0xC0, 0x7F, 0xC0, 0x7F, 0xC0, 0x7F], "a launch sees its repetition's poison");
+                log.borrow_mut().push("launch");
+                out.write_bytes(&[0; 6])
+            };
+            let after = |_: &Kernels| {
+                log.borrow_mut().push("after");
+                Ok(())
+            };
+            let repeated = repeat(k, reps, poisoned, launch, after)?;
+            Ok((repeated, out.read_bytes(6)?))
+        })
+        .unwrap();
+        assert_eq!(log.into_inner(), ["poison", "launch", "after"].repeat(5));
+        assert_eq!(m.out, [0; 6]);
+        assert_eq!((m.timing.warmup, m.timing.repeats, m.timing.samples_ms.len()), (2, 3, 3));
+        assert!(m.launches.is_empty() && m.trace.is_empty(), "no kernel ran");
+        assert!(m.memory.peak_delta_bytes >= 64, "{:?}", m.memory);
+        assert_eq!(m.memory.after_bytes, m.memory.before_bytes, "the run's buffers are freed");
+    }
+
+    pub fn a_failing_body_still_closes_the_bracket_and_frees_its_buffers() {
+        let mut dev = vm();
+        let reps = Repetitions { warmup: 0, repeats: 1 };
+        let failed = measure(&mut dev, reps, None, |k| -> Body<()> {
+            let _held = k.alloc(1 << 20)?;
+            // A launch that fails: more memory than the VM has.
+            repeat(k, reps, |_| Ok(()), || k.alloc(u64::MAX).map(drop), |_| Ok(()))?;
+            unreachable!("the launch failed")
+        });
+        assert!(failed.is_err());
+        // The device is whole again: the next run measures from the same start.
+        let m =
+            measure(&mut dev, reps, None, |k| Ok((repeat(k, reps, |_| Ok(()), || Ok(()), |_| Ok(()))?, ()))).unwrap();
+        assert_eq!((m.memory.before_bytes, m.memory.peak_delta_bytes), (m.memory.after_bytes, 0), "{:?}", m.memory);
+    }
+}

@@ -92,6 +92,7 @@ pub mod unit_tests {
     pub use crate::charts::tests as charts;
     pub use crate::evidence::tests as evidence;
     pub use crate::files::tests as files;
+    pub use crate::harness::tests as harness;
     pub use crate::layering_tests;
     pub use crate::plan::tests as plan;
     pub use crate::report::tests as report;
