@@ -13,7 +13,9 @@
 //! forward ([`Kernels::flash_attn_into`]) → for each warm-up and measured repetition: poison dQ,
 //! dK, dV (and d_sink) with NaN, run [`Kernels::flash_attn_backward_into_with`], time it (in
 //! deterministic mode also compare dQ's bits with the first repetition's) → download → free →
-//! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference.
+//! measure memory → verify O, LSE, dQ, dK, dV (and d_sink) against the f64 reference. The
+//! repetitions, the timed forward, the memory bracket and the timing are the
+//! [`crate::harness`]'s; this module says what to allocate, poison and launch.
 //!
 //! Bounds: an f32 run holds every tensor to [`GRAD_REL_TOL`] of its scale. A bf16/f16 run (once
 //! the library has a backward in that dtype; [`check_supported`] asks the kernel table) is held
@@ -32,19 +34,17 @@
 use crate::backward_sample::{checked_slices, SliceSample};
 use crate::device::Device;
 use crate::error::Error;
+use crate::harness::{allocated, measure, poison, repeat, time_once, Body, Repetitions, POISON};
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::MeasuredMemory;
 use crate::problem::Varlen;
 use crate::problem::{KernelKind, Problem, ShapeJson};
 use crate::reference::grad::{attention_backward, Grads};
-use crate::runner::{
-    check_finite_inputs, check_score_range, poison, probe_host_memory, LaunchRecord, MAX_LAUNCHES, POISON,
-};
+use crate::runner::{check_finite_inputs, check_score_range, probe_host_memory, LaunchRecord};
 use crate::safetensors_io::InputError;
 use crate::timing::Timing;
 use memattn::attn::{
-    AttnError, AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView,
-    TensorViewMut,
+    AttnOpts, BwdOpts, DeviceBuffer, Kernels, LseView, LseViewMut, SinksView, SinksViewMut, TensorView, TensorViewMut,
 };
 use memattn::verify::grad::{check_against_baseline, naive_backward_in_dtype, BaselineCheck, NaiveGrads};
 use memattn::Dtype;
@@ -593,21 +593,10 @@ pub fn run_backward(
     let mut warnings = Vec::new();
     warnings.extend(check_score_range(&p, x, &spec.check)?);
 
-    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
-    let warmup = spec.warmup.unwrap_or(def_warmup);
-    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
-    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
-        return Err(Error::Usage(format!(
-            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
-        )));
-    }
-
-    dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| launch_measured(k, kernel, &p, x, d_o, warmup, repeats, deterministic));
-    // Every buffer was freed when the scope returned, also after an error.
-    let memory = dev.memory_end();
-    let (forward_ms, samples, records, out, same_bits) = body?;
-    let memory = memory?;
+    let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
+    let m = measure(dev, reps, None, |k| launch_measured(k, kernel, &p, x, d_o, reps, deterministic))?;
+    let (forward_ms, out, same_bits) = m.out;
+    let (timing, memory) = (m.timing, m.memory);
 
     // Past the reference's budget a dense problem is checked on whole (batch, KV head) slices.
     let sample = checked_slices(&p, &spec.check);
@@ -643,7 +632,6 @@ pub fn run_backward(
     let bitwise_reproducible = deterministic.then_some(same_bits);
     let verified =
         checks.iter().all(|c| c.passed) && sequences.iter().all(|s| s.passed) && bitwise_reproducible != Some(false);
-    let timing = Timing::new(warmup, dev.clock_name(), samples);
     Ok(BackwardReport {
         backend: dev.backend().name().to_string(),
         device: dev.name(),
@@ -655,7 +643,7 @@ pub fn run_backward(
         verified,
         deterministic,
         bitwise_reproducible,
-        repetitions: warmup as u64 + repeats as u64,
+        repetitions: reps.total(),
         checked_rows: sample.as_ref().map_or(p.rows(), |s| s.rows(&p)),
         total_rows: p.rows(),
         checked_slices: sample,
@@ -670,7 +658,7 @@ pub fn run_backward(
         peak_device_bytes: memory.peak_delta_bytes,
         memory_as_expected: memory.peak_delta_bytes == expected.total_bytes,
         memory,
-        launches: records,
+        launches: m.launches,
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,
         outputs: out,
@@ -836,26 +824,22 @@ pub fn verify_sequences<'a>(
     seqs
 }
 
-/// The forward's time, the backward's samples and launches, the outputs (BSHD), and whether
-/// every repetition's gradients had the bits of the first (compared in deterministic mode).
-type Measured = (f64, Vec<f64>, Vec<LaunchRecord>, BackwardOutputs, bool);
-
 /// Allocates and uploads the run's buffers on `k` (q, k, v, dO, O, dq, dk, dv in the problem's
 /// dtype; LSE, the sinks and d_sinks f32; varlen: the two cu_seqlens); poisons O and LSE and
-/// runs the forward once; then for each warm-up and measured repetition poisons dQ, dK, dV (and
-/// d_sinks), runs the backward and times it. Downloads everything after the last one; the
-/// buffers are freed when this returns.
-#[allow(clippy::too_many_arguments)]
+/// runs the forward once ([`time_once`]); then hands the harness ([`repeat`]) the backward's
+/// steps: poison dQ, dK, dV (and d_sinks), run the backward, and in deterministic mode compare
+/// the gradients' bits with the first repetition's (untimed). Downloads everything after the
+/// last one: the forward's time, the outputs (BSHD), and whether every repetition's gradients
+/// had the bits of the first. The buffers are freed when this returns.
 fn launch_measured(
     k: &Kernels,
     kernel: KernelKind,
     p: &Problem,
     x: &Qkv,
     d_o: &[f32],
-    warmup: u32,
-    repeats: u32,
+    reps: Repetitions,
     deterministic: bool,
-) -> Result<Measured, AttnError> {
+) -> Body<(f64, BackwardOutputs, bool)> {
     let (b, h, hk, d) = (p.batch, p.heads, p.kv_heads(), p.head_dim);
     let (dt, es) = (p.dtype, p.dtype.size_bytes());
     let lay_q = |t: &[f32]| to_layout(t, p.layout, b, p.seq_q, h, d);
@@ -879,7 +863,7 @@ fn launch_measured(
         }
         None => None,
     };
-    k.with_device(|d| d.memory_mark_allocated())?;
+    allocated(k)?;
 
     let (h, hk, d) = (h as usize, hk as usize, d as usize);
     // Views: a padded batch, or varlen's one packed batch of total_q / total_kv rows.
@@ -907,36 +891,35 @@ fn launch_measured(
     // Varlen: the longest sequence's lengths, as the forward took them.
     let (max_q, max_kv) = (p.seq_q as usize, p.seq_kv as usize);
 
-    k.with_device(|dev| {
-        poison(dev, o.ptr(), qn * es, dt)?;
-        dev.fill_u32(lse.ptr(), rows, POISON)?;
-        dev.synchronize()?;
-        dev.timer_start()
-    })?;
-    let (mut ov_w, mut lv_w) = (view_mut(&o, qs, qst)?, LseViewMut::vm(&lse, vb, h, sq)?);
-    match &cu {
-        None if kernel == KernelKind::Naive => {
-            // The naive forward's score matrix lives for the forward only: freed before the
-            // backward allocates P and dS (twice its size), so it adds nothing to the peak.
-            let scores = k.alloc(p.score_elems() * 4)?;
-            let mut sv = TensorViewMut::device(&scores, Dtype::F32, [vb, h, sq, skv])?;
-            k.naive_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &mut sv, &opts)?;
+    let poison_forward = |k: &Kernels| {
+        k.with_device(|dev| {
+            poison(dev, o.ptr(), qn * es, dt)?;
+            dev.fill_u32(lse.ptr(), rows, POISON)
+        })
+    };
+    let forward = || {
+        let (mut ov_w, mut lv_w) = (view_mut(&o, qs, qst)?, LseViewMut::vm(&lse, vb, h, sq)?);
+        match &cu {
+            None if kernel == KernelKind::Naive => {
+                // The naive forward's score matrix lives for the forward only: freed before the
+                // backward allocates P and dS (twice its size), so it adds nothing to the peak.
+                let scores = k.alloc(p.score_elems() * 4)?;
+                let mut sv = TensorViewMut::device(&scores, Dtype::F32, [vb, h, sq, skv])?;
+                k.naive_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &mut sv, &opts)
+            }
+            None => k.flash_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &opts),
+            Some((cq, ck)) => {
+                k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, max_q, max_kv, &mut ov_w, &mut lv_w, &opts)
+            }
         }
-        None => k.flash_attn_into(&qv, &kv, &vv, &mut ov_w, &mut lv_w, &opts)?,
-        Some((cq, ck)) => {
-            k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, max_q, max_kv, &mut ov_w, &mut lv_w, &opts)?
-        }
-    }
-    let forward_ms = k.with_device(|dev| dev.timer_stop())?;
+    };
+    let forward_ms = time_once(k, poison_forward, forward)?;
 
     let ov = view(&o, qs, qst)?;
     let lv = LseView::vm(&lse, vb, h, sq)?;
     let (mut dqv, mut dkv, mut dvv) = (view_mut(&dq, qs, qst)?, view_mut(&dk, ks, kst)?, view_mut(&dv, ks, kst)?);
-    k.record_launches(true)?;
-    let (mut samples, mut records) = (Vec::new(), Vec::new());
     let read = |buf: &DeviceBuffer, dtype: Dtype, n: u64| buf.read_f32(dtype, n as usize);
-    let (mut first_bits, mut same_bits) = (None, true);
-    for rep in 0..warmup as u64 + repeats as u64 {
+    let poison_gradients = |k: &Kernels| {
         k.with_device(|dev| {
             for (buf, n) in [(&dq, qn), (&dk, kn), (&dv, kn)] {
                 poison(dev, buf.ptr(), n * es, dt)?;
@@ -944,29 +927,28 @@ fn launch_measured(
             if let Some(ds) = &d_sinks {
                 dev.fill_u32(ds.ptr(), hs, POISON)?;
             }
-            dev.synchronize()?;
-            dev.timer_start()
-        })?;
+            Ok(())
+        })
+    };
+    let backward = || {
         let mut bwd = BwdOpts::new().deterministic(deterministic);
         if let Some(ds) = &d_sinks {
             bwd = bwd.d_sinks(SinksViewMut::vm(ds, h)?);
         }
         match &cu {
             None if kernel == KernelKind::Naive => {
-                k.naive_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)?
+                k.naive_attn_backward_into(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts)
             }
-            None => k.flash_attn_backward_into_with(
-                &qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd,
-            )?,
+            None => {
+                k.flash_attn_backward_into_with(&qv, &kv, &vv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd)
+            }
             Some((cq, ck)) => k.flash_attn_varlen_backward_into(
                 &qv, &kv, &vv, cq, ck, max_q, max_kv, &ov, &lv, &gv, &mut dqv, &mut dkv, &mut dvv, &opts, &bwd,
-            )?,
+            ),
         }
-        let ms = k.with_device(|dev| dev.timer_stop())?;
-        if rep >= warmup as u64 {
-            samples.push(ms);
-        }
-        records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
+    };
+    let (mut first_bits, mut same_bits) = (None, true);
+    let compare_bits = |_: &Kernels| {
         if deterministic {
             // Outside the timed region: every repetition's gradients, bit for bit.
             let mut bits = Vec::new();
@@ -981,7 +963,9 @@ fn launch_measured(
                 Some(f) => same_bits &= *f == bits,
             }
         }
-    }
+        Ok(())
+    };
+    let repeated = repeat(k, reps, poison_gradients, backward, compare_bits)?;
     let back_q = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_q, h as u32, d as u32);
     let back_k = |t: Vec<f32>| from_layout(&t, p.layout, b, p.seq_kv, hk as u32, d as u32);
     let out = BackwardOutputs {
@@ -995,7 +979,7 @@ fn launch_measured(
             None => Vec::new(),
         },
     };
-    Ok((forward_ms, samples, records, out, same_bits))
+    Ok((repeated, (forward_ms, out, same_bits)))
 }
 
 /// `a / b` in words: "12.5x" or, below 1, "0.25x".

@@ -1,9 +1,12 @@
 //! One measured, verified KV-cache decode run on a [`Device`] (the `memattn decode` command): the
 //! library's plan ([`memattn::decode`]), then upload, poison, launch, time, download and verify,
-//! and `merge_states` on its own.
+//! and `merge_states` on its own. The repetitions, the memory bracket and the timing are the
+//! [`crate::harness`]'s; this module says what to upload, poison and launch, and verifies O, LSE
+//! and the cache after the append.
 
 use crate::error::Error;
-use crate::runner::{poison, LaunchRecord, MAX_LAUNCHES, POISON};
+use crate::harness::{allocated, measure, poison, repeat, Body, Repetitions, POISON};
+use crate::runner::LaunchRecord;
 use crate::timing::Timing;
 use kernels_gpu::Family;
 use kernels_gpu::KernelId;
@@ -142,20 +145,11 @@ pub fn run_decode(
     if bytes.total > caps.free_memory_bytes {
         return Err(Error::DeviceMemory { what: "decode call", needed: bytes.total, free: caps.free_memory_bytes });
     }
-    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
-    let warmup = spec.warmup.unwrap_or(def_warmup);
-    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
-    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
-        return Err(Error::Usage(format!(
-            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
-        )));
-    }
-    dev.memory_begin()?;
-    let body = Kernels::scoped(dev, |k| decode_measured(k, p, x, &plan, (warmup, repeats), spec.indices_on_device));
-    // Every buffer was freed when the scope returned, also after an error.
-    let memory = dev.memory_end();
-    let (samples, records, o, lse, k_after, v_after) = body?;
-    let memory = memory?;
+    let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
+    let m = measure(dev, reps, None, |k| decode_measured(k, p, x, &plan, reps, spec.indices_on_device))?;
+    let instr = m.vm_thread_instructions();
+    let (o, lse, k_after, v_after) = m.out;
+    let (timing, memory) = (m.timing, m.memory);
     let r = reference(p, x);
     let mut v = verify_decode(p, &o, &lse, &r);
     if p.kv_fp8.is_some() {
@@ -177,13 +171,11 @@ pub fn run_decode(
             v.passed = false;
         }
     }
-    let timing = Timing::new(warmup, dev.clock_name(), samples);
     let flops: f64 =
         (0..p.batch as usize).map(|b| (0..p.seq_q).map(|i| p.keys_seen(b, i) as f64).sum::<f64>()).sum::<f64>()
             * 4.0
             * p.heads as f64
             * p.head_dim as f64;
-    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
     let cached: u64 = (0..p.batch as usize).map(|b| p.seqlen_k(b) as u64).sum();
     Ok(DecodeReport {
         backend: dev.backend().name().to_string(),
@@ -219,7 +211,7 @@ pub fn run_decode(
         memory,
         vm_thread_instructions: instr,
         vm_thread_instructions_per_cached_token: instr.filter(|_| cached > 0).map(|n| n as f64 / cached as f64),
-        launches: records,
+        launches: m.launches,
         o,
         lse,
         k_cache: k_after,
@@ -306,22 +298,22 @@ enum Caches<'a> {
     Fp8(Fp8CacheViewMut<'a>, Fp8CacheViewMut<'a>),
 }
 
-/// What one measured decode run brought back: timing samples, the last repetition's
-/// launches, O, LSE and the caches after it.
-type DecodeMeasured = (Vec<f64>, Vec<LaunchRecord>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+/// What a measured decode run downloads after its last repetition: O, LSE and the caches after
+/// the append.
+type DecodeOutputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// Uploads the decode call's tensors on `k`, plans it once through the library
-/// ([`Kernels::plan_kvcache`], with the split count of `plan`), then for each warm-up and
-/// measured repetition poisons O, LSE and the split workspace, runs it
-/// ([`Kernels::run_kvcache`]) and times it; downloads O, LSE and the caches of the last one.
+/// ([`Kernels::plan_kvcache`], with the split count of `plan`), then hands the harness
+/// ([`repeat`]) its steps: poison O, LSE and the split workspace, run the plan
+/// ([`Kernels::run_kvcache`]). Downloads O, LSE and the caches after the last repetition.
 fn decode_measured(
     k: &Kernels,
     p: &DecodeProblem,
     x: &DecodeInputs,
     plan: &SplitPlan,
-    (warmup, repeats): (u32, u32),
+    reps: Repetitions,
     indices_on_device: bool,
-) -> Result<DecodeMeasured, AttnError> {
+) -> Body<DecodeOutputs> {
     // Without host copies the library checks the indices on the device.
     let index = |values: &[u32]| -> Result<memattn::attn::IndexTensor, AttnError> {
         let t = k.index_tensor(values, None)?;
@@ -461,31 +453,20 @@ fn decode_measured(
         }
         (Caches::Fp8(..), None) => unreachable!("an FP8 cache has its scales"),
     };
-    k.with_device(|dev| dev.memory_mark_allocated())?;
+    allocated(k)?;
 
-    k.record_launches(true)?;
-    let mut samples = Vec::new();
-    let mut records = Vec::new();
-    for rep in 0..warmup as u64 + repeats as u64 {
+    let poison_outputs = |k: &Kernels| {
         k.with_device(|dev| {
             poison(dev, o.ptr(), o.bytes(), p.dtype)?;
             dev.fill_u32(lse.ptr(), p.rows(), POISON)
         })?;
-        planned.fill_workspace_u32(POISON)?;
-        k.with_device(|dev| {
-            dev.synchronize()?;
-            dev.timer_start()
-        })?;
-        match &mut caches {
-            Caches::Same(kcv, vcv) => k.run_kvcache(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv)?,
-            Caches::Fp8(kcv, vcv) => k.run_kvcache_fp8(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv)?,
-        }
-        let ms = k.with_device(|dev| dev.timer_stop())?;
-        if rep >= warmup as u64 {
-            samples.push(ms);
-        }
-        records = k.take_launches()?.into_iter().map(|l| LaunchRecord::from(&l)).collect();
-    }
+        planned.fill_workspace_u32(POISON)
+    };
+    let launch = || match &mut caches {
+        Caches::Same(kcv, vcv) => k.run_kvcache(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv),
+        Caches::Fp8(kcv, vcv) => k.run_kvcache_fp8(&planned, &qv, kcv, vcv, kn, vn, &mut ov, &mut lv),
+    };
+    let repeated = repeat(k, reps, poison_outputs, launch, |_| Ok(()))?;
     // Indices checked on the device: a violation is reported here, and O is NaN.
     k.check_kv_status()?;
     let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
@@ -504,5 +485,5 @@ fn decode_measured(
         }
     };
     let (k_after, v_after) = (read_cache(&kc, &x.k_scale)?, read_cache(&vc, &x.v_scale)?);
-    Ok((samples, records, read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, k_after, v_after))
+    Ok((repeated, (read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, k_after, v_after)))
 }

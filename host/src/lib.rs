@@ -17,8 +17,9 @@
 //! 1. leaves: [`files`] (bounded reads and atomic writes), [`timing`], [`nvml`];
 //! 2. [`safetensors_io`], [`cuda_device`], [`backward_sample`] (which part of a backward run is
 //!    checked);
-//! 3. [`error`], then [`runner`]: one measured run, [`backward_run`]: one measured forward and
-//!    backward, and [`decode_run`]: one measured decode run;
+//! 3. [`error`], then [`harness`]: the measured run every command shares (repetitions, poison,
+//!    memory bracket, timing), configured by [`runner`]: one measured run, [`backward_run`]: one
+//!    measured forward and backward, and [`decode_run`]: one measured decode run;
 //! 4. [`report`] (tables and summaries), [`plan`] (the memory budget of an inference workload),
 //!    [`evidence`] (the `--save` file);
 //! 5. [`charts`] (the sweep, plan and timeline pictures);
@@ -38,6 +39,7 @@ pub mod decode_run;
 pub mod error;
 pub mod evidence;
 pub mod files;
+pub mod harness;
 pub mod nvml;
 pub mod plan;
 pub mod report;
@@ -90,6 +92,7 @@ pub mod unit_tests {
     pub use crate::charts::tests as charts;
     pub use crate::evidence::tests as evidence;
     pub use crate::files::tests as files;
+    pub use crate::harness::tests as harness;
     pub use crate::layering_tests;
     pub use crate::plan::tests as plan;
     pub use crate::report::tests as report;
@@ -131,7 +134,7 @@ pub mod layering_tests {
     const LAYERS: &[&[&str]] = &[
         &["files", "timing", "nvml"],
         &["safetensors_io", "cuda_device", "backward_sample"],
-        &["error", "runner", "backward_run", "decode_run"],
+        &["error", "harness", "runner", "backward_run", "decode_run"],
         &["report", "evidence", "plan"],
         &["charts"],
         &["timeline"],

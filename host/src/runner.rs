@@ -2,11 +2,14 @@
 //!
 //! Order of events: validate the problem against the device (nothing allocated yet) → state the
 //! analytic bytes → allocate and upload → for each warm-up and measured repetition: poison O, LSE
-//! (and S) with NaN, launch, time → download → free → measure memory → verify.
+//! (and S) with NaN, launch, time → download → free → measure memory → verify. The repetitions,
+//! the memory bracket and the timing are the [`crate::harness`]'s; this module says what to
+//! allocate, poison and launch, and verifies O and LSE.
 
-use crate::device::{DevPtr, Device, DeviceError};
+use crate::device::Device;
 use crate::dtype::Tolerance;
 use crate::error::Error;
+use crate::harness::{allocated, measure, repeat, Body, Repetitions};
 use crate::inputs::{from_layout, to_layout, Qkv};
 use crate::memory::{AnalyticBytes, MeasuredMemory};
 use crate::problem::{KernelKind, Problem, ShapeJson, Varlen};
@@ -17,30 +20,10 @@ use memattn::attn::{AttnError, AttnOpts, DeviceBuffer, Kernels, LseViewMut, Sink
 use memattn::Dtype;
 use serde::Serialize;
 
-/// NaN bit pattern the f32 outputs are filled with before every launch.
-pub const POISON: u32 = 0x7FC0_0000;
-/// Two 16-bit NaNs (0x7FC0 is a quiet NaN both as bf16 and as f16): the poison of a bf16/f16 O.
-pub const POISON_16: u32 = 0x7FC0_7FC0;
-
-/// Fills `bytes` bytes at `ptr` with the poison of `dtype` (whole words with `fill_u32`, a
-/// trailing half word with one upload).
-pub fn poison<D: Device + ?Sized>(
-    dev: &mut D,
-    ptr: DevPtr,
-    bytes: u64,
-    dtype: crate::Dtype,
-) -> Result<(), DeviceError> {
-    let word = if dtype.is_16bit() { POISON_16 } else { POISON };
-    dev.fill_u32(ptr, bytes / 4, word)?;
-    if !bytes.is_multiple_of(4) {
-        let tail = &word.to_le_bytes()[..(bytes % 4) as usize];
-        dev.upload_bytes(ptr + bytes / 4 * 4, tail)?;
-    }
-    Ok(())
-}
-
-/// Most warm-up launches, and most timed repetitions, of one run (each keeps a timing sample).
-pub const MAX_LAUNCHES: u32 = 1_000_000;
+pub use crate::harness::{
+    bank_lines, poison, sector_lines, sector_report, BankLine, LaunchRecord, SectorLine, MAX_LAUNCHES, POISON,
+    POISON_16,
+};
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,116 +89,6 @@ fn checked_blocks(
         rows.len()
     );
     Ok((memattn::device::BlockSubset { kernel: l.kernel.name().to_string(), blocks }, warning))
-}
-
-/// One kernel launch of the run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LaunchRecord {
-    pub kernel: String,
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub dynamic_smem_bytes: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub thread_instructions: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub global_bytes_read: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub global_bytes_written: Option<u64>,
-    /// VM with `--vm-bank-conflicts`: the launch's shared-memory wavefronts per source line.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bank_conflicts: Vec<BankLine>,
-    /// VM with `--vm-sectors`: the launch's global-memory sectors per source line.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub sectors: Vec<SectorLine>,
-}
-
-/// The 32-byte global-memory sectors of the instructions of one source line in one launch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SectorLine {
-    /// `file:line` of the source (the PTX line when the module has no `.loc`).
-    pub at: String,
-    /// Warp-wide executions.
-    pub executions: u64,
-    /// The distinct bytes the lanes asked for.
-    pub useful_bytes: u64,
-    pub sectors: u64,
-}
-
-impl SectorLine {
-    /// Useful bytes / (32 x sectors).
-    pub fn efficiency(&self) -> f64 {
-        self.useful_bytes as f64 / (32 * self.sectors).max(1) as f64
-    }
-}
-
-/// [`SectorLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
-pub fn sector_lines(counts: &[ptx_vm::Sectors]) -> Vec<SectorLine> {
-    ptx_vm::Sectors::by_source(counts)
-        .into_iter()
-        .map(|(at, s)| SectorLine { at, executions: s.executions, useful_bytes: s.useful_bytes, sectors: s.sectors })
-        .collect()
-}
-
-/// The lines of a sector report: the launch's total efficiency, then the least efficient source
-/// lines (at most `worst`), one line each: `at: U useful bytes in S sectors (E %), X warp-wide
-/// executions`. Shared by `run` and `launch`.
-pub fn sector_report(kernel: &str, lines: &[SectorLine], worst: usize) -> Vec<String> {
-    let (u, s) = lines.iter().fold((0, 0), |(u, s), l| (u + l.useful_bytes, s + l.sectors));
-    let mut out = vec![format!(
-        "sectors      {kernel}: {} useful bytes in {s} sectors of 32 B ({:.1} % efficiency)",
-        u,
-        100.0 * u as f64 / (32 * s).max(1) as f64
-    )];
-    let mut by: Vec<&SectorLine> = lines.iter().filter(|l| l.sectors > 0).collect();
-    by.sort_by(|a, b| a.efficiency().total_cmp(&b.efficiency()).then(b.sectors.cmp(&a.sectors)));
-    for l in by.into_iter().take(worst) {
-        out.push(format!(
-            "               {}: {} useful bytes in {} sectors ({:.1} %), {} warp-wide executions",
-            l.at,
-            l.useful_bytes,
-            l.sectors,
-            100.0 * l.efficiency(),
-            l.executions
-        ));
-    }
-    out
-}
-
-/// The shared-memory wavefronts of the instructions of one source line in one launch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct BankLine {
-    /// `file:line` of the source (the PTX line when the module has no `.loc`).
-    pub at: String,
-    /// Warp-wide executions.
-    pub executions: u64,
-    pub wavefronts: u64,
-    /// The minimum, one wavefront per phase.
-    pub ideal: u64,
-}
-
-/// [`BankLine`]s of a launch's per-PTX-line counts, merged by source line, in first-seen order.
-pub fn bank_lines(counts: &[ptx_vm::BankConflicts]) -> Vec<BankLine> {
-    ptx_vm::BankConflicts::by_source(counts)
-        .into_iter()
-        .map(|(at, b)| BankLine { at, executions: b.executions, wavefronts: b.wavefronts, ideal: b.ideal })
-        .collect()
-}
-
-impl From<&memattn::attn::Launched> for LaunchRecord {
-    /// The record of a launch the library made ([`Kernels::take_launches`]).
-    fn from(l: &memattn::attn::Launched) -> Self {
-        LaunchRecord {
-            kernel: l.kernel.name().to_string(),
-            grid: l.dims.grid,
-            block: l.dims.block,
-            dynamic_smem_bytes: l.dims.dynamic_smem_bytes,
-            thread_instructions: l.info.thread_instructions,
-            global_bytes_read: l.info.global_bytes_read,
-            global_bytes_written: l.info.global_bytes_written,
-            bank_conflicts: bank_lines(&l.info.bank_conflicts),
-            sectors: sector_lines(&l.info.sectors),
-        }
-    }
 }
 
 /// Device outputs of the last repetition, BSHD O (values of the problem's dtype) and
@@ -431,14 +304,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     let kd = to_layout(&x.k, p.layout, b, p.seq_kv, p.kv_heads(), d);
     let vd = to_layout(&x.v, p.layout, b, p.seq_kv, p.kv_heads(), d);
 
-    let (def_warmup, def_repeats) = dev.default_warmup_repeats();
-    let warmup = spec.warmup.unwrap_or(def_warmup);
-    let repeats = spec.repeats.unwrap_or(def_repeats).max(1);
-    if warmup > MAX_LAUNCHES || repeats > MAX_LAUNCHES {
-        return Err(Error::Usage(format!(
-            "warm-up {warmup} and repeats {repeats}: each must be at most {MAX_LAUNCHES}"
-        )));
-    }
+    let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
 
     let subset = if spec.sampled_blocks {
         let (subset, warning) = checked_blocks(&p, spec, dev.target()?)?;
@@ -453,36 +319,21 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         let tol = tolerance_for(&p, x, &reference);
         (reference, tol)
     };
-    let (launched, checked) = std::thread::scope(|s| {
+    let (measured, checked) = std::thread::scope(|s| {
         let alongside = spec.reference_alongside.then(|| s.spawn(host_check));
-        dev.memory_begin()?;
-        // The subset holds for this run's launches only: set right before them, cleared right
-        // after (also when they failed), so a later run on the device is whole again.
-        let sampled = subset.is_some();
-        let body = match subset.map(|s| dev.set_block_subset(Some(s))).transpose() {
-            Ok(_) => Kernels::scoped(dev, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], warmup, repeats)),
-            Err(e) => Err(e.into()),
-        };
-        if sampled {
-            dev.set_block_subset(None)?;
-        }
-        // Every buffer was freed when the scope returned, also after an error.
-        let memory = dev.memory_end();
+        let measured = measure(dev, reps, subset, |k| launch_measured(k, &p, spec.kernel, x, [&qd, &kd, &vd], reps));
         let checked = alongside.map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
-        Ok::<_, Error>(((body, memory), checked))
-    })?;
-    let (body, memory) = launched;
-    let (samples, records, o_dev, lse, trace) = body?;
-    let memory = memory?;
+        (measured, checked)
+    });
+    let m = measured?;
+    let (instr, read, written) = (m.vm_thread_instructions(), m.vm_global_bytes_read(), m.vm_global_bytes_written());
+    let (o_dev, lse) = m.out;
     let o = from_layout(&o_dev, p.layout, b, p.seq_q, h, d);
+    let (timing, memory, trace) = (m.timing, m.memory, m.trace);
 
-    let timing = Timing::new(warmup, dev.clock_name(), samples);
     let (reference, tol) = checked.unwrap_or_else(host_check);
     let v = verify(&p, &o, &lse, &reference, &tol);
     let error_ratio = tol.baseline_rel_rms_err.filter(|&b| b > 0.0).map(|b| v.o.rel_rms_err / b);
-    let instr: Option<u64> = records.iter().map(|r| r.thread_instructions).sum();
-    let read: Option<u64> = records.iter().map(|r| r.global_bytes_read).sum();
-    let written: Option<u64> = records.iter().map(|r| r.global_bytes_written).sum();
     let flops = p.flops();
     Ok(RunReport {
         backend: dev.backend().name().to_string(),
@@ -510,7 +361,7 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
         vm_thread_instructions: instr,
         vm_global_bytes_read: read,
         vm_global_bytes_written: written,
-        launches: records,
+        launches: m.launches,
         ptx_sha256: dev.ptx().sha256.clone(),
         warnings,
         outputs: RunOutputs { o, lse },
@@ -518,22 +369,18 @@ pub fn run(dev: &mut dyn Device, spec: &RunSpec, inputs: Option<&Qkv>) -> Result
     })
 }
 
-/// What one measured run brought back: timing samples, the last repetition's launches, O (device
-/// layout, decoded), LSE and the VM trace.
-type Measured = (Vec<f64>, Vec<LaunchRecord>, Vec<f32>, Vec<f32>, Vec<ptx_vm::TraceEntry>);
-
-/// Allocates and uploads the run's buffers on `k`, then for each warm-up and measured
-/// repetition poisons the outputs, launches through the library's entry point and times it;
-/// downloads O and LSE of the last one. The buffers are freed when this returns.
+/// Allocates and uploads the run's buffers on `k`, then hands the harness ([`repeat`]) its
+/// steps: poison O, LSE (and the naive kernels' scores), launch through the library's entry
+/// point. Downloads O (device layout, decoded) and LSE of the last repetition. The buffers are
+/// freed when this returns.
 fn launch_measured(
     k: &Kernels,
     p: &Problem,
     kind: KernelKind,
     x: &Qkv,
     [qd, kd, vd]: [&[f32]; 3],
-    warmup: u32,
-    repeats: u32,
-) -> Result<Measured, AttnError> {
+    reps: Repetitions,
+) -> Body<(Vec<f32>, Vec<f32>)> {
     let es = p.dtype.size_bytes();
     let upload = |data: &[f32]| -> Result<DeviceBuffer, AttnError> {
         let buf = k.alloc(data.len() as u64 * es)?;
@@ -555,7 +402,7 @@ fn launch_measured(
         }
         None => None,
     };
-    k.with_device(|d| d.memory_mark_allocated())?;
+    allocated(k)?;
 
     // Views in the problem's layout (varlen: one packed batch).
     let (h, hk, d) = (p.heads as usize, p.kv_heads() as usize, p.head_dim as usize);
@@ -597,49 +444,30 @@ fn launch_measured(
         opts = opts.alibi_slopes(a);
     }
 
-    k.record_launches(true)?;
-    let mut samples = Vec::new();
-    let mut records = Vec::new();
-    let mut trace = Vec::new();
-    for rep in 0..warmup as u64 + repeats as u64 {
+    let poison_outputs = |k: &Kernels| {
         k.with_device(|dev| {
             poison(dev, o.ptr(), p.q_elems() * es, p.dtype)?;
             dev.fill_u32(lse.ptr(), p.rows(), POISON)?;
             if let Some(s) = &scores {
                 dev.fill_u32(s.ptr(), p.score_elems(), POISON)?;
             }
-            dev.synchronize()?;
-            dev.timer_start()
-        })?;
-        let (mx_q, mx_kv) = (p.seq_q as usize, p.seq_kv as usize);
-        match (kind, &cu, sv.as_mut()) {
-            (KernelKind::Flash, None, _) => k.flash_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, &opts)?,
-            (KernelKind::Flash, Some((cq, ck)), _) => {
-                k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, &opts)?
-            }
-            (KernelKind::Naive, None, Some(s)) => k.naive_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, s, &opts)?,
-            (KernelKind::Naive, Some((cq, ck)), Some(s)) => {
-                k.naive_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, s, &opts)?
-            }
-            (KernelKind::Naive, _, None) => unreachable!("the naive kernels' scores are allocated above"),
+            Ok(())
+        })
+    };
+    let (mx_q, mx_kv) = (p.seq_q as usize, p.seq_kv as usize);
+    let launch = || match (kind, &cu, sv.as_mut()) {
+        (KernelKind::Flash, None, _) => k.flash_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, &opts),
+        (KernelKind::Flash, Some((cq, ck)), _) => {
+            k.flash_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, &opts)
         }
-        let ms = k.with_device(|dev| dev.timer_stop())?;
-        if rep >= warmup as u64 {
-            samples.push(ms);
+        (KernelKind::Naive, None, Some(s)) => k.naive_attn_into(&qv, &kv, &vv, &mut ov, &mut lv, s, &opts),
+        (KernelKind::Naive, Some((cq, ck)), Some(s)) => {
+            k.naive_attn_varlen_into(&qv, &kv, &vv, cq, ck, mx_q, mx_kv, &mut ov, &mut lv, s, &opts)
         }
-        records = k
-            .take_launches()?
-            .into_iter()
-            .map(|l| {
-                let record = LaunchRecord::from(&l);
-                if !l.info.trace.is_empty() {
-                    trace = l.info.trace;
-                }
-                record
-            })
-            .collect();
-    }
+        (KernelKind::Naive, _, None) => unreachable!("the naive kernels' scores are allocated above"),
+    };
+    let repeated = repeat(k, reps, poison_outputs, launch, |_| Ok(()))?;
     let o_dev = p.dtype.decode(&o.read_bytes((p.q_elems() * es) as usize)?);
     let lse_host = lse.read_f32(Dtype::F32, p.rows() as usize)?;
-    Ok((samples, records, o_dev, lse_host, trace))
+    Ok((repeated, (o_dev, lse_host)))
 }

@@ -77,6 +77,7 @@ mod memattn_cli_units {
         charts: [axis_labels_read_as_units],
         evidence: [concurrent_appends_never_interleave, a_partial_last_line_does_not_glue_to_the_next_record, argv_changes_name_the_option],
         files: [atomic_write_replaces_whole_files_and_leaves_no_temporary, a_signal_during_an_atomic_write_removes_the_temporary_file, only_bounded_regular_files_are_read],
+        harness: [repetitions_take_the_device_defaults_and_refuse_past_the_limit, every_repetition_is_poisoned_then_launched_and_the_measured_ones_timed, a_failing_body_still_closes_the_bracket_and_frees_its_buffers],
         layering_tests: [module_layers_have_no_cycle],
         plan: [kv_cache_counts_kv_heads_not_query_heads, windows_cap_the_cache_and_the_key_range, searches_find_the_edge, sizes_parse_with_units],
         report: [entries_label_is_compact, bytes_are_human],

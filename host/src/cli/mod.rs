@@ -284,10 +284,10 @@ pub fn run_spec(a: &ProblemArgs, problem: Problem, kernel: KernelKind) -> Result
         return Err(Error::Usage("--repeats must be at least 1".into()));
     }
     for (name, v) in [("--warmup", a.warmup), ("--repeats", a.repeats)] {
-        if let Some(n) = v.filter(|&n| n > memattn_cli::runner::MAX_LAUNCHES) {
+        if let Some(n) = v.filter(|&n| n > memattn_cli::harness::MAX_LAUNCHES) {
             return Err(Error::Usage(format!(
                 "{name} must be at most {} (got {n})",
-                memattn_cli::runner::MAX_LAUNCHES
+                memattn_cli::harness::MAX_LAUNCHES
             )));
         }
     }

@@ -7,6 +7,7 @@ use memattn_cli::memory::AnalyticBytes;
 use memattn_cli::problem::{KernelKind, Problem};
 use memattn_cli::report::{describe_problem, expected_memory, run_summary};
 use memattn_cli::safetensors_io::{read_qkv_as, write_outputs, FileShape};
+use std::path::Path;
 
 /// `run --backward` (flattened into `run`'s options).
 #[derive(Debug, clap::Args)]
@@ -121,13 +122,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
         }
         None => memattn_cli::runner::run(dev.as_mut(), &spec, inputs.as_ref())?,
     };
-    // Only a verified result replaces the output file.
-    let mut written = None;
-    if let (Some(path), false) = (&a.output, report.verified) {
-        eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
-    }
-    let mut write_error = None;
-    if let (Some(path), true) = (&a.output, report.verified) {
+    let write = |path: &Path| -> Result<String, Error> {
         let shape = FileShape {
             batch: problem.batch,
             heads: problem.heads,
@@ -137,52 +132,77 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32, Error> {
             heads_kv: problem.kv_heads(),
             varlen: problem.varlen,
         };
-        // A write that fails after all leaves the old file whole; the measured result is still
-        // printed and saved, and the run exits with the write error's code (3 for the file-size
-        // limit or a full disk, 2 for a path that cannot be written).
-        if let Err(e) = write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse) {
-            eprintln!("error: {e}");
-            let e = Error::from(e);
-            write_error = Some((e.to_string(), e.exit_code()));
-        } else if !cli.json {
-            let (o_shape, lse_shape) = match problem.varlen {
-                Some(_) => {
-                    let t = problem.total_q() as u32;
-                    (vec![t, shape.heads, shape.head_dim], vec![shape.heads, t])
-                }
-                None => (
-                    vec![shape.batch, shape.seq_q, shape.heads, shape.head_dim],
-                    vec![shape.batch, shape.heads, shape.seq_q],
-                ),
-            };
-            println!("wrote o {o_shape:?} {} and lse {lse_shape:?} f32 to {}", problem.dtype, path.display());
-        }
-        if write_error.is_none() {
-            written = Some(path);
-        }
-    }
+        write_outputs(path, shape, problem.dtype, &report.outputs.o, &report.outputs.lse)?;
+        let (o_shape, lse_shape) = match problem.varlen {
+            Some(_) => {
+                let t = problem.total_q() as u32;
+                (vec![t, shape.heads, shape.head_dim], vec![shape.heads, t])
+            }
+            None => (
+                vec![shape.batch, shape.seq_q, shape.heads, shape.head_dim],
+                vec![shape.batch, shape.heads, shape.seq_q],
+            ),
+        };
+        Ok(format!("wrote o {o_shape:?} {} and lse {lse_shape:?} f32 to {}", problem.dtype, path.display()))
+    };
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["backend_reason"] = reason.into();
-    if a.output.is_some() {
-        v["output_file"] = written.map(|p| p.display().to_string()).into();
-    }
-    if let Some((e, _)) = &write_error {
-        v["output_error"] = e.clone().into();
-    }
     if let Some((trace, picture, summary)) = &timeline_written {
         v["timeline_file"] = trace.display().to_string().into();
         v["timeline_picture"] = picture.display().to_string().into();
         v["timeline"] = summary.clone();
     }
+    finish(cli, a.output.as_deref(), report.verified, v, write, || run_summary(&report))
+}
+
+/// The end of a measured run, the same for the forward and the backward. Only a verified result
+/// replaces the output file (`write` writes it atomically and returns the line that says so); a
+/// write that fails after all leaves the old file whole, the measured result is still printed and
+/// saved, and the run exits with the write error's code (3 for the file-size limit or a full
+/// disk, 2 for a path that cannot be written). Then the result `v` (with `output_file`, and
+/// `output_error` after a failed write) goes to the evidence file and to stdout (`--json`, or
+/// `summary`), and the exit code says whether it verified.
+fn finish(
+    cli: &Cli,
+    output: Option<&Path>,
+    verified: bool,
+    mut v: serde_json::Value,
+    write: impl FnOnce(&Path) -> Result<String, Error>,
+    summary: impl FnOnce() -> String,
+) -> Result<i32, Error> {
+    let mut written = None;
+    let mut write_error = None;
+    if let Some(path) = output {
+        if !verified {
+            eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
+        } else {
+            match write(path) {
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    write_error = Some((e.to_string(), e.exit_code()));
+                }
+                Ok(line) => {
+                    if !cli.json {
+                        println!("{line}");
+                    }
+                    written = Some(path);
+                }
+            }
+        }
+        v["output_file"] = written.map(|p| p.display().to_string()).into();
+    }
+    if let Some((e, _)) = &write_error {
+        v["output_error"] = e.clone().into();
+    }
     save_evidence(cli, &v)?;
     if cli.json {
         print_json(&v);
     } else {
-        print!("{}", run_summary(&report));
+        print!("{}", summary());
     }
     Ok(if let Some((_, code)) = write_error {
         code
-    } else if report.verified {
+    } else if verified {
         exit::SUCCESS
     } else {
         exit::VERIFICATION_FAILED
@@ -334,41 +354,12 @@ fn backward(
         );
     }
     let report = run_backward(dev.as_mut(), &spec, inputs.as_ref(), d_o.as_deref(), deterministic)?;
-    let mut written = None;
-    let mut write_error = None;
-    if let Some(path) = &a.output {
-        if !report.verified {
-            eprintln!("not writing {}: the result did not verify (an existing file is left as it was)", path.display());
-        } else if let Err(e) = write_outputs(path, &problem, &report.outputs) {
-            eprintln!("error: {e}");
-            write_error = Some((e.to_string(), e.exit_code()));
-        } else {
-            if !cli.json {
-                let ds = if problem.sinks { ", d_sinks" } else { "" };
-                println!("wrote o, lse, dq, dk, dv{ds} (F32) to {}", path.display());
-            }
-            written = Some(path);
-        }
-    }
+    let write = |path: &Path| -> Result<String, Error> {
+        write_outputs(path, &problem, &report.outputs)?;
+        let ds = if problem.sinks { ", d_sinks" } else { "" };
+        Ok(format!("wrote o, lse, dq, dk, dv{ds} (F32) to {}", path.display()))
+    };
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["backend_reason"] = reason.into();
-    if a.output.is_some() {
-        v["output_file"] = written.map(|p| p.display().to_string()).into();
-    }
-    if let Some((e, _)) = &write_error {
-        v["output_error"] = e.clone().into();
-    }
-    save_evidence(cli, &v)?;
-    if cli.json {
-        print_json(&v);
-    } else {
-        print!("{}", summary(&report));
-    }
-    Ok(if let Some((_, code)) = write_error {
-        code
-    } else if report.verified {
-        exit::SUCCESS
-    } else {
-        exit::VERIFICATION_FAILED
-    })
+    finish(cli, a.output.as_deref(), report.verified, v, write, || summary(&report))
 }
