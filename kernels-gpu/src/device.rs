@@ -287,3 +287,39 @@ pub fn alibi_distance(rd: i32, j: i32) -> f32 {
     let d = rd - j;
     (if d < 0 { -d } else { d }) as f32
 }
+
+/// `%tid.x` read again: a volatile read the compiler cannot merge with an earlier one, so the
+/// value need not stay in a register through a kernel's key loop.
+#[inline(always)]
+pub(crate) fn tid_x_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+
+/// `%ctaid.{x,y,z}` read again (a volatile read the compiler cannot merge with an earlier one, so
+/// the value need not stay in a register through the key loop).
+#[inline(always)]
+pub(crate) fn ctaid_x_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.x;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+#[inline(always)]
+pub(crate) fn ctaid_y_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.y;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+#[inline(always)]
+pub(crate) fn ctaid_z_fresh() -> u32 {
+    let y: u32;
+    unsafe { core::arch::asm!("mov.u32 {y}, %ctaid.z;", y = out(reg32) y, options(nomem, nostack)) };
+    y
+}
+
+/// `st.shared.b32 [addr], x;`
+#[inline(always)]
+pub(crate) unsafe fn st_shared_u32(addr: u32, x: u32) {
+    unsafe { core::arch::asm!("st.shared.b32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
+}

@@ -64,7 +64,7 @@ use crate::abi::BwdParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::flash_fwd_mma::{ctaid_x_fresh, ctaid_y_fresh, ctaid_z_fresh, stage_tile, Rows, SmemChunk};
+use crate::staging::{stage_tile, Rows, SmemChunk};
 #[cfg(target_arch = "nvptx64")]
 use crate::frag::{ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane, pack_a};
 #[cfg(target_arch = "nvptx64")]
@@ -73,22 +73,6 @@ use crate::mma::*;
 use crate::softmax::{tanh, LOG2E};
 #[cfg(target_arch = "nvptx64")]
 use crate::swizzle::{swizzled_offset, TileLane};
-
-/// `%tid.x` read again (a volatile read the compiler cannot merge with an earlier one).
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) fn tid_x_fresh() -> u32 {
-    let y: u32;
-    unsafe { core::arch::asm!("mov.u32 {y}, %tid.x;", y = out(reg32) y, options(nomem, nostack)) };
-    y
-}
-
-/// `st.shared.b32 [addr], x;`
-#[cfg(target_arch = "nvptx64")]
-#[inline(always)]
-pub(crate) unsafe fn st_shared_u32(addr: u32, x: u32) {
-    unsafe { core::arch::asm!("st.shared.b32 [{a}], {x};", a = in(reg32) addr, x = in(reg32) x, options(nostack)) };
-}
 
 /// `ld.shared.v2.f32 {lo, hi}, [addr];` (8-byte aligned).
 #[cfg(target_arch = "nvptx64")]

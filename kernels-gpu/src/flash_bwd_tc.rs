@@ -55,9 +55,7 @@ use crate::abi::BwdParams;
 #[cfg(target_arch = "nvptx64")]
 use crate::device::*;
 #[cfg(target_arch = "nvptx64")]
-use crate::flash_bwd_mma::{st_shared_u32, tid_x_fresh};
-#[cfg(target_arch = "nvptx64")]
-use crate::flash_fwd_mma::{ctaid_x_fresh, ctaid_y_fresh, ctaid_z_fresh, stage_tile, Rows, SmemChunk};
+use crate::staging::{stage_tile, Rows, SmemChunk};
 #[cfg(target_arch = "nvptx64")]
 use crate::frag::{ldsm_a_lane, ldsm_b_lane, ldsm_bt_lane};
 #[cfg(target_arch = "nvptx64")]

@@ -92,6 +92,8 @@ pub mod unit_tests {
 mod device;
 #[cfg(any(doc, target_arch = "nvptx64"))]
 pub mod mma;
+#[cfg(all(target_arch = "nvptx64", not(memattn_sm90)))]
+mod staging;
 
 /// The kernel modules only the `sm_80` module's rows use: compiled for nvptx64 except in the
 /// `sm_90a` build (`--cfg memattn_sm90`) and the timeline build (`--cfg memattn_timeline`), and

@@ -145,6 +145,8 @@ pub fn visible_in(p: &Problem, seq_q: u32, seq_kv: u32, i: u32, j: u32) -> bool 
 /// The keys query `i` of a `seq_q` × `seq_kv` sequence sees: one range, since the causal and
 /// window bounds each cut the keys at one end (empty when it sees none). Read off the per-key
 /// rule [`visible_in`], not the kernels' `key_range`, so the reference stays independent of them.
+/// (The rows call [`Mask::keys`] directly; this is the tests' view of it.)
+#[cfg(feature = "unit-tests")]
 pub(crate) fn visible_keys(p: &Problem, seq_q: u32, seq_kv: u32, i: u32) -> std::ops::Range<usize> {
     Mask::of(p).keys(seq_q, seq_kv, i)
 }
@@ -244,7 +246,9 @@ pub(crate) struct KeysByDim {
 
 impl KeysByDim {
     /// Holds the `keys` rows `k[j * stride..][..d]` as those of `of` (a (sequence, KV head)
-    /// pair); nothing to do when they are held already.
+    /// pair); nothing to do when they are held already. (The tests' entry; the rows call
+    /// [`KeysByDim::hold_rows`].)
+    #[cfg(feature = "unit-tests")]
     #[inline(always)]
     pub(crate) fn hold(&mut self, of: (u32, u32), k: &[f32], stride: usize, d: usize, keys: usize) {
         self.hold_rows(of, d, keys, |j| &k[j * stride..][..d]);
