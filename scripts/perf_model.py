@@ -974,6 +974,9 @@ def bwd_entries(p, dp):
         r = bwd_predict(k, f, p, dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
         pre = bwd_predict(dict(k, load_overlap=0.2), f, p, dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
         no_arrival = bwd_predict(k, f, p, 0.0, dp['call_us'], b, h, s, d, causal)
+        # The backward's chain per tile (five GEMMs, two or three barriers) is longer than the
+        # forward's that L was fitted on: the ratio with 2 L for both sides.
+        long_chain = bwd_predict(k, f, dict(p, latency=2 * p['latency']), dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
         fl = bwd_flops(b, h, s, d, causal)
         o, fa = r['ours'], r['fa2']
         out.append({
@@ -1000,6 +1003,7 @@ def bwd_entries(p, dp):
                     'dq_reduction_gbps': round(fa['red_gbps'])},
             'ratio_if_next_qdo_overlaps_dq': round(pre['fa2_ms'] / pre['ours_ms'], 3),
             'ratio_without_qdo_arrival': round(no_arrival['fa2_ms'] / no_arrival['ours_ms'], 3),
+            'ratio_with_twice_the_chain_latency': round(long_chain['fa2_ms'] / long_chain['ours_ms'], 3),
             'candidate': bwd_candidate_entry(k, f, p, dp, (b, h, s, d, causal)) if name == 'flash_bwd_bf16_d128' else None,
             'nonhmma_per_unit': {'memattn': k['nonhmma_unit'], 'fa2': f['nonhmma_unit'],
                                  'memattn_at_ratio_1_with_overlap': bwd_break_even(k, f, p, dp, (b, h, s, d, causal))},
@@ -1017,14 +1021,15 @@ def bwd_claims(rows):
 def print_backward(rows, p, dp):
     print('\nbackward (sm_80 main kernels + preprocess + convert), predicted from the forward calibration '
           '(c, L, P) and the decode\'s L0 = %.4f us; nothing measured' % dp['mem_latency_us'])
-    print('  %-22s %-6s %-28s %9s %9s %7s %8s %8s %9s %9s  %-34s %s' % (
-        'shape', 'causal', 'memattn kernel', 'memattn', 'FA2', 'ratio', 'main', 'vs SDPA', 'overlap', 'no arr.',
+    print('  %-22s %-6s %-28s %9s %9s %7s %8s %8s %9s %9s %7s  %-34s %s' % (
+        'shape', 'causal', 'memattn kernel', 'memattn', 'FA2', 'ratio', 'main', 'vs SDPA', 'overlap', 'no arr.', '2 L',
         'memattn tile, regs -> blocks/SM', 'limiter'))
     for r in rows:
         m = r['memattn']
-        print('  %-22s %-6s %-28s %6.3f ms %6.3f ms %7.3f %8.3f %8.3f %9.3f %9.3f  %-34s %s' % (
+        print('  %-22s %-6s %-28s %6.3f ms %6.3f ms %7.3f %8.3f %8.3f %9.3f %9.3f %7.3f  %-34s %s' % (
             r['shape'], r['causal'], r['kernel'], r['memattn_ms'], r['fa2_ms'], r['ratio'], r['main_kernel_ratio'],
             r['ratio_vs_sdpa_call'], r['ratio_if_next_qdo_overlaps_dq'], r['ratio_without_qdo_arrival'],
+            r['ratio_with_twice_the_chain_latency'],
             '%s, %d -> %d' % (m['tile'], m['registers'], m['blocks_per_sm']), m['limiter']))
     print('  non-HMMA per unit memattn / FA2 / memattn at ratio 1.0 with the overlap: ' + '; '.join('%s%s %d / %d / %s' % (
         r['kernel'].replace('flash_bwd_bf16_', ''), ' causal' if r['causal'] else '', r['nonhmma_per_unit']['memattn'],
