@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """perf_model.py: an analytic performance model of memattn's forward and decode kernels on an H200,
-calibrated against the measured H200 run (docs/gpu-h200/) and checked on shapes it was not fitted on.
+calibrated against the measured H200 run (docs/gpu-h200/) and checked on shapes it was not fitted on; and a
+prediction of the sm_80 backward against FlashAttention-2's from the same calibrated parameters (nothing of
+the backward was measured: docs/perf/backward-model.json has "measured": null).
 
 usage:
-  python3 scripts/perf_model.py           regenerate docs/perf/calibration.json and docs/perf/decode-model.json
+  python3 scripts/perf_model.py           regenerate docs/perf/calibration.json, docs/perf/decode-model.json
+                                          and docs/perf/backward-model.json
   python3 scripts/perf_model.py --check   regenerate in memory, compare with the committed files, check the
                                           hit targets; exit 1 when either fails. Prints the tables either way.
   python3 scripts/perf_model.py --pin-run COMMIT
@@ -30,6 +33,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIBRATION = os.path.join(ROOT, 'docs', 'perf', 'calibration.json')
 DECODE_MODEL = os.path.join(ROOT, 'docs', 'perf', 'decode-model.json')
+BACKWARD_MODEL = os.path.join(ROOT, 'docs', 'perf', 'backward-model.json')
 RUN_KERNELS = os.path.join(ROOT, 'docs', 'perf', 'h200-kernels.json')
 
 # ---- physical parameters --------------------------------------------------------------------------
@@ -728,6 +732,328 @@ def tile_advice(specs, p):
     return out
 
 
+# ---- the backward (sm_80 main kernels), predicted from the forward's calibration -----------------
+# Nothing of the backward was timed on the H200: this section applies the forward's fitted parameters
+# (c, L, P) and the decode's fitted memory latency L0 to the backward kernels' structure. A block owns
+# a key block (Bc keys, K and V staged once) and walks query tiles of Br rows: per tile S and dP, P
+# and dS, dV += P^T dO, dK += dS^T Q, dQ += dS K (five GEMMs, 10 d mma.sync per 64 x 64 unit), dQ
+# added to an f32 accumulator by reductions in L2. Around it, two bandwidth kernels: the preprocess
+# (D = rowsum(dO o O), the accumulator zeroed) and the convert (accumulator to dQ).
+#
+# Per 64 x 64 x d unit, steady query tile (no mask), sm_80 SASS (ptxas 13.5; torch 2.15's FA2), from
+# `BWD=1 scripts/sass-compare.sh` as docs/kernels.md's backward table records it: non-HMMA warp
+# instructions, shared-memory bytes (KiB) and dQ reduction bytes (KiB) per unit, per SM. The compact
+# rows (flash_bwd_*_d{64,128}_compact) were measured at commit cec1388 (the table of that commit's
+# README), before flash_bwd_mma.rs was last edited: their counts are older than the others'.
+BWD_SASS = {   # name: (non-HMMA per unit, HMMA per unit, smem KiB per unit, dQ reduction KiB per unit)
+    'flash_bwd_bf16_d32': (2236, 320, 129, 8),
+    'flash_bwd_bf16_d64': (2572, 640, 184, 8),
+    'flash_bwd_bf16_d128': (4484, 1280, 352, 32),
+    'flash_bwd_bf16_d64_compact': (3416, 640, 250, 16),
+    'flash_bwd_bf16_d128_compact': (7632, 1792, 692, 32),   # 2 warps per 16 keys both compute S and dP
+    'fa2_bwd_d32': (1778, 320, 108, 4),
+    'fa2_bwd_d64': (2132, 640, 168, 8),
+    'fa2_bwd_d128': (2804, 1280, 320, 16),
+}
+# FlashAttention-2's backward tiles on A100/H100 without dropout (run_mha_bwd_hdim<d> in FA2's
+# flash_bwd_launch_template.h, >= 144 KB opt-in shared memory; sass-compare.sh FA2_BWD_TILES):
+# Flash_bwd_kernel_traits<d, kBlockM, kBlockN, kNWarps, ...>; registers 255 (cuobjdump -res-usage of
+# torch 2.15's cubins, docs/kernels.md); shared memory kSmemSize1colblock (sass-compare.sh fa2_bwd_smem).
+FA2_BWD_TILES = {32: (128, 128, 8, True), 64: (128, 128, 8, False), 128: (64, 128, 8, False)}  # Br, Bc, warps, V in regs
+FA2_BWD_REGS = 255
+# Fraction of a query tile's work that runs between the issue of the next tile's Q and dO and the wait
+# for them. memattn stages Q and dO at the top of the tile and waits before S (flash_bwd_tc.rs,
+# flash_bwd_mma.rs): 0. FA2 (flash_bwd_kernel.h) double-buffers Q, issued after dP, and issues the next
+# dO after the dV GEMM: the dQ and dK GEMMs, 2 of the 5, run while it arrives: 0.4.
+BWD_LOAD_OVERLAP = {'memattn': 0.0, 'fa2': 0.4}
+BWD_SHAPES = ((64, False), (64, True), (128, False), (128, True))   # the forward table's 4096 rows: 4 x 2048/d
+BWD_EXTRA = (32,)                                                     # d32 (4 x 64 x 4096 x 32) if cheap
+# What docs/perf/README.md "The backward" claims; --check fails when the model stops giving it.
+BWD_CLAIM = dict(at_or_above=0, below=4, prefetch_at_or_above=0, candidate_at_or_above=0)
+
+
+def bwd_fa2_smem(d):
+    br, bc, _, v_in_regs = FA2_BWD_TILES[d]
+    qdo, kv, pds = br * d * 3 * 2, bc * d * 2 * 2, br * bc * 2
+    return qdo + (max(kv, kv // 2 + 2 * pds) if v_in_regs else kv + 2 * pds)
+
+
+def read_bwd_tiles():
+    """memattn's backward main-kernel tiles: FLASH_BWD_TC_D<d> (Br 128, 8 warps, Bc) and
+    FLASH_BWD_MMA_D<d> (Br, warps, Bc = 16 warps / kv_splits) of kernels-gpu/src/tiles.rs."""
+    src = open(os.path.join(ROOT, 'kernels-gpu', 'src', 'tiles.rs')).read()
+    tiles = {}
+    for m in re.finditer(r'pub const FLASH_BWD_MMA_D(\d+): FlashBwdMmaTile =\s*FlashBwdMmaTile \{([^}]*)\}', src):
+        f = dict(kv.split(':') for kv in re.sub(r'\s', '', m.group(2)).split(',') if kv)
+        warps, splits = int(f['warps']), int(f.get('kv_splits', 1))
+        tiles[('compact', int(m.group(1)))] = dict(br=int(f['br']), bc=16 * warps // splits, warps=warps)
+    for m in re.finditer(r'pub const FLASH_BWD_TC_D(\d+): FlashBwdTcTile =\s*FlashBwdTcTile \{([^}]*)\}', src):
+        f = dict(kv.split(':') for kv in re.sub(r'\s', '', m.group(2)).split(',') if kv)
+        tiles[('tc', int(m.group(1)))] = dict(br=128, bc=int(f['bc']), warps=8)
+    return tiles
+
+
+def bwd_specs():
+    """name -> kernel dict for the backward model: tile, registers and shared memory (sm_90 rows of
+    ptxas-report.json: the H200 JIT-compiles the sm_80 PTX), per-unit SASS counts, load overlap."""
+    tiles, ptxas = read_bwd_tiles(), read_ptxas()
+    specs = {}
+    for name, (nonhmma, hmma, smem_kib, red_kib) in BWD_SASS.items():
+        m = re.match(r'(flash_bwd_bf16|fa2_bwd)_d(\d+)(_compact)?$', name)
+        d = int(m.group(2))
+        if m.group(1) == 'fa2_bwd':
+            br, bc, warps, _ = FA2_BWD_TILES[d]
+            regs, smem, side = FA2_BWD_REGS, bwd_fa2_smem(d), 'fa2'
+        else:
+            t = tiles[('compact', d)] if (m.group(3) or ('tc', d) not in tiles) else tiles[('tc', d)]
+            br, bc, warps = t['br'], t['bc'], t['warps']
+            regs, smem = ptxas[name]
+            side = 'memattn'
+        specs[name] = dict(name=name, side=side, d=d, br=br, bc=bc, warps=warps, regs=regs, smem=smem,
+                           nonhmma_unit=nonhmma, hmma_unit=hmma, smem_unit=smem_kib * 1024, red_unit=red_kib * 1024,
+                           load_overlap=BWD_LOAD_OVERLAP[side])
+    return specs
+
+
+def bwd_round(k, occ, p, arrival_cycles):
+    """Cycles of one round (every resident block does one query tile) and its parts. W: one warp's
+    tile (its mma.sync at c cycles plus its other instructions at one issue per clock, as the
+    forward's); the SMSP is busy n W; a block's own warps wait out L / nb of the tile's dependency
+    chain (the forward's rule) and the arrival of Q and dO that the tile's work does not cover."""
+    units = k['br'] * k['bc'] / 4096.0
+    hmma = k['hmma_unit'] * units / k['warps']
+    nonhmma = k['nonhmma_unit'] * units / k['warps']
+    w = hmma * p['hmma_cycles'] + nonhmma
+    nb = -(-k['warps'] // SMSP)
+    n = nb * occ['blocks']
+    arrival = max(0.0, arrival_cycles - k['load_overlap'] * nb * w)
+    own = 'latency + Q/dO arrival (own block)' if arrival > 0 else 'latency (own block)'
+    terms = {'SMSP busy (tensor + issue)': n * w, own: nb * w + p['latency'] / nb + arrival,
+             'shared memory': occ['blocks'] * k['smem_unit'] * units / SMEM_BYTES_PER_CLK}
+    return max(terms.values()), dict(w=w, nb=nb, n=n, hmma=hmma, nonhmma=nonhmma, arrival=arrival, units=units,
+                                     limiter=max(terms, key=terms.get), terms=terms)
+
+
+def bwd_main_ms(k, p, mem_latency_us, batch, heads, seq, causal, gpu=GPUS['H200']):
+    """The main kernel: blocks (key block fastest, then head, then batch) taken greedily by the
+    SMs' block slots; key block j walks the query tiles from the one holding its first key's
+    diagonal (causal: floor(j Bc / Br)) to the last, each a full round (neither kernel skips
+    warps in a tile); plus the forward's prologue per block and a launch."""
+    occ = occupancy(gpu, k['regs'], k['smem'], k['warps'])
+    rnd, parts = bwd_round(k, occ, p, mem_latency_us * gpu['clock_ghz'] * 1e3)
+    nq, nk = -(-seq // k['br']), -(-seq // k['bc'])
+    durs = [(nq - ((j * k['bc']) // k['br'] if causal else 0)) * rnd + p['prologue'] for j in range(nk)]
+    slots = gpu['sms'] * occ['blocks']
+    nblocks = batch * heads * nk
+    makespan = greedy_makespan(durs, nblocks, slots)
+    ms = makespan / (gpu['clock_ghz'] * 1e6) + LAUNCH_US / 1e3
+    # HBM floor: Q, K, V, dO read, dK, dV written (2 B), LSE and D read (4 B per row), the dQ
+    # accumulator read and written back once (4 B): far from binding here.
+    rows = batch * heads * seq
+    hbm_bytes = rows * k['d'] * 2 * 6 + rows * 8 + rows * k['d'] * 4 * 2
+    ms = max(ms, hbm_bytes / (gpu['hbm_tbps'] * 1e12) * 1e3)
+    pairs = seq * (seq + 1) / 2 if causal else seq * seq
+    units = batch * heads * pairs / 4096.0
+    return dict(ms=ms, occ=occ, waves=nblocks / slots, parts=parts, round=rnd,
+                red_bytes=units * k['red_unit'], red_gbps=units * k['red_unit'] / (ms * 1e6))
+
+
+def bwd_rows_kernel_ms(batch, heads, seq, d, gpu=GPUS['H200']):
+    """The preprocess and the convert of either library (memattn's flash_bwd_pre / flash_bwd_dq,
+    FA2's flash_bwd_dot_do_o_kernel / flash_bwd_convert_dq_kernel move the same bytes): HBM-bound
+    streams, bytes over 4.8 TB/s plus a launch each. Preprocess: dO and O read, D written, the f32
+    accumulator zeroed; convert: the accumulator read, dQ written."""
+    rows = batch * heads * seq
+    pre = rows * d * 2 * 2 + rows * 4 + rows * d * 4
+    conv = rows * d * 4 + rows * d * 2
+    bw = gpu['hbm_tbps'] * 1e12
+    return dict(pre_ms=pre / bw * 1e3 + LAUNCH_US / 1e3, convert_ms=conv / bw * 1e3 + LAUNCH_US / 1e3,
+                pre_bytes=pre, convert_bytes=conv)
+
+
+def bwd_sdpa_accumulate_ms(batch, heads, seq, d, gpu=GPUS['H200']):
+    """What the SDPA call bench_sdpa.py times adds to FA2's kernels: torch.autograd.backward
+    accumulates into q.grad, k.grad and v.grad, which exist after the warm-up: three in-place adds
+    (read two, write one, 2-byte elements) and their launches."""
+    n = batch * heads * seq * d
+    return 3 * (3 * n * 2 / (gpu['hbm_tbps'] * 1e12) * 1e3 + LAUNCH_US / 1e3)
+
+
+def bwd_flops(batch, heads, seq, d, causal):
+    """2.5 x the forward's FLOPs with the unmasked pairs of memattn's backward_flops and bench_sdpa.py
+    (causal: seq (seq + 1) / 2 per head)."""
+    pairs = seq * (seq + 1) // 2 if causal else seq * seq
+    return 2.5 * 4.0 * batch * heads * d * pairs
+
+
+def bwd_breakdown(k, p, mem_latency_us, gpu=GPUS['H200']):
+    """One round of query tiles per 64 x 64 x d unit, SM cycles: tensor, issue, the unhidden part
+    of the dependency chain, the unhidden Q/dO arrival, total."""
+    occ = occupancy(gpu, k['regs'], k['smem'], k['warps'])
+    rnd, q = bwd_round(k, occ, p, mem_latency_us * gpu['clock_ghz'] * 1e3)
+    units = occ['blocks'] * q['units']
+    tensor = occ['warps'] * q['hmma'] * p['hmma_cycles'] / SMSP / units
+    issue = occ['warps'] * q['nonhmma'] / SMSP / units
+    busy = q['n'] * q['w']
+    imbalance = (busy - occ['warps'] * q['w'] / SMSP) / units
+    exposed = max(0.0, rnd - busy)
+    chain = min(exposed, p['latency'] / q['nb']) if q['limiter'].startswith('latency') else 0.0
+    arrival = exposed - chain if q['limiter'].startswith('latency') else 0.0
+    other = exposed - chain - arrival
+    return dict(blocks_per_sm=occ['blocks'], warps_per_smsp=q['n'], tensor=tensor, issue=issue, imbalance=imbalance,
+                latency=chain / units, arrival=arrival / units, shared_memory=other / units, total=rnd / units,
+                limiter=q['limiter'])
+
+
+def bwd_predict(k_ours, k_fa2, p, mem_latency_us, call_us, batch, heads, seq, d, causal):
+    ours = bwd_main_ms(k_ours, p, mem_latency_us, batch, heads, seq, causal)
+    fa2 = bwd_main_ms(k_fa2, p, mem_latency_us, batch, heads, seq, causal)
+    rk = bwd_rows_kernel_ms(batch, heads, seq, d)
+    side = rk['pre_ms'] + rk['convert_ms'] + call_us / 1e3
+    ours_ms, fa2_ms = ours['ms'] + side, fa2['ms'] + side
+    sdpa_ms = fa2_ms + bwd_sdpa_accumulate_ms(batch, heads, seq, d)
+    return dict(ours=ours, fa2=fa2, rows=rk, ours_ms=ours_ms, fa2_ms=fa2_ms, sdpa_ms=sdpa_ms)
+
+
+def bwd_per_row_instructions(d, bc):
+    """Warp instructions per unit of memattn's backward that a query tile pays per query row, from
+    the kernel's structure (flash_bwd_tc.rs): cp.async of Q and dO (16 B per lane), the LSE and D
+    loads (4 rows x 2 per warp, both key halves' warps) and the dQ reductions (one red.f32 per
+    element): (64 d / 128 + 32 + 64 d / 32) x 64 / Bc; their address arithmetic not counted."""
+    return (64 * d * 2 * 2 // 16 // 32 + 32 + 64 * d // 32) * 64 // bc
+
+
+def bwd_candidate(k, d):
+    """The d128 tile the model is asked about: FA2's Br 64 x Bc 128 with the next tile's Q and dO
+    overlapping dQ += dS K; the count per unit keeps today's, less the per-row instructions the
+    larger key block halves. Shared memory (2 x 128 + 4 x 64) x 128 x 2 B = 128 KiB; registers 255
+    (dK and dV of 128 keys take 128 per thread, as FA2's; whether ptxas fits them is the kernel's
+    to show)."""
+    nonhmma = k['nonhmma_unit'] - bwd_per_row_instructions(d, k['bc']) + bwd_per_row_instructions(d, 128)
+    return dict(k, br=64, bc=128, regs=255, smem=(2 * 128 + 4 * 64) * d * 2, load_overlap=0.2, nonhmma_unit=nonhmma)
+
+
+def bwd_break_even(k, f, p, dp, args):
+    """The non-HMMA instructions per unit at which memattn's kernel, with the next tile's Q and dO
+    overlapping dQ += dS K, matches FA2 (ratio 1.0): a bisection, to 1 instruction."""
+    ratio = lambda x: (lambda r: r['fa2_ms'] / r['ours_ms'])(
+        bwd_predict(dict(k, load_overlap=0.2, nonhmma_unit=x), f, p, dp['mem_latency_us'], dp['call_us'], *args))
+    lo, hi = 0.0, float(k['nonhmma_unit'])
+    if ratio(hi) >= 1.0:
+        return k['nonhmma_unit']
+    if ratio(lo) < 1.0:
+        return None     # not by instructions alone: latency per unit (small tiles) keeps it below
+    while hi - lo > 1.0:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ratio(mid) >= 1.0 else (lo, mid)
+    return int(lo)
+
+
+def bwd_candidate_entry(k, f, p, dp, args):
+    c = bwd_candidate(k, args[3])
+    r = bwd_predict(c, f, p, dp['mem_latency_us'], dp['call_us'], *args)
+    occ = occupancy(GPUS['H200'], c['regs'], c['smem'], c['warps'])
+    return dict(tile='%dx%d, %d warps, next Q/dO overlapping dQ' % (c['br'], c['bc'], c['warps']), registers=c['regs'],
+                smem=c['smem'], blocks_per_sm=occ['blocks'], nonhmma_per_unit=c['nonhmma_unit'],
+                memattn_ms=round(r['ours_ms'], 4), ratio=round(r['fa2_ms'] / r['ours_ms'], 3))
+
+
+def bwd_entries(p, dp):
+    """docs/perf/backward-model.json: one entry per shape (the forward table's 4096-token rows at d64
+    and d128, causal and not; then d32 and the compact rows), memattn and FA2 predicted, measured null;
+    each with the ratio for the change the model suggests (Q and dO of the next tile started before
+    dQ += dS K, overlapping it)."""
+    specs = bwd_specs()
+    out = []
+    shapes = [(d, c, 'flash_bwd_bf16_d%d' % d) for d, c in BWD_SHAPES]
+    shapes += [(d, c, 'flash_bwd_bf16_d%d' % d) for d in BWD_EXTRA for c in (False, True)]
+    shapes += [(d, c, 'flash_bwd_bf16_d%d_compact' % d) for d in (64, 128) for c in (False, True)]
+    for d, causal, name in shapes:
+        b, h, s = 4, 2048 // d, 4096
+        k, f = specs[name], specs['fa2_bwd_d%d' % d]
+        r = bwd_predict(k, f, p, dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
+        pre = bwd_predict(dict(k, load_overlap=0.2), f, p, dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
+        no_arrival = bwd_predict(k, f, p, 0.0, dp['call_us'], b, h, s, d, causal)
+        # The backward's chain per tile (five GEMMs, two or three barriers) is longer than the
+        # forward's that L was fitted on: the ratio with 2 L for both sides.
+        long_chain = bwd_predict(k, f, dict(p, latency=2 * p['latency']), dp['mem_latency_us'], dp['call_us'], b, h, s, d, causal)
+        fl = bwd_flops(b, h, s, d, causal)
+        o, fa = r['ours'], r['fa2']
+        out.append({
+            'shape': 'bf16 %dx%dx%dx%d' % (b, h, s, d), 'causal': causal,
+            'kernel': name, 'fa2_kernel': 'flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<%d, %d, %d, %d, ...>>' % (
+                d, f['br'], f['bc'], f['warps']),
+            'in_h200_table': name == 'flash_bwd_bf16_d%d' % d and d in (64, 128),
+            'measured': None,
+            'memattn_ms': round(r['ours_ms'], 4), 'fa2_ms': round(r['fa2_ms'], 4),
+            'memattn_tflops': round(fl / r['ours_ms'] / 1e9, 1), 'fa2_tflops': round(fl / r['fa2_ms'] / 1e9, 1),
+            'ratio': round(r['fa2_ms'] / r['ours_ms'], 3),
+            'main_kernel_ms': {'memattn': round(o['ms'], 4), 'fa2': round(fa['ms'], 4)},
+            'main_kernel_ratio': round(fa['ms'] / o['ms'], 3),
+            'preprocess_ms': round(r['rows']['pre_ms'], 4), 'convert_ms': round(r['rows']['convert_ms'], 4),
+            'call_us': dp['call_us'],
+            'sdpa_call_ms': round(r['sdpa_ms'], 4), 'ratio_vs_sdpa_call': round(r['sdpa_ms'] / r['ours_ms'], 3),
+            'memattn': {'tile': '%dx%d, %d warps' % (k['br'], k['bc'], k['warps']), 'registers': k['regs'],
+                        'smem': k['smem'], 'blocks_per_sm': o['occ']['blocks'], 'warps_per_sm': o['occ']['warps'],
+                        'occupancy_limit': o['occ']['limit'], 'waves': round(o['waves'], 2), 'limiter': o['parts']['limiter'],
+                        'dq_reduction_gbps': round(o['red_gbps'])},
+            'fa2': {'tile': '%dx%d, %d warps' % (f['br'], f['bc'], f['warps']), 'registers': f['regs'],
+                    'smem': f['smem'], 'blocks_per_sm': fa['occ']['blocks'], 'warps_per_sm': fa['occ']['warps'],
+                    'occupancy_limit': fa['occ']['limit'], 'waves': round(fa['waves'], 2), 'limiter': fa['parts']['limiter'],
+                    'dq_reduction_gbps': round(fa['red_gbps'])},
+            'ratio_if_next_qdo_overlaps_dq': round(pre['fa2_ms'] / pre['ours_ms'], 3),
+            'ratio_without_qdo_arrival': round(no_arrival['fa2_ms'] / no_arrival['ours_ms'], 3),
+            'ratio_with_twice_the_chain_latency': round(long_chain['fa2_ms'] / long_chain['ours_ms'], 3),
+            'candidate': bwd_candidate_entry(k, f, p, dp, (b, h, s, d, causal)) if name == 'flash_bwd_bf16_d128' else None,
+            'nonhmma_per_unit': {'memattn': k['nonhmma_unit'], 'fa2': f['nonhmma_unit'],
+                                 'memattn_at_ratio_1_with_overlap': bwd_break_even(k, f, p, dp, (b, h, s, d, causal))},
+        })
+    return out
+
+
+def bwd_claims(rows):
+    main = [r for r in rows if r['in_h200_table']]
+    return dict(at_or_above=sum(r['ratio'] >= 1.0 for r in main), below=sum(r['ratio'] < 1.0 for r in main),
+                prefetch_at_or_above=sum(r['ratio_if_next_qdo_overlaps_dq'] >= 1.0 for r in main),
+                candidate_at_or_above=sum(r['candidate']['ratio'] >= 1.0 for r in main if r['candidate']))
+
+
+def print_backward(rows, p, dp):
+    print('\nbackward (sm_80 main kernels + preprocess + convert), predicted from the forward calibration '
+          '(c, L, P) and the decode\'s L0 = %.4f us; nothing measured' % dp['mem_latency_us'])
+    print('  %-22s %-6s %-28s %9s %9s %7s %8s %8s %9s %9s %7s  %-34s %s' % (
+        'shape', 'causal', 'memattn kernel', 'memattn', 'FA2', 'ratio', 'main', 'vs SDPA', 'overlap', 'no arr.', '2 L',
+        'memattn tile, regs -> blocks/SM', 'limiter'))
+    for r in rows:
+        m = r['memattn']
+        print('  %-22s %-6s %-28s %6.3f ms %6.3f ms %7.3f %8.3f %8.3f %9.3f %9.3f %7.3f  %-34s %s' % (
+            r['shape'], r['causal'], r['kernel'], r['memattn_ms'], r['fa2_ms'], r['ratio'], r['main_kernel_ratio'],
+            r['ratio_vs_sdpa_call'], r['ratio_if_next_qdo_overlaps_dq'], r['ratio_without_qdo_arrival'],
+            r['ratio_with_twice_the_chain_latency'],
+            '%s, %d -> %d' % (m['tile'], m['registers'], m['blocks_per_sm']), m['limiter']))
+    print('  non-HMMA per unit memattn / FA2 / memattn at ratio 1.0 with the overlap: ' + '; '.join('%s%s %d / %d / %s' % (
+        r['kernel'].replace('flash_bwd_bf16_', ''), ' causal' if r['causal'] else '', r['nonhmma_per_unit']['memattn'],
+        r['nonhmma_per_unit']['fa2'], r['nonhmma_per_unit']['memattn_at_ratio_1_with_overlap'] or 'none') for r in rows))
+    for r in rows:
+        if r['candidate']:
+            c = r['candidate']
+            print('  candidate %s%s: %s, %d regs, %d B smem -> %d/SM, non-HMMA %d per unit: ratio %.3f' % (
+                r['shape'], ' causal' if r['causal'] else '', c['tile'], c['registers'], c['smem'], c['blocks_per_sm'],
+                c['nonhmma_per_unit'], c['ratio']))
+    print('  TFLOP/s memattn / FA2: ' + '; '.join('d%d%s %.0f / %.0f' % (
+        int(r['shape'].split('x')[-1]), ' causal' if r['causal'] else '', r['memattn_tflops'], r['fa2_tflops'])
+        for r in rows if r['in_h200_table']))
+    specs = bwd_specs()
+    print('\n  what a round of query tiles costs per 64 x 64 x d unit, SM cycles (backward model):')
+    print('  %-28s %9s %10s %7s %7s %10s %8s %8s %7s %7s' % ('kernel', 'blocks/SM', 'warps/SMSP', 'tensor', 'issue',
+                                                            'imbalance', 'latency', 'arrival', 'smem', 'total'))
+    for name in BWD_SASS:
+        b = bwd_breakdown(specs[name], p, dp['mem_latency_us'])
+        print('  %-28s %9d %10d %7.0f %7.0f %10.0f %8.0f %8.0f %7.0f %7.0f' % (
+            name, b['blocks_per_sm'], b['warps_per_smsp'], b['tensor'], b['issue'], b['imbalance'], b['latency'],
+            b['arrival'], b['shared_memory'], b['total']))
+
+
 # ---- output, check, tables -----------------------------------------------------------------------
 def build():
     specs = kernel_specs()
@@ -886,9 +1212,11 @@ def main(argv):
     cal_rows = calibration_json(cal)
     dec_rows = decode_entries(dp)
     cal_doc = dict(params_all=cal['params_all'], params_split=cal['params_split'], fit_dims=list(FIT_DIMS))
-    files = {CALIBRATION: cal_rows, DECODE_MODEL: dec_rows}
+    bwd_rows = bwd_entries(cal['params_all'], dp)
+    files = {CALIBRATION: cal_rows, DECODE_MODEL: dec_rows, BACKWARD_MODEL: bwd_rows}
     print_tables(cal, cal_rows, dec_rows, dp)
     print_advice(specs, cal['params_all'], dp)
+    print_backward(bwd_rows, cal['params_all'], dp)
     a, n, h, hn = hits(cal_rows)
     ok = True
     if a < 18 or h < math.ceil(0.9 * hn):
@@ -901,11 +1229,15 @@ def main(argv):
         print('FAIL: what docs/perf/README.md claims does not hold: decode %d of %d within 15 %% (claimed %d), '
               'Hopper %d of 3 (claimed %d)' % (dh, len(dm), DECODE_CLAIM, hop, HOPPER_CLAIM))
         ok = False
+    bc = bwd_claims(bwd_rows)
+    if bc != BWD_CLAIM:
+        print('FAIL: what docs/perf/README.md claims of the backward does not hold: %s (claimed %s)' % (bc, BWD_CLAIM))
+        ok = False
     if not check:
         os.makedirs(os.path.dirname(CALIBRATION), exist_ok=True)
         for path, obj in files.items():
             open(path, 'w').write(dumps(obj))
-        print('\nwrote %s and %s (%s)' % (os.path.relpath(CALIBRATION, ROOT), os.path.relpath(DECODE_MODEL, ROOT), cal_doc))
+        print('\nwrote %s (%s)' % (', '.join(os.path.relpath(f, ROOT) for f in files), cal_doc))
         return 0 if ok else 1
     for path, obj in files.items():
         try:
