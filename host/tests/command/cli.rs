@@ -123,14 +123,9 @@ fn kernels_json_reports_each_tile_from_the_variant_table() {
     // Tensor-core rows for every head dim and both 16-bit types; shared memory is Q + K + V tiles
     // of 2-byte elements, (br + 2 bc) d 2 bytes, recomputed here from the reported br and bc.
     for dtype in ["bf16", "f16"] {
-        for (d, br, bc, warps) in [
-            (32, 128, 64, 4),
-            (64, 128, 64, 4),
-            (96, 64, 64, 4),
-            (128, 64, 64, 4),
-            (192, 64, 64, 4),
-            (256, 128, 64, 8),
-        ] {
+        for (d, br, bc, warps) in
+            [(32, 128, 64, 4), (64, 128, 64, 4), (96, 64, 64, 4), (128, 64, 64, 4), (192, 64, 64, 4), (256, 128, 64, 8)]
+        {
             let t = tile(&format!("flash_fwd_{dtype}_d{d}"));
             assert_eq!(
                 (t["br"].as_u64(), t["bc"].as_u64(), t["warps"].as_u64()),
