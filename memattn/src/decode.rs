@@ -1509,7 +1509,7 @@ pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeRefere
 /// A decode problem whose sequences share their first `prefix` cached keys, split into one
 /// prefix cache and per-sequence suffix caches for
 /// [`crate::attn::Kernels::flash_attn_with_shared_prefix_into`] (docs/semantics.md, "Shared
-/// prefix"). The f64 reference of the split call is the plain [`reference`] of the whole problem:
+/// prefix"). The f64 reference of the split call is the plain [`reference()`] of the whole problem:
 /// each sequence attends over `prefix ++ suffix`.
 #[derive(Clone, Debug)]
 pub struct SharedPrefix {
