@@ -27,8 +27,11 @@ fn run(kernels: &Kernels, p: &DecodeProblem, sp: &SharedPrefix, splits: Option<u
     let up = |v: &[f32]| kernels.vm_upload_as(dt, &[v, &[0.0][..]].concat()).unwrap();
     let (qb, pk, pv, kc, vc, kn, vn) =
         (up(&x.q), up(&sp.prefix_k), up(&sp.prefix_v), up(&x.k_cache), up(&x.v_cache), up(&x.k_new), up(&x.v_new));
-    let CacheLayout::Contiguous { seq_cache } = x.layout else { panic!("contiguous suffix") };
-    let cache_shape = [b, seq_cache as usize, hk, d];
+    let cache_shape = match x.layout {
+        CacheLayout::Contiguous { seq_cache } => [b, seq_cache as usize, hk, d],
+        CacheLayout::Paged { page_size, num_pages, .. } => [num_pages as usize, page_size as usize, hk, d],
+    };
+    let table = kernels.index_tensor(&x.block_table, None).unwrap();
     let prefix_shape = [1, sp.prefix as usize, hk, d];
     let seqlens = kernels.index_tensor(&s.cache_seqlens, None).unwrap();
     let ob = kernels.vm_upload_as(dt, &vec![f32::NAN; b * sq * h * d]).unwrap();
@@ -56,7 +59,7 @@ fn run(kernels: &Kernels, p: &DecodeProblem, sp: &SharedPrefix, splits: Option<u
             new.then_some(&kn),
             new.then_some(&vn),
             &seqlens,
-            None,
+            (!x.block_table.is_empty()).then_some(&table),
             &mut TensorViewMut::vm(&ob, dt, [b, sq, h, d]).unwrap(),
             &mut LseViewMut::vm(&lb, b, h, sq).unwrap(),
             &opts,
@@ -137,7 +140,8 @@ fn sixty_four_requests_read_the_prefix_once_per_block_of_rows() {
 }
 
 /// Options the prefix carries (sinks, counted once), speculative decoding with appended tokens
-/// (causal, seq_q 3), f32 on the SIMT kernel and f16 on tensor cores, forced and chosen splits.
+/// (causal, seq_q 3), f32 on the SIMT kernel and f16 on tensor cores, forced and chosen splits,
+/// contiguous and paged suffix caches.
 #[test]
 fn sinks_new_tokens_and_seq_q_above_one_match_the_reference() {
     let kernels = Kernels::vm().unwrap();
@@ -159,10 +163,18 @@ fn sinks_new_tokens_and_seq_q_above_one_match_the_reference() {
         (DecodeProblem { dtype: Dtype::Bf16, causal: false, sinks: false, seq_new: 0, ..base.clone() }, Some(1)),
     ] {
         let mut x = DecodeInputs::random(&p, 3);
-        let sp = SharedPrefix::split(&p, &mut x, 65).unwrap();
+        let mut sp = SharedPrefix::split(&p, &mut x, 65).unwrap();
         let ran = run(&kernels, &p, &sp, splits);
-        let v = verify_decode(&p, &ran.o, &ran.lse, &reference(&p, &x));
+        let r = reference(&p, &x);
+        let v = verify_decode(&p, &ran.o, &ran.lse, &r);
         assert!(v.passed && v.unwritten == 0, "{p:?}: {:?}", v.failures);
+        // The suffixes in pages of 16 (shuffled; the appended tokens go through the block table).
+        let (suffix, mut paged) = sp.suffix_inputs.relaid(&sp.suffix, Some(16), 5);
+        paged.sinks = sp.suffix_inputs.sinks.clone();
+        (sp.suffix, sp.suffix_inputs) = (suffix, paged);
+        let ran = run(&kernels, &p, &sp, splits);
+        let v = verify_decode(&p, &ran.o, &ran.lse, &r);
+        assert!(v.passed && v.unwritten == 0, "{p:?}, paged suffix: {:?}", v.failures);
     }
 }
 
