@@ -487,3 +487,167 @@ fn decode_measured(
     let (k_after, v_after) = (read_cache(&kc, &x.k_scale)?, read_cache(&vc, &x.v_scale)?);
     Ok((repeated, (read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?, k_after, v_after)))
 }
+
+/// What a shared-prefix decode run measured (`memattn decode --shared-prefix N`). Field names
+/// are the `--json` contract.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SharedPrefixReport {
+    /// Keys of the shared prefix (the first cached keys of every sequence).
+    pub prefix: u32,
+    /// Suffix keys cached per sequence (`cache_seqlens[b] - prefix`).
+    pub suffix_seqlens: Vec<u32>,
+    /// The decode forward family that ran: `mma` (tensor cores) or `simt`.
+    pub kernel: &'static str,
+    pub verified: bool,
+    /// Judged against the f64 reference of each sequence as one plain decode over `prefix ++
+    /// suffix`.
+    pub verification: DecodeVerification,
+    pub time_ms: f64,
+    pub timing: Timing,
+    /// Bytes of the prefix's K and V.
+    pub prefix_bytes: u64,
+    /// VM only: global bytes read by the decode over the prefix (the call's first launch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_launch_bytes_read: Option<u64>,
+    /// VM only: global bytes read by every launch of the call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_read: Option<u64>,
+    /// What reading the prefix once per sequence costs (`batch · prefix_bytes`), as a plain
+    /// decode of every sequence over its own copy of the prefix does.
+    pub per_request_prefix_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_thread_instructions: Option<u64>,
+    pub launches: Vec<LaunchRecord>,
+    #[serde(skip)]
+    pub o: Vec<f32>,
+    #[serde(skip)]
+    pub lse: Vec<f32>,
+}
+
+/// Runs the decode `spec` (random inputs from `spec.seed`) as a shared-prefix call: the first
+/// `prefix` cached keys of every sequence are made one shared prefix
+/// ([`SharedPrefix::split`]), uploaded once, and the library's
+/// [`Kernels::flash_attn_with_shared_prefix_into`] attends to it and to each sequence's suffix;
+/// verified against the f64 reference of the whole problem.
+pub fn run_shared_prefix(dev: &mut dyn Device, spec: &DecodeSpec, prefix: u32) -> Result<SharedPrefixReport, Error> {
+    let p = &spec.problem;
+    p.validate()?;
+    let mut x = DecodeInputs::random(p, spec.seed);
+    let sp = SharedPrefix::split(p, &mut x, prefix)?;
+    x.validate(p)?;
+    check_decode_scores(p, &x)?;
+    let reps = Repetitions::resolve(dev, spec.warmup, spec.repeats)?;
+    let m = measure(dev, reps, None, |k| shared_prefix_measured(k, p, &sp, reps))?;
+    let instr = m.vm_thread_instructions();
+    let (o, lse) = m.out;
+    let v = verify_decode(p, &o, &lse, &reference(p, &x));
+    let prefix_bytes = sp.prefix_bytes(p.dtype.size_bytes());
+    let bytes_read = m.launches.iter().map(|l| l.global_bytes_read).sum::<Option<u64>>();
+    Ok(SharedPrefixReport {
+        prefix,
+        suffix_seqlens: sp.suffix.cache_seqlens.clone(),
+        kernel: kernel_family_name(m.launches.iter().filter_map(|l| KernelId::from_name(&l.kernel))),
+        verified: v.passed,
+        verification: v,
+        time_ms: m.timing.median_ms,
+        timing: m.timing,
+        prefix_bytes,
+        prefix_launch_bytes_read: m.launches.first().and_then(|l| l.global_bytes_read),
+        bytes_read,
+        per_request_prefix_bytes: p.batch as u64 * prefix_bytes,
+        vm_thread_instructions: instr,
+        launches: m.launches,
+        o,
+        lse,
+    })
+}
+
+/// Uploads the prefix, the suffix caches and the query of `sp` on `k`, then hands the harness
+/// its steps: poison O and LSE, run the shared-prefix call. Downloads O and LSE.
+fn shared_prefix_measured(
+    k: &Kernels,
+    p: &DecodeProblem,
+    sp: &SharedPrefix,
+    reps: Repetitions,
+) -> Body<(Vec<f32>, Vec<f32>)> {
+    let s = &sp.suffix;
+    let x = &sp.suffix_inputs;
+    let (b, sq, h, hk, d) =
+        (p.batch as usize, p.seq_q as usize, p.heads as usize, p.heads_kv as usize, p.head_dim as usize);
+    let up = |data: &[f32]| k.upload_as(p.dtype, data);
+    let (q, pk, pv) = (up(&x.q)?, up(&sp.prefix_k)?, up(&sp.prefix_v)?);
+    // A suffix cache of 0 rows (every suffix empty, no new tokens) is one row long: views of it
+    // read nothing.
+    let CacheLayout::Contiguous { seq_cache } = x.layout else {
+        return Err(AttnError::NotSupportedYet { feature: "a paged suffix cache in the command" });
+    };
+    let seq_cache = (seq_cache as usize).max(1);
+    let cache_shape = [b, seq_cache, hk, d];
+    let pad = |c: &[f32]| [c, &vec![0.0; b * seq_cache * hk * d - c.len()][..]].concat();
+    let (kc, vc) = (up(&pad(&x.k_cache))?, up(&pad(&x.v_cache))?);
+    let new = if s.seq_new > 0 { Some((up(&x.k_new)?, up(&x.v_new)?)) } else { None };
+    let cache_seqlens = k.index_tensor(&s.cache_seqlens, None)?;
+    let sinks = if p.sinks { Some(k.upload_as(Dtype::F32, &x.sinks)?) } else { None };
+    let o = k.alloc((b * sq * h * d) as u64 * p.dtype.size_bytes())?;
+    let lse = k.alloc(p.rows() * 4)?;
+    let qv = TensorView::device(&q, p.dtype, [b, sq, h, d])?;
+    let prefix_shape = [1, sp.prefix as usize, hk, d];
+    let (pkv, pvv) = (TensorView::device(&pk, p.dtype, prefix_shape)?, TensorView::device(&pv, p.dtype, prefix_shape)?);
+    let mut kcv = TensorViewMut::device(&kc, p.dtype, cache_shape)?;
+    let mut vcv = TensorViewMut::device(&vc, p.dtype, cache_shape)?;
+    let new_views = match &new {
+        Some((kn, vn)) => {
+            let shape = [b, s.seq_new as usize, hk, d];
+            Some((TensorView::device(kn, p.dtype, shape)?, TensorView::device(vn, p.dtype, shape)?))
+        }
+        None => None,
+    };
+    let (kn, vn) = match &new_views {
+        Some((kn, vn)) => (Some(kn), Some(vn)),
+        None => (None, None),
+    };
+    let mut ov = TensorViewMut::device(&o, p.dtype, [b, sq, h, d])?;
+    let mut lv = LseViewMut::vm(&lse, b, h, sq)?;
+    let sinks_view = sinks.as_ref().map(|s| SinksView::vm(s, h)).transpose()?;
+    let mut opts = AttnOpts::new().causal(p.causal).decode_kernel(p.kernel);
+    if let Splits::Fixed(n) = p.splits {
+        opts = opts.num_splits(n);
+    }
+    if let Some(scale) = p.scale {
+        opts = opts.softmax_scale(scale);
+    }
+    if p.softcap != 0.0 {
+        opts = opts.softcap(p.softcap);
+    }
+    if let Some(s) = &sinks_view {
+        opts = opts.sinks(s);
+    }
+    allocated(k)?;
+    let poison_outputs = |k: &Kernels| {
+        k.with_device(|dev| {
+            poison(dev, o.ptr(), o.bytes(), p.dtype)?;
+            dev.fill_u32(lse.ptr(), p.rows(), POISON)
+        })
+    };
+    let launch = || {
+        k.flash_attn_with_shared_prefix_into(
+            &qv,
+            &pkv,
+            &pvv,
+            &mut kcv,
+            &mut vcv,
+            kn,
+            vn,
+            &cache_seqlens,
+            None,
+            &mut ov,
+            &mut lv,
+            &opts,
+        )
+    };
+    let repeated = repeat(k, reps, poison_outputs, launch, |_| Ok(()))?;
+    let read = |buf: &memattn::attn::DeviceBuffer| -> Result<Vec<f32>, AttnError> {
+        Ok(p.dtype.decode(&buf.read_bytes(buf.bytes() as usize)?))
+    };
+    Ok((repeated, (read(&o)?, lse.read_f32(Dtype::F32, p.rows() as usize)?)))
+}

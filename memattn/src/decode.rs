@@ -1506,6 +1506,105 @@ pub fn verify_decode(p: &DecodeProblem, o: &[f32], lse: &[f32], r: &DecodeRefere
     }
 }
 
+/// A decode problem whose sequences share their first `prefix` cached keys, split into one
+/// prefix cache and per-sequence suffix caches for
+/// [`crate::attn::Kernels::flash_attn_with_shared_prefix_into`] (docs/semantics.md, "Shared
+/// prefix"). The f64 reference of the split call is the plain [`reference()`] of the whole problem:
+/// each sequence attends over `prefix ++ suffix`.
+#[derive(Clone, Debug)]
+pub struct SharedPrefix {
+    /// Keys in the prefix.
+    pub prefix: u32,
+    /// The prefix's keys, `[1, prefix, heads_kv, head_dim]`.
+    pub prefix_k: Vec<f32>,
+    /// The prefix's values, laid out as `prefix_k`.
+    pub prefix_v: Vec<f32>,
+    /// The suffix problem: `cache_seqlens[b] - prefix` cached keys per sequence, the same query,
+    /// new tokens and options.
+    pub suffix: DecodeProblem,
+    /// The suffix inputs: a contiguous cache of the keys after the prefix (`seq_cache` reduced by
+    /// `prefix`), the query, new tokens and sinks unchanged.
+    pub suffix_inputs: DecodeInputs,
+}
+
+impl SharedPrefix {
+    /// Makes the first `prefix` cached keys and values of every sequence of `x` those of sequence
+    /// 0 (in place: the whole problem is then the reference of the split one), and splits them
+    /// off. A contiguous cache without slots, left padding, FP8, rotary, ALiBi or a window
+    /// ([`KvCacheRule::SharedPrefixOption`]); `1 <= prefix <= min cache_seqlens`
+    /// ([`KvCacheRule::SharedPrefixLength`]).
+    pub fn split(p: &DecodeProblem, x: &mut DecodeInputs, prefix: u32) -> Result<SharedPrefix, KvCacheRule> {
+        let refuse = |option| Err(KvCacheRule::SharedPrefixOption { option });
+        let seq_cache = match x.layout {
+            CacheLayout::Contiguous { seq_cache } => seq_cache,
+            CacheLayout::Paged { .. } => {
+                return refuse("a paged cache here (the library call takes one; this split builds contiguous caches)")
+            }
+        };
+        if p.cache_batch_idx.is_some() {
+            return refuse("cache_batch_idx");
+        }
+        if p.cache_leftpad.is_some() {
+            return refuse("cache_leftpad");
+        }
+        if p.kv_fp8.is_some() {
+            return refuse("an FP8 cache");
+        }
+        if p.rotary.is_some() {
+            return refuse("a rotary embedding");
+        }
+        if p.alibi {
+            return refuse("ALiBi slopes");
+        }
+        if p.window_left >= 0 || (p.window_right >= 0 && !p.causal) {
+            return refuse("a window");
+        }
+        if p.kernel == DecodeKernel::Prefill {
+            return refuse("the prefill kernel (it writes no partial states)");
+        }
+        if let Some((batch, &cache_seqlen)) = p
+            .cache_seqlens
+            .iter()
+            .enumerate()
+            .find(|&(_, &l)| l < prefix)
+            .or(if prefix == 0 { Some((0, &0)) } else { None })
+        {
+            return Err(KvCacheRule::SharedPrefixLength { prefix, batch, cache_seqlen });
+        }
+        let row = (p.heads_kv * p.head_dim) as usize;
+        let n = prefix as usize * row;
+        let (sc, pc) = (seq_cache as usize * row, n);
+        for b in 1..p.batch as usize {
+            let (k0, v0) = (x.k_cache[..pc].to_vec(), x.v_cache[..pc].to_vec());
+            x.k_cache[b * sc..b * sc + pc].copy_from_slice(&k0);
+            x.v_cache[b * sc..b * sc + pc].copy_from_slice(&v0);
+        }
+        let rest = (seq_cache - prefix) as usize * row;
+        let tail =
+            |c: &[f32]| (0..p.batch as usize).flat_map(|b| c[b * sc + pc..b * sc + pc + rest].to_vec()).collect();
+        let suffix =
+            DecodeProblem { cache_seqlens: p.cache_seqlens.iter().map(|&l| l - prefix).collect(), ..p.clone() };
+        let suffix_inputs = DecodeInputs {
+            k_cache: tail(&x.k_cache),
+            v_cache: tail(&x.v_cache),
+            layout: CacheLayout::Contiguous { seq_cache: seq_cache - prefix },
+            ..x.clone()
+        };
+        Ok(SharedPrefix {
+            prefix,
+            prefix_k: x.k_cache[..n].to_vec(),
+            prefix_v: x.v_cache[..n].to_vec(),
+            suffix,
+            suffix_inputs,
+        })
+    }
+
+    /// Bytes of the prefix's K and V (`2 · prefix · heads_kv · head_dim` elements of `elem_bytes`).
+    pub fn prefix_bytes(&self, elem_bytes: u64) -> u64 {
+        2 * self.prefix_k.len() as u64 * elem_bytes
+    }
+}
+
 /// Element counts of a decode call's tensors ([`DecodeProblem::sizes`]), each known to fit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeSizes {

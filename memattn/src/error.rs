@@ -354,6 +354,56 @@ pub enum KvCacheRule {
         /// Whether the plan was made for an FP8 cache.
         planned: bool,
     },
+    /// A shared-prefix call ([`crate::attn::Kernels::flash_attn_with_shared_prefix_into`]):
+    /// the prefix K or V is not `[1, prefix_len >= 1, heads_kv, head_dim]` of the suffix cache.
+    #[error(
+        "{tensor} must be [1, prefix_len >= 1, heads_kv, head_dim] = [1, _, {heads_kv}, {head_dim}] with heads_kv and head_dim those of the suffix cache (got {got:?})"
+    )]
+    SharedPrefixShape {
+        /// `prefix_k` or `prefix_v`.
+        tensor: &'static str,
+        /// Its shape.
+        got: [usize; 4],
+        /// KV heads of the suffix cache.
+        heads_kv: usize,
+        /// The head dim of q.
+        head_dim: usize,
+    },
+    /// A shared-prefix call was given an option it does not take (the prefix is attended in
+    /// one launch for every request, so per-request positions do not reach it).
+    #[error("a shared-prefix call does not take {option} (docs/semantics.md, \"Shared prefix\")")]
+    SharedPrefixOption {
+        /// The option.
+        option: &'static str,
+    },
+    /// A shared prefix of a decode problem ([`crate::decode::SharedPrefix::split`]) that is 0 or
+    /// longer than a sequence's cached keys, or a problem it cannot be split from.
+    #[error(
+        "shared prefix of {prefix} keys: {}",
+        if *prefix == 0 { "it must be at least 1".to_string() } else { format!("sequence {batch} caches only {cache_seqlen} keys (the prefix is the first keys of every sequence's cache, so it is at most the shortest cache length)") }
+    )]
+    SharedPrefixLength {
+        /// The prefix's keys.
+        prefix: u32,
+        /// The first sequence that caches fewer keys.
+        batch: usize,
+        /// Its cached keys.
+        cache_seqlen: u32,
+    },
+    /// A causal shared-prefix call where a query row would not see the whole prefix: every
+    /// sequence needs at least `seq_q - 1` suffix keys (cached plus new).
+    #[error(
+        "sequence {batch} has {suffix_keys} suffix keys (cached + new) for {seq_q} query tokens: causal shared-prefix attention needs at least seq_q - 1 = {} so that every query row sees the whole prefix",
+        seq_q - 1
+    )]
+    SharedPrefixCausal {
+        /// The sequence.
+        batch: usize,
+        /// Its suffix keys.
+        suffix_keys: u32,
+        /// Query tokens per sequence.
+        seq_q: u32,
+    },
     /// The device-side check reported a status code this library does not know.
     #[error(
         "the device-side index check reported status code {code} (words {words:?}), which this library does not know"

@@ -5,8 +5,8 @@ use super::args::{non_negative_u32, non_negative_u64, Cli};
 use super::{check_output, open_device, print_json, save_evidence};
 use clap::Args;
 use memattn_cli::decode::{
-    run_decode, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec, SmCountSource,
-    Splits, DEFAULT_SM_COUNT,
+    run_decode, run_shared_prefix, CacheLayout, DecodeInputs, DecodeKernel, DecodeProblem, DecodeReport, DecodeSpec,
+    SmCountSource, Splits, DEFAULT_SM_COUNT,
 };
 use memattn_cli::dtype::Dtype;
 use memattn_cli::error::{exit, Error};
@@ -52,6 +52,7 @@ Examples:
   memattn decode --cache-len 1000,30 --vary page-size=16,256
   memattn decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 300 --vary kernel=simt,mma
   memattn decode --kv-dtype fp8 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 4096
+  memattn decode --dtype bf16 --batch 16 --heads 8 --heads-kv 2 --cache-len 1100 --shared-prefix 1024
 
 Exit codes: 0 verified, 1 verification failed, 2 bad usage or input, 3 device or kernel error.";
 
@@ -191,6 +192,17 @@ pub struct DecodeArgs {
     /// file.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with_all = ["batch", "heads", "heads_kv", "head_dim", "cache_len", "new_tokens", "seq_q", "page_size", "dtype", "vary", "sinks"])]
     pub inputs: Option<std::path::PathBuf>,
+    /// Shared prefix (cascade attention): the first N cached keys of every sequence are one
+    /// prefix (sequence 0's, copied into every sequence's inputs), held once as a `[1, N,
+    /// heads_kv, d]` cache; each sequence keeps its other cache-len - N keys in its own suffix
+    /// cache. The library attends every query row of the batch to the prefix in one decode launch
+    /// and each sequence to its suffix, and merges the two states exactly; the result is verified
+    /// against the f64 reference of each sequence as one plain decode over prefix ++ suffix. The
+    /// report prints the global bytes the call read (VM) next to what reading the prefix once per
+    /// sequence costs. 1 <= N <= the shortest --cache-len; contiguous caches, no window, ALiBi,
+    /// FP8, rotary, cache slots or left padding.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = non_negative_u32, conflicts_with_all = ["inputs", "output", "vary", "page_size", "kv_dtype", "cache_batch_idx", "cache_leftpad", "rotary_dim", "indices_on_device", "alibi", "window"])]
+    pub shared_prefix: Option<u32>,
     /// Write `o`, `lse` and the cache after the append (`k_cache`, `v_cache`, in the cache's
     /// layout) to a safetensors file (atomically, only when the run verified).
     #[arg(long, value_name = "FILE.safetensors")]
@@ -696,6 +708,9 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
         }
     };
     let (mut dev, reason) = open_device(cli)?;
+    if let Some(prefix) = a.shared_prefix {
+        return shared_prefix(cli, a, dev.as_mut(), &base, prefix, reason);
+    }
     let mut reports = Vec::new();
     for (label, p) in &runs {
         let mut p = p.clone();
@@ -775,4 +790,79 @@ pub fn decode(cli: &Cli, a: &DecodeArgs) -> Result<i32, Error> {
         print_json(&v);
     }
     Ok(if reports.iter().all(|(_, r)| r.verified) { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
+}
+
+/// `decode --shared-prefix N`: one shared-prefix call over random inputs, verified, with the bytes
+/// it read against what reading the prefix once per sequence costs.
+fn shared_prefix(
+    cli: &Cli,
+    a: &DecodeArgs,
+    dev: &mut dyn memattn_cli::Device,
+    p: &DecodeProblem,
+    prefix: u32,
+    reason: String,
+) -> Result<i32, Error> {
+    let mut p = p.clone();
+    p.use_device_sm_count(dev)?;
+    check_generated_fits(dev, &p)?;
+    let spec =
+        DecodeSpec { problem: p.clone(), seed: a.seed, warmup: a.warmup, repeats: a.repeats, indices_on_device: false };
+    let r = run_shared_prefix(dev, &spec, prefix)?;
+    if !cli.json {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "decode: batch {}, heads {} (kv {}), head_dim {}, seq_q {}, cache {:?} + {} new, {}{}",
+            p.batch,
+            p.heads,
+            p.heads_kv,
+            p.head_dim,
+            p.seq_q,
+            p.cache_seqlens.iter().take(8).collect::<Vec<_>>(),
+            p.seq_new,
+            p.dtype,
+            if p.causal { ", causal" } else { "" }
+        );
+        println!(
+            "shared prefix {} keys ({} of K and V, held once), suffixes {:?}",
+            r.prefix,
+            human_bytes(r.prefix_bytes),
+            r.suffix_seqlens.iter().take(8).collect::<Vec<_>>()
+        );
+        println!(
+            "kernel       {}",
+            if r.kernel == "mma" { "tensor cores (mma.sync m16n8k16)" } else { "SIMT, f32 arithmetic" }
+        );
+        let v = &r.verification;
+        println!(
+            "verified     {}  (O max err {:.2e} of row scale, bound {:.1e}; rel RMS {:.2e}; LSE err {:.2e}; against prefix ++ suffix as one decode)",
+            if r.verified { "PASS" } else { "FAIL" },
+            v.o_max_scaled_err,
+            v.o_bound,
+            v.o_rel_rms_err,
+            v.lse_max_abs_err
+        );
+        if let (Some(pre), Some(all)) = (r.prefix_launch_bytes_read, r.bytes_read) {
+            println!(
+                "bytes read   {:.2} MiB by the call, {:.2} MiB by the prefix's launch ({:.1}x the prefix); reading the prefix once per sequence: {:.2} MiB ({}x)",
+                mib(all),
+                mib(pre),
+                pre as f64 / r.prefix_bytes.max(1) as f64,
+                mib(r.per_request_prefix_bytes),
+                p.batch
+            );
+        }
+        for l in &r.launches {
+            println!("launch       {} grid {:?} block {:?} smem {} B", l.kernel, l.grid, l.block, l.dynamic_smem_bytes);
+        }
+        for f in &r.verification.failures {
+            eprintln!("  {f}");
+        }
+    }
+    let mut v = serde_json::to_value(&r).unwrap_or_default();
+    v["backend_reason"] = reason.into();
+    save_evidence(cli, &v)?;
+    if cli.json {
+        print_json(&v);
+    }
+    Ok(if r.verified { exit::SUCCESS } else { exit::VERIFICATION_FAILED })
 }

@@ -494,3 +494,72 @@ fn on_sm90_the_e4m3_decode_widens_with_cvt_and_fewer_instructions() {
     assert_eq!(fwd(&run("sm_90", &["--kv-dtype", "fp8_e5m2"])), "decode_mma_fp8_e5m2_d128");
     assert_eq!(fwd(&run("sm_90", &["--dtype", "bf16"])), "decode_mma_bf16_d128");
 }
+
+#[test]
+fn decode_shared_prefix_reads_the_prefix_once_per_block_of_rows() {
+    let o = memattn(&[
+        "--backend",
+        "vm",
+        "--json",
+        "decode",
+        "--dtype",
+        "bf16",
+        "--batch",
+        "16",
+        "--heads",
+        "8",
+        "--heads-kv",
+        "2",
+        "--cache-len",
+        "1100,1030,1101,1200,1090,1025,1088,1150,1100,1030,1101,1200,1090,1025,1088,1150",
+        "--new-tokens",
+        "1",
+        "--sinks",
+        "--shared-prefix",
+        "1024",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(v["verified"], true, "{}", v["verification"]);
+    assert_eq!(v["prefix"], 1024);
+    assert_eq!(v["suffix_seqlens"][1], 6);
+    assert_eq!(v["kernel"], "mma");
+    // The prefix's K and V: 2 x 1024 keys x 2 KV heads x 64 x 2 bytes = 512 KiB; reading it once
+    // per sequence costs 16 times that. The launch over the prefix packs 16 x 4 query rows per KV
+    // head into 4 tiles of 16 and reads the prefix once per tile.
+    let prefix = 2 * 1024 * 2 * 64 * 2u64;
+    assert_eq!(v["prefix_bytes"], prefix);
+    assert_eq!(v["per_request_prefix_bytes"], 16 * prefix);
+    let first = v["prefix_launch_bytes_read"].as_u64().unwrap();
+    assert!((4 * prefix..4 * prefix + prefix / 2).contains(&first), "{first}");
+    assert!(v["bytes_read"].as_u64().unwrap() < 16 * prefix / 2, "{}", v["bytes_read"]);
+    let names: Vec<&str> = v["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "decode_mma_bf16_d64");
+    assert_eq!(names.last(), Some(&"merge_states_bf16"));
+
+    // The text report prints the bytes next to the per-request cost.
+    let o =
+        memattn(&["--backend", "vm", "decode", "--batch", "3", "--cache-len", "100,20,37", "--shared-prefix", "20"]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("verified     PASS"), "{out}");
+    assert!(out.contains("reading the prefix once per sequence"), "{out}");
+
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--batch", "3", "--cache-len", "100,20,37", "--shared-prefix", "21"],
+        "sequence 1 caches only 20 keys",
+    );
+    assert_bad_input(&["--backend", "vm", "decode", "--cache-len", "100", "--shared-prefix", "0"], "at least 1");
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--cache-len", "100", "--shared-prefix", "5", "--page-size", "16"],
+        "cannot be used with",
+    );
+    assert_bad_input(
+        &["--backend", "vm", "decode", "--seq-q", "4", "--cache-len", "100", "--shared-prefix", "99"],
+        "at least seq_q - 1 = 3",
+    );
+}

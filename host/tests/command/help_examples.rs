@@ -44,6 +44,10 @@ const EXAMPLES: &[(&str, Expect)] = &[
         "memattn --backend vm decode --dtype bf16 --heads 32 --heads-kv 8 --head-dim 128 --cache-len 512 --vary kernel=simt,mma",
         Run(0, "launch       decode_mma_bf16_d128 grid [4, 1, 8]"),
     ),
+    (
+        "memattn --backend vm decode --dtype bf16 --batch 64 --heads 8 --heads-kv 2 --cache-len 4197 --shared-prefix 4096 --repeats 1 --warmup 0",
+        Run(0, "32.62 MiB by the prefix's launch (16.3x the prefix)"),
+    ),
     ("memattn draw tiling --seq 200 --causal --out tiling.svg", Run(0, "visited 6 of 8 tiles")),
     (
         "memattn decode --heads 32 --heads-kv 8 --cache-len 8192 --sms 132 --vary splits=1,auto",

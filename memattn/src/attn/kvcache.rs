@@ -9,6 +9,8 @@ use crate::decode::{
 };
 use kernels_gpu::Family;
 
+mod shared_prefix;
+
 /// Partial attention states to combine with [`Kernels::merge_states_into`], on the kernels' device:
 /// `o_part` `[splits, batch, heads, seq_q, head_dim]` f32 (each state normalised by its own sum)
 /// and `lse_part` `[splits, batch, heads, seq_q]` f32 (natural log; `-inf` for a state that saw

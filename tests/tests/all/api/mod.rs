@@ -10,3 +10,4 @@ mod attn_safety;
 mod chunked_prefill;
 mod hopper;
 mod kv_device_check;
+mod shared_prefix;
