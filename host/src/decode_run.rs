@@ -302,6 +302,18 @@ enum Caches<'a> {
 /// the append.
 type DecodeOutputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
+/// The views of the new tokens' K and V buffers (`[batch, seq_new, heads_kv, d]`), if any.
+fn new_token_views<'a>(
+    new: &'a Option<(memattn::attn::DeviceBuffer, memattn::attn::DeviceBuffer)>,
+    dtype: Dtype,
+    shape: [usize; 4],
+) -> Result<Option<(TensorView<'a>, TensorView<'a>)>, AttnError> {
+    Ok(match new {
+        Some((kn, vn)) => Some((TensorView::device(kn, dtype, shape)?, TensorView::device(vn, dtype, shape)?)),
+        None => None,
+    })
+}
+
 /// Uploads the decode call's tensors on `k`, plans it once through the library
 /// ([`Kernels::plan_kvcache`], with the split count of `plan`), then hands the harness
 /// ([`repeat`]) its steps: poison O, LSE and the split workspace, run the plan
@@ -386,13 +398,7 @@ fn decode_measured(
             TensorViewMut::device(&vc, p.dtype, cache_shape)?,
         ),
     };
-    let new_views = match &new {
-        Some((kn, vn)) => {
-            let shape = [b, p.seq_new as usize, hk, d];
-            Some((TensorView::device(kn, p.dtype, shape)?, TensorView::device(vn, p.dtype, shape)?))
-        }
-        None => None,
-    };
+    let new_views = new_token_views(&new, p.dtype, [b, p.seq_new as usize, hk, d])?;
     let (kn, vn) = match &new_views {
         Some((kn, vn)) => (Some(kn), Some(vn)),
         None => (None, None),
@@ -595,13 +601,7 @@ fn shared_prefix_measured(
     let (pkv, pvv) = (TensorView::device(&pk, p.dtype, prefix_shape)?, TensorView::device(&pv, p.dtype, prefix_shape)?);
     let mut kcv = TensorViewMut::device(&kc, p.dtype, cache_shape)?;
     let mut vcv = TensorViewMut::device(&vc, p.dtype, cache_shape)?;
-    let new_views = match &new {
-        Some((kn, vn)) => {
-            let shape = [b, s.seq_new as usize, hk, d];
-            Some((TensorView::device(kn, p.dtype, shape)?, TensorView::device(vn, p.dtype, shape)?))
-        }
-        None => None,
-    };
+    let new_views = new_token_views(&new, p.dtype, [b, s.seq_new as usize, hk, d])?;
     let (kn, vn) = match &new_views {
         Some((kn, vn)) => (Some(kn), Some(vn)),
         None => (None, None),
