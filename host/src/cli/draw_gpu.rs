@@ -185,7 +185,7 @@ pub fn execution_model(a: &DrawArgs) -> Result<(String, String), Error> {
     }
     let shape = LaunchShape { batch: a.batch, heads: a.heads, seq_q, seq_kv: seq_q };
     // The row's launch geometry (grid and block for the shape), computed, not a launch.
-    let dims = kernels_gpu::variants::Variant::launch(&v, shape)
+    let dims = kernels_gpu::variants::Variant::launch(v, shape)
         .ok_or_else(|| Error::Usage(format!("draw execution-model: {} has no grid", id.name())))?;
     let [gx, gy, gz] = dims.grid;
     let (grid_rows, blocks) = (gy * gz, gx * gy * gz);
